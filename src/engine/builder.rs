@@ -1,0 +1,180 @@
+//! Configuring and building an [`Engine`].
+
+use super::{Engine, EngineHandle, LoopedRunner};
+use crate::kv::{KvLayout, KvLayoutKind, KvManager};
+use crate::loader::ModelDir;
+use crate::models::looped::Ouro;
+use crate::models::{LoopedModel, LoopedSpec, ModelConfig};
+use crate::scheduler::{ContinuousBatching, Scheduler, SchedulerLimits};
+use crate::{Error, Result};
+use candle_core::{DType, Device};
+use std::path::PathBuf;
+use tokenizers::Tokenizer;
+
+/// The built-in schedulers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SchedulerKind {
+    /// Full-depth continuous batching (the CB baseline).
+    #[default]
+    Continuous,
+}
+
+/// What a custom scheduler is built from.
+#[derive(Debug)]
+pub struct SchedulerContext {
+    pub limits: SchedulerLimits,
+    pub kv: KvManager,
+    pub spec: LoopedSpec,
+}
+
+type SchedulerFactory = Box<dyn FnOnce(SchedulerContext) -> Box<dyn Scheduler> + Send>;
+
+enum Source {
+    Dir(PathBuf),
+    Model { model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32> },
+}
+
+/// Builds an [`Engine`]: model source, device, dtype, scheduler, KV layout and limits.
+pub struct EngineBuilder {
+    source: Source,
+    device: Device,
+    dtype: DType,
+    scheduler: SchedulerKind,
+    factory: Option<SchedulerFactory>,
+    layout: Option<Box<dyn KvLayout>>,
+    limits: SchedulerLimits,
+    block_size: usize,
+    kv_tokens: Option<usize>,
+    max_model_len: Option<usize>,
+}
+
+impl EngineBuilder {
+    /// An engine for the model directory at `path` (config.json, safetensors, tokenizer.json).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self::with_source(Source::Dir(path.into()))
+    }
+
+    /// An engine for a model already in memory (random-weight benchmarks, tests).
+    pub fn from_model(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>) -> Self {
+        let device = model.device().clone();
+        let dtype = model.spec().dtype;
+        let mut b = Self::with_source(Source::Model { model, tokenizer, eos });
+        b.device = device;
+        b.dtype = dtype;
+        b
+    }
+
+    fn with_source(source: Source) -> Self {
+        Self {
+            source,
+            device: Device::Cpu,
+            dtype: DType::F32,
+            scheduler: SchedulerKind::default(),
+            factory: None,
+            layout: None,
+            limits: SchedulerLimits::default(),
+            block_size: 16,
+            kv_tokens: None,
+            max_model_len: None,
+        }
+    }
+
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+    /// Weight and activation dtype (f32, bf16 or f16). Norm statistics are f32 regardless.
+    pub fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+    pub fn scheduler(mut self, kind: SchedulerKind) -> Self {
+        self.scheduler = kind;
+        self
+    }
+    /// Uses a scheduler of your own instead of a built-in one.
+    pub fn custom_scheduler(mut self, f: impl FnOnce(SchedulerContext) -> Box<dyn Scheduler> + Send + 'static) -> Self {
+        self.factory = Some(Box::new(f));
+        self
+    }
+    pub fn kv_layout(mut self, kind: KvLayoutKind) -> Self {
+        self.layout = Some(kind.build());
+        self
+    }
+    /// A KV layout of your own.
+    pub fn custom_kv_layout(mut self, layout: Box<dyn KvLayout>) -> Self {
+        self.layout = Some(layout);
+        self
+    }
+    /// Most requests decoding at once (the width W).
+    pub fn max_num_seqs(mut self, n: usize) -> Self {
+        self.limits.max_num_seqs = n;
+        self
+    }
+    /// Most tokens in one prefill launch.
+    pub fn max_num_batched_tokens(mut self, n: usize) -> Self {
+        self.limits.max_num_batched_tokens = n;
+        self
+    }
+    /// Tokens per KV block (default 16).
+    pub fn block_size(mut self, n: usize) -> Self {
+        self.block_size = n;
+        self
+    }
+    /// KV capacity in token positions across all slots (default: 16 384 per slot).
+    pub fn kv_capacity_tokens(mut self, n: usize) -> Self {
+        self.kv_tokens = Some(n);
+        self
+    }
+    /// Caps the context window below the model's own.
+    pub fn max_model_len(mut self, n: usize) -> Self {
+        self.max_model_len = Some(n);
+        self
+    }
+
+    /// Loads the model and allocates the KV cache.
+    pub fn build(self) -> Result<Engine> {
+        if self.block_size == 0 {
+            return Err(Error::InvalidOption("block_size must be > 0".into()));
+        }
+        if self.limits.max_num_seqs == 0 || self.limits.max_num_batched_tokens == 0 {
+            return Err(Error::InvalidOption("max_num_seqs and max_num_batched_tokens must be > 0".into()));
+        }
+        if !crate::ops::is_float(self.dtype) {
+            return Err(Error::InvalidOption(format!("dtype {:?} is not a float type", self.dtype)));
+        }
+        let (model, tokenizer, eos): (Box<dyn LoopedModel>, _, _) = match self.source {
+            Source::Dir(path) => {
+                let dir = ModelDir::open(&path)?;
+                let weights = dir.weights(self.dtype, &self.device)?;
+                let model = match &dir.config {
+                    ModelConfig::Ouro(c) => Box::new(Ouro::load(c, &weights)?),
+                };
+                (model, dir.tokenizer()?, dir.eos_token_ids.clone())
+            }
+            Source::Model { model, tokenizer, eos } => (model, tokenizer, eos),
+        };
+        let spec = model.spec().clone();
+        let layout = self.layout.unwrap_or_else(|| KvLayoutKind::default().build());
+        let slots = layout.num_slots(spec.max_steps);
+        let kv_tokens = self.kv_tokens.unwrap_or(16_384 * slots);
+        let num_blocks = kv_tokens.div_ceil(self.block_size);
+        let max_context = self.max_model_len.map_or(spec.max_context, |m| m.min(spec.max_context));
+        let kv = KvManager::new(num_blocks, self.block_size, layout, spec.max_steps);
+        let limits = self.limits.clone();
+        let scheduler: Box<dyn Scheduler> = match self.factory {
+            Some(f) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone() }),
+            None => match self.scheduler {
+                SchedulerKind::Continuous => Box::new(ContinuousBatching::new(limits.clone(), kv, spec.max_steps)),
+            },
+        };
+        let runner = LoopedRunner::new(model, num_blocks, self.block_size)?;
+        Ok(Engine::assemble(runner, scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens))
+    }
+
+    /// Builds the engine on its own thread and returns a handle that many threads can use.
+    pub fn spawn(self) -> Result<EngineHandle> {
+        EngineHandle::spawn(self)
+    }
+}

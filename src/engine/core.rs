@@ -1,0 +1,270 @@
+//! The engine loop: validate requests, ask the scheduler for a launch, run it, turn sampled
+//! tokens into events, tell the scheduler who finished.
+
+use super::detok::{Detokenizer, Pushed};
+use super::{EngineMetrics, Event, FinishReason, GenerationParams, LoopedRunner, Output, Prompt, RequestId};
+use crate::error::InvalidRequest;
+use crate::models::LoopedSpec;
+use crate::sampling::{RowSampling, Sampler};
+use crate::scheduler::{SchedRequest, Scheduler};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::time::Instant;
+use tokenizers::Tokenizer;
+
+struct Live {
+    params: GenerationParams,
+    sampler: Sampler,
+    prompt_tokens: usize,
+    generated: Vec<u32>,
+    detok: Detokenizer,
+}
+
+/// A serving engine for one model. Single-threaded: drive it with [`Engine::step`], or move
+/// it to its own thread with [`crate::EngineBuilder::spawn`].
+pub struct Engine {
+    pub(super) runner: LoopedRunner,
+    pub(super) scheduler: Box<dyn Scheduler>,
+    pub(super) tokenizer: Option<Tokenizer>,
+    pub(super) eos: Vec<u32>,
+    pub(super) max_context: usize,
+    pub(super) max_prefill_tokens: usize,
+    live: HashMap<RequestId, Live>,
+    pending: Vec<Event>,
+    next_id: u64,
+    metrics: EngineMetrics,
+}
+
+impl Engine {
+    pub(super) fn assemble(
+        runner: LoopedRunner,
+        scheduler: Box<dyn Scheduler>,
+        tokenizer: Option<Tokenizer>,
+        eos: Vec<u32>,
+        max_context: usize,
+        max_prefill_tokens: usize,
+    ) -> Self {
+        Self {
+            runner,
+            scheduler,
+            tokenizer,
+            eos,
+            max_context,
+            max_prefill_tokens,
+            live: HashMap::new(),
+            pending: Vec::new(),
+            next_id: 0,
+            metrics: EngineMetrics::default(),
+        }
+    }
+
+    pub fn spec(&self) -> &LoopedSpec {
+        self.runner.model().spec()
+    }
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+    pub fn scheduler(&self) -> &dyn Scheduler {
+        self.scheduler.as_ref()
+    }
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
+    }
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+    /// Requests added and not yet finished.
+    pub fn num_unfinished(&self) -> usize {
+        self.live.len()
+    }
+    pub fn has_work(&self) -> bool {
+        !self.live.is_empty() || !self.pending.is_empty()
+    }
+
+    /// Encodes text with the model's tokenizer.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let tok = self.tokenizer.as_ref().ok_or_else(|| Error::Tokenizer("model has no tokenizer.json".into()))?;
+        let enc = tok.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Validates and queues a request. A rejected request gets a typed error and leaves no
+    /// state behind; the engine and other requests are unaffected.
+    pub fn add_request(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestId> {
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        let reject = |reason| Err(Error::InvalidRequest { id, reason });
+        let ids = match prompt.into() {
+            Prompt::Ids(ids) => ids,
+            Prompt::Text(t) => self.encode(&t)?,
+        };
+        if ids.is_empty() {
+            return reject(InvalidRequest::EmptyPrompt);
+        }
+        let vocab = self.spec().vocab_size;
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });
+        }
+        if let Err(msg) = params.sampling.validate() {
+            return reject(InvalidRequest::BadSampling(msg));
+        }
+        if ids.len() + params.max_new_tokens > self.max_context {
+            return reject(InvalidRequest::TooLong {
+                prompt_tokens: ids.len(),
+                max_new_tokens: params.max_new_tokens,
+                max_context: self.max_context,
+            });
+        }
+        // A preempted request is re-prefilled with its generated tokens, so the budget must
+        // hold the whole sequence.
+        if ids.len() + params.max_new_tokens > self.max_prefill_tokens {
+            return reject(InvalidRequest::OverTokenBudget {
+                prompt_tokens: ids.len() + params.max_new_tokens,
+                budget: self.max_prefill_tokens,
+            });
+        }
+        let kv = self.scheduler.kv();
+        let needed = kv.blocks_for(ids.len() + params.max_new_tokens);
+        if needed > kv.num_blocks() {
+            return Err(Error::KvExhausted { id, needed_blocks: needed, total_blocks: kv.num_blocks() });
+        }
+        if params.max_new_tokens == 0 {
+            self.pending.push(Event::Finished { id, reason: FinishReason::Length, text: String::new() });
+            return Ok(id);
+        }
+        self.scheduler.add(SchedRequest { id, prompt: ids.clone(), max_new_tokens: params.max_new_tokens });
+        self.live.insert(
+            id,
+            Live {
+                sampler: Sampler::new(params.sampling.clone()),
+                params,
+                prompt_tokens: ids.len(),
+                generated: Vec::new(),
+                detok: Detokenizer::default(),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Stops a request now and frees its KV blocks. Its `Finished { Aborted }` event comes
+    /// with the next [`Engine::step`].
+    pub fn abort(&mut self, id: RequestId) -> Result<()> {
+        let mut live = self.live.remove(&id).ok_or(Error::UnknownRequest(id))?;
+        self.scheduler.finish(id);
+        self.pending.push(Event::Finished { id, reason: FinishReason::Aborted, text: live.detok.flush() });
+        Ok(())
+    }
+
+    /// Runs one launch and returns the events it produced. A device error fails every request
+    /// of the launch (their `Finished { Error }` events come back) and is returned too.
+    pub fn step(&mut self) -> Result<Vec<Event>> {
+        let mut events = std::mem::take(&mut self.pending);
+        let Some(launch) = self.scheduler.schedule() else { return Ok(events) };
+        let sampling: Vec<RowSampling> = launch
+            .rows
+            .iter()
+            .map(|r| match (r.sample, self.live.get_mut(&r.request)) {
+                (true, Some(l)) => l.sampler.next_row(),
+                _ => RowSampling::greedy(),
+            })
+            .collect();
+        let started = Instant::now();
+        let result = match self.runner.run(&launch, &sampling) {
+            Ok(r) => r,
+            Err(e) => {
+                let msg = e.to_string();
+                for row in &launch.rows {
+                    if self.live.remove(&row.request).is_some() {
+                        self.scheduler.finish(row.request);
+                        events.push(Event::Finished { id: row.request, reason: FinishReason::Error(msg.clone()), text: String::new() });
+                    }
+                }
+                self.pending = events;
+                return Err(e.into());
+            }
+        };
+        self.metrics.record(launch.stage.name(), launch.rows.len(), launch.num_tokens(), started.elapsed());
+        self.scheduler.complete(&launch, &result);
+        for out in &result.rows {
+            if let Some(token) = out.token {
+                if let Some(ev) = self.on_token(out.request, token) {
+                    events.extend(ev);
+                }
+            }
+        }
+        self.metrics.preemptions = self.scheduler.num_preemptions() as u64;
+        Ok(events)
+    }
+
+    fn on_token(&mut self, id: RequestId, token: u32) -> Option<Vec<Event>> {
+        let live = self.live.get_mut(&id)?;
+        let mut events = Vec::with_capacity(2);
+        let finish = if !live.params.ignore_eos && self.eos.contains(&token) {
+            Some(FinishReason::Eos)
+        } else {
+            live.generated.push(token);
+            self.metrics.generated_tokens += 1;
+            match live.detok.push(token, self.tokenizer.as_ref(), &live.params.stop) {
+                Pushed::Text(text) => {
+                    events.push(Event::Token { id, token, text });
+                    (live.generated.len() >= live.params.max_new_tokens).then_some(FinishReason::Length)
+                }
+                Pushed::Stopped { text, stop } => {
+                    events.push(Event::Token { id, token, text });
+                    Some(FinishReason::Stop(stop))
+                }
+            }
+        };
+        if let Some(reason) = finish {
+            let mut live = self.live.remove(&id).expect("present");
+            self.scheduler.finish(id);
+            self.metrics.finished_requests += 1;
+            events.push(Event::Finished { id, reason, text: live.detok.flush() });
+        }
+        Some(events)
+    }
+
+    /// Runs prompts to completion and returns their outputs in order. Each prompt that is
+    /// rejected gets its error in its place; the others still run.
+    pub fn generate<P: Into<Prompt>>(
+        &mut self,
+        prompts: impl IntoIterator<Item = P>,
+        params: &GenerationParams,
+    ) -> Result<Vec<Result<Output>>> {
+        let mut slots: Vec<Result<Output>> = Vec::new();
+        let mut index = HashMap::new();
+        for p in prompts {
+            match self.add_request(p, params.clone()) {
+                Ok(id) => {
+                    index.insert(id, slots.len());
+                    let prompt_tokens = self.live.get(&id).map_or(0, |l| l.prompt_tokens);
+                    slots.push(Ok(Output { id, prompt_tokens, token_ids: vec![], text: String::new(), finish_reason: FinishReason::Length }));
+                }
+                Err(e) => slots.push(Err(e)),
+            }
+        }
+        let mut open = index.len();
+        while open > 0 {
+            let events = self.step()?;
+            if events.is_empty() && !self.has_work() {
+                break;
+            }
+            for ev in events {
+                let Some(&i) = index.get(&ev.id()) else { continue };
+                let Ok(out) = &mut slots[i] else { continue };
+                match ev {
+                    Event::Token { token, text, .. } => {
+                        out.token_ids.push(token);
+                        out.text.push_str(&text);
+                    }
+                    Event::Finished { reason, text, .. } => {
+                        out.text.push_str(&text);
+                        out.finish_reason = reason;
+                        open -= 1;
+                    }
+                }
+            }
+        }
+        Ok(slots)
+    }
+}

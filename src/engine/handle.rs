@@ -1,0 +1,146 @@
+//! The engine on its own thread, fed and drained through channels.
+
+use super::{Engine, EngineBuilder, Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
+use crate::{Error, Result};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use std::collections::HashMap;
+use std::thread::JoinHandle;
+
+enum Command {
+    Submit { prompt: Prompt, params: GenerationParams, reply: Sender<Result<RequestId>>, events: Sender<Event> },
+    Abort(RequestId),
+    Shutdown,
+}
+
+/// A cloneable-by-reference handle to an engine thread. `submit` may be called from many
+/// threads at once; each request streams its events on its own channel. Dropping the handle
+/// stops the thread after aborting what is still running.
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The events of one request, in order, ending with `Finished`.
+pub struct RequestStream {
+    pub id: RequestId,
+    rx: Receiver<Event>,
+}
+
+impl Iterator for RequestStream {
+    type Item = Event;
+    fn next(&mut self) -> Option<Event> {
+        self.rx.recv().ok()
+    }
+}
+
+impl RequestStream {
+    /// Drains the stream into an [`Output`] (prompt_tokens is not known here and left 0).
+    pub fn collect_output(self) -> Output {
+        let id = self.id;
+        let mut out = Output { id, prompt_tokens: 0, token_ids: vec![], text: String::new(), finish_reason: FinishReason::Aborted };
+        for ev in self {
+            match ev {
+                Event::Token { token, text, .. } => {
+                    out.token_ids.push(token);
+                    out.text.push_str(&text);
+                }
+                Event::Finished { reason, text, .. } => {
+                    out.text.push_str(&text);
+                    out.finish_reason = reason;
+                }
+            }
+        }
+        out
+    }
+}
+
+impl EngineHandle {
+    pub(super) fn spawn(builder: EngineBuilder) -> Result<Self> {
+        let (tx, rx) = unbounded();
+        let (ready_tx, ready_rx) = bounded(1);
+        let thread = std::thread::Builder::new()
+            .name("ponder-engine".into())
+            .spawn(move || match builder.build() {
+                Ok(engine) => {
+                    let _ = ready_tx.send(Ok(()));
+                    serve(engine, rx);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })
+            .map_err(|e| Error::InvalidOption(format!("cannot start engine thread: {e}")))?;
+        ready_rx.recv().map_err(|_| Error::EngineStopped)??;
+        Ok(Self { tx, thread: Some(thread) })
+    }
+
+    /// Queues a request; its events arrive on the returned stream.
+    pub fn submit(&self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestStream> {
+        let (reply, reply_rx) = bounded(1);
+        let (events, rx) = unbounded();
+        self.tx
+            .send(Command::Submit { prompt: prompt.into(), params, reply, events })
+            .map_err(|_| Error::EngineStopped)?;
+        let id = reply_rx.recv().map_err(|_| Error::EngineStopped)??;
+        Ok(RequestStream { id, rx })
+    }
+
+    /// Aborts a request; its stream ends with `Finished { Aborted }`.
+    pub fn abort(&self, id: RequestId) -> Result<()> {
+        self.tx.send(Command::Abort(id)).map_err(|_| Error::EngineStopped)
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(mut engine: Engine, rx: Receiver<Command>) {
+    let mut streams: HashMap<RequestId, Sender<Event>> = HashMap::new();
+    loop {
+        // Block for commands only when idle; otherwise take what is queued and keep stepping.
+        let first = if engine.has_work() { rx.try_recv().ok() } else { rx.recv().ok().or(Some(Command::Shutdown)) };
+        let mut shutdown = false;
+        for cmd in first.into_iter().chain(rx.try_iter()) {
+            match cmd {
+                Command::Submit { prompt, params, reply, events } => {
+                    let r = engine.add_request(prompt, params);
+                    if let Ok(id) = &r {
+                        streams.insert(*id, events);
+                    }
+                    let _ = reply.send(r);
+                }
+                Command::Abort(id) => {
+                    let _ = engine.abort(id);
+                }
+                Command::Shutdown => shutdown = true,
+            }
+        }
+        if shutdown {
+            for id in streams.keys().copied().collect::<Vec<_>>() {
+                let _ = engine.abort(id);
+            }
+        }
+        let events = engine.step().unwrap_or_else(|_| engine.step().unwrap_or_default());
+        for ev in events {
+            let id = ev.id();
+            let done = matches!(ev, Event::Finished { .. });
+            let delivered = streams.get(&id).is_some_and(|s| s.send(ev).is_ok());
+            if done {
+                streams.remove(&id);
+            } else if !delivered {
+                // The caller dropped its stream: stop computing for it.
+                streams.remove(&id);
+                let _ = engine.abort(id);
+            }
+        }
+        if shutdown {
+            return;
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Counters the engine keeps while it runs.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Launch statistics of one stage.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StageStats {
+    pub launches: u64,
+    pub rows: u64,
+    pub tokens: u64,
+    /// Wall time of the launches, including the sync that brings sampled ids to the host.
+    pub time: Duration,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineMetrics {
+    pub stages: BTreeMap<&'static str, StageStats>,
+    /// Tokens handed to requests (eos excluded).
+    pub generated_tokens: u64,
+    pub finished_requests: u64,
+    pub preemptions: u64,
+}
+
+impl EngineMetrics {
+    pub(crate) fn record(&mut self, stage: &'static str, rows: usize, tokens: usize, time: Duration) {
+        let s = self.stages.entry(stage).or_default();
+        s.launches += 1;
+        s.rows += rows as u64;
+        s.tokens += tokens as u64;
+        s.time += time;
+    }
+}

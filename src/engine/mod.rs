@@ -1,0 +1,16 @@
+//! The public engine: requests in, streamed tokens out.
+
+mod builder;
+mod core;
+mod detok;
+mod handle;
+mod metrics;
+mod request;
+mod runner;
+
+pub use builder::{EngineBuilder, SchedulerContext, SchedulerKind};
+pub use core::Engine;
+pub use handle::{EngineHandle, RequestStream};
+pub use metrics::{EngineMetrics, StageStats};
+pub use request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
+pub use runner::LoopedRunner;

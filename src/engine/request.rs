@@ -1,0 +1,112 @@
+//! Request-facing types: ids, parameters, events, outputs.
+
+use crate::sampling::SamplingParams;
+
+/// Identifies a request within one engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// A prompt as text (encoded with the model's tokenizer) or as token ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+impl From<&str> for Prompt {
+    fn from(s: &str) -> Self {
+        Self::Text(s.to_string())
+    }
+}
+impl From<String> for Prompt {
+    fn from(s: String) -> Self {
+        Self::Text(s)
+    }
+}
+impl From<&String> for Prompt {
+    fn from(s: &String) -> Self {
+        Self::Text(s.clone())
+    }
+}
+impl From<Vec<u32>> for Prompt {
+    fn from(ids: Vec<u32>) -> Self {
+        Self::Ids(ids)
+    }
+}
+impl From<&[u32]> for Prompt {
+    fn from(ids: &[u32]) -> Self {
+        Self::Ids(ids.to_vec())
+    }
+}
+
+/// How to generate for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationParams {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation stops before the first occurrence of any of these strings.
+    pub stop: Vec<String>,
+    /// Keep generating past the model's eos tokens.
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        Self { max_new_tokens: 64, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false }
+    }
+}
+
+impl GenerationParams {
+    pub fn greedy(max_new_tokens: usize) -> Self {
+        Self { max_new_tokens, ..Self::default() }
+    }
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an eos token (not included in the output).
+    Eos,
+    /// A stop string appeared (not included in the output).
+    Stop(String),
+    /// `max_new_tokens` reached.
+    Length,
+    /// Aborted by the caller.
+    Aborted,
+    /// The engine failed while running the request's launch.
+    Error(String),
+}
+
+/// What [`crate::Engine::step`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A new token and the text it completes (may be empty while a multi-byte character or a
+    /// possible stop string is still pending).
+    Token { id: RequestId, token: u32, text: String },
+    /// The request is done; the event carries any text held back until now.
+    Finished { id: RequestId, reason: FinishReason, text: String },
+}
+
+impl Event {
+    pub fn id(&self) -> RequestId {
+        match self {
+            Self::Token { id, .. } | Self::Finished { id, .. } => *id,
+        }
+    }
+}
+
+/// A finished request, as returned by [`crate::Engine::generate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    pub id: RequestId,
+    pub prompt_tokens: usize,
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+}

@@ -1,0 +1,99 @@
+//! The crate's one error type.
+
+use crate::engine::RequestId;
+
+/// Everything that can go wrong in Ponder. Errors about one request carry its id, so a caller
+/// serving many requests can route the error; other requests are not affected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tensor or device operation failed inside candle.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+
+    /// Reading a file of the model directory failed.
+    #[error("{path}: {source}")]
+    Io { path: std::path::PathBuf, source: std::io::Error },
+
+    /// `config.json` (or another JSON file) could not be parsed or holds an invalid value.
+    #[error("bad config {path}: {reason}")]
+    BadConfig { path: String, reason: String },
+
+    /// The model directory names a `model_type` this crate does not implement.
+    #[error("unsupported model_type `{0}`")]
+    UnsupportedModel(String),
+
+    /// A checkpoint tensor is missing, truncated or has the wrong shape or dtype.
+    #[error("bad checkpoint tensor `{name}`: {reason}")]
+    BadTensor { name: String, reason: String },
+
+    /// The tokenizer could not be loaded or failed to encode/decode.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    /// An engine option is invalid (zero block size, unknown layout for this model, …).
+    #[error("invalid engine option: {0}")]
+    InvalidOption(String),
+
+    /// A request was rejected before it started; the reason says why.
+    #[error("request {id} rejected: {reason}")]
+    InvalidRequest { id: RequestId, reason: InvalidRequest },
+
+    /// The KV cache cannot hold this request even when it runs alone.
+    #[error("request {id}: KV cache exhausted (needs {needed_blocks} blocks, pool has {total_blocks})")]
+    KvExhausted { id: RequestId, needed_blocks: usize, total_blocks: usize },
+
+    /// No request with this id is known to the engine (finished, aborted or never added).
+    #[error("unknown request {0}")]
+    UnknownRequest(RequestId),
+
+    /// The engine thread behind an [`crate::EngineHandle`] has stopped.
+    #[error("engine thread stopped")]
+    EngineStopped,
+}
+
+/// Why a request was rejected at admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidRequest {
+    EmptyPrompt,
+    /// Prompt plus `max_new_tokens` exceed the model's context window.
+    TooLong { prompt_tokens: usize, max_new_tokens: usize, max_context: usize },
+    /// A prompt token id is outside the vocabulary.
+    UnknownToken { token: u32, vocab_size: usize },
+    /// A sampling parameter is out of range (temperature < 0, top_p outside (0, 1], top_k = 0 …).
+    BadSampling(String),
+    /// The prompt needs more tokens in one prefill than the scheduler's token budget allows.
+    OverTokenBudget { prompt_tokens: usize, budget: usize },
+}
+
+impl std::fmt::Display for InvalidRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::EmptyPrompt => write!(f, "empty prompt"),
+            Self::TooLong { prompt_tokens, max_new_tokens, max_context } => write!(
+                f,
+                "prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceed the context window of {max_context}"
+            ),
+            Self::UnknownToken { token, vocab_size } => {
+                write!(f, "token id {token} is outside the vocabulary of {vocab_size}")
+            }
+            Self::BadSampling(s) => write!(f, "bad sampling parameters: {s}"),
+            Self::OverTokenBudget { prompt_tokens, budget } => write!(
+                f,
+                "prompt of {prompt_tokens} tokens exceeds the prefill token budget of {budget}"
+            ),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn config(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::BadConfig { path: path.into(), reason: reason.into() }
+    }
+    pub(crate) fn tensor(name: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::BadTensor { name: name.into(), reason: reason.into() }
+    }
+}

@@ -1,0 +1,17 @@
+//! The paged KV cache: host-side block bookkeeping (pool, per-(request, slot) block tables,
+//! layouts that map loop steps to slots) and the device-side store the pool indexes.
+//!
+//! One block id addresses `block_size` token positions in *every* physical attention layer's
+//! cache tensor. A request owns one block table per cache slot; a layout says which slot a loop
+//! step reads and writes. So rows at different depths share one attention launch: each row
+//! simply brings the block table of its slot.
+
+mod layout;
+mod manager;
+mod pool;
+mod store;
+
+pub use layout::{DepthIndexed, KvLayout, KvLayoutKind, Shared};
+pub use manager::KvManager;
+pub use pool::BlockPool;
+pub use store::KvStore;

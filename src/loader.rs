@@ -1,0 +1,184 @@
+//! Loading an HF-style model directory: `config.json` (family chosen by `model_type`),
+//! `model.safetensors` or a sharded `model.safetensors.index.json`, `tokenizer.json` and
+//! `generation_config.json`.
+
+use crate::models::config::EosIds;
+use crate::models::ModelConfig;
+use crate::{Error, Result};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Shape, Tensor};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+/// A model directory, parsed but with weights not yet read.
+#[derive(Debug, Clone)]
+pub struct ModelDir {
+    pub path: PathBuf,
+    pub config: ModelConfig,
+    /// Union of the eos ids in `config.json` and `generation_config.json`.
+    pub eos_token_ids: Vec<u32>,
+    pub weight_files: Vec<PathBuf>,
+    pub tokenizer_file: Option<PathBuf>,
+}
+
+impl ModelDir {
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let config_path = path.join("config.json");
+        let text = read(&config_path)?;
+        let config = ModelConfig::from_json(&text, &config_path.display().to_string())?;
+        let mut eos = match &config {
+            ModelConfig::Ouro(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+        };
+        let gen_path = path.join("generation_config.json");
+        if gen_path.exists() {
+            #[derive(serde::Deserialize)]
+            struct Gen {
+                eos_token_id: Option<EosIds>,
+            }
+            let g: Gen = serde_json::from_str(&read(&gen_path)?)
+                .map_err(|e| Error::config(gen_path.display().to_string(), e.to_string()))?;
+            eos.extend(g.eos_token_id.map(|e| e.to_vec()).unwrap_or_default());
+        }
+        eos.sort_unstable();
+        eos.dedup();
+        let weight_files = weight_files(&path)?;
+        let tok = path.join("tokenizer.json");
+        Ok(Self { tokenizer_file: tok.exists().then_some(tok), path, config, eos_token_ids: eos, weight_files })
+    }
+
+    /// Memory-maps the weights, converting to `dtype` on `device` as tensors are read.
+    pub fn weights(&self, dtype: DType, device: &Device) -> Result<Weights> {
+        Weights::from_files(&self.weight_files, dtype, device)
+    }
+
+    pub fn tokenizer(&self) -> Result<Option<tokenizers::Tokenizer>> {
+        self.tokenizer_file
+            .as_ref()
+            .map(|p| tokenizers::Tokenizer::from_file(p).map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display()))))
+            .transpose()
+    }
+
+    /// Downloads `repo` from the Hugging Face hub (config, weights, tokenizer) and opens it.
+    #[cfg(feature = "hub")]
+    pub fn from_hub(repo: &str) -> Result<Self> {
+        let api = hf_hub::api::sync::Api::new().map_err(|e| Error::InvalidOption(format!("hub: {e}")))?;
+        let repo = api.model(repo.to_string());
+        let get = |f: &str| repo.get(f).map_err(|e| Error::InvalidOption(format!("hub {f}: {e}")));
+        let config = get("config.json")?;
+        for f in ["tokenizer.json", "generation_config.json"] {
+            let _ = get(f); // optional files
+        }
+        match get("model.safetensors.index.json") {
+            Ok(index) => {
+                for f in shard_names(&index)? {
+                    get(&f)?;
+                }
+            }
+            Err(_) => {
+                get("model.safetensors")?;
+            }
+        }
+        Self::open(config.parent().expect("config has a parent dir"))
+    }
+}
+
+fn read(p: &Path) -> Result<String> {
+    std::fs::read_to_string(p).map_err(|source| Error::Io { path: p.to_path_buf(), source })
+}
+
+fn shard_names(index: &Path) -> Result<BTreeSet<String>> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: HashMap<String, String>,
+    }
+    let idx: Index = serde_json::from_str(&read(index)?)
+        .map_err(|e| Error::config(index.display().to_string(), e.to_string()))?;
+    Ok(idx.weight_map.into_values().collect())
+}
+
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        return Ok(shard_names(&index)?.into_iter().map(|f| dir.join(f)).collect());
+    }
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    Err(Error::Io {
+        path: single,
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json"),
+    })
+}
+
+enum Source {
+    Mmap(MmapedSafetensors),
+    Map(HashMap<String, Tensor>),
+}
+
+/// Named checkpoint tensors with checked shapes, converted to one dtype on one device.
+pub struct Weights {
+    source: Source,
+    dtype: DType,
+    device: Device,
+}
+
+impl std::fmt::Debug for Weights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Weights({:?}, {:?})", self.dtype, self.device)
+    }
+}
+
+impl Weights {
+    pub fn from_files(files: &[PathBuf], dtype: DType, device: &Device) -> Result<Self> {
+        for f in files {
+            if !f.exists() {
+                return Err(Error::Io {
+                    path: f.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "weight file missing"),
+                });
+            }
+        }
+        // SAFETY: the files are mapped read-only; as with every mmap-based loader, they must
+        // not be modified while the engine is loading from them.
+        let st = unsafe { MmapedSafetensors::multi(files) }
+            .map_err(|e| Error::tensor(files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","), e.to_string()))?;
+        Ok(Self { source: Source::Mmap(st), dtype, device: device.clone() })
+    }
+
+    /// Weights already in memory (random-weight benchmarks, tests).
+    pub fn from_map(map: HashMap<String, Tensor>, dtype: DType, device: &Device) -> Self {
+        Self { source: Source::Map(map), dtype, device: device.clone() }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        match &self.source {
+            Source::Mmap(st) => st.get(name).is_ok(),
+            Source::Map(m) => m.contains_key(name),
+        }
+    }
+
+    /// Reads `name`, checks its shape, converts it to the model dtype and device.
+    pub fn get<S: Into<Shape>>(&self, shape: S, name: &str) -> Result<Tensor> {
+        let shape = shape.into();
+        let t = match &self.source {
+            Source::Mmap(st) => st.load(name, &Device::Cpu).map_err(|e| Error::tensor(name, e.to_string()))?,
+            Source::Map(m) => m.get(name).cloned().ok_or_else(|| Error::tensor(name, "missing"))?,
+        };
+        if t.shape() != &shape {
+            return Err(Error::tensor(name, format!("shape {:?}, expected {:?}", t.dims(), shape.dims())));
+        }
+        if !crate::ops::is_float(t.dtype()) {
+            return Err(Error::tensor(name, format!("dtype {:?} is not a float type", t.dtype())));
+        }
+        Ok(t.to_dtype(self.dtype)?.to_device(&self.device)?)
+    }
+}

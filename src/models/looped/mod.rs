@@ -1,0 +1,70 @@
+//! Looped LMs exposed as stages: prelude → core step × r → coda. Every stage works on a packed
+//! batch of rows, and rows of one core-step launch may sit at different loop steps (each brings
+//! the block table of its own cache slot in the [`PagedBatch`]).
+
+mod ouro;
+
+pub use ouro::Ouro;
+
+use crate::kv::KvStore;
+use crate::ops::{PagedBatch, RopeAngles};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// What a scheduler and the metrics need to know about a looped model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopedSpec {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Physical attention layers with a KV cache per slot (all core layers for Ouro).
+    pub num_kv_layers: usize,
+    /// r_max: the loop count the model was trained for.
+    pub max_steps: usize,
+    pub max_context: usize,
+    /// Parameters touched once per token outside the loop (F0 in the CDB bound).
+    pub boundary_params: u64,
+    /// Parameters touched per loop step (Fr in the CDB bound).
+    pub step_params: u64,
+    pub dtype: DType,
+}
+
+impl LoopedSpec {
+    /// The FLOP speed-up bound S = (F0 + r_max·Fr) / (F0 + d̄·Fr) for mean exit depth `mean_depth`.
+    pub fn flop_bound(&self, mean_depth: f64) -> f64 {
+        let f0 = self.boundary_params as f64;
+        let fr = self.step_params as f64;
+        (f0 + self.max_steps as f64 * fr) / (f0 + mean_depth * fr)
+    }
+}
+
+/// Per-launch inputs shared by every stage and layer (RoPE angles of the packed positions).
+#[derive(Debug, Clone)]
+pub struct StageInput {
+    pub rope: RopeAngles,
+}
+
+/// Output of one core step over a batch of tokens.
+#[derive(Debug, Clone)]
+pub struct CoreOut {
+    /// `[tokens, hidden]` state after the step.
+    pub hidden: Tensor,
+    /// `[tokens]` f32 exit-gate logit of the step (Ouro), or `None` for models without a gate.
+    pub gate_logit: Option<Tensor>,
+}
+
+/// A looped LM as stages. Implementations own weights only.
+pub trait LoopedModel: Send {
+    fn spec(&self) -> &LoopedSpec;
+    fn device(&self) -> &Device;
+    /// Builds the per-launch inputs for absolute `positions` (`[tokens]` u32).
+    fn prepare(&self, positions: &Tensor) -> Result<StageInput>;
+    /// Prelude over `ids` (`[tokens]` u32) → `[tokens, hidden]`. Writes KV only for models
+    /// whose prelude has attention layers.
+    fn prelude(&self, ids: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
+    /// One application of the recurrent core; writes the step's K/V into `batch`'s blocks.
+    fn core_step(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut>;
+    /// Coda over exited states `[rows, hidden]` → f32 logits `[rows, vocab]`.
+    fn coda(&self, h: &Tensor) -> Result<Tensor>;
+}

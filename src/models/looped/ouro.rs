@@ -1,0 +1,164 @@
+//! Ouro (ByteDance, arXiv 2510.25741): a Llama-style decoder whose L layers are applied
+//! `total_ut_steps` times. Sandwich norm (4 RMSNorms per layer), split-half RoPE, the final
+//! norm after every loop, a per-step exit-gate logit and an untied LM head.
+//!
+//! Stages: prelude = embedding lookup; core step = all L layers + norm + gate; coda = LM head.
+
+use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
+use crate::kv::KvStore;
+use crate::loader::Weights;
+use crate::models::OuroConfig;
+use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::Linear;
+
+#[derive(Debug)]
+struct Layer {
+    qkv: Linear,
+    o_proj: Linear,
+    gate_up: Linear,
+    down: Linear,
+    input_norm: Tensor,
+    input_norm_2: Tensor,
+    post_attn_norm: Tensor,
+    post_attn_norm_2: Tensor,
+}
+
+/// The Ouro model. Weights only.
+#[derive(Debug)]
+pub struct Ouro {
+    cfg: OuroConfig,
+    spec: LoopedSpec,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    gate: Linear,
+    lm_head: Linear,
+    rope: RopeTable,
+    device: Device,
+}
+
+impl Ouro {
+    pub fn load(cfg: &OuroConfig, w: &Weights) -> crate::Result<Self> {
+        let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+        let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let q = w.get((nh * hd, h), &format!("{p}.self_attn.q_proj.weight"))?;
+            let k = w.get((nkv * hd, h), &format!("{p}.self_attn.k_proj.weight"))?;
+            let vv = w.get((nkv * hd, h), &format!("{p}.self_attn.v_proj.weight"))?;
+            let gate = w.get((i, h), &format!("{p}.mlp.gate_proj.weight"))?;
+            let up = w.get((i, h), &format!("{p}.mlp.up_proj.weight"))?;
+            layers.push(Layer {
+                // q/k/v and gate/up are fused into one matmul each: fewer launches per layer.
+                qkv: Linear::new(Tensor::cat(&[q, k, vv], 0)?, None),
+                o_proj: Linear::new(w.get((h, nh * hd), &format!("{p}.self_attn.o_proj.weight"))?, None),
+                gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None),
+                down: Linear::new(w.get((h, i), &format!("{p}.mlp.down_proj.weight"))?, None),
+                input_norm: w.get(h, &format!("{p}.input_layernorm.weight"))?,
+                input_norm_2: w.get(h, &format!("{p}.input_layernorm_2.weight"))?,
+                post_attn_norm: w.get(h, &format!("{p}.post_attention_layernorm.weight"))?,
+                post_attn_norm_2: w.get(h, &format!("{p}.post_attention_layernorm_2.weight"))?,
+            });
+        }
+        let embed = w.get((v, h), "model.embed_tokens.weight")?;
+        let lm_head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") {
+            embed.clone()
+        } else {
+            w.get((v, h), "lm_head.weight")?
+        };
+        // The gate runs in f32: its logit feeds a CDF threshold, where bf16 rounding of a
+        // single scalar would move exit decisions.
+        let gate = Linear::new(
+            w.get((1, h), "model.early_exit_gate.weight")?.to_dtype(DType::F32)?,
+            Some(w.get(1, "model.early_exit_gate.bias")?.to_dtype(DType::F32)?),
+        );
+        let layer_params = (2 * nh * hd * h + 2 * nkv * hd * h + 3 * h * i + 4 * h) as u64;
+        let spec = LoopedSpec {
+            vocab_size: v,
+            hidden_size: h,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            num_kv_layers: cfg.num_hidden_layers,
+            max_steps: cfg.total_ut_steps,
+            max_context: cfg.max_position_embeddings,
+            // Counting rule of the CDB authors: the embedding lookup is free, the head is not.
+            boundary_params: (v * h) as u64,
+            step_params: layer_params * cfg.num_hidden_layers as u64 + (h + h + 1) as u64,
+            dtype: w.dtype(),
+        };
+        Ok(Self {
+            rope: RopeTable::new(hd, cfg.rope_theta, w.dtype(), w.device())?,
+            norm: w.get(h, "model.norm.weight")?,
+            gate,
+            lm_head: Linear::new(lm_head, None),
+            embed,
+            layers,
+            spec,
+            cfg: cfg.clone(),
+            device: w.device().clone(),
+        })
+    }
+
+    pub fn config(&self) -> &OuroConfig {
+        &self.cfg
+    }
+
+    fn layer_forward(&self, l: usize, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        let layer = &self.layers[l];
+        let eps = self.cfg.rms_norm_eps;
+        let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
+        let t = h.dim(0)?;
+
+        let a = ops::rms_norm(h, &layer.input_norm, eps)?;
+        let qkv = layer.qkv.forward(&a)?;
+        let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
+        let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
+        let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?;
+        let q = input.rope.apply_split_half(&q)?;
+        let k = input.rope.apply_split_half(&k)?;
+        write_kv(kv.k(l), &k, batch)?;
+        write_kv(kv.v(l), &v.contiguous()?, batch)?;
+        let attn = paged_attention(&q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
+        let attn = layer.o_proj.forward(&attn.reshape((t, nh * hd))?)?;
+        let h = (h + ops::rms_norm(&attn, &layer.input_norm_2, eps)?)?;
+
+        let m = ops::rms_norm(&h, &layer.post_attn_norm, eps)?;
+        let m = layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?;
+        h + ops::rms_norm(&m, &layer.post_attn_norm_2, eps)?
+    }
+}
+
+impl LoopedModel for Ouro {
+    fn spec(&self) -> &LoopedSpec {
+        &self.spec
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn prepare(&self, positions: &Tensor) -> Result<StageInput> {
+        Ok(StageInput { rope: self.rope.angles(positions)? })
+    }
+
+    fn prelude(&self, ids: &Tensor, _input: &StageInput, _batch: &PagedBatch, _kv: &KvStore) -> Result<Tensor> {
+        self.embed.index_select(ids, 0)
+    }
+
+    fn core_step(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut> {
+        let mut h = h.clone();
+        for l in 0..self.layers.len() {
+            h = self.layer_forward(l, &h, input, batch, kv)?;
+        }
+        let h = ops::rms_norm(&h, &self.norm, self.cfg.rms_norm_eps)?;
+        let gate_logit = self.gate.forward(&h.to_dtype(DType::F32)?)?.squeeze(1)?;
+        Ok(CoreOut { hidden: h, gate_logit: Some(gate_logit) })
+    }
+
+    fn coda(&self, h: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(h)?.to_dtype(DType::F32)
+    }
+}

@@ -1,0 +1,8 @@
+//! Model families. A model owns weights only: KV lives in the [`crate::kv::KvStore`] the engine
+//! passes in, request state lives in the scheduler, loop state in the engine's runner.
+
+pub mod config;
+pub mod looped;
+
+pub use config::{ModelConfig, OuroConfig};
+pub use looped::{CoreOut, LoopedModel, LoopedSpec, StageInput};

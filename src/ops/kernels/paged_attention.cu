@@ -1,0 +1,339 @@
+// Paged attention over a block-table KV cache (ponder).
+//
+// Cache layout: [num_blocks, block_size, kv_heads, D]; queries packed [T, H, D] over rows with
+// cu_q_lens. One thread block handles (row, kv head, tile of NQ "query items", key split), where a
+// query item is one (query token, query head of this kv head's GQA group) pair, token-major. So a
+// tile of K/V is read once per block (16-byte vector loads, in place through the block table) and
+// used by all NQ items, held in registers.
+//
+// Inside a block, NW warps take interleaved key tiles. A warp splits into KPW key groups of LPK
+// lanes; each lane owns VEC = 16 / sizeof(T) consecutive elements of D. Scores are reduced over
+// the LPK lanes with xor shuffles; each warp keeps an online softmax (base 2, f32) per item;
+// warps are merged through shared memory at the end. With num_splits > 1 (few blocks, long
+// contexts: decode), each block covers one key chunk and writes unnormalised partials (acc, max,
+// sum) that paged_attn_combine_* merges.
+//
+// Rows are found without host data: block x of the grid belongs to row r when
+// off(r) <= x < off(r + 1), off(r) = (cu_q[r] * group + r * (NQ - 1)) / NQ, which gives every row at
+// least ceil(q_len * group / NQ) tiles (at most one idle tile per row).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define NW 4
+#define NTHREADS (NW * 32)
+
+namespace {
+
+template <typename T> struct Cvt;
+
+template <> struct Cvt<float> {
+    static constexpr int VEC = 4;
+    __device__ __forceinline__ static void to_float(const uint4 &raw, float *out) {
+        out[0] = __uint_as_float(raw.x);
+        out[1] = __uint_as_float(raw.y);
+        out[2] = __uint_as_float(raw.z);
+        out[3] = __uint_as_float(raw.w);
+    }
+    __device__ __forceinline__ static float from_float(float x) { return x; }
+};
+
+template <> struct Cvt<__nv_bfloat16> {
+    static constexpr int VEC = 8;
+    __device__ __forceinline__ static void to_float(const uint4 &raw, float *out) {
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float2 f = __bfloat1622float2(h[i]);
+            out[2 * i] = f.x;
+            out[2 * i + 1] = f.y;
+        }
+    }
+    __device__ __forceinline__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
+};
+
+template <> struct Cvt<__half> {
+    static constexpr int VEC = 8;
+    __device__ __forceinline__ static void to_float(const uint4 &raw, float *out) {
+        const __half2 *h = reinterpret_cast<const __half2 *>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float2 f = __half22float2(h[i]);
+            out[2 * i] = f.x;
+            out[2 * i + 1] = f.y;
+        }
+    }
+    __device__ __forceinline__ static __half from_float(float x) { return __float2half(x); }
+};
+
+__device__ __forceinline__ uint4 ldg16(const void *p) {
+    return __ldg(reinterpret_cast<const uint4 *>(p));
+}
+
+template <typename T, int D, int NQ>
+__device__ __forceinline__ void paged_attn_impl(
+    T *__restrict__ out,             // [T, H, D] (num_splits == 1)
+    float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
+    float *__restrict__ ws_ml,       // [splits, T, H, 2]
+    const T *__restrict__ q,         // [T, H, D]
+    const T *__restrict__ kc,        // [blocks, bs, kvh, D]
+    const T *__restrict__ vc,
+    const uint32_t *__restrict__ block_tables, // [R, max_blocks]
+    const uint32_t *__restrict__ context_lens, // [R]
+    const uint32_t *__restrict__ cu_q,         // [R + 1]
+    int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift,
+    float scale_log2, int causal, int num_splits, int chunk, int num_tokens) {
+    constexpr int VEC = Cvt<T>::VEC;
+    constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
+    constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
+    constexpr int KPW = 32 / LPK;    // keys a warp loads side by side
+    constexpr int UNROLL = NQ >= 8 ? 2 : 4;
+    constexpr int KT = KPW * UNROLL; // keys per warp step
+    static_assert(D % VEC == 0 && ACTIVE <= 32, "head dim");
+
+    __shared__ int s_row;
+    __shared__ float s_acc[NW][NQ][D];
+    __shared__ float s_m[NW][NQ];
+    __shared__ float s_l[NW][NQ];
+
+    const int group = num_heads / kv_heads;
+    const int g = blockIdx.y;
+    const int split = blockIdx.z;
+    const long long bx = blockIdx.x;
+
+    for (int r = threadIdx.x; r < num_rows; r += NTHREADS) {
+        const long long o0 = ((long long)cu_q[r] * group + (long long)r * (NQ - 1)) / NQ;
+        const long long o1 = ((long long)cu_q[r + 1] * group + (long long)(r + 1) * (NQ - 1)) / NQ;
+        if (o0 <= bx && bx < o1) s_row = r;
+    }
+    __syncthreads();
+    const int r = s_row;
+    const int q_start = cu_q[r];
+    const int q_len = (int)cu_q[r + 1] - q_start;
+    const long long off_r = ((long long)q_start * group + (long long)r * (NQ - 1)) / NQ;
+    const int item0 = (int)(bx - off_r) * NQ;
+    const int items = q_len * group;
+    if (item0 >= items) return;  // block-uniform
+    const int ctx = context_lens[r];
+
+    const int last_tok = (min(item0 + NQ, items) - 1) / group;
+    const int kend = causal ? ctx - q_len + last_tok + 1 : ctx;
+    const int k0 = split * chunk;
+    const int k1 = min(kend, k0 + chunk);
+
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int kl = lane % LPK;
+    const int kg = lane / LPK;
+    const bool active = kl < ACTIVE;
+
+    float qv[NQ][VEC];
+    int lim[NQ];
+    float m[NQ], l[NQ], acc[NQ][VEC];
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+        const int item = item0 + n;
+        const bool valid = item < items;
+        const int tok = item / group;
+        const int hg = item - tok * group;
+        lim[n] = valid ? (causal ? ctx - q_len + tok + 1 : ctx) : 0;
+        if (valid && active) {
+            const T *qp = q + ((size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg)) * D + kl * VEC;
+            Cvt<T>::to_float(ldg16(qp), qv[n]);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) qv[n][e] *= scale_log2;
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) qv[n][e] = 0.f;
+        }
+        m[n] = -INFINITY;
+        l[n] = 0.f;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[n][e] = 0.f;
+    }
+
+    const uint32_t *table = block_tables + (size_t)r * max_blocks;
+    const size_t slot_stride = (size_t)kv_heads * D;
+    const size_t head_off = (size_t)g * D + kl * VEC;
+
+    for (int base = k0 + warp * KT; base < k1; base += NW * KT) {
+        uint4 kraw[UNROLL], vraw[UNROLL];
+        int pos[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int p = base + u * KPW + kg;
+            pos[u] = p;
+            if (p < k1 && active) {
+                int blk_i, in_blk;
+                if (bs_shift >= 0) {
+                    blk_i = p >> bs_shift;
+                    in_blk = p & (block_size - 1);
+                } else {
+                    blk_i = p / block_size;
+                    in_blk = p - blk_i * block_size;
+                }
+                const size_t slot = (size_t)__ldg(table + blk_i) * block_size + in_blk;
+                const size_t idx = slot * slot_stride + head_off;
+                kraw[u] = ldg16(kc + idx);
+                vraw[u] = ldg16(vc + idx);
+            } else {
+                kraw[u] = make_uint4(0, 0, 0, 0);
+                vraw[u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        float kf[UNROLL][VEC], vf[UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            Cvt<T>::to_float(kraw[u], kf[u]);
+            Cvt<T>::to_float(vraw[u], vf[u]);
+        }
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+            float s[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                float d = 0.f;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) d = fmaf(qv[n][e], kf[u][e], d);
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                s[u] = (pos[u] < k1 && pos[u] < lim[n]) ? d : -INFINITY;
+            }
+            float tmax = s[0];
+#pragma unroll
+            for (int u = 1; u < UNROLL; ++u) tmax = fmaxf(tmax, s[u]);
+#pragma unroll
+            for (int o = LPK; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+            const float mnew = fmaxf(m[n], tmax);
+            if (mnew == -INFINITY) continue;  // warp-uniform: nothing visible yet
+            const float alpha = exp2f(m[n] - mnew);
+            m[n] = mnew;
+            l[n] *= alpha;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[n][e] *= alpha;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const float pr = exp2f(s[u] - mnew);
+                l[n] += pr;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) acc[n][e] = fmaf(pr, vf[u][e], acc[n][e]);
+            }
+        }
+    }
+
+    // Merge the key groups of the warp (they share m).
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1) {
+            l[n] += __shfl_xor_sync(0xffffffffu, l[n], o);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[n][e] += __shfl_xor_sync(0xffffffffu, acc[n][e], o);
+        }
+        if (kg == 0 && active) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s_acc[warp][n][kl * VEC + e] = acc[n][e];
+        }
+        if (lane == 0) {
+            s_m[warp][n] = m[n];
+            s_l[warp][n] = l[n];
+        }
+    }
+    __syncthreads();
+
+    // Merge the warps and write.
+    for (int idx = threadIdx.x; idx < NQ * D; idx += NTHREADS) {
+        const int n = idx / D;
+        const int e = idx - n * D;
+        const int item = item0 + n;
+        if (item >= items) continue;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, s_m[w][n]);
+        float L = 0.f, A = 0.f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < NW; ++w) {
+                const float f = exp2f(s_m[w][n] - M);
+                L += s_l[w][n] * f;
+                A += s_acc[w][n][e] * f;
+            }
+        }
+        const int tok = item / group;
+        const int hg = item - tok * group;
+        const size_t th = (size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg);
+        if (num_splits == 1) {
+            out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
+        } else {
+            const size_t sth = (size_t)split * num_tokens * num_heads + th;
+            ws_acc[sth * D + e] = A;
+            if (e == 0) {
+                ws_ml[sth * 2] = M;
+                ws_ml[sth * 2 + 1] = L;
+            }
+        }
+    }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *__restrict__ ws_acc,
+                                             const float *__restrict__ ws_ml, int num_splits,
+                                             int num_tokens, int num_heads) {
+    const size_t th = (size_t)blockIdx.x * num_heads + blockIdx.y;
+    const size_t stride = (size_t)num_tokens * num_heads;
+    float M = -INFINITY;
+    for (int s = 0; s < num_splits; ++s) M = fmaxf(M, ws_ml[(s * stride + th) * 2]);
+    for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float L = 0.f, A = 0.f;
+        if (M != -INFINITY) {
+            for (int s = 0; s < num_splits; ++s) {
+                const float ls = ws_ml[(s * stride + th) * 2 + 1];
+                if (ls > 0.f) {
+                    const float f = exp2f(ws_ml[(s * stride + th) * 2] - M);
+                    L += ls * f;
+                    A += ws_acc[(s * stride + th) * D + e] * f;
+                }
+            }
+        }
+        out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
+    }
+}
+
+}  // namespace
+
+#define PA_ARGS(T)                                                                               \
+    T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                   \
+        const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
+        int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
+        float scale_log2, int causal, int num_splits, int chunk, int num_tokens
+
+#define PA_PASS                                                                                  \
+    out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens, cu_q, num_rows, max_blocks,       \
+        num_heads, kv_heads, block_size, bs_shift, scale_log2, causal, num_splits, chunk, num_tokens
+
+#define PA_KERNEL(NAME, T, D, NQ)                                                                \
+    extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
+        paged_attn_##NAME##_d##D##_q##NQ(PA_ARGS(T)) {                                          \
+        paged_attn_impl<T, D, NQ>(PA_PASS);                                                      \
+    }
+
+#define PA_KERNELS_D(NAME, T, D)                                                                 \
+    PA_KERNEL(NAME, T, D, 1)                                                                     \
+    PA_KERNEL(NAME, T, D, 2)                                                                     \
+    PA_KERNEL(NAME, T, D, 4)                                                                     \
+    PA_KERNEL(NAME, T, D, 8)                                                                     \
+    extern "C" __global__ void paged_attn_combine_##NAME##_d##D(                                \
+        T *out, const float *ws_acc, const float *ws_ml, int num_splits, int num_tokens,         \
+        int num_heads) {                                                                         \
+        combine_impl<T, D>(out, ws_acc, ws_ml, num_splits, num_tokens, num_heads);               \
+    }
+
+#define PA_KERNELS(NAME, T)                                                                      \
+    PA_KERNELS_D(NAME, T, 64)                                                                    \
+    PA_KERNELS_D(NAME, T, 96)                                                                    \
+    PA_KERNELS_D(NAME, T, 128)
+
+PA_KERNELS(f32, float)
+PA_KERNELS(bf16, __nv_bfloat16)
+PA_KERNELS(f16, __half)

@@ -1,0 +1,110 @@
+//! Attention over a paged KV cache: every row reads its keys in place through its block table.
+//!
+//! Cache tensors are `[num_blocks, block_size, kv_heads, head_dim]`; queries are packed over
+//! rows as `[tokens, heads, head_dim]` with `cu_q_lens` marking each row's range.
+
+use super::batch::{AttnMask, PagedBatch};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// Writes the K (or V) rows of a launch's new tokens into the cache, in place.
+/// `new` is `[tokens, kv_heads, head_dim]`.
+pub fn write_kv(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> Result<()> {
+    let (nb, bs, kvh, hd) = cache.dims4()?;
+    let flat = cache.reshape((nb * bs, kvh * hd))?;
+    let src = new.reshape((new.dim(0)?, kvh * hd))?.to_dtype(cache.dtype())?;
+    flat.scatter_set(&batch.write_index, &src, 0)
+}
+
+/// Paged attention; output `[tokens, heads, head_dim]` in the dtype of `q`.
+pub fn paged_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    scale: f64,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda() {
+        return super::cuda::paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            &batch.block_tables,
+            &batch.context_lens,
+            &batch.cu_q_lens,
+            batch.max_q_len,
+            batch.max_context_len,
+            scale as f32,
+            batch.mask == AttnMask::Causal,
+        );
+    }
+    paged_attention_reference(q, k_cache, v_cache, batch, scale)
+}
+
+/// The reference: gathers each row's keys with `index_select` and attends with plain candle
+/// ops in f32. Runs on any device; the CPU path of [`paged_attention`].
+pub fn paged_attention_reference(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    scale: f64,
+) -> Result<Tensor> {
+    let (_, heads, hd) = q.dims3()?;
+    let (nb, bs, kvh, _) = k_cache.dims4()?;
+    if heads % kvh != 0 {
+        candle_core::bail!("paged attention: {heads} query heads not a multiple of {kvh} kv heads");
+    }
+    let group = heads / kvh;
+    let k_flat = k_cache.reshape((nb * bs, kvh, hd))?;
+    let v_flat = v_cache.reshape((nb * bs, kvh, hd))?;
+    let host = &batch.host;
+    let mut outs = Vec::with_capacity(batch.num_rows());
+    for r in 0..batch.num_rows() {
+        let q_start = host.cu_q_lens[r] as usize;
+        let q_len = host.cu_q_lens[r + 1] as usize - q_start;
+        if q_len == 0 {
+            continue;
+        }
+        let ctx = host.context_lens[r] as usize;
+        let rows: Vec<u32> = (0..ctx)
+            .map(|p| host.block_tables[r][p / bs] * bs as u32 + (p % bs) as u32)
+            .collect();
+        let idx = Tensor::new(rows.as_slice(), q.device())?;
+        // [kvh, ctx, hd] → repeated to [heads, ctx, hd]
+        let k = gather_heads(&k_flat, &idx, group)?;
+        let v = gather_heads(&v_flat, &idx, group)?;
+        let qr = q.narrow(0, q_start, q_len)?.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?;
+        let scores = (qr.matmul(&k.t()?)? * scale)?; // [heads, q_len, ctx]
+        let scores = match batch.mask {
+            AttnMask::Causal => scores.broadcast_add(&causal_bias(q_len, ctx, q.device())?)?,
+            AttnMask::Bidirectional => scores,
+        };
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let out = probs.matmul(&v)?.transpose(0, 1)?; // [q_len, heads, hd]
+        outs.push(out);
+    }
+    if outs.is_empty() {
+        return Tensor::zeros((0, heads, hd), q.dtype(), q.device());
+    }
+    Tensor::cat(&outs, 0)?.to_dtype(q.dtype())
+}
+
+fn gather_heads(flat: &Tensor, idx: &Tensor, group: usize) -> Result<Tensor> {
+    let x = flat.index_select(idx, 0)?.to_dtype(DType::F32)?.transpose(0, 1)?; // [kvh, ctx, hd]
+    if group == 1 {
+        return x.contiguous();
+    }
+    let (kvh, ctx, hd) = x.dims3()?;
+    x.unsqueeze(1)?.broadcast_as((kvh, group, ctx, hd))?.reshape((kvh * group, ctx, hd))
+}
+
+/// `[q_len, ctx]` additive mask: query `j` sees keys `0..=ctx - q_len + j`.
+fn causal_bias(q_len: usize, ctx: usize, device: &Device) -> Result<Tensor> {
+    let first = ctx - q_len;
+    let bias: Vec<f32> = (0..q_len)
+        .flat_map(|j| (0..ctx).map(move |p| if p <= first + j { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Tensor::from_vec(bias, (q_len, ctx), device)
+}
+

@@ -1,0 +1,46 @@
+//! Rotary position embeddings. cos/sin are computed per launch from the packed positions (one
+//! small op chain shared by every layer), so no table bounded by the context length is kept.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+/// The frequencies of one model's RoPE and the per-launch cos/sin built from them.
+#[derive(Debug, Clone)]
+pub struct RopeTable {
+    inv_freq: Tensor, // [1, head_dim / 2] f32
+    dtype: DType,
+}
+
+/// cos/sin for the tokens of one launch, `[tokens, head_dim / 2]` each.
+#[derive(Debug, Clone)]
+pub struct RopeAngles {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+impl RopeTable {
+    pub fn new(head_dim: usize, theta: f64, dtype: DType, device: &Device) -> Result<Self> {
+        let inv: Vec<f32> = (0..head_dim / 2)
+            .map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64) as f32)
+            .collect();
+        Ok(Self { inv_freq: Tensor::from_vec(inv, (1, head_dim / 2), device)?, dtype })
+    }
+
+    /// Angles for absolute `positions` (`[tokens]` u32), computed in f32 like the reference
+    /// implementations, then cast to the model dtype.
+    pub fn angles(&self, positions: &Tensor) -> Result<RopeAngles> {
+        let pos = positions.to_dtype(DType::F32)?.unsqueeze(1)?;
+        let freqs = pos.broadcast_mul(&self.inv_freq)?;
+        Ok(RopeAngles {
+            cos: freqs.cos()?.to_dtype(self.dtype)?.contiguous()?,
+            sin: freqs.sin()?.to_dtype(self.dtype)?.contiguous()?,
+        })
+    }
+}
+
+impl RopeAngles {
+    /// Split-half ("rotate_half", Llama/Ouro) rotation of `x: [tokens, heads, head_dim]`.
+    pub fn apply_split_half(&self, x: &Tensor) -> Result<Tensor> {
+        let x4 = x.contiguous()?.unsqueeze(0)?;
+        candle_nn::rotary_emb::rope_thd(&x4, &self.cos, &self.sin)?.squeeze(0)
+    }
+}

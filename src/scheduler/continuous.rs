@@ -1,0 +1,220 @@
+//! Continuous batching at full depth: the CB baseline of the CDB paper.
+//!
+//! Each tick is either a prefill of newly admitted requests or one decode launch over every
+//! running request, where each row runs the prelude, all r_max loop steps and the coda. When a
+//! running request cannot get a KV block, the most recently admitted one is preempted: its
+//! blocks are freed and it is re-prefilled (prompt + generated tokens) once there is room.
+
+use super::{Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
+use crate::engine::RequestId;
+use crate::kv::KvManager;
+use std::collections::VecDeque;
+
+#[derive(Debug)]
+struct Seq {
+    id: RequestId,
+    /// Prompt followed by every token generated so far.
+    tokens: Vec<u32>,
+    /// Tokens whose K/V are in the cache.
+    computed: usize,
+}
+
+/// The full-depth continuous batching scheduler.
+#[derive(Debug)]
+pub struct ContinuousBatching {
+    limits: SchedulerLimits,
+    kv: KvManager,
+    max_steps: usize,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    preemptions: usize,
+}
+
+impl ContinuousBatching {
+    pub fn new(limits: SchedulerLimits, kv: KvManager, max_steps: usize) -> Self {
+        Self { limits, kv, max_steps, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0 }
+    }
+
+    fn step_slots(&self) -> Vec<usize> {
+        (0..self.max_steps).map(|s| self.kv.layout().slot_for_step(s)).collect()
+    }
+
+    fn row(&self, seq: &Seq) -> LaunchRow {
+        LaunchRow {
+            request: seq.id,
+            tokens: seq.tokens[seq.computed..].to_vec(),
+            start_pos: seq.computed,
+            block_tables: self.kv.tables(seq.id).expect("reserved").to_vec(),
+            sample: true,
+        }
+    }
+
+    fn schedule_prefill(&mut self) -> Option<Launch> {
+        let mut rows = Vec::new();
+        let mut budget = self.limits.max_num_batched_tokens;
+        while self.running.len() < self.limits.max_num_seqs {
+            let Some(seq) = self.waiting.front() else { break };
+            let len = seq.tokens.len();
+            if len > budget {
+                break;
+            }
+            // Leave every running request room to grow by one block per slot, so admitting
+            // this one does not force a preemption on the very next decode.
+            let headroom = self.running.len() * self.kv.num_slots();
+            if self.kv.blocks_missing(seq.id, len) + headroom > self.kv.num_free_blocks() {
+                break;
+            }
+            let seq = self.waiting.pop_front().expect("front exists");
+            assert!(self.kv.reserve(seq.id, len), "checked free blocks");
+            budget -= len;
+            rows.push(self.row(&seq));
+            self.running.push(seq);
+        }
+        (!rows.is_empty()).then(|| Launch { stage: Stage::Prefill, step_slots: self.step_slots(), rows })
+    }
+
+    fn schedule_decode(&mut self) -> Option<Launch> {
+        let mut i = 0;
+        while i < self.running.len() {
+            let (id, need) = (self.running[i].id, self.running[i].tokens.len());
+            if self.kv.reserve(id, need) {
+                i += 1;
+                continue;
+            }
+            // Preempt the most recently admitted request (possibly this one) and retry.
+            let victim = self.running.pop().expect("non-empty");
+            self.kv.free(victim.id);
+            self.preemptions += 1;
+            let victim_was_current = i == self.running.len();
+            self.waiting.push_front(Seq { computed: 0, ..victim });
+            if victim_was_current {
+                break;
+            }
+        }
+        if self.running.is_empty() {
+            return None;
+        }
+        let rows = self.running.iter().map(|s| self.row(s)).collect();
+        Some(Launch { stage: Stage::FullDepthDecode, step_slots: self.step_slots(), rows })
+    }
+}
+
+impl Scheduler for ContinuousBatching {
+    fn name(&self) -> &'static str {
+        "cb"
+    }
+
+    fn add(&mut self, request: SchedRequest) {
+        self.waiting.push_back(Seq { id: request.id, tokens: request.prompt, computed: 0 });
+    }
+
+    fn schedule(&mut self) -> Option<Launch> {
+        if let Some(l) = self.schedule_prefill() {
+            return Some(l);
+        }
+        self.schedule_decode().or_else(|| self.schedule_prefill())
+    }
+
+    fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
+        for (row, out) in launch.rows.iter().zip(&result.rows) {
+            let Some(seq) = self.running.iter_mut().find(|s| s.id == row.request) else { continue };
+            seq.computed = row.start_pos + row.tokens.len();
+            if let Some(t) = out.token {
+                seq.tokens.push(t);
+            }
+        }
+    }
+
+    fn finish(&mut self, id: RequestId) {
+        self.waiting.retain(|s| s.id != id);
+        self.running.retain(|s| s.id != id);
+        self.kv.free(id);
+    }
+
+    fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+    fn num_preemptions(&self) -> usize {
+        self.preemptions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{DepthIndexed, Shared};
+    use crate::scheduler::RowOutput;
+
+    fn req(id: u64, len: usize) -> SchedRequest {
+        SchedRequest { id: RequestId(id), prompt: (0..len as u32).collect(), max_new_tokens: 8 }
+    }
+
+    fn answer(l: &Launch, token: u32) -> LaunchResult {
+        LaunchResult {
+            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(token), gate_logits: vec![] }).collect(),
+        }
+    }
+
+    #[test]
+    fn prefill_then_full_depth_decode() {
+        let limits = SchedulerLimits { max_num_seqs: 2, max_num_batched_tokens: 64 };
+        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(DepthIndexed), 4), 4);
+        for i in 0..3 {
+            s.add(req(i, 5));
+        }
+        let l = s.schedule().unwrap();
+        assert_eq!(l.stage, Stage::Prefill);
+        assert_eq!(l.rows.len(), 2, "max_num_seqs caps admission");
+        assert_eq!(l.step_slots, vec![0, 1, 2, 3]);
+        assert_eq!(l.rows[0].block_tables.len(), 4);
+        s.complete(&l, &answer(&l, 7));
+        let l = s.schedule().unwrap();
+        assert_eq!(l.stage, Stage::FullDepthDecode);
+        assert_eq!(l.rows[0].tokens, vec![7]);
+        assert_eq!(l.rows[0].start_pos, 5);
+        s.finish(RequestId(0));
+        s.complete(&l, &answer(&l, 8));
+        let l = s.schedule().unwrap();
+        assert_eq!(l.stage, Stage::Prefill);
+        assert_eq!(l.rows[0].request, RequestId(2));
+        s.finish(RequestId(1));
+        s.finish(RequestId(2));
+        assert_eq!(s.kv().num_used_blocks(), 0);
+    }
+
+    #[test]
+    fn preempts_youngest_when_blocks_run_out() {
+        let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 64 };
+        let mut s = ContinuousBatching::new(limits, KvManager::new(5, 4, Box::new(Shared), 4), 4);
+        s.add(req(0, 7));
+        s.add(req(1, 6));
+        let l = s.schedule().unwrap();
+        assert_eq!(l.rows.len(), 2);
+        s.complete(&l, &answer(&l, 1));
+        let mut generated_1 = 1;
+        loop {
+            let l = s.schedule().unwrap();
+            assert_eq!(l.stage, Stage::FullDepthDecode);
+            if s.num_preemptions() == 1 {
+                assert_eq!(l.rows.len(), 1);
+                assert_eq!(l.rows[0].request, RequestId(0));
+                break;
+            }
+            generated_1 += 1;
+            s.complete(&l, &answer(&l, 2));
+        }
+        assert_eq!(s.num_waiting(), 1);
+        s.finish(RequestId(0));
+        let l = s.schedule().unwrap();
+        assert_eq!(l.stage, Stage::Prefill);
+        assert_eq!(l.rows[0].tokens.len(), 6 + generated_1, "recompute re-prefills prompt + generated");
+        s.finish(RequestId(1));
+        assert_eq!(s.kv().num_used_blocks(), 0);
+    }
+}

@@ -1,0 +1,141 @@
+//! Random-weight models in the real checkpoint layouts: the tiny test models, the shipped
+//! default until trained weights land, and the real-shape GPU benchmark models.
+
+use crate::loader::Weights;
+use crate::models::OuroConfig;
+use crate::{Error, Result};
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Every tensor of an Ouro checkpoint with its shape, named exactly as the released
+/// `ByteDance/Ouro-*` `model.safetensors`.
+pub fn ouro_tensor_manifest(cfg: &OuroConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let (q, kv) = (cfg.num_attention_heads * cfg.head_dim(), cfg.kv_heads() * cfg.head_dim());
+    let mut m = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        m.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
+        m.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
+        m.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+        m.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+        m.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+        m.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+        m.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        for n in ["input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2"] {
+            m.push((format!("{p}.{n}.weight"), vec![h]));
+        }
+    }
+    m.push(("model.norm.weight".into(), vec![h]));
+    m.push(("model.early_exit_gate.weight".into(), vec![1, h]));
+    m.push(("model.early_exit_gate.bias".into(), vec![1]));
+    if !cfg.tie_word_embeddings {
+        m.push(("lm_head.weight".into(), vec![v, h]));
+    }
+    m
+}
+
+/// Random tensors for `manifest`: norms near 1, matrices N(0, 0.02²) (embeddings N(0, 1) so
+/// tokens are well separated in tiny models), biases 0. Deterministic for a given seed on the
+/// CPU; on CUDA the device generator is seeded instead.
+pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType, device: &Device) -> Result<HashMap<String, Tensor>> {
+    device.set_seed(seed)?;
+    let mut rng = SplitMix(seed);
+    let mut out = HashMap::new();
+    for (name, shape) in manifest {
+        let n: usize = shape.iter().product();
+        let t = if device.is_cpu() {
+            let std = init_std(name);
+            let data: Vec<f32> = if name.ends_with("norm.weight") {
+                (0..n).map(|_| 1.0 + 0.1 * rng.normal()).collect()
+            } else if name.ends_with(".bias") {
+                vec![0.0; n]
+            } else {
+                (0..n).map(|_| std * rng.normal()).collect()
+            };
+            Tensor::from_vec(data, shape.as_slice(), device)?
+        } else if name.ends_with("norm.weight") {
+            (Tensor::randn(0f32, 0.1, shape.as_slice(), device)? + 1.0)?
+        } else if name.ends_with(".bias") {
+            Tensor::zeros(shape.as_slice(), DType::F32, device)?
+        } else {
+            Tensor::randn(0f32, init_std(name), shape.as_slice(), device)?
+        };
+        out.insert(name.clone(), t.to_dtype(dtype)?);
+    }
+    Ok(out)
+}
+
+fn init_std(name: &str) -> f32 {
+    if name.contains("embed_tokens") {
+        1.0
+    } else {
+        0.02
+    }
+}
+
+/// Random Ouro weights held in memory (GPU benchmarks generate them on the device).
+pub fn random_ouro_weights(cfg: &OuroConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
+    Ok(Weights::from_map(random_tensors(&ouro_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+}
+
+/// Writes a complete Ouro model directory (config.json, model.safetensors,
+/// generation_config.json) with deterministic random f32 weights. Add a tokenizer.json
+/// yourself if the model should take text.
+pub fn write_random_ouro(dir: &Path, cfg: &OuroConfig, seed: u64) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+    let tensors = random_tensors(&ouro_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+    let mut config = serde_json::to_value(cfg).expect("config serialises");
+    config["architectures"] = serde_json::json!(["OuroForCausalLM"]);
+    write(dir.join("config.json"), &serde_json::to_string_pretty(&config).expect("json"))?;
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write(dir.join("generation_config.json"), &serde_json::json!({ "eos_token_id": eos }).to_string())
+}
+
+fn write(path: std::path::PathBuf, text: &str) -> Result<()> {
+    std::fs::write(&path, text).map_err(|source| Error::Io { path, source })
+}
+
+/// A tiny Ouro config for tests: 2 layers, 4 loops, 4 heads (2 KV heads, so GQA is covered).
+pub fn tiny_ouro_config(vocab_size: usize) -> OuroConfig {
+    OuroConfig {
+        vocab_size,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: Some(2),
+        head_dim: Some(16),
+        max_position_embeddings: 512,
+        rope_theta: 10_000.0,
+        rms_norm_eps: 1e-6,
+        total_ut_steps: 4,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        eos_token_id: None,
+        model_type: "ouro".into(),
+    }
+}
+
+/// Small deterministic normal generator (Box–Muller over SplitMix64), so test weights do not
+/// depend on the `rand` crate's algorithm choices across versions.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 + 0.5) / (1u64 << 24) as f32
+    }
+    fn normal(&mut self) -> f32 {
+        let (u1, u2) = (self.uniform(), self.uniform());
+        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+    }
+}
