@@ -40,7 +40,9 @@ pub fn ouro_tensor_manifest(cfg: &OuroConfig) -> Vec<(String, Vec<usize>)> {
 /// tokens are well separated in tiny models), biases 0. Deterministic for a given seed on the
 /// CPU; on CUDA the device generator is seeded instead.
 pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType, device: &Device) -> Result<HashMap<String, Tensor>> {
-    device.set_seed(seed)?;
+    if !device.is_cpu() {
+        device.set_seed(seed)?;
+    }
     let mut rng = SplitMix(seed);
     let mut out = HashMap::new();
     for (name, shape) in manifest {
@@ -138,4 +140,32 @@ impl SplitMix {
         let (u1, u2) = (self.uniform(), self.uniform());
         (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
     }
+}
+
+/// Trains a byte-level BPE tokenizer (GPT-2 style: any byte sequence round-trips) on `texts`
+/// with the `tokenizers` library. `special` tokens get the first ids (e.g. `<|endoftext|>` = 0).
+pub fn train_byte_level_bpe(texts: &[String], vocab_size: usize, special: &[&str]) -> Result<tokenizers::Tokenizer> {
+    use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper};
+    use tokenizers::{TokenizerBuilder, TokenizerImpl};
+    let err = |e: tokenizers::Error| Error::Tokenizer(e.to_string());
+    let mut trainer: tokenizers::models::TrainerWrapper = BpeTrainerBuilder::new()
+        .vocab_size(vocab_size)
+        .min_frequency(2)
+        .show_progress(false)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .special_tokens(special.iter().map(|s| AddedToken::from(s.to_string(), true)).collect())
+        .build()
+        .into();
+    let mut tok: TokenizerImpl<ModelWrapper, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper> =
+        TokenizerBuilder::new()
+            .with_model(BPE::default().into())
+            .with_pre_tokenizer(Some(ByteLevel::new(false, true, true).into()))
+            .with_decoder(Some(ByteLevel::default().into()))
+            .with_post_processor(Some(ByteLevel::new(false, true, true).into()))
+            .build()
+            .map_err(err)?;
+    tok.train(&mut trainer, texts.iter()).map_err(err)?;
+    Ok(tokenizers::Tokenizer::from(tok))
 }
