@@ -86,8 +86,13 @@ pub fn random_ouro_weights(cfg: &OuroConfig, seed: u64, dtype: DType, device: &D
 /// generation_config.json) with deterministic random f32 weights. Add a tokenizer.json
 /// yourself if the model should take text.
 pub fn write_random_ouro(dir: &Path, cfg: &OuroConfig, seed: u64) -> Result<()> {
+    write_random_ouro_as(dir, cfg, seed, DType::F32)
+}
+
+/// [`write_random_ouro`] with the tensors stored in `dtype` (the released checkpoints are bf16).
+pub fn write_random_ouro_as(dir: &Path, cfg: &OuroConfig, seed: u64, dtype: DType) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
-    let tensors = random_tensors(&ouro_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
+    let tensors = random_tensors(&ouro_tensor_manifest(cfg), seed, dtype, &Device::Cpu)?;
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
     let mut config = serde_json::to_value(cfg).expect("config serialises");
     config["architectures"] = serde_json::json!(["OuroForCausalLM"]);

@@ -1,7 +1,9 @@
 //! CUDA kernels of our own (feature `cuda`). The PTX is built from `src/ops/kernels/*.cu` by
 //! `build.rs` and loaded through candle's `CudaDevice::get_or_load_custom_func`.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor};
@@ -14,6 +16,10 @@ mod ptx {
 const PA_MODULE: &str = "ponder_paged_attention";
 /// Warps per thread block of the attention kernel (`NW` in the .cu file).
 const NW: usize = 4;
+/// Query items (token x head of a GQA group) per row from which the tensor-core kernel is used.
+const MMA_MIN_ITEMS: usize = 16;
+/// Query items per block of the tensor-core kernel (`MMA_NQ` in the .cu file).
+const MMA_NQ: usize = 64;
 /// Blocks that keep the GPU busy enough for a memory-bound pass (H100/H200: 132 SMs).
 const TARGET_BLOCKS: usize = 132 * 8;
 
@@ -49,13 +55,21 @@ pub fn paged_attention(
         ("cu_q_lens", cu_q_lens),
     ] {
         if !t.device().same_device(q.device()) {
-            bail!("paged attention (cuda): {name} is on {:?}, q on {:?}", t.device(), q.device());
+            bail!(
+                "paged attention (cuda): {name} is on {:?}, q on {:?}",
+                t.device(),
+                q.device()
+            );
         }
     }
     let (tokens, heads, hd) = q.dims3()?;
     let (_num_blocks, block_size, kv_heads, khd) = k_cache.dims4()?;
     if v_cache.dims() != k_cache.dims() {
-        bail!("paged attention (cuda): v_cache {:?} vs k_cache {:?}", v_cache.dims(), k_cache.dims());
+        bail!(
+            "paged attention (cuda): v_cache {:?} vs k_cache {:?}",
+            v_cache.dims(),
+            k_cache.dims()
+        );
     }
     if khd != hd {
         bail!("paged attention (cuda): q head dim {hd}, cache head dim {khd}");
@@ -77,9 +91,16 @@ pub fn paged_attention(
             v_cache.dtype()
         );
     }
-    for (name, t) in [("block_tables", block_tables), ("context_lens", context_lens), ("cu_q_lens", cu_q_lens)] {
+    for (name, t) in [
+        ("block_tables", block_tables),
+        ("context_lens", context_lens),
+        ("cu_q_lens", cu_q_lens),
+    ] {
         if t.dtype() != DType::U32 {
-            bail!("paged attention (cuda): {name} must be u32, got {:?}", t.dtype());
+            bail!(
+                "paged attention (cuda): {name} must be u32, got {:?}",
+                t.dtype()
+            );
         }
     }
     let (rows, max_blocks) = block_tables.dims2()?;
@@ -91,7 +112,11 @@ pub fn paged_attention(
         );
     }
     let i32_ok = |x: usize| x <= i32::MAX as usize;
-    if !(i32_ok(tokens * heads) && i32_ok(rows + 1) && i32_ok(max_blocks) && i32_ok(max_context_len)) {
+    if !(i32_ok(tokens * heads)
+        && i32_ok(rows + 1)
+        && i32_ok(max_blocks)
+        && i32_ok(max_context_len))
+    {
         bail!("paged attention (cuda): sizes exceed i32");
     }
     if tokens == 0 || rows == 0 {
@@ -114,7 +139,12 @@ pub fn paged_attention(
     } else {
         8
     };
+    // Tensor-core path for bf16/f16 with many query items per row; `PONDER_PA_MMA=0` turns it off.
+    let mma = matches!(dtype, DType::BF16 | DType::F16)
+        && items >= MMA_MIN_ITEMS
+        && std::env::var("PONDER_PA_MMA").map_or(true, |v| v != "0");
     let p = Params {
+        mma,
         tokens,
         heads,
         hd,
@@ -127,7 +157,14 @@ pub fn paged_attention(
         scale_log2: scale * std::f32::consts::LOG2_E,
         causal,
     };
-    let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
+    let t = Inputs {
+        q: &q,
+        k: k_cache,
+        v: v_cache,
+        bt: block_tables,
+        cl: context_lens,
+        cu: cu_q_lens,
+    };
     match dtype {
         DType::BF16 => launch::<bf16>(&dev, "bf16", &t, &p),
         DType::F16 => launch::<f16>(&dev, "f16", &t, &p),
@@ -146,6 +183,7 @@ struct Inputs<'a> {
 }
 
 struct Params {
+    mma: bool,
     tokens: usize,
     heads: usize,
     hd: usize,
@@ -180,7 +218,12 @@ fn view<'a, T: CudaDType + DeviceRepr>(
     Ok(slice.slice(start..start + layout.shape().elem_count()))
 }
 
-fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p: &Params) -> Result<Tensor> {
+fn launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    name: &str,
+    t: &Inputs,
+    p: &Params,
+) -> Result<Tensor> {
     let (qs, ql) = t.q.storage_and_layout();
     let (ks, kl) = t.k.storage_and_layout();
     let (vs, vl) = t.v.storage_and_layout();
@@ -195,6 +238,60 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let cu = view::<u32>(&cus, cul, "cu_q_lens", false)?;
 
     let group = p.heads / p.kv_heads;
+    let n_out = p.tokens * p.heads * p.hd;
+    let bs_shift: i32 = if p.block_size.is_power_of_two() {
+        p.block_size.trailing_zeros() as i32
+    } else {
+        -1
+    };
+    let (num_rows, max_blocks, heads, kv_heads, block_size) = (
+        p.rows as i32,
+        p.max_blocks as i32,
+        p.heads as i32,
+        p.kv_heads as i32,
+        p.block_size as i32,
+    );
+    let (causal, tokens) = (p.causal as i32, p.tokens as i32);
+    let scale_log2 = p.scale_log2;
+    if p.mma {
+        let tiles = (p.tokens * group + p.rows * (MMA_NQ - 1)) / MMA_NQ;
+        // SAFETY: every element is written by the kernel (cu_q_lens[R] == T covers every token).
+        let mut out = unsafe { dev.alloc::<T>(n_out)? };
+        let func = dev.get_or_load_custom_func(
+            &format!("paged_attn_mma_{name}_d{}", p.hd),
+            PA_MODULE,
+            ptx::PAGED_ATTENTION,
+        )?;
+        let cfg = LaunchConfig {
+            grid_dim: (tiles as u32, p.kv_heads as u32, 1),
+            block_dim: ((NW * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = func.builder();
+        b.arg(&mut out)
+            .arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&bt)
+            .arg(&cl)
+            .arg(&cu);
+        b.arg(&num_rows)
+            .arg(&max_blocks)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&block_size)
+            .arg(&bs_shift);
+        b.arg(&scale_log2).arg(&causal);
+        // SAFETY: argument list matches `paged_attn_mma_*` in paged_attention.cu.
+        unsafe { b.launch(cfg) }.w()?;
+        let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
+        return Ok(Tensor::from_storage(
+            Storage::Cuda(storage),
+            (p.tokens, p.heads, p.hd),
+            BackpropOp::none(),
+            false,
+        ));
+    }
     let nq = p.nq;
     // Tiles of nq query items per kv head: see the row search in the kernel.
     let tiles = (p.tokens * group + p.rows * (nq - 1)) / nq;
@@ -204,7 +301,10 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let base_blocks = tiles * p.kv_heads;
     let mut splits = 1usize;
     if base_blocks < TARGET_BLOCKS && p.max_context_len >= 512 {
-        splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / 256).clamp(1, 32);
+        splits = TARGET_BLOCKS
+            .div_ceil(base_blocks)
+            .min(p.max_context_len / 256)
+            .clamp(1, 32);
     }
     let chunk = if splits == 1 {
         i32::MAX as usize
@@ -212,12 +312,14 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         // A multiple of one block step (NW warps x up to 16 keys).
         p.max_context_len.div_ceil(splits).div_ceil(NW * 16) * (NW * 16)
     };
-    let splits = if splits == 1 { 1 } else { p.max_context_len.div_ceil(chunk) };
+    let splits = if splits == 1 {
+        1
+    } else {
+        p.max_context_len.div_ceil(chunk)
+    };
 
-    let n_out = p.tokens * p.heads * p.hd;
     // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
     let mut out = unsafe { dev.alloc::<T>(n_out)? };
-    let bs_shift: i32 = if p.block_size.is_power_of_two() { p.block_size.trailing_zeros() as i32 } else { -1 };
     let func = dev.get_or_load_custom_func(
         &format!("paged_attn_{name}_d{}_q{nq}", p.hd),
         PA_MODULE,
@@ -228,10 +330,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         block_dim: ((NW * 32) as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (num_rows, max_blocks, heads, kv_heads, block_size) =
-        (p.rows as i32, p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32);
-    let (causal, nsplits, chunk, tokens) = (p.causal as i32, splits as i32, chunk as i32, p.tokens as i32);
-    let scale_log2 = p.scale_log2;
+    let (nsplits, chunk) = (splits as i32, chunk as i32);
     let null = 0u64;
     let ws = if splits > 1 {
         // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and
@@ -256,8 +355,17 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
             }
         }
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
-        b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
-        b.arg(&scale_log2).arg(&causal).arg(&nsplits).arg(&chunk).arg(&tokens);
+        b.arg(&num_rows)
+            .arg(&max_blocks)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&block_size)
+            .arg(&bs_shift);
+        b.arg(&scale_log2)
+            .arg(&causal)
+            .arg(&nsplits)
+            .arg(&chunk)
+            .arg(&tokens);
         // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
@@ -273,7 +381,12 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
             shared_mem_bytes: 0,
         };
         let mut b = func.builder();
-        b.arg(&mut out).arg(acc).arg(ml).arg(&nsplits).arg(&tokens).arg(&heads);
+        b.arg(&mut out)
+            .arg(acc)
+            .arg(ml)
+            .arg(&nsplits)
+            .arg(&tokens)
+            .arg(&heads);
         // SAFETY: matches `paged_attn_combine_*`; the workspace holds splits x T x H entries.
         unsafe { b.launch(cfg) }.w()?;
     }

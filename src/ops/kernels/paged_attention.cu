@@ -300,6 +300,223 @@ __device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *_
     }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core variant for many query items per (row, kv head) (prefill, diffusion blocks):
+// bf16/f16 only. A block of 4 warps takes 64 query items (16 per warp, the M of
+// mma.m16n8k16); K/V tiles of 32 keys are staged in shared memory, S = Q K^T and O += P V run on
+// mma.sync with f32 accumulators, the online softmax runs on the accumulator fragments.
+// ---------------------------------------------------------------------------------------------
+
+template <typename T> struct Mma;
+template <> struct Mma<__nv_bfloat16> {
+    __device__ __forceinline__ static void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+template <> struct Mma<__half> {
+    __device__ __forceinline__ static void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+
+#define MMA_NQ 64
+#define MMA_KB 32
+
+template <typename T, int D>
+__device__ __forceinline__ void paged_attn_mma_impl(
+    T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
+    const uint32_t *__restrict__ block_tables, const uint32_t *__restrict__ context_lens,
+    const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks, int num_heads, int kv_heads,
+    int block_size, int bs_shift, float scale_log2, int causal) {
+    constexpr int LD = D + 8;        // smem row stride (elements): conflict-free fragment reads
+    constexpr int KS = D / 16;       // k-steps of S = Q K^T
+    constexpr int NT = D / 8;        // n-tiles of O
+    constexpr int CH = D / 8;        // 16-byte chunks per key row
+    __shared__ __align__(16) T s_k[MMA_KB * LD];
+    __shared__ __align__(16) T s_v[MMA_KB * LD];
+    __shared__ int s_row;
+
+    const int group = num_heads / kv_heads;
+    const int g = blockIdx.y;
+    const long long bx = blockIdx.x;
+    for (int r = threadIdx.x; r < num_rows; r += NTHREADS) {
+        const long long o0 = ((long long)cu_q[r] * group + (long long)r * (MMA_NQ - 1)) / MMA_NQ;
+        const long long o1 = ((long long)cu_q[r + 1] * group + (long long)(r + 1) * (MMA_NQ - 1)) / MMA_NQ;
+        if (o0 <= bx && bx < o1) s_row = r;
+    }
+    __syncthreads();
+    const int r = s_row;
+    const int q_start = cu_q[r];
+    const int q_len = (int)cu_q[r + 1] - q_start;
+    const long long off_r = ((long long)q_start * group + (long long)r * (MMA_NQ - 1)) / MMA_NQ;
+    const int item0 = (int)(bx - off_r) * MMA_NQ;
+    const int items = q_len * group;
+    if (item0 >= items) return;  // block-uniform
+    const int ctx = context_lens[r];
+    const int last_tok = (min(item0 + MMA_NQ, items) - 1) / group;
+    const int k1 = causal ? ctx - q_len + last_tok + 1 : ctx;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int gid = lane >> 2, tig = lane & 3;
+    // The two query rows of this lane: gid and gid + 8 of the warp's 16.
+    int lim[2];
+    const T *qp[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int item = item0 + warp * 16 + gid + h * 8;
+        const bool valid = item < items;
+        const int tok = item / group;
+        const int hg = item - tok * group;
+        lim[h] = valid ? (causal ? ctx - q_len + tok + 1 : ctx) : 0;
+        qp[h] = valid ? q + ((size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg)) * D : nullptr;
+    }
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+        const int d = ks * 16 + tig * 2;
+        qa[ks][0] = qp[0] ? *reinterpret_cast<const uint32_t *>(qp[0] + d) : 0u;
+        qa[ks][1] = qp[1] ? *reinterpret_cast<const uint32_t *>(qp[1] + d) : 0u;
+        qa[ks][2] = qp[0] ? *reinterpret_cast<const uint32_t *>(qp[0] + d + 8) : 0u;
+        qa[ks][3] = qp[1] ? *reinterpret_cast<const uint32_t *>(qp[1] + d + 8) : 0u;
+    }
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+    const uint32_t *table = block_tables + (size_t)r * max_blocks;
+    const size_t slot_stride = (size_t)kv_heads * D;
+    for (int base = 0; base < k1; base += MMA_KB) {
+        __syncthreads();  // previous tile consumed
+        for (int c = threadIdx.x; c < MMA_KB * CH; c += NTHREADS) {
+            const int key = c / CH, part = c - key * CH;
+            const int p = base + key;
+            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+            if (p < k1) {
+                int blk_i, in_blk;
+                if (bs_shift >= 0) {
+                    blk_i = p >> bs_shift;
+                    in_blk = p & (block_size - 1);
+                } else {
+                    blk_i = p / block_size;
+                    in_blk = p - blk_i * block_size;
+                }
+                const size_t idx = ((size_t)__ldg(table + blk_i) * block_size + in_blk) * slot_stride +
+                                   (size_t)g * D + part * 8;
+                kv4 = ldg16(kc + idx);
+                vv4 = ldg16(vc + idx);
+            }
+            *reinterpret_cast<uint4 *>(&s_k[key * LD + part * 8]) = kv4;
+            *reinterpret_cast<uint4 *>(&s_v[key * LD + part * 8]) = vv4;
+        }
+        __syncthreads();
+        // S = Q K^T for 32 keys: 4 n-tiles of 8 keys.
+        float s[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+            const T *krow = &s_k[(j * 8 + gid) * LD + tig * 2];
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const uint32_t b0 = *reinterpret_cast<const uint32_t *>(krow + ks * 16);
+                const uint32_t b1 = *reinterpret_cast<const uint32_t *>(krow + ks * 16 + 8);
+                Mma<T>::run(s[j], qa[ks], b0, b1);
+            }
+        }
+        // Mask, scale, online softmax (rows gid -> h = 0, gid + 8 -> h = 1).
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1;
+                const int p = base + j * 8 + tig * 2 + (e & 1);
+                const float v = (p < k1 && p < lim[h]) ? s[j][e] * scale_log2 : -INFINITY;
+                s[j][e] = v;
+                mx[h] = fmaxf(mx[h], v);
+            }
+        }
+        float alpha[2], mu[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            const float mnew = fmaxf(m[h], mx[h]);
+            mu[h] = mnew == -INFINITY ? 0.f : mnew;
+            alpha[h] = exp2f(m[h] - mu[h]);
+            m[h] = mnew;
+            l[h] *= alpha[h];
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            o[nt][0] *= alpha[0];
+            o[nt][1] *= alpha[0];
+            o[nt][2] *= alpha[1];
+            o[nt][3] *= alpha[1];
+        }
+        uint32_t pa[2][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float pe[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                pe[e] = exp2f(s[j][e] - mu[e >> 1]);
+                l[e >> 1] += pe[e];
+            }
+            pa[j >> 1][(j & 1) * 2 + 0] = Mma<T>::pack(pe[0], pe[1]);
+            pa[j >> 1][(j & 1) * 2 + 1] = Mma<T>::pack(pe[2], pe[3]);
+        }
+        // O += P V: 2 k-steps of 16 keys, NT n-tiles of 8 dims.
+        const unsigned short *vs = reinterpret_cast<const unsigned short *>(s_v);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const int k0 = t * 16 + tig * 2;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const int d = nt * 8 + gid;
+                const uint32_t b0 = (uint32_t)vs[k0 * LD + d] | ((uint32_t)vs[(k0 + 1) * LD + d] << 16);
+                const uint32_t b1 = (uint32_t)vs[(k0 + 8) * LD + d] | ((uint32_t)vs[(k0 + 9) * LD + d] << 16);
+                Mma<T>::run(o[nt], pa[t], b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int item = item0 + warp * 16 + gid + h * 8;
+        if (item >= items) continue;
+        const int tok = item / group;
+        const int hg = item - tok * group;
+        T *op = out + ((size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg)) * D;
+        const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            *reinterpret_cast<uint32_t *>(op + nt * 8 + tig * 2) =
+                Mma<T>::pack(o[nt][h * 2] * inv, o[nt][h * 2 + 1] * inv);
+        }
+    }
+}
 }  // namespace
 
 #define PA_ARGS(T)                                                                               \
@@ -337,3 +554,21 @@ __device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *_
 PA_KERNELS(f32, float)
 PA_KERNELS(bf16, __nv_bfloat16)
 PA_KERNELS(f16, __half)
+
+#define PA_MMA_KERNEL(NAME, T, D)                                                                \
+    extern "C" __global__ void __launch_bounds__(NTHREADS) paged_attn_mma_##NAME##_d##D(        \
+        T *out, const T *q, const T *kc, const T *vc, const uint32_t *block_tables,              \
+        const uint32_t *context_lens, const uint32_t *cu_q, int num_rows, int max_blocks,        \
+        int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2,             \
+        int causal) {                                                                            \
+        paged_attn_mma_impl<T, D>(out, q, kc, vc, block_tables, context_lens, cu_q, num_rows,    \
+                                  max_blocks, num_heads, kv_heads, block_size, bs_shift,         \
+                                  scale_log2, causal);                                           \
+    }
+
+PA_MMA_KERNEL(bf16, __nv_bfloat16, 64)
+PA_MMA_KERNEL(bf16, __nv_bfloat16, 96)
+PA_MMA_KERNEL(bf16, __nv_bfloat16, 128)
+PA_MMA_KERNEL(f16, __half, 64)
+PA_MMA_KERNEL(f16, __half, 96)
+PA_MMA_KERNEL(f16, __half, 128)

@@ -1,0 +1,78 @@
+//! Streams text from a model directory (default: the shipped tiny Ouro in `assets/`).
+//!
+//!     cargo run --release --example generate -- "Ownership in Rust"
+//!     cargo run --release --example generate -- --max-new 64 --temperature 0.8 --top-p 0.9 --seed 1 "Traits"
+//!
+//! Options: --model DIR, --max-new N, --temperature T, --top-k K, --top-p P, --seed S,
+//! --layout depth-indexed|shared, --cuda, --bf16. Several prompts run as one batch, each
+//! streamed on its own thread through an `EngineHandle`.
+
+use ponder::{DType, Device, EngineBuilder, Event, GenerationParams, KvLayoutKind, SamplingParams};
+use std::io::Write;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut model = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro").to_string();
+    let mut params = GenerationParams::greedy(48);
+    let mut sampling = SamplingParams::default();
+    let (mut layout, mut cuda, mut bf16) = (KvLayoutKind::DepthIndexed, false, false);
+    let mut prompts = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--model" => model = val()?,
+            "--max-new" => params.max_new_tokens = val()?.parse()?,
+            "--temperature" => sampling.temperature = val()?.parse()?,
+            "--top-k" => sampling.top_k = Some(val()?.parse()?),
+            "--top-p" => sampling.top_p = Some(val()?.parse()?),
+            "--seed" => sampling.seed = Some(val()?.parse()?),
+            "--layout" => layout = val()?.parse()?,
+            "--cuda" => cuda = true,
+            "--bf16" => bf16 = true,
+            "-h" | "--help" => {
+                println!("usage: generate [--model DIR] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--cuda] [--bf16] PROMPT...");
+                return Ok(());
+            }
+            _ => prompts.push(a),
+        }
+    }
+    if prompts.is_empty() {
+        prompts.push("The borrow checker".into());
+    }
+    params.sampling = sampling;
+    let device = if cuda { Device::new_cuda(0)? } else { Device::Cpu };
+    let handle = EngineBuilder::new(&model)
+        .device(device)
+        .dtype(if bf16 { DType::BF16 } else { DType::F32 })
+        .kv_layout(layout)
+        .max_num_seqs(prompts.len().max(1))
+        .spawn()?;
+
+    if prompts.len() == 1 {
+        // One prompt: stream straight to the terminal.
+        let stream = handle.submit(prompts[0].as_str(), params)?;
+        print!("{}", prompts[0]);
+        for ev in stream {
+            match ev {
+                Event::Token { text, .. } => print!("{text}"),
+                Event::Finished { text, reason, .. } => println!("{text}\n[finished: {reason:?}]"),
+            }
+            std::io::stdout().flush()?;
+        }
+        return Ok(());
+    }
+    // Several prompts: one thread per request, outputs printed as each completes.
+    std::thread::scope(|s| {
+        for p in &prompts {
+            let stream = handle.submit(p.as_str(), params.clone());
+            s.spawn(move || match stream {
+                Ok(stream) => {
+                    let out = stream.collect_output();
+                    println!("--- {p}{}\n[finished: {:?}, {} tokens]", out.text, out.finish_reason, out.token_ids.len());
+                }
+                Err(e) => eprintln!("--- {p}: {e}"),
+            });
+        }
+    });
+    Ok(())
+}

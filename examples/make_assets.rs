@@ -1,0 +1,106 @@
+//! Regenerates `assets/tiny-ouro`: a byte-level BPE tokenizer trained on The Rust Programming
+//! Language book (MIT OR Apache-2.0, shipped with the toolchain's `rust-docs` component) and an
+//! Ouro-architecture model with deterministic random bf16 weights in the real checkpoint layout.
+//!
+//!     cargo run --release --example make_assets -- [BOOK_HTML_DIR] [OUT_DIR]
+//!
+//! Random weights make the model's text meaningless until trained tiny weights replace them;
+//! the tokenizer and the layout are already the real thing.
+
+use ponder::models::config::EosIds;
+use ponder::models::OuroConfig;
+use ponder::testing::{train_byte_level_bpe, write_random_ouro_as};
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let book = args.next().map(PathBuf::from).unwrap_or_else(default_book_dir);
+    let out = args.next().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("assets/tiny-ouro"));
+    let corpus = book_text(&book)?;
+    let words: usize = corpus.iter().map(|t| t.split_whitespace().count()).sum();
+    eprintln!("corpus: {} chapters, {words} words from {}", corpus.len(), book.display());
+
+    let tokenizer = train_byte_level_bpe(&corpus, 4096, &["<|endoftext|>"])?;
+    let cfg = OuroConfig {
+        vocab_size: tokenizer.get_vocab_size(true),
+        hidden_size: 256,
+        intermediate_size: 768,
+        num_hidden_layers: 4,
+        num_attention_heads: 4,
+        num_key_value_heads: Some(4),
+        head_dim: Some(64),
+        max_position_embeddings: 2048,
+        rope_theta: 1_000_000.0,
+        rms_norm_eps: 1e-6,
+        total_ut_steps: 4,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        eos_token_id: Some(EosIds::One(0)),
+        model_type: "ouro".into(),
+    };
+    write_random_ouro_as(&out, &cfg, 2026, candle_core::DType::BF16)?;
+    tokenizer.save(out.join("tokenizer.json"), false).map_err(|e| e.to_string())?;
+    eprintln!("wrote {} (vocab {})", out.display(), cfg.vocab_size);
+    Ok(())
+}
+
+fn default_book_dir() -> PathBuf {
+    let sysroot = std::process::Command::new("rustc").args(["--print", "sysroot"]).output().expect("rustc on PATH");
+    PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim()).join("share/doc/rust/html/book")
+}
+
+/// The prose of every chapter page: the `<main>` element with tags stripped.
+fn book_text(dir: &PathBuf) -> std::io::Result<Vec<String>> {
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "html"))
+        .collect();
+    pages.sort();
+    let mut out = Vec::new();
+    for p in pages {
+        let html = std::fs::read_to_string(&p)?;
+        let Some(start) = html.find("<main>") else { continue };
+        let end = html[start..].find("</main>").map_or(html.len(), |e| start + e);
+        let text = strip_tags(&html[start..end]);
+        if text.split_whitespace().count() > 200 {
+            out.push(text);
+        }
+    }
+    Ok(out)
+}
+
+fn strip_tags(html: &str) -> String {
+    let mut text = String::with_capacity(html.len());
+    let mut in_tag = false;
+    for c in html.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            _ if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    let text = text
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&#x27;", "'")
+        .replace("&amp;", "&");
+    // Collapse runs of blank lines left by the markup.
+    let mut out = String::new();
+    let mut blank = 0;
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            blank += 1;
+            if blank == 1 {
+                out.push('\n');
+            }
+        } else {
+            blank = 0;
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    out
+}
