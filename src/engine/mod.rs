@@ -13,4 +13,4 @@ pub use core::Engine;
 pub use handle::{EngineHandle, RequestStream};
 pub use metrics::{EngineMetrics, StageStats};
 pub use request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
-pub use runner::LoopedRunner;
+pub use runner::{Forward, LoopedRunner};

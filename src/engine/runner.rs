@@ -32,8 +32,34 @@ impl LoopedRunner {
     }
 
     /// Runs a full-depth launch (prefill or CB decode): prelude, every step in
-    /// `launch.step_slots`, coda of each sampling row's last token.
+    /// `launch.step_slots`, coda of each sampling row's last token, then samples.
     pub fn run(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<LaunchResult> {
+        let fwd = self.forward(launch)?;
+        let mut tokens = vec![None; launch.rows.len()];
+        let mut gate_logits = vec![Vec::new(); launch.rows.len()];
+        if let Some(logits) = &fwd.logits {
+            let rows: Vec<RowSampling> = fwd.sample_rows.iter().map(|&r| sampling[r]).collect();
+            for (&r, t) in fwd.sample_rows.iter().zip(sample(logits, &rows)?) {
+                tokens[r] = Some(t);
+            }
+            if let Some(g) = &fwd.gate_logits {
+                for (&r, per_step) in fwd.sample_rows.iter().zip(g.t()?.to_vec2::<f32>()?) {
+                    gate_logits[r] = per_step;
+                }
+            }
+        }
+        let rows = launch
+            .rows
+            .iter()
+            .zip(tokens.into_iter().zip(gate_logits))
+            .map(|(row, (token, gate_logits))| RowOutput { request: row.request, token, gate_logits })
+            .collect();
+        Ok(LaunchResult { rows })
+    }
+
+    /// The device side of [`LoopedRunner::run`]: logits `[sampled rows, vocab]` (f32) and the
+    /// gate logits `[steps, sampled rows]` of each sampling row's last token.
+    pub fn forward(&self, launch: &Launch) -> Result<Forward> {
         let dev = self.model.device();
         let spec = self.model.spec();
         let mut ids = Vec::with_capacity(launch.num_tokens());
@@ -70,32 +96,26 @@ impl LoopedRunner {
         for slot in &launch.step_slots {
             let out = self.model.core_step(&h, &input, &batches[slot], &self.kv)?;
             h = out.hidden;
-            if let Some(g) = out.gate_logit {
+            if let (Some(g), false) = (out.gate_logit, sample_rows.is_empty()) {
                 gates.push(g.index_select(&last_idx, 0)?);
             }
         }
-        let mut tokens = vec![None; launch.rows.len()];
-        let mut gate_logits = vec![Vec::new(); launch.rows.len()];
-        if !sample_rows.is_empty() {
-            let logits = self.model.coda(&h.index_select(&last_idx, 0)?)?;
-            let rows: Vec<RowSampling> = sample_rows.iter().map(|&r| sampling[r]).collect();
-            for (&r, t) in sample_rows.iter().zip(sample(&logits, &rows)?) {
-                tokens[r] = Some(t);
-            }
-            if !gates.is_empty() {
-                // [steps, sampled rows] → per row, one logit per step.
-                let g = Tensor::stack(&gates, 0)?.t()?.to_vec2::<f32>()?;
-                for (&r, per_step) in sample_rows.iter().zip(g) {
-                    gate_logits[r] = per_step;
-                }
-            }
+        if sample_rows.is_empty() {
+            return Ok(Forward { logits: None, gate_logits: None, sample_rows });
         }
-        let rows = launch
-            .rows
-            .iter()
-            .zip(tokens.into_iter().zip(gate_logits))
-            .map(|(row, (token, gate_logits))| RowOutput { request: row.request, token, gate_logits })
-            .collect();
-        Ok(LaunchResult { rows })
+        let logits = self.model.coda(&h.index_select(&last_idx, 0)?)?;
+        let gate_logits = (!gates.is_empty()).then(|| Tensor::stack(&gates, 0)).transpose()?;
+        Ok(Forward { logits: Some(logits), gate_logits, sample_rows })
     }
+}
+
+/// Device outputs of one full-depth launch, before sampling.
+#[derive(Debug)]
+pub struct Forward {
+    /// `[sampled rows, vocab]` f32.
+    pub logits: Option<Tensor>,
+    /// `[steps, sampled rows]` f32.
+    pub gate_logits: Option<Tensor>,
+    /// Launch row index of each sampled row.
+    pub sample_rows: Vec<usize>,
 }

@@ -12,7 +12,7 @@ use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Layer {
     qkv: Linear,
     o_proj: Linear,
@@ -24,8 +24,8 @@ struct Layer {
     post_attn_norm_2: Tensor,
 }
 
-/// The Ouro model. Weights only.
-#[derive(Debug)]
+/// The Ouro model. Weights only; cloning shares the weight tensors.
+#[derive(Debug, Clone)]
 pub struct Ouro {
     cfg: OuroConfig,
     spec: LoopedSpec,

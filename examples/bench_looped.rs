@@ -1,0 +1,264 @@
+//! Throughput of looped-LM serving on real model shapes with random weights generated on the
+//! device (real checkpoints cannot be downloaded here; the CDB authors' method).
+//!
+//!     bench_looped [--widths 16,64,256] [--prompt-len 128] [--new-tokens 256] [--repeats 3]
+//!                  [--layout depth-indexed|shared] [--json FILE] [--commit SHA] [--parity] [--tiny]
+//!
+//! For each width W it runs W requests at once (random prompt ids, eos ignored) with the
+//! full-depth continuous batching baseline and reports decode tokens/s (median over repeats,
+//! after a warm-up), next to the weight-streaming floor: bytes of weights one decode step reads
+//! divided by the measured device copy bandwidth. `--parity` first compares next-token logits of
+//! the bf16 CUDA model with the f32 CPU reference on the same weights. `--tiny` runs a tiny
+//! config on the CPU (a smoke test of this binary).
+
+use candle_core::{DType, Device, Tensor};
+use ponder::engine::LoopedRunner;
+use ponder::kv::{KvLayout, KvManager};
+use ponder::loader::Weights;
+use ponder::models::looped::Ouro;
+use ponder::models::{LoopedModel, OuroConfig};
+use ponder::scheduler::{Launch, LaunchRow, Stage};
+use ponder::testing::{ouro_tensor_manifest, random_tensors, tiny_ouro_config};
+use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, RequestId};
+use std::time::Instant;
+
+struct Args {
+    widths: Vec<usize>,
+    prompt_len: usize,
+    new_tokens: usize,
+    repeats: usize,
+    layout: KvLayoutKind,
+    json: Option<String>,
+    commit: String,
+    parity: bool,
+    tiny: bool,
+}
+
+fn parse() -> Result<Args, Box<dyn std::error::Error>> {
+    let mut a = Args {
+        widths: vec![16, 64, 256],
+        prompt_len: 128,
+        new_tokens: 256,
+        repeats: 3,
+        layout: KvLayoutKind::DepthIndexed,
+        json: None,
+        commit: "unknown".into(),
+        parity: false,
+        tiny: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
+        match k.as_str() {
+            "--widths" => a.widths = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--prompt-len" => a.prompt_len = v()?.parse()?,
+            "--new-tokens" => a.new_tokens = v()?.parse()?,
+            "--repeats" => a.repeats = v()?.parse()?,
+            "--layout" => a.layout = v()?.parse()?,
+            "--json" => a.json = Some(v()?),
+            "--commit" => a.commit = v()?,
+            "--parity" => a.parity = true,
+            "--tiny" => a.tiny = true,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    Ok(a)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse()?;
+    let (cfg, device, dtype) = if args.tiny {
+        (tiny_ouro_config(512), Device::Cpu, DType::F32)
+    } else {
+        (OuroConfig::ouro_1_4b(), Device::new_cuda(0)?, DType::BF16)
+    };
+    let gpu = gpu_name();
+    println!("device: {gpu}; model: Ouro-1.4B shapes{}", if args.tiny { " (tiny CPU smoke config)" } else { "" });
+
+    let mut parity_json = serde_json::Value::Null;
+    if args.parity {
+        parity_json = parity(&cfg, &device, dtype)?;
+    }
+
+    let t = Instant::now();
+    let master = random_tensors(&ouro_tensor_manifest(&cfg), 7, DType::F32, &device)?;
+    let model = Ouro::load(&cfg, &Weights::from_map(master, dtype, &device))?;
+    device.synchronize()?;
+    println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
+    let spec = model.spec().clone();
+    let weight_bytes_per_step = (spec.max_steps as u64 * spec.step_params + spec.boundary_params) * dtype.size_in_bytes() as u64;
+    let bandwidth = copy_bandwidth(&device)?;
+    println!(
+        "copy bandwidth {:.0} GB/s; weights read per decode step {:.2} GB",
+        bandwidth / 1e9,
+        weight_bytes_per_step as f64 / 1e9
+    );
+
+    let mut results = Vec::new();
+    println!("{:>6} {:>12} {:>12} {:>10} {:>12} {:>10}", "width", "tok/s", "floor tok/s", "of floor", "step ms", "prefill s");
+    for &w in &args.widths {
+        let slots = args.layout.build().num_slots(spec.max_steps);
+        let per_req = args.prompt_len + args.new_tokens + 16;
+        let engine_for = |model: Ouro| {
+            EngineBuilder::from_model(Box::new(model), None, vec![])
+                .kv_layout(args.layout)
+                .max_num_seqs(w)
+                .max_num_batched_tokens((w * args.prompt_len).clamp(per_req, 16384))
+                .kv_capacity_tokens(w * per_req * slots)
+                .build()
+        };
+        let mut engine = engine_for(model.clone())?;
+        let run = |engine: &mut ponder::Engine, new_tokens: usize, seed: u64| -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
+            let before = engine.metrics().clone();
+            let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(new_tokens) };
+            let prompts: Vec<Vec<u32>> = (0..w).map(|i| random_ids(args.prompt_len, spec.vocab_size, seed * 1000 + i as u64)).collect();
+            for o in engine.generate(prompts, &params)? {
+                assert_eq!(o?.token_ids.len(), new_tokens);
+            }
+            let m = engine.metrics();
+            let dec = delta(&before, m, "decode");
+            let pre = delta(&before, m, "prefill");
+            Ok((dec.1 as f64 / dec.0, dec.0 / dec.2 as f64, pre.0))
+        };
+        run(&mut engine, 8, 999)?; // warm-up: kernels loaded, allocator primed
+        let mut samples = Vec::new();
+        for r in 0..args.repeats {
+            samples.push(run(&mut engine, args.new_tokens, r as u64)?);
+        }
+        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (tps, step_s, prefill_s) = samples[samples.len() / 2];
+        let floor = w as f64 * bandwidth / weight_bytes_per_step as f64;
+        println!("{w:>6} {tps:>12.0} {floor:>12.0} {:>9.1}% {:>12.2} {prefill_s:>10.2}", 100.0 * tps / floor, step_s * 1e3);
+        results.push(serde_json::json!({
+            "mode": "cb", "layout": format!("{:?}", args.layout), "width": w,
+            "tokens_per_s": tps, "floor_tokens_per_s": floor, "decode_step_ms": step_s * 1e3,
+            "prefill_s": prefill_s, "repeats": samples.iter().map(|s| s.0).collect::<Vec<_>>(),
+        }));
+        drop(engine);
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "gpu": gpu, "commit": args.commit,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "model": if args.tiny { "tiny-ouro (random)" } else { "Ouro-1.4B shapes, random bf16 weights" },
+            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+            "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
+            "parity": parity_json, "results": results,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+        println!("wrote {path}");
+    }
+    Ok(())
+}
+
+/// (seconds, rows, launches) of one stage between two metric snapshots.
+fn delta(a: &ponder::EngineMetrics, b: &ponder::EngineMetrics, stage: &str) -> (f64, u64, u64) {
+    let get = |m: &ponder::EngineMetrics| m.stages.get(stage).cloned().unwrap_or_default();
+    let (x, y) = (get(a), get(b));
+    ((y.time - x.time).as_secs_f64(), y.rows - x.rows, y.launches - x.launches)
+}
+
+fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Device-to-device copy bandwidth (bytes read + written per second), median of 10.
+fn copy_bandwidth(device: &Device) -> candle_core::Result<f64> {
+    let n = if device.is_cpu() { 1 << 24 } else { 1 << 30 };
+    let x = Tensor::ones(n, DType::BF16, device)?;
+    let _ = x.copy()?;
+    device.synchronize()?;
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        let y = x.copy()?;
+        device.synchronize()?;
+        times.push(t.elapsed().as_secs_f64());
+        drop(y);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * (n * 2) as f64 / times[5])
+}
+
+fn gpu_name() -> String {
+    std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "cpu".into())
+}
+
+/// Next-token logits of the device model (in `dtype`) vs the f32 CPU reference on the same
+/// weights: a prefill of 4 ragged prompts, then one decode step.
+fn parity(cfg: &OuroConfig, device: &Device, dtype: DType) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let t = Instant::now();
+    let master = random_tensors(&ouro_tensor_manifest(cfg), 11, DType::F32, device)?;
+    let cpu: std::collections::HashMap<_, _> =
+        master.iter().map(|(k, v)| Ok((k.clone(), v.to_device(&Device::Cpu)?))).collect::<candle_core::Result<_>>()?;
+    let dev_model = Ouro::load(cfg, &Weights::from_map(master, dtype, device))?;
+    let cpu_model = Ouro::load(cfg, &Weights::from_map(cpu, DType::F32, &Device::Cpu))?;
+    let block = 16;
+    let lens = [5usize, 17, 33, 9];
+    let layout: Box<dyn KvLayout> = KvLayoutKind::DepthIndexed.build();
+    let mut kv = KvManager::new(64, block, layout, cfg.total_ut_steps);
+    let dev_runner = LoopedRunner::new(Box::new(dev_model), 64, block)?;
+    let cpu_runner = LoopedRunner::new(Box::new(cpu_model), 64, block)?;
+    let step_slots: Vec<usize> = (0..cfg.total_ut_steps).collect();
+    let prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| random_ids(n, cfg.vocab_size, 50 + i as u64)).collect();
+    let rows = |toks: &[Vec<u32>], start: &[usize], kv: &mut KvManager| -> Vec<LaunchRow> {
+        toks.iter()
+            .zip(start)
+            .enumerate()
+            .map(|(i, (t, &s))| {
+                assert!(kv.reserve(RequestId(i as u64), s + t.len()));
+                LaunchRow {
+                    request: RequestId(i as u64),
+                    tokens: t.clone(),
+                    start_pos: s,
+                    block_tables: kv.tables(RequestId(i as u64)).unwrap().to_vec(),
+                    sample: true,
+                }
+            })
+            .collect()
+    };
+    let prefill = Launch { stage: Stage::Prefill, step_slots: step_slots.clone(), rows: rows(&prompts, &[0; 4], &mut kv) };
+    let mut report = Vec::new();
+    let mut next: Vec<Vec<u32>> = Vec::new();
+    for (name, launch) in [("prefill", prefill)] {
+        let (a, b) = (dev_runner.forward(&launch)?, cpu_runner.forward(&launch)?);
+        report.push(compare(name, &a, &b)?);
+        next = b.logits.unwrap().argmax(1)?.to_vec1::<u32>()?.into_iter().map(|t| vec![t]).collect();
+    }
+    let decode = Launch { stage: Stage::FullDepthDecode, step_slots, rows: rows(&next, &lens, &mut kv) };
+    let (a, b) = (dev_runner.forward(&decode)?, cpu_runner.forward(&decode)?);
+    report.push(compare("decode", &a, &b)?);
+    println!("parity done in {:.1}s", t.elapsed().as_secs_f64());
+    Ok(serde_json::Value::Array(report))
+}
+
+fn compare(name: &str, dev: &ponder::engine::Forward, cpu: &ponder::engine::Forward) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let rel = |a: &Tensor, b: &Tensor| -> candle_core::Result<f64> {
+        let a = a.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
+        let b = b.to_dtype(DType::F64)?;
+        let num = (&a - &b)?.sqr()?.sum_all()?.to_scalar::<f64>()?.sqrt();
+        Ok(num / b.sqr()?.sum_all()?.to_scalar::<f64>()?.sqrt())
+    };
+    let (la, lb) = (dev.logits.as_ref().unwrap(), cpu.logits.as_ref().unwrap());
+    let logits_rel = rel(la, lb)?;
+    let gate_rel = rel(dev.gate_logits.as_ref().unwrap(), cpu.gate_logits.as_ref().unwrap())?;
+    let am_a = la.to_device(&Device::Cpu)?.argmax(1)?.to_vec1::<u32>()?;
+    let am_b = lb.argmax(1)?.to_vec1::<u32>()?;
+    let agree = am_a.iter().zip(&am_b).filter(|(x, y)| x == y).count();
+    println!("parity {name}: logits rel err {logits_rel:.2e}, gate-logit rel err {gate_rel:.2e}, argmax agree {agree}/{}", am_b.len());
+    Ok(serde_json::json!({ "stage": name, "logits_rel_err": logits_rel, "gate_logits_rel_err": gate_rel, "argmax_agree": agree, "rows": am_b.len() }))
+}
