@@ -1,0 +1,56 @@
+//! Host-side overhead of scheduling and KV bookkeeping per engine tick (no model).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use ponder::kv::{DepthIndexed, KvManager, Shared};
+use ponder::scheduler::{ContinuousBatching, LaunchResult, RowOutput, SchedRequest, Scheduler, SchedulerLimits};
+use ponder::RequestId;
+
+fn decode_tick(c: &mut Criterion) {
+    let mut g = c.benchmark_group("cb_decode_tick");
+    for width in [16usize, 64, 256] {
+        g.bench_with_input(BenchmarkId::from_parameter(width), &width, |b, &w| {
+            let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 1 << 20 };
+            let kv = KvManager::new(w * 4 * 64, 16, Box::new(DepthIndexed), 4);
+            let mut s = ContinuousBatching::new(limits, kv, 4);
+            for i in 0..w {
+                s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![1; 128], max_new_tokens: 512 });
+            }
+            let mut tick = 0u64;
+            let mut next_id = w as u64;
+            b.iter(|| {
+                // Every 256 ticks the cohort finishes and a new one is admitted (amortised).
+                tick += 1;
+                if tick % 256 == 0 {
+                    for i in next_id - w as u64..next_id {
+                        s.finish(RequestId(i));
+                        s.add(SchedRequest { id: RequestId(i + w as u64), prompt: vec![1; 128], max_new_tokens: 512 });
+                    }
+                    next_id += w as u64;
+                }
+                let l = s.schedule().unwrap();
+                s.complete(&l, &answer(&l));
+            });
+        });
+    }
+}
+
+fn answer(l: &ponder::scheduler::Launch) -> LaunchResult {
+    LaunchResult { rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(1), gate_logits: vec![] }).collect() }
+}
+
+fn kv_reserve_free(c: &mut Criterion) {
+    c.bench_function("kv_reserve_free_256x384", |b| {
+        let mut kv = KvManager::new(256 * 24, 16, Box::new(Shared), 4);
+        b.iter(|| {
+            for i in 0..256 {
+                assert!(kv.reserve(RequestId(i), 384));
+            }
+            for i in 0..256 {
+                kv.free(RequestId(i));
+            }
+        });
+    });
+}
+
+criterion_group!(benches, decode_tick, kv_reserve_free);
+criterion_main!(benches);
