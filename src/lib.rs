@@ -31,6 +31,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod gate;
 pub mod kv;
 pub mod loader;
 pub mod models;

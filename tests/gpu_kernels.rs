@@ -112,7 +112,7 @@ fn check(case: Case) {
     let gpu = Device::new_cuda(0).unwrap();
     let b = build(
         &case,
-        0x5eed ^ case.rows.len() as u64 ^ (case.hd as u64) << 8,
+        0x5eed ^ case.rows.len() as u64 ^ ((case.hd as u64) << 8),
     );
     let scale = 1.0 / (case.hd as f64).sqrt();
     let width = case.kv_heads * case.hd;

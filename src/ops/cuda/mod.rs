@@ -142,7 +142,7 @@ pub fn paged_attention(
     // Tensor-core path for bf16/f16 with many query items per row; `PONDER_PA_MMA=0` turns it off.
     let mma = matches!(dtype, DType::BF16 | DType::F16)
         && items >= MMA_MIN_ITEMS
-        && std::env::var("PONDER_PA_MMA").map_or(true, |v| v != "0");
+        && !matches!(std::env::var("PONDER_PA_MMA").as_deref(), Ok("0"));
     let p = Params {
         mma,
         tokens,

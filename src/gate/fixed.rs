@@ -1,0 +1,30 @@
+//! Every item runs exactly `depth` steps.
+
+use super::{check_bounds, ExitGate, GateSignal, GateState, ItemRef};
+
+#[derive(Debug, Clone)]
+pub struct FixedDepth {
+    depth: usize,
+}
+
+impl FixedDepth {
+    pub fn new(depth: usize) -> crate::Result<Self> {
+        check_bounds(depth, depth)?;
+        Ok(Self { depth })
+    }
+}
+
+impl ExitGate for FixedDepth {
+    fn name(&self) -> String {
+        format!("fixed({})", self.depth)
+    }
+    fn min_steps(&self) -> usize {
+        self.depth
+    }
+    fn max_steps(&self) -> usize {
+        self.depth
+    }
+    fn decide(&self, _item: ItemRef, step: usize, _signal: GateSignal, _state: &mut GateState) -> bool {
+        step + 1 >= self.depth
+    }
+}

@@ -1,0 +1,59 @@
+//! One-step-ahead consumption: the signal of step r decides whether step r+2 runs, so the host
+//! has a whole launch of slack to build the next batch (CDB §1.4). Minimum depth 2.
+
+use super::{ExitGate, GateSignal, GateState, ItemRef};
+
+#[derive(Debug)]
+pub struct Lookahead<G> {
+    inner: G,
+}
+
+impl<G: ExitGate> Lookahead<G> {
+    pub fn new(inner: G) -> crate::Result<Self> {
+        if inner.max_steps() < 2 {
+            return Err(crate::Error::InvalidOption("lookahead needs max_steps >= 2".into()));
+        }
+        Ok(Self { inner })
+    }
+}
+
+impl<G: ExitGate> ExitGate for Lookahead<G> {
+    fn name(&self) -> String {
+        format!("lookahead({})", self.inner.name())
+    }
+    fn min_steps(&self) -> usize {
+        self.inner.min_steps().max(2)
+    }
+    fn max_steps(&self) -> usize {
+        self.inner.max_steps()
+    }
+    fn decide(&self, item: ItemRef, step: usize, signal: GateSignal, state: &mut GateState) -> bool {
+        // The verdict on step r-1's signal takes effect now, after step r.
+        let exit_now = state.pending_exit || step + 1 >= self.max_steps();
+        state.pending_exit = self.inner.decide(item, step, signal, state);
+        exit_now && step + 1 >= self.min_steps()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::RequestId;
+    use crate::gate::QExit;
+
+    #[test]
+    fn exits_one_step_late_never_before_two() {
+        let item = ItemRef { request: RequestId(0), token_index: 0 };
+        let run = |gate: &dyn ExitGate, logits: &[f32]| {
+            let mut s = GateState::new();
+            (0..logits.len()).find(|&r| gate.decide(item, r, GateSignal::Logit(logits[r]), &mut s)).map(|r| r + 1)
+        };
+        let plain = QExit::new(0.5, 1, 4).unwrap();
+        let la = Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap();
+        assert_eq!(run(&plain, &[9.0, 9.0, 9.0, 9.0]), Some(1));
+        assert_eq!(run(&la, &[9.0, 9.0, 9.0, 9.0]), Some(2));
+        assert_eq!(run(&plain, &[-9.0, 9.0, 9.0, 9.0]), Some(2));
+        assert_eq!(run(&la, &[-9.0, 9.0, 9.0, 9.0]), Some(3));
+        assert_eq!(run(&la, &[-9.0, -9.0, -9.0, -9.0]), Some(4));
+    }
+}

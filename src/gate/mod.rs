@@ -1,0 +1,82 @@
+//! Exit gates decide, schedulers obey.
+//!
+//! After every loop step of a work item (one token of one request), the scheduler hands the
+//! gate the step's signal and the item's [`GateState`]; the gate says whether the item exits
+//! (its state goes to the coda) or runs another step. Gates hold no device state: signals are
+//! small host values copied back from the launch.
+
+mod fixed;
+mod latent_diff;
+mod lookahead;
+mod q_exit;
+mod replay;
+
+pub use fixed::FixedDepth;
+pub use latent_diff::LatentDiff;
+pub use lookahead::Lookahead;
+pub use q_exit::QExit;
+pub use replay::{DepthTrace, Replay};
+
+use crate::engine::RequestId;
+
+/// What a step reports for one item.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GateSignal {
+    /// Ouro's exit-gate logit z_r (hazard λ = sigmoid(z)).
+    Logit(f32),
+    /// Relative latent change ‖s_r − s_{r−1}‖ / ‖s_r‖ (Huginn).
+    LatentDiff(f32),
+    /// The model reports nothing (fixed-depth and replayed exits need no signal).
+    None,
+}
+
+/// Per-item gate bookkeeping, plain data carried by the scheduler's work item.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct GateState {
+    /// Ouro: exit probability mass accumulated so far.
+    pub cdf: f32,
+    /// Ouro: probability of not having exited yet.
+    pub survival: f32,
+    /// Lookahead: the inner gate's verdict on the previous step, consumed one step late.
+    pub pending_exit: bool,
+}
+
+impl GateState {
+    pub fn new() -> Self {
+        Self { cdf: 0.0, survival: 1.0, pending_exit: false }
+    }
+}
+
+/// Which item a decision is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemRef {
+    pub request: RequestId,
+    /// Index of the generated token within its request (0 = first decode token).
+    pub token_index: usize,
+}
+
+/// Turns per-step signals into continue/exit.
+pub trait ExitGate: std::fmt::Debug + Send + Sync {
+    fn name(&self) -> String;
+    /// Fewest loop steps every item runs.
+    fn min_steps(&self) -> usize;
+    /// Most loop steps an item runs (exit is forced after this many).
+    fn max_steps(&self) -> usize;
+    /// Called after 0-based `step` ran. Returns true if the item exits after this step.
+    fn decide(&self, item: ItemRef, step: usize, signal: GateSignal, state: &mut GateState) -> bool;
+}
+
+/// Applies `min_steps` / `max_steps` around a raw verdict.
+pub(crate) fn bounded(raw: bool, step: usize, min_steps: usize, max_steps: usize) -> bool {
+    let done = step + 1;
+    done >= max_steps || (raw && done >= min_steps)
+}
+
+pub(crate) fn check_bounds(min_steps: usize, max_steps: usize) -> crate::Result<()> {
+    if min_steps == 0 || min_steps > max_steps {
+        return Err(crate::Error::InvalidOption(format!(
+            "exit gate needs 1 <= min_steps ({min_steps}) <= max_steps ({max_steps})"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! Replayed exit depths: per (request, token) depths from a recorded trace or from a seeded
+//! generator with a given depth distribution. The CDB authors drive their throughput runs this
+//! way; a replayed depth is exact whatever the batch, so runs are comparable across modes.
+
+use super::{check_bounds, ExitGate, GateSignal, GateState, ItemRef};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Where replayed depths come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DepthTrace {
+    /// Recorded depths: request id → depth of each generated token (tokens past the end of a
+    /// list take its last value).
+    Recorded(HashMap<u64, Vec<usize>>),
+    /// `probs[i]` = P(depth = i + 1); a depth per (seed, request, token) by hashing.
+    Seeded { probs: Vec<f64>, seed: u64 },
+}
+
+impl DepthTrace {
+    /// Reads `{"depths": {"<request id>": [d, ...], ...}}`.
+    pub fn from_json_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+        #[derive(serde::Deserialize)]
+        struct File {
+            depths: HashMap<String, Vec<usize>>,
+        }
+        let bad = |r: String| Error::config(path.display().to_string(), r);
+        let f: File = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let mut out = HashMap::new();
+        for (k, v) in f.depths {
+            let id = k.parse::<u64>().map_err(|_| bad(format!("request id `{k}` is not an integer")))?;
+            if v.is_empty() || v.contains(&0) {
+                return Err(bad(format!("request {k}: depths must be non-empty and >= 1")));
+            }
+            out.insert(id, v);
+        }
+        Ok(Self::Recorded(out))
+    }
+
+    /// Depths in `min..=max` with mean `mean`: an exponentially tilted distribution (p_d ∝ e^{θd})
+    /// whose θ is solved so the mean is exact, so depths spread over the whole range.
+    pub fn with_mean(mean: f64, min: usize, max: usize, seed: u64) -> Result<Self> {
+        if min == 0 || min > max || !(mean >= min as f64 && mean <= max as f64) {
+            return Err(Error::InvalidOption(format!("depth mean {mean} outside {min}..={max}")));
+        }
+        let dist = |theta: f64| -> Vec<f64> {
+            let w: Vec<f64> = (1..=max).map(|d| if d < min { 0.0 } else { (theta * (d as f64 - mean)).exp() }).collect();
+            let s: f64 = w.iter().sum();
+            w.into_iter().map(|x| x / s).collect()
+        };
+        let mean_of = |p: &[f64]| p.iter().enumerate().map(|(i, x)| (i + 1) as f64 * x).sum::<f64>();
+        let (mut lo, mut hi) = (-50.0, 50.0);
+        for _ in 0..200 {
+            let mid = 0.5 * (lo + hi);
+            if mean_of(&dist(mid)) < mean {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(Self::Seeded { probs: dist(0.5 * (lo + hi)), seed })
+    }
+
+    /// Mean depth the trace implies (seeded: exact expectation).
+    pub fn expected_mean(&self) -> f64 {
+        match self {
+            Self::Seeded { probs, .. } => probs.iter().enumerate().map(|(i, p)| (i + 1) as f64 * p).sum(),
+            Self::Recorded(m) => {
+                let all: Vec<usize> = m.values().flatten().copied().collect();
+                all.iter().sum::<usize>() as f64 / all.len().max(1) as f64
+            }
+        }
+    }
+
+    pub fn depth(&self, item: ItemRef) -> Option<usize> {
+        match self {
+            Self::Recorded(m) => m.get(&item.request.0).map(|v| v[item.token_index.min(v.len() - 1)]),
+            Self::Seeded { probs, seed } => {
+                let u = unit(mix(*seed ^ mix(item.request.0 ^ mix(item.token_index as u64))));
+                let mut acc = 0.0;
+                for (i, p) in probs.iter().enumerate() {
+                    acc += p;
+                    if u < acc {
+                        return Some(i + 1);
+                    }
+                }
+                Some(probs.len())
+            }
+        }
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn unit(x: u64) -> f64 {
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Exits each item at its replayed depth (clamped to `min_steps..=max_steps`; items the trace
+/// does not cover run `max_steps`).
+#[derive(Debug, Clone)]
+pub struct Replay {
+    trace: DepthTrace,
+    min_steps: usize,
+    max_steps: usize,
+}
+
+impl Replay {
+    pub fn new(trace: DepthTrace, min_steps: usize, max_steps: usize) -> Result<Self> {
+        check_bounds(min_steps, max_steps)?;
+        Ok(Self { trace, min_steps, max_steps })
+    }
+    pub fn trace(&self) -> &DepthTrace {
+        &self.trace
+    }
+}
+
+impl ExitGate for Replay {
+    fn name(&self) -> String {
+        format!("replay(mean {:.2})", self.trace.expected_mean())
+    }
+    fn min_steps(&self) -> usize {
+        self.min_steps
+    }
+    fn max_steps(&self) -> usize {
+        self.max_steps
+    }
+    fn decide(&self, item: ItemRef, step: usize, _signal: GateSignal, _state: &mut GateState) -> bool {
+        let depth = self.trace.depth(item).unwrap_or(self.max_steps).clamp(self.min_steps, self.max_steps);
+        step + 1 >= depth
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::RequestId;
+
+    #[test]
+    fn seeded_depths_hit_the_mean() {
+        let t = DepthTrace::with_mean(2.5, 1, 4, 3).unwrap();
+        assert!((t.expected_mean() - 2.5).abs() < 1e-6);
+        let n = 20_000;
+        let sum: usize = (0..n).map(|i| t.depth(ItemRef { request: RequestId(i / 100), token_index: (i % 100) as usize }).unwrap()).sum();
+        assert!((sum as f64 / n as f64 - 2.5).abs() < 0.05);
+        let t16 = DepthTrace::with_mean(6.0, 2, 16, 1).unwrap();
+        assert!((t16.expected_mean() - 6.0).abs() < 1e-6);
+        assert!(DepthTrace::with_mean(5.0, 1, 4, 0).is_err());
+    }
+
+    #[test]
+    fn recorded_trace_and_clamping() {
+        let mut m = HashMap::new();
+        m.insert(7, vec![1, 3, 9]);
+        let g = Replay::new(DepthTrace::Recorded(m), 2, 4).unwrap();
+        let depth = |tok| {
+            let mut s = GateState::new();
+            (0..4).find(|&r| g.decide(ItemRef { request: RequestId(7), token_index: tok }, r, GateSignal::None, &mut s)).unwrap() + 1
+        };
+        assert_eq!((depth(0), depth(1), depth(2), depth(5)), (2, 3, 4, 4));
+    }
+}
