@@ -35,7 +35,7 @@ fn decode_tick(c: &mut Criterion) {
 }
 
 fn answer(l: &ponder::scheduler::Launch) -> LaunchResult {
-    LaunchResult { rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(1), gate_logits: vec![] }).collect() }
+    LaunchResult { rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(1), gate_logits: vec![], latent_diff: None }).collect() }
 }
 
 fn kv_reserve_free(c: &mut Criterion) {

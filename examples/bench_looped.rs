@@ -211,8 +211,8 @@ fn parity(cfg: &OuroConfig, device: &Device, dtype: DType) -> Result<serde_json:
     let lens = [5usize, 17, 33, 9];
     let layout: Box<dyn KvLayout> = KvLayoutKind::DepthIndexed.build();
     let mut kv = KvManager::new(64, block, layout, cfg.total_ut_steps);
-    let dev_runner = LoopedRunner::new(Box::new(dev_model), 64, block)?;
-    let cpu_runner = LoopedRunner::new(Box::new(cpu_model), 64, block)?;
+    let dev_runner = LoopedRunner::new(Box::new(dev_model), 64, block, 0)?;
+    let cpu_runner = LoopedRunner::new(Box::new(cpu_model), 64, block, 0)?;
     let step_slots: Vec<usize> = (0..cfg.total_ut_steps).collect();
     let prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| random_ids(n, cfg.vocab_size, 50 + i as u64)).collect();
     let rows = |toks: &[Vec<u32>], start: &[usize], kv: &mut KvManager| -> Vec<LaunchRow> {
@@ -221,17 +221,11 @@ fn parity(cfg: &OuroConfig, device: &Device, dtype: DType) -> Result<serde_json:
             .enumerate()
             .map(|(i, (t, &s))| {
                 assert!(kv.reserve(RequestId(i as u64), s + t.len()));
-                LaunchRow {
-                    request: RequestId(i as u64),
-                    tokens: t.clone(),
-                    start_pos: s,
-                    block_tables: kv.tables(RequestId(i as u64)).unwrap().to_vec(),
-                    sample: true,
-                }
+                LaunchRow::full_depth(RequestId(i as u64), t.clone(), s, kv.tables(RequestId(i as u64)).unwrap().to_vec())
             })
             .collect()
     };
-    let prefill = Launch { stage: Stage::Prefill, step_slots: step_slots.clone(), rows: rows(&prompts, &[0; 4], &mut kv) };
+    let prefill = Launch { stage: Stage::Prefill, step_slots: step_slots.clone(), rows: rows(&prompts, &[0; 4], &mut kv), kv_copies: vec![], reenter: false };
     let mut report = Vec::new();
     let mut next: Vec<Vec<u32>> = Vec::new();
     for (name, launch) in [("prefill", prefill)] {
@@ -239,7 +233,7 @@ fn parity(cfg: &OuroConfig, device: &Device, dtype: DType) -> Result<serde_json:
         report.push(compare(name, &a, &b)?);
         next = b.logits.unwrap().argmax(1)?.to_vec1::<u32>()?.into_iter().map(|t| vec![t]).collect();
     }
-    let decode = Launch { stage: Stage::FullDepthDecode, step_slots, rows: rows(&next, &lens, &mut kv) };
+    let decode = Launch { stage: Stage::FullDepthDecode, step_slots, rows: rows(&next, &lens, &mut kv), kv_copies: vec![], reenter: false };
     let (a, b) = (dev_runner.forward(&decode)?, cpu_runner.forward(&decode)?);
     report.push(compare("decode", &a, &b)?);
     println!("parity done in {:.1}s", t.elapsed().as_secs_f64());

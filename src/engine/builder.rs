@@ -1,11 +1,12 @@
 //! Configuring and building an [`Engine`].
 
 use super::{Engine, EngineHandle, LoopedRunner};
-use crate::kv::{KvLayout, KvLayoutKind, KvManager};
+use crate::gate::{ExitGate, FixedDepth};
+use crate::kv::{check_layout, KvLayout, KvLayoutKind, KvManager};
 use crate::loader::ModelDir;
 use crate::models::looped::Ouro;
 use crate::models::{LoopedModel, LoopedSpec, ModelConfig};
-use crate::scheduler::{ContinuousBatching, Scheduler, SchedulerLimits};
+use crate::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, Scheduler, SchedulerLimits};
 use crate::{Error, Result};
 use candle_core::{DType, Device};
 use std::path::PathBuf;
@@ -18,6 +19,21 @@ pub enum SchedulerKind {
     /// Full-depth continuous batching (the CB baseline).
     #[default]
     Continuous,
+    /// Continuous depth batching: per-iteration scheduling with the exit gate; `refill` tops
+    /// the recurrent batch up as rows exit, no-refill runs lock-step waves.
+    Depth { refill: bool },
+}
+
+impl std::str::FromStr for SchedulerKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cb" | "continuous" => Ok(Self::Continuous),
+            "cdb-refill" | "refill" => Ok(Self::Depth { refill: true }),
+            "cdb-no-refill" | "no-refill" => Ok(Self::Depth { refill: false }),
+            other => Err(Error::InvalidOption(format!("unknown scheduler `{other}`"))),
+        }
+    }
 }
 
 /// What a custom scheduler is built from.
@@ -26,6 +42,8 @@ pub struct SchedulerContext {
     pub limits: SchedulerLimits,
     pub kv: KvManager,
     pub spec: LoopedSpec,
+    /// The configured exit gate (fixed full depth unless one was set).
+    pub gate: Box<dyn ExitGate>,
 }
 
 type SchedulerFactory = Box<dyn FnOnce(SchedulerContext) -> Box<dyn Scheduler> + Send>;
@@ -47,6 +65,8 @@ pub struct EngineBuilder {
     block_size: usize,
     kv_tokens: Option<usize>,
     max_model_len: Option<usize>,
+    gate: Option<Box<dyn ExitGate>>,
+    min_coda_batch_size: usize,
 }
 
 impl EngineBuilder {
@@ -77,6 +97,8 @@ impl EngineBuilder {
             block_size: 16,
             kv_tokens: None,
             max_model_len: None,
+            gate: None,
+            min_coda_batch_size: 1,
         }
     }
 
@@ -127,6 +149,21 @@ impl EngineBuilder {
         self.kv_tokens = Some(n);
         self
     }
+    /// The exit gate depth schedulers obey (default: fixed full depth).
+    pub fn exit_gate(mut self, gate: impl ExitGate + 'static) -> Self {
+        self.gate = Some(Box::new(gate));
+        self
+    }
+    /// An exit gate already boxed.
+    pub fn exit_gate_boxed(mut self, gate: Box<dyn ExitGate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+    /// Depth schedulers hold the coda until this many exited tokens wait (default 1).
+    pub fn min_coda_batch_size(mut self, n: usize) -> Self {
+        self.min_coda_batch_size = n;
+        self
+    }
     /// Caps the context window below the model's own.
     pub fn max_model_len(mut self, n: usize) -> Self {
         self.max_model_len = Some(n);
@@ -163,13 +200,32 @@ impl EngineBuilder {
         let max_context = self.max_model_len.map_or(spec.max_context, |m| m.min(spec.max_context));
         let kv = KvManager::new(num_blocks, self.block_size, layout, spec.max_steps);
         let limits = self.limits.clone();
+        let gate = match self.gate {
+            Some(g) => g,
+            None => Box::new(FixedDepth::new(spec.max_steps)?),
+        };
+        if gate.max_steps() > spec.max_steps {
+            return Err(Error::InvalidOption(format!(
+                "exit gate allows {} steps but the model loops at most {} times",
+                gate.max_steps(),
+                spec.max_steps
+            )));
+        }
         let scheduler: Box<dyn Scheduler> = match self.factory {
-            Some(f) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone() }),
+            Some(f) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone(), gate }),
             None => match self.scheduler {
                 SchedulerKind::Continuous => Box::new(ContinuousBatching::new(limits.clone(), kv, spec.max_steps)),
+                SchedulerKind::Depth { refill } => {
+                    check_layout(kv.layout(), gate.min_steps(), gate.max_steps())?;
+                    if self.min_coda_batch_size == 0 {
+                        return Err(Error::InvalidOption("min_coda_batch_size must be >= 1".into()));
+                    }
+                    let cfg = DepthConfig { refill, min_coda_batch_size: self.min_coda_batch_size };
+                    Box::new(DepthBatching::new(cfg, limits.clone(), kv, gate))
+                }
             },
         };
-        let runner = LoopedRunner::new(model, num_blocks, self.block_size)?;
+        let runner = LoopedRunner::new(model, num_blocks, self.block_size, scheduler.state_bank_rows())?;
         Ok(Engine::assemble(runner, scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens))
     }
 

@@ -193,6 +193,7 @@ impl Engine {
             }
         }
         self.metrics.preemptions = self.scheduler.num_preemptions() as u64;
+        self.metrics.depth_histogram = self.scheduler.depth_histogram();
         Ok(events)
     }
 

@@ -20,6 +20,22 @@ pub struct EngineMetrics {
     pub generated_tokens: u64,
     pub finished_requests: u64,
     pub preemptions: u64,
+    /// `depth_histogram[d - 1]`: generated tokens that ran `d` loop steps (depth schedulers;
+    /// a request's first token comes from the full-depth prefill and counts at r_max).
+    pub depth_histogram: Vec<u64>,
+}
+
+impl EngineMetrics {
+    /// Realised mean exit depth d̄ (0 when no depth scheduler reports one).
+    pub fn mean_depth(&self) -> f64 {
+        let n: u64 = self.depth_histogram.iter().sum();
+        let s: u64 = self.depth_histogram.iter().enumerate().map(|(i, c)| (i as u64 + 1) * c).sum();
+        if n == 0 {
+            0.0
+        } else {
+            s as f64 / n as f64
+        }
+    }
 }
 
 impl EngineMetrics {

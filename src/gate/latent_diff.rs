@@ -1,7 +1,7 @@
 //! Huginn's latent-difference criterion as the CDB authors serve it: exit when
 //! ‖s_r − s_{r−1}‖ / ‖s_r‖ < threshold (per token, no sequence mean).
 
-use super::{bounded, check_bounds, ExitGate, GateSignal, GateState, ItemRef};
+use super::{bounded, check_bounds, ExitGate, StepSignals, GateState, ItemRef};
 
 #[derive(Debug, Clone)]
 pub struct LatentDiff {
@@ -31,8 +31,8 @@ impl ExitGate for LatentDiff {
     fn max_steps(&self) -> usize {
         self.max_steps
     }
-    fn decide(&self, _item: ItemRef, step: usize, signal: GateSignal, _state: &mut GateState) -> bool {
-        let raw = matches!(signal, GateSignal::LatentDiff(d) if d < self.threshold);
+    fn decide(&self, _item: ItemRef, step: usize, signal: StepSignals, _state: &mut GateState) -> bool {
+        let raw = signal.latent_diff.is_some_and(|d| d < self.threshold);
         bounded(raw, step, self.min_steps, self.max_steps)
     }
 }

@@ -1,7 +1,7 @@
 //! One-step-ahead consumption: the signal of step r decides whether step r+2 runs, so the host
 //! has a whole launch of slack to build the next batch (CDB §1.4). Minimum depth 2.
 
-use super::{ExitGate, GateSignal, GateState, ItemRef};
+use super::{ExitGate, StepSignals, GateState, ItemRef};
 
 #[derive(Debug)]
 pub struct Lookahead<G> {
@@ -27,7 +27,7 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
     fn max_steps(&self) -> usize {
         self.inner.max_steps()
     }
-    fn decide(&self, item: ItemRef, step: usize, signal: GateSignal, state: &mut GateState) -> bool {
+    fn decide(&self, item: ItemRef, step: usize, signal: StepSignals, state: &mut GateState) -> bool {
         // The verdict on step r-1's signal takes effect now, after step r.
         let exit_now = state.pending_exit || step + 1 >= self.max_steps();
         state.pending_exit = self.inner.decide(item, step, signal, state);
@@ -46,7 +46,7 @@ mod tests {
         let item = ItemRef { request: RequestId(0), token_index: 0 };
         let run = |gate: &dyn ExitGate, logits: &[f32]| {
             let mut s = GateState::new();
-            (0..logits.len()).find(|&r| gate.decide(item, r, GateSignal::Logit(logits[r]), &mut s)).map(|r| r + 1)
+            (0..logits.len()).find(|&r| gate.decide(item, r, StepSignals::logit(logits[r]), &mut s)).map(|r| r + 1)
         };
         let plain = QExit::new(0.5, 1, 4).unwrap();
         let la = Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap();

@@ -19,15 +19,22 @@ pub use replay::{DepthTrace, Replay};
 
 use crate::engine::RequestId;
 
-/// What a step reports for one item.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum GateSignal {
-    /// Ouro's exit-gate logit z_r (hazard λ = sigmoid(z)).
-    Logit(f32),
-    /// Relative latent change ‖s_r − s_{r−1}‖ / ‖s_r‖ (Huginn).
-    LatentDiff(f32),
-    /// The model reports nothing (fixed-depth and replayed exits need no signal).
-    None,
+/// What a step reports for one item; each gate reads the signal it understands.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepSignals {
+    /// The model's exit-gate logit z_r (Ouro; hazard λ = sigmoid(z)).
+    pub logit: Option<f32>,
+    /// Relative latent change ‖s_r − s_{r−1}‖ / ‖s_r‖ (any looped model).
+    pub latent_diff: Option<f32>,
+}
+
+impl StepSignals {
+    pub fn logit(z: f32) -> Self {
+        Self { logit: Some(z), latent_diff: None }
+    }
+    pub fn latent_diff(d: f32) -> Self {
+        Self { logit: None, latent_diff: Some(d) }
+    }
 }
 
 /// Per-item gate bookkeeping, plain data carried by the scheduler's work item.
@@ -63,7 +70,7 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
     /// Most loop steps an item runs (exit is forced after this many).
     fn max_steps(&self) -> usize;
     /// Called after 0-based `step` ran. Returns true if the item exits after this step.
-    fn decide(&self, item: ItemRef, step: usize, signal: GateSignal, state: &mut GateState) -> bool;
+    fn decide(&self, item: ItemRef, step: usize, signals: StepSignals, state: &mut GateState) -> bool;
 }
 
 /// Applies `min_steps` / `max_steps` around a raw verdict.

@@ -1,7 +1,7 @@
 //! Ouro's Q-exit, incrementally: λ_r = sigmoid(z_r); CDF += λ_r·survival; survival *= 1 − λ_r;
 //! exit at the first step whose CDF reaches q.
 
-use super::{bounded, check_bounds, ExitGate, GateSignal, GateState, ItemRef};
+use super::{bounded, check_bounds, ExitGate, StepSignals, GateState, ItemRef};
 
 #[derive(Debug, Clone)]
 pub struct QExit {
@@ -31,8 +31,8 @@ impl ExitGate for QExit {
     fn max_steps(&self) -> usize {
         self.max_steps
     }
-    fn decide(&self, _item: ItemRef, step: usize, signal: GateSignal, state: &mut GateState) -> bool {
-        let GateSignal::Logit(z) = signal else {
+    fn decide(&self, _item: ItemRef, step: usize, signal: StepSignals, state: &mut GateState) -> bool {
+        let Some(z) = signal.logit else {
             return bounded(false, step, self.min_steps, self.max_steps);
         };
         let hazard = 1.0 / (1.0 + (-z).exp());
@@ -56,18 +56,18 @@ mod tests {
         // λ = 0.5 each step: CDF 0.5, 0.75, 0.875, 1.0 (last step takes the rest).
         let g = QExit::new(0.7, 1, 4).unwrap();
         let mut s = GateState::new();
-        assert!(!g.decide(item(), 0, GateSignal::Logit(0.0), &mut s));
-        assert!(g.decide(item(), 1, GateSignal::Logit(0.0), &mut s));
+        assert!(!g.decide(item(), 0, StepSignals::logit(0.0), &mut s));
+        assert!(g.decide(item(), 1, StepSignals::logit(0.0), &mut s));
         assert!((s.cdf - 0.75).abs() < 1e-6);
         // min_steps holds an early exit back; max_steps forces one.
         let g = QExit::new(0.1, 3, 4).unwrap();
         let mut s = GateState::new();
-        assert!(!g.decide(item(), 0, GateSignal::Logit(5.0), &mut s));
-        assert!(!g.decide(item(), 1, GateSignal::Logit(5.0), &mut s));
-        assert!(g.decide(item(), 2, GateSignal::Logit(5.0), &mut s));
+        assert!(!g.decide(item(), 0, StepSignals::logit(5.0), &mut s));
+        assert!(!g.decide(item(), 1, StepSignals::logit(5.0), &mut s));
+        assert!(g.decide(item(), 2, StepSignals::logit(5.0), &mut s));
         let g = QExit::new(1.0, 1, 4).unwrap();
         let mut s = GateState::new();
-        let exits: Vec<bool> = (0..4).map(|r| g.decide(item(), r, GateSignal::Logit(-9.0), &mut s)).collect();
+        let exits: Vec<bool> = (0..4).map(|r| g.decide(item(), r, StepSignals::logit(-9.0), &mut s)).collect();
         assert_eq!(exits, vec![false, false, false, true]);
         assert!(QExit::new(0.0, 1, 4).is_err());
         assert!(QExit::new(0.5, 5, 4).is_err());

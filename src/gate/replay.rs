@@ -2,7 +2,7 @@
 //! generator with a given depth distribution. The CDB authors drive their throughput runs this
 //! way; a replayed depth is exact whatever the batch, so runs are comparable across modes.
 
-use super::{check_bounds, ExitGate, GateSignal, GateState, ItemRef};
+use super::{check_bounds, ExitGate, StepSignals, GateState, ItemRef};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::path::Path;
@@ -131,7 +131,7 @@ impl ExitGate for Replay {
     fn max_steps(&self) -> usize {
         self.max_steps
     }
-    fn decide(&self, item: ItemRef, step: usize, _signal: GateSignal, _state: &mut GateState) -> bool {
+    fn decide(&self, item: ItemRef, step: usize, _signal: StepSignals, _state: &mut GateState) -> bool {
         let depth = self.trace.depth(item).unwrap_or(self.max_steps).clamp(self.min_steps, self.max_steps);
         step + 1 >= depth
     }
@@ -161,7 +161,7 @@ mod tests {
         let g = Replay::new(DepthTrace::Recorded(m), 2, 4).unwrap();
         let depth = |tok| {
             let mut s = GateState::new();
-            (0..4).find(|&r| g.decide(ItemRef { request: RequestId(7), token_index: tok }, r, GateSignal::None, &mut s)).unwrap() + 1
+            (0..4).find(|&r| g.decide(ItemRef { request: RequestId(7), token_index: tok }, r, StepSignals::default(), &mut s)).unwrap() + 1
         };
         assert_eq!((depth(0), depth(1), depth(2), depth(5)), (2, 3, 4, 4));
     }

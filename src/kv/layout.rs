@@ -9,6 +9,31 @@ pub trait KvLayout: std::fmt::Debug + Send + Sync {
     fn num_slots(&self, max_steps: usize) -> usize;
     /// Slot of 0-based loop step `step`.
     fn slot_for_step(&self, step: usize) -> usize;
+    /// Slots that receive a copy of the token's K/V when it exits after `exit_step`, so later
+    /// tokens at deeper steps find it (last-exited). Empty for layouts that need no fill.
+    fn fill_on_exit(&self, _exit_step: usize, _max_steps: usize) -> Vec<usize> {
+        Vec::new()
+    }
+    /// Whether the layout fills the slots an early exit skips. If not, every slot must be
+    /// written before a token may exit: gates must run at least `num_slots` steps.
+    fn fills_on_exit(&self) -> bool {
+        false
+    }
+}
+
+/// Checks that `layout` is safe with exits in `min_steps..=max_steps`: a static per-step layout
+/// whose slots an early exit would leave stale is rejected with a clear error.
+pub fn check_layout(layout: &dyn KvLayout, min_steps: usize, max_steps: usize) -> crate::Result<()> {
+    let slots = layout.num_slots(max_steps);
+    if !layout.fills_on_exit() && min_steps < slots {
+        return Err(crate::Error::InvalidOption(format!(
+            "KV layout `{}` has {slots} slots per layer but the exit gate may stop after {min_steps} step(s): \
+             later tokens would read slots that were never written. Use min_steps >= {slots}, or the \
+             `last-exited`, `shared` or `first-then-shared` layout",
+            layout.name()
+        )));
+    }
+    Ok(())
 }
 
 /// Slot = loop step: every step has its own K/V (the layout Ouro was trained with; r_max× memory).
@@ -44,19 +69,65 @@ impl KvLayout for Shared {
     }
 }
 
+/// Depth-indexed slots, plus: on exit at step e the token's K/V of slot e is copied into slots
+/// e+1..r_max−1 of every layer, so deeper tokens read its exit-step K/V. Correct under any
+/// exit; r_max× memory and the copy traffic.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LastExited;
+
+impl KvLayout for LastExited {
+    fn name(&self) -> &'static str {
+        "last-exited"
+    }
+    fn num_slots(&self, max_steps: usize) -> usize {
+        max_steps
+    }
+    fn slot_for_step(&self, step: usize) -> usize {
+        step
+    }
+    fn fill_on_exit(&self, exit_step: usize, max_steps: usize) -> Vec<usize> {
+        (exit_step + 1..max_steps).collect()
+    }
+    fn fills_on_exit(&self) -> bool {
+        true
+    }
+}
+
+/// A private slot for step 0 and one shared slot for every later step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FirstThenShared;
+
+impl KvLayout for FirstThenShared {
+    fn name(&self) -> &'static str {
+        "first-then-shared"
+    }
+    fn num_slots(&self, max_steps: usize) -> usize {
+        max_steps.min(2)
+    }
+    fn slot_for_step(&self, step: usize) -> usize {
+        step.min(1)
+    }
+}
+
 /// The built-in layouts by name, for builders and command lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvLayoutKind {
     #[default]
     DepthIndexed,
     Shared,
+    LastExited,
+    FirstThenShared,
 }
 
 impl KvLayoutKind {
+    pub const ALL: [KvLayoutKind; 4] = [Self::DepthIndexed, Self::LastExited, Self::Shared, Self::FirstThenShared];
+
     pub fn build(self) -> Box<dyn KvLayout> {
         match self {
             Self::DepthIndexed => Box::new(DepthIndexed),
             Self::Shared => Box::new(Shared),
+            Self::LastExited => Box::new(LastExited),
+            Self::FirstThenShared => Box::new(FirstThenShared),
         }
     }
 }
@@ -67,6 +138,8 @@ impl std::str::FromStr for KvLayoutKind {
         match s {
             "depth-indexed" | "depth_indexed" => Ok(Self::DepthIndexed),
             "shared" | "single" => Ok(Self::Shared),
+            "last-exited" | "last_exited" => Ok(Self::LastExited),
+            "first-then-shared" | "first_then_shared" => Ok(Self::FirstThenShared),
             other => Err(crate::Error::InvalidOption(format!("unknown KV layout `{other}`"))),
         }
     }

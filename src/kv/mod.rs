@@ -11,7 +11,7 @@ mod manager;
 mod pool;
 mod store;
 
-pub use layout::{DepthIndexed, KvLayout, KvLayoutKind, Shared};
+pub use layout::{check_layout, DepthIndexed, FirstThenShared, KvLayout, KvLayoutKind, LastExited, Shared};
 pub use manager::KvManager;
 pub use pool::BlockPool;
 pub use store::KvStore;

@@ -40,13 +40,12 @@ impl ContinuousBatching {
     }
 
     fn row(&self, seq: &Seq) -> LaunchRow {
-        LaunchRow {
-            request: seq.id,
-            tokens: seq.tokens[seq.computed..].to_vec(),
-            start_pos: seq.computed,
-            block_tables: self.kv.tables(seq.id).expect("reserved").to_vec(),
-            sample: true,
-        }
+        LaunchRow::full_depth(
+            seq.id,
+            seq.tokens[seq.computed..].to_vec(),
+            seq.computed,
+            self.kv.tables(seq.id).expect("reserved").to_vec(),
+        )
     }
 
     fn schedule_prefill(&mut self) -> Option<Launch> {
@@ -70,7 +69,7 @@ impl ContinuousBatching {
             rows.push(self.row(&seq));
             self.running.push(seq);
         }
-        (!rows.is_empty()).then(|| Launch { stage: Stage::Prefill, step_slots: self.step_slots(), rows })
+        (!rows.is_empty()).then(|| Launch { stage: Stage::Prefill, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
     }
 
     fn schedule_decode(&mut self) -> Option<Launch> {
@@ -95,7 +94,7 @@ impl ContinuousBatching {
             return None;
         }
         let rows = self.running.iter().map(|s| self.row(s)).collect();
-        Some(Launch { stage: Stage::FullDepthDecode, step_slots: self.step_slots(), rows })
+        Some(Launch { stage: Stage::FullDepthDecode, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
     }
 }
 
@@ -157,7 +156,7 @@ mod tests {
 
     fn answer(l: &Launch, token: u32) -> LaunchResult {
         LaunchResult {
-            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(token), gate_logits: vec![] }).collect(),
+            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(token), gate_logits: vec![], latent_diff: None }).collect(),
         }
     }
 

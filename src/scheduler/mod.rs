@@ -6,8 +6,10 @@
 //! is therefore testable with no model, and a researcher can write one in another crate.
 
 mod continuous;
+mod depth;
 
 pub use continuous::ContinuousBatching;
+pub use depth::{DepthBatching, DepthConfig};
 
 use crate::engine::RequestId;
 use crate::kv::KvManager;
@@ -28,6 +30,10 @@ pub enum Stage {
     Prefill,
     /// One new token per row through prelude + every loop step + coda (the CB baseline).
     FullDepthDecode,
+    /// One loop step for items that may sit at different steps (each row brings its slot).
+    CoreStep,
+    /// Exited items: the coda reads their state and a next token is sampled.
+    Coda,
 }
 
 impl Stage {
@@ -35,6 +41,8 @@ impl Stage {
         match self {
             Self::Prefill => "prefill",
             Self::FullDepthDecode => "decode",
+            Self::CoreStep => "core",
+            Self::Coda => "coda",
         }
     }
 }
@@ -51,15 +59,41 @@ pub struct LaunchRow {
     pub block_tables: Vec<Vec<u32>>,
     /// Whether the row's last token is read out and a next token sampled.
     pub sample: bool,
+    /// Loop step this row runs (core-step launches).
+    pub step: usize,
+    /// Cache slot of that step: the row attends through `block_tables[slot]` (core steps).
+    pub slot: usize,
+    /// Row of the device state bank holding the item's hidden state (prelude, core, coda).
+    pub state: u32,
+}
+
+impl LaunchRow {
+    /// A row of a full-depth launch (prefill or CB decode): no per-step addressing.
+    pub fn full_depth(request: RequestId, tokens: Vec<u32>, start_pos: usize, block_tables: Vec<Vec<u32>>) -> Self {
+        Self { request, tokens, start_pos, block_tables, sample: true, step: 0, slot: 0, state: 0 }
+    }
+}
+
+/// Copy one token's K/V (every layer) from one flat cache row to another; the last-exited
+/// layout fills the deeper slots of an exited token this way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCopy {
+    pub src: u32,
+    pub dst: u32,
 }
 
 /// One engine tick's work: a homogeneous stage over a batch of rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Launch {
     pub stage: Stage,
-    /// Cache slot of each loop step the launch runs (`step_slots.len()` steps).
+    /// Cache slot of each loop step a full-depth launch runs (`step_slots.len()` steps).
     pub step_slots: Vec<usize>,
     pub rows: Vec<LaunchRow>,
+    /// K/V copies to apply before the launch computes (all layers).
+    pub kv_copies: Vec<KvCopy>,
+    /// Prefill / coda: also run the prelude on each sampled token and store the result in the
+    /// row's state-bank row, so its successor can enter the loop without a host round trip.
+    pub reenter: bool,
 }
 
 impl Launch {
@@ -76,6 +110,8 @@ pub struct RowOutput {
     pub token: Option<u32>,
     /// Exit-gate logit of the row's last token after each loop step that ran.
     pub gate_logits: Vec<f32>,
+    /// Core steps: relative latent change ‖s_r − s_{r−1}‖ / ‖s_r‖ of the row's state.
+    pub latent_diff: Option<f32>,
 }
 
 /// Host values of a finished launch, row-aligned with [`Launch::rows`].
@@ -115,6 +151,14 @@ pub trait Scheduler: Send {
     fn kv(&self) -> &KvManager;
     /// Requests preempted so far (their KV freed and recomputed later).
     fn num_preemptions(&self) -> usize {
+        0
+    }
+    /// `hist[d - 1]` = generated tokens that ran `d` loop steps (first tokens count at r_max).
+    fn depth_histogram(&self) -> Vec<u64> {
+        Vec::new()
+    }
+    /// Rows of the device state bank this scheduler addresses (0 if it uses none).
+    fn state_bank_rows(&self) -> usize {
         0
     }
 }

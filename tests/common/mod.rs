@@ -63,3 +63,49 @@ pub fn assert_kv_empty(engine: &Engine) {
     assert_eq!(kv.num_used_blocks(), 0, "KV blocks leaked");
     assert_eq!(kv.num_resident(), 0, "requests still hold KV tables");
 }
+
+/// One named scheduler × layout × gate combination of the conformance matrix.
+pub struct Combo {
+    pub name: String,
+    pub scheduler: ponder::SchedulerKind,
+    pub layout: KvLayoutKind,
+    pub gate: fn() -> Box<dyn ponder::gate::ExitGate>,
+}
+
+pub fn gates() -> Vec<(&'static str, fn() -> Box<dyn ponder::gate::ExitGate>)> {
+    use ponder::gate::*;
+    vec![
+        ("fixed4", || Box::new(FixedDepth::new(4).unwrap())),
+        ("fixed2", || Box::new(FixedDepth::new(2).unwrap())),
+        ("q-exit", || Box::new(QExit::new(0.5, 1, 4).unwrap())),
+        ("replay", || Box::new(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 17).unwrap(), 1, 4).unwrap())),
+        ("replay-min2", || Box::new(Replay::new(DepthTrace::with_mean(2.8, 2, 4, 17).unwrap(), 2, 4).unwrap())),
+        ("lookahead(q-exit)", || Box::new(Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap())),
+    ]
+}
+
+/// Every valid combination: CB runs full depth only; depth schedulers take every gate whose
+/// minimum depth the layout allows.
+pub fn combos() -> Vec<Combo> {
+    use ponder::SchedulerKind::*;
+    let mut out = Vec::new();
+    for scheduler in [Continuous, Depth { refill: true }, Depth { refill: false }] {
+        for layout in KvLayoutKind::ALL {
+            for (gname, gate) in gates() {
+                if scheduler == Continuous && gname != "fixed4" {
+                    continue;
+                }
+                let g = gate();
+                if ponder::kv::check_layout(layout.build().as_ref(), g.min_steps(), g.max_steps()).is_err() {
+                    continue;
+                }
+                out.push(Combo { name: format!("{scheduler:?} × {layout:?} × {gname}"), scheduler, layout, gate });
+            }
+        }
+    }
+    out
+}
+
+pub fn combo_builder(dir: &PathBuf, c: &Combo, width: usize) -> EngineBuilder {
+    builder(dir, c.layout, width).scheduler(c.scheduler).exit_gate_boxed((c.gate)())
+}

@@ -1,0 +1,327 @@
+//! Continuous depth batching (CDB): scheduling at the granularity of one loop iteration.
+//!
+//! Work items are (request, token, position, loop step, gate state). Each tick launches one
+//! homogeneous stage, by priority: coda (when `min_coda_batch_size` exited items wait) →
+//! prefill (full depth; admitted while a resident slot and the request's worst-case KV are
+//! free) → recurrent core step (rows at *different* loop steps in one launch) → flush of a
+//! small coda batch. Survivors and successors go to the head of the recurrent queue; a new
+//! request's first item goes to the tail.
+//!
+//! - **refill**: every core launch takes up to `max_num_seqs` ready items, so rows freed by
+//!   exits are refilled by successors as soon as the coda has run.
+//! - **no-refill**: lock-step waves. All resident requests start a token together; each core
+//!   launch holds only the items that have not exited (the batch shrinks); one coda runs over the
+//!   whole cohort when the last item exits; prefill admission happens between waves.
+//!
+//! Coda and prefill launches re-enter eagerly: the runner embeds each sampled token into the
+//! state bank as its successor's step-0 state in the same launch. If that token turns out to be
+//! a stop token, the engine finishes the request and the queued successor is dropped.
+//!
+//! KV is reserved for the worst case (prompt + `max_new_tokens`) at admission, so a running
+//! request never stalls on KV.
+
+use super::{KvCopy, Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
+use crate::engine::RequestId;
+use crate::gate::{ExitGate, GateState, ItemRef, StepSignals};
+use crate::kv::KvManager;
+use std::collections::{HashMap, VecDeque};
+
+/// Options of the depth scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DepthConfig {
+    pub refill: bool,
+    /// Hold the coda until this many exited items wait (amortises a heavy coda); flushed when
+    /// nothing else can run, so it never deadlocks.
+    pub min_coda_batch_size: usize,
+}
+
+impl Default for DepthConfig {
+    fn default() -> Self {
+        Self { refill: true, min_coda_batch_size: 1 }
+    }
+}
+
+#[derive(Debug)]
+struct Req {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_new: usize,
+    state: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Item {
+    request: RequestId,
+    /// Index of the generated token this item produces (the prefill produced index 0).
+    token_index: usize,
+    pos: usize,
+    /// Next loop step to run.
+    step: usize,
+    gate: GateState,
+}
+
+/// The CDB scheduler. See the module docs.
+#[derive(Debug)]
+pub struct DepthBatching {
+    cfg: DepthConfig,
+    limits: SchedulerLimits,
+    kv: KvManager,
+    gate: Box<dyn ExitGate>,
+    max_steps: usize,
+    waiting: VecDeque<(RequestId, Vec<u32>, usize)>,
+    reqs: HashMap<RequestId, Req>,
+    free_states: Vec<u32>,
+    ready: VecDeque<Item>,
+    coda: VecDeque<Item>,
+    in_flight: HashMap<RequestId, Item>,
+    copies: Vec<(RequestId, KvCopy)>,
+    hist: Vec<u64>,
+    /// No-refill: a wave is running (no admission, no early coda).
+    wave: bool,
+}
+
+impl DepthBatching {
+    /// `gate` must already be checked against the layout (`kv::check_layout`).
+    pub fn new(cfg: DepthConfig, limits: SchedulerLimits, kv: KvManager, gate: Box<dyn ExitGate>) -> Self {
+        let max_steps = gate.max_steps();
+        let free_states = (0..limits.max_num_seqs as u32).rev().collect();
+        Self {
+            cfg,
+            limits,
+            kv,
+            gate,
+            max_steps,
+            waiting: VecDeque::new(),
+            reqs: HashMap::new(),
+            free_states,
+            ready: VecDeque::new(),
+            coda: VecDeque::new(),
+            in_flight: HashMap::new(),
+            copies: Vec::new(),
+            hist: vec![0; max_steps],
+            wave: false,
+        }
+    }
+
+    pub fn gate(&self) -> &dyn ExitGate {
+        self.gate.as_ref()
+    }
+
+    fn launch(&mut self, stage: Stage, rows: Vec<LaunchRow>) -> Launch {
+        let kv_copies = std::mem::take(&mut self.copies).into_iter().map(|(_, c)| c).collect();
+        let step_slots = match stage {
+            Stage::Prefill => (0..self.max_steps).map(|s| self.kv.layout().slot_for_step(s)).collect(),
+            _ => Vec::new(),
+        };
+        let reenter = matches!(stage, Stage::Prefill | Stage::Coda);
+        Launch { stage, step_slots, rows, kv_copies, reenter }
+    }
+
+    fn tables(&self, id: RequestId) -> Vec<Vec<u32>> {
+        self.kv.tables(id).expect("resident request has KV").to_vec()
+    }
+
+    /// The row that reads an item's state (and, for coda rows, re-enters its successor).
+    fn item_row(&self, item: &Item, stage: Stage) -> LaunchRow {
+        let req = &self.reqs[&item.request];
+        LaunchRow {
+            request: item.request,
+            tokens: vec![req.tokens[item.pos]],
+            start_pos: item.pos,
+            block_tables: self.tables(item.request),
+            // Coda rows sample; the successor re-enters only if the request wants more tokens.
+            sample: stage == Stage::Coda,
+            step: item.step,
+            slot: self.kv.layout().slot_for_step(item.step),
+            state: req.state,
+        }
+    }
+
+    fn try_prefill(&mut self) -> Option<Launch> {
+        let mut rows = Vec::new();
+        let mut budget = self.limits.max_num_batched_tokens;
+        while let Some((id, prompt, max_new)) = self.waiting.front() {
+            let (id, need) = (*id, prompt.len() + *max_new);
+            if prompt.len() > budget || self.free_states.is_empty() || self.kv.blocks_missing(id, need) > self.kv.num_free_blocks() {
+                break;
+            }
+            let (id, prompt, max_new) = self.waiting.pop_front().expect("front");
+            assert!(self.kv.reserve(id, need));
+            budget -= prompt.len();
+            let state = self.free_states.pop().expect("checked");
+            let mut row = LaunchRow::full_depth(id, prompt.clone(), 0, self.tables(id));
+            row.state = state;
+            rows.push(row);
+            self.reqs.insert(id, Req { prompt_len: prompt.len(), tokens: prompt, max_new, state });
+        }
+        (!rows.is_empty()).then(|| self.launch(Stage::Prefill, rows))
+    }
+
+    fn take_coda(&mut self, all: bool) -> Option<Launch> {
+        if self.coda.is_empty() {
+            return None;
+        }
+        let n = if all { self.coda.len() } else { self.coda.len().min(self.limits.max_num_seqs) };
+        let items: Vec<Item> = self.coda.drain(..n).collect();
+        let rows = items.iter().map(|it| self.item_row(it, Stage::Coda)).collect();
+        for it in items {
+            self.in_flight.insert(it.request, it);
+        }
+        Some(self.launch(Stage::Coda, rows))
+    }
+
+    fn take_core(&mut self) -> Option<Launch> {
+        if self.ready.is_empty() {
+            return None;
+        }
+        let n = self.ready.len().min(self.limits.max_num_seqs);
+        let items: Vec<Item> = self.ready.drain(..n).collect();
+        let rows = items.iter().map(|it| self.item_row(it, Stage::CoreStep)).collect();
+        for it in items {
+            self.in_flight.insert(it.request, it);
+        }
+        Some(self.launch(Stage::CoreStep, rows))
+    }
+
+    /// The successor of a request whose token `token_index - 1` was just sampled, if it wants more.
+    fn successor(&self, id: RequestId) -> Option<Item> {
+        let req = self.reqs.get(&id)?;
+        let generated = req.tokens.len() - req.prompt_len;
+        (generated < req.max_new).then(|| Item {
+            request: id,
+            token_index: generated,
+            pos: req.tokens.len() - 1,
+            step: 0,
+            gate: GateState::new(),
+        })
+    }
+
+    fn exit_copies(&mut self, item: &Item) {
+        let layout = self.kv.layout();
+        let fill = layout.fill_on_exit(item.step, self.max_steps);
+        if fill.is_empty() {
+            return;
+        }
+        let bs = self.kv.block_size() as u32;
+        let tables = self.kv.tables(item.request).expect("resident");
+        let flat = |slot: usize| tables[slot][item.pos / bs as usize] * bs + (item.pos % bs as usize) as u32;
+        let src = flat(layout.slot_for_step(item.step));
+        let copies: Vec<_> = fill.into_iter().map(|s| (item.request, KvCopy { src, dst: flat(s) })).collect();
+        self.copies.extend(copies);
+    }
+}
+
+impl Scheduler for DepthBatching {
+    fn name(&self) -> &'static str {
+        if self.cfg.refill {
+            "cdb-refill"
+        } else {
+            "cdb-no-refill"
+        }
+    }
+
+    fn add(&mut self, request: SchedRequest) {
+        self.waiting.push_back((request.id, request.prompt, request.max_new_tokens));
+    }
+
+    fn schedule(&mut self) -> Option<Launch> {
+        if self.cfg.refill {
+            if self.coda.len() >= self.cfg.min_coda_batch_size.max(1) {
+                return self.take_coda(false);
+            }
+            if let Some(l) = self.try_prefill() {
+                return Some(l);
+            }
+            return self.take_core().or_else(|| self.take_coda(false));
+        }
+        // No-refill: prefill between waves, then one wave to completion.
+        if !self.wave {
+            if let Some(l) = self.try_prefill() {
+                return Some(l);
+            }
+            if self.ready.is_empty() {
+                return self.take_coda(true);
+            }
+            self.wave = true;
+        }
+        if let Some(l) = self.take_core() {
+            return Some(l);
+        }
+        self.wave = false;
+        self.take_coda(true)
+    }
+
+    fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
+        match launch.stage {
+            Stage::Prefill | Stage::Coda => {
+                let mut successors = Vec::new();
+                for (row, out) in launch.rows.iter().zip(&result.rows) {
+                    self.in_flight.remove(&row.request);
+                    let (Some(req), Some(t)) = (self.reqs.get_mut(&row.request), out.token) else { continue };
+                    req.tokens.push(t);
+                    if launch.stage == Stage::Prefill {
+                        self.hist[self.max_steps - 1] += 1; // first tokens run full depth
+                    }
+                    successors.extend(self.successor(row.request));
+                }
+                // A prompt's first item goes to the tail; a coda successor to the head.
+                if launch.stage == Stage::Prefill {
+                    self.ready.extend(successors);
+                } else {
+                    for it in successors.into_iter().rev() {
+                        self.ready.push_front(it);
+                    }
+                }
+            }
+            Stage::CoreStep => {
+                let mut survivors = Vec::new();
+                for (row, out) in launch.rows.iter().zip(&result.rows) {
+                    let Some(mut item) = self.in_flight.remove(&row.request) else { continue };
+                    let signals = StepSignals { logit: out.gate_logits.last().copied(), latent_diff: out.latent_diff };
+                    let at = ItemRef { request: item.request, token_index: item.token_index };
+                    if self.gate.decide(at, item.step, signals, &mut item.gate) {
+                        self.hist[item.step] += 1;
+                        self.exit_copies(&item);
+                        self.coda.push_back(item);
+                    } else {
+                        item.step += 1;
+                        survivors.push(item);
+                    }
+                }
+                for it in survivors.into_iter().rev() {
+                    self.ready.push_front(it);
+                }
+            }
+            Stage::FullDepthDecode => {}
+        }
+    }
+
+    fn finish(&mut self, id: RequestId) {
+        self.waiting.retain(|(w, _, _)| *w != id);
+        self.ready.retain(|it| it.request != id);
+        self.coda.retain(|it| it.request != id);
+        self.in_flight.remove(&id);
+        // Copies into a finished request's blocks must not land after the blocks are reused.
+        self.copies.retain(|(r, _)| *r != id);
+        if let Some(req) = self.reqs.remove(&id) {
+            self.free_states.push(req.state);
+        }
+        self.kv.free(id);
+    }
+
+    fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    fn num_running(&self) -> usize {
+        self.reqs.len()
+    }
+    fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+    fn depth_histogram(&self) -> Vec<u64> {
+        self.hist.clone()
+    }
+    fn state_bank_rows(&self) -> usize {
+        self.limits.max_num_seqs
+    }
+}

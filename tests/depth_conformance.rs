@@ -1,0 +1,57 @@
+//! The conformance matrix of depth batching: for every scheduler {CB, depth-refill,
+//! depth-no-refill} × layout {depth-indexed, last-exited, shared, first-then-shared} × gate
+//! {fixed, q-exit, replay, lookahead(q-exit)} that is valid, batched greedy output equals each
+//! request run alone (token-exact, f32, CPU) and the KV pool is empty afterwards.
+
+mod common;
+use common::*;
+use ponder::{GenerationParams, KvLayoutKind, SchedulerKind};
+use std::collections::HashMap;
+
+#[test]
+fn every_valid_combination_is_batch_invariant() {
+    let (_tmp, dir) = tiny_dir(41);
+    let ps = prompts(7, 13);
+    let max_new: Vec<usize> = (0..ps.len()).map(|i| 4 + (i * 3) % 9).collect();
+    let combos = combos();
+    assert!(combos.len() >= 25, "matrix has {} combinations", combos.len());
+    let mut by_name = HashMap::new();
+    for c in &combos {
+        let mut solo = combo_builder(&dir, c, 1).build().unwrap();
+        let want = sequential(&mut solo, &ps, &max_new);
+        assert_kv_empty(&solo);
+        let mut engine = combo_builder(&dir, c, 3).build().unwrap();
+        let ids: Vec<_> = ps
+            .iter()
+            .zip(&max_new)
+            .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams::greedy(n)).unwrap())
+            .collect();
+        let mut got = HashMap::new();
+        drain(&mut engine, &mut got);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(got[id], want[i], "{}: request {i}", c.name);
+        }
+        assert_kv_empty(&engine);
+        if c.scheduler != SchedulerKind::Continuous && !c.name.contains("fixed4") {
+            let d = engine.metrics().mean_depth();
+            assert!(d > 1.0 && d < 4.0, "{}: gated exits realise a mean depth strictly inside (1, 4), got {d}", c.name);
+        }
+        by_name.insert(c.name.clone(), want);
+    }
+    // At full depth the depth schedulers compute exactly what CB computes.
+    for layout in [KvLayoutKind::DepthIndexed, KvLayoutKind::Shared] {
+        let cb = &by_name[&format!("Continuous × {layout:?} × fixed4")];
+        for refill in [true, false] {
+            let d = &by_name[&format!("{:?} × {layout:?} × fixed4", SchedulerKind::Depth { refill })];
+            assert_eq!(d, cb, "depth(refill={refill}) at full depth == CB for {layout:?}");
+        }
+    }
+}
+
+#[test]
+fn invalid_layout_gate_combination_is_rejected() {
+    let (_tmp, dir) = tiny_dir(42);
+    let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
+    let err = builder(&dir, KvLayoutKind::DepthIndexed, 2).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).build();
+    assert!(matches!(err, Err(ponder::Error::InvalidOption(m)) if m.contains("depth-indexed")));
+}

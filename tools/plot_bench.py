@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Plots docs/bench/*.json into docs/bench/*.svg (tokens/s by width, per mode, with the floor).
+
+    python3 tools/plot_bench.py            # needs matplotlib
+"""
+import json, pathlib, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+bench = pathlib.Path(__file__).resolve().parent.parent / "docs" / "bench"
+
+def plot_looped_cb(path):
+    doc = json.loads(path.read_text())
+    rows = doc["results"]
+    w = [r["width"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(w, [r["tokens_per_s"] for r in rows], "o-", label="ponder CB (measured)")
+    ax.plot(w, [r["floor_tokens_per_s"] for r in rows], "k--", label="weight-streaming floor")
+    ref = {16: 900, 64: 2950, 256: 6900}
+    ax.plot(list(ref), list(ref.values()), "s:", label="PyTorch + CUDA graphs (issue ref.)")
+    ax.set_xscale("log", base=2); ax.set_yscale("log")
+    ax.set_xlabel("decode width W (requests)"); ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"{doc['model']}\n{doc['gpu']}, commit {doc['commit']}", fontsize=9)
+    ax.legend(fontsize=8); ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    out = path.with_suffix(".svg")
+    fig.savefig(out); fig.savefig(path.with_suffix(".png"), dpi=110)
+    print("wrote", out)
+
+for p in sorted(bench.glob("*.json")):
+    if p.stem.startswith("looped_cb"):
+        plot_looped_cb(p)
