@@ -1,15 +1,28 @@
 //! Throughput of looped-LM serving on real model shapes with random weights generated on the
 //! device (real checkpoints cannot be downloaded here; the CDB authors' method).
 //!
-//!     bench_looped [--widths 16,64,256] [--prompt-len 128] [--new-tokens 256] [--repeats 3]
-//!                  [--layout depth-indexed|shared] [--json FILE] [--commit SHA] [--parity] [--tiny]
+//!     bench_looped [--suite cb|cdb] [--widths 16,64,256] [--layout L] [--json FILE]
+//!                  [--commit SHA] [--parity] [--tiny]
+//!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
+//!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
+//!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40]
 //!
-//! For each width W it runs W requests at once (random prompt ids, eos ignored) with the
-//! full-depth continuous batching baseline and reports decode tokens/s (median over repeats,
-//! after a warm-up), next to the weight-streaming floor: bytes of weights one decode step reads
-//! divided by the measured device copy bandwidth. `--parity` first compares next-token logits of
-//! the bf16 CUDA model with the f32 CPU reference on the same weights. `--tiny` runs a tiny
-//! config on the CPU (a smoke test of this binary).
+//! Suite `cb`: for each width W, W requests at once (random prompt ids, eos ignored) with the
+//! full-depth continuous batching baseline; decode tokens/s (median over repeats, after a
+//! warm-up) next to the weight-streaming floor (bytes of weights one decode step reads ÷ the
+//! measured device copy bandwidth).
+//!
+//! Suite `cdb`: CB vs depth batching without and with refill on one workload per width:
+//! `requests-per-width × W` requests with ShareGPT-like lengths (prompt ~ lognormal, median 128,
+//! σ 0.9, clipped to 8..512; output ~ lognormal, median 160, σ 0.7, clipped to 8..256), exit
+//! depths replayed from a seeded distribution over `min-depth..=r_max` with the given mean.
+//! Offline throughput over the steady-state window (opens after W completions, closes at the
+//! last admission; the whole run if that window is shorter than 20 % of it), speed-up over CB,
+//! the FLOP bound for the realised mean depth, the fraction of the bound achieved, and an upper
+//! bound on the GPU idle share (host time not blocked on the device).
+//!
+//! `--parity` first compares next-token logits of the bf16 CUDA model with the f32 CPU reference
+//! on the same weights. `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
 
 use candle_core::{DType, Device, Tensor};
 use ponder::engine::LoopedRunner;
@@ -32,6 +45,12 @@ struct Args {
     commit: String,
     parity: bool,
     tiny: bool,
+    suite: String,
+    mean_depths: Vec<f64>,
+    modes: Vec<String>,
+    requests_per_width: usize,
+    min_depth: usize,
+    kv_gb: f64,
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -45,7 +64,14 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         commit: "unknown".into(),
         parity: false,
         tiny: false,
+        suite: "cb".into(),
+        mean_depths: vec![2.5, 3.0],
+        modes: vec!["cb".into(), "cdb-no-refill".into(), "cdb-refill".into()],
+        requests_per_width: 3,
+        min_depth: 2,
+        kv_gb: 40.0,
     };
+    let mut layout_set = false;
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
@@ -54,13 +80,25 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--prompt-len" => a.prompt_len = v()?.parse()?,
             "--new-tokens" => a.new_tokens = v()?.parse()?,
             "--repeats" => a.repeats = v()?.parse()?,
-            "--layout" => a.layout = v()?.parse()?,
+            "--layout" => {
+                a.layout = v()?.parse()?;
+                layout_set = true;
+            }
+            "--suite" => a.suite = v()?,
+            "--mean-depths" => a.mean_depths = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--modes" => a.modes = v()?.split(',').map(String::from).collect(),
+            "--requests-per-width" => a.requests_per_width = v()?.parse()?,
+            "--min-depth" => a.min_depth = v()?.parse()?,
+            "--kv-gb" => a.kv_gb = v()?.parse()?,
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,
             "--tiny" => a.tiny = true,
             other => return Err(format!("unknown argument {other}").into()),
         }
+    }
+    if a.suite == "cdb" && !layout_set {
+        a.layout = KvLayoutKind::Shared; // the CDB default layout; valid for every exit depth
     }
     Ok(a)
 }
@@ -94,6 +132,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         weight_bytes_per_step as f64 / 1e9
     );
 
+    let results = if args.suite == "cdb" {
+        cdb_suite(&args, &model)?
+    } else {
+        cb_suite(&args, &model, bandwidth, weight_bytes_per_step)?
+    };
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "gpu": gpu, "commit": args.commit,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "model": if args.tiny { "tiny-ouro (random)" } else { "Ouro-1.4B shapes, random bf16 weights" },
+            "suite": args.suite, "layout": format!("{:?}", args.layout),
+            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+            "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
+            "f0_over_fr": spec.boundary_params as f64 / spec.step_params as f64,
+            "parity": parity_json, "results": results,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+        println!("wrote {path}");
+    }
+    Ok(())
+}
+
+fn cb_suite(args: &Args, model: &Ouro, bandwidth: f64, weight_bytes_per_step: u64) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+    let spec = model.spec().clone();
     let mut results = Vec::new();
     println!("{:>6} {:>12} {:>12} {:>10} {:>12} {:>10}", "width", "tok/s", "floor tok/s", "of floor", "step ms", "prefill s");
     for &w in &args.widths {
@@ -136,19 +198,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }));
         drop(engine);
     }
-    if let Some(path) = &args.json {
-        let doc = serde_json::json!({
-            "gpu": gpu, "commit": args.commit,
-            "command": std::env::args().collect::<Vec<_>>().join(" "),
-            "model": if args.tiny { "tiny-ouro (random)" } else { "Ouro-1.4B shapes, random bf16 weights" },
-            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-            "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
-            "parity": parity_json, "results": results,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
-        println!("wrote {path}");
-    }
-    Ok(())
+    Ok(results)
 }
 
 /// (seconds, rows, launches) of one stage between two metric snapshots.
@@ -255,4 +305,161 @@ fn compare(name: &str, dev: &ponder::engine::Forward, cpu: &ponder::engine::Forw
     let agree = am_a.iter().zip(&am_b).filter(|(x, y)| x == y).count();
     println!("parity {name}: logits rel err {logits_rel:.2e}, gate-logit rel err {gate_rel:.2e}, argmax agree {agree}/{}", am_b.len());
     Ok(serde_json::json!({ "stage": name, "logits_rel_err": logits_rel, "gate_logits_rel_err": gate_rel, "argmax_agree": agree, "rows": am_b.len() }))
+}
+
+/// A request of the cdb workload.
+struct Job {
+    prompt: Vec<u32>,
+    new_tokens: usize,
+}
+
+fn lognormal(median: f64, sigma: f64, lo: usize, hi: usize, x: &mut u64) -> usize {
+    let mut uniform = || {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        ((*x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let z = (-2.0 * uniform().ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos();
+    ((median * (sigma * z).exp()).round() as usize).clamp(lo, hi)
+}
+
+fn workload(n: usize, vocab: usize, max_context: usize, seed: u64) -> Vec<Job> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|i| {
+            let p = lognormal(128.0, 0.9, 8, 512.min(max_context / 2), &mut x);
+            let o = lognormal(160.0, 0.7, 8, 256.min(max_context / 2), &mut x);
+            Job { prompt: random_ids(p, vocab, seed ^ (i as u64 + 1) * 7919), new_tokens: o }
+        })
+        .collect()
+}
+
+/// Outcome of one offline run.
+struct RunStats {
+    window_tokens_per_s: f64,
+    whole_tokens_per_s: f64,
+    mean_depth: f64,
+    idle: f64,
+    stages: serde_json::Value,
+}
+
+/// Runs `jobs` offline (all queued at once) and measures the steady-state window.
+fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize) -> Result<RunStats, Box<dyn std::error::Error>> {
+    let before = engine.metrics().clone();
+    for j in jobs {
+        let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(j.new_tokens) };
+        engine.add_request(j.prompt.clone(), params)?;
+    }
+    let start = Instant::now();
+    let (mut tokens, mut done) = (0u64, 0usize);
+    let mut window_open: Option<(Instant, u64)> = None;
+    let mut window: Option<(f64, u64)> = None;
+    while engine.has_work() {
+        for ev in engine.step()? {
+            match ev {
+                ponder::Event::Token { .. } => tokens += 1,
+                ponder::Event::Finished { .. } => done += 1,
+            }
+        }
+        if window_open.is_none() && done >= width {
+            window_open = Some((Instant::now(), tokens));
+        }
+        if window.is_none() && engine.scheduler().num_waiting() == 0 {
+            if let Some((t0, k0)) = window_open {
+                window = Some((t0.elapsed().as_secs_f64(), tokens - k0));
+            }
+        }
+    }
+    let total = start.elapsed().as_secs_f64();
+    let whole = tokens as f64 / total;
+    let win = match window {
+        Some((secs, k)) if secs >= 0.2 * total => k as f64 / secs,
+        _ => whole,
+    };
+    let m = engine.metrics();
+    let mut stages = serde_json::Map::new();
+    let mut wait = 0.0;
+    let mut time = 0.0;
+    for (name, s) in &m.stages {
+        let b = before.stages.get(name).cloned().unwrap_or_default();
+        let (t, w) = ((s.time - b.time).as_secs_f64(), (s.wait - b.wait).as_secs_f64());
+        time += t;
+        wait += w;
+        stages.insert(name.to_string(), serde_json::json!({ "launches": s.launches - b.launches, "rows": s.rows - b.rows, "seconds": t, "device_wait_s": w }));
+    }
+    let hist: Vec<u64> = m.depth_histogram.iter().zip(before.depth_histogram.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect();
+    let n: u64 = hist.iter().sum();
+    let mean_depth = if n == 0 { 0.0 } else { hist.iter().enumerate().map(|(i, c)| (i as u64 + 1) * c).sum::<u64>() as f64 / n as f64 };
+    Ok(RunStats { window_tokens_per_s: win, whole_tokens_per_s: whole, mean_depth, idle: if time > 0.0 { 1.0 - wait / time } else { 0.0 }, stages: stages.into() })
+}
+
+fn cdb_suite(args: &Args, model: &Ouro) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+    use ponder::gate::{DepthTrace, Replay};
+    use ponder::SchedulerKind;
+    let spec = model.spec().clone();
+    let slots = args.layout.build().num_slots(spec.max_steps);
+    let bytes_per_pos = ponder::kv::KvStore::bytes_per_block(spec.num_kv_layers, 1, spec.num_kv_heads, spec.head_dim, spec.dtype) * slots;
+    let mut results = Vec::new();
+    println!(
+        "{:>5} {:>6} {:>14} {:>10} {:>8} {:>7} {:>7} {:>8} {:>7}",
+        "width", "d̄", "mode", "tok/s", "vs CB", "bound", "of bnd", "idle≤", "d̄ real"
+    );
+    for &w in &args.widths {
+        let jobs = workload(args.requests_per_width * w, spec.vocab_size, spec.max_context, 42 + w as u64);
+        let max_need = jobs.iter().map(|j| j.prompt.len() + j.new_tokens).max().unwrap_or(1) + 16;
+        let kv_tokens = ((args.kv_gb * 1e9) as usize / bytes_per_pos).min(w * max_need) * slots;
+        let build = |sched: SchedulerKind, mean: f64| -> ponder::Result<ponder::Engine> {
+            let b = EngineBuilder::from_model(Box::new(model.clone()), None, vec![])
+                .kv_layout(args.layout)
+                .scheduler(sched)
+                .max_num_seqs(w)
+                .max_num_batched_tokens(8192)
+                .kv_capacity_tokens(kv_tokens);
+            match sched {
+                SchedulerKind::Continuous => b.build(),
+                _ => b.exit_gate(Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?).build(),
+            }
+        };
+        let warm = workload(w.min(32), spec.vocab_size, spec.max_context, 1).into_iter().map(|j| Job { new_tokens: 8, ..j }).collect::<Vec<_>>();
+        let mut cb_tps = None;
+        for (di, &mean) in args.mean_depths.iter().enumerate() {
+            for mode in &args.modes {
+                let sched: SchedulerKind = mode.parse()?;
+                if sched == SchedulerKind::Continuous && di > 0 {
+                    // CB runs full depth whatever the exit distribution: measured once per width.
+                    let prev = results.iter().rev().find(|r: &&serde_json::Value| r["mode"] == "cb" && r["width"] == w).cloned();
+                    if let Some(mut r) = prev {
+                        r["mean_depth"] = mean.into();
+                        results.push(r);
+                    }
+                    continue;
+                }
+                let mut engine = build(sched, mean)?;
+                offline(&mut engine, &warm, w)?;
+                let st = offline(&mut engine, &jobs, w)?;
+                let realised = if sched == SchedulerKind::Continuous { spec.max_steps as f64 } else { st.mean_depth };
+                let bound = spec.flop_bound(realised);
+                if sched == SchedulerKind::Continuous {
+                    cb_tps = Some(st.window_tokens_per_s);
+                }
+                let speedup = cb_tps.map(|c| st.window_tokens_per_s / c);
+                println!(
+                    "{w:>5} {mean:>6.2} {mode:>14} {:>10.0} {:>8} {bound:>7.3} {:>7} {:>7.1}% {realised:>7.2}",
+                    st.window_tokens_per_s,
+                    speedup.map_or("-".into(), |s| format!("{s:.3}x")),
+                    speedup.map_or("-".into(), |s| format!("{:.1}%", 100.0 * s / bound)),
+                    100.0 * st.idle
+                );
+                results.push(serde_json::json!({
+                    "mode": mode, "width": w, "mean_depth": if sched == SchedulerKind::Continuous { mean } else { realised },
+                    "target_mean_depth": mean, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
+                    "speedup_vs_cb": speedup, "flop_bound": spec.flop_bound(if sched == SchedulerKind::Continuous { mean } else { realised }),
+                    "fraction_of_bound": speedup.map(|s| s / spec.flop_bound(realised)), "gpu_idle": st.idle,
+                    "requests": jobs.len(), "stages": st.stages,
+                }));
+            }
+        }
+    }
+    Ok(results)
 }

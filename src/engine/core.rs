@@ -183,7 +183,8 @@ impl Engine {
                 return Err(e.into());
             }
         };
-        self.metrics.record(launch.stage.name(), launch.rows.len(), launch.num_tokens(), started.elapsed());
+        let wait = self.runner.last_wait();
+        self.metrics.record(launch.stage.name(), launch.rows.len(), launch.num_tokens(), started.elapsed(), wait);
         self.scheduler.complete(&launch, &result);
         for out in &result.rows {
             if let Some(token) = out.token {

@@ -11,6 +11,9 @@ pub struct StageStats {
     pub tokens: u64,
     /// Wall time of the launches, including the sync that brings sampled ids to the host.
     pub time: Duration,
+    /// Part of `time` the host spent blocked waiting for the device to finish the launch.
+    /// The device is busy at least this long, so `1 − wait / time` bounds its idle share.
+    pub wait: Duration,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -39,11 +42,24 @@ impl EngineMetrics {
 }
 
 impl EngineMetrics {
-    pub(crate) fn record(&mut self, stage: &'static str, rows: usize, tokens: usize, time: Duration) {
+    pub(crate) fn record(&mut self, stage: &'static str, rows: usize, tokens: usize, time: Duration, wait: Duration) {
         let s = self.stages.entry(stage).or_default();
         s.launches += 1;
         s.rows += rows as u64;
         s.tokens += tokens as u64;
         s.time += time;
+        s.wait += wait;
+    }
+
+    /// Upper bound on the device's idle share over all launches: wall time the host was not
+    /// blocked on the device (building batches, enqueueing kernels, bookkeeping) over wall time.
+    pub fn idle_upper_bound(&self) -> f64 {
+        let time: f64 = self.stages.values().map(|s| s.time.as_secs_f64()).sum();
+        let wait: f64 = self.stages.values().map(|s| s.wait.as_secs_f64()).sum();
+        if time == 0.0 {
+            0.0
+        } else {
+            1.0 - wait / time
+        }
     }
 }

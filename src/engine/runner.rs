@@ -18,6 +18,8 @@ pub struct LoopedRunner {
     block_size: usize,
     /// `[rows, hidden]` loop state of each in-flight item, in the model dtype.
     bank: Option<Tensor>,
+    /// How long the last launch blocked the host on the device.
+    last_wait: std::cell::Cell<std::time::Duration>,
 }
 
 /// Device outputs of a launch, before sampling.
@@ -40,7 +42,7 @@ impl LoopedRunner {
         let dev = model.device().clone();
         let kv = KvStore::new(s.num_kv_layers, num_blocks, block_size, s.num_kv_heads, s.head_dim, s.dtype, &dev)?;
         let bank = (bank_rows > 0).then(|| Tensor::zeros((bank_rows, s.hidden_size), s.dtype, &dev)).transpose()?;
-        Ok(Self { model, kv, block_size, bank })
+        Ok(Self { model, kv, block_size, bank, last_wait: Default::default() })
     }
 
     pub fn model(&self) -> &dyn LoopedModel {
@@ -51,9 +53,19 @@ impl LoopedRunner {
         self.model.device()
     }
 
+    /// Host time the last [`LoopedRunner::run`] spent blocked on the device.
+    pub fn last_wait(&self) -> std::time::Duration {
+        self.last_wait.get()
+    }
+
     /// Runs a launch and samples its sampling rows.
     pub fn run(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<LaunchResult> {
         let fwd = self.forward(launch)?;
+        // Everything is enqueued: wait here so the blocked time can be measured apart from
+        // the host work of building and enqueueing the launch.
+        let t = std::time::Instant::now();
+        self.device().synchronize()?;
+        self.last_wait.set(t.elapsed());
         let n = launch.rows.len();
         let mut tokens = vec![None; n];
         let mut gate_logits = vec![Vec::new(); n];
