@@ -47,6 +47,11 @@ pub enum Error {
     #[error("unknown request {0}")]
     UnknownRequest(RequestId),
 
+    /// The scheduler returned no launch while requests were still unfinished (a scheduler bug;
+    /// without this error the engine would spin forever).
+    #[error("scheduler `{scheduler}` stalled with {unfinished} unfinished request(s)")]
+    SchedulerStalled { scheduler: String, unfinished: usize },
+
     /// The engine thread behind an [`crate::EngineHandle`] has stopped.
     #[error("engine thread stopped")]
     EngineStopped,

@@ -159,7 +159,12 @@ impl Engine {
     /// of the launch (their `Finished { Error }` events come back) and is returned too.
     pub fn step(&mut self) -> Result<Vec<Event>> {
         let mut events = std::mem::take(&mut self.pending);
-        let Some(launch) = self.scheduler.schedule() else { return Ok(events) };
+        let Some(launch) = self.scheduler.schedule() else {
+            if events.is_empty() && !self.live.is_empty() {
+                return Err(Error::SchedulerStalled { scheduler: self.scheduler.name().into(), unfinished: self.live.len() });
+            }
+            return Ok(events);
+        };
         let sampling: Vec<RowSampling> = launch
             .rows
             .iter()

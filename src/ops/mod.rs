@@ -3,6 +3,7 @@
 //! are tested against) and, with the `cuda` feature, a kernel of our own.
 
 mod batch;
+pub mod fused;
 mod paged_attention;
 mod rope;
 
@@ -10,6 +11,7 @@ mod rope;
 pub mod cuda;
 
 pub use batch::{AttnMask, PagedBatch, PagedBatchHost};
+pub use fused::{add_rms_norm, qkv_rope_write, silu_mul};
 pub use paged_attention::{paged_attention, paged_attention_reference, write_kv};
 pub use rope::{RopeAngles, RopeTable};
 
@@ -19,14 +21,6 @@ use candle_core::{DType, Result, Tensor};
 /// norm math in f32). candle's fused kernel accumulates in f32 on every backend.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     candle_nn::ops::rms_norm(x, weight, eps as f32)
-}
-
-/// `silu(gate) * up`, where `gate_up` holds the two halves side by side on the last dim.
-pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
-    let n = gate_up.dim(candle_core::D::Minus1)? / 2;
-    let gate = gate_up.narrow(candle_core::D::Minus1, 0, n)?;
-    let up = gate_up.narrow(candle_core::D::Minus1, n, n)?;
-    candle_nn::ops::silu(&gate)? * up
 }
 
 /// Whether a dtype is one the models run in.

@@ -234,21 +234,25 @@ impl Scheduler for DepthBatching {
             }
             return self.take_core().or_else(|| self.take_coda(false));
         }
-        // No-refill: prefill between waves, then one wave to completion.
-        if !self.wave {
-            if let Some(l) = self.try_prefill() {
+        // No-refill: one wave to completion (its coda over the whole cohort), then prefill
+        // admission between waves, then the next wave.
+        if self.wave {
+            if let Some(l) = self.take_core() {
                 return Some(l);
             }
-            if self.ready.is_empty() {
-                return self.take_coda(true);
+            self.wave = false;
+            if let Some(l) = self.take_coda(true) {
+                return Some(l);
             }
-            self.wave = true;
         }
-        if let Some(l) = self.take_core() {
+        if let Some(l) = self.try_prefill() {
             return Some(l);
         }
-        self.wave = false;
-        self.take_coda(true)
+        if self.ready.is_empty() {
+            return self.take_coda(true);
+        }
+        self.wave = true;
+        self.take_core()
     }
 
     fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
@@ -323,5 +327,126 @@ impl Scheduler for DepthBatching {
     }
     fn state_bank_rows(&self) -> usize {
         self.limits.max_num_seqs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::{DepthTrace, FixedDepth, Replay};
+    use crate::kv::{LastExited, Shared};
+    use crate::scheduler::RowOutput;
+
+    fn sched(refill: bool, width: usize, gate: Box<dyn ExitGate>) -> DepthBatching {
+        let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 4096 };
+        let kv = KvManager::new(4096, 4, Box::new(Shared), 4);
+        DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1 }, limits, kv, gate)
+    }
+
+    fn replay() -> Box<dyn ExitGate> {
+        Box::new(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap())
+    }
+
+    /// Runs the scheduler with a fake model (every sampled token is 1) and returns its launches.
+    fn drive(s: &mut DepthBatching, requests: usize, new_tokens: usize) -> Vec<Launch> {
+        for i in 0..requests {
+            s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![3; 5], max_new_tokens: new_tokens });
+        }
+        let mut produced = vec![0usize; requests];
+        let mut launches = Vec::new();
+        while let Some(l) = s.schedule() {
+            let rows = l
+                .rows
+                .iter()
+                .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![], latent_diff: None })
+                .collect();
+            let result = LaunchResult { rows };
+            s.complete(&l, &result);
+            for r in result.rows.iter().filter(|r| r.token.is_some()) {
+                let i = r.request.0 as usize;
+                produced[i] += 1;
+                if produced[i] == new_tokens {
+                    s.finish(r.request);
+                }
+            }
+            launches.push(l);
+            assert!(launches.len() < 100_000, "scheduler does not terminate");
+        }
+        assert!(produced.iter().all(|&p| p == new_tokens), "every request got all its tokens: {produced:?}");
+        assert_eq!(s.kv().num_used_blocks(), 0);
+        launches
+    }
+
+    #[test]
+    fn refill_keeps_the_core_batch_full() {
+        let (w, n) = (4, 40);
+        let mut s = sched(true, w, replay());
+        let launches = drive(&mut s, w, n);
+        let cores: Vec<&Launch> = launches.iter().filter(|l| l.stage == Stage::CoreStep).collect();
+        // While all W requests are far from their end, every core launch is full.
+        let steady = &cores[2..cores.len() * 3 / 4];
+        assert!(steady.iter().all(|l| l.rows.len() == w), "refill stopped refilling: {:?}", steady.iter().map(|l| l.rows.len()).collect::<Vec<_>>());
+        assert!(cores.iter().any(|l| l.rows.iter().any(|r| r.step != l.rows[0].step)), "refill mixes loop steps in a launch");
+        let h = s.depth_histogram();
+        assert_eq!(h.iter().sum::<u64>(), (w * n) as u64);
+    }
+
+    #[test]
+    fn no_refill_runs_shrinking_lock_step_waves() {
+        let (w, n) = (4, 30);
+        let mut s = sched(false, w, replay());
+        let launches = drive(&mut s, w, n);
+        let mut prev: Option<&Launch> = None;
+        for l in &launches {
+            if l.stage == Stage::CoreStep {
+                let step = l.rows[0].step;
+                assert!(l.rows.iter().all(|r| r.step == step), "no-refill launch mixes steps (it refilled)");
+                if let Some(p) = prev.filter(|p| p.stage == Stage::CoreStep) {
+                    assert_eq!(step, p.rows[0].step + 1, "a wave advances one step per launch");
+                    assert!(l.rows.len() <= p.rows.len(), "a wave's batch never grows");
+                } else {
+                    assert_eq!(step, 0, "a wave starts at step 0");
+                }
+            }
+            prev = Some(l);
+        }
+    }
+
+    #[test]
+    fn last_exited_copies_exit_kv_into_deeper_slots() {
+        let limits = SchedulerLimits { max_num_seqs: 1, max_num_batched_tokens: 64 };
+        let kv = KvManager::new(64, 4, Box::new(LastExited), 4);
+        let gate = Box::new(Replay::new(DepthTrace::Recorded([(0, vec![2])].into()), 1, 4).unwrap());
+        let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 6], max_new_tokens: 3 });
+        let answer = |l: &Launch| LaunchResult {
+            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: r.sample.then_some(2), gate_logits: vec![], latent_diff: None }).collect(),
+        };
+        let prefill = s.schedule().unwrap();
+        assert_eq!(prefill.stage, Stage::Prefill);
+        s.complete(&prefill, &answer(&prefill));
+        for step in 0..2 {
+            let core = s.schedule().unwrap();
+            assert_eq!((core.stage, core.rows[0].step, core.rows[0].slot), (Stage::CoreStep, step, step));
+            assert!(core.kv_copies.is_empty());
+            s.complete(&core, &answer(&core));
+        }
+        // Exited after step 1 (depth 2): the next launch fills slots 2 and 3 at position 6.
+        let coda = s.schedule().unwrap();
+        assert_eq!(coda.stage, Stage::Coda);
+        let t = s.kv().tables(RequestId(0)).unwrap();
+        let at = |slot: usize| t[slot][1] * 4 + 2;
+        assert_eq!(coda.kv_copies, vec![KvCopy { src: at(1), dst: at(2) }, KvCopy { src: at(1), dst: at(3) }]);
+        s.finish(RequestId(0));
+        assert_eq!(s.kv().num_used_blocks(), 0);
+    }
+
+    #[test]
+    fn fixed_full_depth_never_exits_early() {
+        let mut s = sched(true, 3, Box::new(FixedDepth::new(4).unwrap()));
+        drive(&mut s, 5, 6);
+        let h = s.depth_histogram();
+        assert_eq!(&h[..3], &[0, 0, 0]);
+        assert_eq!(h[3], 30);
     }
 }

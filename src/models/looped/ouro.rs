@@ -8,7 +8,7 @@ use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::models::OuroConfig;
-use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
+use crate::ops::{self, paged_attention, PagedBatch, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
 
@@ -106,28 +106,34 @@ impl Ouro {
         &self.cfg
     }
 
-    fn layer_forward(&self, l: usize, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+    /// One layer. `h` is the residual stream and `a = rms_norm(h, input_norm)` of this layer
+    /// (computed by the previous layer's last fused norm, or once at the start of the step).
+    /// Returns the new residual and its norm by `next_norm` (the next layer's input norm, or the
+    /// model's final norm after the last layer).
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward(
+        &self,
+        l: usize,
+        h: &Tensor,
+        a: &Tensor,
+        next_norm: &Tensor,
+        input: &StageInput,
+        batch: &PagedBatch,
+        kv: &KvStore,
+    ) -> Result<(Tensor, Tensor)> {
         let layer = &self.layers[l];
         let eps = self.cfg.rms_norm_eps;
         let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let t = h.dim(0)?;
 
-        let a = ops::rms_norm(h, &layer.input_norm, eps)?;
-        let qkv = layer.qkv.forward(&a)?;
-        let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
-        let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
-        let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?;
-        let q = input.rope.apply_split_half(&q)?;
-        let k = input.rope.apply_split_half(&k)?;
-        write_kv(kv.k(l), &k, batch)?;
-        write_kv(kv.v(l), &v.contiguous()?, batch)?;
+        let qkv = layer.qkv.forward(a)?;
+        let q = ops::qkv_rope_write(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd)?;
         let attn = paged_attention(&q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
         let attn = layer.o_proj.forward(&attn.reshape((t, nh * hd))?)?;
-        let h = (h + ops::rms_norm(&attn, &layer.input_norm_2, eps)?)?;
+        let (h, m) = ops::add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 
-        let m = ops::rms_norm(&h, &layer.post_attn_norm, eps)?;
         let m = layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?;
-        h + ops::rms_norm(&m, &layer.post_attn_norm_2, eps)?
+        ops::add_rms_norm(&h, &m, &layer.post_attn_norm_2, next_norm, eps)
     }
 }
 
@@ -149,11 +155,19 @@ impl LoopedModel for Ouro {
     }
 
     fn core_step(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut> {
+        // Each layer ends with one fused op: residual add + the next layer's input norm (the
+        // final norm after the last layer), so only the first input norm runs on its own.
+        let n = self.layers.len();
         let mut h = h.clone();
-        for l in 0..self.layers.len() {
-            h = self.layer_forward(l, &h, input, batch, kv)?;
+        let mut a = match self.layers.first() {
+            Some(first) => ops::rms_norm(&h, &first.input_norm, self.cfg.rms_norm_eps)?,
+            None => ops::rms_norm(&h, &self.norm, self.cfg.rms_norm_eps)?,
+        };
+        for l in 0..n {
+            let next_norm = if l + 1 < n { &self.layers[l + 1].input_norm } else { &self.norm };
+            (h, a) = self.layer_forward(l, &h, &a, next_norm, input, batch, kv)?;
         }
-        let h = ops::rms_norm(&h, &self.norm, self.cfg.rms_norm_eps)?;
+        let h = a;
         let gate_logit = self.gate.forward(&h.to_dtype(DType::F32)?)?.squeeze(1)?;
         Ok(CoreOut { hidden: h, gate_logit: Some(gate_logit) })
     }

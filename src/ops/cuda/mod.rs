@@ -398,3 +398,303 @@ fn launch<T: CudaDType + DeviceRepr>(
         false,
     ))
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fused per-layer ops (`src/ops/kernels/fused.cu`); entry points in `crate::ops::fused`.
+
+const FUSED_MODULE: &str = "ponder_fused";
+
+fn cuda_dev(t: &Tensor, op: &str) -> Result<CudaDevice> {
+    match t.device() {
+        candle_core::Device::Cuda(d) => Ok(d.clone()),
+        d => bail!("{op} (cuda): input is on {d:?}"),
+    }
+}
+
+/// A contiguous view of a tensor's storage at its layout, checked for dtype.
+fn op_view<'a, T: CudaDType + DeviceRepr>(
+    storage: &'a Storage,
+    layout: &Layout,
+    op: &str,
+    name: &str,
+) -> Result<CudaView<'a, T>> {
+    let Storage::Cuda(cs) = storage else {
+        bail!("{op} (cuda): {name} is not a CUDA tensor");
+    };
+    if !layout.is_contiguous() {
+        bail!("{op} (cuda): {name} must be contiguous");
+    }
+    let start = layout.start_offset();
+    let slice = cs.as_cuda_slice::<T>()?;
+    Ok(slice.slice(start..start + layout.shape().elem_count()))
+}
+
+fn wrap<T: CudaDType + DeviceRepr, S: Into<candle_core::Shape>>(
+    out: candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
+    dev: &CudaDevice,
+    shape: S,
+) -> Tensor {
+    let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
+    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
+}
+
+fn dtype_suffix(dtype: DType, op: &str) -> Result<&'static str> {
+    Ok(match dtype {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        DType::F32 => "f32",
+        d => bail!("{op} (cuda): dtype {d:?} not supported"),
+    })
+}
+
+fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&str, &Tensor)]) -> Result<()> {
+    for (name, t) in ts {
+        if !t.device().same_device(first.device()) {
+            bail!("{op} (cuda): {name} is on {:?}, not {:?}", t.device(), first.device());
+        }
+        if t.dtype() != dtype {
+            bail!("{op} (cuda): {name} is {:?}, expected {dtype:?}", t.dtype());
+        }
+    }
+    Ok(())
+}
+
+/// Splits `qkv` `[T, (H + 2*KVH) * D]`, rotates q and k (split-half RoPE with `cos`/`sin`
+/// `[T, D/2]`), writes rotated k and v into the caches `[NB, BS, KVH, D]` in place at
+/// `slot_mapping[t]` (`[T]` u32, flat row `block * BS + offset`), and returns q `[T, H, D]`.
+/// All float tensors share one dtype and must be contiguous. Slots past the cache are skipped.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_write(
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
+    const OP: &str = "qkv_rope_write";
+    let dev = cuda_dev(qkv, OP)?;
+    let dtype = qkv.dtype();
+    same_device_dtype(OP, dtype, qkv, &[("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)])?;
+    if !slot_mapping.device().same_device(qkv.device()) || slot_mapping.dtype() != DType::U32 {
+        bail!("{OP} (cuda): slot_mapping must be u32 on the device of qkv");
+    }
+    let (tokens, width) = qkv.dims2()?;
+    if head_dim % 2 != 0 || width != (heads + 2 * kv_heads) * head_dim {
+        bail!("{OP} (cuda): qkv width {width} vs heads {heads}, kv heads {kv_heads}, head dim {head_dim}");
+    }
+    let (nb, bs, kvh, hd) = k_cache.dims4()?;
+    if kvh != kv_heads || hd != head_dim || v_cache.dims() != k_cache.dims() {
+        bail!("{OP} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}", k_cache.dims(), v_cache.dims());
+    }
+    if cos.dims() != [tokens, head_dim / 2] || sin.dims() != cos.dims() || slot_mapping.dims() != [tokens] {
+        bail!("{OP} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens", cos.dims(), sin.dims(), slot_mapping.dims());
+    }
+    let pairs = (heads + kv_heads) * (head_dim / 2) + kv_heads * (head_dim / 2);
+    if tokens * width > i32::MAX as usize || pairs == 0 {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let suf = dtype_suffix(dtype, OP)?;
+    if tokens == 0 {
+        return Tensor::zeros((0, heads, head_dim), dtype, qkv.device());
+    }
+    match dtype {
+        DType::BF16 => qkv_rope_launch::<bf16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, nb * bs, pairs),
+        DType::F16 => qkv_rope_launch::<f16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, nb * bs, pairs),
+        _ => qkv_rope_launch::<f32>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, nb * bs, pairs),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    num_slots: usize,
+    pairs: usize,
+) -> Result<Tensor> {
+    const OP: &str = "qkv_rope_write";
+    let tokens = qkv.dim(0)?;
+    let (qs, ql) = qkv.storage_and_layout();
+    let (cs, cl) = cos.storage_and_layout();
+    let (ss, sl) = sin.storage_and_layout();
+    let (ks, kl) = k_cache.storage_and_layout();
+    let (vs, vl) = v_cache.storage_and_layout();
+    let (ms, ml) = slot_mapping.storage_and_layout();
+    let qkv_v = op_view::<T>(&qs, ql, OP, "qkv")?;
+    let cos_v = op_view::<T>(&cs, cl, OP, "cos")?;
+    let sin_v = op_view::<T>(&ss, sl, OP, "sin")?;
+    // The caches are written in place through views taken under the storage read lock (candle
+    // keeps the write lock crate-private). The write is ordered by the stream: every use of the
+    // KV store's tensors (attention reads, these writes) is queued on this device's one stream.
+    let k_v = op_view::<T>(&ks, kl, OP, "k_cache")?;
+    let v_v = op_view::<T>(&vs, vl, OP, "v_cache")?;
+    let slots = op_view::<u32>(&ms, ml, OP, "slot_mapping")?;
+    // SAFETY: every (token, head, dim) of q is written by the kernel (one thread per pair).
+    let mut q_out = unsafe { dev.alloc::<T>(tokens * heads * head_dim)? };
+    let func = dev.get_or_load_custom_func(&format!("qkv_rope_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    const THREADS: usize = 256;
+    let cfg = LaunchConfig {
+        grid_dim: (tokens as u32, pairs.div_ceil(THREADS) as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (h, kvh, hd, ns) = (heads as i32, kv_heads as i32, head_dim as i32, num_slots as i64);
+    let mut b = func.builder();
+    b.arg(&mut q_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
+    b.arg(&h).arg(&kvh).arg(&hd).arg(&ns);
+    // SAFETY: argument list matches `qkv_rope_write_*` in fused.cu; shapes checked by the caller.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok(wrap(q_out, dev, (tokens, heads, head_dim)))
+}
+
+/// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))` over the last dim, in one
+/// launch. `residual`, `x` `[.., C]` and the weights `[C]` share one dtype; f32 statistics.
+pub fn add_rms_norm(
+    residual: &Tensor,
+    x: &Tensor,
+    w_x: &Tensor,
+    w_next: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "add_rms_norm";
+    let dev = cuda_dev(x, OP)?;
+    let dtype = x.dtype();
+    same_device_dtype(OP, dtype, x, &[("residual", residual), ("w_x", w_x), ("w_next", w_next)])?;
+    if residual.dims() != x.dims() {
+        bail!("{OP} (cuda): residual {:?} vs x {:?}", residual.dims(), x.dims());
+    }
+    let ncols = x.dim(candle_core::D::Minus1)?;
+    if w_x.dims1()? != ncols || w_next.dims1()? != ncols {
+        bail!("{OP} (cuda): weights {:?} / {:?} for {ncols} columns", w_x.dims(), w_next.dims());
+    }
+    let rows = x.elem_count() / ncols.max(1);
+    if ncols == 0 || rows == 0 {
+        return Ok((residual.clone(), x.zeros_like()?));
+    }
+    if ncols > i32::MAX as usize || rows > u32::MAX as usize / 2 {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let suf = dtype_suffix(dtype, OP)?;
+    let residual = residual.contiguous()?;
+    let x = x.contiguous()?;
+    let (w_x, w_next) = (w_x.contiguous()?, w_next.contiguous()?);
+    match dtype {
+        DType::BF16 => add_rms_launch::<bf16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps),
+        DType::F16 => add_rms_launch::<f16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps),
+        _ => add_rms_launch::<f32>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn add_rms_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    residual: &Tensor,
+    x: &Tensor,
+    w_x: &Tensor,
+    w_next: &Tensor,
+    rows: usize,
+    ncols: usize,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "add_rms_norm";
+    let (rs, rl) = residual.storage_and_layout();
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w_x.storage_and_layout();
+    let (ns, nl) = w_next.storage_and_layout();
+    let r_v = op_view::<T>(&rs, rl, OP, "residual")?;
+    let x_v = op_view::<T>(&xs, xl, OP, "x")?;
+    let w_v = op_view::<T>(&ws, wl, OP, "w_x")?;
+    let n_v = op_view::<T>(&ns, nl, OP, "w_next")?;
+    // SAFETY: the kernel writes every element of both outputs (one block per row).
+    let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+    let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+    let func = dev.get_or_load_custom_func(&format!("add_rms_norm_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    // ~8 columns per thread, a multiple of 32 threads, at most 1024.
+    let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let nc = ncols as i32;
+    let mut b = func.builder();
+    b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
+    b.arg(&nc).arg(&eps);
+    // SAFETY: argument list matches `add_rms_norm_*` in fused.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    let shape = x.shape().clone();
+    Ok((wrap(h_out, dev, shape.clone()), wrap(n_out, dev, shape)))
+}
+
+/// `silu(gate) * up` for `gate_up` `[.., 2I]` (gate first), output `[.., I]`, one launch.
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
+    const OP: &str = "silu_mul";
+    let dev = cuda_dev(gate_up, OP)?;
+    let dtype = gate_up.dtype();
+    let suf = dtype_suffix(dtype, OP)?;
+    let two_i = gate_up.dim(candle_core::D::Minus1)?;
+    if two_i % 2 != 0 {
+        bail!("{OP} (cuda): last dim {two_i} is odd");
+    }
+    let inter = two_i / 2;
+    let mut dims = gate_up.dims().to_vec();
+    *dims.last_mut().expect("rank >= 1") = inter;
+    let rows = gate_up.elem_count() / two_i.max(1);
+    if rows * inter == 0 {
+        return Tensor::zeros(dims, dtype, gate_up.device());
+    }
+    let gate_up = gate_up.contiguous()?;
+    match dtype {
+        DType::BF16 => silu_mul_launch::<bf16>(&dev, suf, &gate_up, rows, inter, dims),
+        DType::F16 => silu_mul_launch::<f16>(&dev, suf, &gate_up, rows, inter, dims),
+        _ => silu_mul_launch::<f32>(&dev, suf, &gate_up, rows, inter, dims),
+    }
+}
+
+fn silu_mul_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    gate_up: &Tensor,
+    rows: usize,
+    inter: usize,
+    dims: Vec<usize>,
+) -> Result<Tensor> {
+    const OP: &str = "silu_mul";
+    let (gs, gl) = gate_up.storage_and_layout();
+    let g_v = op_view::<T>(&gs, gl, OP, "gate_up")?;
+    let n = rows * inter;
+    // SAFETY: the grid-stride loop writes every output element.
+    let mut out = unsafe { dev.alloc::<T>(n)? };
+    let func = dev.get_or_load_custom_func(&format!("silu_mul_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    const THREADS: usize = 256;
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(THREADS).min(132 * 16) as u32, 1, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (r, i) = (rows as i64, inter as i32);
+    if inter > i32::MAX as usize {
+        bail!("{OP} (cuda): intermediate size out of range");
+    }
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&g_v).arg(&r).arg(&i);
+    // SAFETY: argument list matches `silu_mul_*` in fused.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok(wrap(out, dev, dims))
+}

@@ -1,0 +1,107 @@
+//! Fused per-layer ops. At decode widths a layer's cost is the number of launches, not the work,
+//! so the chains of small ops around the matmuls run as one kernel each on CUDA
+//! (`src/ops/kernels/fused.cu`). Each op has one entry point that dispatches on the device:
+//! elsewhere (and for layouts the kernels do not take) it runs the composition of candle ops the
+//! models used before, which is also the reference the kernels are tested against.
+
+use super::{rms_norm, write_kv, PagedBatch, RopeAngles};
+use candle_core::{Result, Tensor, D};
+
+/// Splits the fused QKV projection `qkv` `[T, (heads + 2*kv_heads) * head_dim]` (q, k, v side by
+/// side), applies split-half RoPE to q and k, writes the rotated k and v into `k_cache` /
+/// `v_cache` (`[num_blocks, block_size, kv_heads, head_dim]`) in place at `batch.slot_mapping`,
+/// and returns the rotated q `[T, heads, head_dim]` (contiguous).
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_write(
+    qkv: &Tensor,
+    angles: &RopeAngles,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if qkv.device().is_cuda() {
+        let dt = qkv.dtype();
+        let fits = super::is_float(dt)
+            && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.dtype() == dt)
+            && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.is_contiguous());
+        if fits {
+            return super::cuda::qkv_rope_write(
+                &qkv.contiguous()?,
+                &angles.cos,
+                &angles.sin,
+                k_cache,
+                v_cache,
+                &batch.slot_mapping,
+                heads,
+                kv_heads,
+                head_dim,
+            );
+        }
+    }
+    qkv_rope_write_reference(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
+}
+
+/// The composition of candle ops behind [`qkv_rope_write`] (its CPU path).
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_write_reference(
+    qkv: &Tensor,
+    angles: &RopeAngles,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
+    let (t, nh, nkv, hd) = (qkv.dim(0)?, heads, kv_heads, head_dim);
+    let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
+    let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
+    let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?;
+    let q = angles.apply_split_half(&q)?;
+    let k = angles.apply_split_half(&k)?;
+    write_kv(k_cache, &k, batch)?;
+    write_kv(v_cache, &v.contiguous()?, batch)?;
+    Ok(q)
+}
+
+/// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))`: a sandwich norm's residual
+/// add followed by the next sub-layer's input norm. The first norm's output is rounded to the
+/// dtype before the add, as with separate ops; statistics in f32.
+pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        let dt = x.dtype();
+        if super::is_float(dt) && [residual, w_x, w_next].iter().all(|t| t.dtype() == dt) {
+            return super::cuda::add_rms_norm(residual, x, w_x, w_next, eps as f32);
+        }
+    }
+    add_rms_norm_reference(residual, x, w_x, w_next, eps)
+}
+
+/// The composition of candle ops behind [`add_rms_norm`] (its CPU path).
+pub fn add_rms_norm_reference(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    let h = (residual + rms_norm(x, w_x, eps)?)?;
+    let n = rms_norm(&h, w_next, eps)?;
+    Ok((h, n))
+}
+
+/// `silu(gate) * up`, where `gate_up` holds the two halves side by side on the last dim.
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if gate_up.device().is_cuda() && super::is_float(gate_up.dtype()) {
+        return super::cuda::silu_mul(gate_up);
+    }
+    silu_mul_reference(gate_up)
+}
+
+/// The composition of candle ops behind [`silu_mul`] (its CPU path).
+pub fn silu_mul_reference(gate_up: &Tensor) -> Result<Tensor> {
+    let n = gate_up.dim(D::Minus1)? / 2;
+    let gate = gate_up.narrow(D::Minus1, 0, n)?;
+    let up = gate_up.narrow(D::Minus1, n, n)?;
+    candle_nn::ops::silu(&gate)? * up
+}

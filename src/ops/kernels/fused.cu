@@ -1,0 +1,164 @@
+// Fused per-layer ops of the looped decoders (ponder). Each replaces a chain of small candle ops
+// whose cost at decode widths is the launches, not the work. Math in f32; every value the
+// reference composition rounds to the storage dtype is rounded here at the same place.
+//
+// qkv_rope_write_*: split the fused QKV projection [T, (H + 2*KVH) * D], rotate q and k
+//   (split-half / rotate_half RoPE, cos/sin [T, D/2]), write rotated k and v into the paged
+//   caches at slot_mapping[t] (flat row block*block_size+offset of [NB*BS, KVH*D]), return q.
+// add_rms_norm_*: h2 = residual + T(rms_norm(x, w_x)); out = T(rms_norm(h2, w_next)). One block
+//   per row, f32 sums (candle's rmsnorm: scale = rsqrt(mean(x^2) + eps), y = T(scale * x * w)).
+// silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+    return __float2bfloat16(x);
+}
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
+
+// Rounds through the storage dtype (where the reference materialises an intermediate tensor).
+template <typename T> __device__ __forceinline__ float round_t(float x) { return to_f(from_f<T>(x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024). Every thread gets the total.
+__device__ __forceinline__ float block_sum(float v, float *smem) {
+    v = warp_sum(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwarps = blockDim.x >> 5;
+    __syncthreads(); // smem may still be read from a previous call
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? smem[lane] : 0.f;
+    return warp_sum(v);
+}
+
+// grid (T, ceil(pairs / blockDim)); pairs = (H + KVH) * D/2 rotated pairs + KVH * D/2 v pairs.
+template <typename T>
+__device__ void qkv_rope_write(T *__restrict__ q_out, T *__restrict__ k_cache, T *__restrict__ v_cache,
+                               const T *__restrict__ qkv, const T *__restrict__ cos_t,
+                               const T *__restrict__ sin_t, const uint32_t *__restrict__ slots,
+                               int heads, int kv_heads, int head_dim, long long num_slots) {
+    const int t = blockIdx.x;
+    const int half = head_dim >> 1;
+    const int rot_pairs = (heads + kv_heads) * half;
+    const int total = rot_pairs + kv_heads * half;
+    const int p = blockIdx.y * blockDim.x + threadIdx.x;
+    if (p >= total) return;
+    const long long width = (long long)(heads + 2 * kv_heads) * head_dim;
+    const T *row = qkv + (long long)t * width;
+    const long long kv_width = (long long)kv_heads * head_dim;
+    const long long slot = (long long)slots[t];
+    const bool slot_ok = slot < num_slots;
+    if (p < rot_pairs) {
+        const int head = p / half;
+        const int i = p - head * half;
+        const float x1 = to_f(row[head * head_dim + i]);
+        const float x2 = to_f(row[head * head_dim + i + half]);
+        const float c = to_f(cos_t[(long long)t * half + i]);
+        const float s = to_f(sin_t[(long long)t * half + i]);
+        const T o1 = from_f<T>(x1 * c - x2 * s);
+        const T o2 = from_f<T>(x1 * s + x2 * c);
+        T *dst;
+        if (head < heads) {
+            dst = q_out + ((long long)t * heads + head) * head_dim;
+        } else {
+            if (!slot_ok) return;
+            dst = k_cache + slot * kv_width + (long long)(head - heads) * head_dim;
+        }
+        dst[i] = o1;
+        dst[i + half] = o2;
+    } else {
+        if (!slot_ok) return;
+        const int j = p - rot_pairs; // v elements j and j + KVH*D/2
+        const T *v = row + (long long)(heads + kv_heads) * head_dim;
+        T *dst = v_cache + slot * kv_width;
+        const int hw = kv_heads * half;
+        dst[j] = v[j];
+        dst[j + hw] = v[j + hw];
+    }
+}
+
+// grid (rows), block a multiple of 32.
+template <typename T>
+__device__ void add_rms_norm(T *__restrict__ h_out, T *__restrict__ n_out, const T *__restrict__ res,
+                             const T *__restrict__ x, const T *__restrict__ w_x,
+                             const T *__restrict__ w_next, int ncols, float eps) {
+    __shared__ float smem[32];
+    const long long base = (long long)blockIdx.x * ncols;
+    const T *xr = x + base;
+    const T *rr = res + base;
+    T *hr = h_out + base;
+    T *nr = n_out + base;
+    float acc = 0.f;
+    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
+        const float v = to_f(xr[c]);
+        acc += v * v;
+    }
+    const float s1 = rsqrtf(block_sum(acc, smem) / ncols + eps);
+    acc = 0.f;
+    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
+        const float n = round_t<T>(s1 * to_f(xr[c]) * to_f(w_x[c]));
+        const T h = from_f<T>(to_f(rr[c]) + n);
+        hr[c] = h;
+        const float hf = to_f(h);
+        acc += hf * hf;
+    }
+    const float s2 = rsqrtf(block_sum(acc, smem) / ncols + eps);
+    // Each thread reads back only the elements it wrote itself.
+    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
+        nr[c] = from_f<T>(s2 * to_f(hr[c]) * to_f(w_next[c]));
+    }
+}
+
+// Grid-stride over rows * inter outputs.
+template <typename T>
+__device__ void silu_mul(T *__restrict__ out, const T *__restrict__ gu, long long rows, int inter) {
+    const long long n = rows * inter;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long r = e / inter;
+        const int i = (int)(e - r * inter);
+        const T *row = gu + r * 2 * inter;
+        const float g = to_f(row[i]);
+        const float u = to_f(row[inter + i]);
+        const float s = round_t<T>(g / (1.f + expf(-g)));
+        out[e] = from_f<T>(s * u);
+    }
+}
+
+} // namespace
+
+#define FUSED_OPS(T, SUF)                                                                          \
+    extern "C" __global__ void qkv_rope_write_##SUF(                                               \
+        T *q_out, T *k_cache, T *v_cache, const T *qkv, const T *cos_t, const T *sin_t,            \
+        const uint32_t *slots, int heads, int kv_heads, int head_dim, long long num_slots) {       \
+        qkv_rope_write<T>(q_out, k_cache, v_cache, qkv, cos_t, sin_t, slots, heads, kv_heads,      \
+                          head_dim, num_slots);                                                    \
+    }                                                                                              \
+    extern "C" __global__ void add_rms_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,    \
+                                                  const T *w_x, const T *w_next, int ncols,        \
+                                                  float eps) {                                     \
+        add_rms_norm<T>(h_out, n_out, res, x, w_x, w_next, ncols, eps);                            \
+    }                                                                                              \
+    extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter) {    \
+        silu_mul<T>(out, gu, rows, inter);                                                         \
+    }
+
+FUSED_OPS(float, f32)
+FUSED_OPS(__nv_bfloat16, bf16)
+FUSED_OPS(__half, f16)
