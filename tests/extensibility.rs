@@ -1,0 +1,50 @@
+//! The extension examples (a custom exit gate, a custom scheduler), written with the public API
+//! only, pass the conformance check: batched == each request alone, KV empty afterwards.
+
+mod common;
+#[path = "../examples/custom_gate.rs"]
+mod custom_gate;
+#[path = "../examples/custom_scheduler.rs"]
+mod custom_scheduler;
+
+use common::*;
+use ponder::{GenerationParams, KvLayoutKind, SchedulerKind};
+use std::collections::HashMap;
+
+fn check(make: &dyn Fn(usize) -> ponder::EngineBuilder) -> ponder::Engine {
+    let ps = prompts(6, 21);
+    let max_new: Vec<usize> = (0..ps.len()).map(|i| 3 + i).collect();
+    let mut solo = make(1).build().unwrap();
+    let want = sequential(&mut solo, &ps, &max_new);
+    let mut engine = make(3).build().unwrap();
+    let ids: Vec<_> = ps.iter().zip(&max_new).map(|(p, &n)| engine.add_request(p.clone(), GenerationParams::greedy(n)).unwrap()).collect();
+    let mut got = HashMap::new();
+    drain(&mut engine, &mut got);
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(got[id], want[i], "request {i}");
+    }
+    assert_kv_empty(&engine);
+    engine
+}
+
+#[test]
+fn custom_gate_is_batch_invariant() {
+    let (_tmp, dir) = tiny_dir(51);
+    let engine = check(&|w| {
+        builder(&dir, KvLayoutKind::Shared, w)
+            .scheduler(SchedulerKind::Depth { refill: true })
+            .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, min_steps: 1, max_steps: 4 })
+    });
+    let d = engine.metrics().mean_depth();
+    assert!(d > 1.0 && d < 4.0, "the gate exits early sometimes: mean depth {d}");
+}
+
+#[test]
+fn custom_scheduler_is_batch_invariant() {
+    let (_tmp, dir) = tiny_dir(52);
+    let engine = check(&|w| {
+        builder(&dir, KvLayoutKind::DepthIndexed, w)
+            .custom_scheduler(|ctx| Box::new(custom_scheduler::ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.spec.max_steps)))
+    });
+    assert_eq!(engine.scheduler().name(), "shortest-prompt-first");
+}
