@@ -2,7 +2,10 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use ponder::kv::{DepthIndexed, KvManager, Shared};
-use ponder::scheduler::{ContinuousBatching, LaunchResult, RowOutput, SchedRequest, Scheduler, SchedulerLimits};
+use ponder::gate::{DepthTrace, Replay};
+use ponder::scheduler::{
+    ContinuousBatching, DepthBatching, DepthConfig, LaunchResult, RowOutput, SchedRequest, Scheduler, SchedulerLimits,
+};
 use ponder::RequestId;
 
 fn decode_tick(c: &mut Criterion) {
@@ -35,7 +38,49 @@ fn decode_tick(c: &mut Criterion) {
 }
 
 fn answer(l: &ponder::scheduler::Launch) -> LaunchResult {
-    LaunchResult { rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(1), gate_logits: vec![], latent_diff: None }).collect() }
+    LaunchResult {
+        rows: l
+            .rows
+            .iter()
+            .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![1.0], latent_diff: None })
+            .collect(),
+    }
+}
+
+/// One depth-batching launch (any stage) plus its bookkeeping, refill mode, replayed depths
+/// (mean 2.5 of 4), last-exited layout (the costliest: exit copies), at widths 64…512.
+fn depth_tick(c: &mut Criterion) {
+    let mut g = c.benchmark_group("cdb_refill_tick");
+    for width in [64usize, 128, 256, 512] {
+        g.bench_with_input(BenchmarkId::from_parameter(width), &width, |b, &w| {
+            let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 1 << 20 };
+            let kv = KvManager::new(w * 4 * 48, 16, Box::new(ponder::kv::LastExited), 4);
+            let gate = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap());
+            let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
+            let mut next = 0u64;
+            let mut produced = std::collections::HashMap::new();
+            let mut admit = |s: &mut DepthBatching, n: usize, next: &mut u64| {
+                for _ in 0..n {
+                    s.add(SchedRequest { id: RequestId(*next), prompt: vec![1; 128], max_new_tokens: 512 });
+                    *next += 1;
+                }
+            };
+            admit(&mut s, w, &mut next);
+            b.iter(|| {
+                let l = s.schedule().expect("work");
+                let r = answer(&l);
+                s.complete(&l, &r);
+                for row in r.rows.iter().filter(|r| r.token.is_some()) {
+                    let p = produced.entry(row.request).or_insert(0usize);
+                    *p += 1;
+                    if *p == 512 {
+                        s.finish(row.request);
+                        admit(&mut s, 1, &mut next);
+                    }
+                }
+            });
+        });
+    }
 }
 
 fn kv_reserve_free(c: &mut Criterion) {
@@ -52,5 +97,5 @@ fn kv_reserve_free(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, decode_tick, kv_reserve_free);
+criterion_group!(benches, decode_tick, depth_tick, kv_reserve_free);
 criterion_main!(benches);
