@@ -529,3 +529,354 @@ fn timing() {
         AttnMask::Causal,
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fused per-layer ops (`ponder::ops::fused`): CUDA kernel vs the candle composition on the CPU,
+// the reference run in f32 on the same (dtype-rounded) values.
+
+use ponder::ops::{fused, RopeAngles, RopeTable};
+
+fn rand_tensor(rng: &mut StdRng, shape: &[usize], lo: f32, hi: f32, dtype: DType) -> Tensor {
+    let n: usize = shape.iter().product();
+    let d: Vec<f32> = (0..n).map(|_| rng.random_range(lo..hi)).collect();
+    Tensor::from_vec(d, shape, &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+fn f32_cpu(t: &Tensor) -> Tensor {
+    t.to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+}
+
+fn tol_of(dtype: DType) -> f32 {
+    match dtype {
+        DType::F32 => 1e-5,
+        _ => 1e-2,
+    }
+}
+
+/// One qkv_rope_write case: rows of (q_len, ctx); caches pre-filled with random values.
+fn check_qkv_rope_write(
+    name: &str,
+    rows: &[(usize, usize)],
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+    bs: usize,
+    dtype: DType,
+) {
+    let gpu = Device::new_cuda(0).unwrap();
+    let mut rng = StdRng::seed_from_u64(0xf05ed ^ (heads * 131 + hd) as u64);
+    let need: usize = rows.iter().map(|&(_, c)| c.div_ceil(bs)).sum();
+    let num_blocks = need + 5;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    ids.shuffle(&mut rng);
+    let mut host = PagedBatchHost {
+        block_tables: vec![],
+        context_lens: vec![],
+        cu_q_lens: vec![0],
+    };
+    let mut next = 0;
+    let mut positions = vec![];
+    for &(q_len, ctx) in rows {
+        host.block_tables
+            .push(ids[next..next + ctx.div_ceil(bs)].to_vec());
+        next += ctx.div_ceil(bs);
+        host.context_lens.push(ctx as u32);
+        host.cu_q_lens
+            .push(host.cu_q_lens.last().unwrap() + q_len as u32);
+        positions.extend((ctx - q_len..ctx).map(|p| p as u32));
+    }
+    let tokens = positions.len();
+    let width = (heads + 2 * kv_heads) * hd;
+    let kvw = kv_heads * hd;
+    let qkv = rand_tensor(&mut rng, &[tokens, width], -2.0, 2.0, dtype);
+    let cache_shape = [num_blocks, bs, kv_heads, hd];
+    let k0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
+    let v0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
+    let pos = Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
+    let angles = RopeTable::new(hd, 1_000_000.0, dtype, &Device::Cpu)
+        .unwrap()
+        .angles(&pos)
+        .unwrap();
+
+    // Reference: the CPU composition in f32 on the same values.
+    let cpu_batch = PagedBatch::new(host.clone(), bs, AttnMask::Causal, kvw, &Device::Cpu).unwrap();
+    let ref_angles = RopeAngles {
+        cos: angles.cos.to_dtype(DType::F32).unwrap(),
+        sin: angles.sin.to_dtype(DType::F32).unwrap(),
+    };
+    let (k_ref, v_ref) = (f32_cpu(&k0).copy().unwrap(), f32_cpu(&v0).copy().unwrap());
+    let q_ref = fused::qkv_rope_write(
+        &f32_cpu(&qkv),
+        &ref_angles,
+        &k_ref,
+        &v_ref,
+        &cpu_batch,
+        heads,
+        kv_heads,
+        hd,
+    )
+    .unwrap();
+
+    let gpu_batch = PagedBatch::new(host.clone(), bs, AttnMask::Causal, kvw, &gpu).unwrap();
+    let g_angles = RopeAngles {
+        cos: angles.cos.to_device(&gpu).unwrap(),
+        sin: angles.sin.to_device(&gpu).unwrap(),
+    };
+    let (kg, vg) = (k0.to_device(&gpu).unwrap(), v0.to_device(&gpu).unwrap());
+    let qg = fused::qkv_rope_write(
+        &qkv.to_device(&gpu).unwrap(),
+        &g_angles,
+        &kg,
+        &vg,
+        &gpu_batch,
+        heads,
+        kv_heads,
+        hd,
+    )
+    .unwrap();
+    assert_eq!(qg.dims(), &[tokens, heads, hd]);
+    assert_eq!(qg.dtype(), dtype);
+    assert!(qg.is_contiguous());
+    let tol = tol_of(dtype);
+    let q_err = rel_err(&f32_cpu(&qg), &q_ref);
+
+    // Written rows vs the reference; every other row bit-identical to before.
+    let slots: Vec<u32> = cpu_batch.slot_mapping.to_vec1().unwrap();
+    let written: std::collections::HashSet<usize> = slots.iter().map(|&s| s as usize).collect();
+    let flat = |t: &Tensor| -> Vec<f32> { f32_cpu(t).flatten_all().unwrap().to_vec1().unwrap() };
+    let (kg_h, vg_h, k0_h, v0_h) = (flat(&kg), flat(&vg), flat(&k0), flat(&v0));
+    let (kr_h, vr_h) = (flat(&k_ref), flat(&v_ref));
+    let idx = Tensor::new(slots.as_slice(), &Device::Cpu).unwrap();
+    let rows_of = |t: &Tensor| {
+        t.reshape((num_blocks * bs, kvw))
+            .unwrap()
+            .index_select(&idx, 0)
+            .unwrap()
+    };
+    let k_err = rel_err(&rows_of(&f32_cpu(&kg)), &rows_of(&k_ref));
+    let v_err = rel_err(&rows_of(&f32_cpu(&vg)), &rows_of(&v_ref));
+    let mut untouched_bad = 0usize;
+    for row in 0..num_blocks * bs {
+        let r = row * kvw..(row + 1) * kvw;
+        if written.contains(&row) {
+            // v is a copy: exact. (The reference rows are the same f32 values.)
+            assert_eq!(vg_h[r.clone()], vr_h[r.clone()], "{name}: v row {row}");
+            assert_ne!(
+                kr_h[r.clone()],
+                k0_h[r.clone()],
+                "{name}: reference k row {row} unchanged"
+            );
+        } else {
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            if !same(&kg_h[r.clone()], &k0_h[r.clone()])
+                || !same(&vg_h[r.clone()], &v0_h[r.clone()])
+            {
+                untouched_bad += 1;
+            }
+        }
+    }
+    println!(
+        "{name:<40} {dtype:?} q rel err {q_err:.3e}, k rows {k_err:.3e}, v rows {v_err:.1e}, {} rows written, {} untouched rows changed (tol {tol:.0e})",
+        written.len(),
+        untouched_bad
+    );
+    assert_eq!(
+        untouched_bad, 0,
+        "{name}: rows outside slot_mapping changed"
+    );
+    assert!(
+        q_err <= tol && k_err <= tol,
+        "{name}: q {q_err}, k {k_err} > {tol}"
+    );
+    assert_eq!(v_err, 0.0);
+}
+
+#[test]
+fn fused_qkv_rope_write() {
+    let decode: Vec<(usize, usize)> = (0..64).map(|i| (1, 1 + (i * 53) % 400)).collect();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        check_qkv_rope_write(
+            "qkv_rope decode 64 rows 16/16 d128",
+            &decode,
+            16,
+            16,
+            128,
+            16,
+            dt,
+        );
+        check_qkv_rope_write(
+            "qkv_rope mixed gqa 32/8 d128",
+            MIXED_ROWS,
+            32,
+            8,
+            128,
+            16,
+            dt,
+        );
+        check_qkv_rope_write(
+            "qkv_rope mixed gqa 12/4 d96 bs12",
+            MIXED_ROWS,
+            12,
+            4,
+            96,
+            12,
+            dt,
+        );
+        check_qkv_rope_write(
+            "qkv_rope diffusion 8/2 d64 bs32",
+            DIFFUSION_ROWS,
+            8,
+            2,
+            64,
+            32,
+            dt,
+        );
+    }
+}
+
+#[test]
+fn fused_add_rms_norm() {
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(rows, cols) in &[
+            (1usize, 2048usize),
+            (64, 2048),
+            (257, 2048),
+            (33, 1000),
+            (5, 40),
+            (3, 6000),
+        ] {
+            let mut rng = StdRng::seed_from_u64((rows * 7919 + cols) as u64);
+            let res = rand_tensor(&mut rng, &[rows, cols], -4.0, 4.0, dt);
+            let x = rand_tensor(&mut rng, &[rows, cols], -30.0, 30.0, dt);
+            let wx = rand_tensor(&mut rng, &[cols], 0.2, 2.0, dt);
+            let wn = rand_tensor(&mut rng, &[cols], 0.2, 2.0, dt);
+            let eps = 1e-6;
+            let (h_ref, n_ref) = fused::add_rms_norm(
+                &f32_cpu(&res),
+                &f32_cpu(&x),
+                &f32_cpu(&wx),
+                &f32_cpu(&wn),
+                eps,
+            )
+            .unwrap();
+            let g = |t: &Tensor| t.to_device(&gpu).unwrap();
+            let (h, n) = fused::add_rms_norm(&g(&res), &g(&x), &g(&wx), &g(&wn), eps).unwrap();
+            assert_eq!(h.dims(), &[rows, cols]);
+            assert_eq!((h.dtype(), n.dtype()), (dt, dt));
+            let (eh, en) = (rel_err(&f32_cpu(&h), &h_ref), rel_err(&f32_cpu(&n), &n_ref));
+            let tol = tol_of(dt);
+            println!("add_rms_norm {rows}x{cols:<5} {dt:?} h rel err {eh:.3e}, norm rel err {en:.3e} (tol {tol:.0e})");
+            assert!(
+                eh <= tol && en <= tol,
+                "add_rms_norm {rows}x{cols} {dt:?}: {eh} {en}"
+            );
+        }
+    }
+}
+
+#[test]
+fn fused_silu_mul() {
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(rows, inter) in &[(1usize, 5632usize), (64, 5632), (256, 5632), (7, 77)] {
+            let mut rng = StdRng::seed_from_u64((rows * 31 + inter) as u64);
+            let gu = rand_tensor(&mut rng, &[rows, 2 * inter], -8.0, 8.0, dt);
+            let r = fused::silu_mul(&f32_cpu(&gu)).unwrap();
+            let o = fused::silu_mul(&gu.to_device(&gpu).unwrap()).unwrap();
+            assert_eq!(o.dims(), &[rows, inter]);
+            assert_eq!(o.dtype(), dt);
+            let e = rel_err(&f32_cpu(&o), &r);
+            let tol = tol_of(dt);
+            println!("silu_mul {rows}x{inter:<5} {dt:?} rel err {e:.3e} (tol {tol:.0e})");
+            assert!(e <= tol, "silu_mul {rows}x{inter} {dt:?}: {e}");
+        }
+    }
+}
+
+/// µs per call of each fused op vs its candle composition on the GPU (bf16, Ouro-1.4B shapes).
+#[test]
+#[ignore]
+fn fused_timing() {
+    let gpu = Device::new_cuda(0).unwrap();
+    let time = |f: &dyn Fn()| {
+        for _ in 0..20 {
+            f();
+        }
+        gpu.synchronize().unwrap();
+        let mut s = vec![];
+        for _ in 0..15 {
+            let t0 = std::time::Instant::now();
+            for _ in 0..50 {
+                f();
+            }
+            gpu.synchronize().unwrap();
+            s.push(t0.elapsed().as_secs_f64() / 50.0 * 1e6);
+        }
+        s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        s[s.len() / 2]
+    };
+    let dt = DType::BF16;
+    let (h, kvh, hd, c, inter, bs) = (16usize, 16usize, 128usize, 2048usize, 5632usize, 16usize);
+    for w in [16usize, 64, 256] {
+        let mut rng = StdRng::seed_from_u64(w as u64);
+        let g = |t: Tensor| t.to_device(&gpu).unwrap();
+        // qkv_rope_write: W decode rows at ctx 384.
+        let rows: Vec<(usize, usize)> = vec![(1, 384); w];
+        let nb = w * 384 / bs + 4;
+        let host = PagedBatchHost {
+            block_tables: (0..w)
+                .map(|r| ((r * 24) as u32..(r * 24 + 24) as u32).collect())
+                .collect(),
+            context_lens: vec![384; w],
+            cu_q_lens: (0..=w as u32).collect(),
+        };
+        let batch = PagedBatch::new(host, bs, AttnMask::Causal, kvh * hd, &gpu).unwrap();
+        let qkv = g(rand_tensor(
+            &mut rng,
+            &[w, (h + 2 * kvh) * hd],
+            -1.0,
+            1.0,
+            dt,
+        ));
+        let kc = Tensor::zeros((nb, bs, kvh, hd), dt, &gpu).unwrap();
+        let vc = kc.zeros_like().unwrap();
+        let pos = Tensor::new(vec![383u32; rows.len()].as_slice(), &gpu).unwrap();
+        let angles = RopeTable::new(hd, 1e6, dt, &gpu)
+            .unwrap()
+            .angles(&pos)
+            .unwrap();
+        let fq = time(&|| {
+            fused::qkv_rope_write(&qkv, &angles, &kc, &vc, &batch, h, kvh, hd).unwrap();
+        });
+        let rq = time(&|| {
+            fused::qkv_rope_write_reference(&qkv, &angles, &kc, &vc, &batch, h, kvh, hd).unwrap();
+        });
+        let res = g(rand_tensor(&mut rng, &[w, c], -1.0, 1.0, dt));
+        let x = g(rand_tensor(&mut rng, &[w, c], -1.0, 1.0, dt));
+        let wx = g(rand_tensor(&mut rng, &[c], 0.5, 1.5, dt));
+        let fa = time(&|| {
+            fused::add_rms_norm(&res, &x, &wx, &wx, 1e-6).unwrap();
+        });
+        let ra = time(&|| {
+            fused::add_rms_norm_reference(&res, &x, &wx, &wx, 1e-6).unwrap();
+        });
+        let gu = g(rand_tensor(&mut rng, &[w, 2 * inter], -1.0, 1.0, dt));
+        let fs = time(&|| {
+            fused::silu_mul(&gu).unwrap();
+        });
+        let rs = time(&|| {
+            fused::silu_mul_reference(&gu).unwrap();
+        });
+        println!(
+            "TIMING fused W={w:<4} qkv_rope_write {fq:6.1} us (composition {rq:6.1}) | add_rms_norm {fa:6.1} us ({ra:6.1}) | silu_mul {fs:6.1} us ({rs:6.1})"
+        );
+    }
+}
