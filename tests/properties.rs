@@ -24,13 +24,13 @@ struct Req {
     abort_at: Option<usize>,
 }
 
-fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, seed: u64) -> Box<dyn Scheduler> {
+fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_free: usize, seed: u64) -> Box<dyn Scheduler> {
     let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 64 };
     let kv = KvManager::new(256, 4, layout.build(), 4);
     let gate: Box<dyn ExitGate> = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, seed).unwrap(), 2, 4).unwrap());
     match kind {
         0 => Box::new(ContinuousBatching::new(limits, kv, 4)),
-        k => Box::new(DepthBatching::new(DepthConfig { refill: k == 1, min_coda_batch_size: min_coda }, limits, kv, gate)),
+        k => Box::new(DepthBatching::new(DepthConfig { refill: k == 1, min_coda_batch_size: min_coda, min_free_slots: Some(min_free) }, limits, kv, gate)),
     }
 }
 
@@ -111,9 +111,10 @@ proptest! {
         width in 1usize..6,
         layout in prop::sample::select(vec![KvLayoutKind::Shared, KvLayoutKind::LastExited, KvLayoutKind::FirstThenShared]),
         min_coda in 1usize..4,
+        min_free in 1usize..5,
         seed in 0u64..1000,
         reqs in prop::collection::vec(req(), 1..10),
     ) {
-        run(scheduler(kind, width, layout, min_coda, seed), &reqs)?;
+        run(scheduler(kind, width, layout, min_coda, min_free, seed), &reqs)?;
     }
 }

@@ -31,3 +31,30 @@ def plot_looped_cb(path):
 for p in sorted(bench.glob("*.json")):
     if p.stem.startswith("looped_cb"):
         plot_looped_cb(p)
+
+
+def plot_looped_cdb(path):
+    doc = json.loads(path.read_text())
+    rows = doc["results"]
+    depths = sorted({r["target_mean_depth"] if "target_mean_depth" in r else r["mean_depth"] for r in rows if r["mode"] != "cb"})
+    fig, axes = plt.subplots(1, len(depths), figsize=(5.5 * len(depths), 4), squeeze=False)
+    for ax, d in zip(axes[0], depths):
+        for mode, style in [("cdb-no-refill", "s--"), ("cdb-refill", "o-")]:
+            pts = [r for r in rows if r["mode"] == mode and r.get("target_mean_depth") == d]
+            ax.plot([r["width"] for r in pts], [r["speedup_vs_cb"] for r in pts], style, label=f"{mode} speed-up")
+        pts = [r for r in rows if r["mode"] == "cdb-refill" and r.get("target_mean_depth") == d]
+        ax.plot([r["width"] for r in pts], [r["flop_bound"] for r in pts], "k:", label="FLOP bound")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("width W"); ax.set_ylabel("tokens/s ÷ CB tokens/s")
+        ax.set_title(f"replayed mean depth {d} of 4", fontsize=9)
+        ax.legend(fontsize=8); ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"{doc['model']} — {doc['gpu']}, commit {doc['commit']}, layout {doc.get('layout')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".svg")); fig.savefig(path.with_suffix(".png"), dpi=110)
+    print("wrote", path.with_suffix(".svg"))
+
+
+for p in sorted(bench.glob("*.json")):
+    if p.stem.startswith("looped_cdb"):
+        plot_looped_cdb(p)

@@ -220,7 +220,7 @@ impl EngineBuilder {
                     if self.min_coda_batch_size == 0 {
                         return Err(Error::InvalidOption("min_coda_batch_size must be >= 1".into()));
                     }
-                    let cfg = DepthConfig { refill, min_coda_batch_size: self.min_coda_batch_size };
+                    let cfg = DepthConfig { refill, min_coda_batch_size: self.min_coda_batch_size, ..DepthConfig::default() };
                     Box::new(DepthBatching::new(cfg, limits.clone(), kv, gate))
                 }
             },

@@ -33,11 +33,15 @@ pub struct DepthConfig {
     /// Hold the coda until this many exited items wait (amortises a heavy coda); flushed when
     /// nothing else can run, so it never deadlocks.
     pub min_coda_batch_size: usize,
+    /// While requests are decoding, admit a prefill only once this many resident slots are
+    /// free (or every waiting request fits): one prefill of many prompts instead of a
+    /// full-depth prefill launch per finished request. `None`: `max(1, max_num_seqs / 16)`.
+    pub min_free_slots: Option<usize>,
 }
 
 impl Default for DepthConfig {
     fn default() -> Self {
-        Self { refill: true, min_coda_batch_size: 1 }
+        Self { refill: true, min_coda_batch_size: 1, min_free_slots: None }
     }
 }
 
@@ -138,6 +142,10 @@ impl DepthBatching {
     }
 
     fn try_prefill(&mut self) -> Option<Launch> {
+        let min_free = self.cfg.min_free_slots.unwrap_or((self.limits.max_num_seqs / 16).max(1));
+        if !self.reqs.is_empty() && self.free_states.len() < min_free.min(self.waiting.len()) {
+            return None;
+        }
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
         while let Some((id, prompt, max_new)) = self.waiting.front() {
@@ -340,7 +348,7 @@ mod tests {
     fn sched(refill: bool, width: usize, gate: Box<dyn ExitGate>) -> DepthBatching {
         let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 4096 };
         let kv = KvManager::new(4096, 4, Box::new(Shared), 4);
-        DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1 }, limits, kv, gate)
+        DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1, min_free_slots: None }, limits, kv, gate)
     }
 
     fn replay() -> Box<dyn ExitGate> {
