@@ -30,7 +30,8 @@ def cdb():
         sp = r["speedup_vs_cb"] or 1.0
         frac = r["fraction_of_bound"] if r["mode"] != "cb" else None
         dm = "4 (full)" if r["mode"] == "cb" else f"{r['mean_depth']:.2f}"
-        print(f"| {r['width']} | {dm} | {r['mode']} | {r['tokens_per_s']:.0f} | {sp:.3f}× | {r['flop_bound']:.3f} | "
+        bound = "—" if r["mode"] == "cb" else f"{r['flop_bound']:.3f}"
+        print(f"| {r['width']} | {dm} | {r['mode']} | {r['tokens_per_s']:.0f} | {sp:.3f}× | {bound} | "
               f"{'' if frac is None else f'{100*frac:.1f} %'} | {dec:.3f}× | {100*pre:.0f} % | {100*r['gpu_idle']:.0f} % |")
 
 cb()
