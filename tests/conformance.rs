@@ -25,15 +25,7 @@ fn batched_equals_sequential() {
         per_layout.push(want.clone());
 
         let mut engine = builder(&dir, layout, 4).build().unwrap();
-        let mut ids = Vec::new();
-        for (p, &n) in ps.iter().zip(&max_new) {
-            ids.push(engine.add_request(p.clone(), GenerationParams::greedy(n)).unwrap());
-        }
-        let mut got = HashMap::new();
-        drain(&mut engine, &mut got);
-        for (i, id) in ids.iter().enumerate() {
-            assert_eq!(got[id], want[i], "{layout:?} request {i}");
-        }
+        assert_eq!(batched(&mut engine, &ps, &max_new), want, "{layout:?}");
         assert_kv_empty(&engine);
     }
     // Shared KV reads earlier tokens' last-step K/V instead of the same step's: a different
@@ -97,15 +89,9 @@ fn preemption_under_kv_pressure_keeps_outputs() {
         // Room for about two requests at a time in every slot.
         let slots = if layout == KvLayoutKind::DepthIndexed { 4 } else { 1 };
         let mut engine = builder(&dir, layout, 6).kv_capacity_tokens(72 * slots).build().unwrap();
-        let ids: Vec<_> = ps
-            .iter()
-            .zip(&max_new)
-            .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams::greedy(n)).unwrap())
-            .collect();
-        let mut got = HashMap::new();
-        drain(&mut engine, &mut got);
-        for (i, id) in ids.iter().enumerate() {
-            assert_eq!(got[id], want[i], "{layout:?} request {i}");
+        let got = batched(&mut engine, &ps, &max_new);
+        for i in 0..ps.len() {
+            assert_eq!(got[i], want[i], "{layout:?} request {i}");
         }
         assert!(engine.metrics().preemptions > 0, "{layout:?}: the pool was meant to run out");
         assert_kv_empty(&engine);

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use ponder::{GenerationParams, KvLayoutKind, SchedulerKind};
+use ponder::{KvLayoutKind, SchedulerKind};
 use std::collections::HashMap;
 
 #[test]
@@ -21,15 +21,9 @@ fn every_valid_combination_is_batch_invariant() {
         let want = sequential(&mut solo, &ps, &max_new);
         assert_kv_empty(&solo);
         let mut engine = combo_builder(&dir, c, 3).build().unwrap();
-        let ids: Vec<_> = ps
-            .iter()
-            .zip(&max_new)
-            .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams::greedy(n)).unwrap())
-            .collect();
-        let mut got = HashMap::new();
-        drain(&mut engine, &mut got);
-        for (i, id) in ids.iter().enumerate() {
-            assert_eq!(got[id], want[i], "{}: request {i}", c.name);
+        let got = batched(&mut engine, &ps, &max_new);
+        for i in 0..ps.len() {
+            assert_eq!(got[i], want[i], "{}: request {i}", c.name);
         }
         assert_kv_empty(&engine);
         if c.scheduler != SchedulerKind::Continuous && !c.name.contains("fixed4") {

@@ -8,8 +8,7 @@ mod custom_gate;
 mod custom_scheduler;
 
 use common::*;
-use ponder::{GenerationParams, KvLayoutKind, SchedulerKind};
-use std::collections::HashMap;
+use ponder::{KvLayoutKind, SchedulerKind};
 
 fn check(make: &dyn Fn(usize) -> ponder::EngineBuilder) -> ponder::Engine {
     let ps = prompts(6, 21);
@@ -17,12 +16,7 @@ fn check(make: &dyn Fn(usize) -> ponder::EngineBuilder) -> ponder::Engine {
     let mut solo = make(1).build().unwrap();
     let want = sequential(&mut solo, &ps, &max_new);
     let mut engine = make(3).build().unwrap();
-    let ids: Vec<_> = ps.iter().zip(&max_new).map(|(p, &n)| engine.add_request(p.clone(), GenerationParams::greedy(n)).unwrap()).collect();
-    let mut got = HashMap::new();
-    drain(&mut engine, &mut got);
-    for (i, id) in ids.iter().enumerate() {
-        assert_eq!(got[id], want[i], "request {i}");
-    }
+    assert_eq!(batched(&mut engine, &ps, &max_new), want);
     assert_kv_empty(&engine);
     engine
 }

@@ -47,6 +47,18 @@ pub fn sequential(engine: &mut Engine, prompts: &[Vec<u32>], max_new: &[usize]) 
         .collect()
 }
 
+/// All prompts queued at once (greedy), driven to completion; tokens per prompt, in order.
+pub fn batched(engine: &mut Engine, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<u32>> {
+    let ids: Vec<RequestId> = prompts
+        .iter()
+        .zip(max_new)
+        .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams::greedy(n)).unwrap())
+        .collect();
+    let mut got = HashMap::new();
+    drain(engine, &mut got);
+    ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect()
+}
+
 /// Drives `engine` until idle, collecting tokens per request.
 pub fn drain(engine: &mut Engine, outputs: &mut HashMap<RequestId, Vec<u32>>) {
     while engine.has_work() {
