@@ -59,27 +59,23 @@ impl ModelDir {
             .transpose()
     }
 
-    /// Downloads `repo` from the Hugging Face hub (config, weights, tokenizer) and opens it.
+    /// Downloads `repo` ("owner/name") from the Hugging Face hub — config, generation config,
+    /// tokenizer and safetensors (single or sharded) — into the hub cache and opens it.
     #[cfg(feature = "hub")]
     pub fn from_hub(repo: &str) -> Result<Self> {
-        let api = hf_hub::api::sync::Api::new().map_err(|e| Error::InvalidOption(format!("hub: {e}")))?;
-        let repo = api.model(repo.to_string());
-        let get = |f: &str| repo.get(f).map_err(|e| Error::InvalidOption(format!("hub {f}: {e}")));
-        let config = get("config.json")?;
-        for f in ["tokenizer.json", "generation_config.json"] {
-            let _ = get(f); // optional files
-        }
-        match get("model.safetensors.index.json") {
-            Ok(index) => {
-                for f in shard_names(&index)? {
-                    get(&f)?;
-                }
-            }
-            Err(_) => {
-                get("model.safetensors")?;
-            }
-        }
-        Self::open(config.parent().expect("config has a parent dir"))
+        let hub = |e: hf_hub::HFError| Error::InvalidOption(format!("hub {repo}: {e}"));
+        let (owner, name) = repo
+            .split_once('/')
+            .ok_or_else(|| Error::InvalidOption(format!("hub repo `{repo}` is not owner/name")))?;
+        let client = hf_hub::HFClientSync::new().map_err(hub)?;
+        let patterns = ["config.json", "generation_config.json", "tokenizer.json", "*.safetensors", "model.safetensors.index.json"];
+        let dir = client
+            .model(owner, name)
+            .snapshot_download()
+            .allow_patterns(patterns.iter().map(|p| p.to_string()).collect())
+            .send()
+            .map_err(hub)?;
+        Self::open(dir)
     }
 }
 
