@@ -27,9 +27,7 @@ impl ModelDir {
         let config_path = path.join("config.json");
         let text = read(&config_path)?;
         let config = ModelConfig::from_json(&text, &config_path.display().to_string())?;
-        let mut eos = match &config {
-            ModelConfig::Ouro(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
-        };
+        let mut eos = config.eos_token_ids();
         let gen_path = path.join("generation_config.json");
         if gen_path.exists() {
             #[derive(serde::Deserialize)]

@@ -2,7 +2,7 @@
 //! default until trained weights land, and the real-shape GPU benchmark models.
 
 use crate::loader::Weights;
-use crate::models::OuroConfig;
+use crate::models::{HuginnConfig, OuroConfig};
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -33,6 +33,33 @@ pub fn ouro_tensor_manifest(cfg: &OuroConfig) -> Vec<(String, Vec<usize>)> {
     if !cfg.tie_word_embeddings {
         m.push(("lm_head.weight".into(), vec![v, h]));
     }
+    m
+}
+
+/// Every tensor of a Huginn checkpoint with its shape, named exactly as the released
+/// `tomg-group-umd/huginn-0125` shards (`freqs_cis` omitted: it is recomputed).
+pub fn huginn_tensor_manifest(cfg: &HuginnConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, i, rows) = (cfg.n_embd, cfg.intermediate_size, cfg.table_rows());
+    let (nh, nkv, hd) = (cfg.n_heads, cfg.kv_heads(), cfg.head_dim());
+    let mut m = vec![("transformer.wte.weight".to_string(), vec![rows, h]), ("lm_head.weight".to_string(), vec![rows, h])];
+    let groups = [("prelude", cfg.n_layers_in_prelude), ("core_block", cfg.n_layers_in_recurrent_block), ("coda", cfg.n_layers_in_coda)];
+    for (group, n) in groups {
+        for j in 0..n {
+            let p = format!("transformer.{group}.{j}");
+            for k in 1..=4 {
+                m.push((format!("{p}.norm_{k}.weight"), vec![h]));
+            }
+            m.push((format!("{p}.attn.Wqkv.weight"), vec![(nh + 2 * nkv) * hd, h]));
+            if cfg.qk_bias {
+                m.push((format!("{p}.attn.qk_bias"), vec![2, 1, nh, hd]));
+            }
+            m.push((format!("{p}.attn.proj.weight"), vec![h, nh * hd]));
+            m.push((format!("{p}.mlp.fc.weight"), vec![2 * i, h]));
+            m.push((format!("{p}.mlp.proj.weight"), vec![h, i]));
+        }
+    }
+    m.push(("transformer.adapter.weight".into(), vec![h, 2 * h]));
+    m.push(("transformer.ln_f.weight".into(), vec![h]));
     m
 }
 
@@ -99,6 +126,49 @@ pub fn write_random_ouro_as(dir: &Path, cfg: &OuroConfig, seed: u64, dtype: DTyp
     write(dir.join("config.json"), &serde_json::to_string_pretty(&config).expect("json"))?;
     let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
     write(dir.join("generation_config.json"), &serde_json::json!({ "eos_token_id": eos }).to_string())
+}
+
+/// Writes a Huginn model directory (config.json with the released field names,
+/// model.safetensors, generation_config.json) with deterministic random f32 weights.
+pub fn write_random_huginn(dir: &Path, cfg: &HuginnConfig, seed: u64) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+    let mut tensors = random_tensors(&huginn_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
+    // Tied: the released checkpoint stores the embedding twice.
+    let wte = tensors["transformer.wte.weight"].clone();
+    tensors.insert("lm_head.weight".into(), wte);
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+    let mut config = serde_json::to_value(cfg).expect("config serialises");
+    config["architectures"] = serde_json::json!(["RavenForCausalLM"]);
+    write(dir.join("config.json"), &serde_json::to_string_pretty(&config).expect("json"))?;
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write(dir.join("generation_config.json"), &serde_json::json!({ "eos_token_id": eos }).to_string())
+}
+
+/// A tiny Huginn config for tests: 1 prelude, 2 core, 1 coda block, r_max 6, MHA 4 × 16.
+pub fn tiny_huginn_config(vocab_size: usize) -> HuginnConfig {
+    HuginnConfig {
+        n_embd: 64,
+        n_heads: 4,
+        num_key_value_heads: Some(4),
+        head_dim: Some(16),
+        intermediate_size: 96,
+        vocab_size,
+        padded_vocab_size: Some(vocab_size.next_multiple_of(8)),
+        n_layers_in_prelude: 1,
+        n_layers_in_recurrent_block: 2,
+        n_layers_in_coda: 1,
+        block_size: 512,
+        rope_base: 50_000.0,
+        norm_eps: 1e-6,
+        qk_bias: true,
+        tie_embeddings: true,
+        mean_recurrence: 8,
+        max_steps: 6,
+        injection_type: "linear".into(),
+        bos_token_id: None,
+        eos_token_id: None,
+        model_type: "huginn_raven".into(),
+    }
 }
 
 fn write(path: std::path::PathBuf, text: &str) -> Result<()> {

@@ -187,6 +187,7 @@ impl EngineBuilder {
                 let weights = dir.weights(self.dtype, &self.device)?;
                 let model = match &dir.config {
                     ModelConfig::Ouro(c) => Box::new(Ouro::load(c, &weights)?),
+                    ModelConfig::Huginn(_) => return Err(Error::UnsupportedModel("huginn_raven (loader lands with the Huginn stages)".into())),
                 };
                 (model, dir.tokenizer()?, dir.eos_token_ids.clone())
             }

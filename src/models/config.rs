@@ -8,6 +8,7 @@ use serde::Deserialize;
 #[non_exhaustive]
 pub enum ModelConfig {
     Ouro(OuroConfig),
+    Huginn(HuginnConfig),
 }
 
 impl ModelConfig {
@@ -24,6 +25,11 @@ impl ModelConfig {
                 c.validate(path)?;
                 Ok(Self::Ouro(c))
             }
+            Some("huginn_raven") => {
+                let c: HuginnConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                c.validate(path)?;
+                Ok(Self::Huginn(c))
+            }
             Some(other) => Err(Error::UnsupportedModel(other.to_string())),
             None => Err(Error::config(path, "missing `model_type`")),
         }
@@ -32,6 +38,149 @@ impl ModelConfig {
     pub fn model_type(&self) -> &'static str {
         match self {
             Self::Ouro(_) => "ouro",
+            Self::Huginn(_) => "huginn_raven",
+        }
+    }
+
+    /// eos ids named by `config.json` itself.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        match self {
+            Self::Ouro(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            Self::Huginn(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+        }
+    }
+}
+
+/// Huginn-0125 (`tomg-group-umd/huginn-0125`, `model_type = "huginn_raven"`): prelude, a
+/// recurrent core and a coda of sandwich blocks. Field names as in the released `config.json`.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+pub struct HuginnConfig {
+    pub n_embd: usize,
+    #[serde(alias = "num_attention_heads")]
+    pub n_heads: usize,
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    pub intermediate_size: usize,
+    pub vocab_size: usize,
+    #[serde(default)]
+    pub padded_vocab_size: Option<usize>,
+    pub n_layers_in_prelude: usize,
+    pub n_layers_in_recurrent_block: usize,
+    pub n_layers_in_coda: usize,
+    #[serde(default = "default_block_size")]
+    pub block_size: usize,
+    #[serde(default = "default_huginn_rope")]
+    pub rope_base: f64,
+    #[serde(default = "default_eps")]
+    pub norm_eps: f64,
+    #[serde(default = "default_true")]
+    pub qk_bias: bool,
+    #[serde(default = "default_true")]
+    pub tie_embeddings: bool,
+    /// Trained mean of the recurrence; serving uses `max_steps` (r_max, default 16).
+    #[serde(default = "default_mean_recurrence")]
+    pub mean_recurrence: usize,
+    /// r_max when served (not in the released config; the CDB authors use 16).
+    #[serde(default = "default_huginn_steps")]
+    pub max_steps: usize,
+    #[serde(default = "default_injection")]
+    pub injection_type: String,
+    #[serde(default)]
+    pub bos_token_id: Option<u32>,
+    #[serde(default)]
+    pub eos_token_id: Option<EosIds>,
+    #[serde(default = "default_huginn_type")]
+    pub model_type: String,
+}
+
+fn default_block_size() -> usize {
+    4096
+}
+fn default_huginn_rope() -> f64 {
+    50_000.0
+}
+fn default_true() -> bool {
+    true
+}
+fn default_mean_recurrence() -> usize {
+    32
+}
+fn default_huginn_steps() -> usize {
+    16
+}
+fn default_injection() -> String {
+    "linear".into()
+}
+fn default_huginn_type() -> String {
+    "huginn_raven".into()
+}
+
+impl HuginnConfig {
+    pub fn kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.n_heads)
+    }
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.n_embd / self.n_heads.max(1))
+    }
+    /// Rows of the embedding and the LM head (the vocabulary padded for the kernels).
+    pub fn table_rows(&self) -> usize {
+        self.padded_vocab_size.unwrap_or(self.vocab_size).max(self.vocab_size)
+    }
+    /// Physical attention layers: prelude, core and coda.
+    pub fn num_layers(&self) -> usize {
+        self.n_layers_in_prelude + self.n_layers_in_recurrent_block + self.n_layers_in_coda
+    }
+
+    fn validate(&self, path: &str) -> Result<()> {
+        let bad = |r: String| Err(Error::config(path, r));
+        if self.n_embd == 0 || self.vocab_size == 0 || self.intermediate_size == 0 || self.n_layers_in_recurrent_block == 0 {
+            return bad("n_embd, vocab_size, intermediate_size and n_layers_in_recurrent_block must be > 0".into());
+        }
+        if self.n_heads == 0 || self.kv_heads() == 0 || self.n_heads % self.kv_heads() != 0 || self.head_dim() % 2 != 0 {
+            return bad(format!("heads {} / kv heads {} / head_dim {} are inconsistent", self.n_heads, self.kv_heads(), self.head_dim()));
+        }
+        if self.n_heads * self.head_dim() != self.n_embd {
+            return bad(format!("n_heads {} x head_dim {} != n_embd {}", self.n_heads, self.head_dim(), self.n_embd));
+        }
+        if self.injection_type != "linear" {
+            return bad(format!("injection_type `{}` is not supported (only `linear`)", self.injection_type));
+        }
+        if self.max_steps == 0 || !(self.norm_eps > 0.0) || !(self.rope_base > 0.0) {
+            return bad("max_steps, norm_eps and rope_base must be > 0".into());
+        }
+        Ok(())
+    }
+
+    /// The released Huginn-0125 configuration with r_max 16 (shapes only; GPU benchmarks).
+    pub fn huginn_0125() -> Self {
+        Self::huginn_0125_with(Some(65504), Some(EosIds::One(65505)))
+    }
+
+    fn huginn_0125_with(bos_token_id: Option<u32>, eos_token_id: Option<EosIds>) -> Self {
+        Self {
+            n_embd: 5280,
+            n_heads: 55,
+            num_key_value_heads: Some(55),
+            head_dim: Some(96),
+            intermediate_size: 17920,
+            vocab_size: 65536,
+            padded_vocab_size: Some(65536),
+            n_layers_in_prelude: 2,
+            n_layers_in_recurrent_block: 4,
+            n_layers_in_coda: 2,
+            block_size: 4096,
+            rope_base: 50_000.0,
+            norm_eps: 1e-6,
+            qk_bias: true,
+            tie_embeddings: true,
+            mean_recurrence: 32,
+            max_steps: 16,
+            injection_type: "linear".into(),
+            bos_token_id,
+            eos_token_id,
+            model_type: "huginn_raven".into(),
         }
     }
 }
@@ -166,5 +315,21 @@ mod tests {
         assert!(matches!(ModelConfig::from_json("{", "x"), Err(Error::BadConfig { .. })));
         let zero_heads = c.replace("\"num_attention_heads\":16", "\"num_attention_heads\":0");
         assert!(matches!(ModelConfig::from_json(&zero_heads, "x"), Err(Error::BadConfig { .. })));
+    }
+
+    #[test]
+    fn huginn_config_reads_released_field_names() {
+        // The released config names heads `n_heads`; the minimal config `num_attention_heads`.
+        let text = r#"{"model_type": "huginn_raven", "n_embd": 5280, "n_heads": 55, "num_key_value_heads": 55,
+            "head_dim": 96, "intermediate_size": 17920, "vocab_size": 65536, "padded_vocab_size": 65536,
+            "n_layers": 8, "n_layers_in_prelude": 2, "n_layers_in_recurrent_block": 4, "n_layers_in_coda": 2,
+            "injection_type": "linear", "state_init": "like-init", "mean_recurrence": 32, "norm_eps": 1e-06,
+            "qk_bias": true, "tie_embeddings": true, "rope_base": 50000, "block_size": 4096, "bias": false}"#;
+        let ModelConfig::Huginn(c) = ModelConfig::from_json(text, "x").unwrap() else { panic!("not huginn") };
+        assert_eq!(c, HuginnConfig::huginn_0125_with(c.bos_token_id, c.eos_token_id.clone()));
+        let alias = text.replace("\"n_heads\"", "\"num_attention_heads\"");
+        assert!(matches!(ModelConfig::from_json(&alias, "x").unwrap(), ModelConfig::Huginn(_)));
+        let bad = text.replace("\"linear\"", "\"additive\"");
+        assert!(matches!(ModelConfig::from_json(&bad, "x"), Err(Error::BadConfig { .. })));
     }
 }

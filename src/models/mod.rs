@@ -4,5 +4,5 @@
 pub mod config;
 pub mod looped;
 
-pub use config::{ModelConfig, OuroConfig};
+pub use config::{HuginnConfig, ModelConfig, OuroConfig};
 pub use looped::{CoreOut, LoopedModel, LoopedSpec, StageInput};

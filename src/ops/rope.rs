@@ -44,3 +44,11 @@ impl RopeAngles {
         candle_nn::rotary_emb::rope_thd(&x4, &self.cos, &self.sin)?.squeeze(0)
     }
 }
+
+impl RopeAngles {
+    /// Interleaved-pair rotation (dims 2i, 2i+1; Huginn) of `x: [tokens, heads, head_dim]`.
+    pub fn apply_interleaved(&self, x: &Tensor) -> Result<Tensor> {
+        let bhtd = x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
+        candle_nn::rotary_emb::rope_i(&bhtd, &self.cos, &self.sin)?.squeeze(0)?.transpose(0, 1)?.contiguous()
+    }
+}
