@@ -16,6 +16,7 @@ fn every_valid_combination_is_batch_invariant() {
     let combos = combos();
     assert!(combos.len() >= 25, "matrix has {} combinations", combos.len());
     let mut by_name = HashMap::new();
+    let mut overlapped = 0;
     for c in &combos {
         let mut solo = combo_builder(&dir, c, 1).build().unwrap();
         let want = sequential(&mut solo, &ps, &max_new);
@@ -26,12 +27,20 @@ fn every_valid_combination_is_batch_invariant() {
             assert_eq!(got[i], want[i], "{}: request {i}", c.name);
         }
         assert_kv_empty(&engine);
+        // Overlapped launches (host schedules N+1 before N's results) give the same tokens.
+        let mut ahead = combo_builder(&dir, c, 3).build().unwrap();
+        if ahead.set_overlap(true).is_ok() {
+            overlapped += 1;
+            assert_eq!(batched(&mut ahead, &ps, &max_new), want, "{} with overlap", c.name);
+            assert_kv_empty(&ahead);
+        }
         if c.scheduler != SchedulerKind::Continuous && !c.name.contains("fixed4") {
             let d = engine.metrics().mean_depth();
             assert!(d > 1.0 && d < 4.0, "{}: gated exits realise a mean depth strictly inside (1, 4), got {d}", c.name);
         }
         by_name.insert(c.name.clone(), want);
     }
+    assert!(overlapped >= 10, "{overlapped} combinations ran with overlap");
     // At full depth the depth schedulers compute exactly what CB computes.
     for layout in [KvLayoutKind::DepthIndexed, KvLayoutKind::Shared] {
         let cb = &by_name[&format!("Continuous × {layout:?} × fixed4")];
@@ -40,6 +49,16 @@ fn every_valid_combination_is_batch_invariant() {
             assert_eq!(d, cb, "depth(refill={refill}) at full depth == CB for {layout:?}");
         }
     }
+}
+
+#[test]
+fn overlap_needs_a_gate_that_decides_ahead() {
+    let (_tmp, dir) = tiny_dir(43);
+    let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
+    let mut e = builder(&dir, KvLayoutKind::Shared, 2).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).build().unwrap();
+    assert!(matches!(e.set_overlap(true), Err(ponder::Error::InvalidOption(_))));
+    let mut cb = builder(&dir, KvLayoutKind::Shared, 2).build().unwrap();
+    assert!(cb.set_overlap(true).is_err(), "CB needs each token before the next launch");
 }
 
 #[test]

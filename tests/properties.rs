@@ -1,6 +1,7 @@
 //! Property test of the schedulers with a fake model: ≥ 1000 random schedules of arrivals,
-//! aborts, prompt and output lengths, widths, layouts and exit depths. Every request receives
-//! exactly its tokens, in order (aborted ones a prefix), and the KV pool ends empty.
+//! aborts, prompt and output lengths, widths, layouts and exit depths, with launches completed
+//! at once or one launch late (overlap). Every request receives exactly its tokens, in order
+//! (aborted ones a prefix), and the KV pool ends empty.
 
 use ponder::gate::{DepthTrace, ExitGate, Replay};
 use ponder::kv::{KvLayoutKind, KvManager};
@@ -34,7 +35,9 @@ fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_
     }
 }
 
-fn run(mut s: Box<dyn Scheduler>, reqs: &[Req]) -> Result<(), TestCaseError> {
+fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), TestCaseError> {
+    let overlap = overlap && s.supports_overlap();
+    let mut pending: Option<(ponder::scheduler::Launch, LaunchResult)> = None;
     let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut live: HashMap<u64, usize> = HashMap::new();
     let mut tick = 0;
@@ -51,14 +54,16 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req]) -> Result<(), TestCaseError> {
             }
         }
         let all_arrived = reqs.iter().all(|r| r.arrival <= tick);
-        let Some(launch) = s.schedule() else {
+        let next = s.schedule();
+        if next.is_none() && pending.is_none() {
             if all_arrived {
                 break;
             }
             tick += 1;
             continue;
-        };
-        let rows = launch
+        }
+        let ready = next.map(|launch| {
+            let rows = launch
             .rows
             .iter()
             .map(|r| RowOutput {
@@ -68,7 +73,14 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req]) -> Result<(), TestCaseError> {
                 latent_diff: None,
             })
             .collect();
-        let result = LaunchResult { rows };
+            (launch, LaunchResult { rows })
+        });
+        // With overlap, the launch just scheduled is "running" while the previous one completes.
+        let done = if overlap { std::mem::replace(&mut pending, ready) } else { ready };
+        let Some((launch, result)) = done else {
+            tick += 1;
+            continue;
+        };
         s.complete(&launch, &result);
         for out in &result.rows {
             let (Some(t), Some(left)) = (out.token, live.get_mut(&out.request.0)) else { continue };
@@ -82,6 +94,7 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req]) -> Result<(), TestCaseError> {
         tick += 1;
         prop_assert!(tick < 20_000, "no progress");
     }
+    prop_assert!(pending.is_none());
     prop_assert!(live.is_empty(), "requests never finished: {:?}", live.keys().collect::<Vec<_>>());
     for (i, r) in reqs.iter().enumerate() {
         let want: Vec<u32> = (0..r.new_tokens).map(|k| token_at(i as u64, r.prompt + k)).collect();
@@ -112,9 +125,10 @@ proptest! {
         layout in prop::sample::select(vec![KvLayoutKind::Shared, KvLayoutKind::LastExited, KvLayoutKind::FirstThenShared]),
         min_coda in 1usize..4,
         min_free in 1usize..5,
+        overlap in any::<bool>(),
         seed in 0u64..1000,
         reqs in prop::collection::vec(req(), 1..10),
     ) {
-        run(scheduler(kind, width, layout, min_coda, min_free, seed), &reqs)?;
+        run(scheduler(kind, width, layout, min_coda, min_free, seed), &reqs, overlap)?;
     }
 }

@@ -6,11 +6,17 @@ use super::{EngineMetrics, Event, FinishReason, GenerationParams, LoopedRunner, 
 use crate::error::InvalidRequest;
 use crate::models::LoopedSpec;
 use crate::sampling::{RowSampling, Sampler};
-use crate::scheduler::{SchedRequest, Scheduler};
+use crate::scheduler::{Launch, LaunchResult, SchedRequest, Scheduler};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::time::Instant;
 use tokenizers::Tokenizer;
+
+/// A launch that ran and whose results have not been consumed yet.
+struct Issued {
+    launch: Launch,
+    result: LaunchResult,
+}
 
 struct Live {
     params: GenerationParams,
@@ -31,6 +37,9 @@ pub struct Engine {
     pub(super) max_prefill_tokens: usize,
     live: HashMap<RequestId, Live>,
     pending: Vec<Event>,
+    /// Overlap: the launch issued last step, results not yet consumed.
+    in_flight: Option<Issued>,
+    overlap: bool,
     next_id: u64,
     metrics: EngineMetrics,
 }
@@ -53,6 +62,8 @@ impl Engine {
             max_prefill_tokens,
             live: HashMap::new(),
             pending: Vec::new(),
+            in_flight: None,
+            overlap: false,
             next_id: 0,
             metrics: EngineMetrics::default(),
         }
@@ -78,7 +89,28 @@ impl Engine {
         self.live.len()
     }
     pub fn has_work(&self) -> bool {
-        !self.live.is_empty() || !self.pending.is_empty()
+        !self.live.is_empty() || !self.pending.is_empty() || self.in_flight.is_some()
+    }
+
+    /// Issues each launch before consuming the previous one's results (see [`Engine::step`]).
+    /// Only for schedulers that support it (depth batching with a gate that decides one step
+    /// ahead: lookahead, replay, fixed); others get `Error::InvalidOption`.
+    pub fn set_overlap(&mut self, on: bool) -> Result<()> {
+        if on && !self.scheduler.supports_overlap() {
+            return Err(Error::InvalidOption(format!(
+                "scheduler `{}` cannot overlap launches with its gate (it needs each step's signal before the next launch)",
+                self.scheduler.name()
+            )));
+        }
+        if !on {
+            if let Some(done) = self.in_flight.take() {
+                let mut events = std::mem::take(&mut self.pending);
+                self.consume(done, &mut events);
+                self.pending = events;
+            }
+        }
+        self.overlap = on;
+        Ok(())
     }
 
     /// Encodes text with the model's tokenizer.
@@ -157,14 +189,29 @@ impl Engine {
 
     /// Runs one launch and returns the events it produced. A device error fails every request
     /// of the launch (their `Finished { Error }` events come back) and is returned too.
+    ///
+    /// With overlap on, the launch scheduled now is issued *before* the previous launch's
+    /// results are consumed, so the host builds launch N+1 while the device runs launch N; the
+    /// events of a step are those of the previous launch.
     pub fn step(&mut self) -> Result<Vec<Event>> {
         let mut events = std::mem::take(&mut self.pending);
-        let Some(launch) = self.scheduler.schedule() else {
-            if events.is_empty() && !self.live.is_empty() {
+        let issued = match self.scheduler.schedule() {
+            Some(launch) => Some(self.issue(launch, &mut events)?),
+            None => None,
+        };
+        let done = if self.overlap { std::mem::replace(&mut self.in_flight, issued) } else { issued };
+        match done {
+            Some(done) => self.consume(done, &mut events),
+            None if events.is_empty() && !self.live.is_empty() && self.in_flight.is_none() => {
                 return Err(Error::SchedulerStalled { scheduler: self.scheduler.name().into(), unfinished: self.live.len() });
             }
-            return Ok(events);
-        };
+            None => {}
+        }
+        Ok(events)
+    }
+
+    /// Runs `launch` on the device (its results are read now or one step later).
+    fn issue(&mut self, launch: Launch, events: &mut Vec<Event>) -> Result<Issued> {
         let sampling: Vec<RowSampling> = launch
             .rows
             .iter()
@@ -174,8 +221,12 @@ impl Engine {
             })
             .collect();
         let started = Instant::now();
-        let result = match self.runner.run(&launch, &sampling) {
-            Ok(r) => r,
+        match self.runner.run(&launch, &sampling) {
+            Ok(result) => {
+                let wait = self.runner.last_wait();
+                self.metrics.record(launch.stage.name(), launch.rows.len(), launch.num_tokens(), started.elapsed(), wait);
+                Ok(Issued { launch, result })
+            }
             Err(e) => {
                 let msg = e.to_string();
                 for row in &launch.rows {
@@ -184,14 +235,16 @@ impl Engine {
                         events.push(Event::Finished { id: row.request, reason: FinishReason::Error(msg.clone()), text: String::new() });
                     }
                 }
-                self.pending = events;
-                return Err(e.into());
+                self.pending = std::mem::take(events);
+                Err(e.into())
             }
-        };
-        let wait = self.runner.last_wait();
-        self.metrics.record(launch.stage.name(), launch.rows.len(), launch.num_tokens(), started.elapsed(), wait);
-        self.scheduler.complete(&launch, &result);
-        for out in &result.rows {
+        }
+    }
+
+    /// Hands a launch's results to the scheduler and turns its tokens into events.
+    fn consume(&mut self, done: Issued, events: &mut Vec<Event>) {
+        self.scheduler.complete(&done.launch, &done.result);
+        for out in &done.result.rows {
             if let Some(token) = out.token {
                 if let Some(ev) = self.on_token(out.request, token) {
                     events.extend(ev);
@@ -200,7 +253,6 @@ impl Engine {
         }
         self.metrics.preemptions = self.scheduler.num_preemptions() as u64;
         self.metrics.depth_histogram = self.scheduler.depth_histogram();
-        Ok(events)
     }
 
     fn on_token(&mut self, id: RequestId, token: u32) -> Option<Vec<Event>> {

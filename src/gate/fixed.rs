@@ -27,4 +27,7 @@ impl ExitGate for FixedDepth {
     fn decide(&self, _item: ItemRef, step: usize, _signal: StepSignals, _state: &mut GateState) -> bool {
         step + 1 >= self.depth
     }
+    fn exit_known(&self, _item: ItemRef, step: usize, _state: &GateState) -> Option<bool> {
+        Some(step + 1 >= self.depth)
+    }
 }

@@ -29,9 +29,12 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
     }
     fn decide(&self, item: ItemRef, step: usize, signal: StepSignals, state: &mut GateState) -> bool {
         // The verdict on step r-1's signal takes effect now, after step r.
-        let exit_now = state.pending_exit || step + 1 >= self.max_steps();
+        let exit_now = self.exit_known(item, step, state).expect("always known");
         state.pending_exit = self.inner.decide(item, step, signal, state);
-        exit_now && step + 1 >= self.min_steps()
+        exit_now
+    }
+    fn exit_known(&self, _item: ItemRef, step: usize, state: &GateState) -> Option<bool> {
+        Some((state.pending_exit || step + 1 >= self.max_steps()) && step + 1 >= self.min_steps())
     }
 }
 

@@ -71,6 +71,13 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
     fn max_steps(&self) -> usize;
     /// Called after 0-based `step` ran. Returns true if the item exits after this step.
     fn decide(&self, item: ItemRef, step: usize, signals: StepSignals, state: &mut GateState) -> bool;
+    /// The verdict on "exit after `step`" if it is already known before the step's own signal
+    /// arrives (lookahead, replayed and fixed depths). A scheduler may then route the item while
+    /// its step is still running on the device — the overlap of CDB. `decide` must return the
+    /// same verdict when the signal does arrive. `None`: the verdict needs the step's signal.
+    fn exit_known(&self, _item: ItemRef, _step: usize, _state: &GateState) -> Option<bool> {
+        None
+    }
 }
 
 /// Applies `min_steps` / `max_steps` around a raw verdict.

@@ -131,9 +131,12 @@ impl ExitGate for Replay {
     fn max_steps(&self) -> usize {
         self.max_steps
     }
-    fn decide(&self, item: ItemRef, step: usize, _signal: StepSignals, _state: &mut GateState) -> bool {
+    fn decide(&self, item: ItemRef, step: usize, _signal: StepSignals, state: &mut GateState) -> bool {
+        self.exit_known(item, step, state).expect("always known")
+    }
+    fn exit_known(&self, item: ItemRef, step: usize, _state: &GateState) -> Option<bool> {
         let depth = self.trace.depth(item).unwrap_or(self.max_steps).clamp(self.min_steps, self.max_steps);
-        step + 1 >= depth
+        Some(step + 1 >= depth)
     }
 }
 

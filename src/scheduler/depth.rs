@@ -47,10 +47,17 @@ impl Default for DepthConfig {
 
 #[derive(Debug)]
 struct Req {
+    /// Prompt and the generated tokens the host has seen so far.
     tokens: Vec<u32>,
     prompt_len: usize,
     max_new: usize,
     state: u32,
+    /// Tokens whose producing launch (prefill or coda) has been issued.
+    launched: usize,
+    /// Gate state and token index of the request's current item (one item per request at a
+    /// time; its signals can arrive after the item was routed on).
+    gate: GateState,
+    item_token: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -59,9 +66,8 @@ struct Item {
     /// Index of the generated token this item produces (the prefill produced index 0).
     token_index: usize,
     pos: usize,
-    /// Next loop step to run.
+    /// Next loop step to run (for an item in flight: the step it is running).
     step: usize,
-    gate: GateState,
 }
 
 /// The CDB scheduler. See the module docs.
@@ -77,7 +83,10 @@ pub struct DepthBatching {
     free_states: Vec<u32>,
     ready: VecDeque<Item>,
     coda: VecDeque<Item>,
+    /// Core items launched and not yet routed (their exit verdict may still be unknown).
     in_flight: HashMap<RequestId, Item>,
+    /// Rows of issued launches not yet routed, in launch order.
+    unrouted: VecDeque<(Stage, RequestId)>,
     copies: Vec<(RequestId, KvCopy)>,
     hist: Vec<u64>,
     /// No-refill: a wave is running (no admission, no early coda).
@@ -101,6 +110,7 @@ impl DepthBatching {
             ready: VecDeque::new(),
             coda: VecDeque::new(),
             in_flight: HashMap::new(),
+            unrouted: VecDeque::new(),
             copies: Vec::new(),
             hist: vec![0; max_steps],
             wave: false,
@@ -130,7 +140,9 @@ impl DepthBatching {
         let req = &self.reqs[&item.request];
         LaunchRow {
             request: item.request,
-            tokens: vec![req.tokens[item.pos]],
+            // Core and coda rows read their state from the bank; the input token is informative
+            // and, when launches overlap, may not have reached the host yet (then 0).
+            tokens: vec![req.tokens.get(item.pos).copied().unwrap_or(0)],
             start_pos: item.pos,
             block_tables: self.tables(item.request),
             // Coda rows sample; the successor re-enters only if the request wants more tokens.
@@ -160,7 +172,9 @@ impl DepthBatching {
             let mut row = LaunchRow::full_depth(id, prompt.clone(), 0, self.tables(id));
             row.state = state;
             rows.push(row);
-            self.reqs.insert(id, Req { prompt_len: prompt.len(), tokens: prompt, max_new, state });
+            self.unrouted.push_back((Stage::Prefill, id));
+            let req = Req { prompt_len: prompt.len(), tokens: prompt, max_new, state, launched: 1, gate: GateState::new(), item_token: 0 };
+            self.reqs.insert(id, req);
         }
         (!rows.is_empty()).then(|| self.launch(Stage::Prefill, rows))
     }
@@ -173,7 +187,10 @@ impl DepthBatching {
         let items: Vec<Item> = self.coda.drain(..n).collect();
         let rows = items.iter().map(|it| self.item_row(it, Stage::Coda)).collect();
         for it in items {
-            self.in_flight.insert(it.request, it);
+            self.unrouted.push_back((Stage::Coda, it.request));
+            if let Some(req) = self.reqs.get_mut(&it.request) {
+                req.launched += 1;
+            }
         }
         Some(self.launch(Stage::Coda, rows))
     }
@@ -186,22 +203,70 @@ impl DepthBatching {
         let items: Vec<Item> = self.ready.drain(..n).collect();
         let rows = items.iter().map(|it| self.item_row(it, Stage::CoreStep)).collect();
         for it in items {
+            self.unrouted.push_back((Stage::CoreStep, it.request));
             self.in_flight.insert(it.request, it);
         }
         Some(self.launch(Stage::CoreStep, rows))
     }
 
-    /// The successor of a request whose token `token_index - 1` was just sampled, if it wants more.
-    fn successor(&self, id: RequestId) -> Option<Item> {
-        let req = self.reqs.get(&id)?;
-        let generated = req.tokens.len() - req.prompt_len;
-        (generated < req.max_new).then(|| Item {
-            request: id,
-            token_index: generated,
-            pos: req.tokens.len() - 1,
-            step: 0,
-            gate: GateState::new(),
-        })
+    /// The successor of a request whose last issued prefill/coda produces token
+    /// `launched - 1`, if the request wants more tokens. Resets the request's gate state.
+    fn successor(&mut self, id: RequestId) -> Option<Item> {
+        let req = self.reqs.get_mut(&id)?;
+        if req.launched >= req.max_new {
+            return None;
+        }
+        req.gate = GateState::new();
+        req.item_token = req.launched;
+        Some(Item { request: id, token_index: req.launched, pos: req.prompt_len + req.launched - 1, step: 0 })
+    }
+
+    /// Sends an item that finished `item.step` to the coda or on to its next step.
+    fn route_core(&mut self, mut item: Item, exit: bool, survivors: &mut Vec<Item>) {
+        if exit {
+            self.hist[item.step] += 1;
+            self.exit_copies(&item);
+            self.coda.push_back(item);
+        } else {
+            item.step += 1;
+            survivors.push(item);
+        }
+    }
+
+    /// Routes every issued row whose routing is known: successors of prefill and coda rows
+    /// (their tokens need not have reached the host: the state was re-entered on the device),
+    /// and core items whose verdict the gate knows ahead of their own signal. Survivors and
+    /// coda successors go to the head of the ready queue, a prompt's first item to the tail.
+    fn route(&mut self) {
+        let mut front = Vec::new();
+        let mut keep = VecDeque::new();
+        while let Some((stage, id)) = self.unrouted.pop_front() {
+            match stage {
+                Stage::Prefill => {
+                    if let Some(it) = self.successor(id) {
+                        self.ready.push_back(it);
+                    }
+                }
+                Stage::Coda => front.extend(self.successor(id)),
+                Stage::CoreStep => {
+                    let Some(item) = self.in_flight.get(&id) else { continue };
+                    let at = ItemRef { request: id, token_index: item.token_index };
+                    debug_assert_eq!(self.reqs.get(&id).map(|r| r.item_token), Some(item.token_index));
+                    match self.reqs.get(&id).and_then(|r| self.gate.exit_known(at, item.step, &r.gate)) {
+                        Some(exit) => {
+                            let item = self.in_flight.remove(&id).expect("present");
+                            self.route_core(item, exit, &mut front);
+                        }
+                        None => keep.push_back((stage, id)),
+                    }
+                }
+                Stage::FullDepthDecode => {}
+            }
+        }
+        self.unrouted = keep;
+        for it in front.into_iter().rev() {
+            self.ready.push_front(it);
+        }
     }
 
     fn exit_copies(&mut self, item: &Item) {
@@ -233,6 +298,7 @@ impl Scheduler for DepthBatching {
     }
 
     fn schedule(&mut self) -> Option<Launch> {
+        self.route();
         if self.cfg.refill {
             if self.coda.len() >= self.cfg.min_coda_batch_size.max(1) {
                 return self.take_coda(false);
@@ -266,38 +332,29 @@ impl Scheduler for DepthBatching {
     fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
         match launch.stage {
             Stage::Prefill | Stage::Coda => {
-                let mut successors = Vec::new();
                 for (row, out) in launch.rows.iter().zip(&result.rows) {
-                    self.in_flight.remove(&row.request);
                     let (Some(req), Some(t)) = (self.reqs.get_mut(&row.request), out.token) else { continue };
                     req.tokens.push(t);
                     if launch.stage == Stage::Prefill {
                         self.hist[self.max_steps - 1] += 1; // first tokens run full depth
-                    }
-                    successors.extend(self.successor(row.request));
-                }
-                // A prompt's first item goes to the tail; a coda successor to the head.
-                if launch.stage == Stage::Prefill {
-                    self.ready.extend(successors);
-                } else {
-                    for it in successors.into_iter().rev() {
-                        self.ready.push_front(it);
                     }
                 }
             }
             Stage::CoreStep => {
                 let mut survivors = Vec::new();
                 for (row, out) in launch.rows.iter().zip(&result.rows) {
-                    let Some(mut item) = self.in_flight.remove(&row.request) else { continue };
+                    let Some(req) = self.reqs.get_mut(&row.request) else { continue };
                     let signals = StepSignals { logit: out.gate_logits.last().copied(), latent_diff: out.latent_diff };
-                    let at = ItemRef { request: item.request, token_index: item.token_index };
-                    if self.gate.decide(at, item.step, signals, &mut item.gate) {
-                        self.hist[item.step] += 1;
-                        self.exit_copies(&item);
-                        self.coda.push_back(item);
-                    } else {
-                        item.step += 1;
-                        survivors.push(item);
+                    // The item of this row, if it is still waiting for its verdict; otherwise it
+                    // was routed ahead (the gate knew its verdict) and the signal only advances
+                    // the gate state.
+                    let pending = self.in_flight.get(&row.request).filter(|it| it.step == row.step).is_some();
+                    let at = ItemRef { request: row.request, token_index: req.item_token };
+                    let exit = self.gate.decide(at, row.step, signals, &mut req.gate);
+                    if pending {
+                        let item = self.in_flight.remove(&row.request).expect("pending");
+                        self.unrouted.retain(|(s, id)| !(*s == Stage::CoreStep && *id == row.request));
+                        self.route_core(item, exit, &mut survivors);
                     }
                 }
                 for it in survivors.into_iter().rev() {
@@ -313,6 +370,7 @@ impl Scheduler for DepthBatching {
         self.ready.retain(|it| it.request != id);
         self.coda.retain(|it| it.request != id);
         self.in_flight.remove(&id);
+        self.unrouted.retain(|(_, r)| *r != id);
         // Copies into a finished request's blocks must not land after the blocks are reused.
         self.copies.retain(|(r, _)| *r != id);
         if let Some(req) = self.reqs.remove(&id) {
@@ -335,6 +393,10 @@ impl Scheduler for DepthBatching {
     }
     fn state_bank_rows(&self) -> usize {
         self.limits.max_num_seqs
+    }
+    fn supports_overlap(&self) -> bool {
+        let probe = ItemRef { request: RequestId(0), token_index: 0 };
+        self.gate.exit_known(probe, 0, &GateState::new()).is_some()
     }
 }
 

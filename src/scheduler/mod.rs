@@ -161,4 +161,10 @@ pub trait Scheduler: Send {
     fn state_bank_rows(&self) -> usize {
         0
     }
+    /// Whether `schedule` may be called once more before the previous launch's `complete`:
+    /// the next launch then does not depend on the results of the one still running, so the
+    /// host can build it while the device works.
+    fn supports_overlap(&self) -> bool {
+        false
+    }
 }
