@@ -67,6 +67,7 @@ pub struct EngineBuilder {
     max_model_len: Option<usize>,
     gate: Option<Box<dyn ExitGate>>,
     min_coda_batch_size: usize,
+    cuda_graphs: bool,
 }
 
 impl EngineBuilder {
@@ -99,6 +100,7 @@ impl EngineBuilder {
             max_model_len: None,
             gate: None,
             min_coda_batch_size: 1,
+            cuda_graphs: true,
         }
     }
 
@@ -164,6 +166,12 @@ impl EngineBuilder {
         self.min_coda_batch_size = n;
         self
     }
+    /// Replays decode launches (core steps, full-depth decode, coda) as CUDA graphs captured
+    /// once per padded shape (default on; ignored on the CPU).
+    pub fn cuda_graphs(mut self, on: bool) -> Self {
+        self.cuda_graphs = on;
+        self
+    }
     /// Caps the context window below the model's own.
     pub fn max_model_len(mut self, n: usize) -> Self {
         self.max_model_len = Some(n);
@@ -226,7 +234,7 @@ impl EngineBuilder {
                 }
             },
         };
-        let runner = LoopedRunner::new(model, num_blocks, self.block_size, scheduler.state_bank_rows())?;
+        let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, self.block_size, scheduler.state_bank_rows(), self.cuda_graphs)?;
         Ok(Engine::assemble(runner, scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens))
     }
 

@@ -3,6 +3,7 @@
 mod builder;
 mod core;
 mod detok;
+mod graphs;
 mod handle;
 mod metrics;
 mod request;

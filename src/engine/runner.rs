@@ -3,6 +3,7 @@
 //! state bank (one row per resident request); launches gather and scatter rows by index, so
 //! hidden states never cross to the host.
 
+use super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphCache, GraphKey, Phase, Statics};
 use crate::kv::KvStore;
 use crate::models::{LoopedModel, StageInput};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
@@ -20,6 +21,15 @@ pub struct LoopedRunner {
     bank: Option<Tensor>,
     /// How long the last launch blocked the host on the device.
     last_wait: std::cell::Cell<std::time::Duration>,
+    /// Captured decode graphs (CUDA with graphs on); see `engine::graphs`.
+    graphs: Option<std::cell::RefCell<GraphCache>>,
+    /// KV block and state-bank row that padding rows of replayed graphs use (owned by no
+    /// request: the scheduler's pool and bank end before them).
+    scratch_block: u32,
+    scratch_row: u32,
+    /// Capture graphs after the warm-up (`PONDER_GRAPH_CAPTURE=0` at construction: run the
+    /// graph bodies eagerly instead, to tell padding effects from capture effects).
+    capture: bool,
 }
 
 /// Device outputs of a launch, before sampling.
@@ -37,12 +47,50 @@ pub struct Forward {
 
 impl LoopedRunner {
     /// `bank_rows` rows of loop state (0 for schedulers that only run full-depth launches).
+    /// Runs every launch eagerly (no CUDA graphs).
     pub fn new(model: Box<dyn LoopedModel>, num_blocks: usize, block_size: usize, bank_rows: usize) -> Result<Self> {
+        Self::with_cuda_graphs(model, num_blocks, block_size, bank_rows, false)
+    }
+
+    /// Like [`LoopedRunner::new`]; with `cuda_graphs` on a CUDA device, decode launches (core
+    /// steps, full-depth decode, coda) are captured once per shape and replayed. The KV store
+    /// and the bank then get one extra block / row past `num_blocks` / `bank_rows` for padding.
+    pub fn with_cuda_graphs(
+        model: Box<dyn LoopedModel>,
+        num_blocks: usize,
+        block_size: usize,
+        bank_rows: usize,
+        cuda_graphs: bool,
+    ) -> Result<Self> {
         let s = model.spec().clone();
         let dev = model.device().clone();
-        let kv = KvStore::new(s.num_kv_layers, num_blocks, block_size, s.num_kv_heads, s.head_dim, s.dtype, &dev)?;
-        let bank = (bank_rows > 0).then(|| Tensor::zeros((bank_rows, s.hidden_size), s.dtype, &dev)).transpose()?;
-        Ok(Self { model, kv, block_size, bank, last_wait: Default::default() })
+        let cpu_bodies = super::graphs::CPU_GRAPH_BODIES.with(|c| c.get());
+        let graphs = cuda_graphs && (cfg!(feature = "cuda") && dev.is_cuda() || cpu_bodies);
+        let extra = usize::from(graphs);
+        let kv = KvStore::new(s.num_kv_layers, num_blocks + extra, block_size, s.num_kv_heads, s.head_dim, s.dtype, &dev)?;
+        let bank = (bank_rows > 0).then(|| Tensor::zeros((bank_rows + extra, s.hidden_size), s.dtype, &dev)).transpose()?;
+        if graphs {
+            super::graphs::prepare_device(&dev);
+        }
+        Ok(Self {
+            model,
+            kv,
+            block_size,
+            bank,
+            last_wait: Default::default(),
+            graphs: graphs.then(Default::default),
+            scratch_block: num_blocks as u32,
+            scratch_row: bank_rows as u32,
+            capture: std::env::var("PONDER_GRAPH_CAPTURE").map_or(true, |v| v != "0"),
+        })
+    }
+
+    /// (graphs captured, launches replayed) so far.
+    pub fn graph_stats(&self) -> (usize, usize) {
+        self.graphs.as_ref().map_or((0, 0), |g| {
+            let g = g.borrow();
+            (g.captures, g.replays)
+        })
     }
 
     pub fn model(&self) -> &dyn LoopedModel {
@@ -100,9 +148,13 @@ impl LoopedRunner {
         Ok(LaunchResult { rows })
     }
 
-    /// The device side of [`LoopedRunner::run`].
+    /// The device side of [`LoopedRunner::run`]. With CUDA graphs the returned tensors may be
+    /// views of static buffers that the next launch of the same shape overwrites.
     pub fn forward(&self, launch: &Launch) -> Result<Forward> {
         self.apply_copies(&launch.kv_copies)?;
+        if let Some(fwd) = self.graph_forward(launch)? {
+            return Ok(fwd);
+        }
         match launch.stage {
             Stage::Prefill | Stage::FullDepthDecode => self.full_depth(launch),
             Stage::CoreStep => self.core_step(launch),
@@ -253,5 +305,197 @@ impl LoopedRunner {
         let logits = self.model.coda(&h.index_select(&last_idx, 0)?)?;
         let gate_logits = (!gates.is_empty()).then(|| Tensor::stack(&gates, 0)).transpose()?;
         Ok(Forward { logits: Some(logits), gate_logits, latent_diff: None, sample_rows })
+    }
+
+    /// The graph key of a launch, or `None` when it runs eagerly.
+    fn graph_key(&self, launch: &Launch) -> Option<GraphKey> {
+        let n = launch.rows.len();
+        if n == 0 {
+            return None;
+        }
+        let rows = row_bucket(n)?;
+        let max_ctx = launch.rows.iter().map(|r| r.start_pos + 1).max()?;
+        match launch.stage {
+            Stage::CoreStep => {
+                self.bank.as_ref()?;
+                launch.rows.iter().all(|r| r.slot < r.block_tables.len()).then_some(())?;
+                Some(GraphKey { stage: Stage::CoreStep, rows, ctx: ctx_bucket(max_ctx), slots: Vec::new() })
+            }
+            Stage::FullDepthDecode => {
+                let ok = !launch.step_slots.is_empty()
+                    && !launch.reenter
+                    && launch.rows.iter().all(|r| r.tokens.len() == 1 && r.sample && launch.step_slots.iter().all(|&s| s < r.block_tables.len()));
+                ok.then(|| GraphKey { stage: Stage::FullDepthDecode, rows, ctx: ctx_bucket(max_ctx), slots: launch.step_slots.clone() })
+            }
+            Stage::Coda => {
+                self.bank.as_ref()?;
+                Some(GraphKey { stage: Stage::Coda, rows, ctx: 0, slots: Vec::new() })
+            }
+            _ => None,
+        }
+    }
+
+    /// Runs `launch` through its graph (warm-up, capture or replay). `None`: run it eagerly.
+    fn graph_forward(&self, launch: &Launch) -> Result<Option<Forward>> {
+        let Some(cell) = &self.graphs else { return Ok(None) };
+        let Some(key) = self.graph_key(launch) else { return Ok(None) };
+        let mut guard = cell.borrow_mut();
+        let cache = &mut *guard;
+        if !cache.entries.contains_key(&key) {
+            let statics = Statics::new(&key, self.model.spec().vocab_size, self.block_size, self.device())?;
+            cache.entries.insert(key.clone(), Entry { statics, phase: Phase::New });
+        }
+        let entry = cache.entries.get_mut(&key).expect("inserted above");
+        if matches!(entry.phase, Phase::Failed) {
+            return Ok(None);
+        }
+        let padded = self.write_graph_inputs(&key, &entry.statics, launch)?;
+        let dev = self.device();
+        let mut failure = None;
+        match &entry.phase {
+            Phase::New => {
+                let r = {
+                    #[cfg(feature = "cuda")]
+                    let _cache = match dev {
+                        Device::Cuda(d) => Some(d.enable_cuda_graph_htod_cache()),
+                        _ => None,
+                    };
+                    self.graph_body(&key, &entry.statics, &padded)
+                };
+                match r {
+                    Ok(has_gate) => {
+                        entry.statics.has_gate = has_gate;
+                        // Off CUDA (tests), or with `PONDER_GRAPH_CAPTURE=0`, the body always
+                        // runs eagerly over the padded buffers: never capture.
+                        if dev.is_cuda() && self.capture {
+                            entry.phase = Phase::Warm;
+                        }
+                        cache.replays += usize::from(!(dev.is_cuda() && self.capture));
+                    }
+                    Err(e) => failure = Some(format!("warm-up: {e}")),
+                }
+            }
+            Phase::Warm => {
+                let statics = &entry.statics;
+                match Graph::capture(dev, || self.graph_body(&key, statics, &padded).map(|_| ())) {
+                    Ok(g) => {
+                        g.launch()?;
+                        entry.phase = Phase::Ready(g);
+                        cache.captures += 1;
+                        cache.replays += 1;
+                    }
+                    Err(e) => failure = Some(format!("capture: {e}")),
+                }
+            }
+            Phase::Ready(g) => {
+                g.launch()?;
+                cache.replays += 1;
+            }
+            Phase::Failed => unreachable!("handled above"),
+        }
+        if let Some(msg) = failure {
+            entry.phase = Phase::Failed;
+            if !cache.warned {
+                cache.warned = true;
+                eprintln!("ponder: CUDA graph for {key:?} failed ({msg}); running that shape eagerly (reported once)");
+            }
+            return Ok(None);
+        }
+        let st = &cache.entries[&key].statics;
+        let n = launch.rows.len();
+        let gate_logits = st.has_gate.then(|| st.gate.narrow(1, 0, n)).transpose()?;
+        let logits = st.logits.as_ref().map(|l| l.narrow(0, 0, n)).transpose()?;
+        Ok(Some(match key.stage {
+            Stage::CoreStep => Forward { logits: None, gate_logits, latent_diff: Some(st.latent.narrow(0, 0, n)?), sample_rows: Vec::new() },
+            Stage::Coda => Forward { logits, gate_logits: None, latent_diff: None, sample_rows: (0..n).collect() },
+            _ => Forward { logits, gate_logits, latent_diff: None, sample_rows: (0..n).collect() },
+        }))
+    }
+
+    /// Writes a launch's host data into the static inputs of its key; returns the padded
+    /// addressing of each batch (only the warm-up and the capture build batches from it).
+    fn write_graph_inputs(&self, key: &GraphKey, st: &Statics, launch: &Launch) -> Result<Vec<PagedBatchHost>> {
+        let rows = &launch.rows;
+        let tokens: Vec<u32> = if key.stage == Stage::FullDepthDecode { rows.iter().map(|r| r.tokens[0]).collect() } else { Vec::new() };
+        let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
+        let state: Vec<u32> = rows.iter().map(|r| r.state).collect();
+        st.write_inputs(&tokens, &positions, &state, self.scratch_row)?;
+        st.batches
+            .iter()
+            .map(|(slot, buf)| {
+                let host = PagedBatchHost {
+                    block_tables: rows.iter().map(|r| r.block_tables[if key.slots.is_empty() { r.slot } else { *slot }].clone()).collect(),
+                    context_lens: rows.iter().map(|r| r.start_pos as u32 + 1).collect(),
+                    cu_q_lens: (0..=rows.len() as u32).collect(),
+                };
+                buf.write(&host, self.block_size, self.scratch_block)
+            })
+            .collect()
+    }
+
+    /// What a graph of `key` runs, over its static buffers only. Every tensor it makes is
+    /// dropped before it returns; results go to the static outputs, the state bank and the KV
+    /// cache. The bank is written last, so a failed warm-up leaves the launch re-runnable.
+    /// Returns whether the model gave gate logits.
+    fn graph_body(&self, key: &GraphKey, st: &Statics, padded: &[PagedBatchHost]) -> Result<bool> {
+        let spec = self.model.spec();
+        let kv_width = spec.num_kv_heads * spec.head_dim;
+        let batches: Vec<PagedBatch> = st
+            .batches
+            .iter()
+            .zip(padded)
+            .map(|((_, buf), host)| PagedBatch::from_buffers(host.clone(), self.block_size, AttnMask::Causal, kv_width, buf, key.ctx))
+            .collect::<Result<_>>()?;
+        let batch_of = |slot: usize| st.batches.iter().position(|(s, _)| *s == slot).map(|i| &batches[i]).expect("a batch per slot");
+        let mut has_gate = false;
+        match key.stage {
+            Stage::CoreStep => {
+                let input = self.model.prepare(&st.positions)?;
+                let h_old = self.bank()?.index_select(&st.state, 0)?;
+                let out = self.model.core_step(&h_old, &input, &batches[0], &self.kv)?;
+                let new = out.hidden.to_dtype(DType::F32)?;
+                let change = (&new - h_old.to_dtype(DType::F32)?)?.sqr()?.sum(D::Minus1)?.sqrt()?;
+                let latent_diff = (change / new.sqr()?.sum(D::Minus1)?.sqrt()?)?;
+                st.latent.slice_set(&latent_diff.contiguous()?, 0, 0)?;
+                if let Some(g) = &out.gate_logit {
+                    st.gate.slice_set(&g.unsqueeze(0)?.contiguous()?, 0, 0)?;
+                    has_gate = true;
+                }
+                self.write_bank(&st.state, &out.hidden)?;
+            }
+            Stage::FullDepthDecode => {
+                let input = self.model.prepare(&st.positions)?;
+                let mut h = self.model.prelude(&st.tokens, &input, batch_of(key.slots[0]), &self.kv)?;
+                for (i, &slot) in key.slots.iter().enumerate() {
+                    let out = self.model.core_step(&h, &input, batch_of(slot), &self.kv)?;
+                    h = out.hidden;
+                    if let Some(g) = &out.gate_logit {
+                        st.gate.slice_set(&g.unsqueeze(0)?.contiguous()?, 0, i)?;
+                        has_gate = true;
+                    }
+                }
+                let logits = self.model.coda(&h)?;
+                st.logits.as_ref().expect("full-depth statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
+            }
+            Stage::Coda => {
+                let h = self.bank()?.index_select(&st.state, 0)?;
+                let logits = self.model.coda(&h)?;
+                st.logits.as_ref().expect("coda statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
+            }
+            other => candle_core::bail!("no graph for stage {other:?}"),
+        }
+        Ok(has_gate)
+    }
+}
+
+impl Drop for LoopedRunner {
+    fn drop(&mut self) {
+        if let Some(g) = &self.graphs {
+            let g = g.borrow();
+            if std::env::var_os("PONDER_GRAPH_STATS").is_some() {
+                let failed = g.entries.values().filter(|e| matches!(e.phase, Phase::Failed)).count();
+                eprintln!("ponder: CUDA graphs: {} shapes, {} captured, {failed} failed, {} launches replayed", g.entries.len(), g.captures, g.replays);
+            }
+        }
     }
 }

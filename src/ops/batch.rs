@@ -2,7 +2,7 @@
 //! its keys. Built once per launch (per cache slot) by the engine's runner and shared by every
 //! layer that reads that slot.
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 /// Which keys a query may attend to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +96,57 @@ impl PagedBatch {
         })
     }
 
+    /// Like [`PagedBatch::new`], but over the preallocated `buffers` instead of fresh tensors:
+    /// writes the padded description of `host` into them (one host-to-device copy, see
+    /// [`PagedBatchBuffers::write`]) and returns the batch over them. The batch's tensors keep
+    /// the buffers' addresses from launch to launch, which a replayed CUDA graph needs.
+    /// `max_context_len` is taken as given (at least every row's context; a graph bakes it in).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fill(
+        host: &PagedBatchHost,
+        block_size: usize,
+        mask: AttnMask,
+        kv_width: usize,
+        buffers: &PagedBatchBuffers,
+        pad_block: u32,
+        max_context_len: usize,
+    ) -> Result<Self> {
+        let padded = buffers.write(host, block_size, pad_block)?;
+        Self::from_buffers(padded, block_size, mask, kv_width, buffers, max_context_len)
+    }
+
+    /// The batch over `buffers` that already hold `padded` (as returned by
+    /// [`PagedBatchBuffers::write`]). Uploads nothing; its one device op (spreading
+    /// `slot_mapping` into `write_index`) may run inside a CUDA-graph capture.
+    pub fn from_buffers(
+        padded: PagedBatchHost,
+        block_size: usize,
+        mask: AttnMask,
+        kv_width: usize,
+        buffers: &PagedBatchBuffers,
+        max_context_len: usize,
+    ) -> Result<Self> {
+        let rows = padded.context_lens.len();
+        if rows != buffers.rows {
+            candle_core::bail!("paged batch: {rows} padded rows for buffers of {}", buffers.rows);
+        }
+        let max_q_len = padded.cu_q_lens.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
+        let tokens = buffers.tokens;
+        let write_index = buffers.slot_mapping.unsqueeze(1)?.broadcast_as((tokens, kv_width))?.contiguous()?;
+        Ok(Self {
+            host: padded,
+            block_size,
+            mask,
+            block_tables: buffers.block_tables.clone(),
+            context_lens: buffers.context_lens.clone(),
+            cu_q_lens: buffers.cu_q_lens.clone(),
+            slot_mapping: buffers.slot_mapping.clone(),
+            write_index,
+            max_q_len,
+            max_context_len,
+        })
+    }
+
     pub fn num_rows(&self) -> usize {
         self.host.context_lens.len()
     }
@@ -103,4 +154,145 @@ impl PagedBatch {
     pub fn num_tokens(&self) -> usize {
         *self.host.cu_q_lens.last().unwrap_or(&0) as usize
     }
+}
+
+/// Preallocated device tensors a [`PagedBatch`] is built over in place ([`PagedBatch::fill`]):
+/// a fixed number of rows and tokens and a fixed table width. All four are views of one u32
+/// buffer, so a launch's addressing goes to the device in one copy.
+#[derive(Debug, Clone)]
+pub struct PagedBatchBuffers {
+    packed: Tensor,
+    /// `[rows, max_blocks]`.
+    pub block_tables: Tensor,
+    /// `[rows]`.
+    pub context_lens: Tensor,
+    /// `[rows + 1]`.
+    pub cu_q_lens: Tensor,
+    /// `[tokens]`.
+    pub slot_mapping: Tensor,
+    rows: usize,
+    tokens: usize,
+    max_blocks: usize,
+}
+
+/// Sections of the packed buffer start on 16-byte boundaries.
+fn align4(n: usize) -> usize {
+    n.div_ceil(4) * 4
+}
+
+impl PagedBatchBuffers {
+    pub fn new(rows: usize, tokens: usize, max_blocks: usize, device: &Device) -> Result<Self> {
+        if rows == 0 || tokens < rows || max_blocks == 0 {
+            candle_core::bail!("paged batch buffers: {rows} rows, {tokens} tokens, {max_blocks} blocks");
+        }
+        let sizes = [rows * max_blocks, rows, rows + 1, tokens];
+        let total: usize = sizes.iter().map(|&n| align4(n)).sum();
+        let packed = Tensor::zeros(total, DType::U32, device)?;
+        let mut off = 0;
+        let mut parts = Vec::with_capacity(4);
+        for n in sizes {
+            parts.push(packed.narrow(0, off, n)?);
+            off += align4(n);
+        }
+        Ok(Self {
+            block_tables: parts[0].reshape((rows, max_blocks))?,
+            context_lens: parts[1].clone(),
+            cu_q_lens: parts[2].clone(),
+            slot_mapping: parts[3].clone(),
+            packed,
+            rows,
+            tokens,
+            max_blocks,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+    pub fn max_blocks(&self) -> usize {
+        self.max_blocks
+    }
+
+    /// Writes `host` padded to the buffers' shape and returns the padded description. Rows past
+    /// `host`'s are padding: one query token each, context 1, all in `pad_block` (a block no
+    /// request owns, so their K/V writes land there). Each table is cut to `max_blocks` (the
+    /// blocks past a row's context are never read) or filled up with `pad_block`.
+    pub fn write(&self, host: &PagedBatchHost, block_size: usize, pad_block: u32) -> Result<PagedBatchHost> {
+        let rows = host.context_lens.len();
+        let real_tokens = *host.cu_q_lens.last().unwrap_or(&0) as usize;
+        if host.cu_q_lens.len() != rows + 1 || host.block_tables.len() != rows {
+            candle_core::bail!("paged batch: {} rows but {} q offsets and {} tables", rows, host.cu_q_lens.len(), host.block_tables.len());
+        }
+        if rows > self.rows || real_tokens + (self.rows - rows) != self.tokens {
+            candle_core::bail!("paged batch: {rows} rows / {real_tokens} tokens do not pad to {} rows / {} tokens", self.rows, self.tokens);
+        }
+        let mb = self.max_blocks;
+        let mut padded = PagedBatchHost {
+            block_tables: Vec::with_capacity(self.rows),
+            context_lens: Vec::with_capacity(self.rows),
+            cu_q_lens: host.cu_q_lens.clone(),
+        };
+        let mut words = vec![0u32; self.packed.elem_count()];
+        let (o_cl, o_cu) = (align4(self.rows * mb), align4(self.rows * mb) + align4(self.rows));
+        let o_sm = o_cu + align4(self.rows + 1);
+        let mut t = 0;
+        for r in 0..self.rows {
+            let (table, ctx, q_len) = if r < rows {
+                let q_len = (host.cu_q_lens[r + 1] - host.cu_q_lens[r]) as usize;
+                (&host.block_tables[r][..host.block_tables[r].len().min(mb)], host.context_lens[r] as usize, q_len)
+            } else {
+                (&[][..], 1, 1)
+            };
+            if q_len > ctx || ctx > mb * block_size || (r < rows && ctx > table.len() * block_size) {
+                candle_core::bail!("paged batch row {r}: q_len {q_len}, ctx {ctx}, {} blocks (max {mb})", table.len());
+            }
+            let mut row = vec![pad_block; mb];
+            row[..table.len()].copy_from_slice(table);
+            for pos in ctx - q_len..ctx {
+                words[o_sm + t] = row[pos / block_size] * block_size as u32 + (pos % block_size) as u32;
+                t += 1;
+            }
+            words[r * mb..(r + 1) * mb].copy_from_slice(&row);
+            words[o_cl + r] = ctx as u32;
+            if r >= rows {
+                padded.cu_q_lens.push(padded.cu_q_lens.last().unwrap() + 1);
+            }
+            padded.block_tables.push(row);
+            padded.context_lens.push(ctx as u32);
+        }
+        words[o_cu..o_cu + self.rows + 1].copy_from_slice(&padded.cu_q_lens);
+        write_u32(&self.packed, &words)?;
+        Ok(padded)
+    }
+}
+
+/// Overwrites the contiguous u32 tensor `dst` with `data` in place (on CUDA one asynchronous
+/// host-to-device copy on the device's stream; the host data may be dropped on return).
+pub fn write_u32(dst: &Tensor, data: &[u32]) -> Result<()> {
+    if dst.dtype() != DType::U32 || !dst.is_contiguous() || dst.elem_count() != data.len() {
+        candle_core::bail!("write_u32: {:?} {:?} tensor (contiguous: {}) for {} words", dst.dtype(), dst.dims(), dst.is_contiguous(), data.len());
+    }
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = dst.device() {
+        use candle_core::cuda_backend::cudarc::driver::{result, DevicePtr};
+        use candle_core::cuda_backend::WrapErr;
+        let (storage, layout) = dst.storage_and_layout();
+        let candle_core::Storage::Cuda(cs) = &*storage else {
+            candle_core::bail!("write_u32: not a CUDA tensor");
+        };
+        let start = layout.start_offset();
+        let slice = cs.as_cuda_slice::<u32>()?;
+        let view = slice.slice(start..start + data.len());
+        let stream = dev.cuda_stream();
+        let (ptr, _sync) = view.device_ptr(&stream);
+        // SAFETY: `ptr` addresses `data.len()` u32 of `dst`; the copy is ordered on the stream
+        // every use of `dst` goes through, and a pageable source is staged before return.
+        unsafe { result::memcpy_htod_async(ptr, data, stream.cu_stream()) }.w()?;
+        return Ok(());
+    }
+    let src = Tensor::from_slice(data, dst.shape(), dst.device())?;
+    dst.slice_set(&src, 0, 0)
 }

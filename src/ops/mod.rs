@@ -10,7 +10,7 @@ mod rope;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-pub use batch::{AttnMask, PagedBatch, PagedBatchHost};
+pub use batch::{write_u32, AttnMask, PagedBatch, PagedBatchBuffers, PagedBatchHost};
 pub use fused::{add_rms_norm, qkv_rope_write, silu_mul};
 pub use paged_attention::{paged_attention, paged_attention_reference, write_kv};
 pub use rope::{RopeAngles, RopeTable};

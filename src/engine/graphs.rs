@@ -1,0 +1,320 @@
+//! CUDA-graph replay of the decode hot path (core steps, full-depth decode, coda).
+//!
+//! At decode widths a launch is host-bound: hundreds of candle ops, each ~10 µs of host time,
+//! for a few ms of GPU work. So the runner captures each decode shape once and replays it:
+//!
+//! - A launch's rows are padded up to a **row bucket** ([`ROW_BUCKETS`]); padding rows read and
+//!   write only a scratch KV block and a scratch state-bank row that no request owns.
+//! - Every tensor a captured launch reads from the host side lives in static buffers of its
+//!   [`GraphKey`] ([`Statics`]): token ids, positions, state rows, and per cache slot the paged
+//!   addressing ([`PagedBatchBuffers`], block tables padded to the context bucket). They are
+//!   overwritten (one host-to-device copy each) before every replay.
+//! - Outputs read after the launch (gate logits, latent change, logits) are copied inside the
+//!   graph into static output tensors; the new hidden states go to the state bank in place.
+//! - The attention kernel bakes `max_context_len` into its launch shape, so it is part of the
+//!   key as the **context bucket** (the next power of two, at least 256).
+//! - First use of a key runs the same code eagerly with candle's graph host-to-device cache
+//!   on (a warm-up that fills the cache of kernel parameter arrays and is itself the launch);
+//!   the second use captures and replays; later uses only replay. A failed capture is logged
+//!   once and that key runs eagerly from then on.
+
+use crate::ops::{write_u32, PagedBatchBuffers};
+use crate::scheduler::Stage;
+use candle_core::{DType, Device, Result, Tensor};
+use std::collections::HashMap;
+
+/// Row counts a launch is padded up to.
+pub const ROW_BUCKETS: [usize; 14] = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512];
+
+/// The smallest bucket holding `rows`, or `None` when a launch is too wide for any.
+pub fn row_bucket(rows: usize) -> Option<usize> {
+    ROW_BUCKETS.iter().copied().find(|&b| b >= rows)
+}
+
+/// The context bucket of a launch whose longest row sees `max_ctx` keys.
+pub fn ctx_bucket(max_ctx: usize) -> usize {
+    max_ctx.max(1).next_power_of_two().max(256)
+}
+
+/// What one captured graph is specialised to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    pub stage: Stage,
+    /// Padded row count.
+    pub rows: usize,
+    /// Context bucket (0 for the coda, which has no attention).
+    pub ctx: usize,
+    /// Cache slot of each loop step (full-depth launches); empty otherwise.
+    pub slots: Vec<usize>,
+}
+
+fn align4(n: usize) -> usize {
+    n.div_ceil(4) * 4
+}
+
+/// Static device inputs and outputs of one [`GraphKey`].
+pub struct Statics {
+    inputs: Tensor,
+    /// `[rows]` u32 token ids (full-depth decode).
+    pub tokens: Tensor,
+    /// `[rows]` u32 absolute positions.
+    pub positions: Tensor,
+    /// `[rows]` u32 state-bank rows (padding: the scratch row).
+    pub state: Tensor,
+    /// Paged addressing per distinct cache slot, in first-use order (one for core steps, whose
+    /// rows each bring their own slot's table; none for the coda).
+    pub batches: Vec<(usize, PagedBatchBuffers)>,
+    /// `[steps, rows]` f32 gate logits (one step for core steps).
+    pub gate: Tensor,
+    /// `[rows]` f32 relative latent change (core steps).
+    pub latent: Tensor,
+    /// `[rows, vocab]` f32 logits (full-depth decode, coda).
+    pub logits: Option<Tensor>,
+    /// Whether the model produced gate logits (known after the warm-up).
+    pub has_gate: bool,
+}
+
+impl Statics {
+    pub fn new(key: &GraphKey, vocab: usize, block_size: usize, device: &Device) -> Result<Self> {
+        let b = key.rows;
+        let inputs = Tensor::zeros(3 * align4(b), DType::U32, device)?;
+        let view = |i: usize| inputs.narrow(0, i * align4(b), b);
+        let (tokens, positions, state) = (view(0)?, view(1)?, view(2)?);
+        let mut batches = Vec::new();
+        if key.ctx > 0 {
+            let max_blocks = key.ctx.div_ceil(block_size);
+            let slots: Vec<usize> = if key.slots.is_empty() { vec![0] } else { key.slots.clone() };
+            for s in slots {
+                if !batches.iter().any(|(t, _)| *t == s) {
+                    batches.push((s, PagedBatchBuffers::new(b, b, max_blocks, device)?));
+                }
+            }
+        }
+        let logits = (key.stage != Stage::CoreStep).then(|| Tensor::zeros((b, vocab), DType::F32, device)).transpose()?;
+        Ok(Self {
+            inputs: inputs.clone(),
+            tokens,
+            positions,
+            state,
+            batches,
+            gate: Tensor::zeros((key.slots.len().max(1), b), DType::F32, device)?,
+            latent: Tensor::zeros(b, DType::F32, device)?,
+            logits,
+            has_gate: false,
+        })
+    }
+
+    /// Writes the per-row inputs, padded: token 0, position 0, state row `pad_state`.
+    pub fn write_inputs(&self, tokens: &[u32], positions: &[u32], state: &[u32], pad_state: u32) -> Result<()> {
+        let b = self.tokens.dim(0)?;
+        let mut words = vec![0u32; self.inputs.elem_count()];
+        let a = align4(b);
+        words[..tokens.len()].copy_from_slice(tokens);
+        words[a..a + positions.len()].copy_from_slice(positions);
+        words[2 * a..3 * a].fill(pad_state);
+        words[2 * a..2 * a + state.len()].copy_from_slice(state);
+        write_u32(&self.inputs, &words)
+    }
+}
+
+/// Where a key stands.
+pub enum Phase {
+    /// Created; the next use runs eagerly as the warm-up.
+    New,
+    /// Warmed up; the next use captures.
+    Warm,
+    Ready(Graph),
+    /// Capture failed: this key runs eagerly.
+    Failed,
+}
+
+pub struct Entry {
+    pub statics: Statics,
+    pub phase: Phase,
+}
+
+/// The runner's graphs, keyed by shape.
+#[derive(Default)]
+pub struct GraphCache {
+    pub entries: HashMap<GraphKey, Entry>,
+    /// A capture failure was reported (reported once).
+    pub warned: bool,
+    pub captures: usize,
+    pub replays: usize,
+}
+
+/// An instantiated CUDA graph.
+#[cfg(feature = "cuda")]
+pub struct Graph(candle_core::cuda_backend::cudarc::driver::CudaGraph);
+
+// SAFETY: a graph is used by one thread at a time (the runner's owner); CUDA graph execs may
+// be launched from any thread when calls are serialised.
+#[cfg(feature = "cuda")]
+unsafe impl Send for Graph {}
+
+/// No graphs without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub enum Graph {}
+
+#[cfg(feature = "cuda")]
+impl Graph {
+    /// Captures what `body` enqueues on `device`'s stream (nothing runs) and instantiates it.
+    /// `body` must drop every tensor it allocates before returning, and must not read device
+    /// data on the host. On error the capture is ended and discarded.
+    pub fn capture(device: &Device, body: impl FnOnce() -> Result<()>) -> Result<Self> {
+        use candle_core::cuda_backend::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        use candle_core::cuda_backend::WrapErr;
+        let Device::Cuda(dev) = device else {
+            candle_core::bail!("CUDA graph capture on {device:?}");
+        };
+        let stream = dev.cuda_stream();
+        let ctx = stream.context().clone();
+        ctx.check_err().w()?;
+        let _cache = dev.enable_cuda_graph_htod_cache();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
+        let res = body();
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        // Errors of asynchronous frees during the capture are only recorded; surface them.
+        let recorded = ctx.check_err();
+        res?;
+        recorded.w()?;
+        let graph = graph.w()?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
+        graph.upload().w()?;
+        Ok(Self(graph))
+    }
+
+    pub fn launch(&self) -> Result<()> {
+        use candle_core::cuda_backend::WrapErr;
+        self.0.launch().w()
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+impl Graph {
+    pub fn capture(device: &Device, _body: impl FnOnce() -> Result<()>) -> Result<Self> {
+        candle_core::bail!("CUDA graph capture on {device:?} without the `cuda` feature")
+    }
+
+    pub fn launch(&self) -> Result<()> {
+        match *self {}
+    }
+}
+
+thread_local! {
+    /// Tests only: runners built on this thread with graphs on also use the graph path on the
+    /// CPU, where every launch runs the graph body eagerly over the padded static buffers (it
+    /// never captures). This checks the padding and buffer plumbing against the eager path.
+    pub(crate) static CPU_GRAPH_BODIES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Turns the context's event tracking off: with one stream per device it orders nothing, and
+/// its per-launch event waits cannot be captured. Called when a runner enables graphs.
+pub fn prepare_device(device: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        // SAFETY: candle queues all work of a device on its one stream, so stream order alone
+        // orders every read and write; events only matter across streams.
+        unsafe { dev.disable_event_tracking() };
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = device;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets() {
+        assert_eq!(row_bucket(1), Some(1));
+        assert_eq!(row_bucket(3), Some(4));
+        assert_eq!(row_bucket(33), Some(48));
+        assert_eq!(row_bucket(512), Some(512));
+        assert_eq!(row_bucket(513), None);
+        assert_eq!(ctx_bucket(1), 256);
+        assert_eq!(ctx_bucket(256), 256);
+        assert_eq!(ctx_bucket(257), 512);
+    }
+
+    /// Graph bodies over padded buffers give exactly the eager tokens (f32, CPU), for CB with
+    /// a slot per step and for depth refill with a shared slot and a replayed exit trace.
+    #[test]
+    fn graph_bodies_match_eager_on_cpu() {
+        use crate::gate::{DepthTrace, Replay};
+        use crate::models::looped::Ouro;
+        use crate::{EngineBuilder, Event, GenerationParams, KvLayoutKind, SchedulerKind};
+        let cfg = crate::testing::tiny_ouro_config(97);
+        let weights = crate::testing::random_ouro_weights(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
+        let model = Ouro::load(&cfg, &weights).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..11u32).map(|i| (0..1 + (i * 7) % 23).map(|j| (i * 31 + j * 17) % 97).collect()).collect();
+        let new_tokens: Vec<usize> = (0..11).map(|i| 2 + (i * 5) % 13).collect();
+        let run = |sched: SchedulerKind, layout: KvLayoutKind, width: usize, graphs: bool| -> (Vec<Vec<u32>>, (usize, usize)) {
+            CPU_GRAPH_BODIES.with(|c| c.set(graphs));
+            let mut b = EngineBuilder::from_model(Box::new(model.clone()), None, vec![])
+                .scheduler(sched)
+                .kv_layout(layout)
+                .max_num_seqs(width)
+                .block_size(4)
+                .max_num_batched_tokens(256)
+                .cuda_graphs(graphs);
+            if sched != SchedulerKind::Continuous {
+                b = b.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap());
+            }
+            let mut engine = b.build().unwrap();
+            CPU_GRAPH_BODIES.with(|c| c.set(false));
+            let ids: Vec<_> = prompts
+                .iter()
+                .zip(&new_tokens)
+                .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams { ignore_eos: true, ..GenerationParams::greedy(n) }).unwrap())
+                .collect();
+            let mut got: HashMap<crate::RequestId, Vec<u32>> = HashMap::new();
+            while engine.has_work() {
+                for ev in engine.step().unwrap() {
+                    if let Event::Token { id, token, .. } = ev {
+                        got.entry(id).or_default().push(token);
+                    }
+                }
+            }
+            let stats = engine.runner.graph_stats();
+            (ids.iter().map(|id| got.remove(id).unwrap()).collect(), stats)
+        };
+        for (sched, layout, width) in [
+            (SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 6),
+            (SchedulerKind::Continuous, KvLayoutKind::Shared, 3),
+            (SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 5),
+            (SchedulerKind::Depth { refill: false }, KvLayoutKind::LastExited, 7),
+        ] {
+            let (eager, _) = run(sched, layout, width, false);
+            let (bodies, (_, body_runs)) = run(sched, layout, width, true);
+            assert!(body_runs > 0, "{sched:?}: no launch took the graph path");
+            assert_eq!(eager, bodies, "{sched:?} {layout:?} W{width}");
+        }
+    }
+
+    #[test]
+    fn statics_pad_inputs_and_batches() {
+        use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
+        let dev = Device::Cpu;
+        let key = GraphKey { stage: Stage::CoreStep, rows: 4, ctx: 256, slots: vec![] };
+        let st = Statics::new(&key, 10, 16, &dev).unwrap();
+        st.write_inputs(&[], &[5, 20], &[1, 0], 9).unwrap();
+        assert_eq!(st.positions.to_vec1::<u32>().unwrap(), vec![5, 20, 0, 0]);
+        assert_eq!(st.state.to_vec1::<u32>().unwrap(), vec![1, 0, 9, 9]);
+        let host = PagedBatchHost { block_tables: vec![vec![3], vec![4, 7]], context_lens: vec![6, 21], cu_q_lens: vec![0, 1, 2] };
+        let buf = &st.batches[0].1;
+        let b = PagedBatch::fill(&host, 16, AttnMask::Causal, 2, buf, 99, 256).unwrap();
+        assert_eq!(b.num_rows(), 4);
+        assert_eq!(b.num_tokens(), 4);
+        assert_eq!(b.context_lens.to_vec1::<u32>().unwrap(), vec![6, 21, 1, 1]);
+        assert_eq!(b.cu_q_lens.to_vec1::<u32>().unwrap(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(b.slot_mapping.to_vec1::<u32>().unwrap(), vec![3 * 16 + 5, 7 * 16 + 4, 99 * 16, 99 * 16]);
+        let tables = b.block_tables.to_vec2::<u32>().unwrap();
+        assert_eq!(tables[1][..3], [4, 7, 99]);
+        assert!(tables[3].iter().all(|&x| x == 99));
+        assert_eq!(b.write_index.dims(), &[4, 2]);
+        // The same as a fresh batch over the padded description.
+        let fresh = PagedBatch::new(b.host.clone(), 16, AttnMask::Causal, 2, &dev).unwrap();
+        assert_eq!(fresh.slot_mapping.to_vec1::<u32>().unwrap(), b.slot_mapping.to_vec1::<u32>().unwrap());
+        assert_eq!(fresh.write_index.to_vec2::<u32>().unwrap(), b.write_index.to_vec2::<u32>().unwrap());
+    }
+}
