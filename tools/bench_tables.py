@@ -4,8 +4,9 @@ import json, pathlib
 
 bench = pathlib.Path(__file__).resolve().parent.parent / "docs" / "bench"
 
-def cb():
-    d = json.loads((bench / "looped_cb.json").read_text())
+def cb(name="looped_cb.json"):
+    d = json.loads((bench / name).read_text())
+    print(f"<!-- {name}: {d['gpu']}, commit {d['commit']} -->")
     print(f"| W | tokens/s | decode step ms | weight-streaming bound tokens/s | share of bound |")
     print("|---|---|---|---|---|")
     for r in d["results"]:
@@ -15,8 +16,9 @@ def decode_seconds(r):
     st = r["stages"]
     return sum(v["seconds"] for k, v in st.items() if k != "prefill")
 
-def cdb():
-    d = json.loads((bench / "looped_cdb.json").read_text())
+def cdb(name="looped_cdb.json"):
+    d = json.loads((bench / name).read_text())
+    print(f"<!-- {name}: {d['gpu']}, commit {d['commit']} -->")
     rows = d["results"]
     cb_rows = {r["width"]: r for r in rows if r["mode"] == "cb"}
     print("| W | d̄ | mode | tokens/s | speed-up vs CB | FLOP bound | share of bound | decode-only speed-up | prefill share of CB time | GPU idle ≤ |")
@@ -34,6 +36,7 @@ def cdb():
         print(f"| {r['width']} | {dm} | {r['mode']} | {r['tokens_per_s']:.0f} | {sp:.3f}× | {bound} | "
               f"{'' if frac is None else f'{100*frac:.1f} %'} | {dec:.3f}× | {100*pre:.0f} % | {100*r['gpu_idle']:.0f} % |")
 
-cb()
-print()
-cdb()
+import sys
+for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json"]:
+    (cb if name.startswith("looped_cb") else cdb)(name)
+    print()
