@@ -4,7 +4,7 @@ use super::{Engine, EngineHandle, LoopedRunner};
 use crate::gate::{ExitGate, FixedDepth};
 use crate::kv::{check_layout, KvLayout, KvLayoutKind, KvManager};
 use crate::loader::ModelDir;
-use crate::models::looped::Ouro;
+use crate::models::looped::{Huginn, Ouro};
 use crate::models::{LoopedModel, LoopedSpec, ModelConfig};
 use crate::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, Scheduler, SchedulerLimits};
 use crate::{Error, Result};
@@ -66,7 +66,7 @@ pub struct EngineBuilder {
     kv_tokens: Option<usize>,
     max_model_len: Option<usize>,
     gate: Option<Box<dyn ExitGate>>,
-    min_coda_batch_size: usize,
+    min_coda_batch_size: Option<usize>,
     cuda_graphs: bool,
 }
 
@@ -99,7 +99,7 @@ impl EngineBuilder {
             kv_tokens: None,
             max_model_len: None,
             gate: None,
-            min_coda_batch_size: 1,
+            min_coda_batch_size: None,
             cuda_graphs: true,
         }
     }
@@ -161,9 +161,10 @@ impl EngineBuilder {
         self.gate = Some(gate);
         self
     }
-    /// Depth schedulers hold the coda until this many exited tokens wait (default 1).
+    /// Depth schedulers hold the coda until this many exited tokens wait (default 1, or a
+    /// quarter of `max_num_seqs` for models whose coda runs transformer blocks, like Huginn).
     pub fn min_coda_batch_size(mut self, n: usize) -> Self {
-        self.min_coda_batch_size = n;
+        self.min_coda_batch_size = Some(n);
         self
     }
     /// Replays decode launches (core steps, full-depth decode, coda) as CUDA graphs captured
@@ -193,9 +194,9 @@ impl EngineBuilder {
             Source::Dir(path) => {
                 let dir = ModelDir::open(&path)?;
                 let weights = dir.weights(self.dtype, &self.device)?;
-                let model = match &dir.config {
+                let model: Box<dyn LoopedModel> = match &dir.config {
                     ModelConfig::Ouro(c) => Box::new(Ouro::load(c, &weights)?),
-                    ModelConfig::Huginn(_) => return Err(Error::UnsupportedModel("huginn_raven (loader lands with the Huginn stages)".into())),
+                    ModelConfig::Huginn(c) => Box::new(Huginn::load(c, &weights)?),
                 };
                 (model, dir.tokenizer()?, dir.eos_token_ids.clone())
             }
@@ -226,10 +227,11 @@ impl EngineBuilder {
                 SchedulerKind::Continuous => Box::new(ContinuousBatching::new(limits.clone(), kv, spec.max_steps)),
                 SchedulerKind::Depth { refill } => {
                     check_layout(kv.layout(), gate.min_steps(), gate.max_steps())?;
-                    if self.min_coda_batch_size == 0 {
+                    let min_coda = self.min_coda_batch_size.unwrap_or(if spec.heavy_coda { (limits.max_num_seqs / 4).max(1) } else { 1 });
+                    if min_coda == 0 {
                         return Err(Error::InvalidOption("min_coda_batch_size must be >= 1".into()));
                     }
-                    let cfg = DepthConfig { refill, min_coda_batch_size: self.min_coda_batch_size, ..DepthConfig::default() };
+                    let cfg = DepthConfig { refill, min_coda_batch_size: min_coda, ..DepthConfig::default() };
                     Box::new(DepthBatching::new(cfg, limits.clone(), kv, gate))
                 }
             },

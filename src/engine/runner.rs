@@ -68,7 +68,7 @@ impl LoopedRunner {
         let graphs = cuda_graphs && (cfg!(feature = "cuda") && dev.is_cuda() || cpu_bodies);
         let extra = usize::from(graphs);
         let kv = KvStore::new(s.num_kv_layers, num_blocks + extra, block_size, s.num_kv_heads, s.head_dim, s.dtype, &dev)?;
-        let bank = (bank_rows > 0).then(|| Tensor::zeros((bank_rows + extra, s.hidden_size), s.dtype, &dev)).transpose()?;
+        let bank = (bank_rows > 0).then(|| Tensor::zeros((bank_rows + extra, s.state_width), s.dtype, &dev)).transpose()?;
         if graphs {
             super::graphs::prepare_device(&dev);
         }
@@ -199,9 +199,7 @@ impl LoopedRunner {
         let h_old = self.bank()?.index_select(&idx, 0)?;
         let out = self.model.core_step(&h_old, &input, &batch, &self.kv)?;
         self.write_bank(&idx, &out.hidden)?;
-        let new = out.hidden.to_dtype(DType::F32)?;
-        let change = (&new - h_old.to_dtype(DType::F32)?)?.sqr()?.sum(D::Minus1)?.sqrt()?;
-        let latent_diff = (change / new.sqr()?.sum(D::Minus1)?.sqrt()?)?;
+        let latent_diff = self.latent_diff(&h_old, &out.hidden)?;
         Ok(Forward {
             logits: None,
             gate_logits: out.gate_logit.map(|g| g.unsqueeze(0)).transpose()?,
@@ -210,9 +208,20 @@ impl LoopedRunner {
         })
     }
 
+    /// ‖s_r − s_{r−1}‖ / ‖s_r‖ per row, over the state proper (the first `hidden_size` columns).
+    fn latent_diff(&self, old: &Tensor, new: &Tensor) -> Result<Tensor> {
+        let h = self.model.spec().hidden_size;
+        let new = new.narrow(D::Minus1, 0, h)?.to_dtype(DType::F32)?;
+        let old = old.narrow(D::Minus1, 0, h)?.to_dtype(DType::F32)?;
+        let change = (&new - old)?.sqr()?.sum(D::Minus1)?.sqrt()?;
+        change / new.sqr()?.sum(D::Minus1)?.sqrt()?
+    }
+
     fn coda(&self, launch: &Launch) -> Result<Forward> {
         let h = self.bank()?.index_select(&self.state_index(&launch.rows)?, 0)?;
-        let logits = self.model.coda(&h)?;
+        let rows: Vec<&LaunchRow> = launch.rows.iter().collect();
+        let (input, batch) = self.token_batch(&rows, |_| 0)?;
+        let logits = self.model.head(&self.model.coda(&h, &input, &batch, &self.kv)?)?;
         Ok(Forward { logits: Some(logits), gate_logits: None, latent_diff: None, sample_rows: (0..launch.rows.len()).collect() })
     }
 
@@ -299,10 +308,12 @@ impl LoopedRunner {
                 gates.push(g.index_select(&last_idx, 0)?);
             }
         }
+        // The coda runs over every token: models with coda blocks write their KV here.
+        let y = self.model.coda(&h, &input, first, &self.kv)?;
         if sample_rows.is_empty() {
             return Ok(Forward { logits: None, gate_logits: None, latent_diff: None, sample_rows });
         }
-        let logits = self.model.coda(&h.index_select(&last_idx, 0)?)?;
+        let logits = self.model.head(&y.index_select(&last_idx, 0)?)?;
         let gate_logits = (!gates.is_empty()).then(|| Tensor::stack(&gates, 0)).transpose()?;
         Ok(Forward { logits: Some(logits), gate_logits, latent_diff: None, sample_rows })
     }
@@ -329,7 +340,10 @@ impl LoopedRunner {
             }
             Stage::Coda => {
                 self.bank.as_ref()?;
-                Some(GraphKey { stage: Stage::Coda, rows, ctx: 0, slots: Vec::new() })
+                // A coda with its own blocks (Huginn) attends over the KV: not captured yet.
+                (!self.model.spec().heavy_coda).then_some(())?;
+                // The coda attends through slot 0 (prelude and coda layers use it).
+                Some(GraphKey { stage: Stage::Coda, rows, ctx: ctx_bucket(max_ctx), slots: vec![0] })
             }
             _ => None,
         }
@@ -453,9 +467,7 @@ impl LoopedRunner {
                 let input = self.model.prepare(&st.positions)?;
                 let h_old = self.bank()?.index_select(&st.state, 0)?;
                 let out = self.model.core_step(&h_old, &input, &batches[0], &self.kv)?;
-                let new = out.hidden.to_dtype(DType::F32)?;
-                let change = (&new - h_old.to_dtype(DType::F32)?)?.sqr()?.sum(D::Minus1)?.sqrt()?;
-                let latent_diff = (change / new.sqr()?.sum(D::Minus1)?.sqrt()?)?;
+                let latent_diff = self.latent_diff(&h_old, &out.hidden)?;
                 st.latent.slice_set(&latent_diff.contiguous()?, 0, 0)?;
                 if let Some(g) = &out.gate_logit {
                     st.gate.slice_set(&g.unsqueeze(0)?.contiguous()?, 0, 0)?;
@@ -474,12 +486,13 @@ impl LoopedRunner {
                         has_gate = true;
                     }
                 }
-                let logits = self.model.coda(&h)?;
+                let logits = self.model.head(&self.model.coda(&h, &input, batch_of(key.slots[0]), &self.kv)?)?;
                 st.logits.as_ref().expect("full-depth statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
             }
             Stage::Coda => {
                 let h = self.bank()?.index_select(&st.state, 0)?;
-                let logits = self.model.coda(&h)?;
+                let input = self.model.prepare(&st.positions)?;
+                let logits = self.model.head(&self.model.coda(&h, &input, batch_of(0), &self.kv)?)?;
                 st.logits.as_ref().expect("coda statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
             }
             other => candle_core::bail!("no graph for stage {other:?}"),

@@ -2,8 +2,10 @@
 //! batch of rows, and rows of one core-step launch may sit at different loop steps (each brings
 //! the block table of its own cache slot in the [`PagedBatch`]).
 
+mod huginn;
 mod ouro;
 
+pub use huginn::Huginn;
 pub use ouro::Ouro;
 
 use crate::kv::KvStore;
@@ -15,6 +17,10 @@ use candle_core::{DType, Device, Result, Tensor};
 pub struct LoopedSpec {
     pub vocab_size: usize,
     pub hidden_size: usize,
+    /// Width of the loop state carried between stages (the state bank's rows): `hidden_size`
+    /// for Ouro, `2 · hidden_size` for Huginn (`[s | e]`). The first `hidden_size` columns are
+    /// the state proper (the latent difference is measured on them).
+    pub state_width: usize,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -27,6 +33,9 @@ pub struct LoopedSpec {
     pub boundary_params: u64,
     /// Parameters touched per loop step (Fr in the CDB bound).
     pub step_params: u64,
+    /// The coda runs transformer blocks (Huginn), so depth schedulers hold it for a larger
+    /// batch by default (a quarter of the width).
+    pub heavy_coda: bool,
     pub dtype: DType,
 }
 
@@ -65,6 +74,9 @@ pub trait LoopedModel: Send {
     fn prelude(&self, ids: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
     /// One application of the recurrent core; writes the step's K/V into `batch`'s blocks.
     fn core_step(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut>;
-    /// Coda over exited states `[rows, hidden]` → f32 logits `[rows, vocab]`.
-    fn coda(&self, h: &Tensor) -> Result<Tensor>;
+    /// Coda over exited states `[tokens, state_width]` → `[tokens, hidden]`; writes the coda
+    /// blocks' KV for models that have them (every prompt token in a prefill).
+    fn coda(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
+    /// LM head over coda outputs `[rows, hidden]` → f32 logits `[rows, vocab]`.
+    fn head(&self, h: &Tensor) -> Result<Tensor>;
 }

@@ -78,6 +78,7 @@ impl Ouro {
         let spec = LoopedSpec {
             vocab_size: v,
             hidden_size: h,
+            state_width: h,
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: hd,
@@ -87,6 +88,7 @@ impl Ouro {
             // Counting rule of the CDB authors: the embedding lookup is free, the head is not.
             boundary_params: (v * h) as u64,
             step_params: layer_params * cfg.num_hidden_layers as u64 + (h + h + 1) as u64,
+            heavy_coda: false,
             dtype: w.dtype(),
         };
         Ok(Self {
@@ -172,7 +174,11 @@ impl LoopedModel for Ouro {
         Ok(CoreOut { hidden: h, gate_logit: Some(gate_logit) })
     }
 
-    fn coda(&self, h: &Tensor) -> Result<Tensor> {
+    fn coda(&self, state: &Tensor, _input: &StageInput, _batch: &PagedBatch, _kv: &KvStore) -> Result<Tensor> {
+        Ok(state.clone())
+    }
+
+    fn head(&self, h: &Tensor) -> Result<Tensor> {
         self.lm_head.forward(h)?.to_dtype(DType::F32)
     }
 }

@@ -1,0 +1,179 @@
+//! Huginn-0125 (Geiping et al., "Scaling up test-time compute with latent reasoning", 2025):
+//! 2 prelude, 4 recurrent core and 2 coda sandwich blocks around a loop state.
+//!
+//! Stages: prelude = embedding × √h + prelude blocks (write KV), state s₀ = 0 (as the CDB
+//! authors serve it); core step = adapter(concat[s, e]) + core blocks; coda = ln_f + coda
+//! blocks (write KV) + ln_f; head = tied LM head. The loop state carried between stages is
+//! `[s | e]` (2h wide): every step needs the prelude output e again.
+
+use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
+use crate::kv::KvStore;
+use crate::loader::Weights;
+use crate::models::HuginnConfig;
+use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::Linear;
+
+/// A sandwich block: both residual sums are normalised.
+#[derive(Debug, Clone)]
+struct Block {
+    wqkv: Linear,
+    qk_bias: Option<(Tensor, Tensor)>,
+    proj: Linear,
+    fc: Linear,
+    mlp_proj: Linear,
+    norms: [Tensor; 4],
+    /// Index of this block's cache in the KV store.
+    kv_layer: usize,
+}
+
+/// The Huginn model. Weights only; cloning shares the weight tensors.
+#[derive(Debug, Clone)]
+pub struct Huginn {
+    cfg: HuginnConfig,
+    spec: LoopedSpec,
+    wte: Tensor,
+    embed_scale: f64,
+    prelude: Vec<Block>,
+    core: Vec<Block>,
+    coda: Vec<Block>,
+    adapter: Linear,
+    ln_f: Tensor,
+    lm_head: Linear,
+    rope: RopeTable,
+    device: Device,
+}
+
+impl Huginn {
+    pub fn load(cfg: &HuginnConfig, w: &Weights) -> crate::Result<Self> {
+        let (h, i, rows) = (cfg.n_embd, cfg.intermediate_size, cfg.table_rows());
+        let (nh, nkv, hd) = (cfg.n_heads, cfg.kv_heads(), cfg.head_dim());
+        let block = |name: String, kv_layer: usize| -> crate::Result<Block> {
+            let qk_bias = if cfg.qk_bias {
+                let b = w.get((2, 1, nh, hd), &format!("{name}.attn.qk_bias"))?;
+                Some((b.get(0)?.squeeze(0)?, b.get(1)?.squeeze(0)?))
+            } else {
+                None
+            };
+            let norms = [1, 2, 3, 4].map(|n| w.get(h, &format!("{name}.norm_{n}.weight")));
+            let [n1, n2, n3, n4] = norms;
+            Ok(Block {
+                wqkv: Linear::new(w.get(((nh + 2 * nkv) * hd, h), &format!("{name}.attn.Wqkv.weight"))?, None),
+                qk_bias,
+                proj: Linear::new(w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?, None),
+                fc: Linear::new(w.get((2 * i, h), &format!("{name}.mlp.fc.weight"))?, None),
+                mlp_proj: Linear::new(w.get((h, i), &format!("{name}.mlp.proj.weight"))?, None),
+                norms: [n1?, n2?, n3?, n4?],
+                kv_layer,
+            })
+        };
+        let (p, c) = (cfg.n_layers_in_prelude, cfg.n_layers_in_recurrent_block);
+        let prelude = (0..p).map(|j| block(format!("transformer.prelude.{j}"), j)).collect::<crate::Result<Vec<_>>>()?;
+        let core = (0..c).map(|j| block(format!("transformer.core_block.{j}"), p + j)).collect::<crate::Result<Vec<_>>>()?;
+        let coda = (0..cfg.n_layers_in_coda)
+            .map(|j| block(format!("transformer.coda.{j}"), p + c + j))
+            .collect::<crate::Result<Vec<_>>>()?;
+        let wte = w.get((rows, h), "transformer.wte.weight")?;
+        // The checkpoint stores the tied embedding twice; an untied head would be read the same way.
+        let lm_head = if w.contains("lm_head.weight") { w.get((rows, h), "lm_head.weight")? } else { wte.clone() };
+        let block_params = (((nh + 2 * nkv) * hd + nh * hd) * h + 3 * h * i + 2 * nh * hd + 4 * h) as u64;
+        let spec = LoopedSpec {
+            vocab_size: cfg.vocab_size,
+            hidden_size: h,
+            state_width: 2 * h,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            num_kv_layers: cfg.num_layers(),
+            max_steps: cfg.max_steps,
+            max_context: cfg.block_size,
+            // CDB counting: F0 = prelude + coda blocks + ln_f + head; Fr = adapter + core blocks.
+            boundary_params: (p + cfg.n_layers_in_coda) as u64 * block_params + (h + rows * h) as u64,
+            step_params: c as u64 * block_params + (2 * h * h) as u64,
+            heavy_coda: true,
+            dtype: w.dtype(),
+        };
+        Ok(Self {
+            rope: RopeTable::new(hd, cfg.rope_base, w.dtype(), w.device())?,
+            embed_scale: (h as f64).sqrt(),
+            adapter: Linear::new(w.get((h, 2 * h), "transformer.adapter.weight")?, None),
+            ln_f: w.get(h, "transformer.ln_f.weight")?,
+            lm_head: Linear::new(lm_head, None),
+            wte,
+            prelude,
+            core,
+            coda,
+            spec,
+            cfg: cfg.clone(),
+            device: w.device().clone(),
+        })
+    }
+
+    fn block_forward(&self, b: &Block, x: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        let eps = self.cfg.norm_eps;
+        let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
+        let t = x.dim(0)?;
+        let qkv = b.wqkv.forward(&ops::rms_norm(x, &b.norms[0], eps)?)?;
+        let mut q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
+        let mut k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
+        let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?.contiguous()?;
+        // The learned bias is added before RoPE.
+        if let Some((bq, bk)) = &b.qk_bias {
+            q = q.broadcast_add(bq)?;
+            k = k.broadcast_add(bk)?;
+        }
+        let q = input.rope.apply_interleaved(&q)?;
+        let k = input.rope.apply_interleaved(&k)?;
+        write_kv(kv.k(b.kv_layer), &k, batch)?;
+        write_kv(kv.v(b.kv_layer), &v, batch)?;
+        let attn = paged_attention(&q, kv.k(b.kv_layer), kv.v(b.kv_layer), batch, 1.0 / (hd as f64).sqrt())?;
+        let attn = b.proj.forward(&attn.reshape((t, nh * hd))?)?;
+        let x = ops::rms_norm(&(attn + x)?, &b.norms[1], eps)?;
+        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?)?;
+        ops::rms_norm(&(m + x)?, &b.norms[3], eps)
+    }
+
+    fn blocks(&self, blocks: &[Block], x: Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        blocks.iter().try_fold(x, |x, b| self.block_forward(b, &x, input, batch, kv))
+    }
+}
+
+impl LoopedModel for Huginn {
+    fn spec(&self) -> &LoopedSpec {
+        &self.spec
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn prepare(&self, positions: &Tensor) -> Result<StageInput> {
+        Ok(StageInput { rope: self.rope.angles(positions)? })
+    }
+
+    fn prelude(&self, ids: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        let e = (self.wte.index_select(ids, 0)? * self.embed_scale)?;
+        let e = self.blocks(&self.prelude, e, input, batch, kv)?;
+        Tensor::cat(&[&e.zeros_like()?, &e], D::Minus1)
+    }
+
+    fn core_step(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut> {
+        let h = self.spec.hidden_size;
+        // The adapter's input is concat[s, e], which is exactly the carried state.
+        let x = self.adapter.forward(state)?;
+        let s = self.blocks(&self.core, x, input, batch, kv)?;
+        let e = state.narrow(D::Minus1, h, h)?;
+        Ok(CoreOut { hidden: Tensor::cat(&[&s, &e], D::Minus1)?, gate_logit: None })
+    }
+
+    fn coda(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        let s = state.narrow(D::Minus1, 0, self.spec.hidden_size)?;
+        let x = ops::rms_norm(&s.contiguous()?, &self.ln_f, self.cfg.norm_eps)?;
+        let x = self.blocks(&self.coda, x, input, batch, kv)?;
+        ops::rms_norm(&x, &self.ln_f, self.cfg.norm_eps)
+    }
+
+    fn head(&self, h: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(h)?.to_dtype(DType::F32)
+    }
+}

@@ -1,0 +1,92 @@
+//! Huginn: loading tiny checkpoints in the real layout, and the depth-batching conformance
+//! matrix on a tiny Huginn (prelude and coda blocks with their own KV, 2h-wide loop state).
+
+mod common;
+use common::*;
+use ponder::gate::{DepthTrace, ExitGate, FixedDepth, LatentDiff, Lookahead, Replay};
+use ponder::loader::ModelDir;
+use ponder::models::ModelConfig;
+use ponder::testing::{huginn_tensor_manifest, tiny_huginn_config, write_random_huginn};
+use ponder::{EngineBuilder, KvLayoutKind, SchedulerKind};
+
+fn tiny_huginn(seed: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-huginn");
+    write_random_huginn(&dir, &tiny_huginn_config(VOCAB), seed).unwrap();
+    (tmp, dir)
+}
+
+#[test]
+fn real_huginn_tensor_names() {
+    let m = huginn_tensor_manifest(&ponder::models::HuginnConfig::huginn_0125());
+    assert_eq!(m.len(), 8 * 9 + 4, "77 tensors in the released checkpoint, less freqs_cis");
+    let block: usize = m.iter().filter(|(n, _)| n.starts_with("transformer.core_block.0.")).map(|(_, s)| s.iter().product::<usize>()).sum();
+    assert_eq!(block, 395_398_080);
+    assert!(m.iter().any(|(n, s)| n == "transformer.adapter.weight" && s == &vec![5280, 10560]));
+    assert!(m.iter().any(|(n, s)| n == "transformer.coda.1.attn.qk_bias" && s == &vec![2, 1, 55, 96]));
+}
+
+#[test]
+fn tiny_huginn_loads_and_generates() {
+    let (_tmp, dir) = tiny_huginn(1);
+    assert!(matches!(ModelDir::open(&dir).unwrap().config, ModelConfig::Huginn(_)));
+    let mut engine = EngineBuilder::new(&dir).block_size(4).build().unwrap();
+    let spec = engine.spec().clone();
+    assert_eq!((spec.num_kv_layers, spec.max_steps, spec.state_width), (4, 6, 128));
+    let out = engine.generate([vec![1u32, 2, 3]], &ponder::GenerationParams::greedy(5)).unwrap().remove(0).unwrap();
+    assert_eq!(out.token_ids.len(), 5);
+    assert!(out.token_ids.iter().all(|&t| (t as usize) < 104), "ids within the padded table");
+    // A missing tensor is a typed error naming it.
+    let t = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
+    let mut fewer = t.clone();
+    fewer.remove("transformer.adapter.weight");
+    candle_core::safetensors::save(&fewer, dir.join("model.safetensors")).unwrap();
+    assert!(matches!(EngineBuilder::new(&dir).build(), Err(ponder::Error::BadTensor { name, .. }) if name == "transformer.adapter.weight"));
+}
+
+fn gates() -> Vec<(&'static str, fn() -> Box<dyn ExitGate>)> {
+    vec![
+        ("fixed6", || Box::new(FixedDepth::new(6).unwrap())),
+        ("latent-diff", || Box::new(LatentDiff::new(0.6, 1, 6).unwrap())),
+        ("replay", || Box::new(Replay::new(DepthTrace::with_mean(3.5, 2, 6, 3).unwrap(), 2, 6).unwrap())),
+        ("lookahead(latent-diff)", || Box::new(Lookahead::new(LatentDiff::new(0.6, 1, 6).unwrap()).unwrap())),
+    ]
+}
+
+#[test]
+fn huginn_depth_batching_is_batch_invariant() {
+    let (_tmp, dir) = tiny_huginn(2);
+    let ps = prompts(6, 8);
+    let max_new: Vec<usize> = (0..ps.len()).map(|i| 3 + (i * 2) % 7).collect();
+    let mut runs = 0;
+    let mut cb_out = None;
+    for scheduler in [SchedulerKind::Continuous, SchedulerKind::Depth { refill: true }, SchedulerKind::Depth { refill: false }] {
+        for layout in KvLayoutKind::ALL {
+            for (name, gate) in gates() {
+                let g = gate();
+                if (scheduler == SchedulerKind::Continuous && name != "fixed6")
+                    || ponder::kv::check_layout(layout.build().as_ref(), g.min_steps(), g.max_steps()).is_err()
+                {
+                    continue;
+                }
+                let make = |w: usize| builder(&dir, layout, w).scheduler(scheduler).exit_gate_boxed(gate()).min_coda_batch_size(2);
+                let want = sequential(&mut make(1).build().unwrap(), &ps, &max_new);
+                let mut engine = make(3).build().unwrap();
+                assert_eq!(batched(&mut engine, &ps, &max_new), want, "{scheduler:?} × {layout:?} × {name}");
+                assert_kv_empty(&engine);
+                if scheduler != SchedulerKind::Continuous && name != "fixed6" {
+                    let d = engine.metrics().mean_depth();
+                    assert!(d > 1.0 && d < 6.0, "{scheduler:?} × {layout:?} × {name}: mean depth {d}");
+                }
+                if name == "fixed6" && layout == KvLayoutKind::Shared {
+                    match &cb_out {
+                        None => cb_out = Some(want),
+                        Some(cb) => assert_eq!(&want, cb, "{scheduler:?} at full depth == CB"),
+                    }
+                }
+                runs += 1;
+            }
+        }
+    }
+    assert!(runs >= 20, "{runs} combinations");
+}
