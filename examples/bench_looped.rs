@@ -1,11 +1,14 @@
 //! Throughput of looped-LM serving on real model shapes with random weights generated on the
 //! device (real checkpoints cannot be downloaded here; the CDB authors' method).
 //!
-//!     bench_looped [--suite cb|cdb] [--widths 16,64,256] [--layout L] [--json FILE]
-//!                  [--commit SHA] [--parity] [--tiny]
+//!     bench_looped [--model ouro|huginn] [--suite cb|cdb] [--widths 16,64,256] [--layout L]
+//!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
 //!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
-//!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40]
+//!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter]
+//!
+//! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
+//! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4.
 //!
 //! Suite `cb`: for each width W, W requests at once (random prompt ids, eos ignored) with the
 //! full-depth continuous batching baseline; decode tokens/s (median over repeats, after a
@@ -28,10 +31,10 @@ use candle_core::{DType, Device, Tensor};
 use ponder::engine::LoopedRunner;
 use ponder::kv::{KvLayout, KvManager};
 use ponder::loader::Weights;
-use ponder::models::looped::Ouro;
-use ponder::models::{LoopedModel, OuroConfig};
+use ponder::models::looped::{Huginn, Ouro};
+use ponder::models::{HuginnConfig, LoopedModel, OuroConfig};
 use ponder::scheduler::{Launch, LaunchRow, Stage};
-use ponder::testing::{ouro_tensor_manifest, random_tensors, tiny_ouro_config};
+use ponder::testing::{huginn_tensor_manifest, ouro_tensor_manifest, random_tensors, tiny_huginn_config, tiny_ouro_config};
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, RequestId};
 use std::time::Instant;
 
@@ -51,6 +54,8 @@ struct Args {
     requests_per_width: usize,
     min_depth: usize,
     kv_gb: f64,
+    model: String,
+    min_coda: Vec<String>,
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -70,6 +75,8 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         requests_per_width: 3,
         min_depth: 2,
         kv_gb: 40.0,
+        model: "ouro".into(),
+        min_coda: vec!["1".into()],
     };
     let mut layout_set = false;
     let mut it = std::env::args().skip(1);
@@ -90,6 +97,8 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--requests-per-width" => a.requests_per_width = v()?.parse()?,
             "--min-depth" => a.min_depth = v()?.parse()?,
             "--kv-gb" => a.kv_gb = v()?.parse()?,
+            "--model" => a.model = v()?,
+            "--min-coda" => a.min_coda = v()?.split(',').map(String::from).collect(),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,
@@ -103,24 +112,72 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     Ok(a)
 }
 
+/// The benchmarked model: real shapes (or a tiny CPU config), random weights.
+#[derive(Clone)]
+enum BenchModel {
+    Ouro(Ouro),
+    Huginn(Huginn),
+}
+
+impl BenchModel {
+    fn boxed(&self) -> Box<dyn LoopedModel> {
+        match self {
+            Self::Ouro(m) => Box::new(m.clone()),
+            Self::Huginn(m) => Box::new(m.clone()),
+        }
+    }
+    fn spec(&self) -> &ponder::models::LoopedSpec {
+        match self {
+            Self::Ouro(m) => m.spec(),
+            Self::Huginn(m) => m.spec(),
+        }
+    }
+}
+
+/// How to make the benchmarked model from a set of weights.
+struct ModelRecipe {
+    name: &'static str,
+    manifest: Vec<(String, Vec<usize>)>,
+    load: Box<dyn Fn(&Weights) -> ponder::Result<BenchModel>>,
+}
+
+fn recipe(model: &str, tiny: bool) -> Result<ModelRecipe, Box<dyn std::error::Error>> {
+    Ok(match (model, tiny) {
+        ("ouro", false) | ("ouro", true) => {
+            let cfg = if tiny { tiny_ouro_config(512) } else { OuroConfig::ouro_1_4b() };
+            ModelRecipe {
+                name: if tiny { "tiny-ouro (random)" } else { "Ouro-1.4B shapes, random bf16 weights" },
+                manifest: ouro_tensor_manifest(&cfg),
+                load: Box::new(move |w| Ok(BenchModel::Ouro(Ouro::load(&cfg, w)?))),
+            }
+        }
+        ("huginn", _) => {
+            let cfg = if tiny { tiny_huginn_config(512) } else { HuginnConfig::huginn_0125() };
+            ModelRecipe {
+                name: if tiny { "tiny-huginn (random)" } else { "Huginn-0125 (3.5B) shapes, r_max 16, random bf16 weights" },
+                manifest: huginn_tensor_manifest(&cfg),
+                load: Box::new(move |w| Ok(BenchModel::Huginn(Huginn::load(&cfg, w)?))),
+            }
+        }
+        (other, _) => return Err(format!("unknown model {other} (ouro | huginn)").into()),
+    })
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
-    let (cfg, device, dtype) = if args.tiny {
-        (tiny_ouro_config(512), Device::Cpu, DType::F32)
-    } else {
-        (OuroConfig::ouro_1_4b(), Device::new_cuda(0)?, DType::BF16)
-    };
+    let (device, dtype) = if args.tiny { (Device::Cpu, DType::F32) } else { (Device::new_cuda(0)?, DType::BF16) };
+    let recipe = recipe(&args.model, args.tiny)?;
     let gpu = gpu_name();
-    println!("device: {gpu}; model: Ouro-1.4B shapes{}", if args.tiny { " (tiny CPU smoke config)" } else { "" });
+    println!("device: {gpu}; model: {}", recipe.name);
 
     let mut parity_json = serde_json::Value::Null;
     if args.parity {
-        parity_json = parity(&cfg, &device, dtype)?;
+        parity_json = parity(&recipe, &device, dtype)?;
     }
 
     let t = Instant::now();
-    let master = random_tensors(&ouro_tensor_manifest(&cfg), 7, DType::F32, &device)?;
-    let model = Ouro::load(&cfg, &Weights::from_map(master, dtype, &device))?;
+    let master = random_tensors(&recipe.manifest, 7, DType::F32, &device)?;
+    let model = (recipe.load)(&Weights::from_map(master, dtype, &device))?;
     device.synchronize()?;
     println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
     let spec = model.spec().clone();
@@ -141,7 +198,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let doc = serde_json::json!({
             "gpu": gpu, "commit": args.commit,
             "command": std::env::args().collect::<Vec<_>>().join(" "),
-            "model": if args.tiny { "tiny-ouro (random)" } else { "Ouro-1.4B shapes, random bf16 weights" },
+            "model": recipe.name,
             "suite": args.suite, "layout": format!("{:?}", args.layout),
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
             "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
@@ -154,22 +211,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn cb_suite(args: &Args, model: &Ouro, bandwidth: f64, weight_bytes_per_step: u64) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+fn cb_suite(args: &Args, model: &BenchModel, bandwidth: f64, weight_bytes_per_step: u64) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
     let spec = model.spec().clone();
     let mut results = Vec::new();
     println!("{:>6} {:>12} {:>12} {:>10} {:>12} {:>10}", "width", "tok/s", "floor tok/s", "of floor", "step ms", "prefill s");
     for &w in &args.widths {
         let slots = args.layout.build().num_slots(spec.max_steps);
         let per_req = args.prompt_len + args.new_tokens + 16;
-        let engine_for = |model: Ouro| {
-            EngineBuilder::from_model(Box::new(model), None, vec![])
+        let engine_for = |model: &BenchModel| {
+            EngineBuilder::from_model(model.boxed(), None, vec![])
                 .kv_layout(args.layout)
                 .max_num_seqs(w)
                 .max_num_batched_tokens((w * args.prompt_len).clamp(per_req, 16384))
                 .kv_capacity_tokens(w * per_req * slots)
                 .build()
         };
-        let mut engine = engine_for(model.clone())?;
+        let mut engine = engine_for(model)?;
         let run = |engine: &mut ponder::Engine, new_tokens: usize, seed: u64| -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
             let before = engine.metrics().clone();
             let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(new_tokens) };
@@ -250,21 +307,23 @@ fn gpu_name() -> String {
 
 /// Next-token logits of the device model (in `dtype`) vs the f32 CPU reference on the same
 /// weights: a prefill of 4 ragged prompts, then one decode step.
-fn parity(cfg: &OuroConfig, device: &Device, dtype: DType) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+fn parity(recipe: &ModelRecipe, device: &Device, dtype: DType) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let t = Instant::now();
-    let master = random_tensors(&ouro_tensor_manifest(cfg), 11, DType::F32, device)?;
+    let master = random_tensors(&recipe.manifest, 11, DType::F32, device)?;
     let cpu: std::collections::HashMap<_, _> =
         master.iter().map(|(k, v)| Ok((k.clone(), v.to_device(&Device::Cpu)?))).collect::<candle_core::Result<_>>()?;
-    let dev_model = Ouro::load(cfg, &Weights::from_map(master, dtype, device))?;
-    let cpu_model = Ouro::load(cfg, &Weights::from_map(cpu, DType::F32, &Device::Cpu))?;
+    let dev_model = (recipe.load)(&Weights::from_map(master, dtype, device))?;
+    let cpu_model = (recipe.load)(&Weights::from_map(cpu, DType::F32, &Device::Cpu))?;
+    let steps = cpu_model.spec().max_steps;
     let block = 16;
     let lens = [5usize, 17, 33, 9];
     let layout: Box<dyn KvLayout> = KvLayoutKind::DepthIndexed.build();
-    let mut kv = KvManager::new(64, block, layout, cfg.total_ut_steps);
-    let dev_runner = LoopedRunner::new(Box::new(dev_model), 64, block, 0)?;
-    let cpu_runner = LoopedRunner::new(Box::new(cpu_model), 64, block, 0)?;
-    let step_slots: Vec<usize> = (0..cfg.total_ut_steps).collect();
-    let prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| random_ids(n, cfg.vocab_size, 50 + i as u64)).collect();
+    let num_blocks = 4 * steps * 8;
+    let mut kv = KvManager::new(num_blocks, block, layout, steps);
+    let dev_runner = LoopedRunner::new(dev_model.boxed(), num_blocks, block, 0)?;
+    let cpu_runner = LoopedRunner::new(cpu_model.boxed(), num_blocks, block, 0)?;
+    let step_slots: Vec<usize> = (0..steps).collect();
+    let prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| random_ids(n, cpu_model.spec().vocab_size, 50 + i as u64)).collect();
     let rows = |toks: &[Vec<u32>], start: &[usize], kv: &mut KvManager| -> Vec<LaunchRow> {
         toks.iter()
             .zip(start)
@@ -299,7 +358,10 @@ fn compare(name: &str, dev: &ponder::engine::Forward, cpu: &ponder::engine::Forw
     };
     let (la, lb) = (dev.logits.as_ref().unwrap(), cpu.logits.as_ref().unwrap());
     let logits_rel = rel(la, lb)?;
-    let gate_rel = rel(dev.gate_logits.as_ref().unwrap(), cpu.gate_logits.as_ref().unwrap())?;
+    let gate_rel = match (&dev.gate_logits, &cpu.gate_logits) {
+        (Some(a), Some(b)) => rel(a, b)?,
+        _ => f64::NAN, // the model has no exit gate (Huginn)
+    };
     let am_a = la.to_device(&Device::Cpu)?.argmax(1)?.to_vec1::<u32>()?;
     let am_b = lb.argmax(1)?.to_vec1::<u32>()?;
     let agree = am_a.iter().zip(&am_b).filter(|(x, y)| x == y).count();
@@ -394,7 +456,7 @@ fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize) -> Result<Ru
     Ok(RunStats { window_tokens_per_s: win, whole_tokens_per_s: whole, mean_depth, idle: if time > 0.0 { 1.0 - wait / time } else { 0.0 }, stages: stages.into() })
 }
 
-fn cdb_suite(args: &Args, model: &Ouro) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
     use ponder::gate::{DepthTrace, Replay};
     use ponder::SchedulerKind;
     let spec = model.spec().clone();
@@ -402,20 +464,21 @@ fn cdb_suite(args: &Args, model: &Ouro) -> Result<Vec<serde_json::Value>, Box<dy
     let bytes_per_pos = ponder::kv::KvStore::bytes_per_block(spec.num_kv_layers, 1, spec.num_kv_heads, spec.head_dim, spec.dtype) * slots;
     let mut results = Vec::new();
     println!(
-        "{:>5} {:>6} {:>14} {:>10} {:>8} {:>7} {:>7} {:>8} {:>7}",
+        "{:>5} {:>6} {:>20} {:>10} {:>8} {:>7} {:>7} {:>8} {:>7}",
         "width", "d̄", "mode", "tok/s", "vs CB", "bound", "of bnd", "idle≤", "d̄ real"
     );
     for &w in &args.widths {
         let jobs = workload(args.requests_per_width * w, spec.vocab_size, spec.max_context, 42 + w as u64);
         let max_need = jobs.iter().map(|j| j.prompt.len() + j.new_tokens).max().unwrap_or(1) + 16;
         let kv_tokens = ((args.kv_gb * 1e9) as usize / bytes_per_pos).min(w * max_need) * slots;
-        let build = |sched: SchedulerKind, mean: f64| -> ponder::Result<ponder::Engine> {
-            let b = EngineBuilder::from_model(Box::new(model.clone()), None, vec![])
+        let build = |sched: SchedulerKind, mean: f64, min_coda: usize| -> ponder::Result<ponder::Engine> {
+            let b = EngineBuilder::from_model(model.boxed(), None, vec![])
                 .kv_layout(args.layout)
                 .scheduler(sched)
                 .max_num_seqs(w)
                 .max_num_batched_tokens(8192)
-                .kv_capacity_tokens(kv_tokens);
+                .kv_capacity_tokens(kv_tokens)
+                .min_coda_batch_size(min_coda);
             match sched {
                 SchedulerKind::Continuous => b.build(),
                 _ => b.exit_gate(Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?).build(),
@@ -423,41 +486,56 @@ fn cdb_suite(args: &Args, model: &Ouro) -> Result<Vec<serde_json::Value>, Box<dy
         };
         let warm = workload(w.min(32), spec.vocab_size, spec.max_context, 1).into_iter().map(|j| Job { new_tokens: 8, ..j }).collect::<Vec<_>>();
         let mut cb_tps = None;
+        // Min coda batch sizes to compare: numbers, or "quarter" for W/4.
+        let min_codas: Vec<usize> = args
+            .min_coda
+            .iter()
+            .map(|m| if m == "quarter" { Ok((w / 4).max(1)) } else { m.parse::<usize>() })
+            .collect::<Result<_, _>>()?;
+        let mut seen = std::collections::HashSet::new();
+        let min_codas: Vec<usize> = min_codas.into_iter().filter(|m| seen.insert(*m)).collect();
         for (di, &mean) in args.mean_depths.iter().enumerate() {
             for mode in &args.modes {
                 let sched: SchedulerKind = mode.parse()?;
-                if sched == SchedulerKind::Continuous && di > 0 {
-                    // CB runs full depth whatever the exit distribution: measured once per width.
-                    let prev = results.iter().rev().find(|r: &&serde_json::Value| r["mode"] == "cb" && r["width"] == w).cloned();
-                    if let Some(mut r) = prev {
-                        r["mean_depth"] = mean.into();
-                        results.push(r);
+                let variants: &[usize] = if sched == SchedulerKind::Continuous { &min_codas[..1] } else { &min_codas };
+                for &min_coda in variants {
+                    if sched == SchedulerKind::Continuous && di > 0 {
+                        // CB runs full depth whatever the exit distribution: measured once per width.
+                        let prev = results.iter().rev().find(|r: &&serde_json::Value| r["mode"] == "cb" && r["width"] == w).cloned();
+                        if let Some(mut r) = prev {
+                            r["mean_depth"] = mean.into();
+                            r["target_mean_depth"] = mean.into();
+                            r["flop_bound"] = spec.flop_bound(mean).into();
+                            results.push(r);
+                        }
+                        continue;
                     }
-                    continue;
+                    let mut engine = build(sched, mean, min_coda)?;
+                    offline(&mut engine, &warm, w)?;
+                    let st = offline(&mut engine, &jobs, w)?;
+                    let realised = if sched == SchedulerKind::Continuous { spec.max_steps as f64 } else { st.mean_depth };
+                    let bound = spec.flop_bound(realised);
+                    if sched == SchedulerKind::Continuous {
+                        cb_tps = Some(st.window_tokens_per_s);
+                    }
+                    let speedup = cb_tps.map(|c| st.window_tokens_per_s / c);
+                    let label = if min_codas.len() > 1 && sched != SchedulerKind::Continuous { format!("{mode}/coda{min_coda}") } else { mode.clone() };
+                    println!(
+                        "{w:>5} {mean:>6.2} {label:>20} {:>10.0} {:>8} {bound:>7.3} {:>7} {:>7.1}% {realised:>7.2}",
+                        st.window_tokens_per_s,
+                        speedup.map_or("-".into(), |s| format!("{s:.3}x")),
+                        speedup.map_or("-".into(), |s| format!("{:.1}%", 100.0 * s / bound)),
+                        100.0 * st.idle
+                    );
+                    results.push(serde_json::json!({
+                        "mode": mode, "width": w, "min_coda_batch_size": min_coda,
+                        "mean_depth": if sched == SchedulerKind::Continuous { mean } else { realised },
+                        "target_mean_depth": mean, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
+                        "speedup_vs_cb": speedup, "flop_bound": spec.flop_bound(if sched == SchedulerKind::Continuous { mean } else { realised }),
+                        "fraction_of_bound": speedup.map(|s| s / spec.flop_bound(realised)), "gpu_idle": st.idle,
+                        "requests": jobs.len(), "stages": st.stages,
+                    }));
                 }
-                let mut engine = build(sched, mean)?;
-                offline(&mut engine, &warm, w)?;
-                let st = offline(&mut engine, &jobs, w)?;
-                let realised = if sched == SchedulerKind::Continuous { spec.max_steps as f64 } else { st.mean_depth };
-                let bound = spec.flop_bound(realised);
-                if sched == SchedulerKind::Continuous {
-                    cb_tps = Some(st.window_tokens_per_s);
-                }
-                let speedup = cb_tps.map(|c| st.window_tokens_per_s / c);
-                println!(
-                    "{w:>5} {mean:>6.2} {mode:>14} {:>10.0} {:>8} {bound:>7.3} {:>7} {:>7.1}% {realised:>7.2}",
-                    st.window_tokens_per_s,
-                    speedup.map_or("-".into(), |s| format!("{s:.3}x")),
-                    speedup.map_or("-".into(), |s| format!("{:.1}%", 100.0 * s / bound)),
-                    100.0 * st.idle
-                );
-                results.push(serde_json::json!({
-                    "mode": mode, "width": w, "mean_depth": if sched == SchedulerKind::Continuous { mean } else { realised },
-                    "target_mean_depth": mean, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
-                    "speedup_vs_cb": speedup, "flop_bound": spec.flop_bound(if sched == SchedulerKind::Continuous { mean } else { realised }),
-                    "fraction_of_bound": speedup.map(|s| s / spec.flop_bound(realised)), "gpu_idle": st.idle,
-                    "requests": jobs.len(), "stages": st.stages,
-                }));
             }
         }
     }
