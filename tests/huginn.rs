@@ -90,3 +90,40 @@ fn huginn_depth_batching_is_batch_invariant() {
     }
     assert!(runs >= 20, "{runs} combinations");
 }
+
+#[test]
+fn released_layout_loads_sharded_fp32_with_freqs_cis() {
+    // As released: 4 fp32 shards with an index, lm_head a copy of wte, and a persistent
+    // `freqs_cis` buffer that the loader must ignore. Loaded in bf16 and f32 alike.
+    let (tmp, dir) = tiny_huginn(3);
+    let t = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
+    let sharded = tmp.path().join("released");
+    std::fs::create_dir_all(&sharded).unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(dir.join(f), sharded.join(f)).unwrap();
+    }
+    let mut names: Vec<String> = t.keys().cloned().collect();
+    names.sort();
+    let freqs = candle_core::Tensor::zeros((1, 512, 1, 8, 2), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    let mut weight_map = serde_json::Map::new();
+    for (i, chunk) in names.chunks(names.len().div_ceil(4)).enumerate() {
+        let file = format!("model-0000{}-of-00004.safetensors", i + 1);
+        let mut part: std::collections::HashMap<String, candle_core::Tensor> = chunk.iter().map(|n| (n.clone(), t[n].clone())).collect();
+        if i == 0 {
+            part.insert("freqs_cis".into(), freqs.clone());
+            weight_map.insert("freqs_cis".into(), file.clone().into());
+        }
+        candle_core::safetensors::save(&part, sharded.join(&file)).unwrap();
+        for n in chunk {
+            weight_map.insert(n.clone(), file.clone().into());
+        }
+    }
+    std::fs::write(sharded.join("model.safetensors.index.json"), serde_json::json!({ "weight_map": weight_map }).to_string()).unwrap();
+    let run = |d: &std::path::Path| {
+        let mut e = EngineBuilder::new(d).block_size(4).build().unwrap();
+        e.generate([vec![5u32, 6, 7, 8]], &ponder::GenerationParams::greedy(6)).unwrap().remove(0).unwrap().token_ids
+    };
+    assert_eq!(run(&sharded), run(&dir));
+    let mut bf16 = EngineBuilder::new(&sharded).dtype(ponder::DType::BF16).block_size(4).build().unwrap();
+    assert_eq!(bf16.generate([vec![5u32, 6]], &ponder::GenerationParams::greedy(3)).unwrap().remove(0).unwrap().token_ids.len(), 3);
+}

@@ -11,6 +11,14 @@ pub struct LatentDiff {
 }
 
 impl LatentDiff {
+    /// The thresholds the CDB paper sweeps for Huginn (0.28 is its throughput setting).
+    pub const PAPER_THRESHOLDS: [f32; 3] = [0.28, 0.16, 0.10];
+
+    /// Huginn as the CDB authors serve it: threshold 0.28, any depth in `1..=max_steps`.
+    pub fn cdb_default(max_steps: usize) -> crate::Result<Self> {
+        Self::new(Self::PAPER_THRESHOLDS[0], 1, max_steps)
+    }
+
     /// `threshold` ≥ 0; 0 never exits early. The CDB paper sweeps 0.28 / 0.16 / 0.10.
     pub fn new(threshold: f32, min_steps: usize, max_steps: usize) -> crate::Result<Self> {
         check_bounds(min_steps, max_steps)?;
