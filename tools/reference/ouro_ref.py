@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""An independent PyTorch forward of the Ouro architecture, written from the model description
+(../../shared/spec/looped-lms-and-cdb.md §2), not from Ponder's Rust code. It reads an HF-style
+model directory (config.json + model.safetensors or a sharded index) and computes, for one
+sequence at full depth, the logits of every position and the exit-gate logit of every loop step.
+
+    python3 tools/reference/ouro_ref.py assets/tiny-ouro "fn main() {"
+"""
+import json
+import math
+import pathlib
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+
+def load_weights(model_dir: pathlib.Path) -> dict:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weights = {}
+        for f in files:
+            weights.update(load_file(str(model_dir / f)))
+        return weights
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+class OuroReference:
+    def __init__(self, model_dir, dtype=torch.float64):
+        model_dir = pathlib.Path(model_dir)
+        self.cfg = json.loads((model_dir / "config.json").read_text())
+        assert self.cfg["model_type"] == "ouro", self.cfg["model_type"]
+        self.w = {k: v.to(dtype) for k, v in load_weights(model_dir).items()}
+        self.dtype = dtype
+        c = self.cfg
+        self.heads = c["num_attention_heads"]
+        self.kv_heads = c.get("num_key_value_heads") or self.heads
+        self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
+        self.steps = c.get("total_ut_steps", 4)
+        self.eps = c.get("rms_norm_eps", 1e-6)
+        self.theta = c.get("rope_theta", 1e6)
+
+    def rms(self, x, weight):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + self.eps) * weight
+
+    def rope(self, x, positions):
+        # Split-half ("rotate_half") convention over the full head dimension.
+        d = self.head_dim
+        inv = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        ang = positions.to(torch.float64)[:, None] * inv[None, :]
+        cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)[:, None, :]
+        sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)[:, None, :]
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        rotated = torch.cat([-x2, x1], -1)
+        return x * cos + rotated * sin
+
+    def layer(self, i, h, positions):
+        w = self.w
+        p = f"model.layers.{i}"
+        t = h.shape[0]
+        a = self.rms(h, w[f"{p}.input_layernorm.weight"])
+        q = (a @ w[f"{p}.self_attn.q_proj.weight"].T).view(t, self.heads, self.head_dim)
+        k = (a @ w[f"{p}.self_attn.k_proj.weight"].T).view(t, self.kv_heads, self.head_dim)
+        v = (a @ w[f"{p}.self_attn.v_proj.weight"].T).view(t, self.kv_heads, self.head_dim)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        rep = self.heads // self.kv_heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.head_dim)
+        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+        attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(t, -1)
+        attn = attn @ w[f"{p}.self_attn.o_proj.weight"].T
+        h = h + self.rms(attn, w[f"{p}.input_layernorm_2.weight"])
+        m = self.rms(h, w[f"{p}.post_attention_layernorm.weight"])
+        gate = m @ w[f"{p}.mlp.gate_proj.weight"].T
+        up = m @ w[f"{p}.mlp.up_proj.weight"].T
+        m = (torch.nn.functional.silu(gate) * up) @ w[f"{p}.mlp.down_proj.weight"].T
+        return h + self.rms(m, w[f"{p}.post_attention_layernorm_2.weight"])
+
+    @torch.no_grad()
+    def forward(self, ids):
+        """logits [T, vocab] after the last loop, gate logits [steps, T]."""
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        positions = torch.arange(len(ids))
+        h = self.w["model.embed_tokens.weight"][ids]
+        gates = []
+        for _ in range(self.steps):
+            for i in range(self.cfg["num_hidden_layers"]):
+                h = self.layer(i, h, positions)
+            h = self.rms(h, self.w["model.norm.weight"])  # final norm after every loop
+            gates.append((h @ self.w["model.early_exit_gate.weight"].T + self.w["model.early_exit_gate.bias"]).squeeze(-1))
+        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        return h @ head.T, torch.stack(gates)
+
+
+if __name__ == "__main__":
+    from tokenizers import Tokenizer
+
+    model_dir = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "assets/tiny-ouro")
+    text = sys.argv[2] if len(sys.argv) > 2 else "fn main() {"
+    ref = OuroReference(model_dir)
+    ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(text).ids
+    logits, gates = ref.forward(ids)
+    print("ids", ids)
+    print("argmax of last position", int(logits[-1].argmax()))
+    print("gate logits of last position per step", [round(float(g), 5) for g in gates[:, -1]])
