@@ -77,6 +77,11 @@ impl ModelDir {
     }
 }
 
+/// candle errors carry a backtrace after the message; users want the message.
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().to_string()
+}
+
 fn read(p: &Path) -> Result<String> {
     std::fs::read_to_string(p).map_err(|source| Error::Io { path: p.to_path_buf(), source })
 }
@@ -137,7 +142,7 @@ impl Weights {
         // SAFETY: the files are mapped read-only; as with every mmap-based loader, they must
         // not be modified while the engine is loading from them.
         let st = unsafe { MmapedSafetensors::multi(files) }
-            .map_err(|e| Error::tensor(files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","), e.to_string()))?;
+            .map_err(|e| Error::tensor(files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","), first_line(&e.to_string())))?;
         Ok(Self { source: Source::Mmap(st), dtype, device: device.clone() })
     }
 
@@ -164,7 +169,12 @@ impl Weights {
     pub fn get<S: Into<Shape>>(&self, shape: S, name: &str) -> Result<Tensor> {
         let shape = shape.into();
         let t = match &self.source {
-            Source::Mmap(st) => st.load(name, &Device::Cpu).map_err(|e| Error::tensor(name, e.to_string()))?,
+            Source::Mmap(st) => {
+                if st.get(name).is_err() {
+                    return Err(Error::tensor(name, "missing from the checkpoint"));
+                }
+                st.load(name, &Device::Cpu).map_err(|e| Error::tensor(name, first_line(&e.to_string())))?
+            }
             Source::Map(m) => m.get(name).cloned().ok_or_else(|| Error::tensor(name, "missing"))?,
         };
         if t.shape() != &shape {
