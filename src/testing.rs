@@ -118,29 +118,34 @@ pub fn write_random_ouro(dir: &Path, cfg: &OuroConfig, seed: u64) -> Result<()> 
 
 /// [`write_random_ouro`] with the tensors stored in `dtype` (the released checkpoints are bf16).
 pub fn write_random_ouro_as(dir: &Path, cfg: &OuroConfig, seed: u64, dtype: DType) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
     let tensors = random_tensors(&ouro_tensor_manifest(cfg), seed, dtype, &Device::Cpu)?;
-    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
-    let mut config = serde_json::to_value(cfg).expect("config serialises");
-    config["architectures"] = serde_json::json!(["OuroForCausalLM"]);
-    write(dir.join("config.json"), &serde_json::to_string_pretty(&config).expect("json"))?;
     let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
-    write(dir.join("generation_config.json"), &serde_json::json!({ "eos_token_id": eos }).to_string())
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "OuroForCausalLM", &eos)
 }
 
 /// Writes a Huginn model directory (config.json with the released field names,
 /// model.safetensors, generation_config.json) with deterministic random f32 weights.
 pub fn write_random_huginn(dir: &Path, cfg: &HuginnConfig, seed: u64) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
     let mut tensors = random_tensors(&huginn_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
     // Tied: the released checkpoint stores the embedding twice.
     let wte = tensors["transformer.wte.weight"].clone();
     tensors.insert("lm_head.weight".into(), wte);
-    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
-    let mut config = serde_json::to_value(cfg).expect("config serialises");
-    config["architectures"] = serde_json::json!(["RavenForCausalLM"]);
-    write(dir.join("config.json"), &serde_json::to_string_pretty(&config).expect("json"))?;
     let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "RavenForCausalLM", &eos)
+}
+
+/// model.safetensors + config.json (with `architectures`) + generation_config.json.
+fn write_model_dir(
+    dir: &Path,
+    tensors: &HashMap<String, Tensor>,
+    mut config: serde_json::Value,
+    architecture: &str,
+    eos: &[u32],
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+    candle_core::safetensors::save(tensors, dir.join("model.safetensors"))?;
+    config["architectures"] = serde_json::json!([architecture]);
+    write(dir.join("config.json"), &serde_json::to_string_pretty(&config).expect("json"))?;
     write(dir.join("generation_config.json"), &serde_json::json!({ "eos_token_id": eos }).to_string())
 }
 
