@@ -59,7 +59,7 @@ fn depth_tick(c: &mut Criterion) {
             let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
             let mut next = 0u64;
             let mut produced = std::collections::HashMap::new();
-            let mut admit = |s: &mut DepthBatching, n: usize, next: &mut u64| {
+            let admit = |s: &mut DepthBatching, n: usize, next: &mut u64| {
                 for _ in 0..n {
                     s.add(SchedRequest { id: RequestId(*next), prompt: vec![1; 128], max_new_tokens: 512 });
                     *next += 1;

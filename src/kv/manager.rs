@@ -3,6 +3,11 @@
 use super::{BlockPool, KvLayout};
 use crate::engine::RequestId;
 use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One slot's block ids of one request, in position order. Shared, so a launch carries its rows'
+/// tables by reference count instead of copying them; growing a table makes a new one.
+pub type BlockTable = Arc<[u32]>;
 
 /// Host-side KV bookkeeping owned by a scheduler: allocation, capacity accounting, and the
 /// block tables that launches carry to the device.
@@ -12,7 +17,7 @@ pub struct KvManager {
     block_size: usize,
     layout: Box<dyn KvLayout>,
     num_slots: usize,
-    tables: HashMap<RequestId, Vec<Vec<u32>>>,
+    tables: HashMap<RequestId, Vec<BlockTable>>,
 }
 
 impl KvManager {
@@ -64,10 +69,14 @@ impl KvManager {
         }
         let per_slot = tokens.div_ceil(self.block_size);
         let slots = self.num_slots;
-        let tables = self.tables.entry(id).or_insert_with(|| vec![Vec::new(); slots]);
+        let tables = self.tables.entry(id).or_insert_with(|| vec![BlockTable::from([]); slots]);
         for table in tables.iter_mut() {
-            while table.len() < per_slot {
-                table.push(self.pool.allocate().expect("checked free count"));
+            if table.len() < per_slot {
+                let mut grown = table.to_vec();
+                while grown.len() < per_slot {
+                    grown.push(self.pool.allocate().expect("checked free count"));
+                }
+                *table = grown.into();
             }
         }
         true
@@ -76,8 +85,8 @@ impl KvManager {
     /// Returns every block of `id` to the pool. Unknown ids are ignored (idempotent).
     pub fn free(&mut self, id: RequestId) {
         if let Some(tables) = self.tables.remove(&id) {
-            for b in tables.into_iter().flatten() {
-                self.pool.release(b);
+            for b in tables.iter().flat_map(|t| t.iter()) {
+                self.pool.release(*b);
             }
         }
     }
@@ -88,7 +97,7 @@ impl KvManager {
     }
 
     /// All of `id`'s tables, indexed by slot.
-    pub fn tables(&self, id: RequestId) -> Option<&[Vec<u32>]> {
+    pub fn tables(&self, id: RequestId) -> Option<&[BlockTable]> {
         self.tables.get(&id).map(Vec::as_slice)
     }
 }

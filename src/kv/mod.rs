@@ -12,6 +12,6 @@ mod pool;
 mod store;
 
 pub use layout::{check_layout, DepthIndexed, FirstThenShared, KvLayout, KvLayoutKind, LastExited, Shared};
-pub use manager::KvManager;
+pub use manager::{BlockTable, KvManager};
 pub use pool::BlockPool;
 pub use store::KvStore;

@@ -131,7 +131,7 @@ impl DepthBatching {
         Launch { stage, step_slots, rows, kv_copies, reenter }
     }
 
-    fn tables(&self, id: RequestId) -> Vec<Vec<u32>> {
+    fn tables(&self, id: RequestId) -> Vec<crate::kv::BlockTable> {
         self.kv.tables(id).expect("resident request has KV").to_vec()
     }
 
@@ -342,6 +342,7 @@ impl Scheduler for DepthBatching {
             }
             Stage::CoreStep => {
                 let mut survivors = Vec::new();
+                let mut routed = std::collections::HashSet::new();
                 for (row, out) in launch.rows.iter().zip(&result.rows) {
                     let Some(req) = self.reqs.get_mut(&row.request) else { continue };
                     let signals = StepSignals { logit: out.gate_logits.last().copied(), latent_diff: out.latent_diff };
@@ -353,9 +354,12 @@ impl Scheduler for DepthBatching {
                     let exit = self.gate.decide(at, row.step, signals, &mut req.gate);
                     if pending {
                         let item = self.in_flight.remove(&row.request).expect("pending");
-                        self.unrouted.retain(|(s, id)| !(*s == Stage::CoreStep && *id == row.request));
+                        routed.insert(row.request);
                         self.route_core(item, exit, &mut survivors);
                     }
+                }
+                if !routed.is_empty() {
+                    self.unrouted.retain(|(s, id)| !(*s == Stage::CoreStep && routed.contains(id)));
                 }
                 for it in survivors.into_iter().rev() {
                     self.ready.push_front(it);

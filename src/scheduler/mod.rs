@@ -12,7 +12,7 @@ pub use continuous::ContinuousBatching;
 pub use depth::{DepthBatching, DepthConfig};
 
 use crate::engine::RequestId;
-use crate::kv::KvManager;
+use crate::kv::{BlockTable, KvManager};
 
 /// A request as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +56,7 @@ pub struct LaunchRow {
     /// Absolute position of `tokens[0]`.
     pub start_pos: usize,
     /// The request's block tables, indexed by cache slot; each covers `start_pos + tokens.len()`.
-    pub block_tables: Vec<Vec<u32>>,
+    pub block_tables: Vec<BlockTable>,
     /// Whether the row's last token is read out and a next token sampled.
     pub sample: bool,
     /// Loop step this row runs (core-step launches).
@@ -69,7 +69,7 @@ pub struct LaunchRow {
 
 impl LaunchRow {
     /// A row of a full-depth launch (prefill or CB decode): no per-step addressing.
-    pub fn full_depth(request: RequestId, tokens: Vec<u32>, start_pos: usize, block_tables: Vec<Vec<u32>>) -> Self {
+    pub fn full_depth(request: RequestId, tokens: Vec<u32>, start_pos: usize, block_tables: Vec<BlockTable>) -> Self {
         Self { request, tokens, start_pos, block_tables, sample: true, step: 0, slot: 0, state: 0 }
     }
 }
