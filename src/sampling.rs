@@ -84,6 +84,7 @@ impl Sampler {
             top_p: self.params.top_p,
             uniform,
             greedy: self.params.is_greedy(),
+            forced: None,
         }
     }
 }
@@ -97,12 +98,36 @@ pub struct RowSampling {
     /// Uniform draw in [0, 1) for the inverse-CDF step.
     pub uniform: f32,
     pub greedy: bool,
+    /// Teacher forcing: emit this token instead of sampling, and report its log-probability
+    /// under the model (scoring, perplexity).
+    pub forced: Option<u32>,
 }
 
 impl RowSampling {
     pub fn greedy() -> Self {
-        Self { temperature: 0.0, top_k: None, top_p: None, uniform: 0.0, greedy: true }
+        Self { temperature: 0.0, top_k: None, top_p: None, uniform: 0.0, greedy: true, forced: None }
     }
+}
+
+/// Tokens for `rows` (forced ones where given, sampled otherwise) and, for forced rows, the
+/// log-probability of the forced token under the untempered model distribution.
+pub fn sample_or_force(logits: &Tensor, rows: &[RowSampling]) -> Result<(Vec<u32>, Vec<Option<f32>>)> {
+    let forced: Vec<usize> = (0..rows.len()).filter(|&r| rows[r].forced.is_some()).collect();
+    let mut tokens = if forced.len() == rows.len() { vec![0; rows.len()] } else { sample(logits, rows)? };
+    let mut logprobs = vec![None; rows.len()];
+    if !forced.is_empty() {
+        let dev = logits.device();
+        let idx = Tensor::new(forced.iter().map(|&r| r as u32).collect::<Vec<_>>().as_slice(), dev)?;
+        let ids: Vec<u32> = forced.iter().map(|&r| rows[r].forced.expect("forced")).collect();
+        let picked = logits.to_dtype(DType::F32)?.index_select(&idx, 0)?;
+        let logp = candle_nn::ops::log_softmax(&picked, D::Minus1)?;
+        let at = logp.gather(&Tensor::new(ids.as_slice(), dev)?.unsqueeze(1)?, 1)?.squeeze(1)?.to_vec1::<f32>()?;
+        for ((&r, &t), lp) in forced.iter().zip(&ids).zip(at) {
+            tokens[r] = t;
+            logprobs[r] = Some(lp);
+        }
+    }
+    Ok((tokens, logprobs))
 }
 
 const THRESHOLD_ITERS: usize = 32;
@@ -170,7 +195,7 @@ mod tests {
     use candle_core::Device;
 
     fn row(t: f32, k: Option<usize>, p: Option<f32>, u: f32) -> RowSampling {
-        RowSampling { temperature: t, top_k: k, top_p: p, uniform: u, greedy: false }
+        RowSampling { temperature: t, top_k: k, top_p: p, uniform: u, greedy: false, forced: None }
     }
 
     #[test]

@@ -65,3 +65,30 @@ fn tiny_ouro_matches_the_pytorch_reference() {
         assert!(g <= 1e-5, "{}: gate logits rel err {g:.2e}", c.text);
     }
 }
+
+#[test]
+fn forced_tokens_score_with_the_reference_log_probabilities() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fx: Fixture = serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/tiny_ouro_reference.json")).unwrap()).unwrap();
+    let mut engine = ponder::EngineBuilder::new(root.join("assets/tiny-ouro")).build().unwrap();
+    for c in &fx.cases {
+        // The reference's log-softmax at its argmax and at another token.
+        let max = c.logits_last.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + c.logits_last.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        let best = c.logits_last.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32;
+        for forced in [best, 7] {
+            let params = ponder::GenerationParams { forced_tokens: vec![forced], ignore_eos: true, ..ponder::GenerationParams::greedy(1) };
+            let out = engine.generate([c.ids.clone()], &params).unwrap().remove(0).unwrap();
+            assert_eq!(out.token_ids, vec![forced]);
+            let want = c.logits_last[forced as usize] - lse;
+            assert!((out.logprobs[0] as f64 - want).abs() < 1e-4, "{}: logprob {} vs {want}", c.text, out.logprobs[0]);
+        }
+    }
+    // Forcing a whole continuation reproduces it and scores every token.
+    let greedy = engine.generate([fx.cases[0].ids.clone()], &ponder::GenerationParams::greedy(6)).unwrap().remove(0).unwrap();
+    let params = ponder::GenerationParams { forced_tokens: greedy.token_ids.clone(), ..ponder::GenerationParams::greedy(6) };
+    let forced = engine.generate([fx.cases[0].ids.clone()], &params).unwrap().remove(0).unwrap();
+    assert_eq!(forced.token_ids, greedy.token_ids);
+    assert_eq!(forced.logprobs.len(), 6);
+    assert!(forced.logprobs.iter().all(|&lp| lp <= 0.0 && lp.is_finite()));
+}

@@ -71,6 +71,7 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
                 token: r.sample.then(|| token_at(r.request.0, r.start_pos + r.tokens.len())),
                 gate_logits: vec![],
                 latent_diff: None,
+                logprob: None,
             })
             .collect();
             (launch, LaunchResult { rows })

@@ -20,6 +20,9 @@ struct Issued {
 
 struct Live {
     params: GenerationParams,
+    /// Sampling rows issued so far (the next forced token's index; may run ahead of
+    /// `generated` when launches overlap).
+    issued: usize,
     sampler: Sampler,
     prompt_tokens: usize,
     generated: Vec<u32>,
@@ -140,6 +143,9 @@ impl Engine {
         if let Err(msg) = params.sampling.validate() {
             return reject(InvalidRequest::BadSampling(msg));
         }
+        if let Some(&bad) = params.forced_tokens.iter().find(|&&t| t as usize >= vocab) {
+            return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });
+        }
         if ids.len() + params.max_new_tokens > self.max_context {
             return reject(InvalidRequest::TooLong {
                 prompt_tokens: ids.len(),
@@ -169,6 +175,7 @@ impl Engine {
             id,
             Live {
                 sampler: Sampler::new(params.sampling.clone()),
+                issued: 0,
                 params,
                 prompt_tokens: ids.len(),
                 generated: Vec::new(),
@@ -216,7 +223,12 @@ impl Engine {
             .rows
             .iter()
             .map(|r| match (r.sample, self.live.get_mut(&r.request)) {
-                (true, Some(l)) => l.sampler.next_row(),
+                (true, Some(l)) => {
+                    let mut row = l.sampler.next_row();
+                    row.forced = l.params.forced_tokens.get(l.issued).copied();
+                    l.issued += 1;
+                    row
+                }
                 _ => RowSampling::greedy(),
             })
             .collect();
@@ -246,7 +258,7 @@ impl Engine {
         self.scheduler.complete(&done.launch, &done.result);
         for out in &done.result.rows {
             if let Some(token) = out.token {
-                if let Some(ev) = self.on_token(out.request, token) {
+                if let Some(ev) = self.on_token(out.request, token, out.logprob) {
                     events.extend(ev);
                 }
             }
@@ -255,7 +267,7 @@ impl Engine {
         self.metrics.depth_histogram = self.scheduler.depth_histogram();
     }
 
-    fn on_token(&mut self, id: RequestId, token: u32) -> Option<Vec<Event>> {
+    fn on_token(&mut self, id: RequestId, token: u32, logprob: Option<f32>) -> Option<Vec<Event>> {
         let live = self.live.get_mut(&id)?;
         let mut events = Vec::with_capacity(2);
         let finish = if !live.params.ignore_eos && self.eos.contains(&token) {
@@ -265,11 +277,11 @@ impl Engine {
             self.metrics.generated_tokens += 1;
             match live.detok.push(token, self.tokenizer.as_ref(), &live.params.stop) {
                 Pushed::Text(text) => {
-                    events.push(Event::Token { id, token, text });
+                    events.push(Event::Token { id, token, text, logprob });
                     (live.generated.len() >= live.params.max_new_tokens).then_some(FinishReason::Length)
                 }
                 Pushed::Stopped { text, stop } => {
-                    events.push(Event::Token { id, token, text });
+                    events.push(Event::Token { id, token, text, logprob });
                     Some(FinishReason::Stop(stop))
                 }
             }
@@ -297,7 +309,14 @@ impl Engine {
                 Ok(id) => {
                     index.insert(id, slots.len());
                     let prompt_tokens = self.live.get(&id).map_or(0, |l| l.prompt_tokens);
-                    slots.push(Ok(Output { id, prompt_tokens, token_ids: vec![], text: String::new(), finish_reason: FinishReason::Length }));
+                    slots.push(Ok(Output {
+                        id,
+                        prompt_tokens,
+                        token_ids: vec![],
+                        text: String::new(),
+                        finish_reason: FinishReason::Length,
+                        logprobs: vec![],
+                    }));
                 }
                 Err(e) => slots.push(Err(e)),
             }
@@ -312,9 +331,10 @@ impl Engine {
                 let Some(&i) = index.get(&ev.id()) else { continue };
                 let Ok(out) = &mut slots[i] else { continue };
                 match ev {
-                    Event::Token { token, text, .. } => {
+                    Event::Token { token, text, logprob, .. } => {
                         out.token_ids.push(token);
                         out.text.push_str(&text);
+                        out.logprobs.extend(logprob);
                     }
                     Event::Finished { reason, text, .. } => {
                         out.text.push_str(&text);

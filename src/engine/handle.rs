@@ -37,12 +37,20 @@ impl RequestStream {
     /// Drains the stream into an [`Output`] (prompt_tokens is not known here and left 0).
     pub fn collect_output(self) -> Output {
         let id = self.id;
-        let mut out = Output { id, prompt_tokens: 0, token_ids: vec![], text: String::new(), finish_reason: FinishReason::Aborted };
+        let mut out = Output {
+            id,
+            prompt_tokens: 0,
+            token_ids: vec![],
+            text: String::new(),
+            finish_reason: FinishReason::Aborted,
+            logprobs: vec![],
+        };
         for ev in self {
             match ev {
-                Event::Token { token, text, .. } => {
+                Event::Token { token, text, logprob, .. } => {
                     out.token_ids.push(token);
                     out.text.push_str(&text);
+                    out.logprobs.extend(logprob);
                 }
                 Event::Finished { reason, text, .. } => {
                     out.text.push_str(&text);

@@ -54,11 +54,15 @@ pub struct GenerationParams {
     pub stop: Vec<String>,
     /// Keep generating past the model's eos tokens.
     pub ignore_eos: bool,
+    /// Teacher forcing: the first `forced_tokens.len()` tokens are these instead of samples,
+    /// and each comes with its log-probability under the model (scoring, perplexity). The
+    /// model still runs as it would when generating, exit gates included.
+    pub forced_tokens: Vec<u32>,
 }
 
 impl Default for GenerationParams {
     fn default() -> Self {
-        Self { max_new_tokens: 64, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false }
+        Self { max_new_tokens: 64, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false, forced_tokens: Vec::new() }
     }
 }
 
@@ -84,11 +88,11 @@ pub enum FinishReason {
 }
 
 /// What [`crate::Engine::step`] reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A new token and the text it completes (may be empty while a multi-byte character or a
     /// possible stop string is still pending).
-    Token { id: RequestId, token: u32, text: String },
+    Token { id: RequestId, token: u32, text: String, logprob: Option<f32> },
     /// The request is done; the event carries any text held back until now.
     Finished { id: RequestId, reason: FinishReason, text: String },
 }
@@ -102,11 +106,13 @@ impl Event {
 }
 
 /// A finished request, as returned by [`crate::Engine::generate`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Output {
     pub id: RequestId,
     pub prompt_tokens: usize,
     pub token_ids: Vec<u32>,
     pub text: String,
     pub finish_reason: FinishReason,
+    /// Log-probabilities of the forced tokens (empty without teacher forcing).
+    pub logprobs: Vec<f32>,
 }

@@ -7,7 +7,7 @@ use super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphCache, GraphKey, 
 use crate::kv::KvStore;
 use crate::models::{LoopedModel, StageInput};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
-use crate::sampling::{sample, RowSampling};
+use crate::sampling::{sample_or_force, RowSampling};
 use crate::scheduler::{KvCopy, Launch, LaunchResult, LaunchRow, RowOutput, Stage};
 use candle_core::{DType, Device, Result, Tensor, D};
 use std::collections::BTreeMap;
@@ -118,11 +118,13 @@ impl LoopedRunner {
         let mut tokens = vec![None; n];
         let mut gate_logits = vec![Vec::new(); n];
         let mut latent = vec![None; n];
+        let mut logprobs = vec![None; n];
         if let Some(logits) = &fwd.logits {
             let rows: Vec<RowSampling> = fwd.sample_rows.iter().map(|&r| sampling[r]).collect();
-            let ids = sample(logits, &rows)?;
-            for (&r, &t) in fwd.sample_rows.iter().zip(&ids) {
+            let (ids, lps) = sample_or_force(logits, &rows)?;
+            for ((&r, &t), lp) in fwd.sample_rows.iter().zip(&ids).zip(lps) {
                 tokens[r] = Some(t);
+                logprobs[r] = lp;
             }
             if launch.reenter {
                 self.reenter(launch, &fwd.sample_rows, &ids)?;
@@ -142,8 +144,8 @@ impl LoopedRunner {
         let rows = launch
             .rows
             .iter()
-            .zip(tokens.into_iter().zip(gate_logits).zip(latent))
-            .map(|(row, ((token, gate_logits), latent_diff))| RowOutput { request: row.request, token, gate_logits, latent_diff })
+            .zip(tokens.into_iter().zip(gate_logits).zip(latent).zip(logprobs))
+            .map(|(row, (((token, gate_logits), latent_diff), logprob))| RowOutput { request: row.request, token, gate_logits, latent_diff, logprob })
             .collect();
         Ok(LaunchResult { rows })
     }

@@ -432,7 +432,7 @@ mod tests {
             let rows = l
                 .rows
                 .iter()
-                .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![], latent_diff: None })
+                .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![], latent_diff: None, logprob: None })
                 .collect();
             let result = LaunchResult { rows };
             s.complete(&l, &result);
@@ -494,7 +494,7 @@ mod tests {
         let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 6], max_new_tokens: 3 });
         let answer = |l: &Launch| LaunchResult {
-            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: r.sample.then_some(2), gate_logits: vec![], latent_diff: None }).collect(),
+            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: r.sample.then_some(2), gate_logits: vec![], latent_diff: None, logprob: None }).collect(),
         };
         let prefill = s.schedule().unwrap();
         assert_eq!(prefill.stage, Stage::Prefill);

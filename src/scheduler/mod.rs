@@ -112,6 +112,8 @@ pub struct RowOutput {
     pub gate_logits: Vec<f32>,
     /// Core steps: relative latent change ‖s_r − s_{r−1}‖ / ‖s_r‖ of the row's state.
     pub latent_diff: Option<f32>,
+    /// Teacher-forced rows: log-probability of the forced token.
+    pub logprob: Option<f32>,
 }
 
 /// Host values of a finished launch, row-aligned with [`Launch::rows`].
