@@ -9,14 +9,14 @@
 
 use ponder::models::config::EosIds;
 use ponder::models::OuroConfig;
-use ponder::testing::{train_byte_level_bpe, write_random_ouro_as};
+use ponder::testing::{rust_book_chapters, rust_book_dir, train_byte_level_bpe, write_random_ouro_as};
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let book = args.next().map(PathBuf::from).unwrap_or_else(default_book_dir);
+    let book = args.next().map(PathBuf::from).map_or_else(rust_book_dir, Ok)?;
     let out = args.next().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("assets/tiny-ouro"));
-    let corpus = book_text(&book)?;
+    let corpus = rust_book_chapters(&book)?;
     let words: usize = corpus.iter().map(|t| t.split_whitespace().count()).sum();
     eprintln!("corpus: {} chapters, {words} words from {}", corpus.len(), book.display());
 
@@ -44,63 +44,3 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn default_book_dir() -> PathBuf {
-    let sysroot = std::process::Command::new("rustc").args(["--print", "sysroot"]).output().expect("rustc on PATH");
-    PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim()).join("share/doc/rust/html/book")
-}
-
-/// The prose of every chapter page: the `<main>` element with tags stripped.
-fn book_text(dir: &PathBuf) -> std::io::Result<Vec<String>> {
-    let mut pages: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "html"))
-        .collect();
-    pages.sort();
-    let mut out = Vec::new();
-    for p in pages {
-        let html = std::fs::read_to_string(&p)?;
-        let Some(start) = html.find("<main>") else { continue };
-        let end = html[start..].find("</main>").map_or(html.len(), |e| start + e);
-        let text = strip_tags(&html[start..end]);
-        if text.split_whitespace().count() > 200 {
-            out.push(text);
-        }
-    }
-    Ok(out)
-}
-
-fn strip_tags(html: &str) -> String {
-    let mut text = String::with_capacity(html.len());
-    let mut in_tag = false;
-    for c in html.chars() {
-        match c {
-            '<' => in_tag = true,
-            '>' => in_tag = false,
-            _ if !in_tag => text.push(c),
-            _ => {}
-        }
-    }
-    let text = text
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&#x27;", "'")
-        .replace("&amp;", "&");
-    // Collapse runs of blank lines left by the markup.
-    let mut out = String::new();
-    let mut blank = 0;
-    for line in text.lines() {
-        if line.trim().is_empty() {
-            blank += 1;
-            if blank == 1 {
-                out.push('\n');
-            }
-        } else {
-            blank = 0;
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
-    }
-    out
-}

@@ -249,3 +249,73 @@ pub fn train_byte_level_bpe(texts: &[String], vocab_size: usize, special: &[&str
     tok.train(&mut trainer, texts.iter()).map_err(err)?;
     Ok(tokenizers::Tokenizer::from(tok))
 }
+
+/// The HTML of "The Rust Programming Language" shipped with the toolchain's rust-docs
+/// component (MIT OR Apache-2.0): `$(rustc --print sysroot)/share/doc/rust/html/book`.
+pub fn rust_book_dir() -> Result<std::path::PathBuf> {
+    let out = std::process::Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .map_err(|source| Error::Io { path: "rustc".into(), source })?;
+    Ok(std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("share/doc/rust/html/book"))
+}
+
+/// The prose of every chapter page of the book (the `<main>` element, tags stripped), in file
+/// name order, chapters of at least 200 words. Chapter `i` with `i % 20 == 7` is the held-out
+/// split of `tools/train/make_corpus.py`.
+pub fn rust_book_chapters(dir: &Path) -> Result<Vec<String>> {
+    let io = |source| Error::Io { path: dir.to_path_buf(), source };
+    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(io)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "html"))
+        .collect();
+    pages.sort();
+    let mut out = Vec::new();
+    for p in pages {
+        let html = std::fs::read_to_string(&p).map_err(|source| Error::Io { path: p.clone(), source })?;
+        let Some(start) = html.find("<main>") else { continue };
+        let end = html[start..].find("</main>").map_or(html.len(), |e| start + e);
+        let text = strip_tags(&html[start..end]);
+        if text.split_whitespace().count() > 200 {
+            out.push(text);
+        }
+    }
+    Ok(out)
+}
+
+fn strip_tags(html: &str) -> String {
+    let mut text = String::with_capacity(html.len());
+    let mut in_tag = false;
+    for c in html.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            _ if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    let text = text
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&#x27;", "'")
+        .replace("&amp;", "&");
+    // Collapse runs of blank lines left by the markup.
+    let mut out = String::new();
+    let mut blank = 0;
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            blank += 1;
+            if blank == 1 {
+                out.push('\n');
+            }
+        } else {
+            blank = 0;
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    out
+}
