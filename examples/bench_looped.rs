@@ -6,9 +6,12 @@
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
 //!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
 //!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter]
+//!                  [--overlap off,on]
 //!
 //! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
-//! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4.
+//! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4;
+//! `--overlap off,on` runs depth batching with synchronous result reads and with launch N+1
+//! issued before N's results are read (`Engine::set_overlap`).
 //!
 //! Suite `cb`: for each width W, W requests at once (random prompt ids, eos ignored) with the
 //! full-depth continuous batching baseline; decode tokens/s (median over repeats, after a
@@ -56,6 +59,7 @@ struct Args {
     kv_gb: f64,
     model: String,
     min_coda: Vec<String>,
+    overlap: Vec<bool>,
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -77,6 +81,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         kv_gb: 40.0,
         model: "ouro".into(),
         min_coda: vec!["1".into()],
+        overlap: vec![false],
     };
     let mut layout_set = false;
     let mut it = std::env::args().skip(1);
@@ -99,6 +104,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--kv-gb" => a.kv_gb = v()?.parse()?,
             "--model" => a.model = v()?,
             "--min-coda" => a.min_coda = v()?.split(',').map(String::from).collect(),
+            "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,
@@ -497,8 +503,12 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
         for (di, &mean) in args.mean_depths.iter().enumerate() {
             for mode in &args.modes {
                 let sched: SchedulerKind = mode.parse()?;
-                let variants: &[usize] = if sched == SchedulerKind::Continuous { &min_codas[..1] } else { &min_codas };
-                for &min_coda in variants {
+                let variants: Vec<(usize, bool)> = if sched == SchedulerKind::Continuous {
+                    vec![(min_codas[0], false)]
+                } else {
+                    min_codas.iter().flat_map(|&m| args.overlap.iter().map(move |&o| (m, o))).collect()
+                };
+                for (min_coda, overlap) in variants {
                     if sched == SchedulerKind::Continuous && di > 0 {
                         // CB runs full depth whatever the exit distribution: measured once per width.
                         let prev = results.iter().rev().find(|r: &&serde_json::Value| r["mode"] == "cb" && r["width"] == w).cloned();
@@ -511,6 +521,7 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                         continue;
                     }
                     let mut engine = build(sched, mean, min_coda)?;
+                    engine.set_overlap(overlap)?;
                     offline(&mut engine, &warm, w)?;
                     let st = offline(&mut engine, &jobs, w)?;
                     let realised = if sched == SchedulerKind::Continuous { spec.max_steps as f64 } else { st.mean_depth };
@@ -519,7 +530,13 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                         cb_tps = Some(st.window_tokens_per_s);
                     }
                     let speedup = cb_tps.map(|c| st.window_tokens_per_s / c);
-                    let label = if min_codas.len() > 1 && sched != SchedulerKind::Continuous { format!("{mode}/coda{min_coda}") } else { mode.clone() };
+                    let mut label = mode.clone();
+                    if min_codas.len() > 1 && sched != SchedulerKind::Continuous {
+                        label += &format!("/coda{min_coda}");
+                    }
+                    if overlap {
+                        label += "/overlap";
+                    }
                     println!(
                         "{w:>5} {mean:>6.2} {label:>20} {:>10.0} {:>8} {bound:>7.3} {:>7} {:>7.1}% {realised:>7.2}",
                         st.window_tokens_per_s,
@@ -528,7 +545,7 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                         100.0 * st.idle
                     );
                     results.push(serde_json::json!({
-                        "mode": mode, "width": w, "min_coda_batch_size": min_coda,
+                        "mode": mode, "width": w, "min_coda_batch_size": min_coda, "overlap": overlap,
                         "mean_depth": if sched == SchedulerKind::Continuous { mean } else { realised },
                         "target_mean_depth": mean, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
                         "speedup_vs_cb": speedup, "flop_bound": spec.flop_bound(if sched == SchedulerKind::Continuous { mean } else { realised }),

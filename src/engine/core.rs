@@ -6,16 +6,19 @@ use super::{EngineMetrics, Event, FinishReason, GenerationParams, LoopedRunner, 
 use crate::error::InvalidRequest;
 use crate::models::LoopedSpec;
 use crate::sampling::{RowSampling, Sampler};
-use crate::scheduler::{Launch, LaunchResult, SchedRequest, Scheduler};
+use super::runner::Pending;
+use crate::scheduler::{Launch, SchedRequest, Scheduler};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::time::Instant;
 use tokenizers::Tokenizer;
 
-/// A launch that ran and whose results have not been consumed yet.
+/// A launch issued to the device whose results have not been consumed yet.
 struct Issued {
     launch: Launch,
-    result: LaunchResult,
+    pending: Pending,
+    /// Host time spent building and enqueueing it.
+    host: std::time::Duration,
 }
 
 struct Live {
@@ -108,8 +111,9 @@ impl Engine {
         if !on {
             if let Some(done) = self.in_flight.take() {
                 let mut events = std::mem::take(&mut self.pending);
-                self.consume(done, &mut events);
-                self.pending = events;
+                let r = self.consume(done, &mut events);
+                self.pending.extend(events);
+                r?;
             }
         }
         self.overlap = on;
@@ -208,7 +212,7 @@ impl Engine {
         };
         let done = if self.overlap { std::mem::replace(&mut self.in_flight, issued) } else { issued };
         match done {
-            Some(done) => self.consume(done, &mut events),
+            Some(done) => self.consume(done, &mut events)?,
             None if events.is_empty() && !self.live.is_empty() && self.in_flight.is_none() => {
                 return Err(Error::SchedulerStalled { scheduler: self.scheduler.name().into(), unfinished: self.live.len() });
             }
@@ -233,30 +237,38 @@ impl Engine {
             })
             .collect();
         let started = Instant::now();
-        match self.runner.run(&launch, &sampling) {
-            Ok(result) => {
-                let wait = self.runner.last_wait();
-                self.metrics.record(launch.stage.name(), launch.rows.len(), launch.num_tokens(), started.elapsed(), wait);
-                Ok(Issued { launch, result })
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                for row in &launch.rows {
-                    if self.live.remove(&row.request).is_some() {
-                        self.scheduler.finish(row.request);
-                        events.push(Event::Finished { id: row.request, reason: FinishReason::Error(msg.clone()), text: String::new() });
-                    }
-                }
-                self.pending = std::mem::take(events);
-                Err(e.into())
-            }
+        match self.runner.launch(&launch, &sampling) {
+            Ok(pending) => Ok(Issued { launch, pending, host: started.elapsed() }),
+            Err(e) => Err(self.fail_launch(&launch, e, events)),
         }
     }
 
-    /// Hands a launch's results to the scheduler and turns its tokens into events.
-    fn consume(&mut self, done: Issued, events: &mut Vec<Event>) {
-        self.scheduler.complete(&done.launch, &done.result);
-        for out in &done.result.rows {
+    /// A device error fails every request of the launch; the error is returned too.
+    fn fail_launch(&mut self, launch: &Launch, e: candle_core::Error, events: &mut Vec<Event>) -> Error {
+        let msg = e.to_string();
+        for row in &launch.rows {
+            if self.live.remove(&row.request).is_some() {
+                self.scheduler.finish(row.request);
+                events.push(Event::Finished { id: row.request, reason: FinishReason::Error(msg.clone()), text: String::new() });
+            }
+        }
+        self.pending = std::mem::take(events);
+        e.into()
+    }
+
+    /// Waits for a launch's results, hands them to the scheduler and turns its tokens into
+    /// events.
+    fn consume(&mut self, done: Issued, events: &mut Vec<Event>) -> Result<()> {
+        let started = Instant::now();
+        let result = match self.runner.collect(done.pending) {
+            Ok(r) => r,
+            Err(e) => return Err(self.fail_launch(&done.launch, e, events)),
+        };
+        let wait = started.elapsed();
+        let l = &done.launch;
+        self.metrics.record(l.stage.name(), l.rows.len(), l.num_tokens(), done.host + wait, wait);
+        self.scheduler.complete(&done.launch, &result);
+        for out in &result.rows {
             if let Some(token) = out.token {
                 if let Some(ev) = self.on_token(out.request, token, out.logprob) {
                     events.extend(ev);
@@ -265,6 +277,7 @@ impl Engine {
         }
         self.metrics.preemptions = self.scheduler.num_preemptions() as u64;
         self.metrics.depth_histogram = self.scheduler.depth_histogram();
+        Ok(())
     }
 
     fn on_token(&mut self, id: RequestId, token: u32, logprob: Option<f32>) -> Option<Vec<Event>> {

@@ -6,6 +6,7 @@ mod detok;
 mod graphs;
 mod handle;
 mod metrics;
+mod readback;
 mod request;
 mod runner;
 
@@ -14,4 +15,4 @@ pub use core::Engine;
 pub use handle::{EngineHandle, RequestStream};
 pub use metrics::{EngineMetrics, StageStats};
 pub use request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
-pub use runner::{Forward, LoopedRunner};
+pub use runner::{Forward, LoopedRunner, Pending};

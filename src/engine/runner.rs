@@ -7,6 +7,7 @@ use super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphCache, GraphKey, 
 use crate::kv::KvStore;
 use crate::models::{LoopedModel, StageInput};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
+use super::readback::Readback;
 use crate::sampling::{sample_or_force, RowSampling};
 use crate::scheduler::{KvCopy, Launch, LaunchResult, LaunchRow, RowOutput, Stage};
 use candle_core::{DType, Device, Result, Tensor, D};
@@ -30,6 +31,25 @@ pub struct LoopedRunner {
     /// Capture graphs after the warm-up (`PONDER_GRAPH_CAPTURE=0` at construction: run the
     /// graph bodies eagerly instead, to tell padding effects from capture effects).
     capture: bool,
+}
+
+/// An issued launch whose small results are still on their way to the host.
+pub struct Pending {
+    stage: Stage,
+    requests: Vec<crate::engine::RequestId>,
+    sample_rows: Vec<usize>,
+    tokens: PendingTokens,
+    /// Gate logits, row-major per row, and the number of steps per row.
+    gates: Option<(Readback<f32>, usize)>,
+    latent: Option<Readback<f32>>,
+}
+
+enum PendingTokens {
+    None,
+    /// Sampled or forced on the host already, with forced tokens' log-probabilities.
+    Host(Vec<u32>, Vec<Option<f32>>),
+    /// Greedy ids still being copied from the device.
+    Device(Readback<u32>),
 }
 
 /// Device outputs of a launch, before sampling.
@@ -106,46 +126,89 @@ impl LoopedRunner {
         self.last_wait.get()
     }
 
-    /// Runs a launch and samples its sampling rows.
+    /// Runs a launch and samples its sampling rows (issue + collect).
     pub fn run(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<LaunchResult> {
+        let pending = self.launch(launch, sampling)?;
+        self.collect(pending)
+    }
+
+    /// Issues a launch: queues its kernels, the greedy argmax and eager re-entry on the device,
+    /// and asynchronous copies of its small results, without waiting for any of them (on CUDA,
+    /// with greedy, unforced rows). Sampling with randomness or forced tokens reads the logits
+    /// back at once. [`LoopedRunner::collect`] waits for the results.
+    pub fn launch(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<Pending> {
         let fwd = self.forward(launch)?;
-        // Everything is enqueued: wait here so the blocked time can be measured apart from
-        // the host work of building and enqueueing the launch.
-        let t = std::time::Instant::now();
-        self.device().synchronize()?;
-        self.last_wait.set(t.elapsed());
-        let n = launch.rows.len();
-        let mut tokens = vec![None; n];
-        let mut gate_logits = vec![Vec::new(); n];
-        let mut latent = vec![None; n];
-        let mut logprobs = vec![None; n];
+        let mut tokens = PendingTokens::None;
         if let Some(logits) = &fwd.logits {
             let rows: Vec<RowSampling> = fwd.sample_rows.iter().map(|&r| sampling[r]).collect();
-            let (ids, lps) = sample_or_force(logits, &rows)?;
-            for ((&r, &t), lp) in fwd.sample_rows.iter().zip(&ids).zip(lps) {
-                tokens[r] = Some(t);
-                logprobs[r] = lp;
-            }
-            if launch.reenter {
-                self.reenter(launch, &fwd.sample_rows, &ids)?;
+            if logits.device().is_cuda() && rows.iter().all(|r| r.greedy && r.forced.is_none()) {
+                let ids = logits.argmax(D::Minus1)?;
+                if launch.reenter {
+                    self.reenter(launch, &fwd.sample_rows, &ids)?;
+                }
+                tokens = PendingTokens::Device(Readback::start(&ids)?);
+            } else {
+                let (ids, logprobs) = sample_or_force(logits, &rows)?;
+                if launch.reenter {
+                    self.reenter(launch, &fwd.sample_rows, &Tensor::new(ids.as_slice(), self.device())?)?;
+                }
+                tokens = PendingTokens::Host(ids, logprobs);
             }
         }
-        if let Some(g) = &fwd.gate_logits {
-            let row_index: Vec<usize> = if launch.stage == Stage::CoreStep { (0..n).collect() } else { fwd.sample_rows.clone() };
-            for (&r, per_step) in row_index.iter().zip(g.t()?.to_vec2::<f32>()?) {
-                gate_logits[r] = per_step;
+        let gates = match &fwd.gate_logits {
+            Some(g) => Some((Readback::start(&g.t()?)?, g.dim(0)?)),
+            None => None,
+        };
+        let latent = fwd.latent_diff.as_ref().map(Readback::start).transpose()?;
+        Ok(Pending {
+            stage: launch.stage,
+            requests: launch.rows.iter().map(|r| r.request).collect(),
+            sample_rows: fwd.sample_rows,
+            tokens,
+            gates,
+            latent,
+        })
+    }
+
+    /// Waits for an issued launch's results (only for their copies) and returns them.
+    pub fn collect(&self, p: Pending) -> Result<LaunchResult> {
+        let started = std::time::Instant::now();
+        let n = p.requests.len();
+        let mut tokens = vec![None; n];
+        let mut logprobs = vec![None; n];
+        match p.tokens {
+            PendingTokens::None => {}
+            PendingTokens::Host(ids, lps) => {
+                for ((&r, t), lp) in p.sample_rows.iter().zip(ids).zip(lps) {
+                    tokens[r] = Some(t);
+                    logprobs[r] = lp;
+                }
+            }
+            PendingTokens::Device(rb) => {
+                for (&r, t) in p.sample_rows.iter().zip(rb.finish()?) {
+                    tokens[r] = Some(t);
+                }
             }
         }
-        if let Some(d) = &fwd.latent_diff {
-            for (r, v) in d.to_vec1::<f32>()?.into_iter().enumerate() {
+        let mut gate_logits = vec![Vec::new(); n];
+        if let Some((rb, steps)) = p.gates {
+            let row_index: Vec<usize> = if p.stage == Stage::CoreStep { (0..n).collect() } else { p.sample_rows.clone() };
+            for (&r, per_step) in row_index.iter().zip(rb.finish()?.chunks(steps.max(1))) {
+                gate_logits[r] = per_step.to_vec();
+            }
+        }
+        let mut latent = vec![None; n];
+        if let Some(rb) = p.latent {
+            for (r, v) in rb.finish()?.into_iter().enumerate() {
                 latent[r] = Some(v);
             }
         }
-        let rows = launch
-            .rows
-            .iter()
+        self.last_wait.set(started.elapsed());
+        let rows = p
+            .requests
+            .into_iter()
             .zip(tokens.into_iter().zip(gate_logits).zip(latent).zip(logprobs))
-            .map(|(row, (((token, gate_logits), latent_diff), logprob))| RowOutput { request: row.request, token, gate_logits, latent_diff, logprob })
+            .map(|(request, (((token, gate_logits), latent_diff), logprob))| RowOutput { request, token, gate_logits, latent_diff, logprob })
             .collect();
         Ok(LaunchResult { rows })
     }
@@ -229,7 +292,7 @@ impl LoopedRunner {
 
     /// Eager re-entry: the prelude of each sampled token, written to its row's bank row as the
     /// successor's step-0 state. The successor sits at the position after the row's last token.
-    fn reenter(&self, launch: &Launch, sample_rows: &[usize], ids: &[u32]) -> Result<()> {
+    fn reenter(&self, launch: &Launch, sample_rows: &[usize], ids: &Tensor) -> Result<()> {
         let next: Vec<LaunchRow> = sample_rows
             .iter()
             .map(|&r| {
@@ -239,7 +302,7 @@ impl LoopedRunner {
             .collect();
         let refs: Vec<&LaunchRow> = next.iter().collect();
         let (input, batch) = self.token_batch(&refs, |_| 0)?;
-        let h = self.model.prelude(&Tensor::new(ids, self.device())?, &input, &batch, &self.kv)?;
+        let h = self.model.prelude(ids, &input, &batch, &self.kv)?;
         self.write_bank(&self.state_index(&next)?, &h)
     }
 
