@@ -49,3 +49,30 @@ fn dropping_a_stream_aborts_its_request() {
     let out = handle.submit(vec![6, 7], GenerationParams::greedy(5)).unwrap().collect_output();
     assert_eq!(out.token_ids.len(), 5);
 }
+
+#[test]
+fn overlapped_engine_thread_streams_the_same_tokens() {
+    use ponder::gate::{DepthTrace, Lookahead, QExit, Replay};
+    use ponder::SchedulerKind;
+    let (_tmp, dir) = tiny_dir(33);
+    let ps = prompts(6, 4);
+    for lookahead in [false, true] {
+        let make = |overlap: bool| {
+            let b = builder(&dir, KvLayoutKind::Shared, 3).scheduler(SchedulerKind::Depth { refill: true }).overlap(overlap);
+            if lookahead {
+                b.exit_gate(Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap())
+            } else {
+                b.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap())
+            }
+        };
+        let want = sequential(&mut make(false).build().unwrap(), &ps, &vec![7; ps.len()]);
+        let handle = make(true).spawn().unwrap();
+        let streams: Vec<_> = ps.iter().map(|p| handle.submit(p.clone(), GenerationParams::greedy(7)).unwrap()).collect();
+        let got: Vec<Vec<u32>> = streams.into_iter().map(|s| s.collect_output().token_ids).collect();
+        assert_eq!(got, want, "lookahead={lookahead}");
+    }
+    // A gate that needs each step's own signal cannot overlap: a typed error at build time.
+    let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
+    let err = builder(&dir, KvLayoutKind::Shared, 2).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).overlap(true).build();
+    assert!(matches!(err, Err(ponder::Error::InvalidOption(_))));
+}

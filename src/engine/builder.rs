@@ -68,6 +68,7 @@ pub struct EngineBuilder {
     gate: Option<Box<dyn ExitGate>>,
     min_coda_batch_size: Option<usize>,
     cuda_graphs: bool,
+    overlap: bool,
 }
 
 impl EngineBuilder {
@@ -101,6 +102,7 @@ impl EngineBuilder {
             gate: None,
             min_coda_batch_size: None,
             cuda_graphs: true,
+            overlap: false,
         }
     }
 
@@ -173,6 +175,12 @@ impl EngineBuilder {
         self.cuda_graphs = on;
         self
     }
+    /// Issue each launch before reading the previous one's results (see
+    /// [`Engine::set_overlap`]); needs depth batching with a lookahead, replay or fixed gate.
+    pub fn overlap(mut self, on: bool) -> Self {
+        self.overlap = on;
+        self
+    }
     /// Caps the context window below the model's own.
     pub fn max_model_len(mut self, n: usize) -> Self {
         self.max_model_len = Some(n);
@@ -237,7 +245,9 @@ impl EngineBuilder {
             },
         };
         let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, self.block_size, scheduler.state_bank_rows(), self.cuda_graphs)?;
-        Ok(Engine::assemble(runner, scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens))
+        let mut engine = Engine::assemble(runner, scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
+        engine.set_overlap(self.overlap)?;
+        Ok(engine)
     }
 
     /// Builds the engine on its own thread and returns a handle that many threads can use.
