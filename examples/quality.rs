@@ -2,7 +2,8 @@
 //! mean depth by exit threshold q, KV layout and gate timing, measured by teacher forcing
 //! through the engine (continuous depth batching, CPU, f32).
 //!
-//!     cargo run --release --example quality -- [--model DIR] [--sequences 16] [--write docs/QUALITY.md]
+//!     cargo run --release --example quality -- [--model DIR] [--sequences 16]
+//!         [--write docs/QUALITY.md] [--json docs/bench/quality_tiny_ouro.json]
 //!
 //! Held-out text: the chapters of "The Rust Programming Language" that the training split
 //! leaves out (`tools/train/make_corpus.py`; chapter i with i % 20 == 7), read from the
@@ -18,13 +19,14 @@ const QS: [f32; 6] = [0.1, 0.2, 0.4, 0.6, 0.8, 1.0];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut model = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro").to_string();
-    let (mut sequences, mut write) = (16usize, None::<String>);
+    let (mut sequences, mut write, mut json) = (16usize, None::<String>, None::<String>);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--model" => model = args.next().ok_or("--model needs a value")?,
             "--sequences" => sequences = args.next().ok_or("--sequences needs a value")?.parse()?,
             "--write" => write = Some(args.next().ok_or("--write needs a value")?),
+            "--json" => json = Some(args.next().ok_or("--json needs a value")?),
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -86,6 +88,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{gate_name:>22} {:>18} q={q:<4} perplexity {ppl:>9.2}  mean depth {depth:.2}", layout_name(layout));
             rows.push((gate_name, layout, q, ppl, depth));
         }
+    }
+    if let Some(path) = json {
+        let results: Vec<_> = rows
+            .iter()
+            .map(|(g, l, q, p, d)| serde_json::json!({ "gate": g, "layout": layout_name(*l), "q": q, "perplexity": p, "mean_depth": d }))
+            .collect();
+        let doc = serde_json::json!({ "model": model, "sequences": windows.len(), "prompt_tokens": PROMPT, "scored_tokens": SCORED, "results": results });
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+        println!("wrote {path}");
     }
     if let Some(path) = write {
         let mut md = String::from(

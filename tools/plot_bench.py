@@ -58,3 +58,25 @@ def plot_looped_cdb(path):
 for p in sorted(bench.glob("*.json")):
     if p.stem.startswith("looped_cdb"):
         plot_looped_cdb(p)
+
+
+def plot_quality(path):
+    doc = json.loads(path.read_text())
+    fig, ax = plt.subplots(figsize=(6, 4))
+    series = {}
+    for r in doc["results"]:
+        series.setdefault(f"{r['gate']} / {r['layout']}", []).append(r)
+    for name, rs in series.items():
+        rs = sorted(rs, key=lambda r: r["mean_depth"])
+        ax.plot([r["mean_depth"] for r in rs], [r["perplexity"] for r in rs], "o-", label=name)
+    ax.set_xlabel("realised mean depth (loop steps per token)")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title(f"{doc['model'].split('/')[-1]}: quality vs depth by exit threshold q", fontsize=9)
+    ax.legend(fontsize=7); ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".svg")); fig.savefig(path.with_suffix(".png"), dpi=110)
+    print("wrote", path.with_suffix(".svg"))
+
+
+for p in sorted(bench.glob("quality*.json")):
+    plot_quality(p)
