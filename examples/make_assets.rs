@@ -1,11 +1,12 @@
-//! Regenerates `assets/tiny-ouro`: a byte-level BPE tokenizer trained on The Rust Programming
-//! Language book (MIT OR Apache-2.0, shipped with the toolchain's `rust-docs` component) and an
-//! Ouro-architecture model with deterministic random bf16 weights in the real checkpoint layout.
+//! Builds the tokenizer of the shipped models — a byte-level BPE (4096 ids, `<|endoftext|>` = 0)
+//! trained on The Rust Programming Language (MIT OR Apache-2.0, shipped with the toolchain's
+//! `rust-docs` component) — and an Ouro-architecture model with deterministic random bf16
+//! weights in the real checkpoint layout (the starting point before training).
 //!
-//!     cargo run --release --example make_assets -- [BOOK_HTML_DIR] [OUT_DIR]
+//!     cargo run --release --example make_assets -- [BOOK_HTML_DIR] [OUT_DIR=target/tiny-ouro-random]
 //!
-//! Random weights make the model's text meaningless until trained tiny weights replace them;
-//! the tokenizer and the layout are already the real thing.
+//! The shipped `assets/tiny-ouro` holds this tokenizer and weights trained by
+//! `tools/train/train_ouro.py` (see `assets/tiny-ouro/README.md`).
 
 use ponder::models::config::EosIds;
 use ponder::models::OuroConfig;
@@ -15,7 +16,7 @@ use std::path::PathBuf;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let book = args.next().map(PathBuf::from).map_or_else(rust_book_dir, Ok)?;
-    let out = args.next().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("assets/tiny-ouro"));
+    let out = args.next().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/tiny-ouro-random"));
     let corpus = rust_book_chapters(&book)?;
     let words: usize = corpus.iter().map(|t| t.split_whitespace().count()).sum();
     eprintln!("corpus: {} chapters, {words} words from {}", corpus.len(), book.display());

@@ -166,7 +166,7 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--beta", type=float, default=0.05)
+    ap.add_argument("--beta", type=float, default=0.3)
     ap.add_argument("--minutes", type=float, default=8.0)
     ap.add_argument("--max-steps", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=2026)
