@@ -322,14 +322,7 @@ impl Engine {
                 Ok(id) => {
                     index.insert(id, slots.len());
                     let prompt_tokens = self.live.get(&id).map_or(0, |l| l.prompt_tokens);
-                    slots.push(Ok(Output {
-                        id,
-                        prompt_tokens,
-                        token_ids: vec![],
-                        text: String::new(),
-                        finish_reason: FinishReason::Length,
-                        logprobs: vec![],
-                    }));
+                    slots.push(Ok(Output::new(id, prompt_tokens)));
                 }
                 Err(e) => slots.push(Err(e)),
             }
@@ -343,17 +336,8 @@ impl Engine {
             for ev in events {
                 let Some(&i) = index.get(&ev.id()) else { continue };
                 let Ok(out) = &mut slots[i] else { continue };
-                match ev {
-                    Event::Token { token, text, logprob, .. } => {
-                        out.token_ids.push(token);
-                        out.text.push_str(&text);
-                        out.logprobs.extend(logprob);
-                    }
-                    Event::Finished { reason, text, .. } => {
-                        out.text.push_str(&text);
-                        out.finish_reason = reason;
-                        open -= 1;
-                    }
+                if out.push(ev) {
+                    open -= 1;
                 }
             }
         }

@@ -1,6 +1,6 @@
 //! The engine on its own thread, fed and drained through channels.
 
-use super::{Engine, EngineBuilder, Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
+use super::{Engine, EngineBuilder, Event, GenerationParams, Output, Prompt, RequestId};
 use crate::{Error, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashMap;
@@ -36,27 +36,9 @@ impl Iterator for RequestStream {
 impl RequestStream {
     /// Drains the stream into an [`Output`] (prompt_tokens is not known here and left 0).
     pub fn collect_output(self) -> Output {
-        let id = self.id;
-        let mut out = Output {
-            id,
-            prompt_tokens: 0,
-            token_ids: vec![],
-            text: String::new(),
-            finish_reason: FinishReason::Aborted,
-            logprobs: vec![],
-        };
+        let mut out = Output::new(self.id, 0);
         for ev in self {
-            match ev {
-                Event::Token { token, text, logprob, .. } => {
-                    out.token_ids.push(token);
-                    out.text.push_str(&text);
-                    out.logprobs.extend(logprob);
-                }
-                Event::Finished { reason, text, .. } => {
-                    out.text.push_str(&text);
-                    out.finish_reason = reason;
-                }
-            }
+            out.push(ev);
         }
         out
     }

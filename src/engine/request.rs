@@ -116,3 +116,27 @@ pub struct Output {
     /// Log-probabilities of the forced tokens (empty without teacher forcing).
     pub logprobs: Vec<f32>,
 }
+
+impl Output {
+    /// An empty output that [`Output::push`] fills from the request's events.
+    pub fn new(id: RequestId, prompt_tokens: usize) -> Self {
+        Self { id, prompt_tokens, token_ids: vec![], text: String::new(), finish_reason: FinishReason::Aborted, logprobs: vec![] }
+    }
+
+    /// Adds one of the request's events; returns true once it is finished.
+    pub fn push(&mut self, event: Event) -> bool {
+        match event {
+            Event::Token { token, text, logprob, .. } => {
+                self.token_ids.push(token);
+                self.text.push_str(&text);
+                self.logprobs.extend(logprob);
+                false
+            }
+            Event::Finished { reason, text, .. } => {
+                self.text.push_str(&text);
+                self.finish_reason = reason;
+                true
+            }
+        }
+    }
+}
