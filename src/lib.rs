@@ -3,9 +3,10 @@
 //! A serving engine for language models that decide per token how much to compute, on candle
 //! tensors, on the CPU and on CUDA GPUs.
 //!
-//! - **Looped LMs** (Ouro): a shared core runs up to `r_max` times per token. Served today with
-//!   full-depth continuous batching over a paged, depth-aware KV cache; continuous depth
-//!   batching (per-iteration scheduling with exit gates) builds on the same traits.
+//! - **Looped LMs** (Ouro, Huginn): a shared core runs up to `r_max` times per token. Served
+//!   with continuous depth batching — scheduling at the granularity of one loop iteration, rows
+//!   at different loop steps in one launch, freed rows refilled as tokens exit — under
+//!   swappable exit gates and KV layouts, or with full-depth continuous batching (the baseline).
 //!
 //! ## Quick start
 //! ```no_run
@@ -23,9 +24,13 @@
 //! |---|---|---|
 //! | generate in-process, step by step | [`Engine::add_request`], [`Engine::step`] | `examples/generate.rs` |
 //! | stream from many threads | [`EngineBuilder::spawn`], [`EngineHandle::submit`] | `examples/generate.rs` |
-//! | your own scheduler | [`scheduler::Scheduler`], [`EngineBuilder::custom_scheduler`] | `tests/custom_scheduler.rs` |
+//! | depth-adaptive serving | [`SchedulerKind::Depth`], [`EngineBuilder::exit_gate`], [`KvLayoutKind`] | `examples/bench_looped.rs` |
+//! | overlap host work with the device | [`EngineBuilder::overlap`] | `examples/bench_looped.rs --overlap on` |
+//! | score text (teacher forcing) | [`GenerationParams::forced_tokens`] | `examples/quality.rs` |
+//! | your own exit gate | [`gate::ExitGate`] | `examples/custom_gate.rs` |
+//! | your own scheduler | [`scheduler::Scheduler`], [`EngineBuilder::custom_scheduler`] | `examples/custom_scheduler.rs` |
 //! | your own KV layout | [`kv::KvLayout`], [`EngineBuilder::custom_kv_layout`] | `src/kv/layout.rs` |
-//! | GPU throughput | `--features cuda` | `examples/bench_looped.rs` |
+//! | GPU throughput | `--features cuda` | `examples/bench_looped.rs`, `docs/GPU.md` |
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 
