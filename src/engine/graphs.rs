@@ -311,10 +311,10 @@ mod tests {
         let tables = b.block_tables.to_vec2::<u32>().unwrap();
         assert_eq!(tables[1][..3], [4, 7, 99]);
         assert!(tables[3].iter().all(|&x| x == 99));
-        assert_eq!(b.write_index.dims(), &[4, 2]);
+        assert_eq!(b.write_index().unwrap().dims(), &[4, 2]);
         // The same as a fresh batch over the padded description.
         let fresh = PagedBatch::new(b.host.clone(), 16, AttnMask::Causal, 2, &dev).unwrap();
         assert_eq!(fresh.slot_mapping.to_vec1::<u32>().unwrap(), b.slot_mapping.to_vec1::<u32>().unwrap());
-        assert_eq!(fresh.write_index.to_vec2::<u32>().unwrap(), b.write_index.to_vec2::<u32>().unwrap());
+        assert_eq!(fresh.write_index().unwrap().to_vec2::<u32>().unwrap(), b.write_index().unwrap().to_vec2::<u32>().unwrap());
     }
 }

@@ -40,9 +40,11 @@ pub struct PagedBatch {
     pub cu_q_lens: Tensor,
     /// `[tokens]` u32: flat cache row (`block * block_size + offset`) each new token writes.
     pub slot_mapping: Tensor,
-    /// `[tokens, kv_width]` u32: `slot_mapping` spread over one K (or V) row, the index form
-    /// `scatter_set` wants. Built once per launch, reused by every layer.
-    pub write_index: Tensor,
+    /// Width of one token's K (or V) row (`kv_heads * head_dim`).
+    pub kv_width: usize,
+    /// `[tokens, kv_width]` u32 index for `scatter_set`, built on first use (only the candle
+    /// KV write needs it; the fused CUDA write reads `slot_mapping`) and shared by every layer.
+    write_index: std::cell::OnceCell<Tensor>,
     pub max_q_len: usize,
     pub max_context_len: usize,
 }
@@ -79,11 +81,10 @@ impl PagedBatch {
             }
         }
         let max_context_len = host.context_lens.iter().copied().max().unwrap_or(0) as usize;
-        let tokens = slot_mapping.len();
         let slot_mapping = Tensor::new(slot_mapping.as_slice(), device)?;
-        let write_index = slot_mapping.unsqueeze(1)?.broadcast_as((tokens, kv_width))?.contiguous()?;
         Ok(Self {
-            write_index,
+            kv_width,
+            write_index: Default::default(),
             block_tables: Tensor::from_vec(flat_tables, (rows, max_blocks), device)?,
             context_lens: Tensor::new(host.context_lens.as_slice(), device)?,
             cu_q_lens: Tensor::new(host.cu_q_lens.as_slice(), device)?,
@@ -131,9 +132,9 @@ impl PagedBatch {
             candle_core::bail!("paged batch: {rows} padded rows for buffers of {}", buffers.rows);
         }
         let max_q_len = padded.cu_q_lens.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
-        let tokens = buffers.tokens;
-        let write_index = buffers.slot_mapping.unsqueeze(1)?.broadcast_as((tokens, kv_width))?.contiguous()?;
         Ok(Self {
+            kv_width,
+            write_index: Default::default(),
             host: padded,
             block_size,
             mask,
@@ -141,10 +142,19 @@ impl PagedBatch {
             context_lens: buffers.context_lens.clone(),
             cu_q_lens: buffers.cu_q_lens.clone(),
             slot_mapping: buffers.slot_mapping.clone(),
-            write_index,
             max_q_len,
             max_context_len,
         })
+    }
+
+    /// `slot_mapping` spread over one K (or V) row: the index form `scatter_set` wants.
+    pub fn write_index(&self) -> Result<&Tensor> {
+        if let Some(t) = self.write_index.get() {
+            return Ok(t);
+        }
+        let tokens = self.slot_mapping.dim(0)?;
+        let t = self.slot_mapping.unsqueeze(1)?.broadcast_as((tokens, self.kv_width))?.contiguous()?;
+        Ok(self.write_index.get_or_init(|| t))
     }
 
     pub fn num_rows(&self) -> usize {

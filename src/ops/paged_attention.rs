@@ -12,7 +12,7 @@ pub fn write_kv(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> Result<()> 
     let (nb, bs, kvh, hd) = cache.dims4()?;
     let flat = cache.reshape((nb * bs, kvh * hd))?;
     let src = new.reshape((new.dim(0)?, kvh * hd))?.to_dtype(cache.dtype())?;
-    flat.scatter_set(&batch.write_index, &src, 0)
+    flat.scatter_set(batch.write_index()?, &src, 0)
 }
 
 /// Paged attention; output `[tokens, heads, head_dim]` in the dtype of `q`.
