@@ -2,7 +2,7 @@
 //! default until trained weights land, and the real-shape GPU benchmark models.
 
 use crate::loader::Weights;
-use crate::models::{HuginnConfig, OuroConfig};
+use crate::models::{DreamConfig, HuginnConfig, LladaConfig, OuroConfig, SdarConfig};
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -198,6 +198,223 @@ pub fn tiny_ouro_config(vocab_size: usize) -> OuroConfig {
         bos_token_id: None,
         eos_token_id: None,
         model_type: "ouro".into(),
+    }
+}
+
+/// Every tensor of an SDAR checkpoint (Qwen3 names, per-head q/k norms), as in
+/// `JetLM/SDAR-8B-Chat`'s index: 11 per layer + embedding, final norm and (untied) LM head.
+pub fn sdar_tensor_manifest(cfg: &SdarConfig) -> Vec<(String, Vec<usize>)> {
+    let mut m = qwen_manifest(cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim(), false);
+    for l in 0..cfg.num_hidden_layers {
+        for n in ["q_norm", "k_norm"] {
+            m.push((format!("model.layers.{l}.self_attn.{n}.weight"), vec![cfg.head_dim()]));
+        }
+    }
+    if !cfg.tie_word_embeddings {
+        m.push(("lm_head.weight".into(), vec![cfg.vocab_size, cfg.hidden_size]));
+    }
+    m
+}
+
+/// Every tensor of a Dream checkpoint (Qwen2 names, q/k/v biases).
+pub fn dream_tensor_manifest(cfg: &DreamConfig) -> Vec<(String, Vec<usize>)> {
+    let mut m = qwen_manifest(cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim(), true);
+    if !cfg.tie_word_embeddings {
+        m.push(("lm_head.weight".into(), vec![cfg.vocab_size, cfg.hidden_size]));
+    }
+    m
+}
+
+/// Qwen2/Qwen3 embedding, layers and final norm (no LM head, no q/k norms).
+#[allow(clippy::too_many_arguments)]
+fn qwen_manifest(v: usize, h: usize, i: usize, layers: usize, nh: usize, nkv: usize, hd: usize, qkv_bias: bool) -> Vec<(String, Vec<usize>)> {
+    let mut m = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        for (n, rows) in [("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)] {
+            m.push((format!("{p}.self_attn.{n}.weight"), vec![rows, h]));
+            if qkv_bias {
+                m.push((format!("{p}.self_attn.{n}.bias"), vec![rows]));
+            }
+        }
+        m.push((format!("{p}.self_attn.o_proj.weight"), vec![h, nh * hd]));
+        m.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+        m.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+        m.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        m.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        m.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+    }
+    m.push(("model.norm.weight".into(), vec![h]));
+    m
+}
+
+/// Every tensor of a LLaDA checkpoint (`model.transformer.*`; `ff_proj` gate, `up_proj`
+/// linear branch, `ff_out` down projection; the model-level `ff_out` is the LM head).
+pub fn llada_tensor_manifest(cfg: &LladaConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, i, rows) = (cfg.d_model, cfg.mlp_hidden_size, cfg.table_rows());
+    let (q, kv) = (cfg.n_heads * cfg.head_dim(), cfg.kv_heads() * cfg.head_dim());
+    let mut m = vec![("model.transformer.wte.weight".to_string(), vec![rows, h])];
+    for l in 0..cfg.n_layers {
+        let p = format!("model.transformer.blocks.{l}");
+        m.push((format!("{p}.attn_norm.weight"), vec![h]));
+        m.push((format!("{p}.q_proj.weight"), vec![q, h]));
+        m.push((format!("{p}.k_proj.weight"), vec![kv, h]));
+        m.push((format!("{p}.v_proj.weight"), vec![kv, h]));
+        m.push((format!("{p}.attn_out.weight"), vec![h, q]));
+        m.push((format!("{p}.ff_norm.weight"), vec![h]));
+        m.push((format!("{p}.ff_proj.weight"), vec![i, h]));
+        m.push((format!("{p}.up_proj.weight"), vec![i, h]));
+        m.push((format!("{p}.ff_out.weight"), vec![h, i]));
+    }
+    m.push(("model.transformer.ln_f.weight".into(), vec![h]));
+    if !cfg.weight_tying {
+        m.push(("model.transformer.ff_out.weight".into(), vec![rows, h]));
+    }
+    m
+}
+
+/// [`random_tensors`] plus what its name rules miss in the diffusion layouts: biases drawn
+/// N(0, 0.1²) (zeros would leave the bias path untested), LLaDA's `ln_f` near 1 and its `wte`
+/// N(0, 1) like the other families' embeddings.
+fn random_diffusion_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType, device: &Device) -> Result<HashMap<String, Tensor>> {
+    let mut out = random_tensors(manifest, seed, dtype, device)?;
+    let mut rng = SplitMix(seed ^ 0xD1FF_0510);
+    for (name, shape) in manifest {
+        let (mean, std) = if name.ends_with(".bias") {
+            (0.0, 0.1)
+        } else if name.ends_with("ln_f.weight") {
+            (1.0, 0.1)
+        } else if name.ends_with("wte.weight") {
+            (0.0, 1.0)
+        } else {
+            continue;
+        };
+        let t = if device.is_cpu() {
+            let n: usize = shape.iter().product();
+            Tensor::from_vec((0..n).map(|_| mean + std * rng.normal()).collect::<Vec<f32>>(), shape.as_slice(), device)?
+        } else {
+            Tensor::randn(mean, std, shape.as_slice(), device)?
+        };
+        out.insert(name.clone(), t.to_dtype(dtype)?);
+    }
+    Ok(out)
+}
+
+/// Random SDAR weights held in memory.
+pub fn random_sdar_weights(cfg: &SdarConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
+    Ok(Weights::from_map(random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+}
+
+/// Random LLaDA weights held in memory.
+pub fn random_llada_weights(cfg: &LladaConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
+    Ok(Weights::from_map(random_diffusion_tensors(&llada_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+}
+
+/// Random Dream weights held in memory.
+pub fn random_dream_weights(cfg: &DreamConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
+    Ok(Weights::from_map(random_diffusion_tensors(&dream_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+}
+
+/// Writes an SDAR model directory (config.json, model.safetensors, generation_config.json)
+/// with deterministic random f32 weights in the released layout.
+pub fn write_random_sdar(dir: &Path, cfg: &SdarConfig, seed: u64) -> Result<()> {
+    let tensors = random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "SDARForCausalLM", &eos)
+}
+
+/// Writes a LLaDA model directory with deterministic random f32 weights in the released layout.
+pub fn write_random_llada(dir: &Path, cfg: &LladaConfig, seed: u64) -> Result<()> {
+    let tensors = random_diffusion_tensors(&llada_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "LLaDAModelLM", &eos)
+}
+
+/// Writes a Dream model directory with deterministic random f32 weights in the released layout.
+pub fn write_random_dream(dir: &Path, cfg: &DreamConfig, seed: u64) -> Result<()> {
+    let tensors = random_diffusion_tensors(&dream_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "DreamModel", &eos)
+}
+
+/// A tiny SDAR config for tests: 2 layers, GQA 4:2 × 16, block 8, mask = the last id.
+pub fn tiny_sdar_config(vocab_size: usize) -> SdarConfig {
+    SdarConfig {
+        vocab_size,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: Some(2),
+        head_dim: Some(16),
+        max_position_embeddings: 512,
+        rope_theta: 10_000.0,
+        rms_norm_eps: 1e-6,
+        tie_word_embeddings: false,
+        attention_bias: false,
+        block_size: Some(8),
+        mask_token_id: Some(vocab_size as u32 - 1),
+        rope_scaling: None,
+        hidden_act: Some("silu".into()),
+        bos_token_id: None,
+        eos_token_id: None,
+        model_type: "sdar".into(),
+    }
+}
+
+/// A tiny LLaDA config for tests: 2 layers, 4 heads over 2 kv heads (GQA, which the real
+/// LLaDA-8B does not use but the loader takes), mask = the last id.
+pub fn tiny_llada_config(vocab_size: usize) -> LladaConfig {
+    LladaConfig {
+        d_model: 64,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: Some(2),
+        mlp_hidden_size: 128,
+        vocab_size,
+        embedding_size: Some(vocab_size),
+        max_sequence_length: 512,
+        rope_theta: 10_000.0,
+        rms_norm_eps: 1e-5,
+        weight_tying: false,
+        include_bias: false,
+        include_qkv_bias: false,
+        block_type: Some("llama".into()),
+        activation_type: Some("silu".into()),
+        layer_norm_type: Some("rms".into()),
+        rope: Some(true),
+        alibi: Some(false),
+        attention_layer_norm: Some(false),
+        mask_token_id: Some(vocab_size as u32 - 1),
+        bos_token_id: None,
+        eos_token_id: None,
+        pad_token_id: None,
+        model_type: "llada".into(),
+    }
+}
+
+/// A tiny Dream config for tests: 2 layers, GQA 4:2 × 16, mask = the last id.
+pub fn tiny_dream_config(vocab_size: usize) -> DreamConfig {
+    DreamConfig {
+        vocab_size,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: Some(2),
+        head_dim: None,
+        max_position_embeddings: 512,
+        rope_theta: 10_000.0,
+        rms_norm_eps: 1e-6,
+        tie_word_embeddings: false,
+        use_sliding_window: Some(false),
+        rope_scaling: None,
+        hidden_act: Some("silu".into()),
+        mask_token_id: Some(vocab_size as u32 - 1),
+        bos_token_id: None,
+        eos_token_id: None,
+        pad_token_id: None,
+        model_type: "Dream".into(),
     }
 }
 

@@ -205,6 +205,7 @@ impl EngineBuilder {
                 let model: Box<dyn LoopedModel> = match &dir.config {
                     ModelConfig::Ouro(c) => Box::new(Ouro::load(c, &weights)?),
                     ModelConfig::Huginn(c) => Box::new(Huginn::load(c, &weights)?),
+                    other => return Err(Error::UnsupportedModel(format!("{} (a diffusion model; not served by this engine yet)", other.model_type()))),
                 };
                 (model, dir.tokenizer()?, dir.eos_token_ids.clone())
             }

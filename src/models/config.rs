@@ -3,12 +3,18 @@
 use crate::{Error, Result};
 use serde::Deserialize;
 
+mod diffusion;
+pub use diffusion::{DreamConfig, LladaConfig, SdarConfig};
+
 /// A parsed `config.json`.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum ModelConfig {
     Ouro(OuroConfig),
     Huginn(HuginnConfig),
+    Sdar(SdarConfig),
+    Llada(LladaConfig),
+    Dream(DreamConfig),
 }
 
 impl ModelConfig {
@@ -30,6 +36,22 @@ impl ModelConfig {
                 c.validate(path)?;
                 Ok(Self::Huginn(c))
             }
+            Some("sdar") => {
+                let c: SdarConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                c.validate(path)?;
+                Ok(Self::Sdar(c))
+            }
+            Some("llada") => {
+                let c: LladaConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                c.validate(path)?;
+                Ok(Self::Llada(c))
+            }
+            // The released config says "Dream"; accept the lower-case spelling too.
+            Some("Dream" | "dream") => {
+                let c: DreamConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                c.validate(path)?;
+                Ok(Self::Dream(c))
+            }
             Some(other) => Err(Error::UnsupportedModel(other.to_string())),
             None => Err(Error::config(path, "missing `model_type`")),
         }
@@ -39,6 +61,9 @@ impl ModelConfig {
         match self {
             Self::Ouro(_) => "ouro",
             Self::Huginn(_) => "huginn_raven",
+            Self::Sdar(_) => "sdar",
+            Self::Llada(_) => "llada",
+            Self::Dream(_) => "Dream",
         }
     }
 
@@ -47,6 +72,9 @@ impl ModelConfig {
         match self {
             Self::Ouro(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
             Self::Huginn(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            Self::Sdar(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            Self::Llada(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            Self::Dream(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
         }
     }
 }

@@ -2,7 +2,9 @@
 //! passes in, request state lives in the scheduler, loop state in the engine's runner.
 
 pub mod config;
+pub mod diffusion;
 pub mod looped;
 
-pub use config::{HuginnConfig, ModelConfig, OuroConfig};
+pub use config::{DreamConfig, HuginnConfig, LladaConfig, ModelConfig, OuroConfig, SdarConfig};
+pub use diffusion::{DiffusionAttention, DiffusionModel, DiffusionSpec};
 pub use looped::{CoreOut, LoopedModel, LoopedSpec, StageInput};

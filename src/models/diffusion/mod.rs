@@ -1,0 +1,112 @@
+//! Masked-diffusion LMs (SDAR, LLaDA, Dream) as a stack of layers that a diffusion runner drives
+//! one layer at a time. Each layer is split into `project` (norm, QKV, q/k norm, RoPE) and
+//! `finish_layer` (paged attention, output projection, MLP), so the runner can write K/V, score
+//! tokens from post-RoPE q/k and drop tokens between the two halves (FOCUS).
+
+mod dream;
+mod llada;
+mod sdar;
+mod transformer;
+
+pub use dream::Dream;
+pub use llada::Llada;
+pub use sdar::Sdar;
+pub use transformer::{DenseArch, DenseDiffusion, Naming};
+
+use crate::kv::KvStore;
+use crate::loader::Weights;
+use crate::models::ModelConfig;
+use crate::ops::{PagedBatch, RopeAngles};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// Loads the diffusion model `config` describes; a looped family is `Error::UnsupportedModel`.
+pub fn load(config: &ModelConfig, w: &Weights) -> crate::Result<DenseDiffusion> {
+    match config {
+        ModelConfig::Sdar(c) => Sdar::load(c, w),
+        ModelConfig::Llada(c) => Llada::load(c, w),
+        ModelConfig::Dream(c) => Dream::load(c, w),
+        other => Err(crate::Error::UnsupportedModel(format!("{} is not a diffusion model", other.model_type()))),
+    }
+}
+
+/// How a diffusion model's tokens attend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiffusionAttention {
+    /// A token sees every token of its own block and of earlier blocks (SDAR): earlier blocks'
+    /// K/V are exact once written, so completed blocks are a prefix cache.
+    BlockCausal,
+    /// Every token sees the whole canvas (LLaDA, Dream): a cached prefix is an approximation,
+    /// refreshed at each block start.
+    Bidirectional,
+}
+
+/// What the scheduler, runner and metrics need to know about a diffusion model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiffusionSpec {
+    /// `config.json`'s `model_type` (`sdar`, `llada`, `Dream`).
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub mask_token_id: u32,
+    pub attention: DiffusionAttention,
+    /// Logits at position `i` predict token `i + 1` (Dream, initialised from an AR model).
+    pub shift_logits: bool,
+    /// The block length the checkpoint was trained with, when its config names one.
+    pub block_length: Option<usize>,
+    pub max_context: usize,
+    /// Parameters one token touches in the layers (no embedding, no LM head).
+    pub layer_params: u64,
+    /// Parameters of the LM head (touched only by tokens whose logits are read).
+    pub head_params: u64,
+    pub dtype: DType,
+}
+
+/// One layer's projections of a batch of tokens, post q/k norm and post RoPE.
+#[derive(Debug, Clone)]
+pub struct Projected {
+    /// `[tokens, heads, head_dim]`.
+    pub q: Tensor,
+    /// `[tokens, kv_heads, head_dim]`.
+    pub k: Tensor,
+    /// `[tokens, kv_heads, head_dim]`.
+    pub v: Tensor,
+}
+
+/// A diffusion LM as layers. Implementations own weights only (never KV or request state).
+pub trait DiffusionModel: Send {
+    fn spec(&self) -> &DiffusionSpec;
+    fn device(&self) -> &Device;
+    /// Token embeddings `[tokens, hidden]` of `ids` (`[tokens]` u32).
+    fn embed(&self, ids: &Tensor) -> Result<Tensor>;
+    /// RoPE angles for absolute `positions` (`[tokens]` u32).
+    fn rope(&self, positions: &Tensor) -> Result<RopeAngles>;
+    /// Layer `l`'s first half over the residual stream `h` `[tokens, hidden]`.
+    fn project(&self, l: usize, h: &Tensor, rope: &RopeAngles) -> Result<Projected>;
+    /// Layer `l`'s second half: paged attention of `q` over the cache (the K/V of this launch's
+    /// tokens already written), output projection, residual, MLP, residual → new `h`. `h` and `q`
+    /// hold the same tokens, in `batch`'s packed order.
+    fn finish_layer(&self, l: usize, h: &Tensor, q: &Tensor, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
+    /// Final norm and LM head over `h` `[n, hidden]` → f32 logits `[n, vocab]`.
+    fn head(&self, h: &Tensor) -> Result<Tensor>;
+
+    /// One whole layer: project, write this launch's K/V, finish.
+    fn layer(&self, l: usize, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        let p = self.project(l, h, rope)?;
+        crate::ops::write_kv(kv.k(l), &p.k, batch)?;
+        crate::ops::write_kv(kv.v(l), &p.v, batch)?;
+        self.finish_layer(l, h, &p.q, batch, kv)
+    }
+
+    /// Every layer over embedded tokens → final residual stream (before the final norm).
+    fn forward(&self, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        let mut h = h.clone();
+        for l in 0..self.spec().num_layers {
+            h = self.layer(l, &h, rope, batch, kv)?;
+        }
+        Ok(h)
+    }
+}

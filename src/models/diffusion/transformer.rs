@@ -1,0 +1,256 @@
+//! The dense pre-norm transformer all three diffusion families share: RMSNorm (f32 statistics),
+//! split-half RoPE, GQA, SwiGLU MLP. Families differ only in tensor names ([`Naming`]) and a
+//! few switches ([`DenseArch`]): per-head q/k RMSNorm (SDAR), q/k/v biases (Dream), the
+//! attention pattern and whether logits are shifted.
+
+use super::{DiffusionAttention, DiffusionModel, DiffusionSpec, Projected};
+use crate::kv::KvStore;
+use crate::loader::Weights;
+use crate::ops::{self, paged_attention, PagedBatch, RopeAngles, RopeTable};
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::Linear;
+
+/// A checkpoint's tensor names. Layer tensors are `{layers}.{l}.{name}.weight` (and `.bias`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Naming {
+    pub embed: &'static str,
+    pub final_norm: &'static str,
+    pub lm_head: &'static str,
+    pub layers: &'static str,
+    pub attn_norm: &'static str,
+    pub q: &'static str,
+    pub k: &'static str,
+    pub v: &'static str,
+    pub o: &'static str,
+    pub q_norm: &'static str,
+    pub k_norm: &'static str,
+    pub mlp_norm: &'static str,
+    /// The SiLU branch of the SwiGLU.
+    pub gate: &'static str,
+    /// The linear branch.
+    pub up: &'static str,
+    pub down: &'static str,
+}
+
+impl Naming {
+    /// Qwen2 / Qwen3 names (SDAR, Dream).
+    pub const QWEN: Naming = Naming {
+        embed: "model.embed_tokens.weight",
+        final_norm: "model.norm.weight",
+        lm_head: "lm_head.weight",
+        layers: "model.layers",
+        attn_norm: "input_layernorm",
+        q: "self_attn.q_proj",
+        k: "self_attn.k_proj",
+        v: "self_attn.v_proj",
+        o: "self_attn.o_proj",
+        q_norm: "self_attn.q_norm",
+        k_norm: "self_attn.k_norm",
+        mlp_norm: "post_attention_layernorm",
+        gate: "mlp.gate_proj",
+        up: "mlp.up_proj",
+        down: "mlp.down_proj",
+    };
+
+    /// LLaDA's OLMo-derived names (`ff_proj` is the gate, `ff_out` the down projection, and the
+    /// model-level `ff_out` the LM head).
+    pub const LLADA: Naming = Naming {
+        embed: "model.transformer.wte.weight",
+        final_norm: "model.transformer.ln_f.weight",
+        lm_head: "model.transformer.ff_out.weight",
+        layers: "model.transformer.blocks",
+        attn_norm: "attn_norm",
+        q: "q_proj",
+        k: "k_proj",
+        v: "v_proj",
+        o: "attn_out",
+        q_norm: "q_norm",
+        k_norm: "k_norm",
+        mlp_norm: "ff_norm",
+        gate: "ff_proj",
+        up: "up_proj",
+        down: "ff_out",
+    };
+
+    /// `{layers}.{l}.{name}.{kind}`.
+    pub fn layer(&self, l: usize, name: &str, kind: &str) -> String {
+        format!("{}.{l}.{name}.{kind}", self.layers)
+    }
+}
+
+/// Everything [`DenseDiffusion::load`] needs to know, filled by each family from its config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenseArch {
+    pub naming: Naming,
+    pub model_type: String,
+    /// Ids the sampler may produce; logits are cut to this width.
+    pub vocab_size: usize,
+    /// Rows of the embedding and LM head (≥ `vocab_size` when the table is padded).
+    pub table_rows: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f64,
+    pub rms_norm_eps: f64,
+    /// Per-head RMSNorm of q and k (weight `[head_dim]`) before RoPE.
+    pub qk_norm: bool,
+    pub qkv_bias: bool,
+    /// Use the embedding as LM head when the checkpoint has no separate one.
+    pub tie_embeddings: bool,
+    pub attention: DiffusionAttention,
+    pub shift_logits: bool,
+    pub mask_token_id: u32,
+    pub block_length: Option<usize>,
+    pub max_context: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    attn_norm: Tensor,
+    /// q, k, v stacked on the output dim: one matmul instead of three.
+    qkv: Linear,
+    qk_norm: Option<(Tensor, Tensor)>,
+    o: Linear,
+    mlp_norm: Tensor,
+    /// gate then up on the output dim, the layout [`ops::silu_mul`] takes.
+    gate_up: Linear,
+    down: Linear,
+}
+
+/// A loaded dense diffusion LM. Weights only; cloning shares the weight tensors.
+#[derive(Debug, Clone)]
+pub struct DenseDiffusion {
+    arch: DenseArch,
+    spec: DiffusionSpec,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Linear,
+    rope: RopeTable,
+    device: Device,
+}
+
+impl DenseDiffusion {
+    pub fn load(arch: &DenseArch, w: &Weights) -> crate::Result<Self> {
+        let a = arch;
+        let n = &a.naming;
+        let (h, i, rows) = (a.hidden_size, a.intermediate_size, a.table_rows);
+        let (nh, nkv, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
+        let mut layers = Vec::with_capacity(a.num_layers);
+        for l in 0..a.num_layers {
+            let wt = |name: &str, shape: (usize, usize)| w.get(shape, &n.layer(l, name, "weight"));
+            let vec = |name: &str, kind: &str, len: usize| w.get(len, &n.layer(l, name, kind));
+            let qkv_w = Tensor::cat(&[wt(n.q, (nh * hd, h))?, wt(n.k, (nkv * hd, h))?, wt(n.v, (nkv * hd, h))?], 0)?;
+            let qkv_b = if a.qkv_bias {
+                Some(Tensor::cat(&[vec(n.q, "bias", nh * hd)?, vec(n.k, "bias", nkv * hd)?, vec(n.v, "bias", nkv * hd)?], 0)?)
+            } else {
+                None
+            };
+            let qk_norm = if a.qk_norm { Some((vec(n.q_norm, "weight", hd)?, vec(n.k_norm, "weight", hd)?)) } else { None };
+            layers.push(Layer {
+                attn_norm: vec(n.attn_norm, "weight", h)?,
+                qkv: Linear::new(qkv_w, qkv_b),
+                qk_norm,
+                o: Linear::new(wt(n.o, (h, nh * hd))?, None),
+                mlp_norm: vec(n.mlp_norm, "weight", h)?,
+                gate_up: Linear::new(Tensor::cat(&[wt(n.gate, (i, h))?, wt(n.up, (i, h))?], 0)?, None),
+                down: Linear::new(wt(n.down, (h, i))?, None),
+            });
+        }
+        let embed = w.get((rows, h), n.embed)?;
+        let lm_head = if a.tie_embeddings && !w.contains(n.lm_head) { embed.clone() } else { w.get((rows, h), n.lm_head)? };
+        let per_layer = (nh + 2 * nkv) * hd * h // q, k, v
+            + h * nh * hd // o
+            + 3 * h * i // gate, up, down
+            + 2 * h // the two norms
+            + if a.qk_norm { 2 * hd } else { 0 }
+            + if a.qkv_bias { (nh + 2 * nkv) * hd } else { 0 };
+        let spec = DiffusionSpec {
+            model_type: a.model_type.clone(),
+            vocab_size: a.vocab_size,
+            hidden_size: h,
+            num_layers: a.num_layers,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            mask_token_id: a.mask_token_id,
+            attention: a.attention,
+            shift_logits: a.shift_logits,
+            block_length: a.block_length,
+            max_context: a.max_context,
+            layer_params: (per_layer * a.num_layers) as u64,
+            // What the head's matmul touches per token read (padding rows included).
+            head_params: (rows * h) as u64,
+            dtype: w.dtype(),
+        };
+        Ok(Self {
+            rope: RopeTable::new(hd, a.rope_theta, w.dtype(), w.device())?,
+            norm: w.get(h, n.final_norm)?,
+            lm_head: Linear::new(lm_head, None),
+            embed,
+            layers,
+            spec,
+            arch: a.clone(),
+            device: w.device().clone(),
+        })
+    }
+
+    pub fn arch(&self) -> &DenseArch {
+        &self.arch
+    }
+}
+
+impl DiffusionModel for DenseDiffusion {
+    fn spec(&self) -> &DiffusionSpec {
+        &self.spec
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        self.embed.index_select(ids, 0)
+    }
+
+    fn rope(&self, positions: &Tensor) -> Result<RopeAngles> {
+        self.rope.angles(positions)
+    }
+
+    fn project(&self, l: usize, h: &Tensor, rope: &RopeAngles) -> Result<Projected> {
+        let layer = &self.layers[l];
+        let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
+        let eps = self.arch.rms_norm_eps;
+        let t = h.dim(0)?;
+        let qkv = layer.qkv.forward(&ops::rms_norm(h, &layer.attn_norm, eps)?)?;
+        let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
+        let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
+        let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?.contiguous()?;
+        let (q, k) = match &layer.qk_norm {
+            Some((qn, kn)) => (ops::rms_norm(&q.contiguous()?, qn, eps)?, ops::rms_norm(&k.contiguous()?, kn, eps)?),
+            None => (q, k),
+        };
+        Ok(Projected { q: rope.apply_split_half(&q)?, k: rope.apply_split_half(&k)?, v })
+    }
+
+    fn finish_layer(&self, l: usize, h: &Tensor, q: &Tensor, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        let layer = &self.layers[l];
+        let (nh, hd) = (self.spec.num_heads, self.spec.head_dim);
+        let t = h.dim(0)?;
+        let attn = paged_attention(q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
+        let h = (h + layer.o.forward(&attn.reshape((t, nh * hd))?)?)?;
+        let m = ops::rms_norm(&h, &layer.mlp_norm, self.arch.rms_norm_eps)?;
+        h + layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?
+    }
+
+    fn head(&self, h: &Tensor) -> Result<Tensor> {
+        let logits = self.lm_head.forward(&ops::rms_norm(h, &self.norm, self.arch.rms_norm_eps)?)?.to_dtype(DType::F32)?;
+        if self.arch.table_rows > self.arch.vocab_size {
+            return logits.narrow(1, 0, self.arch.vocab_size)?.contiguous();
+        }
+        Ok(logits)
+    }
+}
