@@ -42,6 +42,7 @@ fn build(case: &Case, seed: u64) -> Built {
     let mut vc = vec![f32::NAN; num_blocks * bs * width];
     let mut next = 0;
     let mut host = PagedBatchHost {
+            write_positions: Vec::new(),
         block_tables: vec![],
         context_lens: vec![],
         cu_q_lens: vec![0],
@@ -323,6 +324,21 @@ fn bidirectional() {
     }
 }
 
+/// Block-causal rows as block diffusion launches them: whole prompts of several 32-blocks in one
+/// row (prefill), a block's 32 queries after a long prefix, ragged recompute sets, and block
+/// lengths that do not match the cache block size (4, 16, 32).
+#[test]
+fn block_causal() {
+    const PREFILL: &[(usize, usize)] = &[(96, 96), (64, 160), (32, 288), (7, 39), (20, 52), (1, 33), (32, 1024)];
+    for dt in [DType::F32, DType::BF16] {
+        for b in [4, 16, 32] {
+            check(case("block-causal gqa 32/8 d128", PREFILL, 32, 8, 128, dt, AttnMask::BlockCausal(b)));
+            check(case("block-causal mha 16/16 d64", DIFFUSION_ROWS, 16, 16, 64, dt, AttnMask::BlockCausal(b)));
+        }
+        check(case("block-causal(1) == causal", MIXED_ROWS, 32, 8, 128, dt, AttnMask::BlockCausal(1)));
+    }
+}
+
 #[test]
 fn head_dim_96_and_odd_block_size() {
     check(case(
@@ -388,6 +404,7 @@ fn head_dim_96_and_odd_block_size() {
 fn rejects_bad_inputs() {
     let gpu = Device::new_cuda(0).unwrap();
     let host = PagedBatchHost {
+            write_positions: Vec::new(),
         block_tables: vec![vec![0]],
         context_lens: vec![1],
         cu_q_lens: vec![0, 1],
@@ -576,6 +593,7 @@ fn check_qkv_rope_write(
     let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
     ids.shuffle(&mut rng);
     let mut host = PagedBatchHost {
+            write_positions: Vec::new(),
         block_tables: vec![],
         context_lens: vec![],
         cu_q_lens: vec![0],
@@ -832,6 +850,7 @@ fn fused_timing() {
         let rows: Vec<(usize, usize)> = vec![(1, 384); w];
         let nb = w * 384 / bs + 4;
         let host = PagedBatchHost {
+            write_positions: Vec::new(),
             block_tables: (0..w)
                 .map(|r| ((r * 24) as u32..(r * 24 + 24) as u32).collect())
                 .collect(),

@@ -300,7 +300,7 @@ mod tests {
         st.write_inputs(&[], &[5, 20], &[1, 0], 9).unwrap();
         assert_eq!(st.positions.to_vec1::<u32>().unwrap(), vec![5, 20, 0, 0]);
         assert_eq!(st.state.to_vec1::<u32>().unwrap(), vec![1, 0, 9, 9]);
-        let host = PagedBatchHost { block_tables: vec![vec![3], vec![4, 7]], context_lens: vec![6, 21], cu_q_lens: vec![0, 1, 2] };
+        let host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![vec![3], vec![4, 7]], context_lens: vec![6, 21], cu_q_lens: vec![0, 1, 2] };
         let buf = &st.batches[0].1;
         let b = PagedBatch::fill(&host, 16, AttnMask::Causal, 2, buf, 99, 256).unwrap();
         assert_eq!(b.num_rows(), 4);

@@ -249,6 +249,7 @@ impl LoopedRunner {
         let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
         let input = self.model.prepare(&Tensor::new(positions.as_slice(), self.device())?)?;
         let host = PagedBatchHost {
+            write_positions: Vec::new(),
             block_tables: rows.iter().map(|r| r.block_tables[slot_of(r)].to_vec()).collect(),
             context_lens: rows.iter().map(|r| r.start_pos as u32 + 1).collect(),
             cu_q_lens: (0..=rows.len() as u32).collect(),
@@ -353,6 +354,7 @@ impl LoopedRunner {
                 continue;
             }
             let host = PagedBatchHost {
+            write_positions: Vec::new(),
                 block_tables: launch.rows.iter().map(|r| r.block_tables[slot].to_vec()).collect(),
                 context_lens: launch.rows.iter().map(|r| (r.start_pos + r.tokens.len()) as u32).collect(),
                 cu_q_lens: cu.clone(),
@@ -503,6 +505,7 @@ impl LoopedRunner {
             .iter()
             .map(|(slot, buf)| {
                 let host = PagedBatchHost {
+            write_positions: Vec::new(),
                     block_tables: rows.iter().map(|r| r.block_tables[if key.slots.is_empty() { r.slot } else { *slot }].to_vec()).collect(),
                     context_lens: rows.iter().map(|r| r.start_pos as u32 + 1).collect(),
                     cu_q_lens: (0..=rows.len() as u32).collect(),

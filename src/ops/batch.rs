@@ -10,9 +10,34 @@ pub enum AttnMask {
     /// Query `j` of a row with `q_len` queries and `ctx` keys sits at position `ctx - q_len + j`
     /// and sees keys `0..=ctx - q_len + j`.
     Causal,
-    /// Every query sees all `ctx` keys of its row. Block-causal attention (SDAR) is this with
-    /// `ctx` ending at the query block's end.
+    /// Every query sees all `ctx` keys of its row.
     Bidirectional,
+    /// Query `j` at position `p = ctx - q_len + j` sees the keys before the end of its block of
+    /// this many positions, `min(ctx, (p / B + 1) · B)` (SDAR: a whole prompt prefilled in one
+    /// row). `BlockCausal(1)` is `Causal`.
+    BlockCausal(usize),
+}
+
+impl AttnMask {
+    /// The kernel's encoding: 0 bidirectional, B block-causal (1 = causal).
+    pub fn block(self) -> u32 {
+        match self {
+            Self::Causal => 1,
+            Self::Bidirectional => 0,
+            Self::BlockCausal(b) => b.max(1) as u32,
+        }
+    }
+
+    /// Keys `0..limit` visible to query `j` of a row with `q_len` queries and `ctx` keys.
+    pub fn key_limit(self, ctx: usize, q_len: usize, j: usize) -> usize {
+        match self.block() {
+            0 => ctx,
+            b => {
+                let b = b as usize;
+                ctx.min(((ctx - q_len + j) / b + 1) * b)
+            }
+        }
+    }
 }
 
 /// Host copy of a launch's addressing (also used by the CPU attention path).
@@ -24,6 +49,23 @@ pub struct PagedBatchHost {
     pub context_lens: Vec<u32>,
     /// Offsets of each row's queries in the packed token dimension; `len = rows + 1`.
     pub cu_q_lens: Vec<u32>,
+    /// Cache position each packed token's K/V is written to. Empty: row `r`'s tokens sit at the
+    /// consecutive positions `ctx - q_len .. ctx` (every looped launch). Diffusion steps that
+    /// recompute only some positions of a block give them here (the mask still reads `ctx`).
+    pub write_positions: Vec<u32>,
+}
+
+impl PagedBatchHost {
+    /// Cache positions of row `r`'s tokens.
+    pub fn row_positions(&self, r: usize) -> Vec<usize> {
+        let (a, b) = (self.cu_q_lens[r] as usize, self.cu_q_lens[r + 1] as usize);
+        if self.write_positions.is_empty() {
+            let ctx = self.context_lens[r] as usize;
+            (ctx - (b - a)..ctx).collect()
+        } else {
+            self.write_positions[a..b].iter().map(|&p| p as usize).collect()
+        }
+    }
 }
 
 /// Device-side addressing of one launch for one cache slot per row.
@@ -67,6 +109,10 @@ impl PagedBatch {
         let mut flat_tables = vec![0u32; rows * max_blocks];
         let mut slot_mapping = Vec::with_capacity(*host.cu_q_lens.last().unwrap_or(&0) as usize);
         let mut max_q_len = 0;
+        let tokens = *host.cu_q_lens.last().unwrap_or(&0) as usize;
+        if !host.write_positions.is_empty() && host.write_positions.len() != tokens {
+            candle_core::bail!("paged batch: {} write positions for {tokens} tokens", host.write_positions.len());
+        }
         for r in 0..rows {
             let table = &host.block_tables[r];
             flat_tables[r * max_blocks..r * max_blocks + table.len()].copy_from_slice(table);
@@ -76,7 +122,10 @@ impl PagedBatch {
                 candle_core::bail!("paged batch row {r}: q_len {q_len}, ctx {ctx}, {} blocks", table.len());
             }
             max_q_len = max_q_len.max(q_len);
-            for pos in ctx - q_len..ctx {
+            for pos in host.row_positions(r) {
+                if pos >= table.len() * block_size {
+                    candle_core::bail!("paged batch row {r}: write position {pos} past its {} blocks", table.len());
+                }
                 slot_mapping.push(table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
             }
         }
@@ -236,6 +285,9 @@ impl PagedBatchBuffers {
         if host.cu_q_lens.len() != rows + 1 || host.block_tables.len() != rows {
             candle_core::bail!("paged batch: {} rows but {} q offsets and {} tables", rows, host.cu_q_lens.len(), host.block_tables.len());
         }
+        if !host.write_positions.is_empty() {
+            candle_core::bail!("paged batch buffers: explicit write positions are not supported in padded launches");
+        }
         if rows > self.rows || real_tokens + (self.rows - rows) != self.tokens {
             candle_core::bail!("paged batch: {rows} rows / {real_tokens} tokens do not pad to {} rows / {} tokens", self.rows, self.tokens);
         }
@@ -244,6 +296,7 @@ impl PagedBatchBuffers {
             block_tables: Vec::with_capacity(self.rows),
             context_lens: Vec::with_capacity(self.rows),
             cu_q_lens: host.cu_q_lens.clone(),
+            write_positions: Vec::new(),
         };
         let mut words = vec![0u32; self.packed.elem_count()];
         let (o_cl, o_cu) = (align4(self.rows * mb), align4(self.rows * mb) + align4(self.rows));

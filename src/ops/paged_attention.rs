@@ -35,7 +35,7 @@ pub fn paged_attention(
             batch.max_q_len,
             batch.max_context_len,
             scale as f32,
-            batch.mask == AttnMask::Causal,
+            batch.mask.block(),
         );
     }
     paged_attention_reference(q, k_cache, v_cache, batch, scale)
@@ -77,8 +77,8 @@ pub fn paged_attention_reference(
         let qr = q.narrow(0, q_start, q_len)?.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?;
         let scores = (qr.matmul(&k.t()?)? * scale)?; // [heads, q_len, ctx]
         let scores = match batch.mask {
-            AttnMask::Causal => scores.broadcast_add(&causal_bias(q_len, ctx, q.device())?)?,
             AttnMask::Bidirectional => scores,
+            mask => scores.broadcast_add(&mask_bias(mask, q_len, ctx, q.device())?)?,
         };
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let out = probs.matmul(&v)?.transpose(0, 1)?; // [q_len, heads, hd]
@@ -99,12 +99,64 @@ fn gather_heads(flat: &Tensor, idx: &Tensor, group: usize) -> Result<Tensor> {
     x.unsqueeze(1)?.broadcast_as((kvh, group, ctx, hd))?.reshape((kvh * group, ctx, hd))
 }
 
-/// `[q_len, ctx]` additive mask: query `j` sees keys `0..=ctx - q_len + j`.
-fn causal_bias(q_len: usize, ctx: usize, device: &Device) -> Result<Tensor> {
-    let first = ctx - q_len;
+/// `[q_len, ctx]` additive mask: query `j` sees keys `0..mask.key_limit(ctx, q_len, j)`.
+fn mask_bias(mask: AttnMask, q_len: usize, ctx: usize, device: &Device) -> Result<Tensor> {
     let bias: Vec<f32> = (0..q_len)
-        .flat_map(|j| (0..ctx).map(move |p| if p <= first + j { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|j| {
+            let lim = mask.key_limit(ctx, q_len, j);
+            (0..ctx).map(move |p| if p < lim { 0.0 } else { f32::NEG_INFINITY })
+        })
         .collect();
     Tensor::from_vec(bias, (q_len, ctx), device)
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::PagedBatchHost;
+
+    fn rand(shape: (usize, usize, usize), seed: u64) -> Tensor {
+        let n = shape.0 * shape.1 * shape.2;
+        let v: Vec<f32> = (0..n).map(|i| (((i as u64 + 1) * (seed * 2 + 7919)) % 1009) as f32 / 504.5 - 1.0).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    /// A 3-block row under `BlockCausal(4)` equals one row per block, each bidirectional over
+    /// the keys up to its block's end — the definition of block-causal attention.
+    #[test]
+    fn block_causal_is_bidirectional_per_block() {
+        let (heads, kvh, hd, bs) = (4, 2, 8, 4);
+        let cache_k = rand((4 * bs, kvh, hd), 1).reshape((4, bs, kvh, hd)).unwrap();
+        let cache_v = rand((4 * bs, kvh, hd), 2).reshape((4, bs, kvh, hd)).unwrap();
+        let q = rand((12, heads, hd), 3);
+        let table = vec![2u32, 0, 3];
+        let one = PagedBatchHost { block_tables: vec![table.clone()], context_lens: vec![12], cu_q_lens: vec![0, 12], write_positions: vec![] };
+        let split = PagedBatchHost {
+            block_tables: vec![table.clone(); 3],
+            context_lens: vec![4, 8, 12],
+            cu_q_lens: vec![0, 4, 8, 12],
+            write_positions: vec![],
+        };
+        let a = PagedBatch::new(one, bs, AttnMask::BlockCausal(4), kvh * hd, &Device::Cpu).unwrap();
+        let b = PagedBatch::new(split, bs, AttnMask::Bidirectional, kvh * hd, &Device::Cpu).unwrap();
+        let oa = paged_attention_reference(&q, &cache_k, &cache_v, &a, 0.3).unwrap();
+        let ob = paged_attention_reference(&q, &cache_k, &cache_v, &b, 0.3).unwrap();
+        let d = (oa - &ob).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(d < 1e-6, "{d}");
+        // And it differs from plain causal attention (the mask is not a no-op).
+        let c = PagedBatch::new(a.host.clone(), bs, AttnMask::Causal, kvh * hd, &Device::Cpu).unwrap();
+        let oc = paged_attention_reference(&q, &cache_k, &cache_v, &c, 0.3).unwrap();
+        let d = (oc - &ob).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(d > 1e-3);
+    }
+
+    #[test]
+    fn explicit_write_positions_address_their_slots() {
+        let host = PagedBatchHost { block_tables: vec![vec![5, 1]], context_lens: vec![8], cu_q_lens: vec![0, 3], write_positions: vec![1, 4, 6] };
+        let b = PagedBatch::new(host, 4, AttnMask::Bidirectional, 2, &Device::Cpu).unwrap();
+        assert_eq!(b.slot_mapping.to_vec1::<u32>().unwrap(), vec![21, 4, 6]);
+        let bad = PagedBatchHost { block_tables: vec![vec![5]], context_lens: vec![4], cu_q_lens: vec![0, 1], write_positions: vec![9] };
+        assert!(PagedBatch::new(bad, 4, AttnMask::Bidirectional, 2, &Device::Cpu).is_err());
+    }
+}

@@ -41,7 +41,7 @@ pub fn paged_attention(
     max_q_len: usize,
     max_context_len: usize,
     scale: f32,
-    causal: bool,
+    mask_block: u32,
 ) -> Result<Tensor> {
     let dev = match q.device() {
         candle_core::Device::Cuda(d) => d.clone(),
@@ -155,7 +155,7 @@ pub fn paged_attention(
         max_context_len,
         nq,
         scale_log2: scale * std::f32::consts::LOG2_E,
-        causal,
+        mask_block,
     };
     let t = Inputs {
         q: &q,
@@ -194,7 +194,8 @@ struct Params {
     max_context_len: usize,
     nq: usize,
     scale_log2: f32,
-    causal: bool,
+    /// 0 bidirectional, 1 causal, B block-causal (see the kernel's header).
+    mask_block: u32,
 }
 
 /// A contiguous view of `storage` at `layout`, checked for dtype and (for vector loads) alignment.
@@ -251,7 +252,7 @@ fn launch<T: CudaDType + DeviceRepr>(
         p.kv_heads as i32,
         p.block_size as i32,
     );
-    let (causal, tokens) = (p.causal as i32, p.tokens as i32);
+    let (mask_block, tokens) = (p.mask_block as i32, p.tokens as i32);
     let scale_log2 = p.scale_log2;
     if p.mma {
         let tiles = (p.tokens * group + p.rows * (MMA_NQ - 1)) / MMA_NQ;
@@ -281,7 +282,7 @@ fn launch<T: CudaDType + DeviceRepr>(
             .arg(&kv_heads)
             .arg(&block_size)
             .arg(&bs_shift);
-        b.arg(&scale_log2).arg(&causal);
+        b.arg(&scale_log2).arg(&mask_block);
         // SAFETY: argument list matches `paged_attn_mma_*` in paged_attention.cu.
         unsafe { b.launch(cfg) }.w()?;
         let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
@@ -362,7 +363,7 @@ fn launch<T: CudaDType + DeviceRepr>(
             .arg(&block_size)
             .arg(&bs_shift);
         b.arg(&scale_log2)
-            .arg(&causal)
+            .arg(&mask_block)
             .arg(&nsplits)
             .arg(&chunk)
             .arg(&tokens);

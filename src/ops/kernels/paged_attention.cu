@@ -16,6 +16,10 @@
 // Rows are found without host data: block x of the grid belongs to row r when
 // off(r) <= x < off(r + 1), off(r) = (cu_q[r] * group + r * (NQ - 1)) / NQ, which gives every row at
 // least ceil(q_len * group / NQ) tiles (at most one idle tile per row).
+//
+// Masks: a row's queries sit at positions ctx - q_len + j. mask_block = 0: every query sees all ctx
+// keys (bidirectional); mask_block = B > 0: a query at position p sees the keys before the end of
+// its B-block, min(ctx, (p / B + 1) * B) — B = 1 is causal, B = block length is block-causal.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,6 +29,12 @@
 #define NTHREADS (NW * 32)
 
 namespace {
+
+__device__ __forceinline__ int key_limit(int ctx, int q_len, int tok, int mask_block) {
+    if (mask_block <= 0) return ctx;
+    const int p = ctx - q_len + tok;
+    return min(ctx, (p / mask_block + 1) * mask_block);
+}
 
 template <typename T> struct Cvt;
 
@@ -83,7 +93,7 @@ __device__ __forceinline__ void paged_attn_impl(
     const uint32_t *__restrict__ context_lens, // [R]
     const uint32_t *__restrict__ cu_q,         // [R + 1]
     int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift,
-    float scale_log2, int causal, int num_splits, int chunk, int num_tokens) {
+    float scale_log2, int mask_block, int num_splits, int chunk, int num_tokens) {
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
@@ -118,7 +128,7 @@ __device__ __forceinline__ void paged_attn_impl(
     const int ctx = context_lens[r];
 
     const int last_tok = (min(item0 + NQ, items) - 1) / group;
-    const int kend = causal ? ctx - q_len + last_tok + 1 : ctx;
+    const int kend = key_limit(ctx, q_len, last_tok, mask_block);
     const int k0 = split * chunk;
     const int k1 = min(kend, k0 + chunk);
 
@@ -137,7 +147,7 @@ __device__ __forceinline__ void paged_attn_impl(
         const bool valid = item < items;
         const int tok = item / group;
         const int hg = item - tok * group;
-        lim[n] = valid ? (causal ? ctx - q_len + tok + 1 : ctx) : 0;
+        lim[n] = valid ? key_limit(ctx, q_len, tok, mask_block) : 0;
         if (valid && active) {
             const T *qp = q + ((size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg)) * D + kl * VEC;
             Cvt<T>::to_float(ldg16(qp), qv[n]);
@@ -344,7 +354,7 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
     const uint32_t *__restrict__ block_tables, const uint32_t *__restrict__ context_lens,
     const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks, int num_heads, int kv_heads,
-    int block_size, int bs_shift, float scale_log2, int causal) {
+    int block_size, int bs_shift, float scale_log2, int mask_block) {
     constexpr int LD = D + 8;        // smem row stride (elements): conflict-free fragment reads
     constexpr int KS = D / 16;       // k-steps of S = Q K^T
     constexpr int NT = D / 8;        // n-tiles of O
@@ -371,7 +381,7 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     if (item0 >= items) return;  // block-uniform
     const int ctx = context_lens[r];
     const int last_tok = (min(item0 + MMA_NQ, items) - 1) / group;
-    const int k1 = causal ? ctx - q_len + last_tok + 1 : ctx;
+    const int k1 = key_limit(ctx, q_len, last_tok, mask_block);
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int gid = lane >> 2, tig = lane & 3;
@@ -384,7 +394,7 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         const bool valid = item < items;
         const int tok = item / group;
         const int hg = item - tok * group;
-        lim[h] = valid ? (causal ? ctx - q_len + tok + 1 : ctx) : 0;
+        lim[h] = valid ? key_limit(ctx, q_len, tok, mask_block) : 0;
         qp[h] = valid ? q + ((size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg)) * D : nullptr;
     }
     uint32_t qa[KS][4];
@@ -523,11 +533,11 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                   \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
-        float scale_log2, int causal, int num_splits, int chunk, int num_tokens
+        float scale_log2, int mask_block, int num_splits, int chunk, int num_tokens
 
 #define PA_PASS                                                                                  \
     out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens, cu_q, num_rows, max_blocks,       \
-        num_heads, kv_heads, block_size, bs_shift, scale_log2, causal, num_splits, chunk, num_tokens
+        num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk, num_tokens
 
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
@@ -560,10 +570,10 @@ PA_KERNELS(f16, __half)
         T *out, const T *q, const T *kc, const T *vc, const uint32_t *block_tables,              \
         const uint32_t *context_lens, const uint32_t *cu_q, int num_rows, int max_blocks,        \
         int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2,             \
-        int causal) {                                                                            \
+        int mask_block) {                                                                            \
         paged_attn_mma_impl<T, D>(out, q, kc, vc, block_tables, context_lens, cu_q, num_rows,    \
                                   max_blocks, num_heads, kv_heads, block_size, bs_shift,         \
-                                  scale_log2, causal);                                           \
+                                  scale_log2, mask_block);                                           \
     }
 
 PA_MMA_KERNEL(bf16, __nv_bfloat16, 64)
