@@ -34,6 +34,7 @@
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 
+pub mod diffusion;
 pub mod engine;
 pub mod error;
 pub mod gate;

@@ -72,6 +72,7 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
                 gate_logits: vec![],
                 latent_diff: None,
                 logprob: None,
+                candidates: vec![],
             })
             .collect();
             (launch, LaunchResult { rows })

@@ -208,7 +208,7 @@ impl LoopedRunner {
             .requests
             .into_iter()
             .zip(tokens.into_iter().zip(gate_logits).zip(latent).zip(logprobs))
-            .map(|(request, (((token, gate_logits), latent_diff), logprob))| RowOutput { request, token, gate_logits, latent_diff, logprob })
+            .map(|(request, (((token, gate_logits), latent_diff), logprob))| RowOutput { request, token, gate_logits, latent_diff, logprob, candidates: Vec::new() })
             .collect();
         Ok(LaunchResult { rows })
     }
@@ -224,6 +224,7 @@ impl LoopedRunner {
             Stage::Prefill | Stage::FullDepthDecode => self.full_depth(launch),
             Stage::CoreStep => self.core_step(launch),
             Stage::Coda => self.coda(launch),
+            Stage::Denoise => candle_core::bail!("a looped model cannot run a denoise launch"),
         }
     }
 

@@ -150,6 +150,8 @@ impl DepthBatching {
             step: item.step,
             slot: self.kv.layout().slot_for_step(item.step),
             state: req.state,
+            positions: Vec::new(),
+            readout: Vec::new(),
         }
     }
 
@@ -260,7 +262,7 @@ impl DepthBatching {
                         None => keep.push_back((stage, id)),
                     }
                 }
-                Stage::FullDepthDecode => {}
+                Stage::FullDepthDecode | Stage::Denoise => {}
             }
         }
         self.unrouted = keep;
@@ -365,7 +367,7 @@ impl Scheduler for DepthBatching {
                     self.ready.push_front(it);
                 }
             }
-            Stage::FullDepthDecode => {}
+            Stage::FullDepthDecode | Stage::Denoise => {}
         }
     }
 
@@ -432,7 +434,7 @@ mod tests {
             let rows = l
                 .rows
                 .iter()
-                .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![], latent_diff: None, logprob: None })
+                .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![], latent_diff: None, logprob: None, candidates: vec![] })
                 .collect();
             let result = LaunchResult { rows };
             s.complete(&l, &result);
@@ -494,7 +496,7 @@ mod tests {
         let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 6], max_new_tokens: 3 });
         let answer = |l: &Launch| LaunchResult {
-            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: r.sample.then_some(2), gate_logits: vec![], latent_diff: None, logprob: None }).collect(),
+            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: r.sample.then_some(2), gate_logits: vec![], latent_diff: None, logprob: None, candidates: vec![] }).collect(),
         };
         let prefill = s.schedule().unwrap();
         assert_eq!(prefill.stage, Stage::Prefill);

@@ -7,9 +7,11 @@
 
 mod continuous;
 mod depth;
+mod diffusion;
 
 pub use continuous::ContinuousBatching;
 pub use depth::{DepthBatching, DepthConfig};
+pub use diffusion::{DiffusionBatching, DiffusionConfig};
 
 use crate::engine::RequestId;
 use crate::kv::{BlockTable, KvManager};
@@ -34,6 +36,10 @@ pub enum Stage {
     CoreStep,
     /// Exited items: the coda reads their state and a next token is sampled.
     Coda,
+    /// Diffusion LMs: every layer over each row's tokens (a prompt prefill, a finished block's
+    /// clean K/V write, or a denoising step over a block's recomputed positions); rows with
+    /// `readout` get the greedy token and its probability at those tokens.
+    Denoise,
 }
 
 impl Stage {
@@ -43,6 +49,7 @@ impl Stage {
             Self::FullDepthDecode => "decode",
             Self::CoreStep => "core",
             Self::Coda => "coda",
+            Self::Denoise => "denoise",
         }
     }
 }
@@ -65,12 +72,42 @@ pub struct LaunchRow {
     pub slot: usize,
     /// Row of the device state bank holding the item's hidden state (prelude, core, coda).
     pub state: u32,
+    /// Cache position of each token, ascending, when they are not `start_pos..` in a run
+    /// (denoising steps that recompute only part of a block). The row then sees the keys
+    /// before `positions.last() + 1`. Empty: consecutive from `start_pos`.
+    pub positions: Vec<u32>,
+    /// Denoise launches: indices into `tokens` whose logits are read out (greedy token and its
+    /// probability come back in [`RowOutput::candidates`], in this order).
+    pub readout: Vec<u32>,
 }
 
 impl LaunchRow {
     /// A row of a full-depth launch (prefill or CB decode): no per-step addressing.
     pub fn full_depth(request: RequestId, tokens: Vec<u32>, start_pos: usize, block_tables: Vec<BlockTable>) -> Self {
-        Self { request, tokens, start_pos, block_tables, sample: true, step: 0, slot: 0, state: 0 }
+        Self { request, tokens, start_pos, block_tables, sample: true, step: 0, slot: 0, state: 0, positions: Vec::new(), readout: Vec::new() }
+    }
+
+    /// A row of a denoise launch: `tokens` at `positions` (ascending), reading out `readout`.
+    pub fn denoise(request: RequestId, tokens: Vec<u32>, positions: Vec<u32>, readout: Vec<u32>, block_table: BlockTable) -> Self {
+        let start_pos = positions.first().copied().unwrap_or(0) as usize;
+        Self { request, tokens, start_pos, block_tables: vec![block_table], sample: false, step: 0, slot: 0, state: 0, positions, readout }
+    }
+
+    /// Cache position of each token.
+    pub fn token_positions(&self) -> Vec<u32> {
+        if self.positions.is_empty() {
+            (self.start_pos..self.start_pos + self.tokens.len()).map(|p| p as u32).collect()
+        } else {
+            self.positions.clone()
+        }
+    }
+
+    /// Keys the row attends to: one past its last position.
+    pub fn context_len(&self) -> usize {
+        match self.positions.last() {
+            Some(&p) => p as usize + 1,
+            None => self.start_pos + self.tokens.len(),
+        }
     }
 }
 
@@ -114,6 +151,8 @@ pub struct RowOutput {
     pub latent_diff: Option<f32>,
     /// Teacher-forced rows: log-probability of the forced token.
     pub logprob: Option<f32>,
+    /// Denoise rows: `(greedy token, its probability)` at each of the row's `readout` tokens.
+    pub candidates: Vec<(u32, f32)>,
 }
 
 /// Host values of a finished launch, row-aligned with [`Launch::rows`].
@@ -168,5 +207,16 @@ pub trait Scheduler: Send {
     /// host can build it while the device works.
     fn supports_overlap(&self) -> bool {
         false
+    }
+    /// Tokens that became final since the last call, per request, in order (diffusion
+    /// schedulers decide them in `complete`; schedulers whose tokens come straight from the
+    /// launch results return none).
+    fn take_emitted(&mut self) -> Vec<(RequestId, Vec<u32>)> {
+        Vec::new()
+    }
+    /// Cache positions a request of `prompt_len` prompt tokens and `max_new_tokens` needs at
+    /// most (diffusion rounds up to whole blocks).
+    fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        prompt_len + max_new_tokens
     }
 }

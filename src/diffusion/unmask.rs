@@ -1,0 +1,273 @@
+//! Unmask policies: which of a step's masked candidates become final tokens.
+
+use crate::engine::RequestId;
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// A masked position that produced logits this step, with its greedy token and that token's
+/// probability.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// Offset in the block.
+    pub offset: usize,
+    pub token: u32,
+    pub confidence: f32,
+}
+
+/// Where a step sits, for policies that depend on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepContext {
+    pub request: RequestId,
+    /// Index of the block among the request's decoded blocks (0 = the block holding the prompt's
+    /// end).
+    pub block: usize,
+    /// Steps already run on this block.
+    pub step: usize,
+    /// Masked positions left in the block (candidates may be fewer: FOCUS evicts some).
+    pub masked: usize,
+    pub block_len: usize,
+}
+
+/// Decides which candidates of a step to reveal. The scheduler reveals at least one (the most
+/// confident) when a policy returns none, and every candidate on a block's last allowed step.
+pub trait UnmaskPolicy: std::fmt::Debug + Send + Sync {
+    fn name(&self) -> String;
+    /// Indices into `candidates` (ordered by offset) to reveal now.
+    fn select(&self, ctx: &StepContext, candidates: &[Candidate]) -> Vec<usize>;
+}
+
+/// Candidate indices by confidence, highest first; ties (and NaN) go to the earlier offset.
+pub fn by_confidence(candidates: &[Candidate]) -> Vec<usize> {
+    let key = |c: &Candidate| if c.confidence.is_nan() { f32::NEG_INFINITY } else { c.confidence };
+    let mut idx: Vec<usize> = (0..candidates.len()).collect();
+    idx.sort_by(|&a, &b| key(&candidates[b]).total_cmp(&key(&candidates[a])).then(candidates[a].offset.cmp(&candidates[b].offset)));
+    idx
+}
+
+/// Reveal every candidate whose confidence is at least `tau`, and always the most confident one
+/// (Fast-dLLM / LMDeploy `low_confidence_dynamic`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Threshold {
+    pub tau: f32,
+}
+
+impl Threshold {
+    pub fn new(tau: f32) -> Result<Self> {
+        if !(tau > 0.0 && tau <= 1.0) {
+            return Err(Error::InvalidOption(format!("unmask threshold {tau} outside (0, 1]")));
+        }
+        Ok(Self { tau })
+    }
+}
+
+impl UnmaskPolicy for Threshold {
+    fn name(&self) -> String {
+        format!("threshold({})", self.tau)
+    }
+    fn select(&self, _ctx: &StepContext, candidates: &[Candidate]) -> Vec<usize> {
+        let order = by_confidence(candidates);
+        let mut pick: Vec<usize> = order.iter().copied().filter(|&i| candidates[i].confidence >= self.tau).collect();
+        if pick.is_empty() {
+            pick.extend(order.first());
+        }
+        pick
+    }
+}
+
+/// Reveal the `k` most confident candidates per step (LMDeploy `low_confidence_static`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaticCount {
+    pub per_step: usize,
+}
+
+impl StaticCount {
+    pub fn new(per_step: usize) -> Result<Self> {
+        if per_step == 0 {
+            return Err(Error::InvalidOption("static unmasking needs at least 1 token per step".into()));
+        }
+        Ok(Self { per_step })
+    }
+}
+
+impl UnmaskPolicy for StaticCount {
+    fn name(&self) -> String {
+        format!("static({})", self.per_step)
+    }
+    fn select(&self, _ctx: &StepContext, candidates: &[Candidate]) -> Vec<usize> {
+        by_confidence(candidates).into_iter().take(self.per_step).collect()
+    }
+}
+
+/// Where replayed unmask counts come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UnmaskTrace {
+    /// Recorded counts: request id → per block → tokens revealed at each step (steps past a
+    /// list's end take its last value; blocks past the end reuse the last block's list).
+    Recorded(HashMap<u64, Vec<Vec<usize>>>),
+    /// `probs[i]` = P(count = i + 1); a count per (seed, request, block, step) by hashing.
+    Seeded { probs: Vec<f64>, seed: u64 },
+}
+
+impl UnmaskTrace {
+    /// Counts in `1..=max` with mean `mean` (an exponentially tilted distribution, so counts
+    /// spread over the range), drawn per (request, block, step) from `seed`.
+    pub fn with_mean(mean: f64, max: usize, seed: u64) -> Result<Self> {
+        if max == 0 || !(mean >= 1.0 && mean <= max as f64) {
+            return Err(Error::InvalidOption(format!("unmask count mean {mean} outside 1..={max}")));
+        }
+        let dist = |theta: f64| -> Vec<f64> {
+            let w: Vec<f64> = (1..=max).map(|d| (theta * (d as f64 - mean)).exp()).collect();
+            let s: f64 = w.iter().sum();
+            w.into_iter().map(|x| x / s).collect()
+        };
+        let mean_of = |p: &[f64]| p.iter().enumerate().map(|(i, x)| (i + 1) as f64 * x).sum::<f64>();
+        let (mut lo, mut hi) = (-50.0, 50.0);
+        for _ in 0..200 {
+            let mid = 0.5 * (lo + hi);
+            if mean_of(&dist(mid)) < mean {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(Self::Seeded { probs: dist(0.5 * (lo + hi)), seed })
+    }
+
+    /// Reads `{"counts": {"<request id>": [[c, ...] per block, ...], ...}}`.
+    pub fn from_json_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+        #[derive(serde::Deserialize)]
+        struct File {
+            counts: HashMap<String, Vec<Vec<usize>>>,
+        }
+        let bad = |r: String| Error::config(path.display().to_string(), r);
+        let f: File = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let mut out = HashMap::new();
+        for (k, v) in f.counts {
+            let id = k.parse::<u64>().map_err(|_| bad(format!("request id `{k}` is not an integer")))?;
+            if v.is_empty() || v.iter().any(|b| b.is_empty() || b.contains(&0)) {
+                return Err(bad(format!("request {k}: every block needs a non-empty list of counts >= 1")));
+            }
+            out.insert(id, v);
+        }
+        Ok(Self::Recorded(out))
+    }
+
+    /// The count for one step, if the trace names one.
+    pub fn count(&self, ctx: &StepContext) -> Option<usize> {
+        match self {
+            Self::Recorded(m) => {
+                let blocks = m.get(&ctx.request.0)?;
+                let steps = &blocks[ctx.block.min(blocks.len() - 1)];
+                Some(steps[ctx.step.min(steps.len() - 1)])
+            }
+            Self::Seeded { probs, seed } => {
+                let h = mix(*seed ^ mix(ctx.request.0 ^ mix((ctx.block as u64) << 32 ^ ctx.step as u64)));
+                let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+                let mut acc = 0.0;
+                for (i, p) in probs.iter().enumerate() {
+                    acc += p;
+                    if u < acc {
+                        return Some(i + 1);
+                    }
+                }
+                Some(probs.len())
+            }
+        }
+    }
+
+    /// Mean count the trace implies (seeded: exact expectation).
+    pub fn expected_mean(&self) -> f64 {
+        match self {
+            Self::Seeded { probs, .. } => probs.iter().enumerate().map(|(i, p)| (i + 1) as f64 * p).sum(),
+            Self::Recorded(m) => {
+                let all: Vec<usize> = m.values().flatten().flatten().copied().collect();
+                all.iter().sum::<usize>() as f64 / all.len().max(1) as f64
+            }
+        }
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Reveal the replayed number of tokens per step, most confident first: decisions that do not
+/// depend on the model, so throughput runs with random weights unmask like a real model would.
+/// Requests the trace does not name reveal one token per step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    pub trace: UnmaskTrace,
+}
+
+impl Replay {
+    pub fn new(trace: UnmaskTrace) -> Self {
+        Self { trace }
+    }
+}
+
+impl UnmaskPolicy for Replay {
+    fn name(&self) -> String {
+        format!("replay(mean {:.2})", self.trace.expected_mean())
+    }
+    fn select(&self, ctx: &StepContext, candidates: &[Candidate]) -> Vec<usize> {
+        let n = self.trace.count(ctx).unwrap_or(1);
+        by_confidence(candidates).into_iter().take(n).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cands(conf: &[f32]) -> Vec<Candidate> {
+        conf.iter().enumerate().map(|(i, &c)| Candidate { offset: i * 2, token: i as u32, confidence: c }).collect()
+    }
+    const CTX: StepContext = StepContext { request: RequestId(3), block: 1, step: 2, masked: 4, block_len: 8 };
+
+    #[test]
+    fn threshold_reveals_all_above_tau_or_the_top_one() {
+        let t = Threshold::new(0.8).unwrap();
+        assert_eq!(t.select(&CTX, &cands(&[0.5, 0.9, 0.85, 0.1])), vec![1, 2]);
+        assert_eq!(t.select(&CTX, &cands(&[0.5, 0.7, 0.7, 0.1])), vec![1], "tie goes to the earlier offset");
+        assert_eq!(t.select(&CTX, &cands(&[f32::NAN, 0.1])), vec![1]);
+        assert!(Threshold::new(0.0).is_err() && Threshold::new(1.5).is_err());
+    }
+
+    #[test]
+    fn static_takes_the_k_most_confident() {
+        let s = StaticCount::new(2).unwrap();
+        assert_eq!(s.select(&CTX, &cands(&[0.5, 0.9, 0.85, 0.95])), vec![3, 1]);
+        assert!(StaticCount::new(0).is_err());
+    }
+
+    #[test]
+    fn seeded_trace_has_the_requested_mean_and_is_deterministic() {
+        let t = UnmaskTrace::with_mean(3.2, 32, 7).unwrap();
+        assert!((t.expected_mean() - 3.2).abs() < 1e-6);
+        let mut sum = 0usize;
+        let n = 20_000;
+        for i in 0..n {
+            let ctx = StepContext { request: RequestId(i as u64 % 97), block: i / 97, step: i % 5, ..CTX };
+            let c = t.count(&ctx).unwrap();
+            assert!((1..=32).contains(&c));
+            assert_eq!(t.count(&ctx), Some(c));
+            sum += c;
+        }
+        let mean = sum as f64 / n as f64;
+        assert!((mean - 3.2).abs() < 0.1, "sample mean {mean}");
+        assert!(UnmaskTrace::with_mean(0.5, 32, 1).is_err());
+    }
+
+    #[test]
+    fn recorded_trace_extends_its_last_values() {
+        let t = UnmaskTrace::Recorded(HashMap::from([(3, vec![vec![1, 2], vec![4]])]));
+        let at = |block, step| t.count(&StepContext { block, step, ..CTX });
+        assert_eq!((at(0, 0), at(0, 1), at(0, 9), at(1, 0), at(5, 3)), (Some(1), Some(2), Some(2), Some(4), Some(4)));
+        assert_eq!(t.count(&StepContext { request: RequestId(9), ..CTX }), None);
+    }
+}

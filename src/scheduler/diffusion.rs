@@ -1,0 +1,417 @@
+//! Block-diffusion scheduling with continuous batching across requests, first done first out.
+//!
+//! Every running request contributes its current block to each denoise launch (ragged: only the
+//! positions its delayed cache recomputes); a request whose block completes moves to its next
+//! block (or leaves) without waiting for the others, and waiting requests join at any step while
+//! the width and the KV pool allow. The unmask policy decides, on the host, which masked tokens
+//! become final; revealed tokens stream out as soon as they extend the request's final prefix.
+//!
+//! Row kinds in one launch (the runner treats them alike, the mask makes them exact):
+//! - **prefill** (block-causal models): the prompt's complete blocks, written once;
+//! - **commit** (block-causal models): a completed block rerun with its final tokens so its
+//!   K/V are clean before later blocks read them; it rides along with the next block's first step;
+//! - **step**: the recomputed positions of the current block, reading out its masked tokens. For
+//!   bidirectional models a block's first step covers the whole canvas, refreshing the prefix
+//!   K/V (Fast-dLLM's prefix cache, an approximation for those models).
+
+use super::{Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
+use crate::diffusion::{BlockCanvas, Candidate, StepContext, UnmaskPolicy};
+use crate::engine::RequestId;
+use crate::kv::KvManager;
+use crate::models::diffusion::DiffusionAttention;
+use std::collections::{HashMap, VecDeque};
+
+/// How blocks are decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiffusionConfig {
+    pub block_length: usize,
+    /// Steps after which a block's remaining masked tokens are all revealed.
+    pub max_steps_per_block: usize,
+    /// Recompute only positions that are masked or whose right neighbour was masked a step ago.
+    pub delayed_cache: bool,
+    pub mask_token_id: u32,
+    pub attention: DiffusionAttention,
+    /// Logits at position `i` predict token `i + 1` (Dream).
+    pub shift_logits: bool,
+}
+
+#[derive(Debug)]
+struct Running {
+    id: RequestId,
+    prompt_len: usize,
+    max_new: usize,
+    /// Final tokens before the current block.
+    history: Vec<u32>,
+    canvas: BlockCanvas,
+    /// Blocks started before the current one.
+    block_index: usize,
+    /// Generated tokens handed to the engine.
+    emitted: usize,
+    /// The prompt's complete blocks still have to be written (block-causal models).
+    prefill_pending: bool,
+    /// A completed block whose clean K/V the next launch writes: `(start, tokens)`.
+    commit_pending: Option<(usize, Vec<u32>)>,
+}
+
+impl Running {
+    fn token_at(&self, pos: usize) -> u32 {
+        let s = self.canvas.start();
+        if pos < s {
+            self.history[pos]
+        } else {
+            self.canvas.tokens()[pos - s]
+        }
+    }
+}
+
+/// The block-diffusion scheduler. See the module docs.
+pub struct DiffusionBatching {
+    cfg: DiffusionConfig,
+    limits: SchedulerLimits,
+    kv: KvManager,
+    policy: Box<dyn UnmaskPolicy>,
+    waiting: VecDeque<SchedRequest>,
+    running: Vec<Running>,
+    emitted: Vec<(RequestId, Vec<u32>)>,
+}
+
+impl DiffusionBatching {
+    pub fn new(cfg: DiffusionConfig, limits: SchedulerLimits, kv: KvManager, policy: Box<dyn UnmaskPolicy>) -> Self {
+        Self { cfg, limits, kv, policy, waiting: VecDeque::new(), running: Vec::new(), emitted: Vec::new() }
+    }
+
+    pub fn config(&self) -> &DiffusionConfig {
+        &self.cfg
+    }
+    pub fn policy(&self) -> &dyn UnmaskPolicy {
+        self.policy.as_ref()
+    }
+
+    fn start(&self, r: SchedRequest) -> Running {
+        let b = self.cfg.block_length;
+        let p = r.prompt.len();
+        let start = p / b * b;
+        let canvas = BlockCanvas::new(start, b, &r.prompt[start..], self.cfg.mask_token_id, self.cfg.delayed_cache);
+        let block_causal = self.cfg.attention == DiffusionAttention::BlockCausal;
+        let mut history = r.prompt;
+        history.truncate(start);
+        Running {
+            id: r.id,
+            prompt_len: p,
+            max_new: r.max_new_tokens,
+            history,
+            canvas,
+            block_index: 0,
+            emitted: 0,
+            prefill_pending: block_causal && start > 0,
+            commit_pending: None,
+        }
+    }
+
+    /// The rows `req` contributes to the next launch; clears its pending prefill / commit.
+    fn rows_for(&self, req: &mut Running) -> Vec<LaunchRow> {
+        let table = self.kv.tables(req.id).expect("running request holds KV")[0].clone();
+        let mut rows = Vec::with_capacity(3);
+        if std::mem::take(&mut req.prefill_pending) {
+            let start = req.canvas.start();
+            let positions = (0..start as u32).collect();
+            rows.push(LaunchRow::denoise(req.id, req.history.clone(), positions, vec![], table.clone()));
+        }
+        if let Some((start, tokens)) = req.commit_pending.take() {
+            let positions = (start as u32..(start + tokens.len()) as u32).collect();
+            rows.push(LaunchRow::denoise(req.id, tokens, positions, vec![], table.clone()));
+        }
+        if req.canvas.is_done() {
+            return rows; // waiting for the engine to finish it
+        }
+        let c = &req.canvas;
+        let s = c.start();
+        let mut positions: Vec<usize> = if self.cfg.attention == DiffusionAttention::Bidirectional && c.steps() == 0 {
+            (0..c.end()).collect()
+        } else {
+            c.processing().into_iter().map(|o| s + o).collect()
+        };
+        let shift = self.cfg.shift_logits as usize;
+        if shift == 1 && s > 0 && c.is_masked(0) && positions[0] == s {
+            positions.insert(0, s - 1);
+        }
+        let readout = c
+            .masked_offsets()
+            .into_iter()
+            .map(|o| positions.binary_search(&(s + o - shift)).expect("a masked token's logit source is recomputed") as u32)
+            .collect();
+        let tokens = positions.iter().map(|&p| req.token_at(p)).collect();
+        rows.push(LaunchRow::denoise(req.id, tokens, positions.into_iter().map(|p| p as u32).collect(), readout, table));
+        rows
+    }
+
+    /// Reveals a step's tokens, streams the final prefix and moves to the next block.
+    fn apply_step(&mut self, idx: usize, row: &LaunchRow, cands: &[(u32, f32)]) {
+        let shift = self.cfg.shift_logits as usize;
+        let req = &self.running[idx];
+        let s = req.canvas.start();
+        let candidates: Vec<Candidate> = row
+            .readout
+            .iter()
+            .zip(cands)
+            .map(|(&i, &(token, confidence))| Candidate { offset: row.token_positions()[i as usize] as usize + shift - s, token, confidence })
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let ctx = StepContext {
+            request: req.id,
+            block: req.block_index,
+            step: req.canvas.steps(),
+            masked: req.canvas.num_masked(),
+            block_len: self.cfg.block_length,
+        };
+        let mut pick = if ctx.step + 1 >= self.cfg.max_steps_per_block {
+            (0..candidates.len()).collect()
+        } else {
+            self.policy.select(&ctx, &candidates)
+        };
+        pick.retain(|&i| i < candidates.len());
+        pick.sort_unstable();
+        pick.dedup();
+        if pick.is_empty() {
+            pick.extend(crate::diffusion::by_confidence(&candidates).first());
+        }
+        let reveals: Vec<(usize, u32)> = pick.iter().map(|&i| (candidates[i].offset, candidates[i].token)).collect();
+        let b = self.cfg.block_length;
+        let block_causal = self.cfg.attention == DiffusionAttention::BlockCausal;
+        let (mask_id, delayed) = (self.cfg.mask_token_id, self.cfg.delayed_cache);
+        let req = &mut self.running[idx];
+        req.canvas.reveal(&reveals);
+        // Stream the longest final run past what was handed out.
+        let mut out = Vec::new();
+        let mut pos = req.prompt_len + req.emitted;
+        while req.emitted + out.len() < req.max_new && pos < req.canvas.end() && !req.canvas.is_masked(pos - s) {
+            out.push(req.canvas.tokens()[pos - s]);
+            pos += 1;
+        }
+        req.emitted += out.len();
+        if !out.is_empty() {
+            self.emitted.push((req.id, out));
+        }
+        if req.canvas.is_done() && req.emitted < req.max_new {
+            let done = std::mem::replace(&mut req.canvas, BlockCanvas::new(s + b, b, &[], mask_id, delayed));
+            req.history.extend_from_slice(done.tokens());
+            req.block_index += 1;
+            if block_causal {
+                req.commit_pending = Some((s, done.tokens().to_vec()));
+            }
+        }
+    }
+}
+
+impl Scheduler for DiffusionBatching {
+    fn name(&self) -> &'static str {
+        "diffusion"
+    }
+
+    fn add(&mut self, request: SchedRequest) {
+        self.waiting.push_back(request);
+    }
+
+    fn schedule(&mut self) -> Option<Launch> {
+        let mut rows = Vec::new();
+        let mut running = std::mem::take(&mut self.running);
+        for req in running.iter_mut() {
+            rows.extend(self.rows_for(req));
+        }
+        // Admit first come first served while the width, the token budget and the KV pool allow.
+        let mut tokens: usize = rows.iter().map(|r: &LaunchRow| r.tokens.len()).sum();
+        while running.len() < self.limits.max_num_seqs {
+            let Some(next) = self.waiting.front() else { break };
+            let need = self.kv_positions(next.prompt.len(), next.max_new_tokens);
+            let first_launch = next.prompt.len() + self.cfg.block_length + 1;
+            if (!running.is_empty() && tokens + first_launch > self.limits.max_num_batched_tokens) || !self.kv.reserve(next.id, need) {
+                break;
+            }
+            let r = self.waiting.pop_front().expect("front exists");
+            let mut req = self.start(r);
+            let new_rows = self.rows_for(&mut req);
+            tokens += new_rows.iter().map(|r| r.tokens.len()).sum::<usize>();
+            rows.extend(new_rows);
+            running.push(req);
+        }
+        self.running = running;
+        if rows.is_empty() {
+            return None;
+        }
+        Some(Launch { stage: Stage::Denoise, step_slots: vec![], rows, kv_copies: vec![], reenter: false })
+    }
+
+    fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
+        for (row, out) in launch.rows.iter().zip(&result.rows) {
+            if row.readout.is_empty() {
+                continue;
+            }
+            if let Some(idx) = self.running.iter().position(|r| r.id == row.request) {
+                self.apply_step(idx, row, &out.candidates);
+            }
+        }
+    }
+
+    fn finish(&mut self, id: RequestId) {
+        self.waiting.retain(|r| r.id != id);
+        self.running.retain(|r| r.id != id);
+        self.kv.free(id);
+    }
+
+    fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+
+    fn take_emitted(&mut self) -> Vec<(RequestId, Vec<u32>)> {
+        std::mem::take(&mut self.emitted)
+    }
+
+    fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        (prompt_len + max_new_tokens).div_ceil(self.cfg.block_length) * self.cfg.block_length
+    }
+}
+
+/// Per-request step counts, for tests and metrics: blocks and steps run so far.
+impl DiffusionBatching {
+    pub fn progress(&self) -> HashMap<RequestId, (usize, usize)> {
+        self.running.iter().map(|r| (r.id, (r.block_index, r.canvas.steps()))).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diffusion::{StaticCount, Threshold};
+    use crate::kv::Shared;
+    use crate::scheduler::RowOutput;
+
+    fn sched(attention: DiffusionAttention, delayed: bool, shift: bool, per_step: usize) -> DiffusionBatching {
+        let cfg = DiffusionConfig { block_length: 4, max_steps_per_block: 4, delayed_cache: delayed, mask_token_id: 99, attention, shift_logits: shift };
+        let kv = KvManager::new(64, 4, Box::new(Shared), 1);
+        DiffusionBatching::new(cfg, SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 256 }, kv, Box::new(StaticCount::new(per_step).unwrap()))
+    }
+
+    /// Answers every readout with token = 10 + position, confidence falling with position.
+    fn answer(l: &Launch, shift: usize) -> LaunchResult {
+        let rows = l
+            .rows
+            .iter()
+            .map(|r| {
+                let pos = r.token_positions();
+                let candidates = r.readout.iter().map(|&i| (10 + pos[i as usize] + shift as u32, 1.0 / (1.0 + pos[i as usize] as f32))).collect();
+                RowOutput { request: r.request, token: None, gate_logits: vec![], latent_diff: None, logprob: None, candidates }
+            })
+            .collect();
+        LaunchResult { rows }
+    }
+
+    fn run(s: &mut DiffusionBatching, shift: usize) -> (Vec<Launch>, HashMap<RequestId, Vec<u32>>) {
+        let mut launches = Vec::new();
+        let mut out: HashMap<RequestId, Vec<u32>> = HashMap::new();
+        while let Some(l) = s.schedule() {
+            let res = answer(&l, shift);
+            s.complete(&l, &res);
+            for (id, toks) in s.take_emitted() {
+                let o = out.entry(id).or_default();
+                o.extend(toks);
+            }
+            let finished: Vec<RequestId> = s.running.iter().filter(|r| r.emitted >= r.max_new).map(|r| r.id).collect();
+            for id in finished {
+                s.finish(id);
+            }
+            launches.push(l);
+            assert!(launches.len() < 100);
+        }
+        (launches, out)
+    }
+
+    #[test]
+    fn block_causal_prefills_commits_and_streams() {
+        let mut s = sched(DiffusionAttention::BlockCausal, false, false, 2);
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4, 5, 6], max_new_tokens: 6 });
+        let (launches, out) = run(&mut s, 0);
+        // Prompt 6 = one complete block [0,4) + 2 prompt tokens in the first decode block [4,8).
+        let first = &launches[0];
+        assert_eq!(first.rows.len(), 2);
+        assert_eq!(first.rows[0].token_positions(), vec![0, 1, 2, 3]);
+        assert!(first.rows[0].readout.is_empty());
+        assert_eq!(first.rows[1].token_positions(), vec![4, 5, 6, 7]);
+        assert_eq!(first.rows[1].tokens, vec![5, 6, 99, 99]);
+        assert_eq!(first.rows[1].readout, vec![2, 3]);
+        // 2 per step: block [4,8) done after one step; the next launch commits it and starts [8,12).
+        let second = &launches[1];
+        assert_eq!(second.rows[0].token_positions(), vec![4, 5, 6, 7]);
+        assert_eq!(second.rows[0].tokens, vec![5, 6, 16, 17]);
+        assert!(second.rows[0].readout.is_empty());
+        assert_eq!(second.rows[1].tokens, vec![99; 4]);
+        assert_eq!(out[&RequestId(0)], vec![16, 17, 18, 19, 20, 21]);
+        assert_eq!(s.kv().num_used_blocks(), 0);
+    }
+
+    #[test]
+    fn delayed_cache_recomputes_only_unfrozen_positions() {
+        let mut s = sched(DiffusionAttention::BlockCausal, true, false, 1);
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4], max_new_tokens: 4 });
+        let (launches, out) = run(&mut s, 0);
+        let sets: Vec<Vec<u32>> = launches.iter().map(|l| l.rows.last().unwrap().token_positions()).collect();
+        // One token per step, most confident = leftmost: 4, 5, 6, 7.
+        assert_eq!(sets[0], vec![4, 5, 6, 7]);
+        assert_eq!(sets[1], vec![4, 5, 6, 7]);
+        assert_eq!(sets[2], vec![4, 5, 6, 7], "4 freezes one step after 5 is revealed");
+        assert_eq!(sets[3], vec![5, 6, 7]);
+        assert_eq!(sets.len(), 4);
+        assert_eq!(out[&RequestId(0)], vec![14, 15, 16, 17]);
+    }
+
+    #[test]
+    fn bidirectional_first_step_refreshes_the_canvas_and_shift_reads_the_left_neighbour() {
+        let mut s = sched(DiffusionAttention::Bidirectional, false, true, 4);
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4, 5], max_new_tokens: 7 });
+        let (launches, out) = run(&mut s, 1);
+        let r = &launches[0].rows;
+        assert_eq!(r.len(), 1, "no prefill row for bidirectional models");
+        assert_eq!(r[0].token_positions(), (0..8).collect::<Vec<u32>>());
+        // Masked 5, 6, 7 read the logits of 4, 5, 6.
+        assert_eq!(r[0].readout, vec![4, 5, 6]);
+        let r = &launches[1].rows;
+        assert_eq!(r[0].token_positions(), (0..12).collect::<Vec<u32>>(), "next block's first step refreshes the prefix");
+        assert_eq!(out[&RequestId(0)], vec![15, 16, 17, 18, 19, 20, 21]);
+    }
+
+    #[test]
+    fn requests_finish_independently_and_join_every_step() {
+        let mut s = sched(DiffusionAttention::BlockCausal, false, false, 1);
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 3], max_new_tokens: 1 });
+        s.add(SchedRequest { id: RequestId(1), prompt: vec![1; 3], max_new_tokens: 9 });
+        let l = s.schedule().unwrap();
+        assert_eq!(l.rows.len(), 2);
+        s.complete(&l, &answer(&l, 0));
+        assert_eq!(s.take_emitted(), vec![(RequestId(0), vec![13]), (RequestId(1), vec![13])]);
+        s.finish(RequestId(0));
+        s.add(SchedRequest { id: RequestId(2), prompt: vec![1; 9], max_new_tokens: 2 });
+        let l = s.schedule().unwrap();
+        let ids: Vec<u64> = l.rows.iter().map(|r| r.request.0).collect();
+        assert_eq!(ids, vec![1, 1, 2, 2], "request 1 commits and steps; request 2 joins with its prefill row");
+    }
+
+    #[test]
+    fn last_step_reveals_everything_and_threshold_keeps_one() {
+        let cfg = DiffusionConfig { block_length: 4, max_steps_per_block: 2, delayed_cache: false, mask_token_id: 99, attention: DiffusionAttention::BlockCausal, shift_logits: false };
+        let kv = KvManager::new(16, 4, Box::new(Shared), 1);
+        let mut s = DiffusionBatching::new(cfg, SchedulerLimits::default(), kv, Box::new(Threshold::new(0.99).unwrap()));
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![7], max_new_tokens: 3 });
+        let (launches, out) = run(&mut s, 0);
+        assert_eq!(launches.len(), 2, "one token on step 1, the rest on the capped step 2");
+        assert_eq!(out[&RequestId(0)], vec![11, 12, 13]);
+    }
+}
