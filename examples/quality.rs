@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .join("\n\n");
     let probe = EngineBuilder::new(&model).build()?;
     let ids = probe.encode(&held)?;
-    let steps = probe.spec().max_steps;
+    let steps = probe.spec().ok_or("the quality report needs a looped model")?.max_steps;
     let windows: Vec<&[u32]> = ids.chunks_exact(PROMPT + SCORED).take(sequences).collect();
     println!("{} held-out tokens; scoring {} sequences x {SCORED} tokens", ids.len(), windows.len());
 

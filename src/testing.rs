@@ -275,7 +275,9 @@ pub fn llada_tensor_manifest(cfg: &LladaConfig) -> Vec<(String, Vec<usize>)> {
 
 /// [`random_tensors`] plus what its name rules miss in the diffusion layouts: biases drawn
 /// N(0, 0.1²) (zeros would leave the bias path untested), LLaDA's `ln_f` near 1 and its `wte`
-/// N(0, 1) like the other families' embeddings.
+/// N(0, 1) like the other families' embeddings, and projection matrices N(0, 1/fan_in) — with
+/// 0.02 a tiny model's masked positions all carry the mask embedding almost unchanged to the
+/// head and decode to one token, which would make batching tests vacuous.
 fn random_diffusion_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType, device: &Device) -> Result<HashMap<String, Tensor>> {
     let mut out = random_tensors(manifest, seed, dtype, device)?;
     let mut rng = SplitMix(seed ^ 0xD1FF_0510);
@@ -286,6 +288,8 @@ fn random_diffusion_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype:
             (1.0, 0.1)
         } else if name.ends_with("wte.weight") {
             (0.0, 1.0)
+        } else if shape.len() == 2 && !name.contains("embed_tokens") {
+            (0.0, 1.0 / (shape[1] as f32).sqrt())
         } else {
             continue;
         };

@@ -1,12 +1,16 @@
 //! Configuring and building an [`Engine`].
 
-use super::{Engine, EngineHandle, LoopedRunner};
+use super::core::ModelRunner;
+use super::{DiffusionRunner, Engine, EngineHandle, LoopedRunner};
+use crate::diffusion::{Threshold, UnmaskPolicy};
+use crate::kv::Shared;
+use crate::models::diffusion::DiffusionModel;
 use crate::gate::{ExitGate, FixedDepth};
 use crate::kv::{check_layout, KvLayout, KvLayoutKind, KvManager};
 use crate::loader::ModelDir;
 use crate::models::looped::{Huginn, Ouro};
 use crate::models::{LoopedModel, LoopedSpec, ModelConfig};
-use crate::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, Scheduler, SchedulerLimits};
+use crate::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, DiffusionBatching, DiffusionConfig, Scheduler, SchedulerLimits};
 use crate::{Error, Result};
 use candle_core::{DType, Device};
 use std::path::PathBuf;
@@ -22,6 +26,9 @@ pub enum SchedulerKind {
     /// Continuous depth batching: per-iteration scheduling with the exit gate; `refill` tops
     /// the recurrent batch up as rows exit, no-refill runs lock-step waves.
     Depth { refill: bool },
+    /// Block diffusion with first-done-first-out batching (diffusion models; chosen for them
+    /// whenever the kind is left at its default).
+    Diffusion,
 }
 
 impl std::str::FromStr for SchedulerKind {
@@ -31,6 +38,7 @@ impl std::str::FromStr for SchedulerKind {
             "cb" | "continuous" => Ok(Self::Continuous),
             "cdb-refill" | "refill" => Ok(Self::Depth { refill: true }),
             "cdb-no-refill" | "no-refill" => Ok(Self::Depth { refill: false }),
+            "diffusion" => Ok(Self::Diffusion),
             other => Err(Error::InvalidOption(format!("unknown scheduler `{other}`"))),
         }
     }
@@ -51,6 +59,13 @@ type SchedulerFactory = Box<dyn FnOnce(SchedulerContext) -> Box<dyn Scheduler> +
 enum Source {
     Dir(PathBuf),
     Model { model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32> },
+    Diffusion { model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32> },
+}
+
+/// A loaded model of either family.
+enum Loaded {
+    Looped(Box<dyn LoopedModel>),
+    Diffusion(Box<dyn DiffusionModel>),
 }
 
 /// Builds an [`Engine`]: model source, device, dtype, scheduler, KV layout and limits.
@@ -69,6 +84,10 @@ pub struct EngineBuilder {
     min_coda_batch_size: Option<usize>,
     cuda_graphs: bool,
     overlap: bool,
+    block_length: Option<usize>,
+    max_steps_per_block: Option<usize>,
+    delayed_cache: bool,
+    unmask: Option<Box<dyn UnmaskPolicy>>,
 }
 
 impl EngineBuilder {
@@ -82,6 +101,16 @@ impl EngineBuilder {
         let device = model.device().clone();
         let dtype = model.spec().dtype;
         let mut b = Self::with_source(Source::Model { model, tokenizer, eos });
+        b.device = device;
+        b.dtype = dtype;
+        b
+    }
+
+    /// An engine for a diffusion model already in memory.
+    pub fn from_diffusion_model(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>) -> Self {
+        let device = model.device().clone();
+        let dtype = model.spec().dtype;
+        let mut b = Self::with_source(Source::Diffusion { model, tokenizer, eos });
         b.device = device;
         b.dtype = dtype;
         b
@@ -103,6 +132,10 @@ impl EngineBuilder {
             min_coda_batch_size: None,
             cuda_graphs: true,
             overlap: false,
+            block_length: None,
+            max_steps_per_block: None,
+            delayed_cache: false,
+            unmask: None,
         }
     }
 
@@ -181,6 +214,33 @@ impl EngineBuilder {
         self.overlap = on;
         self
     }
+    /// Diffusion models: tokens per decoding block (default: the checkpoint's, else 32).
+    pub fn block_length(mut self, n: usize) -> Self {
+        self.block_length = Some(n);
+        self
+    }
+    /// Diffusion models: denoising steps after which a block's remaining masks are all
+    /// revealed (default: the block length).
+    pub fn max_steps_per_block(mut self, n: usize) -> Self {
+        self.max_steps_per_block = Some(n);
+        self
+    }
+    /// Diffusion models: recompute only positions that are masked or whose right neighbour was
+    /// masked a step ago, keeping the other K/V (dKV-Cache's delayed caching; approximate).
+    pub fn delayed_cache(mut self, on: bool) -> Self {
+        self.delayed_cache = on;
+        self
+    }
+    /// Diffusion models: which masked tokens each step reveals (default: threshold 0.9).
+    pub fn unmask_policy(mut self, policy: impl UnmaskPolicy + 'static) -> Self {
+        self.unmask = Some(Box::new(policy));
+        self
+    }
+    /// An unmask policy already boxed.
+    pub fn unmask_policy_boxed(mut self, policy: Box<dyn UnmaskPolicy>) -> Self {
+        self.unmask = Some(policy);
+        self
+    }
     /// Caps the context window below the model's own.
     pub fn max_model_len(mut self, n: usize) -> Self {
         self.max_model_len = Some(n);
@@ -188,7 +248,7 @@ impl EngineBuilder {
     }
 
     /// Loads the model and allocates the KV cache.
-    pub fn build(self) -> Result<Engine> {
+    pub fn build(mut self) -> Result<Engine> {
         if self.block_size == 0 {
             return Err(Error::InvalidOption("block_size must be > 0".into()));
         }
@@ -198,19 +258,33 @@ impl EngineBuilder {
         if !crate::ops::is_float(self.dtype) {
             return Err(Error::InvalidOption(format!("dtype {:?} is not a float type", self.dtype)));
         }
-        let (model, tokenizer, eos): (Box<dyn LoopedModel>, _, _) = match self.source {
+        let source = std::mem::replace(&mut self.source, Source::Dir(PathBuf::new()));
+        let (model, tokenizer, eos) = match source {
             Source::Dir(path) => {
                 let dir = ModelDir::open(&path)?;
                 let weights = dir.weights(self.dtype, &self.device)?;
-                let model: Box<dyn LoopedModel> = match &dir.config {
-                    ModelConfig::Ouro(c) => Box::new(Ouro::load(c, &weights)?),
-                    ModelConfig::Huginn(c) => Box::new(Huginn::load(c, &weights)?),
-                    other => return Err(Error::UnsupportedModel(format!("{} (a diffusion model; not served by this engine yet)", other.model_type()))),
+                let model = match &dir.config {
+                    ModelConfig::Ouro(c) => Loaded::Looped(Box::new(Ouro::load(c, &weights)?)),
+                    ModelConfig::Huginn(c) => Loaded::Looped(Box::new(Huginn::load(c, &weights)?)),
+                    other => Loaded::Diffusion(Box::new(crate::models::diffusion::load(other, &weights)?)),
                 };
                 (model, dir.tokenizer()?, dir.eos_token_ids.clone())
             }
-            Source::Model { model, tokenizer, eos } => (model, tokenizer, eos),
+            Source::Model { model, tokenizer, eos } => (Loaded::Looped(model), tokenizer, eos),
+            Source::Diffusion { model, tokenizer, eos } => (Loaded::Diffusion(model), tokenizer, eos),
         };
+        let model = match model {
+            Loaded::Looped(m) => m,
+            Loaded::Diffusion(m) => return self.build_diffusion(m, tokenizer, eos),
+        };
+        if self.scheduler == SchedulerKind::Diffusion {
+            return Err(Error::InvalidOption("the diffusion scheduler needs a diffusion model".into()));
+        }
+        for (set, what) in [(self.block_length.is_some(), "block_length"), (self.max_steps_per_block.is_some(), "max_steps_per_block"), (self.delayed_cache, "delayed_cache"), (self.unmask.is_some(), "unmask_policy")] {
+            if set {
+                return Err(Error::InvalidOption(format!("{what} applies to diffusion models only")));
+            }
+        }
         let spec = model.spec().clone();
         let layout = self.layout.unwrap_or_else(|| KvLayoutKind::default().build());
         let slots = layout.num_slots(spec.max_steps);
@@ -234,6 +308,7 @@ impl EngineBuilder {
             Some(f) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone(), gate }),
             None => match self.scheduler {
                 SchedulerKind::Continuous => Box::new(ContinuousBatching::new(limits.clone(), kv, spec.max_steps)),
+                SchedulerKind::Diffusion => unreachable!("refused above"),
                 SchedulerKind::Depth { refill } => {
                     check_layout(kv.layout(), gate.min_steps(), gate.max_steps())?;
                     let min_coda = self.min_coda_batch_size.unwrap_or(if spec.heavy_coda { (limits.max_num_seqs / 4).max(1) } else { 1 });
@@ -246,7 +321,60 @@ impl EngineBuilder {
             },
         };
         let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, self.block_size, scheduler.state_bank_rows(), self.cuda_graphs)?;
-        let mut engine = Engine::assemble(runner, scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
+        let mut engine = Engine::assemble(ModelRunner::Looped(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
+        engine.set_overlap(self.overlap)?;
+        Ok(engine)
+    }
+
+    /// The diffusion half of [`EngineBuilder::build`]: one KV slot per layer, the block
+    /// diffusion scheduler, no exit gates or loop layouts.
+    fn build_diffusion(self, model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>) -> Result<Engine> {
+        let spec = model.spec().clone();
+        let refuse = |what: &str| Err(Error::InvalidOption(format!("{what} does not apply to diffusion model `{}`", spec.model_type)));
+        if self.layout.is_some() {
+            return refuse("a KV layout");
+        }
+        if self.gate.is_some() {
+            return refuse("an exit gate");
+        }
+        if self.factory.is_some() {
+            return refuse("a custom scheduler (diffusion schedulers are built in for now)");
+        }
+        if let SchedulerKind::Depth { .. } = self.scheduler {
+            return refuse("depth batching");
+        }
+        let block_length = self.block_length.or(spec.block_length).unwrap_or(32);
+        let max_context = self.max_model_len.map_or(spec.max_context, |m| m.min(spec.max_context));
+        if block_length == 0 || block_length > max_context {
+            return Err(Error::InvalidOption(format!("block length {block_length} must be in 1..={max_context}")));
+        }
+        if max_context % block_length != 0 {
+            return Err(Error::InvalidOption(format!(
+                "block length {block_length} does not divide the context window {max_context} (blocks are aligned to it)"
+            )));
+        }
+        let max_steps = self.max_steps_per_block.unwrap_or(block_length);
+        if max_steps == 0 {
+            return Err(Error::InvalidOption("max_steps_per_block must be >= 1".into()));
+        }
+        let policy = match self.unmask {
+            Some(p) => p,
+            None => Box::new(Threshold::new(0.9)?),
+        };
+        let num_blocks = self.kv_tokens.unwrap_or(16_384).div_ceil(self.block_size);
+        let kv = KvManager::new(num_blocks, self.block_size, Box::new(Shared), 1);
+        let cfg = DiffusionConfig {
+            block_length,
+            max_steps_per_block: max_steps,
+            delayed_cache: self.delayed_cache,
+            mask_token_id: spec.mask_token_id,
+            attention: spec.attention,
+            shift_logits: spec.shift_logits,
+        };
+        let limits = self.limits.clone();
+        let scheduler: Box<dyn Scheduler> = Box::new(DiffusionBatching::new(cfg, limits.clone(), kv, policy));
+        let runner = DiffusionRunner::new(model, num_blocks, self.block_size, block_length)?;
+        let mut engine = Engine::assemble(ModelRunner::Diffusion(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
         engine.set_overlap(self.overlap)?;
         Ok(engine)
     }

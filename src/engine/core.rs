@@ -2,21 +2,35 @@
 //! tokens into events, tell the scheduler who finished.
 
 use super::detok::{Detokenizer, Pushed};
-use super::{EngineMetrics, Event, FinishReason, GenerationParams, LoopedRunner, Output, Prompt, RequestId};
+use super::{DiffusionRunner, EngineMetrics, Event, FinishReason, GenerationParams, LoopedRunner, Output, Prompt, RequestId};
 use crate::error::InvalidRequest;
+use crate::models::diffusion::DiffusionSpec;
 use crate::models::LoopedSpec;
 use crate::sampling::{RowSampling, Sampler};
 use super::runner::Pending;
-use crate::scheduler::{Launch, SchedRequest, Scheduler};
+use crate::scheduler::{Launch, LaunchResult, SchedRequest, Scheduler};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::time::Instant;
 use tokenizers::Tokenizer;
 
+/// What runs launches: a looped model's stages or a diffusion model's denoise steps.
+pub(super) enum ModelRunner {
+    Looped(LoopedRunner),
+    Diffusion(DiffusionRunner),
+}
+
+/// Results of an issued launch: still on their way (looped launches read back asynchronously)
+/// or already on the host.
+enum InFlight {
+    Looped(Pending),
+    Ready(LaunchResult),
+}
+
 /// A launch issued to the device whose results have not been consumed yet.
 struct Issued {
     launch: Launch,
-    pending: Pending,
+    pending: InFlight,
     /// Host time spent building and enqueueing it.
     host: std::time::Duration,
 }
@@ -35,7 +49,7 @@ struct Live {
 /// A serving engine for one model. Single-threaded: drive it with [`Engine::step`], or move
 /// it to its own thread with [`crate::EngineBuilder::spawn`].
 pub struct Engine {
-    pub(super) runner: LoopedRunner,
+    pub(super) runner: ModelRunner,
     pub(super) scheduler: Box<dyn Scheduler>,
     pub(super) tokenizer: Option<Tokenizer>,
     pub(super) eos: Vec<u32>,
@@ -52,7 +66,7 @@ pub struct Engine {
 
 impl Engine {
     pub(super) fn assemble(
-        runner: LoopedRunner,
+        runner: ModelRunner,
         scheduler: Box<dyn Scheduler>,
         tokenizer: Option<Tokenizer>,
         eos: Vec<u32>,
@@ -75,8 +89,25 @@ impl Engine {
         }
     }
 
-    pub fn spec(&self) -> &LoopedSpec {
-        self.runner.model().spec()
+    /// The looped model's spec (`None` for a diffusion model).
+    pub fn spec(&self) -> Option<&LoopedSpec> {
+        match &self.runner {
+            ModelRunner::Looped(r) => Some(r.model().spec()),
+            ModelRunner::Diffusion(_) => None,
+        }
+    }
+    /// The diffusion model's spec (`None` for a looped model).
+    pub fn diffusion_spec(&self) -> Option<&DiffusionSpec> {
+        match &self.runner {
+            ModelRunner::Diffusion(r) => Some(r.model().spec()),
+            ModelRunner::Looped(_) => None,
+        }
+    }
+    pub fn vocab_size(&self) -> usize {
+        match &self.runner {
+            ModelRunner::Looped(r) => r.model().spec().vocab_size,
+            ModelRunner::Diffusion(r) => r.model().spec().vocab_size,
+        }
     }
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref()
@@ -140,7 +171,7 @@ impl Engine {
         if ids.is_empty() {
             return reject(InvalidRequest::EmptyPrompt);
         }
-        let vocab = self.spec().vocab_size;
+        let vocab = self.vocab_size();
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
             return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });
         }
@@ -150,7 +181,17 @@ impl Engine {
         if let Some(&bad) = params.forced_tokens.iter().find(|&&t| t as usize >= vocab) {
             return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });
         }
-        if ids.len() + params.max_new_tokens > self.max_context {
+        if let ModelRunner::Diffusion(_) = self.runner {
+            // Diffusion decoding here is greedy: a step reveals the argmax tokens by confidence.
+            if !params.sampling.is_greedy() {
+                return reject(InvalidRequest::BadSampling("diffusion models decode greedily (temperature 0)".into()));
+            }
+            if !params.forced_tokens.is_empty() {
+                return reject(InvalidRequest::BadSampling("teacher forcing is not supported for diffusion models".into()));
+            }
+        }
+        let positions = self.scheduler.kv_positions(ids.len(), params.max_new_tokens);
+        if positions > self.max_context {
             return reject(InvalidRequest::TooLong {
                 prompt_tokens: ids.len(),
                 max_new_tokens: params.max_new_tokens,
@@ -166,7 +207,7 @@ impl Engine {
             });
         }
         let kv = self.scheduler.kv();
-        let needed = kv.blocks_for(ids.len() + params.max_new_tokens);
+        let needed = kv.blocks_for(positions);
         if needed > kv.num_blocks() {
             return Err(Error::KvExhausted { id, needed_blocks: needed, total_blocks: kv.num_blocks() });
         }
@@ -237,7 +278,11 @@ impl Engine {
             })
             .collect();
         let started = Instant::now();
-        match self.runner.launch(&launch, &sampling) {
+        let pending = match &self.runner {
+            ModelRunner::Looped(r) => r.launch(&launch, &sampling).map(InFlight::Looped),
+            ModelRunner::Diffusion(r) => r.run(&launch).map(InFlight::Ready),
+        };
+        match pending {
             Ok(pending) => Ok(Issued { launch, pending, host: started.elapsed() }),
             Err(e) => Err(self.fail_launch(&launch, e, events)),
         }
@@ -260,7 +305,12 @@ impl Engine {
     /// events.
     fn consume(&mut self, done: Issued, events: &mut Vec<Event>) -> Result<()> {
         let started = Instant::now();
-        let result = match self.runner.collect(done.pending) {
+        let collected = match (&self.runner, done.pending) {
+            (ModelRunner::Looped(r), InFlight::Looped(p)) => r.collect(p),
+            (_, InFlight::Ready(result)) => Ok(result),
+            (ModelRunner::Diffusion(_), InFlight::Looped(_)) => unreachable!("diffusion launches complete when issued"),
+        };
+        let result = match collected {
             Ok(r) => r,
             Err(e) => return Err(self.fail_launch(&done.launch, e, events)),
         };
@@ -274,6 +324,18 @@ impl Engine {
                     events.extend(ev);
                 }
             }
+        }
+        // Diffusion schedulers decide final tokens themselves (the unmask policy).
+        for (id, tokens) in self.scheduler.take_emitted() {
+            for token in tokens {
+                match self.on_token(id, token, None) {
+                    Some(ev) => events.extend(ev),
+                    None => break, // finished (eos, stop, length) or aborted
+                }
+            }
+        }
+        if l.stage == crate::scheduler::Stage::Denoise {
+            self.metrics.record_denoise(l);
         }
         self.metrics.preemptions = self.scheduler.num_preemptions() as u64;
         self.metrics.depth_histogram = self.scheduler.depth_histogram();

@@ -275,7 +275,8 @@ mod tests {
                     }
                 }
             }
-            let stats = engine.runner.graph_stats();
+            let crate::engine::core::ModelRunner::Looped(runner) = &engine.runner else { unreachable!() };
+            let stats = runner.graph_stats();
             (ids.iter().map(|id| got.remove(id).unwrap()).collect(), stats)
         };
         for (sched, layout, width) in [

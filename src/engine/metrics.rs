@@ -26,6 +26,29 @@ pub struct EngineMetrics {
     /// `depth_histogram[d - 1]`: generated tokens that ran `d` loop steps (depth schedulers;
     /// a request's first token comes from the full-depth prefill and counts at r_max).
     pub depth_histogram: Vec<u64>,
+    /// Diffusion models: what the denoise launches carried.
+    pub denoise: DenoiseStats,
+}
+
+/// Row counts of denoise launches. A *step* is one request's denoising step over its block.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DenoiseStats {
+    pub steps: u64,
+    /// Tokens the steps ran through every layer (the recomputed positions; with the delayed
+    /// cache fewer than the block).
+    pub step_tokens: u64,
+    /// Masked tokens whose logits the steps read out.
+    pub readouts: u64,
+    /// Prompt prefill and clean-K/V rows (no readout), and their tokens.
+    pub other_rows: u64,
+    pub other_tokens: u64,
+}
+
+impl DenoiseStats {
+    /// Mean tokens a request's step runs through the network.
+    pub fn tokens_per_step(&self) -> f64 {
+        self.step_tokens as f64 / self.steps.max(1) as f64
+    }
 }
 
 impl EngineMetrics {
@@ -42,6 +65,25 @@ impl EngineMetrics {
 }
 
 impl EngineMetrics {
+    pub(crate) fn record_denoise(&mut self, launch: &crate::scheduler::Launch) {
+        let d = &mut self.denoise;
+        for row in &launch.rows {
+            if row.readout.is_empty() {
+                d.other_rows += 1;
+                d.other_tokens += row.tokens.len() as u64;
+            } else {
+                d.steps += 1;
+                d.step_tokens += row.tokens.len() as u64;
+                d.readouts += row.readout.len() as u64;
+            }
+        }
+    }
+
+    /// Generated tokens per request-step (diffusion: how many tokens a step decodes on average).
+    pub fn tokens_per_denoise_step(&self) -> f64 {
+        self.generated_tokens as f64 / self.denoise.steps.max(1) as f64
+    }
+
     pub(crate) fn record(&mut self, stage: &'static str, rows: usize, tokens: usize, time: Duration, wait: Duration) {
         let s = self.stages.entry(stage).or_default();
         s.launches += 1;

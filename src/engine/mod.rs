@@ -3,6 +3,7 @@
 mod builder;
 mod core;
 mod detok;
+mod diffusion_runner;
 mod graphs;
 mod handle;
 mod metrics;
@@ -13,6 +14,7 @@ mod runner;
 pub use builder::{EngineBuilder, SchedulerContext, SchedulerKind};
 pub use core::Engine;
 pub use handle::{EngineHandle, RequestStream};
-pub use metrics::{EngineMetrics, StageStats};
+pub use diffusion_runner::{greedy_with_confidence, DenoiseForward, DiffusionRunner};
+pub use metrics::{DenoiseStats, EngineMetrics, StageStats};
 pub use request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
 pub use runner::{Forward, LoopedRunner, Pending};
