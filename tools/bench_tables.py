@@ -1,5 +1,13 @@
 #!/usr/bin/env python3
-"""Prints the markdown tables of docs/BENCHMARKS.md from docs/bench/*.json."""
+"""Prints the markdown tables of docs/BENCHMARKS.md from docs/bench/*.json.
+
+    python3 tools/bench_tables.py                      # looped_cb, looped_cdb, looped_huginn
+    python3 tools/bench_tables.py looped_cdb_eager.json
+
+Files whose rows carry `overlap` (bench_looped since deferred readback, merged by
+tools/merge_bench.py) get the per-mean-depth tables, the no-exit check and the per-stage time
+split; older files the single table they had.
+"""
 import json, pathlib
 
 bench = pathlib.Path(__file__).resolve().parent.parent / "docs" / "bench"
@@ -16,7 +24,7 @@ def decode_seconds(r):
     st = r["stages"]
     return sum(v["seconds"] for k, v in st.items() if k != "prefill")
 
-def cdb(name="looped_cdb.json"):
+def cdb_old(name):
     d = json.loads((bench / name).read_text())
     print(f"<!-- {name}: {d['gpu']}, commit {d['commit']} -->")
     rows = d["results"]
@@ -36,7 +44,178 @@ def cdb(name="looped_cdb.json"):
         print(f"| {r['width']} | {dm} | {r['mode']} | {r['tokens_per_s']:.0f} | {sp:.3f}× | {bound} | "
               f"{'' if frac is None else f'{100*frac:.1f} %'} | {dec:.3f}× | {100*pre:.0f} % | {100*r['gpu_idle']:.0f} % |")
 
+
+
+# ---- files with overlap rows (2026-11-29 on) ----
+
+def pct(x):
+    return f"{100 * x:.1f} %"
+
+
+def mode_label(r, coda=False):
+    if r["mode"] == "cb":
+        return "cb"
+    s = r["mode"] + (" + overlap" if r.get("overlap") else "")
+    if coda:
+        s += f", coda ≥ {r['min_coda_batch_size']}"
+    return s
+
+
+def generated_tokens(r):
+    st = r["stages"]
+    return sum(v["rows"] for k, v in st.items() if k in ("prefill", "decode", "coda"))
+
+
+def header(d, what, rows=None):
+    """HTML comment (file, GPU, commit) and a visible caption: GPU, commit, date and which of
+    the file's `commands` (numbered from 1, as in the doc's command block) produced the rows."""
+    print(f"<!-- {what}: {d['gpu']}, commit {d['commit']}, {d.get('date', '')} -->")
+    srcs = d.get("sources", [])
+    used = {r.get("source") for r in (rows if rows is not None else d["results"])}
+    idx = [i + 1 for i, s in enumerate(srcs) if s["file"].split("/")[-1] in used]
+    cmd = ", ".join(f"[{i}]" for i in idx)
+    print(f"*{d['gpu']}, commit `{d['commit']}`, {d.get('date', '')}; command{'s' if len(idx) > 1 else ''} {cmd} above.*")
+    print()
+
+
+def noexit_refs(rows):
+    """(refill+overlap tok/s at d̄ = 4, CB tok/s of that same run) by width."""
+    ref = {}
+    for r in rows:
+        if r["mode"] == "cdb-refill" and r.get("overlap") and r["target_mean_depth"] == 4.0:
+            cb_same = next(c for c in rows if c["mode"] == "cb" and c["width"] == r["width"] and c["source"] == r["source"])
+            ref[r["width"]] = (r["tokens_per_s"], cb_same["tokens_per_s"])
+    return ref
+
+
+def strict(r, rows, ref):
+    """Speed-up over depth-refill + overlap at no exit (direct), the same normalised by each
+    run's own CB (the two runs are separate processes), and the fractions of the bound."""
+    if r["mode"] == "cb" or not r.get("overlap") or r["width"] not in ref:
+        return None
+    t4, cb4 = ref[r["width"]]
+    cb_here = next(c for c in rows if c["mode"] == "cb" and c["width"] == r["width"] and c["source"] == r["source"])
+    direct = r["tokens_per_s"] / t4
+    normed = (r["tokens_per_s"] / cb_here["tokens_per_s"]) / (t4 / cb4)
+    return direct, normed, direct / r["flop_bound"], normed / r["flop_bound"]
+
+
+def cdb_depth_tables(d, name):
+    rows = d["results"]
+    ref = noexit_refs(rows)
+    depths = sorted({r["target_mean_depth"] for r in rows if r["target_mean_depth"] < 4.0})
+    order = {("cb", False): 0, ("cdb-no-refill", False): 1, ("cdb-no-refill", True): 2, ("cdb-refill", False): 3, ("cdb-refill", True): 4}
+    for t in depths:
+        header(d, f"{name}, replayed mean depth {t}",
+               [r for r in rows if r["target_mean_depth"] == t or (r["target_mean_depth"] == 4.0 and r["width"] in ref)])
+        print("| W | mode | d̄ | tokens/s | × over CB | FLOP bound | % of bound | × over refill + overlap at d̄ = 4 | % of bound, strict | GPU idle ≤ |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        sel = sorted((r for r in rows if r["target_mean_depth"] == t), key=lambda r: (r["width"], order[(r["mode"], bool(r.get("overlap")))]))
+        for r in sel:
+            cb = r["mode"] == "cb"
+            s = strict(r, rows, ref)
+            sx = "" if s is None else f"{s[0]:.3f}× ({s[1]:.3f}×)"
+            sf = "" if s is None else f"{pct(s[2])} ({pct(s[3])})"
+            frac = "—" if cb else pct(r["fraction_of_bound"])
+            bold = r["mode"] == "cdb-refill" and r.get("overlap")
+            b = (lambda x: f"**{x}**") if bold else (lambda x: x)
+            dm = "4 (full)" if cb else f"{r['mean_depth']:.2f}"
+            bound = "—" if cb else f"{r['flop_bound']:.3f}"
+            print(f"| {r['width']} | {mode_label(r)} | {dm} | {r['tokens_per_s']:.0f} | "
+                  f"{r['speedup_vs_cb']:.3f}× | {bound} | {b(frac)} | {sx} | {sf} | {pct(r['gpu_idle'])} |")
+        print()
+
+
+def cdb_noexit_table(d, name):
+    rows = [r for r in d["results"] if r["target_mean_depth"] == 4.0]
+    if not rows:
+        return
+    header(d, f"{name}, mean depth 4.0 (no early exit)", rows)
+    print("| W | mode | tokens/s | × over CB (same run) | GPU idle ≤ |")
+    print("|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["width"], r["mode"], bool(r.get("overlap")))):
+        print(f"| {r['width']} | {mode_label(r)} | {r['tokens_per_s']:.0f} | {r['speedup_vs_cb']:.3f}× | {pct(r['gpu_idle'])} |")
+    print()
+
+
+def stage_table(d, name, picks, coda=False, full_depth=4):
+    """picks: (width, target mean depth or None for any, mode, overlap, min coda or None)."""
+    picked = [next(r for r in d["results"] if r["width"] == w and (t is None or r["target_mean_depth"] == t) and r["mode"] == mode
+                   and bool(r.get("overlap")) == ov and (mc is None or r["min_coda_batch_size"] == mc))
+              for w, t, mode, ov, mc in picks]
+    header(d, f"{name}, per-stage launch time", picked)
+    print("| W | d̄ | mode | stage | launches | launch s | device wait s | not waiting s | not waiting ms / launch | share of wall |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in picked:
+        w, mode = r["width"], r["mode"]
+        wall = generated_tokens(r) / r["tokens_per_s"]
+        tot_s = tot_w = 0.0
+        label = mode_label(r, coda)
+        dm = f"{full_depth} (full)" if mode == "cb" else f"{r['mean_depth']:.2f}"
+        for k in ("prefill", "decode", "core", "coda"):
+            if k not in r["stages"]:
+                continue
+            v = r["stages"][k]
+            host = v["seconds"] - v["device_wait_s"]
+            tot_s += v["seconds"]
+            tot_w += v["device_wait_s"]
+            print(f"| {w} | {dm} | {label} | {k} | {v['launches']} | {v['seconds']:.2f} | {v['device_wait_s']:.2f} | {host:.2f} | {1e3 * host / v['launches']:.2f} | {pct(v['seconds'] / wall)} |")
+        print(f"| {w} | {dm} | {label} | outside launches (scheduler, events) | | {wall - tot_s:.2f} | | {wall - tot_s:.2f} | | {pct((wall - tot_s) / wall)} |")
+        print(f"| {w} | {dm} | {label} | **whole run** | | **{wall:.2f}** | **{tot_w:.2f}** | **{wall - tot_w:.2f}** | | device wait {pct(tot_w / wall)} of wall |")
+    print()
+
+
+def gap_table(d, name):
+    """fraction of bound = (device-wait ratio CB ÷ CDB) ÷ bound × (CDB device-wait share of wall ÷ CB's).
+    An identity once device wait is taken as each run's device time (it is a lower bound on it)."""
+    rows = d["results"]
+    wait = lambda r: sum(v["device_wait_s"] for v in r["stages"].values())
+    wall = lambda r: generated_tokens(r) / r["tokens_per_s"]
+    header(d, f"{name}, depth-refill + overlap: device side × host side", [r for r in rows if r["target_mean_depth"] < 4.0])
+    print("| W | d̄ | % of bound | device wait CB ÷ CDB | … as % of bound (device side) | device wait share of wall, CB | … CDB | host-side factor |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in sorted((r for r in rows if r["mode"] == "cdb-refill" and r.get("overlap") and r["target_mean_depth"] < 4.0),
+                    key=lambda r: (r["target_mean_depth"], r["width"])):
+        cb = next(c for c in rows if c["mode"] == "cb" and c["width"] == r["width"] and c["source"] == r["source"])
+        dev = wait(cb) / wait(r)
+        s_cb, s_cdb = wait(cb) / wall(cb), wait(r) / wall(r)
+        print(f"| {r['width']} | {r['mean_depth']:.2f} | {pct(r['fraction_of_bound'])} | {dev:.3f}× | {pct(dev / r['flop_bound'])} | "
+              f"{pct(s_cb)} | {pct(s_cdb)} | {s_cdb / s_cb:.3f}× |")
+    print()
+
+
+def huginn_table(d, name):
+    rows = d["results"]
+    header(d, name)
+    print("| W | target d̄ | mode | min coda batch | d̄ | tokens/s | × over CB | FLOP bound | % of bound | GPU idle ≤ |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    order = {"cb": 0, "cdb-no-refill": 1, "cdb-refill": 2}
+    for r in sorted(rows, key=lambda r: (r["width"], r["target_mean_depth"], order[r["mode"]], r["min_coda_batch_size"])):
+        cb = r["mode"] == "cb"
+        mc = "—" if cb else ("1" if r["min_coda_batch_size"] == 1 else f"{r['min_coda_batch_size']} (W/4)")
+        print(f"| {r['width']} | {r['target_mean_depth']:g} | {mode_label(r)} | {mc} | {'16 (full)' if cb else format(r['mean_depth'], '.2f')} | "
+              f"{r['tokens_per_s']:.0f} | {r['speedup_vs_cb']:.3f}× | {'—' if cb else format(r['flop_bound'], '.3f')} | {'—' if cb else pct(r['fraction_of_bound'])} | {pct(r['gpu_idle'])} |")
+    print()
+
+
+def cdb(name="looped_cdb.json"):
+    d = json.loads((bench / name).read_text())
+    if not any("overlap" in r for r in d["results"]):
+        return cdb_old(name)
+    if "huginn" in d["model"].lower():
+        huginn_table(d, name)
+        stage_table(d, name, [(64, 6.0, m, ov, mc) for m, ov, mc in
+                              [("cb", False, None), ("cdb-no-refill", True, 1), ("cdb-refill", True, 1), ("cdb-refill", True, 16)]],
+                    coda=True, full_depth=16)
+        return
+    cdb_depth_tables(d, name)
+    cdb_noexit_table(d, name)
+    gap_table(d, name)
+    stage_table(d, name, [(w, 2.5, m, ov, None) for w in (128, 512) for m, ov in [("cb", False), ("cdb-refill", True)]]
+                + [(256, 2.5, "cdb-refill", False, None)])
+
+
 import sys
-for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json"]:
+for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json", "looped_huginn.json"]:
     (cb if name.startswith("looped_cb") else cdb)(name)
     print()

@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Plots docs/bench/*.json into docs/bench/*.svg (tokens/s by width, per mode, with the floor).
+"""Plots docs/bench/*.json into docs/bench/*.svg and *.png.
 
-    python3 tools/plot_bench.py            # needs matplotlib
+    python3 tools/plot_bench.py                        # every known file; needs matplotlib
+    python3 tools/plot_bench.py looped_cdb.json looped_huginn.json   # only these
+
+looped_cb*: tokens/s by width with the weight-streaming floor. looped_cdb* / looped_huginn*:
+speed-up over CB by width, one panel per mean exit depth, one line per mode (× overlap, or ×
+min coda batch for Huginn), FLOP bound dashed. quality*: perplexity vs mean depth.
 """
 import json, pathlib, sys
 import matplotlib
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "ponder"  # stable element ids in the SVGs
 import matplotlib.pyplot as plt
 
 bench = pathlib.Path(__file__).resolve().parent.parent / "docs" / "bench"
@@ -28,12 +34,9 @@ def plot_looped_cb(path):
     fig.savefig(out); fig.savefig(path.with_suffix(".png"), dpi=110)
     print("wrote", out)
 
-for p in sorted(bench.glob("*.json")):
-    if p.stem.startswith("looped_cb"):
-        plot_looped_cb(p)
 
-
-def plot_looped_cdb(path):
+def plot_looped_cdb_old(path):
+    """Files before overlap rows (2026-11-28 and earlier)."""
     doc = json.loads(path.read_text())
     rows = doc["results"]
     depths = sorted({r["target_mean_depth"] if "target_mean_depth" in r else r["mean_depth"] for r in rows if r["mode"] != "cb"})
@@ -55,10 +58,6 @@ def plot_looped_cdb(path):
     print("wrote", path.with_suffix(".svg"))
 
 
-for p in sorted(bench.glob("*.json")):
-    if p.stem.startswith("looped_cdb"):
-        plot_looped_cdb(p)
-
 
 def plot_quality(path):
     doc = json.loads(path.read_text())
@@ -78,5 +77,108 @@ def plot_quality(path):
     print("wrote", path.with_suffix(".svg"))
 
 
-for p in sorted(bench.glob("quality*.json")):
-    plot_quality(p)
+
+
+SVG_META = {"Date": None}  # no timestamp in the SVG: regenerating unchanged data changes nothing
+
+
+def save(fig, path):
+    fig.savefig(path.with_suffix(".svg"), metadata=SVG_META)
+    fig.savefig(path.with_suffix(".png"), dpi=110)
+    plt.close(fig)
+    print("wrote", path.with_suffix(".svg"), "and .png")
+
+
+def header(doc):
+    return f"{doc['model']} — {doc['gpu']}, commit {doc['commit']}, {doc.get('date', '')}, layout {doc.get('layout')}"
+
+
+def plot_looped_cdb(path):
+    """Speed-up over CB vs width; a panel per mean depth; a line per mode × overlap."""
+    doc = json.loads(path.read_text())
+    rows = doc["results"]
+    if not any("overlap" in r for r in rows):
+        return plot_looped_cdb_old(path)
+    depths = sorted({r["target_mean_depth"] for r in rows})
+    ref = {r["width"]: r["tokens_per_s"] for r in rows
+           if r["mode"] == "cdb-refill" and r.get("overlap") and r["target_mean_depth"] == 4.0}
+    styles = [("cdb-no-refill", False, "s--", "tab:gray"), ("cdb-no-refill", True, "s--", "tab:blue"),
+              ("cdb-refill", False, "o-", "tab:orange"), ("cdb-refill", True, "o-", "tab:red")]
+    fig, axes = plt.subplots(1, len(depths), figsize=(5.2 * len(depths), 4.3), squeeze=False)
+    for ax, t in zip(axes[0], depths):
+        at = [r for r in rows if r["target_mean_depth"] == t]
+        for mode, ov, st, color in styles:
+            pts = sorted((r for r in at if r["mode"] == mode and bool(r.get("overlap")) == ov), key=lambda r: r["width"])
+            if pts:
+                ax.plot([r["width"] for r in pts], [r["speedup_vs_cb"] for r in pts], st, color=color,
+                        label=f"{mode}{' + overlap' if ov else ''}")
+        bound = sorted(((r["width"], r["flop_bound"]) for r in at if r["mode"] != "cb"), key=lambda x: x[0])
+        bw = sorted({w for w, _ in bound})
+        ax.plot(bw, [max(b for w2, b in bound if w2 == w) for w in bw], "k--", lw=1.2, label="FLOP bound")
+        if t < 4.0 and ref:
+            strict = sorted((r["width"], r["tokens_per_s"] / ref[r["width"]]) for r in at
+                            if r["mode"] == "cdb-refill" and r.get("overlap") and r["width"] in ref)
+            ax.plot([w for w, _ in strict], [x for _, x in strict], "*", ms=11, color="darkred",
+                    label="refill + overlap ÷ itself at d̄ = 4")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["width"] for r in at}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("width W (max_num_seqs)")
+        ax.set_ylabel("tokens/s ÷ CB tokens/s (CB not overlapped)")
+        ax.set_title("no early exit (mean depth 4.0 of 4)" if t >= 4.0 else f"replayed mean exit depth {t} of 4", fontsize=9)
+        ax.legend(fontsize=7); ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(header(doc), fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def plot_looped_huginn(path):
+    """Huginn: speed-up over CB vs width; a panel per mean depth; a line per mode × min coda batch."""
+    doc = json.loads(path.read_text())
+    rows = doc["results"]
+    depths = sorted({r["target_mean_depth"] for r in rows})
+    fig, axes = plt.subplots(1, len(depths), figsize=(5.2 * len(depths), 4.3), squeeze=False)
+    styles = {("cdb-no-refill", False): ("s--", "tab:blue"), ("cdb-no-refill", True): ("s:", "tab:cyan"),
+              ("cdb-refill", False): ("o-", "tab:orange"), ("cdb-refill", True): ("o-", "tab:red")}
+    for ax, t in zip(axes[0], depths):
+        at = [r for r in rows if r["target_mean_depth"] == t and r["mode"] != "cb"]
+        for (mode, quarter), (st, color) in styles.items():
+            pts = sorted((r for r in at if r["mode"] == mode and (r["min_coda_batch_size"] > 1) == quarter), key=lambda r: r["width"])
+            if pts:
+                ov = " + overlap" if pts[0].get("overlap") else ""
+                ax.plot([r["width"] for r in pts], [r["speedup_vs_cb"] for r in pts], st, color=color,
+                        label=f"{mode}{ov}, min coda {'W/4' if quarter else '1'}")
+        bw = sorted({r["width"] for r in at})
+        ax.plot(bw, [max(r["flop_bound"] for r in at if r["width"] == w) for w in bw], "k--", lw=1.2, label="FLOP bound")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(bw)
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_ylim(0.9, None)
+        ax.set_xlabel("width W (max_num_seqs)")
+        ax.set_ylabel("tokens/s ÷ CB tokens/s (CB not overlapped)")
+        ax.set_title(f"replayed mean exit depth {t:g} of 16 (min 2), F0/Fr = {doc['f0_over_fr']:.3f}", fontsize=9)
+        ax.legend(fontsize=7, loc="center", bbox_to_anchor=(0.5, 0.74)); ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(header(doc), fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def plot(path):
+    stem = path.stem
+    if stem.startswith("looped_cb"):
+        plot_looped_cb(path)
+    elif stem.startswith("looped_huginn"):
+        plot_looped_huginn(path)
+    elif stem.startswith("looped_cdb"):
+        plot_looped_cdb(path)
+    elif stem.startswith("quality"):
+        plot_quality(path)
+
+
+if __name__ == "__main__":
+    names = sys.argv[1:]
+    paths = [bench / n for n in names] if names else sorted(bench.glob("*.json"))
+    for p in paths:
+        plot(p)

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Merges raw `bench_looped --suite cdb` JSON files (one per device run) into one document.
+
+    python3 tools/merge_bench.py --date 2026-11-29 --out docs/bench/looped_cdb.json \
+        docs/bench/raw-2026-11-29/cdb_{16_64,32_128,256,512,noexit}.json
+    python3 tools/merge_bench.py --date 2026-11-29 --out docs/bench/looped_huginn.json \
+        docs/bench/raw-2026-11-29/huginn_16_64.json
+
+Top level: gpu, commit, date, model, layout, f0_over_fr, weight_bytes_per_decode_step, the exact
+`commands` (one per raw file, in input order), `sources` (file, command, measured copy
+bandwidth) and `notes`. `results` keeps every row of every file unchanged (all fields, both
+overlap settings, all min-coda sizes) and adds `source`: the raw file the row came from. The
+inputs must agree on GPU, commit, model, layout and F0/Fr.
+"""
+import argparse, json, pathlib
+
+AGREE = ["gpu", "commit", "model", "layout", "f0_over_fr", "weight_bytes_per_decode_step", "suite"]
+
+
+def merge(paths, date):
+    docs = [(p, json.loads(p.read_text())) for p in paths]
+    first = docs[0][1]
+    for p, d in docs[1:]:
+        for k in AGREE:
+            if d.get(k) != first.get(k):
+                raise SystemExit(f"{p.name}: {k} = {d.get(k)!r} differs from {docs[0][0].name}: {first.get(k)!r}")
+    out = {k: first[k] for k in AGREE if k in first}
+    out["date"] = date
+    out["commands"] = [d["command"] for _, d in docs]
+    out["sources"] = [
+        {"file": f"{p.parent.name}/{p.name}", "command": d["command"], "copy_bandwidth_gb_s": d.get("copy_bandwidth_gb_s")}
+        for p, d in docs
+    ]
+    whole = all(r["tokens_per_s"] == r.get("tokens_per_s_whole_run") for _, d in docs for r in d["results"])
+    out["notes"] = [
+        "tokens_per_s is offline throughput; cb rows at a second mean depth are the same CB run "
+        "copied (CB runs full depth whatever the exit distribution)",
+        "workload per width: requests_per_width x W requests, prompt ~ lognormal(median 128, sigma 0.9) "
+        "clipped to 8..512, output ~ lognormal(median 160, sigma 0.7) clipped to 8..256, seed 42 + W "
+        "(examples/bench_looped.rs workload()); --new-tokens / --prompt-len do not apply to suite cdb",
+    ]
+    if whole:
+        out["notes"].append(
+            "in every row the steady-state window (after W completions, up to the last admission) "
+            "was shorter than 20 % of the run, so tokens_per_s is the whole-run throughput "
+            "(ramp-up and drain included)"
+        )
+    out["results"] = [dict(r, source=p.name) for p, d in docs for r in d["results"]]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--date", required=True)
+    ap.add_argument("raw", nargs="+")
+    a = ap.parse_args()
+    doc = merge([pathlib.Path(p) for p in a.raw], a.date)
+    pathlib.Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {a.out}: {len(doc['results'])} rows from {len(a.raw)} files")
+
+
+if __name__ == "__main__":
+    main()
