@@ -1,0 +1,322 @@
+//! Throughput of block-diffusion serving on SDAR-8B shapes with random bf16 weights generated
+//! on the device and replayed unmask counts (real checkpoints cannot be downloaded here).
+//!
+//!     bench_diffusion [--batches 32,64,128,256] [--modes baseline,baseline-delayed]
+//!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
+//!                     [--breakdown] [--json FILE] [--commit SHA] [--tiny]
+//!
+//! For each batch B: `requests-per-batch × B` requests queued at once, at most B decoding
+//! together (first done, first out: a finished request's slot is refilled the next step).
+//! Prompt lengths are ShareGPT-like (lognormal, median 128, σ 0.9, clipped to 8..512); every
+//! request generates `new-tokens` tokens (eos ignored) in blocks of `block` with at most `block`
+//! steps per block. Tokens revealed per step are replayed from a seeded distribution over
+//! 1..=block with mean `mean-unmask` (3.2 ≈ 10 % of a 32-block, as FOCUS reports), most
+//! confident first. Modes: `baseline` recomputes the whole block every step; `baseline-delayed`
+//! adds the delayed cache (only masked positions and those whose right neighbour was masked a
+//! step ago are recomputed).
+//!
+//! Reported per run: generated tokens/s over the steady-state window (steps with all B rows
+//! busy), tokens/s over the whole run, tokens run through the network per request-step,
+//! tokens decoded per request-step. `--breakdown` also times one full-batch step phase by phase
+//! (device synchronised between phases): QKV projection with q/k norm and RoPE, K/V write,
+//! paged attention, output projection + MLP, LM head with greedy readout.
+//! `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
+
+use candle_core::{DType, Device, Tensor};
+use ponder::diffusion::{Replay, UnmaskTrace};
+use ponder::engine::greedy_with_confidence;
+use ponder::kv::KvStore;
+use ponder::models::diffusion::{DenseDiffusion, DiffusionModel, Sdar};
+use ponder::models::config::SdarConfig;
+use ponder::ops::{paged_attention, write_kv, AttnMask, PagedBatch, PagedBatchHost};
+use ponder::testing::{random_sdar_weights, tiny_sdar_config};
+use ponder::{EngineBuilder, Event, GenerationParams};
+use std::time::Instant;
+
+struct Args {
+    batches: Vec<usize>,
+    modes: Vec<String>,
+    block: usize,
+    new_tokens: usize,
+    mean_unmask: f64,
+    requests_per_batch: usize,
+    breakdown: bool,
+    json: Option<String>,
+    commit: String,
+    tiny: bool,
+}
+
+fn parse() -> Result<Args, Box<dyn std::error::Error>> {
+    let mut a = Args {
+        batches: vec![32, 64, 128, 256],
+        modes: vec!["baseline".into(), "baseline-delayed".into()],
+        block: 32,
+        new_tokens: 256,
+        mean_unmask: 3.2,
+        requests_per_batch: 2,
+        breakdown: false,
+        json: None,
+        commit: "unknown".into(),
+        tiny: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
+        match k.as_str() {
+            "--batches" => a.batches = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--modes" => a.modes = v()?.split(',').map(String::from).collect(),
+            "--block" => a.block = v()?.parse()?,
+            "--new-tokens" => a.new_tokens = v()?.parse()?,
+            "--mean-unmask" => a.mean_unmask = v()?.parse()?,
+            "--requests-per-batch" => a.requests_per_batch = v()?.parse()?,
+            "--breakdown" => a.breakdown = true,
+            "--json" => a.json = Some(v()?),
+            "--commit" => a.commit = v()?,
+            "--tiny" => a.tiny = true,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    for m in &a.modes {
+        if m != "baseline" && m != "baseline-delayed" {
+            return Err(format!("unknown mode {m}").into());
+        }
+    }
+    Ok(a)
+}
+
+fn lognormal(median: f64, sigma: f64, lo: usize, hi: usize, x: &mut u64) -> usize {
+    let mut u = || {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        ((*x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let z = (-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos();
+    ((median * (sigma * z).exp()).round() as usize).clamp(lo, hi)
+}
+
+/// `n` prompts of ShareGPT-like lengths over the vocabulary minus the mask token.
+fn prompts(n: usize, vocab: usize, mask: u32, seed: u64, max_len: usize) -> Vec<Vec<u32>> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            let len = lognormal(128.0, 0.9, 8, max_len, &mut x);
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let t = (x % (vocab as u64 - 1)) as u32;
+                    if t >= mask { t + 1 } else { t }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+struct RunStats {
+    window_tokens_per_s: f64,
+    whole_tokens_per_s: f64,
+    tokens_per_step: f64,
+    decoded_per_step: f64,
+    window_steps: usize,
+}
+
+fn run(model: &DenseDiffusion, args: &Args, batch: usize, delayed: bool, jobs: &[Vec<u32>]) -> Result<RunStats, Box<dyn std::error::Error>> {
+    let spec = model.spec().clone();
+    let max_len = jobs.iter().map(Vec::len).max().unwrap_or(1) + args.new_tokens + 2 * args.block;
+    let trace = UnmaskTrace::with_mean(args.mean_unmask, args.block, 2026)?;
+    let mut engine = EngineBuilder::from_diffusion_model(Box::new(model.clone()), None, vec![])
+        .block_length(args.block)
+        .max_steps_per_block(args.block)
+        .delayed_cache(delayed)
+        .unmask_policy(Replay::new(trace))
+        .max_num_seqs(batch)
+        .max_num_batched_tokens(batch * (args.block * 2 + 1) + 8192)
+        .kv_capacity_tokens(batch * max_len)
+        .max_model_len(spec.max_context.min(4096))
+        .build()?;
+    let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(args.new_tokens) };
+    // Warm-up: one short request per row so kernels and allocations are in place.
+    for p in jobs.iter().take(batch) {
+        engine.add_request(p.clone(), GenerationParams { max_new_tokens: args.block, ..params.clone() })?;
+    }
+    while engine.has_work() {
+        engine.step()?;
+    }
+    let before = engine.metrics().clone();
+    for p in jobs {
+        engine.add_request(p.clone(), params.clone())?;
+    }
+    let device = engine_device(model);
+    device.synchronize()?;
+    let start = Instant::now();
+    let (mut tokens, mut window_tokens, mut window_time, mut window_steps) = (0u64, 0u64, 0f64, 0usize);
+    while engine.has_work() {
+        let full = engine.scheduler().num_running() == batch;
+        let t = Instant::now();
+        let events = engine.step()?;
+        let dt = t.elapsed().as_secs_f64();
+        let n = events.iter().filter(|e| matches!(e, Event::Token { .. })).count() as u64;
+        tokens += n;
+        if full && engine.scheduler().num_running() + engine.scheduler().num_waiting() > 0 {
+            window_tokens += n;
+            window_time += dt;
+            window_steps += 1;
+        }
+    }
+    let whole = start.elapsed().as_secs_f64();
+    let m = engine.metrics();
+    let steps = m.denoise.steps - before.denoise.steps;
+    let step_tokens = m.denoise.step_tokens - before.denoise.step_tokens;
+    let generated = m.generated_tokens - before.generated_tokens;
+    Ok(RunStats {
+        window_tokens_per_s: if window_time > 0.0 { window_tokens as f64 / window_time } else { tokens as f64 / whole },
+        whole_tokens_per_s: tokens as f64 / whole,
+        tokens_per_step: step_tokens as f64 / steps.max(1) as f64,
+        decoded_per_step: generated as f64 / steps.max(1) as f64,
+        window_steps,
+    })
+}
+
+fn engine_device(model: &DenseDiffusion) -> Device {
+    model.device().clone()
+}
+
+/// Times one full-batch step (every row a whole block after a `prompt`-token prefix) phase by
+/// phase, synchronising the device between phases.
+fn breakdown(model: &DenseDiffusion, batch: usize, block: usize, prompt: usize) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let s = model.spec().clone();
+    let dev = model.device().clone();
+    let page = 16;
+    let ctx = prompt + block;
+    let per_row = ctx.div_ceil(page);
+    let kv = KvStore::new(s.num_layers, batch * per_row, page, s.num_kv_heads, s.head_dim, s.dtype, &dev)?;
+    let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
+    for r in 0..batch {
+        host.block_tables.push(((r * per_row) as u32..((r + 1) * per_row) as u32).collect());
+        host.context_lens.push(ctx as u32);
+        host.cu_q_lens.push(((r + 1) * block) as u32);
+    }
+    let positions: Vec<u32> = (0..batch).flat_map(|_| (prompt as u32)..(ctx as u32)).collect();
+    let batch_desc = PagedBatch::new(host, page, AttnMask::BlockCausal(block), s.num_kv_heads * s.head_dim, &dev)?;
+    let ids = Tensor::new(vec![s.mask_token_id; batch * block].as_slice(), &dev)?;
+    let pos = Tensor::new(positions.as_slice(), &dev)?;
+    let readout: Vec<u32> = (0..batch).flat_map(|r| (0..block - 3).map(move |j| (r * block + 3 + j) as u32)).collect();
+    let readout = Tensor::new(readout.as_slice(), &dev)?;
+    let scale = 1.0 / (s.head_dim as f64).sqrt();
+    let mut t = [0f64; 6]; // embed+rope, project, write, attention, o+mlp, head
+    for rep in 0..3 {
+        let mut phase = [0f64; 6];
+        let mut clock = Instant::now();
+        let mut lap = |i: usize, clock: &mut Instant| -> candle_core::Result<()> {
+            dev.synchronize()?;
+            phase[i] += clock.elapsed().as_secs_f64();
+            *clock = Instant::now();
+            Ok(())
+        };
+        let mut h = model.embed(&ids)?;
+        let rope = model.rope(&pos)?;
+        lap(0, &mut clock)?;
+        for l in 0..s.num_layers {
+            let p = model.project(l, &h, &rope)?;
+            lap(1, &mut clock)?;
+            write_kv(kv.k(l), &p.k, &batch_desc)?;
+            write_kv(kv.v(l), &p.v, &batch_desc)?;
+            lap(2, &mut clock)?;
+            let a = paged_attention(&p.q, kv.k(l), kv.v(l), &batch_desc, scale)?;
+            drop(a);
+            lap(3, &mut clock)?;
+            h = model.finish_layer(l, &h, &p.q, &batch_desc, &kv)?;
+            lap(4, &mut clock)?;
+        }
+        let logits = model.head(&h.index_select(&readout, 0)?)?;
+        let (tok, conf) = greedy_with_confidence(&logits)?;
+        drop((tok, conf));
+        lap(5, &mut clock)?;
+        if rep > 0 {
+            for i in 0..6 {
+                t[i] += phase[i] / 2.0;
+            }
+        }
+    }
+    // finish_layer ran attention again: o_proj + MLP = finish − attention.
+    let (embed, proj, write, attn, finish, head) = (t[0], t[1], t[2], t[3], t[4], t[5]);
+    let o_mlp = (finish - attn).max(0.0);
+    let total = embed + proj + write + attn + o_mlp + head;
+    let ms = |x: f64| (x * 1e4).round() / 10.0;
+    println!(
+        "breakdown batch {batch} × {block} tokens (prefix {prompt}): total {:.1} ms = qkv+norm+rope {:.1} · kv write {:.1} · attention {:.1} · o+mlp {:.1} · lm head+readout {:.1} · embed {:.1}",
+        total * 1e3, proj * 1e3, write * 1e3, attn * 1e3, o_mlp * 1e3, head * 1e3, embed * 1e3
+    );
+    Ok(serde_json::json!({
+        "batch": batch, "tokens": batch * block, "prefix": prompt, "total_ms": ms(total),
+        "qkv_norm_rope_ms": ms(proj), "kv_write_ms": ms(write), "attention_ms": ms(attn), "o_proj_mlp_ms": ms(o_mlp),
+        "lm_head_readout_ms": ms(head), "embed_rope_ms": ms(embed),
+    }))
+}
+
+fn gpu_name() -> String {
+    std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(str::to_string))
+        .unwrap_or_else(|| "cpu".into())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = parse()?;
+    let (cfg, device, dtype) = if args.tiny {
+        let mut c = tiny_sdar_config(512);
+        c.block_size = Some(8);
+        args.block = 8;
+        args.new_tokens = args.new_tokens.min(24);
+        if args.batches == [32, 64, 128, 256] {
+            args.batches = vec![2, 4];
+        }
+        (c, Device::Cpu, DType::F32)
+    } else {
+        (SdarConfig::sdar_8b_chat_b32(), Device::new_cuda(0)?, DType::BF16)
+    };
+    let label = if args.tiny { "tiny SDAR (CPU, f32)" } else { "SDAR-8B-Chat-b32 shapes, random bf16 weights" };
+    println!("device: {}; model: {label}", gpu_name());
+    let t = Instant::now();
+    let model = Sdar::load(&cfg, &random_sdar_weights(&cfg, 7, dtype, &device)?)?;
+    device.synchronize()?;
+    println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
+    let spec = model.spec().clone();
+    let mut results = Vec::new();
+    let mut breakdowns = Vec::new();
+    println!("{:>6} {:>18} {:>11} {:>11} {:>13} {:>13} {:>7}", "batch", "mode", "tok/s", "whole tok/s", "tokens/step", "decoded/step", "steps");
+    for &b in &args.batches {
+        let jobs = prompts(args.requests_per_batch * b, spec.vocab_size, spec.mask_token_id, 42 + b as u64, 512.min(spec.max_context / 2));
+        for mode in &args.modes {
+            let st = run(&model, &args, b, mode == "baseline-delayed", &jobs)?;
+            println!(
+                "{b:>6} {mode:>18} {:>11.0} {:>11.0} {:>13.2} {:>13.2} {:>7}",
+                st.window_tokens_per_s, st.whole_tokens_per_s, st.tokens_per_step, st.decoded_per_step, st.window_steps
+            );
+            results.push(serde_json::json!({
+                "mode": mode, "batch": b, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
+                "tokens_per_step": st.tokens_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
+                "requests": jobs.len(), "new_tokens": args.new_tokens, "block": args.block, "mean_unmask": args.mean_unmask,
+            }));
+        }
+        if args.breakdown {
+            breakdowns.push(breakdown(&model, b, args.block, 256)?);
+        }
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "gpu": gpu_name(), "commit": args.commit, "model": label,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "workload": "prompts lognormal(median 128, sigma 0.9) clipped 8..512; new tokens fixed; eos ignored; replayed unmask counts, most confident first",
+            "results": results, "breakdown": breakdowns,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+        println!("wrote {path}");
+    }
+    Ok(())
+}
