@@ -256,6 +256,19 @@ fn breakdown(model: &DenseDiffusion, batch: usize, block: usize, prompt: usize) 
     }))
 }
 
+fn write_json(args: &Args, label: &str, results: &[serde_json::Value], breakdowns: &[serde_json::Value]) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "gpu": gpu_name(), "commit": args.commit, "model": label,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "workload": "prompts lognormal(median 128, sigma 0.9) clipped 8..512; new tokens fixed; eos ignored; replayed unmask counts, most confident first",
+            "results": results, "breakdown": breakdowns,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}
+
 fn gpu_name() -> String {
     std::process::Command::new("nvidia-smi")
         .args(["--query-gpu=name", "--format=csv,noheader"])
@@ -307,16 +320,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if args.breakdown {
             breakdowns.push(breakdown(&model, b, args.block, 256)?);
         }
-    }
-    if let Some(path) = &args.json {
-        let doc = serde_json::json!({
-            "gpu": gpu_name(), "commit": args.commit, "model": label,
-            "command": std::env::args().collect::<Vec<_>>().join(" "),
-            "workload": "prompts lognormal(median 128, sigma 0.9) clipped 8..512; new tokens fixed; eos ignored; replayed unmask counts, most confident first",
-            "results": results, "breakdown": breakdowns,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
-        println!("wrote {path}");
+        // Written after every batch so a run cut short keeps what it measured.
+        write_json(&args, label, &results, &breakdowns)?;
     }
     Ok(())
 }

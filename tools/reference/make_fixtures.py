@@ -1,23 +1,48 @@
 #!/usr/bin/env python3
-"""Writes tests/fixtures/tiny_ouro_reference.json: next-token logits and per-step gate logits of
-the shipped tiny Ouro for fixed prompts, from the independent PyTorch reference (float64).
-The Rust parity test (tests/parity.rs) compares against it. Regenerate when assets change:
+"""Writes the reference fixtures the Rust parity tests (tests/parity.rs) compare against, from
+the independent float64 PyTorch references. Regenerate when assets change:
 
-    python3 tools/reference/make_fixtures.py
+    python3 tools/reference/make_fixtures.py [--ouro DIR] [--sdar DIR] [--out-dir tests/fixtures]
+
+- tiny_ouro_reference.json: next-token logits and per-step gate logits of the shipped tiny Ouro
+  for fixed prompts (tools/reference/ouro_ref.py).
+- tiny_sdar_reference.json (only if the SDAR directory exists; default assets/tiny-sdar): for
+  fixed prompts, the canvas = prompt ids, then `mask_token_id` up to the end of the block holding
+  the prompt's end (the first decode block), then one more full block of masks. Block-causal
+  attention over the whole canvas (tools/reference/sdar_ref.py); recorded for every masked
+  position of the FIRST decode block only: the top-5 ids and their logits, and the full logits
+  row of the first two masked positions. Logits are f32-rounded to 9 significant digits.
 """
+import argparse
 import json
 import pathlib
 
+import torch
 from tokenizers import Tokenizer
 
 from ouro_ref import OuroReference
+from sdar_ref import SDARReference, decode_canvas
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROMPTS = ["fn main() {", "Ownership is Rust's most unique feature", "The borrow checker"]
+SDAR_PROMPTS = [
+    "fn main() {",
+    "Ownership is Rust's most unique feature and has deep implications for the rest of the language. "
+    "It enables Rust to make memory safety guarantees without needing a garbage collector,",
+    "The borrow checker",
+]
 
 
-def main():
-    model_dir = ROOT / "assets" / "tiny-ouro"
+def f32(x) -> float:
+    return float(f"{float(torch.tensor(float(x), dtype=torch.float32)):.9g}")
+
+
+def rel(path: pathlib.Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def ouro(model_dir: pathlib.Path, out_dir: pathlib.Path):
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ref = OuroReference(model_dir)
     cases = []
@@ -30,9 +55,58 @@ def main():
             "logits_last": [float(f"{float(x):.9g}") for x in logits[-1]],
             "gate_logits_last": [float(f"{float(x):.9g}") for x in gates[:, -1]],
         })
-    out = ROOT / "tests" / "fixtures" / "tiny_ouro_reference.json"
-    out.write_text(json.dumps({"model": "assets/tiny-ouro", "reference": "tools/reference/ouro_ref.py (float64)", "cases": cases}))
+    out = out_dir / "tiny_ouro_reference.json"
+    out.write_text(json.dumps({"model": rel(model_dir), "reference": "tools/reference/ouro_ref.py (float64)", "cases": cases}))
     print(f"wrote {out} ({out.stat().st_size} bytes)")
+
+
+def sdar(model_dir: pathlib.Path, out_dir: pathlib.Path):
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ref = SDARReference(model_dir)
+    block, mask = ref.block, ref.mask_id
+    cases = []
+    for text in SDAR_PROMPTS:
+        prompt = tok.encode(text).ids
+        canvas, start, end = decode_canvas(prompt, block, mask)
+        logits = ref.forward(canvas)
+        positions = [i for i in range(start, end) if canvas[i] == mask]
+        top = []
+        for p in positions:
+            vals, ids = logits[p].topk(5)
+            top.append({"position": p, "ids": [int(i) for i in ids], "logits": [f32(v) for v in vals]})
+        cases.append({
+            "text": text,
+            "prompt_ids": prompt,
+            "ids": canvas,
+            "decode_block": [start, end],
+            "masked_positions": positions,
+            "top5": top,
+            "full_logits": [{"position": p, "logits": [f32(x) for x in logits[p]]} for p in positions[:2]],
+        })
+    out = out_dir / "tiny_sdar_reference.json"
+    out.write_text(json.dumps({
+        "model": rel(model_dir),
+        "reference": "tools/reference/sdar_ref.py (float64, block-causal over the whole canvas)",
+        "block_size": block,
+        "mask_token_id": mask,
+        "vocab_size": ref.cfg["vocab_size"],
+        "cases": cases,
+    }))
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ouro", type=pathlib.Path, default=ROOT / "assets" / "tiny-ouro")
+    ap.add_argument("--sdar", type=pathlib.Path, default=ROOT / "assets" / "tiny-sdar")
+    ap.add_argument("--out-dir", type=pathlib.Path, default=ROOT / "tests" / "fixtures")
+    args = ap.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    ouro(args.ouro, args.out_dir)
+    if (args.sdar / "config.json").exists():
+        sdar(args.sdar, args.out_dir)
+    else:
+        print(f"{args.sdar}: no SDAR model, tiny_sdar_reference.json not written")
 
 
 if __name__ == "__main__":

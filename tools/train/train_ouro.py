@@ -10,11 +10,13 @@ under the exit distribution minus beta times its entropy,
     loss = Σ_t p(t) · CE(head(h_t), next) − β · H(p)
 
 so the gate learns when the loop may stop. Seeds are fixed; the loss curve is printed and
-written to OUT/loss.json.
+written with all arguments to OUT/training.json.
 
     python3 tools/train/make_corpus.py                       # corpus/train.txt, corpus/heldout.txt
-    python3 tools/train/train_ouro.py --corpus corpus --tokenizer assets/tiny-ouro/tokenizer.json \
+    python3 tools/train/make_tokenizer.py                    # corpus/tokenizer.json
+    python3 tools/train/train_ouro.py --corpus corpus --tokenizer corpus/tokenizer.json \
         --out assets/tiny-ouro --minutes 8
+    python3 tools/train/train_ouro.py --smoke --out /tmp/ouro-smoke    # CPU, 20 steps, ~1 minute
 """
 import argparse
 import json
@@ -156,7 +158,7 @@ def export(model, cfg, tokenizer_path, out):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--corpus", default="corpus")
-    ap.add_argument("--tokenizer", default="assets/tiny-ouro/tokenizer.json")
+    ap.add_argument("--tokenizer", default="corpus/tokenizer.json")
     ap.add_argument("--out", default="out/tiny-ouro")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
@@ -170,11 +172,18 @@ def main():
     ap.add_argument("--minutes", type=float, default=8.0)
     ap.add_argument("--max-steps", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 20 steps (at most 2 minutes) --batch 8, held-out on 16 sequences")
     args = ap.parse_args()
+    if args.smoke:
+        args.minutes, args.max_steps, args.batch, args.log_every = min(args.minutes, 2.0), min(args.max_steps, 20), 8, 5
 
     torch.manual_seed(args.seed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     tok = Tokenizer.from_file(args.tokenizer)
+    eos_id = tok.token_to_id("<|endoftext|>")
+    assert eos_id is not None, "the tokenizer has no <|endoftext|>"
     corpus = pathlib.Path(args.corpus)
     train_ids = torch.tensor(tok.encode((corpus / "train.txt").read_text()).ids, dtype=torch.long)
     held_ids = torch.tensor(tok.encode((corpus / "heldout.txt").read_text()).ids, dtype=torch.long)
@@ -191,7 +200,7 @@ def main():
         "rope_theta": 1_000_000.0,
         "rms_norm_eps": 1e-6,
         "total_ut_steps": args.loops,
-        "eos_token_id": tok.token_to_id("<|endoftext|>") or 0,
+        "eos_token_id": eos_id,
     }
     model = TinyOuro(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -212,24 +221,34 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % 50 == 0:
+        if step % args.log_every == 0:
             row = {"step": step, "seconds": round(time.time() - start, 1), "loss": loss.item(),
                    "ce_per_loop": [round(v, 4) for v in ce_per_loop.tolist()], "exit_pdf": [round(v, 3) for v in p_mean.tolist()]}
             curve.append(row)
             print(json.dumps(row), flush=True)
         step += 1
 
+    train_seconds = time.time() - start
+    print(f"{step} steps in {train_seconds:.1f} s ({step / train_seconds:.2f} steps/s)")
     model.eval()
     with torch.no_grad(), autocast:
         xs = held_ids[: (len(held_ids) - 1) // args.seq * args.seq + 1]
-        x = xs[:-1].view(-1, args.seq).to(device)
-        y = xs[1:].view(-1, args.seq).to(device)
-        logits, _ = model(x)
-        ce = [F.cross_entropy(logits[i].flatten(0, 1).float(), y.flatten()).item() for i in range(args.loops)]
+        x = xs[:-1].view(-1, args.seq)
+        y = xs[1:].view(-1, args.seq)
+        if args.smoke:
+            x, y = x[:16], y[:16]
+        ce_sum = torch.zeros(args.loops, dtype=torch.float64)
+        for i in range(0, len(x), 32):  # in chunks: the per-loop logits of all of it at once are GBs
+            logits, _ = model(x[i : i + 32].to(device))
+            yy = y[i : i + 32].to(device).flatten()
+            ce_sum += torch.tensor([F.cross_entropy(logits[j].flatten(0, 1).float(), yy, reduction="sum").item() for j in range(args.loops)], dtype=torch.float64)
+        ce = (ce_sum / y.numel()).tolist()
     print("held-out perplexity per loop (full depth = last):", [round(math.exp(c), 2) for c in ce])
     out = pathlib.Path(args.out)
     export(model.float(), cfg, args.tokenizer, out)
-    (out / "loss.json").write_text(json.dumps({"args": vars(args), "curve": curve, "heldout_ppl_per_loop": [math.exp(c) for c in ce]}))
+    (out / "training.json").write_text(json.dumps({"args": vars(args), "device": device, "steps": step, "train_seconds": round(train_seconds, 1),
+                                                   "steps_per_second": step / train_seconds, "curve": curve,
+                                                   "heldout_ppl_per_loop": [math.exp(c) for c in ce]}))
     print(f"exported to {out} after {step} steps")
 
 
