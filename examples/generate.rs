@@ -2,11 +2,15 @@
 //!
 //!     cargo run --release --example generate -- "Ownership in Rust"
 //!     cargo run --release --example generate -- --max-new 64 --temperature 0.8 --top-p 0.9 --seed 1 "Traits"
+//!     cargo run --release --example generate -- --sdar --threshold 0.7 "Ownership in Rust"
 //!
 //! Options: --model DIR, --max-new N, --temperature T, --top-k K, --top-p P, --seed S,
-//! --layout depth-indexed|shared, --cuda, --bf16. Several prompts run as one batch, each
-//! streamed on its own thread through an `EngineHandle`.
+//! --layout depth-indexed|shared, --cuda, --bf16. Diffusion models (`--sdar` picks the shipped
+//! tiny SDAR): --threshold T (reveal tokens with probability ≥ T each step, default 0.9),
+//! --block-length N, --delayed-cache. Several prompts run as one batch, each streamed on its
+//! own thread through an `EngineHandle`.
 
+use ponder::diffusion::Threshold;
 use ponder::{DType, Device, EngineBuilder, Event, GenerationParams, KvLayoutKind, SamplingParams};
 use std::io::Write;
 
@@ -14,7 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut model = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro").to_string();
     let mut params = GenerationParams::greedy(48);
     let mut sampling = SamplingParams::default();
-    let (mut layout, mut cuda, mut bf16) = (KvLayoutKind::DepthIndexed, false, false);
+    let (mut layout, mut cuda, mut bf16) = (None::<KvLayoutKind>, false, false);
+    let (mut threshold, mut block_length, mut delayed) = (None::<f32>, None::<usize>, false);
     let mut prompts = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -26,11 +31,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--top-k" => sampling.top_k = Some(val()?.parse()?),
             "--top-p" => sampling.top_p = Some(val()?.parse()?),
             "--seed" => sampling.seed = Some(val()?.parse()?),
-            "--layout" => layout = val()?.parse()?,
+            "--layout" => layout = Some(val()?.parse()?),
+            "--sdar" => model = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-sdar").to_string(),
+            "--threshold" => threshold = Some(val()?.parse()?),
+            "--block-length" => block_length = Some(val()?.parse()?),
+            "--delayed-cache" => delayed = true,
             "--cuda" => cuda = true,
             "--bf16" => bf16 = true,
             "-h" | "--help" => {
-                println!("usage: generate [--model DIR] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--cuda] [--bf16] PROMPT...");
+                println!("usage: generate [--model DIR | --sdar] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--threshold T] [--block-length N] [--delayed-cache] [--cuda] [--bf16] PROMPT...");
                 return Ok(());
             }
             _ => prompts.push(a),
@@ -41,12 +50,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     params.sampling = sampling;
     let device = if cuda { Device::new_cuda(0)? } else { Device::Cpu };
-    let handle = EngineBuilder::new(&model)
+    let mut builder = EngineBuilder::new(&model)
         .device(device)
         .dtype(if bf16 { DType::BF16 } else { DType::F32 })
-        .kv_layout(layout)
-        .max_num_seqs(prompts.len().max(1))
-        .spawn()?;
+        .max_num_seqs(prompts.len().max(1));
+    if let Some(l) = layout {
+        builder = builder.kv_layout(l);
+    }
+    if let Some(t) = threshold {
+        builder = builder.unmask_policy(Threshold::new(t)?);
+    }
+    if let Some(n) = block_length {
+        builder = builder.block_length(n);
+    }
+    if delayed {
+        builder = builder.delayed_cache(true);
+    }
+    let handle = builder.spawn()?;
 
     if prompts.len() == 1 {
         // One prompt: stream straight to the terminal.
