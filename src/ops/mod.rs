@@ -12,7 +12,7 @@ pub mod cuda;
 
 pub use batch::{write_u32, AttnMask, PagedBatch, PagedBatchBuffers, PagedBatchHost};
 pub use fused::{add_rms_norm, qkv_rope_write, silu_mul};
-pub use paged_attention::{paged_attention, paged_attention_reference, write_kv};
+pub use paged_attention::{paged_attention, paged_attention_reference, write_kv, write_kv_reference};
 pub use rope::{RopeAngles, RopeTable};
 
 use candle_core::{DType, Result, Tensor};

@@ -7,8 +7,18 @@ use super::batch::{AttnMask, PagedBatch};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Writes the K (or V) rows of a launch's new tokens into the cache, in place.
-/// `new` is `[tokens, kv_heads, head_dim]`.
+/// `new` is `[tokens, kv_heads, head_dim]`. On CUDA one copy kernel (candle's `scatter_set`
+/// took 12 ms per layer for 8k tokens of SDAR-8B); elsewhere the reference below.
 pub fn write_kv(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if cache.device().is_cuda() && cache.is_contiguous() && crate::ops::is_float(cache.dtype()) {
+        return super::cuda::kv_write(cache, new, &batch.slot_mapping);
+    }
+    write_kv_reference(cache, new, batch)
+}
+
+/// The candle composition behind [`write_kv`] (`scatter_set` over the flattened cache).
+pub fn write_kv_reference(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> Result<()> {
     let (nb, bs, kvh, hd) = cache.dims4()?;
     let flat = cache.reshape((nb * bs, kvh * hd))?;
     let src = new.reshape((new.dim(0)?, kvh * hd))?.to_dtype(cache.dtype())?;

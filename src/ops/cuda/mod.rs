@@ -561,6 +561,68 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     Ok(wrap(q_out, dev, (tokens, heads, head_dim)))
 }
 
+/// Writes token rows `src` `[tokens, kv_heads, head_dim]` into `cache`
+/// `[num_blocks, block_size, kv_heads, head_dim]` at the flat rows `slot_mapping` `[tokens]`, in
+/// place (the paged KV write of models whose K/V are not produced by `qkv_rope_write`).
+pub fn kv_write(cache: &Tensor, src: &Tensor, slot_mapping: &Tensor) -> Result<()> {
+    const OP: &str = "kv_write";
+    let dev = cuda_dev(cache, OP)?;
+    let dtype = cache.dtype();
+    let src = src.to_dtype(dtype)?.contiguous()?;
+    same_device_dtype(OP, dtype, cache, &[("src", &src)])?;
+    if !slot_mapping.device().same_device(cache.device()) || slot_mapping.dtype() != DType::U32 {
+        bail!("{OP} (cuda): slot_mapping must be u32 on the device of the cache");
+    }
+    let (nb, bs, kvh, hd) = cache.dims4()?;
+    let width = kvh * hd;
+    let tokens = src.dim(0)?;
+    if src.elem_count() != tokens * width || slot_mapping.dims() != [tokens] {
+        bail!("{OP} (cuda): src {:?} / slot_mapping {:?} for cache rows of {width}", src.dims(), slot_mapping.dims());
+    }
+    if tokens == 0 {
+        return Ok(());
+    }
+    if width > i32::MAX as usize || tokens > i32::MAX as usize {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let suf = dtype_suffix(dtype, OP)?;
+    match dtype {
+        DType::BF16 => kv_write_launch::<bf16>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs),
+        DType::F16 => kv_write_launch::<f16>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs),
+        _ => kv_write_launch::<f32>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn kv_write_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    cache: &Tensor,
+    src: &Tensor,
+    slot_mapping: &Tensor,
+    tokens: usize,
+    width: usize,
+    num_slots: usize,
+) -> Result<()> {
+    const OP: &str = "kv_write";
+    let (cs, cl) = cache.storage_and_layout();
+    let (ss, sl) = src.storage_and_layout();
+    let (ms, ml) = slot_mapping.storage_and_layout();
+    // Written in place under the read lock, ordered by the device's one stream (see
+    // `qkv_rope_launch`).
+    let cache_v = op_view::<T>(&cs, cl, OP, "cache")?;
+    let src_v = op_view::<T>(&ss, sl, OP, "src")?;
+    let slots = op_view::<u32>(&ms, ml, OP, "slot_mapping")?;
+    let func = dev.get_or_load_custom_func(&format!("kv_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let (w, ns) = (width as i32, num_slots as i64);
+    let mut b = func.builder();
+    b.arg(&cache_v).arg(&src_v).arg(&slots).arg(&w).arg(&ns);
+    // SAFETY: argument list matches `kv_write_*` in fused.cu; slots are checked in-kernel.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))` over the last dim, in one
 /// launch. `residual`, `x` `[.., C]` and the weights `[C]` share one dtype; f32 statistics.
 pub fn add_rms_norm(

@@ -141,6 +141,26 @@ __device__ void silu_mul(T *__restrict__ out, const T *__restrict__ gu, long lon
     }
 }
 
+// Copies token rows of `src` [tokens, width] into cache rows `slots[t]` of `cache`
+// [num_slots, width]: one block per token, 16-byte vectors when the row allows it.
+template <typename T>
+__device__ void kv_write(T *__restrict__ cache, const T *__restrict__ src, const uint32_t *__restrict__ slots,
+                         int width, long long num_slots) {
+    const long long t = blockIdx.x;
+    const long long slot = slots[t];
+    if (slot >= num_slots) return;  // checked on the host; never write out of bounds
+    const T *s = src + t * width;
+    T *d = cache + slot * width;
+    constexpr int VEC = 16 / sizeof(T);
+    if (width % VEC == 0 && ((uintptr_t)s % 16 == 0) && ((uintptr_t)d % 16 == 0)) {
+        const uint4 *sv = reinterpret_cast<const uint4 *>(s);
+        uint4 *dv = reinterpret_cast<uint4 *>(d);
+        for (int i = threadIdx.x; i < width / VEC; i += blockDim.x) dv[i] = sv[i];
+    } else {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+    }
+}
+
 } // namespace
 
 #define FUSED_OPS(T, SUF)                                                                          \
@@ -157,6 +177,10 @@ __device__ void silu_mul(T *__restrict__ out, const T *__restrict__ gu, long lon
     }                                                                                              \
     extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter) {    \
         silu_mul<T>(out, gu, rows, inter);                                                         \
+    }                                                                                              \
+    extern "C" __global__ void kv_write_##SUF(T *cache, const T *src, const uint32_t *slots,       \
+                                              int width, long long num_slots) {                    \
+        kv_write<T>(cache, src, slots, width, num_slots);                                          \
     }
 
 FUSED_OPS(float, f32)
