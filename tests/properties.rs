@@ -73,6 +73,7 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
                 latent_diff: None,
                 logprob: None,
                 candidates: vec![],
+                kept: None,
             })
             .collect();
             (launch, LaunchResult { rows })

@@ -1,9 +1,12 @@
 //! Block-diffusion decoding as host-side state machines: which masked tokens to reveal each step
-//! (the [`UnmaskPolicy`]) and which block positions a step recomputes (the delayed cache in
-//! [`BlockCanvas`]). The diffusion scheduler drives them; nothing here touches tensors.
+//! (the [`UnmaskPolicy`]), which block positions a step recomputes (the delayed cache in
+//! [`BlockCanvas`]) and which masked tokens run past layer 1 (the [`EvictionPolicy`], FOCUS).
+//! The scheduler drives the first two on the host; the runner applies eviction mid-forward.
 
 mod canvas;
+mod eviction;
 mod unmask;
 
 pub use canvas::BlockCanvas;
+pub use eviction::{enforce_rules, importance, importance_oracle, EvictionInput, EvictionPolicy, Focus, NoEviction};
 pub use unmask::{by_confidence, Candidate, Replay, StaticCount, StepContext, Threshold, UnmaskPolicy, UnmaskTrace};

@@ -2,7 +2,7 @@
 
 use super::core::ModelRunner;
 use super::{DiffusionRunner, Engine, EngineHandle, LoopedRunner};
-use crate::diffusion::{Threshold, UnmaskPolicy};
+use crate::diffusion::{EvictionPolicy, Threshold, UnmaskPolicy};
 use crate::kv::Shared;
 use crate::models::diffusion::DiffusionModel;
 use crate::gate::{ExitGate, FixedDepth};
@@ -88,6 +88,8 @@ pub struct EngineBuilder {
     max_steps_per_block: Option<usize>,
     delayed_cache: bool,
     unmask: Option<Box<dyn UnmaskPolicy>>,
+    eviction: Option<Box<dyn EvictionPolicy>>,
+    eviction_shadow: bool,
 }
 
 impl EngineBuilder {
@@ -136,6 +138,8 @@ impl EngineBuilder {
             max_steps_per_block: None,
             delayed_cache: false,
             unmask: None,
+            eviction: None,
+            eviction_shadow: false,
         }
     }
 
@@ -241,6 +245,19 @@ impl EngineBuilder {
         self.unmask = Some(policy);
         self
     }
+    /// Diffusion models: which masked tokens of a step run past layer 1 (default: all). FOCUS
+    /// ([`crate::diffusion::Focus`]) needs the delayed cache.
+    pub fn eviction_policy(mut self, policy: impl EvictionPolicy + 'static) -> Self {
+        self.eviction = Some(Box::new(policy));
+        self
+    }
+    /// Diffusion models: score and select with the eviction policy but run every token anyway,
+    /// recording which the policy would have kept (its recall of decodable tokens:
+    /// [`crate::EngineMetrics::eviction_recall`]).
+    pub fn eviction_shadow(mut self, on: bool) -> Self {
+        self.eviction_shadow = on;
+        self
+    }
     /// Caps the context window below the model's own.
     pub fn max_model_len(mut self, n: usize) -> Self {
         self.max_model_len = Some(n);
@@ -280,7 +297,13 @@ impl EngineBuilder {
         if self.scheduler == SchedulerKind::Diffusion {
             return Err(Error::InvalidOption("the diffusion scheduler needs a diffusion model".into()));
         }
-        for (set, what) in [(self.block_length.is_some(), "block_length"), (self.max_steps_per_block.is_some(), "max_steps_per_block"), (self.delayed_cache, "delayed_cache"), (self.unmask.is_some(), "unmask_policy")] {
+        for (set, what) in [
+            (self.block_length.is_some(), "block_length"),
+            (self.max_steps_per_block.is_some(), "max_steps_per_block"),
+            (self.delayed_cache, "delayed_cache"),
+            (self.unmask.is_some(), "unmask_policy"),
+            (self.eviction.is_some() || self.eviction_shadow, "eviction_policy"),
+        ] {
             if set {
                 return Err(Error::InvalidOption(format!("{what} applies to diffusion models only")));
             }
@@ -361,6 +384,22 @@ impl EngineBuilder {
             Some(p) => p,
             None => Box::new(Threshold::new(0.9)?),
         };
+        let eviction = self.eviction.filter(|p| p.scores());
+        if self.eviction_shadow && eviction.is_none() {
+            return Err(Error::InvalidOption("eviction_shadow needs an eviction policy that scores tokens (e.g. Focus)".into()));
+        }
+        if let Some(p) = &eviction {
+            if !self.eviction_shadow && !self.delayed_cache {
+                return Err(Error::InvalidOption(format!("eviction policy {} needs the delayed cache (delayed_cache(true))", p.name())));
+            }
+            if spec.shift_logits {
+                return Err(Error::InvalidOption(format!("eviction is not supported for shifted-logit models (`{}`)", spec.model_type)));
+            }
+            if spec.num_layers < 2 {
+                return Err(Error::InvalidOption("eviction scores tokens at layers 0 and 1: the model needs two layers".into()));
+            }
+        }
+        let evicts = eviction.is_some();
         let num_blocks = self.kv_tokens.unwrap_or(16_384).div_ceil(self.block_size);
         let kv = KvManager::new(num_blocks, self.block_size, Box::new(Shared), 1);
         let cfg = DiffusionConfig {
@@ -370,10 +409,11 @@ impl EngineBuilder {
             mask_token_id: spec.mask_token_id,
             attention: spec.attention,
             shift_logits: spec.shift_logits,
+            eviction: evicts,
         };
         let limits = self.limits.clone();
         let scheduler: Box<dyn Scheduler> = Box::new(DiffusionBatching::new(cfg, limits.clone(), kv, policy));
-        let runner = DiffusionRunner::new(model, num_blocks, self.block_size, block_length)?;
+        let runner = DiffusionRunner::new(model, num_blocks, self.block_size, block_length)?.with_eviction(eviction, self.eviction_shadow);
         let mut engine = Engine::assemble(ModelRunner::Diffusion(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
         engine.set_overlap(self.overlap)?;
         Ok(engine)

@@ -335,7 +335,10 @@ impl Engine {
             }
         }
         if l.stage == crate::scheduler::Stage::Denoise {
-            self.metrics.record_denoise(l);
+            self.metrics.record_denoise(l, &result);
+            if let Some((revealed, kept)) = self.scheduler.revealed_in_kept() {
+                (self.metrics.denoise.revealed, self.metrics.denoise.revealed_kept) = (revealed, kept);
+            }
         }
         self.metrics.preemptions = self.scheduler.num_preemptions() as u64;
         self.metrics.depth_histogram = self.scheduler.depth_histogram();

@@ -2,10 +2,11 @@
 //! positions, runs every layer (each writes the launch's K/V before attending), and reads back
 //! the greedy token and its probability at the rows' readout tokens.
 
+use crate::diffusion::{importance, EvictionInput, EvictionPolicy};
 use crate::kv::KvStore;
 use crate::models::diffusion::{DiffusionAttention, DiffusionModel};
-use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
-use crate::scheduler::{Launch, LaunchResult, RowOutput, Stage};
+use crate::ops::{AttnMask, PagedBatch, PagedBatchHost, RopeAngles};
+use crate::scheduler::{Launch, LaunchResult, LaunchRow, RowOutput, Stage};
 use candle_core::{DType, Device, Result, Tensor, D};
 
 /// Owns the model and the device KV store; runs one launch at a time.
@@ -16,6 +17,9 @@ pub struct DiffusionRunner {
     mask: AttnMask,
     /// `[1, vocab]` f32: −∞ at the mask token, 0 elsewhere — a step never "reveals" a mask.
     no_mask_bias: Tensor,
+    /// Which masked tokens run past layer 1 (FOCUS); `shadow`: select but run everything.
+    eviction: Option<Box<dyn EvictionPolicy>>,
+    shadow: bool,
 }
 
 /// Device tensors of one denoise launch, before readback.
@@ -24,8 +28,10 @@ pub struct DenoiseForward {
     pub tokens: Tensor,
     /// `[readouts]` f32 probability of each greedy token.
     pub confidence: Tensor,
-    /// Readouts per launch row.
+    /// Readouts per launch row (the kept ones, when tokens were evicted).
     pub per_row: Vec<usize>,
+    /// Per launch row, the token indices that ran past layer 1 (rows an eviction policy scored).
+    pub kept: Vec<Option<Vec<u32>>>,
 }
 
 impl DiffusionRunner {
@@ -43,7 +49,15 @@ impl DiffusionRunner {
             *b = f32::NEG_INFINITY;
         }
         let no_mask_bias = Tensor::from_vec(bias, (1, s.vocab_size), model.device())?;
-        Ok(Self { model, kv, block_size, mask, no_mask_bias })
+        Ok(Self { model, kv, block_size, mask, no_mask_bias, eviction: None, shadow: false })
+    }
+
+    /// Applies `policy` to denoise steps whose rows carry [`crate::scheduler::EvictRow`]s; with
+    /// `shadow` every token still runs and the rows only report what would have been kept.
+    pub fn with_eviction(mut self, policy: Option<Box<dyn EvictionPolicy>>, shadow: bool) -> Self {
+        self.eviction = policy;
+        self.shadow = shadow;
+        self
     }
 
     pub fn model(&self) -> &dyn DiffusionModel {
@@ -66,7 +80,12 @@ impl DiffusionRunner {
             .map(|(row, &n)| {
                 let candidates = tokens[at..at + n].iter().copied().zip(conf[at..at + n].iter().copied()).collect();
                 at += n;
-                RowOutput { request: row.request, token: None, gate_logits: vec![], latent_diff: None, logprob: None, candidates }
+                RowOutput { request: row.request, token: None, gate_logits: vec![], latent_diff: None, logprob: None, candidates, kept: None }
+            })
+            .zip(fwd.kept)
+            .map(|(mut out, kept)| {
+                out.kept = kept;
+                out
             })
             .collect();
         Ok(LaunchResult { rows })
@@ -80,9 +99,8 @@ impl DiffusionRunner {
         let spec = self.model.spec();
         let dev = self.model.device();
         let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
-        let (mut ids, mut readout, mut per_row) = (Vec::new(), Vec::new(), Vec::with_capacity(launch.rows.len()));
+        let mut ids = Vec::new();
         for row in &launch.rows {
-            let base = ids.len() as u32;
             if let Some(&bad) = row.tokens.iter().find(|&&t| t as usize >= spec.vocab_size) {
                 candle_core::bail!("token {bad} outside the vocabulary of {}", spec.vocab_size);
             }
@@ -91,22 +109,148 @@ impl DiffusionRunner {
             host.block_tables.push(row.block_tables[0].to_vec());
             host.context_lens.push(row.context_len() as u32);
             host.cu_q_lens.push(ids.len() as u32);
-            readout.extend(row.readout.iter().map(|&i| base + i));
-            per_row.push(row.readout.len());
         }
         let positions = Tensor::new(host.write_positions.as_slice(), dev)?;
-        let batch = PagedBatch::new(host, self.block_size, self.mask, spec.num_kv_heads * spec.head_dim, dev)?;
-        let h = self.model.embed(&Tensor::new(ids.as_slice(), dev)?)?;
         let rope = self.model.rope(&positions)?;
-        let h = self.model.forward(&h, &rope, &batch, &self.kv)?;
+        let h = self.model.embed(&Tensor::new(ids.as_slice(), dev)?)?;
+        let scored = match &self.eviction {
+            Some(p) if spec.num_layers >= 2 && launch.rows.iter().any(|r| r.evict.is_some() && !r.readout.is_empty()) => Some(p.as_ref()),
+            _ => None,
+        };
+        let (h, host, kept) = match scored {
+            None => {
+                let batch = PagedBatch::new(host.clone(), self.block_size, self.mask, spec.num_kv_heads * spec.head_dim, dev)?;
+                (self.model.forward(&h, &rope, &batch, &self.kv)?, host, vec![None; launch.rows.len()])
+            }
+            Some(policy) => self.forward_evicting(launch, policy, h, &rope, host)?,
+        };
+        // Read out the readout tokens that ran to the end, in row order.
+        let (mut readout, mut per_row) = (Vec::new(), Vec::with_capacity(launch.rows.len()));
+        for (r, row) in launch.rows.iter().enumerate() {
+            let base = host.cu_q_lens[r];
+            let before = readout.len();
+            match &kept[r] {
+                Some(k) if !self.shadow => {
+                    for &i in &row.readout {
+                        if let Ok(at) = k.binary_search(&i) {
+                            readout.push(base + at as u32);
+                        }
+                    }
+                }
+                _ => readout.extend(row.readout.iter().map(|&i| base + i)),
+            }
+            per_row.push(readout.len() - before);
+        }
         if readout.is_empty() {
             let empty_u = Tensor::zeros(0, DType::U32, dev)?;
-            return Ok(DenoiseForward { tokens: empty_u, confidence: Tensor::zeros(0, DType::F32, dev)?, per_row });
+            return Ok(DenoiseForward { tokens: empty_u, confidence: Tensor::zeros(0, DType::F32, dev)?, per_row, kept });
         }
         let h = h.index_select(&Tensor::new(readout.as_slice(), dev)?, 0)?;
         let logits = self.model.head(&h)?.broadcast_add(&self.no_mask_bias)?;
         let (tokens, confidence) = greedy_with_confidence(&logits)?;
-        Ok(DenoiseForward { tokens, confidence, per_row })
+        Ok(DenoiseForward { tokens, confidence, per_row, kept })
+    }
+
+    /// Layers 0 and 1 over every token with the masked tokens scored at both; the policy picks
+    /// each scored row's kept tokens; unless in shadow mode, the rest of the network runs on the
+    /// kept tokens only (layer-1 K/V were written for all of them first). Returns the final
+    /// residual stream, the addressing it is packed by, and each row's kept token indices.
+    fn forward_evicting(
+        &self,
+        launch: &Launch,
+        policy: &dyn EvictionPolicy,
+        h: Tensor,
+        rope: &RopeAngles,
+        host: PagedBatchHost,
+    ) -> Result<(Tensor, PagedBatchHost, Vec<Option<Vec<u32>>>)> {
+        let spec = self.model.spec();
+        let dev = self.model.device();
+        let kv_width = spec.num_kv_heads * spec.head_dim;
+        let batch = PagedBatch::new(host.clone(), self.block_size, self.mask, kv_width, dev)?;
+        let scored: Vec<usize> = (0..launch.rows.len()).filter(|&r| launch.rows[r].evict.is_some() && !launch.rows[r].readout.is_empty()).collect();
+        // Masked tokens of the scored rows, padded to the longest (padding reads token 0).
+        let lens: Vec<usize> = scored.iter().map(|&r| launch.rows[r].readout.len()).collect();
+        let m = lens.iter().copied().max().unwrap_or(0);
+        let mut gather = vec![0u32; scored.len() * m];
+        for (i, &r) in scored.iter().enumerate() {
+            for (j, &t) in launch.rows[r].readout.iter().enumerate() {
+                gather[i * m + j] = host.cu_q_lens[r] + t;
+            }
+        }
+        let gather = Tensor::new(gather.as_slice(), dev)?;
+        let pick = |t: &Tensor| -> Result<Tensor> {
+            let (_, heads, d) = t.dims3()?;
+            t.index_select(&gather, 0)?.reshape((scored.len(), m, heads, d))
+        };
+        let mut h = h;
+        let mut imp = Vec::with_capacity(2);
+        for l in 0..2 {
+            let p = self.model.project(l, &h, rope)?;
+            crate::ops::write_kv(self.kv.k(l), &p.k, &batch)?;
+            crate::ops::write_kv(self.kv.v(l), &p.v, &batch)?;
+            imp.push(importance(&pick(&p.q)?, &pick(&p.k)?, &lens, spec.dtype)?);
+            if l == 0 {
+                h = self.model.finish_layer(0, &h, &p.q, &batch, &self.kv)?;
+            } else {
+                let delta = (&imp[1] - &imp[0])?.to_vec2::<f32>()?;
+                let kept = self.select(launch, policy, &scored, &delta)?;
+                if self.shadow {
+                    h = self.model.finish_layer(1, &h, &p.q, &batch, &self.kv)?;
+                    for l in 2..spec.num_layers {
+                        h = self.model.layer(l, &h, rope, &batch, &self.kv)?;
+                    }
+                    return Ok((h, host, kept));
+                }
+                // Compact to the kept tokens: each row sees keys up to its rightmost kept one.
+                let mut host_k = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
+                let mut index = Vec::new();
+                for (r, row) in launch.rows.iter().enumerate() {
+                    let pos = row.token_positions();
+                    let keep: Vec<u32> = match &kept[r] {
+                        Some(k) => k.clone(),
+                        None => (0..row.tokens.len() as u32).collect(),
+                    };
+                    index.extend(keep.iter().map(|&i| host.cu_q_lens[r] + i));
+                    host_k.write_positions.extend(keep.iter().map(|&i| pos[i as usize]));
+                    host_k.block_tables.push(host.block_tables[r].clone());
+                    host_k.context_lens.push(pos[*keep.last().expect("a row keeps a token") as usize] + 1);
+                    host_k.cu_q_lens.push(index.len() as u32);
+                }
+                let idx = Tensor::new(index.as_slice(), dev)?;
+                let rope_k = RopeAngles { cos: rope.cos.index_select(&idx, 0)?, sin: rope.sin.index_select(&idx, 0)? };
+                let batch_k = PagedBatch::new(host_k.clone(), self.block_size, self.mask, kv_width, dev)?;
+                h = self.model.finish_layer(1, &h.index_select(&idx, 0)?, &p.q.index_select(&idx, 0)?, &batch_k, &self.kv)?;
+                for l in 2..spec.num_layers {
+                    h = self.model.layer(l, &h, &rope_k, &batch_k, &self.kv)?;
+                }
+                return Ok((h, host_k, kept));
+            }
+        }
+        unreachable!("the loop returns at layer 1")
+    }
+
+    /// The policy's kept set per scored row: its unmasked tokens plus the masked ones it keeps,
+    /// as ascending token indices.
+    fn select(&self, launch: &Launch, policy: &dyn EvictionPolicy, scored: &[usize], delta: &[Vec<f32>]) -> Result<Vec<Option<Vec<u32>>>> {
+        let mut kept = vec![None; launch.rows.len()];
+        for (i, &r) in scored.iter().enumerate() {
+            let row: &LaunchRow = &launch.rows[r];
+            let ev = row.evict.expect("scored rows carry block state");
+            let pos = row.token_positions();
+            let offsets: Vec<u32> = row.readout.iter().map(|&t| pos[t as usize] - ev.block_start).collect();
+            let keep = policy.keep(&EvictionInput {
+                delta: &delta[i][..row.readout.len()],
+                positions: &offsets,
+                avg_decoded: ev.avg_decoded(),
+                block_progress: ev.block_progress,
+            });
+            if keep.len() != row.readout.len() {
+                candle_core::bail!("eviction policy {} returned {} flags for {} masked tokens", policy.name(), keep.len(), row.readout.len());
+            }
+            let evicted: Vec<u32> = row.readout.iter().zip(&keep).filter(|(_, &k)| !k).map(|(&t, _)| t).collect();
+            kept[r] = Some((0..row.tokens.len() as u32).filter(|t| !evicted.contains(t)).collect());
+        }
+        Ok(kept)
     }
 }
 

@@ -208,7 +208,7 @@ impl LoopedRunner {
             .requests
             .into_iter()
             .zip(tokens.into_iter().zip(gate_logits).zip(latent).zip(logprobs))
-            .map(|(request, (((token, gate_logits), latent_diff), logprob))| RowOutput { request, token, gate_logits, latent_diff, logprob, candidates: Vec::new() })
+            .map(|(request, (((token, gate_logits), latent_diff), logprob))| RowOutput { request, token, gate_logits, latent_diff, logprob, candidates: Vec::new(), kept: None })
             .collect();
         Ok(LaunchResult { rows })
     }

@@ -156,7 +156,7 @@ mod tests {
 
     fn answer(l: &Launch, token: u32) -> LaunchResult {
         LaunchResult {
-            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(token), gate_logits: vec![], latent_diff: None, logprob: None, candidates: vec![] }).collect(),
+            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(token), gate_logits: vec![], latent_diff: None, logprob: None, candidates: vec![], kept: None }).collect(),
         }
     }
 

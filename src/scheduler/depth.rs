@@ -152,6 +152,7 @@ impl DepthBatching {
             state: req.state,
             positions: Vec::new(),
             readout: Vec::new(),
+            evict: None,
         }
     }
 
@@ -434,7 +435,7 @@ mod tests {
             let rows = l
                 .rows
                 .iter()
-                .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![], latent_diff: None, logprob: None, candidates: vec![] })
+                .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![], latent_diff: None, logprob: None, candidates: vec![], kept: None })
                 .collect();
             let result = LaunchResult { rows };
             s.complete(&l, &result);
@@ -496,7 +497,7 @@ mod tests {
         let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 6], max_new_tokens: 3 });
         let answer = |l: &Launch| LaunchResult {
-            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: r.sample.then_some(2), gate_logits: vec![], latent_diff: None, logprob: None, candidates: vec![] }).collect(),
+            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: r.sample.then_some(2), gate_logits: vec![], latent_diff: None, logprob: None, candidates: vec![], kept: None }).collect(),
         };
         let prefill = s.schedule().unwrap();
         assert_eq!(prefill.stage, Stage::Prefill);

@@ -14,7 +14,7 @@
 //!   bidirectional models a block's first step covers the whole canvas, refreshing the prefix
 //!   K/V (Fast-dLLM's prefix cache, an approximation for those models).
 
-use super::{Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
+use super::{EvictRow, Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
 use crate::diffusion::{BlockCanvas, Candidate, StepContext, UnmaskPolicy};
 use crate::engine::RequestId;
 use crate::kv::KvManager;
@@ -33,6 +33,8 @@ pub struct DiffusionConfig {
     pub attention: DiffusionAttention,
     /// Logits at position `i` predict token `i + 1` (Dream).
     pub shift_logits: bool,
+    /// Step rows carry the block state an eviction policy needs ([`EvictRow`]).
+    pub eviction: bool,
 }
 
 #[derive(Debug)]
@@ -51,6 +53,11 @@ struct Running {
     prefill_pending: bool,
     /// A completed block whose clean K/V the next launch writes: `(start, tokens)`.
     commit_pending: Option<(usize, Vec<u32>)>,
+    /// This block: tokens decoded, steps that decoded any, rightmost offset run through every
+    /// layer (FOCUS's ā and block_progress).
+    decoded: u32,
+    decoding_steps: u32,
+    block_progress: i64,
 }
 
 impl Running {
@@ -73,11 +80,14 @@ pub struct DiffusionBatching {
     waiting: VecDeque<SchedRequest>,
     running: Vec<Running>,
     emitted: Vec<(RequestId, Vec<u32>)>,
+    /// Tokens revealed under an eviction policy, and of them those in the step's kept set.
+    revealed: u64,
+    revealed_kept: u64,
 }
 
 impl DiffusionBatching {
     pub fn new(cfg: DiffusionConfig, limits: SchedulerLimits, kv: KvManager, policy: Box<dyn UnmaskPolicy>) -> Self {
-        Self { cfg, limits, kv, policy, waiting: VecDeque::new(), running: Vec::new(), emitted: Vec::new() }
+        Self { cfg, limits, kv, policy, waiting: VecDeque::new(), running: Vec::new(), emitted: Vec::new(), revealed: 0, revealed_kept: 0 }
     }
 
     pub fn config(&self) -> &DiffusionConfig {
@@ -105,6 +115,9 @@ impl DiffusionBatching {
             emitted: 0,
             prefill_pending: block_causal && start > 0,
             commit_pending: None,
+            decoded: 0,
+            decoding_steps: 0,
+            block_progress: -1,
         }
     }
 
@@ -141,21 +154,36 @@ impl DiffusionBatching {
             .map(|o| positions.binary_search(&(s + o - shift)).expect("a masked token's logit source is recomputed") as u32)
             .collect();
         let tokens = positions.iter().map(|&p| req.token_at(p)).collect();
-        rows.push(LaunchRow::denoise(req.id, tokens, positions.into_iter().map(|p| p as u32).collect(), readout, table));
+        let mut row = LaunchRow::denoise(req.id, tokens, positions.into_iter().map(|p| p as u32).collect(), readout, table);
+        if self.cfg.eviction {
+            row.evict = Some(EvictRow {
+                block_start: s as u32,
+                decoded: req.decoded,
+                decoding_steps: req.decoding_steps,
+                block_progress: req.block_progress,
+            });
+        }
+        rows.push(row);
         rows
     }
 
     /// Reveals a step's tokens, streams the final prefix and moves to the next block.
-    fn apply_step(&mut self, idx: usize, row: &LaunchRow, cands: &[(u32, f32)]) {
+    fn apply_step(&mut self, idx: usize, row: &LaunchRow, cands: &[(u32, f32)], kept: Option<&[u32]>) {
         let shift = self.cfg.shift_logits as usize;
         let req = &self.running[idx];
         let s = req.canvas.start();
-        let candidates: Vec<Candidate> = row
-            .readout
+        let positions = row.token_positions();
+        // Candidates line up with the readout, or with its kept part when tokens were evicted.
+        let sources: Vec<u32> = match kept {
+            Some(k) if cands.len() < row.readout.len() => row.readout.iter().copied().filter(|i| k.contains(i)).collect(),
+            _ => row.readout.clone(),
+        };
+        let candidates: Vec<Candidate> = sources
             .iter()
             .zip(cands)
-            .map(|(&i, &(token, confidence))| Candidate { offset: row.token_positions()[i as usize] as usize + shift - s, token, confidence })
+            .map(|(&i, &(token, confidence))| Candidate { offset: positions[i as usize] as usize + shift - s, token, confidence })
             .collect();
+        let pushed_through = kept.map(|k| k.iter().map(|&i| positions[i as usize] as i64 - s as i64).max().unwrap_or(-1));
         if candidates.is_empty() {
             return;
         }
@@ -178,11 +206,21 @@ impl DiffusionBatching {
             pick.extend(crate::diffusion::by_confidence(&candidates).first());
         }
         let reveals: Vec<(usize, u32)> = pick.iter().map(|&i| (candidates[i].offset, candidates[i].token)).collect();
+        if let Some(k) = kept {
+            let kept_offsets: Vec<usize> = k.iter().map(|&i| positions[i as usize] as usize + shift - s).collect();
+            self.revealed += reveals.len() as u64;
+            self.revealed_kept += reveals.iter().filter(|(o, _)| kept_offsets.contains(o)).count() as u64;
+        }
         let b = self.cfg.block_length;
         let block_causal = self.cfg.attention == DiffusionAttention::BlockCausal;
         let (mask_id, delayed) = (self.cfg.mask_token_id, self.cfg.delayed_cache);
         let req = &mut self.running[idx];
         req.canvas.reveal(&reveals);
+        req.decoded += reveals.len() as u32;
+        req.decoding_steps += 1;
+        if let Some(right) = pushed_through {
+            req.block_progress = req.block_progress.max(right);
+        }
         // Stream the longest final run past what was handed out.
         let mut out = Vec::new();
         let mut pos = req.prompt_len + req.emitted;
@@ -198,6 +236,7 @@ impl DiffusionBatching {
             let done = std::mem::replace(&mut req.canvas, BlockCanvas::new(s + b, b, &[], mask_id, delayed));
             req.history.extend_from_slice(done.tokens());
             req.block_index += 1;
+            (req.decoded, req.decoding_steps, req.block_progress) = (0, 0, -1);
             if block_causal {
                 req.commit_pending = Some((s, done.tokens().to_vec()));
             }
@@ -249,7 +288,7 @@ impl Scheduler for DiffusionBatching {
                 continue;
             }
             if let Some(idx) = self.running.iter().position(|r| r.id == row.request) {
-                self.apply_step(idx, row, &out.candidates);
+                self.apply_step(idx, row, &out.candidates, out.kept.as_deref());
             }
         }
     }
@@ -279,6 +318,10 @@ impl Scheduler for DiffusionBatching {
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
         (prompt_len + max_new_tokens).div_ceil(self.cfg.block_length) * self.cfg.block_length
     }
+
+    fn revealed_in_kept(&self) -> Option<(u64, u64)> {
+        self.cfg.eviction.then_some((self.revealed, self.revealed_kept))
+    }
 }
 
 /// Per-request step counts, for tests and metrics: blocks and steps run so far.
@@ -296,7 +339,7 @@ mod tests {
     use crate::scheduler::RowOutput;
 
     fn sched(attention: DiffusionAttention, delayed: bool, shift: bool, per_step: usize) -> DiffusionBatching {
-        let cfg = DiffusionConfig { block_length: 4, max_steps_per_block: 4, delayed_cache: delayed, mask_token_id: 99, attention, shift_logits: shift };
+        let cfg = DiffusionConfig { block_length: 4, max_steps_per_block: 4, delayed_cache: delayed, mask_token_id: 99, attention, shift_logits: shift, eviction: false };
         let kv = KvManager::new(64, 4, Box::new(Shared), 1);
         DiffusionBatching::new(cfg, SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 256 }, kv, Box::new(StaticCount::new(per_step).unwrap()))
     }
@@ -309,7 +352,7 @@ mod tests {
             .map(|r| {
                 let pos = r.token_positions();
                 let candidates = r.readout.iter().map(|&i| (10 + pos[i as usize] + shift as u32, 1.0 / (1.0 + pos[i as usize] as f32))).collect();
-                RowOutput { request: r.request, token: None, gate_logits: vec![], latent_diff: None, logprob: None, candidates }
+                RowOutput { request: r.request, token: None, gate_logits: vec![], latent_diff: None, logprob: None, candidates, kept: None }
             })
             .collect();
         LaunchResult { rows }
@@ -406,7 +449,7 @@ mod tests {
 
     #[test]
     fn last_step_reveals_everything_and_threshold_keeps_one() {
-        let cfg = DiffusionConfig { block_length: 4, max_steps_per_block: 2, delayed_cache: false, mask_token_id: 99, attention: DiffusionAttention::BlockCausal, shift_logits: false };
+        let cfg = DiffusionConfig { block_length: 4, max_steps_per_block: 2, delayed_cache: false, mask_token_id: 99, attention: DiffusionAttention::BlockCausal, shift_logits: false, eviction: false };
         let kv = KvManager::new(16, 4, Box::new(Shared), 1);
         let mut s = DiffusionBatching::new(cfg, SchedulerLimits::default(), kv, Box::new(Threshold::new(0.99).unwrap()));
         s.add(SchedRequest { id: RequestId(0), prompt: vec![7], max_new_tokens: 3 });

@@ -13,6 +13,7 @@ pub use continuous::ContinuousBatching;
 pub use depth::{DepthBatching, DepthConfig};
 pub use diffusion::{DiffusionBatching, DiffusionConfig};
 
+
 use crate::engine::RequestId;
 use crate::kv::{BlockTable, KvManager};
 
@@ -77,20 +78,46 @@ pub struct LaunchRow {
     /// before `positions.last() + 1`. Empty: consecutive from `start_pos`.
     pub positions: Vec<u32>,
     /// Denoise launches: indices into `tokens` whose logits are read out (greedy token and its
-    /// probability come back in [`RowOutput::candidates`], in this order).
+    /// probability come back in [`RowOutput::candidates`], in this order). They are the row's
+    /// masked tokens (or, for shifted-logit models, their left neighbours).
     pub readout: Vec<u32>,
+    /// Denoise steps under an eviction policy: the request's block state it needs.
+    pub evict: Option<EvictRow>,
+}
+
+/// What an eviction policy (FOCUS) needs of a request's step besides its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictRow {
+    /// Absolute position of the block's first token.
+    pub block_start: u32,
+    /// Tokens decoded in this block so far and the steps that decoded at least one: ā is their
+    /// ratio (1 before any).
+    pub decoded: u32,
+    pub decoding_steps: u32,
+    /// Rightmost block offset pushed through every layer in this block (−1 at block start).
+    pub block_progress: i64,
+}
+
+impl EvictRow {
+    pub fn avg_decoded(&self) -> f32 {
+        if self.decoding_steps == 0 {
+            1.0
+        } else {
+            self.decoded as f32 / self.decoding_steps as f32
+        }
+    }
 }
 
 impl LaunchRow {
     /// A row of a full-depth launch (prefill or CB decode): no per-step addressing.
     pub fn full_depth(request: RequestId, tokens: Vec<u32>, start_pos: usize, block_tables: Vec<BlockTable>) -> Self {
-        Self { request, tokens, start_pos, block_tables, sample: true, step: 0, slot: 0, state: 0, positions: Vec::new(), readout: Vec::new() }
+        Self { request, tokens, start_pos, block_tables, sample: true, step: 0, slot: 0, state: 0, positions: Vec::new(), readout: Vec::new(), evict: None }
     }
 
     /// A row of a denoise launch: `tokens` at `positions` (ascending), reading out `readout`.
     pub fn denoise(request: RequestId, tokens: Vec<u32>, positions: Vec<u32>, readout: Vec<u32>, block_table: BlockTable) -> Self {
         let start_pos = positions.first().copied().unwrap_or(0) as usize;
-        Self { request, tokens, start_pos, block_tables: vec![block_table], sample: false, step: 0, slot: 0, state: 0, positions, readout }
+        Self { request, tokens, start_pos, block_tables: vec![block_table], sample: false, step: 0, slot: 0, state: 0, positions, readout, evict: None }
     }
 
     /// Cache position of each token.
@@ -151,8 +178,12 @@ pub struct RowOutput {
     pub latent_diff: Option<f32>,
     /// Teacher-forced rows: log-probability of the forced token.
     pub logprob: Option<f32>,
-    /// Denoise rows: `(greedy token, its probability)` at each of the row's `readout` tokens.
+    /// Denoise rows: `(greedy token, its probability)` at each of the row's `readout` tokens —
+    /// or, when `kept` is given and shorter, at each readout token that was kept.
     pub candidates: Vec<(u32, f32)>,
+    /// Denoise rows under an eviction policy: indices into the row's `tokens` that ran past
+    /// layer 1 (in shadow mode: that would have).
+    pub kept: Option<Vec<u32>>,
 }
 
 /// Host values of a finished launch, row-aligned with [`Launch::rows`].
@@ -218,5 +249,10 @@ pub trait Scheduler: Send {
     /// most (diffusion rounds up to whole blocks).
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
         prompt_len + max_new_tokens
+    }
+    /// Diffusion schedulers under an eviction policy: `(tokens revealed, of them in the step's
+    /// kept set)` so far — FOCUS's recall of decodable tokens in shadow mode.
+    fn revealed_in_kept(&self) -> Option<(u64, u64)> {
+        None
     }
 }

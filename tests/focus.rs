@@ -1,0 +1,142 @@
+//! FOCUS eviction through the public engine on a tiny random SDAR, and its selection rules
+//! under random masks and scores.
+
+use ponder::diffusion::{enforce_rules, EvictionInput, EvictionPolicy, Focus, NoEviction, StaticCount, Threshold};
+use ponder::testing::{tiny_dream_config, tiny_sdar_config, write_random_dream, write_random_sdar};
+use ponder::{Engine, EngineBuilder, GenerationParams, RequestId};
+use proptest::prelude::*;
+use std::collections::HashMap;
+use std::path::Path;
+
+const VOCAB: usize = 97;
+
+fn prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut x = seed;
+    let mut next = move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (x >> 33) as u32
+    };
+    (0..n).map(|_| (0..1 + next() % 21).map(|_| next() % (VOCAB as u32 - 1)).collect()).collect()
+}
+
+/// Block 16 over a cache page of 4: a block holds enough masked tokens for the budget to bite.
+fn builder(dir: &Path, width: usize) -> EngineBuilder {
+    EngineBuilder::new(dir).block_size(4).block_length(16).max_num_seqs(width).kv_capacity_tokens(4096).unmask_policy(Threshold::new(0.5).unwrap())
+}
+
+fn run_all(e: &mut Engine, ps: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    let ids: Vec<RequestId> = ps.iter().map(|p| e.add_request(p.clone(), GenerationParams::greedy(n)).unwrap()).collect();
+    let mut got: HashMap<RequestId, Vec<u32>> = HashMap::new();
+    while e.has_work() {
+        for ev in e.step().unwrap() {
+            if let ponder::Event::Token { id, token, .. } = ev {
+                got.entry(id).or_default().push(token);
+            }
+        }
+    }
+    assert_eq!(e.scheduler().kv().num_used_blocks(), 0, "KV leaked");
+    ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect()
+}
+
+fn sdar_dir(tmp: &Path) -> std::path::PathBuf {
+    let dir = tmp.join("sdar");
+    write_random_sdar(&dir, &tiny_sdar_config(VOCAB), 21).unwrap();
+    dir
+}
+
+#[test]
+fn focus_evicts_reveals_only_kept_tokens_and_is_batch_invariant() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = sdar_dir(tmp.path());
+    let ps = prompts(5, 4);
+    let focus = || builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default());
+    let mut batched = focus().build().unwrap();
+    let got = run_all(&mut batched, &ps, 24);
+    let d = batched.metrics().denoise.clone();
+    assert!(d.scored_steps > 0);
+    assert!(d.eviction_ratio() > 0.05, "FOCUS evicted {:.3} of scored tokens", d.eviction_ratio());
+    assert!(d.kept_per_step() < d.tokens_per_step(), "{} kept vs {} processed per step", d.kept_per_step(), d.tokens_per_step());
+    assert_eq!(d.recall(), Some(1.0), "every revealed token was in its step's kept set");
+    // Each request alone: same tokens (eviction decisions are per request).
+    let mut solo = focus().max_num_seqs(1).build().unwrap();
+    for (i, p) in ps.iter().enumerate() {
+        assert_eq!(run_all(&mut solo, std::slice::from_ref(p), 24)[0], got[i], "request {i}");
+    }
+    assert!(got.iter().all(|t| t.len() == 24));
+}
+
+#[test]
+fn no_eviction_and_shadow_scoring_leave_the_baseline_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = sdar_dir(tmp.path());
+    let ps = prompts(4, 8);
+    let base = run_all(&mut builder(&dir, 4).delayed_cache(true).build().unwrap(), &ps, 20);
+    let none = run_all(&mut builder(&dir, 4).delayed_cache(true).eviction_policy(NoEviction).build().unwrap(), &ps, 20);
+    assert_eq!(none, base);
+    let mut shadow = builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default()).eviction_shadow(true).build().unwrap();
+    assert_eq!(run_all(&mut shadow, &ps, 20), base, "shadow scoring must not change what runs");
+    let recall = shadow.metrics().eviction_recall().unwrap();
+    assert!(recall > 0.0 && recall <= 1.0, "recall {recall}");
+}
+
+#[test]
+fn focus_needs_the_delayed_cache_and_unshifted_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = sdar_dir(tmp.path());
+    let e = builder(&dir, 2).eviction_policy(Focus::default()).build();
+    assert!(matches!(e, Err(ponder::Error::InvalidOption(_))));
+    let dream = tmp.path().join("dream");
+    write_random_dream(&dream, &tiny_dream_config(VOCAB), 3).unwrap();
+    let e = EngineBuilder::new(&dream).block_length(16).delayed_cache(true).eviction_policy(Focus::default()).build();
+    assert!(matches!(e, Err(ponder::Error::InvalidOption(_))));
+    // Looped models take no eviction policy.
+    assert!(Focus::new(0.9).is_err());
+    let _ = StaticCount::new(1).unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Selection + rules over random masks, scores, running means and progress.
+    #[test]
+    fn focus_selection_invariants(
+        mask_bits in proptest::collection::vec(any::<bool>(), 1..33),
+        scores in proptest::collection::vec(-4.0f32..4.0, 32),
+        avg in 0.0f32..8.0,
+        progress in -1i64..32,
+        alpha in 1.0f32..3.0,
+    ) {
+        let positions: Vec<u32> = mask_bits.iter().enumerate().filter(|(_, &b)| b).map(|(i, _)| i as u32).collect();
+        prop_assume!(!positions.is_empty());
+        let m = positions.len();
+        let delta = &scores[..m];
+        let f = Focus::new(alpha).unwrap();
+        let keep = f.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress });
+        prop_assert_eq!(keep.len(), m);
+        let t = f.budget(m, avg);
+        let kept = keep.iter().filter(|&&k| k).count();
+        prop_assert!(kept >= t.min(m), "kept {} < budget {}", kept, t);
+        if m <= t {
+            prop_assert!(keep.iter().all(|&k| k));
+        }
+        // The top-Δ token is always kept.
+        let best = (0..m).max_by(|&a, &b| delta[a].total_cmp(&delta[b]).then(b.cmp(&a))).unwrap();
+        prop_assert!(keep[best]);
+        // Rule 3: no evicted token strictly between block_progress and the rightmost kept one.
+        let r = positions[(0..m).rev().find(|&i| keep[i]).unwrap()] as i64;
+        for i in 0..m {
+            let p = positions[i] as i64;
+            prop_assert!(keep[i] || !(p < r && p > progress), "evicted {} inside ({}, {})", p, progress, r);
+        }
+        // Rules are idempotent on their own output except rule 1's single pass: applying them
+        // again never removes a kept token.
+        let mut again = keep.clone();
+        enforce_rules(&mut again, &positions, progress);
+        for i in 0..m {
+            prop_assert!(again[i] || !keep[i]);
+        }
+        // NoEviction keeps all.
+        let all = NoEviction.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress });
+        prop_assert!(all.iter().all(|&k| k));
+    }
+}
