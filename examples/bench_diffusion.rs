@@ -1,7 +1,7 @@
 //! Throughput of block-diffusion serving on SDAR-8B shapes with random bf16 weights generated
 //! on the device and replayed unmask counts (real checkpoints cannot be downloaded here).
 //!
-//!     bench_diffusion [--batches 32,64,128,256] [--modes baseline,baseline-delayed]
+//!     bench_diffusion [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
 //!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
 //!                     [--breakdown] [--json FILE] [--commit SHA] [--tiny]
 //!
@@ -13,7 +13,8 @@
 //! 1..=block with mean `mean-unmask` (3.2 ≈ 10 % of a 32-block, as FOCUS reports), most
 //! confident first. Modes: `baseline` recomputes the whole block every step; `baseline-delayed`
 //! adds the delayed cache (only masked positions and those whose right neighbour was masked a
-//! step ago are recomputed).
+//! step ago are recomputed); `focus` adds FOCUS eviction (α = `--alpha`, default 1.5) on top of
+//! the delayed cache, at the same replay — a like-for-like comparison.
 //!
 //! Reported per run: generated tokens/s over the steady-state window (steps with all B rows
 //! busy), tokens/s over the whole run, tokens run through the network per request-step,
@@ -39,6 +40,7 @@ struct Args {
     block: usize,
     new_tokens: usize,
     mean_unmask: f64,
+    alpha: f32,
     requests_per_batch: usize,
     breakdown: bool,
     json: Option<String>,
@@ -53,6 +55,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         block: 32,
         new_tokens: 256,
         mean_unmask: 3.2,
+        alpha: 1.5,
         requests_per_batch: 2,
         breakdown: false,
         json: None,
@@ -68,6 +71,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--block" => a.block = v()?.parse()?,
             "--new-tokens" => a.new_tokens = v()?.parse()?,
             "--mean-unmask" => a.mean_unmask = v()?.parse()?,
+            "--alpha" => a.alpha = v()?.parse()?,
             "--requests-per-batch" => a.requests_per_batch = v()?.parse()?,
             "--breakdown" => a.breakdown = true,
             "--json" => a.json = Some(v()?),
@@ -77,7 +81,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         }
     }
     for m in &a.modes {
-        if m != "baseline" && m != "baseline-delayed" {
+        if m != "baseline" && m != "baseline-delayed" && m != "focus" {
             return Err(format!("unknown mode {m}").into());
         }
     }
@@ -119,14 +123,20 @@ struct RunStats {
     whole_tokens_per_s: f64,
     tokens_per_step: f64,
     decoded_per_step: f64,
+    kept_per_step: Option<f64>,
     window_steps: usize,
 }
 
-fn run(model: &DenseDiffusion, args: &Args, batch: usize, delayed: bool, jobs: &[Vec<u32>]) -> Result<RunStats, Box<dyn std::error::Error>> {
+fn run(model: &DenseDiffusion, args: &Args, batch: usize, mode: &str, jobs: &[Vec<u32>]) -> Result<RunStats, Box<dyn std::error::Error>> {
+    let delayed = mode != "baseline";
     let spec = model.spec().clone();
     let max_len = jobs.iter().map(Vec::len).max().unwrap_or(1) + args.new_tokens + 2 * args.block;
     let trace = UnmaskTrace::with_mean(args.mean_unmask, args.block, 2026)?;
-    let mut engine = EngineBuilder::from_diffusion_model(Box::new(model.clone()), None, vec![])
+    let mut builder = EngineBuilder::from_diffusion_model(Box::new(model.clone()), None, vec![]);
+    if mode == "focus" {
+        builder = builder.eviction_policy(ponder::diffusion::Focus::new(args.alpha)?);
+    }
+    let mut engine = builder
         .block_length(args.block)
         .max_steps_per_block(args.block)
         .delayed_cache(delayed)
@@ -175,6 +185,10 @@ fn run(model: &DenseDiffusion, args: &Args, batch: usize, delayed: bool, jobs: &
         whole_tokens_per_s: tokens as f64 / whole,
         tokens_per_step: step_tokens as f64 / steps.max(1) as f64,
         decoded_per_step: generated as f64 / steps.max(1) as f64,
+        kept_per_step: (mode == "focus").then(|| {
+            let (k, n) = (m.denoise.kept_tokens - before.denoise.kept_tokens, m.denoise.scored_steps - before.denoise.scored_steps);
+            k as f64 / n.max(1) as f64
+        }),
         window_steps,
     })
 }
@@ -306,13 +320,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &b in &args.batches {
         let jobs = prompts(args.requests_per_batch * b, spec.vocab_size, spec.mask_token_id, 42 + b as u64, 512.min(spec.max_context / 2));
         for mode in &args.modes {
-            let st = run(&model, &args, b, mode == "baseline-delayed", &jobs)?;
+            let st = run(&model, &args, b, mode, &jobs)?;
+            let base = results.iter().find(|r: &&serde_json::Value| r["batch"] == b && r["mode"] == "baseline-delayed").map(|r| r["tokens_per_s"].as_f64().unwrap_or(0.0));
+            let speedup = (mode == "focus").then_some(()).and(base).map(|b| st.window_tokens_per_s / b);
             println!(
-                "{b:>6} {mode:>18} {:>11.0} {:>11.0} {:>13.2} {:>13.2} {:>7}",
-                st.window_tokens_per_s, st.whole_tokens_per_s, st.tokens_per_step, st.decoded_per_step, st.window_steps
+                "{b:>6} {mode:>18} {:>11.0} {:>11.0} {:>13.2} {:>13.2} {:>7} {}",
+                st.window_tokens_per_s, st.whole_tokens_per_s, st.tokens_per_step, st.decoded_per_step, st.window_steps,
+                st.kept_per_step.map_or(String::new(), |k| format!("kept/step {k:.2}, {:.2}x over delayed", speedup.unwrap_or(f64::NAN)))
             );
             results.push(serde_json::json!({
                 "mode": mode, "batch": b, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
+                "speedup_vs_baseline": speedup, "kept_per_step": st.kept_per_step,
                 "tokens_per_step": st.tokens_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
                 "requests": jobs.len(), "new_tokens": args.new_tokens, "block": args.block, "mean_unmask": args.mean_unmask,
             }));
