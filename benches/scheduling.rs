@@ -42,7 +42,7 @@ fn answer(l: &ponder::scheduler::Launch) -> LaunchResult {
         rows: l
             .rows
             .iter()
-            .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![1.0], latent_diff: None, logprob: None, candidates: vec![] })
+            .map(|r| RowOutput { request: r.request, token: r.sample.then_some(1), gate_logits: vec![1.0], latent_diff: None, logprob: None, candidates: vec![], kept: None })
             .collect(),
     }
 }

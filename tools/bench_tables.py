@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Prints the markdown tables of docs/BENCHMARKS.md from docs/bench/*.json.
 
-    python3 tools/bench_tables.py                      # looped_cb, looped_cdb, looped_huginn
+    python3 tools/bench_tables.py                      # looped_cb, looped_cdb, looped_huginn, diffusion
     python3 tools/bench_tables.py looped_cdb_eager.json
+    python3 tools/bench_tables.py diffusion.json       # bench_diffusion: throughput + phase breakdown
 
 Files whose rows carry `overlap` (bench_looped since deferred readback, merged by
 tools/merge_bench.py) get the per-mean-depth tables, the no-exit check and the per-stage time
@@ -215,7 +216,74 @@ def cdb(name="looped_cdb.json"):
                 + [(256, 2.5, "cdb-refill", False, None)])
 
 
+# ---- bench_diffusion (block diffusion, SDAR-8B shapes) ----
+
+# SDAR-8B-Chat-b32 (`SdarConfig::sdar_8b_chat_b32`): the JSON does not carry the shapes.
+SDAR_8B = dict(hidden=4096, inter=12288, layers=36, heads=32, kv_heads=8, head_dim=128, vocab=151936)
+
+
+def sdar_flops(tokens, readouts, s=SDAR_8B):
+    """Matmul FLOPs of one step over `tokens` tokens reading out `readouts`: (q/k/v, o + MLP, LM head)."""
+    h, hd = s["hidden"], s["head_dim"]
+    qkv = 2 * tokens * h * (s["heads"] + 2 * s["kv_heads"]) * hd * s["layers"]
+    o_mlp = 2 * tokens * (h * s["heads"] * hd + 3 * h * s["inter"]) * s["layers"]
+    head = 2 * readouts * h * s["vocab"]
+    return qkv, o_mlp, head
+
+
+def diffusion(name="diffusion.json"):
+    d = json.loads((bench / name).read_text())
+    print(f"<!-- {name}: {d['gpu']}, commit {d['commit']} -->")
+    print(f"*{d['gpu']}, commit `{d['commit']}`; command above.*")
+    print()
+    rows = d["results"]
+    base = {r["batch"]: r for r in rows if r["mode"] == "baseline"}
+    delayed = {r["batch"]: r for r in rows if r["mode"] == "baseline-delayed"}
+    kept = any(r.get("kept_per_step") is not None for r in rows)  # focus rows (bench_diffusion since 80bef95)
+    order = {"baseline": 0, "baseline-delayed": 1, "focus": 2}
+    print("| batch B | mode | tokens/s (window) | tokens/s (whole run) | × over baseline |" + (" × over baseline-delayed |" if kept else "")
+          + " tokens through the network per request-step |" + (" kept past layer 1 per request-step |" if kept else "")
+          + " tokens decoded per request-step | window steps | ≈ ms per step (B × decoded ÷ tokens/s) |")
+    print("|---|---|---|---|---|" + ("---|---|" if kept else "") + "---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["batch"], order.get(r["mode"], 9))):
+        ratio = lambda ref: f"{r['tokens_per_s'] / ref[r['batch']]['tokens_per_s']:.2f}×" if r["batch"] in ref else ""
+        ms = 1e3 * r["batch"] * r["decoded_per_step"] / r["tokens_per_s"]
+        k = "" if r.get("kept_per_step") is None else f"{r['kept_per_step']:.1f}"
+        vs_delayed = ratio(delayed) if r["mode"] == "focus" else ""
+        print(f"| {r['batch']} | {r['mode']} | {r['tokens_per_s']:.0f} | {r['tokens_per_s_whole_run']:.0f} | {ratio(base)} |"
+              + (f" {vs_delayed} |" if kept else "") + f" {r['tokens_per_step']:.1f} of {r['block']} |" + (f" {k} |" if kept else "")
+              + f" {r['decoded_per_step']:.2f} (trace mean {r['mean_unmask']:g}) | {r['window_steps']} | {ms:.0f} |")
+    print()
+    bd = d.get("breakdown") or []
+    if not bd:
+        return
+    print(f"<!-- {name}, phase breakdown: {d['gpu']}, commit {d['commit']} -->")
+    print(f"*{d['gpu']}, commit `{d['commit']}`; command above (`--breakdown`).*")
+    print()
+    phases = [("qkv_norm_rope_ms", "QKV + q/k norm + RoPE"), ("kv_write_ms", "K/V write"), ("attention_ms", "paged attention"),
+              ("o_proj_mlp_ms", "o_proj + MLP"), ("lm_head_readout_ms", "LM head + readout"), ("embed_rope_ms", "embed + RoPE angles")]
+    print("| B | tokens (prefix) | " + " | ".join(f"{p}, ms (share)" for _, p in phases) + " | total ms | µs per token |")
+    print("|---|---|" + "---|" * len(phases) + "---|---|")
+    for r in bd:
+        cells = [f"{r[k]:.1f} ({100 * r[k] / r['total_ms']:.0f} %)" for k, _ in phases]
+        print(f"| {r['batch']} | {r['tokens']} ({r['prefix']}) | " + " | ".join(cells) + f" | **{r['total_ms']:.1f}** | {1e3 * r['total_ms'] / r['tokens']:.1f} |")
+    print()
+    # Effective matmul rates: the breakdown reads out every position of each row's block but the first 3.
+    print("| B | QKV + q/k norm + RoPE, TFLOP/s | o_proj + MLP, TFLOP/s | LM head + readout, TFLOP/s (readouts) |")
+    print("|---|---|---|---|")
+    for r in bd:
+        block = r["tokens"] // r["batch"]
+        readouts = r["batch"] * (block - 3)
+        qkv, o_mlp, head = sdar_flops(r["tokens"], readouts)
+        print(f"| {r['batch']} | {qkv / r['qkv_norm_rope_ms'] / 1e9:.0f} | {o_mlp / r['o_proj_mlp_ms'] / 1e9:.0f} | "
+              f"{head / r['lm_head_readout_ms'] / 1e9:.0f} ({readouts}) |")
+    print()
+
+
 import sys
-for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json", "looped_huginn.json"]:
-    (cb if name.startswith("looped_cb") else cdb)(name)
+for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json", "looped_huginn.json", "diffusion.json"]:
+    if name.startswith("diffusion"):
+        diffusion(name)
+    else:
+        (cb if name.startswith("looped_cb") else cdb)(name)
     print()

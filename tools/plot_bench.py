@@ -6,7 +6,8 @@
 
 looped_cb*: tokens/s by width with the weight-streaming floor. looped_cdb* / looped_huginn*:
 speed-up over CB by width, one panel per mean exit depth, one line per mode (× overlap, or ×
-min coda batch for Huginn), FLOP bound dashed. quality*: perplexity vs mean depth.
+min coda batch for Huginn), FLOP bound dashed. quality*: perplexity vs mean depth. diffusion*:
+tokens/s by batch per mode with the reference points, and the phase breakdown of one step.
 """
 import json, pathlib, sys
 import matplotlib
@@ -165,6 +166,63 @@ def plot_looped_huginn(path):
     save(fig, path)
 
 
+# FOCUS README figure (sands-lab/FOCUS assets/Efficiency.svg), SDAR-8B-Chat-b32 on ShareGPT, GPU not
+# stated: LMDeploy baseline (threshold 0.9, no delayed cache) and FOCUS (spec/diffusion-lms-and-focus.md §2.2).
+LMDEPLOY_SDAR = {32: 838, 64: 913, 128: 938, 256: 979}
+FOCUS_SDAR = {32: 1218, 64: 1850, 128: 2160, 256: 2272}
+DIFFUSION_TARGET = 2500
+# Commits whose K/V write was candle's scatter_set (the CUDA kv_write kernel landed in 256afb9).
+SCATTER_KV_WRITE = {"0b3e183", "b3c36cf", "11bbbf5"}
+
+
+def plot_diffusion(path):
+    """Left: generated tokens/s by batch per mode (window solid, whole run dashed) against the
+    references. Right: one full-batch step split by phase (share of the step, total ms on top)."""
+    doc = json.loads(path.read_text())
+    rows = doc["results"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.5, 4.4), gridspec_kw={"width_ratios": [1.15, 1]})
+    colors = {"baseline": "tab:blue", "baseline-delayed": "tab:red", "focus": "tab:purple"}
+    for mode in sorted({r["mode"] for r in rows}):
+        pts = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["batch"])
+        b = [r["batch"] for r in pts]
+        c = colors.get(mode)
+        ax.plot(b, [r["tokens_per_s"] for r in pts], "o-", color=c, label=f"ponder {mode} (window)")
+        ax.plot(b, [r["tokens_per_s_whole_run"] for r in pts], "o--", color=c, alpha=0.45, ms=4, label=f"ponder {mode} (whole run)")
+    ax.plot(list(LMDEPLOY_SDAR), list(LMDEPLOY_SDAR.values()), "s:", color="tab:gray", label="LMDeploy baseline (FOCUS README, GPU n/s)")
+    ax.plot(list(FOCUS_SDAR), list(FOCUS_SDAR.values()), "^:", color="tab:green", label="LMDeploy + FOCUS (FOCUS README, GPU n/s)")
+    ax.axhline(DIFFUSION_TARGET, color="k", ls="--", lw=1, label=f"target {DIFFUSION_TARGET:,} tokens/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["batch"] for r in rows}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_ylim(0, DIFFUSION_TARGET * 1.6)
+    ax.set_xlabel("batch B (max_num_seqs)"); ax.set_ylabel("generated tokens/s")
+    dps = [r["decoded_per_step"] for r in rows]
+    ax.set_title(f"block 32, replayed unmask mean {rows[0]['mean_unmask']:g} "
+                 f"(realised {min(dps):.2f}–{max(dps):.2f} per step)", fontsize=9)
+    ax.legend(fontsize=6.5, loc="upper left", ncol=2, framealpha=0.95); ax.grid(True, which="both", alpha=0.3)
+    bd = doc.get("breakdown") or []
+    write = "K/V write (candle scatter_set)" if str(doc.get("commit"))[:7] in SCATTER_KV_WRITE else "K/V write"
+    phases = [("kv_write_ms", write, "tab:red"), ("o_proj_mlp_ms", "o_proj + MLP", "tab:blue"),
+              ("lm_head_readout_ms", "LM head + readout (f32 logits)", "tab:orange"),
+              ("qkv_norm_rope_ms", "QKV + q/k norm + RoPE", "tab:cyan"), ("attention_ms", "paged attention", "tab:purple"),
+              ("embed_rope_ms", "embed + RoPE angles", "tab:gray")]
+    x = list(range(len(bd)))
+    bottom = [0.0] * len(bd)
+    for key, label, c in phases:
+        share = [100 * r[key] / r["total_ms"] for r in bd]
+        bx.bar(x, share, bottom=bottom, color=c, label=label, width=0.6)
+        bottom = [b + s for b, s in zip(bottom, share)]
+    for i, r in enumerate(bd):
+        bx.text(i, 101, f"{r['total_ms']:.0f} ms", ha="center", va="bottom", fontsize=8)
+    bx.set_xticks(x, [f"B={r['batch']}\n{r['tokens']} tok" for r in bd])
+    bx.set_ylim(0, 112); bx.set_ylabel("share of one step (%)")
+    bx.set_title(f"one full-batch step by phase (whole blocks, prefix {bd[0]['prefix'] if bd else ''})", fontsize=9)
+    bx.legend(fontsize=7, loc="lower left", framealpha=0.9)
+    fig.suptitle(f"{doc['model']} — {doc['gpu']}, commit {doc['commit']}", fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
+
 def plot(path):
     stem = path.stem
     if stem.startswith("looped_cb"):
@@ -175,6 +233,8 @@ def plot(path):
         plot_looped_cdb(path)
     elif stem.startswith("quality"):
         plot_quality(path)
+    elif stem.startswith("diffusion"):
+        plot_diffusion(path)
 
 
 if __name__ == "__main__":
