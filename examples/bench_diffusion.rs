@@ -10,8 +10,9 @@
 //! Prompt lengths are ShareGPT-like (lognormal, median 128, σ 0.9, clipped to 8..512); every
 //! request generates `new-tokens` tokens (eos ignored) in blocks of `block` with at most `block`
 //! steps per block. Tokens revealed per step are replayed from a seeded distribution over
-//! 1..=block with mean `mean-unmask` (3.2 ≈ 10 % of a 32-block, as FOCUS reports), most
-//! confident first. Modes: `baseline` recomputes the whole block every step; `baseline-delayed`
+//! 1..=block, most confident first; its mean is calibrated so that the *realised* mean — a step
+//! cannot reveal more than the masks left in its block — is `mean-unmask` (3.2 ≈ 10 % of a
+//! 32-block, as FOCUS reports; `--no-calibrate` uses it as the distribution's mean instead). Modes: `baseline` recomputes the whole block every step; `baseline-delayed`
 //! adds the delayed cache (only masked positions and those whose right neighbour was masked a
 //! step ago are recomputed); `focus` adds FOCUS eviction (α = `--alpha`, default 1.5) on top of
 //! the delayed cache, at the same replay — a like-for-like comparison.
@@ -41,6 +42,7 @@ struct Args {
     new_tokens: usize,
     mean_unmask: f64,
     alpha: f32,
+    calibrate: bool,
     requests_per_batch: usize,
     breakdown: bool,
     json: Option<String>,
@@ -56,6 +58,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         new_tokens: 256,
         mean_unmask: 3.2,
         alpha: 1.5,
+        calibrate: true,
         requests_per_batch: 2,
         breakdown: false,
         json: None,
@@ -72,6 +75,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--new-tokens" => a.new_tokens = v()?.parse()?,
             "--mean-unmask" => a.mean_unmask = v()?.parse()?,
             "--alpha" => a.alpha = v()?.parse()?,
+            "--no-calibrate" => a.calibrate = false,
             "--requests-per-batch" => a.requests_per_batch = v()?.parse()?,
             "--breakdown" => a.breakdown = true,
             "--json" => a.json = Some(v()?),
@@ -131,7 +135,7 @@ fn run(model: &DenseDiffusion, args: &Args, batch: usize, mode: &str, jobs: &[Ve
     let delayed = mode != "baseline";
     let spec = model.spec().clone();
     let max_len = jobs.iter().map(Vec::len).max().unwrap_or(1) + args.new_tokens + 2 * args.block;
-    let trace = UnmaskTrace::with_mean(args.mean_unmask, args.block, 2026)?;
+    let trace = UnmaskTrace::with_mean(trace_mean(args)?, args.block, 2026)?;
     let mut builder = EngineBuilder::from_diffusion_model(Box::new(model.clone()), None, vec![]);
     if mode == "focus" {
         builder = builder.eviction_policy(ponder::diffusion::Focus::new(args.alpha)?);
@@ -191,6 +195,47 @@ fn run(model: &DenseDiffusion, args: &Args, batch: usize, mode: &str, jobs: &[Ve
         }),
         window_steps,
     })
+}
+
+/// The replay distribution's mean that realises `args.mean_unmask` tokens per step over whole
+/// blocks (each step reveals min(count, masks left)), found by bisection on a simulation of the
+/// same seeded counts.
+fn trace_mean(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
+    if !args.calibrate {
+        return Ok(args.mean_unmask);
+    }
+    let realised = |mean: f64| -> Result<f64, Box<dyn std::error::Error>> {
+        let t = UnmaskTrace::with_mean(mean, args.block, 2026)?;
+        let (mut tokens, mut steps) = (0usize, 0usize);
+        for req in 0..256u64 {
+            for block in 0..8 {
+                let mut left = args.block;
+                let mut step = 0;
+                while left > 0 {
+                    let ctx = ponder::diffusion::StepContext { request: ponder::RequestId(req), block, step, masked: left, block_len: args.block };
+                    let c = if step + 1 >= args.block { left } else { t.count(&ctx).unwrap_or(1).min(left) };
+                    left -= c;
+                    step += 1;
+                }
+                tokens += args.block;
+                steps += step;
+            }
+        }
+        Ok(tokens as f64 / steps as f64)
+    };
+    let (mut lo, mut hi) = (1.0, args.block as f64);
+    if realised(hi)? < args.mean_unmask {
+        return Ok(hi);
+    }
+    for _ in 0..40 {
+        let mid = 0.5 * (lo + hi);
+        if realised(mid)? < args.mean_unmask {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(0.5 * (lo + hi))
 }
 
 fn engine_device(model: &DenseDiffusion) -> Device {
@@ -314,6 +359,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     device.synchronize()?;
     println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
     let spec = model.spec().clone();
+    println!("replayed unmask counts: distribution mean {:.3} for a realised {:.2} tokens per step", trace_mean(&args)?, args.mean_unmask);
     let mut results = Vec::new();
     let mut breakdowns = Vec::new();
     println!("{:>6} {:>18} {:>11} {:>11} {:>13} {:>13} {:>7}", "batch", "mode", "tok/s", "whole tok/s", "tokens/step", "decoded/step", "steps");
