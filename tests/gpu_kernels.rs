@@ -1059,3 +1059,43 @@ fn kv_write_matches_scatter_reference() {
         }
     }
 }
+
+/// FOCUS importance: the batched CUDA kernel against the candle composition on the CPU, ragged
+/// rows (1..=32 masked tokens), GQA and MHA.
+#[test]
+fn focus_importance_matches_reference() {
+    use ponder::diffusion::importance_of;
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::F32, DType::BF16] {
+        for &(heads, kvh, d) in &[(32usize, 8usize, 128usize), (16, 16, 64), (4, 2, 64)] {
+            let mut rng = StdRng::seed_from_u64((heads * 977 + d) as u64);
+            let lens = vec![32usize, 1, 7, 16, 3, 32, 29];
+            let m = *lens.iter().max().unwrap();
+            let tokens = 300;
+            let q = rand_tensor(&mut rng, &[tokens, heads, d], -2.0, 2.0, dt);
+            let k = rand_tensor(&mut rng, &[tokens, kvh, d], -2.0, 2.0, dt);
+            let mut gather = vec![0u32; lens.len() * m];
+            for (r, &l) in lens.iter().enumerate() {
+                for i in 0..l {
+                    gather[r * m + i] = ((r * 41 + i * 7) % tokens) as u32;
+                }
+            }
+            let g_cpu = Tensor::new(gather.as_slice(), &Device::Cpu).unwrap();
+            let want = importance_of(&q, &k, &g_cpu, &lens, m, dt).unwrap().to_vec2::<f32>().unwrap();
+            let got = importance_of(&q.to_device(&gpu).unwrap(), &k.to_device(&gpu).unwrap(), &g_cpu.to_device(&gpu).unwrap(), &lens, m, dt)
+                .unwrap()
+                .to_device(&Device::Cpu)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            // bf16: both round the f32 total through bf16; one ulp apart at most (2^-7 relative).
+            let tol = if dt == DType::F32 { 1e-4 } else { 8e-3 };
+            for (r, (a, b)) in got.iter().zip(&want).enumerate() {
+                for j in 0..m {
+                    let scale = b[j].abs().max(1.0);
+                    assert!((a[j] - b[j]).abs() <= tol * scale, "{dt:?} h{heads}/{kvh} d{d} row {r} token {j}: {} vs {}", a[j], b[j]);
+                }
+            }
+        }
+    }
+}

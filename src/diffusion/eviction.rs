@@ -172,6 +172,24 @@ pub fn importance(q: &Tensor, k: &Tensor, lens: &[usize], store_dtype: DType) ->
     imp.to_dtype(store_dtype)?.to_dtype(DType::F32)
 }
 
+/// [`importance`] for masked tokens given by index: `q` `[T, heads, d]` and `k` `[T, kv_heads, d]`
+/// hold every token of a launch, `gather` `[R · m]` u32 the rows' masked token indices padded to
+/// `m`. On CUDA (m ≤ 32, d ≤ 128) one kernel does it all (`kernels/focus.cu`); elsewhere the
+/// tokens are gathered and [`importance`] runs.
+pub fn importance_of(q: &Tensor, k: &Tensor, gather: &Tensor, lens: &[usize], m: usize, store_dtype: DType) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda() && m <= 32 && q.dim(2)? <= 128 && q.dtype() == store_dtype {
+        let lens_t = Tensor::new(lens.iter().map(|&l| l as u32).collect::<Vec<_>>().as_slice(), q.device())?;
+        return crate::ops::cuda::focus_importance(q, k, gather, &lens_t, m);
+    }
+    let rows = lens.len();
+    let pick = |t: &Tensor| -> Result<Tensor> {
+        let (_, heads, d) = t.dims3()?;
+        t.index_select(gather, 0)?.reshape((rows, m, heads, d))
+    };
+    importance(&pick(q)?, &pick(k)?, lens, store_dtype)
+}
+
 fn key_padding(lens: &[usize], m: usize, dev: &Device) -> Result<Tensor> {
     let v: Vec<f32> = lens.iter().flat_map(|&l| (0..m).map(move |j| if j < l { 0.0 } else { f32::NEG_INFINITY })).collect();
     Tensor::from_vec(v, (lens.len(), 1, 1, m), dev)

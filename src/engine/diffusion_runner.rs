@@ -2,7 +2,7 @@
 //! positions, runs every layer (each writes the launch's K/V before attending), and reads back
 //! the greedy token and its probability at the rows' readout tokens.
 
-use crate::diffusion::{importance, EvictionInput, EvictionPolicy};
+use crate::diffusion::{importance_of, EvictionInput, EvictionPolicy};
 use crate::kv::KvStore;
 use crate::models::diffusion::{DiffusionAttention, DiffusionModel};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost, RopeAngles};
@@ -178,17 +178,13 @@ impl DiffusionRunner {
             }
         }
         let gather = Tensor::new(gather.as_slice(), dev)?;
-        let pick = |t: &Tensor| -> Result<Tensor> {
-            let (_, heads, d) = t.dims3()?;
-            t.index_select(&gather, 0)?.reshape((scored.len(), m, heads, d))
-        };
         let mut h = h;
         let mut imp = Vec::with_capacity(2);
         for l in 0..2 {
             let p = self.model.project(l, &h, rope)?;
             crate::ops::write_kv(self.kv.k(l), &p.k, &batch)?;
             crate::ops::write_kv(self.kv.v(l), &p.v, &batch)?;
-            imp.push(importance(&pick(&p.q)?, &pick(&p.k)?, &lens, spec.dtype)?);
+            imp.push(importance_of(&p.q, &p.k, &gather, &lens, m, spec.dtype)?);
             if l == 0 {
                 h = self.model.finish_layer(0, &h, &p.q, &batch, &self.kv)?;
             } else {

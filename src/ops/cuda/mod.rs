@@ -623,6 +623,76 @@ fn kv_write_launch<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
+const FOCUS_MODULE: &str = "ponder_focus";
+
+/// FOCUS importance of each row's masked tokens (see `kernels/focus.cu`): `q` `[T, H, D]`, `k`
+/// `[T, KV, D]` of the launch's tokens, `gather` `[R * m]` u32 token indices of each row's
+/// masked tokens padded to `m` (at most 32), `lens` `[R]` u32 → `[R, m]` f32, rounded through
+/// the dtype of `q`. Deterministic (fixed summation order).
+pub fn focus_importance(q: &Tensor, k: &Tensor, gather: &Tensor, lens: &Tensor, m: usize) -> Result<Tensor> {
+    const OP: &str = "focus_importance";
+    let dev = cuda_dev(q, OP)?;
+    let dtype = q.dtype();
+    let (q, k) = (q.contiguous()?, k.to_dtype(dtype)?.contiguous()?);
+    same_device_dtype(OP, dtype, &q, &[("k", &k)])?;
+    let (_, heads, d) = q.dims3()?;
+    let (_, kvh, dk) = k.dims3()?;
+    let rows = lens.dim(0)?;
+    if dk != d || kvh == 0 || heads % kvh != 0 || d > 128 || m > 32 || gather.dims() != [rows * m] {
+        bail!("{OP} (cuda): q {:?}, k {:?}, gather {:?} for {rows} rows of {m} (head dim <= 128, m <= 32)", q.dims(), k.dims(), gather.dims());
+    }
+    for (name, t) in [("gather", gather), ("lens", lens)] {
+        if t.dtype() != DType::U32 || !t.device().same_device(q.device()) {
+            bail!("{OP} (cuda): {name} must be u32 on the device of q");
+        }
+    }
+    if rows == 0 || m == 0 {
+        return Tensor::zeros((rows, m), DType::F32, q.device());
+    }
+    let suf = dtype_suffix(dtype, OP)?;
+    match dtype {
+        DType::BF16 => focus_launch::<bf16>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d),
+        DType::F16 => focus_launch::<f16>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d),
+        _ => focus_launch::<f32>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn focus_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    q: &Tensor,
+    k: &Tensor,
+    gather: &Tensor,
+    lens: &Tensor,
+    rows: usize,
+    m: usize,
+    heads: usize,
+    kvh: usize,
+    d: usize,
+) -> Result<Tensor> {
+    const OP: &str = "focus_importance";
+    let (qs, ql) = q.storage_and_layout();
+    let (ks, kl) = k.storage_and_layout();
+    let (gs, gl) = gather.storage_and_layout();
+    let (ls, ll) = lens.storage_and_layout();
+    let q_v = op_view::<T>(&qs, ql, OP, "q")?;
+    let k_v = op_view::<T>(&ks, kl, OP, "k")?;
+    let g_v = op_view::<u32>(&gs, gl, OP, "gather")?;
+    let l_v = op_view::<u32>(&ls, ll, OP, "lens")?;
+    // SAFETY: the kernel writes every element of [rows, m].
+    let mut out = unsafe { dev.alloc::<f32>(rows * m)? };
+    let func = dev.get_or_load_custom_func(&format!("focus_importance_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (mm, h, g, dd, scale) = (m as i32, heads as i32, kvh as i32, d as i32, 1.0f32 / (d as f32).sqrt());
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&q_v).arg(&k_v).arg(&g_v).arg(&l_v).arg(&mm).arg(&h).arg(&g).arg(&dd).arg(&scale);
+    // SAFETY: argument list matches `focus_importance_*` in focus.cu; sizes checked by the caller.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok(wrap(out, dev, (rows, m)))
+}
+
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))` over the last dim, in one
 /// launch. `residual`, `x` `[.., C]` and the weights `[C]` share one dtype; f32 statistics.
 pub fn add_rms_norm(
