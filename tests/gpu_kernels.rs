@@ -1099,3 +1099,37 @@ fn focus_importance_matches_reference() {
         }
     }
 }
+
+/// The one-pass greedy readout against argmax + softmax in f32 on the CPU: a 152k vocabulary,
+/// the excluded mask token holding the largest logit, bf16 and f32 logits.
+#[test]
+fn greedy_confidence_matches_reference() {
+    use ponder::engine::greedy_with_confidence;
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::F32, DType::BF16] {
+        let (rows, vocab, mask) = (37usize, 151_936usize, 151_669u32);
+        let mut rng = StdRng::seed_from_u64(5);
+        let mut data: Vec<f32> = (0..rows * vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect();
+        for r in 0..rows {
+            data[r * vocab + mask as usize] = 100.0; // must never win
+            data[r * vocab + (r * 977) % vocab] = 9.0 + r as f32 * 0.25;
+        }
+        let logits = Tensor::from_vec(data, (rows, vocab), &Device::Cpu).unwrap().to_dtype(dt).unwrap();
+        let mut bias = vec![0f32; vocab];
+        bias[mask as usize] = f32::NEG_INFINITY;
+        let bias = Tensor::from_vec(bias, (1, vocab), &Device::Cpu).unwrap();
+        let f32_logits = logits.to_dtype(DType::F32).unwrap().broadcast_add(&bias).unwrap();
+        let (want_t, want_c) = greedy_with_confidence(&f32_logits).unwrap();
+        let (got_t, got_c) = ponder::ops::cuda::greedy_confidence(&logits.to_device(&gpu).unwrap(), Some(mask)).unwrap();
+        let (want_t, want_c) = (want_t.to_vec1::<u32>().unwrap(), want_c.to_vec1::<f32>().unwrap());
+        let got_t = got_t.to_device(&Device::Cpu).unwrap().to_vec1::<u32>().unwrap();
+        let got_c = got_c.to_device(&Device::Cpu).unwrap().to_vec1::<f32>().unwrap();
+        let row_vals = f32_logits.to_vec2::<f32>().unwrap();
+        for r in 0..rows {
+            assert_ne!(got_t[r], mask, "{dt:?} row {r}: the mask token was chosen");
+            // Ties (bf16 has coarse values) may pick another index with the same logit.
+            assert_eq!(row_vals[r][got_t[r] as usize], row_vals[r][want_t[r] as usize], "{dt:?} row {r}");
+            assert!((got_c[r] - want_c[r]).abs() <= 1e-4 * want_c[r].max(1e-3), "{dt:?} row {r}: {} vs {}", got_c[r], want_c[r]);
+        }
+    }
+}

@@ -146,9 +146,20 @@ impl DiffusionRunner {
             return Ok(DenoiseForward { tokens: empty_u, confidence: Tensor::zeros(0, DType::F32, dev)?, per_row, kept });
         }
         let h = h.index_select(&Tensor::new(readout.as_slice(), dev)?, 0)?;
-        let logits = self.model.head(&h)?.broadcast_add(&self.no_mask_bias)?;
-        let (tokens, confidence) = greedy_with_confidence(&logits)?;
+        let (tokens, confidence) = self.greedy_readout(&h)?;
         Ok(DenoiseForward { tokens, confidence, per_row, kept })
+    }
+
+    /// The LM head over `h` reduced to each row's greedy token (never the mask) and its
+    /// probability. On CUDA one pass over the logits in the model dtype; elsewhere via f32.
+    fn greedy_readout(&self, h: &Tensor) -> Result<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if h.device().is_cuda() {
+            let mask = self.model.spec().mask_token_id;
+            return crate::ops::cuda::greedy_confidence(&self.model.head_native(h)?, Some(mask));
+        }
+        let logits = self.model.head(h)?.broadcast_add(&self.no_mask_bias)?;
+        greedy_with_confidence(&logits)
     }
 
     /// Layers 0 and 1 over every token with the masked tokens scored at both; the policy picks

@@ -92,6 +92,12 @@ pub trait DiffusionModel: Send {
     fn finish_layer(&self, l: usize, h: &Tensor, q: &Tensor, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
     /// Final norm and LM head over `h` `[n, hidden]` → f32 logits `[n, vocab]`.
     fn head(&self, h: &Tensor) -> Result<Tensor>;
+    /// Like [`DiffusionModel::head`] but in the model dtype (its f32 conversion is exactly
+    /// `head`): the runner reduces bf16 logits to a token and its probability in one pass
+    /// instead of materialising `[n, vocab]` in f32.
+    fn head_native(&self, h: &Tensor) -> Result<Tensor> {
+        self.head(h)
+    }
 
     /// One whole layer: project, write this launch's K/V, finish.
     fn layer(&self, l: usize, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {

@@ -247,7 +247,11 @@ impl DiffusionModel for DenseDiffusion {
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
-        let logits = self.lm_head.forward(&ops::rms_norm(h, &self.norm, self.arch.rms_norm_eps)?)?.to_dtype(DType::F32)?;
+        self.head_native(h)?.to_dtype(DType::F32)
+    }
+
+    fn head_native(&self, h: &Tensor) -> Result<Tensor> {
+        let logits = self.lm_head.forward(&ops::rms_norm(h, &self.norm, self.arch.rms_norm_eps)?)?;
         if self.arch.table_rows > self.arch.vocab_size {
             return logits.narrow(1, 0, self.arch.vocab_size)?.contiguous();
         }

@@ -623,6 +623,48 @@ fn kv_write_launch<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
+/// Greedy token `[rows]` u32 and its softmax probability `[rows]` f32 of each row of `logits`
+/// `[rows, vocab]`, in one pass over the logits in their own dtype; `exclude` (the mask token)
+/// is never chosen and left out of the normaliser.
+pub fn greedy_confidence(logits: &Tensor, exclude: Option<u32>) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "greedy_confidence";
+    let dev = cuda_dev(logits, OP)?;
+    let logits = logits.contiguous()?;
+    let (rows, vocab) = logits.dims2()?;
+    if vocab == 0 || vocab > i32::MAX as usize || rows > i32::MAX as usize {
+        bail!("{OP} (cuda): logits {:?}", logits.dims());
+    }
+    let dtype = logits.dtype();
+    let suf = dtype_suffix(dtype, OP)?;
+    if rows == 0 {
+        return Ok((Tensor::zeros(0, DType::U32, logits.device())?, Tensor::zeros(0, DType::F32, logits.device())?));
+    }
+    let exclude = exclude.map_or(-1, |e| e as i32);
+    match dtype {
+        DType::BF16 => greedy_launch::<bf16>(&dev, suf, &logits, rows, vocab, exclude),
+        DType::F16 => greedy_launch::<f16>(&dev, suf, &logits, rows, vocab, exclude),
+        _ => greedy_launch::<f32>(&dev, suf, &logits, rows, vocab, exclude),
+    }
+}
+
+fn greedy_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, logits: &Tensor, rows: usize, vocab: usize, exclude: i32) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "greedy_confidence";
+    let (ls, ll) = logits.storage_and_layout();
+    let l_v = op_view::<T>(&ls, ll, OP, "logits")?;
+    // SAFETY: the kernel writes one token and one probability per row.
+    let mut tokens = unsafe { dev.alloc::<u32>(rows)? };
+    let mut conf = unsafe { dev.alloc::<f32>(rows)? };
+    let func = dev.get_or_load_custom_func(&format!("greedy_confidence_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let v = vocab as i32;
+    let mut b = func.builder();
+    b.arg(&mut tokens).arg(&mut conf).arg(&l_v).arg(&v).arg(&exclude);
+    // SAFETY: argument list matches `greedy_confidence_*` in fused.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok((wrap(tokens, dev, rows), wrap(conf, dev, rows)))
+}
+
 const FOCUS_MODULE: &str = "ponder_focus";
 
 /// FOCUS importance of each row's masked tokens (see `kernels/focus.cu`): `q` `[T, H, D]`, `k`

@@ -161,6 +161,56 @@ __device__ void kv_write(T *__restrict__ cache, const T *__restrict__ src, const
     }
 }
 
+// Greedy token and its softmax probability per row of logits [rows, vocab], one block per row:
+// an online (max, argmax, sum of exp) over the row, ties to the lower index, `exclude` (the mask
+// token; -1 for none) never chosen and left out of the sum. prob = 1 / sum(exp(l - max)).
+template <typename T>
+__device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restrict__ conf,
+                                  const T *__restrict__ logits, int vocab, int exclude) {
+    __shared__ float s_m[32], s_s[32];
+    __shared__ int s_i[32];
+    const T *row = logits + (long long)blockIdx.x * vocab;
+    float m = -INFINITY, sum = 0.f;
+    int arg = 0x7fffffff;
+    for (int v = threadIdx.x; v < vocab; v += blockDim.x) {
+        if (v == exclude) continue;
+        const float x = to_f(row[v]);
+        if (!(x > -INFINITY)) continue;  // -inf (and NaN) logits carry no probability
+        if (x > m) {
+            sum = sum * expf(m - x) + 1.f;
+            m = x;
+            arg = v;
+        } else {
+            sum += expf(x - m);
+        }
+    }
+    // Merge (m, sum, arg) across the warp, then across warps.
+    auto merge = [](float &m, float &s, int &a, float m2, float s2, int a2) {
+        if (m2 == -INFINITY) return;
+        if (m == -INFINITY) { m = m2; s = s2; a = a2; return; }
+        const float mx = fmaxf(m, m2);
+        s = s * expf(m - mx) + s2 * expf(m2 - mx);
+        if (m2 > m || (m2 == m && a2 < a)) a = a2;
+        m = mx;
+    };
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float s2 = __shfl_xor_sync(0xffffffffu, sum, o);
+        const int a2 = __shfl_xor_sync(0xffffffffu, arg, o);
+        merge(m, sum, arg, m2, s2, a2);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { s_m[warp] = m; s_s[warp] = sum; s_i[warp] = arg; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int warps = blockDim.x / 32;
+        for (int w = 1; w < warps; ++w) merge(m, sum, arg, s_m[w], s_s[w], s_i[w]);
+        tokens[blockIdx.x] = arg == 0x7fffffff ? 0u : (uint32_t)arg;
+        conf[blockIdx.x] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+}
+
 } // namespace
 
 #define FUSED_OPS(T, SUF)                                                                          \
@@ -181,6 +231,10 @@ __device__ void kv_write(T *__restrict__ cache, const T *__restrict__ src, const
     extern "C" __global__ void kv_write_##SUF(T *cache, const T *src, const uint32_t *slots,       \
                                               int width, long long num_slots) {                    \
         kv_write<T>(cache, src, slots, width, num_slots);                                          \
+    }                                                                                              \
+    extern "C" __global__ void greedy_confidence_##SUF(uint32_t *tokens, float *conf,              \
+                                                       const T *logits, int vocab, int exclude) {  \
+        greedy_confidence<T>(tokens, conf, logits, vocab, exclude);                                \
     }
 
 FUSED_OPS(float, f32)
