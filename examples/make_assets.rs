@@ -1,12 +1,13 @@
-//! Builds the tokenizer of the shipped models — a byte-level BPE (4096 ids, `<|endoftext|>` = 0)
-//! trained on The Rust Programming Language (MIT OR Apache-2.0, shipped with the toolchain's
-//! `rust-docs` component) — and an Ouro-architecture model with deterministic random bf16
-//! weights in the real checkpoint layout (the starting point before training).
+//! Builds a byte-level BPE tokenizer (4096 ids, `<|endoftext|>` = 0) trained on The Rust
+//! Programming Language (MIT OR Apache-2.0, shipped with the toolchain's `rust-docs` component)
+//! and an Ouro-architecture model with deterministic random bf16 weights in the real checkpoint
+//! layout: a model directory for tests and benchmarks that needs no training.
 //!
 //!     cargo run --release --example make_assets -- [BOOK_HTML_DIR] [OUT_DIR=target/tiny-ouro-random]
 //!
-//! The shipped `assets/tiny-ouro` holds this tokenizer and weights trained by
-//! `tools/train/train_ouro.py` (see `assets/tiny-ouro/README.md`).
+//! The shipped `assets/tiny-ouro` and `assets/tiny-sdar` do not use this tokenizer: theirs comes
+//! from `tools/train/make_tokenizer.py` (twelve rust-docs books, `<|mask|>` = 1), their weights
+//! from `tools/train/train_ouro.py` and `train_sdar.py` (see their `README.md`).
 
 use ponder::models::config::EosIds;
 use ponder::models::OuroConfig;

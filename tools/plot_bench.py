@@ -6,7 +6,7 @@
 
 looped_cb*: tokens/s by width with the weight-streaming floor. looped_cdb* / looped_huginn*:
 speed-up over CB by width, one panel per mean exit depth, one line per mode (× overlap, or ×
-min coda batch for Huginn), FLOP bound dashed. quality*: perplexity vs mean depth. diffusion*:
+min coda batch for Huginn), FLOP bound dashed. quality*: tools/plot_quality.py. diffusion*:
 tokens/s by batch per mode with the reference points, and the phase breakdown of one step.
 """
 import json, pathlib, sys
@@ -57,26 +57,6 @@ def plot_looped_cdb_old(path):
     fig.tight_layout()
     fig.savefig(path.with_suffix(".svg")); fig.savefig(path.with_suffix(".png"), dpi=110)
     print("wrote", path.with_suffix(".svg"))
-
-
-
-def plot_quality(path):
-    doc = json.loads(path.read_text())
-    fig, ax = plt.subplots(figsize=(6, 4))
-    series = {}
-    for r in doc["results"]:
-        series.setdefault(f"{r['gate']} / {r['layout']}", []).append(r)
-    for name, rs in series.items():
-        rs = sorted(rs, key=lambda r: r["mean_depth"])
-        ax.plot([r["mean_depth"] for r in rs], [r["perplexity"] for r in rs], "o-", label=name)
-    ax.set_xlabel("realised mean depth (loop steps per token)")
-    ax.set_ylabel("held-out perplexity")
-    ax.set_title(f"{doc['model'].split('/')[-1]}: quality vs depth by exit threshold q", fontsize=9)
-    ax.legend(fontsize=7); ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path.with_suffix(".svg")); fig.savefig(path.with_suffix(".png"), dpi=110)
-    print("wrote", path.with_suffix(".svg"))
-
 
 
 
@@ -232,7 +212,8 @@ def plot(path):
     elif stem.startswith("looped_cdb"):
         plot_looped_cdb(path)
     elif stem.startswith("quality"):
-        plot_quality(path)
+        import plot_quality  # tools/plot_quality.py: the tiny-Ouro and tiny-SDAR quality reports
+        plot_quality.plot(path)
     elif stem.startswith("diffusion"):
         plot_diffusion(path)
 
