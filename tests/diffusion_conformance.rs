@@ -206,3 +206,77 @@ fn kv_exhaustion_queues_then_admits() {
     let too_big = e.add_request(vec![1; 40], GenerationParams::greedy(40));
     assert!(matches!(too_big, Err(ponder::Error::KvExhausted { .. })), "{too_big:?}");
 }
+
+/// A scheduler of your own for a diffusion model, written against the public API: this one
+/// wraps the built-in one and counts the launches it issues; outputs must not change.
+#[test]
+fn custom_diffusion_scheduler_plugs_in() {
+    use ponder::scheduler::{DiffusionBatching, Launch, LaunchResult, SchedRequest, Scheduler};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    struct Counting {
+        inner: DiffusionBatching,
+        launches: Arc<AtomicUsize>,
+    }
+    impl Scheduler for Counting {
+        fn name(&self) -> &'static str {
+            "counting-diffusion"
+        }
+        fn add(&mut self, r: SchedRequest) {
+            self.inner.add(r)
+        }
+        fn schedule(&mut self) -> Option<Launch> {
+            let l = self.inner.schedule();
+            if l.is_some() {
+                self.launches.fetch_add(1, Ordering::Relaxed);
+            }
+            l
+        }
+        fn complete(&mut self, l: &Launch, r: &LaunchResult) {
+            self.inner.complete(l, r)
+        }
+        fn finish(&mut self, id: RequestId) {
+            self.inner.finish(id)
+        }
+        fn num_waiting(&self) -> usize {
+            self.inner.num_waiting()
+        }
+        fn num_running(&self) -> usize {
+            self.inner.num_running()
+        }
+        fn kv(&self) -> &ponder::kv::KvManager {
+            self.inner.kv()
+        }
+        fn take_emitted(&mut self) -> Vec<(RequestId, Vec<u32>)> {
+            self.inner.take_emitted()
+        }
+        fn kv_positions(&self, p: usize, n: usize) -> usize {
+            self.inner.kv_positions(p, n)
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, dir) = family_dirs(tmp.path()).remove(0);
+    let ps = prompts(3, 17);
+    let want = engine(&dir, Box::new(StaticCount::new(2).unwrap()), false, 3)
+        .generate(ps.clone(), &GenerationParams::greedy(10))
+        .unwrap()
+        .into_iter()
+        .map(|o| o.unwrap().token_ids)
+        .collect::<Vec<_>>();
+    let launches = Arc::new(AtomicUsize::new(0));
+    let counter = launches.clone();
+    let mut e = EngineBuilder::new(&dir)
+        .block_size(4)
+        .block_length(8)
+        .max_num_seqs(3)
+        .kv_capacity_tokens(2048)
+        .unmask_policy(StaticCount::new(2).unwrap())
+        .custom_diffusion_scheduler(move |ctx| Box::new(Counting { inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy), launches: counter }))
+        .build()
+        .unwrap();
+    assert_eq!(e.scheduler().name(), "counting-diffusion");
+    let got: Vec<Vec<u32>> = e.generate(ps, &GenerationParams::greedy(10)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
+    assert_eq!(got, want);
+    assert!(launches.load(Ordering::Relaxed) > 0);
+    assert_kv_empty(&e);
+}

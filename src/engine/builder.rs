@@ -56,6 +56,21 @@ pub struct SchedulerContext {
 
 type SchedulerFactory = Box<dyn FnOnce(SchedulerContext) -> Box<dyn Scheduler> + Send>;
 
+/// What a custom scheduler for a diffusion model is built from.
+#[derive(Debug)]
+pub struct DiffusionSchedulerContext {
+    pub limits: SchedulerLimits,
+    /// One slot per layer; block tables cover whole decoding blocks.
+    pub kv: KvManager,
+    /// Block length, step cap, delayed cache, mask id, attention kind as configured.
+    pub config: DiffusionConfig,
+    /// The configured unmask policy (threshold 0.9 unless one was set).
+    pub policy: Box<dyn UnmaskPolicy>,
+    pub spec: crate::models::diffusion::DiffusionSpec,
+}
+
+type DiffusionSchedulerFactory = Box<dyn FnOnce(DiffusionSchedulerContext) -> Box<dyn Scheduler> + Send>;
+
 enum Source {
     Dir(PathBuf),
     Model { model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32> },
@@ -90,6 +105,7 @@ pub struct EngineBuilder {
     unmask: Option<Box<dyn UnmaskPolicy>>,
     eviction: Option<Box<dyn EvictionPolicy>>,
     eviction_shadow: bool,
+    diffusion_factory: Option<DiffusionSchedulerFactory>,
 }
 
 impl EngineBuilder {
@@ -140,6 +156,7 @@ impl EngineBuilder {
             unmask: None,
             eviction: None,
             eviction_shadow: false,
+            diffusion_factory: None,
         }
     }
 
@@ -154,6 +171,12 @@ impl EngineBuilder {
     }
     pub fn scheduler(mut self, kind: SchedulerKind) -> Self {
         self.scheduler = kind;
+        self
+    }
+    /// Uses a scheduler of your own for a diffusion model (it must emit finalised tokens through
+    /// [`Scheduler::take_emitted`] and issue `Stage::Denoise` launches).
+    pub fn custom_diffusion_scheduler(mut self, f: impl FnOnce(DiffusionSchedulerContext) -> Box<dyn Scheduler> + Send + 'static) -> Self {
+        self.diffusion_factory = Some(Box::new(f));
         self
     }
     /// Uses a scheduler of your own instead of a built-in one.
@@ -303,6 +326,7 @@ impl EngineBuilder {
             (self.delayed_cache, "delayed_cache"),
             (self.unmask.is_some(), "unmask_policy"),
             (self.eviction.is_some() || self.eviction_shadow, "eviction_policy"),
+            (self.diffusion_factory.is_some(), "custom_diffusion_scheduler"),
         ] {
             if set {
                 return Err(Error::InvalidOption(format!("{what} applies to diffusion models only")));
@@ -361,7 +385,7 @@ impl EngineBuilder {
             return refuse("an exit gate");
         }
         if self.factory.is_some() {
-            return refuse("a custom scheduler (diffusion schedulers are built in for now)");
+            return refuse("a looped-model custom scheduler (use custom_diffusion_scheduler)");
         }
         if let SchedulerKind::Depth { .. } = self.scheduler {
             return refuse("depth batching");
@@ -412,7 +436,10 @@ impl EngineBuilder {
             eviction: evicts,
         };
         let limits = self.limits.clone();
-        let scheduler: Box<dyn Scheduler> = Box::new(DiffusionBatching::new(cfg, limits.clone(), kv, policy));
+        let scheduler: Box<dyn Scheduler> = match self.diffusion_factory {
+            Some(f) => f(DiffusionSchedulerContext { limits: limits.clone(), kv, config: cfg, policy, spec: spec.clone() }),
+            None => Box::new(DiffusionBatching::new(cfg, limits.clone(), kv, policy)),
+        };
         let runner = DiffusionRunner::new(model, num_blocks, self.block_size, block_length)?.with_eviction(eviction, self.eviction_shadow);
         let mut engine = Engine::assemble(ModelRunner::Diffusion(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
         engine.set_overlap(self.overlap)?;

@@ -11,7 +11,7 @@ mod readback;
 mod request;
 mod runner;
 
-pub use builder::{EngineBuilder, SchedulerContext, SchedulerKind};
+pub use builder::{DiffusionSchedulerContext, EngineBuilder, SchedulerContext, SchedulerKind};
 pub use core::Engine;
 pub use handle::{EngineHandle, RequestStream};
 pub use diffusion_runner::{greedy_with_confidence, DenoiseForward, DiffusionRunner};
