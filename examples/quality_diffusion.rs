@@ -9,7 +9,10 @@
 //!    window's K/V, plus one row per (ratio, block) whose pages are the clean pages of the earlier
 //!    blocks and a private page for its noisy block.
 //! 2. **Decoding through the engine** (`EngineBuilder`, threshold unmasking τ in
-//!    {0.3, 0.5, 0.7, 0.8, 0.9}, delayed cache off/on, and one token per step as the slow reference):
+//!    {0.3, 0.5, 0.7, 0.8, 0.9}, delayed cache off/on, FOCUS (α 1.5, on the delayed cache) on/off,
+//!    and one token per step as the slow reference). The delayed-cache runs also score every step
+//!    with FOCUS in shadow mode (everything still runs) to measure its recall: the share of the
+//!    tokens this baseline decodes that FOCUS would have kept.
 //!    prompts of 48 held-out tokens (3 blocks), 32 generated tokens (2 blocks, greedy, eos
 //!    ignored), windows evenly spaced over the held-out windows that hold no end-of-document
 //!    token. Reported: tokens decoded per denoising step and tokens recomputed per step (engine
@@ -33,7 +36,7 @@
 //! `<!-- quality:sdar:end -->` (appended when FILE has no markers, FILE created when missing).
 
 use candle_core::Tensor;
-use ponder::diffusion::{StaticCount, Threshold, UnmaskPolicy};
+use ponder::diffusion::{Focus, StaticCount, Threshold, UnmaskPolicy};
 use ponder::kv::KvStore;
 use ponder::loader::ModelDir;
 use ponder::models::diffusion::{self, DiffusionModel};
@@ -116,6 +119,11 @@ struct DecodeRow {
     policy: String,
     tau: Option<f32>,
     delayed: bool,
+    focus: bool,
+    /// FOCUS rows: tokens a step kept past layer 1.
+    kept_per_step: Option<f64>,
+    /// Delayed-cache rows: FOCUS's shadow recall of the tokens decoded.
+    recall: Option<f64>,
     tokens_per_step: f64,
     recomputed_per_step: f64,
     steps: u64,
@@ -279,26 +287,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("tiny Ouro greedy (AR reference): exact match {:.1} %", 100.0 * ouro_ref.0);
     drop(ouro);
 
-    let mut configs: Vec<(String, Option<f32>, bool)> = Vec::new();
+    // (name, τ, delayed cache, FOCUS)
+    let mut configs: Vec<(String, Option<f32>, bool, bool)> = Vec::new();
     for &tau in &args.taus {
-        for delayed in [false, true] {
-            configs.push((format!("threshold({tau})"), Some(tau), delayed));
+        for (delayed, focus) in [(false, false), (true, false), (true, true)] {
+            configs.push((format!("threshold({tau})"), Some(tau), delayed, focus));
         }
     }
-    configs.push(("static(1)".into(), None, false));
+    configs.push(("static(1)".into(), None, false, false));
     let mut rows = Vec::new();
-    for (name, tau, delayed) in configs {
+    for (name, tau, delayed, focus) in configs {
         let t0 = Instant::now();
         let policy: Box<dyn UnmaskPolicy> = match tau {
             Some(t) => Box::new(Threshold::new(t)?),
             None => Box::new(StaticCount::new(1)?),
         };
-        let mut engine = EngineBuilder::new(&args.model)
-            .block_length(b)
-            .delayed_cache(delayed)
-            .unmask_policy_boxed(policy)
-            .max_num_seqs(16)
-            .build()?;
+        let mut builder = EngineBuilder::new(&args.model).block_length(b).delayed_cache(delayed).unmask_policy_boxed(policy).max_num_seqs(16);
+        if delayed {
+            // FOCUS evicts, or (baseline rows) only scores in shadow mode to measure its recall.
+            builder = builder.eviction_policy(Focus::default()).eviction_shadow(!focus);
+        }
+        let mut engine = builder.build()?;
         let outs = engine.generate(prompts.clone(), &params)?;
         let gen: Vec<Vec<u32>> = outs.into_iter().map(|o| o.map(|o| o.token_ids)).collect::<Result<_, _>>()?;
         let seconds = t0.elapsed().as_secs_f64();
@@ -308,6 +317,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             policy: name,
             tau,
             delayed,
+            focus,
+            kept_per_step: focus.then(|| m.denoise.kept_per_step()),
+            recall: (delayed && !focus).then(|| m.denoise.recall()).flatten(),
             tokens_per_step: m.tokens_per_denoise_step(),
             recomputed_per_step: m.denoise.tokens_per_step(),
             steps: m.denoise.steps,
@@ -319,11 +331,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             sample: tok.decode(&gen[0], false).unwrap_or_default(),
         };
         println!(
-            "  {:<15} delayed {:<3}  tokens/step {:5.2}  recomputed/step {:5.2}  exact match {:5.1} %  judge ppl {:8.2}  ({seconds:.1} s)",
+            "  {:<15} delayed {:<3} focus {:<3}  tokens/step {:5.2}  recomputed/step {:5.2}  kept/step {}  recall {}  exact match {:5.1} %  judge ppl {:8.2}  ({seconds:.1} s)",
             row.policy,
             if delayed { "on" } else { "off" },
+            if focus { "on" } else { "off" },
             row.tokens_per_step,
             row.recomputed_per_step,
+            row.kept_per_step.map_or("-".into(), |k| format!("{k:.2}")),
+            row.recall.map_or("-".into(), |r| format!("{:.1} %", 100.0 * r)),
             100.0 * row.exact_match,
             row.judge_ppl
         );
@@ -351,7 +366,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|r| {
                 serde_json::json!({
-                    "policy": r.policy, "tau": r.tau, "delayed_cache": r.delayed,
+                    "policy": r.policy, "tau": r.tau, "delayed_cache": r.delayed, "focus": r.focus,
+                    "kept_per_step": r.kept_per_step, "focus_recall": r.recall,
                     "tokens_per_step": r.tokens_per_step, "recomputed_tokens_per_step": r.recomputed_per_step,
                     "denoise_steps": r.steps, "exact_match": r.exact_match,
                     "exact_match_block1": r.exact_match_block1, "exact_match_block2": r.exact_match_block2,
@@ -408,19 +424,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              forced) perplexity of the generated {NEW} tokens after the prompt — a different, autoregressive \
              model as judge, not the diffusion model scoring itself; it rewards fluent, predictable text, \
              including repetition, so read it together with exact match. On the true continuations the \
-             judge's perplexity is **{truth_judge:.2}**.\n\n",
+             judge's perplexity is **{truth_judge:.2}**. *FOCUS*: eviction with α = 1.5 on the delayed cache; \
+             *kept/step*: tokens a FOCUS step ran past layer 1 (of the recomputed ones); *FOCUS recall* (on \
+             the delayed-cache baseline rows): share of the tokens that baseline decoded which FOCUS, scoring \
+             the same step in shadow mode, would have kept. The paper's own setting is FOCUS at τ = 0.8 \
+             against the baseline at τ = 0.9 (not like-for-like: the threshold differs).\n\n",
             candidates.len(),
             PROMPT + NEW,
             b + 1
         );
-        md += "| unmasking | delayed cache | tokens/step | recomputed/step | exact match (1st block / 2nd / all) | judge perplexity |\n|---|---|---:|---:|---:|---:|\n";
+        md += "| unmasking | delayed cache | FOCUS | tokens/step | recomputed/step | kept/step | FOCUS recall | exact match (1st block / 2nd / all) | judge perplexity |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n";
         for r in &rows {
             md += &format!(
-                "| {} | {} | {:.2} | {:.2} | {:.1} % / {:.1} % / {:.1} % | {:.2} |\n",
+                "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {:.1} % / {:.1} % / {:.1} % | {:.2} |\n",
                 r.policy,
                 if r.delayed { "on" } else { "off" },
+                if r.focus { "on" } else { "off" },
                 r.tokens_per_step,
                 r.recomputed_per_step,
+                r.kept_per_step.map_or("–".into(), |k| format!("{k:.2}")),
+                r.recall.map_or("–".into(), |x| format!("{:.1} %", 100.0 * x)),
                 100.0 * r.exact_match_block1,
                 100.0 * r.exact_match_block2,
                 100.0 * r.exact_match,
@@ -428,7 +451,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         md += &format!(
-            "| *tiny Ouro greedy (AR reference)* | – | 1 | – | {:.1} % / {:.1} % / {:.1} % | (self) |\n",
+            "| *tiny Ouro greedy (AR reference)* | – | – | 1 | – | – | – | {:.1} % / {:.1} % / {:.1} % | (self) |\n",
             100.0 * ouro_ref.1,
             100.0 * ouro_ref.2,
             100.0 * ouro_ref.0
@@ -439,7 +462,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              `{}`.\n",
             one_line(&prompt_text),
             one_line(&truth_text),
-            rows.iter().find(|r| r.tau == Some(0.9) && !r.delayed).map(|r| one_line(&r.sample)).unwrap_or_default()
+            rows.iter().find(|r| r.tau == Some(0.9) && !r.delayed && !r.focus).map(|r| one_line(&r.sample)).unwrap_or_default()
         );
         splice(path, BEGIN, END, &md)?;
         println!("wrote {path}");

@@ -8,7 +8,8 @@ quality_tiny_ouro.json (examples/quality.rs): held-out perplexity vs realised me
 line per gate / KV layout, fixed depths 1..r_max as the reference; left panel all rows (log
 scale), right panel without the shared layout. quality_tiny_sdar.json
 (examples/quality_diffusion.rs): masked-token accuracy and perplexity by mask ratio; exact match
-and the cross-model judge's perplexity vs tokens decoded per step, by threshold and delayed cache.
+and the cross-model judge's perplexity vs tokens decoded per step, by threshold, delayed cache and
+FOCUS.
 """
 import json
 import pathlib
@@ -88,8 +89,12 @@ def plot_sdar(path):
     res = d["results"]
     for ax, key, ylabel in ((axes[1], "exact_match", "exact match vs true continuation (%)"),
                             (axes[2], "judge_perplexity", "tiny-Ouro judge perplexity of the continuation")):
-        for delayed, style, label in ((False, "o-", "delayed cache off"), (True, "s--", "delayed cache on")):
-            rs = sorted([r for r in res if r["delayed_cache"] == delayed and r["tau"] is not None], key=lambda r: r["tokens_per_step"])
+        for delayed, focus, style, label in ((False, False, "o-", "delayed cache off"), (True, False, "s--", "delayed cache on"),
+                                             (True, True, "^:", "FOCUS (α 1.5) on the delayed cache")):
+            rs = sorted([r for r in res if r["delayed_cache"] == delayed and r.get("focus", False) == focus and r["tau"] is not None],
+                        key=lambda r: r["tokens_per_step"])
+            if not rs:
+                continue
             ys = [100 * r[key] if key == "exact_match" else r[key] for r in rs]
             ax.plot([r["tokens_per_step"] for r in rs], ys, style, label=label)
             for r, y in zip(rs, ys):
