@@ -35,6 +35,7 @@
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 
 pub mod diffusion;
+mod dist;
 pub mod engine;
 pub mod error;
 pub mod gate;

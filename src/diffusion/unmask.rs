@@ -1,5 +1,6 @@
 //! Unmask policies: which of a step's masked candidates become final tokens.
 
+use crate::dist::{draw, mix};
 use crate::engine::RequestId;
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -116,22 +117,7 @@ impl UnmaskTrace {
         if max == 0 || !(mean >= 1.0 && mean <= max as f64) {
             return Err(Error::InvalidOption(format!("unmask count mean {mean} outside 1..={max}")));
         }
-        let dist = |theta: f64| -> Vec<f64> {
-            let w: Vec<f64> = (1..=max).map(|d| (theta * (d as f64 - mean)).exp()).collect();
-            let s: f64 = w.iter().sum();
-            w.into_iter().map(|x| x / s).collect()
-        };
-        let mean_of = |p: &[f64]| p.iter().enumerate().map(|(i, x)| (i + 1) as f64 * x).sum::<f64>();
-        let (mut lo, mut hi) = (-50.0, 50.0);
-        for _ in 0..200 {
-            let mid = 0.5 * (lo + hi);
-            if mean_of(&dist(mid)) < mean {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        Ok(Self::Seeded { probs: dist(0.5 * (lo + hi)), seed })
+        Ok(Self::Seeded { probs: crate::dist::tilted(1, max, mean), seed })
     }
 
     /// Reads `{"counts": {"<request id>": [[c, ...] per block, ...], ...}}`.
@@ -162,38 +148,20 @@ impl UnmaskTrace {
                 let steps = &blocks[ctx.block.min(blocks.len() - 1)];
                 Some(steps[ctx.step.min(steps.len() - 1)])
             }
-            Self::Seeded { probs, seed } => {
-                let h = mix(*seed ^ mix(ctx.request.0 ^ mix((ctx.block as u64) << 32 ^ ctx.step as u64)));
-                let u = (h >> 11) as f64 / (1u64 << 53) as f64;
-                let mut acc = 0.0;
-                for (i, p) in probs.iter().enumerate() {
-                    acc += p;
-                    if u < acc {
-                        return Some(i + 1);
-                    }
-                }
-                Some(probs.len())
-            }
+            Self::Seeded { probs, seed } => Some(draw(probs, mix(*seed ^ mix(ctx.request.0 ^ mix((ctx.block as u64) << 32 ^ ctx.step as u64))))),
         }
     }
 
     /// Mean count the trace implies (seeded: exact expectation).
     pub fn expected_mean(&self) -> f64 {
         match self {
-            Self::Seeded { probs, .. } => probs.iter().enumerate().map(|(i, p)| (i + 1) as f64 * p).sum(),
+            Self::Seeded { probs, .. } => crate::dist::mean_of(probs),
             Self::Recorded(m) => {
                 let all: Vec<usize> = m.values().flatten().flatten().copied().collect();
                 all.iter().sum::<usize>() as f64 / all.len().max(1) as f64
             }
         }
     }
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Reveal the replayed number of tokens per step, most confident first: decisions that do not

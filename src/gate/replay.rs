@@ -2,6 +2,7 @@
 //! generator with a given depth distribution. The CDB authors drive their throughput runs this
 //! way; a replayed depth is exact whatever the batch, so runs are comparable across modes.
 
+use crate::dist::{draw, mix};
 use super::{check_bounds, ExitGate, StepSignals, GateState, ItemRef};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -44,28 +45,13 @@ impl DepthTrace {
         if min == 0 || min > max || !(mean >= min as f64 && mean <= max as f64) {
             return Err(Error::InvalidOption(format!("depth mean {mean} outside {min}..={max}")));
         }
-        let dist = |theta: f64| -> Vec<f64> {
-            let w: Vec<f64> = (1..=max).map(|d| if d < min { 0.0 } else { (theta * (d as f64 - mean)).exp() }).collect();
-            let s: f64 = w.iter().sum();
-            w.into_iter().map(|x| x / s).collect()
-        };
-        let mean_of = |p: &[f64]| p.iter().enumerate().map(|(i, x)| (i + 1) as f64 * x).sum::<f64>();
-        let (mut lo, mut hi) = (-50.0, 50.0);
-        for _ in 0..200 {
-            let mid = 0.5 * (lo + hi);
-            if mean_of(&dist(mid)) < mean {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        Ok(Self::Seeded { probs: dist(0.5 * (lo + hi)), seed })
+        Ok(Self::Seeded { probs: crate::dist::tilted(min, max, mean), seed })
     }
 
     /// Mean depth the trace implies (seeded: exact expectation).
     pub fn expected_mean(&self) -> f64 {
         match self {
-            Self::Seeded { probs, .. } => probs.iter().enumerate().map(|(i, p)| (i + 1) as f64 * p).sum(),
+            Self::Seeded { probs, .. } => crate::dist::mean_of(probs),
             Self::Recorded(m) => {
                 let all: Vec<usize> = m.values().flatten().copied().collect();
                 all.iter().sum::<usize>() as f64 / all.len().max(1) as f64
@@ -76,30 +62,9 @@ impl DepthTrace {
     pub fn depth(&self, item: ItemRef) -> Option<usize> {
         match self {
             Self::Recorded(m) => m.get(&item.request.0).map(|v| v[item.token_index.min(v.len() - 1)]),
-            Self::Seeded { probs, seed } => {
-                let u = unit(mix(*seed ^ mix(item.request.0 ^ mix(item.token_index as u64))));
-                let mut acc = 0.0;
-                for (i, p) in probs.iter().enumerate() {
-                    acc += p;
-                    if u < acc {
-                        return Some(i + 1);
-                    }
-                }
-                Some(probs.len())
-            }
+            Self::Seeded { probs, seed } => Some(draw(probs, mix(*seed ^ mix(item.request.0 ^ mix(item.token_index as u64))))),
         }
     }
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn unit(x: u64) -> f64 {
-    (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Exits each item at its replayed depth (clamped to `min_steps..=max_steps`; items the trace
