@@ -26,11 +26,17 @@ pub trait KvLayout: std::fmt::Debug + Send + Sync {
 pub fn check_layout(layout: &dyn KvLayout, min_steps: usize, max_steps: usize) -> crate::Result<()> {
     let slots = layout.num_slots(max_steps);
     if !layout.fills_on_exit() && min_steps < slots {
+        // Suggest only layouts that fit this gate: first-then-shared needs at least 2 steps.
+        let others: Vec<&str> = ["last-exited", "shared", "first-then-shared"]
+            .into_iter()
+            .filter(|&n| n != layout.name() && (n != "first-then-shared" || min_steps >= 2))
+            .collect();
         return Err(crate::Error::InvalidOption(format!(
             "KV layout `{}` has {slots} slots per layer but the exit gate may stop after {min_steps} step(s): \
              later tokens would read slots that were never written. Use min_steps >= {slots}, or the \
-             `last-exited`, `shared` or `first-then-shared` layout",
-            layout.name()
+             `{}` layout",
+            layout.name(),
+            others.join("` or `")
         )));
     }
     Ok(())
