@@ -192,9 +192,7 @@ impl DiffusionRunner {
         let mut h = h;
         let mut imp = Vec::with_capacity(2);
         for l in 0..2 {
-            let p = self.model.project(l, &h, rope)?;
-            crate::ops::write_kv(self.kv.k(l), &p.k, &batch)?;
-            crate::ops::write_kv(self.kv.v(l), &p.v, &batch)?;
+            let p = self.model.project_write(l, &h, rope, &batch, &self.kv)?;
             imp.push(importance_of(&p.q, &p.k, &gather, &lens, m, spec.dtype)?);
             if l == 0 {
                 h = self.model.finish_layer(0, &h, &p.q, &batch, &self.kv)?;

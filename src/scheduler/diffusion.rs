@@ -283,11 +283,13 @@ impl Scheduler for DiffusionBatching {
     }
 
     fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
+        // Steps never add or remove running requests, so positions hold for the whole launch.
+        let index: HashMap<RequestId, usize> = self.running.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             if row.readout.is_empty() {
                 continue;
             }
-            if let Some(idx) = self.running.iter().position(|r| r.id == row.request) {
+            if let Some(&idx) = index.get(&row.request) {
                 self.apply_step(idx, row, &out.candidates, out.kept.as_deref());
             }
         }
@@ -321,13 +323,6 @@ impl Scheduler for DiffusionBatching {
 
     fn revealed_in_kept(&self) -> Option<(u64, u64)> {
         self.cfg.eviction.then_some((self.revealed, self.revealed_kept))
-    }
-}
-
-/// Per-request step counts, for tests and metrics: blocks and steps run so far.
-impl DiffusionBatching {
-    pub fn progress(&self) -> HashMap<RequestId, (usize, usize)> {
-        self.running.iter().map(|r| (r.id, (r.block_index, r.canvas.steps()))).collect()
     }
 }
 

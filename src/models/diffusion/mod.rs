@@ -99,11 +99,17 @@ pub trait DiffusionModel: Send {
         self.head(h)
     }
 
-    /// One whole layer: project, write this launch's K/V, finish.
-    fn layer(&self, l: usize, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+    /// Layer `l`'s first half with this launch's K/V written into `batch`'s cache rows.
+    fn project_write(&self, l: usize, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Projected> {
         let p = self.project(l, h, rope)?;
         crate::ops::write_kv(kv.k(l), &p.k, batch)?;
         crate::ops::write_kv(kv.v(l), &p.v, batch)?;
+        Ok(p)
+    }
+
+    /// One whole layer: project, write this launch's K/V, finish.
+    fn layer(&self, l: usize, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        let p = self.project_write(l, h, rope, batch, kv)?;
         self.finish_layer(l, h, &p.q, batch, kv)
     }
 
