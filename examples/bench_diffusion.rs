@@ -3,7 +3,7 @@
 //!
 //!     bench_diffusion [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
 //!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
-//!                     [--breakdown] [--json FILE] [--commit SHA] [--tiny]
+//!                     [--breakdown] [--phases] [--json FILE] [--commit SHA] [--tiny]
 //!
 //! For each batch B: `requests-per-batch × B` requests queued at once, at most B decoding
 //! together (first done, first out: a finished request's slot is refilled the next step).
@@ -20,17 +20,20 @@
 //! Reported per run: generated tokens/s over the steady-state window (steps with all B rows
 //! busy), tokens/s over the whole run, tokens run through the network per request-step,
 //! tokens decoded per request-step. `--breakdown` also times one full-batch step phase by phase
-//! (device synchronised between phases): QKV projection with q/k norm and RoPE, K/V write,
-//! paged attention, output projection + MLP, LM head with greedy readout.
+//! (device synchronised between phases): QKV projection with q/k norm, RoPE and the K/V write,
+//! paged attention, output projection + MLP, LM head with greedy readout. `--phases` times the
+//! engine's own denoise launches phase by phase (embedding, layers — for FOCUS layers 0–1 with
+//! importance, selection, compaction, layers past 1 — and LM head + readout) by synchronising
+//! the device at each boundary; those runs are slightly slower and are marked `phase_timed`.
 //! `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
 
 use candle_core::{DType, Device, Tensor};
 use ponder::diffusion::{Replay, UnmaskTrace};
-use ponder::engine::greedy_with_confidence;
+use ponder::engine::greedy_readout;
 use ponder::kv::KvStore;
 use ponder::models::diffusion::{DenseDiffusion, DiffusionModel, Sdar};
 use ponder::models::config::SdarConfig;
-use ponder::ops::{paged_attention, write_kv, AttnMask, PagedBatch, PagedBatchHost};
+use ponder::ops::{paged_attention, AttnMask, PagedBatch, PagedBatchHost};
 use ponder::testing::{random_sdar_weights, tiny_sdar_config};
 use ponder::{EngineBuilder, Event, GenerationParams};
 use std::time::Instant;
@@ -45,6 +48,7 @@ struct Args {
     calibrate: bool,
     requests_per_batch: usize,
     breakdown: bool,
+    phases: bool,
     json: Option<String>,
     commit: String,
     tiny: bool,
@@ -61,6 +65,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         calibrate: true,
         requests_per_batch: 2,
         breakdown: false,
+        phases: false,
         json: None,
         commit: "unknown".into(),
         tiny: false,
@@ -78,6 +83,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--no-calibrate" => a.calibrate = false,
             "--requests-per-batch" => a.requests_per_batch = v()?.parse()?,
             "--breakdown" => a.breakdown = true,
+            "--phases" => a.phases = true,
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--tiny" => a.tiny = true,
@@ -129,6 +135,12 @@ struct RunStats {
     decoded_per_step: f64,
     kept_per_step: Option<f64>,
     window_steps: usize,
+    /// Wall ms per denoise launch: inside the runner (enqueue, device, readback) and the rest
+    /// (scheduling, unmasking, events).
+    launch_ms: f64,
+    host_ms: f64,
+    /// ms per launch by phase (`--phases`).
+    phases: Vec<(&'static str, f64)>,
 }
 
 fn run(model: &DenseDiffusion, args: &Args, batch: usize, mode: &str, jobs: &[Vec<u32>]) -> Result<RunStats, Box<dyn std::error::Error>> {
@@ -149,6 +161,7 @@ fn run(model: &DenseDiffusion, args: &Args, batch: usize, mode: &str, jobs: &[Ve
         .max_num_batched_tokens(batch * (args.block * 2 + 1) + 8192)
         .kv_capacity_tokens(batch * max_len)
         .max_model_len(spec.max_context.min(4096))
+        .time_denoise_phases(args.phases)
         .build()?;
     let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(args.new_tokens) };
     // Warm-up: one short request per row so kernels and allocations are in place.
@@ -181,6 +194,16 @@ fn run(model: &DenseDiffusion, args: &Args, batch: usize, mode: &str, jobs: &[Ve
     }
     let whole = start.elapsed().as_secs_f64();
     let m = engine.metrics();
+    let stage = |m: &ponder::EngineMetrics| m.stages.get("denoise").map_or((0, 0.0), |s| (s.launches, s.time.as_secs_f64()));
+    let ((l0, t0), (l1, t1)) = (stage(&before), stage(m));
+    let launches = (l1 - l0).max(1) as f64;
+    let phase_before: std::collections::HashMap<_, _> = before.denoise.phases.iter().cloned().collect();
+    let phases = m
+        .denoise
+        .phases
+        .iter()
+        .map(|(p, d)| (*p, (d.as_secs_f64() - phase_before.get(p).map_or(0.0, |b| b.as_secs_f64())) * 1e3 / launches))
+        .collect();
     let steps = m.denoise.steps - before.denoise.steps;
     let step_tokens = m.denoise.step_tokens - before.denoise.step_tokens;
     let generated = m.generated_tokens - before.generated_tokens;
@@ -194,6 +217,9 @@ fn run(model: &DenseDiffusion, args: &Args, batch: usize, mode: &str, jobs: &[Ve
             k as f64 / n.max(1) as f64
         }),
         window_steps,
+        launch_ms: (t1 - t0) * 1e3 / launches,
+        host_ms: (whole - (t1 - t0)) * 1e3 / launches,
+        phases,
     })
 }
 
@@ -264,9 +290,12 @@ fn breakdown(model: &DenseDiffusion, batch: usize, block: usize, prompt: usize) 
     let readout: Vec<u32> = (0..batch).flat_map(|r| (0..block - 3).map(move |j| (r * block + 3 + j) as u32)).collect();
     let readout = Tensor::new(readout.as_slice(), &dev)?;
     let scale = 1.0 / (s.head_dim as f64).sqrt();
-    let mut t = [0f64; 6]; // embed+rope, project, write, attention, o+mlp, head
+    let mut bias = vec![0f32; s.vocab_size];
+    bias[s.mask_token_id as usize] = f32::NEG_INFINITY;
+    let no_mask_bias = Tensor::from_vec(bias, (1, s.vocab_size), &dev)?;
+    let mut t = [0f64; 5]; // embed+rope, project+write, attention, o+mlp, head
     for rep in 0..3 {
-        let mut phase = [0f64; 6];
+        let mut phase = [0f64; 5];
         let mut clock = Instant::now();
         let mut lap = |i: usize, clock: &mut Instant| -> candle_core::Result<()> {
             dev.synchronize()?;
@@ -278,39 +307,35 @@ fn breakdown(model: &DenseDiffusion, batch: usize, block: usize, prompt: usize) 
         let rope = model.rope(&pos)?;
         lap(0, &mut clock)?;
         for l in 0..s.num_layers {
-            let p = model.project(l, &h, &rope)?;
+            let p = model.project_write(l, &h, &rope, &batch_desc, &kv)?;
             lap(1, &mut clock)?;
-            write_kv(kv.k(l), &p.k, &batch_desc)?;
-            write_kv(kv.v(l), &p.v, &batch_desc)?;
-            lap(2, &mut clock)?;
             let a = paged_attention(&p.q, kv.k(l), kv.v(l), &batch_desc, scale)?;
             drop(a);
-            lap(3, &mut clock)?;
+            lap(2, &mut clock)?;
             h = model.finish_layer(l, &h, &p.q, &batch_desc, &kv)?;
-            lap(4, &mut clock)?;
+            lap(3, &mut clock)?;
         }
-        let logits = model.head(&h.index_select(&readout, 0)?)?;
-        let (tok, conf) = greedy_with_confidence(&logits)?;
+        let (tok, conf) = greedy_readout(model, &h.index_select(&readout, 0)?, &no_mask_bias)?;
         drop((tok, conf));
-        lap(5, &mut clock)?;
+        lap(4, &mut clock)?;
         if rep > 0 {
-            for i in 0..6 {
+            for i in 0..5 {
                 t[i] += phase[i] / 2.0;
             }
         }
     }
     // finish_layer ran attention again: o_proj + MLP = finish − attention.
-    let (embed, proj, write, attn, finish, head) = (t[0], t[1], t[2], t[3], t[4], t[5]);
+    let (embed, proj, attn, finish, head) = (t[0], t[1], t[2], t[3], t[4]);
     let o_mlp = (finish - attn).max(0.0);
-    let total = embed + proj + write + attn + o_mlp + head;
+    let total = embed + proj + attn + o_mlp + head;
     let ms = |x: f64| (x * 1e4).round() / 10.0;
     println!(
-        "breakdown batch {batch} × {block} tokens (prefix {prompt}): total {:.1} ms = qkv+norm+rope {:.1} · kv write {:.1} · attention {:.1} · o+mlp {:.1} · lm head+readout {:.1} · embed {:.1}",
-        total * 1e3, proj * 1e3, write * 1e3, attn * 1e3, o_mlp * 1e3, head * 1e3, embed * 1e3
+        "breakdown batch {batch} × {block} tokens (prefix {prompt}): total {:.1} ms = qkv+norm+rope+kv write {:.1} · attention {:.1} · o+mlp {:.1} · lm head+readout {:.1} · embed {:.1}",
+        total * 1e3, proj * 1e3, attn * 1e3, o_mlp * 1e3, head * 1e3, embed * 1e3
     );
     Ok(serde_json::json!({
         "batch": batch, "tokens": batch * block, "prefix": prompt, "total_ms": ms(total),
-        "qkv_norm_rope_ms": ms(proj), "kv_write_ms": ms(write), "attention_ms": ms(attn), "o_proj_mlp_ms": ms(o_mlp),
+        "qkv_norm_rope_kv_write_ms": ms(proj), "attention_ms": ms(attn), "o_proj_mlp_ms": ms(o_mlp),
         "lm_head_readout_ms": ms(head), "embed_rope_ms": ms(embed),
     }))
 }
@@ -367,16 +392,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let jobs = prompts(args.requests_per_batch * b, spec.vocab_size, spec.mask_token_id, 42 + b as u64, 512.min(spec.max_context / 2));
         for mode in &args.modes {
             let st = run(&model, &args, b, mode, &jobs)?;
-            let base = results.iter().find(|r: &&serde_json::Value| r["batch"] == b && r["mode"] == "baseline-delayed").map(|r| r["tokens_per_s"].as_f64().unwrap_or(0.0));
-            let speedup = (mode == "focus").then_some(()).and(base).map(|b| st.window_tokens_per_s / b);
+            let tps = |m: &str| results.iter().find(|r: &&serde_json::Value| r["batch"] == b && r["mode"] == m).and_then(|r| r["tokens_per_s"].as_f64());
+            let speedup = (mode != "baseline").then(|| tps("baseline")).flatten().map(|x| st.window_tokens_per_s / x);
+            let over_delayed = (mode == "focus").then(|| tps("baseline-delayed")).flatten().map(|x| st.window_tokens_per_s / x);
             println!(
-                "{b:>6} {mode:>18} {:>11.0} {:>11.0} {:>13.2} {:>13.2} {:>7} {}",
-                st.window_tokens_per_s, st.whole_tokens_per_s, st.tokens_per_step, st.decoded_per_step, st.window_steps,
-                st.kept_per_step.map_or(String::new(), |k| format!("kept/step {k:.2}, {:.2}x over delayed", speedup.unwrap_or(f64::NAN)))
+                "{b:>6} {mode:>18} {:>11.0} {:>11.0} {:>13.2} {:>13.2} {:>7}  launch {:.1} ms + host {:.2} ms{}{}{}",
+                st.window_tokens_per_s, st.whole_tokens_per_s, st.tokens_per_step, st.decoded_per_step, st.window_steps, st.launch_ms, st.host_ms,
+                speedup.map_or(String::new(), |x| format!(", {x:.2}x over baseline")),
+                st.kept_per_step.map_or(String::new(), |k| format!(", kept/step {k:.2}")),
+                over_delayed.map_or(String::new(), |x| format!(", {x:.2}x over delayed"))
             );
+            if !st.phases.is_empty() {
+                let list: Vec<String> = st.phases.iter().map(|(p, ms)| format!("{p} {ms:.2}")).collect();
+                println!("{:>25} ms per launch: {}", "", list.join(" · "));
+            }
+            let phases: serde_json::Map<String, serde_json::Value> = st.phases.iter().map(|(p, ms)| (p.to_string(), serde_json::json!(ms))).collect();
             results.push(serde_json::json!({
                 "mode": mode, "batch": b, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
-                "speedup_vs_baseline": speedup, "kept_per_step": st.kept_per_step,
+                "speedup_vs_baseline": speedup, "speedup_vs_delayed": over_delayed, "kept_per_step": st.kept_per_step,
+                "launch_ms": st.launch_ms, "host_ms_per_launch": st.host_ms, "phase_timed": args.phases, "phases_ms_per_launch": phases,
                 "tokens_per_step": st.tokens_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
                 "requests": jobs.len(), "new_tokens": args.new_tokens, "block": args.block, "mean_unmask": args.mean_unmask,
             }));

@@ -1133,3 +1133,99 @@ fn greedy_confidence_matches_reference() {
         }
     }
 }
+
+/// FOCUS compaction: the one-launch gather of hidden states, queries and RoPE cos/sin against
+/// `index_select` on the CPU — exact, rows wider and narrower than a 16-byte vector, repeated
+/// and reordered indices, one to four sources.
+#[test]
+fn compact_rows_matches_index_select() {
+    use ponder::ops::{compact_rows, compact_rows_reference};
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        let mut rng = StdRng::seed_from_u64(11);
+        let rows = 700;
+        let h = rand_tensor(&mut rng, &[rows, 4096], -4.0, 4.0, dt);
+        let q = rand_tensor(&mut rng, &[rows, 32, 128], -4.0, 4.0, dt);
+        let cos = rand_tensor(&mut rng, &[rows, 64], -1.0, 1.0, dt);
+        let odd = rand_tensor(&mut rng, &[rows, 3], -1.0, 1.0, dt);
+        let mut index: Vec<u32> = (0..rows as u32).filter(|i| i % 3 != 1).collect();
+        index.shuffle(&mut rng);
+        index.extend([0, 0, rows as u32 - 1]);
+        let sets: Vec<Vec<&Tensor>> = vec![vec![&h], vec![&h, &q], vec![&h, &q, &cos, &odd], vec![&odd, &cos]];
+        for set in sets {
+            let want = compact_rows_reference(&set, &index).unwrap();
+            let on_gpu: Vec<Tensor> = set.iter().map(|t| t.to_device(&gpu).unwrap()).collect();
+            let refs: Vec<&Tensor> = on_gpu.iter().collect();
+            let got = compact_rows(&refs, &index).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.dims(), w.dims());
+                let g = g.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let w = w.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(g, w, "compact_rows {dt:?} {:?}: the copy must be exact", set.iter().map(|t| t.dims().to_vec()).collect::<Vec<_>>());
+            }
+        }
+        let on_gpu = h.to_device(&gpu).unwrap();
+        assert!(compact_rows(&[&on_gpu], &[rows as u32]).is_err(), "an index past the rows is refused");
+        assert_eq!(compact_rows(&[&on_gpu], &[]).unwrap()[0].dims(), &[0, 4096]);
+    }
+}
+
+/// The diffusion models' fused projection (split, per-head q/k RMSNorm, split-half RoPE, K/V
+/// write, k and v returned) against the candle composition on the CPU in the same dtype: with
+/// and without the q/k norm, GQA and MHA, head dims 64 and 128, explicit scattered positions.
+/// Cache rows nobody writes must stay bit-identical.
+#[test]
+fn fused_qkv_norm_rope_write() {
+    use ponder::ops::{qkv_norm_rope_write, RopeTable};
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::F32, DType::BF16] {
+        for &(heads, kvh, hd, norm) in &[(32usize, 8usize, 128usize, true), (32, 8, 128, false), (4, 4, 64, true)] {
+            let mut rng = StdRng::seed_from_u64((heads * 7 + hd + norm as usize) as u64);
+            let (nb, bs) = (12, 16);
+            let positions: Vec<u32> = vec![3, 4, 9, 17, 30, 31, 0, 1, 2, 3, 4, 5, 6, 40, 41];
+            let host = PagedBatchHost {
+                block_tables: vec![vec![5, 11], vec![2, 7, 9]],
+                context_lens: vec![32, 42],
+                cu_q_lens: vec![0, 6, 15],
+                write_positions: positions.clone(),
+            };
+            let t = positions.len();
+            let qkv = rand_tensor(&mut rng, &[t, (heads + 2 * kvh) * hd], -3.0, 3.0, dt);
+            let qn = rand_tensor(&mut rng, &[hd], 0.5, 1.5, dt);
+            let kn = rand_tensor(&mut rng, &[hd], 0.5, 1.5, dt);
+            let k0 = rand_tensor(&mut rng, &[nb, bs, kvh, hd], -1.0, 1.0, dt);
+            let v0 = rand_tensor(&mut rng, &[nb, bs, kvh, hd], -1.0, 1.0, dt);
+            let pos = Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
+            let angles = RopeTable::new(hd, 1_000_000.0, dt, &Device::Cpu).unwrap().angles(&pos).unwrap();
+            let b_cpu = PagedBatch::new(host.clone(), bs, AttnMask::BlockCausal(32), kvh * hd, &Device::Cpu).unwrap();
+            let (kc, vc) = (k0.copy().unwrap(), v0.copy().unwrap());
+            let nw = norm.then_some((&qn, &kn));
+            let (q_ref, k_ref, v_ref) = qkv_norm_rope_write(&qkv, nw, 1e-6, &angles, &kc, &vc, &b_cpu, heads, kvh, hd).unwrap();
+
+            let g = |x: &Tensor| x.to_device(&gpu).unwrap();
+            let b_gpu = PagedBatch::new(host, bs, AttnMask::BlockCausal(32), kvh * hd, &gpu).unwrap();
+            let (kg, vg) = (g(&k0), g(&v0));
+            let g_angles = RopeAngles { cos: g(&angles.cos), sin: g(&angles.sin) };
+            let (qn_g, kn_g) = (g(&qn), g(&kn));
+            let nw_g = norm.then_some((&qn_g, &kn_g));
+            let (q, k, v) = qkv_norm_rope_write(&g(&qkv), nw_g, 1e-6, &g_angles, &kg, &vg, &b_gpu, heads, kvh, hd).unwrap();
+            let name = format!("{dt:?} {heads}/{kvh} d{hd} norm {norm}");
+            assert_eq!(q.dims(), &[t, heads, hd], "{name}");
+            // Same dtype, same rounding points: a bf16 ulp at most where f32 sums differ in order.
+            let tol = tol_of(dt);
+            for (what, a, b) in [("q", &q, &q_ref), ("k", &k, &k_ref), ("k cache", &kg, &kc)] {
+                let e = rel_err(&f32_cpu(a), &f32_cpu(b));
+                assert!(e <= tol, "{name}: {what} rel err {e} > {tol}");
+            }
+            for (what, a, b) in [("v", &v, &v_ref), ("v cache", &vg, &vc)] {
+                let (a, b) = (f32_cpu(a).flatten_all().unwrap().to_vec1::<f32>().unwrap(), f32_cpu(b).flatten_all().unwrap().to_vec1::<f32>().unwrap());
+                assert_eq!(a, b, "{name}: {what} is a copy");
+            }
+            // Untouched cache rows: the reference leaves them as k0, so the caches compare above
+            // already cover them; check one row nobody writes explicitly.
+            let row = |c: &Tensor| f32_cpu(c).get(0).unwrap().get(0).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(row(&kg), row(&k0), "{name}: block 0 is nobody's");
+        }
+    }
+}

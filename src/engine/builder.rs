@@ -105,6 +105,7 @@ pub struct EngineBuilder {
     unmask: Option<Box<dyn UnmaskPolicy>>,
     eviction: Option<Box<dyn EvictionPolicy>>,
     eviction_shadow: bool,
+    time_denoise_phases: bool,
     diffusion_factory: Option<DiffusionSchedulerFactory>,
 }
 
@@ -156,6 +157,7 @@ impl EngineBuilder {
             unmask: None,
             eviction: None,
             eviction_shadow: false,
+            time_denoise_phases: false,
             diffusion_factory: None,
         }
     }
@@ -281,6 +283,13 @@ impl EngineBuilder {
         self.eviction_shadow = on;
         self
     }
+    /// Diffusion models: time each phase of the denoise launches (embedding, layers, FOCUS
+    /// selection and compaction, LM head + readout) into `metrics().denoise.phases`. The device
+    /// is synchronised at every phase boundary, so steps run somewhat slower: for profiling.
+    pub fn time_denoise_phases(mut self, on: bool) -> Self {
+        self.time_denoise_phases = on;
+        self
+    }
     /// Caps the context window below the model's own.
     pub fn max_model_len(mut self, n: usize) -> Self {
         self.max_model_len = Some(n);
@@ -326,6 +335,7 @@ impl EngineBuilder {
             (self.delayed_cache, "delayed_cache"),
             (self.unmask.is_some(), "unmask_policy"),
             (self.eviction.is_some() || self.eviction_shadow, "eviction_policy"),
+            (self.time_denoise_phases, "time_denoise_phases"),
             (self.diffusion_factory.is_some(), "custom_diffusion_scheduler"),
         ] {
             if set {
@@ -440,7 +450,8 @@ impl EngineBuilder {
             Some(f) => f(DiffusionSchedulerContext { limits: limits.clone(), kv, config: cfg, policy, spec: spec.clone() }),
             None => Box::new(DiffusionBatching::new(cfg, limits.clone(), kv, policy)),
         };
-        let runner = DiffusionRunner::new(model, num_blocks, self.block_size, block_length)?.with_eviction(eviction, self.eviction_shadow);
+        let runner = DiffusionRunner::new(model, num_blocks, self.block_size, block_length)?.with_eviction(eviction, self.eviction_shadow)
+            .with_phase_timing(self.time_denoise_phases);
         let mut engine = Engine::assemble(ModelRunner::Diffusion(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
         engine.set_overlap(self.overlap)?;
         Ok(engine)

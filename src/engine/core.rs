@@ -336,6 +336,9 @@ impl Engine {
         }
         if l.stage == crate::scheduler::Stage::Denoise {
             self.metrics.record_denoise(l, &result);
+            if let ModelRunner::Diffusion(r) = &self.runner {
+                self.metrics.denoise.phases = r.phase_times();
+            }
             if let Some((revealed, kept)) = self.scheduler.revealed_in_kept() {
                 (self.metrics.denoise.revealed, self.metrics.denoise.revealed_kept) = (revealed, kept);
             }

@@ -5,9 +5,14 @@
 use crate::diffusion::{importance_of, EvictionInput, EvictionPolicy};
 use crate::kv::KvStore;
 use crate::models::diffusion::{DiffusionAttention, DiffusionModel};
-use crate::ops::{AttnMask, PagedBatch, PagedBatchHost, RopeAngles};
+use crate::ops::{compact_rows, AttnMask, PagedBatch, PagedBatchHost, RopeAngles};
 use crate::scheduler::{Launch, LaunchResult, LaunchRow, RowOutput, Stage};
 use candle_core::{DType, Device, Result, Tensor, D};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Accumulated wall time per phase of the denoise launches, in first-seen order.
+pub type PhaseTimes = Vec<(&'static str, Duration)>;
 
 /// Owns the model and the device KV store; runs one launch at a time.
 pub struct DiffusionRunner {
@@ -20,6 +25,31 @@ pub struct DiffusionRunner {
     /// Which masked tokens run past layer 1 (FOCUS); `shadow`: select but run everything.
     eviction: Option<Box<dyn EvictionPolicy>>,
     shadow: bool,
+    /// When set, launches synchronise the device at each phase boundary and add the phase's
+    /// wall time here (profiling: it costs the host/device overlap within a launch).
+    phases: Option<Mutex<PhaseTimes>>,
+}
+
+/// Marks phase boundaries of one launch (a no-op unless phase timing is on).
+struct Lap<'a> {
+    clock: Option<(Instant, &'a Mutex<PhaseTimes>)>,
+    device: &'a Device,
+}
+
+impl Lap<'_> {
+    fn mark(&mut self, phase: &'static str) -> Result<()> {
+        if let Some((since, acc)) = &mut self.clock {
+            self.device.synchronize()?;
+            let now = Instant::now();
+            let mut acc = acc.lock().expect("phase clock poisoned");
+            match acc.iter_mut().find(|(p, _)| *p == phase) {
+                Some((_, d)) => *d += now - *since,
+                None => acc.push((phase, now - *since)),
+            }
+            *since = now;
+        }
+        Ok(())
+    }
 }
 
 /// Device tensors of one denoise launch, before readback.
@@ -49,7 +79,23 @@ impl DiffusionRunner {
             *b = f32::NEG_INFINITY;
         }
         let no_mask_bias = Tensor::from_vec(bias, (1, s.vocab_size), model.device())?;
-        Ok(Self { model, kv, block_size, mask, no_mask_bias, eviction: None, shadow: false })
+        Ok(Self { model, kv, block_size, mask, no_mask_bias, eviction: None, shadow: false, phases: None })
+    }
+
+    /// Times each phase of every launch (device synchronised between phases); read the totals
+    /// with [`DiffusionRunner::phase_times`].
+    pub fn with_phase_timing(mut self, on: bool) -> Self {
+        self.phases = on.then(|| Mutex::new(Vec::new()));
+        self
+    }
+
+    /// Wall time per phase over all launches so far (empty unless phase timing is on).
+    pub fn phase_times(&self) -> PhaseTimes {
+        self.phases.as_ref().map(|p| p.lock().expect("phase clock poisoned").clone()).unwrap_or_default()
+    }
+
+    fn lap(&self) -> Lap<'_> {
+        Lap { clock: self.phases.as_ref().map(|p| (Instant::now(), p)), device: self.model.device() }
     }
 
     /// Applies `policy` to denoise steps whose rows carry [`crate::scheduler::EvictRow`]s; with
@@ -69,9 +115,11 @@ impl DiffusionRunner {
 
     /// Runs `launch` and reads its results back (one synchronisation per launch).
     pub fn run(&self, launch: &Launch) -> Result<LaunchResult> {
-        let fwd = self.forward(launch)?;
+        let mut lap = self.lap();
+        let fwd = self.forward_lapped(launch, &mut lap)?;
         let tokens = fwd.tokens.to_vec1::<u32>()?;
         let conf = fwd.confidence.to_vec1::<f32>()?;
+        lap.mark("lm head + readout")?;
         let mut at = 0;
         let rows = launch
             .rows
@@ -93,6 +141,10 @@ impl DiffusionRunner {
 
     /// Runs `launch` on the device; results stay there.
     pub fn forward(&self, launch: &Launch) -> Result<DenoiseForward> {
+        self.forward_lapped(launch, &mut Lap { clock: None, device: self.model.device() })
+    }
+
+    fn forward_lapped(&self, launch: &Launch, lap: &mut Lap) -> Result<DenoiseForward> {
         if launch.stage != Stage::Denoise {
             candle_core::bail!("a diffusion model runs denoise launches, not {:?}", launch.stage);
         }
@@ -113,6 +165,7 @@ impl DiffusionRunner {
         let positions = Tensor::new(host.write_positions.as_slice(), dev)?;
         let rope = self.model.rope(&positions)?;
         let h = self.model.embed(&Tensor::new(ids.as_slice(), dev)?)?;
+        lap.mark("embed + rope")?;
         let scored = match &self.eviction {
             Some(p) if spec.num_layers >= 2 && launch.rows.iter().any(|r| r.evict.is_some() && !r.readout.is_empty()) => Some(p.as_ref()),
             _ => None,
@@ -120,9 +173,11 @@ impl DiffusionRunner {
         let (h, host, kept) = match scored {
             None => {
                 let batch = PagedBatch::new(host.clone(), self.block_size, self.mask, spec.num_kv_heads * spec.head_dim, dev)?;
-                (self.model.forward(&h, &rope, &batch, &self.kv)?, host, vec![None; launch.rows.len()])
+                let h = self.model.forward(&h, &rope, &batch, &self.kv)?;
+                lap.mark("layers")?;
+                (h, host, vec![None; launch.rows.len()])
             }
-            Some(policy) => self.forward_evicting(launch, policy, h, &rope, host)?,
+            Some(policy) => self.forward_evicting(launch, policy, h, &rope, host, lap)?,
         };
         // Read out the readout tokens that ran to the end, in row order.
         let (mut readout, mut per_row) = (Vec::new(), Vec::with_capacity(launch.rows.len()));
@@ -150,16 +205,8 @@ impl DiffusionRunner {
         Ok(DenoiseForward { tokens, confidence, per_row, kept })
     }
 
-    /// The LM head over `h` reduced to each row's greedy token (never the mask) and its
-    /// probability. On CUDA one pass over the logits in the model dtype; elsewhere via f32.
     fn greedy_readout(&self, h: &Tensor) -> Result<(Tensor, Tensor)> {
-        #[cfg(feature = "cuda")]
-        if h.device().is_cuda() {
-            let mask = self.model.spec().mask_token_id;
-            return crate::ops::cuda::greedy_confidence(&self.model.head_native(h)?, Some(mask));
-        }
-        let logits = self.model.head(h)?.broadcast_add(&self.no_mask_bias)?;
-        greedy_with_confidence(&logits)
+        greedy_readout(self.model.as_ref(), h, &self.no_mask_bias)
     }
 
     /// Layers 0 and 1 over every token with the masked tokens scored at both; the policy picks
@@ -173,6 +220,7 @@ impl DiffusionRunner {
         h: Tensor,
         rope: &RopeAngles,
         host: PagedBatchHost,
+        lap: &mut Lap,
     ) -> Result<(Tensor, PagedBatchHost, Vec<Option<Vec<u32>>>)> {
         let spec = self.model.spec();
         let dev = self.model.device();
@@ -197,13 +245,16 @@ impl DiffusionRunner {
             if l == 0 {
                 h = self.model.finish_layer(0, &h, &p.q, &batch, &self.kv)?;
             } else {
-                let delta = (&imp[1] - &imp[0])?.to_vec2::<f32>()?;
-                let kept = self.select(launch, policy, &scored, &delta)?;
+                let delta = (&imp[1] - &imp[0])?;
+                lap.mark("layers 0-1 + importance")?;
+                let kept = self.select(launch, policy, &scored, &delta.to_vec2::<f32>()?)?;
+                lap.mark("selection")?;
                 if self.shadow {
                     h = self.model.finish_layer(1, &h, &p.q, &batch, &self.kv)?;
                     for l in 2..spec.num_layers {
                         h = self.model.layer(l, &h, rope, &batch, &self.kv)?;
                     }
+                    lap.mark("layers past 1")?;
                     return Ok((h, host, kept));
                 }
                 // Compact to the kept tokens: each row sees keys up to its rightmost kept one.
@@ -221,13 +272,17 @@ impl DiffusionRunner {
                     host_k.context_lens.push(pos[*keep.last().expect("a row keeps a token") as usize] + 1);
                     host_k.cu_q_lens.push(index.len() as u32);
                 }
-                let idx = Tensor::new(index.as_slice(), dev)?;
-                let rope_k = RopeAngles { cos: rope.cos.index_select(&idx, 0)?, sin: rope.sin.index_select(&idx, 0)? };
+                let [h_k, q_k, cos, sin]: [Tensor; 4] = compact_rows(&[&h, &p.q, &rope.cos, &rope.sin], &index)?
+                    .try_into()
+                    .map_err(|_| candle_core::Error::Msg("compact_rows returned the wrong number of tensors".into()))?;
+                let rope_k = RopeAngles { cos, sin };
                 let batch_k = PagedBatch::new(host_k.clone(), self.block_size, self.mask, kv_width, dev)?;
-                h = self.model.finish_layer(1, &h.index_select(&idx, 0)?, &p.q.index_select(&idx, 0)?, &batch_k, &self.kv)?;
+                lap.mark("compaction")?;
+                h = self.model.finish_layer(1, &h_k, &q_k, &batch_k, &self.kv)?;
                 for l in 2..spec.num_layers {
                     h = self.model.layer(l, &h, &rope_k, &batch_k, &self.kv)?;
                 }
+                lap.mark("layers past 1")?;
                 return Ok((h, host_k, kept));
             }
         }
@@ -257,6 +312,19 @@ impl DiffusionRunner {
         }
         Ok(kept)
     }
+}
+
+/// The final norm and LM head over `h` `[n, hidden]` reduced to each row's greedy token (never
+/// the mask token) and its probability. On CUDA one pass over the logits in the model dtype;
+/// elsewhere via f32 logits plus `no_mask_bias` (`[1, vocab]`, −∞ at the mask token).
+pub fn greedy_readout(model: &dyn DiffusionModel, h: &Tensor, no_mask_bias: &Tensor) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if h.device().is_cuda() {
+        let mask = model.spec().mask_token_id;
+        return crate::ops::cuda::greedy_confidence(&model.head_native(h)?, Some(mask));
+    }
+    let logits = model.head(h)?.broadcast_add(no_mask_bias)?;
+    greedy_with_confidence(&logits)
 }
 
 /// Per row of f32 `logits` `[n, vocab]`: the argmax and its softmax probability

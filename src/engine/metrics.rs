@@ -49,6 +49,9 @@ pub struct DenoiseStats {
     /// `(tokens revealed under an eviction policy, of them in the step's kept set)`.
     pub revealed: u64,
     pub revealed_kept: u64,
+    /// Wall time per phase of the denoise launches (embedding, layers, FOCUS selection and
+    /// compaction, LM head + readout), when `EngineBuilder::time_denoise_phases` is on.
+    pub phases: Vec<(&'static str, Duration)>,
 }
 
 impl DenoiseStats {

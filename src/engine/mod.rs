@@ -14,7 +14,7 @@ mod runner;
 pub use builder::{DiffusionSchedulerContext, EngineBuilder, SchedulerContext, SchedulerKind};
 pub use core::Engine;
 pub use handle::{EngineHandle, RequestStream};
-pub use diffusion_runner::{greedy_with_confidence, DenoiseForward, DiffusionRunner};
+pub use diffusion_runner::{greedy_readout, greedy_with_confidence, DenoiseForward, DiffusionRunner, PhaseTimes};
 pub use metrics::{DenoiseStats, EngineMetrics, StageStats};
 pub use request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
 pub use runner::{Forward, LoopedRunner, Pending};

@@ -76,6 +76,77 @@ pub fn qkv_rope_write_reference(
     Ok(q)
 }
 
+/// Like [`qkv_rope_write`] with an optional per-head RMSNorm of q and k (`qk_norm`: the q and
+/// k weights `[head_dim]`, Qwen3 / SDAR) before RoPE; returns rotated q `[T, heads, head_dim]`,
+/// rotated k and v `[T, kv_heads, head_dim]` (contiguous). On CUDA one launch for head dims
+/// that are multiples of 64 up to 256; elsewhere [`qkv_norm_rope_write_reference`].
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_norm_rope_write(
+    qkv: &Tensor,
+    qk_norm: Option<(&Tensor, &Tensor)>,
+    eps: f64,
+    angles: &RopeAngles,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if qkv.device().is_cuda() && head_dim % 64 == 0 && head_dim <= 256 {
+        let dt = qkv.dtype();
+        let mut same: Vec<&Tensor> = vec![&angles.cos, &angles.sin, k_cache, v_cache];
+        if let Some((qn, kn)) = qk_norm {
+            same.extend([qn, kn]);
+        }
+        if super::is_float(dt) && same.iter().all(|t| t.dtype() == dt && t.is_contiguous()) {
+            return super::cuda::qkv_norm_rope_write(
+                &qkv.contiguous()?,
+                qk_norm,
+                eps,
+                &angles.cos,
+                &angles.sin,
+                k_cache,
+                v_cache,
+                &batch.slot_mapping,
+                heads,
+                kv_heads,
+                head_dim,
+            );
+        }
+    }
+    qkv_norm_rope_write_reference(qkv, qk_norm, eps, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
+}
+
+/// The composition of candle ops behind [`qkv_norm_rope_write`] (its CPU path).
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_norm_rope_write_reference(
+    qkv: &Tensor,
+    qk_norm: Option<(&Tensor, &Tensor)>,
+    eps: f64,
+    angles: &RopeAngles,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (t, nh, nkv, hd) = (qkv.dim(0)?, heads, kv_heads, head_dim);
+    let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
+    let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
+    let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?.contiguous()?;
+    let (q, k) = match qk_norm {
+        Some((qn, kn)) => (rms_norm(&q.contiguous()?, qn, eps)?, rms_norm(&k.contiguous()?, kn, eps)?),
+        None => (q, k),
+    };
+    let (q, k) = (angles.apply_split_half(&q)?, angles.apply_split_half(&k)?);
+    write_kv(k_cache, &k, batch)?;
+    write_kv(v_cache, &v, batch)?;
+    Ok((q, k, v))
+}
+
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))`: a sandwich norm's residual
 /// add followed by the next sub-layer's input norm. The first norm's output is rounded to the
 /// dtype before the add, as with separate ops; statistics in f32.

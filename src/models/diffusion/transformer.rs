@@ -236,6 +236,16 @@ impl DiffusionModel for DenseDiffusion {
         Ok(Projected { q: rope.apply_split_half(&q)?, k: rope.apply_split_half(&k)?, v })
     }
 
+    /// The split, q/k norm, RoPE and K/V write as one fused op (one launch on CUDA).
+    fn project_write(&self, l: usize, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Projected> {
+        let layer = &self.layers[l];
+        let s = &self.spec;
+        let qkv = layer.qkv.forward(&ops::rms_norm(h, &layer.attn_norm, self.arch.rms_norm_eps)?)?;
+        let norm = layer.qk_norm.as_ref().map(|(q, k)| (q, k));
+        let (q, k, v) = ops::qkv_norm_rope_write(&qkv, norm, self.arch.rms_norm_eps, rope, kv.k(l), kv.v(l), batch, s.num_heads, s.num_kv_heads, s.head_dim)?;
+        Ok(Projected { q, k, v })
+    }
+
     fn finish_layer(&self, l: usize, h: &Tensor, q: &Tensor, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
         let layer = &self.layers[l];
         let (nh, hd) = (self.spec.num_heads, self.spec.head_dim);

@@ -561,6 +561,119 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     Ok(wrap(q_out, dev, (tokens, heads, head_dim)))
 }
 
+/// [`qkv_rope_write`] with an optional per-head RMSNorm of q and k before RoPE, returning
+/// `(q [T, H, D], k [T, KVH, D], v [T, KVH, D])`; D a multiple of 64, at most 256.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_norm_rope_write(
+    qkv: &Tensor,
+    qk_norm: Option<(&Tensor, &Tensor)>,
+    eps: f64,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "qkv_norm_rope_write";
+    let dev = cuda_dev(qkv, OP)?;
+    let dtype = qkv.dtype();
+    same_device_dtype(OP, dtype, qkv, &[("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)])?;
+    if let Some((qn, kn)) = qk_norm {
+        same_device_dtype(OP, dtype, qkv, &[("q_norm", qn), ("k_norm", kn)])?;
+        if qn.dims() != [head_dim] || kn.dims() != [head_dim] {
+            bail!("{OP} (cuda): q/k norm weights {:?} / {:?} for head dim {head_dim}", qn.dims(), kn.dims());
+        }
+    }
+    if !slot_mapping.device().same_device(qkv.device()) || slot_mapping.dtype() != DType::U32 {
+        bail!("{OP} (cuda): slot_mapping must be u32 on the device of qkv");
+    }
+    let (tokens, width) = qkv.dims2()?;
+    if head_dim % 64 != 0 || head_dim > 256 || width != (heads + 2 * kv_heads) * head_dim {
+        bail!("{OP} (cuda): qkv width {width} vs heads {heads}, kv heads {kv_heads}, head dim {head_dim} (a multiple of 64 up to 256)");
+    }
+    let (nb, bs, kvh, hd) = k_cache.dims4()?;
+    if kvh != kv_heads || hd != head_dim || v_cache.dims() != k_cache.dims() {
+        bail!("{OP} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}", k_cache.dims(), v_cache.dims());
+    }
+    if cos.dims() != [tokens, head_dim / 2] || sin.dims() != cos.dims() || slot_mapping.dims() != [tokens] {
+        bail!("{OP} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens", cos.dims(), sin.dims(), slot_mapping.dims());
+    }
+    if tokens * width > i32::MAX as usize || tokens > u32::MAX as usize {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let suf = dtype_suffix(dtype, OP)?;
+    if tokens == 0 {
+        let z = |h: usize| Tensor::zeros((0, h, head_dim), dtype, qkv.device());
+        return Ok((z(heads)?, z(kv_heads)?, z(kv_heads)?));
+    }
+    let a = NormRopeArgs { qkv, qk_norm, eps, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots: nb * bs };
+    match dtype {
+        DType::BF16 => norm_rope_launch::<bf16>(&dev, suf, &a),
+        DType::F16 => norm_rope_launch::<f16>(&dev, suf, &a),
+        _ => norm_rope_launch::<f32>(&dev, suf, &a),
+    }
+}
+
+struct NormRopeArgs<'a> {
+    qkv: &'a Tensor,
+    qk_norm: Option<(&'a Tensor, &'a Tensor)>,
+    eps: f64,
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    k_cache: &'a Tensor,
+    v_cache: &'a Tensor,
+    slot_mapping: &'a Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    num_slots: usize,
+}
+
+fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &NormRopeArgs) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "qkv_norm_rope_write";
+    let tokens = a.qkv.dim(0)?;
+    let (qs, ql) = a.qkv.storage_and_layout();
+    let (cs, cl) = a.cos.storage_and_layout();
+    let (ss, sl) = a.sin.storage_and_layout();
+    let (ks, kl) = a.k_cache.storage_and_layout();
+    let (vs, vl) = a.v_cache.storage_and_layout();
+    let (ms, ml) = a.slot_mapping.storage_and_layout();
+    // Without q/k norm the weight arguments are never read; cos stands in for them.
+    let (qn, kn) = a.qk_norm.unwrap_or((a.cos, a.cos));
+    let (qns, qnl) = qn.storage_and_layout();
+    let (kns, knl) = kn.storage_and_layout();
+    let qkv_v = op_view::<T>(&qs, ql, OP, "qkv")?;
+    let cos_v = op_view::<T>(&cs, cl, OP, "cos")?;
+    let sin_v = op_view::<T>(&ss, sl, OP, "sin")?;
+    // Caches written in place under the read lock, ordered by the device's one stream (see
+    // `qkv_rope_launch`).
+    let k_v = op_view::<T>(&ks, kl, OP, "k_cache")?;
+    let v_v = op_view::<T>(&vs, vl, OP, "v_cache")?;
+    let slots = op_view::<u32>(&ms, ml, OP, "slot_mapping")?;
+    let qn_v = op_view::<T>(&qns, qnl, OP, "q_norm")?;
+    let kn_v = op_view::<T>(&kns, knl, OP, "k_norm")?;
+    let (h, kvh, hd) = (a.heads, a.kv_heads, a.head_dim);
+    // SAFETY: one warp per (token, head) writes every element of q, k and v.
+    let mut q_out = unsafe { dev.alloc::<T>(tokens * h * hd)? };
+    let mut k_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
+    let mut v_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
+    let func = dev.get_or_load_custom_func(&format!("qkv_norm_rope_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    const WARPS: usize = 4;
+    let units = h + 2 * kvh;
+    let cfg = LaunchConfig { grid_dim: (tokens as u32, units.div_ceil(WARPS) as u32, 1), block_dim: (32 * WARPS as u32, 1, 1), shared_mem_bytes: 0 };
+    let (hi, kvhi, hdi, norm, eps, ns) = (h as i32, kvh as i32, hd as i32, a.qk_norm.is_some() as i32, a.eps as f32, a.num_slots as i64);
+    let mut b = func.builder();
+    b.arg(&mut q_out).arg(&mut k_out).arg(&mut v_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&qn_v).arg(&kn_v).arg(&norm);
+    b.arg(&cos_v).arg(&sin_v).arg(&slots).arg(&hi).arg(&kvhi).arg(&hdi).arg(&eps).arg(&ns);
+    // SAFETY: argument list matches `qkv_norm_rope_write_*` in fused.cu; shapes checked by the caller.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok((wrap(q_out, dev, (tokens, h, hd)), wrap(k_out, dev, (tokens, kvh, hd)), wrap(v_out, dev, (tokens, kvh, hd))))
+}
+
 /// Writes token rows `src` `[tokens, kv_heads, head_dim]` into `cache`
 /// `[num_blocks, block_size, kv_heads, head_dim]` at the flat rows `slot_mapping` `[tokens]`, in
 /// place (the paged KV write of models whose K/V are not produced by `qkv_rope_write`).
@@ -872,4 +985,75 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     Ok(wrap(out, dev, dims))
+}
+
+/// Rows `index` of each of up to four `sources` `[T, ..]` of one dtype, in one launch (see
+/// `compact_rows_*` in focus.cu). Indices were checked against `T` by the caller.
+pub fn compact_rows(sources: &[&Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
+    const OP: &str = "compact_rows";
+    let Some(first) = sources.first() else { return Ok(vec![]) };
+    if sources.len() > 4 {
+        bail!("{OP} (cuda): at most four sources, got {}", sources.len());
+    }
+    let dtype = first.dtype();
+    let dev = cuda_dev(first, OP)?;
+    let srcs = sources.iter().map(|s| s.contiguous()).collect::<Result<Vec<_>>>()?;
+    let named: Vec<(&str, &Tensor)> = srcs.iter().map(|s| ("source", s)).collect();
+    same_device_dtype(OP, dtype, first, &named)?;
+    let suf = dtype_suffix(dtype, OP)?;
+    match dtype {
+        DType::BF16 => compact_launch::<bf16>(&dev, suf, &srcs, index),
+        DType::F16 => compact_launch::<f16>(&dev, suf, &srcs, index),
+        _ => compact_launch::<f32>(&dev, suf, &srcs, index),
+    }
+}
+
+fn compact_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, srcs: &[Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
+    const OP: &str = "compact_rows";
+    let rows = srcs[0].dim(0)?;
+    let n = index.len();
+    let shapes: Vec<Vec<usize>> = srcs.iter().map(|s| std::iter::once(n).chain(s.dims()[1..].iter().copied()).collect()).collect();
+    let widths: Vec<usize> = srcs.iter().map(|s| s.elem_count() / rows.max(1)).collect();
+    if n == 0 || rows == 0 {
+        return shapes.into_iter().map(|s| Tensor::zeros(s, srcs[0].dtype(), srcs[0].device())).collect();
+    }
+    if n > i32::MAX as usize || widths.iter().any(|&w| w > i32::MAX as usize) {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let stream = dev.cuda_stream();
+    let idx = dev.clone_htod(index)?;
+    // SAFETY: the kernel writes every element of each output ([n, width]).
+    let mut outs = widths.iter().map(|&w| unsafe { dev.alloc::<T>(n * w) }).collect::<Result<Vec<_>>>()?;
+    let storages: Vec<_> = srcs.iter().map(|s| s.storage_and_layout()).collect();
+    let views = storages.iter().map(|(st, l)| op_view::<T>(st, l, OP, "source")).collect::<Result<Vec<_>>>()?;
+    // Raw pointers so that unused slots (width 0, never dereferenced) can repeat the first.
+    let (mut src_ptrs, mut dst_ptrs, mut syncs_r, mut syncs_w) = (vec![], vec![], vec![], vec![]);
+    for v in &views {
+        let (p, s) = v.device_ptr(&stream);
+        src_ptrs.push(p);
+        syncs_r.push(s);
+    }
+    for o in outs.iter_mut() {
+        let (p, s) = o.device_ptr_mut(&stream);
+        dst_ptrs.push(p);
+        syncs_w.push(s);
+    }
+    let w: Vec<i32> = (0..4).map(|i| widths.get(i).map_or(0, |&w| w as i32)).collect();
+    let sp: Vec<u64> = (0..4).map(|i| *src_ptrs.get(i).unwrap_or(&src_ptrs[0])).collect();
+    let dp: Vec<u64> = (0..4).map(|i| *dst_ptrs.get(i).unwrap_or(&dst_ptrs[0])).collect();
+    let total_rows = rows as i64;
+    let func = dev.get_or_load_custom_func(&format!("compact_rows_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
+    let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let mut b = func.builder();
+    for i in 0..4 {
+        b.arg(&dp[i]).arg(&sp[i]).arg(&w[i]);
+    }
+    b.arg(&idx).arg(&total_rows);
+    // SAFETY: argument list matches `compact_rows_*` in focus.cu; pointers address live
+    // allocations of the widths passed, ordered on the device's one stream.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    drop((syncs_r, syncs_w));
+    Ok(outs.into_iter().zip(shapes).map(|(o, s)| wrap(o, dev, s)).collect())
 }

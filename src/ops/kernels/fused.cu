@@ -8,6 +8,9 @@
 // add_rms_norm_*: h2 = residual + T(rms_norm(x, w_x)); out = T(rms_norm(h2, w_next)). One block
 //   per row, f32 sums (candle's rmsnorm: scale = rsqrt(mean(x^2) + eps), y = T(scale * x * w)).
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
+// qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
+//   [D], candle's rmsnorm rounding) before RoPE (Qwen3 / SDAR), one warp per (token, head) over
+//   the q, k and v heads; also returns rotated k and v [T, KVH, D] (FOCUS scores them).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -90,6 +93,79 @@ __device__ void qkv_rope_write(T *__restrict__ q_out, T *__restrict__ k_cache, T
         const int hw = kv_heads * half;
         dst[j] = v[j];
         dst[j + hw] = v[j + hw];
+    }
+}
+
+
+// grid (T, ceil((H + 2*KVH) / warps per block)); D a multiple of 64, at most 256.
+template <typename T>
+__device__ void qkv_norm_rope_write(T *__restrict__ q_out, T *__restrict__ k_out, T *__restrict__ v_out,
+                                    T *__restrict__ k_cache, T *__restrict__ v_cache,
+                                    const T *__restrict__ qkv, const T *__restrict__ q_w,
+                                    const T *__restrict__ k_w, int has_norm, const T *__restrict__ cos_t,
+                                    const T *__restrict__ sin_t, const uint32_t *__restrict__ slots,
+                                    int heads, int kv_heads, int head_dim, float eps, long long num_slots) {
+    constexpr int MAXJ = 8;
+    const int t = blockIdx.x;
+    const int lane = threadIdx.x & 31;
+    const int unit = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int units = heads + 2 * kv_heads;
+    if (unit >= units) return;
+    const int per = head_dim >> 5;  // elements per lane: lane + 32 j
+    const T *src = qkv + (long long)t * units * head_dim + (long long)unit * head_dim;
+    const long long slot = (long long)slots[t];
+    const bool slot_ok = slot < num_slots;
+    const long long kv_width = (long long)kv_heads * head_dim;
+    if (unit >= heads + kv_heads) {
+        const int vh = unit - heads - kv_heads;
+        T *vo = v_out + ((long long)t * kv_heads + vh) * head_dim;
+        T *vc = v_cache + slot * kv_width + (long long)vh * head_dim;
+        for (int j = 0; j < per; ++j) {
+            const T x = src[lane + 32 * j];
+            vo[lane + 32 * j] = x;
+            if (slot_ok) vc[lane + 32 * j] = x;
+        }
+        return;
+    }
+    float x[MAXJ];
+#pragma unroll
+    for (int j = 0; j < MAXJ; ++j) x[j] = j < per ? to_f(src[lane + 32 * j]) : 0.f;
+    const bool is_q = unit < heads;
+    if (has_norm) {
+        const T *w = is_q ? q_w : k_w;
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < MAXJ; ++j) ss += x[j] * x[j];
+        const float scale = rsqrtf(warp_sum(ss) / head_dim + eps);
+#pragma unroll
+        for (int j = 0; j < MAXJ; ++j)
+            if (j < per) x[j] = round_t<T>(x[j] * scale * to_f(w[lane + 32 * j]));
+    }
+    const int half = head_dim >> 1, hj = per >> 1;
+    T *dst;
+    T *cache = nullptr;
+    if (is_q) {
+        dst = q_out + ((long long)t * heads + unit) * head_dim;
+    } else {
+        const int kh = unit - heads;
+        dst = k_out + ((long long)t * kv_heads + kh) * head_dim;
+        if (slot_ok) cache = k_cache + slot * kv_width + (long long)kh * head_dim;
+    }
+#pragma unroll
+    for (int j = 0; j < MAXJ / 2; ++j) {
+        if (j >= hj) break;
+        const int i = lane + 32 * j;
+        const float c = to_f(cos_t[(long long)t * half + i]);
+        const float s = to_f(sin_t[(long long)t * half + i]);
+        const float x1 = x[j], x2 = x[j + hj];
+        const T o1 = from_f<T>(x1 * c - x2 * s);
+        const T o2 = from_f<T>(x1 * s + x2 * c);
+        dst[i] = o1;
+        dst[i + half] = o2;
+        if (cache) {
+            cache[i] = o1;
+            cache[i + half] = o2;
+        }
     }
 }
 
@@ -219,6 +295,13 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
         const uint32_t *slots, int heads, int kv_heads, int head_dim, long long num_slots) {       \
         qkv_rope_write<T>(q_out, k_cache, v_cache, qkv, cos_t, sin_t, slots, heads, kv_heads,      \
                           head_dim, num_slots);                                                    \
+    }                                                                                              \
+    extern "C" __global__ void qkv_norm_rope_write_##SUF(                                          \
+        T *q_out, T *k_out, T *v_out, T *k_cache, T *v_cache, const T *qkv, const T *q_w,          \
+        const T *k_w, int has_norm, const T *cos_t, const T *sin_t, const uint32_t *slots,         \
+        int heads, int kv_heads, int head_dim, float eps, long long num_slots) {                   \
+        qkv_norm_rope_write<T>(q_out, k_out, v_out, k_cache, v_cache, qkv, q_w, k_w, has_norm,     \
+                               cos_t, sin_t, slots, heads, kv_heads, head_dim, eps, num_slots);    \
     }                                                                                              \
     extern "C" __global__ void add_rms_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,    \
                                                   const T *w_x, const T *w_next, int ncols,        \
