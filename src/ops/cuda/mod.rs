@@ -835,14 +835,22 @@ fn focus_launch<T: CudaDType + DeviceRepr>(
     let k_v = op_view::<T>(&ks, kl, OP, "k")?;
     let g_v = op_view::<u32>(&gs, gl, OP, "gather")?;
     let l_v = op_view::<u32>(&ls, ll, OP, "lens")?;
-    // SAFETY: the kernel writes every element of [rows, m].
+    // SAFETY: pass 1 writes every element of [rows, heads, m], pass 2 every element of [rows, m].
+    let mut partial = unsafe { dev.alloc::<f32>(rows * heads * m)? };
     let mut out = unsafe { dev.alloc::<f32>(rows * m)? };
-    let func = dev.get_or_load_custom_func(&format!("focus_importance_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (mm, h, g, dd, scale) = (m as i32, heads as i32, kvh as i32, d as i32, 1.0f32 / (d as f32).sqrt());
+    let func = dev.get_or_load_custom_func(&format!("focus_importance_heads_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, heads as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();
-    b.arg(&mut out).arg(&q_v).arg(&k_v).arg(&g_v).arg(&l_v).arg(&mm).arg(&h).arg(&g).arg(&dd).arg(&scale);
-    // SAFETY: argument list matches `focus_importance_*` in focus.cu; sizes checked by the caller.
+    b.arg(&mut partial).arg(&q_v).arg(&k_v).arg(&g_v).arg(&l_v).arg(&mm).arg(&h).arg(&g).arg(&dd).arg(&scale);
+    // SAFETY: argument list matches `focus_importance_heads_*` in focus.cu; sizes checked by the caller.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    let func = dev.get_or_load_custom_func(&format!("focus_importance_sum_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&partial).arg(&l_v).arg(&mm).arg(&h);
+    // SAFETY: argument list matches `focus_importance_sum_*` in focus.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     Ok(wrap(out, dev, (rows, m)))
