@@ -4,6 +4,7 @@
     python3 tools/bench_tables.py                      # looped_cb, looped_cdb, looped_huginn, diffusion
     python3 tools/bench_tables.py looped_cdb_eager.json
     python3 tools/bench_tables.py diffusion.json       # bench_diffusion: throughput + phase breakdown
+    python3 tools/bench_tables.py focus.json           # FOCUS vs both baselines + phase-timed launches
 
 Files whose rows carry `overlap` (bench_looped since deferred readback, merged by
 tools/merge_bench.py) get the per-mean-depth tables, the no-exit check and the per-stage time
@@ -254,14 +255,19 @@ def diffusion(name="diffusion.json"):
               + (f" {vs_delayed} |" if kept else "") + f" {r['tokens_per_step']:.1f} of {r['block']} |" + (f" {k} |" if kept else "")
               + f" {r['decoded_per_step']:.2f} (trace mean {r['mean_unmask']:g}) | {r['window_steps']} | {ms:.0f} |")
     print()
-    bd = d.get("breakdown") or []
+    bd = sorted(d.get("breakdown") or [], key=lambda r: r["batch"])
     if not bd:
         return
     print(f"<!-- {name}, phase breakdown: {d['gpu']}, commit {d['commit']} -->")
     print(f"*{d['gpu']}, commit `{d['commit']}`; command above (`--breakdown`).*")
     print()
-    phases = [("qkv_norm_rope_ms", "QKV + q/k norm + RoPE"), ("kv_write_ms", "K/V write"), ("attention_ms", "paged attention"),
-              ("o_proj_mlp_ms", "o_proj + MLP"), ("lm_head_readout_ms", "LM head + readout"), ("embed_rope_ms", "embed + RoPE angles")]
+    # Since e18a0d2 the q/k norm, RoPE and K/V write are one fused op, timed with the QKV matmul.
+    fused = "qkv_norm_rope_kv_write_ms" in bd[0]
+    qkv_key = "qkv_norm_rope_kv_write_ms" if fused else "qkv_norm_rope_ms"
+    phases = [(qkv_key, "QKV + q/k norm + RoPE + K/V write" if fused else "QKV + q/k norm + RoPE")]
+    phases += [] if fused else [("kv_write_ms", "K/V write")]
+    phases += [("attention_ms", "paged attention"), ("o_proj_mlp_ms", "o_proj + MLP"), ("lm_head_readout_ms", "LM head + readout"),
+               ("embed_rope_ms", "embed + RoPE angles")]
     print("| B | tokens (prefix) | " + " | ".join(f"{p}, ms (share)" for _, p in phases) + " | total ms | µs per token |")
     print("|---|---|" + "---|" * len(phases) + "---|---|")
     for r in bd:
@@ -269,21 +275,58 @@ def diffusion(name="diffusion.json"):
         print(f"| {r['batch']} | {r['tokens']} ({r['prefix']}) | " + " | ".join(cells) + f" | **{r['total_ms']:.1f}** | {1e3 * r['total_ms'] / r['tokens']:.1f} |")
     print()
     # Effective matmul rates: the breakdown reads out every position of each row's block but the first 3.
-    print("| B | QKV + q/k norm + RoPE, TFLOP/s | o_proj + MLP, TFLOP/s | LM head + readout, TFLOP/s (readouts) |")
+    print(f"| B | {phases[0][1]}, TFLOP/s | o_proj + MLP, TFLOP/s | LM head + readout, TFLOP/s (readouts) |")
     print("|---|---|---|---|")
     for r in bd:
         block = r["tokens"] // r["batch"]
         readouts = r["batch"] * (block - 3)
         qkv, o_mlp, head = sdar_flops(r["tokens"], readouts)
-        print(f"| {r['batch']} | {qkv / r['qkv_norm_rope_ms'] / 1e9:.0f} | {o_mlp / r['o_proj_mlp_ms'] / 1e9:.0f} | "
+        print(f"| {r['batch']} | {qkv / r[qkv_key] / 1e9:.0f} | {o_mlp / r['o_proj_mlp_ms'] / 1e9:.0f} | "
               f"{head / r['lm_head_readout_ms'] / 1e9:.0f} ({readouts}) |")
     print()
 
 
+PHASE_ORDER = ["embed + rope", "layers", "layers 0-1 + importance", "selection", "compaction", "layers past 1", "lm head + readout"]
+
+
+def focus(name="focus.json"):
+    """FOCUS against both baselines, then the phase-timed runs (ms per launch by phase)."""
+    d = json.loads((bench / name).read_text())
+    print(f"<!-- {name}: {d['gpu']}, commit {d['commit']} -->")
+    print(f"*{d['gpu']}, commit `{d['commit']}`; command above.*")
+    print()
+    rows = d["results"]
+    by = {(r["batch"], r["mode"]): r for r in rows}
+    print("| batch B | baseline tokens/s | baseline-delayed tokens/s | FOCUS tokens/s | FOCUS × over baseline | FOCUS × over baseline-delayed "
+          "| tokens through layers 0–1 per request-step | kept past layer 1 (FOCUS) | decoded per request-step, baseline / FOCUS |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for b in sorted({r["batch"] for r in rows}):
+        base, dl, fo = by[(b, "baseline")], by[(b, "baseline-delayed")], by[(b, "focus")]
+        print(f"| {b} | {base['tokens_per_s']:.0f} | {dl['tokens_per_s']:.0f} | **{fo['tokens_per_s']:.0f}** | **{fo['speedup_vs_baseline']:.2f}×** "
+              f"| {fo['speedup_vs_delayed']:.2f}× | {fo['tokens_per_step']:.1f} (delayed: {dl['tokens_per_step']:.1f}; baseline 32) "
+              f"| {fo['kept_per_step']:.1f} | {base['decoded_per_step']:.2f} / {fo['decoded_per_step']:.2f} |")
+    print()
+    ph = d.get("phases")
+    if not ph:
+        return
+    print(f"<!-- {name}, phases: {d['gpu']}, commit {ph['commit']} -->")
+    print(f"*{d['gpu']}, commit `{ph['commit']}`: `{ph['command']}`.*")
+    print()
+    names = [p for p in PHASE_ORDER if any(p in r["phases_ms_per_launch"] for r in ph["results"])]
+    print("| B | mode | tokens/s (phase-timed) | launch ms | " + " | ".join(names) + " |")
+    print("|---|---|---|---|" + "---|" * len(names))
+    for r in ph["results"]:
+        cells = [f"{r['phases_ms_per_launch'][p]:.2f}" if p in r["phases_ms_per_launch"] else "–" for p in names]
+        print(f"| {r['batch']} | {r['mode']} | {r['tokens_per_s']:.0f} | {r['launch_ms']:.1f} | " + " | ".join(cells) + " |")
+    print()
+
+
 import sys
-for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json", "looped_huginn.json", "diffusion.json"]:
+for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json", "looped_huginn.json", "diffusion.json", "focus.json"]:
     if name.startswith("diffusion"):
         diffusion(name)
+    elif name.startswith("focus"):
+        focus(name)
     else:
         (cb if name.startswith("looped_cb") else cdb)(name)
     print()

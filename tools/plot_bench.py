@@ -174,18 +174,22 @@ def plot_diffusion(path):
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({r["batch"] for r in rows}))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_ylim(0, DIFFUSION_TARGET * 1.6)
+    ax.set_ylim(0, max(DIFFUSION_TARGET * 1.6, 1.15 * max(r["tokens_per_s"] for r in rows)))
     ax.set_xlabel("batch B (max_num_seqs)"); ax.set_ylabel("generated tokens/s")
     dps = [r["decoded_per_step"] for r in rows]
     ax.set_title(f"block 32, replayed unmask mean {rows[0]['mean_unmask']:g} "
                  f"(realised {min(dps):.2f}–{max(dps):.2f} per step)", fontsize=9)
-    ax.legend(fontsize=6.5, loc="upper left", ncol=2, framealpha=0.95); ax.grid(True, which="both", alpha=0.3)
-    bd = doc.get("breakdown") or []
+    ax.legend(fontsize=6.5, loc="lower right", ncol=2, framealpha=0.95); ax.grid(True, which="both", alpha=0.3)
+    bd = sorted(doc.get("breakdown") or [], key=lambda r: r["batch"])
     write = "K/V write (candle scatter_set)" if str(doc.get("commit"))[:7] in SCATTER_KV_WRITE else "K/V write"
-    phases = [("kv_write_ms", write, "tab:red"), ("o_proj_mlp_ms", "o_proj + MLP", "tab:blue"),
-              ("lm_head_readout_ms", "LM head + readout (f32 logits)", "tab:orange"),
-              ("qkv_norm_rope_ms", "QKV + q/k norm + RoPE", "tab:cyan"), ("attention_ms", "paged attention", "tab:purple"),
-              ("embed_rope_ms", "embed + RoPE angles", "tab:gray")]
+    if bd and "qkv_norm_rope_kv_write_ms" in bd[0]:  # fused projection (e18a0d2 on)
+        phases = [("o_proj_mlp_ms", "o_proj + MLP", "tab:blue"), ("lm_head_readout_ms", "LM head + greedy readout", "tab:orange"),
+                  ("qkv_norm_rope_kv_write_ms", "QKV + q/k norm + RoPE + K/V write", "tab:cyan")]
+    else:
+        phases = [("kv_write_ms", write, "tab:red"), ("o_proj_mlp_ms", "o_proj + MLP", "tab:blue"),
+                  ("lm_head_readout_ms", "LM head + readout (f32 logits)", "tab:orange"),
+                  ("qkv_norm_rope_ms", "QKV + q/k norm + RoPE", "tab:cyan")]
+    phases += [("attention_ms", "paged attention", "tab:purple"), ("embed_rope_ms", "embed + RoPE angles", "tab:gray")]
     x = list(range(len(bd)))
     bottom = [0.0] * len(bd)
     for key, label, c in phases:
@@ -203,6 +207,43 @@ def plot_diffusion(path):
     save(fig, path)
 
 
+FOCUS_TARGET = 2.3
+
+
+def plot_focus(path):
+    """Left: tokens/s by batch (baseline, delayed cache, FOCUS) with the FOCUS README figures.
+    Right: FOCUS's speed-up over both baselines against the 2.3× target."""
+    doc = json.loads(path.read_text())
+    rows = doc["results"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.5, 4.2))
+    colors = {"baseline": "tab:blue", "baseline-delayed": "tab:red", "focus": "tab:purple"}
+    batches = sorted({r["batch"] for r in rows})
+    for mode, c in colors.items():
+        pts = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["batch"])
+        ax.plot([r["batch"] for r in pts], [r["tokens_per_s"] for r in pts], "o-", color=c, label=f"ponder {mode}")
+    ax.plot(list(LMDEPLOY_SDAR), list(LMDEPLOY_SDAR.values()), "s:", color="tab:gray", label="LMDeploy baseline (FOCUS README)")
+    ax.plot(list(FOCUS_SDAR), list(FOCUS_SDAR.values()), "^:", color="tab:green", label="LMDeploy + FOCUS (FOCUS README)")
+    ax.set_xscale("log", base=2); ax.set_xticks(batches)
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_ylim(0, None); ax.set_xlabel("batch B"); ax.set_ylabel("generated tokens/s")
+    ax.set_title("same replayed unmask counts for every mode (like-for-like)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left"); ax.grid(True, which="both", alpha=0.3)
+    fo = sorted((r for r in rows if r["mode"] == "focus"), key=lambda r: r["batch"])
+    bx.plot([r["batch"] for r in fo], [r["speedup_vs_baseline"] for r in fo], "o-", color="tab:blue", label="FOCUS ÷ baseline (no delayed cache)")
+    bx.plot([r["batch"] for r in fo], [r["speedup_vs_delayed"] for r in fo], "o-", color="tab:red", label="FOCUS ÷ baseline-delayed")
+    paper = {b: FOCUS_SDAR[b] / LMDEPLOY_SDAR[b] for b in FOCUS_SDAR}
+    bx.plot(list(paper), list(paper.values()), "^:", color="tab:green", label="FOCUS README (τ 0.8 vs 0.9, not like-for-like)")
+    bx.axhline(FOCUS_TARGET, color="k", ls="--", lw=1, label=f"target {FOCUS_TARGET}× at B = 256")
+    bx.axhline(1.0, color="gray", lw=0.8)
+    bx.set_xscale("log", base=2); bx.set_xticks(batches)
+    bx.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    bx.set_ylim(0, 2.8); bx.set_xlabel("batch B"); bx.set_ylabel("speed-up (tokens/s ratio)")
+    bx.legend(fontsize=7, loc="lower right"); bx.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"FOCUS (α 1.5), {doc['model']} — {doc['gpu']}, commit {doc['commit']}", fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
+
 def plot(path):
     stem = path.stem
     if stem.startswith("looped_cb"):
@@ -216,6 +257,8 @@ def plot(path):
         plot_quality.plot(path)
     elif stem.startswith("diffusion"):
         plot_diffusion(path)
+    elif stem.startswith("focus"):
+        plot_focus(path)
 
 
 if __name__ == "__main__":
