@@ -127,3 +127,38 @@ fn released_layout_loads_sharded_fp32_with_freqs_cis() {
     let mut bf16 = EngineBuilder::new(&sharded).dtype(ponder::DType::BF16).block_size(4).build().unwrap();
     assert_eq!(bf16.generate([vec![5u32, 6]], &ponder::GenerationParams::greedy(3)).unwrap().remove(0).unwrap().token_ids.len(), 3);
 }
+
+/// Upstream's seeded truncated-normal initial state: batched == sequential under depth batching
+/// (the state is a function of seed and position, not of the batch), it changes what the model
+/// generates, scale 0 is the zero state, and the option is refused where it does not apply.
+#[test]
+fn seeded_initial_state_is_batch_invariant() {
+    use ponder::models::InitialState;
+    let (_tmp, dir) = tiny_huginn(4);
+    let ps = prompts(6, 9);
+    let max_new: Vec<usize> = (0..ps.len()).map(|i| 4 + (i * 3) % 6).collect();
+    let make = |w: usize, init: InitialState| {
+        builder(&dir, KvLayoutKind::Shared, w)
+            .scheduler(SchedulerKind::Depth { refill: true })
+            .exit_gate(Replay::new(DepthTrace::with_mean(3.5, 2, 6, 11).unwrap(), 2, 6).unwrap())
+            .min_coda_batch_size(2)
+            .huginn_initial_state(init)
+    };
+    let noisy = InitialState::TruncatedNormal { scale: 1.0, seed: 7 };
+    let want = sequential(&mut make(1, noisy).build().unwrap(), &ps, &max_new);
+    let mut engine = make(3, noisy).build().unwrap();
+    assert_eq!(batched(&mut engine, &ps, &max_new), want, "batched == sequential with a seeded s0");
+    assert_kv_empty(&engine);
+    let zeros = sequential(&mut make(1, InitialState::Zeros).build().unwrap(), &ps, &max_new);
+    assert_ne!(want, zeros, "a non-zero s0 changes the generation");
+    let scale0 = sequential(&mut make(1, InitialState::TruncatedNormal { scale: 0.0, seed: 7 }).build().unwrap(), &ps, &max_new);
+    assert_eq!(scale0, zeros, "scale 0 is the zero state");
+    let other_seed = sequential(&mut make(1, InitialState::TruncatedNormal { scale: 1.0, seed: 8 }).build().unwrap(), &ps, &max_new);
+    assert_ne!(other_seed, want, "the seed matters");
+
+    let bad = make(1, InitialState::TruncatedNormal { scale: -1.0, seed: 7 }).build();
+    assert!(matches!(bad, Err(ponder::Error::InvalidOption(_))), "a negative scale is refused");
+    let (_t2, ouro) = tiny_dir(1);
+    let not_huginn = builder(&ouro, KvLayoutKind::Shared, 1).huginn_initial_state(noisy).build();
+    assert!(matches!(not_huginn, Err(ponder::Error::InvalidOption(_))), "Ouro has no initial-state option");
+}

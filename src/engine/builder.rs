@@ -9,7 +9,7 @@ use crate::gate::{ExitGate, FixedDepth};
 use crate::kv::{check_layout, KvLayout, KvLayoutKind, KvManager};
 use crate::loader::ModelDir;
 use crate::models::looped::{Huginn, Ouro};
-use crate::models::{LoopedModel, LoopedSpec, ModelConfig};
+use crate::models::{InitialState, LoopedModel, LoopedSpec, ModelConfig};
 use crate::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, DiffusionBatching, DiffusionConfig, Scheduler, SchedulerLimits};
 use crate::{Error, Result};
 use candle_core::{DType, Device};
@@ -106,6 +106,7 @@ pub struct EngineBuilder {
     eviction: Option<Box<dyn EvictionPolicy>>,
     eviction_shadow: bool,
     time_denoise_phases: bool,
+    initial_state: Option<InitialState>,
     diffusion_factory: Option<DiffusionSchedulerFactory>,
 }
 
@@ -158,6 +159,7 @@ impl EngineBuilder {
             eviction: None,
             eviction_shadow: false,
             time_denoise_phases: false,
+            initial_state: None,
             diffusion_factory: None,
         }
     }
@@ -290,6 +292,13 @@ impl EngineBuilder {
         self.time_denoise_phases = on;
         self
     }
+    /// Huginn loaded from a model directory: the state each token's recurrence starts from
+    /// (default [`InitialState::Zeros`], as the CDB authors serve it). Other models, and models
+    /// passed in memory (call `Huginn::with_initial_state` on those), are a typed error.
+    pub fn huginn_initial_state(mut self, init: InitialState) -> Self {
+        self.initial_state = Some(init);
+        self
+    }
     /// Caps the context window below the model's own.
     pub fn max_model_len(mut self, n: usize) -> Self {
         self.max_model_len = Some(n);
@@ -314,7 +323,10 @@ impl EngineBuilder {
                 let weights = dir.weights(self.dtype, &self.device)?;
                 let model = match &dir.config {
                     ModelConfig::Ouro(c) => Loaded::Looped(Box::new(Ouro::load(c, &weights)?)),
-                    ModelConfig::Huginn(c) => Loaded::Looped(Box::new(Huginn::load(c, &weights)?)),
+                    ModelConfig::Huginn(c) => {
+                        let init = self.initial_state.take().unwrap_or_default();
+                        Loaded::Looped(Box::new(Huginn::load(c, &weights)?.with_initial_state(init)?))
+                    }
                     other => Loaded::Diffusion(Box::new(crate::models::diffusion::load(other, &weights)?)),
                 };
                 (model, dir.tokenizer()?, dir.eos_token_ids.clone())
@@ -322,6 +334,11 @@ impl EngineBuilder {
             Source::Model { model, tokenizer, eos } => (Loaded::Looped(model), tokenizer, eos),
             Source::Diffusion { model, tokenizer, eos } => (Loaded::Diffusion(model), tokenizer, eos),
         };
+        if self.initial_state.is_some() {
+            return Err(Error::InvalidOption(
+                "huginn_initial_state applies to Huginn loaded from a model directory (in memory: Huginn::with_initial_state)".into(),
+            ));
+        }
         let model = match model {
             Loaded::Looped(m) => m,
             Loaded::Diffusion(m) => return self.build_diffusion(m, tokenizer, eos),

@@ -7,4 +7,4 @@ pub mod looped;
 
 pub use config::{DreamConfig, HuginnConfig, LladaConfig, ModelConfig, OuroConfig, SdarConfig};
 pub use diffusion::{DiffusionAttention, DiffusionModel, DiffusionSpec};
-pub use looped::{CoreOut, LoopedModel, LoopedSpec, StageInput};
+pub use looped::{CoreOut, InitialState, LoopedModel, LoopedSpec, StageInput};

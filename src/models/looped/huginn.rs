@@ -6,7 +6,7 @@
 //! blocks (write KV) + ln_f; head = tied LM head. The loop state carried between stages is
 //! `[s | e]` (2h wide): every step needs the prelude output e again.
 
-use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
+use super::{InitialState, CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::models::HuginnConfig;
@@ -42,6 +42,9 @@ pub struct Huginn {
     lm_head: Linear,
     rope: RopeTable,
     device: Device,
+    initial_state: InitialState,
+    /// `[max_context, hidden]` s0 per position, when the initial state is not zero.
+    s0_table: Option<Tensor>,
 }
 
 impl Huginn {
@@ -106,7 +109,22 @@ impl Huginn {
             spec,
             cfg: cfg.clone(),
             device: w.device().clone(),
+            initial_state: InitialState::Zeros,
+            s0_table: None,
         })
+    }
+
+    /// Starts every token's recurrence from `init` instead of the zero state (upstream's seeded
+    /// truncated normal; see [`InitialState`]). Builds a `[max_context, hidden]` table once.
+    pub fn with_initial_state(mut self, init: InitialState) -> crate::Result<Self> {
+        init.validate()?;
+        self.s0_table = init.table(self.spec.max_context, self.spec.hidden_size, self.spec.dtype, &self.device)?;
+        self.initial_state = init;
+        Ok(self)
+    }
+
+    pub fn initial_state(&self) -> InitialState {
+        self.initial_state
     }
 
     fn block_forward(&self, b: &Block, x: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
@@ -148,13 +166,17 @@ impl LoopedModel for Huginn {
     }
 
     fn prepare(&self, positions: &Tensor) -> Result<StageInput> {
-        Ok(StageInput { rope: self.rope.angles(positions)? })
+        Ok(StageInput { rope: self.rope.angles(positions)?, positions: positions.clone() })
     }
 
     fn prelude(&self, ids: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
         let e = (self.wte.index_select(ids, 0)? * self.embed_scale)?;
         let e = self.blocks(&self.prelude, e, input, batch, kv)?;
-        Tensor::cat(&[&e.zeros_like()?, &e], D::Minus1)
+        let s0 = match &self.s0_table {
+            Some(table) => table.index_select(&input.positions, 0)?,
+            None => e.zeros_like()?,
+        };
+        Tensor::cat(&[&s0, &e], D::Minus1)
     }
 
     fn core_step(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut> {

@@ -3,9 +3,11 @@
 //! the block table of its own cache slot in the [`PagedBatch`]).
 
 mod huginn;
+mod initial_state;
 mod ouro;
 
 pub use huginn::Huginn;
+pub use initial_state::InitialState;
 pub use ouro::Ouro;
 
 use crate::kv::KvStore;
@@ -52,6 +54,8 @@ impl LoopedSpec {
 #[derive(Debug, Clone)]
 pub struct StageInput {
     pub rope: RopeAngles,
+    /// `[tokens]` u32 absolute positions (Huginn's seeded initial state is looked up by them).
+    pub positions: Tensor,
 }
 
 /// Output of one core step over a batch of tokens.

@@ -149,7 +149,7 @@ impl LoopedModel for Ouro {
     }
 
     fn prepare(&self, positions: &Tensor) -> Result<StageInput> {
-        Ok(StageInput { rope: self.rope.angles(positions)? })
+        Ok(StageInput { rope: self.rope.angles(positions)?, positions: positions.clone() })
     }
 
     fn prelude(&self, ids: &Tensor, _input: &StageInput, _batch: &PagedBatch, _kv: &KvStore) -> Result<Tensor> {
