@@ -924,9 +924,25 @@ enum Graphs {
     On,
 }
 
-/// Runs `prompts` (all queued at once) to completion, greedy, in one of the [`Graphs`] modes.
+/// A Huginn small enough for the test and wide enough for the attention kernels (head dim 64).
+fn graph_test_huginn() -> ponder::models::HuginnConfig {
+    let mut cfg = ponder::testing::tiny_huginn_config(512);
+    cfg.n_embd = 256;
+    cfg.intermediate_size = 512;
+    cfg.n_heads = 4;
+    cfg.num_key_value_heads = Some(4);
+    cfg.head_dim = Some(64);
+    cfg.block_size = 2048;
+    cfg.max_steps = 4;
+    cfg
+}
+
+/// Runs `prompts` (all queued at once) to completion, greedy, in one of the [`Graphs`] modes,
+/// on the tiny Ouro (or Huginn: prelude and a coda with their own attention blocks).
+#[allow(clippy::too_many_arguments)]
 fn graph_engine_run(
     gpu: &Device,
+    huginn: bool,
     sched: ponder::SchedulerKind,
     layout: ponder::KvLayoutKind,
     width: usize,
@@ -935,11 +951,19 @@ fn graph_engine_run(
     new_tokens: &[usize],
 ) -> Vec<Vec<u32>> {
     use ponder::gate::{DepthTrace, Replay};
-    use ponder::models::looped::Ouro;
-    let cfg = graph_test_config();
-    let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, gpu).unwrap();
-    let model = Ouro::load(&cfg, &weights).unwrap();
-    let mut b = ponder::EngineBuilder::from_model(Box::new(model), None, vec![])
+    use ponder::models::looped::{Huginn, Ouro};
+    let model: Box<dyn ponder::models::LoopedModel> = if huginn {
+        let cfg = graph_test_huginn();
+        let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, gpu).unwrap();
+        let wte = t["transformer.wte.weight"].clone();
+        t.insert("lm_head.weight".into(), wte);
+        Box::new(Huginn::load(&cfg, &ponder::loader::Weights::from_map(t, DType::BF16, gpu)).unwrap())
+    } else {
+        let cfg = graph_test_config();
+        let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, gpu).unwrap();
+        Box::new(Ouro::load(&cfg, &weights).unwrap())
+    };
+    let mut b = ponder::EngineBuilder::from_model(model, None, vec![])
         .scheduler(sched)
         .kv_layout(layout)
         .max_num_seqs(width)
@@ -989,23 +1013,26 @@ fn cuda_graphs_match_eager() {
     let new_tokens: Vec<usize> = (0..n).map(|_| rng.random_range(3..60)).collect();
     use ponder::{KvLayoutKind, SchedulerKind};
     let cases = [
-        ("cb depth-indexed W40", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40),
-        ("cb shared W7", SchedulerKind::Continuous, KvLayoutKind::Shared, 7),
-        ("cdb-refill shared W40", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 40),
-        ("cdb-refill shared W13", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13),
+        ("cb depth-indexed W40", false, SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40),
+        ("cb shared W7", false, SchedulerKind::Continuous, KvLayoutKind::Shared, 7),
+        ("cdb-refill shared W40", false, SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 40),
+        ("cdb-refill shared W13", false, SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13),
+        // Huginn's coda (attention blocks writing KV) is captured per (rows, context) too.
+        ("huginn cdb-refill shared W13", true, SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13),
+        ("huginn cb shared W7", true, SchedulerKind::Continuous, KvLayoutKind::Shared, 7),
     ];
     // Replay must reproduce the graph bodies run eagerly bit for bit. Against the plain eager
     // path, bf16 results may differ slightly: padding changes the gemm row count and the context
     // bucket changes the attention key split, so near-ties can flip a greedy token late in a
     // sequence (first device run: 34/37 identical for CB depth-indexed W40). That comparison is
     // reported and only loosely bounded.
-    for (name, sched, layout, width) in cases {
+    for (name, huginn, sched, layout, width) in cases {
         let t = std::time::Instant::now();
-        let eager = graph_engine_run(&gpu, sched, layout, width, Graphs::Off, &prompts, &new_tokens);
+        let eager = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::Off, &prompts, &new_tokens);
         let t_eager = t.elapsed();
-        let bodies = graph_engine_run(&gpu, sched, layout, width, Graphs::BodiesOnly, &prompts, &new_tokens);
+        let bodies = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::BodiesOnly, &prompts, &new_tokens);
         let t = std::time::Instant::now();
-        let graphs = graph_engine_run(&gpu, sched, layout, width, Graphs::On, &prompts, &new_tokens);
+        let graphs = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::On, &prompts, &new_tokens);
         let t_graphs = t.elapsed();
         let mut bad = 0;
         for (i, (a, b)) in eager.iter().zip(&graphs).enumerate() {

@@ -408,9 +408,8 @@ impl LoopedRunner {
             }
             Stage::Coda => {
                 self.bank.as_ref()?;
-                // A coda with its own blocks (Huginn) attends over the KV: not captured yet.
-                (!self.model.spec().heavy_coda).then_some(())?;
-                // The coda attends through slot 0 (prelude and coda layers use it).
+                // The coda attends through slot 0 (prelude and coda layers use it); a heavy coda
+                // (Huginn's blocks) writes and reads its KV there like a full-depth decode does.
                 Some(GraphKey { stage: Stage::Coda, rows, ctx: ctx_bucket(max_ctx), slots: vec![0] })
             }
             _ => None,
