@@ -94,6 +94,32 @@ fn focus_needs_the_delayed_cache_and_unshifted_logits() {
     let _ = StaticCount::new(1).unwrap();
 }
 
+/// Phase timing names FOCUS's phases, accounts for (almost) the whole launch time, changes no
+/// token, and is refused for looped models.
+#[test]
+fn phase_timing_covers_focus_launches_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = sdar_dir(tmp.path());
+    let ps = prompts(4, 6);
+    let focus = || builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default());
+    let want = run_all(&mut focus().build().unwrap(), &ps, 16);
+    let mut timed = focus().time_denoise_phases(true).build().unwrap();
+    assert_eq!(run_all(&mut timed, &ps, 16), want, "timing must not change the tokens");
+    let m = timed.metrics();
+    let names: Vec<&str> = m.denoise.phases.iter().map(|(p, _)| *p).collect();
+    for p in ["embed + rope", "layers 0-1 + importance", "selection", "compaction", "layers past 1", "lm head + readout"] {
+        assert!(names.contains(&p), "phase {p} missing from {names:?}");
+    }
+    let phases: f64 = m.denoise.phases.iter().map(|(_, d)| d.as_secs_f64()).sum();
+    let launches = m.stages["denoise"].time.as_secs_f64();
+    assert!(phases > 0.0 && phases <= launches * 1.001, "phases {phases} s vs launches {launches} s");
+    assert!(builder(&dir, 4).build().unwrap().metrics().denoise.phases.is_empty(), "off by default");
+    let ouro = tmp.path().join("ouro");
+    ponder::testing::write_random_ouro(&ouro, &ponder::testing::tiny_ouro_config(VOCAB), 1).unwrap();
+    let looped = EngineBuilder::new(&ouro).time_denoise_phases(true).build();
+    assert!(matches!(looped, Err(ponder::Error::InvalidOption(_))), "diffusion-only option on a looped model");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
