@@ -17,6 +17,11 @@ written with all arguments to OUT/training.json.
     python3 tools/train/train_ouro.py --corpus corpus --tokenizer corpus/tokenizer.json \
         --out assets/tiny-ouro --minutes 8
     python3 tools/train/train_ouro.py --smoke --out /tmp/ouro-smoke    # CPU, 20 steps, ~1 minute
+
+Every --eval-every steps the full-depth (last loop) cross-entropy on the first --eval-seqs
+held-out windows is measured; the exported weights are those with the best of these (the last
+weights included; --no-keep-best exports the last weights). The first GPU-trained model overfit:
+its held-out perplexity rose with depth and over the last minutes of training.
 """
 import argparse
 import json
@@ -155,6 +160,21 @@ def export(model, cfg, tokenizer_path, out):
         shutil.copy(tokenizer_path, out / "tokenizer.json")
 
 
+def heldout_ce(model, x, y, device, autocast, loops, chunk=32):
+    """Mean next-token cross-entropy per loop over held-out windows x -> y (in chunks: the
+    per-loop logits of all of them at once are GBs)."""
+    was_training = model.training
+    model.eval()
+    ce_sum = torch.zeros(loops, dtype=torch.float64)
+    with torch.no_grad(), autocast:
+        for i in range(0, len(x), chunk):
+            logits, _ = model(x[i : i + chunk].to(device))
+            yy = y[i : i + chunk].to(device).flatten()
+            ce_sum += torch.tensor([F.cross_entropy(logits[j].flatten(0, 1).float(), yy, reduction="sum").item() for j in range(loops)], dtype=torch.float64)
+    model.train(was_training)
+    return (ce_sum / y.numel()).tolist()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--corpus", default="corpus")
@@ -174,10 +194,15 @@ def main():
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
+    ap.add_argument("--eval-every", type=int, default=250, help="steps between held-out evaluations (keep-best)")
+    ap.add_argument("--eval-seqs", type=int, default=64, help="held-out windows per periodic evaluation")
+    ap.add_argument("--no-keep-best", dest="keep_best", action="store_false",
+                    help="export the last weights instead of those with the best periodic full-depth held-out CE")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: 20 steps (at most 2 minutes) --batch 8, held-out on 16 sequences")
     args = ap.parse_args()
     if args.smoke:
         args.minutes, args.max_steps, args.batch, args.log_every = min(args.minutes, 2.0), min(args.max_steps, 20), 8, 5
+        args.eval_every, args.eval_seqs = 10, 8
 
     torch.manual_seed(args.seed)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -207,6 +232,13 @@ def main():
     gen = torch.Generator().manual_seed(args.seed)
     data = batches(train_ids, args.batch, args.seq, gen, device)
     autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
+    xs = held_ids[: (len(held_ids) - 1) // args.seq * args.seq + 1]
+    held_x, held_y = xs[:-1].view(-1, args.seq), xs[1:].view(-1, args.seq)
+    if args.smoke:
+        held_x, held_y = held_x[:16], held_y[:16]
+    eval_x, eval_y = held_x[: args.eval_seqs], held_y[: args.eval_seqs]
+    best = (float("inf"), None, -1)  # full-depth held-out CE, CPU copy of the weights, step
+    evals = []
     curve, start, step = [], time.time(), 0
     budget = args.minutes * 60
     while step < args.max_steps and time.time() - start < budget:
@@ -227,27 +259,31 @@ def main():
             curve.append(row)
             print(json.dumps(row), flush=True)
         step += 1
+        if args.eval_every > 0 and step % args.eval_every == 0:
+            ce = heldout_ce(model, eval_x, eval_y, device, autocast, args.loops)
+            evals.append({"step": step, "seconds": round(time.time() - start, 1), "heldout_ce_per_loop": [round(c, 4) for c in ce]})
+            print(json.dumps(evals[-1]), flush=True)
+            if args.keep_best and ce[-1] < best[0]:
+                best = (ce[-1], {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}, step)
 
     train_seconds = time.time() - start
     print(f"{step} steps in {train_seconds:.1f} s ({step / train_seconds:.2f} steps/s)")
+    exported_step = step
+    if args.keep_best:  # the last weights compete with the best periodic ones
+        last = heldout_ce(model, eval_x, eval_y, device, autocast, args.loops)[-1]
+        print(f"last weights: full-depth held-out CE {last:.4f}; best periodic {best[0]:.4f} at step {best[2]}")
+        if best[1] is not None and best[0] < last:
+            model.load_state_dict(best[1])
+            exported_step = best[2]
+            print(f"exporting the weights of step {exported_step}")
     model.eval()
-    with torch.no_grad(), autocast:
-        xs = held_ids[: (len(held_ids) - 1) // args.seq * args.seq + 1]
-        x = xs[:-1].view(-1, args.seq)
-        y = xs[1:].view(-1, args.seq)
-        if args.smoke:
-            x, y = x[:16], y[:16]
-        ce_sum = torch.zeros(args.loops, dtype=torch.float64)
-        for i in range(0, len(x), 32):  # in chunks: the per-loop logits of all of it at once are GBs
-            logits, _ = model(x[i : i + 32].to(device))
-            yy = y[i : i + 32].to(device).flatten()
-            ce_sum += torch.tensor([F.cross_entropy(logits[j].flatten(0, 1).float(), yy, reduction="sum").item() for j in range(args.loops)], dtype=torch.float64)
-        ce = (ce_sum / y.numel()).tolist()
+    ce = heldout_ce(model, held_x, held_y, device, autocast, args.loops)
     print("held-out perplexity per loop (full depth = last):", [round(math.exp(c), 2) for c in ce])
     out = pathlib.Path(args.out)
     export(model.float(), cfg, args.tokenizer, out)
     (out / "training.json").write_text(json.dumps({"args": vars(args), "device": device, "steps": step, "train_seconds": round(train_seconds, 1),
                                                    "steps_per_second": step / train_seconds, "curve": curve,
+                                                   "periodic_evals": evals, "exported_step": exported_step,
                                                    "heldout_ppl_per_loop": [math.exp(c) for c in ce]}))
     print(f"exported to {out} after {step} steps")
 
