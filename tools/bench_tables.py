@@ -295,7 +295,7 @@ def focus(name="focus.json"):
     print(f"<!-- {name}: {d['gpu']}, commit {d['commit']} -->")
     print(f"*{d['gpu']}, commit `{d['commit']}`; command above.*")
     print()
-    rows = d["results"]
+    rows = d["results"] + d.get("baseline_delayed", [])  # results: baseline and focus (the schema)
     by = {(r["batch"], r["mode"]): r for r in rows}
     print("| batch B | baseline tokens/s | baseline-delayed tokens/s | FOCUS tokens/s | FOCUS × over baseline | FOCUS × over baseline-delayed "
           "| tokens through layers 0–1 per request-step | kept past layer 1 (FOCUS) | decoded per request-step, baseline / FOCUS |")

@@ -214,7 +214,7 @@ def plot_focus(path):
     """Left: tokens/s by batch (baseline, delayed cache, FOCUS) with the FOCUS README figures.
     Right: FOCUS's speed-up over both baselines against the 2.3× target."""
     doc = json.loads(path.read_text())
-    rows = doc["results"]
+    rows = doc["results"] + doc.get("baseline_delayed", [])
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.5, 4.2))
     colors = {"baseline": "tab:blue", "baseline-delayed": "tab:red", "focus": "tab:purple"}
     batches = sorted({r["batch"] for r in rows})
