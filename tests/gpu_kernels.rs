@@ -1256,3 +1256,86 @@ fn fused_qkv_norm_rope_write() {
         }
     }
 }
+
+/// Diagnostic for the Huginn full-depth graph (its engine-level replay differed from its body
+/// run eagerly, so the runner does not capture it): the model's stages captured directly in a
+/// graph against the same calls run eagerly on the same static inputs — prelude alone, one core
+/// step, coda + head, and the whole full-depth chain. Prints the largest difference of each;
+/// requires the chain's logits to agree to bf16 rounding (a real capture bug shows as large,
+/// structured differences; a different GEMM algorithm under capture as rounding-level ones).
+#[test]
+fn huginn_stage_graphs_match_eager_numerically() {
+    use ponder::engine::Graph;
+    use ponder::kv::KvStore;
+    use ponder::models::looped::Huginn;
+    use ponder::models::LoopedModel;
+    let gpu = Device::new_cuda(0).unwrap();
+    let cfg = graph_test_huginn();
+    let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, &gpu).unwrap();
+    let wte = t["transformer.wte.weight"].clone();
+    t.insert("lm_head.weight".into(), wte);
+    let model = Huginn::load(&cfg, &ponder::loader::Weights::from_map(t, DType::BF16, &gpu)).unwrap();
+    let s = model.spec().clone();
+    let bs = 16;
+    let positions: Vec<u32> = vec![17, 40, 3, 100, 250, 0, 63];
+    let mut next = 0u32;
+    let tables: Vec<Vec<u32>> = positions
+        .iter()
+        .map(|&p| {
+            let n = (p as usize + 1).div_ceil(bs) as u32;
+            let tb = (next..next + n).collect();
+            next += n;
+            tb
+        })
+        .collect();
+    let kv = KvStore::new(s.num_kv_layers, next as usize + 1, bs, s.num_kv_heads, s.head_dim, DType::BF16, &gpu).unwrap();
+    let host = PagedBatchHost {
+        block_tables: tables,
+        context_lens: positions.iter().map(|&p| p + 1).collect(),
+        cu_q_lens: (0..=positions.len() as u32).collect(),
+        write_positions: vec![],
+    };
+    let batch = PagedBatch::new(host, bs, AttnMask::Causal, s.num_kv_heads * s.head_dim, &gpu).unwrap();
+    let ids = Tensor::new(&[5u32, 77, 300, 12, 9, 400, 1][..], &gpu).unwrap();
+    let pos = Tensor::new(positions.as_slice(), &gpu).unwrap();
+    type Stage<'a> = Box<dyn Fn() -> candle_core::Result<Tensor> + 'a>;
+    let prelude = || -> candle_core::Result<Tensor> { model.prelude(&ids, &model.prepare(&pos)?, &batch, &kv) };
+    let h0 = prelude().unwrap();
+    let stages: Vec<(&str, Stage)> = vec![
+        ("prelude", Box::new(prelude)),
+        ("core step", Box::new(|| Ok(model.core_step(&h0, &model.prepare(&pos)?, &batch, &kv)?.hidden))),
+        ("coda + head", Box::new(|| model.head(&model.coda(&h0, &model.prepare(&pos)?, &batch, &kv)?))),
+        (
+            "full depth (prelude, 4 core steps, coda, head)",
+            Box::new(|| {
+                let input = model.prepare(&pos)?;
+                let mut h = model.prelude(&ids, &input, &batch, &kv)?;
+                for _ in 0..4 {
+                    h = model.core_step(&h, &input, &batch, &kv)?.hidden;
+                }
+                model.head(&model.coda(&h, &input, &batch, &kv)?)
+            }),
+        ),
+    ];
+    let max_abs = |a: &Tensor, b: &Tensor| -> f32 {
+        (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap()).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+    };
+    for (name, run) in &stages {
+        // Each stage rewrites the same K/V rows with the same values, so runs are repeatable.
+        let eager = run().unwrap();
+        let again = run().unwrap();
+        let out = eager.zeros_like().unwrap();
+        let graph = Graph::capture(&gpu, || {
+            let y = run()?;
+            out.slice_set(&y, 0, 0)
+        })
+        .unwrap();
+        graph.launch().unwrap();
+        gpu.synchronize().unwrap();
+        let scale = eager.to_dtype(DType::F32).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap().max(1e-6);
+        let (d_again, d_graph) = (max_abs(&eager, &again), max_abs(&eager, &out));
+        println!("huginn {name}: max |eager − eager| {d_again:.3e}, max |eager − replay| {d_graph:.3e} (max |eager| {scale:.3e})");
+        assert_eq!(d_again, 0.0, "{name}: eager runs are not repeatable");
+        assert!(d_graph <= 0.05 * scale, "{name}: replay differs from eager by {d_graph} (scale {scale})");
+    }
+}

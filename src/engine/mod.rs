@@ -17,4 +17,5 @@ pub use handle::{EngineHandle, RequestStream};
 pub use diffusion_runner::{greedy_readout, greedy_with_confidence, DenoiseForward, DiffusionRunner, PhaseTimes};
 pub use metrics::{DenoiseStats, EngineMetrics, StageStats};
 pub use request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
+pub use graphs::Graph;
 pub use runner::{Forward, LoopedRunner, Pending};
