@@ -11,6 +11,10 @@ use candle_core::{DType, Device, Result, Tensor, D};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// After eviction: the final residual stream, the addressing it is packed by, and each row's
+/// kept token indices (`None` for rows not scored).
+type Evicted = (Tensor, PagedBatchHost, Vec<Option<Vec<u32>>>);
+
 /// Accumulated wall time per phase of the denoise launches, in first-seen order.
 pub type PhaseTimes = Vec<(&'static str, Duration)>;
 
@@ -221,7 +225,7 @@ impl DiffusionRunner {
         rope: &RopeAngles,
         host: PagedBatchHost,
         lap: &mut Lap,
-    ) -> Result<(Tensor, PagedBatchHost, Vec<Option<Vec<u32>>>)> {
+    ) -> Result<Evicted> {
         let spec = self.model.spec();
         let dev = self.model.device();
         let kv_width = spec.num_kv_heads * spec.head_dim;
