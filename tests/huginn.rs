@@ -161,4 +161,16 @@ fn seeded_initial_state_is_batch_invariant() {
     let (_t2, ouro) = tiny_dir(1);
     let not_huginn = builder(&ouro, KvLayoutKind::Shared, 1).huginn_initial_state(noisy).build();
     assert!(matches!(not_huginn, Err(ponder::Error::InvalidOption(_))), "Ouro has no initial-state option");
+    // A model built in memory takes the state on the model itself, not through the builder.
+    let cfg = tiny_huginn_config(VOCAB);
+    let mut t = ponder::testing::random_tensors(&huginn_tensor_manifest(&cfg), 4, ponder::DType::F32, &ponder::Device::Cpu).unwrap();
+    let wte = t["transformer.wte.weight"].clone();
+    t.insert("lm_head.weight".into(), wte);
+    let weights = ponder::loader::Weights::from_map(t, ponder::DType::F32, &ponder::Device::Cpu);
+    let model = ponder::models::looped::Huginn::load(&cfg, &weights).unwrap();
+    let in_memory = EngineBuilder::from_model(Box::new(model.clone()), None, vec![]).huginn_initial_state(noisy).build();
+    assert!(matches!(in_memory, Err(ponder::Error::InvalidOption(_))), "the builder option is for model directories");
+    let seeded = model.with_initial_state(noisy).unwrap();
+    assert_eq!(seeded.initial_state(), noisy);
+    assert!(EngineBuilder::from_model(Box::new(seeded), None, vec![]).build().is_ok());
 }
