@@ -137,6 +137,9 @@ struct RunStats {
     window_tokens_per_s: f64,
     whole_tokens_per_s: f64,
     tokens_per_step: f64,
+    /// Masked tokens per request-step (the readouts before eviction; FOCUS reads out only the
+    /// kept ones).
+    readouts_per_step: f64,
     decoded_per_step: f64,
     kept_per_step: Option<f64>,
     window_steps: usize,
@@ -216,6 +219,7 @@ fn run(model: &DenseDiffusion, args: &Args, batch: usize, mode: &str, jobs: &[Ve
         window_tokens_per_s: if window_time > 0.0 { window_tokens as f64 / window_time } else { tokens as f64 / whole },
         whole_tokens_per_s: tokens as f64 / whole,
         tokens_per_step: step_tokens as f64 / steps.max(1) as f64,
+        readouts_per_step: (m.denoise.readouts - before.denoise.readouts) as f64 / steps.max(1) as f64,
         decoded_per_step: generated as f64 / steps.max(1) as f64,
         kept_per_step: (mode == "focus").then(|| {
             let (k, n) = (m.denoise.kept_tokens - before.denoise.kept_tokens, m.denoise.scored_steps - before.denoise.scored_steps);
@@ -419,7 +423,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "mode": mode, "batch": b, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
                 "speedup_vs_baseline": speedup, "speedup_vs_delayed": over_delayed, "kept_per_step": st.kept_per_step,
                 "launch_ms": st.launch_ms, "host_ms_per_launch": st.host_ms, "repeats_tokens_per_s": all_tps, "phase_timed": args.phases, "phases_ms_per_launch": phases,
-                "tokens_per_step": st.tokens_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
+                "tokens_per_step": st.tokens_per_step, "readouts_per_step": st.readouts_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
                 "requests": jobs.len(), "new_tokens": args.new_tokens, "block": args.block, "mean_unmask": args.mean_unmask,
             }));
         }
