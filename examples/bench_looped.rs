@@ -6,7 +6,7 @@
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
 //!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
 //!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter]
-//!                  [--overlap off,on] [--repeats 1]
+//!                  [--overlap off,on] [--repeats 1] [--time-device]
 //!
 //! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
 //! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4;
@@ -27,7 +27,9 @@
 //! the FLOP bound for the realised mean depth, the fraction of the bound achieved, and an upper
 //! bound on the GPU idle share (host time not blocked on the device). With `--repeats N` each
 //! configuration runs N times on one engine after its warm-up and the median run is reported
-//! (every run's tokens/s is kept in the JSON); by default once.
+//! (every run's tokens/s is kept in the JSON); by default once. `--time-device` records each
+//! launch's device-side span with stream events (`EngineBuilder::time_device`): per stage in the
+//! JSON (`device_s`) and printed, exact under overlap where the host's wait is not.
 //!
 //! `--parity` first compares next-token logits of the bf16 CUDA model with the f32 CPU reference
 //! on the same weights. `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
@@ -64,6 +66,8 @@ struct Args {
     model: String,
     min_coda: Vec<String>,
     overlap: Vec<bool>,
+    /// Record each launch's device-side span (stream events) into the per-stage JSON.
+    time_device: bool,
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -87,6 +91,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         model: "ouro".into(),
         min_coda: vec!["1".into()],
         overlap: vec![false],
+        time_device: false,
     };
     let mut layout_set = false;
     let mut it = std::env::args().skip(1);
@@ -113,6 +118,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--model" => a.model = v()?,
             "--min-coda" => a.min_coda = v()?.split(',').map(String::from).collect(),
             "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
+            "--time-device" => a.time_device = true,
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,
@@ -462,7 +468,12 @@ fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize) -> Result<Ru
         let (t, w) = ((s.time - b.time).as_secs_f64(), (s.wait - b.wait).as_secs_f64());
         time += t;
         wait += w;
-        stages.insert(name.to_string(), serde_json::json!({ "launches": s.launches - b.launches, "rows": s.rows - b.rows, "seconds": t, "device_wait_s": w }));
+        let device = (s.device_time - b.device_time).as_secs_f64();
+        stages.insert(
+            name.to_string(),
+            serde_json::json!({ "launches": s.launches - b.launches, "rows": s.rows - b.rows, "seconds": t, "device_wait_s": w,
+                                "device_s": (s.device_timed > b.device_timed).then_some(device) }),
+        );
     }
     let hist: Vec<u64> = m.depth_histogram.iter().zip(before.depth_histogram.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect();
     let n: u64 = hist.iter().sum();
@@ -492,7 +503,8 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                 .max_num_seqs(w)
                 .max_num_batched_tokens(8192)
                 .kv_capacity_tokens(kv_tokens)
-                .min_coda_batch_size(min_coda);
+                .min_coda_batch_size(min_coda)
+                .time_device(args.time_device);
             match sched {
                 SchedulerKind::Continuous => b.build(),
                 _ => b.exit_gate(Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?).build(),
@@ -558,6 +570,14 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                         speedup.map_or("-".into(), |s| format!("{:.1}%", 100.0 * s / bound)),
                         100.0 * st.idle
                     );
+                    if args.time_device {
+                        let parts: Vec<String> = st.stages.as_object().into_iter().flatten()
+                            .filter_map(|(k, v)| v["device_s"].as_f64().map(|d| format!("{k} {d:.2} s / {} launches", v["launches"])))
+                            .collect();
+                        if !parts.is_empty() {
+                            println!("{:>14} device time: {}", "", parts.join(" · "));
+                        }
+                    }
                     results.push(serde_json::json!({
                         "mode": mode, "width": w, "min_coda_batch_size": min_coda, "overlap": overlap,
                         "mean_depth": if sched == SchedulerKind::Continuous { mean } else { realised },

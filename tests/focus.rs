@@ -118,6 +118,15 @@ fn phase_timing_covers_focus_launches_and_changes_nothing() {
     ponder::testing::write_random_ouro(&ouro, &ponder::testing::tiny_ouro_config(VOCAB), 1).unwrap();
     let looped = EngineBuilder::new(&ouro).time_denoise_phases(true).build();
     assert!(matches!(looped, Err(ponder::Error::InvalidOption(_))), "diffusion-only option on a looped model");
+    // Device-span timing is the looped models' counterpart (CUDA only: nothing is timed here).
+    let mut timed = EngineBuilder::new(&ouro).time_device(true).build().unwrap();
+    timed.add_request(vec![1, 2, 3], GenerationParams::greedy(3)).unwrap();
+    while timed.has_work() {
+        timed.step().unwrap();
+    }
+    assert!(timed.metrics().stages.values().all(|s| s.device_timed == 0), "no device spans off CUDA");
+    let on_diffusion = builder(&dir, 2).time_device(true).build();
+    assert!(matches!(on_diffusion, Err(ponder::Error::InvalidOption(_))), "looped-only option on a diffusion model");
 }
 
 proptest! {

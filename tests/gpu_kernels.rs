@@ -1339,3 +1339,42 @@ fn huginn_stage_graphs_match_eager_numerically() {
         assert!(d_graph <= 0.05 * scale, "{name}: replay differs from eager by {d_graph} (scale {scale})");
     }
 }
+
+/// `EngineBuilder::time_device`: every launch gets a device-side span, spans are positive and,
+/// summed, no longer than the run's wall time (overlap on: spans of consecutive launches do not
+/// overlap on one stream).
+#[test]
+fn device_spans_cover_every_launch() {
+    use ponder::gate::{DepthTrace, Replay};
+    let gpu = Device::new_cuda(0).unwrap();
+    let cfg = graph_test_config();
+    let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, &gpu).unwrap();
+    let model = ponder::models::looped::Ouro::load(&cfg, &weights).unwrap();
+    let mut engine = ponder::EngineBuilder::from_model(Box::new(model), None, vec![])
+        .scheduler(ponder::SchedulerKind::Depth { refill: true })
+        .exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap())
+        .max_num_seqs(16)
+        .kv_capacity_tokens(64 * 1024)
+        .time_device(true)
+        .build()
+        .unwrap();
+    engine.set_overlap(true).unwrap();
+    let start = std::time::Instant::now();
+    for i in 0..24u32 {
+        let prompt: Vec<u32> = (0..(5 + i * 7) % 90 + 1).map(|t| (t * 31 + i) % 512).collect();
+        engine.add_request(prompt, ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(12) }).unwrap();
+    }
+    while engine.has_work() {
+        engine.step().unwrap();
+    }
+    let wall = start.elapsed();
+    let m = engine.metrics();
+    let mut total = std::time::Duration::ZERO;
+    for (stage, s) in &m.stages {
+        println!("device spans {stage}: {} launches, {:.2} ms device, {:.2} ms launch wall", s.launches, s.device_time.as_secs_f64() * 1e3, s.time.as_secs_f64() * 1e3);
+        assert_eq!(s.device_timed, s.launches, "{stage}: every launch has a span");
+        assert!(s.device_time > std::time::Duration::ZERO, "{stage}: spans are positive");
+        total += s.device_time;
+    }
+    assert!(total <= wall, "spans {total:?} exceed the wall time {wall:?}");
+}

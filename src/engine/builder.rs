@@ -106,6 +106,7 @@ pub struct EngineBuilder {
     eviction: Option<Box<dyn EvictionPolicy>>,
     eviction_shadow: bool,
     time_denoise_phases: bool,
+    time_device: bool,
     initial_state: Option<InitialState>,
     diffusion_factory: Option<DiffusionSchedulerFactory>,
 }
@@ -159,6 +160,7 @@ impl EngineBuilder {
             eviction: None,
             eviction_shadow: false,
             time_denoise_phases: false,
+            time_device: false,
             initial_state: None,
             diffusion_factory: None,
         }
@@ -292,6 +294,14 @@ impl EngineBuilder {
         self.time_denoise_phases = on;
         self
     }
+    /// Looped models on CUDA: measure each launch's device-side span with a pair of stream
+    /// events into `metrics().stages[..].device_time` — exact per stage even with overlap, where
+    /// the host's wait on a launch covers the work queued ahead of it. No effect off CUDA;
+    /// diffusion models time their phases with [`EngineBuilder::time_denoise_phases`] instead.
+    pub fn time_device(mut self, on: bool) -> Self {
+        self.time_device = on;
+        self
+    }
     /// Huginn loaded from a model directory: the state each token's recurrence starts from
     /// (default [`InitialState::Zeros`], as the CDB authors serve it). Other models, and models
     /// passed in memory (call `Huginn::with_initial_state` on those), are a typed error.
@@ -394,7 +404,8 @@ impl EngineBuilder {
                 }
             },
         };
-        let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, self.block_size, scheduler.state_bank_rows(), self.cuda_graphs)?;
+        let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, self.block_size, scheduler.state_bank_rows(), self.cuda_graphs)?
+            .with_device_timing(self.time_device);
         let mut engine = Engine::assemble(ModelRunner::Looped(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
         engine.set_overlap(self.overlap)?;
         Ok(engine)
@@ -413,6 +424,9 @@ impl EngineBuilder {
         }
         if self.factory.is_some() {
             return refuse("a looped-model custom scheduler (use custom_diffusion_scheduler)");
+        }
+        if self.time_device {
+            return refuse("time_device (use time_denoise_phases)");
         }
         if let SchedulerKind::Depth { .. } = self.scheduler {
             return refuse("depth batching");

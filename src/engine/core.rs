@@ -317,6 +317,11 @@ impl Engine {
         let wait = started.elapsed();
         let l = &done.launch;
         self.metrics.record(l.stage.name(), l.rows.len(), l.num_tokens(), done.host + wait, wait);
+        if let ModelRunner::Looped(r) = &self.runner {
+            if let Some(span) = r.last_device_time() {
+                self.metrics.record_device(l.stage.name(), span);
+            }
+        }
         self.scheduler.complete(&done.launch, &result);
         for out in &result.rows {
             if let Some(token) = out.token {

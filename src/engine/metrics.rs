@@ -14,6 +14,13 @@ pub struct StageStats {
     /// Part of `time` the host spent blocked waiting for the device to finish the launch.
     /// The device is busy at least this long, so `1 − wait / time` bounds its idle share.
     pub wait: Duration,
+    /// Device-side span of the launches — from the device reaching a launch's first kernel to
+    /// the end of its last — when `EngineBuilder::time_device` is on (CUDA); zero otherwise.
+    /// Unlike `wait` it is exact under overlap, where a launch's wait covers the work queued
+    /// ahead of it.
+    pub device_time: Duration,
+    /// Launches whose device-side span was measured.
+    pub device_timed: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -115,6 +122,12 @@ impl EngineMetrics {
     /// Generated tokens per request-step (diffusion: how many tokens a step decodes on average).
     pub fn tokens_per_denoise_step(&self) -> f64 {
         self.generated_tokens as f64 / self.denoise.steps.max(1) as f64
+    }
+
+    pub(crate) fn record_device(&mut self, stage: &'static str, span: Duration) {
+        let s = self.stages.entry(stage).or_default();
+        s.device_time += span;
+        s.device_timed += 1;
     }
 
     pub(crate) fn record(&mut self, stage: &'static str, rows: usize, tokens: usize, time: Duration, wait: Duration) {

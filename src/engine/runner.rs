@@ -31,7 +31,21 @@ pub struct LoopedRunner {
     /// Capture graphs after the warm-up (`PONDER_GRAPH_CAPTURE=0` at construction: run the
     /// graph bodies eagerly instead, to tell padding effects from capture effects).
     capture: bool,
+    /// Record a stream event before and after each launch (CUDA), so that its device-side span
+    /// is known once its results are collected.
+    device_timing: bool,
+    /// Device-side span of the last collected launch (`None` without timing or off CUDA).
+    last_device: std::cell::Cell<Option<std::time::Duration>>,
 }
+
+/// Stream events around one launch: its device-side span is `start → end`.
+#[cfg(feature = "cuda")]
+struct Marks {
+    start: candle_core::cuda_backend::cudarc::driver::CudaEvent,
+    end: candle_core::cuda_backend::cudarc::driver::CudaEvent,
+}
+#[cfg(not(feature = "cuda"))]
+struct Marks;
 
 /// An issued launch whose small results are still on their way to the host.
 pub struct Pending {
@@ -42,6 +56,7 @@ pub struct Pending {
     /// Gate logits, row-major per row, and the number of steps per row.
     gates: Option<(Readback<f32>, usize)>,
     latent: Option<Readback<f32>>,
+    marks: Option<Marks>,
 }
 
 enum PendingTokens {
@@ -102,7 +117,34 @@ impl LoopedRunner {
             scratch_block: num_blocks as u32,
             scratch_row: bank_rows as u32,
             capture: std::env::var("PONDER_GRAPH_CAPTURE").map_or(true, |v| v != "0"),
+            device_timing: false,
+            last_device: Default::default(),
         })
+    }
+
+    /// Measures each launch's device-side span with a pair of stream events (CUDA only): from
+    /// the moment the device reaches the launch's first kernel to the end of its last, idle gaps
+    /// inside the launch included. Costs two event records per launch and no synchronisation
+    /// beyond collecting the results.
+    pub fn with_device_timing(mut self, on: bool) -> Self {
+        self.device_timing = on;
+        self
+    }
+
+    /// Device-side span of the last collected launch (`None` without device timing, or off CUDA).
+    pub fn last_device_time(&self) -> Option<std::time::Duration> {
+        self.last_device.get()
+    }
+
+    /// A timing event recorded on the device's stream now (`None` when timing is off).
+    #[cfg(feature = "cuda")]
+    fn mark(&self) -> Result<Option<candle_core::cuda_backend::cudarc::driver::CudaEvent>> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+        use candle_core::cuda_backend::WrapErr;
+        match self.device() {
+            Device::Cuda(d) if self.device_timing => Ok(Some(d.cuda_stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).w()?)),
+            _ => Ok(None),
+        }
     }
 
     /// (graphs captured, launches replayed) so far.
@@ -137,6 +179,8 @@ impl LoopedRunner {
     /// with greedy, unforced rows). Sampling with randomness or forced tokens reads the logits
     /// back at once. [`LoopedRunner::collect`] waits for the results.
     pub fn launch(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<Pending> {
+        #[cfg(feature = "cuda")]
+        let start = self.mark()?;
         let fwd = self.forward(launch)?;
         let mut tokens = PendingTokens::None;
         if let Some(logits) = &fwd.logits {
@@ -160,6 +204,13 @@ impl LoopedRunner {
             None => None,
         };
         let latent = fwd.latent_diff.as_ref().map(Readback::start).transpose()?;
+        #[cfg(feature = "cuda")]
+        let marks = match (start, self.mark()?) {
+            (Some(start), Some(end)) => Some(Marks { start, end }),
+            _ => None,
+        };
+        #[cfg(not(feature = "cuda"))]
+        let marks: Option<Marks> = None;
         Ok(Pending {
             stage: launch.stage,
             requests: launch.rows.iter().map(|r| r.request).collect(),
@@ -167,6 +218,7 @@ impl LoopedRunner {
             tokens,
             gates,
             latent,
+            marks,
         })
     }
 
@@ -204,6 +256,16 @@ impl LoopedRunner {
             }
         }
         self.last_wait.set(started.elapsed());
+        self.last_device.set(match p.marks {
+            #[cfg(feature = "cuda")]
+            Some(Marks { start, end }) => {
+                use candle_core::cuda_backend::WrapErr;
+                Some(std::time::Duration::from_secs_f64(f64::from(start.elapsed_ms(&end).w()?) / 1e3))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Some(Marks) => None,
+            None => None,
+        });
         let rows = p
             .requests
             .into_iter()
