@@ -63,16 +63,9 @@ pub fn qkv_rope_write_reference(
     kv_heads: usize,
     head_dim: usize,
 ) -> Result<Tensor> {
-    let (t, nh, nkv, hd) = (qkv.dim(0)?, heads, kv_heads, head_dim);
-    let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
-    let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
-    let v = qkv
-        .narrow(1, (nh + nkv) * hd, nkv * hd)?
-        .reshape((t, nkv, hd))?;
-    let q = angles.apply_split_half(&q)?;
-    let k = angles.apply_split_half(&k)?;
+    let (q, k, v) = qkv_norm_rope(qkv, None, 0.0, angles, heads, kv_heads, head_dim)?;
     write_kv(k_cache, &k, batch)?;
-    write_kv(v_cache, &v.contiguous()?, batch)?;
+    write_kv(v_cache, &v, batch)?;
     Ok(q)
 }
 
@@ -133,6 +126,25 @@ pub fn qkv_norm_rope_write_reference(
     kv_heads: usize,
     head_dim: usize,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let (q, k, v) = qkv_norm_rope(qkv, qk_norm, eps, angles, heads, kv_heads, head_dim)?;
+    write_kv(k_cache, &k, batch)?;
+    write_kv(v_cache, &v, batch)?;
+    Ok((q, k, v))
+}
+
+/// The split of the fused QKV projection `qkv` `[T, (heads + 2*kv_heads) * head_dim]` into q
+/// `[T, heads, head_dim]`, k and v `[T, kv_heads, head_dim]`, with the optional per-head q/k
+/// RMSNorm and split-half RoPE applied to q and k, in candle ops (no cache write): the
+/// composition the fused kernels are checked against.
+pub fn qkv_norm_rope(
+    qkv: &Tensor,
+    qk_norm: Option<(&Tensor, &Tensor)>,
+    eps: f64,
+    angles: &RopeAngles,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
     let (t, nh, nkv, hd) = (qkv.dim(0)?, heads, kv_heads, head_dim);
     let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
     let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
@@ -141,10 +153,7 @@ pub fn qkv_norm_rope_write_reference(
         Some((qn, kn)) => (rms_norm(&q.contiguous()?, qn, eps)?, rms_norm(&k.contiguous()?, kn, eps)?),
         None => (q, k),
     };
-    let (q, k) = (angles.apply_split_half(&q)?, angles.apply_split_half(&k)?);
-    write_kv(k_cache, &k, batch)?;
-    write_kv(v_cache, &v, batch)?;
-    Ok((q, k, v))
+    Ok((angles.apply_split_half(&q)?, angles.apply_split_half(&k)?, v))
 }
 
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))`: a sandwich norm's residual

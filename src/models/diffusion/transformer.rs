@@ -222,18 +222,12 @@ impl DiffusionModel for DenseDiffusion {
 
     fn project(&self, l: usize, h: &Tensor, rope: &RopeAngles) -> Result<Projected> {
         let layer = &self.layers[l];
-        let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
+        let s = &self.spec;
         let eps = self.arch.rms_norm_eps;
-        let t = h.dim(0)?;
         let qkv = layer.qkv.forward(&ops::rms_norm(h, &layer.attn_norm, eps)?)?;
-        let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
-        let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
-        let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?.contiguous()?;
-        let (q, k) = match &layer.qk_norm {
-            Some((qn, kn)) => (ops::rms_norm(&q.contiguous()?, qn, eps)?, ops::rms_norm(&k.contiguous()?, kn, eps)?),
-            None => (q, k),
-        };
-        Ok(Projected { q: rope.apply_split_half(&q)?, k: rope.apply_split_half(&k)?, v })
+        let norm = layer.qk_norm.as_ref().map(|(q, k)| (q, k));
+        let (q, k, v) = ops::qkv_norm_rope(&qkv, norm, eps, rope, s.num_heads, s.num_kv_heads, s.head_dim)?;
+        Ok(Projected { q, k, v })
     }
 
     /// The split, q/k norm, RoPE and K/V write as one fused op (one launch on CUDA).

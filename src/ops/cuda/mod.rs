@@ -460,6 +460,43 @@ fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&str, &Tenso
     Ok(())
 }
 
+/// The arguments the fused projection epilogues share: `qkv` `[T, (H + 2*KVH) * D]`, `cos` and
+/// `sin` `[T, D/2]`, caches `[NB, BS, KVH, D]` and `slot_mapping` `[T]` u32, one device, one float
+/// dtype. Returns `(T, NB * BS)`.
+#[allow(clippy::too_many_arguments)]
+fn check_qkv_rope(
+    op: &str,
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<(usize, usize)> {
+    same_device_dtype(op, qkv.dtype(), qkv, &[("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)])?;
+    if !slot_mapping.device().same_device(qkv.device()) || slot_mapping.dtype() != DType::U32 {
+        bail!("{op} (cuda): slot_mapping must be u32 on the device of qkv");
+    }
+    let (tokens, width) = qkv.dims2()?;
+    if width != (heads + 2 * kv_heads) * head_dim {
+        bail!("{op} (cuda): qkv width {width} vs heads {heads}, kv heads {kv_heads}, head dim {head_dim}");
+    }
+    let (nb, bs, kvh, hd) = k_cache.dims4()?;
+    if kvh != kv_heads || hd != head_dim || v_cache.dims() != k_cache.dims() {
+        bail!("{op} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}", k_cache.dims(), v_cache.dims());
+    }
+    if cos.dims() != [tokens, head_dim / 2] || sin.dims() != cos.dims() || slot_mapping.dims() != [tokens] {
+        bail!("{op} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens", cos.dims(), sin.dims(), slot_mapping.dims());
+    }
+    if tokens * width > i32::MAX as usize {
+        bail!("{op} (cuda): sizes out of range");
+    }
+    Ok((tokens, nb * bs))
+}
+
 /// Splits `qkv` `[T, (H + 2*KVH) * D]`, rotates q and k (split-half RoPE with `cos`/`sin`
 /// `[T, D/2]`), writes rotated k and v into the caches `[NB, BS, KVH, D]` in place at
 /// `slot_mapping[t]` (`[T]` u32, flat row `block * BS + offset`), and returns q `[T, H, D]`.
@@ -479,23 +516,12 @@ pub fn qkv_rope_write(
     const OP: &str = "qkv_rope_write";
     let dev = cuda_dev(qkv, OP)?;
     let dtype = qkv.dtype();
-    same_device_dtype(OP, dtype, qkv, &[("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)])?;
-    if !slot_mapping.device().same_device(qkv.device()) || slot_mapping.dtype() != DType::U32 {
-        bail!("{OP} (cuda): slot_mapping must be u32 on the device of qkv");
+    if head_dim % 2 != 0 {
+        bail!("{OP} (cuda): odd head dim {head_dim}");
     }
-    let (tokens, width) = qkv.dims2()?;
-    if head_dim % 2 != 0 || width != (heads + 2 * kv_heads) * head_dim {
-        bail!("{OP} (cuda): qkv width {width} vs heads {heads}, kv heads {kv_heads}, head dim {head_dim}");
-    }
-    let (nb, bs, kvh, hd) = k_cache.dims4()?;
-    if kvh != kv_heads || hd != head_dim || v_cache.dims() != k_cache.dims() {
-        bail!("{OP} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}", k_cache.dims(), v_cache.dims());
-    }
-    if cos.dims() != [tokens, head_dim / 2] || sin.dims() != cos.dims() || slot_mapping.dims() != [tokens] {
-        bail!("{OP} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens", cos.dims(), sin.dims(), slot_mapping.dims());
-    }
+    let (tokens, num_slots) = check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim)?;
     let pairs = (heads + kv_heads) * (head_dim / 2) + kv_heads * (head_dim / 2);
-    if tokens * width > i32::MAX as usize || pairs == 0 {
+    if pairs == 0 {
         bail!("{OP} (cuda): sizes out of range");
     }
     let suf = dtype_suffix(dtype, OP)?;
@@ -503,9 +529,9 @@ pub fn qkv_rope_write(
         return Tensor::zeros((0, heads, head_dim), dtype, qkv.device());
     }
     match dtype {
-        DType::BF16 => qkv_rope_launch::<bf16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, nb * bs, pairs),
-        DType::F16 => qkv_rope_launch::<f16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, nb * bs, pairs),
-        _ => qkv_rope_launch::<f32>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, nb * bs, pairs),
+        DType::BF16 => qkv_rope_launch::<bf16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs),
+        DType::F16 => qkv_rope_launch::<f16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs),
+        _ => qkv_rope_launch::<f32>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs),
     }
 }
 
@@ -580,36 +606,22 @@ pub fn qkv_norm_rope_write(
     const OP: &str = "qkv_norm_rope_write";
     let dev = cuda_dev(qkv, OP)?;
     let dtype = qkv.dtype();
-    same_device_dtype(OP, dtype, qkv, &[("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)])?;
+    if head_dim % 64 != 0 || head_dim > 256 {
+        bail!("{OP} (cuda): head dim {head_dim} (a multiple of 64 up to 256)");
+    }
     if let Some((qn, kn)) = qk_norm {
         same_device_dtype(OP, dtype, qkv, &[("q_norm", qn), ("k_norm", kn)])?;
         if qn.dims() != [head_dim] || kn.dims() != [head_dim] {
             bail!("{OP} (cuda): q/k norm weights {:?} / {:?} for head dim {head_dim}", qn.dims(), kn.dims());
         }
     }
-    if !slot_mapping.device().same_device(qkv.device()) || slot_mapping.dtype() != DType::U32 {
-        bail!("{OP} (cuda): slot_mapping must be u32 on the device of qkv");
-    }
-    let (tokens, width) = qkv.dims2()?;
-    if head_dim % 64 != 0 || head_dim > 256 || width != (heads + 2 * kv_heads) * head_dim {
-        bail!("{OP} (cuda): qkv width {width} vs heads {heads}, kv heads {kv_heads}, head dim {head_dim} (a multiple of 64 up to 256)");
-    }
-    let (nb, bs, kvh, hd) = k_cache.dims4()?;
-    if kvh != kv_heads || hd != head_dim || v_cache.dims() != k_cache.dims() {
-        bail!("{OP} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}", k_cache.dims(), v_cache.dims());
-    }
-    if cos.dims() != [tokens, head_dim / 2] || sin.dims() != cos.dims() || slot_mapping.dims() != [tokens] {
-        bail!("{OP} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens", cos.dims(), sin.dims(), slot_mapping.dims());
-    }
-    if tokens * width > i32::MAX as usize || tokens > u32::MAX as usize {
-        bail!("{OP} (cuda): sizes out of range");
-    }
+    let (tokens, num_slots) = check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim)?;
     let suf = dtype_suffix(dtype, OP)?;
     if tokens == 0 {
         let z = |h: usize| Tensor::zeros((0, h, head_dim), dtype, qkv.device());
         return Ok((z(heads)?, z(kv_heads)?, z(kv_heads)?));
     }
-    let a = NormRopeArgs { qkv, qk_norm, eps, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots: nb * bs };
+    let a = NormRopeArgs { qkv, qk_norm, eps, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots };
     match dtype {
         DType::BF16 => norm_rope_launch::<bf16>(&dev, suf, &a),
         DType::F16 => norm_rope_launch::<f16>(&dev, suf, &a),
@@ -996,7 +1008,7 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(
 }
 
 /// Rows `index` of each of up to four `sources` `[T, ..]` of one dtype, in one launch (see
-/// `compact_rows_*` in focus.cu). Indices were checked against `T` by the caller.
+/// `compact_rows_*` in fused.cu). Indices were checked against `T` by the caller.
 pub fn compact_rows(sources: &[&Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
     const OP: &str = "compact_rows";
     let Some(first) = sources.first() else { return Ok(vec![]) };
@@ -1051,14 +1063,14 @@ fn compact_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, srcs: 
     let sp: Vec<u64> = (0..4).map(|i| *src_ptrs.get(i).unwrap_or(&src_ptrs[0])).collect();
     let dp: Vec<u64> = (0..4).map(|i| *dst_ptrs.get(i).unwrap_or(&dst_ptrs[0])).collect();
     let total_rows = rows as i64;
-    let func = dev.get_or_load_custom_func(&format!("compact_rows_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
+    let func = dev.get_or_load_custom_func(&format!("compact_rows_{suf}"), FUSED_MODULE, ptx::FUSED)?;
     let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();
     for i in 0..4 {
         b.arg(&dp[i]).arg(&sp[i]).arg(&w[i]);
     }
     b.arg(&idx).arg(&total_rows);
-    // SAFETY: argument list matches `compact_rows_*` in focus.cu; pointers address live
+    // SAFETY: argument list matches `compact_rows_*` in fused.cu; pointers address live
     // allocations of the widths passed, ordered on the device's one stream.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);

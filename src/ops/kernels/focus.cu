@@ -19,9 +19,6 @@ namespace {
 __device__ __forceinline__ float f32_of(float x) { return x; }
 __device__ __forceinline__ float f32_of(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float f32_of(__half x) { return __half2float(x); }
-__device__ __forceinline__ float zero_as(const float *) { return 0.f; }
-__device__ __forceinline__ __nv_bfloat16 zero_as(const __nv_bfloat16 *) { return __float2bfloat16(0.f); }
-__device__ __forceinline__ __half zero_as(const __half *) { return __float2half(0.f); }
 __device__ __forceinline__ float round_as(float x, const float *) { return x; }
 __device__ __forceinline__ float round_as(float x, const __nv_bfloat16 *) { return __bfloat162float(__float2bfloat16(x)); }
 __device__ __forceinline__ float round_as(float x, const __half *) { return __half2float(__float2half(x)); }
@@ -97,43 +94,6 @@ __device__ void focus_importance_sum(float *__restrict__ out, const float *__res
     out[(long long)r * M + j] = j < m ? round_as(acc, (const T *)nullptr) : 0.f;
 }
 
-// FOCUS compaction: out_s[i] = src_s[index[i]] for up to four row-major sources of one dtype
-// (hidden states, queries, RoPE cos and sin), one block per kept token, so a launch's tokens are
-// compacted to the kept ones of every request in one pass. Rows are copied in 16-byte vectors
-// when width and addresses allow. Indices are checked on the host; an index >= rows still never
-// reads out of bounds (its output row is zero-filled).
-template <typename T>
-__device__ void copy_row(T *__restrict__ dst, const T *__restrict__ src, long long src_row, long long out_row,
-                         int width, bool valid) {
-    if (width <= 0) return;
-    T *d = dst + out_row * width;
-    if (!valid) {
-        for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = zero_as(d);
-        return;
-    }
-    const T *s = src + src_row * width;
-    constexpr int VEC = 16 / sizeof(T);
-    if (width % VEC == 0 && ((uintptr_t)s % 16 == 0) && ((uintptr_t)d % 16 == 0)) {
-        const uint4 *sv = reinterpret_cast<const uint4 *>(s);
-        uint4 *dv = reinterpret_cast<uint4 *>(d);
-        for (int i = threadIdx.x; i < width / VEC; i += blockDim.x) dv[i] = sv[i];
-    } else {
-        for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
-    }
-}
-
-template <typename T>
-__device__ void compact_rows(T *d0, const T *s0, int w0, T *d1, const T *s1, int w1, T *d2, const T *s2, int w2,
-                             T *d3, const T *s3, int w3, const uint32_t *__restrict__ index, long long rows) {
-    const long long i = blockIdx.x;
-    const long long src = index[i];
-    const bool valid = src < rows;
-    copy_row(d0, s0, src, i, w0, valid);
-    copy_row(d1, s1, src, i, w1, valid);
-    copy_row(d2, s2, src, i, w2, valid);
-    copy_row(d3, s3, src, i, w3, valid);
-}
-
 }  // namespace
 
 #define FOCUS_OPS(T, SUF)                                                                          \
@@ -145,12 +105,6 @@ __device__ void compact_rows(T *d0, const T *s0, int w0, T *d1, const T *s1, int
     extern "C" __global__ void focus_importance_sum_##SUF(float *out, const float *partial,        \
                                                           const uint32_t *lens, int M, int heads) { \
         focus_importance_sum<T>(out, partial, lens, M, heads, (const T *)nullptr);                 \
-    }                                                                                              \
-    extern "C" __global__ void compact_rows_##SUF(T *d0, const T *s0, int w0, T *d1, const T *s1,  \
-                                                  int w1, T *d2, const T *s2, int w2, T *d3,       \
-                                                  const T *s3, int w3, const uint32_t *index,      \
-                                                  long long rows) {                                \
-        compact_rows<T>(d0, s0, w0, d1, s1, w1, d2, s2, w2, d3, s3, w3, index, rows);              \
     }
 
 FOCUS_OPS(float, f32)

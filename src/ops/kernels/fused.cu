@@ -8,6 +8,7 @@
 // add_rms_norm_*: h2 = residual + T(rms_norm(x, w_x)); out = T(rms_norm(h2, w_next)). One block
 //   per row, f32 sums (candle's rmsnorm: scale = rsqrt(mean(x^2) + eps), y = T(scale * x * w)).
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
+// kv_write_*, compact_rows_*: row copies (paged K/V write; FOCUS compaction).
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
 //   [D], candle's rmsnorm rounding) before RoPE (Qwen3 / SDAR), one warp per (token, head) over
 //   the q, k and v heads; also returns rotated k and v [T, KVH, D] (FOCUS scores them).
@@ -217,16 +218,10 @@ __device__ void silu_mul(T *__restrict__ out, const T *__restrict__ gu, long lon
     }
 }
 
-// Copies token rows of `src` [tokens, width] into cache rows `slots[t]` of `cache`
-// [num_slots, width]: one block per token, 16-byte vectors when the row allows it.
+// One row of `width` elements copied by the block, in 16-byte vectors when width and both
+// addresses allow.
 template <typename T>
-__device__ void kv_write(T *__restrict__ cache, const T *__restrict__ src, const uint32_t *__restrict__ slots,
-                         int width, long long num_slots) {
-    const long long t = blockIdx.x;
-    const long long slot = slots[t];
-    if (slot >= num_slots) return;  // checked on the host; never write out of bounds
-    const T *s = src + t * width;
-    T *d = cache + slot * width;
+__device__ __forceinline__ void copy_row(T *__restrict__ d, const T *__restrict__ s, int width) {
     constexpr int VEC = 16 / sizeof(T);
     if (width % VEC == 0 && ((uintptr_t)s % 16 == 0) && ((uintptr_t)d % 16 == 0)) {
         const uint4 *sv = reinterpret_cast<const uint4 *>(s);
@@ -234,6 +229,41 @@ __device__ void kv_write(T *__restrict__ cache, const T *__restrict__ src, const
         for (int i = threadIdx.x; i < width / VEC; i += blockDim.x) dv[i] = sv[i];
     } else {
         for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = s[i];
+    }
+}
+
+// Copies token rows of `src` [tokens, width] into cache rows `slots[t]` of `cache`
+// [num_slots, width]: one block per token.
+template <typename T>
+__device__ void kv_write(T *__restrict__ cache, const T *__restrict__ src, const uint32_t *__restrict__ slots,
+                         int width, long long num_slots) {
+    const long long t = blockIdx.x;
+    const long long slot = slots[t];
+    if (slot >= num_slots) return;  // checked on the host; never write out of bounds
+    copy_row(cache + slot * width, src + t * width, width);
+}
+
+// Compaction (FOCUS: a launch's tokens to the kept ones of every request): out_s[i] =
+// src_s[index[i]] for up to four row-major sources of one dtype (hidden states, queries, RoPE
+// cos and sin; width 0 = unused slot), one block per output row. Indices are checked on the
+// host; an index >= rows still never reads out of bounds (its output row is zero-filled).
+template <typename T>
+__device__ void compact_rows(T *d0, const T *s0, int w0, T *d1, const T *s1, int w1, T *d2, const T *s2, int w2,
+                             T *d3, const T *s3, int w3, const uint32_t *__restrict__ index, long long rows) {
+    const long long i = blockIdx.x;
+    const long long src = index[i];
+    T *const dst[4] = {d0, d1, d2, d3};
+    const T *const srcs[4] = {s0, s1, s2, s3};
+    const int widths[4] = {w0, w1, w2, w3};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int w = widths[k];
+        if (w <= 0) continue;
+        if (src < rows) {
+            copy_row(dst[k] + i * w, srcs[k] + src * w, w);
+        } else {
+            for (int e = threadIdx.x; e < w; e += blockDim.x) dst[k][i * w + e] = from_f<T>(0.f);
+        }
     }
 }
 
@@ -314,6 +344,12 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     extern "C" __global__ void kv_write_##SUF(T *cache, const T *src, const uint32_t *slots,       \
                                               int width, long long num_slots) {                    \
         kv_write<T>(cache, src, slots, width, num_slots);                                          \
+    }                                                                                              \
+    extern "C" __global__ void compact_rows_##SUF(T *d0, const T *s0, int w0, T *d1, const T *s1,  \
+                                                  int w1, T *d2, const T *s2, int w2, T *d3,       \
+                                                  const T *s3, int w3, const uint32_t *index,      \
+                                                  long long rows) {                                \
+        compact_rows<T>(d0, s0, w0, d1, s1, w1, d2, s2, w2, d3, s3, w3, index, rows);              \
     }                                                                                              \
     extern "C" __global__ void greedy_confidence_##SUF(uint32_t *tokens, float *conf,              \
                                                        const T *logits, int vocab, int exclude) {  \
