@@ -42,6 +42,10 @@ use ponder::loader::ModelDir;
 use ponder::models::diffusion::{self, DiffusionModel};
 use ponder::ops::{AttnMask, PagedBatch, PagedBatchHost};
 use ponder::{DType, Device, EngineBuilder, GenerationParams};
+
+#[path = "shared/report.rs"]
+mod report;
+use report::{shown, splice};
 use std::time::Instant;
 
 const SEQ: usize = 256;
@@ -474,20 +478,3 @@ fn one_line(s: &str) -> String {
     s.replace('\n', "⏎").replace('`', "'")
 }
 
-/// `path` relative to the crate root when it lies under it.
-fn shown(path: &str, root: &str) -> String {
-    path.strip_prefix(root).map(|p| p.trim_start_matches('/').to_string()).unwrap_or_else(|| path.to_string())
-}
-
-/// Replaces the text between the markers in `path` (markers kept); appends the marked section
-/// when the file has no markers, and creates the file when it is missing.
-fn splice(path: &str, begin: &str, end: &str, body: &str) -> std::io::Result<()> {
-    let section = format!("{begin}\n{body}{end}");
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    let new = match (old.find(begin), old.find(end)) {
-        (Some(a), Some(b)) if a < b => format!("{}{section}{}", &old[..a], &old[b + end.len()..]),
-        _ if old.trim().is_empty() => format!("# Quality\n\n{section}\n"),
-        _ => format!("{}\n\n{section}\n", old.trim_end()),
-    };
-    std::fs::write(path, new)
-}

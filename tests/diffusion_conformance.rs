@@ -5,10 +5,10 @@
 use ponder::diffusion::{Replay, StaticCount, Threshold, UnmaskPolicy, UnmaskTrace};
 use ponder::testing::{tiny_dream_config, tiny_llada_config, tiny_sdar_config, write_random_dream, write_random_llada, write_random_sdar};
 use ponder::{Engine, EngineBuilder, Event, GenerationParams, RequestId};
+mod common;
+use common::{assert_kv_empty, diffusion_prompts, VOCAB};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-const VOCAB: usize = 97;
 
 fn family_dirs(tmp: &Path) -> Vec<(&'static str, PathBuf)> {
     let sdar = tmp.join("sdar");
@@ -18,16 +18,6 @@ fn family_dirs(tmp: &Path) -> Vec<(&'static str, PathBuf)> {
     let dream = tmp.join("dream");
     write_random_dream(&dream, &tiny_dream_config(VOCAB), 7).unwrap();
     vec![("sdar", sdar), ("llada", llada), ("dream", dream)]
-}
-
-/// Prompts of 1..=21 tokens (never the mask id, the last of the vocabulary).
-fn prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
-    let mut x = seed;
-    let mut next = move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (x >> 33) as u32
-    };
-    (0..n).map(|_| (0..1 + next() % 21).map(|_| next() % (VOCAB as u32 - 1)).collect()).collect()
 }
 
 fn policies() -> Vec<(&'static str, Box<dyn UnmaskPolicy>)> {
@@ -62,15 +52,10 @@ fn drain(engine: &mut Engine, out: &mut HashMap<RequestId, Vec<u32>>, events: &m
     }
 }
 
-fn assert_kv_empty(e: &Engine) {
-    assert_eq!(e.scheduler().kv().num_used_blocks(), 0, "KV blocks leaked");
-    assert_eq!(e.scheduler().kv().num_resident(), 0);
-}
-
 #[test]
 fn batched_equals_sequential_for_every_family_policy_and_cache() {
     let tmp = tempfile::tempdir().unwrap();
-    let ps = prompts(6, 3);
+    let ps = diffusion_prompts(6, 3);
     let max_new: Vec<usize> = (0..ps.len()).map(|i| 5 + (i * 7) % 13).collect();
     let mut outputs = HashMap::new();
     let mut per_step = HashMap::new();
@@ -196,7 +181,7 @@ fn kv_exhaustion_queues_then_admits() {
     let (_, dir) = family_dirs(tmp.path()).remove(0);
     // 64 positions: each request needs 24 (prompt 5 + 14 new → 3 blocks of 8), so two fit.
     let mut e = EngineBuilder::new(&dir).block_size(4).block_length(8).max_num_seqs(8).kv_capacity_tokens(64).unmask_policy(StaticCount::new(2).unwrap()).build().unwrap();
-    let ps = prompts(5, 9).into_iter().map(|mut p| {
+    let ps = diffusion_prompts(5, 9).into_iter().map(|mut p| {
         p.resize(5, 1);
         p
     });
@@ -256,7 +241,7 @@ fn custom_diffusion_scheduler_plugs_in() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (_, dir) = family_dirs(tmp.path()).remove(0);
-    let ps = prompts(3, 17);
+    let ps = diffusion_prompts(3, 17);
     let want = engine(&dir, Box::new(StaticCount::new(2).unwrap()), false, 3)
         .generate(ps.clone(), &GenerationParams::greedy(10))
         .unwrap()

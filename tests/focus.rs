@@ -5,19 +5,11 @@ use ponder::diffusion::{enforce_rules, EvictionInput, EvictionPolicy, Focus, NoE
 use ponder::testing::{tiny_dream_config, tiny_sdar_config, write_random_dream, write_random_sdar};
 use ponder::{Engine, EngineBuilder, GenerationParams, RequestId};
 use proptest::prelude::*;
+mod common;
+use common::{diffusion_prompts, VOCAB};
 use std::collections::HashMap;
 use std::path::Path;
 
-const VOCAB: usize = 97;
-
-fn prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
-    let mut x = seed;
-    let mut next = move || {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (x >> 33) as u32
-    };
-    (0..n).map(|_| (0..1 + next() % 21).map(|_| next() % (VOCAB as u32 - 1)).collect()).collect()
-}
 
 /// Block 16 over a cache page of 4: a block holds enough masked tokens for the budget to bite.
 fn builder(dir: &Path, width: usize) -> EngineBuilder {
@@ -48,7 +40,7 @@ fn sdar_dir(tmp: &Path) -> std::path::PathBuf {
 fn focus_evicts_reveals_only_kept_tokens_and_is_batch_invariant() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
-    let ps = prompts(5, 4);
+    let ps = diffusion_prompts(5, 4);
     let focus = || builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default());
     let mut batched = focus().build().unwrap();
     let got = run_all(&mut batched, &ps, 24);
@@ -69,7 +61,7 @@ fn focus_evicts_reveals_only_kept_tokens_and_is_batch_invariant() {
 fn no_eviction_and_shadow_scoring_leave_the_baseline_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
-    let ps = prompts(4, 8);
+    let ps = diffusion_prompts(4, 8);
     let base = run_all(&mut builder(&dir, 4).delayed_cache(true).build().unwrap(), &ps, 20);
     let none = run_all(&mut builder(&dir, 4).delayed_cache(true).eviction_policy(NoEviction).build().unwrap(), &ps, 20);
     assert_eq!(none, base);
@@ -100,7 +92,7 @@ fn focus_needs_the_delayed_cache_and_unshifted_logits() {
 fn phase_timing_covers_focus_launches_and_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
-    let ps = prompts(4, 6);
+    let ps = diffusion_prompts(4, 6);
     let focus = || builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default());
     let want = run_all(&mut focus().build().unwrap(), &ps, 16);
     let mut timed = focus().time_denoise_phases(true).build().unwrap();

@@ -1,4 +1,5 @@
-//! Shared helpers: tiny random-weight Ouro models in the real checkpoint layout.
+//! Shared helpers: tiny random-weight Ouro models in the real checkpoint layout, prompts, KV
+//! checks (the diffusion tests use the prompts that avoid the mask id and the KV check).
 #![allow(dead_code)]
 
 use ponder::models::OuroConfig;
@@ -33,6 +34,17 @@ pub fn prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
         (x >> 33) as u32
     };
     (0..n).map(|_| (0..1 + next() % 19).map(|_| next() % VOCAB as u32).collect()).collect()
+}
+
+/// Prompts of 1..=21 tokens that never hold the last id of the vocabulary (the tiny diffusion
+/// models' mask token).
+pub fn diffusion_prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut x = seed;
+    let mut next = move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (x >> 33) as u32
+    };
+    (0..n).map(|_| (0..1 + next() % 21).map(|_| next() % (VOCAB as u32 - 1)).collect()).collect()
 }
 
 /// Each prompt generated alone, one after another, greedy.
