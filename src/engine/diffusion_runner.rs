@@ -311,8 +311,11 @@ impl DiffusionRunner {
             if keep.len() != row.readout.len() {
                 candle_core::bail!("eviction policy {} returned {} flags for {} masked tokens", policy.name(), keep.len(), row.readout.len());
             }
-            let evicted: Vec<u32> = row.readout.iter().zip(&keep).filter(|(_, &k)| !k).map(|(&t, _)| t).collect();
-            kept[r] = Some((0..row.tokens.len() as u32).filter(|t| !evicted.contains(t)).collect());
+            let mut keep_token = vec![true; row.tokens.len()];
+            for (&t, &k) in row.readout.iter().zip(&keep) {
+                keep_token[t as usize] &= k;
+            }
+            kept[r] = Some((0..row.tokens.len() as u32).filter(|&t| keep_token[t as usize]).collect());
         }
         Ok(kept)
     }
