@@ -13,7 +13,10 @@ pub enum Error {
 
     /// Reading a file of the model directory failed.
     #[error("{path}: {source}")]
-    Io { path: std::path::PathBuf, source: std::io::Error },
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 
     /// `config.json` (or another JSON file) could not be parsed or holds an invalid value.
     #[error("bad config {path}: {reason}")]
@@ -37,11 +40,20 @@ pub enum Error {
 
     /// A request was rejected before it started; the reason says why.
     #[error("request {id} rejected: {reason}")]
-    InvalidRequest { id: RequestId, reason: InvalidRequest },
+    InvalidRequest {
+        id: RequestId,
+        reason: InvalidRequest,
+    },
 
     /// The KV cache cannot hold this request even when it runs alone.
-    #[error("request {id}: KV cache exhausted (needs {needed_blocks} blocks, pool has {total_blocks})")]
-    KvExhausted { id: RequestId, needed_blocks: usize, total_blocks: usize },
+    #[error(
+        "request {id}: KV cache exhausted (needs {needed_blocks} blocks, pool has {total_blocks})"
+    )]
+    KvExhausted {
+        id: RequestId,
+        needed_blocks: usize,
+        total_blocks: usize,
+    },
 
     /// No request with this id is known to the engine (finished, aborted or never added).
     #[error("unknown request {0}")]
@@ -50,7 +62,10 @@ pub enum Error {
     /// The scheduler returned no launch while requests were still unfinished (a scheduler bug;
     /// without this error the engine would spin forever).
     #[error("scheduler `{scheduler}` stalled with {unfinished} unfinished request(s)")]
-    SchedulerStalled { scheduler: String, unfinished: usize },
+    SchedulerStalled {
+        scheduler: String,
+        unfinished: usize,
+    },
 
     /// The engine thread behind an [`crate::EngineHandle`] has stopped.
     #[error("engine thread stopped")]
@@ -63,13 +78,23 @@ pub enum Error {
 pub enum InvalidRequest {
     EmptyPrompt,
     /// Prompt plus `max_new_tokens` exceed the model's context window.
-    TooLong { prompt_tokens: usize, max_new_tokens: usize, max_context: usize },
+    TooLong {
+        prompt_tokens: usize,
+        max_new_tokens: usize,
+        max_context: usize,
+    },
     /// A prompt token id is outside the vocabulary.
-    UnknownToken { token: u32, vocab_size: usize },
+    UnknownToken {
+        token: u32,
+        vocab_size: usize,
+    },
     /// A sampling parameter is out of range (temperature < 0, top_p outside (0, 1], top_k = 0 …).
     BadSampling(String),
     /// The prompt needs more tokens in one prefill than the scheduler's token budget allows.
-    OverTokenBudget { prompt_tokens: usize, budget: usize },
+    OverTokenBudget {
+        prompt_tokens: usize,
+        budget: usize,
+    },
 }
 
 impl std::fmt::Display for InvalidRequest {
@@ -96,9 +121,15 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub(crate) fn config(path: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::BadConfig { path: path.into(), reason: reason.into() }
+        Self::BadConfig {
+            path: path.into(),
+            reason: reason.into(),
+        }
     }
     pub(crate) fn tensor(name: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::BadTensor { name: name.into(), reason: reason.into() }
+        Self::BadTensor {
+            name: name.into(),
+            reason: reason.into(),
+        }
     }
 }

@@ -42,7 +42,13 @@ impl ModelDir {
         eos.dedup();
         let weight_files = weight_files(&path)?;
         let tok = path.join("tokenizer.json");
-        Ok(Self { tokenizer_file: tok.exists().then_some(tok), path, config, eos_token_ids: eos, weight_files })
+        Ok(Self {
+            tokenizer_file: tok.exists().then_some(tok),
+            path,
+            config,
+            eos_token_ids: eos,
+            weight_files,
+        })
     }
 
     /// Memory-maps the weights, converting to `dtype` on `device` as tensors are read.
@@ -53,7 +59,10 @@ impl ModelDir {
     pub fn tokenizer(&self) -> Result<Option<tokenizers::Tokenizer>> {
         self.tokenizer_file
             .as_ref()
-            .map(|p| tokenizers::Tokenizer::from_file(p).map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display()))))
+            .map(|p| {
+                tokenizers::Tokenizer::from_file(p)
+                    .map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display())))
+            })
             .transpose()
     }
 
@@ -66,7 +75,13 @@ impl ModelDir {
             .split_once('/')
             .ok_or_else(|| Error::InvalidOption(format!("hub repo `{repo}` is not owner/name")))?;
         let client = hf_hub::HFClientSync::new().map_err(hub)?;
-        let patterns = ["config.json", "generation_config.json", "tokenizer.json", "*.safetensors", "model.safetensors.index.json"];
+        let patterns = [
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "*.safetensors",
+            "model.safetensors.index.json",
+        ];
         let dir = client
             .model(owner, name)
             .snapshot_download()
@@ -83,7 +98,10 @@ fn first_line(s: &str) -> String {
 }
 
 fn read(p: &Path) -> Result<String> {
-    std::fs::read_to_string(p).map_err(|source| Error::Io { path: p.to_path_buf(), source })
+    std::fs::read_to_string(p).map_err(|source| Error::Io {
+        path: p.to_path_buf(),
+        source,
+    })
 }
 
 fn shard_names(index: &Path) -> Result<BTreeSet<String>> {
@@ -99,7 +117,10 @@ fn shard_names(index: &Path) -> Result<BTreeSet<String>> {
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        return Ok(shard_names(&index)?.into_iter().map(|f| dir.join(f)).collect());
+        return Ok(shard_names(&index)?
+            .into_iter()
+            .map(|f| dir.join(f))
+            .collect());
     }
     let single = dir.join("model.safetensors");
     if single.exists() {
@@ -107,7 +128,10 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     }
     Err(Error::Io {
         path: single,
-        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json"),
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no model.safetensors or model.safetensors.index.json",
+        ),
     })
 }
 
@@ -135,20 +159,39 @@ impl Weights {
             if !f.exists() {
                 return Err(Error::Io {
                     path: f.clone(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "weight file missing"),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "weight file missing",
+                    ),
                 });
             }
         }
         // SAFETY: the files are mapped read-only; as with every mmap-based loader, they must
         // not be modified while the engine is loading from them.
-        let st = unsafe { MmapedSafetensors::multi(files) }
-            .map_err(|e| Error::tensor(files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","), first_line(&e.to_string())))?;
-        Ok(Self { source: Source::Mmap(st), dtype, device: device.clone() })
+        let st = unsafe { MmapedSafetensors::multi(files) }.map_err(|e| {
+            Error::tensor(
+                files
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                first_line(&e.to_string()),
+            )
+        })?;
+        Ok(Self {
+            source: Source::Mmap(st),
+            dtype,
+            device: device.clone(),
+        })
     }
 
     /// Weights already in memory (random-weight benchmarks, tests).
     pub fn from_map(map: HashMap<String, Tensor>, dtype: DType, device: &Device) -> Self {
-        Self { source: Source::Map(map), dtype, device: device.clone() }
+        Self {
+            source: Source::Map(map),
+            dtype,
+            device: device.clone(),
+        }
     }
 
     pub fn dtype(&self) -> DType {
@@ -173,15 +216,25 @@ impl Weights {
                 if st.get(name).is_err() {
                     return Err(Error::tensor(name, "missing from the checkpoint"));
                 }
-                st.load(name, &Device::Cpu).map_err(|e| Error::tensor(name, first_line(&e.to_string())))?
+                st.load(name, &Device::Cpu)
+                    .map_err(|e| Error::tensor(name, first_line(&e.to_string())))?
             }
-            Source::Map(m) => m.get(name).cloned().ok_or_else(|| Error::tensor(name, "missing"))?,
+            Source::Map(m) => m
+                .get(name)
+                .cloned()
+                .ok_or_else(|| Error::tensor(name, "missing"))?,
         };
         if t.shape() != &shape {
-            return Err(Error::tensor(name, format!("shape {:?}, expected {:?}", t.dims(), shape.dims())));
+            return Err(Error::tensor(
+                name,
+                format!("shape {:?}, expected {:?}", t.dims(), shape.dims()),
+            ));
         }
         if !crate::ops::is_float(t.dtype()) {
-            return Err(Error::tensor(name, format!("dtype {:?} is not a float type", t.dtype())));
+            return Err(Error::tensor(
+                name,
+                format!("dtype {:?} is not a float type", t.dtype()),
+            ));
         }
         Ok(t.to_dtype(self.dtype)?.to_device(&self.device)?)
     }

@@ -2,12 +2,15 @@
 //! tokens into events, tell the scheduler who finished.
 
 use super::detok::{Detokenizer, Pushed};
-use super::{DiffusionRunner, EngineMetrics, Event, FinishReason, GenerationParams, LoopedRunner, Output, Prompt, RequestId};
+use super::runner::Pending;
+use super::{
+    DiffusionRunner, EngineMetrics, Event, FinishReason, GenerationParams, LoopedRunner, Output,
+    Prompt, RequestId,
+};
 use crate::error::InvalidRequest;
 use crate::models::diffusion::DiffusionSpec;
 use crate::models::LoopedSpec;
 use crate::sampling::{RowSampling, Sampler};
-use super::runner::Pending;
 use crate::scheduler::{Launch, LaunchResult, SchedRequest, Scheduler};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -153,14 +156,23 @@ impl Engine {
 
     /// Encodes text with the model's tokenizer.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let tok = self.tokenizer.as_ref().ok_or_else(|| Error::Tokenizer("model has no tokenizer.json".into()))?;
-        let enc = tok.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let tok = self
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer("model has no tokenizer.json".into()))?;
+        let enc = tok
+            .encode(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Validates and queues a request. A rejected request gets a typed error and leaves no
     /// state behind; the engine and other requests are unaffected.
-    pub fn add_request(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestId> {
+    pub fn add_request(
+        &mut self,
+        prompt: impl Into<Prompt>,
+        params: GenerationParams,
+    ) -> Result<RequestId> {
         let id = RequestId(self.next_id);
         self.next_id += 1;
         let reject = |reason| Err(Error::InvalidRequest { id, reason });
@@ -173,24 +185,36 @@ impl Engine {
         }
         let vocab = self.vocab_size();
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });
+            return reject(InvalidRequest::UnknownToken {
+                token: bad,
+                vocab_size: vocab,
+            });
         }
         if let Err(msg) = params.sampling.validate() {
             return reject(InvalidRequest::BadSampling(msg));
         }
         if let Some(&bad) = params.forced_tokens.iter().find(|&&t| t as usize >= vocab) {
-            return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });
+            return reject(InvalidRequest::UnknownToken {
+                token: bad,
+                vocab_size: vocab,
+            });
         }
         if let ModelRunner::Diffusion(_) = self.runner {
             // Diffusion decoding here is greedy: a step reveals the argmax tokens by confidence.
             if !params.sampling.is_greedy() {
-                return reject(InvalidRequest::BadSampling("diffusion models decode greedily (temperature 0)".into()));
+                return reject(InvalidRequest::BadSampling(
+                    "diffusion models decode greedily (temperature 0)".into(),
+                ));
             }
             if !params.forced_tokens.is_empty() {
-                return reject(InvalidRequest::BadSampling("teacher forcing is not supported for diffusion models".into()));
+                return reject(InvalidRequest::BadSampling(
+                    "teacher forcing is not supported for diffusion models".into(),
+                ));
             }
         }
-        let positions = self.scheduler.kv_positions(ids.len(), params.max_new_tokens);
+        let positions = self
+            .scheduler
+            .kv_positions(ids.len(), params.max_new_tokens);
         if positions > self.max_context {
             return reject(InvalidRequest::TooLong {
                 prompt_tokens: ids.len(),
@@ -209,13 +233,25 @@ impl Engine {
         let kv = self.scheduler.kv();
         let needed = kv.blocks_for(positions);
         if needed > kv.num_blocks() {
-            return Err(Error::KvExhausted { id, needed_blocks: needed, total_blocks: kv.num_blocks() });
+            return Err(Error::KvExhausted {
+                id,
+                needed_blocks: needed,
+                total_blocks: kv.num_blocks(),
+            });
         }
         if params.max_new_tokens == 0 {
-            self.pending.push(Event::Finished { id, reason: FinishReason::Length, text: String::new() });
+            self.pending.push(Event::Finished {
+                id,
+                reason: FinishReason::Length,
+                text: String::new(),
+            });
             return Ok(id);
         }
-        self.scheduler.add(SchedRequest { id, prompt: ids.clone(), max_new_tokens: params.max_new_tokens });
+        self.scheduler.add(SchedRequest {
+            id,
+            prompt: ids.clone(),
+            max_new_tokens: params.max_new_tokens,
+        });
         self.live.insert(
             id,
             Live {
@@ -235,7 +271,11 @@ impl Engine {
     pub fn abort(&mut self, id: RequestId) -> Result<()> {
         let mut live = self.live.remove(&id).ok_or(Error::UnknownRequest(id))?;
         self.scheduler.finish(id);
-        self.pending.push(Event::Finished { id, reason: FinishReason::Aborted, text: live.detok.flush() });
+        self.pending.push(Event::Finished {
+            id,
+            reason: FinishReason::Aborted,
+            text: live.detok.flush(),
+        });
         Ok(())
     }
 
@@ -251,11 +291,18 @@ impl Engine {
             Some(launch) => Some(self.issue(launch, &mut events)?),
             None => None,
         };
-        let done = if self.overlap { std::mem::replace(&mut self.in_flight, issued) } else { issued };
+        let done = if self.overlap {
+            std::mem::replace(&mut self.in_flight, issued)
+        } else {
+            issued
+        };
         match done {
             Some(done) => self.consume(done, &mut events)?,
             None if events.is_empty() && !self.live.is_empty() && self.in_flight.is_none() => {
-                return Err(Error::SchedulerStalled { scheduler: self.scheduler.name().into(), unfinished: self.live.len() });
+                return Err(Error::SchedulerStalled {
+                    scheduler: self.scheduler.name().into(),
+                    unfinished: self.live.len(),
+                });
             }
             None => {}
         }
@@ -283,18 +330,31 @@ impl Engine {
             ModelRunner::Diffusion(r) => r.run(&launch).map(InFlight::Ready),
         };
         match pending {
-            Ok(pending) => Ok(Issued { launch, pending, host: started.elapsed() }),
+            Ok(pending) => Ok(Issued {
+                launch,
+                pending,
+                host: started.elapsed(),
+            }),
             Err(e) => Err(self.fail_launch(&launch, e, events)),
         }
     }
 
     /// A device error fails every request of the launch; the error is returned too.
-    fn fail_launch(&mut self, launch: &Launch, e: candle_core::Error, events: &mut Vec<Event>) -> Error {
+    fn fail_launch(
+        &mut self,
+        launch: &Launch,
+        e: candle_core::Error,
+        events: &mut Vec<Event>,
+    ) -> Error {
         let msg = e.to_string();
         for row in &launch.rows {
             if self.live.remove(&row.request).is_some() {
                 self.scheduler.finish(row.request);
-                events.push(Event::Finished { id: row.request, reason: FinishReason::Error(msg.clone()), text: String::new() });
+                events.push(Event::Finished {
+                    id: row.request,
+                    reason: FinishReason::Error(msg.clone()),
+                    text: String::new(),
+                });
             }
         }
         self.pending = std::mem::take(events);
@@ -308,7 +368,9 @@ impl Engine {
         let collected = match (&self.runner, done.pending) {
             (ModelRunner::Looped(r), InFlight::Looped(p)) => r.collect(p),
             (_, InFlight::Ready(result)) => Ok(result),
-            (ModelRunner::Diffusion(_), InFlight::Looped(_)) => unreachable!("diffusion launches complete when issued"),
+            (ModelRunner::Diffusion(_), InFlight::Looped(_)) => {
+                unreachable!("diffusion launches complete when issued")
+            }
         };
         let result = match collected {
             Ok(r) => r,
@@ -316,7 +378,13 @@ impl Engine {
         };
         let wait = started.elapsed();
         let l = &done.launch;
-        self.metrics.record(l.stage.name(), l.rows.len(), l.num_tokens(), done.host + wait, wait);
+        self.metrics.record(
+            l.stage.name(),
+            l.rows.len(),
+            l.num_tokens(),
+            done.host + wait,
+            wait,
+        );
         if let ModelRunner::Looped(r) = &self.runner {
             if let Some(span) = r.last_device_time() {
                 self.metrics.record_device(l.stage.name(), span);
@@ -345,7 +413,10 @@ impl Engine {
                 self.metrics.denoise.phases = r.phase_times();
             }
             if let Some((revealed, kept)) = self.scheduler.revealed_in_kept() {
-                (self.metrics.denoise.revealed, self.metrics.denoise.revealed_kept) = (revealed, kept);
+                (
+                    self.metrics.denoise.revealed,
+                    self.metrics.denoise.revealed_kept,
+                ) = (revealed, kept);
             }
         }
         self.metrics.preemptions = self.scheduler.num_preemptions() as u64;
@@ -361,13 +432,27 @@ impl Engine {
         } else {
             live.generated.push(token);
             self.metrics.generated_tokens += 1;
-            match live.detok.push(token, self.tokenizer.as_ref(), &live.params.stop) {
+            match live
+                .detok
+                .push(token, self.tokenizer.as_ref(), &live.params.stop)
+            {
                 Pushed::Text(text) => {
-                    events.push(Event::Token { id, token, text, logprob });
-                    (live.generated.len() >= live.params.max_new_tokens).then_some(FinishReason::Length)
+                    events.push(Event::Token {
+                        id,
+                        token,
+                        text,
+                        logprob,
+                    });
+                    (live.generated.len() >= live.params.max_new_tokens)
+                        .then_some(FinishReason::Length)
                 }
                 Pushed::Stopped { text, stop } => {
-                    events.push(Event::Token { id, token, text, logprob });
+                    events.push(Event::Token {
+                        id,
+                        token,
+                        text,
+                        logprob,
+                    });
                     Some(FinishReason::Stop(stop))
                 }
             }
@@ -376,7 +461,11 @@ impl Engine {
             let mut live = self.live.remove(&id).expect("present");
             self.scheduler.finish(id);
             self.metrics.finished_requests += 1;
-            events.push(Event::Finished { id, reason, text: live.detok.flush() });
+            events.push(Event::Finished {
+                id,
+                reason,
+                text: live.detok.flush(),
+            });
         }
         Some(events)
     }
@@ -407,7 +496,9 @@ impl Engine {
                 break;
             }
             for ev in events {
-                let Some(&i) = index.get(&ev.id()) else { continue };
+                let Some(&i) = index.get(&ev.id()) else {
+                    continue;
+                };
                 let Ok(out) = &mut slots[i] else { continue };
                 if out.push(ev) {
                     open -= 1;

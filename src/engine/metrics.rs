@@ -19,8 +19,19 @@ pub struct StageStats {
     /// Unlike `wait` it is exact under overlap, where a launch's wait covers the work queued
     /// ahead of it.
     pub device_time: Duration,
+    /// Part of `device_time` in the model's forward (its CUDA graph or eager kernels); the rest
+    /// is sampling, eager re-entry and the copies of results to the host.
+    pub device_forward: Duration,
     /// Launches whose device-side span was measured.
     pub device_timed: u64,
+}
+
+/// Device-side span of one launch (see [`StageStats::device_time`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeviceSpan {
+    pub total: Duration,
+    /// From the launch's start to the end of its forward.
+    pub forward: Duration,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -85,7 +96,12 @@ impl EngineMetrics {
     /// Realised mean exit depth d̄ (0 when no depth scheduler reports one).
     pub fn mean_depth(&self) -> f64 {
         let n: u64 = self.depth_histogram.iter().sum();
-        let s: u64 = self.depth_histogram.iter().enumerate().map(|(i, c)| (i as u64 + 1) * c).sum();
+        let s: u64 = self
+            .depth_histogram
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i as u64 + 1) * c)
+            .sum();
         if n == 0 {
             0.0
         } else {
@@ -95,7 +111,11 @@ impl EngineMetrics {
 }
 
 impl EngineMetrics {
-    pub(crate) fn record_denoise(&mut self, launch: &crate::scheduler::Launch, result: &crate::scheduler::LaunchResult) {
+    pub(crate) fn record_denoise(
+        &mut self,
+        launch: &crate::scheduler::Launch,
+        result: &crate::scheduler::LaunchResult,
+    ) {
         let d = &mut self.denoise;
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             if row.readout.is_empty() {
@@ -124,13 +144,21 @@ impl EngineMetrics {
         self.generated_tokens as f64 / self.denoise.steps.max(1) as f64
     }
 
-    pub(crate) fn record_device(&mut self, stage: &'static str, span: Duration) {
+    pub(crate) fn record_device(&mut self, stage: &'static str, span: DeviceSpan) {
         let s = self.stages.entry(stage).or_default();
-        s.device_time += span;
+        s.device_time += span.total;
+        s.device_forward += span.forward;
         s.device_timed += 1;
     }
 
-    pub(crate) fn record(&mut self, stage: &'static str, rows: usize, tokens: usize, time: Duration, wait: Duration) {
+    pub(crate) fn record(
+        &mut self,
+        stage: &'static str,
+        rows: usize,
+        tokens: usize,
+        time: Duration,
+        wait: Duration,
+    ) {
         let s = self.stages.entry(stage).or_default();
         s.launches += 1;
         s.rows += rows as u64;

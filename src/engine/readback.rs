@@ -39,13 +39,22 @@ impl<T: Elem> Readback<T> {
         if let candle_core::Device::Cuda(dev) = t.device() {
             use candle_core::cuda_backend::WrapErr;
             let (storage, layout) = t.storage_and_layout();
-            let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("readback: not a CUDA tensor") };
-            let (start, end) = layout.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("readback: not contiguous".into()))?;
+            let candle_core::Storage::Cuda(cs) = &*storage else {
+                candle_core::bail!("readback: not a CUDA tensor")
+            };
+            let (start, end) = layout
+                .contiguous_offsets()
+                .ok_or_else(|| candle_core::Error::Msg("readback: not contiguous".into()))?;
             let src = cs.as_cuda_slice::<T>()?.slice(start..end);
             let stream = dev.cuda_stream();
             // Flags 0: cached (not write-combined) pinned memory, since the host reads it.
             // SAFETY: the buffer is only read after the copy into it completed (`finish`).
-            let mut dst = unsafe { stream.context().alloc_pinned_with_flags::<T>(end - start, 0) }.w()?;
+            let mut dst = unsafe {
+                stream
+                    .context()
+                    .alloc_pinned_with_flags::<T>(end - start, 0)
+            }
+            .w()?;
             stream.memcpy_dtoh(&src, &mut dst).w()?;
             return Ok(Self::Pinned(dst));
         }

@@ -4,10 +4,11 @@
 //! hidden states never cross to the host.
 
 use super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphCache, GraphKey, Phase, Statics};
+use super::metrics::DeviceSpan;
+use super::readback::Readback;
 use crate::kv::KvStore;
 use crate::models::{LoopedModel, StageInput};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
-use super::readback::Readback;
 use crate::sampling::{sample_or_force, RowSampling};
 use crate::scheduler::{KvCopy, Launch, LaunchResult, LaunchRow, RowOutput, Stage};
 use candle_core::{DType, Device, Result, Tensor, D};
@@ -35,13 +36,15 @@ pub struct LoopedRunner {
     /// is known once its results are collected.
     device_timing: bool,
     /// Device-side span of the last collected launch (`None` without timing or off CUDA).
-    last_device: std::cell::Cell<Option<std::time::Duration>>,
+    last_device: std::cell::Cell<Option<DeviceSpan>>,
 }
 
-/// Stream events around one launch: its device-side span is `start → end`.
+/// Stream events around one launch: its device-side span is `start → end`, its forward's
+/// `start → forward`.
 #[cfg(feature = "cuda")]
 struct Marks {
     start: candle_core::cuda_backend::cudarc::driver::CudaEvent,
+    forward: candle_core::cuda_backend::cudarc::driver::CudaEvent,
     end: candle_core::cuda_backend::cudarc::driver::CudaEvent,
 }
 #[cfg(not(feature = "cuda"))]
@@ -83,7 +86,12 @@ pub struct Forward {
 impl LoopedRunner {
     /// `bank_rows` rows of loop state (0 for schedulers that only run full-depth launches).
     /// Runs every launch eagerly (no CUDA graphs).
-    pub fn new(model: Box<dyn LoopedModel>, num_blocks: usize, block_size: usize, bank_rows: usize) -> Result<Self> {
+    pub fn new(
+        model: Box<dyn LoopedModel>,
+        num_blocks: usize,
+        block_size: usize,
+        bank_rows: usize,
+    ) -> Result<Self> {
         Self::with_cuda_graphs(model, num_blocks, block_size, bank_rows, false)
     }
 
@@ -102,8 +110,18 @@ impl LoopedRunner {
         let cpu_bodies = super::graphs::CPU_GRAPH_BODIES.with(|c| c.get());
         let graphs = cuda_graphs && (cfg!(feature = "cuda") && dev.is_cuda() || cpu_bodies);
         let extra = usize::from(graphs);
-        let kv = KvStore::new(s.num_kv_layers, num_blocks + extra, block_size, s.num_kv_heads, s.head_dim, s.dtype, &dev)?;
-        let bank = (bank_rows > 0).then(|| Tensor::zeros((bank_rows + extra, s.state_width), s.dtype, &dev)).transpose()?;
+        let kv = KvStore::new(
+            s.num_kv_layers,
+            num_blocks + extra,
+            block_size,
+            s.num_kv_heads,
+            s.head_dim,
+            s.dtype,
+            &dev,
+        )?;
+        let bank = (bank_rows > 0)
+            .then(|| Tensor::zeros((bank_rows + extra, s.state_width), s.dtype, &dev))
+            .transpose()?;
         if graphs {
             super::graphs::prepare_device(&dev);
         }
@@ -132,7 +150,7 @@ impl LoopedRunner {
     }
 
     /// Device-side span of the last collected launch (`None` without device timing, or off CUDA).
-    pub fn last_device_time(&self) -> Option<std::time::Duration> {
+    pub fn last_device_time(&self) -> Option<DeviceSpan> {
         self.last_device.get()
     }
 
@@ -142,7 +160,11 @@ impl LoopedRunner {
         use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
         use candle_core::cuda_backend::WrapErr;
         match self.device() {
-            Device::Cuda(d) if self.device_timing => Ok(Some(d.cuda_stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).w()?)),
+            Device::Cuda(d) if self.device_timing => Ok(Some(
+                d.cuda_stream()
+                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .w()?,
+            )),
             _ => Ok(None),
         }
     }
@@ -182,6 +204,8 @@ impl LoopedRunner {
         #[cfg(feature = "cuda")]
         let start = self.mark()?;
         let fwd = self.forward(launch)?;
+        #[cfg(feature = "cuda")]
+        let forward_end = self.mark()?;
         let mut tokens = PendingTokens::None;
         if let Some(logits) = &fwd.logits {
             let rows: Vec<RowSampling> = fwd.sample_rows.iter().map(|&r| sampling[r]).collect();
@@ -194,7 +218,11 @@ impl LoopedRunner {
             } else {
                 let (ids, logprobs) = sample_or_force(logits, &rows)?;
                 if launch.reenter {
-                    self.reenter(launch, &fwd.sample_rows, &Tensor::new(ids.as_slice(), self.device())?)?;
+                    self.reenter(
+                        launch,
+                        &fwd.sample_rows,
+                        &Tensor::new(ids.as_slice(), self.device())?,
+                    )?;
                 }
                 tokens = PendingTokens::Host(ids, logprobs);
             }
@@ -205,8 +233,12 @@ impl LoopedRunner {
         };
         let latent = fwd.latent_diff.as_ref().map(Readback::start).transpose()?;
         #[cfg(feature = "cuda")]
-        let marks = match (start, self.mark()?) {
-            (Some(start), Some(end)) => Some(Marks { start, end }),
+        let marks = match (start, forward_end, self.mark()?) {
+            (Some(start), Some(forward), Some(end)) => Some(Marks {
+                start,
+                forward,
+                end,
+            }),
             _ => None,
         };
         #[cfg(not(feature = "cuda"))]
@@ -244,7 +276,11 @@ impl LoopedRunner {
         }
         let mut gate_logits = vec![Vec::new(); n];
         if let Some((rb, steps)) = p.gates {
-            let row_index: Vec<usize> = if p.stage == Stage::CoreStep { (0..n).collect() } else { p.sample_rows.clone() };
+            let row_index: Vec<usize> = if p.stage == Stage::CoreStep {
+                (0..n).collect()
+            } else {
+                p.sample_rows.clone()
+            };
             for (&r, per_step) in row_index.iter().zip(rb.finish()?.chunks(steps.max(1))) {
                 gate_logits[r] = per_step.to_vec();
             }
@@ -258,9 +294,12 @@ impl LoopedRunner {
         self.last_wait.set(started.elapsed());
         self.last_device.set(match p.marks {
             #[cfg(feature = "cuda")]
-            Some(Marks { start, end }) => {
+            Some(Marks { start, forward, end }) => {
                 use candle_core::cuda_backend::WrapErr;
-                Some(std::time::Duration::from_secs_f64(f64::from(start.elapsed_ms(&end).w()?) / 1e3))
+                let secs = |to: &candle_core::cuda_backend::cudarc::driver::CudaEvent| -> Result<std::time::Duration> {
+                    Ok(std::time::Duration::from_secs_f64(f64::from(start.elapsed_ms(to).w()?) / 1e3))
+                };
+                Some(DeviceSpan { total: secs(&end)?, forward: secs(&forward)? })
             }
             #[cfg(not(feature = "cuda"))]
             Some(Marks) => None,
@@ -269,8 +308,24 @@ impl LoopedRunner {
         let rows = p
             .requests
             .into_iter()
-            .zip(tokens.into_iter().zip(gate_logits).zip(latent).zip(logprobs))
-            .map(|(request, (((token, gate_logits), latent_diff), logprob))| RowOutput { request, token, gate_logits, latent_diff, logprob, candidates: Vec::new(), kept: None })
+            .zip(
+                tokens
+                    .into_iter()
+                    .zip(gate_logits)
+                    .zip(latent)
+                    .zip(logprobs),
+            )
+            .map(
+                |(request, (((token, gate_logits), latent_diff), logprob))| RowOutput {
+                    request,
+                    token,
+                    gate_logits,
+                    latent_diff,
+                    logprob,
+                    candidates: Vec::new(),
+                    kept: None,
+                },
+            )
             .collect();
         Ok(LaunchResult { rows })
     }
@@ -291,7 +346,9 @@ impl LoopedRunner {
     }
 
     fn bank(&self) -> Result<&Tensor> {
-        self.bank.as_ref().ok_or_else(|| candle_core::Error::Msg("launch needs a state bank but the runner has none".into()))
+        self.bank.as_ref().ok_or_else(|| {
+            candle_core::Error::Msg("launch needs a state bank but the runner has none".into())
+        })
     }
 
     fn state_index(&self, rows: &[LaunchRow]) -> Result<Tensor> {
@@ -302,22 +359,40 @@ impl LoopedRunner {
     fn write_bank(&self, idx: &Tensor, h: &Tensor) -> Result<()> {
         let bank = self.bank()?;
         let (rows, hidden) = h.dims2()?;
-        let index = idx.unsqueeze(1)?.broadcast_as((rows, hidden))?.contiguous()?;
+        let index = idx
+            .unsqueeze(1)?
+            .broadcast_as((rows, hidden))?
+            .contiguous()?;
         bank.scatter_set(&index, &h.to_dtype(bank.dtype())?.contiguous()?, 0)
     }
 
     /// Per-launch inputs and the attention batch of single-token rows, each in its own slot.
-    fn token_batch(&self, rows: &[&LaunchRow], slot_of: impl Fn(&LaunchRow) -> usize) -> Result<(StageInput, PagedBatch)> {
+    fn token_batch(
+        &self,
+        rows: &[&LaunchRow],
+        slot_of: impl Fn(&LaunchRow) -> usize,
+    ) -> Result<(StageInput, PagedBatch)> {
         let spec = self.model.spec();
         let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
-        let input = self.model.prepare(&Tensor::new(positions.as_slice(), self.device())?)?;
+        let input = self
+            .model
+            .prepare(&Tensor::new(positions.as_slice(), self.device())?)?;
         let host = PagedBatchHost {
             write_positions: Vec::new(),
-            block_tables: rows.iter().map(|r| r.block_tables[slot_of(r)].to_vec()).collect(),
+            block_tables: rows
+                .iter()
+                .map(|r| r.block_tables[slot_of(r)].to_vec())
+                .collect(),
             context_lens: rows.iter().map(|r| r.start_pos as u32 + 1).collect(),
             cu_q_lens: (0..=rows.len() as u32).collect(),
         };
-        let batch = PagedBatch::new(host, self.block_size, AttnMask::Causal, spec.num_kv_heads * spec.head_dim, self.device())?;
+        let batch = PagedBatch::new(
+            host,
+            self.block_size,
+            AttnMask::Causal,
+            spec.num_kv_heads * spec.head_dim,
+            self.device(),
+        )?;
         Ok((input, batch))
     }
 
@@ -347,11 +422,20 @@ impl LoopedRunner {
     }
 
     fn coda(&self, launch: &Launch) -> Result<Forward> {
-        let h = self.bank()?.index_select(&self.state_index(&launch.rows)?, 0)?;
+        let h = self
+            .bank()?
+            .index_select(&self.state_index(&launch.rows)?, 0)?;
         let rows: Vec<&LaunchRow> = launch.rows.iter().collect();
         let (input, batch) = self.token_batch(&rows, |_| 0)?;
-        let logits = self.model.head(&self.model.coda(&h, &input, &batch, &self.kv)?)?;
-        Ok(Forward { logits: Some(logits), gate_logits: None, latent_diff: None, sample_rows: (0..launch.rows.len()).collect() })
+        let logits = self
+            .model
+            .head(&self.model.coda(&h, &input, &batch, &self.kv)?)?;
+        Ok(Forward {
+            logits: Some(logits),
+            gate_logits: None,
+            latent_diff: None,
+            sample_rows: (0..launch.rows.len()).collect(),
+        })
     }
 
     /// Eager re-entry: the prelude of each sampled token, written to its row's bank row as the
@@ -361,7 +445,10 @@ impl LoopedRunner {
             .iter()
             .map(|&r| {
                 let row = &launch.rows[r];
-                LaunchRow { start_pos: row.start_pos + row.tokens.len(), ..row.clone() }
+                LaunchRow {
+                    start_pos: row.start_pos + row.tokens.len(),
+                    ..row.clone()
+                }
             })
             .collect();
         let refs: Vec<&LaunchRow> = next.iter().collect();
@@ -386,7 +473,11 @@ impl LoopedRunner {
                 let flat = cache.reshape((nb * bs, kvh * hd))?;
                 let index = match &index {
                     Some(i) => i,
-                    None => index.insert(dst.unsqueeze(1)?.broadcast_as((copies.len(), kvh * hd))?.contiguous()?),
+                    None => index.insert(
+                        dst.unsqueeze(1)?
+                            .broadcast_as((copies.len(), kvh * hd))?
+                            .contiguous()?,
+                    ),
                 };
                 flat.scatter_set(index, &flat.index_select(&src, 0)?, 0)?;
             }
@@ -408,7 +499,9 @@ impl LoopedRunner {
             cu.push(ids.len() as u32);
         }
         let ids_t = Tensor::new(ids.as_slice(), dev)?;
-        let input = self.model.prepare(&Tensor::new(positions.as_slice(), dev)?)?;
+        let input = self
+            .model
+            .prepare(&Tensor::new(positions.as_slice(), dev)?)?;
 
         // One batch description per distinct slot; steps sharing a slot share it.
         let mut batches: BTreeMap<usize, PagedBatch> = BTreeMap::new();
@@ -417,17 +510,30 @@ impl LoopedRunner {
                 continue;
             }
             let host = PagedBatchHost {
-            write_positions: Vec::new(),
-                block_tables: launch.rows.iter().map(|r| r.block_tables[slot].to_vec()).collect(),
-                context_lens: launch.rows.iter().map(|r| (r.start_pos + r.tokens.len()) as u32).collect(),
+                write_positions: Vec::new(),
+                block_tables: launch
+                    .rows
+                    .iter()
+                    .map(|r| r.block_tables[slot].to_vec())
+                    .collect(),
+                context_lens: launch
+                    .rows
+                    .iter()
+                    .map(|r| (r.start_pos + r.tokens.len()) as u32)
+                    .collect(),
                 cu_q_lens: cu.clone(),
             };
             let kv_width = spec.num_kv_heads * spec.head_dim;
-            batches.insert(slot, PagedBatch::new(host, self.block_size, AttnMask::Causal, kv_width, dev)?);
+            batches.insert(
+                slot,
+                PagedBatch::new(host, self.block_size, AttnMask::Causal, kv_width, dev)?,
+            );
         }
         let first = &batches[&launch.step_slots[0]];
         let mut h = self.model.prelude(&ids_t, &input, first, &self.kv)?;
-        let sample_rows: Vec<usize> = (0..launch.rows.len()).filter(|&r| launch.rows[r].sample).collect();
+        let sample_rows: Vec<usize> = (0..launch.rows.len())
+            .filter(|&r| launch.rows[r].sample)
+            .collect();
         let last_idx: Vec<u32> = sample_rows.iter().map(|&r| cu[r + 1] - 1).collect();
         let last_idx = Tensor::new(last_idx.as_slice(), dev)?;
         let mut gates = Vec::with_capacity(launch.step_slots.len());
@@ -441,11 +547,23 @@ impl LoopedRunner {
         // The coda runs over every token: models with coda blocks write their KV here.
         let y = self.model.coda(&h, &input, first, &self.kv)?;
         if sample_rows.is_empty() {
-            return Ok(Forward { logits: None, gate_logits: None, latent_diff: None, sample_rows });
+            return Ok(Forward {
+                logits: None,
+                gate_logits: None,
+                latent_diff: None,
+                sample_rows,
+            });
         }
         let logits = self.model.head(&y.index_select(&last_idx, 0)?)?;
-        let gate_logits = (!gates.is_empty()).then(|| Tensor::stack(&gates, 0)).transpose()?;
-        Ok(Forward { logits: Some(logits), gate_logits, latent_diff: None, sample_rows })
+        let gate_logits = (!gates.is_empty())
+            .then(|| Tensor::stack(&gates, 0))
+            .transpose()?;
+        Ok(Forward {
+            logits: Some(logits),
+            gate_logits,
+            latent_diff: None,
+            sample_rows,
+        })
     }
 
     /// The graph key of a launch, or `None` when it runs eagerly.
@@ -459,8 +577,17 @@ impl LoopedRunner {
         match launch.stage {
             Stage::CoreStep => {
                 self.bank.as_ref()?;
-                launch.rows.iter().all(|r| r.slot < r.block_tables.len()).then_some(())?;
-                Some(GraphKey { stage: Stage::CoreStep, rows, ctx: ctx_bucket(max_ctx), slots: Vec::new() })
+                launch
+                    .rows
+                    .iter()
+                    .all(|r| r.slot < r.block_tables.len())
+                    .then_some(())?;
+                Some(GraphKey {
+                    stage: Stage::CoreStep,
+                    rows,
+                    ctx: ctx_bucket(max_ctx),
+                    slots: Vec::new(),
+                })
             }
             Stage::FullDepthDecode => {
                 // Huginn (prelude and coda blocks): on the H200 the replayed full-depth graph did
@@ -470,14 +597,28 @@ impl LoopedRunner {
                 (!self.model.spec().heavy_coda).then_some(())?;
                 let ok = !launch.step_slots.is_empty()
                     && !launch.reenter
-                    && launch.rows.iter().all(|r| r.tokens.len() == 1 && r.sample && launch.step_slots.iter().all(|&s| s < r.block_tables.len()));
-                ok.then(|| GraphKey { stage: Stage::FullDepthDecode, rows, ctx: ctx_bucket(max_ctx), slots: launch.step_slots.clone() })
+                    && launch.rows.iter().all(|r| {
+                        r.tokens.len() == 1
+                            && r.sample
+                            && launch.step_slots.iter().all(|&s| s < r.block_tables.len())
+                    });
+                ok.then(|| GraphKey {
+                    stage: Stage::FullDepthDecode,
+                    rows,
+                    ctx: ctx_bucket(max_ctx),
+                    slots: launch.step_slots.clone(),
+                })
             }
             Stage::Coda => {
                 self.bank.as_ref()?;
                 // The coda attends through slot 0 (prelude and coda layers use it); a heavy coda
                 // (Huginn's blocks) writes and reads its KV there like a full-depth decode does.
-                Some(GraphKey { stage: Stage::Coda, rows, ctx: ctx_bucket(max_ctx), slots: vec![0] })
+                Some(GraphKey {
+                    stage: Stage::Coda,
+                    rows,
+                    ctx: ctx_bucket(max_ctx),
+                    slots: vec![0],
+                })
             }
             _ => None,
         }
@@ -485,13 +626,28 @@ impl LoopedRunner {
 
     /// Runs `launch` through its graph (warm-up, capture or replay). `None`: run it eagerly.
     fn graph_forward(&self, launch: &Launch) -> Result<Option<Forward>> {
-        let Some(cell) = &self.graphs else { return Ok(None) };
-        let Some(key) = self.graph_key(launch) else { return Ok(None) };
+        let Some(cell) = &self.graphs else {
+            return Ok(None);
+        };
+        let Some(key) = self.graph_key(launch) else {
+            return Ok(None);
+        };
         let mut guard = cell.borrow_mut();
         let cache = &mut *guard;
         if !cache.entries.contains_key(&key) {
-            let statics = Statics::new(&key, self.model.spec().vocab_size, self.block_size, self.device())?;
-            cache.entries.insert(key.clone(), Entry { statics, phase: Phase::New });
+            let statics = Statics::new(
+                &key,
+                self.model.spec().vocab_size,
+                self.block_size,
+                self.device(),
+            )?;
+            cache.entries.insert(
+                key.clone(),
+                Entry {
+                    statics,
+                    phase: Phase::New,
+                },
+            );
         }
         let entry = cache.entries.get_mut(&key).expect("inserted above");
         if matches!(entry.phase, Phase::Failed) {
@@ -502,14 +658,7 @@ impl LoopedRunner {
         let mut failure = None;
         match &entry.phase {
             Phase::New => {
-                let r = {
-                    #[cfg(feature = "cuda")]
-                    let _cache = match dev {
-                        Device::Cuda(d) => Some(d.enable_cuda_graph_htod_cache()),
-                        _ => None,
-                    };
-                    self.graph_body(&key, &entry.statics, &padded)
-                };
+                let r = Graph::warm_up(dev, || self.graph_body(&key, &entry.statics, &padded));
                 match r {
                     Ok(has_gate) => {
                         entry.statics.has_gate = has_gate;
@@ -554,17 +703,41 @@ impl LoopedRunner {
         let gate_logits = st.has_gate.then(|| st.gate.narrow(1, 0, n)).transpose()?;
         let logits = st.logits.as_ref().map(|l| l.narrow(0, 0, n)).transpose()?;
         Ok(Some(match key.stage {
-            Stage::CoreStep => Forward { logits: None, gate_logits, latent_diff: Some(st.latent.narrow(0, 0, n)?), sample_rows: Vec::new() },
-            Stage::Coda => Forward { logits, gate_logits: None, latent_diff: None, sample_rows: (0..n).collect() },
-            _ => Forward { logits, gate_logits, latent_diff: None, sample_rows: (0..n).collect() },
+            Stage::CoreStep => Forward {
+                logits: None,
+                gate_logits,
+                latent_diff: Some(st.latent.narrow(0, 0, n)?),
+                sample_rows: Vec::new(),
+            },
+            Stage::Coda => Forward {
+                logits,
+                gate_logits: None,
+                latent_diff: None,
+                sample_rows: (0..n).collect(),
+            },
+            _ => Forward {
+                logits,
+                gate_logits,
+                latent_diff: None,
+                sample_rows: (0..n).collect(),
+            },
         }))
     }
 
     /// Writes a launch's host data into the static inputs of its key; returns the padded
     /// addressing of each batch (only the warm-up and the capture build batches from it).
-    fn write_graph_inputs(&self, key: &GraphKey, st: &Statics, launch: &Launch) -> Result<Vec<PagedBatchHost>> {
+    fn write_graph_inputs(
+        &self,
+        key: &GraphKey,
+        st: &Statics,
+        launch: &Launch,
+    ) -> Result<Vec<PagedBatchHost>> {
         let rows = &launch.rows;
-        let tokens: Vec<u32> = if key.stage == Stage::FullDepthDecode { rows.iter().map(|r| r.tokens[0]).collect() } else { Vec::new() };
+        let tokens: Vec<u32> = if key.stage == Stage::FullDepthDecode {
+            rows.iter().map(|r| r.tokens[0]).collect()
+        } else {
+            Vec::new()
+        };
         let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
         let state: Vec<u32> = rows.iter().map(|r| r.state).collect();
         st.write_inputs(&tokens, &positions, &state, self.scratch_row)?;
@@ -572,8 +745,14 @@ impl LoopedRunner {
             .iter()
             .map(|(slot, buf)| {
                 let host = PagedBatchHost {
-            write_positions: Vec::new(),
-                    block_tables: rows.iter().map(|r| r.block_tables[if key.slots.is_empty() { r.slot } else { *slot }].to_vec()).collect(),
+                    write_positions: Vec::new(),
+                    block_tables: rows
+                        .iter()
+                        .map(|r| {
+                            r.block_tables[if key.slots.is_empty() { r.slot } else { *slot }]
+                                .to_vec()
+                        })
+                        .collect(),
                     context_lens: rows.iter().map(|r| r.start_pos as u32 + 1).collect(),
                     cu_q_lens: (0..=rows.len() as u32).collect(),
                 };
@@ -593,15 +772,32 @@ impl LoopedRunner {
             .batches
             .iter()
             .zip(padded)
-            .map(|((_, buf), host)| PagedBatch::from_buffers(host.clone(), self.block_size, AttnMask::Causal, kv_width, buf, key.ctx))
+            .map(|((_, buf), host)| {
+                PagedBatch::from_buffers(
+                    host.clone(),
+                    self.block_size,
+                    AttnMask::Causal,
+                    kv_width,
+                    buf,
+                    key.ctx,
+                )
+            })
             .collect::<Result<_>>()?;
-        let batch_of = |slot: usize| st.batches.iter().position(|(s, _)| *s == slot).map(|i| &batches[i]).expect("a batch per slot");
+        let batch_of = |slot: usize| {
+            st.batches
+                .iter()
+                .position(|(s, _)| *s == slot)
+                .map(|i| &batches[i])
+                .expect("a batch per slot")
+        };
         let mut has_gate = false;
         match key.stage {
             Stage::CoreStep => {
                 let input = self.model.prepare(&st.positions)?;
                 let h_old = self.bank()?.index_select(&st.state, 0)?;
-                let out = self.model.core_step(&h_old, &input, &batches[0], &self.kv)?;
+                let out = self
+                    .model
+                    .core_step(&h_old, &input, &batches[0], &self.kv)?;
                 let latent_diff = self.latent_diff(&h_old, &out.hidden)?;
                 st.latent.slice_set(&latent_diff.contiguous()?, 0, 0)?;
                 if let Some(g) = &out.gate_logit {
@@ -612,7 +808,9 @@ impl LoopedRunner {
             }
             Stage::FullDepthDecode => {
                 let input = self.model.prepare(&st.positions)?;
-                let mut h = self.model.prelude(&st.tokens, &input, batch_of(key.slots[0]), &self.kv)?;
+                let mut h =
+                    self.model
+                        .prelude(&st.tokens, &input, batch_of(key.slots[0]), &self.kv)?;
                 for (i, &slot) in key.slots.iter().enumerate() {
                     let out = self.model.core_step(&h, &input, batch_of(slot), &self.kv)?;
                     h = out.hidden;
@@ -621,14 +819,27 @@ impl LoopedRunner {
                         has_gate = true;
                     }
                 }
-                let logits = self.model.head(&self.model.coda(&h, &input, batch_of(key.slots[0]), &self.kv)?)?;
-                st.logits.as_ref().expect("full-depth statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
+                let logits = self.model.head(&self.model.coda(
+                    &h,
+                    &input,
+                    batch_of(key.slots[0]),
+                    &self.kv,
+                )?)?;
+                st.logits
+                    .as_ref()
+                    .expect("full-depth statics hold logits")
+                    .slice_set(&logits.contiguous()?, 0, 0)?;
             }
             Stage::Coda => {
                 let h = self.bank()?.index_select(&st.state, 0)?;
                 let input = self.model.prepare(&st.positions)?;
-                let logits = self.model.head(&self.model.coda(&h, &input, batch_of(0), &self.kv)?)?;
-                st.logits.as_ref().expect("coda statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
+                let logits =
+                    self.model
+                        .head(&self.model.coda(&h, &input, batch_of(0), &self.kv)?)?;
+                st.logits
+                    .as_ref()
+                    .expect("coda statics hold logits")
+                    .slice_set(&logits.contiguous()?, 0, 0)?;
             }
             other => candle_core::bail!("no graph for stage {other:?}"),
         }
@@ -641,7 +852,11 @@ impl Drop for LoopedRunner {
         if let Some(g) = &self.graphs {
             let g = g.borrow();
             if std::env::var_os("PONDER_GRAPH_STATS").is_some() {
-                let failed = g.entries.values().filter(|e| matches!(e.phase, Phase::Failed)).count();
+                let failed = g
+                    .entries
+                    .values()
+                    .filter(|e| matches!(e.phase, Phase::Failed))
+                    .count();
                 eprintln!("ponder: CUDA graphs: {} shapes, {} captured, {failed} failed, {} launches replayed", g.entries.len(), g.captures, g.replays);
             }
         }

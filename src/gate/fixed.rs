@@ -1,6 +1,6 @@
 //! Every item runs exactly `depth` steps.
 
-use super::{check_bounds, ExitGate, StepSignals, GateState, ItemRef};
+use super::{check_bounds, ExitGate, GateState, ItemRef, StepSignals};
 
 #[derive(Debug, Clone)]
 pub struct FixedDepth {
@@ -24,7 +24,13 @@ impl ExitGate for FixedDepth {
     fn max_steps(&self) -> usize {
         self.depth
     }
-    fn decide(&self, _item: ItemRef, step: usize, _signal: StepSignals, _state: &mut GateState) -> bool {
+    fn decide(
+        &self,
+        _item: ItemRef,
+        step: usize,
+        _signal: StepSignals,
+        _state: &mut GateState,
+    ) -> bool {
         step + 1 >= self.depth
     }
     fn exit_known(&self, _item: ItemRef, step: usize, _state: &GateState) -> Option<bool> {

@@ -1,7 +1,7 @@
 //! One-step-ahead consumption: the signal of step r decides whether step r+2 runs, so the host
 //! has a whole launch of slack to build the next batch (CDB §1.4). Minimum depth 2.
 
-use super::{ExitGate, StepSignals, GateState, ItemRef};
+use super::{ExitGate, GateState, ItemRef, StepSignals};
 
 #[derive(Debug)]
 pub struct Lookahead<G> {
@@ -11,7 +11,9 @@ pub struct Lookahead<G> {
 impl<G: ExitGate> Lookahead<G> {
     pub fn new(inner: G) -> crate::Result<Self> {
         if inner.max_steps() < 2 {
-            return Err(crate::Error::InvalidOption("lookahead needs max_steps >= 2".into()));
+            return Err(crate::Error::InvalidOption(
+                "lookahead needs max_steps >= 2".into(),
+            ));
         }
         Ok(Self { inner })
     }
@@ -27,7 +29,13 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
     fn max_steps(&self) -> usize {
         self.inner.max_steps()
     }
-    fn decide(&self, item: ItemRef, step: usize, signal: StepSignals, state: &mut GateState) -> bool {
+    fn decide(
+        &self,
+        item: ItemRef,
+        step: usize,
+        signal: StepSignals,
+        state: &mut GateState,
+    ) -> bool {
         // The verdict on step r-1's signal takes effect now, after step r.
         let exit_now = self.exit_known(item, step, state).expect("always known");
         state.pending_exit = self.inner.decide(item, step, signal, state);
@@ -46,10 +54,15 @@ mod tests {
 
     #[test]
     fn exits_one_step_late_never_before_two() {
-        let item = ItemRef { request: RequestId(0), token_index: 0 };
+        let item = ItemRef {
+            request: RequestId(0),
+            token_index: 0,
+        };
         let run = |gate: &dyn ExitGate, logits: &[f32]| {
             let mut s = GateState::new();
-            (0..logits.len()).find(|&r| gate.decide(item, r, StepSignals::logit(logits[r]), &mut s)).map(|r| r + 1)
+            (0..logits.len())
+                .find(|&r| gate.decide(item, r, StepSignals::logit(logits[r]), &mut s))
+                .map(|r| r + 1)
         };
         let plain = QExit::new(0.5, 1, 4).unwrap();
         let la = Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap();

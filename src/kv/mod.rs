@@ -11,7 +11,9 @@ mod manager;
 mod pool;
 mod store;
 
-pub use layout::{check_layout, DepthIndexed, FirstThenShared, KvLayout, KvLayoutKind, LastExited, Shared};
+pub use layout::{
+    check_layout, DepthIndexed, FirstThenShared, KvLayout, KvLayoutKind, LastExited, Shared,
+};
 pub use manager::{BlockTable, KvManager};
 pub use pool::BlockPool;
 pub use store::KvStore;

@@ -37,7 +37,13 @@ impl KvStore {
     }
 
     /// Bytes of one block across all layers (K and V).
-    pub fn bytes_per_block(num_layers: usize, block_size: usize, kv_heads: usize, head_dim: usize, dtype: DType) -> usize {
+    pub fn bytes_per_block(
+        num_layers: usize,
+        block_size: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: DType,
+    ) -> usize {
         2 * num_layers * block_size * kv_heads * head_dim * dtype.size_in_bytes()
     }
 }

@@ -109,7 +109,9 @@ pub fn qkv_norm_rope_write(
             );
         }
     }
-    qkv_norm_rope_write_reference(qkv, qk_norm, eps, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
+    qkv_norm_rope_write_reference(
+        qkv, qk_norm, eps, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim,
+    )
 }
 
 /// The composition of candle ops behind [`qkv_norm_rope_write`] (its CPU path).
@@ -148,12 +150,22 @@ pub fn qkv_norm_rope(
     let (t, nh, nkv, hd) = (qkv.dim(0)?, heads, kv_heads, head_dim);
     let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
     let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
-    let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?.contiguous()?;
+    let v = qkv
+        .narrow(1, (nh + nkv) * hd, nkv * hd)?
+        .reshape((t, nkv, hd))?
+        .contiguous()?;
     let (q, k) = match qk_norm {
-        Some((qn, kn)) => (rms_norm(&q.contiguous()?, qn, eps)?, rms_norm(&k.contiguous()?, kn, eps)?),
+        Some((qn, kn)) => (
+            rms_norm(&q.contiguous()?, qn, eps)?,
+            rms_norm(&k.contiguous()?, kn, eps)?,
+        ),
         None => (q, k),
     };
-    Ok((angles.apply_split_half(&q)?, angles.apply_split_half(&k)?, v))
+    Ok((
+        angles.apply_split_half(&q)?,
+        angles.apply_split_half(&k)?,
+        v,
+    ))
 }
 
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))`: a sandwich norm's residual

@@ -22,7 +22,10 @@ impl RopeTable {
         let inv: Vec<f32> = (0..head_dim / 2)
             .map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64) as f32)
             .collect();
-        Ok(Self { inv_freq: Tensor::from_vec(inv, (1, head_dim / 2), device)?, dtype })
+        Ok(Self {
+            inv_freq: Tensor::from_vec(inv, (1, head_dim / 2), device)?,
+            dtype,
+        })
     }
 
     /// Angles for absolute `positions` (`[tokens]` u32), computed in f32 like the reference
@@ -49,6 +52,9 @@ impl RopeAngles {
     /// Interleaved-pair rotation (dims 2i, 2i+1; Huginn) of `x: [tokens, heads, head_dim]`.
     pub fn apply_interleaved(&self, x: &Tensor) -> Result<Tensor> {
         let bhtd = x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
-        candle_nn::rotary_emb::rope_i(&bhtd, &self.cos, &self.sin)?.squeeze(0)?.transpose(0, 1)?.contiguous()
+        candle_nn::rotary_emb::rope_i(&bhtd, &self.cos, &self.sin)?
+            .squeeze(0)?
+            .transpose(0, 1)?
+            .contiguous()
     }
 }

@@ -32,11 +32,20 @@ pub struct ContinuousBatching {
 
 impl ContinuousBatching {
     pub fn new(limits: SchedulerLimits, kv: KvManager, max_steps: usize) -> Self {
-        Self { limits, kv, max_steps, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0 }
+        Self {
+            limits,
+            kv,
+            max_steps,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            preemptions: 0,
+        }
     }
 
     fn step_slots(&self) -> Vec<usize> {
-        (0..self.max_steps).map(|s| self.kv.layout().slot_for_step(s)).collect()
+        (0..self.max_steps)
+            .map(|s| self.kv.layout().slot_for_step(s))
+            .collect()
     }
 
     fn row(&self, seq: &Seq) -> LaunchRow {
@@ -52,7 +61,9 @@ impl ContinuousBatching {
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
         while self.running.len() < self.limits.max_num_seqs {
-            let Some(seq) = self.waiting.front() else { break };
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
             let len = seq.tokens.len();
             if len > budget {
                 break;
@@ -69,7 +80,13 @@ impl ContinuousBatching {
             rows.push(self.row(&seq));
             self.running.push(seq);
         }
-        (!rows.is_empty()).then(|| Launch { stage: Stage::Prefill, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
+        (!rows.is_empty()).then(|| Launch {
+            stage: Stage::Prefill,
+            step_slots: self.step_slots(),
+            rows,
+            kv_copies: vec![],
+            reenter: false,
+        })
     }
 
     fn schedule_decode(&mut self) -> Option<Launch> {
@@ -85,7 +102,10 @@ impl ContinuousBatching {
             self.kv.free(victim.id);
             self.preemptions += 1;
             let victim_was_current = i == self.running.len();
-            self.waiting.push_front(Seq { computed: 0, ..victim });
+            self.waiting.push_front(Seq {
+                computed: 0,
+                ..victim
+            });
             if victim_was_current {
                 break;
             }
@@ -94,7 +114,13 @@ impl ContinuousBatching {
             return None;
         }
         let rows = self.running.iter().map(|s| self.row(s)).collect();
-        Some(Launch { stage: Stage::FullDepthDecode, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
+        Some(Launch {
+            stage: Stage::FullDepthDecode,
+            step_slots: self.step_slots(),
+            rows,
+            kv_copies: vec![],
+            reenter: false,
+        })
     }
 }
 
@@ -104,7 +130,11 @@ impl Scheduler for ContinuousBatching {
     }
 
     fn add(&mut self, request: SchedRequest) {
-        self.waiting.push_back(Seq { id: request.id, tokens: request.prompt, computed: 0 });
+        self.waiting.push_back(Seq {
+            id: request.id,
+            tokens: request.prompt,
+            computed: 0,
+        });
     }
 
     fn schedule(&mut self) -> Option<Launch> {
@@ -116,7 +146,9 @@ impl Scheduler for ContinuousBatching {
 
     fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
         for (row, out) in launch.rows.iter().zip(&result.rows) {
-            let Some(seq) = self.running.iter_mut().find(|s| s.id == row.request) else { continue };
+            let Some(seq) = self.running.iter_mut().find(|s| s.id == row.request) else {
+                continue;
+            };
             seq.computed = row.start_pos + row.tokens.len();
             if let Some(t) = out.token {
                 seq.tokens.push(t);
@@ -151,19 +183,39 @@ mod tests {
     use crate::scheduler::RowOutput;
 
     fn req(id: u64, len: usize) -> SchedRequest {
-        SchedRequest { id: RequestId(id), prompt: (0..len as u32).collect(), max_new_tokens: 8 }
+        SchedRequest {
+            id: RequestId(id),
+            prompt: (0..len as u32).collect(),
+            max_new_tokens: 8,
+        }
     }
 
     fn answer(l: &Launch, token: u32) -> LaunchResult {
         LaunchResult {
-            rows: l.rows.iter().map(|r| RowOutput { request: r.request, token: Some(token), gate_logits: vec![], latent_diff: None, logprob: None, candidates: vec![], kept: None }).collect(),
+            rows: l
+                .rows
+                .iter()
+                .map(|r| RowOutput {
+                    request: r.request,
+                    token: Some(token),
+                    gate_logits: vec![],
+                    latent_diff: None,
+                    logprob: None,
+                    candidates: vec![],
+                    kept: None,
+                })
+                .collect(),
         }
     }
 
     #[test]
     fn prefill_then_full_depth_decode() {
-        let limits = SchedulerLimits { max_num_seqs: 2, max_num_batched_tokens: 64 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(DepthIndexed), 4), 4);
+        let limits = SchedulerLimits {
+            max_num_seqs: 2,
+            max_num_batched_tokens: 64,
+        };
+        let mut s =
+            ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(DepthIndexed), 4), 4);
         for i in 0..3 {
             s.add(req(i, 5));
         }
@@ -189,7 +241,10 @@ mod tests {
 
     #[test]
     fn preempts_youngest_when_blocks_run_out() {
-        let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 64 };
+        let limits = SchedulerLimits {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 64,
+        };
         let mut s = ContinuousBatching::new(limits, KvManager::new(5, 4, Box::new(Shared), 4), 4);
         s.add(req(0, 7));
         s.add(req(1, 6));
@@ -212,7 +267,11 @@ mod tests {
         s.finish(RequestId(0));
         let l = s.schedule().unwrap();
         assert_eq!(l.stage, Stage::Prefill);
-        assert_eq!(l.rows[0].tokens.len(), 6 + generated_1, "recompute re-prefills prompt + generated");
+        assert_eq!(
+            l.rows[0].tokens.len(),
+            6 + generated_1,
+            "recompute re-prefills prompt + generated"
+        );
         s.finish(RequestId(1));
         assert_eq!(s.kv().num_used_blocks(), 0);
     }

@@ -451,7 +451,11 @@ fn dtype_suffix(dtype: DType, op: &str) -> Result<&'static str> {
 fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&str, &Tensor)]) -> Result<()> {
     for (name, t) in ts {
         if !t.device().same_device(first.device()) {
-            bail!("{op} (cuda): {name} is on {:?}, not {:?}", t.device(), first.device());
+            bail!(
+                "{op} (cuda): {name} is on {:?}, not {:?}",
+                t.device(),
+                first.device()
+            );
         }
         if t.dtype() != dtype {
             bail!("{op} (cuda): {name} is {:?}, expected {dtype:?}", t.dtype());
@@ -476,7 +480,17 @@ fn check_qkv_rope(
     kv_heads: usize,
     head_dim: usize,
 ) -> Result<(usize, usize)> {
-    same_device_dtype(op, qkv.dtype(), qkv, &[("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)])?;
+    same_device_dtype(
+        op,
+        qkv.dtype(),
+        qkv,
+        &[
+            ("cos", cos),
+            ("sin", sin),
+            ("k_cache", k_cache),
+            ("v_cache", v_cache),
+        ],
+    )?;
     if !slot_mapping.device().same_device(qkv.device()) || slot_mapping.dtype() != DType::U32 {
         bail!("{op} (cuda): slot_mapping must be u32 on the device of qkv");
     }
@@ -486,10 +500,22 @@ fn check_qkv_rope(
     }
     let (nb, bs, kvh, hd) = k_cache.dims4()?;
     if kvh != kv_heads || hd != head_dim || v_cache.dims() != k_cache.dims() {
-        bail!("{op} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}", k_cache.dims(), v_cache.dims());
+        bail!(
+            "{op} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}",
+            k_cache.dims(),
+            v_cache.dims()
+        );
     }
-    if cos.dims() != [tokens, head_dim / 2] || sin.dims() != cos.dims() || slot_mapping.dims() != [tokens] {
-        bail!("{op} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens", cos.dims(), sin.dims(), slot_mapping.dims());
+    if cos.dims() != [tokens, head_dim / 2]
+        || sin.dims() != cos.dims()
+        || slot_mapping.dims() != [tokens]
+    {
+        bail!(
+            "{op} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens",
+            cos.dims(),
+            sin.dims(),
+            slot_mapping.dims()
+        );
     }
     if tokens * width > i32::MAX as usize {
         bail!("{op} (cuda): sizes out of range");
@@ -519,7 +545,18 @@ pub fn qkv_rope_write(
     if head_dim % 2 != 0 {
         bail!("{OP} (cuda): odd head dim {head_dim}");
     }
-    let (tokens, num_slots) = check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim)?;
+    let (tokens, num_slots) = check_qkv_rope(
+        OP,
+        qkv,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        heads,
+        kv_heads,
+        head_dim,
+    )?;
     let pairs = (heads + kv_heads) * (head_dim / 2) + kv_heads * (head_dim / 2);
     if pairs == 0 {
         bail!("{OP} (cuda): sizes out of range");
@@ -529,9 +566,51 @@ pub fn qkv_rope_write(
         return Tensor::zeros((0, heads, head_dim), dtype, qkv.device());
     }
     match dtype {
-        DType::BF16 => qkv_rope_launch::<bf16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs),
-        DType::F16 => qkv_rope_launch::<f16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs),
-        _ => qkv_rope_launch::<f32>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs),
+        DType::BF16 => qkv_rope_launch::<bf16>(
+            &dev,
+            suf,
+            qkv,
+            cos,
+            sin,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            heads,
+            kv_heads,
+            head_dim,
+            num_slots,
+            pairs,
+        ),
+        DType::F16 => qkv_rope_launch::<f16>(
+            &dev,
+            suf,
+            qkv,
+            cos,
+            sin,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            heads,
+            kv_heads,
+            head_dim,
+            num_slots,
+            pairs,
+        ),
+        _ => qkv_rope_launch::<f32>(
+            &dev,
+            suf,
+            qkv,
+            cos,
+            sin,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            heads,
+            kv_heads,
+            head_dim,
+            num_slots,
+            pairs,
+        ),
     }
 }
 
@@ -570,16 +649,28 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     let slots = op_view::<u32>(&ms, ml, OP, "slot_mapping")?;
     // SAFETY: every (token, head, dim) of q is written by the kernel (one thread per pair).
     let mut q_out = unsafe { dev.alloc::<T>(tokens * heads * head_dim)? };
-    let func = dev.get_or_load_custom_func(&format!("qkv_rope_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let func =
+        dev.get_or_load_custom_func(&format!("qkv_rope_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
     const THREADS: usize = 256;
     let cfg = LaunchConfig {
         grid_dim: (tokens as u32, pairs.div_ceil(THREADS) as u32, 1),
         block_dim: (THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (h, kvh, hd, ns) = (heads as i32, kv_heads as i32, head_dim as i32, num_slots as i64);
+    let (h, kvh, hd, ns) = (
+        heads as i32,
+        kv_heads as i32,
+        head_dim as i32,
+        num_slots as i64,
+    );
     let mut b = func.builder();
-    b.arg(&mut q_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
+    b.arg(&mut q_out)
+        .arg(&k_v)
+        .arg(&v_v)
+        .arg(&qkv_v)
+        .arg(&cos_v)
+        .arg(&sin_v)
+        .arg(&slots);
     b.arg(&h).arg(&kvh).arg(&hd).arg(&ns);
     // SAFETY: argument list matches `qkv_rope_write_*` in fused.cu; shapes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
@@ -612,16 +703,44 @@ pub fn qkv_norm_rope_write(
     if let Some((qn, kn)) = qk_norm {
         same_device_dtype(OP, dtype, qkv, &[("q_norm", qn), ("k_norm", kn)])?;
         if qn.dims() != [head_dim] || kn.dims() != [head_dim] {
-            bail!("{OP} (cuda): q/k norm weights {:?} / {:?} for head dim {head_dim}", qn.dims(), kn.dims());
+            bail!(
+                "{OP} (cuda): q/k norm weights {:?} / {:?} for head dim {head_dim}",
+                qn.dims(),
+                kn.dims()
+            );
         }
     }
-    let (tokens, num_slots) = check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim)?;
+    let (tokens, num_slots) = check_qkv_rope(
+        OP,
+        qkv,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        heads,
+        kv_heads,
+        head_dim,
+    )?;
     let suf = dtype_suffix(dtype, OP)?;
     if tokens == 0 {
         let z = |h: usize| Tensor::zeros((0, h, head_dim), dtype, qkv.device());
         return Ok((z(heads)?, z(kv_heads)?, z(kv_heads)?));
     }
-    let a = NormRopeArgs { qkv, qk_norm, eps, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots };
+    let a = NormRopeArgs {
+        qkv,
+        qk_norm,
+        eps,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        heads,
+        kv_heads,
+        head_dim,
+        num_slots,
+    };
     match dtype {
         DType::BF16 => norm_rope_launch::<bf16>(&dev, suf, &a),
         DType::F16 => norm_rope_launch::<f16>(&dev, suf, &a),
@@ -644,7 +763,11 @@ struct NormRopeArgs<'a> {
     num_slots: usize,
 }
 
-fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &NormRopeArgs) -> Result<(Tensor, Tensor, Tensor)> {
+fn norm_rope_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    a: &NormRopeArgs,
+) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "qkv_norm_rope_write";
     let tokens = a.qkv.dim(0)?;
     let (qs, ql) = a.qkv.storage_and_layout();
@@ -672,18 +795,52 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &
     let mut q_out = unsafe { dev.alloc::<T>(tokens * h * hd)? };
     let mut k_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
     let mut v_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
-    let func = dev.get_or_load_custom_func(&format!("qkv_norm_rope_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let func = dev.get_or_load_custom_func(
+        &format!("qkv_norm_rope_write_{suf}"),
+        FUSED_MODULE,
+        ptx::FUSED,
+    )?;
     const WARPS: usize = 4;
     let units = h + 2 * kvh;
-    let cfg = LaunchConfig { grid_dim: (tokens as u32, units.div_ceil(WARPS) as u32, 1), block_dim: (32 * WARPS as u32, 1, 1), shared_mem_bytes: 0 };
-    let (hi, kvhi, hdi, norm, eps, ns) = (h as i32, kvh as i32, hd as i32, a.qk_norm.is_some() as i32, a.eps as f32, a.num_slots as i64);
+    let cfg = LaunchConfig {
+        grid_dim: (tokens as u32, units.div_ceil(WARPS) as u32, 1),
+        block_dim: (32 * WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (hi, kvhi, hdi, norm, eps, ns) = (
+        h as i32,
+        kvh as i32,
+        hd as i32,
+        a.qk_norm.is_some() as i32,
+        a.eps as f32,
+        a.num_slots as i64,
+    );
     let mut b = func.builder();
-    b.arg(&mut q_out).arg(&mut k_out).arg(&mut v_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&qn_v).arg(&kn_v).arg(&norm);
-    b.arg(&cos_v).arg(&sin_v).arg(&slots).arg(&hi).arg(&kvhi).arg(&hdi).arg(&eps).arg(&ns);
+    b.arg(&mut q_out)
+        .arg(&mut k_out)
+        .arg(&mut v_out)
+        .arg(&k_v)
+        .arg(&v_v)
+        .arg(&qkv_v)
+        .arg(&qn_v)
+        .arg(&kn_v)
+        .arg(&norm);
+    b.arg(&cos_v)
+        .arg(&sin_v)
+        .arg(&slots)
+        .arg(&hi)
+        .arg(&kvhi)
+        .arg(&hdi)
+        .arg(&eps)
+        .arg(&ns);
     // SAFETY: argument list matches `qkv_norm_rope_write_*` in fused.cu; shapes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
-    Ok((wrap(q_out, dev, (tokens, h, hd)), wrap(k_out, dev, (tokens, kvh, hd)), wrap(v_out, dev, (tokens, kvh, hd))))
+    Ok((
+        wrap(q_out, dev, (tokens, h, hd)),
+        wrap(k_out, dev, (tokens, kvh, hd)),
+        wrap(v_out, dev, (tokens, kvh, hd)),
+    ))
 }
 
 /// Writes token rows `src` `[tokens, kv_heads, head_dim]` into `cache`
@@ -702,7 +859,11 @@ pub fn kv_write(cache: &Tensor, src: &Tensor, slot_mapping: &Tensor) -> Result<(
     let width = kvh * hd;
     let tokens = src.dim(0)?;
     if src.elem_count() != tokens * width || slot_mapping.dims() != [tokens] {
-        bail!("{OP} (cuda): src {:?} / slot_mapping {:?} for cache rows of {width}", src.dims(), slot_mapping.dims());
+        bail!(
+            "{OP} (cuda): src {:?} / slot_mapping {:?} for cache rows of {width}",
+            src.dims(),
+            slot_mapping.dims()
+        );
     }
     if tokens == 0 {
         return Ok(());
@@ -712,8 +873,12 @@ pub fn kv_write(cache: &Tensor, src: &Tensor, slot_mapping: &Tensor) -> Result<(
     }
     let suf = dtype_suffix(dtype, OP)?;
     match dtype {
-        DType::BF16 => kv_write_launch::<bf16>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs),
-        DType::F16 => kv_write_launch::<f16>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs),
+        DType::BF16 => {
+            kv_write_launch::<bf16>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs)
+        }
+        DType::F16 => {
+            kv_write_launch::<f16>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs)
+        }
         _ => kv_write_launch::<f32>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs),
     }
 }
@@ -739,7 +904,11 @@ fn kv_write_launch<T: CudaDType + DeviceRepr>(
     let src_v = op_view::<T>(&ss, sl, OP, "src")?;
     let slots = op_view::<u32>(&ms, ml, OP, "slot_mapping")?;
     let func = dev.get_or_load_custom_func(&format!("kv_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
-    let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (tokens as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let (w, ns) = (width as i32, num_slots as i64);
     let mut b = func.builder();
     b.arg(&cache_v).arg(&src_v).arg(&slots).arg(&w).arg(&ns);
@@ -762,7 +931,10 @@ pub fn greedy_confidence(logits: &Tensor, exclude: Option<u32>) -> Result<(Tenso
     let dtype = logits.dtype();
     let suf = dtype_suffix(dtype, OP)?;
     if rows == 0 {
-        return Ok((Tensor::zeros(0, DType::U32, logits.device())?, Tensor::zeros(0, DType::F32, logits.device())?));
+        return Ok((
+            Tensor::zeros(0, DType::U32, logits.device())?,
+            Tensor::zeros(0, DType::F32, logits.device())?,
+        ));
     }
     let exclude = exclude.map_or(-1, |e| e as i32);
     match dtype {
@@ -772,18 +944,37 @@ pub fn greedy_confidence(logits: &Tensor, exclude: Option<u32>) -> Result<(Tenso
     }
 }
 
-fn greedy_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, logits: &Tensor, rows: usize, vocab: usize, exclude: i32) -> Result<(Tensor, Tensor)> {
+fn greedy_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    logits: &Tensor,
+    rows: usize,
+    vocab: usize,
+    exclude: i32,
+) -> Result<(Tensor, Tensor)> {
     const OP: &str = "greedy_confidence";
     let (ls, ll) = logits.storage_and_layout();
     let l_v = op_view::<T>(&ls, ll, OP, "logits")?;
     // SAFETY: the kernel writes one token and one probability per row.
     let mut tokens = unsafe { dev.alloc::<u32>(rows)? };
     let mut conf = unsafe { dev.alloc::<f32>(rows)? };
-    let func = dev.get_or_load_custom_func(&format!("greedy_confidence_{suf}"), FUSED_MODULE, ptx::FUSED)?;
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let func = dev.get_or_load_custom_func(
+        &format!("greedy_confidence_{suf}"),
+        FUSED_MODULE,
+        ptx::FUSED,
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let v = vocab as i32;
     let mut b = func.builder();
-    b.arg(&mut tokens).arg(&mut conf).arg(&l_v).arg(&v).arg(&exclude);
+    b.arg(&mut tokens)
+        .arg(&mut conf)
+        .arg(&l_v)
+        .arg(&v)
+        .arg(&exclude);
     // SAFETY: argument list matches `greedy_confidence_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -796,7 +987,13 @@ const FOCUS_MODULE: &str = "ponder_focus";
 /// `[T, KV, D]` of the launch's tokens, `gather` `[R * m]` u32 token indices of each row's
 /// masked tokens padded to `m` (at most 32), `lens` `[R]` u32 → `[R, m]` f32, rounded through
 /// the dtype of `q`. Deterministic (fixed summation order).
-pub fn focus_importance(q: &Tensor, k: &Tensor, gather: &Tensor, lens: &Tensor, m: usize) -> Result<Tensor> {
+pub fn focus_importance(
+    q: &Tensor,
+    k: &Tensor,
+    gather: &Tensor,
+    lens: &Tensor,
+    m: usize,
+) -> Result<Tensor> {
     const OP: &str = "focus_importance";
     let dev = cuda_dev(q, OP)?;
     let dtype = q.dtype();
@@ -818,7 +1015,9 @@ pub fn focus_importance(q: &Tensor, k: &Tensor, gather: &Tensor, lens: &Tensor, 
     }
     let suf = dtype_suffix(dtype, OP)?;
     match dtype {
-        DType::BF16 => focus_launch::<bf16>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d),
+        DType::BF16 => {
+            focus_launch::<bf16>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d)
+        }
         DType::F16 => focus_launch::<f16>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d),
         _ => focus_launch::<f32>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d),
     }
@@ -850,16 +1049,47 @@ fn focus_launch<T: CudaDType + DeviceRepr>(
     // SAFETY: pass 1 writes every element of [rows, heads, m], pass 2 every element of [rows, m].
     let mut partial = unsafe { dev.alloc::<f32>(rows * heads * m)? };
     let mut out = unsafe { dev.alloc::<f32>(rows * m)? };
-    let (mm, h, g, dd, scale) = (m as i32, heads as i32, kvh as i32, d as i32, 1.0f32 / (d as f32).sqrt());
-    let func = dev.get_or_load_custom_func(&format!("focus_importance_heads_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
-    let cfg = LaunchConfig { grid_dim: (rows as u32, heads as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (mm, h, g, dd, scale) = (
+        m as i32,
+        heads as i32,
+        kvh as i32,
+        d as i32,
+        1.0f32 / (d as f32).sqrt(),
+    );
+    let func = dev.get_or_load_custom_func(
+        &format!("focus_importance_heads_{suf}"),
+        FOCUS_MODULE,
+        ptx::FOCUS,
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, heads as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let mut b = func.builder();
-    b.arg(&mut partial).arg(&q_v).arg(&k_v).arg(&g_v).arg(&l_v).arg(&mm).arg(&h).arg(&g).arg(&dd).arg(&scale);
+    b.arg(&mut partial)
+        .arg(&q_v)
+        .arg(&k_v)
+        .arg(&g_v)
+        .arg(&l_v)
+        .arg(&mm)
+        .arg(&h)
+        .arg(&g)
+        .arg(&dd)
+        .arg(&scale);
     // SAFETY: argument list matches `focus_importance_heads_*` in focus.cu; sizes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
-    let func = dev.get_or_load_custom_func(&format!("focus_importance_sum_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    let func = dev.get_or_load_custom_func(
+        &format!("focus_importance_sum_{suf}"),
+        FOCUS_MODULE,
+        ptx::FOCUS,
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let mut b = func.builder();
     b.arg(&mut out).arg(&partial).arg(&l_v).arg(&mm).arg(&h);
     // SAFETY: argument list matches `focus_importance_sum_*` in focus.cu.
@@ -880,13 +1110,26 @@ pub fn add_rms_norm(
     const OP: &str = "add_rms_norm";
     let dev = cuda_dev(x, OP)?;
     let dtype = x.dtype();
-    same_device_dtype(OP, dtype, x, &[("residual", residual), ("w_x", w_x), ("w_next", w_next)])?;
+    same_device_dtype(
+        OP,
+        dtype,
+        x,
+        &[("residual", residual), ("w_x", w_x), ("w_next", w_next)],
+    )?;
     if residual.dims() != x.dims() {
-        bail!("{OP} (cuda): residual {:?} vs x {:?}", residual.dims(), x.dims());
+        bail!(
+            "{OP} (cuda): residual {:?} vs x {:?}",
+            residual.dims(),
+            x.dims()
+        );
     }
     let ncols = x.dim(candle_core::D::Minus1)?;
     if w_x.dims1()? != ncols || w_next.dims1()? != ncols {
-        bail!("{OP} (cuda): weights {:?} / {:?} for {ncols} columns", w_x.dims(), w_next.dims());
+        bail!(
+            "{OP} (cuda): weights {:?} / {:?} for {ncols} columns",
+            w_x.dims(),
+            w_next.dims()
+        );
     }
     let rows = x.elem_count() / ncols.max(1);
     if ncols == 0 || rows == 0 {
@@ -900,8 +1143,12 @@ pub fn add_rms_norm(
     let x = x.contiguous()?;
     let (w_x, w_next) = (w_x.contiguous()?, w_next.contiguous()?);
     match dtype {
-        DType::BF16 => add_rms_launch::<bf16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps),
-        DType::F16 => add_rms_launch::<f16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps),
+        DType::BF16 => {
+            add_rms_launch::<bf16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps)
+        }
+        DType::F16 => {
+            add_rms_launch::<f16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps)
+        }
         _ => add_rms_launch::<f32>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps),
     }
 }
@@ -930,7 +1177,8 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     // SAFETY: the kernel writes every element of both outputs (one block per row).
     let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
-    let func = dev.get_or_load_custom_func(&format!("add_rms_norm_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let func =
+        dev.get_or_load_custom_func(&format!("add_rms_norm_{suf}"), FUSED_MODULE, ptx::FUSED)?;
     // ~8 columns per thread, a multiple of 32 threads, at most 1024.
     let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
     let cfg = LaunchConfig {
@@ -940,7 +1188,12 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     };
     let nc = ncols as i32;
     let mut b = func.builder();
-    b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
+    b.arg(&mut h_out)
+        .arg(&mut n_out)
+        .arg(&r_v)
+        .arg(&x_v)
+        .arg(&w_v)
+        .arg(&n_v);
     b.arg(&nc).arg(&eps);
     // SAFETY: argument list matches `add_rms_norm_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
@@ -1011,13 +1264,18 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(
 /// `compact_rows_*` in fused.cu). Indices were checked against `T` by the caller.
 pub fn compact_rows(sources: &[&Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
     const OP: &str = "compact_rows";
-    let Some(first) = sources.first() else { return Ok(vec![]) };
+    let Some(first) = sources.first() else {
+        return Ok(vec![]);
+    };
     if sources.len() > 4 {
         bail!("{OP} (cuda): at most four sources, got {}", sources.len());
     }
     let dtype = first.dtype();
     let dev = cuda_dev(first, OP)?;
-    let srcs = sources.iter().map(|s| s.contiguous()).collect::<Result<Vec<_>>>()?;
+    let srcs = sources
+        .iter()
+        .map(|s| s.contiguous())
+        .collect::<Result<Vec<_>>>()?;
     let named: Vec<(&str, &Tensor)> = srcs.iter().map(|s| ("source", s)).collect();
     same_device_dtype(OP, dtype, first, &named)?;
     let suf = dtype_suffix(dtype, OP)?;
@@ -1028,15 +1286,30 @@ pub fn compact_rows(sources: &[&Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
     }
 }
 
-fn compact_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, srcs: &[Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
+fn compact_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    srcs: &[Tensor],
+    index: &[u32],
+) -> Result<Vec<Tensor>> {
     use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
     const OP: &str = "compact_rows";
     let rows = srcs[0].dim(0)?;
     let n = index.len();
-    let shapes: Vec<Vec<usize>> = srcs.iter().map(|s| std::iter::once(n).chain(s.dims()[1..].iter().copied()).collect()).collect();
+    let shapes: Vec<Vec<usize>> = srcs
+        .iter()
+        .map(|s| {
+            std::iter::once(n)
+                .chain(s.dims()[1..].iter().copied())
+                .collect()
+        })
+        .collect();
     let widths: Vec<usize> = srcs.iter().map(|s| s.elem_count() / rows.max(1)).collect();
     if n == 0 || rows == 0 {
-        return shapes.into_iter().map(|s| Tensor::zeros(s, srcs[0].dtype(), srcs[0].device())).collect();
+        return shapes
+            .into_iter()
+            .map(|s| Tensor::zeros(s, srcs[0].dtype(), srcs[0].device()))
+            .collect();
     }
     if n > i32::MAX as usize || widths.iter().any(|&w| w > i32::MAX as usize) {
         bail!("{OP} (cuda): sizes out of range");
@@ -1044,9 +1317,15 @@ fn compact_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, srcs: 
     let stream = dev.cuda_stream();
     let idx = dev.clone_htod(index)?;
     // SAFETY: the kernel writes every element of each output ([n, width]).
-    let mut outs = widths.iter().map(|&w| unsafe { dev.alloc::<T>(n * w) }).collect::<Result<Vec<_>>>()?;
+    let mut outs = widths
+        .iter()
+        .map(|&w| unsafe { dev.alloc::<T>(n * w) })
+        .collect::<Result<Vec<_>>>()?;
     let storages: Vec<_> = srcs.iter().map(|s| s.storage_and_layout()).collect();
-    let views = storages.iter().map(|(st, l)| op_view::<T>(st, l, OP, "source")).collect::<Result<Vec<_>>>()?;
+    let views = storages
+        .iter()
+        .map(|(st, l)| op_view::<T>(st, l, OP, "source"))
+        .collect::<Result<Vec<_>>>()?;
     // Raw pointers so that unused slots (width 0, never dereferenced) can repeat the first.
     let (mut src_ptrs, mut dst_ptrs, mut syncs_r, mut syncs_w) = (vec![], vec![], vec![], vec![]);
     for v in &views {
@@ -1059,12 +1338,23 @@ fn compact_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, srcs: 
         dst_ptrs.push(p);
         syncs_w.push(s);
     }
-    let w: Vec<i32> = (0..4).map(|i| widths.get(i).map_or(0, |&w| w as i32)).collect();
-    let sp: Vec<u64> = (0..4).map(|i| *src_ptrs.get(i).unwrap_or(&src_ptrs[0])).collect();
-    let dp: Vec<u64> = (0..4).map(|i| *dst_ptrs.get(i).unwrap_or(&dst_ptrs[0])).collect();
+    let w: Vec<i32> = (0..4)
+        .map(|i| widths.get(i).map_or(0, |&w| w as i32))
+        .collect();
+    let sp: Vec<u64> = (0..4)
+        .map(|i| *src_ptrs.get(i).unwrap_or(&src_ptrs[0]))
+        .collect();
+    let dp: Vec<u64> = (0..4)
+        .map(|i| *dst_ptrs.get(i).unwrap_or(&dst_ptrs[0]))
+        .collect();
     let total_rows = rows as i64;
-    let func = dev.get_or_load_custom_func(&format!("compact_rows_{suf}"), FUSED_MODULE, ptx::FUSED)?;
-    let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let func =
+        dev.get_or_load_custom_func(&format!("compact_rows_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let cfg = LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let mut b = func.builder();
     for i in 0..4 {
         b.arg(&dp[i]).arg(&sp[i]).arg(&w[i]);
@@ -1075,5 +1365,9 @@ fn compact_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, srcs: 
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     drop((syncs_r, syncs_w));
-    Ok(outs.into_iter().zip(shapes).map(|(o, s)| wrap(o, dev, s)).collect())
+    Ok(outs
+        .into_iter()
+        .zip(shapes)
+        .map(|(o, s)| wrap(o, dev, s))
+        .collect())
 }
