@@ -357,13 +357,7 @@ impl LoopedRunner {
     }
 
     fn write_bank(&self, idx: &Tensor, h: &Tensor) -> Result<()> {
-        let bank = self.bank()?;
-        let (rows, hidden) = h.dims2()?;
-        let index = idx
-            .unsqueeze(1)?
-            .broadcast_as((rows, hidden))?
-            .contiguous()?;
-        bank.scatter_set(&index, &h.to_dtype(bank.dtype())?.contiguous()?, 0)
+        crate::ops::scatter_rows(self.bank()?, h, idx)
     }
 
     /// Per-launch inputs and the attention batch of single-token rows, each in its own slot.
@@ -466,20 +460,11 @@ impl LoopedRunner {
         let dst: Vec<u32> = copies.iter().map(|c| c.dst).collect();
         let src = Tensor::new(src.as_slice(), self.device())?;
         let dst = Tensor::new(dst.as_slice(), self.device())?;
-        let mut index = None;
         for layer in 0..self.kv.num_layers() {
             for cache in [self.kv.k(layer), self.kv.v(layer)] {
                 let (nb, bs, kvh, hd) = cache.dims4()?;
-                let flat = cache.reshape((nb * bs, kvh * hd))?;
-                let index = match &index {
-                    Some(i) => i,
-                    None => index.insert(
-                        dst.unsqueeze(1)?
-                            .broadcast_as((copies.len(), kvh * hd))?
-                            .contiguous()?,
-                    ),
-                };
-                flat.scatter_set(index, &flat.index_select(&src, 0)?, 0)?;
+                let rows = cache.reshape((nb * bs, kvh * hd))?.index_select(&src, 0)?;
+                crate::ops::scatter_rows(cache, &rows, &dst)?;
             }
         }
         Ok(())

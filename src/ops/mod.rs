@@ -7,6 +7,7 @@ mod compact;
 pub mod fused;
 mod paged_attention;
 mod rope;
+mod scatter;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -18,6 +19,7 @@ pub use paged_attention::{
     paged_attention, paged_attention_reference, write_kv, write_kv_reference,
 };
 pub use rope::{RopeAngles, RopeTable};
+pub use scatter::{scatter_rows, scatter_rows_reference};
 
 use candle_core::{DType, Result, Tensor};
 

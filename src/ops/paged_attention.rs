@@ -7,12 +7,17 @@ use super::batch::{AttnMask, PagedBatch};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Writes the K (or V) rows of a launch's new tokens into the cache, in place.
-/// `new` is `[tokens, kv_heads, head_dim]`. On CUDA one copy kernel (candle's `scatter_set`
-/// took 12 ms per layer for 8k tokens of SDAR-8B); elsewhere the reference below.
+/// `new` is `[tokens, kv_heads, head_dim]`: [`scatter_rows`](super::scatter_rows) at the batch's
+/// slot mapping (on CUDA one copy kernel; candle's `scatter_set` took 12 ms per layer for 8k
+/// tokens of SDAR-8B).
 pub fn write_kv(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> Result<()> {
+    let (_, _, kvh, hd) = cache.dims4()?;
+    if new.elem_count() != new.dim(0)? * kvh * hd {
+        candle_core::bail!("write_kv: rows {:?} for a cache of {kvh}x{hd}", new.dims());
+    }
     #[cfg(feature = "cuda")]
     if cache.device().is_cuda() && cache.is_contiguous() && crate::ops::is_float(cache.dtype()) {
-        return super::cuda::kv_write(cache, new, &batch.slot_mapping);
+        return super::scatter_rows(cache, new, &batch.slot_mapping);
     }
     write_kv_reference(cache, new, batch)
 }

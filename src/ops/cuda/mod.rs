@@ -843,76 +843,89 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(
     ))
 }
 
-/// Writes token rows `src` `[tokens, kv_heads, head_dim]` into `cache`
-/// `[num_blocks, block_size, kv_heads, head_dim]` at the flat rows `slot_mapping` `[tokens]`, in
-/// place (the paged KV write of models whose K/V are not produced by `qkv_rope_write`).
-pub fn kv_write(cache: &Tensor, src: &Tensor, slot_mapping: &Tensor) -> Result<()> {
-    const OP: &str = "kv_write";
-    let dev = cuda_dev(cache, OP)?;
-    let dtype = cache.dtype();
+/// Copies row `r` of `src` `[rows, ..]` into row `index[r]` of `dst`, in place; `dst` is viewed
+/// as rows of `src`'s row width (a paged cache `[blocks, block_size, kv_heads, head_dim]` as
+/// `[blocks · block_size, kv_heads · head_dim]`). Indices past `dst`'s rows are skipped.
+pub fn scatter_rows(dst: &Tensor, src: &Tensor, index: &Tensor) -> Result<()> {
+    const OP: &str = "scatter_rows";
+    let dev = cuda_dev(dst, OP)?;
+    let dtype = dst.dtype();
     let src = src.to_dtype(dtype)?.contiguous()?;
-    same_device_dtype(OP, dtype, cache, &[("src", &src)])?;
-    if !slot_mapping.device().same_device(cache.device()) || slot_mapping.dtype() != DType::U32 {
-        bail!("{OP} (cuda): slot_mapping must be u32 on the device of the cache");
+    same_device_dtype(OP, dtype, dst, &[("src", &src)])?;
+    if !index.device().same_device(dst.device()) || index.dtype() != DType::U32 {
+        bail!("{OP} (cuda): index must be u32 on the device of dst");
     }
-    let (nb, bs, kvh, hd) = cache.dims4()?;
-    let width = kvh * hd;
-    let tokens = src.dim(0)?;
-    if src.elem_count() != tokens * width || slot_mapping.dims() != [tokens] {
+    if !dst.is_contiguous() || src.rank() == 0 {
         bail!(
-            "{OP} (cuda): src {:?} / slot_mapping {:?} for cache rows of {width}",
-            src.dims(),
-            slot_mapping.dims()
+            "{OP} (cuda): dst must be contiguous and src have rows, got {:?} / {:?}",
+            dst.dims(),
+            src.dims()
         );
     }
-    if tokens == 0 {
+    let rows = src.dim(0)?;
+    let width = if rows == 0 {
+        0
+    } else {
+        src.elem_count() / rows
+    };
+    if index.dims() != [rows] || (width > 0 && dst.elem_count() % width != 0) {
+        bail!(
+            "{OP} (cuda): src {:?} / index {:?} / dst {:?} do not agree",
+            src.dims(),
+            index.dims(),
+            dst.dims()
+        );
+    }
+    if rows == 0 || width == 0 {
         return Ok(());
     }
-    if width > i32::MAX as usize || tokens > i32::MAX as usize {
+    if width > i32::MAX as usize || rows > i32::MAX as usize {
         bail!("{OP} (cuda): sizes out of range");
     }
+    let dst_rows = dst.elem_count() / width;
     let suf = dtype_suffix(dtype, OP)?;
     match dtype {
         DType::BF16 => {
-            kv_write_launch::<bf16>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs)
+            scatter_rows_launch::<bf16>(&dev, suf, dst, &src, index, rows, width, dst_rows)
         }
         DType::F16 => {
-            kv_write_launch::<f16>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs)
+            scatter_rows_launch::<f16>(&dev, suf, dst, &src, index, rows, width, dst_rows)
         }
-        _ => kv_write_launch::<f32>(&dev, suf, cache, &src, slot_mapping, tokens, width, nb * bs),
+        _ => scatter_rows_launch::<f32>(&dev, suf, dst, &src, index, rows, width, dst_rows),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn kv_write_launch<T: CudaDType + DeviceRepr>(
+fn scatter_rows_launch<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     suf: &str,
-    cache: &Tensor,
+    dst: &Tensor,
     src: &Tensor,
-    slot_mapping: &Tensor,
-    tokens: usize,
+    index: &Tensor,
+    rows: usize,
     width: usize,
-    num_slots: usize,
+    dst_rows: usize,
 ) -> Result<()> {
-    const OP: &str = "kv_write";
-    let (cs, cl) = cache.storage_and_layout();
+    const OP: &str = "scatter_rows";
+    let (ds, dl) = dst.storage_and_layout();
     let (ss, sl) = src.storage_and_layout();
-    let (ms, ml) = slot_mapping.storage_and_layout();
+    let (is, il) = index.storage_and_layout();
     // Written in place under the read lock, ordered by the device's one stream (see
     // `qkv_rope_launch`).
-    let cache_v = op_view::<T>(&cs, cl, OP, "cache")?;
+    let dst_v = op_view::<T>(&ds, dl, OP, "dst")?;
     let src_v = op_view::<T>(&ss, sl, OP, "src")?;
-    let slots = op_view::<u32>(&ms, ml, OP, "slot_mapping")?;
-    let func = dev.get_or_load_custom_func(&format!("kv_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let index_v = op_view::<u32>(&is, il, OP, "index")?;
+    let func =
+        dev.get_or_load_custom_func(&format!("scatter_rows_{suf}"), FUSED_MODULE, ptx::FUSED)?;
     let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, 1, 1),
+        grid_dim: (rows as u32, 1, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (w, ns) = (width as i32, num_slots as i64);
+    let (w, n) = (width as i32, dst_rows as i64);
     let mut b = func.builder();
-    b.arg(&cache_v).arg(&src_v).arg(&slots).arg(&w).arg(&ns);
-    // SAFETY: argument list matches `kv_write_*` in fused.cu; slots are checked in-kernel.
+    b.arg(&dst_v).arg(&src_v).arg(&index_v).arg(&w).arg(&n);
+    // SAFETY: argument list matches `scatter_rows_*` in fused.cu; indices are bounded in-kernel.
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
 }

@@ -8,7 +8,8 @@
 // add_rms_norm_*: h2 = residual + T(rms_norm(x, w_x)); out = T(rms_norm(h2, w_next)). One block
 //   per row, f32 sums (candle's rmsnorm: scale = rsqrt(mean(x^2) + eps), y = T(scale * x * w)).
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
-// kv_write_*, compact_rows_*: row copies (paged K/V write; FOCUS compaction).
+// scatter_rows_*, compact_rows_*: row copies (paged K/V writes, loop-state bank writes, K/V
+//   slot copies; FOCUS compaction).
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
 //   [D], candle's rmsnorm rounding) before RoPE (Qwen3 / SDAR), one warp per (token, head) over
 //   the q, k and v heads; also returns rotated k and v [T, KVH, D] (FOCUS scores them).
@@ -232,15 +233,15 @@ __device__ __forceinline__ void copy_row(T *__restrict__ d, const T *__restrict_
     }
 }
 
-// Copies token rows of `src` [tokens, width] into cache rows `slots[t]` of `cache`
-// [num_slots, width]: one block per token.
+// Copies rows of `src` [rows, width] into rows `index[r]` of `dst` [dst_rows, width]: one block
+// per source row (candle's scatter runs one thread per column over every row in turn).
 template <typename T>
-__device__ void kv_write(T *__restrict__ cache, const T *__restrict__ src, const uint32_t *__restrict__ slots,
-                         int width, long long num_slots) {
-    const long long t = blockIdx.x;
-    const long long slot = slots[t];
-    if (slot >= num_slots) return;  // checked on the host; never write out of bounds
-    copy_row(cache + slot * width, src + t * width, width);
+__device__ void scatter_rows(T *__restrict__ dst, const T *__restrict__ src, const uint32_t *__restrict__ index,
+                             int width, long long dst_rows) {
+    const long long r = blockIdx.x;
+    const long long to = index[r];
+    if (to >= dst_rows) return;  // checked on the host; never write out of bounds
+    copy_row(dst + to * width, src + r * width, width);
 }
 
 // Compaction (FOCUS: a launch's tokens to the kept ones of every request): out_s[i] =
@@ -341,9 +342,9 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter) {    \
         silu_mul<T>(out, gu, rows, inter);                                                         \
     }                                                                                              \
-    extern "C" __global__ void kv_write_##SUF(T *cache, const T *src, const uint32_t *slots,       \
-                                              int width, long long num_slots) {                    \
-        kv_write<T>(cache, src, slots, width, num_slots);                                          \
+    extern "C" __global__ void scatter_rows_##SUF(T *dst, const T *src, const uint32_t *index,     \
+                                                  int width, long long dst_rows) {                 \
+        scatter_rows<T>(dst, src, index, width, dst_rows);                                         \
     }                                                                                              \
     extern "C" __global__ void compact_rows_##SUF(T *d0, const T *s0, int w0, T *d1, const T *s1,  \
                                                   int w1, T *d2, const T *s2, int w2, T *d3,       \
