@@ -51,6 +51,9 @@ pub struct GraphKey {
     pub ctx: usize,
     /// Cache slot of each loop step (full-depth launches); empty otherwise.
     pub slots: Vec<usize>,
+    /// Coda launches with eager re-entry whose rows all decode greedily: the graph also takes
+    /// the argmax and runs the successors' prelude into the state bank.
+    pub reenter: bool,
 }
 
 fn align4(n: usize) -> usize {
@@ -66,6 +69,12 @@ pub struct Statics {
     pub positions: Tensor,
     /// `[rows]` u32 state-bank rows (padding: the scratch row).
     pub state: Tensor,
+    /// `[rows]` u32 positions + 1: where re-entered successors sit.
+    pub next_positions: Tensor,
+    /// `[rows]` u32 greedy ids (re-entering coda).
+    pub ids: Option<Tensor>,
+    /// Paged addressing of the re-entered successors (re-entering coda).
+    pub reentry: Option<PagedBatchBuffers>,
     /// Paged addressing per distinct cache slot, in first-use order (one for core steps, whose
     /// rows each bring their own slot's table; none for the coda).
     pub batches: Vec<(usize, PagedBatchBuffers)>,
@@ -82,12 +91,12 @@ pub struct Statics {
 impl Statics {
     pub fn new(key: &GraphKey, vocab: usize, block_size: usize, device: &Device) -> Result<Self> {
         let b = key.rows;
-        let inputs = Tensor::zeros(3 * align4(b), DType::U32, device)?;
+        let inputs = Tensor::zeros(4 * align4(b), DType::U32, device)?;
         let view = |i: usize| inputs.narrow(0, i * align4(b), b);
-        let (tokens, positions, state) = (view(0)?, view(1)?, view(2)?);
+        let (tokens, positions, state, next_positions) = (view(0)?, view(1)?, view(2)?, view(3)?);
+        let max_blocks = key.ctx.div_ceil(block_size);
         let mut batches = Vec::new();
         if key.ctx > 0 {
-            let max_blocks = key.ctx.div_ceil(block_size);
             let slots: Vec<usize> = if key.slots.is_empty() {
                 vec![0]
             } else {
@@ -102,11 +111,21 @@ impl Statics {
         let logits = (key.stage != Stage::CoreStep)
             .then(|| Tensor::zeros((b, vocab), DType::F32, device))
             .transpose()?;
+        let reentry = key
+            .reenter
+            .then(|| PagedBatchBuffers::new(b, b, max_blocks.max(1), device))
+            .transpose()?;
         Ok(Self {
             inputs: inputs.clone(),
             tokens,
             positions,
             state,
+            next_positions,
+            ids: key
+                .reenter
+                .then(|| Tensor::zeros(b, DType::U32, device))
+                .transpose()?,
+            reentry,
             batches,
             gate: Tensor::zeros((key.slots.len().max(1), b), DType::F32, device)?,
             latent: Tensor::zeros(b, DType::F32, device)?,
@@ -115,7 +134,8 @@ impl Statics {
         })
     }
 
-    /// Writes the per-row inputs, padded: token 0, position 0, state row `pad_state`.
+    /// Writes the per-row inputs, padded: token 0, position 0, state row `pad_state`; the
+    /// successor positions are the positions + 1.
     pub fn write_inputs(
         &self,
         tokens: &[u32],
@@ -130,6 +150,9 @@ impl Statics {
         words[a..a + positions.len()].copy_from_slice(positions);
         words[2 * a..3 * a].fill(pad_state);
         words[2 * a..2 * a + state.len()].copy_from_slice(state);
+        for (i, p) in positions.iter().enumerate() {
+            words[3 * a + i] = p + 1;
+        }
         write_u32(&self.inputs, &words)
     }
 }
@@ -280,12 +303,30 @@ mod tests {
     #[test]
     fn graph_bodies_match_eager_on_cpu() {
         use crate::gate::{DepthTrace, Replay};
+        use crate::models::looped::Huginn;
         use crate::models::looped::Ouro;
+        use crate::models::LoopedModel;
         use crate::{EngineBuilder, Event, GenerationParams, KvLayoutKind, SchedulerKind};
         let cfg = crate::testing::tiny_ouro_config(97);
         let weights =
             crate::testing::random_ouro_weights(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
-        let model = Ouro::load(&cfg, &weights).unwrap();
+        let ouro = Ouro::load(&cfg, &weights).unwrap();
+        // Huginn: a prelude with attention, so the re-entering coda graph writes K/V too.
+        let hcfg = crate::testing::tiny_huginn_config(97);
+        let mut t = crate::testing::random_tensors(
+            &crate::testing::huginn_tensor_manifest(&hcfg),
+            4,
+            DType::F32,
+            &Device::Cpu,
+        )
+        .unwrap();
+        let wte = t["transformer.wte.weight"].clone();
+        t.insert("lm_head.weight".into(), wte);
+        let huginn = Huginn::load(
+            &hcfg,
+            &crate::loader::Weights::from_map(t, DType::F32, &Device::Cpu),
+        )
+        .unwrap();
         let prompts: Vec<Vec<u32>> = (0..11u32)
             .map(|i| {
                 (0..1 + (i * 7) % 23)
@@ -294,13 +335,14 @@ mod tests {
             })
             .collect();
         let new_tokens: Vec<usize> = (0..11).map(|i| 2 + (i * 5) % 13).collect();
-        let run = |sched: SchedulerKind,
+        let run = |model: Box<dyn LoopedModel>,
+                   sched: SchedulerKind,
                    layout: KvLayoutKind,
                    width: usize,
                    graphs: bool|
          -> (Vec<Vec<u32>>, (usize, usize)) {
             CPU_GRAPH_BODIES.with(|c| c.set(graphs));
-            let mut b = EngineBuilder::from_model(Box::new(model.clone()), None, vec![])
+            let mut b = EngineBuilder::from_model(model, None, vec![])
                 .scheduler(sched)
                 .kv_layout(layout)
                 .max_num_seqs(width)
@@ -360,10 +402,25 @@ mod tests {
                 7,
             ),
         ] {
-            let (eager, _) = run(sched, layout, width, false);
-            let (bodies, (_, body_runs)) = run(sched, layout, width, true);
+            let (eager, _) = run(Box::new(ouro.clone()), sched, layout, width, false);
+            let (bodies, (_, body_runs)) = run(Box::new(ouro.clone()), sched, layout, width, true);
             assert!(body_runs > 0, "{sched:?}: no launch took the graph path");
-            assert_eq!(eager, bodies, "{sched:?} {layout:?} W{width}");
+            assert_eq!(eager, bodies, "ouro {sched:?} {layout:?} W{width}");
+        }
+        // (Huginn's full-depth decode runs eagerly: see `LoopedRunner::graph_key`.)
+        for (sched, width) in [
+            (SchedulerKind::Depth { refill: false }, 4),
+            (SchedulerKind::Depth { refill: true }, 5),
+        ] {
+            let layout = KvLayoutKind::Shared;
+            let (eager, _) = run(Box::new(huginn.clone()), sched, layout, width, false);
+            let (bodies, (_, body_runs)) =
+                run(Box::new(huginn.clone()), sched, layout, width, true);
+            assert!(
+                body_runs > 0,
+                "huginn {sched:?}: no launch took the graph path"
+            );
+            assert_eq!(eager, bodies, "huginn {sched:?} W{width}");
         }
     }
 
@@ -376,6 +433,7 @@ mod tests {
             rows: 4,
             ctx: 256,
             slots: vec![],
+            reenter: false,
         };
         let st = Statics::new(&key, 10, 16, &dev).unwrap();
         st.write_inputs(&[], &[5, 20], &[1, 0], 9).unwrap();

@@ -81,6 +81,9 @@ pub struct Forward {
     pub latent_diff: Option<Tensor>,
     /// Launch row index of each sampled row.
     pub sample_rows: Vec<usize>,
+    /// `[sampled rows]` u32 greedy ids when the forward already took the argmax and ran the
+    /// eager re-entry on the device (a re-entering coda graph).
+    pub greedy_ids: Option<Tensor>,
 }
 
 impl LoopedRunner {
@@ -203,11 +206,19 @@ impl LoopedRunner {
     pub fn launch(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<Pending> {
         #[cfg(feature = "cuda")]
         let start = self.mark()?;
-        let fwd = self.forward(launch)?;
+        let greedy = |r: &RowSampling| r.greedy && r.forced.is_none();
+        let all_greedy = launch
+            .rows
+            .iter()
+            .zip(sampling)
+            .all(|(row, r)| !row.sample || greedy(r));
+        let fwd = self.forward_with(launch, all_greedy)?;
         #[cfg(feature = "cuda")]
         let forward_end = self.mark()?;
         let mut tokens = PendingTokens::None;
-        if let Some(logits) = &fwd.logits {
+        if let Some(ids) = &fwd.greedy_ids {
+            tokens = PendingTokens::Device(Readback::start(ids)?);
+        } else if let Some(logits) = &fwd.logits {
             let rows: Vec<RowSampling> = fwd.sample_rows.iter().map(|&r| sampling[r]).collect();
             if logits.device().is_cuda() && rows.iter().all(|r| r.greedy && r.forced.is_none()) {
                 let ids = logits.argmax(D::Minus1)?;
@@ -333,8 +344,14 @@ impl LoopedRunner {
     /// The device side of [`LoopedRunner::run`]. With CUDA graphs the returned tensors may be
     /// views of static buffers that the next launch of the same shape overwrites.
     pub fn forward(&self, launch: &Launch) -> Result<Forward> {
+        self.forward_with(launch, false)
+    }
+
+    /// [`LoopedRunner::forward`]; `all_greedy`: every sampled row decodes greedily, unforced, so
+    /// a re-entering coda may take the argmax and run the re-entry inside its graph.
+    fn forward_with(&self, launch: &Launch, all_greedy: bool) -> Result<Forward> {
         self.apply_copies(&launch.kv_copies)?;
-        if let Some(fwd) = self.graph_forward(launch)? {
+        if let Some(fwd) = self.graph_forward(launch, all_greedy)? {
             return Ok(fwd);
         }
         match launch.stage {
@@ -403,6 +420,7 @@ impl LoopedRunner {
             gate_logits: out.gate_logit.map(|g| g.unsqueeze(0)).transpose()?,
             latent_diff: Some(latent_diff),
             sample_rows: Vec::new(),
+            greedy_ids: None,
         })
     }
 
@@ -429,6 +447,7 @@ impl LoopedRunner {
             gate_logits: None,
             latent_diff: None,
             sample_rows: (0..launch.rows.len()).collect(),
+            greedy_ids: None,
         })
     }
 
@@ -537,6 +556,7 @@ impl LoopedRunner {
                 gate_logits: None,
                 latent_diff: None,
                 sample_rows,
+                greedy_ids: None,
             });
         }
         let logits = self.model.head(&y.index_select(&last_idx, 0)?)?;
@@ -548,11 +568,12 @@ impl LoopedRunner {
             gate_logits,
             latent_diff: None,
             sample_rows,
+            greedy_ids: None,
         })
     }
 
     /// The graph key of a launch, or `None` when it runs eagerly.
-    fn graph_key(&self, launch: &Launch) -> Option<GraphKey> {
+    fn graph_key(&self, launch: &Launch, all_greedy: bool) -> Option<GraphKey> {
         let n = launch.rows.len();
         if n == 0 {
             return None;
@@ -572,6 +593,7 @@ impl LoopedRunner {
                     rows,
                     ctx: ctx_bucket(max_ctx),
                     slots: Vec::new(),
+                    reenter: false,
                 })
             }
             Stage::FullDepthDecode => {
@@ -592,17 +614,21 @@ impl LoopedRunner {
                     rows,
                     ctx: ctx_bucket(max_ctx),
                     slots: launch.step_slots.clone(),
+                    reenter: false,
                 })
             }
             Stage::Coda => {
                 self.bank.as_ref()?;
                 // The coda attends through slot 0 (prelude and coda layers use it); a heavy coda
                 // (Huginn's blocks) writes and reads its KV there like a full-depth decode does.
+                // Re-entered successors sit one position later, in the same bucket or the next.
+                let reenter = launch.reenter && all_greedy;
                 Some(GraphKey {
                     stage: Stage::Coda,
                     rows,
-                    ctx: ctx_bucket(max_ctx),
+                    ctx: ctx_bucket(max_ctx + usize::from(reenter)),
                     slots: vec![0],
+                    reenter,
                 })
             }
             _ => None,
@@ -610,11 +636,11 @@ impl LoopedRunner {
     }
 
     /// Runs `launch` through its graph (warm-up, capture or replay). `None`: run it eagerly.
-    fn graph_forward(&self, launch: &Launch) -> Result<Option<Forward>> {
+    fn graph_forward(&self, launch: &Launch, all_greedy: bool) -> Result<Option<Forward>> {
         let Some(cell) = &self.graphs else {
             return Ok(None);
         };
-        let Some(key) = self.graph_key(launch) else {
+        let Some(key) = self.graph_key(launch, all_greedy) else {
             return Ok(None);
         };
         let mut guard = cell.borrow_mut();
@@ -693,24 +719,28 @@ impl LoopedRunner {
                 gate_logits,
                 latent_diff: Some(st.latent.narrow(0, 0, n)?),
                 sample_rows: Vec::new(),
+                greedy_ids: None,
             },
             Stage::Coda => Forward {
                 logits,
                 gate_logits: None,
                 latent_diff: None,
                 sample_rows: (0..n).collect(),
+                greedy_ids: st.ids.as_ref().map(|ids| ids.narrow(0, 0, n)).transpose()?,
             },
             _ => Forward {
                 logits,
                 gate_logits,
                 latent_diff: None,
                 sample_rows: (0..n).collect(),
+                greedy_ids: None,
             },
         }))
     }
 
     /// Writes a launch's host data into the static inputs of its key; returns the padded
-    /// addressing of each batch (only the warm-up and the capture build batches from it).
+    /// addressing of each batch, then of the re-entry batch if any (only the warm-up and the
+    /// capture build batches from it).
     fn write_graph_inputs(
         &self,
         key: &GraphKey,
@@ -726,7 +756,8 @@ impl LoopedRunner {
         let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
         let state: Vec<u32> = rows.iter().map(|r| r.state).collect();
         st.write_inputs(&tokens, &positions, &state, self.scratch_row)?;
-        st.batches
+        let mut padded = st
+            .batches
             .iter()
             .map(|(slot, buf)| {
                 let host = PagedBatchHost {
@@ -743,7 +774,18 @@ impl LoopedRunner {
                 };
                 buf.write(&host, self.block_size, self.scratch_block)
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(buf) = &st.reentry {
+            // Each successor follows its row's one token, in the row's slot-0 table.
+            let host = PagedBatchHost {
+                write_positions: Vec::new(),
+                block_tables: rows.iter().map(|r| r.block_tables[0].to_vec()).collect(),
+                context_lens: rows.iter().map(|r| r.start_pos as u32 + 2).collect(),
+                cu_q_lens: (0..=rows.len() as u32).collect(),
+            };
+            padded.push(buf.write(&host, self.block_size, self.scratch_block)?);
+        }
+        Ok(padded)
     }
 
     /// What a graph of `key` runs, over its static buffers only. Every tensor it makes is
@@ -825,6 +867,23 @@ impl LoopedRunner {
                     .as_ref()
                     .expect("coda statics hold logits")
                     .slice_set(&logits.contiguous()?, 0, 0)?;
+                if let (Some(ids_out), Some(buf)) = (&st.ids, &st.reentry) {
+                    // What `launch` does eagerly otherwise: argmax, then the successors' prelude.
+                    let ids = logits.argmax(D::Minus1)?;
+                    ids_out.slice_set(&ids, 0, 0)?;
+                    let host = padded[st.batches.len()].clone();
+                    let batch = PagedBatch::from_buffers(
+                        host,
+                        self.block_size,
+                        AttnMask::Causal,
+                        kv_width,
+                        buf,
+                        key.ctx,
+                    )?;
+                    let next = self.model.prepare(&st.next_positions)?;
+                    let h = self.model.prelude(&ids, &next, &batch, &self.kv)?;
+                    self.write_bank(&st.state, &h)?;
+                }
             }
             other => candle_core::bail!("no graph for stage {other:?}"),
         }

@@ -279,6 +279,10 @@ impl LoopedModel for Huginn {
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
-        self.lm_head.forward(h)?.to_dtype(DType::F32)
+        // The head has a row per padded-vocabulary entry; padding rows are not tokens.
+        let logits = self.lm_head.forward(h)?;
+        logits
+            .narrow(D::Minus1, 0, self.spec.vocab_size)?
+            .to_dtype(DType::F32)
     }
 }
