@@ -407,8 +407,8 @@ mod tests {
             assert!(body_runs > 0, "{sched:?}: no launch took the graph path");
             assert_eq!(eager, bodies, "ouro {sched:?} {layout:?} W{width}");
         }
-        // (Huginn's full-depth decode runs eagerly: see `LoopedRunner::graph_key`.)
         for (sched, width) in [
+            (SchedulerKind::Continuous, 3),
             (SchedulerKind::Depth { refill: false }, 4),
             (SchedulerKind::Depth { refill: true }, 5),
         ] {

@@ -26,9 +26,12 @@ impl Elem for f32 {}
 pub enum Readback<T> {
     /// Already on the host (CPU tensors).
     Host(Vec<T>),
-    /// An asynchronous copy into pinned memory (CUDA).
+    /// An asynchronous copy into pinned memory and an event recorded right behind it (CUDA).
     #[cfg(feature = "cuda")]
-    Pinned(candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<T>),
+    Pinned(
+        candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<T>,
+        candle_core::cuda_backend::cudarc::driver::CudaEvent,
+    ),
 }
 
 impl<T: Elem> Readback<T> {
@@ -56,7 +59,14 @@ impl<T: Elem> Readback<T> {
             }
             .w()?;
             stream.memcpy_dtoh(&src, &mut dst).w()?;
-            return Ok(Self::Pinned(dst));
+            // Our own event: cudarc records the pinned slice's event only when it manages
+            // several streams with event tracking on, so on our one stream (tracking off with
+            // graphs) `as_slice` would not wait and could read the buffer before the copy lands.
+            use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+            let done = stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .w()?;
+            return Ok(Self::Pinned(dst, done));
         }
         Ok(Self::Host(t.to_vec1::<T>()?))
     }
@@ -66,9 +76,9 @@ impl<T: Elem> Readback<T> {
         match self {
             Self::Host(v) => Ok(v),
             #[cfg(feature = "cuda")]
-            Self::Pinned(p) => {
+            Self::Pinned(p, done) => {
                 use candle_core::cuda_backend::WrapErr;
-                // `as_slice` synchronises on the event cudarc recorded after the copy.
+                done.synchronize().w()?;
                 Ok(p.as_slice().w()?.to_vec())
             }
         }

@@ -597,11 +597,6 @@ impl LoopedRunner {
                 })
             }
             Stage::FullDepthDecode => {
-                // Huginn (prelude and coda blocks): on the H200 the replayed full-depth graph did
-                // not reproduce its body run eagerly (tests/gpu_kernels.rs, `huginn cb shared
-                // W7`, 2026-11-29) while its core-step and coda graphs do; the prelude is the
-                // part only this graph holds. It runs eagerly until that is understood.
-                (!self.model.spec().heavy_coda).then_some(())?;
                 let ok = !launch.step_slots.is_empty()
                     && !launch.reenter
                     && launch.rows.iter().all(|r| {
