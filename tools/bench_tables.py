@@ -110,8 +110,11 @@ def cdb_depth_tables(d, name):
     for t in depths:
         header(d, f"{name}, replayed mean depth {t}",
                [r for r in rows if r["target_mean_depth"] == t or (r["target_mean_depth"] == 4.0 and r["width"] in ref)])
-        print("| W | mode | d̄ | tokens/s | × over CB | FLOP bound | % of bound | × over refill + overlap at d̄ = 4 | % of bound, strict | GPU idle ≤ |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        idle = "GPU idle" if any(r.get("gpu_idle_exact") for r in rows) else "GPU idle ≤"
+        # The strict columns need a no-exit (d̄ = 4) run in the same file.
+        strict_cols = "× over refill + overlap at d̄ = 4 | % of bound, strict | " if ref else ""
+        print(f"| W | mode | d̄ | tokens/s | × over CB | FLOP bound | % of bound | {strict_cols}{idle} |")
+        print("|---|---|---|---|---|---|---|---|---|---|" if ref else "|---|---|---|---|---|---|---|---|")
         sel = sorted((r for r in rows if r["target_mean_depth"] == t), key=lambda r: (r["width"], order[(r["mode"], bool(r.get("overlap")))]))
         for r in sel:
             cb = r["mode"] == "cb"
@@ -123,8 +126,9 @@ def cdb_depth_tables(d, name):
             b = (lambda x: f"**{x}**") if bold else (lambda x: x)
             dm = "4 (full)" if cb else f"{r['mean_depth']:.2f}"
             bound = "—" if cb else f"{r['flop_bound']:.3f}"
+            extra = f"{sx} | {sf} | " if ref else ""
             print(f"| {r['width']} | {mode_label(r)} | {dm} | {r['tokens_per_s']:.0f} | "
-                  f"{r['speedup_vs_cb']:.3f}× | {bound} | {b(frac)} | {sx} | {sf} | {pct(r['gpu_idle'])} |")
+                  f"{r['speedup_vs_cb']:.3f}× | {bound} | {b(frac)} | {extra}{pct(r['gpu_idle'])} |")
         print()
 
 
@@ -186,10 +190,47 @@ def gap_table(d, name):
     print()
 
 
+def device_table(d, name, full_depth=4, coda=False):
+    """Runs with device spans (`--time-device`): where each mode's device time goes, per generated
+    token, and the speed-up the bound allows once the full-depth prefill is counted.
+
+    decode: CB's decode launches, CDB's core + coda. Decode-only ratio = CB decode µs/token ÷ CDB
+    decode µs/token (what the FLOP bound S describes). Prefill-inclusive bound: CB's device time
+    with its decode divided by S, prefill unchanged (no token of a prompt can exit early)."""
+    rows = [r for r in d["results"] if all(v.get("device_s") is not None for v in r["stages"].values())]
+    if not rows:
+        return
+    header(d, f"{name}, device time per generated token (stream-event spans)", rows)
+    print("| W | target d̄ | mode | prefill µs/token | decode µs/token (core + coda) | decode rows / launch | decode ratio CB ÷ mode | … % of S | prefill share of device | bound with prefill | % of that | GPU idle |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    order = {"cb": 0, "cdb-no-refill": 1, "cdb-refill": 2}
+    dev = lambda r, ks: sum(r["stages"][k]["device_s"] for k in ks if k in r["stages"])
+    for r in sorted(rows, key=lambda r: (r["target_mean_depth"], r["width"], order[r["mode"]], r["min_coda_batch_size"])):
+        cb = next((c for c in d["results"] if c["mode"] == "cb" and c["width"] == r["width"]), None)
+        if cb is None or (r["mode"] == "cb" and r["target_mean_depth"] != min(x["target_mean_depth"] for x in rows)):
+            continue
+        tokens = generated_tokens(r)
+        pre, dec = dev(r, ["prefill"]), dev(r, ["decode", "core", "coda"])
+        cb_pre, cb_dec = dev(cb, ["prefill"]), dev(cb, ["decode"])
+        st = r["stages"]
+        main = st.get("decode") or st.get("core")
+        per_launch = main["rows"] / main["launches"]
+        label = mode_label(r, coda)
+        if r["mode"] == "cb":
+            print(f"| {r['width']} | — | {label} | {1e6 * pre / tokens:.1f} | {1e6 * dec / tokens:.1f} | {per_launch:.0f} | — | — | {pct(pre / (pre + dec))} | — | — | {pct(r['gpu_idle'])} |")
+            continue
+        ratio = cb_dec / dec
+        with_prefill = (cb_pre + cb_dec) / (cb_pre + cb_dec / r["flop_bound"])
+        print(f"| {r['width']} | {r['target_mean_depth']:g} | {label} | {1e6 * pre / tokens:.1f} | {1e6 * dec / tokens:.1f} | {per_launch:.0f} | "
+              f"{ratio:.3f}× | {pct(ratio / r['flop_bound'])} | {pct(pre / (pre + dec))} | {with_prefill:.3f}× | {pct(r['speedup_vs_cb'] / with_prefill)} | {pct(r['gpu_idle'])} |")
+    print()
+
+
 def huginn_table(d, name):
     rows = d["results"]
     header(d, name)
-    print("| W | target d̄ | mode | min coda batch | d̄ | tokens/s | × over CB | FLOP bound | % of bound | GPU idle ≤ |")
+    idle = "GPU idle" if any(r.get("gpu_idle_exact") for r in rows) else "GPU idle ≤"
+    print(f"| W | target d̄ | mode | min coda batch | d̄ | tokens/s | × over CB | FLOP bound | % of bound | {idle} |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     order = {"cb": 0, "cdb-no-refill": 1, "cdb-refill": 2}
     for r in sorted(rows, key=lambda r: (r["width"], r["target_mean_depth"], order[r["mode"]], r["min_coda_batch_size"])):
@@ -206,12 +247,19 @@ def cdb(name="looped_cdb.json"):
         return cdb_old(name)
     if "huginn" in d["model"].lower():
         huginn_table(d, name)
+        if any(r.get("gpu_idle_exact") for r in d["results"]):
+            device_table(d, name, full_depth=16, coda=True)
+            return
         stage_table(d, name, [(64, 6.0, m, ov, mc) for m, ov, mc in
                               [("cb", False, None), ("cdb-no-refill", True, 1), ("cdb-refill", True, 1), ("cdb-refill", True, 16)]],
                     coda=True, full_depth=16)
         return
     cdb_depth_tables(d, name)
     cdb_noexit_table(d, name)
+    if any(r.get("gpu_idle_exact") for r in d["results"]):
+        # Device spans measured: they replace the host-wait estimates below.
+        device_table(d, name)
+        return
     gap_table(d, name)
     stage_table(d, name, [(w, 2.5, m, ov, None) for w in (128, 512) for m, ov in [("cb", False), ("cdb-refill", True)]]
                 + [(256, 2.5, "cdb-refill", False, None)])
