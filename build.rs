@@ -16,10 +16,7 @@ mod cuda {
         println!("cargo::rerun-if-env-changed=CUDA_COMPUTE_CAP");
         let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
         // sm_90 (H100/H200) unless CUDA_COMPUTE_CAP says otherwise; no GPU is needed here.
-        let cap = std::env::var("CUDA_COMPUTE_CAP")
-            .ok()
-            .and_then(|s| s.trim().parse::<usize>().ok())
-            .unwrap_or(90);
+        let cap = std::env::var("CUDA_COMPUTE_CAP").ok().and_then(|s| s.trim().parse::<usize>().ok()).unwrap_or(90);
         let ptx = cudaforge::KernelBuilder::new()
             .source_dir("src/ops/kernels")
             .compute_cap(cap)
@@ -29,7 +26,6 @@ mod cuda {
             .arg("-O3")
             .build_ptx()
             .unwrap_or_else(|e| panic!("compiling CUDA kernels: {e}"));
-        ptx.write(out_dir.join("ponder_kernels.rs"))
-            .unwrap_or_else(|e| panic!("writing PTX bindings: {e}"));
+        ptx.write(out_dir.join("ponder_kernels.rs")).unwrap_or_else(|e| panic!("writing PTX bindings: {e}"));
     }
 }

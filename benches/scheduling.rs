@@ -3,28 +3,18 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use ponder::gate::{DepthTrace, Replay};
 use ponder::kv::{DepthIndexed, KvManager, Shared};
-use ponder::scheduler::{
-    ContinuousBatching, DepthBatching, DepthConfig, LaunchResult, RowOutput, SchedRequest,
-    Scheduler, SchedulerLimits,
-};
+use ponder::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, LaunchResult, RowOutput, SchedRequest, Scheduler, SchedulerLimits};
 use ponder::RequestId;
 
 fn decode_tick(c: &mut Criterion) {
     let mut g = c.benchmark_group("cb_decode_tick");
     for width in [16usize, 64, 256] {
         g.bench_with_input(BenchmarkId::from_parameter(width), &width, |b, &w| {
-            let limits = SchedulerLimits {
-                max_num_seqs: w,
-                max_num_batched_tokens: 1 << 20,
-            };
+            let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 1 << 20 };
             let kv = KvManager::new(w * 4 * 64, 16, Box::new(DepthIndexed), 4);
             let mut s = ContinuousBatching::new(limits, kv, 4);
             for i in 0..w {
-                s.add(SchedRequest {
-                    id: RequestId(i as u64),
-                    prompt: vec![1; 128],
-                    max_new_tokens: 512,
-                });
+                s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![1; 128], max_new_tokens: 512 });
             }
             let mut tick = 0u64;
             let mut next_id = w as u64;
@@ -34,11 +24,7 @@ fn decode_tick(c: &mut Criterion) {
                 if tick % 256 == 0 {
                     for i in next_id - w as u64..next_id {
                         s.finish(RequestId(i));
-                        s.add(SchedRequest {
-                            id: RequestId(i + w as u64),
-                            prompt: vec![1; 128],
-                            max_new_tokens: 512,
-                        });
+                        s.add(SchedRequest { id: RequestId(i + w as u64), prompt: vec![1; 128], max_new_tokens: 512 });
                     }
                     next_id += w as u64;
                 }
@@ -73,23 +59,15 @@ fn depth_tick(c: &mut Criterion) {
     let mut g = c.benchmark_group("cdb_refill_tick");
     for width in [64usize, 128, 256, 512] {
         g.bench_with_input(BenchmarkId::from_parameter(width), &width, |b, &w| {
-            let limits = SchedulerLimits {
-                max_num_seqs: w,
-                max_num_batched_tokens: 1 << 20,
-            };
+            let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 1 << 20 };
             let kv = KvManager::new(w * 4 * 48, 16, Box::new(ponder::kv::LastExited), 4);
-            let gate =
-                Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap());
+            let gate = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap());
             let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
             let mut next = 0u64;
             let mut produced = std::collections::HashMap::new();
             let admit = |s: &mut DepthBatching, n: usize, next: &mut u64| {
                 for _ in 0..n {
-                    s.add(SchedRequest {
-                        id: RequestId(*next),
-                        prompt: vec![1; 128],
-                        max_new_tokens: 512,
-                    });
+                    s.add(SchedRequest { id: RequestId(*next), prompt: vec![1; 128], max_new_tokens: 512 });
                     *next += 1;
                 }
             };

@@ -155,14 +155,7 @@ struct RunStats {
     phases: Vec<(&'static str, f64)>,
 }
 
-fn run(
-    model: &DenseDiffusion,
-    args: &Args,
-    trace_mean: f64,
-    batch: usize,
-    mode: &str,
-    jobs: &[Vec<u32>],
-) -> Result<RunStats, Box<dyn std::error::Error>> {
+fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode: &str, jobs: &[Vec<u32>]) -> Result<RunStats, Box<dyn std::error::Error>> {
     let delayed = mode != "baseline";
     let spec = model.spec().clone();
     let max_len = jobs.iter().map(Vec::len).max().unwrap_or(1) + args.new_tokens + 2 * args.block;
@@ -182,19 +175,10 @@ fn run(
         .max_model_len(spec.max_context.min(4096))
         .time_denoise_phases(args.phases)
         .build()?;
-    let params = GenerationParams {
-        ignore_eos: true,
-        ..GenerationParams::greedy(args.new_tokens)
-    };
+    let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(args.new_tokens) };
     // Warm-up: one short request per row so kernels and allocations are in place.
     for p in jobs.iter().take(batch) {
-        engine.add_request(
-            p.clone(),
-            GenerationParams {
-                max_new_tokens: args.block,
-                ..params.clone()
-            },
-        )?;
+        engine.add_request(p.clone(), GenerationParams { max_new_tokens: args.block, ..params.clone() })?;
     }
     while engine.has_work() {
         engine.step()?;
@@ -206,17 +190,13 @@ fn run(
     let device = engine_device(model);
     device.synchronize()?;
     let start = Instant::now();
-    let (mut tokens, mut window_tokens, mut window_time, mut window_steps) =
-        (0u64, 0u64, 0f64, 0usize);
+    let (mut tokens, mut window_tokens, mut window_time, mut window_steps) = (0u64, 0u64, 0f64, 0usize);
     while engine.has_work() {
         let full = engine.scheduler().num_running() == batch;
         let t = Instant::now();
         let events = engine.step()?;
         let dt = t.elapsed().as_secs_f64();
-        let n = events
-            .iter()
-            .filter(|e| matches!(e, Event::Token { .. }))
-            .count() as u64;
+        let n = events.iter().filter(|e| matches!(e, Event::Token { .. })).count() as u64;
         tokens += n;
         if full && engine.scheduler().num_running() + engine.scheduler().num_waiting() > 0 {
             window_tokens += n;
@@ -226,46 +206,23 @@ fn run(
     }
     let whole = start.elapsed().as_secs_f64();
     let m = engine.metrics();
-    let stage = |m: &ponder::EngineMetrics| {
-        m.stages
-            .get("denoise")
-            .map_or((0, 0.0), |s| (s.launches, s.time.as_secs_f64()))
-    };
+    let stage = |m: &ponder::EngineMetrics| m.stages.get("denoise").map_or((0, 0.0), |s| (s.launches, s.time.as_secs_f64()));
     let ((l0, t0), (l1, t1)) = (stage(&before), stage(m));
     let launches = (l1 - l0).max(1) as f64;
-    let phase_before: std::collections::HashMap<_, _> =
-        before.denoise.phases.iter().cloned().collect();
-    let phases = m
-        .denoise
-        .phases
-        .iter()
-        .map(|(p, d)| {
-            (
-                *p,
-                (d.as_secs_f64() - phase_before.get(p).map_or(0.0, |b| b.as_secs_f64())) * 1e3
-                    / launches,
-            )
-        })
-        .collect();
+    let phase_before: std::collections::HashMap<_, _> = before.denoise.phases.iter().cloned().collect();
+    let phases =
+        m.denoise.phases.iter().map(|(p, d)| (*p, (d.as_secs_f64() - phase_before.get(p).map_or(0.0, |b| b.as_secs_f64())) * 1e3 / launches)).collect();
     let steps = m.denoise.steps - before.denoise.steps;
     let step_tokens = m.denoise.step_tokens - before.denoise.step_tokens;
     let generated = m.generated_tokens - before.generated_tokens;
     Ok(RunStats {
-        window_tokens_per_s: if window_time > 0.0 {
-            window_tokens as f64 / window_time
-        } else {
-            tokens as f64 / whole
-        },
+        window_tokens_per_s: if window_time > 0.0 { window_tokens as f64 / window_time } else { tokens as f64 / whole },
         whole_tokens_per_s: tokens as f64 / whole,
         tokens_per_step: step_tokens as f64 / steps.max(1) as f64,
-        readouts_per_step: (m.denoise.readouts - before.denoise.readouts) as f64
-            / steps.max(1) as f64,
+        readouts_per_step: (m.denoise.readouts - before.denoise.readouts) as f64 / steps.max(1) as f64,
         decoded_per_step: generated as f64 / steps.max(1) as f64,
         kept_per_step: (mode == "focus").then(|| {
-            let (k, n) = (
-                m.denoise.kept_tokens - before.denoise.kept_tokens,
-                m.denoise.scored_steps - before.denoise.scored_steps,
-            );
+            let (k, n) = (m.denoise.kept_tokens - before.denoise.kept_tokens, m.denoise.scored_steps - before.denoise.scored_steps);
             k as f64 / n.max(1) as f64
         }),
         window_steps,
@@ -290,18 +247,8 @@ fn trace_mean(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
                 let mut left = args.block;
                 let mut step = 0;
                 while left > 0 {
-                    let ctx = ponder::diffusion::StepContext {
-                        request: ponder::RequestId(req),
-                        block,
-                        step,
-                        masked: left,
-                        block_len: args.block,
-                    };
-                    let c = if step + 1 >= args.block {
-                        left
-                    } else {
-                        t.count(&ctx).unwrap_or(1).min(left)
-                    };
+                    let ctx = ponder::diffusion::StepContext { request: ponder::RequestId(req), block, step, masked: left, block_len: args.block };
+                    let c = if step + 1 >= args.block { left } else { t.count(&ctx).unwrap_or(1).min(left) };
                     left -= c;
                     step += 1;
                 }
@@ -332,51 +279,24 @@ fn engine_device(model: &DenseDiffusion) -> Device {
 
 /// Times one full-batch step (every row a whole block after a `prompt`-token prefix) phase by
 /// phase, synchronising the device between phases.
-fn breakdown(
-    model: &DenseDiffusion,
-    batch: usize,
-    block: usize,
-    prompt: usize,
-) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+fn breakdown(model: &DenseDiffusion, batch: usize, block: usize, prompt: usize) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let s = model.spec().clone();
     let dev = model.device().clone();
     let page = 16;
     let ctx = prompt + block;
     let per_row = ctx.div_ceil(page);
-    let kv = KvStore::new(
-        s.num_layers,
-        batch * per_row,
-        page,
-        s.num_kv_heads,
-        s.head_dim,
-        s.dtype,
-        &dev,
-    )?;
-    let mut host = PagedBatchHost {
-        cu_q_lens: vec![0],
-        ..Default::default()
-    };
+    let kv = KvStore::new(s.num_layers, batch * per_row, page, s.num_kv_heads, s.head_dim, s.dtype, &dev)?;
+    let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
     for r in 0..batch {
-        host.block_tables
-            .push(((r * per_row) as u32..((r + 1) * per_row) as u32).collect());
+        host.block_tables.push(((r * per_row) as u32..((r + 1) * per_row) as u32).collect());
         host.context_lens.push(ctx as u32);
         host.cu_q_lens.push(((r + 1) * block) as u32);
     }
-    let positions: Vec<u32> = (0..batch)
-        .flat_map(|_| (prompt as u32)..(ctx as u32))
-        .collect();
-    let batch_desc = PagedBatch::new(
-        host,
-        page,
-        AttnMask::BlockCausal(block),
-        s.num_kv_heads * s.head_dim,
-        &dev,
-    )?;
+    let positions: Vec<u32> = (0..batch).flat_map(|_| (prompt as u32)..(ctx as u32)).collect();
+    let batch_desc = PagedBatch::new(host, page, AttnMask::BlockCausal(block), s.num_kv_heads * s.head_dim, &dev)?;
     let ids = Tensor::new(vec![s.mask_token_id; batch * block].as_slice(), &dev)?;
     let pos = Tensor::new(positions.as_slice(), &dev)?;
-    let readout: Vec<u32> = (0..batch)
-        .flat_map(|r| (0..block - 3).map(move |j| (r * block + 3 + j) as u32))
-        .collect();
+    let readout: Vec<u32> = (0..batch).flat_map(|r| (0..block - 3).map(move |j| (r * block + 3 + j) as u32)).collect();
     let readout = Tensor::new(readout.as_slice(), &dev)?;
     let scale = 1.0 / (s.head_dim as f64).sqrt();
     let mut bias = vec![0f32; s.vocab_size];
@@ -429,12 +349,7 @@ fn breakdown(
     }))
 }
 
-fn write_json(
-    args: &Args,
-    label: &str,
-    results: &[serde_json::Value],
-    breakdowns: &[serde_json::Value],
-) -> Result<(), Box<dyn std::error::Error>> {
+fn write_json(args: &Args, label: &str, results: &[serde_json::Value], breakdowns: &[serde_json::Value]) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "gpu": gpu_name(), "commit": args.commit, "model": label,
@@ -469,87 +384,49 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         (c, Device::Cpu, DType::F32)
     } else {
-        (
-            SdarConfig::sdar_8b_chat_b32(),
-            Device::new_cuda(0)?,
-            DType::BF16,
-        )
+        (SdarConfig::sdar_8b_chat_b32(), Device::new_cuda(0)?, DType::BF16)
     };
-    let label = if args.tiny {
-        "tiny SDAR (CPU, f32)"
-    } else {
-        "SDAR-8B-Chat-b32 shapes, random bf16 weights"
-    };
+    let label = if args.tiny { "tiny SDAR (CPU, f32)" } else { "SDAR-8B-Chat-b32 shapes, random bf16 weights" };
     println!("device: {}; model: {label}", gpu_name());
     let t = Instant::now();
     let model = Sdar::load(&cfg, &random_sdar_weights(&cfg, 7, dtype, &device)?)?;
     device.synchronize()?;
-    println!(
-        "random weights generated on the device in {:.1}s",
-        t.elapsed().as_secs_f64()
-    );
+    println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
     let spec = model.spec().clone();
     // The calibration simulates the replay: once per invocation, not per run.
     let mean = trace_mean(&args)?;
-    println!(
-        "replayed unmask counts: distribution mean {mean:.3} for a realised {:.2} tokens per step",
-        args.mean_unmask
-    );
+    println!("replayed unmask counts: distribution mean {mean:.3} for a realised {:.2} tokens per step", args.mean_unmask);
     let mut results = Vec::new();
     let mut breakdowns = Vec::new();
-    println!(
-        "{:>6} {:>18} {:>11} {:>11} {:>13} {:>13} {:>7}",
-        "batch", "mode", "tok/s", "whole tok/s", "tokens/step", "decoded/step", "steps"
-    );
+    println!("{:>6} {:>18} {:>11} {:>11} {:>13} {:>13} {:>7}", "batch", "mode", "tok/s", "whole tok/s", "tokens/step", "decoded/step", "steps");
     for &b in &args.batches {
-        let jobs = prompts(
-            args.requests_per_batch * b,
-            spec.vocab_size,
-            spec.mask_token_id,
-            42 + b as u64,
-            512.min(spec.max_context / 2),
-        );
+        let jobs = prompts(args.requests_per_batch * b, spec.vocab_size, spec.mask_token_id, 42 + b as u64, 512.min(spec.max_context / 2));
         for mode in &args.modes {
-            let mut runs = (0..args.repeats)
-                .map(|_| run(&model, &args, mean, b, mode, &jobs))
-                .collect::<Result<Vec<_>, _>>()?;
+            let mut runs = (0..args.repeats).map(|_| run(&model, &args, mean, b, mode, &jobs)).collect::<Result<Vec<_>, _>>()?;
             runs.sort_by(|x, y| x.window_tokens_per_s.total_cmp(&y.window_tokens_per_s));
             let all_tps: Vec<f64> = runs.iter().map(|r| r.window_tokens_per_s).collect();
             let st = runs.swap_remove(args.repeats / 2);
-            let tps = |m: &str| {
-                results
-                    .iter()
-                    .find(|r: &&serde_json::Value| r["batch"] == b && r["mode"] == m)
-                    .and_then(|r| r["tokens_per_s"].as_f64())
-            };
-            let speedup = (mode != "baseline")
-                .then(|| tps("baseline"))
-                .flatten()
-                .map(|x| st.window_tokens_per_s / x);
-            let over_delayed = (mode == "focus")
-                .then(|| tps("baseline-delayed"))
-                .flatten()
-                .map(|x| st.window_tokens_per_s / x);
+            let tps = |m: &str| results.iter().find(|r: &&serde_json::Value| r["batch"] == b && r["mode"] == m).and_then(|r| r["tokens_per_s"].as_f64());
+            let speedup = (mode != "baseline").then(|| tps("baseline")).flatten().map(|x| st.window_tokens_per_s / x);
+            let over_delayed = (mode == "focus").then(|| tps("baseline-delayed")).flatten().map(|x| st.window_tokens_per_s / x);
             println!(
                 "{b:>6} {mode:>18} {:>11.0} {:>11.0} {:>13.2} {:>13.2} {:>7}  launch {:.1} ms + host {:.2} ms{}{}{}",
-                st.window_tokens_per_s, st.whole_tokens_per_s, st.tokens_per_step, st.decoded_per_step, st.window_steps, st.launch_ms, st.host_ms,
+                st.window_tokens_per_s,
+                st.whole_tokens_per_s,
+                st.tokens_per_step,
+                st.decoded_per_step,
+                st.window_steps,
+                st.launch_ms,
+                st.host_ms,
                 speedup.map_or(String::new(), |x| format!(", {x:.2}x over baseline")),
                 st.kept_per_step.map_or(String::new(), |k| format!(", kept/step {k:.2}")),
                 over_delayed.map_or(String::new(), |x| format!(", {x:.2}x over delayed"))
             );
             if !st.phases.is_empty() {
-                let list: Vec<String> = st
-                    .phases
-                    .iter()
-                    .map(|(p, ms)| format!("{p} {ms:.2}"))
-                    .collect();
+                let list: Vec<String> = st.phases.iter().map(|(p, ms)| format!("{p} {ms:.2}")).collect();
                 println!("{:>25} ms per launch: {}", "", list.join(" · "));
             }
-            let phases: serde_json::Map<String, serde_json::Value> = st
-                .phases
-                .iter()
-                .map(|(p, ms)| (p.to_string(), serde_json::json!(ms)))
-                .collect();
+            let phases: serde_json::Map<String, serde_json::Value> = st.phases.iter().map(|(p, ms)| (p.to_string(), serde_json::json!(ms))).collect();
             results.push(serde_json::json!({
                 "mode": mode, "batch": b, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
                 "speedup_vs_baseline": speedup, "speedup_vs_delayed": over_delayed, "kept_per_step": st.kept_per_step,

@@ -43,10 +43,7 @@ use ponder::loader::Weights;
 use ponder::models::looped::{Huginn, Ouro};
 use ponder::models::{HuginnConfig, LoopedModel, OuroConfig};
 use ponder::scheduler::{Launch, LaunchRow, Stage};
-use ponder::testing::{
-    huginn_tensor_manifest, ouro_tensor_manifest, random_tensors, tiny_huginn_config,
-    tiny_ouro_config,
-};
+use ponder::testing::{huginn_tensor_manifest, ouro_tensor_manifest, random_tensors, tiny_huginn_config, tiny_ouro_config};
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, RequestId};
 use std::time::Instant;
 
@@ -115,9 +112,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
                 layout_set = true;
             }
             "--suite" => a.suite = v()?,
-            "--mean-depths" => {
-                a.mean_depths = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?
-            }
+            "--mean-depths" => a.mean_depths = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--modes" => a.modes = v()?.split(',').map(String::from).collect(),
             "--requests-per-width" => a.requests_per_width = v()?.parse()?,
             "--min-depth" => a.min_depth = v()?.parse()?,
@@ -171,33 +166,17 @@ struct ModelRecipe {
 fn recipe(model: &str, tiny: bool) -> Result<ModelRecipe, Box<dyn std::error::Error>> {
     Ok(match (model, tiny) {
         ("ouro", false) | ("ouro", true) => {
-            let cfg = if tiny {
-                tiny_ouro_config(512)
-            } else {
-                OuroConfig::ouro_1_4b()
-            };
+            let cfg = if tiny { tiny_ouro_config(512) } else { OuroConfig::ouro_1_4b() };
             ModelRecipe {
-                name: if tiny {
-                    "tiny-ouro (random)"
-                } else {
-                    "Ouro-1.4B shapes, random bf16 weights"
-                },
+                name: if tiny { "tiny-ouro (random)" } else { "Ouro-1.4B shapes, random bf16 weights" },
                 manifest: ouro_tensor_manifest(&cfg),
                 load: Box::new(move |w| Ok(BenchModel::Ouro(Ouro::load(&cfg, w)?))),
             }
         }
         ("huginn", _) => {
-            let cfg = if tiny {
-                tiny_huginn_config(512)
-            } else {
-                HuginnConfig::huginn_0125()
-            };
+            let cfg = if tiny { tiny_huginn_config(512) } else { HuginnConfig::huginn_0125() };
             ModelRecipe {
-                name: if tiny {
-                    "tiny-huginn (random)"
-                } else {
-                    "Huginn-0125 (3.5B) shapes, r_max 16, random bf16 weights"
-                },
+                name: if tiny { "tiny-huginn (random)" } else { "Huginn-0125 (3.5B) shapes, r_max 16, random bf16 weights" },
                 manifest: huginn_tensor_manifest(&cfg),
                 load: Box::new(move |w| Ok(BenchModel::Huginn(Huginn::load(&cfg, w)?))),
             }
@@ -208,11 +187,7 @@ fn recipe(model: &str, tiny: bool) -> Result<ModelRecipe, Box<dyn std::error::Er
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
-    let (device, dtype) = if args.tiny {
-        (Device::Cpu, DType::F32)
-    } else {
-        (Device::new_cuda(0)?, DType::BF16)
-    };
+    let (device, dtype) = if args.tiny { (Device::Cpu, DType::F32) } else { (Device::new_cuda(0)?, DType::BF16) };
     let recipe = recipe(&args.model, args.tiny)?;
     let gpu = gpu_name();
     println!("device: {gpu}; model: {}", recipe.name);
@@ -226,25 +201,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let master = random_tensors(&recipe.manifest, 7, DType::F32, &device)?;
     let model = (recipe.load)(&Weights::from_map(master, dtype, &device))?;
     device.synchronize()?;
-    println!(
-        "random weights generated on the device in {:.1}s",
-        t.elapsed().as_secs_f64()
-    );
+    println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
     let spec = model.spec().clone();
-    let weight_bytes_per_step = (spec.max_steps as u64 * spec.step_params + spec.boundary_params)
-        * dtype.size_in_bytes() as u64;
+    let weight_bytes_per_step = (spec.max_steps as u64 * spec.step_params + spec.boundary_params) * dtype.size_in_bytes() as u64;
     let bandwidth = copy_bandwidth(&device)?;
-    println!(
-        "copy bandwidth {:.0} GB/s; weights read per decode step {:.2} GB",
-        bandwidth / 1e9,
-        weight_bytes_per_step as f64 / 1e9
-    );
+    println!("copy bandwidth {:.0} GB/s; weights read per decode step {:.2} GB", bandwidth / 1e9, weight_bytes_per_step as f64 / 1e9);
 
-    let results = if args.suite == "cdb" {
-        cdb_suite(&args, &model)?
-    } else {
-        cb_suite(&args, &model, bandwidth, weight_bytes_per_step)?
-    };
+    let results = if args.suite == "cdb" { cdb_suite(&args, &model)? } else { cb_suite(&args, &model, bandwidth, weight_bytes_per_step)? };
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "gpu": gpu, "commit": args.commit,
@@ -262,18 +225,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn cb_suite(
-    args: &Args,
-    model: &BenchModel,
-    bandwidth: f64,
-    weight_bytes_per_step: u64,
-) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+fn cb_suite(args: &Args, model: &BenchModel, bandwidth: f64, weight_bytes_per_step: u64) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
     let spec = model.spec().clone();
     let mut results = Vec::new();
-    println!(
-        "{:>6} {:>12} {:>12} {:>10} {:>12} {:>10}",
-        "width", "tok/s", "floor tok/s", "of floor", "step ms", "prefill s"
-    );
+    println!("{:>6} {:>12} {:>12} {:>10} {:>12} {:>10}", "width", "tok/s", "floor tok/s", "of floor", "step ms", "prefill s");
     for &w in &args.widths {
         let slots = args.layout.build().num_slots(spec.max_steps);
         let per_req = args.prompt_len + args.new_tokens + 16;
@@ -286,18 +241,10 @@ fn cb_suite(
                 .build()
         };
         let mut engine = engine_for(model)?;
-        let run = |engine: &mut ponder::Engine,
-                   new_tokens: usize,
-                   seed: u64|
-         -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
+        let run = |engine: &mut ponder::Engine, new_tokens: usize, seed: u64| -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
             let before = engine.metrics().clone();
-            let params = GenerationParams {
-                ignore_eos: true,
-                ..GenerationParams::greedy(new_tokens)
-            };
-            let prompts: Vec<Vec<u32>> = (0..w)
-                .map(|i| random_ids(args.prompt_len, spec.vocab_size, seed * 1000 + i as u64))
-                .collect();
+            let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(new_tokens) };
+            let prompts: Vec<Vec<u32>> = (0..w).map(|i| random_ids(args.prompt_len, spec.vocab_size, seed * 1000 + i as u64)).collect();
             for o in engine.generate(prompts, &params)? {
                 assert_eq!(o?.token_ids.len(), new_tokens);
             }
@@ -314,11 +261,7 @@ fn cb_suite(
         samples.sort_by(|a, b| a.0.total_cmp(&b.0));
         let (tps, step_s, prefill_s) = samples[samples.len() / 2];
         let floor = w as f64 * bandwidth / weight_bytes_per_step as f64;
-        println!(
-            "{w:>6} {tps:>12.0} {floor:>12.0} {:>9.1}% {:>12.2} {prefill_s:>10.2}",
-            100.0 * tps / floor,
-            step_s * 1e3
-        );
+        println!("{w:>6} {tps:>12.0} {floor:>12.0} {:>9.1}% {:>12.2} {prefill_s:>10.2}", 100.0 * tps / floor, step_s * 1e3);
         results.push(serde_json::json!({
             "mode": "cb", "layout": format!("{:?}", args.layout), "width": w,
             "tokens_per_s": tps, "floor_tokens_per_s": floor, "decode_step_ms": step_s * 1e3,
@@ -333,11 +276,7 @@ fn cb_suite(
 fn delta(a: &ponder::EngineMetrics, b: &ponder::EngineMetrics, stage: &str) -> (f64, u64, u64) {
     let get = |m: &ponder::EngineMetrics| m.stages.get(stage).cloned().unwrap_or_default();
     let (x, y) = (get(a), get(b));
-    (
-        (y.time - x.time).as_secs_f64(),
-        y.rows - x.rows,
-        y.launches - x.launches,
-    )
+    ((y.time - x.time).as_secs_f64(), y.rows - x.rows, y.launches - x.launches)
 }
 
 fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -375,31 +314,17 @@ fn gpu_name() -> String {
         .args(["--query-gpu=name", "--format=csv,noheader"])
         .output()
         .ok()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string()
-        })
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_string())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "cpu".into())
 }
 
 /// Next-token logits of the device model (in `dtype`) vs the f32 CPU reference on the same
 /// weights: a prefill of 4 ragged prompts, then one decode step.
-fn parity(
-    recipe: &ModelRecipe,
-    device: &Device,
-    dtype: DType,
-) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+fn parity(recipe: &ModelRecipe, device: &Device, dtype: DType) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let t = Instant::now();
     let master = random_tensors(&recipe.manifest, 11, DType::F32, device)?;
-    let cpu: std::collections::HashMap<_, _> = master
-        .iter()
-        .map(|(k, v)| Ok((k.clone(), v.to_device(&Device::Cpu)?)))
-        .collect::<candle_core::Result<_>>()?;
+    let cpu: std::collections::HashMap<_, _> = master.iter().map(|(k, v)| Ok((k.clone(), v.to_device(&Device::Cpu)?))).collect::<candle_core::Result<_>>()?;
     let dev_model = (recipe.load)(&Weights::from_map(master, dtype, device))?;
     let cpu_model = (recipe.load)(&Weights::from_map(cpu, DType::F32, &Device::Cpu))?;
     let steps = cpu_model.spec().max_steps;
@@ -411,65 +336,33 @@ fn parity(
     let dev_runner = LoopedRunner::new(dev_model.boxed(), num_blocks, block, 0)?;
     let cpu_runner = LoopedRunner::new(cpu_model.boxed(), num_blocks, block, 0)?;
     let step_slots: Vec<usize> = (0..steps).collect();
-    let prompts: Vec<Vec<u32>> = lens
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| random_ids(n, cpu_model.spec().vocab_size, 50 + i as u64))
-        .collect();
+    let prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| random_ids(n, cpu_model.spec().vocab_size, 50 + i as u64)).collect();
     let rows = |toks: &[Vec<u32>], start: &[usize], kv: &mut KvManager| -> Vec<LaunchRow> {
         toks.iter()
             .zip(start)
             .enumerate()
             .map(|(i, (t, &s))| {
                 assert!(kv.reserve(RequestId(i as u64), s + t.len()));
-                LaunchRow::full_depth(
-                    RequestId(i as u64),
-                    t.clone(),
-                    s,
-                    kv.tables(RequestId(i as u64)).unwrap().to_vec(),
-                )
+                LaunchRow::full_depth(RequestId(i as u64), t.clone(), s, kv.tables(RequestId(i as u64)).unwrap().to_vec())
             })
             .collect()
     };
-    let prefill = Launch {
-        stage: Stage::Prefill,
-        step_slots: step_slots.clone(),
-        rows: rows(&prompts, &[0; 4], &mut kv),
-        kv_copies: vec![],
-        reenter: false,
-    };
+    let prefill = Launch { stage: Stage::Prefill, step_slots: step_slots.clone(), rows: rows(&prompts, &[0; 4], &mut kv), kv_copies: vec![], reenter: false };
     let mut report = Vec::new();
     let mut next: Vec<Vec<u32>> = Vec::new();
     for (name, launch) in [("prefill", prefill)] {
         let (a, b) = (dev_runner.forward(&launch)?, cpu_runner.forward(&launch)?);
         report.push(compare(name, &a, &b)?);
-        next = b
-            .logits
-            .unwrap()
-            .argmax(1)?
-            .to_vec1::<u32>()?
-            .into_iter()
-            .map(|t| vec![t])
-            .collect();
+        next = b.logits.unwrap().argmax(1)?.to_vec1::<u32>()?.into_iter().map(|t| vec![t]).collect();
     }
-    let decode = Launch {
-        stage: Stage::FullDepthDecode,
-        step_slots,
-        rows: rows(&next, &lens, &mut kv),
-        kv_copies: vec![],
-        reenter: false,
-    };
+    let decode = Launch { stage: Stage::FullDepthDecode, step_slots, rows: rows(&next, &lens, &mut kv), kv_copies: vec![], reenter: false };
     let (a, b) = (dev_runner.forward(&decode)?, cpu_runner.forward(&decode)?);
     report.push(compare("decode", &a, &b)?);
     println!("parity done in {:.1}s", t.elapsed().as_secs_f64());
     Ok(serde_json::Value::Array(report))
 }
 
-fn compare(
-    name: &str,
-    dev: &ponder::engine::Forward,
-    cpu: &ponder::engine::Forward,
-) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+fn compare(name: &str, dev: &ponder::engine::Forward, cpu: &ponder::engine::Forward) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let rel = |a: &Tensor, b: &Tensor| -> candle_core::Result<f64> {
         let a = a.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
         let b = b.to_dtype(DType::F64)?;
@@ -486,9 +379,7 @@ fn compare(
     let am_b = lb.argmax(1)?.to_vec1::<u32>()?;
     let agree = am_a.iter().zip(&am_b).filter(|(x, y)| x == y).count();
     println!("parity {name}: logits rel err {logits_rel:.2e}, gate-logit rel err {gate_rel:.2e}, argmax agree {agree}/{}", am_b.len());
-    Ok(
-        serde_json::json!({ "stage": name, "logits_rel_err": logits_rel, "gate_logits_rel_err": gate_rel, "argmax_agree": agree, "rows": am_b.len() }),
-    )
+    Ok(serde_json::json!({ "stage": name, "logits_rel_err": logits_rel, "gate_logits_rel_err": gate_rel, "argmax_agree": agree, "rows": am_b.len() }))
 }
 
 /// A request of the cdb workload.
@@ -514,10 +405,7 @@ fn workload(n: usize, vocab: usize, max_context: usize, seed: u64) -> Vec<Job> {
         .map(|i| {
             let p = lognormal(128.0, 0.9, 8, 512.min(max_context / 2), &mut x);
             let o = lognormal(160.0, 0.7, 8, 256.min(max_context / 2), &mut x);
-            Job {
-                prompt: random_ids(p, vocab, seed ^ (i as u64 + 1) * 7919),
-                new_tokens: o,
-            }
+            Job { prompt: random_ids(p, vocab, seed ^ (i as u64 + 1) * 7919), new_tokens: o }
         })
         .collect()
 }
@@ -535,17 +423,10 @@ struct RunStats {
 }
 
 /// Runs `jobs` offline (all queued at once) and measures the steady-state window.
-fn offline(
-    engine: &mut ponder::Engine,
-    jobs: &[Job],
-    width: usize,
-) -> Result<RunStats, Box<dyn std::error::Error>> {
+fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize) -> Result<RunStats, Box<dyn std::error::Error>> {
     let before = engine.metrics().clone();
     for j in jobs {
-        let params = GenerationParams {
-            ignore_eos: true,
-            ..GenerationParams::greedy(j.new_tokens)
-        };
+        let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(j.new_tokens) };
         engine.add_request(j.prompt.clone(), params)?;
     }
     let start = Instant::now();
@@ -582,10 +463,7 @@ fn offline(
     let mut all_timed = !m.stages.is_empty();
     for (name, s) in &m.stages {
         let b = before.stages.get(name).cloned().unwrap_or_default();
-        let (t, w) = (
-            (s.time - b.time).as_secs_f64(),
-            (s.wait - b.wait).as_secs_f64(),
-        );
+        let (t, w) = ((s.time - b.time).as_secs_f64(), (s.wait - b.wait).as_secs_f64());
         time += t;
         wait += w;
         let device = (s.device_time - b.device_time).as_secs_f64();
@@ -599,22 +477,9 @@ fn offline(
                                 "device_s": timed.then_some(device), "device_forward_s": timed.then_some(forward) }),
         );
     }
-    let hist: Vec<u64> = m
-        .depth_histogram
-        .iter()
-        .zip(before.depth_histogram.iter().chain(std::iter::repeat(&0)))
-        .map(|(a, b)| a - b)
-        .collect();
+    let hist: Vec<u64> = m.depth_histogram.iter().zip(before.depth_histogram.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect();
     let n: u64 = hist.iter().sum();
-    let mean_depth = if n == 0 {
-        0.0
-    } else {
-        hist.iter()
-            .enumerate()
-            .map(|(i, c)| (i as u64 + 1) * c)
-            .sum::<u64>() as f64
-            / n as f64
-    };
+    let mean_depth = if n == 0 { 0.0 } else { hist.iter().enumerate().map(|(i, c)| (i as u64 + 1) * c).sum::<u64>() as f64 / n as f64 };
     // With device spans the idle share is exact: the device works only inside launch spans.
     let idle = if all_timed {
         1.0 - device_total / total
@@ -623,88 +488,40 @@ fn offline(
     } else {
         0.0
     };
-    Ok(RunStats {
-        window_tokens_per_s: win,
-        whole_tokens_per_s: whole,
-        mean_depth,
-        idle,
-        idle_exact: all_timed,
-        stages: stages.into(),
-    })
+    Ok(RunStats { window_tokens_per_s: win, whole_tokens_per_s: whole, mean_depth, idle, idle_exact: all_timed, stages: stages.into() })
 }
 
-fn cdb_suite(
-    args: &Args,
-    model: &BenchModel,
-) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
     use ponder::gate::{DepthTrace, Replay};
     use ponder::SchedulerKind;
     let spec = model.spec().clone();
     let slots = args.layout.build().num_slots(spec.max_steps);
-    let bytes_per_pos = ponder::kv::KvStore::bytes_per_block(
-        spec.num_kv_layers,
-        1,
-        spec.num_kv_heads,
-        spec.head_dim,
-        spec.dtype,
-    ) * slots;
+    let bytes_per_pos = ponder::kv::KvStore::bytes_per_block(spec.num_kv_layers, 1, spec.num_kv_heads, spec.head_dim, spec.dtype) * slots;
     let mut results = Vec::new();
-    println!(
-        "{:>5} {:>6} {:>20} {:>10} {:>8} {:>7} {:>7} {:>8} {:>7}",
-        "width", "d̄", "mode", "tok/s", "vs CB", "bound", "of bnd", "idle", "d̄ real"
-    );
+    println!("{:>5} {:>6} {:>20} {:>10} {:>8} {:>7} {:>7} {:>8} {:>7}", "width", "d̄", "mode", "tok/s", "vs CB", "bound", "of bnd", "idle", "d̄ real");
     for &w in &args.widths {
-        let jobs = workload(
-            args.requests_per_width * w,
-            spec.vocab_size,
-            spec.max_context,
-            42 + w as u64,
-        );
-        let max_need = jobs
-            .iter()
-            .map(|j| j.prompt.len() + j.new_tokens)
-            .max()
-            .unwrap_or(1)
-            + 16;
+        let jobs = workload(args.requests_per_width * w, spec.vocab_size, spec.max_context, 42 + w as u64);
+        let max_need = jobs.iter().map(|j| j.prompt.len() + j.new_tokens).max().unwrap_or(1) + 16;
         let kv_tokens = ((args.kv_gb * 1e9) as usize / bytes_per_pos).min(w * max_need) * slots;
-        let build =
-            |sched: SchedulerKind, mean: f64, min_coda: usize| -> ponder::Result<ponder::Engine> {
-                let b = EngineBuilder::from_model(model.boxed(), None, vec![])
-                    .kv_layout(args.layout)
-                    .scheduler(sched)
-                    .max_num_seqs(w)
-                    .max_num_batched_tokens(8192)
-                    .kv_capacity_tokens(kv_tokens)
-                    .min_coda_batch_size(min_coda)
-                    .time_device(args.time_device);
-                match sched {
-                    SchedulerKind::Continuous => b.build(),
-                    _ => b
-                        .exit_gate(Replay::new(
-                            DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?,
-                            args.min_depth,
-                            spec.max_steps,
-                        )?)
-                        .build(),
-                }
-            };
-        let warm = workload(w.min(32), spec.vocab_size, spec.max_context, 1)
-            .into_iter()
-            .map(|j| Job { new_tokens: 8, ..j })
-            .collect::<Vec<_>>();
+        let build = |sched: SchedulerKind, mean: f64, min_coda: usize| -> ponder::Result<ponder::Engine> {
+            let b = EngineBuilder::from_model(model.boxed(), None, vec![])
+                .kv_layout(args.layout)
+                .scheduler(sched)
+                .max_num_seqs(w)
+                .max_num_batched_tokens(8192)
+                .kv_capacity_tokens(kv_tokens)
+                .min_coda_batch_size(min_coda)
+                .time_device(args.time_device);
+            match sched {
+                SchedulerKind::Continuous => b.build(),
+                _ => b.exit_gate(Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?).build(),
+            }
+        };
+        let warm = workload(w.min(32), spec.vocab_size, spec.max_context, 1).into_iter().map(|j| Job { new_tokens: 8, ..j }).collect::<Vec<_>>();
         let mut cb_tps = None;
         // Min coda batch sizes to compare: numbers, or "quarter" for W/4.
-        let min_codas: Vec<usize> = args
-            .min_coda
-            .iter()
-            .map(|m| {
-                if m == "quarter" {
-                    Ok((w / 4).max(1))
-                } else {
-                    m.parse::<usize>()
-                }
-            })
-            .collect::<Result<_, _>>()?;
+        let min_codas: Vec<usize> =
+            args.min_coda.iter().map(|m| if m == "quarter" { Ok((w / 4).max(1)) } else { m.parse::<usize>() }).collect::<Result<_, _>>()?;
         let mut seen = std::collections::HashSet::new();
         let min_codas: Vec<usize> = min_codas.into_iter().filter(|m| seen.insert(*m)).collect();
         for (di, &mean) in args.mean_depths.iter().enumerate() {
@@ -713,19 +530,12 @@ fn cdb_suite(
                 let variants: Vec<(usize, bool)> = if sched == SchedulerKind::Continuous {
                     vec![(min_codas[0], false)]
                 } else {
-                    min_codas
-                        .iter()
-                        .flat_map(|&m| args.overlap.iter().map(move |&o| (m, o)))
-                        .collect()
+                    min_codas.iter().flat_map(|&m| args.overlap.iter().map(move |&o| (m, o))).collect()
                 };
                 for (min_coda, overlap) in variants {
                     if sched == SchedulerKind::Continuous && di > 0 {
                         // CB runs full depth whatever the exit distribution: measured once per width.
-                        let prev = results
-                            .iter()
-                            .rev()
-                            .find(|r: &&serde_json::Value| r["mode"] == "cb" && r["width"] == w)
-                            .cloned();
+                        let prev = results.iter().rev().find(|r: &&serde_json::Value| r["mode"] == "cb" && r["width"] == w).cloned();
                         if let Some(mut r) = prev {
                             r["mean_depth"] = mean.into();
                             r["target_mean_depth"] = mean.into();
@@ -739,22 +549,12 @@ fn cdb_suite(
                     offline(&mut engine, &warm, w)?;
                     // Repeats on the same engine (graphs captured by then); the median run by
                     // window tokens/s is reported, every run's figure is kept.
-                    let n = if args.repeats_set {
-                        args.repeats.max(1)
-                    } else {
-                        1
-                    };
-                    let mut runs = (0..n)
-                        .map(|_| offline(&mut engine, &jobs, w))
-                        .collect::<Result<Vec<_>, _>>()?;
+                    let n = if args.repeats_set { args.repeats.max(1) } else { 1 };
+                    let mut runs = (0..n).map(|_| offline(&mut engine, &jobs, w)).collect::<Result<Vec<_>, _>>()?;
                     runs.sort_by(|a, b| a.window_tokens_per_s.total_cmp(&b.window_tokens_per_s));
                     let all_tps: Vec<f64> = runs.iter().map(|r| r.window_tokens_per_s).collect();
                     let st = runs.swap_remove(n / 2);
-                    let realised = if sched == SchedulerKind::Continuous {
-                        spec.max_steps as f64
-                    } else {
-                        st.mean_depth
-                    };
+                    let realised = if sched == SchedulerKind::Continuous { spec.max_steps as f64 } else { st.mean_depth };
                     let bound = spec.flop_bound(realised);
                     if sched == SchedulerKind::Continuous {
                         cb_tps = Some(st.window_tokens_per_s);
@@ -783,12 +583,7 @@ fn cdb_suite(
                             .flatten()
                             .filter_map(|(k, v)| {
                                 let f = v["device_forward_s"].as_f64().unwrap_or(0.0);
-                                v["device_s"].as_f64().map(|d| {
-                                    format!(
-                                        "{k} {d:.2} s (forward {f:.2}) / {} launches",
-                                        v["launches"]
-                                    )
-                                })
+                                v["device_s"].as_f64().map(|d| format!("{k} {d:.2} s (forward {f:.2}) / {} launches", v["launches"]))
                             })
                             .collect();
                         if !parts.is_empty() {

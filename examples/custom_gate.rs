@@ -26,13 +26,7 @@ impl ExitGate for HazardThreshold {
     fn max_steps(&self) -> usize {
         self.max_steps
     }
-    fn decide(
-        &self,
-        _item: ItemRef,
-        step: usize,
-        signals: StepSignals,
-        _state: &mut GateState,
-    ) -> bool {
+    fn decide(&self, _item: ItemRef, step: usize, signals: StepSignals, _state: &mut GateState) -> bool {
         let hazard = signals.logit.map_or(0.0, |z| 1.0 / (1.0 + (-z).exp()));
         let done = step + 1;
         done >= self.max_steps || (hazard >= self.threshold && done >= self.min_steps)
@@ -41,36 +35,19 @@ impl ExitGate for HazardThreshold {
 
 #[allow(dead_code)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let threshold = std::env::args()
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(0.5);
-    let gate = HazardThreshold {
-        threshold,
-        min_steps: 1,
-        max_steps: 4,
-    };
+    let threshold = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(0.5);
+    let gate = HazardThreshold { threshold, min_steps: 1, max_steps: 4 };
     let mut engine = EngineBuilder::new(concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro"))
         .scheduler(SchedulerKind::Depth { refill: true })
         .kv_layout(KvLayoutKind::Shared)
         .exit_gate(gate)
         .max_num_seqs(4)
         .build()?;
-    let prompts = [
-        "Ownership",
-        "Traits and generics",
-        "Error handling with Result",
-        "Closures",
-    ];
+    let prompts = ["Ownership", "Traits and generics", "Error handling with Result", "Closures"];
     for out in engine.generate(prompts, &GenerationParams::greedy(24))? {
         println!("{}", out?.text.trim());
     }
     let m = engine.metrics();
-    println!(
-        "hazard threshold {threshold}: mean depth {:.2}, depth histogram {:?}",
-        m.mean_depth(),
-        m.depth_histogram
-    );
+    println!("hazard threshold {threshold}: mean depth {:.2}, depth histogram {:?}", m.mean_depth(), m.depth_histogram);
     Ok(())
 }

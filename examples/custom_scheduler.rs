@@ -5,9 +5,7 @@
 //!     cargo run --release --example custom_scheduler
 
 use ponder::kv::KvManager;
-use ponder::scheduler::{
-    Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage,
-};
+use ponder::scheduler::{Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
 use ponder::{EngineBuilder, GenerationParams, RequestId};
 
 #[derive(Debug)]
@@ -30,35 +28,16 @@ pub struct ShortestPromptFirst {
 
 impl ShortestPromptFirst {
     pub fn new(limits: SchedulerLimits, kv: KvManager, steps: usize) -> Self {
-        Self {
-            limits,
-            kv,
-            steps,
-            waiting: Vec::new(),
-            running: Vec::new(),
-        }
+        Self { limits, kv, steps, waiting: Vec::new(), running: Vec::new() }
     }
 
     fn launch(&self, stage: Stage, rows: Vec<LaunchRow>) -> Launch {
-        let step_slots = (0..self.steps)
-            .map(|s| self.kv.layout().slot_for_step(s))
-            .collect();
-        Launch {
-            stage,
-            step_slots,
-            rows,
-            kv_copies: vec![],
-            reenter: false,
-        }
+        let step_slots = (0..self.steps).map(|s| self.kv.layout().slot_for_step(s)).collect();
+        Launch { stage, step_slots, rows, kv_copies: vec![], reenter: false }
     }
 
     fn row(&self, s: &Seq) -> LaunchRow {
-        LaunchRow::full_depth(
-            s.id,
-            s.tokens[s.computed..].to_vec(),
-            s.computed,
-            self.kv.tables(s.id).unwrap().to_vec(),
-        )
+        LaunchRow::full_depth(s.id, s.tokens[s.computed..].to_vec(), s.computed, self.kv.tables(s.id).unwrap().to_vec())
     }
 }
 
@@ -67,12 +46,7 @@ impl Scheduler for ShortestPromptFirst {
         "shortest-prompt-first"
     }
     fn add(&mut self, r: SchedRequest) {
-        self.waiting.push(Seq {
-            id: r.id,
-            tokens: r.prompt,
-            computed: 0,
-            max_new: r.max_new_tokens,
-        });
+        self.waiting.push(Seq { id: r.id, tokens: r.prompt, computed: 0, max_new: r.max_new_tokens });
     }
     fn schedule(&mut self) -> Option<Launch> {
         // Admit shortest prompts first while seats, token budget and worst-case KV allow.
@@ -126,27 +100,12 @@ impl Scheduler for ShortestPromptFirst {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut engine = EngineBuilder::new(concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro"))
         .max_num_seqs(2)
-        .custom_scheduler(|ctx| {
-            Box::new(ShortestPromptFirst::new(
-                ctx.limits,
-                ctx.kv,
-                ctx.spec.max_steps,
-            ))
-        })
+        .custom_scheduler(|ctx| Box::new(ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.spec.max_steps)))
         .build()?;
-    let prompts = [
-        "A much longer prompt about ownership, borrowing and lifetimes",
-        "Traits",
-        "Closures capture",
-    ];
+    let prompts = ["A much longer prompt about ownership, borrowing and lifetimes", "Traits", "Closures capture"];
     for out in engine.generate(prompts, &GenerationParams::greedy(12))? {
         let out = out?;
-        println!(
-            "{} (request {}): {}",
-            engine.scheduler().name(),
-            out.id,
-            out.text.trim()
-        );
+        println!("{} (request {}): {}", engine.scheduler().name(), out.id, out.text.trim());
     }
     Ok(())
 }

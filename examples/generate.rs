@@ -32,9 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--top-p" => sampling.top_p = Some(val()?.parse()?),
             "--seed" => sampling.seed = Some(val()?.parse()?),
             "--layout" => layout = Some(val()?.parse()?),
-            "--sdar" => {
-                model = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-sdar").to_string()
-            }
+            "--sdar" => model = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-sdar").to_string(),
             "--threshold" => threshold = Some(val()?.parse()?),
             "--block-length" => block_length = Some(val()?.parse()?),
             "--delayed-cache" => delayed = true,
@@ -51,15 +49,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prompts.push("The borrow checker".into());
     }
     params.sampling = sampling;
-    let device = if cuda {
-        Device::new_cuda(0)?
-    } else {
-        Device::Cpu
-    };
-    let mut builder = EngineBuilder::new(&model)
-        .device(device)
-        .dtype(if bf16 { DType::BF16 } else { DType::F32 })
-        .max_num_seqs(prompts.len().max(1));
+    let device = if cuda { Device::new_cuda(0)? } else { Device::Cpu };
+    let mut builder = EngineBuilder::new(&model).device(device).dtype(if bf16 { DType::BF16 } else { DType::F32 }).max_num_seqs(prompts.len().max(1));
     if let Some(l) = layout {
         builder = builder.kv_layout(l);
     }
@@ -94,12 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.spawn(move || match stream {
                 Ok(stream) => {
                     let out = stream.collect_output();
-                    println!(
-                        "--- {p}{}\n[finished: {:?}, {} tokens]",
-                        out.text,
-                        out.finish_reason,
-                        out.token_ids.len()
-                    );
+                    println!("--- {p}{}\n[finished: {:?}, {} tokens]", out.text, out.finish_reason, out.token_ids.len());
                 }
                 Err(e) => eprintln!("--- {p}: {e}"),
             });

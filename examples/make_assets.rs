@@ -11,28 +11,16 @@
 
 use ponder::models::config::EosIds;
 use ponder::models::OuroConfig;
-use ponder::testing::{
-    rust_book_chapters, rust_book_dir, train_byte_level_bpe, write_random_ouro_as,
-};
+use ponder::testing::{rust_book_chapters, rust_book_dir, train_byte_level_bpe, write_random_ouro_as};
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let book = args
-        .next()
-        .map(PathBuf::from)
-        .map_or_else(rust_book_dir, Ok)?;
-    let out = args
-        .next()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target/tiny-ouro-random"));
+    let book = args.next().map(PathBuf::from).map_or_else(rust_book_dir, Ok)?;
+    let out = args.next().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target/tiny-ouro-random"));
     let corpus = rust_book_chapters(&book)?;
     let words: usize = corpus.iter().map(|t| t.split_whitespace().count()).sum();
-    eprintln!(
-        "corpus: {} chapters, {words} words from {}",
-        corpus.len(),
-        book.display()
-    );
+    eprintln!("corpus: {} chapters, {words} words from {}", corpus.len(), book.display());
 
     let tokenizer = train_byte_level_bpe(&corpus, 4096, &["<|endoftext|>"])?;
     let cfg = OuroConfig {
@@ -53,9 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model_type: "ouro".into(),
     };
     write_random_ouro_as(&out, &cfg, 2026, candle_core::DType::BF16)?;
-    tokenizer
-        .save(out.join("tokenizer.json"), false)
-        .map_err(|e| e.to_string())?;
+    tokenizer.save(out.join("tokenizer.json"), false).map_err(|e| e.to_string())?;
     eprintln!("wrote {} (vocab {})", out.display(), cfg.vocab_size);
     Ok(())
 }

@@ -54,8 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = env!("CARGO_MANIFEST_DIR");
     let mut model = format!("{root}/assets/tiny-ouro");
     let mut heldout = format!("{root}/corpus/heldout.txt");
-    let (mut sequences, mut width, mut write, mut json) =
-        (32usize, 8usize, None::<String>, None::<String>);
+    let (mut sequences, mut width, mut write, mut json) = (32usize, 8usize, None::<String>, None::<String>);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -72,19 +71,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let probe = EngineBuilder::new(&model).build()?;
     let ids = probe.encode(&held)?;
-    let steps = probe
-        .spec()
-        .ok_or("the quality report needs a looped model")?
-        .max_steps;
+    let steps = probe.spec().ok_or("the quality report needs a looped model")?.max_steps;
     drop(probe);
     let all: Vec<&[u32]> = ids.chunks_exact(PROMPT + SCORED).collect();
     if all.is_empty() || sequences == 0 {
-        return Err(format!(
-            "{heldout}: {} tokens, not enough for one {}-token window",
-            ids.len(),
-            PROMPT + SCORED
-        )
-        .into());
+        return Err(format!("{heldout}: {} tokens, not enough for one {}-token window", ids.len(), PROMPT + SCORED).into());
     }
     let n = sequences.min(all.len());
     // Evenly spaced over the file: window i * total / n.
@@ -100,49 +91,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let plain: MakeGate = Box::new(move |q| Ok(Box::new(QExit::new(q, 1, steps)?)));
     let min2: MakeGate = Box::new(move |q| Ok(Box::new(QExit::new(q, 2, steps)?)));
-    let lookahead: MakeGate =
-        Box::new(move |q| Ok(Box::new(Lookahead::new(QExit::new(q, 1, steps)?)?)));
+    let lookahead: MakeGate = Box::new(move |q| Ok(Box::new(Lookahead::new(QExit::new(q, 1, steps)?)?)));
     let fixed: MakeGate = Box::new(move |d| Ok(Box::new(FixedDepth::new(d as usize)?)));
     let depths: Vec<f32> = (1..=steps).map(|d| d as f32).collect();
     // (gate name, layout, gate factory, parameter values, parameter is a fixed depth)
     let configs: Vec<(&str, KvLayoutKind, &MakeGate, &[f32], bool)> = vec![
-        (
-            "full depth",
-            KvLayoutKind::DepthIndexed,
-            &fixed,
-            &depths[steps - 1..],
-            true,
-        ),
-        (
-            "fixed depth",
-            KvLayoutKind::LastExited,
-            &fixed,
-            &depths,
-            true,
-        ),
+        ("full depth", KvLayoutKind::DepthIndexed, &fixed, &depths[steps - 1..], true),
+        ("fixed depth", KvLayoutKind::LastExited, &fixed, &depths, true),
         ("q-exit", KvLayoutKind::LastExited, &plain, &QS, false),
         ("q-exit", KvLayoutKind::Shared, &plain, &QS, false),
-        (
-            "q-exit (min 2 steps)",
-            KvLayoutKind::FirstThenShared,
-            &min2,
-            &QS,
-            false,
-        ),
-        (
-            "lookahead(q-exit)",
-            KvLayoutKind::Shared,
-            &lookahead,
-            &QS,
-            false,
-        ),
-        (
-            "lookahead(q-exit)",
-            KvLayoutKind::LastExited,
-            &lookahead,
-            &QS,
-            false,
-        ),
+        ("q-exit (min 2 steps)", KvLayoutKind::FirstThenShared, &min2, &QS, false),
+        ("lookahead(q-exit)", KvLayoutKind::Shared, &lookahead, &QS, false),
+        ("lookahead(q-exit)", KvLayoutKind::LastExited, &lookahead, &QS, false),
     ];
     let mut rows = Vec::new();
     for (gate_name, layout, make, params, is_depth) in configs {
@@ -158,20 +118,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .kv_capacity_tokens(width * (PROMPT + SCORED + 16) * steps)
                 .build()?;
             for w in &windows {
-                let params = GenerationParams {
-                    forced_tokens: w[PROMPT..].to_vec(),
-                    ignore_eos: true,
-                    ..GenerationParams::greedy(SCORED)
-                };
+                let params = GenerationParams { forced_tokens: w[PROMPT..].to_vec(), ignore_eos: true, ..GenerationParams::greedy(SCORED) };
                 engine.add_request(w[..PROMPT].to_vec(), params)?;
             }
             let (mut nll, mut count) = (0.0f64, 0usize);
             while engine.has_work() {
                 for ev in engine.step()? {
-                    if let ponder::Event::Token {
-                        logprob: Some(lp), ..
-                    } = ev
-                    {
+                    if let ponder::Event::Token { logprob: Some(lp), .. } = ev {
                         nll -= lp as f64;
                         count += 1;
                     }
@@ -179,29 +132,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let ppl = (nll / count as f64).exp();
             let depth = engine.metrics().mean_depth();
-            let (q, fixed_depth) = if is_depth {
-                (None, Some(p as usize))
-            } else {
-                (Some(p), None)
-            };
+            let (q, fixed_depth) = if is_depth { (None, Some(p as usize)) } else { (Some(p), None) };
             let label = match fixed_depth {
                 Some(d) => format!("d={d}"),
                 None => format!("q={p}"),
             };
             let seconds = t0.elapsed().as_secs_f64();
-            println!(
-                "{gate_name:>22} {:>18} {label:<6} perplexity {ppl:>9.2}  mean depth {depth:.2}  ({seconds:.1} s)",
-                layout_name(layout)
-            );
-            rows.push(Row {
-                gate: gate_name.to_string(),
-                layout,
-                q,
-                fixed_depth,
-                ppl,
-                depth,
-                seconds,
-            });
+            println!("{gate_name:>22} {:>18} {label:<6} perplexity {ppl:>9.2}  mean depth {depth:.2}  ({seconds:.1} s)", layout_name(layout));
+            rows.push(Row { gate: gate_name.to_string(), layout, q, fixed_depth, ppl, depth, seconds });
         }
     }
     let total = started.elapsed().as_secs_f64();
@@ -229,11 +167,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("wrote {path}");
     }
     if let Some(path) = write {
-        let width_arg = if width == 8 {
-            String::new()
-        } else {
-            format!(" --width {width}")
-        };
+        let width_arg = if width == 8 { String::new() } else { format!(" --width {width}") };
         let mut md = format!(
             "Produced by `cargo run --release --example quality -- --sequences {}{width_arg} --write docs/QUALITY.md \
              --json docs/bench/quality_tiny_ouro.json` (CPU, f32, continuous depth batching with refill, \
@@ -252,21 +186,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             all.len(),
             windows.len() * SCORED
         );
-        md +=
-            "| gate | KV layout | q / depth | perplexity | mean depth |\n|---|---|---|---:|---:|\n";
+        md += "| gate | KV layout | q / depth | perplexity | mean depth |\n|---|---|---|---:|---:|\n";
         for r in &rows {
             let p = match (r.q, r.fixed_depth) {
                 (_, Some(d)) => format!("d = {d}"),
                 (Some(q), None) => format!("q = {q}"),
                 _ => String::new(),
             };
-            md += &format!(
-                "| {} | {} | {p} | {:.2} | {:.2} |\n",
-                r.gate,
-                layout_name(r.layout),
-                r.ppl,
-                r.depth
-            );
+            md += &format!("| {} | {} | {p} | {:.2} | {:.2} |\n", r.gate, layout_name(r.layout), r.ppl, r.depth);
         }
         md += "\n![held-out perplexity vs mean depth](bench/quality_tiny_ouro.svg)\n";
         splice(&path, BEGIN, END, &md)?;

@@ -153,55 +153,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let dev = Device::Cpu;
     let dir = ModelDir::open(&args.model)?;
-    let tok = dir
-        .tokenizer()?
-        .ok_or("the model directory has no tokenizer.json")?;
-    let ids: Vec<u32> = tok
-        .encode(held.as_str(), false)
-        .map_err(|e| e.to_string())?
-        .get_ids()
-        .to_vec();
+    let tok = dir.tokenizer()?.ok_or("the model directory has no tokenizer.json")?;
+    let ids: Vec<u32> = tok.encode(held.as_str(), false).map_err(|e| e.to_string())?.get_ids().to_vec();
     let model = diffusion::load(&dir.config, &dir.weights(DType::F32, &dev)?)?;
     let spec = model.spec().clone();
-    let b = spec
-        .block_length
-        .ok_or("the model's config names no block length")?;
+    let b = spec.block_length.ok_or("the model's config names no block length")?;
     if SEQ % b != 0 || PROMPT % b != 0 {
         return Err(format!("block length {b} must divide {SEQ} and {PROMPT}").into());
     }
     let eos: Vec<u32> = vec![0];
-    println!(
-        "{} held-out tokens; block length {b}, mask token {}",
-        ids.len(),
-        spec.mask_token_id
-    );
+    println!("{} held-out tokens; block length {b}, mask token {}", ids.len(), spec.mask_token_id);
 
     // ---- 1. masked-token prediction -------------------------------------------------------
     let all_windows: Vec<&[u32]> = ids.chunks_exact(SEQ).collect();
-    let n_windows = args
-        .windows
-        .unwrap_or(all_windows.len())
-        .min(all_windows.len());
+    let n_windows = args.windows.unwrap_or(all_windows.len()).min(all_windows.len());
     let t_masked = Instant::now();
     let blocks = SEQ / b;
-    let kv = KvStore::new(
-        spec.num_layers,
-        blocks * (1 + RATIOS.len()),
-        b,
-        spec.num_kv_heads,
-        spec.head_dim,
-        DType::F32,
-        &dev,
-    )?;
+    let kv = KvStore::new(spec.num_layers, blocks * (1 + RATIOS.len()), b, spec.num_kv_heads, spec.head_dim, DType::F32, &dev)?;
     let mut rng = Rng(args.seed);
     let mut stats = [MaskedStats::default(); RATIOS.len()];
     for (wi, w) in all_windows.iter().take(n_windows).enumerate() {
-        let mut host = PagedBatchHost {
-            cu_q_lens: vec![0],
-            ..Default::default()
-        };
-        let (mut toks, mut positions, mut readout, mut truth) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
+        let (mut toks, mut positions, mut readout, mut truth) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let clean_pages: Vec<u32> = (0..blocks as u32).collect();
         toks.extend_from_slice(w);
         positions.extend(0..SEQ as u32);
@@ -232,43 +205,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         host.write_positions = positions.clone();
-        let batch = PagedBatch::new(
-            host,
-            b,
-            AttnMask::BlockCausal(b),
-            spec.num_kv_heads * spec.head_dim,
-            &dev,
-        )?;
+        let batch = PagedBatch::new(host, b, AttnMask::BlockCausal(b), spec.num_kv_heads * spec.head_dim, &dev)?;
         let h = model.embed(&Tensor::new(toks.as_slice(), &dev)?)?;
         let rope = model.rope(&Tensor::new(positions.as_slice(), &dev)?)?;
         let h = model.forward(&h, &rope, &batch, &kv)?;
-        let logits = model
-            .head(&h.index_select(&Tensor::new(readout.as_slice(), &dev)?, 0)?)?
-            .to_vec2::<f32>()?;
+        let logits = model.head(&h.index_select(&Tensor::new(readout.as_slice(), &dev)?, 0)?)?.to_vec2::<f32>()?;
         for (row, &(ri, t)) in logits.iter().zip(&truth) {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = max
-                + row
-                    .iter()
-                    .map(|&x| (x as f64 - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            let argmax = row
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, _)| i as u32);
+            let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+            let argmax = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32);
             let s = &mut stats[ri];
             s.nll += lse - row[t as usize] as f64;
             s.correct += (argmax == Some(t)) as u64;
             s.count += 1;
         }
         if (wi + 1) % 50 == 0 {
-            println!(
-                "  masked-token eval: {} / {n_windows} windows ({:.0} s)",
-                wi + 1,
-                t_masked.elapsed().as_secs_f64()
-            );
+            println!("  masked-token eval: {} / {n_windows} windows ({:.0} s)", wi + 1, t_masked.elapsed().as_secs_f64());
         }
     }
     let masked_seconds = t_masked.elapsed().as_secs_f64();
@@ -285,24 +237,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(kv);
 
     // ---- 2. decoding through the engine ----------------------------------------------------
-    let candidates: Vec<&[u32]> = ids
-        .chunks_exact(PROMPT + NEW)
-        .filter(|w| !w.iter().any(|t| eos.contains(t)))
-        .collect();
+    let candidates: Vec<&[u32]> = ids.chunks_exact(PROMPT + NEW).filter(|w| !w.iter().any(|t| eos.contains(t))).collect();
     let n = args.prompts.min(candidates.len());
     if n == 0 {
         return Err("no held-out window without an end-of-document token".into());
     }
-    let picked: Vec<&[u32]> = (0..n)
-        .map(|i| candidates[i * candidates.len() / n])
-        .collect();
+    let picked: Vec<&[u32]> = (0..n).map(|i| candidates[i * candidates.len() / n]).collect();
     let prompts: Vec<Vec<u32>> = picked.iter().map(|w| w[..PROMPT].to_vec()).collect();
     let truths: Vec<&[u32]> = picked.iter().map(|w| &w[PROMPT..]).collect();
     println!("decoding: {n} prompts of {PROMPT} tokens ({} eos-free windows of {}), {NEW} new tokens each", candidates.len(), PROMPT + NEW);
-    let params = GenerationParams {
-        ignore_eos: true,
-        ..GenerationParams::greedy(NEW)
-    };
+    let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(NEW) };
 
     let mut judge = EngineBuilder::new(&args.judge).max_num_seqs(16).build()?;
     if judge.spec().is_none() {
@@ -311,20 +255,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut judge_ppl = |conts: &[Vec<u32>]| -> Result<f64, Box<dyn std::error::Error>> {
         let (mut nll, mut count) = (0.0f64, 0usize);
         for (p, c) in prompts.iter().zip(conts) {
-            judge.add_request(
-                p.clone(),
-                GenerationParams {
-                    forced_tokens: c.clone(),
-                    ..params.clone()
-                },
-            )?;
+            judge.add_request(p.clone(), GenerationParams { forced_tokens: c.clone(), ..params.clone() })?;
         }
         while judge.has_work() {
             for ev in judge.step()? {
-                if let ponder::Event::Token {
-                    logprob: Some(lp), ..
-                } = ev
-                {
+                if let ponder::Event::Token { logprob: Some(lp), .. } = ev {
                     nll -= lp as f64;
                     count += 1;
                 }
@@ -334,9 +269,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let truth_vecs: Vec<Vec<u32>> = truths.iter().map(|t| t.to_vec()).collect();
     let truth_judge = judge_ppl(&truth_vecs)?;
-    println!(
-        "judge (tiny Ouro, full depth) perplexity of the true continuations: {truth_judge:.2}"
-    );
+    println!("judge (tiny Ouro, full depth) perplexity of the true continuations: {truth_judge:.2}");
 
     let exact = |gen: &[Vec<u32>], range: std::ops::Range<usize>| -> f64 {
         let (mut hit, mut tot) = (0usize, 0usize);
@@ -352,21 +285,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Autoregressive reference: the tiny Ouro's own greedy continuation (full depth).
     let t0 = Instant::now();
     let mut ouro = EngineBuilder::new(&args.judge).max_num_seqs(16).build()?;
-    let ouro_gen: Vec<Vec<u32>> = ouro
-        .generate(prompts.clone(), &params)?
-        .into_iter()
-        .map(|o| o.map(|o| o.token_ids))
-        .collect::<Result<_, _>>()?;
-    let ouro_ref = (
-        exact(&ouro_gen, 0..NEW),
-        exact(&ouro_gen, 0..b),
-        exact(&ouro_gen, b..NEW),
-        t0.elapsed().as_secs_f64(),
-    );
-    println!(
-        "tiny Ouro greedy (AR reference): exact match {:.1} %",
-        100.0 * ouro_ref.0
-    );
+    let ouro_gen: Vec<Vec<u32>> = ouro.generate(prompts.clone(), &params)?.into_iter().map(|o| o.map(|o| o.token_ids)).collect::<Result<_, _>>()?;
+    let ouro_ref = (exact(&ouro_gen, 0..NEW), exact(&ouro_gen, 0..b), exact(&ouro_gen, b..NEW), t0.elapsed().as_secs_f64());
+    println!("tiny Ouro greedy (AR reference): exact match {:.1} %", 100.0 * ouro_ref.0);
     drop(ouro);
 
     // (name, τ, delayed cache, FOCUS)
@@ -384,23 +305,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some(t) => Box::new(Threshold::new(t)?),
             None => Box::new(StaticCount::new(1)?),
         };
-        let mut builder = EngineBuilder::new(&args.model)
-            .block_length(b)
-            .delayed_cache(delayed)
-            .unmask_policy_boxed(policy)
-            .max_num_seqs(16);
+        let mut builder = EngineBuilder::new(&args.model).block_length(b).delayed_cache(delayed).unmask_policy_boxed(policy).max_num_seqs(16);
         if delayed {
             // FOCUS evicts, or (baseline rows) only scores in shadow mode to measure its recall.
-            builder = builder
-                .eviction_policy(Focus::default())
-                .eviction_shadow(!focus);
+            builder = builder.eviction_policy(Focus::default()).eviction_shadow(!focus);
         }
         let mut engine = builder.build()?;
         let outs = engine.generate(prompts.clone(), &params)?;
-        let gen: Vec<Vec<u32>> = outs
-            .into_iter()
-            .map(|o| o.map(|o| o.token_ids))
-            .collect::<Result<_, _>>()?;
+        let gen: Vec<Vec<u32>> = outs.into_iter().map(|o| o.map(|o| o.token_ids)).collect::<Result<_, _>>()?;
         let seconds = t0.elapsed().as_secs_f64();
         let m = engine.metrics().clone();
         let jp = judge_ppl(&gen)?;
@@ -502,12 +414,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         md += "| mask ratio | masked tokens | accuracy | cross entropy | perplexity |\n|---:|---:|---:|---:|---:|\n";
         for (r, s) in RATIOS.iter().zip(&stats) {
             let ce = s.nll / s.count as f64;
-            md += &format!(
-                "| {r} | {} | {:.1} % | {ce:.3} | {:.2} |\n",
-                s.count,
-                100.0 * s.correct as f64 / s.count as f64,
-                ce.exp()
-            );
+            md += &format!("| {r} | {} | {:.1} % | {ce:.3} | {:.2} |\n", s.count, 100.0 * s.correct as f64 / s.count as f64, ce.exp());
         }
         md += &format!(
             "\n**Decoding.** {n} prompts of {PROMPT} held-out tokens (evenly spaced over the {} windows of {} \

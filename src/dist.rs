@@ -7,15 +7,7 @@
 /// `lo..=hi` contains `mean`.
 pub(crate) fn tilted(lo: usize, hi: usize, mean: f64) -> Vec<f64> {
     let dist = |theta: f64| -> Vec<f64> {
-        let w: Vec<f64> = (1..=hi)
-            .map(|d| {
-                if d < lo {
-                    0.0
-                } else {
-                    (theta * (d as f64 - mean)).exp()
-                }
-            })
-            .collect();
+        let w: Vec<f64> = (1..=hi).map(|d| if d < lo { 0.0 } else { (theta * (d as f64 - mean)).exp() }).collect();
         let s: f64 = w.iter().sum();
         w.into_iter().map(|x| x / s).collect()
     };
@@ -33,11 +25,7 @@ pub(crate) fn tilted(lo: usize, hi: usize, mean: f64) -> Vec<f64> {
 
 /// Expectation of the value under `probs` (values 1-based).
 pub(crate) fn mean_of(probs: &[f64]) -> f64 {
-    probs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (i + 1) as f64 * p)
-        .sum()
+    probs.iter().enumerate().map(|(i, p)| (i + 1) as f64 * p).sum()
 }
 
 /// The value (1-based) at the quantile that hashing `key` gives.

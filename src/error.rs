@@ -13,10 +13,7 @@ pub enum Error {
 
     /// Reading a file of the model directory failed.
     #[error("{path}: {source}")]
-    Io {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: std::path::PathBuf, source: std::io::Error },
 
     /// `config.json` (or another JSON file) could not be parsed or holds an invalid value.
     #[error("bad config {path}: {reason}")]
@@ -40,20 +37,11 @@ pub enum Error {
 
     /// A request was rejected before it started; the reason says why.
     #[error("request {id} rejected: {reason}")]
-    InvalidRequest {
-        id: RequestId,
-        reason: InvalidRequest,
-    },
+    InvalidRequest { id: RequestId, reason: InvalidRequest },
 
     /// The KV cache cannot hold this request even when it runs alone.
-    #[error(
-        "request {id}: KV cache exhausted (needs {needed_blocks} blocks, pool has {total_blocks})"
-    )]
-    KvExhausted {
-        id: RequestId,
-        needed_blocks: usize,
-        total_blocks: usize,
-    },
+    #[error("request {id}: KV cache exhausted (needs {needed_blocks} blocks, pool has {total_blocks})")]
+    KvExhausted { id: RequestId, needed_blocks: usize, total_blocks: usize },
 
     /// No request with this id is known to the engine (finished, aborted or never added).
     #[error("unknown request {0}")]
@@ -62,10 +50,7 @@ pub enum Error {
     /// The scheduler returned no launch while requests were still unfinished (a scheduler bug;
     /// without this error the engine would spin forever).
     #[error("scheduler `{scheduler}` stalled with {unfinished} unfinished request(s)")]
-    SchedulerStalled {
-        scheduler: String,
-        unfinished: usize,
-    },
+    SchedulerStalled { scheduler: String, unfinished: usize },
 
     /// The engine thread behind an [`crate::EngineHandle`] has stopped.
     #[error("engine thread stopped")]
@@ -101,18 +86,14 @@ impl std::fmt::Display for InvalidRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::EmptyPrompt => write!(f, "empty prompt"),
-            Self::TooLong { prompt_tokens, max_new_tokens, max_context } => write!(
-                f,
-                "prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceed the context window of {max_context}"
-            ),
+            Self::TooLong { prompt_tokens, max_new_tokens, max_context } => {
+                write!(f, "prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceed the context window of {max_context}")
+            }
             Self::UnknownToken { token, vocab_size } => {
                 write!(f, "token id {token} is outside the vocabulary of {vocab_size}")
             }
             Self::BadSampling(s) => write!(f, "bad sampling parameters: {s}"),
-            Self::OverTokenBudget { prompt_tokens, budget } => write!(
-                f,
-                "prompt of {prompt_tokens} tokens exceeds the prefill token budget of {budget}"
-            ),
+            Self::OverTokenBudget { prompt_tokens, budget } => write!(f, "prompt of {prompt_tokens} tokens exceeds the prefill token budget of {budget}"),
         }
     }
 }
@@ -121,15 +102,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub(crate) fn config(path: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::BadConfig {
-            path: path.into(),
-            reason: reason.into(),
-        }
+        Self::BadConfig { path: path.into(), reason: reason.into() }
     }
     pub(crate) fn tensor(name: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::BadTensor {
-            name: name.into(),
-            reason: reason.into(),
-        }
+        Self::BadTensor { name: name.into(), reason: reason.into() }
     }
 }

@@ -48,8 +48,7 @@ pub mod scheduler;
 pub mod testing;
 
 pub use engine::{
-    Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams,
-    Output, Prompt, RequestId, RequestStream, SchedulerKind,
+    Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId, RequestStream, SchedulerKind,
 };
 pub use error::{Error, InvalidRequest, Result};
 pub use kv::KvLayoutKind;

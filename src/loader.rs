@@ -34,21 +34,14 @@ impl ModelDir {
             struct Gen {
                 eos_token_id: Option<EosIds>,
             }
-            let g: Gen = serde_json::from_str(&read(&gen_path)?)
-                .map_err(|e| Error::config(gen_path.display().to_string(), e.to_string()))?;
+            let g: Gen = serde_json::from_str(&read(&gen_path)?).map_err(|e| Error::config(gen_path.display().to_string(), e.to_string()))?;
             eos.extend(g.eos_token_id.map(|e| e.to_vec()).unwrap_or_default());
         }
         eos.sort_unstable();
         eos.dedup();
         let weight_files = weight_files(&path)?;
         let tok = path.join("tokenizer.json");
-        Ok(Self {
-            tokenizer_file: tok.exists().then_some(tok),
-            path,
-            config,
-            eos_token_ids: eos,
-            weight_files,
-        })
+        Ok(Self { tokenizer_file: tok.exists().then_some(tok), path, config, eos_token_ids: eos, weight_files })
     }
 
     /// Memory-maps the weights, converting to `dtype` on `device` as tensors are read.
@@ -57,13 +50,7 @@ impl ModelDir {
     }
 
     pub fn tokenizer(&self) -> Result<Option<tokenizers::Tokenizer>> {
-        self.tokenizer_file
-            .as_ref()
-            .map(|p| {
-                tokenizers::Tokenizer::from_file(p)
-                    .map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display())))
-            })
-            .transpose()
+        self.tokenizer_file.as_ref().map(|p| tokenizers::Tokenizer::from_file(p).map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display())))).transpose()
     }
 
     /// Downloads `repo` ("owner/name") from the Hugging Face hub — config, generation config,
@@ -71,23 +58,10 @@ impl ModelDir {
     #[cfg(feature = "hub")]
     pub fn from_hub(repo: &str) -> Result<Self> {
         let hub = |e: hf_hub::HFError| Error::InvalidOption(format!("hub {repo}: {e}"));
-        let (owner, name) = repo
-            .split_once('/')
-            .ok_or_else(|| Error::InvalidOption(format!("hub repo `{repo}` is not owner/name")))?;
+        let (owner, name) = repo.split_once('/').ok_or_else(|| Error::InvalidOption(format!("hub repo `{repo}` is not owner/name")))?;
         let client = hf_hub::HFClientSync::new().map_err(hub)?;
-        let patterns = [
-            "config.json",
-            "generation_config.json",
-            "tokenizer.json",
-            "*.safetensors",
-            "model.safetensors.index.json",
-        ];
-        let dir = client
-            .model(owner, name)
-            .snapshot_download()
-            .allow_patterns(patterns.iter().map(|p| p.to_string()).collect())
-            .send()
-            .map_err(hub)?;
+        let patterns = ["config.json", "generation_config.json", "tokenizer.json", "*.safetensors", "model.safetensors.index.json"];
+        let dir = client.model(owner, name).snapshot_download().allow_patterns(patterns.iter().map(|p| p.to_string()).collect()).send().map_err(hub)?;
         Self::open(dir)
     }
 }
@@ -98,10 +72,7 @@ fn first_line(s: &str) -> String {
 }
 
 fn read(p: &Path) -> Result<String> {
-    std::fs::read_to_string(p).map_err(|source| Error::Io {
-        path: p.to_path_buf(),
-        source,
-    })
+    std::fs::read_to_string(p).map_err(|source| Error::Io { path: p.to_path_buf(), source })
 }
 
 fn shard_names(index: &Path) -> Result<BTreeSet<String>> {
@@ -109,30 +80,20 @@ fn shard_names(index: &Path) -> Result<BTreeSet<String>> {
     struct Index {
         weight_map: HashMap<String, String>,
     }
-    let idx: Index = serde_json::from_str(&read(index)?)
-        .map_err(|e| Error::config(index.display().to_string(), e.to_string()))?;
+    let idx: Index = serde_json::from_str(&read(index)?).map_err(|e| Error::config(index.display().to_string(), e.to_string()))?;
     Ok(idx.weight_map.into_values().collect())
 }
 
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        return Ok(shard_names(&index)?
-            .into_iter()
-            .map(|f| dir.join(f))
-            .collect());
+        return Ok(shard_names(&index)?.into_iter().map(|f| dir.join(f)).collect());
     }
     let single = dir.join("model.safetensors");
     if single.exists() {
         return Ok(vec![single]);
     }
-    Err(Error::Io {
-        path: single,
-        source: std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "no model.safetensors or model.safetensors.index.json",
-        ),
-    })
+    Err(Error::Io { path: single, source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json") })
 }
 
 enum Source {
@@ -157,41 +118,19 @@ impl Weights {
     pub fn from_files(files: &[PathBuf], dtype: DType, device: &Device) -> Result<Self> {
         for f in files {
             if !f.exists() {
-                return Err(Error::Io {
-                    path: f.clone(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "weight file missing",
-                    ),
-                });
+                return Err(Error::Io { path: f.clone(), source: std::io::Error::new(std::io::ErrorKind::NotFound, "weight file missing") });
             }
         }
         // SAFETY: the files are mapped read-only; as with every mmap-based loader, they must
         // not be modified while the engine is loading from them.
-        let st = unsafe { MmapedSafetensors::multi(files) }.map_err(|e| {
-            Error::tensor(
-                files
-                    .iter()
-                    .map(|f| f.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-                first_line(&e.to_string()),
-            )
-        })?;
-        Ok(Self {
-            source: Source::Mmap(st),
-            dtype,
-            device: device.clone(),
-        })
+        let st = unsafe { MmapedSafetensors::multi(files) }
+            .map_err(|e| Error::tensor(files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","), first_line(&e.to_string())))?;
+        Ok(Self { source: Source::Mmap(st), dtype, device: device.clone() })
     }
 
     /// Weights already in memory (random-weight benchmarks, tests).
     pub fn from_map(map: HashMap<String, Tensor>, dtype: DType, device: &Device) -> Self {
-        Self {
-            source: Source::Map(map),
-            dtype,
-            device: device.clone(),
-        }
+        Self { source: Source::Map(map), dtype, device: device.clone() }
     }
 
     pub fn dtype(&self) -> DType {
@@ -216,25 +155,15 @@ impl Weights {
                 if st.get(name).is_err() {
                     return Err(Error::tensor(name, "missing from the checkpoint"));
                 }
-                st.load(name, &Device::Cpu)
-                    .map_err(|e| Error::tensor(name, first_line(&e.to_string())))?
+                st.load(name, &Device::Cpu).map_err(|e| Error::tensor(name, first_line(&e.to_string())))?
             }
-            Source::Map(m) => m
-                .get(name)
-                .cloned()
-                .ok_or_else(|| Error::tensor(name, "missing"))?,
+            Source::Map(m) => m.get(name).cloned().ok_or_else(|| Error::tensor(name, "missing"))?,
         };
         if t.shape() != &shape {
-            return Err(Error::tensor(
-                name,
-                format!("shape {:?}, expected {:?}", t.dims(), shape.dims()),
-            ));
+            return Err(Error::tensor(name, format!("shape {:?}, expected {:?}", t.dims(), shape.dims())));
         }
         if !crate::ops::is_float(t.dtype()) {
-            return Err(Error::tensor(
-                name,
-                format!("dtype {:?} is not a float type", t.dtype()),
-            ));
+            return Err(Error::tensor(name, format!("dtype {:?} is not a float type", t.dtype())));
         }
         Ok(t.to_dtype(self.dtype)?.to_device(&self.device)?)
     }

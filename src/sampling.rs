@@ -25,12 +25,7 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: None,
-            top_p: None,
-            seed: None,
-        }
+        Self { temperature: 0.0, top_k: None, top_p: None, seed: None }
     }
 }
 
@@ -46,10 +41,7 @@ impl SamplingParams {
     /// Checks the ranges; the message says which parameter is off.
     pub fn validate(&self) -> std::result::Result<(), String> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!(
-                "temperature {} must be finite and >= 0",
-                self.temperature
-            ));
+            return Err(format!("temperature {} must be finite and >= 0", self.temperature));
         }
         if self.top_k == Some(0) {
             return Err("top_k must be >= 1".into());
@@ -85,11 +77,7 @@ impl Sampler {
 
     /// The row description for one draw (advances the generator only for random draws).
     pub fn next_row(&mut self) -> RowSampling {
-        let uniform = if self.params.is_greedy() {
-            0.0
-        } else {
-            self.rng.random::<f32>()
-        };
+        let uniform = if self.params.is_greedy() { 0.0 } else { self.rng.random::<f32>() };
         RowSampling {
             temperature: self.params.temperature,
             top_k: self.params.top_k,
@@ -117,52 +105,23 @@ pub struct RowSampling {
 
 impl RowSampling {
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: None,
-            top_p: None,
-            uniform: 0.0,
-            greedy: true,
-            forced: None,
-        }
+        Self { temperature: 0.0, top_k: None, top_p: None, uniform: 0.0, greedy: true, forced: None }
     }
 }
 
 /// Tokens for `rows` (forced ones where given, sampled otherwise) and, for forced rows, the
 /// log-probability of the forced token under the untempered model distribution.
-pub fn sample_or_force(
-    logits: &Tensor,
-    rows: &[RowSampling],
-) -> Result<(Vec<u32>, Vec<Option<f32>>)> {
-    let forced: Vec<usize> = (0..rows.len())
-        .filter(|&r| rows[r].forced.is_some())
-        .collect();
-    let mut tokens = if forced.len() == rows.len() {
-        vec![0; rows.len()]
-    } else {
-        sample(logits, rows)?
-    };
+pub fn sample_or_force(logits: &Tensor, rows: &[RowSampling]) -> Result<(Vec<u32>, Vec<Option<f32>>)> {
+    let forced: Vec<usize> = (0..rows.len()).filter(|&r| rows[r].forced.is_some()).collect();
+    let mut tokens = if forced.len() == rows.len() { vec![0; rows.len()] } else { sample(logits, rows)? };
     let mut logprobs = vec![None; rows.len()];
     if !forced.is_empty() {
         let dev = logits.device();
-        let idx = Tensor::new(
-            forced
-                .iter()
-                .map(|&r| r as u32)
-                .collect::<Vec<_>>()
-                .as_slice(),
-            dev,
-        )?;
-        let ids: Vec<u32> = forced
-            .iter()
-            .map(|&r| rows[r].forced.expect("forced"))
-            .collect();
+        let idx = Tensor::new(forced.iter().map(|&r| r as u32).collect::<Vec<_>>().as_slice(), dev)?;
+        let ids: Vec<u32> = forced.iter().map(|&r| rows[r].forced.expect("forced")).collect();
         let picked = logits.to_dtype(DType::F32)?.index_select(&idx, 0)?;
         let logp = candle_nn::ops::log_softmax(&picked, D::Minus1)?;
-        let at = logp
-            .gather(&Tensor::new(ids.as_slice(), dev)?.unsqueeze(1)?, 1)?
-            .squeeze(1)?
-            .to_vec1::<f32>()?;
+        let at = logp.gather(&Tensor::new(ids.as_slice(), dev)?.unsqueeze(1)?, 1)?.squeeze(1)?.to_vec1::<f32>()?;
         for ((&r, &t), lp) in forced.iter().zip(&ids).zip(at) {
             tokens[r] = t;
             logprobs[r] = Some(lp);
@@ -180,17 +139,12 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
         candle_core::bail!("sample: {r} logit rows for {} sampling rows", rows.len());
     }
     let logits = logits.to_dtype(DType::F32)?;
-    let greedy = logits
-        .argmax(D::Minus1)?
-        .to_dtype(DType::U32)?
-        .to_vec1::<u32>()?;
+    let greedy = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
     if rows.iter().all(|s| s.greedy) {
         return Ok(greedy);
     }
     let dev = logits.device();
-    let col = |f: &dyn Fn(&RowSampling) -> f32| {
-        Tensor::from_vec(rows.iter().map(f).collect::<Vec<f32>>(), (r, 1), dev)
-    };
+    let col = |f: &dyn Fn(&RowSampling) -> f32| Tensor::from_vec(rows.iter().map(f).collect::<Vec<f32>>(), (r, 1), dev);
     let temp = col(&|s| if s.greedy { 1.0 } else { s.temperature })?;
     let k = col(&|s| s.top_k.map_or(v, |k| k.min(v)) as f32)?;
     let p = col(&|s| s.top_p.unwrap_or(1.0))?;
@@ -204,10 +158,7 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     let mut hi_p = hi_k.clone();
     for _ in 0..THRESHOLD_ITERS {
         let mid_k = ((&lo_k + &hi_k)? * 0.5)?;
-        let count = probs
-            .broadcast_ge(&mid_k)?
-            .to_dtype(DType::F32)?
-            .sum_keepdim(D::Minus1)?;
+        let count = probs.broadcast_ge(&mid_k)?.to_dtype(DType::F32)?.sum_keepdim(D::Minus1)?;
         let ok = count.ge(&k)?;
         lo_k = ok.where_cond(&mid_k, &lo_k)?;
         hi_k = ok.where_cond(&hi_k, &mid_k)?;
@@ -223,27 +174,19 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     let kept = (&probs * probs.broadcast_ge(&threshold)?.to_dtype(DType::F32)?)?;
     let target = (kept.sum_keepdim(D::Minus1)? * &u)?;
     // Smallest index i with prefix mass(0..=i) > target, by bisection on i.
-    let idx = Tensor::arange(0u32, v as u32, dev)?
-        .to_dtype(DType::F32)?
-        .unsqueeze(0)?;
+    let idx = Tensor::arange(0u32, v as u32, dev)?.to_dtype(DType::F32)?.unsqueeze(0)?;
     let mut lo = Tensor::full(-1f32, (r, 1), dev)?; // prefix(lo) <= target
     let mut hi = Tensor::full((v - 1) as f32, (r, 1), dev)?; // prefix(hi) > target (or last)
     let iters = (usize::BITS - v.leading_zeros()) as usize + 1;
     for _ in 0..iters {
         let mid = ((&lo + &hi)? * 0.5)?.floor()?;
-        let prefix =
-            (&kept * idx.broadcast_le(&mid)?.to_dtype(DType::F32)?)?.sum_keepdim(D::Minus1)?;
+        let prefix = (&kept * idx.broadcast_le(&mid)?.to_dtype(DType::F32)?)?.sum_keepdim(D::Minus1)?;
         let above = prefix.gt(&target)?;
         hi = above.where_cond(&mid, &hi)?;
         lo = above.where_cond(&lo, &mid)?;
     }
     let drawn = hi.squeeze(1)?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
-    Ok(rows
-        .iter()
-        .zip(greedy)
-        .zip(drawn)
-        .map(|((s, g), d)| if s.greedy { g } else { d })
-        .collect())
+    Ok(rows.iter().zip(greedy).zip(drawn).map(|((s, g), d)| if s.greedy { g } else { d }).collect())
 }
 
 #[cfg(test)]
@@ -252,14 +195,7 @@ mod tests {
     use candle_core::Device;
 
     fn row(t: f32, k: Option<usize>, p: Option<f32>, u: f32) -> RowSampling {
-        RowSampling {
-            temperature: t,
-            top_k: k,
-            top_p: p,
-            uniform: u,
-            greedy: false,
-            forced: None,
-        }
+        RowSampling { temperature: t, top_k: k, top_p: p, uniform: u, greedy: false, forced: None }
     }
 
     #[test]
@@ -267,62 +203,27 @@ mod tests {
         let probs = [0.1f32, 0.2, 0.3, 0.4];
         let logits: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
         let l = Tensor::from_vec([logits.clone(), logits].concat(), (2, 4), &Device::Cpu).unwrap();
-        assert_eq!(
-            sample(&l, &[RowSampling::greedy(), RowSampling::greedy()]).unwrap(),
-            vec![3, 3]
-        );
+        assert_eq!(sample(&l, &[RowSampling::greedy(), RowSampling::greedy()]).unwrap(), vec![3, 3]);
         // CDF: 0.1, 0.3, 0.6, 1.0
         for (u, want) in [(0.05, 0), (0.15, 1), (0.5, 2), (0.65, 3), (0.999, 3)] {
             let got = sample(&l, &[row(1.0, None, None, u), RowSampling::greedy()]).unwrap();
             assert_eq!(got, vec![want, 3], "u={u}");
         }
         // top-k 2 keeps {0.3, 0.4}: renormalised CDF 3/7, 1.
-        assert_eq!(
-            sample(
-                &l,
-                &[row(1.0, Some(2), None, 0.4), row(1.0, Some(2), None, 0.5)]
-            )
-            .unwrap(),
-            vec![2, 3]
-        );
+        assert_eq!(sample(&l, &[row(1.0, Some(2), None, 0.4), row(1.0, Some(2), None, 0.5)]).unwrap(), vec![2, 3]);
         // top-p 0.65 keeps {0.4, 0.3} (mass 0.7).
-        assert_eq!(
-            sample(
-                &l,
-                &[
-                    row(1.0, None, Some(0.65), 0.0),
-                    row(1.0, None, Some(0.35), 0.99)
-                ]
-            )
-            .unwrap(),
-            vec![2, 3]
-        );
+        assert_eq!(sample(&l, &[row(1.0, None, Some(0.65), 0.0), row(1.0, None, Some(0.35), 0.99)]).unwrap(), vec![2, 3]);
     }
 
     #[test]
     fn seeded_sampler_is_reproducible() {
-        let p = SamplingParams {
-            temperature: 0.8,
-            top_k: Some(5),
-            top_p: Some(0.9),
-            seed: Some(7),
-        };
+        let p = SamplingParams { temperature: 0.8, top_k: Some(5), top_p: Some(0.9), seed: Some(7) };
         let mut a = Sampler::new(p.clone());
         let mut b = Sampler::new(p);
         for _ in 0..5 {
             assert_eq!(a.next_row(), b.next_row());
         }
-        assert!(SamplingParams {
-            top_p: Some(0.0),
-            ..Default::default()
-        }
-        .validate()
-        .is_err());
-        assert!(SamplingParams {
-            temperature: -1.0,
-            ..Default::default()
-        }
-        .validate()
-        .is_err());
+        assert!(SamplingParams { top_p: Some(0.0), ..Default::default() }.validate().is_err());
+        assert!(SamplingParams { temperature: -1.0, ..Default::default() }.validate().is_err());
     }
 }

@@ -12,10 +12,7 @@ use std::path::Path;
 /// `ByteDance/Ouro-*` `model.safetensors`.
 pub fn ouro_tensor_manifest(cfg: &OuroConfig) -> Vec<(String, Vec<usize>)> {
     let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-    let (q, kv) = (
-        cfg.num_attention_heads * cfg.head_dim(),
-        cfg.kv_heads() * cfg.head_dim(),
-    );
+    let (q, kv) = (cfg.num_attention_heads * cfg.head_dim(), cfg.kv_heads() * cfg.head_dim());
     let mut m = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
@@ -26,12 +23,7 @@ pub fn ouro_tensor_manifest(cfg: &OuroConfig) -> Vec<(String, Vec<usize>)> {
         m.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
         m.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
         m.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
-        for n in [
-            "input_layernorm",
-            "input_layernorm_2",
-            "post_attention_layernorm",
-            "post_attention_layernorm_2",
-        ] {
+        for n in ["input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2"] {
             m.push((format!("{p}.{n}.weight"), vec![h]));
         }
     }
@@ -49,25 +41,15 @@ pub fn ouro_tensor_manifest(cfg: &OuroConfig) -> Vec<(String, Vec<usize>)> {
 pub fn huginn_tensor_manifest(cfg: &HuginnConfig) -> Vec<(String, Vec<usize>)> {
     let (h, i, rows) = (cfg.n_embd, cfg.intermediate_size, cfg.table_rows());
     let (nh, nkv, hd) = (cfg.n_heads, cfg.kv_heads(), cfg.head_dim());
-    let mut m = vec![
-        ("transformer.wte.weight".to_string(), vec![rows, h]),
-        ("lm_head.weight".to_string(), vec![rows, h]),
-    ];
-    let groups = [
-        ("prelude", cfg.n_layers_in_prelude),
-        ("core_block", cfg.n_layers_in_recurrent_block),
-        ("coda", cfg.n_layers_in_coda),
-    ];
+    let mut m = vec![("transformer.wte.weight".to_string(), vec![rows, h]), ("lm_head.weight".to_string(), vec![rows, h])];
+    let groups = [("prelude", cfg.n_layers_in_prelude), ("core_block", cfg.n_layers_in_recurrent_block), ("coda", cfg.n_layers_in_coda)];
     for (group, n) in groups {
         for j in 0..n {
             let p = format!("transformer.{group}.{j}");
             for k in 1..=4 {
                 m.push((format!("{p}.norm_{k}.weight"), vec![h]));
             }
-            m.push((
-                format!("{p}.attn.Wqkv.weight"),
-                vec![(nh + 2 * nkv) * hd, h],
-            ));
+            m.push((format!("{p}.attn.Wqkv.weight"), vec![(nh + 2 * nkv) * hd, h]));
             if cfg.qk_bias {
                 m.push((format!("{p}.attn.qk_bias"), vec![2, 1, nh, hd]));
             }
@@ -84,12 +66,7 @@ pub fn huginn_tensor_manifest(cfg: &HuginnConfig) -> Vec<(String, Vec<usize>)> {
 /// Random tensors for `manifest`: norms near 1, matrices N(0, 0.02²) (embeddings N(0, 1) so
 /// tokens are well separated in tiny models), biases 0. Deterministic for a given seed on the
 /// CPU; on CUDA the device generator is seeded instead.
-pub fn random_tensors(
-    manifest: &[(String, Vec<usize>)],
-    seed: u64,
-    dtype: DType,
-    device: &Device,
-) -> Result<HashMap<String, Tensor>> {
+pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType, device: &Device) -> Result<HashMap<String, Tensor>> {
     if !device.is_cpu() {
         device.set_seed(seed)?;
     }
@@ -128,17 +105,8 @@ fn init_std(name: &str) -> f32 {
 }
 
 /// Random Ouro weights held in memory (GPU benchmarks generate them on the device).
-pub fn random_ouro_weights(
-    cfg: &OuroConfig,
-    seed: u64,
-    dtype: DType,
-    device: &Device,
-) -> Result<Weights> {
-    Ok(Weights::from_map(
-        random_tensors(&ouro_tensor_manifest(cfg), seed, DType::F32, device)?,
-        dtype,
-        device,
-    ))
+pub fn random_ouro_weights(cfg: &OuroConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
+    Ok(Weights::from_map(random_tensors(&ouro_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
 }
 
 /// Writes a complete Ouro model directory (config.json, model.safetensors,
@@ -151,18 +119,8 @@ pub fn write_random_ouro(dir: &Path, cfg: &OuroConfig, seed: u64) -> Result<()> 
 /// [`write_random_ouro`] with the tensors stored in `dtype` (the released checkpoints are bf16).
 pub fn write_random_ouro_as(dir: &Path, cfg: &OuroConfig, seed: u64, dtype: DType) -> Result<()> {
     let tensors = random_tensors(&ouro_tensor_manifest(cfg), seed, dtype, &Device::Cpu)?;
-    let eos = cfg
-        .eos_token_id
-        .as_ref()
-        .map(|e| e.to_vec())
-        .unwrap_or_default();
-    write_model_dir(
-        dir,
-        &tensors,
-        serde_json::to_value(cfg).expect("config serialises"),
-        "OuroForCausalLM",
-        &eos,
-    )
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "OuroForCausalLM", &eos)
 }
 
 /// Writes a Huginn model directory (config.json with the released field names,
@@ -172,42 +130,17 @@ pub fn write_random_huginn(dir: &Path, cfg: &HuginnConfig, seed: u64) -> Result<
     // Tied: the released checkpoint stores the embedding twice.
     let wte = tensors["transformer.wte.weight"].clone();
     tensors.insert("lm_head.weight".into(), wte);
-    let eos = cfg
-        .eos_token_id
-        .as_ref()
-        .map(|e| e.to_vec())
-        .unwrap_or_default();
-    write_model_dir(
-        dir,
-        &tensors,
-        serde_json::to_value(cfg).expect("config serialises"),
-        "RavenForCausalLM",
-        &eos,
-    )
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "RavenForCausalLM", &eos)
 }
 
 /// model.safetensors + config.json (with `architectures`) + generation_config.json.
-fn write_model_dir(
-    dir: &Path,
-    tensors: &HashMap<String, Tensor>,
-    mut config: serde_json::Value,
-    architecture: &str,
-    eos: &[u32],
-) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+fn write_model_dir(dir: &Path, tensors: &HashMap<String, Tensor>, mut config: serde_json::Value, architecture: &str, eos: &[u32]) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
     candle_core::safetensors::save(tensors, dir.join("model.safetensors"))?;
     config["architectures"] = serde_json::json!([architecture]);
-    write(
-        dir.join("config.json"),
-        &serde_json::to_string_pretty(&config).expect("json"),
-    )?;
-    write(
-        dir.join("generation_config.json"),
-        &serde_json::json!({ "eos_token_id": eos }).to_string(),
-    )
+    write(dir.join("config.json"), &serde_json::to_string_pretty(&config).expect("json"))?;
+    write(dir.join("generation_config.json"), &serde_json::json!({ "eos_token_id": eos }).to_string())
 }
 
 /// A tiny Huginn config for tests: 1 prelude, 2 core, 1 coda block, r_max 6, MHA 4 × 16.
@@ -277,17 +210,11 @@ pub fn sdar_tensor_manifest(cfg: &SdarConfig) -> Vec<(String, Vec<usize>)> {
     );
     for l in 0..cfg.num_hidden_layers {
         for n in ["q_norm", "k_norm"] {
-            m.push((
-                format!("model.layers.{l}.self_attn.{n}.weight"),
-                vec![cfg.head_dim()],
-            ));
+            m.push((format!("model.layers.{l}.self_attn.{n}.weight"), vec![cfg.head_dim()]));
         }
     }
     if !cfg.tie_word_embeddings {
-        m.push((
-            "lm_head.weight".into(),
-            vec![cfg.vocab_size, cfg.hidden_size],
-        ));
+        m.push(("lm_head.weight".into(), vec![cfg.vocab_size, cfg.hidden_size]));
     }
     m
 }
@@ -305,34 +232,18 @@ pub fn dream_tensor_manifest(cfg: &DreamConfig) -> Vec<(String, Vec<usize>)> {
         true,
     );
     if !cfg.tie_word_embeddings {
-        m.push((
-            "lm_head.weight".into(),
-            vec![cfg.vocab_size, cfg.hidden_size],
-        ));
+        m.push(("lm_head.weight".into(), vec![cfg.vocab_size, cfg.hidden_size]));
     }
     m
 }
 
 /// Qwen2/Qwen3 embedding, layers and final norm (no LM head, no q/k norms).
 #[allow(clippy::too_many_arguments)]
-fn qwen_manifest(
-    v: usize,
-    h: usize,
-    i: usize,
-    layers: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    qkv_bias: bool,
-) -> Vec<(String, Vec<usize>)> {
+fn qwen_manifest(v: usize, h: usize, i: usize, layers: usize, nh: usize, nkv: usize, hd: usize, qkv_bias: bool) -> Vec<(String, Vec<usize>)> {
     let mut m = vec![("model.embed_tokens.weight".to_string(), vec![v, h])];
     for l in 0..layers {
         let p = format!("model.layers.{l}");
-        for (n, rows) in [
-            ("q_proj", nh * hd),
-            ("k_proj", nkv * hd),
-            ("v_proj", nkv * hd),
-        ] {
+        for (n, rows) in [("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)] {
             m.push((format!("{p}.self_attn.{n}.weight"), vec![rows, h]));
             if qkv_bias {
                 m.push((format!("{p}.self_attn.{n}.bias"), vec![rows]));
@@ -353,10 +264,7 @@ fn qwen_manifest(
 /// linear branch, `ff_out` down projection; the model-level `ff_out` is the LM head).
 pub fn llada_tensor_manifest(cfg: &LladaConfig) -> Vec<(String, Vec<usize>)> {
     let (h, i, rows) = (cfg.d_model, cfg.mlp_hidden_size, cfg.table_rows());
-    let (q, kv) = (
-        cfg.n_heads * cfg.head_dim(),
-        cfg.kv_heads() * cfg.head_dim(),
-    );
+    let (q, kv) = (cfg.n_heads * cfg.head_dim(), cfg.kv_heads() * cfg.head_dim());
     let mut m = vec![("model.transformer.wte.weight".to_string(), vec![rows, h])];
     for l in 0..cfg.n_layers {
         let p = format!("model.transformer.blocks.{l}");
@@ -382,12 +290,7 @@ pub fn llada_tensor_manifest(cfg: &LladaConfig) -> Vec<(String, Vec<usize>)> {
 /// N(0, 1) like the other families' embeddings, and projection matrices N(0, 1/fan_in) — with
 /// 0.02 a tiny model's masked positions all carry the mask embedding almost unchanged to the
 /// head and decode to one token, which would make batching tests vacuous.
-fn random_diffusion_tensors(
-    manifest: &[(String, Vec<usize>)],
-    seed: u64,
-    dtype: DType,
-    device: &Device,
-) -> Result<HashMap<String, Tensor>> {
+fn random_diffusion_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType, device: &Device) -> Result<HashMap<String, Tensor>> {
     let mut out = random_tensors(manifest, seed, dtype, device)?;
     let mut rng = SplitMix(seed ^ 0xD1FF_0510);
     for (name, shape) in manifest {
@@ -404,13 +307,7 @@ fn random_diffusion_tensors(
         };
         let t = if device.is_cpu() {
             let n: usize = shape.iter().product();
-            Tensor::from_vec(
-                (0..n)
-                    .map(|_| mean + std * rng.normal())
-                    .collect::<Vec<f32>>(),
-                shape.as_slice(),
-                device,
-            )?
+            Tensor::from_vec((0..n).map(|_| mean + std * rng.normal()).collect::<Vec<f32>>(), shape.as_slice(), device)?
         } else {
             Tensor::randn(mean, std, shape.as_slice(), device)?
         };
@@ -420,100 +317,40 @@ fn random_diffusion_tensors(
 }
 
 /// Random SDAR weights held in memory.
-pub fn random_sdar_weights(
-    cfg: &SdarConfig,
-    seed: u64,
-    dtype: DType,
-    device: &Device,
-) -> Result<Weights> {
-    Ok(Weights::from_map(
-        random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, DType::F32, device)?,
-        dtype,
-        device,
-    ))
+pub fn random_sdar_weights(cfg: &SdarConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
+    Ok(Weights::from_map(random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
 }
 
 /// Random LLaDA weights held in memory.
-pub fn random_llada_weights(
-    cfg: &LladaConfig,
-    seed: u64,
-    dtype: DType,
-    device: &Device,
-) -> Result<Weights> {
-    Ok(Weights::from_map(
-        random_diffusion_tensors(&llada_tensor_manifest(cfg), seed, DType::F32, device)?,
-        dtype,
-        device,
-    ))
+pub fn random_llada_weights(cfg: &LladaConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
+    Ok(Weights::from_map(random_diffusion_tensors(&llada_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
 }
 
 /// Random Dream weights held in memory.
-pub fn random_dream_weights(
-    cfg: &DreamConfig,
-    seed: u64,
-    dtype: DType,
-    device: &Device,
-) -> Result<Weights> {
-    Ok(Weights::from_map(
-        random_diffusion_tensors(&dream_tensor_manifest(cfg), seed, DType::F32, device)?,
-        dtype,
-        device,
-    ))
+pub fn random_dream_weights(cfg: &DreamConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
+    Ok(Weights::from_map(random_diffusion_tensors(&dream_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
 }
 
 /// Writes an SDAR model directory (config.json, model.safetensors, generation_config.json)
 /// with deterministic random f32 weights in the released layout.
 pub fn write_random_sdar(dir: &Path, cfg: &SdarConfig, seed: u64) -> Result<()> {
-    let tensors =
-        random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
-    let eos = cfg
-        .eos_token_id
-        .as_ref()
-        .map(|e| e.to_vec())
-        .unwrap_or_default();
-    write_model_dir(
-        dir,
-        &tensors,
-        serde_json::to_value(cfg).expect("config serialises"),
-        "SDARForCausalLM",
-        &eos,
-    )
+    let tensors = random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "SDARForCausalLM", &eos)
 }
 
 /// Writes a LLaDA model directory with deterministic random f32 weights in the released layout.
 pub fn write_random_llada(dir: &Path, cfg: &LladaConfig, seed: u64) -> Result<()> {
-    let tensors =
-        random_diffusion_tensors(&llada_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
-    let eos = cfg
-        .eos_token_id
-        .as_ref()
-        .map(|e| e.to_vec())
-        .unwrap_or_default();
-    write_model_dir(
-        dir,
-        &tensors,
-        serde_json::to_value(cfg).expect("config serialises"),
-        "LLaDAModelLM",
-        &eos,
-    )
+    let tensors = random_diffusion_tensors(&llada_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "LLaDAModelLM", &eos)
 }
 
 /// Writes a Dream model directory with deterministic random f32 weights in the released layout.
 pub fn write_random_dream(dir: &Path, cfg: &DreamConfig, seed: u64) -> Result<()> {
-    let tensors =
-        random_diffusion_tensors(&dream_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
-    let eos = cfg
-        .eos_token_id
-        .as_ref()
-        .map(|e| e.to_vec())
-        .unwrap_or_default();
-    write_model_dir(
-        dir,
-        &tensors,
-        serde_json::to_value(cfg).expect("config serialises"),
-        "DreamModel",
-        &eos,
-    )
+    let tensors = random_diffusion_tensors(&dream_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
+    let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "DreamModel", &eos)
 }
 
 /// A tiny SDAR config for tests: 2 layers, GQA 4:2 × 16, block 8, mask = the last id.
@@ -620,17 +457,10 @@ impl SplitMix {
 
 /// Trains a byte-level BPE tokenizer (GPT-2 style: any byte sequence round-trips) on `texts`
 /// with the `tokenizers` library. `special` tokens get the first ids (e.g. `<|endoftext|>` = 0).
-pub fn train_byte_level_bpe(
-    texts: &[String],
-    vocab_size: usize,
-    special: &[&str],
-) -> Result<tokenizers::Tokenizer> {
+pub fn train_byte_level_bpe(texts: &[String], vocab_size: usize, special: &[&str]) -> Result<tokenizers::Tokenizer> {
     use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-    use tokenizers::{
-        AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper,
-        PreTokenizerWrapper,
-    };
+    use tokenizers::{AddedToken, DecoderWrapper, ModelWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper};
     use tokenizers::{TokenizerBuilder, TokenizerImpl};
     let err = |e: tokenizers::Error| Error::Tokenizer(e.to_string());
     let mut trainer: tokenizers::models::TrainerWrapper = BpeTrainerBuilder::new()
@@ -638,21 +468,10 @@ pub fn train_byte_level_bpe(
         .min_frequency(2)
         .show_progress(false)
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
-        .special_tokens(
-            special
-                .iter()
-                .map(|s| AddedToken::from(s.to_string(), true))
-                .collect(),
-        )
+        .special_tokens(special.iter().map(|s| AddedToken::from(s.to_string(), true)).collect())
         .build()
         .into();
-    let mut tok: TokenizerImpl<
-        ModelWrapper,
-        NormalizerWrapper,
-        PreTokenizerWrapper,
-        PostProcessorWrapper,
-        DecoderWrapper,
-    > = TokenizerBuilder::new()
+    let mut tok: TokenizerImpl<ModelWrapper, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper> = TokenizerBuilder::new()
         .with_model(BPE::default().into())
         .with_pre_tokenizer(Some(ByteLevel::new(false, true, true).into()))
         .with_decoder(Some(ByteLevel::default().into()))
@@ -666,45 +485,25 @@ pub fn train_byte_level_bpe(
 /// The HTML of "The Rust Programming Language" shipped with the toolchain's rust-docs
 /// component (MIT OR Apache-2.0): `$(rustc --print sysroot)/share/doc/rust/html/book`.
 pub fn rust_book_dir() -> Result<std::path::PathBuf> {
-    let out = std::process::Command::new("rustc")
-        .args(["--print", "sysroot"])
-        .output()
-        .map_err(|source| Error::Io {
-            path: "rustc".into(),
-            source,
-        })?;
-    Ok(
-        std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-            .join("share/doc/rust/html/book"),
-    )
+    let out = std::process::Command::new("rustc").args(["--print", "sysroot"]).output().map_err(|source| Error::Io { path: "rustc".into(), source })?;
+    Ok(std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("share/doc/rust/html/book"))
 }
 
 /// The prose of every chapter page of the book (the `<main>` element, tags stripped), in file
 /// name order, chapters of at least 200 words. Chapter `i` with `i % 20 == 7` is the held-out
 /// split of `tools/train/make_corpus.py`.
 pub fn rust_book_chapters(dir: &Path) -> Result<Vec<String>> {
-    let io = |source| Error::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
-        .map_err(io)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "html"))
-        .collect();
+    let io = |source| Error::Io { path: dir.to_path_buf(), source };
+    let mut pages: Vec<std::path::PathBuf> =
+        std::fs::read_dir(dir).map_err(io)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "html")).collect();
     pages.sort();
     let mut out = Vec::new();
     for p in pages {
-        let html = std::fs::read_to_string(&p).map_err(|source| Error::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let html = std::fs::read_to_string(&p).map_err(|source| Error::Io { path: p.clone(), source })?;
         let Some(start) = html.find("<main>") else {
             continue;
         };
-        let end = html[start..]
-            .find("</main>")
-            .map_or(html.len(), |e| start + e);
+        let end = html[start..].find("</main>").map_or(html.len(), |e| start + e);
         let text = strip_tags(&html[start..end]);
         if text.split_whitespace().count() > 200 {
             out.push(text);
@@ -724,13 +523,7 @@ fn strip_tags(html: &str) -> String {
             _ => {}
         }
     }
-    let text = text
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&#x27;", "'")
-        .replace("&amp;", "&");
+    let text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&#39;", "'").replace("&#x27;", "'").replace("&amp;", "&");
     // Collapse runs of blank lines left by the markup.
     let mut out = String::new();
     let mut blank = 0;

@@ -51,15 +51,10 @@ fn arrivals_and_aborts_mid_generation() {
             // A new request every other step; abort request 2 and 5 a few steps after they start.
             if step % 2 == 0 && ids.len() < ps.len() {
                 let i = ids.len();
-                ids.push(
-                    engine
-                        .add_request(ps[i].clone(), GenerationParams::greedy(max_new[i]))
-                        .unwrap(),
-                );
+                ids.push(engine.add_request(ps[i].clone(), GenerationParams::greedy(max_new[i])).unwrap());
             }
             for victim in [2usize, 5] {
-                if ids.len() > victim && step == 2 * victim + 4 && engine.abort(ids[victim]).is_ok()
-                {
+                if ids.len() > victim && step == 2 * victim + 4 && engine.abort(ids[victim]).is_ok() {
                     aborted.push(ids[victim]);
                 }
             }
@@ -70,18 +65,11 @@ fn arrivals_and_aborts_mid_generation() {
             }
             step += 1;
         }
-        assert_eq!(
-            aborted.len(),
-            2,
-            "{layout:?}: both aborts landed mid-generation"
-        );
+        assert_eq!(aborted.len(), 2, "{layout:?}: both aborts landed mid-generation");
         for (i, id) in ids.iter().enumerate() {
             let g = got.get(id).cloned().unwrap_or_default();
             if aborted.contains(id) {
-                assert!(
-                    g.len() < max_new[i] && want[i].starts_with(&g),
-                    "{layout:?} aborted request {i} is a prefix"
-                );
+                assert!(g.len() < max_new[i] && want[i].starts_with(&g), "{layout:?} aborted request {i} is a prefix");
             } else {
                 assert_eq!(g, want[i], "{layout:?} request {i}");
             }
@@ -99,23 +87,13 @@ fn preemption_under_kv_pressure_keeps_outputs() {
         let mut solo = builder(&dir, layout, 1).build().unwrap();
         let want = sequential(&mut solo, &ps, &max_new);
         // Room for about two requests at a time in every slot.
-        let slots = if layout == KvLayoutKind::DepthIndexed {
-            4
-        } else {
-            1
-        };
-        let mut engine = builder(&dir, layout, 6)
-            .kv_capacity_tokens(72 * slots)
-            .build()
-            .unwrap();
+        let slots = if layout == KvLayoutKind::DepthIndexed { 4 } else { 1 };
+        let mut engine = builder(&dir, layout, 6).kv_capacity_tokens(72 * slots).build().unwrap();
         let got = batched(&mut engine, &ps, &max_new);
         for i in 0..ps.len() {
             assert_eq!(got[i], want[i], "{layout:?} request {i}");
         }
-        assert!(
-            engine.metrics().preemptions > 0,
-            "{layout:?}: the pool was meant to run out"
-        );
+        assert!(engine.metrics().preemptions > 0, "{layout:?}: the pool was meant to run out");
         assert_kv_empty(&engine);
     }
 }
@@ -126,32 +104,13 @@ fn seeded_sampling_is_batch_invariant() {
     let ps = prompts(4, 9);
     let params = |seed| GenerationParams {
         max_new_tokens: 10,
-        sampling: ponder::SamplingParams {
-            temperature: 0.9,
-            top_k: Some(20),
-            top_p: Some(0.95),
-            seed: Some(seed),
-        },
+        sampling: ponder::SamplingParams { temperature: 0.9, top_k: Some(20), top_p: Some(0.95), seed: Some(seed) },
         ..Default::default()
     };
     let mut solo = builder(&dir, KvLayoutKind::Shared, 1).build().unwrap();
-    let want: Vec<_> = ps
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            solo.generate([p.clone()], &params(i as u64))
-                .unwrap()
-                .remove(0)
-                .unwrap()
-                .token_ids
-        })
-        .collect();
+    let want: Vec<_> = ps.iter().enumerate().map(|(i, p)| solo.generate([p.clone()], &params(i as u64)).unwrap().remove(0).unwrap().token_ids).collect();
     let mut engine = builder(&dir, KvLayoutKind::Shared, 4).build().unwrap();
-    let ids: Vec<_> = ps
-        .iter()
-        .enumerate()
-        .map(|(i, p)| engine.add_request(p.clone(), params(i as u64)).unwrap())
-        .collect();
+    let ids: Vec<_> = ps.iter().enumerate().map(|(i, p)| engine.add_request(p.clone(), params(i as u64)).unwrap()).collect();
     let mut got = HashMap::new();
     drain(&mut engine, &mut got);
     for (i, id) in ids.iter().enumerate() {

@@ -14,11 +14,7 @@ fn every_valid_combination_is_batch_invariant() {
     let ps = prompts(7, 13);
     let max_new: Vec<usize> = (0..ps.len()).map(|i| 4 + (i * 3) % 9).collect();
     let combos = combos();
-    assert!(
-        combos.len() >= 25,
-        "matrix has {} combinations",
-        combos.len()
-    );
+    assert!(combos.len() >= 25, "matrix has {} combinations", combos.len());
     let mut by_name = HashMap::new();
     let mut overlapped = 0;
     for c in &combos {
@@ -35,40 +31,22 @@ fn every_valid_combination_is_batch_invariant() {
         let mut ahead = combo_builder(&dir, c, 3).build().unwrap();
         if ahead.set_overlap(true).is_ok() {
             overlapped += 1;
-            assert_eq!(
-                batched(&mut ahead, &ps, &max_new),
-                want,
-                "{} with overlap",
-                c.name
-            );
+            assert_eq!(batched(&mut ahead, &ps, &max_new), want, "{} with overlap", c.name);
             assert_kv_empty(&ahead);
         }
         if c.scheduler != SchedulerKind::Continuous && !c.name.contains("fixed4") {
             let d = engine.metrics().mean_depth();
-            assert!(
-                d > 1.0 && d < 4.0,
-                "{}: gated exits realise a mean depth strictly inside (1, 4), got {d}",
-                c.name
-            );
+            assert!(d > 1.0 && d < 4.0, "{}: gated exits realise a mean depth strictly inside (1, 4), got {d}", c.name);
         }
         by_name.insert(c.name.clone(), want);
     }
-    assert!(
-        overlapped >= 10,
-        "{overlapped} combinations ran with overlap"
-    );
+    assert!(overlapped >= 10, "{overlapped} combinations ran with overlap");
     // At full depth the depth schedulers compute exactly what CB computes.
     for layout in [KvLayoutKind::DepthIndexed, KvLayoutKind::Shared] {
         let cb = &by_name[&format!("Continuous × {layout:?} × fixed4")];
         for refill in [true, false] {
-            let d = &by_name[&format!(
-                "{:?} × {layout:?} × fixed4",
-                SchedulerKind::Depth { refill }
-            )];
-            assert_eq!(
-                d, cb,
-                "depth(refill={refill}) at full depth == CB for {layout:?}"
-            );
+            let d = &by_name[&format!("{:?} × {layout:?} × fixed4", SchedulerKind::Depth { refill })];
+            assert_eq!(d, cb, "depth(refill={refill}) at full depth == CB for {layout:?}");
         }
     }
 }
@@ -77,29 +55,16 @@ fn every_valid_combination_is_batch_invariant() {
 fn overlap_needs_a_gate_that_decides_ahead() {
     let (_tmp, dir) = tiny_dir(43);
     let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
-    let mut e = builder(&dir, KvLayoutKind::Shared, 2)
-        .scheduler(SchedulerKind::Depth { refill: true })
-        .exit_gate(q)
-        .build()
-        .unwrap();
-    assert!(matches!(
-        e.set_overlap(true),
-        Err(ponder::Error::InvalidOption(_))
-    ));
+    let mut e = builder(&dir, KvLayoutKind::Shared, 2).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).build().unwrap();
+    assert!(matches!(e.set_overlap(true), Err(ponder::Error::InvalidOption(_))));
     let mut cb = builder(&dir, KvLayoutKind::Shared, 2).build().unwrap();
-    assert!(
-        cb.set_overlap(true).is_err(),
-        "CB needs each token before the next launch"
-    );
+    assert!(cb.set_overlap(true).is_err(), "CB needs each token before the next launch");
 }
 
 #[test]
 fn invalid_layout_gate_combination_is_rejected() {
     let (_tmp, dir) = tiny_dir(42);
     let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
-    let err = builder(&dir, KvLayoutKind::DepthIndexed, 2)
-        .scheduler(SchedulerKind::Depth { refill: true })
-        .exit_gate(q)
-        .build();
+    let err = builder(&dir, KvLayoutKind::DepthIndexed, 2).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).build();
     assert!(matches!(err, Err(ponder::Error::InvalidOption(m)) if m.contains("depth-indexed")));
 }

@@ -3,10 +3,7 @@
 //! each request run alone (token-exact, f32, CPU), and the KV pool is empty afterwards.
 
 use ponder::diffusion::{Replay, StaticCount, Threshold, UnmaskPolicy, UnmaskTrace};
-use ponder::testing::{
-    tiny_dream_config, tiny_llada_config, tiny_sdar_config, write_random_dream, write_random_llada,
-    write_random_sdar,
-};
+use ponder::testing::{tiny_dream_config, tiny_llada_config, tiny_sdar_config, write_random_dream, write_random_llada, write_random_sdar};
 use ponder::{Engine, EngineBuilder, Event, GenerationParams, RequestId};
 mod common;
 use common::{assert_kv_empty, diffusion_prompts, VOCAB};
@@ -27,10 +24,7 @@ fn policies() -> Vec<(&'static str, Box<dyn UnmaskPolicy>)> {
     vec![
         ("threshold", Box::new(Threshold::new(0.6).unwrap())),
         ("static", Box::new(StaticCount::new(3).unwrap())),
-        (
-            "replay",
-            Box::new(Replay::new(UnmaskTrace::with_mean(2.5, 8, 11).unwrap())),
-        ),
+        ("replay", Box::new(Replay::new(UnmaskTrace::with_mean(2.5, 8, 11).unwrap()))),
     ]
 }
 
@@ -73,44 +67,21 @@ fn batched_equals_sequential_for_every_family_policy_and_cache() {
                 let want: Vec<Vec<u32>> = ps
                     .iter()
                     .zip(&max_new)
-                    .map(|(p, &n)| {
-                        solo.generate([p.clone()], &GenerationParams::greedy(n))
-                            .unwrap()
-                            .remove(0)
-                            .unwrap()
-                            .token_ids
-                    })
+                    .map(|(p, &n)| solo.generate([p.clone()], &GenerationParams::greedy(n)).unwrap().remove(0).unwrap().token_ids)
                     .collect();
                 assert_kv_empty(&solo);
                 let mut batched = engine(&dir, p_bat, delayed, 4);
-                let ids: Vec<RequestId> = ps
-                    .iter()
-                    .zip(&max_new)
-                    .map(|(p, &n)| {
-                        batched
-                            .add_request(p.clone(), GenerationParams::greedy(n))
-                            .unwrap()
-                    })
-                    .collect();
+                let ids: Vec<RequestId> = ps.iter().zip(&max_new).map(|(p, &n)| batched.add_request(p.clone(), GenerationParams::greedy(n)).unwrap()).collect();
                 let (mut got, mut events) = (HashMap::new(), 0);
                 drain(&mut batched, &mut got, &mut events);
                 for (i, id) in ids.iter().enumerate() {
-                    assert_eq!(
-                        got.get(id).cloned().unwrap_or_default(),
-                        want[i],
-                        "{label}: request {i}"
-                    );
+                    assert_eq!(got.get(id).cloned().unwrap_or_default(), want[i], "{label}: request {i}");
                     assert_eq!(want[i].len(), max_new[i], "{label}: request {i} length");
                 }
                 assert_kv_empty(&batched);
                 let m = batched.metrics();
-                assert!(
-                    m.denoise.steps > 0 && m.tokens_per_denoise_step() > 0.5,
-                    "{label}: {:?}",
-                    m.denoise
-                );
-                let distinct: std::collections::HashSet<u32> =
-                    want.iter().flatten().copied().collect();
+                assert!(m.denoise.steps > 0 && m.tokens_per_denoise_step() > 0.5, "{label}: {:?}", m.denoise);
+                let distinct: std::collections::HashSet<u32> = want.iter().flatten().copied().collect();
                 assert!(distinct.len() >= 4, "{label}: degenerate output {want:?}");
                 per_step.insert(label.clone(), m.denoise.tokens_per_step());
                 outputs.insert(label, want);
@@ -120,14 +91,8 @@ fn batched_equals_sequential_for_every_family_policy_and_cache() {
     // The delayed cache recomputes fewer positions per step than the whole block.
     for family in ["sdar", "llada", "dream"] {
         for name in ["threshold", "static", "replay"] {
-            let (full, delayed) = (
-                per_step[&format!("{family} × {name} × delayed=false")],
-                per_step[&format!("{family} × {name} × delayed=true")],
-            );
-            assert!(
-                delayed < full,
-                "{family} × {name}: {delayed} vs {full} tokens per step"
-            );
+            let (full, delayed) = (per_step[&format!("{family} × {name} × delayed=false")], per_step[&format!("{family} × {name} × delayed=true")]);
+            assert!(delayed < full, "{family} × {name}: {delayed} vs {full} tokens per step");
         }
     }
     // The policies are not no-ops: they decode differently.
@@ -143,23 +108,15 @@ fn tokens_stream_before_their_block_completes() {
     // One token per step, left to right or not: a block of 8 takes 8 steps, tokens arrive over
     // several steps rather than all at the block's end.
     let mut e = engine(&dir, Box::new(StaticCount::new(1).unwrap()), false, 2);
-    let id = e
-        .add_request(vec![3, 4, 5, 6, 7, 8, 9, 10], GenerationParams::greedy(8))
-        .unwrap();
+    let id = e.add_request(vec![3, 4, 5, 6, 7, 8, 9, 10], GenerationParams::greedy(8)).unwrap();
     let mut steps_with_tokens = 0;
     while e.has_work() {
         let evs = e.step().unwrap();
-        if evs
-            .iter()
-            .any(|ev| matches!(ev, Event::Token { id: i, .. } if *i == id))
-        {
+        if evs.iter().any(|ev| matches!(ev, Event::Token { id: i, .. } if *i == id)) {
             steps_with_tokens += 1;
         }
     }
-    assert!(
-        steps_with_tokens >= 2,
-        "tokens came in {steps_with_tokens} step(s)"
-    );
+    assert!(steps_with_tokens >= 2, "tokens came in {steps_with_tokens} step(s)");
 }
 
 #[test]
@@ -167,15 +124,8 @@ fn abort_mid_block_frees_kv_and_others_finish() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, dir) = family_dirs(tmp.path()).remove(0);
     let mut e = engine(&dir, Box::new(StaticCount::new(1).unwrap()), true, 4);
-    let a = e
-        .add_request(vec![1, 2, 3], GenerationParams::greedy(12))
-        .unwrap();
-    let b = e
-        .add_request(
-            vec![4, 5, 6, 7, 8, 9, 10, 11, 12],
-            GenerationParams::greedy(12),
-        )
-        .unwrap();
+    let a = e.add_request(vec![1, 2, 3], GenerationParams::greedy(12)).unwrap();
+    let b = e.add_request(vec![4, 5, 6, 7, 8, 9, 10, 11, 12], GenerationParams::greedy(12)).unwrap();
     e.step().unwrap();
     e.step().unwrap();
     e.abort(a).unwrap();
@@ -198,59 +148,31 @@ fn bad_inputs_get_typed_errors() {
     let dirs = family_dirs(tmp.path());
     let dir = &dirs[0].1;
     let mut e = engine(dir, Box::new(StaticCount::new(2).unwrap()), false, 2);
-    let rejected =
-        |r: ponder::Result<RequestId>| matches!(r, Err(ponder::Error::InvalidRequest { .. }));
-    assert!(rejected(
-        e.add_request(Vec::<u32>::new(), GenerationParams::greedy(4))
-    ));
-    assert!(rejected(e.add_request(
-        vec![VOCAB as u32 + 5],
-        GenerationParams::greedy(4)
-    )));
+    let rejected = |r: ponder::Result<RequestId>| matches!(r, Err(ponder::Error::InvalidRequest { .. }));
+    assert!(rejected(e.add_request(Vec::<u32>::new(), GenerationParams::greedy(4))));
+    assert!(rejected(e.add_request(vec![VOCAB as u32 + 5], GenerationParams::greedy(4))));
     // Context 512: prompt + new tokens rounded up to whole blocks must fit.
-    assert!(rejected(
-        e.add_request(vec![1; 500], GenerationParams::greedy(10))
-    ));
+    assert!(rejected(e.add_request(vec![1; 500], GenerationParams::greedy(10))));
     let mut sampled = GenerationParams::greedy(4);
     sampled.sampling.temperature = 0.8;
     assert!(rejected(e.add_request(vec![1, 2], sampled)));
     // The engine still serves a good request afterwards.
-    let out = e
-        .generate([vec![1u32, 2, 3]], &GenerationParams::greedy(5))
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    let out = e.generate([vec![1u32, 2, 3]], &GenerationParams::greedy(5)).unwrap().remove(0).unwrap();
     assert_eq!(out.token_ids.len(), 5);
     assert_kv_empty(&e);
 
     // A block length that does not divide the context window (512).
     let err = EngineBuilder::new(dir).block_length(24).build();
-    assert!(
-        matches!(err, Err(ponder::Error::InvalidOption(_))),
-        "{:?}",
-        err.err()
-    );
+    assert!(matches!(err, Err(ponder::Error::InvalidOption(_))), "{:?}", err.err());
     // Options that belong to looped models.
-    assert!(matches!(
-        EngineBuilder::new(dir)
-            .kv_layout(ponder::KvLayoutKind::LastExited)
-            .build(),
-        Err(ponder::Error::InvalidOption(_))
-    ));
+    assert!(matches!(EngineBuilder::new(dir).kv_layout(ponder::KvLayoutKind::LastExited).build(), Err(ponder::Error::InvalidOption(_))));
     // A checkpoint whose mask id is missing from the vocabulary.
     let mut cfg = tiny_sdar_config(VOCAB);
     cfg.mask_token_id = None; // the family default (151669) is outside a 97-token vocabulary
     let bad = tmp.path().join("no-mask");
     write_random_sdar(&bad, &cfg, 1).unwrap_or(());
-    std::fs::write(
-        bad.join("config.json"),
-        serde_json::to_string(&cfg).unwrap(),
-    )
-    .unwrap();
-    assert!(matches!(
-        EngineBuilder::new(&bad).build(),
-        Err(ponder::Error::BadConfig { .. })
-    ));
+    std::fs::write(bad.join("config.json"), serde_json::to_string(&cfg).unwrap()).unwrap();
+    assert!(matches!(EngineBuilder::new(&bad).build(), Err(ponder::Error::BadConfig { .. })));
 }
 
 #[test]
@@ -271,15 +193,10 @@ fn kv_exhaustion_queues_then_admits() {
         p
     });
     let outs = e.generate(ps, &GenerationParams::greedy(14)).unwrap();
-    assert!(outs
-        .iter()
-        .all(|o| o.as_ref().unwrap().token_ids.len() == 14));
+    assert!(outs.iter().all(|o| o.as_ref().unwrap().token_ids.len() == 14));
     assert_kv_empty(&e);
     let too_big = e.add_request(vec![1; 40], GenerationParams::greedy(40));
-    assert!(
-        matches!(too_big, Err(ponder::Error::KvExhausted { .. })),
-        "{too_big:?}"
-    );
+    assert!(matches!(too_big, Err(ponder::Error::KvExhausted { .. })), "{too_big:?}");
 }
 
 /// A scheduler of your own for a diffusion model, written against the public API: this one
@@ -347,20 +264,12 @@ fn custom_diffusion_scheduler_plugs_in() {
         .kv_capacity_tokens(2048)
         .unmask_policy(StaticCount::new(2).unwrap())
         .custom_diffusion_scheduler(move |ctx| {
-            Box::new(Counting {
-                inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy),
-                launches: counter,
-            })
+            Box::new(Counting { inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy), launches: counter })
         })
         .build()
         .unwrap();
     assert_eq!(e.scheduler().name(), "counting-diffusion");
-    let got: Vec<Vec<u32>> = e
-        .generate(ps, &GenerationParams::greedy(10))
-        .unwrap()
-        .into_iter()
-        .map(|o| o.unwrap().token_ids)
-        .collect();
+    let got: Vec<Vec<u32>> = e.generate(ps, &GenerationParams::greedy(10)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
     assert_eq!(got, want);
     assert!(launches.load(Ordering::Relaxed) > 0);
     assert_kv_empty(&e);

@@ -28,9 +28,7 @@ fn tmp_dir(name: &str) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn ids() -> Vec<u32> {
-    (0..TOKENS as u32)
-        .map(|i| (i * 37 + 11) % (VOCAB as u32 - 1))
-        .collect()
+    (0..TOKENS as u32).map(|i| (i * 37 + 11) % (VOCAB as u32 - 1)).collect()
 }
 
 fn load(dir: &Path) -> DenseDiffusion {
@@ -45,33 +43,14 @@ fn load(dir: &Path) -> DenseDiffusion {
 fn paged_logits(m: &DenseDiffusion, rows: &[usize]) -> Tensor {
     let s = m.spec();
     let dev = Device::Cpu;
-    let kv = KvStore::new(
-        s.num_layers,
-        8,
-        PAGE,
-        s.num_kv_heads,
-        s.head_dim,
-        s.dtype,
-        &dev,
-    )
-    .unwrap();
-    let mut host = PagedBatchHost {
-        cu_q_lens: vec![0],
-        ..Default::default()
-    };
+    let kv = KvStore::new(s.num_layers, 8, PAGE, s.num_kv_heads, s.head_dim, s.dtype, &dev).unwrap();
+    let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
     for &end in rows {
         host.block_tables.push(TABLE.to_vec());
         host.context_lens.push(end as u32);
         host.cu_q_lens.push(end as u32);
     }
-    let batch = PagedBatch::new(
-        host,
-        PAGE,
-        AttnMask::Bidirectional,
-        s.num_kv_heads * s.head_dim,
-        &dev,
-    )
-    .unwrap();
+    let batch = PagedBatch::new(host, PAGE, AttnMask::Bidirectional, s.num_kv_heads * s.head_dim, &dev).unwrap();
     let ids = Tensor::new(ids().as_slice(), &dev).unwrap();
     let pos = Tensor::arange(0u32, TOKENS as u32, &dev).unwrap();
     let h = m.embed(&ids).unwrap();
@@ -133,17 +112,12 @@ struct Shape {
 
 fn rms(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
     let ms = x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
-    x.broadcast_div(&(ms + eps).unwrap().sqrt().unwrap())
-        .unwrap()
-        .broadcast_mul(w)
-        .unwrap()
+    x.broadcast_div(&(ms + eps).unwrap().sqrt().unwrap()).unwrap().broadcast_mul(w).unwrap()
 }
 
 /// `x @ w^T (+ b)` for `x: [n, in]`.
 fn linear(t: &HashMap<String, Tensor>, x: &Tensor, name: &str) -> Tensor {
-    let y = x
-        .matmul(&t[&format!("{name}.weight")].t().unwrap())
-        .unwrap();
+    let y = x.matmul(&t[&format!("{name}.weight")].t().unwrap()).unwrap();
     match t.get(&format!("{name}.bias")) {
         Some(b) => y.broadcast_add(b).unwrap(),
         None => y,
@@ -170,40 +144,20 @@ fn rope(x: &Tensor, theta: f64) -> Tensor {
 }
 
 /// The dense reference: whole-sequence attention with `visible(query, key)`, plain candle ops.
-fn reference_logits(
-    t: &HashMap<String, Tensor>,
-    names: &Names,
-    s: &Shape,
-    visible: impl Fn(usize, usize) -> bool,
-) -> Tensor {
+fn reference_logits(t: &HashMap<String, Tensor>, names: &Names, s: &Shape, visible: impl Fn(usize, usize) -> bool) -> Tensor {
     let dev = Device::Cpu;
     let (n, d) = (TOKENS, s.head_dim);
     let ids = Tensor::new(ids().as_slice(), &dev).unwrap();
     let mut x = t[names.embed].index_select(&ids, 0).unwrap();
-    let bias: Vec<f32> = (0..n * n)
-        .map(|e| {
-            if visible(e / n, e % n) {
-                0.0
-            } else {
-                f32::NEG_INFINITY
-            }
-        })
-        .collect();
+    let bias: Vec<f32> = (0..n * n).map(|e| if visible(e / n, e % n) { 0.0 } else { f32::NEG_INFINITY }).collect();
     let bias = Tensor::from_vec(bias, (n, n), &dev).unwrap();
     for l in 0..s.layers {
         let name = |role| (names.layer)(l, role);
         let a = rms(&x, &t[&format!("{}.weight", name("attn_norm"))], s.eps);
         let mut q = linear(t, &a, &name("q")).reshape((n, s.heads, d)).unwrap();
-        let mut k = linear(t, &a, &name("k"))
-            .reshape((n, s.kv_heads, d))
-            .unwrap();
-        let v = linear(t, &a, &name("v"))
-            .reshape((n, s.kv_heads, d))
-            .unwrap();
-        if let (Some(qn), Some(kn)) = (
-            t.get(&format!("{}.weight", name("q_norm"))),
-            t.get(&format!("{}.weight", name("k_norm"))),
-        ) {
+        let mut k = linear(t, &a, &name("k")).reshape((n, s.kv_heads, d)).unwrap();
+        let v = linear(t, &a, &name("v")).reshape((n, s.kv_heads, d)).unwrap();
+        if let (Some(qn), Some(kn)) = (t.get(&format!("{}.weight", name("q_norm"))), t.get(&format!("{}.weight", name("k_norm")))) {
             q = rms(&q, qn, s.eps);
             k = rms(&k, kn, s.eps);
         }
@@ -220,15 +174,11 @@ fn reference_logits(
         }
         x = (x + linear(t, &Tensor::cat(&heads, 1).unwrap(), &name("o"))).unwrap();
         let m = rms(&x, &t[&format!("{}.weight", name("mlp_norm"))], s.eps);
-        let act = (candle_nn::ops::silu(&linear(t, &m, &name("gate"))).unwrap()
-            * linear(t, &m, &name("up")))
-        .unwrap();
+        let act = (candle_nn::ops::silu(&linear(t, &m, &name("gate"))).unwrap() * linear(t, &m, &name("up"))).unwrap();
         x = (x + linear(t, &act, &name("down"))).unwrap();
     }
     let head = t.get(names.head).unwrap_or(&t[names.embed]);
-    rms(&x, &t[names.norm], s.eps)
-        .matmul(&head.t().unwrap())
-        .unwrap()
+    rms(&x, &t[names.norm], s.eps).matmul(&head.t().unwrap()).unwrap()
 }
 
 fn tensors(dir: &Path) -> HashMap<String, Tensor> {
@@ -237,32 +187,14 @@ fn tensors(dir: &Path) -> HashMap<String, Tensor> {
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
+    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
 }
 
 fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
     let d = max_diff(got, want);
     assert!(d < 1e-4, "{what}: max |paged - dense| = {d}");
-    let spread: f32 = want
-        .flatten_all()
-        .unwrap()
-        .var(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap();
-    assert!(
-        spread > 1e-4,
-        "{what}: logits too flat ({spread}) for the comparison to mean anything"
-    );
+    let spread: f32 = want.flatten_all().unwrap().var(0).unwrap().to_scalar().unwrap();
+    assert!(spread > 1e-4, "{what}: logits too flat ({spread}) for the comparison to mean anything");
 }
 
 fn block_causal(q: usize, k: usize) -> bool {
@@ -273,29 +205,13 @@ fn block_causal(q: usize, k: usize) -> bool {
 fn sdar_matches_dense_block_causal_reference() {
     for tied in [false, true] {
         let (_tmp, dir) = tmp_dir("tiny-sdar");
-        let cfg = ponder::models::SdarConfig {
-            tie_word_embeddings: tied,
-            ..tiny_sdar_config(VOCAB)
-        };
+        let cfg = ponder::models::SdarConfig { tie_word_embeddings: tied, ..tiny_sdar_config(VOCAB) };
         write_random_sdar(&dir, &cfg, 3).unwrap();
-        assert!(matches!(
-            ModelDir::open(&dir).unwrap().config,
-            ModelConfig::Sdar(_)
-        ));
+        assert!(matches!(ModelDir::open(&dir).unwrap().config, ModelConfig::Sdar(_)));
         let m = load(&dir);
         let s = m.spec();
-        assert_eq!(
-            (s.attention, s.shift_logits, s.block_length, s.mask_token_id),
-            (DiffusionAttention::BlockCausal, false, Some(8), 100)
-        );
-        let shape = Shape {
-            layers: 2,
-            heads: 4,
-            kv_heads: 2,
-            head_dim: 16,
-            theta: cfg.rope_theta,
-            eps: cfg.rms_norm_eps,
-        };
+        assert_eq!((s.attention, s.shift_logits, s.block_length, s.mask_token_id), (DiffusionAttention::BlockCausal, false, Some(8), 100));
+        let shape = Shape { layers: 2, heads: 4, kv_heads: 2, head_dim: 16, theta: cfg.rope_theta, eps: cfg.rms_norm_eps };
         let t = tensors(&dir);
         assert_eq!(t.contains_key("lm_head.weight"), !tied);
         let want = reference_logits(&t, &QWEN, &shape, block_causal);
@@ -304,12 +220,7 @@ fn sdar_matches_dense_block_causal_reference() {
         assert_close(&got, &want, &format!("sdar (tied {tied})"));
         // The mask matters: full attention changes block 0's logits.
         let full = reference_logits(&t, &QWEN, &shape, |_, _| true);
-        assert!(
-            max_diff(
-                &got.narrow(0, 0, BLOCK).unwrap(),
-                &full.narrow(0, 0, BLOCK).unwrap()
-            ) > 1e-3
-        );
+        assert!(max_diff(&got.narrow(0, 0, BLOCK).unwrap(), &full.narrow(0, 0, BLOCK).unwrap()) > 1e-3);
     }
 }
 
@@ -318,27 +229,10 @@ fn llada_matches_dense_bidirectional_reference() {
     let (_tmp, dir) = tmp_dir("tiny-llada");
     let cfg = tiny_llada_config(VOCAB);
     write_random_llada(&dir, &cfg, 4).unwrap();
-    assert!(matches!(
-        ModelDir::open(&dir).unwrap().config,
-        ModelConfig::Llada(_)
-    ));
+    assert!(matches!(ModelDir::open(&dir).unwrap().config, ModelConfig::Llada(_)));
     let m = load(&dir);
-    assert_eq!(
-        (
-            m.spec().attention,
-            m.spec().shift_logits,
-            m.spec().model_type.as_str()
-        ),
-        (DiffusionAttention::Bidirectional, false, "llada")
-    );
-    let shape = Shape {
-        layers: 2,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 16,
-        theta: cfg.rope_theta,
-        eps: cfg.rms_norm_eps,
-    };
+    assert_eq!((m.spec().attention, m.spec().shift_logits, m.spec().model_type.as_str()), (DiffusionAttention::Bidirectional, false, "llada"));
+    let shape = Shape { layers: 2, heads: 4, kv_heads: 2, head_dim: 16, theta: cfg.rope_theta, eps: cfg.rms_norm_eps };
     let want = reference_logits(&tensors(&dir), &LLADA, &shape, |_, _| true);
     assert_close(&paged_logits(&m, &[TOKENS]), &want, "llada");
 }
@@ -348,39 +242,13 @@ fn dream_matches_dense_bidirectional_reference() {
     let (_tmp, dir) = tmp_dir("tiny-dream");
     let cfg = tiny_dream_config(VOCAB);
     write_random_dream(&dir, &cfg, 5).unwrap();
-    assert!(matches!(
-        ModelDir::open(&dir).unwrap().config,
-        ModelConfig::Dream(_)
-    ));
+    assert!(matches!(ModelDir::open(&dir).unwrap().config, ModelConfig::Dream(_)));
     let m = load(&dir);
-    assert_eq!(
-        (
-            m.spec().attention,
-            m.spec().shift_logits,
-            m.spec().mask_token_id
-        ),
-        (DiffusionAttention::Bidirectional, true, 100)
-    );
+    assert_eq!((m.spec().attention, m.spec().shift_logits, m.spec().mask_token_id), (DiffusionAttention::Bidirectional, true, 100));
     let t = tensors(&dir);
-    let bias: f32 = t["model.layers.0.self_attn.k_proj.bias"]
-        .abs()
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .to_scalar()
-        .unwrap();
-    assert!(
-        bias > 0.1,
-        "random biases are non-zero, so the bias path is exercised"
-    );
-    let shape = Shape {
-        layers: 2,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 16,
-        theta: cfg.rope_theta,
-        eps: cfg.rms_norm_eps,
-    };
+    let bias: f32 = t["model.layers.0.self_attn.k_proj.bias"].abs().unwrap().sum_all().unwrap().to_scalar().unwrap();
+    assert!(bias > 0.1, "random biases are non-zero, so the bias path is exercised");
+    let shape = Shape { layers: 2, heads: 4, kv_heads: 2, head_dim: 16, theta: cfg.rope_theta, eps: cfg.rms_norm_eps };
     let want = reference_logits(&t, &QWEN, &shape, |_, _| true);
     assert_close(&paged_logits(&m, &[TOKENS]), &want, "dream");
 }
@@ -388,10 +256,7 @@ fn dream_matches_dense_bidirectional_reference() {
 #[test]
 fn padded_llada_table_is_cut_to_the_vocabulary() {
     let (_tmp, dir) = tmp_dir("tiny-llada-padded");
-    let cfg = ponder::models::LladaConfig {
-        embedding_size: Some(VOCAB + 11),
-        ..tiny_llada_config(VOCAB)
-    };
+    let cfg = ponder::models::LladaConfig { embedding_size: Some(VOCAB + 11), ..tiny_llada_config(VOCAB) };
     write_random_llada(&dir, &cfg, 6).unwrap();
     let m = load(&dir);
     assert_eq!(paged_logits(&m, &[TOKENS]).dims(), &[TOKENS, VOCAB]);
@@ -402,65 +267,34 @@ fn padded_llada_table_is_cut_to_the_vocabulary() {
 fn specs_count_layer_and_head_parameters() {
     let dev = Device::Cpu;
     let in_layers = |m: &[(String, Vec<usize>)], prefix: &str| -> u64 {
-        m.iter()
-            .filter(|(n, _)| n.starts_with(prefix))
-            .map(|(_, s)| s.iter().product::<usize>() as u64)
-            .sum()
+        m.iter().filter(|(n, _)| n.starts_with(prefix)).map(|(_, s)| s.iter().product::<usize>() as u64).sum()
     };
     let c = tiny_sdar_config(VOCAB);
     let m = Sdar::load(&c, &random_sdar_weights(&c, 1, DType::F32, &dev).unwrap()).unwrap();
-    assert_eq!(
-        m.spec().layer_params,
-        in_layers(&sdar_tensor_manifest(&c), "model.layers.")
-    );
+    assert_eq!(m.spec().layer_params, in_layers(&sdar_tensor_manifest(&c), "model.layers."));
     assert_eq!(m.spec().head_params, (VOCAB * 64) as u64);
     let c = tiny_llada_config(VOCAB);
     let m = Llada::load(&c, &random_llada_weights(&c, 1, DType::F32, &dev).unwrap()).unwrap();
-    assert_eq!(
-        m.spec().layer_params,
-        in_layers(&llada_tensor_manifest(&c), "model.transformer.blocks.")
-    );
+    assert_eq!(m.spec().layer_params, in_layers(&llada_tensor_manifest(&c), "model.transformer.blocks."));
     let c = tiny_dream_config(VOCAB);
     let m = Dream::load(&c, &random_dream_weights(&c, 1, DType::F32, &dev).unwrap()).unwrap();
-    assert_eq!(
-        m.spec().layer_params,
-        in_layers(&dream_tensor_manifest(&c), "model.layers.")
-    );
+    assert_eq!(m.spec().layer_params, in_layers(&dream_tensor_manifest(&c), "model.layers."));
 }
 
 #[test]
 fn released_tensor_names_and_shapes() {
     let sdar = sdar_tensor_manifest(&ponder::models::SdarConfig::sdar_8b_chat_b32());
-    assert_eq!(
-        sdar.len(),
-        36 * 11 + 3,
-        "399 tensors in JetLM/SDAR-8B-Chat's index"
-    );
-    assert!(sdar
-        .iter()
-        .any(|(n, s)| n == "model.layers.35.self_attn.k_proj.weight" && s == &vec![1024, 4096]));
-    assert!(sdar
-        .iter()
-        .any(|(n, s)| n == "model.layers.0.self_attn.q_norm.weight" && s == &vec![128]));
+    assert_eq!(sdar.len(), 36 * 11 + 3, "399 tensors in JetLM/SDAR-8B-Chat's index");
+    assert!(sdar.iter().any(|(n, s)| n == "model.layers.35.self_attn.k_proj.weight" && s == &vec![1024, 4096]));
+    assert!(sdar.iter().any(|(n, s)| n == "model.layers.0.self_attn.q_norm.weight" && s == &vec![128]));
     let llada = llada_tensor_manifest(&ponder::models::LladaConfig::llada_8b());
     assert_eq!(llada.len(), 32 * 9 + 3);
-    assert!(
-        llada
-            .iter()
-            .any(|(n, s)| n == "model.transformer.blocks.31.ff_proj.weight"
-                && s == &vec![12288, 4096])
-    );
-    assert!(llada
-        .iter()
-        .any(|(n, s)| n == "model.transformer.ff_out.weight" && s == &vec![126464, 4096]));
+    assert!(llada.iter().any(|(n, s)| n == "model.transformer.blocks.31.ff_proj.weight" && s == &vec![12288, 4096]));
+    assert!(llada.iter().any(|(n, s)| n == "model.transformer.ff_out.weight" && s == &vec![126464, 4096]));
     let dream = dream_tensor_manifest(&ponder::models::DreamConfig::dream_7b());
     assert_eq!(dream.len(), 28 * 12 + 3);
-    assert!(dream
-        .iter()
-        .any(|(n, s)| n == "model.layers.27.self_attn.v_proj.bias" && s == &vec![512]));
-    assert!(dream
-        .iter()
-        .any(|(n, s)| n == "model.layers.0.mlp.down_proj.weight" && s == &vec![3584, 18944]));
+    assert!(dream.iter().any(|(n, s)| n == "model.layers.27.self_attn.v_proj.bias" && s == &vec![512]));
+    assert!(dream.iter().any(|(n, s)| n == "model.layers.0.mlp.down_proj.weight" && s == &vec![3584, 18944]));
 }
 
 /// Rewrites `model.safetensors` with `edit` applied.
@@ -480,32 +314,19 @@ fn load_err(dir: &Path) -> Error {
 fn broken_checkpoints_are_typed_errors() {
     let (_t1, dir) = tmp_dir("dream");
     write_random_dream(&dir, &tiny_dream_config(VOCAB), 7).unwrap();
-    edit_tensors(&dir, |t| {
-        drop(t.remove("model.layers.1.self_attn.k_proj.bias"))
-    });
-    assert!(
-        matches!(load_err(&dir), Error::BadTensor { name, .. } if name == "model.layers.1.self_attn.k_proj.bias")
-    );
+    edit_tensors(&dir, |t| drop(t.remove("model.layers.1.self_attn.k_proj.bias")));
+    assert!(matches!(load_err(&dir), Error::BadTensor { name, .. } if name == "model.layers.1.self_attn.k_proj.bias"));
 
     let (_t2, dir) = tmp_dir("sdar");
     write_random_sdar(&dir, &tiny_sdar_config(VOCAB), 7).unwrap();
-    edit_tensors(&dir, |t| {
-        drop(t.insert(
-            "model.layers.0.self_attn.q_norm.weight".into(),
-            Tensor::ones(8, DType::F32, &Device::Cpu).unwrap(),
-        ))
-    });
-    assert!(
-        matches!(load_err(&dir), Error::BadTensor { name, reason } if name == "model.layers.0.self_attn.q_norm.weight" && reason.contains("shape"))
-    );
+    edit_tensors(&dir, |t| drop(t.insert("model.layers.0.self_attn.q_norm.weight".into(), Tensor::ones(8, DType::F32, &Device::Cpu).unwrap())));
+    assert!(matches!(load_err(&dir), Error::BadTensor { name, reason } if name == "model.layers.0.self_attn.q_norm.weight" && reason.contains("shape")));
 
     // Untied LLaDA without its output matrix; SDAR untied without lm_head.
     let (_t3, dir) = tmp_dir("llada");
     write_random_llada(&dir, &tiny_llada_config(VOCAB), 7).unwrap();
     edit_tensors(&dir, |t| drop(t.remove("model.transformer.ff_out.weight")));
-    assert!(
-        matches!(load_err(&dir), Error::BadTensor { name, .. } if name == "model.transformer.ff_out.weight")
-    );
+    assert!(matches!(load_err(&dir), Error::BadTensor { name, .. } if name == "model.transformer.ff_out.weight"));
     let (_t4, dir) = tmp_dir("sdar-untied");
     write_random_sdar(&dir, &tiny_sdar_config(VOCAB), 7).unwrap();
     edit_tensors(&dir, |t| drop(t.remove("lm_head.weight")));
@@ -513,10 +334,7 @@ fn broken_checkpoints_are_typed_errors() {
 }
 
 /// `ModelDir::open` on a directory holding only `config.json` = `cfg` with `edit` applied.
-fn open_config(
-    cfg: serde_json::Value,
-    edit: impl FnOnce(&mut serde_json::Value),
-) -> ponder::Result<ModelDir> {
+fn open_config(cfg: serde_json::Value, edit: impl FnOnce(&mut serde_json::Value)) -> ponder::Result<ModelDir> {
     let (_tmp, dir) = tmp_dir("cfg");
     std::fs::create_dir_all(&dir).unwrap();
     let mut cfg = cfg;
@@ -528,10 +346,7 @@ fn open_config(
 
 fn bad_config(r: ponder::Result<ModelDir>, needle: &str) {
     match r {
-        Err(Error::BadConfig { reason, .. }) => assert!(
-            reason.contains(needle),
-            "`{reason}` should mention `{needle}`"
-        ),
+        Err(Error::BadConfig { reason, .. }) => assert!(reason.contains(needle), "`{reason}` should mention `{needle}`"),
         other => panic!("expected BadConfig about {needle}, got {other:?}"),
     }
 }
@@ -541,67 +356,22 @@ fn bad_configs_are_typed_errors() {
     let sdar = serde_json::to_value(tiny_sdar_config(VOCAB)).unwrap();
     let llada = serde_json::to_value(tiny_llada_config(VOCAB)).unwrap();
     let dream = serde_json::to_value(tiny_dream_config(VOCAB)).unwrap();
-    bad_config(
-        open_config(sdar.clone(), |c| c["num_key_value_heads"] = 3.into()),
-        "kv heads",
-    );
-    bad_config(
-        open_config(llada.clone(), |c| c["n_kv_heads"] = 3.into()),
-        "kv heads",
-    );
-    bad_config(
-        open_config(dream.clone(), |c| c["num_attention_heads"] = 0.into()),
-        "heads",
-    );
-    bad_config(
-        open_config(dream.clone(), |c| c["hidden_size"] = 66.into()),
-        "multiple",
-    );
-    bad_config(
-        open_config(sdar.clone(), |c| c["num_hidden_layers"] = 0.into()),
-        "> 0",
-    );
-    bad_config(
-        open_config(llada.clone(), |c| c["include_bias"] = true.into()),
-        "include_bias",
-    );
-    bad_config(
-        open_config(llada.clone(), |c| c["block_type"] = "sequential".into()),
-        "block_type",
-    );
-    bad_config(
-        open_config(sdar.clone(), |c| c["attention_bias"] = true.into()),
-        "attention_bias",
-    );
-    bad_config(
-        open_config(dream.clone(), |c| c["hidden_act"] = "gelu".into()),
-        "hidden_act",
-    );
+    bad_config(open_config(sdar.clone(), |c| c["num_key_value_heads"] = 3.into()), "kv heads");
+    bad_config(open_config(llada.clone(), |c| c["n_kv_heads"] = 3.into()), "kv heads");
+    bad_config(open_config(dream.clone(), |c| c["num_attention_heads"] = 0.into()), "heads");
+    bad_config(open_config(dream.clone(), |c| c["hidden_size"] = 66.into()), "multiple");
+    bad_config(open_config(sdar.clone(), |c| c["num_hidden_layers"] = 0.into()), "> 0");
+    bad_config(open_config(llada.clone(), |c| c["include_bias"] = true.into()), "include_bias");
+    bad_config(open_config(llada.clone(), |c| c["block_type"] = "sequential".into()), "block_type");
+    bad_config(open_config(sdar.clone(), |c| c["attention_bias"] = true.into()), "attention_bias");
+    bad_config(open_config(dream.clone(), |c| c["hidden_act"] = "gelu".into()), "hidden_act");
     // The mask token: an id past the vocabulary, or the family default for a vocabulary too
     // small to hold it, is the typed "missing mask token" error.
-    bad_config(
-        open_config(sdar.clone(), |c| c["mask_token_id"] = VOCAB.into()),
-        "mask token",
-    );
-    bad_config(
-        open_config(llada.clone(), |c| {
-            drop(c.as_object_mut().unwrap().remove("mask_token_id"))
-        }),
-        "mask token id 126336",
-    );
-    bad_config(
-        open_config(dream.clone(), |c| {
-            c["mask_token_id"] = serde_json::Value::Null
-        }),
-        "mask token id 151666",
-    );
+    bad_config(open_config(sdar.clone(), |c| c["mask_token_id"] = VOCAB.into()), "mask token");
+    bad_config(open_config(llada.clone(), |c| drop(c.as_object_mut().unwrap().remove("mask_token_id"))), "mask token id 126336");
+    bad_config(open_config(dream.clone(), |c| c["mask_token_id"] = serde_json::Value::Null), "mask token id 151666");
     // The released spelling is "Dream"; "dream" is accepted too.
-    assert!(matches!(
-        open_config(dream, |c| c["model_type"] = "dream".into())
-            .unwrap()
-            .config,
-        ModelConfig::Dream(_)
-    ));
+    assert!(matches!(open_config(dream, |c| c["model_type"] = "dream".into()).unwrap().config, ModelConfig::Dream(_)));
 }
 
 #[test]
@@ -609,22 +379,10 @@ fn constructors_check_the_config_too() {
     let dev = Device::Cpu;
     let good = tiny_sdar_config(VOCAB);
     let w = random_sdar_weights(&good, 1, DType::F32, &dev).unwrap();
-    let bad = ponder::models::SdarConfig {
-        mask_token_id: Some(VOCAB as u32),
-        ..good
-    };
-    assert!(
-        matches!(Sdar::load(&bad, &w), Err(Error::BadConfig { reason, .. }) if reason.contains("mask token"))
-    );
-    let ouro = ModelConfig::from_json(
-        &serde_json::to_string(&tiny_ouro_config(VOCAB)).unwrap(),
-        "x",
-    )
-    .unwrap();
-    assert!(matches!(
-        diffusion::load(&ouro, &w),
-        Err(Error::UnsupportedModel(_))
-    ));
+    let bad = ponder::models::SdarConfig { mask_token_id: Some(VOCAB as u32), ..good };
+    assert!(matches!(Sdar::load(&bad, &w), Err(Error::BadConfig { reason, .. }) if reason.contains("mask token")));
+    let ouro = ModelConfig::from_json(&serde_json::to_string(&tiny_ouro_config(VOCAB)).unwrap(), "x").unwrap();
+    assert!(matches!(diffusion::load(&ouro, &w), Err(Error::UnsupportedModel(_))));
 }
 
 #[test]
@@ -637,16 +395,10 @@ fn bf16_weights_track_f32() {
     write_random_dream(&dream, &tiny_dream_config(VOCAB), 8).unwrap();
     for (dir, rows) in [(&sdar, &[BLOCK, TOKENS][..]), (&dream, &[TOKENS][..])] {
         let md = ModelDir::open(dir).unwrap();
-        let half =
-            diffusion::load(&md.config, &md.weights(DType::BF16, &Device::Cpu).unwrap()).unwrap();
+        let half = diffusion::load(&md.config, &md.weights(DType::BF16, &Device::Cpu).unwrap()).unwrap();
         assert_eq!(half.spec().dtype, DType::BF16);
         let (a, b) = (paged_logits(&half, rows), paged_logits(&load(dir), rows));
         assert_eq!(a.dtype(), DType::F32);
-        assert!(
-            max_diff(&a, &b) < 0.05,
-            "{}: bf16 drifts {}",
-            dir.display(),
-            max_diff(&a, &b)
-        );
+        assert!(max_diff(&a, &b) < 0.05, "{}: bf16 drifts {}", dir.display(), max_diff(&a, &b));
     }
 }

@@ -3,28 +3,18 @@
 mod common;
 use common::*;
 use ponder::testing::{tiny_ouro_config, write_random_ouro};
-use ponder::{
-    EngineBuilder, Error, GenerationParams, InvalidRequest, KvLayoutKind, SamplingParams,
-};
+use ponder::{EngineBuilder, Error, GenerationParams, InvalidRequest, KvLayoutKind, SamplingParams};
 use std::collections::HashMap;
 
 #[test]
 fn bad_requests_are_rejected_while_others_finish() {
     let (_tmp, dir) = tiny_dir(7);
     let good = prompts(3, 1);
-    let mut solo = builder(&dir, KvLayoutKind::DepthIndexed, 1)
-        .build()
-        .unwrap();
+    let mut solo = builder(&dir, KvLayoutKind::DepthIndexed, 1).build().unwrap();
     let want = sequential(&mut solo, &good, &[8, 8, 8]);
 
-    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 4)
-        .max_model_len(64)
-        .kv_capacity_tokens(4 * 96)
-        .build()
-        .unwrap();
-    let mut ids = vec![engine
-        .add_request(good[0].clone(), GenerationParams::greedy(8))
-        .unwrap()];
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 4).max_model_len(64).kv_capacity_tokens(4 * 96).build().unwrap();
+    let mut ids = vec![engine.add_request(good[0].clone(), GenerationParams::greedy(8)).unwrap()];
     let mut got = HashMap::new();
     for ev in engine.step().unwrap() {
         if let ponder::Event::Token { id, token, .. } = ev {
@@ -36,52 +26,19 @@ fn bad_requests_are_rejected_while_others_finish() {
         Err(Error::InvalidRequest { reason, .. }) => reason,
         other => panic!("expected a rejection, got {other:?}"),
     };
-    assert_eq!(
-        rejected(engine.add_request(Vec::<u32>::new(), g.clone())),
-        InvalidRequest::EmptyPrompt
-    );
+    assert_eq!(rejected(engine.add_request(Vec::<u32>::new(), g.clone())), InvalidRequest::EmptyPrompt);
     assert!(matches!(
         rejected(engine.add_request(vec![1, 2, VOCAB as u32], g.clone())),
         InvalidRequest::UnknownToken { token, .. } if token == VOCAB as u32
     ));
-    assert!(matches!(
-        rejected(engine.add_request(vec![1; 60], g.clone())),
-        InvalidRequest::TooLong {
-            max_context: 64,
-            ..
-        }
-    ));
-    let bad_sampling = GenerationParams {
-        sampling: SamplingParams {
-            top_p: Some(1.5),
-            ..Default::default()
-        },
-        ..g.clone()
-    };
-    assert!(matches!(
-        rejected(engine.add_request(vec![1], bad_sampling)),
-        InvalidRequest::BadSampling(_)
-    ));
-    let neg_temp = GenerationParams {
-        sampling: SamplingParams {
-            temperature: f32::NAN,
-            ..Default::default()
-        },
-        ..g.clone()
-    };
-    assert!(matches!(
-        rejected(engine.add_request(vec![1], neg_temp)),
-        InvalidRequest::BadSampling(_)
-    ));
+    assert!(matches!(rejected(engine.add_request(vec![1; 60], g.clone())), InvalidRequest::TooLong { max_context: 64, .. }));
+    let bad_sampling = GenerationParams { sampling: SamplingParams { top_p: Some(1.5), ..Default::default() }, ..g.clone() };
+    assert!(matches!(rejected(engine.add_request(vec![1], bad_sampling)), InvalidRequest::BadSampling(_)));
+    let neg_temp = GenerationParams { sampling: SamplingParams { temperature: f32::NAN, ..Default::default() }, ..g.clone() };
+    assert!(matches!(rejected(engine.add_request(vec![1], neg_temp)), InvalidRequest::BadSampling(_)));
     // Text prompt with no tokenizer in the model dir.
-    assert!(matches!(
-        engine.add_request("hello", g.clone()),
-        Err(Error::Tokenizer(_))
-    ));
-    assert!(matches!(
-        engine.abort(ponder::RequestId(12345)),
-        Err(Error::UnknownRequest(_))
-    ));
+    assert!(matches!(engine.add_request("hello", g.clone()), Err(Error::Tokenizer(_))));
+    assert!(matches!(engine.abort(ponder::RequestId(12345)), Err(Error::UnknownRequest(_))));
 
     ids.push(engine.add_request(good[1].clone(), g.clone()).unwrap());
     ids.push(engine.add_request(good[2].clone(), g.clone()).unwrap());
@@ -96,23 +53,12 @@ fn bad_requests_are_rejected_while_others_finish() {
 fn kv_exhausted_is_a_typed_error() {
     let (_tmp, dir) = tiny_dir(8);
     // 8 blocks of 4 tokens in each of 4 depth slots = 32 positions per slot.
-    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 4)
-        .kv_capacity_tokens(4 * 32)
-        .build()
-        .unwrap();
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 4).kv_capacity_tokens(4 * 32).build().unwrap();
     match engine.add_request(vec![3; 20], GenerationParams::greedy(20)) {
-        Err(Error::KvExhausted {
-            needed_blocks: 40,
-            total_blocks: 32,
-            ..
-        }) => {}
+        Err(Error::KvExhausted { needed_blocks: 40, total_blocks: 32, .. }) => {}
         other => panic!("expected KvExhausted, got {other:?}"),
     }
-    let out = engine
-        .generate([vec![3u32; 10]], &GenerationParams::greedy(20))
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    let out = engine.generate([vec![3u32; 10]], &GenerationParams::greedy(20)).unwrap().remove(0).unwrap();
     assert_eq!(out.token_ids.len(), 20);
     assert_kv_empty(&engine);
 }
@@ -120,15 +66,9 @@ fn kv_exhausted_is_a_typed_error() {
 #[test]
 fn abort_mid_generation_frees_blocks_and_reports() {
     let (_tmp, dir) = tiny_dir(9);
-    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2)
-        .build()
-        .unwrap();
-    let a = engine
-        .add_request(vec![5, 6, 7], GenerationParams::greedy(50))
-        .unwrap();
-    let b = engine
-        .add_request(vec![8, 9], GenerationParams::greedy(5))
-        .unwrap();
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).build().unwrap();
+    let a = engine.add_request(vec![5, 6, 7], GenerationParams::greedy(50)).unwrap();
+    let b = engine.add_request(vec![8, 9], GenerationParams::greedy(5)).unwrap();
     engine.step().unwrap();
     engine.step().unwrap();
     assert!(engine.scheduler().kv().num_used_blocks() > 0);
@@ -143,28 +83,16 @@ fn abort_mid_generation_frees_blocks_and_reports() {
     }
     assert_eq!(finished[&a], ponder::FinishReason::Aborted);
     assert_eq!(finished[&b], ponder::FinishReason::Length);
-    assert!(
-        engine.abort(a).is_err(),
-        "a finished request cannot be aborted twice"
-    );
+    assert!(engine.abort(a).is_err(), "a finished request cannot be aborted twice");
     assert_kv_empty(&engine);
 }
 
 #[test]
 fn bad_engine_options() {
     let (_tmp, dir) = tiny_dir(10);
-    assert!(matches!(
-        EngineBuilder::new(&dir).block_size(0).build(),
-        Err(Error::InvalidOption(_))
-    ));
-    assert!(matches!(
-        EngineBuilder::new(&dir).max_num_seqs(0).build(),
-        Err(Error::InvalidOption(_))
-    ));
-    assert!(matches!(
-        EngineBuilder::new(&dir).dtype(ponder::DType::U32).build(),
-        Err(Error::InvalidOption(_))
-    ));
+    assert!(matches!(EngineBuilder::new(&dir).block_size(0).build(), Err(Error::InvalidOption(_))));
+    assert!(matches!(EngineBuilder::new(&dir).max_num_seqs(0).build(), Err(Error::InvalidOption(_))));
+    assert!(matches!(EngineBuilder::new(&dir).dtype(ponder::DType::U32).build(), Err(Error::InvalidOption(_))));
     assert!("triangular".parse::<KvLayoutKind>().is_err());
 }
 
@@ -192,37 +120,20 @@ fn bad_checkpoints_are_typed_errors() {
         std::fs::write(d.join("config.json"), text).unwrap();
         d
     };
+    assert!(matches!(build(&with_config("llama", &cfg_text.replace("\"ouro\"", "\"llama\""))), Err(Error::UnsupportedModel(_))));
+    assert!(matches!(build(&with_config("broken", "{ not json")), Err(Error::BadConfig { .. })));
     assert!(matches!(
-        build(&with_config(
-            "llama",
-            &cfg_text.replace("\"ouro\"", "\"llama\"")
-        )),
-        Err(Error::UnsupportedModel(_))
-    ));
-    assert!(matches!(
-        build(&with_config("broken", "{ not json")),
-        Err(Error::BadConfig { .. })
-    ));
-    assert!(matches!(
-        build(&with_config(
-            "heads",
-            &cfg_text.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3")
-        )),
+        build(&with_config("heads", &cfg_text.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"))),
         Err(Error::BadConfig { .. })
     ));
 
     // Mis-shaped: a config with a larger hidden size than the tensors.
     let wider = cfg_text.replace("\"intermediate_size\": 128", "\"intermediate_size\": 96");
-    assert!(matches!(
-        build(&with_config("shape", &wider)),
-        Err(Error::BadTensor { .. })
-    ));
+    assert!(matches!(build(&with_config("shape", &wider)), Err(Error::BadTensor { .. })));
 
     // Missing tensor: drop the exit gate.
     let d = with_config("missing", &cfg_text);
-    let tensors =
-        candle_core::safetensors::load(d.join("model.safetensors"), &candle_core::Device::Cpu)
-            .unwrap();
+    let tensors = candle_core::safetensors::load(d.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
     let mut fewer = tensors.clone();
     fewer.remove("model.early_exit_gate.bias");
     candle_core::safetensors::save(&fewer, d.join("model.safetensors")).unwrap();

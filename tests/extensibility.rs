@@ -25,32 +25,22 @@ fn check(make: &dyn Fn(usize) -> ponder::EngineBuilder) -> ponder::Engine {
 fn custom_gate_is_batch_invariant() {
     let (_tmp, dir) = tiny_dir(51);
     let engine = check(&|w| {
-        builder(&dir, KvLayoutKind::Shared, w)
-            .scheduler(SchedulerKind::Depth { refill: true })
-            .exit_gate(custom_gate::HazardThreshold {
-                threshold: 0.5,
-                min_steps: 1,
-                max_steps: 4,
-            })
+        builder(&dir, KvLayoutKind::Shared, w).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(custom_gate::HazardThreshold {
+            threshold: 0.5,
+            min_steps: 1,
+            max_steps: 4,
+        })
     });
     let d = engine.metrics().mean_depth();
-    assert!(
-        d > 1.0 && d < 4.0,
-        "the gate exits early sometimes: mean depth {d}"
-    );
+    assert!(d > 1.0 && d < 4.0, "the gate exits early sometimes: mean depth {d}");
 }
 
 #[test]
 fn custom_scheduler_is_batch_invariant() {
     let (_tmp, dir) = tiny_dir(52);
     let engine = check(&|w| {
-        builder(&dir, KvLayoutKind::DepthIndexed, w).custom_scheduler(|ctx| {
-            Box::new(custom_scheduler::ShortestPromptFirst::new(
-                ctx.limits,
-                ctx.kv,
-                ctx.spec.max_steps,
-            ))
-        })
+        builder(&dir, KvLayoutKind::DepthIndexed, w)
+            .custom_scheduler(|ctx| Box::new(custom_scheduler::ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.spec.max_steps)))
     });
     assert_eq!(engine.scheduler().name(), "shortest-prompt-first");
 }

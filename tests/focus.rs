@@ -1,9 +1,7 @@
 //! FOCUS eviction through the public engine on a tiny random SDAR, and its selection rules
 //! under random masks and scores.
 
-use ponder::diffusion::{
-    enforce_rules, EvictionInput, EvictionPolicy, Focus, NoEviction, StaticCount, Threshold,
-};
+use ponder::diffusion::{enforce_rules, EvictionInput, EvictionPolicy, Focus, NoEviction, StaticCount, Threshold};
 use ponder::testing::{tiny_dream_config, tiny_sdar_config, write_random_dream, write_random_sdar};
 use ponder::{Engine, EngineBuilder, GenerationParams, RequestId};
 use proptest::prelude::*;
@@ -14,22 +12,11 @@ use std::path::Path;
 
 /// Block 16 over a cache page of 4: a block holds enough masked tokens for the budget to bite.
 fn builder(dir: &Path, width: usize) -> EngineBuilder {
-    EngineBuilder::new(dir)
-        .block_size(4)
-        .block_length(16)
-        .max_num_seqs(width)
-        .kv_capacity_tokens(4096)
-        .unmask_policy(Threshold::new(0.5).unwrap())
+    EngineBuilder::new(dir).block_size(4).block_length(16).max_num_seqs(width).kv_capacity_tokens(4096).unmask_policy(Threshold::new(0.5).unwrap())
 }
 
 fn run_all(e: &mut Engine, ps: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
-    let ids: Vec<RequestId> = ps
-        .iter()
-        .map(|p| {
-            e.add_request(p.clone(), GenerationParams::greedy(n))
-                .unwrap()
-        })
-        .collect();
+    let ids: Vec<RequestId> = ps.iter().map(|p| e.add_request(p.clone(), GenerationParams::greedy(n)).unwrap()).collect();
     let mut got: HashMap<RequestId, Vec<u32>> = HashMap::new();
     while e.has_work() {
         for ev in e.step().unwrap() {
@@ -39,9 +26,7 @@ fn run_all(e: &mut Engine, ps: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
         }
     }
     assert_eq!(e.scheduler().kv().num_used_blocks(), 0, "KV leaked");
-    ids.iter()
-        .map(|id| got.remove(id).unwrap_or_default())
-        .collect()
+    ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect()
 }
 
 fn sdar_dir(tmp: &Path) -> std::path::PathBuf {
@@ -55,39 +40,18 @@ fn focus_evicts_reveals_only_kept_tokens_and_is_batch_invariant() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
     let ps = diffusion_prompts(5, 4);
-    let focus = || {
-        builder(&dir, 4)
-            .delayed_cache(true)
-            .eviction_policy(Focus::default())
-    };
+    let focus = || builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default());
     let mut batched = focus().build().unwrap();
     let got = run_all(&mut batched, &ps, 24);
     let d = batched.metrics().denoise.clone();
     assert!(d.scored_steps > 0);
-    assert!(
-        d.eviction_ratio() > 0.05,
-        "FOCUS evicted {:.3} of scored tokens",
-        d.eviction_ratio()
-    );
-    assert!(
-        d.kept_per_step() < d.tokens_per_step(),
-        "{} kept vs {} processed per step",
-        d.kept_per_step(),
-        d.tokens_per_step()
-    );
-    assert_eq!(
-        d.recall(),
-        Some(1.0),
-        "every revealed token was in its step's kept set"
-    );
+    assert!(d.eviction_ratio() > 0.05, "FOCUS evicted {:.3} of scored tokens", d.eviction_ratio());
+    assert!(d.kept_per_step() < d.tokens_per_step(), "{} kept vs {} processed per step", d.kept_per_step(), d.tokens_per_step());
+    assert_eq!(d.recall(), Some(1.0), "every revealed token was in its step's kept set");
     // Each request alone: same tokens (eviction decisions are per request).
     let mut solo = focus().max_num_seqs(1).build().unwrap();
     for (i, p) in ps.iter().enumerate() {
-        assert_eq!(
-            run_all(&mut solo, std::slice::from_ref(p), 24)[0],
-            got[i],
-            "request {i}"
-        );
+        assert_eq!(run_all(&mut solo, std::slice::from_ref(p), 24)[0], got[i], "request {i}");
     }
     assert!(got.iter().all(|t| t.len() == 24));
 }
@@ -97,32 +61,11 @@ fn no_eviction_and_shadow_scoring_leave_the_baseline_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
     let ps = diffusion_prompts(4, 8);
-    let base = run_all(
-        &mut builder(&dir, 4).delayed_cache(true).build().unwrap(),
-        &ps,
-        20,
-    );
-    let none = run_all(
-        &mut builder(&dir, 4)
-            .delayed_cache(true)
-            .eviction_policy(NoEviction)
-            .build()
-            .unwrap(),
-        &ps,
-        20,
-    );
+    let base = run_all(&mut builder(&dir, 4).delayed_cache(true).build().unwrap(), &ps, 20);
+    let none = run_all(&mut builder(&dir, 4).delayed_cache(true).eviction_policy(NoEviction).build().unwrap(), &ps, 20);
     assert_eq!(none, base);
-    let mut shadow = builder(&dir, 4)
-        .delayed_cache(true)
-        .eviction_policy(Focus::default())
-        .eviction_shadow(true)
-        .build()
-        .unwrap();
-    assert_eq!(
-        run_all(&mut shadow, &ps, 20),
-        base,
-        "shadow scoring must not change what runs"
-    );
+    let mut shadow = builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default()).eviction_shadow(true).build().unwrap();
+    assert_eq!(run_all(&mut shadow, &ps, 20), base, "shadow scoring must not change what runs");
     let recall = shadow.metrics().eviction_recall().unwrap();
     assert!(recall > 0.0 && recall <= 1.0, "recall {recall}");
 }
@@ -135,11 +78,7 @@ fn focus_needs_the_delayed_cache_and_unshifted_logits() {
     assert!(matches!(e, Err(ponder::Error::InvalidOption(_))));
     let dream = tmp.path().join("dream");
     write_random_dream(&dream, &tiny_dream_config(VOCAB), 3).unwrap();
-    let e = EngineBuilder::new(&dream)
-        .block_length(16)
-        .delayed_cache(true)
-        .eviction_policy(Focus::default())
-        .build();
+    let e = EngineBuilder::new(&dream).block_length(16).delayed_cache(true).eviction_policy(Focus::default()).build();
     assert!(matches!(e, Err(ponder::Error::InvalidOption(_))));
     // Looped models take no eviction policy.
     assert!(Focus::new(0.9).is_err());
@@ -153,71 +92,32 @@ fn phase_timing_covers_focus_launches_and_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
     let ps = diffusion_prompts(4, 6);
-    let focus = || {
-        builder(&dir, 4)
-            .delayed_cache(true)
-            .eviction_policy(Focus::default())
-    };
+    let focus = || builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default());
     let want = run_all(&mut focus().build().unwrap(), &ps, 16);
     let mut timed = focus().time_denoise_phases(true).build().unwrap();
-    assert_eq!(
-        run_all(&mut timed, &ps, 16),
-        want,
-        "timing must not change the tokens"
-    );
+    assert_eq!(run_all(&mut timed, &ps, 16), want, "timing must not change the tokens");
     let m = timed.metrics();
     let names: Vec<&str> = m.denoise.phases.iter().map(|(p, _)| *p).collect();
-    for p in [
-        "embed + rope",
-        "layers 0-1 + importance",
-        "selection",
-        "compaction",
-        "layers past 1",
-        "lm head + readout",
-    ] {
+    for p in ["embed + rope", "layers 0-1 + importance", "selection", "compaction", "layers past 1", "lm head + readout"] {
         assert!(names.contains(&p), "phase {p} missing from {names:?}");
     }
     let phases: f64 = m.denoise.phases.iter().map(|(_, d)| d.as_secs_f64()).sum();
     let launches = m.stages["denoise"].time.as_secs_f64();
-    assert!(
-        phases > 0.0 && phases <= launches * 1.001,
-        "phases {phases} s vs launches {launches} s"
-    );
-    assert!(
-        builder(&dir, 4)
-            .build()
-            .unwrap()
-            .metrics()
-            .denoise
-            .phases
-            .is_empty(),
-        "off by default"
-    );
+    assert!(phases > 0.0 && phases <= launches * 1.001, "phases {phases} s vs launches {launches} s");
+    assert!(builder(&dir, 4).build().unwrap().metrics().denoise.phases.is_empty(), "off by default");
     let ouro = tmp.path().join("ouro");
-    ponder::testing::write_random_ouro(&ouro, &ponder::testing::tiny_ouro_config(VOCAB), 1)
-        .unwrap();
+    ponder::testing::write_random_ouro(&ouro, &ponder::testing::tiny_ouro_config(VOCAB), 1).unwrap();
     let looped = EngineBuilder::new(&ouro).time_denoise_phases(true).build();
-    assert!(
-        matches!(looped, Err(ponder::Error::InvalidOption(_))),
-        "diffusion-only option on a looped model"
-    );
+    assert!(matches!(looped, Err(ponder::Error::InvalidOption(_))), "diffusion-only option on a looped model");
     // Device-span timing is the looped models' counterpart (CUDA only: nothing is timed here).
     let mut timed = EngineBuilder::new(&ouro).time_device(true).build().unwrap();
-    timed
-        .add_request(vec![1, 2, 3], GenerationParams::greedy(3))
-        .unwrap();
+    timed.add_request(vec![1, 2, 3], GenerationParams::greedy(3)).unwrap();
     while timed.has_work() {
         timed.step().unwrap();
     }
-    assert!(
-        timed.metrics().stages.values().all(|s| s.device_timed == 0),
-        "no device spans off CUDA"
-    );
+    assert!(timed.metrics().stages.values().all(|s| s.device_timed == 0), "no device spans off CUDA");
     let on_diffusion = builder(&dir, 2).time_device(true).build();
-    assert!(
-        matches!(on_diffusion, Err(ponder::Error::InvalidOption(_))),
-        "looped-only option on a diffusion model"
-    );
+    assert!(matches!(on_diffusion, Err(ponder::Error::InvalidOption(_))), "looped-only option on a diffusion model");
 }
 
 proptest! {

@@ -3,9 +3,7 @@
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, Tensor};
-use ponder::ops::{
-    paged_attention, paged_attention_reference, AttnMask, PagedBatch, PagedBatchHost,
-};
+use ponder::ops::{paged_attention, paged_attention_reference, AttnMask, PagedBatch, PagedBatchHost};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -41,12 +39,7 @@ fn build(case: &Case, seed: u64) -> Built {
     let mut kc = vec![f32::NAN; num_blocks * bs * width];
     let mut vc = vec![f32::NAN; num_blocks * bs * width];
     let mut next = 0;
-    let mut host = PagedBatchHost {
-        write_positions: Vec::new(),
-        block_tables: vec![],
-        context_lens: vec![],
-        cu_q_lens: vec![0],
-    };
+    let mut host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![], context_lens: vec![], cu_q_lens: vec![0] };
     for &(q_len, ctx) in &case.rows {
         let table: Vec<u32> = ids[next..next + ctx.div_ceil(bs)].to_vec();
         next += table.len();
@@ -59,45 +52,21 @@ fn build(case: &Case, seed: u64) -> Built {
         }
         host.block_tables.push(table);
         host.context_lens.push(ctx as u32);
-        host.cu_q_lens
-            .push(host.cu_q_lens.last().unwrap() + q_len as u32);
+        host.cu_q_lens.push(host.cu_q_lens.last().unwrap() + q_len as u32);
     }
     let tokens = *host.cu_q_lens.last().unwrap() as usize;
-    let qd: Vec<f32> = (0..tokens * case.heads * case.hd)
-        .map(|_| rng.random_range(-2.0f32..2.0))
-        .collect();
+    let qd: Vec<f32> = (0..tokens * case.heads * case.hd).map(|_| rng.random_range(-2.0f32..2.0)).collect();
     let cpu = Device::Cpu;
-    let q = Tensor::from_vec(qd, (tokens, case.heads, case.hd), &cpu)
-        .unwrap()
-        .to_dtype(case.dtype)
-        .unwrap();
+    let q = Tensor::from_vec(qd, (tokens, case.heads, case.hd), &cpu).unwrap().to_dtype(case.dtype).unwrap();
     let shape = (num_blocks, bs, case.kv_heads, case.hd);
-    let k = Tensor::from_vec(kc, shape, &cpu)
-        .unwrap()
-        .to_dtype(case.dtype)
-        .unwrap();
-    let v = Tensor::from_vec(vc, shape, &cpu)
-        .unwrap()
-        .to_dtype(case.dtype)
-        .unwrap();
+    let k = Tensor::from_vec(kc, shape, &cpu).unwrap().to_dtype(case.dtype).unwrap();
+    let v = Tensor::from_vec(vc, shape, &cpu).unwrap().to_dtype(case.dtype).unwrap();
     Built { q, k, v, host }
 }
 
 fn rel_err(out: &Tensor, reference: &Tensor) -> f32 {
-    let o = out
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    let r = reference
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let o = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let r = reference.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(o.len(), r.len());
     let mut num = 0f64;
     let mut den = 0f64;
@@ -111,48 +80,26 @@ fn rel_err(out: &Tensor, reference: &Tensor) -> f32 {
 
 fn check(case: Case) {
     let gpu = Device::new_cuda(0).unwrap();
-    let b = build(
-        &case,
-        0x5eed ^ case.rows.len() as u64 ^ ((case.hd as u64) << 8),
-    );
+    let b = build(&case, 0x5eed ^ case.rows.len() as u64 ^ ((case.hd as u64) << 8));
     let scale = 1.0 / (case.hd as f64).sqrt();
     let width = case.kv_heads * case.hd;
-    let cpu_batch = PagedBatch::new(
-        b.host.clone(),
-        case.block_size,
-        case.mask,
-        width,
-        &Device::Cpu,
-    )
-    .unwrap();
+    let cpu_batch = PagedBatch::new(b.host.clone(), case.block_size, case.mask, width, &Device::Cpu).unwrap();
     let f32_ = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-    let reference =
-        paged_attention_reference(&f32_(&b.q), &f32_(&b.k), &f32_(&b.v), &cpu_batch, scale)
-            .unwrap();
-    let gpu_batch =
-        PagedBatch::new(b.host.clone(), case.block_size, case.mask, width, &gpu).unwrap();
-    let (q, k, v) = (
-        b.q.to_device(&gpu).unwrap(),
-        b.k.to_device(&gpu).unwrap(),
-        b.v.to_device(&gpu).unwrap(),
-    );
+    let reference = paged_attention_reference(&f32_(&b.q), &f32_(&b.k), &f32_(&b.v), &cpu_batch, scale).unwrap();
+    let gpu_batch = PagedBatch::new(b.host.clone(), case.block_size, case.mask, width, &gpu).unwrap();
+    let (q, k, v) = (b.q.to_device(&gpu).unwrap(), b.k.to_device(&gpu).unwrap(), b.v.to_device(&gpu).unwrap());
     let tol = match case.dtype {
         DType::F32 => 1e-5,
         _ => 1e-2,
     };
     // Default dispatch (tensor cores for bf16/f16 with many query items), then the SIMT kernel.
     for simt in [false, true] {
-        let out = with_simt(simt, || {
-            paged_attention(&q, &k, &v, &gpu_batch, scale).unwrap()
-        });
+        let out = with_simt(simt, || paged_attention(&q, &k, &v, &gpu_batch, scale).unwrap());
         assert_eq!(out.dims(), reference.dims(), "{}", case.name);
         assert_eq!(out.dtype(), case.dtype);
         let err = rel_err(&out.to_device(&Device::Cpu).unwrap(), &reference);
         let path = if simt { "simt" } else { "default" };
-        println!(
-            "{:<40} {:?} {path:<7} rel err {err:.3e} (tol {tol:.0e})",
-            case.name, case.dtype
-        );
+        println!("{:<40} {:?} {path:<7} rel err {err:.3e} (tol {tol:.0e})", case.name, case.dtype);
         assert!(err <= tol, "{} ({path}): rel err {err} > {tol}", case.name);
     }
 }
@@ -172,79 +119,25 @@ fn with_simt<R>(simt: bool, f: impl FnOnce() -> R) -> R {
     r
 }
 
-const DECODE_ROWS: &[(usize, usize)] = &[
-    (1, 1),
-    (1, 15),
-    (1, 16),
-    (1, 17),
-    (1, 100),
-    (1, 384),
-    (1, 1000),
-    (1, 2048),
-];
-const MIXED_ROWS: &[(usize, usize)] = &[
-    (37, 37),
-    (1, 200),
-    (0, 5),
-    (128, 300),
-    (1, 1),
-    (0, 0),
-    (64, 700),
-    (3, 3),
-    (200, 1100),
-    (1, 33),
-];
-const DIFFUSION_ROWS: &[(usize, usize)] =
-    &[(32, 64), (32, 96), (1, 50), (32, 200), (16, 17), (32, 600)];
+const DECODE_ROWS: &[(usize, usize)] = &[(1, 1), (1, 15), (1, 16), (1, 17), (1, 100), (1, 384), (1, 1000), (1, 2048)];
+const MIXED_ROWS: &[(usize, usize)] = &[(37, 37), (1, 200), (0, 5), (128, 300), (1, 1), (0, 0), (64, 700), (3, 3), (200, 1100), (1, 33)];
+const DIFFUSION_ROWS: &[(usize, usize)] = &[(32, 64), (32, 96), (1, 50), (32, 200), (16, 17), (32, 600)];
 
-fn case(
-    name: &'static str,
-    rows: &[(usize, usize)],
-    heads: usize,
-    kv: usize,
-    hd: usize,
-    dtype: DType,
-    mask: AttnMask,
-) -> Case {
-    Case {
-        name,
-        rows: rows.to_vec(),
-        heads,
-        kv_heads: kv,
-        hd,
-        block_size: 16,
-        dtype,
-        mask,
-    }
+fn case(name: &'static str, rows: &[(usize, usize)], heads: usize, kv: usize, hd: usize, dtype: DType, mask: AttnMask) -> Case {
+    Case { name, rows: rows.to_vec(), heads, kv_heads: kv, hd, block_size: 16, dtype, mask }
 }
 
 #[test]
 fn decode_mha_d128() {
     for dt in [DType::F32, DType::BF16, DType::F16] {
-        check(case(
-            "decode mha 16/16 d128",
-            DECODE_ROWS,
-            16,
-            16,
-            128,
-            dt,
-            AttnMask::Causal,
-        ));
+        check(case("decode mha 16/16 d128", DECODE_ROWS, 16, 16, 128, dt, AttnMask::Causal));
     }
 }
 
 #[test]
 fn decode_gqa_d64() {
     for dt in [DType::F32, DType::BF16] {
-        check(case(
-            "decode gqa 32/8 d64",
-            DECODE_ROWS,
-            32,
-            8,
-            64,
-            dt,
-            AttnMask::Causal,
-        ));
+        check(case("decode gqa 32/8 d64", DECODE_ROWS, 32, 8, 64, dt, AttnMask::Causal));
     }
 }
 
@@ -252,75 +145,24 @@ fn decode_gqa_d64() {
 fn decode_many_rows() {
     let rows: Vec<(usize, usize)> = (0..96).map(|i| (1, 1 + (i * 37) % 700)).collect();
     for dt in [DType::F32, DType::BF16] {
-        check(Case {
-            rows: rows.clone(),
-            ..case(
-                "decode 96 rows mha d128",
-                &[],
-                16,
-                16,
-                128,
-                dt,
-                AttnMask::Causal,
-            )
-        });
+        check(Case { rows: rows.clone(), ..case("decode 96 rows mha d128", &[], 16, 16, 128, dt, AttnMask::Causal) });
     }
 }
 
 #[test]
 fn prefill_mixed_causal() {
     for dt in [DType::F32, DType::BF16, DType::F16] {
-        check(case(
-            "mixed causal gqa 32/8 d128",
-            MIXED_ROWS,
-            32,
-            8,
-            128,
-            dt,
-            AttnMask::Causal,
-        ));
-        check(case(
-            "mixed causal mha 8/8 d64",
-            MIXED_ROWS,
-            8,
-            8,
-            64,
-            dt,
-            AttnMask::Causal,
-        ));
+        check(case("mixed causal gqa 32/8 d128", MIXED_ROWS, 32, 8, 128, dt, AttnMask::Causal));
+        check(case("mixed causal mha 8/8 d64", MIXED_ROWS, 8, 8, 64, dt, AttnMask::Causal));
     }
 }
 
 #[test]
 fn bidirectional() {
     for dt in [DType::F32, DType::BF16] {
-        check(case(
-            "diffusion bidir mha 16/16 d128",
-            DIFFUSION_ROWS,
-            16,
-            16,
-            128,
-            dt,
-            AttnMask::Bidirectional,
-        ));
-        check(case(
-            "diffusion bidir gqa 32/8 d64",
-            DIFFUSION_ROWS,
-            32,
-            8,
-            64,
-            dt,
-            AttnMask::Bidirectional,
-        ));
-        check(case(
-            "mixed bidir gqa 32/8 d128",
-            MIXED_ROWS,
-            32,
-            8,
-            128,
-            dt,
-            AttnMask::Bidirectional,
-        ));
+        check(case("diffusion bidir mha 16/16 d128", DIFFUSION_ROWS, 16, 16, 128, dt, AttnMask::Bidirectional));
+        check(case("diffusion bidir gqa 32/8 d64", DIFFUSION_ROWS, 32, 8, 64, dt, AttnMask::Bidirectional));
+        check(case("mixed bidir gqa 32/8 d128", MIXED_ROWS, 32, 8, 128, dt, AttnMask::Bidirectional));
     }
 }
 
@@ -329,167 +171,52 @@ fn bidirectional() {
 /// lengths that do not match the cache block size (4, 16, 32).
 #[test]
 fn block_causal() {
-    const PREFILL: &[(usize, usize)] = &[
-        (96, 96),
-        (64, 160),
-        (32, 288),
-        (7, 39),
-        (20, 52),
-        (1, 33),
-        (32, 1024),
-    ];
+    const PREFILL: &[(usize, usize)] = &[(96, 96), (64, 160), (32, 288), (7, 39), (20, 52), (1, 33), (32, 1024)];
     for dt in [DType::F32, DType::BF16] {
         for b in [4, 16, 32] {
-            check(case(
-                "block-causal gqa 32/8 d128",
-                PREFILL,
-                32,
-                8,
-                128,
-                dt,
-                AttnMask::BlockCausal(b),
-            ));
-            check(case(
-                "block-causal mha 16/16 d64",
-                DIFFUSION_ROWS,
-                16,
-                16,
-                64,
-                dt,
-                AttnMask::BlockCausal(b),
-            ));
+            check(case("block-causal gqa 32/8 d128", PREFILL, 32, 8, 128, dt, AttnMask::BlockCausal(b)));
+            check(case("block-causal mha 16/16 d64", DIFFUSION_ROWS, 16, 16, 64, dt, AttnMask::BlockCausal(b)));
         }
-        check(case(
-            "block-causal(1) == causal",
-            MIXED_ROWS,
-            32,
-            8,
-            128,
-            dt,
-            AttnMask::BlockCausal(1),
-        ));
+        check(case("block-causal(1) == causal", MIXED_ROWS, 32, 8, 128, dt, AttnMask::BlockCausal(1)));
     }
 }
 
 #[test]
 fn head_dim_96_and_odd_block_size() {
-    check(case(
-        "mixed causal gqa 12/4 d96",
-        MIXED_ROWS,
-        12,
-        4,
-        96,
-        DType::F32,
-        AttnMask::Causal,
-    ));
-    check(case(
-        "mixed causal gqa 12/4 d96",
-        MIXED_ROWS,
-        12,
-        4,
-        96,
-        DType::BF16,
-        AttnMask::Causal,
-    ));
-    let c = case(
-        "decode bs12 mha d128",
-        DECODE_ROWS,
-        8,
-        8,
-        128,
-        DType::F32,
-        AttnMask::Causal,
-    );
-    check(Case {
-        block_size: 12,
-        ..c
-    });
-    let c = case(
-        "mixed bs12 gqa 32/8 d128",
-        MIXED_ROWS,
-        32,
-        8,
-        128,
-        DType::BF16,
-        AttnMask::Causal,
-    );
-    check(Case {
-        block_size: 12,
-        ..c
-    });
-    let c = case(
-        "mixed bs32 gqa 16/2 d128",
-        MIXED_ROWS,
-        16,
-        2,
-        128,
-        DType::BF16,
-        AttnMask::Causal,
-    );
-    check(Case {
-        block_size: 32,
-        ..c
-    });
+    check(case("mixed causal gqa 12/4 d96", MIXED_ROWS, 12, 4, 96, DType::F32, AttnMask::Causal));
+    check(case("mixed causal gqa 12/4 d96", MIXED_ROWS, 12, 4, 96, DType::BF16, AttnMask::Causal));
+    let c = case("decode bs12 mha d128", DECODE_ROWS, 8, 8, 128, DType::F32, AttnMask::Causal);
+    check(Case { block_size: 12, ..c });
+    let c = case("mixed bs12 gqa 32/8 d128", MIXED_ROWS, 32, 8, 128, DType::BF16, AttnMask::Causal);
+    check(Case { block_size: 12, ..c });
+    let c = case("mixed bs32 gqa 16/2 d128", MIXED_ROWS, 16, 2, 128, DType::BF16, AttnMask::Causal);
+    check(Case { block_size: 32, ..c });
 }
 
 #[test]
 fn rejects_bad_inputs() {
     let gpu = Device::new_cuda(0).unwrap();
-    let host = PagedBatchHost {
-        write_positions: Vec::new(),
-        block_tables: vec![vec![0]],
-        context_lens: vec![1],
-        cu_q_lens: vec![0, 1],
-    };
+    let host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![vec![0]], context_lens: vec![1], cu_q_lens: vec![0, 1] };
     let batch = PagedBatch::new(host, 16, AttnMask::Causal, 4 * 80, &gpu).unwrap();
     let q = Tensor::zeros((1, 4, 80), DType::BF16, &gpu).unwrap();
     let k = Tensor::zeros((1, 16, 4, 80), DType::BF16, &gpu).unwrap();
-    assert!(
-        paged_attention(&q, &k, &k, &batch, 1.0).is_err(),
-        "head dim 80"
-    );
+    assert!(paged_attention(&q, &k, &k, &batch, 1.0).is_err(), "head dim 80");
     let q = Tensor::zeros((1, 4, 64), DType::F32, &gpu).unwrap();
     let k = Tensor::zeros((1, 16, 4, 64), DType::BF16, &gpu).unwrap();
-    assert!(
-        paged_attention(&q, &k, &k, &batch, 1.0).is_err(),
-        "dtype mismatch"
-    );
+    assert!(paged_attention(&q, &k, &k, &batch, 1.0).is_err(), "dtype mismatch");
     let q = Tensor::zeros((1, 6, 64), DType::BF16, &gpu).unwrap();
     let k = Tensor::zeros((1, 16, 4, 64), DType::BF16, &gpu).unwrap();
-    assert!(
-        paged_attention(&q, &k, &k, &batch, 1.0).is_err(),
-        "heads not a multiple"
-    );
+    assert!(paged_attention(&q, &k, &k, &batch, 1.0).is_err(), "heads not a multiple");
 }
 
 /// Times one launch configuration; prints µs per call and the KV bytes read per second.
-fn time_case(
-    name: &str,
-    rows: &[(usize, usize)],
-    heads: usize,
-    kv: usize,
-    hd: usize,
-    mask: AttnMask,
-) {
+fn time_case(name: &str, rows: &[(usize, usize)], heads: usize, kv: usize, hd: usize, mask: AttnMask) {
     let gpu = Device::new_cuda(0).unwrap();
-    let c = Case {
-        name: "timing",
-        rows: rows.to_vec(),
-        heads,
-        kv_heads: kv,
-        hd,
-        block_size: 16,
-        dtype: DType::BF16,
-        mask,
-    };
+    let c = Case { name: "timing", rows: rows.to_vec(), heads, kv_heads: kv, hd, block_size: 16, dtype: DType::BF16, mask };
     let b = build(&c, 7);
     let batch = PagedBatch::new(b.host.clone(), 16, mask, kv * hd, &gpu).unwrap();
     // NaN in unused slots is fine for timing; the kernel never reads them.
-    let (q, k, v) = (
-        b.q.to_device(&gpu).unwrap(),
-        b.k.to_device(&gpu).unwrap(),
-        b.v.to_device(&gpu).unwrap(),
-    );
+    let (q, k, v) = (b.q.to_device(&gpu).unwrap(), b.k.to_device(&gpu).unwrap(), b.v.to_device(&gpu).unwrap());
     let scale = 1.0 / (hd as f64).sqrt();
     for simt in [false, true] {
         let run = || with_simt(simt, || paged_attention(&q, &k, &v, &batch, scale).unwrap());
@@ -511,72 +238,25 @@ fn time_case(
         let med = samples[samples.len() / 2];
         let kv_bytes: usize = rows.iter().map(|&(_, ctx)| ctx * kv * hd * 2 * 2).sum();
         let path = if simt { "simt" } else { "default" };
-        println!(
-            "TIMING {name:<44} {path:<7} {:>9.1} us/call  {:>7.1} GB/s KV read ({:.1} MB)",
-            med * 1e6,
-            kv_bytes as f64 / med / 1e9,
-            kv_bytes as f64 / 1e6
-        );
+        println!("TIMING {name:<44} {path:<7} {:>9.1} us/call  {:>7.1} GB/s KV read ({:.1} MB)", med * 1e6, kv_bytes as f64 / med / 1e9, kv_bytes as f64 / 1e6);
     }
 }
 
 #[test]
 #[ignore]
 fn timing() {
-    for &(w, ctx) in &[
-        (64usize, 384usize),
-        (256, 384),
-        (16, 2048),
-        (64, 2048),
-        (256, 2048),
-        (128, 128),
-    ] {
+    for &(w, ctx) in &[(64usize, 384usize), (256, 384), (16, 2048), (64, 2048), (256, 2048), (128, 128)] {
         let rows = vec![(1, ctx); w];
-        time_case(
-            &format!("decode bf16 W={w} ctx={ctx} H=16/16 D=128"),
-            &rows,
-            16,
-            16,
-            128,
-            AttnMask::Causal,
-        );
+        time_case(&format!("decode bf16 W={w} ctx={ctx} H=16/16 D=128"), &rows, 16, 16, 128, AttnMask::Causal);
     }
     let rows = vec![(1, 1024); 64];
-    time_case(
-        "decode bf16 W=64 ctx=1024 H=32/8 D=128",
-        &rows,
-        32,
-        8,
-        128,
-        AttnMask::Causal,
-    );
+    time_case("decode bf16 W=64 ctx=1024 H=32/8 D=128", &rows, 32, 8, 128, AttnMask::Causal);
     let rows = vec![(32, 512); 16];
-    time_case(
-        "diffusion bf16 16x(q32, ctx512) bidir 16/16 D=128",
-        &rows,
-        16,
-        16,
-        128,
-        AttnMask::Bidirectional,
-    );
+    time_case("diffusion bf16 16x(q32, ctx512) bidir 16/16 D=128", &rows, 16, 16, 128, AttnMask::Bidirectional);
     let rows = vec![(512, 512); 8];
-    time_case(
-        "prefill bf16 8x512 causal 16/16 D=128",
-        &rows,
-        16,
-        16,
-        128,
-        AttnMask::Causal,
-    );
+    time_case("prefill bf16 8x512 causal 16/16 D=128", &rows, 16, 16, 128, AttnMask::Causal);
     let rows = vec![(2048, 2048); 2];
-    time_case(
-        "prefill bf16 2x2048 causal 32/8 D=128",
-        &rows,
-        32,
-        8,
-        128,
-        AttnMask::Causal,
-    );
+    time_case("prefill bf16 2x2048 causal 32/8 D=128", &rows, 32, 8, 128, AttnMask::Causal);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -588,17 +268,11 @@ use ponder::ops::{fused, RopeAngles, RopeTable};
 fn rand_tensor(rng: &mut StdRng, shape: &[usize], lo: f32, hi: f32, dtype: DType) -> Tensor {
     let n: usize = shape.iter().product();
     let d: Vec<f32> = (0..n).map(|_| rng.random_range(lo..hi)).collect();
-    Tensor::from_vec(d, shape, &Device::Cpu)
-        .unwrap()
-        .to_dtype(dtype)
-        .unwrap()
+    Tensor::from_vec(d, shape, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
 }
 
 fn f32_cpu(t: &Tensor) -> Tensor {
-    t.to_device(&Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
+    t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap()
 }
 
 fn tol_of(dtype: DType) -> f32 {
@@ -609,36 +283,21 @@ fn tol_of(dtype: DType) -> f32 {
 }
 
 /// One qkv_rope_write case: rows of (q_len, ctx); caches pre-filled with random values.
-fn check_qkv_rope_write(
-    name: &str,
-    rows: &[(usize, usize)],
-    heads: usize,
-    kv_heads: usize,
-    hd: usize,
-    bs: usize,
-    dtype: DType,
-) {
+fn check_qkv_rope_write(name: &str, rows: &[(usize, usize)], heads: usize, kv_heads: usize, hd: usize, bs: usize, dtype: DType) {
     let gpu = Device::new_cuda(0).unwrap();
     let mut rng = StdRng::seed_from_u64(0xf05ed ^ (heads * 131 + hd) as u64);
     let need: usize = rows.iter().map(|&(_, c)| c.div_ceil(bs)).sum();
     let num_blocks = need + 5;
     let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
     ids.shuffle(&mut rng);
-    let mut host = PagedBatchHost {
-        write_positions: Vec::new(),
-        block_tables: vec![],
-        context_lens: vec![],
-        cu_q_lens: vec![0],
-    };
+    let mut host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![], context_lens: vec![], cu_q_lens: vec![0] };
     let mut next = 0;
     let mut positions = vec![];
     for &(q_len, ctx) in rows {
-        host.block_tables
-            .push(ids[next..next + ctx.div_ceil(bs)].to_vec());
+        host.block_tables.push(ids[next..next + ctx.div_ceil(bs)].to_vec());
         next += ctx.div_ceil(bs);
         host.context_lens.push(ctx as u32);
-        host.cu_q_lens
-            .push(host.cu_q_lens.last().unwrap() + q_len as u32);
+        host.cu_q_lens.push(host.cu_q_lens.last().unwrap() + q_len as u32);
         positions.extend((ctx - q_len..ctx).map(|p| p as u32));
     }
     let tokens = positions.len();
@@ -649,47 +308,18 @@ fn check_qkv_rope_write(
     let k0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
     let v0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
     let pos = Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
-    let angles = RopeTable::new(hd, 1_000_000.0, dtype, &Device::Cpu)
-        .unwrap()
-        .angles(&pos)
-        .unwrap();
+    let angles = RopeTable::new(hd, 1_000_000.0, dtype, &Device::Cpu).unwrap().angles(&pos).unwrap();
 
     // Reference: the CPU composition in f32 on the same values.
     let cpu_batch = PagedBatch::new(host.clone(), bs, AttnMask::Causal, kvw, &Device::Cpu).unwrap();
-    let ref_angles = RopeAngles {
-        cos: angles.cos.to_dtype(DType::F32).unwrap(),
-        sin: angles.sin.to_dtype(DType::F32).unwrap(),
-    };
+    let ref_angles = RopeAngles { cos: angles.cos.to_dtype(DType::F32).unwrap(), sin: angles.sin.to_dtype(DType::F32).unwrap() };
     let (k_ref, v_ref) = (f32_cpu(&k0).copy().unwrap(), f32_cpu(&v0).copy().unwrap());
-    let q_ref = fused::qkv_rope_write(
-        &f32_cpu(&qkv),
-        &ref_angles,
-        &k_ref,
-        &v_ref,
-        &cpu_batch,
-        heads,
-        kv_heads,
-        hd,
-    )
-    .unwrap();
+    let q_ref = fused::qkv_rope_write(&f32_cpu(&qkv), &ref_angles, &k_ref, &v_ref, &cpu_batch, heads, kv_heads, hd).unwrap();
 
     let gpu_batch = PagedBatch::new(host.clone(), bs, AttnMask::Causal, kvw, &gpu).unwrap();
-    let g_angles = RopeAngles {
-        cos: angles.cos.to_device(&gpu).unwrap(),
-        sin: angles.sin.to_device(&gpu).unwrap(),
-    };
+    let g_angles = RopeAngles { cos: angles.cos.to_device(&gpu).unwrap(), sin: angles.sin.to_device(&gpu).unwrap() };
     let (kg, vg) = (k0.to_device(&gpu).unwrap(), v0.to_device(&gpu).unwrap());
-    let qg = fused::qkv_rope_write(
-        &qkv.to_device(&gpu).unwrap(),
-        &g_angles,
-        &kg,
-        &vg,
-        &gpu_batch,
-        heads,
-        kv_heads,
-        hd,
-    )
-    .unwrap();
+    let qg = fused::qkv_rope_write(&qkv.to_device(&gpu).unwrap(), &g_angles, &kg, &vg, &gpu_batch, heads, kv_heads, hd).unwrap();
     assert_eq!(qg.dims(), &[tokens, heads, hd]);
     assert_eq!(qg.dtype(), dtype);
     assert!(qg.is_contiguous());
@@ -703,12 +333,7 @@ fn check_qkv_rope_write(
     let (kg_h, vg_h, k0_h, v0_h) = (flat(&kg), flat(&vg), flat(&k0), flat(&v0));
     let (kr_h, vr_h) = (flat(&k_ref), flat(&v_ref));
     let idx = Tensor::new(slots.as_slice(), &Device::Cpu).unwrap();
-    let rows_of = |t: &Tensor| {
-        t.reshape((num_blocks * bs, kvw))
-            .unwrap()
-            .index_select(&idx, 0)
-            .unwrap()
-    };
+    let rows_of = |t: &Tensor| t.reshape((num_blocks * bs, kvw)).unwrap().index_select(&idx, 0).unwrap();
     let k_err = rel_err(&rows_of(&f32_cpu(&kg)), &rows_of(&k_ref));
     let v_err = rel_err(&rows_of(&f32_cpu(&vg)), &rows_of(&v_ref));
     let mut untouched_bad = 0usize;
@@ -717,17 +342,10 @@ fn check_qkv_rope_write(
         if written.contains(&row) {
             // v is a copy: exact. (The reference rows are the same f32 values.)
             assert_eq!(vg_h[r.clone()], vr_h[r.clone()], "{name}: v row {row}");
-            assert_ne!(
-                kr_h[r.clone()],
-                k0_h[r.clone()],
-                "{name}: reference k row {row} unchanged"
-            );
+            assert_ne!(kr_h[r.clone()], k0_h[r.clone()], "{name}: reference k row {row} unchanged");
         } else {
-            let same =
-                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-            if !same(&kg_h[r.clone()], &k0_h[r.clone()])
-                || !same(&vg_h[r.clone()], &v0_h[r.clone()])
-            {
+            let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            if !same(&kg_h[r.clone()], &k0_h[r.clone()]) || !same(&vg_h[r.clone()], &v0_h[r.clone()]) {
                 untouched_bad += 1;
             }
         }
@@ -737,14 +355,8 @@ fn check_qkv_rope_write(
         written.len(),
         untouched_bad
     );
-    assert_eq!(
-        untouched_bad, 0,
-        "{name}: rows outside slot_mapping changed"
-    );
-    assert!(
-        q_err <= tol && k_err <= tol,
-        "{name}: q {q_err}, k {k_err} > {tol}"
-    );
+    assert_eq!(untouched_bad, 0, "{name}: rows outside slot_mapping changed");
+    assert!(q_err <= tol && k_err <= tol, "{name}: q {q_err}, k {k_err} > {tol}");
     assert_eq!(v_err, 0.0);
 }
 
@@ -752,42 +364,10 @@ fn check_qkv_rope_write(
 fn fused_qkv_rope_write() {
     let decode: Vec<(usize, usize)> = (0..64).map(|i| (1, 1 + (i * 53) % 400)).collect();
     for dt in [DType::F32, DType::BF16, DType::F16] {
-        check_qkv_rope_write(
-            "qkv_rope decode 64 rows 16/16 d128",
-            &decode,
-            16,
-            16,
-            128,
-            16,
-            dt,
-        );
-        check_qkv_rope_write(
-            "qkv_rope mixed gqa 32/8 d128",
-            MIXED_ROWS,
-            32,
-            8,
-            128,
-            16,
-            dt,
-        );
-        check_qkv_rope_write(
-            "qkv_rope mixed gqa 12/4 d96 bs12",
-            MIXED_ROWS,
-            12,
-            4,
-            96,
-            12,
-            dt,
-        );
-        check_qkv_rope_write(
-            "qkv_rope diffusion 8/2 d64 bs32",
-            DIFFUSION_ROWS,
-            8,
-            2,
-            64,
-            32,
-            dt,
-        );
+        check_qkv_rope_write("qkv_rope decode 64 rows 16/16 d128", &decode, 16, 16, 128, 16, dt);
+        check_qkv_rope_write("qkv_rope mixed gqa 32/8 d128", MIXED_ROWS, 32, 8, 128, 16, dt);
+        check_qkv_rope_write("qkv_rope mixed gqa 12/4 d96 bs12", MIXED_ROWS, 12, 4, 96, 12, dt);
+        check_qkv_rope_write("qkv_rope diffusion 8/2 d64 bs32", DIFFUSION_ROWS, 8, 2, 64, 32, dt);
     }
 }
 
@@ -795,28 +375,14 @@ fn fused_qkv_rope_write() {
 fn fused_add_rms_norm() {
     let gpu = Device::new_cuda(0).unwrap();
     for dt in [DType::F32, DType::BF16, DType::F16] {
-        for &(rows, cols) in &[
-            (1usize, 2048usize),
-            (64, 2048),
-            (257, 2048),
-            (33, 1000),
-            (5, 40),
-            (3, 6000),
-        ] {
+        for &(rows, cols) in &[(1usize, 2048usize), (64, 2048), (257, 2048), (33, 1000), (5, 40), (3, 6000)] {
             let mut rng = StdRng::seed_from_u64((rows * 7919 + cols) as u64);
             let res = rand_tensor(&mut rng, &[rows, cols], -4.0, 4.0, dt);
             let x = rand_tensor(&mut rng, &[rows, cols], -30.0, 30.0, dt);
             let wx = rand_tensor(&mut rng, &[cols], 0.2, 2.0, dt);
             let wn = rand_tensor(&mut rng, &[cols], 0.2, 2.0, dt);
             let eps = 1e-6;
-            let (h_ref, n_ref) = fused::add_rms_norm(
-                &f32_cpu(&res),
-                &f32_cpu(&x),
-                &f32_cpu(&wx),
-                &f32_cpu(&wn),
-                eps,
-            )
-            .unwrap();
+            let (h_ref, n_ref) = fused::add_rms_norm(&f32_cpu(&res), &f32_cpu(&x), &f32_cpu(&wx), &f32_cpu(&wn), eps).unwrap();
             let g = |t: &Tensor| t.to_device(&gpu).unwrap();
             let (h, n) = fused::add_rms_norm(&g(&res), &g(&x), &g(&wx), &g(&wn), eps).unwrap();
             assert_eq!(h.dims(), &[rows, cols]);
@@ -824,10 +390,7 @@ fn fused_add_rms_norm() {
             let (eh, en) = (rel_err(&f32_cpu(&h), &h_ref), rel_err(&f32_cpu(&n), &n_ref));
             let tol = tol_of(dt);
             println!("add_rms_norm {rows}x{cols:<5} {dt:?} h rel err {eh:.3e}, norm rel err {en:.3e} (tol {tol:.0e})");
-            assert!(
-                eh <= tol && en <= tol,
-                "add_rms_norm {rows}x{cols} {dt:?}: {eh} {en}"
-            );
+            assert!(eh <= tol && en <= tol, "add_rms_norm {rows}x{cols} {dt:?}: {eh} {en}");
         }
     }
 }
@@ -883,27 +446,16 @@ fn fused_timing() {
         let nb = w * 384 / bs + 4;
         let host = PagedBatchHost {
             write_positions: Vec::new(),
-            block_tables: (0..w)
-                .map(|r| ((r * 24) as u32..(r * 24 + 24) as u32).collect())
-                .collect(),
+            block_tables: (0..w).map(|r| ((r * 24) as u32..(r * 24 + 24) as u32).collect()).collect(),
             context_lens: vec![384; w],
             cu_q_lens: (0..=w as u32).collect(),
         };
         let batch = PagedBatch::new(host, bs, AttnMask::Causal, kvh * hd, &gpu).unwrap();
-        let qkv = g(rand_tensor(
-            &mut rng,
-            &[w, (h + 2 * kvh) * hd],
-            -1.0,
-            1.0,
-            dt,
-        ));
+        let qkv = g(rand_tensor(&mut rng, &[w, (h + 2 * kvh) * hd], -1.0, 1.0, dt));
         let kc = Tensor::zeros((nb, bs, kvh, hd), dt, &gpu).unwrap();
         let vc = kc.zeros_like().unwrap();
         let pos = Tensor::new(vec![383u32; rows.len()].as_slice(), &gpu).unwrap();
-        let angles = RopeTable::new(hd, 1e6, dt, &gpu)
-            .unwrap()
-            .angles(&pos)
-            .unwrap();
+        let angles = RopeTable::new(hd, 1e6, dt, &gpu).unwrap().angles(&pos).unwrap();
         let fq = time(&|| {
             fused::qkv_rope_write(&qkv, &angles, &kc, &vc, &batch, h, kvh, hd).unwrap();
         });
@@ -986,22 +538,10 @@ fn graph_engine_run(
     use ponder::models::looped::{Huginn, Ouro};
     let model: Box<dyn ponder::models::LoopedModel> = if huginn {
         let cfg = graph_test_huginn();
-        let mut t = ponder::testing::random_tensors(
-            &ponder::testing::huginn_tensor_manifest(&cfg),
-            5,
-            DType::F32,
-            gpu,
-        )
-        .unwrap();
+        let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, gpu).unwrap();
         let wte = t["transformer.wte.weight"].clone();
         t.insert("lm_head.weight".into(), wte);
-        Box::new(
-            Huginn::load(
-                &cfg,
-                &ponder::loader::Weights::from_map(t, DType::BF16, gpu),
-            )
-            .unwrap(),
-        )
+        Box::new(Huginn::load(&cfg, &ponder::loader::Weights::from_map(t, DType::BF16, gpu)).unwrap())
     } else {
         let cfg = graph_test_config();
         let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, gpu).unwrap();
@@ -1019,24 +559,14 @@ fn graph_engine_run(
         b = b.exit_gate(Replay::new(trace, 1, 4).unwrap());
     }
     // Read once when the runner is built; no other test builds an engine.
-    std::env::set_var(
-        "PONDER_GRAPH_CAPTURE",
-        if graphs == Graphs::BodiesOnly {
-            "0"
-        } else {
-            "1"
-        },
-    );
+    std::env::set_var("PONDER_GRAPH_CAPTURE", if graphs == Graphs::BodiesOnly { "0" } else { "1" });
     let mut engine = b.build().unwrap();
     std::env::remove_var("PONDER_GRAPH_CAPTURE");
     let ids: Vec<_> = prompts
         .iter()
         .zip(new_tokens)
         .map(|(p, &n)| {
-            let params = ponder::GenerationParams {
-                ignore_eos: true,
-                ..ponder::GenerationParams::greedy(n)
-            };
+            let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(n) };
             engine.add_request(p.clone(), params).unwrap()
         })
         .collect();
@@ -1048,9 +578,7 @@ fn graph_engine_run(
             }
         }
     }
-    ids.iter()
-        .map(|id| got.remove(id).unwrap_or_default())
-        .collect()
+    ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect()
 }
 
 #[test]
@@ -1062,60 +590,20 @@ fn cuda_graphs_match_eager() {
     let n = 37;
     let prompts: Vec<Vec<u32>> = (0..n)
         .map(|i| {
-            let len = if i % 6 == 0 {
-                rng.random_range(240..300)
-            } else {
-                rng.random_range(1..80)
-            };
+            let len = if i % 6 == 0 { rng.random_range(240..300) } else { rng.random_range(1..80) };
             (0..len).map(|_| rng.random_range(0..512u32)).collect()
         })
         .collect();
     let new_tokens: Vec<usize> = (0..n).map(|_| rng.random_range(3..60)).collect();
     use ponder::{KvLayoutKind, SchedulerKind};
     let cases = [
-        (
-            "cb depth-indexed W40",
-            false,
-            SchedulerKind::Continuous,
-            KvLayoutKind::DepthIndexed,
-            40,
-        ),
-        (
-            "cb shared W7",
-            false,
-            SchedulerKind::Continuous,
-            KvLayoutKind::Shared,
-            7,
-        ),
-        (
-            "cdb-refill shared W40",
-            false,
-            SchedulerKind::Depth { refill: true },
-            KvLayoutKind::Shared,
-            40,
-        ),
-        (
-            "cdb-refill shared W13",
-            false,
-            SchedulerKind::Depth { refill: true },
-            KvLayoutKind::Shared,
-            13,
-        ),
+        ("cb depth-indexed W40", false, SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40),
+        ("cb shared W7", false, SchedulerKind::Continuous, KvLayoutKind::Shared, 7),
+        ("cdb-refill shared W40", false, SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 40),
+        ("cdb-refill shared W13", false, SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13),
         // Huginn's coda (attention blocks writing KV) is captured per (rows, context) too.
-        (
-            "huginn cdb-refill shared W13",
-            true,
-            SchedulerKind::Depth { refill: true },
-            KvLayoutKind::Shared,
-            13,
-        ),
-        (
-            "huginn cb shared W7",
-            true,
-            SchedulerKind::Continuous,
-            KvLayoutKind::Shared,
-            7,
-        ),
+        ("huginn cdb-refill shared W13", true, SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13),
+        ("huginn cb shared W7", true, SchedulerKind::Continuous, KvLayoutKind::Shared, 7),
     ];
     // Replay must reproduce the graph bodies run eagerly bit for bit. Against the plain eager
     // path, bf16 results may differ slightly: padding changes the gemm row count and the context
@@ -1124,54 +612,20 @@ fn cuda_graphs_match_eager() {
     // reported and only loosely bounded.
     for (name, huginn, sched, layout, width) in cases {
         let t = std::time::Instant::now();
-        let eager = graph_engine_run(
-            &gpu,
-            huginn,
-            sched,
-            layout,
-            width,
-            Graphs::Off,
-            &prompts,
-            &new_tokens,
-        );
+        let eager = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::Off, &prompts, &new_tokens);
         let t_eager = t.elapsed();
-        let bodies = graph_engine_run(
-            &gpu,
-            huginn,
-            sched,
-            layout,
-            width,
-            Graphs::BodiesOnly,
-            &prompts,
-            &new_tokens,
-        );
+        let bodies = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::BodiesOnly, &prompts, &new_tokens);
         let t = std::time::Instant::now();
-        let graphs = graph_engine_run(
-            &gpu,
-            huginn,
-            sched,
-            layout,
-            width,
-            Graphs::On,
-            &prompts,
-            &new_tokens,
-        );
+        let graphs = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::On, &prompts, &new_tokens);
         let t_graphs = t.elapsed();
         let mut bad = 0;
         for (i, (a, b)) in eager.iter().zip(&graphs).enumerate() {
             assert_eq!(a.len(), new_tokens[i], "{name}: request {i} eager length");
-            assert_eq!(
-                bodies[i], *b,
-                "{name}: request {i}: replay differs from the graph body run eagerly"
-            );
+            assert_eq!(bodies[i], *b, "{name}: request {i}: replay differs from the graph body run eagerly");
             if a != b {
                 bad += 1;
                 let first = a.iter().zip(b).position(|(x, y)| x != y);
-                println!(
-                    "{name}: request {i} (prompt {}) differs from eager at {first:?} of {}",
-                    prompts[i].len(),
-                    a.len()
-                );
+                println!("{name}: request {i} (prompt {}) differs from eager at {first:?} of {}", prompts[i].len(), a.len());
             }
         }
         println!(
@@ -1181,10 +635,7 @@ fn cuda_graphs_match_eager() {
             t_eager.as_secs_f64(),
             t_graphs.as_secs_f64()
         );
-        assert!(
-            bad * 4 <= n,
-            "{name}: {bad}/{n} requests differ from the eager path"
-        );
+        assert!(bad * 4 <= n, "{name}: {bad}/{n} requests differ from the eager path");
     }
 }
 
@@ -1209,33 +660,12 @@ fn kv_write_matches_scatter_reference() {
             let cache_cpu = rand_tensor(&mut rng, &[nb, bs, kvh, hd], -1.0, 1.0, dt);
             let new_cpu = rand_tensor(&mut rng, &[positions.len(), kvh, hd], -3.0, 3.0, dt);
             let cache_gpu = cache_cpu.to_device(&gpu).unwrap();
-            let b_cpu = PagedBatch::new(
-                host.clone(),
-                bs,
-                AttnMask::Bidirectional,
-                kvh * hd,
-                &Device::Cpu,
-            )
-            .unwrap();
+            let b_cpu = PagedBatch::new(host.clone(), bs, AttnMask::Bidirectional, kvh * hd, &Device::Cpu).unwrap();
             let b_gpu = PagedBatch::new(host, bs, AttnMask::Bidirectional, kvh * hd, &gpu).unwrap();
             write_kv_reference(&cache_cpu, &new_cpu, &b_cpu).unwrap();
             write_kv(&cache_gpu, &new_cpu.to_device(&gpu).unwrap(), &b_gpu).unwrap();
-            let a = cache_gpu
-                .to_device(&Device::Cpu)
-                .unwrap()
-                .to_dtype(DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            let b = cache_cpu
-                .to_dtype(DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
+            let a = cache_gpu.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let b = cache_cpu.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert_eq!(a, b, "kv_write {dt:?} {kvh}x{hd}: the copy must be exact");
         }
     }
@@ -1258,27 +688,9 @@ fn scatter_rows_matches_reference() {
             let index_cpu = Tensor::new(&order[..rows], &Device::Cpu).unwrap();
             let dst_gpu = dst_cpu.to_device(&gpu).unwrap();
             scatter_rows_reference(&dst_cpu, &src_cpu, &index_cpu).unwrap();
-            scatter_rows(
-                &dst_gpu,
-                &src_cpu.to_device(&gpu).unwrap(),
-                &index_cpu.to_device(&gpu).unwrap(),
-            )
-            .unwrap();
-            let flat = |t: &Tensor| {
-                t.to_device(&Device::Cpu)
-                    .unwrap()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            };
-            assert_eq!(
-                flat(&dst_gpu),
-                flat(&dst_cpu),
-                "scatter_rows {dt:?} {rows}x{width} into {bank}: the copy must be exact"
-            );
+            scatter_rows(&dst_gpu, &src_cpu.to_device(&gpu).unwrap(), &index_cpu.to_device(&gpu).unwrap()).unwrap();
+            let flat = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(&dst_gpu), flat(&dst_cpu), "scatter_rows {dt:?} {rows}x{width} into {bank}: the copy must be exact");
         }
     }
     println!("scatter_rows: exact for f32/bf16/f16, widths 2048 / 5 / 4096");
@@ -1305,34 +717,19 @@ fn focus_importance_matches_reference() {
                 }
             }
             let g_cpu = Tensor::new(gather.as_slice(), &Device::Cpu).unwrap();
-            let want = importance_of(&q, &k, &g_cpu, &lens, m, dt)
+            let want = importance_of(&q, &k, &g_cpu, &lens, m, dt).unwrap().to_vec2::<f32>().unwrap();
+            let got = importance_of(&q.to_device(&gpu).unwrap(), &k.to_device(&gpu).unwrap(), &g_cpu.to_device(&gpu).unwrap(), &lens, m, dt)
+                .unwrap()
+                .to_device(&Device::Cpu)
                 .unwrap()
                 .to_vec2::<f32>()
                 .unwrap();
-            let got = importance_of(
-                &q.to_device(&gpu).unwrap(),
-                &k.to_device(&gpu).unwrap(),
-                &g_cpu.to_device(&gpu).unwrap(),
-                &lens,
-                m,
-                dt,
-            )
-            .unwrap()
-            .to_device(&Device::Cpu)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
             // bf16: both round the f32 total through bf16; one ulp apart at most (2^-7 relative).
             let tol = if dt == DType::F32 { 1e-4 } else { 8e-3 };
             for (r, (a, b)) in got.iter().zip(&want).enumerate() {
                 for j in 0..m {
                     let scale = b[j].abs().max(1.0);
-                    assert!(
-                        (a[j] - b[j]).abs() <= tol * scale,
-                        "{dt:?} h{heads}/{kvh} d{d} row {r} token {j}: {} vs {}",
-                        a[j],
-                        b[j]
-                    );
+                    assert!((a[j] - b[j]).abs() <= tol * scale, "{dt:?} h{heads}/{kvh} d{d} row {r} token {j}: {} vs {}", a[j], b[j]);
                 }
             }
         }
@@ -1348,57 +745,27 @@ fn greedy_confidence_matches_reference() {
     for dt in [DType::F32, DType::BF16] {
         let (rows, vocab, mask) = (37usize, 151_936usize, 151_669u32);
         let mut rng = StdRng::seed_from_u64(5);
-        let mut data: Vec<f32> = (0..rows * vocab)
-            .map(|_| rng.random_range(-8.0f32..8.0))
-            .collect();
+        let mut data: Vec<f32> = (0..rows * vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect();
         for r in 0..rows {
             data[r * vocab + mask as usize] = 100.0; // must never win
             data[r * vocab + (r * 977) % vocab] = 9.0 + r as f32 * 0.25;
         }
-        let logits = Tensor::from_vec(data, (rows, vocab), &Device::Cpu)
-            .unwrap()
-            .to_dtype(dt)
-            .unwrap();
+        let logits = Tensor::from_vec(data, (rows, vocab), &Device::Cpu).unwrap().to_dtype(dt).unwrap();
         let mut bias = vec![0f32; vocab];
         bias[mask as usize] = f32::NEG_INFINITY;
         let bias = Tensor::from_vec(bias, (1, vocab), &Device::Cpu).unwrap();
-        let f32_logits = logits
-            .to_dtype(DType::F32)
-            .unwrap()
-            .broadcast_add(&bias)
-            .unwrap();
+        let f32_logits = logits.to_dtype(DType::F32).unwrap().broadcast_add(&bias).unwrap();
         let (want_t, want_c) = greedy_with_confidence(&f32_logits).unwrap();
-        let (got_t, got_c) =
-            ponder::ops::cuda::greedy_confidence(&logits.to_device(&gpu).unwrap(), Some(mask))
-                .unwrap();
-        let (want_t, want_c) = (
-            want_t.to_vec1::<u32>().unwrap(),
-            want_c.to_vec1::<f32>().unwrap(),
-        );
-        let got_t = got_t
-            .to_device(&Device::Cpu)
-            .unwrap()
-            .to_vec1::<u32>()
-            .unwrap();
-        let got_c = got_c
-            .to_device(&Device::Cpu)
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let (got_t, got_c) = ponder::ops::cuda::greedy_confidence(&logits.to_device(&gpu).unwrap(), Some(mask)).unwrap();
+        let (want_t, want_c) = (want_t.to_vec1::<u32>().unwrap(), want_c.to_vec1::<f32>().unwrap());
+        let got_t = got_t.to_device(&Device::Cpu).unwrap().to_vec1::<u32>().unwrap();
+        let got_c = got_c.to_device(&Device::Cpu).unwrap().to_vec1::<f32>().unwrap();
         let row_vals = f32_logits.to_vec2::<f32>().unwrap();
         for r in 0..rows {
             assert_ne!(got_t[r], mask, "{dt:?} row {r}: the mask token was chosen");
             // Ties (bf16 has coarse values) may pick another index with the same logit.
-            assert_eq!(
-                row_vals[r][got_t[r] as usize], row_vals[r][want_t[r] as usize],
-                "{dt:?} row {r}"
-            );
-            assert!(
-                (got_c[r] - want_c[r]).abs() <= 1e-4 * want_c[r].max(1e-3),
-                "{dt:?} row {r}: {} vs {}",
-                got_c[r],
-                want_c[r]
-            );
+            assert_eq!(row_vals[r][got_t[r] as usize], row_vals[r][want_t[r] as usize], "{dt:?} row {r}");
+            assert!((got_c[r] - want_c[r]).abs() <= 1e-4 * want_c[r].max(1e-3), "{dt:?} row {r}: {} vs {}", got_c[r], want_c[r]);
         }
     }
 }
@@ -1420,12 +787,7 @@ fn compact_rows_matches_index_select() {
         let mut index: Vec<u32> = (0..rows as u32).filter(|i| i % 3 != 1).collect();
         index.shuffle(&mut rng);
         index.extend([0, 0, rows as u32 - 1]);
-        let sets: Vec<Vec<&Tensor>> = vec![
-            vec![&h],
-            vec![&h, &q],
-            vec![&h, &q, &cos, &odd],
-            vec![&odd, &cos],
-        ];
+        let sets: Vec<Vec<&Tensor>> = vec![vec![&h], vec![&h, &q], vec![&h, &q, &cos, &odd], vec![&odd, &cos]];
         for set in sets {
             let want = compact_rows_reference(&set, &index).unwrap();
             let on_gpu: Vec<Tensor> = set.iter().map(|t| t.to_device(&gpu).unwrap()).collect();
@@ -1434,35 +796,13 @@ fn compact_rows_matches_index_select() {
             assert_eq!(got.len(), want.len());
             for (g, w) in got.iter().zip(&want) {
                 assert_eq!(g.dims(), w.dims());
-                let g = g
-                    .to_device(&Device::Cpu)
-                    .unwrap()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap();
-                let w = w
-                    .to_dtype(DType::F32)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap();
-                assert_eq!(
-                    g,
-                    w,
-                    "compact_rows {dt:?} {:?}: the copy must be exact",
-                    set.iter().map(|t| t.dims().to_vec()).collect::<Vec<_>>()
-                );
+                let g = g.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let w = w.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(g, w, "compact_rows {dt:?} {:?}: the copy must be exact", set.iter().map(|t| t.dims().to_vec()).collect::<Vec<_>>());
             }
         }
         let on_gpu = h.to_device(&gpu).unwrap();
-        assert!(
-            compact_rows(&[&on_gpu], &[rows as u32]).is_err(),
-            "an index past the rows is refused"
-        );
+        assert!(compact_rows(&[&on_gpu], &[rows as u32]).is_err(), "an index past the rows is refused");
         assert_eq!(compact_rows(&[&on_gpu], &[]).unwrap()[0].dims(), &[0, 4096]);
     }
 }
@@ -1476,11 +816,7 @@ fn fused_qkv_norm_rope_write() {
     use ponder::ops::{qkv_norm_rope_write, RopeTable};
     let gpu = Device::new_cuda(0).unwrap();
     for dt in [DType::F32, DType::BF16] {
-        for &(heads, kvh, hd, norm) in &[
-            (32usize, 8usize, 128usize, true),
-            (32, 8, 128, false),
-            (4, 4, 64, true),
-        ] {
+        for &(heads, kvh, hd, norm) in &[(32usize, 8usize, 128usize, true), (32, 8, 128, false), (4, 4, 64, true)] {
             let mut rng = StdRng::seed_from_u64((heads * 7 + hd + norm as usize) as u64);
             let (nb, bs) = (12, 16);
             let positions: Vec<u32> = vec![3, 4, 9, 17, 30, 31, 0, 1, 2, 3, 4, 5, 6, 40, 41];
@@ -1497,47 +833,19 @@ fn fused_qkv_norm_rope_write() {
             let k0 = rand_tensor(&mut rng, &[nb, bs, kvh, hd], -1.0, 1.0, dt);
             let v0 = rand_tensor(&mut rng, &[nb, bs, kvh, hd], -1.0, 1.0, dt);
             let pos = Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
-            let angles = RopeTable::new(hd, 1_000_000.0, dt, &Device::Cpu)
-                .unwrap()
-                .angles(&pos)
-                .unwrap();
-            let b_cpu = PagedBatch::new(
-                host.clone(),
-                bs,
-                AttnMask::BlockCausal(32),
-                kvh * hd,
-                &Device::Cpu,
-            )
-            .unwrap();
+            let angles = RopeTable::new(hd, 1_000_000.0, dt, &Device::Cpu).unwrap().angles(&pos).unwrap();
+            let b_cpu = PagedBatch::new(host.clone(), bs, AttnMask::BlockCausal(32), kvh * hd, &Device::Cpu).unwrap();
             let (kc, vc) = (k0.copy().unwrap(), v0.copy().unwrap());
             let nw = norm.then_some((&qn, &kn));
-            let (q_ref, k_ref, v_ref) =
-                qkv_norm_rope_write(&qkv, nw, 1e-6, &angles, &kc, &vc, &b_cpu, heads, kvh, hd)
-                    .unwrap();
+            let (q_ref, k_ref, v_ref) = qkv_norm_rope_write(&qkv, nw, 1e-6, &angles, &kc, &vc, &b_cpu, heads, kvh, hd).unwrap();
 
             let g = |x: &Tensor| x.to_device(&gpu).unwrap();
-            let b_gpu =
-                PagedBatch::new(host, bs, AttnMask::BlockCausal(32), kvh * hd, &gpu).unwrap();
+            let b_gpu = PagedBatch::new(host, bs, AttnMask::BlockCausal(32), kvh * hd, &gpu).unwrap();
             let (kg, vg) = (g(&k0), g(&v0));
-            let g_angles = RopeAngles {
-                cos: g(&angles.cos),
-                sin: g(&angles.sin),
-            };
+            let g_angles = RopeAngles { cos: g(&angles.cos), sin: g(&angles.sin) };
             let (qn_g, kn_g) = (g(&qn), g(&kn));
             let nw_g = norm.then_some((&qn_g, &kn_g));
-            let (q, k, v) = qkv_norm_rope_write(
-                &g(&qkv),
-                nw_g,
-                1e-6,
-                &g_angles,
-                &kg,
-                &vg,
-                &b_gpu,
-                heads,
-                kvh,
-                hd,
-            )
-            .unwrap();
+            let (q, k, v) = qkv_norm_rope_write(&g(&qkv), nw_g, 1e-6, &g_angles, &kg, &vg, &b_gpu, heads, kvh, hd).unwrap();
             let name = format!("{dt:?} {heads}/{kvh} d{hd} norm {norm}");
             assert_eq!(q.dims(), &[t, heads, hd], "{name}");
             // Same dtype, same rounding points: a bf16 ulp at most where f32 sums differ in order.
@@ -1547,25 +855,12 @@ fn fused_qkv_norm_rope_write() {
                 assert!(e <= tol, "{name}: {what} rel err {e} > {tol}");
             }
             for (what, a, b) in [("v", &v, &v_ref), ("v cache", &vg, &vc)] {
-                let (a, b) = (
-                    f32_cpu(a).flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                    f32_cpu(b).flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                );
+                let (a, b) = (f32_cpu(a).flatten_all().unwrap().to_vec1::<f32>().unwrap(), f32_cpu(b).flatten_all().unwrap().to_vec1::<f32>().unwrap());
                 assert_eq!(a, b, "{name}: {what} is a copy");
             }
             // Untouched cache rows: the reference leaves them as k0, so the caches compare above
             // already cover them; check one row nobody writes explicitly.
-            let row = |c: &Tensor| {
-                f32_cpu(c)
-                    .get(0)
-                    .unwrap()
-                    .get(0)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            };
+            let row = |c: &Tensor| f32_cpu(c).get(0).unwrap().get(0).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert_eq!(row(&kg), row(&k0), "{name}: block 0 is nobody's");
         }
     }
@@ -1585,20 +880,10 @@ fn huginn_stage_graphs_match_eager_numerically() {
     use ponder::models::LoopedModel;
     let gpu = Device::new_cuda(0).unwrap();
     let cfg = graph_test_huginn();
-    let mut t = ponder::testing::random_tensors(
-        &ponder::testing::huginn_tensor_manifest(&cfg),
-        5,
-        DType::F32,
-        &gpu,
-    )
-    .unwrap();
+    let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, &gpu).unwrap();
     let wte = t["transformer.wte.weight"].clone();
     t.insert("lm_head.weight".into(), wte);
-    let model = Huginn::load(
-        &cfg,
-        &ponder::loader::Weights::from_map(t, DType::BF16, &gpu),
-    )
-    .unwrap();
+    let model = Huginn::load(&cfg, &ponder::loader::Weights::from_map(t, DType::BF16, &gpu)).unwrap();
     let s = model.spec().clone();
     let bs = 16;
     let positions: Vec<u32> = vec![17, 40, 3, 100, 250, 0, 63];
@@ -1612,51 +897,23 @@ fn huginn_stage_graphs_match_eager_numerically() {
             tb
         })
         .collect();
-    let kv = KvStore::new(
-        s.num_kv_layers,
-        next as usize + 1,
-        bs,
-        s.num_kv_heads,
-        s.head_dim,
-        DType::BF16,
-        &gpu,
-    )
-    .unwrap();
+    let kv = KvStore::new(s.num_kv_layers, next as usize + 1, bs, s.num_kv_heads, s.head_dim, DType::BF16, &gpu).unwrap();
     let host = PagedBatchHost {
         block_tables: tables,
         context_lens: positions.iter().map(|&p| p + 1).collect(),
         cu_q_lens: (0..=positions.len() as u32).collect(),
         write_positions: vec![],
     };
-    let batch = PagedBatch::new(
-        host,
-        bs,
-        AttnMask::Causal,
-        s.num_kv_heads * s.head_dim,
-        &gpu,
-    )
-    .unwrap();
+    let batch = PagedBatch::new(host, bs, AttnMask::Causal, s.num_kv_heads * s.head_dim, &gpu).unwrap();
     let ids = Tensor::new(&[5u32, 77, 300, 12, 9, 400, 1][..], &gpu).unwrap();
     let pos = Tensor::new(positions.as_slice(), &gpu).unwrap();
     type Stage<'a> = Box<dyn Fn() -> candle_core::Result<Tensor> + 'a>;
-    let prelude = || -> candle_core::Result<Tensor> {
-        model.prelude(&ids, &model.prepare(&pos)?, &batch, &kv)
-    };
+    let prelude = || -> candle_core::Result<Tensor> { model.prelude(&ids, &model.prepare(&pos)?, &batch, &kv) };
     let h0 = prelude().unwrap();
     let stages: Vec<(&str, Stage)> = vec![
         ("prelude", Box::new(prelude)),
-        (
-            "core step",
-            Box::new(|| {
-                Ok(model
-                    .core_step(&h0, &model.prepare(&pos)?, &batch, &kv)?
-                    .hidden)
-            }),
-        ),
-        (
-            "coda + head",
-            Box::new(|| model.head(&model.coda(&h0, &model.prepare(&pos)?, &batch, &kv)?)),
-        ),
+        ("core step", Box::new(|| Ok(model.core_step(&h0, &model.prepare(&pos)?, &batch, &kv)?.hidden))),
+        ("coda + head", Box::new(|| model.head(&model.coda(&h0, &model.prepare(&pos)?, &batch, &kv)?))),
         (
             "full depth (prelude, 4 core steps, coda, head)",
             Box::new(|| {
@@ -1670,16 +927,7 @@ fn huginn_stage_graphs_match_eager_numerically() {
         ),
     ];
     let max_abs = |a: &Tensor, b: &Tensor| -> f32 {
-        (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
+        (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap()).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
     };
     for (name, run) in &stages {
         // Each stage rewrites the same K/V rows with the same values, so runs are repeatable.
@@ -1693,25 +941,11 @@ fn huginn_stage_graphs_match_eager_numerically() {
         .unwrap();
         graph.launch().unwrap();
         gpu.synchronize().unwrap();
-        let scale = eager
-            .to_dtype(DType::F32)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-            .max(1e-6);
+        let scale = eager.to_dtype(DType::F32).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap().max(1e-6);
         let (d_again, d_graph) = (max_abs(&eager, &again), max_abs(&eager, &out));
         println!("huginn {name}: max |eager − eager| {d_again:.3e}, max |eager − replay| {d_graph:.3e} (max |eager| {scale:.3e})");
         assert_eq!(d_again, 0.0, "{name}: eager runs are not repeatable");
-        assert!(
-            d_graph <= 0.05 * scale,
-            "{name}: replay differs from eager by {d_graph} (scale {scale})"
-        );
+        assert!(d_graph <= 0.05 * scale, "{name}: replay differs from eager by {d_graph} (scale {scale})");
     }
 }
 
@@ -1737,18 +971,8 @@ fn device_spans_cover_every_launch() {
     engine.set_overlap(true).unwrap();
     let start = std::time::Instant::now();
     for i in 0..24u32 {
-        let prompt: Vec<u32> = (0..(5 + i * 7) % 90 + 1)
-            .map(|t| (t * 31 + i) % 512)
-            .collect();
-        engine
-            .add_request(
-                prompt,
-                ponder::GenerationParams {
-                    ignore_eos: true,
-                    ..ponder::GenerationParams::greedy(12)
-                },
-            )
-            .unwrap();
+        let prompt: Vec<u32> = (0..(5 + i * 7) % 90 + 1).map(|t| (t * 31 + i) % 512).collect();
+        engine.add_request(prompt, ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(12) }).unwrap();
     }
     while engine.has_work() {
         engine.step().unwrap();
@@ -1763,18 +987,9 @@ fn device_spans_cover_every_launch() {
             s.device_time.as_secs_f64() * 1e3,
             s.time.as_secs_f64() * 1e3
         );
-        assert_eq!(
-            s.device_timed, s.launches,
-            "{stage}: every launch has a span"
-        );
-        assert!(
-            s.device_time > std::time::Duration::ZERO,
-            "{stage}: spans are positive"
-        );
+        assert_eq!(s.device_timed, s.launches, "{stage}: every launch has a span");
+        assert!(s.device_time > std::time::Duration::ZERO, "{stage}: spans are positive");
         total += s.device_time;
     }
-    assert!(
-        total <= wall,
-        "spans {total:?} exceed the wall time {wall:?}"
-    );
+    assert!(total <= wall, "spans {total:?} exceed the wall time {wall:?}");
 }

@@ -8,14 +8,10 @@ use ponder::{Event, FinishReason, GenerationParams, KvLayoutKind};
 fn many_threads_stream_the_same_tokens_as_sequential() {
     let (_tmp, dir) = tiny_dir(31);
     let ps = prompts(8, 2);
-    let mut solo = builder(&dir, KvLayoutKind::DepthIndexed, 1)
-        .build()
-        .unwrap();
+    let mut solo = builder(&dir, KvLayoutKind::DepthIndexed, 1).build().unwrap();
     let want = sequential(&mut solo, &ps, &vec![9; ps.len()]);
 
-    let handle = builder(&dir, KvLayoutKind::DepthIndexed, 4)
-        .spawn()
-        .unwrap();
+    let handle = builder(&dir, KvLayoutKind::DepthIndexed, 4).spawn().unwrap();
     let got: Vec<Vec<u32>> = std::thread::scope(|s| {
         let joins: Vec<_> = ps
             .iter()
@@ -34,38 +30,23 @@ fn many_threads_stream_the_same_tokens_as_sequential() {
     assert_eq!(got, want);
 
     // Errors come back to the submitting thread; abort ends a stream early.
-    assert!(handle
-        .submit(Vec::<u32>::new(), GenerationParams::greedy(4))
-        .is_err());
-    let mut stream = handle
-        .submit(vec![1, 2, 3], GenerationParams::greedy(400))
-        .unwrap();
+    assert!(handle.submit(Vec::<u32>::new(), GenerationParams::greedy(4)).is_err());
+    let mut stream = handle.submit(vec![1, 2, 3], GenerationParams::greedy(400)).unwrap();
     let first = stream.next().unwrap();
     assert!(matches!(first, Event::Token { .. }));
     handle.abort(stream.id).unwrap();
     let last = stream.last().unwrap();
-    assert!(matches!(
-        last,
-        Event::Finished {
-            reason: FinishReason::Aborted,
-            ..
-        }
-    ));
+    assert!(matches!(last, Event::Finished { reason: FinishReason::Aborted, .. }));
 }
 
 #[test]
 fn dropping_a_stream_aborts_its_request() {
     let (_tmp, dir) = tiny_dir(32);
     let handle = builder(&dir, KvLayoutKind::Shared, 2).spawn().unwrap();
-    let stream = handle
-        .submit(vec![4, 5], GenerationParams::greedy(300))
-        .unwrap();
+    let stream = handle.submit(vec![4, 5], GenerationParams::greedy(300)).unwrap();
     drop(stream);
     // The engine keeps serving others.
-    let out = handle
-        .submit(vec![6, 7], GenerationParams::greedy(5))
-        .unwrap()
-        .collect_output();
+    let out = handle.submit(vec![6, 7], GenerationParams::greedy(5)).unwrap().collect_output();
     assert_eq!(out.token_ids.len(), 5);
 }
 
@@ -77,39 +58,21 @@ fn overlapped_engine_thread_streams_the_same_tokens() {
     let ps = prompts(6, 4);
     for lookahead in [false, true] {
         let make = |overlap: bool| {
-            let b = builder(&dir, KvLayoutKind::Shared, 3)
-                .scheduler(SchedulerKind::Depth { refill: true })
-                .overlap(overlap);
+            let b = builder(&dir, KvLayoutKind::Shared, 3).scheduler(SchedulerKind::Depth { refill: true }).overlap(overlap);
             if lookahead {
                 b.exit_gate(Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap())
             } else {
-                b.exit_gate(
-                    Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap(),
-                )
+                b.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap())
             }
         };
         let want = sequential(&mut make(false).build().unwrap(), &ps, &vec![7; ps.len()]);
         let handle = make(true).spawn().unwrap();
-        let streams: Vec<_> = ps
-            .iter()
-            .map(|p| {
-                handle
-                    .submit(p.clone(), GenerationParams::greedy(7))
-                    .unwrap()
-            })
-            .collect();
-        let got: Vec<Vec<u32>> = streams
-            .into_iter()
-            .map(|s| s.collect_output().token_ids)
-            .collect();
+        let streams: Vec<_> = ps.iter().map(|p| handle.submit(p.clone(), GenerationParams::greedy(7)).unwrap()).collect();
+        let got: Vec<Vec<u32>> = streams.into_iter().map(|s| s.collect_output().token_ids).collect();
         assert_eq!(got, want, "lookahead={lookahead}");
     }
     // A gate that needs each step's own signal cannot overlap: a typed error at build time.
     let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
-    let err = builder(&dir, KvLayoutKind::Shared, 2)
-        .scheduler(SchedulerKind::Depth { refill: true })
-        .exit_gate(q)
-        .overlap(true)
-        .build();
+    let err = builder(&dir, KvLayoutKind::Shared, 2).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).overlap(true).build();
     assert!(matches!(err, Err(ponder::Error::InvalidOption(_))));
 }

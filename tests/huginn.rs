@@ -19,72 +19,37 @@ fn tiny_huginn(seed: u64) -> (tempfile::TempDir, std::path::PathBuf) {
 #[test]
 fn real_huginn_tensor_names() {
     let m = huginn_tensor_manifest(&ponder::models::HuginnConfig::huginn_0125());
-    assert_eq!(
-        m.len(),
-        8 * 9 + 4,
-        "77 tensors in the released checkpoint, less freqs_cis"
-    );
-    let block: usize = m
-        .iter()
-        .filter(|(n, _)| n.starts_with("transformer.core_block.0."))
-        .map(|(_, s)| s.iter().product::<usize>())
-        .sum();
+    assert_eq!(m.len(), 8 * 9 + 4, "77 tensors in the released checkpoint, less freqs_cis");
+    let block: usize = m.iter().filter(|(n, _)| n.starts_with("transformer.core_block.0.")).map(|(_, s)| s.iter().product::<usize>()).sum();
     assert_eq!(block, 395_398_080);
-    assert!(m
-        .iter()
-        .any(|(n, s)| n == "transformer.adapter.weight" && s == &vec![5280, 10560]));
-    assert!(m
-        .iter()
-        .any(|(n, s)| n == "transformer.coda.1.attn.qk_bias" && s == &vec![2, 1, 55, 96]));
+    assert!(m.iter().any(|(n, s)| n == "transformer.adapter.weight" && s == &vec![5280, 10560]));
+    assert!(m.iter().any(|(n, s)| n == "transformer.coda.1.attn.qk_bias" && s == &vec![2, 1, 55, 96]));
 }
 
 #[test]
 fn tiny_huginn_loads_and_generates() {
     let (_tmp, dir) = tiny_huginn(1);
-    assert!(matches!(
-        ModelDir::open(&dir).unwrap().config,
-        ModelConfig::Huginn(_)
-    ));
+    assert!(matches!(ModelDir::open(&dir).unwrap().config, ModelConfig::Huginn(_)));
     let mut engine = EngineBuilder::new(&dir).block_size(4).build().unwrap();
     let spec = engine.spec().unwrap().clone();
-    assert_eq!(
-        (spec.num_kv_layers, spec.max_steps, spec.state_width),
-        (4, 6, 128)
-    );
-    let out = engine
-        .generate([vec![1u32, 2, 3]], &ponder::GenerationParams::greedy(5))
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    assert_eq!((spec.num_kv_layers, spec.max_steps, spec.state_width), (4, 6, 128));
+    let out = engine.generate([vec![1u32, 2, 3]], &ponder::GenerationParams::greedy(5)).unwrap().remove(0).unwrap();
     assert_eq!(out.token_ids.len(), 5);
-    assert!(
-        out.token_ids.iter().all(|&t| (t as usize) < 104),
-        "ids within the padded table"
-    );
+    assert!(out.token_ids.iter().all(|&t| (t as usize) < 104), "ids within the padded table");
     // A missing tensor is a typed error naming it.
-    let t =
-        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
-            .unwrap();
+    let t = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
     let mut fewer = t.clone();
     fewer.remove("transformer.adapter.weight");
     candle_core::safetensors::save(&fewer, dir.join("model.safetensors")).unwrap();
-    assert!(
-        matches!(EngineBuilder::new(&dir).build(), Err(ponder::Error::BadTensor { name, .. }) if name == "transformer.adapter.weight")
-    );
+    assert!(matches!(EngineBuilder::new(&dir).build(), Err(ponder::Error::BadTensor { name, .. }) if name == "transformer.adapter.weight"));
 }
 
 fn gates() -> Vec<(&'static str, fn() -> Box<dyn ExitGate>)> {
     vec![
         ("fixed6", || Box::new(FixedDepth::new(6).unwrap())),
-        ("latent-diff", || {
-            Box::new(LatentDiff::new(0.6, 1, 6).unwrap())
-        }),
-        ("replay", || {
-            Box::new(Replay::new(DepthTrace::with_mean(3.5, 2, 6, 3).unwrap(), 2, 6).unwrap())
-        }),
-        ("lookahead(latent-diff)", || {
-            Box::new(Lookahead::new(LatentDiff::new(0.6, 1, 6).unwrap()).unwrap())
-        }),
+        ("latent-diff", || Box::new(LatentDiff::new(0.6, 1, 6).unwrap())),
+        ("replay", || Box::new(Replay::new(DepthTrace::with_mean(3.5, 2, 6, 3).unwrap(), 2, 6).unwrap())),
+        ("lookahead(latent-diff)", || Box::new(Lookahead::new(LatentDiff::new(0.6, 1, 6).unwrap()).unwrap())),
     ]
 }
 
@@ -95,44 +60,23 @@ fn huginn_depth_batching_is_batch_invariant() {
     let max_new: Vec<usize> = (0..ps.len()).map(|i| 3 + (i * 2) % 7).collect();
     let mut runs = 0;
     let mut cb_out = None;
-    for scheduler in [
-        SchedulerKind::Continuous,
-        SchedulerKind::Depth { refill: true },
-        SchedulerKind::Depth { refill: false },
-    ] {
+    for scheduler in [SchedulerKind::Continuous, SchedulerKind::Depth { refill: true }, SchedulerKind::Depth { refill: false }] {
         for layout in KvLayoutKind::ALL {
             for (name, gate) in gates() {
                 let g = gate();
                 if (scheduler == SchedulerKind::Continuous && name != "fixed6")
-                    || ponder::kv::check_layout(
-                        layout.build().as_ref(),
-                        g.min_steps(),
-                        g.max_steps(),
-                    )
-                    .is_err()
+                    || ponder::kv::check_layout(layout.build().as_ref(), g.min_steps(), g.max_steps()).is_err()
                 {
                     continue;
                 }
-                let make = |w: usize| {
-                    builder(&dir, layout, w)
-                        .scheduler(scheduler)
-                        .exit_gate_boxed(gate())
-                        .min_coda_batch_size(2)
-                };
+                let make = |w: usize| builder(&dir, layout, w).scheduler(scheduler).exit_gate_boxed(gate()).min_coda_batch_size(2);
                 let want = sequential(&mut make(1).build().unwrap(), &ps, &max_new);
                 let mut engine = make(3).build().unwrap();
-                assert_eq!(
-                    batched(&mut engine, &ps, &max_new),
-                    want,
-                    "{scheduler:?} × {layout:?} × {name}"
-                );
+                assert_eq!(batched(&mut engine, &ps, &max_new), want, "{scheduler:?} × {layout:?} × {name}");
                 assert_kv_empty(&engine);
                 if scheduler != SchedulerKind::Continuous && name != "fixed6" {
                     let d = engine.metrics().mean_depth();
-                    assert!(
-                        d > 1.0 && d < 6.0,
-                        "{scheduler:?} × {layout:?} × {name}: mean depth {d}"
-                    );
+                    assert!(d > 1.0 && d < 6.0, "{scheduler:?} × {layout:?} × {name}: mean depth {d}");
                 }
                 if name == "fixed6" && layout == KvLayoutKind::Shared {
                     match &cb_out {
@@ -152,9 +96,7 @@ fn released_layout_loads_sharded_fp32_with_freqs_cis() {
     // As released: 4 fp32 shards with an index, lm_head a copy of wte, and a persistent
     // `freqs_cis` buffer that the loader must ignore. Loaded in bf16 and f32 alike.
     let (tmp, dir) = tiny_huginn(3);
-    let t =
-        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
-            .unwrap();
+    let t = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
     let sharded = tmp.path().join("released");
     std::fs::create_dir_all(&sharded).unwrap();
     for f in ["config.json", "generation_config.json"] {
@@ -162,17 +104,11 @@ fn released_layout_loads_sharded_fp32_with_freqs_cis() {
     }
     let mut names: Vec<String> = t.keys().cloned().collect();
     names.sort();
-    let freqs = candle_core::Tensor::zeros(
-        (1, 512, 1, 8, 2),
-        candle_core::DType::F32,
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
+    let freqs = candle_core::Tensor::zeros((1, 512, 1, 8, 2), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
     let mut weight_map = serde_json::Map::new();
     for (i, chunk) in names.chunks(names.len().div_ceil(4)).enumerate() {
         let file = format!("model-0000{}-of-00004.safetensors", i + 1);
-        let mut part: std::collections::HashMap<String, candle_core::Tensor> =
-            chunk.iter().map(|n| (n.clone(), t[n].clone())).collect();
+        let mut part: std::collections::HashMap<String, candle_core::Tensor> = chunk.iter().map(|n| (n.clone(), t[n].clone())).collect();
         if i == 0 {
             part.insert("freqs_cis".into(), freqs.clone());
             weight_map.insert("freqs_cis".into(), file.clone().into());
@@ -182,34 +118,14 @@ fn released_layout_loads_sharded_fp32_with_freqs_cis() {
             weight_map.insert(n.clone(), file.clone().into());
         }
     }
-    std::fs::write(
-        sharded.join("model.safetensors.index.json"),
-        serde_json::json!({ "weight_map": weight_map }).to_string(),
-    )
-    .unwrap();
+    std::fs::write(sharded.join("model.safetensors.index.json"), serde_json::json!({ "weight_map": weight_map }).to_string()).unwrap();
     let run = |d: &std::path::Path| {
         let mut e = EngineBuilder::new(d).block_size(4).build().unwrap();
-        e.generate([vec![5u32, 6, 7, 8]], &ponder::GenerationParams::greedy(6))
-            .unwrap()
-            .remove(0)
-            .unwrap()
-            .token_ids
+        e.generate([vec![5u32, 6, 7, 8]], &ponder::GenerationParams::greedy(6)).unwrap().remove(0).unwrap().token_ids
     };
     assert_eq!(run(&sharded), run(&dir));
-    let mut bf16 = EngineBuilder::new(&sharded)
-        .dtype(ponder::DType::BF16)
-        .block_size(4)
-        .build()
-        .unwrap();
-    assert_eq!(
-        bf16.generate([vec![5u32, 6]], &ponder::GenerationParams::greedy(3))
-            .unwrap()
-            .remove(0)
-            .unwrap()
-            .token_ids
-            .len(),
-        3
-    );
+    let mut bf16 = EngineBuilder::new(&sharded).dtype(ponder::DType::BF16).block_size(4).build().unwrap();
+    assert_eq!(bf16.generate([vec![5u32, 6]], &ponder::GenerationParams::greedy(3)).unwrap().remove(0).unwrap().token_ids.len(), 3);
 }
 
 /// Upstream's seeded truncated-normal initial state: batched == sequential under depth batching
@@ -228,96 +144,33 @@ fn seeded_initial_state_is_batch_invariant() {
             .min_coda_batch_size(2)
             .huginn_initial_state(init)
     };
-    let noisy = InitialState::TruncatedNormal {
-        scale: 1.0,
-        seed: 7,
-    };
+    let noisy = InitialState::TruncatedNormal { scale: 1.0, seed: 7 };
     let want = sequential(&mut make(1, noisy).build().unwrap(), &ps, &max_new);
     let mut engine = make(3, noisy).build().unwrap();
-    assert_eq!(
-        batched(&mut engine, &ps, &max_new),
-        want,
-        "batched == sequential with a seeded s0"
-    );
+    assert_eq!(batched(&mut engine, &ps, &max_new), want, "batched == sequential with a seeded s0");
     assert_kv_empty(&engine);
-    let zeros = sequential(
-        &mut make(1, InitialState::Zeros).build().unwrap(),
-        &ps,
-        &max_new,
-    );
+    let zeros = sequential(&mut make(1, InitialState::Zeros).build().unwrap(), &ps, &max_new);
     assert_ne!(want, zeros, "a non-zero s0 changes the generation");
-    let scale0 = sequential(
-        &mut make(
-            1,
-            InitialState::TruncatedNormal {
-                scale: 0.0,
-                seed: 7,
-            },
-        )
-        .build()
-        .unwrap(),
-        &ps,
-        &max_new,
-    );
+    let scale0 = sequential(&mut make(1, InitialState::TruncatedNormal { scale: 0.0, seed: 7 }).build().unwrap(), &ps, &max_new);
     assert_eq!(scale0, zeros, "scale 0 is the zero state");
-    let other_seed = sequential(
-        &mut make(
-            1,
-            InitialState::TruncatedNormal {
-                scale: 1.0,
-                seed: 8,
-            },
-        )
-        .build()
-        .unwrap(),
-        &ps,
-        &max_new,
-    );
+    let other_seed = sequential(&mut make(1, InitialState::TruncatedNormal { scale: 1.0, seed: 8 }).build().unwrap(), &ps, &max_new);
     assert_ne!(other_seed, want, "the seed matters");
 
-    let bad = make(
-        1,
-        InitialState::TruncatedNormal {
-            scale: -1.0,
-            seed: 7,
-        },
-    )
-    .build();
-    assert!(
-        matches!(bad, Err(ponder::Error::InvalidOption(_))),
-        "a negative scale is refused"
-    );
+    let bad = make(1, InitialState::TruncatedNormal { scale: -1.0, seed: 7 }).build();
+    assert!(matches!(bad, Err(ponder::Error::InvalidOption(_))), "a negative scale is refused");
     let (_t2, ouro) = tiny_dir(1);
-    let not_huginn = builder(&ouro, KvLayoutKind::Shared, 1)
-        .huginn_initial_state(noisy)
-        .build();
-    assert!(
-        matches!(not_huginn, Err(ponder::Error::InvalidOption(_))),
-        "Ouro has no initial-state option"
-    );
+    let not_huginn = builder(&ouro, KvLayoutKind::Shared, 1).huginn_initial_state(noisy).build();
+    assert!(matches!(not_huginn, Err(ponder::Error::InvalidOption(_))), "Ouro has no initial-state option");
     // A model built in memory takes the state on the model itself, not through the builder.
     let cfg = tiny_huginn_config(VOCAB);
-    let mut t = ponder::testing::random_tensors(
-        &huginn_tensor_manifest(&cfg),
-        4,
-        ponder::DType::F32,
-        &ponder::Device::Cpu,
-    )
-    .unwrap();
+    let mut t = ponder::testing::random_tensors(&huginn_tensor_manifest(&cfg), 4, ponder::DType::F32, &ponder::Device::Cpu).unwrap();
     let wte = t["transformer.wte.weight"].clone();
     t.insert("lm_head.weight".into(), wte);
     let weights = ponder::loader::Weights::from_map(t, ponder::DType::F32, &ponder::Device::Cpu);
     let model = ponder::models::looped::Huginn::load(&cfg, &weights).unwrap();
-    let in_memory = EngineBuilder::from_model(Box::new(model.clone()), None, vec![])
-        .huginn_initial_state(noisy)
-        .build();
-    assert!(
-        matches!(in_memory, Err(ponder::Error::InvalidOption(_))),
-        "the builder option is for model directories"
-    );
+    let in_memory = EngineBuilder::from_model(Box::new(model.clone()), None, vec![]).huginn_initial_state(noisy).build();
+    assert!(matches!(in_memory, Err(ponder::Error::InvalidOption(_))), "the builder option is for model directories");
     let seeded = model.with_initial_state(noisy).unwrap();
     assert_eq!(seeded.initial_state(), noisy);
-    assert!(EngineBuilder::from_model(Box::new(seeded), None, vec![])
-        .build()
-        .is_ok());
+    assert!(EngineBuilder::from_model(Box::new(seeded), None, vec![]).build().is_ok());
 }

@@ -11,9 +11,7 @@ use std::collections::HashMap;
 #[test]
 fn sharded_checkpoint_loads_like_single_file() {
     let (tmp, dir) = tiny_dir(21);
-    let tensors =
-        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
-            .unwrap();
+    let tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
     let sharded = tmp.path().join("sharded");
     std::fs::create_dir_all(&sharded).unwrap();
     for f in ["config.json", "generation_config.json"] {
@@ -25,31 +23,20 @@ fn sharded_checkpoint_loads_like_single_file() {
     let mut weight_map = serde_json::Map::new();
     for (i, chunk) in names.chunks(names.len().div_ceil(3)).enumerate() {
         let file = format!("model-0000{}-of-00003.safetensors", i + 1);
-        let part: HashMap<_, _> = chunk
-            .iter()
-            .map(|n| (n.clone(), tensors[n].clone()))
-            .collect();
+        let part: HashMap<_, _> = chunk.iter().map(|n| (n.clone(), tensors[n].clone())).collect();
         candle_core::safetensors::save(&part, sharded.join(&file)).unwrap();
         for n in chunk {
             weight_map.insert(n.clone(), file.clone().into());
         }
     }
     let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
-    std::fs::write(
-        sharded.join("model.safetensors.index.json"),
-        index.to_string(),
-    )
-    .unwrap();
+    std::fs::write(sharded.join("model.safetensors.index.json"), index.to_string()).unwrap();
     assert_eq!(ModelDir::open(&sharded).unwrap().weight_files.len(), 3);
 
     let p = prompts(2, 4);
     let run = |d: &std::path::PathBuf| {
         let mut e = builder(d, KvLayoutKind::Shared, 2).build().unwrap();
-        e.generate(p.clone(), &GenerationParams::greedy(6))
-            .unwrap()
-            .into_iter()
-            .map(|o| o.unwrap().token_ids)
-            .collect::<Vec<_>>()
+        e.generate(p.clone(), &GenerationParams::greedy(6)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect::<Vec<_>>()
     };
     assert_eq!(run(&dir), run(&sharded));
 }
@@ -58,19 +45,11 @@ fn sharded_checkpoint_loads_like_single_file() {
 fn real_ouro_tensor_names() {
     let cfg = ponder::models::OuroConfig::ouro_1_4b();
     let m = ouro_tensor_manifest(&cfg);
-    assert_eq!(
-        m.len(),
-        24 * 11 + 5,
-        "269 tensors in the released Ouro-1.4B checkpoint"
-    );
+    assert_eq!(m.len(), 24 * 11 + 5, "269 tensors in the released Ouro-1.4B checkpoint");
     let params: usize = m.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
     assert_eq!(params, 1_434_652_673);
-    assert!(m.iter().any(
-        |(n, s)| n == "model.layers.23.post_attention_layernorm_2.weight" && s == &vec![2048]
-    ));
-    assert!(m
-        .iter()
-        .any(|(n, s)| n == "model.early_exit_gate.weight" && s == &vec![1, 2048]));
+    assert!(m.iter().any(|(n, s)| n == "model.layers.23.post_attention_layernorm_2.weight" && s == &vec![2048]));
+    assert!(m.iter().any(|(n, s)| n == "model.early_exit_gate.weight" && s == &vec![1, 2048]));
 }
 
 #[test]
@@ -79,35 +58,21 @@ fn shipped_tiny_model_generates_text() {
     let md = ModelDir::open(&dir).unwrap();
     assert!(matches!(md.config, ModelConfig::Ouro(_)));
     assert_eq!(md.eos_token_ids, vec![0]);
-    let size: u64 = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum();
+    let size: u64 = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     assert!(size <= 20 << 20, "asset is {size} bytes");
 
     let mut engine = EngineBuilder::new(&dir).build().unwrap();
     let ids = engine.encode("fn main() { println!(\"hi\"); }").unwrap();
     assert!(!ids.is_empty());
-    let out = engine
-        .generate(["Ownership"], &GenerationParams::greedy(12))
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    let out = engine.generate(["Ownership"], &GenerationParams::greedy(12)).unwrap().remove(0).unwrap();
     assert!(!out.text.is_empty());
     // The text is the detokenisation of the ids (no token lost in streaming).
     let tok = engine.tokenizer().unwrap();
     assert_eq!(out.text, tok.decode(&out.token_ids, true).unwrap());
     // Stop strings cut the output before the stop text.
     let stop = out.text.chars().skip(3).take(3).collect::<String>();
-    let params = GenerationParams {
-        stop: vec![stop.clone()],
-        ..GenerationParams::greedy(12)
-    };
-    let cut = engine
-        .generate(["Ownership"], &params)
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    let params = GenerationParams { stop: vec![stop.clone()], ..GenerationParams::greedy(12) };
+    let cut = engine.generate(["Ownership"], &params).unwrap().remove(0).unwrap();
     assert_eq!(cut.finish_reason, ponder::FinishReason::Stop(stop.clone()));
     assert!(out.text.starts_with(&cut.text) && !cut.text.contains(&stop));
     assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);

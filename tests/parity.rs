@@ -24,35 +24,20 @@ struct Case {
 }
 
 fn rel_err(a: &[f32], b: &[f64]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - y).powi(2))
-        .sum::<f64>()
-        .sqrt();
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum::<f64>().sqrt();
     num / b.iter().map(|y| y * y).sum::<f64>().sqrt()
 }
 
 #[test]
 fn tiny_ouro_matches_the_pytorch_reference() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let fx: Fixture = serde_json::from_str(
-        &std::fs::read_to_string(root.join("tests/fixtures/tiny_ouro_reference.json")).unwrap(),
-    )
-    .unwrap();
+    let fx: Fixture = serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/tiny_ouro_reference.json")).unwrap()).unwrap();
     let dir = ModelDir::open(root.join("assets/tiny-ouro")).unwrap();
-    let ModelConfig::Ouro(cfg) = &dir.config else {
-        panic!("tiny-ouro is an Ouro model")
-    };
+    let ModelConfig::Ouro(cfg) = &dir.config else { panic!("tiny-ouro is an Ouro model") };
     // The prompts tokenise as the fixture says (same tokenizer.json in both worlds).
     let tok = dir.tokenizer().unwrap().unwrap();
     for c in &fx.cases {
-        assert_eq!(
-            tok.encode(c.text.as_str(), false).unwrap().get_ids(),
-            c.ids.as_slice(),
-            "{}",
-            c.text
-        );
+        assert_eq!(tok.encode(c.text.as_str(), false).unwrap().get_ids(), c.ids.as_slice(), "{}", c.text);
     }
     let model = Ouro::load(cfg, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
     let steps = cfg.total_ut_steps;
@@ -67,30 +52,15 @@ fn tiny_ouro_matches_the_pytorch_reference() {
             LaunchRow::full_depth(id, c.ids.clone(), 0, kv.tables(id).unwrap().to_vec())
         })
         .collect();
-    let launch = Launch {
-        stage: Stage::Prefill,
-        step_slots: (0..steps).collect(),
-        rows,
-        kv_copies: vec![],
-        reenter: false,
-    };
+    let launch = Launch { stage: Stage::Prefill, step_slots: (0..steps).collect(), rows, kv_copies: vec![], reenter: false };
     let runner = LoopedRunner::new(Box::new(model), 64, 16, 0).unwrap();
     let fwd = runner.forward(&launch).unwrap();
     let logits = fwd.logits.unwrap().to_vec2::<f32>().unwrap();
-    let gates = fwd
-        .gate_logits
-        .unwrap()
-        .t()
-        .unwrap()
-        .to_vec2::<f32>()
-        .unwrap();
+    let gates = fwd.gate_logits.unwrap().t().unwrap().to_vec2::<f32>().unwrap();
     for (i, c) in fx.cases.iter().enumerate() {
         let e = rel_err(&logits[i], &c.logits_last);
         let g = rel_err(&gates[i], &c.gate_logits_last);
-        println!(
-            "{}: logits rel err {e:.2e}, gate logits rel err {g:.2e}",
-            c.text
-        );
+        println!("{}: logits rel err {e:.2e}, gate logits rel err {g:.2e}", c.text);
         assert!(e <= 1e-5, "{}: logits rel err {e:.2e}", c.text);
         assert!(g <= 1e-5, "{}: gate logits rel err {g:.2e}", c.text);
     }
@@ -99,76 +69,26 @@ fn tiny_ouro_matches_the_pytorch_reference() {
 #[test]
 fn forced_tokens_score_with_the_reference_log_probabilities() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let fx: Fixture = serde_json::from_str(
-        &std::fs::read_to_string(root.join("tests/fixtures/tiny_ouro_reference.json")).unwrap(),
-    )
-    .unwrap();
-    let mut engine = ponder::EngineBuilder::new(root.join("assets/tiny-ouro"))
-        .build()
-        .unwrap();
+    let fx: Fixture = serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/tiny_ouro_reference.json")).unwrap()).unwrap();
+    let mut engine = ponder::EngineBuilder::new(root.join("assets/tiny-ouro")).build().unwrap();
     for c in &fx.cases {
         // The reference's log-softmax at its argmax and at another token.
-        let max = c
-            .logits_last
-            .iter()
-            .cloned()
-            .fold(f64::NEG_INFINITY, f64::max);
-        let lse = max
-            + c.logits_last
-                .iter()
-                .map(|x| (x - max).exp())
-                .sum::<f64>()
-                .ln();
-        let best = c
-            .logits_last
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap()
-            .0 as u32;
+        let max = c.logits_last.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + c.logits_last.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        let best = c.logits_last.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32;
         for forced in [best, 7] {
-            let params = ponder::GenerationParams {
-                forced_tokens: vec![forced],
-                ignore_eos: true,
-                ..ponder::GenerationParams::greedy(1)
-            };
-            let out = engine
-                .generate([c.ids.clone()], &params)
-                .unwrap()
-                .remove(0)
-                .unwrap();
+            let params = ponder::GenerationParams { forced_tokens: vec![forced], ignore_eos: true, ..ponder::GenerationParams::greedy(1) };
+            let out = engine.generate([c.ids.clone()], &params).unwrap().remove(0).unwrap();
             assert_eq!(out.token_ids, vec![forced]);
             let want = c.logits_last[forced as usize] - lse;
-            assert!(
-                (out.logprobs[0] as f64 - want).abs() < 1e-4,
-                "{}: logprob {} vs {want}",
-                c.text,
-                out.logprobs[0]
-            );
+            assert!((out.logprobs[0] as f64 - want).abs() < 1e-4, "{}: logprob {} vs {want}", c.text, out.logprobs[0]);
         }
     }
     // Forcing a whole continuation reproduces it and scores every token.
-    let greedy = engine
-        .generate(
-            [fx.cases[0].ids.clone()],
-            &ponder::GenerationParams::greedy(6),
-        )
-        .unwrap()
-        .remove(0)
-        .unwrap();
-    let params = ponder::GenerationParams {
-        forced_tokens: greedy.token_ids.clone(),
-        ..ponder::GenerationParams::greedy(6)
-    };
-    let forced = engine
-        .generate([fx.cases[0].ids.clone()], &params)
-        .unwrap()
-        .remove(0)
-        .unwrap();
+    let greedy = engine.generate([fx.cases[0].ids.clone()], &ponder::GenerationParams::greedy(6)).unwrap().remove(0).unwrap();
+    let params = ponder::GenerationParams { forced_tokens: greedy.token_ids.clone(), ..ponder::GenerationParams::greedy(6) };
+    let forced = engine.generate([fx.cases[0].ids.clone()], &params).unwrap().remove(0).unwrap();
     assert_eq!(forced.token_ids, greedy.token_ids);
     assert_eq!(forced.logprobs.len(), 6);
-    assert!(forced
-        .logprobs
-        .iter()
-        .all(|&lp| lp <= 0.0 && lp.is_finite()));
+    assert!(forced.logprobs.iter().all(|&lp| lp <= 0.0 && lp.is_finite()));
 }

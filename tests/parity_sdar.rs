@@ -43,55 +43,26 @@ struct Full {
 }
 
 fn rel_err(a: &[f32], b: &[f64]) -> f64 {
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - y).powi(2))
-        .sum::<f64>()
-        .sqrt();
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum::<f64>().sqrt();
     num / b.iter().map(|y| y * y).sum::<f64>().sqrt()
 }
 
 #[test]
 fn tiny_sdar_matches_the_pytorch_reference() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let fx: Fixture = serde_json::from_str(
-        &std::fs::read_to_string(root.join("tests/fixtures/tiny_sdar_reference.json")).unwrap(),
-    )
-    .unwrap();
+    let fx: Fixture = serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/tiny_sdar_reference.json")).unwrap()).unwrap();
     let dir = ModelDir::open(root.join("assets/tiny-sdar")).unwrap();
     let tok = dir.tokenizer().unwrap().unwrap();
-    let model =
-        diffusion::load(&dir.config, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let model = diffusion::load(&dir.config, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
     let spec = model.spec().clone();
-    assert_eq!(
-        (spec.block_length, spec.mask_token_id),
-        (Some(fx.block_size), fx.mask_token_id)
-    );
+    assert_eq!((spec.block_length, spec.mask_token_id), (Some(fx.block_size), fx.mask_token_id));
     let b = fx.block_size;
     let mut kv_mgr = KvManager::new(64, 16, Box::new(Shared), 1);
-    let kv = ponder::kv::KvStore::new(
-        spec.num_layers,
-        64,
-        16,
-        spec.num_kv_heads,
-        spec.head_dim,
-        DType::F32,
-        &Device::Cpu,
-    )
-    .unwrap();
-    let mut host = PagedBatchHost {
-        cu_q_lens: vec![0],
-        ..Default::default()
-    };
+    let kv = ponder::kv::KvStore::new(spec.num_layers, 64, 16, spec.num_kv_heads, spec.head_dim, DType::F32, &Device::Cpu).unwrap();
+    let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
     let (mut ids, mut positions, mut readout, mut expected) = (vec![], vec![], vec![], vec![]);
     for (i, c) in fx.cases.iter().enumerate() {
-        assert_eq!(
-            tok.encode(c.text.as_str(), false).unwrap().get_ids(),
-            c.prompt_ids.as_slice(),
-            "{}",
-            c.text
-        );
+        assert_eq!(tok.encode(c.text.as_str(), false).unwrap().get_ids(), c.prompt_ids.as_slice(), "{}", c.text);
         let [start, end] = c.decode_block;
         assert_eq!(start, c.prompt_ids.len() / b * b);
         let id = RequestId(i as u64);
@@ -120,64 +91,26 @@ fn tiny_sdar_matches_the_pytorch_reference() {
     }
     host.write_positions = positions.clone();
     let dev = Device::Cpu;
-    let batch = PagedBatch::new(
-        host,
-        16,
-        AttnMask::BlockCausal(b),
-        spec.num_kv_heads * spec.head_dim,
-        &dev,
-    )
-    .unwrap();
-    let h = model
-        .embed(&Tensor::new(ids.as_slice(), &dev).unwrap())
-        .unwrap();
-    let rope = model
-        .rope(&Tensor::new(positions.as_slice(), &dev).unwrap())
-        .unwrap();
+    let batch = PagedBatch::new(host, 16, AttnMask::BlockCausal(b), spec.num_kv_heads * spec.head_dim, &dev).unwrap();
+    let h = model.embed(&Tensor::new(ids.as_slice(), &dev).unwrap()).unwrap();
+    let rope = model.rope(&Tensor::new(positions.as_slice(), &dev).unwrap()).unwrap();
     let h = model.forward(&h, &rope, &batch, &kv).unwrap();
-    let logits = model
-        .head(
-            &h.index_select(&Tensor::new(readout.as_slice(), &dev).unwrap(), 0)
-                .unwrap(),
-        )
-        .unwrap()
-        .to_vec2::<f32>()
-        .unwrap();
+    let logits = model.head(&h.index_select(&Tensor::new(readout.as_slice(), &dev).unwrap(), 0).unwrap()).unwrap().to_vec2::<f32>().unwrap();
     let (mut checked_top, mut checked_full) = (0, 0);
     for (row, &(i, p)) in logits.iter().zip(&expected) {
         let c = &fx.cases[i];
-        let top = c
-            .top5
-            .iter()
-            .find(|t| t.position == p)
-            .expect("fixture has top-5 for every masked position");
+        let top = c.top5.iter().find(|t| t.position == p).expect("fixture has top-5 for every masked position");
         let ours: Vec<f32> = top.ids.iter().map(|&t| row[t as usize]).collect();
         let err = rel_err(&ours, &top.logits);
-        assert!(
-            err <= 1e-5,
-            "{} position {p}: top-5 logits rel err {err:e}",
-            c.text
-        );
-        let argmax = row
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap()
-            .0 as u32;
+        assert!(err <= 1e-5, "{} position {p}: top-5 logits rel err {err:e}", c.text);
+        let argmax = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32;
         assert_eq!(argmax, top.ids[0], "{} position {p}: argmax", c.text);
         checked_top += 1;
         if let Some(full) = c.full_logits.iter().find(|f| f.position == p) {
             let err = rel_err(row, &full.logits);
-            assert!(
-                err <= 1e-5,
-                "{} position {p}: full logits rel err {err:e}",
-                c.text
-            );
+            assert!(err <= 1e-5, "{} position {p}: full logits rel err {err:e}", c.text);
             checked_full += 1;
         }
     }
-    assert!(
-        checked_top >= 12 && checked_full >= 2 * fx.cases.len(),
-        "{checked_top} top-5 rows, {checked_full} full rows"
-    );
+    assert!(checked_top >= 12 && checked_full >= 2 * fx.cases.len(), "{checked_top} top-5 rows, {checked_full} full rows");
 }

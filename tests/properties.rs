@@ -5,20 +5,14 @@
 
 use ponder::gate::{DepthTrace, ExitGate, Replay};
 use ponder::kv::{KvLayoutKind, KvManager};
-use ponder::scheduler::{
-    ContinuousBatching, DepthBatching, DepthConfig, LaunchResult, RowOutput, SchedRequest,
-    Scheduler, SchedulerLimits,
-};
+use ponder::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, LaunchResult, RowOutput, SchedRequest, Scheduler, SchedulerLimits};
 use ponder::RequestId;
 use proptest::prelude::*;
 use std::collections::HashMap;
 
 /// The fake model's output at a position: unique per (request, position).
 fn token_at(request: u64, position: usize) -> u32 {
-    (request as u32)
-        .wrapping_mul(7919)
-        .wrapping_add(position as u32 * 31)
-        % 50_000
+    (request as u32).wrapping_mul(7919).wrapping_add(position as u32 * 31) % 50_000
 }
 
 #[derive(Debug, Clone)]
@@ -29,33 +23,13 @@ struct Req {
     abort_at: Option<usize>,
 }
 
-fn scheduler(
-    kind: u8,
-    width: usize,
-    layout: KvLayoutKind,
-    min_coda: usize,
-    min_free: usize,
-    seed: u64,
-) -> Box<dyn Scheduler> {
-    let limits = SchedulerLimits {
-        max_num_seqs: width,
-        max_num_batched_tokens: 64,
-    };
+fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_free: usize, seed: u64) -> Box<dyn Scheduler> {
+    let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 64 };
     let kv = KvManager::new(256, 4, layout.build(), 4);
-    let gate: Box<dyn ExitGate> =
-        Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, seed).unwrap(), 2, 4).unwrap());
+    let gate: Box<dyn ExitGate> = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, seed).unwrap(), 2, 4).unwrap());
     match kind {
         0 => Box::new(ContinuousBatching::new(limits, kv, 4)),
-        k => Box::new(DepthBatching::new(
-            DepthConfig {
-                refill: k == 1,
-                min_coda_batch_size: min_coda,
-                min_free_slots: Some(min_free),
-            },
-            limits,
-            kv,
-            gate,
-        )),
+        k => Box::new(DepthBatching::new(DepthConfig { refill: k == 1, min_coda_batch_size: min_coda, min_free_slots: Some(min_free) }, limits, kv, gate)),
     }
 }
 
@@ -69,11 +43,7 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
     loop {
         for (i, r) in reqs.iter().enumerate() {
             if r.arrival == tick {
-                s.add(SchedRequest {
-                    id: RequestId(i as u64),
-                    prompt: (0..r.prompt as u32).collect(),
-                    max_new_tokens: r.new_tokens,
-                });
+                s.add(SchedRequest { id: RequestId(i as u64), prompt: (0..r.prompt as u32).collect(), max_new_tokens: r.new_tokens });
                 live.insert(i as u64, r.new_tokens);
             }
             if r.abort_at == Some(tick) && live.remove(&(i as u64)).is_some() {
@@ -96,9 +66,7 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
                 .iter()
                 .map(|r| RowOutput {
                     request: r.request,
-                    token: r
-                        .sample
-                        .then(|| token_at(r.request.0, r.start_pos + r.tokens.len())),
+                    token: r.sample.then(|| token_at(r.request.0, r.start_pos + r.tokens.len())),
                     gate_logits: vec![],
                     latent_diff: None,
                     logprob: None,
@@ -109,11 +77,7 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
             (launch, LaunchResult { rows })
         });
         // With overlap, the launch just scheduled is "running" while the previous one completes.
-        let done = if overlap {
-            std::mem::replace(&mut pending, ready)
-        } else {
-            ready
-        };
+        let done = if overlap { std::mem::replace(&mut pending, ready) } else { ready };
         let Some((launch, result)) = done else {
             tick += 1;
             continue;
@@ -134,21 +98,12 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
         prop_assert!(tick < 20_000, "no progress");
     }
     prop_assert!(pending.is_none());
-    prop_assert!(
-        live.is_empty(),
-        "requests never finished: {:?}",
-        live.keys().collect::<Vec<_>>()
-    );
+    prop_assert!(live.is_empty(), "requests never finished: {:?}", live.keys().collect::<Vec<_>>());
     for (i, r) in reqs.iter().enumerate() {
-        let want: Vec<u32> = (0..r.new_tokens)
-            .map(|k| token_at(i as u64, r.prompt + k))
-            .collect();
+        let want: Vec<u32> = (0..r.new_tokens).map(|k| token_at(i as u64, r.prompt + k)).collect();
         let g = got.get(&(i as u64)).cloned().unwrap_or_default();
         if aborted[i] {
-            prop_assert!(
-                want.starts_with(&g),
-                "request {i} (aborted): {g:?} not a prefix of {want:?}"
-            );
+            prop_assert!(want.starts_with(&g), "request {i} (aborted): {g:?} not a prefix of {want:?}");
         } else {
             prop_assert_eq!(g, want, "request {}", i);
         }
@@ -159,18 +114,12 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
 }
 
 fn req() -> impl Strategy<Value = Req> {
-    (
-        0usize..30,
-        1usize..24,
-        1usize..20,
-        prop::option::weighted(0.25, 0usize..60),
-    )
-        .prop_map(|(arrival, prompt, new_tokens, abort_at)| Req {
-            arrival,
-            prompt,
-            new_tokens,
-            abort_at,
-        })
+    (0usize..30, 1usize..24, 1usize..20, prop::option::weighted(0.25, 0usize..60)).prop_map(|(arrival, prompt, new_tokens, abort_at)| Req {
+        arrival,
+        prompt,
+        new_tokens,
+        abort_at,
+    })
 }
 
 proptest! {

@@ -2,9 +2,7 @@
 
 /// `path` relative to the crate root when it lies under it.
 pub fn shown(path: &str, root: &str) -> String {
-    path.strip_prefix(root)
-        .map(|p| p.trim_start_matches('/').to_string())
-        .unwrap_or_else(|| path.to_string())
+    path.strip_prefix(root).map(|p| p.trim_start_matches('/').to_string()).unwrap_or_else(|| path.to_string())
 }
 
 /// Replaces the text between the markers in `path` (markers kept); appends the marked section

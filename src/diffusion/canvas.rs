@@ -18,21 +18,11 @@ impl BlockCanvas {
     /// A block of `len` positions from `start`; the first `fixed.len()` hold known tokens, the
     /// rest `mask_id`.
     pub fn new(start: usize, len: usize, fixed: &[u32], mask_id: u32, delayed_cache: bool) -> Self {
-        assert!(
-            fixed.len() < len,
-            "a block with no masked position is not decoded"
-        );
+        assert!(fixed.len() < len, "a block with no masked position is not decoded");
         let mut tokens = vec![mask_id; len];
         tokens[..fixed.len()].copy_from_slice(fixed);
         let masked = (0..len).map(|i| i >= fixed.len()).collect();
-        Self {
-            start,
-            tokens,
-            masked,
-            frozen: vec![false; len],
-            steps: 0,
-            delayed: delayed_cache,
-        }
+        Self { start, tokens, masked, frozen: vec![false; len], steps: 0, delayed: delayed_cache }
     }
 
     pub fn start(&self) -> usize {
@@ -73,9 +63,7 @@ impl BlockCanvas {
     /// without the delayed cache, otherwise the unfrozen ones (never empty while a mask is left,
     /// since masked positions are never frozen).
     pub fn processing(&self) -> Vec<usize> {
-        (0..self.len())
-            .filter(|&i| self.steps == 0 || !self.delayed || !self.frozen[i])
-            .collect()
+        (0..self.len()).filter(|&i| self.steps == 0 || !self.delayed || !self.frozen[i]).collect()
     }
 
     /// Applies one step's reveals `(offset, token)` and advances the delayed cache. Freezing
@@ -108,11 +96,7 @@ mod tests {
     #[test]
     fn delayed_cache_freezes_a_token_after_its_right_neighbour() {
         let mut c = BlockCanvas::new(8, 4, &[5], 99, true);
-        assert_eq!(
-            c.processing(),
-            vec![0, 1, 2, 3],
-            "first step is a warm-up over the whole block"
-        );
+        assert_eq!(c.processing(), vec![0, 1, 2, 3], "first step is a warm-up over the whole block");
         c.reveal(&[(2, 7)]);
         // Before this step only offset 0 was unmasked and its right neighbour (1) was masked.
         assert_eq!(c.processing(), vec![0, 1, 2, 3]);

@@ -62,9 +62,7 @@ impl Default for Focus {
 impl Focus {
     pub fn new(alpha: f32) -> crate::Result<Self> {
         if !(alpha >= 1.0 && alpha.is_finite()) {
-            return Err(crate::Error::InvalidOption(format!(
-                "FOCUS alpha {alpha} must be >= 1"
-            )));
+            return Err(crate::Error::InvalidOption(format!("FOCUS alpha {alpha} must be >= 1")));
         }
         Ok(Self { alpha })
     }
@@ -159,15 +157,9 @@ pub fn importance(q: &Tensor, k: &Tensor, lens: &[usize], store_dtype: DType) ->
         return Tensor::zeros((r, m), DType::F32, dev);
     }
     let group = heads / kvh;
-    let q = q
-        .to_dtype(DType::F32)?
-        .permute((0, 2, 1, 3))?
-        .contiguous()?; // [R, H, M, d]
+    let q = q.to_dtype(DType::F32)?.permute((0, 2, 1, 3))?.contiguous()?; // [R, H, M, d]
     let k = k.to_dtype(DType::F32)?.permute((0, 2, 1, 3))?; // [R, KV, M, d]
-    let k = k
-        .unsqueeze(2)?
-        .broadcast_as((r, kvh, group, m, d))?
-        .reshape((r, heads, m, d))?;
+    let k = k.unsqueeze(2)?.broadcast_as((r, kvh, group, m, d))?.reshape((r, heads, m, d))?;
     let s = (q.matmul(&k.t()?.contiguous()?)? / (d as f64).sqrt())?; // [R, H, M(i), M(j)]
     let key_bias = key_padding(lens, m, dev)?; // [R, 1, 1, M]: −∞ past a row's masked tokens
     let s = s.broadcast_add(&key_bias)?;
@@ -175,10 +167,7 @@ pub fn importance(q: &Tensor, k: &Tensor, lens: &[usize], store_dtype: DType) ->
     let left = Tensor::cat(&[&ninf, &s.narrow(3, 0, m - 1)?], 3)?;
     let right = Tensor::cat(&[&s.narrow(3, 1, m - 1)?, &ninf], 3)?;
     // Pooling would pull a real neighbour into the first padding column: mask keys again.
-    let pooled = s
-        .maximum(&left)?
-        .maximum(&right)?
-        .broadcast_add(&key_bias)?;
+    let pooled = s.maximum(&left)?.maximum(&right)?.broadcast_add(&key_bias)?;
     let w = candle_nn::ops::softmax_last_dim(&pooled)?;
     // Padded query rows would add weight; drop them. Padded key columns are exactly 0 already,
     // but a row with no real key would be NaN: zero those with the same mask.
@@ -193,23 +182,10 @@ pub fn importance(q: &Tensor, k: &Tensor, lens: &[usize], store_dtype: DType) ->
 /// hold every token of a launch, `gather` `[R · m]` u32 the rows' masked token indices padded to
 /// `m`. On CUDA (m ≤ 32, d ≤ 128) one kernel does it all (`kernels/focus.cu`); elsewhere the
 /// tokens are gathered and [`importance`] runs.
-pub fn importance_of(
-    q: &Tensor,
-    k: &Tensor,
-    gather: &Tensor,
-    lens: &[usize],
-    m: usize,
-    store_dtype: DType,
-) -> Result<Tensor> {
+pub fn importance_of(q: &Tensor, k: &Tensor, gather: &Tensor, lens: &[usize], m: usize, store_dtype: DType) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if q.device().is_cuda() && m <= 32 && q.dim(2)? <= 128 && q.dtype() == store_dtype {
-        let lens_t = Tensor::new(
-            lens.iter()
-                .map(|&l| l as u32)
-                .collect::<Vec<_>>()
-                .as_slice(),
-            q.device(),
-        )?;
+        let lens_t = Tensor::new(lens.iter().map(|&l| l as u32).collect::<Vec<_>>().as_slice(), q.device())?;
         return crate::ops::cuda::focus_importance(q, k, gather, &lens_t, m);
     }
     let rows = lens.len();
@@ -221,18 +197,12 @@ pub fn importance_of(
 }
 
 fn key_padding(lens: &[usize], m: usize, dev: &Device) -> Result<Tensor> {
-    let v: Vec<f32> = lens
-        .iter()
-        .flat_map(|&l| (0..m).map(move |j| if j < l { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
+    let v: Vec<f32> = lens.iter().flat_map(|&l| (0..m).map(move |j| if j < l { 0.0 } else { f32::NEG_INFINITY })).collect();
     Tensor::from_vec(v, (lens.len(), 1, 1, m), dev)
 }
 
 fn query_mask(lens: &[usize], m: usize, dev: &Device) -> Result<Tensor> {
-    let v: Vec<f32> = lens
-        .iter()
-        .flat_map(|&l| (0..m).map(move |i| if i < l { 1.0 } else { 0.0 }))
-        .collect();
+    let v: Vec<f32> = lens.iter().flat_map(|&l| (0..m).map(move |i| if i < l { 1.0 } else { 0.0 })).collect();
     Tensor::from_vec(v, (lens.len(), 1, m, 1), dev)
 }
 
@@ -252,14 +222,7 @@ pub fn importance_oracle(q: &[Vec<Vec<f32>>], k: &[Vec<Vec<f32>>]) -> Vec<f32> {
     for h in 0..heads {
         let g = h / group;
         for i in 0..m {
-            let s: Vec<f64> = (0..m)
-                .map(|j| {
-                    (0..d)
-                        .map(|e| q[i][h][e] as f64 * k[j][g][e] as f64)
-                        .sum::<f64>()
-                        * scale
-                })
-                .collect();
+            let s: Vec<f64> = (0..m).map(|j| (0..d).map(|e| q[i][h][e] as f64 * k[j][g][e] as f64).sum::<f64>() * scale).collect();
             let p: Vec<f64> = (0..m)
                 .map(|j| {
                     let mut x = s[j];
@@ -286,18 +249,8 @@ pub fn importance_oracle(q: &[Vec<Vec<f32>>], k: &[Vec<Vec<f32>>]) -> Vec<f32> {
 mod tests {
     use super::*;
 
-    fn input<'a>(
-        delta: &'a [f32],
-        positions: &'a [u32],
-        avg: f32,
-        progress: i64,
-    ) -> EvictionInput<'a> {
-        EvictionInput {
-            delta,
-            positions,
-            avg_decoded: avg,
-            block_progress: progress,
-        }
+    fn input<'a>(delta: &'a [f32], positions: &'a [u32], avg: f32, progress: i64) -> EvictionInput<'a> {
+        EvictionInput { delta, positions, avg_decoded: avg, block_progress: progress }
     }
 
     #[test]
@@ -318,10 +271,7 @@ mod tests {
         let pos = [2, 5, 8, 10, 13, 16, 20, 25];
         let d = [0.0, 0.1, 0.0, 5.0, 0.1, 0.0, 4.0, 0.0];
         let k = f.keep(&input(&d, &pos, 2.0, 30)); // progress beyond all: rule 3 inactive
-        assert_eq!(
-            k,
-            vec![false, false, false, true, false, false, true, false]
-        );
+        assert_eq!(k, vec![false, false, false, true, false, false, true, false]);
         // T = 3 > |μ+σ set| = 2 → top-3, the tie at 0.1 goes to the earlier token (offset 5).
         let k = f.keep(&input(&d, &pos, 3.0, 30));
         assert_eq!(k, vec![false, true, false, true, false, false, true, false]);
@@ -356,9 +306,7 @@ mod tests {
         // Two rows with 5 and 3 masked tokens, 4 heads over 2 kv heads, d 8.
         let (heads, kvh, d, mmax) = (4, 2, 8, 5);
         let lens = [5usize, 3];
-        let val = |r: usize, i: usize, h: usize, e: usize, s: f32| {
-            ((r * 977 + i * 131 + h * 31 + e * 7) as f32 * s).sin()
-        };
+        let val = |r: usize, i: usize, h: usize, e: usize, s: f32| ((r * 977 + i * 131 + h * 31 + e * 7) as f32 * s).sin();
         let mut qv = vec![0f32; 2 * mmax * heads * d];
         let mut kv = vec![0f32; 2 * mmax * kvh * d];
         for r in 0..2 {
@@ -377,41 +325,15 @@ mod tests {
         }
         let q = Tensor::from_vec(qv.clone(), (2, mmax, heads, d), &Device::Cpu).unwrap();
         let k = Tensor::from_vec(kv.clone(), (2, mmax, kvh, d), &Device::Cpu).unwrap();
-        let got = importance(&q, &k, &lens, DType::F32)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
+        let got = importance(&q, &k, &lens, DType::F32).unwrap().to_vec2::<f32>().unwrap();
         for r in 0..2 {
-            let qr: Vec<Vec<Vec<f32>>> = (0..lens[r])
-                .map(|i| {
-                    (0..heads)
-                        .map(|h| {
-                            (0..d)
-                                .map(|e| qv[((r * mmax + i) * heads + h) * d + e])
-                                .collect()
-                        })
-                        .collect()
-                })
-                .collect();
-            let kr: Vec<Vec<Vec<f32>>> = (0..lens[r])
-                .map(|i| {
-                    (0..kvh)
-                        .map(|g| {
-                            (0..d)
-                                .map(|e| kv[((r * mmax + i) * kvh + g) * d + e])
-                                .collect()
-                        })
-                        .collect()
-                })
-                .collect();
+            let qr: Vec<Vec<Vec<f32>>> =
+                (0..lens[r]).map(|i| (0..heads).map(|h| (0..d).map(|e| qv[((r * mmax + i) * heads + h) * d + e]).collect()).collect()).collect();
+            let kr: Vec<Vec<Vec<f32>>> =
+                (0..lens[r]).map(|i| (0..kvh).map(|g| (0..d).map(|e| kv[((r * mmax + i) * kvh + g) * d + e]).collect()).collect()).collect();
             let want = importance_oracle(&qr, &kr);
             for j in 0..lens[r] {
-                assert!(
-                    (got[r][j] - want[j]).abs() < 1e-5,
-                    "row {r} token {j}: {} vs {}",
-                    got[r][j],
-                    want[j]
-                );
+                assert!((got[r][j] - want[j]).abs() < 1e-5, "row {r} token {j}: {} vs {}", got[r][j], want[j]);
             }
             for j in lens[r]..mmax {
                 assert_eq!(got[r][j], 0.0, "padding column");

@@ -8,11 +8,5 @@ mod eviction;
 mod unmask;
 
 pub use canvas::BlockCanvas;
-pub use eviction::{
-    enforce_rules, importance, importance_of, importance_oracle, EvictionInput, EvictionPolicy,
-    Focus, NoEviction,
-};
-pub use unmask::{
-    by_confidence, Candidate, Replay, StaticCount, StepContext, Threshold, UnmaskPolicy,
-    UnmaskTrace,
-};
+pub use eviction::{enforce_rules, importance, importance_of, importance_oracle, EvictionInput, EvictionPolicy, Focus, NoEviction};
+pub use unmask::{by_confidence, Candidate, Replay, StaticCount, StepContext, Threshold, UnmaskPolicy, UnmaskTrace};

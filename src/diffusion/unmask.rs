@@ -48,11 +48,7 @@ pub fn by_confidence(candidates: &[Candidate]) -> Vec<usize> {
         }
     };
     let mut idx: Vec<usize> = (0..candidates.len()).collect();
-    idx.sort_by(|&a, &b| {
-        key(&candidates[b])
-            .total_cmp(&key(&candidates[a]))
-            .then(candidates[a].offset.cmp(&candidates[b].offset))
-    });
+    idx.sort_by(|&a, &b| key(&candidates[b]).total_cmp(&key(&candidates[a])).then(candidates[a].offset.cmp(&candidates[b].offset)));
     idx
 }
 
@@ -66,9 +62,7 @@ pub struct Threshold {
 impl Threshold {
     pub fn new(tau: f32) -> Result<Self> {
         if !(tau > 0.0 && tau <= 1.0) {
-            return Err(Error::InvalidOption(format!(
-                "unmask threshold {tau} outside (0, 1]"
-            )));
+            return Err(Error::InvalidOption(format!("unmask threshold {tau} outside (0, 1]")));
         }
         Ok(Self { tau })
     }
@@ -80,11 +74,7 @@ impl UnmaskPolicy for Threshold {
     }
     fn select(&self, _ctx: &StepContext, candidates: &[Candidate]) -> Vec<usize> {
         let order = by_confidence(candidates);
-        let mut pick: Vec<usize> = order
-            .iter()
-            .copied()
-            .filter(|&i| candidates[i].confidence >= self.tau)
-            .collect();
+        let mut pick: Vec<usize> = order.iter().copied().filter(|&i| candidates[i].confidence >= self.tau).collect();
         if pick.is_empty() {
             pick.extend(order.first());
         }
@@ -101,9 +91,7 @@ pub struct StaticCount {
 impl StaticCount {
     pub fn new(per_step: usize) -> Result<Self> {
         if per_step == 0 {
-            return Err(Error::InvalidOption(
-                "static unmasking needs at least 1 token per step".into(),
-            ));
+            return Err(Error::InvalidOption("static unmasking needs at least 1 token per step".into()));
         }
         Ok(Self { per_step })
     }
@@ -114,10 +102,7 @@ impl UnmaskPolicy for StaticCount {
         format!("static({})", self.per_step)
     }
     fn select(&self, _ctx: &StepContext, candidates: &[Candidate]) -> Vec<usize> {
-        by_confidence(candidates)
-            .into_iter()
-            .take(self.per_step)
-            .collect()
+        by_confidence(candidates).into_iter().take(self.per_step).collect()
     }
 }
 
@@ -136,22 +121,14 @@ impl UnmaskTrace {
     /// spread over the range), drawn per (request, block, step) from `seed`.
     pub fn with_mean(mean: f64, max: usize, seed: u64) -> Result<Self> {
         if max == 0 || !(mean >= 1.0 && mean <= max as f64) {
-            return Err(Error::InvalidOption(format!(
-                "unmask count mean {mean} outside 1..={max}"
-            )));
+            return Err(Error::InvalidOption(format!("unmask count mean {mean} outside 1..={max}")));
         }
-        Ok(Self::Seeded {
-            probs: crate::dist::tilted(1, max, mean),
-            seed,
-        })
+        Ok(Self::Seeded { probs: crate::dist::tilted(1, max, mean), seed })
     }
 
     /// Reads `{"counts": {"<request id>": [[c, ...] per block, ...], ...}}`.
     pub fn from_json_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
         #[derive(serde::Deserialize)]
         struct File {
             counts: HashMap<String, Vec<Vec<usize>>>,
@@ -160,13 +137,9 @@ impl UnmaskTrace {
         let f: File = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         let mut out = HashMap::new();
         for (k, v) in f.counts {
-            let id = k
-                .parse::<u64>()
-                .map_err(|_| bad(format!("request id `{k}` is not an integer")))?;
+            let id = k.parse::<u64>().map_err(|_| bad(format!("request id `{k}` is not an integer")))?;
             if v.is_empty() || v.iter().any(|b| b.is_empty() || b.contains(&0)) {
-                return Err(bad(format!(
-                    "request {k}: every block needs a non-empty list of counts >= 1"
-                )));
+                return Err(bad(format!("request {k}: every block needs a non-empty list of counts >= 1")));
             }
             out.insert(id, v);
         }
@@ -181,10 +154,7 @@ impl UnmaskTrace {
                 let steps = &blocks[ctx.block.min(blocks.len() - 1)];
                 Some(steps[ctx.step.min(steps.len() - 1)])
             }
-            Self::Seeded { probs, seed } => Some(draw(
-                probs,
-                mix(*seed ^ mix(ctx.request.0 ^ mix((ctx.block as u64) << 32 ^ ctx.step as u64))),
-            )),
+            Self::Seeded { probs, seed } => Some(draw(probs, mix(*seed ^ mix(ctx.request.0 ^ mix((ctx.block as u64) << 32 ^ ctx.step as u64))))),
         }
     }
 
@@ -229,32 +199,15 @@ mod tests {
     use super::*;
 
     fn cands(conf: &[f32]) -> Vec<Candidate> {
-        conf.iter()
-            .enumerate()
-            .map(|(i, &c)| Candidate {
-                offset: i * 2,
-                token: i as u32,
-                confidence: c,
-            })
-            .collect()
+        conf.iter().enumerate().map(|(i, &c)| Candidate { offset: i * 2, token: i as u32, confidence: c }).collect()
     }
-    const CTX: StepContext = StepContext {
-        request: RequestId(3),
-        block: 1,
-        step: 2,
-        masked: 4,
-        block_len: 8,
-    };
+    const CTX: StepContext = StepContext { request: RequestId(3), block: 1, step: 2, masked: 4, block_len: 8 };
 
     #[test]
     fn threshold_reveals_all_above_tau_or_the_top_one() {
         let t = Threshold::new(0.8).unwrap();
         assert_eq!(t.select(&CTX, &cands(&[0.5, 0.9, 0.85, 0.1])), vec![1, 2]);
-        assert_eq!(
-            t.select(&CTX, &cands(&[0.5, 0.7, 0.7, 0.1])),
-            vec![1],
-            "tie goes to the earlier offset"
-        );
+        assert_eq!(t.select(&CTX, &cands(&[0.5, 0.7, 0.7, 0.1])), vec![1], "tie goes to the earlier offset");
         assert_eq!(t.select(&CTX, &cands(&[f32::NAN, 0.1])), vec![1]);
         assert!(Threshold::new(0.0).is_err() && Threshold::new(1.5).is_err());
     }
@@ -273,12 +226,7 @@ mod tests {
         let mut sum = 0usize;
         let n = 20_000;
         for i in 0..n {
-            let ctx = StepContext {
-                request: RequestId(i as u64 % 97),
-                block: i / 97,
-                step: i % 5,
-                ..CTX
-            };
+            let ctx = StepContext { request: RequestId(i as u64 % 97), block: i / 97, step: i % 5, ..CTX };
             let c = t.count(&ctx).unwrap();
             assert!((1..=32).contains(&c));
             assert_eq!(t.count(&ctx), Some(c));
@@ -293,16 +241,7 @@ mod tests {
     fn recorded_trace_extends_its_last_values() {
         let t = UnmaskTrace::Recorded(HashMap::from([(3, vec![vec![1, 2], vec![4]])]));
         let at = |block, step| t.count(&StepContext { block, step, ..CTX });
-        assert_eq!(
-            (at(0, 0), at(0, 1), at(0, 9), at(1, 0), at(5, 3)),
-            (Some(1), Some(2), Some(2), Some(4), Some(4))
-        );
-        assert_eq!(
-            t.count(&StepContext {
-                request: RequestId(9),
-                ..CTX
-            }),
-            None
-        );
+        assert_eq!((at(0, 0), at(0, 1), at(0, 9), at(1, 0), at(5, 3)), (Some(1), Some(2), Some(2), Some(4), Some(4)));
+        assert_eq!(t.count(&StepContext { request: RequestId(9), ..CTX }), None);
     }
 }

@@ -10,10 +10,7 @@ use crate::loader::ModelDir;
 use crate::models::diffusion::DiffusionModel;
 use crate::models::looped::{Huginn, Ouro};
 use crate::models::{InitialState, LoopedModel, LoopedSpec, ModelConfig};
-use crate::scheduler::{
-    ContinuousBatching, DepthBatching, DepthConfig, DiffusionBatching, DiffusionConfig, Scheduler,
-    SchedulerLimits,
-};
+use crate::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, DiffusionBatching, DiffusionConfig, Scheduler, SchedulerLimits};
 use crate::{Error, Result};
 use candle_core::{DType, Device};
 use std::path::PathBuf;
@@ -72,21 +69,12 @@ pub struct DiffusionSchedulerContext {
     pub spec: crate::models::diffusion::DiffusionSpec,
 }
 
-type DiffusionSchedulerFactory =
-    Box<dyn FnOnce(DiffusionSchedulerContext) -> Box<dyn Scheduler> + Send>;
+type DiffusionSchedulerFactory = Box<dyn FnOnce(DiffusionSchedulerContext) -> Box<dyn Scheduler> + Send>;
 
 enum Source {
     Dir(PathBuf),
-    Model {
-        model: Box<dyn LoopedModel>,
-        tokenizer: Option<Tokenizer>,
-        eos: Vec<u32>,
-    },
-    Diffusion {
-        model: Box<dyn DiffusionModel>,
-        tokenizer: Option<Tokenizer>,
-        eos: Vec<u32>,
-    },
+    Model { model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32> },
+    Diffusion { model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32> },
 }
 
 /// A loaded model of either family.
@@ -130,36 +118,20 @@ impl EngineBuilder {
     }
 
     /// An engine for a model already in memory (random-weight benchmarks, tests).
-    pub fn from_model(
-        model: Box<dyn LoopedModel>,
-        tokenizer: Option<Tokenizer>,
-        eos: Vec<u32>,
-    ) -> Self {
+    pub fn from_model(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>) -> Self {
         let device = model.device().clone();
         let dtype = model.spec().dtype;
-        let mut b = Self::with_source(Source::Model {
-            model,
-            tokenizer,
-            eos,
-        });
+        let mut b = Self::with_source(Source::Model { model, tokenizer, eos });
         b.device = device;
         b.dtype = dtype;
         b
     }
 
     /// An engine for a diffusion model already in memory.
-    pub fn from_diffusion_model(
-        model: Box<dyn DiffusionModel>,
-        tokenizer: Option<Tokenizer>,
-        eos: Vec<u32>,
-    ) -> Self {
+    pub fn from_diffusion_model(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>) -> Self {
         let device = model.device().clone();
         let dtype = model.spec().dtype;
-        let mut b = Self::with_source(Source::Diffusion {
-            model,
-            tokenizer,
-            eos,
-        });
+        let mut b = Self::with_source(Source::Diffusion { model, tokenizer, eos });
         b.device = device;
         b.dtype = dtype;
         b
@@ -209,18 +181,12 @@ impl EngineBuilder {
     }
     /// Uses a scheduler of your own for a diffusion model (it must emit finalised tokens through
     /// [`Scheduler::take_emitted`] and issue `Stage::Denoise` launches).
-    pub fn custom_diffusion_scheduler(
-        mut self,
-        f: impl FnOnce(DiffusionSchedulerContext) -> Box<dyn Scheduler> + Send + 'static,
-    ) -> Self {
+    pub fn custom_diffusion_scheduler(mut self, f: impl FnOnce(DiffusionSchedulerContext) -> Box<dyn Scheduler> + Send + 'static) -> Self {
         self.diffusion_factory = Some(Box::new(f));
         self
     }
     /// Uses a scheduler of your own instead of a built-in one.
-    pub fn custom_scheduler(
-        mut self,
-        f: impl FnOnce(SchedulerContext) -> Box<dyn Scheduler> + Send + 'static,
-    ) -> Self {
+    pub fn custom_scheduler(mut self, f: impl FnOnce(SchedulerContext) -> Box<dyn Scheduler> + Send + 'static) -> Self {
         self.factory = Some(Box::new(f));
         self
     }
@@ -355,15 +321,10 @@ impl EngineBuilder {
             return Err(Error::InvalidOption("block_size must be > 0".into()));
         }
         if self.limits.max_num_seqs == 0 || self.limits.max_num_batched_tokens == 0 {
-            return Err(Error::InvalidOption(
-                "max_num_seqs and max_num_batched_tokens must be > 0".into(),
-            ));
+            return Err(Error::InvalidOption("max_num_seqs and max_num_batched_tokens must be > 0".into()));
         }
         if !crate::ops::is_float(self.dtype) {
-            return Err(Error::InvalidOption(format!(
-                "dtype {:?} is not a float type",
-                self.dtype
-            )));
+            return Err(Error::InvalidOption(format!("dtype {:?} is not a float type", self.dtype)));
         }
         let source = std::mem::replace(&mut self.source, Source::Dir(PathBuf::new()));
         let (model, tokenizer, eos) = match source {
@@ -374,26 +335,14 @@ impl EngineBuilder {
                     ModelConfig::Ouro(c) => Loaded::Looped(Box::new(Ouro::load(c, &weights)?)),
                     ModelConfig::Huginn(c) => {
                         let init = self.initial_state.take().unwrap_or_default();
-                        Loaded::Looped(Box::new(
-                            Huginn::load(c, &weights)?.with_initial_state(init)?,
-                        ))
+                        Loaded::Looped(Box::new(Huginn::load(c, &weights)?.with_initial_state(init)?))
                     }
-                    other => Loaded::Diffusion(Box::new(crate::models::diffusion::load(
-                        other, &weights,
-                    )?)),
+                    other => Loaded::Diffusion(Box::new(crate::models::diffusion::load(other, &weights)?)),
                 };
                 (model, dir.tokenizer()?, dir.eos_token_ids.clone())
             }
-            Source::Model {
-                model,
-                tokenizer,
-                eos,
-            } => (Loaded::Looped(model), tokenizer, eos),
-            Source::Diffusion {
-                model,
-                tokenizer,
-                eos,
-            } => (Loaded::Diffusion(model), tokenizer, eos),
+            Source::Model { model, tokenizer, eos } => (Loaded::Looped(model), tokenizer, eos),
+            Source::Diffusion { model, tokenizer, eos } => (Loaded::Diffusion(model), tokenizer, eos),
         };
         if self.initial_state.is_some() {
             return Err(Error::InvalidOption(
@@ -405,41 +354,27 @@ impl EngineBuilder {
             Loaded::Diffusion(m) => return self.build_diffusion(m, tokenizer, eos),
         };
         if self.scheduler == SchedulerKind::Diffusion {
-            return Err(Error::InvalidOption(
-                "the diffusion scheduler needs a diffusion model".into(),
-            ));
+            return Err(Error::InvalidOption("the diffusion scheduler needs a diffusion model".into()));
         }
         for (set, what) in [
             (self.block_length.is_some(), "block_length"),
             (self.max_steps_per_block.is_some(), "max_steps_per_block"),
             (self.delayed_cache, "delayed_cache"),
             (self.unmask.is_some(), "unmask_policy"),
-            (
-                self.eviction.is_some() || self.eviction_shadow,
-                "eviction_policy",
-            ),
+            (self.eviction.is_some() || self.eviction_shadow, "eviction_policy"),
             (self.time_denoise_phases, "time_denoise_phases"),
-            (
-                self.diffusion_factory.is_some(),
-                "custom_diffusion_scheduler",
-            ),
+            (self.diffusion_factory.is_some(), "custom_diffusion_scheduler"),
         ] {
             if set {
-                return Err(Error::InvalidOption(format!(
-                    "{what} applies to diffusion models only"
-                )));
+                return Err(Error::InvalidOption(format!("{what} applies to diffusion models only")));
             }
         }
         let spec = model.spec().clone();
-        let layout = self
-            .layout
-            .unwrap_or_else(|| KvLayoutKind::default().build());
+        let layout = self.layout.unwrap_or_else(|| KvLayoutKind::default().build());
         let slots = layout.num_slots(spec.max_steps);
         let kv_tokens = self.kv_tokens.unwrap_or(16_384 * slots);
         let num_blocks = kv_tokens.div_ceil(self.block_size);
-        let max_context = self
-            .max_model_len
-            .map_or(spec.max_context, |m| m.min(spec.max_context));
+        let max_context = self.max_model_len.map_or(spec.max_context, |m| m.min(spec.max_context));
         let kv = KvManager::new(num_blocks, self.block_size, layout, spec.max_steps);
         let limits = self.limits.clone();
         let gate = match self.gate {
@@ -447,80 +382,36 @@ impl EngineBuilder {
             None => Box::new(FixedDepth::new(spec.max_steps)?),
         };
         if gate.max_steps() > spec.max_steps {
-            return Err(Error::InvalidOption(format!(
-                "exit gate allows {} steps but the model loops at most {} times",
-                gate.max_steps(),
-                spec.max_steps
-            )));
+            return Err(Error::InvalidOption(format!("exit gate allows {} steps but the model loops at most {} times", gate.max_steps(), spec.max_steps)));
         }
         let scheduler: Box<dyn Scheduler> = match self.factory {
-            Some(f) => f(SchedulerContext {
-                limits: limits.clone(),
-                kv,
-                spec: spec.clone(),
-                gate,
-            }),
+            Some(f) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone(), gate }),
             None => match self.scheduler {
-                SchedulerKind::Continuous => {
-                    Box::new(ContinuousBatching::new(limits.clone(), kv, spec.max_steps))
-                }
+                SchedulerKind::Continuous => Box::new(ContinuousBatching::new(limits.clone(), kv, spec.max_steps)),
                 SchedulerKind::Diffusion => unreachable!("refused above"),
                 SchedulerKind::Depth { refill } => {
                     check_layout(kv.layout(), gate.min_steps(), gate.max_steps())?;
-                    let min_coda = self.min_coda_batch_size.unwrap_or(if spec.heavy_coda {
-                        (limits.max_num_seqs / 4).max(1)
-                    } else {
-                        1
-                    });
+                    let min_coda = self.min_coda_batch_size.unwrap_or(if spec.heavy_coda { (limits.max_num_seqs / 4).max(1) } else { 1 });
                     if min_coda == 0 {
-                        return Err(Error::InvalidOption(
-                            "min_coda_batch_size must be >= 1".into(),
-                        ));
+                        return Err(Error::InvalidOption("min_coda_batch_size must be >= 1".into()));
                     }
-                    let cfg = DepthConfig {
-                        refill,
-                        min_coda_batch_size: min_coda,
-                        ..DepthConfig::default()
-                    };
+                    let cfg = DepthConfig { refill, min_coda_batch_size: min_coda, ..DepthConfig::default() };
                     Box::new(DepthBatching::new(cfg, limits.clone(), kv, gate))
                 }
             },
         };
-        let runner = LoopedRunner::with_cuda_graphs(
-            model,
-            num_blocks,
-            self.block_size,
-            scheduler.state_bank_rows(),
-            self.cuda_graphs,
-        )?
-        .with_device_timing(self.time_device);
-        let mut engine = Engine::assemble(
-            ModelRunner::Looped(runner),
-            scheduler,
-            tokenizer,
-            eos,
-            max_context,
-            limits.max_num_batched_tokens,
-        );
+        let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, self.block_size, scheduler.state_bank_rows(), self.cuda_graphs)?
+            .with_device_timing(self.time_device);
+        let mut engine = Engine::assemble(ModelRunner::Looped(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
         engine.set_overlap(self.overlap)?;
         Ok(engine)
     }
 
     /// The diffusion half of [`EngineBuilder::build`]: one KV slot per layer, the block
     /// diffusion scheduler, no exit gates or loop layouts.
-    fn build_diffusion(
-        self,
-        model: Box<dyn DiffusionModel>,
-        tokenizer: Option<Tokenizer>,
-        eos: Vec<u32>,
-    ) -> Result<Engine> {
+    fn build_diffusion(self, model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>) -> Result<Engine> {
         let spec = model.spec().clone();
-        let refuse = |what: &str| {
-            Err(Error::InvalidOption(format!(
-                "{what} does not apply to diffusion model `{}`",
-                spec.model_type
-            )))
-        };
+        let refuse = |what: &str| Err(Error::InvalidOption(format!("{what} does not apply to diffusion model `{}`", spec.model_type)));
         if self.layout.is_some() {
             return refuse("a KV layout");
         }
@@ -537,13 +428,9 @@ impl EngineBuilder {
             return refuse("depth batching");
         }
         let block_length = self.block_length.or(spec.block_length).unwrap_or(32);
-        let max_context = self
-            .max_model_len
-            .map_or(spec.max_context, |m| m.min(spec.max_context));
+        let max_context = self.max_model_len.map_or(spec.max_context, |m| m.min(spec.max_context));
         if block_length == 0 || block_length > max_context {
-            return Err(Error::InvalidOption(format!(
-                "block length {block_length} must be in 1..={max_context}"
-            )));
+            return Err(Error::InvalidOption(format!("block length {block_length} must be in 1..={max_context}")));
         }
         if max_context % block_length != 0 {
             return Err(Error::InvalidOption(format!(
@@ -552,9 +439,7 @@ impl EngineBuilder {
         }
         let max_steps = self.max_steps_per_block.unwrap_or(block_length);
         if max_steps == 0 {
-            return Err(Error::InvalidOption(
-                "max_steps_per_block must be >= 1".into(),
-            ));
+            return Err(Error::InvalidOption("max_steps_per_block must be >= 1".into()));
         }
         let policy = match self.unmask {
             Some(p) => p,
@@ -562,27 +447,17 @@ impl EngineBuilder {
         };
         let eviction = self.eviction.filter(|p| p.scores());
         if self.eviction_shadow && eviction.is_none() {
-            return Err(Error::InvalidOption(
-                "eviction_shadow needs an eviction policy that scores tokens (e.g. Focus)".into(),
-            ));
+            return Err(Error::InvalidOption("eviction_shadow needs an eviction policy that scores tokens (e.g. Focus)".into()));
         }
         if let Some(p) = &eviction {
             if !self.eviction_shadow && !self.delayed_cache {
-                return Err(Error::InvalidOption(format!(
-                    "eviction policy {} needs the delayed cache (delayed_cache(true))",
-                    p.name()
-                )));
+                return Err(Error::InvalidOption(format!("eviction policy {} needs the delayed cache (delayed_cache(true))", p.name())));
             }
             if spec.shift_logits {
-                return Err(Error::InvalidOption(format!(
-                    "eviction is not supported for shifted-logit models (`{}`)",
-                    spec.model_type
-                )));
+                return Err(Error::InvalidOption(format!("eviction is not supported for shifted-logit models (`{}`)", spec.model_type)));
             }
             if spec.num_layers < 2 {
-                return Err(Error::InvalidOption(
-                    "eviction scores tokens at layers 0 and 1: the model needs two layers".into(),
-                ));
+                return Err(Error::InvalidOption("eviction scores tokens at layers 0 and 1: the model needs two layers".into()));
             }
         }
         let evicts = eviction.is_some();
@@ -599,26 +474,13 @@ impl EngineBuilder {
         };
         let limits = self.limits.clone();
         let scheduler: Box<dyn Scheduler> = match self.diffusion_factory {
-            Some(f) => f(DiffusionSchedulerContext {
-                limits: limits.clone(),
-                kv,
-                config: cfg,
-                policy,
-                spec: spec.clone(),
-            }),
+            Some(f) => f(DiffusionSchedulerContext { limits: limits.clone(), kv, config: cfg, policy, spec: spec.clone() }),
             None => Box::new(DiffusionBatching::new(cfg, limits.clone(), kv, policy)),
         };
         let runner = DiffusionRunner::new(model, num_blocks, self.block_size, block_length)?
             .with_eviction(eviction, self.eviction_shadow)
             .with_phase_timing(self.time_denoise_phases);
-        let mut engine = Engine::assemble(
-            ModelRunner::Diffusion(runner),
-            scheduler,
-            tokenizer,
-            eos,
-            max_context,
-            limits.max_num_batched_tokens,
-        );
+        let mut engine = Engine::assemble(ModelRunner::Diffusion(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
         engine.set_overlap(self.overlap)?;
         Ok(engine)
     }

@@ -3,10 +3,7 @@
 
 use super::detok::{Detokenizer, Pushed};
 use super::runner::Pending;
-use super::{
-    DiffusionRunner, EngineMetrics, Event, FinishReason, GenerationParams, LoopedRunner, Output,
-    Prompt, RequestId,
-};
+use super::{DiffusionRunner, EngineMetrics, Event, FinishReason, GenerationParams, LoopedRunner, Output, Prompt, RequestId};
 use crate::error::InvalidRequest;
 use crate::models::diffusion::DiffusionSpec;
 use crate::models::LoopedSpec;
@@ -156,23 +153,14 @@ impl Engine {
 
     /// Encodes text with the model's tokenizer.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let tok = self
-            .tokenizer
-            .as_ref()
-            .ok_or_else(|| Error::Tokenizer("model has no tokenizer.json".into()))?;
-        let enc = tok
-            .encode(text, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let tok = self.tokenizer.as_ref().ok_or_else(|| Error::Tokenizer("model has no tokenizer.json".into()))?;
+        let enc = tok.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Validates and queues a request. A rejected request gets a typed error and leaves no
     /// state behind; the engine and other requests are unaffected.
-    pub fn add_request(
-        &mut self,
-        prompt: impl Into<Prompt>,
-        params: GenerationParams,
-    ) -> Result<RequestId> {
+    pub fn add_request(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestId> {
         let id = RequestId(self.next_id);
         self.next_id += 1;
         let reject = |reason| Err(Error::InvalidRequest { id, reason });
@@ -185,73 +173,42 @@ impl Engine {
         }
         let vocab = self.vocab_size();
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return reject(InvalidRequest::UnknownToken {
-                token: bad,
-                vocab_size: vocab,
-            });
+            return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });
         }
         if let Err(msg) = params.sampling.validate() {
             return reject(InvalidRequest::BadSampling(msg));
         }
         if let Some(&bad) = params.forced_tokens.iter().find(|&&t| t as usize >= vocab) {
-            return reject(InvalidRequest::UnknownToken {
-                token: bad,
-                vocab_size: vocab,
-            });
+            return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });
         }
         if let ModelRunner::Diffusion(_) = self.runner {
             // Diffusion decoding here is greedy: a step reveals the argmax tokens by confidence.
             if !params.sampling.is_greedy() {
-                return reject(InvalidRequest::BadSampling(
-                    "diffusion models decode greedily (temperature 0)".into(),
-                ));
+                return reject(InvalidRequest::BadSampling("diffusion models decode greedily (temperature 0)".into()));
             }
             if !params.forced_tokens.is_empty() {
-                return reject(InvalidRequest::BadSampling(
-                    "teacher forcing is not supported for diffusion models".into(),
-                ));
+                return reject(InvalidRequest::BadSampling("teacher forcing is not supported for diffusion models".into()));
             }
         }
-        let positions = self
-            .scheduler
-            .kv_positions(ids.len(), params.max_new_tokens);
+        let positions = self.scheduler.kv_positions(ids.len(), params.max_new_tokens);
         if positions > self.max_context {
-            return reject(InvalidRequest::TooLong {
-                prompt_tokens: ids.len(),
-                max_new_tokens: params.max_new_tokens,
-                max_context: self.max_context,
-            });
+            return reject(InvalidRequest::TooLong { prompt_tokens: ids.len(), max_new_tokens: params.max_new_tokens, max_context: self.max_context });
         }
         // A preempted request is re-prefilled with its generated tokens, so the budget must
         // hold the whole sequence.
         if ids.len() + params.max_new_tokens > self.max_prefill_tokens {
-            return reject(InvalidRequest::OverTokenBudget {
-                prompt_tokens: ids.len() + params.max_new_tokens,
-                budget: self.max_prefill_tokens,
-            });
+            return reject(InvalidRequest::OverTokenBudget { prompt_tokens: ids.len() + params.max_new_tokens, budget: self.max_prefill_tokens });
         }
         let kv = self.scheduler.kv();
         let needed = kv.blocks_for(positions);
         if needed > kv.num_blocks() {
-            return Err(Error::KvExhausted {
-                id,
-                needed_blocks: needed,
-                total_blocks: kv.num_blocks(),
-            });
+            return Err(Error::KvExhausted { id, needed_blocks: needed, total_blocks: kv.num_blocks() });
         }
         if params.max_new_tokens == 0 {
-            self.pending.push(Event::Finished {
-                id,
-                reason: FinishReason::Length,
-                text: String::new(),
-            });
+            self.pending.push(Event::Finished { id, reason: FinishReason::Length, text: String::new() });
             return Ok(id);
         }
-        self.scheduler.add(SchedRequest {
-            id,
-            prompt: ids.clone(),
-            max_new_tokens: params.max_new_tokens,
-        });
+        self.scheduler.add(SchedRequest { id, prompt: ids.clone(), max_new_tokens: params.max_new_tokens });
         self.live.insert(
             id,
             Live {
@@ -271,11 +228,7 @@ impl Engine {
     pub fn abort(&mut self, id: RequestId) -> Result<()> {
         let mut live = self.live.remove(&id).ok_or(Error::UnknownRequest(id))?;
         self.scheduler.finish(id);
-        self.pending.push(Event::Finished {
-            id,
-            reason: FinishReason::Aborted,
-            text: live.detok.flush(),
-        });
+        self.pending.push(Event::Finished { id, reason: FinishReason::Aborted, text: live.detok.flush() });
         Ok(())
     }
 
@@ -291,18 +244,11 @@ impl Engine {
             Some(launch) => Some(self.issue(launch, &mut events)?),
             None => None,
         };
-        let done = if self.overlap {
-            std::mem::replace(&mut self.in_flight, issued)
-        } else {
-            issued
-        };
+        let done = if self.overlap { std::mem::replace(&mut self.in_flight, issued) } else { issued };
         match done {
             Some(done) => self.consume(done, &mut events)?,
             None if events.is_empty() && !self.live.is_empty() && self.in_flight.is_none() => {
-                return Err(Error::SchedulerStalled {
-                    scheduler: self.scheduler.name().into(),
-                    unfinished: self.live.len(),
-                });
+                return Err(Error::SchedulerStalled { scheduler: self.scheduler.name().into(), unfinished: self.live.len() });
             }
             None => {}
         }
@@ -330,31 +276,18 @@ impl Engine {
             ModelRunner::Diffusion(r) => r.run(&launch).map(InFlight::Ready),
         };
         match pending {
-            Ok(pending) => Ok(Issued {
-                launch,
-                pending,
-                host: started.elapsed(),
-            }),
+            Ok(pending) => Ok(Issued { launch, pending, host: started.elapsed() }),
             Err(e) => Err(self.fail_launch(&launch, e, events)),
         }
     }
 
     /// A device error fails every request of the launch; the error is returned too.
-    fn fail_launch(
-        &mut self,
-        launch: &Launch,
-        e: candle_core::Error,
-        events: &mut Vec<Event>,
-    ) -> Error {
+    fn fail_launch(&mut self, launch: &Launch, e: candle_core::Error, events: &mut Vec<Event>) -> Error {
         let msg = e.to_string();
         for row in &launch.rows {
             if self.live.remove(&row.request).is_some() {
                 self.scheduler.finish(row.request);
-                events.push(Event::Finished {
-                    id: row.request,
-                    reason: FinishReason::Error(msg.clone()),
-                    text: String::new(),
-                });
+                events.push(Event::Finished { id: row.request, reason: FinishReason::Error(msg.clone()), text: String::new() });
             }
         }
         self.pending = std::mem::take(events);
@@ -378,13 +311,7 @@ impl Engine {
         };
         let wait = started.elapsed();
         let l = &done.launch;
-        self.metrics.record(
-            l.stage.name(),
-            l.rows.len(),
-            l.num_tokens(),
-            done.host + wait,
-            wait,
-        );
+        self.metrics.record(l.stage.name(), l.rows.len(), l.num_tokens(), done.host + wait, wait);
         if let ModelRunner::Looped(r) = &self.runner {
             if let Some(span) = r.last_device_time() {
                 self.metrics.record_device(l.stage.name(), span);
@@ -413,10 +340,7 @@ impl Engine {
                 self.metrics.denoise.phases = r.phase_times();
             }
             if let Some((revealed, kept)) = self.scheduler.revealed_in_kept() {
-                (
-                    self.metrics.denoise.revealed,
-                    self.metrics.denoise.revealed_kept,
-                ) = (revealed, kept);
+                (self.metrics.denoise.revealed, self.metrics.denoise.revealed_kept) = (revealed, kept);
             }
         }
         self.metrics.preemptions = self.scheduler.num_preemptions() as u64;
@@ -432,27 +356,13 @@ impl Engine {
         } else {
             live.generated.push(token);
             self.metrics.generated_tokens += 1;
-            match live
-                .detok
-                .push(token, self.tokenizer.as_ref(), &live.params.stop)
-            {
+            match live.detok.push(token, self.tokenizer.as_ref(), &live.params.stop) {
                 Pushed::Text(text) => {
-                    events.push(Event::Token {
-                        id,
-                        token,
-                        text,
-                        logprob,
-                    });
-                    (live.generated.len() >= live.params.max_new_tokens)
-                        .then_some(FinishReason::Length)
+                    events.push(Event::Token { id, token, text, logprob });
+                    (live.generated.len() >= live.params.max_new_tokens).then_some(FinishReason::Length)
                 }
                 Pushed::Stopped { text, stop } => {
-                    events.push(Event::Token {
-                        id,
-                        token,
-                        text,
-                        logprob,
-                    });
+                    events.push(Event::Token { id, token, text, logprob });
                     Some(FinishReason::Stop(stop))
                 }
             }
@@ -461,22 +371,14 @@ impl Engine {
             let mut live = self.live.remove(&id).expect("present");
             self.scheduler.finish(id);
             self.metrics.finished_requests += 1;
-            events.push(Event::Finished {
-                id,
-                reason,
-                text: live.detok.flush(),
-            });
+            events.push(Event::Finished { id, reason, text: live.detok.flush() });
         }
         Some(events)
     }
 
     /// Runs prompts to completion and returns their outputs in order. Each prompt that is
     /// rejected gets its error in its place; the others still run.
-    pub fn generate<P: Into<Prompt>>(
-        &mut self,
-        prompts: impl IntoIterator<Item = P>,
-        params: &GenerationParams,
-    ) -> Result<Vec<Result<Output>>> {
+    pub fn generate<P: Into<Prompt>>(&mut self, prompts: impl IntoIterator<Item = P>, params: &GenerationParams) -> Result<Vec<Result<Output>>> {
         let mut slots: Vec<Result<Output>> = Vec::new();
         let mut index = HashMap::new();
         for p in prompts {

@@ -30,15 +30,10 @@ impl Detokenizer {
     pub fn push(&mut self, token: u32, tokenizer: Option<&Tokenizer>, stop: &[String]) -> Pushed {
         self.ids.push(token);
         if let Some(tok) = tokenizer {
-            let prefix = tok
-                .decode(&self.ids[self.prefix_offset..self.read_offset], true)
-                .unwrap_or_default();
-            let full = tok
-                .decode(&self.ids[self.prefix_offset..], true)
-                .unwrap_or_default();
+            let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true).unwrap_or_default();
+            let full = tok.decode(&self.ids[self.prefix_offset..], true).unwrap_or_default();
             // A trailing U+FFFD means an incomplete UTF-8 sequence: wait for more tokens.
-            if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix)
-            {
+            if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
                 self.text.push_str(&full[prefix.len()..]);
                 self.prefix_offset = self.read_offset;
                 self.read_offset = self.ids.len();
@@ -48,10 +43,7 @@ impl Detokenizer {
             let out = self.text[self.emitted..pos].to_string();
             self.text.truncate(pos);
             self.emitted = pos;
-            return Pushed::Stopped {
-                text: out,
-                stop: s.to_string(),
-            };
+            return Pushed::Stopped { text: out, stop: s.to_string() };
         }
         let safe = self.text.len() - held_suffix(&self.text[self.emitted..], stop);
         let out = self.text[self.emitted..safe].to_string();
@@ -112,9 +104,6 @@ mod tests {
     fn stop_suffix_held_back() {
         assert_eq!(held_suffix("hello wor", &["world".into()]), 3);
         assert_eq!(held_suffix("hello", &["xyz".into()]), 0);
-        assert_eq!(
-            find_stop("abc STOP def", &["STOP".into()], 0),
-            Some((4, "STOP"))
-        );
+        assert_eq!(find_stop("abc STOP def", &["STOP".into()], 0), Some((4, "STOP")));
     }
 }

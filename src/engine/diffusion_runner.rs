@@ -71,22 +71,9 @@ pub struct DenoiseForward {
 impl DiffusionRunner {
     /// A KV store of `num_blocks` blocks of `block_size` positions; block-causal models attend
     /// with blocks of `block_length` (the decoding block).
-    pub fn new(
-        model: Box<dyn DiffusionModel>,
-        num_blocks: usize,
-        block_size: usize,
-        block_length: usize,
-    ) -> Result<Self> {
+    pub fn new(model: Box<dyn DiffusionModel>, num_blocks: usize, block_size: usize, block_length: usize) -> Result<Self> {
         let s = model.spec();
-        let kv = KvStore::new(
-            s.num_layers,
-            num_blocks,
-            block_size,
-            s.num_kv_heads,
-            s.head_dim,
-            s.dtype,
-            model.device(),
-        )?;
+        let kv = KvStore::new(s.num_layers, num_blocks, block_size, s.num_kv_heads, s.head_dim, s.dtype, model.device())?;
         let mask = match s.attention {
             DiffusionAttention::BlockCausal => AttnMask::BlockCausal(block_length),
             DiffusionAttention::Bidirectional => AttnMask::Bidirectional,
@@ -96,16 +83,7 @@ impl DiffusionRunner {
             *b = f32::NEG_INFINITY;
         }
         let no_mask_bias = Tensor::from_vec(bias, (1, s.vocab_size), model.device())?;
-        Ok(Self {
-            model,
-            kv,
-            block_size,
-            mask,
-            no_mask_bias,
-            eviction: None,
-            shadow: false,
-            phases: None,
-        })
+        Ok(Self { model, kv, block_size, mask, no_mask_bias, eviction: None, shadow: false, phases: None })
     }
 
     /// Times each phase of every launch (device synchronised between phases); read the totals
@@ -117,17 +95,11 @@ impl DiffusionRunner {
 
     /// Wall time per phase over all launches so far (empty unless phase timing is on).
     pub fn phase_times(&self) -> PhaseTimes {
-        self.phases
-            .as_ref()
-            .map(|p| p.lock().expect("phase clock poisoned").clone())
-            .unwrap_or_default()
+        self.phases.as_ref().map(|p| p.lock().expect("phase clock poisoned").clone()).unwrap_or_default()
     }
 
     fn lap(&self) -> Lap<'_> {
-        Lap {
-            clock: self.phases.as_ref().map(|p| (Instant::now(), p)),
-            device: self.model.device(),
-        }
+        Lap { clock: self.phases.as_ref().map(|p| (Instant::now(), p)), device: self.model.device() }
     }
 
     /// Applies `policy` to denoise steps whose rows carry [`crate::scheduler::EvictRow`]s; with
@@ -158,21 +130,9 @@ impl DiffusionRunner {
             .iter()
             .zip(&fwd.per_row)
             .map(|(row, &n)| {
-                let candidates = tokens[at..at + n]
-                    .iter()
-                    .copied()
-                    .zip(conf[at..at + n].iter().copied())
-                    .collect();
+                let candidates = tokens[at..at + n].iter().copied().zip(conf[at..at + n].iter().copied()).collect();
                 at += n;
-                RowOutput {
-                    request: row.request,
-                    token: None,
-                    gate_logits: vec![],
-                    latent_diff: None,
-                    logprob: None,
-                    candidates,
-                    kept: None,
-                }
+                RowOutput { request: row.request, token: None, gate_logits: vec![], latent_diff: None, logprob: None, candidates, kept: None }
             })
             .zip(fwd.kept)
             .map(|(mut out, kept)| {
@@ -185,28 +145,16 @@ impl DiffusionRunner {
 
     /// Runs `launch` on the device; results stay there.
     pub fn forward(&self, launch: &Launch) -> Result<DenoiseForward> {
-        self.forward_lapped(
-            launch,
-            &mut Lap {
-                clock: None,
-                device: self.model.device(),
-            },
-        )
+        self.forward_lapped(launch, &mut Lap { clock: None, device: self.model.device() })
     }
 
     fn forward_lapped(&self, launch: &Launch, lap: &mut Lap) -> Result<DenoiseForward> {
         if launch.stage != Stage::Denoise {
-            candle_core::bail!(
-                "a diffusion model runs denoise launches, not {:?}",
-                launch.stage
-            );
+            candle_core::bail!("a diffusion model runs denoise launches, not {:?}", launch.stage);
         }
         let spec = self.model.spec();
         let dev = self.model.device();
-        let mut host = PagedBatchHost {
-            cu_q_lens: vec![0],
-            ..Default::default()
-        };
+        let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
         let mut ids = Vec::new();
         for row in &launch.rows {
             if let Some(&bad) = row.tokens.iter().find(|&&t| t as usize >= spec.vocab_size) {
@@ -223,26 +171,12 @@ impl DiffusionRunner {
         let h = self.model.embed(&Tensor::new(ids.as_slice(), dev)?)?;
         lap.mark("embed + rope")?;
         let scored = match &self.eviction {
-            Some(p)
-                if spec.num_layers >= 2
-                    && launch
-                        .rows
-                        .iter()
-                        .any(|r| r.evict.is_some() && !r.readout.is_empty()) =>
-            {
-                Some(p.as_ref())
-            }
+            Some(p) if spec.num_layers >= 2 && launch.rows.iter().any(|r| r.evict.is_some() && !r.readout.is_empty()) => Some(p.as_ref()),
             _ => None,
         };
         let (h, host, kept) = match scored {
             None => {
-                let batch = PagedBatch::new(
-                    host.clone(),
-                    self.block_size,
-                    self.mask,
-                    spec.num_kv_heads * spec.head_dim,
-                    dev,
-                )?;
+                let batch = PagedBatch::new(host.clone(), self.block_size, self.mask, spec.num_kv_heads * spec.head_dim, dev)?;
                 let h = self.model.forward(&h, &rope, &batch, &self.kv)?;
                 lap.mark("layers")?;
                 (h, host, vec![None; launch.rows.len()])
@@ -268,21 +202,11 @@ impl DiffusionRunner {
         }
         if readout.is_empty() {
             let empty_u = Tensor::zeros(0, DType::U32, dev)?;
-            return Ok(DenoiseForward {
-                tokens: empty_u,
-                confidence: Tensor::zeros(0, DType::F32, dev)?,
-                per_row,
-                kept,
-            });
+            return Ok(DenoiseForward { tokens: empty_u, confidence: Tensor::zeros(0, DType::F32, dev)?, per_row, kept });
         }
         let h = h.index_select(&Tensor::new(readout.as_slice(), dev)?, 0)?;
         let (tokens, confidence) = self.greedy_readout(&h)?;
-        Ok(DenoiseForward {
-            tokens,
-            confidence,
-            per_row,
-            kept,
-        })
+        Ok(DenoiseForward { tokens, confidence, per_row, kept })
     }
 
     fn greedy_readout(&self, h: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -306,14 +230,9 @@ impl DiffusionRunner {
         let dev = self.model.device();
         let kv_width = spec.num_kv_heads * spec.head_dim;
         let batch = PagedBatch::new(host.clone(), self.block_size, self.mask, kv_width, dev)?;
-        let scored: Vec<usize> = (0..launch.rows.len())
-            .filter(|&r| launch.rows[r].evict.is_some() && !launch.rows[r].readout.is_empty())
-            .collect();
+        let scored: Vec<usize> = (0..launch.rows.len()).filter(|&r| launch.rows[r].evict.is_some() && !launch.rows[r].readout.is_empty()).collect();
         // Masked tokens of the scored rows, padded to the longest (padding reads token 0).
-        let lens: Vec<usize> = scored
-            .iter()
-            .map(|&r| launch.rows[r].readout.len())
-            .collect();
+        let lens: Vec<usize> = scored.iter().map(|&r| launch.rows[r].readout.len()).collect();
         let m = lens.iter().copied().max().unwrap_or(0);
         let mut gather = vec![0u32; scored.len() * m];
         for (i, &r) in scored.iter().enumerate() {
@@ -343,10 +262,7 @@ impl DiffusionRunner {
                     return Ok((h, host, kept));
                 }
                 // Compact to the kept tokens: each row sees keys up to its rightmost kept one.
-                let mut host_k = PagedBatchHost {
-                    cu_q_lens: vec![0],
-                    ..Default::default()
-                };
+                let mut host_k = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
                 let mut index = Vec::new();
                 for (r, row) in launch.rows.iter().enumerate() {
                     let pos = row.token_positions();
@@ -355,26 +271,16 @@ impl DiffusionRunner {
                         None => (0..row.tokens.len() as u32).collect(),
                     };
                     index.extend(keep.iter().map(|&i| host.cu_q_lens[r] + i));
-                    host_k
-                        .write_positions
-                        .extend(keep.iter().map(|&i| pos[i as usize]));
+                    host_k.write_positions.extend(keep.iter().map(|&i| pos[i as usize]));
                     host_k.block_tables.push(host.block_tables[r].clone());
-                    host_k
-                        .context_lens
-                        .push(pos[*keep.last().expect("a row keeps a token") as usize] + 1);
+                    host_k.context_lens.push(pos[*keep.last().expect("a row keeps a token") as usize] + 1);
                     host_k.cu_q_lens.push(index.len() as u32);
                 }
-                let [h_k, q_k, cos, sin]: [Tensor; 4] =
-                    compact_rows(&[&h, &p.q, &rope.cos, &rope.sin], &index)?
-                        .try_into()
-                        .map_err(|_| {
-                            candle_core::Error::Msg(
-                                "compact_rows returned the wrong number of tensors".into(),
-                            )
-                        })?;
+                let [h_k, q_k, cos, sin]: [Tensor; 4] = compact_rows(&[&h, &p.q, &rope.cos, &rope.sin], &index)?
+                    .try_into()
+                    .map_err(|_| candle_core::Error::Msg("compact_rows returned the wrong number of tensors".into()))?;
                 let rope_k = RopeAngles { cos, sin };
-                let batch_k =
-                    PagedBatch::new(host_k.clone(), self.block_size, self.mask, kv_width, dev)?;
+                let batch_k = PagedBatch::new(host_k.clone(), self.block_size, self.mask, kv_width, dev)?;
                 lap.mark("compaction")?;
                 h = self.model.finish_layer(1, &h_k, &q_k, &batch_k, &self.kv)?;
                 for l in 2..spec.num_layers {
@@ -389,23 +295,13 @@ impl DiffusionRunner {
 
     /// The policy's kept set per scored row: its unmasked tokens plus the masked ones it keeps,
     /// as ascending token indices.
-    fn select(
-        &self,
-        launch: &Launch,
-        policy: &dyn EvictionPolicy,
-        scored: &[usize],
-        delta: &[Vec<f32>],
-    ) -> Result<Vec<Option<Vec<u32>>>> {
+    fn select(&self, launch: &Launch, policy: &dyn EvictionPolicy, scored: &[usize], delta: &[Vec<f32>]) -> Result<Vec<Option<Vec<u32>>>> {
         let mut kept = vec![None; launch.rows.len()];
         for (i, &r) in scored.iter().enumerate() {
             let row: &LaunchRow = &launch.rows[r];
             let ev = row.evict.expect("scored rows carry block state");
             let pos = row.token_positions();
-            let offsets: Vec<u32> = row
-                .readout
-                .iter()
-                .map(|&t| pos[t as usize] - ev.block_start)
-                .collect();
+            let offsets: Vec<u32> = row.readout.iter().map(|&t| pos[t as usize] - ev.block_start).collect();
             let keep = policy.keep(&EvictionInput {
                 delta: &delta[i][..row.readout.len()],
                 positions: &offsets,
@@ -413,22 +309,13 @@ impl DiffusionRunner {
                 block_progress: ev.block_progress,
             });
             if keep.len() != row.readout.len() {
-                candle_core::bail!(
-                    "eviction policy {} returned {} flags for {} masked tokens",
-                    policy.name(),
-                    keep.len(),
-                    row.readout.len()
-                );
+                candle_core::bail!("eviction policy {} returned {} flags for {} masked tokens", policy.name(), keep.len(), row.readout.len());
             }
             let mut keep_token = vec![true; row.tokens.len()];
             for (&t, &k) in row.readout.iter().zip(&keep) {
                 keep_token[t as usize] &= k;
             }
-            kept[r] = Some(
-                (0..row.tokens.len() as u32)
-                    .filter(|&t| keep_token[t as usize])
-                    .collect(),
-            );
+            kept[r] = Some((0..row.tokens.len() as u32).filter(|&t| keep_token[t as usize]).collect());
         }
         Ok(kept)
     }
@@ -437,11 +324,7 @@ impl DiffusionRunner {
 /// The final norm and LM head over `h` `[n, hidden]` reduced to each row's greedy token (never
 /// the mask token) and its probability. On CUDA one pass over the logits in the model dtype;
 /// elsewhere via f32 logits plus `no_mask_bias` (`[1, vocab]`, −∞ at the mask token).
-pub fn greedy_readout(
-    model: &dyn DiffusionModel,
-    h: &Tensor,
-    no_mask_bias: &Tensor,
-) -> Result<(Tensor, Tensor)> {
+pub fn greedy_readout(model: &dyn DiffusionModel, h: &Tensor, no_mask_bias: &Tensor) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if h.device().is_cuda() {
         let mask = model.spec().mask_token_id;

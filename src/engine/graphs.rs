@@ -26,10 +26,7 @@ use std::collections::HashMap;
 /// Row counts a launch is padded up to. Powers of two while launches are weight-bound, then
 /// steps of 16 and 32 rows: from ~128 rows a launch is compute-bound, and depth batching's
 /// launches take any width (a 332-row core step padded to 384 rows wasted 16 % of its FLOPs).
-pub const ROW_BUCKETS: [usize; 24] = [
-    1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448,
-    480, 512,
-];
+pub const ROW_BUCKETS: [usize; 24] = [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480, 512];
 
 /// The smallest bucket holding `rows`, or `None` when a launch is too wide for any.
 pub fn row_bucket(rows: usize) -> Option<usize> {
@@ -97,34 +94,22 @@ impl Statics {
         let max_blocks = key.ctx.div_ceil(block_size);
         let mut batches = Vec::new();
         if key.ctx > 0 {
-            let slots: Vec<usize> = if key.slots.is_empty() {
-                vec![0]
-            } else {
-                key.slots.clone()
-            };
+            let slots: Vec<usize> = if key.slots.is_empty() { vec![0] } else { key.slots.clone() };
             for s in slots {
                 if !batches.iter().any(|(t, _)| *t == s) {
                     batches.push((s, PagedBatchBuffers::new(b, b, max_blocks, device)?));
                 }
             }
         }
-        let logits = (key.stage != Stage::CoreStep)
-            .then(|| Tensor::zeros((b, vocab), DType::F32, device))
-            .transpose()?;
-        let reentry = key
-            .reenter
-            .then(|| PagedBatchBuffers::new(b, b, max_blocks.max(1), device))
-            .transpose()?;
+        let logits = (key.stage != Stage::CoreStep).then(|| Tensor::zeros((b, vocab), DType::F32, device)).transpose()?;
+        let reentry = key.reenter.then(|| PagedBatchBuffers::new(b, b, max_blocks.max(1), device)).transpose()?;
         Ok(Self {
             inputs: inputs.clone(),
             tokens,
             positions,
             state,
             next_positions,
-            ids: key
-                .reenter
-                .then(|| Tensor::zeros(b, DType::U32, device))
-                .transpose()?,
+            ids: key.reenter.then(|| Tensor::zeros(b, DType::U32, device)).transpose()?,
             reentry,
             batches,
             gate: Tensor::zeros((key.slots.len().max(1), b), DType::F32, device)?,
@@ -136,13 +121,7 @@ impl Statics {
 
     /// Writes the per-row inputs, padded: token 0, position 0, state row `pad_state`; the
     /// successor positions are the positions + 1.
-    pub fn write_inputs(
-        &self,
-        tokens: &[u32],
-        positions: &[u32],
-        state: &[u32],
-        pad_state: u32,
-    ) -> Result<()> {
+    pub fn write_inputs(&self, tokens: &[u32], positions: &[u32], state: &[u32], pad_state: u32) -> Result<()> {
         let b = self.tokens.dim(0)?;
         let mut words = vec![0u32; self.inputs.elem_count()];
         let a = align4(b);
@@ -202,9 +181,7 @@ impl Graph {
     /// `body` must drop every tensor it allocates before returning, and must not read device
     /// data on the host. On error the capture is ended and discarded.
     pub fn capture(device: &Device, body: impl FnOnce() -> Result<()>) -> Result<Self> {
-        use candle_core::cuda_backend::cudarc::driver::sys::{
-            CUgraphInstantiate_flags, CUstreamCaptureMode,
-        };
+        use candle_core::cuda_backend::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         use candle_core::cuda_backend::WrapErr;
         let Device::Cuda(dev) = device else {
             candle_core::bail!("CUDA graph capture on {device:?}");
@@ -213,18 +190,14 @@ impl Graph {
         let ctx = stream.context().clone();
         ctx.check_err().w()?;
         let _cache = dev.enable_cuda_graph_htod_cache();
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-            .w()?;
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
         let res = body();
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         // Errors of asynchronous frees during the capture are only recorded; surface them.
         let recorded = ctx.check_err();
         res?;
         recorded.w()?;
-        let graph = graph
-            .w()?
-            .ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
+        let graph = graph.w()?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
         graph.upload().w()?;
         Ok(Self(graph))
     }
@@ -308,39 +281,17 @@ mod tests {
         use crate::models::LoopedModel;
         use crate::{EngineBuilder, Event, GenerationParams, KvLayoutKind, SchedulerKind};
         let cfg = crate::testing::tiny_ouro_config(97);
-        let weights =
-            crate::testing::random_ouro_weights(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
+        let weights = crate::testing::random_ouro_weights(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
         let ouro = Ouro::load(&cfg, &weights).unwrap();
         // Huginn: a prelude with attention, so the re-entering coda graph writes K/V too.
         let hcfg = crate::testing::tiny_huginn_config(97);
-        let mut t = crate::testing::random_tensors(
-            &crate::testing::huginn_tensor_manifest(&hcfg),
-            4,
-            DType::F32,
-            &Device::Cpu,
-        )
-        .unwrap();
+        let mut t = crate::testing::random_tensors(&crate::testing::huginn_tensor_manifest(&hcfg), 4, DType::F32, &Device::Cpu).unwrap();
         let wte = t["transformer.wte.weight"].clone();
         t.insert("lm_head.weight".into(), wte);
-        let huginn = Huginn::load(
-            &hcfg,
-            &crate::loader::Weights::from_map(t, DType::F32, &Device::Cpu),
-        )
-        .unwrap();
-        let prompts: Vec<Vec<u32>> = (0..11u32)
-            .map(|i| {
-                (0..1 + (i * 7) % 23)
-                    .map(|j| (i * 31 + j * 17) % 97)
-                    .collect()
-            })
-            .collect();
+        let huginn = Huginn::load(&hcfg, &crate::loader::Weights::from_map(t, DType::F32, &Device::Cpu)).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..11u32).map(|i| (0..1 + (i * 7) % 23).map(|j| (i * 31 + j * 17) % 97).collect()).collect();
         let new_tokens: Vec<usize> = (0..11).map(|i| 2 + (i * 5) % 13).collect();
-        let run = |model: Box<dyn LoopedModel>,
-                   sched: SchedulerKind,
-                   layout: KvLayoutKind,
-                   width: usize,
-                   graphs: bool|
-         -> (Vec<Vec<u32>>, (usize, usize)) {
+        let run = |model: Box<dyn LoopedModel>, sched: SchedulerKind, layout: KvLayoutKind, width: usize, graphs: bool| -> (Vec<Vec<u32>>, (usize, usize)) {
             CPU_GRAPH_BODIES.with(|c| c.set(graphs));
             let mut b = EngineBuilder::from_model(model, None, vec![])
                 .scheduler(sched)
@@ -350,26 +301,14 @@ mod tests {
                 .max_num_batched_tokens(256)
                 .cuda_graphs(graphs);
             if sched != SchedulerKind::Continuous {
-                b = b.exit_gate(
-                    Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap(),
-                );
+                b = b.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap());
             }
             let mut engine = b.build().unwrap();
             CPU_GRAPH_BODIES.with(|c| c.set(false));
             let ids: Vec<_> = prompts
                 .iter()
                 .zip(&new_tokens)
-                .map(|(p, &n)| {
-                    engine
-                        .add_request(
-                            p.clone(),
-                            GenerationParams {
-                                ignore_eos: true,
-                                ..GenerationParams::greedy(n)
-                            },
-                        )
-                        .unwrap()
-                })
+                .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams { ignore_eos: true, ..GenerationParams::greedy(n) }).unwrap())
                 .collect();
             let mut got: HashMap<crate::RequestId, Vec<u32>> = HashMap::new();
             while engine.has_work() {
@@ -379,47 +318,26 @@ mod tests {
                     }
                 }
             }
-            let crate::engine::core::ModelRunner::Looped(runner) = &engine.runner else {
-                unreachable!()
-            };
+            let crate::engine::core::ModelRunner::Looped(runner) = &engine.runner else { unreachable!() };
             let stats = runner.graph_stats();
-            (
-                ids.iter().map(|id| got.remove(id).unwrap()).collect(),
-                stats,
-            )
+            (ids.iter().map(|id| got.remove(id).unwrap()).collect(), stats)
         };
         for (sched, layout, width) in [
             (SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 6),
             (SchedulerKind::Continuous, KvLayoutKind::Shared, 3),
-            (
-                SchedulerKind::Depth { refill: true },
-                KvLayoutKind::Shared,
-                5,
-            ),
-            (
-                SchedulerKind::Depth { refill: false },
-                KvLayoutKind::LastExited,
-                7,
-            ),
+            (SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 5),
+            (SchedulerKind::Depth { refill: false }, KvLayoutKind::LastExited, 7),
         ] {
             let (eager, _) = run(Box::new(ouro.clone()), sched, layout, width, false);
             let (bodies, (_, body_runs)) = run(Box::new(ouro.clone()), sched, layout, width, true);
             assert!(body_runs > 0, "{sched:?}: no launch took the graph path");
             assert_eq!(eager, bodies, "ouro {sched:?} {layout:?} W{width}");
         }
-        for (sched, width) in [
-            (SchedulerKind::Continuous, 3),
-            (SchedulerKind::Depth { refill: false }, 4),
-            (SchedulerKind::Depth { refill: true }, 5),
-        ] {
+        for (sched, width) in [(SchedulerKind::Continuous, 3), (SchedulerKind::Depth { refill: false }, 4), (SchedulerKind::Depth { refill: true }, 5)] {
             let layout = KvLayoutKind::Shared;
             let (eager, _) = run(Box::new(huginn.clone()), sched, layout, width, false);
-            let (bodies, (_, body_runs)) =
-                run(Box::new(huginn.clone()), sched, layout, width, true);
-            assert!(
-                body_runs > 0,
-                "huginn {sched:?}: no launch took the graph path"
-            );
+            let (bodies, (_, body_runs)) = run(Box::new(huginn.clone()), sched, layout, width, true);
+            assert!(body_runs > 0, "huginn {sched:?}: no launch took the graph path");
             assert_eq!(eager, bodies, "huginn {sched:?} W{width}");
         }
     }
@@ -428,46 +346,26 @@ mod tests {
     fn statics_pad_inputs_and_batches() {
         use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
         let dev = Device::Cpu;
-        let key = GraphKey {
-            stage: Stage::CoreStep,
-            rows: 4,
-            ctx: 256,
-            slots: vec![],
-            reenter: false,
-        };
+        let key = GraphKey { stage: Stage::CoreStep, rows: 4, ctx: 256, slots: vec![], reenter: false };
         let st = Statics::new(&key, 10, 16, &dev).unwrap();
         st.write_inputs(&[], &[5, 20], &[1, 0], 9).unwrap();
         assert_eq!(st.positions.to_vec1::<u32>().unwrap(), vec![5, 20, 0, 0]);
         assert_eq!(st.state.to_vec1::<u32>().unwrap(), vec![1, 0, 9, 9]);
-        let host = PagedBatchHost {
-            write_positions: Vec::new(),
-            block_tables: vec![vec![3], vec![4, 7]],
-            context_lens: vec![6, 21],
-            cu_q_lens: vec![0, 1, 2],
-        };
+        let host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![vec![3], vec![4, 7]], context_lens: vec![6, 21], cu_q_lens: vec![0, 1, 2] };
         let buf = &st.batches[0].1;
         let b = PagedBatch::fill(&host, 16, AttnMask::Causal, 2, buf, 99, 256).unwrap();
         assert_eq!(b.num_rows(), 4);
         assert_eq!(b.num_tokens(), 4);
         assert_eq!(b.context_lens.to_vec1::<u32>().unwrap(), vec![6, 21, 1, 1]);
         assert_eq!(b.cu_q_lens.to_vec1::<u32>().unwrap(), vec![0, 1, 2, 3, 4]);
-        assert_eq!(
-            b.slot_mapping.to_vec1::<u32>().unwrap(),
-            vec![3 * 16 + 5, 7 * 16 + 4, 99 * 16, 99 * 16]
-        );
+        assert_eq!(b.slot_mapping.to_vec1::<u32>().unwrap(), vec![3 * 16 + 5, 7 * 16 + 4, 99 * 16, 99 * 16]);
         let tables = b.block_tables.to_vec2::<u32>().unwrap();
         assert_eq!(tables[1][..3], [4, 7, 99]);
         assert!(tables[3].iter().all(|&x| x == 99));
         assert_eq!(b.write_index().unwrap().dims(), &[4, 2]);
         // The same as a fresh batch over the padded description.
         let fresh = PagedBatch::new(b.host.clone(), 16, AttnMask::Causal, 2, &dev).unwrap();
-        assert_eq!(
-            fresh.slot_mapping.to_vec1::<u32>().unwrap(),
-            b.slot_mapping.to_vec1::<u32>().unwrap()
-        );
-        assert_eq!(
-            fresh.write_index().unwrap().to_vec2::<u32>().unwrap(),
-            b.write_index().unwrap().to_vec2::<u32>().unwrap()
-        );
+        assert_eq!(fresh.slot_mapping.to_vec1::<u32>().unwrap(), b.slot_mapping.to_vec1::<u32>().unwrap());
+        assert_eq!(fresh.write_index().unwrap().to_vec2::<u32>().unwrap(), b.write_index().unwrap().to_vec2::<u32>().unwrap());
     }
 }

@@ -7,12 +7,7 @@ use std::collections::HashMap;
 use std::thread::JoinHandle;
 
 enum Command {
-    Submit {
-        prompt: Prompt,
-        params: GenerationParams,
-        reply: Sender<Result<RequestId>>,
-        events: Sender<Event>,
-    },
+    Submit { prompt: Prompt, params: GenerationParams, reply: Sender<Result<RequestId>>, events: Sender<Event> },
     Abort(RequestId),
     Shutdown,
 }
@@ -66,37 +61,21 @@ impl EngineHandle {
             })
             .map_err(|e| Error::InvalidOption(format!("cannot start engine thread: {e}")))?;
         ready_rx.recv().map_err(|_| Error::EngineStopped)??;
-        Ok(Self {
-            tx,
-            thread: Some(thread),
-        })
+        Ok(Self { tx, thread: Some(thread) })
     }
 
     /// Queues a request; its events arrive on the returned stream.
-    pub fn submit(
-        &self,
-        prompt: impl Into<Prompt>,
-        params: GenerationParams,
-    ) -> Result<RequestStream> {
+    pub fn submit(&self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestStream> {
         let (reply, reply_rx) = bounded(1);
         let (events, rx) = unbounded();
-        self.tx
-            .send(Command::Submit {
-                prompt: prompt.into(),
-                params,
-                reply,
-                events,
-            })
-            .map_err(|_| Error::EngineStopped)?;
+        self.tx.send(Command::Submit { prompt: prompt.into(), params, reply, events }).map_err(|_| Error::EngineStopped)?;
         let id = reply_rx.recv().map_err(|_| Error::EngineStopped)??;
         Ok(RequestStream { id, rx })
     }
 
     /// Aborts a request; its stream ends with `Finished { Aborted }`.
     pub fn abort(&self, id: RequestId) -> Result<()> {
-        self.tx
-            .send(Command::Abort(id))
-            .map_err(|_| Error::EngineStopped)
+        self.tx.send(Command::Abort(id)).map_err(|_| Error::EngineStopped)
     }
 }
 
@@ -113,20 +92,11 @@ fn serve(mut engine: Engine, rx: Receiver<Command>) {
     let mut streams: HashMap<RequestId, Sender<Event>> = HashMap::new();
     loop {
         // Block for commands only when idle; otherwise take what is queued and keep stepping.
-        let first = if engine.has_work() {
-            rx.try_recv().ok()
-        } else {
-            rx.recv().ok().or(Some(Command::Shutdown))
-        };
+        let first = if engine.has_work() { rx.try_recv().ok() } else { rx.recv().ok().or(Some(Command::Shutdown)) };
         let mut shutdown = false;
         for cmd in first.into_iter().chain(rx.try_iter()) {
             match cmd {
-                Command::Submit {
-                    prompt,
-                    params,
-                    reply,
-                    events,
-                } => {
+                Command::Submit { prompt, params, reply, events } => {
                     let r = engine.add_request(prompt, params);
                     if let Ok(id) = &r {
                         streams.insert(*id, events);
@@ -144,9 +114,7 @@ fn serve(mut engine: Engine, rx: Receiver<Command>) {
                 let _ = engine.abort(id);
             }
         }
-        let events = engine
-            .step()
-            .unwrap_or_else(|_| engine.step().unwrap_or_default());
+        let events = engine.step().unwrap_or_else(|_| engine.step().unwrap_or_default());
         for ev in events {
             let id = ev.id();
             let done = matches!(ev, Event::Finished { .. });

@@ -96,12 +96,7 @@ impl EngineMetrics {
     /// Realised mean exit depth d̄ (0 when no depth scheduler reports one).
     pub fn mean_depth(&self) -> f64 {
         let n: u64 = self.depth_histogram.iter().sum();
-        let s: u64 = self
-            .depth_histogram
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (i as u64 + 1) * c)
-            .sum();
+        let s: u64 = self.depth_histogram.iter().enumerate().map(|(i, c)| (i as u64 + 1) * c).sum();
         if n == 0 {
             0.0
         } else {
@@ -111,11 +106,7 @@ impl EngineMetrics {
 }
 
 impl EngineMetrics {
-    pub(crate) fn record_denoise(
-        &mut self,
-        launch: &crate::scheduler::Launch,
-        result: &crate::scheduler::LaunchResult,
-    ) {
+    pub(crate) fn record_denoise(&mut self, launch: &crate::scheduler::Launch, result: &crate::scheduler::LaunchResult) {
         let d = &mut self.denoise;
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             if row.readout.is_empty() {
@@ -151,14 +142,7 @@ impl EngineMetrics {
         s.device_timed += 1;
     }
 
-    pub(crate) fn record(
-        &mut self,
-        stage: &'static str,
-        rows: usize,
-        tokens: usize,
-        time: Duration,
-        wait: Duration,
-    ) {
+    pub(crate) fn record(&mut self, stage: &'static str, rows: usize, tokens: usize, time: Duration, wait: Duration) {
         let s = self.stages.entry(stage).or_default();
         s.launches += 1;
         s.rows += rows as u64;

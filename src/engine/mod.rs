@@ -13,9 +13,7 @@ mod runner;
 
 pub use builder::{DiffusionSchedulerContext, EngineBuilder, SchedulerContext, SchedulerKind};
 pub use core::Engine;
-pub use diffusion_runner::{
-    greedy_readout, greedy_with_confidence, DenoiseForward, DiffusionRunner, PhaseTimes,
-};
+pub use diffusion_runner::{greedy_readout, greedy_with_confidence, DenoiseForward, DiffusionRunner, PhaseTimes};
 pub use graphs::Graph;
 pub use handle::{EngineHandle, RequestStream};
 pub use metrics::{DenoiseStats, DeviceSpan, EngineMetrics, StageStats};

@@ -28,10 +28,7 @@ pub enum Readback<T> {
     Host(Vec<T>),
     /// An asynchronous copy into pinned memory and an event recorded right behind it (CUDA).
     #[cfg(feature = "cuda")]
-    Pinned(
-        candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<T>,
-        candle_core::cuda_backend::cudarc::driver::CudaEvent,
-    ),
+    Pinned(candle_core::cuda_backend::cudarc::driver::PinnedHostSlice<T>, candle_core::cuda_backend::cudarc::driver::CudaEvent),
 }
 
 impl<T: Elem> Readback<T> {
@@ -42,30 +39,19 @@ impl<T: Elem> Readback<T> {
         if let candle_core::Device::Cuda(dev) = t.device() {
             use candle_core::cuda_backend::WrapErr;
             let (storage, layout) = t.storage_and_layout();
-            let candle_core::Storage::Cuda(cs) = &*storage else {
-                candle_core::bail!("readback: not a CUDA tensor")
-            };
-            let (start, end) = layout
-                .contiguous_offsets()
-                .ok_or_else(|| candle_core::Error::Msg("readback: not contiguous".into()))?;
+            let candle_core::Storage::Cuda(cs) = &*storage else { candle_core::bail!("readback: not a CUDA tensor") };
+            let (start, end) = layout.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("readback: not contiguous".into()))?;
             let src = cs.as_cuda_slice::<T>()?.slice(start..end);
             let stream = dev.cuda_stream();
             // Flags 0: cached (not write-combined) pinned memory, since the host reads it.
             // SAFETY: the buffer is only read after the copy into it completed (`finish`).
-            let mut dst = unsafe {
-                stream
-                    .context()
-                    .alloc_pinned_with_flags::<T>(end - start, 0)
-            }
-            .w()?;
+            let mut dst = unsafe { stream.context().alloc_pinned_with_flags::<T>(end - start, 0) }.w()?;
             stream.memcpy_dtoh(&src, &mut dst).w()?;
             // Our own event: cudarc records the pinned slice's event only when it manages
             // several streams with event tracking on, so on our one stream (tracking off with
             // graphs) `as_slice` would not wait and could read the buffer before the copy lands.
             use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
-            let done = stream
-                .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .w()?;
+            let done = stream.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).w()?;
             return Ok(Self::Pinned(dst, done));
         }
         Ok(Self::Host(t.to_vec1::<T>()?))

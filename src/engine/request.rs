@@ -62,22 +62,13 @@ pub struct GenerationParams {
 
 impl Default for GenerationParams {
     fn default() -> Self {
-        Self {
-            max_new_tokens: 64,
-            sampling: SamplingParams::default(),
-            stop: Vec::new(),
-            ignore_eos: false,
-            forced_tokens: Vec::new(),
-        }
+        Self { max_new_tokens: 64, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false, forced_tokens: Vec::new() }
     }
 }
 
 impl GenerationParams {
     pub fn greedy(max_new_tokens: usize) -> Self {
-        Self {
-            max_new_tokens,
-            ..Self::default()
-        }
+        Self { max_new_tokens, ..Self::default() }
     }
 }
 
@@ -101,18 +92,9 @@ pub enum FinishReason {
 pub enum Event {
     /// A new token and the text it completes (may be empty while a multi-byte character or a
     /// possible stop string is still pending).
-    Token {
-        id: RequestId,
-        token: u32,
-        text: String,
-        logprob: Option<f32>,
-    },
+    Token { id: RequestId, token: u32, text: String, logprob: Option<f32> },
     /// The request is done; the event carries any text held back until now.
-    Finished {
-        id: RequestId,
-        reason: FinishReason,
-        text: String,
-    },
+    Finished { id: RequestId, reason: FinishReason, text: String },
 }
 
 impl Event {
@@ -138,25 +120,13 @@ pub struct Output {
 impl Output {
     /// An empty output that [`Output::push`] fills from the request's events.
     pub fn new(id: RequestId, prompt_tokens: usize) -> Self {
-        Self {
-            id,
-            prompt_tokens,
-            token_ids: vec![],
-            text: String::new(),
-            finish_reason: FinishReason::Aborted,
-            logprobs: vec![],
-        }
+        Self { id, prompt_tokens, token_ids: vec![], text: String::new(), finish_reason: FinishReason::Aborted, logprobs: vec![] }
     }
 
     /// Adds one of the request's events; returns true once it is finished.
     pub fn push(&mut self, event: Event) -> bool {
         match event {
-            Event::Token {
-                token,
-                text,
-                logprob,
-                ..
-            } => {
+            Event::Token { token, text, logprob, .. } => {
                 self.token_ids.push(token);
                 self.text.push_str(&text);
                 self.logprobs.extend(logprob);

@@ -89,42 +89,21 @@ pub struct Forward {
 impl LoopedRunner {
     /// `bank_rows` rows of loop state (0 for schedulers that only run full-depth launches).
     /// Runs every launch eagerly (no CUDA graphs).
-    pub fn new(
-        model: Box<dyn LoopedModel>,
-        num_blocks: usize,
-        block_size: usize,
-        bank_rows: usize,
-    ) -> Result<Self> {
+    pub fn new(model: Box<dyn LoopedModel>, num_blocks: usize, block_size: usize, bank_rows: usize) -> Result<Self> {
         Self::with_cuda_graphs(model, num_blocks, block_size, bank_rows, false)
     }
 
     /// Like [`LoopedRunner::new`]; with `cuda_graphs` on a CUDA device, decode launches (core
     /// steps, full-depth decode, coda) are captured once per shape and replayed. The KV store
     /// and the bank then get one extra block / row past `num_blocks` / `bank_rows` for padding.
-    pub fn with_cuda_graphs(
-        model: Box<dyn LoopedModel>,
-        num_blocks: usize,
-        block_size: usize,
-        bank_rows: usize,
-        cuda_graphs: bool,
-    ) -> Result<Self> {
+    pub fn with_cuda_graphs(model: Box<dyn LoopedModel>, num_blocks: usize, block_size: usize, bank_rows: usize, cuda_graphs: bool) -> Result<Self> {
         let s = model.spec().clone();
         let dev = model.device().clone();
         let cpu_bodies = super::graphs::CPU_GRAPH_BODIES.with(|c| c.get());
         let graphs = cuda_graphs && (cfg!(feature = "cuda") && dev.is_cuda() || cpu_bodies);
         let extra = usize::from(graphs);
-        let kv = KvStore::new(
-            s.num_kv_layers,
-            num_blocks + extra,
-            block_size,
-            s.num_kv_heads,
-            s.head_dim,
-            s.dtype,
-            &dev,
-        )?;
-        let bank = (bank_rows > 0)
-            .then(|| Tensor::zeros((bank_rows + extra, s.state_width), s.dtype, &dev))
-            .transpose()?;
+        let kv = KvStore::new(s.num_kv_layers, num_blocks + extra, block_size, s.num_kv_heads, s.head_dim, s.dtype, &dev)?;
+        let bank = (bank_rows > 0).then(|| Tensor::zeros((bank_rows + extra, s.state_width), s.dtype, &dev)).transpose()?;
         if graphs {
             super::graphs::prepare_device(&dev);
         }
@@ -163,11 +142,7 @@ impl LoopedRunner {
         use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
         use candle_core::cuda_backend::WrapErr;
         match self.device() {
-            Device::Cuda(d) if self.device_timing => Ok(Some(
-                d.cuda_stream()
-                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                    .w()?,
-            )),
+            Device::Cuda(d) if self.device_timing => Ok(Some(d.cuda_stream().record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).w()?)),
             _ => Ok(None),
         }
     }
@@ -207,11 +182,7 @@ impl LoopedRunner {
         #[cfg(feature = "cuda")]
         let start = self.mark()?;
         let greedy = |r: &RowSampling| r.greedy && r.forced.is_none();
-        let all_greedy = launch
-            .rows
-            .iter()
-            .zip(sampling)
-            .all(|(row, r)| !row.sample || greedy(r));
+        let all_greedy = launch.rows.iter().zip(sampling).all(|(row, r)| !row.sample || greedy(r));
         let fwd = self.forward_with(launch, all_greedy)?;
         #[cfg(feature = "cuda")]
         let forward_end = self.mark()?;
@@ -229,11 +200,7 @@ impl LoopedRunner {
             } else {
                 let (ids, logprobs) = sample_or_force(logits, &rows)?;
                 if launch.reenter {
-                    self.reenter(
-                        launch,
-                        &fwd.sample_rows,
-                        &Tensor::new(ids.as_slice(), self.device())?,
-                    )?;
+                    self.reenter(launch, &fwd.sample_rows, &Tensor::new(ids.as_slice(), self.device())?)?;
                 }
                 tokens = PendingTokens::Host(ids, logprobs);
             }
@@ -245,11 +212,7 @@ impl LoopedRunner {
         let latent = fwd.latent_diff.as_ref().map(Readback::start).transpose()?;
         #[cfg(feature = "cuda")]
         let marks = match (start, forward_end, self.mark()?) {
-            (Some(start), Some(forward), Some(end)) => Some(Marks {
-                start,
-                forward,
-                end,
-            }),
+            (Some(start), Some(forward), Some(end)) => Some(Marks { start, forward, end }),
             _ => None,
         };
         #[cfg(not(feature = "cuda"))]
@@ -287,11 +250,7 @@ impl LoopedRunner {
         }
         let mut gate_logits = vec![Vec::new(); n];
         if let Some((rb, steps)) = p.gates {
-            let row_index: Vec<usize> = if p.stage == Stage::CoreStep {
-                (0..n).collect()
-            } else {
-                p.sample_rows.clone()
-            };
+            let row_index: Vec<usize> = if p.stage == Stage::CoreStep { (0..n).collect() } else { p.sample_rows.clone() };
             for (&r, per_step) in row_index.iter().zip(rb.finish()?.chunks(steps.max(1))) {
                 gate_logits[r] = per_step.to_vec();
             }
@@ -319,24 +278,16 @@ impl LoopedRunner {
         let rows = p
             .requests
             .into_iter()
-            .zip(
-                tokens
-                    .into_iter()
-                    .zip(gate_logits)
-                    .zip(latent)
-                    .zip(logprobs),
-            )
-            .map(
-                |(request, (((token, gate_logits), latent_diff), logprob))| RowOutput {
-                    request,
-                    token,
-                    gate_logits,
-                    latent_diff,
-                    logprob,
-                    candidates: Vec::new(),
-                    kept: None,
-                },
-            )
+            .zip(tokens.into_iter().zip(gate_logits).zip(latent).zip(logprobs))
+            .map(|(request, (((token, gate_logits), latent_diff), logprob))| RowOutput {
+                request,
+                token,
+                gate_logits,
+                latent_diff,
+                logprob,
+                candidates: Vec::new(),
+                kept: None,
+            })
             .collect();
         Ok(LaunchResult { rows })
     }
@@ -363,9 +314,7 @@ impl LoopedRunner {
     }
 
     fn bank(&self) -> Result<&Tensor> {
-        self.bank.as_ref().ok_or_else(|| {
-            candle_core::Error::Msg("launch needs a state bank but the runner has none".into())
-        })
+        self.bank.as_ref().ok_or_else(|| candle_core::Error::Msg("launch needs a state bank but the runner has none".into()))
     }
 
     fn state_index(&self, rows: &[LaunchRow]) -> Result<Tensor> {
@@ -378,32 +327,17 @@ impl LoopedRunner {
     }
 
     /// Per-launch inputs and the attention batch of single-token rows, each in its own slot.
-    fn token_batch(
-        &self,
-        rows: &[&LaunchRow],
-        slot_of: impl Fn(&LaunchRow) -> usize,
-    ) -> Result<(StageInput, PagedBatch)> {
+    fn token_batch(&self, rows: &[&LaunchRow], slot_of: impl Fn(&LaunchRow) -> usize) -> Result<(StageInput, PagedBatch)> {
         let spec = self.model.spec();
         let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
-        let input = self
-            .model
-            .prepare(&Tensor::new(positions.as_slice(), self.device())?)?;
+        let input = self.model.prepare(&Tensor::new(positions.as_slice(), self.device())?)?;
         let host = PagedBatchHost {
             write_positions: Vec::new(),
-            block_tables: rows
-                .iter()
-                .map(|r| r.block_tables[slot_of(r)].to_vec())
-                .collect(),
+            block_tables: rows.iter().map(|r| r.block_tables[slot_of(r)].to_vec()).collect(),
             context_lens: rows.iter().map(|r| r.start_pos as u32 + 1).collect(),
             cu_q_lens: (0..=rows.len() as u32).collect(),
         };
-        let batch = PagedBatch::new(
-            host,
-            self.block_size,
-            AttnMask::Causal,
-            spec.num_kv_heads * spec.head_dim,
-            self.device(),
-        )?;
+        let batch = PagedBatch::new(host, self.block_size, AttnMask::Causal, spec.num_kv_heads * spec.head_dim, self.device())?;
         Ok((input, batch))
     }
 
@@ -434,21 +368,11 @@ impl LoopedRunner {
     }
 
     fn coda(&self, launch: &Launch) -> Result<Forward> {
-        let h = self
-            .bank()?
-            .index_select(&self.state_index(&launch.rows)?, 0)?;
+        let h = self.bank()?.index_select(&self.state_index(&launch.rows)?, 0)?;
         let rows: Vec<&LaunchRow> = launch.rows.iter().collect();
         let (input, batch) = self.token_batch(&rows, |_| 0)?;
-        let logits = self
-            .model
-            .head(&self.model.coda(&h, &input, &batch, &self.kv)?)?;
-        Ok(Forward {
-            logits: Some(logits),
-            gate_logits: None,
-            latent_diff: None,
-            sample_rows: (0..launch.rows.len()).collect(),
-            greedy_ids: None,
-        })
+        let logits = self.model.head(&self.model.coda(&h, &input, &batch, &self.kv)?)?;
+        Ok(Forward { logits: Some(logits), gate_logits: None, latent_diff: None, sample_rows: (0..launch.rows.len()).collect(), greedy_ids: None })
     }
 
     /// Eager re-entry: the prelude of each sampled token, written to its row's bank row as the
@@ -458,10 +382,7 @@ impl LoopedRunner {
             .iter()
             .map(|&r| {
                 let row = &launch.rows[r];
-                LaunchRow {
-                    start_pos: row.start_pos + row.tokens.len(),
-                    ..row.clone()
-                }
+                LaunchRow { start_pos: row.start_pos + row.tokens.len(), ..row.clone() }
             })
             .collect();
         let refs: Vec<&LaunchRow> = next.iter().collect();
@@ -503,9 +424,7 @@ impl LoopedRunner {
             cu.push(ids.len() as u32);
         }
         let ids_t = Tensor::new(ids.as_slice(), dev)?;
-        let input = self
-            .model
-            .prepare(&Tensor::new(positions.as_slice(), dev)?)?;
+        let input = self.model.prepare(&Tensor::new(positions.as_slice(), dev)?)?;
 
         // One batch description per distinct slot; steps sharing a slot share it.
         let mut batches: BTreeMap<usize, PagedBatch> = BTreeMap::new();
@@ -515,29 +434,16 @@ impl LoopedRunner {
             }
             let host = PagedBatchHost {
                 write_positions: Vec::new(),
-                block_tables: launch
-                    .rows
-                    .iter()
-                    .map(|r| r.block_tables[slot].to_vec())
-                    .collect(),
-                context_lens: launch
-                    .rows
-                    .iter()
-                    .map(|r| (r.start_pos + r.tokens.len()) as u32)
-                    .collect(),
+                block_tables: launch.rows.iter().map(|r| r.block_tables[slot].to_vec()).collect(),
+                context_lens: launch.rows.iter().map(|r| (r.start_pos + r.tokens.len()) as u32).collect(),
                 cu_q_lens: cu.clone(),
             };
             let kv_width = spec.num_kv_heads * spec.head_dim;
-            batches.insert(
-                slot,
-                PagedBatch::new(host, self.block_size, AttnMask::Causal, kv_width, dev)?,
-            );
+            batches.insert(slot, PagedBatch::new(host, self.block_size, AttnMask::Causal, kv_width, dev)?);
         }
         let first = &batches[&launch.step_slots[0]];
         let mut h = self.model.prelude(&ids_t, &input, first, &self.kv)?;
-        let sample_rows: Vec<usize> = (0..launch.rows.len())
-            .filter(|&r| launch.rows[r].sample)
-            .collect();
+        let sample_rows: Vec<usize> = (0..launch.rows.len()).filter(|&r| launch.rows[r].sample).collect();
         let last_idx: Vec<u32> = sample_rows.iter().map(|&r| cu[r + 1] - 1).collect();
         let last_idx = Tensor::new(last_idx.as_slice(), dev)?;
         let mut gates = Vec::with_capacity(launch.step_slots.len());
@@ -551,25 +457,11 @@ impl LoopedRunner {
         // The coda runs over every token: models with coda blocks write their KV here.
         let y = self.model.coda(&h, &input, first, &self.kv)?;
         if sample_rows.is_empty() {
-            return Ok(Forward {
-                logits: None,
-                gate_logits: None,
-                latent_diff: None,
-                sample_rows,
-                greedy_ids: None,
-            });
+            return Ok(Forward { logits: None, gate_logits: None, latent_diff: None, sample_rows, greedy_ids: None });
         }
         let logits = self.model.head(&y.index_select(&last_idx, 0)?)?;
-        let gate_logits = (!gates.is_empty())
-            .then(|| Tensor::stack(&gates, 0))
-            .transpose()?;
-        Ok(Forward {
-            logits: Some(logits),
-            gate_logits,
-            latent_diff: None,
-            sample_rows,
-            greedy_ids: None,
-        })
+        let gate_logits = (!gates.is_empty()).then(|| Tensor::stack(&gates, 0)).transpose()?;
+        Ok(Forward { logits: Some(logits), gate_logits, latent_diff: None, sample_rows, greedy_ids: None })
     }
 
     /// The graph key of a launch, or `None` when it runs eagerly.
@@ -583,34 +475,14 @@ impl LoopedRunner {
         match launch.stage {
             Stage::CoreStep => {
                 self.bank.as_ref()?;
-                launch
-                    .rows
-                    .iter()
-                    .all(|r| r.slot < r.block_tables.len())
-                    .then_some(())?;
-                Some(GraphKey {
-                    stage: Stage::CoreStep,
-                    rows,
-                    ctx: ctx_bucket(max_ctx),
-                    slots: Vec::new(),
-                    reenter: false,
-                })
+                launch.rows.iter().all(|r| r.slot < r.block_tables.len()).then_some(())?;
+                Some(GraphKey { stage: Stage::CoreStep, rows, ctx: ctx_bucket(max_ctx), slots: Vec::new(), reenter: false })
             }
             Stage::FullDepthDecode => {
                 let ok = !launch.step_slots.is_empty()
                     && !launch.reenter
-                    && launch.rows.iter().all(|r| {
-                        r.tokens.len() == 1
-                            && r.sample
-                            && launch.step_slots.iter().all(|&s| s < r.block_tables.len())
-                    });
-                ok.then(|| GraphKey {
-                    stage: Stage::FullDepthDecode,
-                    rows,
-                    ctx: ctx_bucket(max_ctx),
-                    slots: launch.step_slots.clone(),
-                    reenter: false,
-                })
+                    && launch.rows.iter().all(|r| r.tokens.len() == 1 && r.sample && launch.step_slots.iter().all(|&s| s < r.block_tables.len()));
+                ok.then(|| GraphKey { stage: Stage::FullDepthDecode, rows, ctx: ctx_bucket(max_ctx), slots: launch.step_slots.clone(), reenter: false })
             }
             Stage::Coda => {
                 self.bank.as_ref()?;
@@ -618,13 +490,7 @@ impl LoopedRunner {
                 // (Huginn's blocks) writes and reads its KV there like a full-depth decode does.
                 // Re-entered successors sit one position later, in the same bucket or the next.
                 let reenter = launch.reenter && all_greedy;
-                Some(GraphKey {
-                    stage: Stage::Coda,
-                    rows,
-                    ctx: ctx_bucket(max_ctx + usize::from(reenter)),
-                    slots: vec![0],
-                    reenter,
-                })
+                Some(GraphKey { stage: Stage::Coda, rows, ctx: ctx_bucket(max_ctx + usize::from(reenter)), slots: vec![0], reenter })
             }
             _ => None,
         }
@@ -641,19 +507,8 @@ impl LoopedRunner {
         let mut guard = cell.borrow_mut();
         let cache = &mut *guard;
         if !cache.entries.contains_key(&key) {
-            let statics = Statics::new(
-                &key,
-                self.model.spec().vocab_size,
-                self.block_size,
-                self.device(),
-            )?;
-            cache.entries.insert(
-                key.clone(),
-                Entry {
-                    statics,
-                    phase: Phase::New,
-                },
-            );
+            let statics = Statics::new(&key, self.model.spec().vocab_size, self.block_size, self.device())?;
+            cache.entries.insert(key.clone(), Entry { statics, phase: Phase::New });
         }
         let entry = cache.entries.get_mut(&key).expect("inserted above");
         if matches!(entry.phase, Phase::Failed) {
@@ -709,13 +564,7 @@ impl LoopedRunner {
         let gate_logits = st.has_gate.then(|| st.gate.narrow(1, 0, n)).transpose()?;
         let logits = st.logits.as_ref().map(|l| l.narrow(0, 0, n)).transpose()?;
         Ok(Some(match key.stage {
-            Stage::CoreStep => Forward {
-                logits: None,
-                gate_logits,
-                latent_diff: Some(st.latent.narrow(0, 0, n)?),
-                sample_rows: Vec::new(),
-                greedy_ids: None,
-            },
+            Stage::CoreStep => Forward { logits: None, gate_logits, latent_diff: Some(st.latent.narrow(0, 0, n)?), sample_rows: Vec::new(), greedy_ids: None },
             Stage::Coda => Forward {
                 logits,
                 gate_logits: None,
@@ -723,31 +572,16 @@ impl LoopedRunner {
                 sample_rows: (0..n).collect(),
                 greedy_ids: st.ids.as_ref().map(|ids| ids.narrow(0, 0, n)).transpose()?,
             },
-            _ => Forward {
-                logits,
-                gate_logits,
-                latent_diff: None,
-                sample_rows: (0..n).collect(),
-                greedy_ids: None,
-            },
+            _ => Forward { logits, gate_logits, latent_diff: None, sample_rows: (0..n).collect(), greedy_ids: None },
         }))
     }
 
     /// Writes a launch's host data into the static inputs of its key; returns the padded
     /// addressing of each batch, then of the re-entry batch if any (only the warm-up and the
     /// capture build batches from it).
-    fn write_graph_inputs(
-        &self,
-        key: &GraphKey,
-        st: &Statics,
-        launch: &Launch,
-    ) -> Result<Vec<PagedBatchHost>> {
+    fn write_graph_inputs(&self, key: &GraphKey, st: &Statics, launch: &Launch) -> Result<Vec<PagedBatchHost>> {
         let rows = &launch.rows;
-        let tokens: Vec<u32> = if key.stage == Stage::FullDepthDecode {
-            rows.iter().map(|r| r.tokens[0]).collect()
-        } else {
-            Vec::new()
-        };
+        let tokens: Vec<u32> = if key.stage == Stage::FullDepthDecode { rows.iter().map(|r| r.tokens[0]).collect() } else { Vec::new() };
         let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
         let state: Vec<u32> = rows.iter().map(|r| r.state).collect();
         st.write_inputs(&tokens, &positions, &state, self.scratch_row)?;
@@ -757,13 +591,7 @@ impl LoopedRunner {
             .map(|(slot, buf)| {
                 let host = PagedBatchHost {
                     write_positions: Vec::new(),
-                    block_tables: rows
-                        .iter()
-                        .map(|r| {
-                            r.block_tables[if key.slots.is_empty() { r.slot } else { *slot }]
-                                .to_vec()
-                        })
-                        .collect(),
+                    block_tables: rows.iter().map(|r| r.block_tables[if key.slots.is_empty() { r.slot } else { *slot }].to_vec()).collect(),
                     context_lens: rows.iter().map(|r| r.start_pos as u32 + 1).collect(),
                     cu_q_lens: (0..=rows.len() as u32).collect(),
                 };
@@ -794,32 +622,15 @@ impl LoopedRunner {
             .batches
             .iter()
             .zip(padded)
-            .map(|((_, buf), host)| {
-                PagedBatch::from_buffers(
-                    host.clone(),
-                    self.block_size,
-                    AttnMask::Causal,
-                    kv_width,
-                    buf,
-                    key.ctx,
-                )
-            })
+            .map(|((_, buf), host)| PagedBatch::from_buffers(host.clone(), self.block_size, AttnMask::Causal, kv_width, buf, key.ctx))
             .collect::<Result<_>>()?;
-        let batch_of = |slot: usize| {
-            st.batches
-                .iter()
-                .position(|(s, _)| *s == slot)
-                .map(|i| &batches[i])
-                .expect("a batch per slot")
-        };
+        let batch_of = |slot: usize| st.batches.iter().position(|(s, _)| *s == slot).map(|i| &batches[i]).expect("a batch per slot");
         let mut has_gate = false;
         match key.stage {
             Stage::CoreStep => {
                 let input = self.model.prepare(&st.positions)?;
                 let h_old = self.bank()?.index_select(&st.state, 0)?;
-                let out = self
-                    .model
-                    .core_step(&h_old, &input, &batches[0], &self.kv)?;
+                let out = self.model.core_step(&h_old, &input, &batches[0], &self.kv)?;
                 let latent_diff = self.latent_diff(&h_old, &out.hidden)?;
                 st.latent.slice_set(&latent_diff.contiguous()?, 0, 0)?;
                 if let Some(g) = &out.gate_logit {
@@ -830,9 +641,7 @@ impl LoopedRunner {
             }
             Stage::FullDepthDecode => {
                 let input = self.model.prepare(&st.positions)?;
-                let mut h =
-                    self.model
-                        .prelude(&st.tokens, &input, batch_of(key.slots[0]), &self.kv)?;
+                let mut h = self.model.prelude(&st.tokens, &input, batch_of(key.slots[0]), &self.kv)?;
                 for (i, &slot) in key.slots.iter().enumerate() {
                     let out = self.model.core_step(&h, &input, batch_of(slot), &self.kv)?;
                     h = out.hidden;
@@ -841,40 +650,20 @@ impl LoopedRunner {
                         has_gate = true;
                     }
                 }
-                let logits = self.model.head(&self.model.coda(
-                    &h,
-                    &input,
-                    batch_of(key.slots[0]),
-                    &self.kv,
-                )?)?;
-                st.logits
-                    .as_ref()
-                    .expect("full-depth statics hold logits")
-                    .slice_set(&logits.contiguous()?, 0, 0)?;
+                let logits = self.model.head(&self.model.coda(&h, &input, batch_of(key.slots[0]), &self.kv)?)?;
+                st.logits.as_ref().expect("full-depth statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
             }
             Stage::Coda => {
                 let h = self.bank()?.index_select(&st.state, 0)?;
                 let input = self.model.prepare(&st.positions)?;
-                let logits =
-                    self.model
-                        .head(&self.model.coda(&h, &input, batch_of(0), &self.kv)?)?;
-                st.logits
-                    .as_ref()
-                    .expect("coda statics hold logits")
-                    .slice_set(&logits.contiguous()?, 0, 0)?;
+                let logits = self.model.head(&self.model.coda(&h, &input, batch_of(0), &self.kv)?)?;
+                st.logits.as_ref().expect("coda statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
                 if let (Some(ids_out), Some(buf)) = (&st.ids, &st.reentry) {
                     // What `launch` does eagerly otherwise: argmax, then the successors' prelude.
                     let ids = logits.argmax(D::Minus1)?;
                     ids_out.slice_set(&ids, 0, 0)?;
                     let host = padded[st.batches.len()].clone();
-                    let batch = PagedBatch::from_buffers(
-                        host,
-                        self.block_size,
-                        AttnMask::Causal,
-                        kv_width,
-                        buf,
-                        key.ctx,
-                    )?;
+                    let batch = PagedBatch::from_buffers(host, self.block_size, AttnMask::Causal, kv_width, buf, key.ctx)?;
                     let next = self.model.prepare(&st.next_positions)?;
                     let h = self.model.prelude(&ids, &next, &batch, &self.kv)?;
                     self.write_bank(&st.state, &h)?;
@@ -891,11 +680,7 @@ impl Drop for LoopedRunner {
         if let Some(g) = &self.graphs {
             let g = g.borrow();
             if std::env::var_os("PONDER_GRAPH_STATS").is_some() {
-                let failed = g
-                    .entries
-                    .values()
-                    .filter(|e| matches!(e.phase, Phase::Failed))
-                    .count();
+                let failed = g.entries.values().filter(|e| matches!(e.phase, Phase::Failed)).count();
                 eprintln!("ponder: CUDA graphs: {} shapes, {} captured, {failed} failed, {} launches replayed", g.entries.len(), g.captures, g.replays);
             }
         }

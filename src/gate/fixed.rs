@@ -24,13 +24,7 @@ impl ExitGate for FixedDepth {
     fn max_steps(&self) -> usize {
         self.depth
     }
-    fn decide(
-        &self,
-        _item: ItemRef,
-        step: usize,
-        _signal: StepSignals,
-        _state: &mut GateState,
-    ) -> bool {
+    fn decide(&self, _item: ItemRef, step: usize, _signal: StepSignals, _state: &mut GateState) -> bool {
         step + 1 >= self.depth
     }
     fn exit_known(&self, _item: ItemRef, step: usize, _state: &GateState) -> Option<bool> {

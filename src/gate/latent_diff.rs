@@ -23,15 +23,9 @@ impl LatentDiff {
     pub fn new(threshold: f32, min_steps: usize, max_steps: usize) -> crate::Result<Self> {
         check_bounds(min_steps, max_steps)?;
         if !(threshold >= 0.0) {
-            return Err(crate::Error::InvalidOption(format!(
-                "latent-diff threshold {threshold} must be >= 0"
-            )));
+            return Err(crate::Error::InvalidOption(format!("latent-diff threshold {threshold} must be >= 0")));
         }
-        Ok(Self {
-            threshold,
-            min_steps,
-            max_steps,
-        })
+        Ok(Self { threshold, min_steps, max_steps })
     }
 }
 
@@ -45,13 +39,7 @@ impl ExitGate for LatentDiff {
     fn max_steps(&self) -> usize {
         self.max_steps
     }
-    fn decide(
-        &self,
-        _item: ItemRef,
-        step: usize,
-        signal: StepSignals,
-        _state: &mut GateState,
-    ) -> bool {
+    fn decide(&self, _item: ItemRef, step: usize, signal: StepSignals, _state: &mut GateState) -> bool {
         let raw = signal.latent_diff.is_some_and(|d| d < self.threshold);
         bounded(raw, step, self.min_steps, self.max_steps)
     }

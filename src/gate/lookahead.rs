@@ -11,9 +11,7 @@ pub struct Lookahead<G> {
 impl<G: ExitGate> Lookahead<G> {
     pub fn new(inner: G) -> crate::Result<Self> {
         if inner.max_steps() < 2 {
-            return Err(crate::Error::InvalidOption(
-                "lookahead needs max_steps >= 2".into(),
-            ));
+            return Err(crate::Error::InvalidOption("lookahead needs max_steps >= 2".into()));
         }
         Ok(Self { inner })
     }
@@ -29,13 +27,7 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
     fn max_steps(&self) -> usize {
         self.inner.max_steps()
     }
-    fn decide(
-        &self,
-        item: ItemRef,
-        step: usize,
-        signal: StepSignals,
-        state: &mut GateState,
-    ) -> bool {
+    fn decide(&self, item: ItemRef, step: usize, signal: StepSignals, state: &mut GateState) -> bool {
         // The verdict on step r-1's signal takes effect now, after step r.
         let exit_now = self.exit_known(item, step, state).expect("always known");
         state.pending_exit = self.inner.decide(item, step, signal, state);
@@ -54,15 +46,10 @@ mod tests {
 
     #[test]
     fn exits_one_step_late_never_before_two() {
-        let item = ItemRef {
-            request: RequestId(0),
-            token_index: 0,
-        };
+        let item = ItemRef { request: RequestId(0), token_index: 0 };
         let run = |gate: &dyn ExitGate, logits: &[f32]| {
             let mut s = GateState::new();
-            (0..logits.len())
-                .find(|&r| gate.decide(item, r, StepSignals::logit(logits[r]), &mut s))
-                .map(|r| r + 1)
+            (0..logits.len()).find(|&r| gate.decide(item, r, StepSignals::logit(logits[r]), &mut s)).map(|r| r + 1)
         };
         let plain = QExit::new(0.5, 1, 4).unwrap();
         let la = Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap();

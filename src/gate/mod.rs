@@ -30,16 +30,10 @@ pub struct StepSignals {
 
 impl StepSignals {
     pub fn logit(z: f32) -> Self {
-        Self {
-            logit: Some(z),
-            latent_diff: None,
-        }
+        Self { logit: Some(z), latent_diff: None }
     }
     pub fn latent_diff(d: f32) -> Self {
-        Self {
-            logit: None,
-            latent_diff: Some(d),
-        }
+        Self { logit: None, latent_diff: Some(d) }
     }
 }
 
@@ -56,11 +50,7 @@ pub struct GateState {
 
 impl GateState {
     pub fn new() -> Self {
-        Self {
-            cdf: 0.0,
-            survival: 1.0,
-            pending_exit: false,
-        }
+        Self { cdf: 0.0, survival: 1.0, pending_exit: false }
     }
 }
 
@@ -80,13 +70,7 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
     /// Most loop steps an item runs (exit is forced after this many).
     fn max_steps(&self) -> usize;
     /// Called after 0-based `step` ran. Returns true if the item exits after this step.
-    fn decide(
-        &self,
-        item: ItemRef,
-        step: usize,
-        signals: StepSignals,
-        state: &mut GateState,
-    ) -> bool;
+    fn decide(&self, item: ItemRef, step: usize, signals: StepSignals, state: &mut GateState) -> bool;
     /// The verdict on "exit after `step`" if it is already known before the step's own signal
     /// arrives (lookahead, replayed and fixed depths). A scheduler may then route the item while
     /// its step is still running on the device — the overlap of CDB. `decide` must return the
@@ -104,9 +88,7 @@ pub(crate) fn bounded(raw: bool, step: usize, min_steps: usize, max_steps: usize
 
 pub(crate) fn check_bounds(min_steps: usize, max_steps: usize) -> crate::Result<()> {
     if min_steps == 0 || min_steps > max_steps {
-        return Err(crate::Error::InvalidOption(format!(
-            "exit gate needs 1 <= min_steps ({min_steps}) <= max_steps ({max_steps})"
-        )));
+        return Err(crate::Error::InvalidOption(format!("exit gate needs 1 <= min_steps ({min_steps}) <= max_steps ({max_steps})")));
     }
     Ok(())
 }

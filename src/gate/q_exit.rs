@@ -15,15 +15,9 @@ impl QExit {
     pub fn new(q: f32, min_steps: usize, max_steps: usize) -> crate::Result<Self> {
         check_bounds(min_steps, max_steps)?;
         if !(q > 0.0 && q <= 1.0) {
-            return Err(crate::Error::InvalidOption(format!(
-                "q-exit threshold {q} must be in (0, 1]"
-            )));
+            return Err(crate::Error::InvalidOption(format!("q-exit threshold {q} must be in (0, 1]")));
         }
-        Ok(Self {
-            q,
-            min_steps,
-            max_steps,
-        })
+        Ok(Self { q, min_steps, max_steps })
     }
 }
 
@@ -37,13 +31,7 @@ impl ExitGate for QExit {
     fn max_steps(&self) -> usize {
         self.max_steps
     }
-    fn decide(
-        &self,
-        _item: ItemRef,
-        step: usize,
-        signal: StepSignals,
-        state: &mut GateState,
-    ) -> bool {
+    fn decide(&self, _item: ItemRef, step: usize, signal: StepSignals, state: &mut GateState) -> bool {
         let Some(z) = signal.logit else {
             return bounded(false, step, self.min_steps, self.max_steps);
         };
@@ -60,10 +48,7 @@ mod tests {
     use crate::engine::RequestId;
 
     fn item() -> ItemRef {
-        ItemRef {
-            request: RequestId(0),
-            token_index: 0,
-        }
+        ItemRef { request: RequestId(0), token_index: 0 }
     }
 
     #[test]
@@ -82,9 +67,7 @@ mod tests {
         assert!(g.decide(item(), 2, StepSignals::logit(5.0), &mut s));
         let g = QExit::new(1.0, 1, 4).unwrap();
         let mut s = GateState::new();
-        let exits: Vec<bool> = (0..4)
-            .map(|r| g.decide(item(), r, StepSignals::logit(-9.0), &mut s))
-            .collect();
+        let exits: Vec<bool> = (0..4).map(|r| g.decide(item(), r, StepSignals::logit(-9.0), &mut s)).collect();
         assert_eq!(exits, vec![false, false, false, true]);
         assert!(QExit::new(0.0, 1, 4).is_err());
         assert!(QExit::new(0.5, 5, 4).is_err());

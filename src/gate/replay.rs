@@ -21,10 +21,7 @@ pub enum DepthTrace {
 impl DepthTrace {
     /// Reads `{"depths": {"<request id>": [d, ...], ...}}`.
     pub fn from_json_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
         #[derive(serde::Deserialize)]
         struct File {
             depths: HashMap<String, Vec<usize>>,
@@ -33,13 +30,9 @@ impl DepthTrace {
         let f: File = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         let mut out = HashMap::new();
         for (k, v) in f.depths {
-            let id = k
-                .parse::<u64>()
-                .map_err(|_| bad(format!("request id `{k}` is not an integer")))?;
+            let id = k.parse::<u64>().map_err(|_| bad(format!("request id `{k}` is not an integer")))?;
             if v.is_empty() || v.contains(&0) {
-                return Err(bad(format!(
-                    "request {k}: depths must be non-empty and >= 1"
-                )));
+                return Err(bad(format!("request {k}: depths must be non-empty and >= 1")));
             }
             out.insert(id, v);
         }
@@ -50,14 +43,9 @@ impl DepthTrace {
     /// whose θ is solved so the mean is exact, so depths spread over the whole range.
     pub fn with_mean(mean: f64, min: usize, max: usize, seed: u64) -> Result<Self> {
         if min == 0 || min > max || !(mean >= min as f64 && mean <= max as f64) {
-            return Err(Error::InvalidOption(format!(
-                "depth mean {mean} outside {min}..={max}"
-            )));
+            return Err(Error::InvalidOption(format!("depth mean {mean} outside {min}..={max}")));
         }
-        Ok(Self::Seeded {
-            probs: crate::dist::tilted(min, max, mean),
-            seed,
-        })
+        Ok(Self::Seeded { probs: crate::dist::tilted(min, max, mean), seed })
     }
 
     /// Mean depth the trace implies (seeded: exact expectation).
@@ -73,13 +61,8 @@ impl DepthTrace {
 
     pub fn depth(&self, item: ItemRef) -> Option<usize> {
         match self {
-            Self::Recorded(m) => m
-                .get(&item.request.0)
-                .map(|v| v[item.token_index.min(v.len() - 1)]),
-            Self::Seeded { probs, seed } => Some(draw(
-                probs,
-                mix(*seed ^ mix(item.request.0 ^ mix(item.token_index as u64))),
-            )),
+            Self::Recorded(m) => m.get(&item.request.0).map(|v| v[item.token_index.min(v.len() - 1)]),
+            Self::Seeded { probs, seed } => Some(draw(probs, mix(*seed ^ mix(item.request.0 ^ mix(item.token_index as u64))))),
         }
     }
 }
@@ -96,11 +79,7 @@ pub struct Replay {
 impl Replay {
     pub fn new(trace: DepthTrace, min_steps: usize, max_steps: usize) -> Result<Self> {
         check_bounds(min_steps, max_steps)?;
-        Ok(Self {
-            trace,
-            min_steps,
-            max_steps,
-        })
+        Ok(Self { trace, min_steps, max_steps })
     }
     pub fn trace(&self) -> &DepthTrace {
         &self.trace
@@ -117,21 +96,11 @@ impl ExitGate for Replay {
     fn max_steps(&self) -> usize {
         self.max_steps
     }
-    fn decide(
-        &self,
-        item: ItemRef,
-        step: usize,
-        _signal: StepSignals,
-        state: &mut GateState,
-    ) -> bool {
+    fn decide(&self, item: ItemRef, step: usize, _signal: StepSignals, state: &mut GateState) -> bool {
         self.exit_known(item, step, state).expect("always known")
     }
     fn exit_known(&self, item: ItemRef, step: usize, _state: &GateState) -> Option<bool> {
-        let depth = self
-            .trace
-            .depth(item)
-            .unwrap_or(self.max_steps)
-            .clamp(self.min_steps, self.max_steps);
+        let depth = self.trace.depth(item).unwrap_or(self.max_steps).clamp(self.min_steps, self.max_steps);
         Some(step + 1 >= depth)
     }
 }
@@ -146,15 +115,7 @@ mod tests {
         let t = DepthTrace::with_mean(2.5, 1, 4, 3).unwrap();
         assert!((t.expected_mean() - 2.5).abs() < 1e-6);
         let n = 20_000;
-        let sum: usize = (0..n)
-            .map(|i| {
-                t.depth(ItemRef {
-                    request: RequestId(i / 100),
-                    token_index: (i % 100) as usize,
-                })
-                .unwrap()
-            })
-            .sum();
+        let sum: usize = (0..n).map(|i| t.depth(ItemRef { request: RequestId(i / 100), token_index: (i % 100) as usize }).unwrap()).sum();
         assert!((sum as f64 / n as f64 - 2.5).abs() < 0.05);
         let t16 = DepthTrace::with_mean(6.0, 2, 16, 1).unwrap();
         assert!((t16.expected_mean() - 6.0).abs() < 1e-6);
@@ -168,20 +129,7 @@ mod tests {
         let g = Replay::new(DepthTrace::Recorded(m), 2, 4).unwrap();
         let depth = |tok| {
             let mut s = GateState::new();
-            (0..4)
-                .find(|&r| {
-                    g.decide(
-                        ItemRef {
-                            request: RequestId(7),
-                            token_index: tok,
-                        },
-                        r,
-                        StepSignals::default(),
-                        &mut s,
-                    )
-                })
-                .unwrap()
-                + 1
+            (0..4).find(|&r| g.decide(ItemRef { request: RequestId(7), token_index: tok }, r, StepSignals::default(), &mut s)).unwrap() + 1
         };
         assert_eq!((depth(0), depth(1), depth(2), depth(5)), (2, 3, 4, 4));
     }

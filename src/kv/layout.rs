@@ -23,11 +23,7 @@ pub trait KvLayout: std::fmt::Debug + Send + Sync {
 
 /// Checks that `layout` is safe with exits in `min_steps..=max_steps`: a static per-step layout
 /// whose slots an early exit would leave stale is rejected with a clear error.
-pub fn check_layout(
-    layout: &dyn KvLayout,
-    min_steps: usize,
-    max_steps: usize,
-) -> crate::Result<()> {
+pub fn check_layout(layout: &dyn KvLayout, min_steps: usize, max_steps: usize) -> crate::Result<()> {
     let slots = layout.num_slots(max_steps);
     if !layout.fills_on_exit() && min_steps < slots {
         // Suggest only layouts that fit this gate: first-then-shared needs at least 2 steps.
@@ -130,12 +126,7 @@ pub enum KvLayoutKind {
 }
 
 impl KvLayoutKind {
-    pub const ALL: [KvLayoutKind; 4] = [
-        Self::DepthIndexed,
-        Self::LastExited,
-        Self::Shared,
-        Self::FirstThenShared,
-    ];
+    pub const ALL: [KvLayoutKind; 4] = [Self::DepthIndexed, Self::LastExited, Self::Shared, Self::FirstThenShared];
 
     pub fn build(self) -> Box<dyn KvLayout> {
         match self {
@@ -155,9 +146,7 @@ impl std::str::FromStr for KvLayoutKind {
             "shared" | "single" => Ok(Self::Shared),
             "last-exited" | "last_exited" => Ok(Self::LastExited),
             "first-then-shared" | "first_then_shared" => Ok(Self::FirstThenShared),
-            other => Err(crate::Error::InvalidOption(format!(
-                "unknown KV layout `{other}`"
-            ))),
+            other => Err(crate::Error::InvalidOption(format!("unknown KV layout `{other}`"))),
         }
     }
 }

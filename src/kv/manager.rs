@@ -21,20 +21,9 @@ pub struct KvManager {
 }
 
 impl KvManager {
-    pub fn new(
-        num_blocks: usize,
-        block_size: usize,
-        layout: Box<dyn KvLayout>,
-        max_steps: usize,
-    ) -> Self {
+    pub fn new(num_blocks: usize, block_size: usize, layout: Box<dyn KvLayout>, max_steps: usize) -> Self {
         let num_slots = layout.num_slots(max_steps);
-        Self {
-            pool: BlockPool::new(num_blocks),
-            block_size,
-            layout,
-            num_slots,
-            tables: HashMap::new(),
-        }
+        Self { pool: BlockPool::new(num_blocks), block_size, layout, num_slots, tables: HashMap::new() }
     }
 
     pub fn block_size(&self) -> usize {
@@ -80,10 +69,7 @@ impl KvManager {
         }
         let per_slot = tokens.div_ceil(self.block_size);
         let slots = self.num_slots;
-        let tables = self
-            .tables
-            .entry(id)
-            .or_insert_with(|| vec![BlockTable::from([]); slots]);
+        let tables = self.tables.entry(id).or_insert_with(|| vec![BlockTable::from([]); slots]);
         for table in tables.iter_mut() {
             if table.len() < per_slot {
                 let mut grown = table.to_vec();
@@ -145,9 +131,6 @@ mod tests {
         let mut kv = KvManager::new(4, 16, Box::new(Shared), 4);
         assert!(kv.reserve(RequestId(0), 17));
         assert_eq!(kv.num_used_blocks(), 2);
-        assert_eq!(
-            kv.table_for_step(RequestId(0), 0),
-            kv.table_for_step(RequestId(0), 3)
-        );
+        assert_eq!(kv.table_for_step(RequestId(0), 0), kv.table_for_step(RequestId(0), 3));
     }
 }

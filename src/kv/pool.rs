@@ -11,10 +11,7 @@ pub struct BlockPool {
 impl BlockPool {
     pub fn new(num_blocks: usize) -> Self {
         // Pop from the back: hand out low ids first, which keeps tests readable.
-        Self {
-            free: (0..num_blocks as u32).rev().collect(),
-            refs: vec![0; num_blocks],
-        }
+        Self { free: (0..num_blocks as u32).rev().collect(), refs: vec![0; num_blocks] }
     }
 
     pub fn num_blocks(&self) -> usize {

@@ -10,15 +10,7 @@ pub struct KvStore {
 }
 
 impl KvStore {
-    pub fn new(
-        num_layers: usize,
-        num_blocks: usize,
-        block_size: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Self> {
+    pub fn new(num_layers: usize, num_blocks: usize, block_size: usize, kv_heads: usize, head_dim: usize, dtype: DType, device: &Device) -> Result<Self> {
         let shape = (num_blocks, block_size, kv_heads, head_dim);
         let mk = || Tensor::zeros(shape, dtype, device);
         let k = (0..num_layers).map(|_| mk()).collect::<Result<_>>()?;
@@ -37,13 +29,7 @@ impl KvStore {
     }
 
     /// Bytes of one block across all layers (K and V).
-    pub fn bytes_per_block(
-        num_layers: usize,
-        block_size: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        dtype: DType,
-    ) -> usize {
+    pub fn bytes_per_block(num_layers: usize, block_size: usize, kv_heads: usize, head_dim: usize, dtype: DType) -> usize {
         2 * num_layers * block_size * kv_heads * head_dim * dtype.size_in_bytes()
     }
 }

@@ -24,37 +24,31 @@ impl ModelConfig {
         struct Head {
             model_type: Option<String>,
         }
-        let head: Head =
-            serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+        let head: Head = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
         match head.model_type.as_deref() {
             Some("ouro") => {
-                let c: OuroConfig =
-                    serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                let c: OuroConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
                 c.validate(path)?;
                 Ok(Self::Ouro(c))
             }
             Some("huginn_raven") => {
-                let c: HuginnConfig =
-                    serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                let c: HuginnConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
                 c.validate(path)?;
                 Ok(Self::Huginn(c))
             }
             Some("sdar") => {
-                let c: SdarConfig =
-                    serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                let c: SdarConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
                 c.validate(path)?;
                 Ok(Self::Sdar(c))
             }
             Some("llada") => {
-                let c: LladaConfig =
-                    serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                let c: LladaConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
                 c.validate(path)?;
                 Ok(Self::Llada(c))
             }
             // The released config says "Dream"; accept the lower-case spelling too.
             Some("Dream" | "dream") => {
-                let c: DreamConfig =
-                    serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                let c: DreamConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
                 c.validate(path)?;
                 Ok(Self::Dream(c))
             }
@@ -76,31 +70,11 @@ impl ModelConfig {
     /// eos ids named by `config.json` itself.
     pub fn eos_token_ids(&self) -> Vec<u32> {
         match self {
-            Self::Ouro(c) => c
-                .eos_token_id
-                .as_ref()
-                .map(EosIds::to_vec)
-                .unwrap_or_default(),
-            Self::Huginn(c) => c
-                .eos_token_id
-                .as_ref()
-                .map(EosIds::to_vec)
-                .unwrap_or_default(),
-            Self::Sdar(c) => c
-                .eos_token_id
-                .as_ref()
-                .map(EosIds::to_vec)
-                .unwrap_or_default(),
-            Self::Llada(c) => c
-                .eos_token_id
-                .as_ref()
-                .map(EosIds::to_vec)
-                .unwrap_or_default(),
-            Self::Dream(c) => c
-                .eos_token_id
-                .as_ref()
-                .map(EosIds::to_vec)
-                .unwrap_or_default(),
+            Self::Ouro(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            Self::Huginn(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            Self::Sdar(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            Self::Llada(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            Self::Dream(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
         }
     }
 }
@@ -180,9 +154,7 @@ impl HuginnConfig {
     }
     /// Rows of the embedding and the LM head (the vocabulary padded for the kernels).
     pub fn table_rows(&self) -> usize {
-        self.padded_vocab_size
-            .unwrap_or(self.vocab_size)
-            .max(self.vocab_size)
+        self.padded_vocab_size.unwrap_or(self.vocab_size).max(self.vocab_size)
     }
     /// Physical attention layers: prelude, core and coda.
     pub fn num_layers(&self) -> usize {
@@ -191,41 +163,17 @@ impl HuginnConfig {
 
     fn validate(&self, path: &str) -> Result<()> {
         let bad = |r: String| Err(Error::config(path, r));
-        if self.n_embd == 0
-            || self.vocab_size == 0
-            || self.intermediate_size == 0
-            || self.n_layers_in_recurrent_block == 0
-        {
-            return bad(
-                "n_embd, vocab_size, intermediate_size and n_layers_in_recurrent_block must be > 0"
-                    .into(),
-            );
+        if self.n_embd == 0 || self.vocab_size == 0 || self.intermediate_size == 0 || self.n_layers_in_recurrent_block == 0 {
+            return bad("n_embd, vocab_size, intermediate_size and n_layers_in_recurrent_block must be > 0".into());
         }
-        if self.n_heads == 0
-            || self.kv_heads() == 0
-            || self.n_heads % self.kv_heads() != 0
-            || self.head_dim() % 2 != 0
-        {
-            return bad(format!(
-                "heads {} / kv heads {} / head_dim {} are inconsistent",
-                self.n_heads,
-                self.kv_heads(),
-                self.head_dim()
-            ));
+        if self.n_heads == 0 || self.kv_heads() == 0 || self.n_heads % self.kv_heads() != 0 || self.head_dim() % 2 != 0 {
+            return bad(format!("heads {} / kv heads {} / head_dim {} are inconsistent", self.n_heads, self.kv_heads(), self.head_dim()));
         }
         if self.n_heads * self.head_dim() != self.n_embd {
-            return bad(format!(
-                "n_heads {} x head_dim {} != n_embd {}",
-                self.n_heads,
-                self.head_dim(),
-                self.n_embd
-            ));
+            return bad(format!("n_heads {} x head_dim {} != n_embd {}", self.n_heads, self.head_dim(), self.n_embd));
         }
         if self.injection_type != "linear" {
-            return bad(format!(
-                "injection_type `{}` is not supported (only `linear`)",
-                self.injection_type
-            ));
+            return bad(format!("injection_type `{}` is not supported (only `linear`)", self.injection_type));
         }
         if self.max_steps == 0 || !(self.norm_eps > 0.0) || !(self.rope_base > 0.0) {
             return bad("max_steps, norm_eps and rope_base must be > 0".into());
@@ -333,31 +281,16 @@ impl OuroConfig {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
     pub fn head_dim(&self) -> usize {
-        self.head_dim
-            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
     fn validate(&self, path: &str) -> Result<()> {
         let bad = |r: String| Err(Error::config(path, r));
-        if self.vocab_size == 0
-            || self.hidden_size == 0
-            || self.num_hidden_layers == 0
-            || self.intermediate_size == 0
-        {
-            return bad(
-                "vocab_size, hidden_size, intermediate_size and num_hidden_layers must be > 0"
-                    .into(),
-            );
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.num_hidden_layers == 0 || self.intermediate_size == 0 {
+            return bad("vocab_size, hidden_size, intermediate_size and num_hidden_layers must be > 0".into());
         }
-        if self.num_attention_heads == 0
-            || self.kv_heads() == 0
-            || self.num_attention_heads % self.kv_heads() != 0
-        {
-            return bad(format!(
-                "num_attention_heads {} must be a positive multiple of num_key_value_heads {}",
-                self.num_attention_heads,
-                self.kv_heads()
-            ));
+        if self.num_attention_heads == 0 || self.kv_heads() == 0 || self.num_attention_heads % self.kv_heads() != 0 {
+            return bad(format!("num_attention_heads {} must be a positive multiple of num_key_value_heads {}", self.num_attention_heads, self.kv_heads()));
         }
         if self.head_dim() % 2 != 0 || self.head_dim() == 0 {
             return bad(format!("head_dim {} must be even and > 0", self.head_dim()));
@@ -400,24 +333,12 @@ mod tests {
     #[test]
     fn dispatches_on_model_type() {
         let c = serde_json::to_string(&OuroConfig::ouro_1_4b()).unwrap();
-        assert!(matches!(
-            ModelConfig::from_json(&c, "x").unwrap(),
-            ModelConfig::Ouro(_)
-        ));
+        assert!(matches!(ModelConfig::from_json(&c, "x").unwrap(), ModelConfig::Ouro(_)));
         let bad = c.replace("\"ouro\"", "\"llama\"");
-        assert!(matches!(
-            ModelConfig::from_json(&bad, "x"),
-            Err(Error::UnsupportedModel(_))
-        ));
-        assert!(matches!(
-            ModelConfig::from_json("{", "x"),
-            Err(Error::BadConfig { .. })
-        ));
+        assert!(matches!(ModelConfig::from_json(&bad, "x"), Err(Error::UnsupportedModel(_))));
+        assert!(matches!(ModelConfig::from_json("{", "x"), Err(Error::BadConfig { .. })));
         let zero_heads = c.replace("\"num_attention_heads\":16", "\"num_attention_heads\":0");
-        assert!(matches!(
-            ModelConfig::from_json(&zero_heads, "x"),
-            Err(Error::BadConfig { .. })
-        ));
+        assert!(matches!(ModelConfig::from_json(&zero_heads, "x"), Err(Error::BadConfig { .. })));
     }
 
     #[test]
@@ -428,22 +349,11 @@ mod tests {
             "n_layers": 8, "n_layers_in_prelude": 2, "n_layers_in_recurrent_block": 4, "n_layers_in_coda": 2,
             "injection_type": "linear", "state_init": "like-init", "mean_recurrence": 32, "norm_eps": 1e-06,
             "qk_bias": true, "tie_embeddings": true, "rope_base": 50000, "block_size": 4096, "bias": false}"#;
-        let ModelConfig::Huginn(c) = ModelConfig::from_json(text, "x").unwrap() else {
-            panic!("not huginn")
-        };
-        assert_eq!(
-            c,
-            HuginnConfig::huginn_0125_with(c.bos_token_id, c.eos_token_id.clone())
-        );
+        let ModelConfig::Huginn(c) = ModelConfig::from_json(text, "x").unwrap() else { panic!("not huginn") };
+        assert_eq!(c, HuginnConfig::huginn_0125_with(c.bos_token_id, c.eos_token_id.clone()));
         let alias = text.replace("\"n_heads\"", "\"num_attention_heads\"");
-        assert!(matches!(
-            ModelConfig::from_json(&alias, "x").unwrap(),
-            ModelConfig::Huginn(_)
-        ));
+        assert!(matches!(ModelConfig::from_json(&alias, "x").unwrap(), ModelConfig::Huginn(_)));
         let bad = text.replace("\"linear\"", "\"additive\"");
-        assert!(matches!(
-            ModelConfig::from_json(&bad, "x"),
-            Err(Error::BadConfig { .. })
-        ));
+        assert!(matches!(ModelConfig::from_json(&bad, "x"), Err(Error::BadConfig { .. })));
     }
 }

@@ -63,10 +63,7 @@ impl PagedBatchHost {
             let ctx = self.context_lens[r] as usize;
             (ctx - (b - a)..ctx).collect()
         } else {
-            self.write_positions[a..b]
-                .iter()
-                .map(|&p| p as usize)
-                .collect()
+            self.write_positions[a..b].iter().map(|&p| p as usize).collect()
         }
     }
 }
@@ -97,38 +94,18 @@ pub struct PagedBatch {
 impl PagedBatch {
     /// Builds the device tensors from the host description. `positions[t]` is the absolute
     /// position of packed token `t`; its K/V go to that position's block of its row.
-    pub fn new(
-        host: PagedBatchHost,
-        block_size: usize,
-        mask: AttnMask,
-        kv_width: usize,
-        device: &Device,
-    ) -> Result<Self> {
+    pub fn new(host: PagedBatchHost, block_size: usize, mask: AttnMask, kv_width: usize, device: &Device) -> Result<Self> {
         let rows = host.context_lens.len();
         if host.cu_q_lens.len() != rows + 1 || host.block_tables.len() != rows {
-            candle_core::bail!(
-                "paged batch: {} rows but {} q offsets and {} tables",
-                rows,
-                host.cu_q_lens.len(),
-                host.block_tables.len()
-            );
+            candle_core::bail!("paged batch: {} rows but {} q offsets and {} tables", rows, host.cu_q_lens.len(), host.block_tables.len());
         }
-        let max_blocks = host
-            .block_tables
-            .iter()
-            .map(Vec::len)
-            .max()
-            .unwrap_or(0)
-            .max(1);
+        let max_blocks = host.block_tables.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let mut flat_tables = vec![0u32; rows * max_blocks];
         let mut slot_mapping = Vec::with_capacity(*host.cu_q_lens.last().unwrap_or(&0) as usize);
         let mut max_q_len = 0;
         let tokens = *host.cu_q_lens.last().unwrap_or(&0) as usize;
         if !host.write_positions.is_empty() && host.write_positions.len() != tokens {
-            candle_core::bail!(
-                "paged batch: {} write positions for {tokens} tokens",
-                host.write_positions.len()
-            );
+            candle_core::bail!("paged batch: {} write positions for {tokens} tokens", host.write_positions.len());
         }
         for r in 0..rows {
             let table = &host.block_tables[r];
@@ -136,21 +113,14 @@ impl PagedBatch {
             let q_len = (host.cu_q_lens[r + 1] - host.cu_q_lens[r]) as usize;
             let ctx = host.context_lens[r] as usize;
             if q_len > ctx || ctx > table.len() * block_size {
-                candle_core::bail!(
-                    "paged batch row {r}: q_len {q_len}, ctx {ctx}, {} blocks",
-                    table.len()
-                );
+                candle_core::bail!("paged batch row {r}: q_len {q_len}, ctx {ctx}, {} blocks", table.len());
             }
             max_q_len = max_q_len.max(q_len);
             for pos in host.row_positions(r) {
                 if pos >= table.len() * block_size {
-                    candle_core::bail!(
-                        "paged batch row {r}: write position {pos} past its {} blocks",
-                        table.len()
-                    );
+                    candle_core::bail!("paged batch row {r}: write position {pos} past its {} blocks", table.len());
                 }
-                slot_mapping
-                    .push(table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
+                slot_mapping.push(table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
             }
         }
         let max_context_len = host.context_lens.iter().copied().max().unwrap_or(0) as usize;
@@ -202,17 +172,9 @@ impl PagedBatch {
     ) -> Result<Self> {
         let rows = padded.context_lens.len();
         if rows != buffers.rows {
-            candle_core::bail!(
-                "paged batch: {rows} padded rows for buffers of {}",
-                buffers.rows
-            );
+            candle_core::bail!("paged batch: {rows} padded rows for buffers of {}", buffers.rows);
         }
-        let max_q_len = padded
-            .cu_q_lens
-            .windows(2)
-            .map(|w| (w[1] - w[0]) as usize)
-            .max()
-            .unwrap_or(0);
+        let max_q_len = padded.cu_q_lens.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
         Ok(Self {
             kv_width,
             write_index: Default::default(),
@@ -234,11 +196,7 @@ impl PagedBatch {
             return Ok(t);
         }
         let tokens = self.slot_mapping.dim(0)?;
-        let t = self
-            .slot_mapping
-            .unsqueeze(1)?
-            .broadcast_as((tokens, self.kv_width))?
-            .contiguous()?;
+        let t = self.slot_mapping.unsqueeze(1)?.broadcast_as((tokens, self.kv_width))?.contiguous()?;
         Ok(self.write_index.get_or_init(|| t))
     }
 
@@ -278,9 +236,7 @@ fn align4(n: usize) -> usize {
 impl PagedBatchBuffers {
     pub fn new(rows: usize, tokens: usize, max_blocks: usize, device: &Device) -> Result<Self> {
         if rows == 0 || tokens < rows || max_blocks == 0 {
-            candle_core::bail!(
-                "paged batch buffers: {rows} rows, {tokens} tokens, {max_blocks} blocks"
-            );
+            candle_core::bail!("paged batch buffers: {rows} rows, {tokens} tokens, {max_blocks} blocks");
         }
         let sizes = [rows * max_blocks, rows, rows + 1, tokens];
         let total: usize = sizes.iter().map(|&n| align4(n)).sum();
@@ -317,31 +273,17 @@ impl PagedBatchBuffers {
     /// `host`'s are padding: one query token each, context 1, all in `pad_block` (a block no
     /// request owns, so their K/V writes land there). Each table is cut to `max_blocks` (the
     /// blocks past a row's context are never read) or filled up with `pad_block`.
-    pub fn write(
-        &self,
-        host: &PagedBatchHost,
-        block_size: usize,
-        pad_block: u32,
-    ) -> Result<PagedBatchHost> {
+    pub fn write(&self, host: &PagedBatchHost, block_size: usize, pad_block: u32) -> Result<PagedBatchHost> {
         let rows = host.context_lens.len();
         let real_tokens = *host.cu_q_lens.last().unwrap_or(&0) as usize;
         if host.cu_q_lens.len() != rows + 1 || host.block_tables.len() != rows {
-            candle_core::bail!(
-                "paged batch: {} rows but {} q offsets and {} tables",
-                rows,
-                host.cu_q_lens.len(),
-                host.block_tables.len()
-            );
+            candle_core::bail!("paged batch: {} rows but {} q offsets and {} tables", rows, host.cu_q_lens.len(), host.block_tables.len());
         }
         if !host.write_positions.is_empty() {
             candle_core::bail!("paged batch buffers: explicit write positions are not supported in padded launches");
         }
         if rows > self.rows || real_tokens + (self.rows - rows) != self.tokens {
-            candle_core::bail!(
-                "paged batch: {rows} rows / {real_tokens} tokens do not pad to {} rows / {} tokens",
-                self.rows,
-                self.tokens
-            );
+            candle_core::bail!("paged batch: {rows} rows / {real_tokens} tokens do not pad to {} rows / {} tokens", self.rows, self.tokens);
         }
         let mb = self.max_blocks;
         let mut padded = PagedBatchHost {
@@ -351,35 +293,23 @@ impl PagedBatchBuffers {
             write_positions: Vec::new(),
         };
         let mut words = vec![0u32; self.packed.elem_count()];
-        let (o_cl, o_cu) = (
-            align4(self.rows * mb),
-            align4(self.rows * mb) + align4(self.rows),
-        );
+        let (o_cl, o_cu) = (align4(self.rows * mb), align4(self.rows * mb) + align4(self.rows));
         let o_sm = o_cu + align4(self.rows + 1);
         let mut t = 0;
         for r in 0..self.rows {
             let (table, ctx, q_len) = if r < rows {
                 let q_len = (host.cu_q_lens[r + 1] - host.cu_q_lens[r]) as usize;
-                (
-                    &host.block_tables[r][..host.block_tables[r].len().min(mb)],
-                    host.context_lens[r] as usize,
-                    q_len,
-                )
+                (&host.block_tables[r][..host.block_tables[r].len().min(mb)], host.context_lens[r] as usize, q_len)
             } else {
                 (&[][..], 1, 1)
             };
-            if q_len > ctx || ctx > mb * block_size || (r < rows && ctx > table.len() * block_size)
-            {
-                candle_core::bail!(
-                    "paged batch row {r}: q_len {q_len}, ctx {ctx}, {} blocks (max {mb})",
-                    table.len()
-                );
+            if q_len > ctx || ctx > mb * block_size || (r < rows && ctx > table.len() * block_size) {
+                candle_core::bail!("paged batch row {r}: q_len {q_len}, ctx {ctx}, {} blocks (max {mb})", table.len());
             }
             let mut row = vec![pad_block; mb];
             row[..table.len()].copy_from_slice(table);
             for pos in ctx - q_len..ctx {
-                words[o_sm + t] =
-                    row[pos / block_size] * block_size as u32 + (pos % block_size) as u32;
+                words[o_sm + t] = row[pos / block_size] * block_size as u32 + (pos % block_size) as u32;
                 t += 1;
             }
             words[r * mb..(r + 1) * mb].copy_from_slice(&row);
@@ -400,13 +330,7 @@ impl PagedBatchBuffers {
 /// host-to-device copy on the device's stream; the host data may be dropped on return).
 pub fn write_u32(dst: &Tensor, data: &[u32]) -> Result<()> {
     if dst.dtype() != DType::U32 || !dst.is_contiguous() || dst.elem_count() != data.len() {
-        candle_core::bail!(
-            "write_u32: {:?} {:?} tensor (contiguous: {}) for {} words",
-            dst.dtype(),
-            dst.dims(),
-            dst.is_contiguous(),
-            data.len()
-        );
+        candle_core::bail!("write_u32: {:?} {:?} tensor (contiguous: {}) for {} words", dst.dtype(), dst.dims(), dst.is_contiguous(), data.len());
     }
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = dst.device() {

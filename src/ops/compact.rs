@@ -13,21 +13,14 @@ pub fn compact_rows(sources: &[&Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
     let rows = first.dim(0)?;
     for s in sources {
         if s.rank() == 0 || s.dim(0)? != rows || !s.device().same_device(first.device()) {
-            bail!(
-                "compact_rows: sources must share their first dim ({rows}) and device, got {:?}",
-                s.dims()
-            );
+            bail!("compact_rows: sources must share their first dim ({rows}) and device, got {:?}", s.dims());
         }
     }
     if let Some(&bad) = index.iter().find(|&&i| i as usize >= rows) {
         bail!("compact_rows: index {bad} outside {rows} rows");
     }
     #[cfg(feature = "cuda")]
-    if first.device().is_cuda()
-        && sources.len() <= 4
-        && super::is_float(first.dtype())
-        && sources.iter().all(|s| s.dtype() == first.dtype())
-    {
+    if first.device().is_cuda() && sources.len() <= 4 && super::is_float(first.dtype()) && sources.iter().all(|s| s.dtype() == first.dtype()) {
         return super::cuda::compact_rows(sources, index);
     }
     compact_rows_reference(sources, index)
@@ -51,19 +44,11 @@ mod tests {
     fn picks_rows_in_index_order() -> Result<()> {
         let dev = Device::Cpu;
         let a = Tensor::arange(0f32, 12., &dev)?.reshape((4, 3))?;
-        let b = Tensor::arange(0u32, 8, &dev)?
-            .to_dtype(DType::F32)?
-            .reshape((4, 1, 2))?;
+        let b = Tensor::arange(0u32, 8, &dev)?.to_dtype(DType::F32)?.reshape((4, 1, 2))?;
         let out = compact_rows(&[&a, &b], &[3, 0, 3])?;
-        assert_eq!(
-            out[0].to_vec2::<f32>()?,
-            vec![vec![9., 10., 11.], vec![0., 1., 2.], vec![9., 10., 11.]]
-        );
+        assert_eq!(out[0].to_vec2::<f32>()?, vec![vec![9., 10., 11.], vec![0., 1., 2.], vec![9., 10., 11.]]);
         assert_eq!(out[1].dims(), &[3, 1, 2]);
-        assert_eq!(
-            out[1].flatten_all()?.to_vec1::<f32>()?,
-            vec![6., 7., 0., 1., 6., 7.]
-        );
+        assert_eq!(out[1].flatten_all()?.to_vec1::<f32>()?, vec![6., 7., 0., 1., 6., 7.]);
         Ok(())
     }
 

@@ -26,29 +26,13 @@ pub fn qkv_rope_write(
     if qkv.device().is_cuda() {
         let dt = qkv.dtype();
         let fits = super::is_float(dt)
-            && [&angles.cos, &angles.sin, k_cache, v_cache]
-                .iter()
-                .all(|t| t.dtype() == dt)
-            && [&angles.cos, &angles.sin, k_cache, v_cache]
-                .iter()
-                .all(|t| t.is_contiguous());
+            && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.dtype() == dt)
+            && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.is_contiguous());
         if fits {
-            return super::cuda::qkv_rope_write(
-                &qkv.contiguous()?,
-                &angles.cos,
-                &angles.sin,
-                k_cache,
-                v_cache,
-                &batch.slot_mapping,
-                heads,
-                kv_heads,
-                head_dim,
-            );
+            return super::cuda::qkv_rope_write(&qkv.contiguous()?, &angles.cos, &angles.sin, k_cache, v_cache, &batch.slot_mapping, heads, kv_heads, head_dim);
         }
     }
-    qkv_rope_write_reference(
-        qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim,
-    )
+    qkv_rope_write_reference(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
 }
 
 /// The composition of candle ops behind [`qkv_rope_write`] (its CPU path).
@@ -109,9 +93,7 @@ pub fn qkv_norm_rope_write(
             );
         }
     }
-    qkv_norm_rope_write_reference(
-        qkv, qk_norm, eps, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim,
-    )
+    qkv_norm_rope_write_reference(qkv, qk_norm, eps, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
 }
 
 /// The composition of candle ops behind [`qkv_norm_rope_write`] (its CPU path).
@@ -150,34 +132,18 @@ pub fn qkv_norm_rope(
     let (t, nh, nkv, hd) = (qkv.dim(0)?, heads, kv_heads, head_dim);
     let q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
     let k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
-    let v = qkv
-        .narrow(1, (nh + nkv) * hd, nkv * hd)?
-        .reshape((t, nkv, hd))?
-        .contiguous()?;
+    let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?.contiguous()?;
     let (q, k) = match qk_norm {
-        Some((qn, kn)) => (
-            rms_norm(&q.contiguous()?, qn, eps)?,
-            rms_norm(&k.contiguous()?, kn, eps)?,
-        ),
+        Some((qn, kn)) => (rms_norm(&q.contiguous()?, qn, eps)?, rms_norm(&k.contiguous()?, kn, eps)?),
         None => (q, k),
     };
-    Ok((
-        angles.apply_split_half(&q)?,
-        angles.apply_split_half(&k)?,
-        v,
-    ))
+    Ok((angles.apply_split_half(&q)?, angles.apply_split_half(&k)?, v))
 }
 
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))`: a sandwich norm's residual
 /// add followed by the next sub-layer's input norm. The first norm's output is rounded to the
 /// dtype before the add, as with separate ops; statistics in f32.
-pub fn add_rms_norm(
-    residual: &Tensor,
-    x: &Tensor,
-    w_x: &Tensor,
-    w_next: &Tensor,
-    eps: f64,
-) -> Result<(Tensor, Tensor)> {
+pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() {
         let dt = x.dtype();
@@ -189,13 +155,7 @@ pub fn add_rms_norm(
 }
 
 /// The composition of candle ops behind [`add_rms_norm`] (its CPU path).
-pub fn add_rms_norm_reference(
-    residual: &Tensor,
-    x: &Tensor,
-    w_x: &Tensor,
-    w_next: &Tensor,
-    eps: f64,
-) -> Result<(Tensor, Tensor)> {
+pub fn add_rms_norm_reference(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
     let h = (residual + rms_norm(x, w_x, eps)?)?;
     let n = rms_norm(&h, w_next, eps)?;
     Ok((h, n))

@@ -15,9 +15,7 @@ pub mod cuda;
 pub use batch::{write_u32, AttnMask, PagedBatch, PagedBatchBuffers, PagedBatchHost};
 pub use compact::{compact_rows, compact_rows_reference};
 pub use fused::{add_rms_norm, qkv_norm_rope, qkv_norm_rope_write, qkv_rope_write, silu_mul};
-pub use paged_attention::{
-    paged_attention, paged_attention_reference, write_kv, write_kv_reference,
-};
+pub use paged_attention::{paged_attention, paged_attention_reference, write_kv, write_kv_reference};
 pub use rope::{RopeAngles, RopeTable};
 pub use scatter::{scatter_rows, scatter_rows_reference};
 

@@ -26,20 +26,12 @@ pub fn write_kv(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> Result<()> 
 pub fn write_kv_reference(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> Result<()> {
     let (nb, bs, kvh, hd) = cache.dims4()?;
     let flat = cache.reshape((nb * bs, kvh * hd))?;
-    let src = new
-        .reshape((new.dim(0)?, kvh * hd))?
-        .to_dtype(cache.dtype())?;
+    let src = new.reshape((new.dim(0)?, kvh * hd))?.to_dtype(cache.dtype())?;
     flat.scatter_set(batch.write_index()?, &src, 0)
 }
 
 /// Paged attention; output `[tokens, heads, head_dim]` in the dtype of `q`.
-pub fn paged_attention(
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    batch: &PagedBatch,
-    scale: f64,
-) -> Result<Tensor> {
+pub fn paged_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, batch: &PagedBatch, scale: f64) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if q.device().is_cuda() {
         return super::cuda::paged_attention(
@@ -60,13 +52,7 @@ pub fn paged_attention(
 
 /// The reference: gathers each row's keys with `index_select` and attends with plain candle
 /// ops in f32. Runs on any device; the CPU path of [`paged_attention`].
-pub fn paged_attention_reference(
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    batch: &PagedBatch,
-    scale: f64,
-) -> Result<Tensor> {
+pub fn paged_attention_reference(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, batch: &PagedBatch, scale: f64) -> Result<Tensor> {
     let (_, heads, hd) = q.dims3()?;
     let (nb, bs, kvh, _) = k_cache.dims4()?;
     if heads % kvh != 0 {
@@ -84,18 +70,12 @@ pub fn paged_attention_reference(
             continue;
         }
         let ctx = host.context_lens[r] as usize;
-        let rows: Vec<u32> = (0..ctx)
-            .map(|p| host.block_tables[r][p / bs] * bs as u32 + (p % bs) as u32)
-            .collect();
+        let rows: Vec<u32> = (0..ctx).map(|p| host.block_tables[r][p / bs] * bs as u32 + (p % bs) as u32).collect();
         let idx = Tensor::new(rows.as_slice(), q.device())?;
         // [kvh, ctx, hd] → repeated to [heads, ctx, hd]
         let k = gather_heads(&k_flat, &idx, group)?;
         let v = gather_heads(&v_flat, &idx, group)?;
-        let qr = q
-            .narrow(0, q_start, q_len)?
-            .to_dtype(DType::F32)?
-            .transpose(0, 1)?
-            .contiguous()?;
+        let qr = q.narrow(0, q_start, q_len)?.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?;
         let scores = (qr.matmul(&k.t()?)? * scale)?; // [heads, q_len, ctx]
         let scores = match batch.mask {
             AttnMask::Bidirectional => scores,
@@ -112,17 +92,12 @@ pub fn paged_attention_reference(
 }
 
 fn gather_heads(flat: &Tensor, idx: &Tensor, group: usize) -> Result<Tensor> {
-    let x = flat
-        .index_select(idx, 0)?
-        .to_dtype(DType::F32)?
-        .transpose(0, 1)?; // [kvh, ctx, hd]
+    let x = flat.index_select(idx, 0)?.to_dtype(DType::F32)?.transpose(0, 1)?; // [kvh, ctx, hd]
     if group == 1 {
         return x.contiguous();
     }
     let (kvh, ctx, hd) = x.dims3()?;
-    x.unsqueeze(1)?
-        .broadcast_as((kvh, group, ctx, hd))?
-        .reshape((kvh * group, ctx, hd))
+    x.unsqueeze(1)?.broadcast_as((kvh, group, ctx, hd))?.reshape((kvh * group, ctx, hd))
 }
 
 /// `[q_len, ctx]` additive mask: query `j` sees keys `0..mask.key_limit(ctx, q_len, j)`.
@@ -143,9 +118,7 @@ mod tests {
 
     fn rand(shape: (usize, usize, usize), seed: u64) -> Tensor {
         let n = shape.0 * shape.1 * shape.2;
-        let v: Vec<f32> = (0..n)
-            .map(|i| (((i as u64 + 1) * (seed * 2 + 7919)) % 1009) as f32 / 504.5 - 1.0)
-            .collect();
+        let v: Vec<f32> = (0..n).map(|i| (((i as u64 + 1) * (seed * 2 + 7919)) % 1009) as f32 / 504.5 - 1.0).collect();
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
     }
 
@@ -154,71 +127,32 @@ mod tests {
     #[test]
     fn block_causal_is_bidirectional_per_block() {
         let (heads, kvh, hd, bs) = (4, 2, 8, 4);
-        let cache_k = rand((4 * bs, kvh, hd), 1)
-            .reshape((4, bs, kvh, hd))
-            .unwrap();
-        let cache_v = rand((4 * bs, kvh, hd), 2)
-            .reshape((4, bs, kvh, hd))
-            .unwrap();
+        let cache_k = rand((4 * bs, kvh, hd), 1).reshape((4, bs, kvh, hd)).unwrap();
+        let cache_v = rand((4 * bs, kvh, hd), 2).reshape((4, bs, kvh, hd)).unwrap();
         let q = rand((12, heads, hd), 3);
         let table = vec![2u32, 0, 3];
-        let one = PagedBatchHost {
-            block_tables: vec![table.clone()],
-            context_lens: vec![12],
-            cu_q_lens: vec![0, 12],
-            write_positions: vec![],
-        };
-        let split = PagedBatchHost {
-            block_tables: vec![table.clone(); 3],
-            context_lens: vec![4, 8, 12],
-            cu_q_lens: vec![0, 4, 8, 12],
-            write_positions: vec![],
-        };
+        let one = PagedBatchHost { block_tables: vec![table.clone()], context_lens: vec![12], cu_q_lens: vec![0, 12], write_positions: vec![] };
+        let split =
+            PagedBatchHost { block_tables: vec![table.clone(); 3], context_lens: vec![4, 8, 12], cu_q_lens: vec![0, 4, 8, 12], write_positions: vec![] };
         let a = PagedBatch::new(one, bs, AttnMask::BlockCausal(4), kvh * hd, &Device::Cpu).unwrap();
-        let b =
-            PagedBatch::new(split, bs, AttnMask::Bidirectional, kvh * hd, &Device::Cpu).unwrap();
+        let b = PagedBatch::new(split, bs, AttnMask::Bidirectional, kvh * hd, &Device::Cpu).unwrap();
         let oa = paged_attention_reference(&q, &cache_k, &cache_v, &a, 0.3).unwrap();
         let ob = paged_attention_reference(&q, &cache_k, &cache_v, &b, 0.3).unwrap();
-        let d = (oa - &ob)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let d = (oa - &ob).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(d < 1e-6, "{d}");
         // And it differs from plain causal attention (the mask is not a no-op).
-        let c =
-            PagedBatch::new(a.host.clone(), bs, AttnMask::Causal, kvh * hd, &Device::Cpu).unwrap();
+        let c = PagedBatch::new(a.host.clone(), bs, AttnMask::Causal, kvh * hd, &Device::Cpu).unwrap();
         let oc = paged_attention_reference(&q, &cache_k, &cache_v, &c, 0.3).unwrap();
-        let d = (oc - &ob)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let d = (oc - &ob).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
         assert!(d > 1e-3);
     }
 
     #[test]
     fn explicit_write_positions_address_their_slots() {
-        let host = PagedBatchHost {
-            block_tables: vec![vec![5, 1]],
-            context_lens: vec![8],
-            cu_q_lens: vec![0, 3],
-            write_positions: vec![1, 4, 6],
-        };
+        let host = PagedBatchHost { block_tables: vec![vec![5, 1]], context_lens: vec![8], cu_q_lens: vec![0, 3], write_positions: vec![1, 4, 6] };
         let b = PagedBatch::new(host, 4, AttnMask::Bidirectional, 2, &Device::Cpu).unwrap();
         assert_eq!(b.slot_mapping.to_vec1::<u32>().unwrap(), vec![21, 4, 6]);
-        let bad = PagedBatchHost {
-            block_tables: vec![vec![5]],
-            context_lens: vec![4],
-            cu_q_lens: vec![0, 1],
-            write_positions: vec![9],
-        };
+        let bad = PagedBatchHost { block_tables: vec![vec![5]], context_lens: vec![4], cu_q_lens: vec![0, 1], write_positions: vec![9] };
         assert!(PagedBatch::new(bad, 4, AttnMask::Bidirectional, 2, &Device::Cpu).is_err());
     }
 }

@@ -19,13 +19,8 @@ pub struct RopeAngles {
 
 impl RopeTable {
     pub fn new(head_dim: usize, theta: f64, dtype: DType, device: &Device) -> Result<Self> {
-        let inv: Vec<f32> = (0..head_dim / 2)
-            .map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64) as f32)
-            .collect();
-        Ok(Self {
-            inv_freq: Tensor::from_vec(inv, (1, head_dim / 2), device)?,
-            dtype,
-        })
+        let inv: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64) as f32).collect();
+        Ok(Self { inv_freq: Tensor::from_vec(inv, (1, head_dim / 2), device)?, dtype })
     }
 
     /// Angles for absolute `positions` (`[tokens]` u32), computed in f32 like the reference
@@ -33,10 +28,7 @@ impl RopeTable {
     pub fn angles(&self, positions: &Tensor) -> Result<RopeAngles> {
         let pos = positions.to_dtype(DType::F32)?.unsqueeze(1)?;
         let freqs = pos.broadcast_mul(&self.inv_freq)?;
-        Ok(RopeAngles {
-            cos: freqs.cos()?.to_dtype(self.dtype)?.contiguous()?,
-            sin: freqs.sin()?.to_dtype(self.dtype)?.contiguous()?,
-        })
+        Ok(RopeAngles { cos: freqs.cos()?.to_dtype(self.dtype)?.contiguous()?, sin: freqs.sin()?.to_dtype(self.dtype)?.contiguous()? })
     }
 }
 
@@ -52,9 +44,6 @@ impl RopeAngles {
     /// Interleaved-pair rotation (dims 2i, 2i+1; Huginn) of `x: [tokens, heads, head_dim]`.
     pub fn apply_interleaved(&self, x: &Tensor) -> Result<Tensor> {
         let bhtd = x.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
-        candle_nn::rotary_emb::rope_i(&bhtd, &self.cos, &self.sin)?
-            .squeeze(0)?
-            .transpose(0, 1)?
-            .contiguous()
+        candle_nn::rotary_emb::rope_i(&bhtd, &self.cos, &self.sin)?.squeeze(0)?.transpose(0, 1)?.contiguous()
     }
 }

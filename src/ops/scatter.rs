@@ -30,18 +30,11 @@ pub fn scatter_rows_reference(dst: &Tensor, src: &Tensor, index: &Tensor) -> Res
     }
     let width = src.elem_count() / rows;
     if width == 0 || dst.elem_count() % width != 0 {
-        bail!(
-            "scatter_rows: src {:?} rows do not tile dst {:?}",
-            src.dims(),
-            dst.dims()
-        );
+        bail!("scatter_rows: src {:?} rows do not tile dst {:?}", src.dims(), dst.dims());
     }
     let flat = dst.reshape((dst.elem_count() / width, width))?;
     let src = src.reshape((rows, width))?.to_dtype(dst.dtype())?;
-    let index = index
-        .unsqueeze(1)?
-        .broadcast_as((rows, width))?
-        .contiguous()?;
+    let index = index.unsqueeze(1)?.broadcast_as((rows, width))?.contiguous()?;
     flat.scatter_set(&index, &src, 0)
 }
 
@@ -56,17 +49,9 @@ mod tests {
         let dst = Tensor::zeros((2, 2, 3), DType::F32, &dev)?;
         let src = Tensor::arange(1f32, 7., &dev)?.reshape((2, 3))?;
         scatter_rows(&dst, &src, &Tensor::new(&[3u32, 0], &dev)?)?;
-        assert_eq!(
-            dst.flatten_all()?.to_vec1::<f32>()?,
-            vec![4., 5., 6., 0., 0., 0., 0., 0., 0., 1., 2., 3.]
-        );
+        assert_eq!(dst.flatten_all()?.to_vec1::<f32>()?, vec![4., 5., 6., 0., 0., 0., 0., 0., 0., 1., 2., 3.]);
         assert!(scatter_rows(&dst, &src, &Tensor::new(&[0u32], &dev)?).is_err());
-        assert!(scatter_rows(
-            &dst,
-            &Tensor::zeros((1, 5), DType::F32, &dev)?,
-            &Tensor::new(&[0u32], &dev)?
-        )
-        .is_err());
+        assert!(scatter_rows(&dst, &Tensor::zeros((1, 5), DType::F32, &dev)?, &Tensor::new(&[0u32], &dev)?).is_err());
         Ok(())
     }
 }

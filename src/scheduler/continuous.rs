@@ -32,29 +32,15 @@ pub struct ContinuousBatching {
 
 impl ContinuousBatching {
     pub fn new(limits: SchedulerLimits, kv: KvManager, max_steps: usize) -> Self {
-        Self {
-            limits,
-            kv,
-            max_steps,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            preemptions: 0,
-        }
+        Self { limits, kv, max_steps, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0 }
     }
 
     fn step_slots(&self) -> Vec<usize> {
-        (0..self.max_steps)
-            .map(|s| self.kv.layout().slot_for_step(s))
-            .collect()
+        (0..self.max_steps).map(|s| self.kv.layout().slot_for_step(s)).collect()
     }
 
     fn row(&self, seq: &Seq) -> LaunchRow {
-        LaunchRow::full_depth(
-            seq.id,
-            seq.tokens[seq.computed..].to_vec(),
-            seq.computed,
-            self.kv.tables(seq.id).expect("reserved").to_vec(),
-        )
+        LaunchRow::full_depth(seq.id, seq.tokens[seq.computed..].to_vec(), seq.computed, self.kv.tables(seq.id).expect("reserved").to_vec())
     }
 
     fn schedule_prefill(&mut self) -> Option<Launch> {
@@ -80,13 +66,7 @@ impl ContinuousBatching {
             rows.push(self.row(&seq));
             self.running.push(seq);
         }
-        (!rows.is_empty()).then(|| Launch {
-            stage: Stage::Prefill,
-            step_slots: self.step_slots(),
-            rows,
-            kv_copies: vec![],
-            reenter: false,
-        })
+        (!rows.is_empty()).then(|| Launch { stage: Stage::Prefill, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
     }
 
     fn schedule_decode(&mut self) -> Option<Launch> {
@@ -102,10 +82,7 @@ impl ContinuousBatching {
             self.kv.free(victim.id);
             self.preemptions += 1;
             let victim_was_current = i == self.running.len();
-            self.waiting.push_front(Seq {
-                computed: 0,
-                ..victim
-            });
+            self.waiting.push_front(Seq { computed: 0, ..victim });
             if victim_was_current {
                 break;
             }
@@ -114,13 +91,7 @@ impl ContinuousBatching {
             return None;
         }
         let rows = self.running.iter().map(|s| self.row(s)).collect();
-        Some(Launch {
-            stage: Stage::FullDepthDecode,
-            step_slots: self.step_slots(),
-            rows,
-            kv_copies: vec![],
-            reenter: false,
-        })
+        Some(Launch { stage: Stage::FullDepthDecode, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
     }
 }
 
@@ -130,11 +101,7 @@ impl Scheduler for ContinuousBatching {
     }
 
     fn add(&mut self, request: SchedRequest) {
-        self.waiting.push_back(Seq {
-            id: request.id,
-            tokens: request.prompt,
-            computed: 0,
-        });
+        self.waiting.push_back(Seq { id: request.id, tokens: request.prompt, computed: 0 });
     }
 
     fn schedule(&mut self) -> Option<Launch> {
@@ -183,11 +150,7 @@ mod tests {
     use crate::scheduler::RowOutput;
 
     fn req(id: u64, len: usize) -> SchedRequest {
-        SchedRequest {
-            id: RequestId(id),
-            prompt: (0..len as u32).collect(),
-            max_new_tokens: 8,
-        }
+        SchedRequest { id: RequestId(id), prompt: (0..len as u32).collect(), max_new_tokens: 8 }
     }
 
     fn answer(l: &Launch, token: u32) -> LaunchResult {
@@ -210,12 +173,8 @@ mod tests {
 
     #[test]
     fn prefill_then_full_depth_decode() {
-        let limits = SchedulerLimits {
-            max_num_seqs: 2,
-            max_num_batched_tokens: 64,
-        };
-        let mut s =
-            ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(DepthIndexed), 4), 4);
+        let limits = SchedulerLimits { max_num_seqs: 2, max_num_batched_tokens: 64 };
+        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(DepthIndexed), 4), 4);
         for i in 0..3 {
             s.add(req(i, 5));
         }
@@ -241,10 +200,7 @@ mod tests {
 
     #[test]
     fn preempts_youngest_when_blocks_run_out() {
-        let limits = SchedulerLimits {
-            max_num_seqs: 4,
-            max_num_batched_tokens: 64,
-        };
+        let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 64 };
         let mut s = ContinuousBatching::new(limits, KvManager::new(5, 4, Box::new(Shared), 4), 4);
         s.add(req(0, 7));
         s.add(req(1, 6));
@@ -267,11 +223,7 @@ mod tests {
         s.finish(RequestId(0));
         let l = s.schedule().unwrap();
         assert_eq!(l.stage, Stage::Prefill);
-        assert_eq!(
-            l.rows[0].tokens.len(),
-            6 + generated_1,
-            "recompute re-prefills prompt + generated"
-        );
+        assert_eq!(l.rows[0].tokens.len(), 6 + generated_1, "recompute re-prefills prompt + generated");
         s.finish(RequestId(1));
         assert_eq!(s.kv().num_used_blocks(), 0);
     }

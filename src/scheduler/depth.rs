@@ -20,9 +20,7 @@
 //! KV is reserved for the worst case (prompt + `max_new_tokens`) at admission, so a running
 //! request never stalls on KV.
 
-use super::{
-    KvCopy, Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage,
-};
+use super::{KvCopy, Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
 use crate::engine::RequestId;
 use crate::gate::{ExitGate, GateState, ItemRef, StepSignals};
 use crate::kv::KvManager;
@@ -43,11 +41,7 @@ pub struct DepthConfig {
 
 impl Default for DepthConfig {
     fn default() -> Self {
-        Self {
-            refill: true,
-            min_coda_batch_size: 1,
-            min_free_slots: None,
-        }
+        Self { refill: true, min_coda_batch_size: 1, min_free_slots: None }
     }
 }
 
@@ -101,12 +95,7 @@ pub struct DepthBatching {
 
 impl DepthBatching {
     /// `gate` must already be checked against the layout (`kv::check_layout`).
-    pub fn new(
-        cfg: DepthConfig,
-        limits: SchedulerLimits,
-        kv: KvManager,
-        gate: Box<dyn ExitGate>,
-    ) -> Self {
+    pub fn new(cfg: DepthConfig, limits: SchedulerLimits, kv: KvManager, gate: Box<dyn ExitGate>) -> Self {
         let max_steps = gate.max_steps();
         let free_states = (0..limits.max_num_seqs as u32).rev().collect();
         Self {
@@ -133,31 +122,17 @@ impl DepthBatching {
     }
 
     fn launch(&mut self, stage: Stage, rows: Vec<LaunchRow>) -> Launch {
-        let kv_copies = std::mem::take(&mut self.copies)
-            .into_iter()
-            .map(|(_, c)| c)
-            .collect();
+        let kv_copies = std::mem::take(&mut self.copies).into_iter().map(|(_, c)| c).collect();
         let step_slots = match stage {
-            Stage::Prefill => (0..self.max_steps)
-                .map(|s| self.kv.layout().slot_for_step(s))
-                .collect(),
+            Stage::Prefill => (0..self.max_steps).map(|s| self.kv.layout().slot_for_step(s)).collect(),
             _ => Vec::new(),
         };
         let reenter = matches!(stage, Stage::Prefill | Stage::Coda);
-        Launch {
-            stage,
-            step_slots,
-            rows,
-            kv_copies,
-            reenter,
-        }
+        Launch { stage, step_slots, rows, kv_copies, reenter }
     }
 
     fn tables(&self, id: RequestId) -> Vec<crate::kv::BlockTable> {
-        self.kv
-            .tables(id)
-            .expect("resident request has KV")
-            .to_vec()
+        self.kv.tables(id).expect("resident request has KV").to_vec()
     }
 
     /// The row that reads an item's state (and, for coda rows, re-enters its successor).
@@ -182,10 +157,7 @@ impl DepthBatching {
     }
 
     fn try_prefill(&mut self) -> Option<Launch> {
-        let min_free = self
-            .cfg
-            .min_free_slots
-            .unwrap_or((self.limits.max_num_seqs / 16).max(1));
+        let min_free = self.cfg.min_free_slots.unwrap_or((self.limits.max_num_seqs / 16).max(1));
         if !self.reqs.is_empty() && self.free_states.len() < min_free.min(self.waiting.len()) {
             return None;
         }
@@ -193,10 +165,7 @@ impl DepthBatching {
         let mut budget = self.limits.max_num_batched_tokens;
         while let Some((id, prompt, max_new)) = self.waiting.front() {
             let (id, need) = (*id, prompt.len() + *max_new);
-            if prompt.len() > budget
-                || self.free_states.is_empty()
-                || self.kv.blocks_missing(id, need) > self.kv.num_free_blocks()
-            {
+            if prompt.len() > budget || self.free_states.is_empty() || self.kv.blocks_missing(id, need) > self.kv.num_free_blocks() {
                 break;
             }
             let (id, prompt, max_new) = self.waiting.pop_front().expect("front");
@@ -207,15 +176,7 @@ impl DepthBatching {
             row.state = state;
             rows.push(row);
             self.unrouted.push_back((Stage::Prefill, id));
-            let req = Req {
-                prompt_len: prompt.len(),
-                tokens: prompt,
-                max_new,
-                state,
-                launched: 1,
-                gate: GateState::new(),
-                item_token: 0,
-            };
+            let req = Req { prompt_len: prompt.len(), tokens: prompt, max_new, state, launched: 1, gate: GateState::new(), item_token: 0 };
             self.reqs.insert(id, req);
         }
         (!rows.is_empty()).then(|| self.launch(Stage::Prefill, rows))
@@ -225,16 +186,9 @@ impl DepthBatching {
         if self.coda.is_empty() {
             return None;
         }
-        let n = if all {
-            self.coda.len()
-        } else {
-            self.coda.len().min(self.limits.max_num_seqs)
-        };
+        let n = if all { self.coda.len() } else { self.coda.len().min(self.limits.max_num_seqs) };
         let items: Vec<Item> = self.coda.drain(..n).collect();
-        let rows = items
-            .iter()
-            .map(|it| self.item_row(it, Stage::Coda))
-            .collect();
+        let rows = items.iter().map(|it| self.item_row(it, Stage::Coda)).collect();
         for it in items {
             self.unrouted.push_back((Stage::Coda, it.request));
             if let Some(req) = self.reqs.get_mut(&it.request) {
@@ -250,10 +204,7 @@ impl DepthBatching {
         }
         let n = self.ready.len().min(self.limits.max_num_seqs);
         let items: Vec<Item> = self.ready.drain(..n).collect();
-        let rows = items
-            .iter()
-            .map(|it| self.item_row(it, Stage::CoreStep))
-            .collect();
+        let rows = items.iter().map(|it| self.item_row(it, Stage::CoreStep)).collect();
         for it in items {
             self.unrouted.push_back((Stage::CoreStep, it.request));
             self.in_flight.insert(it.request, it);
@@ -270,12 +221,7 @@ impl DepthBatching {
         }
         req.gate = GateState::new();
         req.item_token = req.launched;
-        Some(Item {
-            request: id,
-            token_index: req.launched,
-            pos: req.prompt_len + req.launched - 1,
-            step: 0,
-        })
+        Some(Item { request: id, token_index: req.launched, pos: req.prompt_len + req.launched - 1, step: 0 })
     }
 
     /// Sends an item that finished `item.step` to the coda or on to its next step.
@@ -309,19 +255,9 @@ impl DepthBatching {
                     let Some(item) = self.in_flight.get(&id) else {
                         continue;
                     };
-                    let at = ItemRef {
-                        request: id,
-                        token_index: item.token_index,
-                    };
-                    debug_assert_eq!(
-                        self.reqs.get(&id).map(|r| r.item_token),
-                        Some(item.token_index)
-                    );
-                    match self
-                        .reqs
-                        .get(&id)
-                        .and_then(|r| self.gate.exit_known(at, item.step, &r.gate))
-                    {
+                    let at = ItemRef { request: id, token_index: item.token_index };
+                    debug_assert_eq!(self.reqs.get(&id).map(|r| r.item_token), Some(item.token_index));
+                    match self.reqs.get(&id).and_then(|r| self.gate.exit_known(at, item.step, &r.gate)) {
                         Some(exit) => {
                             let item = self.in_flight.remove(&id).expect("present");
                             self.route_core(item, exit, &mut front);
@@ -346,14 +282,9 @@ impl DepthBatching {
         }
         let bs = self.kv.block_size() as u32;
         let tables = self.kv.tables(item.request).expect("resident");
-        let flat = |slot: usize| {
-            tables[slot][item.pos / bs as usize] * bs + (item.pos % bs as usize) as u32
-        };
+        let flat = |slot: usize| tables[slot][item.pos / bs as usize] * bs + (item.pos % bs as usize) as u32;
         let src = flat(layout.slot_for_step(item.step));
-        let copies: Vec<_> = fill
-            .into_iter()
-            .map(|s| (item.request, KvCopy { src, dst: flat(s) }))
-            .collect();
+        let copies: Vec<_> = fill.into_iter().map(|s| (item.request, KvCopy { src, dst: flat(s) })).collect();
         self.copies.extend(copies);
     }
 }
@@ -368,8 +299,7 @@ impl Scheduler for DepthBatching {
     }
 
     fn add(&mut self, request: SchedRequest) {
-        self.waiting
-            .push_back((request.id, request.prompt, request.max_new_tokens));
+        self.waiting.push_back((request.id, request.prompt, request.max_new_tokens));
     }
 
     fn schedule(&mut self) -> Option<Launch> {
@@ -424,22 +354,12 @@ impl Scheduler for DepthBatching {
                     let Some(req) = self.reqs.get_mut(&row.request) else {
                         continue;
                     };
-                    let signals = StepSignals {
-                        logit: out.gate_logits.last().copied(),
-                        latent_diff: out.latent_diff,
-                    };
+                    let signals = StepSignals { logit: out.gate_logits.last().copied(), latent_diff: out.latent_diff };
                     // The item of this row, if it is still waiting for its verdict; otherwise it
                     // was routed ahead (the gate knew its verdict) and the signal only advances
                     // the gate state.
-                    let pending = self
-                        .in_flight
-                        .get(&row.request)
-                        .filter(|it| it.step == row.step)
-                        .is_some();
-                    let at = ItemRef {
-                        request: row.request,
-                        token_index: req.item_token,
-                    };
+                    let pending = self.in_flight.get(&row.request).filter(|it| it.step == row.step).is_some();
+                    let at = ItemRef { request: row.request, token_index: req.item_token };
                     let exit = self.gate.decide(at, row.step, signals, &mut req.gate);
                     if pending {
                         let item = self.in_flight.remove(&row.request).expect("pending");
@@ -448,8 +368,7 @@ impl Scheduler for DepthBatching {
                     }
                 }
                 if !routed.is_empty() {
-                    self.unrouted
-                        .retain(|(s, id)| !(*s == Stage::CoreStep && routed.contains(id)));
+                    self.unrouted.retain(|(s, id)| !(*s == Stage::CoreStep && routed.contains(id)));
                 }
                 for it in survivors.into_iter().rev() {
                     self.ready.push_front(it);
@@ -489,10 +408,7 @@ impl Scheduler for DepthBatching {
         self.limits.max_num_seqs
     }
     fn supports_overlap(&self) -> bool {
-        let probe = ItemRef {
-            request: RequestId(0),
-            token_index: 0,
-        };
+        let probe = ItemRef { request: RequestId(0), token_index: 0 };
         self.gate.exit_known(probe, 0, &GateState::new()).is_some()
     }
 }
@@ -505,21 +421,9 @@ mod tests {
     use crate::scheduler::RowOutput;
 
     fn sched(refill: bool, width: usize, gate: Box<dyn ExitGate>) -> DepthBatching {
-        let limits = SchedulerLimits {
-            max_num_seqs: width,
-            max_num_batched_tokens: 4096,
-        };
+        let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 4096 };
         let kv = KvManager::new(4096, 4, Box::new(Shared), 4);
-        DepthBatching::new(
-            DepthConfig {
-                refill,
-                min_coda_batch_size: 1,
-                min_free_slots: None,
-            },
-            limits,
-            kv,
-            gate,
-        )
+        DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1, min_free_slots: None }, limits, kv, gate)
     }
 
     fn replay() -> Box<dyn ExitGate> {
@@ -529,11 +433,7 @@ mod tests {
     /// Runs the scheduler with a fake model (every sampled token is 1) and returns its launches.
     fn drive(s: &mut DepthBatching, requests: usize, new_tokens: usize) -> Vec<Launch> {
         for i in 0..requests {
-            s.add(SchedRequest {
-                id: RequestId(i as u64),
-                prompt: vec![3; 5],
-                max_new_tokens: new_tokens,
-            });
+            s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![3; 5], max_new_tokens: new_tokens });
         }
         let mut produced = vec![0usize; requests];
         let mut launches = Vec::new();
@@ -563,10 +463,7 @@ mod tests {
             launches.push(l);
             assert!(launches.len() < 100_000, "scheduler does not terminate");
         }
-        assert!(
-            produced.iter().all(|&p| p == new_tokens),
-            "every request got all its tokens: {produced:?}"
-        );
+        assert!(produced.iter().all(|&p| p == new_tokens), "every request got all its tokens: {produced:?}");
         assert_eq!(s.kv().num_used_blocks(), 0);
         launches
     }
@@ -576,23 +473,11 @@ mod tests {
         let (w, n) = (4, 40);
         let mut s = sched(true, w, replay());
         let launches = drive(&mut s, w, n);
-        let cores: Vec<&Launch> = launches
-            .iter()
-            .filter(|l| l.stage == Stage::CoreStep)
-            .collect();
+        let cores: Vec<&Launch> = launches.iter().filter(|l| l.stage == Stage::CoreStep).collect();
         // While all W requests are far from their end, every core launch is full.
         let steady = &cores[2..cores.len() * 3 / 4];
-        assert!(
-            steady.iter().all(|l| l.rows.len() == w),
-            "refill stopped refilling: {:?}",
-            steady.iter().map(|l| l.rows.len()).collect::<Vec<_>>()
-        );
-        assert!(
-            cores
-                .iter()
-                .any(|l| l.rows.iter().any(|r| r.step != l.rows[0].step)),
-            "refill mixes loop steps in a launch"
-        );
+        assert!(steady.iter().all(|l| l.rows.len() == w), "refill stopped refilling: {:?}", steady.iter().map(|l| l.rows.len()).collect::<Vec<_>>());
+        assert!(cores.iter().any(|l| l.rows.iter().any(|r| r.step != l.rows[0].step)), "refill mixes loop steps in a launch");
         let h = s.depth_histogram();
         assert_eq!(h.iter().sum::<u64>(), (w * n) as u64);
     }
@@ -606,16 +491,9 @@ mod tests {
         for l in &launches {
             if l.stage == Stage::CoreStep {
                 let step = l.rows[0].step;
-                assert!(
-                    l.rows.iter().all(|r| r.step == step),
-                    "no-refill launch mixes steps (it refilled)"
-                );
+                assert!(l.rows.iter().all(|r| r.step == step), "no-refill launch mixes steps (it refilled)");
                 if let Some(p) = prev.filter(|p| p.stage == Stage::CoreStep) {
-                    assert_eq!(
-                        step,
-                        p.rows[0].step + 1,
-                        "a wave advances one step per launch"
-                    );
+                    assert_eq!(step, p.rows[0].step + 1, "a wave advances one step per launch");
                     assert!(l.rows.len() <= p.rows.len(), "a wave's batch never grows");
                 } else {
                     assert_eq!(step, 0, "a wave starts at step 0");
@@ -627,19 +505,11 @@ mod tests {
 
     #[test]
     fn last_exited_copies_exit_kv_into_deeper_slots() {
-        let limits = SchedulerLimits {
-            max_num_seqs: 1,
-            max_num_batched_tokens: 64,
-        };
+        let limits = SchedulerLimits { max_num_seqs: 1, max_num_batched_tokens: 64 };
         let kv = KvManager::new(64, 4, Box::new(LastExited), 4);
-        let gate =
-            Box::new(Replay::new(DepthTrace::Recorded([(0, vec![2])].into()), 1, 4).unwrap());
+        let gate = Box::new(Replay::new(DepthTrace::Recorded([(0, vec![2])].into()), 1, 4).unwrap());
         let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
-        s.add(SchedRequest {
-            id: RequestId(0),
-            prompt: vec![1; 6],
-            max_new_tokens: 3,
-        });
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 6], max_new_tokens: 3 });
         let answer = |l: &Launch| LaunchResult {
             rows: l
                 .rows
@@ -660,10 +530,7 @@ mod tests {
         s.complete(&prefill, &answer(&prefill));
         for step in 0..2 {
             let core = s.schedule().unwrap();
-            assert_eq!(
-                (core.stage, core.rows[0].step, core.rows[0].slot),
-                (Stage::CoreStep, step, step)
-            );
+            assert_eq!((core.stage, core.rows[0].step, core.rows[0].slot), (Stage::CoreStep, step, step));
             assert!(core.kv_copies.is_empty());
             s.complete(&core, &answer(&core));
         }
@@ -672,19 +539,7 @@ mod tests {
         assert_eq!(coda.stage, Stage::Coda);
         let t = s.kv().tables(RequestId(0)).unwrap();
         let at = |slot: usize| t[slot][1] * 4 + 2;
-        assert_eq!(
-            coda.kv_copies,
-            vec![
-                KvCopy {
-                    src: at(1),
-                    dst: at(2)
-                },
-                KvCopy {
-                    src: at(1),
-                    dst: at(3)
-                }
-            ]
-        );
+        assert_eq!(coda.kv_copies, vec![KvCopy { src: at(1), dst: at(2) }, KvCopy { src: at(1), dst: at(3) }]);
         s.finish(RequestId(0));
         assert_eq!(s.kv().num_used_blocks(), 0);
     }

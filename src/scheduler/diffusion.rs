@@ -14,9 +14,7 @@
 //!   bidirectional models a block's first step covers the whole canvas, refreshing the prefix
 //!   K/V (Fast-dLLM's prefix cache, an approximation for those models).
 
-use super::{
-    EvictRow, Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage,
-};
+use super::{EvictRow, Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
 use crate::diffusion::{BlockCanvas, Candidate, StepContext, UnmaskPolicy};
 use crate::engine::RequestId;
 use crate::kv::KvManager;
@@ -88,23 +86,8 @@ pub struct DiffusionBatching {
 }
 
 impl DiffusionBatching {
-    pub fn new(
-        cfg: DiffusionConfig,
-        limits: SchedulerLimits,
-        kv: KvManager,
-        policy: Box<dyn UnmaskPolicy>,
-    ) -> Self {
-        Self {
-            cfg,
-            limits,
-            kv,
-            policy,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            emitted: Vec::new(),
-            revealed: 0,
-            revealed_kept: 0,
-        }
+    pub fn new(cfg: DiffusionConfig, limits: SchedulerLimits, kv: KvManager, policy: Box<dyn UnmaskPolicy>) -> Self {
+        Self { cfg, limits, kv, policy, waiting: VecDeque::new(), running: Vec::new(), emitted: Vec::new(), revealed: 0, revealed_kept: 0 }
     }
 
     pub fn config(&self) -> &DiffusionConfig {
@@ -118,13 +101,7 @@ impl DiffusionBatching {
         let b = self.cfg.block_length;
         let p = r.prompt.len();
         let start = p / b * b;
-        let canvas = BlockCanvas::new(
-            start,
-            b,
-            &r.prompt[start..],
-            self.cfg.mask_token_id,
-            self.cfg.delayed_cache,
-        );
+        let canvas = BlockCanvas::new(start, b, &r.prompt[start..], self.cfg.mask_token_id, self.cfg.delayed_cache);
         let block_causal = self.cfg.attention == DiffusionAttention::BlockCausal;
         let mut history = r.prompt;
         history.truncate(start);
@@ -151,35 +128,22 @@ impl DiffusionBatching {
         if std::mem::take(&mut req.prefill_pending) {
             let start = req.canvas.start();
             let positions = (0..start as u32).collect();
-            rows.push(LaunchRow::denoise(
-                req.id,
-                req.history.clone(),
-                positions,
-                vec![],
-                table.clone(),
-            ));
+            rows.push(LaunchRow::denoise(req.id, req.history.clone(), positions, vec![], table.clone()));
         }
         if let Some((start, tokens)) = req.commit_pending.take() {
             let positions = (start as u32..(start + tokens.len()) as u32).collect();
-            rows.push(LaunchRow::denoise(
-                req.id,
-                tokens,
-                positions,
-                vec![],
-                table.clone(),
-            ));
+            rows.push(LaunchRow::denoise(req.id, tokens, positions, vec![], table.clone()));
         }
         if req.canvas.is_done() {
             return rows; // waiting for the engine to finish it
         }
         let c = &req.canvas;
         let s = c.start();
-        let mut positions: Vec<usize> =
-            if self.cfg.attention == DiffusionAttention::Bidirectional && c.steps() == 0 {
-                (0..c.end()).collect()
-            } else {
-                c.processing().into_iter().map(|o| s + o).collect()
-            };
+        let mut positions: Vec<usize> = if self.cfg.attention == DiffusionAttention::Bidirectional && c.steps() == 0 {
+            (0..c.end()).collect()
+        } else {
+            c.processing().into_iter().map(|o| s + o).collect()
+        };
         let shift = self.cfg.shift_logits as usize;
         if shift == 1 && s > 0 && c.is_masked(0) && positions[0] == s {
             positions.insert(0, s - 1);
@@ -187,69 +151,34 @@ impl DiffusionBatching {
         let readout = c
             .masked_offsets()
             .into_iter()
-            .map(|o| {
-                positions
-                    .binary_search(&(s + o - shift))
-                    .expect("a masked token's logit source is recomputed") as u32
-            })
+            .map(|o| positions.binary_search(&(s + o - shift)).expect("a masked token's logit source is recomputed") as u32)
             .collect();
         let tokens = positions.iter().map(|&p| req.token_at(p)).collect();
-        let mut row = LaunchRow::denoise(
-            req.id,
-            tokens,
-            positions.into_iter().map(|p| p as u32).collect(),
-            readout,
-            table,
-        );
+        let mut row = LaunchRow::denoise(req.id, tokens, positions.into_iter().map(|p| p as u32).collect(), readout, table);
         if self.cfg.eviction {
-            row.evict = Some(EvictRow {
-                block_start: s as u32,
-                decoded: req.decoded,
-                decoding_steps: req.decoding_steps,
-                block_progress: req.block_progress,
-            });
+            row.evict = Some(EvictRow { block_start: s as u32, decoded: req.decoded, decoding_steps: req.decoding_steps, block_progress: req.block_progress });
         }
         rows.push(row);
         rows
     }
 
     /// Reveals a step's tokens, streams the final prefix and moves to the next block.
-    fn apply_step(
-        &mut self,
-        idx: usize,
-        row: &LaunchRow,
-        cands: &[(u32, f32)],
-        kept: Option<&[u32]>,
-    ) {
+    fn apply_step(&mut self, idx: usize, row: &LaunchRow, cands: &[(u32, f32)], kept: Option<&[u32]>) {
         let shift = self.cfg.shift_logits as usize;
         let req = &self.running[idx];
         let s = req.canvas.start();
         let positions = row.token_positions();
         // Candidates line up with the readout, or with its kept part when tokens were evicted.
         let sources: Vec<u32> = match kept {
-            Some(k) if cands.len() < row.readout.len() => row
-                .readout
-                .iter()
-                .copied()
-                .filter(|i| k.contains(i))
-                .collect(),
+            Some(k) if cands.len() < row.readout.len() => row.readout.iter().copied().filter(|i| k.contains(i)).collect(),
             _ => row.readout.clone(),
         };
         let candidates: Vec<Candidate> = sources
             .iter()
             .zip(cands)
-            .map(|(&i, &(token, confidence))| Candidate {
-                offset: positions[i as usize] as usize + shift - s,
-                token,
-                confidence,
-            })
+            .map(|(&i, &(token, confidence))| Candidate { offset: positions[i as usize] as usize + shift - s, token, confidence })
             .collect();
-        let pushed_through = kept.map(|k| {
-            k.iter()
-                .map(|&i| positions[i as usize] as i64 - s as i64)
-                .max()
-                .unwrap_or(-1)
-        });
+        let pushed_through = kept.map(|k| k.iter().map(|&i| positions[i as usize] as i64 - s as i64).max().unwrap_or(-1));
         if candidates.is_empty() {
             return;
         }
@@ -260,31 +189,18 @@ impl DiffusionBatching {
             masked: req.canvas.num_masked(),
             block_len: self.cfg.block_length,
         };
-        let mut pick = if ctx.step + 1 >= self.cfg.max_steps_per_block {
-            (0..candidates.len()).collect()
-        } else {
-            self.policy.select(&ctx, &candidates)
-        };
+        let mut pick = if ctx.step + 1 >= self.cfg.max_steps_per_block { (0..candidates.len()).collect() } else { self.policy.select(&ctx, &candidates) };
         pick.retain(|&i| i < candidates.len());
         pick.sort_unstable();
         pick.dedup();
         if pick.is_empty() {
             pick.extend(crate::diffusion::by_confidence(&candidates).first());
         }
-        let reveals: Vec<(usize, u32)> = pick
-            .iter()
-            .map(|&i| (candidates[i].offset, candidates[i].token))
-            .collect();
+        let reveals: Vec<(usize, u32)> = pick.iter().map(|&i| (candidates[i].offset, candidates[i].token)).collect();
         if let Some(k) = kept {
-            let kept_offsets: Vec<usize> = k
-                .iter()
-                .map(|&i| positions[i as usize] as usize + shift - s)
-                .collect();
+            let kept_offsets: Vec<usize> = k.iter().map(|&i| positions[i as usize] as usize + shift - s).collect();
             self.revealed += reveals.len() as u64;
-            self.revealed_kept += reveals
-                .iter()
-                .filter(|(o, _)| kept_offsets.contains(o))
-                .count() as u64;
+            self.revealed_kept += reveals.iter().filter(|(o, _)| kept_offsets.contains(o)).count() as u64;
         }
         let b = self.cfg.block_length;
         let block_causal = self.cfg.attention == DiffusionAttention::BlockCausal;
@@ -299,10 +215,7 @@ impl DiffusionBatching {
         // Stream the longest final run past what was handed out.
         let mut out = Vec::new();
         let mut pos = req.prompt_len + req.emitted;
-        while req.emitted + out.len() < req.max_new
-            && pos < req.canvas.end()
-            && !req.canvas.is_masked(pos - s)
-        {
+        while req.emitted + out.len() < req.max_new && pos < req.canvas.end() && !req.canvas.is_masked(pos - s) {
             out.push(req.canvas.tokens()[pos - s]);
             pos += 1;
         }
@@ -311,10 +224,7 @@ impl DiffusionBatching {
             self.emitted.push((req.id, out));
         }
         if req.canvas.is_done() && req.emitted < req.max_new {
-            let done = std::mem::replace(
-                &mut req.canvas,
-                BlockCanvas::new(s + b, b, &[], mask_id, delayed),
-            );
+            let done = std::mem::replace(&mut req.canvas, BlockCanvas::new(s + b, b, &[], mask_id, delayed));
             req.history.extend_from_slice(done.tokens());
             req.block_index += 1;
             (req.decoded, req.decoding_steps, req.block_progress) = (0, 0, -1);
@@ -348,9 +258,7 @@ impl Scheduler for DiffusionBatching {
             };
             let need = self.kv_positions(next.prompt.len(), next.max_new_tokens);
             let first_launch = next.prompt.len() + self.cfg.block_length + 1;
-            if (!running.is_empty() && tokens + first_launch > self.limits.max_num_batched_tokens)
-                || !self.kv.reserve(next.id, need)
-            {
+            if (!running.is_empty() && tokens + first_launch > self.limits.max_num_batched_tokens) || !self.kv.reserve(next.id, need) {
                 break;
             }
             let r = self.waiting.pop_front().expect("front exists");
@@ -364,23 +272,12 @@ impl Scheduler for DiffusionBatching {
         if rows.is_empty() {
             return None;
         }
-        Some(Launch {
-            stage: Stage::Denoise,
-            step_slots: vec![],
-            rows,
-            kv_copies: vec![],
-            reenter: false,
-        })
+        Some(Launch { stage: Stage::Denoise, step_slots: vec![], rows, kv_copies: vec![], reenter: false })
     }
 
     fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
         // Steps never add or remove running requests, so positions hold for the whole launch.
-        let index: HashMap<RequestId, usize> = self
-            .running
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.id, i))
-            .collect();
+        let index: HashMap<RequestId, usize> = self.running.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             if row.readout.is_empty() {
                 continue;
@@ -418,9 +315,7 @@ impl Scheduler for DiffusionBatching {
     }
 
     fn revealed_in_kept(&self) -> Option<(u64, u64)> {
-        self.cfg
-            .eviction
-            .then_some((self.revealed, self.revealed_kept))
+        self.cfg.eviction.then_some((self.revealed, self.revealed_kept))
     }
 }
 
@@ -431,12 +326,7 @@ mod tests {
     use crate::kv::Shared;
     use crate::scheduler::RowOutput;
 
-    fn sched(
-        attention: DiffusionAttention,
-        delayed: bool,
-        shift: bool,
-        per_step: usize,
-    ) -> DiffusionBatching {
+    fn sched(attention: DiffusionAttention, delayed: bool, shift: bool, per_step: usize) -> DiffusionBatching {
         let cfg = DiffusionConfig {
             block_length: 4,
             max_steps_per_block: 4,
@@ -447,15 +337,7 @@ mod tests {
             eviction: false,
         };
         let kv = KvManager::new(64, 4, Box::new(Shared), 1);
-        DiffusionBatching::new(
-            cfg,
-            SchedulerLimits {
-                max_num_seqs: 4,
-                max_num_batched_tokens: 256,
-            },
-            kv,
-            Box::new(StaticCount::new(per_step).unwrap()),
-        )
+        DiffusionBatching::new(cfg, SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 256 }, kv, Box::new(StaticCount::new(per_step).unwrap()))
     }
 
     /// Answers every readout with token = 10 + position, confidence falling with position.
@@ -465,25 +347,8 @@ mod tests {
             .iter()
             .map(|r| {
                 let pos = r.token_positions();
-                let candidates = r
-                    .readout
-                    .iter()
-                    .map(|&i| {
-                        (
-                            10 + pos[i as usize] + shift as u32,
-                            1.0 / (1.0 + pos[i as usize] as f32),
-                        )
-                    })
-                    .collect();
-                RowOutput {
-                    request: r.request,
-                    token: None,
-                    gate_logits: vec![],
-                    latent_diff: None,
-                    logprob: None,
-                    candidates,
-                    kept: None,
-                }
+                let candidates = r.readout.iter().map(|&i| (10 + pos[i as usize] + shift as u32, 1.0 / (1.0 + pos[i as usize] as f32))).collect();
+                RowOutput { request: r.request, token: None, gate_logits: vec![], latent_diff: None, logprob: None, candidates, kept: None }
             })
             .collect();
         LaunchResult { rows }
@@ -499,12 +364,7 @@ mod tests {
                 let o = out.entry(id).or_default();
                 o.extend(toks);
             }
-            let finished: Vec<RequestId> = s
-                .running
-                .iter()
-                .filter(|r| r.emitted >= r.max_new)
-                .map(|r| r.id)
-                .collect();
+            let finished: Vec<RequestId> = s.running.iter().filter(|r| r.emitted >= r.max_new).map(|r| r.id).collect();
             for id in finished {
                 s.finish(id);
             }
@@ -517,11 +377,7 @@ mod tests {
     #[test]
     fn block_causal_prefills_commits_and_streams() {
         let mut s = sched(DiffusionAttention::BlockCausal, false, false, 2);
-        s.add(SchedRequest {
-            id: RequestId(0),
-            prompt: vec![1, 2, 3, 4, 5, 6],
-            max_new_tokens: 6,
-        });
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4, 5, 6], max_new_tokens: 6 });
         let (launches, out) = run(&mut s, 0);
         // Prompt 6 = one complete block [0,4) + 2 prompt tokens in the first decode block [4,8).
         let first = &launches[0];
@@ -544,24 +400,13 @@ mod tests {
     #[test]
     fn delayed_cache_recomputes_only_unfrozen_positions() {
         let mut s = sched(DiffusionAttention::BlockCausal, true, false, 1);
-        s.add(SchedRequest {
-            id: RequestId(0),
-            prompt: vec![1, 2, 3, 4],
-            max_new_tokens: 4,
-        });
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4], max_new_tokens: 4 });
         let (launches, out) = run(&mut s, 0);
-        let sets: Vec<Vec<u32>> = launches
-            .iter()
-            .map(|l| l.rows.last().unwrap().token_positions())
-            .collect();
+        let sets: Vec<Vec<u32>> = launches.iter().map(|l| l.rows.last().unwrap().token_positions()).collect();
         // One token per step, most confident = leftmost: 4, 5, 6, 7.
         assert_eq!(sets[0], vec![4, 5, 6, 7]);
         assert_eq!(sets[1], vec![4, 5, 6, 7]);
-        assert_eq!(
-            sets[2],
-            vec![4, 5, 6, 7],
-            "4 freezes one step after 5 is revealed"
-        );
+        assert_eq!(sets[2], vec![4, 5, 6, 7], "4 freezes one step after 5 is revealed");
         assert_eq!(sets[3], vec![5, 6, 7]);
         assert_eq!(sets.len(), 4);
         assert_eq!(out[&RequestId(0)], vec![14, 15, 16, 17]);
@@ -570,11 +415,7 @@ mod tests {
     #[test]
     fn bidirectional_first_step_refreshes_the_canvas_and_shift_reads_the_left_neighbour() {
         let mut s = sched(DiffusionAttention::Bidirectional, false, true, 4);
-        s.add(SchedRequest {
-            id: RequestId(0),
-            prompt: vec![1, 2, 3, 4, 5],
-            max_new_tokens: 7,
-        });
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4, 5], max_new_tokens: 7 });
         let (launches, out) = run(&mut s, 1);
         let r = &launches[0].rows;
         assert_eq!(r.len(), 1, "no prefill row for bidirectional models");
@@ -582,47 +423,24 @@ mod tests {
         // Masked 5, 6, 7 read the logits of 4, 5, 6.
         assert_eq!(r[0].readout, vec![4, 5, 6]);
         let r = &launches[1].rows;
-        assert_eq!(
-            r[0].token_positions(),
-            (0..12).collect::<Vec<u32>>(),
-            "next block's first step refreshes the prefix"
-        );
+        assert_eq!(r[0].token_positions(), (0..12).collect::<Vec<u32>>(), "next block's first step refreshes the prefix");
         assert_eq!(out[&RequestId(0)], vec![15, 16, 17, 18, 19, 20, 21]);
     }
 
     #[test]
     fn requests_finish_independently_and_join_every_step() {
         let mut s = sched(DiffusionAttention::BlockCausal, false, false, 1);
-        s.add(SchedRequest {
-            id: RequestId(0),
-            prompt: vec![1; 3],
-            max_new_tokens: 1,
-        });
-        s.add(SchedRequest {
-            id: RequestId(1),
-            prompt: vec![1; 3],
-            max_new_tokens: 9,
-        });
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 3], max_new_tokens: 1 });
+        s.add(SchedRequest { id: RequestId(1), prompt: vec![1; 3], max_new_tokens: 9 });
         let l = s.schedule().unwrap();
         assert_eq!(l.rows.len(), 2);
         s.complete(&l, &answer(&l, 0));
-        assert_eq!(
-            s.take_emitted(),
-            vec![(RequestId(0), vec![13]), (RequestId(1), vec![13])]
-        );
+        assert_eq!(s.take_emitted(), vec![(RequestId(0), vec![13]), (RequestId(1), vec![13])]);
         s.finish(RequestId(0));
-        s.add(SchedRequest {
-            id: RequestId(2),
-            prompt: vec![1; 9],
-            max_new_tokens: 2,
-        });
+        s.add(SchedRequest { id: RequestId(2), prompt: vec![1; 9], max_new_tokens: 2 });
         let l = s.schedule().unwrap();
         let ids: Vec<u64> = l.rows.iter().map(|r| r.request.0).collect();
-        assert_eq!(
-            ids,
-            vec![1, 1, 2, 2],
-            "request 1 commits and steps; request 2 joins with its prefill row"
-        );
+        assert_eq!(ids, vec![1, 1, 2, 2], "request 1 commits and steps; request 2 joins with its prefill row");
     }
 
     #[test]
@@ -637,23 +455,10 @@ mod tests {
             eviction: false,
         };
         let kv = KvManager::new(16, 4, Box::new(Shared), 1);
-        let mut s = DiffusionBatching::new(
-            cfg,
-            SchedulerLimits::default(),
-            kv,
-            Box::new(Threshold::new(0.99).unwrap()),
-        );
-        s.add(SchedRequest {
-            id: RequestId(0),
-            prompt: vec![7],
-            max_new_tokens: 3,
-        });
+        let mut s = DiffusionBatching::new(cfg, SchedulerLimits::default(), kv, Box::new(Threshold::new(0.99).unwrap()));
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![7], max_new_tokens: 3 });
         let (launches, out) = run(&mut s, 0);
-        assert_eq!(
-            launches.len(),
-            2,
-            "one token on step 1, the rest on the capped step 2"
-        );
+        assert_eq!(launches.len(), 2, "one token on step 1, the rest on the capped step 2");
         assert_eq!(out[&RequestId(0)], vec![11, 12, 13]);
     }
 }

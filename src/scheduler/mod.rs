@@ -109,57 +109,20 @@ impl EvictRow {
 
 impl LaunchRow {
     /// A row of a full-depth launch (prefill or CB decode): no per-step addressing.
-    pub fn full_depth(
-        request: RequestId,
-        tokens: Vec<u32>,
-        start_pos: usize,
-        block_tables: Vec<BlockTable>,
-    ) -> Self {
-        Self {
-            request,
-            tokens,
-            start_pos,
-            block_tables,
-            sample: true,
-            step: 0,
-            slot: 0,
-            state: 0,
-            positions: Vec::new(),
-            readout: Vec::new(),
-            evict: None,
-        }
+    pub fn full_depth(request: RequestId, tokens: Vec<u32>, start_pos: usize, block_tables: Vec<BlockTable>) -> Self {
+        Self { request, tokens, start_pos, block_tables, sample: true, step: 0, slot: 0, state: 0, positions: Vec::new(), readout: Vec::new(), evict: None }
     }
 
     /// A row of a denoise launch: `tokens` at `positions` (ascending), reading out `readout`.
-    pub fn denoise(
-        request: RequestId,
-        tokens: Vec<u32>,
-        positions: Vec<u32>,
-        readout: Vec<u32>,
-        block_table: BlockTable,
-    ) -> Self {
+    pub fn denoise(request: RequestId, tokens: Vec<u32>, positions: Vec<u32>, readout: Vec<u32>, block_table: BlockTable) -> Self {
         let start_pos = positions.first().copied().unwrap_or(0) as usize;
-        Self {
-            request,
-            tokens,
-            start_pos,
-            block_tables: vec![block_table],
-            sample: false,
-            step: 0,
-            slot: 0,
-            state: 0,
-            positions,
-            readout,
-            evict: None,
-        }
+        Self { request, tokens, start_pos, block_tables: vec![block_table], sample: false, step: 0, slot: 0, state: 0, positions, readout, evict: None }
     }
 
     /// Cache position of each token.
     pub fn token_positions(&self) -> Vec<u32> {
         if self.positions.is_empty() {
-            (self.start_pos..self.start_pos + self.tokens.len())
-                .map(|p| p as u32)
-                .collect()
+            (self.start_pos..self.start_pos + self.tokens.len()).map(|p| p as u32).collect()
         } else {
             self.positions.clone()
         }
@@ -239,10 +202,7 @@ pub struct SchedulerLimits {
 
 impl Default for SchedulerLimits {
     fn default() -> Self {
-        Self {
-            max_num_seqs: 64,
-            max_num_batched_tokens: 8192,
-        }
+        Self { max_num_seqs: 64, max_num_batched_tokens: 8192 }
     }
 }
 

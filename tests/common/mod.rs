@@ -23,31 +23,17 @@ pub fn tiny_dir_with(cfg: OuroConfig, seed: u64) -> (tempfile::TempDir, PathBuf)
 }
 
 pub fn builder(dir: &PathBuf, layout: KvLayoutKind, width: usize) -> EngineBuilder {
-    EngineBuilder::new(dir)
-        .kv_layout(layout)
-        .max_num_seqs(width)
-        .block_size(4)
-        .max_num_batched_tokens(512)
+    EngineBuilder::new(dir).kv_layout(layout).max_num_seqs(width).block_size(4).max_num_batched_tokens(512)
 }
 
 /// Deterministic prompts of varied lengths (1..=19 tokens).
 pub fn prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
     let mut next = move || {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (x >> 33) as u32
     };
-    (0..n)
-        .map(|_| {
-            (0..1 + next() % 19)
-                .map(|_| next() % VOCAB as u32)
-                .collect()
-        })
-        .collect()
+    (0..n).map(|_| (0..1 + next() % 19).map(|_| next() % VOCAB as u32).collect()).collect()
 }
 
 /// Prompts of 1..=21 tokens that never hold the last id of the vocabulary (the tiny diffusion
@@ -55,18 +41,10 @@ pub fn prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
 pub fn diffusion_prompts(n: usize, seed: u64) -> Vec<Vec<u32>> {
     let mut x = seed;
     let mut next = move || {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (x >> 33) as u32
     };
-    (0..n)
-        .map(|_| {
-            (0..1 + next() % 21)
-                .map(|_| next() % (VOCAB as u32 - 1))
-                .collect()
-        })
-        .collect()
+    (0..n).map(|_| (0..1 + next() % 21).map(|_| next() % (VOCAB as u32 - 1)).collect()).collect()
 }
 
 /// Each prompt generated alone, one after another, greedy.
@@ -75,11 +53,7 @@ pub fn sequential(engine: &mut Engine, prompts: &[Vec<u32>], max_new: &[usize]) 
         .iter()
         .zip(max_new)
         .map(|(p, &n)| {
-            let out = engine
-                .generate([p.clone()], &GenerationParams::greedy(n))
-                .unwrap()
-                .remove(0)
-                .unwrap();
+            let out = engine.generate([p.clone()], &GenerationParams::greedy(n)).unwrap().remove(0).unwrap();
             out.token_ids
         })
         .collect()
@@ -87,20 +61,10 @@ pub fn sequential(engine: &mut Engine, prompts: &[Vec<u32>], max_new: &[usize]) 
 
 /// All prompts queued at once (greedy), driven to completion; tokens per prompt, in order.
 pub fn batched(engine: &mut Engine, prompts: &[Vec<u32>], max_new: &[usize]) -> Vec<Vec<u32>> {
-    let ids: Vec<RequestId> = prompts
-        .iter()
-        .zip(max_new)
-        .map(|(p, &n)| {
-            engine
-                .add_request(p.clone(), GenerationParams::greedy(n))
-                .unwrap()
-        })
-        .collect();
+    let ids: Vec<RequestId> = prompts.iter().zip(max_new).map(|(p, &n)| engine.add_request(p.clone(), GenerationParams::greedy(n)).unwrap()).collect();
     let mut got = HashMap::new();
     drain(engine, &mut got);
-    ids.iter()
-        .map(|id| got.remove(id).unwrap_or_default())
-        .collect()
+    ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect()
 }
 
 /// Drives `engine` until idle, collecting tokens per request.
@@ -134,15 +98,9 @@ pub fn gates() -> Vec<(&'static str, fn() -> Box<dyn ponder::gate::ExitGate>)> {
         ("fixed4", || Box::new(FixedDepth::new(4).unwrap())),
         ("fixed2", || Box::new(FixedDepth::new(2).unwrap())),
         ("q-exit", || Box::new(QExit::new(0.5, 1, 4).unwrap())),
-        ("replay", || {
-            Box::new(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 17).unwrap(), 1, 4).unwrap())
-        }),
-        ("replay-min2", || {
-            Box::new(Replay::new(DepthTrace::with_mean(2.8, 2, 4, 17).unwrap(), 2, 4).unwrap())
-        }),
-        ("lookahead(q-exit)", || {
-            Box::new(Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap())
-        }),
+        ("replay", || Box::new(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 17).unwrap(), 1, 4).unwrap())),
+        ("replay-min2", || Box::new(Replay::new(DepthTrace::with_mean(2.8, 2, 4, 17).unwrap(), 2, 4).unwrap())),
+        ("lookahead(q-exit)", || Box::new(Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap())),
     ]
 }
 
@@ -158,17 +116,10 @@ pub fn combos() -> Vec<Combo> {
                     continue;
                 }
                 let g = gate();
-                if ponder::kv::check_layout(layout.build().as_ref(), g.min_steps(), g.max_steps())
-                    .is_err()
-                {
+                if ponder::kv::check_layout(layout.build().as_ref(), g.min_steps(), g.max_steps()).is_err() {
                     continue;
                 }
-                out.push(Combo {
-                    name: format!("{scheduler:?} × {layout:?} × {gname}"),
-                    scheduler,
-                    layout,
-                    gate,
-                });
+                out.push(Combo { name: format!("{scheduler:?} × {layout:?} × {gname}"), scheduler, layout, gate });
             }
         }
     }
@@ -176,7 +127,5 @@ pub fn combos() -> Vec<Combo> {
 }
 
 pub fn combo_builder(dir: &PathBuf, c: &Combo, width: usize) -> EngineBuilder {
-    builder(dir, c.layout, width)
-        .scheduler(c.scheduler)
-        .exit_gate_boxed((c.gate)())
+    builder(dir, c.layout, width).scheduler(c.scheduler).exit_gate_boxed((c.gate)())
 }

@@ -7,26 +7,13 @@ use serde::{Deserialize, Serialize};
 
 /// Shared shape checks; `head_dim` is the resolved one.
 #[allow(clippy::too_many_arguments)]
-fn check_shapes(
-    path: &str,
-    vocab: usize,
-    hidden: usize,
-    inter: usize,
-    layers: usize,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-) -> Result<()> {
+fn check_shapes(path: &str, vocab: usize, hidden: usize, inter: usize, layers: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
     let bad = |r: String| Err(Error::config(path, r));
     if vocab == 0 || hidden == 0 || inter == 0 || layers == 0 {
-        return bad(
-            "vocabulary, hidden, intermediate sizes and the layer count must be > 0".into(),
-        );
+        return bad("vocabulary, hidden, intermediate sizes and the layer count must be > 0".into());
     }
     if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-        return bad(format!(
-            "{heads} attention heads must be a positive multiple of {kv_heads} kv heads"
-        ));
+        return bad(format!("{heads} attention heads must be a positive multiple of {kv_heads} kv heads"));
     }
     if head_dim == 0 || head_dim % 2 != 0 {
         return bad(format!("head_dim {head_dim} must be even and > 0"));
@@ -44,10 +31,7 @@ fn check_mask(path: &str, mask: u32, vocab: usize) -> Result<()> {
 
 fn check_norm(path: &str, eps: f64, theta: f64) -> Result<()> {
     if !(eps > 0.0) || !(theta > 0.0) {
-        return Err(Error::config(
-            path,
-            "rms_norm_eps and rope_theta must be > 0",
-        ));
+        return Err(Error::config(path, "rms_norm_eps and rope_theta must be > 0"));
     }
     Ok(())
 }
@@ -55,27 +39,16 @@ fn check_norm(path: &str, eps: f64, theta: f64) -> Result<()> {
 fn check_act(path: &str, act: &Option<String>) -> Result<()> {
     match act.as_deref() {
         None | Some("silu") => Ok(()),
-        Some(other) => Err(Error::config(
-            path,
-            format!("hidden_act `{other}` is not supported (only silu)"),
-        )),
+        Some(other) => Err(Error::config(path, format!("hidden_act `{other}` is not supported (only silu)"))),
     }
 }
 
 /// Head width when the config gives none: hidden / heads, which must divide exactly.
-fn derived_head_dim(
-    path: &str,
-    explicit: Option<usize>,
-    hidden: usize,
-    heads: usize,
-) -> Result<usize> {
+fn derived_head_dim(path: &str, explicit: Option<usize>, hidden: usize, heads: usize) -> Result<usize> {
     match explicit {
         Some(d) => Ok(d),
         None if heads > 0 && hidden % heads == 0 => Ok(hidden / heads),
-        None => Err(Error::config(
-            path,
-            format!("hidden size {hidden} is not a multiple of {heads} heads"),
-        )),
+        None => Err(Error::config(path, format!("hidden size {hidden} is not a multiple of {heads} heads"))),
     }
 }
 
@@ -136,36 +109,18 @@ impl SdarConfig {
     }
     /// Qwen3 names `head_dim` explicitly; heads × head_dim need not equal the hidden size.
     pub fn head_dim(&self) -> usize {
-        self.head_dim
-            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
     pub fn mask_token_id(&self) -> u32 {
         self.mask_token_id.unwrap_or(Self::DEFAULT_MASK)
     }
 
     pub(crate) fn validate(&self, path: &str) -> Result<()> {
-        let hd = derived_head_dim(
-            path,
-            self.head_dim,
-            self.hidden_size,
-            self.num_attention_heads,
-        )?;
-        check_shapes(
-            path,
-            self.vocab_size,
-            self.hidden_size,
-            self.intermediate_size,
-            self.num_hidden_layers,
-            self.num_attention_heads,
-            self.kv_heads(),
-            hd,
-        )?;
+        let hd = derived_head_dim(path, self.head_dim, self.hidden_size, self.num_attention_heads)?;
+        check_shapes(path, self.vocab_size, self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.num_attention_heads, self.kv_heads(), hd)?;
         check_norm(path, self.rms_norm_eps, self.rope_theta)?;
         if self.attention_bias {
-            return Err(Error::config(
-                path,
-                "attention_bias = true is not supported for SDAR",
-            ));
+            return Err(Error::config(path, "attention_bias = true is not supported for SDAR"));
         }
         if self.rope_scaling.is_some() {
             return Err(Error::config(path, "rope_scaling is not supported"));
@@ -279,9 +234,7 @@ impl LladaConfig {
         self.d_model / self.n_heads.max(1)
     }
     pub fn table_rows(&self) -> usize {
-        self.embedding_size
-            .unwrap_or(self.vocab_size)
-            .max(self.vocab_size)
+        self.embedding_size.unwrap_or(self.vocab_size).max(self.vocab_size)
     }
     pub fn mask_token_id(&self) -> u32 {
         self.mask_token_id.unwrap_or(Self::DEFAULT_MASK)
@@ -289,23 +242,9 @@ impl LladaConfig {
 
     pub(crate) fn validate(&self, path: &str) -> Result<()> {
         let hd = derived_head_dim(path, None, self.d_model, self.n_heads)?;
-        check_shapes(
-            path,
-            self.vocab_size,
-            self.d_model,
-            self.mlp_hidden_size,
-            self.n_layers,
-            self.n_heads,
-            self.kv_heads(),
-            hd,
-        )?;
+        check_shapes(path, self.vocab_size, self.d_model, self.mlp_hidden_size, self.n_layers, self.n_heads, self.kv_heads(), hd)?;
         check_norm(path, self.rms_norm_eps, self.rope_theta)?;
-        let bad = |r: &str| {
-            Err(Error::config(
-                path,
-                format!("{r} is not supported for LLaDA"),
-            ))
-        };
+        let bad = |r: &str| Err(Error::config(path, format!("{r} is not supported for LLaDA")));
         if self.include_bias || self.include_qkv_bias {
             return bad("include_bias / include_qkv_bias = true");
         }
@@ -319,10 +258,7 @@ impl LladaConfig {
         if !is(&self.layer_norm_type, &["rms"]) {
             return bad(&format!("layer_norm_type {:?}", self.layer_norm_type));
         }
-        if self.rope == Some(false)
-            || self.alibi == Some(true)
-            || self.attention_layer_norm == Some(true)
-        {
+        if self.rope == Some(false) || self.alibi == Some(true) || self.attention_layer_norm == Some(true) {
             return bad("rope = false, alibi or attention_layer_norm");
         }
         check_mask(path, self.mask_token_id(), self.vocab_size)
@@ -416,36 +352,18 @@ impl DreamConfig {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
     pub fn head_dim(&self) -> usize {
-        self.head_dim
-            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
     pub fn mask_token_id(&self) -> u32 {
         self.mask_token_id.unwrap_or(Self::DEFAULT_MASK)
     }
 
     pub(crate) fn validate(&self, path: &str) -> Result<()> {
-        let hd = derived_head_dim(
-            path,
-            self.head_dim,
-            self.hidden_size,
-            self.num_attention_heads,
-        )?;
-        check_shapes(
-            path,
-            self.vocab_size,
-            self.hidden_size,
-            self.intermediate_size,
-            self.num_hidden_layers,
-            self.num_attention_heads,
-            self.kv_heads(),
-            hd,
-        )?;
+        let hd = derived_head_dim(path, self.head_dim, self.hidden_size, self.num_attention_heads)?;
+        check_shapes(path, self.vocab_size, self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.num_attention_heads, self.kv_heads(), hd)?;
         check_norm(path, self.rms_norm_eps, self.rope_theta)?;
         if self.use_sliding_window == Some(true) || self.rope_scaling.is_some() {
-            return Err(Error::config(
-                path,
-                "use_sliding_window and rope_scaling are not supported for Dream",
-            ));
+            return Err(Error::config(path, "use_sliding_window and rope_scaling are not supported for Dream"));
         }
         check_act(path, &self.hidden_act)?;
         check_mask(path, self.mask_token_id(), self.vocab_size)

@@ -25,10 +25,7 @@ pub fn load(config: &ModelConfig, w: &Weights) -> crate::Result<DenseDiffusion> 
         ModelConfig::Sdar(c) => Sdar::load(c, w),
         ModelConfig::Llada(c) => Llada::load(c, w),
         ModelConfig::Dream(c) => Dream::load(c, w),
-        other => Err(crate::Error::UnsupportedModel(format!(
-            "{} is not a diffusion model",
-            other.model_type()
-        ))),
+        other => Err(crate::Error::UnsupportedModel(format!("{} is not a diffusion model", other.model_type()))),
     }
 }
 
@@ -92,14 +89,7 @@ pub trait DiffusionModel: Send {
     /// Layer `l`'s second half: paged attention of `q` over the cache (the K/V of this launch's
     /// tokens already written), output projection, residual, MLP, residual → new `h`. `h` and `q`
     /// hold the same tokens, in `batch`'s packed order.
-    fn finish_layer(
-        &self,
-        l: usize,
-        h: &Tensor,
-        q: &Tensor,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor>;
+    fn finish_layer(&self, l: usize, h: &Tensor, q: &Tensor, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
     /// Final norm and LM head over `h` `[n, hidden]` → f32 logits `[n, vocab]`.
     fn head(&self, h: &Tensor) -> Result<Tensor>;
     /// Like [`DiffusionModel::head`] but in the model dtype (its f32 conversion is exactly
@@ -110,14 +100,7 @@ pub trait DiffusionModel: Send {
     }
 
     /// Layer `l`'s first half with this launch's K/V written into `batch`'s cache rows.
-    fn project_write(
-        &self,
-        l: usize,
-        h: &Tensor,
-        rope: &RopeAngles,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Projected> {
+    fn project_write(&self, l: usize, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Projected> {
         let p = self.project(l, h, rope)?;
         crate::ops::write_kv(kv.k(l), &p.k, batch)?;
         crate::ops::write_kv(kv.v(l), &p.v, batch)?;
@@ -125,26 +108,13 @@ pub trait DiffusionModel: Send {
     }
 
     /// One whole layer: project, write this launch's K/V, finish.
-    fn layer(
-        &self,
-        l: usize,
-        h: &Tensor,
-        rope: &RopeAngles,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor> {
+    fn layer(&self, l: usize, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
         let p = self.project_write(l, h, rope, batch, kv)?;
         self.finish_layer(l, h, &p.q, batch, kv)
     }
 
     /// Every layer over embedded tokens → final residual stream (before the final norm).
-    fn forward(
-        &self,
-        h: &Tensor,
-        rope: &RopeAngles,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor> {
+    fn forward(&self, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
         let mut h = h.clone();
         for l in 0..self.spec().num_layers {
             h = self.layer(l, &h, rope, batch, kv)?;

@@ -143,50 +143,22 @@ impl DenseDiffusion {
         for l in 0..a.num_layers {
             let wt = |name: &str, shape: (usize, usize)| w.get(shape, &n.layer(l, name, "weight"));
             let vec = |name: &str, kind: &str, len: usize| w.get(len, &n.layer(l, name, kind));
-            let qkv_w = Tensor::cat(
-                &[
-                    wt(n.q, (nh * hd, h))?,
-                    wt(n.k, (nkv * hd, h))?,
-                    wt(n.v, (nkv * hd, h))?,
-                ],
-                0,
-            )?;
-            let qkv_b = if a.qkv_bias {
-                Some(Tensor::cat(
-                    &[
-                        vec(n.q, "bias", nh * hd)?,
-                        vec(n.k, "bias", nkv * hd)?,
-                        vec(n.v, "bias", nkv * hd)?,
-                    ],
-                    0,
-                )?)
-            } else {
-                None
-            };
-            let qk_norm = if a.qk_norm {
-                Some((vec(n.q_norm, "weight", hd)?, vec(n.k_norm, "weight", hd)?))
-            } else {
-                None
-            };
+            let qkv_w = Tensor::cat(&[wt(n.q, (nh * hd, h))?, wt(n.k, (nkv * hd, h))?, wt(n.v, (nkv * hd, h))?], 0)?;
+            let qkv_b =
+                if a.qkv_bias { Some(Tensor::cat(&[vec(n.q, "bias", nh * hd)?, vec(n.k, "bias", nkv * hd)?, vec(n.v, "bias", nkv * hd)?], 0)?) } else { None };
+            let qk_norm = if a.qk_norm { Some((vec(n.q_norm, "weight", hd)?, vec(n.k_norm, "weight", hd)?)) } else { None };
             layers.push(Layer {
                 attn_norm: vec(n.attn_norm, "weight", h)?,
                 qkv: Linear::new(qkv_w, qkv_b),
                 qk_norm,
                 o: Linear::new(wt(n.o, (h, nh * hd))?, None),
                 mlp_norm: vec(n.mlp_norm, "weight", h)?,
-                gate_up: Linear::new(
-                    Tensor::cat(&[wt(n.gate, (i, h))?, wt(n.up, (i, h))?], 0)?,
-                    None,
-                ),
+                gate_up: Linear::new(Tensor::cat(&[wt(n.gate, (i, h))?, wt(n.up, (i, h))?], 0)?, None),
                 down: Linear::new(wt(n.down, (h, i))?, None),
             });
         }
         let embed = w.get((rows, h), n.embed)?;
-        let lm_head = if a.tie_embeddings && !w.contains(n.lm_head) {
-            embed.clone()
-        } else {
-            w.get((rows, h), n.lm_head)?
-        };
+        let lm_head = if a.tie_embeddings && !w.contains(n.lm_head) { embed.clone() } else { w.get((rows, h), n.lm_head)? };
         let per_layer = (nh + 2 * nkv) * hd * h // q, k, v
             + h * nh * hd // o
             + 3 * h * i // gate, up, down
@@ -249,70 +221,30 @@ impl DiffusionModel for DenseDiffusion {
         let layer = &self.layers[l];
         let s = &self.spec;
         let eps = self.arch.rms_norm_eps;
-        let qkv = layer
-            .qkv
-            .forward(&ops::rms_norm(h, &layer.attn_norm, eps)?)?;
+        let qkv = layer.qkv.forward(&ops::rms_norm(h, &layer.attn_norm, eps)?)?;
         let norm = layer.qk_norm.as_ref().map(|(q, k)| (q, k));
-        let (q, k, v) = ops::qkv_norm_rope(
-            &qkv,
-            norm,
-            eps,
-            rope,
-            s.num_heads,
-            s.num_kv_heads,
-            s.head_dim,
-        )?;
+        let (q, k, v) = ops::qkv_norm_rope(&qkv, norm, eps, rope, s.num_heads, s.num_kv_heads, s.head_dim)?;
         Ok(Projected { q, k, v })
     }
 
     /// The split, q/k norm, RoPE and K/V write as one fused op (one launch on CUDA).
-    fn project_write(
-        &self,
-        l: usize,
-        h: &Tensor,
-        rope: &RopeAngles,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Projected> {
+    fn project_write(&self, l: usize, h: &Tensor, rope: &RopeAngles, batch: &PagedBatch, kv: &KvStore) -> Result<Projected> {
         let layer = &self.layers[l];
         let s = &self.spec;
-        let qkv =
-            layer
-                .qkv
-                .forward(&ops::rms_norm(h, &layer.attn_norm, self.arch.rms_norm_eps)?)?;
+        let qkv = layer.qkv.forward(&ops::rms_norm(h, &layer.attn_norm, self.arch.rms_norm_eps)?)?;
         let norm = layer.qk_norm.as_ref().map(|(q, k)| (q, k));
-        let (q, k, v) = ops::qkv_norm_rope_write(
-            &qkv,
-            norm,
-            self.arch.rms_norm_eps,
-            rope,
-            kv.k(l),
-            kv.v(l),
-            batch,
-            s.num_heads,
-            s.num_kv_heads,
-            s.head_dim,
-        )?;
+        let (q, k, v) = ops::qkv_norm_rope_write(&qkv, norm, self.arch.rms_norm_eps, rope, kv.k(l), kv.v(l), batch, s.num_heads, s.num_kv_heads, s.head_dim)?;
         Ok(Projected { q, k, v })
     }
 
-    fn finish_layer(
-        &self,
-        l: usize,
-        h: &Tensor,
-        q: &Tensor,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor> {
+    fn finish_layer(&self, l: usize, h: &Tensor, q: &Tensor, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
         let layer = &self.layers[l];
         let (nh, hd) = (self.spec.num_heads, self.spec.head_dim);
         let t = h.dim(0)?;
         let attn = paged_attention(q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
         let h = (h + layer.o.forward(&attn.reshape((t, nh * hd))?)?)?;
         let m = ops::rms_norm(&h, &layer.mlp_norm, self.arch.rms_norm_eps)?;
-        h + layer
-            .down
-            .forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?
+        h + layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
@@ -320,9 +252,7 @@ impl DiffusionModel for DenseDiffusion {
     }
 
     fn head_native(&self, h: &Tensor) -> Result<Tensor> {
-        let logits =
-            self.lm_head
-                .forward(&ops::rms_norm(h, &self.norm, self.arch.rms_norm_eps)?)?;
+        let logits = self.lm_head.forward(&ops::rms_norm(h, &self.norm, self.arch.rms_norm_eps)?)?;
         if self.arch.table_rows > self.arch.vocab_size {
             return logits.narrow(1, 0, self.arch.vocab_size)?.contiguous();
         }

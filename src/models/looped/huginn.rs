@@ -61,18 +61,9 @@ impl Huginn {
             let norms = [1, 2, 3, 4].map(|n| w.get(h, &format!("{name}.norm_{n}.weight")));
             let [n1, n2, n3, n4] = norms;
             Ok(Block {
-                wqkv: Linear::new(
-                    w.get(
-                        ((nh + 2 * nkv) * hd, h),
-                        &format!("{name}.attn.Wqkv.weight"),
-                    )?,
-                    None,
-                ),
+                wqkv: Linear::new(w.get(((nh + 2 * nkv) * hd, h), &format!("{name}.attn.Wqkv.weight"))?, None),
                 qk_bias,
-                proj: Linear::new(
-                    w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?,
-                    None,
-                ),
+                proj: Linear::new(w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?, None),
                 fc: Linear::new(w.get((2 * i, h), &format!("{name}.mlp.fc.weight"))?, None),
                 mlp_proj: Linear::new(w.get((h, i), &format!("{name}.mlp.proj.weight"))?, None),
                 norms: [n1?, n2?, n3?, n4?],
@@ -80,24 +71,13 @@ impl Huginn {
             })
         };
         let (p, c) = (cfg.n_layers_in_prelude, cfg.n_layers_in_recurrent_block);
-        let prelude = (0..p)
-            .map(|j| block(format!("transformer.prelude.{j}"), j))
-            .collect::<crate::Result<Vec<_>>>()?;
-        let core = (0..c)
-            .map(|j| block(format!("transformer.core_block.{j}"), p + j))
-            .collect::<crate::Result<Vec<_>>>()?;
-        let coda = (0..cfg.n_layers_in_coda)
-            .map(|j| block(format!("transformer.coda.{j}"), p + c + j))
-            .collect::<crate::Result<Vec<_>>>()?;
+        let prelude = (0..p).map(|j| block(format!("transformer.prelude.{j}"), j)).collect::<crate::Result<Vec<_>>>()?;
+        let core = (0..c).map(|j| block(format!("transformer.core_block.{j}"), p + j)).collect::<crate::Result<Vec<_>>>()?;
+        let coda = (0..cfg.n_layers_in_coda).map(|j| block(format!("transformer.coda.{j}"), p + c + j)).collect::<crate::Result<Vec<_>>>()?;
         let wte = w.get((rows, h), "transformer.wte.weight")?;
         // The checkpoint stores the tied embedding twice; an untied head would be read the same way.
-        let lm_head = if w.contains("lm_head.weight") {
-            w.get((rows, h), "lm_head.weight")?
-        } else {
-            wte.clone()
-        };
-        let block_params =
-            (((nh + 2 * nkv) * hd + nh * hd) * h + 3 * h * i + 2 * nh * hd + 4 * h) as u64;
+        let lm_head = if w.contains("lm_head.weight") { w.get((rows, h), "lm_head.weight")? } else { wte.clone() };
+        let block_params = (((nh + 2 * nkv) * hd + nh * hd) * h + 3 * h * i + 2 * nh * hd + 4 * h) as u64;
         let spec = LoopedSpec {
             vocab_size: cfg.vocab_size,
             hidden_size: h,
@@ -109,8 +89,7 @@ impl Huginn {
             max_steps: cfg.max_steps,
             max_context: cfg.block_size,
             // CDB counting: F0 = prelude + coda blocks + ln_f + head; Fr = adapter + core blocks.
-            boundary_params: (p + cfg.n_layers_in_coda) as u64 * block_params
-                + (h + rows * h) as u64,
+            boundary_params: (p + cfg.n_layers_in_coda) as u64 * block_params + (h + rows * h) as u64,
             step_params: c as u64 * block_params + (2 * h * h) as u64,
             heavy_coda: true,
             dtype: w.dtype(),
@@ -137,12 +116,7 @@ impl Huginn {
     /// truncated normal; see [`InitialState`]). Builds a `[max_context, hidden]` table once.
     pub fn with_initial_state(mut self, init: InitialState) -> crate::Result<Self> {
         init.validate()?;
-        self.s0_table = init.table(
-            self.spec.max_context,
-            self.spec.hidden_size,
-            self.spec.dtype,
-            &self.device,
-        )?;
+        self.s0_table = init.table(self.spec.max_context, self.spec.hidden_size, self.spec.dtype, &self.device)?;
         self.initial_state = init;
         Ok(self)
     }
@@ -151,28 +125,14 @@ impl Huginn {
         self.initial_state
     }
 
-    fn block_forward(
-        &self,
-        b: &Block,
-        x: &Tensor,
-        input: &StageInput,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor> {
+    fn block_forward(&self, b: &Block, x: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
         let eps = self.cfg.norm_eps;
-        let (nh, nkv, hd) = (
-            self.spec.num_heads,
-            self.spec.num_kv_heads,
-            self.spec.head_dim,
-        );
+        let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let t = x.dim(0)?;
         let qkv = b.wqkv.forward(&ops::rms_norm(x, &b.norms[0], eps)?)?;
         let mut q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
         let mut k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
-        let v = qkv
-            .narrow(1, (nh + nkv) * hd, nkv * hd)?
-            .reshape((t, nkv, hd))?
-            .contiguous()?;
+        let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?.contiguous()?;
         // The learned bias is added before RoPE.
         if let Some((bq, bk)) = &b.qk_bias {
             q = q.broadcast_add(bq)?;
@@ -182,36 +142,15 @@ impl Huginn {
         let k = input.rope.apply_interleaved(&k)?;
         write_kv(kv.k(b.kv_layer), &k, batch)?;
         write_kv(kv.v(b.kv_layer), &v, batch)?;
-        let attn = paged_attention(
-            &q,
-            kv.k(b.kv_layer),
-            kv.v(b.kv_layer),
-            batch,
-            1.0 / (hd as f64).sqrt(),
-        )?;
+        let attn = paged_attention(&q, kv.k(b.kv_layer), kv.v(b.kv_layer), batch, 1.0 / (hd as f64).sqrt())?;
         let attn = b.proj.forward(&attn.reshape((t, nh * hd))?)?;
         let x = ops::rms_norm(&(attn + x)?, &b.norms[1], eps)?;
-        let m = b
-            .mlp_proj
-            .forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(
-                &x,
-                &b.norms[2],
-                eps,
-            )?)?)?)?;
+        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?)?;
         ops::rms_norm(&(m + x)?, &b.norms[3], eps)
     }
 
-    fn blocks(
-        &self,
-        blocks: &[Block],
-        x: Tensor,
-        input: &StageInput,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor> {
-        blocks
-            .iter()
-            .try_fold(x, |x, b| self.block_forward(b, &x, input, batch, kv))
+    fn blocks(&self, blocks: &[Block], x: Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
+        blocks.iter().try_fold(x, |x, b| self.block_forward(b, &x, input, batch, kv))
     }
 }
 
@@ -225,19 +164,10 @@ impl LoopedModel for Huginn {
     }
 
     fn prepare(&self, positions: &Tensor) -> Result<StageInput> {
-        Ok(StageInput {
-            rope: self.rope.angles(positions)?,
-            positions: positions.clone(),
-        })
+        Ok(StageInput { rope: self.rope.angles(positions)?, positions: positions.clone() })
     }
 
-    fn prelude(
-        &self,
-        ids: &Tensor,
-        input: &StageInput,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor> {
+    fn prelude(&self, ids: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
         let e = (self.wte.index_select(ids, 0)? * self.embed_scale)?;
         let e = self.blocks(&self.prelude, e, input, batch, kv)?;
         let s0 = match &self.s0_table {
@@ -247,31 +177,16 @@ impl LoopedModel for Huginn {
         Tensor::cat(&[&s0, &e], D::Minus1)
     }
 
-    fn core_step(
-        &self,
-        state: &Tensor,
-        input: &StageInput,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<CoreOut> {
+    fn core_step(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut> {
         let h = self.spec.hidden_size;
         // The adapter's input is concat[s, e], which is exactly the carried state.
         let x = self.adapter.forward(state)?;
         let s = self.blocks(&self.core, x, input, batch, kv)?;
         let e = state.narrow(D::Minus1, h, h)?;
-        Ok(CoreOut {
-            hidden: Tensor::cat(&[&s, &e], D::Minus1)?,
-            gate_logit: None,
-        })
+        Ok(CoreOut { hidden: Tensor::cat(&[&s, &e], D::Minus1)?, gate_logit: None })
     }
 
-    fn coda(
-        &self,
-        state: &Tensor,
-        input: &StageInput,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor> {
+    fn coda(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
         let s = state.narrow(D::Minus1, 0, self.spec.hidden_size)?;
         let x = ops::rms_norm(&s.contiguous()?, &self.ln_f, self.cfg.norm_eps)?;
         let x = self.blocks(&self.coda, x, input, batch, kv)?;
@@ -281,8 +196,6 @@ impl LoopedModel for Huginn {
     fn head(&self, h: &Tensor) -> Result<Tensor> {
         // The head has a row per padded-vocabulary entry; padding rows are not tokens.
         let logits = self.lm_head.forward(h)?;
-        logits
-            .narrow(D::Minus1, 0, self.spec.vocab_size)?
-            .to_dtype(DType::F32)
+        logits.narrow(D::Minus1, 0, self.spec.vocab_size)?.to_dtype(DType::F32)
     }
 }

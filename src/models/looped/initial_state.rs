@@ -20,9 +20,7 @@ impl InitialState {
     pub fn validate(&self) -> crate::Result<()> {
         match *self {
             InitialState::TruncatedNormal { scale, .. } if !(scale.is_finite() && scale >= 0.0) => {
-                Err(crate::Error::InvalidOption(format!(
-                    "initial-state scale {scale} must be finite and >= 0"
-                )))
+                Err(crate::Error::InvalidOption(format!("initial-state scale {scale} must be finite and >= 0")))
             }
             _ => Ok(()),
         }
@@ -30,25 +28,15 @@ impl InitialState {
 
     /// The state of every position below `positions` as a `[positions, hidden]` table in `dtype`
     /// (`None` for a zero state). Built once per model; the prelude gathers its rows by position.
-    pub fn table(
-        &self,
-        positions: usize,
-        hidden: usize,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Option<Tensor>> {
+    pub fn table(&self, positions: usize, hidden: usize, dtype: DType, device: &Device) -> Result<Option<Tensor>> {
         let (scale, seed) = match *self {
             InitialState::TruncatedNormal { scale, seed } if scale > 0.0 => (scale, seed),
             _ => return Ok(None),
         };
         let sigma = scale * (2.0 / (5.0 * hidden as f64)).sqrt();
         let gain = (hidden as f64).sqrt();
-        let values: Vec<f32> = (0..positions * hidden)
-            .map(|e| (truncated_normal(seed, e as u64) * sigma * gain) as f32)
-            .collect();
-        Tensor::from_vec(values, (positions, hidden), device)?
-            .to_dtype(dtype)
-            .map(Some)
+        let values: Vec<f32> = (0..positions * hidden).map(|e| (truncated_normal(seed, e as u64) * sigma * gain) as f32).collect();
+        Tensor::from_vec(values, (positions, hidden), device)?.to_dtype(dtype).map(Some)
     }
 }
 
@@ -83,13 +71,7 @@ mod tests {
     #[test]
     fn truncated_normal_has_upstream_scale_and_cut() {
         let h = 64;
-        let t = InitialState::TruncatedNormal {
-            scale: 1.0,
-            seed: 3,
-        }
-        .table(256, h, DType::F32, &Device::Cpu)
-        .unwrap()
-        .unwrap();
+        let t = InitialState::TruncatedNormal { scale: 1.0, seed: 3 }.table(256, h, DType::F32, &Device::Cpu).unwrap().unwrap();
         let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
         let n = v.len() as f64;
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
@@ -98,54 +80,22 @@ mod tests {
         assert!(mean.abs() < 0.02, "mean {mean}");
         assert!((std - 0.4f64.sqrt() * 0.986).abs() < 0.02, "std {std}");
         let cut = 3.0 * 0.4f64.sqrt();
-        assert!(
-            v.iter().all(|&x| (x as f64).abs() <= cut + 1e-6),
-            "values beyond ±3σ·sqrt(h)"
-        );
-        assert!(
-            v.iter().any(|&x| (x as f64).abs() > 0.8 * cut),
-            "the tails are reached"
-        );
+        assert!(v.iter().all(|&x| (x as f64).abs() <= cut + 1e-6), "values beyond ±3σ·sqrt(h)");
+        assert!(v.iter().any(|&x| (x as f64).abs() > 0.8 * cut), "the tails are reached");
     }
 
     #[test]
     fn deterministic_per_seed_and_zero_when_off() {
         let mk = |s: InitialState| s.table(8, 16, DType::F32, &Device::Cpu).unwrap();
-        let a = mk(InitialState::TruncatedNormal {
-            scale: 1.0,
-            seed: 1,
-        })
-        .unwrap();
-        let b = mk(InitialState::TruncatedNormal {
-            scale: 1.0,
-            seed: 1,
-        })
-        .unwrap();
-        let c = mk(InitialState::TruncatedNormal {
-            scale: 1.0,
-            seed: 2,
-        })
-        .unwrap();
+        let a = mk(InitialState::TruncatedNormal { scale: 1.0, seed: 1 }).unwrap();
+        let b = mk(InitialState::TruncatedNormal { scale: 1.0, seed: 1 }).unwrap();
+        let c = mk(InitialState::TruncatedNormal { scale: 1.0, seed: 2 }).unwrap();
         let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(flat(&a), flat(&b));
         assert_ne!(flat(&a), flat(&c));
         assert!(mk(InitialState::Zeros).is_none());
-        assert!(mk(InitialState::TruncatedNormal {
-            scale: 0.0,
-            seed: 1
-        })
-        .is_none());
-        assert!(InitialState::TruncatedNormal {
-            scale: f64::NAN,
-            seed: 1
-        }
-        .validate()
-        .is_err());
-        assert!(InitialState::TruncatedNormal {
-            scale: -1.0,
-            seed: 1
-        }
-        .validate()
-        .is_err());
+        assert!(mk(InitialState::TruncatedNormal { scale: 0.0, seed: 1 }).is_none());
+        assert!(InitialState::TruncatedNormal { scale: f64::NAN, seed: 1 }.validate().is_err());
+        assert!(InitialState::TruncatedNormal { scale: -1.0, seed: 1 }.validate().is_err());
     }
 }

@@ -75,30 +75,12 @@ pub trait LoopedModel: Send {
     fn prepare(&self, positions: &Tensor) -> Result<StageInput>;
     /// Prelude over `ids` (`[tokens]` u32) → `[tokens, hidden]`. Writes KV only for models
     /// whose prelude has attention layers.
-    fn prelude(
-        &self,
-        ids: &Tensor,
-        input: &StageInput,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor>;
+    fn prelude(&self, ids: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
     /// One application of the recurrent core; writes the step's K/V into `batch`'s blocks.
-    fn core_step(
-        &self,
-        h: &Tensor,
-        input: &StageInput,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<CoreOut>;
+    fn core_step(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut>;
     /// Coda over exited states `[tokens, state_width]` → `[tokens, hidden]`; writes the coda
     /// blocks' KV for models that have them (every prompt token in a prefill).
-    fn coda(
-        &self,
-        state: &Tensor,
-        input: &StageInput,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<Tensor>;
+    fn coda(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
     /// LM head over coda outputs `[rows, hidden]` → f32 logits `[rows, vocab]`.
     fn head(&self, h: &Tensor) -> Result<Tensor>;
 }

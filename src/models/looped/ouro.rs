@@ -53,10 +53,7 @@ impl Ouro {
             layers.push(Layer {
                 // q/k/v and gate/up are fused into one matmul each: fewer launches per layer.
                 qkv: Linear::new(Tensor::cat(&[q, k, vv], 0)?, None),
-                o_proj: Linear::new(
-                    w.get((h, nh * hd), &format!("{p}.self_attn.o_proj.weight"))?,
-                    None,
-                ),
+                o_proj: Linear::new(w.get((h, nh * hd), &format!("{p}.self_attn.o_proj.weight"))?, None),
                 gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None),
                 down: Linear::new(w.get((h, i), &format!("{p}.mlp.down_proj.weight"))?, None),
                 input_norm: w.get(h, &format!("{p}.input_layernorm.weight"))?,
@@ -66,20 +63,12 @@ impl Ouro {
             });
         }
         let embed = w.get((v, h), "model.embed_tokens.weight")?;
-        let lm_head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") {
-            embed.clone()
-        } else {
-            w.get((v, h), "lm_head.weight")?
-        };
+        let lm_head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") { embed.clone() } else { w.get((v, h), "lm_head.weight")? };
         // The gate runs in f32: its logit feeds a CDF threshold, where bf16 rounding of a
         // single scalar would move exit decisions.
         let gate = Linear::new(
-            w.get((1, h), "model.early_exit_gate.weight")?
-                .to_dtype(DType::F32)?,
-            Some(
-                w.get(1, "model.early_exit_gate.bias")?
-                    .to_dtype(DType::F32)?,
-            ),
+            w.get((1, h), "model.early_exit_gate.weight")?.to_dtype(DType::F32)?,
+            Some(w.get(1, "model.early_exit_gate.bias")?.to_dtype(DType::F32)?),
         );
         let layer_params = (2 * nh * hd * h + 2 * nkv * hd * h + 3 * h * i + 4 * h) as u64;
         let spec = LoopedSpec {
@@ -132,11 +121,7 @@ impl Ouro {
     ) -> Result<(Tensor, Tensor)> {
         let layer = &self.layers[l];
         let eps = self.cfg.rms_norm_eps;
-        let (nh, nkv, hd) = (
-            self.spec.num_heads,
-            self.spec.num_kv_heads,
-            self.spec.head_dim,
-        );
+        let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let t = h.dim(0)?;
 
         let qkv = layer.qkv.forward(a)?;
@@ -145,9 +130,7 @@ impl Ouro {
         let attn = layer.o_proj.forward(&attn.reshape((t, nh * hd))?)?;
         let (h, m) = ops::add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 
-        let m = layer
-            .down
-            .forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?;
+        let m = layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?;
         ops::add_rms_norm(&h, &m, &layer.post_attn_norm_2, next_norm, eps)
     }
 }
@@ -162,29 +145,14 @@ impl LoopedModel for Ouro {
     }
 
     fn prepare(&self, positions: &Tensor) -> Result<StageInput> {
-        Ok(StageInput {
-            rope: self.rope.angles(positions)?,
-            positions: positions.clone(),
-        })
+        Ok(StageInput { rope: self.rope.angles(positions)?, positions: positions.clone() })
     }
 
-    fn prelude(
-        &self,
-        ids: &Tensor,
-        _input: &StageInput,
-        _batch: &PagedBatch,
-        _kv: &KvStore,
-    ) -> Result<Tensor> {
+    fn prelude(&self, ids: &Tensor, _input: &StageInput, _batch: &PagedBatch, _kv: &KvStore) -> Result<Tensor> {
         self.embed.index_select(ids, 0)
     }
 
-    fn core_step(
-        &self,
-        h: &Tensor,
-        input: &StageInput,
-        batch: &PagedBatch,
-        kv: &KvStore,
-    ) -> Result<CoreOut> {
+    fn core_step(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut> {
         // Each layer ends with one fused op: residual add + the next layer's input norm (the
         // final norm after the last layer), so only the first input norm runs on its own.
         let n = self.layers.len();
@@ -194,28 +162,15 @@ impl LoopedModel for Ouro {
             None => ops::rms_norm(&h, &self.norm, self.cfg.rms_norm_eps)?,
         };
         for l in 0..n {
-            let next_norm = if l + 1 < n {
-                &self.layers[l + 1].input_norm
-            } else {
-                &self.norm
-            };
+            let next_norm = if l + 1 < n { &self.layers[l + 1].input_norm } else { &self.norm };
             (h, a) = self.layer_forward(l, &h, &a, next_norm, input, batch, kv)?;
         }
         let h = a;
         let gate_logit = self.gate.forward(&h.to_dtype(DType::F32)?)?.squeeze(1)?;
-        Ok(CoreOut {
-            hidden: h,
-            gate_logit: Some(gate_logit),
-        })
+        Ok(CoreOut { hidden: h, gate_logit: Some(gate_logit) })
     }
 
-    fn coda(
-        &self,
-        state: &Tensor,
-        _input: &StageInput,
-        _batch: &PagedBatch,
-        _kv: &KvStore,
-    ) -> Result<Tensor> {
+    fn coda(&self, state: &Tensor, _input: &StageInput, _batch: &PagedBatch, _kv: &KvStore) -> Result<Tensor> {
         Ok(state.clone())
     }
 

@@ -1,9 +1,7 @@
 //! CUDA kernels of our own (feature `cuda`). The PTX is built from `src/ops/kernels/*.cu` by
 //! `build.rs` and loaded through candle's `CudaDevice::get_or_load_custom_func`.
 
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor};
@@ -47,29 +45,15 @@ pub fn paged_attention(
         candle_core::Device::Cuda(d) => d.clone(),
         d => bail!("paged attention (cuda): q is on {d:?}"),
     };
-    for (name, t) in [
-        ("k_cache", k_cache),
-        ("v_cache", v_cache),
-        ("block_tables", block_tables),
-        ("context_lens", context_lens),
-        ("cu_q_lens", cu_q_lens),
-    ] {
+    for (name, t) in [("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables), ("context_lens", context_lens), ("cu_q_lens", cu_q_lens)] {
         if !t.device().same_device(q.device()) {
-            bail!(
-                "paged attention (cuda): {name} is on {:?}, q on {:?}",
-                t.device(),
-                q.device()
-            );
+            bail!("paged attention (cuda): {name} is on {:?}, q on {:?}", t.device(), q.device());
         }
     }
     let (tokens, heads, hd) = q.dims3()?;
     let (_num_blocks, block_size, kv_heads, khd) = k_cache.dims4()?;
     if v_cache.dims() != k_cache.dims() {
-        bail!(
-            "paged attention (cuda): v_cache {:?} vs k_cache {:?}",
-            v_cache.dims(),
-            k_cache.dims()
-        );
+        bail!("paged attention (cuda): v_cache {:?} vs k_cache {:?}", v_cache.dims(), k_cache.dims());
     }
     if khd != hd {
         bail!("paged attention (cuda): q head dim {hd}, cache head dim {khd}");
@@ -85,38 +69,19 @@ pub fn paged_attention(
     }
     let dtype = q.dtype();
     if k_cache.dtype() != dtype || v_cache.dtype() != dtype {
-        bail!(
-            "paged attention (cuda): dtypes q {dtype:?}, k {:?}, v {:?}",
-            k_cache.dtype(),
-            v_cache.dtype()
-        );
+        bail!("paged attention (cuda): dtypes q {dtype:?}, k {:?}, v {:?}", k_cache.dtype(), v_cache.dtype());
     }
-    for (name, t) in [
-        ("block_tables", block_tables),
-        ("context_lens", context_lens),
-        ("cu_q_lens", cu_q_lens),
-    ] {
+    for (name, t) in [("block_tables", block_tables), ("context_lens", context_lens), ("cu_q_lens", cu_q_lens)] {
         if t.dtype() != DType::U32 {
-            bail!(
-                "paged attention (cuda): {name} must be u32, got {:?}",
-                t.dtype()
-            );
+            bail!("paged attention (cuda): {name} must be u32, got {:?}", t.dtype());
         }
     }
     let (rows, max_blocks) = block_tables.dims2()?;
     if context_lens.dims1()? != rows || cu_q_lens.dims1()? != rows + 1 {
-        bail!(
-            "paged attention (cuda): {rows} table rows, context_lens {:?}, cu_q_lens {:?}",
-            context_lens.dims(),
-            cu_q_lens.dims()
-        );
+        bail!("paged attention (cuda): {rows} table rows, context_lens {:?}, cu_q_lens {:?}", context_lens.dims(), cu_q_lens.dims());
     }
     let i32_ok = |x: usize| x <= i32::MAX as usize;
-    if !(i32_ok(tokens * heads)
-        && i32_ok(rows + 1)
-        && i32_ok(max_blocks)
-        && i32_ok(max_context_len))
-    {
+    if !(i32_ok(tokens * heads) && i32_ok(rows + 1) && i32_ok(max_blocks) && i32_ok(max_context_len)) {
         bail!("paged attention (cuda): sizes exceed i32");
     }
     if tokens == 0 || rows == 0 {
@@ -140,9 +105,7 @@ pub fn paged_attention(
         8
     };
     // Tensor-core path for bf16/f16 with many query items per row; `PONDER_PA_MMA=0` turns it off.
-    let mma = matches!(dtype, DType::BF16 | DType::F16)
-        && items >= MMA_MIN_ITEMS
-        && !matches!(std::env::var("PONDER_PA_MMA").as_deref(), Ok("0"));
+    let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && !matches!(std::env::var("PONDER_PA_MMA").as_deref(), Ok("0"));
     let p = Params {
         mma,
         tokens,
@@ -157,14 +120,7 @@ pub fn paged_attention(
         scale_log2: scale * std::f32::consts::LOG2_E,
         mask_block,
     };
-    let t = Inputs {
-        q: &q,
-        k: k_cache,
-        v: v_cache,
-        bt: block_tables,
-        cl: context_lens,
-        cu: cu_q_lens,
-    };
+    let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
     match dtype {
         DType::BF16 => launch::<bf16>(&dev, "bf16", &t, &p),
         DType::F16 => launch::<f16>(&dev, "f16", &t, &p),
@@ -199,12 +155,7 @@ struct Params {
 }
 
 /// A contiguous view of `storage` at `layout`, checked for dtype and (for vector loads) alignment.
-fn view<'a, T: CudaDType + DeviceRepr>(
-    storage: &'a Storage,
-    layout: &Layout,
-    name: &str,
-    align16: bool,
-) -> Result<CudaView<'a, T>> {
+fn view<'a, T: CudaDType + DeviceRepr>(storage: &'a Storage, layout: &Layout, name: &str, align16: bool) -> Result<CudaView<'a, T>> {
     let Storage::Cuda(cs) = storage else {
         bail!("paged attention (cuda): {name} is not a CUDA tensor");
     };
@@ -219,12 +170,7 @@ fn view<'a, T: CudaDType + DeviceRepr>(
     Ok(slice.slice(start..start + layout.shape().elem_count()))
 }
 
-fn launch<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    name: &str,
-    t: &Inputs,
-    p: &Params,
-) -> Result<Tensor> {
+fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p: &Params) -> Result<Tensor> {
     let (qs, ql) = t.q.storage_and_layout();
     let (ks, kl) = t.k.storage_and_layout();
     let (vs, vl) = t.v.storage_and_layout();
@@ -240,58 +186,24 @@ fn launch<T: CudaDType + DeviceRepr>(
 
     let group = p.heads / p.kv_heads;
     let n_out = p.tokens * p.heads * p.hd;
-    let bs_shift: i32 = if p.block_size.is_power_of_two() {
-        p.block_size.trailing_zeros() as i32
-    } else {
-        -1
-    };
-    let (num_rows, max_blocks, heads, kv_heads, block_size) = (
-        p.rows as i32,
-        p.max_blocks as i32,
-        p.heads as i32,
-        p.kv_heads as i32,
-        p.block_size as i32,
-    );
+    let bs_shift: i32 = if p.block_size.is_power_of_two() { p.block_size.trailing_zeros() as i32 } else { -1 };
+    let (num_rows, max_blocks, heads, kv_heads, block_size) = (p.rows as i32, p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32);
     let (mask_block, tokens) = (p.mask_block as i32, p.tokens as i32);
     let scale_log2 = p.scale_log2;
     if p.mma {
         let tiles = (p.tokens * group + p.rows * (MMA_NQ - 1)) / MMA_NQ;
         // SAFETY: every element is written by the kernel (cu_q_lens[R] == T covers every token).
         let mut out = unsafe { dev.alloc::<T>(n_out)? };
-        let func = dev.get_or_load_custom_func(
-            &format!("paged_attn_mma_{name}_d{}", p.hd),
-            PA_MODULE,
-            ptx::PAGED_ATTENTION,
-        )?;
-        let cfg = LaunchConfig {
-            grid_dim: (tiles as u32, p.kv_heads as u32, 1),
-            block_dim: ((NW * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let func = dev.get_or_load_custom_func(&format!("paged_attn_mma_{name}_d{}", p.hd), PA_MODULE, ptx::PAGED_ATTENTION)?;
+        let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, 1), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = func.builder();
-        b.arg(&mut out)
-            .arg(&q)
-            .arg(&k)
-            .arg(&v)
-            .arg(&bt)
-            .arg(&cl)
-            .arg(&cu);
-        b.arg(&num_rows)
-            .arg(&max_blocks)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&block_size)
-            .arg(&bs_shift);
+        b.arg(&mut out).arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
+        b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block);
         // SAFETY: argument list matches `paged_attn_mma_*` in paged_attention.cu.
         unsafe { b.launch(cfg) }.w()?;
         let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
-        return Ok(Tensor::from_storage(
-            Storage::Cuda(storage),
-            (p.tokens, p.heads, p.hd),
-            BackpropOp::none(),
-            false,
-        ));
+        return Ok(Tensor::from_storage(Storage::Cuda(storage), (p.tokens, p.heads, p.hd), BackpropOp::none(), false));
     }
     let nq = p.nq;
     // Tiles of nq query items per kv head: see the row search in the kernel.
@@ -302,10 +214,7 @@ fn launch<T: CudaDType + DeviceRepr>(
     let base_blocks = tiles * p.kv_heads;
     let mut splits = 1usize;
     if base_blocks < TARGET_BLOCKS && p.max_context_len >= 512 {
-        splits = TARGET_BLOCKS
-            .div_ceil(base_blocks)
-            .min(p.max_context_len / 256)
-            .clamp(1, 32);
+        splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / 256).clamp(1, 32);
     }
     let chunk = if splits == 1 {
         i32::MAX as usize
@@ -313,24 +222,12 @@ fn launch<T: CudaDType + DeviceRepr>(
         // A multiple of one block step (NW warps x up to 16 keys).
         p.max_context_len.div_ceil(splits).div_ceil(NW * 16) * (NW * 16)
     };
-    let splits = if splits == 1 {
-        1
-    } else {
-        p.max_context_len.div_ceil(chunk)
-    };
+    let splits = if splits == 1 { 1 } else { p.max_context_len.div_ceil(chunk) };
 
     // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
     let mut out = unsafe { dev.alloc::<T>(n_out)? };
-    let func = dev.get_or_load_custom_func(
-        &format!("paged_attn_{name}_d{}_q{nq}", p.hd),
-        PA_MODULE,
-        ptx::PAGED_ATTENTION,
-    )?;
-    let cfg = LaunchConfig {
-        grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32),
-        block_dim: ((NW * 32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let func = dev.get_or_load_custom_func(&format!("paged_attn_{name}_d{}_q{nq}", p.hd), PA_MODULE, ptx::PAGED_ATTENTION)?;
+    let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
     let (nsplits, chunk) = (splits as i32, chunk as i32);
     let null = 0u64;
     let ws = if splits > 1 {
@@ -356,48 +253,21 @@ fn launch<T: CudaDType + DeviceRepr>(
             }
         }
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
-        b.arg(&num_rows)
-            .arg(&max_blocks)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&block_size)
-            .arg(&bs_shift);
-        b.arg(&scale_log2)
-            .arg(&mask_block)
-            .arg(&nsplits)
-            .arg(&chunk)
-            .arg(&tokens);
+        b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
+        b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&tokens);
         // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
     if let Some((acc, ml)) = &ws {
-        let func = dev.get_or_load_custom_func(
-            &format!("paged_attn_combine_{name}_d{}", p.hd),
-            PA_MODULE,
-            ptx::PAGED_ATTENTION,
-        )?;
-        let cfg = LaunchConfig {
-            grid_dim: (p.tokens as u32, p.heads as u32, 1),
-            block_dim: (p.hd as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let func = dev.get_or_load_custom_func(&format!("paged_attn_combine_{name}_d{}", p.hd), PA_MODULE, ptx::PAGED_ATTENTION)?;
+        let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = func.builder();
-        b.arg(&mut out)
-            .arg(acc)
-            .arg(ml)
-            .arg(&nsplits)
-            .arg(&tokens)
-            .arg(&heads);
+        b.arg(&mut out).arg(acc).arg(ml).arg(&nsplits).arg(&tokens).arg(&heads);
         // SAFETY: matches `paged_attn_combine_*`; the workspace holds splits x T x H entries.
         unsafe { b.launch(cfg) }.w()?;
     }
     let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
-    Ok(Tensor::from_storage(
-        Storage::Cuda(storage),
-        (p.tokens, p.heads, p.hd),
-        BackpropOp::none(),
-        false,
-    ))
+    Ok(Tensor::from_storage(Storage::Cuda(storage), (p.tokens, p.heads, p.hd), BackpropOp::none(), false))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -413,12 +283,7 @@ fn cuda_dev(t: &Tensor, op: &str) -> Result<CudaDevice> {
 }
 
 /// A contiguous view of a tensor's storage at its layout, checked for dtype.
-fn op_view<'a, T: CudaDType + DeviceRepr>(
-    storage: &'a Storage,
-    layout: &Layout,
-    op: &str,
-    name: &str,
-) -> Result<CudaView<'a, T>> {
+fn op_view<'a, T: CudaDType + DeviceRepr>(storage: &'a Storage, layout: &Layout, op: &str, name: &str) -> Result<CudaView<'a, T>> {
     let Storage::Cuda(cs) = storage else {
         bail!("{op} (cuda): {name} is not a CUDA tensor");
     };
@@ -451,11 +316,7 @@ fn dtype_suffix(dtype: DType, op: &str) -> Result<&'static str> {
 fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&str, &Tensor)]) -> Result<()> {
     for (name, t) in ts {
         if !t.device().same_device(first.device()) {
-            bail!(
-                "{op} (cuda): {name} is on {:?}, not {:?}",
-                t.device(),
-                first.device()
-            );
+            bail!("{op} (cuda): {name} is on {:?}, not {:?}", t.device(), first.device());
         }
         if t.dtype() != dtype {
             bail!("{op} (cuda): {name} is {:?}, expected {dtype:?}", t.dtype());
@@ -480,17 +341,7 @@ fn check_qkv_rope(
     kv_heads: usize,
     head_dim: usize,
 ) -> Result<(usize, usize)> {
-    same_device_dtype(
-        op,
-        qkv.dtype(),
-        qkv,
-        &[
-            ("cos", cos),
-            ("sin", sin),
-            ("k_cache", k_cache),
-            ("v_cache", v_cache),
-        ],
-    )?;
+    same_device_dtype(op, qkv.dtype(), qkv, &[("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)])?;
     if !slot_mapping.device().same_device(qkv.device()) || slot_mapping.dtype() != DType::U32 {
         bail!("{op} (cuda): slot_mapping must be u32 on the device of qkv");
     }
@@ -500,22 +351,10 @@ fn check_qkv_rope(
     }
     let (nb, bs, kvh, hd) = k_cache.dims4()?;
     if kvh != kv_heads || hd != head_dim || v_cache.dims() != k_cache.dims() {
-        bail!(
-            "{op} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}",
-            k_cache.dims(),
-            v_cache.dims()
-        );
+        bail!("{op} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}", k_cache.dims(), v_cache.dims());
     }
-    if cos.dims() != [tokens, head_dim / 2]
-        || sin.dims() != cos.dims()
-        || slot_mapping.dims() != [tokens]
-    {
-        bail!(
-            "{op} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens",
-            cos.dims(),
-            sin.dims(),
-            slot_mapping.dims()
-        );
+    if cos.dims() != [tokens, head_dim / 2] || sin.dims() != cos.dims() || slot_mapping.dims() != [tokens] {
+        bail!("{op} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens", cos.dims(), sin.dims(), slot_mapping.dims());
     }
     if tokens * width > i32::MAX as usize {
         bail!("{op} (cuda): sizes out of range");
@@ -545,18 +384,7 @@ pub fn qkv_rope_write(
     if head_dim % 2 != 0 {
         bail!("{OP} (cuda): odd head dim {head_dim}");
     }
-    let (tokens, num_slots) = check_qkv_rope(
-        OP,
-        qkv,
-        cos,
-        sin,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        heads,
-        kv_heads,
-        head_dim,
-    )?;
+    let (tokens, num_slots) = check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim)?;
     let pairs = (heads + kv_heads) * (head_dim / 2) + kv_heads * (head_dim / 2);
     if pairs == 0 {
         bail!("{OP} (cuda): sizes out of range");
@@ -566,51 +394,9 @@ pub fn qkv_rope_write(
         return Tensor::zeros((0, heads, head_dim), dtype, qkv.device());
     }
     match dtype {
-        DType::BF16 => qkv_rope_launch::<bf16>(
-            &dev,
-            suf,
-            qkv,
-            cos,
-            sin,
-            k_cache,
-            v_cache,
-            slot_mapping,
-            heads,
-            kv_heads,
-            head_dim,
-            num_slots,
-            pairs,
-        ),
-        DType::F16 => qkv_rope_launch::<f16>(
-            &dev,
-            suf,
-            qkv,
-            cos,
-            sin,
-            k_cache,
-            v_cache,
-            slot_mapping,
-            heads,
-            kv_heads,
-            head_dim,
-            num_slots,
-            pairs,
-        ),
-        _ => qkv_rope_launch::<f32>(
-            &dev,
-            suf,
-            qkv,
-            cos,
-            sin,
-            k_cache,
-            v_cache,
-            slot_mapping,
-            heads,
-            kv_heads,
-            head_dim,
-            num_slots,
-            pairs,
-        ),
+        DType::BF16 => qkv_rope_launch::<bf16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs),
+        DType::F16 => qkv_rope_launch::<f16>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs),
+        _ => qkv_rope_launch::<f32>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs),
     }
 }
 
@@ -649,28 +435,12 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     let slots = op_view::<u32>(&ms, ml, OP, "slot_mapping")?;
     // SAFETY: every (token, head, dim) of q is written by the kernel (one thread per pair).
     let mut q_out = unsafe { dev.alloc::<T>(tokens * heads * head_dim)? };
-    let func =
-        dev.get_or_load_custom_func(&format!("qkv_rope_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let func = dev.get_or_load_custom_func(&format!("qkv_rope_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
     const THREADS: usize = 256;
-    let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, pairs.div_ceil(THREADS) as u32, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let (h, kvh, hd, ns) = (
-        heads as i32,
-        kv_heads as i32,
-        head_dim as i32,
-        num_slots as i64,
-    );
+    let cfg = LaunchConfig { grid_dim: (tokens as u32, pairs.div_ceil(THREADS) as u32, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let (h, kvh, hd, ns) = (heads as i32, kv_heads as i32, head_dim as i32, num_slots as i64);
     let mut b = func.builder();
-    b.arg(&mut q_out)
-        .arg(&k_v)
-        .arg(&v_v)
-        .arg(&qkv_v)
-        .arg(&cos_v)
-        .arg(&sin_v)
-        .arg(&slots);
+    b.arg(&mut q_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
     b.arg(&h).arg(&kvh).arg(&hd).arg(&ns);
     // SAFETY: argument list matches `qkv_rope_write_*` in fused.cu; shapes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
@@ -703,44 +473,16 @@ pub fn qkv_norm_rope_write(
     if let Some((qn, kn)) = qk_norm {
         same_device_dtype(OP, dtype, qkv, &[("q_norm", qn), ("k_norm", kn)])?;
         if qn.dims() != [head_dim] || kn.dims() != [head_dim] {
-            bail!(
-                "{OP} (cuda): q/k norm weights {:?} / {:?} for head dim {head_dim}",
-                qn.dims(),
-                kn.dims()
-            );
+            bail!("{OP} (cuda): q/k norm weights {:?} / {:?} for head dim {head_dim}", qn.dims(), kn.dims());
         }
     }
-    let (tokens, num_slots) = check_qkv_rope(
-        OP,
-        qkv,
-        cos,
-        sin,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        heads,
-        kv_heads,
-        head_dim,
-    )?;
+    let (tokens, num_slots) = check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim)?;
     let suf = dtype_suffix(dtype, OP)?;
     if tokens == 0 {
         let z = |h: usize| Tensor::zeros((0, h, head_dim), dtype, qkv.device());
         return Ok((z(heads)?, z(kv_heads)?, z(kv_heads)?));
     }
-    let a = NormRopeArgs {
-        qkv,
-        qk_norm,
-        eps,
-        cos,
-        sin,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        heads,
-        kv_heads,
-        head_dim,
-        num_slots,
-    };
+    let a = NormRopeArgs { qkv, qk_norm, eps, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots };
     match dtype {
         DType::BF16 => norm_rope_launch::<bf16>(&dev, suf, &a),
         DType::F16 => norm_rope_launch::<f16>(&dev, suf, &a),
@@ -763,11 +505,7 @@ struct NormRopeArgs<'a> {
     num_slots: usize,
 }
 
-fn norm_rope_launch<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    suf: &str,
-    a: &NormRopeArgs,
-) -> Result<(Tensor, Tensor, Tensor)> {
+fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &NormRopeArgs) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "qkv_norm_rope_write";
     let tokens = a.qkv.dim(0)?;
     let (qs, ql) = a.qkv.storage_and_layout();
@@ -795,52 +533,18 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(
     let mut q_out = unsafe { dev.alloc::<T>(tokens * h * hd)? };
     let mut k_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
     let mut v_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
-    let func = dev.get_or_load_custom_func(
-        &format!("qkv_norm_rope_write_{suf}"),
-        FUSED_MODULE,
-        ptx::FUSED,
-    )?;
+    let func = dev.get_or_load_custom_func(&format!("qkv_norm_rope_write_{suf}"), FUSED_MODULE, ptx::FUSED)?;
     const WARPS: usize = 4;
     let units = h + 2 * kvh;
-    let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, units.div_ceil(WARPS) as u32, 1),
-        block_dim: (32 * WARPS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let (hi, kvhi, hdi, norm, eps, ns) = (
-        h as i32,
-        kvh as i32,
-        hd as i32,
-        a.qk_norm.is_some() as i32,
-        a.eps as f32,
-        a.num_slots as i64,
-    );
+    let cfg = LaunchConfig { grid_dim: (tokens as u32, units.div_ceil(WARPS) as u32, 1), block_dim: (32 * WARPS as u32, 1, 1), shared_mem_bytes: 0 };
+    let (hi, kvhi, hdi, norm, eps, ns) = (h as i32, kvh as i32, hd as i32, a.qk_norm.is_some() as i32, a.eps as f32, a.num_slots as i64);
     let mut b = func.builder();
-    b.arg(&mut q_out)
-        .arg(&mut k_out)
-        .arg(&mut v_out)
-        .arg(&k_v)
-        .arg(&v_v)
-        .arg(&qkv_v)
-        .arg(&qn_v)
-        .arg(&kn_v)
-        .arg(&norm);
-    b.arg(&cos_v)
-        .arg(&sin_v)
-        .arg(&slots)
-        .arg(&hi)
-        .arg(&kvhi)
-        .arg(&hdi)
-        .arg(&eps)
-        .arg(&ns);
+    b.arg(&mut q_out).arg(&mut k_out).arg(&mut v_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&qn_v).arg(&kn_v).arg(&norm);
+    b.arg(&cos_v).arg(&sin_v).arg(&slots).arg(&hi).arg(&kvhi).arg(&hdi).arg(&eps).arg(&ns);
     // SAFETY: argument list matches `qkv_norm_rope_write_*` in fused.cu; shapes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
-    Ok((
-        wrap(q_out, dev, (tokens, h, hd)),
-        wrap(k_out, dev, (tokens, kvh, hd)),
-        wrap(v_out, dev, (tokens, kvh, hd)),
-    ))
+    Ok((wrap(q_out, dev, (tokens, h, hd)), wrap(k_out, dev, (tokens, kvh, hd)), wrap(v_out, dev, (tokens, kvh, hd))))
 }
 
 /// Copies row `r` of `src` `[rows, ..]` into row `index[r]` of `dst`, in place; `dst` is viewed
@@ -856,25 +560,12 @@ pub fn scatter_rows(dst: &Tensor, src: &Tensor, index: &Tensor) -> Result<()> {
         bail!("{OP} (cuda): index must be u32 on the device of dst");
     }
     if !dst.is_contiguous() || src.rank() == 0 {
-        bail!(
-            "{OP} (cuda): dst must be contiguous and src have rows, got {:?} / {:?}",
-            dst.dims(),
-            src.dims()
-        );
+        bail!("{OP} (cuda): dst must be contiguous and src have rows, got {:?} / {:?}", dst.dims(), src.dims());
     }
     let rows = src.dim(0)?;
-    let width = if rows == 0 {
-        0
-    } else {
-        src.elem_count() / rows
-    };
+    let width = if rows == 0 { 0 } else { src.elem_count() / rows };
     if index.dims() != [rows] || (width > 0 && dst.elem_count() % width != 0) {
-        bail!(
-            "{OP} (cuda): src {:?} / index {:?} / dst {:?} do not agree",
-            src.dims(),
-            index.dims(),
-            dst.dims()
-        );
+        bail!("{OP} (cuda): src {:?} / index {:?} / dst {:?} do not agree", src.dims(), index.dims(), dst.dims());
     }
     if rows == 0 || width == 0 {
         return Ok(());
@@ -885,12 +576,8 @@ pub fn scatter_rows(dst: &Tensor, src: &Tensor, index: &Tensor) -> Result<()> {
     let dst_rows = dst.elem_count() / width;
     let suf = dtype_suffix(dtype, OP)?;
     match dtype {
-        DType::BF16 => {
-            scatter_rows_launch::<bf16>(&dev, suf, dst, &src, index, rows, width, dst_rows)
-        }
-        DType::F16 => {
-            scatter_rows_launch::<f16>(&dev, suf, dst, &src, index, rows, width, dst_rows)
-        }
+        DType::BF16 => scatter_rows_launch::<bf16>(&dev, suf, dst, &src, index, rows, width, dst_rows),
+        DType::F16 => scatter_rows_launch::<f16>(&dev, suf, dst, &src, index, rows, width, dst_rows),
         _ => scatter_rows_launch::<f32>(&dev, suf, dst, &src, index, rows, width, dst_rows),
     }
 }
@@ -915,13 +602,8 @@ fn scatter_rows_launch<T: CudaDType + DeviceRepr>(
     let dst_v = op_view::<T>(&ds, dl, OP, "dst")?;
     let src_v = op_view::<T>(&ss, sl, OP, "src")?;
     let index_v = op_view::<u32>(&is, il, OP, "index")?;
-    let func =
-        dev.get_or_load_custom_func(&format!("scatter_rows_{suf}"), FUSED_MODULE, ptx::FUSED)?;
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let func = dev.get_or_load_custom_func(&format!("scatter_rows_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     let (w, n) = (width as i32, dst_rows as i64);
     let mut b = func.builder();
     b.arg(&dst_v).arg(&src_v).arg(&index_v).arg(&w).arg(&n);
@@ -944,10 +626,7 @@ pub fn greedy_confidence(logits: &Tensor, exclude: Option<u32>) -> Result<(Tenso
     let dtype = logits.dtype();
     let suf = dtype_suffix(dtype, OP)?;
     if rows == 0 {
-        return Ok((
-            Tensor::zeros(0, DType::U32, logits.device())?,
-            Tensor::zeros(0, DType::F32, logits.device())?,
-        ));
+        return Ok((Tensor::zeros(0, DType::U32, logits.device())?, Tensor::zeros(0, DType::F32, logits.device())?));
     }
     let exclude = exclude.map_or(-1, |e| e as i32);
     match dtype {
@@ -957,37 +636,18 @@ pub fn greedy_confidence(logits: &Tensor, exclude: Option<u32>) -> Result<(Tenso
     }
 }
 
-fn greedy_launch<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    suf: &str,
-    logits: &Tensor,
-    rows: usize,
-    vocab: usize,
-    exclude: i32,
-) -> Result<(Tensor, Tensor)> {
+fn greedy_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, logits: &Tensor, rows: usize, vocab: usize, exclude: i32) -> Result<(Tensor, Tensor)> {
     const OP: &str = "greedy_confidence";
     let (ls, ll) = logits.storage_and_layout();
     let l_v = op_view::<T>(&ls, ll, OP, "logits")?;
     // SAFETY: the kernel writes one token and one probability per row.
     let mut tokens = unsafe { dev.alloc::<u32>(rows)? };
     let mut conf = unsafe { dev.alloc::<f32>(rows)? };
-    let func = dev.get_or_load_custom_func(
-        &format!("greedy_confidence_{suf}"),
-        FUSED_MODULE,
-        ptx::FUSED,
-    )?;
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let func = dev.get_or_load_custom_func(&format!("greedy_confidence_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let v = vocab as i32;
     let mut b = func.builder();
-    b.arg(&mut tokens)
-        .arg(&mut conf)
-        .arg(&l_v)
-        .arg(&v)
-        .arg(&exclude);
+    b.arg(&mut tokens).arg(&mut conf).arg(&l_v).arg(&v).arg(&exclude);
     // SAFETY: argument list matches `greedy_confidence_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -1000,13 +660,7 @@ const FOCUS_MODULE: &str = "ponder_focus";
 /// `[T, KV, D]` of the launch's tokens, `gather` `[R * m]` u32 token indices of each row's
 /// masked tokens padded to `m` (at most 32), `lens` `[R]` u32 → `[R, m]` f32, rounded through
 /// the dtype of `q`. Deterministic (fixed summation order).
-pub fn focus_importance(
-    q: &Tensor,
-    k: &Tensor,
-    gather: &Tensor,
-    lens: &Tensor,
-    m: usize,
-) -> Result<Tensor> {
+pub fn focus_importance(q: &Tensor, k: &Tensor, gather: &Tensor, lens: &Tensor, m: usize) -> Result<Tensor> {
     const OP: &str = "focus_importance";
     let dev = cuda_dev(q, OP)?;
     let dtype = q.dtype();
@@ -1028,9 +682,7 @@ pub fn focus_importance(
     }
     let suf = dtype_suffix(dtype, OP)?;
     match dtype {
-        DType::BF16 => {
-            focus_launch::<bf16>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d)
-        }
+        DType::BF16 => focus_launch::<bf16>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d),
         DType::F16 => focus_launch::<f16>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d),
         _ => focus_launch::<f32>(&dev, suf, &q, &k, gather, lens, rows, m, heads, kvh, d),
     }
@@ -1062,47 +714,16 @@ fn focus_launch<T: CudaDType + DeviceRepr>(
     // SAFETY: pass 1 writes every element of [rows, heads, m], pass 2 every element of [rows, m].
     let mut partial = unsafe { dev.alloc::<f32>(rows * heads * m)? };
     let mut out = unsafe { dev.alloc::<f32>(rows * m)? };
-    let (mm, h, g, dd, scale) = (
-        m as i32,
-        heads as i32,
-        kvh as i32,
-        d as i32,
-        1.0f32 / (d as f32).sqrt(),
-    );
-    let func = dev.get_or_load_custom_func(
-        &format!("focus_importance_heads_{suf}"),
-        FOCUS_MODULE,
-        ptx::FOCUS,
-    )?;
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, heads as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let (mm, h, g, dd, scale) = (m as i32, heads as i32, kvh as i32, d as i32, 1.0f32 / (d as f32).sqrt());
+    let func = dev.get_or_load_custom_func(&format!("focus_importance_heads_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, heads as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();
-    b.arg(&mut partial)
-        .arg(&q_v)
-        .arg(&k_v)
-        .arg(&g_v)
-        .arg(&l_v)
-        .arg(&mm)
-        .arg(&h)
-        .arg(&g)
-        .arg(&dd)
-        .arg(&scale);
+    b.arg(&mut partial).arg(&q_v).arg(&k_v).arg(&g_v).arg(&l_v).arg(&mm).arg(&h).arg(&g).arg(&dd).arg(&scale);
     // SAFETY: argument list matches `focus_importance_heads_*` in focus.cu; sizes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
-    let func = dev.get_or_load_custom_func(
-        &format!("focus_importance_sum_{suf}"),
-        FOCUS_MODULE,
-        ptx::FOCUS,
-    )?;
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let func = dev.get_or_load_custom_func(&format!("focus_importance_sum_{suf}"), FOCUS_MODULE, ptx::FOCUS)?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();
     b.arg(&mut out).arg(&partial).arg(&l_v).arg(&mm).arg(&h);
     // SAFETY: argument list matches `focus_importance_sum_*` in focus.cu.
@@ -1113,36 +734,17 @@ fn focus_launch<T: CudaDType + DeviceRepr>(
 
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))` over the last dim, in one
 /// launch. `residual`, `x` `[.., C]` and the weights `[C]` share one dtype; f32 statistics.
-pub fn add_rms_norm(
-    residual: &Tensor,
-    x: &Tensor,
-    w_x: &Tensor,
-    w_next: &Tensor,
-    eps: f32,
-) -> Result<(Tensor, Tensor)> {
+pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
     const OP: &str = "add_rms_norm";
     let dev = cuda_dev(x, OP)?;
     let dtype = x.dtype();
-    same_device_dtype(
-        OP,
-        dtype,
-        x,
-        &[("residual", residual), ("w_x", w_x), ("w_next", w_next)],
-    )?;
+    same_device_dtype(OP, dtype, x, &[("residual", residual), ("w_x", w_x), ("w_next", w_next)])?;
     if residual.dims() != x.dims() {
-        bail!(
-            "{OP} (cuda): residual {:?} vs x {:?}",
-            residual.dims(),
-            x.dims()
-        );
+        bail!("{OP} (cuda): residual {:?} vs x {:?}", residual.dims(), x.dims());
     }
     let ncols = x.dim(candle_core::D::Minus1)?;
     if w_x.dims1()? != ncols || w_next.dims1()? != ncols {
-        bail!(
-            "{OP} (cuda): weights {:?} / {:?} for {ncols} columns",
-            w_x.dims(),
-            w_next.dims()
-        );
+        bail!("{OP} (cuda): weights {:?} / {:?} for {ncols} columns", w_x.dims(), w_next.dims());
     }
     let rows = x.elem_count() / ncols.max(1);
     if ncols == 0 || rows == 0 {
@@ -1156,12 +758,8 @@ pub fn add_rms_norm(
     let x = x.contiguous()?;
     let (w_x, w_next) = (w_x.contiguous()?, w_next.contiguous()?);
     match dtype {
-        DType::BF16 => {
-            add_rms_launch::<bf16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps)
-        }
-        DType::F16 => {
-            add_rms_launch::<f16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps)
-        }
+        DType::BF16 => add_rms_launch::<bf16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps),
+        DType::F16 => add_rms_launch::<f16>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps),
         _ => add_rms_launch::<f32>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps),
     }
 }
@@ -1190,23 +788,13 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     // SAFETY: the kernel writes every element of both outputs (one block per row).
     let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
-    let func =
-        dev.get_or_load_custom_func(&format!("add_rms_norm_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let func = dev.get_or_load_custom_func(&format!("add_rms_norm_{suf}"), FUSED_MODULE, ptx::FUSED)?;
     // ~8 columns per thread, a multiple of 32 threads, at most 1024.
     let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
-    let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (threads as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
     let nc = ncols as i32;
     let mut b = func.builder();
-    b.arg(&mut h_out)
-        .arg(&mut n_out)
-        .arg(&r_v)
-        .arg(&x_v)
-        .arg(&w_v)
-        .arg(&n_v);
+    b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
     b.arg(&nc).arg(&eps);
     // SAFETY: argument list matches `add_rms_norm_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
@@ -1240,14 +828,7 @@ pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     }
 }
 
-fn silu_mul_launch<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    suf: &str,
-    gate_up: &Tensor,
-    rows: usize,
-    inter: usize,
-    dims: Vec<usize>,
-) -> Result<Tensor> {
+fn silu_mul_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, gate_up: &Tensor, rows: usize, inter: usize, dims: Vec<usize>) -> Result<Tensor> {
     const OP: &str = "silu_mul";
     let (gs, gl) = gate_up.storage_and_layout();
     let g_v = op_view::<T>(&gs, gl, OP, "gate_up")?;
@@ -1256,11 +837,7 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(
     let mut out = unsafe { dev.alloc::<T>(n)? };
     let func = dev.get_or_load_custom_func(&format!("silu_mul_{suf}"), FUSED_MODULE, ptx::FUSED)?;
     const THREADS: usize = 256;
-    let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(THREADS).min(132 * 16) as u32, 1, 1),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(THREADS).min(132 * 16) as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let (r, i) = (rows as i64, inter as i32);
     if inter > i32::MAX as usize {
         bail!("{OP} (cuda): intermediate size out of range");
@@ -1285,10 +862,7 @@ pub fn compact_rows(sources: &[&Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
     }
     let dtype = first.dtype();
     let dev = cuda_dev(first, OP)?;
-    let srcs = sources
-        .iter()
-        .map(|s| s.contiguous())
-        .collect::<Result<Vec<_>>>()?;
+    let srcs = sources.iter().map(|s| s.contiguous()).collect::<Result<Vec<_>>>()?;
     let named: Vec<(&str, &Tensor)> = srcs.iter().map(|s| ("source", s)).collect();
     same_device_dtype(OP, dtype, first, &named)?;
     let suf = dtype_suffix(dtype, OP)?;
@@ -1299,30 +873,15 @@ pub fn compact_rows(sources: &[&Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
     }
 }
 
-fn compact_launch<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    suf: &str,
-    srcs: &[Tensor],
-    index: &[u32],
-) -> Result<Vec<Tensor>> {
+fn compact_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, srcs: &[Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
     use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
     const OP: &str = "compact_rows";
     let rows = srcs[0].dim(0)?;
     let n = index.len();
-    let shapes: Vec<Vec<usize>> = srcs
-        .iter()
-        .map(|s| {
-            std::iter::once(n)
-                .chain(s.dims()[1..].iter().copied())
-                .collect()
-        })
-        .collect();
+    let shapes: Vec<Vec<usize>> = srcs.iter().map(|s| std::iter::once(n).chain(s.dims()[1..].iter().copied()).collect()).collect();
     let widths: Vec<usize> = srcs.iter().map(|s| s.elem_count() / rows.max(1)).collect();
     if n == 0 || rows == 0 {
-        return shapes
-            .into_iter()
-            .map(|s| Tensor::zeros(s, srcs[0].dtype(), srcs[0].device()))
-            .collect();
+        return shapes.into_iter().map(|s| Tensor::zeros(s, srcs[0].dtype(), srcs[0].device())).collect();
     }
     if n > i32::MAX as usize || widths.iter().any(|&w| w > i32::MAX as usize) {
         bail!("{OP} (cuda): sizes out of range");
@@ -1330,15 +889,9 @@ fn compact_launch<T: CudaDType + DeviceRepr>(
     let stream = dev.cuda_stream();
     let idx = dev.clone_htod(index)?;
     // SAFETY: the kernel writes every element of each output ([n, width]).
-    let mut outs = widths
-        .iter()
-        .map(|&w| unsafe { dev.alloc::<T>(n * w) })
-        .collect::<Result<Vec<_>>>()?;
+    let mut outs = widths.iter().map(|&w| unsafe { dev.alloc::<T>(n * w) }).collect::<Result<Vec<_>>>()?;
     let storages: Vec<_> = srcs.iter().map(|s| s.storage_and_layout()).collect();
-    let views = storages
-        .iter()
-        .map(|(st, l)| op_view::<T>(st, l, OP, "source"))
-        .collect::<Result<Vec<_>>>()?;
+    let views = storages.iter().map(|(st, l)| op_view::<T>(st, l, OP, "source")).collect::<Result<Vec<_>>>()?;
     // Raw pointers so that unused slots (width 0, never dereferenced) can repeat the first.
     let (mut src_ptrs, mut dst_ptrs, mut syncs_r, mut syncs_w) = (vec![], vec![], vec![], vec![]);
     for v in &views {
@@ -1351,23 +904,12 @@ fn compact_launch<T: CudaDType + DeviceRepr>(
         dst_ptrs.push(p);
         syncs_w.push(s);
     }
-    let w: Vec<i32> = (0..4)
-        .map(|i| widths.get(i).map_or(0, |&w| w as i32))
-        .collect();
-    let sp: Vec<u64> = (0..4)
-        .map(|i| *src_ptrs.get(i).unwrap_or(&src_ptrs[0]))
-        .collect();
-    let dp: Vec<u64> = (0..4)
-        .map(|i| *dst_ptrs.get(i).unwrap_or(&dst_ptrs[0]))
-        .collect();
+    let w: Vec<i32> = (0..4).map(|i| widths.get(i).map_or(0, |&w| w as i32)).collect();
+    let sp: Vec<u64> = (0..4).map(|i| *src_ptrs.get(i).unwrap_or(&src_ptrs[0])).collect();
+    let dp: Vec<u64> = (0..4).map(|i| *dst_ptrs.get(i).unwrap_or(&dst_ptrs[0])).collect();
     let total_rows = rows as i64;
-    let func =
-        dev.get_or_load_custom_func(&format!("compact_rows_{suf}"), FUSED_MODULE, ptx::FUSED)?;
-    let cfg = LaunchConfig {
-        grid_dim: (n as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let func = dev.get_or_load_custom_func(&format!("compact_rows_{suf}"), FUSED_MODULE, ptx::FUSED)?;
+    let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();
     for i in 0..4 {
         b.arg(&dp[i]).arg(&sp[i]).arg(&w[i]);
@@ -1378,9 +920,5 @@ fn compact_launch<T: CudaDType + DeviceRepr>(
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     drop((syncs_r, syncs_w));
-    Ok(outs
-        .into_iter()
-        .zip(shapes)
-        .map(|(o, s)| wrap(o, dev, s))
-        .collect())
+    Ok(outs.into_iter().zip(shapes).map(|(o, s)| wrap(o, dev, s)).collect())
 }
