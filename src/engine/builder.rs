@@ -384,6 +384,7 @@ impl EngineBuilder {
         if gate.max_steps() > spec.max_steps {
             return Err(Error::InvalidOption(format!("exit gate allows {} steps but the model loops at most {} times", gate.max_steps(), spec.max_steps)));
         }
+        let latent_diff = gate.reads_latent_diff();
         let scheduler: Box<dyn Scheduler> = match self.factory {
             Some(f) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone(), gate }),
             None => match self.scheduler {
@@ -401,7 +402,8 @@ impl EngineBuilder {
             },
         };
         let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, self.block_size, scheduler.state_bank_rows(), self.cuda_graphs)?
-            .with_device_timing(self.time_device);
+            .with_device_timing(self.time_device)
+            .with_latent_diff(latent_diff);
         let mut engine = Engine::assemble(ModelRunner::Looped(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);
         engine.set_overlap(self.overlap)?;
         Ok(engine)

@@ -37,6 +37,8 @@ pub struct LoopedRunner {
     device_timing: bool,
     /// Device-side span of the last collected launch (`None` without timing or off CUDA).
     last_device: std::cell::Cell<Option<DeviceSpan>>,
+    /// Core steps compute the relative latent change (the exit gate reads it).
+    compute_latent: bool,
 }
 
 /// Stream events around one launch: its device-side span is `start → end`, its forward's
@@ -119,6 +121,7 @@ impl LoopedRunner {
             capture: std::env::var("PONDER_GRAPH_CAPTURE").map_or(true, |v| v != "0"),
             device_timing: false,
             last_device: Default::default(),
+            compute_latent: true,
         })
     }
 
@@ -128,6 +131,13 @@ impl LoopedRunner {
     /// beyond collecting the results.
     pub fn with_device_timing(mut self, on: bool) -> Self {
         self.device_timing = on;
+        self
+    }
+
+    /// Whether core steps compute the relative latent change ‖s_r − s_{r−1}‖ / ‖s_r‖ (default on;
+    /// off when the exit gate does not read it).
+    pub fn with_latent_diff(mut self, on: bool) -> Self {
+        self.compute_latent = on;
         self
     }
 
@@ -348,14 +358,8 @@ impl LoopedRunner {
         let h_old = self.bank()?.index_select(&idx, 0)?;
         let out = self.model.core_step(&h_old, &input, &batch, &self.kv)?;
         self.write_bank(&idx, &out.hidden)?;
-        let latent_diff = self.latent_diff(&h_old, &out.hidden)?;
-        Ok(Forward {
-            logits: None,
-            gate_logits: out.gate_logit.map(|g| g.unsqueeze(0)).transpose()?,
-            latent_diff: Some(latent_diff),
-            sample_rows: Vec::new(),
-            greedy_ids: None,
-        })
+        let latent_diff = self.compute_latent.then(|| self.latent_diff(&h_old, &out.hidden)).transpose()?;
+        Ok(Forward { logits: None, gate_logits: out.gate_logit.map(|g| g.unsqueeze(0)).transpose()?, latent_diff, sample_rows: Vec::new(), greedy_ids: None })
     }
 
     /// ‖s_r − s_{r−1}‖ / ‖s_r‖ per row, over the state proper (the first `hidden_size` columns).
@@ -564,7 +568,13 @@ impl LoopedRunner {
         let gate_logits = st.has_gate.then(|| st.gate.narrow(1, 0, n)).transpose()?;
         let logits = st.logits.as_ref().map(|l| l.narrow(0, 0, n)).transpose()?;
         Ok(Some(match key.stage {
-            Stage::CoreStep => Forward { logits: None, gate_logits, latent_diff: Some(st.latent.narrow(0, 0, n)?), sample_rows: Vec::new(), greedy_ids: None },
+            Stage::CoreStep => Forward {
+                logits: None,
+                gate_logits,
+                latent_diff: self.compute_latent.then(|| st.latent.narrow(0, 0, n)).transpose()?,
+                sample_rows: Vec::new(),
+                greedy_ids: None,
+            },
             Stage::Coda => Forward {
                 logits,
                 gate_logits: None,
@@ -631,8 +641,10 @@ impl LoopedRunner {
                 let input = self.model.prepare(&st.positions)?;
                 let h_old = self.bank()?.index_select(&st.state, 0)?;
                 let out = self.model.core_step(&h_old, &input, &batches[0], &self.kv)?;
-                let latent_diff = self.latent_diff(&h_old, &out.hidden)?;
-                st.latent.slice_set(&latent_diff.contiguous()?, 0, 0)?;
+                if self.compute_latent {
+                    let latent_diff = self.latent_diff(&h_old, &out.hidden)?;
+                    st.latent.slice_set(&latent_diff.contiguous()?, 0, 0)?;
+                }
                 if let Some(g) = &out.gate_logit {
                     st.gate.slice_set(&g.unsqueeze(0)?.contiguous()?, 0, 0)?;
                     has_gate = true;

@@ -30,4 +30,7 @@ impl ExitGate for FixedDepth {
     fn exit_known(&self, _item: ItemRef, step: usize, _state: &GateState) -> Option<bool> {
         Some(step + 1 >= self.depth)
     }
+    fn reads_latent_diff(&self) -> bool {
+        false
+    }
 }

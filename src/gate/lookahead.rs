@@ -36,6 +36,9 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
     fn exit_known(&self, _item: ItemRef, step: usize, state: &GateState) -> Option<bool> {
         Some((state.pending_exit || step + 1 >= self.max_steps()) && step + 1 >= self.min_steps())
     }
+    fn reads_latent_diff(&self) -> bool {
+        self.inner.reads_latent_diff()
+    }
 }
 
 #[cfg(test)]
@@ -43,6 +46,17 @@ mod tests {
     use super::*;
     use crate::engine::RequestId;
     use crate::gate::QExit;
+
+    #[test]
+    fn only_the_latent_difference_gate_reads_the_latent_change() {
+        use crate::gate::{DepthTrace, FixedDepth, LatentDiff, Replay};
+        assert!(!QExit::new(0.5, 1, 4).unwrap().reads_latent_diff());
+        assert!(!FixedDepth::new(3).unwrap().reads_latent_diff());
+        assert!(!Replay::new(DepthTrace::with_mean(2.5, 1, 4, 1).unwrap(), 1, 4).unwrap().reads_latent_diff());
+        assert!(LatentDiff::new(0.1, 1, 4).unwrap().reads_latent_diff());
+        assert!(Lookahead::new(LatentDiff::new(0.1, 1, 4).unwrap()).unwrap().reads_latent_diff());
+        assert!(!Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap().reads_latent_diff());
+    }
 
     #[test]
     fn exits_one_step_late_never_before_two() {

@@ -78,6 +78,12 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
     fn exit_known(&self, _item: ItemRef, _step: usize, _state: &GateState) -> Option<bool> {
         None
     }
+    /// Whether `decide` reads [`StepSignals::latent_diff`]. When no gate does, the runner does
+    /// not compute the relative latent change (about ten small kernels and a copy to the host
+    /// per core launch, which count while a launch is weight-bound). Default: true.
+    fn reads_latent_diff(&self) -> bool {
+        true
+    }
 }
 
 /// Applies `min_steps` / `max_steps` around a raw verdict.

@@ -40,6 +40,9 @@ impl ExitGate for QExit {
         state.survival *= 1.0 - hazard;
         bounded(state.cdf >= self.q, step, self.min_steps, self.max_steps)
     }
+    fn reads_latent_diff(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -103,6 +103,9 @@ impl ExitGate for Replay {
         let depth = self.trace.depth(item).unwrap_or(self.max_steps).clamp(self.min_steps, self.max_steps);
         Some(step + 1 >= depth)
     }
+    fn reads_latent_diff(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
