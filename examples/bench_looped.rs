@@ -571,6 +571,8 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                         cb_device = stage_device(&st.stages, "prefill").zip(stage_device(&st.stages, "decode"));
                     }
                     let speedup = cb_tps.map(|c| st.window_tokens_per_s / c);
+                    // On the CPU (`--tiny`) the host is the device: no idle share to speak of.
+                    let idle = (!args.tiny).then_some(st.idle);
                     // The paper's realistic ceiling: CB's device time with its decode divided by
                     // the FLOP bound and its prefill (full depth in every mode) unchanged.
                     let adjusted = cb_device.filter(|_| sched != SchedulerKind::Continuous).map(|(p, d)| (p + d) / (p + d / bound));
@@ -582,11 +584,11 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                         label += "/overlap";
                     }
                     println!(
-                        "{w:>5} {mean:>6.2} {label:>20} {:>10.0} {:>8} {bound:>7.3} {:>7} {:>7.1}%{} {realised:>7.2}",
+                        "{w:>5} {mean:>6.2} {label:>20} {:>10.0} {:>8} {bound:>7.3} {:>7} {:>8}{} {realised:>7.2}",
                         st.window_tokens_per_s,
                         speedup.map_or("-".into(), |s| format!("{s:.3}x")),
                         speedup.map_or("-".into(), |s| format!("{:.1}%", 100.0 * s / bound)),
-                        100.0 * st.idle,
+                        idle.map_or("-".into(), |i| format!("{:.1}%", 100.0 * i)),
                         if st.idle_exact { "=" } else { " " }
                     );
                     if let (Some(a), Some(s)) = (adjusted, speedup) {
@@ -612,7 +614,7 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                         "mean_depth": if sched == SchedulerKind::Continuous { mean } else { realised },
                         "target_mean_depth": mean, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
                         "speedup_vs_cb": speedup, "flop_bound": spec.flop_bound(if sched == SchedulerKind::Continuous { mean } else { realised }),
-                        "fraction_of_bound": speedup.map(|s| s / spec.flop_bound(realised)), "gpu_idle": st.idle, "gpu_idle_exact": st.idle_exact,
+                        "fraction_of_bound": speedup.map(|s| s / spec.flop_bound(realised)), "gpu_idle": idle, "gpu_idle_exact": st.idle_exact,
                         "requests": jobs.len(), "stages": st.stages, "repeats_tokens_per_s": all_tps,
                         "prefill_adjusted_bound": adjusted, "fraction_of_prefill_adjusted_bound": adjusted.zip(speedup).map(|(a, s)| s / a),
                     }));
