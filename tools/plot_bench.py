@@ -6,7 +6,7 @@
 
 looped_cb*: tokens/s by width with the weight-streaming floor. looped_cdb* / looped_huginn*:
 speed-up over CB by width, one panel per mean exit depth, one line per mode (× overlap, or ×
-min coda batch for Huginn), FLOP bound dashed. quality*: tools/plot_quality.py. diffusion*:
+min coda batch for Huginn), FLOP bound dashed, prefill-adjusted bound dotted (runs with device spans). quality*: tools/plot_quality.py. diffusion*:
 tokens/s by batch per mode with the reference points, and the phase breakdown of one step.
 """
 import json, pathlib, sys
@@ -74,6 +74,21 @@ def header(doc):
     return f"{doc['model']} — {doc['gpu']}, commit {doc['commit']}, {doc.get('date', '')}, layout {doc.get('layout')}"
 
 
+def prefill_adjusted(rows, at):
+    """(width, prefill-adjusted bound) for a depth's rows, from CB's device spans; [] without
+    `--time-device`. CB's device time with its decode ÷ the FLOP bound, prefill unchanged."""
+    out = []
+    for w in sorted({r["width"] for r in at if r["mode"] != "cb"}):
+        cb = next((r for r in rows if r["mode"] == "cb" and r["width"] == w), None)
+        st = cb and cb.get("stages", {})
+        if not st or st.get("prefill", {}).get("device_s") is None or st.get("decode", {}).get("device_s") is None:
+            continue
+        p, d = st["prefill"]["device_s"], st["decode"]["device_s"]
+        s = max(r["flop_bound"] for r in at if r["width"] == w and r["mode"] != "cb")
+        out.append((w, (p + d) / (p + d / s)))
+    return out
+
+
 def plot_looped_cdb(path):
     """Speed-up over CB vs width; a panel per mean depth; a line per mode × overlap."""
     doc = json.loads(path.read_text())
@@ -96,6 +111,9 @@ def plot_looped_cdb(path):
         bound = sorted(((r["width"], r["flop_bound"]) for r in at if r["mode"] != "cb"), key=lambda x: x[0])
         bw = sorted({w for w, _ in bound})
         ax.plot(bw, [max(b for w2, b in bound if w2 == w) for w in bw], "k--", lw=1.2, label="FLOP bound")
+        adj = prefill_adjusted(rows, at)
+        if adj:
+            ax.plot([w for w, _ in adj], [x for _, x in adj], "k:", lw=1.2, label="prefill-adjusted bound")
         if t < 4.0 and ref:
             strict = sorted((r["width"], r["tokens_per_s"] / ref[r["width"]]) for r in at
                             if r["mode"] == "cdb-refill" and r.get("overlap") and r["width"] in ref)
@@ -132,6 +150,9 @@ def plot_looped_huginn(path):
                         label=f"{mode}{ov}, min coda {'W/4' if quarter else '1'}")
         bw = sorted({r["width"] for r in at})
         ax.plot(bw, [max(r["flop_bound"] for r in at if r["width"] == w) for w in bw], "k--", lw=1.2, label="FLOP bound")
+        adj = prefill_adjusted(rows, at)
+        if adj:
+            ax.plot([w for w, _ in adj], [x for _, x in adj], "k:", lw=1.2, label="prefill-adjusted bound")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xticks(bw)
