@@ -35,7 +35,14 @@ fn tiny_huginn_loads_and_generates() {
     assert_eq!((spec.num_kv_layers, spec.max_steps, spec.state_width), (4, 6, 128));
     let out = engine.generate([vec![1u32, 2, 3]], &ponder::GenerationParams::greedy(5)).unwrap().remove(0).unwrap();
     assert_eq!(out.token_ids.len(), 5);
-    assert!(out.token_ids.iter().all(|&t| (t as usize) < 104), "ids within the padded table");
+    assert!(out.token_ids.iter().all(|&t| (t as usize) < VOCAB), "ids within the real vocabulary");
+    // The head has a row per padded-table entry (VOCAB rounded up to 8); its logits stop at VOCAB.
+    let cfg = tiny_huginn_config(VOCAB);
+    assert!(cfg.table_rows() > VOCAB, "the tiny config pads its table");
+    let model = ponder::models::looped::Huginn::load(&cfg, &ModelDir::open(&dir).unwrap().weights(candle_core::DType::F32, &candle_core::Device::Cpu).unwrap())
+        .unwrap();
+    let h = candle_core::Tensor::zeros((2, cfg.n_embd), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(ponder::models::LoopedModel::head(&model, &h).unwrap().dims(), &[2, VOCAB]);
     // A missing tensor is a typed error naming it.
     let t = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
     let mut fewer = t.clone();
