@@ -173,7 +173,8 @@ pub struct RowOutput {
     pub token: Option<u32>,
     /// Exit-gate logit of the row's last token after each loop step that ran.
     pub gate_logits: Vec<f32>,
-    /// Core steps: relative latent change ‖s_r − s_{r−1}‖ / ‖s_r‖ of the row's state.
+    /// Core steps: relative latent change ‖s_r − s_{r−1}‖ / ‖s_r‖ of the row's state; `None`
+    /// when the engine's exit gate does not read it (`ExitGate::reads_latent_diff`).
     pub latent_diff: Option<f32>,
     /// Teacher-forced rows: log-probability of the forced token.
     pub logprob: Option<f32>,
