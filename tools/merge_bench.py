@@ -27,6 +27,8 @@ def merge(paths, date):
     out = {k: first[k] for k in AGREE if k in first}
     out["date"] = date
     out["commands"] = [d["command"] for _, d in docs]
+    # The schema names one `command`: the single run's, or every run's, one per line.
+    out["command"] = "\n".join(out["commands"])
     out["sources"] = [
         {"file": f"{p.parent.name}/{p.name}", "command": d["command"], "copy_bandwidth_gb_s": d.get("copy_bandwidth_gb_s")}
         for p, d in docs
