@@ -36,21 +36,7 @@ fn decode_tick(c: &mut Criterion) {
 }
 
 fn answer(l: &ponder::scheduler::Launch) -> LaunchResult {
-    LaunchResult {
-        rows: l
-            .rows
-            .iter()
-            .map(|r| RowOutput {
-                request: r.request,
-                token: r.sample.then_some(1),
-                gate_logits: vec![1.0],
-                latent_diff: None,
-                logprob: None,
-                candidates: vec![],
-                kept: None,
-            })
-            .collect(),
-    }
+    LaunchResult { rows: l.rows.iter().map(|r| RowOutput { token: r.sample.then_some(1), gate_logits: vec![1.0], ..RowOutput::new(r.request) }).collect() }
 }
 
 /// One depth-batching launch (any stage) plus its bookkeeping, refill mode, replayed depths

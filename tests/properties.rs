@@ -64,15 +64,7 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
             let rows = launch
                 .rows
                 .iter()
-                .map(|r| RowOutput {
-                    request: r.request,
-                    token: r.sample.then(|| token_at(r.request.0, r.start_pos + r.tokens.len())),
-                    gate_logits: vec![],
-                    latent_diff: None,
-                    logprob: None,
-                    candidates: vec![],
-                    kept: None,
-                })
+                .map(|r| RowOutput { token: r.sample.then(|| token_at(r.request.0, r.start_pos + r.tokens.len())), ..RowOutput::new(r.request) })
                 .collect();
             (launch, LaunchResult { rows })
         });

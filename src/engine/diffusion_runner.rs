@@ -132,7 +132,7 @@ impl DiffusionRunner {
             .map(|(row, &n)| {
                 let candidates = tokens[at..at + n].iter().copied().zip(conf[at..at + n].iter().copied()).collect();
                 at += n;
-                RowOutput { request: row.request, token: None, gate_logits: vec![], latent_diff: None, logprob: None, candidates, kept: None }
+                RowOutput { candidates, ..RowOutput::new(row.request) }
             })
             .zip(fwd.kept)
             .map(|(mut out, kept)| {

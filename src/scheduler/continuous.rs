@@ -154,21 +154,7 @@ mod tests {
     }
 
     fn answer(l: &Launch, token: u32) -> LaunchResult {
-        LaunchResult {
-            rows: l
-                .rows
-                .iter()
-                .map(|r| RowOutput {
-                    request: r.request,
-                    token: Some(token),
-                    gate_logits: vec![],
-                    latent_diff: None,
-                    logprob: None,
-                    candidates: vec![],
-                    kept: None,
-                })
-                .collect(),
-        }
+        LaunchResult { rows: l.rows.iter().map(|r| RowOutput { token: Some(token), ..RowOutput::new(r.request) }).collect() }
     }
 
     #[test]

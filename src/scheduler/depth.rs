@@ -438,19 +438,7 @@ mod tests {
         let mut produced = vec![0usize; requests];
         let mut launches = Vec::new();
         while let Some(l) = s.schedule() {
-            let rows = l
-                .rows
-                .iter()
-                .map(|r| RowOutput {
-                    request: r.request,
-                    token: r.sample.then_some(1),
-                    gate_logits: vec![],
-                    latent_diff: None,
-                    logprob: None,
-                    candidates: vec![],
-                    kept: None,
-                })
-                .collect();
+            let rows = l.rows.iter().map(|r| RowOutput { token: r.sample.then_some(1), ..RowOutput::new(r.request) }).collect();
             let result = LaunchResult { rows };
             s.complete(&l, &result);
             for r in result.rows.iter().filter(|r| r.token.is_some()) {
@@ -510,21 +498,8 @@ mod tests {
         let gate = Box::new(Replay::new(DepthTrace::Recorded([(0, vec![2])].into()), 1, 4).unwrap());
         let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 6], max_new_tokens: 3 });
-        let answer = |l: &Launch| LaunchResult {
-            rows: l
-                .rows
-                .iter()
-                .map(|r| RowOutput {
-                    request: r.request,
-                    token: r.sample.then_some(2),
-                    gate_logits: vec![],
-                    latent_diff: None,
-                    logprob: None,
-                    candidates: vec![],
-                    kept: None,
-                })
-                .collect(),
-        };
+        let answer =
+            |l: &Launch| LaunchResult { rows: l.rows.iter().map(|r| RowOutput { token: r.sample.then_some(2), ..RowOutput::new(r.request) }).collect() };
         let prefill = s.schedule().unwrap();
         assert_eq!(prefill.stage, Stage::Prefill);
         s.complete(&prefill, &answer(&prefill));

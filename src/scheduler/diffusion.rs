@@ -348,7 +348,7 @@ mod tests {
             .map(|r| {
                 let pos = r.token_positions();
                 let candidates = r.readout.iter().map(|&i| (10 + pos[i as usize] + shift as u32, 1.0 / (1.0 + pos[i as usize] as f32))).collect();
-                RowOutput { request: r.request, token: None, gate_logits: vec![], latent_diff: None, logprob: None, candidates, kept: None }
+                RowOutput { candidates, ..RowOutput::new(r.request) }
             })
             .collect();
         LaunchResult { rows }

@@ -186,6 +186,13 @@ pub struct RowOutput {
     pub kept: Option<Vec<u32>>,
 }
 
+impl RowOutput {
+    /// A row of `request` that carries nothing yet (no token, signals or candidates).
+    pub fn new(request: RequestId) -> Self {
+        Self { request, token: None, gate_logits: Vec::new(), latent_diff: None, logprob: None, candidates: Vec::new(), kept: None }
+    }
+}
+
 /// Host values of a finished launch, row-aligned with [`Launch::rows`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct LaunchResult {
