@@ -66,7 +66,7 @@ pub struct Statics {
     pub positions: Tensor,
     /// `[rows]` u32 state-bank rows (padding: the scratch row).
     pub state: Tensor,
-    /// `[rows]` u32 positions + 1: where re-entered successors sit.
+    /// `[rows]` u32 positions of the re-entered successors (re-entering coda).
     pub next_positions: Tensor,
     /// `[rows]` u32 greedy ids (re-entering coda).
     pub ids: Option<Tensor>,
@@ -119,9 +119,9 @@ impl Statics {
         })
     }
 
-    /// Writes the per-row inputs, padded: token 0, position 0, state row `pad_state`; the
-    /// successor positions are the positions + 1.
-    pub fn write_inputs(&self, tokens: &[u32], positions: &[u32], state: &[u32], pad_state: u32) -> Result<()> {
+    /// Writes the per-row inputs, padded: token 0, position 0, state row `pad_state`
+    /// (`next_positions` only for a re-entering coda, else empty).
+    pub fn write_inputs(&self, tokens: &[u32], positions: &[u32], next_positions: &[u32], state: &[u32], pad_state: u32) -> Result<()> {
         let b = self.tokens.dim(0)?;
         let mut words = vec![0u32; self.inputs.elem_count()];
         let a = align4(b);
@@ -129,9 +129,7 @@ impl Statics {
         words[a..a + positions.len()].copy_from_slice(positions);
         words[2 * a..3 * a].fill(pad_state);
         words[2 * a..2 * a + state.len()].copy_from_slice(state);
-        for (i, p) in positions.iter().enumerate() {
-            words[3 * a + i] = p + 1;
-        }
+        words[3 * a..3 * a + next_positions.len()].copy_from_slice(next_positions);
         write_u32(&self.inputs, &words)
     }
 }
@@ -348,7 +346,7 @@ mod tests {
         let dev = Device::Cpu;
         let key = GraphKey { stage: Stage::CoreStep, rows: 4, ctx: 256, slots: vec![], reenter: false };
         let st = Statics::new(&key, 10, 16, &dev).unwrap();
-        st.write_inputs(&[], &[5, 20], &[1, 0], 9).unwrap();
+        st.write_inputs(&[], &[5, 20], &[], &[1, 0], 9).unwrap();
         assert_eq!(st.positions.to_vec1::<u32>().unwrap(), vec![5, 20, 0, 0]);
         assert_eq!(st.state.to_vec1::<u32>().unwrap(), vec![1, 0, 9, 9]);
         let host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![vec![3], vec![4, 7]], context_lens: vec![6, 21], cu_q_lens: vec![0, 1, 2] };

@@ -3,9 +3,9 @@
 //! the body eagerly (the warm-up), the second captures it, later uses replay it.
 
 use super::super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphKey, Phase, Statics};
-use super::{Forward, LoopedRunner};
+use super::{single_token_host, successor_pos, Forward, LoopedRunner};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
-use crate::scheduler::{Launch, Stage};
+use crate::scheduler::{Launch, LaunchRow, Stage};
 use candle_core::{Result, D};
 
 impl LoopedRunner {
@@ -135,29 +135,19 @@ impl LoopedRunner {
         let tokens: Vec<u32> = if key.stage == Stage::FullDepthDecode { rows.iter().map(|r| r.tokens[0]).collect() } else { Vec::new() };
         let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
         let state: Vec<u32> = rows.iter().map(|r| r.state).collect();
-        st.write_inputs(&tokens, &positions, &state, self.scratch_row)?;
+        let next: Vec<u32> = if key.reenter { rows.iter().map(|r| successor_pos(r) as u32).collect() } else { Vec::new() };
+        st.write_inputs(&tokens, &positions, &next, &state, self.scratch_row)?;
         let mut padded = st
             .batches
             .iter()
             .map(|(slot, buf)| {
-                let host = PagedBatchHost {
-                    write_positions: Vec::new(),
-                    block_tables: rows.iter().map(|r| r.block_tables[if key.slots.is_empty() { r.slot } else { *slot }].to_vec()).collect(),
-                    context_lens: rows.iter().map(|r| r.start_pos as u32 + 1).collect(),
-                    cu_q_lens: (0..=rows.len() as u32).collect(),
-                };
-                buf.write(&host, self.block_size, self.scratch_block)
+                let table_of = |r: &LaunchRow| if key.slots.is_empty() { r.slot } else { *slot };
+                buf.write(&single_token_host(rows.iter(), table_of, |r| r.start_pos), self.block_size, self.scratch_block)
             })
             .collect::<Result<Vec<_>>>()?;
         if let Some(buf) = &st.reentry {
-            // Each successor follows its row's one token, in the row's slot-0 table.
-            let host = PagedBatchHost {
-                write_positions: Vec::new(),
-                block_tables: rows.iter().map(|r| r.block_tables[0].to_vec()).collect(),
-                context_lens: rows.iter().map(|r| r.start_pos as u32 + 2).collect(),
-                cu_q_lens: (0..=rows.len() as u32).collect(),
-            };
-            padded.push(buf.write(&host, self.block_size, self.scratch_block)?);
+            // The successors, in their rows' slot-0 tables, as `reenter` places them.
+            padded.push(buf.write(&single_token_host(rows.iter(), |_| 0, successor_pos), self.block_size, self.scratch_block)?);
         }
         Ok(padded)
     }

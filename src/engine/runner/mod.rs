@@ -203,7 +203,7 @@ impl LoopedRunner {
             tokens = PendingTokens::Device(Readback::start(ids)?);
         } else if let Some(logits) = &fwd.logits {
             let rows: Vec<RowSampling> = fwd.sample_rows.iter().map(|&r| sampling[r]).collect();
-            if logits.device().is_cuda() && rows.iter().all(|r| r.greedy && r.forced.is_none()) {
+            if logits.device().is_cuda() && all_greedy {
                 let ids = logits.argmax(D::Minus1)?;
                 if launch.reenter {
                     self.reenter(launch, &fwd.sample_rows, &ids)?;
@@ -329,8 +329,8 @@ impl LoopedRunner {
         self.bank.as_ref().ok_or_else(|| candle_core::Error::Msg("launch needs a state bank but the runner has none".into()))
     }
 
-    fn state_index(&self, rows: &[LaunchRow]) -> Result<Tensor> {
-        let idx: Vec<u32> = rows.iter().map(|r| r.state).collect();
+    fn state_index<'a>(&self, rows: impl IntoIterator<Item = &'a LaunchRow>) -> Result<Tensor> {
+        let idx: Vec<u32> = rows.into_iter().map(|r| r.state).collect();
         Tensor::new(idx.as_slice(), self.device())
     }
 
@@ -338,24 +338,25 @@ impl LoopedRunner {
         crate::ops::scatter_rows(self.bank()?, h, idx)
     }
 
-    /// Per-launch inputs and the attention batch of single-token rows, each in its own slot.
-    fn token_batch(&self, rows: &[&LaunchRow], slot_of: impl Fn(&LaunchRow) -> usize) -> Result<(StageInput, PagedBatch)> {
+    /// Per-launch inputs and the attention batch of single-token rows: row `r` sits at position
+    /// `pos_of(r)` and attends through its table `table_of(r)`.
+    fn token_batch(
+        &self,
+        rows: &[&LaunchRow],
+        table_of: impl Fn(&LaunchRow) -> usize,
+        pos_of: impl Fn(&LaunchRow) -> usize,
+    ) -> Result<(StageInput, PagedBatch)> {
         let spec = self.model.spec();
-        let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
+        let positions: Vec<u32> = rows.iter().map(|r| pos_of(r) as u32).collect();
         let input = self.model.prepare(&Tensor::new(positions.as_slice(), self.device())?)?;
-        let host = PagedBatchHost {
-            write_positions: Vec::new(),
-            block_tables: rows.iter().map(|r| r.block_tables[slot_of(r)].to_vec()).collect(),
-            context_lens: rows.iter().map(|r| r.start_pos as u32 + 1).collect(),
-            cu_q_lens: (0..=rows.len() as u32).collect(),
-        };
+        let host = single_token_host(rows.iter().copied(), table_of, pos_of);
         let batch = PagedBatch::new(host, self.block_size, AttnMask::Causal, spec.num_kv_heads * spec.head_dim, self.device())?;
         Ok((input, batch))
     }
 
     fn core_step(&self, launch: &Launch) -> Result<Forward> {
         let rows: Vec<&LaunchRow> = launch.rows.iter().collect();
-        let (input, batch) = self.token_batch(&rows, |r| r.slot)?;
+        let (input, batch) = self.token_batch(&rows, |r| r.slot, |r| r.start_pos)?;
         let idx = self.state_index(&launch.rows)?;
         let h_old = self.bank()?.index_select(&idx, 0)?;
         let out = self.model.core_step(&h_old, &input, &batch, &self.kv)?;
@@ -376,7 +377,7 @@ impl LoopedRunner {
     fn coda(&self, launch: &Launch) -> Result<Forward> {
         let h = self.bank()?.index_select(&self.state_index(&launch.rows)?, 0)?;
         let rows: Vec<&LaunchRow> = launch.rows.iter().collect();
-        let (input, batch) = self.token_batch(&rows, |_| 0)?;
+        let (input, batch) = self.token_batch(&rows, |_| 0, |r| r.start_pos)?;
         let logits = self.model.head(&self.model.coda(&h, &input, &batch, &self.kv)?)?;
         Ok(Forward { logits: Some(logits), gate_logits: None, latent_diff: None, sample_rows: (0..launch.rows.len()).collect(), greedy_ids: None })
     }
@@ -384,17 +385,10 @@ impl LoopedRunner {
     /// Eager re-entry: the prelude of each sampled token, written to its row's bank row as the
     /// successor's step-0 state. The successor sits at the position after the row's last token.
     fn reenter(&self, launch: &Launch, sample_rows: &[usize], ids: &Tensor) -> Result<()> {
-        let next: Vec<LaunchRow> = sample_rows
-            .iter()
-            .map(|&r| {
-                let row = &launch.rows[r];
-                LaunchRow { start_pos: row.start_pos + row.tokens.len(), ..row.clone() }
-            })
-            .collect();
-        let refs: Vec<&LaunchRow> = next.iter().collect();
-        let (input, batch) = self.token_batch(&refs, |_| 0)?;
+        let rows: Vec<&LaunchRow> = sample_rows.iter().map(|&r| &launch.rows[r]).collect();
+        let (input, batch) = self.token_batch(&rows, |_| 0, successor_pos)?;
         let h = self.model.prelude(ids, &input, &batch, &self.kv)?;
-        self.write_bank(&self.state_index(&next)?, &h)
+        self.write_bank(&self.state_index(rows.iter().copied())?, &h)
     }
 
     /// Copies single token rows of K/V in every layer (last-exited fill).
@@ -468,6 +462,27 @@ impl LoopedRunner {
         let logits = self.model.head(&y.index_select(&last_idx, 0)?)?;
         let gate_logits = (!gates.is_empty()).then(|| Tensor::stack(&gates, 0)).transpose()?;
         Ok(Forward { logits: Some(logits), gate_logits, latent_diff: None, sample_rows, greedy_ids: None })
+    }
+}
+
+/// Where a row's successor sits when it re-enters: after the row's last token.
+fn successor_pos(row: &LaunchRow) -> usize {
+    row.start_pos + row.tokens.len()
+}
+
+/// Paged addressing of single-token rows: row `r` attends through its table `table_of(r)` to
+/// every position up to `pos_of(r)`.
+fn single_token_host<'a>(
+    rows: impl Iterator<Item = &'a LaunchRow> + Clone,
+    table_of: impl Fn(&LaunchRow) -> usize,
+    pos_of: impl Fn(&LaunchRow) -> usize,
+) -> PagedBatchHost {
+    let n = rows.clone().count() as u32;
+    PagedBatchHost {
+        write_positions: Vec::new(),
+        block_tables: rows.clone().map(|r| r.block_tables[table_of(r)].to_vec()).collect(),
+        context_lens: rows.map(|r| pos_of(r) as u32 + 1).collect(),
+        cu_q_lens: (0..=n).collect(),
     }
 }
 
