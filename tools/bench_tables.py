@@ -190,6 +190,17 @@ def gap_table(d, name):
     print()
 
 
+def prefill_adjusted_bound(cb, flop_bound):
+    """The paper's realistic ceiling from a CB row with device spans: CB's device time with its
+    decode divided by the FLOP bound and its prefill unchanged (no prompt token exits early).
+    None without spans."""
+    st = cb.get("stages", {})
+    p, d = st.get("prefill", {}).get("device_s"), st.get("decode", {}).get("device_s")
+    if p is None or d is None:
+        return None
+    return (p + d) / (p + d / flop_bound)
+
+
 def device_table(d, name, full_depth=4, coda=False):
     """Runs with device spans (`--time-device`): where each mode's device time goes, per generated
     token, and the speed-up the bound allows once the full-depth prefill is counted.
@@ -220,7 +231,7 @@ def device_table(d, name, full_depth=4, coda=False):
             print(f"| {r['width']} | — | {label} | {1e6 * pre / tokens:.1f} | {1e6 * dec / tokens:.1f} | {per_launch:.0f} | — | — | {pct(pre / (pre + dec))} | — | — | {pct(r['gpu_idle'])} |")
             continue
         ratio = cb_dec / dec
-        with_prefill = (cb_pre + cb_dec) / (cb_pre + cb_dec / r["flop_bound"])
+        with_prefill = prefill_adjusted_bound(cb, r["flop_bound"])
         print(f"| {r['width']} | {r['target_mean_depth']:g} | {label} | {1e6 * pre / tokens:.1f} | {1e6 * dec / tokens:.1f} | {per_launch:.0f} | "
               f"{ratio:.3f}× | {pct(ratio / r['flop_bound'])} | {pct(pre / (pre + dec))} | {with_prefill:.3f}× | {pct(r['speedup_vs_cb'] / with_prefill)} | {pct(r['gpu_idle'])} |")
     print()
@@ -369,12 +380,13 @@ def focus(name="focus.json"):
     print()
 
 
-import sys
-for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json", "looped_huginn.json", "diffusion.json", "focus.json"]:
-    if name.startswith("diffusion"):
-        diffusion(name)
-    elif name.startswith("focus"):
-        focus(name)
-    else:
-        (cb if name.startswith("looped_cb") else cdb)(name)
-    print()
+if __name__ == "__main__":
+    import sys
+    for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json", "looped_huginn.json", "diffusion.json", "focus.json"]:
+        if name.startswith("diffusion"):
+            diffusion(name)
+        elif name.startswith("focus"):
+            focus(name)
+        else:
+            (cb if name.startswith("looped_cb") else cdb)(name)
+        print()

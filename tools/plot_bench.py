@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 matplotlib.rcParams["svg.hashsalt"] = "ponder"  # stable element ids in the SVGs
 import matplotlib.pyplot as plt
+from bench_tables import prefill_adjusted_bound
 
 bench = pathlib.Path(__file__).resolve().parent.parent / "docs" / "bench"
 
@@ -75,17 +76,13 @@ def header(doc):
 
 
 def prefill_adjusted(rows, at):
-    """(width, prefill-adjusted bound) for a depth's rows, from CB's device spans; [] without
-    `--time-device`. CB's device time with its decode ÷ the FLOP bound, prefill unchanged."""
+    """(width, prefill-adjusted bound) for a depth's rows; [] without `--time-device`."""
     out = []
     for w in sorted({r["width"] for r in at if r["mode"] != "cb"}):
         cb = next((r for r in rows if r["mode"] == "cb" and r["width"] == w), None)
-        st = cb and cb.get("stages", {})
-        if not st or st.get("prefill", {}).get("device_s") is None or st.get("decode", {}).get("device_s") is None:
-            continue
-        p, d = st["prefill"]["device_s"], st["decode"]["device_s"]
-        s = max(r["flop_bound"] for r in at if r["width"] == w and r["mode"] != "cb")
-        out.append((w, (p + d) / (p + d / s)))
+        bound = cb and prefill_adjusted_bound(cb, max(r["flop_bound"] for r in at if r["width"] == w and r["mode"] != "cb"))
+        if bound is not None:
+            out.append((w, bound))
     return out
 
 
