@@ -5,11 +5,15 @@
 //!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
 //!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
-//!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter]
+//!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half]
+//!                  [--coda-reserve 0,parked]
 //!                  [--overlap off,on] [--repeats 1] [--time-device]
 //!
 //! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
 //! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4;
+//! `--coda-reserve 0,parked` runs refill with the paper's resident cap (W) and with W plus
+//! min coda − 1 resident requests (launches still at most W rows), so tokens parked for the
+//! held coda do not leave the core launch short;
 //! `--overlap off,on` runs depth batching with synchronous result reads and with launch N+1
 //! issued before N's results are read (`Engine::set_overlap`).
 //!
@@ -70,6 +74,8 @@ struct Args {
     kv_gb: f64,
     model: String,
     min_coda: Vec<String>,
+    /// Coda reserves to compare (refill only): numbers, or "parked" for min coda − 1.
+    coda_reserve: Vec<String>,
     overlap: Vec<bool>,
     /// Record each launch's device-side span (stream events) into the per-stage JSON.
     time_device: bool,
@@ -95,6 +101,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         kv_gb: 40.0,
         model: "ouro".into(),
         min_coda: vec!["1".into()],
+        coda_reserve: vec!["0".into()],
         overlap: vec![false],
         time_device: false,
     };
@@ -122,6 +129,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--kv-gb" => a.kv_gb = v()?.parse()?,
             "--model" => a.model = v()?,
             "--min-coda" => a.min_coda = v()?.split(',').map(String::from).collect(),
+            "--coda-reserve" => a.coda_reserve = v()?.split(',').map(String::from).collect(),
             "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
             "--time-device" => a.time_device = true,
             "--json" => a.json = Some(v()?),
@@ -510,8 +518,10 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
     for &w in &args.widths {
         let jobs = workload(args.requests_per_width * w, spec.vocab_size, spec.max_context, 42 + w as u64);
         let max_need = jobs.iter().map(|j| j.prompt.len() + j.new_tokens).max().unwrap_or(1) + 16;
-        let kv_tokens = ((args.kv_gb * 1e9) as usize / bytes_per_pos).min(w * max_need) * slots;
-        let build = |sched: SchedulerKind, mean: f64, min_coda: usize| -> ponder::Result<ponder::Engine> {
+        // Room for the most resident requests any variant admits (a coda reserve adds some).
+        let most_resident = w + w.max(4);
+        let kv_tokens = ((args.kv_gb * 1e9) as usize / bytes_per_pos).min(most_resident * max_need) * slots;
+        let build = |sched: SchedulerKind, mean: f64, min_coda: usize, reserve: usize| -> ponder::Result<ponder::Engine> {
             let b = EngineBuilder::from_model(model.boxed(), None, vec![])
                 .kv_layout(args.layout)
                 .scheduler(sched)
@@ -519,6 +529,7 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                 .max_num_batched_tokens(8192)
                 .kv_capacity_tokens(kv_tokens)
                 .min_coda_batch_size(min_coda)
+                .coda_reserve(reserve)
                 .time_device(args.time_device);
             match sched {
                 SchedulerKind::Continuous => b.build(),
@@ -529,20 +540,34 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
         let mut cb_tps = None;
         // CB's device seconds in (prefill, decode), for the prefill-adjusted bound.
         let mut cb_device: Option<(f64, f64)> = None;
-        // Min coda batch sizes to compare: numbers, or "quarter" for W/4.
+        // Min coda batch sizes to compare: numbers, "quarter" (W/4) or "half" (W/2).
         let min_codas: Vec<usize> =
-            args.min_coda.iter().map(|m| if m == "quarter" { Ok((w / 4).max(1)) } else { m.parse::<usize>() }).collect::<Result<_, _>>()?;
+            args.min_coda
+                .iter()
+                .map(|m| match m.as_str() {
+                    "quarter" => Ok((w / 4).max(1)),
+                    "half" => Ok((w / 2).max(1)),
+                    n => n.parse::<usize>(),
+                }).collect::<Result<_, _>>()?;
         let mut seen = std::collections::HashSet::new();
         let min_codas: Vec<usize> = min_codas.into_iter().filter(|m| seen.insert(*m)).collect();
         for (di, &mean) in args.mean_depths.iter().enumerate() {
             for mode in &args.modes {
                 let sched: SchedulerKind = mode.parse()?;
-                let variants: Vec<(usize, bool)> = if sched == SchedulerKind::Continuous {
-                    vec![(min_codas[0], false)]
-                } else {
-                    min_codas.iter().flat_map(|&m| args.overlap.iter().map(move |&o| (m, o))).collect()
+                let reserves = |m: usize| -> Vec<usize> {
+                    if sched != (SchedulerKind::Depth { refill: true }) {
+                        return vec![0];
+                    }
+                    let mut r: Vec<usize> = args.coda_reserve.iter().map(|x| if x == "parked" { m - 1 } else { x.parse().unwrap_or(0) }).collect();
+                    r.dedup();
+                    r
                 };
-                for (min_coda, overlap) in variants {
+                let variants: Vec<(usize, usize, bool)> = if sched == SchedulerKind::Continuous {
+                    vec![(min_codas[0], 0, false)]
+                } else {
+                    min_codas.iter().flat_map(|&m| reserves(m).into_iter().flat_map(move |r| args.overlap.iter().map(move |&o| (m, r, o)))).collect()
+                };
+                for (min_coda, reserve, overlap) in variants {
                     if sched == SchedulerKind::Continuous && di > 0 {
                         // CB runs full depth whatever the exit distribution: measured once per width.
                         let prev = results.iter().rev().find(|r: &&serde_json::Value| r["mode"] == "cb" && r["width"] == w).cloned();
@@ -554,7 +579,7 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                         }
                         continue;
                     }
-                    let mut engine = build(sched, mean, min_coda)?;
+                    let mut engine = build(sched, mean, min_coda, reserve)?;
                     engine.set_overlap(overlap)?;
                     offline(&mut engine, &warm, w)?;
                     // Repeats on the same engine (graphs captured by then); the median run by
@@ -579,6 +604,9 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                     let mut label = mode.clone();
                     if min_codas.len() > 1 && sched != SchedulerKind::Continuous {
                         label += &format!("/coda{min_coda}");
+                    }
+                    if reserve > 0 {
+                        label += &format!("/res{reserve}");
                     }
                     if overlap {
                         label += "/overlap";
@@ -610,7 +638,7 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                         }
                     }
                     results.push(serde_json::json!({
-                        "mode": mode, "width": w, "min_coda_batch_size": min_coda, "overlap": overlap,
+                        "mode": mode, "width": w, "min_coda_batch_size": min_coda, "coda_reserve": reserve, "overlap": overlap,
                         "mean_depth": if sched == SchedulerKind::Continuous { mean } else { realised },
                         "target_mean_depth": mean, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
                         "speedup_vs_cb": speedup, "flop_bound": spec.flop_bound(if sched == SchedulerKind::Continuous { mean } else { realised }),

@@ -181,3 +181,31 @@ fn seeded_initial_state_is_batch_invariant() {
     assert_eq!(seeded.initial_state(), noisy);
     assert!(EngineBuilder::from_model(Box::new(seeded), None, vec![]).build().is_ok());
 }
+
+/// A coda reserve lets more requests be resident than a launch holds: output is unchanged
+/// (batched == sequential, with and without overlap) and the option is refused where it does
+/// not apply.
+#[test]
+fn coda_reserve_is_batch_invariant() {
+    let (_tmp, dir) = tiny_huginn(5);
+    let ps = prompts(7, 8);
+    let max_new: Vec<usize> = (0..ps.len()).map(|i| 3 + (i * 5) % 8).collect();
+    let make = |w: usize, reserve: usize| {
+        builder(&dir, KvLayoutKind::Shared, w)
+            .scheduler(SchedulerKind::Depth { refill: true })
+            .exit_gate(Replay::new(DepthTrace::with_mean(3.5, 2, 6, 13).unwrap(), 2, 6).unwrap())
+            .min_coda_batch_size(3)
+            .coda_reserve(reserve)
+    };
+    let want = sequential(&mut make(1, 0).build().unwrap(), &ps, &max_new);
+    for overlap in [false, true] {
+        let mut engine = make(3, 2).build().unwrap();
+        engine.set_overlap(overlap).unwrap();
+        assert_eq!(batched(&mut engine, &ps, &max_new), want, "width 3 + reserve 2, overlap {overlap}");
+        assert_kv_empty(&engine);
+    }
+    for kind in [SchedulerKind::Continuous, SchedulerKind::Depth { refill: false }] {
+        let bad = builder(&dir, KvLayoutKind::Shared, 2).scheduler(kind).coda_reserve(1).build();
+        assert!(matches!(bad, Err(ponder::Error::InvalidOption(_))), "{kind:?} refuses a coda reserve");
+    }
+}

@@ -23,17 +23,18 @@ struct Req {
     abort_at: Option<usize>,
 }
 
-fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_free: usize, seed: u64) -> Box<dyn Scheduler> {
+fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_free: usize, coda_reserve: usize, seed: u64) -> Box<dyn Scheduler> {
     let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 64 };
     let kv = KvManager::new(256, 4, layout.build(), 4);
     let gate: Box<dyn ExitGate> = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, seed).unwrap(), 2, 4).unwrap());
     match kind {
         0 => Box::new(ContinuousBatching::new(limits, kv, 4)),
-        k => Box::new(DepthBatching::new(DepthConfig { refill: k == 1, min_coda_batch_size: min_coda, min_free_slots: Some(min_free) }, limits, kv, gate)),
+        k => Box::new(DepthBatching::new(DepthConfig { refill: k == 1, min_coda_batch_size: min_coda, min_free_slots: Some(min_free), coda_reserve }, limits, kv, gate)),
     }
 }
 
-fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), TestCaseError> {
+/// `width`: most rows of a decode launch; `resident`: most requests resident at once.
+fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool, width: usize, resident: usize) -> Result<(), TestCaseError> {
     let overlap = overlap && s.supports_overlap();
     let mut pending: Option<(ponder::scheduler::Launch, LaunchResult)> = None;
     let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
@@ -53,6 +54,10 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool) -> Result<(), Tes
         }
         let all_arrived = reqs.iter().all(|r| r.arrival <= tick);
         let next = s.schedule();
+        if let Some(l) = next.as_ref().filter(|l| l.stage != ponder::scheduler::Stage::Prefill) {
+            prop_assert!(l.rows.len() <= width, "{:?} launch of {} rows at width {width}", l.stage, l.rows.len());
+        }
+        prop_assert!(s.num_running() <= resident, "{} resident, at most {resident}", s.num_running());
         if next.is_none() && pending.is_none() {
             if all_arrived {
                 break;
@@ -124,10 +129,12 @@ proptest! {
         layout in prop::sample::select(vec![KvLayoutKind::Shared, KvLayoutKind::LastExited, KvLayoutKind::FirstThenShared]),
         min_coda in 1usize..4,
         min_free in 1usize..5,
+        coda_reserve in 0usize..3,
         overlap in any::<bool>(),
         seed in 0u64..1000,
         reqs in prop::collection::vec(req(), 1..10),
     ) {
-        run(scheduler(kind, width, layout, min_coda, min_free, seed), &reqs, overlap)?;
+        let resident = width + if kind == 1 { coda_reserve } else { 0 };
+        run(scheduler(kind, width, layout, min_coda, min_free, coda_reserve, seed), &reqs, overlap, width, resident)?;
     }
 }

@@ -97,6 +97,7 @@ pub struct EngineBuilder {
     max_model_len: Option<usize>,
     gate: Option<Box<dyn ExitGate>>,
     min_coda_batch_size: Option<usize>,
+    coda_reserve: usize,
     cuda_graphs: bool,
     overlap: bool,
     block_length: Option<usize>,
@@ -151,6 +152,7 @@ impl EngineBuilder {
             max_model_len: None,
             gate: None,
             min_coda_batch_size: None,
+            coda_reserve: 0,
             cuda_graphs: true,
             overlap: false,
             block_length: None,
@@ -233,6 +235,14 @@ impl EngineBuilder {
     /// quarter of `max_num_seqs` for models whose coda runs transformer blocks, like Huginn).
     pub fn min_coda_batch_size(mut self, n: usize) -> Self {
         self.min_coda_batch_size = Some(n);
+        self
+    }
+    /// Depth batching with refill: let this many requests be resident beyond `max_num_seqs`
+    /// (default 0), so that tokens parked for a held coda do not leave the core launch short.
+    /// Launches still hold at most `max_num_seqs` rows; KV is reserved for the extra requests
+    /// too. `min_coda_batch_size − 1` parks at most that many.
+    pub fn coda_reserve(mut self, n: usize) -> Self {
+        self.coda_reserve = n;
         self
     }
     /// Replays decode launches (core steps, full-depth decode, coda) as CUDA graphs captured
@@ -356,6 +366,9 @@ impl EngineBuilder {
         if self.scheduler == SchedulerKind::Diffusion {
             return Err(Error::InvalidOption("the diffusion scheduler needs a diffusion model".into()));
         }
+        if self.coda_reserve > 0 && (self.scheduler != (SchedulerKind::Depth { refill: true }) || self.factory.is_some()) {
+            return Err(Error::InvalidOption("coda_reserve applies to the built-in depth scheduler with refill only".into()));
+        }
         for (set, what) in [
             (self.block_length.is_some(), "block_length"),
             (self.max_steps_per_block.is_some(), "max_steps_per_block"),
@@ -396,7 +409,7 @@ impl EngineBuilder {
                     if min_coda == 0 {
                         return Err(Error::InvalidOption("min_coda_batch_size must be >= 1".into()));
                     }
-                    let cfg = DepthConfig { refill, min_coda_batch_size: min_coda, ..DepthConfig::default() };
+                    let cfg = DepthConfig { refill, min_coda_batch_size: min_coda, coda_reserve: self.coda_reserve, ..DepthConfig::default() };
                     Box::new(DepthBatching::new(cfg, limits.clone(), kv, gate))
                 }
             },

@@ -37,11 +37,28 @@ pub struct DepthConfig {
     /// free (or every waiting request fits): one prefill of many prompts instead of a
     /// full-depth prefill launch per finished request. `None`: `max(1, max_num_seqs / 16)`.
     pub min_free_slots: Option<usize>,
+    /// Resident requests allowed beyond `max_num_seqs`; launches still hold at most
+    /// `max_num_seqs` rows. Exited items waiting for a held coda (up to
+    /// `min_coda_batch_size − 1`) keep their resident slots but are not in the core launch; a
+    /// reserve of that many keeps the core launch full meanwhile, at the KV cost of as many more
+    /// requests. 0 (default): `max_num_seqs` caps resident requests, as in the paper. Refill only.
+    pub coda_reserve: usize,
 }
 
 impl Default for DepthConfig {
     fn default() -> Self {
-        Self { refill: true, min_coda_batch_size: 1, min_free_slots: None }
+        Self { refill: true, min_coda_batch_size: 1, min_free_slots: None, coda_reserve: 0 }
+    }
+}
+
+impl DepthConfig {
+    /// Resident requests at most: `max_num_seqs` plus the coda reserve (refill only: a
+    /// no-refill wave is every resident request in one launch).
+    pub fn max_resident(&self, max_num_seqs: usize) -> usize {
+        if !self.refill {
+            return max_num_seqs;
+        }
+        max_num_seqs + self.coda_reserve
     }
 }
 
@@ -97,7 +114,7 @@ impl DepthBatching {
     /// `gate` must already be checked against the layout (`kv::check_layout`).
     pub fn new(cfg: DepthConfig, limits: SchedulerLimits, kv: KvManager, gate: Box<dyn ExitGate>) -> Self {
         let max_steps = gate.max_steps();
-        let free_states = (0..limits.max_num_seqs as u32).rev().collect();
+        let free_states = (0..cfg.max_resident(limits.max_num_seqs) as u32).rev().collect();
         Self {
             cfg,
             limits,
@@ -405,7 +422,7 @@ impl Scheduler for DepthBatching {
         self.hist.clone()
     }
     fn state_bank_rows(&self) -> usize {
-        self.limits.max_num_seqs
+        self.cfg.max_resident(self.limits.max_num_seqs)
     }
     fn supports_overlap(&self) -> bool {
         let probe = ItemRef { request: RequestId(0), token_index: 0 };
@@ -423,7 +440,7 @@ mod tests {
     fn sched(refill: bool, width: usize, gate: Box<dyn ExitGate>) -> DepthBatching {
         let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 4096 };
         let kv = KvManager::new(4096, 4, Box::new(Shared), 4);
-        DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1, min_free_slots: None }, limits, kv, gate)
+        DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1, ..DepthConfig::default() }, limits, kv, gate)
     }
 
     fn replay() -> Box<dyn ExitGate> {
@@ -468,6 +485,28 @@ mod tests {
         assert!(cores.iter().any(|l| l.rows.iter().any(|r| r.step != l.rows[0].step)), "refill mixes loop steps in a launch");
         let h = s.depth_histogram();
         assert_eq!(h.iter().sum::<u64>(), (w * n) as u64);
+    }
+
+    /// Core launches while every request is far from its end, under a held coda of 3.
+    fn steady_core_rows(reserve: usize) -> Vec<usize> {
+        let (w, n) = (4, 40);
+        let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 4096 };
+        let kv = KvManager::new(4096, 4, Box::new(Shared), 4);
+        let cfg = DepthConfig { min_coda_batch_size: 3, coda_reserve: reserve, ..DepthConfig::default() };
+        let mut s = DepthBatching::new(cfg, limits, kv, replay());
+        assert_eq!(s.state_bank_rows(), w + reserve);
+        let launches = drive(&mut s, w + reserve, n);
+        assert!(launches.iter().filter(|l| l.stage != Stage::Prefill).all(|l| l.rows.len() <= w), "a decode launch exceeded the width");
+        let cores: Vec<usize> = launches.iter().filter(|l| l.stage == Stage::CoreStep).map(|l| l.rows.len()).collect();
+        cores[2..cores.len() / 2].to_vec()
+    }
+
+    #[test]
+    fn coda_reserve_keeps_the_core_launch_full_while_the_coda_is_held() {
+        // Without a reserve, items parked for the coda leave core launches short.
+        assert!(steady_core_rows(0).iter().any(|&r| r < 4));
+        let full = steady_core_rows(2);
+        assert!(full.iter().all(|&r| r == 4), "core rows with a reserve of 2: {full:?}");
     }
 
     #[test]
