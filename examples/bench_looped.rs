@@ -5,15 +5,16 @@
 //!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
 //!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
-//!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half]
-//!                  [--coda-reserve 0,parked]
+//!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half,full]
+//!                  [--coda-reserve 0,parked] [--coda-pairs quarter:0,half:parked]
 //!                  [--overlap off,on] [--repeats 1] [--time-device]
 //!
 //! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
 //! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4;
 //! `--coda-reserve 0,parked` runs refill with the paper's resident cap (W) and with W plus
 //! min coda − 1 resident requests (launches still at most W rows), so tokens parked for the
-//! held coda do not leave the core launch short;
+//! held coda do not leave the core launch short (`--coda-pairs` lists (min coda, reserve)
+//! pairs instead of every combination);
 //! `--overlap off,on` runs depth batching with synchronous result reads and with launch N+1
 //! issued before N's results are read (`Engine::set_overlap`).
 //!
@@ -76,6 +77,8 @@ struct Args {
     min_coda: Vec<String>,
     /// Coda reserves to compare (refill only): numbers, or "parked" for min coda − 1.
     coda_reserve: Vec<String>,
+    /// Explicit (min coda, reserve) pairs for refill, instead of the cross product.
+    coda_pairs: Vec<String>,
     overlap: Vec<bool>,
     /// Record each launch's device-side span (stream events) into the per-stage JSON.
     time_device: bool,
@@ -102,6 +105,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         model: "ouro".into(),
         min_coda: vec!["1".into()],
         coda_reserve: vec!["0".into()],
+        coda_pairs: Vec::new(),
         overlap: vec![false],
         time_device: false,
     };
@@ -130,6 +134,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--model" => a.model = v()?,
             "--min-coda" => a.min_coda = v()?.split(',').map(String::from).collect(),
             "--coda-reserve" => a.coda_reserve = v()?.split(',').map(String::from).collect(),
+            "--coda-pairs" => a.coda_pairs = v()?.split(',').map(String::from).collect(),
             "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
             "--time-device" => a.time_device = true,
             "--json" => a.json = Some(v()?),
@@ -540,32 +545,45 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
         let mut cb_tps = None;
         // CB's device seconds in (prefill, decode), for the prefill-adjusted bound.
         let mut cb_device: Option<(f64, f64)> = None;
-        // Min coda batch sizes to compare: numbers, "quarter" (W/4) or "half" (W/2).
-        let min_codas: Vec<usize> =
-            args.min_coda
-                .iter()
-                .map(|m| match m.as_str() {
-                    "quarter" => Ok((w / 4).max(1)),
-                    "half" => Ok((w / 2).max(1)),
-                    n => n.parse::<usize>(),
-                }).collect::<Result<_, _>>()?;
+        // Min coda batch sizes to compare: numbers, "quarter" (W/4), "half" (W/2) or "full" (W); reserves:
+        // numbers or "parked" (min coda − 1).
+        let coda_size = |m: &str| match m {
+            "quarter" => Ok((w / 4).max(1)),
+            "half" => Ok((w / 2).max(1)),
+            "full" => Ok(w),
+            n => n.parse::<usize>(),
+        };
+        let reserve_size = |r: &str, m: usize| if r == "parked" { Ok(m - 1) } else { r.parse::<usize>() };
+        // (min coda, reserve) pairs of refill: `--coda-pairs`, else every min coda × reserve.
+        let mut pairs: Vec<(usize, usize)> = Vec::new();
+        if args.coda_pairs.is_empty() {
+            for m in &args.min_coda {
+                let m = coda_size(m)?;
+                for r in &args.coda_reserve {
+                    pairs.push((m, reserve_size(r, m)?));
+                }
+            }
+        } else {
+            for pair in &args.coda_pairs {
+                let (m, r) = pair.split_once(':').ok_or_else(|| format!("--coda-pairs entry {pair} is not MIN_CODA:RESERVE"))?;
+                let m = coda_size(m)?;
+                pairs.push((m, reserve_size(r, m)?));
+            }
+        }
         let mut seen = std::collections::HashSet::new();
-        let min_codas: Vec<usize> = min_codas.into_iter().filter(|m| seen.insert(*m)).collect();
+        pairs.retain(|p| seen.insert(*p));
+        let mut seen = std::collections::HashSet::new();
+        let min_codas: Vec<usize> = pairs.iter().map(|p| p.0).filter(|m| seen.insert(*m)).collect();
         for (di, &mean) in args.mean_depths.iter().enumerate() {
             for mode in &args.modes {
                 let sched: SchedulerKind = mode.parse()?;
-                let reserves = |m: usize| -> Vec<usize> {
-                    if sched != (SchedulerKind::Depth { refill: true }) {
-                        return vec![0];
-                    }
-                    let mut r: Vec<usize> = args.coda_reserve.iter().map(|x| if x == "parked" { m - 1 } else { x.parse().unwrap_or(0) }).collect();
-                    r.dedup();
-                    r
-                };
+                // No-refill holds every resident request in its wave: no reserve.
+                let sched_pairs: Vec<(usize, usize)> =
+                    if sched == (SchedulerKind::Depth { refill: true }) { pairs.clone() } else { min_codas.iter().map(|&m| (m, 0)).collect() };
                 let variants: Vec<(usize, usize, bool)> = if sched == SchedulerKind::Continuous {
                     vec![(min_codas[0], 0, false)]
                 } else {
-                    min_codas.iter().flat_map(|&m| reserves(m).into_iter().flat_map(move |r| args.overlap.iter().map(move |&o| (m, r, o)))).collect()
+                    sched_pairs.iter().flat_map(|&(m, r)| args.overlap.iter().map(move |&o| (m, r, o))).collect()
                 };
                 for (min_coda, reserve, overlap) in variants {
                     if sched == SchedulerKind::Continuous && di > 0 {
