@@ -4,6 +4,11 @@
 //! running request, where each row runs the prelude, all r_max loop steps and the coda. When a
 //! running request cannot get a KV block, the most recently admitted one is preempted: its
 //! blocks are freed and it is re-prefilled (prompt + generated tokens) once there is room.
+//!
+//! While requests are decoding, a prefill is admitted only once `min_free_slots` resident
+//! slots are free (or every waiting request fits) — the depth scheduler's rule, so both
+//! baselines batch their full-depth prefills alike instead of one small prefill per finished
+//! request.
 
 use super::{Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
 use crate::engine::RequestId;
@@ -28,11 +33,21 @@ pub struct ContinuousBatching {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     preemptions: usize,
+    /// `None`: `max(1, max_num_seqs / 16)`, as in [`super::DepthConfig::min_free_slots`].
+    min_free_slots: Option<usize>,
 }
 
 impl ContinuousBatching {
     pub fn new(limits: SchedulerLimits, kv: KvManager, max_steps: usize) -> Self {
-        Self { limits, kv, max_steps, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0 }
+        Self { limits, kv, max_steps, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0, min_free_slots: None }
+    }
+
+    /// Admit a prefill while others decode only once this many resident slots are free (or
+    /// every waiting request fits). `None`: `max(1, max_num_seqs / 16)`; `Some(1)` admits as
+    /// soon as any slot frees.
+    pub fn with_min_free_slots(mut self, n: Option<usize>) -> Self {
+        self.min_free_slots = n;
+        self
     }
 
     fn step_slots(&self) -> Vec<usize> {
@@ -44,6 +59,11 @@ impl ContinuousBatching {
     }
 
     fn schedule_prefill(&mut self) -> Option<Launch> {
+        let min_free = self.min_free_slots.unwrap_or((self.limits.max_num_seqs / 16).max(1));
+        let free = self.limits.max_num_seqs.saturating_sub(self.running.len());
+        if !self.running.is_empty() && free < min_free.min(self.waiting.len()) {
+            return None;
+        }
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
         while self.running.len() < self.limits.max_num_seqs {
@@ -182,6 +202,30 @@ mod tests {
         s.finish(RequestId(1));
         s.finish(RequestId(2));
         assert_eq!(s.kv().num_used_blocks(), 0);
+    }
+
+    #[test]
+    fn prefill_waits_for_min_free_slots_while_others_decode() {
+        let limits = SchedulerLimits { max_num_seqs: 3, max_num_batched_tokens: 64 };
+        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(Shared), 4), 4).with_min_free_slots(Some(2));
+        for i in 0..6 {
+            s.add(req(i, 5));
+        }
+        let l = s.schedule().unwrap();
+        assert_eq!(l.rows.len(), 3);
+        s.complete(&l, &answer(&l, 1));
+        s.finish(RequestId(0));
+        let l = s.schedule().unwrap();
+        assert_eq!(l.stage, Stage::FullDepthDecode, "one free slot of the two wanted: keep decoding");
+        s.complete(&l, &answer(&l, 1));
+        s.finish(RequestId(1));
+        let l = s.schedule().unwrap();
+        assert_eq!((l.stage, l.rows.len()), (Stage::Prefill, 2), "two free slots: one prefill of two");
+        s.complete(&l, &answer(&l, 1));
+        // With one request left waiting, one free slot is enough.
+        s.finish(RequestId(2));
+        let l = s.schedule().unwrap();
+        assert_eq!((l.stage, l.rows.len()), (Stage::Prefill, 1));
     }
 
     #[test]
