@@ -54,13 +54,28 @@ def pct(x):
     return f"{100 * x:.1f} %"
 
 
+def coda_size(r):
+    """Min coda batch relative to the width: 1, W/4, W/2, W or the number."""
+    m, w = r["min_coda_batch_size"], r["width"]
+    named = {1: "1", max(w // 4, 1): f"{m} (W/4)", max(w // 2, 1): f"{m} (W/2)", w: f"{m} (W)"}
+    return named.get(m, str(m))
+
+
 def mode_label(r, coda=False):
     if r["mode"] == "cb":
         return "cb"
     s = r["mode"] + (" + overlap" if r.get("overlap") else "")
     if coda:
         s += f", coda ≥ {r['min_coda_batch_size']}"
+        if r.get("coda_reserve"):
+            s += f", reserve {r['coda_reserve']}"
     return s
+
+
+def same_run_cb(rows, r):
+    """The CB row of r's width from r's own run (its raw file), else any CB row of that width."""
+    cbs = [c for c in rows if c["mode"] == "cb" and c["width"] == r["width"]]
+    return next((c for c in cbs if c.get("source") == r.get("source")), cbs[0] if cbs else None)
 
 
 def generated_tokens(r):
@@ -217,8 +232,8 @@ def device_table(d, name, full_depth=4, coda=False):
     order = {"cb": 0, "cdb-no-refill": 1, "cdb-refill": 2}
     dev = lambda r, ks: sum(r["stages"][k]["device_s"] for k in ks if k in r["stages"])
     for r in sorted(rows, key=lambda r: (r["target_mean_depth"], r["width"], order[r["mode"]], r["min_coda_batch_size"])):
-        cb = next((c for c in d["results"] if c["mode"] == "cb" and c["width"] == r["width"]), None)
-        if cb is None or (r["mode"] == "cb" and r["target_mean_depth"] != min(x["target_mean_depth"] for x in rows)):
+        cb = same_run_cb(d["results"], r)
+        if cb is None or (r["mode"] == "cb" and r["target_mean_depth"] != min(x["target_mean_depth"] for x in rows if x["source"] == r["source"])):
             continue
         tokens = generated_tokens(r)
         pre, dec = dev(r, ["prefill"]), dev(r, ["decode", "core", "coda"])
@@ -241,13 +256,16 @@ def huginn_table(d, name):
     rows = d["results"]
     header(d, name)
     idle = "GPU idle" if any(r.get("gpu_idle_exact") for r in rows) else "GPU idle ≤"
-    print(f"| W | target d̄ | mode | min coda batch | d̄ | tokens/s | × over CB | FLOP bound | % of bound | {idle} |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    reserve = any("coda_reserve" in r for r in rows)
+    res_col = " resident requests ≤ |" if reserve else ""
+    print(f"| W | target d̄ | mode | min coda batch |{res_col} d̄ | tokens/s | × over CB | FLOP bound | % of bound | {idle} |")
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if reserve else ""))
     order = {"cb": 0, "cdb-no-refill": 1, "cdb-refill": 2}
     for r in sorted(rows, key=lambda r: (r["width"], r["target_mean_depth"], order[r["mode"]], r["min_coda_batch_size"])):
         cb = r["mode"] == "cb"
-        mc = "—" if cb else ("1" if r["min_coda_batch_size"] == 1 else f"{r['min_coda_batch_size']} (W/4)")
-        print(f"| {r['width']} | {r['target_mean_depth']:g} | {mode_label(r)} | {mc} | {'16 (full)' if cb else format(r['mean_depth'], '.2f')} | "
+        mc = "—" if cb else coda_size(r)
+        res = f" {r['width'] + r.get('coda_reserve', 0)} |" if reserve else ""
+        print(f"| {r['width']} | {r['target_mean_depth']:g} | {mode_label(r)} | {mc} |{res} {'16 (full)' if cb else format(r['mean_depth'], '.2f')} | "
               f"{r['tokens_per_s']:.0f} | {r['speedup_vs_cb']:.3f}× | {'—' if cb else format(r['flop_bound'], '.3f')} | {'—' if cb else pct(r['fraction_of_bound'])} | {pct(r['gpu_idle'])} |")
     print()
 

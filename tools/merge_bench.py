@@ -10,27 +10,31 @@ Top level: gpu, commit, date, model, layout, f0_over_fr, weight_bytes_per_decode
 `commands` (one per raw file, in input order), `sources` (file, command, measured copy
 bandwidth) and `notes`. `results` keeps every row of every file unchanged (all fields, both
 overlap settings, all min-coda sizes) and adds `source`: the raw file the row came from. The
-inputs must agree on GPU, commit, model, layout and F0/Fr.
+inputs must agree on GPU, commit, model, layout and F0/Fr — or, with `--mixed-commits`, on all
+but the commit: `commit` then lists every input's commit, and each row and source carries its own.
 """
 import argparse, json, pathlib
 
 AGREE = ["gpu", "commit", "model", "layout", "f0_over_fr", "weight_bytes_per_decode_step", "suite"]
 
 
-def merge(paths, date):
+def merge(paths, date, mixed_commits=False):
     docs = [(p, json.loads(p.read_text())) for p in paths]
     first = docs[0][1]
+    agree = [k for k in AGREE if not (mixed_commits and k == "commit")]
     for p, d in docs[1:]:
-        for k in AGREE:
+        for k in agree:
             if d.get(k) != first.get(k):
                 raise SystemExit(f"{p.name}: {k} = {d.get(k)!r} differs from {docs[0][0].name}: {first.get(k)!r}")
     out = {k: first[k] for k in AGREE if k in first}
+    commits = list(dict.fromkeys(d["commit"] for _, d in docs))
+    out["commit"] = ", ".join(commits)
     out["date"] = date
     out["commands"] = [d["command"] for _, d in docs]
     # The issue's schema names one `command`: the single run's, or every run's, one per line.
     out["command"] = "\n".join(out["commands"])
     out["sources"] = [
-        {"file": f"{p.parent.name}/{p.name}", "command": d["command"], "copy_bandwidth_gb_s": d.get("copy_bandwidth_gb_s")}
+        {"file": f"{p.parent.name}/{p.name}", "commit": d["commit"], "command": d["command"], "copy_bandwidth_gb_s": d.get("copy_bandwidth_gb_s")}
         for p, d in docs
     ]
     whole = all(r["tokens_per_s"] == r.get("tokens_per_s_whole_run") for _, d in docs for r in d["results"])
@@ -47,7 +51,7 @@ def merge(paths, date):
             "was shorter than 20 % of the run, so tokens_per_s is the whole-run throughput "
             "(ramp-up and drain included)"
         )
-    out["results"] = [dict(r, source=p.name) for p, d in docs for r in d["results"]]
+    out["results"] = [dict(r, source=p.name, commit=d["commit"]) for p, d in docs for r in d["results"]]
     return out
 
 
@@ -55,9 +59,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--date", required=True)
+    ap.add_argument("--mixed-commits", action="store_true", help="inputs may come from different commits")
     ap.add_argument("raw", nargs="+")
     a = ap.parse_args()
-    doc = merge([pathlib.Path(p) for p in a.raw], a.date)
+    doc = merge([pathlib.Path(p) for p in a.raw], a.date, a.mixed_commits)
     pathlib.Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {a.out}: {len(doc['results'])} rows from {len(a.raw)} files")
 

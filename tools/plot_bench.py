@@ -79,7 +79,9 @@ def prefill_adjusted(rows, at):
     """(width, prefill-adjusted bound) for a depth's rows; [] without `--time-device`."""
     out = []
     for w in sorted({r["width"] for r in at if r["mode"] != "cb"}):
-        cb = next((r for r in rows if r["mode"] == "cb" and r["width"] == w), None)
+        srcs = {r.get("source") for r in at if r["width"] == w and r["mode"] != "cb"}
+        cbs = [r for r in rows if r["mode"] == "cb" and r["width"] == w]
+        cb = next((r for r in cbs if r.get("source") in srcs), cbs[0] if cbs else None)
         bound = cb and prefill_adjusted_bound(cb, max(r["flop_bound"] for r in at if r["width"] == w and r["mode"] != "cb"))
         if bound is not None:
             out.append((w, bound))
@@ -97,7 +99,7 @@ def plot_looped_cdb(path):
            if r["mode"] == "cdb-refill" and r.get("overlap") and r["target_mean_depth"] == 4.0}
     styles = [("cdb-no-refill", False, "s--", "tab:gray"), ("cdb-no-refill", True, "s--", "tab:blue"),
               ("cdb-refill", False, "o-", "tab:orange"), ("cdb-refill", True, "o-", "tab:red")]
-    fig, axes = plt.subplots(1, len(depths), figsize=(5.2 * len(depths), 4.3), squeeze=False)
+    fig, axes = plt.subplots(1, len(depths), figsize=(max(5.2 * len(depths), 8.5), 4.3), squeeze=False)
     for ax, t in zip(axes[0], depths):
         at = [r for r in rows if r["target_mean_depth"] == t]
         for mode, ov, st, color in styles:
@@ -134,17 +136,24 @@ def plot_looped_huginn(path):
     doc = json.loads(path.read_text())
     rows = doc["results"]
     depths = sorted({r["target_mean_depth"] for r in rows})
-    fig, axes = plt.subplots(1, len(depths), figsize=(5.2 * len(depths), 4.3), squeeze=False)
-    styles = {("cdb-no-refill", False): ("s--", "tab:blue"), ("cdb-no-refill", True): ("s:", "tab:cyan"),
-              ("cdb-refill", False): ("o-", "tab:orange"), ("cdb-refill", True): ("o-", "tab:red")}
+    fig, axes = plt.subplots(1, len(depths), figsize=(max(5.2 * len(depths), 8.5), 4.3), squeeze=False)
+    def coda_rel(r):
+        m, w = r["min_coda_batch_size"], r["width"]
+        return {1: "1", max(w // 4, 1): "W/4", max(w // 2, 1): "W/2", w: "W"}.get(m, str(m))
+
+    # A line per (mode, min coda relative to W, reserve or not).
+    colors = {("cdb-no-refill", "1"): "tab:cyan", ("cdb-no-refill", "W/4"): "tab:blue", ("cdb-refill", "1"): "tab:orange",
+              ("cdb-refill", "W/4"): "tab:red", ("cdb-refill", "W/2"): "tab:purple", ("cdb-refill", "W"): "tab:green"}
     for ax, t in zip(axes[0], depths):
         at = [r for r in rows if r["target_mean_depth"] == t and r["mode"] != "cb"]
-        for (mode, quarter), (st, color) in styles.items():
-            pts = sorted((r for r in at if r["mode"] == mode and (r["min_coda_batch_size"] > 1) == quarter), key=lambda r: r["width"])
-            if pts:
-                ov = " + overlap" if pts[0].get("overlap") else ""
-                ax.plot([r["width"] for r in pts], [r["speedup_vs_cb"] for r in pts], st, color=color,
-                        label=f"{mode}{ov}, min coda {'W/4' if quarter else '1'}")
+        keys = sorted({(r["mode"], coda_rel(r), r.get("coda_reserve", 0) > 0) for r in at}, key=lambda k: (k[0], k[2], k[1]))
+        for mode, rel, reserved in keys:
+            pts = sorted((r for r in at if (r["mode"], coda_rel(r), r.get("coda_reserve", 0) > 0) == (mode, rel, reserved)), key=lambda r: r["width"])
+            ov = " + overlap" if pts[0].get("overlap") else ""
+            res = f", reserve {'W − 1' if rel == 'W' else rel + ' − 1'}" if reserved else ""
+            st = ("s" if "no-refill" in mode else "o") + ("-" if reserved else "--")
+            ax.plot([r["width"] for r in pts], [r["speedup_vs_cb"] for r in pts], st, color=colors.get((mode, rel), "tab:gray"),
+                    label=f"{mode}{ov}, min coda {rel}{res}")
         bw = sorted({r["width"] for r in at})
         ax.plot(bw, [max(r["flop_bound"] for r in at if r["width"] == w) for w in bw], "k--", lw=1.2, label="FLOP bound")
         adj = prefill_adjusted(rows, at)
@@ -158,7 +167,7 @@ def plot_looped_huginn(path):
         ax.set_xlabel("width W (max_num_seqs)")
         ax.set_ylabel("tokens/s ÷ CB tokens/s (CB not overlapped)")
         ax.set_title(f"replayed mean exit depth {t:g} of 16 (min 2), F0/Fr = {doc['f0_over_fr']:.3f}", fontsize=9)
-        ax.legend(fontsize=7, loc="center", bbox_to_anchor=(0.5, 0.74)); ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left"); ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(header(doc), fontsize=9)
     fig.tight_layout()
     save(fig, path)
