@@ -7,6 +7,7 @@
 //!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
 //!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half,full]
 //!                  [--coda-reserve 0,parked] [--coda-pairs quarter:0,half:parked]
+//!                  [--prompt-median 128] [--prompt-max 512] [--output-median 160] [--output-max 256]
 //!                  [--overlap off,on] [--repeats 1] [--time-device]
 //!
 //! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
@@ -25,7 +26,8 @@
 //!
 //! Suite `cdb`: CB vs depth batching without and with refill on one workload per width:
 //! `requests-per-width × W` requests with ShareGPT-like lengths (prompt ~ lognormal, median 128,
-//! σ 0.9, clipped to 8..512; output ~ lognormal, median 160, σ 0.7, clipped to 8..256), exit
+//! σ 0.9, clipped to 8..512; output ~ lognormal, median 160, σ 0.7, clipped to 8..256; medians
+//! and maxima set by `--prompt-median` … `--output-max`, recorded as `workload` in the JSON), exit
 //! depths replayed from a seeded distribution over `min-depth..=r_max` with the given mean.
 //! Offline throughput over the steady-state window (opens after W completions, closes at the
 //! last admission; the whole run if that window is shorter than 20 % of it), speed-up over CB,
@@ -79,6 +81,7 @@ struct Args {
     coda_reserve: Vec<String>,
     /// Explicit (min coda, reserve) pairs for refill, instead of the cross product.
     coda_pairs: Vec<String>,
+    lengths: Lengths,
     overlap: Vec<bool>,
     /// Record each launch's device-side span (stream events) into the per-stage JSON.
     time_device: bool,
@@ -106,6 +109,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         min_coda: vec!["1".into()],
         coda_reserve: vec!["0".into()],
         coda_pairs: Vec::new(),
+        lengths: Lengths::default(),
         overlap: vec![false],
         time_device: false,
     };
@@ -135,6 +139,10 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--min-coda" => a.min_coda = v()?.split(',').map(String::from).collect(),
             "--coda-reserve" => a.coda_reserve = v()?.split(',').map(String::from).collect(),
             "--coda-pairs" => a.coda_pairs = v()?.split(',').map(String::from).collect(),
+            "--prompt-median" => a.lengths.prompt_median = v()?.parse()?,
+            "--prompt-max" => a.lengths.prompt_max = v()?.parse()?,
+            "--output-median" => a.lengths.output_median = v()?.parse()?,
+            "--output-max" => a.lengths.output_max = v()?.parse()?,
             "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
             "--time-device" => a.time_device = true,
             "--json" => a.json = Some(v()?),
@@ -231,6 +239,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "model": recipe.name,
             "suite": args.suite, "layout": format!("{:?}", args.layout),
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+            "workload": if args.suite == "cdb" { args.lengths.json() } else { serde_json::Value::Null },
             "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
             "f0_over_fr": spec.boundary_params as f64 / spec.step_params as f64,
             "parity": parity_json, "results": results,
@@ -415,12 +424,41 @@ fn lognormal(median: f64, sigma: f64, lo: usize, hi: usize, x: &mut u64) -> usiz
     ((median * (sigma * z).exp()).round() as usize).clamp(lo, hi)
 }
 
-fn workload(n: usize, vocab: usize, max_context: usize, seed: u64) -> Vec<Job> {
+/// Lengths of the suite-cdb workload: lognormal prompt and output lengths (median, σ, clipped
+/// to 8..=max). The defaults are ShareGPT-like with short outputs: about half of all tokens are
+/// prompt tokens, which run full depth in every mode.
+#[derive(Debug, Clone, Copy)]
+struct Lengths {
+    prompt_median: f64,
+    prompt_max: usize,
+    output_median: f64,
+    output_max: usize,
+}
+
+impl Default for Lengths {
+    fn default() -> Self {
+        Self { prompt_median: 128.0, prompt_max: 512, output_median: 160.0, output_max: 256 }
+    }
+}
+
+impl Lengths {
+    const PROMPT_SIGMA: f64 = 0.9;
+    const OUTPUT_SIGMA: f64 = 0.7;
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "prompt": { "median": self.prompt_median, "sigma": Self::PROMPT_SIGMA, "min": 8, "max": self.prompt_max },
+            "output": { "median": self.output_median, "sigma": Self::OUTPUT_SIGMA, "min": 8, "max": self.output_max },
+        })
+    }
+}
+
+fn workload(n: usize, vocab: usize, max_context: usize, seed: u64, len: Lengths) -> Vec<Job> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|i| {
-            let p = lognormal(128.0, 0.9, 8, 512.min(max_context / 2), &mut x);
-            let o = lognormal(160.0, 0.7, 8, 256.min(max_context / 2), &mut x);
+            let p = lognormal(len.prompt_median, Lengths::PROMPT_SIGMA, 8, len.prompt_max.min(max_context / 2), &mut x);
+            let o = lognormal(len.output_median, Lengths::OUTPUT_SIGMA, 8, len.output_max.min(max_context / 2), &mut x);
             Job { prompt: random_ids(p, vocab, seed ^ (i as u64 + 1) * 7919), new_tokens: o }
         })
         .collect()
@@ -521,7 +559,7 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
     let mut results = Vec::new();
     println!("{:>5} {:>6} {:>20} {:>10} {:>8} {:>7} {:>7} {:>8} {:>7}", "width", "d̄", "mode", "tok/s", "vs CB", "bound", "of bnd", "idle", "d̄ real");
     for &w in &args.widths {
-        let jobs = workload(args.requests_per_width * w, spec.vocab_size, spec.max_context, 42 + w as u64);
+        let jobs = workload(args.requests_per_width * w, spec.vocab_size, spec.max_context, 42 + w as u64, args.lengths);
         let max_need = jobs.iter().map(|j| j.prompt.len() + j.new_tokens).max().unwrap_or(1) + 16;
         // Room for the most resident requests any variant admits (a coda reserve adds some).
         let most_resident = w + w.max(4);
@@ -541,7 +579,7 @@ fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, 
                 _ => b.exit_gate(Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?).build(),
             }
         };
-        let warm = workload(w.min(32), spec.vocab_size, spec.max_context, 1).into_iter().map(|j| Job { new_tokens: 8, ..j }).collect::<Vec<_>>();
+        let warm = workload(w.min(32), spec.vocab_size, spec.max_context, 1, Lengths::default()).into_iter().map(|j| Job { new_tokens: 8, ..j }).collect::<Vec<_>>();
         let mut cb_tps = None;
         // CB's device seconds in (prefill, decode), for the prefill-adjusted bound.
         let mut cb_device: Option<(f64, f64)> = None;

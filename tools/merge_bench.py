@@ -18,15 +18,22 @@ import argparse, json, pathlib
 AGREE = ["gpu", "commit", "model", "layout", "f0_over_fr", "weight_bytes_per_decode_step", "suite"]
 
 
+def lengths(w):
+    """The workload's length distributions (files before the `workload` field used the defaults)."""
+    w = w or {"prompt": {"median": 128, "sigma": 0.9, "min": 8, "max": 512}, "output": {"median": 160, "sigma": 0.7, "min": 8, "max": 256}}
+    f = lambda k: f"{k} ~ lognormal(median {w[k]['median']:g}, sigma {w[k]['sigma']:g}) clipped to {w[k]['min']}..{w[k]['max']}"
+    return f"{f('prompt')}, {f('output')}"
+
+
 def merge(paths, date, mixed_commits=False):
     docs = [(p, json.loads(p.read_text())) for p in paths]
     first = docs[0][1]
-    agree = [k for k in AGREE if not (mixed_commits and k == "commit")]
+    agree = [k for k in AGREE + ["workload"] if not (mixed_commits and k == "commit")]
     for p, d in docs[1:]:
         for k in agree:
             if d.get(k) != first.get(k):
                 raise SystemExit(f"{p.name}: {k} = {d.get(k)!r} differs from {docs[0][0].name}: {first.get(k)!r}")
-    out = {k: first[k] for k in AGREE if k in first}
+    out = {k: first[k] for k in AGREE + ["workload"] if k in first}
     commits = list(dict.fromkeys(d["commit"] for _, d in docs))
     out["commit"] = ", ".join(commits)
     out["date"] = date
@@ -41,8 +48,7 @@ def merge(paths, date, mixed_commits=False):
     out["notes"] = [
         "tokens_per_s is offline throughput; cb rows at a second mean depth are the same CB run "
         "copied (CB runs full depth whatever the exit distribution)",
-        "workload per width: requests_per_width x W requests, prompt ~ lognormal(median 128, sigma 0.9) "
-        "clipped to 8..512, output ~ lognormal(median 160, sigma 0.7) clipped to 8..256, seed 42 + W "
+        "workload per width: requests_per_width x W requests, " + lengths(first.get("workload")) + ", seed 42 + W "
         "(examples/bench_looped.rs workload()); --new-tokens / --prompt-len do not apply to suite cdb",
     ]
     if whole:
