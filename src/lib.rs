@@ -24,13 +24,13 @@
 //! |---|---|---|
 //! | generate in-process, step by step | [`Engine::add_request`], [`Engine::step`] | `examples/generate.rs` |
 //! | stream from many threads | [`EngineBuilder::spawn`], [`EngineHandle::submit`] | `examples/generate.rs` |
-//! | depth-adaptive serving | [`SchedulerKind::Depth`], [`EngineBuilder::exit_gate`], [`KvLayoutKind`] | `examples/bench_looped.rs` |
-//! | overlap host work with the device | [`EngineBuilder::overlap`] | `examples/bench_looped.rs --overlap on` |
+//! | depth-adaptive serving | [`SchedulerKind::Depth`], [`EngineBuilder::exit_gate`], [`KvLayoutKind`] | `examples/bench_looped/` |
+//! | overlap host work with the device | [`EngineBuilder::overlap`] | `examples/bench_looped/ --overlap on` |
 //! | score text (teacher forcing) | [`GenerationParams::forced_tokens`] | `examples/quality.rs` |
 //! | your own exit gate | [`gate::ExitGate`] | `examples/custom_gate.rs` |
 //! | your own scheduler | [`scheduler::Scheduler`], [`EngineBuilder::custom_scheduler`] | `examples/custom_scheduler.rs` |
 //! | your own KV layout | [`kv::KvLayout`], [`EngineBuilder::custom_kv_layout`] | `src/kv/layout.rs` |
-//! | GPU throughput | `--features cuda` | `examples/bench_looped.rs`, `docs/GPU.md` |
+//! | GPU throughput | `--features cuda` | `examples/bench_looped/`, `docs/GPU.md` |
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 

@@ -49,7 +49,7 @@ def merge(paths, date, mixed_commits=False):
         "tokens_per_s is offline throughput; cb rows at a second mean depth are the same CB run "
         "copied (CB runs full depth whatever the exit distribution)",
         "workload per width: requests_per_width x W requests, " + lengths(first.get("workload")) + ", seed 42 + W "
-        "(examples/bench_looped.rs workload()); --new-tokens / --prompt-len do not apply to suite cdb",
+        "(examples/bench_looped/workload.rs); --new-tokens / --prompt-len do not apply to suite cdb",
     ]
     if whole:
         out["notes"].append(

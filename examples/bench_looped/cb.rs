@@ -1,0 +1,63 @@
+//! Suite `cb`: full-depth continuous batching against the weight-streaming floor.
+
+use crate::{random_ids, Args, BenchModel};
+use ponder::{EngineBuilder, GenerationParams};
+
+pub(crate) fn cb_suite(
+    args: &Args,
+    model: &BenchModel,
+    bandwidth: f64,
+    weight_bytes_per_step: u64,
+) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+    let spec = model.spec().clone();
+    let mut results = Vec::new();
+    println!("{:>6} {:>12} {:>12} {:>10} {:>12} {:>10}", "width", "tok/s", "floor tok/s", "of floor", "step ms", "prefill s");
+    for &w in &args.widths {
+        let slots = args.layout.build().num_slots(spec.max_steps);
+        let per_req = args.prompt_len + args.new_tokens + 16;
+        let engine_for = |model: &BenchModel| {
+            EngineBuilder::from_model(model.boxed(), None, vec![])
+                .kv_layout(args.layout)
+                .max_num_seqs(w)
+                .max_num_batched_tokens((w * args.prompt_len).clamp(per_req, 16384))
+                .kv_capacity_tokens(w * per_req * slots)
+                .build()
+        };
+        let mut engine = engine_for(model)?;
+        let run = |engine: &mut ponder::Engine, new_tokens: usize, seed: u64| -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
+            let before = engine.metrics().clone();
+            let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(new_tokens) };
+            let prompts: Vec<Vec<u32>> = (0..w).map(|i| random_ids(args.prompt_len, spec.vocab_size, seed * 1000 + i as u64)).collect();
+            for o in engine.generate(prompts, &params)? {
+                assert_eq!(o?.token_ids.len(), new_tokens);
+            }
+            let m = engine.metrics();
+            let dec = delta(&before, m, "decode");
+            let pre = delta(&before, m, "prefill");
+            Ok((dec.1 as f64 / dec.0, dec.0 / dec.2 as f64, pre.0))
+        };
+        run(&mut engine, 8, 999)?; // warm-up: kernels loaded, allocator primed
+        let mut samples = Vec::new();
+        for r in 0..args.repeats {
+            samples.push(run(&mut engine, args.new_tokens, r as u64)?);
+        }
+        samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (tps, step_s, prefill_s) = samples[samples.len() / 2];
+        let floor = w as f64 * bandwidth / weight_bytes_per_step as f64;
+        println!("{w:>6} {tps:>12.0} {floor:>12.0} {:>9.1}% {:>12.2} {prefill_s:>10.2}", 100.0 * tps / floor, step_s * 1e3);
+        results.push(serde_json::json!({
+            "mode": "cb", "layout": format!("{:?}", args.layout), "width": w,
+            "tokens_per_s": tps, "floor_tokens_per_s": floor, "decode_step_ms": step_s * 1e3,
+            "prefill_s": prefill_s, "repeats": samples.iter().map(|s| s.0).collect::<Vec<_>>(),
+        }));
+        drop(engine);
+    }
+    Ok(results)
+}
+
+/// (seconds, rows, launches) of one stage between two metric snapshots.
+fn delta(a: &ponder::EngineMetrics, b: &ponder::EngineMetrics, stage: &str) -> (f64, u64, u64) {
+    let get = |m: &ponder::EngineMetrics| m.stages.get(stage).cloned().unwrap_or_default();
+    let (x, y) = (get(a), get(b));
+    ((y.time - x.time).as_secs_f64(), y.rows - x.rows, y.launches - x.launches)
+}

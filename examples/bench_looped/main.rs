@@ -1,0 +1,294 @@
+//! Throughput of looped-LM serving on real model shapes with random weights generated on the
+//! device (real checkpoints cannot be downloaded here; the CDB authors' method).
+//!
+//!     bench_looped [--model ouro|huginn] [--suite cb|cdb] [--widths 16,64,256] [--layout L]
+//!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
+//!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
+//!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
+//!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half,full]
+//!                  [--coda-reserve 0,parked] [--coda-pairs quarter:0,half:parked]
+//!                  [--prompt-median 128] [--prompt-max 512] [--output-median 160] [--output-max 256]
+//!                  [--overlap off,on] [--repeats 1] [--time-device]
+//!
+//! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
+//! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4;
+//! `--coda-reserve 0,parked` runs refill with the paper's resident cap (W) and with W plus
+//! min coda − 1 resident requests (launches still at most W rows), so tokens parked for the
+//! held coda do not leave the core launch short (`--coda-pairs` lists (min coda, reserve)
+//! pairs instead of every combination);
+//! `--overlap off,on` runs depth batching with synchronous result reads and with launch N+1
+//! issued before N's results are read (`Engine::set_overlap`).
+//!
+//! Suite `cb`: for each width W, W requests at once (random prompt ids, eos ignored) with the
+//! full-depth continuous batching baseline; decode tokens/s (median over repeats, after a
+//! warm-up) next to the weight-streaming floor (bytes of weights one decode step reads ÷ the
+//! measured device copy bandwidth).
+//!
+//! Suite `cdb`: CB vs depth batching without and with refill on one workload per width:
+//! `requests-per-width × W` requests with ShareGPT-like lengths (prompt ~ lognormal, median 128,
+//! σ 0.9, clipped to 8..512; output ~ lognormal, median 160, σ 0.7, clipped to 8..256; medians
+//! and maxima set by `--prompt-median` … `--output-max`, recorded as `workload` in the JSON), exit
+//! depths replayed from a seeded distribution over `min-depth..=r_max` with the given mean.
+//! Offline throughput over the steady-state window (opens after W completions, closes at the
+//! last admission; the whole run if that window is shorter than 20 % of it), speed-up over CB,
+//! the FLOP bound for the realised mean depth, the fraction of the bound achieved, and the GPU
+//! idle share: exact with `--time-device` (`idle=`: 1 − device spans ÷ run wall time), else an
+//! upper bound over the launches (host time not blocked on the device). With `--repeats N` each
+//! configuration runs N times on one engine after its warm-up and the median run is reported
+//! (every run's tokens/s is kept in the JSON); by default once. `--time-device` records each
+//! launch's device-side span with stream events (`EngineBuilder::time_device`): per stage in the
+//! JSON (`device_s`, of it `device_forward_s` in the model's forward, the rest sampling,
+//! re-entry and result copies) and printed, exact under overlap where the host's wait is not.
+//! Each depth-batching row then also gets the prefill-adjusted bound (the paper's realistic
+//! ceiling): CB's device time with its decode divided by the FLOP bound and its prefill, full
+//! depth in every mode, unchanged; and the share of it reached.
+//!
+//! `--parity` first compares next-token logits of the bf16 CUDA model with the f32 CPU reference
+//! on the same weights. `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
+
+mod cb;
+mod cdb;
+mod parity;
+mod workload;
+
+use candle_core::{DType, Device, Tensor};
+use ponder::loader::Weights;
+use ponder::models::looped::{Huginn, Ouro};
+use ponder::models::{HuginnConfig, LoopedModel, OuroConfig};
+use ponder::testing::{huginn_tensor_manifest, ouro_tensor_manifest, random_tensors, tiny_huginn_config, tiny_ouro_config};
+use ponder::KvLayoutKind;
+use std::time::Instant;
+use workload::Lengths;
+
+pub(crate) struct Args {
+    pub(crate) widths: Vec<usize>,
+    pub(crate) prompt_len: usize,
+    pub(crate) new_tokens: usize,
+    pub(crate) repeats: usize,
+    /// Whether `--repeats` was given (suite cdb runs each configuration once unless it was).
+    pub(crate) repeats_set: bool,
+    pub(crate) layout: KvLayoutKind,
+    pub(crate) json: Option<String>,
+    pub(crate) commit: String,
+    pub(crate) parity: bool,
+    pub(crate) tiny: bool,
+    pub(crate) suite: String,
+    pub(crate) mean_depths: Vec<f64>,
+    pub(crate) modes: Vec<String>,
+    pub(crate) requests_per_width: usize,
+    pub(crate) min_depth: usize,
+    pub(crate) kv_gb: f64,
+    pub(crate) model: String,
+    pub(crate) min_coda: Vec<String>,
+    /// Coda reserves to compare (refill only): numbers, or "parked" for min coda − 1.
+    pub(crate) coda_reserve: Vec<String>,
+    /// Explicit (min coda, reserve) pairs for refill, instead of the cross product.
+    pub(crate) coda_pairs: Vec<String>,
+    pub(crate) lengths: Lengths,
+    pub(crate) overlap: Vec<bool>,
+    /// Record each launch's device-side span (stream events) into the per-stage JSON.
+    pub(crate) time_device: bool,
+}
+
+fn parse() -> Result<Args, Box<dyn std::error::Error>> {
+    let mut a = Args {
+        widths: vec![16, 64, 256],
+        prompt_len: 128,
+        new_tokens: 256,
+        repeats: 3,
+        repeats_set: false,
+        layout: KvLayoutKind::DepthIndexed,
+        json: None,
+        commit: "unknown".into(),
+        parity: false,
+        tiny: false,
+        suite: "cb".into(),
+        mean_depths: vec![2.5, 3.0],
+        modes: vec!["cb".into(), "cdb-no-refill".into(), "cdb-refill".into()],
+        requests_per_width: 3,
+        min_depth: 2,
+        kv_gb: 40.0,
+        model: "ouro".into(),
+        min_coda: vec!["1".into()],
+        coda_reserve: vec!["0".into()],
+        coda_pairs: Vec::new(),
+        lengths: Lengths::default(),
+        overlap: vec![false],
+        time_device: false,
+    };
+    let mut layout_set = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
+        match k.as_str() {
+            "--widths" => a.widths = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--prompt-len" => a.prompt_len = v()?.parse()?,
+            "--new-tokens" => a.new_tokens = v()?.parse()?,
+            "--repeats" => {
+                a.repeats = v()?.parse()?;
+                a.repeats_set = true;
+            }
+            "--layout" => {
+                a.layout = v()?.parse()?;
+                layout_set = true;
+            }
+            "--suite" => a.suite = v()?,
+            "--mean-depths" => a.mean_depths = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--modes" => a.modes = v()?.split(',').map(String::from).collect(),
+            "--requests-per-width" => a.requests_per_width = v()?.parse()?,
+            "--min-depth" => a.min_depth = v()?.parse()?,
+            "--kv-gb" => a.kv_gb = v()?.parse()?,
+            "--model" => a.model = v()?,
+            "--min-coda" => a.min_coda = v()?.split(',').map(String::from).collect(),
+            "--coda-reserve" => a.coda_reserve = v()?.split(',').map(String::from).collect(),
+            "--coda-pairs" => a.coda_pairs = v()?.split(',').map(String::from).collect(),
+            "--prompt-median" => a.lengths.prompt_median = v()?.parse()?,
+            "--prompt-max" => a.lengths.prompt_max = v()?.parse()?,
+            "--output-median" => a.lengths.output_median = v()?.parse()?,
+            "--output-max" => a.lengths.output_max = v()?.parse()?,
+            "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
+            "--time-device" => a.time_device = true,
+            "--json" => a.json = Some(v()?),
+            "--commit" => a.commit = v()?,
+            "--parity" => a.parity = true,
+            "--tiny" => a.tiny = true,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    if a.suite == "cdb" && !layout_set {
+        a.layout = KvLayoutKind::Shared; // the CDB default layout; valid for every exit depth
+    }
+    Ok(a)
+}
+
+/// The benchmarked model: real shapes (or a tiny CPU config), random weights.
+#[derive(Clone)]
+pub(crate) enum BenchModel {
+    Ouro(Ouro),
+    Huginn(Huginn),
+}
+
+impl BenchModel {
+    fn boxed(&self) -> Box<dyn LoopedModel> {
+        match self {
+            Self::Ouro(m) => Box::new(m.clone()),
+            Self::Huginn(m) => Box::new(m.clone()),
+        }
+    }
+    fn spec(&self) -> &ponder::models::LoopedSpec {
+        match self {
+            Self::Ouro(m) => m.spec(),
+            Self::Huginn(m) => m.spec(),
+        }
+    }
+}
+
+/// How to make the benchmarked model from a set of weights.
+pub(crate) struct ModelRecipe {
+    pub(crate) name: &'static str,
+    pub(crate) manifest: Vec<(String, Vec<usize>)>,
+    pub(crate) load: Box<dyn Fn(&Weights) -> ponder::Result<BenchModel>>,
+}
+
+fn recipe(model: &str, tiny: bool) -> Result<ModelRecipe, Box<dyn std::error::Error>> {
+    Ok(match (model, tiny) {
+        ("ouro", false) | ("ouro", true) => {
+            let cfg = if tiny { tiny_ouro_config(512) } else { OuroConfig::ouro_1_4b() };
+            ModelRecipe {
+                name: if tiny { "tiny-ouro (random)" } else { "Ouro-1.4B shapes, random bf16 weights" },
+                manifest: ouro_tensor_manifest(&cfg),
+                load: Box::new(move |w| Ok(BenchModel::Ouro(Ouro::load(&cfg, w)?))),
+            }
+        }
+        ("huginn", _) => {
+            let cfg = if tiny { tiny_huginn_config(512) } else { HuginnConfig::huginn_0125() };
+            ModelRecipe {
+                name: if tiny { "tiny-huginn (random)" } else { "Huginn-0125 (3.5B) shapes, r_max 16, random bf16 weights" },
+                manifest: huginn_tensor_manifest(&cfg),
+                load: Box::new(move |w| Ok(BenchModel::Huginn(Huginn::load(&cfg, w)?))),
+            }
+        }
+        (other, _) => return Err(format!("unknown model {other} (ouro | huginn)").into()),
+    })
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse()?;
+    let (device, dtype) = if args.tiny { (Device::Cpu, DType::F32) } else { (Device::new_cuda(0)?, DType::BF16) };
+    let recipe = recipe(&args.model, args.tiny)?;
+    let gpu = gpu_name();
+    println!("device: {gpu}; model: {}", recipe.name);
+
+    let mut parity_json = serde_json::Value::Null;
+    if args.parity {
+        parity_json = parity::parity(&recipe, &device, dtype)?;
+    }
+
+    let t = Instant::now();
+    let master = random_tensors(&recipe.manifest, 7, DType::F32, &device)?;
+    let model = (recipe.load)(&Weights::from_map(master, dtype, &device))?;
+    device.synchronize()?;
+    println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
+    let spec = model.spec().clone();
+    let weight_bytes_per_step = (spec.max_steps as u64 * spec.step_params + spec.boundary_params) * dtype.size_in_bytes() as u64;
+    let bandwidth = copy_bandwidth(&device)?;
+    println!("copy bandwidth {:.0} GB/s; weights read per decode step {:.2} GB", bandwidth / 1e9, weight_bytes_per_step as f64 / 1e9);
+
+    let results = if args.suite == "cdb" { cdb::cdb_suite(&args, &model)? } else { cb::cb_suite(&args, &model, bandwidth, weight_bytes_per_step)? };
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "gpu": gpu, "commit": args.commit,
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "model": recipe.name,
+            "suite": args.suite, "layout": format!("{:?}", args.layout),
+            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+            "workload": if args.suite == "cdb" { args.lengths.json() } else { serde_json::Value::Null },
+            "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
+            "f0_over_fr": spec.boundary_params as f64 / spec.step_params as f64,
+            "parity": parity_json, "results": results,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+        println!("wrote {path}");
+    }
+    Ok(())
+}
+
+pub(crate) fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Device-to-device copy bandwidth (bytes read + written per second), median of 10.
+fn copy_bandwidth(device: &Device) -> candle_core::Result<f64> {
+    let n = if device.is_cpu() { 1 << 24 } else { 1 << 30 };
+    let x = Tensor::ones(n, DType::BF16, device)?;
+    let _ = x.copy()?;
+    device.synchronize()?;
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        let y = x.copy()?;
+        device.synchronize()?;
+        times.push(t.elapsed().as_secs_f64());
+        drop(y);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * (n * 2) as f64 / times[5])
+}
+
+fn gpu_name() -> String {
+    std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "cpu".into())
+}
