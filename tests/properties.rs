@@ -29,7 +29,12 @@ fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_
     let gate: Box<dyn ExitGate> = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, seed).unwrap(), 2, 4).unwrap());
     match kind {
         0 => Box::new(ContinuousBatching::new(limits, kv, 4).with_min_free_slots(Some(min_free))),
-        k => Box::new(DepthBatching::new(DepthConfig { refill: k == 1, min_coda_batch_size: min_coda, min_free_slots: Some(min_free), coda_reserve }, limits, kv, gate)),
+        k => Box::new(DepthBatching::new(
+            DepthConfig { refill: k == 1, min_coda_batch_size: min_coda, min_free_slots: Some(min_free), coda_reserve },
+            limits,
+            kv,
+            gate,
+        )),
     }
 }
 
