@@ -92,30 +92,45 @@ fn check(case: Case) {
         DType::F32 => 1e-5,
         _ => 1e-2,
     };
-    // Default dispatch (tensor cores for bf16/f16 with many query items), then the SIMT kernel.
-    for simt in [false, true] {
-        let out = with_simt(simt, || paged_attention(&q, &k, &v, &gpu_batch, scale).unwrap());
+    // Default dispatch (tensor cores for bf16/f16 with many query items), the SIMT kernel, and
+    // the pipelined tensor-core variant (where the tensor-core path applies).
+    for path in [AttnPath::Default, AttnPath::Simt, AttnPath::Pipelined] {
+        let out = with_path(path, || paged_attention(&q, &k, &v, &gpu_batch, scale).unwrap());
         assert_eq!(out.dims(), reference.dims(), "{}", case.name);
         assert_eq!(out.dtype(), case.dtype);
         let err = rel_err(&out.to_device(&Device::Cpu).unwrap(), &reference);
-        let path = if simt { "simt" } else { "default" };
-        println!("{:<40} {:?} {path:<7} rel err {err:.3e} (tol {tol:.0e})", case.name, case.dtype);
-        assert!(err <= tol, "{} ({path}): rel err {err} > {tol}", case.name);
+        println!("{:<40} {:?} {path:<9?} rel err {err:.3e} (tol {tol:.0e})", case.name, case.dtype);
+        assert!(err <= tol, "{} ({path:?}): rel err {err} > {tol}", case.name);
     }
 }
 
 static ENV_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Runs `f` with the tensor-core path switched off (`PONDER_PA_MMA=0`) when `simt`.
-fn with_simt<R>(simt: bool, f: impl FnOnce() -> R) -> R {
+/// Which paged-attention kernel family a check forces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AttnPath {
+    Default,
+    /// Tensor-core path off (`PONDER_PA_MMA=0`).
+    Simt,
+    /// Tensor-core path pipelined (`PONDER_PA_PIPE=1`).
+    Pipelined,
+}
+
+/// Runs `f` with the environment that selects `path`.
+fn with_path<R>(path: AttnPath, f: impl FnOnce() -> R) -> R {
     let _g = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if simt {
-        std::env::set_var("PONDER_PA_MMA", "0");
-    } else {
+    let clear = || {
         std::env::remove_var("PONDER_PA_MMA");
+        std::env::remove_var("PONDER_PA_PIPE");
+    };
+    clear();
+    match path {
+        AttnPath::Default => {}
+        AttnPath::Simt => std::env::set_var("PONDER_PA_MMA", "0"),
+        AttnPath::Pipelined => std::env::set_var("PONDER_PA_PIPE", "1"),
     }
     let r = f();
-    std::env::remove_var("PONDER_PA_MMA");
+    clear();
     r
 }
 
@@ -218,8 +233,8 @@ fn time_case(name: &str, rows: &[(usize, usize)], heads: usize, kv: usize, hd: u
     // NaN in unused slots is fine for timing; the kernel never reads them.
     let (q, k, v) = (b.q.to_device(&gpu).unwrap(), b.k.to_device(&gpu).unwrap(), b.v.to_device(&gpu).unwrap());
     let scale = 1.0 / (hd as f64).sqrt();
-    for simt in [false, true] {
-        let run = || with_simt(simt, || paged_attention(&q, &k, &v, &batch, scale).unwrap());
+    for path in [AttnPath::Default, AttnPath::Simt, AttnPath::Pipelined] {
+        let run = || with_path(path, || paged_attention(&q, &k, &v, &batch, scale).unwrap());
         for _ in 0..20 {
             run();
         }
@@ -237,8 +252,7 @@ fn time_case(name: &str, rows: &[(usize, usize)], heads: usize, kv: usize, hd: u
         samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let med = samples[samples.len() / 2];
         let kv_bytes: usize = rows.iter().map(|&(_, ctx)| ctx * kv * hd * 2 * 2).sum();
-        let path = if simt { "simt" } else { "default" };
-        println!("TIMING {name:<44} {path:<7} {:>9.1} us/call  {:>7.1} GB/s KV read ({:.1} MB)", med * 1e6, kv_bytes as f64 / med / 1e9, kv_bytes as f64 / 1e6);
+        println!("TIMING {name:<44} {path:<9?} {:>9.1} us/call  {:>7.1} GB/s KV read ({:.1} MB)", med * 1e6, kv_bytes as f64 / med / 1e9, kv_bytes as f64 / 1e6);
     }
 }
 
@@ -257,6 +271,14 @@ fn timing() {
     time_case("prefill bf16 8x512 causal 16/16 D=128", &rows, 16, 16, 128, AttnMask::Causal);
     let rows = vec![(2048, 2048); 2];
     time_case("prefill bf16 2x2048 causal 32/8 D=128", &rows, 32, 8, 128, AttnMask::Causal);
+    // SDAR-8B denoising steps at batch 256: whole blocks, and FOCUS's ≈ 13 kept tokens a row.
+    let rows = vec![(32, 300); 256];
+    time_case("diffusion bf16 256x(q32, ctx300) block-causal(32) 32/8 D=128", &rows, 32, 8, 128, AttnMask::BlockCausal(32));
+    let rows = vec![(13, 300); 256];
+    time_case("focus bf16 256x(q13, ctx300) block-causal(32) 32/8 D=128", &rows, 32, 8, 128, AttnMask::BlockCausal(32));
+    // Huginn-3.5B prefill: 55 heads of 96.
+    let rows = vec![(180, 180); 16];
+    time_case("prefill bf16 16x180 causal 55/55 D=96", &rows, 55, 55, 96, AttnMask::Causal);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -106,8 +106,12 @@ pub fn paged_attention(
     };
     // Tensor-core path for bf16/f16 with many query items per row; `PONDER_PA_MMA=0` turns it off.
     let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && !matches!(std::env::var("PONDER_PA_MMA").as_deref(), Ok("0"));
+    // `PONDER_PA_PIPE=1`: the tensor-core path with cp.async double buffering and ldmatrix
+    // fragments (`paged_attn_mma_pipe_*`). Off by default until measured on the device.
+    let pipe = mma && matches!(std::env::var("PONDER_PA_PIPE").as_deref(), Ok("1"));
     let p = Params {
         mma,
+        pipe,
         tokens,
         heads,
         hd,
@@ -140,6 +144,8 @@ struct Inputs<'a> {
 
 struct Params {
     mma: bool,
+    /// Tensor-core path: the pipelined variant.
+    pipe: bool,
     tokens: usize,
     heads: usize,
     hd: usize,
@@ -194,13 +200,14 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         let tiles = (p.tokens * group + p.rows * (MMA_NQ - 1)) / MMA_NQ;
         // SAFETY: every element is written by the kernel (cu_q_lens[R] == T covers every token).
         let mut out = unsafe { dev.alloc::<T>(n_out)? };
-        let func = dev.get_or_load_custom_func(&format!("paged_attn_mma_{name}_d{}", p.hd), PA_MODULE, ptx::PAGED_ATTENTION)?;
+        let kernel = if p.pipe { "paged_attn_mma_pipe" } else { "paged_attn_mma" };
+        let func = dev.get_or_load_custom_func(&format!("{kernel}_{name}_d{}", p.hd), PA_MODULE, ptx::PAGED_ATTENTION)?;
         let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, 1), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = func.builder();
         b.arg(&mut out).arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block);
-        // SAFETY: argument list matches `paged_attn_mma_*` in paged_attention.cu.
+        // SAFETY: argument list matches `paged_attn_mma_*` / `paged_attn_mma_pipe_*` in paged_attention.cu.
         unsafe { b.launch(cfg) }.w()?;
         let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
         return Ok(Tensor::from_storage(Storage::Cuda(storage), (p.tokens, p.heads, p.hd), BackpropOp::none(), false));

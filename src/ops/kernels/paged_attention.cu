@@ -316,6 +316,9 @@ __device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *_
 // bf16/f16 only. A block of 4 warps takes 64 query items (16 per warp, the M of
 // mma.m16n8k16); K/V tiles of 32 keys are staged in shared memory, S = Q K^T and O += P V run on
 // mma.sync with f32 accumulators, the online softmax runs on the accumulator fragments.
+// PIPE = true (paged_attn_mma_pipe_*): two shared-memory stages filled by cp.async, so the next
+// tile's loads are in flight while this one is computed, and K / V fragments come from ldmatrix
+// (V transposed by ldmatrix.trans) instead of one 32- or 16-bit shared load per element pair.
 // ---------------------------------------------------------------------------------------------
 
 template <typename T> struct Mma;
@@ -349,7 +352,30 @@ template <> struct Mma<__half> {
 #define MMA_NQ 64
 #define MMA_KB 32
 
-template <typename T, int D>
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; `bytes` = 0 writes zeros (nothing is read).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Four 8x8 b16 matrices; lane t gives the address of row t % 8 of matrix t / 8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const void *row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
+}
+
+template <typename T, int D, bool PIPE>
 __device__ __forceinline__ void paged_attn_mma_impl(
     T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
     const uint32_t *__restrict__ block_tables, const uint32_t *__restrict__ context_lens,
@@ -359,8 +385,10 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     constexpr int KS = D / 16;       // k-steps of S = Q K^T
     constexpr int NT = D / 8;        // n-tiles of O
     constexpr int CH = D / 8;        // 16-byte chunks per key row
-    __shared__ __align__(16) T s_k[MMA_KB * LD];
-    __shared__ __align__(16) T s_v[MMA_KB * LD];
+    constexpr int STAGES = PIPE ? 2 : 1;
+    static_assert(!PIPE || KS % 2 == 0, "ldmatrix.x4 takes two k-steps of K at once");
+    __shared__ __align__(16) T s_k[STAGES][MMA_KB * LD];
+    __shared__ __align__(16) T s_v[STAGES][MMA_KB * LD];
     __shared__ int s_row;
 
     const int group = num_heads / kv_heads;
@@ -413,41 +441,83 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 
     const uint32_t *table = block_tables + (size_t)r * max_blocks;
     const size_t slot_stride = (size_t)kv_heads * D;
-    for (int base = 0; base < k1; base += MMA_KB) {
-        __syncthreads();  // previous tile consumed
+    // Flat cache index of key p's first element for this kv head.
+    auto key_index = [&](int p) -> size_t {
+        int blk_i, in_blk;
+        if (bs_shift >= 0) {
+            blk_i = p >> bs_shift;
+            in_blk = p & (block_size - 1);
+        } else {
+            blk_i = p / block_size;
+            in_blk = p - blk_i * block_size;
+        }
+        return ((size_t)__ldg(table + blk_i) * block_size + in_blk) * slot_stride + (size_t)g * D;
+    };
+    // PIPE: start copying the tile of keys from `from` into stage `st` (zeros past k1).
+    auto issue_tile = [&](int from, int st) {
         for (int c = threadIdx.x; c < MMA_KB * CH; c += NTHREADS) {
             const int key = c / CH, part = c - key * CH;
-            const int p = base + key;
-            uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-            if (p < k1) {
-                int blk_i, in_blk;
-                if (bs_shift >= 0) {
-                    blk_i = p >> bs_shift;
-                    in_blk = p & (block_size - 1);
-                } else {
-                    blk_i = p / block_size;
-                    in_blk = p - blk_i * block_size;
-                }
-                const size_t idx = ((size_t)__ldg(table + blk_i) * block_size + in_blk) * slot_stride +
-                                   (size_t)g * D + part * 8;
-                kv4 = ldg16(kc + idx);
-                vv4 = ldg16(vc + idx);
-            }
-            *reinterpret_cast<uint4 *>(&s_k[key * LD + part * 8]) = kv4;
-            *reinterpret_cast<uint4 *>(&s_v[key * LD + part * 8]) = vv4;
+            const int p = from + key;
+            const bool in = p < k1;
+            const size_t idx = in ? key_index(p) + part * 8 : 0;
+            cp_async16(&s_k[st][key * LD + part * 8], kc + idx, in ? 16 : 0);
+            cp_async16(&s_v[st][key * LD + part * 8], vc + idx, in ? 16 : 0);
         }
-        __syncthreads();
+        cp_async_commit();
+    };
+    if constexpr (PIPE) issue_tile(0, 0);
+    int stage = 0;
+    for (int base = 0; base < k1; base += MMA_KB) {
+        if constexpr (PIPE) {
+            // The other stage was last read by the previous tile, finished at its trailing barrier.
+            if (base + MMA_KB < k1) {
+                issue_tile(base + MMA_KB, stage ^ 1);
+                cp_async_wait<1>();  // this tile landed; the next may still be in flight
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+        } else {
+            __syncthreads();  // previous tile consumed
+            for (int c = threadIdx.x; c < MMA_KB * CH; c += NTHREADS) {
+                const int key = c / CH, part = c - key * CH;
+                const int p = base + key;
+                uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+                if (p < k1) {
+                    const size_t idx = key_index(p) + part * 8;
+                    kv4 = ldg16(kc + idx);
+                    vv4 = ldg16(vc + idx);
+                }
+                *reinterpret_cast<uint4 *>(&s_k[0][key * LD + part * 8]) = kv4;
+                *reinterpret_cast<uint4 *>(&s_v[0][key * LD + part * 8]) = vv4;
+            }
+            __syncthreads();
+        }
+        const T *sk = s_k[stage];
+        const T *sv = s_v[stage];
         // S = Q K^T for 32 keys: 4 n-tiles of 8 keys.
         float s[4][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-            const T *krow = &s_k[(j * 8 + gid) * LD + tig * 2];
+            if constexpr (PIPE) {
+                // Matrix m of ldmatrix.x4: keys j*8.., dims ks*16 + m*8 (m = 0, 1) and (ks+1)*16 + (m-2)*8.
+                const T *krow = &sk[(j * 8 + (lane & 7)) * LD + (lane >> 3) * 8];
 #pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                const uint32_t b0 = *reinterpret_cast<const uint32_t *>(krow + ks * 16);
-                const uint32_t b1 = *reinterpret_cast<const uint32_t *>(krow + ks * 16 + 8);
-                Mma<T>::run(s[j], qa[ks], b0, b1);
+                for (int ks = 0; ks < KS; ks += 2) {
+                    uint32_t b[4];
+                    ldmatrix_x4(b, krow + ks * 16);
+                    Mma<T>::run(s[j], qa[ks], b[0], b[1]);
+                    Mma<T>::run(s[j], qa[ks + 1], b[2], b[3]);
+                }
+            } else {
+                const T *krow = &sk[(j * 8 + gid) * LD + tig * 2];
+#pragma unroll
+                for (int ks = 0; ks < KS; ++ks) {
+                    const uint32_t b0 = *reinterpret_cast<const uint32_t *>(krow + ks * 16);
+                    const uint32_t b1 = *reinterpret_cast<const uint32_t *>(krow + ks * 16 + 8);
+                    Mma<T>::run(s[j], qa[ks], b0, b1);
+                }
             }
         }
         // Mask, scale, online softmax (rows gid -> h = 0, gid + 8 -> h = 1).
@@ -494,19 +564,34 @@ __device__ __forceinline__ void paged_attn_mma_impl(
             pa[j >> 1][(j & 1) * 2 + 1] = Mma<T>::pack(pe[2], pe[3]);
         }
         // O += P V: 2 k-steps of 16 keys, NT n-tiles of 8 dims.
-        const unsigned short *vs = reinterpret_cast<const unsigned short *>(s_v);
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            const int k0 = t * 16 + tig * 2;
+        if constexpr (PIPE) {
+            // ldmatrix.x4.trans: matrix m holds keys m*8.. of dims nt*8..; lane t addresses key t.
+            const T *vrow = &sv[lane * LD];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const int d = nt * 8 + gid;
-                const uint32_t b0 = (uint32_t)vs[k0 * LD + d] | ((uint32_t)vs[(k0 + 1) * LD + d] << 16);
-                const uint32_t b1 = (uint32_t)vs[(k0 + 8) * LD + d] | ((uint32_t)vs[(k0 + 9) * LD + d] << 16);
-                Mma<T>::run(o[nt], pa[t], b0, b1);
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vrow + nt * 8);
+                Mma<T>::run(o[nt], pa[0], b[0], b[1]);
+                Mma<T>::run(o[nt], pa[1], b[2], b[3]);
+            }
+            __syncthreads();  // every warp is done with this stage before it is refilled
+            stage ^= 1;
+        } else {
+            const unsigned short *vs = reinterpret_cast<const unsigned short *>(sv);
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const int k0 = t * 16 + tig * 2;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int d = nt * 8 + gid;
+                    const uint32_t b0 = (uint32_t)vs[k0 * LD + d] | ((uint32_t)vs[(k0 + 1) * LD + d] << 16);
+                    const uint32_t b1 = (uint32_t)vs[(k0 + 8) * LD + d] | ((uint32_t)vs[(k0 + 9) * LD + d] << 16);
+                    Mma<T>::run(o[nt], pa[t], b0, b1);
+                }
             }
         }
     }
+    if constexpr (PIPE) cp_async_wait<0>();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
@@ -566,12 +651,17 @@ PA_KERNELS(bf16, __nv_bfloat16)
 PA_KERNELS(f16, __half)
 
 #define PA_MMA_KERNEL(NAME, T, D)                                                                \
-    extern "C" __global__ void __launch_bounds__(NTHREADS) paged_attn_mma_##NAME##_d##D(        \
+    PA_MMA_KERNEL_AS(paged_attn_mma_##NAME##_d##D, T, D, false)                                   \
+    PA_MMA_KERNEL_AS(paged_attn_mma_pipe_##NAME##_d##D, T, D, true)
+
+#define PA_MMA_KERNEL_AS(FN, T, D, PIPE)                                                         \
+    extern "C" __global__ void __launch_bounds__(NTHREADS) FN(                                   \
         T *out, const T *q, const T *kc, const T *vc, const uint32_t *block_tables,              \
         const uint32_t *context_lens, const uint32_t *cu_q, int num_rows, int max_blocks,        \
         int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2,             \
         int mask_block) {                                                                            \
-        paged_attn_mma_impl<T, D>(out, q, kc, vc, block_tables, context_lens, cu_q, num_rows,    \
+        paged_attn_mma_impl<T, D, PIPE>(out, q, kc, vc, block_tables, context_lens, cu_q,        \
+                                  num_rows,                                                      \
                                   max_blocks, num_heads, kv_heads, block_size, bs_shift,         \
                                   scale_log2, mask_block);                                           \
     }
