@@ -81,6 +81,20 @@ __device__ __forceinline__ uint4 ldg16(const void *p) {
     return __ldg(reinterpret_cast<const uint4 *>(p));
 }
 
+// Cache slot (block id * block_size + offset) of a row's key position p through its block table;
+// bs_shift = log2(block_size) when it is a power of two, else -1.
+__device__ __forceinline__ size_t cache_slot(const uint32_t *table, int p, int block_size, int bs_shift) {
+    int blk_i, in_blk;
+    if (bs_shift >= 0) {
+        blk_i = p >> bs_shift;
+        in_blk = p & (block_size - 1);
+    } else {
+        blk_i = p / block_size;
+        in_blk = p - blk_i * block_size;
+    }
+    return (size_t)__ldg(table + blk_i) * block_size + in_blk;
+}
+
 template <typename T, int D, int NQ>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
@@ -175,16 +189,7 @@ __device__ __forceinline__ void paged_attn_impl(
             const int p = base + u * KPW + kg;
             pos[u] = p;
             if (p < k1 && active) {
-                int blk_i, in_blk;
-                if (bs_shift >= 0) {
-                    blk_i = p >> bs_shift;
-                    in_blk = p & (block_size - 1);
-                } else {
-                    blk_i = p / block_size;
-                    in_blk = p - blk_i * block_size;
-                }
-                const size_t slot = (size_t)__ldg(table + blk_i) * block_size + in_blk;
-                const size_t idx = slot * slot_stride + head_off;
+                const size_t idx = cache_slot(table, p, block_size, bs_shift) * slot_stride + head_off;
                 kraw[u] = ldg16(kc + idx);
                 vraw[u] = ldg16(vc + idx);
             } else {
@@ -442,17 +447,7 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     const uint32_t *table = block_tables + (size_t)r * max_blocks;
     const size_t slot_stride = (size_t)kv_heads * D;
     // Flat cache index of key p's first element for this kv head.
-    auto key_index = [&](int p) -> size_t {
-        int blk_i, in_blk;
-        if (bs_shift >= 0) {
-            blk_i = p >> bs_shift;
-            in_blk = p & (block_size - 1);
-        } else {
-            blk_i = p / block_size;
-            in_blk = p - blk_i * block_size;
-        }
-        return ((size_t)__ldg(table + blk_i) * block_size + in_blk) * slot_stride + (size_t)g * D;
-    };
+    auto key_index = [&](int p) -> size_t { return cache_slot(table, p, block_size, bs_shift) * slot_stride + (size_t)g * D; };
     // PIPE: start copying the tile of keys from `from` into stage `st` (zeros past k1).
     auto issue_tile = [&](int from, int st) {
         for (int c = threadIdx.x; c < MMA_KB * CH; c += NTHREADS) {
