@@ -204,6 +204,8 @@ fn coda_reserve_is_batch_invariant() {
         assert_eq!(batched(&mut engine, &ps, &max_new), want, "width 3 + reserve 2, overlap {overlap}");
         assert_kv_empty(&engine);
     }
+    let huge = make(2, usize::MAX).build();
+    assert!(matches!(huge, Err(ponder::Error::InvalidOption(_))), "a reserve past u32 resident ids is refused");
     for kind in [SchedulerKind::Continuous, SchedulerKind::Depth { refill: false }] {
         let bad = builder(&dir, KvLayoutKind::Shared, 2).scheduler(kind).coda_reserve(1).build();
         assert!(matches!(bad, Err(ponder::Error::InvalidOption(_))), "{kind:?} refuses a coda reserve");

@@ -369,6 +369,10 @@ impl EngineBuilder {
         if self.coda_reserve > 0 && (self.scheduler != (SchedulerKind::Depth { refill: true }) || self.factory.is_some()) {
             return Err(Error::InvalidOption("coda_reserve applies to the built-in depth scheduler with refill only".into()));
         }
+        // Resident requests index the state bank with u32 rows.
+        if self.limits.max_num_seqs.checked_add(self.coda_reserve).is_none_or(|n| n > u32::MAX as usize) {
+            return Err(Error::InvalidOption(format!("max_num_seqs {} + coda_reserve {} exceeds {} resident requests", self.limits.max_num_seqs, self.coda_reserve, u32::MAX)));
+        }
         for (set, what) in [
             (self.block_length.is_some(), "block_length"),
             (self.max_steps_per_block.is_some(), "max_steps_per_block"),
