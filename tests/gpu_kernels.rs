@@ -252,7 +252,12 @@ fn time_case(name: &str, rows: &[(usize, usize)], heads: usize, kv: usize, hd: u
         samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let med = samples[samples.len() / 2];
         let kv_bytes: usize = rows.iter().map(|&(_, ctx)| ctx * kv * hd * 2 * 2).sum();
-        println!("TIMING {name:<44} {path:<9?} {:>9.1} us/call  {:>7.1} GB/s KV read ({:.1} MB)", med * 1e6, kv_bytes as f64 / med / 1e9, kv_bytes as f64 / 1e6);
+        println!(
+            "TIMING {name:<44} {path:<9?} {:>9.1} us/call  {:>7.1} GB/s KV read ({:.1} MB)",
+            med * 1e6,
+            kv_bytes as f64 / med / 1e9,
+            kv_bytes as f64 / 1e6
+        );
     }
 }
 

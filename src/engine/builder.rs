@@ -371,7 +371,12 @@ impl EngineBuilder {
         }
         // Resident requests index the state bank with u32 rows.
         if self.limits.max_num_seqs.checked_add(self.coda_reserve).is_none_or(|n| n > u32::MAX as usize) {
-            return Err(Error::InvalidOption(format!("max_num_seqs {} + coda_reserve {} exceeds {} resident requests", self.limits.max_num_seqs, self.coda_reserve, u32::MAX)));
+            return Err(Error::InvalidOption(format!(
+                "max_num_seqs {} + coda_reserve {} exceeds {} resident requests",
+                self.limits.max_num_seqs,
+                self.coda_reserve,
+                u32::MAX
+            )));
         }
         for (set, what) in [
             (self.block_length.is_some(), "block_length"),
