@@ -54,11 +54,16 @@ def pct(x):
     return f"{100 * x:.1f} %"
 
 
-def coda_size(r):
-    """Min coda batch relative to the width: 1, W/4, W/2, W or the number."""
+def coda_relative(r):
+    """Min coda batch relative to the width: "1", "W/4", "W/2", "W" or the number."""
     m, w = r["min_coda_batch_size"], r["width"]
-    named = {1: "1", max(w // 4, 1): f"{m} (W/4)", max(w // 2, 1): f"{m} (W/2)", w: f"{m} (W)"}
-    return named.get(m, str(m))
+    return {1: "1", max(w // 4, 1): "W/4", max(w // 2, 1): "W/2", w: "W"}.get(m, str(m))
+
+
+def coda_size(r):
+    """Min coda batch as a number and, when it is a fraction of W, which one."""
+    rel = coda_relative(r)
+    return rel if rel[0] != "W" else f"{r['min_coda_batch_size']} ({rel})"
 
 
 def mode_label(r, coda=False):
@@ -233,7 +238,7 @@ def device_table(d, name, full_depth=4, coda=False):
     dev = lambda r, ks: sum(r["stages"][k]["device_s"] for k in ks if k in r["stages"])
     for r in sorted(rows, key=lambda r: (r["target_mean_depth"], r["width"], order[r["mode"]], r["min_coda_batch_size"])):
         cb = same_run_cb(d["results"], r)
-        if cb is None or (r["mode"] == "cb" and r["target_mean_depth"] != min(x["target_mean_depth"] for x in rows if x["source"] == r["source"])):
+        if cb is None or (r["mode"] == "cb" and r["target_mean_depth"] != min(x["target_mean_depth"] for x in rows if x.get("source") == r.get("source"))):
             continue
         tokens = generated_tokens(r)
         pre, dec = dev(r, ["prefill"]), dev(r, ["decode", "core", "coda"])

@@ -15,7 +15,7 @@ but the commit: `commit` then lists every input's commit, and each row and sourc
 """
 import argparse, json, pathlib
 
-AGREE = ["gpu", "commit", "model", "layout", "f0_over_fr", "weight_bytes_per_decode_step", "suite"]
+AGREE = ["gpu", "commit", "model", "layout", "f0_over_fr", "weight_bytes_per_decode_step", "suite", "workload"]
 
 
 def lengths(w):
@@ -28,12 +28,12 @@ def lengths(w):
 def merge(paths, date, mixed_commits=False):
     docs = [(p, json.loads(p.read_text())) for p in paths]
     first = docs[0][1]
-    agree = [k for k in AGREE + ["workload"] if not (mixed_commits and k == "commit")]
+    agree = [k for k in AGREE if not (mixed_commits and k == "commit")]
     for p, d in docs[1:]:
         for k in agree:
             if d.get(k) != first.get(k):
                 raise SystemExit(f"{p.name}: {k} = {d.get(k)!r} differs from {docs[0][0].name}: {first.get(k)!r}")
-    out = {k: first[k] for k in AGREE + ["workload"] if k in first}
+    out = {k: first[k] for k in AGREE if k in first}
     commits = list(dict.fromkeys(d["commit"] for _, d in docs))
     out["commit"] = ", ".join(commits)
     out["date"] = date

@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 matplotlib.rcParams["svg.hashsalt"] = "ponder"  # stable element ids in the SVGs
 import matplotlib.pyplot as plt
-from bench_tables import prefill_adjusted_bound
+from bench_tables import coda_relative, prefill_adjusted_bound
 
 bench = pathlib.Path(__file__).resolve().parent.parent / "docs" / "bench"
 
@@ -137,18 +137,14 @@ def plot_looped_huginn(path):
     rows = doc["results"]
     depths = sorted({r["target_mean_depth"] for r in rows})
     fig, axes = plt.subplots(1, len(depths), figsize=(max(5.2 * len(depths), 8.5), 4.3), squeeze=False)
-    def coda_rel(r):
-        m, w = r["min_coda_batch_size"], r["width"]
-        return {1: "1", max(w // 4, 1): "W/4", max(w // 2, 1): "W/2", w: "W"}.get(m, str(m))
-
     # A line per (mode, min coda relative to W, reserve or not).
     colors = {("cdb-no-refill", "1"): "tab:cyan", ("cdb-no-refill", "W/4"): "tab:blue", ("cdb-refill", "1"): "tab:orange",
               ("cdb-refill", "W/4"): "tab:red", ("cdb-refill", "W/2"): "tab:purple", ("cdb-refill", "W"): "tab:green"}
     for ax, t in zip(axes[0], depths):
         at = [r for r in rows if r["target_mean_depth"] == t and r["mode"] != "cb"]
-        keys = sorted({(r["mode"], coda_rel(r), r.get("coda_reserve", 0) > 0) for r in at}, key=lambda k: (k[0], k[2], k[1]))
+        keys = sorted({(r["mode"], coda_relative(r), r.get("coda_reserve", 0) > 0) for r in at}, key=lambda k: (k[0], k[2], k[1]))
         for mode, rel, reserved in keys:
-            pts = sorted((r for r in at if (r["mode"], coda_rel(r), r.get("coda_reserve", 0) > 0) == (mode, rel, reserved)), key=lambda r: r["width"])
+            pts = sorted((r for r in at if (r["mode"], coda_relative(r), r.get("coda_reserve", 0) > 0) == (mode, rel, reserved)), key=lambda r: r["width"])
             ov = " + overlap" if pts[0].get("overlap") else ""
             res = f", reserve {'W − 1' if rel == 'W' else rel + ' − 1'}" if reserved else ""
             st = ("s" if "no-refill" in mode else "o") + ("-" if reserved else "--")

@@ -16,8 +16,37 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
     for &w in &args.widths {
         let jobs = workload(args.requests_per_width * w, spec.vocab_size, spec.max_context, 42 + w as u64, args.lengths);
         let max_need = jobs.iter().map(|j| j.prompt.len() + j.new_tokens).max().unwrap_or(1) + 16;
+        // Min coda batch sizes to compare: numbers, "quarter" (W/4), "half" (W/2) or "full" (W); reserves:
+        // numbers or "parked" (min coda − 1).
+        let coda_size = |m: &str| match m {
+            "quarter" => Ok((w / 4).max(1)),
+            "half" => Ok((w / 2).max(1)),
+            "full" => Ok(w),
+            n => n.parse::<usize>(),
+        };
+        let reserve_size = |r: &str, m: usize| if r == "parked" { Ok(m.saturating_sub(1)) } else { r.parse::<usize>() };
+        // (min coda, reserve) pairs of refill: `--coda-pairs`, else every min coda × reserve.
+        let mut pairs: Vec<(usize, usize)> = Vec::new();
+        if args.coda_pairs.is_empty() {
+            for m in &args.min_coda {
+                let m = coda_size(m)?;
+                for r in &args.coda_reserve {
+                    pairs.push((m, reserve_size(r, m)?));
+                }
+            }
+        } else {
+            for pair in &args.coda_pairs {
+                let (m, r) = pair.split_once(':').ok_or_else(|| format!("--coda-pairs entry {pair} is not MIN_CODA:RESERVE"))?;
+                let m = coda_size(m)?;
+                pairs.push((m, reserve_size(r, m)?));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        pairs.retain(|p| seen.insert(*p));
+        let mut seen = std::collections::HashSet::new();
+        let min_codas: Vec<usize> = pairs.iter().map(|p| p.0).filter(|m| seen.insert(*m)).collect();
         // Room for the most resident requests any variant admits (a coda reserve adds some).
-        let most_resident = w + w.max(4);
+        let most_resident = w + pairs.iter().map(|p| p.1).max().unwrap_or(0);
         let kv_tokens = ((args.kv_gb * 1e9) as usize / bytes_per_pos).min(most_resident * max_need) * slots;
         let build = |sched: SchedulerKind, mean: f64, min_coda: usize, reserve: usize| -> ponder::Result<ponder::Engine> {
             let b = EngineBuilder::from_model(model.boxed(), None, vec![])
@@ -39,35 +68,6 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
         let mut cb_tps = None;
         // CB's device seconds in (prefill, decode), for the prefill-adjusted bound.
         let mut cb_device: Option<(f64, f64)> = None;
-        // Min coda batch sizes to compare: numbers, "quarter" (W/4), "half" (W/2) or "full" (W); reserves:
-        // numbers or "parked" (min coda − 1).
-        let coda_size = |m: &str| match m {
-            "quarter" => Ok((w / 4).max(1)),
-            "half" => Ok((w / 2).max(1)),
-            "full" => Ok(w),
-            n => n.parse::<usize>(),
-        };
-        let reserve_size = |r: &str, m: usize| if r == "parked" { Ok(m - 1) } else { r.parse::<usize>() };
-        // (min coda, reserve) pairs of refill: `--coda-pairs`, else every min coda × reserve.
-        let mut pairs: Vec<(usize, usize)> = Vec::new();
-        if args.coda_pairs.is_empty() {
-            for m in &args.min_coda {
-                let m = coda_size(m)?;
-                for r in &args.coda_reserve {
-                    pairs.push((m, reserve_size(r, m)?));
-                }
-            }
-        } else {
-            for pair in &args.coda_pairs {
-                let (m, r) = pair.split_once(':').ok_or_else(|| format!("--coda-pairs entry {pair} is not MIN_CODA:RESERVE"))?;
-                let m = coda_size(m)?;
-                pairs.push((m, reserve_size(r, m)?));
-            }
-        }
-        let mut seen = std::collections::HashSet::new();
-        pairs.retain(|p| seen.insert(*p));
-        let mut seen = std::collections::HashSet::new();
-        let min_codas: Vec<usize> = pairs.iter().map(|p| p.0).filter(|m| seen.insert(*m)).collect();
         for (di, &mean) in args.mean_depths.iter().enumerate() {
             for mode in &args.modes {
                 let sched: SchedulerKind = mode.parse()?;

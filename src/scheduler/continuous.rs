@@ -59,9 +59,8 @@ impl ContinuousBatching {
     }
 
     fn schedule_prefill(&mut self) -> Option<Launch> {
-        let min_free = self.min_free_slots.unwrap_or((self.limits.max_num_seqs / 16).max(1));
         let free = self.limits.max_num_seqs.saturating_sub(self.running.len());
-        if !self.running.is_empty() && free < min_free.min(self.waiting.len()) {
+        if !self.limits.admits_prefill(self.min_free_slots, !self.running.is_empty(), free, self.waiting.len()) {
             return None;
         }
         let mut rows = Vec::new();

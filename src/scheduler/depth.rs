@@ -174,8 +174,7 @@ impl DepthBatching {
     }
 
     fn try_prefill(&mut self) -> Option<Launch> {
-        let min_free = self.cfg.min_free_slots.unwrap_or((self.limits.max_num_seqs / 16).max(1));
-        if !self.reqs.is_empty() && self.free_states.len() < min_free.min(self.waiting.len()) {
+        if !self.limits.admits_prefill(self.cfg.min_free_slots, !self.reqs.is_empty(), self.free_states.len(), self.waiting.len()) {
             return None;
         }
         let mut rows = Vec::new();

@@ -214,6 +214,16 @@ impl Default for SchedulerLimits {
     }
 }
 
+impl SchedulerLimits {
+    /// The full-depth prefill admission rule both looped schedulers share: while requests are
+    /// decoding, admit only once `min_free_slots` resident slots are free (or every waiting
+    /// request fits), so one prefill launch takes many prompts. `None`: `max(1, max_num_seqs / 16)`.
+    pub fn admits_prefill(&self, min_free_slots: Option<usize>, decoding: bool, free_slots: usize, waiting: usize) -> bool {
+        let min_free = min_free_slots.unwrap_or((self.max_num_seqs / 16).max(1));
+        !decoding || free_slots >= min_free.min(waiting)
+    }
+}
+
 /// A scheduling policy. See the module docs.
 pub trait Scheduler: Send {
     fn name(&self) -> &'static str;
