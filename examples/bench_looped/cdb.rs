@@ -93,11 +93,11 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                     }
                     let mut engine = build(sched, mean, min_coda, reserve)?;
                     engine.set_overlap(overlap)?;
-                    offline(&mut engine, &warm, w)?;
+                    offline(&mut engine, &warm, w, true)?;
                     // Repeats on the same engine (graphs captured by then); the median run by
                     // window tokens/s is reported, every run's figure is kept.
                     let n = if args.repeats_set { args.repeats.max(1) } else { 1 };
-                    let mut runs = (0..n).map(|_| offline(&mut engine, &jobs, w)).collect::<Result<Vec<_>, _>>()?;
+                    let mut runs = (0..n).map(|_| offline(&mut engine, &jobs, w, args.drain)).collect::<Result<Vec<_>, _>>()?;
                     runs.sort_by(|a, b| a.window_tokens_per_s.total_cmp(&b.window_tokens_per_s));
                     let all_tps: Vec<f64> = runs.iter().map(|r| r.window_tokens_per_s).collect();
                     let st = runs.swap_remove(n / 2);

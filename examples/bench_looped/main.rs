@@ -8,7 +8,7 @@
 //!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half,full]
 //!                  [--coda-reserve 0,parked] [--coda-pairs quarter:0,half:parked]
 //!                  [--prompt-median 128] [--prompt-max 512] [--output-median 160] [--output-max 256]
-//!                  [--overlap off,on] [--repeats 1] [--time-device]
+//!                  [--overlap off,on] [--repeats 1] [--time-device] [--drain on|off]
 //!
 //! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
 //! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4;
@@ -39,6 +39,8 @@
 //! launch's device-side span with stream events (`EngineBuilder::time_device`): per stage in the
 //! JSON (`device_s`, of it `device_forward_s` in the model's forward, the rest sampling,
 //! re-entry and result copies) and printed, exact under overlap where the host's wait is not.
+//! `--drain off` aborts the requests still running when the window closes (the drain is outside
+//! the window; with long outputs it is much of the run), so stage figures cover the run up to there.
 //! Each depth-batching row then also gets the prefill-adjusted bound (the paper's realistic
 //! ceiling): CB's device time with its decode divided by the FLOP bound and its prefill, full
 //! depth in every mode, unchanged; and the share of it reached.
@@ -88,6 +90,9 @@ pub(crate) struct Args {
     pub(crate) overlap: Vec<bool>,
     /// Record each launch's device-side span (stream events) into the per-stage JSON.
     pub(crate) time_device: bool,
+    /// Run each workload to its end (`--drain on`, the default) or abort what is still running
+    /// when the steady-state window closes (`--drain off`).
+    pub(crate) drain: bool,
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -115,6 +120,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         lengths: Lengths::default(),
         overlap: vec![false],
         time_device: false,
+        drain: true,
     };
     let mut layout_set = false;
     let mut it = std::env::args().skip(1);
@@ -148,6 +154,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--output-max" => a.lengths.output_max = v()?.parse()?,
             "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
             "--time-device" => a.time_device = true,
+            "--drain" => a.drain = matches!(v()?.as_str(), "on" | "true"),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,
@@ -243,6 +250,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "suite": args.suite, "layout": format!("{:?}", args.layout),
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
             "workload": if args.suite == "cdb" { args.lengths.json() } else { serde_json::Value::Null },
+            "drain": args.drain,
             "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
             "f0_over_fr": spec.boundary_params as f64 / spec.step_params as f64,
             "parity": parity_json, "results": results,

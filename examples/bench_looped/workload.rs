@@ -79,12 +79,15 @@ pub(crate) fn stage_device(stages: &serde_json::Value, name: &str) -> Option<f64
     stages.get(name)?.get("device_s")?.as_f64()
 }
 
-/// Runs `jobs` offline (all queued at once) and measures the steady-state window.
-pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize) -> Result<RunStats, Box<dyn std::error::Error>> {
+/// Runs `jobs` offline (all queued at once) and measures the steady-state window. With
+/// `drain` false the requests still running when the window closes are aborted there: the
+/// drain is outside the window, and with long outputs it is a large share of the device time.
+pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize, drain: bool) -> Result<RunStats, Box<dyn std::error::Error>> {
     let before = engine.metrics().clone();
+    let mut unfinished = std::collections::HashSet::new();
     for j in jobs {
         let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(j.new_tokens) };
-        engine.add_request(j.prompt.clone(), params)?;
+        unfinished.insert(engine.add_request(j.prompt.clone(), params)?);
     }
     let start = Instant::now();
     let (mut tokens, mut done) = (0u64, 0usize);
@@ -94,7 +97,10 @@ pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize) -
         for ev in engine.step()? {
             match ev {
                 ponder::Event::Token { .. } => tokens += 1,
-                ponder::Event::Finished { .. } => done += 1,
+                ponder::Event::Finished { id, .. } => {
+                    done += 1;
+                    unfinished.remove(&id);
+                }
             }
         }
         if window_open.is_none() && done >= width {
@@ -103,6 +109,15 @@ pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize) -
         if window.is_none() && engine.scheduler().num_waiting() == 0 {
             if let Some((t0, k0)) = window_open {
                 window = Some((t0.elapsed().as_secs_f64(), tokens - k0));
+                if !drain {
+                    for id in unfinished.drain() {
+                        // A request whose Finished event is still pending is no longer live.
+                        match engine.abort(id) {
+                            Ok(()) | Err(ponder::Error::UnknownRequest(_)) => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                }
             }
         }
     }
