@@ -94,7 +94,7 @@ fn check(case: Case) {
     };
     // Default dispatch (tensor cores for bf16/f16 with many query items), the SIMT kernel, and
     // the pipelined tensor-core variant (where the tensor-core path applies).
-    for path in [AttnPath::Default, AttnPath::Simt, AttnPath::Pipelined] {
+    for path in [AttnPath::Default, AttnPath::Simt, AttnPath::Unpipelined] {
         let out = with_path(path, || paged_attention(&q, &k, &v, &gpu_batch, scale).unwrap());
         assert_eq!(out.dims(), reference.dims(), "{}", case.name);
         assert_eq!(out.dtype(), case.dtype);
@@ -109,11 +109,12 @@ static ENV_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// Which paged-attention kernel family a check forces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AttnPath {
+    /// What the library picks (the tensor-core path runs pipelined).
     Default,
     /// Tensor-core path off (`PONDER_PA_MMA=0`).
     Simt,
-    /// Tensor-core path pipelined (`PONDER_PA_PIPE=1`).
-    Pipelined,
+    /// Tensor-core path with synchronous tile loads (`PONDER_PA_PIPE=0`).
+    Unpipelined,
 }
 
 /// Runs `f` with the environment that selects `path`.
@@ -127,7 +128,7 @@ fn with_path<R>(path: AttnPath, f: impl FnOnce() -> R) -> R {
     match path {
         AttnPath::Default => {}
         AttnPath::Simt => std::env::set_var("PONDER_PA_MMA", "0"),
-        AttnPath::Pipelined => std::env::set_var("PONDER_PA_PIPE", "1"),
+        AttnPath::Unpipelined => std::env::set_var("PONDER_PA_PIPE", "0"),
     }
     let r = f();
     clear();
@@ -233,7 +234,7 @@ fn time_case(name: &str, rows: &[(usize, usize)], heads: usize, kv: usize, hd: u
     // NaN in unused slots is fine for timing; the kernel never reads them.
     let (q, k, v) = (b.q.to_device(&gpu).unwrap(), b.k.to_device(&gpu).unwrap(), b.v.to_device(&gpu).unwrap());
     let scale = 1.0 / (hd as f64).sqrt();
-    for path in [AttnPath::Default, AttnPath::Simt, AttnPath::Pipelined] {
+    for path in [AttnPath::Default, AttnPath::Simt, AttnPath::Unpipelined] {
         let run = || with_path(path, || paged_attention(&q, &k, &v, &batch, scale).unwrap());
         for _ in 0..20 {
             run();

@@ -106,9 +106,10 @@ pub fn paged_attention(
     };
     // Tensor-core path for bf16/f16 with many query items per row; `PONDER_PA_MMA=0` turns it off.
     let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && !matches!(std::env::var("PONDER_PA_MMA").as_deref(), Ok("0"));
-    // `PONDER_PA_PIPE=1`: the tensor-core path with cp.async double buffering and ldmatrix
-    // fragments (`paged_attn_mma_pipe_*`). Off by default until measured on the device.
-    let pipe = mma && matches!(std::env::var("PONDER_PA_PIPE").as_deref(), Ok("1"));
+    // The tensor-core path runs pipelined (cp.async double buffering, ldmatrix fragments:
+    // `paged_attn_mma_pipe_*`), measured faster on the H200; `PONDER_PA_PIPE=0` selects the
+    // synchronous-load variant (`paged_attn_mma_*`).
+    let pipe = mma && !matches!(std::env::var("PONDER_PA_PIPE").as_deref(), Ok("0"));
     let p = Params {
         mma,
         pipe,
