@@ -9,6 +9,7 @@
 //!                  [--coda-reserve 0,parked] [--coda-pairs quarter:0,half:parked]
 //!                  [--prompt-median 128] [--prompt-max 512] [--output-median 160] [--output-max 256]
 //!                  [--overlap off,on] [--repeats 1] [--time-device] [--drain on|off]
+//!                  [--window-completions K|2w]
 //!
 //! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
 //! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4;
@@ -29,8 +30,10 @@
 //! σ 0.9, clipped to 8..512; output ~ lognormal, median 160, σ 0.7, clipped to 8..256; medians
 //! and maxima set by `--prompt-median` … `--output-max`, recorded as `workload` in the JSON), exit
 //! depths replayed from a seeded distribution over `min-depth..=r_max` with the given mean.
-//! Offline throughput over the steady-state window (opens after W completions, closes at the
-//! last admission; the whole run if that window is shorter than 20 % of it), speed-up over CB,
+//! Offline throughput over the steady-state window (opens after as many completions as requests
+//! can be resident — W, plus the coda reserve — and closes at the last admission or, with
+//! `--window-completions`, after that many completions inside it, so every mode covers as much
+//! work; the whole run if the window is shorter than 20 % of it), speed-up over CB,
 //! the FLOP bound for the realised mean depth, the fraction of the bound achieved, and the GPU
 //! idle share: exact with `--time-device` (`idle=`: 1 − device spans ÷ run wall time), else an
 //! upper bound over the launches (host time not blocked on the device). With `--repeats N` each
@@ -40,7 +43,8 @@
 //! JSON (`device_s`, of it `device_forward_s` in the model's forward, the rest sampling,
 //! re-entry and result copies) and printed, exact under overlap where the host's wait is not.
 //! `--drain off` aborts the requests still running when the window closes (the drain is outside
-//! the window; with long outputs it is much of the run), so stage figures cover the run up to there.
+//! the window; with long outputs it is much of the run). Stage figures and the idle share cover
+//! the window.
 //! Each depth-batching row then also gets the prefill-adjusted bound (the paper's realistic
 //! ceiling): CB's device time with its decode divided by the FLOP bound and its prefill, full
 //! depth in every mode, unchanged; and the share of it reached.
@@ -93,6 +97,36 @@ pub(crate) struct Args {
     /// Run each workload to its end (`--drain on`, the default) or abort what is still running
     /// when the steady-state window closes (`--drain off`).
     pub(crate) drain: bool,
+    /// Completions after which the steady-state window closes (else at the last admission).
+    pub(crate) window_completions: Option<PerWidth>,
+}
+
+/// A count given as a number or as a multiple of the width (`2w`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PerWidth {
+    Fixed(usize),
+    TimesWidth(f64),
+}
+
+impl PerWidth {
+    pub(crate) fn of(self, width: usize) -> usize {
+        match self {
+            Self::Fixed(n) => n,
+            Self::TimesWidth(x) => (x * width as f64).round() as usize,
+        }
+    }
+}
+
+impl std::str::FromStr for PerWidth {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s} is neither a count nor a multiple of the width such as 2w");
+        match s.strip_suffix('w') {
+            Some("") => Ok(Self::TimesWidth(1.0)),
+            Some(x) => x.parse().map(Self::TimesWidth).map_err(|_| bad()),
+            None => s.parse().map(Self::Fixed).map_err(|_| bad()),
+        }
+    }
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -121,6 +155,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         overlap: vec![false],
         time_device: false,
         drain: true,
+        window_completions: None,
     };
     let mut layout_set = false;
     let mut it = std::env::args().skip(1);
@@ -155,6 +190,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
             "--time-device" => a.time_device = true,
             "--drain" => a.drain = matches!(v()?.as_str(), "on" | "true"),
+            "--window-completions" => a.window_completions = Some(v()?.parse()?),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,
@@ -250,7 +286,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "suite": args.suite, "layout": format!("{:?}", args.layout),
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
             "workload": if args.suite == "cdb" { args.lengths.json() } else { serde_json::Value::Null },
-            "drain": args.drain,
+            "drain": args.drain, "window_completions": args.window_completions.map(|k| format!("{k:?}")),
             "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
             "f0_over_fr": spec.boundary_params as f64 / spec.step_params as f64,
             "parity": parity_json, "results": results,

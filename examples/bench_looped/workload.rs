@@ -2,7 +2,7 @@
 //! measured over its steady-state window.
 
 use crate::random_ids;
-use ponder::GenerationParams;
+use ponder::{EngineMetrics, GenerationParams};
 use std::time::Instant;
 
 /// A request of the cdb workload.
@@ -66,11 +66,15 @@ pub(crate) fn workload(n: usize, vocab: usize, max_context: usize, seed: u64, le
 pub(crate) struct RunStats {
     pub(crate) window_tokens_per_s: f64,
     pub(crate) whole_tokens_per_s: f64,
+    /// Completions inside the steady-state window; `None` when the run had none worth the
+    /// name (shorter than 20 % of the run) and the window figures are the whole run's.
+    pub(crate) window_completions: Option<usize>,
     pub(crate) mean_depth: f64,
-    /// GPU idle share of the run: exact from device spans (`idle_exact`), else an upper bound
-    /// over the launches from the host's waits.
+    /// GPU idle share of the window (else the run): exact from device spans (`idle_exact`),
+    /// else an upper bound over the launches from the host's waits.
     pub(crate) idle: f64,
     pub(crate) idle_exact: bool,
+    /// Per-stage launches, rows and seconds over the window (else the run).
     pub(crate) stages: serde_json::Value,
 }
 
@@ -79,61 +83,27 @@ pub(crate) fn stage_device(stages: &serde_json::Value, name: &str) -> Option<f64
     stages.get(name)?.get("device_s")?.as_f64()
 }
 
-/// Runs `jobs` offline (all queued at once) and measures the steady-state window. With
-/// `drain` false the requests still running when the window closes are aborted there: the
-/// drain is outside the window, and with long outputs it is a large share of the device time.
-pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize, drain: bool) -> Result<RunStats, Box<dyn std::error::Error>> {
-    let before = engine.metrics().clone();
-    let mut unfinished = std::collections::HashSet::new();
-    for j in jobs {
-        let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(j.new_tokens) };
-        unfinished.insert(engine.add_request(j.prompt.clone(), params)?);
-    }
-    let start = Instant::now();
-    let (mut tokens, mut done) = (0u64, 0usize);
-    let mut window_open: Option<(Instant, u64)> = None;
-    let mut window: Option<(f64, u64)> = None;
-    while engine.has_work() {
-        for ev in engine.step()? {
-            match ev {
-                ponder::Event::Token { .. } => tokens += 1,
-                ponder::Event::Finished { id, .. } => {
-                    done += 1;
-                    unfinished.remove(&id);
-                }
-            }
-        }
-        if window_open.is_none() && done >= width {
-            window_open = Some((Instant::now(), tokens));
-        }
-        if window.is_none() && engine.scheduler().num_waiting() == 0 {
-            if let Some((t0, k0)) = window_open {
-                window = Some((t0.elapsed().as_secs_f64(), tokens - k0));
-                if !drain {
-                    for id in unfinished.drain() {
-                        // A request whose Finished event is still pending is no longer live.
-                        match engine.abort(id) {
-                            Ok(()) | Err(ponder::Error::UnknownRequest(_)) => {}
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let total = start.elapsed().as_secs_f64();
-    let whole = tokens as f64 / total;
-    let win = match window {
-        Some((secs, k)) if secs >= 0.2 * total => k as f64 / secs,
-        _ => whole,
-    };
-    let m = engine.metrics();
+/// Where a run's steady-state window lies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    /// Completions before it opens: at least the most requests resident at once, so that the
+    /// requests admitted together at the start have left and contexts are at their steady mix.
+    pub(crate) open_after: usize,
+    /// Completions after which it closes; it closes at the last admission in any case. Every
+    /// mode compared should count the same number, so that each covers as much work.
+    pub(crate) completions: Option<usize>,
+    /// Run the workload to its end, or abort what still runs when the window closes (the drain
+    /// lies outside the window and, with long outputs, is much of the device time).
+    pub(crate) drain: bool,
+}
+
+/// Per-stage figures between two metric snapshots: the stages JSON, device seconds in all,
+/// host seconds blocked on the device, host seconds in launches, whether every launch was timed.
+fn stage_delta(after: &EngineMetrics, before: &EngineMetrics) -> (serde_json::Value, f64, f64, f64, bool) {
     let mut stages = serde_json::Map::new();
-    let mut wait = 0.0;
-    let mut time = 0.0;
-    let mut device_total = 0.0;
-    let mut all_timed = !m.stages.is_empty();
-    for (name, s) in &m.stages {
+    let (mut wait, mut time, mut device_total) = (0.0, 0.0, 0.0);
+    let mut all_timed = !after.stages.is_empty();
+    for (name, s) in &after.stages {
         let b = before.stages.get(name).cloned().unwrap_or_default();
         let (t, w) = ((s.time - b.time).as_secs_f64(), (s.wait - b.wait).as_secs_f64());
         time += t;
@@ -149,16 +119,70 @@ pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], width: usize, d
                                 "device_s": timed.then_some(device), "device_forward_s": timed.then_some(forward) }),
         );
     }
-    let hist: Vec<u64> = m.depth_histogram.iter().zip(before.depth_histogram.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect();
+    (stages.into(), device_total, wait, time, all_timed)
+}
+
+/// Runs `jobs` offline (all queued at once) and measures the steady-state window.
+pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], window: Window) -> Result<RunStats, Box<dyn std::error::Error>> {
+    let before = engine.metrics().clone();
+    let mut unfinished = std::collections::HashSet::new();
+    for j in jobs {
+        let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(j.new_tokens) };
+        unfinished.insert(engine.add_request(j.prompt.clone(), params)?);
+    }
+    let start = Instant::now();
+    let (mut tokens, mut done) = (0u64, 0usize);
+    // At the open: when, tokens, completions, metrics. At the close: seconds, tokens and
+    // completions inside the window, metrics.
+    let mut open: Option<(Instant, u64, usize, EngineMetrics)> = None;
+    let mut close: Option<(f64, u64, usize, EngineMetrics)> = None;
+    while engine.has_work() {
+        for ev in engine.step()? {
+            match ev {
+                ponder::Event::Token { .. } => tokens += 1,
+                ponder::Event::Finished { id, .. } => {
+                    done += 1;
+                    unfinished.remove(&id);
+                }
+            }
+        }
+        if open.is_none() && done >= window.open_after {
+            open = Some((Instant::now(), tokens, done, engine.metrics().clone()));
+        }
+        let Some((t0, k0, d0, _)) = &open else { continue };
+        let enough = window.completions.is_some_and(|c| done >= d0 + c);
+        if close.is_none() && (enough || engine.scheduler().num_waiting() == 0) {
+            close = Some((t0.elapsed().as_secs_f64(), tokens - k0, done - d0, engine.metrics().clone()));
+            if !window.drain {
+                for id in unfinished.drain() {
+                    // A request whose Finished event is still pending is no longer live.
+                    match engine.abort(id) {
+                        Ok(()) | Err(ponder::Error::UnknownRequest(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+    }
+    let total = start.elapsed().as_secs_f64();
+    let whole = tokens as f64 / total;
+    let end = engine.metrics().clone();
+    // The window's figures, or the whole run's where the window is too short to mean anything.
+    let (window_tokens_per_s, window_completions, from, to, span) = match (&open, &close) {
+        (Some((.., m0)), Some((secs, k, d, m1))) if *secs >= 0.2 * total => (*k as f64 / secs, Some(*d), m0, m1, *secs),
+        _ => (whole, None, &before, &end, total),
+    };
+    let (stages, device_total, wait, time, all_timed) = stage_delta(to, from);
+    let hist: Vec<u64> = end.depth_histogram.iter().zip(before.depth_histogram.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect();
     let n: u64 = hist.iter().sum();
     let mean_depth = if n == 0 { 0.0 } else { hist.iter().enumerate().map(|(i, c)| (i as u64 + 1) * c).sum::<u64>() as f64 / n as f64 };
     // With device spans the idle share is exact: the device works only inside launch spans.
     let idle = if all_timed {
-        1.0 - device_total / total
+        1.0 - device_total / span
     } else if time > 0.0 {
         1.0 - wait / time
     } else {
         0.0
     };
-    Ok(RunStats { window_tokens_per_s: win, whole_tokens_per_s: whole, mean_depth, idle, idle_exact: all_timed, stages: stages.into() })
+    Ok(RunStats { window_tokens_per_s, whole_tokens_per_s: whole, window_completions, mean_depth, idle, idle_exact: all_timed, stages })
 }
