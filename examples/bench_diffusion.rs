@@ -353,7 +353,7 @@ fn write_json(args: &Args, label: &str, results: &[serde_json::Value], breakdown
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "gpu": gpu_name(), "commit": args.commit, "model": label,
-            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "command": std::env::args().collect::<Vec<_>>().join(" "), "env": ponder::testing::ponder_env(),
             "workload": "prompts lognormal(median 128, sigma 0.9) clipped 8..512; new tokens fixed; eos ignored; replayed unmask counts, most confident first",
             "results": results, "breakdown": breakdowns,
         });

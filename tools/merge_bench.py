@@ -15,7 +15,12 @@ but the commit: `commit` then lists every input's commit, and each row and sourc
 """
 import argparse, json, pathlib
 
-AGREE = ["gpu", "commit", "model", "layout", "f0_over_fr", "weight_bytes_per_decode_step", "suite", "workload"]
+AGREE = ["gpu", "commit", "model", "layout", "f0_over_fr", "weight_bytes_per_decode_step", "suite", "workload", "env"]
+
+
+def field(d, k):
+    """A top-level field; files from before `env` was recorded ran with no PONDER_* variables."""
+    return (d.get(k) or {}) if k == "env" else d.get(k)
 
 
 def lengths(w):
@@ -31,8 +36,8 @@ def merge(paths, date, mixed_commits=False):
     agree = [k for k in AGREE if not (mixed_commits and k == "commit")]
     for p, d in docs[1:]:
         for k in agree:
-            if d.get(k) != first.get(k):
-                raise SystemExit(f"{p.name}: {k} = {d.get(k)!r} differs from {docs[0][0].name}: {first.get(k)!r}")
+            if field(d, k) != field(first, k):
+                raise SystemExit(f"{p.name}: {k} = {field(d, k)!r} differs from {docs[0][0].name}: {field(first, k)!r}")
     out = {k: first[k] for k in AGREE if k in first}
     commits = list(dict.fromkeys(d["commit"] for _, d in docs))
     out["commit"] = ", ".join(commits)

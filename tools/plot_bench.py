@@ -72,7 +72,9 @@ def save(fig, path):
 
 
 def header(doc):
-    return f"{doc['model']} — {doc['gpu']}, commit {doc['commit']}, {doc.get('date', '')}, layout {doc.get('layout')}"
+    w = doc.get("workload")
+    lengths = f"\nprompt median {w['prompt']['median']:g} (≤ {w['prompt']['max']}), output median {w['output']['median']:g} (≤ {w['output']['max']}) tokens" if w else ""
+    return f"{doc['model']} — {doc['gpu']}, commit {doc['commit']}, {doc.get('date', '')}, layout {doc.get('layout')}{lengths}"
 
 
 def prefill_adjusted(rows, at):

@@ -281,7 +281,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "gpu": gpu, "commit": args.commit,
-            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "command": std::env::args().collect::<Vec<_>>().join(" "), "env": ponder::testing::ponder_env(),
             "model": recipe.name,
             "suite": args.suite, "layout": format!("{:?}", args.layout),
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
