@@ -92,8 +92,8 @@ fn check(case: Case) {
         DType::F32 => 1e-5,
         _ => 1e-2,
     };
-    // Default dispatch (tensor cores for bf16/f16 with many query items), the SIMT kernel, and
-    // the pipelined tensor-core variant (where the tensor-core path applies).
+    // Default dispatch (pipelined tensor cores for bf16/f16 with many query items), the SIMT
+    // kernel, and the synchronous-load tensor-core variant (where the tensor-core path applies).
     for path in [AttnPath::Default, AttnPath::Simt, AttnPath::Unpipelined] {
         let out = with_path(path, || paged_attention(&q, &k, &v, &gpu_batch, scale).unwrap());
         assert_eq!(out.dims(), reference.dims(), "{}", case.name);

@@ -189,7 +189,13 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--output-max" => a.lengths.output_max = v()?.parse()?,
             "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
             "--time-device" => a.time_device = true,
-            "--drain" => a.drain = matches!(v()?.as_str(), "on" | "true"),
+            "--drain" => {
+                a.drain = match v()?.as_str() {
+                    "on" | "true" => true,
+                    "off" | "false" => false,
+                    other => return Err(format!("--drain takes on or off, not {other}").into()),
+                }
+            }
             "--window-completions" => a.window_completions = Some(v()?.parse()?),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
