@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries here and packs them for the device tool (carry [".device"]):
+#
+#     tools/device/pack.sh [bench_looped] [bench_diffusion] [gpu_kernels]   # default: all three
+#
+# Writes .device/NAME.xz (≈ 6.5 MB each; three fit the 64 MiB carry), .device/gpu-env.sh and
+# .device/unpack.sh. On the device, in every call (unpacked binaries do not survive between
+# calls): `source .device/unpack.sh && .device/bench_looped …`. Prints the commit to pass as
+# --commit; refuses a dirty tree, so that commit is what the binaries were built from.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+  echo "pack.sh: commit first (tracked files changed); the binaries must match --commit" >&2
+  exit 1
+fi
+shared=../shared/cuda
+[ -x "$(command -v nvcc || true)" ] || source "$shared/env.sh"
+export CARGO_TARGET_DIR=target/cuda
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(bench_looped bench_diffusion gpu_kernels)
+mkdir -p .device
+rm -f .device/*.xz
+for n in "${names[@]}"; do
+  case "$n" in
+    gpu_kernels)
+      bin=$(cargo test --release --features cuda --test gpu_kernels --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_kernels":
+        print(m["executable"])' | tail -1) ;;
+    bench_*)
+      cargo build --release --features cuda --example "$n" >&2
+      bin=$CARGO_TARGET_DIR/release/examples/$n ;;
+    *) echo "pack.sh: unknown binary $n (bench_looped | bench_diffusion | gpu_kernels)" >&2; exit 1 ;;
+  esac
+  [ -n "$bin" ] && [ -x "$bin" ] || { echo "pack.sh: no binary for $n" >&2; exit 1; }
+  xz -9 -T2 -c "$bin" > ".device/$n.xz"
+done
+cp "$shared/gpu-env.sh" .device/gpu-env.sh
+cat > .device/unpack.sh <<'UNPACK'
+# Unpacks the carried binaries (Python's lzma: no xz on the device) and sets up the libraries.
+for f in .device/*.xz; do
+  python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3],'wb'))" "$f"
+  chmod +x "${f%.xz}"
+done
+source .device/gpu-env.sh
+UNPACK
+ls -l .device/*.xz >&2
+git rev-parse --short HEAD
