@@ -187,15 +187,9 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--prompt-max" => a.lengths.prompt_max = v()?.parse()?,
             "--output-median" => a.lengths.output_median = v()?.parse()?,
             "--output-max" => a.lengths.output_max = v()?.parse()?,
-            "--overlap" => a.overlap = v()?.split(',').map(|x| x == "on" || x == "true").collect(),
+            "--overlap" => a.overlap = v()?.split(',').map(on_off).collect::<Result<_, _>>()?,
             "--time-device" => a.time_device = true,
-            "--drain" => {
-                a.drain = match v()?.as_str() {
-                    "on" | "true" => true,
-                    "off" | "false" => false,
-                    other => return Err(format!("--drain takes on or off, not {other}").into()),
-                }
-            }
+            "--drain" => a.drain = on_off(&v()?)?,
             "--window-completions" => a.window_completions = Some(v()?.parse()?),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
@@ -208,6 +202,15 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         a.layout = KvLayoutKind::Shared; // the CDB default layout; valid for every exit depth
     }
     Ok(a)
+}
+
+/// A switch value: on / off (or true / false).
+fn on_off(x: &str) -> Result<bool, String> {
+    match x {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        other => Err(format!("expected on or off, not {other}")),
+    }
 }
 
 /// The benchmarked model: real shapes (or a tiny CPU config), random weights.
