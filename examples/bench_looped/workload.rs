@@ -186,3 +186,72 @@ pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], window: Window)
     };
     Ok(RunStats { window_tokens_per_s, whole_tokens_per_s: whole, window_completions, mean_depth, idle, idle_exact: all_timed, stages })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+    use ponder::gate::{DepthTrace, Replay};
+    use ponder::testing::{huginn_tensor_manifest, random_tensors, tiny_huginn_config};
+    use ponder::{EngineBuilder, SchedulerKind};
+
+    const WIDTH: usize = 3;
+    const RESERVE: usize = 2;
+
+    /// Tiny Huginn under refill with a held coda and a reserve: up to WIDTH + RESERVE resident.
+    fn engine() -> ponder::Engine {
+        let cfg = tiny_huginn_config(512);
+        let weights =
+            ponder::loader::Weights::from_map(random_tensors(&huginn_tensor_manifest(&cfg), 7, DType::F32, &Device::Cpu).unwrap(), DType::F32, &Device::Cpu);
+        let model = ponder::models::looped::Huginn::load(&cfg, &weights).unwrap();
+        let steps = ponder::models::LoopedModel::spec(&model).max_steps;
+        EngineBuilder::from_model(Box::new(model), None, vec![])
+            .scheduler(SchedulerKind::Depth { refill: true })
+            .kv_layout(ponder::KvLayoutKind::Shared)
+            .max_num_seqs(WIDTH)
+            .min_coda_batch_size(WIDTH)
+            .coda_reserve(RESERVE)
+            .exit_gate(Replay::new(DepthTrace::with_mean(3.0, 2, steps, 5).unwrap(), 2, steps).unwrap())
+            .build()
+            .unwrap()
+    }
+
+    fn jobs(n: usize) -> Vec<Job> {
+        workload(n, 512, 1024, 3, Lengths { prompt_median: 12.0, prompt_max: 24, output_median: 10.0, output_max: 20 })
+    }
+
+    fn assert_idle(engine: &ponder::Engine) {
+        assert!(!engine.has_work() && engine.num_unfinished() == 0);
+        let kv = engine.scheduler().kv();
+        assert_eq!((kv.num_used_blocks(), kv.num_resident()), (0, 0), "KV released");
+    }
+
+    #[test]
+    fn window_closes_after_the_given_completions_and_the_rest_is_aborted() {
+        let (mut engine, jobs) = (engine(), jobs(30));
+        // Opens after 5 completions, closes after 12 more, well before the last admission (25).
+        let window = Window { open_after: WIDTH + RESERVE, completions: Some(12), drain: false };
+        let st = offline(&mut engine, &jobs, window).unwrap();
+        let inside = st.window_completions.expect("a window");
+        // Several requests can finish in one step, never more than are resident.
+        assert!((12..12 + WIDTH + RESERVE).contains(&inside), "{inside} completions in the window");
+        let requested: u64 = jobs.iter().map(|j| j.new_tokens as u64).sum();
+        assert!(engine.metrics().generated_tokens < requested, "requests still running at the close were aborted");
+        assert_idle(&engine);
+    }
+
+    #[test]
+    fn drained_run_generates_everything_and_a_late_window_falls_back_to_the_whole_run() {
+        let (mut engine, jobs) = (engine(), jobs(12));
+        let requested: u64 = jobs.iter().map(|j| j.new_tokens as u64).sum();
+        let st = offline(&mut engine, &jobs, Window { open_after: WIDTH + RESERVE, completions: None, drain: true }).unwrap();
+        assert_eq!(engine.metrics().generated_tokens, requested);
+        assert!(st.window_tokens_per_s > 0.0);
+        assert_idle(&engine);
+        // A window that would open after every request has finished cannot be measured.
+        let st = offline(&mut engine, &jobs, Window { open_after: jobs.len() + 1, completions: None, drain: true }).unwrap();
+        assert_eq!(st.window_completions, None);
+        assert_eq!(st.window_tokens_per_s, st.whole_tokens_per_s);
+        assert_idle(&engine);
+    }
+}
