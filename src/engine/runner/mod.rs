@@ -5,7 +5,7 @@
 
 use super::graphs::{GraphCache, Phase};
 use super::metrics::DeviceSpan;
-use super::readback::Readback;
+use super::readback::{Readback, ReadbackPool};
 use crate::kv::KvStore;
 use crate::models::{LoopedModel, StageInput};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
@@ -41,6 +41,9 @@ pub struct LoopedRunner {
     last_device: std::cell::Cell<Option<DeviceSpan>>,
     /// Core steps compute the relative latent change (the exit gate reads it).
     compute_latent: bool,
+    /// Pinned host buffers for sampled ids and for gate logits / latent changes.
+    ids_readback: ReadbackPool<u32>,
+    f32_readback: ReadbackPool<f32>,
 }
 
 /// Stream events around one launch: its device-side span is `start → end`, its forward's
@@ -124,6 +127,8 @@ impl LoopedRunner {
             device_timing: false,
             last_device: Default::default(),
             compute_latent: true,
+            ids_readback: ReadbackPool::default(),
+            f32_readback: ReadbackPool::default(),
         })
     }
 
@@ -200,7 +205,7 @@ impl LoopedRunner {
         let forward_end = self.mark()?;
         let mut tokens = PendingTokens::None;
         if let Some(ids) = &fwd.greedy_ids {
-            tokens = PendingTokens::Device(Readback::start(ids)?);
+            tokens = PendingTokens::Device(Readback::start(ids, &self.ids_readback)?);
         } else if let Some(logits) = &fwd.logits {
             let rows: Vec<RowSampling> = fwd.sample_rows.iter().map(|&r| sampling[r]).collect();
             if logits.device().is_cuda() && all_greedy {
@@ -208,7 +213,7 @@ impl LoopedRunner {
                 if launch.reenter {
                     self.reenter(launch, &fwd.sample_rows, &ids)?;
                 }
-                tokens = PendingTokens::Device(Readback::start(&ids)?);
+                tokens = PendingTokens::Device(Readback::start(&ids, &self.ids_readback)?);
             } else {
                 let (ids, logprobs) = sample_or_force(logits, &rows)?;
                 if launch.reenter {
@@ -218,10 +223,10 @@ impl LoopedRunner {
             }
         }
         let gates = match &fwd.gate_logits {
-            Some(g) => Some((Readback::start(&g.t()?)?, g.dim(0)?)),
+            Some(g) => Some((Readback::start(&g.t()?, &self.f32_readback)?, g.dim(0)?)),
             None => None,
         };
-        let latent = fwd.latent_diff.as_ref().map(Readback::start).transpose()?;
+        let latent = fwd.latent_diff.as_ref().map(|d| Readback::start(d, &self.f32_readback)).transpose()?;
         #[cfg(feature = "cuda")]
         let marks = match (start, forward_end, self.mark()?) {
             (Some(start), Some(forward), Some(end)) => Some(Marks { start, forward, end }),
@@ -255,7 +260,7 @@ impl LoopedRunner {
                 }
             }
             PendingTokens::Device(rb) => {
-                for (&r, t) in p.sample_rows.iter().zip(rb.finish()?) {
+                for (&r, t) in p.sample_rows.iter().zip(rb.finish(&self.ids_readback)?) {
                     tokens[r] = Some(t);
                 }
             }
@@ -263,13 +268,13 @@ impl LoopedRunner {
         let mut gate_logits = vec![Vec::new(); n];
         if let Some((rb, steps)) = p.gates {
             let row_index: Vec<usize> = if p.stage == Stage::CoreStep { (0..n).collect() } else { p.sample_rows.clone() };
-            for (&r, per_step) in row_index.iter().zip(rb.finish()?.chunks(steps.max(1))) {
+            for (&r, per_step) in row_index.iter().zip(rb.finish(&self.f32_readback)?.chunks(steps.max(1))) {
                 gate_logits[r] = per_step.to_vec();
             }
         }
         let mut latent = vec![None; n];
         if let Some(rb) = p.latent {
-            for (r, v) in rb.finish()?.into_iter().enumerate() {
+            for (r, v) in rb.finish(&self.f32_readback)?.into_iter().enumerate() {
                 latent[r] = Some(v);
             }
         }
