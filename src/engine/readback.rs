@@ -94,12 +94,22 @@ impl<T: Elem> Readback<T> {
             let (start, end) = layout.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("readback: not contiguous".into()))?;
             let src = cs.as_cuda_slice::<T>()?.slice(start..end);
             let stream = dev.cuda_stream();
-            let (mut dst, done) = pool.take(dev, end - start)?;
+            let len = end - start;
+            let (mut dst, done) = pool.take(dev, len)?;
+            // `CudaStream::memcpy_dtoh` copies as many bytes as the destination holds, and a
+            // pooled buffer may be longer than the source: copy exactly `len` elements.
+            {
+                use candle_core::cuda_backend::cudarc::driver::{result, DevicePtr};
+                let (src_ptr, _src_guard) = src.device_ptr(&stream);
+                // SAFETY: `dst` holds at least `len` elements (`take`) and is neither read nor
+                // reused until `done`, recorded right behind this copy, has completed.
+                let host = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().w()?, len) };
+                unsafe { result::memcpy_dtoh_async(host, src_ptr, stream.cu_stream()) }.w()?;
+            }
             // The pinned slice's own event is recorded only when cudarc tracks events across
             // streams (off here), so the copy is ordered on our one stream and `done` marks it.
-            stream.memcpy_dtoh(&src, &mut dst).w()?;
             done.record(&stream).w()?;
-            return Ok(Self::Pinned { buffer: (dst, done), len: end - start });
+            return Ok(Self::Pinned { buffer: (dst, done), len });
         }
         #[cfg(not(feature = "cuda"))]
         let _ = pool;
