@@ -166,6 +166,8 @@ fn bad_inputs_get_typed_errors() {
     assert!(matches!(err, Err(ponder::Error::InvalidOption(_))), "{:?}", err.err());
     // Options that belong to looped models.
     assert!(matches!(EngineBuilder::new(dir).kv_layout(ponder::KvLayoutKind::LastExited).build(), Err(ponder::Error::InvalidOption(_))));
+    assert!(matches!(EngineBuilder::new(dir).min_coda_batch_size(2).build(), Err(ponder::Error::InvalidOption(_))));
+    assert!(matches!(EngineBuilder::new(dir).coda_reserve(1).build(), Err(ponder::Error::InvalidOption(_))));
     // A checkpoint whose mask id is missing from the vocabulary.
     let mut cfg = tiny_sdar_config(VOCAB);
     cfg.mask_token_id = None; // the family default (151669) is outside a 97-token vocabulary

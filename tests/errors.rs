@@ -148,3 +148,132 @@ fn bad_checkpoints_are_typed_errors() {
     std::fs::write(d.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
     assert!(matches!(build(&d), Err(Error::BadTensor { .. })));
 }
+
+#[test]
+fn lengths_that_overflow_are_too_long_not_a_panic() {
+    let (_tmp, dir) = tiny_dir(11);
+    for sched in [ponder::SchedulerKind::Continuous, ponder::SchedulerKind::Depth { refill: true }] {
+        let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).scheduler(sched).build().unwrap();
+        match engine.add_request(vec![1, 2, 3], GenerationParams::greedy(usize::MAX)) {
+            Err(Error::InvalidRequest { reason: InvalidRequest::TooLong { max_new_tokens: usize::MAX, .. }, .. }) => {}
+            other => panic!("{sched:?}: expected TooLong, got {other:?}"),
+        }
+        assert_kv_empty(&engine);
+    }
+}
+
+#[test]
+fn only_preempting_schedulers_count_generated_tokens_against_the_prefill_budget() {
+    let (_tmp, dir) = tiny_dir(12);
+    let make = |sched| builder(&dir, KvLayoutKind::DepthIndexed, 2).scheduler(sched).max_num_batched_tokens(16).build().unwrap();
+    // CB re-prefills a preempted request's generated tokens: prompt + max_new must fit.
+    let mut cb = make(ponder::SchedulerKind::Continuous);
+    match cb.add_request(vec![5; 8], GenerationParams::greedy(20)) {
+        Err(Error::InvalidRequest { reason: InvalidRequest::OverTokenBudget { prefill_tokens: 28, budget: 16 }, .. }) => {}
+        other => panic!("expected OverTokenBudget, got {other:?}"),
+    }
+    // Depth batching reserves KV for the whole sequence and never re-prefills: the prompt
+    // alone must fit, and the request generates all its tokens.
+    let mut depth = make(ponder::SchedulerKind::Depth { refill: true });
+    let out = depth.generate([vec![5u32; 8]], &GenerationParams::greedy(20)).unwrap().remove(0).unwrap();
+    assert_eq!(out.token_ids.len(), 20);
+    match depth.add_request(vec![5; 17], GenerationParams::greedy(1)) {
+        Err(Error::InvalidRequest { reason: InvalidRequest::OverTokenBudget { prefill_tokens: 17, budget: 16 }, .. }) => {}
+        other => panic!("expected OverTokenBudget for the prompt, got {other:?}"),
+    }
+    assert_kv_empty(&depth);
+}
+
+#[test]
+fn options_that_would_be_ignored_are_refused() {
+    let (_tmp, dir) = tiny_dir(13);
+    let refused = |b: EngineBuilder| matches!(b.build(), Err(Error::InvalidOption(_)));
+    let q = || ponder::gate::QExit::new(0.5, 1, 4).unwrap();
+    // CB runs full depth: an early-exit gate or a held coda would do nothing.
+    assert!(refused(builder(&dir, KvLayoutKind::LastExited, 2).exit_gate(q())));
+    assert!(refused(builder(&dir, KvLayoutKind::LastExited, 2).min_coda_batch_size(2)));
+    // A full-depth gate is what CB does anyway.
+    assert!(builder(&dir, KvLayoutKind::LastExited, 2).exit_gate(ponder::gate::FixedDepth::new(4).unwrap()).build().is_ok());
+    assert!(builder(&dir, KvLayoutKind::LastExited, 2)
+        .scheduler(ponder::SchedulerKind::Depth { refill: true })
+        .exit_gate(q())
+        .min_coda_batch_size(2)
+        .build()
+        .is_ok());
+}
+
+/// A gate that never asks to exit, breaking the `max_steps` contract.
+#[derive(Debug)]
+struct NeverExit;
+impl ponder::gate::ExitGate for NeverExit {
+    fn name(&self) -> String {
+        "never-exit".into()
+    }
+    fn min_steps(&self) -> usize {
+        1
+    }
+    fn max_steps(&self) -> usize {
+        4
+    }
+    fn decide(&self, _: ponder::gate::ItemRef, _: usize, _: ponder::gate::StepSignals, _: &mut ponder::gate::GateState) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_gate_that_never_exits_is_stopped_at_its_max_steps() {
+    let (_tmp, dir) = tiny_dir(14);
+    let ps = prompts(3, 4);
+    let mut full = builder(&dir, KvLayoutKind::LastExited, 3).build().unwrap();
+    let want = sequential(&mut full, &ps, &[6, 6, 6]);
+    let mut engine = builder(&dir, KvLayoutKind::LastExited, 3).scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(NeverExit).build().unwrap();
+    let got: Vec<Vec<u32>> = engine.generate(ps, &GenerationParams::greedy(6)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
+    assert_eq!(got, want, "overruled at step 4, every token runs full depth");
+    assert_kv_empty(&engine);
+}
+
+/// Admits requests (reserving their KV) and never launches anything.
+struct Stuck {
+    kv: ponder::kv::KvManager,
+    ids: Vec<ponder::RequestId>,
+}
+impl ponder::scheduler::Scheduler for Stuck {
+    fn name(&self) -> &'static str {
+        "stuck"
+    }
+    fn add(&mut self, r: ponder::scheduler::SchedRequest) {
+        assert!(self.kv.reserve(r.id, r.prompt.len() + r.max_new_tokens));
+        self.ids.push(r.id);
+    }
+    fn schedule(&mut self) -> Option<ponder::scheduler::Launch> {
+        None
+    }
+    fn complete(&mut self, _: &ponder::scheduler::Launch, _: &ponder::scheduler::LaunchResult) {}
+    fn finish(&mut self, id: ponder::RequestId) {
+        self.ids.retain(|&i| i != id);
+        self.kv.free(id);
+    }
+    fn num_waiting(&self) -> usize {
+        self.ids.len()
+    }
+    fn num_running(&self) -> usize {
+        0
+    }
+    fn kv(&self) -> &ponder::kv::KvManager {
+        &self.kv
+    }
+}
+
+#[test]
+fn a_stalled_scheduler_fails_its_requests_and_frees_their_kv() {
+    let (_tmp, dir) = tiny_dir(15);
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).custom_scheduler(|ctx| Box::new(Stuck { kv: ctx.kv, ids: Vec::new() })).build().unwrap();
+    let outs = engine.generate([vec![1u32, 2], vec![3u32]], &GenerationParams::greedy(4)).unwrap();
+    for out in outs {
+        let out = out.unwrap();
+        assert!(matches!(out.finish_reason, ponder::FinishReason::Error(ref m) if m.contains("stuck")), "{:?}", out.finish_reason);
+        assert!(out.token_ids.is_empty());
+    }
+    assert!(!engine.has_work());
+    assert_kv_empty(&engine);
+}

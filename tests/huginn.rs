@@ -76,7 +76,14 @@ fn huginn_depth_batching_is_batch_invariant() {
                 {
                     continue;
                 }
-                let make = |w: usize| builder(&dir, layout, w).scheduler(scheduler).exit_gate_boxed(gate()).min_coda_batch_size(2);
+                let make = |w: usize| {
+                    let b = builder(&dir, layout, w).scheduler(scheduler).exit_gate_boxed(gate());
+                    if scheduler == SchedulerKind::Continuous {
+                        b
+                    } else {
+                        b.min_coda_batch_size(2)
+                    }
+                };
                 let want = sequential(&mut make(1).build().unwrap(), &ps, &max_new);
                 let mut engine = make(3).build().unwrap();
                 assert_eq!(batched(&mut engine, &ps, &max_new), want, "{scheduler:?} × {layout:?} × {name}");

@@ -55,12 +55,14 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                 .max_num_seqs(w)
                 .max_num_batched_tokens(8192)
                 .kv_capacity_tokens(kv_tokens)
-                .min_coda_batch_size(min_coda)
-                .coda_reserve(reserve)
                 .time_device(args.time_device);
             match sched {
                 SchedulerKind::Continuous => b.build(),
-                _ => b.exit_gate(Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?).build(),
+                _ => b
+                    .min_coda_batch_size(min_coda)
+                    .coda_reserve(reserve)
+                    .exit_gate(Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?)
+                    .build(),
             }
         };
         let warm =

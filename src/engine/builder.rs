@@ -406,6 +406,21 @@ impl EngineBuilder {
         if gate.max_steps() > spec.max_steps {
             return Err(Error::InvalidOption(format!("exit gate allows {} steps but the model loops at most {} times", gate.max_steps(), spec.max_steps)));
         }
+        if self.factory.is_none() && self.scheduler == SchedulerKind::Continuous {
+            // CB runs every token at full depth: a gate that would exit earlier, or a held
+            // coda, would be silently ignored.
+            if gate.min_steps() < spec.max_steps {
+                return Err(Error::InvalidOption(
+                    "an exit gate that exits before full depth needs SchedulerKind::Depth or a custom scheduler (CB runs every token at full depth)".into(),
+                ));
+            }
+            if self.min_coda_batch_size.is_some() {
+                return Err(Error::InvalidOption("min_coda_batch_size applies to depth batching (SchedulerKind::Depth)".into()));
+            }
+        }
+        if self.factory.is_some() && self.min_coda_batch_size.is_some() {
+            return Err(Error::InvalidOption("min_coda_batch_size applies to the built-in depth scheduler (a custom scheduler holds its coda itself)".into()));
+        }
         let latent_diff = gate.reads_latent_diff();
         let scheduler: Box<dyn Scheduler> = match self.factory {
             Some(f) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone(), gate }),
@@ -450,6 +465,9 @@ impl EngineBuilder {
         }
         if let SchedulerKind::Depth { .. } = self.scheduler {
             return refuse("depth batching");
+        }
+        if self.min_coda_batch_size.is_some() || self.coda_reserve > 0 {
+            return refuse("min_coda_batch_size / coda_reserve (looped models' coda)");
         }
         let block_length = self.block_length.or(spec.block_length).unwrap_or(32);
         let max_context = self.max_model_len.map_or(spec.max_context, |m| m.min(spec.max_context));

@@ -190,14 +190,18 @@ impl Engine {
                 return reject(InvalidRequest::BadSampling("teacher forcing is not supported for diffusion models".into()));
             }
         }
+        let too_long = InvalidRequest::TooLong { prompt_tokens: ids.len(), max_new_tokens: params.max_new_tokens, max_context: self.max_context };
+        // Checked first, so that no scheduler sums a length that overflows.
+        if ids.len().checked_add(params.max_new_tokens).is_none_or(|n| n > self.max_context) {
+            return reject(too_long);
+        }
         let positions = self.scheduler.kv_positions(ids.len(), params.max_new_tokens);
         if positions > self.max_context {
-            return reject(InvalidRequest::TooLong { prompt_tokens: ids.len(), max_new_tokens: params.max_new_tokens, max_context: self.max_context });
+            return reject(too_long);
         }
-        // A preempted request is re-prefilled with its generated tokens, so the budget must
-        // hold the whole sequence.
-        if ids.len() + params.max_new_tokens > self.max_prefill_tokens {
-            return reject(InvalidRequest::OverTokenBudget { prompt_tokens: ids.len() + params.max_new_tokens, budget: self.max_prefill_tokens });
+        let prefill = self.scheduler.max_prefill_tokens(ids.len(), params.max_new_tokens);
+        if prefill > self.max_prefill_tokens {
+            return reject(InvalidRequest::OverTokenBudget { prefill_tokens: prefill, budget: self.max_prefill_tokens });
         }
         let kv = self.scheduler.kv();
         let needed = kv.blocks_for(positions);
@@ -248,7 +252,7 @@ impl Engine {
         match done {
             Some(done) => self.consume(done, &mut events)?,
             None if events.is_empty() && !self.live.is_empty() && self.in_flight.is_none() => {
-                return Err(Error::SchedulerStalled { scheduler: self.scheduler.name().into(), unfinished: self.live.len() });
+                return Err(self.fail_stalled());
             }
             None => {}
         }
@@ -292,6 +296,22 @@ impl Engine {
         }
         self.pending = std::mem::take(events);
         e.into()
+    }
+
+    /// The scheduler has live requests but nothing to launch and nothing in flight: no later
+    /// step would change that, so every live request fails (its KV is freed, its
+    /// `Finished { Error }` event comes with the next step) and the error is returned.
+    fn fail_stalled(&mut self) -> Error {
+        let err = Error::SchedulerStalled { scheduler: self.scheduler.name().into(), unfinished: self.live.len() };
+        let msg = err.to_string();
+        let mut ids: Vec<RequestId> = self.live.keys().copied().collect();
+        ids.sort_by_key(|id| id.0);
+        for id in ids {
+            let mut live = self.live.remove(&id).expect("listed");
+            self.scheduler.finish(id);
+            self.pending.push(Event::Finished { id, reason: FinishReason::Error(msg.clone()), text: live.detok.flush() });
+        }
+        err
     }
 
     /// Waits for a launch's results, hands them to the scheduler and turns its tokens into
@@ -377,7 +397,8 @@ impl Engine {
     }
 
     /// Runs prompts to completion and returns their outputs in order. Each prompt that is
-    /// rejected gets its error in its place; the others still run.
+    /// rejected gets its error in its place; the others still run. A request failed by the
+    /// device or a stalled scheduler ends with `FinishReason::Error` in its output.
     pub fn generate<P: Into<Prompt>>(&mut self, prompts: impl IntoIterator<Item = P>, params: &GenerationParams) -> Result<Vec<Result<Output>>> {
         let mut slots: Vec<Result<Output>> = Vec::new();
         let mut index = HashMap::new();
@@ -393,7 +414,13 @@ impl Engine {
         }
         let mut open = index.len();
         while open > 0 {
-            let events = self.step()?;
+            // A failed launch or a stalled scheduler fails its requests, whose
+            // `Finished { Error }` events come with the next step; the others go on.
+            let events = match self.step() {
+                Ok(events) => events,
+                Err(_) if !self.pending.is_empty() => continue,
+                Err(e) => return Err(e),
+            };
             if events.is_empty() && !self.has_work() {
                 break;
             }

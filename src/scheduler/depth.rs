@@ -242,7 +242,9 @@ impl DepthBatching {
 
     /// Sends an item that finished `item.step` to the coda or on to its next step.
     fn route_core(&mut self, mut item: Item, exit: bool, survivors: &mut Vec<Item>) {
-        if exit {
+        // The gate must exit by its own `max_steps`; one that does not (a custom gate breaking
+        // the contract) is overruled rather than let the item index past its slots.
+        if exit || item.step + 1 >= self.max_steps {
             self.hist[item.step] += 1;
             self.exit_copies(&item);
             self.coda.push_back(item);
@@ -423,6 +425,12 @@ impl Scheduler for DepthBatching {
     fn state_bank_rows(&self) -> usize {
         self.cfg.max_resident(self.limits.max_num_seqs)
     }
+    /// Admission reserves KV for the whole sequence, so nothing is preempted and re-prefilled:
+    /// only the prompt must fit one prefill.
+    fn max_prefill_tokens(&self, prompt_len: usize, _max_new_tokens: usize) -> usize {
+        prompt_len
+    }
+
     fn supports_overlap(&self) -> bool {
         let probe = ItemRef { request: RequestId(0), token_index: 0 };
         self.gate.exit_known(probe, 0, &GateState::new()).is_some()

@@ -310,6 +310,12 @@ impl Scheduler for DiffusionBatching {
         std::mem::take(&mut self.emitted)
     }
 
+    /// KV for the whole sequence is reserved at admission (no preemption), and a request is
+    /// admitted alone when its first launch exceeds the budget: only the prompt counts.
+    fn max_prefill_tokens(&self, prompt_len: usize, _max_new_tokens: usize) -> usize {
+        prompt_len
+    }
+
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
         (prompt_len + max_new_tokens).div_ceil(self.cfg.block_length) * self.cfg.block_length
     }

@@ -267,6 +267,12 @@ pub trait Scheduler: Send {
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
         prompt_len + max_new_tokens
     }
+    /// The most tokens one prefill of this request may hold; the engine refuses a request for
+    /// which that exceeds `max_num_batched_tokens`. The default counts the whole sequence, since
+    /// a scheduler that preempts by recomputation (CB) re-prefills the generated tokens too.
+    fn max_prefill_tokens(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        prompt_len + max_new_tokens
+    }
     /// Diffusion schedulers under an eviction policy: `(tokens revealed, of them in the step's
     /// kept set)` so far — FOCUS's recall of decodable tokens in shadow mode.
     fn revealed_in_kept(&self) -> Option<(u64, u64)> {
