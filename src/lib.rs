@@ -7,6 +7,10 @@
 //!   with continuous depth batching — scheduling at the granularity of one loop iteration, rows
 //!   at different loop steps in one launch, freed rows refilled as tokens exit — under
 //!   swappable exit gates and KV layouts, or with full-depth continuous batching (the baseline).
+//! - **Diffusion LMs** (SDAR, LLaDA, Dream): a block of masked tokens is denoised over several
+//!   steps, requests batched continuously; unmasking policies decide what a step reveals, the
+//!   delayed cache recomputes only what changed, and FOCUS eviction runs the layers after the
+//!   first two only on the tokens likely to be revealed this step.
 //!
 //! ## Quick start
 //! ```no_run
@@ -16,6 +20,19 @@
 //! for out in outs {
 //!     println!("{}", out?.text);
 //! }
+//! # Ok::<(), ponder::Error>(())
+//! ```
+//! A diffusion checkpoint directory gets the block-diffusion scheduler:
+//! ```no_run
+//! use ponder::diffusion::{Focus, Threshold};
+//! use ponder::{EngineBuilder, GenerationParams};
+//! let mut engine = EngineBuilder::new("assets/tiny-sdar")
+//!     .delayed_cache(true)
+//!     .unmask_policy(Threshold::new(0.9)?)
+//!     .eviction_policy(Focus::new(1.5)?)
+//!     .build()?;
+//! let out = engine.generate(["fn main() {"], &GenerationParams::greedy(32))?.remove(0)?;
+//! println!("{}", out.text);
 //! # Ok::<(), ponder::Error>(())
 //! ```
 //!
@@ -30,7 +47,10 @@
 //! | your own exit gate | [`gate::ExitGate`] | `examples/custom_gate.rs` |
 //! | your own scheduler | [`scheduler::Scheduler`], [`EngineBuilder::custom_scheduler`] | `examples/custom_scheduler.rs` |
 //! | your own KV layout | [`kv::KvLayout`], [`EngineBuilder::custom_kv_layout`] | `src/kv/layout.rs` |
-//! | GPU throughput | `--features cuda` | `examples/bench_looped/`, `docs/GPU.md` |
+//! | block diffusion, unmasking policies | [`diffusion::UnmaskPolicy`], [`EngineBuilder::unmask_policy`], [`EngineBuilder::delayed_cache`] | `examples/generate.rs --sdar` |
+//! | FOCUS eviction | [`diffusion::Focus`], [`EngineBuilder::eviction_policy`] | `examples/bench_diffusion.rs`, `examples/quality_diffusion.rs` |
+//! | your own diffusion scheduler | [`EngineBuilder::custom_diffusion_scheduler`] | `tests/diffusion_conformance.rs` |
+//! | GPU throughput | `--features cuda` | `examples/bench_looped/`, `examples/bench_diffusion.rs`, `docs/GPU.md` |
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 
