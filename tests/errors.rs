@@ -277,3 +277,111 @@ fn a_stalled_scheduler_fails_its_requests_and_frees_their_kv() {
     assert!(!engine.has_work());
     assert_kv_empty(&engine);
 }
+
+/// Launches each request once as a full-depth prefill, spoiled by `defect` (a custom scheduler
+/// with a bug).
+struct Spoiled {
+    kv: ponder::kv::KvManager,
+    steps: usize,
+    waiting: Vec<ponder::scheduler::SchedRequest>,
+    live: Vec<ponder::RequestId>,
+    defect: fn(&mut ponder::scheduler::Launch),
+}
+impl ponder::scheduler::Scheduler for Spoiled {
+    fn name(&self) -> &'static str {
+        "spoiled"
+    }
+    fn add(&mut self, r: ponder::scheduler::SchedRequest) {
+        assert!(self.kv.reserve(r.id, r.prompt.len() + r.max_new_tokens));
+        self.live.push(r.id);
+        self.waiting.push(r);
+    }
+    fn schedule(&mut self) -> Option<ponder::scheduler::Launch> {
+        let r = self.waiting.pop()?;
+        let tables = self.kv.tables(r.id).unwrap().to_vec();
+        let row = ponder::scheduler::LaunchRow::full_depth(r.id, r.prompt, 0, tables);
+        let step_slots = (0..self.steps).map(|s| self.kv.layout().slot_for_step(s)).collect();
+        let mut launch = ponder::scheduler::Launch { stage: ponder::scheduler::Stage::Prefill, step_slots, rows: vec![row], kv_copies: vec![], reenter: false };
+        (self.defect)(&mut launch);
+        Some(launch)
+    }
+    fn complete(&mut self, _: &ponder::scheduler::Launch, _: &ponder::scheduler::LaunchResult) {}
+    fn finish(&mut self, id: ponder::RequestId) {
+        self.waiting.retain(|r| r.id != id);
+        self.live.retain(|&i| i != id);
+        self.kv.free(id);
+    }
+    fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    fn num_running(&self) -> usize {
+        self.live.len() - self.waiting.len()
+    }
+    fn kv(&self) -> &ponder::kv::KvManager {
+        &self.kv
+    }
+}
+
+#[test]
+fn malformed_launches_from_a_custom_scheduler_fail_their_requests() {
+    let (_tmp, dir) = tiny_dir(16);
+    let defects: [(&str, fn(&mut ponder::scheduler::Launch)); 6] = [
+        ("no loop steps", |l| l.step_slots.clear()),
+        ("token outside the vocabulary", |l| l.rows[0].tokens[0] = VOCAB as u32),
+        ("no block tables", |l| l.rows[0].block_tables.clear()),
+        ("table too short", |l| l.rows[0].block_tables[0] = l.rows[0].block_tables[0][..0].into()),
+        ("block outside the pool", |l| l.rows[0].block_tables[0] = vec![u32::MAX; 8].into()),
+        ("copy outside the cache", |l| l.kv_copies.push(ponder::scheduler::KvCopy { src: 0, dst: u32::MAX })),
+    ];
+    for (name, defect) in defects {
+        let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2)
+            .custom_scheduler(move |ctx| Box::new(Spoiled { kv: ctx.kv, steps: ctx.spec.max_steps, waiting: vec![], live: vec![], defect }))
+            .build()
+            .unwrap();
+        let outs = engine.generate([vec![1u32, 2, 3]], &GenerationParams::greedy(4)).unwrap();
+        let out = outs.into_iter().next().unwrap().unwrap();
+        assert!(matches!(out.finish_reason, ponder::FinishReason::Error(ref m) if m.contains("invalid launch")), "{name}: {:?}", out.finish_reason);
+        assert_kv_empty(&engine);
+    }
+}
+
+/// A custom layout with `slots` slots mapping step s to slot `s * stride`.
+#[derive(Debug)]
+struct Strided {
+    slots: usize,
+    stride: usize,
+}
+impl ponder::kv::KvLayout for Strided {
+    fn name(&self) -> &'static str {
+        "strided"
+    }
+    fn num_slots(&self, _max_steps: usize) -> usize {
+        self.slots
+    }
+    fn slot_for_step(&self, step: usize) -> usize {
+        step * self.stride
+    }
+}
+
+#[test]
+fn custom_layouts_that_address_missing_slots_are_refused() {
+    let (_tmp, dir) = tiny_dir(17);
+    let build = |slots, stride| EngineBuilder::new(&dir).custom_kv_layout(Box::new(Strided { slots, stride })).build();
+    assert!(matches!(build(0, 0), Err(Error::InvalidOption(m)) if m.contains("0 slots")));
+    assert!(matches!(build(4, 2), Err(Error::InvalidOption(m)) if m.contains("step 2 maps to slot 4")));
+    assert!(build(4, 1).is_ok());
+}
+
+#[test]
+fn a_recorded_trace_with_an_empty_list_runs_full_depth() {
+    let (_tmp, dir) = tiny_dir(18);
+    let ps = prompts(2, 6);
+    let want = sequential(&mut builder(&dir, KvLayoutKind::LastExited, 2).build().unwrap(), &ps, &[5, 5]);
+    // Request 0 has an empty list, request 1 none at all: both run every step.
+    let trace = ponder::gate::DepthTrace::Recorded(HashMap::from([(0u64, Vec::new())]));
+    let gate = ponder::gate::Replay::new(trace, 1, 4).unwrap();
+    let mut engine = builder(&dir, KvLayoutKind::LastExited, 2).scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(gate).build().unwrap();
+    let got: Vec<Vec<u32>> = engine.generate(ps, &GenerationParams::greedy(5)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
+    assert_eq!(got, want);
+    assert_kv_empty(&engine);
+}

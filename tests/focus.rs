@@ -166,3 +166,25 @@ proptest! {
         prop_assert!(all.iter().all(|&k| k));
     }
 }
+
+/// Keeps none of a row's masked tokens (a policy breaking its contract).
+#[derive(Debug)]
+struct KeepNothing;
+impl EvictionPolicy for KeepNothing {
+    fn name(&self) -> String {
+        "keep-nothing".into()
+    }
+    fn keep(&self, input: &EvictionInput) -> Vec<bool> {
+        vec![false; input.positions.len()]
+    }
+}
+
+#[test]
+fn a_policy_that_keeps_nothing_is_overruled_for_that_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = sdar_dir(tmp.path());
+    let ps = diffusion_prompts(3, 9);
+    let want = run_all(&mut builder(&dir, 3).delayed_cache(true).build().unwrap(), &ps, 20);
+    let mut e = builder(&dir, 3).delayed_cache(true).eviction_policy(KeepNothing).build().unwrap();
+    assert_eq!(run_all(&mut e, &ps, 20), want, "every row runs whole, as without eviction");
+}

@@ -26,7 +26,8 @@ pub trait EvictionPolicy: std::fmt::Debug + Send + Sync {
     fn scores(&self) -> bool {
         true
     }
-    /// Whether each masked token (same order as `input.positions`) is kept.
+    /// Whether each masked token (same order as `input.positions`) is kept. Keep at least one:
+    /// a row with none kept is run whole (the step must be able to reveal a token).
     fn keep(&self, input: &EvictionInput) -> Vec<bool>;
 }
 

@@ -150,9 +150,10 @@ impl UnmaskTrace {
     pub fn count(&self, ctx: &StepContext) -> Option<usize> {
         match self {
             Self::Recorded(m) => {
+                // Past the end of a list its last entry repeats; an empty list names nothing.
                 let blocks = m.get(&ctx.request.0)?;
-                let steps = &blocks[ctx.block.min(blocks.len() - 1)];
-                Some(steps[ctx.step.min(steps.len() - 1)])
+                let steps = blocks.get(ctx.block).or(blocks.last())?;
+                steps.get(ctx.step).or(steps.last()).copied()
             }
             Self::Seeded { probs, seed } => Some(draw(probs, mix(*seed ^ mix(ctx.request.0 ^ mix((ctx.block as u64) << 32 ^ ctx.step as u64))))),
         }

@@ -393,6 +393,7 @@ impl EngineBuilder {
         }
         let spec = model.spec().clone();
         let layout = self.layout.unwrap_or_else(|| KvLayoutKind::default().build());
+        crate::kv::check_shape(layout.as_ref(), spec.max_steps)?;
         let slots = layout.num_slots(spec.max_steps);
         let kv_tokens = self.kv_tokens.unwrap_or(16_384 * slots);
         let num_blocks = kv_tokens.div_ceil(self.block_size);
@@ -421,6 +422,7 @@ impl EngineBuilder {
         if self.factory.is_some() && self.min_coda_batch_size.is_some() {
             return Err(Error::InvalidOption("min_coda_batch_size applies to the built-in depth scheduler (a custom scheduler holds its coda itself)".into()));
         }
+        let custom_scheduler = self.factory.is_some();
         let latent_diff = gate.reads_latent_diff();
         let scheduler: Box<dyn Scheduler> = match self.factory {
             Some(f) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone(), gate }),
@@ -439,6 +441,7 @@ impl EngineBuilder {
             },
         };
         let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, self.block_size, scheduler.state_bank_rows(), self.cuda_graphs)?
+            .with_launch_checks(custom_scheduler)
             .with_device_timing(self.time_device)
             .with_latent_diff(latent_diff);
         let mut engine = Engine::assemble(ModelRunner::Looped(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);

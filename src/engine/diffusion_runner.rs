@@ -311,6 +311,11 @@ impl DiffusionRunner {
             if keep.len() != row.readout.len() {
                 candle_core::bail!("eviction policy {} returned {} flags for {} masked tokens", policy.name(), keep.len(), row.readout.len());
             }
+            // A step must be able to reveal something: a policy that keeps none of a row's
+            // masked tokens is overruled for that row (everything kept).
+            if !row.readout.is_empty() && !keep.iter().any(|&k| k) {
+                continue;
+            }
             let mut keep_token = vec![true; row.tokens.len()];
             for (&t, &k) in row.readout.iter().zip(&keep) {
                 keep_token[t as usize] &= k;

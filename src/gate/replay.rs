@@ -61,7 +61,8 @@ impl DepthTrace {
 
     pub fn depth(&self, item: ItemRef) -> Option<usize> {
         match self {
-            Self::Recorded(m) => m.get(&item.request.0).map(|v| v[item.token_index.min(v.len() - 1)]),
+            // Past the end of a request's list its last depth repeats; an empty list covers nothing.
+            Self::Recorded(m) => m.get(&item.request.0).and_then(|v| v.get(item.token_index).or(v.last()).copied()),
             Self::Seeded { probs, seed } => Some(draw(probs, mix(*seed ^ mix(item.request.0 ^ mix(item.token_index as u64))))),
         }
     }

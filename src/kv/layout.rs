@@ -21,6 +21,27 @@ pub trait KvLayout: std::fmt::Debug + Send + Sync {
     }
 }
 
+/// Checks a layout's shape for a model of `max_steps` loop steps: at least one slot, every
+/// step's slot and every exit fill among them (a custom layout that breaks this would make the
+/// KV manager index past its tables).
+pub fn check_shape(layout: &dyn KvLayout, max_steps: usize) -> crate::Result<()> {
+    let slots = layout.num_slots(max_steps);
+    let bad = |what: String| Err(crate::Error::InvalidOption(format!("KV layout `{}`: {what}", layout.name())));
+    if slots == 0 {
+        return bad("0 slots".into());
+    }
+    for step in 0..max_steps {
+        let slot = layout.slot_for_step(step);
+        if slot >= slots {
+            return bad(format!("step {step} maps to slot {slot} of {slots}"));
+        }
+        if let Some(&fill) = layout.fill_on_exit(step, max_steps).iter().find(|&&f| f >= slots) {
+            return bad(format!("an exit after step {step} fills slot {fill} of {slots}"));
+        }
+    }
+    Ok(())
+}
+
 /// Checks that `layout` is safe with exits in `min_steps..=max_steps`: a static per-step layout
 /// whose slots an early exit would leave stale is rejected with a clear error.
 pub fn check_layout(layout: &dyn KvLayout, min_steps: usize, max_steps: usize) -> crate::Result<()> {

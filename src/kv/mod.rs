@@ -11,7 +11,7 @@ mod manager;
 mod pool;
 mod store;
 
-pub use layout::{check_layout, DepthIndexed, FirstThenShared, KvLayout, KvLayoutKind, LastExited, Shared};
+pub use layout::{check_layout, check_shape, DepthIndexed, FirstThenShared, KvLayout, KvLayoutKind, LastExited, Shared};
 pub use manager::{BlockTable, KvManager};
 pub use pool::BlockPool;
 pub use store::KvStore;

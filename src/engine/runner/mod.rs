@@ -14,6 +14,7 @@ use crate::scheduler::{KvCopy, Launch, LaunchResult, LaunchRow, RowOutput, Stage
 use candle_core::{DType, Device, Result, Tensor, D};
 use std::collections::BTreeMap;
 
+mod check;
 mod graph_path;
 
 /// Owns the model, the device KV store and the state bank; runs one launch at a time.
@@ -44,6 +45,8 @@ pub struct LoopedRunner {
     /// Pinned host buffers for sampled ids and for gate logits / latent changes.
     ids_readback: ReadbackPool<u32>,
     f32_readback: ReadbackPool<f32>,
+    /// Check every launch before running it (launches from a custom scheduler).
+    check_launches: bool,
 }
 
 /// Stream events around one launch: its device-side span is `start → end`, its forward's
@@ -129,6 +132,7 @@ impl LoopedRunner {
             compute_latent: true,
             ids_readback: ReadbackPool::default(),
             f32_readback: ReadbackPool::default(),
+            check_launches: false,
         })
     }
 
@@ -138,6 +142,14 @@ impl LoopedRunner {
     /// beyond collecting the results.
     pub fn with_device_timing(mut self, on: bool) -> Self {
         self.device_timing = on;
+        self
+    }
+
+    /// Checks each launch before running it: a block, state row, slot or token out of range is
+    /// an error for that launch instead of an out-of-bounds access. For schedulers the
+    /// conformance suites do not cover (custom ones).
+    pub fn with_launch_checks(mut self, on: bool) -> Self {
+        self.check_launches = on;
         self
     }
 
@@ -196,6 +208,15 @@ impl LoopedRunner {
     /// with greedy, unforced rows). Sampling with randomness or forced tokens reads the logits
     /// back at once. [`LoopedRunner::collect`] waits for the results.
     pub fn launch(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<Pending> {
+        if self.check_launches {
+            let bounds = check::Bounds {
+                num_blocks: self.scratch_block as usize,
+                block_size: self.block_size,
+                bank_rows: if self.bank.is_some() { self.scratch_row as usize } else { 0 },
+                vocab_size: self.model.spec().vocab_size,
+            };
+            check::check_launch(launch, &bounds).map_err(|e| candle_core::Error::Msg(format!("invalid launch: {e}")))?;
+        }
         #[cfg(feature = "cuda")]
         let start = self.mark()?;
         let greedy = |r: &RowSampling| r.greedy && r.forced.is_none();

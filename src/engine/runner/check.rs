@@ -1,0 +1,73 @@
+//! Checks a launch from a custom scheduler before any of it reaches the model. A malformed
+//! launch — a missing block table, a position past the end of its table, a block, state row or
+//! token id out of range — would otherwise index out of bounds on the host or read and write
+//! outside the KV cache on the device. The built-in schedulers are covered by the conformance
+//! suites and skip this.
+
+use crate::scheduler::{Launch, LaunchRow, Stage};
+
+/// What a launch may address.
+pub(super) struct Bounds {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    /// State-bank rows available to requests (0: the runner has no bank).
+    pub bank_rows: usize,
+    pub vocab_size: usize,
+}
+
+/// `Err(reason)` for the first thing in `launch` the runner cannot run.
+pub(super) fn check_launch(launch: &Launch, b: &Bounds) -> Result<(), String> {
+    if launch.rows.is_empty() {
+        return Err("no rows".into());
+    }
+    let cache_rows = b.num_blocks * b.block_size;
+    if let Some(c) = launch.kv_copies.iter().find(|c| c.src as usize >= cache_rows || c.dst as usize >= cache_rows) {
+        return Err(format!("K/V copy {} → {} outside the {cache_rows} cache positions", c.src, c.dst));
+    }
+    let full_depth = matches!(launch.stage, Stage::Prefill | Stage::FullDepthDecode);
+    if full_depth && launch.step_slots.is_empty() {
+        return Err(format!("a {} launch with no loop steps (`step_slots`)", launch.stage.name()));
+    }
+    for (i, row) in launch.rows.iter().enumerate() {
+        check_row(launch, row, b).map_err(|e| format!("row {i} (request {}): {e}", row.request.0))?;
+    }
+    Ok(())
+}
+
+fn check_row(launch: &Launch, row: &LaunchRow, b: &Bounds) -> Result<(), String> {
+    if row.tokens.is_empty() {
+        return Err("no tokens".into());
+    }
+    if let Some(&t) = row.tokens.iter().find(|&&t| t as usize >= b.vocab_size) {
+        return Err(format!("token {t} outside the vocabulary of {}", b.vocab_size));
+    }
+    // Positions each table must cover: the row's tokens, and the successor's after a re-entry.
+    let end = row.start_pos + row.tokens.len() + usize::from(launch.reenter && row.sample);
+    let tables: Vec<usize> = match launch.stage {
+        Stage::Prefill | Stage::FullDepthDecode => launch.step_slots.clone(),
+        Stage::CoreStep => vec![row.slot],
+        Stage::Coda => vec![0],
+        Stage::Denoise => return Err("a looped model cannot run a denoise launch".into()),
+    };
+    if launch.stage == Stage::CoreStep || launch.stage == Stage::Coda || launch.reenter {
+        if row.state as usize >= b.bank_rows {
+            return Err(format!("state row {} outside the state bank of {} rows", row.state, b.bank_rows));
+        }
+    }
+    if matches!(launch.stage, Stage::CoreStep | Stage::Coda) && row.tokens.len() != 1 {
+        return Err(format!("{} rows carry one token, not {}", launch.stage.name(), row.tokens.len()));
+    }
+    let blocks = end.div_ceil(b.block_size);
+    for slot in tables {
+        let Some(table) = row.block_tables.get(slot) else {
+            return Err(format!("no block table for slot {slot} ({} given)", row.block_tables.len()));
+        };
+        if table.len() < blocks {
+            return Err(format!("slot {slot}'s table covers {} positions, the row needs {end}", table.len() * b.block_size));
+        }
+        if let Some(&blk) = table[..blocks].iter().find(|&&blk| blk as usize >= b.num_blocks) {
+            return Err(format!("block {blk} outside the pool of {} blocks", b.num_blocks));
+        }
+    }
+    Ok(())
+}
