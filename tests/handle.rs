@@ -76,3 +76,18 @@ fn overlapped_engine_thread_streams_the_same_tokens() {
     let err = builder(&dir, KvLayoutKind::Shared, 2).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).overlap(true).build();
     assert!(matches!(err, Err(ponder::Error::InvalidOption(_))));
 }
+
+#[test]
+fn outputs_carry_the_prompt_length_even_with_nothing_to_generate() {
+    let (_tmp, dir) = tiny_dir(33);
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).build().unwrap();
+    for n in [0, 3] {
+        let out = engine.generate([vec![4u32, 5, 6, 7]], &GenerationParams::greedy(n)).unwrap().remove(0).unwrap();
+        assert_eq!((out.prompt_tokens, out.token_ids.len()), (4, n));
+    }
+    let handle = builder(&dir, KvLayoutKind::DepthIndexed, 2).spawn().unwrap();
+    for n in [0, 3] {
+        let out = handle.submit(vec![4u32, 5, 6], GenerationParams::greedy(n)).unwrap().collect_output();
+        assert_eq!((out.prompt_tokens, out.token_ids.len()), (3, n));
+    }
+}

@@ -161,6 +161,11 @@ impl Engine {
     /// Validates and queues a request. A rejected request gets a typed error and leaves no
     /// state behind; the engine and other requests are unaffected.
     pub fn add_request(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestId> {
+        self.admit(prompt, params).map(|(id, _)| id)
+    }
+
+    /// [`Engine::add_request`], also returning the prompt's length in tokens.
+    pub(super) fn admit(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<(RequestId, usize)> {
         let id = RequestId(self.next_id);
         self.next_id += 1;
         let reject = |reason| Err(Error::InvalidRequest { id, reason });
@@ -210,7 +215,7 @@ impl Engine {
         }
         if params.max_new_tokens == 0 {
             self.pending.push(Event::Finished { id, reason: FinishReason::Length, text: String::new() });
-            return Ok(id);
+            return Ok((id, ids.len()));
         }
         self.scheduler.add(SchedRequest { id, prompt: ids.clone(), max_new_tokens: params.max_new_tokens });
         self.live.insert(
@@ -224,7 +229,7 @@ impl Engine {
                 detok: Detokenizer::default(),
             },
         );
-        Ok(id)
+        Ok((id, self.live[&id].prompt_tokens))
     }
 
     /// Stops a request now and frees its KV blocks. Its `Finished { Aborted }` event comes
@@ -403,10 +408,9 @@ impl Engine {
         let mut slots: Vec<Result<Output>> = Vec::new();
         let mut index = HashMap::new();
         for p in prompts {
-            match self.add_request(p, params.clone()) {
-                Ok(id) => {
+            match self.admit(p, params.clone()) {
+                Ok((id, prompt_tokens)) => {
                     index.insert(id, slots.len());
-                    let prompt_tokens = self.live.get(&id).map_or(0, |l| l.prompt_tokens);
                     slots.push(Ok(Output::new(id, prompt_tokens)));
                 }
                 Err(e) => slots.push(Err(e)),

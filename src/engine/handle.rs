@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::thread::JoinHandle;
 
 enum Command {
-    Submit { prompt: Prompt, params: GenerationParams, reply: Sender<Result<RequestId>>, events: Sender<Event> },
+    Submit { prompt: Prompt, params: GenerationParams, reply: Sender<Result<(RequestId, usize)>>, events: Sender<Event> },
     Abort(RequestId),
     Shutdown,
 }
@@ -23,6 +23,8 @@ pub struct EngineHandle {
 /// The events of one request, in order, ending with `Finished`.
 pub struct RequestStream {
     pub id: RequestId,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: usize,
     rx: Receiver<Event>,
 }
 
@@ -34,9 +36,9 @@ impl Iterator for RequestStream {
 }
 
 impl RequestStream {
-    /// Drains the stream into an [`Output`] (prompt_tokens is not known here and left 0).
+    /// Drains the stream into an [`Output`].
     pub fn collect_output(self) -> Output {
-        let mut out = Output::new(self.id, 0);
+        let mut out = Output::new(self.id, self.prompt_tokens);
         for ev in self {
             out.push(ev);
         }
@@ -69,8 +71,8 @@ impl EngineHandle {
         let (reply, reply_rx) = bounded(1);
         let (events, rx) = unbounded();
         self.tx.send(Command::Submit { prompt: prompt.into(), params, reply, events }).map_err(|_| Error::EngineStopped)?;
-        let id = reply_rx.recv().map_err(|_| Error::EngineStopped)??;
-        Ok(RequestStream { id, rx })
+        let (id, prompt_tokens) = reply_rx.recv().map_err(|_| Error::EngineStopped)??;
+        Ok(RequestStream { id, prompt_tokens, rx })
     }
 
     /// Aborts a request; its stream ends with `Finished { Aborted }`.
@@ -97,8 +99,8 @@ fn serve(mut engine: Engine, rx: Receiver<Command>) {
         for cmd in first.into_iter().chain(rx.try_iter()) {
             match cmd {
                 Command::Submit { prompt, params, reply, events } => {
-                    let r = engine.add_request(prompt, params);
-                    if let Ok(id) = &r {
+                    let r = engine.admit(prompt, params);
+                    if let Ok((id, _)) = &r {
                         streams.insert(*id, events);
                     }
                     let _ = reply.send(r);
