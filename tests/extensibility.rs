@@ -44,3 +44,33 @@ fn custom_scheduler_is_batch_invariant() {
     });
     assert_eq!(engine.scheduler().name(), "shortest-prompt-first");
 }
+
+/// A gate with per-item memory in `GateState::scratch`: exit once the step's hazard stops
+/// rising (scratch[0] holds the previous step's hazard).
+#[derive(Debug)]
+struct HazardPlateau;
+impl ponder::gate::ExitGate for HazardPlateau {
+    fn name(&self) -> String {
+        "hazard-plateau".into()
+    }
+    fn min_steps(&self) -> usize {
+        1
+    }
+    fn max_steps(&self) -> usize {
+        4
+    }
+    fn decide(&self, _: ponder::gate::ItemRef, step: usize, signals: ponder::gate::StepSignals, state: &mut ponder::gate::GateState) -> bool {
+        let hazard = signals.logit.map_or(0.0, |z| 1.0 / (1.0 + (-z).exp()));
+        let plateau = step > 0 && hazard <= state.scratch[0];
+        state.scratch[0] = hazard;
+        step + 1 >= 4 || plateau
+    }
+}
+
+#[test]
+fn a_gate_with_its_own_per_item_state_is_batch_invariant() {
+    let (_tmp, dir) = tiny_dir(53);
+    let engine = check(&|w| builder(&dir, KvLayoutKind::LastExited, w).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(HazardPlateau));
+    let d = engine.metrics().mean_depth();
+    assert!(d > 2.0 && d < 4.0, "exits after a plateau (never at step 1): mean depth {d}");
+}

@@ -46,11 +46,14 @@ pub struct GateState {
     pub survival: f32,
     /// Lookahead: the inner gate's verdict on the previous step, consumed one step late.
     pub pending_exit: bool,
+    /// Free for gates written outside the crate (a previous signal, a running average…): zero
+    /// at each token's first step, kept across its steps, never read by the built-in gates.
+    pub scratch: [f32; 4],
 }
 
 impl GateState {
     pub fn new() -> Self {
-        Self { cdf: 0.0, survival: 1.0, pending_exit: false }
+        Self { cdf: 0.0, survival: 1.0, pending_exit: false, scratch: [0.0; 4] }
     }
 }
 
