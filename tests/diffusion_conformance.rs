@@ -276,3 +276,69 @@ fn custom_diffusion_scheduler_plugs_in() {
     assert!(launches.load(Ordering::Relaxed) > 0);
     assert_kv_empty(&e);
 }
+
+/// A custom diffusion scheduler with a bug (`defect` spoils each launch of the built-in one):
+/// the launch fails its requests with a typed reason and frees their KV; nothing panics.
+#[test]
+fn malformed_denoise_launches_fail_their_requests() {
+    use ponder::scheduler::{DiffusionBatching, Launch, LaunchResult, SchedRequest, Scheduler};
+    struct Spoiled {
+        inner: DiffusionBatching,
+        defect: fn(&mut Launch),
+    }
+    impl Scheduler for Spoiled {
+        fn name(&self) -> &'static str {
+            "spoiled-diffusion"
+        }
+        fn add(&mut self, r: SchedRequest) {
+            self.inner.add(r)
+        }
+        fn schedule(&mut self) -> Option<Launch> {
+            let mut l = self.inner.schedule()?;
+            (self.defect)(&mut l);
+            Some(l)
+        }
+        fn complete(&mut self, l: &Launch, r: &LaunchResult) {
+            self.inner.complete(l, r)
+        }
+        fn finish(&mut self, id: RequestId) {
+            self.inner.finish(id)
+        }
+        fn num_waiting(&self) -> usize {
+            self.inner.num_waiting()
+        }
+        fn num_running(&self) -> usize {
+            self.inner.num_running()
+        }
+        fn kv(&self) -> &ponder::kv::KvManager {
+            self.inner.kv()
+        }
+        fn take_emitted(&mut self) -> Vec<(RequestId, Vec<u32>)> {
+            self.inner.take_emitted()
+        }
+        fn kv_positions(&self, p: usize, n: usize) -> usize {
+            self.inner.kv_positions(p, n)
+        }
+    }
+    let defects: [(&str, fn(&mut Launch)); 5] = [
+        ("readout past the tokens", |l| l.rows[0].readout.push(10_000)),
+        ("positions out of order", |l| l.rows[0].positions = (0..l.rows[0].tokens.len() as u32).rev().collect()),
+        ("no block table", |l| l.rows[0].block_tables.clear()),
+        ("table too short", |l| l.rows[0].block_tables[0] = l.rows[0].block_tables[0][..0].into()),
+        ("block outside the pool", |l| l.rows[0].block_tables[0] = vec![u32::MAX; 64].into()),
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, dir) = family_dirs(tmp.path()).remove(0);
+    for (name, defect) in defects {
+        let mut e = EngineBuilder::new(&dir)
+            .block_size(4)
+            .block_length(8)
+            .kv_capacity_tokens(2048)
+            .custom_diffusion_scheduler(move |ctx| Box::new(Spoiled { inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy), defect }))
+            .build()
+            .unwrap();
+        let out = e.generate([vec![1u32, 2, 3]], &GenerationParams::greedy(6)).unwrap().remove(0).unwrap();
+        assert!(matches!(out.finish_reason, ponder::FinishReason::Error(ref m) if m.contains("invalid launch")), "{name}: {:?}", out.finish_reason);
+        assert_kv_empty(&e);
+    }
+}

@@ -518,11 +518,13 @@ impl EngineBuilder {
             eviction: evicts,
         };
         let limits = self.limits.clone();
+        let custom_scheduler = self.diffusion_factory.is_some();
         let scheduler: Box<dyn Scheduler> = match self.diffusion_factory {
             Some(f) => f(DiffusionSchedulerContext { limits: limits.clone(), kv, config: cfg, policy, spec: spec.clone() }),
             None => Box::new(DiffusionBatching::new(cfg, limits.clone(), kv, policy)),
         };
         let runner = DiffusionRunner::new(model, num_blocks, self.block_size, block_length)?
+            .with_launch_checks(custom_scheduler)
             .with_eviction(eviction, self.eviction_shadow)
             .with_phase_timing(self.time_denoise_phases);
         let mut engine = Engine::assemble(ModelRunner::Diffusion(runner), scheduler, tokenizer, eos, max_context, limits.max_num_batched_tokens);

@@ -32,6 +32,9 @@ pub struct DiffusionRunner {
     /// When set, launches synchronise the device at each phase boundary and add the phase's
     /// wall time here (profiling: it costs the host/device overlap within a launch).
     phases: Option<Mutex<PhaseTimes>>,
+    num_blocks: usize,
+    /// Check each launch before running it (custom diffusion schedulers).
+    check_launches: bool,
 }
 
 /// Marks phase boundaries of one launch (a no-op unless phase timing is on).
@@ -83,7 +86,7 @@ impl DiffusionRunner {
             *b = f32::NEG_INFINITY;
         }
         let no_mask_bias = Tensor::from_vec(bias, (1, s.vocab_size), model.device())?;
-        Ok(Self { model, kv, block_size, mask, no_mask_bias, eviction: None, shadow: false, phases: None })
+        Ok(Self { model, kv, block_size, mask, no_mask_bias, eviction: None, shadow: false, phases: None, num_blocks, check_launches: false })
     }
 
     /// Times each phase of every launch (device synchronised between phases); read the totals
@@ -100,6 +103,13 @@ impl DiffusionRunner {
 
     fn lap(&self) -> Lap<'_> {
         Lap { clock: self.phases.as_ref().map(|p| (Instant::now(), p)), device: self.model.device() }
+    }
+
+    /// Checks each launch before running it (launches from a custom diffusion scheduler): a
+    /// readout index, position, block or token out of range is an error for that launch.
+    pub fn with_launch_checks(mut self, on: bool) -> Self {
+        self.check_launches = on;
+        self
     }
 
     /// Applies `policy` to denoise steps whose rows carry [`crate::scheduler::EvictRow`]s; with
@@ -149,6 +159,11 @@ impl DiffusionRunner {
     }
 
     fn forward_lapped(&self, launch: &Launch, lap: &mut Lap) -> Result<DenoiseForward> {
+        if self.check_launches {
+            let spec = self.model.spec();
+            let bounds = super::launch_check::Bounds { num_blocks: self.num_blocks, block_size: self.block_size, bank_rows: 0, vocab_size: spec.vocab_size };
+            super::launch_check::check_denoise(launch, &bounds).map_err(|e| candle_core::Error::Msg(format!("invalid launch: {e}")))?;
+        }
         if launch.stage != Stage::Denoise {
             candle_core::bail!("a diffusion model runs denoise launches, not {:?}", launch.stage);
         }

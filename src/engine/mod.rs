@@ -6,6 +6,7 @@ mod detok;
 mod diffusion_runner;
 mod graphs;
 mod handle;
+mod launch_check;
 mod metrics;
 mod readback;
 mod request;

@@ -14,7 +14,6 @@ use crate::scheduler::{KvCopy, Launch, LaunchResult, LaunchRow, RowOutput, Stage
 use candle_core::{DType, Device, Result, Tensor, D};
 use std::collections::BTreeMap;
 
-mod check;
 mod graph_path;
 
 /// Owns the model, the device KV store and the state bank; runs one launch at a time.
@@ -209,13 +208,13 @@ impl LoopedRunner {
     /// back at once. [`LoopedRunner::collect`] waits for the results.
     pub fn launch(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<Pending> {
         if self.check_launches {
-            let bounds = check::Bounds {
+            let bounds = crate::engine::launch_check::Bounds {
                 num_blocks: self.scratch_block as usize,
                 block_size: self.block_size,
                 bank_rows: if self.bank.is_some() { self.scratch_row as usize } else { 0 },
                 vocab_size: self.model.spec().vocab_size,
             };
-            check::check_launch(launch, &bounds).map_err(|e| candle_core::Error::Msg(format!("invalid launch: {e}")))?;
+            crate::engine::launch_check::check_launch(launch, &bounds).map_err(|e| candle_core::Error::Msg(format!("invalid launch: {e}")))?;
         }
         #[cfg(feature = "cuda")]
         let start = self.mark()?;

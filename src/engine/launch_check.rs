@@ -1,13 +1,13 @@
 //! Checks a launch from a custom scheduler before any of it reaches the model. A malformed
-//! launch — a missing block table, a position past the end of its table, a block, state row or
-//! token id out of range — would otherwise index out of bounds on the host or read and write
-//! outside the KV cache on the device. The built-in schedulers are covered by the conformance
-//! suites and skip this.
+//! launch — a missing block table, a position past the end of its table, a block, state row,
+//! token id or readout index out of range — would otherwise index out of bounds on the host or
+//! read and write outside the KV cache on the device. The built-in schedulers are covered by
+//! the conformance suites and skip this.
 
 use crate::scheduler::{Launch, LaunchRow, Stage};
 
-/// What a launch may address.
-pub(super) struct Bounds {
+/// What a launch may address (`bank_rows` is 0 for diffusion runners).
+pub(crate) struct Bounds {
     pub num_blocks: usize,
     pub block_size: usize,
     /// State-bank rows available to requests (0: the runner has no bank).
@@ -16,7 +16,7 @@ pub(super) struct Bounds {
 }
 
 /// `Err(reason)` for the first thing in `launch` the runner cannot run.
-pub(super) fn check_launch(launch: &Launch, b: &Bounds) -> Result<(), String> {
+pub(crate) fn check_launch(launch: &Launch, b: &Bounds) -> Result<(), String> {
     if launch.rows.is_empty() {
         return Err("no rows".into());
     }
@@ -68,6 +68,47 @@ fn check_row(launch: &Launch, row: &LaunchRow, b: &Bounds) -> Result<(), String>
         if let Some(&blk) = table[..blocks].iter().find(|&&blk| blk as usize >= b.num_blocks) {
             return Err(format!("block {blk} outside the pool of {} blocks", b.num_blocks));
         }
+    }
+    Ok(())
+}
+
+/// The diffusion runner's counterpart: `Denoise` launches whose rows address cache positions
+/// through `block_tables[0]` and read out token indices.
+pub(crate) fn check_denoise(launch: &Launch, b: &Bounds) -> Result<(), String> {
+    if launch.stage != Stage::Denoise {
+        return Err(format!("a diffusion model runs denoise launches, not {}", launch.stage.name()));
+    }
+    if launch.rows.is_empty() {
+        return Err("no rows".into());
+    }
+    for (i, row) in launch.rows.iter().enumerate() {
+        check_denoise_row(row, b).map_err(|e| format!("row {i} (request {}): {e}", row.request.0))?;
+    }
+    Ok(())
+}
+
+fn check_denoise_row(row: &LaunchRow, b: &Bounds) -> Result<(), String> {
+    if row.tokens.is_empty() {
+        return Err("no tokens".into());
+    }
+    if let Some(&t) = row.tokens.iter().find(|&&t| t as usize >= b.vocab_size) {
+        return Err(format!("token {t} outside the vocabulary of {}", b.vocab_size));
+    }
+    if !row.positions.is_empty() && (row.positions.len() != row.tokens.len() || row.positions.windows(2).any(|w| w[0] >= w[1])) {
+        return Err(format!("{} positions for {} tokens, or not ascending", row.positions.len(), row.tokens.len()));
+    }
+    if let Some(&r) = row.readout.iter().find(|&&r| r as usize >= row.tokens.len()) {
+        return Err(format!("readout index {r} past the row's {} tokens", row.tokens.len()));
+    }
+    let Some(table) = row.block_tables.first() else {
+        return Err("no block table".into());
+    };
+    let blocks = row.context_len().div_ceil(b.block_size);
+    if table.len() < blocks {
+        return Err(format!("the table covers {} positions, the row needs {}", table.len() * b.block_size, row.context_len()));
+    }
+    if let Some(&blk) = table[..blocks].iter().find(|&&blk| blk as usize >= b.num_blocks) {
+        return Err(format!("block {blk} outside the pool of {} blocks", b.num_blocks));
     }
     Ok(())
 }
