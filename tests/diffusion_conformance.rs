@@ -201,53 +201,55 @@ fn kv_exhaustion_queues_then_admits() {
     assert!(matches!(too_big, Err(ponder::Error::KvExhausted { .. })), "{too_big:?}");
 }
 
+/// The built-in diffusion scheduler behind a hook that sees (and may change) each launch: a
+/// scheduler of one's own, written against the public API.
+struct Hooked {
+    inner: ponder::scheduler::DiffusionBatching,
+    name: &'static str,
+    hook: Box<dyn FnMut(&mut ponder::scheduler::Launch) + Send>,
+}
+impl ponder::scheduler::Scheduler for Hooked {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn add(&mut self, r: ponder::scheduler::SchedRequest) {
+        self.inner.add(r)
+    }
+    fn schedule(&mut self) -> Option<ponder::scheduler::Launch> {
+        let mut l = self.inner.schedule()?;
+        (self.hook)(&mut l);
+        Some(l)
+    }
+    fn complete(&mut self, l: &ponder::scheduler::Launch, r: &ponder::scheduler::LaunchResult) {
+        self.inner.complete(l, r)
+    }
+    fn finish(&mut self, id: RequestId) {
+        self.inner.finish(id)
+    }
+    fn num_waiting(&self) -> usize {
+        self.inner.num_waiting()
+    }
+    fn num_running(&self) -> usize {
+        self.inner.num_running()
+    }
+    fn kv(&self) -> &ponder::kv::KvManager {
+        self.inner.kv()
+    }
+    fn take_emitted(&mut self) -> Vec<(RequestId, Vec<u32>)> {
+        self.inner.take_emitted()
+    }
+    fn kv_positions(&self, p: usize, n: usize) -> usize {
+        self.inner.kv_positions(p, n)
+    }
+}
+
 /// A scheduler of your own for a diffusion model, written against the public API: this one
 /// wraps the built-in one and counts the launches it issues; outputs must not change.
 #[test]
 fn custom_diffusion_scheduler_plugs_in() {
-    use ponder::scheduler::{DiffusionBatching, Launch, LaunchResult, SchedRequest, Scheduler};
+    use ponder::scheduler::DiffusionBatching;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    struct Counting {
-        inner: DiffusionBatching,
-        launches: Arc<AtomicUsize>,
-    }
-    impl Scheduler for Counting {
-        fn name(&self) -> &'static str {
-            "counting-diffusion"
-        }
-        fn add(&mut self, r: SchedRequest) {
-            self.inner.add(r)
-        }
-        fn schedule(&mut self) -> Option<Launch> {
-            let l = self.inner.schedule();
-            if l.is_some() {
-                self.launches.fetch_add(1, Ordering::Relaxed);
-            }
-            l
-        }
-        fn complete(&mut self, l: &Launch, r: &LaunchResult) {
-            self.inner.complete(l, r)
-        }
-        fn finish(&mut self, id: RequestId) {
-            self.inner.finish(id)
-        }
-        fn num_waiting(&self) -> usize {
-            self.inner.num_waiting()
-        }
-        fn num_running(&self) -> usize {
-            self.inner.num_running()
-        }
-        fn kv(&self) -> &ponder::kv::KvManager {
-            self.inner.kv()
-        }
-        fn take_emitted(&mut self) -> Vec<(RequestId, Vec<u32>)> {
-            self.inner.take_emitted()
-        }
-        fn kv_positions(&self, p: usize, n: usize) -> usize {
-            self.inner.kv_positions(p, n)
-        }
-    }
     let tmp = tempfile::tempdir().unwrap();
     let (_, dir) = family_dirs(tmp.path()).remove(0);
     let ps = diffusion_prompts(3, 17);
@@ -266,7 +268,10 @@ fn custom_diffusion_scheduler_plugs_in() {
         .kv_capacity_tokens(2048)
         .unmask_policy(StaticCount::new(2).unwrap())
         .custom_diffusion_scheduler(move |ctx| {
-            Box::new(Counting { inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy), launches: counter })
+            let hook = Box::new(move |_: &mut ponder::scheduler::Launch| {
+                counter.fetch_add(1, Ordering::Relaxed);
+            });
+            Box::new(Hooked { inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy), name: "counting-diffusion", hook })
         })
         .build()
         .unwrap();
@@ -281,45 +286,7 @@ fn custom_diffusion_scheduler_plugs_in() {
 /// the launch fails its requests with a typed reason and frees their KV; nothing panics.
 #[test]
 fn malformed_denoise_launches_fail_their_requests() {
-    use ponder::scheduler::{DiffusionBatching, Launch, LaunchResult, SchedRequest, Scheduler};
-    struct Spoiled {
-        inner: DiffusionBatching,
-        defect: fn(&mut Launch),
-    }
-    impl Scheduler for Spoiled {
-        fn name(&self) -> &'static str {
-            "spoiled-diffusion"
-        }
-        fn add(&mut self, r: SchedRequest) {
-            self.inner.add(r)
-        }
-        fn schedule(&mut self) -> Option<Launch> {
-            let mut l = self.inner.schedule()?;
-            (self.defect)(&mut l);
-            Some(l)
-        }
-        fn complete(&mut self, l: &Launch, r: &LaunchResult) {
-            self.inner.complete(l, r)
-        }
-        fn finish(&mut self, id: RequestId) {
-            self.inner.finish(id)
-        }
-        fn num_waiting(&self) -> usize {
-            self.inner.num_waiting()
-        }
-        fn num_running(&self) -> usize {
-            self.inner.num_running()
-        }
-        fn kv(&self) -> &ponder::kv::KvManager {
-            self.inner.kv()
-        }
-        fn take_emitted(&mut self) -> Vec<(RequestId, Vec<u32>)> {
-            self.inner.take_emitted()
-        }
-        fn kv_positions(&self, p: usize, n: usize) -> usize {
-            self.inner.kv_positions(p, n)
-        }
-    }
+    use ponder::scheduler::{DiffusionBatching, Launch};
     let defects: [(&str, fn(&mut Launch)); 5] = [
         ("readout past the tokens", |l| l.rows[0].readout.push(10_000)),
         ("positions out of order", |l| l.rows[0].positions = (0..l.rows[0].tokens.len() as u32).rev().collect()),
@@ -334,7 +301,13 @@ fn malformed_denoise_launches_fail_their_requests() {
             .block_size(4)
             .block_length(8)
             .kv_capacity_tokens(2048)
-            .custom_diffusion_scheduler(move |ctx| Box::new(Spoiled { inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy), defect }))
+            .custom_diffusion_scheduler(move |ctx| {
+                Box::new(Hooked {
+                    inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy),
+                    name: "spoiled-diffusion",
+                    hook: Box::new(defect),
+                })
+            })
             .build()
             .unwrap();
         let out = e.generate([vec![1u32, 2, 3]], &GenerationParams::greedy(6)).unwrap().remove(0).unwrap();
