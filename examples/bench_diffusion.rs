@@ -153,6 +153,8 @@ struct RunStats {
     host_ms: f64,
     /// ms per launch by phase (`--phases`).
     phases: Vec<(&'static str, f64)>,
+    /// Peak device memory of the run, engine build included (CUDA).
+    peak: Option<ponder::device_memory::PeakMemory>,
 }
 
 fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode: &str, jobs: &[Vec<u32>]) -> Result<RunStats, Box<dyn std::error::Error>> {
@@ -160,6 +162,9 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
     let spec = model.spec().clone();
     let max_len = jobs.iter().map(Vec::len).max().unwrap_or(1) + args.new_tokens + 2 * args.block;
     let trace = UnmaskTrace::with_mean(trace_mean, args.block, 2026)?;
+    // Peak memory of this run: the previous run's engine is freed by now.
+    model.device().synchronize()?;
+    ponder::device_memory::reset_peak(model.device())?;
     let mut builder = EngineBuilder::from_diffusion_model(Box::new(model.clone()), None, vec![]);
     if mode == "focus" {
         builder = builder.eviction_policy(ponder::diffusion::Focus::new(args.alpha)?);
@@ -229,6 +234,7 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
         launch_ms: (t1 - t0) * 1e3 / launches,
         host_ms: (whole - (t1 - t0)) * 1e3 / launches,
         phases,
+        peak: ponder::device_memory::peak(model.device())?,
     })
 }
 
@@ -422,6 +428,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 st.kept_per_step.map_or(String::new(), |k| format!(", kept/step {k:.2}")),
                 over_delayed.map_or(String::new(), |x| format!(", {x:.2}x over delayed"))
             );
+            if let Some(p) = st.peak {
+                println!(
+                    "{:>25} peak device memory {:.1} GB (pool {:.1} + graphs {:.1})",
+                    "",
+                    p.total_bytes() as f64 / 1e9,
+                    p.pool_bytes as f64 / 1e9,
+                    p.graph_bytes as f64 / 1e9
+                );
+            }
             if !st.phases.is_empty() {
                 let list: Vec<String> = st.phases.iter().map(|(p, ms)| format!("{p} {ms:.2}")).collect();
                 println!("{:>25} ms per launch: {}", "", list.join(" · "));
@@ -433,6 +448,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "launch_ms": st.launch_ms, "host_ms_per_launch": st.host_ms, "repeats_tokens_per_s": all_tps, "phase_timed": args.phases, "phases_ms_per_launch": phases,
                 "tokens_per_step": st.tokens_per_step, "readouts_per_step": st.readouts_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
                 "requests": jobs.len(), "new_tokens": args.new_tokens, "block": args.block, "mean_unmask": args.mean_unmask,
+                "peak_device_memory_gb": st.peak.map(|p| p.total_bytes() as f64 / 1e9),
+                "peak_device_memory_pool_gb": st.peak.map(|p| p.pool_bytes as f64 / 1e9),
+                "peak_device_memory_graphs_gb": st.peak.map(|p| p.graph_bytes as f64 / 1e9),
             }));
         }
         if args.breakdown {

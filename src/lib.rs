@@ -54,6 +54,7 @@
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 
+pub mod device_memory;
 pub mod diffusion;
 mod dist;
 pub mod engine;

@@ -404,6 +404,21 @@ def focus(name="focus.json"):
     print()
 
 
+def memory_table(name):
+    """Peak device memory per row, for runs that recorded it (bench_* after 2026-11-29g)."""
+    d = json.loads((bench / name).read_text())
+    rows = [r for r in d["results"] if r.get("peak_device_memory_gb") is not None]
+    if not rows:
+        return
+    size = "batch" if "batch" in rows[0] else "width"
+    print(f"<!-- {name}, peak device memory: {d['gpu']}, commit {d['commit']} -->")
+    print("| " + ("B" if size == "batch" else "W") + " | mode | peak device memory, GB | of it: memory pool | CUDA graphs |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[size]} | {r['mode']} | {r['peak_device_memory_gb']:.1f} | {r['peak_device_memory_pool_gb']:.1f} | {r['peak_device_memory_graphs_gb']:.1f} |")
+    print()
+
+
 if __name__ == "__main__":
     import sys
     for name in sys.argv[1:] or ["looped_cb.json", "looped_cdb.json", "looped_huginn.json", "diffusion.json", "focus.json"]:
@@ -414,3 +429,4 @@ if __name__ == "__main__":
         else:
             (cb if name.startswith("looped_cb") else cdb)(name)
         print()
+        memory_table(name)

@@ -93,6 +93,9 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                         }
                         continue;
                     }
+                    // Peak memory of this mode: the previous engine's memory is freed by now.
+                    model.device().synchronize()?;
+                    ponder::device_memory::reset_peak(model.device())?;
                     let mut engine = build(sched, mean, min_coda, reserve)?;
                     engine.set_overlap(overlap)?;
                     offline(&mut engine, &warm, Window { open_after: w, completions: None, drain: true })?;
@@ -105,6 +108,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                     runs.sort_by(|a, b| a.window_tokens_per_s.total_cmp(&b.window_tokens_per_s));
                     let all_tps: Vec<f64> = runs.iter().map(|r| r.window_tokens_per_s).collect();
                     let st = runs.swap_remove(n / 2);
+                    let peak = ponder::device_memory::peak(model.device())?;
                     let realised = if sched == SchedulerKind::Continuous { spec.max_steps as f64 } else { st.mean_depth };
                     let bound = spec.flop_bound(realised);
                     if sched == SchedulerKind::Continuous {
@@ -135,6 +139,15 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                         idle.map_or("-".into(), |i| format!("{:.1}%", 100.0 * i)),
                         if st.idle_exact { "=" } else { " " }
                     );
+                    if let Some(p) = peak {
+                        println!(
+                            "{:>14} peak device memory {:.1} GB (pool {:.1} + graphs {:.1})",
+                            "",
+                            p.total_bytes() as f64 / 1e9,
+                            p.pool_bytes as f64 / 1e9,
+                            p.graph_bytes as f64 / 1e9
+                        );
+                    }
                     if st.window_completions.is_none() {
                         println!("{:>14} no steady-state window (too short): whole-run figures", "");
                     }
@@ -164,6 +177,9 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                         "fraction_of_bound": speedup.map(|s| s / spec.flop_bound(realised)), "gpu_idle": idle, "gpu_idle_exact": st.idle_exact,
                         "requests": jobs.len(), "window_open_after": window.open_after, "window_completions": st.window_completions, "stages": st.stages, "repeats_tokens_per_s": all_tps,
                         "prefill_adjusted_bound": adjusted, "fraction_of_prefill_adjusted_bound": adjusted.zip(speedup).map(|(a, s)| s / a),
+                        "peak_device_memory_gb": peak.map(|p| p.total_bytes() as f64 / 1e9),
+                        "peak_device_memory_pool_gb": peak.map(|p| p.pool_bytes as f64 / 1e9),
+                        "peak_device_memory_graphs_gb": peak.map(|p| p.graph_bytes as f64 / 1e9),
                     }));
                 }
             }

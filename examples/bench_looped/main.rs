@@ -227,6 +227,12 @@ impl BenchModel {
             Self::Huginn(m) => Box::new(m.clone()),
         }
     }
+    fn device(&self) -> &ponder::Device {
+        match self {
+            Self::Ouro(m) => m.device(),
+            Self::Huginn(m) => m.device(),
+        }
+    }
     fn spec(&self) -> &ponder::models::LoopedSpec {
         match self {
             Self::Ouro(m) => m.spec(),
