@@ -429,13 +429,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 over_delayed.map_or(String::new(), |x| format!(", {x:.2}x over delayed"))
             );
             if let Some(p) = st.peak {
-                println!(
-                    "{:>25} peak device memory {:.1} GB (pool {:.1} + graphs {:.1})",
-                    "",
-                    p.total_bytes() as f64 / 1e9,
-                    p.pool_bytes as f64 / 1e9,
-                    p.graph_bytes as f64 / 1e9
-                );
+                println!("{:>25} peak device memory {p}", "");
             }
             if !st.phases.is_empty() {
                 let list: Vec<String> = st.phases.iter().map(|(p, ms)| format!("{p} {ms:.2}")).collect();
@@ -448,10 +442,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "launch_ms": st.launch_ms, "host_ms_per_launch": st.host_ms, "repeats_tokens_per_s": all_tps, "phase_timed": args.phases, "phases_ms_per_launch": phases,
                 "tokens_per_step": st.tokens_per_step, "readouts_per_step": st.readouts_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
                 "requests": jobs.len(), "new_tokens": args.new_tokens, "block": args.block, "mean_unmask": args.mean_unmask,
-                "peak_device_memory_gb": st.peak.map(|p| p.total_bytes() as f64 / 1e9),
-                "peak_device_memory_pool_gb": st.peak.map(|p| p.pool_bytes as f64 / 1e9),
-                "peak_device_memory_graphs_gb": st.peak.map(|p| p.graph_bytes as f64 / 1e9),
             }));
+            let row = results.last_mut().and_then(|r| r.as_object_mut()).expect("just pushed");
+            row.extend(ponder::device_memory::PeakMemory::json_fields(st.peak).map(|(k, v)| (k.to_string(), v.into())));
         }
         if args.breakdown {
             breakdowns.push(breakdown(&model, b, args.block, 256)?);

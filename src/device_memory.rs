@@ -22,6 +22,24 @@ impl PeakMemory {
     pub fn total_bytes(&self) -> u64 {
         self.pool_bytes + self.graph_bytes
     }
+
+    /// `{"peak_device_memory_gb", …_pool_gb, …_graphs_gb}` fields for a benchmark row (all
+    /// `null` for `None`).
+    pub fn json_fields(peak: Option<Self>) -> [(&'static str, Option<f64>); 3] {
+        let gb = |f: fn(&Self) -> u64| peak.map(|p| f(&p) as f64 / 1e9);
+        [
+            ("peak_device_memory_gb", gb(Self::total_bytes)),
+            ("peak_device_memory_pool_gb", gb(|p| p.pool_bytes)),
+            ("peak_device_memory_graphs_gb", gb(|p| p.graph_bytes)),
+        ]
+    }
+}
+
+impl std::fmt::Display for PeakMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let gb = |b: u64| b as f64 / 1e9;
+        write!(f, "{:.1} GB (pool {:.1} + graphs {:.1})", gb(self.total_bytes()), gb(self.pool_bytes), gb(self.graph_bytes))
+    }
 }
 
 /// Starts a new measurement on `device` (a no-op off CUDA).
@@ -95,5 +113,15 @@ mod tests {
         let cpu = candle_core::Device::Cpu;
         super::reset_peak(&cpu).unwrap();
         assert_eq!(super::peak(&cpu).unwrap(), None);
+        assert!(super::PeakMemory::json_fields(None).iter().all(|(_, v)| v.is_none()));
+    }
+
+    #[test]
+    fn reports_in_gigabytes() {
+        let p = super::PeakMemory { pool_bytes: 11_000_000_000, graph_bytes: 1_300_000_000 };
+        assert_eq!(p.to_string(), "12.3 GB (pool 11.0 + graphs 1.3)");
+        let fields = super::PeakMemory::json_fields(Some(p));
+        assert_eq!(fields[0], ("peak_device_memory_gb", Some(12.3)));
+        assert_eq!(fields[2], ("peak_device_memory_graphs_gb", Some(1.3)));
     }
 }

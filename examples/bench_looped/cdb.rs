@@ -140,13 +140,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                         if st.idle_exact { "=" } else { " " }
                     );
                     if let Some(p) = peak {
-                        println!(
-                            "{:>14} peak device memory {:.1} GB (pool {:.1} + graphs {:.1})",
-                            "",
-                            p.total_bytes() as f64 / 1e9,
-                            p.pool_bytes as f64 / 1e9,
-                            p.graph_bytes as f64 / 1e9
-                        );
+                        println!("{:>14} peak device memory {p}", "");
                     }
                     if st.window_completions.is_none() {
                         println!("{:>14} no steady-state window (too short): whole-run figures", "");
@@ -177,10 +171,9 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                         "fraction_of_bound": speedup.map(|s| s / spec.flop_bound(realised)), "gpu_idle": idle, "gpu_idle_exact": st.idle_exact,
                         "requests": jobs.len(), "window_open_after": window.open_after, "window_completions": st.window_completions, "stages": st.stages, "repeats_tokens_per_s": all_tps,
                         "prefill_adjusted_bound": adjusted, "fraction_of_prefill_adjusted_bound": adjusted.zip(speedup).map(|(a, s)| s / a),
-                        "peak_device_memory_gb": peak.map(|p| p.total_bytes() as f64 / 1e9),
-                        "peak_device_memory_pool_gb": peak.map(|p| p.pool_bytes as f64 / 1e9),
-                        "peak_device_memory_graphs_gb": peak.map(|p| p.graph_bytes as f64 / 1e9),
                     }));
+                    let row = results.last_mut().and_then(|r| r.as_object_mut()).expect("just pushed");
+                    row.extend(ponder::device_memory::PeakMemory::json_fields(peak).map(|(k, v)| (k.to_string(), v.into())));
                 }
             }
         }
