@@ -232,42 +232,10 @@ fn a_gate_that_never_exits_is_stopped_at_its_max_steps() {
     assert_kv_empty(&engine);
 }
 
-/// Admits requests (reserving their KV) and never launches anything.
-struct Stuck {
-    kv: ponder::kv::KvManager,
-    ids: Vec<ponder::RequestId>,
-}
-impl ponder::scheduler::Scheduler for Stuck {
-    fn name(&self) -> &'static str {
-        "stuck"
-    }
-    fn add(&mut self, r: ponder::scheduler::SchedRequest) {
-        assert!(self.kv.reserve(r.id, r.prompt.len() + r.max_new_tokens));
-        self.ids.push(r.id);
-    }
-    fn schedule(&mut self) -> Option<ponder::scheduler::Launch> {
-        None
-    }
-    fn complete(&mut self, _: &ponder::scheduler::Launch, _: &ponder::scheduler::LaunchResult) {}
-    fn finish(&mut self, id: ponder::RequestId) {
-        self.ids.retain(|&i| i != id);
-        self.kv.free(id);
-    }
-    fn num_waiting(&self) -> usize {
-        self.ids.len()
-    }
-    fn num_running(&self) -> usize {
-        0
-    }
-    fn kv(&self) -> &ponder::kv::KvManager {
-        &self.kv
-    }
-}
-
 #[test]
 fn a_stalled_scheduler_fails_its_requests_and_frees_their_kv() {
     let (_tmp, dir) = tiny_dir(15);
-    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).custom_scheduler(|ctx| Box::new(Stuck { kv: ctx.kv, ids: Vec::new() })).build().unwrap();
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).custom_scheduler(|ctx| Box::new(Stuck::new(ctx.kv))).build().unwrap();
     let outs = engine.generate([vec![1u32, 2], vec![3u32]], &GenerationParams::greedy(4)).unwrap();
     for out in outs {
         let out = out.unwrap();

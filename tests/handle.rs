@@ -91,3 +91,14 @@ fn outputs_carry_the_prompt_length_even_with_nothing_to_generate() {
         assert_eq!((out.prompt_tokens, out.token_ids.len()), (3, n));
     }
 }
+
+#[test]
+fn a_stalled_scheduler_ends_the_streams_with_an_error() {
+    let (_tmp, dir) = tiny_dir(34);
+    let handle = builder(&dir, KvLayoutKind::DepthIndexed, 2).custom_scheduler(|ctx| Box::new(Stuck::new(ctx.kv))).spawn().unwrap();
+    let out = handle.submit(vec![1u32, 2], GenerationParams::greedy(4)).unwrap().collect_output();
+    assert!(matches!(out.finish_reason, FinishReason::Error(ref m) if m.contains("stuck")), "{:?}", out.finish_reason);
+    // The engine thread is idle again and serves the next request the same way.
+    let again = handle.submit(vec![3u32], GenerationParams::greedy(2)).unwrap().collect_output();
+    assert!(matches!(again.finish_reason, FinishReason::Error(_)));
+}

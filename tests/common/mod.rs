@@ -129,3 +129,40 @@ pub fn combos() -> Vec<Combo> {
 pub fn combo_builder(dir: &PathBuf, c: &Combo, width: usize) -> EngineBuilder {
     builder(dir, c.layout, width).scheduler(c.scheduler).exit_gate_boxed((c.gate)())
 }
+
+/// Admits requests (reserving their KV) and never launches anything.
+pub struct Stuck {
+    kv: ponder::kv::KvManager,
+    ids: Vec<ponder::RequestId>,
+}
+impl Stuck {
+    pub fn new(kv: ponder::kv::KvManager) -> Self {
+        Self { kv, ids: Vec::new() }
+    }
+}
+impl ponder::scheduler::Scheduler for Stuck {
+    fn name(&self) -> &'static str {
+        "stuck"
+    }
+    fn add(&mut self, r: ponder::scheduler::SchedRequest) {
+        assert!(self.kv.reserve(r.id, r.prompt.len() + r.max_new_tokens));
+        self.ids.push(r.id);
+    }
+    fn schedule(&mut self) -> Option<ponder::scheduler::Launch> {
+        None
+    }
+    fn complete(&mut self, _: &ponder::scheduler::Launch, _: &ponder::scheduler::LaunchResult) {}
+    fn finish(&mut self, id: ponder::RequestId) {
+        self.ids.retain(|&i| i != id);
+        self.kv.free(id);
+    }
+    fn num_waiting(&self) -> usize {
+        self.ids.len()
+    }
+    fn num_running(&self) -> usize {
+        0
+    }
+    fn kv(&self) -> &ponder::kv::KvManager {
+        &self.kv
+    }
+}
