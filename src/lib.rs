@@ -47,6 +47,7 @@
 //! | your own exit gate | [`gate::ExitGate`] | `examples/custom_gate.rs` |
 //! | your own scheduler | [`scheduler::Scheduler`], [`EngineBuilder::custom_scheduler`] | `examples/custom_scheduler.rs` |
 //! | your own KV layout | [`kv::KvLayout`], [`EngineBuilder::custom_kv_layout`] | `src/kv/layout.rs` |
+//! | measure your own component on the benchmark workload | [`bench::workload`], [`bench::offline`] | `examples/bench_looped/` |
 //! | block diffusion, unmasking policies | [`diffusion::UnmaskPolicy`], [`EngineBuilder::unmask_policy`], [`EngineBuilder::delayed_cache`] | `examples/generate.rs --sdar` |
 //! | FOCUS eviction | [`diffusion::Focus`], [`EngineBuilder::eviction_policy`] | `examples/bench_diffusion.rs`, `examples/quality_diffusion.rs` |
 //! | your own diffusion scheduler | [`EngineBuilder::custom_diffusion_scheduler`] | `tests/diffusion_conformance.rs` |
@@ -54,6 +55,7 @@
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 
+pub mod bench;
 pub mod device_memory;
 pub mod diffusion;
 mod dist;

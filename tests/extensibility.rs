@@ -74,3 +74,23 @@ fn a_gate_with_its_own_per_item_state_is_batch_invariant() {
     let d = engine.metrics().mean_depth();
     assert!(d > 2.0 && d < 4.0, "exits after a plateau (never at step 1): mean depth {d}");
 }
+
+/// A custom gate measured by the library's benchmark harness, on the same workload and window
+/// rules as the built-in modes of `bench_looped`.
+#[test]
+fn a_custom_gate_runs_on_the_benchmark_harness() {
+    use ponder::bench::{offline, workload, Lengths, Window};
+    let (_tmp, dir) = tiny_dir(54);
+    let jobs = workload(12, VOCAB, 256, 7, Lengths { prompt_median: 10.0, prompt_max: 20, output_median: 12.0, output_max: 24 });
+    let requested: u64 = jobs.iter().map(|j| j.new_tokens as u64).sum();
+    let mut engine = builder(&dir, KvLayoutKind::LastExited, 3)
+        .scheduler(SchedulerKind::Depth { refill: true })
+        .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, min_steps: 1, max_steps: 4 })
+        .build()
+        .unwrap();
+    let run = offline(&mut engine, &jobs, Window { open_after: 3, completions: None, drain: true }).unwrap();
+    assert_eq!(engine.metrics().generated_tokens, requested);
+    assert!(run.window_tokens_per_s > 0.0 && run.mean_depth >= 1.0 && run.mean_depth <= 4.0, "{} tokens/s, depth {}", run.window_tokens_per_s, run.mean_depth);
+    assert!(run.stages.get("core").is_some(), "per-stage figures: {}", run.stages);
+    assert_kv_empty(&engine);
+}

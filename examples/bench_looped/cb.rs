@@ -1,6 +1,7 @@
 //! Suite `cb`: full-depth continuous batching against the weight-streaming floor.
 
-use crate::{random_ids, Args, BenchModel};
+use crate::{Args, BenchModel};
+use ponder::bench::random_ids;
 use ponder::{EngineBuilder, GenerationParams};
 
 pub(crate) fn cb_suite(

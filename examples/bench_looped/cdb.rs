@@ -1,8 +1,8 @@
 //! Suite `cdb`: CB against depth batching (no-refill, refill; min coda sizes, coda reserves,
 //! overlap) on one workload per width, with the FLOP and prefill-adjusted bounds.
 
-use crate::workload::{offline, stage_device, workload, Job, Lengths, Window};
 use crate::{Args, BenchModel};
+use ponder::bench::{offline, stage_device, workload, Job, Lengths, Window};
 use ponder::EngineBuilder;
 
 pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {

@@ -55,16 +55,15 @@
 mod cb;
 mod cdb;
 mod parity;
-mod workload;
 
 use candle_core::{DType, Device, Tensor};
+use ponder::bench::Lengths;
 use ponder::loader::Weights;
 use ponder::models::looped::{Huginn, Ouro};
 use ponder::models::{HuginnConfig, LoopedModel, OuroConfig};
 use ponder::testing::{huginn_tensor_manifest, ouro_tensor_manifest, random_tensors, tiny_huginn_config, tiny_ouro_config};
 use ponder::KvLayoutKind;
 use std::time::Instant;
-use workload::Lengths;
 
 pub(crate) struct Args {
     pub(crate) widths: Vec<usize>,
@@ -310,18 +309,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("wrote {path}");
     }
     Ok(())
-}
-
-pub(crate) fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab as u64) as u32
-        })
-        .collect()
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second), median of 10.

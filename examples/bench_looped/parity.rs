@@ -1,7 +1,8 @@
 //! `--parity`: the device model against the f32 CPU reference on the same random weights.
 
-use crate::{random_ids, ModelRecipe};
+use crate::ModelRecipe;
 use candle_core::{DType, Device, Tensor};
+use ponder::bench::random_ids;
 use ponder::engine::LoopedRunner;
 use ponder::kv::{KvLayout, KvManager};
 use ponder::loader::Weights;

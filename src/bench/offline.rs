@@ -1,100 +1,43 @@
-//! The suite-cdb workload (seeded lognormal lengths, random prompt ids) and one offline run
-//! measured over its steady-state window.
+//! One offline run of a workload through an engine — every request queued at once, as the
+//! CDB authors measure — with its figures taken over a steady-state window.
 
-use crate::random_ids;
-use ponder::{EngineMetrics, GenerationParams};
+use super::Job;
+use crate::{Engine, EngineMetrics, GenerationParams, Result};
 use std::time::Instant;
 
-/// A request of the cdb workload.
-pub(crate) struct Job {
-    pub(crate) prompt: Vec<u32>,
-    pub(crate) new_tokens: usize,
-}
-
-fn lognormal(median: f64, sigma: f64, lo: usize, hi: usize, x: &mut u64) -> usize {
-    let mut uniform = || {
-        *x ^= *x << 13;
-        *x ^= *x >> 7;
-        *x ^= *x << 17;
-        ((*x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    let z = (-2.0 * uniform().ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos();
-    ((median * (sigma * z).exp()).round() as usize).clamp(lo, hi)
-}
-
-/// Lengths of the suite-cdb workload: lognormal prompt and output lengths (median, σ, clipped
-/// to 8..=max). The defaults are ShareGPT-like with short outputs: about half of all tokens are
-/// prompt tokens, which run full depth in every mode.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Lengths {
-    pub(crate) prompt_median: f64,
-    pub(crate) prompt_max: usize,
-    pub(crate) output_median: f64,
-    pub(crate) output_max: usize,
-}
-
-impl Default for Lengths {
-    fn default() -> Self {
-        Self { prompt_median: 128.0, prompt_max: 512, output_median: 160.0, output_max: 256 }
-    }
-}
-
-impl Lengths {
-    const PROMPT_SIGMA: f64 = 0.9;
-    const OUTPUT_SIGMA: f64 = 0.7;
-
-    pub(crate) fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "prompt": { "median": self.prompt_median, "sigma": Self::PROMPT_SIGMA, "min": 8, "max": self.prompt_max },
-            "output": { "median": self.output_median, "sigma": Self::OUTPUT_SIGMA, "min": 8, "max": self.output_max },
-        })
-    }
-}
-
-pub(crate) fn workload(n: usize, vocab: usize, max_context: usize, seed: u64, len: Lengths) -> Vec<Job> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|i| {
-            let p = lognormal(len.prompt_median, Lengths::PROMPT_SIGMA, 8, len.prompt_max.min(max_context / 2), &mut x);
-            let o = lognormal(len.output_median, Lengths::OUTPUT_SIGMA, 8, len.output_max.min(max_context / 2), &mut x);
-            Job { prompt: random_ids(p, vocab, seed ^ (i as u64 + 1) * 7919), new_tokens: o }
-        })
-        .collect()
-}
-
 /// Outcome of one offline run.
-pub(crate) struct RunStats {
-    pub(crate) window_tokens_per_s: f64,
-    pub(crate) whole_tokens_per_s: f64,
+pub struct RunStats {
+    pub window_tokens_per_s: f64,
+    pub whole_tokens_per_s: f64,
     /// Completions inside the steady-state window; `None` when the run had none worth the
     /// name (shorter than 20 % of the run) and the window figures are the whole run's.
-    pub(crate) window_completions: Option<usize>,
-    pub(crate) mean_depth: f64,
+    pub window_completions: Option<usize>,
+    pub mean_depth: f64,
     /// GPU idle share of the window (else the run): exact from device spans (`idle_exact`),
     /// else an upper bound over the launches from the host's waits.
-    pub(crate) idle: f64,
-    pub(crate) idle_exact: bool,
+    pub idle: f64,
+    pub idle_exact: bool,
     /// Per-stage launches, rows and seconds over the window (else the run).
-    pub(crate) stages: serde_json::Value,
+    pub stages: serde_json::Value,
 }
 
 /// Device seconds of one stage in a run's `stages` JSON (with `--time-device`).
-pub(crate) fn stage_device(stages: &serde_json::Value, name: &str) -> Option<f64> {
+pub fn stage_device(stages: &serde_json::Value, name: &str) -> Option<f64> {
     stages.get(name)?.get("device_s")?.as_f64()
 }
 
 /// Where a run's steady-state window lies.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Window {
+pub struct Window {
     /// Completions before it opens: at least the most requests resident at once, so that the
     /// requests admitted together at the start have left and contexts are at their steady mix.
-    pub(crate) open_after: usize,
+    pub open_after: usize,
     /// Completions after which it closes; it closes at the last admission in any case. Every
     /// mode compared should count the same number, so that each covers as much work.
-    pub(crate) completions: Option<usize>,
+    pub completions: Option<usize>,
     /// Run the workload to its end, or abort what still runs when the window closes (the drain
     /// lies outside the window and, with long outputs, is much of the device time).
-    pub(crate) drain: bool,
+    pub drain: bool,
 }
 
 /// Per-stage figures between two metric snapshots: the stages JSON, device seconds in all,
@@ -123,7 +66,7 @@ fn stage_delta(after: &EngineMetrics, before: &EngineMetrics) -> (serde_json::Va
 }
 
 /// Runs `jobs` offline (all queued at once) and measures the steady-state window.
-pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], window: Window) -> Result<RunStats, Box<dyn std::error::Error>> {
+pub fn offline(engine: &mut Engine, jobs: &[Job], window: Window) -> Result<RunStats> {
     let before = engine.metrics().clone();
     let mut unfinished = std::collections::HashSet::new();
     for j in jobs {
@@ -139,8 +82,8 @@ pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], window: Window)
     while engine.has_work() {
         for ev in engine.step()? {
             match ev {
-                ponder::Event::Token { .. } => tokens += 1,
-                ponder::Event::Finished { id, .. } => {
+                crate::Event::Token { .. } => tokens += 1,
+                crate::Event::Finished { id, .. } => {
                     done += 1;
                     unfinished.remove(&id);
                 }
@@ -157,8 +100,8 @@ pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], window: Window)
                 for id in unfinished.drain() {
                     // A request whose Finished event is still pending is no longer live.
                     match engine.abort(id) {
-                        Ok(()) | Err(ponder::Error::UnknownRequest(_)) => {}
-                        Err(e) => return Err(e.into()),
+                        Ok(()) | Err(crate::Error::UnknownRequest(_)) => {}
+                        Err(e) => return Err(e),
                     }
                 }
             }
@@ -190,24 +133,25 @@ pub(crate) fn offline(engine: &mut ponder::Engine, jobs: &[Job], window: Window)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::{workload, Lengths};
+    use crate::gate::{DepthTrace, Replay};
+    use crate::testing::{huginn_tensor_manifest, random_tensors, tiny_huginn_config};
+    use crate::{EngineBuilder, SchedulerKind};
     use candle_core::{DType, Device};
-    use ponder::gate::{DepthTrace, Replay};
-    use ponder::testing::{huginn_tensor_manifest, random_tensors, tiny_huginn_config};
-    use ponder::{EngineBuilder, SchedulerKind};
 
     const WIDTH: usize = 3;
     const RESERVE: usize = 2;
 
     /// Tiny Huginn under refill with a held coda and a reserve: up to WIDTH + RESERVE resident.
-    fn engine() -> ponder::Engine {
+    fn engine() -> Engine {
         let cfg = tiny_huginn_config(512);
         let weights =
-            ponder::loader::Weights::from_map(random_tensors(&huginn_tensor_manifest(&cfg), 7, DType::F32, &Device::Cpu).unwrap(), DType::F32, &Device::Cpu);
-        let model = ponder::models::looped::Huginn::load(&cfg, &weights).unwrap();
-        let steps = ponder::models::LoopedModel::spec(&model).max_steps;
+            crate::loader::Weights::from_map(random_tensors(&huginn_tensor_manifest(&cfg), 7, DType::F32, &Device::Cpu).unwrap(), DType::F32, &Device::Cpu);
+        let model = crate::models::looped::Huginn::load(&cfg, &weights).unwrap();
+        let steps = crate::models::LoopedModel::spec(&model).max_steps;
         EngineBuilder::from_model(Box::new(model), None, vec![])
             .scheduler(SchedulerKind::Depth { refill: true })
-            .kv_layout(ponder::KvLayoutKind::Shared)
+            .kv_layout(crate::KvLayoutKind::Shared)
             .max_num_seqs(WIDTH)
             .min_coda_batch_size(WIDTH)
             .coda_reserve(RESERVE)
@@ -220,7 +164,7 @@ mod tests {
         workload(n, 512, 1024, 3, Lengths { prompt_median: 12.0, prompt_max: 24, output_median: 10.0, output_max: 20 })
     }
 
-    fn assert_idle(engine: &ponder::Engine) {
+    fn assert_idle(engine: &Engine) {
         assert!(!engine.has_work() && engine.num_unfinished() == 0);
         let kv = engine.scheduler().kv();
         assert_eq!((kv.num_used_blocks(), kv.num_resident()), (0, 0), "KV released");

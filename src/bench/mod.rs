@@ -1,0 +1,21 @@
+//! Benchmark harness for looped models, the one `examples/bench_looped` runs on: a synthetic
+//! workload ([`workload`]) and an offline run measured over its steady-state window
+//! ([`offline`]). Any engine goes in — a custom scheduler, exit gate or KV layout is measured on
+//! the same requests and by the same rules as the built-in modes:
+//!
+//! ```no_run
+//! use ponder::bench::{offline, workload, Lengths, Window};
+//! # fn main() -> ponder::Result<()> {
+//! let mut engine = ponder::EngineBuilder::new("assets/tiny-ouro").max_num_seqs(8).build()?;
+//! let jobs = workload(32, 4096, 2048, 1, Lengths::default());
+//! let run = offline(&mut engine, &jobs, Window { open_after: 8, completions: Some(8), drain: false })?;
+//! println!("{:.0} tokens/s at mean depth {:.2}", run.window_tokens_per_s, run.mean_depth);
+//! # Ok(())
+//! # }
+//! ```
+
+mod offline;
+mod workload;
+
+pub use offline::{offline, stage_device, RunStats, Window};
+pub use workload::{random_ids, workload, Job, Lengths};
