@@ -166,13 +166,14 @@ impl Engine {
 
     /// [`Engine::add_request`], also returning the prompt's length in tokens.
     pub(super) fn admit(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<(RequestId, usize)> {
-        let id = RequestId(self.next_id);
-        self.next_id += 1;
-        let reject = |reason| Err(Error::InvalidRequest { id, reason });
+        // Encoded first: a text the tokenizer refuses (`Error::Tokenizer`, no request) uses no id.
         let ids = match prompt.into() {
             Prompt::Ids(ids) => ids,
             Prompt::Text(t) => self.encode(&t)?,
         };
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        let reject = |reason| Err(Error::InvalidRequest { id, reason });
         if ids.is_empty() {
             return reject(InvalidRequest::EmptyPrompt);
         }
