@@ -407,22 +407,17 @@ impl EngineBuilder {
         if gate.max_steps() > spec.max_steps {
             return Err(Error::InvalidOption(format!("exit gate allows {} steps but the model loops at most {} times", gate.max_steps(), spec.max_steps)));
         }
-        if self.factory.is_none() && self.scheduler == SchedulerKind::Continuous {
-            // CB runs every token at full depth: a gate that would exit earlier, or a held
-            // coda, would be silently ignored.
-            if gate.min_steps() < spec.max_steps {
-                return Err(Error::InvalidOption(
-                    "an exit gate that exits before full depth needs SchedulerKind::Depth or a custom scheduler (CB runs every token at full depth)".into(),
-                ));
-            }
-            if self.min_coda_batch_size.is_some() {
-                return Err(Error::InvalidOption("min_coda_batch_size applies to depth batching (SchedulerKind::Depth)".into()));
-            }
-        }
-        if self.factory.is_some() && self.min_coda_batch_size.is_some() {
-            return Err(Error::InvalidOption("min_coda_batch_size applies to the built-in depth scheduler (a custom scheduler holds its coda itself)".into()));
-        }
         let custom_scheduler = self.factory.is_some();
+        // CB runs every token at full depth: a gate that would exit earlier would be ignored.
+        if !custom_scheduler && self.scheduler == SchedulerKind::Continuous && gate.min_steps() < spec.max_steps {
+            return Err(Error::InvalidOption(
+                "an exit gate that exits before full depth needs SchedulerKind::Depth or a custom scheduler (CB runs every token at full depth)".into(),
+            ));
+        }
+        // Only the built-in depth scheduler holds a coda (a custom one holds its own).
+        if self.min_coda_batch_size.is_some() && (custom_scheduler || !matches!(self.scheduler, SchedulerKind::Depth { .. })) {
+            return Err(Error::InvalidOption("min_coda_batch_size applies to the built-in depth scheduler (SchedulerKind::Depth)".into()));
+        }
         let latent_diff = gate.reads_latent_diff();
         let scheduler: Box<dyn Scheduler> = match self.factory {
             Some(f) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone(), gate }),

@@ -41,7 +41,6 @@ struct Live {
     /// `generated` when launches overlap).
     issued: usize,
     sampler: Sampler,
-    prompt_tokens: usize,
     generated: Vec<u32>,
     detok: Detokenizer,
 }
@@ -218,26 +217,16 @@ impl Engine {
             self.pending.push(Event::Finished { id, reason: FinishReason::Length, text: String::new() });
             return Ok((id, ids.len()));
         }
-        self.scheduler.add(SchedRequest { id, prompt: ids.clone(), max_new_tokens: params.max_new_tokens });
-        self.live.insert(
-            id,
-            Live {
-                sampler: Sampler::new(params.sampling.clone()),
-                issued: 0,
-                params,
-                prompt_tokens: ids.len(),
-                generated: Vec::new(),
-                detok: Detokenizer::default(),
-            },
-        );
-        Ok((id, self.live[&id].prompt_tokens))
+        let prompt_tokens = ids.len();
+        self.scheduler.add(SchedRequest { id, prompt: ids, max_new_tokens: params.max_new_tokens });
+        self.live.insert(id, Live { sampler: Sampler::new(params.sampling.clone()), issued: 0, params, generated: Vec::new(), detok: Detokenizer::default() });
+        Ok((id, prompt_tokens))
     }
 
     /// Stops a request now and frees its KV blocks. Its `Finished { Aborted }` event comes
     /// with the next [`Engine::step`].
     pub fn abort(&mut self, id: RequestId) -> Result<()> {
-        let mut live = self.live.remove(&id).ok_or(Error::UnknownRequest(id))?;
-        self.scheduler.finish(id);
+        let mut live = self.retire(id).ok_or(Error::UnknownRequest(id))?;
         self.pending.push(Event::Finished { id, reason: FinishReason::Aborted, text: live.detok.flush() });
         Ok(())
     }
@@ -295,13 +284,19 @@ impl Engine {
     fn fail_launch(&mut self, launch: &Launch, e: candle_core::Error, events: &mut Vec<Event>) -> Error {
         let msg = e.to_string();
         for row in &launch.rows {
-            if self.live.remove(&row.request).is_some() {
-                self.scheduler.finish(row.request);
+            if self.retire(row.request).is_some() {
                 events.push(Event::Finished { id: row.request, reason: FinishReason::Error(msg.clone()), text: String::new() });
             }
         }
         self.pending = std::mem::take(events);
         e.into()
+    }
+
+    /// Ends a live request's life in the engine: out of `live`, its scheduler state and KV freed.
+    fn retire(&mut self, id: RequestId) -> Option<Live> {
+        let live = self.live.remove(&id)?;
+        self.scheduler.finish(id);
+        Some(live)
     }
 
     /// The scheduler has live requests but nothing to launch and nothing in flight: no later
@@ -313,8 +308,7 @@ impl Engine {
         let mut ids: Vec<RequestId> = self.live.keys().copied().collect();
         ids.sort_by_key(|id| id.0);
         for id in ids {
-            let mut live = self.live.remove(&id).expect("listed");
-            self.scheduler.finish(id);
+            let mut live = self.retire(id).expect("listed");
             self.pending.push(Event::Finished { id, reason: FinishReason::Error(msg.clone()), text: live.detok.flush() });
         }
         err
@@ -394,8 +388,7 @@ impl Engine {
             }
         };
         if let Some(reason) = finish {
-            let mut live = self.live.remove(&id).expect("present");
-            self.scheduler.finish(id);
+            let mut live = self.retire(id).expect("present");
             self.metrics.finished_requests += 1;
             events.push(Event::Finished { id, reason, text: live.detok.flush() });
         }
