@@ -35,18 +35,13 @@ pub(crate) fn check_launch(launch: &Launch, b: &Bounds) -> Result<(), String> {
 }
 
 fn check_row(launch: &Launch, row: &LaunchRow, b: &Bounds) -> Result<(), String> {
-    if row.tokens.is_empty() {
-        return Err("no tokens".into());
-    }
-    if let Some(&t) = row.tokens.iter().find(|&&t| t as usize >= b.vocab_size) {
-        return Err(format!("token {t} outside the vocabulary of {}", b.vocab_size));
-    }
+    check_tokens(row, b)?;
     // Positions each table must cover: the row's tokens, and the successor's after a re-entry.
     let end = row.start_pos + row.tokens.len() + usize::from(launch.reenter && row.sample);
-    let tables: Vec<usize> = match launch.stage {
-        Stage::Prefill | Stage::FullDepthDecode => launch.step_slots.clone(),
-        Stage::CoreStep => vec![row.slot],
-        Stage::Coda => vec![0],
+    let tables: &[usize] = match launch.stage {
+        Stage::Prefill | Stage::FullDepthDecode => &launch.step_slots,
+        Stage::CoreStep => std::slice::from_ref(&row.slot),
+        Stage::Coda => &[0],
         Stage::Denoise => return Err("a looped model cannot run a denoise launch".into()),
     };
     if launch.stage == Stage::CoreStep || launch.stage == Stage::Coda || launch.reenter {
@@ -57,17 +52,34 @@ fn check_row(launch: &Launch, row: &LaunchRow, b: &Bounds) -> Result<(), String>
     if matches!(launch.stage, Stage::CoreStep | Stage::Coda) && row.tokens.len() != 1 {
         return Err(format!("{} rows carry one token, not {}", launch.stage.name(), row.tokens.len()));
     }
-    let blocks = end.div_ceil(b.block_size);
-    for slot in tables {
+    for &slot in tables {
         let Some(table) = row.block_tables.get(slot) else {
             return Err(format!("no block table for slot {slot} ({} given)", row.block_tables.len()));
         };
-        if table.len() < blocks {
-            return Err(format!("slot {slot}'s table covers {} positions, the row needs {end}", table.len() * b.block_size));
-        }
-        if let Some(&blk) = table[..blocks].iter().find(|&&blk| blk as usize >= b.num_blocks) {
-            return Err(format!("block {blk} outside the pool of {} blocks", b.num_blocks));
-        }
+        check_table(table, end, b).map_err(|e| format!("slot {slot}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Tokens present and inside the vocabulary.
+fn check_tokens(row: &LaunchRow, b: &Bounds) -> Result<(), String> {
+    if row.tokens.is_empty() {
+        return Err("no tokens".into());
+    }
+    if let Some(&t) = row.tokens.iter().find(|&&t| t as usize >= b.vocab_size) {
+        return Err(format!("token {t} outside the vocabulary of {}", b.vocab_size));
+    }
+    Ok(())
+}
+
+/// A block table that covers positions `0..end` with blocks of the pool.
+fn check_table(table: &[u32], end: usize, b: &Bounds) -> Result<(), String> {
+    let blocks = end.div_ceil(b.block_size);
+    if table.len() < blocks {
+        return Err(format!("the table covers {} positions, the row needs {end}", table.len() * b.block_size));
+    }
+    if let Some(&blk) = table[..blocks].iter().find(|&&blk| blk as usize >= b.num_blocks) {
+        return Err(format!("block {blk} outside the pool of {} blocks", b.num_blocks));
     }
     Ok(())
 }
@@ -88,12 +100,7 @@ pub(crate) fn check_denoise(launch: &Launch, b: &Bounds) -> Result<(), String> {
 }
 
 fn check_denoise_row(row: &LaunchRow, b: &Bounds) -> Result<(), String> {
-    if row.tokens.is_empty() {
-        return Err("no tokens".into());
-    }
-    if let Some(&t) = row.tokens.iter().find(|&&t| t as usize >= b.vocab_size) {
-        return Err(format!("token {t} outside the vocabulary of {}", b.vocab_size));
-    }
+    check_tokens(row, b)?;
     if !row.positions.is_empty() && (row.positions.len() != row.tokens.len() || row.positions.windows(2).any(|w| w[0] >= w[1])) {
         return Err(format!("{} positions for {} tokens, or not ascending", row.positions.len(), row.tokens.len()));
     }
@@ -103,12 +110,5 @@ fn check_denoise_row(row: &LaunchRow, b: &Bounds) -> Result<(), String> {
     let Some(table) = row.block_tables.first() else {
         return Err("no block table".into());
     };
-    let blocks = row.context_len().div_ceil(b.block_size);
-    if table.len() < blocks {
-        return Err(format!("the table covers {} positions, the row needs {}", table.len() * b.block_size, row.context_len()));
-    }
-    if let Some(&blk) = table[..blocks].iter().find(|&&blk| blk as usize >= b.num_blocks) {
-        return Err(format!("block {blk} outside the pool of {} blocks", b.num_blocks));
-    }
-    Ok(())
+    check_table(table, row.context_len(), b)
 }
