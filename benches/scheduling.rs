@@ -3,7 +3,9 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use ponder::gate::{DepthTrace, Replay};
 use ponder::kv::{DepthIndexed, KvManager, Shared};
-use ponder::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, LaunchResult, RowOutput, SchedRequest, Scheduler, SchedulerLimits};
+use ponder::scheduler::{
+    ContinuousBatching, DepthBatching, DepthConfig, LoopedResult, LoopedRowOutput, LoopedScheduler, SchedRequest, Scheduler, SchedulerLimits,
+};
 use ponder::RequestId;
 
 fn decode_tick(c: &mut Criterion) {
@@ -35,8 +37,10 @@ fn decode_tick(c: &mut Criterion) {
     }
 }
 
-fn answer(l: &ponder::scheduler::Launch) -> LaunchResult {
-    LaunchResult { rows: l.rows.iter().map(|r| RowOutput { token: r.sample.then_some(1), gate_logits: vec![1.0], ..RowOutput::new(r.request) }).collect() }
+fn answer(l: &ponder::scheduler::LoopedLaunch) -> LoopedResult {
+    LoopedResult {
+        rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(1), gate_logits: vec![1.0], ..LoopedRowOutput::new(r.request) }).collect(),
+    }
 }
 
 /// One depth-batching launch (any stage) plus its bookkeeping, refill mode, replayed depths

@@ -31,7 +31,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use ponder::diffusion::{Replay, UnmaskTrace};
-use ponder::engine::greedy_readout;
+use ponder::engine::internals::greedy_readout;
 use ponder::kv::KvStore;
 use ponder::models::config::SdarConfig;
 use ponder::models::diffusion::{DenseDiffusion, DiffusionModel, Sdar};
@@ -154,7 +154,7 @@ struct RunStats {
     /// ms per launch by phase (`--phases`).
     phases: Vec<(&'static str, f64)>,
     /// Peak device memory of the run, engine build included (CUDA).
-    peak: Option<ponder::device_memory::PeakMemory>,
+    peak: Option<ponder::bench::device_memory::PeakMemory>,
 }
 
 fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode: &str, jobs: &[Vec<u32>]) -> Result<RunStats, Box<dyn std::error::Error>> {
@@ -165,21 +165,19 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
     // Peak memory of this run: the previous run's engine is freed by now.
     model.device().synchronize()?;
     // Unmeasured rather than a failed run if the driver refuses the memory counters.
-    let tracked = ponder::device_memory::reset_peak(model.device()).inspect_err(|e| eprintln!("peak memory not measured: {e}")).is_ok();
+    let tracked = ponder::bench::device_memory::reset_peak(model.device()).inspect_err(|e| eprintln!("peak memory not measured: {e}")).is_ok();
     let mut builder = EngineBuilder::from_diffusion_model(Box::new(model.clone()), None, vec![]);
     if mode == "focus" {
-        builder = builder.eviction_policy(ponder::diffusion::Focus::new(args.alpha)?);
+        let focus = ponder::diffusion::Focus::new(args.alpha)?;
+        builder = builder.diffusion(|o| o.eviction_policy(focus));
     }
     let mut engine = builder
-        .block_length(args.block)
-        .max_steps_per_block(args.block)
-        .delayed_cache(delayed)
-        .unmask_policy(Replay::new(trace))
+        .diffusion(|o| o.block_length(args.block).max_steps_per_block(args.block).delayed_cache(delayed).unmask_policy(Replay::new(trace)))
         .max_num_seqs(batch)
         .max_num_batched_tokens(batch * (args.block * 2 + 1) + 8192)
         .kv_capacity_tokens(batch * max_len)
         .max_model_len(spec.max_context.min(4096))
-        .time_denoise_phases(args.phases)
+        .diffusion(|o| o.time_denoise_phases(args.phases))
         .build()?;
     let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(args.new_tokens) };
     // Warm-up: one short request per row so kernels and allocations are in place.
@@ -235,7 +233,7 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
         launch_ms: (t1 - t0) * 1e3 / launches,
         host_ms: (whole - (t1 - t0)) * 1e3 / launches,
         phases,
-        peak: if tracked { ponder::device_memory::peak(model.device()).ok().flatten() } else { None },
+        peak: if tracked { ponder::bench::device_memory::peak(model.device()).ok().flatten() } else { None },
     })
 }
 
@@ -445,7 +443,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "requests": jobs.len(), "new_tokens": args.new_tokens, "block": args.block, "mean_unmask": args.mean_unmask,
             }));
             let row = results.last_mut().and_then(|r| r.as_object_mut()).expect("just pushed");
-            row.extend(ponder::device_memory::PeakMemory::json_fields(st.peak).map(|(k, v)| (k.to_string(), v.into())));
+            row.extend(ponder::bench::device_memory::PeakMemory::json_fields(st.peak).map(|(k, v)| (k.to_string(), v.into())));
         }
         if args.breakdown {
             breakdowns.push(breakdown(&model, b, args.block, 256)?);

@@ -38,9 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let threshold = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(0.5);
     let gate = HazardThreshold { threshold, min_steps: 1, max_steps: 4 };
     let mut engine = EngineBuilder::new(concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro"))
-        .scheduler(SchedulerKind::Depth { refill: true })
-        .kv_layout(KvLayoutKind::Shared)
-        .exit_gate(gate)
+        .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(KvLayoutKind::Shared).exit_gate(gate))
         .max_num_seqs(4)
         .build()?;
     let prompts = ["Ownership", "Traits and generics", "Error handling with Result", "Closures"];

@@ -1,11 +1,12 @@
 //! A new scheduler written against the public API: full-depth batching that admits the
 //! *shortest* waiting prompt first (the built-in CB admits in arrival order). It owns its KV
-//! bookkeeping through `KvManager` and returns plain-data launches, like every scheduler.
+//! bookkeeping through `KvManager` and returns plain-data launches, like every scheduler: six
+//! methods of the common `Scheduler` part and `schedule` / `complete` of `LoopedScheduler`.
 //!
 //!     cargo run --release --example custom_scheduler
 
 use ponder::kv::KvManager;
-use ponder::scheduler::{Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
+use ponder::scheduler::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, SchedRequest, Scheduler, SchedulerLimits, Stage};
 use ponder::{EngineBuilder, GenerationParams, RequestId};
 
 #[derive(Debug)]
@@ -31,13 +32,13 @@ impl ShortestPromptFirst {
         Self { limits, kv, steps, waiting: Vec::new(), running: Vec::new() }
     }
 
-    fn launch(&self, stage: Stage, rows: Vec<LaunchRow>) -> Launch {
+    fn launch(&self, stage: Stage, rows: Vec<LoopedRow>) -> LoopedLaunch {
         let step_slots = (0..self.steps).map(|s| self.kv.layout().slot_for_step(s)).collect();
-        Launch { stage, step_slots, rows, kv_copies: vec![], reenter: false }
+        LoopedLaunch { stage, step_slots, rows, kv_copies: vec![], reenter: false }
     }
 
-    fn row(&self, s: &Seq) -> LaunchRow {
-        LaunchRow::full_depth(s.id, s.tokens[s.computed..].to_vec(), s.computed, self.kv.tables(s.id).unwrap().to_vec())
+    fn row(&self, s: &Seq) -> LoopedRow {
+        LoopedRow::full_depth(s.id, s.tokens[s.computed..].to_vec(), s.computed, self.kv.tables(s.id).unwrap().to_vec())
     }
 }
 
@@ -48,7 +49,24 @@ impl Scheduler for ShortestPromptFirst {
     fn add(&mut self, r: SchedRequest) {
         self.waiting.push(Seq { id: r.id, tokens: r.prompt, computed: 0, max_new: r.max_new_tokens });
     }
-    fn schedule(&mut self) -> Option<Launch> {
+    fn finish(&mut self, id: RequestId) {
+        self.waiting.retain(|s| s.id != id);
+        self.running.retain(|s| s.id != id);
+        self.kv.free(id);
+    }
+    fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    fn kv(&self) -> &KvManager {
+        &self.kv
+    }
+}
+
+impl LoopedScheduler for ShortestPromptFirst {
+    fn schedule(&mut self) -> Option<LoopedLaunch> {
         // Admit shortest prompts first while seats, token budget and worst-case KV allow.
         self.waiting.sort_by_key(|s| (s.tokens.len(), s.id));
         let mut rows = Vec::new();
@@ -72,7 +90,7 @@ impl Scheduler for ShortestPromptFirst {
         let rows = self.running.iter().map(|s| self.row(s)).collect();
         Some(self.launch(Stage::FullDepthDecode, rows))
     }
-    fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
+    fn complete(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             if let Some(s) = self.running.iter_mut().find(|s| s.id == row.request) {
                 s.computed = row.start_pos + row.tokens.len();
@@ -80,27 +98,13 @@ impl Scheduler for ShortestPromptFirst {
             }
         }
     }
-    fn finish(&mut self, id: RequestId) {
-        self.waiting.retain(|s| s.id != id);
-        self.running.retain(|s| s.id != id);
-        self.kv.free(id);
-    }
-    fn num_waiting(&self) -> usize {
-        self.waiting.len()
-    }
-    fn num_running(&self) -> usize {
-        self.running.len()
-    }
-    fn kv(&self) -> &KvManager {
-        &self.kv
-    }
 }
 
 #[allow(dead_code)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut engine = EngineBuilder::new(concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro"))
         .max_num_seqs(2)
-        .custom_scheduler(|ctx| Box::new(ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.spec.max_steps)))
+        .looped(|o| o.custom_scheduler(|ctx| Box::new(ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.spec.max_steps))))
         .build()?;
     let prompts = ["A much longer prompt about ownership, borrowing and lifetimes", "Traits", "Closures capture"];
     for out in engine.generate(prompts, &GenerationParams::greedy(12))? {

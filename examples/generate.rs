@@ -52,16 +52,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = if cuda { Device::new_cuda(0)? } else { Device::Cpu };
     let mut builder = EngineBuilder::new(&model).device(device).dtype(if bf16 { DType::BF16 } else { DType::F32 }).max_num_seqs(prompts.len().max(1));
     if let Some(l) = layout {
-        builder = builder.kv_layout(l);
+        builder = builder.looped(|o| o.kv_layout(l));
     }
     if let Some(t) = threshold {
-        builder = builder.unmask_policy(Threshold::new(t)?);
+        let policy = Threshold::new(t)?;
+        builder = builder.diffusion(|o| o.unmask_policy(policy));
     }
     if let Some(n) = block_length {
-        builder = builder.block_length(n);
+        builder = builder.diffusion(|o| o.block_length(n));
     }
     if delayed {
-        builder = builder.delayed_cache(true);
+        builder = builder.diffusion(|o| o.delayed_cache(true));
     }
     let handle = builder.spawn()?;
 

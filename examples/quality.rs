@@ -108,10 +108,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (gate_name, layout, make, params, is_depth) in configs {
         for &p in params {
             let t0 = Instant::now();
+            let gate = make(p)?;
             let mut engine = EngineBuilder::new(&model)
-                .scheduler(SchedulerKind::Depth { refill: true })
-                .kv_layout(layout)
-                .exit_gate_boxed(make(p)?)
+                .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(layout).exit_gate_boxed(gate))
                 .max_num_seqs(width)
                 // Room for the live requests only (the default, 16 384 positions per slot, is
                 // hundreds of MB to zero per configuration).

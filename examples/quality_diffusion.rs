@@ -305,10 +305,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some(t) => Box::new(Threshold::new(t)?),
             None => Box::new(StaticCount::new(1)?),
         };
-        let mut builder = EngineBuilder::new(&args.model).block_length(b).delayed_cache(delayed).unmask_policy_boxed(policy).max_num_seqs(16);
+        let mut builder = EngineBuilder::new(&args.model).diffusion(|o| o.block_length(b).delayed_cache(delayed).unmask_policy_boxed(policy)).max_num_seqs(16);
         if delayed {
             // FOCUS evicts, or (baseline rows) only scores in shadow mode to measure its recall.
-            builder = builder.eviction_policy(Focus::default()).eviction_shadow(!focus);
+            builder = builder.diffusion(|o| o.eviction_policy(Focus::default()).eviction_shadow(!focus));
         }
         let mut engine = builder.build()?;
         let outs = engine.generate(prompts.clone(), &params)?;

@@ -1,6 +1,6 @@
 //! The crate's one error type.
 
-use crate::engine::RequestId;
+use crate::request::RequestId;
 
 /// Everything that can go wrong in Ponder. Errors about one request carry its id, so a caller
 /// serving many requests can route the error; other requests are not affected.
@@ -34,6 +34,11 @@ pub enum Error {
     /// An engine option is invalid (zero block size, unknown layout for this model, …).
     #[error("invalid engine option: {0}")]
     InvalidOption(String),
+
+    /// Options of one model family were given for a checkpoint of the other (looped options
+    /// for a diffusion model, or the reverse).
+    #[error("{options} options given, but `{model_type}` is a {family} model")]
+    WrongFamily { options: &'static str, model_type: String, family: &'static str },
 
     /// A request was rejected before it started; the reason says why.
     #[error("request {id} rejected: {reason}")]

@@ -22,14 +22,14 @@
 //! }
 //! # Ok::<(), ponder::Error>(())
 //! ```
-//! A diffusion checkpoint directory gets the block-diffusion scheduler:
+//! Options of one family go in its own type; a diffusion checkpoint gets the block-diffusion
+//! scheduler:
 //! ```no_run
 //! use ponder::diffusion::{Focus, Threshold};
 //! use ponder::{EngineBuilder, GenerationParams};
+//! let (threshold, focus) = (Threshold::new(0.9)?, Focus::new(1.5)?);
 //! let mut engine = EngineBuilder::new("assets/tiny-sdar")
-//!     .delayed_cache(true)
-//!     .unmask_policy(Threshold::new(0.9)?)
-//!     .eviction_policy(Focus::new(1.5)?)
+//!     .diffusion(|o| o.delayed_cache(true).unmask_policy(threshold).eviction_policy(focus))
 //!     .build()?;
 //! let out = engine.generate(["fn main() {"], &GenerationParams::greedy(32))?.remove(0)?;
 //! println!("{}", out.text);
@@ -41,22 +41,21 @@
 //! |---|---|---|
 //! | generate in-process, step by step | [`Engine::add_request`], [`Engine::step`] | `examples/generate.rs` |
 //! | stream from many threads | [`EngineBuilder::spawn`], [`EngineHandle::submit`] | `examples/generate.rs` |
-//! | depth-adaptive serving | [`SchedulerKind::Depth`], [`EngineBuilder::exit_gate`], [`KvLayoutKind`] | `examples/bench_looped/` |
-//! | overlap host work with the device | [`EngineBuilder::overlap`] | `examples/bench_looped/ --overlap on` |
+//! | depth-adaptive serving | [`SchedulerKind::Depth`], [`LoopedOptions::exit_gate`], [`KvLayoutKind`] | `examples/bench_looped/` |
+//! | overlap host work with the device | [`LoopedOptions::overlap`] | `examples/bench_looped/ --overlap on` |
 //! | score text (teacher forcing) | [`GenerationParams::forced_tokens`] | `examples/quality.rs` |
 //! | your own exit gate | [`gate::ExitGate`] | `examples/custom_gate.rs` |
-//! | your own scheduler | [`scheduler::Scheduler`], [`EngineBuilder::custom_scheduler`] | `examples/custom_scheduler.rs` |
-//! | your own KV layout | [`kv::KvLayout`], [`EngineBuilder::custom_kv_layout`] | `src/kv/layout.rs` |
+//! | your own scheduler | [`scheduler::LoopedScheduler`], [`LoopedOptions::custom_scheduler`] | `examples/custom_scheduler.rs` |
+//! | your own KV layout | [`kv::KvLayout`], [`LoopedOptions::custom_kv_layout`] | `src/kv/layout.rs` |
 //! | measure your own component on the benchmark workload | [`bench::workload`], [`bench::offline`] | `examples/bench_looped/` |
-//! | block diffusion, unmasking policies | [`diffusion::UnmaskPolicy`], [`EngineBuilder::unmask_policy`], [`EngineBuilder::delayed_cache`] | `examples/generate.rs --sdar` |
-//! | FOCUS eviction | [`diffusion::Focus`], [`EngineBuilder::eviction_policy`] | `examples/bench_diffusion.rs`, `examples/quality_diffusion.rs` |
-//! | your own diffusion scheduler | [`EngineBuilder::custom_diffusion_scheduler`] | `tests/diffusion_conformance.rs` |
+//! | block diffusion, unmasking policies | [`diffusion::UnmaskPolicy`], [`DiffusionOptions::unmask_policy`], [`DiffusionOptions::delayed_cache`] | `examples/generate.rs --sdar` |
+//! | FOCUS eviction | [`diffusion::Focus`], [`DiffusionOptions::eviction_policy`] | `examples/bench_diffusion.rs`, `examples/quality_diffusion.rs` |
+//! | your own diffusion scheduler | [`scheduler::DiffusionScheduler`], [`DiffusionOptions::custom_scheduler`] | `examples/custom_diffusion_scheduler.rs` |
 //! | GPU throughput | `--features cuda` | `examples/bench_looped/`, `examples/bench_diffusion.rs`, `docs/GPU.md` |
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 
 pub mod bench;
-pub mod device_memory;
 pub mod diffusion;
 mod dist;
 pub mod engine;
@@ -65,16 +64,27 @@ pub mod gate;
 pub mod kv;
 pub mod loader;
 pub mod models;
+/// Tensor ops and CUDA kernels with their CPU references (public with feature `testing`, for
+/// the device tests and benchmarks).
+#[cfg(feature = "testing")]
 pub mod ops;
+#[cfg(not(feature = "testing"))]
+mod ops;
+pub mod request;
 pub mod sampling;
 pub mod scheduler;
+/// Random checkpoints in the released layouts, tiny configs, tokenizer training: what the
+/// tests and benchmarks build models from (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use engine::{
-    Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId, RequestStream, SchedulerKind,
+    DiffusionOptions, Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, LoopedOptions, Output, Prompt, RequestId,
+    RequestStream, SchedulerKind,
 };
 pub use error::{Error, InvalidRequest, Result};
 pub use kv::KvLayoutKind;
+pub use ops::AttentionKernels;
 pub use sampling::SamplingParams;
 
 /// Re-exported so callers can name devices and dtypes without depending on candle directly.

@@ -31,12 +31,11 @@ fn policies() -> Vec<(&'static str, Box<dyn UnmaskPolicy>)> {
 fn engine(dir: &Path, policy: Box<dyn UnmaskPolicy>, delayed: bool, width: usize) -> Engine {
     EngineBuilder::new(dir)
         .block_size(4)
-        .block_length(8)
+        .diffusion(|o| o.block_length(8))
         .max_num_seqs(width)
         .max_num_batched_tokens(256)
         .kv_capacity_tokens(2048)
-        .delayed_cache(delayed)
-        .unmask_policy_boxed(policy)
+        .diffusion(|o| o.delayed_cache(delayed).unmask_policy_boxed(policy))
         .build()
         .unwrap()
 }
@@ -162,12 +161,15 @@ fn bad_inputs_get_typed_errors() {
     assert_kv_empty(&e);
 
     // A block length that does not divide the context window (512).
-    let err = EngineBuilder::new(dir).block_length(24).build();
+    let err = EngineBuilder::new(dir).diffusion(|o| o.block_length(24)).build();
     assert!(matches!(err, Err(ponder::Error::InvalidOption(_))), "{:?}", err.err());
-    // Options that belong to looped models.
-    assert!(matches!(EngineBuilder::new(dir).kv_layout(ponder::KvLayoutKind::LastExited).build(), Err(ponder::Error::InvalidOption(_))));
-    assert!(matches!(EngineBuilder::new(dir).min_coda_batch_size(2).build(), Err(ponder::Error::InvalidOption(_))));
-    assert!(matches!(EngineBuilder::new(dir).coda_reserve(1).build(), Err(ponder::Error::InvalidOption(_))));
+    // Options that belong to looped models: one typed error, before any weight is read.
+    let wrong = |r: ponder::Result<ponder::Engine>| matches!(r, Err(ponder::Error::WrongFamily { options: "looped", family: "diffusion", .. }));
+    assert!(wrong(EngineBuilder::new(dir).looped(|o| o.kv_layout(ponder::KvLayoutKind::LastExited)).build()));
+    assert!(wrong(EngineBuilder::new(dir).looped(|o| o.min_coda_batch_size(2)).build()));
+    assert!(wrong(EngineBuilder::new(dir).looped(|o| o.coda_reserve(1)).build()));
+    // Also when the model's own family's options are given too: nothing is silently ignored.
+    assert!(wrong(EngineBuilder::new(dir).looped(|o| o.coda_reserve(1)).diffusion(|o| o.block_length(8)).build()));
     // A checkpoint whose mask id is missing from the vocabulary.
     let mut cfg = tiny_sdar_config(VOCAB);
     cfg.mask_token_id = None; // the family default (151669) is outside a 97-token vocabulary
@@ -184,10 +186,10 @@ fn kv_exhaustion_queues_then_admits() {
     // 64 positions: each request needs 24 (prompt 5 + 14 new → 3 blocks of 8), so two fit.
     let mut e = EngineBuilder::new(&dir)
         .block_size(4)
-        .block_length(8)
+        .diffusion(|o| o.block_length(8))
         .max_num_seqs(8)
         .kv_capacity_tokens(64)
-        .unmask_policy(StaticCount::new(2).unwrap())
+        .diffusion(|o| o.unmask_policy(StaticCount::new(2).unwrap()))
         .build()
         .unwrap();
     let ps = diffusion_prompts(5, 9).into_iter().map(|mut p| {
@@ -206,7 +208,7 @@ fn kv_exhaustion_queues_then_admits() {
 struct Hooked {
     inner: ponder::scheduler::DiffusionBatching,
     name: &'static str,
-    hook: Box<dyn FnMut(&mut ponder::scheduler::Launch) + Send>,
+    hook: Box<dyn FnMut(&mut ponder::scheduler::DenoiseLaunch) + Send>,
 }
 impl ponder::scheduler::Scheduler for Hooked {
     fn name(&self) -> &'static str {
@@ -214,14 +216,6 @@ impl ponder::scheduler::Scheduler for Hooked {
     }
     fn add(&mut self, r: ponder::scheduler::SchedRequest) {
         self.inner.add(r)
-    }
-    fn schedule(&mut self) -> Option<ponder::scheduler::Launch> {
-        let mut l = self.inner.schedule()?;
-        (self.hook)(&mut l);
-        Some(l)
-    }
-    fn complete(&mut self, l: &ponder::scheduler::Launch, r: &ponder::scheduler::LaunchResult) {
-        self.inner.complete(l, r)
     }
     fn finish(&mut self, id: RequestId) {
         self.inner.finish(id)
@@ -235,11 +229,18 @@ impl ponder::scheduler::Scheduler for Hooked {
     fn kv(&self) -> &ponder::kv::KvManager {
         self.inner.kv()
     }
-    fn take_emitted(&mut self) -> Vec<(RequestId, Vec<u32>)> {
-        self.inner.take_emitted()
-    }
     fn kv_positions(&self, p: usize, n: usize) -> usize {
         self.inner.kv_positions(p, n)
+    }
+}
+impl ponder::scheduler::DiffusionScheduler for Hooked {
+    fn schedule(&mut self) -> Option<ponder::scheduler::DenoiseLaunch> {
+        let mut l = self.inner.schedule()?;
+        (self.hook)(&mut l);
+        Some(l)
+    }
+    fn complete(&mut self, l: &ponder::scheduler::DenoiseLaunch, r: &ponder::scheduler::DenoiseResult) -> Vec<ponder::scheduler::Emitted> {
+        self.inner.complete(l, r)
     }
 }
 
@@ -263,15 +264,16 @@ fn custom_diffusion_scheduler_plugs_in() {
     let counter = launches.clone();
     let mut e = EngineBuilder::new(&dir)
         .block_size(4)
-        .block_length(8)
+        .diffusion(|o| o.block_length(8))
         .max_num_seqs(3)
         .kv_capacity_tokens(2048)
-        .unmask_policy(StaticCount::new(2).unwrap())
-        .custom_diffusion_scheduler(move |ctx| {
-            let hook = Box::new(move |_: &mut ponder::scheduler::Launch| {
-                counter.fetch_add(1, Ordering::Relaxed);
-            });
-            Box::new(Hooked { inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy), name: "counting-diffusion", hook })
+        .diffusion(|o| {
+            o.unmask_policy(StaticCount::new(2).unwrap()).custom_scheduler(move |ctx| {
+                let hook = Box::new(move |_: &mut ponder::scheduler::DenoiseLaunch| {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                });
+                Box::new(Hooked { inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy), name: "counting-diffusion", hook })
+            })
         })
         .build()
         .unwrap();
@@ -286,26 +288,28 @@ fn custom_diffusion_scheduler_plugs_in() {
 /// the launch fails its requests with a typed reason and frees their KV; nothing panics.
 #[test]
 fn malformed_denoise_launches_fail_their_requests() {
-    use ponder::scheduler::{DiffusionBatching, Launch};
-    let defects: [(&str, fn(&mut Launch)); 5] = [
+    use ponder::scheduler::{DenoiseLaunch, DiffusionBatching};
+    let defects: [(&str, fn(&mut DenoiseLaunch)); 5] = [
         ("readout past the tokens", |l| l.rows[0].readout.push(10_000)),
         ("positions out of order", |l| l.rows[0].positions = (0..l.rows[0].tokens.len() as u32).rev().collect()),
-        ("no block table", |l| l.rows[0].block_tables.clear()),
-        ("table too short", |l| l.rows[0].block_tables[0] = l.rows[0].block_tables[0][..0].into()),
-        ("block outside the pool", |l| l.rows[0].block_tables[0] = vec![u32::MAX; 64].into()),
+        ("positions missing", |l| l.rows[0].positions.clear()),
+        ("table too short", |l| l.rows[0].block_table = l.rows[0].block_table[..0].into()),
+        ("block outside the pool", |l| l.rows[0].block_table = vec![u32::MAX; 64].into()),
     ];
     let tmp = tempfile::tempdir().unwrap();
     let (_, dir) = family_dirs(tmp.path()).remove(0);
     for (name, defect) in defects {
         let mut e = EngineBuilder::new(&dir)
             .block_size(4)
-            .block_length(8)
+            .diffusion(|o| o.block_length(8))
             .kv_capacity_tokens(2048)
-            .custom_diffusion_scheduler(move |ctx| {
-                Box::new(Hooked {
-                    inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy),
-                    name: "spoiled-diffusion",
-                    hook: Box::new(defect),
+            .diffusion(|o| {
+                o.custom_scheduler(move |ctx| {
+                    Box::new(Hooked {
+                        inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy),
+                        name: "spoiled-diffusion",
+                        hook: Box::new(defect),
+                    })
                 })
             })
             .build()

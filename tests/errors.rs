@@ -94,6 +94,9 @@ fn bad_engine_options() {
     assert!(matches!(EngineBuilder::new(&dir).max_num_seqs(0).build(), Err(Error::InvalidOption(_))));
     assert!(matches!(EngineBuilder::new(&dir).dtype(ponder::DType::U32).build(), Err(Error::InvalidOption(_))));
     assert!("triangular".parse::<KvLayoutKind>().is_err());
+    // Diffusion options on a looped checkpoint: one typed error, before any weight is read.
+    let wrong = EngineBuilder::new(&dir).diffusion(|o| o.delayed_cache(true)).build();
+    assert!(matches!(wrong, Err(Error::WrongFamily { options: "diffusion", family: "looped", .. })), "{:?}", wrong.err());
 }
 
 #[test]
@@ -153,7 +156,7 @@ fn bad_checkpoints_are_typed_errors() {
 fn lengths_that_overflow_are_too_long_not_a_panic() {
     let (_tmp, dir) = tiny_dir(11);
     for sched in [ponder::SchedulerKind::Continuous, ponder::SchedulerKind::Depth { refill: true }] {
-        let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).scheduler(sched).build().unwrap();
+        let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.scheduler(sched)).build().unwrap();
         match engine.add_request(vec![1, 2, 3], GenerationParams::greedy(usize::MAX)) {
             Err(Error::InvalidRequest { reason: InvalidRequest::TooLong { max_new_tokens: usize::MAX, .. }, .. }) => {}
             other => panic!("{sched:?}: expected TooLong, got {other:?}"),
@@ -165,7 +168,7 @@ fn lengths_that_overflow_are_too_long_not_a_panic() {
 #[test]
 fn only_preempting_schedulers_count_generated_tokens_against_the_prefill_budget() {
     let (_tmp, dir) = tiny_dir(12);
-    let make = |sched| builder(&dir, KvLayoutKind::DepthIndexed, 2).scheduler(sched).max_num_batched_tokens(16).build().unwrap();
+    let make = |sched| builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.scheduler(sched)).max_num_batched_tokens(16).build().unwrap();
     // CB re-prefills a preempted request's generated tokens: prompt + max_new must fit.
     let mut cb = make(ponder::SchedulerKind::Continuous);
     match cb.add_request(vec![5; 8], GenerationParams::greedy(20)) {
@@ -190,14 +193,12 @@ fn options_that_would_be_ignored_are_refused() {
     let refused = |b: EngineBuilder| matches!(b.build(), Err(Error::InvalidOption(_)));
     let q = || ponder::gate::QExit::new(0.5, 1, 4).unwrap();
     // CB runs full depth: an early-exit gate or a held coda would do nothing.
-    assert!(refused(builder(&dir, KvLayoutKind::LastExited, 2).exit_gate(q())));
-    assert!(refused(builder(&dir, KvLayoutKind::LastExited, 2).min_coda_batch_size(2)));
+    assert!(refused(builder(&dir, KvLayoutKind::LastExited, 2).looped(|o| o.exit_gate(q()))));
+    assert!(refused(builder(&dir, KvLayoutKind::LastExited, 2).looped(|o| o.min_coda_batch_size(2))));
     // A full-depth gate is what CB does anyway.
-    assert!(builder(&dir, KvLayoutKind::LastExited, 2).exit_gate(ponder::gate::FixedDepth::new(4).unwrap()).build().is_ok());
+    assert!(builder(&dir, KvLayoutKind::LastExited, 2).looped(|o| o.exit_gate(ponder::gate::FixedDepth::new(4).unwrap())).build().is_ok());
     assert!(builder(&dir, KvLayoutKind::LastExited, 2)
-        .scheduler(ponder::SchedulerKind::Depth { refill: true })
-        .exit_gate(q())
-        .min_coda_batch_size(2)
+        .looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(q()).min_coda_batch_size(2))
         .build()
         .is_ok());
 }
@@ -226,7 +227,8 @@ fn a_gate_that_never_exits_is_stopped_at_its_max_steps() {
     let ps = prompts(3, 4);
     let mut full = builder(&dir, KvLayoutKind::LastExited, 3).build().unwrap();
     let want = sequential(&mut full, &ps, &[6, 6, 6]);
-    let mut engine = builder(&dir, KvLayoutKind::LastExited, 3).scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(NeverExit).build().unwrap();
+    let mut engine =
+        builder(&dir, KvLayoutKind::LastExited, 3).looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(NeverExit)).build().unwrap();
     let got: Vec<Vec<u32>> = engine.generate(ps, &GenerationParams::greedy(6)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
     assert_eq!(got, want, "overruled at step 4, every token runs full depth");
     assert_kv_empty(&engine);
@@ -235,7 +237,7 @@ fn a_gate_that_never_exits_is_stopped_at_its_max_steps() {
 #[test]
 fn a_stalled_scheduler_fails_its_requests_and_frees_their_kv() {
     let (_tmp, dir) = tiny_dir(15);
-    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).custom_scheduler(|ctx| Box::new(Stuck::new(ctx.kv))).build().unwrap();
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.custom_scheduler(|ctx| Box::new(Stuck::new(ctx.kv)))).build().unwrap();
     let outs = engine.generate([vec![1u32, 2], vec![3u32]], &GenerationParams::greedy(4)).unwrap();
     for out in outs {
         let out = out.unwrap();
@@ -253,7 +255,7 @@ struct Spoiled {
     steps: usize,
     waiting: Vec<ponder::scheduler::SchedRequest>,
     live: Vec<ponder::RequestId>,
-    defect: fn(&mut ponder::scheduler::Launch),
+    defect: fn(&mut ponder::scheduler::LoopedLaunch),
 }
 impl ponder::scheduler::Scheduler for Spoiled {
     fn name(&self) -> &'static str {
@@ -264,16 +266,6 @@ impl ponder::scheduler::Scheduler for Spoiled {
         self.live.push(r.id);
         self.waiting.push(r);
     }
-    fn schedule(&mut self) -> Option<ponder::scheduler::Launch> {
-        let r = self.waiting.pop()?;
-        let tables = self.kv.tables(r.id).unwrap().to_vec();
-        let row = ponder::scheduler::LaunchRow::full_depth(r.id, r.prompt, 0, tables);
-        let step_slots = (0..self.steps).map(|s| self.kv.layout().slot_for_step(s)).collect();
-        let mut launch = ponder::scheduler::Launch { stage: ponder::scheduler::Stage::Prefill, step_slots, rows: vec![row], kv_copies: vec![], reenter: false };
-        (self.defect)(&mut launch);
-        Some(launch)
-    }
-    fn complete(&mut self, _: &ponder::scheduler::Launch, _: &ponder::scheduler::LaunchResult) {}
     fn finish(&mut self, id: ponder::RequestId) {
         self.waiting.retain(|r| r.id != id);
         self.live.retain(|&i| i != id);
@@ -289,11 +281,24 @@ impl ponder::scheduler::Scheduler for Spoiled {
         &self.kv
     }
 }
+impl ponder::scheduler::LoopedScheduler for Spoiled {
+    fn schedule(&mut self) -> Option<ponder::scheduler::LoopedLaunch> {
+        let r = self.waiting.pop()?;
+        let tables = self.kv.tables(r.id).unwrap().to_vec();
+        let row = ponder::scheduler::LoopedRow::full_depth(r.id, r.prompt, 0, tables);
+        let step_slots = (0..self.steps).map(|s| self.kv.layout().slot_for_step(s)).collect();
+        let mut launch =
+            ponder::scheduler::LoopedLaunch { stage: ponder::scheduler::Stage::Prefill, step_slots, rows: vec![row], kv_copies: vec![], reenter: false };
+        (self.defect)(&mut launch);
+        Some(launch)
+    }
+    fn complete(&mut self, _: &ponder::scheduler::LoopedLaunch, _: &ponder::scheduler::LoopedResult) {}
+}
 
 #[test]
 fn malformed_launches_from_a_custom_scheduler_fail_their_requests() {
     let (_tmp, dir) = tiny_dir(16);
-    let defects: [(&str, fn(&mut ponder::scheduler::Launch)); 6] = [
+    let defects: [(&str, fn(&mut ponder::scheduler::LoopedLaunch)); 6] = [
         ("no loop steps", |l| l.step_slots.clear()),
         ("token outside the vocabulary", |l| l.rows[0].tokens[0] = VOCAB as u32),
         ("no block tables", |l| l.rows[0].block_tables.clear()),
@@ -303,7 +308,7 @@ fn malformed_launches_from_a_custom_scheduler_fail_their_requests() {
     ];
     for (name, defect) in defects {
         let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2)
-            .custom_scheduler(move |ctx| Box::new(Spoiled { kv: ctx.kv, steps: ctx.spec.max_steps, waiting: vec![], live: vec![], defect }))
+            .looped(|o| o.custom_scheduler(move |ctx| Box::new(Spoiled { kv: ctx.kv, steps: ctx.spec.max_steps, waiting: vec![], live: vec![], defect })))
             .build()
             .unwrap();
         let outs = engine.generate([vec![1u32, 2, 3]], &GenerationParams::greedy(4)).unwrap();
@@ -334,7 +339,7 @@ impl ponder::kv::KvLayout for Strided {
 #[test]
 fn custom_layouts_that_address_missing_slots_are_refused() {
     let (_tmp, dir) = tiny_dir(17);
-    let build = |slots, stride| EngineBuilder::new(&dir).custom_kv_layout(Box::new(Strided { slots, stride })).build();
+    let build = |slots, stride| EngineBuilder::new(&dir).looped(|o| o.custom_kv_layout(Box::new(Strided { slots, stride }))).build();
     assert!(matches!(build(0, 0), Err(Error::InvalidOption(m)) if m.contains("0 slots")));
     assert!(matches!(build(4, 2), Err(Error::InvalidOption(m)) if m.contains("step 2 maps to slot 4")));
     assert!(build(4, 1).is_ok());
@@ -348,7 +353,8 @@ fn a_recorded_trace_with_an_empty_list_runs_full_depth() {
     // Request 0 has an empty list, request 1 none at all: both run every step.
     let trace = ponder::gate::DepthTrace::Recorded(HashMap::from([(0u64, Vec::new())]));
     let gate = ponder::gate::Replay::new(trace, 1, 4).unwrap();
-    let mut engine = builder(&dir, KvLayoutKind::LastExited, 2).scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(gate).build().unwrap();
+    let mut engine =
+        builder(&dir, KvLayoutKind::LastExited, 2).looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(gate)).build().unwrap();
     let got: Vec<Vec<u32>> = engine.generate(ps, &GenerationParams::greedy(5)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
     assert_eq!(got, want);
     assert_kv_empty(&engine);

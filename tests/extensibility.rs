@@ -25,10 +25,8 @@ fn check(make: &dyn Fn(usize) -> ponder::EngineBuilder) -> ponder::Engine {
 fn custom_gate_is_batch_invariant() {
     let (_tmp, dir) = tiny_dir(51);
     let engine = check(&|w| {
-        builder(&dir, KvLayoutKind::Shared, w).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(custom_gate::HazardThreshold {
-            threshold: 0.5,
-            min_steps: 1,
-            max_steps: 4,
+        builder(&dir, KvLayoutKind::Shared, w).looped(|o| {
+            o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(custom_gate::HazardThreshold { threshold: 0.5, min_steps: 1, max_steps: 4 })
         })
     });
     let d = engine.metrics().mean_depth();
@@ -40,7 +38,7 @@ fn custom_scheduler_is_batch_invariant() {
     let (_tmp, dir) = tiny_dir(52);
     let engine = check(&|w| {
         builder(&dir, KvLayoutKind::DepthIndexed, w)
-            .custom_scheduler(|ctx| Box::new(custom_scheduler::ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.spec.max_steps)))
+            .looped(|o| o.custom_scheduler(|ctx| Box::new(custom_scheduler::ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.spec.max_steps))))
     });
     assert_eq!(engine.scheduler().name(), "shortest-prompt-first");
 }
@@ -70,7 +68,7 @@ impl ponder::gate::ExitGate for HazardPlateau {
 #[test]
 fn a_gate_with_its_own_per_item_state_is_batch_invariant() {
     let (_tmp, dir) = tiny_dir(53);
-    let engine = check(&|w| builder(&dir, KvLayoutKind::LastExited, w).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(HazardPlateau));
+    let engine = check(&|w| builder(&dir, KvLayoutKind::LastExited, w).looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(HazardPlateau)));
     let d = engine.metrics().mean_depth();
     assert!(d > 2.0 && d < 4.0, "exits after a plateau (never at step 1): mean depth {d}");
 }
@@ -84,8 +82,7 @@ fn a_custom_gate_runs_on_the_benchmark_harness() {
     let jobs = workload(12, VOCAB, 256, 7, Lengths { prompt_median: 10.0, prompt_max: 20, output_median: 12.0, output_max: 24 });
     let requested: u64 = jobs.iter().map(|j| j.new_tokens as u64).sum();
     let mut engine = builder(&dir, KvLayoutKind::LastExited, 3)
-        .scheduler(SchedulerKind::Depth { refill: true })
-        .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, min_steps: 1, max_steps: 4 })
+        .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(custom_gate::HazardThreshold { threshold: 0.5, min_steps: 1, max_steps: 4 }))
         .build()
         .unwrap();
     let run = offline(&mut engine, &jobs, Window { open_after: 3, completions: None, drain: true }).unwrap();

@@ -12,7 +12,12 @@ use std::path::Path;
 
 /// Block 16 over a cache page of 4: a block holds enough masked tokens for the budget to bite.
 fn builder(dir: &Path, width: usize) -> EngineBuilder {
-    EngineBuilder::new(dir).block_size(4).block_length(16).max_num_seqs(width).kv_capacity_tokens(4096).unmask_policy(Threshold::new(0.5).unwrap())
+    EngineBuilder::new(dir)
+        .block_size(4)
+        .diffusion(|o| o.block_length(16))
+        .max_num_seqs(width)
+        .kv_capacity_tokens(4096)
+        .diffusion(|o| o.unmask_policy(Threshold::new(0.5).unwrap()))
 }
 
 fn run_all(e: &mut Engine, ps: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
@@ -40,7 +45,7 @@ fn focus_evicts_reveals_only_kept_tokens_and_is_batch_invariant() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
     let ps = diffusion_prompts(5, 4);
-    let focus = || builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default());
+    let focus = || builder(&dir, 4).diffusion(|o| o.delayed_cache(true).eviction_policy(Focus::default()));
     let mut batched = focus().build().unwrap();
     let got = run_all(&mut batched, &ps, 24);
     let d = batched.metrics().denoise.clone();
@@ -61,10 +66,10 @@ fn no_eviction_and_shadow_scoring_leave_the_baseline_bit_for_bit() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
     let ps = diffusion_prompts(4, 8);
-    let base = run_all(&mut builder(&dir, 4).delayed_cache(true).build().unwrap(), &ps, 20);
-    let none = run_all(&mut builder(&dir, 4).delayed_cache(true).eviction_policy(NoEviction).build().unwrap(), &ps, 20);
+    let base = run_all(&mut builder(&dir, 4).diffusion(|o| o.delayed_cache(true)).build().unwrap(), &ps, 20);
+    let none = run_all(&mut builder(&dir, 4).diffusion(|o| o.delayed_cache(true).eviction_policy(NoEviction)).build().unwrap(), &ps, 20);
     assert_eq!(none, base);
-    let mut shadow = builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default()).eviction_shadow(true).build().unwrap();
+    let mut shadow = builder(&dir, 4).diffusion(|o| o.delayed_cache(true).eviction_policy(Focus::default()).eviction_shadow(true)).build().unwrap();
     assert_eq!(run_all(&mut shadow, &ps, 20), base, "shadow scoring must not change what runs");
     let recall = shadow.metrics().eviction_recall().unwrap();
     assert!(recall > 0.0 && recall <= 1.0, "recall {recall}");
@@ -74,11 +79,11 @@ fn no_eviction_and_shadow_scoring_leave_the_baseline_bit_for_bit() {
 fn focus_needs_the_delayed_cache_and_unshifted_logits() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
-    let e = builder(&dir, 2).eviction_policy(Focus::default()).build();
+    let e = builder(&dir, 2).diffusion(|o| o.eviction_policy(Focus::default())).build();
     assert!(matches!(e, Err(ponder::Error::InvalidOption(_))));
     let dream = tmp.path().join("dream");
     write_random_dream(&dream, &tiny_dream_config(VOCAB), 3).unwrap();
-    let e = EngineBuilder::new(&dream).block_length(16).delayed_cache(true).eviction_policy(Focus::default()).build();
+    let e = EngineBuilder::new(&dream).diffusion(|o| o.block_length(16).delayed_cache(true).eviction_policy(Focus::default())).build();
     assert!(matches!(e, Err(ponder::Error::InvalidOption(_))));
     // Looped models take no eviction policy.
     assert!(Focus::new(0.9).is_err());
@@ -92,9 +97,9 @@ fn phase_timing_covers_focus_launches_and_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
     let ps = diffusion_prompts(4, 6);
-    let focus = || builder(&dir, 4).delayed_cache(true).eviction_policy(Focus::default());
+    let focus = || builder(&dir, 4).diffusion(|o| o.delayed_cache(true).eviction_policy(Focus::default()));
     let want = run_all(&mut focus().build().unwrap(), &ps, 16);
-    let mut timed = focus().time_denoise_phases(true).build().unwrap();
+    let mut timed = focus().diffusion(|o| o.time_denoise_phases(true)).build().unwrap();
     assert_eq!(run_all(&mut timed, &ps, 16), want, "timing must not change the tokens");
     let m = timed.metrics();
     let names: Vec<&str> = m.denoise.phases.iter().map(|(p, _)| *p).collect();
@@ -107,17 +112,17 @@ fn phase_timing_covers_focus_launches_and_changes_nothing() {
     assert!(builder(&dir, 4).build().unwrap().metrics().denoise.phases.is_empty(), "off by default");
     let ouro = tmp.path().join("ouro");
     ponder::testing::write_random_ouro(&ouro, &ponder::testing::tiny_ouro_config(VOCAB), 1).unwrap();
-    let looped = EngineBuilder::new(&ouro).time_denoise_phases(true).build();
-    assert!(matches!(looped, Err(ponder::Error::InvalidOption(_))), "diffusion-only option on a looped model");
+    let looped = EngineBuilder::new(&ouro).diffusion(|o| o.time_denoise_phases(true)).build();
+    assert!(matches!(looped, Err(ponder::Error::WrongFamily { .. })), "diffusion-only option on a looped model");
     // Device-span timing is the looped models' counterpart (CUDA only: nothing is timed here).
-    let mut timed = EngineBuilder::new(&ouro).time_device(true).build().unwrap();
+    let mut timed = EngineBuilder::new(&ouro).looped(|o| o.time_device(true)).build().unwrap();
     timed.add_request(vec![1, 2, 3], GenerationParams::greedy(3)).unwrap();
     while timed.has_work() {
         timed.step().unwrap();
     }
     assert!(timed.metrics().stages.values().all(|s| s.device_timed == 0), "no device spans off CUDA");
-    let on_diffusion = builder(&dir, 2).time_device(true).build();
-    assert!(matches!(on_diffusion, Err(ponder::Error::InvalidOption(_))), "looped-only option on a diffusion model");
+    let on_diffusion = builder(&dir, 2).looped(|o| o.time_device(true)).build();
+    assert!(matches!(on_diffusion, Err(ponder::Error::WrongFamily { .. })), "looped-only option on a diffusion model");
 }
 
 proptest! {
@@ -184,7 +189,7 @@ fn a_policy_that_keeps_nothing_is_overruled_for_that_row() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = sdar_dir(tmp.path());
     let ps = diffusion_prompts(3, 9);
-    let want = run_all(&mut builder(&dir, 3).delayed_cache(true).build().unwrap(), &ps, 20);
-    let mut e = builder(&dir, 3).delayed_cache(true).eviction_policy(KeepNothing).build().unwrap();
+    let want = run_all(&mut builder(&dir, 3).diffusion(|o| o.delayed_cache(true)).build().unwrap(), &ps, 20);
+    let mut e = builder(&dir, 3).diffusion(|o| o.delayed_cache(true).eviction_policy(KeepNothing)).build().unwrap();
     assert_eq!(run_all(&mut e, &ps, 20), want, "every row runs whole, as without eviction");
 }

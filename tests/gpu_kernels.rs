@@ -104,34 +104,30 @@ fn check(case: Case) {
     }
 }
 
-static ENV_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static KERNEL_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Which paged-attention kernel family a check forces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AttnPath {
     /// What the library picks (the tensor-core path runs pipelined).
     Default,
-    /// Tensor-core path off (`PONDER_PA_MMA=0`).
+    /// Tensor-core path off.
     Simt,
-    /// Tensor-core path with synchronous tile loads (`PONDER_PA_PIPE=0`).
+    /// Tensor-core path with synchronous tile loads.
     Unpipelined,
 }
 
-/// Runs `f` with the environment that selects `path`.
+/// Runs `f` with the kernels of `path` selected (process-wide, so checks take a lock).
 fn with_path<R>(path: AttnPath, f: impl FnOnce() -> R) -> R {
-    let _g = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let clear = || {
-        std::env::remove_var("PONDER_PA_MMA");
-        std::env::remove_var("PONDER_PA_PIPE");
-    };
-    clear();
-    match path {
-        AttnPath::Default => {}
-        AttnPath::Simt => std::env::set_var("PONDER_PA_MMA", "0"),
-        AttnPath::Unpipelined => std::env::set_var("PONDER_PA_PIPE", "0"),
-    }
+    use ponder::ops::{set_attention_kernels, AttentionKernels};
+    let _g = KERNEL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    set_attention_kernels(match path {
+        AttnPath::Default => AttentionKernels::Auto,
+        AttnPath::Simt => AttentionKernels::Simt,
+        AttnPath::Unpipelined => AttentionKernels::Unpipelined,
+    });
     let r = f();
-    clear();
+    set_attention_kernels(AttentionKernels::Auto);
     r
 }
 
@@ -576,15 +572,14 @@ fn graph_engine_run(
         Box::new(Ouro::load(&cfg, &weights).unwrap())
     };
     let mut b = ponder::EngineBuilder::from_model(model, None, vec![])
-        .scheduler(sched)
-        .kv_layout(layout)
+        .looped(|o| o.scheduler(sched).kv_layout(layout))
         .max_num_seqs(width)
         .max_num_batched_tokens(2048)
         .kv_capacity_tokens(64 * 1024)
-        .cuda_graphs(graphs != Graphs::Off);
+        .looped(|o| o.cuda_graphs(graphs != Graphs::Off));
     if sched != ponder::SchedulerKind::Continuous {
         let trace = DepthTrace::with_mean(2.5, 1, 4, 9).unwrap();
-        b = b.exit_gate(Replay::new(trace, 1, 4).unwrap());
+        b = b.looped(|o| o.exit_gate(Replay::new(trace, 1, 4).unwrap()));
     }
     // Read once when the runner is built; no other test builds an engine.
     std::env::set_var("PONDER_GRAPH_CAPTURE", if graphs == Graphs::BodiesOnly { "0" } else { "1" });
@@ -728,7 +723,7 @@ fn scatter_rows_matches_reference() {
 /// rows (1..=32 masked tokens), GQA and MHA.
 #[test]
 fn focus_importance_matches_reference() {
-    use ponder::diffusion::importance_of;
+    use ponder::ops::importance_of;
     let gpu = Device::new_cuda(0).unwrap();
     for dt in [DType::F32, DType::BF16] {
         for &(heads, kvh, d) in &[(32usize, 8usize, 128usize), (16, 16, 64), (4, 2, 64)] {
@@ -768,7 +763,7 @@ fn focus_importance_matches_reference() {
 /// the excluded mask token holding the largest logit, bf16 and f32 logits.
 #[test]
 fn greedy_confidence_matches_reference() {
-    use ponder::engine::greedy_with_confidence;
+    use ponder::engine::internals::greedy_with_confidence;
     let gpu = Device::new_cuda(0).unwrap();
     for dt in [DType::F32, DType::BF16] {
         let (rows, vocab, mask) = (37usize, 151_936usize, 151_669u32);
@@ -902,7 +897,7 @@ fn fused_qkv_norm_rope_write() {
 /// structured differences; a different GEMM algorithm under capture as rounding-level ones).
 #[test]
 fn huginn_stage_graphs_match_eager_numerically() {
-    use ponder::engine::Graph;
+    use ponder::engine::internals::Graph;
     use ponder::kv::KvStore;
     use ponder::models::looped::Huginn;
     use ponder::models::LoopedModel;
@@ -988,12 +983,14 @@ fn device_spans_cover_every_launch() {
     let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, &gpu).unwrap();
     let model = ponder::models::looped::Ouro::load(&cfg, &weights).unwrap();
     let mut engine = ponder::EngineBuilder::from_model(Box::new(model), None, vec![])
-        .scheduler(ponder::SchedulerKind::Depth { refill: true })
-        .exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap())
-        .kv_layout(ponder::KvLayoutKind::LastExited)
+        .looped(|o| {
+            o.scheduler(ponder::SchedulerKind::Depth { refill: true })
+                .exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap())
+                .kv_layout(ponder::KvLayoutKind::LastExited)
+        })
         .max_num_seqs(16)
         .kv_capacity_tokens(64 * 1024)
-        .time_device(true)
+        .looped(|o| o.time_device(true))
         .build()
         .unwrap();
     engine.set_overlap(true).unwrap();

@@ -58,11 +58,11 @@ fn overlapped_engine_thread_streams_the_same_tokens() {
     let ps = prompts(6, 4);
     for lookahead in [false, true] {
         let make = |overlap: bool| {
-            let b = builder(&dir, KvLayoutKind::Shared, 3).scheduler(SchedulerKind::Depth { refill: true }).overlap(overlap);
+            let b = builder(&dir, KvLayoutKind::Shared, 3).looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).overlap(overlap));
             if lookahead {
-                b.exit_gate(Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap())
+                b.looped(|o| o.exit_gate(Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap()))
             } else {
-                b.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap())
+                b.looped(|o| o.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap()))
             }
         };
         let want = sequential(&mut make(false).build().unwrap(), &ps, &vec![7; ps.len()]);
@@ -73,7 +73,7 @@ fn overlapped_engine_thread_streams_the_same_tokens() {
     }
     // A gate that needs each step's own signal cannot overlap: a typed error at build time.
     let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
-    let err = builder(&dir, KvLayoutKind::Shared, 2).scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).overlap(true).build();
+    let err = builder(&dir, KvLayoutKind::Shared, 2).looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).overlap(true)).build();
     assert!(matches!(err, Err(ponder::Error::InvalidOption(_))));
 }
 
@@ -95,7 +95,7 @@ fn outputs_carry_the_prompt_length_even_with_nothing_to_generate() {
 #[test]
 fn a_stalled_scheduler_ends_the_streams_with_an_error() {
     let (_tmp, dir) = tiny_dir(34);
-    let handle = builder(&dir, KvLayoutKind::DepthIndexed, 2).custom_scheduler(|ctx| Box::new(Stuck::new(ctx.kv))).spawn().unwrap();
+    let handle = builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.custom_scheduler(|ctx| Box::new(Stuck::new(ctx.kv)))).spawn().unwrap();
     let out = handle.submit(vec![1u32, 2], GenerationParams::greedy(4)).unwrap().collect_output();
     assert!(matches!(out.finish_reason, FinishReason::Error(ref m) if m.contains("stuck")), "{:?}", out.finish_reason);
     // The engine thread is idle again and serves the next request the same way.

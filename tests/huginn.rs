@@ -77,11 +77,11 @@ fn huginn_depth_batching_is_batch_invariant() {
                     continue;
                 }
                 let make = |w: usize| {
-                    let b = builder(&dir, layout, w).scheduler(scheduler).exit_gate_boxed(gate());
+                    let b = builder(&dir, layout, w).looped(|o| o.scheduler(scheduler).exit_gate_boxed(gate()));
                     if scheduler == SchedulerKind::Continuous {
                         b
                     } else {
-                        b.min_coda_batch_size(2)
+                        b.looped(|o| o.min_coda_batch_size(2))
                     }
                 };
                 let want = sequential(&mut make(1).build().unwrap(), &ps, &max_new);
@@ -152,11 +152,12 @@ fn seeded_initial_state_is_batch_invariant() {
     let ps = prompts(6, 9);
     let max_new: Vec<usize> = (0..ps.len()).map(|i| 4 + (i * 3) % 6).collect();
     let make = |w: usize, init: InitialState| {
-        builder(&dir, KvLayoutKind::Shared, w)
-            .scheduler(SchedulerKind::Depth { refill: true })
-            .exit_gate(Replay::new(DepthTrace::with_mean(3.5, 2, 6, 11).unwrap(), 2, 6).unwrap())
-            .min_coda_batch_size(2)
-            .huginn_initial_state(init)
+        builder(&dir, KvLayoutKind::Shared, w).looped(|o| {
+            o.scheduler(SchedulerKind::Depth { refill: true })
+                .exit_gate(Replay::new(DepthTrace::with_mean(3.5, 2, 6, 11).unwrap(), 2, 6).unwrap())
+                .min_coda_batch_size(2)
+                .huginn_initial_state(init)
+        })
     };
     let noisy = InitialState::TruncatedNormal { scale: 1.0, seed: 7 };
     let want = sequential(&mut make(1, noisy).build().unwrap(), &ps, &max_new);
@@ -173,7 +174,7 @@ fn seeded_initial_state_is_batch_invariant() {
     let bad = make(1, InitialState::TruncatedNormal { scale: -1.0, seed: 7 }).build();
     assert!(matches!(bad, Err(ponder::Error::InvalidOption(_))), "a negative scale is refused");
     let (_t2, ouro) = tiny_dir(1);
-    let not_huginn = builder(&ouro, KvLayoutKind::Shared, 1).huginn_initial_state(noisy).build();
+    let not_huginn = builder(&ouro, KvLayoutKind::Shared, 1).looped(|o| o.huginn_initial_state(noisy)).build();
     assert!(matches!(not_huginn, Err(ponder::Error::InvalidOption(_))), "Ouro has no initial-state option");
     // A model built in memory takes the state on the model itself, not through the builder.
     let cfg = tiny_huginn_config(VOCAB);
@@ -182,7 +183,7 @@ fn seeded_initial_state_is_batch_invariant() {
     t.insert("lm_head.weight".into(), wte);
     let weights = ponder::loader::Weights::from_map(t, ponder::DType::F32, &ponder::Device::Cpu);
     let model = ponder::models::looped::Huginn::load(&cfg, &weights).unwrap();
-    let in_memory = EngineBuilder::from_model(Box::new(model.clone()), None, vec![]).huginn_initial_state(noisy).build();
+    let in_memory = EngineBuilder::from_model(Box::new(model.clone()), None, vec![]).looped(|o| o.huginn_initial_state(noisy)).build();
     assert!(matches!(in_memory, Err(ponder::Error::InvalidOption(_))), "the builder option is for model directories");
     let seeded = model.with_initial_state(noisy).unwrap();
     assert_eq!(seeded.initial_state(), noisy);
@@ -198,11 +199,12 @@ fn coda_reserve_is_batch_invariant() {
     let ps = prompts(7, 8);
     let max_new: Vec<usize> = (0..ps.len()).map(|i| 3 + (i * 5) % 8).collect();
     let make = |w: usize, reserve: usize| {
-        builder(&dir, KvLayoutKind::Shared, w)
-            .scheduler(SchedulerKind::Depth { refill: true })
-            .exit_gate(Replay::new(DepthTrace::with_mean(3.5, 2, 6, 13).unwrap(), 2, 6).unwrap())
-            .min_coda_batch_size(3)
-            .coda_reserve(reserve)
+        builder(&dir, KvLayoutKind::Shared, w).looped(|o| {
+            o.scheduler(SchedulerKind::Depth { refill: true })
+                .exit_gate(Replay::new(DepthTrace::with_mean(3.5, 2, 6, 13).unwrap(), 2, 6).unwrap())
+                .min_coda_batch_size(3)
+                .coda_reserve(reserve)
+        })
     };
     let want = sequential(&mut make(1, 0).build().unwrap(), &ps, &max_new);
     for overlap in [false, true] {
@@ -214,7 +216,7 @@ fn coda_reserve_is_batch_invariant() {
     let huge = make(2, usize::MAX).build();
     assert!(matches!(huge, Err(ponder::Error::InvalidOption(_))), "a reserve past u32 resident ids is refused");
     for kind in [SchedulerKind::Continuous, SchedulerKind::Depth { refill: false }] {
-        let bad = builder(&dir, KvLayoutKind::Shared, 2).scheduler(kind).coda_reserve(1).build();
+        let bad = builder(&dir, KvLayoutKind::Shared, 2).looped(|o| o.scheduler(kind).coda_reserve(1)).build();
         assert!(matches!(bad, Err(ponder::Error::InvalidOption(_))), "{kind:?} refuses a coda reserve");
     }
 }

@@ -2,12 +2,12 @@
 //! the shipped tiny Ouro's next-token logits and per-step exit-gate logits for fixed prompts,
 //! computed by Ponder in f32 on the CPU as one batched prefill, match within 1e-5 relative.
 
-use ponder::engine::LoopedRunner;
+use ponder::engine::internals::LoopedRunner;
 use ponder::kv::{KvLayoutKind, KvManager};
 use ponder::loader::ModelDir;
 use ponder::models::looped::Ouro;
 use ponder::models::ModelConfig;
-use ponder::scheduler::{Launch, LaunchRow, Stage};
+use ponder::scheduler::{LoopedLaunch, LoopedRow, Stage};
 use ponder::{DType, Device, RequestId};
 
 #[derive(serde::Deserialize)]
@@ -49,10 +49,10 @@ fn tiny_ouro_matches_the_pytorch_reference() {
         .map(|(i, c)| {
             let id = RequestId(i as u64);
             assert!(kv.reserve(id, c.ids.len()));
-            LaunchRow::full_depth(id, c.ids.clone(), 0, kv.tables(id).unwrap().to_vec())
+            LoopedRow::full_depth(id, c.ids.clone(), 0, kv.tables(id).unwrap().to_vec())
         })
         .collect();
-    let launch = Launch { stage: Stage::Prefill, step_slots: (0..steps).collect(), rows, kv_copies: vec![], reenter: false };
+    let launch = LoopedLaunch { stage: Stage::Prefill, step_slots: (0..steps).collect(), rows, kv_copies: vec![], reenter: false };
     let runner = LoopedRunner::new(Box::new(model), 64, 16, 0).unwrap();
     let fwd = runner.forward(&launch).unwrap();
     let logits = fwd.logits.unwrap().to_vec2::<f32>().unwrap();

@@ -5,7 +5,7 @@
 
 use ponder::gate::{DepthTrace, ExitGate, Replay};
 use ponder::kv::{KvLayoutKind, KvManager};
-use ponder::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, LaunchResult, RowOutput, SchedRequest, Scheduler, SchedulerLimits};
+use ponder::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, LoopedResult, LoopedRowOutput, LoopedScheduler, SchedRequest, SchedulerLimits};
 use ponder::RequestId;
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -23,7 +23,7 @@ struct Req {
     abort_at: Option<usize>,
 }
 
-fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_free: usize, coda_reserve: usize, seed: u64) -> Box<dyn Scheduler> {
+fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_free: usize, coda_reserve: usize, seed: u64) -> Box<dyn LoopedScheduler> {
     let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 64 };
     let kv = KvManager::new(256, 4, layout.build(), 4);
     let gate: Box<dyn ExitGate> = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, seed).unwrap(), 2, 4).unwrap());
@@ -39,9 +39,9 @@ fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_
 }
 
 /// `width`: most rows of a decode launch; `resident`: most requests resident at once.
-fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool, width: usize, resident: usize) -> Result<(), TestCaseError> {
+fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usize, resident: usize) -> Result<(), TestCaseError> {
     let overlap = overlap && s.supports_overlap();
-    let mut pending: Option<(ponder::scheduler::Launch, LaunchResult)> = None;
+    let mut pending: Option<(ponder::scheduler::LoopedLaunch, LoopedResult)> = None;
     let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut live: HashMap<u64, usize> = HashMap::new();
     let mut tick = 0;
@@ -74,9 +74,9 @@ fn run(mut s: Box<dyn Scheduler>, reqs: &[Req], overlap: bool, width: usize, res
             let rows = launch
                 .rows
                 .iter()
-                .map(|r| RowOutput { token: r.sample.then(|| token_at(r.request.0, r.start_pos + r.tokens.len())), ..RowOutput::new(r.request) })
+                .map(|r| LoopedRowOutput { token: r.sample.then(|| token_at(r.request.0, r.start_pos + r.tokens.len())), ..LoopedRowOutput::new(r.request) })
                 .collect();
-            (launch, LaunchResult { rows })
+            (launch, LoopedResult { rows })
         });
         // With overlap, the launch just scheduled is "running" while the previous one completes.
         let done = if overlap { std::mem::replace(&mut pending, ready) } else { ready };

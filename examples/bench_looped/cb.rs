@@ -18,7 +18,7 @@ pub(crate) fn cb_suite(
         let per_req = args.prompt_len + args.new_tokens + 16;
         let engine_for = |model: &BenchModel| {
             EngineBuilder::from_model(model.boxed(), None, vec![])
-                .kv_layout(args.layout)
+                .looped(|o| o.kv_layout(args.layout))
                 .max_num_seqs(w)
                 .max_num_batched_tokens((w * args.prompt_len).clamp(per_req, 16384))
                 .kv_capacity_tokens(w * per_req * slots)

@@ -50,19 +50,17 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
         let kv_tokens = ((args.kv_gb * 1e9) as usize / bytes_per_pos).min(most_resident * max_need) * slots;
         let build = |sched: SchedulerKind, mean: f64, min_coda: usize, reserve: usize| -> ponder::Result<ponder::Engine> {
             let b = EngineBuilder::from_model(model.boxed(), None, vec![])
-                .kv_layout(args.layout)
-                .scheduler(sched)
+                .looped(|o| o.kv_layout(args.layout).scheduler(sched))
                 .max_num_seqs(w)
                 .max_num_batched_tokens(8192)
                 .kv_capacity_tokens(kv_tokens)
-                .time_device(args.time_device);
+                .looped(|o| o.time_device(args.time_device));
             match sched {
                 SchedulerKind::Continuous => b.build(),
-                _ => b
-                    .min_coda_batch_size(min_coda)
-                    .coda_reserve(reserve)
-                    .exit_gate(Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?)
-                    .build(),
+                _ => {
+                    let gate = Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?;
+                    b.looped(|o| o.min_coda_batch_size(min_coda).coda_reserve(reserve).exit_gate(gate)).build()
+                }
             }
         };
         let warm =
@@ -96,7 +94,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                     // Peak memory of this mode: the previous engine's memory is freed by now.
                     model.device().synchronize()?;
                     // Unmeasured rather than a failed run if the driver refuses the memory counters.
-                    let tracked = ponder::device_memory::reset_peak(model.device()).inspect_err(|e| eprintln!("peak memory not measured: {e}")).is_ok();
+                    let tracked = ponder::bench::device_memory::reset_peak(model.device()).inspect_err(|e| eprintln!("peak memory not measured: {e}")).is_ok();
                     let mut engine = build(sched, mean, min_coda, reserve)?;
                     engine.set_overlap(overlap)?;
                     offline(&mut engine, &warm, Window { open_after: w, completions: None, drain: true })?;
@@ -109,7 +107,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                     runs.sort_by(|a, b| a.window_tokens_per_s.total_cmp(&b.window_tokens_per_s));
                     let all_tps: Vec<f64> = runs.iter().map(|r| r.window_tokens_per_s).collect();
                     let st = runs.swap_remove(n / 2);
-                    let peak = if tracked { ponder::device_memory::peak(model.device()).ok().flatten() } else { None };
+                    let peak = if tracked { ponder::bench::device_memory::peak(model.device()).ok().flatten() } else { None };
                     let realised = if sched == SchedulerKind::Continuous { spec.max_steps as f64 } else { st.mean_depth };
                     let bound = spec.flop_bound(realised);
                     if sched == SchedulerKind::Continuous {
@@ -174,7 +172,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                         "prefill_adjusted_bound": adjusted, "fraction_of_prefill_adjusted_bound": adjusted.zip(speedup).map(|(a, s)| s / a),
                     }));
                     let row = results.last_mut().and_then(|r| r.as_object_mut()).expect("just pushed");
-                    row.extend(ponder::device_memory::PeakMemory::json_fields(peak).map(|(k, v)| (k.to_string(), v.into())));
+                    row.extend(ponder::bench::device_memory::PeakMemory::json_fields(peak).map(|(k, v)| (k.to_string(), v.into())));
                 }
             }
         }

@@ -3,10 +3,10 @@
 use crate::ModelRecipe;
 use candle_core::{DType, Device, Tensor};
 use ponder::bench::random_ids;
-use ponder::engine::LoopedRunner;
+use ponder::engine::internals::LoopedRunner;
 use ponder::kv::{KvLayout, KvManager};
 use ponder::loader::Weights;
-use ponder::scheduler::{Launch, LaunchRow, Stage};
+use ponder::scheduler::{LoopedLaunch, LoopedRow, Stage};
 use ponder::testing::random_tensors;
 use ponder::{KvLayoutKind, RequestId};
 use std::time::Instant;
@@ -29,17 +29,18 @@ pub(crate) fn parity(recipe: &ModelRecipe, device: &Device, dtype: DType) -> Res
     let cpu_runner = LoopedRunner::new(cpu_model.boxed(), num_blocks, block, 0)?;
     let step_slots: Vec<usize> = (0..steps).collect();
     let prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| random_ids(n, cpu_model.spec().vocab_size, 50 + i as u64)).collect();
-    let rows = |toks: &[Vec<u32>], start: &[usize], kv: &mut KvManager| -> Vec<LaunchRow> {
+    let rows = |toks: &[Vec<u32>], start: &[usize], kv: &mut KvManager| -> Vec<LoopedRow> {
         toks.iter()
             .zip(start)
             .enumerate()
             .map(|(i, (t, &s))| {
                 assert!(kv.reserve(RequestId(i as u64), s + t.len()));
-                LaunchRow::full_depth(RequestId(i as u64), t.clone(), s, kv.tables(RequestId(i as u64)).unwrap().to_vec())
+                LoopedRow::full_depth(RequestId(i as u64), t.clone(), s, kv.tables(RequestId(i as u64)).unwrap().to_vec())
             })
             .collect()
     };
-    let prefill = Launch { stage: Stage::Prefill, step_slots: step_slots.clone(), rows: rows(&prompts, &[0; 4], &mut kv), kv_copies: vec![], reenter: false };
+    let prefill =
+        LoopedLaunch { stage: Stage::Prefill, step_slots: step_slots.clone(), rows: rows(&prompts, &[0; 4], &mut kv), kv_copies: vec![], reenter: false };
     let mut report = Vec::new();
     let mut next: Vec<Vec<u32>> = Vec::new();
     for (name, launch) in [("prefill", prefill)] {
@@ -47,14 +48,18 @@ pub(crate) fn parity(recipe: &ModelRecipe, device: &Device, dtype: DType) -> Res
         report.push(compare(name, &a, &b)?);
         next = b.logits.unwrap().argmax(1)?.to_vec1::<u32>()?.into_iter().map(|t| vec![t]).collect();
     }
-    let decode = Launch { stage: Stage::FullDepthDecode, step_slots, rows: rows(&next, &lens, &mut kv), kv_copies: vec![], reenter: false };
+    let decode = LoopedLaunch { stage: Stage::FullDepthDecode, step_slots, rows: rows(&next, &lens, &mut kv), kv_copies: vec![], reenter: false };
     let (a, b) = (dev_runner.forward(&decode)?, cpu_runner.forward(&decode)?);
     report.push(compare("decode", &a, &b)?);
     println!("parity done in {:.1}s", t.elapsed().as_secs_f64());
     Ok(serde_json::Value::Array(report))
 }
 
-fn compare(name: &str, dev: &ponder::engine::Forward, cpu: &ponder::engine::Forward) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+fn compare(
+    name: &str,
+    dev: &ponder::engine::internals::Forward,
+    cpu: &ponder::engine::internals::Forward,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let rel = |a: &Tensor, b: &Tensor| -> candle_core::Result<f64> {
         let a = a.to_device(&Device::Cpu)?.to_dtype(DType::F64)?;
         let b = b.to_dtype(DType::F64)?;

@@ -1,6 +1,6 @@
 //! Benchmark harness for looped models, the one `examples/bench_looped` runs on: a synthetic
 //! workload ([`workload`]) and an offline run measured over its steady-state window
-//! ([`offline`]). Any engine goes in — a custom scheduler, exit gate or KV layout is measured on
+//! ([`offline`]); [`device_memory`] reads the peak device memory a run used. Any engine goes in — a custom scheduler, exit gate or KV layout is measured on
 //! the same requests and by the same rules as the built-in modes:
 //!
 //! ```no_run
@@ -14,6 +14,7 @@
 //! # }
 //! ```
 
+pub mod device_memory;
 mod offline;
 mod workload;
 

@@ -150,12 +150,11 @@ mod tests {
         let model = crate::models::looped::Huginn::load(&cfg, &weights).unwrap();
         let steps = crate::models::LoopedModel::spec(&model).max_steps;
         EngineBuilder::from_model(Box::new(model), None, vec![])
-            .scheduler(SchedulerKind::Depth { refill: true })
-            .kv_layout(crate::KvLayoutKind::Shared)
+            .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(crate::KvLayoutKind::Shared))
             .max_num_seqs(WIDTH)
-            .min_coda_batch_size(WIDTH)
-            .coda_reserve(RESERVE)
-            .exit_gate(Replay::new(DepthTrace::with_mean(3.0, 2, steps, 5).unwrap(), 2, steps).unwrap())
+            .looped(|o| {
+                o.min_coda_batch_size(WIDTH).coda_reserve(RESERVE).exit_gate(Replay::new(DepthTrace::with_mean(3.0, 2, steps, 5).unwrap(), 2, steps).unwrap())
+            })
             .build()
             .unwrap()
     }

@@ -3,10 +3,12 @@
 //! [`BlockCanvas`]) and which masked tokens run past layer 1 (the [`EvictionPolicy`], FOCUS).
 //! The scheduler drives the first two on the host; the runner applies eviction mid-forward.
 
+mod attention;
 mod canvas;
 mod eviction;
 mod unmask;
 
+pub use attention::DiffusionAttention;
 pub use canvas::BlockCanvas;
-pub use eviction::{enforce_rules, importance, importance_of, importance_oracle, EvictionInput, EvictionPolicy, Focus, NoEviction};
+pub use eviction::{enforce_rules, EvictionInput, EvictionPolicy, Focus, NoEviction};
 pub use unmask::{by_confidence, Candidate, Replay, StaticCount, StepContext, Threshold, UnmaskPolicy, UnmaskTrace};

@@ -1,7 +1,7 @@
 //! Unmask policies: which of a step's masked candidates become final tokens.
 
 use crate::dist::{draw, mix};
-use crate::engine::RequestId;
+use crate::request::RequestId;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::path::Path;

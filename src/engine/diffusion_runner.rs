@@ -2,11 +2,11 @@
 //! positions, runs every layer (each writes the launch's K/V before attending), and reads back
 //! the greedy token and its probability at the rows' readout tokens.
 
-use crate::diffusion::{importance_of, EvictionInput, EvictionPolicy};
+use crate::diffusion::{EvictionInput, EvictionPolicy};
 use crate::kv::KvStore;
 use crate::models::diffusion::{DiffusionAttention, DiffusionModel};
-use crate::ops::{compact_rows, AttnMask, PagedBatch, PagedBatchHost, RopeAngles};
-use crate::scheduler::{Launch, LaunchResult, LaunchRow, RowOutput, Stage};
+use crate::ops::{compact_rows, importance_of, AttnMask, PagedBatch, PagedBatchHost, RopeAngles};
+use crate::scheduler::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput};
 use candle_core::{DType, Device, Result, Tensor, D};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -123,12 +123,13 @@ impl DiffusionRunner {
     pub fn model(&self) -> &dyn DiffusionModel {
         self.model.as_ref()
     }
+    #[cfg(any(test, feature = "testing"))]
     pub fn device(&self) -> &Device {
         self.model.device()
     }
 
     /// Runs `launch` and reads its results back (one synchronisation per launch).
-    pub fn run(&self, launch: &Launch) -> Result<LaunchResult> {
+    pub fn run(&self, launch: &DenoiseLaunch) -> Result<DenoiseResult> {
         let mut lap = self.lap();
         let fwd = self.forward_lapped(launch, &mut lap)?;
         let tokens = fwd.tokens.to_vec1::<u32>()?;
@@ -142,7 +143,7 @@ impl DiffusionRunner {
             .map(|(row, &n)| {
                 let candidates = tokens[at..at + n].iter().copied().zip(conf[at..at + n].iter().copied()).collect();
                 at += n;
-                RowOutput { candidates, ..RowOutput::new(row.request) }
+                DenoiseRowOutput::new(row.request, candidates)
             })
             .zip(fwd.kept)
             .map(|(mut out, kept)| {
@@ -150,36 +151,31 @@ impl DiffusionRunner {
                 out
             })
             .collect();
-        Ok(LaunchResult { rows })
+        Ok(DenoiseResult { rows })
     }
 
     /// Runs `launch` on the device; results stay there.
-    pub fn forward(&self, launch: &Launch) -> Result<DenoiseForward> {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn forward(&self, launch: &DenoiseLaunch) -> Result<DenoiseForward> {
         self.forward_lapped(launch, &mut Lap { clock: None, device: self.model.device() })
     }
 
-    fn forward_lapped(&self, launch: &Launch, lap: &mut Lap) -> Result<DenoiseForward> {
+    fn forward_lapped(&self, launch: &DenoiseLaunch, lap: &mut Lap) -> Result<DenoiseForward> {
         if self.check_launches {
             let spec = self.model.spec();
             let bounds = super::launch_check::Bounds { num_blocks: self.num_blocks, block_size: self.block_size, bank_rows: 0, vocab_size: spec.vocab_size };
             super::launch_check::check_denoise(launch, &bounds).map_err(|e| candle_core::Error::Msg(format!("invalid launch: {e}")))?;
         }
-        if launch.stage != Stage::Denoise {
-            candle_core::bail!("a diffusion model runs denoise launches, not {:?}", launch.stage);
-        }
         let spec = self.model.spec();
         let dev = self.model.device();
-        let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
+        let mut host = PagedBatchHost::new();
         let mut ids = Vec::new();
         for row in &launch.rows {
             if let Some(&bad) = row.tokens.iter().find(|&&t| t as usize >= spec.vocab_size) {
                 candle_core::bail!("token {bad} outside the vocabulary of {}", spec.vocab_size);
             }
             ids.extend_from_slice(&row.tokens);
-            host.write_positions.extend(row.token_positions());
-            host.block_tables.push(row.block_tables[0].to_vec());
-            host.context_lens.push(row.context_len() as u32);
-            host.cu_q_lens.push(ids.len() as u32);
+            host.push_row(&row.block_table, row.context_len(), row.tokens.len(), Some(&row.positions));
         }
         let positions = Tensor::new(host.write_positions.as_slice(), dev)?;
         let rope = self.model.rope(&positions)?;
@@ -234,7 +230,7 @@ impl DiffusionRunner {
     /// residual stream, the addressing it is packed by, and each row's kept token indices.
     fn forward_evicting(
         &self,
-        launch: &Launch,
+        launch: &DenoiseLaunch,
         policy: &dyn EvictionPolicy,
         h: Tensor,
         rope: &RopeAngles,
@@ -256,66 +252,60 @@ impl DiffusionRunner {
             }
         }
         let gather = Tensor::new(gather.as_slice(), dev)?;
-        let mut h = h;
-        let mut imp = Vec::with_capacity(2);
-        for l in 0..2 {
-            let p = self.model.project_write(l, &h, rope, &batch, &self.kv)?;
-            imp.push(importance_of(&p.q, &p.k, &gather, &lens, m, spec.dtype)?);
-            if l == 0 {
-                h = self.model.finish_layer(0, &h, &p.q, &batch, &self.kv)?;
-            } else {
-                let delta = (&imp[1] - &imp[0])?;
-                lap.mark("layers 0-1 + importance")?;
-                let kept = self.select(launch, policy, &scored, &delta.to_vec2::<f32>()?)?;
-                lap.mark("selection")?;
-                if self.shadow {
-                    h = self.model.finish_layer(1, &h, &p.q, &batch, &self.kv)?;
-                    for l in 2..spec.num_layers {
-                        h = self.model.layer(l, &h, rope, &batch, &self.kv)?;
-                    }
-                    lap.mark("layers past 1")?;
-                    return Ok((h, host, kept));
-                }
-                // Compact to the kept tokens: each row sees keys up to its rightmost kept one.
-                let mut host_k = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
-                let mut index = Vec::new();
-                for (r, row) in launch.rows.iter().enumerate() {
-                    let pos = row.token_positions();
-                    let keep: Vec<u32> = match &kept[r] {
-                        Some(k) => k.clone(),
-                        None => (0..row.tokens.len() as u32).collect(),
-                    };
-                    index.extend(keep.iter().map(|&i| host.cu_q_lens[r] + i));
-                    host_k.write_positions.extend(keep.iter().map(|&i| pos[i as usize]));
-                    host_k.block_tables.push(host.block_tables[r].clone());
-                    host_k.context_lens.push(pos[*keep.last().expect("a row keeps a token") as usize] + 1);
-                    host_k.cu_q_lens.push(index.len() as u32);
-                }
-                let [h_k, q_k, cos, sin]: [Tensor; 4] = compact_rows(&[&h, &p.q, &rope.cos, &rope.sin], &index)?
-                    .try_into()
-                    .map_err(|_| candle_core::Error::Msg("compact_rows returned the wrong number of tensors".into()))?;
-                let rope_k = RopeAngles { cos, sin };
-                let batch_k = PagedBatch::new(host_k.clone(), self.block_size, self.mask, kv_width, dev)?;
-                lap.mark("compaction")?;
-                h = self.model.finish_layer(1, &h_k, &q_k, &batch_k, &self.kv)?;
-                for l in 2..spec.num_layers {
-                    h = self.model.layer(l, &h, &rope_k, &batch_k, &self.kv)?;
-                }
-                lap.mark("layers past 1")?;
-                return Ok((h, host_k, kept));
+        // Layer 0 over every token, its importance scored on the way.
+        let p0 = self.model.project_write(0, &h, rope, &batch, &self.kv)?;
+        let imp0 = importance_of(&p0.q, &p0.k, &gather, &lens, m, spec.dtype)?;
+        let h = self.model.finish_layer(0, &h, &p0.q, &batch, &self.kv)?;
+        // Layer 1 up to its K/V write (for every token), then the rise of the importance.
+        let p1 = self.model.project_write(1, &h, rope, &batch, &self.kv)?;
+        let imp1 = importance_of(&p1.q, &p1.k, &gather, &lens, m, spec.dtype)?;
+        let delta = (imp1 - imp0)?;
+        lap.mark("layers 0-1 + importance")?;
+        let kept = self.select(launch, policy, &scored, &delta.to_vec2::<f32>()?)?;
+        lap.mark("selection")?;
+        if self.shadow {
+            let mut h = self.model.finish_layer(1, &h, &p1.q, &batch, &self.kv)?;
+            for l in 2..spec.num_layers {
+                h = self.model.layer(l, &h, rope, &batch, &self.kv)?;
             }
+            lap.mark("layers past 1")?;
+            return Ok((h, host, kept));
         }
-        unreachable!("the loop returns at layer 1")
+        // Compact to the kept tokens: each row sees keys up to its rightmost kept one.
+        let mut host_k = PagedBatchHost::new();
+        let mut index = Vec::new();
+        for (r, row) in launch.rows.iter().enumerate() {
+            let keep: Vec<u32> = match &kept[r] {
+                Some(k) => k.clone(),
+                None => (0..row.tokens.len() as u32).collect(),
+            };
+            let positions: Vec<u32> = keep.iter().map(|&i| row.positions[i as usize]).collect();
+            index.extend(keep.iter().map(|&i| host.cu_q_lens[r] + i));
+            let context = positions.last().map_or(0, |&p| p as usize + 1);
+            host_k.push_row(&host.block_tables[r], context, keep.len(), Some(&positions));
+        }
+        let [h_k, q_k, cos, sin]: [Tensor; 4] = compact_rows(&[&h, &p1.q, &rope.cos, &rope.sin], &index)?
+            .try_into()
+            .map_err(|_| candle_core::Error::Msg("compact_rows returned the wrong number of tensors".into()))?;
+        let rope_k = RopeAngles { cos, sin };
+        let batch_k = PagedBatch::new(host_k.clone(), self.block_size, self.mask, kv_width, dev)?;
+        lap.mark("compaction")?;
+        let mut h = self.model.finish_layer(1, &h_k, &q_k, &batch_k, &self.kv)?;
+        for l in 2..spec.num_layers {
+            h = self.model.layer(l, &h, &rope_k, &batch_k, &self.kv)?;
+        }
+        lap.mark("layers past 1")?;
+        Ok((h, host_k, kept))
     }
 
     /// The policy's kept set per scored row: its unmasked tokens plus the masked ones it keeps,
     /// as ascending token indices.
-    fn select(&self, launch: &Launch, policy: &dyn EvictionPolicy, scored: &[usize], delta: &[Vec<f32>]) -> Result<Vec<Option<Vec<u32>>>> {
+    fn select(&self, launch: &DenoiseLaunch, policy: &dyn EvictionPolicy, scored: &[usize], delta: &[Vec<f32>]) -> Result<Vec<Option<Vec<u32>>>> {
         let mut kept = vec![None; launch.rows.len()];
         for (i, &r) in scored.iter().enumerate() {
-            let row: &LaunchRow = &launch.rows[r];
+            let row: &DenoiseRow = &launch.rows[r];
             let ev = row.evict.expect("scored rows carry block state");
-            let pos = row.token_positions();
+            let pos = &row.positions;
             let offsets: Vec<u32> = row.readout.iter().map(|&t| pos[t as usize] - ev.block_start).collect();
             let keep = policy.keep(&EvictionInput {
                 delta: &delta[i][..row.readout.len()],

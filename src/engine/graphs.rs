@@ -292,14 +292,13 @@ mod tests {
         let run = |model: Box<dyn LoopedModel>, sched: SchedulerKind, layout: KvLayoutKind, width: usize, graphs: bool| -> (Vec<Vec<u32>>, (usize, usize)) {
             CPU_GRAPH_BODIES.with(|c| c.set(graphs));
             let mut b = EngineBuilder::from_model(model, None, vec![])
-                .scheduler(sched)
-                .kv_layout(layout)
+                .looped(|o| o.scheduler(sched).kv_layout(layout))
                 .max_num_seqs(width)
                 .block_size(4)
                 .max_num_batched_tokens(256)
-                .cuda_graphs(graphs);
+                .looped(|o| o.cuda_graphs(graphs));
             if sched != SchedulerKind::Continuous {
-                b = b.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap());
+                b = b.looped(|o| o.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap()));
             }
             let mut engine = b.build().unwrap();
             CPU_GRAPH_BODIES.with(|c| c.set(false));
@@ -316,8 +315,7 @@ mod tests {
                     }
                 }
             }
-            let crate::engine::core::ModelRunner::Looped(runner) = &engine.runner else { unreachable!() };
-            let stats = runner.graph_stats();
+            let stats = (engine.metrics().graph_captures, engine.metrics().graph_replays);
             (ids.iter().map(|id| got.remove(id).unwrap()).collect(), stats)
         };
         for (sched, layout, width) in [

@@ -1,6 +1,6 @@
 //! The engine on its own thread, fed and drained through channels.
 
-use super::{Engine, EngineBuilder, Event, GenerationParams, Output, Prompt, RequestId};
+use super::{Engine, Event, GenerationParams, Output, Prompt, RequestId};
 use crate::{Error, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashMap;
@@ -47,12 +47,12 @@ impl RequestStream {
 }
 
 impl EngineHandle {
-    pub(super) fn spawn(builder: EngineBuilder) -> Result<Self> {
+    pub(super) fn spawn(build: impl FnOnce() -> Result<Engine> + Send + 'static) -> Result<Self> {
         let (tx, rx) = unbounded();
         let (ready_tx, ready_rx) = bounded(1);
         let thread = std::thread::Builder::new()
             .name("ponder-engine".into())
-            .spawn(move || match builder.build() {
+            .spawn(move || match build() {
                 Ok(engine) => {
                     let _ = ready_tx.send(Ok(()));
                     serve(engine, rx);

@@ -4,7 +4,7 @@
 //! read and write outside the KV cache on the device. The built-in schedulers are covered by
 //! the conformance suites and skip this.
 
-use crate::scheduler::{Launch, LaunchRow, Stage};
+use crate::scheduler::{DenoiseLaunch, DenoiseRow, LoopedLaunch, LoopedRow, Stage};
 
 /// What a launch may address (`bank_rows` is 0 for diffusion runners).
 pub(crate) struct Bounds {
@@ -16,7 +16,7 @@ pub(crate) struct Bounds {
 }
 
 /// `Err(reason)` for the first thing in `launch` the runner cannot run.
-pub(crate) fn check_launch(launch: &Launch, b: &Bounds) -> Result<(), String> {
+pub(crate) fn check_looped(launch: &LoopedLaunch, b: &Bounds) -> Result<(), String> {
     if launch.rows.is_empty() {
         return Err("no rows".into());
     }
@@ -29,20 +29,19 @@ pub(crate) fn check_launch(launch: &Launch, b: &Bounds) -> Result<(), String> {
         return Err(format!("a {} launch with no loop steps (`step_slots`)", launch.stage.name()));
     }
     for (i, row) in launch.rows.iter().enumerate() {
-        check_row(launch, row, b).map_err(|e| format!("row {i} (request {}): {e}", row.request.0))?;
+        check_looped_row(launch, row, b).map_err(|e| format!("row {i} (request {}): {e}", row.request.0))?;
     }
     Ok(())
 }
 
-fn check_row(launch: &Launch, row: &LaunchRow, b: &Bounds) -> Result<(), String> {
-    check_tokens(row, b)?;
+fn check_looped_row(launch: &LoopedLaunch, row: &LoopedRow, b: &Bounds) -> Result<(), String> {
+    check_tokens(&row.tokens, b)?;
     // Positions each table must cover: the row's tokens, and the successor's after a re-entry.
     let end = row.start_pos + row.tokens.len() + usize::from(launch.reenter && row.sample);
     let tables: &[usize] = match launch.stage {
         Stage::Prefill | Stage::FullDepthDecode => &launch.step_slots,
         Stage::CoreStep => std::slice::from_ref(&row.slot),
         Stage::Coda => &[0],
-        Stage::Denoise => return Err("a looped model cannot run a denoise launch".into()),
     };
     if launch.stage == Stage::CoreStep || launch.stage == Stage::Coda || launch.reenter {
         if row.state as usize >= b.bank_rows {
@@ -62,11 +61,11 @@ fn check_row(launch: &Launch, row: &LaunchRow, b: &Bounds) -> Result<(), String>
 }
 
 /// Tokens present and inside the vocabulary.
-fn check_tokens(row: &LaunchRow, b: &Bounds) -> Result<(), String> {
-    if row.tokens.is_empty() {
+fn check_tokens(tokens: &[u32], b: &Bounds) -> Result<(), String> {
+    if tokens.is_empty() {
         return Err("no tokens".into());
     }
-    if let Some(&t) = row.tokens.iter().find(|&&t| t as usize >= b.vocab_size) {
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= b.vocab_size) {
         return Err(format!("token {t} outside the vocabulary of {}", b.vocab_size));
     }
     Ok(())
@@ -84,12 +83,9 @@ fn check_table(table: &[u32], end: usize, b: &Bounds) -> Result<(), String> {
     Ok(())
 }
 
-/// The diffusion runner's counterpart: `Denoise` launches whose rows address cache positions
-/// through `block_tables[0]` and read out token indices.
-pub(crate) fn check_denoise(launch: &Launch, b: &Bounds) -> Result<(), String> {
-    if launch.stage != Stage::Denoise {
-        return Err(format!("a diffusion model runs denoise launches, not {}", launch.stage.name()));
-    }
+/// The diffusion runner's counterpart: rows address cache positions through their block table
+/// and read out token indices.
+pub(crate) fn check_denoise(launch: &DenoiseLaunch, b: &Bounds) -> Result<(), String> {
     if launch.rows.is_empty() {
         return Err("no rows".into());
     }
@@ -99,16 +95,13 @@ pub(crate) fn check_denoise(launch: &Launch, b: &Bounds) -> Result<(), String> {
     Ok(())
 }
 
-fn check_denoise_row(row: &LaunchRow, b: &Bounds) -> Result<(), String> {
-    check_tokens(row, b)?;
-    if !row.positions.is_empty() && (row.positions.len() != row.tokens.len() || row.positions.windows(2).any(|w| w[0] >= w[1])) {
+fn check_denoise_row(row: &DenoiseRow, b: &Bounds) -> Result<(), String> {
+    check_tokens(&row.tokens, b)?;
+    if row.positions.len() != row.tokens.len() || row.positions.windows(2).any(|w| w[0] >= w[1]) {
         return Err(format!("{} positions for {} tokens, or not ascending", row.positions.len(), row.tokens.len()));
     }
     if let Some(&r) = row.readout.iter().find(|&&r| r as usize >= row.tokens.len()) {
         return Err(format!("readout index {r} past the row's {} tokens", row.tokens.len()));
     }
-    let Some(table) = row.block_tables.first() else {
-        return Err("no block table".into());
-    };
-    check_table(table, row.context_len(), b)
+    check_table(&row.block_table, row.context_len(), b)
 }

@@ -44,6 +44,9 @@ pub struct EngineMetrics {
     /// `depth_histogram[d - 1]`: generated tokens that ran `d` loop steps (depth schedulers;
     /// a request's first token comes from the full-depth prefill and counts at r_max).
     pub depth_histogram: Vec<u64>,
+    /// Looped models with CUDA graphs: decode graphs captured, and launches replayed from one.
+    pub graph_captures: usize,
+    pub graph_replays: usize,
     /// Diffusion models: what the denoise launches carried.
     pub denoise: DenoiseStats,
 }
@@ -106,7 +109,7 @@ impl EngineMetrics {
 }
 
 impl EngineMetrics {
-    pub(crate) fn record_denoise(&mut self, launch: &crate::scheduler::Launch, result: &crate::scheduler::LaunchResult) {
+    pub(crate) fn record_denoise(&mut self, launch: &crate::scheduler::DenoiseLaunch, result: &crate::scheduler::DenoiseResult) {
         let d = &mut self.denoise;
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             if row.readout.is_empty() {

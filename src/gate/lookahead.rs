@@ -44,8 +44,8 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::RequestId;
     use crate::gate::QExit;
+    use crate::request::RequestId;
 
     #[test]
     fn only_the_latent_difference_gate_reads_the_latent_change() {

@@ -17,7 +17,7 @@ pub use lookahead::Lookahead;
 pub use q_exit::QExit;
 pub use replay::{DepthTrace, Replay};
 
-use crate::engine::RequestId;
+use crate::request::RequestId;
 
 /// What a step reports for one item; each gate reads the signal it understands.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -48,7 +48,7 @@ impl ExitGate for QExit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::RequestId;
+    use crate::request::RequestId;
 
     fn item() -> ItemRef {
         ItemRef { request: RequestId(0), token_index: 0 }

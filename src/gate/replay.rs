@@ -112,7 +112,7 @@ impl ExitGate for Replay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::RequestId;
+    use crate::request::RequestId;
 
     #[test]
     fn seeded_depths_hit_the_mean() {

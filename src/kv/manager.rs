@@ -1,7 +1,7 @@
 //! Block tables per (request, slot) over one [`BlockPool`].
 
 use super::{BlockPool, KvLayout};
-use crate::engine::RequestId;
+use crate::request::RequestId;
 use std::collections::HashMap;
 use std::sync::Arc;
 

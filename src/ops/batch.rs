@@ -56,6 +56,27 @@ pub struct PagedBatchHost {
 }
 
 impl PagedBatchHost {
+    /// The addressing of a launch with no rows yet; add them with [`PagedBatchHost::push_row`].
+    pub fn new() -> Self {
+        Self { cu_q_lens: vec![0], ..Self::default() }
+    }
+
+    /// Appends a row of `q_len` tokens that attends through `table` to the keys before
+    /// `context_len`. Its tokens' K/V go to `positions` when given (ragged recompute sets; then
+    /// every row gives them), else to the `q_len` positions before `context_len`.
+    pub fn push_row(&mut self, table: &[u32], context_len: usize, q_len: usize, positions: Option<&[u32]>) {
+        if self.cu_q_lens.is_empty() {
+            self.cu_q_lens.push(0);
+        }
+        let end = self.cu_q_lens[self.cu_q_lens.len() - 1] + q_len as u32;
+        self.cu_q_lens.push(end);
+        self.block_tables.push(table.to_vec());
+        self.context_lens.push(context_len as u32);
+        if let Some(p) = positions {
+            self.write_positions.extend_from_slice(p);
+        }
+    }
+
     /// Cache positions of row `r`'s tokens.
     pub fn row_positions(&self, r: usize) -> Vec<usize> {
         let (a, b) = (self.cu_q_lens[r] as usize, self.cu_q_lens[r + 1] as usize);

@@ -2,8 +2,12 @@
 //! the device: a CPU implementation written with candle ops (also the reference the CUDA kernels
 //! are tested against) and, with the `cuda` feature, a kernel of our own.
 
+// The references and kernel selectors are for the device tests (feature `testing`).
+#![cfg_attr(not(feature = "testing"), allow(unused_imports))]
+
 mod batch;
 mod compact;
+mod focus_importance;
 pub mod fused;
 mod paged_attention;
 mod rope;
@@ -14,8 +18,11 @@ pub mod cuda;
 
 pub use batch::{write_u32, AttnMask, PagedBatch, PagedBatchBuffers, PagedBatchHost};
 pub use compact::{compact_rows, compact_rows_reference};
+pub use focus_importance::{importance, importance_of, importance_oracle};
 pub use fused::{add_rms_norm, qkv_norm_rope, qkv_norm_rope_write, qkv_rope_write, silu_mul};
-pub use paged_attention::{paged_attention, paged_attention_reference, write_kv, write_kv_reference};
+pub use paged_attention::{
+    attention_kernels, paged_attention, paged_attention_reference, set_attention_kernels, write_kv, write_kv_reference, AttentionKernels,
+};
 pub use rope::{RopeAngles, RopeTable};
 pub use scatter::{scatter_rows, scatter_rows_reference};
 

@@ -30,6 +30,39 @@ pub fn write_kv_reference(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> R
     flat.scatter_set(batch.write_index()?, &src, 0)
 }
 
+/// Which CUDA paged-attention kernels run. Every choice computes the same attention (up to
+/// rounding); the default is the fastest measured on the H200, the others are kept to compare
+/// against and to check it (`tests/gpu_kernels.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernels {
+    /// SIMT kernels for few query items per row; tensor-core kernels with pipelined tile loads
+    /// (cp.async double buffering) for many, in bf16 / f16.
+    #[default]
+    Auto,
+    /// As `Auto`, with the tensor-core kernels loading tiles synchronously.
+    Unpipelined,
+    /// SIMT kernels only.
+    Simt,
+}
+
+static ATTENTION_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Selects the paged-attention kernels for the whole process (the engine builder's
+/// `attention_kernels` option sets it when an engine is built).
+pub fn set_attention_kernels(k: AttentionKernels) {
+    ATTENTION_KERNELS.store(k as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The kernels selected with [`set_attention_kernels`].
+#[cfg(any(test, feature = "testing", feature = "cuda"))]
+pub fn attention_kernels() -> AttentionKernels {
+    match ATTENTION_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => AttentionKernels::Unpipelined,
+        2 => AttentionKernels::Simt,
+        _ => AttentionKernels::Auto,
+    }
+}
+
 /// Paged attention; output `[tokens, heads, head_dim]` in the dtype of `q`.
 pub fn paged_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, batch: &PagedBatch, scale: f64) -> Result<Tensor> {
     #[cfg(feature = "cuda")]

@@ -10,10 +10,9 @@
 //! baselines batch their full-depth prefills alike instead of one small prefill per finished
 //! request.
 
-use super::{Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
-use crate::engine::RequestId;
+use super::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats, Stage};
 use crate::kv::KvManager;
-use std::collections::VecDeque;
+use crate::request::RequestId;
 
 #[derive(Debug)]
 struct Seq {
@@ -28,18 +27,18 @@ struct Seq {
 #[derive(Debug)]
 pub struct ContinuousBatching {
     limits: SchedulerLimits,
-    kv: KvManager,
+    /// Waiting requests (a preempted one carries its generated tokens in its prompt).
+    requests: Requests,
     max_steps: usize,
-    waiting: VecDeque<Seq>,
     running: Vec<Seq>,
-    preemptions: usize,
+    preemptions: u64,
     /// `None`: `max(1, max_num_seqs / 16)`, as in [`super::DepthConfig::min_free_slots`].
     min_free_slots: Option<usize>,
 }
 
 impl ContinuousBatching {
     pub fn new(limits: SchedulerLimits, kv: KvManager, max_steps: usize) -> Self {
-        Self { limits, kv, max_steps, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0, min_free_slots: None }
+        Self { limits, requests: Requests::new(kv), max_steps, running: Vec::new(), preemptions: 0, min_free_slots: None }
     }
 
     /// Admit a prefill while others decode only once this many resident slots are free (or
@@ -51,57 +50,59 @@ impl ContinuousBatching {
     }
 
     fn step_slots(&self) -> Vec<usize> {
-        (0..self.max_steps).map(|s| self.kv.layout().slot_for_step(s)).collect()
+        (0..self.max_steps).map(|s| self.requests.kv().layout().slot_for_step(s)).collect()
     }
 
-    fn row(&self, seq: &Seq) -> LaunchRow {
-        LaunchRow::full_depth(seq.id, seq.tokens[seq.computed..].to_vec(), seq.computed, self.kv.tables(seq.id).expect("reserved").to_vec())
+    fn row(&self, seq: &Seq) -> LoopedRow {
+        LoopedRow::full_depth(seq.id, seq.tokens[seq.computed..].to_vec(), seq.computed, self.requests.kv().tables(seq.id).expect("reserved").to_vec())
     }
 
-    fn schedule_prefill(&mut self) -> Option<Launch> {
+    fn schedule_prefill(&mut self) -> Option<LoopedLaunch> {
         let free = self.limits.max_num_seqs.saturating_sub(self.running.len());
-        if !self.limits.admits_prefill(self.min_free_slots, !self.running.is_empty(), free, self.waiting.len()) {
+        if !self.limits.admits_prefill(self.min_free_slots, !self.running.is_empty(), free, self.requests.num_waiting()) {
             return None;
         }
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
         while self.running.len() < self.limits.max_num_seqs {
-            let Some(seq) = self.waiting.front() else {
+            let Some(next) = self.requests.front() else {
                 break;
             };
-            let len = seq.tokens.len();
+            let len = next.prompt.len();
             if len > budget {
                 break;
             }
             // Leave every running request room to grow by one block per slot, so admitting
             // this one does not force a preemption on the very next decode.
-            let headroom = self.running.len() * self.kv.num_slots();
-            if self.kv.blocks_missing(seq.id, len) + headroom > self.kv.num_free_blocks() {
+            let kv = self.requests.kv();
+            let headroom = self.running.len() * kv.num_slots();
+            if kv.blocks_missing(next.id, len) + headroom > kv.num_free_blocks() {
                 break;
             }
-            let seq = self.waiting.pop_front().expect("front exists");
-            assert!(self.kv.reserve(seq.id, len), "checked free blocks");
+            let next = self.requests.admit_front(len).expect("checked free blocks");
+            let seq = Seq { id: next.id, tokens: next.prompt, computed: 0 };
             budget -= len;
             rows.push(self.row(&seq));
             self.running.push(seq);
         }
-        (!rows.is_empty()).then(|| Launch { stage: Stage::Prefill, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
+        (!rows.is_empty()).then(|| LoopedLaunch { stage: Stage::Prefill, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
     }
 
-    fn schedule_decode(&mut self) -> Option<Launch> {
+    fn schedule_decode(&mut self) -> Option<LoopedLaunch> {
         let mut i = 0;
         while i < self.running.len() {
             let (id, need) = (self.running[i].id, self.running[i].tokens.len());
-            if self.kv.reserve(id, need) {
+            if self.requests.kv_mut().reserve(id, need) {
                 i += 1;
                 continue;
             }
             // Preempt the most recently admitted request (possibly this one) and retry.
             let victim = self.running.pop().expect("non-empty");
-            self.kv.free(victim.id);
+            self.requests.kv_mut().free(victim.id);
             self.preemptions += 1;
             let victim_was_current = i == self.running.len();
-            self.waiting.push_front(Seq { computed: 0, ..victim });
+            // Re-prefilled later with what it generated so far (recompute preemption).
+            self.requests.push_front(SchedRequest { id: victim.id, prompt: victim.tokens, max_new_tokens: 0 });
             if victim_was_current {
                 break;
             }
@@ -110,7 +111,7 @@ impl ContinuousBatching {
             return None;
         }
         let rows = self.running.iter().map(|s| self.row(s)).collect();
-        Some(Launch { stage: Stage::FullDepthDecode, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
+        Some(LoopedLaunch { stage: Stage::FullDepthDecode, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
     }
 }
 
@@ -120,17 +121,37 @@ impl Scheduler for ContinuousBatching {
     }
 
     fn add(&mut self, request: SchedRequest) {
-        self.waiting.push_back(Seq { id: request.id, tokens: request.prompt, computed: 0 });
+        self.requests.push(request);
     }
 
-    fn schedule(&mut self) -> Option<Launch> {
+    fn finish(&mut self, id: RequestId) {
+        self.running.retain(|s| s.id != id);
+        self.requests.forget(id);
+    }
+
+    fn num_waiting(&self) -> usize {
+        self.requests.num_waiting()
+    }
+    fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    fn kv(&self) -> &KvManager {
+        self.requests.kv()
+    }
+    fn stats(&self) -> SchedulerStats {
+        SchedulerStats { preemptions: self.preemptions, ..SchedulerStats::default() }
+    }
+}
+
+impl LoopedScheduler for ContinuousBatching {
+    fn schedule(&mut self) -> Option<LoopedLaunch> {
         if let Some(l) = self.schedule_prefill() {
             return Some(l);
         }
         self.schedule_decode().or_else(|| self.schedule_prefill())
     }
 
-    fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
+    fn complete(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             let Some(seq) = self.running.iter_mut().find(|s| s.id == row.request) else {
                 continue;
@@ -141,39 +162,20 @@ impl Scheduler for ContinuousBatching {
             }
         }
     }
-
-    fn finish(&mut self, id: RequestId) {
-        self.waiting.retain(|s| s.id != id);
-        self.running.retain(|s| s.id != id);
-        self.kv.free(id);
-    }
-
-    fn num_waiting(&self) -> usize {
-        self.waiting.len()
-    }
-    fn num_running(&self) -> usize {
-        self.running.len()
-    }
-    fn kv(&self) -> &KvManager {
-        &self.kv
-    }
-    fn num_preemptions(&self) -> usize {
-        self.preemptions
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kv::{DepthIndexed, Shared};
-    use crate::scheduler::RowOutput;
+    use crate::scheduler::LoopedRowOutput;
 
     fn req(id: u64, len: usize) -> SchedRequest {
         SchedRequest { id: RequestId(id), prompt: (0..len as u32).collect(), max_new_tokens: 8 }
     }
 
-    fn answer(l: &Launch, token: u32) -> LaunchResult {
-        LaunchResult { rows: l.rows.iter().map(|r| RowOutput { token: Some(token), ..RowOutput::new(r.request) }).collect() }
+    fn answer(l: &LoopedLaunch, token: u32) -> LoopedResult {
+        LoopedResult { rows: l.rows.iter().map(|r| LoopedRowOutput { token: Some(token), ..LoopedRowOutput::new(r.request) }).collect() }
     }
 
     #[test]
@@ -240,7 +242,7 @@ mod tests {
         loop {
             let l = s.schedule().unwrap();
             assert_eq!(l.stage, Stage::FullDepthDecode);
-            if s.num_preemptions() == 1 {
+            if s.stats().preemptions == 1 {
                 assert_eq!(l.rows.len(), 1);
                 assert_eq!(l.rows[0].request, RequestId(0));
                 break;

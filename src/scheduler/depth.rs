@@ -20,10 +20,10 @@
 //! KV is reserved for the worst case (prompt + `max_new_tokens`) at admission, so a running
 //! request never stalls on KV.
 
-use super::{KvCopy, Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
-use crate::engine::RequestId;
+use super::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats, Stage};
 use crate::gate::{ExitGate, GateState, ItemRef, StepSignals};
 use crate::kv::KvManager;
+use crate::request::RequestId;
 use std::collections::{HashMap, VecDeque};
 
 /// Options of the depth scheduler.
@@ -92,10 +92,9 @@ struct Item {
 pub struct DepthBatching {
     cfg: DepthConfig,
     limits: SchedulerLimits,
-    kv: KvManager,
+    requests: Requests,
     gate: Box<dyn ExitGate>,
     max_steps: usize,
-    waiting: VecDeque<(RequestId, Vec<u32>, usize)>,
     reqs: HashMap<RequestId, Req>,
     free_states: Vec<u32>,
     ready: VecDeque<Item>,
@@ -118,10 +117,9 @@ impl DepthBatching {
         Self {
             cfg,
             limits,
-            kv,
+            requests: Requests::new(kv),
             gate,
             max_steps,
-            waiting: VecDeque::new(),
             reqs: HashMap::new(),
             free_states,
             ready: VecDeque::new(),
@@ -138,24 +136,24 @@ impl DepthBatching {
         self.gate.as_ref()
     }
 
-    fn launch(&mut self, stage: Stage, rows: Vec<LaunchRow>) -> Launch {
+    fn launch(&mut self, stage: Stage, rows: Vec<LoopedRow>) -> LoopedLaunch {
         let kv_copies = std::mem::take(&mut self.copies).into_iter().map(|(_, c)| c).collect();
         let step_slots = match stage {
-            Stage::Prefill => (0..self.max_steps).map(|s| self.kv.layout().slot_for_step(s)).collect(),
+            Stage::Prefill => (0..self.max_steps).map(|s| self.requests.kv().layout().slot_for_step(s)).collect(),
             _ => Vec::new(),
         };
         let reenter = matches!(stage, Stage::Prefill | Stage::Coda);
-        Launch { stage, step_slots, rows, kv_copies, reenter }
+        LoopedLaunch { stage, step_slots, rows, kv_copies, reenter }
     }
 
     fn tables(&self, id: RequestId) -> Vec<crate::kv::BlockTable> {
-        self.kv.tables(id).expect("resident request has KV").to_vec()
+        self.requests.kv().tables(id).expect("resident request has KV").to_vec()
     }
 
     /// The row that reads an item's state (and, for coda rows, re-enters its successor).
-    fn item_row(&self, item: &Item, stage: Stage) -> LaunchRow {
+    fn item_row(&self, item: &Item, stage: Stage) -> LoopedRow {
         let req = &self.reqs[&item.request];
-        LaunchRow {
+        LoopedRow {
             request: item.request,
             // Core and coda rows read their state from the bank; the input token is informative
             // and, when launches overlap, may not have reached the host yet (then 0).
@@ -165,30 +163,27 @@ impl DepthBatching {
             // Coda rows sample; the successor re-enters only if the request wants more tokens.
             sample: stage == Stage::Coda,
             step: item.step,
-            slot: self.kv.layout().slot_for_step(item.step),
+            slot: self.requests.kv().layout().slot_for_step(item.step),
             state: req.state,
-            positions: Vec::new(),
-            readout: Vec::new(),
-            evict: None,
         }
     }
 
-    fn try_prefill(&mut self) -> Option<Launch> {
-        if !self.limits.admits_prefill(self.cfg.min_free_slots, !self.reqs.is_empty(), self.free_states.len(), self.waiting.len()) {
+    fn try_prefill(&mut self) -> Option<LoopedLaunch> {
+        if !self.limits.admits_prefill(self.cfg.min_free_slots, !self.reqs.is_empty(), self.free_states.len(), self.requests.num_waiting()) {
             return None;
         }
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
-        while let Some((id, prompt, max_new)) = self.waiting.front() {
-            let (id, need) = (*id, prompt.len() + *max_new);
-            if prompt.len() > budget || self.free_states.is_empty() || self.kv.blocks_missing(id, need) > self.kv.num_free_blocks() {
+        while let Some(next) = self.requests.front() {
+            let (id, need) = (next.id, next.prompt.len() + next.max_new_tokens);
+            let kv = self.requests.kv();
+            if next.prompt.len() > budget || self.free_states.is_empty() || kv.blocks_missing(id, need) > kv.num_free_blocks() {
                 break;
             }
-            let (id, prompt, max_new) = self.waiting.pop_front().expect("front");
-            assert!(self.kv.reserve(id, need));
+            let SchedRequest { prompt, max_new_tokens: max_new, .. } = self.requests.admit_front(need).expect("checked free blocks");
             budget -= prompt.len();
             let state = self.free_states.pop().expect("checked");
-            let mut row = LaunchRow::full_depth(id, prompt.clone(), 0, self.tables(id));
+            let mut row = LoopedRow::full_depth(id, prompt.clone(), 0, self.tables(id));
             row.state = state;
             rows.push(row);
             self.unrouted.push_back((Stage::Prefill, id));
@@ -198,7 +193,7 @@ impl DepthBatching {
         (!rows.is_empty()).then(|| self.launch(Stage::Prefill, rows))
     }
 
-    fn take_coda(&mut self, all: bool) -> Option<Launch> {
+    fn take_coda(&mut self, all: bool) -> Option<LoopedLaunch> {
         if self.coda.is_empty() {
             return None;
         }
@@ -214,7 +209,7 @@ impl DepthBatching {
         Some(self.launch(Stage::Coda, rows))
     }
 
-    fn take_core(&mut self) -> Option<Launch> {
+    fn take_core(&mut self) -> Option<LoopedLaunch> {
         if self.ready.is_empty() {
             return None;
         }
@@ -283,7 +278,7 @@ impl DepthBatching {
                         None => keep.push_back((stage, id)),
                     }
                 }
-                Stage::FullDepthDecode | Stage::Denoise => {}
+                Stage::FullDepthDecode => {}
             }
         }
         self.unrouted = keep;
@@ -293,13 +288,14 @@ impl DepthBatching {
     }
 
     fn exit_copies(&mut self, item: &Item) {
-        let layout = self.kv.layout();
+        let kv = self.requests.kv();
+        let layout = kv.layout();
         let fill = layout.fill_on_exit(item.step, self.max_steps);
         if fill.is_empty() {
             return;
         }
-        let bs = self.kv.block_size() as u32;
-        let tables = self.kv.tables(item.request).expect("resident");
+        let bs = kv.block_size() as u32;
+        let tables = kv.tables(item.request).expect("resident");
         let flat = |slot: usize| tables[slot][item.pos / bs as usize] * bs + (item.pos % bs as usize) as u32;
         let src = flat(layout.slot_for_step(item.step));
         let copies: Vec<_> = fill.into_iter().map(|s| (item.request, KvCopy { src, dst: flat(s) })).collect();
@@ -317,10 +313,43 @@ impl Scheduler for DepthBatching {
     }
 
     fn add(&mut self, request: SchedRequest) {
-        self.waiting.push_back((request.id, request.prompt, request.max_new_tokens));
+        self.requests.push(request);
     }
 
-    fn schedule(&mut self) -> Option<Launch> {
+    fn finish(&mut self, id: RequestId) {
+        self.ready.retain(|it| it.request != id);
+        self.coda.retain(|it| it.request != id);
+        self.in_flight.remove(&id);
+        self.unrouted.retain(|(_, r)| *r != id);
+        // Copies into a finished request's blocks must not land after the blocks are reused.
+        self.copies.retain(|(r, _)| *r != id);
+        if let Some(req) = self.reqs.remove(&id) {
+            self.free_states.push(req.state);
+        }
+        self.requests.forget(id);
+    }
+
+    fn num_waiting(&self) -> usize {
+        self.requests.num_waiting()
+    }
+    fn num_running(&self) -> usize {
+        self.reqs.len()
+    }
+    fn kv(&self) -> &KvManager {
+        self.requests.kv()
+    }
+    fn stats(&self) -> SchedulerStats {
+        SchedulerStats { depth_histogram: self.hist.clone(), ..SchedulerStats::default() }
+    }
+    /// Admission reserves KV for the whole sequence, so nothing is preempted and re-prefilled:
+    /// only the prompt must fit one prefill.
+    fn max_prefill_tokens(&self, prompt_len: usize, _max_new_tokens: usize) -> usize {
+        prompt_len
+    }
+}
+
+impl LoopedScheduler for DepthBatching {
+    fn schedule(&mut self) -> Option<LoopedLaunch> {
         self.route();
         if self.cfg.refill {
             if self.coda.len() >= self.cfg.min_coda_batch_size.max(1) {
@@ -352,7 +381,7 @@ impl Scheduler for DepthBatching {
         self.take_core()
     }
 
-    fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
+    fn complete(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
         match launch.stage {
             Stage::Prefill | Stage::Coda => {
                 for (row, out) in launch.rows.iter().zip(&result.rows) {
@@ -392,43 +421,12 @@ impl Scheduler for DepthBatching {
                     self.ready.push_front(it);
                 }
             }
-            Stage::FullDepthDecode | Stage::Denoise => {}
+            Stage::FullDepthDecode => {}
         }
     }
 
-    fn finish(&mut self, id: RequestId) {
-        self.waiting.retain(|(w, _, _)| *w != id);
-        self.ready.retain(|it| it.request != id);
-        self.coda.retain(|it| it.request != id);
-        self.in_flight.remove(&id);
-        self.unrouted.retain(|(_, r)| *r != id);
-        // Copies into a finished request's blocks must not land after the blocks are reused.
-        self.copies.retain(|(r, _)| *r != id);
-        if let Some(req) = self.reqs.remove(&id) {
-            self.free_states.push(req.state);
-        }
-        self.kv.free(id);
-    }
-
-    fn num_waiting(&self) -> usize {
-        self.waiting.len()
-    }
-    fn num_running(&self) -> usize {
-        self.reqs.len()
-    }
-    fn kv(&self) -> &KvManager {
-        &self.kv
-    }
-    fn depth_histogram(&self) -> Vec<u64> {
-        self.hist.clone()
-    }
     fn state_bank_rows(&self) -> usize {
         self.cfg.max_resident(self.limits.max_num_seqs)
-    }
-    /// Admission reserves KV for the whole sequence, so nothing is preempted and re-prefilled:
-    /// only the prompt must fit one prefill.
-    fn max_prefill_tokens(&self, prompt_len: usize, _max_new_tokens: usize) -> usize {
-        prompt_len
     }
 
     fn supports_overlap(&self) -> bool {
@@ -442,7 +440,7 @@ mod tests {
     use super::*;
     use crate::gate::{DepthTrace, FixedDepth, Replay};
     use crate::kv::{LastExited, Shared};
-    use crate::scheduler::RowOutput;
+    use crate::scheduler::LoopedRowOutput;
 
     fn sched(refill: bool, width: usize, gate: Box<dyn ExitGate>) -> DepthBatching {
         let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 4096 };
@@ -455,15 +453,15 @@ mod tests {
     }
 
     /// Runs the scheduler with a fake model (every sampled token is 1) and returns its launches.
-    fn drive(s: &mut DepthBatching, requests: usize, new_tokens: usize) -> Vec<Launch> {
+    fn drive(s: &mut DepthBatching, requests: usize, new_tokens: usize) -> Vec<LoopedLaunch> {
         for i in 0..requests {
             s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![3; 5], max_new_tokens: new_tokens });
         }
         let mut produced = vec![0usize; requests];
         let mut launches = Vec::new();
         while let Some(l) = s.schedule() {
-            let rows = l.rows.iter().map(|r| RowOutput { token: r.sample.then_some(1), ..RowOutput::new(r.request) }).collect();
-            let result = LaunchResult { rows };
+            let rows = l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(1), ..LoopedRowOutput::new(r.request) }).collect();
+            let result = LoopedResult { rows };
             s.complete(&l, &result);
             for r in result.rows.iter().filter(|r| r.token.is_some()) {
                 let i = r.request.0 as usize;
@@ -485,12 +483,12 @@ mod tests {
         let (w, n) = (4, 40);
         let mut s = sched(true, w, replay());
         let launches = drive(&mut s, w, n);
-        let cores: Vec<&Launch> = launches.iter().filter(|l| l.stage == Stage::CoreStep).collect();
+        let cores: Vec<&LoopedLaunch> = launches.iter().filter(|l| l.stage == Stage::CoreStep).collect();
         // While all W requests are far from their end, every core launch is full.
         let steady = &cores[2..cores.len() * 3 / 4];
         assert!(steady.iter().all(|l| l.rows.len() == w), "refill stopped refilling: {:?}", steady.iter().map(|l| l.rows.len()).collect::<Vec<_>>());
         assert!(cores.iter().any(|l| l.rows.iter().any(|r| r.step != l.rows[0].step)), "refill mixes loop steps in a launch");
-        let h = s.depth_histogram();
+        let h = s.stats().depth_histogram;
         assert_eq!(h.iter().sum::<u64>(), (w * n) as u64);
     }
 
@@ -521,7 +519,7 @@ mod tests {
         let (w, n) = (4, 30);
         let mut s = sched(false, w, replay());
         let launches = drive(&mut s, w, n);
-        let mut prev: Option<&Launch> = None;
+        let mut prev: Option<&LoopedLaunch> = None;
         for l in &launches {
             if l.stage == Stage::CoreStep {
                 let step = l.rows[0].step;
@@ -544,8 +542,9 @@ mod tests {
         let gate = Box::new(Replay::new(DepthTrace::Recorded([(0, vec![2])].into()), 1, 4).unwrap());
         let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 6], max_new_tokens: 3 });
-        let answer =
-            |l: &Launch| LaunchResult { rows: l.rows.iter().map(|r| RowOutput { token: r.sample.then_some(2), ..RowOutput::new(r.request) }).collect() };
+        let answer = |l: &LoopedLaunch| LoopedResult {
+            rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(2), ..LoopedRowOutput::new(r.request) }).collect(),
+        };
         let prefill = s.schedule().unwrap();
         assert_eq!(prefill.stage, Stage::Prefill);
         s.complete(&prefill, &answer(&prefill));
@@ -569,7 +568,7 @@ mod tests {
     fn fixed_full_depth_never_exits_early() {
         let mut s = sched(true, 3, Box::new(FixedDepth::new(4).unwrap()));
         drive(&mut s, 5, 6);
-        let h = s.depth_histogram();
+        let h = s.stats().depth_histogram;
         assert_eq!(&h[..3], &[0, 0, 0]);
         assert_eq!(h[3], 30);
     }

@@ -14,12 +14,13 @@
 //!   bidirectional models a block's first step covers the whole canvas, refreshing the prefix
 //!   K/V (Fast-dLLM's prefix cache, an approximation for those models).
 
-use super::{EvictRow, Launch, LaunchResult, LaunchRow, SchedRequest, Scheduler, SchedulerLimits, Stage};
-use crate::diffusion::{BlockCanvas, Candidate, StepContext, UnmaskPolicy};
-use crate::engine::RequestId;
+use super::{
+    DenoiseLaunch, DenoiseResult, DenoiseRow, DiffusionScheduler, Emitted, EvictRow, Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats,
+};
+use crate::diffusion::{BlockCanvas, Candidate, DiffusionAttention, StepContext, UnmaskPolicy};
 use crate::kv::KvManager;
-use crate::models::diffusion::DiffusionAttention;
-use std::collections::{HashMap, VecDeque};
+use crate::request::RequestId;
+use std::collections::HashMap;
 
 /// How blocks are decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,11 +76,10 @@ impl Running {
 pub struct DiffusionBatching {
     cfg: DiffusionConfig,
     limits: SchedulerLimits,
-    kv: KvManager,
+    requests: Requests,
     policy: Box<dyn UnmaskPolicy>,
-    waiting: VecDeque<SchedRequest>,
     running: Vec<Running>,
-    emitted: Vec<(RequestId, Vec<u32>)>,
+    emitted: Vec<Emitted>,
     /// Tokens revealed under an eviction policy, and of them those in the step's kept set.
     revealed: u64,
     revealed_kept: u64,
@@ -87,7 +87,7 @@ pub struct DiffusionBatching {
 
 impl DiffusionBatching {
     pub fn new(cfg: DiffusionConfig, limits: SchedulerLimits, kv: KvManager, policy: Box<dyn UnmaskPolicy>) -> Self {
-        Self { cfg, limits, kv, policy, waiting: VecDeque::new(), running: Vec::new(), emitted: Vec::new(), revealed: 0, revealed_kept: 0 }
+        Self { cfg, limits, requests: Requests::new(kv), policy, running: Vec::new(), emitted: Vec::new(), revealed: 0, revealed_kept: 0 }
     }
 
     pub fn config(&self) -> &DiffusionConfig {
@@ -122,17 +122,14 @@ impl DiffusionBatching {
     }
 
     /// The rows `req` contributes to the next launch; clears its pending prefill / commit.
-    fn rows_for(&self, req: &mut Running) -> Vec<LaunchRow> {
-        let table = self.kv.tables(req.id).expect("running request holds KV")[0].clone();
+    fn rows_for(&self, req: &mut Running) -> Vec<DenoiseRow> {
+        let table = self.requests.kv().tables(req.id).expect("running request holds KV")[0].clone();
         let mut rows = Vec::with_capacity(3);
         if std::mem::take(&mut req.prefill_pending) {
-            let start = req.canvas.start();
-            let positions = (0..start as u32).collect();
-            rows.push(LaunchRow::denoise(req.id, req.history.clone(), positions, vec![], table.clone()));
+            rows.push(DenoiseRow::run(req.id, req.history.clone(), 0, table.clone()));
         }
         if let Some((start, tokens)) = req.commit_pending.take() {
-            let positions = (start as u32..(start + tokens.len()) as u32).collect();
-            rows.push(LaunchRow::denoise(req.id, tokens, positions, vec![], table.clone()));
+            rows.push(DenoiseRow::run(req.id, tokens, start, table.clone()));
         }
         if req.canvas.is_done() {
             return rows; // waiting for the engine to finish it
@@ -154,7 +151,7 @@ impl DiffusionBatching {
             .map(|o| positions.binary_search(&(s + o - shift)).expect("a masked token's logit source is recomputed") as u32)
             .collect();
         let tokens = positions.iter().map(|&p| req.token_at(p)).collect();
-        let mut row = LaunchRow::denoise(req.id, tokens, positions.into_iter().map(|p| p as u32).collect(), readout, table);
+        let mut row = DenoiseRow::new(req.id, tokens, positions.into_iter().map(|p| p as u32).collect(), readout, table);
         if self.cfg.eviction {
             row.evict = Some(EvictRow { block_start: s as u32, decoded: req.decoded, decoding_steps: req.decoding_steps, block_progress: req.block_progress });
         }
@@ -163,11 +160,11 @@ impl DiffusionBatching {
     }
 
     /// Reveals a step's tokens, streams the final prefix and moves to the next block.
-    fn apply_step(&mut self, idx: usize, row: &LaunchRow, cands: &[(u32, f32)], kept: Option<&[u32]>) {
+    fn apply_step(&mut self, idx: usize, row: &DenoiseRow, cands: &[(u32, f32)], kept: Option<&[u32]>) {
         let shift = self.cfg.shift_logits as usize;
         let req = &self.running[idx];
         let s = req.canvas.start();
-        let positions = row.token_positions();
+        let positions = &row.positions;
         // Candidates line up with the readout, or with its kept part when tokens were evicted.
         let sources: Vec<u32> = match kept {
             Some(k) if cands.len() < row.readout.len() => row.readout.iter().copied().filter(|i| k.contains(i)).collect(),
@@ -241,27 +238,60 @@ impl Scheduler for DiffusionBatching {
     }
 
     fn add(&mut self, request: SchedRequest) {
-        self.waiting.push_back(request);
+        self.requests.push(request);
     }
 
-    fn schedule(&mut self) -> Option<Launch> {
+    fn finish(&mut self, id: RequestId) {
+        self.running.retain(|r| r.id != id);
+        self.requests.forget(id);
+    }
+
+    fn num_waiting(&self) -> usize {
+        self.requests.num_waiting()
+    }
+
+    fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    fn kv(&self) -> &KvManager {
+        self.requests.kv()
+    }
+
+    fn stats(&self) -> SchedulerStats {
+        SchedulerStats { revealed_in_kept: self.cfg.eviction.then_some((self.revealed, self.revealed_kept)), ..SchedulerStats::default() }
+    }
+
+    fn max_prefill_tokens(&self, prompt_len: usize, _max_new_tokens: usize) -> usize {
+        prompt_len
+    }
+
+    fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        (prompt_len + max_new_tokens).div_ceil(self.cfg.block_length) * self.cfg.block_length
+    }
+}
+
+impl DiffusionScheduler for DiffusionBatching {
+    fn schedule(&mut self) -> Option<DenoiseLaunch> {
         let mut rows = Vec::new();
         let mut running = std::mem::take(&mut self.running);
         for req in running.iter_mut() {
             rows.extend(self.rows_for(req));
         }
         // Admit first come first served while the width, the token budget and the KV pool allow.
-        let mut tokens: usize = rows.iter().map(|r: &LaunchRow| r.tokens.len()).sum();
+        let mut tokens: usize = rows.iter().map(|r: &DenoiseRow| r.tokens.len()).sum();
         while running.len() < self.limits.max_num_seqs {
-            let Some(next) = self.waiting.front() else {
+            let Some(next) = self.requests.front() else {
                 break;
             };
             let need = self.kv_positions(next.prompt.len(), next.max_new_tokens);
             let first_launch = next.prompt.len() + self.cfg.block_length + 1;
-            if (!running.is_empty() && tokens + first_launch > self.limits.max_num_batched_tokens) || !self.kv.reserve(next.id, need) {
+            if !running.is_empty() && tokens + first_launch > self.limits.max_num_batched_tokens {
                 break;
             }
-            let r = self.waiting.pop_front().expect("front exists");
+            let Some(r) = self.requests.admit_front(need) else {
+                break;
+            };
             let mut req = self.start(r);
             let new_rows = self.rows_for(&mut req);
             tokens += new_rows.iter().map(|r| r.tokens.len()).sum::<usize>();
@@ -272,10 +302,10 @@ impl Scheduler for DiffusionBatching {
         if rows.is_empty() {
             return None;
         }
-        Some(Launch { stage: Stage::Denoise, step_slots: vec![], rows, kv_copies: vec![], reenter: false })
+        Some(DenoiseLaunch { rows })
     }
 
-    fn complete(&mut self, launch: &Launch, result: &LaunchResult) {
+    fn complete(&mut self, launch: &DenoiseLaunch, result: &DenoiseResult) -> Vec<Emitted> {
         // Steps never add or remove running requests, so positions hold for the whole launch.
         let index: HashMap<RequestId, usize> = self.running.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
         for (row, out) in launch.rows.iter().zip(&result.rows) {
@@ -286,42 +316,7 @@ impl Scheduler for DiffusionBatching {
                 self.apply_step(idx, row, &out.candidates, out.kept.as_deref());
             }
         }
-    }
-
-    fn finish(&mut self, id: RequestId) {
-        self.waiting.retain(|r| r.id != id);
-        self.running.retain(|r| r.id != id);
-        self.kv.free(id);
-    }
-
-    fn num_waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
-    fn num_running(&self) -> usize {
-        self.running.len()
-    }
-
-    fn kv(&self) -> &KvManager {
-        &self.kv
-    }
-
-    fn take_emitted(&mut self) -> Vec<(RequestId, Vec<u32>)> {
         std::mem::take(&mut self.emitted)
-    }
-
-    /// KV for the whole sequence is reserved at admission (no preemption), and a request is
-    /// admitted alone when its first launch exceeds the budget: only the prompt counts.
-    fn max_prefill_tokens(&self, prompt_len: usize, _max_new_tokens: usize) -> usize {
-        prompt_len
-    }
-
-    fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
-        (prompt_len + max_new_tokens).div_ceil(self.cfg.block_length) * self.cfg.block_length
-    }
-
-    fn revealed_in_kept(&self) -> Option<(u64, u64)> {
-        self.cfg.eviction.then_some((self.revealed, self.revealed_kept))
     }
 }
 
@@ -330,7 +325,7 @@ mod tests {
     use super::*;
     use crate::diffusion::{StaticCount, Threshold};
     use crate::kv::Shared;
-    use crate::scheduler::RowOutput;
+    use crate::scheduler::DenoiseRowOutput;
 
     fn sched(attention: DiffusionAttention, delayed: bool, shift: bool, per_step: usize) -> DiffusionBatching {
         let cfg = DiffusionConfig {
@@ -347,26 +342,25 @@ mod tests {
     }
 
     /// Answers every readout with token = 10 + position, confidence falling with position.
-    fn answer(l: &Launch, shift: usize) -> LaunchResult {
+    fn answer(l: &DenoiseLaunch, shift: usize) -> DenoiseResult {
         let rows = l
             .rows
             .iter()
             .map(|r| {
-                let pos = r.token_positions();
+                let pos = &r.positions;
                 let candidates = r.readout.iter().map(|&i| (10 + pos[i as usize] + shift as u32, 1.0 / (1.0 + pos[i as usize] as f32))).collect();
-                RowOutput { candidates, ..RowOutput::new(r.request) }
+                DenoiseRowOutput::new(r.request, candidates)
             })
             .collect();
-        LaunchResult { rows }
+        DenoiseResult { rows }
     }
 
-    fn run(s: &mut DiffusionBatching, shift: usize) -> (Vec<Launch>, HashMap<RequestId, Vec<u32>>) {
+    fn run(s: &mut DiffusionBatching, shift: usize) -> (Vec<DenoiseLaunch>, HashMap<RequestId, Vec<u32>>) {
         let mut launches = Vec::new();
         let mut out: HashMap<RequestId, Vec<u32>> = HashMap::new();
         while let Some(l) = s.schedule() {
             let res = answer(&l, shift);
-            s.complete(&l, &res);
-            for (id, toks) in s.take_emitted() {
+            for (id, toks) in s.complete(&l, &res) {
                 let o = out.entry(id).or_default();
                 o.extend(toks);
             }
@@ -388,14 +382,14 @@ mod tests {
         // Prompt 6 = one complete block [0,4) + 2 prompt tokens in the first decode block [4,8).
         let first = &launches[0];
         assert_eq!(first.rows.len(), 2);
-        assert_eq!(first.rows[0].token_positions(), vec![0, 1, 2, 3]);
+        assert_eq!(first.rows[0].positions, vec![0, 1, 2, 3]);
         assert!(first.rows[0].readout.is_empty());
-        assert_eq!(first.rows[1].token_positions(), vec![4, 5, 6, 7]);
+        assert_eq!(first.rows[1].positions, vec![4, 5, 6, 7]);
         assert_eq!(first.rows[1].tokens, vec![5, 6, 99, 99]);
         assert_eq!(first.rows[1].readout, vec![2, 3]);
         // 2 per step: block [4,8) done after one step; the next launch commits it and starts [8,12).
         let second = &launches[1];
-        assert_eq!(second.rows[0].token_positions(), vec![4, 5, 6, 7]);
+        assert_eq!(second.rows[0].positions, vec![4, 5, 6, 7]);
         assert_eq!(second.rows[0].tokens, vec![5, 6, 16, 17]);
         assert!(second.rows[0].readout.is_empty());
         assert_eq!(second.rows[1].tokens, vec![99; 4]);
@@ -408,7 +402,7 @@ mod tests {
         let mut s = sched(DiffusionAttention::BlockCausal, true, false, 1);
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4], max_new_tokens: 4 });
         let (launches, out) = run(&mut s, 0);
-        let sets: Vec<Vec<u32>> = launches.iter().map(|l| l.rows.last().unwrap().token_positions()).collect();
+        let sets: Vec<Vec<u32>> = launches.iter().map(|l| l.rows.last().unwrap().positions.clone()).collect();
         // One token per step, most confident = leftmost: 4, 5, 6, 7.
         assert_eq!(sets[0], vec![4, 5, 6, 7]);
         assert_eq!(sets[1], vec![4, 5, 6, 7]);
@@ -425,11 +419,11 @@ mod tests {
         let (launches, out) = run(&mut s, 1);
         let r = &launches[0].rows;
         assert_eq!(r.len(), 1, "no prefill row for bidirectional models");
-        assert_eq!(r[0].token_positions(), (0..8).collect::<Vec<u32>>());
+        assert_eq!(r[0].positions, (0..8).collect::<Vec<u32>>());
         // Masked 5, 6, 7 read the logits of 4, 5, 6.
         assert_eq!(r[0].readout, vec![4, 5, 6]);
         let r = &launches[1].rows;
-        assert_eq!(r[0].token_positions(), (0..12).collect::<Vec<u32>>(), "next block's first step refreshes the prefix");
+        assert_eq!(r[0].positions, (0..12).collect::<Vec<u32>>(), "next block's first step refreshes the prefix");
         assert_eq!(out[&RequestId(0)], vec![15, 16, 17, 18, 19, 20, 21]);
     }
 
@@ -440,8 +434,7 @@ mod tests {
         s.add(SchedRequest { id: RequestId(1), prompt: vec![1; 3], max_new_tokens: 9 });
         let l = s.schedule().unwrap();
         assert_eq!(l.rows.len(), 2);
-        s.complete(&l, &answer(&l, 0));
-        assert_eq!(s.take_emitted(), vec![(RequestId(0), vec![13]), (RequestId(1), vec![13])]);
+        assert_eq!(s.complete(&l, &answer(&l, 0)), vec![(RequestId(0), vec![13]), (RequestId(1), vec![13])]);
         s.finish(RequestId(0));
         s.add(SchedRequest { id: RequestId(2), prompt: vec![1; 9], max_new_tokens: 2 });
         let l = s.schedule().unwrap();

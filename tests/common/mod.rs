@@ -23,7 +23,7 @@ pub fn tiny_dir_with(cfg: OuroConfig, seed: u64) -> (tempfile::TempDir, PathBuf)
 }
 
 pub fn builder(dir: &PathBuf, layout: KvLayoutKind, width: usize) -> EngineBuilder {
-    EngineBuilder::new(dir).kv_layout(layout).max_num_seqs(width).block_size(4).max_num_batched_tokens(512)
+    EngineBuilder::new(dir).looped(|o| o.kv_layout(layout)).max_num_seqs(width).block_size(4).max_num_batched_tokens(512)
 }
 
 /// Deterministic prompts of varied lengths (1..=19 tokens).
@@ -127,7 +127,7 @@ pub fn combos() -> Vec<Combo> {
 }
 
 pub fn combo_builder(dir: &PathBuf, c: &Combo, width: usize) -> EngineBuilder {
-    builder(dir, c.layout, width).scheduler(c.scheduler).exit_gate_boxed((c.gate)())
+    builder(dir, c.layout, width).looped(|o| o.scheduler(c.scheduler).exit_gate_boxed((c.gate)()))
 }
 
 /// Admits requests (reserving their KV) and never launches anything.
@@ -148,10 +148,6 @@ impl ponder::scheduler::Scheduler for Stuck {
         assert!(self.kv.reserve(r.id, r.prompt.len() + r.max_new_tokens));
         self.ids.push(r.id);
     }
-    fn schedule(&mut self) -> Option<ponder::scheduler::Launch> {
-        None
-    }
-    fn complete(&mut self, _: &ponder::scheduler::Launch, _: &ponder::scheduler::LaunchResult) {}
     fn finish(&mut self, id: ponder::RequestId) {
         self.ids.retain(|&i| i != id);
         self.kv.free(id);
@@ -165,4 +161,10 @@ impl ponder::scheduler::Scheduler for Stuck {
     fn kv(&self) -> &ponder::kv::KvManager {
         &self.kv
     }
+}
+impl ponder::scheduler::LoopedScheduler for Stuck {
+    fn schedule(&mut self) -> Option<ponder::scheduler::LoopedLaunch> {
+        None
+    }
+    fn complete(&mut self, _: &ponder::scheduler::LoopedLaunch, _: &ponder::scheduler::LoopedResult) {}
 }

@@ -5,12 +5,12 @@
 use super::super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphKey, Phase, Statics};
 use super::{single_token_host, successor_pos, Forward, LoopedRunner};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
-use crate::scheduler::{Launch, LaunchRow, Stage};
+use crate::scheduler::{LoopedLaunch, LoopedRow, Stage};
 use candle_core::{Result, D};
 
 impl LoopedRunner {
     /// The graph key of a launch, or `None` when it runs eagerly.
-    fn graph_key(&self, launch: &Launch, all_greedy: bool) -> Option<GraphKey> {
+    fn graph_key(&self, launch: &LoopedLaunch, all_greedy: bool) -> Option<GraphKey> {
         let n = launch.rows.len();
         if n == 0 {
             return None;
@@ -42,7 +42,7 @@ impl LoopedRunner {
     }
 
     /// Runs `launch` through its graph (warm-up, capture or replay). `None`: run it eagerly.
-    pub(super) fn graph_forward(&self, launch: &Launch, all_greedy: bool) -> Result<Option<Forward>> {
+    pub(super) fn graph_forward(&self, launch: &LoopedLaunch, all_greedy: bool) -> Result<Option<Forward>> {
         let Some(cell) = &self.graphs else {
             return Ok(None);
         };
@@ -130,7 +130,7 @@ impl LoopedRunner {
     /// Writes a launch's host data into the static inputs of its key; returns the padded
     /// addressing of each batch, then of the re-entry batch if any (only the warm-up and the
     /// capture build batches from it).
-    fn write_graph_inputs(&self, key: &GraphKey, st: &Statics, launch: &Launch) -> Result<Vec<PagedBatchHost>> {
+    fn write_graph_inputs(&self, key: &GraphKey, st: &Statics, launch: &LoopedLaunch) -> Result<Vec<PagedBatchHost>> {
         let rows = &launch.rows;
         let tokens: Vec<u32> = if key.stage == Stage::FullDepthDecode { rows.iter().map(|r| r.tokens[0]).collect() } else { Vec::new() };
         let positions: Vec<u32> = rows.iter().map(|r| r.start_pos as u32).collect();
@@ -141,7 +141,7 @@ impl LoopedRunner {
             .batches
             .iter()
             .map(|(slot, buf)| {
-                let table_of = |r: &LaunchRow| if key.slots.is_empty() { r.slot } else { *slot };
+                let table_of = |r: &LoopedRow| if key.slots.is_empty() { r.slot } else { *slot };
                 buf.write(&single_token_host(rows.iter(), table_of, |r| r.start_pos), self.block_size, self.scratch_block)
             })
             .collect::<Result<Vec<_>>>()?;

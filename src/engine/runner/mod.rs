@@ -3,14 +3,14 @@
 //! state bank (one row per resident request); launches gather and scatter rows by index, so
 //! hidden states never cross to the host.
 
-use super::graphs::{GraphCache, Phase};
+use super::graphs::GraphCache;
 use super::metrics::DeviceSpan;
 use super::readback::{Readback, ReadbackPool};
 use crate::kv::KvStore;
 use crate::models::{LoopedModel, StageInput};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
 use crate::sampling::{sample_or_force, RowSampling};
-use crate::scheduler::{KvCopy, Launch, LaunchResult, LaunchRow, RowOutput, Stage};
+use crate::scheduler::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedRowOutput, Stage};
 use candle_core::{DType, Device, Result, Tensor, D};
 use std::collections::BTreeMap;
 
@@ -62,7 +62,7 @@ struct Marks;
 /// An issued launch whose small results are still on their way to the host.
 pub struct Pending {
     stage: Stage,
-    requests: Vec<crate::engine::RequestId>,
+    requests: Vec<crate::request::RequestId>,
     sample_rows: Vec<usize>,
     tokens: PendingTokens,
     /// Gate logits, row-major per row, and the number of steps per row.
@@ -96,6 +96,7 @@ pub struct Forward {
 }
 
 impl LoopedRunner {
+    #[cfg(any(test, feature = "testing"))]
     /// `bank_rows` rows of loop state (0 for schedulers that only run full-depth launches).
     /// Runs every launch eagerly (no CUDA graphs).
     pub fn new(model: Box<dyn LoopedModel>, num_blocks: usize, block_size: usize, bank_rows: usize) -> Result<Self> {
@@ -191,13 +192,15 @@ impl LoopedRunner {
         self.model.device()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Host time the last [`LoopedRunner::run`] spent blocked on the device.
     pub fn last_wait(&self) -> std::time::Duration {
         self.last_wait.get()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Runs a launch and samples its sampling rows (issue + collect).
-    pub fn run(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<LaunchResult> {
+    pub fn run(&self, launch: &LoopedLaunch, sampling: &[RowSampling]) -> Result<LoopedResult> {
         let pending = self.launch(launch, sampling)?;
         self.collect(pending)
     }
@@ -206,7 +209,7 @@ impl LoopedRunner {
     /// and asynchronous copies of its small results, without waiting for any of them (on CUDA,
     /// with greedy, unforced rows). Sampling with randomness or forced tokens reads the logits
     /// back at once. [`LoopedRunner::collect`] waits for the results.
-    pub fn launch(&self, launch: &Launch, sampling: &[RowSampling]) -> Result<Pending> {
+    pub fn launch(&self, launch: &LoopedLaunch, sampling: &[RowSampling]) -> Result<Pending> {
         if self.check_launches {
             let bounds = crate::engine::launch_check::Bounds {
                 num_blocks: self.scratch_block as usize,
@@ -214,7 +217,7 @@ impl LoopedRunner {
                 bank_rows: if self.bank.is_some() { self.scratch_row as usize } else { 0 },
                 vocab_size: self.model.spec().vocab_size,
             };
-            crate::engine::launch_check::check_launch(launch, &bounds).map_err(|e| candle_core::Error::Msg(format!("invalid launch: {e}")))?;
+            crate::engine::launch_check::check_looped(launch, &bounds).map_err(|e| candle_core::Error::Msg(format!("invalid launch: {e}")))?;
         }
         #[cfg(feature = "cuda")]
         let start = self.mark()?;
@@ -266,7 +269,7 @@ impl LoopedRunner {
     }
 
     /// Waits for an issued launch's results (only for their copies) and returns them.
-    pub fn collect(&self, p: Pending) -> Result<LaunchResult> {
+    pub fn collect(&self, p: Pending) -> Result<LoopedResult> {
         let started = std::time::Instant::now();
         let n = p.requests.len();
         let mut tokens = vec![None; n];
@@ -316,28 +319,21 @@ impl LoopedRunner {
             .requests
             .into_iter()
             .zip(tokens.into_iter().zip(gate_logits).zip(latent).zip(logprobs))
-            .map(|(request, (((token, gate_logits), latent_diff), logprob))| RowOutput {
-                request,
-                token,
-                gate_logits,
-                latent_diff,
-                logprob,
-                candidates: Vec::new(),
-                kept: None,
-            })
+            .map(|(request, (((token, gate_logits), latent_diff), logprob))| LoopedRowOutput { request, token, gate_logits, latent_diff, logprob })
             .collect();
-        Ok(LaunchResult { rows })
+        Ok(LoopedResult { rows })
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// The device side of [`LoopedRunner::run`]. With CUDA graphs the returned tensors may be
     /// views of static buffers that the next launch of the same shape overwrites.
-    pub fn forward(&self, launch: &Launch) -> Result<Forward> {
+    pub fn forward(&self, launch: &LoopedLaunch) -> Result<Forward> {
         self.forward_with(launch, false)
     }
 
     /// [`LoopedRunner::forward`]; `all_greedy`: every sampled row decodes greedily, unforced, so
     /// a re-entering coda may take the argmax and run the re-entry inside its graph.
-    fn forward_with(&self, launch: &Launch, all_greedy: bool) -> Result<Forward> {
+    fn forward_with(&self, launch: &LoopedLaunch, all_greedy: bool) -> Result<Forward> {
         self.apply_copies(&launch.kv_copies)?;
         if let Some(fwd) = self.graph_forward(launch, all_greedy)? {
             return Ok(fwd);
@@ -346,7 +342,6 @@ impl LoopedRunner {
             Stage::Prefill | Stage::FullDepthDecode => self.full_depth(launch),
             Stage::CoreStep => self.core_step(launch),
             Stage::Coda => self.coda(launch),
-            Stage::Denoise => candle_core::bail!("a looped model cannot run a denoise launch"),
         }
     }
 
@@ -354,7 +349,7 @@ impl LoopedRunner {
         self.bank.as_ref().ok_or_else(|| candle_core::Error::Msg("launch needs a state bank but the runner has none".into()))
     }
 
-    fn state_index<'a>(&self, rows: impl IntoIterator<Item = &'a LaunchRow>) -> Result<Tensor> {
+    fn state_index<'a>(&self, rows: impl IntoIterator<Item = &'a LoopedRow>) -> Result<Tensor> {
         let idx: Vec<u32> = rows.into_iter().map(|r| r.state).collect();
         Tensor::new(idx.as_slice(), self.device())
     }
@@ -367,9 +362,9 @@ impl LoopedRunner {
     /// `pos_of(r)` and attends through its table `table_of(r)`.
     fn token_batch(
         &self,
-        rows: &[&LaunchRow],
-        table_of: impl Fn(&LaunchRow) -> usize,
-        pos_of: impl Fn(&LaunchRow) -> usize,
+        rows: &[&LoopedRow],
+        table_of: impl Fn(&LoopedRow) -> usize,
+        pos_of: impl Fn(&LoopedRow) -> usize,
     ) -> Result<(StageInput, PagedBatch)> {
         let spec = self.model.spec();
         let positions: Vec<u32> = rows.iter().map(|r| pos_of(r) as u32).collect();
@@ -379,8 +374,8 @@ impl LoopedRunner {
         Ok((input, batch))
     }
 
-    fn core_step(&self, launch: &Launch) -> Result<Forward> {
-        let rows: Vec<&LaunchRow> = launch.rows.iter().collect();
+    fn core_step(&self, launch: &LoopedLaunch) -> Result<Forward> {
+        let rows: Vec<&LoopedRow> = launch.rows.iter().collect();
         let (input, batch) = self.token_batch(&rows, |r| r.slot, |r| r.start_pos)?;
         let idx = self.state_index(&launch.rows)?;
         let h_old = self.bank()?.index_select(&idx, 0)?;
@@ -399,9 +394,9 @@ impl LoopedRunner {
         change / new.sqr()?.sum(D::Minus1)?.sqrt()?
     }
 
-    fn coda(&self, launch: &Launch) -> Result<Forward> {
+    fn coda(&self, launch: &LoopedLaunch) -> Result<Forward> {
         let h = self.bank()?.index_select(&self.state_index(&launch.rows)?, 0)?;
-        let rows: Vec<&LaunchRow> = launch.rows.iter().collect();
+        let rows: Vec<&LoopedRow> = launch.rows.iter().collect();
         let (input, batch) = self.token_batch(&rows, |_| 0, |r| r.start_pos)?;
         let logits = self.model.head(&self.model.coda(&h, &input, &batch, &self.kv)?)?;
         Ok(Forward { logits: Some(logits), gate_logits: None, latent_diff: None, sample_rows: (0..launch.rows.len()).collect(), greedy_ids: None })
@@ -409,8 +404,8 @@ impl LoopedRunner {
 
     /// Eager re-entry: the prelude of each sampled token, written to its row's bank row as the
     /// successor's step-0 state. The successor sits at the position after the row's last token.
-    fn reenter(&self, launch: &Launch, sample_rows: &[usize], ids: &Tensor) -> Result<()> {
-        let rows: Vec<&LaunchRow> = sample_rows.iter().map(|&r| &launch.rows[r]).collect();
+    fn reenter(&self, launch: &LoopedLaunch, sample_rows: &[usize], ids: &Tensor) -> Result<()> {
+        let rows: Vec<&LoopedRow> = sample_rows.iter().map(|&r| &launch.rows[r]).collect();
         let (input, batch) = self.token_batch(&rows, |_| 0, successor_pos)?;
         let h = self.model.prelude(ids, &input, &batch, &self.kv)?;
         self.write_bank(&self.state_index(rows.iter().copied())?, &h)
@@ -437,16 +432,14 @@ impl LoopedRunner {
 
     /// Full-depth launch (prefill or CB decode): prelude, every step in `launch.step_slots`,
     /// coda of each sampling row's last token.
-    fn full_depth(&self, launch: &Launch) -> Result<Forward> {
+    fn full_depth(&self, launch: &LoopedLaunch) -> Result<Forward> {
         let dev = self.model.device();
         let spec = self.model.spec();
         let mut ids = Vec::with_capacity(launch.num_tokens());
         let mut positions = Vec::with_capacity(launch.num_tokens());
-        let mut cu = vec![0u32];
         for row in &launch.rows {
             ids.extend_from_slice(&row.tokens);
-            positions.extend((row.start_pos..row.start_pos + row.tokens.len()).map(|p| p as u32));
-            cu.push(ids.len() as u32);
+            positions.extend((row.start_pos..row.context_len()).map(|p| p as u32));
         }
         let ids_t = Tensor::new(ids.as_slice(), dev)?;
         let input = self.model.prepare(&Tensor::new(positions.as_slice(), dev)?)?;
@@ -457,16 +450,15 @@ impl LoopedRunner {
             if batches.contains_key(&slot) {
                 continue;
             }
-            let host = PagedBatchHost {
-                write_positions: Vec::new(),
-                block_tables: launch.rows.iter().map(|r| r.block_tables[slot].to_vec()).collect(),
-                context_lens: launch.rows.iter().map(|r| (r.start_pos + r.tokens.len()) as u32).collect(),
-                cu_q_lens: cu.clone(),
-            };
+            let mut host = PagedBatchHost::new();
+            for r in &launch.rows {
+                host.push_row(&r.block_tables[slot], r.context_len(), r.tokens.len(), None);
+            }
             let kv_width = spec.num_kv_heads * spec.head_dim;
             batches.insert(slot, PagedBatch::new(host, self.block_size, AttnMask::Causal, kv_width, dev)?);
         }
         let first = &batches[&launch.step_slots[0]];
+        let cu = &first.host.cu_q_lens;
         let mut h = self.model.prelude(&ids_t, &input, first, &self.kv)?;
         let sample_rows: Vec<usize> = (0..launch.rows.len()).filter(|&r| launch.rows[r].sample).collect();
         let last_idx: Vec<u32> = sample_rows.iter().map(|&r| cu[r + 1] - 1).collect();
@@ -491,34 +483,20 @@ impl LoopedRunner {
 }
 
 /// Where a row's successor sits when it re-enters: after the row's last token.
-fn successor_pos(row: &LaunchRow) -> usize {
-    row.start_pos + row.tokens.len()
+fn successor_pos(row: &LoopedRow) -> usize {
+    row.context_len()
 }
 
 /// Paged addressing of single-token rows: row `r` attends through its table `table_of(r)` to
 /// every position up to `pos_of(r)`.
 fn single_token_host<'a>(
-    rows: impl Iterator<Item = &'a LaunchRow> + Clone,
-    table_of: impl Fn(&LaunchRow) -> usize,
-    pos_of: impl Fn(&LaunchRow) -> usize,
+    rows: impl Iterator<Item = &'a LoopedRow>,
+    table_of: impl Fn(&LoopedRow) -> usize,
+    pos_of: impl Fn(&LoopedRow) -> usize,
 ) -> PagedBatchHost {
-    let n = rows.clone().count() as u32;
-    PagedBatchHost {
-        write_positions: Vec::new(),
-        block_tables: rows.clone().map(|r| r.block_tables[table_of(r)].to_vec()).collect(),
-        context_lens: rows.map(|r| pos_of(r) as u32 + 1).collect(),
-        cu_q_lens: (0..=n).collect(),
+    let mut host = PagedBatchHost::new();
+    for r in rows {
+        host.push_row(&r.block_tables[table_of(r)], pos_of(r) + 1, 1, None);
     }
-}
-
-impl Drop for LoopedRunner {
-    fn drop(&mut self) {
-        if let Some(g) = &self.graphs {
-            let g = g.borrow();
-            if std::env::var_os("PONDER_GRAPH_STATS").is_some() {
-                let failed = g.entries.values().filter(|e| matches!(e.phase, Phase::Failed)).count();
-                eprintln!("ponder: CUDA graphs: {} shapes, {} captured, {failed} failed, {} launches replayed", g.entries.len(), g.captures, g.replays);
-            }
-        }
-    }
+    host
 }

@@ -29,16 +29,7 @@ pub fn load(config: &ModelConfig, w: &Weights) -> crate::Result<DenseDiffusion> 
     }
 }
 
-/// How a diffusion model's tokens attend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiffusionAttention {
-    /// A token sees every token of its own block and of earlier blocks (SDAR): earlier blocks'
-    /// K/V are exact once written, so completed blocks are a prefix cache.
-    BlockCausal,
-    /// Every token sees the whole canvas (LLaDA, Dream): a cached prefix is an approximation,
-    /// refreshed at each block start.
-    Bidirectional,
-}
+pub use crate::diffusion::DiffusionAttention;
 
 /// What the scheduler, runner and metrics need to know about a diffusion model.
 #[derive(Debug, Clone, PartialEq)]

@@ -104,12 +104,13 @@ pub fn paged_attention(
     } else {
         8
     };
-    // Tensor-core path for bf16/f16 with many query items per row; `PONDER_PA_MMA=0` turns it off.
-    let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && !matches!(std::env::var("PONDER_PA_MMA").as_deref(), Ok("0"));
-    // The tensor-core path runs pipelined (cp.async double buffering, ldmatrix fragments:
-    // `paged_attn_mma_pipe_*`), measured faster on the H200; `PONDER_PA_PIPE=0` selects the
-    // synchronous-load variant (`paged_attn_mma_*`).
-    let pipe = mma && !matches!(std::env::var("PONDER_PA_PIPE").as_deref(), Ok("0"));
+    // Tensor-core path for bf16/f16 with many query items per row, unless SIMT is chosen. It
+    // runs pipelined (cp.async double buffering, ldmatrix fragments: `paged_attn_mma_pipe_*`),
+    // measured faster on the H200; `AttentionKernels::Unpipelined` selects the synchronous-load
+    // variant (`paged_attn_mma_*`).
+    let kernels = super::attention_kernels();
+    let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != super::AttentionKernels::Simt;
+    let pipe = mma && kernels != super::AttentionKernels::Unpipelined;
     let p = Params {
         mma,
         pipe,

@@ -12,6 +12,14 @@ impl std::fmt::Display for RequestId {
     }
 }
 
+/// A request as a scheduler sees it: validated, encoded, its KV need known to fit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedRequest {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub max_new_tokens: usize,
+}
+
 /// A prompt as text (encoded with the model's tokenizer) or as token ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Prompt {

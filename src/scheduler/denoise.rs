@@ -1,0 +1,115 @@
+//! The diffusion family's launches: every layer over each row's tokens — a prompt prefill, a
+//! finished block's clean K/V write, or a denoising step over a block's recomputed positions —
+//! with the greedy token and its probability read out at the rows' masked tokens.
+
+use super::Scheduler;
+use crate::kv::BlockTable;
+use crate::request::RequestId;
+
+/// One row of a denoise launch: one request's tokens at ascending cache positions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenoiseRow {
+    pub request: RequestId,
+    pub tokens: Vec<u32>,
+    /// Cache position of each token, ascending. The row sees the keys before
+    /// `positions.last() + 1`.
+    pub positions: Vec<u32>,
+    /// Indices into `tokens` whose logits are read out (greedy token and its probability come
+    /// back in [`DenoiseRowOutput::candidates`], in this order): the row's masked tokens (or,
+    /// for shifted-logit models, their left neighbours). Empty for prefill and commit rows.
+    pub readout: Vec<u32>,
+    /// The request's block table (one slot: every layer shares it).
+    pub block_table: BlockTable,
+    /// Steps under an eviction policy: the request's block state it needs.
+    pub evict: Option<EvictRow>,
+}
+
+impl DenoiseRow {
+    /// `tokens` at `positions` (ascending), reading out `readout`.
+    pub fn new(request: RequestId, tokens: Vec<u32>, positions: Vec<u32>, readout: Vec<u32>, block_table: BlockTable) -> Self {
+        Self { request, tokens, positions, readout, block_table, evict: None }
+    }
+
+    /// `tokens` at consecutive positions from `start` (prefill and commit rows).
+    pub fn run(request: RequestId, tokens: Vec<u32>, start: usize, block_table: BlockTable) -> Self {
+        let positions = (start..start + tokens.len()).map(|p| p as u32).collect();
+        Self::new(request, tokens, positions, Vec::new(), block_table)
+    }
+
+    /// Keys the row attends to: one past its last position.
+    pub fn context_len(&self) -> usize {
+        self.positions.last().map_or(0, |&p| p as usize + 1)
+    }
+}
+
+/// What an eviction policy (FOCUS) needs of a request's step besides its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictRow {
+    /// Absolute position of the block's first token.
+    pub block_start: u32,
+    /// Tokens decoded in this block so far and the steps that decoded at least one: ā is their
+    /// ratio (1 before any).
+    pub decoded: u32,
+    pub decoding_steps: u32,
+    /// Rightmost block offset pushed through every layer in this block (−1 at block start).
+    pub block_progress: i64,
+}
+
+impl EvictRow {
+    pub fn avg_decoded(&self) -> f32 {
+        if self.decoding_steps == 0 {
+            1.0
+        } else {
+            self.decoded as f32 / self.decoding_steps as f32
+        }
+    }
+}
+
+/// One engine tick's work for a diffusion model.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DenoiseLaunch {
+    pub rows: Vec<DenoiseRow>,
+}
+
+impl DenoiseLaunch {
+    pub fn num_tokens(&self) -> usize {
+        self.rows.iter().map(|r| r.tokens.len()).sum()
+    }
+}
+
+/// What came back for one row of a denoise launch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenoiseRowOutput {
+    pub request: RequestId,
+    /// `(greedy token, its probability)` at each of the row's `readout` tokens — or, when
+    /// `kept` is given and shorter, at each readout token that was kept.
+    pub candidates: Vec<(u32, f32)>,
+    /// Rows under an eviction policy: indices into the row's `tokens` that ran past layer 1
+    /// (in shadow mode: that would have).
+    pub kept: Option<Vec<u32>>,
+}
+
+impl DenoiseRowOutput {
+    pub fn new(request: RequestId, candidates: Vec<(u32, f32)>) -> Self {
+        Self { request, candidates, kept: None }
+    }
+}
+
+/// Host values of a finished denoise launch, row-aligned with [`DenoiseLaunch::rows`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DenoiseResult {
+    pub rows: Vec<DenoiseRowOutput>,
+}
+
+/// Tokens that became final for one request, in order.
+pub type Emitted = (RequestId, Vec<u32>);
+
+/// A scheduling policy for diffusion models: the common part ([`Scheduler`]) and these two.
+pub trait DiffusionScheduler: Scheduler {
+    /// The next launch, or `None` when there is nothing to run.
+    fn schedule(&mut self) -> Option<DenoiseLaunch>;
+    /// Records the outcome of `launch` and returns the tokens that became final, per request,
+    /// in order: a diffusion scheduler decides which tokens are revealed (the unmask policy),
+    /// and a token streams once every position before it is final.
+    fn complete(&mut self, launch: &DenoiseLaunch, result: &DenoiseResult) -> Vec<Emitted>;
+}
