@@ -55,6 +55,9 @@
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 
+// Validation writes `!(x > 0.0)` on purpose: NaN must be refused as well.
+#![allow(clippy::neg_cmp_op_on_partial_ord)]
+
 pub mod bench;
 pub mod diffusion;
 mod dist;

@@ -289,7 +289,8 @@ fn custom_diffusion_scheduler_plugs_in() {
 #[test]
 fn malformed_denoise_launches_fail_their_requests() {
     use ponder::scheduler::{DenoiseLaunch, DiffusionBatching};
-    let defects: [(&str, fn(&mut DenoiseLaunch)); 5] = [
+    type Defect = (&'static str, fn(&mut DenoiseLaunch));
+    let defects: [Defect; 5] = [
         ("readout past the tokens", |l| l.rows[0].readout.push(10_000)),
         ("positions out of order", |l| l.rows[0].positions = (0..l.rows[0].tokens.len() as u32).rev().collect()),
         ("positions missing", |l| l.rows[0].positions.clear()),

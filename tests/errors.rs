@@ -298,7 +298,8 @@ impl ponder::scheduler::LoopedScheduler for Spoiled {
 #[test]
 fn malformed_launches_from_a_custom_scheduler_fail_their_requests() {
     let (_tmp, dir) = tiny_dir(16);
-    let defects: [(&str, fn(&mut ponder::scheduler::LoopedLaunch)); 6] = [
+    type Defect = (&'static str, fn(&mut ponder::scheduler::LoopedLaunch));
+    let defects: [Defect; 6] = [
         ("no loop steps", |l| l.step_slots.clear()),
         ("token outside the vocabulary", |l| l.rows[0].tokens[0] = VOCAB as u32),
         ("no block tables", |l| l.rows[0].block_tables.clear()),

@@ -51,7 +51,9 @@ fn tiny_huginn_loads_and_generates() {
     assert!(matches!(EngineBuilder::new(&dir).build(), Err(ponder::Error::BadTensor { name, .. }) if name == "transformer.adapter.weight"));
 }
 
-fn gates() -> Vec<(&'static str, fn() -> Box<dyn ExitGate>)> {
+type MakeGate = (&'static str, fn() -> Box<dyn ExitGate>);
+
+fn gates() -> Vec<MakeGate> {
     vec![
         ("fixed6", || Box::new(FixedDepth::new(6).unwrap())),
         ("latent-diff", || Box::new(LatentDiff::new(0.6, 1, 6).unwrap())),

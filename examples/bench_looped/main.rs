@@ -240,11 +240,14 @@ impl BenchModel {
     }
 }
 
+/// Builds the benchmarked model from its weights.
+type LoadFn = Box<dyn Fn(&Weights) -> ponder::Result<BenchModel>>;
+
 /// How to make the benchmarked model from a set of weights.
 pub(crate) struct ModelRecipe {
     pub(crate) name: &'static str,
     pub(crate) manifest: Vec<(String, Vec<usize>)>,
-    pub(crate) load: Box<dyn Fn(&Weights) -> ponder::Result<BenchModel>>,
+    pub(crate) load: LoadFn,
 }
 
 fn recipe(model: &str, tiny: bool) -> Result<ModelRecipe, Box<dyn std::error::Error>> {

@@ -58,7 +58,7 @@ pub fn workload(n: usize, vocab: usize, max_context: usize, seed: u64, len: Leng
         .map(|i| {
             let p = lognormal(len.prompt_median, Lengths::PROMPT_SIGMA, 8, len.prompt_max.min(max_context / 2), &mut x);
             let o = lognormal(len.output_median, Lengths::OUTPUT_SIGMA, 8, len.output_max.min(max_context / 2), &mut x);
-            Job { prompt: random_ids(p, vocab, seed ^ (i as u64 + 1) * 7919), new_tokens: o }
+            Job { prompt: random_ids(p, vocab, seed ^ ((i as u64 + 1) * 7919)), new_tokens: o }
         })
         .collect()
 }

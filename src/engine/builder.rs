@@ -302,7 +302,7 @@ fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: 
         .with_device_timing(o.time_device)
         .with_latent_diff(latent_diff);
     let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
-    let mut engine = Engine::assemble(Family::Looped(half), tokenizer, eos, common.max_context(spec.max_context), limits.max_num_batched_tokens);
+    let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.max_context(spec.max_context), limits.max_num_batched_tokens);
     engine.set_overlap(o.overlap)?;
     Ok(engine)
 }
@@ -364,5 +364,5 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         .with_eviction(eviction, o.eviction_shadow)
         .with_phase_timing(o.time_phases);
     let half = DiffusionHalf { runner, scheduler };
-    Ok(Engine::assemble(Family::Diffusion(half), tokenizer, eos, max_context, limits.max_num_batched_tokens))
+    Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, max_context, limits.max_num_batched_tokens))
 }

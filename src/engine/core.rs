@@ -17,8 +17,8 @@ use tokenizers::Tokenizer;
 
 /// The model family an engine serves, each with its own runner and scheduler trait.
 pub(super) enum Family {
-    Looped(LoopedHalf),
-    Diffusion(DiffusionHalf),
+    Looped(Box<LoopedHalf>),
+    Diffusion(Box<DiffusionHalf>),
 }
 
 /// Calls `$body` with `$h` bound to the family's [`Half`]: the one place the engine branches
@@ -153,7 +153,7 @@ impl Engine {
         if !on {
             if let Some(done) = h.in_flight.take() {
                 let mut events = std::mem::take(&mut self.core.pending);
-                let r = self.core.consume(h, done, &mut events);
+                let r = self.core.consume(&mut **h, done, &mut events);
                 self.core.pending.extend(events);
                 r?;
             }
@@ -176,7 +176,7 @@ impl Engine {
     /// [`Engine::add_request`], also returning the prompt's length in tokens.
     pub(super) fn admit(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<(RequestId, usize)> {
         let prompt = prompt.into();
-        with_half!(&mut self.family, h => self.core.admit(h, prompt, params))
+        with_half!(&mut self.family, h => self.core.admit(&mut **h, prompt, params))
     }
 
     /// Stops a request now and frees its KV blocks. Its `Finished { Aborted }` event comes
@@ -195,7 +195,7 @@ impl Engine {
     /// results are consumed, so the host builds launch N+1 while the device runs launch N; the
     /// events of a step are those of the previous launch.
     pub fn step(&mut self) -> Result<Vec<Event>> {
-        with_half!(&mut self.family, h => self.core.step(h))
+        with_half!(&mut self.family, h => self.core.step(&mut **h))
     }
 
     /// Runs prompts to completion and returns their outputs in order. Each prompt that is

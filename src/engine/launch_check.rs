@@ -43,10 +43,9 @@ fn check_looped_row(launch: &LoopedLaunch, row: &LoopedRow, b: &Bounds) -> Resul
         Stage::CoreStep => std::slice::from_ref(&row.slot),
         Stage::Coda => &[0],
     };
-    if launch.stage == Stage::CoreStep || launch.stage == Stage::Coda || launch.reenter {
-        if row.state as usize >= b.bank_rows {
-            return Err(format!("state row {} outside the state bank of {} rows", row.state, b.bank_rows));
-        }
+    let reads_bank = launch.stage == Stage::CoreStep || launch.stage == Stage::Coda || launch.reenter;
+    if reads_bank && row.state as usize >= b.bank_rows {
+        return Err(format!("state row {} outside the state bank of {} rows", row.state, b.bank_rows));
     }
     if matches!(launch.stage, Stage::CoreStep | Stage::Coda) && row.tokens.len() != 1 {
         return Err(format!("{} rows carry one token, not {}", launch.stage.name(), row.tokens.len()));

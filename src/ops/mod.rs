@@ -18,11 +18,13 @@ pub mod cuda;
 
 pub use batch::{write_u32, AttnMask, PagedBatch, PagedBatchBuffers, PagedBatchHost};
 pub use compact::{compact_rows, compact_rows_reference};
-pub use focus_importance::{importance, importance_of, importance_oracle};
+#[cfg(any(test, feature = "testing"))]
+pub use focus_importance::importance_oracle;
+pub use focus_importance::{importance, importance_of};
 pub use fused::{add_rms_norm, qkv_norm_rope, qkv_norm_rope_write, qkv_rope_write, silu_mul};
-pub use paged_attention::{
-    attention_kernels, paged_attention, paged_attention_reference, set_attention_kernels, write_kv, write_kv_reference, AttentionKernels,
-};
+#[cfg(any(test, feature = "testing", feature = "cuda"))]
+pub use paged_attention::attention_kernels;
+pub use paged_attention::{paged_attention, paged_attention_reference, set_attention_kernels, write_kv, write_kv_reference, AttentionKernels};
 pub use rope::{RopeAngles, RopeTable};
 pub use scatter::{scatter_rows, scatter_rows_reference};
 

@@ -92,7 +92,10 @@ pub struct Combo {
     pub gate: fn() -> Box<dyn ponder::gate::ExitGate>,
 }
 
-pub fn gates() -> Vec<(&'static str, fn() -> Box<dyn ponder::gate::ExitGate>)> {
+/// A named way to make an exit gate.
+pub type MakeGate = (&'static str, fn() -> Box<dyn ponder::gate::ExitGate>);
+
+pub fn gates() -> Vec<MakeGate> {
     use ponder::gate::*;
     vec![
         ("fixed4", || Box::new(FixedDepth::new(4).unwrap())),

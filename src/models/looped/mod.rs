@@ -1,6 +1,6 @@
 //! Looped LMs exposed as stages: prelude → core step × r → coda. Every stage works on a packed
 //! batch of rows, and rows of one core-step launch may sit at different loop steps (each brings
-//! the block table of its own cache slot in the [`PagedBatch`]).
+//! the block table of its own cache slot in the `PagedBatch`).
 
 mod huginn;
 mod initial_state;
