@@ -5,38 +5,33 @@
 //!
 //! Runs the shipped tiny model with continuous depth batching and prints the realised mean depth.
 
-use ponder::gate::{ExitGate, GateState, ItemRef, StepSignals};
+use ponder::gate::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, SchedulerKind};
 
-/// Exit when the step's hazard reaches `threshold`, within `min_steps..=max_steps`.
+/// Exit when the step's hazard reaches `threshold`, within `bounds`.
 #[derive(Debug, Clone)]
 pub struct HazardThreshold {
     pub threshold: f32,
-    pub min_steps: usize,
-    pub max_steps: usize,
+    pub bounds: StepBounds,
 }
 
 impl ExitGate for HazardThreshold {
     fn name(&self) -> String {
         format!("hazard>={}", self.threshold)
     }
-    fn min_steps(&self) -> usize {
-        self.min_steps
-    }
-    fn max_steps(&self) -> usize {
-        self.max_steps
+    fn bounds(&self) -> StepBounds {
+        self.bounds
     }
     fn decide(&self, _item: ItemRef, step: usize, signals: StepSignals, _state: &mut GateState) -> bool {
         let hazard = signals.logit.map_or(0.0, |z| 1.0 / (1.0 + (-z).exp()));
-        let done = step + 1;
-        done >= self.max_steps || (hazard >= self.threshold && done >= self.min_steps)
+        self.bounds.apply(hazard >= self.threshold, step)
     }
 }
 
 #[allow(dead_code)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let threshold = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(0.5);
-    let gate = HazardThreshold { threshold, min_steps: 1, max_steps: 4 };
+    let gate = HazardThreshold { threshold, bounds: StepBounds::new(1, 4)? };
     let mut engine = EngineBuilder::new(concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro"))
         .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(KvLayoutKind::Shared).exit_gate(gate))
         .max_num_seqs(4)

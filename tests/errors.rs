@@ -210,11 +210,8 @@ impl ponder::gate::ExitGate for NeverExit {
     fn name(&self) -> String {
         "never-exit".into()
     }
-    fn min_steps(&self) -> usize {
-        1
-    }
-    fn max_steps(&self) -> usize {
-        4
+    fn bounds(&self) -> ponder::gate::StepBounds {
+        ponder::gate::StepBounds::new(1, 4).unwrap()
     }
     fn decide(&self, _: ponder::gate::ItemRef, _: usize, _: ponder::gate::StepSignals, _: &mut ponder::gate::GateState) -> bool {
         false

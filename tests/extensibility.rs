@@ -1,7 +1,10 @@
-//! The extension examples (a custom exit gate, a custom scheduler), written with the public API
-//! only, pass the conformance check: batched == each request alone, KV empty afterwards.
+//! The extension examples (a custom exit gate, a custom looped and a custom diffusion
+//! scheduler), written with the public API only, pass the conformance check: batched == each
+//! request alone, KV empty afterwards.
 
 mod common;
+#[path = "../examples/custom_diffusion_scheduler.rs"]
+mod custom_diffusion_scheduler;
 #[path = "../examples/custom_gate.rs"]
 mod custom_gate;
 #[path = "../examples/custom_scheduler.rs"]
@@ -26,7 +29,8 @@ fn custom_gate_is_batch_invariant() {
     let (_tmp, dir) = tiny_dir(51);
     let engine = check(&|w| {
         builder(&dir, KvLayoutKind::Shared, w).looped(|o| {
-            o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(custom_gate::HazardThreshold { threshold: 0.5, min_steps: 1, max_steps: 4 })
+            o.scheduler(SchedulerKind::Depth { refill: true })
+                .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, bounds: ponder::gate::StepBounds::new(1, 4).unwrap() })
         })
     });
     let d = engine.metrics().mean_depth();
@@ -51,11 +55,8 @@ impl ponder::gate::ExitGate for HazardPlateau {
     fn name(&self) -> String {
         "hazard-plateau".into()
     }
-    fn min_steps(&self) -> usize {
-        1
-    }
-    fn max_steps(&self) -> usize {
-        4
+    fn bounds(&self) -> ponder::gate::StepBounds {
+        ponder::gate::StepBounds::new(1, 4).unwrap()
     }
     fn decide(&self, _: ponder::gate::ItemRef, step: usize, signals: ponder::gate::StepSignals, state: &mut ponder::gate::GateState) -> bool {
         let hazard = signals.logit.map_or(0.0, |z| 1.0 / (1.0 + (-z).exp()));
@@ -82,7 +83,10 @@ fn a_custom_gate_runs_on_the_benchmark_harness() {
     let jobs = workload(12, VOCAB, 256, 7, Lengths { prompt_median: 10.0, prompt_max: 20, output_median: 12.0, output_max: 24 });
     let requested: u64 = jobs.iter().map(|j| j.new_tokens as u64).sum();
     let mut engine = builder(&dir, KvLayoutKind::LastExited, 3)
-        .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(custom_gate::HazardThreshold { threshold: 0.5, min_steps: 1, max_steps: 4 }))
+        .looped(|o| {
+            o.scheduler(SchedulerKind::Depth { refill: true })
+                .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, bounds: ponder::gate::StepBounds::new(1, 4).unwrap() })
+        })
         .build()
         .unwrap();
     let run = offline(&mut engine, &jobs, Window { open_after: 3, completions: None, drain: true }).unwrap();
@@ -90,4 +94,52 @@ fn a_custom_gate_runs_on_the_benchmark_harness() {
     assert!(run.window_tokens_per_s > 0.0 && run.mean_depth >= 1.0 && run.mean_depth <= 4.0, "{} tokens/s, depth {}", run.window_tokens_per_s, run.mean_depth);
     assert!(run.stages.get("core").is_some(), "per-stage figures: {}", run.stages);
     assert_kv_empty(&engine);
+}
+
+/// The whole-canvas diffusion scheduler of `examples/custom_diffusion_scheduler.rs` on the three
+/// diffusion families: batched == alone, KV freed. On the block-causal SDAR, recomputing the
+/// whole canvas is what the built-in scheduler computes with its exact prefix cache, so with the
+/// same reveal rule (two most confident per step, the rest at step four) the tokens agree.
+#[test]
+fn custom_diffusion_scheduler_is_batch_invariant_and_exact_on_sdar() {
+    use ponder::diffusion::StaticCount;
+    use ponder::testing::*;
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = [("sdar", tmp.path().join("sdar")), ("llada", tmp.path().join("llada")), ("dream", tmp.path().join("dream"))];
+    write_random_sdar(&dirs[0].1, &tiny_sdar_config(VOCAB), 61).unwrap();
+    write_random_llada(&dirs[1].1, &tiny_llada_config(VOCAB), 62).unwrap();
+    write_random_dream(&dirs[2].1, &tiny_dream_config(VOCAB), 63).unwrap();
+    let ps = diffusion_prompts(5, 64);
+    let max_new: Vec<usize> = (0..ps.len()).map(|i| 5 + 3 * i).collect();
+    let whole = |dir: &std::path::Path, width: usize| {
+        ponder::EngineBuilder::new(dir)
+            .block_size(4)
+            .max_num_seqs(width)
+            .kv_capacity_tokens(4096)
+            .diffusion(|o| {
+                o.block_length(8).custom_scheduler(|ctx| {
+                    let (block, mask, shift) = (ctx.config.block_length, ctx.spec.mask_token_id, ctx.spec.shift_logits);
+                    Box::new(custom_diffusion_scheduler::WholeCanvas::new(ctx.limits, ctx.kv, block, 2, mask, shift))
+                })
+            })
+            .build()
+            .unwrap()
+    };
+    for (family, dir) in &dirs {
+        let want = sequential(&mut whole(dir, 1), &ps, &max_new);
+        let mut engine = whole(dir, 3);
+        assert_eq!(batched(&mut engine, &ps, &max_new), want, "{family}");
+        assert_kv_empty(&engine);
+        assert_eq!(engine.scheduler().name(), "whole-canvas");
+        if *family == "sdar" {
+            let mut built_in = ponder::EngineBuilder::new(dir)
+                .block_size(4)
+                .max_num_seqs(3)
+                .kv_capacity_tokens(4096)
+                .diffusion(|o| o.block_length(8).max_steps_per_block(4).unmask_policy(StaticCount::new(2).unwrap()))
+                .build()
+                .unwrap();
+            assert_eq!(batched(&mut built_in, &ps, &max_new), want, "whole canvas vs the exact prefix cache (SDAR)");
+        }
+    }
 }

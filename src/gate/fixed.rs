@@ -1,34 +1,30 @@
 //! Every item runs exactly `depth` steps.
 
-use super::{check_bounds, ExitGate, GateState, ItemRef, StepSignals};
+use super::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 
 #[derive(Debug, Clone)]
 pub struct FixedDepth {
-    depth: usize,
+    depth: StepBounds,
 }
 
 impl FixedDepth {
     pub fn new(depth: usize) -> crate::Result<Self> {
-        check_bounds(depth, depth)?;
-        Ok(Self { depth })
+        Ok(Self { depth: StepBounds::exactly(depth)? })
     }
 }
 
 impl ExitGate for FixedDepth {
     fn name(&self) -> String {
-        format!("fixed({})", self.depth)
+        format!("fixed({})", self.depth.max())
     }
-    fn min_steps(&self) -> usize {
-        self.depth
-    }
-    fn max_steps(&self) -> usize {
+    fn bounds(&self) -> StepBounds {
         self.depth
     }
     fn decide(&self, _item: ItemRef, step: usize, _signal: StepSignals, _state: &mut GateState) -> bool {
-        step + 1 >= self.depth
+        self.depth.apply(true, step)
     }
     fn exit_known(&self, _item: ItemRef, step: usize, _state: &GateState) -> Option<bool> {
-        Some(step + 1 >= self.depth)
+        Some(self.depth.apply(true, step))
     }
     fn reads_latent_diff(&self) -> bool {
         false

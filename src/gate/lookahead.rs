@@ -1,11 +1,13 @@
 //! One-step-ahead consumption: the signal of step r decides whether step r+2 runs, so the host
 //! has a whole launch of slack to build the next batch (CDB §1.4). Minimum depth 2.
 
-use super::{ExitGate, GateState, ItemRef, StepSignals};
+use super::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 
 #[derive(Debug)]
 pub struct Lookahead<G> {
     inner: G,
+    /// The inner gate's, with at least two steps.
+    bounds: StepBounds,
 }
 
 impl<G: ExitGate> Lookahead<G> {
@@ -13,7 +15,8 @@ impl<G: ExitGate> Lookahead<G> {
         if inner.max_steps() < 2 {
             return Err(crate::Error::InvalidOption("lookahead needs max_steps >= 2".into()));
         }
-        Ok(Self { inner })
+        let bounds = StepBounds::new(inner.min_steps().max(2), inner.max_steps())?;
+        Ok(Self { inner, bounds })
     }
 }
 
@@ -21,11 +24,8 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
     fn name(&self) -> String {
         format!("lookahead({})", self.inner.name())
     }
-    fn min_steps(&self) -> usize {
-        self.inner.min_steps().max(2)
-    }
-    fn max_steps(&self) -> usize {
-        self.inner.max_steps()
+    fn bounds(&self) -> StepBounds {
+        self.bounds
     }
     fn decide(&self, item: ItemRef, step: usize, signal: StepSignals, state: &mut GateState) -> bool {
         // The verdict on step r-1's signal takes effect now, after step r.
@@ -34,7 +34,7 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
         exit_now
     }
     fn exit_known(&self, _item: ItemRef, step: usize, state: &GateState) -> Option<bool> {
-        Some((state.pending_exit || step + 1 >= self.max_steps()) && step + 1 >= self.min_steps())
+        Some(self.bounds.apply(state.pending_exit, step))
     }
     fn reads_latent_diff(&self) -> bool {
         self.inner.reads_latent_diff()

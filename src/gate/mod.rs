@@ -65,13 +65,55 @@ pub struct ItemRef {
     pub token_index: usize,
 }
 
+/// The loop steps a gate lets an item run: at least `min`, at most `max`, `1 <= min <= max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepBounds {
+    min: usize,
+    max: usize,
+}
+
+impl StepBounds {
+    pub fn new(min: usize, max: usize) -> crate::Result<Self> {
+        if min == 0 || min > max {
+            return Err(crate::Error::InvalidOption(format!("exit gate needs 1 <= min_steps ({min}) <= max_steps ({max})")));
+        }
+        Ok(Self { min, max })
+    }
+    /// Exactly `depth` steps.
+    pub fn exactly(depth: usize) -> crate::Result<Self> {
+        Self::new(depth, depth)
+    }
+    pub fn min(self) -> usize {
+        self.min
+    }
+    pub fn max(self) -> usize {
+        self.max
+    }
+    /// A raw verdict after 0-based `step`, within the bounds: exit is forced after `max` steps
+    /// and refused before `min`.
+    pub fn apply(self, raw: bool, step: usize) -> bool {
+        let done = step + 1;
+        done >= self.max || (raw && done >= self.min)
+    }
+    /// `depth` clamped into the bounds.
+    pub fn clamp(self, depth: usize) -> usize {
+        depth.clamp(self.min, self.max)
+    }
+}
+
 /// Turns per-step signals into continue/exit.
 pub trait ExitGate: std::fmt::Debug + Send + Sync {
     fn name(&self) -> String;
+    /// The loop steps an item runs (exit is forced after `max`).
+    fn bounds(&self) -> StepBounds;
     /// Fewest loop steps every item runs.
-    fn min_steps(&self) -> usize;
-    /// Most loop steps an item runs (exit is forced after this many).
-    fn max_steps(&self) -> usize;
+    fn min_steps(&self) -> usize {
+        self.bounds().min()
+    }
+    /// Most loop steps an item runs.
+    fn max_steps(&self) -> usize {
+        self.bounds().max()
+    }
     /// Called after 0-based `step` ran. Returns true if the item exits after this step.
     fn decide(&self, item: ItemRef, step: usize, signals: StepSignals, state: &mut GateState) -> bool;
     /// The verdict on "exit after `step`" if it is already known before the step's own signal
@@ -87,17 +129,4 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
     fn reads_latent_diff(&self) -> bool {
         true
     }
-}
-
-/// Applies `min_steps` / `max_steps` around a raw verdict.
-pub(crate) fn bounded(raw: bool, step: usize, min_steps: usize, max_steps: usize) -> bool {
-    let done = step + 1;
-    done >= max_steps || (raw && done >= min_steps)
-}
-
-pub(crate) fn check_bounds(min_steps: usize, max_steps: usize) -> crate::Result<()> {
-    if min_steps == 0 || min_steps > max_steps {
-        return Err(crate::Error::InvalidOption(format!("exit gate needs 1 <= min_steps ({min_steps}) <= max_steps ({max_steps})")));
-    }
-    Ok(())
 }

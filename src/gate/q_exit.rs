@@ -1,23 +1,22 @@
 //! Ouro's Q-exit, incrementally: λ_r = sigmoid(z_r); CDF += λ_r·survival; survival *= 1 − λ_r;
 //! exit at the first step whose CDF reaches q.
 
-use super::{bounded, check_bounds, ExitGate, GateState, ItemRef, StepSignals};
+use super::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 
 #[derive(Debug, Clone)]
 pub struct QExit {
     q: f32,
-    min_steps: usize,
-    max_steps: usize,
+    bounds: StepBounds,
 }
 
 impl QExit {
     /// `q` in (0, 1]; lower exits earlier, 1.0 ≈ always full depth.
     pub fn new(q: f32, min_steps: usize, max_steps: usize) -> crate::Result<Self> {
-        check_bounds(min_steps, max_steps)?;
+        let bounds = StepBounds::new(min_steps, max_steps)?;
         if !(q > 0.0 && q <= 1.0) {
             return Err(crate::Error::InvalidOption(format!("q-exit threshold {q} must be in (0, 1]")));
         }
-        Ok(Self { q, min_steps, max_steps })
+        Ok(Self { q, bounds })
     }
 }
 
@@ -25,20 +24,17 @@ impl ExitGate for QExit {
     fn name(&self) -> String {
         format!("q-exit({})", self.q)
     }
-    fn min_steps(&self) -> usize {
-        self.min_steps
-    }
-    fn max_steps(&self) -> usize {
-        self.max_steps
+    fn bounds(&self) -> StepBounds {
+        self.bounds
     }
     fn decide(&self, _item: ItemRef, step: usize, signal: StepSignals, state: &mut GateState) -> bool {
         let Some(z) = signal.logit else {
-            return bounded(false, step, self.min_steps, self.max_steps);
+            return self.bounds.apply(false, step);
         };
         let hazard = 1.0 / (1.0 + (-z).exp());
         state.cdf += hazard * state.survival;
         state.survival *= 1.0 - hazard;
-        bounded(state.cdf >= self.q, step, self.min_steps, self.max_steps)
+        self.bounds.apply(state.cdf >= self.q, step)
     }
     fn reads_latent_diff(&self) -> bool {
         false

@@ -2,7 +2,7 @@
 //! generator with a given depth distribution. The CDB authors drive their throughput runs this
 //! way; a replayed depth is exact whatever the batch, so runs are comparable across modes.
 
-use super::{check_bounds, ExitGate, GateState, ItemRef, StepSignals};
+use super::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 use crate::dist::{draw, mix};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -73,14 +73,12 @@ impl DepthTrace {
 #[derive(Debug, Clone)]
 pub struct Replay {
     trace: DepthTrace,
-    min_steps: usize,
-    max_steps: usize,
+    bounds: StepBounds,
 }
 
 impl Replay {
     pub fn new(trace: DepthTrace, min_steps: usize, max_steps: usize) -> Result<Self> {
-        check_bounds(min_steps, max_steps)?;
-        Ok(Self { trace, min_steps, max_steps })
+        Ok(Self { trace, bounds: StepBounds::new(min_steps, max_steps)? })
     }
     pub fn trace(&self) -> &DepthTrace {
         &self.trace
@@ -91,17 +89,14 @@ impl ExitGate for Replay {
     fn name(&self) -> String {
         format!("replay(mean {:.2})", self.trace.expected_mean())
     }
-    fn min_steps(&self) -> usize {
-        self.min_steps
-    }
-    fn max_steps(&self) -> usize {
-        self.max_steps
+    fn bounds(&self) -> StepBounds {
+        self.bounds
     }
     fn decide(&self, item: ItemRef, step: usize, _signal: StepSignals, state: &mut GateState) -> bool {
         self.exit_known(item, step, state).expect("always known")
     }
     fn exit_known(&self, item: ItemRef, step: usize, _state: &GateState) -> Option<bool> {
-        let depth = self.trace.depth(item).unwrap_or(self.max_steps).clamp(self.min_steps, self.max_steps);
+        let depth = self.bounds.clamp(self.trace.depth(item).unwrap_or(self.bounds.max()));
         Some(step + 1 >= depth)
     }
     fn reads_latent_diff(&self) -> bool {
