@@ -542,8 +542,8 @@ fn strip_tags(html: &str) -> String {
     out
 }
 
-/// The `PONDER_*` environment variables set for this process (they select kernel variants, e.g.
-/// `PONDER_PA_PIPE=0`), for benchmark reports: a command line alone does not show them.
+/// The `PONDER_*` environment variables set for this process (debugging switches such as
+/// `PONDER_GRAPH_CAPTURE=0`), for benchmark reports: a command line alone does not show them.
 pub fn ponder_env() -> std::collections::BTreeMap<String, String> {
     std::env::vars().filter(|(k, _)| k.starts_with("PONDER_")).collect()
 }

@@ -39,7 +39,7 @@
 //! upper bound over the launches (host time not blocked on the device). With `--repeats N` each
 //! configuration runs N times on one engine after its warm-up and the median run is reported
 //! (every run's tokens/s is kept in the JSON); by default once. `--time-device` records each
-//! launch's device-side span with stream events (`EngineBuilder::time_device`): per stage in the
+//! launch's device-side span with stream events (`LoopedOptions::time_device`): per stage in the
 //! JSON (`device_s`, of it `device_forward_s` in the model's forward, the rest sampling,
 //! re-entry and result copies) and printed, exact under overlap where the host's wait is not.
 //! `--drain off` aborts the requests still running when the window closes (the drain is outside

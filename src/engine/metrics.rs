@@ -15,7 +15,7 @@ pub struct StageStats {
     /// The device is busy at least this long, so `1 − wait / time` bounds its idle share.
     pub wait: Duration,
     /// Device-side span of the launches — from the device reaching a launch's first kernel to
-    /// the end of its last — when `EngineBuilder::time_device` is on (CUDA); zero otherwise.
+    /// the end of its last — when `LoopedOptions::time_device` is on (CUDA); zero otherwise.
     /// Unlike `wait` it is exact under overlap, where a launch's wait covers the work queued
     /// ahead of it.
     pub device_time: Duration,
@@ -71,7 +71,7 @@ pub struct DenoiseStats {
     pub revealed: u64,
     pub revealed_kept: u64,
     /// Wall time per phase of the denoise launches (embedding, layers, FOCUS selection and
-    /// compaction, LM head + readout), when `EngineBuilder::time_denoise_phases` is on.
+    /// compaction, LM head + readout), when `DiffusionOptions::time_denoise_phases` is on.
     pub phases: Vec<(&'static str, Duration)>,
 }
 
