@@ -1,0 +1,250 @@
+//! Paged attention on CUDA (`kernels/paged_attention.cu`): SIMT kernels with a split-K
+//! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
+
+use super::launch::{device, for_float, kernel, view, wrap, Module};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{bail, CudaDevice, DType, Result, Tensor};
+
+/// Names this op in errors.
+const OP: &str = "paged attention";
+/// Warps per thread block of the attention kernel (`NW` in the .cu file).
+const NW: usize = 4;
+/// Query items (token x head of a GQA group) per row from which the tensor-core kernel is used.
+const MMA_MIN_ITEMS: usize = 16;
+/// Query items per block of the tensor-core kernel (`MMA_NQ` in the .cu file).
+const MMA_NQ: usize = 64;
+/// Blocks that keep the GPU busy enough for a memory-bound pass (H100/H200: 132 SMs).
+const TARGET_BLOCKS: usize = 132 * 8;
+
+/// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
+///
+/// `q` `[T, H, D]`; caches `[num_blocks, block_size, kv_heads, D]` (contiguous, dtype of `q`);
+/// `block_tables` `[R, max_blocks]` u32; `context_lens` `[R]` u32; `cu_q_lens` `[R + 1]` u32 with
+/// `cu_q_lens[R] == T`. Keys are read in place through the block table. Output `[T, H, D]`, dtype
+/// of `q`. `max_q_len` picks the query tile; `max_context_len` only sizes the key split (it must
+/// be at least every row's context length).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    context_lens: &Tensor,
+    cu_q_lens: &Tensor,
+    max_q_len: usize,
+    max_context_len: usize,
+    scale: f32,
+    mask_block: u32,
+) -> Result<Tensor> {
+    let dev = device(q, OP)?;
+    for (name, t) in [("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables), ("context_lens", context_lens), ("cu_q_lens", cu_q_lens)] {
+        if !t.device().same_device(q.device()) {
+            bail!("paged attention (cuda): {name} is on {:?}, q on {:?}", t.device(), q.device());
+        }
+    }
+    let (tokens, heads, hd) = q.dims3()?;
+    let (_num_blocks, block_size, kv_heads, khd) = k_cache.dims4()?;
+    if v_cache.dims() != k_cache.dims() {
+        bail!("paged attention (cuda): v_cache {:?} vs k_cache {:?}", v_cache.dims(), k_cache.dims());
+    }
+    if khd != hd {
+        bail!("paged attention (cuda): q head dim {hd}, cache head dim {khd}");
+    }
+    if !matches!(hd, 64 | 96 | 128) {
+        bail!("paged attention (cuda): head dim {hd} not supported (64, 96, 128)");
+    }
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        bail!("paged attention (cuda): {heads} query heads not a multiple of {kv_heads} kv heads");
+    }
+    if block_size == 0 {
+        bail!("paged attention (cuda): block size 0");
+    }
+    let dtype = q.dtype();
+    if k_cache.dtype() != dtype || v_cache.dtype() != dtype {
+        bail!("paged attention (cuda): dtypes q {dtype:?}, k {:?}, v {:?}", k_cache.dtype(), v_cache.dtype());
+    }
+    for (name, t) in [("block_tables", block_tables), ("context_lens", context_lens), ("cu_q_lens", cu_q_lens)] {
+        if t.dtype() != DType::U32 {
+            bail!("paged attention (cuda): {name} must be u32, got {:?}", t.dtype());
+        }
+    }
+    let (rows, max_blocks) = block_tables.dims2()?;
+    if context_lens.dims1()? != rows || cu_q_lens.dims1()? != rows + 1 {
+        bail!("paged attention (cuda): {rows} table rows, context_lens {:?}, cu_q_lens {:?}", context_lens.dims(), cu_q_lens.dims());
+    }
+    let i32_ok = |x: usize| x <= i32::MAX as usize;
+    if !(i32_ok(tokens * heads) && i32_ok(rows + 1) && i32_ok(max_blocks) && i32_ok(max_context_len)) {
+        bail!("paged attention (cuda): sizes exceed i32");
+    }
+    if tokens == 0 || rows == 0 {
+        return Tensor::zeros((tokens, heads, hd), dtype, q.device());
+    }
+    // Vector loads need 16-byte aligned rows: copy q if a view starts off alignment.
+    let elem = dtype.size_in_bytes();
+    let mut q = q.contiguous()?;
+    if (q.layout().start_offset() * elem) % 16 != 0 {
+        q = q.copy()?;
+    }
+    let group = heads / kv_heads;
+    let items = max_q_len.max(1) * group;
+    let nq = if items <= 1 {
+        1
+    } else if items <= 2 {
+        2
+    } else if items <= 4 {
+        4
+    } else {
+        8
+    };
+    // Tensor-core path for bf16/f16 with many query items per row, unless SIMT is chosen. It
+    // runs pipelined (cp.async double buffering, ldmatrix fragments: `paged_attn_mma_pipe_*`),
+    // measured faster on the H200; `AttentionKernels::Unpipelined` selects the synchronous-load
+    // variant (`paged_attn_mma_*`).
+    let kernels = crate::ops::attention_kernels();
+    let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
+    let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
+    let p = Params {
+        mma,
+        pipe,
+        tokens,
+        heads,
+        hd,
+        kv_heads,
+        block_size,
+        rows,
+        max_blocks,
+        max_context_len,
+        nq,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        mask_block,
+    };
+    let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
+    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p))
+}
+
+struct Inputs<'a> {
+    q: &'a Tensor,
+    k: &'a Tensor,
+    v: &'a Tensor,
+    bt: &'a Tensor,
+    cl: &'a Tensor,
+    cu: &'a Tensor,
+}
+
+struct Params {
+    mma: bool,
+    /// Tensor-core path: the pipelined variant.
+    pipe: bool,
+    tokens: usize,
+    heads: usize,
+    hd: usize,
+    kv_heads: usize,
+    block_size: usize,
+    rows: usize,
+    max_blocks: usize,
+    max_context_len: usize,
+    nq: usize,
+    scale_log2: f32,
+    /// 0 bidirectional, 1 causal, B block-causal (see the kernel's header).
+    mask_block: u32,
+}
+
+fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p: &Params) -> Result<Tensor> {
+    let (qs, ql) = t.q.storage_and_layout();
+    let (ks, kl) = t.k.storage_and_layout();
+    let (vs, vl) = t.v.storage_and_layout();
+    let (bts, btl) = t.bt.storage_and_layout();
+    let (cls, cll) = t.cl.storage_and_layout();
+    let (cus, cul) = t.cu.storage_and_layout();
+    let q = view::<T>(&qs, ql, OP, "q", true)?;
+    let k = view::<T>(&ks, kl, OP, "k_cache", true)?;
+    let v = view::<T>(&vs, vl, OP, "v_cache", true)?;
+    let bt = view::<u32>(&bts, btl, OP, "block_tables", false)?;
+    let cl = view::<u32>(&cls, cll, OP, "context_lens", false)?;
+    let cu = view::<u32>(&cus, cul, OP, "cu_q_lens", false)?;
+
+    let group = p.heads / p.kv_heads;
+    let n_out = p.tokens * p.heads * p.hd;
+    let bs_shift: i32 = if p.block_size.is_power_of_two() { p.block_size.trailing_zeros() as i32 } else { -1 };
+    let (num_rows, max_blocks, heads, kv_heads, block_size) = (p.rows as i32, p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32);
+    let (mask_block, tokens) = (p.mask_block as i32, p.tokens as i32);
+    let scale_log2 = p.scale_log2;
+    if p.mma {
+        let tiles = (p.tokens * group + p.rows * (MMA_NQ - 1)) / MMA_NQ;
+        // SAFETY: every element is written by the kernel (cu_q_lens[R] == T covers every token).
+        let mut out = unsafe { dev.alloc::<T>(n_out)? };
+        let kernel = if p.pipe { "paged_attn_mma_pipe" } else { "paged_attn_mma" };
+        let func = kernel!(dev, Module::PagedAttention, &format!("{kernel}_{name}_d{}", p.hd))?;
+        let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, 1), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
+        let mut b = func.builder();
+        b.arg(&mut out).arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
+        b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
+        b.arg(&scale_log2).arg(&mask_block);
+        // SAFETY: argument list matches `paged_attn_mma_*` / `paged_attn_mma_pipe_*` in paged_attention.cu.
+        unsafe { b.launch(cfg) }.w()?;
+        return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
+    }
+    let nq = p.nq;
+    // Tiles of nq query items per kv head: see the row search in the kernel.
+    let tiles = (p.tokens * group + p.rows * (nq - 1)) / nq;
+    if tiles > i32::MAX as usize {
+        bail!("paged attention (cuda): too many query tiles");
+    }
+    let base_blocks = tiles * p.kv_heads;
+    let mut splits = 1usize;
+    if base_blocks < TARGET_BLOCKS && p.max_context_len >= 512 {
+        splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / 256).clamp(1, 32);
+    }
+    let chunk = if splits == 1 {
+        i32::MAX as usize
+    } else {
+        // A multiple of one block step (NW warps x up to 16 keys).
+        p.max_context_len.div_ceil(splits).div_ceil(NW * 16) * (NW * 16)
+    };
+    let splits = if splits == 1 { 1 } else { p.max_context_len.div_ceil(chunk) };
+
+    // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
+    let mut out = unsafe { dev.alloc::<T>(n_out)? };
+    let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_{name}_d{}_q{nq}", p.hd))?;
+    let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
+    let (nsplits, chunk) = (splits as i32, chunk as i32);
+    let null = 0u64;
+    let ws = if splits > 1 {
+        // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and
+        // the combine kernel reads only those.
+        let acc = unsafe { dev.alloc::<f32>(splits * n_out)? };
+        let ml = unsafe { dev.alloc::<f32>(splits * p.tokens * p.heads * 2)? };
+        Some((acc, ml))
+    } else {
+        None
+    };
+    {
+        let mut b = func.builder();
+        b.arg(&mut out);
+        match &ws {
+            Some((acc, ml)) => {
+                b.arg(acc);
+                b.arg(ml);
+            }
+            None => {
+                b.arg(&null);
+                b.arg(&null);
+            }
+        }
+        b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
+        b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
+        b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&tokens);
+        // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    if let Some((acc, ml)) = &ws {
+        let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;
+        let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
+        let mut b = func.builder();
+        b.arg(&mut out).arg(acc).arg(ml).arg(&nsplits).arg(&tokens).arg(&heads);
+        // SAFETY: matches `paged_attn_combine_*`; the workspace holds splits x T x H entries.
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
+}

@@ -1,0 +1,327 @@
+//! Fused per-layer ops (`kernels/fused.cu`): the projection epilogues that rotate q/k and
+//! write the paged K/V, residual + RMSNorm, SiLU·mul. Entry points in `crate::ops::fused`.
+
+use super::launch::{device, for_float, kernel, same_device_dtype, view, wrap, Module};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{bail, CudaDevice, DType, Result, Tensor};
+
+/// The arguments the fused projection epilogues share: `qkv` `[T, (H + 2*KVH) * D]`, `cos` and
+/// `sin` `[T, D/2]`, caches `[NB, BS, KVH, D]` and `slot_mapping` `[T]` u32, one device, one float
+/// dtype. Returns `(T, NB * BS)`.
+#[allow(clippy::too_many_arguments)]
+fn check_qkv_rope(
+    op: &str,
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<(usize, usize)> {
+    same_device_dtype(op, qkv.dtype(), qkv, &[("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)])?;
+    if !slot_mapping.device().same_device(qkv.device()) || slot_mapping.dtype() != DType::U32 {
+        bail!("{op} (cuda): slot_mapping must be u32 on the device of qkv");
+    }
+    let (tokens, width) = qkv.dims2()?;
+    if width != (heads + 2 * kv_heads) * head_dim {
+        bail!("{op} (cuda): qkv width {width} vs heads {heads}, kv heads {kv_heads}, head dim {head_dim}");
+    }
+    let (nb, bs, kvh, hd) = k_cache.dims4()?;
+    if kvh != kv_heads || hd != head_dim || v_cache.dims() != k_cache.dims() {
+        bail!("{op} (cuda): caches {:?} / {:?} vs kv heads {kv_heads}, head dim {head_dim}", k_cache.dims(), v_cache.dims());
+    }
+    if cos.dims() != [tokens, head_dim / 2] || sin.dims() != cos.dims() || slot_mapping.dims() != [tokens] {
+        bail!("{op} (cuda): cos {:?}, sin {:?}, slot_mapping {:?} for {tokens} tokens", cos.dims(), sin.dims(), slot_mapping.dims());
+    }
+    if tokens * width > i32::MAX as usize {
+        bail!("{op} (cuda): sizes out of range");
+    }
+    Ok((tokens, nb * bs))
+}
+
+/// Splits `qkv` `[T, (H + 2*KVH) * D]`, rotates q and k (split-half RoPE with `cos`/`sin`
+/// `[T, D/2]`), writes rotated k and v into the caches `[NB, BS, KVH, D]` in place at
+/// `slot_mapping[t]` (`[T]` u32, flat row `block * BS + offset`), and returns q `[T, H, D]`.
+/// All float tensors share one dtype and must be contiguous. Slots past the cache are skipped.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_write(
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
+    const OP: &str = "qkv_rope_write";
+    let dev = device(qkv, OP)?;
+    let dtype = qkv.dtype();
+    if head_dim % 2 != 0 {
+        bail!("{OP} (cuda): odd head dim {head_dim}");
+    }
+    let (tokens, num_slots) = check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim)?;
+    let pairs = (heads + kv_heads) * (head_dim / 2) + kv_heads * (head_dim / 2);
+    if pairs == 0 {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    if tokens == 0 {
+        return Tensor::zeros((0, heads, head_dim), dtype, qkv.device());
+    }
+    for_float!(dtype, OP, |T, suf| qkv_rope_launch::<T>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    num_slots: usize,
+    pairs: usize,
+) -> Result<Tensor> {
+    const OP: &str = "qkv_rope_write";
+    let tokens = qkv.dim(0)?;
+    let (qs, ql) = qkv.storage_and_layout();
+    let (cs, cl) = cos.storage_and_layout();
+    let (ss, sl) = sin.storage_and_layout();
+    let (ks, kl) = k_cache.storage_and_layout();
+    let (vs, vl) = v_cache.storage_and_layout();
+    let (ms, ml) = slot_mapping.storage_and_layout();
+    let qkv_v = view::<T>(&qs, ql, OP, "qkv", false)?;
+    let cos_v = view::<T>(&cs, cl, OP, "cos", false)?;
+    let sin_v = view::<T>(&ss, sl, OP, "sin", false)?;
+    // The caches are written in place through views taken under the storage read lock (candle
+    // keeps the write lock crate-private). The write is ordered by the stream: every use of the
+    // KV store's tensors (attention reads, these writes) is queued on this device's one stream.
+    let k_v = view::<T>(&ks, kl, OP, "k_cache", false)?;
+    let v_v = view::<T>(&vs, vl, OP, "v_cache", false)?;
+    let slots = view::<u32>(&ms, ml, OP, "slot_mapping", false)?;
+    // SAFETY: every (token, head, dim) of q is written by the kernel (one thread per pair).
+    let mut q_out = unsafe { dev.alloc::<T>(tokens * heads * head_dim)? };
+    let func = kernel!(dev, Module::Fused, &format!("qkv_rope_write_{suf}"))?;
+    const THREADS: usize = 256;
+    let cfg = LaunchConfig { grid_dim: (tokens as u32, pairs.div_ceil(THREADS) as u32, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let (h, kvh, hd, ns) = (heads as i32, kv_heads as i32, head_dim as i32, num_slots as i64);
+    let mut b = func.builder();
+    b.arg(&mut q_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
+    b.arg(&h).arg(&kvh).arg(&hd).arg(&ns);
+    // SAFETY: argument list matches `qkv_rope_write_*` in fused.cu; shapes checked by the caller.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok(wrap(q_out, dev, (tokens, heads, head_dim)))
+}
+
+/// [`qkv_rope_write`] with an optional per-head RMSNorm of q and k before RoPE, returning
+/// `(q [T, H, D], k [T, KVH, D], v [T, KVH, D])`; D a multiple of 64, at most 256.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_norm_rope_write(
+    qkv: &Tensor,
+    qk_norm: Option<(&Tensor, &Tensor)>,
+    eps: f64,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "qkv_norm_rope_write";
+    let dev = device(qkv, OP)?;
+    let dtype = qkv.dtype();
+    if head_dim % 64 != 0 || head_dim > 256 {
+        bail!("{OP} (cuda): head dim {head_dim} (a multiple of 64 up to 256)");
+    }
+    if let Some((qn, kn)) = qk_norm {
+        same_device_dtype(OP, dtype, qkv, &[("q_norm", qn), ("k_norm", kn)])?;
+        if qn.dims() != [head_dim] || kn.dims() != [head_dim] {
+            bail!("{OP} (cuda): q/k norm weights {:?} / {:?} for head dim {head_dim}", qn.dims(), kn.dims());
+        }
+    }
+    let (tokens, num_slots) = check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim)?;
+    if tokens == 0 {
+        let z = |h: usize| Tensor::zeros((0, h, head_dim), dtype, qkv.device());
+        return Ok((z(heads)?, z(kv_heads)?, z(kv_heads)?));
+    }
+    let a = NormRopeArgs { qkv, qk_norm, eps, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots };
+    for_float!(dtype, OP, |T, suf| norm_rope_launch::<T>(&dev, suf, &a))
+}
+
+struct NormRopeArgs<'a> {
+    qkv: &'a Tensor,
+    qk_norm: Option<(&'a Tensor, &'a Tensor)>,
+    eps: f64,
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    k_cache: &'a Tensor,
+    v_cache: &'a Tensor,
+    slot_mapping: &'a Tensor,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    num_slots: usize,
+}
+
+fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &NormRopeArgs) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "qkv_norm_rope_write";
+    let tokens = a.qkv.dim(0)?;
+    let (qs, ql) = a.qkv.storage_and_layout();
+    let (cs, cl) = a.cos.storage_and_layout();
+    let (ss, sl) = a.sin.storage_and_layout();
+    let (ks, kl) = a.k_cache.storage_and_layout();
+    let (vs, vl) = a.v_cache.storage_and_layout();
+    let (ms, ml) = a.slot_mapping.storage_and_layout();
+    // Without q/k norm the weight arguments are never read; cos stands in for them.
+    let (qn, kn) = a.qk_norm.unwrap_or((a.cos, a.cos));
+    let (qns, qnl) = qn.storage_and_layout();
+    let (kns, knl) = kn.storage_and_layout();
+    let qkv_v = view::<T>(&qs, ql, OP, "qkv", false)?;
+    let cos_v = view::<T>(&cs, cl, OP, "cos", false)?;
+    let sin_v = view::<T>(&ss, sl, OP, "sin", false)?;
+    // Caches written in place under the read lock, ordered by the device's one stream (see
+    // `qkv_rope_launch`).
+    let k_v = view::<T>(&ks, kl, OP, "k_cache", false)?;
+    let v_v = view::<T>(&vs, vl, OP, "v_cache", false)?;
+    let slots = view::<u32>(&ms, ml, OP, "slot_mapping", false)?;
+    let qn_v = view::<T>(&qns, qnl, OP, "q_norm", false)?;
+    let kn_v = view::<T>(&kns, knl, OP, "k_norm", false)?;
+    let (h, kvh, hd) = (a.heads, a.kv_heads, a.head_dim);
+    // SAFETY: one warp per (token, head) writes every element of q, k and v.
+    let mut q_out = unsafe { dev.alloc::<T>(tokens * h * hd)? };
+    let mut k_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
+    let mut v_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
+    let func = kernel!(dev, Module::Fused, &format!("qkv_norm_rope_write_{suf}"))?;
+    const WARPS: usize = 4;
+    let units = h + 2 * kvh;
+    let cfg = LaunchConfig { grid_dim: (tokens as u32, units.div_ceil(WARPS) as u32, 1), block_dim: (32 * WARPS as u32, 1, 1), shared_mem_bytes: 0 };
+    let (hi, kvhi, hdi, norm, eps, ns) = (h as i32, kvh as i32, hd as i32, a.qk_norm.is_some() as i32, a.eps as f32, a.num_slots as i64);
+    let mut b = func.builder();
+    b.arg(&mut q_out).arg(&mut k_out).arg(&mut v_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&qn_v).arg(&kn_v).arg(&norm);
+    b.arg(&cos_v).arg(&sin_v).arg(&slots).arg(&hi).arg(&kvhi).arg(&hdi).arg(&eps).arg(&ns);
+    // SAFETY: argument list matches `qkv_norm_rope_write_*` in fused.cu; shapes checked by the caller.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok((wrap(q_out, dev, (tokens, h, hd)), wrap(k_out, dev, (tokens, kvh, hd)), wrap(v_out, dev, (tokens, kvh, hd))))
+}
+
+/// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))` over the last dim, in one
+/// launch. `residual`, `x` `[.., C]` and the weights `[C]` share one dtype; f32 statistics.
+pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "add_rms_norm";
+    let dev = device(x, OP)?;
+    let dtype = x.dtype();
+    same_device_dtype(OP, dtype, x, &[("residual", residual), ("w_x", w_x), ("w_next", w_next)])?;
+    if residual.dims() != x.dims() {
+        bail!("{OP} (cuda): residual {:?} vs x {:?}", residual.dims(), x.dims());
+    }
+    let ncols = x.dim(candle_core::D::Minus1)?;
+    if w_x.dims1()? != ncols || w_next.dims1()? != ncols {
+        bail!("{OP} (cuda): weights {:?} / {:?} for {ncols} columns", w_x.dims(), w_next.dims());
+    }
+    let rows = x.elem_count() / ncols.max(1);
+    if ncols == 0 || rows == 0 {
+        return Ok((residual.clone(), x.zeros_like()?));
+    }
+    if ncols > i32::MAX as usize || rows > u32::MAX as usize / 2 {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let residual = residual.contiguous()?;
+    let x = x.contiguous()?;
+    let (w_x, w_next) = (w_x.contiguous()?, w_next.contiguous()?);
+    for_float!(dtype, OP, |T, suf| add_rms_launch::<T>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn add_rms_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    residual: &Tensor,
+    x: &Tensor,
+    w_x: &Tensor,
+    w_next: &Tensor,
+    rows: usize,
+    ncols: usize,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "add_rms_norm";
+    let (rs, rl) = residual.storage_and_layout();
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w_x.storage_and_layout();
+    let (ns, nl) = w_next.storage_and_layout();
+    let r_v = view::<T>(&rs, rl, OP, "residual", false)?;
+    let x_v = view::<T>(&xs, xl, OP, "x", false)?;
+    let w_v = view::<T>(&ws, wl, OP, "w_x", false)?;
+    let n_v = view::<T>(&ns, nl, OP, "w_next", false)?;
+    // SAFETY: the kernel writes every element of both outputs (one block per row).
+    let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+    let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+    let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_{suf}"))?;
+    // ~8 columns per thread, a multiple of 32 threads, at most 1024.
+    let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
+    let nc = ncols as i32;
+    let mut b = func.builder();
+    b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
+    b.arg(&nc).arg(&eps);
+    // SAFETY: argument list matches `add_rms_norm_*` in fused.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    let shape = x.shape().clone();
+    Ok((wrap(h_out, dev, shape.clone()), wrap(n_out, dev, shape)))
+}
+
+/// `silu(gate) * up` for `gate_up` `[.., 2I]` (gate first), output `[.., I]`, one launch.
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
+    const OP: &str = "silu_mul";
+    let dev = device(gate_up, OP)?;
+    let dtype = gate_up.dtype();
+    let two_i = gate_up.dim(candle_core::D::Minus1)?;
+    if two_i % 2 != 0 {
+        bail!("{OP} (cuda): last dim {two_i} is odd");
+    }
+    let inter = two_i / 2;
+    let mut dims = gate_up.dims().to_vec();
+    *dims.last_mut().expect("rank >= 1") = inter;
+    let rows = gate_up.elem_count() / two_i.max(1);
+    if rows * inter == 0 {
+        return Tensor::zeros(dims, dtype, gate_up.device());
+    }
+    let gate_up = gate_up.contiguous()?;
+    for_float!(dtype, OP, |T, suf| silu_mul_launch::<T>(&dev, suf, &gate_up, rows, inter, dims))
+}
+
+fn silu_mul_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, gate_up: &Tensor, rows: usize, inter: usize, dims: Vec<usize>) -> Result<Tensor> {
+    const OP: &str = "silu_mul";
+    let (gs, gl) = gate_up.storage_and_layout();
+    let g_v = view::<T>(&gs, gl, OP, "gate_up", false)?;
+    let n = rows * inter;
+    // SAFETY: the grid-stride loop writes every output element.
+    let mut out = unsafe { dev.alloc::<T>(n)? };
+    let func = kernel!(dev, Module::Fused, &format!("silu_mul_{suf}"))?;
+    const THREADS: usize = 256;
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(THREADS).min(132 * 16) as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let (r, i) = (rows as i64, inter as i32);
+    if inter > i32::MAX as usize {
+        bail!("{OP} (cuda): intermediate size out of range");
+    }
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&g_v).arg(&r).arg(&i);
+    // SAFETY: argument list matches `silu_mul_*` in fused.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok(wrap(out, dev, dims))
+}

@@ -1,0 +1,111 @@
+//! What every kernel launch of ours shares: the device of an input, checked contiguous views of
+//! tensor storage, wrapping an output buffer as a tensor, loading a kernel from one of our PTX
+//! modules, and the dispatch on the float dtype (`for_float!`).
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::op::BackpropOp;
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor};
+
+mod ptx {
+    include!(concat!(env!("OUT_DIR"), "/ponder_kernels.rs"));
+}
+
+/// Runs `$body` with `$T` the element type and `$suf` the kernel-name suffix of the float dtype
+/// `$dtype` (bf16, f16, f32); any other dtype is an error of `$op`.
+macro_rules! for_float {
+    ($dtype:expr, $op:expr, |$T:ident, $suf:ident| $body:expr) => {
+        match $dtype {
+            candle_core::DType::BF16 => {
+                type $T = half::bf16;
+                let $suf = "bf16";
+                $body
+            }
+            candle_core::DType::F16 => {
+                type $T = half::f16;
+                let $suf = "f16";
+                $body
+            }
+            candle_core::DType::F32 => {
+                type $T = f32;
+                let $suf = "f32";
+                $body
+            }
+            d => candle_core::bail!("{} (cuda): dtype {d:?} not supported", $op),
+        }
+    };
+}
+pub(super) use for_float;
+
+/// Our PTX modules (built from `src/ops/kernels/*.cu` by `build.rs`).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Module {
+    PagedAttention,
+    Fused,
+    Focus,
+}
+
+impl Module {
+    /// The module's name and PTX.
+    pub(super) fn ptx(self) -> (&'static str, &'static str) {
+        match self {
+            Self::PagedAttention => ("ponder_paged_attention", ptx::PAGED_ATTENTION),
+            Self::Fused => ("ponder_fused", ptx::FUSED),
+            Self::Focus => ("ponder_focus", ptx::FOCUS),
+        }
+    }
+}
+
+/// `kernel!(dev, module, name)`: kernel `name` of our PTX `module`, loaded once per device by
+/// candle (a macro: candle does not name the type it returns).
+macro_rules! kernel {
+    ($dev:expr, $module:expr, $name:expr) => {{
+        let (module, ptx) = $module.ptx();
+        $dev.get_or_load_custom_func($name, module, ptx)
+    }};
+}
+pub(super) use kernel;
+
+/// The CUDA device `t` lives on.
+pub(super) fn device(t: &Tensor, op: &str) -> Result<CudaDevice> {
+    match t.device() {
+        candle_core::Device::Cuda(d) => Ok(d.clone()),
+        d => bail!("{op} (cuda): input is on {d:?}"),
+    }
+}
+
+/// A contiguous view of a tensor's storage at its layout, checked for dtype and, with
+/// `align16`, for the 16-byte alignment vector loads need.
+pub(super) fn view<'a, T: CudaDType + DeviceRepr>(storage: &'a Storage, layout: &Layout, op: &str, name: &str, align16: bool) -> Result<CudaView<'a, T>> {
+    let Storage::Cuda(cs) = storage else {
+        bail!("{op} (cuda): {name} is not a CUDA tensor");
+    };
+    if !layout.is_contiguous() {
+        bail!("{op} (cuda): {name} must be contiguous");
+    }
+    let start = layout.start_offset();
+    if align16 && (start * std::mem::size_of::<T>()) % 16 != 0 {
+        bail!("{op} (cuda): {name} starts at element {start}, not 16-byte aligned");
+    }
+    let slice = cs.as_cuda_slice::<T>()?;
+    Ok(slice.slice(start..start + layout.shape().elem_count()))
+}
+
+/// A kernel's output buffer as a tensor of `shape`.
+pub(super) fn wrap<T: CudaDType + DeviceRepr, S: Into<candle_core::Shape>>(out: CudaSlice<T>, dev: &CudaDevice, shape: S) -> Tensor {
+    let storage = CudaStorage::wrap_cuda_slice(out, dev.clone());
+    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
+}
+
+/// Every tensor of `ts` is on `first`'s device and of `dtype`.
+pub(super) fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&str, &Tensor)]) -> Result<()> {
+    for (name, t) in ts {
+        if !t.device().same_device(first.device()) {
+            bail!("{op} (cuda): {name} is on {:?}, not {:?}", t.device(), first.device());
+        }
+        if t.dtype() != dtype {
+            bail!("{op} (cuda): {name} is {:?}, expected {dtype:?}", t.dtype());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! Row movement and readout kernels (`kernels/fused.cu`): in-place row scatter, compaction
+//! to kept rows, greedy token with its probability.
+
+use super::launch::{device, for_float, kernel, same_device_dtype, view, wrap, Module};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{bail, CudaDevice, DType, Result, Tensor};
+
+/// Copies row `r` of `src` `[rows, ..]` into row `index[r]` of `dst`, in place; `dst` is viewed
+/// as rows of `src`'s row width (a paged cache `[blocks, block_size, kv_heads, head_dim]` as
+/// `[blocks · block_size, kv_heads · head_dim]`). Indices past `dst`'s rows are skipped.
+pub fn scatter_rows(dst: &Tensor, src: &Tensor, index: &Tensor) -> Result<()> {
+    const OP: &str = "scatter_rows";
+    let dev = device(dst, OP)?;
+    let dtype = dst.dtype();
+    let src = src.to_dtype(dtype)?.contiguous()?;
+    same_device_dtype(OP, dtype, dst, &[("src", &src)])?;
+    if !index.device().same_device(dst.device()) || index.dtype() != DType::U32 {
+        bail!("{OP} (cuda): index must be u32 on the device of dst");
+    }
+    if !dst.is_contiguous() || src.rank() == 0 {
+        bail!("{OP} (cuda): dst must be contiguous and src have rows, got {:?} / {:?}", dst.dims(), src.dims());
+    }
+    let rows = src.dim(0)?;
+    let width = src.elem_count().checked_div(rows).unwrap_or(0);
+    if index.dims() != [rows] || (width > 0 && dst.elem_count() % width != 0) {
+        bail!("{OP} (cuda): src {:?} / index {:?} / dst {:?} do not agree", src.dims(), index.dims(), dst.dims());
+    }
+    if rows == 0 || width == 0 {
+        return Ok(());
+    }
+    if width > i32::MAX as usize || rows > i32::MAX as usize {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let dst_rows = dst.elem_count() / width;
+    for_float!(dtype, OP, |T, suf| scatter_rows_launch::<T>(&dev, suf, dst, &src, index, rows, width, dst_rows))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scatter_rows_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    dst: &Tensor,
+    src: &Tensor,
+    index: &Tensor,
+    rows: usize,
+    width: usize,
+    dst_rows: usize,
+) -> Result<()> {
+    const OP: &str = "scatter_rows";
+    let (ds, dl) = dst.storage_and_layout();
+    let (ss, sl) = src.storage_and_layout();
+    let (is, il) = index.storage_and_layout();
+    // Written in place under the read lock, ordered by the device's one stream (see
+    // `qkv_rope_launch`).
+    let dst_v = view::<T>(&ds, dl, OP, "dst", false)?;
+    let src_v = view::<T>(&ss, sl, OP, "src", false)?;
+    let index_v = view::<u32>(&is, il, OP, "index", false)?;
+    let func = kernel!(dev, Module::Fused, &format!("scatter_rows_{suf}"))?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let (w, n) = (width as i32, dst_rows as i64);
+    let mut b = func.builder();
+    b.arg(&dst_v).arg(&src_v).arg(&index_v).arg(&w).arg(&n);
+    // SAFETY: argument list matches `scatter_rows_*` in fused.cu; indices are bounded in-kernel.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// Greedy token `[rows]` u32 and its softmax probability `[rows]` f32 of each row of `logits`
+/// `[rows, vocab]`, in one pass over the logits in their own dtype; `exclude` (the mask token)
+/// is never chosen and left out of the normaliser.
+pub fn greedy_confidence(logits: &Tensor, exclude: Option<u32>) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "greedy_confidence";
+    let dev = device(logits, OP)?;
+    let logits = logits.contiguous()?;
+    let (rows, vocab) = logits.dims2()?;
+    if vocab == 0 || vocab > i32::MAX as usize || rows > i32::MAX as usize {
+        bail!("{OP} (cuda): logits {:?}", logits.dims());
+    }
+    let dtype = logits.dtype();
+    if rows == 0 {
+        return Ok((Tensor::zeros(0, DType::U32, logits.device())?, Tensor::zeros(0, DType::F32, logits.device())?));
+    }
+    let exclude = exclude.map_or(-1, |e| e as i32);
+    for_float!(dtype, OP, |T, suf| greedy_launch::<T>(&dev, suf, &logits, rows, vocab, exclude))
+}
+
+fn greedy_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, logits: &Tensor, rows: usize, vocab: usize, exclude: i32) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "greedy_confidence";
+    let (ls, ll) = logits.storage_and_layout();
+    let l_v = view::<T>(&ls, ll, OP, "logits", false)?;
+    // SAFETY: the kernel writes one token and one probability per row.
+    let mut tokens = unsafe { dev.alloc::<u32>(rows)? };
+    let mut conf = unsafe { dev.alloc::<f32>(rows)? };
+    let func = kernel!(dev, Module::Fused, &format!("greedy_confidence_{suf}"))?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let v = vocab as i32;
+    let mut b = func.builder();
+    b.arg(&mut tokens).arg(&mut conf).arg(&l_v).arg(&v).arg(&exclude);
+    // SAFETY: argument list matches `greedy_confidence_*` in fused.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok((wrap(tokens, dev, rows), wrap(conf, dev, rows)))
+}
+
+/// Rows `index` of each of up to four `sources` `[T, ..]` of one dtype, in one launch (see
+/// `compact_rows_*` in fused.cu). Indices were checked against `T` by the caller.
+pub fn compact_rows(sources: &[&Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
+    const OP: &str = "compact_rows";
+    let Some(first) = sources.first() else {
+        return Ok(vec![]);
+    };
+    if sources.len() > 4 {
+        bail!("{OP} (cuda): at most four sources, got {}", sources.len());
+    }
+    let dtype = first.dtype();
+    let dev = device(first, OP)?;
+    let srcs = sources.iter().map(|s| s.contiguous()).collect::<Result<Vec<_>>>()?;
+    let named: Vec<(&str, &Tensor)> = srcs.iter().map(|s| ("source", s)).collect();
+    same_device_dtype(OP, dtype, first, &named)?;
+    for_float!(dtype, OP, |T, suf| compact_launch::<T>(&dev, suf, &srcs, index))
+}
+
+fn compact_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, srcs: &[Tensor], index: &[u32]) -> Result<Vec<Tensor>> {
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
+    const OP: &str = "compact_rows";
+    let rows = srcs[0].dim(0)?;
+    let n = index.len();
+    let shapes: Vec<Vec<usize>> = srcs.iter().map(|s| std::iter::once(n).chain(s.dims()[1..].iter().copied()).collect()).collect();
+    let widths: Vec<usize> = srcs.iter().map(|s| s.elem_count() / rows.max(1)).collect();
+    if n == 0 || rows == 0 {
+        return shapes.into_iter().map(|s| Tensor::zeros(s, srcs[0].dtype(), srcs[0].device())).collect();
+    }
+    if n > i32::MAX as usize || widths.iter().any(|&w| w > i32::MAX as usize) {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let stream = dev.cuda_stream();
+    let idx = dev.clone_htod(index)?;
+    // SAFETY: the kernel writes every element of each output ([n, width]).
+    let mut outs = widths.iter().map(|&w| unsafe { dev.alloc::<T>(n * w) }).collect::<Result<Vec<_>>>()?;
+    let storages: Vec<_> = srcs.iter().map(|s| s.storage_and_layout()).collect();
+    let views = storages.iter().map(|(st, l)| view::<T>(st, l, OP, "source", false)).collect::<Result<Vec<_>>>()?;
+    // Raw pointers so that unused slots (width 0, never dereferenced) can repeat the first.
+    let (mut src_ptrs, mut dst_ptrs, mut syncs_r, mut syncs_w) = (vec![], vec![], vec![], vec![]);
+    for v in &views {
+        let (p, s) = v.device_ptr(&stream);
+        src_ptrs.push(p);
+        syncs_r.push(s);
+    }
+    for o in outs.iter_mut() {
+        let (p, s) = o.device_ptr_mut(&stream);
+        dst_ptrs.push(p);
+        syncs_w.push(s);
+    }
+    let w: Vec<i32> = (0..4).map(|i| widths.get(i).map_or(0, |&w| w as i32)).collect();
+    let sp: Vec<u64> = (0..4).map(|i| *src_ptrs.get(i).unwrap_or(&src_ptrs[0])).collect();
+    let dp: Vec<u64> = (0..4).map(|i| *dst_ptrs.get(i).unwrap_or(&dst_ptrs[0])).collect();
+    let total_rows = rows as i64;
+    let func = kernel!(dev, Module::Fused, &format!("compact_rows_{suf}"))?;
+    let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let mut b = func.builder();
+    for i in 0..4 {
+        b.arg(&dp[i]).arg(&sp[i]).arg(&w[i]);
+    }
+    b.arg(&idx).arg(&total_rows);
+    // SAFETY: argument list matches `compact_rows_*` in fused.cu; pointers address live
+    // allocations of the widths passed, ordered on the device's one stream.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    drop((syncs_r, syncs_w));
+    Ok(outs.into_iter().zip(shapes).map(|(o, s)| wrap(o, dev, s)).collect())
+}
