@@ -15,7 +15,7 @@ if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
 fi
 shared=../shared/cuda
 [ -x "$(command -v nvcc || true)" ] || source "$shared/env.sh"
-export CARGO_TARGET_DIR=target/cuda
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(bench_looped bench_diffusion gpu_kernels)
 mkdir -p .device
