@@ -3,12 +3,17 @@
 //!     cargo run --release --example generate -- "Ownership in Rust"
 //!     cargo run --release --example generate -- --max-new 64 --temperature 0.8 --top-p 0.9 --seed 1 "Traits"
 //!     cargo run --release --example generate -- --sdar --threshold 0.7 "Ownership in Rust"
+//!     cargo run --release --example generate -- --chat      # multi-turn: one user turn per stdin line
 //!
 //! Options: --model DIR, --max-new N, --temperature T, --top-k K, --top-p P, --seed S,
 //! --layout depth-indexed|shared, --cuda, --bf16. Diffusion models (`--sdar` picks the shipped
 //! tiny SDAR): --threshold T (reveal tokens with probability ≥ T each step, default 0.9),
 //! --block-length N, --delayed-cache. Several prompts run as one batch, each streamed on its
-//! own thread through an `EngineHandle`.
+//! own thread through an `EngineHandle`. `--chat` reads the user's turns from stdin, one per
+//! line, and renders the conversation so far with the model's chat template each turn
+//! (`--system TEXT` opens it with a system message).
+
+use ponder::chat::{Chat, ChatMessage};
 
 use ponder::diffusion::Threshold;
 use ponder::{DType, Device, EngineBuilder, Event, GenerationParams, KvLayoutKind, SamplingParams};
@@ -21,6 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut layout, mut cuda, mut bf16) = (None::<KvLayoutKind>, false, false);
     let (mut threshold, mut block_length, mut delayed) = (None::<f32>, None::<usize>, false);
     let mut prompts = Vec::new();
+    let (mut chat, mut system) = (false, None::<String>);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -36,10 +42,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--threshold" => threshold = Some(val()?.parse()?),
             "--block-length" => block_length = Some(val()?.parse()?),
             "--delayed-cache" => delayed = true,
+            "--chat" => chat = true,
+            "--system" => system = Some(val()?),
             "--cuda" => cuda = true,
             "--bf16" => bf16 = true,
             "-h" | "--help" => {
-                println!("usage: generate [--model DIR | --sdar] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--threshold T] [--block-length N] [--delayed-cache] [--cuda] [--bf16] PROMPT...");
+                println!("usage: generate [--model DIR | --sdar] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--threshold T] [--block-length N] [--delayed-cache] [--chat [--system TEXT]] [--cuda] [--bf16] PROMPT...");
                 return Ok(());
             }
             _ => prompts.push(a),
@@ -65,6 +73,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         builder = builder.diffusion(|o| o.delayed_cache(true));
     }
     let handle = builder.spawn()?;
+    if chat {
+        return converse(&handle, params, system);
+    }
 
     if prompts.len() == 1 {
         // One prompt: stream straight to the terminal.
@@ -92,5 +103,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             });
         }
     });
+    Ok(())
+}
+
+/// A conversation on stdin: each line is the user's turn; the reply streams, then joins the
+/// history that the next turn's prompt is rendered from.
+fn converse(handle: &ponder::EngineHandle, params: GenerationParams, system: Option<String>) -> Result<(), Box<dyn std::error::Error>> {
+    let mut messages: Vec<ChatMessage> = system.into_iter().map(ChatMessage::system).collect();
+    for line in std::io::stdin().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        println!("> {line}");
+        messages.push(ChatMessage::user(line));
+        let stream = handle.submit(Chat::new(messages.clone()), params.clone())?;
+        let mut reply = String::new();
+        for ev in stream {
+            match ev {
+                Event::Token { text, .. } => {
+                    print!("{text}");
+                    reply.push_str(&text);
+                }
+                Event::Finished { text, reason, .. } => {
+                    reply.push_str(&text);
+                    println!("{text}\n[finished: {reason:?}]");
+                }
+            }
+            std::io::stdout().flush()?;
+        }
+        messages.push(ChatMessage::assistant(reply.trim()));
+    }
     Ok(())
 }

@@ -31,6 +31,11 @@ pub enum Error {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 
+    /// A chat prompt could not be rendered: the model has no chat template, or its template
+    /// does not compile or fails on this conversation.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+
     /// An engine option is invalid (zero block size, unknown layout for this model, …).
     #[error("invalid engine option: {0}")]
     InvalidOption(String),

@@ -59,6 +59,7 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
 pub mod bench;
+pub mod chat;
 pub mod diffusion;
 mod dist;
 pub mod engine;
@@ -81,6 +82,7 @@ pub mod scheduler;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
+pub use chat::{Chat, ChatMessage, ChatTemplate};
 pub use engine::{
     DiffusionOptions, Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, LoopedOptions, Output, Prompt, RequestId,
     RequestStream, SchedulerKind,

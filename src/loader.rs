@@ -19,6 +19,12 @@ pub struct ModelDir {
     pub eos_token_ids: Vec<u32>,
     pub weight_files: Vec<PathBuf>,
     pub tokenizer_file: Option<PathBuf>,
+    /// The chat template (`chat_template.jinja`, else `tokenizer_config.json`'s
+    /// `chat_template`: a string, or the entry named `default` of a list) and the special
+    /// tokens it is rendered with.
+    pub chat_template: Option<String>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
 }
 
 impl ModelDir {
@@ -41,12 +47,27 @@ impl ModelDir {
         eos.dedup();
         let weight_files = weight_files(&path)?;
         let tok = path.join("tokenizer.json");
-        Ok(Self { tokenizer_file: tok.exists().then_some(tok), path, config, eos_token_ids: eos, weight_files })
+        let chat = ChatFiles::read(&path)?;
+        Ok(Self {
+            tokenizer_file: tok.exists().then_some(tok),
+            path,
+            config,
+            eos_token_ids: eos,
+            weight_files,
+            chat_template: chat.template,
+            bos_token: chat.bos_token,
+            eos_token: chat.eos_token,
+        })
     }
 
     /// Memory-maps the weights, converting to `dtype` on `device` as tensors are read.
     pub fn weights(&self, dtype: DType, device: &Device) -> Result<Weights> {
         Weights::from_files(&self.weight_files, dtype, device)
+    }
+
+    /// The compiled chat template, if the checkpoint has one.
+    pub fn chat(&self) -> Result<Option<crate::chat::ChatTemplate>> {
+        self.chat_template.as_ref().map(|t| crate::chat::ChatTemplate::new(t.clone(), self.bos_token.clone(), self.eos_token.clone())).transpose()
     }
 
     pub fn tokenizer(&self) -> Result<Option<tokenizers::Tokenizer>> {
@@ -60,9 +81,78 @@ impl ModelDir {
         let hub = |e: hf_hub::HFError| Error::InvalidOption(format!("hub {repo}: {e}"));
         let (owner, name) = repo.split_once('/').ok_or_else(|| Error::InvalidOption(format!("hub repo `{repo}` is not owner/name")))?;
         let client = hf_hub::HFClientSync::new().map_err(hub)?;
-        let patterns = ["config.json", "generation_config.json", "tokenizer.json", "*.safetensors", "model.safetensors.index.json"];
+        let patterns = [
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+            "*.safetensors",
+            "model.safetensors.index.json",
+        ];
         let dir = client.model(owner, name).snapshot_download().allow_patterns(patterns.iter().map(|p| p.to_string()).collect()).send().map_err(hub)?;
         Self::open(dir)
+    }
+}
+
+/// What `tokenizer_config.json` and `chat_template.jinja` say about chat.
+#[derive(Debug, Default)]
+struct ChatFiles {
+    template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl ChatFiles {
+    fn read(dir: &Path) -> Result<Self> {
+        /// A special token as a string or as an added-token object `{"content": …}`.
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Token {
+            Text(String),
+            Added { content: String },
+        }
+        /// A template, or named templates (`[{"name": "default", "template": …}, …]`).
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Template {
+            One(String),
+            Named(Vec<Named>),
+        }
+        #[derive(serde::Deserialize)]
+        struct Named {
+            name: String,
+            template: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct TokenizerConfig {
+            chat_template: Option<Template>,
+            bos_token: Option<Token>,
+            eos_token: Option<Token>,
+        }
+        let mut files = Self::default();
+        let config_path = dir.join("tokenizer_config.json");
+        if config_path.exists() {
+            let c: TokenizerConfig = serde_json::from_str(&read(&config_path)?).map_err(|e| Error::config(config_path.display().to_string(), e.to_string()))?;
+            let text = |t: Token| match t {
+                Token::Text(s) | Token::Added { content: s } => s,
+            };
+            files.bos_token = c.bos_token.map(text);
+            files.eos_token = c.eos_token.map(text);
+            files.template = match c.chat_template {
+                Some(Template::One(t)) => Some(t),
+                Some(Template::Named(list)) => {
+                    let default = list.iter().position(|n| n.name == "default").unwrap_or(0);
+                    list.into_iter().nth(default).map(|n| n.template)
+                }
+                None => None,
+            };
+        }
+        let jinja = dir.join("chat_template.jinja");
+        if jinja.exists() {
+            files.template = Some(read(&jinja)?);
+        }
+        Ok(files)
     }
 }
 
@@ -145,6 +235,24 @@ impl Weights {
             Source::Mmap(st) => st.get(name).is_ok(),
             Source::Map(m) => m.contains_key(name),
         }
+    }
+
+    /// Checks that the checkpoint holds exactly the layers `prefix.0 ..= prefix.{n-1}` the
+    /// config asks for, before anything is allocated per layer: a config that names more
+    /// layers than the file holds (or fewer: the model would silently drop some) is
+    /// [`Error::BadConfig`].
+    pub fn check_layer_count(&self, prefix: &str, n: usize, what: &str) -> Result<()> {
+        let start = format!("{prefix}.");
+        let index = |name: &str| name.strip_prefix(&start).and_then(|rest| rest.split('.').next()).and_then(|i| i.parse::<usize>().ok());
+        let present = match &self.source {
+            Source::Mmap(st) => st.tensors().iter().filter_map(|(name, _)| index(name)).max(),
+            Source::Map(m) => m.keys().filter_map(|name| index(name)).max(),
+        }
+        .map_or(0, |i| i + 1);
+        if present != n {
+            return Err(Error::config(what, format!("{n} layers configured, the checkpoint holds {present} under `{prefix}`")));
+        }
+        Ok(())
     }
 
     /// Reads `name`, checks its shape, converts it to the model dtype and device.

@@ -1,5 +1,6 @@
 //! Request-facing types: ids, parameters, events, outputs.
 
+use crate::chat::{Chat, ChatMessage};
 use crate::sampling::SamplingParams;
 
 /// Identifies a request within one engine.
@@ -20,11 +21,24 @@ pub struct SchedRequest {
     pub max_new_tokens: usize,
 }
 
-/// A prompt as text (encoded with the model's tokenizer) or as token ids.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A prompt as text (encoded with the model's tokenizer), as token ids, or as a conversation
+/// (rendered with the model's chat template, then encoded).
+#[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
     Text(String),
     Ids(Vec<u32>),
+    Chat(Chat),
+}
+
+impl From<Chat> for Prompt {
+    fn from(c: Chat) -> Self {
+        Self::Chat(c)
+    }
+}
+impl From<Vec<ChatMessage>> for Prompt {
+    fn from(messages: Vec<ChatMessage>) -> Self {
+        Self::Chat(Chat::new(messages))
+    }
 }
 
 impl From<&str> for Prompt {

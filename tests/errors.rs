@@ -145,6 +145,21 @@ fn bad_checkpoints_are_typed_errors() {
         other => panic!("expected BadTensor, got {other:?}"),
     }
 
+    // Absurd but well-formed sizes are typed errors before anything is allocated for them
+    // (they used to abort the process on a failed allocation of 96 GB / 4 TB).
+    let mut json: serde_json::Value = serde_json::from_str(&cfg_text).unwrap();
+    json["num_hidden_layers"] = 1_000_000_000u64.into();
+    assert!(matches!(build(&with_config("layers", &json.to_string())), Err(Error::BadConfig { reason, .. }) if reason.contains("layers configured")));
+    let mut json: serde_json::Value = serde_json::from_str(&cfg_text).unwrap();
+    json["num_hidden_layers"] = 1u64.into();
+    assert!(matches!(build(&with_config("fewer", &json.to_string())), Err(Error::BadConfig { .. })), "a layer of the file would be silently dropped");
+    let mut json: serde_json::Value = serde_json::from_str(&cfg_text).unwrap();
+    json["total_ut_steps"] = 1_000_000u64.into();
+    assert!(matches!(build(&with_config("loops", &json.to_string())), Err(Error::BadConfig { .. })));
+    // A KV pool larger than the machine's memory, asked for by hand.
+    let huge = EngineBuilder::new(&dir).kv_capacity_tokens(usize::MAX / 4).build();
+    assert!(matches!(huge, Err(Error::InvalidOption(ref m)) if m.contains("KV pool")), "{:?}", huge.err());
+
     // Truncated file.
     let d = with_config("truncated", &cfg_text);
     let bytes = std::fs::read(d.join("model.safetensors")).unwrap();

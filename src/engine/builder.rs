@@ -5,6 +5,7 @@ use super::core::Family;
 use super::family::{DiffusionHalf, LoopedHalf};
 use super::options::{DiffusionOptions, DiffusionSchedulerContext, LoopedOptions, SchedulerContext, SchedulerKind};
 use super::{DiffusionRunner, Engine, EngineHandle, LoopedRunner};
+use crate::chat::ChatTemplate;
 use crate::diffusion::Threshold;
 use crate::gate::FixedDepth;
 use crate::kv::{check_layout, KvLayoutKind, KvManager, Shared};
@@ -30,6 +31,7 @@ struct Common {
     kv_tokens: Option<usize>,
     max_model_len: Option<usize>,
     attention_kernels: Option<AttentionKernels>,
+    chat_template: Option<ChatTemplate>,
 }
 
 impl Common {
@@ -88,8 +90,16 @@ pub struct EngineBuilder<S = Checkpoint> {
 
 impl<S> EngineBuilder<S> {
     fn with_source(source: S, device: Device, dtype: DType) -> Self {
-        let common =
-            Common { device, dtype, limits: SchedulerLimits::default(), block_size: 16, kv_tokens: None, max_model_len: None, attention_kernels: None };
+        let common = Common {
+            device,
+            dtype,
+            limits: SchedulerLimits::default(),
+            block_size: 16,
+            kv_tokens: None,
+            max_model_len: None,
+            attention_kernels: None,
+            chat_template: None,
+        };
         Self { source, common }
     }
 
@@ -127,6 +137,13 @@ impl<S> EngineBuilder<S> {
         self.common.max_model_len = Some(n);
         self
     }
+    /// The chat template [`crate::Prompt::Chat`] prompts are rendered with, instead of the
+    /// checkpoint's own (`tokenizer_config.json` / `chat_template.jinja`); models in memory have
+    /// none unless given here.
+    pub fn chat_template(mut self, template: ChatTemplate) -> Self {
+        self.common.chat_template = Some(template);
+        self
+    }
     /// CUDA: which paged-attention kernels run (default [`AttentionKernels::Auto`], the fastest
     /// measured). The choice is process-wide: it holds for every engine of the process from
     /// this build on. For comparing kernels; results agree up to rounding.
@@ -158,9 +175,12 @@ impl EngineBuilder<Checkpoint> {
 
     /// Loads the model and allocates the KV cache.
     pub fn build(self) -> Result<Engine> {
-        let Self { source, common } = self;
+        let Self { source, mut common } = self;
         common.check()?;
         let dir = ModelDir::open(&source.path)?;
+        if common.chat_template.is_none() {
+            common.chat_template = dir.chat()?;
+        }
         let looped_model = matches!(dir.config, ModelConfig::Ouro(_) | ModelConfig::Huginn(_));
         // The one place a wrong-family option is refused: before any weight is read.
         let wrong = |options, family| Err(Error::WrongFamily { options, model_type: dir.config.model_type().into(), family });
@@ -239,7 +259,7 @@ impl EngineBuilder<InMemoryDiffusion> {
 
 /// The looped half: KV layout and gate checked against the model and the scheduler, the state
 /// bank sized by the scheduler, CUDA graphs and overlap as asked.
-fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>, o: LoopedOptions, common: Common) -> Result<Engine> {
+fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>, o: LoopedOptions, mut common: Common) -> Result<Engine> {
     if o.initial_state.is_some() {
         return Err(Error::InvalidOption(
             "huginn_initial_state applies to Huginn loaded from a model directory (in memory: Huginn::with_initial_state)".into(),
@@ -261,10 +281,15 @@ fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: 
         )));
     }
     let spec = model.spec().clone();
+    let max_context = common.max_context(spec.max_context);
     let layout = o.layout.unwrap_or_else(|| KvLayoutKind::default().build());
     crate::kv::check_shape(layout.as_ref(), spec.max_steps)?;
     let slots = layout.num_slots(spec.max_steps);
-    let num_blocks = common.kv_tokens.unwrap_or(16_384 * slots).div_ceil(common.block_size);
+    let num_blocks = common.kv_tokens.unwrap_or(16_384usize.saturating_mul(slots)).div_ceil(common.block_size);
+    // Before the pool's bookkeeping or tensors exist: one the device cannot hold is an error,
+    // not an allocation that aborts the process.
+    let pool_tokens = num_blocks.saturating_mul(common.block_size);
+    crate::kv::check_fits(crate::kv::kv_bytes(pool_tokens, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype), model.device())?;
     let kv = KvManager::new(num_blocks, common.block_size, layout, spec.max_steps);
     let gate = match o.gate {
         Some(g) => g,
@@ -302,7 +327,7 @@ fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: 
         .with_device_timing(o.time_device)
         .with_latent_diff(latent_diff);
     let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
-    let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.max_context(spec.max_context), limits.max_num_batched_tokens);
+    let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.chat_template.take(), max_context, limits.max_num_batched_tokens);
     engine.set_overlap(o.overlap)?;
     Ok(engine)
 }
@@ -343,6 +368,8 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         }
     }
     let num_blocks = common.kv_tokens.unwrap_or(16_384).div_ceil(common.block_size);
+    let pool_tokens = num_blocks.saturating_mul(common.block_size);
+    crate::kv::check_fits(crate::kv::kv_bytes(pool_tokens, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype), model.device())?;
     let kv = KvManager::new(num_blocks, common.block_size, Box::new(Shared), 1);
     let cfg = DiffusionConfig {
         block_length,
@@ -364,5 +391,5 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         .with_eviction(eviction, o.eviction_shadow)
         .with_phase_timing(o.time_phases);
     let half = DiffusionHalf { runner, scheduler };
-    Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, max_context, limits.max_num_batched_tokens))
+    Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, common.chat_template, max_context, limits.max_num_batched_tokens))
 }

@@ -5,6 +5,7 @@
 use super::detok::{Detokenizer, Pushed};
 use super::family::{DiffusionHalf, Half, Issued, LoopedHalf, NewToken};
 use super::{EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
+use crate::chat::{Chat, ChatTemplate};
 use crate::error::InvalidRequest;
 use crate::models::diffusion::DiffusionSpec;
 use crate::models::LoopedSpec;
@@ -57,6 +58,7 @@ impl Live {
 /// Request bookkeeping shared by both families: live requests, pending events, metrics.
 struct Core {
     tokenizer: Option<Tokenizer>,
+    chat: Option<ChatTemplate>,
     eos: Vec<u32>,
     max_context: usize,
     max_prefill_tokens: usize,
@@ -75,13 +77,21 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub(super) fn assemble(family: Family, tokenizer: Option<Tokenizer>, eos: Vec<u32>, max_context: usize, max_prefill_tokens: usize) -> Self {
+    pub(super) fn assemble(
+        family: Family,
+        tokenizer: Option<Tokenizer>,
+        eos: Vec<u32>,
+        chat: Option<ChatTemplate>,
+        max_context: usize,
+        max_prefill_tokens: usize,
+    ) -> Self {
         let vocab_size = match &family {
             Family::Looped(h) => h.runner.model().spec().vocab_size,
             Family::Diffusion(h) => h.runner.model().spec().vocab_size,
         };
         let core = Core {
             tokenizer,
+            chat,
             eos,
             max_context,
             max_prefill_tokens,
@@ -167,6 +177,16 @@ impl Engine {
         self.core.encode(text)
     }
 
+    /// The prompt text a conversation becomes under the model's chat template.
+    pub fn render_chat(&self, chat: &Chat) -> Result<String> {
+        self.core.render_chat(chat)
+    }
+
+    /// Whether [`Prompt::Chat`] prompts can be rendered (the model has a chat template).
+    pub fn has_chat_template(&self) -> bool {
+        self.core.chat.is_some()
+    }
+
     /// Validates and queues a request. A rejected request gets a typed error and leaves no
     /// state behind; the engine and other requests are unaffected.
     pub fn add_request(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestId> {
@@ -246,11 +266,20 @@ impl Core {
         Ok(enc.get_ids().to_vec())
     }
 
+    fn render_chat(&self, chat: &Chat) -> Result<String> {
+        let template =
+            self.chat.as_ref().ok_or_else(|| Error::ChatTemplate("the model has no chat template (tokenizer_config.json / chat_template.jinja)".into()))?;
+        template.render(chat)
+    }
+
     fn admit<H: Half>(&mut self, half: &mut H, prompt: Prompt, params: GenerationParams) -> Result<(RequestId, usize)> {
-        // Encoded first: a text the tokenizer refuses (`Error::Tokenizer`, no request) uses no id.
+        // Encoded first: a text the tokenizer or the chat template refuses (`Error::Tokenizer`,
+        // `Error::ChatTemplate`; no request) uses no id. The template writes the special
+        // tokens itself, so the tokenizer adds none (as `apply_chat_template` encodes).
         let ids = match prompt {
             Prompt::Ids(ids) => ids,
             Prompt::Text(t) => self.encode(&t)?,
+            Prompt::Chat(c) => self.encode(&self.render_chat(&c)?)?,
         };
         let id = RequestId(self.next_id);
         self.next_id += 1;

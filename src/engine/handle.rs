@@ -6,8 +6,16 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashMap;
 use std::thread::JoinHandle;
 
+/// A request handed to the engine thread (boxed: a chat prompt makes it large).
+struct Submit {
+    prompt: Prompt,
+    params: GenerationParams,
+    reply: Sender<Result<(RequestId, usize)>>,
+    events: Sender<Event>,
+}
+
 enum Command {
-    Submit { prompt: Prompt, params: GenerationParams, reply: Sender<Result<(RequestId, usize)>>, events: Sender<Event> },
+    Submit(Box<Submit>),
     Abort(RequestId),
     Shutdown,
 }
@@ -70,7 +78,7 @@ impl EngineHandle {
     pub fn submit(&self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestStream> {
         let (reply, reply_rx) = bounded(1);
         let (events, rx) = unbounded();
-        self.tx.send(Command::Submit { prompt: prompt.into(), params, reply, events }).map_err(|_| Error::EngineStopped)?;
+        self.tx.send(Command::Submit(Box::new(Submit { prompt: prompt.into(), params, reply, events }))).map_err(|_| Error::EngineStopped)?;
         let (id, prompt_tokens) = reply_rx.recv().map_err(|_| Error::EngineStopped)??;
         Ok(RequestStream { id, prompt_tokens, rx })
     }
@@ -98,7 +106,8 @@ fn serve(mut engine: Engine, rx: Receiver<Command>) {
         let mut shutdown = false;
         for cmd in first.into_iter().chain(rx.try_iter()) {
             match cmd {
-                Command::Submit { prompt, params, reply, events } => {
+                Command::Submit(submit) => {
+                    let Submit { prompt, params, reply, events } = *submit;
                     let r = engine.admit(prompt, params);
                     if let Ok((id, _)) = &r {
                         streams.insert(*id, events);

@@ -6,11 +6,13 @@
 //! step reads and writes. So rows at different depths share one attention launch: each row
 //! simply brings the block table of its slot.
 
+mod budget;
 mod layout;
 mod manager;
 mod pool;
 mod store;
 
+pub(crate) use budget::{check_fits, kv_bytes};
 pub use layout::{check_layout, check_shape, DepthIndexed, FirstThenShared, KvLayout, KvLayoutKind, LastExited, Shared};
 pub use manager::{BlockTable, KvManager};
 pub use pool::BlockPool;

@@ -6,6 +6,14 @@ use serde::Deserialize;
 mod diffusion;
 pub use diffusion::{DreamConfig, LladaConfig, SdarConfig};
 
+/// Most loops an Ouro checkpoint may ask for: the released models loop 4 times, and every loop
+/// step costs a KV slot under the depth-indexed layout, so a larger number is a broken config,
+/// not a model (it would size the KV pool in terabytes).
+pub const MAX_OURO_LOOPS: usize = 64;
+/// Most recurrences a Huginn config may set as `max_steps` (the released model is evaluated at
+/// up to 64; each step is a core launch).
+pub const MAX_HUGINN_STEPS: usize = 1024;
+
 /// A parsed `config.json`.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -178,6 +186,9 @@ impl HuginnConfig {
         if self.max_steps == 0 || !(self.norm_eps > 0.0) || !(self.rope_base > 0.0) {
             return bad("max_steps, norm_eps and rope_base must be > 0".into());
         }
+        if self.max_steps > MAX_HUGINN_STEPS {
+            return bad(format!("max_steps {} exceeds the {MAX_HUGINN_STEPS} recurrences Huginn is served with here", self.max_steps));
+        }
         Ok(())
     }
 
@@ -295,8 +306,8 @@ impl OuroConfig {
         if self.head_dim() % 2 != 0 || self.head_dim() == 0 {
             return bad(format!("head_dim {} must be even and > 0", self.head_dim()));
         }
-        if self.total_ut_steps == 0 {
-            return bad("total_ut_steps must be >= 1".into());
+        if self.total_ut_steps == 0 || self.total_ut_steps > MAX_OURO_LOOPS {
+            return bad(format!("total_ut_steps {} must be in 1..={MAX_OURO_LOOPS}", self.total_ut_steps));
         }
         if !(self.rms_norm_eps > 0.0) || !(self.rope_theta > 0.0) {
             return bad("rms_norm_eps and rope_theta must be > 0".into());

@@ -139,6 +139,7 @@ impl DenseDiffusion {
         let n = &a.naming;
         let (h, i, rows) = (a.hidden_size, a.intermediate_size, a.table_rows);
         let (nh, nkv, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
+        w.check_layer_count(n.layers, a.num_layers, "num_hidden_layers")?;
         let mut layers = Vec::with_capacity(a.num_layers);
         for l in 0..a.num_layers {
             let wt = |name: &str, shape: (usize, usize)| w.get(shape, &n.layer(l, name, "weight"));

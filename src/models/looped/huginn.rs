@@ -71,6 +71,9 @@ impl Huginn {
             })
         };
         let (p, c) = (cfg.n_layers_in_prelude, cfg.n_layers_in_recurrent_block);
+        w.check_layer_count("transformer.prelude", p, "n_layers_in_prelude")?;
+        w.check_layer_count("transformer.core_block", c, "n_layers_in_recurrent_block")?;
+        w.check_layer_count("transformer.coda", cfg.n_layers_in_coda, "n_layers_in_coda")?;
         let prelude = (0..p).map(|j| block(format!("transformer.prelude.{j}"), j)).collect::<crate::Result<Vec<_>>>()?;
         let core = (0..c).map(|j| block(format!("transformer.core_block.{j}"), p + j)).collect::<crate::Result<Vec<_>>>()?;
         let coda = (0..cfg.n_layers_in_coda).map(|j| block(format!("transformer.coda.{j}"), p + c + j)).collect::<crate::Result<Vec<_>>>()?;

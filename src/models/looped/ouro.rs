@@ -42,6 +42,7 @@ impl Ouro {
     pub fn load(cfg: &OuroConfig, w: &Weights) -> crate::Result<Self> {
         let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
         let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
+        w.check_layer_count("model.layers", cfg.num_hidden_layers, "num_hidden_layers")?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");

@@ -1,0 +1,211 @@
+//! Chat prompts, rendered with the checkpoint's own Jinja chat template the way Hugging Face's
+//! `apply_chat_template` renders it: blocks trimmed (`trim_blocks`, `lstrip_blocks`), the
+//! variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token` and any extra keyword
+//! (`enable_thinking`, …), Python's string and dict methods (`strip`, `split`, `startswith`,
+//! `items`, …), `raise_exception`, and a `tojson` that writes what Python's `json.dumps` writes.
+//! Rendering is bounded (fuel, recursion limit), so a template from a file cannot hang or take
+//! the process down: it fails with [`Error::ChatTemplate`].
+
+use crate::{Error, Result};
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` (or whatever roles the template knows).
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new("system", content)
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new("user", content)
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new("assistant", content)
+    }
+}
+
+/// A conversation to continue: the messages so far, whether the template should open the
+/// assistant's turn (default yes), and extra template variables such as `enable_thinking`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Chat {
+    pub messages: Vec<ChatMessage>,
+    pub add_generation_prompt: bool,
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Chat {
+    pub fn new(messages: Vec<ChatMessage>) -> Self {
+        Self { messages, add_generation_prompt: true, kwargs: serde_json::Map::new() }
+    }
+    /// Sets an extra template variable (`Chat::new(m).with("enable_thinking", false)`).
+    pub fn with(mut self, key: impl Into<String>, value: impl Into<serde_json::Value>) -> Self {
+        self.kwargs.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// Most template instructions one rendering may run: generous for any real conversation, a
+/// bound for a template that loops without end.
+const FUEL: u64 = 50_000_000;
+
+/// A compiled chat template with the special tokens it is rendered with.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; a template that does not parse is [`Error::ChatTemplate`].
+    pub fn new(source: impl Into<String>, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
+        let mut env = Environment::new();
+        let syntax =
+            minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().map_err(|e| Error::ChatTemplate(e.to_string()))?;
+        env.set_syntax(syntax);
+        env.set_fuel(Some(FUEL));
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned("chat", source.into()).map_err(|e| Error::ChatTemplate(describe(&e)))?;
+        Ok(Self { env, bos_token: bos_token.unwrap_or_default(), eos_token: eos_token.unwrap_or_default() })
+    }
+
+    /// The prompt text for `chat`; a template that fails (an exception it raises, an undefined
+    /// method, running out of fuel) is [`Error::ChatTemplate`].
+    pub fn render(&self, chat: &Chat) -> Result<String> {
+        let mut ctx = chat.kwargs.clone();
+        let messages = serde_json::to_value(&chat.messages).map_err(|e| Error::ChatTemplate(e.to_string()))?;
+        ctx.insert("messages".into(), messages);
+        ctx.insert("add_generation_prompt".into(), chat.add_generation_prompt.into());
+        ctx.insert("bos_token".into(), self.bos_token.clone().into());
+        ctx.insert("eos_token".into(), self.eos_token.clone().into());
+        let template = self.env.get_template("chat").map_err(|e| Error::ChatTemplate(describe(&e)))?;
+        template.render(Value::from(minijinja::value::Serde(&ctx))).map_err(|e| Error::ChatTemplate(describe(&e)))
+    }
+}
+
+/// The error's message with its cause (minijinja keeps the details in the source chain).
+fn describe(e: &minijinja::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    msg
+}
+
+/// `raise_exception(msg)`, which Hugging Face templates call to refuse a conversation.
+fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("the template raised: {msg}")))
+}
+
+/// `tojson` as Hugging Face defines it: Python's `json.dumps(x, ensure_ascii=False, indent=…)`
+/// — `", "` and `": "` between items, keys in insertion order, non-ASCII kept, no HTML escaping.
+fn tojson(value: Value, indent: Option<usize>, kwargs: Kwargs) -> std::result::Result<String, minijinja::Error> {
+    let indent = match indent {
+        Some(n) => Some(n),
+        None => kwargs.get::<Option<usize>>("indent")?,
+    };
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    python_dumps(&value, indent, sort_keys.unwrap_or(false), 0, &mut out)?;
+    Ok(out)
+}
+
+fn python_dumps(v: &Value, indent: Option<usize>, sort_keys: bool, depth: usize, out: &mut String) -> std::result::Result<(), minijinja::Error> {
+    use minijinja::value::ValueKind as K;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let sep = if indent.is_some() { "," } else { ", " };
+    let quoted = |s: &str| serde_json::Value::String(s.to_string()).to_string();
+    match v.kind() {
+        K::Undefined | K::None => out.push_str("null"),
+        K::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        K::Number => out.push_str(&v.to_string()),
+        K::String => out.push_str(&quoted(v.as_str().unwrap_or_default())),
+        K::Seq | K::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                out.push_str(if i > 0 { sep } else { "" });
+                newline(out, depth + 1);
+                python_dumps(item, indent, sort_keys, depth + 1, out)?;
+            }
+            if !items.is_empty() {
+                newline(out, depth);
+            }
+            out.push(']');
+        }
+        K::Map => {
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
+            if sort_keys {
+                keys.sort();
+            }
+            out.push('{');
+            for (i, key) in keys.iter().enumerate() {
+                out.push_str(if i > 0 { sep } else { "" });
+                newline(out, depth + 1);
+                out.push_str(&quoted(&key.to_string()));
+                out.push_str(": ");
+                python_dumps(&v.get_item(key)?, indent, sort_keys, depth + 1, out)?;
+            }
+            if !keys.is_empty() {
+                newline(out, depth);
+            }
+            out.push('}');
+        }
+        _ => return Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: cannot serialise a {}", v.kind()))),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tojson_writes_what_python_json_dumps_writes() {
+        let t = ChatTemplate::new("{{ x | tojson }}|{{ x | tojson(indent=2) }}", None, None).unwrap();
+        let chat = Chat::new(vec![]).with("x", serde_json::json!({"name": "café <b>", "args": [1, 2.5, true, null], "e": {}}));
+        let got = t.render(&chat).unwrap();
+        let want_compact = r#"{"name": "café <b>", "args": [1, 2.5, true, null], "e": {}}"#;
+        let want_indented = "{\n  \"name\": \"café <b>\",\n  \"args\": [\n    1,\n    2.5,\n    true,\n    null\n  ],\n  \"e\": {}\n}";
+        assert_eq!(got, format!("{want_compact}|{want_indented}"));
+    }
+
+    #[test]
+    fn python_string_methods_and_trimmed_blocks() {
+        let src = "{% for m in messages %}\n  {% if m.content.strip().startswith('#') %}{{ m.content.split('#')[1].strip().upper() }}{% endif %}\n{% endfor %}";
+        let t = ChatTemplate::new(src, None, None).unwrap();
+        let chat = Chat::new(vec![ChatMessage::user("  # title  "), ChatMessage::user("plain")]);
+        assert_eq!(t.render(&chat).unwrap(), "TITLE");
+    }
+
+    #[test]
+    fn failures_are_typed_errors() {
+        assert!(matches!(ChatTemplate::new("{% for %}", None, None), Err(Error::ChatTemplate(_))));
+        let raises = ChatTemplate::new("{{ raise_exception('roles must alternate') }}", None, None).unwrap();
+        assert!(matches!(raises.render(&Chat::default()), Err(Error::ChatTemplate(m)) if m.contains("roles must alternate")));
+        let endless = ChatTemplate::new("{% for i in range(1000000) %}{% for j in range(1000000) %}{{ i }}{% endfor %}{% endfor %}", None, None).unwrap();
+        assert!(matches!(endless.render(&Chat::default()), Err(Error::ChatTemplate(_))), "fuel bounds a template that would not end");
+        let undefined = ChatTemplate::new("{{ messages[0].content.no_such_method() }}", None, None).unwrap();
+        assert!(matches!(undefined.render(&Chat::new(vec![ChatMessage::user("x")])), Err(Error::ChatTemplate(_))));
+    }
+}
