@@ -119,3 +119,27 @@ fn seeded_sampling_is_batch_invariant() {
     // Different seeds give different samples (the draw is really random).
     assert!(want.windows(2).any(|w| w[0] != w[1]));
 }
+
+/// Every token event feeds the latency metrics: one time-to-first-token per request, one
+/// inter-token gap per later token, quantiles ordered, for a looped and a diffusion model.
+#[test]
+fn latency_metrics_count_every_token() {
+    let check = |m: &ponder::EngineMetrics, requests: u64| {
+        assert_eq!(m.time_to_first_token.count(), requests);
+        assert_eq!(m.inter_token_latency.count(), m.generated_tokens - requests);
+        let (p50, p90, p99) = m.time_to_first_token.p50_p90_p99().unwrap();
+        assert!(p50 <= p90 && p90 <= p99 && p99 <= m.time_to_first_token.max().unwrap());
+    };
+    let (_tmp, dir) = tiny_dir(9);
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 3).build().unwrap();
+    let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(6) };
+    let outs = engine.generate(prompts(5, 4), &params).unwrap();
+    assert!(outs.iter().all(|o| o.as_ref().unwrap().token_ids.len() == 6));
+    check(engine.metrics(), 5);
+    let tmp = tempfile::tempdir().unwrap();
+    let sdar = tmp.path().join("sdar");
+    ponder::testing::write_random_sdar(&sdar, &ponder::testing::tiny_sdar_config(VOCAB), 4).unwrap();
+    let mut engine = ponder::EngineBuilder::new(&sdar).block_size(4).kv_capacity_tokens(4096).diffusion(|o| o.block_length(8)).build().unwrap();
+    engine.generate(diffusion_prompts(3, 5), &params).unwrap();
+    check(engine.metrics(), 3);
+}

@@ -42,6 +42,9 @@ pub(super) struct Live {
     sampler: Sampler,
     generated: Vec<u32>,
     detok: Detokenizer,
+    /// When the request was admitted, and when its last token event went out.
+    arrived: Instant,
+    last_token: Option<Instant>,
 }
 
 impl Live {
@@ -325,7 +328,17 @@ impl Core {
         }
         let prompt_tokens = ids.len();
         scheduler.add(SchedRequest { id, prompt: ids, max_new_tokens: params.max_new_tokens });
-        self.live.insert(id, Live { sampler: Sampler::new(params.sampling.clone()), issued: 0, params, generated: Vec::new(), detok: Detokenizer::default() });
+        let live = Live {
+            sampler: Sampler::new(params.sampling.clone()),
+            issued: 0,
+            params,
+            generated: Vec::new(),
+            detok: Detokenizer::default(),
+            arrived: Instant::now(),
+            last_token: None,
+        };
+        self.live.insert(id, live);
+        tracing::debug!(request = id.0, prompt_tokens, "admitted");
         Ok((id, prompt_tokens))
     }
 
@@ -362,7 +375,10 @@ impl Core {
         let wait = started.elapsed();
         let (stage, rows, tokens) = H::shape(&done.launch);
         self.metrics.record(stage, rows, tokens, done.host + wait, wait);
+        let _launch = tracing::debug_span!("launch", stage, rows, tokens).entered();
+        tracing::trace!(host_us = done.host.as_micros() as u64, wait_us = wait.as_micros() as u64, "results in");
         let new_tokens: Vec<NewToken> = half.complete(&done.launch, result, &mut self.metrics);
+        tracing::trace!(new_tokens = new_tokens.len(), "completed");
         for (id, token, logprob) in new_tokens {
             // Tokens of a request that finished (eos, stop, length) or was aborted are dropped.
             if let Some(ev) = self.on_token(half.scheduler_mut(), id, token, logprob) {
@@ -420,6 +436,11 @@ impl Core {
         } else {
             live.generated.push(token);
             self.metrics.generated_tokens += 1;
+            let now = Instant::now();
+            match live.last_token.replace(now) {
+                None => self.metrics.time_to_first_token.record(now - live.arrived),
+                Some(last) => self.metrics.inter_token_latency.record(now - last),
+            }
             match live.detok.push(token, self.tokenizer.as_ref(), &live.params.stop) {
                 Pushed::Text(text) => {
                     events.push(Event::Token { id, token, text, logprob });
@@ -434,6 +455,7 @@ impl Core {
         if let Some(reason) = finish {
             let mut live = self.retire(scheduler, id).expect("present");
             self.metrics.finished_requests += 1;
+            tracing::debug!(request = id.0, tokens = live.generated.len(), reason = ?reason, "finished");
             events.push(Event::Finished { id, reason, text: live.detok.flush() });
         }
         Some(events)

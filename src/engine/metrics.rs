@@ -1,5 +1,6 @@
 //! Counters the engine keeps while it runs.
 
+pub use super::latency::LatencyHistogram;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -49,6 +50,11 @@ pub struct EngineMetrics {
     pub graph_replays: usize,
     /// Diffusion models: what the denoise launches carried.
     pub denoise: DenoiseStats,
+    /// Per request, from its admission to its first token event.
+    pub time_to_first_token: LatencyHistogram,
+    /// Between consecutive token events of one request (tokens a diffusion step finalises
+    /// together count as arriving together).
+    pub inter_token_latency: LatencyHistogram,
 }
 
 /// Row counts of denoise launches. A *step* is one request's denoising step over its block.
