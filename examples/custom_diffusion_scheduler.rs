@@ -129,7 +129,7 @@ impl DiffusionScheduler for WholeCanvas {
             let from = c.block_start.max(c.prompt_len);
             let done = (end - c.prompt_len).min(c.max_new);
             let upto = (c.prompt_len + done).max(from);
-            emitted.push((c.id, c.tokens[from..upto].to_vec()));
+            emitted.push(Emitted::new(c.id, c.tokens[from..upto].to_vec()));
             if done < c.max_new {
                 c.block_start = end;
                 c.tokens.resize(end + block, self.mask);

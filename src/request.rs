@@ -114,7 +114,16 @@ pub enum FinishReason {
 pub enum Event {
     /// A new token and the text it completes (may be empty while a multi-byte character or a
     /// possible stop string is still pending).
-    Token { id: RequestId, token: u32, text: String, logprob: Option<f32> },
+    Token {
+        id: RequestId,
+        token: u32,
+        text: String,
+        logprob: Option<f32>,
+        /// The compute this token took: looped models, the loop steps it ran; diffusion models,
+        /// the denoising step (1-based, within its block) that revealed it. `None` where the
+        /// scheduler does not say.
+        steps: Option<u32>,
+    },
     /// The request is done; the event carries any text held back until now.
     Finished { id: RequestId, reason: FinishReason, text: String },
 }

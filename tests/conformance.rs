@@ -143,3 +143,51 @@ fn latency_metrics_count_every_token() {
     engine.generate(diffusion_prompts(3, 5), &params).unwrap();
     check(engine.metrics(), 3);
 }
+
+/// Token events say the compute each token took: full depth under CB; under depth batching
+/// exactly the steps the depth histogram counts; for block diffusion the denoising step of the
+/// block that revealed the token.
+#[test]
+fn token_events_say_the_compute_each_token_took() {
+    use ponder::gate::{DepthTrace, Replay};
+    use ponder::{Event, SchedulerKind};
+    let steps_of = |engine: &mut ponder::Engine, prompts: Vec<Vec<u32>>| {
+        let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(7) };
+        for p in prompts {
+            engine.add_request(p, params.clone()).unwrap();
+        }
+        let mut steps = Vec::new();
+        while engine.has_work() {
+            for ev in engine.step().unwrap() {
+                if let Event::Token { steps: s, .. } = ev {
+                    steps.push(s.expect("every built-in scheduler says"));
+                }
+            }
+        }
+        steps
+    };
+    let (_tmp, dir) = tiny_dir(12);
+    let mut cb = builder(&dir, KvLayoutKind::DepthIndexed, 3).build().unwrap();
+    assert!(steps_of(&mut cb, prompts(4, 6)).iter().all(|&s| s == 4));
+    let gate = Replay::new(DepthTrace::with_mean(2.5, 1, 4, 3).unwrap(), 1, 4).unwrap();
+    let mut depth = builder(&dir, KvLayoutKind::LastExited, 3).looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(gate)).build().unwrap();
+    let steps = steps_of(&mut depth, prompts(4, 6));
+    let mut per_depth = vec![0u64; 4];
+    for s in &steps {
+        per_depth[*s as usize - 1] += 1;
+    }
+    assert_eq!(per_depth, depth.metrics().depth_histogram, "events and the histogram agree");
+    assert!(per_depth[..3].iter().sum::<u64>() > 0, "some tokens exited early");
+    let tmp = tempfile::tempdir().unwrap();
+    let sdar = tmp.path().join("sdar");
+    ponder::testing::write_random_sdar(&sdar, &ponder::testing::tiny_sdar_config(VOCAB), 6).unwrap();
+    let mut diffusion = ponder::EngineBuilder::new(&sdar)
+        .block_size(4)
+        .kv_capacity_tokens(4096)
+        .diffusion(|o| o.block_length(8).unmask_policy(ponder::diffusion::StaticCount::new(2).unwrap()))
+        .build()
+        .unwrap();
+    let steps = steps_of(&mut diffusion, diffusion_prompts(3, 7));
+    assert!(steps.iter().all(|&s| (1..=4).contains(&s)), "two reveals a step: a block of 8 ends by step 4: {steps:?}");
+    assert!(steps.contains(&1) && steps.iter().any(|&s| s > 1));
+}

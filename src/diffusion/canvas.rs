@@ -10,6 +10,8 @@ pub struct BlockCanvas {
     tokens: Vec<u32>,
     masked: Vec<bool>,
     frozen: Vec<bool>,
+    /// The step (1-based) that revealed each position; 0 for positions given at the start.
+    revealed_at: Vec<u32>,
     steps: usize,
     delayed: bool,
 }
@@ -22,7 +24,7 @@ impl BlockCanvas {
         let mut tokens = vec![mask_id; len];
         tokens[..fixed.len()].copy_from_slice(fixed);
         let masked = (0..len).map(|i| i >= fixed.len()).collect();
-        Self { start, tokens, masked, frozen: vec![false; len], steps: 0, delayed: delayed_cache }
+        Self { start, tokens, masked, frozen: vec![false; len], revealed_at: vec![0; len], steps: 0, delayed: delayed_cache }
     }
 
     pub fn start(&self) -> usize {
@@ -44,6 +46,10 @@ impl BlockCanvas {
     }
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
+    }
+    /// The step (1-based) that revealed `offset`; 0 if it was given (prompt) or is masked.
+    pub fn revealed_at(&self, offset: usize) -> u32 {
+        self.revealed_at[offset]
     }
     pub fn is_masked(&self, offset: usize) -> bool {
         self.masked[offset]
@@ -76,6 +82,7 @@ impl BlockCanvas {
             debug_assert!(self.masked[o], "offset {o} revealed twice");
             self.tokens[o] = t;
             self.masked[o] = false;
+            self.revealed_at[o] = self.steps as u32 + 1;
         }
         if self.delayed {
             let n = self.len();

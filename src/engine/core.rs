@@ -379,9 +379,9 @@ impl Core {
         tracing::trace!(host_us = done.host.as_micros() as u64, wait_us = wait.as_micros() as u64, "results in");
         let new_tokens: Vec<NewToken> = half.complete(&done.launch, result, &mut self.metrics);
         tracing::trace!(new_tokens = new_tokens.len(), "completed");
-        for (id, token, logprob) in new_tokens {
+        for (id, token, logprob, steps) in new_tokens {
             // Tokens of a request that finished (eos, stop, length) or was aborted are dropped.
-            if let Some(ev) = self.on_token(half.scheduler_mut(), id, token, logprob) {
+            if let Some(ev) = self.on_token(half.scheduler_mut(), id, token, logprob, steps) {
                 events.extend(ev);
             }
         }
@@ -428,7 +428,7 @@ impl Core {
         err
     }
 
-    fn on_token(&mut self, scheduler: &mut dyn Scheduler, id: RequestId, token: u32, logprob: Option<f32>) -> Option<Vec<Event>> {
+    fn on_token(&mut self, scheduler: &mut dyn Scheduler, id: RequestId, token: u32, logprob: Option<f32>, steps: Option<u32>) -> Option<Vec<Event>> {
         let live = self.live.get_mut(&id)?;
         let mut events = Vec::with_capacity(2);
         let finish = if !live.params.ignore_eos && self.eos.contains(&token) {
@@ -443,11 +443,11 @@ impl Core {
             }
             match live.detok.push(token, self.tokenizer.as_ref(), &live.params.stop) {
                 Pushed::Text(text) => {
-                    events.push(Event::Token { id, token, text, logprob });
+                    events.push(Event::Token { id, token, text, logprob, steps });
                     (live.generated.len() >= live.params.max_new_tokens).then_some(FinishReason::Length)
                 }
                 Pushed::Stopped { text, stop } => {
-                    events.push(Event::Token { id, token, text, logprob });
+                    events.push(Event::Token { id, token, text, logprob, steps });
                     Some(FinishReason::Stop(stop))
                 }
             }

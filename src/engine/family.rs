@@ -13,8 +13,9 @@ use crate::scheduler::{DenoiseLaunch, DenoiseResult, DiffusionScheduler, LoopedL
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// A token a launch produced for a request, with its log-probability when it was forced.
-pub(super) type NewToken = (RequestId, u32, Option<f32>);
+/// A token a launch produced for a request: the id, its log-probability when it was forced, and
+/// the compute it took (loop steps run, or the denoising step that revealed it).
+pub(super) type NewToken = (RequestId, u32, Option<f32>, Option<u32>);
 
 /// A launch issued to the device whose results have not been consumed yet.
 pub(super) struct Issued<L, P> {
@@ -110,7 +111,14 @@ impl Half for LoopedHalf {
         }
         self.scheduler.complete(launch, &result);
         (metrics.graph_captures, metrics.graph_replays) = self.runner.graph_stats();
-        result.rows.iter().filter_map(|out| out.token.map(|t| (out.request, t, out.logprob))).collect()
+        // A coda row's token ran its item's loop steps (the row's step is the last one run); a
+        // full-depth launch runs every step it lists.
+        let steps = |row: &crate::scheduler::LoopedRow| match launch.stage {
+            crate::scheduler::Stage::Coda => Some(row.step as u32 + 1),
+            crate::scheduler::Stage::Prefill | crate::scheduler::Stage::FullDepthDecode => Some(launch.step_slots.len() as u32),
+            crate::scheduler::Stage::CoreStep => None,
+        };
+        launch.rows.iter().zip(&result.rows).filter_map(|(row, out)| out.token.map(|t| (out.request, t, out.logprob, steps(row)))).collect()
     }
 
     fn swap_in_flight(&mut self, next: Option<Issued<LoopedLaunch, Pending>>) -> Option<Issued<LoopedLaunch, Pending>> {
@@ -175,6 +183,12 @@ impl Half for DiffusionHalf {
         metrics.record_denoise(launch, &result);
         metrics.denoise.phases = self.runner.phase_times();
         let emitted = self.scheduler.complete(launch, &result);
-        emitted.into_iter().flat_map(|(id, tokens)| tokens.into_iter().map(move |t| (id, t, None))).collect()
+        emitted
+            .into_iter()
+            .flat_map(|e| {
+                let steps = e.steps;
+                e.tokens.into_iter().enumerate().map(move |(i, t)| (e.request, t, None, steps.get(i).copied()))
+            })
+            .collect()
     }
 }

@@ -102,7 +102,20 @@ pub struct DenoiseResult {
 }
 
 /// Tokens that became final for one request, in order.
-pub type Emitted = (RequestId, Vec<u32>);
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emitted {
+    pub request: RequestId,
+    pub tokens: Vec<u32>,
+    /// The denoising step (1-based, within its block) that revealed each token; empty when the
+    /// scheduler does not track it.
+    pub steps: Vec<u32>,
+}
+
+impl Emitted {
+    pub fn new(request: RequestId, tokens: Vec<u32>) -> Self {
+        Self { request, tokens, steps: Vec::new() }
+    }
+}
 
 /// A scheduling policy for diffusion models: the common part ([`Scheduler`]) and these two.
 pub trait DiffusionScheduler: Scheduler {

@@ -210,15 +210,16 @@ impl DiffusionBatching {
             req.block_progress = req.block_progress.max(right);
         }
         // Stream the longest final run past what was handed out.
-        let mut out = Vec::new();
+        let (mut out, mut steps) = (Vec::new(), Vec::new());
         let mut pos = req.prompt_len + req.emitted;
         while req.emitted + out.len() < req.max_new && pos < req.canvas.end() && !req.canvas.is_masked(pos - s) {
             out.push(req.canvas.tokens()[pos - s]);
+            steps.push(req.canvas.revealed_at(pos - s));
             pos += 1;
         }
         req.emitted += out.len();
         if !out.is_empty() {
-            self.emitted.push((req.id, out));
+            self.emitted.push(Emitted { request: req.id, tokens: out, steps });
         }
         if req.canvas.is_done() && req.emitted < req.max_new {
             let done = std::mem::replace(&mut req.canvas, BlockCanvas::new(s + b, b, &[], mask_id, delayed));
@@ -360,9 +361,9 @@ mod tests {
         let mut out: HashMap<RequestId, Vec<u32>> = HashMap::new();
         while let Some(l) = s.schedule() {
             let res = answer(&l, shift);
-            for (id, toks) in s.complete(&l, &res) {
-                let o = out.entry(id).or_default();
-                o.extend(toks);
+            for e in s.complete(&l, &res) {
+                let o = out.entry(e.request).or_default();
+                o.extend(e.tokens);
             }
             let finished: Vec<RequestId> = s.running.iter().filter(|r| r.emitted >= r.max_new).map(|r| r.id).collect();
             for id in finished {
@@ -434,7 +435,8 @@ mod tests {
         s.add(SchedRequest { id: RequestId(1), prompt: vec![1; 3], max_new_tokens: 9 });
         let l = s.schedule().unwrap();
         assert_eq!(l.rows.len(), 2);
-        assert_eq!(s.complete(&l, &answer(&l, 0)), vec![(RequestId(0), vec![13]), (RequestId(1), vec![13])]);
+        let emitted: Vec<(RequestId, Vec<u32>, Vec<u32>)> = s.complete(&l, &answer(&l, 0)).into_iter().map(|e| (e.request, e.tokens, e.steps)).collect();
+        assert_eq!(emitted, vec![(RequestId(0), vec![13], vec![1]), (RequestId(1), vec![13], vec![1])], "revealed at the block's first step");
         s.finish(RequestId(0));
         s.add(SchedRequest { id: RequestId(2), prompt: vec![1; 9], max_new_tokens: 2 });
         let l = s.schedule().unwrap();
