@@ -105,8 +105,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("lookahead(q-exit)", KvLayoutKind::LastExited, &lookahead, &QS, false),
     ];
     let mut rows = Vec::new();
+    let progress = indicatif::ProgressBar::new(configs.iter().map(|c| c.3.len() as u64).sum());
+    progress.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} configurations, {elapsed} ({eta} left) {msg}").expect("valid template"));
     for (gate_name, layout, make, params, is_depth) in configs {
         for &p in params {
+            progress.set_message(format!("{gate_name} {p}"));
             let t0 = Instant::now();
             let gate = make(p)?;
             let mut engine = EngineBuilder::new(&model)
@@ -137,10 +140,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 None => format!("q={p}"),
             };
             let seconds = t0.elapsed().as_secs_f64();
-            println!("{gate_name:>22} {:>18} {label:<6} perplexity {ppl:>9.2}  mean depth {depth:.2}  ({seconds:.1} s)", layout_name(layout));
+            progress.println(format!("{gate_name:>22} {:>18} {label:<6} perplexity {ppl:>9.2}  mean depth {depth:.2}  ({seconds:.1} s)", layout_name(layout)));
+            progress.inc(1);
             rows.push(Row { gate: gate_name.to_string(), layout, q, fixed_depth, ppl, depth, seconds });
         }
     }
+    progress.finish_and_clear();
     let total = started.elapsed().as_secs_f64();
     println!("{} configurations in {total:.0} s", rows.len());
     let shown_model = shown(&model, root);

@@ -172,7 +172,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kv = KvStore::new(spec.num_layers, blocks * (1 + RATIOS.len()), b, spec.num_kv_heads, spec.head_dim, DType::F32, &dev)?;
     let mut rng = Rng(args.seed);
     let mut stats = [MaskedStats::default(); RATIOS.len()];
-    for (wi, w) in all_windows.iter().take(n_windows).enumerate() {
+    let progress = indicatif::ProgressBar::new(n_windows as u64);
+    progress
+        .set_style(indicatif::ProgressStyle::with_template("masked-token eval {bar:30} {pos}/{len} windows, {elapsed} ({eta} left)").expect("valid template"));
+    for w in all_windows.iter().take(n_windows) {
         let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
         let (mut toks, mut positions, mut readout, mut truth) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let clean_pages: Vec<u32> = (0..blocks as u32).collect();
@@ -219,10 +222,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.correct += (argmax == Some(t)) as u64;
             s.count += 1;
         }
-        if (wi + 1) % 50 == 0 {
-            println!("  masked-token eval: {} / {n_windows} windows ({:.0} s)", wi + 1, t_masked.elapsed().as_secs_f64());
-        }
+        progress.inc(1);
     }
+    progress.finish_and_clear();
     let masked_seconds = t_masked.elapsed().as_secs_f64();
     println!("masked-token prediction over {n_windows} windows of {SEQ} ({masked_seconds:.0} s):");
     for (r, s) in RATIOS.iter().zip(&stats) {
