@@ -256,6 +256,8 @@ impl DiffusionRunner {
         let p0 = self.model.project_write(0, &h, rope, &batch, &self.kv)?;
         let imp0 = importance_of(&p0.q, &p0.k, &gather, &lens, m, spec.dtype)?;
         let h = self.model.finish_layer(0, &h, &p0.q, &batch, &self.kv)?;
+        // Layer 0's q/k/v are done with: free them before the deeper layers run (peak memory).
+        drop(p0);
         // Layer 1 up to its K/V write (for every token), then the rise of the importance.
         let p1 = self.model.project_write(1, &h, rope, &batch, &self.kv)?;
         let imp1 = importance_of(&p1.q, &p1.k, &gather, &lens, m, spec.dtype)?;
@@ -287,6 +289,9 @@ impl DiffusionRunner {
         let [h_k, q_k, cos, sin]: [Tensor; 4] = compact_rows(&[&h, &p1.q, &rope.cos, &rope.sin], &index)?
             .try_into()
             .map_err(|_| candle_core::Error::Msg("compact_rows returned the wrong number of tensors".into()))?;
+        // The full-width residual and queries are done with once compacted (peak memory).
+        drop(h);
+        drop(p1);
         let rope_k = RopeAngles { cos, sin };
         let batch_k = PagedBatch::new(host_k.clone(), self.block_size, self.mask, kv_width, dev)?;
         lap.mark("compaction")?;
