@@ -35,6 +35,7 @@ struct Common {
 }
 
 impl Common {
+    /// Refuses options no engine can run with (before anything is loaded).
     fn check(&self) -> Result<()> {
         if self.block_size == 0 {
             return Err(Error::InvalidOption("block_size must be > 0".into()));
@@ -45,10 +46,15 @@ impl Common {
         if !crate::ops::is_float(self.dtype) {
             return Err(Error::InvalidOption(format!("dtype {:?} is not a float type", self.dtype)));
         }
+        Ok(())
+    }
+
+    /// Applies the process-wide options, once the engine is about to exist (a build that fails
+    /// leaves them as they were).
+    fn apply_process_wide(&self) {
         if let Some(k) = self.attention_kernels {
             crate::ops::set_attention_kernels(k);
         }
-        Ok(())
     }
 
     fn max_context(&self, model_max: usize) -> usize {
@@ -327,6 +333,7 @@ fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: 
         .with_device_timing(o.time_device)
         .with_latent_diff(latent_diff);
     let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
+    common.apply_process_wide();
     let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.chat_template.take(), max_context, limits.max_num_batched_tokens);
     engine.set_overlap(o.overlap)?;
     Ok(engine)
@@ -391,5 +398,6 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         .with_eviction(eviction, o.eviction_shadow)
         .with_phase_timing(o.time_phases);
     let half = DiffusionHalf { runner, scheduler };
+    common.apply_process_wide();
     Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, common.chat_template, max_context, limits.max_num_batched_tokens))
 }

@@ -30,9 +30,6 @@ impl Requests {
     pub fn front(&self) -> Option<&SchedRequest> {
         self.waiting.front()
     }
-    pub fn pop(&mut self) -> Option<SchedRequest> {
-        self.waiting.pop_front()
-    }
     /// Admits the request at the head of the queue if KV for `positions` cache positions can be
     /// reserved for it (all or nothing): it leaves the queue holding its blocks. `None`: the
     /// queue is empty or the blocks are not free; nothing changes.
@@ -80,7 +77,8 @@ mod tests {
         assert_eq!(q.admit_front(8).map(|r| r.id), Some(RequestId(0)));
         assert_eq!((q.num_waiting(), q.kv().num_used_blocks()), (1, 2));
         q.forget(RequestId(0));
-        assert_eq!(q.pop().map(|r| r.id), Some(RequestId(2)));
+        assert_eq!(q.admit_front(1).map(|r| r.id), Some(RequestId(2)));
+        q.forget(RequestId(2));
         q.push_front(SchedRequest { id: RequestId(9), prompt: vec![1], max_new_tokens: 1 });
         assert_eq!(q.front().map(|r| r.id), Some(RequestId(9)));
     }
