@@ -85,13 +85,6 @@ pub enum InvalidRequest {
     },
     /// A sampling parameter is out of range (temperature < 0, top_p outside (0, 1], top_k = 0 …).
     BadSampling(String),
-    /// The request may need a prefill of more tokens than the scheduler's token budget
-    /// (`max_num_batched_tokens`) allows: its prompt, or with recompute preemption (CB) its
-    /// prompt plus every token it may generate.
-    OverTokenBudget {
-        prefill_tokens: usize,
-        budget: usize,
-    },
 }
 
 impl std::fmt::Display for InvalidRequest {
@@ -105,9 +98,6 @@ impl std::fmt::Display for InvalidRequest {
                 write!(f, "token id {token} is outside the vocabulary of {vocab_size}")
             }
             Self::BadSampling(s) => write!(f, "bad sampling parameters: {s}"),
-            Self::OverTokenBudget { prefill_tokens, budget } => {
-                write!(f, "the request may need a prefill of {prefill_tokens} tokens, over the prefill token budget of {budget}")
-            }
         }
     }
 }

@@ -151,7 +151,7 @@ fn bad_inputs_get_typed_errors() {
     assert!(rejected(e.add_request(Vec::<u32>::new(), GenerationParams::greedy(4))));
     assert!(rejected(e.add_request(vec![VOCAB as u32 + 5], GenerationParams::greedy(4))));
     // Context 512: prompt + new tokens rounded up to whole blocks must fit.
-    assert!(rejected(e.add_request(vec![1; 500], GenerationParams::greedy(10))));
+    assert!(rejected(e.add_request(vec![1; 505], GenerationParams::greedy(10))));
     let mut sampled = GenerationParams::greedy(4);
     sampled.sampling.temperature = 0.8;
     assert!(rejected(e.add_request(vec![1, 2], sampled)));

@@ -190,25 +190,19 @@ fn lengths_that_overflow_are_too_long_not_a_panic() {
 }
 
 #[test]
-fn only_preempting_schedulers_count_generated_tokens_against_the_prefill_budget() {
+fn the_token_budget_limits_launches_not_prompts() {
     let (_tmp, dir) = tiny_dir(12);
-    let make = |sched| builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.scheduler(sched)).max_num_batched_tokens(16).build().unwrap();
-    // CB re-prefills a preempted request's generated tokens: prompt + max_new must fit.
-    let mut cb = make(ponder::SchedulerKind::Continuous);
-    match cb.add_request(vec![5; 8], GenerationParams::greedy(20)) {
-        Err(Error::InvalidRequest { reason: InvalidRequest::OverTokenBudget { prefill_tokens: 28, budget: 16 }, .. }) => {}
-        other => panic!("expected OverTokenBudget, got {other:?}"),
+    for sched in [ponder::SchedulerKind::Continuous, ponder::SchedulerKind::Depth { refill: true }] {
+        let make = |budget| builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.scheduler(sched)).max_num_batched_tokens(budget).build().unwrap();
+        let (mut small, mut large) = (make(16), make(8192));
+        let prompts = [vec![5u32; 8], (0..100).map(|i| i % 90).collect()];
+        let params = GenerationParams::greedy(20);
+        let got: Vec<Vec<u32>> = small.generate(prompts.clone(), &params).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
+        let want: Vec<Vec<u32>> = large.generate(prompts, &params).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
+        assert_eq!(got, want, "{sched:?}: a 100-token prompt at a budget of 16");
+        assert!(got.iter().all(|t| t.len() == 20));
+        assert_kv_empty(&small);
     }
-    // Depth batching reserves KV for the whole sequence and never re-prefills: the prompt
-    // alone must fit, and the request generates all its tokens.
-    let mut depth = make(ponder::SchedulerKind::Depth { refill: true });
-    let out = depth.generate([vec![5u32; 8]], &GenerationParams::greedy(20)).unwrap().remove(0).unwrap();
-    assert_eq!(out.token_ids.len(), 20);
-    match depth.add_request(vec![5; 17], GenerationParams::greedy(1)) {
-        Err(Error::InvalidRequest { reason: InvalidRequest::OverTokenBudget { prefill_tokens: 17, budget: 16 }, .. }) => {}
-        other => panic!("expected OverTokenBudget for the prompt, got {other:?}"),
-    }
-    assert_kv_empty(&depth);
 }
 
 #[test]
@@ -380,4 +374,52 @@ fn a_recorded_trace_with_an_empty_list_runs_full_depth() {
     let got: Vec<Vec<u32>> = engine.generate(ps, &GenerationParams::greedy(5)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
     assert_eq!(got, want);
     assert_kv_empty(&engine);
+}
+
+/// Sets the embedding row of `token` to NaN in a checkpoint's `model.safetensors`: requests
+/// whose prompt holds that token see non-finite logits; the others compute exactly as before.
+fn poison_embedding(dir: &std::path::Path, token: usize) {
+    let file = dir.join("model.safetensors");
+    let mut t = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
+    let e = &t["model.embed_tokens.weight"];
+    let (v, h) = e.dims2().unwrap();
+    let mut rows: Vec<f32> = e.to_dtype(candle_core::DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    rows[token * h..(token + 1) * h].fill(f32::NAN);
+    let poisoned = candle_core::Tensor::from_vec(rows, (v, h), &candle_core::Device::Cpu).unwrap().to_dtype(e.dtype()).unwrap();
+    t.insert("model.embed_tokens.weight".into(), poisoned);
+    candle_core::safetensors::save(&t, &file).unwrap();
+}
+
+/// Both families: the request that meets NaN ends with `FinishReason::Error`, the one beside it
+/// in the same launches generates what it generates on the clean checkpoint, no KV leaks.
+#[test]
+fn non_finite_logits_fail_only_their_request() {
+    use ponder::testing::{tiny_sdar_config, write_random_sdar};
+    let tmp = tempfile::tempdir().unwrap();
+    let ouro = tmp.path().join("ouro");
+    ponder::testing::write_random_ouro(&ouro, &ponder::testing::tiny_ouro_config(VOCAB), 31).unwrap();
+    let sdar = tmp.path().join("sdar");
+    write_random_sdar(&sdar, &tiny_sdar_config(VOCAB), 32).unwrap();
+    let (bad, good) = (vec![3u32, 7, 11, 9], vec![4u32, 8, 12, 10, 2]);
+    let poisoned_token = 11;
+    let make = |dir: &std::path::Path| {
+        let b = EngineBuilder::new(dir).max_num_seqs(4).block_size(4).kv_capacity_tokens(4096);
+        if dir.ends_with("sdar") {
+            b.diffusion(|o| o.block_length(4)).build().unwrap()
+        } else {
+            b.build().unwrap()
+        }
+    };
+    for dir in [ouro, sdar] {
+        let clean = make(&dir).generate([good.clone()], &GenerationParams::greedy(8)).unwrap().remove(0).unwrap().token_ids;
+        assert!(!clean.contains(&(poisoned_token as u32)), "pick a prompt whose clean output avoids the poisoned token");
+        poison_embedding(&dir, poisoned_token);
+        let mut e = make(&dir);
+        let outs = e.generate([bad.clone(), good.clone()], &GenerationParams::greedy(8)).unwrap();
+        let failed = outs[0].as_ref().unwrap();
+        assert!(matches!(&failed.finish_reason, ponder::FinishReason::Error(m) if m.contains("non-finite")), "{dir:?}: {:?}", failed.finish_reason);
+        let ok = outs[1].as_ref().unwrap();
+        assert_eq!(ok.token_ids, clean, "{dir:?}: the other request goes on unchanged");
+        assert_kv_empty(&e);
+    }
 }

@@ -86,3 +86,27 @@ fn eos_from_generation_config() {
     std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": 7}"#).unwrap();
     assert_eq!(ModelDir::open(&dir).unwrap().eos_token_ids, vec![3, 5, 7]);
 }
+
+#[test]
+fn the_kv_pool_is_sized_from_memory_and_reported() {
+    let (_tmp, dir) = tiny_dir(23);
+    let spec_bytes = |e: &ponder::Engine| {
+        let s = e.spec().unwrap();
+        (s.num_kv_layers * s.num_kv_heads * s.head_dim * 2 * 4) as u64
+    };
+    // CPU default: a fixed 16 384 positions per slot.
+    let e = builder(&dir, KvLayoutKind::DepthIndexed, 2).build().unwrap();
+    let pool = e.metrics().kv_pool;
+    assert_eq!((pool.slots, pool.block_size, pool.tokens, pool.blocks), (4, 4, 4 * 16_384, 16_384));
+    assert_eq!(pool.bytes, pool.tokens as u64 * spec_bytes(&e));
+    // A fraction of free memory, capped at what 2 requests of the 512-position context can use
+    // in 4 slots.
+    let e = builder(&dir, KvLayoutKind::DepthIndexed, 2).kv_memory_fraction(0.5).build().unwrap();
+    assert_eq!(e.metrics().kv_pool.tokens, 2 * 512 * 4);
+    // The explicit count overrides the fraction; a fraction out of range is refused.
+    let e = builder(&dir, KvLayoutKind::Shared, 2).kv_memory_fraction(0.5).kv_capacity_tokens(64).build().unwrap();
+    assert_eq!((e.metrics().kv_pool.tokens, e.metrics().kv_pool.slots), (64, 1));
+    for bad in [0.0, 1.5, f64::NAN] {
+        assert!(matches!(builder(&dir, KvLayoutKind::Shared, 2).kv_memory_fraction(bad).build(), Err(ponder::Error::InvalidOption(_))), "{bad}");
+    }
+}

@@ -4,6 +4,7 @@
 //!     bench_looped [--model ouro|huginn] [--suite cb|cdb] [--widths 16,64,256] [--layout L]
 //!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
+//!                  [--long-prompts 4096,8192,... [--budgets 2048,8192] [--arrival-gap 24]]
 //!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
 //!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half,full]
 //!                  [--coda-reserve 0,parked] [--coda-pairs quarter:0,half:parked]
@@ -24,6 +25,11 @@
 //! full-depth continuous batching baseline; decode tokens/s (median over repeats, after a
 //! warm-up) next to the weight-streaming floor (bytes of weights one decode step reads ÷ the
 //! measured device copy bandwidth).
+//!
+//! Suite `cb --long-prompts L1,L2,…`: long prompts arriving while W − n short requests decode,
+//! with the prefill chunked at each `--budgets` value and unchunked; the short requests' decode
+//! tokens/s and longest token gap while the long ones prefill, and time to first token (see
+//! `long_prompts.rs`).
 //!
 //! Suite `cdb`: CB vs depth batching without and with refill on one workload per width:
 //! `requests-per-width × W` requests with ShareGPT-like lengths (prompt ~ lognormal, median 128,
@@ -54,6 +60,7 @@
 
 mod cb;
 mod cdb;
+mod long_prompts;
 mod parity;
 
 use candle_core::{DType, Device, Tensor};
@@ -98,6 +105,12 @@ pub(crate) struct Args {
     pub(crate) drain: bool,
     /// Completions after which the steady-state window closes (else at the last admission).
     pub(crate) window_completions: Option<PerWidth>,
+    /// Suite cb: long prompts that arrive while short requests decode (empty: the plain suite).
+    pub(crate) long_prompts: Vec<usize>,
+    /// Chunked-prefill budgets to compare with the unchunked run.
+    pub(crate) budgets: Vec<usize>,
+    /// Engine steps between two long arrivals.
+    pub(crate) arrival_gap: usize,
 }
 
 /// A count given as a number or as a multiple of the width (`2w`).
@@ -155,6 +168,9 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         time_device: false,
         drain: true,
         window_completions: None,
+        long_prompts: Vec::new(),
+        budgets: vec![2048, 8192],
+        arrival_gap: 24,
     };
     let mut layout_set = false;
     let mut it = std::env::args().skip(1);
@@ -190,6 +206,9 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--time-device" => a.time_device = true,
             "--drain" => a.drain = on_off(&v()?)?,
             "--window-completions" => a.window_completions = Some(v()?.parse()?),
+            "--long-prompts" => a.long_prompts = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--budgets" => a.budgets = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--arrival-gap" => a.arrival_gap = v()?.parse::<usize>()?.max(1),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,
@@ -294,7 +313,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bandwidth = copy_bandwidth(&device)?;
     println!("copy bandwidth {:.0} GB/s; weights read per decode step {:.2} GB", bandwidth / 1e9, weight_bytes_per_step as f64 / 1e9);
 
-    let results = if args.suite == "cdb" { cdb::cdb_suite(&args, &model)? } else { cb::cb_suite(&args, &model, bandwidth, weight_bytes_per_step)? };
+    let results = if args.suite == "cdb" {
+        cdb::cdb_suite(&args, &model)?
+    } else if !args.long_prompts.is_empty() {
+        long_prompts::long_prompt_suite(&args, &model)?
+    } else {
+        cb::cb_suite(&args, &model, bandwidth, weight_bytes_per_step)?
+    };
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "gpu": gpu, "commit": args.commit,

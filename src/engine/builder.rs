@@ -3,6 +3,7 @@
 
 use super::core::Family;
 use super::family::{DiffusionHalf, LoopedHalf};
+use super::metrics::KvPoolStats;
 use super::options::{DiffusionOptions, DiffusionSchedulerContext, LoopedOptions, SchedulerContext, SchedulerKind};
 use super::{DiffusionRunner, Engine, EngineHandle, LoopedRunner};
 use crate::chat::ChatTemplate;
@@ -29,6 +30,7 @@ struct Common {
     limits: SchedulerLimits,
     block_size: usize,
     kv_tokens: Option<usize>,
+    kv_fraction: Option<f64>,
     max_model_len: Option<usize>,
     attention_kernels: Option<AttentionKernels>,
     chat_template: Option<ChatTemplate>,
@@ -42,6 +44,9 @@ impl Common {
         }
         if self.limits.max_num_seqs == 0 || self.limits.max_num_batched_tokens == 0 {
             return Err(Error::InvalidOption("max_num_seqs and max_num_batched_tokens must be > 0".into()));
+        }
+        if let Some(f) = self.kv_fraction.filter(|f| !(f.is_finite() && *f > 0.0 && *f <= 1.0)) {
+            return Err(Error::InvalidOption(format!("kv_memory_fraction {f} must be in (0, 1]")));
         }
         if !crate::ops::is_float(self.dtype) {
             return Err(Error::InvalidOption(format!("dtype {:?} is not a float type", self.dtype)));
@@ -59,6 +64,16 @@ impl Common {
 
     fn max_context(&self, model_max: usize) -> usize {
         self.max_model_len.map_or(model_max, |m| m.min(model_max))
+    }
+
+    /// Blocks of the KV pool, sized before anything is allocated (see [`EngineBuilder::kv_memory_fraction`]):
+    /// `slots` cache slots whose positions take `bytes_per_position` each, `useful` positions at
+    /// most (what the resident requests can fill), and a workspace reserve for one launch.
+    fn pool_blocks(&self, device: &Device, slots: usize, bytes_per_position: Option<u64>, workspace: u64, useful: usize) -> Result<usize> {
+        let per_position = bytes_per_position.ok_or_else(|| Error::InvalidOption("the KV pool's size overflows 64 bits".into()))?;
+        let sizing = crate::kv::PoolSizing { tokens: self.kv_tokens, fraction: self.kv_fraction };
+        let tokens = sizing.pool_tokens(device, slots, per_position, workspace, useful)?;
+        Ok(tokens.div_ceil(self.block_size))
     }
 }
 
@@ -102,6 +117,7 @@ impl<S> EngineBuilder<S> {
             limits: SchedulerLimits::default(),
             block_size: 16,
             kv_tokens: None,
+            kv_fraction: None,
             max_model_len: None,
             attention_kernels: None,
             chat_template: None,
@@ -123,7 +139,11 @@ impl<S> EngineBuilder<S> {
         self.common.limits.max_num_seqs = n;
         self
     }
-    /// Most tokens in one prefill launch.
+    /// Launch budget (default 8192): most prompt tokens in one prefill launch. Longer prompts
+    /// are prefilled in chunks of at most this many, interleaved with the decode launches of
+    /// other requests; a prompt is limited only by the context window and the KV pool. A
+    /// bidirectional diffusion step (LLaDA, Dream) reads its whole canvas in one row and cannot
+    /// be split, so such a row may exceed the budget; it then runs without other new requests.
     pub fn max_num_batched_tokens(mut self, n: usize) -> Self {
         self.common.limits.max_num_batched_tokens = n;
         self
@@ -133,9 +153,22 @@ impl<S> EngineBuilder<S> {
         self.common.block_size = n;
         self
     }
-    /// KV capacity in token positions across all slots (default: 16 384 per slot).
+    /// KV capacity in token positions across all slots. Overrides
+    /// [`EngineBuilder::kv_memory_fraction`]. Without either: on CUDA the pool takes 90 % of
+    /// the free device memory; on the CPU it holds 16 384 positions per slot.
     pub fn kv_capacity_tokens(mut self, n: usize) -> Self {
         self.common.kv_tokens = Some(n);
+        self
+    }
+    /// Sizes the KV pool from the device: this fraction (0, 1] of the memory free once the
+    /// weights are loaded, less a workspace estimate for one launch (activations of
+    /// `max_num_batched_tokens` positions, the logits of every readout row, 1 GiB of slack), and
+    /// capped at what `max_num_seqs` requests of `max_model_len` could ever fill. The default on
+    /// CUDA is 0.9, which fills most of an idle GPU like vLLM's `gpu_memory_utilization`; the CPU
+    /// keeps a fixed default unless this is set (its free memory is `MemAvailable`). The pool
+    /// built is reported in [`crate::EngineMetrics::kv_pool`].
+    pub fn kv_memory_fraction(mut self, fraction: f64) -> Self {
+        self.common.kv_fraction = Some(fraction);
         self
     }
     /// Caps the context window below the model's own.
@@ -291,11 +324,18 @@ fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: 
     let layout = o.layout.unwrap_or_else(|| KvLayoutKind::default().build());
     crate::kv::check_shape(layout.as_ref(), spec.max_steps)?;
     let slots = layout.num_slots(spec.max_steps);
-    let num_blocks = common.kv_tokens.unwrap_or(16_384usize.saturating_mul(slots)).div_ceil(common.block_size);
+    let per_position = crate::kv::kv_bytes(1, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
+    let launch_tokens = limits.max_num_batched_tokens.max(limits.max_num_seqs);
+    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.state_width.max(spec.hidden_size), limits.max_num_seqs, spec.vocab_size);
+    let resident = limits.max_num_seqs.saturating_add(o.coda_reserve);
+    let useful = resident.saturating_mul(max_context).saturating_mul(slots);
+    let num_blocks = common.pool_blocks(model.device(), slots, per_position, workspace, useful)?;
     // Before the pool's bookkeeping or tensors exist: one the device cannot hold is an error,
     // not an allocation that aborts the process.
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
-    crate::kv::check_fits(crate::kv::kv_bytes(pool_tokens, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype), model.device())?;
+    let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
+    crate::kv::check_fits(pool_bytes, model.device())?;
+    let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, layout, spec.max_steps);
     let gate = match o.gate {
         Some(g) => g,
@@ -334,7 +374,7 @@ fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: 
         .with_latent_diff(latent_diff);
     let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
     common.apply_process_wide();
-    let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.chat_template.take(), max_context, limits.max_num_batched_tokens);
+    let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.chat_template.take(), max_context, pool);
     engine.set_overlap(o.overlap)?;
     Ok(engine)
 }
@@ -374,9 +414,16 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
             return Err(Error::InvalidOption("eviction scores tokens at layers 0 and 1: the model needs two layers".into()));
         }
     }
-    let num_blocks = common.kv_tokens.unwrap_or(16_384).div_ceil(common.block_size);
+    let limits = &common.limits;
+    let per_position = crate::kv::kv_bytes(1, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
+    let launch_tokens = limits.max_num_batched_tokens.saturating_add(limits.max_num_seqs.saturating_mul(block_length + 1));
+    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.hidden_size, limits.max_num_seqs.saturating_mul(block_length), spec.vocab_size);
+    let useful = limits.max_num_seqs.saturating_mul(max_context.div_ceil(block_length).saturating_mul(block_length));
+    let num_blocks = common.pool_blocks(model.device(), 1, per_position, workspace, useful)?;
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
-    crate::kv::check_fits(crate::kv::kv_bytes(pool_tokens, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype), model.device())?;
+    let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
+    crate::kv::check_fits(pool_bytes, model.device())?;
+    let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots: 1, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, Box::new(Shared), 1);
     let cfg = DiffusionConfig {
         block_length,
@@ -399,5 +446,5 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         .with_phase_timing(o.time_phases);
     let half = DiffusionHalf { runner, scheduler };
     common.apply_process_wide();
-    Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, common.chat_template, max_context, limits.max_num_batched_tokens))
+    Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, common.chat_template, max_context, pool))
 }

@@ -64,7 +64,6 @@ struct Core {
     chat: Option<ChatTemplate>,
     eos: Vec<u32>,
     max_context: usize,
-    max_prefill_tokens: usize,
     vocab_size: usize,
     live: HashMap<RequestId, Live>,
     pending: Vec<Event>,
@@ -86,7 +85,7 @@ impl Engine {
         eos: Vec<u32>,
         chat: Option<ChatTemplate>,
         max_context: usize,
-        max_prefill_tokens: usize,
+        kv_pool: super::metrics::KvPoolStats,
     ) -> Self {
         let vocab_size = match &family {
             Family::Looped(h) => h.runner.model().spec().vocab_size,
@@ -97,12 +96,11 @@ impl Engine {
             chat,
             eos,
             max_context,
-            max_prefill_tokens,
             vocab_size,
             live: HashMap::new(),
             pending: Vec::new(),
             next_id: 0,
-            metrics: EngineMetrics::default(),
+            metrics: EngineMetrics { kv_pool, ..EngineMetrics::default() },
         };
         Self { core, family }
     }
@@ -313,10 +311,6 @@ impl Core {
         if positions > self.max_context {
             return reject(too_long);
         }
-        let prefill = scheduler.max_prefill_tokens(ids.len(), params.max_new_tokens);
-        if prefill > self.max_prefill_tokens {
-            return reject(InvalidRequest::OverTokenBudget { prefill_tokens: prefill, budget: self.max_prefill_tokens });
-        }
         let kv = scheduler.kv();
         let needed = kv.blocks_for(positions);
         if needed > kv.num_blocks() {
@@ -431,7 +425,10 @@ impl Core {
     fn on_token(&mut self, scheduler: &mut dyn Scheduler, id: RequestId, token: u32, logprob: Option<f32>, steps: Option<u32>) -> Option<Vec<Event>> {
         let live = self.live.get_mut(&id)?;
         let mut events = Vec::with_capacity(2);
-        let finish = if !live.params.ignore_eos && self.eos.contains(&token) {
+        let finish = if crate::ops::is_non_finite_flag(token, self.vocab_size) {
+            tracing::warn!(request = id.0, "non-finite logits");
+            Some(FinishReason::Error("the model produced non-finite logits (NaN or infinity) for this request".into()))
+        } else if !live.params.ignore_eos && self.eos.contains(&token) {
             Some(FinishReason::Eos)
         } else {
             live.generated.push(token);

@@ -179,16 +179,29 @@ impl Half for DiffusionHalf {
         Ok(result)
     }
 
-    fn complete(&mut self, launch: &DenoiseLaunch, result: DenoiseResult, metrics: &mut EngineMetrics) -> Vec<NewToken> {
+    fn complete(&mut self, launch: &DenoiseLaunch, mut result: DenoiseResult, metrics: &mut EngineMetrics) -> Vec<NewToken> {
         metrics.record_denoise(launch, &result);
         metrics.denoise.phases = self.runner.phase_times();
+        // A readout's confidence 1 / Σ exp(l − max) is not finite exactly when its logits hold a
+        // NaN or an infinity (a −∞ only at the masked-out mask token leaves it finite). Such a
+        // row reveals nothing; its request gets the non-finite flag and ends with an error.
+        let vocab = self.runner.model().spec().vocab_size as u32;
+        let mut failed = Vec::new();
+        for out in &mut result.rows {
+            if out.candidates.iter().any(|&(_, c)| !c.is_finite()) {
+                out.candidates.clear();
+                failed.push((out.request, vocab, None, None));
+            }
+        }
         let emitted = self.scheduler.complete(launch, &result);
-        emitted
+        let mut tokens: Vec<NewToken> = emitted
             .into_iter()
             .flat_map(|e| {
                 let steps = e.steps;
                 e.tokens.into_iter().enumerate().map(move |(i, t)| (e.request, t, None, steps.get(i).copied()))
             })
-            .collect()
+            .collect();
+        tokens.extend(failed);
+        tokens
     }
 }

@@ -35,8 +35,24 @@ pub struct DeviceSpan {
     pub forward: Duration,
 }
 
+/// The KV pool an engine built (see [`crate::EngineBuilder::kv_memory_fraction`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvPoolStats {
+    pub blocks: usize,
+    pub block_size: usize,
+    /// Cache slots per request (loop steps map onto slots; 1 for diffusion models).
+    pub slots: usize,
+    /// Positions across every slot: `blocks × block_size`. A request of n positions takes n per
+    /// slot.
+    pub tokens: usize,
+    /// Device bytes of the K and V tensors.
+    pub bytes: u64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineMetrics {
+    /// The KV pool this engine allocated.
+    pub kv_pool: KvPoolStats,
     pub stages: BTreeMap<&'static str, StageStats>,
     /// Tokens handed to requests (eos excluded).
     pub generated_tokens: u64,

@@ -18,7 +18,7 @@ pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, 
 pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped};
 pub use core::Engine;
 pub use handle::{EngineHandle, RequestStream};
-pub use metrics::{DenoiseStats, DeviceSpan, EngineMetrics, LatencyHistogram, StageStats};
+pub use metrics::{DenoiseStats, DeviceSpan, EngineMetrics, KvPoolStats, LatencyHistogram, StageStats};
 pub use options::{DiffusionOptions, DiffusionSchedulerContext, LoopedOptions, SchedulerContext, SchedulerKind};
 
 pub(crate) use diffusion_runner::DiffusionRunner;

@@ -29,6 +29,63 @@ pub fn check_fits(bytes: Option<u64>, device: &Device) -> Result<()> {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// Fraction of the free device memory the KV pool takes by default on CUDA (after the weights
+/// are loaded and the workspace estimate is set aside), like vLLM's `gpu_memory_utilization`.
+pub const DEFAULT_KV_MEMORY_FRACTION: f64 = 0.9;
+
+/// Pool positions per KV slot on the CPU (and wherever free memory cannot be read) when no size
+/// is given.
+pub const DEFAULT_CPU_POOL_TOKENS_PER_SLOT: usize = 16_384;
+
+/// Memory one launch's activations may take besides weights and KV: `launch_tokens` positions of
+/// ~32 f32 vectors of `hidden` (residual, norms, q/k/v, the MLP's gate/up, temporaries), f32
+/// logits and their softmax for `readout_rows`, and 1 GiB for the BLAS workspace, CUDA graphs
+/// and allocator slack. An estimate on the safe side for the families we serve.
+pub fn workspace_bytes(launch_tokens: usize, hidden: usize, readout_rows: usize, vocab: usize) -> u64 {
+    let activations = (launch_tokens as u64).saturating_mul(hidden as u64).saturating_mul(32 * 4);
+    let logits = (readout_rows as u64).saturating_mul(vocab as u64).saturating_mul(2 * 4);
+    activations.saturating_add(logits).saturating_add(1 << 30)
+}
+
+/// How the KV pool is sized: the pool positions (across every slot) and the bytes they take.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolSizing {
+    /// Explicit positions across all slots (`kv_capacity_tokens`): wins over the fraction.
+    pub tokens: Option<usize>,
+    /// Fraction of the device's free memory (`kv_memory_fraction`); CUDA defaults to
+    /// [`DEFAULT_KV_MEMORY_FRACTION`], the CPU to a fixed size.
+    pub fraction: Option<f64>,
+}
+
+impl PoolSizing {
+    /// Pool positions across `slots` slots at `bytes_per_position` (one position of one slot, all
+    /// layers): explicit, or the chosen fraction of free memory less `workspace`, capped at
+    /// `useful` (what the resident requests could ever fill). Errors when the memory left over
+    /// cannot hold a single position per slot.
+    pub fn pool_tokens(&self, device: &Device, slots: usize, bytes_per_position: u64, workspace: u64, useful: usize) -> Result<usize> {
+        if let Some(n) = self.tokens {
+            return Ok(n);
+        }
+        let fraction = self.fraction.or(device.is_cuda().then_some(DEFAULT_KV_MEMORY_FRACTION));
+        let fallback = DEFAULT_CPU_POOL_TOKENS_PER_SLOT.saturating_mul(slots);
+        let (Some(fraction), Some(free)) = (fraction, fraction.and_then(|_| available(device))) else {
+            return Ok(fallback);
+        };
+        let budget = (free as f64 * fraction) as u64;
+        let for_kv = budget.saturating_sub(workspace);
+        let tokens = usize::try_from(for_kv / bytes_per_position.max(1)).unwrap_or(usize::MAX);
+        if tokens < slots.max(1) {
+            return Err(Error::InvalidOption(format!(
+                "{:.0} % of the {:.2} GiB free on {device:?} leaves no room for a KV pool after a {:.2} GiB workspace; raise kv_memory_fraction, lower max_num_batched_tokens / max_num_seqs, or set kv_capacity_tokens",
+                fraction * 100.0,
+                free as f64 / GIB,
+                workspace as f64 / GIB
+            )));
+        }
+        Ok(tokens.min(useful.max(slots)))
+    }
+}
+
 fn available(device: &Device) -> Option<u64> {
     match device {
         Device::Cpu => {
@@ -47,6 +104,25 @@ fn available(device: &Device) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pools_are_sized_explicitly_by_fraction_or_by_the_cpu_default() {
+        let explicit = PoolSizing { tokens: Some(100), fraction: Some(0.5) };
+        assert_eq!(explicit.pool_tokens(&Device::Cpu, 4, 1024, 0, usize::MAX).unwrap(), 100, "an explicit count wins");
+        let default = PoolSizing { tokens: None, fraction: None };
+        assert_eq!(default.pool_tokens(&Device::Cpu, 4, 1024, 0, usize::MAX).unwrap(), 4 * DEFAULT_CPU_POOL_TOKENS_PER_SLOT);
+        let free = available(&Device::Cpu).expect("this test reads /proc/meminfo");
+        let tenth = PoolSizing { tokens: None, fraction: Some(0.1) };
+        let per_position = 1 << 20;
+        let got = tenth.pool_tokens(&Device::Cpu, 1, per_position, 0, usize::MAX).unwrap() as u64;
+        // Free memory moves a little between the two reads.
+        let want = free / 10 / per_position;
+        assert!(got.abs_diff(want) <= want / 20 + 2, "{got} positions for a tenth of {free} bytes, expected ~{want}");
+        assert_eq!(tenth.pool_tokens(&Device::Cpu, 1, per_position, 0, 7).unwrap(), 7, "capped at what requests can use");
+        let err = tenth.pool_tokens(&Device::Cpu, 1, per_position, u64::MAX, usize::MAX);
+        assert!(matches!(err, Err(Error::InvalidOption(m)) if m.contains("no room")), "a workspace larger than memory is an error");
+        assert!(workspace_bytes(8192, 2048, 64, 49152) > workspace_bytes(16, 2048, 64, 49152));
+    }
 
     #[test]
     fn absurd_pools_are_refused_and_small_ones_pass() {

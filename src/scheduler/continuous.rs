@@ -1,11 +1,16 @@
 //! Continuous batching at full depth: the CB baseline of the CDB paper.
 //!
-//! Each tick is either a prefill of newly admitted requests or one decode launch over every
-//! running request, where each row runs the prelude, all r_max loop steps and the coda. When a
-//! running request cannot get a KV block, the most recently admitted one is preempted: its
-//! blocks are freed and it is re-prefilled (prompt + generated tokens) once there is room.
+//! Each tick is either a prefill launch or one decode launch over every decoding request,
+//! where each row runs the prelude, all r_max loop steps and the coda. When a running request
+//! cannot get a KV block, the most recently admitted one is preempted: its blocks are freed and
+//! it is re-prefilled (prompt + generated tokens) once there is room.
 //!
-//! While requests are decoding, a prefill is admitted only once `min_free_slots` resident
+//! Prefill is chunked: a launch holds at most `max_num_batched_tokens` prompt tokens, taken
+//! first from requests whose prompt is partly computed, then from newly admitted ones. While
+//! requests are decoding, a prefill launch is always followed by a decode launch, so no decode
+//! waits longer than one chunk. A request's KV is reserved for its whole prompt at admission.
+//!
+//! While requests are decoding, a new request is admitted only once `min_free_slots` resident
 //! slots are free (or every waiting request fits) — the depth scheduler's rule, so both
 //! baselines batch their full-depth prefills alike instead of one small prefill per finished
 //! request.
@@ -19,8 +24,16 @@ struct Seq {
     id: RequestId,
     /// Prompt followed by every token generated so far.
     tokens: Vec<u32>,
-    /// Tokens whose K/V are in the cache.
+    /// Tokens whose K/V are in the cache (or being written by the launch in flight).
     computed: usize,
+}
+
+impl Seq {
+    /// Tokens without K/V: more than one while the prompt is being prefilled in chunks, one
+    /// (the last sampled token) while decoding.
+    fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
 }
 
 /// The full-depth continuous batching scheduler.
@@ -34,11 +47,13 @@ pub struct ContinuousBatching {
     preemptions: u64,
     /// `None`: `max(1, max_num_seqs / 16)`, as in [`super::DepthConfig::min_free_slots`].
     min_free_slots: Option<usize>,
+    /// The last launch was a prefill: decode goes next if anything decodes.
+    last_was_prefill: bool,
 }
 
 impl ContinuousBatching {
     pub fn new(limits: SchedulerLimits, kv: KvManager, max_steps: usize) -> Self {
-        Self { limits, requests: Requests::new(kv), max_steps, running: Vec::new(), preemptions: 0, min_free_slots: None }
+        Self { limits, requests: Requests::new(kv), max_steps, running: Vec::new(), preemptions: 0, min_free_slots: None, last_was_prefill: false }
     }
 
     /// Admit a prefill while others decode only once this many resident slots are free (or
@@ -49,27 +64,46 @@ impl ContinuousBatching {
         self
     }
 
+    /// Loop steps share a cache slot: prompts are prefilled whole (see [`super::prefill_chunk`]).
+    fn whole_prompts(&self) -> bool {
+        self.requests.kv().num_slots() < self.max_steps
+    }
+
     fn step_slots(&self) -> Vec<usize> {
         (0..self.max_steps).map(|s| self.requests.kv().layout().slot_for_step(s)).collect()
     }
 
-    fn row(&self, seq: &Seq) -> LoopedRow {
-        LoopedRow::full_depth(seq.id, seq.tokens[seq.computed..].to_vec(), seq.computed, self.requests.kv().tables(seq.id).expect("reserved").to_vec())
+    /// The row computing the next `n` pending tokens of `seq`; it samples when they are the last.
+    fn row(&self, seq: &Seq, n: usize) -> LoopedRow {
+        let tokens = seq.tokens[seq.computed..seq.computed + n].to_vec();
+        let mut row = LoopedRow::full_depth(seq.id, tokens, seq.computed, self.requests.kv().tables(seq.id).expect("reserved").to_vec());
+        row.sample = n == seq.pending();
+        row
     }
 
+    /// One prefill launch of at most `max_num_batched_tokens` tokens: the next chunks of
+    /// partly prefilled prompts first, then the first chunks of newly admitted requests.
     fn schedule_prefill(&mut self) -> Option<LoopedLaunch> {
-        let free = self.limits.max_num_seqs.saturating_sub(self.running.len());
-        if !self.limits.admits_prefill(self.min_free_slots, !self.running.is_empty(), free, self.requests.num_waiting()) {
-            return None;
-        }
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
-        while self.running.len() < self.limits.max_num_seqs {
+        let whole = self.whole_prompts();
+        for seq in self.running.iter().filter(|s| s.pending() > 1) {
+            let n = super::prefill_chunk(seq.pending(), budget, whole, rows.is_empty());
+            if n == 0 {
+                break;
+            }
+            budget -= n.min(budget);
+            rows.push(self.row(seq, n));
+        }
+        let free = self.limits.max_num_seqs.saturating_sub(self.running.len());
+        let admitting = self.limits.admits_prefill(self.min_free_slots, !self.running.is_empty(), free, self.requests.num_waiting());
+        while admitting && budget > 0 && self.running.len() < self.limits.max_num_seqs {
             let Some(next) = self.requests.front() else {
                 break;
             };
             let len = next.prompt.len();
-            if len > budget {
+            let n = super::prefill_chunk(len, budget, whole, rows.is_empty());
+            if n == 0 {
                 break;
             }
             // Leave every running request room to grow by one block per slot, so admitting
@@ -81,8 +115,8 @@ impl ContinuousBatching {
             }
             let next = self.requests.admit_front(len).expect("checked free blocks");
             let seq = Seq { id: next.id, tokens: next.prompt, computed: 0 };
-            budget -= len;
-            rows.push(self.row(&seq));
+            budget -= n.min(budget);
+            rows.push(self.row(&seq, n));
             self.running.push(seq);
         }
         (!rows.is_empty()).then(|| LoopedLaunch { stage: Stage::Prefill, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
@@ -107,10 +141,10 @@ impl ContinuousBatching {
                 break;
             }
         }
-        if self.running.is_empty() {
+        let rows: Vec<LoopedRow> = self.running.iter().filter(|s| s.pending() == 1).map(|s| self.row(s, 1)).collect();
+        if rows.is_empty() {
             return None;
         }
-        let rows = self.running.iter().map(|s| self.row(s)).collect();
         Some(LoopedLaunch { stage: Stage::FullDepthDecode, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
     }
 }
@@ -145,10 +179,13 @@ impl Scheduler for ContinuousBatching {
 
 impl LoopedScheduler for ContinuousBatching {
     fn schedule(&mut self) -> Option<LoopedLaunch> {
-        if let Some(l) = self.schedule_prefill() {
-            return Some(l);
-        }
-        self.schedule_decode().or_else(|| self.schedule_prefill())
+        let decoding = self.running.iter().any(|s| s.pending() == 1);
+        let launch = match (self.last_was_prefill && decoding).then(|| self.schedule_decode()).flatten() {
+            Some(decode) => Some(decode),
+            None => self.schedule_prefill().or_else(|| self.schedule_decode()),
+        };
+        self.last_was_prefill = launch.as_ref().is_some_and(|l| l.stage == Stage::Prefill);
+        launch
     }
 
     fn complete(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
@@ -175,7 +212,7 @@ mod tests {
     }
 
     fn answer(l: &LoopedLaunch, token: u32) -> LoopedResult {
-        LoopedResult { rows: l.rows.iter().map(|r| LoopedRowOutput { token: Some(token), ..LoopedRowOutput::new(r.request) }).collect() }
+        LoopedResult { rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(token), ..LoopedRowOutput::new(r.request) }).collect() }
     }
 
     #[test]
@@ -223,8 +260,12 @@ mod tests {
         let l = s.schedule().unwrap();
         assert_eq!((l.stage, l.rows.len()), (Stage::Prefill, 2), "two free slots: one prefill of two");
         s.complete(&l, &answer(&l, 1));
-        // With one request left waiting, one free slot is enough.
+        // With one request left waiting, one free slot is enough, once the decode that follows
+        // every prefill has run.
         s.finish(RequestId(2));
+        let l = s.schedule().unwrap();
+        assert_eq!(l.stage, Stage::FullDepthDecode, "a prefill is followed by a decode");
+        s.complete(&l, &answer(&l, 1));
         let l = s.schedule().unwrap();
         assert_eq!((l.stage, l.rows.len()), (Stage::Prefill, 1));
     }
@@ -257,5 +298,49 @@ mod tests {
         assert_eq!(l.rows[0].tokens.len(), 6 + generated_1, "recompute re-prefills prompt + generated");
         s.finish(RequestId(1));
         assert_eq!(s.kv().num_used_blocks(), 0);
+    }
+
+    #[test]
+    fn long_prompt_prefills_in_chunks_between_decodes() {
+        let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 8 };
+        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(DepthIndexed), 4), 4).with_min_free_slots(Some(1));
+        s.add(req(0, 3));
+        let l = s.schedule().unwrap();
+        s.complete(&l, &answer(&l, 1));
+        s.add(req(1, 30));
+        let mut chunks = Vec::new();
+        let mut since_decode = 0;
+        while chunks.iter().map(|r: &LoopedRow| r.tokens.len()).sum::<usize>() < 30 {
+            let l = s.schedule().unwrap();
+            if l.stage == Stage::Prefill {
+                since_decode += 1;
+                assert!(since_decode <= 1, "two prefill launches in a row while request 0 decodes");
+                assert!(l.num_tokens() <= 8, "a launch over the budget");
+                chunks.extend(l.rows.iter().cloned());
+            } else {
+                since_decode = 0;
+                assert_eq!(l.rows.iter().map(|r| r.request).collect::<Vec<_>>(), vec![RequestId(0)], "a prefilling request does not decode");
+            }
+            s.complete(&l, &answer(&l, 2));
+        }
+        let starts: Vec<(usize, usize, bool)> = chunks.iter().map(|r| (r.start_pos, r.tokens.len(), r.sample)).collect();
+        assert_eq!(starts, vec![(0, 8, false), (8, 8, false), (16, 8, false), (24, 6, true)]);
+        let l = s.schedule().unwrap();
+        assert_eq!((l.stage, l.rows.len()), (Stage::FullDepthDecode, 2), "both decode once the prompt is in");
+        s.finish(RequestId(0));
+        s.finish(RequestId(1));
+        assert_eq!(s.kv().num_used_blocks(), 0);
+    }
+
+    #[test]
+    fn shared_slot_layouts_prefill_whole_prompts() {
+        let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 8 };
+        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(Shared), 4), 4).with_min_free_slots(Some(1));
+        s.add(req(0, 30));
+        s.add(req(1, 3));
+        let l = s.schedule().unwrap();
+        assert_eq!((l.stage, l.rows.len(), l.num_tokens()), (Stage::Prefill, 1, 30), "alone in its launch, over the budget");
+        s.complete(&l, &answer(&l, 1));
+        assert_eq!(s.schedule().unwrap().stage, Stage::FullDepthDecode);
     }
 }

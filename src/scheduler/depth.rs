@@ -17,6 +17,12 @@
 //! state bank as its successor's step-0 state in the same launch. If that token turns out to be
 //! a stop token, the engine finishes the request and the queued successor is dropped.
 //!
+//! Prefill is chunked: a prefill launch holds at most `max_num_batched_tokens` prompt tokens,
+//! first the next chunks of partly prefilled prompts, then the first chunks of newly admitted
+//! requests; each chunk runs at full depth through the layout's slots and only a prompt's last
+//! chunk samples. While items wait for a core step or a coda, a prefill launch is followed by a
+//! decode launch, so no decode waits longer than one chunk.
+//!
 //! KV is reserved for the worst case (prompt + `max_new_tokens`) at admission, so a running
 //! request never stalls on KV.
 
@@ -67,6 +73,8 @@ struct Req {
     /// Prompt and the generated tokens the host has seen so far.
     tokens: Vec<u32>,
     prompt_len: usize,
+    /// Prompt tokens whose prefill chunks have been issued.
+    prefilled: usize,
     max_new: usize,
     state: u32,
     /// Tokens whose producing launch (prefill or coda) has been issued.
@@ -107,6 +115,10 @@ pub struct DepthBatching {
     hist: Vec<u64>,
     /// No-refill: a wave is running (no admission, no early coda).
     wave: bool,
+    /// Requests whose prompt is partly prefilled, in admission order.
+    prefilling: VecDeque<RequestId>,
+    /// The last launch was a prefill: a decode launch goes next if items wait for one.
+    last_was_prefill: bool,
 }
 
 impl DepthBatching {
@@ -129,6 +141,8 @@ impl DepthBatching {
             copies: Vec::new(),
             hist: vec![0; max_steps],
             wave: false,
+            prefilling: VecDeque::new(),
+            last_was_prefill: false,
         }
     }
 
@@ -168,29 +182,72 @@ impl DepthBatching {
         }
     }
 
+    /// One prefill launch of at most `max_num_batched_tokens` prompt tokens (see the module
+    /// docs), or `None` when a decode launch should go first or nothing can be prefilled.
     fn try_prefill(&mut self) -> Option<LoopedLaunch> {
-        if !self.limits.admits_prefill(self.cfg.min_free_slots, !self.reqs.is_empty(), self.free_states.len(), self.requests.num_waiting()) {
+        if self.last_was_prefill && !(self.ready.is_empty() && self.coda.is_empty()) {
             return None;
         }
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
-        while let Some(next) = self.requests.front() {
+        let mut i = 0;
+        let whole = self.requests.kv().num_slots() < self.max_steps;
+        while i < self.prefilling.len() {
+            let id = self.prefilling[i];
+            let req = &self.reqs[&id];
+            let n = super::prefill_chunk(req.prompt_len - req.prefilled, budget, whole, rows.is_empty());
+            if n == 0 {
+                break;
+            }
+            let row = self.chunk_row(id, n, &mut budget);
+            if self.reqs[&id].prefilled == self.reqs[&id].prompt_len {
+                self.prefilling.remove(i);
+            } else {
+                i += 1;
+            }
+            rows.push(row);
+        }
+        let admitting = self.limits.admits_prefill(self.cfg.min_free_slots, !self.reqs.is_empty(), self.free_states.len(), self.requests.num_waiting());
+        while let Some(next) = self.requests.front().filter(|_| admitting) {
             let (id, need) = (next.id, next.prompt.len() + next.max_new_tokens);
+            let n = super::prefill_chunk(next.prompt.len(), budget, whole, rows.is_empty());
+            if n == 0 {
+                break;
+            }
             let kv = self.requests.kv();
-            if next.prompt.len() > budget || self.free_states.is_empty() || kv.blocks_missing(id, need) > kv.num_free_blocks() {
+            if self.free_states.is_empty() || kv.blocks_missing(id, need) > kv.num_free_blocks() {
                 break;
             }
             let SchedRequest { prompt, max_new_tokens: max_new, .. } = self.requests.admit_front(need).expect("checked free blocks");
-            budget -= prompt.len();
             let state = self.free_states.pop().expect("checked");
-            let mut row = LoopedRow::full_depth(id, prompt.clone(), 0, self.tables(id));
-            row.state = state;
-            rows.push(row);
-            self.unrouted.push_back((Stage::Prefill, id));
-            let req = Req { prompt_len: prompt.len(), tokens: prompt, max_new, state, launched: 1, gate: GateState::new(), item_token: 0 };
+            let req = Req { prompt_len: prompt.len(), prefilled: 0, tokens: prompt, max_new, state, launched: 0, gate: GateState::new(), item_token: 0 };
             self.reqs.insert(id, req);
+            let row = self.chunk_row(id, n, &mut budget);
+            if self.reqs[&id].prefilled < self.reqs[&id].prompt_len {
+                self.prefilling.push_back(id);
+            }
+            rows.push(row);
         }
         (!rows.is_empty()).then(|| self.launch(Stage::Prefill, rows))
+    }
+
+    /// The next prefill chunk of `id`, `n` tokens (taken from `budget`). The prompt's last chunk
+    /// samples the first token and queues the successor's routing.
+    fn chunk_row(&mut self, id: RequestId, n: usize, budget: &mut usize) -> LoopedRow {
+        let tables = self.tables(id);
+        let req = self.reqs.get_mut(&id).expect("admitted");
+        let start = req.prefilled;
+        *budget -= n.min(*budget);
+        req.prefilled += n;
+        let last = req.prefilled == req.prompt_len;
+        let mut row = LoopedRow::full_depth(id, req.tokens[start..start + n].to_vec(), start, tables);
+        row.state = req.state;
+        row.sample = last;
+        if last {
+            req.launched = 1;
+            self.unrouted.push_back((Stage::Prefill, id));
+        }
+        row
     }
 
     fn take_coda(&mut self, all: bool) -> Option<LoopedLaunch> {
@@ -317,6 +374,7 @@ impl Scheduler for DepthBatching {
     }
 
     fn finish(&mut self, id: RequestId) {
+        self.prefilling.retain(|&r| r != id);
         self.ready.retain(|it| it.request != id);
         self.coda.retain(|it| it.request != id);
         self.in_flight.remove(&id);
@@ -341,15 +399,31 @@ impl Scheduler for DepthBatching {
     fn stats(&self) -> SchedulerStats {
         SchedulerStats { depth_histogram: self.hist.clone(), ..SchedulerStats::default() }
     }
-    /// Admission reserves KV for the whole sequence, so nothing is preempted and re-prefilled:
-    /// only the prompt must fit one prefill.
-    fn max_prefill_tokens(&self, prompt_len: usize, _max_new_tokens: usize) -> usize {
-        prompt_len
-    }
 }
 
 impl LoopedScheduler for DepthBatching {
     fn schedule(&mut self) -> Option<LoopedLaunch> {
+        let launch = self.next_launch();
+        self.last_was_prefill = launch.as_ref().is_some_and(|l| l.stage == Stage::Prefill);
+        launch
+    }
+
+    fn complete(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
+        self.record(launch, result);
+    }
+
+    fn state_bank_rows(&self) -> usize {
+        self.cfg.max_resident(self.limits.max_num_seqs)
+    }
+
+    fn supports_overlap(&self) -> bool {
+        let probe = ItemRef { request: RequestId(0), token_index: 0 };
+        self.gate.exit_known(probe, 0, &GateState::new()).is_some()
+    }
+}
+
+impl DepthBatching {
+    fn next_launch(&mut self) -> Option<LoopedLaunch> {
         self.route();
         if self.cfg.refill {
             if self.coda.len() >= self.cfg.min_coda_batch_size.max(1) {
@@ -381,7 +455,7 @@ impl LoopedScheduler for DepthBatching {
         self.take_core()
     }
 
-    fn complete(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
+    fn record(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
         match launch.stage {
             Stage::Prefill | Stage::Coda => {
                 for (row, out) in launch.rows.iter().zip(&result.rows) {
@@ -423,15 +497,6 @@ impl LoopedScheduler for DepthBatching {
             }
             Stage::FullDepthDecode => {}
         }
-    }
-
-    fn state_bank_rows(&self) -> usize {
-        self.cfg.max_resident(self.limits.max_num_seqs)
-    }
-
-    fn supports_overlap(&self) -> bool {
-        let probe = ItemRef { request: RequestId(0), token_index: 0 };
-        self.gate.exit_known(probe, 0, &GateState::new()).is_some()
     }
 }
 
@@ -571,5 +636,47 @@ mod tests {
         let h = s.stats().depth_histogram;
         assert_eq!(&h[..3], &[0, 0, 0]);
         assert_eq!(h[3], 30);
+    }
+
+    #[test]
+    fn long_prompt_prefills_in_chunks_and_no_decode_waits_longer_than_one() {
+        for refill in [true, false] {
+            let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 8 };
+            let kv = KvManager::new(4096, 4, Box::new(LastExited), 4);
+            let cfg = DepthConfig { refill, min_free_slots: Some(1), ..DepthConfig::default() };
+            let mut s = DepthBatching::new(cfg, limits, kv, replay());
+            for i in 0..3 {
+                s.add(SchedRequest { id: RequestId(i), prompt: vec![3; 4], max_new_tokens: 30 });
+            }
+            let mut launches = Vec::new();
+            let answer = |l: &LoopedLaunch| LoopedResult {
+                rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(1), ..LoopedRowOutput::new(r.request) }).collect(),
+            };
+            for _ in 0..3 {
+                let l = s.schedule().unwrap();
+                s.complete(&l, &answer(&l));
+            }
+            s.add(SchedRequest { id: RequestId(9), prompt: vec![5; 61], max_new_tokens: 2 });
+            let mut prefilled = 0;
+            while prefilled < 61 {
+                let l = s.schedule().unwrap();
+                s.complete(&l, &answer(&l));
+                if l.stage == Stage::Prefill {
+                    assert!(l.num_tokens() <= 8);
+                    for r in l.rows.iter().filter(|r| r.request == RequestId(9)) {
+                        assert_eq!(r.start_pos, prefilled, "chunks are consecutive");
+                        prefilled += r.tokens.len();
+                        assert_eq!(r.sample, prefilled == 61, "only the last chunk samples");
+                    }
+                }
+                launches.push(l.stage);
+            }
+            assert!(launches.iter().filter(|&&st| st == Stage::Prefill).count() >= 8, "{launches:?}");
+            assert!(launches.windows(2).all(|w| !(w[0] == Stage::Prefill && w[1] == Stage::Prefill)), "refill={refill}: back-to-back prefills {launches:?}");
+            for i in [0, 1, 2, 9] {
+                s.finish(RequestId(i));
+            }
+            assert_eq!(s.kv().num_used_blocks(), 0);
+        }
     }
 }

@@ -7,7 +7,10 @@
 //! become final; revealed tokens stream out as soon as they extend the request's final prefix.
 //!
 //! Row kinds in one launch (the runner treats them alike, the mask makes them exact):
-//! - **prefill** (block-causal models): the prompt's complete blocks, written once;
+//! - **prefill** (block-causal models): the prompt's complete blocks, written once, in chunks of
+//!   whole blocks within the launch budget (`max_num_batched_tokens`) left after the step rows of
+//!   the requests already decoding — at least one block per launch, so a long prompt advances
+//!   while every decoding request still steps in every launch;
 //! - **commit** (block-causal models): a completed block rerun with its final tokens so its
 //!   K/V are clean before later blocks read them; it rides along with the next block's first step;
 //! - **step**: the recomputed positions of the current block, reading out its masked tokens. For
@@ -50,8 +53,10 @@ struct Running {
     block_index: usize,
     /// Generated tokens handed to the engine.
     emitted: usize,
-    /// The prompt's complete blocks still have to be written (block-causal models).
-    prefill_pending: bool,
+    /// The prompt's complete blocks `[0, prefill_to)` are prefilled in chunks (block-causal
+    /// models; 0 for bidirectional ones); K/V are written up to `prefilled`.
+    prefill_to: usize,
+    prefilled: usize,
     /// A completed block whose clean K/V the next launch writes: `(start, tokens)`.
     commit_pending: Option<(usize, Vec<u32>)>,
     /// This block: tokens decoded, steps that decoded any, rightmost offset run through every
@@ -105,6 +110,7 @@ impl DiffusionBatching {
         let block_causal = self.cfg.attention == DiffusionAttention::BlockCausal;
         let mut history = r.prompt;
         history.truncate(start);
+        let prefill_to = if block_causal { start } else { 0 };
         Running {
             id: r.id,
             prompt_len: p,
@@ -113,7 +119,8 @@ impl DiffusionBatching {
             canvas,
             block_index: 0,
             emitted: 0,
-            prefill_pending: block_causal && start > 0,
+            prefill_to,
+            prefilled: 0,
             commit_pending: None,
             decoded: 0,
             decoding_steps: 0,
@@ -121,13 +128,43 @@ impl DiffusionBatching {
         }
     }
 
-    /// The rows `req` contributes to the next launch; clears its pending prefill / commit.
+    /// The next prefill chunk of `req`: whole blocks within `budget` (taken from it), or one
+    /// block if `budget` holds less and no chunk has been taken this launch (`chunked`).
+    fn prefill_chunk(&self, req: &mut Running, budget: &mut usize, chunked: &mut bool) -> Option<DenoiseRow> {
+        let b = self.cfg.block_length;
+        let remaining = req.prefill_to - req.prefilled;
+        let mut n = (*budget / b * b).min(remaining);
+        if n == 0 && !*chunked {
+            n = b.min(remaining);
+        }
+        if n == 0 {
+            return None;
+        }
+        *budget = budget.saturating_sub(n);
+        *chunked = true;
+        let table = self.requests.kv().tables(req.id).expect("running request holds KV")[0].clone();
+        let row = DenoiseRow::run(req.id, req.history[req.prefilled..req.prefilled + n].to_vec(), req.prefilled, table);
+        req.prefilled += n;
+        Some(row)
+    }
+
+    /// Rows of a prefilling request for the next launch: its next chunk, and once the prompt is
+    /// written, its first step.
+    fn prefill_rows(&self, req: &mut Running, budget: &mut usize, chunked: &mut bool) -> Vec<DenoiseRow> {
+        let mut rows: Vec<DenoiseRow> = self.prefill_chunk(req, budget, chunked).into_iter().collect();
+        if req.prefilled == req.prefill_to {
+            let step = self.rows_for(req);
+            *budget = budget.saturating_sub(step.iter().map(|r| r.tokens.len()).sum());
+            rows.extend(step);
+        }
+        rows
+    }
+
+    /// The rows a request past its prefill contributes to the next launch; clears its pending
+    /// commit.
     fn rows_for(&self, req: &mut Running) -> Vec<DenoiseRow> {
         let table = self.requests.kv().tables(req.id).expect("running request holds KV")[0].clone();
-        let mut rows = Vec::with_capacity(3);
-        if std::mem::take(&mut req.prefill_pending) {
-            rows.push(DenoiseRow::run(req.id, req.history.clone(), 0, table.clone()));
-        }
+        let mut rows = Vec::with_capacity(2);
         if let Some((start, tokens)) = req.commit_pending.take() {
             rows.push(DenoiseRow::run(req.id, tokens, start, table.clone()));
         }
@@ -263,10 +300,6 @@ impl Scheduler for DiffusionBatching {
         SchedulerStats { revealed_in_kept: self.cfg.eviction.then_some((self.revealed, self.revealed_kept)), ..SchedulerStats::default() }
     }
 
-    fn max_prefill_tokens(&self, prompt_len: usize, _max_new_tokens: usize) -> usize {
-        prompt_len
-    }
-
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
         (prompt_len + max_new_tokens).div_ceil(self.cfg.block_length) * self.cfg.block_length
     }
@@ -276,27 +309,37 @@ impl DiffusionScheduler for DiffusionBatching {
     fn schedule(&mut self) -> Option<DenoiseLaunch> {
         let mut rows = Vec::new();
         let mut running = std::mem::take(&mut self.running);
-        for req in running.iter_mut() {
+        // Requests already decoding step in every launch; prefill chunks share what is left of
+        // the budget.
+        for req in running.iter_mut().filter(|r| r.prefilled == r.prefill_to) {
             rows.extend(self.rows_for(req));
         }
-        // Admit first come first served while the width, the token budget and the KV pool allow.
-        let mut tokens: usize = rows.iter().map(|r: &DenoiseRow| r.tokens.len()).sum();
+        let mut budget = self.limits.max_num_batched_tokens.saturating_sub(rows.iter().map(|r: &DenoiseRow| r.tokens.len()).sum());
+        let mut chunked = false;
+        for req in running.iter_mut().filter(|r| r.prefilled < r.prefill_to) {
+            rows.extend(self.prefill_rows(req, &mut budget, &mut chunked));
+        }
+        // Admit first come first served while the width, the budget and the KV pool allow. A
+        // block-causal request's first launch can be one block of prefill; a bidirectional one's
+        // is its whole canvas, which cannot be split.
+        let b = self.cfg.block_length;
         while running.len() < self.limits.max_num_seqs {
             let Some(next) = self.requests.front() else {
                 break;
             };
             let need = self.kv_positions(next.prompt.len(), next.max_new_tokens);
-            let first_launch = next.prompt.len() + self.cfg.block_length + 1;
-            if !running.is_empty() && tokens + first_launch > self.limits.max_num_batched_tokens {
+            let first_launch = match self.cfg.attention {
+                DiffusionAttention::BlockCausal => b + 1,
+                DiffusionAttention::Bidirectional => next.prompt.len() + b + 1,
+            };
+            if !running.is_empty() && first_launch > budget {
                 break;
             }
             let Some(r) = self.requests.admit_front(need) else {
                 break;
             };
             let mut req = self.start(r);
-            let new_rows = self.rows_for(&mut req);
-            tokens += new_rows.iter().map(|r| r.tokens.len()).sum::<usize>();
-            rows.extend(new_rows);
+            rows.extend(self.prefill_rows(&mut req, &mut budget, &mut chunked));
             running.push(req);
         }
         self.running = running;
@@ -461,5 +504,39 @@ mod tests {
         let (launches, out) = run(&mut s, 0);
         assert_eq!(launches.len(), 2, "one token on step 1, the rest on the capped step 2");
         assert_eq!(out[&RequestId(0)], vec![11, 12, 13]);
+    }
+
+    #[test]
+    fn long_prompt_prefills_whole_blocks_while_others_step_every_launch() {
+        let cfg = DiffusionConfig {
+            block_length: 4,
+            max_steps_per_block: 4,
+            delayed_cache: false,
+            mask_token_id: 99,
+            attention: DiffusionAttention::BlockCausal,
+            shift_logits: false,
+            eviction: false,
+        };
+        let kv = KvManager::new(64, 4, Box::new(Shared), 1);
+        let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 10 };
+        let mut s = DiffusionBatching::new(cfg, limits, kv, Box::new(StaticCount::new(1).unwrap()));
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 3], max_new_tokens: 40 });
+        let l = s.schedule().unwrap();
+        s.complete(&l, &answer(&l, 0));
+        s.add(SchedRequest { id: RequestId(1), prompt: vec![2; 38], max_new_tokens: 3 });
+        let mut chunks = Vec::new();
+        loop {
+            let l = s.schedule().unwrap();
+            assert!(l.rows.iter().any(|r| r.request == RequestId(0) && !r.readout.is_empty()), "request 0 steps in every launch");
+            let mine: Vec<&DenoiseRow> = l.rows.iter().filter(|r| r.request == RequestId(1)).collect();
+            chunks.extend(mine.iter().filter(|r| r.readout.is_empty()).map(|r| (r.positions[0], r.positions.len())));
+            let stepping = mine.iter().any(|r| !r.readout.is_empty());
+            s.complete(&l, &answer(&l, 0));
+            if stepping {
+                break;
+            }
+        }
+        // 9 complete prompt blocks: request 0's step takes 4 of the 10 tokens, leaving one block.
+        assert_eq!(chunks, (0..9).map(|b| (4 * b, 4)).collect::<Vec<_>>());
     }
 }

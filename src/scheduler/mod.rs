@@ -37,7 +37,8 @@ pub use crate::request::SchedRequest;
 pub struct SchedulerLimits {
     /// Most requests resident (decoding) at once: the decode width W.
     pub max_num_seqs: usize,
-    /// Most prompt tokens in one prefill launch.
+    /// Launch budget: most prompt tokens one prefill launch holds (longer prompts are
+    /// prefilled in chunks of at most this many). Not a limit on the prompt's length.
     pub max_num_batched_tokens: usize,
 }
 
@@ -54,6 +55,19 @@ impl SchedulerLimits {
     pub fn admits_prefill(&self, min_free_slots: Option<usize>, decoding: bool, free_slots: usize, waiting: usize) -> bool {
         let min_free = min_free_slots.unwrap_or((self.max_num_seqs / 16).max(1));
         !decoding || free_slots >= min_free.min(waiting)
+    }
+}
+
+/// How many of a prompt's `pending` tokens the next prefill row computes, with `budget` tokens
+/// left in the launch: a chunk of at most the budget — or, when `whole` (a KV layout in which
+/// loop steps share a slot), the whole prompt or nothing, since there the prompt's tokens attend
+/// to each other's same-step K/V only within one launch and a chunk boundary would change the
+/// function. A whole prompt over the budget goes only into an otherwise empty launch.
+pub fn prefill_chunk(pending: usize, budget: usize, whole: bool, launch_empty: bool) -> usize {
+    match whole {
+        false => pending.min(budget),
+        true if pending <= budget || launch_empty => pending,
+        true => 0,
     }
 }
 
@@ -90,12 +104,6 @@ pub trait Scheduler: Send {
     /// Cache positions a request of `prompt_len` prompt tokens and `max_new_tokens` needs at
     /// most (diffusion rounds up to whole blocks).
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
-        prompt_len + max_new_tokens
-    }
-    /// The most tokens one prefill of this request may hold; the engine refuses a request for
-    /// which that exceeds `max_num_batched_tokens`. The default counts the whole sequence, since
-    /// a scheduler that preempts by recomputation (CB) re-prefills the generated tokens too.
-    fn max_prefill_tokens(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
         prompt_len + max_new_tokens
     }
 }

@@ -204,7 +204,7 @@ impl LoopedRunner {
                 if let (Some(ids_out), Some(buf)) = (&st.ids, &st.reentry) {
                     // What `launch` does eagerly otherwise: argmax, then the successors' prelude.
                     let ids = logits.argmax(D::Minus1)?;
-                    ids_out.slice_set(&ids, 0, 0)?;
+                    ids_out.slice_set(&crate::ops::flag_non_finite(&ids, &logits, self.model.spec().vocab_size)?, 0, 0)?;
                     let host = padded[st.batches.len()].clone();
                     let batch = PagedBatch::from_buffers(host, self.block_size, AttnMask::Causal, kv_width, buf, key.ctx)?;
                     let next = self.model.prepare(&st.next_positions)?;

@@ -231,17 +231,21 @@ impl LoopedRunner {
             tokens = PendingTokens::Device(Readback::start(ids, &self.ids_readback)?);
         } else if let Some(logits) = &fwd.logits {
             let rows: Vec<RowSampling> = fwd.sample_rows.iter().map(|&r| sampling[r]).collect();
+            let vocab = self.model.spec().vocab_size;
             if logits.device().is_cuda() && all_greedy {
                 let ids = logits.argmax(D::Minus1)?;
                 if launch.reenter {
                     self.reenter(launch, &fwd.sample_rows, &ids)?;
                 }
-                tokens = PendingTokens::Device(Readback::start(&ids, &self.ids_readback)?);
+                let flagged = crate::ops::flag_non_finite(&ids, logits, vocab)?;
+                tokens = PendingTokens::Device(Readback::start(&flagged, &self.ids_readback)?);
             } else {
                 let (ids, logprobs) = sample_or_force(logits, &rows)?;
                 if launch.reenter {
                     self.reenter(launch, &fwd.sample_rows, &Tensor::new(ids.as_slice(), self.device())?)?;
                 }
+                let bad: Vec<u8> = crate::ops::non_finite_rows(logits)?.to_vec1()?;
+                let ids = ids.into_iter().zip(bad).map(|(t, b)| if b == 0 { t } else { t.min(vocab as u32 - 1) + vocab as u32 }).collect();
                 tokens = PendingTokens::Host(ids, logprobs);
             }
         }
