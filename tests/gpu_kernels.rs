@@ -1018,3 +1018,80 @@ fn device_spans_cover_every_launch() {
     }
     assert!(total <= wall, "spans {total:?} exceed the wall time {wall:?}");
 }
+
+/// The tiny Ouro of the graph tests on the GPU, with the embedding row of `poison` (if any) set
+/// to NaN: a request whose prompt holds that token meets non-finite logits.
+fn ouro_on_gpu(gpu: &Device, dtype: DType, poison: Option<usize>) -> Box<dyn ponder::models::LoopedModel> {
+    let cfg = graph_test_config();
+    let mut t = ponder::testing::random_tensors(&ponder::testing::ouro_tensor_manifest(&cfg), 5, DType::F32, gpu).unwrap();
+    if let Some(token) = poison {
+        let e = t["model.embed_tokens.weight"].to_device(&Device::Cpu).unwrap();
+        let (v, h) = e.dims2().unwrap();
+        let mut rows: Vec<f32> = e.flatten_all().unwrap().to_vec1().unwrap();
+        rows[token * h..(token + 1) * h].fill(f32::NAN);
+        t.insert("model.embed_tokens.weight".into(), Tensor::from_vec(rows, (v, h), gpu).unwrap());
+    }
+    Box::new(ponder::models::looped::Ouro::load(&cfg, &ponder::loader::Weights::from_map(t, dtype, gpu)).unwrap())
+}
+
+/// Non-finite logits on the device: the flag rides back with the greedy ids (eager path, CB's
+/// decode graphs, depth batching's re-entering coda graphs); the request that met NaN ends with
+/// an error, the one beside it generates what it generates on the clean weights.
+#[test]
+fn non_finite_logits_fail_their_request_on_the_device() {
+    use ponder::gate::{DepthTrace, Replay};
+    let gpu = Device::new_cuda(0).unwrap();
+    let (bad, good) = (vec![3u32, 7, 11, 9, 40], vec![4u32, 8, 12, 10, 2, 99]);
+    for (sched, layout) in [
+        (ponder::SchedulerKind::Continuous, ponder::KvLayoutKind::DepthIndexed),
+        (ponder::SchedulerKind::Depth { refill: true }, ponder::KvLayoutKind::LastExited),
+    ] {
+        for graphs in [false, true] {
+            let run = |poison: Option<usize>, prompts: Vec<Vec<u32>>| {
+                let mut b = ponder::EngineBuilder::from_model(ouro_on_gpu(&gpu, DType::BF16, poison), None, vec![])
+                    .looped(|o| o.scheduler(sched).kv_layout(layout).cuda_graphs(graphs))
+                    .max_num_seqs(4)
+                    .kv_capacity_tokens(16 * 1024);
+                if sched != ponder::SchedulerKind::Continuous {
+                    b = b.looped(|o| o.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap()));
+                }
+                let mut e = b.build().unwrap();
+                let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(12) };
+                let outs: Vec<ponder::Output> = e.generate(prompts, &params).unwrap().into_iter().map(|o| o.unwrap()).collect();
+                assert_eq!(e.scheduler().kv().num_used_blocks(), 0);
+                outs
+            };
+            let label = format!("{sched:?} × {layout:?} × graphs={graphs}");
+            let clean = run(None, vec![good.clone()]).remove(0).token_ids;
+            assert!(!clean.contains(&11), "{label}: pick a prompt whose clean output avoids the poisoned token");
+            let outs = run(Some(11), vec![bad.clone(), good.clone()]);
+            assert!(matches!(&outs[0].finish_reason, ponder::FinishReason::Error(m) if m.contains("non-finite")), "{label}: {:?}", outs[0].finish_reason);
+            assert_eq!(outs[1].token_ids, clean, "{label}: the other request goes on");
+        }
+    }
+}
+
+/// Chunked prefill on the device: prompts of up to 300 tokens prefilled in chunks of 16
+/// (the kernel's queries then sit past cached keys) give the tokens a single prefill gives (f32).
+#[test]
+fn chunked_prefill_matches_unchunked_on_the_device() {
+    let gpu = Device::new_cuda(0).unwrap();
+    let mut rng = StdRng::seed_from_u64(78);
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| (0..[300, 17, 129, 64][i % 4]).map(|_| rng.random_range(0..512u32)).collect()).collect();
+    let run = |budget: usize| {
+        let mut e = ponder::EngineBuilder::from_model(ouro_on_gpu(&gpu, DType::F32, None), None, vec![])
+            .dtype(DType::F32)
+            .max_num_seqs(4)
+            .max_num_batched_tokens(budget)
+            .kv_capacity_tokens(32 * 1024)
+            .build()
+            .unwrap();
+        let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(4) };
+        let out: Vec<Vec<u32>> = e.generate(prompts.clone(), &params).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
+        (out, e.metrics().stages["prefill"].launches)
+    };
+    let (whole, whole_launches) = run(8192);
+    let (chunked, chunked_launches) = run(16);
+    assert!(chunked_launches >= 2 * 300 / 16, "prefill launches: {chunked_launches} chunked, {whole_launches} whole");
+    assert_eq!(chunked, whole);
+}
