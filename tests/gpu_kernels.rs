@@ -1034,6 +1034,32 @@ fn ouro_on_gpu(gpu: &Device, dtype: DType, poison: Option<usize>) -> Box<dyn pon
     Box::new(ponder::models::looped::Ouro::load(&cfg, &ponder::loader::Weights::from_map(t, dtype, gpu)).unwrap())
 }
 
+/// The non-finite flag on the device equals the CPU's, for f32 and bf16 logits.
+#[test]
+fn non_finite_flag_matches_cpu() {
+    let gpu = Device::new_cuda(0).unwrap();
+    let v = 512;
+    let mut rows = vec![0.25f32; 6 * v];
+    rows[v + 3] = f32::NAN;
+    rows[2 * v + 511] = f32::INFINITY;
+    rows[4 * v] = f32::NEG_INFINITY;
+    rows[5 * v + 7] = 9.0;
+    for dtype in [DType::F32, DType::BF16] {
+        let cpu = Tensor::from_vec(rows.clone(), (6, v), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+        let want: Vec<u32> = ponder::ops::flag_non_finite(&cpu.argmax(1).unwrap(), &cpu, v).unwrap().to_vec1().unwrap();
+        let dev = cpu.to_device(&gpu).unwrap();
+        let got: Vec<u32> = ponder::ops::flag_non_finite(&dev.argmax(1).unwrap(), &dev, v).unwrap().to_vec1().unwrap();
+        let mask: Vec<u8> = ponder::ops::non_finite_rows(&dev).unwrap().to_vec1().unwrap();
+        assert_eq!(mask, vec![0, 1, 1, 0, 1, 0], "{dtype:?}");
+        assert_eq!(
+            got.iter().map(|&t| t as usize >= v).collect::<Vec<_>>(),
+            want.iter().map(|&t| t as usize >= v).collect::<Vec<_>>(),
+            "{dtype:?}: {got:?} vs {want:?}"
+        );
+        assert_eq!(got[5], 7, "{dtype:?}");
+    }
+}
+
 /// Non-finite logits on the device: the flag rides back with the greedy ids (eager path, CB's
 /// decode graphs, depth batching's re-entering coda graphs); the request that met NaN ends with
 /// an error, the one beside it generates what it generates on the clean weights.
@@ -1065,7 +1091,12 @@ fn non_finite_logits_fail_their_request_on_the_device() {
             let clean = run(None, vec![good.clone()]).remove(0).token_ids;
             assert!(!clean.contains(&11), "{label}: pick a prompt whose clean output avoids the poisoned token");
             let outs = run(Some(11), vec![bad.clone(), good.clone()]);
-            assert!(matches!(&outs[0].finish_reason, ponder::FinishReason::Error(m) if m.contains("non-finite")), "{label}: {:?}", outs[0].finish_reason);
+            assert!(
+                matches!(&outs[0].finish_reason, ponder::FinishReason::Error(m) if m.contains("non-finite")),
+                "{label}: {:?} after {:?}",
+                outs[0].finish_reason,
+                outs[0].token_ids
+            );
             assert_eq!(outs[1].token_ids, clean, "{label}: the other request goes on");
         }
     }

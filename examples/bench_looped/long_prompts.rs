@@ -2,9 +2,10 @@
 //! with the prefill chunked at each `--budgets` value (`max_num_batched_tokens`) and unchunked
 //! (a budget of the longest prompt: one launch per long prompt, as before chunking).
 //!
-//! Per budget, on a fresh engine: W − n short requests (`--prompt-len`, `--new-tokens`) start
-//! together; once all decode, the n long prompts arrive one every `--arrival-gap` engine steps
-//! (16 new tokens each). While they prefill — from the first long arrival to the last long
+//! Per budget, on a fresh engine with the same explicit KV pool (what every request needs, so no
+//! run waits for KV): W − n short requests (`--prompt-len`, `--new-tokens`) start together; once
+//! all decode, the n long prompts arrive one every `--arrival-gap` milliseconds (16 new tokens
+//! each). While they prefill — from the first long arrival to the last long
 //! request's first token — the short requests' decode tokens/s and their longest gap between two
 //! tokens are measured; time to first token is reported for the long requests and for all
 //! requests of the run.
@@ -20,23 +21,33 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
     let longest = args.long_prompts.iter().copied().max().unwrap_or(0);
     let mut budgets: Vec<(String, usize)> = args.budgets.iter().map(|&b| (b.to_string(), b)).collect();
     budgets.push(("unchunked".into(), longest.max(args.prompt_len)));
-    println!(
-        "{:>6} {:>10} {:>14} {:>14} {:>12} {:>12} {:>12} {:>12}",
-        "width", "budget", "short tok/s", "short max gap", "long TTFT", "long TTFT", "TTFT p50", "TTFT p99"
-    );
-    println!("{:>6} {:>10} {:>14} {:>14} {:>12} {:>12} {:>12} {:>12}", "", "", "(prefilling)", "ms", "mean s", "max s", "all s", "all s");
     let mut results = Vec::new();
+    let max_len = spec.max_context.min(longest + 64).max(args.prompt_len + args.new_tokens + 16);
+    let slots = args.layout.build().num_slots(spec.max_steps);
     for &w in &args.widths {
         let n_long = args.long_prompts.len();
         if n_long >= w {
             return Err(format!("{n_long} long prompts need a width above {n_long}").into());
         }
+        // What the default sizing (a fraction of free memory) builds, for the record.
+        let sized =
+            EngineBuilder::from_model(model.boxed(), None, vec![]).looped(|o| o.kv_layout(args.layout)).max_num_seqs(w).max_model_len(max_len).build()?;
+        let auto = sized.metrics().kv_pool;
+        drop(sized);
+        println!("default KV pool at W {w}: {} blocks, {} positions over {} slots, {:.1} GB", auto.blocks, auto.tokens, auto.slots, auto.bytes as f64 / 1e9);
+        println!(
+            "{:>6} {:>10} {:>14} {:>14} {:>12} {:>12} {:>12} {:>12}",
+            "width", "budget", "short tok/s", "short max gap", "long TTFT", "long TTFT", "TTFT p50", "TTFT p99"
+        );
+        println!("{:>6} {:>10} {:>14} {:>14} {:>12} {:>12} {:>12} {:>12}", "", "", "(prefilling)", "ms", "mean s", "max s", "all s", "all s");
+        let need = (w - n_long) * (args.prompt_len + args.new_tokens + 32) + args.long_prompts.iter().map(|l| l + 48).sum::<usize>();
         for (label, budget) in &budgets {
             let mut engine = EngineBuilder::from_model(model.boxed(), None, vec![])
                 .looped(|o| o.kv_layout(args.layout))
                 .max_num_seqs(w)
                 .max_num_batched_tokens(*budget)
-                .max_model_len(spec.max_context.min(longest + 64).max(args.prompt_len + args.new_tokens + 16))
+                .max_model_len(max_len)
+                .kv_capacity_tokens((need + 4096) * slots)
                 .build()?;
             let pool = engine.metrics().kv_pool;
             // Warm-up: kernels loaded, allocator primed, at this budget.
@@ -56,21 +67,20 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
                 added.insert(id, Instant::now());
                 shorts.push(id);
             }
-            let (mut longs, mut step) = (Vec::new(), 0usize);
+            let mut longs = Vec::new();
+            let mut next_arrival: Option<Instant> = None;
             let (mut window_start, mut window_end) = (None::<Instant>, None::<Instant>);
             let (mut short_tokens, mut gaps) = (0u64, Vec::<Duration>::new());
             while engine.has_work() {
                 let decoding = shorts.iter().all(|id| first.contains_key(id));
-                if decoding && longs.len() < n_long && step % args.arrival_gap == 0 {
+                if decoding && longs.len() < n_long && next_arrival.is_none_or(|t| Instant::now() >= t) {
                     let len = args.long_prompts[longs.len()];
-                    let id = engine.add_request(random_ids(len, spec.vocab_size, 5000 + len as u64), long_params.clone())?;
+                    let id = engine.add_request(random_ids(len, spec.vocab_size, 5000 + longs.len() as u64), long_params.clone())?;
                     let now = Instant::now();
                     added.insert(id, now);
                     longs.push(id);
                     window_start.get_or_insert(now);
-                }
-                if decoding {
-                    step += 1;
+                    next_arrival = Some(now + Duration::from_millis(args.arrival_gap as u64));
                 }
                 let events = engine.step()?;
                 let now = Instant::now();
@@ -111,7 +121,7 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
             );
             results.push(serde_json::json!({
                 "mode": "cb-long-prompts", "layout": format!("{:?}", args.layout), "width": w, "budget": label,
-                "max_num_batched_tokens": budget, "long_prompts": args.long_prompts, "arrival_gap_steps": args.arrival_gap,
+                "max_num_batched_tokens": budget, "long_prompts": args.long_prompts, "arrival_gap_ms": args.arrival_gap,
                 "short_requests": w - n_long, "short_prompt_len": args.prompt_len, "short_new_tokens": args.new_tokens,
                 "window_s": window, "short_tokens_in_window": short_tokens, "short_decode_tokens_per_s": short_tps,
                 "short_max_gap_ms": max_gap.as_secs_f64() * 1e3,
@@ -119,6 +129,7 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
                 "short_gap_p50_ms": gap_ms(0.5), "short_gap_p99_ms": gap_ms(0.99),
                 "prefill_launches": prefill_launches,
                 "kv_pool": {"blocks": pool.blocks, "tokens": pool.tokens, "bytes": pool.bytes, "slots": pool.slots},
+                "default_kv_pool": {"blocks": auto.blocks, "tokens": auto.tokens, "bytes": auto.bytes, "slots": auto.slots},
             }));
         }
     }

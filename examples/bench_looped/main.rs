@@ -4,7 +4,7 @@
 //!     bench_looped [--model ouro|huginn] [--suite cb|cdb] [--widths 16,64,256] [--layout L]
 //!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
-//!                  [--long-prompts 4096,8192,... [--budgets 2048,8192] [--arrival-gap 24]]
+//!                  [--long-prompts 4096,8192,... [--budgets 2048,8192] [--arrival-gap-ms 150]]
 //!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
 //!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half,full]
 //!                  [--coda-reserve 0,parked] [--coda-pairs quarter:0,half:parked]
@@ -109,7 +109,7 @@ pub(crate) struct Args {
     pub(crate) long_prompts: Vec<usize>,
     /// Chunked-prefill budgets to compare with the unchunked run.
     pub(crate) budgets: Vec<usize>,
-    /// Engine steps between two long arrivals.
+    /// Milliseconds between two long arrivals.
     pub(crate) arrival_gap: usize,
 }
 
@@ -170,7 +170,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         window_completions: None,
         long_prompts: Vec::new(),
         budgets: vec![2048, 8192],
-        arrival_gap: 24,
+        arrival_gap: 150,
     };
     let mut layout_set = false;
     let mut it = std::env::args().skip(1);
@@ -208,7 +208,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--window-completions" => a.window_completions = Some(v()?.parse()?),
             "--long-prompts" => a.long_prompts = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--budgets" => a.budgets = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
-            "--arrival-gap" => a.arrival_gap = v()?.parse::<usize>()?.max(1),
+            "--arrival-gap-ms" => a.arrival_gap = v()?.parse()?,
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,

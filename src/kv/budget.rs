@@ -95,7 +95,12 @@ fn available(device: &Device) -> Option<u64> {
             kib.checked_mul(1024)
         }
         #[cfg(feature = "cuda")]
-        Device::Cuda(d) => d.cuda_stream().context().mem_get_info().ok().map(|(free, _)| free as u64),
+        Device::Cuda(d) => {
+            // Memory freed by work still queued (an engine dropped just before) returns to the
+            // driver only once the stream has caught up.
+            device.synchronize().ok()?;
+            d.cuda_stream().context().mem_get_info().ok().map(|(free, _)| free as u64)
+        }
         #[allow(unreachable_patterns)]
         _ => None,
     }
