@@ -1126,3 +1126,20 @@ fn chunked_prefill_matches_unchunked_on_the_device() {
     assert!(chunked_launches >= 2 * 300 / 16, "prefill launches: {chunked_launches} chunked, {whole_launches} whole");
     assert_eq!(chunked, whole);
 }
+
+/// Diagnosis aid (run with `--ignored`): where a NaN embedding row stops propagating.
+#[test]
+#[ignore]
+fn debug_nan_propagation() {
+    let gpu = Device::new_cuda(0).unwrap();
+    for (dev, dtype) in [(Device::Cpu, DType::F32), (gpu.clone(), DType::F32), (gpu.clone(), DType::BF16)] {
+        let model = ouro_on_gpu(&dev, dtype, Some(11));
+        let mut e = ponder::EngineBuilder::from_model(model, None, vec![]).max_num_seqs(4).kv_capacity_tokens(16 * 1024).build().unwrap();
+        let prompts = vec![vec![11u32], vec![3, 11], vec![11, 3], vec![3, 7, 11, 9, 40]];
+        let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(3) };
+        for (p, o) in prompts.iter().zip(e.generate(prompts.clone(), &params).unwrap()) {
+            let o = o.unwrap();
+            println!("{dev:?} {dtype:?} prompt {p:?}: {:?} {:?}", o.finish_reason, o.token_ids);
+        }
+    }
+}

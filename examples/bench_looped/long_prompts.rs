@@ -113,6 +113,11 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
             let max_gap = gaps.last().copied().unwrap_or_default();
             let prefill = |mm: &ponder::EngineMetrics| mm.stages.get("prefill").cloned().unwrap_or_default();
             let prefill_launches = prefill(m).launches - prefill(&before).launches;
+            let prefill_s = (prefill(m).time - prefill(&before).time).as_secs_f64();
+            let prefill_tokens = prefill(m).tokens - prefill(&before).tokens;
+            let decode = |mm: &ponder::EngineMetrics| mm.stages.get("decode").cloned().unwrap_or_default();
+            let decode_launches = decode(m).launches - decode(&before).launches;
+            let decode_s = (decode(m).time - decode(&before).time).as_secs_f64();
             println!(
                 "{w:>6} {label:>10} {short_tps:>14.0} {:>14.1} {mean_long:>12.2} {max_long:>12.2} {:>12.3} {:>12.3}",
                 max_gap.as_secs_f64() * 1e3,
@@ -127,7 +132,9 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
                 "short_max_gap_ms": max_gap.as_secs_f64() * 1e3,
                 "long_ttft_s": ttft_long, "ttft_p50_s": ttft(0.5), "ttft_p99_s": ttft(0.99),
                 "short_gap_p50_ms": gap_ms(0.5), "short_gap_p99_ms": gap_ms(0.99),
-                "prefill_launches": prefill_launches,
+                "prefill_launches": prefill_launches, "prefill_s": prefill_s, "prefill_tokens": prefill_tokens,
+                "prefill_tokens_per_s": prefill_tokens as f64 / prefill_s.max(1e-9),
+                "decode_launches": decode_launches, "decode_s": decode_s,
                 "kv_pool": {"blocks": pool.blocks, "tokens": pool.tokens, "bytes": pool.bytes, "slots": pool.slots},
                 "default_kv_pool": {"blocks": auto.blocks, "tokens": auto.tokens, "bytes": auto.bytes, "slots": auto.slots},
             }));
