@@ -1061,8 +1061,10 @@ fn non_finite_flag_matches_cpu() {
 }
 
 /// Non-finite logits on the device: the flag rides back with the greedy ids (eager path, CB's
-/// decode graphs, depth batching's re-entering coda graphs); the request that met NaN ends with
-/// an error, the one beside it generates what it generates on the clean weights.
+/// decode graphs, depth batching's re-entering coda graphs). The embedding row of the bad
+/// request's first generated token is set to NaN, so its prefill is clean and its first decode
+/// step (eager, or inside a captured graph) meets NaN; the request ends with an error after that
+/// one token, the one beside it generates what it generates on the clean weights.
 #[test]
 fn non_finite_logits_fail_their_request_on_the_device() {
     use ponder::gate::{DepthTrace, Replay};
@@ -1073,7 +1075,7 @@ fn non_finite_logits_fail_their_request_on_the_device() {
         (ponder::SchedulerKind::Depth { refill: true }, ponder::KvLayoutKind::LastExited),
     ] {
         for graphs in [false, true] {
-            let run = |poison: Option<usize>, prompts: Vec<Vec<u32>>| {
+            let run = |poison: Option<usize>| {
                 let mut b = ponder::EngineBuilder::from_model(ouro_on_gpu(&gpu, DType::BF16, poison), None, vec![])
                     .looped(|o| o.scheduler(sched).kv_layout(layout).cuda_graphs(graphs))
                     .max_num_seqs(4)
@@ -1083,21 +1085,24 @@ fn non_finite_logits_fail_their_request_on_the_device() {
                 }
                 let mut e = b.build().unwrap();
                 let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(12) };
-                let outs: Vec<ponder::Output> = e.generate(prompts, &params).unwrap().into_iter().map(|o| o.unwrap()).collect();
+                let outs: Vec<ponder::Output> = e.generate([bad.clone(), good.clone()], &params).unwrap().into_iter().map(|o| o.unwrap()).collect();
                 assert_eq!(e.scheduler().kv().num_used_blocks(), 0);
                 outs
             };
             let label = format!("{sched:?} × {layout:?} × graphs={graphs}");
-            let clean = run(None, vec![good.clone()]).remove(0).token_ids;
-            assert!(!clean.contains(&11), "{label}: pick a prompt whose clean output avoids the poisoned token");
-            let outs = run(Some(11), vec![bad.clone(), good.clone()]);
+            let clean = run(None);
+            let first = clean[0].token_ids[0];
+            let used: Vec<u32> = bad.iter().chain(&good).chain(&clean[1].token_ids).copied().collect();
+            assert!(!used.contains(&first), "{label}: pick prompts whose other tokens avoid the poisoned one ({first})");
+            let outs = run(Some(first as usize));
             assert!(
                 matches!(&outs[0].finish_reason, ponder::FinishReason::Error(m) if m.contains("non-finite")),
                 "{label}: {:?} after {:?}",
                 outs[0].finish_reason,
                 outs[0].token_ids
             );
-            assert_eq!(outs[1].token_ids, clean, "{label}: the other request goes on");
+            assert_eq!(outs[0].token_ids, vec![first], "{label}: the clean prefill's token, then the error");
+            assert_eq!(outs[1].token_ids, clean[1].token_ids, "{label}: the other request goes on");
         }
     }
 }
