@@ -252,7 +252,14 @@ fn trace_mean(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
                 let mut left = args.block;
                 let mut step = 0;
                 while left > 0 {
-                    let ctx = ponder::diffusion::StepContext { request: ponder::RequestId(req), block, step, masked: left, block_len: args.block };
+                    let ctx = ponder::diffusion::StepContext {
+                        request: ponder::RequestId(req),
+                        block,
+                        step,
+                        masked: left,
+                        block_masked: args.block,
+                        block_len: args.block,
+                    };
                     let c = if step + 1 >= args.block { left } else { t.count(&ctx).unwrap_or(1).min(left) };
                     left -= c;
                     step += 1;

@@ -2,7 +2,7 @@
 //! for every unmask policy, with and without the delayed cache, batched greedy output equals
 //! each request run alone (token-exact, f32, CPU), and the KV pool is empty afterwards.
 
-use ponder::diffusion::{Replay, StaticCount, Threshold, UnmaskPolicy, UnmaskTrace};
+use ponder::diffusion::{CanvasCache, Replay, StaticCount, Threshold, UnmaskPolicy, UnmaskTrace};
 use ponder::testing::{tiny_dream_config, tiny_llada_config, tiny_sdar_config, write_random_dream, write_random_llada, write_random_sdar};
 use ponder::{Engine, EngineBuilder, Event, GenerationParams, RequestId};
 mod common;
@@ -28,16 +28,32 @@ fn policies() -> Vec<(&'static str, Box<dyn UnmaskPolicy>)> {
     ]
 }
 
-fn engine(dir: &Path, policy: Box<dyn UnmaskPolicy>, delayed: bool, width: usize) -> Engine {
-    EngineBuilder::new(dir)
-        .block_size(4)
-        .diffusion(|o| o.block_length(8))
-        .max_num_seqs(width)
-        .max_num_batched_tokens(256)
-        .kv_capacity_tokens(2048)
-        .diffusion(|o| o.delayed_cache(delayed).unmask_policy_boxed(policy))
-        .build()
-        .unwrap()
+/// What a step recomputes: SDAR with or without the delayed cache; LLaDA / Dream exact, with
+/// the prefix cache (with and without the delayed cache) or the dual cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    Sdar { delayed: bool },
+    Canvas { cache: CanvasCache, delayed: bool },
+}
+
+fn modes(family: &str) -> Vec<Mode> {
+    if family == "sdar" {
+        return vec![Mode::Sdar { delayed: false }, Mode::Sdar { delayed: true }];
+    }
+    [(CanvasCache::Exact, false), (CanvasCache::Prefix, false), (CanvasCache::Prefix, true), (CanvasCache::Dual, false)]
+        .into_iter()
+        .map(|(cache, delayed)| Mode::Canvas { cache, delayed })
+        .collect()
+}
+
+fn engine(dir: &Path, policy: Box<dyn UnmaskPolicy>, mode: Mode, width: usize) -> Engine {
+    let b = EngineBuilder::new(dir).block_size(4).diffusion(|o| o.block_length(8)).max_num_seqs(width).max_num_batched_tokens(256).kv_capacity_tokens(2048);
+    match mode {
+        Mode::Sdar { delayed } => b.diffusion(|o| o.delayed_cache(delayed).unmask_policy_boxed(policy)),
+        Mode::Canvas { cache, delayed } => b.diffusion(|o| o.canvas_cache(cache).delayed_cache(delayed).unmask_policy_boxed(policy)),
+    }
+    .build()
+    .unwrap()
 }
 
 fn drain(engine: &mut Engine, out: &mut HashMap<RequestId, Vec<u32>>, events: &mut usize) {
@@ -59,17 +75,17 @@ fn batched_equals_sequential_for_every_family_policy_and_cache() {
     let mut outputs = HashMap::new();
     let mut per_step = HashMap::new();
     for (family, dir) in family_dirs(tmp.path()) {
-        for delayed in [false, true] {
+        for mode in modes(family) {
             for ((name, p_seq), (_, p_bat)) in policies().into_iter().zip(policies()) {
-                let label = format!("{family} × {name} × delayed={delayed}");
-                let mut solo = engine(&dir, p_seq, delayed, 1);
+                let label = format!("{family} × {name} × {mode:?}");
+                let mut solo = engine(&dir, p_seq, mode, 1);
                 let want: Vec<Vec<u32>> = ps
                     .iter()
                     .zip(&max_new)
                     .map(|(p, &n)| solo.generate([p.clone()], &GenerationParams::greedy(n)).unwrap().remove(0).unwrap().token_ids)
                     .collect();
                 assert_kv_empty(&solo);
-                let mut batched = engine(&dir, p_bat, delayed, 4);
+                let mut batched = engine(&dir, p_bat, mode, 4);
                 let ids: Vec<RequestId> = ps.iter().zip(&max_new).map(|(p, &n)| batched.add_request(p.clone(), GenerationParams::greedy(n)).unwrap()).collect();
                 let (mut got, mut events) = (HashMap::new(), 0);
                 drain(&mut batched, &mut got, &mut events);
@@ -87,17 +103,25 @@ fn batched_equals_sequential_for_every_family_policy_and_cache() {
             }
         }
     }
-    // The delayed cache recomputes fewer positions per step than the whole block.
-    for family in ["sdar", "llada", "dream"] {
-        for name in ["threshold", "static", "replay"] {
-            let (full, delayed) = (per_step[&format!("{family} × {name} × delayed=false")], per_step[&format!("{family} × {name} × delayed=true")]);
-            assert!(delayed < full, "{family} × {name}: {delayed} vs {full} tokens per step");
+    // Each cache recomputes fewer positions per step than the mode before it.
+    for name in ["threshold", "static", "replay"] {
+        let at = |family: &str, mode: Mode| per_step[&format!("{family} × {name} × {mode:?}")];
+        assert!(at("sdar", Mode::Sdar { delayed: true }) < at("sdar", Mode::Sdar { delayed: false }), "sdar × {name}");
+        for family in ["llada", "dream"] {
+            let canvas = |cache, delayed| at(family, Mode::Canvas { cache, delayed });
+            let chain =
+                [canvas(CanvasCache::Exact, false), canvas(CanvasCache::Prefix, false), canvas(CanvasCache::Prefix, true), canvas(CanvasCache::Dual, false)];
+            assert!(chain[0] > chain[1] && chain[1] > chain[2] && chain[1] > chain[3], "{family} × {name}: tokens per step {chain:?}");
         }
     }
     // The policies are not no-ops: they decode differently.
-    let a = &outputs["sdar × threshold × delayed=false"];
-    let b = &outputs["sdar × static × delayed=false"];
+    let a = &outputs["sdar × threshold × Sdar { delayed: false }"];
+    let b = &outputs["sdar × static × Sdar { delayed: false }"];
     assert_ne!(a, b);
+    // The caches are approximations for bidirectional models: somewhere they decode differently.
+    let exact = |f: &str| &outputs[&format!("{f} × static × {:?}", Mode::Canvas { cache: CanvasCache::Exact, delayed: false })];
+    let dual = |f: &str| &outputs[&format!("{f} × static × {:?}", Mode::Canvas { cache: CanvasCache::Dual, delayed: false })];
+    assert!(exact("llada") != dual("llada") || exact("dream") != dual("dream"), "the dual cache changed nothing");
 }
 
 #[test]
@@ -106,7 +130,7 @@ fn tokens_stream_before_their_block_completes() {
     let (_, dir) = family_dirs(tmp.path()).remove(0);
     // One token per step, left to right or not: a block of 8 takes 8 steps, tokens arrive over
     // several steps rather than all at the block's end.
-    let mut e = engine(&dir, Box::new(StaticCount::new(1).unwrap()), false, 2);
+    let mut e = engine(&dir, Box::new(StaticCount::new(1).unwrap()), Mode::Sdar { delayed: false }, 2);
     let id = e.add_request(vec![3, 4, 5, 6, 7, 8, 9, 10], GenerationParams::greedy(8)).unwrap();
     let mut steps_with_tokens = 0;
     while e.has_work() {
@@ -122,7 +146,7 @@ fn tokens_stream_before_their_block_completes() {
 fn abort_mid_block_frees_kv_and_others_finish() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, dir) = family_dirs(tmp.path()).remove(0);
-    let mut e = engine(&dir, Box::new(StaticCount::new(1).unwrap()), true, 4);
+    let mut e = engine(&dir, Box::new(StaticCount::new(1).unwrap()), Mode::Sdar { delayed: true }, 4);
     let a = e.add_request(vec![1, 2, 3], GenerationParams::greedy(12)).unwrap();
     let b = e.add_request(vec![4, 5, 6, 7, 8, 9, 10, 11, 12], GenerationParams::greedy(12)).unwrap();
     e.step().unwrap();
@@ -146,7 +170,7 @@ fn bad_inputs_get_typed_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let dirs = family_dirs(tmp.path());
     let dir = &dirs[0].1;
-    let mut e = engine(dir, Box::new(StaticCount::new(2).unwrap()), false, 2);
+    let mut e = engine(dir, Box::new(StaticCount::new(2).unwrap()), Mode::Sdar { delayed: false }, 2);
     let rejected = |r: ponder::Result<RequestId>| matches!(r, Err(ponder::Error::InvalidRequest { .. }));
     assert!(rejected(e.add_request(Vec::<u32>::new(), GenerationParams::greedy(4))));
     assert!(rejected(e.add_request(vec![VOCAB as u32 + 5], GenerationParams::greedy(4))));
@@ -254,7 +278,7 @@ fn custom_diffusion_scheduler_plugs_in() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, dir) = family_dirs(tmp.path()).remove(0);
     let ps = diffusion_prompts(3, 17);
-    let want = engine(&dir, Box::new(StaticCount::new(2).unwrap()), false, 3)
+    let want = engine(&dir, Box::new(StaticCount::new(2).unwrap()), Mode::Sdar { delayed: false }, 3)
         .generate(ps.clone(), &GenerationParams::greedy(10))
         .unwrap()
         .into_iter()

@@ -57,6 +57,10 @@ impl BlockCanvas {
     pub fn num_masked(&self) -> usize {
         self.masked.iter().filter(|&&m| m).count()
     }
+    /// Masked positions before the first step (the block minus its prompt tokens).
+    pub fn initially_masked(&self) -> usize {
+        self.revealed_at.iter().zip(&self.masked).filter(|&(&at, &m)| m || at > 0).count()
+    }
     pub fn is_done(&self) -> bool {
         self.num_masked() == 0
     }

@@ -8,7 +8,7 @@ mod canvas;
 mod eviction;
 mod unmask;
 
-pub use attention::DiffusionAttention;
+pub use attention::{CanvasCache, DiffusionAttention};
 pub use canvas::BlockCanvas;
 pub use eviction::{enforce_rules, EvictionInput, EvictionPolicy, Focus, NoEviction};
-pub use unmask::{by_confidence, Candidate, Replay, StaticCount, StepContext, Threshold, UnmaskPolicy, UnmaskTrace};
+pub use unmask::{by_confidence, Candidate, Confidence, LinearSchedule, Replay, StaticCount, StepContext, Threshold, Timesteps, UnmaskPolicy, UnmaskTrace};

@@ -27,6 +27,8 @@ pub struct StepContext {
     pub step: usize,
     /// Masked positions left in the block (candidates may be fewer: FOCUS evicts some).
     pub masked: usize,
+    /// Masked positions the block had before its first step.
+    pub block_masked: usize,
     pub block_len: usize,
 }
 
@@ -36,6 +38,104 @@ pub trait UnmaskPolicy: std::fmt::Debug + Send + Sync {
     fn name(&self) -> String;
     /// Indices into `candidates` (ordered by offset) to reveal now.
     fn select(&self, ctx: &StepContext, candidates: &[Candidate]) -> Vec<usize>;
+    /// Whether a step may reveal nothing (Dream's timestep schedule early on); otherwise the
+    /// scheduler reveals the most confident candidate when `select` returns none.
+    fn may_reveal_none(&self) -> bool {
+        false
+    }
+    /// The confidence the policy ranks by; the runner computes it for every candidate.
+    fn confidence(&self) -> Confidence {
+        Confidence::Probability
+    }
+}
+
+/// What a candidate's `confidence` measures, from the step's distribution over the vocabulary
+/// (the mask token excluded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Confidence {
+    /// The greedy token's probability (LLaDA's low-confidence remasking, Dream's `maskgit_plus`).
+    #[default]
+    Probability,
+    /// Top-1 minus top-2 probability (Dream's `topk_margin`).
+    Margin,
+    /// Σ p·ln(p + 1e-10), the negative entropy (Dream's `entropy`).
+    NegEntropy,
+}
+
+/// LLaDA's linear schedule (`get_num_transfer_tokens`): a block with M masked positions and S
+/// steps reveals ⌊M/S⌋ tokens per step, one more in the first M mod S steps, the most confident
+/// first. Pair it with `max_steps_per_block(S)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearSchedule {
+    pub steps: usize,
+}
+
+impl LinearSchedule {
+    pub fn new(steps: usize) -> Result<Self> {
+        if steps == 0 {
+            return Err(Error::InvalidOption("the linear schedule needs at least 1 step per block".into()));
+        }
+        Ok(Self { steps })
+    }
+
+    /// Tokens to reveal at `step` of a block that started with `masked` masked positions.
+    pub fn count(&self, masked: usize, step: usize) -> usize {
+        masked / self.steps + usize::from(step < masked % self.steps)
+    }
+}
+
+impl UnmaskPolicy for LinearSchedule {
+    fn name(&self) -> String {
+        format!("linear({})", self.steps)
+    }
+    fn select(&self, ctx: &StepContext, candidates: &[Candidate]) -> Vec<usize> {
+        by_confidence(candidates).into_iter().take(self.count(ctx.block_masked, ctx.step)).collect()
+    }
+}
+
+/// Dream's own sampler: over `steps` steps with timesteps t_i = 1 − i·(1 − ε)/steps (ε = 10⁻³,
+/// computed in f64), step i reveals ⌊n·(1 − t_{i+1}/t_i)⌋ of the n positions still masked — often
+/// none early on — and the last step all of them, ranked by `order`. Pair it with a block that
+/// is the whole generation (`DiffusionOptions::dream_sampler` sets both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timesteps {
+    pub steps: usize,
+    pub order: Confidence,
+}
+
+impl Timesteps {
+    pub const EPS: f64 = 1e-3;
+
+    pub fn new(steps: usize, order: Confidence) -> Result<Self> {
+        if steps == 0 {
+            return Err(Error::InvalidOption("Dream's sampler needs at least 1 step".into()));
+        }
+        Ok(Self { steps, order })
+    }
+
+    /// Tokens to reveal at `step` with `masked` positions left.
+    pub fn count(&self, masked: usize, step: usize) -> usize {
+        if step + 1 >= self.steps {
+            return masked;
+        }
+        let t = |i: usize| 1.0 - i as f64 * (1.0 - Self::EPS) / self.steps as f64;
+        ((masked as f64) * (1.0 - t(step + 1) / t(step))).floor() as usize
+    }
+}
+
+impl UnmaskPolicy for Timesteps {
+    fn name(&self) -> String {
+        format!("timesteps({}, {:?})", self.steps, self.order)
+    }
+    fn select(&self, ctx: &StepContext, candidates: &[Candidate]) -> Vec<usize> {
+        by_confidence(candidates).into_iter().take(self.count(ctx.masked, ctx.step)).collect()
+    }
+    fn may_reveal_none(&self) -> bool {
+        true
+    }
+    fn confidence(&self) -> Confidence {
+        self.order
+    }
 }
 
 /// Candidate indices by confidence, highest first; ties (and NaN) go to the earlier offset.
@@ -202,7 +302,7 @@ mod tests {
     fn cands(conf: &[f32]) -> Vec<Candidate> {
         conf.iter().enumerate().map(|(i, &c)| Candidate { offset: i * 2, token: i as u32, confidence: c }).collect()
     }
-    const CTX: StepContext = StepContext { request: RequestId(3), block: 1, step: 2, masked: 4, block_len: 8 };
+    const CTX: StepContext = StepContext { request: RequestId(3), block: 1, step: 2, masked: 4, block_masked: 8, block_len: 8 };
 
     #[test]
     fn threshold_reveals_all_above_tau_or_the_top_one() {
@@ -244,5 +344,21 @@ mod tests {
         let at = |block, step| t.count(&StepContext { block, step, ..CTX });
         assert_eq!((at(0, 0), at(0, 1), at(0, 9), at(1, 0), at(5, 3)), (Some(1), Some(2), Some(2), Some(4), Some(4)));
         assert_eq!(t.count(&StepContext { request: RequestId(9), ..CTX }), None);
+    }
+
+    #[test]
+    fn linear_and_timestep_schedules_count_like_their_references() {
+        // LLaDA's get_num_transfer_tokens: 10 masks over 4 steps → 3, 3, 2, 2.
+        let l = LinearSchedule::new(4).unwrap();
+        assert_eq!((0..4).map(|i| l.count(10, i)).collect::<Vec<_>>(), vec![3, 3, 2, 2]);
+        assert_eq!((0..4).map(|i| l.count(3, i)).collect::<Vec<_>>(), vec![1, 1, 1, 0]);
+        // Dream: 8 masks over 4 steps, t = 1, 0.75025, 0.5005, 0.25075, 0.001.
+        let t = Timesteps::new(4, Confidence::Margin).unwrap();
+        assert_eq!(t.count(8, 0), 1, "⌊8 · (1 − 0.75025)⌋");
+        assert_eq!(t.count(7, 1), 2, "⌊7 · (1 − 0.5005 / 0.75025)⌋");
+        assert_eq!(t.count(5, 2), 2, "⌊5 · (1 − 0.25075 / 0.5005)⌋");
+        assert_eq!(t.count(3, 3), 3, "the last step reveals the rest");
+        assert!(t.may_reveal_none() && t.confidence() == Confidence::Margin);
+        assert_eq!(Timesteps::new(512, Confidence::Probability).unwrap().count(256, 0), 0, "early steps may reveal nothing");
     }
 }

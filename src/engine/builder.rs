@@ -399,7 +399,21 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         Some(p) => p,
         None => Box::new(Threshold::new(0.9)?),
     };
+    let bidirectional = spec.attention == crate::diffusion::DiffusionAttention::Bidirectional;
+    if !bidirectional && (o.cache.is_some() || o.whole_region) {
+        return Err(Error::InvalidOption(format!(
+            "`{}` is block-causal: its completed blocks are an exact prefix cache; canvas caches and Dream's sampler are for bidirectional models",
+            spec.model_type
+        )));
+    }
+    let cache = o.cache.unwrap_or_default();
+    if bidirectional && cache == crate::diffusion::CanvasCache::Exact && o.delayed_cache {
+        return Err(Error::InvalidOption("exact decoding recomputes the whole canvas every step; the delayed cache needs canvas_cache(Prefix or Dual)".into()));
+    }
     let eviction = o.eviction.filter(|p| p.scores());
+    if bidirectional && eviction.is_some() {
+        return Err(Error::InvalidOption(format!("eviction (FOCUS) is supported for block-causal models, not `{}`", spec.model_type)));
+    }
     if o.eviction_shadow && eviction.is_none() {
         return Err(Error::InvalidOption("eviction_shadow needs an eviction policy that scores tokens (e.g. Focus)".into()));
     }
@@ -433,7 +447,10 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         attention: spec.attention,
         shift_logits: spec.shift_logits,
         eviction: eviction.is_some(),
+        cache,
+        whole_region: o.whole_region,
     };
+    let confidence = policy.confidence();
     let limits = common.limits.clone();
     let custom = o.factory.is_some();
     let scheduler: Box<dyn DiffusionScheduler> = match o.factory {
@@ -441,6 +458,7 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         None => Box::new(DiffusionBatching::new(cfg, limits.clone(), kv, policy)),
     };
     let runner = DiffusionRunner::new(model, num_blocks, common.block_size, block_length)?
+        .with_confidence(confidence)
         .with_launch_checks(custom)
         .with_eviction(eviction, o.eviction_shadow)
         .with_phase_timing(o.time_phases);

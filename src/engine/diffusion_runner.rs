@@ -2,7 +2,7 @@
 //! positions, runs every layer (each writes the launch's K/V before attending), and reads back
 //! the greedy token and its probability at the rows' readout tokens.
 
-use crate::diffusion::{EvictionInput, EvictionPolicy};
+use crate::diffusion::{Confidence, EvictionInput, EvictionPolicy};
 use crate::kv::KvStore;
 use crate::models::diffusion::{DiffusionAttention, DiffusionModel};
 use crate::ops::{compact_rows, importance_of, AttnMask, PagedBatch, PagedBatchHost, RopeAngles};
@@ -35,6 +35,8 @@ pub struct DiffusionRunner {
     num_blocks: usize,
     /// Check each launch before running it (custom diffusion schedulers).
     check_launches: bool,
+    /// What the readout's confidence measures.
+    confidence: Confidence,
 }
 
 /// Marks phase boundaries of one launch (a no-op unless phase timing is on).
@@ -86,7 +88,27 @@ impl DiffusionRunner {
             *b = f32::NEG_INFINITY;
         }
         let no_mask_bias = Tensor::from_vec(bias, (1, s.vocab_size), model.device())?;
-        Ok(Self { model, kv, block_size, mask, no_mask_bias, eviction: None, shadow: false, phases: None, num_blocks, check_launches: false })
+        Ok(Self {
+            model,
+            kv,
+            block_size,
+            mask,
+            no_mask_bias,
+            eviction: None,
+            shadow: false,
+            phases: None,
+            num_blocks,
+            check_launches: false,
+            confidence: Confidence::Probability,
+        })
+    }
+
+    /// What the readout's confidence measures (the unmask policy's [`UnmaskPolicy::confidence`]).
+    ///
+    /// [`UnmaskPolicy::confidence`]: crate::diffusion::UnmaskPolicy::confidence
+    pub fn with_confidence(mut self, confidence: Confidence) -> Self {
+        self.confidence = confidence;
+        self
     }
 
     /// Times each phase of every launch (device synchronised between phases); read the totals
@@ -221,7 +243,10 @@ impl DiffusionRunner {
     }
 
     fn greedy_readout(&self, h: &Tensor) -> Result<(Tensor, Tensor)> {
-        greedy_readout(self.model.as_ref(), h, &self.no_mask_bias)
+        match self.confidence {
+            Confidence::Probability => greedy_readout(self.model.as_ref(), h, &self.no_mask_bias),
+            kind => readout_with(&self.model.head(h)?.broadcast_add(&self.no_mask_bias)?, kind),
+        }
     }
 
     /// Layers 0 and 1 over every token with the masked tokens scored at both; the policy picks
@@ -347,6 +372,28 @@ pub fn greedy_readout(model: &dyn DiffusionModel, h: &Tensor, no_mask_bias: &Ten
     }
     let logits = model.head(h)?.broadcast_add(no_mask_bias)?;
     greedy_with_confidence(&logits)
+}
+
+/// Per row of f32 `logits` `[n, vocab]` (−∞ at the mask token): the argmax and the confidence
+/// `kind` of the softmax distribution. Top-2 without a sort: the argmax's probability is
+/// replaced by −1 and the maximum taken again.
+pub fn readout_with(logits: &Tensor, kind: Confidence) -> Result<(Tensor, Tensor)> {
+    if kind == Confidence::Probability {
+        return greedy_with_confidence(logits);
+    }
+    let tokens = logits.argmax(D::Minus1)?;
+    let probs = candle_nn::ops::softmax_last_dim(logits)?;
+    let confidence = match kind {
+        Confidence::Margin => {
+            let top1 = probs.max_keepdim(D::Minus1)?;
+            let vocab = logits.dim(D::Minus1)? as u32;
+            let is_top = Tensor::arange(0, vocab, logits.device())?.unsqueeze(0)?.broadcast_eq(&tokens.unsqueeze(1)?)?;
+            let others = is_top.where_cond(&probs.ones_like()?.neg()?, &probs)?;
+            (top1 - others.max_keepdim(D::Minus1)?)?.squeeze(1)?
+        }
+        _ => (&probs * (&probs + 1e-10)?.log()?)?.sum(D::Minus1)?,
+    };
+    Ok((tokens, confidence))
 }
 
 /// Per row of f32 `logits` `[n, vocab]`: the argmax and its softmax probability

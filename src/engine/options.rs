@@ -173,6 +173,8 @@ pub struct DiffusionOptions {
     pub(super) block_length: Option<usize>,
     pub(super) max_steps_per_block: Option<usize>,
     pub(super) delayed_cache: bool,
+    pub(super) cache: Option<crate::diffusion::CanvasCache>,
+    pub(super) whole_region: bool,
     pub(super) unmask: Option<Box<dyn UnmaskPolicy>>,
     pub(super) eviction: Option<Box<dyn EvictionPolicy>>,
     pub(super) eviction_shadow: bool,
@@ -199,6 +201,27 @@ impl DiffusionOptions {
     /// keeping the other K/V (dKV-Cache's delayed caching; approximate).
     pub fn delayed_cache(mut self, on: bool) -> Self {
         self.delayed_cache = on;
+        self
+    }
+    /// Bidirectional models (LLaDA, Dream): what each step recomputes — the whole canvas
+    /// ([`crate::diffusion::CanvasCache::Exact`], the default), or Fast-dLLM's prefix or dual
+    /// cache (approximations). Refused for block-causal models, whose completed blocks are an
+    /// exact prefix cache already.
+    pub fn canvas_cache(mut self, cache: crate::diffusion::CanvasCache) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+    /// Dream's own sampler: the whole generation is one block, denoised over `steps` steps on
+    /// Dream's timestep schedule, ranked by `order` ([`crate::diffusion::Timesteps`]).
+    /// Bidirectional models only.
+    pub fn dream_sampler(mut self, steps: usize, order: crate::diffusion::Confidence) -> Self {
+        self.whole_region = true;
+        self.max_steps_per_block = Some(steps);
+        match crate::diffusion::Timesteps::new(steps, order) {
+            Ok(t) => self.unmask = Some(Box::new(t)),
+            // Zero steps: refused when the engine is built.
+            Err(_) => self.max_steps_per_block = Some(0),
+        }
         self
     }
     /// Which masked tokens each step reveals (default: threshold 0.9).

@@ -22,12 +22,15 @@ pub struct DenoiseRow {
     pub block_table: BlockTable,
     /// Steps under an eviction policy: the request's block state it needs.
     pub evict: Option<EvictRow>,
+    /// Keys the row attends to when that is more than `positions.last() + 1`: a dual-cache step
+    /// runs only its block but reads the cached masked suffix after it too.
+    pub context: Option<u32>,
 }
 
 impl DenoiseRow {
     /// `tokens` at `positions` (ascending), reading out `readout`.
     pub fn new(request: RequestId, tokens: Vec<u32>, positions: Vec<u32>, readout: Vec<u32>, block_table: BlockTable) -> Self {
-        Self { request, tokens, positions, readout, block_table, evict: None }
+        Self { request, tokens, positions, readout, block_table, evict: None, context: None }
     }
 
     /// `tokens` at consecutive positions from `start` (prefill and commit rows).
@@ -36,9 +39,10 @@ impl DenoiseRow {
         Self::new(request, tokens, positions, Vec::new(), block_table)
     }
 
-    /// Keys the row attends to: one past its last position.
+    /// Keys the row attends to: one past its last position, or `context` where set.
     pub fn context_len(&self) -> usize {
-        self.positions.last().map_or(0, |&p| p as usize + 1)
+        let own = self.positions.last().map_or(0, |&p| p as usize + 1);
+        self.context.map_or(own, |c| own.max(c as usize))
     }
 }
 

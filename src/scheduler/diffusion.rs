@@ -13,14 +13,19 @@
 //!   while every decoding request still steps in every launch;
 //! - **commit** (block-causal models): a completed block rerun with its final tokens so its
 //!   K/V are clean before later blocks read them; it rides along with the next block's first step;
-//! - **step**: the recomputed positions of the current block, reading out its masked tokens. For
-//!   bidirectional models a block's first step covers the whole canvas, refreshing the prefix
-//!   K/V (Fast-dLLM's prefix cache, an approximation for those models).
+//! - **step**: the recomputed positions of the current block, reading out its masked tokens.
+//!
+//! Bidirectional models (LLaDA, Dream) decode a canvas of the prompt followed by every position
+//! the request may generate, all masked at first; blocks start at the prompt's end and nothing
+//! right of the current block is revealed early. What a step runs is the [`CanvasCache`]: the
+//! whole canvas (exact, the default), or from a block's second step on only the block and the
+//! masked suffix (prefix cache) or only the block (dual cache). With `whole_region` the whole
+//! generation is one block (Dream's own sampler).
 
 use super::{
     DenoiseLaunch, DenoiseResult, DenoiseRow, DiffusionScheduler, Emitted, EvictRow, Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats,
 };
-use crate::diffusion::{BlockCanvas, Candidate, DiffusionAttention, StepContext, UnmaskPolicy};
+use crate::diffusion::{BlockCanvas, Candidate, CanvasCache, DiffusionAttention, StepContext, UnmaskPolicy};
 use crate::kv::KvManager;
 use crate::request::RequestId;
 use std::collections::HashMap;
@@ -39,6 +44,17 @@ pub struct DiffusionConfig {
     pub shift_logits: bool,
     /// Step rows carry the block state an eviction policy needs ([`EvictRow`]).
     pub eviction: bool,
+    /// Bidirectional models: what a step recomputes.
+    pub cache: CanvasCache,
+    /// Bidirectional models: the whole generation region is one block (Dream's sampler);
+    /// `block_length` is then unused.
+    pub whole_region: bool,
+}
+
+impl DiffusionConfig {
+    fn bidirectional(&self) -> bool {
+        self.attention == DiffusionAttention::Bidirectional
+    }
 }
 
 #[derive(Debug)]
@@ -67,13 +83,21 @@ struct Running {
 }
 
 impl Running {
-    fn token_at(&self, pos: usize) -> u32 {
+    /// The canvas token at `pos`: final history, the current block, or a mask beyond it.
+    fn token_at(&self, pos: usize, mask_id: u32) -> u32 {
         let s = self.canvas.start();
         if pos < s {
             self.history[pos]
-        } else {
+        } else if pos < self.canvas.end() {
             self.canvas.tokens()[pos - s]
+        } else {
+            mask_id
         }
+    }
+
+    /// One past the last position the request may generate.
+    fn canvas_end(&self) -> usize {
+        self.prompt_len + self.max_new
     }
 }
 
@@ -102,12 +126,28 @@ impl DiffusionBatching {
         self.policy.as_ref()
     }
 
+    /// Length of a bidirectional request's block starting at `start`: the block length, the
+    /// whole generation region, or what is left of the region.
+    fn block_len_at(&self, start: usize, prompt_len: usize, max_new: usize) -> usize {
+        let left = prompt_len + max_new - start;
+        if self.cfg.whole_region {
+            left
+        } else {
+            self.cfg.block_length.min(left)
+        }
+    }
+
     fn start(&self, r: SchedRequest) -> Running {
         let b = self.cfg.block_length;
         let p = r.prompt.len();
-        let start = p / b * b;
-        let canvas = BlockCanvas::new(start, b, &r.prompt[start..], self.cfg.mask_token_id, self.cfg.delayed_cache);
-        let block_causal = self.cfg.attention == DiffusionAttention::BlockCausal;
+        let block_causal = !self.cfg.bidirectional();
+        let canvas = if block_causal {
+            let start = p / b * b;
+            BlockCanvas::new(start, b, &r.prompt[start..], self.cfg.mask_token_id, self.cfg.delayed_cache)
+        } else {
+            BlockCanvas::new(p, self.block_len_at(p, p, r.max_new_tokens), &[], self.cfg.mask_token_id, self.cfg.delayed_cache)
+        };
+        let start = canvas.start();
         let mut history = r.prompt;
         history.truncate(start);
         let prefill_to = if block_causal { start } else { 0 };
@@ -173,10 +213,18 @@ impl DiffusionBatching {
         }
         let c = &req.canvas;
         let s = c.start();
-        let mut positions: Vec<usize> = if self.cfg.attention == DiffusionAttention::Bidirectional && c.steps() == 0 {
-            (0..c.end()).collect()
-        } else {
-            c.processing().into_iter().map(|o| s + o).collect()
+        let block: Vec<usize> = c.processing().into_iter().map(|o| s + o).collect();
+        let end = req.canvas_end();
+        let mut context = None;
+        let mut positions: Vec<usize> = match (self.cfg.bidirectional(), self.cfg.cache) {
+            (false, _) => block,
+            (true, CanvasCache::Exact) => (0..end).collect(),
+            (true, _) if c.steps() == 0 => (0..end).collect(),
+            (true, CanvasCache::Prefix) => block.into_iter().chain(c.end()..end).collect(),
+            (true, CanvasCache::Dual) => {
+                context = Some(end as u32);
+                block
+            }
         };
         let shift = self.cfg.shift_logits as usize;
         if shift == 1 && s > 0 && c.is_masked(0) && positions[0] == s {
@@ -187,8 +235,9 @@ impl DiffusionBatching {
             .into_iter()
             .map(|o| positions.binary_search(&(s + o - shift)).expect("a masked token's logit source is recomputed") as u32)
             .collect();
-        let tokens = positions.iter().map(|&p| req.token_at(p)).collect();
+        let tokens = positions.iter().map(|&p| req.token_at(p, self.cfg.mask_token_id)).collect();
         let mut row = DenoiseRow::new(req.id, tokens, positions.into_iter().map(|p| p as u32).collect(), readout, table);
+        row.context = context;
         if self.cfg.eviction {
             row.evict = Some(EvictRow { block_start: s as u32, decoded: req.decoded, decoding_steps: req.decoding_steps, block_progress: req.block_progress });
         }
@@ -221,13 +270,14 @@ impl DiffusionBatching {
             block: req.block_index,
             step: req.canvas.steps(),
             masked: req.canvas.num_masked(),
-            block_len: self.cfg.block_length,
+            block_masked: req.canvas.initially_masked(),
+            block_len: req.canvas.len(),
         };
         let mut pick = if ctx.step + 1 >= self.cfg.max_steps_per_block { (0..candidates.len()).collect() } else { self.policy.select(&ctx, &candidates) };
         pick.retain(|&i| i < candidates.len());
         pick.sort_unstable();
         pick.dedup();
-        if pick.is_empty() {
+        if pick.is_empty() && !self.policy.may_reveal_none() {
             pick.extend(crate::diffusion::by_confidence(&candidates).first());
         }
         let reveals: Vec<(usize, u32)> = pick.iter().map(|&i| (candidates[i].offset, candidates[i].token)).collect();
@@ -255,11 +305,15 @@ impl DiffusionBatching {
             pos += 1;
         }
         req.emitted += out.len();
+        let (id, next, prompt_len, max_new) = (req.id, req.canvas.end(), req.prompt_len, req.max_new);
+        let block_done = req.canvas.is_done() && req.emitted < req.max_new;
         if !out.is_empty() {
-            self.emitted.push(Emitted { request: req.id, tokens: out, steps });
+            self.emitted.push(Emitted { request: id, tokens: out, steps });
         }
-        if req.canvas.is_done() && req.emitted < req.max_new {
-            let done = std::mem::replace(&mut req.canvas, BlockCanvas::new(s + b, b, &[], mask_id, delayed));
+        if block_done {
+            let len = if block_causal { b } else { self.block_len_at(next, prompt_len, max_new) };
+            let req = &mut self.running[idx];
+            let done = std::mem::replace(&mut req.canvas, BlockCanvas::new(next, len, &[], mask_id, delayed));
             req.history.extend_from_slice(done.tokens());
             req.block_index += 1;
             (req.decoded, req.decoding_steps, req.block_progress) = (0, 0, -1);
@@ -300,8 +354,15 @@ impl Scheduler for DiffusionBatching {
         SchedulerStats { revealed_in_kept: self.cfg.eviction.then_some((self.revealed, self.revealed_kept)), ..SchedulerStats::default() }
     }
 
+    /// Block-causal blocks are aligned to the canvas start, so the last one may reach past the
+    /// generation; bidirectional blocks start at the prompt's end and stop at its last position.
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
-        (prompt_len + max_new_tokens).div_ceil(self.cfg.block_length) * self.cfg.block_length
+        let n = prompt_len + max_new_tokens;
+        if self.cfg.bidirectional() {
+            n
+        } else {
+            n.div_ceil(self.cfg.block_length) * self.cfg.block_length
+        }
     }
 }
 
@@ -330,7 +391,7 @@ impl DiffusionScheduler for DiffusionBatching {
             let need = self.kv_positions(next.prompt.len(), next.max_new_tokens);
             let first_launch = match self.cfg.attention {
                 DiffusionAttention::BlockCausal => b + 1,
-                DiffusionAttention::Bidirectional => next.prompt.len() + b + 1,
+                DiffusionAttention::Bidirectional => next.prompt.len() + next.max_new_tokens,
             };
             if !running.is_empty() && first_launch > budget {
                 break;
@@ -380,6 +441,8 @@ mod tests {
             attention,
             shift_logits: shift,
             eviction: false,
+            cache: CanvasCache::Exact,
+            whole_region: false,
         };
         let kv = KvManager::new(64, 4, Box::new(Shared), 1);
         DiffusionBatching::new(cfg, SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 256 }, kv, Box::new(StaticCount::new(per_step).unwrap()))
@@ -457,18 +520,57 @@ mod tests {
     }
 
     #[test]
-    fn bidirectional_first_step_refreshes_the_canvas_and_shift_reads_the_left_neighbour() {
+    fn bidirectional_exact_runs_the_whole_canvas_with_blocks_from_the_prompt_end() {
         let mut s = sched(DiffusionAttention::Bidirectional, false, true, 4);
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4, 5], max_new_tokens: 7 });
         let (launches, out) = run(&mut s, 1);
-        let r = &launches[0].rows;
-        assert_eq!(r.len(), 1, "no prefill row for bidirectional models");
-        assert_eq!(r[0].positions, (0..8).collect::<Vec<u32>>());
-        // Masked 5, 6, 7 read the logits of 4, 5, 6.
-        assert_eq!(r[0].readout, vec![4, 5, 6]);
-        let r = &launches[1].rows;
-        assert_eq!(r[0].positions, (0..12).collect::<Vec<u32>>(), "next block's first step refreshes the prefix");
-        assert_eq!(out[&RequestId(0)], vec![15, 16, 17, 18, 19, 20, 21]);
+        assert_eq!(launches.len(), 2, "blocks [5, 9) and [9, 12), one step each");
+        for l in &launches {
+            assert_eq!(l.rows.len(), 1, "no prefill row for bidirectional models");
+            assert_eq!(l.rows[0].positions, (0..12).collect::<Vec<u32>>(), "every step runs the whole canvas");
+        }
+        assert_eq!(launches[0].rows[0].tokens, [vec![1, 2, 3, 4, 5], vec![99; 7]].concat(), "prompt, then every generated position masked");
+        // Masked 5..8 read the logits of their left neighbours 4..7; the suffix is never read out.
+        assert_eq!(launches[0].rows[0].readout, vec![4, 5, 6, 7]);
+        assert_eq!(launches[1].rows[0].tokens, [vec![1, 2, 3, 4, 5, 15, 16, 17, 18], vec![99; 3]].concat());
+        assert_eq!(launches[1].rows[0].readout, vec![8, 9, 10], "the last block is what is left: 3 positions");
+        assert_eq!(out[&RequestId(0)], (15..22).collect::<Vec<u32>>());
+        assert_eq!(s.kv_positions(5, 7), 12, "no rounding to whole blocks");
+    }
+
+    #[test]
+    fn prefix_and_dual_caches_run_less_after_a_blocks_first_step() {
+        for cache in [CanvasCache::Prefix, CanvasCache::Dual] {
+            let mut s = sched(DiffusionAttention::Bidirectional, false, true, 1);
+            s.cfg.cache = cache;
+            s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4, 5], max_new_tokens: 7 });
+            let (launches, out) = run(&mut s, 1);
+            let first = &launches[0].rows[0];
+            assert_eq!(first.positions, (0..12).collect::<Vec<u32>>(), "{cache:?}: a block's first step runs the whole canvas");
+            let second = &launches[1].rows[0];
+            match cache {
+                // Position 5 was revealed first, so no left neighbour is needed for a shifted logit.
+                CanvasCache::Prefix => assert_eq!(second.positions, (5..12).collect::<Vec<u32>>(), "the block and the masked suffix"),
+                _ => {
+                    assert_eq!(second.positions, (5..9).collect::<Vec<u32>>(), "the block only");
+                    assert_eq!(second.context_len(), 12, "and it still sees the cached suffix");
+                }
+            }
+            assert_eq!(out[&RequestId(0)], (15..22).collect::<Vec<u32>>(), "{cache:?}");
+        }
+    }
+
+    #[test]
+    fn dream_timesteps_may_reveal_nothing_and_the_whole_region_is_one_block() {
+        let mut s = sched(DiffusionAttention::Bidirectional, false, true, 1);
+        s.cfg.whole_region = true;
+        s.cfg.max_steps_per_block = 6;
+        s.policy = Box::new(crate::diffusion::Timesteps::new(6, crate::diffusion::Confidence::Probability).unwrap());
+        s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2], max_new_tokens: 5 });
+        let (launches, out) = run(&mut s, 1);
+        assert_eq!(launches.len(), 6, "six steps over one block of 5, some revealing nothing");
+        assert!(launches.iter().all(|l| l.rows[0].positions == (0..7).collect::<Vec<u32>>()));
+        assert_eq!(out[&RequestId(0)], (12..17).collect::<Vec<u32>>());
     }
 
     #[test]
@@ -497,6 +599,8 @@ mod tests {
             attention: DiffusionAttention::BlockCausal,
             shift_logits: false,
             eviction: false,
+            cache: CanvasCache::Exact,
+            whole_region: false,
         };
         let kv = KvManager::new(16, 4, Box::new(Shared), 1);
         let mut s = DiffusionBatching::new(cfg, SchedulerLimits::default(), kv, Box::new(Threshold::new(0.99).unwrap()));
@@ -516,6 +620,8 @@ mod tests {
             attention: DiffusionAttention::BlockCausal,
             shift_logits: false,
             eviction: false,
+            cache: CanvasCache::Exact,
+            whole_region: false,
         };
         let kv = KvManager::new(64, 4, Box::new(Shared), 1);
         let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 10 };

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""An independent float64 numpy reference of the two bidirectional diffusion families and of
+how their references decode them, written from the model and decoding descriptions
+(../../shared/spec/diffusion-lms-and-focus.md §3.1–3.3, §4, §5, §7), not from Ponder's Rust code.
+
+Models (read from an HF-style directory: config.json + model.safetensors, f32):
+- LLaDA (`model_type` llada, OLMo-style names `model.transformer.*`): RMSNorm, RoPE (half split),
+  GQA, bidirectional attention, SwiGLU with the activation on `ff_proj`, final `ln_f`, head
+  `model.transformer.ff_out` (or `wte` when tied). No logit shift.
+- Dream (`model_type` Dream, Qwen2 names `model.*`): q/k/v biases, the same blocks, `model.norm`,
+  `lm_head`. Logits shifted: the logits at position i − 1 predict the token at i.
+
+Decoding, greedy (argmax with the mask token's logit at −∞), no cache (every step a forward over
+the whole canvas = prompt followed by `gen` mask tokens):
+- `semi_ar`: LLaDA's `generate`: blocks of `block` positions from the prompt's end (the last one
+  shorter when `gen` is not a multiple), `steps` steps per block; per step the masked positions of
+  the current block are ranked by the greedy token's probability and the top k revealed, k by
+  the schedule — `linear` (⌊M/S⌋, +1 in the first M mod S steps), `static:N` (N per step) or
+  `threshold:T` (all ≥ T, at least the top one) — and every remaining one on the block's last
+  step. Ties go to the lower position.
+- `dream`: Dream's sampler: one block of the whole generation, `steps` steps, step i reveals
+  ⌊n·(1 − t_{i+1}/t_i)⌋ of the n masked positions (t_i = 1 − i·(1 − 10⁻³)/steps), all at the last
+  step, ranked by `maskgit_plus` (top-1 probability), `topk_margin` (top-1 − top-2) or `entropy`
+  (Σ p·ln(p + 1e-10)).
+
+    python3 tools/reference/bidirectional_ref.py MODEL_DIR --prompt 3,5,7 --gen 12 --block 4 --steps 2 --schedule linear
+"""
+import argparse
+import json
+import math
+import pathlib
+import struct
+
+import numpy as np
+
+
+def load_safetensors(path: pathlib.Path) -> dict:
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", f"{name}: {info['dtype']} (the reference reads f32 checkpoints)"
+        start, end = info["data_offsets"]
+        out[name] = np.frombuffer(data[base + start : base + end], dtype="<f4").reshape(info["shape"]).astype(np.float64)
+    return out
+
+
+class Model:
+    def __init__(self, model_dir):
+        model_dir = pathlib.Path(model_dir)
+        self.cfg = c = json.loads((model_dir / "config.json").read_text())
+        self.w = load_safetensors(model_dir / "model.safetensors")
+        self.kind = c["model_type"].lower()
+        assert self.kind in ("llada", "dream"), c["model_type"]
+        if self.kind == "llada":
+            self.layers, self.heads, self.hidden = c["n_layers"], c["n_heads"], c["d_model"]
+            self.kv_heads = c.get("n_kv_heads") or self.heads
+            self.eps = c.get("rms_norm_eps", 1e-5)
+        else:
+            self.layers, self.heads, self.hidden = c["num_hidden_layers"], c["num_attention_heads"], c["hidden_size"]
+            self.kv_heads = c.get("num_key_value_heads") or self.heads
+            self.eps = c.get("rms_norm_eps", 1e-6)
+        self.head_dim = c.get("head_dim") or self.hidden // self.heads
+        self.theta = c.get("rope_theta", 10000.0)
+        self.mask_id = c["mask_token_id"]
+        self.shift = self.kind == "dream"
+
+    def rms(self, x, weight):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * weight
+
+    def rope(self, x, positions):
+        d = self.head_dim
+        inv = 1.0 / (self.theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        ang = positions[:, None] * inv[None, :]
+        cos = np.concatenate([np.cos(ang), np.cos(ang)], -1)[:, None, :]
+        sin = np.concatenate([np.sin(ang), np.sin(ang)], -1)[:, None, :]
+        rotated = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], -1)
+        return x * cos + rotated * sin
+
+    def names(self, i):
+        if self.kind == "llada":
+            p = f"model.transformer.blocks.{i}"
+            return dict(attn_norm=f"{p}.attn_norm.weight", q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.attn_out.weight",
+                        mlp_norm=f"{p}.ff_norm.weight", gate=f"{p}.ff_proj.weight", up=f"{p}.up_proj.weight", down=f"{p}.ff_out.weight")
+        p = f"model.layers.{i}"
+        return dict(attn_norm=f"{p}.input_layernorm.weight", q=f"{p}.self_attn.q_proj", k=f"{p}.self_attn.k_proj", v=f"{p}.self_attn.v_proj",
+                    o=f"{p}.self_attn.o_proj.weight", mlp_norm=f"{p}.post_attention_layernorm.weight", gate=f"{p}.mlp.gate_proj.weight",
+                    up=f"{p}.mlp.up_proj.weight", down=f"{p}.mlp.down_proj.weight")
+
+    def linear(self, x, name):
+        y = x @ self.w[name + ".weight"].T
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else y + bias
+
+    def logits(self, ids):
+        """[len(ids), vocab] logits of one canvas, bidirectional attention."""
+        w = self.w
+        t = len(ids)
+        emb = w["model.transformer.wte.weight"] if self.kind == "llada" else w["model.embed_tokens.weight"]
+        h = emb[np.asarray(ids)]
+        positions = np.arange(t, dtype=np.float64)
+        group = self.heads // self.kv_heads
+        for i in range(self.layers):
+            n = self.names(i)
+            x = self.rms(h, w[n["attn_norm"]])
+            q = self.rope(self.linear(x, n["q"]).reshape(t, self.heads, self.head_dim), positions)
+            k = self.rope(self.linear(x, n["k"]).reshape(t, self.kv_heads, self.head_dim), positions)
+            v = self.linear(x, n["v"]).reshape(t, self.kv_heads, self.head_dim)
+            k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+            scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.head_dim)
+            scores -= scores.max(-1, keepdims=True)
+            p = np.exp(scores)
+            p /= p.sum(-1, keepdims=True)
+            h = h + np.einsum("hqk,khd->qhd", p, v).reshape(t, -1) @ w[n["o"]].T
+            x = self.rms(h, w[n["mlp_norm"]])
+            gate, up = x @ w[n["gate"]].T, x @ w[n["up"]].T
+            h = h + (gate / (1.0 + np.exp(-gate)) * up) @ w[n["down"]].T
+        if self.kind == "llada":
+            h = self.rms(h, w["model.transformer.ln_f.weight"])
+            head = w.get("model.transformer.ff_out.weight", w["model.transformer.wte.weight"])
+        else:
+            h = self.rms(h, w["model.norm.weight"])
+            head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+        return h @ head.T
+
+    def step(self, x, order="maskgit_plus"):
+        """Per canvas position, the greedy token and its confidence for the token *at* that
+        position (Dream's shift applied)."""
+        logits = self.logits(x)
+        if self.shift:
+            logits = np.concatenate([logits[:1], logits[:-1]], 0)
+        logits[:, self.mask_id] = -np.inf
+        logits -= logits.max(-1, keepdims=True)
+        probs = np.exp(logits)
+        probs /= probs.sum(-1, keepdims=True)
+        tokens = probs.argmax(-1)
+        if order == "maskgit_plus":
+            conf = probs.max(-1)
+        elif order == "topk_margin":
+            top = np.sort(probs, -1)
+            conf = top[:, -1] - top[:, -2]
+        elif order == "entropy":
+            conf = (probs * np.log(probs + 1e-10)).sum(-1)
+        else:
+            raise ValueError(order)
+        return tokens, conf
+
+
+def top(positions, conf, k):
+    """The k most confident positions, ties to the lower position."""
+    return sorted(positions, key=lambda i: (-conf[i], i))[:k]
+
+
+def semi_ar(model, prompt, gen, block, steps, schedule):
+    x = list(prompt) + [model.mask_id] * gen
+    p = len(prompt)
+    for start in range(p, p + gen, block):
+        end = min(start + block, p + gen)
+        m0 = end - start
+        for step in range(steps):
+            masked = [i for i in range(start, end) if x[i] == model.mask_id]
+            if not masked:
+                break
+            tokens, conf = model.step(x)
+            if step + 1 >= steps:
+                pick = masked
+            elif schedule == "linear":
+                pick = top(masked, conf, m0 // steps + (1 if step < m0 % steps else 0))
+            elif schedule.startswith("static:"):
+                pick = top(masked, conf, int(schedule.split(":")[1]))
+            elif schedule.startswith("threshold:"):
+                tau = float(schedule.split(":")[1])
+                pick = [i for i in masked if conf[i] >= tau] or top(masked, conf, 1)
+            else:
+                raise ValueError(schedule)
+            for i in pick:
+                x[i] = int(tokens[i])
+    return x[p:]
+
+
+def dream_sampler(model, prompt, gen, steps, order, eps=1e-3):
+    x = list(prompt) + [model.mask_id] * gen
+    p = len(prompt)
+    t = [1.0 - i * (1.0 - eps) / steps for i in range(steps + 1)]
+    for i in range(steps):
+        masked = [j for j in range(p, p + gen) if x[j] == model.mask_id]
+        if not masked:
+            break
+        tokens, conf = model.step(x, order)
+        k = len(masked) if i + 1 >= steps else math.floor(len(masked) * (1.0 - t[i + 1] / t[i]))
+        for j in top(masked, conf, k):
+            x[j] = int(tokens[j])
+    return x[p:]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("--prompt", required=True)
+    ap.add_argument("--gen", type=int, required=True)
+    ap.add_argument("--block", type=int, default=0)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--schedule", default="linear", help="linear | static:N | threshold:T | dream:ORDER")
+    a = ap.parse_args()
+    model = Model(a.model_dir)
+    prompt = [int(t) for t in a.prompt.split(",")]
+    if a.schedule.startswith("dream:"):
+        out = dream_sampler(model, prompt, a.gen, a.steps, a.schedule.split(":")[1])
+    else:
+        out = semi_ar(model, prompt, a.gen, a.block, a.steps, a.schedule)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Fixtures for tests/parity_bidirectional.rs: greedy decodes of tiny random LLaDA and Dream
+checkpoints by the float64 reference (bidirectional_ref.py), whole canvas every step.
+
+    cargo test --test parity_bidirectional -- --ignored write_reference_models   # writes target/reference-models/{llada,dream}
+    python3 tools/reference/make_bidirectional_fixtures.py                         # writes tests/fixtures/tiny_bidirectional_reference.json
+
+The Rust test rebuilds the same checkpoints from their seeds (and checks the weight checksum
+recorded here), decodes every case through the engine in f32 on the CPU and compares tokens.
+"""
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from bidirectional_ref import Model, dream_sampler, semi_ar  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MODELS = ROOT / "target" / "reference-models"
+
+# (family, prompt, gen, block, steps, schedule): prompts whose length is not a multiple of the
+# block, generations that leave a shorter last block, every schedule.
+CASES = [
+    ("llada", [5, 17, 3, 40, 22], 12, 4, 2, "linear"),
+    ("llada", [5, 17, 3, 40, 22], 12, 4, 4, "linear"),
+    ("llada", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 8, 4, "linear"),
+    ("llada", [30, 31, 32], 16, 8, 8, "linear"),
+    ("llada", [12, 50, 7, 7, 81], 12, 4, 4, "static:1"),
+    ("llada", [12, 50, 7, 7, 81], 12, 8, 8, "threshold:0.3"),
+    ("dream", [5, 17, 3, 40, 22], 12, 4, 2, "linear"),
+    ("dream", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 8, 4, "linear"),
+    ("dream", [12, 50, 7, 7, 81], 12, 8, 8, "threshold:0.3"),
+    ("dream", [5, 17, 3, 40, 22], 12, 0, 12, "dream:maskgit_plus"),
+    ("dream", [5, 17, 3, 40, 22], 12, 0, 6, "dream:topk_margin"),
+    ("dream", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 0, 10, "dream:entropy"),
+    ("dream", [30, 31, 32], 16, 0, 32, "dream:maskgit_plus"),
+]
+
+
+def main():
+    models = {f: Model(MODELS / f) for f in ("llada", "dream")}
+    out = []
+    for family, prompt, gen, block, steps, schedule in CASES:
+        m = models[family]
+        if schedule.startswith("dream:"):
+            tokens = dream_sampler(m, prompt, gen, steps, schedule.split(":")[1])
+        else:
+            tokens = semi_ar(m, prompt, gen, block, steps, schedule)
+        out.append({"family": family, "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "tokens": tokens})
+        print(family, schedule, block, steps, tokens)
+    checksums = {f: float(sum(np.abs(v).sum() for v in m.w.values())) for f, m in models.items()}
+    doc = {
+        "reference": "tools/reference/bidirectional_ref.py (float64 numpy, whole canvas every step, greedy)",
+        "models": "ponder::testing::write_random_{llada,dream}(tiny_{llada,dream}_config(97), seed 11 / 52)",
+        "weight_abs_sum": checksums,
+        "cases": out,
+    }
+    path = ROOT / "tests" / "fixtures" / "tiny_bidirectional_reference.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
