@@ -1,7 +1,7 @@
 //! Throughput of block-diffusion serving on SDAR-8B shapes with random bf16 weights generated
 //! on the device and replayed unmask counts (real checkpoints cannot be downloaded here).
 //!
-//!     bench_diffusion [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
+//!     bench_diffusion [--model sdar|llada] [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
 //!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
 //!                     [--breakdown] [--phases] [--repeats 1] [--json FILE] [--commit SHA] [--tiny]
 //!
@@ -27,16 +27,20 @@
 //! the device at each boundary; those runs are slightly slower and are marked `phase_timed`.
 //! `--repeats N` runs each (batch, mode) N times (a fresh engine each) and reports the median run
 //! by window tokens/s, keeping every run's figure in the JSON.
+//! `--model llada` runs LLaDA-8B shapes (bidirectional) with modes `exact` (the whole canvas —
+//! prompt and every generated position — every step, as LLaDA's `generate` does), `prefix` and
+//! `dual` (Fast-dLLM's caches): what exactness costs. Blocks of `--block` start at the prompt's
+//! end; the unmask replay is the same in every mode.
 //! `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
 
 use candle_core::{DType, Device, Tensor};
 use ponder::diffusion::{Replay, UnmaskTrace};
 use ponder::engine::internals::greedy_readout;
 use ponder::kv::KvStore;
-use ponder::models::config::SdarConfig;
-use ponder::models::diffusion::{DenseDiffusion, DiffusionModel, Sdar};
+use ponder::models::config::{LladaConfig, SdarConfig};
+use ponder::models::diffusion::{DenseDiffusion, DiffusionModel, Llada, Sdar};
 use ponder::ops::{paged_attention, AttnMask, PagedBatch, PagedBatchHost};
-use ponder::testing::{random_sdar_weights, tiny_sdar_config};
+use ponder::testing::{random_llada_weights, random_sdar_weights, tiny_llada_config, tiny_sdar_config};
 use ponder::{EngineBuilder, Event, GenerationParams};
 use std::time::Instant;
 
@@ -55,6 +59,7 @@ struct Args {
     json: Option<String>,
     commit: String,
     tiny: bool,
+    model: String,
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -73,6 +78,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         json: None,
         commit: "unknown".into(),
         tiny: false,
+        model: "sdar".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -92,12 +98,21 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--tiny" => a.tiny = true,
+            "--model" => a.model = v()?,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
+    let known: &[&str] = match a.model.as_str() {
+        "sdar" => &["baseline", "baseline-delayed", "focus"],
+        "llada" => &["exact", "prefix", "dual"],
+        other => return Err(format!("unknown model {other} (sdar | llada)").into()),
+    };
+    if a.model == "llada" && a.modes == ["baseline", "baseline-delayed"] {
+        a.modes = known.iter().map(|m| m.to_string()).collect();
+    }
     for m in &a.modes {
-        if m != "baseline" && m != "baseline-delayed" && m != "focus" {
-            return Err(format!("unknown mode {m}").into());
+        if !known.contains(&m.as_str()) {
+            return Err(format!("unknown mode {m} for {} ({})", a.model, known.join(" | ")).into());
         }
     }
     Ok(a)
@@ -158,7 +173,7 @@ struct RunStats {
 }
 
 fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode: &str, jobs: &[Vec<u32>]) -> Result<RunStats, Box<dyn std::error::Error>> {
-    let delayed = mode != "baseline";
+    let delayed = mode == "baseline-delayed" || mode == "focus";
     let spec = model.spec().clone();
     let max_len = jobs.iter().map(Vec::len).max().unwrap_or(1) + args.new_tokens + 2 * args.block;
     let trace = UnmaskTrace::with_mean(trace_mean, args.block, 2026)?;
@@ -171,10 +186,21 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
         let focus = ponder::diffusion::Focus::new(args.alpha)?;
         builder = builder.diffusion(|o| o.eviction_policy(focus));
     }
+    let cache = match mode {
+        "exact" => Some(ponder::diffusion::CanvasCache::Exact),
+        "prefix" => Some(ponder::diffusion::CanvasCache::Prefix),
+        "dual" => Some(ponder::diffusion::CanvasCache::Dual),
+        _ => None,
+    };
+    if let Some(c) = cache {
+        builder = builder.diffusion(|o| o.canvas_cache(c));
+    }
+    // A bidirectional step row is its whole canvas: budget every row's canvas at once.
+    let budget = if cache.is_some() { batch * max_len + 8192 } else { batch * (args.block * 2 + 1) + 8192 };
     let mut engine = builder
         .diffusion(|o| o.block_length(args.block).max_steps_per_block(args.block).delayed_cache(delayed).unmask_policy(Replay::new(trace)))
         .max_num_seqs(batch)
-        .max_num_batched_tokens(batch * (args.block * 2 + 1) + 8192)
+        .max_num_batched_tokens(budget)
         .kv_capacity_tokens(batch * max_len)
         .max_model_len(spec.max_context.min(4096))
         .diffusion(|o| o.time_denoise_phases(args.phases))
@@ -386,22 +412,32 @@ fn gpu_name() -> String {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = parse()?;
-    let (cfg, device, dtype) = if args.tiny {
-        let mut c = tiny_sdar_config(512);
-        c.block_size = Some(8);
+    let (device, dtype) = if args.tiny { (Device::Cpu, DType::F32) } else { (Device::new_cuda(0)?, DType::BF16) };
+    if args.tiny {
         args.block = 8;
         args.new_tokens = args.new_tokens.min(24);
         if args.batches == [32, 64, 128, 256] {
             args.batches = vec![2, 4];
         }
-        (c, Device::Cpu, DType::F32)
-    } else {
-        (SdarConfig::sdar_8b_chat_b32(), Device::new_cuda(0)?, DType::BF16)
-    };
-    let label = if args.tiny { "tiny SDAR (CPU, f32)" } else { "SDAR-8B-Chat-b32 shapes, random bf16 weights" };
-    println!("device: {}; model: {label}", gpu_name());
+    }
     let t = Instant::now();
-    let model = Sdar::load(&cfg, &random_sdar_weights(&cfg, 7, dtype, &device)?)?;
+    let (model, label) = match (args.model.as_str(), args.tiny) {
+        ("llada", true) => (Llada::load(&tiny_llada_config(512), &random_llada_weights(&tiny_llada_config(512), 7, dtype, &device)?)?, "tiny LLaDA (CPU, f32)"),
+        ("llada", false) => (
+            Llada::load(&LladaConfig::llada_8b(), &random_llada_weights(&LladaConfig::llada_8b(), 7, dtype, &device)?)?,
+            "LLaDA-8B shapes, random bf16 weights",
+        ),
+        (_, true) => {
+            let mut c = tiny_sdar_config(512);
+            c.block_size = Some(8);
+            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?)?, "tiny SDAR (CPU, f32)")
+        }
+        (_, false) => {
+            let c = SdarConfig::sdar_8b_chat_b32();
+            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?)?, "SDAR-8B-Chat-b32 shapes, random bf16 weights")
+        }
+    };
+    println!("device: {}; model: {label}", gpu_name());
     device.synchronize()?;
     println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
     let spec = model.spec().clone();
