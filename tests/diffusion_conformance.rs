@@ -344,3 +344,49 @@ fn malformed_denoise_launches_fail_their_requests() {
         assert_kv_empty(&e);
     }
 }
+
+/// The references' own schedules batch like the others: LLaDA's linear schedule over exact
+/// whole-canvas steps, and Dream's sampler (one block of the whole generation, timestep
+/// schedule, every confidence order), batched == each request alone, KV empty afterwards.
+#[test]
+fn reference_schedules_are_batch_invariant() {
+    use ponder::diffusion::{Confidence, LinearSchedule};
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = family_dirs(tmp.path());
+    let ps = diffusion_prompts(5, 9);
+    let max_new: Vec<usize> = (0..ps.len()).map(|i| 6 + (i * 5) % 11).collect();
+    type Make = Box<dyn Fn(&Path) -> Engine>;
+    let linear = |width: usize| -> Make {
+        Box::new(move |dir: &Path| {
+            EngineBuilder::new(dir)
+                .block_size(4)
+                .max_num_seqs(width)
+                .diffusion(|o| o.block_length(4).max_steps_per_block(3).unmask_policy(LinearSchedule::new(3).unwrap()))
+                .build()
+                .unwrap()
+        })
+    };
+    let dream = |width: usize, order: Confidence| -> Make {
+        Box::new(move |dir: &Path| EngineBuilder::new(dir).block_size(4).max_num_seqs(width).diffusion(|o| o.dream_sampler(7, order)).build().unwrap())
+    };
+    let mut cases: Vec<(String, &Path, Make, Make)> = vec![("llada × linear".into(), dirs[1].1.as_path(), linear(1), linear(3))];
+    for order in [Confidence::Probability, Confidence::Margin, Confidence::NegEntropy] {
+        cases.push((format!("dream × sampler {order:?}"), dirs[2].1.as_path(), dream(1, order), dream(3, order)));
+    }
+    let mut outs = Vec::new();
+    for (label, dir, solo, wide) in &cases {
+        let mut solo = solo(dir);
+        let want: Vec<Vec<u32>> =
+            ps.iter().zip(&max_new).map(|(p, &n)| solo.generate([p.clone()], &GenerationParams::greedy(n)).unwrap().remove(0).unwrap().token_ids).collect();
+        let mut batched = wide(dir);
+        let ids: Vec<RequestId> = ps.iter().zip(&max_new).map(|(p, &n)| batched.add_request(p.clone(), GenerationParams::greedy(n)).unwrap()).collect();
+        let (mut got, mut events) = (HashMap::new(), 0);
+        drain(&mut batched, &mut got, &mut events);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(got.get(id).cloned().unwrap_or_default(), want[i], "{label}: request {i}");
+        }
+        assert_kv_empty(&batched);
+        outs.push(want);
+    }
+    assert!(outs[1] != outs[2] || outs[1] != outs[3], "the confidence orders decode differently somewhere");
+}
