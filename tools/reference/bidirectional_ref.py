@@ -3,7 +3,7 @@
 how their references decode them, written from the model and decoding descriptions
 (../../shared/spec/diffusion-lms-and-focus.md §3.1–3.3, §4, §5, §7), not from Ponder's Rust code.
 
-Models (read from an HF-style directory: config.json + model.safetensors, f32):
+Models (read from an HF-style directory: config.json + model.safetensors, f32 or bf16):
 - LLaDA (`model_type` llada, OLMo-style names `model.transformer.*`): RMSNorm, RoPE (half split),
   GQA, bidirectional attention, SwiGLU with the activation on `ff_proj`, final `ln_f`, head
   `model.transformer.ff_out` (or `wte` when tied). No logit shift.
@@ -43,9 +43,15 @@ def load_safetensors(path: pathlib.Path) -> dict:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        assert info["dtype"] == "F32", f"{name}: {info['dtype']} (the reference reads f32 checkpoints)"
         start, end = info["data_offsets"]
-        out[name] = np.frombuffer(data[base + start : base + end], dtype="<f4").reshape(info["shape"]).astype(np.float64)
+        raw = data[base + start : base + end]
+        if info["dtype"] == "F32":
+            values = np.frombuffer(raw, dtype="<f4")
+        elif info["dtype"] == "BF16":  # the top half of an f32
+            values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise ValueError(f"{name}: {info['dtype']} (the reference reads f32 and bf16 checkpoints)")
+        out[name] = values.reshape(info["shape"]).astype(np.float64)
     return out
 
 
