@@ -6,8 +6,8 @@
 //!     cargo run --release --example generate -- --chat      # multi-turn: one user turn per stdin line
 //!
 //! Options: --model DIR, --max-new N, --temperature T, --top-k K, --top-p P, --seed S,
-//! --layout depth-indexed|shared, --cuda, --bf16. Diffusion models (`--sdar` picks the shipped
-//! tiny SDAR): --threshold T (reveal tokens with probability ≥ T each step, default 0.9),
+//! --layout depth-indexed|shared, --cuda, --bf16. Diffusion models (`--sdar` / `--llada` pick the shipped
+//! tiny SDAR / LLaDA): --threshold T (reveal tokens with probability ≥ T each step, default 0.9),
 //! --block-length N, --delayed-cache. Several prompts run as one batch, each streamed on its
 //! own thread through an `EngineHandle`. `--chat` reads the user's turns from stdin, one per
 //! line, and renders the conversation so far with the model's chat template each turn
@@ -39,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--seed" => sampling.seed = Some(val()?.parse()?),
             "--layout" => layout = Some(val()?.parse()?),
             "--sdar" => model = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-sdar").to_string(),
+            "--llada" => model = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-llada").to_string(),
             "--threshold" => threshold = Some(val()?.parse()?),
             "--block-length" => block_length = Some(val()?.parse()?),
             "--delayed-cache" => delayed = true,
@@ -47,7 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--cuda" => cuda = true,
             "--bf16" => bf16 = true,
             "-h" | "--help" => {
-                println!("usage: generate [--model DIR | --sdar] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--threshold T] [--block-length N] [--delayed-cache] [--chat [--system TEXT]] [--cuda] [--bf16] PROMPT...");
+                println!("usage: generate [--model DIR | --sdar | --llada] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--threshold T] [--block-length N] [--delayed-cache] [--chat [--system TEXT]] [--cuda] [--bf16] PROMPT...");
                 return Ok(());
             }
             _ => prompts.push(a),

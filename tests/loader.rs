@@ -110,3 +110,13 @@ fn the_kv_pool_is_sized_from_memory_and_reported() {
         assert!(matches!(builder(&dir, KvLayoutKind::Shared, 2).kv_memory_fraction(bad).build(), Err(ponder::Error::InvalidOption(_))), "{bad}");
     }
 }
+
+#[test]
+fn the_shipped_tiny_llada_loads_and_decodes_text() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-llada");
+    let mut engine = EngineBuilder::new(dir).max_num_seqs(2).diffusion(|o| o.block_length(16)).build().unwrap();
+    assert_eq!(engine.diffusion_spec().unwrap().model_type, "llada");
+    let out = engine.generate(["fn main() {"], &GenerationParams { ignore_eos: true, ..GenerationParams::greedy(16) }).unwrap().remove(0).unwrap();
+    assert_eq!(out.token_ids.len(), 16);
+    assert!(!out.text.is_empty());
+}
