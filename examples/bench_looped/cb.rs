@@ -1,18 +1,16 @@
 //! Suite `cb`: full-depth continuous batching against the weight-streaming floor.
 
-use crate::{Args, BenchModel};
+use crate::{Args, BenchModel, Roof};
 use ponder::bench::random_ids;
 use ponder::{EngineBuilder, GenerationParams};
 
-pub(crate) fn cb_suite(
-    args: &Args,
-    model: &BenchModel,
-    bandwidth: f64,
-    weight_bytes_per_step: u64,
-) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+pub(crate) fn cb_suite(args: &Args, model: &BenchModel, roof: Roof, weight_bytes_per_step: u64) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
     let spec = model.spec().clone();
     let mut results = Vec::new();
-    println!("{:>6} {:>12} {:>12} {:>10} {:>12} {:>10}", "width", "tok/s", "floor tok/s", "of floor", "step ms", "prefill s");
+    println!(
+        "{:>6} {:>12} {:>12} {:>10} {:>12} {:>10} {:>12} {:>12}",
+        "width", "tok/s", "floor tok/s", "of floor", "step ms", "prefill s", "roofline ms", "of roofline"
+    );
     for &w in &args.widths {
         let slots = args.layout.build().num_slots(spec.max_steps);
         let per_req = args.prompt_len + args.new_tokens + 16;
@@ -25,7 +23,7 @@ pub(crate) fn cb_suite(
                 .build()
         };
         let mut engine = engine_for(model)?;
-        let run = |engine: &mut ponder::Engine, new_tokens: usize, seed: u64| -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
+        let run = |engine: &mut ponder::Engine, new_tokens: usize, seed: u64| -> Result<(f64, f64, f64, f64), Box<dyn std::error::Error>> {
             let before = engine.metrics().clone();
             let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(new_tokens) };
             let prompts: Vec<Vec<u32>> = (0..w).map(|i| random_ids(args.prompt_len, spec.vocab_size, seed * 1000 + i as u64)).collect();
@@ -35,7 +33,9 @@ pub(crate) fn cb_suite(
             let m = engine.metrics();
             let dec = delta(&before, m, "decode");
             let pre = delta(&before, m, "prefill");
-            Ok((dec.1 as f64 / dec.0, dec.0 / dec.2 as f64, pre.0))
+            let cost = m.stages.get("decode").map(|s| s.cost.since(&before.stages.get("decode").cloned().unwrap_or_default().cost)).unwrap_or_default();
+            let roofline_step = cost.roofline_seconds(roof.bandwidth, roof.peak) / dec.2.max(1) as f64;
+            Ok((dec.1 as f64 / dec.0, dec.0 / dec.2 as f64, pre.0, roofline_step))
         };
         run(&mut engine, 8, 999)?; // warm-up: kernels loaded, allocator primed
         let mut samples = Vec::new();
@@ -43,13 +43,20 @@ pub(crate) fn cb_suite(
             samples.push(run(&mut engine, args.new_tokens, r as u64)?);
         }
         samples.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (tps, step_s, prefill_s) = samples[samples.len() / 2];
-        let floor = w as f64 * bandwidth / weight_bytes_per_step as f64;
-        println!("{w:>6} {tps:>12.0} {floor:>12.0} {:>9.1}% {:>12.2} {prefill_s:>10.2}", 100.0 * tps / floor, step_s * 1e3);
+        let (tps, step_s, prefill_s, roofline_s) = samples[samples.len() / 2];
+        let floor = w as f64 * roof.bandwidth / weight_bytes_per_step as f64;
+        println!(
+            "{w:>6} {tps:>12.0} {floor:>12.0} {:>9.1}% {:>12.2} {prefill_s:>10.2} {:>12.2} {:>11.1}%",
+            100.0 * tps / floor,
+            step_s * 1e3,
+            roofline_s * 1e3,
+            100.0 * roofline_s / step_s
+        );
         results.push(serde_json::json!({
             "mode": "cb", "layout": format!("{:?}", args.layout), "width": w,
             "tokens_per_s": tps, "floor_tokens_per_s": floor, "decode_step_ms": step_s * 1e3,
             "prefill_s": prefill_s, "repeats": samples.iter().map(|s| s.0).collect::<Vec<_>>(),
+            "decode_roofline_step_ms": roofline_s * 1e3, "fraction_of_roofline": roofline_s / step_s,
         }));
         drop(engine);
     }

@@ -5,7 +5,7 @@ use crate::{Args, BenchModel};
 use ponder::bench::{offline, stage_device, workload, Job, Lengths, Window};
 use ponder::EngineBuilder;
 
-pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
     use ponder::gate::{DepthTrace, Replay};
     use ponder::SchedulerKind;
     let spec = model.spec().clone();
@@ -147,6 +147,9 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                     if let (Some(a), Some(s)) = (adjusted, speedup) {
                         println!("{:>14} prefill-adjusted bound {a:.3}x: {:.1}% of it", "", 100.0 * s / a);
                     }
+                    let mut stages = st.stages.clone();
+                    let roof_parts = roof.annotate(&mut stages);
+                    println!("{:>14} of the roofline (bytes read ÷ bandwidth vs FLOPs ÷ peak): {}", "", roof_parts.join(" · "));
                     if args.time_device {
                         let parts: Vec<String> = st
                             .stages
@@ -168,7 +171,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel) -> Result<Vec<serde_jso
                         "target_mean_depth": mean, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
                         "speedup_vs_cb": speedup, "flop_bound": spec.flop_bound(if sched == SchedulerKind::Continuous { mean } else { realised }),
                         "fraction_of_bound": speedup.map(|s| s / spec.flop_bound(realised)), "gpu_idle": idle, "gpu_idle_exact": st.idle_exact,
-                        "requests": jobs.len(), "window_open_after": window.open_after, "window_completions": st.window_completions, "stages": st.stages, "repeats_tokens_per_s": all_tps,
+                        "requests": jobs.len(), "window_open_after": window.open_after, "window_completions": st.window_completions, "stages": stages, "repeats_tokens_per_s": all_tps,
                         "prefill_adjusted_bound": adjusted, "fraction_of_prefill_adjusted_bound": adjusted.zip(speedup).map(|(a, s)| s / a),
                     }));
                     let row = results.last_mut().and_then(|r| r.as_object_mut()).expect("just pushed");

@@ -24,7 +24,11 @@
 //! Suite `cb`: for each width W, W requests at once (random prompt ids, eos ignored) with the
 //! full-depth continuous batching baseline; decode tokens/s (median over repeats, after a
 //! warm-up) next to the weight-streaming floor (bytes of weights one decode step reads ÷ the
-//! measured device copy bandwidth).
+//! measured device copy bandwidth) and the roofline: per decode step max(bytes read — weights
+//! and the K/V each row's attention reads at its actual context — ÷ copy bandwidth, FLOPs ÷ the
+//! measured bf16 matmul peak), and the fraction of it reached. Both suites put `weight_bytes`,
+//! `kv_bytes`, `flops`, `roofline_s` and `fraction_of_roofline` into every stage's JSON (suite
+//! cdb prints the fractions per stage: core, coda, prefill, decode).
 //!
 //! Suite `cb --long-prompts L1,L2,…`: long prompts arriving while W − n short requests decode,
 //! with the prefill chunked at each `--budgets` value and unchunked; the short requests' decode
@@ -311,14 +315,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let spec = model.spec().clone();
     let weight_bytes_per_step = (spec.max_steps as u64 * spec.step_params + spec.boundary_params) * dtype.size_in_bytes() as u64;
     let bandwidth = copy_bandwidth(&device)?;
-    println!("copy bandwidth {:.0} GB/s; weights read per decode step {:.2} GB", bandwidth / 1e9, weight_bytes_per_step as f64 / 1e9);
+    let roof = Roof { bandwidth, peak: matmul_peak(&device)? };
+    println!(
+        "copy bandwidth {:.0} GB/s; bf16 matmul peak {:.0} TFLOP/s; weights read per decode step {:.2} GB",
+        bandwidth / 1e9,
+        roof.peak / 1e12,
+        weight_bytes_per_step as f64 / 1e9
+    );
 
     let results = if args.suite == "cdb" {
-        cdb::cdb_suite(&args, &model)?
+        cdb::cdb_suite(&args, &model, roof)?
     } else if !args.long_prompts.is_empty() {
         long_prompts::long_prompt_suite(&args, &model)?
     } else {
-        cb::cb_suite(&args, &model, bandwidth, weight_bytes_per_step)?
+        cb::cb_suite(&args, &model, roof, weight_bytes_per_step)?
     };
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
@@ -329,7 +339,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
             "workload": if args.suite == "cdb" { args.lengths.json() } else { serde_json::Value::Null },
             "drain": args.drain, "window_completions": args.window_completions.map(|k| format!("{k:?}")),
-            "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
+            "copy_bandwidth_gb_s": bandwidth / 1e9, "matmul_peak_tflops": roof.peak / 1e12, "weight_bytes_per_decode_step": weight_bytes_per_step,
             "f0_over_fr": spec.boundary_params as f64 / spec.step_params as f64,
             "parity": parity_json, "results": results,
         });
@@ -337,6 +347,52 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("wrote {path}");
     }
     Ok(())
+}
+
+/// What the device can do at best, measured: copy bandwidth (bytes/s) and bf16 matmul peak
+/// (FLOP/s).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Roof {
+    pub(crate) bandwidth: f64,
+    pub(crate) peak: f64,
+}
+
+impl Roof {
+    /// Adds `roofline_s` (max of bytes ÷ bandwidth and FLOPs ÷ peak) and `fraction_of_roofline`
+    /// (it ÷ the stage's device time, else its wall time) to every stage of a stages JSON, and
+    /// returns "stage NN%" parts for printing.
+    pub(crate) fn annotate(&self, stages: &mut serde_json::Value) -> Vec<String> {
+        let mut parts = Vec::new();
+        for (name, v) in stages.as_object_mut().into_iter().flatten() {
+            let bytes = v["weight_bytes"].as_f64().unwrap_or(0.0) + v["kv_bytes"].as_f64().unwrap_or(0.0);
+            let roof = (bytes / self.bandwidth).max(v["flops"].as_f64().unwrap_or(0.0) / self.peak);
+            let Some(time) = v["device_s"].as_f64().or(v["seconds"].as_f64()).filter(|t| *t > 0.0) else {
+                continue;
+            };
+            v["roofline_s"] = roof.into();
+            v["fraction_of_roofline"] = (roof / time).into();
+            parts.push(format!("{name} {:.0}%", 100.0 * roof / time));
+        }
+        parts
+    }
+}
+
+/// bf16 matmul throughput (FLOP/s) on 8192² × 8192, median of 5 (the CPU: a small f32 one).
+fn matmul_peak(device: &Device) -> candle_core::Result<f64> {
+    let (n, dtype) = if device.is_cpu() { (256, DType::F32) } else { (8192, DType::BF16) };
+    let a = Tensor::ones((n, n), dtype, device)?;
+    let _ = a.matmul(&a)?;
+    device.synchronize()?;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let c = a.matmul(&a)?;
+        device.synchronize()?;
+        times.push(t.elapsed().as_secs_f64());
+        drop(c);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(2.0 * (n as f64).powi(3) / times[2])
 }
 
 /// Device-to-device copy bandwidth (bytes read + written per second), median of 10.

@@ -59,7 +59,9 @@ fn stage_delta(after: &EngineMetrics, before: &EngineMetrics) -> (serde_json::Va
         stages.insert(
             name.to_string(),
             serde_json::json!({ "launches": s.launches - b.launches, "rows": s.rows - b.rows, "seconds": t, "device_wait_s": w,
-                                "device_s": timed.then_some(device), "device_forward_s": timed.then_some(forward) }),
+                                "device_s": timed.then_some(device), "device_forward_s": timed.then_some(forward),
+                                "weight_bytes": s.cost.since(&b.cost).weight_bytes, "kv_bytes": s.cost.since(&b.cost).kv_bytes,
+                                "flops": s.cost.since(&b.cost).flops }),
         );
     }
     (stages.into(), device_total, wait, time, all_timed)

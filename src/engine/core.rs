@@ -368,7 +368,7 @@ impl Core {
         };
         let wait = started.elapsed();
         let (stage, rows, tokens) = H::shape(&done.launch);
-        self.metrics.record(stage, rows, tokens, done.host + wait, wait);
+        self.metrics.record(stage, rows, tokens, done.host + wait, wait, half.cost(&done.launch));
         let _launch = tracing::debug_span!("launch", stage, rows, tokens).entered();
         tracing::trace!(host_us = done.host.as_micros() as u64, wait_us = wait.as_micros() as u64, "results in");
         let new_tokens: Vec<NewToken> = half.complete(&done.launch, result, &mut self.metrics);

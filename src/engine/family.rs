@@ -43,6 +43,10 @@ pub(super) trait Half {
     fn requests(launch: &Self::Launch) -> Vec<RequestId>;
     /// Metrics key, rows and tokens of `launch`.
     fn shape(launch: &Self::Launch) -> (&'static str, usize, usize);
+    /// What `launch` reads and computes, where the family counts it.
+    fn cost(&self, _launch: &Self::Launch) -> Option<super::LaunchCost> {
+        None
+    }
     /// Queues `launch` on the device; `live` gives each sampling row its request's sampler.
     fn issue(&mut self, launch: &Self::Launch, live: &mut HashMap<RequestId, Live>) -> candle_core::Result<Self::Pending>;
     /// Waits for an issued launch's results.
@@ -87,6 +91,9 @@ impl Half for LoopedHalf {
     }
     fn shape(launch: &LoopedLaunch) -> (&'static str, usize, usize) {
         (launch.stage.name(), launch.rows.len(), launch.num_tokens())
+    }
+    fn cost(&self, launch: &LoopedLaunch) -> Option<super::LaunchCost> {
+        Some(super::looped_launch_cost(self.runner.model().spec(), launch))
     }
 
     fn issue(&mut self, launch: &LoopedLaunch, live: &mut HashMap<RequestId, Live>) -> candle_core::Result<Pending> {

@@ -25,6 +25,9 @@ pub struct StageStats {
     pub device_forward: Duration,
     /// Launches whose device-side span was measured.
     pub device_timed: u64,
+    /// Looped models: what the launches read and computed, counted from their rows
+    /// ([`crate::engine::LaunchCost`]); zero for diffusion launches.
+    pub cost: super::roofline::LaunchCost,
 }
 
 /// Device-side span of one launch (see [`StageStats::device_time`]).
@@ -167,8 +170,19 @@ impl EngineMetrics {
         s.device_timed += 1;
     }
 
-    pub(crate) fn record(&mut self, stage: &'static str, rows: usize, tokens: usize, time: Duration, wait: Duration) {
+    pub(crate) fn record(
+        &mut self,
+        stage: &'static str,
+        rows: usize,
+        tokens: usize,
+        time: Duration,
+        wait: Duration,
+        cost: Option<super::roofline::LaunchCost>,
+    ) {
         let s = self.stages.entry(stage).or_default();
+        if let Some(c) = cost {
+            s.cost.add(&c);
+        }
         s.launches += 1;
         s.rows += rows as u64;
         s.tokens += tokens as u64;

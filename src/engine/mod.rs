@@ -12,6 +12,7 @@ mod launch_check;
 mod metrics;
 mod options;
 mod readback;
+mod roofline;
 mod runner;
 
 pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
@@ -20,6 +21,7 @@ pub use core::Engine;
 pub use handle::{EngineHandle, RequestStream};
 pub use metrics::{DenoiseStats, DeviceSpan, EngineMetrics, KvPoolStats, LatencyHistogram, StageStats};
 pub use options::{DiffusionOptions, DiffusionSchedulerContext, LoopedOptions, SchedulerContext, SchedulerKind};
+pub use roofline::{looped_launch_cost, LaunchCost};
 
 pub(crate) use diffusion_runner::DiffusionRunner;
 pub(crate) use runner::LoopedRunner;

@@ -94,6 +94,10 @@ impl Huginn {
             // CDB counting: F0 = prelude + coda blocks + ln_f + head; Fr = adapter + core blocks.
             boundary_params: (p + cfg.n_layers_in_coda) as u64 * block_params + (h + rows * h) as u64,
             step_params: c as u64 * block_params + (2 * h * h) as u64,
+            head_params: (rows * h) as u64,
+            core_attention_layers: c,
+            prelude_attention_layers: p,
+            coda_attention_layers: cfg.n_layers_in_coda,
             heavy_coda: true,
             dtype: w.dtype(),
         };

@@ -35,6 +35,13 @@ pub struct LoopedSpec {
     pub boundary_params: u64,
     /// Parameters touched per loop step (Fr in the CDB bound).
     pub step_params: u64,
+    /// Of `boundary_params`, the LM head's (run only at sampled positions).
+    pub head_params: u64,
+    /// Attention layers a loop step runs, and the prelude's and coda's (0 for Ouro, whose prelude
+    /// is the embedding and coda the head): what each row's attention reads K/V for.
+    pub core_attention_layers: usize,
+    pub prelude_attention_layers: usize,
+    pub coda_attention_layers: usize,
     /// The coda runs transformer blocks (Huginn), so depth schedulers hold it for a larger
     /// batch by default (a quarter of the width).
     pub heavy_coda: bool,

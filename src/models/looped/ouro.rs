@@ -85,6 +85,10 @@ impl Ouro {
             // Counting rule of the CDB authors: the embedding lookup is free, the head is not.
             boundary_params: (v * h) as u64,
             step_params: layer_params * cfg.num_hidden_layers as u64 + (h + h + 1) as u64,
+            head_params: (v * h) as u64,
+            core_attention_layers: cfg.num_hidden_layers,
+            prelude_attention_layers: 0,
+            coda_attention_layers: 0,
             heavy_coda: false,
             dtype: w.dtype(),
         };
