@@ -52,6 +52,9 @@ pub(crate) fn cb_suite(args: &Args, model: &BenchModel, roof: Roof, weight_bytes
             roofline_s * 1e3,
             100.0 * roofline_s / step_s
         );
+        if args.profile_step {
+            profile_one_decode_step(&mut engine, args, w, spec.vocab_size, model.device())?;
+        }
         results.push(serde_json::json!({
             "mode": "cb", "layout": format!("{:?}", args.layout), "width": w,
             "tokens_per_s": tps, "floor_tokens_per_s": floor, "decode_step_ms": step_s * 1e3,
@@ -68,4 +71,43 @@ fn delta(a: &ponder::EngineMetrics, b: &ponder::EngineMetrics, stage: &str) -> (
     let get = |m: &ponder::EngineMetrics| m.stages.get(stage).cloned().unwrap_or_default();
     let (x, y) = (get(a), get(b));
     ((y.time - x.time).as_secs_f64(), y.rows - x.rows, y.launches - x.launches)
+}
+
+/// Brings W requests to steady decoding and runs one decode launch between `cuProfilerStart` and
+/// `cuProfilerStop`, so that `ncu --profile-from-start off` profiles exactly one decode step
+/// (`tools/kernel_breakdown.py` groups its kernels by family).
+fn profile_one_decode_step(
+    engine: &mut ponder::Engine,
+    args: &Args,
+    w: usize,
+    vocab: usize,
+    device: &ponder::Device,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(16) };
+    for i in 0..w {
+        engine.add_request(random_ids(args.prompt_len, vocab, 777_000 + i as u64), params.clone())?;
+    }
+    // Prefill, then a few decode steps so the decode graph is captured and replayed.
+    let decodes = |e: &ponder::Engine| e.metrics().stages.get("decode").map_or(0, |s| s.launches);
+    let start = decodes(engine);
+    while engine.has_work() && decodes(engine) < start + 4 {
+        engine.step()?;
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        device.synchronize()?;
+        // SAFETY: profiler range calls take no arguments and only mark the range.
+        unsafe { sys::cuProfilerStart() };
+        engine.step()?;
+        device.synchronize()?;
+        unsafe { sys::cuProfilerStop() };
+        println!("profiled one decode step of width {w} (cuProfilerStart/Stop)");
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = device;
+    while engine.has_work() {
+        engine.step()?;
+    }
+    Ok(())
 }

@@ -3,7 +3,7 @@
 //!
 //!     bench_looped [--model ouro|huginn] [--suite cb|cdb] [--widths 16,64,256] [--layout L]
 //!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
-//!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3]
+//!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3] [--profile-step]
 //!                  [--long-prompts 4096,8192,... [--budgets 2048,8192] [--arrival-gap-ms 150]]
 //!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
 //!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half,full]
@@ -115,6 +115,9 @@ pub(crate) struct Args {
     pub(crate) budgets: Vec<usize>,
     /// Milliseconds between two long arrivals.
     pub(crate) arrival_gap: usize,
+    /// Suite cb: after each width, one decode step inside a CUDA profiler range (for
+    /// `ncu --profile-from-start off`).
+    pub(crate) profile_step: bool,
 }
 
 /// A count given as a number or as a multiple of the width (`2w`).
@@ -175,6 +178,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         long_prompts: Vec::new(),
         budgets: vec![2048, 8192],
         arrival_gap: 150,
+        profile_step: false,
     };
     let mut layout_set = false;
     let mut it = std::env::args().skip(1);
@@ -213,6 +217,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--long-prompts" => a.long_prompts = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--budgets" => a.budgets = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--arrival-gap-ms" => a.arrival_gap = v()?.parse()?,
+            "--profile-step" => a.profile_step = true,
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Groups the kernels of one profiled decode step (ncu CSV, metric gpu__time_duration.sum) by
+family and prints a markdown table and a JSON summary.
+
+    ncu --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum --csv \\
+        .device/bench_looped --suite cb --widths 64 --new-tokens 32 --repeats 1 --profile-step > step.csv
+    python3 tools/kernel_breakdown.py step.csv [--json out.json]
+"""
+import csv
+import io
+import json
+import re
+import sys
+
+FAMILIES = [
+    ("GEMM (cuBLAS)", r"gemm|gemv|xmma|cutlass|splitK|sm90_|sm80_|ampere_|nvjet"),
+    ("attention (paged, ours)", r"paged_attn"),
+    ("K/V write + RoPE (fused, ours)", r"qkv_.*rope|write_kv|rope"),
+    ("RMSNorm (+ residual add)", r"rms"),
+    ("SiLU · mul", r"silu"),
+    ("reductions (argmax, sum, max)", r"argmax|fast_sum|fast_max|fast_min|reduce|softmax"),
+    ("gather / scatter / index", r"index_select|is_u32|is_u8|scatter|gather|where"),
+    ("copies and casts", r"copy|cast|ucopy|memcpy|contiguous"),
+    ("elementwise (affine, binary, unary)", r"affine|badd|bmul|bsub|bdiv|bmax|bminimum|add|mul|sub|div|exp|neg|sqrt|recip|unary|binary"),
+]
+
+
+def family(name):
+    for fam, pattern in FAMILIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return fam
+    return "other"
+
+
+def main():
+    text = open(sys.argv[1]).read()
+    start = text.find('"ID"')
+    rows = list(csv.DictReader(io.StringIO(text[start:])))
+    rows = [r for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"]
+    total, by_family, by_name = 0.0, {}, {}
+    for r in rows:
+        ns = float(r["Metric Value"].replace(",", ""))
+        if r.get("Metric Unit", "ns") in ("usecond", "us"):
+            ns *= 1e3
+        elif r.get("Metric Unit") in ("msecond", "ms"):
+            ns *= 1e6
+        name = r["Kernel Name"]
+        fam = family(name)
+        total += ns
+        f = by_family.setdefault(fam, [0, 0.0])
+        f[0] += 1
+        f[1] += ns
+        n = by_name.setdefault(name[:90], [0, 0.0, fam])
+        n[0] += 1
+        n[1] += ns
+    print(f"{len(rows)} kernels, {total / 1e6:.3f} ms of kernel time in the profiled step\n")
+    print("| family | kernels | ms | share |\n|---|---:|---:|---:|")
+    for fam, (k, ns) in sorted(by_family.items(), key=lambda x: -x[1][1]):
+        print(f"| {fam} | {k} | {ns / 1e6:.3f} | {100 * ns / total:.1f} % |")
+    print("\nTop kernels:\n\n| kernel | family | launches | ms |\n|---|---|---:|---:|")
+    for name, (k, ns, fam) in sorted(by_name.items(), key=lambda x: -x[1][1])[:15]:
+        print(f"| `{name}` | {fam} | {k} | {ns / 1e6:.3f} |")
+    if "--json" in sys.argv:
+        out = sys.argv[sys.argv.index("--json") + 1]
+        json.dump({"kernels": len(rows), "total_ms": total / 1e6,
+                   "families": {f: {"kernels": k, "ms": ns / 1e6} for f, (k, ns) in by_family.items()},
+                   "top": [{"kernel": n, "family": fam, "launches": k, "ms": ns / 1e6} for n, (k, ns, fam) in sorted(by_name.items(), key=lambda x: -x[1][1])[:40]]},
+                  open(out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
