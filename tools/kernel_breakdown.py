@@ -53,6 +53,13 @@ def main():
         n = by_name.setdefault(name[:90], [0, 0.0, fam])
         n[0] += 1
         n[1] += ns
+    if "--json" in sys.argv:
+        out = sys.argv[sys.argv.index("--json") + 1]
+        json.dump({"kernels": len(rows), "total_ms": total / 1e6,
+                   "families": {f: {"kernels": k, "ms": ns / 1e6} for f, (k, ns) in by_family.items()},
+                   "top": [{"kernel": n, "family": fam, "launches": k, "ms": ns / 1e6} for n, (k, ns, fam) in sorted(by_name.items(), key=lambda x: -x[1][1])[:40]]},
+                  open(out, "w"), indent=1)
+
     print(f"{len(rows)} kernels, {total / 1e6:.3f} ms of kernel time in the profiled step\n")
     print("| family | kernels | ms | share |\n|---|---:|---:|---:|")
     for fam, (k, ns) in sorted(by_family.items(), key=lambda x: -x[1][1]):
@@ -60,12 +67,6 @@ def main():
     print("\nTop kernels:\n\n| kernel | family | launches | ms |\n|---|---|---:|---:|")
     for name, (k, ns, fam) in sorted(by_name.items(), key=lambda x: -x[1][1])[:15]:
         print(f"| `{name}` | {fam} | {k} | {ns / 1e6:.3f} |")
-    if "--json" in sys.argv:
-        out = sys.argv[sys.argv.index("--json") + 1]
-        json.dump({"kernels": len(rows), "total_ms": total / 1e6,
-                   "families": {f: {"kernels": k, "ms": ns / 1e6} for f, (k, ns) in by_family.items()},
-                   "top": [{"kernel": n, "family": fam, "launches": k, "ms": ns / 1e6} for n, (k, ns, fam) in sorted(by_name.items(), key=lambda x: -x[1][1])[:40]]},
-                  open(out, "w"), indent=1)
 
 
 if __name__ == "__main__":
