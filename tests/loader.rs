@@ -103,6 +103,13 @@ fn the_kv_pool_is_sized_from_memory_and_reported() {
     // in 4 slots.
     let e = builder(&dir, KvLayoutKind::DepthIndexed, 2).kv_memory_fraction(0.5).build().unwrap();
     assert_eq!(e.metrics().kv_pool.tokens, 2 * 512 * 4);
+    // Capped in whole blocks per slot: two requests of a 509-position context (128 blocks of 4
+    // in each of 4 slots) fit at full length together.
+    let mut e = builder(&dir, KvLayoutKind::DepthIndexed, 2).kv_memory_fraction(0.5).max_model_len(509).build().unwrap();
+    assert_eq!(e.metrics().kv_pool.tokens, 2 * 512 * 4);
+    let full = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(1) };
+    let outs = e.generate([vec![3u32; 508], vec![4u32; 508]], &full).unwrap();
+    assert!(outs.iter().all(|o| o.as_ref().is_ok_and(|o| o.token_ids.len() == 1)));
     // The explicit count overrides the fraction; a fraction out of range is refused.
     let e = builder(&dir, KvLayoutKind::Shared, 2).kv_memory_fraction(0.5).kv_capacity_tokens(64).build().unwrap();
     assert_eq!((e.metrics().kv_pool.tokens, e.metrics().kv_pool.slots), (64, 1));

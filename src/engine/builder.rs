@@ -325,10 +325,13 @@ fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: 
     crate::kv::check_shape(layout.as_ref(), spec.max_steps)?;
     let slots = layout.num_slots(spec.max_steps);
     let per_position = crate::kv::kv_bytes(1, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
-    let launch_tokens = limits.max_num_batched_tokens.max(limits.max_num_seqs);
+    // Layouts whose steps share a slot prefill a prompt whole, past the budget up to the context.
+    let whole_prompts = slots < spec.max_steps;
+    let launch_tokens = if whole_prompts { max_context } else { limits.max_num_batched_tokens }.max(limits.max_num_batched_tokens).max(limits.max_num_seqs);
     let workspace = crate::kv::workspace_bytes(launch_tokens, spec.state_width.max(spec.hidden_size), limits.max_num_seqs, spec.vocab_size);
     let resident = limits.max_num_seqs.saturating_add(o.coda_reserve);
-    let useful = resident.saturating_mul(max_context).saturating_mul(slots);
+    // A request takes whole blocks in every slot.
+    let useful = resident.saturating_mul(max_context.div_ceil(common.block_size).saturating_mul(common.block_size)).saturating_mul(slots);
     let num_blocks = common.pool_blocks(model.device(), slots, per_position, workspace, useful)?;
     // Before the pool's bookkeeping or tensors exist: one the device cannot hold is an error,
     // not an allocation that aborts the process.
@@ -430,9 +433,17 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
     }
     let limits = &common.limits;
     let per_position = crate::kv::kv_bytes(1, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
-    let launch_tokens = limits.max_num_batched_tokens.saturating_add(limits.max_num_seqs.saturating_mul(block_length + 1));
-    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.hidden_size, limits.max_num_seqs.saturating_mul(block_length), spec.vocab_size);
-    let useful = limits.max_num_seqs.saturating_mul(max_context.div_ceil(block_length).saturating_mul(block_length));
+    // A bidirectional step row is its whole canvas: admission keeps a launch's canvases within the
+    // budget, or one canvas up to the context. Dream's sampler reads out every masked position of
+    // the generation; margin / entropy readouts hold about three times a probability readout's
+    // logits.
+    let budget = limits.max_num_batched_tokens;
+    let launch_tokens = if bidirectional { budget.max(max_context) } else { budget.saturating_add(limits.max_num_seqs.saturating_mul(block_length + 1)) };
+    let readout_rows = if o.whole_region { launch_tokens } else { limits.max_num_seqs.saturating_mul(block_length) };
+    let readout_rows = readout_rows.saturating_mul(if policy.confidence() == crate::diffusion::Confidence::Probability { 1 } else { 3 });
+    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.hidden_size, readout_rows, spec.vocab_size);
+    let rounded = max_context.div_ceil(block_length).saturating_mul(block_length);
+    let useful = limits.max_num_seqs.saturating_mul(rounded.div_ceil(common.block_size).saturating_mul(common.block_size));
     let num_blocks = common.pool_blocks(model.device(), 1, per_position, workspace, useful)?;
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
     let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);

@@ -26,13 +26,18 @@ struct Seq {
     tokens: Vec<u32>,
     /// Tokens whose K/V are in the cache (or being written by the launch in flight).
     computed: usize,
+    /// Tokens its prefill covers: the prompt (after a preemption, with what it had generated).
+    prefill_len: usize,
 }
 
 impl Seq {
-    /// Tokens without K/V: more than one while the prompt is being prefilled in chunks, one
-    /// (the last sampled token) while decoding.
+    /// Tokens without K/V: the rest of the prompt while prefilling, one (the last sampled
+    /// token) while decoding.
     fn pending(&self) -> usize {
         self.tokens.len() - self.computed
+    }
+    fn prefilling(&self) -> bool {
+        self.computed < self.prefill_len
     }
 }
 
@@ -87,7 +92,7 @@ impl ContinuousBatching {
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
         let whole = self.whole_prompts();
-        for seq in self.running.iter().filter(|s| s.pending() > 1) {
+        for seq in self.running.iter().filter(|s| s.prefilling()) {
             let n = super::prefill_chunk(seq.pending(), budget, whole, rows.is_empty());
             if n == 0 {
                 break;
@@ -114,7 +119,7 @@ impl ContinuousBatching {
                 break;
             }
             let next = self.requests.admit_front(len).expect("checked free blocks");
-            let seq = Seq { id: next.id, tokens: next.prompt, computed: 0 };
+            let seq = Seq { id: next.id, prefill_len: next.prompt.len(), tokens: next.prompt, computed: 0 };
             budget -= n.min(budget);
             rows.push(self.row(&seq, n));
             self.running.push(seq);
@@ -141,7 +146,7 @@ impl ContinuousBatching {
                 break;
             }
         }
-        let rows: Vec<LoopedRow> = self.running.iter().filter(|s| s.pending() == 1).map(|s| self.row(s, 1)).collect();
+        let rows: Vec<LoopedRow> = self.running.iter().filter(|s| !s.prefilling()).map(|s| self.row(s, 1)).collect();
         if rows.is_empty() {
             return None;
         }
@@ -179,7 +184,7 @@ impl Scheduler for ContinuousBatching {
 
 impl LoopedScheduler for ContinuousBatching {
     fn schedule(&mut self) -> Option<LoopedLaunch> {
-        let decoding = self.running.iter().any(|s| s.pending() == 1);
+        let decoding = self.running.iter().any(|s| !s.prefilling());
         let launch = match (self.last_was_prefill && decoding).then(|| self.schedule_decode()).flatten() {
             Some(decode) => Some(decode),
             None => self.schedule_prefill().or_else(|| self.schedule_decode()),

@@ -207,7 +207,9 @@ impl DepthBatching {
             }
             rows.push(row);
         }
-        let admitting = self.limits.admits_prefill(self.cfg.min_free_slots, !self.reqs.is_empty(), self.free_states.len(), self.requests.num_waiting());
+        // Requests still prefilling do not decode yet: they do not hold admission back.
+        let decoding = self.reqs.len() > self.prefilling.len();
+        let admitting = self.limits.admits_prefill(self.cfg.min_free_slots, decoding, self.free_states.len(), self.requests.num_waiting());
         while let Some(next) = self.requests.front().filter(|_| admitting) {
             let (id, need) = (next.id, next.prompt.len() + next.max_new_tokens);
             let n = super::prefill_chunk(next.prompt.len(), budget, whole, rows.is_empty());
