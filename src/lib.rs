@@ -49,6 +49,8 @@
 //! | your own KV layout | [`kv::KvLayout`], [`LoopedOptions::custom_kv_layout`] | `src/kv/layout.rs` |
 //! | measure your own component on the benchmark workload | [`bench::workload`], [`bench::offline`] | `examples/bench_looped/` |
 //! | block diffusion, unmasking policies | [`diffusion::UnmaskPolicy`], [`DiffusionOptions::unmask_policy`], [`DiffusionOptions::delayed_cache`] | `examples/generate.rs --sdar` |
+//! | LLaDA / Dream as their references decode them, or with Fast-dLLM's caches | [`diffusion::CanvasCache`], [`DiffusionOptions::canvas_cache`], [`diffusion::LinearSchedule`], [`DiffusionOptions::dream_sampler`] | `examples/generate.rs --llada`, `examples/quality_bidirectional.rs` |
+//! | long prompts next to decoding requests, KV sized to the device | [`EngineBuilder::max_num_batched_tokens`], [`EngineBuilder::kv_memory_fraction`] | `examples/bench_looped/ --long-prompts` |
 //! | FOCUS eviction | [`diffusion::Focus`], [`DiffusionOptions::eviction_policy`] | `examples/bench_diffusion.rs`, `examples/quality_diffusion.rs` |
 //! | your own diffusion scheduler | [`scheduler::DiffusionScheduler`], [`DiffusionOptions::custom_scheduler`] | `examples/custom_diffusion_scheduler.rs` |
 //! | GPU throughput | `--features cuda` | `examples/bench_looped/`, `examples/bench_diffusion.rs`, `docs/GPU.md` |
