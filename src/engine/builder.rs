@@ -298,7 +298,7 @@ impl EngineBuilder<InMemoryDiffusion> {
 
 /// The looped half: KV layout and gate checked against the model and the scheduler, the state
 /// bank sized by the scheduler, CUDA graphs and overlap as asked.
-fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>, o: LoopedOptions, mut common: Common) -> Result<Engine> {
+fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>, o: LoopedOptions, mut common: Common) -> Result<Engine> {
     if o.initial_state.is_some() {
         return Err(Error::InvalidOption(
             "huginn_initial_state applies to Huginn loaded from a model directory (in memory: Huginn::with_initial_state)".into(),
@@ -346,6 +346,9 @@ fn build_looped(model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: 
     };
     if gate.max_steps() > spec.max_steps {
         return Err(Error::InvalidOption(format!("exit gate allows {} steps but the model loops at most {} times", gate.max_steps(), spec.max_steps)));
+    }
+    if let Some(head) = gate.gate_head() {
+        model.replace_gate_head(head)?;
     }
     // CB runs every token at full depth: a gate that would exit earlier would be ignored.
     if !custom && o.scheduler == SchedulerKind::Continuous && gate.min_steps() < spec.max_steps {

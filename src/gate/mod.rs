@@ -7,12 +7,14 @@
 
 mod fixed;
 mod latent_diff;
+mod learned;
 mod lookahead;
 mod q_exit;
 mod replay;
 
 pub use fixed::FixedDepth;
 pub use latent_diff::LatentDiff;
+pub use learned::{GateHead, LearnedLookahead};
 pub use lookahead::Lookahead;
 pub use q_exit::QExit;
 pub use replay::{DepthTrace, Replay};
@@ -128,5 +130,10 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
     /// per core launch, which count while a launch is weight-bound). Default: true.
     fn reads_latent_diff(&self) -> bool {
         true
+    }
+    /// A trained head the model's gate signal must come from instead of its own stock head
+    /// (installed by the engine when it is built: [`crate::models::LoopedModel::replace_gate_head`]).
+    fn gate_head(&self) -> Option<&GateHead> {
+        None
     }
 }

@@ -90,4 +90,11 @@ pub trait LoopedModel: Send {
     fn coda(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
     /// LM head over coda outputs `[rows, hidden]` → f32 logits `[rows, vocab]`.
     fn head(&self, h: &Tensor) -> Result<Tensor>;
+    /// Computes the per-step gate logit with `head` instead of the checkpoint's own exit gate
+    /// (a trained lookahead head, [`crate::gate::LearnedLookahead`]). Models without a gate head
+    /// refuse.
+    fn replace_gate_head(&mut self, head: &crate::gate::GateHead) -> crate::Result<()> {
+        let _ = head;
+        Err(crate::Error::InvalidOption("this model has no exit-gate head to replace".into()))
+    }
 }

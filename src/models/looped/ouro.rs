@@ -182,4 +182,16 @@ impl LoopedModel for Ouro {
     fn head(&self, h: &Tensor) -> Result<Tensor> {
         self.lm_head.forward(h)?.to_dtype(DType::F32)
     }
+
+    fn replace_gate_head(&mut self, head: &crate::gate::GateHead) -> crate::Result<()> {
+        let h = self.spec.hidden_size;
+        if head.rows != 1 || head.hidden != h {
+            return Err(crate::Error::tensor("gate head", format!("[{}, {}], expected [1, {h}] for this model", head.rows, head.hidden)));
+        }
+        let dev = self.embed.device();
+        let weight = Tensor::from_vec(head.weight.clone(), (1, h), dev)?;
+        let bias = Tensor::from_vec(head.bias.clone(), 1, dev)?;
+        self.gate = Linear::new(weight, Some(bias));
+        Ok(())
+    }
 }
