@@ -222,3 +222,20 @@ fn coda_reserve_is_batch_invariant() {
         assert!(matches!(bad, Err(ponder::Error::InvalidOption(_))), "{kind:?} refuses a coda reserve");
     }
 }
+
+/// Huginn has no trained gate head (its latent-difference gate keeps its one-step-late path): a
+/// learned lookahead head is refused with a typed error, before anything runs.
+#[test]
+fn a_learned_lookahead_head_is_refused_for_huginn() {
+    let (tmp, dir) = tiny_huginn(33);
+    let h = tiny_huginn_config(VOCAB).n_embd;
+    let w = candle_core::Tensor::zeros((1, h), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    let b = candle_core::Tensor::zeros(1, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    let path = tmp.path().join("head.safetensors");
+    candle_core::safetensors::save(&std::collections::HashMap::from([("weight".to_string(), w), ("bias".to_string(), b)]), &path).unwrap();
+    let gate = ponder::gate::LearnedLookahead::load(&path, 0.5, 1, 4).unwrap();
+    let err = ponder::EngineBuilder::new(&dir)
+        .looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(ponder::KvLayoutKind::LastExited).exit_gate(gate))
+        .build();
+    assert!(matches!(&err, Err(ponder::Error::InvalidOption(m)) if m.contains("no exit-gate head")), "{:?}", err.err());
+}
