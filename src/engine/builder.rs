@@ -326,7 +326,7 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     let slots = layout.num_slots(spec.max_steps);
     let per_position = crate::kv::kv_bytes(1, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
     // Layouts whose steps share a slot prefill a prompt whole, past the budget up to the context.
-    let whole_prompts = slots < spec.max_steps;
+    let whole_prompts = crate::scheduler::prefills_whole_prompts(slots, spec.max_steps);
     let launch_tokens = if whole_prompts { max_context } else { limits.max_num_batched_tokens }.max(limits.max_num_batched_tokens).max(limits.max_num_seqs);
     let workspace = crate::kv::workspace_bytes(launch_tokens, spec.state_width.max(spec.hidden_size), limits.max_num_seqs, spec.vocab_size);
     let resident = limits.max_num_seqs.saturating_add(o.coda_reserve);

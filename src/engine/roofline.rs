@@ -72,8 +72,8 @@ pub fn looped_launch_cost(spec: &LoopedSpec, launch: &LoopedLaunch) -> LaunchCos
     for row in &launch.rows {
         let (q, ctx) = (row.tokens.len() as u64, row.context_len() as u64);
         cost.kv_bytes += ctx * kv_per_position * layers as u64;
-        // Causal: query i of the row sees ctx − q + i + 1 keys.
-        let keys: u64 = (0..q).map(|i| ctx - q + i + 1).sum();
+        // Causal: query i of the row sees ctx − q + i + 1 keys; summed over the q queries.
+        let keys = q * (ctx - q) + q * (q + 1) / 2;
         cost.flops += keys as f64 * attn_flops_per_key * layers as f64;
     }
     cost

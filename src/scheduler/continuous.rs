@@ -71,7 +71,7 @@ impl ContinuousBatching {
 
     /// Loop steps share a cache slot: prompts are prefilled whole (see [`super::prefill_chunk`]).
     fn whole_prompts(&self) -> bool {
-        self.requests.kv().num_slots() < self.max_steps
+        super::prefills_whole_prompts(self.requests.kv().num_slots(), self.max_steps)
     }
 
     fn step_slots(&self) -> Vec<usize> {

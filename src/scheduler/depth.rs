@@ -191,7 +191,7 @@ impl DepthBatching {
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
         let mut i = 0;
-        let whole = self.requests.kv().num_slots() < self.max_steps;
+        let whole = super::prefills_whole_prompts(self.requests.kv().num_slots(), self.max_steps);
         while i < self.prefilling.len() {
             let id = self.prefilling[i];
             let req = &self.reqs[&id];

@@ -612,20 +612,8 @@ mod tests {
 
     #[test]
     fn long_prompt_prefills_whole_blocks_while_others_step_every_launch() {
-        let cfg = DiffusionConfig {
-            block_length: 4,
-            max_steps_per_block: 4,
-            delayed_cache: false,
-            mask_token_id: 99,
-            attention: DiffusionAttention::BlockCausal,
-            shift_logits: false,
-            eviction: false,
-            cache: CanvasCache::Exact,
-            whole_region: false,
-        };
-        let kv = KvManager::new(64, 4, Box::new(Shared), 1);
-        let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 10 };
-        let mut s = DiffusionBatching::new(cfg, limits, kv, Box::new(StaticCount::new(1).unwrap()));
+        let mut s = sched(DiffusionAttention::BlockCausal, false, false, 1);
+        s.limits.max_num_batched_tokens = 10;
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 3], max_new_tokens: 40 });
         let l = s.schedule().unwrap();
         s.complete(&l, &answer(&l, 0));

@@ -58,6 +58,12 @@ impl SchedulerLimits {
     }
 }
 
+/// Whether prompts must be prefilled whole: a layout with fewer cache slots than loop steps makes
+/// steps share a slot, and then a chunk boundary changes the function (see [`prefill_chunk`]).
+pub fn prefills_whole_prompts(slots: usize, max_steps: usize) -> bool {
+    slots < max_steps
+}
+
 /// How many of a prompt's `pending` tokens the next prefill row computes, with `budget` tokens
 /// left in the launch: a chunk of at most the budget — or, when `whole` (a KV layout in which
 /// loop steps share a slot), the whole prompt or nothing, since there the prompt's tokens attend
