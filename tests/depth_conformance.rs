@@ -1,6 +1,6 @@
 //! The conformance matrix of depth batching: for every scheduler {CB, depth-refill,
 //! depth-no-refill} × layout {depth-indexed, last-exited, shared, first-then-shared} × gate
-//! {fixed, q-exit, replay, lookahead(q-exit)} that is valid, batched greedy output equals each
+//! {fixed, q-exit, replay, lookahead(q-exit), learned lookahead, preloop} that is valid, batched greedy output equals each
 //! request run alone (token-exact, f32, CPU) and the KV pool is empty afterwards.
 
 mod common;

@@ -224,9 +224,9 @@ fn coda_reserve_is_batch_invariant() {
 }
 
 /// Huginn has no trained gate head (its latent-difference gate keeps its one-step-late path): a
-/// learned lookahead head is refused with a typed error, before anything runs.
+/// learned lookahead head and a preloop gate are refused with a typed error, before anything runs.
 #[test]
-fn a_learned_lookahead_head_is_refused_for_huginn() {
+fn trained_gate_heads_are_refused_for_huginn() {
     let (tmp, dir) = tiny_huginn(33);
     let h = tiny_huginn_config(VOCAB).n_embd;
     let w = candle_core::Tensor::zeros((1, h), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
@@ -238,4 +238,12 @@ fn a_learned_lookahead_head_is_refused_for_huginn() {
         .looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(ponder::KvLayoutKind::LastExited).exit_gate(gate))
         .build();
     assert!(matches!(&err, Err(ponder::Error::InvalidOption(m)) if m.contains("no exit-gate head")), "{:?}", err.err());
+    // Nor has it a preloop gate: its prelude has attention layers, so a depth is no function of
+    // the token alone.
+    let head = ponder::gate::GateHead { weight: vec![0.0; 4 * h], bias: vec![0.0; 4], rows: 4, hidden: h };
+    let gate = ponder::gate::Preloop::new(head, 0.5, 1, 4).unwrap();
+    let err = ponder::EngineBuilder::new(&dir)
+        .looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(ponder::KvLayoutKind::LastExited).exit_gate(gate))
+        .build();
+    assert!(matches!(&err, Err(ponder::Error::InvalidOption(m)) if m.contains("preloop")), "{:?}", err.err());
 }

@@ -340,7 +340,7 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     crate::kv::check_fits(pool_bytes, model.device())?;
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, layout, spec.max_steps);
-    let gate = match o.gate {
+    let mut gate = match o.gate {
         Some(g) => g,
         None => Box::new(FixedDepth::new(spec.max_steps)?),
     };
@@ -350,6 +350,12 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     if let Some(head) = gate.gate_head() {
         model.replace_gate_head(head)?;
     }
+    if let Some(head) = gate.token_head() {
+        let table = model.prelude_head_table(head)?;
+        gate.install_token_table(table, spec.vocab_size)?;
+    }
+    // A custom scheduler may read the logits whatever gate it was handed.
+    model.set_gate_logit(custom || gate.reads_gate_logit());
     // CB runs every token at full depth: a gate that would exit earlier would be ignored.
     if !custom && o.scheduler == SchedulerKind::Continuous && gate.min_steps() < spec.max_steps {
         return Err(Error::InvalidOption(

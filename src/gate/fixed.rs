@@ -14,6 +14,9 @@ impl FixedDepth {
 }
 
 impl ExitGate for FixedDepth {
+    fn reads_gate_logit(&self) -> bool {
+        false
+    }
     fn name(&self) -> String {
         format!("fixed({})", self.depth.max())
     }

@@ -29,6 +29,9 @@ impl LatentDiff {
 }
 
 impl ExitGate for LatentDiff {
+    fn reads_gate_logit(&self) -> bool {
+        false
+    }
     fn name(&self) -> String {
         format!("latent-diff({})", self.threshold)
     }

@@ -39,6 +39,9 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
     fn reads_latent_diff(&self) -> bool {
         self.inner.reads_latent_diff()
     }
+    fn reads_gate_logit(&self) -> bool {
+        self.inner.reads_gate_logit()
+    }
 }
 
 #[cfg(test)]
@@ -60,7 +63,7 @@ mod tests {
 
     #[test]
     fn exits_one_step_late_never_before_two() {
-        let item = ItemRef { request: RequestId(0), token_index: 0 };
+        let item = ItemRef { request: RequestId(0), token_index: 0, input_token: None };
         let run = |gate: &dyn ExitGate, logits: &[f32]| {
             let mut s = GateState::new();
             (0..logits.len()).find(|&r| gate.decide(item, r, StepSignals::logit(logits[r]), &mut s)).map(|r| r + 1)

@@ -9,6 +9,7 @@ mod fixed;
 mod latent_diff;
 mod learned;
 mod lookahead;
+mod preloop;
 mod q_exit;
 mod replay;
 
@@ -16,6 +17,7 @@ pub use fixed::FixedDepth;
 pub use latent_diff::LatentDiff;
 pub use learned::{GateHead, LearnedLookahead};
 pub use lookahead::Lookahead;
+pub use preloop::Preloop;
 pub use q_exit::QExit;
 pub use replay::{DepthTrace, Replay};
 
@@ -65,6 +67,10 @@ pub struct ItemRef {
     pub request: RequestId,
     /// Index of the generated token within its request (0 = first decode token).
     pub token_index: usize,
+    /// The token entering the loop (the previous token of the request), when it is on the host.
+    /// With overlap a successor's first step can be scheduled before the token sampled for it
+    /// has been read back; by the time that step's verdict is asked for, it has.
+    pub input_token: Option<u32>,
 }
 
 /// The loop steps a gate lets an item run: at least `min`, at most `max`, `1 <= min <= max`.
@@ -135,5 +141,22 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
     /// (installed by the engine when it is built: [`crate::models::LoopedModel::replace_gate_head`]).
     fn gate_head(&self) -> Option<&GateHead> {
         None
+    }
+    /// Whether `decide` reads [`StepSignals::logit`]. When no gate does, the model computes no
+    /// gate logit and nothing is copied back for it. Default: true.
+    fn reads_gate_logit(&self) -> bool {
+        true
+    }
+    /// A head the gate applies to each token's prelude output (a preloop gate). The engine
+    /// evaluates it once for every vocabulary entry when it is built
+    /// ([`crate::models::LoopedModel::prelude_head_table`]) and hands the result to
+    /// [`ExitGate::install_token_table`].
+    fn token_head(&self) -> Option<&GateHead> {
+        None
+    }
+    /// Receives `token_head` evaluated over the vocabulary: row-major `[vocab, rows]` logits.
+    fn install_token_table(&mut self, logits: Vec<f32>, vocab: usize) -> crate::Result<()> {
+        let _ = (logits, vocab);
+        Ok(())
     }
 }

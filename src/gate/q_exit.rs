@@ -47,7 +47,7 @@ mod tests {
     use crate::request::RequestId;
 
     fn item() -> ItemRef {
-        ItemRef { request: RequestId(0), token_index: 0 }
+        ItemRef { request: RequestId(0), token_index: 0, input_token: None }
     }
 
     #[test]

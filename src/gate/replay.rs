@@ -114,7 +114,7 @@ mod tests {
         let t = DepthTrace::with_mean(2.5, 1, 4, 3).unwrap();
         assert!((t.expected_mean() - 2.5).abs() < 1e-6);
         let n = 20_000;
-        let sum: usize = (0..n).map(|i| t.depth(ItemRef { request: RequestId(i / 100), token_index: (i % 100) as usize }).unwrap()).sum();
+        let sum: usize = (0..n).map(|i| t.depth(ItemRef { request: RequestId(i / 100), token_index: (i % 100) as usize, input_token: None }).unwrap()).sum();
         assert!((sum as f64 / n as f64 - 2.5).abs() < 0.05);
         let t16 = DepthTrace::with_mean(6.0, 2, 16, 1).unwrap();
         assert!((t16.expected_mean() - 6.0).abs() < 1e-6);
@@ -128,7 +128,7 @@ mod tests {
         let g = Replay::new(DepthTrace::Recorded(m), 2, 4).unwrap();
         let depth = |tok| {
             let mut s = GateState::new();
-            (0..4).find(|&r| g.decide(ItemRef { request: RequestId(7), token_index: tok }, r, StepSignals::default(), &mut s)).unwrap() + 1
+            (0..4).find(|&r| g.decide(ItemRef { request: RequestId(7), token_index: tok, input_token: None }, r, StepSignals::default(), &mut s)).unwrap() + 1
         };
         assert_eq!((depth(0), depth(1), depth(2), depth(5)), (2, 3, 4, 4));
     }

@@ -85,6 +85,15 @@ struct Req {
     item_token: usize,
 }
 
+impl Req {
+    /// Where the current item is identified to the gate: its input is the token before the one
+    /// it produces, once the host has it.
+    fn item_ref(&self, request: RequestId) -> ItemRef {
+        let input_token = (self.prompt_len + self.item_token).checked_sub(1).and_then(|i| self.tokens.get(i).copied());
+        ItemRef { request, token_index: self.item_token, input_token }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Item {
     request: RequestId,
@@ -327,9 +336,8 @@ impl DepthBatching {
                     let Some(item) = self.in_flight.get(&id) else {
                         continue;
                     };
-                    let at = ItemRef { request: id, token_index: item.token_index };
                     debug_assert_eq!(self.reqs.get(&id).map(|r| r.item_token), Some(item.token_index));
-                    match self.reqs.get(&id).and_then(|r| self.gate.exit_known(at, item.step, &r.gate)) {
+                    match self.reqs.get(&id).and_then(|r| self.gate.exit_known(r.item_ref(id), item.step, &r.gate)) {
                         Some(exit) => {
                             let item = self.in_flight.remove(&id).expect("present");
                             self.route_core(item, exit, &mut front);
@@ -419,7 +427,9 @@ impl LoopedScheduler for DepthBatching {
     }
 
     fn supports_overlap(&self) -> bool {
-        let probe = ItemRef { request: RequestId(0), token_index: 0 };
+        // Asked with the input token known: by the time a step's verdict is routed, the token
+        // sampled for the item one launch earlier has been read back.
+        let probe = ItemRef { request: RequestId(0), token_index: 0, input_token: Some(0) };
         self.gate.exit_known(probe, 0, &GateState::new()).is_some()
     }
 }
@@ -482,7 +492,7 @@ impl DepthBatching {
                     // was routed ahead (the gate knew its verdict) and the signal only advances
                     // the gate state.
                     let pending = self.in_flight.get(&row.request).filter(|it| it.step == row.step).is_some();
-                    let at = ItemRef { request: row.request, token_index: req.item_token };
+                    let at = req.item_ref(row.request);
                     let exit = self.gate.decide(at, row.step, signals, &mut req.gate);
                     if pending {
                         let item = self.in_flight.remove(&row.request).expect("pending");

@@ -104,7 +104,23 @@ pub fn gates() -> Vec<MakeGate> {
         ("replay", || Box::new(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 17).unwrap(), 1, 4).unwrap())),
         ("replay-min2", || Box::new(Replay::new(DepthTrace::with_mean(2.8, 2, 4, 17).unwrap(), 2, 4).unwrap())),
         ("lookahead(q-exit)", || Box::new(Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap())),
+        ("learned-lookahead", || Box::new(LearnedLookahead::new(test_head(1, 0.3, 11), 0.5, 1, 4).unwrap())),
+        ("preloop", || Box::new(Preloop::new(test_head(4, 0.15, 13), 0.5, 1, 4).unwrap())),
     ]
+}
+
+/// A deterministic gate head of `rows` outputs over the tiny model's hidden width, weights
+/// spread uniformly over ±`scale`·√3 (standard deviation `scale`).
+pub fn test_head(rows: usize, scale: f32, seed: u64) -> ponder::gate::GateHead {
+    let hidden = ponder::testing::tiny_ouro_config(VOCAB).hidden_size;
+    let mut x = seed;
+    let mut next = move || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale * 3f32.sqrt()
+    };
+    let weight = (0..rows * hidden).map(|_| next()).collect();
+    let bias = (0..rows).map(|_| next()).collect();
+    ponder::gate::GateHead { weight, bias, rows, hidden }
 }
 
 /// Every valid combination: CB runs full depth only; depth schedulers take every gate whose

@@ -97,4 +97,15 @@ pub trait LoopedModel: Send {
         let _ = head;
         Err(crate::Error::InvalidOption("this model has no exit-gate head to replace".into()))
     }
+    /// Whether `core_step` computes the gate logit (off when no gate reads it). Default: no-op.
+    fn set_gate_logit(&mut self, on: bool) {
+        let _ = on;
+    }
+    /// `head` applied to the prelude output of every vocabulary token: row-major
+    /// `[vocab, head.rows]` f32 (a preloop gate's depth table). Only models whose prelude is
+    /// the token embedding alone have one; others refuse.
+    fn prelude_head_table(&self, head: &crate::gate::GateHead) -> crate::Result<Vec<f32>> {
+        let _ = head;
+        Err(crate::Error::InvalidOption("a preloop gate needs a model whose prelude is the token embedding alone (Ouro)".into()))
+    }
 }

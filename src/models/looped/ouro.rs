@@ -33,6 +33,8 @@ pub struct Ouro {
     layers: Vec<Layer>,
     norm: Tensor,
     gate: Linear,
+    /// Whether core steps compute the gate logit (no gate of the engine may read it).
+    gate_on: bool,
     lm_head: Linear,
     rope: RopeTable,
     device: Device,
@@ -96,6 +98,7 @@ impl Ouro {
             rope: RopeTable::new(hd, cfg.rope_theta, w.dtype(), w.device())?,
             norm: w.get(h, "model.norm.weight")?,
             gate,
+            gate_on: true,
             lm_head: Linear::new(lm_head, None),
             embed,
             layers,
@@ -171,8 +174,8 @@ impl LoopedModel for Ouro {
             (h, a) = self.layer_forward(l, &h, &a, next_norm, input, batch, kv)?;
         }
         let h = a;
-        let gate_logit = self.gate.forward(&h.to_dtype(DType::F32)?)?.squeeze(1)?;
-        Ok(CoreOut { hidden: h, gate_logit: Some(gate_logit) })
+        let gate_logit = if self.gate_on { Some(self.gate.forward(&h.to_dtype(DType::F32)?)?.squeeze(1)?) } else { None };
+        Ok(CoreOut { hidden: h, gate_logit })
     }
 
     fn coda(&self, state: &Tensor, _input: &StageInput, _batch: &PagedBatch, _kv: &KvStore) -> Result<Tensor> {
@@ -193,5 +196,22 @@ impl LoopedModel for Ouro {
         let bias = Tensor::from_vec(head.bias.clone(), 1, dev)?;
         self.gate = Linear::new(weight, Some(bias));
         Ok(())
+    }
+
+    fn set_gate_logit(&mut self, on: bool) {
+        self.gate_on = on;
+    }
+
+    fn prelude_head_table(&self, head: &crate::gate::GateHead) -> crate::Result<Vec<f32>> {
+        let h = self.spec.hidden_size;
+        if head.hidden != h {
+            return Err(crate::Error::tensor("preloop head", format!("[{}, {}], expected [T, {h}] for this model", head.rows, head.hidden)));
+        }
+        let dev = self.embed.device();
+        let weight = Tensor::from_vec(head.weight.clone(), (head.rows, h), dev)?;
+        let bias = Tensor::from_vec(head.bias.clone(), head.rows, dev)?;
+        // The head reads the embedding in the model's dtype, as the served prelude output is.
+        let logits = self.embed.to_dtype(DType::F32)?.matmul(&weight.t()?)?.broadcast_add(&bias)?;
+        Ok(logits.flatten_all()?.to_vec1()?)
     }
 }
