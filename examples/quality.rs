@@ -30,7 +30,7 @@ use std::time::Instant;
 
 #[path = "shared/report.rs"]
 mod report;
-use report::{shown, splice};
+use report::{evenly_spaced_windows, read_heldout, shown, splice};
 
 const PROMPT: usize = 32;
 const SCORED: usize = 96;
@@ -73,18 +73,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ids = probe.encode(&held)?;
     let steps = probe.spec().ok_or("the quality report needs a looped model")?.max_steps;
     drop(probe);
-    let all: Vec<&[u32]> = ids.chunks_exact(PROMPT + SCORED).collect();
-    if all.is_empty() || sequences == 0 {
+    let (windows, picked, total_windows) = evenly_spaced_windows(&ids, PROMPT + SCORED, sequences);
+    if windows.is_empty() {
         return Err(format!("{heldout}: {} tokens, not enough for one {}-token window", ids.len(), PROMPT + SCORED).into());
     }
-    let n = sequences.min(all.len());
-    // Evenly spaced over the file: window i * total / n.
-    let picked: Vec<usize> = (0..n).map(|i| i * all.len() / n).collect();
-    let windows: Vec<&[u32]> = picked.iter().map(|&i| all[i]).collect();
     println!(
         "{} held-out tokens, {} windows of {}; scoring {} of them (evenly spaced) x {SCORED} tokens",
         ids.len(),
-        all.len(),
+        total_windows,
         PROMPT + SCORED,
         windows.len()
     );
@@ -162,7 +158,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect();
         let doc = serde_json::json!({
             "model": shown_model, "heldout": shown_heldout, "heldout_tokens": ids.len(),
-            "windows_total": all.len(), "sequences": windows.len(), "window_indices": picked,
+            "windows_total": total_windows, "sequences": windows.len(), "window_indices": picked,
             "prompt_tokens": PROMPT, "scored_tokens": SCORED, "max_steps": steps,
             "device": "cpu", "dtype": "f32", "scheduler": "cdb-refill", "max_num_seqs": width,
             "total_seconds": total, "results": results,
@@ -187,7 +183,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ids.len(),
             windows.len(),
             windows.len(),
-            all.len(),
+            total_windows,
             windows.len() * SCORED
         );
         md += "| gate | KV layout | q / depth | perplexity | mean depth |\n|---|---|---|---:|---:|\n";
@@ -204,17 +200,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("wrote {path}");
     }
     Ok(())
-}
-
-fn read_heldout(path: &str) -> Result<String, Box<dyn std::error::Error>> {
-    std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "cannot read the held-out text {path} ({e}). Build the corpus first: \
-             `python3 tools/train/make_corpus.py` (writes corpus/train.txt and corpus/heldout.txt from the \
-             Rust toolchain's rust-docs component), or pass --heldout FILE"
-        )
-        .into()
-    })
 }
 
 fn layout_name(l: KvLayoutKind) -> &'static str {
