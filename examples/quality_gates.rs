@@ -36,7 +36,10 @@ use std::time::Instant;
 
 #[path = "shared/report.rs"]
 mod report;
-use report::{evenly_spaced_windows, read_heldout, shown, splice};
+use report::{shown, splice};
+#[path = "shared/heldout.rs"]
+mod heldout;
+use heldout::{evenly_spaced_windows, read_heldout};
 
 const PROMPT: usize = 32;
 const SCORED: usize = 96;
