@@ -5,13 +5,49 @@ use crate::{Args, BenchModel};
 use ponder::bench::{offline, stage_device, workload, Job, Lengths, Window};
 use ponder::EngineBuilder;
 
+/// Where a run's exit depths come from: a seeded distribution with a given mean, or a recorded
+/// trace (`--depth-traces`) with the overlap setting it is compared under.
+pub(crate) struct DepthSource {
+    label: Option<String>,
+    trace: ponder::gate::DepthTrace,
+    min_depth: usize,
+    overlap: Option<bool>,
+}
+
+/// `--depth-traces LABEL=FILE[:on|off],...` (recorded per-token depths, e.g. from the
+/// `quality_gates` example, replayed as a stream), else one seeded source per `--mean-depths`.
+fn depth_sources(args: &Args, max_steps: usize) -> Result<Vec<DepthSource>, Box<dyn std::error::Error>> {
+    use ponder::gate::DepthTrace;
+    if args.depth_traces.is_empty() {
+        return args
+            .mean_depths
+            .iter()
+            .map(|&m| Ok(DepthSource { label: None, trace: DepthTrace::with_mean(m, args.min_depth, max_steps, 5)?, min_depth: args.min_depth, overlap: None }))
+            .collect();
+    }
+    args.depth_traces
+        .iter()
+        .map(|spec| {
+            let (label, rest) = spec.split_once('=').ok_or_else(|| format!("--depth-traces entry {spec} is not LABEL=FILE[:on|off]"))?;
+            let (file, overlap) = match rest.rsplit_once(':') {
+                Some((f, o)) if o == "on" || o == "off" => (f, Some(o == "on")),
+                _ => (rest, None),
+            };
+            // Recorded depths are replayed as chosen (a depth-1 exit included).
+            let trace = DepthTrace::stream_from_json_file(std::path::Path::new(file), 5)?;
+            Ok(DepthSource { label: Some(label.to_string()), trace, min_depth: 1, overlap })
+        })
+        .collect()
+}
+
 pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
-    use ponder::gate::{DepthTrace, Replay};
+    use ponder::gate::Replay;
     use ponder::SchedulerKind;
     let spec = model.spec().clone();
     let slots = args.layout.build().num_slots(spec.max_steps);
     let bytes_per_pos = ponder::kv::KvStore::bytes_per_block(spec.num_kv_layers, 1, spec.num_kv_heads, spec.head_dim, spec.dtype) * slots;
     let mut results = Vec::new();
+    let sources = depth_sources(args, spec.max_steps)?;
     println!("{:>5} {:>6} {:>20} {:>10} {:>8} {:>7} {:>7} {:>8} {:>7}", "width", "d̄", "mode", "tok/s", "vs CB", "bound", "of bnd", "idle", "d̄ real");
     for &w in &args.widths {
         let jobs = workload(args.requests_per_width * w, spec.vocab_size, spec.max_context, 42 + w as u64, args.lengths);
@@ -48,7 +84,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> R
         // Room for the most resident requests any variant admits (a coda reserve adds some).
         let most_resident = w + pairs.iter().map(|p| p.1).max().unwrap_or(0);
         let kv_tokens = ((args.kv_gb * 1e9) as usize / bytes_per_pos).min(most_resident * max_need) * slots;
-        let build = |sched: SchedulerKind, mean: f64, min_coda: usize, reserve: usize| -> ponder::Result<ponder::Engine> {
+        let build = |sched: SchedulerKind, src: &DepthSource, min_coda: usize, reserve: usize| -> ponder::Result<ponder::Engine> {
             let b = EngineBuilder::from_model(model.boxed(), None, vec![])
                 .looped(|o| o.kv_layout(args.layout).scheduler(sched))
                 .max_num_seqs(w)
@@ -58,7 +94,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> R
             match sched {
                 SchedulerKind::Continuous => b.build(),
                 _ => {
-                    let gate = Replay::new(DepthTrace::with_mean(mean, args.min_depth, spec.max_steps, 5)?, args.min_depth, spec.max_steps)?;
+                    let gate = Replay::new(src.trace.clone(), src.min_depth, spec.max_steps)?;
                     b.looped(|o| o.min_coda_batch_size(min_coda).coda_reserve(reserve).exit_gate(gate)).build()
                 }
             }
@@ -68,7 +104,8 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> R
         let mut cb_tps = None;
         // CB's device seconds in (prefill, decode), for the prefill-adjusted bound.
         let mut cb_device: Option<(f64, f64)> = None;
-        for (di, &mean) in args.mean_depths.iter().enumerate() {
+        for (di, src) in sources.iter().enumerate() {
+            let mean = src.trace.expected_mean();
             for mode in &args.modes {
                 let sched: SchedulerKind = mode.parse()?;
                 // No-refill holds every resident request in its wave: no reserve.
@@ -77,7 +114,8 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> R
                 let variants: Vec<(usize, usize, bool)> = if sched == SchedulerKind::Continuous {
                     vec![(min_codas[0], 0, false)]
                 } else {
-                    sched_pairs.iter().flat_map(|&(m, r)| args.overlap.iter().map(move |&o| (m, r, o))).collect()
+                    let overlaps = src.overlap.map_or_else(|| args.overlap.clone(), |o| vec![o]);
+                    sched_pairs.iter().flat_map(|&(m, r)| overlaps.iter().map(move |&o| (m, r, o))).collect()
                 };
                 for (min_coda, reserve, overlap) in variants {
                     if sched == SchedulerKind::Continuous && di > 0 {
@@ -95,7 +133,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> R
                     model.device().synchronize()?;
                     // Unmeasured rather than a failed run if the driver refuses the memory counters.
                     let tracked = ponder::bench::device_memory::reset_peak(model.device()).inspect_err(|e| eprintln!("peak memory not measured: {e}")).is_ok();
-                    let mut engine = build(sched, mean, min_coda, reserve)?;
+                    let mut engine = build(sched, src, min_coda, reserve)?;
                     engine.set_overlap(overlap)?;
                     offline(&mut engine, &warm, Window { open_after: w, completions: None, drain: true })?;
                     // Repeats on the same engine (graphs captured by then); the median run by
@@ -120,7 +158,10 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> R
                     // The paper's realistic ceiling: CB's device time with its decode divided by
                     // the FLOP bound and its prefill (full depth in every mode) unchanged.
                     let adjusted = cb_device.filter(|_| sched != SchedulerKind::Continuous).map(|(p, d)| (p + d) / (p + d / bound));
-                    let mut label = mode.clone();
+                    let mut label = match (&src.label, sched) {
+                        (Some(l), s) if s != SchedulerKind::Continuous => format!("{l}/{mode}"),
+                        _ => mode.clone(),
+                    };
                     if min_codas.len() > 1 && sched != SchedulerKind::Continuous {
                         label += &format!("/coda{min_coda}");
                     }
@@ -166,7 +207,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> R
                         }
                     }
                     results.push(serde_json::json!({
-                        "mode": mode, "width": w, "min_coda_batch_size": min_coda, "coda_reserve": reserve, "overlap": overlap,
+                        "mode": mode, "depth_source": src.label, "width": w, "min_coda_batch_size": min_coda, "coda_reserve": reserve, "overlap": overlap,
                         "mean_depth": if sched == SchedulerKind::Continuous { mean } else { realised },
                         "target_mean_depth": mean, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
                         "speedup_vs_cb": speedup, "flop_bound": spec.flop_bound(if sched == SchedulerKind::Continuous { mean } else { realised }),

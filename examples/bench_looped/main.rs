@@ -5,7 +5,8 @@
 //!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3] [--profile-step]
 //!                  [--long-prompts 4096,8192,... [--budgets 2048,8192] [--arrival-gap-ms 150]]
-//!       suite cdb: [--mean-depths 2.5,3.0] [--modes cb,cdb-no-refill,cdb-refill]
+//!       suite cdb: [--mean-depths 2.5,3.0 | --depth-traces LABEL=FILE[:on|off],...]
+//!                  [--modes cb,cdb-no-refill,cdb-refill]
 //!                  [--requests-per-width 3] [--min-depth 2] [--kv-gb 40] [--min-coda 1,quarter,half,full]
 //!                  [--coda-reserve 0,parked] [--coda-pairs quarter:0,half:parked]
 //!                  [--prompt-median 128] [--prompt-max 512] [--output-median 160] [--output-max 256]
@@ -18,6 +19,10 @@
 //! min coda − 1 resident requests (launches still at most W rows), so tokens parked for the
 //! held coda do not leave the core launch short (`--coda-pairs` lists (min coda, reserve)
 //! pairs instead of every combination);
+//! `--depth-traces sync=a.json:off,delayed=b.json:on` replays recorded per-token depths (the
+//! `quality_gates` example writes them: what each gate chose on held-out text) instead of a
+//! seeded distribution, each request a contiguous stretch of the recording
+//! (`DepthTrace::stream_from_json_file`), under the overlap setting given per trace;
 //! `--overlap off,on` runs depth batching with synchronous result reads and with launch N+1
 //! issued before N's results are read (`Engine::set_overlap`).
 //!
@@ -90,6 +95,8 @@ pub(crate) struct Args {
     pub(crate) tiny: bool,
     pub(crate) suite: String,
     pub(crate) mean_depths: Vec<f64>,
+    /// Suite cdb: recorded depth traces `LABEL=FILE[:on|off]` instead of `mean_depths`.
+    pub(crate) depth_traces: Vec<String>,
     pub(crate) modes: Vec<String>,
     pub(crate) requests_per_width: usize,
     pub(crate) min_depth: usize,
@@ -162,6 +169,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         tiny: false,
         suite: "cb".into(),
         mean_depths: vec![2.5, 3.0],
+        depth_traces: Vec::new(),
         modes: vec!["cb".into(), "cdb-no-refill".into(), "cdb-refill".into()],
         requests_per_width: 3,
         min_depth: 2,
@@ -198,6 +206,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             }
             "--suite" => a.suite = v()?,
             "--mean-depths" => a.mean_depths = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "--depth-traces" => a.depth_traces = v()?.split(',').map(String::from).collect(),
             "--modes" => a.modes = v()?.split(',').map(String::from).collect(),
             "--requests-per-width" => a.requests_per_width = v()?.parse()?,
             "--min-depth" => a.min_depth = v()?.parse()?,

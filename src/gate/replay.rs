@@ -16,6 +16,10 @@ pub enum DepthTrace {
     Recorded(HashMap<u64, Vec<usize>>),
     /// `probs[i]` = P(depth = i + 1); a depth per (seed, request, token) by hashing.
     Seeded { probs: Vec<f64>, seed: u64 },
+    /// Recorded depths laid end to end, replayed on any workload: token t of request r reads
+    /// `depths[(offset(r) + t) % len]` with a seeded offset per request, so each request replays
+    /// a contiguous stretch of what a gate chose on real text.
+    Stream { depths: Vec<usize>, seed: u64 },
 }
 
 impl DepthTrace {
@@ -39,6 +43,19 @@ impl DepthTrace {
         Ok(Self::Recorded(out))
     }
 
+    /// A recorded file (as [`DepthTrace::from_json_file`]) as a [`DepthTrace::Stream`]: each
+    /// request's depths after its first token (which the prefill ran), in request-id order.
+    pub fn stream_from_json_file(path: &Path, seed: u64) -> Result<Self> {
+        let Self::Recorded(m) = Self::from_json_file(path)? else { unreachable!("a file is recorded") };
+        let mut ids: Vec<u64> = m.keys().copied().collect();
+        ids.sort_unstable();
+        let depths: Vec<usize> = ids.iter().flat_map(|id| m[id].iter().skip(1).copied()).collect();
+        if depths.is_empty() {
+            return Err(Error::config(path.display().to_string(), "no depths after the first token of any request"));
+        }
+        Ok(Self::Stream { depths, seed })
+    }
+
     /// Depths in `min..=max` with mean `mean`: an exponentially tilted distribution (p_d ∝ e^{θd})
     /// whose θ is solved so the mean is exact, so depths spread over the whole range.
     pub fn with_mean(mean: f64, min: usize, max: usize, seed: u64) -> Result<Self> {
@@ -56,6 +73,7 @@ impl DepthTrace {
                 let all: Vec<usize> = m.values().flatten().copied().collect();
                 all.iter().sum::<usize>() as f64 / all.len().max(1) as f64
             }
+            Self::Stream { depths, .. } => depths.iter().sum::<usize>() as f64 / depths.len().max(1) as f64,
         }
     }
 
@@ -64,12 +82,17 @@ impl DepthTrace {
             // Past the end of a request's list its last depth repeats; an empty list covers nothing.
             Self::Recorded(m) => m.get(&item.request.0).and_then(|v| v.get(item.token_index).or(v.last()).copied()),
             Self::Seeded { probs, seed } => Some(draw(probs, mix(*seed ^ mix(item.request.0 ^ mix(item.token_index as u64))))),
+            Self::Stream { depths, seed } => {
+                let offset = mix(*seed ^ mix(item.request.0)) as usize;
+                depths.get(offset.wrapping_add(item.token_index) % depths.len().max(1)).copied()
+            }
         }
     }
 }
 
 /// Exits each item at its replayed depth (clamped to `min_steps..=max_steps`; items the trace
-/// does not cover run `max_steps`).
+/// does not cover run `max_steps`). It stands in for a live gate: the model still computes the
+/// gate logit and copies it back, as the gate it replays would.
 #[derive(Debug, Clone)]
 pub struct Replay {
     trace: DepthTrace,
@@ -131,5 +154,22 @@ mod tests {
             (0..4).find(|&r| g.decide(ItemRef { request: RequestId(7), token_index: tok, input_token: None }, r, StepSignals::default(), &mut s)).unwrap() + 1
         };
         assert_eq!((depth(0), depth(1), depth(2), depth(5)), (2, 3, 4, 4));
+    }
+
+    #[test]
+    fn a_stream_replays_contiguous_stretches_of_the_recording() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("trace.json");
+        std::fs::write(&path, r#"{"depths": {"1": [4, 2, 3], "0": [4, 1, 2]}}"#).unwrap();
+        let t = DepthTrace::stream_from_json_file(&path, 5).unwrap();
+        assert_eq!(t, DepthTrace::Stream { depths: vec![1, 2, 2, 3], seed: 5 }, "first tokens skipped, requests in id order");
+        assert!((t.expected_mean() - 2.0).abs() < 1e-12);
+        let at = |r: u64, k: usize| t.depth(ItemRef { request: RequestId(r), token_index: k, input_token: None }).unwrap();
+        for r in 0..20 {
+            let start = (0..4).find(|&o| (0..4).all(|k| at(r, k) == [1, 2, 2, 3][(o + k) % 4])).is_some();
+            assert!(start, "request {r} reads the stream in order");
+        }
+        std::fs::write(&path, r#"{"depths": {"0": [4]}}"#).unwrap();
+        assert!(DepthTrace::stream_from_json_file(&path, 5).is_err());
     }
 }

@@ -101,20 +101,29 @@ class FrozenOuro:
         q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, s, -1)
+        if mask is None:  # documents of one length, one per row: the fused causal kernels
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        attn = attn.transpose(1, 2).reshape(b, s, -1)
         h = h + self.rms(attn @ w[f"{p}.self_attn.o_proj.weight"].T, w[f"{p}.input_layernorm_2.weight"])
         m = self.rms(h, w[f"{p}.post_attention_layernorm.weight"])
         m = (F.silu(m @ w[f"{p}.mlp.gate_proj.weight"].T) * (m @ w[f"{p}.mlp.up_proj.weight"].T)) @ w[f"{p}.mlp.down_proj.weight"].T
         return h + self.rms(m, w[f"{p}.post_attention_layernorm_2.weight"])
 
     @torch.no_grad()
-    def forward(self, ids, positions, docs, keep):
-        """ids, positions, docs: [B, S]; keep: [B, S] bool (positions in the loss).
+    def forward(self, ids, positions, docs, keep, doc_len=None):
+        """ids, positions, docs: [B, S]; keep: [B, S] bool (positions in the loss). With
+        `doc_len`, every sequence is whole documents of that length, run one per row.
         Returns, at the kept positions, the normed loop outputs [T, N, H] (f32), the stock gate
         logits [T, N] (f32) and the embeddings [N, H] (f32)."""
-        s = ids.shape[1]
-        causal = torch.ones(s, s, dtype=torch.bool, device=self.device).tril()
-        mask = (causal[None] & (docs[:, :, None] == docs[:, None, :]))[:, None]  # [B, 1, S, S]
+        if doc_len:
+            ids, positions, keep = (x.reshape(-1, doc_len) for x in (ids, positions, keep))
+            mask = None
+        else:
+            s = ids.shape[1]
+            causal = torch.ones(s, s, dtype=torch.bool, device=self.device).tril()
+            mask = (causal[None] & (docs[:, :, None] == docs[:, None, :]))[:, None]  # [B, 1, S, S]
         cos, sin = self.rope(positions)
         emb = self.w["model.embed_tokens.weight"][ids]
         h, outs, gates = emb, [], []
@@ -242,7 +251,7 @@ def lr_factor(step, warmup, total, floor=0.05):
 
 
 @torch.no_grad()
-def validate(model, la, pl, val, device, batch):
+def validate(model, la, pl, val, device, batch, doc_len):
     t = model.steps
     sums, n = {}, 0
 
@@ -251,7 +260,7 @@ def validate(model, la, pl, val, device, batch):
 
     for i in range(0, len(val), batch):
         ids, pos, doc, keep = to_batch(val[i : i + batch], device)
-        hs, z, emb = model.forward(ids, pos, doc, keep)
+        hs, z, emb = model.forward(ids, pos, doc, keep, doc_len)
         m = z.shape[1]
         _, student, logits = lookahead_loss(la, hs, z)
         _, pre = preloop_loss(pl, emb, z)
@@ -299,6 +308,7 @@ def main():
     ap.add_argument("--val-seqs", type=int, default=128, help="packed validation sequences")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="the frozen model's dtype (the heads train in f32)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--max-minutes", type=float, help="stop training after this long (the heads so far are written; the JSON says so)")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -312,6 +322,8 @@ def main():
         raise SystemExit(f"total_ut_steps {t}: a lookahead head needs at least 3 loop steps")
 
     docs, loss_positions = read_documents(args.corpus, tok, args.window)
+    plain = not str(args.corpus).endswith(".jsonl") and not str(args.heldout or "").endswith(".jsonl")
+    doc_len = args.window if plain and args.seq % args.window == 0 else None
     if args.heldout:
         val_docs, _ = read_documents(args.heldout, tok, args.window)
     else:
@@ -338,7 +350,7 @@ def main():
     start = time.time()
 
     def evaluate(step):
-        e = {"step": step, "seconds": round(time.time() - start, 1)} | validate(model, la, pl, val, device, max(1, args.batch))
+        e = {"step": step, "seconds": round(time.time() - start, 1)} | validate(model, la, pl, val, device, max(1, args.batch), doc_len)
         evals.append(e)
         print(
             f"step {step:>6} val: lookahead agreement@0.2 {e['lookahead_agreement@0.2']:.3f} "
@@ -349,12 +361,18 @@ def main():
 
     evaluate(0)
     order = []
+    stopped_at = None
     for step in range(steps):
+        if args.max_minutes and time.time() - start > 60 * args.max_minutes:
+            stopped_at = step
+            evaluate(step)
+            print(f"stopped after {step} of {steps} steps (--max-minutes {args.max_minutes})", flush=True)
+            break
         if len(order) < args.batch:
             order += rng.sample(range(len(train)), len(train))
         pick, order = order[: args.batch], order[args.batch :]
         ids, pos, doc, keep = to_batch([train[i] for i in pick], device)
-        hs, z, emb = model.forward(ids, pos, doc, keep)
+        hs, z, emb = model.forward(ids, pos, doc, keep, doc_len)
         if z.shape[1] == 0:
             continue
         la_loss, _, _ = lookahead_loss(la, hs, z)
@@ -379,7 +397,7 @@ def main():
     weights = [model_dir / f for f in shards]
     meta = {
         "recipe": "CDB authors' lookahead / preloop gates (shared/spec/lookahead-gate.md); teacher = the frozen stock gate",
-        "settings": vars(args) | {"steps": steps},
+        "settings": vars(args) | {"steps": steps, "steps_run": stopped_at if stopped_at is not None else steps},
         "checkpoint": {"dir": str(model_dir), "files": {p.name: sha256(p) for p in weights}, "total_ut_steps": t, "hidden_size": h},
         "data": {
             "corpus": args.corpus,
@@ -390,7 +408,7 @@ def main():
             "train_documents": len(docs),
             "train_sequences": len(train),
             "val_sequences": len(val),
-            "tokens_seen": steps * args.batch * args.seq,
+            "tokens_seen": (stopped_at if stopped_at is not None else steps) * args.batch * args.seq,
         },
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
