@@ -4,6 +4,7 @@
 //!     cargo run --release --example generate -- --max-new 64 --temperature 0.8 --top-p 0.9 --seed 1 "Traits"
 //!     cargo run --release --example generate -- --sdar --threshold 0.7 "Ownership in Rust"
 //!     cargo run --release --example generate -- --chat      # multi-turn: one user turn per stdin line
+//!     cargo run --release --example generate -- --gate lookahead --q 0.5 "Traits"
 //!
 //! Options: --model DIR, --max-new N, --temperature T, --top-k K, --top-p P, --seed S,
 //! --layout depth-indexed|shared, --cuda, --bf16. Diffusion models (`--sdar` / `--llada` pick the shipped
@@ -12,10 +13,20 @@
 //! own thread through an `EngineHandle`. `--chat` reads the user's turns from stdin, one per
 //! line, and renders the conversation so far with the model's chat template each turn
 //! (`--system TEXT` opens it with a system message).
+//!
+//! Exit gates (looped models; continuous depth batching with the last-exited KV layout unless
+//! `--layout` says otherwise): `--gate stock` (the checkpoint's own gate, synchronous),
+//! `delayed` (the stock gate's verdict one step late, with overlap), `lookahead` (the trained
+//! lookahead head, with overlap) or `preloop` (the trained preloop head: the depth picked from
+//! the token before the loop, with overlap); `--q Q` is the exit threshold (default 0.5). The
+//! trained heads are read from the model directory (`lookahead_exit_gate.safetensors`,
+//! `preloop_exit_gate.safetensors`; `tools/train/train_gate.py` writes them). A single prompt
+//! ends with the mean loop depth its tokens ran.
 
 use ponder::chat::{Chat, ChatMessage};
 
 use ponder::diffusion::Threshold;
+use ponder::gate::{ExitGate, LearnedLookahead, Lookahead, Preloop, QExit};
 use ponder::{DType, Device, EngineBuilder, Event, GenerationParams, KvLayoutKind, SamplingParams};
 use std::io::Write;
 
@@ -27,6 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut threshold, mut block_length, mut delayed) = (None::<f32>, None::<usize>, false);
     let mut prompts = Vec::new();
     let (mut chat, mut system) = (false, None::<String>);
+    let (mut gate, mut q) = (None::<String>, 0.5f32);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -45,10 +57,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--delayed-cache" => delayed = true,
             "--chat" => chat = true,
             "--system" => system = Some(val()?),
+            "--gate" => gate = Some(val()?),
+            "--q" => q = val()?.parse()?,
             "--cuda" => cuda = true,
             "--bf16" => bf16 = true,
             "-h" | "--help" => {
-                println!("usage: generate [--model DIR | --sdar | --llada] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--threshold T] [--block-length N] [--delayed-cache] [--chat [--system TEXT]] [--cuda] [--bf16] PROMPT...");
+                println!("usage: generate [--model DIR | --sdar | --llada] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--threshold T] [--block-length N] [--delayed-cache] [--chat [--system TEXT]] [--gate stock|delayed|lookahead|preloop [--q Q]] [--cuda] [--bf16] PROMPT...");
                 return Ok(());
             }
             _ => prompts.push(a),
@@ -62,6 +76,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut builder = EngineBuilder::new(&model).device(device).dtype(if bf16 { DType::BF16 } else { DType::F32 }).max_num_seqs(prompts.len().max(1));
     if let Some(l) = layout {
         builder = builder.looped(|o| o.kv_layout(l));
+    }
+    if let Some(name) = &gate {
+        let (gate, overlap) = exit_gate(&model, name, q)?;
+        let layout = layout.unwrap_or(KvLayoutKind::LastExited);
+        builder = builder.looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(layout).exit_gate_boxed(gate).overlap(overlap));
     }
     if let Some(t) = threshold {
         let policy = Threshold::new(t)?;
@@ -82,10 +101,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // One prompt: stream straight to the terminal.
         let stream = handle.submit(prompts[0].as_str(), params)?;
         print!("{}", prompts[0]);
+        let (mut steps, mut tokens) = (0u64, 0u64);
         for ev in stream {
             match ev {
-                Event::Token { text, .. } => print!("{text}"),
-                Event::Finished { text, reason, .. } => println!("{text}\n[finished: {reason:?}]"),
+                Event::Token { text, steps: s, .. } => {
+                    print!("{text}");
+                    steps += u64::from(s.unwrap_or(0));
+                    tokens += 1;
+                }
+                Event::Finished { text, reason, .. } => {
+                    let depth = if gate.is_some() && tokens > 0 { format!(", mean depth {:.2}", steps as f64 / tokens as f64) } else { String::new() };
+                    println!("{text}\n[finished: {reason:?}{depth}]")
+                }
             }
             std::io::stdout().flush()?;
         }
@@ -136,4 +163,26 @@ fn converse(handle: &ponder::EngineHandle, params: GenerationParams, system: Opt
         messages.push(ChatMessage::assistant(reply.trim()));
     }
     Ok(())
+}
+
+/// The exit gate `name` at threshold `q` with the model's loop count, and whether it serves with
+/// overlap (the gates whose verdicts are known a step ahead).
+fn exit_gate(model: &str, name: &str, q: f32) -> Result<(Box<dyn ExitGate>, bool), Box<dyn std::error::Error>> {
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(std::path::Path::new(model).join("config.json"))?)?;
+    let steps = config["total_ut_steps"].as_u64().ok_or("--gate needs an Ouro checkpoint (total_ut_steps in config.json)")? as usize;
+    let head = |file: &str| {
+        let path = std::path::Path::new(model).join(file);
+        if path.exists() {
+            Ok(path)
+        } else {
+            Err(format!("{} is missing: train it with tools/train/train_gate.py", path.display()))
+        }
+    };
+    Ok(match name {
+        "stock" => (Box::new(QExit::new(q, 1, steps)?), false),
+        "delayed" => (Box::new(Lookahead::new(QExit::new(q, 1, steps)?)?), true),
+        "lookahead" => (Box::new(LearnedLookahead::load(&head("lookahead_exit_gate.safetensors")?, q, 1, steps)?), true),
+        "preloop" => (Box::new(Preloop::load(&head("preloop_exit_gate.safetensors")?, q, 1, steps)?), true),
+        other => return Err(format!("unknown gate {other}: stock, delayed, lookahead or preloop").into()),
+    })
 }

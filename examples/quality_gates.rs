@@ -66,6 +66,9 @@ struct Row {
     ppl: f64,
     depth: f64,
     agreement: Option<f64>,
+    /// Learned lookahead only: mean per-token NLL minus the delayed gate's on the same tokens,
+    /// and the standard error of that paired difference.
+    nll_vs_delayed: Option<(f64, f64)>,
     seconds: f64,
 }
 
@@ -216,8 +219,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
 
     let mut rows = Vec::new();
-    // (a)'s per-token depths by q, the reference of the agreement column.
+    // (a)'s per-token depths by q, the reference of the agreement column; (b)'s log-probabilities
+    // by q, the reference of the learned lookahead's paired perplexity comparison.
     let mut reference: HashMap<u32, Vec<Vec<u32>>> = HashMap::new();
+    let mut delayed_lps: HashMap<u32, Vec<f32>> = HashMap::new();
     for c in &configs {
         for &p in &c.params {
             let t0 = Instant::now();
@@ -229,6 +234,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if !c.fixed && c.stem == "stock-sync" {
                 reference.insert(key, per_token.clone());
             }
+            if c.stem == "delayed" {
+                delayed_lps.insert(key, lps.clone());
+            }
+            let nll_vs_delayed = (c.stem == "learned").then(|| paired_difference(&delayed_lps[&key], &lps));
             let agreement = (!c.fixed).then(|| {
                 let a = &reference[&key];
                 let pairs = a.iter().zip(&per_token).flat_map(|(x, y)| x.iter().zip(y).skip(1));
@@ -252,7 +261,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 c.label,
                 agreement.map_or("-".into(), |a| format!("{:.3}", a))
             );
-            rows.push(Row { label: c.label, overlap: c.overlap, param: p, fixed: c.fixed, ppl, depth, agreement, seconds });
+            rows.push(Row { label: c.label, overlap: c.overlap, param: p, fixed: c.fixed, ppl, depth, agreement, nll_vs_delayed, seconds });
         }
     }
     let total = started.elapsed().as_secs_f64();
@@ -264,7 +273,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|r| {
                 serde_json::json!({
                     "gate": r.label, "overlap": r.overlap, "q": (!r.fixed).then_some(r.param), "fixed_depth": r.fixed.then_some(r.param as usize),
-                    "perplexity": r.ppl, "mean_depth": r.depth, "agreement_with_stock_sync": r.agreement, "seconds": r.seconds,
+                    "perplexity": r.ppl, "mean_depth": r.depth, "agreement_with_stock_sync": r.agreement,
+                    "nll_minus_delayed": r.nll_vs_delayed.map(|d| d.0), "nll_minus_delayed_se": r.nll_vs_delayed.map(|d| d.1), "seconds": r.seconds,
                 })
             })
             .collect();
@@ -292,8 +302,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             windows.len(),
             windows.len() * SCORED
         );
-        md += "| q | (a) stock sync: ppl / depth | (b) delayed: ppl / depth / agree | (c) learned lookahead: ppl / depth / agree | (d) preloop: ppl / depth / agree |\n";
-        md += "|---|---|---|---|---|\n";
+        md += "| q | (a) stock sync: ppl / depth | (b) delayed: ppl / depth / agree | (c) learned lookahead: ppl / depth / agree | (c) − (b): NLL per token ± 2 se | (d) preloop: ppl / depth / agree |\n";
+        md += "|---|---|---|---|---|---|\n";
         for q in QS {
             let cell = |stem_label: &str| {
                 rows.iter().find(|r| r.label == stem_label && !r.fixed && r.param == q).map(|r| match r.agreement {
@@ -302,7 +312,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 })
             };
             let labels = ["(a) stock, synchronous", "(b) stock, delayed one step", "(c) learned lookahead", "(d) preloop"];
-            let cells: Vec<String> = labels.iter().map(|l| cell(l).unwrap_or_default()).collect();
+            let mut cells: Vec<String> = labels.iter().map(|l| cell(l).unwrap_or_default()).collect();
+            let paired = rows.iter().find(|r| r.label == labels[2] && r.param == q).and_then(|r| r.nll_vs_delayed);
+            cells.insert(3, paired.map_or(String::new(), |(d, se)| format!("{d:+.4} ± {:.4}", 2.0 * se)));
             md += &format!("| {q} | {} |\n", cells.join(" | "));
         }
         md += "\n| (e) fixed depth | perplexity | mean depth |\n|---|---:|---:|\n";
@@ -313,4 +325,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("wrote {path}");
     }
     Ok(())
+}
+
+/// Mean and standard error of `b[i] − a[i]` over tokens, in NLL (negative log-probability):
+/// positive means `b` is worse on the same tokens.
+fn paired_difference(a: &[f32], b: &[f32]) -> (f64, f64) {
+    let d: Vec<f64> = a.iter().zip(b).map(|(&x, &y)| x as f64 - y as f64).collect();
+    let n = d.len().max(2) as f64;
+    let mean = d.iter().sum::<f64>() / n;
+    let var = d.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, (var / n).sqrt())
 }

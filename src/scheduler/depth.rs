@@ -83,6 +83,9 @@ struct Req {
     /// time; its signals can arrive after the item was routed on).
     gate: GateState,
     item_token: usize,
+    /// The state row went back to the pool when the coda of the request's last token was
+    /// issued (its result has not been read yet; `finish` must not free the row again).
+    state_released: bool,
 }
 
 impl Req {
@@ -231,7 +234,17 @@ impl DepthBatching {
             }
             let SchedRequest { prompt, max_new_tokens: max_new, .. } = self.requests.admit_front(need).expect("checked free blocks");
             let state = self.free_states.pop().expect("checked");
-            let req = Req { prompt_len: prompt.len(), prefilled: 0, tokens: prompt, max_new, state, launched: 0, gate: GateState::new(), item_token: 0 };
+            let req = Req {
+                prompt_len: prompt.len(),
+                prefilled: 0,
+                tokens: prompt,
+                max_new,
+                state,
+                launched: 0,
+                gate: GateState::new(),
+                item_token: 0,
+                state_released: false,
+            };
             self.reqs.insert(id, req);
             let row = self.chunk_row(id, n, &mut budget);
             if self.reqs[&id].prefilled < self.reqs[&id].prompt_len {
@@ -272,6 +285,17 @@ impl DepthBatching {
             self.unrouted.push_back((Stage::Coda, it.request));
             if let Some(req) = self.reqs.get_mut(&it.request) {
                 req.launched += 1;
+                // The request's last token: nothing reads its state row after this coda, so the
+                // row (its resident slot) goes back now. With overlap the engine finishes the
+                // request only once the coda's result is read, a launch later; a replacement
+                // admitted meanwhile starts in step with the coda's successors instead of half a
+                // token out of phase (which costs a coda launch per token from then on). Launches
+                // run in order on the device, so a prefill that reuses the row writes it after
+                // this coda has read it.
+                if req.launched >= req.max_new && !req.state_released {
+                    req.state_released = true;
+                    self.free_states.push(req.state);
+                }
             }
         }
         Some(self.launch(Stage::Coda, rows))
@@ -391,7 +415,7 @@ impl Scheduler for DepthBatching {
         self.unrouted.retain(|(_, r)| *r != id);
         // Copies into a finished request's blocks must not land after the blocks are reused.
         self.copies.retain(|(r, _)| *r != id);
-        if let Some(req) = self.reqs.remove(&id) {
+        if let Some(req) = self.reqs.remove(&id).filter(|r| !r.state_released) {
             self.free_states.push(req.state);
         }
         self.requests.forget(id);
@@ -531,28 +555,76 @@ mod tests {
 
     /// Runs the scheduler with a fake model (every sampled token is 1) and returns its launches.
     fn drive(s: &mut DepthBatching, requests: usize, new_tokens: usize) -> Vec<LoopedLaunch> {
-        for i in 0..requests {
-            s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![3; 5], max_new_tokens: new_tokens });
+        drive_lengths(s, &vec![new_tokens; requests], false)
+    }
+
+    /// [`drive`] with a length per request; with `overlap` as the engine drives an overlapping
+    /// scheduler: launch k + 1 is scheduled before launch k's result is read (and before the
+    /// requests it finished are finished).
+    fn drive_lengths(s: &mut DepthBatching, new_tokens: &[usize], overlap: bool) -> Vec<LoopedLaunch> {
+        for (i, &n) in new_tokens.iter().enumerate() {
+            s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![3; 5], max_new_tokens: n });
         }
-        let mut produced = vec![0usize; requests];
-        let mut launches = Vec::new();
-        while let Some(l) = s.schedule() {
-            let rows = l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(1), ..LoopedRowOutput::new(r.request) }).collect();
-            let result = LoopedResult { rows };
-            s.complete(&l, &result);
-            for r in result.rows.iter().filter(|r| r.token.is_some()) {
-                let i = r.request.0 as usize;
-                produced[i] += 1;
-                if produced[i] == new_tokens {
-                    s.finish(r.request);
+        let mut produced = vec![0usize; new_tokens.len()];
+        let (mut launches, mut pending) = (Vec::new(), None::<LoopedLaunch>);
+        loop {
+            let next = s.schedule();
+            if !overlap {
+                let Some(l) = next else { break };
+                launches.push(complete(s, l, new_tokens, &mut produced));
+            } else {
+                let had = pending.is_some();
+                if let Some(l) = pending.take() {
+                    launches.push(complete(s, l, new_tokens, &mut produced));
+                }
+                match next {
+                    Some(l) => pending = Some(l),
+                    None if !had => break,
+                    None => {}
                 }
             }
-            launches.push(l);
             assert!(launches.len() < 100_000, "scheduler does not terminate");
         }
-        assert!(produced.iter().all(|&p| p == new_tokens), "every request got all its tokens: {produced:?}");
+        assert_eq!(produced, new_tokens, "every request got all its tokens");
         assert_eq!(s.kv().num_used_blocks(), 0);
         launches
+    }
+
+    /// Completes `l` with the fake model's tokens and finishes the requests that got them all.
+    fn complete(s: &mut DepthBatching, l: LoopedLaunch, new_tokens: &[usize], produced: &mut [usize]) -> LoopedLaunch {
+        let rows = l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(1), ..LoopedRowOutput::new(r.request) }).collect();
+        let result = LoopedResult { rows };
+        s.complete(&l, &result);
+        for r in result.rows.iter().filter(|r| r.token.is_some()) {
+            let i = r.request.0 as usize;
+            produced[i] += 1;
+            if produced[i] == new_tokens[i] {
+                s.finish(r.request);
+            }
+        }
+        l
+    }
+
+    #[test]
+    fn a_finished_requests_slot_is_reused_in_step_with_the_cohort_under_overlap() {
+        // Every token runs two steps; requests end at staggered lengths and are replaced. Under
+        // overlap the engine finishes a request a launch after its last coda was issued; the
+        // replacement must still start in step with the other requests' successors, or every
+        // later token costs a coda launch of its own.
+        let new_tokens: Vec<usize> = (0..12).map(|i| 5 + (i * 7) % 11).collect();
+        let count = |launches: &[LoopedLaunch], stage| launches.iter().filter(|l| l.stage == stage).count();
+        let mut sync = sched(true, 4, Box::new(FixedDepth::new(2).unwrap()));
+        let sync_launches = drive_lengths(&mut sync, &new_tokens, false);
+        let mut ahead = sched(true, 4, Box::new(FixedDepth::new(2).unwrap()));
+        let ahead_launches = drive_lengths(&mut ahead, &new_tokens, true);
+        assert_eq!(count(&ahead_launches, Stage::Coda), count(&sync_launches, Stage::Coda), "overlap splits no coda");
+        assert_eq!(count(&ahead_launches, Stage::CoreStep), count(&sync_launches, Stage::CoreStep));
+        // Every state row is back exactly once.
+        for s in [&sync, &ahead] {
+            let mut rows = s.free_states.clone();
+            rows.sort_unstable();
+            assert_eq!(rows, (0..4).collect::<Vec<u32>>());
+        }
     }
 
     #[test]
