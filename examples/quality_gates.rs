@@ -67,7 +67,7 @@ struct Row {
     depth: f64,
     agreement: Option<f64>,
     /// Learned lookahead only: mean per-token NLL minus the delayed gate's on the same tokens,
-    /// and the standard error of that paired difference.
+    /// and its standard error over windows (tokens of one window are not independent).
     nll_vs_delayed: Option<(f64, f64)>,
     seconds: f64,
 }
@@ -222,7 +222,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // (a)'s per-token depths by q, the reference of the agreement column; (b)'s log-probabilities
     // by q, the reference of the learned lookahead's paired perplexity comparison.
     let mut reference: HashMap<u32, Vec<Vec<u32>>> = HashMap::new();
-    let mut delayed_lps: HashMap<u32, Vec<f32>> = HashMap::new();
+    let mut delayed_lps: HashMap<u32, Vec<Vec<f32>>> = HashMap::new();
     for c in &configs {
         for &p in &c.params {
             let t0 = Instant::now();
@@ -234,10 +234,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if !c.fixed && c.stem == "stock-sync" {
                 reference.insert(key, per_token.clone());
             }
+            let by_window: Vec<Vec<f32>> = scored.iter().map(|s| s.0.clone()).collect();
             if c.stem == "delayed" {
-                delayed_lps.insert(key, lps.clone());
+                delayed_lps.insert(key, by_window.clone());
             }
-            let nll_vs_delayed = (c.stem == "learned").then(|| paired_difference(&delayed_lps[&key], &lps));
+            let nll_vs_delayed = (c.stem == "learned").then(|| paired_difference(&delayed_lps[&key], &by_window));
             let agreement = (!c.fixed).then(|| {
                 let a = &reference[&key];
                 let pairs = a.iter().zip(&per_token).flat_map(|(x, y)| x.iter().zip(y).skip(1));
@@ -327,12 +328,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Mean and standard error of `b[i] − a[i]` over tokens, in NLL (negative log-probability):
-/// positive means `b` is worse on the same tokens.
-fn paired_difference(a: &[f32], b: &[f32]) -> (f64, f64) {
-    let d: Vec<f64> = a.iter().zip(b).map(|(&x, &y)| x as f64 - y as f64).collect();
-    let n = d.len().max(2) as f64;
-    let mean = d.iter().sum::<f64>() / n;
-    let var = d.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+/// Per-token NLL of `b` minus that of `a` on the same tokens (positive: `b` is worse): the mean
+/// over all tokens and its standard error from the spread of the per-window mean differences.
+fn paired_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f64, f64) {
+    let per_window: Vec<(f64, usize)> =
+        a.iter().zip(b).map(|(x, y)| (x.iter().zip(y).map(|(&p, &q)| p as f64 - q as f64).sum::<f64>(), x.len().min(y.len()))).collect();
+    let tokens: usize = per_window.iter().map(|w| w.1).sum();
+    let mean = per_window.iter().map(|w| w.0).sum::<f64>() / tokens.max(1) as f64;
+    let means: Vec<f64> = per_window.iter().filter(|w| w.1 > 0).map(|w| w.0 / w.1 as f64).collect();
+    let n = means.len().max(2) as f64;
+    let m = means.iter().sum::<f64>() / n;
+    let var = means.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1.0);
     (mean, (var / n).sqrt())
 }

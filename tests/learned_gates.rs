@@ -67,6 +67,8 @@ fn heads_that_do_not_fit_the_model_are_refused() {
     assert!(matches!(err, Err(ponder::Error::BadTensor { .. })), "{:?}", err.err());
     let stock = head_from_stock(&dir, tmp.path(), 0.0);
     let gate = LearnedLookahead::load(&stock, 0.5, 1, 4).unwrap();
+    // A trained gate already decides ahead: wrapping it would leave its head uninstalled.
+    assert!(Lookahead::new(LearnedLookahead::load(&stock, 0.5, 1, 4).unwrap()).is_err());
     // CB runs full depth: an early-exit gate would be ignored.
     assert!(builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.exit_gate(gate)).build().is_err());
 }
@@ -121,18 +123,21 @@ fn a_preloop_head_runs_each_token_to_the_depth_its_embedding_picks() {
                 }
             }
         }
-        let mut checked = 0;
+        let (mut checked, mut depth_one) = (0, 0);
         for (i, id) in ids.iter().enumerate() {
             let got = &tokens[id];
             assert_eq!(got.len(), max_new[i]);
             // The first token comes from the full-depth prefill; each later one ran the depth of
             // the token before it.
             for k in 1..got.len() {
-                assert_eq!(got[k].1, Some(want[got[k - 1].0 as usize] as u32), "min {min}, overlap {overlap}: request {i} token {k}");
+                let d = want[got[k - 1].0 as usize];
+                assert_eq!(got[k].1, Some(d as u32), "min {min}, overlap {overlap}: request {i} token {k}");
                 checked += 1;
+                depth_one += usize::from(d == 1);
             }
         }
         assert!(checked > 20);
+        assert!(min > 1 || depth_one > 0, "overlap {overlap}: some generated token ran a single step");
         assert_kv_empty(&engine);
     }
     // Asked for more steps than the head was trained for: a typed error.

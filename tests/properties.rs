@@ -48,6 +48,10 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
     let mut aborted = vec![false; reqs.len()];
     // Tokens whose producing row (a prefill's last chunk or a coda) has been issued, per request.
     let mut issued: HashMap<u64, usize> = HashMap::new();
+    // Depth schedulers: which request owns each state row. A row changes hands only after its
+    // owner's last token was issued (or the owner was aborted / finished).
+    let depth = s.name() != "cb";
+    let mut owner: HashMap<u32, u64> = HashMap::new();
     loop {
         for (i, r) in reqs.iter().enumerate() {
             if r.arrival == tick {
@@ -64,12 +68,22 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
         if let Some(l) = next.as_ref().filter(|l| l.stage != ponder::scheduler::Stage::Prefill) {
             prop_assert!(l.rows.len() <= width, "{:?} launch of {} rows at width {width}", l.stage, l.rows.len());
         }
-        for row in next.iter().flat_map(|l| &l.rows).filter(|r| r.sample) {
-            *issued.entry(row.request.0).or_default() += 1;
+        for row in next.iter().flat_map(|l| &l.rows) {
+            let r = row.request.0;
+            if depth {
+                if let Some(&o) = owner.get(&row.state).filter(|&&o| o != r) {
+                    let done = !live.contains_key(&o) || issued.get(&o).copied().unwrap_or(0) >= reqs[o as usize].new_tokens;
+                    prop_assert!(done, "state row {} used by request {r} while request {o} still runs on it", row.state);
+                }
+                owner.insert(row.state, r);
+            }
+            if row.sample {
+                *issued.entry(r).or_default() += 1;
+            }
         }
         // A request whose last token is issued but not yet read back (overlap) has given its
         // resident slot back already; it stays running until the token arrives.
-        let draining = live.keys().filter(|id| issued.get(id).copied().unwrap_or(0) >= reqs[**id as usize].new_tokens).count();
+        let draining = live.keys().filter(|_| depth).filter(|id| issued.get(id).copied().unwrap_or(0) >= reqs[**id as usize].new_tokens).count();
         prop_assert!(s.num_running().saturating_sub(draining) <= resident, "{} resident ({draining} draining), at most {resident}", s.num_running());
         if next.is_none() && pending.is_none() {
             if all_arrived {

@@ -146,7 +146,8 @@ impl Engine {
 
     /// Issues each launch before consuming the previous one's results (see [`Engine::step`]).
     /// Only for looped schedulers that support it (depth batching with a gate that decides one
-    /// step ahead: lookahead, replay, fixed); others get `Error::InvalidOption`.
+    /// step ahead: lookahead, learned lookahead, preloop, replay, fixed); others get
+    /// `Error::InvalidOption`.
     pub fn set_overlap(&mut self, on: bool) -> Result<()> {
         let h = match &mut self.family {
             Family::Looped(h) => h,

@@ -15,6 +15,13 @@ impl<G: ExitGate> Lookahead<G> {
         if inner.max_steps() < 2 {
             return Err(crate::Error::InvalidOption("lookahead needs max_steps >= 2".into()));
         }
+        // The engine installs heads of the gate it is given, not of a wrapped one.
+        if inner.gate_head().is_some() || inner.token_head().is_some() {
+            return Err(crate::Error::InvalidOption(format!(
+                "{} already decides ahead; wrapping it in Lookahead would leave its trained head uninstalled",
+                inner.name()
+            )));
+        }
         let bounds = StepBounds::new(inner.min_steps().max(2), inner.max_steps())?;
         Ok(Self { inner, bounds })
     }

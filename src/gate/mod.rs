@@ -65,7 +65,8 @@ impl GateState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ItemRef {
     pub request: RequestId,
-    /// Index of the generated token within its request (0 = first decode token).
+    /// Index of the generated token within its request (0 = the token the prefill samples, so
+    /// loop items start at 1).
     pub token_index: usize,
     /// The token entering the loop (the previous token of the request), when it is on the host.
     /// With overlap a successor's first step can be scheduled before the token sampled for it
@@ -125,7 +126,8 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
     /// Called after 0-based `step` ran. Returns true if the item exits after this step.
     fn decide(&self, item: ItemRef, step: usize, signals: StepSignals, state: &mut GateState) -> bool;
     /// The verdict on "exit after `step`" if it is already known before the step's own signal
-    /// arrives (lookahead, replayed and fixed depths). A scheduler may then route the item while
+    /// arrives (lookahead, learned lookahead, preloop once the input token is on the host,
+    /// replayed and fixed depths). A scheduler may then route the item while
     /// its step is still running on the device — the overlap of CDB. `decide` must return the
     /// same verdict when the signal does arrive. `None`: the verdict needs the step's signal.
     fn exit_known(&self, _item: ItemRef, _step: usize, _state: &GateState) -> Option<bool> {

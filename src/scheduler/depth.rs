@@ -48,6 +48,8 @@ pub struct DepthConfig {
     /// `min_coda_batch_size − 1`) keep their resident slots but are not in the core launch; a
     /// reserve of that many keeps the core launch full meanwhile, at the KV cost of as many more
     /// requests. 0 (default): `max_num_seqs` caps resident requests, as in the paper. Refill only.
+    /// (A request whose last token's coda has been issued gives its slot back then, while it
+    /// waits for that token; it still holds its KV until it is finished.)
     pub coda_reserve: usize,
 }
 

@@ -344,7 +344,10 @@ def main():
         la.bias.copy_(model.w["model.early_exit_gate.bias"].float())
     pl = nn.Linear(h, t).to(device)
     opts = [torch.optim.AdamW(m.parameters(), lr=args.lr, weight_decay=args.weight_decay) for m in (la, pl)]
-    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, args.warmup, steps)) for o in opts]
+    # The cosine runs over the steps that will actually be taken: with --max-minutes, re-estimated
+    # from the measured step rate after the first 50 steps, so a time-limited run still anneals.
+    horizon = [steps]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, args.warmup, horizon[0])) for o in opts]
 
     evals, curve = [], []
     start = time.time()
@@ -360,6 +363,7 @@ def main():
         )
 
     evaluate(0)
+    train_start = time.time()
     order = []
     stopped_at = None
     for step in range(steps):
@@ -383,6 +387,10 @@ def main():
             torch.nn.utils.clip_grad_norm_(head.parameters(), args.clip)
             opt.step()
             sched.step()
+        if args.max_minutes and step == 50:
+            rate = 50 / max(time.time() - train_start, 1e-9)
+            horizon[0] = max(args.warmup + 1, min(steps, int(rate * (60 * args.max_minutes - (train_start - start)) * 0.95)))
+            print(f"--max-minutes {args.max_minutes}: the schedule runs over {horizon[0]} steps", flush=True)
         if step % 100 == 0:
             curve.append({"step": step, "lookahead_loss": round(la_loss.item(), 5), "preloop_loss": round(pl_loss.item(), 5)})
         if (step + 1) % args.eval_every == 0 or step + 1 == steps:
@@ -397,7 +405,7 @@ def main():
     weights = [model_dir / f for f in shards]
     meta = {
         "recipe": "CDB authors' lookahead / preloop gates (shared/spec/lookahead-gate.md); teacher = the frozen stock gate",
-        "settings": vars(args) | {"steps": steps, "steps_run": stopped_at if stopped_at is not None else steps},
+        "settings": vars(args) | {"steps": steps, "steps_run": stopped_at if stopped_at is not None else steps, "schedule_steps": horizon[0]},
         "checkpoint": {"dir": str(model_dir), "files": {p.name: sha256(p) for p in weights}, "total_ut_steps": t, "hidden_size": h},
         "data": {
             "corpus": args.corpus,

@@ -33,7 +33,7 @@ pub struct Ouro {
     layers: Vec<Layer>,
     norm: Tensor,
     gate: Linear,
-    /// Whether core steps compute the gate logit (no gate of the engine may read it).
+    /// Whether core steps compute the gate logit (off when the engine's gate does not read it).
     gate_on: bool,
     lm_head: Linear,
     rope: RopeTable,
