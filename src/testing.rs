@@ -2,7 +2,7 @@
 //! default until trained weights land, and the real-shape GPU benchmark models.
 
 use crate::loader::Weights;
-use crate::models::{DreamConfig, HuginnConfig, LladaConfig, OuroConfig, SdarConfig};
+use crate::models::{DreamConfig, HuginnConfig, Llada2Config, LladaConfig, OuroConfig, SdarConfig};
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -351,6 +351,82 @@ pub fn write_random_dream(dir: &Path, cfg: &DreamConfig, seed: u64) -> Result<()
     let tensors = random_diffusion_tensors(&dream_tensor_manifest(cfg), seed, DType::F32, &Device::Cpu)?;
     let eos = cfg.eos_token_id.as_ref().map(|e| e.to_vec()).unwrap_or_default();
     write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "DreamModel", &eos)
+}
+
+/// Every tensor of a LLaDA2.0 checkpoint (Ling-2.0 names: fused `query_key_value`, per-head
+/// q/k norms, dense MLP in the first layers, router + expert bias + per-expert SwiGLUs + shared
+/// expert in the rest), as in the released safetensors.
+pub fn llada2_tensor_manifest(cfg: &Llada2Config) -> Vec<(String, Vec<usize>)> {
+    let (h, hd) = (cfg.hidden_size, cfg.head_dim());
+    let (nh, nkv) = (cfg.num_attention_heads, cfg.kv_heads());
+    let mut m = vec![("model.word_embeddings.weight".to_string(), vec![cfg.vocab_size, h])];
+    let swiglu = |m: &mut Vec<(String, Vec<usize>)>, p: &str, width: usize| {
+        m.push((format!("{p}.gate_proj.weight"), vec![width, h]));
+        m.push((format!("{p}.up_proj.weight"), vec![width, h]));
+        m.push((format!("{p}.down_proj.weight"), vec![h, width]));
+    };
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        m.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        m.push((format!("{p}.attention.query_key_value.weight"), vec![(nh + 2 * nkv) * hd, h]));
+        m.push((format!("{p}.attention.query_layernorm.weight"), vec![hd]));
+        m.push((format!("{p}.attention.key_layernorm.weight"), vec![hd]));
+        m.push((format!("{p}.attention.dense.weight"), vec![h, nh * hd]));
+        m.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        if l < cfg.first_k_dense_replace {
+            swiglu(&mut m, &format!("{p}.mlp"), cfg.intermediate_size);
+        } else {
+            m.push((format!("{p}.mlp.gate.weight"), vec![cfg.num_experts, h]));
+            m.push((format!("{p}.mlp.gate.expert_bias"), vec![cfg.num_experts]));
+            for e in 0..cfg.num_experts {
+                swiglu(&mut m, &format!("{p}.mlp.experts.{e}"), cfg.moe_intermediate_size);
+            }
+            swiglu(&mut m, &format!("{p}.mlp.shared_experts"), cfg.moe_intermediate_size * cfg.num_shared_experts);
+        }
+    }
+    m.push(("model.norm.weight".to_string(), vec![h]));
+    m.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
+    m
+}
+
+/// Writes a LLaDA2.0 model directory with deterministic random f32 weights in the released
+/// layout. The expert biases are spread wide enough (σ 0.2) to change some routing choices.
+pub fn write_random_llada2(dir: &Path, cfg: &Llada2Config, seed: u64) -> Result<()> {
+    let manifest = llada2_tensor_manifest(cfg);
+    let mut tensors = random_diffusion_tensors(&manifest, seed, DType::F32, &Device::Cpu)?;
+    let mut rng = SplitMix(seed ^ 0xB1A5);
+    for (name, shape) in manifest.iter().filter(|(n, _)| n.ends_with("expert_bias")) {
+        let v: Vec<f32> = (0..shape[0]).map(|_| 0.2 * rng.normal()).collect();
+        tensors.insert(name.clone(), Tensor::from_vec(v, shape[0], &Device::Cpu)?);
+    }
+    write_model_dir(dir, &tensors, serde_json::to_value(cfg).expect("config serialises"), "LLaDA2MoeModelLM", &cfg.eos_ids())
+}
+
+/// A tiny LLaDA2.0 config for tests: 3 layers (the first dense), GQA 4:2 × 16 with RoPE on 8
+/// dims, 8 experts in 4 groups (2 kept), 2 per token, one shared expert, block 4, mask = the
+/// last id.
+pub fn tiny_llada2_config(vocab_size: usize) -> Llada2Config {
+    Llada2Config {
+        vocab_size,
+        hidden_size: 64,
+        intermediate_size: 96,
+        num_hidden_layers: 3,
+        num_attention_heads: 4,
+        num_key_value_heads: Some(2),
+        head_dim: Some(16),
+        num_experts: 8,
+        num_experts_per_tok: 2,
+        n_group: 4,
+        topk_group: 2,
+        moe_intermediate_size: 16,
+        rope_theta: 10_000.0,
+        max_position_embeddings: 512,
+        mask_token_id: Some(vocab_size as u32 - 1),
+        block_size: Some(4),
+        eos_token_id: None,
+        // The release's router, norms and switches.
+        ..Llada2Config::llada2_mini()
+    }
 }
 
 /// A tiny SDAR config for tests: 2 layers, GQA 4:2 × 16, block 8, mask = the last id.

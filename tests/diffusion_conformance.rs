@@ -3,7 +3,9 @@
 //! each request run alone (token-exact, f32, CPU), and the KV pool is empty afterwards.
 
 use ponder::diffusion::{CanvasCache, Replay, StaticCount, Threshold, UnmaskPolicy, UnmaskTrace};
-use ponder::testing::{tiny_dream_config, tiny_llada_config, tiny_sdar_config, write_random_dream, write_random_llada, write_random_sdar};
+use ponder::testing::{
+    tiny_dream_config, tiny_llada2_config, tiny_llada_config, tiny_sdar_config, write_random_dream, write_random_llada, write_random_llada2, write_random_sdar,
+};
 use ponder::{Engine, EngineBuilder, Event, GenerationParams, RequestId};
 mod common;
 use common::{assert_kv_empty, diffusion_prompts, VOCAB};
@@ -17,7 +19,9 @@ fn family_dirs(tmp: &Path) -> Vec<(&'static str, PathBuf)> {
     write_random_llada(&llada, &tiny_llada_config(VOCAB), 6).unwrap();
     let dream = tmp.join("dream");
     write_random_dream(&dream, &tiny_dream_config(VOCAB), 7).unwrap();
-    vec![("sdar", sdar), ("llada", llada), ("dream", dream)]
+    let llada2 = tmp.join("llada2");
+    write_random_llada2(&llada2, &tiny_llada2_config(VOCAB), 8).unwrap();
+    vec![("sdar", sdar), ("llada", llada), ("dream", dream), ("llada2", llada2)]
 }
 
 fn policies() -> Vec<(&'static str, Box<dyn UnmaskPolicy>)> {
@@ -28,7 +32,7 @@ fn policies() -> Vec<(&'static str, Box<dyn UnmaskPolicy>)> {
     ]
 }
 
-/// What a step recomputes: SDAR with or without the delayed cache; LLaDA / Dream exact, with
+/// What a step recomputes: the block-causal SDAR and LLaDA2.0 with or without the delayed cache; LLaDA / Dream exact, with
 /// the prefix cache (with and without the delayed cache) or the dual cache.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
@@ -37,7 +41,7 @@ enum Mode {
 }
 
 fn modes(family: &str) -> Vec<Mode> {
-    if family == "sdar" {
+    if family == "sdar" || family == "llada2" {
         return vec![Mode::Sdar { delayed: false }, Mode::Sdar { delayed: true }];
     }
     [(CanvasCache::Exact, false), (CanvasCache::Prefix, false), (CanvasCache::Prefix, true), (CanvasCache::Dual, false)]

@@ -2,7 +2,7 @@
 //! under random masks and scores.
 
 use ponder::diffusion::{enforce_rules, EvictionInput, EvictionPolicy, Focus, NoEviction, StaticCount, Threshold};
-use ponder::testing::{tiny_dream_config, tiny_sdar_config, write_random_dream, write_random_sdar};
+use ponder::testing::{tiny_dream_config, tiny_llada2_config, tiny_sdar_config, write_random_dream, write_random_llada2, write_random_sdar};
 use ponder::{Engine, EngineBuilder, GenerationParams, RequestId};
 use proptest::prelude::*;
 mod common;
@@ -40,12 +40,25 @@ fn sdar_dir(tmp: &Path) -> std::path::PathBuf {
     dir
 }
 
+/// A tiny LLaDA2.0 (MoE layers after the first): eviction at layer 1 skips attention and the
+/// experts of every later layer for the evicted tokens.
+fn llada2_dir(tmp: &Path) -> std::path::PathBuf {
+    let dir = tmp.join("llada2");
+    write_random_llada2(&dir, &tiny_llada2_config(VOCAB), 21).unwrap();
+    dir
+}
+
 #[test]
 fn focus_evicts_reveals_only_kept_tokens_and_is_batch_invariant() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = sdar_dir(tmp.path());
+    for dir in [sdar_dir(tmp.path()), llada2_dir(tmp.path())] {
+        focus_on(&dir);
+    }
+}
+
+fn focus_on(dir: &Path) {
     let ps = diffusion_prompts(5, 4);
-    let focus = || builder(&dir, 4).diffusion(|o| o.delayed_cache(true).eviction_policy(Focus::default()));
+    let focus = || builder(dir, 4).diffusion(|o| o.delayed_cache(true).eviction_policy(Focus::default()));
     let mut batched = focus().build().unwrap();
     let got = run_all(&mut batched, &ps, 24);
     let d = batched.metrics().denoise.clone();
@@ -56,7 +69,7 @@ fn focus_evicts_reveals_only_kept_tokens_and_is_batch_invariant() {
     // Each request alone: same tokens (eviction decisions are per request).
     let mut solo = focus().max_num_seqs(1).build().unwrap();
     for (i, p) in ps.iter().enumerate() {
-        assert_eq!(run_all(&mut solo, std::slice::from_ref(p), 24)[0], got[i], "request {i}");
+        assert_eq!(run_all(&mut solo, std::slice::from_ref(p), 24)[0], got[i], "{}: request {i}", dir.display());
     }
     assert!(got.iter().all(|t| t.len() == 24));
 }

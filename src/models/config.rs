@@ -4,7 +4,7 @@ use crate::{Error, Result};
 use serde::Deserialize;
 
 mod diffusion;
-pub use diffusion::{DreamConfig, LladaConfig, SdarConfig};
+pub use diffusion::{DreamConfig, Llada2Config, LladaConfig, SdarConfig};
 
 /// Most loops an Ouro checkpoint may ask for: the released models loop 4 times, and every loop
 /// step costs a KV slot under the depth-indexed layout, so a larger number is a broken config,
@@ -22,6 +22,7 @@ pub enum ModelConfig {
     Huginn(HuginnConfig),
     Sdar(SdarConfig),
     Llada(LladaConfig),
+    Llada2(Llada2Config),
     Dream(DreamConfig),
 }
 
@@ -54,6 +55,11 @@ impl ModelConfig {
                 c.validate(path)?;
                 Ok(Self::Llada(c))
             }
+            Some("llada2_moe") => {
+                let c: Llada2Config = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
+                c.validate(path)?;
+                Ok(Self::Llada2(c))
+            }
             // The released config says "Dream"; accept the lower-case spelling too.
             Some("Dream" | "dream") => {
                 let c: DreamConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
@@ -71,6 +77,7 @@ impl ModelConfig {
             Self::Huginn(_) => "huginn_raven",
             Self::Sdar(_) => "sdar",
             Self::Llada(_) => "llada",
+            Self::Llada2(_) => "llada2_moe",
             Self::Dream(_) => "Dream",
         }
     }
@@ -82,6 +89,7 @@ impl ModelConfig {
             Self::Huginn(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
             Self::Sdar(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
             Self::Llada(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            Self::Llada2(c) => c.eos_ids(),
             Self::Dream(c) => c.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
         }
     }
@@ -350,6 +358,26 @@ mod tests {
         assert!(matches!(ModelConfig::from_json("{", "x"), Err(Error::BadConfig { .. })));
         let zero_heads = c.replace("\"num_attention_heads\":16", "\"num_attention_heads\":0");
         assert!(matches!(ModelConfig::from_json(&zero_heads, "x"), Err(Error::BadConfig { .. })));
+    }
+
+    #[test]
+    fn llada2_config_reads_the_released_keys_and_fills_the_family_defaults() {
+        // The keys of LLaDA2.0-mini's config.json (mask, block and qk-norm are not in it).
+        let text = r#"{"model_type": "llada2_moe", "vocab_size": 157184, "hidden_size": 2048, "intermediate_size": 5120,
+            "num_hidden_layers": 20, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+            "first_k_dense_replace": 1, "num_experts": 256, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
+            "moe_intermediate_size": 512, "num_shared_experts": 1, "routed_scaling_factor": 2.5, "score_function": "sigmoid",
+            "moe_router_enable_expert_bias": true, "norm_topk_prob": true, "router_dtype": "fp32", "rope_theta": 600000,
+            "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-06, "hidden_act": "silu", "use_qkv_bias": false, "use_bias": false,
+            "tie_word_embeddings": false, "use_sliding_window": false, "sliding_window": 4096, "pad_token_id": 156892,
+            "max_position_embeddings": 32768, "rope_scaling": null, "torch_dtype": "bfloat16"}"#;
+        let ModelConfig::Llada2(c) = ModelConfig::from_json(text, "x").unwrap() else { panic!("not llada2") };
+        assert_eq!((c.mask_token_id(), c.eos_ids(), c.rotary_dim(), c.use_qk_norm), (156895, vec![156892], 64, true));
+        assert_eq!(c, Llada2Config { eos_token_id: None, score_function: Some("sigmoid".into()), ..Llada2Config::llada2_mini() });
+        for bad in [("\"sigmoid\"", "\"softmax\""), ("\"topk_group\": 4", "\"topk_group\": 9"), ("\"n_group\": 8", "\"n_group\": 3")] {
+            let t = text.replace(bad.0, bad.1);
+            assert!(matches!(ModelConfig::from_json(&t, "x"), Err(Error::BadConfig { .. })), "{bad:?}");
+        }
     }
 
     #[test]

@@ -5,6 +5,6 @@ pub mod config;
 pub mod diffusion;
 pub mod looped;
 
-pub use config::{DreamConfig, EosIds, HuginnConfig, LladaConfig, ModelConfig, OuroConfig, SdarConfig};
+pub use config::{DreamConfig, EosIds, HuginnConfig, Llada2Config, LladaConfig, ModelConfig, OuroConfig, SdarConfig};
 pub use diffusion::{DiffusionAttention, DiffusionModel, DiffusionSpec};
 pub use looped::{CoreOut, InitialState, LoopedModel, LoopedSpec, StageInput};

@@ -19,7 +19,15 @@ pub struct RopeAngles {
 
 impl RopeTable {
     pub fn new(head_dim: usize, theta: f64, dtype: DType, device: &Device) -> Result<Self> {
-        let inv: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64) as f32).collect();
+        Self::partial(head_dim, head_dim, theta, dtype, device)
+    }
+
+    /// RoPE over the first `rotary_dim` dims of each head, laid out as full-width split-half
+    /// pairs: pair j < rotary_dim / 2 turns at `theta^(-2j / rotary_dim)`, the other pairs not at
+    /// all (their angle is 0). The model permutes its q/k dims to match (LLaDA2.0).
+    pub fn partial(head_dim: usize, rotary_dim: usize, theta: f64, dtype: DType, device: &Device) -> Result<Self> {
+        let inv: Vec<f32> =
+            (0..head_dim / 2).map(|i| if 2 * i < rotary_dim { 1.0 / theta.powf(2.0 * i as f64 / rotary_dim as f64) as f32 } else { 0.0 }).collect();
         Ok(Self { inv_freq: Tensor::from_vec(inv, (1, head_dim / 2), device)?, dtype })
     }
 

@@ -394,3 +394,197 @@ impl DreamConfig {
         }
     }
 }
+
+/// LLaDA2.0 (inclusionAI/LLaDA2.0-mini / -flash, `model_type = "llada2_moe"`): the Ling-2.0 MoE
+/// layout trained for block diffusion — fused QKV, per-head q/k RMSNorm, RoPE on the first
+/// `partial_rotary_factor` of each head, dense first layers then MoE layers with a
+/// group-limited sigmoid router and one shared expert.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct Llada2Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// The dense layers' MLP width.
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    /// Layers `0..first_k_dense_replace` have a dense MLP, the rest MoE.
+    #[serde(default = "one")]
+    pub first_k_dense_replace: usize,
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    /// Expert groups of the router, of which the `topk_group` best (by the sum of each group's
+    /// two best biased scores) may be chosen from.
+    #[serde(default = "one")]
+    pub n_group: usize,
+    #[serde(default = "one")]
+    pub topk_group: usize,
+    pub moe_intermediate_size: usize,
+    #[serde(default = "one")]
+    pub num_shared_experts: usize,
+    #[serde(default = "unit")]
+    pub routed_scaling_factor: f64,
+    /// Only `sigmoid` is implemented (the release; the code hard-codes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score_function: Option<String>,
+    #[serde(default = "yes")]
+    pub norm_topk_prob: bool,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    #[serde(default = "half")]
+    pub partial_rotary_factor: f64,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// Absent from the released config; the family's code defaults it to on.
+    #[serde(default = "yes")]
+    pub use_qk_norm: bool,
+    #[serde(default)]
+    pub use_qkv_bias: bool,
+    #[serde(default)]
+    pub use_bias: bool,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default = "default_llada2_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_act: Option<String>,
+    /// Not in the released config (the family's code hard-codes 156895).
+    #[serde(default)]
+    pub mask_token_id: Option<u32>,
+    /// The block length of decoding (32 in every reference; not in the released config).
+    #[serde(default)]
+    pub block_size: Option<usize>,
+    #[serde(default)]
+    pub eos_token_id: Option<EosIds>,
+    #[serde(default = "default_llada2_type")]
+    pub model_type: String,
+}
+
+fn one() -> usize {
+    1
+}
+fn unit() -> f64 {
+    1.0
+}
+fn half() -> f64 {
+    0.5
+}
+fn yes() -> bool {
+    true
+}
+fn default_llada2_max_pos() -> usize {
+    32768
+}
+fn default_llada2_type() -> String {
+    "llada2_moe".into()
+}
+
+impl Llada2Config {
+    /// `<|mask|>`, hard-coded by every reference implementation.
+    pub const DEFAULT_MASK: u32 = 156895;
+    /// `<|endoftext|>`, the references' default EOS.
+    pub const DEFAULT_EOS: u32 = 156892;
+    /// Blocks of 32 in every reference and evaluation.
+    pub const DEFAULT_BLOCK: usize = 32;
+
+    pub fn kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+    /// The rotated leading dims of each head (64 of 128 in the release).
+    pub fn rotary_dim(&self) -> usize {
+        ((self.head_dim() as f64 * self.partial_rotary_factor).round() as usize) & !1
+    }
+    pub fn mask_token_id(&self) -> u32 {
+        self.mask_token_id.unwrap_or(Self::DEFAULT_MASK)
+    }
+    /// The config's EOS ids, else the family's default when it lies in the vocabulary.
+    pub fn eos_ids(&self) -> Vec<u32> {
+        match &self.eos_token_id {
+            Some(e) => e.to_vec(),
+            None if (Self::DEFAULT_EOS as usize) < self.vocab_size => vec![Self::DEFAULT_EOS],
+            None => Vec::new(),
+        }
+    }
+
+    pub(crate) fn validate(&self, path: &str) -> Result<()> {
+        let hd = derived_head_dim(path, self.head_dim, self.hidden_size, self.num_attention_heads)?;
+        check_shapes(path, self.vocab_size, self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.num_attention_heads, self.kv_heads(), hd)?;
+        check_norm(path, self.rms_norm_eps, self.rope_theta)?;
+        check_act(path, &self.hidden_act)?;
+        let bad = |r: String| Err(Error::config(path, r));
+        if self.use_qkv_bias || self.use_bias {
+            return bad("attention / MLP biases are not supported for LLaDA2 (the releases have none)".into());
+        }
+        if self.rope_scaling.is_some() {
+            return bad("rope_scaling is not supported".into());
+        }
+        if !(self.partial_rotary_factor > 0.0 && self.partial_rotary_factor <= 1.0) || self.rotary_dim() == 0 {
+            return bad(format!("partial_rotary_factor {} must leave an even rotary width in (0, head_dim]", self.partial_rotary_factor));
+        }
+        if let Some(f) = self.score_function.as_deref().filter(|f| *f != "sigmoid") {
+            return bad(format!("score_function `{f}` is not supported (only sigmoid)"));
+        }
+        let (e, k, g, kg) = (self.num_experts, self.num_experts_per_tok, self.n_group, self.topk_group);
+        if self.num_hidden_layers > self.first_k_dense_replace && (e == 0 || k == 0 || k > e || self.moe_intermediate_size == 0) {
+            return bad(format!("MoE layers need experts: {k} per token of {e}, width {}", self.moe_intermediate_size));
+        }
+        if g == 0 || e % g != 0 || kg == 0 || kg > g || k > kg * (e / g) {
+            return bad(format!("{e} experts in {g} groups, {kg} groups kept, {k} experts per token do not fit"));
+        }
+        if e / g < 2 && g > 1 {
+            return bad("a router group needs at least two experts (groups are scored by their best two)".into());
+        }
+        if !(self.routed_scaling_factor > 0.0) {
+            return bad("routed_scaling_factor must be > 0".into());
+        }
+        if self.block_size == Some(0) {
+            return bad("block_size must be > 0".into());
+        }
+        check_mask(path, self.mask_token_id(), self.vocab_size)
+    }
+
+    /// inclusionAI/LLaDA2.0-mini (shapes only; GPU benchmarks).
+    pub fn llada2_mini() -> Self {
+        Self {
+            vocab_size: 157184,
+            hidden_size: 2048,
+            intermediate_size: 5120,
+            num_hidden_layers: 20,
+            num_attention_heads: 16,
+            num_key_value_heads: Some(4),
+            head_dim: Some(128),
+            first_k_dense_replace: 1,
+            num_experts: 256,
+            num_experts_per_tok: 8,
+            n_group: 8,
+            topk_group: 4,
+            moe_intermediate_size: 512,
+            num_shared_experts: 1,
+            routed_scaling_factor: 2.5,
+            score_function: Some("sigmoid".into()),
+            norm_topk_prob: true,
+            rope_theta: 600000.0,
+            partial_rotary_factor: 0.5,
+            rms_norm_eps: 1e-6,
+            use_qk_norm: true,
+            use_qkv_bias: false,
+            use_bias: false,
+            tie_word_embeddings: false,
+            max_position_embeddings: 32768,
+            rope_scaling: None,
+            hidden_act: Some("silu".into()),
+            mask_token_id: None,
+            block_size: None,
+            eos_token_id: Some(EosIds::One(Self::DEFAULT_EOS)),
+            model_type: "llada2_moe".into(),
+        }
+    }
+}

@@ -22,6 +22,7 @@ impl Dream {
             num_heads: cfg.num_attention_heads,
             num_kv_heads: cfg.kv_heads(),
             head_dim: cfg.head_dim(),
+            rotary_dim: cfg.head_dim(),
             rope_theta: cfg.rope_theta,
             rms_norm_eps: cfg.rms_norm_eps,
             qk_norm: false,
@@ -33,6 +34,7 @@ impl Dream {
             block_length: None,
             // Dream's README caps input + output at 2048; the config's window is kept here
             // and the cap left to the engine's `max_model_len`.
+            moe: None,
             max_context: cfg.max_position_embeddings,
         }
     }

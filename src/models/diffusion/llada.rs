@@ -22,6 +22,7 @@ impl Llada {
             num_heads: cfg.n_heads,
             num_kv_heads: cfg.kv_heads(),
             head_dim: cfg.head_dim(),
+            rotary_dim: cfg.head_dim(),
             rope_theta: cfg.rope_theta,
             rms_norm_eps: cfg.rms_norm_eps,
             qk_norm: false,
@@ -31,6 +32,7 @@ impl Llada {
             shift_logits: false,
             mask_token_id: cfg.mask_token_id(),
             block_length: None,
+            moe: None,
             max_context: cfg.max_sequence_length,
         }
     }

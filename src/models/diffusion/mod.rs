@@ -5,13 +5,17 @@
 
 mod dream;
 mod llada;
+mod llada2;
+mod moe;
 mod sdar;
 mod transformer;
 
 pub use dream::Dream;
 pub use llada::Llada;
+pub use llada2::Llada2;
+pub use moe::{RouterArch, Scoring};
 pub use sdar::Sdar;
-pub use transformer::{DenseArch, DenseDiffusion, Naming};
+pub use transformer::{DenseArch, DenseDiffusion, MoeArch, Naming};
 
 use crate::kv::KvStore;
 use crate::loader::Weights;
@@ -24,6 +28,7 @@ pub fn load(config: &ModelConfig, w: &Weights) -> crate::Result<DenseDiffusion> 
     match config {
         ModelConfig::Sdar(c) => Sdar::load(c, w),
         ModelConfig::Llada(c) => Llada::load(c, w),
+        ModelConfig::Llada2(c) => Llada2::load(c, w),
         ModelConfig::Dream(c) => Dream::load(c, w),
         other => Err(crate::Error::UnsupportedModel(format!("{} is not a diffusion model", other.model_type()))),
     }

@@ -22,6 +22,7 @@ impl Sdar {
             num_heads: cfg.num_attention_heads,
             num_kv_heads: cfg.kv_heads(),
             head_dim: cfg.head_dim(),
+            rotary_dim: cfg.head_dim(),
             rope_theta: cfg.rope_theta,
             rms_norm_eps: cfg.rms_norm_eps,
             qk_norm: true,
@@ -31,6 +32,7 @@ impl Sdar {
             shift_logits: false,
             mask_token_id: cfg.mask_token_id(),
             block_length: cfg.block_size,
+            moe: None,
             max_context: cfg.max_position_embeddings,
         }
     }

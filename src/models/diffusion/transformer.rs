@@ -1,8 +1,10 @@
-//! The dense pre-norm transformer all three diffusion families share: RMSNorm (f32 statistics),
-//! split-half RoPE, GQA, SwiGLU MLP. Families differ only in tensor names ([`Naming`]) and a
-//! few switches ([`DenseArch`]): per-head q/k RMSNorm (SDAR), q/k/v biases (Dream), the
-//! attention pattern and whether logits are shifted.
+//! The pre-norm transformer every diffusion family loads into: RMSNorm (f32 statistics),
+//! split-half RoPE, GQA, SwiGLU MLP — dense, or mixture-of-experts after the first layers
+//! (LLaDA2.0, [`super::moe`]). Families differ only in tensor names ([`Naming`]) and a few
+//! switches ([`DenseArch`]): per-head q/k RMSNorm (SDAR, LLaDA2.0), q/k/v biases (Dream), a fused
+//! QKV tensor and partial RoPE (LLaDA2.0), the attention pattern and whether logits are shifted.
 
+use super::moe::{Expert, Moe, RouterArch};
 use super::{DiffusionAttention, DiffusionModel, DiffusionSpec, Projected};
 use crate::kv::KvStore;
 use crate::loader::Weights;
@@ -18,6 +20,8 @@ pub struct Naming {
     pub lm_head: &'static str,
     pub layers: &'static str,
     pub attn_norm: &'static str,
+    /// One fused `[q; k; v]` tensor (all q heads, then k, then v) instead of `q`, `k`, `v`.
+    pub qkv: Option<&'static str>,
     pub q: &'static str,
     pub k: &'static str,
     pub v: &'static str,
@@ -40,6 +44,7 @@ impl Naming {
         lm_head: "lm_head.weight",
         layers: "model.layers",
         attn_norm: "input_layernorm",
+        qkv: None,
         q: "self_attn.q_proj",
         k: "self_attn.k_proj",
         v: "self_attn.v_proj",
@@ -60,6 +65,7 @@ impl Naming {
         lm_head: "model.transformer.ff_out.weight",
         layers: "model.transformer.blocks",
         attn_norm: "attn_norm",
+        qkv: None,
         q: "q_proj",
         k: "k_proj",
         v: "v_proj",
@@ -70,6 +76,28 @@ impl Naming {
         gate: "ff_proj",
         up: "up_proj",
         down: "ff_out",
+    };
+
+    /// LLaDA2.0's Ling-2.0 names (fused `query_key_value`, `dense` output projection); its MoE
+    /// layers' router, experts and shared experts are under `mlp.gate`, `mlp.experts.{e}` and
+    /// `mlp.shared_experts`.
+    pub const LLADA2: Naming = Naming {
+        embed: "model.word_embeddings.weight",
+        final_norm: "model.norm.weight",
+        lm_head: "lm_head.weight",
+        layers: "model.layers",
+        attn_norm: "input_layernorm",
+        qkv: Some("attention.query_key_value"),
+        q: "",
+        k: "",
+        v: "",
+        o: "attention.dense",
+        q_norm: "attention.query_layernorm",
+        k_norm: "attention.key_layernorm",
+        mlp_norm: "post_attention_layernorm",
+        gate: "mlp.gate_proj",
+        up: "mlp.up_proj",
+        down: "mlp.down_proj",
     };
 
     /// `{layers}.{l}.{name}.{kind}`.
@@ -93,6 +121,8 @@ pub struct DenseArch {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Leading dims of each head that RoPE rotates (split-half within them); `head_dim` for all.
+    pub rotary_dim: usize,
     pub rope_theta: f64,
     pub rms_norm_eps: f64,
     /// Per-head RMSNorm of q and k (weight `[head_dim]`) before RoPE.
@@ -105,6 +135,56 @@ pub struct DenseArch {
     pub mask_token_id: u32,
     pub block_length: Option<usize>,
     pub max_context: usize,
+    /// Mixture-of-experts MLPs from layer `first_moe_layer` on (Qwen3-MoE / Ling-2.0 names:
+    /// `mlp.gate`, `mlp.experts.{e}.{gate,up,down}_proj`, `mlp.shared_experts`).
+    pub moe: Option<MoeArch>,
+}
+
+/// The MoE part of a [`DenseArch`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeArch {
+    pub router: RouterArch,
+    pub first_moe_layer: usize,
+    /// Each routed expert's SwiGLU width.
+    pub expert_width: usize,
+    /// Shared experts (added with weight 1), stored as one SwiGLU of `shared × expert_width`.
+    pub shared_experts: usize,
+    /// LLaDA2.0's `mlp.gate.expert_bias` (selection only).
+    pub expert_bias: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Mlp {
+    Dense(Expert),
+    Moe(Box<Moe>),
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Self::Dense(e) => e.forward(x),
+            Self::Moe(m) => m.forward(x),
+        }
+    }
+}
+
+/// Partial RoPE as full-width split-half RoPE: each head's q/k dims are permuted at load time so
+/// that the rotated pairs (j, j + r/2), j < r/2, sit at (j, j + d/2) and the unrotated dims fill
+/// the other pairs, whose frequency is zero. Scores are sums over dims, so the same permutation of
+/// q and k leaves attention unchanged. `perm[new] = old`.
+fn rotary_permutation(d: usize, r: usize) -> Vec<usize> {
+    let (half, rh) = (d / 2, r / 2);
+    let mut perm = vec![0; d];
+    for j in 0..half {
+        if j < rh {
+            perm[j] = j;
+            perm[j + half] = j + rh;
+        } else {
+            perm[j] = r + (j - rh);
+            perm[j + half] = r + (half - rh) + (j - rh);
+        }
+    }
+    perm
 }
 
 #[derive(Debug, Clone)]
@@ -115,9 +195,7 @@ struct Layer {
     qk_norm: Option<(Tensor, Tensor)>,
     o: Linear,
     mlp_norm: Tensor,
-    /// gate then up on the output dim, the layout [`ops::silu_mul`] takes.
-    gate_up: Linear,
-    down: Linear,
+    mlp: Mlp,
 }
 
 /// A loaded dense diffusion LM. Weights only; cloning shares the weight tensors.
@@ -140,32 +218,85 @@ impl DenseDiffusion {
         let (h, i, rows) = (a.hidden_size, a.intermediate_size, a.table_rows);
         let (nh, nkv, hd) = (a.num_heads, a.num_kv_heads, a.head_dim);
         w.check_layer_count(n.layers, a.num_layers, "num_hidden_layers")?;
+        if a.rotary_dim == 0 || a.rotary_dim > hd || a.rotary_dim % 2 != 0 {
+            return Err(crate::Error::InvalidOption(format!("rotary width {} must be even and in 1..={hd}", a.rotary_dim)));
+        }
+        let perm = (a.rotary_dim < hd).then(|| rotary_permutation(hd, a.rotary_dim));
         let mut layers = Vec::with_capacity(a.num_layers);
         for l in 0..a.num_layers {
             let wt = |name: &str, shape: (usize, usize)| w.get(shape, &n.layer(l, name, "weight"));
             let vec = |name: &str, kind: &str, len: usize| w.get(len, &n.layer(l, name, kind));
-            let qkv_w = Tensor::cat(&[wt(n.q, (nh * hd, h))?, wt(n.k, (nkv * hd, h))?, wt(n.v, (nkv * hd, h))?], 0)?;
+            let mut qkv_w = match n.qkv {
+                Some(fused) => wt(fused, ((nh + 2 * nkv) * hd, h))?,
+                None => Tensor::cat(&[wt(n.q, (nh * hd, h))?, wt(n.k, (nkv * hd, h))?, wt(n.v, (nkv * hd, h))?], 0)?,
+            };
             let qkv_b =
                 if a.qkv_bias { Some(Tensor::cat(&[vec(n.q, "bias", nh * hd)?, vec(n.k, "bias", nkv * hd)?, vec(n.v, "bias", nkv * hd)?], 0)?) } else { None };
-            let qk_norm = if a.qk_norm { Some((vec(n.q_norm, "weight", hd)?, vec(n.k_norm, "weight", hd)?)) } else { None };
+            let mut qk_norm = if a.qk_norm { Some((vec(n.q_norm, "weight", hd)?, vec(n.k_norm, "weight", hd)?)) } else { None };
+            if let Some(perm) = &perm {
+                // Every q and k head's rows (not v's), and the per-head norm weights, in the
+                // permuted order.
+                let idx: Vec<u32> =
+                    (0..nh + 2 * nkv).flat_map(|head| (0..hd).map(move |d| (head * hd + if head < nh + nkv { perm[d] } else { d }) as u32)).collect();
+                qkv_w = qkv_w.index_select(&Tensor::from_vec(idx, (nh + 2 * nkv) * hd, qkv_w.device())?, 0)?;
+                let p = Tensor::from_vec(perm.iter().map(|&x| x as u32).collect::<Vec<_>>(), hd, qkv_w.device())?;
+                qk_norm = qk_norm.map(|(q, k)| Ok::<_, candle_core::Error>((q.index_select(&p, 0)?, k.index_select(&p, 0)?))).transpose()?;
+            }
+            let swiglu = |gate: &str, up: &str, down: &str, width: usize| -> crate::Result<Expert> {
+                Ok(Expert {
+                    gate_up: Linear::new(Tensor::cat(&[wt(gate, (width, h))?, wt(up, (width, h))?], 0)?, None),
+                    down: Linear::new(wt(down, (h, width))?, None),
+                })
+            };
+            let mlp = match &a.moe {
+                Some(m) if l >= m.first_moe_layer => {
+                    let e = m.router.num_experts;
+                    let router = wt("mlp.gate", (e, h))?.to_dtype(DType::F32)?;
+                    let bias =
+                        if m.expert_bias { Some(w.get(e, &n.layer(l, "mlp.gate", "expert_bias"))?.to_dtype(DType::F32)?.to_vec1::<f32>()?) } else { None };
+                    let experts = (0..e)
+                        .map(|x| {
+                            let p = format!("mlp.experts.{x}");
+                            swiglu(&format!("{p}.gate_proj"), &format!("{p}.up_proj"), &format!("{p}.down_proj"), m.expert_width)
+                        })
+                        .collect::<crate::Result<Vec<_>>>()?;
+                    let shared = (m.shared_experts > 0)
+                        .then(|| {
+                            swiglu(
+                                "mlp.shared_experts.gate_proj",
+                                "mlp.shared_experts.up_proj",
+                                "mlp.shared_experts.down_proj",
+                                m.expert_width * m.shared_experts,
+                            )
+                        })
+                        .transpose()?;
+                    Mlp::Moe(Box::new(Moe { arch: m.router.clone(), router, bias, experts, shared }))
+                }
+                _ => Mlp::Dense(swiglu(n.gate, n.up, n.down, i)?),
+            };
             layers.push(Layer {
                 attn_norm: vec(n.attn_norm, "weight", h)?,
                 qkv: Linear::new(qkv_w, qkv_b),
                 qk_norm,
                 o: Linear::new(wt(n.o, (h, nh * hd))?, None),
                 mlp_norm: vec(n.mlp_norm, "weight", h)?,
-                gate_up: Linear::new(Tensor::cat(&[wt(n.gate, (i, h))?, wt(n.up, (i, h))?], 0)?, None),
-                down: Linear::new(wt(n.down, (h, i))?, None),
+                mlp,
             });
         }
         let embed = w.get((rows, h), n.embed)?;
         let lm_head = if a.tie_embeddings && !w.contains(n.lm_head) { embed.clone() } else { w.get((rows, h), n.lm_head)? };
-        let per_layer = (nh + 2 * nkv) * hd * h // q, k, v
+        let attention = (nh + 2 * nkv) * hd * h // q, k, v
             + h * nh * hd // o
-            + 3 * h * i // gate, up, down
             + 2 * h // the two norms
             + if a.qk_norm { 2 * hd } else { 0 }
             + if a.qkv_bias { (nh + 2 * nkv) * hd } else { 0 };
+        // What one token touches: its experts, the shared ones and the router in MoE layers.
+        let layer_params: usize = (0..a.num_layers)
+            .map(|l| match &a.moe {
+                Some(m) if l >= m.first_moe_layer => attention + m.router.num_experts * h + 3 * h * m.expert_width * (m.router.top_k + m.shared_experts),
+                _ => attention + 3 * h * i,
+            })
+            .sum();
         let spec = DiffusionSpec {
             model_type: a.model_type.clone(),
             vocab_size: a.vocab_size,
@@ -179,13 +310,13 @@ impl DenseDiffusion {
             shift_logits: a.shift_logits,
             block_length: a.block_length,
             max_context: a.max_context,
-            layer_params: (per_layer * a.num_layers) as u64,
+            layer_params: layer_params as u64,
             // What the head's matmul touches per token read (padding rows included).
             head_params: (rows * h) as u64,
             dtype: w.dtype(),
         };
         Ok(Self {
-            rope: RopeTable::new(hd, a.rope_theta, w.dtype(), w.device())?,
+            rope: RopeTable::partial(hd, a.rotary_dim, a.rope_theta, w.dtype(), w.device())?,
             norm: w.get(h, n.final_norm)?,
             lm_head: Linear::new(lm_head, None),
             embed,
@@ -198,6 +329,15 @@ impl DenseDiffusion {
 
     pub fn arch(&self) -> &DenseArch {
         &self.arch
+    }
+
+    /// The experts layer `l`'s router chooses for each token of its MLP input `x`
+    /// `[tokens, hidden]` (the post-attention-norm stream), best first; `None` for a dense layer.
+    pub fn routed_experts(&self, l: usize, x: &Tensor) -> Result<Option<Vec<Vec<usize>>>> {
+        match self.layers.get(l).map(|layer| &layer.mlp) {
+            Some(Mlp::Moe(m)) => Ok(Some(m.routes(x)?.into_iter().map(|r| r.into_iter().map(|p| p.0).collect()).collect())),
+            _ => Ok(None),
+        }
     }
 }
 
@@ -245,7 +385,7 @@ impl DiffusionModel for DenseDiffusion {
         let attn = paged_attention(q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
         let h = (h + layer.o.forward(&attn.reshape((t, nh * hd))?)?)?;
         let m = ops::rms_norm(&h, &layer.mlp_norm, self.arch.rms_norm_eps)?;
-        h + layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?
+        h + layer.mlp.forward(&m)?
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {

@@ -1,0 +1,63 @@
+//! LLaDA2.0 (inclusionAI/LLaDA2.0-mini, -flash; `llada2_moe`): Ling-2.0's MoE transformer
+//! trained for block diffusion — fused QKV, per-head q/k RMSNorm, RoPE on the first half of each
+//! head, a dense first layer then MoE layers (sigmoid router with a selection-only expert bias,
+//! group-limited top-k, weights renormalised × `routed_scaling_factor`, one shared expert),
+//! block-causal attention with blocks from position 0, no logit shift, untied head.
+
+use super::moe::{RouterArch, Scoring};
+use super::{DenseArch, DenseDiffusion, DiffusionAttention, MoeArch, Naming};
+use crate::loader::Weights;
+use crate::models::Llada2Config;
+
+/// LLaDA2.0's constructors.
+#[derive(Debug, Clone, Copy)]
+pub struct Llada2;
+
+impl Llada2 {
+    pub fn arch(cfg: &Llada2Config) -> DenseArch {
+        let router = RouterArch {
+            num_experts: cfg.num_experts,
+            top_k: cfg.num_experts_per_tok,
+            n_group: cfg.n_group,
+            topk_group: cfg.topk_group,
+            scoring: Scoring::Sigmoid,
+            norm_topk: cfg.norm_topk_prob,
+            scale: cfg.routed_scaling_factor,
+        };
+        DenseArch {
+            naming: Naming::LLADA2,
+            model_type: "llada2_moe".into(),
+            vocab_size: cfg.vocab_size,
+            table_rows: cfg.vocab_size,
+            hidden_size: cfg.hidden_size,
+            intermediate_size: cfg.intermediate_size,
+            num_layers: cfg.num_hidden_layers,
+            num_heads: cfg.num_attention_heads,
+            num_kv_heads: cfg.kv_heads(),
+            head_dim: cfg.head_dim(),
+            rotary_dim: cfg.rotary_dim(),
+            rope_theta: cfg.rope_theta,
+            rms_norm_eps: cfg.rms_norm_eps,
+            qk_norm: cfg.use_qk_norm,
+            qkv_bias: false,
+            tie_embeddings: cfg.tie_word_embeddings,
+            attention: DiffusionAttention::BlockCausal,
+            shift_logits: false,
+            mask_token_id: cfg.mask_token_id(),
+            block_length: Some(cfg.block_size.unwrap_or(Llada2Config::DEFAULT_BLOCK)),
+            max_context: cfg.max_position_embeddings,
+            moe: Some(MoeArch {
+                router,
+                first_moe_layer: cfg.first_k_dense_replace,
+                expert_width: cfg.moe_intermediate_size,
+                shared_experts: cfg.num_shared_experts,
+                expert_bias: true,
+            }),
+        }
+    }
+
+    pub fn load(cfg: &Llada2Config, w: &Weights) -> crate::Result<DenseDiffusion> {
+        cfg.validate("Llada2Config")?;
+        DenseDiffusion::load(&Self::arch(cfg), w)
+    }
+}

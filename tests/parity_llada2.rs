@@ -1,0 +1,107 @@
+//! LLaDA2.0 (`llada2_moe`) against an independent float64 reference
+//! (`tools/reference/llada2_ref.py`, fixtures by `make_llada2_fixtures.py`) on a tiny random
+//! checkpoint in the released layout: the last position's logits of a block-causal canvas
+//! within 1e-5 relative (f32, CPU, through the paged path), the router's chosen experts at every
+//! MoE layer identical, and greedy block-diffusion decoding token for token.
+
+use candle_core::Tensor;
+use ponder::diffusion::Threshold;
+use ponder::kv::{KvManager, Shared};
+use ponder::loader::ModelDir;
+use ponder::models::diffusion::{self, DiffusionModel, Llada2};
+use ponder::ops::{AttnMask, PagedBatch, PagedBatchHost};
+use ponder::testing::{tiny_llada2_config, write_random_llada2};
+use ponder::{DType, Device, EngineBuilder, GenerationParams, RequestId};
+use std::path::Path;
+
+const VOCAB: usize = 97;
+const SEED: u64 = 5;
+
+/// Writes the checkpoint the fixtures are made from (run before the Python script).
+#[test]
+#[ignore]
+fn write_reference_model() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/reference-models/llada2");
+    write_random_llada2(&dir, &tiny_llada2_config(VOCAB), SEED).unwrap();
+}
+
+fn fixture() -> serde_json::Value {
+    serde_json::from_str(include_str!("fixtures/tiny_llada2_reference.json")).unwrap()
+}
+
+fn model_dir(tmp: &Path) -> std::path::PathBuf {
+    let dir = tmp.join("llada2");
+    write_random_llada2(&dir, &tiny_llada2_config(VOCAB), SEED).unwrap();
+    let t = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let sum: f64 = t.values().map(|v| v.to_dtype(DType::F64).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap()).sum();
+    let want = fixture()["weight_abs_sum"].as_f64().unwrap();
+    assert!((sum - want).abs() <= 1e-9 * want, "the fixture was made from other weights ({sum} vs {want})");
+    dir
+}
+
+#[test]
+fn logits_and_routes_match_the_float64_reference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = ModelDir::open(model_dir(tmp.path())).unwrap();
+    let cfg = match &dir.config {
+        ponder::models::ModelConfig::Llada2(c) => c.clone(),
+        other => panic!("loaded as {}", other.model_type()),
+    };
+    let w = dir.weights(DType::F32, &Device::Cpu).unwrap();
+    let model = Llada2::load(&cfg, &w).unwrap();
+    let boxed = diffusion::load(&dir.config, &w).unwrap();
+    assert_eq!(boxed.spec().model_type, "llada2_moe");
+    let spec = model.spec().clone();
+    assert_eq!((spec.block_length, spec.mask_token_id), (Some(4), VOCAB as u32 - 1));
+    for case in fixture()["forward"].as_array().unwrap() {
+        let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        let n = ids.len();
+        let mut kv_mgr = KvManager::new(16, 4, Box::new(Shared), 1);
+        let kv = ponder::kv::KvStore::new(spec.num_layers, 16, 4, spec.num_kv_heads, spec.head_dim, DType::F32, &Device::Cpu).unwrap();
+        assert!(kv_mgr.reserve(RequestId(0), n));
+        let mut host = PagedBatchHost::new();
+        host.push_row(&kv_mgr.tables(RequestId(0)).unwrap()[0], n, n, None);
+        let batch = PagedBatch::new(host, 4, AttnMask::BlockCausal(4), spec.num_kv_heads * spec.head_dim, &Device::Cpu).unwrap();
+        let positions = Tensor::from_vec((0..n as u32).collect::<Vec<_>>(), n, &Device::Cpu).unwrap();
+        let h = model.embed(&Tensor::from_vec(ids.clone(), n, &Device::Cpu).unwrap()).unwrap();
+        let h = model.forward(&h, &model.rope(&positions).unwrap(), &batch, &kv).unwrap();
+        let got: Vec<f32> = model.head(&h.narrow(0, n - 1, 1).unwrap()).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+        let want: Vec<f64> = serde_json::from_value(case["last_logits"].clone()).unwrap();
+        let err = got.iter().zip(&want).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt() / want.iter().map(|b| b * b).sum::<f64>().sqrt();
+        assert!(err <= 1e-5, "{ids:?}: relative error {err:e}");
+        let inputs: Vec<Vec<f32>> = serde_json::from_value(case["moe_inputs"].clone()).unwrap();
+        let experts: Vec<Vec<usize>> = serde_json::from_value(case["experts"].clone()).unwrap();
+        assert_eq!(inputs.len(), cfg.num_hidden_layers - cfg.first_k_dense_replace);
+        for (k, (x, want)) in inputs.iter().zip(&experts).enumerate() {
+            let l = cfg.first_k_dense_replace + k;
+            let x = Tensor::from_vec(x.clone(), (1, cfg.hidden_size), &Device::Cpu).unwrap();
+            let got = model.routed_experts(l, &x).unwrap().expect("a MoE layer");
+            assert_eq!(&got[0], want, "{ids:?}: layer {l}");
+        }
+        assert!(model.routed_experts(0, &h.narrow(0, 0, 1).unwrap()).unwrap().is_none(), "layer 0 is dense");
+    }
+}
+
+#[test]
+fn greedy_decoding_matches_the_float64_reference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path());
+    let cases = fixture()["generate"].as_array().unwrap().clone();
+    let mut varied = false;
+    for c in cases {
+        let prompt: Vec<u32> = serde_json::from_value(c["prompt"].clone()).unwrap();
+        let want: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
+        let (gen, block, t) = (c["gen"].as_u64().unwrap() as usize, c["block"].as_u64().unwrap() as usize, c["threshold"].as_f64().unwrap() as f32);
+        let mut engine = EngineBuilder::new(&dir)
+            .block_size(4)
+            .max_num_seqs(1)
+            .diffusion(|o| o.block_length(block).unmask_policy(Threshold::new(t).unwrap()))
+            .build()
+            .unwrap();
+        let out = engine.generate([prompt.clone()], &GenerationParams::greedy(gen)).unwrap().remove(0).unwrap();
+        assert_eq!(out.token_ids, want, "prompt {prompt:?} block {block} threshold {t}");
+        assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
+        varied |= want.iter().any(|&x| x != want[0]);
+    }
+    assert!(varied, "the reference decodes more than one distinct token");
+}

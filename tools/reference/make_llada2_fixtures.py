@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Fixtures for tests/parity_llada2.rs from the float64 reference (llada2_ref.py) on a tiny
+random LLaDA2.0 checkpoint in the released layout.
+
+    cargo test --test parity_llada2 -- --ignored write_reference_model   # target/reference-models/llada2
+    python3 tools/reference/make_llada2_fixtures.py                       # tests/fixtures/tiny_llada2_reference.json
+
+Forward cases: a canvas (prompt + masks, blocks of 4 from position 0) → the last position's
+logits, and per MoE layer its MLP input and the experts the router chose there. Generate cases:
+greedy block diffusion without a cache (threshold, top-1 fallback) → tokens.
+"""
+import json
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from llada2_ref import Llada2Reference  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MODEL = ROOT / "target" / "reference-models" / "llada2"
+
+FORWARD = [[5, 17, 3, 40, 22, 96, 96, 96], [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 96, 96], [30, 31, 32]]
+GENERATE = [([5, 17, 3, 40, 22], 11, 4, 0.9), ([9, 1, 33, 60, 2, 71, 8, 15], 8, 4, 0.3), ([30, 31, 32], 16, 8, 0.5), ([12, 50, 7, 7, 81, 4], 9, 4, 1.0)]
+
+
+def main():
+    ref = Llada2Reference(MODEL)
+    weights = sum(float(v.abs().sum()) for v in ref.w.values())
+    forward = []
+    for ids in FORWARD:
+        captured = []
+        orig = ref.route
+
+        def spy(b, orig=orig, captured=captured):
+            chosen, w = orig(b)
+            captured.append((b[-1].tolist(), chosen[-1].tolist()))
+            return chosen, w
+
+        ref.route = spy
+        logits, _ = ref.forward(ids, 4)
+        ref.route = orig
+        forward.append({"ids": ids, "last_logits": logits[-1].tolist(), "moe_inputs": [c[0] for c in captured], "experts": [c[1] for c in captured]})
+    generate = [{"prompt": p, "gen": g, "block": b, "threshold": t, "tokens": ref.generate(p, g, b, t)} for p, g, b, t in GENERATE]
+    doc = {"source": "tools/reference/llada2_ref.py (float64)", "weight_abs_sum": weights, "forward": forward, "generate": generate}
+    out = ROOT / "tests" / "fixtures" / "tiny_llada2_reference.json"
+    out.write_text(json.dumps(doc) + "\n")
+    for g in generate:
+        print(g["prompt"], g["threshold"], "->", g["tokens"])
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()
