@@ -213,6 +213,19 @@ pub fn sdar_tensor_manifest(cfg: &SdarConfig) -> Vec<(String, Vec<usize>)> {
             m.push((format!("model.layers.{l}.self_attn.{n}.weight"), vec![cfg.head_dim()]));
         }
     }
+    // Qwen3-MoE layers: a router and per-expert SwiGLUs instead of the dense MLP.
+    let h = cfg.hidden_size;
+    for (l, _) in cfg.moe_layers().iter().enumerate().filter(|(_, &moe)| moe) {
+        let p = format!("model.layers.{l}.mlp.");
+        m.retain(|(n, _)| !n.starts_with(&p));
+        let (e, w) = (cfg.num_experts.unwrap_or(0), cfg.moe_intermediate_size.unwrap_or(0));
+        m.push((format!("{p}gate.weight"), vec![e, h]));
+        for x in 0..e {
+            m.push((format!("{p}experts.{x}.gate_proj.weight"), vec![w, h]));
+            m.push((format!("{p}experts.{x}.up_proj.weight"), vec![w, h]));
+            m.push((format!("{p}experts.{x}.down_proj.weight"), vec![h, w]));
+        }
+    }
     if !cfg.tie_word_embeddings {
         m.push(("lm_head.weight".into(), vec![cfg.vocab_size, cfg.hidden_size]));
     }
@@ -450,7 +463,30 @@ pub fn tiny_sdar_config(vocab_size: usize) -> SdarConfig {
         hidden_act: Some("silu".into()),
         bos_token_id: None,
         eos_token_id: None,
+        num_experts: None,
+        num_experts_per_tok: None,
+        moe_intermediate_size: None,
+        norm_topk_prob: false,
+        decoder_sparse_step: None,
+        mlp_only_layers: Vec::new(),
         model_type: "sdar".into(),
+    }
+}
+
+/// A tiny SDAR MoE config (`sdar_moe`, Qwen3-MoE layers): 3 layers, layer 1 dense
+/// (`mlp_only_layers`), 8 experts of width 16, 2 per token, renormalised.
+pub fn tiny_sdar_moe_config(vocab_size: usize) -> SdarConfig {
+    SdarConfig {
+        num_hidden_layers: 3,
+        num_experts: Some(8),
+        num_experts_per_tok: Some(2),
+        moe_intermediate_size: Some(16),
+        norm_topk_prob: true,
+        decoder_sparse_step: Some(1),
+        mlp_only_layers: vec![1],
+        block_size: Some(4),
+        model_type: "sdar_moe".into(),
+        ..tiny_sdar_config(vocab_size)
     }
 }
 

@@ -4,7 +4,8 @@
 
 use ponder::diffusion::{CanvasCache, Replay, StaticCount, Threshold, UnmaskPolicy, UnmaskTrace};
 use ponder::testing::{
-    tiny_dream_config, tiny_llada2_config, tiny_llada_config, tiny_sdar_config, write_random_dream, write_random_llada, write_random_llada2, write_random_sdar,
+    tiny_dream_config, tiny_llada2_config, tiny_llada_config, tiny_sdar_config, tiny_sdar_moe_config, write_random_dream, write_random_llada,
+    write_random_llada2, write_random_sdar,
 };
 use ponder::{Engine, EngineBuilder, Event, GenerationParams, RequestId};
 mod common;
@@ -21,7 +22,9 @@ fn family_dirs(tmp: &Path) -> Vec<(&'static str, PathBuf)> {
     write_random_dream(&dream, &tiny_dream_config(VOCAB), 7).unwrap();
     let llada2 = tmp.join("llada2");
     write_random_llada2(&llada2, &tiny_llada2_config(VOCAB), 8).unwrap();
-    vec![("sdar", sdar), ("llada", llada), ("dream", dream), ("llada2", llada2)]
+    let sdar_moe = tmp.join("sdar_moe");
+    write_random_sdar(&sdar_moe, &tiny_sdar_moe_config(VOCAB), 9).unwrap();
+    vec![("sdar", sdar), ("llada", llada), ("dream", dream), ("llada2", llada2), ("sdar_moe", sdar_moe)]
 }
 
 fn policies() -> Vec<(&'static str, Box<dyn UnmaskPolicy>)> {
@@ -32,7 +35,8 @@ fn policies() -> Vec<(&'static str, Box<dyn UnmaskPolicy>)> {
     ]
 }
 
-/// What a step recomputes: the block-causal SDAR and LLaDA2.0 with or without the delayed cache; LLaDA / Dream exact, with
+/// What a step recomputes: the block-causal SDAR (dense and MoE) and LLaDA2.0 with or without
+/// the delayed cache; LLaDA / Dream exact, with
 /// the prefix cache (with and without the delayed cache) or the dual cache.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
@@ -41,7 +45,7 @@ enum Mode {
 }
 
 fn modes(family: &str) -> Vec<Mode> {
-    if family == "sdar" || family == "llada2" {
+    if matches!(family, "sdar" | "llada2" | "sdar_moe") {
         return vec![Mode::Sdar { delayed: false }, Mode::Sdar { delayed: true }];
     }
     [(CanvasCache::Exact, false), (CanvasCache::Prefix, false), (CanvasCache::Prefix, true), (CanvasCache::Dual, false)]

@@ -1,59 +1,70 @@
-//! LLaDA2.0 (`llada2_moe`) against an independent float64 reference
-//! (`tools/reference/llada2_ref.py`, fixtures by `make_llada2_fixtures.py`) on a tiny random
-//! checkpoint in the released layout: the last position's logits of a block-causal canvas
-//! within 1e-5 relative (f32, CPU, through the paged path), the router's chosen experts at every
-//! MoE layer identical, and greedy block-diffusion decoding token for token.
+//! The MoE diffusion models against independent float64 references on tiny random checkpoints
+//! in their released layouts (fixtures by `tools/reference/make_llada2_fixtures.py`): LLaDA2.0
+//! (`llada2_moe`, `llada2_ref.py`) and SDAR's Qwen3-MoE layout (`sdar_moe`, `sdar_ref.py`). The
+//! last position's logits of a block-causal canvas within 1e-5 relative (f32, CPU, through the
+//! paged path), the router's chosen experts at every MoE layer identical, and for LLaDA2.0
+//! greedy block-diffusion decoding token for token.
 
 use candle_core::Tensor;
 use ponder::diffusion::Threshold;
 use ponder::kv::{KvManager, Shared};
 use ponder::loader::ModelDir;
-use ponder::models::diffusion::{self, DiffusionModel, Llada2};
+use ponder::models::diffusion::{self, DenseDiffusion, DiffusionModel};
 use ponder::ops::{AttnMask, PagedBatch, PagedBatchHost};
-use ponder::testing::{tiny_llada2_config, write_random_llada2};
+use ponder::testing::{tiny_llada2_config, tiny_sdar_moe_config, write_random_llada2, write_random_sdar};
 use ponder::{DType, Device, EngineBuilder, GenerationParams, RequestId};
 use std::path::Path;
 
 const VOCAB: usize = 97;
 const SEED: u64 = 5;
 
-/// Writes the checkpoint the fixtures are made from (run before the Python script).
+/// Writes the checkpoints the fixtures are made from (run before the Python script).
 #[test]
 #[ignore]
-fn write_reference_model() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/reference-models/llada2");
-    write_random_llada2(&dir, &tiny_llada2_config(VOCAB), SEED).unwrap();
+fn write_reference_models() {
+    write_models(&Path::new(env!("CARGO_MANIFEST_DIR")).join("target/reference-models"));
 }
 
-fn fixture() -> serde_json::Value {
-    serde_json::from_str(include_str!("fixtures/tiny_llada2_reference.json")).unwrap()
+fn write_models(root: &Path) {
+    write_random_llada2(&root.join("llada2"), &tiny_llada2_config(VOCAB), SEED).unwrap();
+    write_random_sdar(&root.join("sdar_moe"), &tiny_sdar_moe_config(VOCAB), SEED).unwrap();
 }
 
-fn model_dir(tmp: &Path) -> std::path::PathBuf {
-    let dir = tmp.join("llada2");
-    write_random_llada2(&dir, &tiny_llada2_config(VOCAB), SEED).unwrap();
+fn fixture(family: &str) -> serde_json::Value {
+    let text = match family {
+        "llada2" => include_str!("fixtures/tiny_llada2_reference.json"),
+        _ => include_str!("fixtures/tiny_sdar_moe_reference.json"),
+    };
+    serde_json::from_str(text).unwrap()
+}
+
+fn model_dir(tmp: &Path, family: &str) -> std::path::PathBuf {
+    write_models(tmp);
+    let dir = tmp.join(family);
     let t = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
     let sum: f64 = t.values().map(|v| v.to_dtype(DType::F64).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap()).sum();
-    let want = fixture()["weight_abs_sum"].as_f64().unwrap();
-    assert!((sum - want).abs() <= 1e-9 * want, "the fixture was made from other weights ({sum} vs {want})");
+    let want = fixture(family)["weight_abs_sum"].as_f64().unwrap();
+    assert!((sum - want).abs() <= 1e-9 * want, "{family}: the fixture was made from other weights ({sum} vs {want})");
     dir
 }
 
 #[test]
-fn logits_and_routes_match_the_float64_reference() {
+fn logits_and_routes_match_the_float64_references() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = ModelDir::open(model_dir(tmp.path())).unwrap();
-    let cfg = match &dir.config {
-        ponder::models::ModelConfig::Llada2(c) => c.clone(),
-        other => panic!("loaded as {}", other.model_type()),
-    };
-    let w = dir.weights(DType::F32, &Device::Cpu).unwrap();
-    let model = Llada2::load(&cfg, &w).unwrap();
-    let boxed = diffusion::load(&dir.config, &w).unwrap();
-    assert_eq!(boxed.spec().model_type, "llada2_moe");
+    for (family, model_type, moe_layers) in [("llada2", "llada2_moe", vec![1, 2]), ("sdar_moe", "sdar_moe", vec![0, 2])] {
+        let dir = ModelDir::open(model_dir(tmp.path(), family)).unwrap();
+        assert_eq!(dir.config.model_type(), model_type);
+        let model = diffusion::load(&dir.config, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
+        assert_eq!(model.spec().model_type, model_type);
+        check_forward(&model, family, &moe_layers);
+    }
+}
+
+/// Every forward case of `family`'s fixture: last-position logits and each MoE layer's experts.
+fn check_forward(model: &DenseDiffusion, family: &str, moe_layers: &[usize]) {
     let spec = model.spec().clone();
     assert_eq!((spec.block_length, spec.mask_token_id), (Some(4), VOCAB as u32 - 1));
-    for case in fixture()["forward"].as_array().unwrap() {
+    for case in fixture(family)["forward"].as_array().unwrap() {
         let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
         let n = ids.len();
         let mut kv_mgr = KvManager::new(16, 4, Box::new(Shared), 1);
@@ -68,25 +79,25 @@ fn logits_and_routes_match_the_float64_reference() {
         let got: Vec<f32> = model.head(&h.narrow(0, n - 1, 1).unwrap()).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
         let want: Vec<f64> = serde_json::from_value(case["last_logits"].clone()).unwrap();
         let err = got.iter().zip(&want).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt() / want.iter().map(|b| b * b).sum::<f64>().sqrt();
-        assert!(err <= 1e-5, "{ids:?}: relative error {err:e}");
+        assert!(err <= 1e-5, "{family} {ids:?}: relative error {err:e}");
         let inputs: Vec<Vec<f32>> = serde_json::from_value(case["moe_inputs"].clone()).unwrap();
         let experts: Vec<Vec<usize>> = serde_json::from_value(case["experts"].clone()).unwrap();
-        assert_eq!(inputs.len(), cfg.num_hidden_layers - cfg.first_k_dense_replace);
-        for (k, (x, want)) in inputs.iter().zip(&experts).enumerate() {
-            let l = cfg.first_k_dense_replace + k;
-            let x = Tensor::from_vec(x.clone(), (1, cfg.hidden_size), &Device::Cpu).unwrap();
+        assert_eq!(inputs.len(), moe_layers.len());
+        for ((x, want), &l) in inputs.iter().zip(&experts).zip(moe_layers) {
+            let x = Tensor::from_vec(x.clone(), (1, spec.hidden_size), &Device::Cpu).unwrap();
             let got = model.routed_experts(l, &x).unwrap().expect("a MoE layer");
-            assert_eq!(&got[0], want, "{ids:?}: layer {l}");
+            assert_eq!(&got[0], want, "{family} {ids:?}: layer {l}");
         }
-        assert!(model.routed_experts(0, &h.narrow(0, 0, 1).unwrap()).unwrap().is_none(), "layer 0 is dense");
+        let dense = (0..spec.num_layers).find(|l| !moe_layers.contains(l)).unwrap();
+        assert!(model.routed_experts(dense, &h.narrow(0, 0, 1).unwrap()).unwrap().is_none(), "{family}: layer {dense} is dense");
     }
 }
 
 #[test]
 fn greedy_decoding_matches_the_float64_reference() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = model_dir(tmp.path());
-    let cases = fixture()["generate"].as_array().unwrap().clone();
+    let dir = model_dir(tmp.path(), "llada2");
+    let cases = fixture("llada2")["generate"].as_array().unwrap().clone();
     let mut varied = false;
     for c in cases {
         let prompt: Vec<u32> = serde_json::from_value(c["prompt"].clone()).unwrap();

@@ -45,7 +45,8 @@ impl ModelConfig {
                 c.validate(path)?;
                 Ok(Self::Huginn(c))
             }
-            Some("sdar") => {
+            // The MoE checkpoints (Qwen3-MoE layers) share SDAR's config class.
+            Some("sdar" | "sdar_moe") => {
                 let c: SdarConfig = serde_json::from_str(text).map_err(|e| Error::config(path, e.to_string()))?;
                 c.validate(path)?;
                 Ok(Self::Sdar(c))
@@ -75,6 +76,7 @@ impl ModelConfig {
         match self {
             Self::Ouro(_) => "ouro",
             Self::Huginn(_) => "huginn_raven",
+            Self::Sdar(c) if c.num_experts.unwrap_or(0) > 0 => "sdar_moe",
             Self::Sdar(_) => "sdar",
             Self::Llada(_) => "llada",
             Self::Llada2(_) => "llada2_moe",

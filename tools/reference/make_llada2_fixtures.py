@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Fixtures for tests/parity_llada2.rs from the float64 reference (llada2_ref.py) on a tiny
-random LLaDA2.0 checkpoint in the released layout.
+"""Fixtures for tests/parity_llada2.rs from the float64 references on tiny random MoE
+checkpoints in the released layouts: LLaDA2.0 (llada2_ref.py) and SDAR's Qwen3-MoE layout
+(sdar_ref.py).
 
-    cargo test --test parity_llada2 -- --ignored write_reference_model   # target/reference-models/llada2
-    python3 tools/reference/make_llada2_fixtures.py                       # tests/fixtures/tiny_llada2_reference.json
+    cargo test --test parity_llada2 -- --ignored write_reference_models  # target/reference-models/{llada2,sdar_moe}
+    python3 tools/reference/make_llada2_fixtures.py    # tests/fixtures/tiny_{llada2,sdar_moe}_reference.json
 
 Forward cases: a canvas (prompt + masks, blocks of 4 from position 0) → the last position's
 logits, and per MoE layer its MLP input and the experts the router chose there. Generate cases:
@@ -17,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from llada2_ref import Llada2Reference  # noqa: E402
+from sdar_ref import SDARReference  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = ROOT / "target" / "reference-models" / "llada2"
@@ -48,6 +50,19 @@ def main():
     out.write_text(json.dumps(doc) + "\n")
     for g in generate:
         print(g["prompt"], g["threshold"], "->", g["tokens"])
+    print(f"wrote {out}")
+    sdar_moe()
+
+
+def sdar_moe():
+    ref = SDARReference(ROOT / "target" / "reference-models" / "sdar_moe", block_size=4)
+    weights = sum(float(v.abs().sum()) for v in ref.w.values())
+    forward = []
+    for ids in FORWARD:
+        logits = ref.forward(ids)
+        forward.append({"ids": ids, "last_logits": logits[-1].tolist(), "moe_inputs": [r[0] for r in ref.routes], "experts": [r[1] for r in ref.routes]})
+    out = ROOT / "tests" / "fixtures" / "tiny_sdar_moe_reference.json"
+    out.write_text(json.dumps({"source": "tools/reference/sdar_ref.py (float64)", "weight_abs_sum": weights, "forward": forward}) + "\n")
     print(f"wrote {out}")
 
 

@@ -33,7 +33,7 @@ class SDARReference:
     def __init__(self, model_dir, dtype=torch.float64, block_size=None):
         model_dir = pathlib.Path(model_dir)
         self.cfg = c = json.loads((model_dir / "config.json").read_text())
-        assert c["model_type"] == "sdar", c["model_type"]
+        assert c["model_type"] in ("sdar", "sdar_moe"), c["model_type"]
         assert not c.get("attention_bias", False), "SDAR has no attention biases"
         self.w = {k: v.to(dtype) for k, v in load_weights(model_dir).items()}
         self.heads = c["num_attention_heads"]
@@ -44,6 +44,11 @@ class SDARReference:
         self.block = block_size or c.get("block_size") or 4
         self.mask_id = c.get("mask_token_id")
         self.layers = c["num_hidden_layers"]
+        # Qwen3-MoE layers (sdar_moe): every decoder_sparse_step-th layer not in mlp_only_layers.
+        step = c.get("decoder_sparse_step") or 1
+        experts = c.get("num_experts") or 0
+        self.moe = [experts > 0 and i not in c.get("mlp_only_layers", []) and (i + 1) % step == 0 for i in range(self.layers)]
+        self.routes = []  # (MLP input of the last position, its experts) per MoE layer of the last forward
 
     def rms(self, x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
@@ -80,9 +85,29 @@ class SDARReference:
         attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(t, -1)
         h = h + attn @ w[f"{p}.self_attn.o_proj.weight"].T
         m = self.rms(h, w[f"{p}.post_attention_layernorm.weight"])
+        if self.moe[i]:
+            return h + self.moe_mlp(m, p)
         gate = m @ w[f"{p}.mlp.gate_proj.weight"].T
         up = m @ w[f"{p}.mlp.up_proj.weight"].T
         return h + (torch.nn.functional.silu(gate) * up) @ w[f"{p}.mlp.down_proj.weight"].T
+
+    def moe_mlp(self, m, p):
+        # Softmax over all experts, top-k, optionally renormalised; no groups, bias or shared expert.
+        c, w = self.cfg, self.w
+        probs = (m @ w[f"{p}.mlp.gate.weight"].T).softmax(-1)
+        weights, chosen = probs.topk(c["num_experts_per_tok"], dim=-1)
+        if c.get("norm_topk_prob"):
+            weights = weights / weights.sum(-1, keepdim=True)
+        self.routes.append((m[-1].tolist(), chosen[-1].tolist()))
+        out = torch.zeros_like(m)
+        for t in range(m.shape[0]):
+            for j, e in enumerate(chosen[t].tolist()):
+                x = m[t : t + 1]
+                y = (torch.nn.functional.silu(x @ w[f"{p}.mlp.experts.{e}.gate_proj.weight"].T) * (x @ w[f"{p}.mlp.experts.{e}.up_proj.weight"].T)) @ w[
+                    f"{p}.mlp.experts.{e}.down_proj.weight"
+                ].T
+                out[t] += weights[t, j] * y[0]
+        return out
 
     @torch.no_grad()
     def forward(self, ids):
@@ -91,6 +116,7 @@ class SDARReference:
         t = len(ids)
         positions = torch.arange(t)
         allowed = self.allowed(t)
+        self.routes = []
         h = self.w["model.embed_tokens.weight"][ids]
         for i in range(self.layers):
             h = self.layer(i, h, positions, allowed)

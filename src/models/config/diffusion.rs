@@ -89,6 +89,23 @@ pub struct SdarConfig {
     pub bos_token_id: Option<u32>,
     #[serde(default)]
     pub eos_token_id: Option<EosIds>,
+    /// Qwen3-MoE layers (the SDAR MoE checkpoints, `sdar_moe`): routed experts per MoE layer;
+    /// absent for the dense models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts_per_tok: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_intermediate_size: Option<usize>,
+    /// Renormalise the chosen experts' softmax scores (Qwen3-MoE's switch).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub norm_topk_prob: bool,
+    /// Every `decoder_sparse_step`-th layer is MoE (counting from 1) unless listed in
+    /// `mlp_only_layers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_sparse_step: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mlp_only_layers: Vec<usize>,
     #[serde(default = "default_sdar_type")]
     pub model_type: String,
 }
@@ -114,8 +131,20 @@ impl SdarConfig {
     pub fn mask_token_id(&self) -> u32 {
         self.mask_token_id.unwrap_or(Self::DEFAULT_MASK)
     }
+    /// Per layer: whether its MLP is a Qwen3-MoE layer (all false for the dense models).
+    pub fn moe_layers(&self) -> Vec<bool> {
+        let step = self.decoder_sparse_step.unwrap_or(1).max(1);
+        let moe = self.num_experts.unwrap_or(0) > 0;
+        (0..self.num_hidden_layers).map(|l| moe && !self.mlp_only_layers.contains(&l) && (l + 1) % step == 0).collect()
+    }
 
     pub(crate) fn validate(&self, path: &str) -> Result<()> {
+        if let Some(e) = self.num_experts.filter(|&e| e > 0) {
+            let k = self.num_experts_per_tok.unwrap_or(0);
+            if k == 0 || k > e || self.moe_intermediate_size.unwrap_or(0) == 0 || self.decoder_sparse_step == Some(0) {
+                return Err(Error::config(path, format!("MoE layers need 1..={e} experts per token, a moe_intermediate_size and a sparse step > 0")));
+            }
+        }
         let hd = derived_head_dim(path, self.head_dim, self.hidden_size, self.num_attention_heads)?;
         check_shapes(path, self.vocab_size, self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.num_attention_heads, self.kv_heads(), hd)?;
         check_norm(path, self.rms_norm_eps, self.rope_theta)?;
@@ -153,6 +182,12 @@ impl SdarConfig {
             hidden_act: Some("silu".into()),
             bos_token_id: Some(151643),
             eos_token_id: Some(EosIds::One(151643)),
+            num_experts: None,
+            num_experts_per_tok: None,
+            moe_intermediate_size: None,
+            norm_topk_prob: false,
+            decoder_sparse_step: None,
+            mlp_only_layers: Vec::new(),
             model_type: "sdar".into(),
         }
     }

@@ -48,7 +48,7 @@ impl Llada2 {
             max_context: cfg.max_position_embeddings,
             moe: Some(MoeArch {
                 router,
-                first_moe_layer: cfg.first_k_dense_replace,
+                moe_layers: (0..cfg.num_hidden_layers).map(|l| l >= cfg.first_k_dense_replace).collect(),
                 expert_width: cfg.moe_intermediate_size,
                 shared_experts: cfg.num_shared_experts,
                 expert_bias: true,

@@ -1,7 +1,10 @@
 //! SDAR (JetAstra/SDAR, JetLM/SDAR-*-Chat): Qwen3 weights trained for block diffusion —
-//! per-head q/k RMSNorm, no biases, block-causal attention, no logit shift.
+//! per-head q/k RMSNorm, no biases, block-causal attention, no logit shift. The MoE checkpoints
+//! (`sdar_moe`, e.g. SDAR-30B-A3B) have Qwen3-MoE layers: a softmax router over the experts,
+//! top-k, optionally renormalised, no shared expert.
 
-use super::{DenseArch, DenseDiffusion, DiffusionAttention, Naming};
+use super::moe::{RouterArch, Scoring};
+use super::{DenseArch, DenseDiffusion, DiffusionAttention, MoeArch, Naming};
 use crate::loader::Weights;
 use crate::models::SdarConfig;
 
@@ -13,7 +16,7 @@ impl Sdar {
     pub fn arch(cfg: &SdarConfig) -> DenseArch {
         DenseArch {
             naming: Naming::QWEN,
-            model_type: "sdar".into(),
+            model_type: cfg.model_type.clone(),
             vocab_size: cfg.vocab_size,
             table_rows: cfg.vocab_size,
             hidden_size: cfg.hidden_size,
@@ -32,7 +35,22 @@ impl Sdar {
             shift_logits: false,
             mask_token_id: cfg.mask_token_id(),
             block_length: cfg.block_size,
-            moe: None,
+            // Qwen3-MoE: softmax router, no groups, no bias, no shared expert.
+            moe: cfg.moe_layers().contains(&true).then(|| MoeArch {
+                router: RouterArch {
+                    num_experts: cfg.num_experts.unwrap_or(0),
+                    top_k: cfg.num_experts_per_tok.unwrap_or(0),
+                    n_group: 1,
+                    topk_group: 1,
+                    scoring: Scoring::Softmax,
+                    norm_topk: cfg.norm_topk_prob,
+                    scale: 1.0,
+                },
+                moe_layers: cfg.moe_layers(),
+                expert_width: cfg.moe_intermediate_size.unwrap_or(0),
+                shared_experts: 0,
+                expert_bias: false,
+            }),
             max_context: cfg.max_position_embeddings,
         }
     }

@@ -135,7 +135,7 @@ pub struct DenseArch {
     pub mask_token_id: u32,
     pub block_length: Option<usize>,
     pub max_context: usize,
-    /// Mixture-of-experts MLPs from layer `first_moe_layer` on (Qwen3-MoE / Ling-2.0 names:
+    /// Mixture-of-experts MLPs in the layers `moe_layers` marks (Qwen3-MoE / Ling-2.0 names:
     /// `mlp.gate`, `mlp.experts.{e}.{gate,up,down}_proj`, `mlp.shared_experts`).
     pub moe: Option<MoeArch>,
 }
@@ -144,7 +144,8 @@ pub struct DenseArch {
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeArch {
     pub router: RouterArch,
-    pub first_moe_layer: usize,
+    /// Per layer: whether its MLP is MoE (else the dense `intermediate_size` SwiGLU).
+    pub moe_layers: Vec<bool>,
     /// Each routed expert's SwiGLU width.
     pub expert_width: usize,
     /// Shared experts (added with weight 1), stored as one SwiGLU of `shared × expert_width`.
@@ -249,7 +250,7 @@ impl DenseDiffusion {
                 })
             };
             let mlp = match &a.moe {
-                Some(m) if l >= m.first_moe_layer => {
+                Some(m) if m.moe_layers.get(l) == Some(&true) => {
                     let e = m.router.num_experts;
                     let router = wt("mlp.gate", (e, h))?.to_dtype(DType::F32)?;
                     let bias =
@@ -293,7 +294,9 @@ impl DenseDiffusion {
         // What one token touches: its experts, the shared ones and the router in MoE layers.
         let layer_params: usize = (0..a.num_layers)
             .map(|l| match &a.moe {
-                Some(m) if l >= m.first_moe_layer => attention + m.router.num_experts * h + 3 * h * m.expert_width * (m.router.top_k + m.shared_experts),
+                Some(m) if m.moe_layers.get(l) == Some(&true) => {
+                    attention + m.router.num_experts * h + 3 * h * m.expert_width * (m.router.top_k + m.shared_experts)
+                }
                 _ => attention + 3 * h * i,
             })
             .sum();
