@@ -463,13 +463,9 @@ pub fn tiny_sdar_config(vocab_size: usize) -> SdarConfig {
         hidden_act: Some("silu".into()),
         bos_token_id: None,
         eos_token_id: None,
-        num_experts: None,
-        num_experts_per_tok: None,
-        moe_intermediate_size: None,
-        norm_topk_prob: false,
-        decoder_sparse_step: None,
-        mlp_only_layers: Vec::new(),
         model_type: "sdar".into(),
+        // Dense, as SDAR-8B.
+        ..SdarConfig::sdar_8b_chat_b32()
     }
 }
 
