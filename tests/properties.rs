@@ -52,6 +52,8 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
     // owner's last token was issued (or the owner was aborted / finished).
     let depth = s.name() != "cb";
     let mut owner: HashMap<u32, u64> = HashMap::new();
+    // Which request owns each KV block, under the same rule.
+    let mut block_owner: HashMap<u32, u64> = HashMap::new();
     loop {
         for (i, r) in reqs.iter().enumerate() {
             if r.arrival == tick {
@@ -70,10 +72,17 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
         }
         for row in next.iter().flat_map(|l| &l.rows) {
             let r = row.request.0;
+            let done = |o: u64| !live.contains_key(&o) || issued.get(&o).copied().unwrap_or(0) >= reqs[o as usize].new_tokens;
+            // (CB may preempt a running request and give its blocks away: depth schedulers only.)
+            for &b in row.block_tables.iter().flat_map(|t| t.iter()).filter(|_| depth) {
+                if let Some(&o) = block_owner.get(&b).filter(|&&o| o != r) {
+                    prop_assert!(done(o), "KV block {b} used by request {r} while request {o} still runs on it");
+                }
+                block_owner.insert(b, r);
+            }
             if depth {
                 if let Some(&o) = owner.get(&row.state).filter(|&&o| o != r) {
-                    let done = !live.contains_key(&o) || issued.get(&o).copied().unwrap_or(0) >= reqs[o as usize].new_tokens;
-                    prop_assert!(done, "state row {} used by request {r} while request {o} still runs on it", row.state);
+                    prop_assert!(done(o), "state row {} used by request {r} while request {o} still runs on it", row.state);
                 }
                 owner.insert(row.state, r);
             }

@@ -48,8 +48,8 @@ pub struct DepthConfig {
     /// `min_coda_batch_size − 1`) keep their resident slots but are not in the core launch; a
     /// reserve of that many keeps the core launch full meanwhile, at the KV cost of as many more
     /// requests. 0 (default): `max_num_seqs` caps resident requests, as in the paper. Refill only.
-    /// (A request whose last token's coda has been issued gives its slot back then, while it
-    /// waits for that token; it still holds its KV until it is finished.)
+    /// (A request whose last token's coda has been issued gives its slot and KV back then,
+    /// while it waits for that token.)
     pub coda_reserve: usize,
 }
 
@@ -85,8 +85,9 @@ struct Req {
     /// time; its signals can arrive after the item was routed on).
     gate: GateState,
     item_token: usize,
-    /// The state row went back to the pool when the coda of the request's last token was
-    /// issued (its result has not been read yet; `finish` must not free the row again).
+    /// The state row and the KV blocks went back to the pools when the coda of the request's
+    /// last token was issued (its result has not been read yet; `finish` must not free the row
+    /// again).
     state_released: bool,
 }
 
@@ -287,16 +288,18 @@ impl DepthBatching {
             self.unrouted.push_back((Stage::Coda, it.request));
             if let Some(req) = self.reqs.get_mut(&it.request) {
                 req.launched += 1;
-                // The request's last token: nothing reads its state row after this coda, so the
-                // row (its resident slot) goes back now. With overlap the engine finishes the
-                // request only once the coda's result is read, a launch later; a replacement
-                // admitted meanwhile starts in step with the coda's successors instead of half a
-                // token out of phase (which costs a coda launch per token from then on). Launches
-                // run in order on the device, so a prefill that reuses the row writes it after
-                // this coda has read it.
+                // The request's last token: nothing reads its state row or its K/V after this
+                // coda (its rows carry their block tables; its exit copies run in this launch),
+                // so the row (its resident slot) and its KV blocks go back now. With overlap the
+                // engine finishes the request only once the coda's result is read, a launch
+                // later; a replacement admitted meanwhile starts in step with the coda's
+                // successors instead of half a token out of phase (which costs a coda launch per
+                // token from then on). Launches run in order on the device, so a prefill that
+                // reuses the row or the blocks writes them after this coda has read them.
                 if req.launched >= req.max_new && !req.state_released {
                     req.state_released = true;
                     self.free_states.push(req.state);
+                    self.requests.kv_mut().free(it.request);
                 }
             }
         }
@@ -615,17 +618,26 @@ mod tests {
         // later token costs a coda launch of its own.
         let new_tokens: Vec<usize> = (0..12).map(|i| 5 + (i * 7) % 11).collect();
         let count = |launches: &[LoopedLaunch], stage| launches.iter().filter(|l| l.stage == stage).count();
-        let mut sync = sched(true, 4, Box::new(FixedDepth::new(2).unwrap()));
-        let sync_launches = drive_lengths(&mut sync, &new_tokens, false);
-        let mut ahead = sched(true, 4, Box::new(FixedDepth::new(2).unwrap()));
-        let ahead_launches = drive_lengths(&mut ahead, &new_tokens, true);
-        assert_eq!(count(&ahead_launches, Stage::Coda), count(&sync_launches, Stage::Coda), "overlap splits no coda");
-        assert_eq!(count(&ahead_launches, Stage::CoreStep), count(&sync_launches, Stage::CoreStep));
-        // Every state row is back exactly once.
-        for s in [&sync, &ahead] {
-            let mut rows = s.free_states.clone();
-            rows.sort_unstable();
-            assert_eq!(rows, (0..4).collect::<Vec<u32>>());
+        // A roomy KV pool, and one that holds exactly four of the longest requests (5 + 15
+        // positions in blocks of 4): the replacement needs the finished request's KV too.
+        for blocks in [4096, 4 * 5] {
+            let make = || {
+                let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 4096 };
+                let kv = KvManager::new(blocks, 4, Box::new(Shared), 4);
+                DepthBatching::new(DepthConfig::default(), limits, kv, Box::new(FixedDepth::new(2).unwrap()))
+            };
+            let mut sync = make();
+            let sync_launches = drive_lengths(&mut sync, &new_tokens, false);
+            let mut ahead = make();
+            let ahead_launches = drive_lengths(&mut ahead, &new_tokens, true);
+            assert_eq!(count(&ahead_launches, Stage::Coda), count(&sync_launches, Stage::Coda), "{blocks} blocks: overlap splits no coda");
+            assert_eq!(count(&ahead_launches, Stage::CoreStep), count(&sync_launches, Stage::CoreStep), "{blocks} blocks");
+            // Every state row is back exactly once.
+            for s in [&sync, &ahead] {
+                let mut rows = s.free_states.clone();
+                rows.sort_unstable();
+                assert_eq!(rows, (0..4).collect::<Vec<u32>>());
+            }
         }
     }
 
