@@ -1,7 +1,7 @@
 //! Throughput of block-diffusion serving on SDAR-8B shapes with random bf16 weights generated
 //! on the device and replayed unmask counts (real checkpoints cannot be downloaded here).
 //!
-//!     bench_diffusion [--model sdar|llada] [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
+//!     bench_diffusion [--model sdar|llada|llada2-mini] [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
 //!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
 //!                     [--breakdown] [--phases] [--repeats 1] [--json FILE] [--commit SHA] [--tiny]
 //!
@@ -31,16 +31,26 @@
 //! prompt and every generated position — every step, as LLaDA's `generate` does), `prefix` and
 //! `dual` (Fast-dLLM's caches): what exactness costs. Blocks of `--block` start at the prompt's
 //! end; the unmask replay is the same in every mode.
+//! `--model llada2-mini` runs LLaDA2.0-mini shapes (16 B parameters, 1.4 B active: a dense
+//! first layer, 19 MoE layers of 256 experts, 8 per token, one shared expert; block-causal like
+//! SDAR) with the same modes as SDAR.
+//!
+//! Every row also gets a compute bound: the bf16 matmul peak measured at start divided by the
+//! FLOPs per decoded token — 2 × the *active* layer parameters per position the mode runs
+//! through the network, 2 × the LM head per readout, and attention (4 · heads · head_dim · layers
+//! FLOPs per query and key, at the workload's mean context) — and the fraction of it reached.
+//! FOCUS runs fewer positions past layer 1 than it scores; its bound counts every scored
+//! position through every layer, so it is conservative for FOCUS.
 //! `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
 
 use candle_core::{DType, Device, Tensor};
 use ponder::diffusion::{Replay, UnmaskTrace};
 use ponder::engine::internals::greedy_readout;
 use ponder::kv::KvStore;
-use ponder::models::config::{LladaConfig, SdarConfig};
-use ponder::models::diffusion::{DenseDiffusion, DiffusionModel, Llada, Sdar};
+use ponder::models::config::{Llada2Config, LladaConfig, SdarConfig};
+use ponder::models::diffusion::{DenseDiffusion, DiffusionModel, Llada, Llada2, Sdar};
 use ponder::ops::{paged_attention, AttnMask, PagedBatch, PagedBatchHost};
-use ponder::testing::{random_llada_weights, random_sdar_weights, tiny_llada_config, tiny_sdar_config};
+use ponder::testing::{random_llada2_weights, random_llada_weights, random_sdar_weights, tiny_llada2_config, tiny_llada_config, tiny_sdar_config};
 use ponder::{EngineBuilder, Event, GenerationParams};
 use std::time::Instant;
 
@@ -105,7 +115,8 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
     let known: &[&str] = match a.model.as_str() {
         "sdar" => &["baseline", "baseline-delayed", "focus"],
         "llada" => &["exact", "prefix", "dual"],
-        other => return Err(format!("unknown model {other} (sdar | llada)").into()),
+        "llada2-mini" => &["baseline", "baseline-delayed", "focus"],
+        other => return Err(format!("unknown model {other} (sdar | llada | llada2-mini)").into()),
     };
     if a.model == "llada" && a.modes == ["baseline", "baseline-delayed"] {
         a.modes = known.iter().map(|m| m.to_string()).collect();
@@ -427,6 +438,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Llada::load(&LladaConfig::llada_8b(), &random_llada_weights(&LladaConfig::llada_8b(), 7, dtype, &device)?)?,
             "LLaDA-8B shapes, random bf16 weights",
         ),
+        ("llada2-mini", true) => {
+            let mut c = tiny_llada2_config(512);
+            c.block_size = Some(8);
+            (Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?)?, "tiny LLaDA2.0 (CPU, f32)")
+        }
+        ("llada2-mini", false) => {
+            let c = Llada2Config::llada2_mini();
+            (Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?)?, "LLaDA2.0-mini shapes, random bf16 weights")
+        }
         (_, true) => {
             let mut c = tiny_sdar_config(512);
             c.block_size = Some(8);
@@ -441,7 +461,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     device.synchronize()?;
     println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
     let spec = model.spec().clone();
-    // The calibration simulates the replay: once per invocation, not per run.
+    let peak = ponder::bench::device_peak::matmul_peak(&device)?;
+    println!("bf16 matmul peak {:.0} TFLOP/s (the compute bound's ceiling)", peak / 1e12);
     let mean = trace_mean(&args)?;
     println!("replayed unmask counts: distribution mean {mean:.3} for a realised {:.2} tokens per step", args.mean_unmask);
     let mut results = Vec::new();
@@ -449,6 +470,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{:>6} {:>18} {:>11} {:>11} {:>13} {:>13} {:>7}", "batch", "mode", "tok/s", "whole tok/s", "tokens/step", "decoded/step", "steps");
     for &b in &args.batches {
         let jobs = prompts(args.requests_per_batch * b, spec.vocab_size, spec.mask_token_id, 42 + b as u64, 512.min(spec.max_context / 2));
+        // Mean keys a query sees: its prompt, half the generation, half a block.
+        let context = jobs.iter().map(Vec::len).sum::<usize>() as f64 / jobs.len().max(1) as f64 + args.new_tokens as f64 / 2.0 + args.block as f64 / 2.0;
         for mode in &args.modes {
             let mut runs = (0..args.repeats).map(|_| run(&model, &args, mean, b, mode, &jobs)).collect::<Result<Vec<_>, _>>()?;
             runs.sort_by(|x, y| x.window_tokens_per_s.total_cmp(&y.window_tokens_per_s));
@@ -457,8 +480,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let tps = |m: &str| results.iter().find(|r: &&serde_json::Value| r["batch"] == b && r["mode"] == m).and_then(|r| r["tokens_per_s"].as_f64());
             let speedup = (mode != "baseline").then(|| tps("baseline")).flatten().map(|x| st.window_tokens_per_s / x);
             let over_delayed = (mode == "focus").then(|| tps("baseline-delayed")).flatten().map(|x| st.window_tokens_per_s / x);
+            let bound = compute_bound(&spec, &st, context, peak);
             println!(
-                "{b:>6} {mode:>18} {:>11.0} {:>11.0} {:>13.2} {:>13.2} {:>7}  launch {:.1} ms + host {:.2} ms{}{}{}",
+                "{b:>6} {mode:>18} {:>11.0} {:>11.0} {:>13.2} {:>13.2} {:>7}  launch {:.1} ms + host {:.2} ms{}{}{}, compute bound {:.0} tok/s ({:.1} % of it)",
                 st.window_tokens_per_s,
                 st.whole_tokens_per_s,
                 st.tokens_per_step,
@@ -468,7 +492,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 st.host_ms,
                 speedup.map_or(String::new(), |x| format!(", {x:.2}x over baseline")),
                 st.kept_per_step.map_or(String::new(), |k| format!(", kept/step {k:.2}")),
-                over_delayed.map_or(String::new(), |x| format!(", {x:.2}x over delayed"))
+                over_delayed.map_or(String::new(), |x| format!(", {x:.2}x over delayed")),
+                bound,
+                100.0 * st.window_tokens_per_s / bound
             );
             if let Some(p) = st.peak {
                 println!("{:>25} peak device memory {p}", "");
@@ -484,6 +510,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "launch_ms": st.launch_ms, "host_ms_per_launch": st.host_ms, "repeats_tokens_per_s": all_tps, "phase_timed": args.phases, "phases_ms_per_launch": phases,
                 "tokens_per_step": st.tokens_per_step, "readouts_per_step": st.readouts_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
                 "requests": jobs.len(), "new_tokens": args.new_tokens, "block": args.block, "mean_unmask": args.mean_unmask,
+                "mean_context": context, "matmul_peak_tflops": peak / 1e12, "compute_bound_tokens_per_s": bound, "fraction_of_compute_bound": st.window_tokens_per_s / bound,
             }));
             let row = results.last_mut().and_then(|r| r.as_object_mut()).expect("just pushed");
             row.extend(ponder::bench::device_memory::PeakMemory::json_fields(st.peak).map(|(k, v)| (k.to_string(), v.into())));
@@ -495,4 +522,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         write_json(&args, label, &results, &breakdowns)?;
     }
     Ok(())
+}
+
+/// Decoded tokens per second if every FLOP ran at `peak`: per request-step, 2 × the active layer
+/// parameters per position run, 2 × the LM head per readout, and attention at `context` keys per
+/// query (QKᵀ and PV: 4 · heads · head_dim per layer).
+fn compute_bound(spec: &ponder::models::diffusion::DiffusionSpec, st: &RunStats, context: f64, peak: f64) -> f64 {
+    let attention = 4.0 * (spec.num_heads * spec.head_dim * spec.num_layers) as f64 * context;
+    let per_step = st.tokens_per_step * (2.0 * spec.layer_params as f64 + attention) + st.readouts_per_step * 2.0 * spec.head_params as f64;
+    peak * st.decoded_per_step / per_step.max(1.0)
 }

@@ -334,6 +334,12 @@ pub fn random_sdar_weights(cfg: &SdarConfig, seed: u64, dtype: DType, device: &D
     Ok(Weights::from_map(random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
 }
 
+/// Random LLaDA2.0 weights held in memory (the MoE checkpoints' layout; bf16 on the device for
+/// the real shapes: 16 B parameters).
+pub fn random_llada2_weights(cfg: &Llada2Config, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
+    Ok(Weights::from_map(random_diffusion_tensors(&llada2_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+}
+
 /// Random LLaDA weights held in memory.
 pub fn random_llada_weights(cfg: &LladaConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
     Ok(Weights::from_map(random_diffusion_tensors(&llada_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))

@@ -72,7 +72,7 @@ mod cdb;
 mod long_prompts;
 mod parity;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use ponder::bench::Lengths;
 use ponder::loader::Weights;
 use ponder::models::looped::{Huginn, Ouro};
@@ -328,8 +328,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
     let spec = model.spec().clone();
     let weight_bytes_per_step = (spec.max_steps as u64 * spec.step_params + spec.boundary_params) * dtype.size_in_bytes() as u64;
-    let bandwidth = copy_bandwidth(&device)?;
-    let roof = Roof { bandwidth, peak: matmul_peak(&device)? };
+    let bandwidth = ponder::bench::device_peak::copy_bandwidth(&device)?;
+    let roof = Roof { bandwidth, peak: ponder::bench::device_peak::matmul_peak(&device)? };
     println!(
         "copy bandwidth {:.0} GB/s; bf16 matmul peak {:.0} TFLOP/s; weights read per decode step {:.2} GB",
         bandwidth / 1e9,
@@ -389,42 +389,6 @@ impl Roof {
         }
         parts
     }
-}
-
-/// bf16 matmul throughput (FLOP/s) on 8192² × 8192, median of 5 (the CPU: a small f32 one).
-fn matmul_peak(device: &Device) -> candle_core::Result<f64> {
-    let (n, dtype) = if device.is_cpu() { (256, DType::F32) } else { (8192, DType::BF16) };
-    let a = Tensor::ones((n, n), dtype, device)?;
-    let _ = a.matmul(&a)?;
-    device.synchronize()?;
-    let mut times = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
-        let c = a.matmul(&a)?;
-        device.synchronize()?;
-        times.push(t.elapsed().as_secs_f64());
-        drop(c);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(2.0 * (n as f64).powi(3) / times[2])
-}
-
-/// Device-to-device copy bandwidth (bytes read + written per second), median of 10.
-fn copy_bandwidth(device: &Device) -> candle_core::Result<f64> {
-    let n = if device.is_cpu() { 1 << 24 } else { 1 << 30 };
-    let x = Tensor::ones(n, DType::BF16, device)?;
-    let _ = x.copy()?;
-    device.synchronize()?;
-    let mut times = Vec::new();
-    for _ in 0..10 {
-        let t = Instant::now();
-        let y = x.copy()?;
-        device.synchronize()?;
-        times.push(t.elapsed().as_secs_f64());
-        drop(y);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(2.0 * (n * 2) as f64 / times[5])
 }
 
 fn gpu_name() -> String {

@@ -15,6 +15,7 @@
 //! ```
 
 pub mod device_memory;
+pub mod device_peak;
 mod offline;
 mod workload;
 
