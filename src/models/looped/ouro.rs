@@ -210,8 +210,15 @@ impl LoopedModel for Ouro {
         let dev = self.embed.device();
         let weight = Tensor::from_vec(head.weight.clone(), (head.rows, h), dev)?;
         let bias = Tensor::from_vec(head.bias.clone(), head.rows, dev)?;
-        // The head reads the embedding in the model's dtype, as the served prelude output is.
-        let logits = self.embed.to_dtype(DType::F32)?.matmul(&weight.t()?)?.broadcast_add(&bias)?;
-        Ok(logits.flatten_all()?.to_vec1()?)
+        // The head reads the embedding in the model's dtype, as the served prelude output is; in
+        // slices of the vocabulary, so no f32 copy of the whole table is made after the KV pool
+        // has taken the device's memory.
+        let vocab = self.embed.dim(0)?;
+        let mut out = Vec::with_capacity(vocab * head.rows);
+        for start in (0..vocab).step_by(8192) {
+            let rows = self.embed.narrow(0, start, 8192.min(vocab - start))?.to_dtype(DType::F32)?;
+            out.extend(rows.matmul(&weight.t()?)?.broadcast_add(&bias)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        Ok(out)
     }
 }
