@@ -40,7 +40,8 @@
 //! through the network, 2 × the LM head per readout, and attention (4 · heads · head_dim · layers
 //! FLOPs per query and key, at the workload's mean context) — and the fraction of it reached.
 //! FOCUS runs fewer positions past layer 1 than it scores; its bound counts every scored
-//! position through every layer, so it is conservative for FOCUS.
+//! position through every layer, which lowers the bound, so FOCUS's fraction of it is overstated
+//! (compare FOCUS by tokens/s, not by that fraction).
 //! `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
 
 use candle_core::{DType, Device, Tensor};

@@ -43,10 +43,16 @@ impl ModelDir {
             let g: Gen = serde_json::from_str(&read(&gen_path)?).map_err(|e| Error::config(gen_path.display().to_string(), e.to_string()))?;
             eos.extend(g.eos_token_id.map(|e| e.to_vec()).unwrap_or_default());
         }
+        let tok = path.join("tokenizer.json");
+        // Family stop tokens that neither config names (LLaDA2.0's end of turn), by the
+        // tokenizer's id for them.
+        if !config.stop_tokens().is_empty() && tok.exists() {
+            let t = tokenizers::Tokenizer::from_file(&tok).map_err(|e| Error::Tokenizer(format!("{}: {e}", tok.display())))?;
+            eos.extend(config.stop_tokens().iter().filter_map(|s| t.token_to_id(s)));
+        }
         eos.sort_unstable();
         eos.dedup();
         let weight_files = weight_files(&path)?;
-        let tok = path.join("tokenizer.json");
         let chat = ChatFiles::read(&path)?;
         Ok(Self {
             tokenizer_file: tok.exists().then_some(tok),
@@ -257,6 +263,12 @@ impl Weights {
 
     /// Reads `name`, checks its shape, converts it to the model dtype and device.
     pub fn get<S: Into<Shape>>(&self, shape: S, name: &str) -> Result<Tensor> {
+        self.get_as(shape, name, self.dtype)
+    }
+
+    /// [`Weights::get`] converting from the stored dtype straight to `dtype` (an f32 router read
+    /// from a checkpoint served in bf16 keeps its precision).
+    pub fn get_as<S: Into<Shape>>(&self, shape: S, name: &str, dtype: DType) -> Result<Tensor> {
         let shape = shape.into();
         let t = match &self.source {
             Source::Mmap(st) => {
@@ -273,6 +285,6 @@ impl Weights {
         if !crate::ops::is_float(t.dtype()) {
             return Err(Error::tensor(name, format!("dtype {:?} is not a float type", t.dtype())));
         }
-        Ok(t.to_dtype(self.dtype)?.to_device(&self.device)?)
+        Ok(t.to_dtype(dtype)?.to_device(&self.device)?)
     }
 }

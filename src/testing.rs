@@ -334,8 +334,8 @@ pub fn random_sdar_weights(cfg: &SdarConfig, seed: u64, dtype: DType, device: &D
     Ok(Weights::from_map(random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
 }
 
-/// Random LLaDA2.0 weights held in memory (the MoE checkpoints' layout; bf16 on the device for
-/// the real shapes: 16 B parameters).
+/// Random LLaDA2.0 weights held in memory (the MoE checkpoints' layout). The map is generated in
+/// f32 and converted to `dtype` as tensors are read (for the real shapes ≈ 65 GB of f32).
 pub fn random_llada2_weights(cfg: &Llada2Config, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
     Ok(Weights::from_map(random_diffusion_tensors(&llada2_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
 }

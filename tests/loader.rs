@@ -127,3 +127,25 @@ fn the_shipped_tiny_llada_loads_and_decodes_text() {
     assert_eq!(out.token_ids.len(), 16);
     assert!(!out.text.is_empty());
 }
+
+/// LLaDA2.0's released config names neither its mask, its EOS nor its end of turn: the mask and
+/// EOS come from the family's defaults when the vocabulary holds them, and `<|role_end|>` ends a
+/// request through the tokenizer's id for it.
+#[test]
+fn llada2_stops_on_its_end_of_turn_token() {
+    use ponder::testing::{tiny_llada2_config, train_byte_level_bpe, write_random_llada2};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llada2");
+    let texts: Vec<String> = (0..50).map(|i| format!("turn {i} of a short chat between two people")).collect();
+    let tok = train_byte_level_bpe(&texts, 96, &["<|endoftext|>", "<|role_end|>"]).unwrap();
+    let vocab = tok.get_vocab_size(true);
+    let role_end = tok.token_to_id("<|role_end|>").unwrap();
+    write_random_llada2(&dir, &tiny_llada2_config(vocab + 1), 3).unwrap();
+    tok.save(dir.join("tokenizer.json"), false).unwrap();
+    let md = ModelDir::open(&dir).unwrap();
+    assert!(md.eos_token_ids.contains(&role_end), "{:?} lacks <|role_end|> = {role_end}", md.eos_token_ids);
+    assert!(matches!(md.config, ModelConfig::Llada2(_)));
+    // Without a tokenizer there is nothing to look the token up in.
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    assert!(ModelDir::open(&dir).unwrap().eos_token_ids.is_empty());
+}

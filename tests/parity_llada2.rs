@@ -64,6 +64,7 @@ fn logits_and_routes_match_the_float64_references() {
 fn check_forward(model: &DenseDiffusion, family: &str, moe_layers: &[usize]) {
     let spec = model.spec().clone();
     assert_eq!((spec.block_length, spec.mask_token_id), (Some(4), VOCAB as u32 - 1));
+    let mut exercised: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
     for case in fixture(family)["forward"].as_array().unwrap() {
         let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
         let n = ids.len();
@@ -76,20 +77,34 @@ fn check_forward(model: &DenseDiffusion, family: &str, moe_layers: &[usize]) {
         let positions = Tensor::from_vec((0..n as u32).collect::<Vec<_>>(), n, &Device::Cpu).unwrap();
         let h = model.embed(&Tensor::from_vec(ids.clone(), n, &Device::Cpu).unwrap()).unwrap();
         let h = model.forward(&h, &model.rope(&positions).unwrap(), &batch, &kv).unwrap();
-        let got: Vec<f32> = model.head(&h.narrow(0, n - 1, 1).unwrap()).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
-        let want: Vec<f64> = serde_json::from_value(case["last_logits"].clone()).unwrap();
-        let err = got.iter().zip(&want).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt() / want.iter().map(|b| b * b).sum::<f64>().sqrt();
-        assert!(err <= 1e-5, "{family} {ids:?}: relative error {err:e}");
-        let inputs: Vec<Vec<f32>> = serde_json::from_value(case["moe_inputs"].clone()).unwrap();
-        let experts: Vec<Vec<usize>> = serde_json::from_value(case["experts"].clone()).unwrap();
+        // Every position's logits: a wrong route at any position of the last MoE layer shows.
+        let got: Vec<Vec<f32>> = model.head(&h).unwrap().to_vec2().unwrap();
+        let want: Vec<Vec<f64>> = serde_json::from_value(case["logits"].clone()).unwrap();
+        assert_eq!(got.len(), n);
+        for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
+            let err = g.iter().zip(w).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt() / w.iter().map(|b| b * b).sum::<f64>().sqrt();
+            assert!(err <= 1e-5, "{family} {ids:?} position {pos}: relative error {err:e}");
+        }
+        let inputs: Vec<Vec<Vec<f32>>> = serde_json::from_value(case["moe_inputs"].clone()).unwrap();
+        let experts: Vec<Vec<Vec<usize>>> = serde_json::from_value(case["experts"].clone()).unwrap();
         assert_eq!(inputs.len(), moe_layers.len());
         for ((x, want), &l) in inputs.iter().zip(&experts).zip(moe_layers) {
-            let x = Tensor::from_vec(x.clone(), (1, spec.hidden_size), &Device::Cpu).unwrap();
+            let x = Tensor::from_vec(x.concat(), (n, spec.hidden_size), &Device::Cpu).unwrap();
             let got = model.routed_experts(l, &x).unwrap().expect("a MoE layer");
-            assert_eq!(&got[0], want, "{family} {ids:?}: layer {l}");
+            assert_eq!(&got, want, "{family} {ids:?}: layer {l}");
+        }
+        for key in ["changed_without_bias", "changed_without_groups"] {
+            if let Some(counts) = case.get(key) {
+                *exercised.entry(key).or_insert(0) += counts.as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).sum::<u64>();
+            }
         }
         let dense = (0..spec.num_layers).find(|l| !moe_layers.contains(l)).unwrap();
         assert!(model.routed_experts(dense, &h.narrow(0, 0, 1).unwrap()).unwrap().is_none(), "{family}: layer {dense} is dense");
+    }
+    if family == "llada2" {
+        // The fixtures route differently without the selection bias and without the group
+        // limit, so both rules are exercised.
+        assert!(exercised.len() == 2 && exercised.values().all(|&c| c > 0), "{exercised:?}");
     }
 }
 
@@ -98,11 +113,24 @@ fn greedy_decoding_matches_the_float64_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = model_dir(tmp.path(), "llada2");
     let cases = fixture("llada2")["generate"].as_array().unwrap().clone();
-    let mut varied = false;
+    let (mut varied, mut ended_on_eos) = (false, false);
     for c in cases {
         let prompt: Vec<u32> = serde_json::from_value(c["prompt"].clone()).unwrap();
-        let want: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
+        let mut want: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
+        let eos: Vec<u32> = serde_json::from_value(c["eos"].clone()).unwrap();
         let (gen, block, t) = (c["gen"].as_u64().unwrap() as usize, c["block"].as_u64().unwrap() as usize, c["threshold"].as_f64().unwrap() as f32);
+        let dir = if eos.is_empty() {
+            dir.clone()
+        } else {
+            // The same weights with an EOS id in the config. The reference returns through the
+            // EOS; the engine ends the request on it and streams what came before.
+            let d = tmp.path().join("llada2-eos");
+            let cfg = ponder::models::Llada2Config { eos_token_id: Some(ponder::models::EosIds::Many(eos.clone())), ..tiny_llada2_config(VOCAB) };
+            write_random_llada2(&d, &cfg, SEED).unwrap();
+            assert_eq!(want.pop().map(|t| eos.contains(&t)), Some(true));
+            ended_on_eos = true;
+            d
+        };
         let mut engine = EngineBuilder::new(&dir)
             .block_size(4)
             .max_num_seqs(1)
@@ -110,9 +138,10 @@ fn greedy_decoding_matches_the_float64_reference() {
             .build()
             .unwrap();
         let out = engine.generate([prompt.clone()], &GenerationParams::greedy(gen)).unwrap().remove(0).unwrap();
-        assert_eq!(out.token_ids, want, "prompt {prompt:?} block {block} threshold {t}");
+        assert_eq!(out.token_ids, want, "prompt {prompt:?} block {block} threshold {t} eos {eos:?}");
         assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
         varied |= want.iter().any(|&x| x != want[0]);
     }
     assert!(varied, "the reference decodes more than one distinct token");
+    assert!(ended_on_eos, "a case ends on EOS");
 }

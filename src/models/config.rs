@@ -76,11 +76,20 @@ impl ModelConfig {
         match self {
             Self::Ouro(_) => "ouro",
             Self::Huginn(_) => "huginn_raven",
-            Self::Sdar(c) if c.num_experts.unwrap_or(0) > 0 => "sdar_moe",
+            Self::Sdar(c) if c.model_type == "sdar_moe" => "sdar_moe",
             Self::Sdar(_) => "sdar",
             Self::Llada(_) => "llada",
             Self::Llada2(_) => "llada2_moe",
             Self::Dream(_) => "Dream",
+        }
+    }
+
+    /// Tokens that end a request besides the eos ids, by their text (looked up in the tokenizer):
+    /// LLaDA2.0's end of turn `<|role_end|>`, on which its evaluations stop.
+    pub fn stop_tokens(&self) -> &'static [&'static str] {
+        match self {
+            Self::Llada2(_) => &["<|role_end|>"],
+            _ => &[],
         }
     }
 
@@ -376,7 +385,17 @@ mod tests {
         let ModelConfig::Llada2(c) = ModelConfig::from_json(text, "x").unwrap() else { panic!("not llada2") };
         assert_eq!((c.mask_token_id(), c.eos_ids(), c.rotary_dim(), c.use_qk_norm), (156895, vec![156892], 64, true));
         assert_eq!(c, Llada2Config { eos_token_id: None, score_function: Some("sigmoid".into()), ..Llada2Config::llada2_mini() });
-        for bad in [("\"sigmoid\"", "\"softmax\""), ("\"topk_group\": 4", "\"topk_group\": 9"), ("\"n_group\": 8", "\"n_group\": 3")] {
+        // One group with MLX's default topk_group, and an all-dense config without groups.
+        let one_group = text.replace("\"n_group\": 8", "\"n_group\": 1");
+        assert!(ModelConfig::from_json(&one_group, "x").is_ok());
+        let dense = text.replace("\"first_k_dense_replace\": 1", "\"first_k_dense_replace\": 20").replace("\"n_group\": 8", "\"n_group\": 0");
+        assert!(ModelConfig::from_json(&dense, "x").is_ok());
+        for bad in [
+            ("\"sigmoid\"", "\"softmax\""),
+            ("\"partial_rotary_factor\": 0.5", "\"partial_rotary_factor\": 0.2"),
+            ("\"topk_group\": 4", "\"topk_group\": 9"),
+            ("\"n_group\": 8", "\"n_group\": 3"),
+        ] {
             let t = text.replace(bad.0, bad.1);
             assert!(matches!(ModelConfig::from_json(&t, "x"), Err(Error::BadConfig { .. })), "{bad:?}");
         }

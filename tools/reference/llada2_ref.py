@@ -120,10 +120,12 @@ class Llada2Reference:
         return h @ self.w["lm_head.weight"].T, routes
 
     def generate(self, prompt, gen, block, threshold, eos=()):
-        """Greedy block diffusion without a cache, as the released generate runs it (argmax,
-        never the mask token): per step accept every masked position of the block whose
-        probability is >= threshold, at least the most confident; stop after a block that holds
-        an EOS; the output ends at the first EOS."""
+        """Greedy block diffusion without a cache: the released loop's structure (blocks of the
+        canvas from position 0, no remasking, stop after a block that holds an EOS, output cut
+        at the first EOS) with the conventions of the deterministic servers (LMDeploy, dInfer)
+        where the releases differ: argmax instead of the HF helper's multinomial at
+        temperature 0, the mask token excluded from the softmax, acceptance at p >= threshold
+        (HF and SGLang use >), at least the most confident token per step."""
         p = len(prompt)
         total = -(-(p + gen) // block) * block
         canvas = list(prompt) + [self.mask_id] * (total - p)

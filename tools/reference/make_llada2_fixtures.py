@@ -25,6 +25,23 @@ MODEL = ROOT / "target" / "reference-models" / "llada2"
 
 FORWARD = [[5, 17, 3, 40, 22, 96, 96, 96], [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 96, 96], [30, 31, 32]]
 GENERATE = [([5, 17, 3, 40, 22], 11, 4, 0.9), ([9, 1, 33, 60, 2, 71, 8, 15], 8, 4, 0.3), ([30, 31, 32], 16, 8, 0.5), ([12, 50, 7, 7, 81, 4], 9, 4, 1.0)]
+# (case index, eos): the same decode with an EOS id that the EOS-free decode produces mid-way.
+EOS_CASE = (3, 9)
+
+
+def variant_routes(ref, b, bias, groups):
+    """The experts the router would choose without the selection bias and / or the group limit."""
+    c = ref.c
+    scores = torch.sigmoid(b @ ref.w[f"{ref._p}.mlp.gate.weight"].T)
+    choice = scores + (ref.w[f"{ref._p}.mlp.gate.expert_bias"] if bias else 0)
+    g, kg, e = c.get("n_group", 1), c.get("topk_group", 1), c["num_experts"]
+    if groups and g > 1:
+        per = e // g
+        group = choice.view(-1, g, per).topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group, dtype=torch.bool)
+        keep.scatter_(1, group.topk(kg, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
+    return choice.topk(c["num_experts_per_tok"], dim=-1).indices
 
 
 def main():
@@ -37,14 +54,29 @@ def main():
 
         def spy(b, orig=orig, captured=captured):
             chosen, w = orig(b)
-            captured.append((b[-1].tolist(), chosen[-1].tolist()))
+            changed = [int((variant_routes(ref, b, bias, groups) != chosen).any(-1).sum()) for bias, groups in ((False, True), (True, False))]
+            captured.append((b.tolist(), chosen.tolist(), changed))
             return chosen, w
 
         ref.route = spy
         logits, _ = ref.forward(ids, 4)
         ref.route = orig
-        forward.append({"ids": ids, "last_logits": logits[-1].tolist(), "moe_inputs": [c[0] for c in captured], "experts": [c[1] for c in captured]})
-    generate = [{"prompt": p, "gen": g, "block": b, "threshold": t, "tokens": ref.generate(p, g, b, t)} for p, g, b, t in GENERATE]
+        forward.append(
+            {
+                "ids": ids,
+                "logits": logits.tolist(),
+                "moe_inputs": [c[0] for c in captured],
+                "experts": [c[1] for c in captured],
+                # Tokens whose experts change without the bias / without the group limit, per layer.
+                "changed_without_bias": [c[2][0] for c in captured],
+                "changed_without_groups": [c[2][1] for c in captured],
+            }
+        )
+    generate = [{"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [], "tokens": ref.generate(p, g, b, t)} for p, g, b, t in GENERATE]
+    i, eos = EOS_CASE
+    p, g, b, t = GENERATE[i]
+    assert eos in generate[i]["tokens"][:-1], "the EOS must cut the EOS-free decode"
+    generate.append({"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [eos], "tokens": ref.generate(p, g, b, t, eos=(eos,))})
     doc = {"source": "tools/reference/llada2_ref.py (float64)", "weight_abs_sum": weights, "forward": forward, "generate": generate}
     out = ROOT / "tests" / "fixtures" / "tiny_llada2_reference.json"
     out.write_text(json.dumps(doc) + "\n")
@@ -60,7 +92,7 @@ def sdar_moe():
     forward = []
     for ids in FORWARD:
         logits = ref.forward(ids)
-        forward.append({"ids": ids, "last_logits": logits[-1].tolist(), "moe_inputs": [r[0] for r in ref.routes], "experts": [r[1] for r in ref.routes]})
+        forward.append({"ids": ids, "logits": logits.tolist(), "moe_inputs": [r[0] for r in ref.routes], "experts": [r[1] for r in ref.routes]})
     out = ROOT / "tests" / "fixtures" / "tiny_sdar_moe_reference.json"
     out.write_text(json.dumps({"source": "tools/reference/sdar_ref.py (float64)", "weight_abs_sum": weights, "forward": forward}) + "\n")
     print(f"wrote {out}")

@@ -98,7 +98,7 @@ class SDARReference:
         weights, chosen = probs.topk(c["num_experts_per_tok"], dim=-1)
         if c.get("norm_topk_prob"):
             weights = weights / weights.sum(-1, keepdim=True)
-        self.routes.append((m[-1].tolist(), chosen[-1].tolist()))
+        self.routes.append((m.tolist(), chosen.tolist()))
         out = torch.zeros_like(m)
         for t in range(m.shape[0]):
             for j, e in enumerate(chosen[t].tolist()):

@@ -467,6 +467,9 @@ pub struct Llada2Config {
     pub score_function: Option<String>,
     #[serde(default = "yes")]
     pub norm_topk_prob: bool,
+    /// Whether the MoE layers have `mlp.gate.expert_bias` (the releases do).
+    #[serde(default = "yes")]
+    pub moe_router_enable_expert_bias: bool,
     #[serde(default = "default_theta")]
     pub rope_theta: f64,
     #[serde(default = "half")]
@@ -533,9 +536,10 @@ impl Llada2Config {
     pub fn head_dim(&self) -> usize {
         self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
-    /// The rotated leading dims of each head (64 of 128 in the release).
+    /// The rotated leading dims of each head (64 of 128 in the release), `head_dim × factor`
+    /// rounded down as the released code does.
     pub fn rotary_dim(&self) -> usize {
-        ((self.head_dim() as f64 * self.partial_rotary_factor).round() as usize) & !1
+        (self.head_dim() as f64 * self.partial_rotary_factor).floor() as usize
     }
     pub fn mask_token_id(&self) -> u32 {
         self.mask_token_id.unwrap_or(Self::DEFAULT_MASK)
@@ -561,8 +565,8 @@ impl Llada2Config {
         if self.rope_scaling.is_some() {
             return bad("rope_scaling is not supported".into());
         }
-        if !(self.partial_rotary_factor > 0.0 && self.partial_rotary_factor <= 1.0) || self.rotary_dim() == 0 {
-            return bad(format!("partial_rotary_factor {} must leave an even rotary width in (0, head_dim]", self.partial_rotary_factor));
+        if !(self.partial_rotary_factor > 0.0 && self.partial_rotary_factor <= 1.0) || self.rotary_dim() == 0 || self.rotary_dim() % 2 != 0 {
+            return bad(format!("partial_rotary_factor {} must give an even rotary width in (0, head_dim]", self.partial_rotary_factor));
         }
         if let Some(f) = self.score_function.as_deref().filter(|f| *f != "sigmoid") {
             return bad(format!("score_function `{f}` is not supported (only sigmoid)"));
@@ -571,10 +575,12 @@ impl Llada2Config {
         if self.num_hidden_layers > self.first_k_dense_replace && (e == 0 || k == 0 || k > e || self.moe_intermediate_size == 0) {
             return bad(format!("MoE layers need experts: {k} per token of {e}, width {}", self.moe_intermediate_size));
         }
-        if g == 0 || e % g != 0 || kg == 0 || kg > g || k > kg * (e / g) {
+        // One group: no group limit, whatever topk_group says.
+        let kg = if g == 1 { 1 } else { kg };
+        if self.num_hidden_layers > self.first_k_dense_replace && (g == 0 || e % g != 0 || kg == 0 || kg > g || k > kg * (e / g)) {
             return bad(format!("{e} experts in {g} groups, {kg} groups kept, {k} experts per token do not fit"));
         }
-        if e / g < 2 && g > 1 {
+        if g > 1 && e / g < 2 {
             return bad("a router group needs at least two experts (groups are scored by their best two)".into());
         }
         if !(self.routed_scaling_factor > 0.0) {
@@ -606,6 +612,7 @@ impl Llada2Config {
             routed_scaling_factor: 2.5,
             score_function: Some("sigmoid".into()),
             norm_topk_prob: true,
+            moe_router_enable_expert_bias: true,
             rope_theta: 600000.0,
             partial_rotary_factor: 0.5,
             rms_norm_eps: 1e-6,

@@ -19,7 +19,7 @@ impl Llada2 {
             num_experts: cfg.num_experts,
             top_k: cfg.num_experts_per_tok,
             n_group: cfg.n_group,
-            topk_group: cfg.topk_group,
+            topk_group: if cfg.n_group == 1 { 1 } else { cfg.topk_group },
             scoring: Scoring::Sigmoid,
             norm_topk: cfg.norm_topk_prob,
             scale: cfg.routed_scaling_factor,
@@ -51,7 +51,7 @@ impl Llada2 {
                 moe_layers: (0..cfg.num_hidden_layers).map(|l| l >= cfg.first_k_dense_replace).collect(),
                 expert_width: cfg.moe_intermediate_size,
                 shared_experts: cfg.num_shared_experts,
-                expert_bias: true,
+                expert_bias: cfg.moe_router_enable_expert_bias,
             }),
         }
     }

@@ -80,7 +80,10 @@ pub trait DiffusionModel: Send {
     fn embed(&self, ids: &Tensor) -> Result<Tensor>;
     /// RoPE angles for absolute `positions` (`[tokens]` u32).
     fn rope(&self, positions: &Tensor) -> Result<RopeAngles>;
-    /// Layer `l`'s first half over the residual stream `h` `[tokens, hidden]`.
+    /// Layer `l`'s first half over the residual stream `h` `[tokens, hidden]`. (With partial
+    /// RoPE — LLaDA2.0 — q and k, and so the K cache, hold each head's dims in the permuted order
+    /// of `DenseDiffusion`; dot products are unchanged, a dim-wise comparison with the released
+    /// code's tensors is not.)
     fn project(&self, l: usize, h: &Tensor, rope: &RopeAngles) -> Result<Projected>;
     /// Layer `l`'s second half: paged attention of `q` over the cache (the K/V of this launch's
     /// tokens already written), output projection, residual, MLP, residual → new `h`. `h` and `q`

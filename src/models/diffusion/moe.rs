@@ -35,6 +35,18 @@ pub struct RouterArch {
 }
 
 impl RouterArch {
+    /// The shape rules routing relies on: groups of at least two experts that divide them,
+    /// and enough experts in the kept groups for `top_k`.
+    pub fn validate(&self) -> crate::Result<()> {
+        let (e, g, kg, k) = (self.num_experts, self.n_group, self.topk_group, self.top_k);
+        let kept = if g == 1 { e } else { kg * (e / g.max(1)) };
+        let ok = e > 0 && k > 0 && g > 0 && e % g == 0 && (g == 1 || (e / g >= 2 && kg >= 1 && kg <= g)) && k <= kept;
+        if !ok {
+            return Err(crate::Error::InvalidOption(format!("router of {e} experts in {g} groups ({kg} kept) cannot choose {k} per token")));
+        }
+        Ok(())
+    }
+
     /// The chosen experts of one token and their weights, best first. `logits` are the router's
     /// f32 outputs over the experts; `bias` (if any) is added to the scores for the choice only.
     pub fn route(&self, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
@@ -125,14 +137,22 @@ impl Moe {
                 by_expert[e].1.push(w);
             }
         }
-        let mut out = Tensor::zeros((t, h), DType::F32, x.device())?;
+        // Each expert's weighted outputs, then one scatter-add of them all into the tokens' rows.
+        let (mut rows, mut weights, mut parts) = (Vec::new(), Vec::new(), Vec::new());
         for (e, (toks, ws)) in by_expert.into_iter().enumerate().filter(|(_, (toks, _))| !toks.is_empty()) {
-            let n = toks.len();
-            let idx = Tensor::from_vec(toks, n, x.device())?;
-            let y = self.experts[e].forward(&x.index_select(&idx, 0)?)?.to_dtype(DType::F32)?;
-            let w = Tensor::from_vec(ws, (n, 1), x.device())?;
-            out = out.index_add(&idx, &y.broadcast_mul(&w)?, 0)?;
+            let idx = Tensor::from_vec(toks.clone(), toks.len(), x.device())?;
+            parts.push(self.experts[e].forward(&x.index_select(&idx, 0)?)?.to_dtype(DType::F32)?);
+            rows.extend(toks);
+            weights.extend(ws);
         }
+        let mut out = Tensor::zeros((t, h), DType::F32, x.device())?;
+        if !parts.is_empty() {
+            let n = rows.len();
+            let y = Tensor::cat(&parts, 0)?.broadcast_mul(&Tensor::from_vec(weights, (n, 1), x.device())?)?;
+            out = out.index_add(&Tensor::from_vec(rows, n, x.device())?, &y, 0)?;
+        }
+        // The shared expert joins the f32 sum before the one cast back (the released code casts
+        // the routed sum first and adds in the model dtype: equal in f32, closer to exact in bf16).
         if let Some(shared) = &self.shared {
             out = (out + shared.forward(x)?.to_dtype(DType::F32)?)?;
         }
@@ -174,6 +194,15 @@ mod tests {
         assert_eq!(got, vec![3, 4]);
         let all = llada2(6, 2, 2, 2);
         assert_eq!(all.route(&logits, None).iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 3]);
+    }
+
+    #[test]
+    fn shapes_routing_cannot_serve_are_refused() {
+        assert!(llada2(256, 8, 8, 4).validate().is_ok());
+        assert!(llada2(8, 2, 1, 4).validate().is_ok(), "one group: topk_group does not limit");
+        for bad in [llada2(8, 2, 16, 4), llada2(9, 2, 4, 2), llada2(8, 5, 4, 2), llada2(8, 0, 4, 2), llada2(8, 2, 0, 1), llada2(8, 2, 4, 5)] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

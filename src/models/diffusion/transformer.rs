@@ -223,6 +223,15 @@ impl DenseDiffusion {
             return Err(crate::Error::InvalidOption(format!("rotary width {} must be even and in 1..={hd}", a.rotary_dim)));
         }
         let perm = (a.rotary_dim < hd).then(|| rotary_permutation(hd, a.rotary_dim));
+        if perm.is_some() && a.qkv_bias {
+            return Err(crate::Error::InvalidOption("partial RoPE with q/k/v biases is not supported".into()));
+        }
+        if let Some(m) = &a.moe {
+            m.router.validate()?;
+            if m.moe_layers.len() != a.num_layers {
+                return Err(crate::Error::InvalidOption(format!("{} MoE layer flags for {} layers", m.moe_layers.len(), a.num_layers)));
+            }
+        }
         let mut layers = Vec::with_capacity(a.num_layers);
         for l in 0..a.num_layers {
             let wt = |name: &str, shape: (usize, usize)| w.get(shape, &n.layer(l, name, "weight"));
@@ -252,9 +261,10 @@ impl DenseDiffusion {
             let mlp = match &a.moe {
                 Some(m) if m.moe_layers.get(l) == Some(&true) => {
                     let e = m.router.num_experts;
-                    let router = wt("mlp.gate", (e, h))?.to_dtype(DType::F32)?;
-                    let bias =
-                        if m.expert_bias { Some(w.get(e, &n.layer(l, "mlp.gate", "expert_bias"))?.to_dtype(DType::F32)?.to_vec1::<f32>()?) } else { None };
+                    // The router runs in f32 from the stored values (a bf16 cast first would blur the
+                    // selection-only bias, whose steps are the size of the gaps between scores).
+                    let router = w.get_as((e, h), &n.layer(l, "mlp.gate", "weight"), DType::F32)?;
+                    let bias = if m.expert_bias { Some(w.get_as(e, &n.layer(l, "mlp.gate", "expert_bias"), DType::F32)?.to_vec1::<f32>()?) } else { None };
                     let experts = (0..e)
                         .map(|x| {
                             let p = format!("mlp.experts.{x}");
