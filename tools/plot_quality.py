@@ -4,6 +4,8 @@
     python3 tools/plot_quality.py                              # both files; needs matplotlib
     python3 tools/plot_quality.py quality_tiny_sdar.json       # only this one
 
+quality_gates_tiny_ouro.json (examples/quality_gates.rs): perplexity vs mean depth of the trained
+and stock exit gates by q, and their agreement with the synchronous stock gate.
 quality_tiny_ouro.json (examples/quality.rs): held-out perplexity vs realised mean depth, one
 line per gate / KV layout, fixed depths 1..r_max as the reference; left panel all rows (log
 scale), right panel without the shared layout. quality_tiny_sdar.json
@@ -119,12 +121,42 @@ def plot_sdar(path):
     save(fig, path)
 
 
+def plot_gates(path):
+    """Perplexity vs mean depth by threshold q for the stock gate synchronous / delayed, the
+    learned lookahead and preloop, with the fixed depths; and each gate's agreement with (a)."""
+    doc = json.loads(path.read_text())
+    rows = doc["results"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    gates = [g for g in dict.fromkeys(r["gate"] for r in rows) if not g.startswith("(e)")]
+    for i, g in enumerate(gates):
+        rs = [r for r in rows if r["gate"] == g]
+        ax.plot([r["mean_depth"] for r in rs], [r["perplexity"] for r in rs], "o-", color=f"C{i}", label=g, markersize=4)
+        if not g.startswith("(a)"):
+            bx.plot([r["q"] for r in rs], [100 * r["agreement_with_stock_sync"] for r in rs], "o-", color=f"C{i}", label=g, markersize=4)
+    fixed = [r for r in rows if r["gate"].startswith("(e)")]
+    ax.plot([r["mean_depth"] for r in fixed], [r["perplexity"] for r in fixed], "k--s", label="(e) fixed depth", markersize=4)
+    ax.set_xlabel("mean loop depth per scored token")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title("tiny Ouro, last-exited KV: gates by threshold q", fontsize=9)
+    ax.legend(fontsize=7)
+    bx.set_xlabel("threshold q")
+    bx.set_ylabel("exit step = (a)'s, % of tokens")
+    bx.set_title("agreement with the synchronous stock gate (a)", fontsize=9)
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, path)
+
+
 def plot(path):
     doc = json.loads(path.read_text())
     if "decoding" in doc:
         plot_sdar(path)
-    else:
+    elif "gates" in doc:
+        plot_gates(path)
+    elif "results" in doc:
         plot_ouro(path)
+    else:
+        print("no plot for", path.name)
 
 
 if __name__ == "__main__":
