@@ -113,7 +113,7 @@ fn greedy_decoding_matches_the_float64_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = model_dir(tmp.path(), "llada2");
     let cases = fixture("llada2")["generate"].as_array().unwrap().clone();
-    let (mut varied, mut ended_on_eos) = (false, false);
+    let (mut varied, mut ended_on_eos, mut released_default) = (false, false, false);
     for c in cases {
         let prompt: Vec<u32> = serde_json::from_value(c["prompt"].clone()).unwrap();
         let mut want: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
@@ -139,9 +139,17 @@ fn greedy_decoding_matches_the_float64_reference() {
             .unwrap();
         let out = engine.generate([prompt.clone()], &GenerationParams::greedy(gen)).unwrap().remove(0).unwrap();
         assert_eq!(out.token_ids, want, "prompt {prompt:?} block {block} threshold {t} eos {eos:?}");
+        if t == 0.95 {
+            // LLaDA2.0's released threshold, which its spec hands the builder as the default
+            // unmask policy (on this tiny model 0.9 decodes the same tokens, so the spec is what
+            // is checked).
+            assert_eq!(engine.diffusion_spec().unwrap().unmask_threshold, Some(0.95));
+            released_default = true;
+        }
         assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
         varied |= want.iter().any(|&x| x != want[0]);
     }
     assert!(varied, "the reference decodes more than one distinct token");
     assert!(ended_on_eos, "a case ends on EOS");
+    assert!(released_default, "a case decodes at the released threshold");
 }

@@ -409,7 +409,7 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
     }
     let policy = match o.unmask {
         Some(p) => p,
-        None => Box::new(Threshold::new(0.9)?),
+        None => Box::new(Threshold::new(spec.unmask_threshold.unwrap_or(0.9))?),
     };
     let bidirectional = spec.attention == crate::diffusion::DiffusionAttention::Bidirectional;
     if !bidirectional && (o.cache.is_some() || o.whole_region) {

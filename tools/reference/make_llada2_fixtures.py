@@ -24,7 +24,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = ROOT / "target" / "reference-models" / "llada2"
 
 FORWARD = [[5, 17, 3, 40, 22, 96, 96, 96], [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 96, 96], [30, 31, 32]]
-GENERATE = [([5, 17, 3, 40, 22], 11, 4, 0.9), ([9, 1, 33, 60, 2, 71, 8, 15], 8, 4, 0.3), ([30, 31, 32], 16, 8, 0.5), ([12, 50, 7, 7, 81, 4], 9, 4, 1.0)]
+GENERATE = [
+    ([5, 17, 3, 40, 22], 11, 4, 0.9),
+    ([9, 1, 33, 60, 2, 71, 8, 15], 8, 4, 0.3),
+    ([30, 31, 32], 16, 8, 0.5),
+    ([12, 50, 7, 7, 81, 4], 9, 4, 1.0),
+    ([9, 1, 33, 60, 2, 71, 8, 15], 12, 4, 0.95),  # the released threshold: the engine's default for LLaDA2.0
+]
 # (case index, eos): the same decode with an EOS id that the EOS-free decode produces mid-way.
 EOS_CASE = (3, 9)
 

@@ -35,6 +35,7 @@ impl Dream {
             // Dream's README caps input + output at 2048; the config's window is kept here
             // and the cap left to the engine's `max_model_len`.
             moe: None,
+            unmask_threshold: None,
             max_context: cfg.max_position_embeddings,
         }
     }

@@ -33,6 +33,7 @@ impl Llada {
             mask_token_id: cfg.mask_token_id(),
             block_length: None,
             moe: None,
+            unmask_threshold: None,
             max_context: cfg.max_sequence_length,
         }
     }

@@ -45,6 +45,8 @@ impl Llada2 {
             shift_logits: false,
             mask_token_id: cfg.mask_token_id(),
             block_length: Some(cfg.block_size.unwrap_or(Llada2Config::DEFAULT_BLOCK)),
+            // The released generate's and the tech report's setting.
+            unmask_threshold: Some(0.95),
             max_context: cfg.max_position_embeddings,
             moe: Some(MoeArch {
                 router,

@@ -53,6 +53,9 @@ pub struct DiffusionSpec {
     pub shift_logits: bool,
     /// The block length the checkpoint was trained with, when its config names one.
     pub block_length: Option<usize>,
+    /// The confidence threshold the family's releases decode with: the unmask policy when none
+    /// is set (`None`: 0.9).
+    pub unmask_threshold: Option<f32>,
     pub max_context: usize,
     /// Parameters one token touches in the layers (no embedding, no LM head).
     pub layer_params: u64,

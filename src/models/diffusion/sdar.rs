@@ -51,6 +51,7 @@ impl Sdar {
                 shared_experts: 0,
                 expert_bias: false,
             }),
+            unmask_threshold: None,
             max_context: cfg.max_position_embeddings,
         }
     }
