@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 pub struct ModelDir {
     pub path: PathBuf,
     pub config: ModelConfig,
-    /// Union of the eos ids in `config.json` and `generation_config.json`.
+    /// Union of the eos ids in `config.json` and `generation_config.json`, and the family's stop
+    /// tokens the tokenizer has (`ModelConfig::stop_tokens`).
     pub eos_token_ids: Vec<u32>,
     pub weight_files: Vec<PathBuf>,
     pub tokenizer_file: Option<PathBuf>,
@@ -25,6 +26,8 @@ pub struct ModelDir {
     pub chat_template: Option<String>,
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
+    /// The tokenizer when opening had to parse it already (stop tokens), so it is parsed once.
+    parsed_tokenizer: Option<tokenizers::Tokenizer>,
 }
 
 impl ModelDir {
@@ -46,9 +49,11 @@ impl ModelDir {
         let tok = path.join("tokenizer.json");
         // Family stop tokens that neither config names (LLaDA2.0's end of turn), by the
         // tokenizer's id for them.
+        let mut parsed_tokenizer = None;
         if !config.stop_tokens().is_empty() && tok.exists() {
-            let t = tokenizers::Tokenizer::from_file(&tok).map_err(|e| Error::Tokenizer(format!("{}: {e}", tok.display())))?;
+            let t = parse_tokenizer(&tok)?;
             eos.extend(config.stop_tokens().iter().filter_map(|s| t.token_to_id(s)));
+            parsed_tokenizer = Some(t);
         }
         eos.sort_unstable();
         eos.dedup();
@@ -63,6 +68,7 @@ impl ModelDir {
             chat_template: chat.template,
             bos_token: chat.bos_token,
             eos_token: chat.eos_token,
+            parsed_tokenizer,
         })
     }
 
@@ -77,7 +83,10 @@ impl ModelDir {
     }
 
     pub fn tokenizer(&self) -> Result<Option<tokenizers::Tokenizer>> {
-        self.tokenizer_file.as_ref().map(|p| tokenizers::Tokenizer::from_file(p).map_err(|e| Error::Tokenizer(format!("{}: {e}", p.display())))).transpose()
+        if let Some(t) = &self.parsed_tokenizer {
+            return Ok(Some(t.clone()));
+        }
+        self.tokenizer_file.as_deref().map(parse_tokenizer).transpose()
     }
 
     /// Downloads `repo` ("owner/name") from the Hugging Face hub — config, generation config,
@@ -287,4 +296,8 @@ impl Weights {
         }
         Ok(t.to_dtype(dtype)?.to_device(&self.device)?)
     }
+}
+
+fn parse_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
+    tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
 }

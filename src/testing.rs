@@ -661,3 +661,31 @@ fn strip_tags(html: &str) -> String {
 pub fn ponder_env() -> std::collections::BTreeMap<String, String> {
     std::env::vars().filter(|(k, _)| k.starts_with("PONDER_")).collect()
 }
+
+/// Every position's f32 logits of one canvas run whole through a diffusion model's paged path
+/// (block-causal blocks of `block` from position 0 — bidirectional when `block` covers it — one
+/// cache slot, pages of 4 positions), on the model's device: how the parity tests compare a
+/// model with a reference that runs the canvas without a cache.
+pub fn canvas_logits(model: &dyn crate::models::diffusion::DiffusionModel, ids: &[u32], block: usize) -> Result<Vec<Vec<f32>>> {
+    use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
+    let (spec, dev, n) = (model.spec(), model.device(), ids.len());
+    let pages = n.div_ceil(4);
+    let mut kv_mgr = crate::kv::KvManager::new(pages, 4, Box::new(crate::kv::Shared), 1);
+    let kv = crate::kv::KvStore::new(spec.num_layers, pages, 4, spec.num_kv_heads, spec.head_dim, spec.dtype, dev)?;
+    let id = crate::RequestId(0);
+    if !kv_mgr.reserve(id, n) {
+        return Err(Error::InvalidOption(format!("{n} positions do not fit {pages} pages")));
+    }
+    let mut host = PagedBatchHost::new();
+    host.push_row(&kv_mgr.tables(id).expect("reserved")[0], n, n, None);
+    let batch = PagedBatch::new(host, 4, AttnMask::BlockCausal(block), spec.num_kv_heads * spec.head_dim, dev)?;
+    let positions = Tensor::from_vec((0..n as u32).collect::<Vec<_>>(), n, dev)?;
+    let h = model.embed(&Tensor::from_vec(ids.to_vec(), n, dev)?)?;
+    let h = model.forward(&h, &model.rope(&positions)?, &batch, &kv)?;
+    Ok(model.head(&h)?.to_vec2()?)
+}
+
+/// ‖a − b‖ / ‖b‖ of a computed row against its float64 reference.
+pub fn relative_error(a: &[f32], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum::<f64>().sqrt() / b.iter().map(|y| y * y).sum::<f64>().sqrt()
+}

@@ -1155,7 +1155,7 @@ fn debug_nan_propagation() {
 /// partial RoPE through the fused kernels, the f32 router and the expert composition.
 #[test]
 fn moe_diffusion_models_match_the_float64_references_on_the_device() {
-    use ponder::models::diffusion::{self, DiffusionModel};
+    use ponder::models::diffusion;
     use ponder::testing::{tiny_llada2_config, tiny_sdar_moe_config, write_random_llada2, write_random_sdar};
     let gpu = Device::new_cuda(0).unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -1166,23 +1166,12 @@ fn moe_diffusion_models_match_the_float64_references_on_the_device() {
         let doc: serde_json::Value = serde_json::from_str(text).unwrap();
         let dir = ponder::loader::ModelDir::open(tmp.path().join(family)).unwrap();
         let model = diffusion::load(&dir.config, &dir.weights(DType::F32, &gpu).unwrap()).unwrap();
-        let spec = model.spec().clone();
         for case in doc["forward"].as_array().unwrap() {
             let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
-            let n = ids.len();
-            let mut kv_mgr = ponder::kv::KvManager::new(16, 4, Box::new(ponder::kv::Shared), 1);
-            let kv = ponder::kv::KvStore::new(spec.num_layers, 16, 4, spec.num_kv_heads, spec.head_dim, DType::F32, &gpu).unwrap();
-            assert!(kv_mgr.reserve(ponder::RequestId(0), n));
-            let mut host = PagedBatchHost::new();
-            host.push_row(&kv_mgr.tables(ponder::RequestId(0)).unwrap()[0], n, n, None);
-            let batch = PagedBatch::new(host, 4, AttnMask::BlockCausal(4), spec.num_kv_heads * spec.head_dim, &gpu).unwrap();
-            let positions = Tensor::from_vec((0..n as u32).collect::<Vec<_>>(), n, &gpu).unwrap();
-            let h = model.embed(&Tensor::from_vec(ids.clone(), n, &gpu).unwrap()).unwrap();
-            let h = model.forward(&h, &model.rope(&positions).unwrap(), &batch, &kv).unwrap();
-            let got: Vec<Vec<f32>> = model.head(&h).unwrap().to_vec2().unwrap();
+            let got = ponder::testing::canvas_logits(&model, &ids, 4).unwrap();
             let want: Vec<Vec<f64>> = serde_json::from_value(case["logits"].clone()).unwrap();
             for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
-                let err = g.iter().zip(w).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt() / w.iter().map(|b| b * b).sum::<f64>().sqrt();
+                let err = ponder::testing::relative_error(g, w);
                 assert!(err <= 1e-4, "{family} {ids:?} position {pos}: relative error {err:e} on the device");
             }
         }
