@@ -50,35 +50,29 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "reference"))
-from ouro_ref import load_weights  # noqa: E402
+from ouro_ref import OuroReference  # noqa: E402
 
 AGREEMENT_QS = [0.1, 0.2, 0.25, 0.3, 0.5, 0.7]
 
 
-class FrozenOuro:
-    """Batched teacher-forced Ouro forward over packed documents (no grad)."""
+class FrozenOuro(OuroReference):
+    """Batched teacher-forced Ouro forward over packed documents (no grad): the reference's
+    config and weights (in `dtype`, on `device`), with f32 norm statistics and SDPA."""
 
     def __init__(self, model_dir, dtype, device):
-        c = json.loads((model_dir / "config.json").read_text())
-        if c.get("model_type") != "ouro":
-            raise SystemExit(f"{model_dir}: model_type {c.get('model_type')!r}, expected 'ouro'")
-        self.cfg = c
-        self.w = {k: v.to(device=device, dtype=dtype) for k, v in load_weights(model_dir).items()}
-        self.heads = c["num_attention_heads"]
-        self.kv_heads = c.get("num_key_value_heads") or self.heads
-        self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
-        self.steps = c.get("total_ut_steps", 4)
-        self.eps = c.get("rms_norm_eps", 1e-6)
-        self.theta = c.get("rope_theta", 1e6)
-        self.layers = c["num_hidden_layers"]
-        self.hidden = c["hidden_size"]
-        self.dtype, self.device = dtype, device
+        if json.loads((model_dir / "config.json").read_text()).get("model_type") != "ouro":
+            raise SystemExit(f"{model_dir}: not an Ouro checkpoint (model_type 'ouro')")
+        super().__init__(model_dir, dtype)
+        self.w = {k: v.to(device) for k, v in self.w.items()}
+        self.layers = self.cfg["num_hidden_layers"]
+        self.hidden = self.cfg["hidden_size"]
+        self.device = device
 
     def rms(self, x, weight):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * weight
 
-    def rope(self, positions):
+    def rope_tables(self, positions):
         d = self.head_dim
         inv = 1.0 / (self.theta ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
         ang = positions.float()[..., None] * inv
@@ -124,7 +118,7 @@ class FrozenOuro:
             s = ids.shape[1]
             causal = torch.ones(s, s, dtype=torch.bool, device=self.device).tril()
             mask = (causal[None] & (docs[:, :, None] == docs[:, None, :]))[:, None]  # [B, 1, S, S]
-        cos, sin = self.rope(positions)
+        cos, sin = self.rope_tables(positions)
         emb = self.w["model.embed_tokens.weight"][ids]
         h, outs, gates = emb, [], []
         gw, gb = self.w["model.early_exit_gate.weight"].float(), self.w["model.early_exit_gate.bias"].float()

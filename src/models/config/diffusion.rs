@@ -139,10 +139,12 @@ impl SdarConfig {
     }
 
     pub(crate) fn validate(&self, path: &str) -> Result<()> {
-        if let Some(e) = self.num_experts.filter(|&e| e > 0) {
-            let k = self.num_experts_per_tok.unwrap_or(0);
-            if k == 0 || k > e || self.moe_intermediate_size.unwrap_or(0) == 0 || self.decoder_sparse_step == Some(0) {
-                return Err(Error::config(path, format!("MoE layers need 1..={e} experts per token, a moe_intermediate_size and a sparse step > 0")));
+        if self.num_experts.unwrap_or(0) > 0 {
+            if let Some(reason) = crate::models::diffusion::Sdar::router(self).shape_error() {
+                return Err(Error::config(path, reason));
+            }
+            if self.moe_intermediate_size.unwrap_or(0) == 0 || self.decoder_sparse_step == Some(0) {
+                return Err(Error::config(path, "MoE layers need a moe_intermediate_size and a sparse step > 0"));
             }
         }
         let hd = derived_head_dim(path, self.head_dim, self.hidden_size, self.num_attention_heads)?;
@@ -571,17 +573,13 @@ impl Llada2Config {
         if let Some(f) = self.score_function.as_deref().filter(|f| *f != "sigmoid") {
             return bad(format!("score_function `{f}` is not supported (only sigmoid)"));
         }
-        let (e, k, g, kg) = (self.num_experts, self.num_experts_per_tok, self.n_group, self.topk_group);
-        if self.num_hidden_layers > self.first_k_dense_replace && (e == 0 || k == 0 || k > e || self.moe_intermediate_size == 0) {
-            return bad(format!("MoE layers need experts: {k} per token of {e}, width {}", self.moe_intermediate_size));
-        }
-        // One group: no group limit, whatever topk_group says.
-        let kg = if g == 1 { 1 } else { kg };
-        if self.num_hidden_layers > self.first_k_dense_replace && (g == 0 || e % g != 0 || kg == 0 || kg > g || k > kg * (e / g)) {
-            return bad(format!("{e} experts in {g} groups, {kg} groups kept, {k} experts per token do not fit"));
-        }
-        if g > 1 && e / g < 2 {
-            return bad("a router group needs at least two experts (groups are scored by their best two)".into());
+        if self.num_hidden_layers > self.first_k_dense_replace {
+            if let Some(reason) = crate::models::diffusion::Llada2::router(self).shape_error() {
+                return bad(reason);
+            }
+            if self.moe_intermediate_size == 0 {
+                return bad("moe_intermediate_size must be > 0".into());
+            }
         }
         if !(self.routed_scaling_factor > 0.0) {
             return bad("routed_scaling_factor must be > 0".into());

@@ -14,8 +14,10 @@ use crate::models::Llada2Config;
 pub struct Llada2;
 
 impl Llada2 {
-    pub fn arch(cfg: &Llada2Config) -> DenseArch {
-        let router = RouterArch {
+    /// The MoE layers' router: sigmoid scores, groups (one group: no limit, whatever
+    /// `topk_group` says), renormalised × `routed_scaling_factor`.
+    pub fn router(cfg: &Llada2Config) -> RouterArch {
+        RouterArch {
             num_experts: cfg.num_experts,
             top_k: cfg.num_experts_per_tok,
             n_group: cfg.n_group,
@@ -23,7 +25,11 @@ impl Llada2 {
             scoring: Scoring::Sigmoid,
             norm_topk: cfg.norm_topk_prob,
             scale: cfg.routed_scaling_factor,
-        };
+        }
+    }
+
+    pub fn arch(cfg: &Llada2Config) -> DenseArch {
+        let router = Self::router(cfg);
         DenseArch {
             naming: Naming::LLADA2,
             model_type: "llada2_moe".into(),

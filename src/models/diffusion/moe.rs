@@ -38,13 +38,16 @@ impl RouterArch {
     /// The shape rules routing relies on: groups of at least two experts that divide them,
     /// and enough experts in the kept groups for `top_k`.
     pub fn validate(&self) -> crate::Result<()> {
+        self.shape_error().map_or(Ok(()), |reason| Err(crate::Error::InvalidOption(reason)))
+    }
+
+    /// Why routing cannot serve these shapes, if it cannot (the one copy of the rule, which the
+    /// configs' validation reports as theirs).
+    pub fn shape_error(&self) -> Option<String> {
         let (e, g, kg, k) = (self.num_experts, self.n_group, self.topk_group, self.top_k);
         let kept = if g == 1 { e } else { kg * (e / g.max(1)) };
         let ok = e > 0 && k > 0 && g > 0 && e % g == 0 && (g == 1 || (e / g >= 2 && kg >= 1 && kg <= g)) && k <= kept;
-        if !ok {
-            return Err(crate::Error::InvalidOption(format!("router of {e} experts in {g} groups ({kg} kept) cannot choose {k} per token")));
-        }
-        Ok(())
+        (!ok).then(|| format!("router of {e} experts in {g} groups ({kg} kept) cannot choose {k} per token (groups need two experts or more)"))
     }
 
     /// The chosen experts of one token and their weights, best first. `logits` are the router's
@@ -140,7 +143,7 @@ impl Moe {
         // Each expert's weighted outputs, then one scatter-add of them all into the tokens' rows.
         let (mut rows, mut weights, mut parts) = (Vec::new(), Vec::new(), Vec::new());
         for (e, (toks, ws)) in by_expert.into_iter().enumerate().filter(|(_, (toks, _))| !toks.is_empty()) {
-            let idx = Tensor::from_vec(toks.clone(), toks.len(), x.device())?;
+            let idx = Tensor::new(toks.as_slice(), x.device())?;
             parts.push(self.experts[e].forward(&x.index_select(&idx, 0)?)?.to_dtype(DType::F32)?);
             rows.extend(toks);
             weights.extend(ws);

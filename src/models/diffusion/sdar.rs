@@ -13,6 +13,19 @@ use crate::models::SdarConfig;
 pub struct Sdar;
 
 impl Sdar {
+    /// The Qwen3-MoE router of the `sdar_moe` checkpoints.
+    pub fn router(cfg: &SdarConfig) -> RouterArch {
+        RouterArch {
+            num_experts: cfg.num_experts.unwrap_or(0),
+            top_k: cfg.num_experts_per_tok.unwrap_or(0),
+            n_group: 1,
+            topk_group: 1,
+            scoring: Scoring::Softmax,
+            norm_topk: cfg.norm_topk_prob,
+            scale: 1.0,
+        }
+    }
+
     pub fn arch(cfg: &SdarConfig) -> DenseArch {
         DenseArch {
             naming: Naming::QWEN,
@@ -37,15 +50,7 @@ impl Sdar {
             block_length: cfg.block_size,
             // Qwen3-MoE: softmax router, no groups, no bias, no shared expert.
             moe: cfg.moe_layers().contains(&true).then(|| MoeArch {
-                router: RouterArch {
-                    num_experts: cfg.num_experts.unwrap_or(0),
-                    top_k: cfg.num_experts_per_tok.unwrap_or(0),
-                    n_group: 1,
-                    topk_group: 1,
-                    scoring: Scoring::Softmax,
-                    norm_topk: cfg.norm_topk_prob,
-                    scale: 1.0,
-                },
+                router: Self::router(cfg),
                 moe_layers: cfg.moe_layers(),
                 expert_width: cfg.moe_intermediate_size.unwrap_or(0),
                 shared_experts: 0,
