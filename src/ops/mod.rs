@@ -9,6 +9,7 @@ mod batch;
 mod compact;
 mod focus_importance;
 pub mod fused;
+pub mod moe;
 mod non_finite;
 mod paged_attention;
 mod rope;

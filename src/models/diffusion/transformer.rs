@@ -8,6 +8,7 @@ use super::moe::{Expert, Moe, RouterArch};
 use super::{DiffusionAttention, DiffusionModel, DiffusionSpec, Projected};
 use crate::kv::KvStore;
 use crate::loader::Weights;
+use crate::ops::moe::StackedExperts;
 use crate::ops::{self, paged_attention, PagedBatch, RopeAngles, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
@@ -266,13 +267,14 @@ impl DenseDiffusion {
                     // The router runs in f32 from the stored values (a bf16 cast first would blur the
                     // selection-only bias, whose steps are the size of the gaps between scores).
                     let router = w.get_as((e, h), &n.layer(l, "mlp.gate", "weight"), DType::F32)?;
-                    let bias = if m.expert_bias { Some(w.get_as(e, &n.layer(l, "mlp.gate", "expert_bias"), DType::F32)?.to_vec1::<f32>()?) } else { None };
-                    let experts = (0..e)
-                        .map(|x| {
-                            let p = format!("mlp.experts.{x}");
-                            swiglu(&format!("{p}.gate_proj"), &format!("{p}.up_proj"), &format!("{p}.down_proj"), m.expert_width)
-                        })
-                        .collect::<crate::Result<Vec<_>>>()?;
+                    let bias = if m.expert_bias { Some(w.get_as(e, &n.layer(l, "mlp.gate", "expert_bias"), DType::F32)?) } else { None };
+                    let (ew, mut gate_ups, mut downs) = (m.expert_width, Vec::with_capacity(e), Vec::with_capacity(e));
+                    for x in 0..e {
+                        let p = format!("mlp.experts.{x}");
+                        gate_ups.push(Tensor::cat(&[wt(&format!("{p}.gate_proj"), (ew, h))?, wt(&format!("{p}.up_proj"), (ew, h))?], 0)?);
+                        downs.push(wt(&format!("{p}.down_proj"), (h, ew))?);
+                    }
+                    let experts = StackedExperts::new(Tensor::stack(&gate_ups, 0)?, Tensor::stack(&downs, 0)?)?;
                     let shared = (m.shared_experts > 0)
                         .then(|| {
                             swiglu(
@@ -351,7 +353,7 @@ impl DenseDiffusion {
     /// `[tokens, hidden]` (the post-attention-norm stream), best first; `None` for a dense layer.
     pub fn routed_experts(&self, l: usize, x: &Tensor) -> Result<Option<Vec<Vec<usize>>>> {
         match self.layers.get(l).map(|layer| &layer.mlp) {
-            Some(Mlp::Moe(m)) => Ok(Some(m.routes(x)?.into_iter().map(|r| r.into_iter().map(|p| p.0).collect()).collect())),
+            Some(Mlp::Moe(m)) => Ok(Some(m.routes(x)?.into_iter().map(|r| r.into_iter().map(|e| e as usize).collect()).collect())),
             _ => Ok(None),
         }
     }

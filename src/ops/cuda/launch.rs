@@ -43,6 +43,7 @@ pub(super) enum Module {
     PagedAttention,
     Fused,
     Focus,
+    Moe,
 }
 
 impl Module {
@@ -52,6 +53,7 @@ impl Module {
             Self::PagedAttention => ("ponder_paged_attention", ptx::PAGED_ATTENTION),
             Self::Fused => ("ponder_fused", ptx::FUSED),
             Self::Focus => ("ponder_focus", ptx::FOCUS),
+            Self::Moe => ("ponder_moe", ptx::MOE),
         }
     }
 }

@@ -1,0 +1,217 @@
+//! Mixture-of-experts kernels (`kernels/moe.cu`): routing, grouping the (token, expert) pairs by
+//! expert, the grouped SwiGLU and down GEMMs on tensor cores, and the weighted combine. Entry
+//! points in `crate::ops::moe`.
+
+use super::launch::{device, kernel, same_device_dtype, view, wrap, Module};
+use crate::ops::moe::{RouterArch, Scoring, StackedExperts};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{bail, CudaDevice, DType, Result, Tensor};
+
+/// Router logits `[tokens, experts]` (f32) to the chosen experts `[tokens, top_k]` u32 and their
+/// weights `[tokens, top_k]` f32, one warp per token.
+pub fn moe_route(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "moe_route";
+    let dev = device(logits, OP)?;
+    let logits = logits.to_dtype(DType::F32)?.contiguous()?;
+    let (tokens, e) = logits.dims2()?;
+    if let Some(reason) = arch.shape_error() {
+        bail!("{OP} (cuda): {reason}");
+    }
+    if e != arch.num_experts {
+        bail!("{OP} (cuda): {e} logits per token for {} experts", arch.num_experts);
+    }
+    if let Some(b) = bias {
+        same_device_dtype(OP, DType::F32, &logits, &[("bias", b)])?;
+        if b.dims() != [e] {
+            bail!("{OP} (cuda): bias {:?} for {e} experts", b.dims());
+        }
+    }
+    let k = arch.top_k;
+    if tokens == 0 {
+        return Ok((Tensor::zeros((0, k), DType::U32, logits.device())?, Tensor::zeros((0, k), DType::F32, logits.device())?));
+    }
+    // Per warp: scores and choice scores of every expert, and the group scores.
+    let per_warp = (2 * e + arch.n_group) * 4;
+    let warps = (48 * 1024 / per_warp).clamp(1, 4);
+    if per_warp > 48 * 1024 || tokens > i32::MAX as usize {
+        bail!("{OP} (cuda): {e} experts or {tokens} tokens out of range");
+    }
+    let (ls, ll) = logits.storage_and_layout();
+    let logits_v = view::<f32>(&ls, ll, OP, "logits", false)?;
+    // SAFETY: the kernel writes all top_k ids and weights of every token.
+    let mut ids = unsafe { dev.alloc::<u32>(tokens * k)? };
+    let mut weights = unsafe { dev.alloc::<f32>(tokens * k)? };
+    let func = kernel!(dev, Module::Moe, "moe_route")?;
+    let cfg =
+        LaunchConfig { grid_dim: (tokens.div_ceil(warps) as u32, 1, 1), block_dim: (32 * warps as u32, 1, 1), shared_mem_bytes: (warps * per_warp) as u32 };
+    let ints = [tokens, e, k, arch.n_group, arch.topk_group].map(|v| v as i32);
+    let (softmax, norm, scale) = (i32::from(arch.scoring == Scoring::Softmax), i32::from(arch.norm_topk), arch.scale as f32);
+    let bias_guard = bias.map(|b| b.storage_and_layout());
+    let bias_v = match &bias_guard {
+        Some((bs, bl)) => Some(view::<f32>(bs, bl, OP, "bias", false)?),
+        None => None,
+    };
+    let null = 0u64;
+    let mut b = func.builder();
+    b.arg(&mut ids).arg(&mut weights).arg(&logits_v);
+    match &bias_v {
+        Some(v) => b.arg(v),
+        None => b.arg(&null),
+    };
+    for v in &ints {
+        b.arg(v);
+    }
+    b.arg(&softmax).arg(&norm).arg(&scale);
+    // SAFETY: argument list matches `moe_route` in moe.cu; shapes checked above.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok((wrap(ids, &dev, (tokens, k)), wrap(weights, &dev, (tokens, k))))
+}
+
+/// The routed experts' weighted sum (+ `shared`) of `x` `[tokens, hidden]`, for experts in the
+/// kernels' layout: group the pairs by expert, SwiGLU GEMM, down GEMM, combine.
+pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>) -> Result<Tensor> {
+    const OP: &str = "moe_experts";
+    let dev = device(x, OP)?;
+    let dtype = x.dtype();
+    let x = x.contiguous()?;
+    let (gate_up, down) = experts.kernel_weights();
+    same_device_dtype(OP, dtype, &x, &[("gate_up", gate_up), ("down", down)])?;
+    same_device_dtype(OP, DType::U32, &x, &[("ids", ids)])?;
+    same_device_dtype(OP, DType::F32, &x, &[("weights", weights)])?;
+    let (tokens, h) = x.dims2()?;
+    let (e, two_w, gh) = gate_up.dims3()?;
+    let (_, k) = ids.dims2()?;
+    if gh != h || ids.dims() != [tokens, k] || weights.dims() != ids.dims() || two_w % 32 != 0 || h % 8 != 0 || h > 8192 {
+        bail!("{OP} (cuda): x {:?}, ids {:?}, weights {:?}, gate_up {:?}", x.dims(), ids.dims(), weights.dims(), gate_up.dims());
+    }
+    let shared = shared.map(|s| s.contiguous()).transpose()?;
+    if let Some(s) = &shared {
+        same_device_dtype(OP, dtype, &x, &[("shared", s)])?;
+        if s.dims() != [tokens, h] {
+            bail!("{OP} (cuda): shared {:?} for x {:?}", s.dims(), x.dims());
+        }
+    }
+    if tokens == 0 || k == 0 {
+        return match &shared {
+            Some(s) if k == 0 => Ok(s.clone()),
+            _ => Tensor::zeros((tokens, h), dtype, x.device()),
+        };
+    }
+    let pairs = tokens * k;
+    if pairs.saturating_mul(h.max(two_w)) > i32::MAX as usize * 8 || pairs > u32::MAX as usize / 2 {
+        bail!("{OP} (cuda): {pairs} routed pairs out of range");
+    }
+    let ids = ids.contiguous()?;
+    let weights = weights.contiguous()?;
+    let a = ExpertArgs { x: &x, ids: &ids, weights: &weights, gate_up, down, shared: shared.as_ref(), tokens, h, e, w: two_w / 2, k };
+    match dtype {
+        DType::BF16 => experts_launch::<half::bf16>(&dev, "bf16", &a),
+        DType::F16 => experts_launch::<half::f16>(&dev, "f16", &a),
+        d => bail!("{OP} (cuda): dtype {d:?} (bf16 or f16)"),
+    }
+}
+
+struct ExpertArgs<'a> {
+    x: &'a Tensor,
+    ids: &'a Tensor,
+    weights: &'a Tensor,
+    gate_up: &'a Tensor,
+    down: &'a Tensor,
+    shared: Option<&'a Tensor>,
+    tokens: usize,
+    h: usize,
+    e: usize,
+    w: usize,
+    k: usize,
+}
+
+/// Columns of one GEMM tile, and its depth (kernel constants `BN`, `BK`).
+const BN: usize = 128;
+const BK: usize = 32;
+
+fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &ExpertArgs) -> Result<Tensor> {
+    const OP: &str = "moe_experts";
+    let (tokens, h, e, w, k) = (a.tokens, a.h, a.e, a.w, a.k);
+    let pairs = tokens * k;
+    // Taller tiles once experts average enough rows to fill them.
+    let bm = if pairs / e >= 96 { 128 } else { 64 };
+    let max_tiles = pairs.div_ceil(bm) + e;
+    let (xs, xl) = a.x.storage_and_layout();
+    let (is, il) = a.ids.storage_and_layout();
+    let (ws, wl) = a.weights.storage_and_layout();
+    let (gs, gl) = a.gate_up.storage_and_layout();
+    let (ds, dl) = a.down.storage_and_layout();
+    let x_v = view::<T>(&xs, xl, OP, "x", true)?;
+    let ids_v = view::<u32>(&is, il, OP, "ids", false)?;
+    let w_v = view::<f32>(&ws, wl, OP, "weights", false)?;
+    let gu_v = view::<T>(&gs, gl, OP, "gate_up", true)?;
+    let down_v = view::<T>(&ds, dl, OP, "down", true)?;
+    // SAFETY: moe_align writes every sorted slot of a routed pair, every pair's position, every
+    // expert's end and every tile slot; the GEMMs write every row a tile covers; the combine
+    // writes every output element. Nothing reads what was not written.
+    let mut sorted_src = unsafe { dev.alloc::<u32>(pairs)? };
+    let mut pos_of_pair = unsafe { dev.alloc::<u32>(pairs)? };
+    let mut expert_end = unsafe { dev.alloc::<u32>(e)? };
+    let mut tile_expert = unsafe { dev.alloc::<u32>(max_tiles)? };
+    let mut tile_start = unsafe { dev.alloc::<u32>(max_tiles)? };
+    let mut act = unsafe { dev.alloc::<T>(pairs * w)? };
+    let mut y = unsafe { dev.alloc::<T>(pairs * h)? };
+    let mut out = unsafe { dev.alloc::<T>(tokens * h)? };
+
+    let align = kernel!(dev, Module::Moe, "moe_align")?;
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: (2 * e * 4) as u32 };
+    let ints = [pairs, k, e, bm, max_tiles].map(|v| v as i32);
+    let mut b = align.builder();
+    b.arg(&mut sorted_src).arg(&mut pos_of_pair).arg(&mut expert_end).arg(&mut tile_expert).arg(&mut tile_start).arg(&ids_v);
+    for v in &ints {
+        b.arg(v);
+    }
+    // SAFETY: argument list matches `moe_align` in moe.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+
+    let tag = if bm == 128 { "bm128" } else { "bm64" };
+    let smem = (2 * (bm + BN) * (BK + 8) * std::mem::size_of::<T>()) as u32;
+    let gemm_cfg = |n: usize| LaunchConfig { grid_dim: (max_tiles as u32, n.div_ceil(BN) as u32, 1), block_dim: (2 * bm as u32, 1, 1), shared_mem_bytes: smem };
+    let null = 0u64;
+
+    // Gate/up of each pair's token, SiLU·mul: act [pairs, w] in sorted order.
+    let swiglu = kernel!(dev, Module::Moe, &format!("moe_gemm_swiglu_{tag}_{suf}"))?;
+    let (n1, k1) = ((2 * w) as i32, h as i32);
+    let mut b = swiglu.builder();
+    b.arg(&mut act).arg(&x_v).arg(&gu_v).arg(&sorted_src).arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&n1).arg(&k1);
+    // SAFETY: argument list matches `moe_gemm_swiglu_*`; A rows come from sorted_src (< tokens).
+    unsafe { b.launch(gemm_cfg(2 * w)) }.w()?;
+    drop(b);
+
+    // Down: y [pairs, h] in sorted order, A rows taken in place.
+    let plain = kernel!(dev, Module::Moe, &format!("moe_gemm_{tag}_{suf}"))?;
+    let (n2, k2) = (h as i32, w as i32);
+    let mut b = plain.builder();
+    b.arg(&mut y).arg(&act).arg(&down_v).arg(&null).arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&n2).arg(&k2);
+    // SAFETY: argument list matches `moe_gemm_*`; a null row map reads A's sorted rows in place.
+    unsafe { b.launch(gemm_cfg(h)) }.w()?;
+    drop(b);
+
+    let combine = kernel!(dev, Module::Moe, &format!("moe_combine_{suf}"))?;
+    let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: ((h / 8).div_ceil(32) as u32 * 32, 1, 1), shared_mem_bytes: 0 };
+    let (ki, hi) = (k as i32, h as i32);
+    let shared_guard = a.shared.map(|s| s.storage_and_layout());
+    let shared_v = match &shared_guard {
+        Some((ss, sl)) => Some(view::<T>(ss, sl, OP, "shared", true)?),
+        None => None,
+    };
+    let mut b = combine.builder();
+    b.arg(&mut out).arg(&y).arg(&w_v).arg(&pos_of_pair);
+    match &shared_v {
+        Some(v) => b.arg(v),
+        None => b.arg(&null),
+    };
+    b.arg(&ki).arg(&hi);
+    // SAFETY: argument list matches `moe_combine_*`; positions index y's rows.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok(wrap(out, dev, (tokens, h)))
+}

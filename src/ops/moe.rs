@@ -1,0 +1,301 @@
+//! Mixture-of-experts layers as ops: the routing rule ([`RouterArch`]), routing ([`route`]: the
+//! chosen experts and their weights per token) and the routed experts' weighted sum
+//! ([`moe_experts`]) over experts stacked in one tensor each ([`StackedExperts`]). On CUDA
+//! routing is a kernel, and in bf16 / f16 so are grouping by expert, the two grouped GEMMs and
+//! the combine (`kernels/moe.cu`). Elsewhere, and in f32, the composition of candle ops here runs,
+//! which is also the kernels' reference: routing on the host over the f32 router logits, then each
+//! chosen expert once over the tokens routed to it, summed in f32.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+/// How router logits become scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scoring {
+    Sigmoid,
+    Softmax,
+}
+
+/// The routing rule of one checkpoint family.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterArch {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Expert groups; the `topk_group` groups with the largest sum of their two best (biased)
+    /// scores are the only ones experts are chosen from. One group: no limit.
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub scoring: Scoring,
+    /// Divide the chosen experts' scores by their sum.
+    pub norm_topk: bool,
+    /// Multiplies the weights (after the normalisation).
+    pub scale: f64,
+}
+
+impl RouterArch {
+    /// The shape rules routing relies on: groups of at least two experts that divide them,
+    /// and enough experts in the kept groups for `top_k`.
+    pub fn validate(&self) -> crate::Result<()> {
+        self.shape_error().map_or(Ok(()), |reason| Err(crate::Error::InvalidOption(reason)))
+    }
+
+    /// Why routing cannot serve these shapes, if it cannot (the one copy of the rule, which the
+    /// configs' validation reports as theirs).
+    pub fn shape_error(&self) -> Option<String> {
+        let (e, g, kg, k) = (self.num_experts, self.n_group, self.topk_group, self.top_k);
+        let kept = if g == 1 { e } else { kg * (e / g.max(1)) };
+        let ok = e > 0 && k > 0 && g > 0 && e % g == 0 && (g == 1 || (e / g >= 2 && kg >= 1 && kg <= g)) && k <= kept;
+        (!ok).then(|| format!("router of {e} experts in {g} groups ({kg} kept) cannot choose {k} per token (groups need two experts or more)"))
+    }
+
+    /// The chosen experts of one token and their weights, best first. `logits` are the router's
+    /// f32 outputs over the experts; `bias` (if any) is added to the scores for the choice only.
+    pub fn route(&self, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+        let scores: Vec<f32> = match self.scoring {
+            Scoring::Sigmoid => logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),
+            Scoring::Softmax => {
+                let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let e: Vec<f32> = logits.iter().map(|&z| (z - m).exp()).collect();
+                let total: f32 = e.iter().sum();
+                e.iter().map(|v| v / total).collect()
+            }
+        };
+        let choice: Vec<f32> = match bias {
+            Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+            None => scores.clone(),
+        };
+        let mut allowed = vec![true; self.num_experts];
+        if self.n_group > 1 {
+            let per = self.num_experts / self.n_group;
+            let group_score = |g: usize| {
+                let mut top = [f32::NEG_INFINITY; 2];
+                for &v in &choice[g * per..(g + 1) * per] {
+                    if v > top[0] {
+                        top = [v, top[0]];
+                    } else if v > top[1] {
+                        top[1] = v;
+                    }
+                }
+                top[0] + top[1]
+            };
+            let mut groups: Vec<(usize, f32)> = (0..self.n_group).map(|g| (g, group_score(g))).collect();
+            groups.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let kept: Vec<usize> = groups.iter().take(self.topk_group).map(|g| g.0).collect();
+            for (e, ok) in allowed.iter_mut().enumerate() {
+                *ok = kept.contains(&(e / per));
+            }
+        }
+        let mut order: Vec<usize> = (0..self.num_experts).filter(|&e| allowed[e]).collect();
+        order.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+        order.truncate(self.top_k);
+        let total: f32 = order.iter().map(|&e| scores[e]).sum();
+        let norm = if self.norm_topk { total + 1e-20 } else { 1.0 };
+        order.into_iter().map(|e| (e, scores[e] / norm * self.scale as f32)).collect()
+    }
+}
+
+/// Every expert's SwiGLU weights stacked in one tensor each: `gate_up` `[experts, 2 × width,
+/// hidden]` (each expert's gate rows, then its up rows) and `down` `[experts, hidden, width]`.
+/// Where the grouped kernels serve the device and dtype, the gate and up rows are kept
+/// interleaved in chunks of 16, the layout their SwiGLU epilogue reads.
+#[derive(Debug, Clone)]
+pub struct StackedExperts {
+    gate_up: Tensor,
+    down: Tensor,
+    width: usize,
+    /// `gate_up` is in the kernels' interleaved layout.
+    kernel_layout: bool,
+}
+
+/// Gate and up rows alternate in chunks of this many in the kernels' layout.
+const CHUNK: usize = 16;
+
+impl StackedExperts {
+    /// Stacks `gate_up` `[experts, 2 × width, hidden]` (gate rows, then up rows) and `down`
+    /// `[experts, hidden, width]`.
+    pub fn new(gate_up: Tensor, down: Tensor) -> Result<Self> {
+        let (e, two_w, h) = gate_up.dims3()?;
+        let width = two_w / 2;
+        if e == 0 || two_w % 2 != 0 || down.dims() != [e, h, width] {
+            candle_core::bail!("stacked experts: gate_up {:?} and down {:?} do not agree", gate_up.dims(), down.dims());
+        }
+        let kernel_layout = kernels_serve(gate_up.device(), gate_up.dtype(), width, h);
+        let gate_up = if kernel_layout {
+            // [e, 2, w/16, 16, h] -> [e, w/16, 2, 16, h]: chunk c of gate, then chunk c of up.
+            gate_up.reshape((e, 2, width / CHUNK, CHUNK, h))?.transpose(1, 2)?.contiguous()?.reshape((e, two_w, h))?
+        } else {
+            gate_up.contiguous()?
+        };
+        Ok(Self { gate_up, down: down.contiguous()?, width, kernel_layout })
+    }
+
+    pub fn num_experts(&self) -> usize {
+        self.down.dims()[0]
+    }
+
+    /// Whether [`moe_experts`] runs these experts with the grouped kernels.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub fn on_kernels(&self) -> bool {
+        self.kernel_layout
+    }
+
+    /// Expert `e`'s `(gate_up [2 × width, hidden], down [hidden, width])`, gate rows first.
+    fn expert(&self, e: usize) -> Result<(Tensor, Tensor)> {
+        let mut gate_up = self.gate_up.get(e)?;
+        if self.kernel_layout {
+            let h = gate_up.dim(1)?;
+            gate_up = gate_up.reshape((self.width / CHUNK, 2, CHUNK, h))?.transpose(0, 1)?.contiguous()?.reshape((2 * self.width, h))?;
+        }
+        Ok((gate_up, self.down.get(e)?))
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn kernel_weights(&self) -> (&Tensor, &Tensor) {
+        (&self.gate_up, &self.down)
+    }
+}
+
+/// Whether the grouped kernels run experts of this shape on `device` in `dtype`.
+fn kernels_serve(device: &Device, dtype: DType, width: usize, hidden: usize) -> bool {
+    cfg!(feature = "cuda") && device.is_cuda() && matches!(dtype, DType::BF16 | DType::F16) && width % CHUNK == 0 && hidden % 8 == 0 && hidden <= 8192
+}
+
+/// The chosen experts `[tokens, top_k]` u32 (best first) and their weights `[tokens, top_k]`
+/// f32 of each token, from the f32 router `logits` `[tokens, experts]` and the optional
+/// selection-only bias `[experts]` f32. Both on the device of `logits`.
+pub fn route(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if logits.device().is_cuda() {
+        return super::cuda::moe_route(logits, bias, arch);
+    }
+    route_reference(logits, bias, arch)
+}
+
+/// [`route`] on the host with [`RouterArch::route`] (its CPU path and reference).
+pub fn route_reference(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch) -> Result<(Tensor, Tensor)> {
+    let (t, e) = logits.dims2()?;
+    if e != arch.num_experts {
+        candle_core::bail!("route: {e} logits per token for {} experts", arch.num_experts);
+    }
+    let bias = bias.map(|b| b.to_dtype(DType::F32)?.to_vec1::<f32>()).transpose()?;
+    if bias.as_ref().is_some_and(|b| b.len() != e) {
+        candle_core::bail!("route: expert bias of another length than {e}");
+    }
+    let (mut ids, mut weights) = (Vec::with_capacity(t * arch.top_k), Vec::with_capacity(t * arch.top_k));
+    for z in logits.to_dtype(DType::F32)?.to_vec2::<f32>()? {
+        for (e, w) in arch.route(&z, bias.as_deref()) {
+            ids.push(e as u32);
+            weights.push(w);
+        }
+    }
+    let dev = logits.device();
+    Ok((Tensor::from_vec(ids, (t, arch.top_k), dev)?, Tensor::from_vec(weights, (t, arch.top_k), dev)?))
+}
+
+/// `Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) (+ shared[t])` for every token of `x`
+/// `[tokens, hidden]`, summed in f32 and cast to `x`'s dtype once; `ids` / `weights` as
+/// [`route`] returns them, `shared` `[tokens, hidden]` (the shared experts' output) added last.
+pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if experts.kernel_layout && x.device().is_cuda() && x.dtype() == experts.gate_up.dtype() {
+        return super::cuda::moe_experts(x, ids, weights, experts, shared);
+    }
+    moe_experts_reference(x, ids, weights, experts, shared)
+}
+
+/// The composition of candle ops behind [`moe_experts`] (its CPU path and reference): each
+/// chosen expert once over its tokens, their weighted outputs scattered into the tokens' rows
+/// with one f32 `index_add`.
+pub fn moe_experts_reference(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>) -> Result<Tensor> {
+    let (t, h) = x.dims2()?;
+    let n = experts.num_experts();
+    let ids = ids.to_vec2::<u32>()?;
+    let ws = weights.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    if ids.len() != t || ws.len() != t {
+        candle_core::bail!("moe_experts: routes for {} / {} tokens, not {t}", ids.len(), ws.len());
+    }
+    let mut by_expert: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); n];
+    for (tok, (ids, ws)) in ids.iter().zip(&ws).enumerate() {
+        for (&e, &w) in ids.iter().zip(ws) {
+            let Some(slot) = by_expert.get_mut(e as usize) else {
+                candle_core::bail!("moe_experts: expert {e} of {n}");
+            };
+            slot.0.push(tok as u32);
+            slot.1.push(w);
+        }
+    }
+    let (mut rows, mut row_weights, mut parts) = (Vec::new(), Vec::new(), Vec::new());
+    for (e, (toks, ws)) in by_expert.into_iter().enumerate().filter(|(_, (toks, _))| !toks.is_empty()) {
+        let (gate_up, down) = experts.expert(e)?;
+        let xe = x.index_select(&Tensor::new(toks.as_slice(), x.device())?, 0)?;
+        let y = super::silu_mul(&xe.matmul(&gate_up.t()?)?)?.matmul(&down.t()?)?;
+        parts.push(y.to_dtype(DType::F32)?);
+        rows.extend(toks);
+        row_weights.extend(ws);
+    }
+    let mut out = Tensor::zeros((t, h), DType::F32, x.device())?;
+    if !parts.is_empty() {
+        let k = rows.len();
+        let y = Tensor::cat(&parts, 0)?.broadcast_mul(&Tensor::from_vec(row_weights, (k, 1), x.device())?)?;
+        out = out.index_add(&Tensor::from_vec(rows, k, x.device())?, &y, 0)?;
+    }
+    // The shared experts join the f32 sum before the one cast back (the released LLaDA2.0 code
+    // casts the routed sum first: equal in f32, closer to exact in bf16).
+    if let Some(shared) = shared {
+        out = (out + shared.to_dtype(DType::F32)?)?;
+    }
+    out.to_dtype(x.dtype())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llada2(e: usize, k: usize, g: usize, kg: usize) -> RouterArch {
+        RouterArch { num_experts: e, top_k: k, n_group: g, topk_group: kg, scoring: Scoring::Sigmoid, norm_topk: true, scale: 2.5 }
+    }
+
+    #[test]
+    fn the_bias_selects_but_does_not_weigh() {
+        let r = llada2(4, 2, 1, 1);
+        let logits = [0.0f32, 1.0, 2.0, -1.0];
+        let plain = r.route(&logits, None);
+        assert_eq!(plain.iter().map(|p| p.0).collect::<Vec<_>>(), vec![2, 1]);
+        let s = |z: f32| 1.0 / (1.0 + (-z).exp());
+        let total = s(2.0) + s(1.0);
+        assert!((plain[0].1 - s(2.0) / total * 2.5).abs() < 1e-6);
+        // A bias that lifts expert 3 above the rest: chosen, weighted by its unbiased score.
+        let biased = r.route(&logits, Some(&[0.0, 0.0, 0.0, 5.0]));
+        assert_eq!(biased.iter().map(|p| p.0).collect::<Vec<_>>(), vec![3, 2]);
+        let total = s(-1.0) + s(2.0);
+        assert!((biased[0].1 - s(-1.0) / total * 2.5).abs() < 1e-6);
+        assert!((biased.iter().map(|p| p.1).sum::<f32>() - 2.5).abs() < 1e-5);
+    }
+
+    #[test]
+    fn groups_are_ranked_by_their_best_two() {
+        // Two groups of three; group 0 has the single best expert, group 1 the better pair.
+        let r = llada2(6, 2, 2, 1);
+        let logits = [4.0f32, -4.0, -4.0, 1.0, 1.0, -4.0];
+        let got: Vec<usize> = r.route(&logits, None).iter().map(|p| p.0).collect();
+        assert_eq!(got, vec![3, 4]);
+        let all = llada2(6, 2, 2, 2);
+        assert_eq!(all.route(&logits, None).iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 3]);
+    }
+
+    #[test]
+    fn shapes_routing_cannot_serve_are_refused() {
+        assert!(llada2(256, 8, 8, 4).validate().is_ok());
+        assert!(llada2(8, 2, 1, 4).validate().is_ok(), "one group: topk_group does not limit");
+        for bad in [llada2(8, 2, 16, 4), llada2(9, 2, 4, 2), llada2(8, 5, 4, 2), llada2(8, 0, 4, 2), llada2(8, 2, 0, 1), llada2(8, 2, 4, 5)] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn softmax_routing_without_groups() {
+        let r = RouterArch { num_experts: 3, top_k: 1, n_group: 1, topk_group: 1, scoring: Scoring::Softmax, norm_topk: false, scale: 1.0 };
+        let got = r.route(&[0.0, 0.0, (2.0f32).ln()], None);
+        assert_eq!(got[0].0, 2);
+        assert!((got[0].1 - 0.5).abs() < 1e-6);
+    }
+}
