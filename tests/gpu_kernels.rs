@@ -1295,3 +1295,45 @@ fn grouped_moe_kernels_match_the_composition() {
         }
     }
 }
+
+/// Device time of one MoE layer's parts at LLaDA2.0-mini widths (hidden 2048, 256 experts of
+/// width 512, 8 per token): the f32 router matmul, routing, and the grouped experts (grouping,
+/// both GEMMs, combine), with the experts' rate in TFLOP/s (6 · hidden · width per pair).
+#[test]
+#[ignore]
+fn moe_timing() {
+    use ponder::ops::moe::{moe_experts, route, StackedExperts};
+    let gpu = Device::new_cuda(0).unwrap();
+    let (e, k, w, h) = (256, 8, 512, 2048);
+    let arch = llada2_router(e, k, 8, 4);
+    let gate_up = Tensor::randn(0f32, 0.02, (e, 2 * w, h), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
+    let down = Tensor::randn(0f32, 0.02, (e, h, w), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
+    let experts = StackedExperts::new(gate_up, down).unwrap();
+    let router = Tensor::randn(0f32, 0.02, (e, h), &gpu).unwrap();
+    let time = |f: &mut dyn FnMut()| {
+        f();
+        gpu.synchronize().unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..10 {
+            f();
+        }
+        gpu.synchronize().unwrap();
+        t.elapsed().as_secs_f64() * 1e3 / 10.0
+    };
+    for tokens in [256usize, 1024, 4096, 8192] {
+        let x = Tensor::randn(0f32, 1.0, (tokens, h), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
+        let logits = x.to_dtype(DType::F32).unwrap().matmul(&router.t().unwrap()).unwrap();
+        let (ids, weights) = route(&logits, None, &arch).unwrap();
+        let router_ms = time(&mut || {
+            x.to_dtype(DType::F32).unwrap().matmul(&router.t().unwrap()).unwrap();
+        });
+        let route_ms = time(&mut || {
+            route(&logits, None, &arch).unwrap();
+        });
+        let experts_ms = time(&mut || {
+            moe_experts(&x, &ids, &weights, &experts, None).unwrap();
+        });
+        let tflops = (tokens * k * 6 * h * w) as f64 / (experts_ms * 1e-3) / 1e12;
+        println!("moe {tokens:5} tokens: router matmul {router_ms:.3} ms · route {route_ms:.3} ms · experts {experts_ms:.3} ms ({tflops:.0} TFLOP/s)");
+    }
+}

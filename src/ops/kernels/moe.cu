@@ -12,20 +12,19 @@
 //   (sorted position of each pair, the source row token = pair / K of each sorted position) and
 //   cuts every expert's rows into tiles of BM rows for the GEMMs (unused tile slots: expert ~0).
 // moe_gemm_*: out[r] = A[src(r)] · W[e]^T for the rows r of each tile, W [E, N, K] row-major.
-//   bf16/f16 WMMA 16x16x16 with f32 accumulators, tiles BM x 128 x 32, two cp.async stages,
-//   warp tiles 32 x 64. The SwiGLU variant takes gate and up rows interleaved in chunks of 16
-//   (chunk 2c = gate rows 16c.., chunk 2c+1 = up rows 16c..) and writes T(T(silu(gate)) * up)
-//   [rows, N/2]; the plain variant writes T(acc) [rows, N].
+//   bf16/f16 mma.sync m16n8k16 with f32 accumulators fed by ldmatrix from XOR-swizzled shared
+//   tiles, block tiles BM (64 or 128) x 128 x 32, three cp.async stages, warp tiles 64 x 32.
+//   The SwiGLU variant takes gate and up rows interleaved in chunks of 16 (chunk 2c = gate rows
+//   16c.., chunk 2c+1 = up rows 16c..), so that each warp holds a gate column and its up column
+//   in the same thread, and writes T(T(silu(gate)) * up) [rows, N/2]; the plain variant writes
+//   T(acc) [rows, N].
 // moe_combine_*: out[t] = T(sum_k w[t,k] * y[pos(t,k)] (+ shared[t])), f32 sums in k order.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 #include <stdint.h>
 
 namespace {
-
-using namespace nvcuda;
 
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
@@ -179,30 +178,50 @@ __device__ void align_pairs(uint32_t *__restrict__ sorted_src, uint32_t *__restr
     }
 }
 
-constexpr int BN = 128, BK = 32, LDS = BK + 8; // +8: rows 80 bytes apart, off the bank stride
+constexpr int BN = 128, BK = 32, STAGES = 3;
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+__device__ __forceinline__ void cp_async16(unsigned smem, const void *gmem, bool valid) {
     const int bytes = valid ? 16 : 0; // 0: the 16 bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-template <typename T> struct Wmma;
-template <> struct Wmma<__nv_bfloat16> { using type = __nv_bfloat16; };
-template <> struct Wmma<__half> { using type = __half; };
+__device__ __forceinline__ void ldmatrix_x4(unsigned addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
 
-// grid (max_tiles, ceil(N / BN)); block WARPS_M * 2 warps. `src` maps a sorted row to its row of
-// A (null: the sorted row itself). K a multiple of 8; N a multiple of 32 (SwiGLU) or 16.
-template <typename T, int WARPS_M, bool SWIGLU>
+template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b);
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void mma16816<__half>(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Byte offset of 16-byte chunk `c` (of 4) of row `r` in a tile of 64-byte rows (BK = 32 halves):
+// chunks are XOR-swizzled by row so that eight rows' same chunk fall in distinct banks.
+__device__ __forceinline__ unsigned tile_offset(int r, int c) { return r * 64 + ((c ^ ((r >> 1) & 3)) << 4); }
+
+// grid (max_tiles, ceil(N / BN)); block BM / 64 * 4 warps, each a 64 x 32 warp tile of
+// m16n8k16 MMAs. `src` maps a sorted row to its row of A (null: the sorted row itself). K a
+// multiple of 8; N a multiple of 32 (the SwiGLU variant's gate/up chunk pairs) or of 8.
+template <typename T, int BM, bool SWIGLU>
 __device__ void moe_gemm(T *__restrict__ out, const T *__restrict__ A, const T *__restrict__ W,
                          const uint32_t *__restrict__ src, const uint32_t *__restrict__ tile_expert,
                          const uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ expert_end, int N,
                          int K) {
-    constexpr int BM = WARPS_M * 32, THREADS = WARPS_M * 2 * 32;
-    constexpr int A_CHUNKS = BM * BK / 8, B_CHUNKS = BN * BK / 8;
-    constexpr int A_PER = A_CHUNKS / THREADS, B_PER = B_CHUNKS / THREADS;
+    constexpr int WM = BM / 64, THREADS = WM * 4 * 32;
+    constexpr int A_PER = BM * 4 / THREADS, B_PER = BN * 4 / THREADS; // 16-byte chunks per thread
+    constexpr int A_BYTES = BM * 64, STAGE_BYTES = (BM + BN) * 64;
     const uint32_t e = tile_expert[blockIdx.x];
     if (e == NONE) return;
     const int row0 = (int)tile_start[blockIdx.x];
@@ -211,118 +230,127 @@ __device__ void moe_gemm(T *__restrict__ out, const T *__restrict__ A, const T *
     const T *We = W + (size_t)e * N * K;
 
     extern __shared__ __align__(128) unsigned char gemm_smem[];
-    T *As = reinterpret_cast<T *>(gemm_smem);  // [2][BM][LDS]
-    T *Bs = As + 2 * BM * LDS;                 // [2][BN][LDS]
+    const unsigned smem = (unsigned)__cvta_generic_to_shared(gemm_smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wm = warp / 2, wn = warp % 2;
+    const int wm = warp / 4, wn = warp % 4;
 
-    // The source rows this thread loads (fixed over k).
+    // The rows and chunks this thread loads (fixed over k).
     const T *a_src[A_PER];
     bool a_ok[A_PER];
+    unsigned a_dst[A_PER];
 #pragma unroll
     for (int i = 0; i < A_PER; ++i) {
-        const int c = tid + i * THREADS, r = c / (BK / 8);
+        const int c = tid + i * THREADS, r = c / 4, kc = c % 4;
         a_ok[i] = r < rows;
         const int sorted = row0 + (a_ok[i] ? r : 0);
         const uint32_t s = src ? src[sorted] : (uint32_t)sorted;
-        a_src[i] = A + (size_t)s * K + (c % (BK / 8)) * 8;
+        a_src[i] = A + (size_t)s * K + kc * 8;
+        a_dst[i] = tile_offset(r, kc);
+    }
+    const T *b_src[B_PER];
+    bool b_ok[B_PER];
+    unsigned b_dst[B_PER];
+#pragma unroll
+    for (int i = 0; i < B_PER; ++i) {
+        const int c = tid + i * THREADS, r = c / 4, kc = c % 4;
+        b_ok[i] = n0 + r < N;
+        b_src[i] = We + (size_t)(b_ok[i] ? n0 + r : 0) * K + kc * 8;
+        b_dst[i] = A_BYTES + tile_offset(r, kc);
     }
     auto load = [&](int stage, int k0) {
+        const unsigned base = smem + stage * STAGE_BYTES;
 #pragma unroll
         for (int i = 0; i < A_PER; ++i) {
-            const int c = tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
-            const bool ok = a_ok[i] && k0 + kc < K;
-            cp_async16(As + (stage * BM + r) * LDS + kc, ok ? a_src[i] + k0 : A, ok);
+            const bool ok = a_ok[i] && k0 + ((tid + i * THREADS) % 4) * 8 < K;
+            cp_async16(base + a_dst[i], ok ? a_src[i] + k0 : A, ok);
         }
 #pragma unroll
         for (int i = 0; i < B_PER; ++i) {
-            const int c = tid + i * THREADS, r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
-            const bool ok = n0 + r < N && k0 + kc < K;
-            cp_async16(Bs + (stage * BN + r) * LDS + kc, ok ? We + (size_t)(n0 + r) * K + k0 + kc : W, ok);
+            const bool ok = b_ok[i] && k0 + ((tid + i * THREADS) % 4) * 8 < K;
+            cp_async16(base + b_dst[i], ok ? b_src[i] + k0 : W, ok);
         }
-        cp_async_commit();
     };
 
-    using WT = typename Wmma<T>::type;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4];
+    float acc[4][4][4]; // [m16 tile][n8 tile][fragment]
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 
     const int KT = (K + BK - 1) / BK;
-    load(0, 0);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load(s, s * BK);
+        cp_async_commit();
+    }
     for (int kt = 0; kt < KT; ++kt) {
-        if (kt + 1 < KT) {
-            load((kt + 1) & 1, (kt + 1) * BK);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        cp_async_wait<STAGES - 2>();
         __syncthreads();
-        const T *as = As + ((kt & 1) * BM + wm * 32) * LDS;
-        const T *bs = Bs + ((kt & 1) * BN + wn * 64) * LDS;
+        // Refill the stage every warp finished reading in the previous iteration.
+        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
+        cp_async_commit();
+        const unsigned a_base = smem + (kt % STAGES) * STAGE_BYTES, b_base = a_base + A_BYTES;
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, WT, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, WT, wmma::col_major> fb[4];
+        for (int kk = 0; kk < 2; ++kk) {
+            uint32_t a[4][4], b[4][2];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], as + i * 16 * LDS + kk, LDS);
+            for (int i = 0; i < 4; ++i) {
+                const int r = wm * 64 + i * 16 + (lane & 15);
+                ldmatrix_x4(a_base + tile_offset(r, kk * 2 + (lane >> 4)), a[i][0], a[i][1], a[i][2], a[i][3]);
+            }
 #pragma unroll
-            for (int j = 0; j < 4; ++j) wmma::load_matrix_sync(fb[j], bs + j * 16 * LDS + kk, LDS);
+            for (int p = 0; p < 2; ++p) {
+                const int r = wn * 32 + p * 16 + (lane & 7) + ((lane >> 4) << 3);
+                ldmatrix_x4(b_base + tile_offset(r, kk * 2 + ((lane >> 3) & 1)), b[2 * p][0], b[2 * p][1], b[2 * p + 1][0],
+                            b[2 * p + 1][1]);
+            }
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+                for (int j = 0; j < 4; ++j) mma16816<T>(acc[i][j], a[i], b[j]);
         }
-        __syncthreads();
     }
+    cp_async_wait<0>();
 
-    // Epilogue through a per-warp f32 scratch (the pipeline buffers are free now): two 16x16
-    // tiles per warp, each lane writing 8 contiguous outputs (16 bytes).
-    float *scratch = reinterpret_cast<float *>(gemm_smem) + warp * 2 * 256;
-    const int er = lane / 2, ec = (lane % 2) * 8;
+    // Epilogue from registers: fragment v of n8 tile j holds row lane / 4 (+ 8 for v >= 2),
+    // columns 2 * (lane % 4) + (v & 1) of the tile.
+    const int out_w = SWIGLU ? N / 2 : N;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = wm * 32 + i * 16 + er;
-        const bool row_ok = r < rows;
-        T *orow = out + (size_t)(row0 + (row_ok ? r : 0)) * (SWIGLU ? N / 2 : N);
-        if (SWIGLU) {
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int jp = 0; jp < 2; ++jp) {
-                wmma::store_matrix_sync(scratch, acc[i][2 * jp], 16, wmma::mem_row_major);
-                wmma::store_matrix_sync(scratch + 256, acc[i][2 * jp + 1], 16, wmma::mem_row_major);
-                __syncwarp();
-                const int gate_chunk = (n0 + wn * 64 + jp * 32) / 32;
-                if (row_ok && gate_chunk * 32 < N) {
-                    alignas(16) T v[8];
+        for (int h = 0; h < 2; ++h) {
+            const int r = wm * 64 + i * 16 + (lane >> 2) + h * 8;
+            if (r >= rows) continue;
+            T *orow = out + (size_t)(row0 + r) * out_w;
+            if (SWIGLU) {
+                // The warp's 32 columns are one chunk pair: n8 tiles 0-1 gate, 2-3 the matching up.
+                const int pair = (n0 + wn * 32) / 32;
+                if (pair * 32 >= N) continue;
 #pragma unroll
-                    for (int c = 0; c < 8; ++c) {
-                        const float g = round_t<T>(scratch[er * 16 + ec + c]);
-                        const float u = round_t<T>(scratch[256 + er * 16 + ec + c]);
-                        const float s = round_t<T>(g / (1.f + expf(-g)));
-                        v[c] = from_f<T>(s * u);
+                for (int j = 0; j < 2; ++j) {
+                    float o[2];
+#pragma unroll
+                    for (int v = 0; v < 2; ++v) {
+                        const float g = round_t<T>(acc[i][j][h * 2 + v]);
+                        const float u = round_t<T>(acc[i][j + 2][h * 2 + v]);
+                        o[v] = round_t<T>(g / (1.f + expf(-g))) * u;
                     }
-                    *reinterpret_cast<uint4 *>(orow + gate_chunk * 16 + ec) = *reinterpret_cast<uint4 *>(v);
+                    const int col = pair * 16 + j * 8 + (lane & 3) * 2;
+                    T pr[2] = {from_f<T>(o[0]), from_f<T>(o[1])};
+                    *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
                 }
-                __syncwarp();
-            }
-        } else {
+            } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                wmma::store_matrix_sync(scratch, acc[i][j], 16, wmma::mem_row_major);
-                __syncwarp();
-                const int col = n0 + wn * 64 + j * 16 + ec;
-                if (row_ok && col < N) {
-                    alignas(16) T v[8];
-#pragma unroll
-                    for (int c = 0; c < 8; ++c) v[c] = from_f<T>(scratch[er * 16 + ec + c]);
-                    *reinterpret_cast<uint4 *>(orow + col) = *reinterpret_cast<uint4 *>(v);
+                for (int j = 0; j < 4; ++j) {
+                    const int col = n0 + wn * 32 + j * 8 + (lane & 3) * 2;
+                    if (col >= N) continue;
+                    T pr[2] = {from_f<T>(acc[i][j][h * 2]), from_f<T>(acc[i][j][h * 2 + 1])};
+                    *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
                 }
-                __syncwarp();
             }
         }
-    }
 }
 
 // grid T, block ceil(H / 8) threads (each 8 columns); y [pairs, H] in sorted order.
@@ -372,22 +400,22 @@ extern "C" __global__ void moe_align(uint32_t *sorted_src, uint32_t *pos_of_pair
     extern "C" __global__ void moe_gemm_swiglu_bm64_##SUF(T *out, const T *A, const T *W, const uint32_t *src,  \
                                                           const uint32_t *te, const uint32_t *ts,               \
                                                           const uint32_t *ee, int N, int K) {                   \
-        moe_gemm<T, 2, true>(out, A, W, src, te, ts, ee, N, K);                                                 \
+        moe_gemm<T, 64, true>(out, A, W, src, te, ts, ee, N, K);                                                 \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_swiglu_bm128_##SUF(T *out, const T *A, const T *W, const uint32_t *src, \
                                                            const uint32_t *te, const uint32_t *ts,              \
                                                            const uint32_t *ee, int N, int K) {                  \
-        moe_gemm<T, 4, true>(out, A, W, src, te, ts, ee, N, K);                                                 \
+        moe_gemm<T, 128, true>(out, A, W, src, te, ts, ee, N, K);                                                 \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, const uint32_t *src,         \
                                                    const uint32_t *te, const uint32_t *ts, const uint32_t *ee,  \
                                                    int N, int K) {                                              \
-        moe_gemm<T, 2, false>(out, A, W, src, te, ts, ee, N, K);                                                \
+        moe_gemm<T, 64, false>(out, A, W, src, te, ts, ee, N, K);                                                \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm128_##SUF(T *out, const T *A, const T *W, const uint32_t *src,        \
                                                     const uint32_t *te, const uint32_t *ts, const uint32_t *ee, \
                                                     int N, int K) {                                             \
-        moe_gemm<T, 4, false>(out, A, W, src, te, ts, ee, N, K);                                                \
+        moe_gemm<T, 128, false>(out, A, W, src, te, ts, ee, N, K);                                                \
     }                                                                                                          \
     extern "C" __global__ void moe_combine_##SUF(T *out, const T *y, const float *w, const uint32_t *pos,        \
                                                  const T *shared, int K, int H) {                               \
