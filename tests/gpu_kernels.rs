@@ -1251,6 +1251,28 @@ fn moe_routing_on_the_device_chooses_as_the_host_rule() {
 }
 
 #[test]
+fn router_logits_from_split_weights_have_f32_accuracy() {
+    use ponder::ops::moe::RouterWeights;
+    let gpu = Device::new_cuda(0).unwrap();
+    let mut rng = StdRng::seed_from_u64(0x5917);
+    for (tokens, e, h) in [(1usize, 256usize, 2048usize), (300, 256, 2048), (129, 128, 512), (8, 64, 4096)] {
+        let w = rand_tensor(&mut rng, &[e, h], -0.1, 0.1, DType::F32);
+        let x = rand_tensor(&mut rng, &[tokens, h], -3.0, 3.0, DType::BF16);
+        let want = RouterWeights::new(w.clone()).unwrap().logits(&x).unwrap().to_vec2::<f32>().unwrap();
+        let router = RouterWeights::new(w.to_device(&gpu).unwrap()).unwrap();
+        let got = router.logits(&x.to_device(&gpu).unwrap()).unwrap();
+        assert_eq!(got.dtype(), DType::F32);
+        let got = got.to_vec2::<f32>().unwrap();
+        for (t, (g, w)) in got.iter().zip(&want).enumerate() {
+            let scale = w.iter().map(|v| v.abs()).fold(0f32, f32::max).max(1e-6);
+            let worst = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale;
+            // f32 summation-order noise is ~1e-6 of the largest logit here; bf16 weights would be ~4e-3.
+            assert!(worst <= 1e-5, "{tokens}x{h} -> {e}, token {t}: split-weight logits off by {worst:e} of the row's largest");
+        }
+    }
+}
+
+#[test]
 fn grouped_moe_kernels_match_the_composition() {
     use ponder::ops::moe::{moe_experts, moe_experts_reference, route_reference, StackedExperts};
     let gpu = Device::new_cuda(0).unwrap();
@@ -1297,7 +1319,7 @@ fn grouped_moe_kernels_match_the_composition() {
 }
 
 /// Device time of one MoE layer's parts at LLaDA2.0-mini widths (hidden 2048, 256 experts of
-/// width 512, 8 per token): the f32 router matmul, routing, and the grouped experts (grouping,
+/// width 512, 8 per token): the router logits (split-weight kernel, and as an f32 matmul), routing, and the grouped experts (grouping,
 /// both GEMMs, combine), with the experts' rate in TFLOP/s (6 · hidden · width per pair).
 #[test]
 #[ignore]
@@ -1309,7 +1331,7 @@ fn moe_timing() {
     let gate_up = Tensor::randn(0f32, 0.02, (e, 2 * w, h), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
     let down = Tensor::randn(0f32, 0.02, (e, h, w), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
     let experts = StackedExperts::new(gate_up, down).unwrap();
-    let router = Tensor::randn(0f32, 0.02, (e, h), &gpu).unwrap();
+    let router = ponder::ops::moe::RouterWeights::new(Tensor::randn(0f32, 0.02, (e, h), &gpu).unwrap()).unwrap();
     let time = |f: &mut dyn FnMut()| {
         f();
         gpu.synchronize().unwrap();
@@ -1322,10 +1344,13 @@ fn moe_timing() {
     };
     for tokens in [256usize, 1024, 4096, 8192] {
         let x = Tensor::randn(0f32, 1.0, (tokens, h), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
-        let logits = x.to_dtype(DType::F32).unwrap().matmul(&router.t().unwrap()).unwrap();
+        let logits = router.logits(&x).unwrap();
         let (ids, weights) = route(&logits, None, &arch).unwrap();
         let router_ms = time(&mut || {
-            x.to_dtype(DType::F32).unwrap().matmul(&router.t().unwrap()).unwrap();
+            router.logits(&x).unwrap();
+        });
+        let sgemm_ms = time(&mut || {
+            router.logits_reference(&x).unwrap();
         });
         let route_ms = time(&mut || {
             route(&logits, None, &arch).unwrap();
@@ -1334,6 +1359,6 @@ fn moe_timing() {
             moe_experts(&x, &ids, &weights, &experts, None).unwrap();
         });
         let tflops = (tokens * k * 6 * h * w) as f64 / (experts_ms * 1e-3) / 1e12;
-        println!("moe {tokens:5} tokens: router matmul {router_ms:.3} ms · route {route_ms:.3} ms · experts {experts_ms:.3} ms ({tflops:.0} TFLOP/s)");
+        println!("moe {tokens:5} tokens: router {router_ms:.3} ms (f32 matmul {sgemm_ms:.3} ms) · route {route_ms:.3} ms · experts {experts_ms:.3} ms ({tflops:.0} TFLOP/s)");
     }
 }

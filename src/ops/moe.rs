@@ -159,6 +159,48 @@ fn kernels_serve(device: &Device, dtype: DType, width: usize, hidden: usize) -> 
     cfg!(feature = "cuda") && device.is_cuda() && matches!(dtype, DType::BF16 | DType::F16) && width % CHUNK == 0 && hidden % 8 == 0 && hidden <= 8192
 }
 
+/// A router's weights `[experts, hidden]` in f32 (routing runs in f32 whatever the model
+/// dtype), with, where the device kernel uses them, the same weights split into three bf16
+/// parts `[experts, 3 · hidden]` (hi, mid, lo side by side: hi + mid + lo carries the f32
+/// mantissa, and a bf16 × bf16 product is exact in f32).
+#[derive(Debug, Clone)]
+pub struct RouterWeights {
+    weight: Tensor,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    split: Option<Tensor>,
+}
+
+impl RouterWeights {
+    pub fn new(weight: Tensor) -> Result<Self> {
+        let weight = weight.to_dtype(DType::F32)?.contiguous()?;
+        let (e, h) = weight.dims2()?;
+        let split = (cfg!(feature = "cuda") && weight.device().is_cuda() && h % 64 == 0 && e % 8 == 0)
+            .then(|| -> Result<Tensor> {
+                let hi = weight.to_dtype(DType::BF16)?;
+                let rest = (&weight - hi.to_dtype(DType::F32)?)?;
+                let mid = rest.to_dtype(DType::BF16)?;
+                let lo = (rest - mid.to_dtype(DType::F32)?)?.to_dtype(DType::BF16)?;
+                Tensor::cat(&[hi, mid, lo], 1)
+            })
+            .transpose()?;
+        Ok(Self { weight, split })
+    }
+
+    /// The f32 logits `[tokens, experts]` of `x` `[tokens, hidden]`.
+    pub fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(split) = self.split.as_ref().filter(|_| x.device().is_cuda() && x.dtype() == DType::BF16) {
+            return super::cuda::router_logits(x, split);
+        }
+        self.logits_reference(x)
+    }
+
+    /// [`RouterWeights::logits`] as an f32 matmul (its CPU path and reference).
+    pub fn logits_reference(&self, x: &Tensor) -> Result<Tensor> {
+        x.to_dtype(DType::F32)?.matmul(&self.weight.t()?)
+    }
+}
+
 /// The chosen experts `[tokens, top_k]` u32 (best first) and their weights `[tokens, top_k]`
 /// f32 of each token, from the f32 router `logits` `[tokens, experts]` and the optional
 /// selection-only bias `[experts]` f32. Both on the device of `logits`.

@@ -7,9 +7,9 @@
 //! ([`crate::ops::moe`]): kernels on CUDA, the candle composition elsewhere.
 
 use crate::ops;
-use crate::ops::moe::StackedExperts;
 pub use crate::ops::moe::{RouterArch, Scoring};
-use candle_core::{DType, Module, Result, Tensor};
+use crate::ops::moe::{RouterWeights, StackedExperts};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::Linear;
 
 /// One SwiGLU MLP (a dense layer's, or the shared experts'): gate and up stacked on the output
@@ -30,8 +30,7 @@ impl Expert {
 #[derive(Debug, Clone)]
 pub(crate) struct Moe {
     pub(crate) arch: RouterArch,
-    /// `[experts, hidden]` f32: the router runs in f32 whatever the model dtype.
-    pub(crate) router: Tensor,
+    pub(crate) router: RouterWeights,
     /// Selection bias `[experts]` f32 (LLaDA2.0's `expert_bias`).
     pub(crate) bias: Option<Tensor>,
     pub(crate) experts: StackedExperts,
@@ -42,8 +41,7 @@ impl Moe {
     /// Chosen experts `[tokens, top_k]` u32 and weights `[tokens, top_k]` f32 of `x`
     /// `[tokens, hidden]`.
     fn route(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
-        let logits = x.to_dtype(DType::F32)?.matmul(&self.router.t()?)?;
-        ops::moe::route(&logits, self.bias.as_ref(), &self.arch)
+        ops::moe::route(&self.router.logits(x)?, self.bias.as_ref(), &self.arch)
     }
 
     /// Chosen experts of each token of `x`, best first.

@@ -8,7 +8,7 @@ use super::moe::{Expert, Moe, RouterArch};
 use super::{DiffusionAttention, DiffusionModel, DiffusionSpec, Projected};
 use crate::kv::KvStore;
 use crate::loader::Weights;
-use crate::ops::moe::StackedExperts;
+use crate::ops::moe::{RouterWeights, StackedExperts};
 use crate::ops::{self, paged_attention, PagedBatch, RopeAngles, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
@@ -266,7 +266,7 @@ impl DenseDiffusion {
                     let e = m.router.num_experts;
                     // The router runs in f32 from the stored values (a bf16 cast first would blur the
                     // selection-only bias, whose steps are the size of the gaps between scores).
-                    let router = w.get_as((e, h), &n.layer(l, "mlp.gate", "weight"), DType::F32)?;
+                    let router = RouterWeights::new(w.get_as((e, h), &n.layer(l, "mlp.gate", "weight"), DType::F32)?)?;
                     let bias = if m.expert_bias { Some(w.get_as(e, &n.layer(l, "mlp.gate", "expert_bias"), DType::F32)?) } else { None };
                     let (ew, mut gate_ups, mut downs) = (m.expert_width, Vec::with_capacity(e), Vec::with_capacity(e));
                     for x in 0..e {

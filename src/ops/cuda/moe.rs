@@ -4,7 +4,8 @@
 
 use super::launch::{device, kernel, same_device_dtype, view, wrap, Module};
 use crate::ops::moe::{RouterArch, Scoring, StackedExperts};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -127,11 +128,19 @@ struct ExpertArgs<'a> {
     k: usize,
 }
 
-/// Columns of one GEMM block tile, shared-memory bytes per tile row (`BK` = 32 halves) and
-/// pipeline stages (kernel constants `BN`, `BK`, `STAGES`).
+/// Columns of one GEMM block tile, shared-memory bytes per tile row (`BK` = 64 halves) and
+/// pipeline stages (kernel constants `BN`, `ROW_BYTES`, `STAGES`).
 const BN: usize = 128;
-const ROW_BYTES: usize = 64;
+const ROW_BYTES: usize = 128;
 const STAGES: usize = 3;
+
+/// Launch shape of a grouped GEMM with `bm`-row tiles: threads, and dynamic shared memory (over
+/// the 48 KB a launch gets by default, so `func` is opted in).
+fn gemm_shape(func: &CudaFunction, bm: usize) -> Result<(u32, u32)> {
+    let smem = STAGES * (bm + BN) * ROW_BYTES;
+    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+    Ok(((bm / 64 * 4 * 32) as u32, smem as u32))
+}
 
 fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &ExpertArgs) -> Result<Tensor> {
     const OP: &str = "moe_experts";
@@ -175,28 +184,34 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     drop(b);
 
     let tag = if bm == 128 { "bm128" } else { "bm64" };
-    // 48 KB at 128-row tiles: the most a launch gets without opting in.
-    let smem = (STAGES * (bm + BN) * ROW_BYTES) as u32;
-    let threads = (bm / 64 * 4 * 32) as u32;
-    let gemm_cfg = |n: usize| LaunchConfig { grid_dim: (max_tiles as u32, n.div_ceil(BN) as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+    let cfg = |n: usize, (threads, smem): (u32, u32)| LaunchConfig {
+        grid_dim: (max_tiles as u32, n.div_ceil(BN) as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
+    };
     let null = 0u64;
+    let dense_rows = 0i32;
 
     // Gate/up of each pair's token, SiLU·mul: act [pairs, w] in sorted order.
     let swiglu = kernel!(dev, Module::Moe, &format!("moe_gemm_swiglu_{tag}_{suf}"))?;
+    let shape = gemm_shape(&swiglu, bm)?;
     let (n1, k1) = ((2 * w) as i32, h as i32);
     let mut b = swiglu.builder();
-    b.arg(&mut act).arg(&x_v).arg(&gu_v).arg(&sorted_src).arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&n1).arg(&k1);
+    b.arg(&mut act).arg(&x_v).arg(&gu_v).arg(&sorted_src).arg(&tile_expert).arg(&tile_start).arg(&expert_end);
+    b.arg(&n1).arg(&k1).arg(&k1).arg(&dense_rows);
     // SAFETY: argument list matches `moe_gemm_swiglu_*`; A rows come from sorted_src (< tokens).
-    unsafe { b.launch(gemm_cfg(2 * w)) }.w()?;
+    unsafe { b.launch(cfg(2 * w, shape)) }.w()?;
     drop(b);
 
     // Down: y [pairs, h] in sorted order, A rows taken in place.
     let plain = kernel!(dev, Module::Moe, &format!("moe_gemm_{tag}_{suf}"))?;
+    let shape = gemm_shape(&plain, bm)?;
     let (n2, k2) = (h as i32, w as i32);
     let mut b = plain.builder();
-    b.arg(&mut y).arg(&act).arg(&down_v).arg(&null).arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&n2).arg(&k2);
+    b.arg(&mut y).arg(&act).arg(&down_v).arg(&null).arg(&tile_expert).arg(&tile_start).arg(&expert_end);
+    b.arg(&n2).arg(&k2).arg(&k2).arg(&dense_rows);
     // SAFETY: argument list matches `moe_gemm_*`; a null row map reads A's sorted rows in place.
-    unsafe { b.launch(gemm_cfg(h)) }.w()?;
+    unsafe { b.launch(cfg(h, shape)) }.w()?;
     drop(b);
 
     let combine = kernel!(dev, Module::Moe, &format!("moe_combine_{suf}"))?;
@@ -218,4 +233,41 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     Ok(wrap(out, dev, (tokens, h)))
+}
+
+/// Router logits `[tokens, experts]` f32 of bf16 `x` `[tokens, hidden]` against f32 router
+/// weights given as `split` `[experts, 3 · hidden]` bf16 (each row the weights' hi, mid and lo
+/// bf16 parts side by side, `ops::moe::split_router`): one tensor-core GEMM whose products are
+/// exact in f32 and whose sums run in f32 — an f32 matmul's accuracy at bf16 GEMM speed.
+pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
+    const OP: &str = "router_logits";
+    let dev = device(x, OP)?;
+    let x = x.contiguous()?;
+    same_device_dtype(OP, DType::BF16, &x, &[("split", split)])?;
+    let (tokens, h) = x.dims2()?;
+    let (e, three_h) = split.dims2()?;
+    if three_h != 3 * h || h % 64 != 0 || e % 8 != 0 || tokens > i32::MAX as usize {
+        bail!("{OP} (cuda): x {:?} against split router {:?}", x.dims(), split.dims());
+    }
+    if tokens == 0 {
+        return Tensor::zeros((0, e), DType::F32, x.device());
+    }
+    let (xs, xl) = x.storage_and_layout();
+    let (ss, sl) = split.storage_and_layout();
+    let x_v = view::<half::bf16>(&xs, xl, OP, "x", true)?;
+    let s_v = view::<half::bf16>(&ss, sl, OP, "split", true)?;
+    // SAFETY: every (token, expert) is written by the GEMM's epilogue.
+    let mut out = unsafe { dev.alloc::<f32>(tokens * e)? };
+    let func = kernel!(dev, Module::Moe, "moe_gemm_f32out_bm128_bf16")?;
+    let (threads, smem) = gemm_shape(&func, 128)?;
+    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(128) as u32, e.div_ceil(BN) as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+    let null = 0u64;
+    let (n, k, a_cols, rows) = (e as i32, three_h as i32, h as i32, tokens as i32);
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&x_v).arg(&s_v).arg(&null).arg(&null).arg(&null).arg(&null);
+    b.arg(&n).arg(&k).arg(&a_cols).arg(&rows);
+    // SAFETY: argument list matches `moe_gemm_f32out_*`; null tiles cut the one dense matrix.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok(wrap(out, &dev, (tokens, e)))
 }

@@ -13,11 +13,12 @@
 //   cuts every expert's rows into tiles of BM rows for the GEMMs (unused tile slots: expert ~0).
 // moe_gemm_*: out[r] = A[src(r)] · W[e]^T for the rows r of each tile, W [E, N, K] row-major.
 //   bf16/f16 mma.sync m16n8k16 with f32 accumulators fed by ldmatrix from XOR-swizzled shared
-//   tiles, block tiles BM (64 or 128) x 128 x 32, three cp.async stages, warp tiles 64 x 32.
+//   tiles, block tiles BM (64 or 128) x 128 x 64, three cp.async stages, warp tiles 64 x 32.
 //   The SwiGLU variant takes gate and up rows interleaved in chunks of 16 (chunk 2c = gate rows
 //   16c.., chunk 2c+1 = up rows 16c..), so that each warp holds a gate column and its up column
 //   in the same thread, and writes T(T(silu(gate)) * up) [rows, N/2]; the plain variant writes
-//   T(acc) [rows, N].
+//   T(acc) [rows, N]; the f32 variant (the router: one matrix, bf16 x against the f32 router
+//   weights split in three bf16 parts hi + mid + lo, each product exact in f32) writes acc.
 // moe_combine_*: out[t] = T(sum_k w[t,k] * y[pos(t,k)] (+ shared[t])), f32 sums in k order.
 
 #include <cuda_bf16.h>
@@ -178,7 +179,7 @@ __device__ void align_pairs(uint32_t *__restrict__ sorted_src, uint32_t *__restr
     }
 }
 
-constexpr int BN = 128, BK = 32, STAGES = 3;
+constexpr int BN = 128, BK = 64, STAGES = 3, ROW_BYTES = BK * 2;
 
 __device__ __forceinline__ void cp_async16(unsigned smem, const void *gmem, bool valid) {
     const int bytes = valid ? 16 : 0; // 0: the 16 bytes are zero-filled
@@ -207,25 +208,37 @@ template <> __device__ __forceinline__ void mma16816<__half>(float *c, const uin
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Byte offset of 16-byte chunk `c` (of 4) of row `r` in a tile of 64-byte rows (BK = 32 halves):
-// chunks are XOR-swizzled by row so that eight rows' same chunk fall in distinct banks.
-__device__ __forceinline__ unsigned tile_offset(int r, int c) { return r * 64 + ((c ^ ((r >> 1) & 3)) << 4); }
+// Byte offset of 16-byte chunk `c` (of 8) of row `r` in a tile of 128-byte rows: chunks are
+// XOR-swizzled by row so that the same chunk of eight consecutive rows falls in distinct banks.
+__device__ __forceinline__ unsigned tile_offset(int r, int c) { return r * ROW_BYTES + ((c ^ (r & 7)) << 4); }
 
-// grid (max_tiles, ceil(N / BN)); block BM / 64 * 4 warps, each a 64 x 32 warp tile of
-// m16n8k16 MMAs. `src` maps a sorted row to its row of A (null: the sorted row itself). K a
-// multiple of 8; N a multiple of 32 (the SwiGLU variant's gate/up chunk pairs) or of 8.
-template <typename T, int BM, bool SWIGLU>
-__device__ void moe_gemm(T *__restrict__ out, const T *__restrict__ A, const T *__restrict__ W,
+enum Epilogue { SWIGLU, PLAIN, F32_OUT };
+
+// out[r] = A[src(r)] · W[e]^T over the rows r of each tile. grid (tiles, ceil(N / BN)); block
+// BM / 64 * 4 warps, each a 64 x 32 warp tile of m16n8k16 MMAs. Tiles come from moe_align
+// (`tile_expert` / `tile_start` / `expert_end`), or, with `tile_expert` null, cut one matrix of
+// `dense_rows` rows (expert 0). `src` maps a sorted row to its row of A (null: the row itself);
+// column k of the K columns reads A's column k % a_cols (a_cols = K, or K / 3 for the router's
+// three-way split weights). K and a_cols multiples of 64; N a multiple of 32 for SWIGLU, else 8.
+template <typename T, typename O, int BM, Epilogue EPI>
+__device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *__restrict__ W,
                          const uint32_t *__restrict__ src, const uint32_t *__restrict__ tile_expert,
                          const uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ expert_end, int N,
-                         int K) {
+                         int K, int a_cols, int dense_rows) {
     constexpr int WM = BM / 64, THREADS = WM * 4 * 32;
-    constexpr int A_PER = BM * 4 / THREADS, B_PER = BN * 4 / THREADS; // 16-byte chunks per thread
-    constexpr int A_BYTES = BM * 64, STAGE_BYTES = (BM + BN) * 64;
-    const uint32_t e = tile_expert[blockIdx.x];
-    if (e == NONE) return;
-    const int row0 = (int)tile_start[blockIdx.x];
-    const int rows = min(BM, (int)expert_end[e] - row0);
+    constexpr int A_PER = BM * 8 / THREADS, B_PER = BN * 8 / THREADS; // 16-byte chunks per thread
+    constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = (BM + BN) * ROW_BYTES;
+    uint32_t e = 0;
+    int row0, rows;
+    if (tile_expert) {
+        e = tile_expert[blockIdx.x];
+        if (e == NONE) return;
+        row0 = (int)tile_start[blockIdx.x];
+        rows = min(BM, (int)expert_end[e] - row0);
+    } else {
+        row0 = blockIdx.x * BM;
+        rows = min(BM, dense_rows - row0);
+    }
     const int n0 = blockIdx.y * BN;
     const T *We = W + (size_t)e * N * K;
 
@@ -233,41 +246,34 @@ __device__ void moe_gemm(T *__restrict__ out, const T *__restrict__ A, const T *
     const unsigned smem = (unsigned)__cvta_generic_to_shared(gemm_smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = warp / 4, wn = warp % 4;
+    // Every chunk this thread loads is chunk tid % 8 of its row (THREADS is a multiple of 8).
+    const int kc = tid & 7;
 
-    // The rows and chunks this thread loads (fixed over k).
     const T *a_src[A_PER];
     bool a_ok[A_PER];
-    unsigned a_dst[A_PER];
 #pragma unroll
     for (int i = 0; i < A_PER; ++i) {
-        const int c = tid + i * THREADS, r = c / 4, kc = c % 4;
+        const int r = tid / 8 + i * (THREADS / 8);
         a_ok[i] = r < rows;
         const int sorted = row0 + (a_ok[i] ? r : 0);
         const uint32_t s = src ? src[sorted] : (uint32_t)sorted;
-        a_src[i] = A + (size_t)s * K + kc * 8;
-        a_dst[i] = tile_offset(r, kc);
+        a_src[i] = A + (size_t)s * a_cols + kc * 8;
     }
-    const T *b_src[B_PER];
-    bool b_ok[B_PER];
-    unsigned b_dst[B_PER];
-#pragma unroll
-    for (int i = 0; i < B_PER; ++i) {
-        const int c = tid + i * THREADS, r = c / 4, kc = c % 4;
-        b_ok[i] = n0 + r < N;
-        b_src[i] = We + (size_t)(b_ok[i] ? n0 + r : 0) * K + kc * 8;
-        b_dst[i] = A_BYTES + tile_offset(r, kc);
-    }
+    const T *b_src = We + (size_t)(n0 + tid / 8) * K + kc * 8;
     auto load = [&](int stage, int k0) {
         const unsigned base = smem + stage * STAGE_BYTES;
+        const bool k_ok = k0 + kc * 8 < K;
+        const int ka = k0 % a_cols;
 #pragma unroll
         for (int i = 0; i < A_PER; ++i) {
-            const bool ok = a_ok[i] && k0 + ((tid + i * THREADS) % 4) * 8 < K;
-            cp_async16(base + a_dst[i], ok ? a_src[i] + k0 : A, ok);
+            const bool ok = a_ok[i] && k_ok;
+            cp_async16(base + tile_offset(tid / 8 + i * (THREADS / 8), kc), ok ? a_src[i] + ka : A, ok);
         }
 #pragma unroll
         for (int i = 0; i < B_PER; ++i) {
-            const bool ok = b_ok[i] && k0 + ((tid + i * THREADS) % 4) * 8 < K;
-            cp_async16(base + b_dst[i], ok ? b_src[i] + k0 : W, ok);
+            const int r = tid / 8 + i * (THREADS / 8);
+            const bool ok = n0 + r < N && k_ok;
+            cp_async16(base + A_BYTES + tile_offset(r, kc), ok ? b_src + (size_t)i * (THREADS / 8) * K + k0 : W, ok);
         }
     };
 
@@ -293,7 +299,7 @@ __device__ void moe_gemm(T *__restrict__ out, const T *__restrict__ A, const T *
         cp_async_commit();
         const unsigned a_base = smem + (kt % STAGES) * STAGE_BYTES, b_base = a_base + A_BYTES;
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
+        for (int kk = 0; kk < BK / 16; ++kk) {
             uint32_t a[4][4], b[4][2];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -316,15 +322,15 @@ __device__ void moe_gemm(T *__restrict__ out, const T *__restrict__ A, const T *
 
     // Epilogue from registers: fragment v of n8 tile j holds row lane / 4 (+ 8 for v >= 2),
     // columns 2 * (lane % 4) + (v & 1) of the tile.
-    const int out_w = SWIGLU ? N / 2 : N;
+    const int out_w = EPI == SWIGLU ? N / 2 : N;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = wm * 64 + i * 16 + (lane >> 2) + h * 8;
             if (r >= rows) continue;
-            T *orow = out + (size_t)(row0 + r) * out_w;
-            if (SWIGLU) {
+            O *orow = out + (size_t)(row0 + r) * out_w;
+            if constexpr (EPI == SWIGLU) {
                 // The warp's 32 columns are one chunk pair: n8 tiles 0-1 gate, 2-3 the matching up.
                 const int pair = (n0 + wn * 32) / 32;
                 if (pair * 32 >= N) continue;
@@ -346,8 +352,12 @@ __device__ void moe_gemm(T *__restrict__ out, const T *__restrict__ A, const T *
                 for (int j = 0; j < 4; ++j) {
                     const int col = n0 + wn * 32 + j * 8 + (lane & 3) * 2;
                     if (col >= N) continue;
-                    T pr[2] = {from_f<T>(acc[i][j][h * 2]), from_f<T>(acc[i][j][h * 2 + 1])};
-                    *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
+                    if constexpr (EPI == F32_OUT) {
+                        *reinterpret_cast<float2 *>(orow + col) = make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+                    } else {
+                        T pr[2] = {from_f<T>(acc[i][j][h * 2]), from_f<T>(acc[i][j][h * 2 + 1])};
+                        *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
+                    }
                 }
             }
         }
@@ -396,26 +406,25 @@ extern "C" __global__ void moe_align(uint32_t *sorted_src, uint32_t *pos_of_pair
     align_pairs(sorted_src, pos_of_pair, expert_end, tile_expert, tile_start, ids, pairs, K, E, bm, max_tiles);
 }
 
+#define GEMM_ARGS                                                                                              \
+    const uint32_t *src, const uint32_t *te, const uint32_t *ts, const uint32_t *ee, int N, int K, int a_cols,     \
+        int dense_rows
+#define GEMM_PASS src, te, ts, ee, N, K, a_cols, dense_rows
 #define MOE_OPS(T, SUF)                                                                                        \
-    extern "C" __global__ void moe_gemm_swiglu_bm64_##SUF(T *out, const T *A, const T *W, const uint32_t *src,  \
-                                                          const uint32_t *te, const uint32_t *ts,               \
-                                                          const uint32_t *ee, int N, int K) {                   \
-        moe_gemm<T, 64, true>(out, A, W, src, te, ts, ee, N, K);                                                 \
+    extern "C" __global__ void moe_gemm_swiglu_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {          \
+        moe_gemm<T, T, 64, SWIGLU>(out, A, W, GEMM_PASS);                                                       \
     }                                                                                                          \
-    extern "C" __global__ void moe_gemm_swiglu_bm128_##SUF(T *out, const T *A, const T *W, const uint32_t *src, \
-                                                           const uint32_t *te, const uint32_t *ts,              \
-                                                           const uint32_t *ee, int N, int K) {                  \
-        moe_gemm<T, 128, true>(out, A, W, src, te, ts, ee, N, K);                                                 \
+    extern "C" __global__ void moe_gemm_swiglu_bm128_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {         \
+        moe_gemm<T, T, 128, SWIGLU>(out, A, W, GEMM_PASS);                                                      \
     }                                                                                                          \
-    extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, const uint32_t *src,         \
-                                                   const uint32_t *te, const uint32_t *ts, const uint32_t *ee,  \
-                                                   int N, int K) {                                              \
-        moe_gemm<T, 64, false>(out, A, W, src, te, ts, ee, N, K);                                                \
+    extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                 \
+        moe_gemm<T, T, 64, PLAIN>(out, A, W, GEMM_PASS);                                                        \
     }                                                                                                          \
-    extern "C" __global__ void moe_gemm_bm128_##SUF(T *out, const T *A, const T *W, const uint32_t *src,        \
-                                                    const uint32_t *te, const uint32_t *ts, const uint32_t *ee, \
-                                                    int N, int K) {                                             \
-        moe_gemm<T, 128, false>(out, A, W, src, te, ts, ee, N, K);                                                \
+    extern "C" __global__ void moe_gemm_bm128_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                \
+        moe_gemm<T, T, 128, PLAIN>(out, A, W, GEMM_PASS);                                                       \
+    }                                                                                                          \
+    extern "C" __global__ void moe_gemm_f32out_bm128_##SUF(float *out, const T *A, const T *W, GEMM_ARGS) {     \
+        moe_gemm<T, float, 128, F32_OUT>(out, A, W, GEMM_PASS);                                                 \
     }                                                                                                          \
     extern "C" __global__ void moe_combine_##SUF(T *out, const T *y, const float *w, const uint32_t *pos,        \
                                                  const T *shared, int K, int H) {                               \
