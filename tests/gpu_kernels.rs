@@ -1255,7 +1255,8 @@ fn router_logits_from_split_weights_have_f32_accuracy() {
     use ponder::ops::moe::RouterWeights;
     let gpu = Device::new_cuda(0).unwrap();
     let mut rng = StdRng::seed_from_u64(0x5917);
-    for (tokens, e, h) in [(1usize, 256usize, 2048usize), (300, 256, 2048), (129, 128, 512), (8, 64, 4096)] {
+    // From 2048 tokens the split-weight kernel runs (below, the f32 matmul).
+    for (tokens, e, h) in [(1usize, 256usize, 2048usize), (2048, 256, 2048), (2177, 128, 512), (2049, 64, 4096)] {
         let w = rand_tensor(&mut rng, &[e, h], -0.1, 0.1, DType::F32);
         let x = rand_tensor(&mut rng, &[tokens, h], -3.0, 3.0, DType::BF16);
         let want = RouterWeights::new(w.clone()).unwrap().logits(&x).unwrap().to_vec2::<f32>().unwrap();
@@ -1266,8 +1267,9 @@ fn router_logits_from_split_weights_have_f32_accuracy() {
         for (t, (g, w)) in got.iter().zip(&want).enumerate() {
             let scale = w.iter().map(|v| v.abs()).fold(0f32, f32::max).max(1e-6);
             let worst = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale;
-            // f32 summation-order noise is ~1e-6 of the largest logit here; bf16 weights would be ~4e-3.
-            assert!(worst <= 1e-5, "{tokens}x{h} -> {e}, token {t}: split-weight logits off by {worst:e} of the row's largest");
+            // f32 summation-order noise reaches ~1e-5 of the largest logit here (2048-4096 terms);
+            // bf16 weights would be ~4e-3.
+            assert!(worst <= 5e-5, "{tokens}x{h} -> {e}, token {t}: split-weight logits off by {worst:e} of the row's largest");
         }
     }
 }

@@ -139,7 +139,8 @@ const STAGES: usize = 3;
 fn gemm_shape(func: &CudaFunction, bm: usize) -> Result<(u32, u32)> {
     let smem = STAGES * (bm + BN) * ROW_BYTES;
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-    Ok(((bm / 64 * 4 * 32) as u32, smem as u32))
+    // Four warps at either height: 64 x 32 warp tiles at 64 rows, 64 x 64 at 128.
+    Ok((128, smem as u32))
 }
 
 fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &ExpertArgs) -> Result<Tensor> {
@@ -159,7 +160,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let w_v = view::<f32>(&ws, wl, OP, "weights", false)?;
     let gu_v = view::<T>(&gs, gl, OP, "gate_up", true)?;
     let down_v = view::<T>(&ds, dl, OP, "down", true)?;
-    // SAFETY: moe_align writes every sorted slot of a routed pair, every pair's position, every
+    // SAFETY: the grouping kernels write every sorted slot of a routed pair, every pair's position, every
     // expert's end and every tile slot; the GEMMs write every row a tile covers; the combine
     // writes every output element. Nothing reads what was not written.
     let mut sorted_src = unsafe { dev.alloc::<u32>(pairs)? };
@@ -171,15 +172,30 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let mut y = unsafe { dev.alloc::<T>(pairs * h)? };
     let mut out = unsafe { dev.alloc::<T>(tokens * h)? };
 
-    let align = kernel!(dev, Module::Moe, "moe_align")?;
-    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: (2 * e * 4) as u32 };
-    let ints = [pairs, k, e, bm, max_tiles].map(|v| v as i32);
-    let mut b = align.builder();
-    b.arg(&mut sorted_src).arg(&mut pos_of_pair).arg(&mut expert_end).arg(&mut tile_expert).arg(&mut tile_start).arg(&ids_v);
-    for v in &ints {
-        b.arg(v);
-    }
-    // SAFETY: argument list matches `moe_align` in moe.cu.
+    // Grouping: count per expert, lay the experts out and cut tiles, place every pair.
+    let mut counts = dev.alloc_zeros::<u32>(e)?;
+    let mut cursor = unsafe { dev.alloc::<u32>(e)? };
+    let (p, ki, ei, bmi, mt) = (pairs as i32, k as i32, e as i32, bm as i32, max_tiles as i32);
+    let blocks = pairs.div_ceil(1024) as u32;
+    let count = kernel!(dev, Module::Moe, "moe_count")?;
+    let mut b = count.builder();
+    b.arg(&mut counts).arg(&ids_v).arg(&p).arg(&ei);
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: (e * 4) as u32 };
+    // SAFETY: argument list matches `moe_count` in moe.cu; counts were zeroed.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    let offsets = kernel!(dev, Module::Moe, "moe_offsets")?;
+    let mut b = offsets.builder();
+    b.arg(&mut cursor).arg(&mut expert_end).arg(&mut tile_expert).arg(&mut tile_start).arg(&counts).arg(&ei).arg(&bmi).arg(&mt);
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: (2 * e * 4) as u32 };
+    // SAFETY: argument list matches `moe_offsets` in moe.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    let scatter = kernel!(dev, Module::Moe, "moe_scatter")?;
+    let mut b = scatter.builder();
+    b.arg(&mut sorted_src).arg(&mut pos_of_pair).arg(&mut cursor).arg(&ids_v).arg(&p).arg(&ki).arg(&ei);
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: argument list matches `moe_scatter` in moe.cu; cursors start at each expert's rows.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
 

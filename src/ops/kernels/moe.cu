@@ -8,12 +8,14 @@
 //   scores, ties to the lower index), top-k by biased score (ties to the lower index), weights =
 //   unbiased scores, optionally divided by their sum, times a scale. Writes ids [T, K] u32 and
 //   weights [T, K] f32.
-// moe_align: one block. Counts the (token, k) pairs per expert, lays them out expert by expert
-//   (sorted position of each pair, the source row token = pair / K of each sorted position) and
-//   cuts every expert's rows into tiles of BM rows for the GEMMs (unused tile slots: expert ~0).
+// moe_count, moe_offsets, moe_scatter: count the (token, k) pairs per expert, lay them out
+//   expert by expert (sorted position of each pair, the source row token = pair / K of each
+//   sorted position) and cut every expert's rows into tiles of BM rows for the GEMMs (unused tile
+//   slots: expert ~0).
 // moe_gemm_*: out[r] = A[src(r)] · W[e]^T for the rows r of each tile, W [E, N, K] row-major.
 //   bf16/f16 mma.sync m16n8k16 with f32 accumulators fed by ldmatrix from XOR-swizzled shared
-//   tiles, block tiles BM (64 or 128) x 128 x 64, three cp.async stages, warp tiles 64 x 32.
+//   tiles, block tiles BM x 128 x 64, three cp.async stages, four warps (64 x 32 warp tiles at
+//   BM 64, 64 x 64 at BM 128).
 //   The SwiGLU variant takes gate and up rows interleaved in chunks of 16 (chunk 2c = gate rows
 //   16c.., chunk 2c+1 = up rows 16c..), so that each warp holds a gate column and its up column
 //   in the same thread, and writes T(T(silu(gate)) * up) [rows, N/2]; the plain variant writes
@@ -139,44 +141,67 @@ __device__ void route_tokens(uint32_t *__restrict__ ids, float *__restrict__ wei
     }
 }
 
-// One block; dynamic shared memory: 2 * E u32 (counts, then cursors).
-__device__ void align_pairs(uint32_t *__restrict__ sorted_src, uint32_t *__restrict__ pos_of_pair,
-                          uint32_t *__restrict__ expert_end, uint32_t *__restrict__ tile_expert,
-                          uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ ids, int pairs, int K,
-                          int E, int bm, int max_tiles) {
-    extern __shared__ uint32_t align_smem[];
-    uint32_t *count = align_smem, *cursor = align_smem + E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+// Grouping by expert, in three launches (one block could not keep up at 65k pairs: 0.16 ms).
+// moe_count: grid ceil(pairs / blockDim); shared memory E u32. Adds each block's histogram of
+// the pairs' experts into `counts` [E] (zeroed by the caller).
+__device__ void count_pairs(uint32_t *__restrict__ counts, const uint32_t *__restrict__ ids, int pairs, int E) {
+    extern __shared__ uint32_t hist[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
     __syncthreads();
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-        const uint32_t e = ids[p];
-        if (e < (uint32_t)E) atomicAdd(&count[e], 1u);
-    }
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p < pairs && ids[p] < (uint32_t)E) atomicAdd(&hist[ids[p]], 1u);
     __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (hist[e]) atomicAdd(&counts[e], hist[e]);
+}
+
+// moe_offsets: one block; shared memory 2 * E u32. Lays the experts' rows out one after the
+// other (`cursor` = each expert's first sorted row, `expert_end` = one past its last) and cuts
+// every expert's rows into tiles of `bm` (unused tile slots: expert NONE).
+__device__ void expert_offsets(uint32_t *__restrict__ cursor, uint32_t *__restrict__ expert_end,
+                               uint32_t *__restrict__ tile_expert, uint32_t *__restrict__ tile_start,
+                               const uint32_t *__restrict__ counts, int E, int bm, int max_tiles) {
+    extern __shared__ uint32_t offs[];
+    uint32_t *start = offs, *first_tile = offs + E;
+    __shared__ uint32_t total_tiles;
     if (threadIdx.x == 0) {
-        uint32_t start = 0, tile = 0;
+        uint32_t row = 0, tile = 0;
         for (int e = 0; e < E; ++e) {
-            cursor[e] = start;
-            for (uint32_t r = 0; r < count[e] && tile < (uint32_t)max_tiles; r += bm, ++tile) {
-                tile_expert[tile] = e;
-                tile_start[tile] = start + r;
-            }
-            start += count[e];
-            expert_end[e] = start;
+            start[e] = row;
+            first_tile[e] = tile;
+            row += counts[e];
+            tile += (counts[e] + bm - 1) / bm;
         }
-        for (; tile < (uint32_t)max_tiles; ++tile) tile_expert[tile] = NONE;
+        total_tiles = min(tile, (uint32_t)max_tiles);
     }
     __syncthreads();
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-        const uint32_t e = ids[p];
-        if (e >= (uint32_t)E) {
-            pos_of_pair[p] = NONE;
-            continue;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        cursor[e] = start[e];
+        expert_end[e] = start[e] + counts[e];
+        for (uint32_t r = 0, t = first_tile[e]; r < counts[e] && t < (uint32_t)max_tiles; r += bm, ++t) {
+            tile_expert[t] = e;
+            tile_start[t] = start[e] + r;
         }
-        const uint32_t slot = atomicAdd(&cursor[e], 1u);
-        sorted_src[slot] = (uint32_t)(p / K);
-        pos_of_pair[p] = slot;
     }
+    for (int t = total_tiles + threadIdx.x; t < max_tiles; t += blockDim.x) tile_expert[t] = NONE;
+}
+
+// moe_scatter: grid ceil(pairs / blockDim). Places each pair at the next free row of its expert
+// (the order within an expert is the atomics' order; no output depends on it: each row's
+// products and sums are its own) and records the token the row reads.
+__device__ void scatter_pairs(uint32_t *__restrict__ sorted_src, uint32_t *__restrict__ pos_of_pair,
+                              uint32_t *__restrict__ cursor, const uint32_t *__restrict__ ids, int pairs, int K,
+                              int E) {
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= pairs) return;
+    const uint32_t e = ids[p];
+    if (e >= (uint32_t)E) {
+        pos_of_pair[p] = NONE;
+        return;
+    }
+    const uint32_t slot = atomicAdd(&cursor[e], 1u);
+    sorted_src[slot] = (uint32_t)(p / K);
+    pos_of_pair[p] = slot;
 }
 
 constexpr int BN = 128, BK = 64, STAGES = 3, ROW_BYTES = BK * 2;
@@ -215,17 +240,17 @@ __device__ __forceinline__ unsigned tile_offset(int r, int c) { return r * ROW_B
 enum Epilogue { SWIGLU, PLAIN, F32_OUT };
 
 // out[r] = A[src(r)] · W[e]^T over the rows r of each tile. grid (tiles, ceil(N / BN)); block
-// BM / 64 * 4 warps, each a 64 x 32 warp tile of m16n8k16 MMAs. Tiles come from moe_align
+// BM / 64 * BN / WTN warps, each a 64 x WTN warp tile of m16n8k16 MMAs. Tiles come from moe_offsets
 // (`tile_expert` / `tile_start` / `expert_end`), or, with `tile_expert` null, cut one matrix of
 // `dense_rows` rows (expert 0). `src` maps a sorted row to its row of A (null: the row itself);
 // column k of the K columns reads A's column k % a_cols (a_cols = K, or K / 3 for the router's
 // three-way split weights). K and a_cols multiples of 64; N a multiple of 32 for SWIGLU, else 8.
-template <typename T, typename O, int BM, Epilogue EPI>
+template <typename T, typename O, int BM, int WTN, Epilogue EPI>
 __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *__restrict__ W,
                          const uint32_t *__restrict__ src, const uint32_t *__restrict__ tile_expert,
                          const uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ expert_end, int N,
                          int K, int a_cols, int dense_rows) {
-    constexpr int WM = BM / 64, THREADS = WM * 4 * 32;
+    constexpr int WM = BM / 64, WN = BN / WTN, THREADS = WM * WN * 32, NT = WTN / 8; // NT n8 tiles per warp
     constexpr int A_PER = BM * 8 / THREADS, B_PER = BN * 8 / THREADS; // 16-byte chunks per thread
     constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = (BM + BN) * ROW_BYTES;
     uint32_t e = 0;
@@ -245,7 +270,7 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     const unsigned smem = (unsigned)__cvta_generic_to_shared(gemm_smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int wm = warp / 4, wn = warp % 4;
+    const int wm = warp / WN, wn = warp % WN;
     // Every chunk this thread loads is chunk tid % 8 of its row (THREADS is a multiple of 8).
     const int kc = tid & 7;
 
@@ -277,11 +302,11 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
         }
     };
 
-    float acc[4][4][4]; // [m16 tile][n8 tile][fragment]
+    float acc[4][NT][4]; // [m16 tile][n8 tile][fragment]
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
             for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 
@@ -300,22 +325,22 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
         const unsigned a_base = smem + (kt % STAGES) * STAGE_BYTES, b_base = a_base + A_BYTES;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-            uint32_t a[4][4], b[4][2];
+            uint32_t a[4][4], b[NT][2];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int r = wm * 64 + i * 16 + (lane & 15);
                 ldmatrix_x4(a_base + tile_offset(r, kk * 2 + (lane >> 4)), a[i][0], a[i][1], a[i][2], a[i][3]);
             }
 #pragma unroll
-            for (int p = 0; p < 2; ++p) {
-                const int r = wn * 32 + p * 16 + (lane & 7) + ((lane >> 4) << 3);
+            for (int p = 0; p < NT / 2; ++p) {
+                const int r = wn * WTN + p * 16 + (lane & 7) + ((lane >> 4) << 3);
                 ldmatrix_x4(b_base + tile_offset(r, kk * 2 + ((lane >> 3) & 1)), b[2 * p][0], b[2 * p][1], b[2 * p + 1][0],
                             b[2 * p + 1][1]);
             }
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) mma16816<T>(acc[i][j], a[i], b[j]);
+                for (int j = 0; j < NT; ++j) mma16816<T>(acc[i][j], a[i], b[j]);
         }
     }
     cp_async_wait<0>();
@@ -331,26 +356,30 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
             if (r >= rows) continue;
             O *orow = out + (size_t)(row0 + r) * out_w;
             if constexpr (EPI == SWIGLU) {
-                // The warp's 32 columns are one chunk pair: n8 tiles 0-1 gate, 2-3 the matching up.
-                const int pair = (n0 + wn * 32) / 32;
-                if (pair * 32 >= N) continue;
+                // Each 32 columns of the warp are one chunk pair: n8 tiles 0-1 gate, 2-3 the
+                // matching up.
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    float o[2];
+                for (int q = 0; q < WTN / 32; ++q) {
+                    const int pair = (n0 + wn * WTN + q * 32) / 32;
+                    if (pair * 32 >= N) continue;
 #pragma unroll
-                    for (int v = 0; v < 2; ++v) {
-                        const float g = round_t<T>(acc[i][j][h * 2 + v]);
-                        const float u = round_t<T>(acc[i][j + 2][h * 2 + v]);
-                        o[v] = round_t<T>(g / (1.f + expf(-g))) * u;
+                    for (int j = 0; j < 2; ++j) {
+                        float o[2];
+#pragma unroll
+                        for (int v = 0; v < 2; ++v) {
+                            const float g = round_t<T>(acc[i][q * 4 + j][h * 2 + v]);
+                            const float u = round_t<T>(acc[i][q * 4 + j + 2][h * 2 + v]);
+                            o[v] = round_t<T>(g / (1.f + expf(-g))) * u;
+                        }
+                        const int col = pair * 16 + j * 8 + (lane & 3) * 2;
+                        T pr[2] = {from_f<T>(o[0]), from_f<T>(o[1])};
+                        *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
                     }
-                    const int col = pair * 16 + j * 8 + (lane & 3) * 2;
-                    T pr[2] = {from_f<T>(o[0]), from_f<T>(o[1])};
-                    *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
                 }
             } else {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int col = n0 + wn * 32 + j * 8 + (lane & 3) * 2;
+                for (int j = 0; j < NT; ++j) {
+                    const int col = n0 + wn * WTN + j * 8 + (lane & 3) * 2;
                     if (col >= N) continue;
                     if constexpr (EPI == F32_OUT) {
                         *reinterpret_cast<float2 *>(orow + col) = make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
@@ -400,10 +429,18 @@ extern "C" __global__ void moe_route(uint32_t *ids, float *weights, const float 
     route_tokens(ids, weights, logits, bias, tokens, E, K, G, KG, softmax, norm_topk, scale);
 }
 
-extern "C" __global__ void moe_align(uint32_t *sorted_src, uint32_t *pos_of_pair, uint32_t *expert_end,
-                                     uint32_t *tile_expert, uint32_t *tile_start, const uint32_t *ids, int pairs,
-                                     int K, int E, int bm, int max_tiles) {
-    align_pairs(sorted_src, pos_of_pair, expert_end, tile_expert, tile_start, ids, pairs, K, E, bm, max_tiles);
+extern "C" __global__ void moe_count(uint32_t *counts, const uint32_t *ids, int pairs, int E) {
+    count_pairs(counts, ids, pairs, E);
+}
+
+extern "C" __global__ void moe_offsets(uint32_t *cursor, uint32_t *expert_end, uint32_t *tile_expert,
+                                       uint32_t *tile_start, const uint32_t *counts, int E, int bm, int max_tiles) {
+    expert_offsets(cursor, expert_end, tile_expert, tile_start, counts, E, bm, max_tiles);
+}
+
+extern "C" __global__ void moe_scatter(uint32_t *sorted_src, uint32_t *pos_of_pair, uint32_t *cursor,
+                                       const uint32_t *ids, int pairs, int K, int E) {
+    scatter_pairs(sorted_src, pos_of_pair, cursor, ids, pairs, K, E);
 }
 
 #define GEMM_ARGS                                                                                              \
@@ -412,19 +449,19 @@ extern "C" __global__ void moe_align(uint32_t *sorted_src, uint32_t *pos_of_pair
 #define GEMM_PASS src, te, ts, ee, N, K, a_cols, dense_rows
 #define MOE_OPS(T, SUF)                                                                                        \
     extern "C" __global__ void moe_gemm_swiglu_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {          \
-        moe_gemm<T, T, 64, SWIGLU>(out, A, W, GEMM_PASS);                                                       \
+        moe_gemm<T, T, 64, 32, SWIGLU>(out, A, W, GEMM_PASS);                                                       \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_swiglu_bm128_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {         \
-        moe_gemm<T, T, 128, SWIGLU>(out, A, W, GEMM_PASS);                                                      \
+        moe_gemm<T, T, 128, 64, SWIGLU>(out, A, W, GEMM_PASS);                                                      \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                 \
-        moe_gemm<T, T, 64, PLAIN>(out, A, W, GEMM_PASS);                                                        \
+        moe_gemm<T, T, 64, 32, PLAIN>(out, A, W, GEMM_PASS);                                                        \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm128_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                \
-        moe_gemm<T, T, 128, PLAIN>(out, A, W, GEMM_PASS);                                                       \
+        moe_gemm<T, T, 128, 64, PLAIN>(out, A, W, GEMM_PASS);                                                       \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_f32out_bm128_##SUF(float *out, const T *A, const T *W, GEMM_ARGS) {     \
-        moe_gemm<T, float, 128, F32_OUT>(out, A, W, GEMM_PASS);                                                 \
+        moe_gemm<T, float, 128, 64, F32_OUT>(out, A, W, GEMM_PASS);                                                 \
     }                                                                                                          \
     extern "C" __global__ void moe_combine_##SUF(T *out, const T *y, const float *w, const uint32_t *pos,        \
                                                  const T *shared, int K, int H) {                               \
