@@ -404,6 +404,25 @@ def focus(name="focus.json"):
     print()
 
 
+def llada2(name="llada2.json"):
+    """LLaDA2.0-mini: every mode's tokens/s, its fraction of the compute bound, FOCUS's ratios."""
+    d = json.loads((bench / name).read_text())
+    print(f"<!-- {name}: {d['gpu']}, commit {d['commit']} -->")
+    print(f"*{d['gpu']}, commit `{d['commit']}`: `{d['command']}`.*")
+    print()
+    by = {(r["batch"], r["mode"]): r for r in d["results"]}
+    print("| batch B | baseline tok/s (of compute bound) | baseline-delayed tok/s (of bound) | FOCUS tok/s | FOCUS × over baseline | FOCUS × over delayed "
+          "| positions run per request-step: baseline / delayed / FOCUS layers 0–1 → kept | launch ms: baseline / delayed / FOCUS |")
+    print("|---|---|---|---|---|---|---|---|")
+    for b in sorted({r["batch"] for r in d["results"]}):
+        base, dl, fo = by[(b, "baseline")], by[(b, "baseline-delayed")], by[(b, "focus")]
+        frac = lambda r: f"{r['tokens_per_s']:.0f} ({100 * r['fraction_of_compute_bound']:.1f} %)"
+        print(f"| {b} | {frac(base)} | {frac(dl)} | **{fo['tokens_per_s']:.0f}** | {fo['speedup_vs_baseline']:.2f}× | **{fo['speedup_vs_delayed']:.2f}×** "
+              f"| {base['tokens_per_step']:.0f} / {dl['tokens_per_step']:.1f} / {fo['tokens_per_step']:.1f} → {fo['kept_per_step']:.1f} "
+              f"| {base['launch_ms']:.1f} / {dl['launch_ms']:.1f} / {fo['launch_ms']:.1f} |")
+    print()
+
+
 def memory_table(name):
     """Peak device memory per row, for runs that recorded it (bench_* after 2026-11-29g)."""
     d = json.loads((bench / name).read_text())
@@ -426,6 +445,8 @@ if __name__ == "__main__":
             diffusion(name)
         elif name.startswith("focus"):
             focus(name)
+        elif name.startswith("llada2"):
+            llada2(name)
         else:
             (cb if name.startswith("looped_cb") else cdb)(name)
         print()

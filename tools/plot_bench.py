@@ -269,6 +269,38 @@ def plot_focus(path):
     save(fig, path)
 
 
+def plot_llada2(path):
+    """LLaDA2.0-mini. Left: tokens/s by batch per mode with the baseline's compute bound. Right:
+    FOCUS's speed-up over both baselines (criteria: > 1 over the delayed cache at every batch,
+    >= 1.5 over the baseline at 256) and the baseline's fraction of its compute bound."""
+    doc = json.loads(path.read_text())
+    rows = doc["results"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.5, 4.2))
+    colors = {"baseline": "tab:blue", "baseline-delayed": "tab:red", "focus": "tab:purple"}
+    batches = sorted({r["batch"] for r in rows})
+    for mode, c in colors.items():
+        pts = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["batch"])
+        ax.plot([r["batch"] for r in pts], [r["tokens_per_s"] for r in pts], "o-", color=c, label=f"ponder {mode}")
+    base = sorted((r for r in rows if r["mode"] == "baseline"), key=lambda r: r["batch"])
+    ax.plot([r["batch"] for r in base], [r["compute_bound_tokens_per_s"] for r in base], "k--", label="baseline's compute bound")
+    ax.set_xscale("log", base=2); ax.set_yscale("log"); ax.set_xticks(batches)
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("batch B"); ax.set_ylabel("generated tokens/s")
+    ax.legend(fontsize=7, loc="upper left"); ax.grid(True, which="both", alpha=0.3)
+    fo = sorted((r for r in rows if r["mode"] == "focus"), key=lambda r: r["batch"])
+    bx.plot([r["batch"] for r in fo], [r["speedup_vs_baseline"] for r in fo], "o-", color="tab:blue", label="FOCUS ÷ baseline")
+    bx.plot([r["batch"] for r in fo], [r["speedup_vs_delayed"] for r in fo], "o-", color="tab:red", label="FOCUS ÷ baseline-delayed")
+    bx.plot([r["batch"] for r in base], [2 * r["fraction_of_compute_bound"] for r in base], "s:", color="k", label="baseline's fraction of its bound × 2 (1 = 50 %)")
+    bx.axhline(1.0, color="gray", lw=0.8); bx.axhline(1.5, color="tab:blue", ls="--", lw=0.8)
+    bx.set_xscale("log", base=2); bx.set_xticks(batches)
+    bx.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    bx.set_ylim(0, 2.2); bx.set_xlabel("batch B"); bx.set_ylabel("ratio")
+    bx.legend(fontsize=7, loc="lower right"); bx.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"{doc['model']} — {doc['gpu']}, commit {doc['commit']}", fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
+
 def plot(path):
     stem = path.stem
     if stem.startswith("looped_cb"):
@@ -284,6 +316,8 @@ def plot(path):
         plot_diffusion(path)
     elif stem.startswith("focus"):
         plot_focus(path)
+    elif stem.startswith("llada2"):
+        plot_llada2(path)
 
 
 if __name__ == "__main__":
