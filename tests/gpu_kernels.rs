@@ -1364,3 +1364,70 @@ fn moe_timing() {
         println!("moe {tokens:5} tokens: router {router_ms:.3} ms (f32 matmul {sgemm_ms:.3} ms) · route {route_ms:.3} ms · experts {experts_ms:.3} ms ({tflops:.0} TFLOP/s)");
     }
 }
+
+// Skinny decode GEMMs (`ponder::ops::linear`): the kernel against candle's matmul on the CPU.
+
+#[test]
+fn skinny_linear_matches_the_matmul() {
+    use candle_nn::Linear;
+    let gpu = Device::new_cuda(0).unwrap();
+    let mut rng = StdRng::seed_from_u64(0x5c1e);
+    // Ouro-1.4B's decode shapes (QKV, o_proj, gate/up, down, a vocab-sized head) and odd ones:
+    // one row, rows that fill no tile, N not a multiple of the 128-row tile, K sliced unevenly.
+    let shapes = [(6144, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (49152, 2048), (1000, 1048), (72, 4104)];
+    for dtype in [DType::BF16, DType::F16] {
+        for (n, k) in shapes {
+            for rows in [1usize, 16, 37, 64] {
+                let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
+                let w = rand_tensor(&mut rng, &[n, k], -1.0 / (k as f32).sqrt(), 1.0 / (k as f32).sqrt(), dtype);
+                let want = f32_cpu(&x).matmul(&f32_cpu(&w).t().unwrap()).unwrap();
+                let layer = Linear::new(w.to_device(&gpu).unwrap(), None);
+                let got = ponder::ops::linear(&x.to_device(&gpu).unwrap(), &layer).unwrap();
+                assert_eq!(got.dims(), [rows, n]);
+                let (g, w) = (f32_cpu(&got).flatten_all().unwrap().to_vec1::<f32>().unwrap(), want.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+                let norm = w.iter().map(|v| v * v).sum::<f32>().sqrt();
+                let err = g.iter().zip(&w).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt() / norm;
+                assert!(err <= 1e-2, "{dtype:?} {rows}x{k} · {n}x{k}^T: relative error {err:e}");
+            }
+        }
+    }
+}
+
+/// Device time of Ouro-1.4B's decode GEMMs at 16 and 64 rows: the skinny kernel against
+/// candle's matmul (cuBLAS), with the weight bytes each streams per second.
+#[test]
+#[ignore]
+fn skinny_linear_timing() {
+    use candle_nn::{Linear, Module};
+    let gpu = Device::new_cuda(0).unwrap();
+    let time = |f: &mut dyn FnMut()| {
+        f();
+        gpu.synchronize().unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..50 {
+            f();
+        }
+        gpu.synchronize().unwrap();
+        t.elapsed().as_secs_f64() * 1e3 / 50.0
+    };
+    for (name, n, k) in [("qkv", 6144, 2048), ("o_proj", 2048, 2048), ("gate_up", 11264, 2048), ("down", 2048, 5632), ("lm_head", 49152, 2048)] {
+        let w = Tensor::randn(0f32, 0.02, (n, k), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
+        let layer = Linear::new(w, None);
+        for rows in [16usize, 64] {
+            let x = Tensor::randn(0f32, 1.0, (rows, k), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
+            let ours = time(&mut || {
+                ponder::ops::linear(&x, &layer).unwrap();
+            });
+            let cublas = time(&mut || {
+                layer.forward(&x).unwrap();
+            });
+            let gb = (n * k * 2) as f64 / 1e9;
+            println!(
+                "skinny {name:8} {rows:3} rows: ours {ours:.4} ms ({:.0} GB/s) · cuBLAS {cublas:.4} ms ({:.0} GB/s) · {:.2}x",
+                gb / ours * 1e3,
+                gb / cublas * 1e3,
+                cublas / ours
+            );
+        }
+    }
+}
