@@ -6,13 +6,11 @@ mod attention;
 mod focus;
 mod fused;
 mod launch;
-mod linear;
 mod moe;
 mod rows;
 
 pub use attention::paged_attention;
 pub use focus::focus_importance;
 pub use fused::{add_rms_norm, qkv_norm_rope_write, qkv_rope_write, silu_mul};
-pub use linear::{linear_skinny, MAX_ROWS as SKINNY_MAX_ROWS};
 pub use moe::{moe_experts, moe_route, router_logits};
 pub use rows::{compact_rows, greedy_confidence, scatter_rows};
