@@ -1255,8 +1255,8 @@ fn router_logits_from_split_weights_have_f32_accuracy() {
     use ponder::ops::moe::RouterWeights;
     let gpu = Device::new_cuda(0).unwrap();
     let mut rng = StdRng::seed_from_u64(0x5917);
-    // From 2048 tokens the split-weight kernel runs (below, the f32 matmul).
-    for (tokens, e, h) in [(1usize, 256usize, 2048usize), (2048, 256, 2048), (2177, 128, 512), (2049, 64, 4096)] {
+    // One token (many k slices), a few hundred (some), thousands (one or two), odd widths.
+    for (tokens, e, h) in [(1usize, 256usize, 2048usize), (300, 256, 2048), (2177, 128, 512), (2049, 64, 4096), (37, 8, 128)] {
         let w = rand_tensor(&mut rng, &[e, h], -0.1, 0.1, DType::F32);
         let x = rand_tensor(&mut rng, &[tokens, h], -3.0, 3.0, DType::BF16);
         let want = RouterWeights::new(w.clone()).unwrap().logits(&x).unwrap().to_vec2::<f32>().unwrap();

@@ -188,11 +188,8 @@ impl RouterWeights {
 
     /// The f32 logits `[tokens, experts]` of `x` `[tokens, hidden]`.
     pub fn logits(&self, x: &Tensor) -> Result<Tensor> {
-        // Below ~2k tokens the kernel's few 128-row tiles run a 3 × hidden deep loop on a handful
-        // of SMs, and the f32 matmul is faster (H200: 0.082 against 0.061 ms at 1024 tokens,
-        // 0.085 against 0.358 ms at 8192).
         #[cfg(feature = "cuda")]
-        if let Some(split) = self.split.as_ref().filter(|_| x.device().is_cuda() && x.dtype() == DType::BF16 && x.dim(0).is_ok_and(|t| t >= 2048)) {
+        if let Some(split) = self.split.as_ref().filter(|_| x.device().is_cuda() && x.dtype() == DType::BF16) {
             return super::cuda::router_logits(x, split);
         }
         self.logits_reference(x)

@@ -4,7 +4,7 @@
 
 use super::launch::{device, kernel, same_device_dtype, view, wrap, Module};
 use crate::ops::moe::{RouterArch, Scoring, StackedExperts};
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+use candle_core::cuda_backend::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -128,10 +128,11 @@ struct ExpertArgs<'a> {
     k: usize,
 }
 
-/// Columns of one GEMM block tile, shared-memory bytes per tile row (`BK` = 64 halves) and
-/// pipeline stages (kernel constants `BN`, `ROW_BYTES`, `STAGES`).
+/// Columns of one GEMM block tile, its depth, shared-memory bytes per tile row and pipeline
+/// stages (kernel constants `BN`, `BK`, `ROW_BYTES`, `STAGES`).
 const BN: usize = 128;
-const ROW_BYTES: usize = 128;
+const BK: usize = 64;
+const ROW_BYTES: usize = 2 * BK;
 const STAGES: usize = 3;
 
 /// Launch shape of a grouped GEMM with `bm`-row tiles: threads, and dynamic shared memory (over
@@ -272,18 +273,43 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     let (ss, sl) = split.storage_and_layout();
     let x_v = view::<half::bf16>(&xs, xl, OP, "x", true)?;
     let s_v = view::<half::bf16>(&ss, sl, OP, "split", true)?;
-    // SAFETY: every (token, expert) is written by the GEMM's epilogue.
+    // 64-row tiles, and slices of the 3 × hidden deep k loop until there are about three blocks
+    // per SM (a few hundred tokens make only a few tiles); slices of at least 8 k tiles.
+    let sms = dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize;
+    let tiles = tokens.div_ceil(64) * e.div_ceil(BN);
+    let slices = (3 * sms).div_ceil(tiles).clamp(1, (three_h / (8 * BK)).max(1));
+    let k_chunk = three_h.div_ceil(slices).div_ceil(BK) * BK;
+    let slices = three_h.div_ceil(k_chunk);
+    // SAFETY: every (slice, token, expert) is written by the GEMM's epilogue, and the sum writes
+    // every (token, expert).
     let mut out = unsafe { dev.alloc::<f32>(tokens * e)? };
-    let func = kernel!(dev, Module::Moe, "moe_gemm_f32out_bm128_bf16")?;
-    let (threads, smem) = gemm_shape(&func, 128)?;
-    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(128) as u32, e.div_ceil(BN) as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+    let mut parts = if slices > 1 { Some(unsafe { dev.alloc::<f32>(slices * tokens * e)? }) } else { None };
+    let func = kernel!(dev, Module::Moe, "moe_gemm_f32out_bm64_bf16")?;
+    let (threads, smem) = gemm_shape(&func, 64)?;
+    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(64) as u32, e.div_ceil(BN) as u32, slices as u32), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
     let null = 0u64;
-    let (n, k, a_cols, rows) = (e as i32, three_h as i32, h as i32, tokens as i32);
+    let (n, k, a_cols, rows, chunk) = (e as i32, three_h as i32, h as i32, tokens as i32, k_chunk as i32);
     let mut b = func.builder();
-    b.arg(&mut out).arg(&x_v).arg(&s_v).arg(&null).arg(&null).arg(&null).arg(&null);
-    b.arg(&n).arg(&k).arg(&a_cols).arg(&rows);
-    // SAFETY: argument list matches `moe_gemm_f32out_*`; null tiles cut the one dense matrix.
+    match &mut parts {
+        Some(p) => b.arg(p),
+        None => b.arg(&mut out),
+    };
+    b.arg(&x_v).arg(&s_v).arg(&null).arg(&null).arg(&null).arg(&null);
+    b.arg(&n).arg(&k).arg(&a_cols).arg(&rows).arg(&chunk);
+    // SAFETY: argument list matches `moe_gemm_f32out_*`; null tiles cut the one dense matrix,
+    // slice z writing rows [z * tokens, (z + 1) * tokens) of parts.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
+    if let Some(parts) = &parts {
+        let total = (tokens * e) as i64;
+        let si = slices as i32;
+        let sum = kernel!(dev, Module::Moe, "moe_sum_slices")?;
+        let cfg = LaunchConfig { grid_dim: ((tokens * e / 4).div_ceil(256) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let mut b = sum.builder();
+        b.arg(&mut out).arg(parts).arg(&si).arg(&total);
+        // SAFETY: argument list matches `moe_sum_slices`; tokens * e is a multiple of 4 (e % 8 == 0).
+        unsafe { b.launch(cfg) }.w()?;
+        drop(b);
+    }
     Ok(wrap(out, &dev, (tokens, e)))
 }

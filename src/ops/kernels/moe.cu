@@ -244,12 +244,15 @@ enum Epilogue { SWIGLU, PLAIN, F32_OUT };
 // (`tile_expert` / `tile_start` / `expert_end`), or, with `tile_expert` null, cut one matrix of
 // `dense_rows` rows (expert 0). `src` maps a sorted row to its row of A (null: the row itself);
 // column k of the K columns reads A's column k % a_cols (a_cols = K, or K / 3 for the router's
-// three-way split weights). K and a_cols multiples of 64; N a multiple of 32 for SWIGLU, else 8.
+// three-way split weights). Slice z = blockIdx.z covers columns [z * k_chunk, (z + 1) * k_chunk)
+// (k_chunk a multiple of 64) and, in dense mode, writes its own out[z] [dense_rows, N] (F32_OUT
+// partial sums, added in slice order by moe_sum_slices). K and a_cols multiples of 8 (of 64
+// when a_cols < K); N a multiple of 32 for SWIGLU, else of 8.
 template <typename T, typename O, int BM, int WTN, Epilogue EPI>
 __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *__restrict__ W,
                          const uint32_t *__restrict__ src, const uint32_t *__restrict__ tile_expert,
                          const uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ expert_end, int N,
-                         int K, int a_cols, int dense_rows) {
+                         int K, int a_cols, int dense_rows, int k_chunk) {
     constexpr int WM = BM / 64, WN = BN / WTN, THREADS = WM * WN * 32, NT = WTN / 8; // NT n8 tiles per warp
     constexpr int A_PER = BM * 8 / THREADS, B_PER = BN * 8 / THREADS; // 16-byte chunks per thread
     constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = (BM + BN) * ROW_BYTES;
@@ -266,6 +269,8 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
     }
     const int n0 = blockIdx.y * BN;
     const T *We = W + (size_t)e * N * K;
+    const int k_begin = blockIdx.z * k_chunk, k_end = min(K, k_begin + k_chunk);
+    out += (size_t)blockIdx.z * (tile_expert ? 0 : dense_rows) * (EPI == SWIGLU ? N / 2 : N);
 
     extern __shared__ __align__(128) unsigned char gemm_smem[];
     const unsigned smem = (unsigned)__cvta_generic_to_shared(gemm_smem);
@@ -287,7 +292,7 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
     const T *b_src = We + (size_t)(n0 + tid / 8) * K + kc * 8;
     auto load = [&](int stage, int k0) {
         const unsigned base = smem + stage * STAGE_BYTES;
-        const bool k_ok = k0 + kc * 8 < K;
+        const bool k_ok = k0 + kc * 8 < k_end;
         const int ka = k0 % a_cols;
 #pragma unroll
         for (int i = 0; i < A_PER; ++i) {
@@ -310,17 +315,17 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
 #pragma unroll
             for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 
-    const int KT = (K + BK - 1) / BK;
+    const int KT = (k_end - k_begin + BK - 1) / BK;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) load(s, s * BK);
+        if (s < KT) load(s, k_begin + s * BK);
         cp_async_commit();
     }
     for (int kt = 0; kt < KT; ++kt) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         // Refill the stage every warp finished reading in the previous iteration.
-        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
+        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, k_begin + (kt + STAGES - 1) * BK);
         cp_async_commit();
         const unsigned a_base = smem + (kt % STAGES) * STAGE_BYTES, b_base = a_base + A_BYTES;
 #pragma unroll
@@ -443,10 +448,25 @@ extern "C" __global__ void moe_scatter(uint32_t *sorted_src, uint32_t *pos_of_pa
     scatter_pairs(sorted_src, pos_of_pair, cursor, ids, pairs, K, E);
 }
 
+// moe_sum_slices: out[i] = sum over z of parts[z * n + i] in slice order (n a multiple of 4).
+extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int slices, long long n) {
+    const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i >= n) return;
+    float4 acc = *reinterpret_cast<const float4 *>(parts + i);
+    for (int z = 1; z < slices; ++z) {
+        const float4 p = *reinterpret_cast<const float4 *>(parts + (long long)z * n + i);
+        acc.x += p.x;
+        acc.y += p.y;
+        acc.z += p.z;
+        acc.w += p.w;
+    }
+    *reinterpret_cast<float4 *>(out + i) = acc;
+}
+
 #define GEMM_ARGS                                                                                              \
     const uint32_t *src, const uint32_t *te, const uint32_t *ts, const uint32_t *ee, int N, int K, int a_cols,     \
         int dense_rows
-#define GEMM_PASS src, te, ts, ee, N, K, a_cols, dense_rows
+#define GEMM_PASS src, te, ts, ee, N, K, a_cols, dense_rows, K
 #define MOE_OPS(T, SUF)                                                                                        \
     extern "C" __global__ void moe_gemm_swiglu_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {          \
         moe_gemm<T, T, 64, 32, SWIGLU>(out, A, W, GEMM_PASS);                                                       \
@@ -460,8 +480,9 @@ extern "C" __global__ void moe_scatter(uint32_t *sorted_src, uint32_t *pos_of_pa
     extern "C" __global__ void moe_gemm_bm128_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                \
         moe_gemm<T, T, 128, 64, PLAIN>(out, A, W, GEMM_PASS);                                                       \
     }                                                                                                          \
-    extern "C" __global__ void moe_gemm_f32out_bm128_##SUF(float *out, const T *A, const T *W, GEMM_ARGS) {     \
-        moe_gemm<T, float, 128, 64, F32_OUT>(out, A, W, GEMM_PASS);                                                 \
+    extern "C" __global__ void moe_gemm_f32out_bm64_##SUF(float *out, const T *A, const T *W, GEMM_ARGS,       \
+                                                          int k_chunk) {                                      \
+        moe_gemm<T, float, 64, 32, F32_OUT>(out, A, W, src, te, ts, ee, N, K, a_cols, dense_rows, k_chunk);    \
     }                                                                                                          \
     extern "C" __global__ void moe_combine_##SUF(T *out, const T *y, const float *w, const uint32_t *pos,        \
                                                  const T *shared, int K, int H) {                               \
