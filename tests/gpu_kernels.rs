@@ -1285,6 +1285,7 @@ fn grouped_moe_kernels_match_the_composition() {
         ("FOCUS-like: 200 tokens, 64 experts, top 8", 200, 64, 8, 128, 512, false),
         ("baseline-like: 1500 tokens, 16 experts, top 4 (128-row tiles)", 1500, 16, 4, 64, 256, true),
         ("LLaDA2.0-mini widths: 96 tokens, 32 experts, top 8", 96, 32, 8, 512, 2048, true),
+        ("LLaDA2.0-mini widths, 128-row tiles: 700 tokens, 32 experts, top 8", 700, 32, 8, 512, 2048, true),
     ];
     for dtype in [DType::BF16, DType::F16] {
         for (name, tokens, e, k, w, h, with_shared) in cases {

@@ -135,6 +135,19 @@ const BK: usize = 64;
 const ROW_BYTES: usize = 2 * BK;
 const STAGES: usize = 3;
 
+/// Launch shape of the warpgroup-MMA GEMM (128-row tiles, two warpgroups): its stages plus
+/// 1 KB, so that the kernel can align them to the 1024 bytes the swizzle repeats over.
+fn wgmma_shape(func: &CudaFunction) -> Result<(u32, u32)> {
+    let smem = STAGES * (128 + BN) * ROW_BYTES + 1024;
+    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+    Ok((256, smem as u32))
+}
+
+/// The device's compute capability major version.
+fn compute_major(dev: &CudaDevice) -> Result<i32> {
+    dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()
+}
+
 /// Launch shape of a grouped GEMM with `bm`-row tiles: threads, and dynamic shared memory (over
 /// the 48 KB a launch gets by default, so `func` is opted in).
 fn gemm_shape(func: &CudaFunction, bm: usize) -> Result<(u32, u32)> {
@@ -209,9 +222,18 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let null = 0u64;
     let dense_rows = 0i32;
 
+    // 128-row tiles run on Hopper's warpgroup MMA where the device has it.
+    let wgmma = bm == 128 && compute_major(dev)? == 9;
+    let (swiglu_name, plain_name) = if wgmma {
+        (format!("moe_wgmma_swiglu_{suf}"), format!("moe_wgmma_{suf}"))
+    } else {
+        (format!("moe_gemm_swiglu_{tag}_{suf}"), format!("moe_gemm_{tag}_{suf}"))
+    };
+    let shape_of = |func: &CudaFunction| if wgmma { wgmma_shape(func) } else { gemm_shape(func, bm) };
+
     // Gate/up of each pair's token, SiLU·mul: act [pairs, w] in sorted order.
-    let swiglu = kernel!(dev, Module::Moe, &format!("moe_gemm_swiglu_{tag}_{suf}"))?;
-    let shape = gemm_shape(&swiglu, bm)?;
+    let swiglu = kernel!(dev, Module::Moe, &swiglu_name)?;
+    let shape = shape_of(&swiglu)?;
     let (n1, k1) = ((2 * w) as i32, h as i32);
     let mut b = swiglu.builder();
     b.arg(&mut act).arg(&x_v).arg(&gu_v).arg(&sorted_src).arg(&tile_expert).arg(&tile_start).arg(&expert_end);
@@ -221,8 +243,8 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     drop(b);
 
     // Down: y [pairs, h] in sorted order, A rows taken in place.
-    let plain = kernel!(dev, Module::Moe, &format!("moe_gemm_{tag}_{suf}"))?;
-    let shape = gemm_shape(&plain, bm)?;
+    let plain = kernel!(dev, Module::Moe, &plain_name)?;
+    let shape = shape_of(&plain)?;
     let (n2, k2) = (h as i32, w as i32);
     let mut b = plain.builder();
     b.arg(&mut y).arg(&act).arg(&down_v).arg(&null).arg(&tile_expert).arg(&tile_start).arg(&expert_end);

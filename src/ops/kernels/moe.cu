@@ -397,6 +397,169 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
         }
 }
 
+// Hopper's warpgroup MMA (sm_90a): D[64 x 128] += A[64 x 16] · B[128 x 16]^T with A and B read
+// from shared memory through descriptors (K-major, 128-byte swizzle: the tile layout of
+// tile_offset), accumulating in place.
+template <typename T> __device__ __forceinline__ void wgmma_m64n128k16(float *d, uint64_t desc_a, uint64_t desc_b);
+template <> __device__ __forceinline__ void wgmma_m64n128k16<__nv_bfloat16>(float *d, uint64_t desc_a, uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+#endif
+}
+template <> __device__ __forceinline__ void wgmma_m64n128k16<__half>(float *d, uint64_t desc_a, uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+#endif
+}
+
+// A shared-memory matrix descriptor for wgmma: K-major rows of 128 bytes, 128-byte swizzle,
+// eight-row groups 1024 bytes apart (the layout tile_offset writes; tiles 1024-byte aligned).
+__device__ __forceinline__ uint64_t smem_desc(unsigned addr) {
+    return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+// The tile GEMM of moe_gemm at 128-row tiles on Hopper's warpgroup MMA: two warpgroups, each
+// 64 rows x 128 columns (wgmma m64n128k16, four per 64-deep k tile), tiles loaded by cp.async
+// into the swizzled layout (made visible to the async proxy before each MMA), three stages.
+// Same tiles, epilogues and arguments as moe_gemm (dense mode and k slices excepted).
+template <typename T, Epilogue EPI>
+__device__ void wgmma_gemm(T *__restrict__ out, const T *__restrict__ A, const T *__restrict__ W,
+                           const uint32_t *__restrict__ src, const uint32_t *__restrict__ tile_expert,
+                           const uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ expert_end, int N,
+                           int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = 128, THREADS = 256;
+    constexpr int A_PER = BM * 8 / THREADS, B_PER = BN * 8 / THREADS;
+    constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = (BM + BN) * ROW_BYTES;
+    const uint32_t e = tile_expert[blockIdx.x];
+    if (e == NONE) return;
+    const int row0 = (int)tile_start[blockIdx.x];
+    const int rows = min(BM, (int)expert_end[e] - row0);
+    const int n0 = blockIdx.y * BN;
+    const T *We = W + (size_t)e * N * K;
+
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    // The swizzle is a function of the absolute address: round the base up to 1024 bytes (the
+    // launch asks for 1 KB more than the stages need).
+    const unsigned smem = ((unsigned)__cvta_generic_to_shared(wg_smem) + 1023u) & ~1023u;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wg = warp / 4, wq = warp % 4; // warpgroup, warp within it
+    const int kc = tid & 7;
+
+    const T *a_src[A_PER];
+    bool a_ok[A_PER];
+#pragma unroll
+    for (int i = 0; i < A_PER; ++i) {
+        const int r = tid / 8 + i * (THREADS / 8);
+        a_ok[i] = r < rows;
+        const int sorted = row0 + (a_ok[i] ? r : 0);
+        const uint32_t s = src ? src[sorted] : (uint32_t)sorted;
+        a_src[i] = A + (size_t)s * K + kc * 8;
+    }
+    const T *b_src = We + (size_t)(n0 + tid / 8) * K + kc * 8;
+    auto load = [&](int stage, int k0) {
+        const unsigned base = smem + stage * STAGE_BYTES;
+        const bool k_ok = k0 + kc * 8 < K;
+#pragma unroll
+        for (int i = 0; i < A_PER; ++i) {
+            const bool ok = a_ok[i] && k_ok;
+            cp_async16(base + tile_offset(tid / 8 + i * (THREADS / 8), kc), ok ? a_src[i] + k0 : A, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < B_PER; ++i) {
+            const int r = tid / 8 + i * (THREADS / 8);
+            const bool ok = n0 + r < N && k_ok;
+            cp_async16(base + A_BYTES + tile_offset(r, kc), ok ? b_src + (size_t)i * (THREADS / 8) * K + k0 : W, ok);
+        }
+    };
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+
+    const int KT = (K + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load(s, s * BK);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        // The stage refilled here was read by the previous iteration's MMAs, which have completed.
+        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
+        cp_async_commit();
+        const unsigned a_base = smem + (kt % STAGES) * STAGE_BYTES + wg * 64 * ROW_BYTES;
+        const unsigned b_base = smem + (kt % STAGES) * STAGE_BYTES + A_BYTES;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n128k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    }
+    cp_async_wait<0>();
+
+    // Accumulator v of n8 tile j (acc[j * 4 + v]) holds row lane / 4 (+ 8 for v >= 2) of the
+    // warp's 16 rows, columns 2 * (lane % 4) + (v & 1) of the tile: mma.sync's layout per n8 tile.
+    const int out_w = EPI == SWIGLU ? N / 2 : N;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = wg * 64 + wq * 16 + (lane >> 2) + h * 8;
+        if (r >= rows) continue;
+        T *orow = out + (size_t)(row0 + r) * out_w;
+        if constexpr (EPI == SWIGLU) {
+#pragma unroll
+            for (int q = 0; q < BN / 32; ++q) {
+                const int pair = (n0 + q * 32) / 32;
+                if (pair * 32 >= N) continue;
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    float o[2];
+#pragma unroll
+                    for (int v = 0; v < 2; ++v) {
+                        const float g = round_t<T>(acc[(q * 4 + j) * 4 + h * 2 + v]);
+                        const float u = round_t<T>(acc[(q * 4 + j + 2) * 4 + h * 2 + v]);
+                        o[v] = round_t<T>(g / (1.f + expf(-g))) * u;
+                    }
+                    const int col = pair * 16 + j * 8 + (lane & 3) * 2;
+                    T pr[2] = {from_f<T>(o[0]), from_f<T>(o[1])};
+                    *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int col = n0 + j * 8 + (lane & 3) * 2;
+                if (col >= N) continue;
+                T pr[2] = {from_f<T>(acc[j * 4 + h * 2]), from_f<T>(acc[j * 4 + h * 2 + 1])};
+                *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
+            }
+        }
+    }
+#else
+    __trap(); // launched only on sm_90 devices (the host checks), whose PTX target is sm_90a
+#endif
+}
+
 // grid T, block ceil(H / 8) threads (each 8 columns); y [pairs, H] in sorted order.
 template <typename T>
 __device__ void moe_combine(T *__restrict__ out, const T *__restrict__ y, const float *__restrict__ weights,
@@ -473,6 +636,12 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_swiglu_bm128_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {         \
         moe_gemm<T, T, 128, 64, SWIGLU>(out, A, W, GEMM_PASS);                                                      \
+    }                                                                                                          \
+    extern "C" __global__ void moe_wgmma_swiglu_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {               \
+        wgmma_gemm<T, SWIGLU>(out, A, W, src, te, ts, ee, N, K);                                                 \
+    }                                                                                                          \
+    extern "C" __global__ void moe_wgmma_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                      \
+        wgmma_gemm<T, PLAIN>(out, A, W, src, te, ts, ee, N, K);                                                  \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                 \
         moe_gemm<T, T, 64, 32, PLAIN>(out, A, W, GEMM_PASS);                                                        \
