@@ -134,13 +134,11 @@ const BN: usize = 128;
 const BK: usize = 64;
 const ROW_BYTES: usize = 2 * BK;
 const STAGES: usize = 3;
-/// Pipeline stages of the warpgroup-MMA GEMM (kernel constant `WG_STAGES`).
-const WG_STAGES: usize = 4;
 
 /// Launch shape of the warpgroup-MMA GEMM (128-row tiles, two warpgroups): its stages plus
 /// 1 KB, so that the kernel can align them to the 1024 bytes the swizzle repeats over.
 fn wgmma_shape(func: &CudaFunction) -> Result<(u32, u32)> {
-    let smem = WG_STAGES * (128 + BN) * ROW_BYTES + 1024;
+    let smem = STAGES * (128 + BN) * ROW_BYTES + 1024;
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
     Ok((256, smem as u32))
 }

@@ -430,8 +430,6 @@ template <> __device__ __forceinline__ void wgmma_m64n128k16<__half>(float *d, u
 #endif
 }
 
-constexpr int WG_STAGES = 4;
-
 // A shared-memory matrix descriptor for wgmma: K-major rows of 128 bytes, 128-byte swizzle,
 // eight-row groups 1024 bytes apart (the layout tile_offset writes; tiles 1024-byte aligned).
 __device__ __forceinline__ uint64_t smem_desc(unsigned addr) {
@@ -440,8 +438,7 @@ __device__ __forceinline__ uint64_t smem_desc(unsigned addr) {
 
 // The tile GEMM of moe_gemm at 128-row tiles on Hopper's warpgroup MMA: two warpgroups, each
 // 64 rows x 128 columns (wgmma m64n128k16, four per 64-deep k tile), tiles loaded by cp.async
-// into the swizzled layout (made visible to the async proxy before each MMA), four stages with
-// one group of MMAs left running while the next tiles load.
+// into the swizzled layout (made visible to the async proxy before each MMA), three stages.
 // Same tiles, epilogues and arguments as moe_gemm (dense mode and k slices excepted).
 template <typename T, Epilogue EPI>
 __device__ void wgmma_gemm(T *__restrict__ out, const T *__restrict__ A, const T *__restrict__ W,
@@ -498,29 +495,27 @@ __device__ void wgmma_gemm(T *__restrict__ out, const T *__restrict__ A, const T
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
 
-    // Four stages, loads two k tiles ahead: the stage refilled in iteration kt was last read by
-    // the MMAs of kt - 2, complete by then, while those of kt - 1 may still run.
     const int KT = (K + BK - 1) / BK;
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
         if (s < KT) load(s, s * BK);
         cp_async_commit();
     }
     for (int kt = 0; kt < KT; ++kt) {
-        cp_async_wait<1>();
+        cp_async_wait<STAGES - 2>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        const unsigned a_base = smem + (kt % WG_STAGES) * STAGE_BYTES + wg * 64 * ROW_BYTES;
-        const unsigned b_base = smem + (kt % WG_STAGES) * STAGE_BYTES + A_BYTES;
+        // The stage refilled here was read by the previous iteration's MMAs, which have completed.
+        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
+        cp_async_commit();
+        const unsigned a_base = smem + (kt % STAGES) * STAGE_BYTES + wg * 64 * ROW_BYTES;
+        const unsigned b_base = smem + (kt % STAGES) * STAGE_BYTES + A_BYTES;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n128k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (kt + 2 < KT) load((kt + 2) % WG_STAGES, (kt + 2) * BK);
-        cp_async_commit();
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     cp_async_wait<0>();
 
     // Accumulator v of n8 tile j (acc[j * 4 + v]) holds row lane / 4 (+ 8 for v >= 2) of the
