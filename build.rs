@@ -3,6 +3,8 @@
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
+    // Set when the PTX targets sm_90a, whose kernels may use Hopper's warpgroup MMA.
+    println!("cargo::rustc-check-cfg=cfg(ponder_wgmma)");
     #[cfg(feature = "cuda")]
     cuda::build();
 }
@@ -17,6 +19,10 @@ mod cuda {
         let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
         // sm_90 (H100/H200) unless CUDA_COMPUTE_CAP says otherwise; no GPU is needed here.
         let cap = std::env::var("CUDA_COMPUTE_CAP").ok().and_then(|s| s.trim().parse::<usize>().ok()).unwrap_or(90);
+        // cudaforge builds sm_90 as sm_90a, the target with `wgmma` (the MoE kernels use it there).
+        if cap == 90 {
+            println!("cargo::rustc-cfg=ponder_wgmma");
+        }
         let ptx = cudaforge::KernelBuilder::new()
             .source_dir("src/ops/kernels")
             .compute_cap(cap)

@@ -49,7 +49,12 @@ impl RouterArch {
 
     /// The chosen experts of one token and their weights, best first. `logits` are the router's
     /// f32 outputs over the experts; `bias` (if any) is added to the scores for the choice only.
+    /// Routes nothing for shapes [`RouterArch::shape_error`] refuses or slices shorter than the
+    /// experts.
     pub fn route(&self, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+        if self.shape_error().is_some() || logits.len() < self.num_experts || bias.is_some_and(|b| b.len() < self.num_experts) {
+            return Vec::new();
+        }
         let scores: Vec<f32> = match self.scoring {
             Scoring::Sigmoid => logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect(),
             Scoring::Softmax => {
@@ -174,7 +179,7 @@ impl RouterWeights {
     pub fn new(weight: Tensor) -> Result<Self> {
         let weight = weight.to_dtype(DType::F32)?.contiguous()?;
         let (e, h) = weight.dims2()?;
-        let split = (cfg!(feature = "cuda") && weight.device().is_cuda() && h % 64 == 0 && e % 8 == 0)
+        let split = (cfg!(feature = "cuda") && weight.device().is_cuda() && h > 0 && h % 64 == 0 && e > 0 && e % 8 == 0)
             .then(|| -> Result<Tensor> {
                 let hi = weight.to_dtype(DType::BF16)?;
                 let rest = (&weight - hi.to_dtype(DType::F32)?)?;
@@ -215,6 +220,9 @@ pub fn route(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch) -> Resul
 /// [`route`] on the host with [`RouterArch::route`] (its CPU path and reference).
 pub fn route_reference(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch) -> Result<(Tensor, Tensor)> {
     let (t, e) = logits.dims2()?;
+    if let Some(reason) = arch.shape_error() {
+        candle_core::bail!("route: {reason}");
+    }
     if e != arch.num_experts {
         candle_core::bail!("route: {e} logits per token for {} experts", arch.num_experts);
     }
@@ -331,6 +339,21 @@ mod tests {
         for bad in [llada2(8, 2, 16, 4), llada2(9, 2, 4, 2), llada2(8, 5, 4, 2), llada2(8, 0, 4, 2), llada2(8, 2, 0, 1), llada2(8, 2, 4, 5)] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn bad_shapes_and_non_finite_logits_route_without_panicking() {
+        let r = llada2(8, 2, 4, 2);
+        assert!(r.route(&[0.0; 7], None).is_empty(), "fewer logits than experts");
+        assert!(r.route(&[0.0; 8], Some(&[0.0; 3])).is_empty(), "a short bias");
+        assert!(llada2(8, 2, 16, 4).route(&[0.0; 8], None).is_empty(), "more groups than experts");
+        let nan = r.route(&[f32::NAN; 8], None);
+        assert_eq!(nan.len(), 2);
+        let logits = Tensor::new(&[[0f32; 8]], &Device::Cpu).unwrap();
+        assert!(route_reference(&logits, None, &llada2(8, 2, 16, 4)).is_err());
+        assert!(route_reference(&logits, None, &llada2(16, 2, 4, 2)).is_err(), "8 logits for 16 experts");
+        let (ids, w) = route_reference(&logits, None, &r).unwrap();
+        assert_eq!((ids.dims(), w.dims()), ([1, 2].as_slice(), [1, 2].as_slice()));
     }
 
     #[test]

@@ -222,8 +222,9 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let null = 0u64;
     let dense_rows = 0i32;
 
-    // 128-row tiles run on Hopper's warpgroup MMA where the device has it.
-    let wgmma = bm == 128 && compute_major(dev)? == 9;
+    // 128-row tiles run on Hopper's warpgroup MMA where the device has it and the PTX was built
+    // for it (sm_90a; other targets compile those kernels to a trap).
+    let wgmma = bm == 128 && cfg!(ponder_wgmma) && compute_major(dev)? == 9;
     let (swiglu_name, plain_name) = if wgmma {
         (format!("moe_wgmma_swiglu_{suf}"), format!("moe_wgmma_{suf}"))
     } else {
@@ -285,7 +286,7 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     same_device_dtype(OP, DType::BF16, &x, &[("split", split)])?;
     let (tokens, h) = x.dims2()?;
     let (e, three_h) = split.dims2()?;
-    if three_h != 3 * h || h % 64 != 0 || e % 8 != 0 || tokens > i32::MAX as usize {
+    if three_h != 3 * h || h == 0 || h % 64 != 0 || e == 0 || e % 8 != 0 || tokens > i32::MAX as usize {
         bail!("{OP} (cuda): x {:?} against split router {:?}", x.dims(), split.dims());
     }
     if tokens == 0 {

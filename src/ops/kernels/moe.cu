@@ -1,6 +1,6 @@
 // Mixture-of-experts layers on the device (ponder): routing, grouping by expert, two grouped
-// GEMMs on tensor cores, and the weighted combine. The reference is the CPU composition in
-// src/models/diffusion/moe.rs; every value it rounds to the storage dtype is rounded here at the
+// GEMMs on tensor cores, and the weighted combine. The reference is the candle composition in
+// src/ops/moe.rs; every value it rounds to the storage dtype is rounded here at the
 // same place.
 //
 // moe_route: one warp per token over the f32 router logits [T, E]: scores (sigmoid or softmax),
@@ -109,7 +109,8 @@ __device__ void route_tokens(uint32_t *__restrict__ ids, float *__restrict__ wei
                     bi = g;
                 }
             warp_argmax(bv, bi);
-            if (lane == 0) group[bi] = NAN; // NaN marks a kept group
+            // NaN marks a kept group; no candidate left (NaN scores) keeps none.
+            if (lane == 0 && bi < G) group[bi] = NAN;
             __syncwarp();
         }
         for (int e = lane; e < E; e += 32)
@@ -128,10 +129,15 @@ __device__ void route_tokens(uint32_t *__restrict__ ids, float *__restrict__ wei
             }
         warp_argmax(bv, bi);
         if (lane == 0) {
-            ids[(size_t)t * K + k] = (uint32_t)bi;
-            weights[(size_t)t * K + k] = score[bi];
-            total += score[bi];
-            choice[bi] = NAN;
+            // No expert left to choose (NaN scores: a non-finite hidden state, which the engine
+            // fails on its own): no expert, weight 0, which the grouping skips.
+            const bool found = bi < E;
+            ids[(size_t)t * K + k] = found ? (uint32_t)bi : NONE;
+            weights[(size_t)t * K + k] = found ? score[bi] : 0.f;
+            if (found) {
+                total += score[bi];
+                choice[bi] = NAN;
+            }
         }
         __syncwarp();
     }
