@@ -1274,6 +1274,37 @@ fn router_logits_from_split_weights_have_f32_accuracy() {
     }
 }
 
+/// A non-finite hidden state reaches the router as NaN logits: routing must not fail or touch
+/// memory outside its buffers, and the experts must skip what it could not choose.
+#[test]
+fn moe_routing_survives_non_finite_logits() {
+    use ponder::ops::moe::{moe_experts, route, StackedExperts};
+    let gpu = Device::new_cuda(0).unwrap();
+    let (e, k, w, h) = (8, 2, 16, 64);
+    let mut z = vec![f32::NAN; 3 * e];
+    z[e + 3] = 1.0; // token 1: one finite logit for two choices
+    z[2 * e..].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32); // token 2: all finite
+    let logits = Tensor::from_vec(z, (3, e), &gpu).unwrap();
+    for arch in [llada2_router(e, k, 4, 2), llada2_router(e, k, 1, 1)] {
+        let (ids, weights) = route(&logits, None, &arch).unwrap();
+        let ids = ids.to_vec2::<u32>().unwrap();
+        assert_eq!(ids[0], [u32::MAX, u32::MAX], "all-NaN token chooses nothing");
+        assert_eq!(ids[1][1], u32::MAX, "one finite logit fills one choice");
+        assert!(ids[2].iter().all(|&i| (i as usize) < e));
+        let mut rng = StdRng::seed_from_u64(7);
+        let experts = StackedExperts::new(
+            rand_tensor(&mut rng, &[e, 2 * w, h], -0.1, 0.1, DType::BF16).to_device(&gpu).unwrap(),
+            rand_tensor(&mut rng, &[e, h, w], -0.1, 0.1, DType::BF16).to_device(&gpu).unwrap(),
+        )
+        .unwrap();
+        let x = rand_tensor(&mut rng, &[3, h], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
+        let ids = Tensor::new(ids, &gpu).unwrap();
+        let out = moe_experts(&x, &ids, &weights, &experts, None).unwrap();
+        let out = f32_cpu(&out).to_vec2::<f32>().unwrap();
+        assert!(out[0].iter().all(|&v| v == 0.0), "no expert: no contribution");
+    }
+}
+
 #[test]
 fn grouped_moe_kernels_match_the_composition() {
     use ponder::ops::moe::{moe_experts, moe_experts_reference, route_reference, StackedExperts};
@@ -1286,6 +1317,9 @@ fn grouped_moe_kernels_match_the_composition() {
         ("baseline-like: 1500 tokens, 16 experts, top 4 (128-row tiles)", 1500, 16, 4, 64, 256, true),
         ("LLaDA2.0-mini widths: 96 tokens, 32 experts, top 8", 96, 32, 8, 512, 2048, true),
         ("LLaDA2.0-mini widths, 128-row tiles: 700 tokens, 32 experts, top 8", 700, 32, 8, 512, 2048, true),
+        // Widths off the tiles: k tails (hidden 200, width 48) and N tails, at both tile heights.
+        ("tails, 64-row tiles: hidden 200, width 48", 300, 8, 2, 48, 200, true),
+        ("tails, 128-row tiles: hidden 200, width 48", 1000, 8, 2, 48, 200, false),
     ];
     for dtype in [DType::BF16, DType::F16] {
         for (name, tokens, e, k, w, h, with_shared) in cases {

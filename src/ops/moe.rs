@@ -244,6 +244,8 @@ pub fn route_reference(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch
 /// `Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) (+ shared[t])` for every token of `x`
 /// `[tokens, hidden]`, summed in f32 and cast to `x`'s dtype once; `ids` / `weights` as
 /// [`route`] returns them, `shared` `[tokens, hidden]` (the shared experts' output) added last.
+/// An id past the experts (the device router's "none chosen" for NaN scores) contributes
+/// nothing on CUDA and is an error in the composition.
 pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if experts.kernel_layout && x.device().is_cuda() && x.dtype() == experts.gate_up.dtype() {

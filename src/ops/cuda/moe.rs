@@ -22,6 +22,8 @@ pub fn moe_route(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch) -> R
     if e != arch.num_experts {
         bail!("{OP} (cuda): {e} logits per token for {} experts", arch.num_experts);
     }
+    let bias = bias.map(|b| b.to_dtype(DType::F32)?.contiguous()).transpose()?;
+    let bias = bias.as_ref();
     if let Some(b) = bias {
         same_device_dtype(OP, DType::F32, &logits, &[("bias", b)])?;
         if b.dims() != [e] {
@@ -86,6 +88,10 @@ pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &Stacked
     let (_, k) = ids.dims2()?;
     if gh != h || ids.dims() != [tokens, k] || weights.dims() != ids.dims() || two_w % 32 != 0 || h % 8 != 0 || h > 8192 {
         bail!("{OP} (cuda): x {:?}, ids {:?}, weights {:?}, gate_up {:?}", x.dims(), ids.dims(), weights.dims(), gate_up.dims());
+    }
+    // The grouping kernels keep two counters per expert in shared memory (48 KB by default).
+    if e > 6144 {
+        bail!("{OP} (cuda): {e} experts (at most 6144)");
     }
     let shared = shared.map(|s| s.contiguous()).transpose()?;
     if let Some(s) = &shared {
