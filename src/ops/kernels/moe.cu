@@ -245,6 +245,93 @@ __device__ __forceinline__ unsigned tile_offset(int r, int c) { return r * ROW_B
 
 enum Epilogue { SWIGLU, PLAIN, F32_OUT };
 
+// The cp.async loads of one block's A and W tiles, THREADS threads over BM rows of A (gathered
+// through `src`, rows past `rows` zero-filled) and BN rows of W (rows past N zero-filled), each
+// thread always chunk tid % 8 of its rows. Column k of A is its column k % a_cols.
+template <typename T, int BM, int THREADS> struct TileLoader {
+    static constexpr int A_PER = BM * 8 / THREADS, B_PER = BN * 8 / THREADS; // 16-byte chunks per thread
+    static constexpr int A_BYTES = BM * ROW_BYTES;
+    const T *a_src[A_PER];
+    bool a_ok[A_PER];
+    const T *b_src;
+    int tid, kc;
+
+    __device__ __forceinline__ TileLoader(const T *A, const T *We, const uint32_t *src, int row0, int rows, int n0,
+                                          int K, int a_cols) {
+        tid = threadIdx.x;
+        kc = tid & 7;
+#pragma unroll
+        for (int i = 0; i < A_PER; ++i) {
+            const int r = tid / 8 + i * (THREADS / 8);
+            a_ok[i] = r < rows;
+            const int sorted = row0 + (a_ok[i] ? r : 0);
+            const uint32_t s = src ? src[sorted] : (uint32_t)sorted;
+            a_src[i] = A + (size_t)s * a_cols + kc * 8;
+        }
+        b_src = We + (size_t)(n0 + tid / 8) * K + kc * 8;
+    }
+
+    // Stage at shared address `base` <- columns [k0, k0 + BK) (those before k_end).
+    __device__ __forceinline__ void load(unsigned base, int k0, int k_end, int a_cols, int n0, int N, int K,
+                                         const T *A, const T *W) const {
+        const bool k_ok = k0 + kc * 8 < k_end;
+        const int ka = k0 % a_cols;
+#pragma unroll
+        for (int i = 0; i < A_PER; ++i) {
+            const bool ok = a_ok[i] && k_ok;
+            cp_async16(base + tile_offset(tid / 8 + i * (THREADS / 8), kc), ok ? a_src[i] + ka : A, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < B_PER; ++i) {
+            const int r = tid / 8 + i * (THREADS / 8);
+            const bool ok = n0 + r < N && k_ok;
+            cp_async16(base + A_BYTES + tile_offset(r, kc), ok ? b_src + (size_t)i * (THREADS / 8) * K + k0 : W, ok);
+        }
+    }
+};
+
+// Writes one output row's share of NT n8 tiles from the accumulators, `frag(j, v)` being the
+// thread's value of tile j at column 2 * (lane % 4) + v (mma.sync's and wgmma's layout alike):
+// T(acc) or f32 acc at columns n_base + 8 j + .., or for SWIGLU, per 32 columns (one gate/up
+// chunk pair: tiles 0-1 gate, 2-3 the matching up) T(T(silu(gate)) * up) at the pair's 16 output
+// columns.
+template <typename T, typename O, Epilogue EPI, int NT, typename Frag>
+__device__ __forceinline__ void store_row(O *orow, int n_base, int N, Frag frag) {
+    const int lane = threadIdx.x & 31;
+    if constexpr (EPI == SWIGLU) {
+#pragma unroll
+        for (int q = 0; q < NT / 4; ++q) {
+            const int pair = (n_base + q * 32) / 32;
+            if (pair * 32 >= N) continue;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float o[2];
+#pragma unroll
+                for (int v = 0; v < 2; ++v) {
+                    const float g = round_t<T>(frag(q * 4 + j, v));
+                    const float u = round_t<T>(frag(q * 4 + j + 2, v));
+                    o[v] = round_t<T>(g / (1.f + expf(-g))) * u;
+                }
+                const int col = pair * 16 + j * 8 + (lane & 3) * 2;
+                T pr[2] = {from_f<T>(o[0]), from_f<T>(o[1])};
+                *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int col = n_base + j * 8 + (lane & 3) * 2;
+            if (col >= N) continue;
+            if constexpr (EPI == F32_OUT) {
+                *reinterpret_cast<float2 *>(orow + col) = make_float2(frag(j, 0), frag(j, 1));
+            } else {
+                T pr[2] = {from_f<T>(frag(j, 0)), from_f<T>(frag(j, 1))};
+                *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
+            }
+        }
+    }
+}
+
 // out[r] = A[src(r)] · W[e]^T over the rows r of each tile. grid (tiles, ceil(N / BN)); block
 // BM / 64 * BN / WTN warps, each a 64 x WTN warp tile of m16n8k16 MMAs. Tiles come from moe_offsets
 // (`tile_expert` / `tile_start` / `expert_end`), or, with `tile_expert` null, cut one matrix of
@@ -260,7 +347,6 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
                          const uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ expert_end, int N,
                          int K, int a_cols, int dense_rows, int k_chunk) {
     constexpr int WM = BM / 64, WN = BN / WTN, THREADS = WM * WN * 32, NT = WTN / 8; // NT n8 tiles per warp
-    constexpr int A_PER = BM * 8 / THREADS, B_PER = BN * 8 / THREADS; // 16-byte chunks per thread
     constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = (BM + BN) * ROW_BYTES;
     uint32_t e = 0;
     int row0, rows;
@@ -282,36 +368,8 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
     const unsigned smem = (unsigned)__cvta_generic_to_shared(gemm_smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = warp / WN, wn = warp % WN;
-    // Every chunk this thread loads is chunk tid % 8 of its row (THREADS is a multiple of 8).
-    const int kc = tid & 7;
-
-    const T *a_src[A_PER];
-    bool a_ok[A_PER];
-#pragma unroll
-    for (int i = 0; i < A_PER; ++i) {
-        const int r = tid / 8 + i * (THREADS / 8);
-        a_ok[i] = r < rows;
-        const int sorted = row0 + (a_ok[i] ? r : 0);
-        const uint32_t s = src ? src[sorted] : (uint32_t)sorted;
-        a_src[i] = A + (size_t)s * a_cols + kc * 8;
-    }
-    const T *b_src = We + (size_t)(n0 + tid / 8) * K + kc * 8;
-    auto load = [&](int stage, int k0) {
-        const unsigned base = smem + stage * STAGE_BYTES;
-        const bool k_ok = k0 + kc * 8 < k_end;
-        const int ka = k0 % a_cols;
-#pragma unroll
-        for (int i = 0; i < A_PER; ++i) {
-            const bool ok = a_ok[i] && k_ok;
-            cp_async16(base + tile_offset(tid / 8 + i * (THREADS / 8), kc), ok ? a_src[i] + ka : A, ok);
-        }
-#pragma unroll
-        for (int i = 0; i < B_PER; ++i) {
-            const int r = tid / 8 + i * (THREADS / 8);
-            const bool ok = n0 + r < N && k_ok;
-            cp_async16(base + A_BYTES + tile_offset(r, kc), ok ? b_src + (size_t)i * (THREADS / 8) * K + k0 : W, ok);
-        }
-    };
+    const TileLoader<T, BM, THREADS> tiles(A, We, src, row0, rows, n0, K, a_cols);
+    auto load = [&](int stage, int k0) { tiles.load(smem + stage * STAGE_BYTES, k0, k_end, a_cols, n0, N, K, A, W); };
 
     float acc[4][NT][4]; // [m16 tile][n8 tile][fragment]
 #pragma unroll
@@ -365,41 +423,8 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
         for (int h = 0; h < 2; ++h) {
             const int r = wm * 64 + i * 16 + (lane >> 2) + h * 8;
             if (r >= rows) continue;
-            O *orow = out + (size_t)(row0 + r) * out_w;
-            if constexpr (EPI == SWIGLU) {
-                // Each 32 columns of the warp are one chunk pair: n8 tiles 0-1 gate, 2-3 the
-                // matching up.
-#pragma unroll
-                for (int q = 0; q < WTN / 32; ++q) {
-                    const int pair = (n0 + wn * WTN + q * 32) / 32;
-                    if (pair * 32 >= N) continue;
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        float o[2];
-#pragma unroll
-                        for (int v = 0; v < 2; ++v) {
-                            const float g = round_t<T>(acc[i][q * 4 + j][h * 2 + v]);
-                            const float u = round_t<T>(acc[i][q * 4 + j + 2][h * 2 + v]);
-                            o[v] = round_t<T>(g / (1.f + expf(-g))) * u;
-                        }
-                        const int col = pair * 16 + j * 8 + (lane & 3) * 2;
-                        T pr[2] = {from_f<T>(o[0]), from_f<T>(o[1])};
-                        *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const int col = n0 + wn * WTN + j * 8 + (lane & 3) * 2;
-                    if (col >= N) continue;
-                    if constexpr (EPI == F32_OUT) {
-                        *reinterpret_cast<float2 *>(orow + col) = make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
-                    } else {
-                        T pr[2] = {from_f<T>(acc[i][j][h * 2]), from_f<T>(acc[i][j][h * 2 + 1])};
-                        *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
-                    }
-                }
-            }
+            store_row<T, O, EPI, NT>(out + (size_t)(row0 + r) * out_w, n0 + wn * WTN, N,
+                                     [&](int j, int v) { return acc[i][j][h * 2 + v]; });
         }
 }
 
@@ -453,7 +478,6 @@ __device__ void wgmma_gemm(T *__restrict__ out, const T *__restrict__ A, const T
                            int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 128, THREADS = 256;
-    constexpr int A_PER = BM * 8 / THREADS, B_PER = BN * 8 / THREADS;
     constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = (BM + BN) * ROW_BYTES;
     const uint32_t e = tile_expert[blockIdx.x];
     if (e == NONE) return;
@@ -466,36 +490,10 @@ __device__ void wgmma_gemm(T *__restrict__ out, const T *__restrict__ A, const T
     // The swizzle is a function of the absolute address: round the base up to 1024 bytes (the
     // launch asks for 1 KB more than the stages need).
     const unsigned smem = ((unsigned)__cvta_generic_to_shared(wg_smem) + 1023u) & ~1023u;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wg = warp / 4, wq = warp % 4; // warpgroup, warp within it
-    const int kc = tid & 7;
-
-    const T *a_src[A_PER];
-    bool a_ok[A_PER];
-#pragma unroll
-    for (int i = 0; i < A_PER; ++i) {
-        const int r = tid / 8 + i * (THREADS / 8);
-        a_ok[i] = r < rows;
-        const int sorted = row0 + (a_ok[i] ? r : 0);
-        const uint32_t s = src ? src[sorted] : (uint32_t)sorted;
-        a_src[i] = A + (size_t)s * K + kc * 8;
-    }
-    const T *b_src = We + (size_t)(n0 + tid / 8) * K + kc * 8;
-    auto load = [&](int stage, int k0) {
-        const unsigned base = smem + stage * STAGE_BYTES;
-        const bool k_ok = k0 + kc * 8 < K;
-#pragma unroll
-        for (int i = 0; i < A_PER; ++i) {
-            const bool ok = a_ok[i] && k_ok;
-            cp_async16(base + tile_offset(tid / 8 + i * (THREADS / 8), kc), ok ? a_src[i] + k0 : A, ok);
-        }
-#pragma unroll
-        for (int i = 0; i < B_PER; ++i) {
-            const int r = tid / 8 + i * (THREADS / 8);
-            const bool ok = n0 + r < N && k_ok;
-            cp_async16(base + A_BYTES + tile_offset(r, kc), ok ? b_src + (size_t)i * (THREADS / 8) * K + k0 : W, ok);
-        }
-    };
+    const TileLoader<T, BM, THREADS> tiles(A, We, src, row0, rows, n0, K, K);
+    auto load = [&](int stage, int k0) { tiles.load(smem + stage * STAGE_BYTES, k0, K, K, n0, N, K, A, W); };
 
     float acc[64];
 #pragma unroll
@@ -531,35 +529,7 @@ __device__ void wgmma_gemm(T *__restrict__ out, const T *__restrict__ A, const T
     for (int h = 0; h < 2; ++h) {
         const int r = wg * 64 + wq * 16 + (lane >> 2) + h * 8;
         if (r >= rows) continue;
-        T *orow = out + (size_t)(row0 + r) * out_w;
-        if constexpr (EPI == SWIGLU) {
-#pragma unroll
-            for (int q = 0; q < BN / 32; ++q) {
-                const int pair = (n0 + q * 32) / 32;
-                if (pair * 32 >= N) continue;
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    float o[2];
-#pragma unroll
-                    for (int v = 0; v < 2; ++v) {
-                        const float g = round_t<T>(acc[(q * 4 + j) * 4 + h * 2 + v]);
-                        const float u = round_t<T>(acc[(q * 4 + j + 2) * 4 + h * 2 + v]);
-                        o[v] = round_t<T>(g / (1.f + expf(-g))) * u;
-                    }
-                    const int col = pair * 16 + j * 8 + (lane & 3) * 2;
-                    T pr[2] = {from_f<T>(o[0]), from_f<T>(o[1])};
-                    *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                const int col = n0 + j * 8 + (lane & 3) * 2;
-                if (col >= N) continue;
-                T pr[2] = {from_f<T>(acc[j * 4 + h * 2]), from_f<T>(acc[j * 4 + h * 2 + 1])};
-                *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
-            }
-        }
+        store_row<T, T, EPI, BN / 8>(out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
     }
 #else
     __trap(); // launched only on sm_90 devices (the host checks), whose PTX target is sm_90a
