@@ -235,33 +235,47 @@ def plot_diffusion(path):
 FOCUS_TARGET = 2.3
 
 
+DIFFUSION_MODE_COLORS = {"baseline": "tab:blue", "baseline-delayed": "tab:red", "focus": "tab:purple"}
+
+
+def by_batch(rows, mode):
+    return sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["batch"])
+
+
+def batch_axis(ax, batches):
+    ax.set_xscale("log", base=2); ax.set_xticks(batches)
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+
+
+def plot_modes_and_focus_ratios(ax, bx, rows, baseline_ratio_label):
+    """Left axis: tokens/s by batch per diffusion mode. Right axis: FOCUS ÷ each baseline."""
+    for mode, c in DIFFUSION_MODE_COLORS.items():
+        pts = by_batch(rows, mode)
+        ax.plot([r["batch"] for r in pts], [r["tokens_per_s"] for r in pts], "o-", color=c, label=f"ponder {mode}")
+    fo = by_batch(rows, "focus")
+    bx.plot([r["batch"] for r in fo], [r["speedup_vs_baseline"] for r in fo], "o-", color="tab:blue", label=baseline_ratio_label)
+    bx.plot([r["batch"] for r in fo], [r["speedup_vs_delayed"] for r in fo], "o-", color="tab:red", label="FOCUS ÷ baseline-delayed")
+
+
 def plot_focus(path):
     """Left: tokens/s by batch (baseline, delayed cache, FOCUS) with the FOCUS README figures.
     Right: FOCUS's speed-up over both baselines against the 2.3× target."""
     doc = json.loads(path.read_text())
     rows = doc["results"] + doc.get("baseline_delayed", [])
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.5, 4.2))
-    colors = {"baseline": "tab:blue", "baseline-delayed": "tab:red", "focus": "tab:purple"}
     batches = sorted({r["batch"] for r in rows})
-    for mode, c in colors.items():
-        pts = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["batch"])
-        ax.plot([r["batch"] for r in pts], [r["tokens_per_s"] for r in pts], "o-", color=c, label=f"ponder {mode}")
+    plot_modes_and_focus_ratios(ax, bx, rows, "FOCUS ÷ baseline (no delayed cache)")
     ax.plot(list(LMDEPLOY_SDAR), list(LMDEPLOY_SDAR.values()), "s:", color="tab:gray", label="LMDeploy baseline (FOCUS README)")
     ax.plot(list(FOCUS_SDAR), list(FOCUS_SDAR.values()), "^:", color="tab:green", label="LMDeploy + FOCUS (FOCUS README)")
-    ax.set_xscale("log", base=2); ax.set_xticks(batches)
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    batch_axis(ax, batches)
     ax.set_ylim(0, None); ax.set_xlabel("batch B"); ax.set_ylabel("generated tokens/s")
     ax.set_title("same replayed unmask counts for every mode (like-for-like)", fontsize=9)
     ax.legend(fontsize=7, loc="upper left"); ax.grid(True, which="both", alpha=0.3)
-    fo = sorted((r for r in rows if r["mode"] == "focus"), key=lambda r: r["batch"])
-    bx.plot([r["batch"] for r in fo], [r["speedup_vs_baseline"] for r in fo], "o-", color="tab:blue", label="FOCUS ÷ baseline (no delayed cache)")
-    bx.plot([r["batch"] for r in fo], [r["speedup_vs_delayed"] for r in fo], "o-", color="tab:red", label="FOCUS ÷ baseline-delayed")
     paper = {b: FOCUS_SDAR[b] / LMDEPLOY_SDAR[b] for b in FOCUS_SDAR}
     bx.plot(list(paper), list(paper.values()), "^:", color="tab:green", label="FOCUS README (τ 0.8 vs 0.9, not like-for-like)")
     bx.axhline(FOCUS_TARGET, color="k", ls="--", lw=1, label=f"target {FOCUS_TARGET}× at B = 256")
     bx.axhline(1.0, color="gray", lw=0.8)
-    bx.set_xscale("log", base=2); bx.set_xticks(batches)
-    bx.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    batch_axis(bx, batches)
     bx.set_ylim(0, 2.8); bx.set_xlabel("batch B"); bx.set_ylabel("speed-up (tokens/s ratio)")
     bx.legend(fontsize=7, loc="lower right"); bx.grid(True, which="both", alpha=0.3)
     fig.suptitle(f"FOCUS (α 1.5), {doc['model']} — {doc['gpu']}, commit {doc['commit']}", fontsize=9)
@@ -276,24 +290,17 @@ def plot_llada2(path):
     doc = json.loads(path.read_text())
     rows = doc["results"]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11.5, 4.2))
-    colors = {"baseline": "tab:blue", "baseline-delayed": "tab:red", "focus": "tab:purple"}
     batches = sorted({r["batch"] for r in rows})
-    for mode, c in colors.items():
-        pts = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["batch"])
-        ax.plot([r["batch"] for r in pts], [r["tokens_per_s"] for r in pts], "o-", color=c, label=f"ponder {mode}")
-    base = sorted((r for r in rows if r["mode"] == "baseline"), key=lambda r: r["batch"])
+    plot_modes_and_focus_ratios(ax, bx, rows, "FOCUS ÷ baseline")
+    base = by_batch(rows, "baseline")
     ax.plot([r["batch"] for r in base], [r["compute_bound_tokens_per_s"] for r in base], "k--", label="baseline's compute bound")
-    ax.set_xscale("log", base=2); ax.set_yscale("log"); ax.set_xticks(batches)
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    batch_axis(ax, batches)
+    ax.set_yscale("log")
     ax.set_xlabel("batch B"); ax.set_ylabel("generated tokens/s")
     ax.legend(fontsize=7, loc="upper left"); ax.grid(True, which="both", alpha=0.3)
-    fo = sorted((r for r in rows if r["mode"] == "focus"), key=lambda r: r["batch"])
-    bx.plot([r["batch"] for r in fo], [r["speedup_vs_baseline"] for r in fo], "o-", color="tab:blue", label="FOCUS ÷ baseline")
-    bx.plot([r["batch"] for r in fo], [r["speedup_vs_delayed"] for r in fo], "o-", color="tab:red", label="FOCUS ÷ baseline-delayed")
     bx.plot([r["batch"] for r in base], [2 * r["fraction_of_compute_bound"] for r in base], "s:", color="k", label="baseline's fraction of its bound × 2 (1 = 50 %)")
     bx.axhline(1.0, color="gray", lw=0.8); bx.axhline(1.5, color="tab:blue", ls="--", lw=0.8)
-    bx.set_xscale("log", base=2); bx.set_xticks(batches)
-    bx.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    batch_axis(bx, batches)
     bx.set_ylim(0, 2.2); bx.set_xlabel("batch B"); bx.set_ylabel("ratio")
     bx.legend(fontsize=7, loc="lower right"); bx.grid(True, which="both", alpha=0.3)
     fig.suptitle(f"{doc['model']} — {doc['gpu']}, commit {doc['commit']}", fontsize=9)
