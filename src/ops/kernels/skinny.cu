@@ -1,0 +1,257 @@
+// Decode-width GEMM: y[M, N] = x[M, K] · w[N, K]ᵀ for M ≤ 64 rows (bf16 / f16, f32 accumulation).
+//
+// At decode widths a projection reads each weight once and does M multiply-adds with it, so the
+// kernel's job is to keep enough of w in flight to run at the copy bandwidth. Each thread loads
+// 16 bytes of a weight row straight into registers (eight consecutive k of one output column),
+// `DEPTH` chunks ahead of the tensor-core MMAs that consume them; nothing of w passes through
+// shared memory. The MMA's k order is a permutation of the chunk's: a thread's eight k feed two
+// m16n8k16 steps, and the x fragments are read from shared memory with the same permutation, so
+// the dot products are exact sums over the same k.
+//
+// Layout of the work: a block of `WARPS` warps owns `WARPS * 16` output columns (a warp two
+// 8-column MMA tiles) over one slice of k; the x slice of the block is staged in shared memory
+// once. When the columns alone give too few blocks, k is split over `gridDim.y` blocks: each
+// writes f32 partials, and the block that finishes a column group last (a counter per group)
+// adds the partials in split order — the same order whichever block is last, so results do not
+// depend on timing — writes the output and resets the counter for the next launch.
+//
+// With `silu_pairs` = I (the fused gate/up projection, gate rows first), a warp's two tiles are
+// gate columns [c, c+8) and the matching up columns [I+c, I+c+8), and the output is
+// silu(gate) · up, `[M, I]`: the SiLU·mul epilogue costs no extra launch and no round trip.
+//
+// A row's result does not depend on M or on the other rows: every row is its own MMA row, and
+// the k order and split depend only on (N, K, the launch's split count).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int WARPS = 8;   // per block
+constexpr int CHUNK = 64;  // k per pipeline step: two 16-byte loads per weight row and thread
+constexpr int DEPTH = 4;   // chunks of w in flight per warp
+constexpr int PAD = 32;    // elements after each staged x row: rows start 64 bytes apart mod 128
+
+template <typename T> __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <> __device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Weights are read once per launch: keep them out of L1 so the staged x and partials stay.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// One warp's k chunk of its two weight rows (per thread: row g of each tile, 2 × 8 k).
+template <typename T>
+__device__ __forceinline__ void load_chunk(uint4 (&dst)[2][2], const T* const (&rows)[2], bool live, int k, int K) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int kk = k + 32 * h;
+            dst[j][h] = (live && kk < K) ? load_stream(rows[j] + kk) : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// acc[i][j] += x rows of m-tile i · the chunk of tile j, from staged x at local k `lk` (+ 8t).
+template <typename T, int MT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[MT][2][4], const uint4 (&w)[2][2], const T* xs, int stride, int g, int lk) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        const T* r0 = xs + (16 * i + g) * stride + lk;
+        const T* r8 = r0 + 8 * stride;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint4 lo = *reinterpret_cast<const uint4*>(r0 + 32 * h);
+            const uint4 hi = *reinterpret_cast<const uint4*>(r8 + 32 * h);
+            const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+            const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                mma16816<T>(acc[i][j], a0, w[j][h].x, w[j][h].y);
+                mma16816<T>(acc[i][j], a1, w[j][h].z, w[j][h].w);
+            }
+        }
+    }
+}
+
+// Writes a thread's outputs: rows 16i + g (+8), columns 2t, 2t+1 of each tile; with silu
+// pairs, silu(tile 0) · tile 1 at the gate columns.
+template <typename T, int MT>
+__device__ __forceinline__ void store_out(T* y, const float (&acc)[MT][2][4], int M, int ldy, int col0, int col1, bool silu_pairs, int g) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = 16 * i + g + 8 * half;
+            if (row >= M) continue;
+            T* yr = y + (size_t)row * ldy;
+            const float* a = acc[i][0] + 2 * half;
+            const float* b = acc[i][1] + 2 * half;
+            if (silu_pairs) {
+                *reinterpret_cast<uint32_t*>(yr + col0) = pack2<T>(silu(a[0]) * b[0], silu(a[1]) * b[1]);
+            } else {
+                *reinterpret_cast<uint32_t*>(yr + col0) = pack2<T>(a[0], a[1]);
+                *reinterpret_cast<uint32_t*>(yr + col1) = pack2<T>(b[0], b[1]);
+            }
+        }
+    }
+}
+
+template <typename T, int MT>
+__device__ void skinny_gemm(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w, float* __restrict__ partials,
+                            unsigned* __restrict__ counters, int M, int N, int K, int chunks_per_split, int silu_pairs) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* xs = reinterpret_cast<T*>(smem_raw);
+    __shared__ unsigned last_block;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int split = blockIdx.y, splits = gridDim.y;
+    const int nchunks = (K + CHUNK - 1) / CHUNK;
+    const int c_begin = split * chunks_per_split;
+    const int my_chunks = min(chunks_per_split, nchunks - c_begin);
+    const int k_begin = c_begin * CHUNK;
+    const int stride = chunks_per_split * CHUNK + PAD;
+
+    // The warp's two weight rows (for this thread: row g of each tile) and its output columns.
+    const int pairs = silu_pairs;
+    const int out_n = pairs ? pairs : N;
+    const int col = blockIdx.x * (WARPS * (pairs ? 8 : 16)) + warp * (pairs ? 8 : 16);
+    const bool live = col < out_n;
+    const int row0 = col + g, row1 = pairs ? pairs + col + g : col + 8 + g;
+    const T* rows[2] = {w + (size_t)(live ? row0 : 0) * K + k_begin + 8 * t, w + (size_t)(live ? row1 : 0) * K + k_begin + 8 * t};
+
+    // Start streaming w before staging x.
+    uint4 wr[DEPTH][2][2];
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) load_chunk<T>(wr[u], rows, live && u < my_chunks, CHUNK * u, K - k_begin - 8 * t);
+
+    // Stage x[:, k slice] (zeros past M and K) in 16-byte vectors.
+    const int vec_per_row = stride / 8;
+    for (int v = threadIdx.x; v < 16 * MT * vec_per_row; v += blockDim.x) {
+        const int r = v / vec_per_row, kv = (v % vec_per_row) * 8, k = k_begin + kv;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (r < M && kv < my_chunks * CHUNK && k < K) val = *reinterpret_cast<const uint4*>(x + (size_t)r * K + k);
+        *reinterpret_cast<uint4*>(xs + r * stride + kv) = val;
+    }
+    __syncthreads();
+
+    float acc[MT][2][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    if (live) {
+        for (int c0 = 0; c0 < my_chunks; c0 += DEPTH) {
+#pragma unroll
+            for (int u = 0; u < DEPTH; ++u) {
+                const int c = c0 + u;
+                if (c < my_chunks) {
+                    mma_chunk<T, MT>(acc, wr[u], xs, stride, g, CHUNK * c + 8 * t);
+                    if (c + DEPTH < my_chunks) load_chunk<T>(wr[u], rows, true, CHUNK * (c + DEPTH), K - k_begin - 8 * t);
+                }
+            }
+        }
+    }
+
+    const int col0 = col + 2 * t, col1 = col + 8 + 2 * t;
+    if (splits == 1) {
+        if (live) store_out<T, MT>(y, acc, M, out_n, col0, col1, pairs != 0, g);
+        return;
+    }
+
+    // Split k: this block's partials, [M][WARPS * 16] per (column group, split).
+    const int gcols = WARPS * 16;
+    const int lcol = warp * 16 + 2 * t;
+    float* mine = partials + ((size_t)blockIdx.x * splits + split) * M * gcols;
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = 16 * i + g + 8 * half;
+                if (row >= M) continue;
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    *reinterpret_cast<float2*>(mine + (size_t)row * gcols + lcol + 8 * j) = make_float2(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+            }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_block = atomicAdd(counters + blockIdx.x, 1u) == (unsigned)(splits - 1);
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+        const float* group = partials + (size_t)blockIdx.x * splits * M * gcols;
+        for (int s = 0; s < splits; ++s) {
+            const float* p = group + (size_t)s * M * gcols;
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = 16 * i + g + 8 * half;
+                    if (row >= M) continue;
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float2 v = __ldcg(reinterpret_cast<const float2*>(p + (size_t)row * gcols + lcol + 8 * j));
+                        acc[i][j][2 * half] += v.x;
+                        acc[i][j][2 * half + 1] += v.y;
+                    }
+                }
+        }
+        store_out<T, MT>(y, acc, M, out_n, col0, col1, pairs != 0, g);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+}
+
+}  // namespace
+
+#define SKINNY(TYPE, SUF, MT)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_##SUF##_m##MT(                                 \
+        TYPE* y, const TYPE* x, const TYPE* w, float* partials, unsigned* counters, int M, int N, int K,             \
+        int chunks_per_split, int silu_pairs) {                                                                         \
+        skinny_gemm<TYPE, MT>(y, x, w, partials, counters, M, N, K, chunks_per_split, silu_pairs);                      \
+    }
+
+SKINNY(__nv_bfloat16, bf16, 1)
+SKINNY(__nv_bfloat16, bf16, 2)
+SKINNY(__nv_bfloat16, bf16, 4)
+SKINNY(__half, f16, 1)
+SKINNY(__half, f16, 2)
+SKINNY(__half, f16, 4)

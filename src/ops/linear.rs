@@ -1,0 +1,155 @@
+//! Projections `x · wᵀ` of the looped models. At decode widths a projection is a stream of its
+//! weights past a few rows, and cuBLAS's kernels for those shapes leave much of the copy
+//! bandwidth unused on the small matrices (o_proj, down); so on CUDA, in bf16 / f16 with at most
+//! 64 rows, our streaming kernel runs (`ops::cuda::skinny_linear`), and the fused gate/up
+//! projection applies SiLU·mul in its epilogue. Everywhere else — and with
+//! [`DecodeGemm::Cublas`] — it is candle's matmul, which is also the reference.
+
+use candle_core::{Result, Tensor};
+
+/// Rows the streaming kernel takes (four 16-row MMA tiles).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) const MAX_ROWS: usize = 64;
+// The streaming kernel's block shape; must match `kernels/skinny.cu`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) const WARPS: usize = 8;
+pub(crate) const CHUNK: usize = 64;
+pub(crate) const PAD: usize = 32;
+/// Shared memory a block may stage x in.
+pub(crate) const SMEM_MAX: usize = 96 * 1024;
+
+/// Which GEMM decode-width projections use on CUDA. Both compute the same products up to
+/// rounding; the choice exists to compare them (`bench_looped --decode-gemm`, the device tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeGemm {
+    /// Our streaming kernel for ≤ 64 rows in bf16 / f16, candle's matmul otherwise.
+    #[default]
+    Streaming,
+    /// candle's matmul (cuBLAS) at every width.
+    Cublas,
+}
+
+static DECODE_GEMM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Selects the decode-width GEMM for the whole process.
+pub fn set_decode_gemm(g: DecodeGemm) {
+    DECODE_GEMM.store(g as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The GEMM selected with [`set_decode_gemm`].
+pub fn decode_gemm() -> DecodeGemm {
+    match DECODE_GEMM.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => DecodeGemm::Cublas,
+        _ => DecodeGemm::Streaming,
+    }
+}
+
+/// `x · wᵀ` for `x` `[.., K]` and `w` `[N, K]` (a `Linear` without bias).
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(y) = streaming(x, w, false)? {
+        return Ok(y);
+    }
+    linear_reference(x, w)
+}
+
+/// `silu(x · gateᵀ) · (x · upᵀ)` for `w` `[2I, K]`, the gate rows first; output `[.., I]`.
+pub fn linear_silu_mul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(y) = streaming(x, w, true)? {
+        return Ok(y);
+    }
+    super::silu_mul(&linear_reference(x, w)?)
+}
+
+/// candle's matmul behind [`linear`], rows flattened as `candle_nn::Linear` does.
+pub fn linear_reference(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    match x.rank() {
+        0 | 1 => candle_core::bail!("linear: x {:?} needs a row dimension", x.dims()),
+        2 => x.matmul(&w.t()?),
+        _ => {
+            let mut dims = x.dims().to_vec();
+            let k = dims.pop().expect("rank >= 3");
+            let rows: usize = dims.iter().product();
+            let y = x.contiguous()?.reshape((rows, k))?.matmul(&w.t()?)?;
+            dims.push(w.dim(0)?);
+            y.reshape(dims)
+        }
+    }
+}
+
+/// The streaming kernel's result when it takes these shapes on this device.
+#[cfg(feature = "cuda")]
+fn streaming(x: &Tensor, w: &Tensor, silu_pairs: bool) -> Result<Option<Tensor>> {
+    if !x.device().is_cuda() || x.rank() != 2 || decode_gemm() == DecodeGemm::Cublas || !super::cuda::skinny_fits(x, w, silu_pairs) {
+        return Ok(None);
+    }
+    super::cuda::skinny_linear(x, w, silu_pairs).map(Some)
+}
+
+/// How a launch splits its work: `groups` column groups × `splits` k slices of
+/// `chunks_per_split` 64-wide chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SkinnyPlan {
+    pub m_tiles: usize,
+    pub groups: usize,
+    pub splits: usize,
+    pub chunks_per_split: usize,
+}
+
+impl SkinnyPlan {
+    /// The plan for `m` rows, `out_cols` output columns (`cols_per_group` a block), depth `k`
+    /// on `sms` multiprocessors. It depends on m only through the tile count, so the k order of
+    /// a row — and so its result — is the same at every m with the same tile count.
+    pub fn new(m: usize, out_cols: usize, cols_per_group: usize, k: usize, sms: usize) -> Self {
+        let m_tiles = match m {
+            0..=16 => 1,
+            17..=32 => 2,
+            _ => 4,
+        };
+        let groups = out_cols.div_ceil(cols_per_group);
+        let chunks = k.div_ceil(CHUNK);
+        // x's k slice must fit shared memory; beyond that, split until there are about two
+        // blocks per SM, as long as the f32 partials stay small next to the weights (about a
+        // quarter of them) and a split keeps two chunks.
+        let max_chunks = ((SMEM_MAX / (2 * 16 * m_tiles)).saturating_sub(PAD) / CHUNK).max(1);
+        let at_least = chunks.div_ceil(max_chunks);
+        let for_sms = (2 * sms).div_ceil(groups);
+        let partial_cap = (k / (8 * 16 * m_tiles)).max(1);
+        let splits = for_sms.min(partial_cap).min(chunks.div_ceil(2)).max(at_least).max(1);
+        let chunks_per_split = chunks.div_ceil(splits);
+        let splits = chunks.div_ceil(chunks_per_split);
+        Self { m_tiles, groups, splits, chunks_per_split }
+    }
+
+    /// Shared memory of one block (x's k slice, 16 · m_tiles rows).
+    pub fn smem_bytes(&self) -> usize {
+        16 * self.m_tiles * (self.chunks_per_split * CHUNK + PAD) * 2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_for_ouro_shapes_fill_the_gpu_and_fit_shared_memory() {
+        // (rows, output columns, columns per group, k)
+        for &(m, n, cpg, k) in &[
+            (16, 6144, 128, 2048),
+            (16, 2048, 128, 2048),
+            (16, 5632, 64, 2048),
+            (16, 2048, 128, 5632),
+            (64, 2048, 128, 5632),
+            (64, 49152, 128, 2048),
+            (1, 5280, 128, 17920),
+        ] {
+            let p = SkinnyPlan::new(m, n, cpg, k, 132);
+            assert!(p.smem_bytes() <= SMEM_MAX, "{p:?}");
+            assert!(p.splits * p.chunks_per_split >= k.div_ceil(CHUNK) && (p.splits - 1) * p.chunks_per_split < k.div_ceil(CHUNK), "{p:?}");
+            assert!(p.groups * p.splits >= 64, "{p:?} leaves most SMs idle");
+        }
+        // The plan depends on m only through the tile count.
+        assert_eq!(SkinnyPlan::new(1, 2048, 128, 5632, 132), SkinnyPlan::new(16, 2048, 128, 5632, 132));
+    }
+}
