@@ -439,28 +439,31 @@ fn fused_silu_mul() {
     }
 }
 
+/// Median µs per call of `f` over 15 batches of `calls` back-to-back calls, after a warm-up.
+fn median_us(gpu: &Device, calls: usize, f: &dyn Fn()) -> f64 {
+    for _ in 0..20 {
+        f();
+    }
+    gpu.synchronize().unwrap();
+    let mut s = vec![];
+    for _ in 0..15 {
+        let t0 = std::time::Instant::now();
+        for _ in 0..calls {
+            f();
+        }
+        gpu.synchronize().unwrap();
+        s.push(t0.elapsed().as_secs_f64() / calls as f64 * 1e6);
+    }
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    s[s.len() / 2]
+}
+
 /// µs per call of each fused op vs its candle composition on the GPU (bf16, Ouro-1.4B shapes).
 #[test]
 #[ignore]
 fn fused_timing() {
     let gpu = Device::new_cuda(0).unwrap();
-    let time = |f: &dyn Fn()| {
-        for _ in 0..20 {
-            f();
-        }
-        gpu.synchronize().unwrap();
-        let mut s = vec![];
-        for _ in 0..15 {
-            let t0 = std::time::Instant::now();
-            for _ in 0..50 {
-                f();
-            }
-            gpu.synchronize().unwrap();
-            s.push(t0.elapsed().as_secs_f64() / 50.0 * 1e6);
-        }
-        s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        s[s.len() / 2]
-    };
+    let time = |f: &dyn Fn()| median_us(&gpu, 50, f);
     let dt = DType::BF16;
     let (h, kvh, hd, c, inter, bs) = (16usize, 16usize, 128usize, 2048usize, 5632usize, 16usize);
     for w in [16usize, 64, 256] {
@@ -1505,23 +1508,7 @@ fn skinny_linear_refuses_shapes_it_does_not_take() {
 fn skinny_timing() {
     use ponder::ops::{linear, linear_silu_mul, set_decode_gemm, DecodeGemm};
     let gpu = Device::new_cuda(0).unwrap();
-    let time = |f: &dyn Fn()| {
-        for _ in 0..20 {
-            f();
-        }
-        gpu.synchronize().unwrap();
-        let mut s = vec![];
-        for _ in 0..15 {
-            let t0 = std::time::Instant::now();
-            for _ in 0..100 {
-                f();
-            }
-            gpu.synchronize().unwrap();
-            s.push(t0.elapsed().as_secs_f64() / 100.0 * 1e6);
-        }
-        s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        s[s.len() / 2]
-    };
+    let time = |f: &dyn Fn()| median_us(&gpu, 100, f);
     for &(name, n, k, silu) in &[
         ("qkv", 6144usize, 2048usize, false),
         ("o_proj", 2048, 2048, false),

@@ -87,8 +87,8 @@ fn streaming(x: &Tensor, w: &Tensor, silu_pairs: bool) -> Result<Option<Tensor>>
     super::cuda::skinny_linear(x, w, silu_pairs).map(Some)
 }
 
-/// How a launch splits its work: `groups` column groups × `splits` k slices of
-/// `chunks_per_split` 64-wide chunks.
+/// How a launch splits its work: `groups` column groups × `splits` k slices (a thread-block
+/// cluster of `splits` blocks per group) of `chunks_per_split` 64-wide chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SkinnyPlan {
     pub m_tiles: usize,
@@ -98,10 +98,14 @@ pub struct SkinnyPlan {
 }
 
 impl SkinnyPlan {
+    /// Cluster sizes the kernel is built for.
+    pub const SPLITS: [usize; 4] = [1, 2, 4, 8];
+
     /// The plan for `m` rows, `out_cols` output columns (`cols_per_group` a block), depth `k`
-    /// on `sms` multiprocessors. It depends on m only through the tile count, so the k order of
-    /// a row — and so its result — is the same at every m with the same tile count.
-    pub fn new(m: usize, out_cols: usize, cols_per_group: usize, k: usize, sms: usize) -> Self {
+    /// on `sms` multiprocessors; `None` when x's k slice does not fit shared memory even at the
+    /// largest split. It depends on m only through the tile count, so a row's k order — and so
+    /// its result — is the same at every m with the same tile count.
+    pub fn new(m: usize, out_cols: usize, cols_per_group: usize, k: usize, sms: usize) -> Option<Self> {
         let m_tiles = match m {
             0..=16 => 1,
             17..=32 => 2,
@@ -109,22 +113,30 @@ impl SkinnyPlan {
         };
         let groups = out_cols.div_ceil(cols_per_group);
         let chunks = k.div_ceil(CHUNK);
-        // x's k slice must fit shared memory; beyond that, split until there are about two
-        // blocks per SM, as long as the f32 partials stay small next to the weights (about a
-        // quarter of them) and a split keeps two chunks.
-        let max_chunks = ((SMEM_MAX / (2 * 16 * m_tiles)).saturating_sub(PAD) / CHUNK).max(1);
-        let at_least = chunks.div_ceil(max_chunks);
-        let for_sms = (2 * sms).div_ceil(groups);
-        let partial_cap = (k / (8 * 16 * m_tiles)).max(1);
-        let splits = for_sms.min(partial_cap).min(chunks.div_ceil(2)).max(at_least).max(1);
+        // Blocks resident at once: two per SM (256 threads of 128 registers). Split k as far as
+        // all blocks stay resident (a second wave would double the time) and a split keeps two
+        // chunks; further when x's slice would not fit shared memory.
+        let max_chunks = (SMEM_MAX / (2 * 16 * m_tiles)).saturating_sub(PAD) / CHUNK;
+        let resident = 2 * sms;
+        let mut splits = 1;
+        for s in Self::SPLITS {
+            if groups * s <= resident && chunks.div_ceil(s) >= 2 {
+                splits = s;
+            }
+        }
+        while chunks.div_ceil(splits) > max_chunks && splits < 8 {
+            splits *= 2;
+        }
         let chunks_per_split = chunks.div_ceil(splits);
-        let splits = chunks.div_ceil(chunks_per_split);
-        Self { m_tiles, groups, splits, chunks_per_split }
+        (chunks_per_split <= max_chunks).then_some(Self { m_tiles, groups, splits, chunks_per_split })
     }
 
-    /// Shared memory of one block (x's k slice, 16 · m_tiles rows).
+    /// Shared memory of one block: x's k slice (16 · m_tiles rows), then the f32 partials of a
+    /// split launch in the same place.
     pub fn smem_bytes(&self) -> usize {
-        16 * self.m_tiles * (self.chunks_per_split * CHUNK + PAD) * 2
+        let x = 16 * self.m_tiles * (self.chunks_per_split * CHUNK + PAD) * 2;
+        let partials = if self.splits > 1 { 16 * self.m_tiles * WARPS * 16 * 4 } else { 0 };
+        x.max(partials)
     }
 }
 
@@ -144,12 +156,21 @@ mod tests {
             (64, 49152, 128, 2048),
             (1, 5280, 128, 17920),
         ] {
-            let p = SkinnyPlan::new(m, n, cpg, k, 132);
+            let p = SkinnyPlan::new(m, n, cpg, k, 132).expect("a plan");
             assert!(p.smem_bytes() <= SMEM_MAX, "{p:?}");
-            assert!(p.splits * p.chunks_per_split >= k.div_ceil(CHUNK) && (p.splits - 1) * p.chunks_per_split < k.div_ceil(CHUNK), "{p:?}");
-            assert!(p.groups * p.splits >= 64, "{p:?} leaves most SMs idle");
+            assert!(SkinnyPlan::SPLITS.contains(&p.splits), "{p:?}");
+            assert!(p.splits * p.chunks_per_split >= k.div_ceil(CHUNK), "{p:?}");
+            assert!(p.groups * p.splits >= 88, "{p:?} leaves most SMs idle");
         }
         // The plan depends on m only through the tile count.
         assert_eq!(SkinnyPlan::new(1, 2048, 128, 5632, 132), SkinnyPlan::new(16, 2048, 128, 5632, 132));
+        // Every block resident at once: QKV in clusters of 4 (192 blocks), o_proj and down of 8
+        // (128), gate/up of 2 (176); x of Huginn's down at 64 rows does not fit.
+        let splits = |m, n, cpg, k| SkinnyPlan::new(m, n, cpg, k, 132).map(|p| (p.splits, p.groups * p.splits));
+        assert_eq!(splits(16, 6144, 128, 2048), Some((4, 192)));
+        assert_eq!(splits(16, 2048, 128, 2048), Some((8, 128)));
+        assert_eq!(splits(16, 5632, 64, 2048), Some((2, 176)));
+        assert_eq!(splits(16, 2048, 128, 5632), Some((8, 128)));
+        assert_eq!(SkinnyPlan::new(64, 5280, 128, 17920, 132), None);
     }
 }

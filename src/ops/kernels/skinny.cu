@@ -10,20 +10,26 @@
 //
 // Layout of the work: a block of `WARPS` warps owns `WARPS * 16` output columns (a warp two
 // 8-column MMA tiles) over one slice of k; the x slice of the block is staged in shared memory
-// once. When the columns alone give too few blocks, k is split over `gridDim.y` blocks: each
-// writes f32 partials, and the block that finishes a column group last (a counter per group)
-// adds the partials in split order — the same order whichever block is last, so results do not
-// depend on timing — writes the output and resets the counter for the next launch.
+// once (cp.async, one round trip, while the first weight chunks are already in flight). When the
+// columns alone give too few blocks, k is split over the S blocks of a thread-block cluster
+// (Hopper): each leaves its f32 partials in its shared memory, and after a cluster barrier each
+// block adds up a share of the rows from all S blocks' shared memory in rank order — the same
+// order every run — and writes the output. No global workspace, no atomics, one launch.
 //
 // With `silu_pairs` = I (the fused gate/up projection, gate rows first), a warp's two tiles are
 // gate columns [c, c+8) and the matching up columns [I+c, I+c+8), and the output is
 // silu(gate) · up, `[M, I]`: the SiLU·mul epilogue costs no extra launch and no round trip.
 //
-// A row's result does not depend on M or on the other rows: every row is its own MMA row, and
-// the k order and split depend only on (N, K, the launch's split count).
+// A row's result does not depend on the other rows: every row is its own MMA row, and the k
+// order is fixed by the split count, which the host chooses from (N, K, the row-tile count).
+//
+// Needs sm_90 (clusters); the host uses the kernel only on sm_90 builds.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+namespace cg = cooperative_groups;
 
 namespace {
 
@@ -64,6 +70,12 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// 16 bytes global -> shared, bypassing L1; `valid` false writes zeros (nothing is read).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
 
 // One warp's k chunk of its two weight rows (per thread: row g of each tile, 2 × 8 k).
 template <typename T>
@@ -123,43 +135,41 @@ __device__ __forceinline__ void store_out(T* y, const float (&acc)[MT][2][4], in
     }
 }
 
-template <typename T, int MT>
-__device__ void skinny_gemm(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w, float* __restrict__ partials,
-                            unsigned* __restrict__ counters, int M, int N, int K, int chunks_per_split, int silu_pairs) {
+template <typename T, int MT, int S>
+__device__ void skinny_gemm(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w, int M, int N, int K, int chunks_per_split,
+                            int silu_pairs) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* xs = reinterpret_cast<T*>(smem_raw);
-    __shared__ unsigned last_block;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
-    const int split = blockIdx.y, splits = gridDim.y;
+    const int split = blockIdx.y;
     const int nchunks = (K + CHUNK - 1) / CHUNK;
     const int c_begin = split * chunks_per_split;
-    const int my_chunks = min(chunks_per_split, nchunks - c_begin);
+    const int my_chunks = max(0, min(chunks_per_split, nchunks - c_begin));
     const int k_begin = c_begin * CHUNK;
     const int stride = chunks_per_split * CHUNK + PAD;
 
     // The warp's two weight rows (for this thread: row g of each tile) and its output columns.
     const int pairs = silu_pairs;
     const int out_n = pairs ? pairs : N;
-    const int col = blockIdx.x * (WARPS * (pairs ? 8 : 16)) + warp * (pairs ? 8 : 16);
+    const int group_cols = WARPS * (pairs ? 8 : 16);
+    const int col = blockIdx.x * group_cols + warp * (pairs ? 8 : 16);
     const bool live = col < out_n;
     const int row0 = col + g, row1 = pairs ? pairs + col + g : col + 8 + g;
     const T* rows[2] = {w + (size_t)(live ? row0 : 0) * K + k_begin + 8 * t, w + (size_t)(live ? row1 : 0) * K + k_begin + 8 * t};
 
-    // Start streaming w before staging x.
+    // Start streaming w, then stage x[:, k slice] (zeros past M and K) with cp.async.
     uint4 wr[DEPTH][2][2];
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u) load_chunk<T>(wr[u], rows, live && u < my_chunks, CHUNK * u, K - k_begin - 8 * t);
-
-    // Stage x[:, k slice] (zeros past M and K) in 16-byte vectors.
     const int vec_per_row = stride / 8;
     for (int v = threadIdx.x; v < 16 * MT * vec_per_row; v += blockDim.x) {
         const int r = v / vec_per_row, kv = (v % vec_per_row) * 8, k = k_begin + kv;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (r < M && kv < my_chunks * CHUNK && k < K) val = *reinterpret_cast<const uint4*>(x + (size_t)r * K + k);
-        *reinterpret_cast<uint4*>(xs + r * stride + kv) = val;
+        const bool valid = r < M && kv < my_chunks * CHUNK && k < K;
+        cp_async16(xs + r * stride + kv, valid ? x + (size_t)r * K + k : x, valid);
     }
+    asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
 
     float acc[MT][2][4];
@@ -184,43 +194,14 @@ __device__ void skinny_gemm(T* __restrict__ y, const T* __restrict__ x, const T*
     }
 
     const int col0 = col + 2 * t, col1 = col + 8 + 2 * t;
-    if (splits == 1) {
+    if constexpr (S == 1) {
         if (live) store_out<T, MT>(y, acc, M, out_n, col0, col1, pairs != 0, g);
-        return;
-    }
-
-    // Split k: this block's partials, [M][WARPS * 16] per (column group, split).
-    const int gcols = WARPS * 16;
-    const int lcol = warp * 16 + 2 * t;
-    float* mine = partials + ((size_t)blockIdx.x * splits + split) * M * gcols;
-    if (live) {
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = 16 * i + g + 8 * half;
-                if (row >= M) continue;
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    *reinterpret_cast<float2*>(mine + (size_t)row * gcols + lcol + 8 * j) = make_float2(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
-            }
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last_block = atomicAdd(counters + blockIdx.x, 1u) == (unsigned)(splits - 1);
-    __syncthreads();
-    if (!last_block) return;
-    __threadfence();
-    if (live) {
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-        const float* group = partials + (size_t)blockIdx.x * splits * M * gcols;
-        for (int s = 0; s < splits; ++s) {
-            const float* p = group + (size_t)s * M * gcols;
+    } else {
+        // Partials [M][WARPS * 16] f32 in this block's shared memory, where x was.
+        constexpr int GC = WARPS * 16;
+        float* part = reinterpret_cast<float*>(smem_raw);
+        __syncthreads();
+        if (live) {
 #pragma unroll
             for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -228,30 +209,63 @@ __device__ void skinny_gemm(T* __restrict__ y, const T* __restrict__ x, const T*
                     const int row = 16 * i + g + 8 * half;
                     if (row >= M) continue;
 #pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        const float2 v = __ldcg(reinterpret_cast<const float2*>(p + (size_t)row * gcols + lcol + 8 * j));
-                        acc[i][j][2 * half] += v.x;
-                        acc[i][j][2 * half + 1] += v.y;
-                    }
+                    for (int j = 0; j < 2; ++j)
+                        *reinterpret_cast<float2*>(part + row * GC + warp * 16 + 8 * j + 2 * t) = make_float2(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
                 }
         }
-        store_out<T, MT>(y, acc, M, out_n, col0, col1, pairs != 0, g);
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.sync();
+        // Block `rank` of the cluster finishes rows rank, rank + S, ...: each thread a pair of
+        // output columns of one row, summing the S partials in rank order.
+        const int rank = static_cast<int>(cluster.block_rank());
+        const int col_pairs = group_cols / 2;
+        const int group_col0 = blockIdx.x * group_cols;
+        for (int e = threadIdx.x;; e += blockDim.x) {
+            const int row = rank + S * (e / col_pairs);
+            if (row >= M) break;
+            const int oc = 2 * (e % col_pairs);
+            if (group_col0 + oc >= out_n) continue;
+            // Where output column oc's partials sit: gate (and up, 8 further) in silu mode.
+            const int lcol = pairs ? (oc / 8) * 16 + oc % 8 : oc;
+            float2 a = make_float2(0.f, 0.f), b = make_float2(0.f, 0.f);
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                const float* p = cluster.map_shared_rank(part, s) + row * GC + lcol;
+                const float2 pa = *reinterpret_cast<const float2*>(p);
+                a.x += pa.x;
+                a.y += pa.y;
+                if (pairs) {
+                    const float2 pb = *reinterpret_cast<const float2*>(p + 8);
+                    b.x += pb.x;
+                    b.y += pb.y;
+                }
+            }
+            T* yr = y + (size_t)row * out_n + group_col0 + oc;
+            *reinterpret_cast<uint32_t*>(yr) = pairs ? pack2<T>(silu(a.x) * b.x, silu(a.y) * b.y) : pack2<T>(a.x, a.y);
+        }
+        // Peers read this block's shared memory until here.
+        cluster.sync();
     }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
 }  // namespace
 
-#define SKINNY(TYPE, SUF, MT)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_##SUF##_m##MT(                                 \
-        TYPE* y, const TYPE* x, const TYPE* w, float* partials, unsigned* counters, int M, int N, int K,             \
-        int chunks_per_split, int silu_pairs) {                                                                         \
-        skinny_gemm<TYPE, MT>(y, x, w, partials, counters, M, N, K, chunks_per_split, silu_pairs);                      \
+#define SKINNY(TYPE, SUF, MT, S)                                                                                            \
+    extern "C" __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(WARPS * 32) skinny_gemm_##SUF##_m##MT##_s##S( \
+        TYPE* y, const TYPE* x, const TYPE* w, int M, int N, int K, int chunks_per_split, int silu_pairs) {                \
+        skinny_gemm<TYPE, MT, S>(y, x, w, M, N, K, chunks_per_split, silu_pairs);                                           \
     }
+#define SKINNY_SPLITS(TYPE, SUF, MT) \
+    SKINNY(TYPE, SUF, MT, 1)         \
+    SKINNY(TYPE, SUF, MT, 2)         \
+    SKINNY(TYPE, SUF, MT, 4)         \
+    SKINNY(TYPE, SUF, MT, 8)
 
-SKINNY(__nv_bfloat16, bf16, 1)
-SKINNY(__nv_bfloat16, bf16, 2)
-SKINNY(__nv_bfloat16, bf16, 4)
-SKINNY(__half, f16, 1)
-SKINNY(__half, f16, 2)
-SKINNY(__half, f16, 4)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+SKINNY_SPLITS(__nv_bfloat16, bf16, 1)
+SKINNY_SPLITS(__nv_bfloat16, bf16, 2)
+SKINNY_SPLITS(__nv_bfloat16, bf16, 4)
+SKINNY_SPLITS(__half, f16, 1)
+SKINNY_SPLITS(__half, f16, 2)
+SKINNY_SPLITS(__half, f16, 4)
+#endif
