@@ -15,8 +15,17 @@ pub(crate) const MAX_ROWS: usize = 64;
 pub(crate) const WARPS: usize = 8;
 pub(crate) const CHUNK: usize = 64;
 pub(crate) const PAD: usize = 32;
-/// Shared memory a block may stage x in.
-pub(crate) const SMEM_MAX: usize = 96 * 1024;
+/// Weight chunks in flight per warp, and the bytes of one warp's ring slot (16 rows of 192 bytes).
+const NS: usize = 3;
+const SLOT: usize = 16 * 192;
+/// The warps' rings of one block.
+const RING: usize = WARPS * NS * SLOT;
+// A split launch's f32 partials (up to 64 rows of the block's columns) go where the rings were.
+const _: () = assert!(RING >= 64 * WARPS * 16 * 4);
+/// Shared memory of a block, two blocks per SM (228 KB, 1 KB of each reserved).
+const BLOCK_SMEM: usize = 112 * 1024;
+/// What is left of it for x's k slice (after the rings and the barriers).
+pub(crate) const SMEM_MAX: usize = BLOCK_SMEM - RING - 16 - 8 * NS * WARPS;
 
 /// Which GEMM decode-width projections use on CUDA. Both compute the same products up to
 /// rounding; the choice exists to compare them (`bench_looped --decode-gemm`, the device tests).
@@ -131,12 +140,11 @@ impl SkinnyPlan {
         (chunks_per_split <= max_chunks).then_some(Self { m_tiles, groups, splits, chunks_per_split })
     }
 
-    /// Shared memory of one block: x's k slice (16 · m_tiles rows), then the f32 partials of a
-    /// split launch in the same place.
+    /// Shared memory of one block: the warps' weight rings (where a split launch's f32
+    /// partials go afterwards), x's k slice (16 · m_tiles rows), the ring barriers.
     pub fn smem_bytes(&self) -> usize {
         let x = 16 * self.m_tiles * (self.chunks_per_split * CHUNK + PAD) * 2;
-        let partials = if self.splits > 1 { 16 * self.m_tiles * WARPS * 16 * 4 } else { 0 };
-        x.max(partials)
+        RING + x.div_ceil(16) * 16 + 8 * NS * WARPS
     }
 }
 
@@ -152,12 +160,12 @@ mod tests {
             (16, 2048, 128, 2048),
             (16, 5632, 64, 2048),
             (16, 2048, 128, 5632),
-            (64, 2048, 128, 5632),
+            (64, 2048, 128, 2048),
             (64, 49152, 128, 2048),
-            (1, 5280, 128, 17920),
+            (1, 5280, 128, 5280),
         ] {
             let p = SkinnyPlan::new(m, n, cpg, k, 132).expect("a plan");
-            assert!(p.smem_bytes() <= SMEM_MAX, "{p:?}");
+            assert!(p.smem_bytes() <= BLOCK_SMEM, "{p:?}");
             assert!(SkinnyPlan::SPLITS.contains(&p.splits), "{p:?}");
             assert!(p.splits * p.chunks_per_split >= k.div_ceil(CHUNK), "{p:?}");
             assert!(p.groups * p.splits >= 88, "{p:?} leaves most SMs idle");
@@ -165,12 +173,12 @@ mod tests {
         // The plan depends on m only through the tile count.
         assert_eq!(SkinnyPlan::new(1, 2048, 128, 5632, 132), SkinnyPlan::new(16, 2048, 128, 5632, 132));
         // Every block resident at once: QKV in clusters of 4 (192 blocks), o_proj and down of 8
-        // (128), gate/up of 2 (176); x of Huginn's down at 64 rows does not fit.
+        // (128), gate/up of 2 (176); x of Ouro's down at 64 rows does not fit.
         let splits = |m, n, cpg, k| SkinnyPlan::new(m, n, cpg, k, 132).map(|p| (p.splits, p.groups * p.splits));
         assert_eq!(splits(16, 6144, 128, 2048), Some((4, 192)));
         assert_eq!(splits(16, 2048, 128, 2048), Some((8, 128)));
         assert_eq!(splits(16, 5632, 64, 2048), Some((2, 176)));
         assert_eq!(splits(16, 2048, 128, 5632), Some((8, 128)));
-        assert_eq!(SkinnyPlan::new(64, 5280, 128, 17920, 132), None);
+        assert_eq!(SkinnyPlan::new(64, 2048, 128, 5632, 132), None);
     }
 }

@@ -1,12 +1,14 @@
 // Decode-width GEMM: y[M, N] = x[M, K] · w[N, K]ᵀ for M ≤ 64 rows (bf16 / f16, f32 accumulation).
 //
 // At decode widths a projection reads each weight once and does M multiply-adds with it, so the
-// kernel's job is to keep enough of w in flight to run at the copy bandwidth. Each thread loads
-// 16 bytes of a weight row straight into registers (eight consecutive k of one output column),
-// `DEPTH` chunks ahead of the tensor-core MMAs that consume them; nothing of w passes through
-// shared memory. The MMA's k order is a permutation of the chunk's: a thread's eight k feed two
-// m16n8k16 steps, and the x fragments are read from shared memory with the same permutation, so
-// the dot products are exact sums over the same k.
+// kernel's job is to keep enough of w in flight to run at the copy bandwidth. Loads through the
+// SMs' load units (16 bytes a thread into registers) did not: about 2 TB/s whatever the depth,
+// below cuBLAS. So each warp streams its 16 weight rows with the copy engine (`cp.async.bulk`,
+// one 128-byte row piece per lane) into a ring of `NS` chunk slots in shared memory, completion
+// counted on an mbarrier per slot, and refills a slot as soon as its MMAs have read it. The MMA's
+// k order is a permutation of the chunk's: a thread's eight k feed two m16n8k16 steps, and the x
+// fragments are read with the same permutation, so the dot products are exact sums over the
+// same k.
 //
 // Layout of the work: a block of `WARPS` warps owns `WARPS * 16` output columns (a warp two
 // 8-column MMA tiles) over one slice of k; the x slice of the block is staged in shared memory
@@ -35,7 +37,9 @@ namespace {
 
 constexpr int WARPS = 8;   // per block
 constexpr int CHUNK = 64;  // k per pipeline step: two 16-byte loads per weight row and thread
-constexpr int DEPTH = 4;   // chunks of w in flight per warp
+constexpr int NS = 3;      // chunks of w in flight per warp: a ring of bulk copies into shared memory
+constexpr int ROWB = 192;  // bytes per weight row in a ring slot: 128 of data, rows g and g + 1 on other banks
+constexpr int SLOT = 16 * ROWB;  // one warp's chunk: its 16 weight rows
 constexpr int PAD = 32;    // elements after each staged x row: rows start 64 bytes apart mod 128
 
 template <typename T> __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
@@ -50,13 +54,6 @@ template <> __device__ __forceinline__ void mma16816<__half>(float (&c)[4], cons
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Weights are read once per launch: keep them out of L1 so the staged x and partials stay.
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
 }
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -77,17 +74,41 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
 }
 
-// One warp's k chunk of its two weight rows (per thread: row g of each tile, 2 × 8 k).
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void mbar_init(unsigned bar) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar)); }
+
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred ready;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 ready, [%0], %1;\n"
+        "@!ready bra WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// `bytes` (a multiple of 16) global -> shared by the copy engine, counted on `bar`.
+__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+// Queues chunk `c` of the warp's 16 weight rows into ring slot `slot`: lane 0 announces the
+// bytes, lanes 0..15 copy a row each.
 template <typename T>
-__device__ __forceinline__ void load_chunk(uint4 (&dst)[2][2], const T* const (&rows)[2], bool live, int k, int K) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int kk = k + 32 * h;
-            dst[j][h] = (live && kk < K) ? load_stream(rows[j] + kk) : make_uint4(0, 0, 0, 0);
-        }
-    }
+__device__ __forceinline__ void issue_chunk(unsigned ring, unsigned bars, int slot, const T* my_row, int lane, int k, int K) {
+    const unsigned bar = bars + 8 * slot;
+    const unsigned bytes = 2 * min(CHUNK, K - k);
+    if (lane == 0) mbar_expect_tx(bar, 16 * bytes);
+    __syncwarp();
+    if (lane < 16) bulk_copy(ring + slot * SLOT + lane * ROWB, my_row + k, bytes, bar);
 }
 
 // acc[i][j] += x rows of m-tile i · the chunk of tile j, from staged x at local k `lk` (+ 8t).
@@ -139,7 +160,6 @@ template <typename T, int MT, int S>
 __device__ void skinny_gemm(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w, int M, int N, int K, int chunks_per_split,
                             int silu_pairs) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* xs = reinterpret_cast<T*>(smem_raw);
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -157,17 +177,32 @@ __device__ void skinny_gemm(T* __restrict__ y, const T* __restrict__ x, const T*
     const int col = blockIdx.x * group_cols + warp * (pairs ? 8 : 16);
     const bool live = col < out_n;
     const int row0 = col + g, row1 = pairs ? pairs + col + g : col + 8 + g;
-    const T* rows[2] = {w + (size_t)(live ? row0 : 0) * K + k_begin + 8 * t, w + (size_t)(live ? row1 : 0) * K + k_begin + 8 * t};
 
-    // Start streaming w, then stage x[:, k slice] (zeros past M and K) with cp.async.
-    uint4 wr[DEPTH][2][2];
-#pragma unroll
-    for (int u = 0; u < DEPTH; ++u) load_chunk<T>(wr[u], rows, live && u < my_chunks, CHUNK * u, K - k_begin - 8 * t);
+    // Shared memory: each warp's ring of weight chunks, then x's k slice, then the ring barriers.
+    unsigned char* ring_w = smem_raw + warp * NS * SLOT;
+    T* xs = reinterpret_cast<T*>(smem_raw + WARPS * NS * SLOT);
+    unsigned long long* bar_base = reinterpret_cast<unsigned long long*>(smem_raw + WARPS * NS * SLOT + ((16 * MT * stride * 2 + 15) / 16) * 16);
+    const unsigned ring = smem_addr(ring_w), bars = smem_addr(bar_base + warp * NS);
+
+    // Zero the ring (a last chunk short of 64 k leaves the rest of its rows as they were: zeros
+    // or finite weights, times x's zeros) and start the warp's copies.
+    for (int i = lane; i < NS * SLOT / 16; i += 32) reinterpret_cast<uint4*>(ring_w)[i] = make_uint4(0, 0, 0, 0);
+    if (lane == 0)
+        for (int s = 0; s < NS; ++s) mbar_init(bars + 8 * s);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncwarp();
+    const int r = lane % 16;
+    const T* my_row = w + (size_t)(live ? (r < 8 ? row0 - g + r : row1 - g + r - 8) : 0) * K;
+    if (live)
+        for (int c = 0; c < min(NS, my_chunks); ++c) issue_chunk<T>(ring, bars, c, my_row, lane, k_begin + CHUNK * c, K);
+
+    // Stage x[:, k slice] (zeros past M and K) with cp.async while the weights stream.
     const int vec_per_row = stride / 8;
     for (int v = threadIdx.x; v < 16 * MT * vec_per_row; v += blockDim.x) {
-        const int r = v / vec_per_row, kv = (v % vec_per_row) * 8, k = k_begin + kv;
-        const bool valid = r < M && kv < my_chunks * CHUNK && k < K;
-        cp_async16(xs + r * stride + kv, valid ? x + (size_t)r * K + k : x, valid);
+        const int xr = v / vec_per_row, kv = (v % vec_per_row) * 8, k = k_begin + kv;
+        const bool valid = xr < M && kv < my_chunks * CHUNK && k < K;
+        cp_async16(xs + xr * stride + kv, valid ? x + (size_t)xr * K + k : x, valid);
     }
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
@@ -181,14 +216,21 @@ __device__ void skinny_gemm(T* __restrict__ y, const T* __restrict__ x, const T*
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
     if (live) {
-        for (int c0 = 0; c0 < my_chunks; c0 += DEPTH) {
+        for (int c = 0; c < my_chunks; ++c) {
+            const int slot = c % NS;
+            mbar_wait(bars + 8 * slot, (c / NS) & 1);
+            uint4 wv[2][2];
+            const unsigned char* sw = ring_w + slot * SLOT + g * ROWB + 16 * t;
 #pragma unroll
-            for (int u = 0; u < DEPTH; ++u) {
-                const int c = c0 + u;
-                if (c < my_chunks) {
-                    mma_chunk<T, MT>(acc, wr[u], xs, stride, g, CHUNK * c + 8 * t);
-                    if (c + DEPTH < my_chunks) load_chunk<T>(wr[u], rows, true, CHUNK * (c + DEPTH), K - k_begin - 8 * t);
-                }
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wv[j][h] = *reinterpret_cast<const uint4*>(sw + 8 * j * ROWB + 64 * h);
+            mma_chunk<T, MT>(acc, wv, xs, stride, g, CHUNK * c + 8 * t);
+            // The slot's values are in registers (consumed above); refill it.
+            __syncwarp();
+            if (c + NS < my_chunks) {
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                issue_chunk<T>(ring, bars, slot, my_row, lane, k_begin + CHUNK * (c + NS), K);
             }
         }
     }
@@ -197,7 +239,7 @@ __device__ void skinny_gemm(T* __restrict__ y, const T* __restrict__ x, const T*
     if constexpr (S == 1) {
         if (live) store_out<T, MT>(y, acc, M, out_n, col0, col1, pairs != 0, g);
     } else {
-        // Partials [M][WARPS * 16] f32 in this block's shared memory, where x was.
+        // Partials [M][WARPS * 16] f32 in this block's shared memory, where the rings were.
         constexpr int GC = WARPS * 16;
         float* part = reinterpret_cast<float*>(smem_raw);
         __syncthreads();
