@@ -91,7 +91,7 @@ pub use engine::{
 };
 pub use error::{Error, InvalidRequest, Result};
 pub use kv::KvLayoutKind;
-pub use ops::{AttentionKernels, DecodeGemm};
+pub use ops::AttentionKernels;
 pub use sampling::SamplingParams;
 
 /// Re-exported so callers can name devices and dtypes without depending on candle directly.

@@ -439,31 +439,28 @@ fn fused_silu_mul() {
     }
 }
 
-/// Median µs per call of `f` over 15 batches of `calls` back-to-back calls, after a warm-up.
-fn median_us(gpu: &Device, calls: usize, f: &dyn Fn()) -> f64 {
-    for _ in 0..20 {
-        f();
-    }
-    gpu.synchronize().unwrap();
-    let mut s = vec![];
-    for _ in 0..15 {
-        let t0 = std::time::Instant::now();
-        for _ in 0..calls {
-            f();
-        }
-        gpu.synchronize().unwrap();
-        s.push(t0.elapsed().as_secs_f64() / calls as f64 * 1e6);
-    }
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    s[s.len() / 2]
-}
-
 /// µs per call of each fused op vs its candle composition on the GPU (bf16, Ouro-1.4B shapes).
 #[test]
 #[ignore]
 fn fused_timing() {
     let gpu = Device::new_cuda(0).unwrap();
-    let time = |f: &dyn Fn()| median_us(&gpu, 50, f);
+    let time = |f: &dyn Fn()| {
+        for _ in 0..20 {
+            f();
+        }
+        gpu.synchronize().unwrap();
+        let mut s = vec![];
+        for _ in 0..15 {
+            let t0 = std::time::Instant::now();
+            for _ in 0..50 {
+                f();
+            }
+            gpu.synchronize().unwrap();
+            s.push(t0.elapsed().as_secs_f64() / 50.0 * 1e6);
+        }
+        s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        s[s.len() / 2]
+    };
     let dt = DType::BF16;
     let (h, kvh, hd, c, inter, bs) = (16usize, 16usize, 128usize, 2048usize, 5632usize, 16usize);
     for w in [16usize, 64, 256] {
@@ -1400,143 +1397,5 @@ fn moe_timing() {
         });
         let tflops = (tokens * k * 6 * h * w) as f64 / (experts_ms * 1e-3) / 1e12;
         println!("moe {tokens:5} tokens: router {router_ms:.3} ms (f32 matmul {sgemm_ms:.3} ms) · route {route_ms:.3} ms · experts {experts_ms:.3} ms ({tflops:.0} TFLOP/s)");
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The decode-width GEMM (`ponder::ops::linear` on CUDA): our streaming kernel against the f32
-// product of the same (dtype-rounded) values on the CPU.
-
-/// `x · wᵀ` (or silu(gate) · up for fused gate/up weights) in f32 on the CPU.
-fn linear_f32(x: &Tensor, w: &Tensor, silu_pairs: bool) -> Tensor {
-    let y = f32_cpu(x).matmul(&f32_cpu(w).t().unwrap()).unwrap();
-    if !silu_pairs {
-        return y;
-    }
-    let i = y.dim(1).unwrap() / 2;
-    let (g, u) = (y.narrow(1, 0, i).unwrap(), y.narrow(1, i, i).unwrap());
-    (candle_nn::ops::silu(&g).unwrap() * u).unwrap()
-}
-
-#[test]
-fn skinny_linear_matches_the_f32_product() {
-    use ponder::ops::cuda::{skinny_fits, skinny_linear};
-    use ponder::ops::SkinnyPlan;
-    let gpu = Device::new_cuda(0).unwrap();
-    // (rows, weight rows N, k, silu pairs): Ouro's projections, shapes off the 64-wide k chunk
-    // and off the 128-column groups (Huginn's 5280), one- and many-split plans, every tile count.
-    let cases: &[(usize, usize, usize, bool)] = &[
-        (1, 2048, 2048, false),
-        (16, 2048, 5632, false),
-        (16, 6144, 2048, false),
-        (16, 11264, 2048, true),
-        (5, 336, 5280, false),
-        (17, 2048, 2048, false),
-        (32, 48, 104, true),
-        (33, 49152, 2048, false),
-        (64, 2048, 2048, false),
-        (64, 11264, 2048, true),
-        (64, 5280, 520, false),
-    ];
-    for dt in [DType::BF16, DType::F16] {
-        for &(m, n, k, silu) in cases {
-            let mut rng = StdRng::seed_from_u64((m * 7919 + n * 31 + k) as u64);
-            let x = rand_tensor(&mut rng, &[m, k], -1.0, 1.0, dt).to_device(&gpu).unwrap();
-            let w = rand_tensor(&mut rng, &[n, k], -0.05, 0.05, dt).to_device(&gpu).unwrap();
-            assert!(skinny_fits(&x, &w, silu));
-            let y = skinny_linear(&x, &w, silu).unwrap();
-            let out_cols = if silu { n / 2 } else { n };
-            assert_eq!((y.dims(), y.dtype()), (&[m, out_cols][..], dt));
-            let e = rel_err(&f32_cpu(&y), &linear_f32(&x, &w, silu));
-            let plan = SkinnyPlan::new(m, out_cols, if silu { 64 } else { 128 }, k, 132);
-            println!("skinny {m:2}x{n:<5}x{k:<5} silu {silu:<5} {dt:?} rel err {e:.2e} ({plan:?})");
-            assert!(e <= 8e-3, "skinny {m}x{n}x{k} silu {silu} {dt:?}: {e}");
-            // Through the op entry points: the same kernel.
-            let via_op = if silu { ponder::ops::linear_silu_mul(&x, &w) } else { ponder::ops::linear(&x, &w) }.unwrap();
-            assert_eq!(f32_cpu(&via_op).to_vec2::<f32>().unwrap(), f32_cpu(&y).to_vec2::<f32>().unwrap());
-        }
-    }
-}
-
-/// A row's output does not depend on the other rows of the launch (same tile count: the k split
-/// and order are the same), nor on the run: the split reduction adds partials in a fixed order.
-#[test]
-fn skinny_linear_rows_are_independent_and_runs_repeat() {
-    use ponder::ops::cuda::skinny_linear;
-    let gpu = Device::new_cuda(0).unwrap();
-    for &(m, n, k) in &[(16usize, 2048usize, 5632usize), (64, 2048, 2048)] {
-        let mut rng = StdRng::seed_from_u64(m as u64);
-        let x = rand_tensor(&mut rng, &[m, k], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
-        let w = rand_tensor(&mut rng, &[n, k], -0.05, 0.05, DType::BF16).to_device(&gpu).unwrap();
-        let all = f32_cpu(&skinny_linear(&x, &w, false).unwrap()).to_vec2::<f32>().unwrap();
-        let again = f32_cpu(&skinny_linear(&x, &w, false).unwrap()).to_vec2::<f32>().unwrap();
-        assert_eq!(all, again, "{m} rows: two runs differ");
-        // The first row alone in a launch of the same tile count (1 of 16 rows; 33 of 64).
-        let sub = if m == 16 { 1 } else { 33 };
-        let part = f32_cpu(&skinny_linear(&x.narrow(0, 0, sub).unwrap(), &w, false).unwrap()).to_vec2::<f32>().unwrap();
-        assert_eq!(part[..], all[..sub], "{m} rows: rows changed with the launch's other rows");
-    }
-}
-
-/// Refuses what it does not take, with an error (the op entry points fall back to the matmul).
-#[test]
-fn skinny_linear_refuses_shapes_it_does_not_take() {
-    use ponder::ops::cuda::{skinny_fits, skinny_linear};
-    let gpu = Device::new_cuda(0).unwrap();
-    let t = |shape: &[usize], dt: DType| Tensor::zeros(shape, dt, &gpu).unwrap();
-    for (x, w) in [
-        (t(&[65, 64], DType::BF16), t(&[16, 64], DType::BF16)),
-        (t(&[4, 60], DType::BF16), t(&[16, 60], DType::BF16)),
-        (t(&[4, 64], DType::BF16), t(&[24, 64], DType::BF16)),
-        (t(&[4, 64], DType::F32), t(&[16, 64], DType::F32)),
-        (t(&[4, 64], DType::BF16), t(&[16, 64], DType::F16)),
-        (t(&[4, 64], DType::BF16), t(&[16, 32], DType::BF16)),
-        // x's k slice would not fit shared memory (Ouro's down at 64 rows).
-        (t(&[64, 5632], DType::BF16), t(&[2048, 5632], DType::BF16)),
-    ] {
-        assert!(!skinny_fits(&x, &w, false));
-        assert!(skinny_linear(&x, &w, false).is_err());
-        // The op entry point still computes it (candle's matmul) where the dtypes agree.
-        if x.dtype() == w.dtype() && x.dim(1).unwrap() == w.dim(1).unwrap() {
-            assert_eq!(ponder::ops::linear(&x, &w).unwrap().dims(), &[x.dim(0).unwrap(), w.dim(0).unwrap()]);
-        }
-    }
-}
-
-/// µs per call and GB/s of weights of each Ouro-1.4B projection: ours against cuBLAS (with
-/// silu_mul after it for gate/up), at 16 and 64 rows.
-#[test]
-#[ignore]
-fn skinny_timing() {
-    use ponder::ops::{linear, linear_silu_mul, set_decode_gemm, DecodeGemm};
-    let gpu = Device::new_cuda(0).unwrap();
-    let time = |f: &dyn Fn()| median_us(&gpu, 100, f);
-    for &(name, n, k, silu) in &[
-        ("qkv", 6144usize, 2048usize, false),
-        ("o_proj", 2048, 2048, false),
-        ("gate_up+silu", 11264, 2048, true),
-        ("down", 2048, 5632, false),
-        ("lm_head", 49152, 2048, false),
-    ] {
-        for m in [16usize, 64] {
-            let mut rng = StdRng::seed_from_u64(n as u64);
-            let x = rand_tensor(&mut rng, &[m, k], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
-            let w = rand_tensor(&mut rng, &[n, k], -0.05, 0.05, DType::BF16).to_device(&gpu).unwrap();
-            let run = || {
-                if silu { linear_silu_mul(&x, &w) } else { linear(&x, &w) }.unwrap();
-            };
-            set_decode_gemm(DecodeGemm::Streaming);
-            let ours = time(&run);
-            set_decode_gemm(DecodeGemm::Cublas);
-            let cublas = time(&run);
-            set_decode_gemm(DecodeGemm::Streaming);
-            let gb = (n * k * 2) as f64 / 1e9;
-            println!(
-                "TIMING skinny {name:<13} {m:2} rows: ours {ours:6.1} us ({:5.0} GB/s) | cuBLAS {cublas:6.1} us ({:5.0} GB/s) | x{:.2}",
-                gb / (ours * 1e-6),
-                gb / (cublas * 1e-6),
-                cublas / ours
-            );
-        }
     }
 }

@@ -13,7 +13,6 @@ import re
 import sys
 
 FAMILIES = [
-    ("GEMM (streaming, ours)", r"skinny"),
     ("GEMM (cuBLAS)", r"gemm|gemv|xmma|cutlass|splitK|sm90_|sm80_|ampere_|nvjet"),
     ("attention (paged, ours)", r"paged_attn"),
     ("K/V write + RoPE (fused, ours)", r"qkv_.*rope|write_kv|rope"),

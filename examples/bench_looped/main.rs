@@ -2,7 +2,7 @@
 //! device (real checkpoints cannot be downloaded here; the CDB authors' method).
 //!
 //!     bench_looped [--model ouro|huginn] [--suite cb|cdb] [--widths 16,64,256] [--layout L]
-//!                  [--json FILE] [--commit SHA] [--parity] [--tiny] [--decode-gemm streaming|cublas]
+//!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3] [--profile-step]
 //!                  [--long-prompts 4096,8192,... [--budgets 2048,8192] [--arrival-gap-ms 150]]
 //!       suite cdb: [--mean-depths 2.5,3.0 | --depth-traces LABEL=FILE[:on|off],...]
@@ -13,8 +13,6 @@
 //!                  [--overlap off,on] [--repeats 1] [--time-device] [--drain on|off]
 //!                  [--window-completions K|2w]
 //!
-//! `--decode-gemm cublas` runs the projections on candle's matmul (cuBLAS) at every width instead
-//! of our streaming kernel up to 64 rows (`ponder::ops::DecodeGemm`), to compare the two.
 //! `--model huginn` runs Huginn-0125 shapes (3.5B, r_max 16) instead of Ouro-1.4B;
 //! `--min-coda 1,quarter` compares a coda held for 1 exited token with one held for W/4;
 //! `--coda-reserve 0,parked` runs refill with the paper's resident cap (W) and with W plus
@@ -229,11 +227,6 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--budgets" => a.budgets = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--arrival-gap-ms" => a.arrival_gap = v()?.parse()?,
             "--profile-step" => a.profile_step = true,
-            "--decode-gemm" => ponder::ops::set_decode_gemm(match v()?.as_str() {
-                "streaming" => ponder::ops::DecodeGemm::Streaming,
-                "cublas" => ponder::ops::DecodeGemm::Cublas,
-                other => return Err(format!("--decode-gemm {other}: streaming or cublas").into()),
-            }),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,

@@ -14,7 +14,7 @@ use crate::loader::ModelDir;
 use crate::models::diffusion::DiffusionModel;
 use crate::models::looped::{Huginn, Ouro};
 use crate::models::{LoopedModel, ModelConfig};
-use crate::ops::{AttentionKernels, DecodeGemm};
+use crate::ops::AttentionKernels;
 use crate::scheduler::{
     ContinuousBatching, DepthBatching, DepthConfig, DiffusionBatching, DiffusionConfig, DiffusionScheduler, LoopedScheduler, SchedulerLimits,
 };
@@ -33,7 +33,6 @@ struct Common {
     kv_fraction: Option<f64>,
     max_model_len: Option<usize>,
     attention_kernels: Option<AttentionKernels>,
-    decode_gemm: Option<DecodeGemm>,
     chat_template: Option<ChatTemplate>,
 }
 
@@ -60,9 +59,6 @@ impl Common {
     fn apply_process_wide(&self) {
         if let Some(k) = self.attention_kernels {
             crate::ops::set_attention_kernels(k);
-        }
-        if let Some(g) = self.decode_gemm {
-            crate::ops::set_decode_gemm(g);
         }
     }
 
@@ -124,7 +120,6 @@ impl<S> EngineBuilder<S> {
             kv_fraction: None,
             max_model_len: None,
             attention_kernels: None,
-            decode_gemm: None,
             chat_template: None,
         };
         Self { source, common }
@@ -193,14 +188,6 @@ impl<S> EngineBuilder<S> {
     /// this build on. For comparing kernels; results agree up to rounding.
     pub fn attention_kernels(mut self, k: AttentionKernels) -> Self {
         self.common.attention_kernels = Some(k);
-        self
-    }
-    /// CUDA: which GEMM the looped models' projections use at decode widths (default
-    /// [`DecodeGemm::Streaming`]: our kernel up to 64 rows). Process-wide like
-    /// [`attention_kernels`](Self::attention_kernels); for comparing kernels, results agree up to
-    /// rounding.
-    pub fn decode_gemm(mut self, g: DecodeGemm) -> Self {
-        self.common.decode_gemm = Some(g);
         self
     }
 }

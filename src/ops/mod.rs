@@ -9,7 +9,6 @@ mod batch;
 mod compact;
 mod focus_importance;
 pub mod fused;
-mod linear;
 pub mod moe;
 mod non_finite;
 mod paged_attention;
@@ -25,7 +24,6 @@ pub use compact::{compact_rows, compact_rows_reference};
 pub use focus_importance::importance_oracle;
 pub use focus_importance::{importance, importance_of};
 pub use fused::{add_rms_norm, qkv_norm_rope, qkv_norm_rope_write, qkv_rope_write, silu_mul};
-pub use linear::{decode_gemm, linear, linear_reference, linear_silu_mul, set_decode_gemm, DecodeGemm, SkinnyPlan};
 pub use non_finite::{flag_non_finite, is_non_finite_flag, non_finite_rows};
 #[cfg(any(test, feature = "testing", feature = "cuda"))]
 pub use paged_attention::attention_kernels;

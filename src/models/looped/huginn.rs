@@ -11,7 +11,7 @@ use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::models::HuginnConfig;
 use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::Linear;
 
 /// A sandwich block: both residual sums are normalised.
@@ -136,7 +136,7 @@ impl Huginn {
         let eps = self.cfg.norm_eps;
         let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let t = x.dim(0)?;
-        let qkv = ops::linear(&ops::rms_norm(x, &b.norms[0], eps)?, b.wqkv.weight())?;
+        let qkv = b.wqkv.forward(&ops::rms_norm(x, &b.norms[0], eps)?)?;
         let mut q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
         let mut k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
         let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?.contiguous()?;
@@ -150,9 +150,9 @@ impl Huginn {
         write_kv(kv.k(b.kv_layer), &k, batch)?;
         write_kv(kv.v(b.kv_layer), &v, batch)?;
         let attn = paged_attention(&q, kv.k(b.kv_layer), kv.v(b.kv_layer), batch, 1.0 / (hd as f64).sqrt())?;
-        let attn = ops::linear(&attn.reshape((t, nh * hd))?, b.proj.weight())?;
+        let attn = b.proj.forward(&attn.reshape((t, nh * hd))?)?;
         let x = ops::rms_norm(&(attn + x)?, &b.norms[1], eps)?;
-        let m = ops::linear(&ops::linear_silu_mul(&ops::rms_norm(&x, &b.norms[2], eps)?, b.fc.weight())?, b.mlp_proj.weight())?;
+        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?)?;
         ops::rms_norm(&(m + x)?, &b.norms[3], eps)
     }
 
@@ -187,7 +187,7 @@ impl LoopedModel for Huginn {
     fn core_step(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut> {
         let h = self.spec.hidden_size;
         // The adapter's input is concat[s, e], which is exactly the carried state.
-        let x = ops::linear(state, self.adapter.weight())?;
+        let x = self.adapter.forward(state)?;
         let s = self.blocks(&self.core, x, input, batch, kv)?;
         let e = state.narrow(D::Minus1, h, h)?;
         Ok(CoreOut { hidden: Tensor::cat(&[&s, &e], D::Minus1)?, gate_logit: None })
@@ -202,7 +202,7 @@ impl LoopedModel for Huginn {
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
         // The head has a row per padded-vocabulary entry; padding rows are not tokens.
-        let logits = ops::linear(h, self.lm_head.weight())?;
+        let logits = self.lm_head.forward(h)?;
         logits.narrow(D::Minus1, 0, self.spec.vocab_size)?.to_dtype(DType::F32)
     }
 }

@@ -132,13 +132,13 @@ impl Ouro {
         let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let t = h.dim(0)?;
 
-        let qkv = ops::linear(a, layer.qkv.weight())?;
+        let qkv = layer.qkv.forward(a)?;
         let q = ops::qkv_rope_write(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd)?;
         let attn = paged_attention(&q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
-        let attn = ops::linear(&attn.reshape((t, nh * hd))?, layer.o_proj.weight())?;
+        let attn = layer.o_proj.forward(&attn.reshape((t, nh * hd))?)?;
         let (h, m) = ops::add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 
-        let m = ops::linear(&ops::linear_silu_mul(&m, layer.gate_up.weight())?, layer.down.weight())?;
+        let m = layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?;
         ops::add_rms_norm(&h, &m, &layer.post_attn_norm_2, next_norm, eps)
     }
 }
@@ -183,7 +183,7 @@ impl LoopedModel for Ouro {
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
-        ops::linear(h, self.lm_head.weight())?.to_dtype(DType::F32)
+        self.lm_head.forward(h)?.to_dtype(DType::F32)
     }
 
     fn replace_gate_head(&mut self, head: &crate::gate::GateHead) -> crate::Result<()> {

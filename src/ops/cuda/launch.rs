@@ -44,7 +44,6 @@ pub(super) enum Module {
     Fused,
     Focus,
     Moe,
-    Skinny,
 }
 
 impl Module {
@@ -55,7 +54,6 @@ impl Module {
             Self::Fused => ("ponder_fused", ptx::FUSED),
             Self::Focus => ("ponder_focus", ptx::FOCUS),
             Self::Moe => ("ponder_moe", ptx::MOE),
-            Self::Skinny => ("ponder_skinny", ptx::SKINNY),
         }
     }
 }
