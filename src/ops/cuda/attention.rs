@@ -193,8 +193,10 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     }
     let base_blocks = tiles * p.kv_heads;
     let mut splits = 1usize;
-    if base_blocks < TARGET_BLOCKS && p.max_context_len >= 512 {
-        splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / 256).clamp(1, 32);
+    // Few (row, kv head) blocks — decode at small widths — leave SMs idle and each block walking
+    // its keys alone: split the keys from 256 of context on, in chunks of at least 64 keys.
+    if base_blocks < TARGET_BLOCKS && p.max_context_len >= 256 {
+        splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / 64).clamp(1, 32);
     }
     let chunk = if splits == 1 {
         i32::MAX as usize
