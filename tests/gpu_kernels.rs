@@ -720,6 +720,37 @@ fn scatter_rows_matches_reference() {
     println!("scatter_rows: exact for f32/bf16/f16, widths 2048 / 5 / 4096");
 }
 
+/// The last-exited K/V fill: every layer's K and V rows copied in one launch, exactly as the
+/// gather-then-scatter reference on the CPU; pairs whose destination is another pair's source
+/// take the reference path on the device too.
+#[test]
+fn copy_rows_matches_reference() {
+    use ponder::ops::{copy_rows, copy_rows_reference};
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::F32, DType::BF16] {
+        // (blocks, block size, kv heads, head dim, tensors): Ouro's 24 layers of K and V; odd widths.
+        for &(nb, bs, kvh, hd, n) in &[(40usize, 16usize, 16usize, 128usize, 48usize), (9, 4, 3, 5, 3)] {
+            let mut rng = StdRng::seed_from_u64((nb * 31 + hd) as u64);
+            let cpu: Vec<Tensor> = (0..n).map(|_| rand_tensor(&mut rng, &[nb, bs, kvh, hd], -1.0, 1.0, dt)).collect();
+            let dev: Vec<Tensor> = cpu.iter().map(|t| t.to_device(&gpu).unwrap()).collect();
+            let mut order: Vec<u32> = (0..(nb * bs) as u32).collect();
+            order.shuffle(&mut rng);
+            let pairs = (nb * bs / 3).min(100);
+            for (src, dst) in [(order[..pairs].to_vec(), order[pairs..2 * pairs].to_vec()), (vec![0, 5, 9], vec![5, 9, 1])] {
+                copy_rows_reference(&cpu.iter().collect::<Vec<_>>(), kvh * hd, &src, &dst).unwrap();
+                copy_rows(&dev.iter().collect::<Vec<_>>(), kvh * hd, &src, &dst).unwrap();
+                for (c, d) in cpu.iter().zip(&dev) {
+                    assert_eq!(
+                        f32_cpu(d).flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                        f32_cpu(c).flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                        "copy_rows {dt:?} {nb}x{bs}x{kvh}x{hd}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// FOCUS importance: the batched CUDA kernel against the candle composition on the CPU, ragged
 /// rows (1..=32 masked tokens), GQA and MHA.
 #[test]

@@ -29,7 +29,7 @@ pub use non_finite::{flag_non_finite, is_non_finite_flag, non_finite_rows};
 pub use paged_attention::attention_kernels;
 pub use paged_attention::{paged_attention, paged_attention_reference, set_attention_kernels, write_kv, write_kv_reference, AttentionKernels};
 pub use rope::{RopeAngles, RopeTable};
-pub use scatter::{scatter_rows, scatter_rows_reference};
+pub use scatter::{copy_rows, copy_rows_reference, scatter_rows, scatter_rows_reference};
 
 use candle_core::{DType, Result, Tensor};
 

@@ -38,6 +38,47 @@ pub fn scatter_rows_reference(dst: &Tensor, src: &Tensor, index: &Tensor) -> Res
     flat.scatter_set(&index, &src, 0)
 }
 
+/// In each of `tensors` (one shape and dtype, viewed as rows of `width` elements), row `dst[p]`
+/// becomes a copy of row `src[p]`, every source read before any destination is written: the
+/// last-exited K/V fill, every layer's K and V at once. On CUDA, when no destination is also a
+/// source, one launch for all tensors; otherwise [`copy_rows_reference`].
+pub fn copy_rows(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
+    if src.len() != dst.len() {
+        bail!("copy_rows: {} sources for {} destinations", src.len(), dst.len());
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(first) = tensors.first() {
+        let disjoint = || {
+            let sources: std::collections::HashSet<u32> = src.iter().copied().collect();
+            !dst.iter().any(|d| sources.contains(d))
+        };
+        if first.device().is_cuda() && super::is_float(first.dtype()) && tensors.iter().all(|t| t.is_contiguous()) && disjoint() {
+            return super::cuda::copy_rows_in_place(tensors, width, src, dst);
+        }
+    }
+    copy_rows_reference(tensors, width, src, dst)
+}
+
+/// [`copy_rows`] as candle ops: per tensor, gather the source rows, then [`scatter_rows`] them.
+pub fn copy_rows_reference(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
+    let Some(first) = tensors.first() else {
+        return Ok(());
+    };
+    if src.is_empty() {
+        return Ok(());
+    }
+    let src = Tensor::new(src, first.device())?;
+    let dst = Tensor::new(dst, first.device())?;
+    for t in tensors {
+        if width == 0 || t.elem_count() % width != 0 {
+            bail!("copy_rows: {:?} is not rows of {width}", t.dims());
+        }
+        let rows = t.reshape((t.elem_count() / width, width))?.index_select(&src, 0)?;
+        scatter_rows(t, &rows, &dst)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,6 +93,20 @@ mod tests {
         assert_eq!(dst.flatten_all()?.to_vec1::<f32>()?, vec![4., 5., 6., 0., 0., 0., 0., 0., 0., 1., 2., 3.]);
         assert!(scatter_rows(&dst, &src, &Tensor::new(&[0u32], &dev)?).is_err());
         assert!(scatter_rows(&dst, &Tensor::zeros((1, 5), DType::F32, &dev)?, &Tensor::new(&[0u32], &dev)?).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn copies_rows_in_every_tensor_reading_all_sources_first() -> Result<()> {
+        let dev = Device::Cpu;
+        let a = Tensor::arange(0f32, 12., &dev)?.reshape((4, 3))?;
+        let b = Tensor::arange(100f32, 112., &dev)?.reshape((2, 2, 3))?;
+        // Row 0 -> 2 and row 2 -> 3: row 3 gets row 2 as it was before the launch.
+        copy_rows(&[&a, &b], 3, &[0, 2], &[2, 3])?;
+        assert_eq!(a.flatten_all()?.to_vec1::<f32>()?, vec![0., 1., 2., 3., 4., 5., 0., 1., 2., 6., 7., 8.]);
+        assert_eq!(b.flatten_all()?.to_vec1::<f32>()?, vec![100., 101., 102., 103., 104., 105., 100., 101., 102., 106., 107., 108.]);
+        assert!(copy_rows(&[&a], 3, &[0], &[]).is_err());
+        assert!(copy_rows(&[&a], 5, &[0], &[1]).is_err());
         Ok(())
     }
 }

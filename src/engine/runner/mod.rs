@@ -415,23 +415,19 @@ impl LoopedRunner {
         self.write_bank(&self.state_index(rows.iter().copied())?, &h)
     }
 
-    /// Copies single token rows of K/V in every layer (last-exited fill).
+    /// Copies single token rows of K/V in every layer (last-exited fill): one launch on CUDA.
     fn apply_copies(&self, copies: &[KvCopy]) -> Result<()> {
         if copies.is_empty() {
             return Ok(());
         }
         let src: Vec<u32> = copies.iter().map(|c| c.src).collect();
         let dst: Vec<u32> = copies.iter().map(|c| c.dst).collect();
-        let src = Tensor::new(src.as_slice(), self.device())?;
-        let dst = Tensor::new(dst.as_slice(), self.device())?;
-        for layer in 0..self.kv.num_layers() {
-            for cache in [self.kv.k(layer), self.kv.v(layer)] {
-                let (nb, bs, kvh, hd) = cache.dims4()?;
-                let rows = cache.reshape((nb * bs, kvh * hd))?.index_select(&src, 0)?;
-                crate::ops::scatter_rows(cache, &rows, &dst)?;
-            }
-        }
-        Ok(())
+        let caches: Vec<&Tensor> = (0..self.kv.num_layers()).flat_map(|l| [self.kv.k(l), self.kv.v(l)]).collect();
+        let Some(first) = caches.first() else {
+            return Ok(());
+        };
+        let (_, _, kvh, hd) = first.dims4()?;
+        crate::ops::copy_rows(&caches, kvh * hd, &src, &dst)
     }
 
     /// Full-depth launch (prefill or CB decode): prelude, every step in `launch.step_slots`,

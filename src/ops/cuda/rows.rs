@@ -103,6 +103,61 @@ fn greedy_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, logits:
     Ok((wrap(tokens, dev, rows), wrap(conf, dev, rows)))
 }
 
+/// In each of `tensors` (one shape, dtype and device; contiguous), row `dst[p]` = row `src[p]`
+/// in place, rows of `width` elements: one launch for all tensors and pairs. No destination may
+/// also be a source (the caller checks); pairs past the rows are skipped.
+pub fn copy_rows_in_place(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
+    const OP: &str = "copy_rows_in_place";
+    let Some(first) = tensors.first() else {
+        return Ok(());
+    };
+    if src.len() != dst.len() || src.is_empty() {
+        return if src.len() == dst.len() { Ok(()) } else { bail!("{OP} (cuda): {} sources for {} destinations", src.len(), dst.len()) };
+    }
+    let dev = device(first, OP)?;
+    let named: Vec<(&str, &Tensor)> = tensors.iter().map(|t| ("tensor", *t)).collect();
+    same_device_dtype(OP, first.dtype(), first, &named)?;
+    if tensors.iter().any(|t| t.dims() != first.dims() || !t.is_contiguous()) || width == 0 || first.elem_count() % width != 0 {
+        bail!("{OP} (cuda): tensors must be contiguous, of one shape, in rows of {width}");
+    }
+    if width > i32::MAX as usize || src.len() > i32::MAX as usize || tensors.len() > 65535 {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    for_float!(first.dtype(), OP, |T, suf| copy_in_place_launch::<T>(&dev, suf, tensors, width, src, dst))
+}
+
+fn copy_in_place_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    const OP: &str = "copy_rows_in_place";
+    let stream = dev.cuda_stream();
+    let rows = (tensors[0].elem_count() / width) as i64;
+    let storages: Vec<_> = tensors.iter().map(|t| t.storage_and_layout()).collect();
+    // Written in place under the read lock, ordered by the device's one stream (see
+    // `qkv_rope_launch`).
+    let views = storages.iter().map(|(st, l)| view::<T>(st, l, OP, "tensor", false)).collect::<Result<Vec<_>>>()?;
+    let (mut bases, mut guards) = (Vec::with_capacity(views.len()), Vec::with_capacity(views.len()));
+    for v in &views {
+        let (p, g) = v.device_ptr(&stream);
+        bases.push(p);
+        guards.push(g);
+    }
+    let bases_d = dev.clone_htod(&bases)?;
+    let src_d = dev.clone_htod(src)?;
+    let dst_d = dev.clone_htod(dst)?;
+    let func = kernel!(dev, Module::Fused, &format!("copy_rows_in_place_{suf}"))?;
+    let cfg = LaunchConfig { grid_dim: (src.len() as u32, tensors.len() as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let w = width as i32;
+    let mut b = func.builder();
+    b.arg(&bases_d).arg(&src_d).arg(&dst_d).arg(&w).arg(&rows);
+    // SAFETY: argument list matches `copy_rows_in_place_*` in fused.cu; every base addresses a
+    // live allocation of `rows` rows of `width`, ordered on the device's one stream; indices are
+    // bounded in the kernel.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    drop(guards);
+    Ok(())
+}
+
 /// Rows `index` of each of up to four `sources` `[T, ..]` of one dtype, in one launch (see
 /// `compact_rows_*` in fused.cu). Indices were checked against `T` by the caller.
 pub fn compact_rows(sources: &[&Tensor], index: &[u32]) -> Result<Vec<Tensor>> {

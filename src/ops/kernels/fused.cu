@@ -9,8 +9,8 @@
 //   per row, f32 sums (candle's rmsnorm: scale = rsqrt(mean(x^2) + eps), y = T(scale * x * w));
 //   16-byte vectors kept in registers when the width and the pointers allow.
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
-// scatter_rows_*, compact_rows_*: row copies (paged K/V writes, loop-state bank writes, K/V
-//   slot copies; FOCUS compaction).
+// scatter_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V writes,
+//   loop-state bank writes, K/V slot copies across every layer in one launch; FOCUS compaction).
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
 //   [D], candle's rmsnorm rounding) before RoPE (Qwen3 / SDAR), one warp per (token, head) over
 //   the q, k and v heads; also returns rotated k and v [T, KVH, D] (FOCUS scores them).
@@ -321,6 +321,18 @@ __device__ void scatter_rows(T *__restrict__ dst, const T *__restrict__ src, con
     copy_row(dst + to * width, src + r * width, width);
 }
 
+// Row copies inside each of a set of same-shaped tensors (the last-exited K/V fill: every
+// layer's K and V): in tensor blockIdx.y, row dst[p] = row src[p], one block per (pair, tensor).
+// The host checks that no destination is also a source, so the order of the blocks is free.
+template <typename T>
+__device__ void copy_rows_in_place(const unsigned long long *__restrict__ bases, const uint32_t *__restrict__ src,
+                                   const uint32_t *__restrict__ dst, int width, long long rows) {
+    T *base = reinterpret_cast<T *>(bases[blockIdx.y]);
+    const long long from = src[blockIdx.x], to = dst[blockIdx.x];
+    if (from >= rows || to >= rows) return;  // checked on the host; never touch memory out of bounds
+    copy_row(base + to * width, base + from * width, width);
+}
+
 // Compaction (FOCUS: a launch's tokens to the kept ones of every request): out_s[i] =
 // src_s[index[i]] for up to four row-major sources of one dtype (hidden states, queries, RoPE
 // cos and sin; width 0 = unused slot), one block per output row. Indices are checked on the
@@ -422,6 +434,11 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     extern "C" __global__ void scatter_rows_##SUF(T *dst, const T *src, const uint32_t *index,     \
                                                   int width, long long dst_rows) {                 \
         scatter_rows<T>(dst, src, index, width, dst_rows);                                         \
+    }                                                                                              \
+    extern "C" __global__ void copy_rows_in_place_##SUF(const unsigned long long *bases,          \
+                                                        const uint32_t *src, const uint32_t *dst,  \
+                                                        int width, long long rows) {               \
+        copy_rows_in_place<T>(bases, src, dst, width, rows);                                       \
     }                                                                                              \
     extern "C" __global__ void compact_rows_##SUF(T *d0, const T *s0, int w0, T *d1, const T *s1,  \
                                                   int w1, T *d2, const T *s2, int w2, T *d3,       \
