@@ -15,7 +15,8 @@
 //! 32-block, as FOCUS reports; `--no-calibrate` uses it as the distribution's mean instead). Modes: `baseline` recomputes the whole block every step; `baseline-delayed`
 //! adds the delayed cache (only masked positions and those whose right neighbour was masked a
 //! step ago are recomputed); `focus` adds FOCUS eviction (α = `--alpha`, default 1.5) on top of
-//! the delayed cache, at the same replay — a like-for-like comparison.
+//! the delayed cache, at the same replay — a like-for-like comparison; `--focus-knee N` makes its
+//! budget load-aware (`Focus::with_knee`: launches of fewer than N requests scale α by N / n).
 //!
 //! Reported per run: generated tokens/s over the steady-state window (steps with all B rows
 //! busy), tokens/s over the whole run, tokens run through the network per request-step,
@@ -62,6 +63,8 @@ struct Args {
     new_tokens: usize,
     mean_unmask: f64,
     alpha: f32,
+    /// FOCUS's load-aware budget: launches of fewer requests keep more (0: the published rule).
+    focus_knee: usize,
     calibrate: bool,
     requests_per_batch: usize,
     breakdown: bool,
@@ -81,6 +84,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         new_tokens: 256,
         mean_unmask: 3.2,
         alpha: 1.5,
+        focus_knee: 0,
         calibrate: true,
         requests_per_batch: 2,
         breakdown: false,
@@ -101,6 +105,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--new-tokens" => a.new_tokens = v()?.parse()?,
             "--mean-unmask" => a.mean_unmask = v()?.parse()?,
             "--alpha" => a.alpha = v()?.parse()?,
+            "--focus-knee" => a.focus_knee = v()?.parse()?,
             "--no-calibrate" => a.calibrate = false,
             "--requests-per-batch" => a.requests_per_batch = v()?.parse()?,
             "--breakdown" => a.breakdown = true,
@@ -195,7 +200,7 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
     let tracked = ponder::bench::device_memory::reset_peak(model.device()).inspect_err(|e| eprintln!("peak memory not measured: {e}")).is_ok();
     let mut builder = EngineBuilder::from_diffusion_model(Box::new(model.clone()), None, vec![]);
     if mode == "focus" {
-        let focus = ponder::diffusion::Focus::new(args.alpha)?;
+        let focus = ponder::diffusion::Focus::new(args.alpha)?.with_knee(args.focus_knee);
         builder = builder.diffusion(|o| o.eviction_policy(focus));
     }
     let cache = match mode {

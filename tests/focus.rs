@@ -155,7 +155,7 @@ proptest! {
         let m = positions.len();
         let delta = &scores[..m];
         let f = Focus::new(alpha).unwrap();
-        let keep = f.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress });
+        let keep = f.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress, launch_requests: 1 });
         prop_assert_eq!(keep.len(), m);
         let t = f.budget(m, avg);
         let kept = keep.iter().filter(|&&k| k).count();
@@ -180,7 +180,7 @@ proptest! {
             prop_assert!(again[i] || !keep[i]);
         }
         // NoEviction keeps all.
-        let all = NoEviction.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress });
+        let all = NoEviction.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress, launch_requests: 1 });
         prop_assert!(all.iter().all(|&k| k));
     }
 }

@@ -15,6 +15,8 @@ pub struct EvictionInput<'a> {
     pub avg_decoded: f32,
     /// Rightmost block offset pushed through every layer in this block (−1 at block start).
     pub block_progress: i64,
+    /// Requests scored in this launch (a load-aware policy keeps more when the launch is small).
+    pub launch_requests: usize,
 }
 
 /// Decides which masked tokens a step keeps. Unmasked tokens of the processing set are always
@@ -48,23 +50,49 @@ impl EvictionPolicy for NoEviction {
 
 /// FOCUS: keep the tokens whose importance rose most from layer 0 to layer 1, within a budget
 /// tied to how many tokens this block has been decoding per step.
+///
+/// Evicting pays only when a launch is compute-bound. With `knee` > 0 the budget is load-aware:
+/// a launch of n < `knee` requests — one whose time is mostly streaming the weights, where a
+/// kept token costs little — scales α by knee / n (at most [`Focus::MAX_BOOST`]×), so fewer
+/// decodable tokens are evicted and a step reveals as many as the delayed cache would. The knee
+/// is where the model's launches turn compute-bound on the GPU (LLaDA2.0-mini on the H200: about
+/// 64 requests of a 32-block, `docs/BENCHMARKS.md`); 0 is the published rule. With a knee, what
+/// a request keeps depends on how many requests share its launch, so its output can differ from
+/// a run alone (batched equals sequential holds for knee 0).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Focus {
     pub alpha: f32,
+    pub knee: usize,
 }
 
 impl Default for Focus {
     fn default() -> Self {
-        Self { alpha: 1.5 }
+        Self { alpha: 1.5, knee: 0 }
     }
 }
 
 impl Focus {
+    /// The largest factor a small launch scales α by.
+    pub const MAX_BOOST: f32 = 4.0;
+
     pub fn new(alpha: f32) -> crate::Result<Self> {
         if !(alpha >= 1.0 && alpha.is_finite()) {
             return Err(crate::Error::InvalidOption(format!("FOCUS alpha {alpha} must be >= 1")));
         }
-        Ok(Self { alpha })
+        Ok(Self { alpha, knee: 0 })
+    }
+
+    /// The load-aware budget: launches of fewer than `knee` requests keep more (0: off).
+    pub fn with_knee(self, knee: usize) -> Self {
+        Self { knee, ..self }
+    }
+
+    /// α for a launch of `requests` scored requests.
+    pub fn alpha_for(&self, requests: usize) -> f32 {
+        if self.knee == 0 || requests >= self.knee {
+            return self.alpha;
+        }
+        self.alpha * (self.knee as f32 / requests.max(1) as f32).min(Self::MAX_BOOST)
     }
 
     /// Budget T = min(m, max(1, ⌈α · max(ā, 1)⌉)) (0 when nothing is masked).
@@ -79,12 +107,16 @@ impl Focus {
 
 impl EvictionPolicy for Focus {
     fn name(&self) -> String {
-        format!("focus(alpha {})", self.alpha)
+        match self.knee {
+            0 => format!("focus(alpha {})", self.alpha),
+            k => format!("focus(alpha {}, knee {k} requests)", self.alpha),
+        }
     }
 
     fn keep(&self, input: &EvictionInput) -> Vec<bool> {
         let m = input.positions.len();
-        let t = self.budget(m, input.avg_decoded);
+        let at_load = Self { alpha: self.alpha_for(input.launch_requests), knee: 0 };
+        let t = at_load.budget(m, input.avg_decoded);
         if m <= t {
             return vec![true; m];
         }
@@ -148,7 +180,7 @@ mod tests {
     use super::*;
 
     fn input<'a>(delta: &'a [f32], positions: &'a [u32], avg: f32, progress: i64) -> EvictionInput<'a> {
-        EvictionInput { delta, positions, avg_decoded: avg, block_progress: progress }
+        EvictionInput { delta, positions, avg_decoded: avg, block_progress: progress, launch_requests: 1 }
     }
 
     #[test]
@@ -160,6 +192,22 @@ mod tests {
         assert_eq!(f.budget(3, 3.2), 3);
         assert_eq!(f.budget(0, 3.2), 0);
         assert!(Focus::new(0.5).is_err());
+    }
+
+    #[test]
+    fn a_small_launch_keeps_more_under_the_load_aware_budget() {
+        let f = Focus::default().with_knee(64);
+        assert_eq!((f.alpha_for(64), f.alpha_for(200)), (1.5, 1.5), "at and past the knee: the published rule");
+        assert_eq!(f.alpha_for(32), 3.0);
+        assert_eq!(f.alpha_for(1), 1.5 * Focus::MAX_BOOST, "the boost is capped");
+        assert_eq!(Focus::default().alpha_for(1), 1.5, "knee 0: off");
+        // Eight masked tokens, one clear outlier, avg 1: T = 2 alone in a big launch, 6 in a
+        // launch of 16 requests (α 6).
+        // Positions two apart and progress past them: the rules add nothing.
+        let pos = [0u32, 2, 4, 6, 8, 10, 12, 14];
+        let d = [0.0, 0.0, 0.0, 9.0, 0.1, 0.2, 0.3, 0.4];
+        let at = |n| f.keep(&EvictionInput { launch_requests: n, ..input(&d, &pos, 1.0, 14) }).iter().filter(|&&k| k).count();
+        assert_eq!((at(100), at(16)), (2, 6));
     }
 
     #[test]

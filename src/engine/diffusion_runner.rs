@@ -342,6 +342,7 @@ impl DiffusionRunner {
                 positions: &offsets,
                 avg_decoded: ev.avg_decoded(),
                 block_progress: ev.block_progress,
+                launch_requests: scored.len(),
             });
             if keep.len() != row.readout.len() {
                 candle_core::bail!("eviction policy {} returned {} flags for {} masked tokens", policy.name(), keep.len(), row.readout.len());
