@@ -8,6 +8,7 @@ looped_cb*: tokens/s by width with the weight-streaming floor. looped_cdb* / loo
 speed-up over CB by width, one panel per mean exit depth, one line per mode (× overlap, or ×
 min coda batch for Huginn), FLOP bound dashed, prefill-adjusted bound dotted (runs with device spans). quality*: tools/plot_quality.py. diffusion*:
 tokens/s by batch per mode with the reference points, and the phase breakdown of one step.
+looped_roofline: the fraction of the roofline per workload and width (tools/roofline_summary.py).
 """
 import json, pathlib, sys
 import matplotlib
@@ -308,9 +309,38 @@ def plot_llada2(path):
     save(fig, path)
 
 
+def plot_looped_roofline(path):
+    doc = json.loads(path.read_text())
+    rows = doc["rows"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    labels, values, colors = [], [], []
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, wl in enumerate(workloads):
+        for r in (r for r in rows if r["workload"] == wl):
+            labels.append(f"{wl}\nW {r['width']}")
+            values.append(100 * r["fraction"])
+            colors.append(palette[i % len(palette)])
+    x = range(len(values))
+    ax.bar(x, values, color=colors)
+    for xi, v in zip(x, values):
+        ax.text(xi, v + 1, f"{v:.0f}", ha="center", fontsize=7)
+    ax.axhline(75, color="k", ls="--", lw=1, label="target 75 % (CB)")
+    ax.axhline(70, color="k", ls=":", lw=1, label="target 70 % (depth batching, decode side)")
+    ax.axhline(65, color="grey", ls="-.", lw=1, label="milestone 65 % (CB)")
+    ax.set_xticks(list(x)); ax.set_xticklabels(labels, fontsize=5.5, rotation=90)
+    ax.set_ylabel("% of the roofline"); ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, loc="upper right"); ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title(f"Looped decode against the memory/compute roofline — {doc['gpu']}, commit {doc['commit']}", fontsize=9)
+    fig.tight_layout()
+    save(fig, path)
+
+
 def plot(path):
     stem = path.stem
-    if stem.startswith("looped_cb"):
+    if stem.startswith("looped_roofline"):
+        plot_looped_roofline(path)
+    elif stem.startswith("looped_cb"):
         plot_looped_cb(path)
     elif stem.startswith("looped_huginn"):
         plot_looped_huginn(path)

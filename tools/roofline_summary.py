@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Collects the looped decode's roofline figures from raw device runs into
+docs/bench/looped_roofline.json (one row per workload and width: step time, roofline time, the
+fraction reached, the issue's target, and the raw file and command each came from).
+
+    python3 tools/roofline_summary.py     # then: python3 tools/plot_bench.py looped_roofline.json
+"""
+import json
+import pathlib
+import statistics
+
+root = pathlib.Path(__file__).resolve().parent.parent
+raw = root / "docs" / "bench" / "raw-2026-12-01c"
+
+
+def cb_rows(doc, workload, target, runs=None):
+    """Rows of a suite-cb result (several runs of one binary: the mean)."""
+    runs = runs or [doc]
+    out = []
+    for i, r in enumerate(runs[0]["results"]):
+        same = [run["results"][i] for run in runs]
+        mean = lambda k: statistics.mean(x[k] for x in same)
+        out.append(dict(workload=workload, model=runs[0]["model"], width=r["width"], decode_tokens_per_s=mean("tokens_per_s"),
+                        step_ms=mean("decode_step_ms"), roofline_ms=mean("decode_roofline_step_ms"), fraction=mean("fraction_of_roofline"),
+                        target=target, runs=len(same), commit=runs[0]["commit"], command=runs[0]["command"]))
+    return out
+
+
+def cdb_rows(doc, workload):
+    """Depth batching's decode side (core + coda device time against their roofline time)."""
+    out = []
+    for r in doc["results"]:
+        if r["mode"] != "cdb-refill":
+            continue
+        st = r["stages"]
+        dev = st["core"]["device_s"] + st["coda"]["device_s"]
+        roof = st["core"]["roofline_s"] + st["coda"]["roofline_s"]
+        out.append(dict(workload=workload, model=doc["model"], width=r["width"], decode_tokens_per_s=r["tokens_per_s"], step_ms=None, roofline_ms=None,
+                        fraction=roof / dev, target=0.70, speedup_vs_cb=r["speedup_vs_cb"], fraction_of_prefill_adjusted_bound=r["fraction_of_prefill_adjusted_bound"],
+                        runs=1, commit=doc["commit"], command=doc["command"]))
+    return out
+
+
+def main():
+    ab = json.loads((raw / "attn_split_6303cb0" / "ab_attn_split.json").read_text())
+    new_runs = [run["result"] for run in ab["runs"] if run["variant"] == "new"]
+    rows = cb_rows(None, "CB, prompt 128 + 256 new", 0.75, new_runs)
+    rows += cb_rows(json.loads((raw / "attn_split_6303cb0" / "cb_2k.json").read_text()), "CB, prompt 2048 + 256 new", 0.75)
+    rows += cb_rows(json.loads((raw / "attn_split_6303cb0" / "huginn_cb.json").read_text()), "Huginn CB, prompt 128 + 128 new", None)
+    rows += cdb_rows(json.loads((raw / "attn_split_6303cb0" / "cdb_shared.json").read_text()), "CDB refill, shared K/V (decode side)")
+    le = json.loads((raw / "last_exited_fill_7da0c67" / "ab_last_exited_fill.json").read_text())
+    rows += cdb_rows([run["result"] for run in le["runs"] if run["variant"] == "new"][0], "CDB refill, last-exited K/V (decode side)")
+    doc = dict(gpu=new_runs[0]["gpu"], commit=f"{new_runs[0]['commit']} (last-exited row: {le['new']})", model="Ouro-1.4B shapes (Huginn-0125 where named), random bf16 weights",
+               sources="docs/bench/raw-2026-12-01c/{attn_split_6303cb0,last_exited_fill_7da0c67}", rows=rows)
+    out = root / "docs" / "bench" / "looped_roofline.json"
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print("wrote", out)
+    for r in rows:
+        print(f"{r['workload']:45s} W {r['width']:3d}: {100 * r['fraction']:5.1f} %")
+
+
+if __name__ == "__main__":
+    main()
