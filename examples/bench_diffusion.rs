@@ -3,6 +3,7 @@
 //!
 //!     bench_diffusion [--model sdar|llada|llada2-mini] [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
 //!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
+//!                     [--alpha 1.5] [--focus-knee TOKENS]
 //!                     [--breakdown] [--phases] [--repeats 1] [--json FILE] [--commit SHA] [--tiny]
 //!
 //! For each batch B: `requests-per-batch × B` requests queued at once, at most B decoding
@@ -16,7 +17,7 @@
 //! adds the delayed cache (only masked positions and those whose right neighbour was masked a
 //! step ago are recomputed); `focus` adds FOCUS eviction (α = `--alpha`, default 1.5) on top of
 //! the delayed cache, at the same replay — a like-for-like comparison; `--focus-knee N` makes its
-//! budget load-aware (`Focus::with_knee`: launches of fewer than N requests scale α by N / n).
+//! budget load-aware (`Focus::with_knee`: launches of fewer than N tokens scale α by N / n).
 //!
 //! Reported per run: generated tokens/s over the steady-state window (steps with all B rows
 //! busy), tokens/s over the whole run, tokens run through the network per request-step,
@@ -63,7 +64,7 @@ struct Args {
     new_tokens: usize,
     mean_unmask: f64,
     alpha: f32,
-    /// FOCUS's load-aware budget: launches of fewer requests keep more (0: the published rule).
+    /// FOCUS's load-aware budget: launches of fewer tokens keep more (0: the published rule).
     focus_knee: usize,
     calibrate: bool,
     requests_per_batch: usize,
@@ -410,6 +411,7 @@ fn write_json(args: &Args, label: &str, results: &[serde_json::Value], breakdown
             "gpu": gpu_name(), "commit": args.commit, "model": label,
             "command": std::env::args().collect::<Vec<_>>().join(" "), "env": ponder::testing::ponder_env(),
             "workload": "prompts lognormal(median 128, sigma 0.9) clipped 8..512; new tokens fixed; eos ignored; replayed unmask counts, most confident first",
+            "focus": {"alpha": args.alpha, "knee_tokens": args.focus_knee},
             "results": results, "breakdown": breakdowns,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;

@@ -149,15 +149,21 @@ proptest! {
         avg in 0.0f32..8.0,
         progress in -1i64..32,
         alpha in 1.0f32..3.0,
+        knee in prop_oneof![Just(0usize), 1usize..4096],
+        launch_tokens in 1usize..4096,
     ) {
         let positions: Vec<u32> = mask_bits.iter().enumerate().filter(|(_, &b)| b).map(|(i, _)| i as u32).collect();
         prop_assume!(!positions.is_empty());
         let m = positions.len();
         let delta = &scores[..m];
-        let f = Focus::new(alpha).unwrap();
-        let keep = f.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress, launch_requests: 1 });
+        let f = Focus::new(alpha).unwrap().with_knee(knee);
+        let keep = f.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress, launch_tokens });
         prop_assert_eq!(keep.len(), m);
-        let t = f.budget(m, avg);
+        let input = EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress, launch_tokens };
+        let t = f.budget_for(&input);
+        // A knee only ever raises the budget, never past 4x the published rule's α.
+        prop_assert!(t >= Focus::new(alpha).unwrap().budget(m, avg));
+        prop_assert!(f.alpha_for(launch_tokens) <= alpha * Focus::MAX_BOOST + 1e-6);
         let kept = keep.iter().filter(|&&k| k).count();
         prop_assert!(kept >= t.min(m), "kept {} < budget {}", kept, t);
         if m <= t {
@@ -180,7 +186,7 @@ proptest! {
             prop_assert!(again[i] || !keep[i]);
         }
         // NoEviction keeps all.
-        let all = NoEviction.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress, launch_requests: 1 });
+        let all = NoEviction.keep(&EvictionInput { delta, positions: &positions, avg_decoded: avg, block_progress: progress, launch_tokens });
         prop_assert!(all.iter().all(|&k| k));
     }
 }

@@ -161,6 +161,17 @@ fn decode_many_rows() {
     }
 }
 
+/// Longest contexts of 256–511 keys at few rows: the keys split into chunks of 64 (from 256
+/// keys on; before, splits started at 512 and chunks were at least 256 keys).
+#[test]
+fn decode_short_contexts_split() {
+    for rows in [vec![(1usize, 256usize); 4], vec![(1, 300), (1, 17), (1, 64), (1, 299)], vec![(1, 511); 3]] {
+        for dt in [DType::F32, DType::BF16] {
+            check(Case { rows: rows.clone(), ..case("decode short contexts mha d128", &[], 16, 16, 128, dt, AttnMask::Causal) });
+        }
+    }
+}
+
 #[test]
 fn prefill_mixed_causal() {
     for dt in [DType::F32, DType::BF16, DType::F16] {
@@ -727,7 +738,7 @@ fn scatter_rows_matches_reference() {
 fn copy_rows_matches_reference() {
     use ponder::ops::{copy_rows, copy_rows_reference};
     let gpu = Device::new_cuda(0).unwrap();
-    for dt in [DType::F32, DType::BF16] {
+    for dt in [DType::F32, DType::BF16, DType::F16] {
         // (blocks, block size, kv heads, head dim, tensors): Ouro's 24 layers of K and V; odd widths.
         for &(nb, bs, kvh, hd, n) in &[(40usize, 16usize, 16usize, 128usize, 48usize), (9, 4, 3, 5, 3)] {
             let mut rng = StdRng::seed_from_u64((nb * 31 + hd) as u64);
@@ -736,7 +747,9 @@ fn copy_rows_matches_reference() {
             let mut order: Vec<u32> = (0..(nb * bs) as u32).collect();
             order.shuffle(&mut rng);
             let pairs = (nb * bs / 3).min(100);
-            for (src, dst) in [(order[..pairs].to_vec(), order[pairs..2 * pairs].to_vec()), (vec![0, 5, 9], vec![5, 9, 1])] {
+            // Distinct pairs; one source fanned out to deeper slots; a destination that is also a
+            // source (the reference path on the device).
+            for (src, dst) in [(order[..pairs].to_vec(), order[pairs..2 * pairs].to_vec()), (vec![3, 3, 3], vec![7, 11, 20]), (vec![0, 5, 9], vec![5, 9, 1])] {
                 copy_rows_reference(&cpu.iter().collect::<Vec<_>>(), kvh * hd, &src, &dst).unwrap();
                 copy_rows(&dev.iter().collect::<Vec<_>>(), kvh * hd, &src, &dst).unwrap();
                 for (c, d) in cpu.iter().zip(&dev) {

@@ -15,8 +15,9 @@ pub struct EvictionInput<'a> {
     pub avg_decoded: f32,
     /// Rightmost block offset pushed through every layer in this block (−1 at block start).
     pub block_progress: i64,
-    /// Requests scored in this launch (a load-aware policy keeps more when the launch is small).
-    pub launch_requests: usize,
+    /// Tokens the launch runs through layers 0–1, every row's (prefill and commit rows too):
+    /// how close it is to compute-bound (a load-aware policy keeps more when it is small).
+    pub launch_tokens: usize,
 }
 
 /// Decides which masked tokens a step keeps. Unmasked tokens of the processing set are always
@@ -51,14 +52,14 @@ impl EvictionPolicy for NoEviction {
 /// FOCUS: keep the tokens whose importance rose most from layer 0 to layer 1, within a budget
 /// tied to how many tokens this block has been decoding per step.
 ///
-/// Evicting pays only when a launch is compute-bound. With `knee` > 0 the budget is load-aware:
-/// a launch of n < `knee` requests — one whose time is mostly streaming the weights, where a
-/// kept token costs little — scales α by knee / n (at most [`Focus::MAX_BOOST`]×), so fewer
-/// decodable tokens are evicted and a step reveals as many as the delayed cache would. The knee
-/// is where the model's launches turn compute-bound on the GPU (LLaDA2.0-mini on the H200: about
-/// 64 requests of a 32-block, `docs/BENCHMARKS.md`); 0 is the published rule. With a knee, what
-/// a request keeps depends on how many requests share its launch, so its output can differ from
-/// a run alone (batched equals sequential holds for knee 0).
+/// Evicting pays only when a launch is compute-bound. With `knee` > 0 (tokens) the budget is
+/// load-aware: a launch of n < `knee` tokens — one whose time is mostly streaming the weights,
+/// where a kept token costs little — scales α by knee / n (at most [`Focus::MAX_BOOST`]×), so
+/// fewer decodable tokens are evicted and a step reveals as many as the delayed cache would. The
+/// knee is where the model's launches turn compute-bound on the GPU (LLaDA2.0-mini on the H200:
+/// about 1,536 tokens, 64 requests of a 32-block under the delayed cache, `docs/BENCHMARKS.md`);
+/// 0 is the published rule. With a knee, what a request keeps depends on what shares its launch,
+/// so its output can differ from a run alone (batched equals sequential holds for knee 0).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Focus {
     pub alpha: f32,
@@ -82,17 +83,22 @@ impl Focus {
         Ok(Self { alpha, knee: 0 })
     }
 
-    /// The load-aware budget: launches of fewer than `knee` requests keep more (0: off).
+    /// The load-aware budget: launches of fewer tokens than `knee` keep more (0: off).
     pub fn with_knee(self, knee: usize) -> Self {
         Self { knee, ..self }
     }
 
-    /// α for a launch of `requests` scored requests.
-    pub fn alpha_for(&self, requests: usize) -> f32 {
-        if self.knee == 0 || requests >= self.knee {
+    /// α for a launch of `tokens` tokens.
+    pub fn alpha_for(&self, tokens: usize) -> f32 {
+        if self.knee == 0 || tokens >= self.knee {
             return self.alpha;
         }
-        self.alpha * (self.knee as f32 / requests.max(1) as f32).min(Self::MAX_BOOST)
+        self.alpha * (self.knee as f32 / tokens.max(1) as f32).min(Self::MAX_BOOST)
+    }
+
+    /// The budget [`EvictionPolicy::keep`] uses for this input (see [`Focus::budget`]).
+    pub fn budget_for(&self, input: &EvictionInput) -> usize {
+        Self { alpha: self.alpha_for(input.launch_tokens), knee: 0 }.budget(input.positions.len(), input.avg_decoded)
     }
 
     /// Budget T = min(m, max(1, ⌈α · max(ā, 1)⌉)) (0 when nothing is masked).
@@ -109,14 +115,13 @@ impl EvictionPolicy for Focus {
     fn name(&self) -> String {
         match self.knee {
             0 => format!("focus(alpha {})", self.alpha),
-            k => format!("focus(alpha {}, knee {k} requests)", self.alpha),
+            k => format!("focus(alpha {}, knee {k} tokens)", self.alpha),
         }
     }
 
     fn keep(&self, input: &EvictionInput) -> Vec<bool> {
         let m = input.positions.len();
-        let at_load = Self { alpha: self.alpha_for(input.launch_requests), knee: 0 };
-        let t = at_load.budget(m, input.avg_decoded);
+        let t = self.budget_for(input);
         if m <= t {
             return vec![true; m];
         }
@@ -180,7 +185,7 @@ mod tests {
     use super::*;
 
     fn input<'a>(delta: &'a [f32], positions: &'a [u32], avg: f32, progress: i64) -> EvictionInput<'a> {
-        EvictionInput { delta, positions, avg_decoded: avg, block_progress: progress, launch_requests: 1 }
+        EvictionInput { delta, positions, avg_decoded: avg, block_progress: progress, launch_tokens: 1 << 20 }
     }
 
     #[test]
@@ -196,18 +201,18 @@ mod tests {
 
     #[test]
     fn a_small_launch_keeps_more_under_the_load_aware_budget() {
-        let f = Focus::default().with_knee(64);
-        assert_eq!((f.alpha_for(64), f.alpha_for(200)), (1.5, 1.5), "at and past the knee: the published rule");
-        assert_eq!(f.alpha_for(32), 3.0);
+        let f = Focus::default().with_knee(1536);
+        assert_eq!((f.alpha_for(1536), f.alpha_for(5000)), (1.5, 1.5), "at and past the knee: the published rule");
+        assert_eq!(f.alpha_for(768), 3.0);
         assert_eq!(f.alpha_for(1), 1.5 * Focus::MAX_BOOST, "the boost is capped");
         assert_eq!(Focus::default().alpha_for(1), 1.5, "knee 0: off");
-        // Eight masked tokens, one clear outlier, avg 1: T = 2 alone in a big launch, 6 in a
-        // launch of 16 requests (α 6).
+        // Eight masked tokens, one clear outlier, avg 1: T = 2 in a big launch, 6 in a launch of
+        // 384 tokens (α 6).
         // Positions two apart and progress past them: the rules add nothing.
         let pos = [0u32, 2, 4, 6, 8, 10, 12, 14];
         let d = [0.0, 0.0, 0.0, 9.0, 0.1, 0.2, 0.3, 0.4];
-        let at = |n| f.keep(&EvictionInput { launch_requests: n, ..input(&d, &pos, 1.0, 14) }).iter().filter(|&&k| k).count();
-        assert_eq!((at(100), at(16)), (2, 6));
+        let at = |n| f.keep(&EvictionInput { launch_tokens: n, ..input(&d, &pos, 1.0, 14) }).iter().filter(|&&k| k).count();
+        assert_eq!((at(4000), at(384)), (2, 6));
     }
 
     #[test]

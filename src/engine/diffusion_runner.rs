@@ -332,6 +332,7 @@ impl DiffusionRunner {
     /// as ascending token indices.
     fn select(&self, launch: &DenoiseLaunch, policy: &dyn EvictionPolicy, scored: &[usize], delta: &[Vec<f32>]) -> Result<Vec<Option<Vec<u32>>>> {
         let mut kept = vec![None; launch.rows.len()];
+        let launch_tokens = launch.rows.iter().map(|r| r.tokens.len()).sum();
         for (i, &r) in scored.iter().enumerate() {
             let row: &DenoiseRow = &launch.rows[r];
             let ev = row.evict.expect("scored rows carry block state");
@@ -342,7 +343,7 @@ impl DiffusionRunner {
                 positions: &offsets,
                 avg_decoded: ev.avg_decoded(),
                 block_progress: ev.block_progress,
-                launch_requests: scored.len(),
+                launch_tokens,
             });
             if keep.len() != row.readout.len() {
                 candle_core::bail!("eviction policy {} returned {} flags for {} masked tokens", policy.name(), keep.len(), row.readout.len());

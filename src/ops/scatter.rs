@@ -38,29 +38,60 @@ pub fn scatter_rows_reference(dst: &Tensor, src: &Tensor, index: &Tensor) -> Res
     flat.scatter_set(&index, &src, 0)
 }
 
-/// In each of `tensors` (one shape and dtype, viewed as rows of `width` elements), row `dst[p]`
-/// becomes a copy of row `src[p]`, every source read before any destination is written: the
-/// last-exited K/V fill, every layer's K and V at once. On CUDA, when no destination is also a
-/// source, one launch for all tensors; otherwise [`copy_rows_reference`].
+/// In each of `tensors` (one shape, dtype and device, contiguous, viewed as rows of `width`
+/// elements), row `dst[p]` becomes a copy of row `src[p]`, every source read before any
+/// destination is written: the last-exited K/V fill, every layer's K and V at once. Every index
+/// must address a row and no row may be a destination twice (an error before anything is
+/// written). On CUDA, when no destination is also a source, one launch for all tensors;
+/// otherwise [`copy_rows_reference`].
 pub fn copy_rows(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
-    if src.len() != dst.len() {
-        bail!("copy_rows: {} sources for {} destinations", src.len(), dst.len());
-    }
+    check_copy_rows(tensors, width, src, dst)?;
     #[cfg(feature = "cuda")]
     if let Some(first) = tensors.first() {
-        let disjoint = || {
-            let sources: std::collections::HashSet<u32> = src.iter().copied().collect();
-            !dst.iter().any(|d| sources.contains(d))
-        };
-        if first.device().is_cuda() && super::is_float(first.dtype()) && tensors.iter().all(|t| t.is_contiguous()) && disjoint() {
+        let sources: std::collections::HashSet<u32> = src.iter().copied().collect();
+        if first.device().is_cuda() && super::is_float(first.dtype()) && !dst.iter().any(|d| sources.contains(d)) {
             return super::cuda::copy_rows_in_place(tensors, width, src, dst);
         }
     }
     copy_rows_reference(tensors, width, src, dst)
 }
 
+/// What [`copy_rows`] takes, checked on the host before anything is written.
+fn check_copy_rows(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
+    if src.len() != dst.len() {
+        bail!("copy_rows: {} sources for {} destinations", src.len(), dst.len());
+    }
+    let Some(first) = tensors.first() else {
+        return Ok(());
+    };
+    if width == 0 || first.elem_count() % width != 0 {
+        bail!("copy_rows: {:?} is not rows of {width}", first.dims());
+    }
+    for t in tensors {
+        if t.dims() != first.dims() || t.dtype() != first.dtype() || !t.device().same_device(first.device()) || !t.is_contiguous() {
+            bail!(
+                "copy_rows: tensors must share one shape, dtype and device and be contiguous ({:?} {:?} vs {:?} {:?})",
+                t.dims(),
+                t.dtype(),
+                first.dims(),
+                first.dtype()
+            );
+        }
+    }
+    let rows = first.elem_count() / width;
+    if let Some(&i) = src.iter().chain(dst).find(|&&i| i as usize >= rows) {
+        bail!("copy_rows: row {i} past the {rows} rows");
+    }
+    let mut seen = std::collections::HashSet::with_capacity(dst.len());
+    if let Some(&d) = dst.iter().find(|&&d| !seen.insert(d)) {
+        bail!("copy_rows: row {d} is a destination twice");
+    }
+    Ok(())
+}
+
 /// [`copy_rows`] as candle ops: per tensor, gather the source rows, then [`scatter_rows`] them.
 pub fn copy_rows_reference(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
+    check_copy_rows(tensors, width, src, dst)?;
     let Some(first) = tensors.first() else {
         return Ok(());
     };
@@ -70,9 +101,6 @@ pub fn copy_rows_reference(tensors: &[&Tensor], width: usize, src: &[u32], dst: 
     let src = Tensor::new(src, first.device())?;
     let dst = Tensor::new(dst, first.device())?;
     for t in tensors {
-        if width == 0 || t.elem_count() % width != 0 {
-            bail!("copy_rows: {:?} is not rows of {width}", t.dims());
-        }
         let rows = t.reshape((t.elem_count() / width, width))?.index_select(&src, 0)?;
         scatter_rows(t, &rows, &dst)?;
     }
@@ -100,13 +128,23 @@ mod tests {
     fn copies_rows_in_every_tensor_reading_all_sources_first() -> Result<()> {
         let dev = Device::Cpu;
         let a = Tensor::arange(0f32, 12., &dev)?.reshape((4, 3))?;
-        let b = Tensor::arange(100f32, 112., &dev)?.reshape((2, 2, 3))?;
+        let b = Tensor::arange(100f32, 112., &dev)?.reshape((4, 3))?;
         // Row 0 -> 2 and row 2 -> 3: row 3 gets row 2 as it was before the launch.
         copy_rows(&[&a, &b], 3, &[0, 2], &[2, 3])?;
         assert_eq!(a.flatten_all()?.to_vec1::<f32>()?, vec![0., 1., 2., 3., 4., 5., 0., 1., 2., 6., 7., 8.]);
         assert_eq!(b.flatten_all()?.to_vec1::<f32>()?, vec![100., 101., 102., 103., 104., 105., 100., 101., 102., 106., 107., 108.]);
+        // One source fanned out to several destinations (an exit slot to the deeper slots).
+        copy_rows(&[&a], 3, &[1, 1], &[0, 3])?;
+        assert_eq!(a.flatten_all()?.to_vec1::<f32>()?, vec![3., 4., 5., 3., 4., 5., 0., 1., 2., 3., 4., 5.]);
+        // Refused before anything is written: unequal lists, rows that do not tile, a row past
+        // the end, a destination twice, tensors of different shapes.
+        let before = a.flatten_all()?.to_vec1::<f32>()?;
         assert!(copy_rows(&[&a], 3, &[0], &[]).is_err());
         assert!(copy_rows(&[&a], 5, &[0], &[1]).is_err());
+        assert!(copy_rows(&[&a, &b], 3, &[0, 4], &[1, 2]).is_err());
+        assert!(copy_rows(&[&a], 3, &[0, 1], &[2, 2]).is_err());
+        assert!(copy_rows(&[&a, &a.narrow(0, 0, 2)?], 3, &[0], &[1]).is_err());
+        assert_eq!(a.flatten_all()?.to_vec1::<f32>()?, before);
         Ok(())
     }
 }

@@ -105,7 +105,8 @@ fn greedy_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, logits:
 
 /// In each of `tensors` (one shape, dtype and device; contiguous), row `dst[p]` = row `src[p]`
 /// in place, rows of `width` elements: one launch for all tensors and pairs. No destination may
-/// also be a source (the caller checks); pairs past the rows are skipped.
+/// also be a source or repeat (`ops::copy_rows` checks that, and the indices, before calling);
+/// pairs past the rows are skipped.
 pub fn copy_rows_in_place(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
     const OP: &str = "copy_rows_in_place";
     let Some(first) = tensors.first() else {

@@ -323,13 +323,14 @@ __device__ void scatter_rows(T *__restrict__ dst, const T *__restrict__ src, con
 
 // Row copies inside each of a set of same-shaped tensors (the last-exited K/V fill: every
 // layer's K and V): in tensor blockIdx.y, row dst[p] = row src[p], one block per (pair, tensor).
-// The host checks that no destination is also a source, so the order of the blocks is free.
+// The host checks the indices, that no destination is also a source and none repeats, so the
+// order of the blocks is free.
 template <typename T>
 __device__ void copy_rows_in_place(const unsigned long long *__restrict__ bases, const uint32_t *__restrict__ src,
                                    const uint32_t *__restrict__ dst, int width, long long rows) {
     T *base = reinterpret_cast<T *>(bases[blockIdx.y]);
     const long long from = src[blockIdx.x], to = dst[blockIdx.x];
-    if (from >= rows || to >= rows) return;  // checked on the host; never touch memory out of bounds
+    if (from >= rows || to >= rows) return;  // checked on the host; never out of bounds regardless
     copy_row(base + to * width, base + from * width, width);
 }
 
