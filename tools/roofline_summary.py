@@ -22,22 +22,23 @@ def cb_rows(doc, workload, target, runs=None):
         mean = lambda k: statistics.mean(x[k] for x in same)
         out.append(dict(workload=workload, model=runs[0]["model"], width=r["width"], decode_tokens_per_s=mean("tokens_per_s"),
                         step_ms=mean("decode_step_ms"), roofline_ms=mean("decode_roofline_step_ms"), fraction=mean("fraction_of_roofline"),
-                        target=target, runs=len(same), commit=runs[0]["commit"], command=runs[0]["command"]))
+                        target=target, runs=len(same), commit=runs[0]["commit"], commands=[run["command"] for run in runs]))
     return out
 
 
-def cdb_rows(doc, workload):
-    """Depth batching's decode side (core + coda device time against their roofline time)."""
+def cdb_rows(docs, workload):
+    """Depth batching's decode side (core + coda device time against their roofline time), the
+    mean over the runs given."""
+    runs = [[r for r in d["results"] if r["mode"] == "cdb-refill"] for d in docs]
     out = []
-    for r in doc["results"]:
-        if r["mode"] != "cdb-refill":
-            continue
-        st = r["stages"]
-        dev = st["core"]["device_s"] + st["coda"]["device_s"]
-        roof = st["core"]["roofline_s"] + st["coda"]["roofline_s"]
-        out.append(dict(workload=workload, model=doc["model"], width=r["width"], decode_tokens_per_s=r["tokens_per_s"], step_ms=None, roofline_ms=None,
-                        fraction=roof / dev, target=0.70, speedup_vs_cb=r["speedup_vs_cb"], fraction_of_prefill_adjusted_bound=r["fraction_of_prefill_adjusted_bound"],
-                        runs=1, commit=doc["commit"], command=doc["command"]))
+    for i, r in enumerate(runs[0]):
+        same = [rs[i] for rs in runs]
+        side = [(x["stages"]["core"]["roofline_s"] + x["stages"]["coda"]["roofline_s"]) / (x["stages"]["core"]["device_s"] + x["stages"]["coda"]["device_s"]) for x in same]
+        mean = lambda k: statistics.mean(x[k] for x in same)
+        out.append(dict(workload=workload, model=docs[0]["model"], width=r["width"], decode_tokens_per_s=mean("tokens_per_s"), step_ms=None, roofline_ms=None,
+                        fraction=statistics.mean(side), target=0.70, speedup_vs_cb=mean("speedup_vs_cb"),
+                        fraction_of_prefill_adjusted_bound=mean("fraction_of_prefill_adjusted_bound"), runs=len(same), commit=docs[0]["commit"],
+                        commands=[d["command"] for d in docs]))
     return out
 
 
@@ -47,9 +48,9 @@ def main():
     rows = cb_rows(None, "CB, prompt 128 + 256 new", 0.75, new_runs)
     rows += cb_rows(json.loads((raw / "attn_split_6303cb0" / "cb_2k.json").read_text()), "CB, prompt 2048 + 256 new", 0.75)
     rows += cb_rows(json.loads((raw / "attn_split_6303cb0" / "huginn_cb.json").read_text()), "Huginn CB, prompt 128 + 128 new", None)
-    rows += cdb_rows(json.loads((raw / "attn_split_6303cb0" / "cdb_shared.json").read_text()), "CDB refill, shared K/V (decode side)")
+    rows += cdb_rows([json.loads((raw / "attn_split_6303cb0" / "cdb_shared.json").read_text())], "CDB refill, shared K/V (decode side)")
     le = json.loads((raw / "last_exited_fill_7da0c67" / "ab_last_exited_fill.json").read_text())
-    rows += cdb_rows([run["result"] for run in le["runs"] if run["variant"] == "new"][0], "CDB refill, last-exited K/V (decode side)")
+    rows += cdb_rows([run["result"] for run in le["runs"] if run["variant"] == "new"], "CDB refill, last-exited K/V (decode side)")
     doc = dict(gpu=new_runs[0]["gpu"], commit=f"{new_runs[0]['commit']} (last-exited row: {le['new']})", model="Ouro-1.4B shapes (Huginn-0125 where named), random bf16 weights",
                sources="docs/bench/raw-2026-12-01c/{attn_split_6303cb0,last_exited_fill_7da0c67}", rows=rows)
     out = root / "docs" / "bench" / "looped_roofline.json"

@@ -57,7 +57,7 @@ impl EvictionPolicy for NoEviction {
 /// where a kept token costs little — scales α by knee / n (at most [`Focus::MAX_BOOST`]×), so
 /// fewer decodable tokens are evicted and a step reveals as many as the delayed cache would. The
 /// knee is where the model's launches turn compute-bound on the GPU (LLaDA2.0-mini on the H200:
-/// about 1,536 tokens, 64 requests of a 32-block under the delayed cache, `docs/BENCHMARKS.md`);
+/// about 1,400 tokens, 64 requests of a 32-block at ≈ 22 positions each, `docs/BENCHMARKS.md`);
 /// 0 is the published rule. With a knee, what a request keeps depends on what shares its launch,
 /// so its output can differ from a run alone (batched equals sequential holds for knee 0).
 #[derive(Debug, Clone, Copy, PartialEq)]
