@@ -212,3 +212,36 @@ fn a_policy_that_keeps_nothing_is_overruled_for_that_row() {
     let mut e = builder(&dir, 3).diffusion(|o| o.delayed_cache(true).eviction_policy(KeepNothing)).build().unwrap();
     assert_eq!(run_all(&mut e, &ps, 20), want, "every row runs whole, as without eviction");
 }
+
+/// Keeps everything and records, per call, the launch's token count and the row's masked count.
+#[derive(Debug, Default)]
+struct RecordLoad(std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>);
+impl EvictionPolicy for RecordLoad {
+    fn name(&self) -> String {
+        "record-load".into()
+    }
+    fn keep(&self, input: &EvictionInput) -> Vec<bool> {
+        self.0.lock().unwrap().push((input.launch_tokens, input.positions.len()));
+        vec![true; input.positions.len()]
+    }
+}
+
+#[test]
+fn a_policy_sees_the_token_count_of_its_launch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = sdar_dir(tmp.path());
+    let ps = diffusion_prompts(3, 9);
+    let want = run_all(&mut builder(&dir, 3).diffusion(|o| o.delayed_cache(true)).build().unwrap(), &ps, 20);
+    let seen = RecordLoad::default();
+    let log = seen.0.clone();
+    let mut e = builder(&dir, 3).diffusion(|o| o.delayed_cache(true).eviction_policy(seen)).build().unwrap();
+    assert_eq!(run_all(&mut e, &ps, 20), want, "keeping everything is the delayed cache");
+    let log = log.lock().unwrap();
+    assert!(!log.is_empty());
+    // Every row's count covers its masked tokens; a row alone runs at most one 16-block, so a
+    // count past 16 is several rows' (three requests decode together).
+    for &(tokens, masked) in log.iter() {
+        assert!(tokens >= masked && masked > 0, "launch of {tokens} tokens for a row with {masked} masked");
+    }
+    assert!(log.iter().any(|&(tokens, _)| tokens > 16), "no launch counted more than one row: {log:?}");
+}
