@@ -13,9 +13,8 @@ root = pathlib.Path(__file__).resolve().parent.parent
 raw = root / "docs" / "bench" / "raw-2026-12-01c"
 
 
-def cb_rows(doc, workload, target, runs=None):
-    """Rows of a suite-cb result (several runs of one binary: the mean)."""
-    runs = runs or [doc]
+def cb_rows(runs, workload, target):
+    """Rows of suite-cb results (several runs of one binary: the mean)."""
     out = []
     for i, r in enumerate(runs[0]["results"]):
         same = [run["results"][i] for run in runs]
@@ -45,9 +44,9 @@ def cdb_rows(docs, workload):
 def main():
     ab = json.loads((raw / "attn_split_6303cb0" / "ab_attn_split.json").read_text())
     new_runs = [run["result"] for run in ab["runs"] if run["variant"] == "new"]
-    rows = cb_rows(None, "CB, prompt 128 + 256 new", 0.75, new_runs)
-    rows += cb_rows(json.loads((raw / "attn_split_6303cb0" / "cb_2k.json").read_text()), "CB, prompt 2048 + 256 new", 0.75)
-    rows += cb_rows(json.loads((raw / "attn_split_6303cb0" / "huginn_cb.json").read_text()), "Huginn CB, prompt 128 + 128 new", None)
+    rows = cb_rows(new_runs, "CB, prompt 128 + 256 new", 0.75)
+    rows += cb_rows([json.loads((raw / "attn_split_6303cb0" / "cb_2k.json").read_text())], "CB, prompt 2048 + 256 new", 0.75)
+    rows += cb_rows([json.loads((raw / "attn_split_6303cb0" / "huginn_cb.json").read_text())], "Huginn CB, prompt 128 + 128 new", None)
     rows += cdb_rows([json.loads((raw / "attn_split_6303cb0" / "cdb_shared.json").read_text())], "CDB refill, shared K/V (decode side)")
     le = json.loads((raw / "last_exited_fill_7da0c67" / "ab_last_exited_fill.json").read_text())
     rows += cdb_rows([run["result"] for run in le["runs"] if run["variant"] == "new"], "CDB refill, last-exited K/V (decode side)")

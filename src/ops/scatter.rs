@@ -53,7 +53,7 @@ pub fn copy_rows(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) ->
             return super::cuda::copy_rows_in_place(tensors, width, src, dst);
         }
     }
-    copy_rows_reference(tensors, width, src, dst)
+    gather_then_scatter(tensors, width, src, dst)
 }
 
 /// What [`copy_rows`] takes, checked on the host before anything is written.
@@ -92,6 +92,11 @@ fn check_copy_rows(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) 
 /// [`copy_rows`] as candle ops: per tensor, gather the source rows, then [`scatter_rows`] them.
 pub fn copy_rows_reference(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
     check_copy_rows(tensors, width, src, dst)?;
+    gather_then_scatter(tensors, width, src, dst)
+}
+
+/// The body of [`copy_rows_reference`], on arguments [`check_copy_rows`] accepted.
+fn gather_then_scatter(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
     let Some(first) = tensors.first() else {
         return Ok(());
     };

@@ -112,8 +112,11 @@ pub fn copy_rows_in_place(tensors: &[&Tensor], width: usize, src: &[u32], dst: &
     let Some(first) = tensors.first() else {
         return Ok(());
     };
-    if src.len() != dst.len() || src.is_empty() {
-        return if src.len() == dst.len() { Ok(()) } else { bail!("{OP} (cuda): {} sources for {} destinations", src.len(), dst.len()) };
+    if src.len() != dst.len() {
+        bail!("{OP} (cuda): {} sources for {} destinations", src.len(), dst.len());
+    }
+    if src.is_empty() {
+        return Ok(());
     }
     let dev = device(first, OP)?;
     let named: Vec<(&str, &Tensor)> = tensors.iter().map(|t| ("tensor", *t)).collect();
