@@ -111,3 +111,46 @@ pub(super) fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&
     }
     Ok(())
 }
+
+/// The default of [`l2_prefetch_limit`]: about half of Hopper's 50 MB L2, so a prefetched
+/// matrix and the one being read fit together.
+const L2_PREFETCH_DEFAULT_MB: u64 = 24;
+
+/// The most bytes of a weight matrix a fused kernel prefetches into L2 for the matmul after it:
+/// `PONDER_L2_PREFETCH_MB` (0 turns prefetching off), read once per process.
+pub(crate) fn l2_prefetch_limit() -> u64 {
+    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let mb = std::env::var("PONDER_L2_PREFETCH_MB").ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(L2_PREFETCH_DEFAULT_MB);
+        mb << 20
+    })
+}
+
+/// The kernel arguments `(pf, pf_bytes)` for prefetching `next` (the weights the following
+/// matmul reads) into L2: its device address and the first [`l2_prefetch_limit`] bytes of it,
+/// rounded down to 16. `(0, 0)` — no prefetch — without weights, for a tensor on another device
+/// or of a dtype the models do not run in, or when the start is not 16-byte aligned.
+pub(super) fn l2_prefetch_args(dev: &CudaDevice, next: Option<&Tensor>) -> Result<(u64, u64)> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    let Some(t) = next else { return Ok((0, 0)) };
+    let limit = l2_prefetch_limit();
+    if limit == 0 || !t.device().same_device(&candle_core::Device::Cuda(dev.clone())) || !t.is_contiguous() {
+        return Ok((0, 0));
+    }
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(cs) = &*storage else { return Ok((0, 0)) };
+    let stream = dev.cuda_stream();
+    let (start, len) = (layout.start_offset(), layout.shape().elem_count());
+    // The address only: the kernel reads nothing through it, so no event tracking is needed.
+    let base = match t.dtype() {
+        DType::BF16 => cs.as_cuda_slice::<half::bf16>()?.slice(start..start + len).device_ptr(&stream).0,
+        DType::F16 => cs.as_cuda_slice::<half::f16>()?.slice(start..start + len).device_ptr(&stream).0,
+        DType::F32 => cs.as_cuda_slice::<f32>()?.slice(start..start + len).device_ptr(&stream).0,
+        _ => return Ok((0, 0)),
+    };
+    if base % 16 != 0 {
+        return Ok((0, 0));
+    }
+    let bytes = ((len * t.dtype().size_in_bytes()) as u64).min(limit) & !15;
+    Ok((base, bytes))
+}
