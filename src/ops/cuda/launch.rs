@@ -152,7 +152,5 @@ pub(super) fn l2_prefetch_args(dev: &CudaDevice, next: Option<&Tensor>) -> Resul
         return Ok((0, 0));
     }
     let bytes = ((len * t.dtype().size_in_bytes()) as u64).min(limit) & !15;
-    // Experimental: PONDER_L2_PREFETCH_KIND=line prefetches line by line (the kernel reads the top bit).
-    let lines = std::env::var("PONDER_L2_PREFETCH_KIND").is_ok_and(|v| v == "line");
-    Ok((base, bytes | (u64::from(lines) << 63)))
+    Ok((base, bytes))
 }

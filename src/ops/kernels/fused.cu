@@ -64,21 +64,14 @@ __device__ __forceinline__ float block_sum(float v, float *smem) {
 __device__ __forceinline__ void l2_prefetch(const char *p, unsigned long long bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (bytes == 0) return;
-    // The top bit asks for one prefetch instruction per 128-byte line instead of bulk copies.
-    const bool lines = bytes >> 63;
-    bytes &= ~(1ull << 63);
-    const unsigned long long piece = lines ? 128 : 16384;
+    constexpr unsigned long long PIECE = 16384;
     const unsigned long long block = ((unsigned long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
     const unsigned long long threads = (unsigned long long)blockDim.x * blockDim.y * blockDim.z;
     const unsigned long long tid = block * threads + (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
-    const unsigned long long stride = (unsigned long long)gridDim.x * gridDim.y * gridDim.z * threads * piece;
-    for (unsigned long long off = tid * piece; off < bytes; off += stride) {
-        if (lines) {
-            asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p + off) : "memory");
-        } else {
-            const unsigned int n = (unsigned int)(bytes - off < piece ? bytes - off : piece);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
-        }
+    const unsigned long long stride = (unsigned long long)gridDim.x * gridDim.y * gridDim.z * threads * PIECE;
+    for (unsigned long long off = tid * PIECE; off < bytes; off += stride) {
+        const unsigned int n = (unsigned int)(bytes - off < PIECE ? bytes - off : PIECE);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
     }
 #endif
 }
