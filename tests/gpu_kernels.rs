@@ -349,13 +349,12 @@ fn check_qkv_rope_write(name: &str, rows: &[(usize, usize)], heads: usize, kv_he
     let cpu_batch = PagedBatch::new(host.clone(), bs, AttnMask::Causal, kvw, &Device::Cpu).unwrap();
     let ref_angles = RopeAngles { cos: angles.cos.to_dtype(DType::F32).unwrap(), sin: angles.sin.to_dtype(DType::F32).unwrap() };
     let (k_ref, v_ref) = (f32_cpu(&k0).copy().unwrap(), f32_cpu(&v0).copy().unwrap());
-    let q_ref = fused::qkv_rope_write(&f32_cpu(&qkv), &ref_angles, &k_ref, &v_ref, &cpu_batch, heads, kv_heads, hd, None).unwrap();
+    let q_ref = fused::qkv_rope_write(&f32_cpu(&qkv), &ref_angles, &k_ref, &v_ref, &cpu_batch, heads, kv_heads, hd).unwrap();
 
     let gpu_batch = PagedBatch::new(host.clone(), bs, AttnMask::Causal, kvw, &gpu).unwrap();
     let g_angles = RopeAngles { cos: angles.cos.to_device(&gpu).unwrap(), sin: angles.sin.to_device(&gpu).unwrap() };
     let (kg, vg) = (k0.to_device(&gpu).unwrap(), v0.to_device(&gpu).unwrap());
-    let pf = prefetch_target(&gpu);
-    let qg = fused::qkv_rope_write(&qkv.to_device(&gpu).unwrap(), &g_angles, &kg, &vg, &gpu_batch, heads, kv_heads, hd, Some(&pf)).unwrap();
+    let qg = fused::qkv_rope_write(&qkv.to_device(&gpu).unwrap(), &g_angles, &kg, &vg, &gpu_batch, heads, kv_heads, hd).unwrap();
     assert_eq!(qg.dims(), &[tokens, heads, hd]);
     assert_eq!(qg.dtype(), dtype);
     assert!(qg.is_contiguous());
@@ -396,12 +395,6 @@ fn check_qkv_rope_write(name: &str, rows: &[(usize, usize)], heads: usize, kv_he
     assert_eq!(v_err, 0.0);
 }
 
-/// Weights for the fused ops to prefetch into L2 while they run (results must not change):
-/// 40 MB, more than the default cap, so the capped path runs.
-fn prefetch_target(gpu: &Device) -> Tensor {
-    Tensor::ones(20 << 20, DType::BF16, gpu).unwrap()
-}
-
 #[test]
 fn fused_qkv_rope_write() {
     let decode: Vec<(usize, usize)> = (0..64).map(|i| (1, 1 + (i * 53) % 400)).collect();
@@ -416,7 +409,6 @@ fn fused_qkv_rope_write() {
 #[test]
 fn fused_add_rms_norm() {
     let gpu = Device::new_cuda(0).unwrap();
-    let pf = prefetch_target(&gpu);
     for dt in [DType::F32, DType::BF16, DType::F16] {
         // Widths that are a multiple of the 16-byte vector take the register-cached vector path; 2050 the scalar one.
         for &(rows, cols) in &[(1usize, 2048usize), (64, 2048), (257, 2048), (33, 1000), (5, 40), (3, 6000), (9, 2050)] {
@@ -426,9 +418,9 @@ fn fused_add_rms_norm() {
             let wx = rand_tensor(&mut rng, &[cols], 0.2, 2.0, dt);
             let wn = rand_tensor(&mut rng, &[cols], 0.2, 2.0, dt);
             let eps = 1e-6;
-            let (h_ref, n_ref) = fused::add_rms_norm(&f32_cpu(&res), &f32_cpu(&x), &f32_cpu(&wx), &f32_cpu(&wn), eps, None).unwrap();
+            let (h_ref, n_ref) = fused::add_rms_norm(&f32_cpu(&res), &f32_cpu(&x), &f32_cpu(&wx), &f32_cpu(&wn), eps).unwrap();
             let g = |t: &Tensor| t.to_device(&gpu).unwrap();
-            let (h, n) = fused::add_rms_norm(&g(&res), &g(&x), &g(&wx), &g(&wn), eps, Some(&pf)).unwrap();
+            let (h, n) = fused::add_rms_norm(&g(&res), &g(&x), &g(&wx), &g(&wn), eps).unwrap();
             assert_eq!(h.dims(), &[rows, cols]);
             assert_eq!((h.dtype(), n.dtype()), (dt, dt));
             let (eh, en) = (rel_err(&f32_cpu(&h), &h_ref), rel_err(&f32_cpu(&n), &n_ref));
@@ -442,13 +434,12 @@ fn fused_add_rms_norm() {
 #[test]
 fn fused_silu_mul() {
     let gpu = Device::new_cuda(0).unwrap();
-    let pf = prefetch_target(&gpu);
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(rows, inter) in &[(1usize, 5632usize), (64, 5632), (256, 5632), (7, 77)] {
             let mut rng = StdRng::seed_from_u64((rows * 31 + inter) as u64);
             let gu = rand_tensor(&mut rng, &[rows, 2 * inter], -8.0, 8.0, dt);
-            let r = fused::silu_mul(&f32_cpu(&gu), None).unwrap();
-            let o = fused::silu_mul(&gu.to_device(&gpu).unwrap(), Some(&pf)).unwrap();
+            let r = fused::silu_mul(&f32_cpu(&gu)).unwrap();
+            let o = fused::silu_mul(&gu.to_device(&gpu).unwrap()).unwrap();
             assert_eq!(o.dims(), &[rows, inter]);
             assert_eq!(o.dtype(), dt);
             let e = rel_err(&f32_cpu(&o), &r);
@@ -502,7 +493,7 @@ fn fused_timing() {
         let pos = Tensor::new(vec![383u32; rows.len()].as_slice(), &gpu).unwrap();
         let angles = RopeTable::new(hd, 1e6, dt, &gpu).unwrap().angles(&pos).unwrap();
         let fq = time(&|| {
-            fused::qkv_rope_write(&qkv, &angles, &kc, &vc, &batch, h, kvh, hd, None).unwrap();
+            fused::qkv_rope_write(&qkv, &angles, &kc, &vc, &batch, h, kvh, hd).unwrap();
         });
         let rq = time(&|| {
             fused::qkv_rope_write_reference(&qkv, &angles, &kc, &vc, &batch, h, kvh, hd).unwrap();
@@ -511,14 +502,14 @@ fn fused_timing() {
         let x = g(rand_tensor(&mut rng, &[w, c], -1.0, 1.0, dt));
         let wx = g(rand_tensor(&mut rng, &[c], 0.5, 1.5, dt));
         let fa = time(&|| {
-            fused::add_rms_norm(&res, &x, &wx, &wx, 1e-6, None).unwrap();
+            fused::add_rms_norm(&res, &x, &wx, &wx, 1e-6).unwrap();
         });
         let ra = time(&|| {
             fused::add_rms_norm_reference(&res, &x, &wx, &wx, 1e-6).unwrap();
         });
         let gu = g(rand_tensor(&mut rng, &[w, 2 * inter], -1.0, 1.0, dt));
         let fs = time(&|| {
-            fused::silu_mul(&gu, None).unwrap();
+            fused::silu_mul(&gu).unwrap();
         });
         let rs = time(&|| {
             fused::silu_mul_reference(&gu).unwrap();

@@ -3,13 +3,6 @@
 //! (`src/ops/kernels/fused.cu`). Each op has one entry point that dispatches on the device:
 //! elsewhere (and for layouts the kernels do not take) it runs the composition of candle ops the
 //! models used before, which is also the reference the kernels are tested against.
-//!
-//! The ops that sit just before a matmul in a decoder layer ([`qkv_rope_write`],
-//! [`add_rms_norm`], [`silu_mul`]) take `prefetch`: the weights that matmul will read. On a
-//! Hopper GPU their kernel starts streaming those weights into L2 (up to
-//! `PONDER_L2_PREFETCH_MB`, default 24 MB) and returns without waiting, so a decode-width matmul
-//! finds its weights arriving instead of paying DRAM's latency from a cold start. Elsewhere
-//! `prefetch` is ignored; it never changes a result.
 
 use super::{rms_norm, write_kv, PagedBatch, RopeAngles};
 use candle_core::{Result, Tensor, D};
@@ -17,7 +10,7 @@ use candle_core::{Result, Tensor, D};
 /// Splits the fused QKV projection `qkv` `[T, (heads + 2*kv_heads) * head_dim]` (q, k, v side by
 /// side), applies split-half RoPE to q and k, writes the rotated k and v into `k_cache` /
 /// `v_cache` (`[num_blocks, block_size, kv_heads, head_dim]`) in place at `batch.slot_mapping`,
-/// and returns the rotated q `[T, heads, head_dim]` (contiguous). `prefetch`: see the module.
+/// and returns the rotated q `[T, heads, head_dim]` (contiguous).
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_write(
     qkv: &Tensor,
@@ -28,7 +21,6 @@ pub fn qkv_rope_write(
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-    prefetch: Option<&Tensor>,
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if qkv.device().is_cuda() {
@@ -37,21 +29,9 @@ pub fn qkv_rope_write(
             && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.dtype() == dt)
             && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.is_contiguous());
         if fits {
-            return super::cuda::qkv_rope_write(
-                &qkv.contiguous()?,
-                &angles.cos,
-                &angles.sin,
-                k_cache,
-                v_cache,
-                &batch.slot_mapping,
-                heads,
-                kv_heads,
-                head_dim,
-                prefetch,
-            );
+            return super::cuda::qkv_rope_write(&qkv.contiguous()?, &angles.cos, &angles.sin, k_cache, v_cache, &batch.slot_mapping, heads, kv_heads, head_dim);
         }
     }
-    let _ = prefetch;
     qkv_rope_write_reference(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
 }
 
@@ -162,16 +142,15 @@ pub fn qkv_norm_rope(
 
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))`: a sandwich norm's residual
 /// add followed by the next sub-layer's input norm. The first norm's output is rounded to the
-/// dtype before the add, as with separate ops; statistics in f32. `prefetch`: see the module.
-pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64, prefetch: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+/// dtype before the add, as with separate ops; statistics in f32.
+pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() {
         let dt = x.dtype();
         if super::is_float(dt) && [residual, w_x, w_next].iter().all(|t| t.dtype() == dt) {
-            return super::cuda::add_rms_norm(residual, x, w_x, w_next, eps as f32, prefetch);
+            return super::cuda::add_rms_norm(residual, x, w_x, w_next, eps as f32);
         }
     }
-    let _ = prefetch;
     add_rms_norm_reference(residual, x, w_x, w_next, eps)
 }
 
@@ -183,13 +162,11 @@ pub fn add_rms_norm_reference(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_nex
 }
 
 /// `silu(gate) * up`, where `gate_up` holds the two halves side by side on the last dim.
-/// `prefetch`: see the module.
-pub fn silu_mul(gate_up: &Tensor, prefetch: Option<&Tensor>) -> Result<Tensor> {
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if gate_up.device().is_cuda() && super::is_float(gate_up.dtype()) {
-        return super::cuda::silu_mul(gate_up, prefetch);
+        return super::cuda::silu_mul(gate_up);
     }
-    let _ = prefetch;
     silu_mul_reference(gate_up)
 }
 

@@ -152,7 +152,7 @@ impl Huginn {
         let attn = paged_attention(&q, kv.k(b.kv_layer), kv.v(b.kv_layer), batch, 1.0 / (hd as f64).sqrt())?;
         let attn = b.proj.forward(&attn.reshape((t, nh * hd))?)?;
         let x = ops::rms_norm(&(attn + x)?, &b.norms[1], eps)?;
-        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?, Some(b.mlp_proj.weight()))?)?;
+        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?)?;
         ops::rms_norm(&(m + x)?, &b.norms[3], eps)
     }
 

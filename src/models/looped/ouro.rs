@@ -115,9 +115,7 @@ impl Ouro {
     /// One layer. `h` is the residual stream and `a = rms_norm(h, input_norm)` of this layer
     /// (computed by the previous layer's last fused norm, or once at the start of the step).
     /// Returns the new residual and its norm by `next_norm` (the next layer's input norm, or the
-    /// model's final norm after the last layer). Each fused op before a matmul prefetches that
-    /// matmul's weights into L2 (the last one the next layer's QKV: every loop step runs layer
-    /// 0 after the last).
+    /// model's final norm after the last layer).
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
@@ -130,19 +128,18 @@ impl Ouro {
         kv: &KvStore,
     ) -> Result<(Tensor, Tensor)> {
         let layer = &self.layers[l];
-        let next_qkv = self.layers[(l + 1) % self.layers.len()].qkv.weight();
         let eps = self.cfg.rms_norm_eps;
         let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let t = h.dim(0)?;
 
         let qkv = layer.qkv.forward(a)?;
-        let q = ops::qkv_rope_write(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd, Some(layer.o_proj.weight()))?;
+        let q = ops::qkv_rope_write(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd)?;
         let attn = paged_attention(&q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
         let attn = layer.o_proj.forward(&attn.reshape((t, nh * hd))?)?;
-        let (h, m) = ops::add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps, Some(layer.gate_up.weight()))?;
+        let (h, m) = ops::add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 
-        let m = layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?, Some(layer.down.weight()))?)?;
-        ops::add_rms_norm(&h, &m, &layer.post_attn_norm_2, next_norm, eps, Some(next_qkv))
+        let m = layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?;
+        ops::add_rms_norm(&h, &m, &layer.post_attn_norm_2, next_norm, eps)
     }
 }
 

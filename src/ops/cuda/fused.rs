@@ -1,7 +1,7 @@
 //! Fused per-layer ops (`kernels/fused.cu`): the projection epilogues that rotate q/k and
 //! write the paged K/V, residual + RMSNorm, SiLU·mul. Entry points in `crate::ops::fused`.
 
-use super::launch::{device, for_float, kernel, l2_prefetch_args, same_device_dtype, view, wrap, Module};
+use super::launch::{device, for_float, kernel, same_device_dtype, view, wrap, Module};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -47,8 +47,6 @@ fn check_qkv_rope(
 /// `[T, D/2]`), writes rotated k and v into the caches `[NB, BS, KVH, D]` in place at
 /// `slot_mapping[t]` (`[T]` u32, flat row `block * BS + offset`), and returns q `[T, H, D]`.
 /// All float tensors share one dtype and must be contiguous. Slots past the cache are skipped.
-/// `prefetch`: weights the following matmul reads, streamed into L2 meanwhile (see
-/// `crate::ops::fused`).
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_write(
     qkv: &Tensor,
@@ -60,7 +58,6 @@ pub fn qkv_rope_write(
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-    prefetch: Option<&Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "qkv_rope_write";
     let dev = device(qkv, OP)?;
@@ -76,22 +73,7 @@ pub fn qkv_rope_write(
     if tokens == 0 {
         return Tensor::zeros((0, heads, head_dim), dtype, qkv.device());
     }
-    for_float!(dtype, OP, |T, suf| qkv_rope_launch::<T>(
-        &dev,
-        suf,
-        qkv,
-        cos,
-        sin,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        heads,
-        kv_heads,
-        head_dim,
-        num_slots,
-        pairs,
-        prefetch
-    ))
+    for_float!(dtype, OP, |T, suf| qkv_rope_launch::<T>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -109,7 +91,6 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     head_dim: usize,
     num_slots: usize,
     pairs: usize,
-    prefetch: Option<&Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "qkv_rope_write";
     let tokens = qkv.dim(0)?;
@@ -136,8 +117,7 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     let (h, kvh, hd, ns) = (heads as i32, kv_heads as i32, head_dim as i32, num_slots as i64);
     let mut b = func.builder();
     b.arg(&mut q_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
-    let (pf, pf_bytes) = l2_prefetch_args(dev, prefetch)?;
-    b.arg(&h).arg(&kvh).arg(&hd).arg(&ns).arg(&pf).arg(&pf_bytes);
+    b.arg(&h).arg(&kvh).arg(&hd).arg(&ns);
     // SAFETY: argument list matches `qkv_rope_write_*` in fused.cu; shapes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -240,7 +220,7 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &
 
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))` over the last dim, in one
 /// launch. `residual`, `x` `[.., C]` and the weights `[C]` share one dtype; f32 statistics.
-pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32, prefetch: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
     const OP: &str = "add_rms_norm";
     let dev = device(x, OP)?;
     let dtype = x.dtype();
@@ -262,7 +242,7 @@ pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor
     let residual = residual.contiguous()?;
     let x = x.contiguous()?;
     let (w_x, w_next) = (w_x.contiguous()?, w_next.contiguous()?);
-    for_float!(dtype, OP, |T, suf| add_rms_launch::<T>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps, prefetch))
+    for_float!(dtype, OP, |T, suf| add_rms_launch::<T>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -276,7 +256,6 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     rows: usize,
     ncols: usize,
     eps: f32,
-    prefetch: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "add_rms_norm";
     let (rs, rl) = residual.storage_and_layout();
@@ -297,8 +276,7 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     let nc = ncols as i32;
     let mut b = func.builder();
     b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
-    let (pf, pf_bytes) = l2_prefetch_args(dev, prefetch)?;
-    b.arg(&nc).arg(&eps).arg(&pf).arg(&pf_bytes);
+    b.arg(&nc).arg(&eps);
     // SAFETY: argument list matches `add_rms_norm_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -307,7 +285,7 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
 }
 
 /// `silu(gate) * up` for `gate_up` `[.., 2I]` (gate first), output `[.., I]`, one launch.
-pub fn silu_mul(gate_up: &Tensor, prefetch: Option<&Tensor>) -> Result<Tensor> {
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     const OP: &str = "silu_mul";
     let dev = device(gate_up, OP)?;
     let dtype = gate_up.dtype();
@@ -323,18 +301,10 @@ pub fn silu_mul(gate_up: &Tensor, prefetch: Option<&Tensor>) -> Result<Tensor> {
         return Tensor::zeros(dims, dtype, gate_up.device());
     }
     let gate_up = gate_up.contiguous()?;
-    for_float!(dtype, OP, |T, suf| silu_mul_launch::<T>(&dev, suf, &gate_up, rows, inter, dims, prefetch))
+    for_float!(dtype, OP, |T, suf| silu_mul_launch::<T>(&dev, suf, &gate_up, rows, inter, dims))
 }
 
-fn silu_mul_launch<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    suf: &str,
-    gate_up: &Tensor,
-    rows: usize,
-    inter: usize,
-    dims: Vec<usize>,
-    prefetch: Option<&Tensor>,
-) -> Result<Tensor> {
+fn silu_mul_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, gate_up: &Tensor, rows: usize, inter: usize, dims: Vec<usize>) -> Result<Tensor> {
     const OP: &str = "silu_mul";
     let (gs, gl) = gate_up.storage_and_layout();
     let g_v = view::<T>(&gs, gl, OP, "gate_up", false)?;
@@ -349,8 +319,7 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(
         bail!("{OP} (cuda): intermediate size out of range");
     }
     let mut b = func.builder();
-    let (pf, pf_bytes) = l2_prefetch_args(dev, prefetch)?;
-    b.arg(&mut out).arg(&g_v).arg(&r).arg(&i).arg(&pf).arg(&pf_bytes);
+    b.arg(&mut out).arg(&g_v).arg(&r).arg(&i);
     // SAFETY: argument list matches `silu_mul_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);

@@ -9,8 +9,6 @@
 //   per row, f32 sums (candle's rmsnorm: scale = rsqrt(mean(x^2) + eps), y = T(scale * x * w));
 //   16-byte vectors kept in registers when the width and the pointers allow.
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
-// qkv_rope_write_*, add_rms_norm_*, silu_mul_* also take (pf, pf_bytes): the weights of the
-//   matmul that follows them, which the grid starts streaming into L2 (see l2_prefetch).
 // scatter_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V writes,
 //   loop-state bank writes, K/V slot copies across every layer in one launch; FOCUS compaction).
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
@@ -53,27 +51,6 @@ __device__ __forceinline__ float block_sum(float v, float *smem) {
     __syncthreads();
     v = lane < nwarps ? smem[lane] : 0.f;
     return warp_sum(v);
-}
-
-// Starts streaming `bytes` at `p` into L2 and returns at once (Hopper's bulk prefetch; nothing
-// on older GPUs). A decode-width matmul is too short to reach the memory bandwidth from a cold
-// start, and our small kernels between the matmuls leave DRAM idle: issued here, the next
-// matmul's weights are already arriving when it starts. Pieces of 16 KB spread over every
-// thread of the grid, so each thread issues at most a few. `p` 16-byte aligned, `bytes` a
-// multiple of 16 (the host rounds).
-__device__ __forceinline__ void l2_prefetch(const char *p, unsigned long long bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (bytes == 0) return;
-    constexpr unsigned long long PIECE = 16384;
-    const unsigned long long block = ((unsigned long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const unsigned long long threads = (unsigned long long)blockDim.x * blockDim.y * blockDim.z;
-    const unsigned long long tid = block * threads + (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
-    const unsigned long long stride = (unsigned long long)gridDim.x * gridDim.y * gridDim.z * threads * PIECE;
-    for (unsigned long long off = tid * PIECE; off < bytes; off += stride) {
-        const unsigned int n = (unsigned int)(bytes - off < PIECE ? bytes - off : PIECE);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
-    }
-#endif
 }
 
 // grid (T, ceil(pairs / blockDim)); pairs = (H + KVH) * D/2 rotated pairs + KVH * D/2 v pairs.
@@ -436,9 +413,7 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
 #define FUSED_OPS(T, SUF)                                                                          \
     extern "C" __global__ void qkv_rope_write_##SUF(                                               \
         T *q_out, T *k_cache, T *v_cache, const T *qkv, const T *cos_t, const T *sin_t,            \
-        const uint32_t *slots, int heads, int kv_heads, int head_dim, long long num_slots,         \
-        const char *pf, unsigned long long pf_bytes) {                                             \
-        l2_prefetch(pf, pf_bytes);                                                                 \
+        const uint32_t *slots, int heads, int kv_heads, int head_dim, long long num_slots) {       \
         qkv_rope_write<T>(q_out, k_cache, v_cache, qkv, cos_t, sin_t, slots, heads, kv_heads,      \
                           head_dim, num_slots);                                                    \
     }                                                                                              \
@@ -451,14 +426,10 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     }                                                                                              \
     extern "C" __global__ void add_rms_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,    \
                                                   const T *w_x, const T *w_next, int ncols,        \
-                                                  float eps, const char *pf,                       \
-                                                  unsigned long long pf_bytes) {                   \
-        l2_prefetch(pf, pf_bytes);                                                                 \
+                                                  float eps) {                                     \
         add_rms_norm<T>(h_out, n_out, res, x, w_x, w_next, ncols, eps);                            \
     }                                                                                              \
-    extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter,      \
-                                              const char *pf, unsigned long long pf_bytes) {       \
-        l2_prefetch(pf, pf_bytes);                                                                 \
+    extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter) {    \
         silu_mul<T>(out, gu, rows, inter);                                                         \
     }                                                                                              \
     extern "C" __global__ void scatter_rows_##SUF(T *dst, const T *src, const uint32_t *index,     \
