@@ -4,7 +4,7 @@
 //!     bench_diffusion [--model sdar|llada|llada2-mini] [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
 //!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
 //!                     [--alpha 1.5] [--focus-knee TOKENS]
-//!                     [--breakdown] [--phases] [--repeats 1] [--json FILE] [--commit SHA] [--tiny]
+//!                     [--breakdown] [--phases] [--profile-step] [--repeats 1] [--json FILE] [--commit SHA] [--tiny]
 //!
 //! For each batch B: `requests-per-batch × B` requests queued at once, at most B decoding
 //! together (first done, first out: a finished request's slot is refilled the next step).
@@ -70,6 +70,9 @@ struct Args {
     requests_per_batch: usize,
     breakdown: bool,
     phases: bool,
+    /// Wrap the tenth full-batch launch of each run in `cuProfilerStart/Stop` (for `ncu
+    /// --profile-from-start off`).
+    profile_step: bool,
     repeats: usize,
     json: Option<String>,
     commit: String,
@@ -90,6 +93,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         requests_per_batch: 2,
         breakdown: false,
         phases: false,
+        profile_step: false,
         repeats: 1,
         json: None,
         commit: "unknown".into(),
@@ -111,6 +115,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--requests-per-batch" => a.requests_per_batch = v()?.parse()?,
             "--breakdown" => a.breakdown = true,
             "--phases" => a.phases = true,
+            "--profile-step" => a.profile_step = true,
             "--repeats" => a.repeats = v()?.parse::<usize>()?.max(1),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
@@ -241,9 +246,17 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
     let (mut tokens, mut window_tokens, mut window_time, mut window_steps) = (0u64, 0u64, 0f64, 0usize);
     while engine.has_work() {
         let full = engine.scheduler().num_running() == batch;
+        let profiled = args.profile_step && full && window_steps == 10;
+        if profiled {
+            profiler_range(&device, true)?;
+        }
         let t = Instant::now();
         let events = engine.step()?;
         let dt = t.elapsed().as_secs_f64();
+        if profiled {
+            profiler_range(&device, false)?;
+            println!("profiled one full-batch launch of batch {batch} ({mode}; cuProfilerStart/Stop)");
+        }
         let n = events.iter().filter(|e| matches!(e, Event::Token { .. })).count() as u64;
         tokens += n;
         if full && engine.scheduler().num_running() + engine.scheduler().num_waiting() > 0 {
@@ -279,6 +292,27 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
         phases,
         peak: if tracked { ponder::bench::device_memory::peak(model.device()).ok().flatten() } else { None },
     })
+}
+
+/// Starts (`on`) or stops the CUDA profiler's range after synchronising the device, so that
+/// `ncu --profile-from-start off` sees exactly the launches in between. Nothing without CUDA.
+fn profiler_range(device: &Device, on: bool) -> Result<(), Box<dyn std::error::Error>> {
+    device.synchronize()?;
+    #[cfg(feature = "cuda")]
+    {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        // SAFETY: profiler range calls take no arguments and only mark the range.
+        unsafe {
+            if on {
+                sys::cuProfilerStart();
+            } else {
+                sys::cuProfilerStop();
+            }
+        };
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = on;
+    Ok(())
 }
 
 /// The replay distribution's mean that realises `args.mean_unmask` tokens per step over whole
