@@ -432,6 +432,39 @@ fn fused_add_rms_norm() {
 }
 
 #[test]
+fn fused_rms_norm_and_residual_add() {
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        // Multiples of the 16-byte vector (up to 4 per thread) take the vector path; 1000 (bf16/f16) and 2050 the scalar one.
+        for &(rows, cols) in &[(1usize, 2048usize), (8192, 2048), (257, 4096), (33, 1000), (5, 40), (3, 6000), (9, 2050), (64, 128)] {
+            let mut rng = StdRng::seed_from_u64((rows * 104_729 + cols) as u64);
+            let res = rand_tensor(&mut rng, &[rows, cols], -4.0, 4.0, dt);
+            let x = rand_tensor(&mut rng, &[rows, cols], -30.0, 30.0, dt);
+            let w = rand_tensor(&mut rng, &[cols], 0.2, 2.0, dt);
+            let eps = 1e-6;
+            let g = |t: &Tensor| t.to_device(&gpu).unwrap();
+            let tol = tol_of(dt);
+            let n_ref = ponder::ops::rms_norm_reference(&f32_cpu(&x), &f32_cpu(&w), eps).unwrap();
+            let n = ponder::ops::rms_norm(&g(&x), &g(&w), eps).unwrap();
+            assert_eq!((n.dims(), n.dtype()), (&[rows, cols][..], dt));
+            let en = rel_err(&f32_cpu(&n), &n_ref);
+            let (h_ref, m_ref) = fused::residual_add_rms_norm(&f32_cpu(&res), &f32_cpu(&x), &f32_cpu(&w), eps).unwrap();
+            let (h, m) = fused::residual_add_rms_norm(&g(&res), &g(&x), &g(&w), eps).unwrap();
+            let (eh, em) = (rel_err(&f32_cpu(&h), &h_ref), rel_err(&f32_cpu(&m), &m_ref));
+            println!("rms_norm {rows}x{cols:<5} {dt:?} rel err {en:.3e}; residual add h {eh:.3e}, norm {em:.3e} (tol {tol:.0e})");
+            assert!(en <= tol && eh <= tol && em <= tol, "rms_norm {rows}x{cols} {dt:?}: {en} {eh} {em}");
+        }
+    }
+    // Rank 3 (per-head q/k norms) and a non-contiguous input.
+    let mut rng = StdRng::seed_from_u64(99);
+    let x = rand_tensor(&mut rng, &[7, 16, 128], -3.0, 3.0, DType::BF16);
+    let w = rand_tensor(&mut rng, &[128], 0.5, 1.5, DType::BF16);
+    let n = ponder::ops::rms_norm(&x.to_device(&gpu).unwrap().transpose(0, 1).unwrap(), &w.to_device(&gpu).unwrap(), 1e-6).unwrap();
+    let n_ref = ponder::ops::rms_norm_reference(&f32_cpu(&x).transpose(0, 1).unwrap().contiguous().unwrap(), &f32_cpu(&w), 1e-6).unwrap();
+    assert!(rel_err(&f32_cpu(&n), &n_ref) <= tol_of(DType::BF16));
+}
+
+#[test]
 fn fused_silu_mul() {
     let gpu = Device::new_cuda(0).unwrap();
     for dt in [DType::F32, DType::BF16, DType::F16] {
@@ -1343,7 +1376,7 @@ fn moe_routing_survives_non_finite_logits() {
         .unwrap();
         let x = rand_tensor(&mut rng, &[3, h], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
         let ids = Tensor::new(ids, &gpu).unwrap();
-        let out = moe_experts(&x, &ids, &weights, &experts, None).unwrap();
+        let out = moe_experts(&x, &ids, &weights, &experts, None, None).unwrap();
         let out = f32_cpu(&out).to_vec2::<f32>().unwrap();
         assert!(out[0].iter().all(|&v| v == 0.0), "no expert: no contribution");
     }
@@ -1373,15 +1406,19 @@ fn grouped_moe_kernels_match_the_composition() {
             let gate_up = rand_tensor(&mut rng, &[e, 2 * w, h], -2.0 * scale, 2.0 * scale, dtype);
             let down = rand_tensor(&mut rng, &[e, h, w], -2.0 / (w as f32).sqrt(), 2.0 / (w as f32).sqrt(), dtype);
             let shared = with_shared.then(|| rand_tensor(&mut rng, &[tokens, h], -0.5, 0.5, dtype));
+            // The residual stream's add rides along with the shared expert's cases.
+            let residual = with_shared.then(|| rand_tensor(&mut rng, &[tokens, h], -2.0, 2.0, dtype));
             let logits = rand_tensor(&mut rng, &[tokens, e], -3.0, 3.0, DType::F32);
             let (ids, weights) = route_reference(&logits, None, &llada2_router(e, k, 1, 1)).unwrap();
 
             let cpu = StackedExperts::new(f32_cpu(&gate_up), f32_cpu(&down)).unwrap();
-            let want = moe_experts_reference(&f32_cpu(&x), &ids, &weights, &cpu, shared.as_ref().map(f32_cpu).as_ref()).unwrap();
+            let want =
+                moe_experts_reference(&f32_cpu(&x), &ids, &weights, &cpu, shared.as_ref().map(f32_cpu).as_ref(), residual.as_ref().map(f32_cpu).as_ref())
+                    .unwrap();
             let on_gpu = StackedExperts::new(gate_up.to_device(&gpu).unwrap(), down.to_device(&gpu).unwrap()).unwrap();
             assert!(on_gpu.on_kernels(), "{name}: {dtype:?} experts should run on the grouped kernels");
             let to = |t: &Tensor| t.to_device(&gpu).unwrap();
-            let got = moe_experts(&to(&x), &to(&ids), &to(&weights), &on_gpu, shared.as_ref().map(to).as_ref()).unwrap();
+            let got = moe_experts(&to(&x), &to(&ids), &to(&weights), &on_gpu, shared.as_ref().map(to).as_ref(), residual.as_ref().map(to).as_ref()).unwrap();
             assert_eq!(got.dims(), [tokens, h]);
             let (got, want) = (f32_cpu(&got).flatten_all().unwrap().to_vec1::<f32>().unwrap(), want.flatten_all().unwrap().to_vec1::<f32>().unwrap());
             let norm = want.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
@@ -1391,7 +1428,9 @@ fn grouped_moe_kernels_match_the_composition() {
             assert!(err <= 1e-2 && worst <= 0.05 * peak, "{name} {dtype:?}: relative error {err:e}, worst {worst:e} of peak {peak:e}");
             // The stacked layout itself is also the composition's: the device composition on the
             // kernels' interleaved weights equals the kernels too.
-            let composed = moe_experts_reference(&to(&x), &to(&ids), &to(&weights), &on_gpu, shared.as_ref().map(to).as_ref()).unwrap();
+            let composed =
+                moe_experts_reference(&to(&x), &to(&ids), &to(&weights), &on_gpu, shared.as_ref().map(to).as_ref(), residual.as_ref().map(to).as_ref())
+                    .unwrap();
             let composed = f32_cpu(&composed).flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let err2 = got.iter().zip(&composed).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt() / norm;
             assert!(err2 <= 1e-2, "{name} {dtype:?}: kernels vs the device composition {err2:e}");
@@ -1437,7 +1476,7 @@ fn moe_timing() {
             route(&logits, None, &arch).unwrap();
         });
         let experts_ms = time(&mut || {
-            moe_experts(&x, &ids, &weights, &experts, None).unwrap();
+            moe_experts(&x, &ids, &weights, &experts, None, None).unwrap();
         });
         let tflops = (tokens * k * 6 * h * w) as f64 / (experts_ms * 1e-3) / 1e12;
         println!("moe {tokens:5} tokens: router {router_ms:.3} ms (f32 matmul {sgemm_ms:.3} ms) · route {route_ms:.3} ms · experts {experts_ms:.3} ms ({tflops:.0} TFLOP/s)");

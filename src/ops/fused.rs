@@ -156,8 +156,29 @@ pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor
 
 /// The composition of candle ops behind [`add_rms_norm`] (its CPU path).
 pub fn add_rms_norm_reference(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-    let h = (residual + rms_norm(x, w_x, eps)?)?;
-    let n = rms_norm(&h, w_next, eps)?;
+    let h = (residual + super::rms_norm_reference(x, w_x, eps)?)?;
+    let n = super::rms_norm_reference(&h, w_next, eps)?;
+    Ok((h, n))
+}
+
+/// `(h, n) = (residual + x, rms_norm(residual + x, w))`: a pre-norm block's residual add and
+/// the next sub-layer's input norm in one pass (`h` rounded to the dtype before the norm, as
+/// with separate ops; statistics in f32).
+pub fn residual_add_rms_norm(residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        let dt = x.dtype();
+        if super::is_float(dt) && [residual, w].iter().all(|t| t.dtype() == dt) {
+            return super::cuda::rms_norm(Some(residual), x, w, eps as f32);
+        }
+    }
+    residual_add_rms_norm_reference(residual, x, w, eps)
+}
+
+/// The composition of candle ops behind [`residual_add_rms_norm`] (its CPU path).
+pub fn residual_add_rms_norm_reference(residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    let h = (residual + x)?;
+    let n = super::rms_norm_reference(&h, w, eps)?;
     Ok((h, n))
 }
 

@@ -23,7 +23,7 @@ pub use compact::{compact_rows, compact_rows_reference};
 #[cfg(any(test, feature = "testing"))]
 pub use focus_importance::importance_oracle;
 pub use focus_importance::{importance, importance_of};
-pub use fused::{add_rms_norm, qkv_norm_rope, qkv_norm_rope_write, qkv_rope_write, silu_mul};
+pub use fused::{add_rms_norm, qkv_norm_rope, qkv_norm_rope_write, qkv_rope_write, residual_add_rms_norm, silu_mul};
 pub use non_finite::{flag_non_finite, is_non_finite_flag, non_finite_rows};
 #[cfg(any(test, feature = "testing", feature = "cuda"))]
 pub use paged_attention::attention_kernels;
@@ -33,9 +33,19 @@ pub use scatter::{copy_rows, copy_rows_reference, scatter_rows, scatter_rows_ref
 
 use candle_core::{DType, Result, Tensor};
 
-/// RMSNorm with the statistics in f32 whatever the input dtype (Ouro and Huginn both do the
-/// norm math in f32). candle's fused kernel accumulates in f32 on every backend.
+/// RMSNorm over the last dim with the statistics in f32 whatever the input dtype (every model
+/// family does the norm math in f32): on CUDA our 16-byte-vector kernel (`fused.cu`), elsewhere
+/// candle's fused op, which is also [`rms_norm_reference`].
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && is_float(x.dtype()) && weight.dtype() == x.dtype() {
+        return Ok(cuda::rms_norm(None, x, weight, eps as f32)?.1);
+    }
+    rms_norm_reference(x, weight, eps)
+}
+
+/// candle's RMSNorm: the op behind [`rms_norm`] off CUDA and the reference of its kernel.
+pub fn rms_norm_reference(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     candle_nn::ops::rms_norm(x, weight, eps as f32)
 }
 

@@ -245,19 +245,27 @@ pub fn route_reference(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch
 /// `[tokens, hidden]`, summed in f32 and cast to `x`'s dtype once; `ids` / `weights` as
 /// [`route`] returns them, `shared` `[tokens, hidden]` (the shared experts' output) added last.
 /// An id past the experts (the device router's "none chosen" for NaN scores) contributes
-/// nothing on CUDA and is an error in the composition.
-pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>) -> Result<Tensor> {
+/// nothing on CUDA and is an error in the composition. With `residual` `[tokens, hidden]` the
+/// result is `residual + ` that (the pre-norm block's residual add, one pass fewer on CUDA).
+pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if experts.kernel_layout && x.device().is_cuda() && x.dtype() == experts.gate_up.dtype() {
-        return super::cuda::moe_experts(x, ids, weights, experts, shared);
+        return super::cuda::moe_experts(x, ids, weights, experts, shared, residual);
     }
-    moe_experts_reference(x, ids, weights, experts, shared)
+    moe_experts_reference(x, ids, weights, experts, shared, residual)
 }
 
 /// The composition of candle ops behind [`moe_experts`] (its CPU path and reference): each
 /// chosen expert once over its tokens, their weighted outputs scattered into the tokens' rows
 /// with one f32 `index_add`.
-pub fn moe_experts_reference(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>) -> Result<Tensor> {
+pub fn moe_experts_reference(
+    x: &Tensor,
+    ids: &Tensor,
+    weights: &Tensor,
+    experts: &StackedExperts,
+    shared: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
     let (t, h) = x.dims2()?;
     let n = experts.num_experts();
     let ids = ids.to_vec2::<u32>()?;
@@ -295,7 +303,11 @@ pub fn moe_experts_reference(x: &Tensor, ids: &Tensor, weights: &Tensor, experts
     if let Some(shared) = shared {
         out = (out + shared.to_dtype(DType::F32)?)?;
     }
-    out.to_dtype(x.dtype())
+    let out = out.to_dtype(x.dtype())?;
+    match residual {
+        Some(r) => r + out,
+        None => Ok(out),
+    }
 }
 
 #[cfg(test)]

@@ -49,9 +49,10 @@ impl Moe {
         self.route(x)?.0.to_vec2()
     }
 
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `residual + ` the layer's output for `x` (the residual add fused into the combine).
+    pub(crate) fn forward_residual(&self, residual: &Tensor, x: &Tensor) -> Result<Tensor> {
         let (ids, weights) = self.route(x)?;
         let shared = self.shared.as_ref().map(|s| s.forward(x)).transpose()?;
-        ops::moe::moe_experts(x, &ids, &weights, &self.experts, shared.as_ref())
+        ops::moe::moe_experts(x, &ids, &weights, &self.experts, shared.as_ref(), Some(residual))
     }
 }

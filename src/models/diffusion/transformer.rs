@@ -164,10 +164,11 @@ enum Mlp {
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `h + mlp(x)`: the block's second residual add (fused into the MoE combine).
+    fn forward_residual(&self, h: &Tensor, x: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Dense(e) => e.forward(x),
-            Self::Moe(m) => m.forward(x),
+            Self::Dense(e) => h + e.forward(x)?,
+            Self::Moe(m) => m.forward_residual(h, x),
         }
     }
 }
@@ -401,9 +402,9 @@ impl DiffusionModel for DenseDiffusion {
         let (nh, hd) = (self.spec.num_heads, self.spec.head_dim);
         let t = h.dim(0)?;
         let attn = paged_attention(q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
-        let h = (h + layer.o.forward(&attn.reshape((t, nh * hd))?)?)?;
-        let m = ops::rms_norm(&h, &layer.mlp_norm, self.arch.rms_norm_eps)?;
-        h + layer.mlp.forward(&m)?
+        let o = layer.o.forward(&attn.reshape((t, nh * hd))?)?;
+        let (h, m) = ops::residual_add_rms_norm(h, &o, &layer.mlp_norm, self.arch.rms_norm_eps)?;
+        layer.mlp.forward_residual(&h, &m)
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {

@@ -284,6 +284,89 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     Ok((wrap(h_out, dev, shape.clone()), wrap(n_out, dev, shape)))
 }
 
+/// `rms_norm(x, w)` over the last dim (`x` `[.., C]`, `w` `[C]`, one dtype; f32 statistics), or
+/// with `residual` the pre-norm residual step `(h, n) = (residual + x, rms_norm(residual + x,
+/// w))`; one launch either way. Returns `(h, n)`, `h` = `x` without a residual.
+pub fn rms_norm(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+    let op = if residual.is_some() { "add_rms_norm_pre" } else { "rms_norm" };
+    let dev = device(x, op)?;
+    let dtype = x.dtype();
+    same_device_dtype(op, dtype, x, &[("w", w)])?;
+    if let Some(r) = residual {
+        same_device_dtype(op, dtype, x, &[("residual", r)])?;
+        if r.dims() != x.dims() {
+            bail!("{op} (cuda): residual {:?} vs x {:?}", r.dims(), x.dims());
+        }
+    }
+    let ncols = x.dim(candle_core::D::Minus1)?;
+    if w.dims1()? != ncols {
+        bail!("{op} (cuda): weight {:?} for {ncols} columns", w.dims());
+    }
+    let rows = x.elem_count() / ncols.max(1);
+    if ncols == 0 || rows == 0 {
+        let h = match residual {
+            Some(r) => (r + x)?,
+            None => x.clone(),
+        };
+        return Ok((h, x.zeros_like()?));
+    }
+    if ncols > i32::MAX as usize || rows > u32::MAX as usize / 2 {
+        bail!("{op} (cuda): sizes out of range");
+    }
+    let x = x.contiguous()?;
+    let w = w.contiguous()?;
+    let residual = residual.map(Tensor::contiguous).transpose()?;
+    for_float!(dtype, op, |T, suf| rms_norm_launch::<T>(&dev, suf, residual.as_ref(), &x, &w, rows, ncols, eps))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rms_norm_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    residual: Option<&Tensor>,
+    x: &Tensor,
+    w: &Tensor,
+    rows: usize,
+    ncols: usize,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "rms_norm";
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let x_v = view::<T>(&xs, xl, OP, "x", false)?;
+    let w_v = view::<T>(&ws, wl, OP, "w", false)?;
+    // SAFETY: the kernel writes every element of its outputs (one block per row).
+    let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+    let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
+    let nc = ncols as i32;
+    let shape = x.shape().clone();
+    match residual {
+        None => {
+            let func = kernel!(dev, Module::Fused, &format!("rms_norm_{suf}"))?;
+            let mut b = func.builder();
+            b.arg(&mut n_out).arg(&x_v).arg(&w_v).arg(&nc).arg(&eps);
+            // SAFETY: argument list matches `rms_norm_*` in fused.cu.
+            unsafe { b.launch(cfg) }.w()?;
+            drop(b);
+            Ok((x.clone(), wrap(n_out, dev, shape)))
+        }
+        Some(r) => {
+            let (rs, rl) = r.storage_and_layout();
+            let r_v = view::<T>(&rs, rl, OP, "residual", false)?;
+            // SAFETY: as n_out.
+            let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+            let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_pre_{suf}"))?;
+            let mut b = func.builder();
+            b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&nc).arg(&eps);
+            // SAFETY: argument list matches `add_rms_norm_pre_*` in fused.cu.
+            unsafe { b.launch(cfg) }.w()?;
+            drop(b);
+            Ok((wrap(h_out, dev, shape.clone()), wrap(n_out, dev, shape)))
+        }
+    }
+}
+
 /// `silu(gate) * up` for `gate_up` `[.., 2I]` (gate first), output `[.., I]`, one launch.
 pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     const OP: &str = "silu_mul";

@@ -73,8 +73,9 @@ pub fn moe_route(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch) -> R
 }
 
 /// The routed experts' weighted sum (+ `shared`) of `x` `[tokens, hidden]`, for experts in the
-/// kernels' layout: group the pairs by expert, SwiGLU GEMM, down GEMM, combine.
-pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>) -> Result<Tensor> {
+/// kernels' layout: group the pairs by expert, SwiGLU GEMM, down GEMM, combine (+ `residual`,
+/// added after the cast).
+pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
     const OP: &str = "moe_experts";
     let dev = device(x, OP)?;
     let dtype = x.dtype();
@@ -100,10 +101,21 @@ pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &Stacked
             bail!("{OP} (cuda): shared {:?} for x {:?}", s.dims(), x.dims());
         }
     }
+    let residual = residual.map(|r| r.contiguous()).transpose()?;
+    if let Some(r) = &residual {
+        same_device_dtype(OP, dtype, &x, &[("residual", r)])?;
+        if r.dims() != [tokens, h] {
+            bail!("{OP} (cuda): residual {:?} for x {:?}", r.dims(), x.dims());
+        }
+    }
     if tokens == 0 || k == 0 {
-        return match &shared {
-            Some(s) if k == 0 => Ok(s.clone()),
-            _ => Tensor::zeros((tokens, h), dtype, x.device()),
+        let out = match &shared {
+            Some(s) if k == 0 => s.clone(),
+            _ => Tensor::zeros((tokens, h), dtype, x.device())?,
+        };
+        return match &residual {
+            Some(r) => r + out,
+            None => Ok(out),
         };
     }
     let pairs = tokens * k;
@@ -112,7 +124,8 @@ pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &Stacked
     }
     let ids = ids.contiguous()?;
     let weights = weights.contiguous()?;
-    let a = ExpertArgs { x: &x, ids: &ids, weights: &weights, gate_up, down, shared: shared.as_ref(), tokens, h, e, w: two_w / 2, k };
+    let a =
+        ExpertArgs { x: &x, ids: &ids, weights: &weights, gate_up, down, shared: shared.as_ref(), residual: residual.as_ref(), tokens, h, e, w: two_w / 2, k };
     match dtype {
         DType::BF16 => experts_launch::<half::bf16>(&dev, "bf16", &a),
         DType::F16 => experts_launch::<half::f16>(&dev, "f16", &a),
@@ -127,6 +140,7 @@ struct ExpertArgs<'a> {
     gate_up: &'a Tensor,
     down: &'a Tensor,
     shared: Option<&'a Tensor>,
+    residual: Option<&'a Tensor>,
     tokens: usize,
     h: usize,
     e: usize,
@@ -268,12 +282,19 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         Some((ss, sl)) => Some(view::<T>(ss, sl, OP, "shared", true)?),
         None => None,
     };
+    let residual_guard = a.residual.map(|r| r.storage_and_layout());
+    let residual_v = match &residual_guard {
+        Some((rs, rl)) => Some(view::<T>(rs, rl, OP, "residual", true)?),
+        None => None,
+    };
     let mut b = combine.builder();
     b.arg(&mut out).arg(&y).arg(&w_v).arg(&pos_of_pair);
-    match &shared_v {
-        Some(v) => b.arg(v),
-        None => b.arg(&null),
-    };
+    for v in [&shared_v, &residual_v] {
+        match v {
+            Some(v) => b.arg(v),
+            None => b.arg(&null),
+        };
+    }
     b.arg(&ki).arg(&hi);
     // SAFETY: argument list matches `moe_combine_*`; positions index y's rows.
     unsafe { b.launch(cfg) }.w()?;

@@ -8,6 +8,8 @@
 // add_rms_norm_*: h2 = residual + T(rms_norm(x, w_x)); out = T(rms_norm(h2, w_next)). One block
 //   per row, f32 sums (candle's rmsnorm: scale = rsqrt(mean(x^2) + eps), y = T(scale * x * w));
 //   16-byte vectors kept in registers when the width and the pointers allow.
+// rms_norm_*, add_rms_norm_pre_*: n = T(rsqrt(mean(h^2) + eps) * h * w) per row, h = x, or for
+//   the pre-norm residual stream h = T(res + x) (also written out). One block per row, as above.
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
 // scatter_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V writes,
 //   loop-state bank writes, K/V slot copies across every layer in one launch; FOCUS compaction).
@@ -280,6 +282,93 @@ __device__ void add_rms_norm(T *__restrict__ h_out, T *__restrict__ n_out, const
     }
 }
 
+// grid (rows), block a multiple of 32. Pre-norm residual stream: h = T(res + x) (ADD; written
+// to h_out) or h = x, then n = T(rsqrt(mean(h^2) + eps) * h * w). Vector path as in
+// add_rms_norm_vec (candle's rmsnorm and its binary add with 2-byte scalar loads ran at about a
+// quarter of the memory bandwidth on 8k-token diffusion launches).
+template <typename T, int V, int MAXV, bool ADD>
+__device__ void rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const T *__restrict__ res,
+                             const T *__restrict__ x, const T *__restrict__ w, int ncols, float eps, float *smem) {
+    const long long base = (long long)blockIdx.x * ncols;
+    const uint4 *xv = reinterpret_cast<const uint4 *>(x + base);
+    const uint4 *rv = reinterpret_cast<const uint4 *>(res + base);
+    const uint4 *wv = reinterpret_cast<const uint4 *>(w);
+    uint4 *hv = reinterpret_cast<uint4 *>(h_out + base);
+    uint4 *nv = reinterpret_cast<uint4 *>(n_out + base);
+    const int nvec = ncols / V;
+    float hf[MAXV][V];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < MAXV; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < nvec) {
+            const uint4 xraw = xv[i];
+            const T *e = reinterpret_cast<const T *>(&xraw);
+            if constexpr (ADD) {
+                const uint4 rraw = rv[i];
+                const T *r = reinterpret_cast<const T *>(&rraw);
+                uint4 out;
+                T *o = reinterpret_cast<T *>(&out);
+#pragma unroll
+                for (int k = 0; k < V; ++k) {
+                    o[k] = from_f<T>(to_f(r[k]) + to_f(e[k]));
+                    hf[j][k] = to_f(o[k]);
+                }
+                hv[i] = out;
+            } else {
+#pragma unroll
+                for (int k = 0; k < V; ++k) hf[j][k] = to_f(e[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < V; ++k) acc += hf[j][k] * hf[j][k];
+        }
+    }
+    const float s = rsqrtf(block_sum(acc, smem) / ncols + eps);
+#pragma unroll
+    for (int j = 0; j < MAXV; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < nvec) {
+            const uint4 wraw = wv[i];
+            const T *wk = reinterpret_cast<const T *>(&wraw);
+            uint4 out;
+            T *o = reinterpret_cast<T *>(&out);
+#pragma unroll
+            for (int k = 0; k < V; ++k) o[k] = from_f<T>(s * hf[j][k] * to_f(wk[k]));
+            nv[i] = out;
+        }
+    }
+}
+
+template <typename T, bool ADD>
+__device__ void rms_norm_rows(T *__restrict__ h_out, T *__restrict__ n_out, const T *__restrict__ res,
+                              const T *__restrict__ x, const T *__restrict__ w, int ncols, float eps) {
+    __shared__ float smem[32];
+    constexpr int V = 16 / sizeof(T);
+    constexpr int MAXV = 4;
+    const uintptr_t ptrs = (uintptr_t)n_out | (uintptr_t)x | (uintptr_t)w | (ADD ? ((uintptr_t)h_out | (uintptr_t)res) : 0);
+    if (ptrs % 16 == 0 && ncols % V == 0 && ncols / V <= (int)blockDim.x * MAXV) {
+        rms_norm_vec<T, V, MAXV, ADD>(h_out, n_out, res, x, w, ncols, eps, smem);
+        return;
+    }
+    const long long base = (long long)blockIdx.x * ncols;
+    float acc = 0.f;
+    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
+        float h = to_f(x[base + c]);
+        if constexpr (ADD) {
+            const T ht = from_f<T>(to_f(res[base + c]) + h);
+            h_out[base + c] = ht;
+            h = to_f(ht);
+        }
+        acc += h * h;
+    }
+    const float s = rsqrtf(block_sum(acc, smem) / ncols + eps);
+    // With ADD each thread reads back only the elements it wrote itself.
+    const T *hr = ADD ? h_out : x;
+    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
+        n_out[base + c] = from_f<T>(s * to_f(hr[base + c]) * to_f(w[c]));
+    }
+}
+
 // Grid-stride over rows * inter outputs.
 template <typename T>
 __device__ void silu_mul(T *__restrict__ out, const T *__restrict__ gu, long long rows, int inter) {
@@ -428,6 +517,13 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
                                                   const T *w_x, const T *w_next, int ncols,        \
                                                   float eps) {                                     \
         add_rms_norm<T>(h_out, n_out, res, x, w_x, w_next, ncols, eps);                            \
+    }                                                                                              \
+    extern "C" __global__ void rms_norm_##SUF(T *n_out, const T *x, const T *w, int ncols, float eps) { \
+        rms_norm_rows<T, false>(nullptr, n_out, nullptr, x, w, ncols, eps);                        \
+    }                                                                                              \
+    extern "C" __global__ void add_rms_norm_pre_##SUF(T *h_out, T *n_out, const T *res, const T *x, \
+                                                      const T *w, int ncols, float eps) {          \
+        rms_norm_rows<T, true>(h_out, n_out, res, x, w, ncols, eps);                               \
     }                                                                                              \
     extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter) {    \
         silu_mul<T>(out, gu, rows, inter);                                                         \

@@ -21,7 +21,8 @@
 //   in the same thread, and writes T(T(silu(gate)) * up) [rows, N/2]; the plain variant writes
 //   T(acc) [rows, N]; the f32 variant (the router: one matrix, bf16 x against the f32 router
 //   weights split in three bf16 parts hi + mid + lo, each product exact in f32) writes acc.
-// moe_combine_*: out[t] = T(sum_k w[t,k] * y[pos(t,k)] (+ shared[t])), f32 sums in k order.
+// moe_combine_*: out[t] = T(sum_k w[t,k] * y[pos(t,k)] (+ shared[t])), f32 sums in k order; with a
+//   residual stream, out[t] = T(residual[t] + that) (the add a pre-norm block does next).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -539,7 +540,8 @@ __device__ void wgmma_gemm(T *__restrict__ out, const T *__restrict__ A, const T
 // grid T, block ceil(H / 8) threads (each 8 columns); y [pairs, H] in sorted order.
 template <typename T>
 __device__ void moe_combine(T *__restrict__ out, const T *__restrict__ y, const float *__restrict__ weights,
-                            const uint32_t *__restrict__ pos_of_pair, const T *__restrict__ shared, int K, int H) {
+                            const uint32_t *__restrict__ pos_of_pair, const T *__restrict__ shared,
+                            const T *__restrict__ residual, int K, int H) {
     const int t = blockIdx.x, c0 = threadIdx.x * 8;
     if (c0 >= H) return;
     float acc[8];
@@ -563,6 +565,13 @@ __device__ void moe_combine(T *__restrict__ out, const T *__restrict__ y, const 
     alignas(16) T o[8];
 #pragma unroll
     for (int c = 0; c < 8; ++c) o[c] = from_f<T>(acc[c]);
+    if (residual) {
+        // The residual stream's add, after the cast as with a separate add.
+        alignas(16) T r[8];
+        *reinterpret_cast<uint4 *>(r) = *reinterpret_cast<const uint4 *>(residual + (size_t)t * H + c0);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) o[c] = from_f<T>(to_f(r[c]) + to_f(o[c]));
+    }
     *reinterpret_cast<uint4 *>(out + (size_t)t * H + c0) = *reinterpret_cast<uint4 *>(o);
 }
 
@@ -630,8 +639,8 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
         moe_gemm<T, float, 64, 32, F32_OUT>(out, A, W, src, te, ts, ee, N, K, a_cols, dense_rows, k_chunk);    \
     }                                                                                                          \
     extern "C" __global__ void moe_combine_##SUF(T *out, const T *y, const float *w, const uint32_t *pos,        \
-                                                 const T *shared, int K, int H) {                               \
-        moe_combine<T>(out, y, w, pos, shared, K, H);                                                           \
+                                                 const T *shared, const T *residual, int K, int H) {            \
+        moe_combine<T>(out, y, w, pos, shared, residual, K, H);                                                 \
     }
 
 MOE_OPS(__nv_bfloat16, bf16)
