@@ -184,6 +184,10 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     // Taller tiles once experts average enough rows to fill them.
     let bm = if pairs / e >= 96 { 128 } else { 64 };
     let max_tiles = pairs.div_ceil(bm) + e;
+    // Row tiles are the grid's second dimension (at most 65535 blocks).
+    if max_tiles > 65_535 {
+        bail!("{OP} (cuda): {pairs} routed pairs need {max_tiles} row tiles (at most 65535)");
+    }
     let (xs, xl) = a.x.storage_and_layout();
     let (is, il) = a.ids.storage_and_layout();
     let (ws, wl) = a.weights.storage_and_layout();
@@ -235,7 +239,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
 
     let tag = if bm == 128 { "bm128" } else { "bm64" };
     let cfg = |n: usize, (threads, smem): (u32, u32)| LaunchConfig {
-        grid_dim: (max_tiles as u32, n.div_ceil(BN) as u32, 1),
+        grid_dim: (n.div_ceil(BN) as u32, max_tiles as u32, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: smem,
     };
@@ -313,7 +317,8 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     same_device_dtype(OP, DType::BF16, &x, &[("split", split)])?;
     let (tokens, h) = x.dims2()?;
     let (e, three_h) = split.dims2()?;
-    if three_h != 3 * h || h == 0 || h % 64 != 0 || e == 0 || e % 8 != 0 || tokens > i32::MAX as usize {
+    // Row tiles of 64 tokens are the grid's second dimension (at most 65535 blocks).
+    if three_h != 3 * h || h == 0 || h % 64 != 0 || e == 0 || e % 8 != 0 || tokens.div_ceil(64) > 65_535 {
         bail!("{OP} (cuda): x {:?} against split router {:?}", x.dims(), split.dims());
     }
     if tokens == 0 {
@@ -336,7 +341,7 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     let mut parts = if slices > 1 { Some(unsafe { dev.alloc::<f32>(slices * tokens * e)? }) } else { None };
     let func = kernel!(dev, Module::Moe, "moe_gemm_f32out_bm64_bf16")?;
     let (threads, smem) = gemm_shape(&func, 64)?;
-    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(64) as u32, e.div_ceil(BN) as u32, slices as u32), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+    let cfg = LaunchConfig { grid_dim: (e.div_ceil(BN) as u32, tokens.div_ceil(64) as u32, slices as u32), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
     let null = 0u64;
     let (n, k, a_cols, rows, chunk) = (e as i32, three_h as i32, h as i32, tokens as i32, k_chunk as i32);
     let mut b = func.builder();

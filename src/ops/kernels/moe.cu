@@ -333,7 +333,9 @@ __device__ __forceinline__ void store_row(O *orow, int n_base, int N, Frag frag)
     }
 }
 
-// out[r] = A[src(r)] · W[e]^T over the rows r of each tile. grid (tiles, ceil(N / BN)); block
+// out[r] = A[src(r)] · W[e]^T over the rows r of each tile. grid (ceil(N / BN), tiles): the
+// column tiles of one row tile run back to back, so A's tile is read from DRAM once (the down
+// GEMM's A is larger than L2) and W[e]'s slices stay in L2 across an expert's row tiles; block
 // BM / 64 * BN / WTN warps, each a 64 x WTN warp tile of m16n8k16 MMAs. Tiles come from moe_offsets
 // (`tile_expert` / `tile_start` / `expert_end`), or, with `tile_expert` null, cut one matrix of
 // `dense_rows` rows (expert 0). `src` maps a sorted row to its row of A (null: the row itself);
@@ -352,15 +354,15 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
     uint32_t e = 0;
     int row0, rows;
     if (tile_expert) {
-        e = tile_expert[blockIdx.x];
+        e = tile_expert[blockIdx.y];
         if (e == NONE) return;
-        row0 = (int)tile_start[blockIdx.x];
+        row0 = (int)tile_start[blockIdx.y];
         rows = min(BM, (int)expert_end[e] - row0);
     } else {
-        row0 = blockIdx.x * BM;
+        row0 = blockIdx.y * BM;
         rows = min(BM, dense_rows - row0);
     }
-    const int n0 = blockIdx.y * BN;
+    const int n0 = blockIdx.x * BN;
     const T *We = W + (size_t)e * N * K;
     const int k_begin = blockIdx.z * k_chunk, k_end = min(K, k_begin + k_chunk);
     out += (size_t)blockIdx.z * (tile_expert ? 0 : dense_rows) * (EPI == SWIGLU ? N / 2 : N);
@@ -480,11 +482,11 @@ __device__ void wgmma_gemm(T *__restrict__ out, const T *__restrict__ A, const T
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 128, THREADS = 256;
     constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = (BM + BN) * ROW_BYTES;
-    const uint32_t e = tile_expert[blockIdx.x];
+    const uint32_t e = tile_expert[blockIdx.y];
     if (e == NONE) return;
-    const int row0 = (int)tile_start[blockIdx.x];
+    const int row0 = (int)tile_start[blockIdx.y];
     const int rows = min(BM, (int)expert_end[e] - row0);
-    const int n0 = blockIdx.y * BN;
+    const int n0 = blockIdx.x * BN;
     const T *We = W + (size_t)e * N * K;
 
     extern __shared__ __align__(1024) unsigned char wg_smem[];
