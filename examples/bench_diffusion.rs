@@ -70,8 +70,8 @@ struct Args {
     requests_per_batch: usize,
     breakdown: bool,
     phases: bool,
-    /// Wrap the tenth full-batch launch of each run in `cuProfilerStart/Stop` (for `ncu
-    /// --profile-from-start off`).
+    /// Wrap one full-batch launch of each run, after ten, in `cuProfilerStart/Stop` (for `ncu
+    /// --profile-from-start off`); that launch is left out of the window's figures.
     profile_step: bool,
     repeats: usize,
     json: Option<String>,
@@ -244,9 +244,11 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
     device.synchronize()?;
     let start = Instant::now();
     let (mut tokens, mut window_tokens, mut window_time, mut window_steps) = (0u64, 0u64, 0f64, 0usize);
+    let mut profile_pending = args.profile_step;
     while engine.has_work() {
         let full = engine.scheduler().num_running() == batch;
-        let profiled = args.profile_step && full && window_steps == 10;
+        let profiled = profile_pending && full && window_steps == 10;
+        profile_pending &= !profiled;
         if profiled {
             profiler_range(&device, true)?;
         }
@@ -259,7 +261,8 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
         }
         let n = events.iter().filter(|e| matches!(e, Event::Token { .. })).count() as u64;
         tokens += n;
-        if full && engine.scheduler().num_running() + engine.scheduler().num_waiting() > 0 {
+        // The profiled launch ran under the profiler: not a steady-state figure.
+        if full && !profiled && engine.scheduler().num_running() + engine.scheduler().num_waiting() > 0 {
             window_tokens += n;
             window_time += dt;
             window_steps += 1;
@@ -302,13 +305,16 @@ fn profiler_range(device: &Device, on: bool) -> Result<(), Box<dyn std::error::E
     {
         use candle_core::cuda_backend::cudarc::driver::sys;
         // SAFETY: profiler range calls take no arguments and only mark the range.
-        unsafe {
+        let status = unsafe {
             if on {
-                sys::cuProfilerStart();
+                sys::cuProfilerStart()
             } else {
-                sys::cuProfilerStop();
+                sys::cuProfilerStop()
             }
         };
+        if status != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuProfiler{}: {status:?}", if on { "Start" } else { "Stop" }).into());
+        }
     }
     #[cfg(not(feature = "cuda"))]
     let _ = on;

@@ -118,8 +118,9 @@ pub fn qkv_norm_rope_write_reference(
 
 /// The split of the fused QKV projection `qkv` `[T, (heads + 2*kv_heads) * head_dim]` into q
 /// `[T, heads, head_dim]`, k and v `[T, kv_heads, head_dim]`, with the optional per-head q/k
-/// RMSNorm and split-half RoPE applied to q and k, in candle ops (no cache write): the
-/// composition the fused kernels are checked against.
+/// RMSNorm ([`super::rms_norm`]) and split-half RoPE applied to q and k, without a cache write:
+/// the composition the fused kernels are checked against, and the path for launches that write
+/// no cache.
 pub fn qkv_norm_rope(
     qkv: &Tensor,
     qk_norm: Option<(&Tensor, &Tensor)>,

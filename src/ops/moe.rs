@@ -243,7 +243,8 @@ pub fn route_reference(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch
 
 /// `Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) (+ shared[t])` for every token of `x`
 /// `[tokens, hidden]`, summed in f32 and cast to `x`'s dtype once; `ids` / `weights` as
-/// [`route`] returns them, `shared` `[tokens, hidden]` (the shared experts' output) added last.
+/// [`route`] returns them, `shared` `[tokens, hidden]` (the shared experts' output) added to the
+/// f32 sum before the cast.
 /// An id past the experts (the device router's "none chosen" for NaN scores) contributes
 /// nothing on CUDA and is an error in the composition. With `residual` `[tokens, hidden]` the
 /// result is `residual + ` that (the pre-norm block's residual add, one pass fewer on CUDA).

@@ -90,6 +90,8 @@ fn check_copy_rows(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) 
 }
 
 /// [`copy_rows`] as candle ops: per tensor, gather the source rows, then [`scatter_rows`] them.
+/// The device tests' reference (nothing in the library calls it).
+#[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
 pub fn copy_rows_reference(tensors: &[&Tensor], width: usize, src: &[u32], dst: &[u32]) -> Result<()> {
     check_copy_rows(tensors, width, src, dst)?;
     gather_then_scatter(tensors, width, src, dst)

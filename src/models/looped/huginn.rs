@@ -151,9 +151,10 @@ impl Huginn {
         write_kv(kv.v(b.kv_layer), &v, batch)?;
         let attn = paged_attention(&q, kv.k(b.kv_layer), kv.v(b.kv_layer), batch, 1.0 / (hd as f64).sqrt())?;
         let attn = b.proj.forward(&attn.reshape((t, nh * hd))?)?;
-        let x = ops::rms_norm(&(attn + x)?, &b.norms[1], eps)?;
+        // Norms after each residual add (Huginn's sandwich): the add and the norm in one pass.
+        let (_, x) = ops::residual_add_rms_norm(&attn, x, &b.norms[1], eps)?;
         let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?)?;
-        ops::rms_norm(&(m + x)?, &b.norms[3], eps)
+        Ok(ops::residual_add_rms_norm(&m, &x, &b.norms[3], eps)?.1)
     }
 
     fn blocks(&self, blocks: &[Block], x: Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {

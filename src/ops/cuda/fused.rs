@@ -316,13 +316,14 @@ pub fn rms_norm(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32) -> 
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     let residual = residual.map(Tensor::contiguous).transpose()?;
-    for_float!(dtype, op, |T, suf| rms_norm_launch::<T>(&dev, suf, residual.as_ref(), &x, &w, rows, ncols, eps))
+    for_float!(dtype, op, |T, suf| rms_norm_launch::<T>(&dev, suf, op, residual.as_ref(), &x, &w, rows, ncols, eps))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn rms_norm_launch<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     suf: &str,
+    op: &str,
     residual: Option<&Tensor>,
     x: &Tensor,
     w: &Tensor,
@@ -330,11 +331,10 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
     ncols: usize,
     eps: f32,
 ) -> Result<(Tensor, Tensor)> {
-    const OP: &str = "rms_norm";
     let (xs, xl) = x.storage_and_layout();
     let (ws, wl) = w.storage_and_layout();
-    let x_v = view::<T>(&xs, xl, OP, "x", false)?;
-    let w_v = view::<T>(&ws, wl, OP, "w", false)?;
+    let x_v = view::<T>(&xs, xl, op, "x", false)?;
+    let w_v = view::<T>(&ws, wl, op, "w", false)?;
     // SAFETY: the kernel writes every element of its outputs (one block per row).
     let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
@@ -353,7 +353,7 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
         }
         Some(r) => {
             let (rs, rl) = r.storage_and_layout();
-            let r_v = view::<T>(&rs, rl, OP, "residual", false)?;
+            let r_v = view::<T>(&rs, rl, op, "residual", false)?;
             // SAFETY: as n_out.
             let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
             let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_pre_{suf}"))?;

@@ -317,9 +317,12 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     same_device_dtype(OP, DType::BF16, &x, &[("split", split)])?;
     let (tokens, h) = x.dims2()?;
     let (e, three_h) = split.dims2()?;
-    // Row tiles of 64 tokens are the grid's second dimension (at most 65535 blocks).
-    if three_h != 3 * h || h == 0 || h % 64 != 0 || e == 0 || e % 8 != 0 || tokens.div_ceil(64) > 65_535 {
+    if three_h != 3 * h || h == 0 || h % 64 != 0 || e == 0 || e % 8 != 0 {
         bail!("{OP} (cuda): x {:?} against split router {:?}", x.dims(), split.dims());
+    }
+    // Row tiles of 64 tokens are the grid's second dimension (at most 65535 blocks).
+    if tokens.div_ceil(64) > 65_535 {
+        bail!("{OP} (cuda): {tokens} tokens need more than 65535 row tiles");
     }
     if tokens == 0 {
         return Tensor::zeros((0, e), DType::F32, x.device());
