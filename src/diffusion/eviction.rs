@@ -56,9 +56,11 @@ impl EvictionPolicy for NoEviction {
 /// load-aware: a launch of n < `knee` tokens — one whose time is mostly streaming the weights,
 /// where a kept token costs little — scales α by knee / n (at most [`Focus::MAX_BOOST`]×), so
 /// fewer decodable tokens are evicted and a step reveals as many as the delayed cache would. The
-/// knee is where the model's launches turn compute-bound on the GPU (LLaDA2.0-mini on the H200:
-/// about 1,400 tokens, 64 requests of a 32-block at ≈ 22 positions each, `docs/BENCHMARKS.md`);
-/// 0 is the published rule. With a knee, what a request keeps depends on what shares its launch,
+/// knee is where the model's launches turn compute-bound on the GPU: roughly the time to stream
+/// the weights every launch reads over the time of one position's work (LLaDA2.0-mini on the
+/// H200: 30.6 GB of experts, 7.3 ms, against ≈ 2.6 µs a position: 2,800 tokens, which made FOCUS
+/// faster than the delayed cache at every batch in `docs/BENCHMARKS.md`); 0 is the published
+/// rule. With a knee, what a request keeps depends on what shares its launch,
 /// so its output can differ from a run alone (batched equals sequential holds for knee 0).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Focus {
