@@ -1,18 +1,29 @@
 #!/usr/bin/env python3
-"""Groups the kernels of one profiled decode step (ncu CSV, metric gpu__time_duration.sum) by
-family and prints a markdown table and a JSON summary.
+"""Groups the kernels of one profiled launch (ncu CSV, metric gpu__time_duration.sum; plain or
+.xz) by family and prints a markdown table and a JSON summary.
 
     ncu --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum --csv \\
         .device/bench_looped --suite cb --widths 64 --new-tokens 32 --repeats 1 --profile-step > step.csv
-    python3 tools/kernel_breakdown.py step.csv [--json out.json]
+    ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \\
+        .device/bench_diffusion --model llada2-mini --batches 256 --modes baseline \\
+        --requests-per-batch 1 --new-tokens 64 --profile-step > launch.csv
+    python3 tools/kernel_breakdown.py step.csv [--json out.json [--gpu G] [--commit C] [--command "…"]]
 """
 import csv
 import io
 import json
+import lzma
 import re
 import sys
 
 FAMILIES = [
+    # Ours first: their names contain "gemm" too.
+    ("MoE grouped expert GEMMs (ours)", r"moe_wgmma|moe_gemm_swiglu|moe_gemm_bm"),
+    ("MoE router logits (ours)", r"moe_gemm_f32out"),
+    ("MoE routing and grouping (ours)", r"moe_route|moe_count|moe_offsets|moe_scatter|moe_sum_slices"),
+    ("MoE combine (ours)", r"moe_combine"),
+    ("greedy readout (ours)", r"greedy_confidence"),
+    ("FOCUS importance and compaction (ours)", r"focus_|compact_rows"),
     ("GEMM (cuBLAS)", r"gemm|gemv|xmma|cutlass|splitK|sm90_|sm80_|ampere_|nvjet"),
     ("attention (paged, ours)", r"paged_attn"),
     ("K/V write + RoPE (fused, ours)", r"qkv_.*rope|write_kv|rope"),
@@ -33,7 +44,8 @@ def family(name):
 
 
 def main():
-    text = open(sys.argv[1]).read()
+    path = sys.argv[1]
+    text = lzma.open(path, "rt").read() if path.endswith(".xz") else open(path).read()
     start = text.find('"ID"')
     rows = list(csv.DictReader(io.StringIO(text[start:])))
     rows = [r for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"]
@@ -55,7 +67,8 @@ def main():
         n[1] += ns
     if "--json" in sys.argv:
         out = sys.argv[sys.argv.index("--json") + 1]
-        json.dump({"kernels": len(rows), "total_ms": total / 1e6,
+        meta = {k: sys.argv[sys.argv.index(f"--{k}") + 1] for k in ("gpu", "commit", "command") if f"--{k}" in sys.argv}
+        json.dump({**meta, "source": path, "kernels": len(rows), "total_ms": total / 1e6,
                    "families": {f: {"kernels": k, "ms": ns / 1e6} for f, (k, ns) in by_family.items()},
                    "top": [{"kernel": n, "family": fam, "launches": k, "ms": ns / 1e6} for n, (k, ns, fam) in sorted(by_name.items(), key=lambda x: -x[1][1])[:40]]},
                   open(out, "w"), indent=1)
