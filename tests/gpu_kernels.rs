@@ -452,8 +452,12 @@ fn fused_rms_norm_and_residual_add() {
             let (h_ref, m_ref) = fused::residual_add_rms_norm(&f32_cpu(&res), &f32_cpu(&x), &f32_cpu(&w), eps).unwrap();
             let (h, m) = fused::residual_add_rms_norm(&g(&res), &g(&x), &g(&w), eps).unwrap();
             let (eh, em) = (rel_err(&f32_cpu(&h), &h_ref), rel_err(&f32_cpu(&m), &m_ref));
-            println!("rms_norm {rows}x{cols:<5} {dt:?} rel err {en:.3e}; residual add h {eh:.3e}, norm {em:.3e} (tol {tol:.0e})");
-            assert!(en <= tol && eh <= tol && em <= tol, "rms_norm {rows}x{cols} {dt:?}: {en} {eh} {em}");
+            // The plain residual add (no norm after it), vector and scalar paths alike.
+            let s = fused::residual_add(&g(&res), &g(&x)).unwrap();
+            assert_eq!((s.dims(), s.dtype()), (&[rows, cols][..], dt));
+            let es = rel_err(&f32_cpu(&s), &fused::residual_add(&f32_cpu(&res), &f32_cpu(&x)).unwrap());
+            println!("rms_norm {rows}x{cols:<5} {dt:?} rel err {en:.3e}; residual add h {eh:.3e}, norm {em:.3e}; plain add {es:.3e} (tol {tol:.0e})");
+            assert!(en <= tol && eh <= tol && em <= tol && es <= tol, "rms_norm {rows}x{cols} {dt:?}: {en} {eh} {em} {es}");
         }
     }
     // Rank 3 (per-head q/k norms) and a non-contiguous input.

@@ -162,6 +162,16 @@ pub fn add_rms_norm_reference(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_nex
     Ok((h, n))
 }
 
+/// `residual + x` (same shape and dtype): a block's residual add where no norm follows in the
+/// same op (on CUDA our kernel; elsewhere candle's add, also its reference).
+pub fn residual_add(residual: &Tensor, x: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && super::is_float(x.dtype()) && residual.dtype() == x.dtype() && residual.dims() == x.dims() {
+        return super::cuda::residual_add(residual, x);
+    }
+    residual + x
+}
+
 /// `(h, n) = (residual + x, rms_norm(residual + x, w))`: a pre-norm block's residual add and
 /// the next sub-layer's input norm in one pass (`h` rounded to the dtype before the norm, as
 /// with separate ops; statistics in f32).

@@ -167,7 +167,7 @@ impl Mlp {
     /// `h + mlp(x)`: the block's second residual add (fused into the MoE combine).
     fn forward_residual(&self, h: &Tensor, x: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Dense(e) => h + e.forward(x)?,
+            Self::Dense(e) => ops::residual_add(h, &e.forward(x)?),
             Self::Moe(m) => m.forward_residual(h, x),
         }
     }

@@ -367,6 +367,46 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
     }
 }
 
+/// `a + b` for two tensors of one shape and float dtype, in one launch (16-byte vectors when
+/// the sizes allow).
+pub fn residual_add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "residual_add";
+    let dev = device(a, OP)?;
+    let dtype = a.dtype();
+    same_device_dtype(OP, dtype, a, &[("b", b)])?;
+    if a.dims() != b.dims() {
+        bail!("{OP} (cuda): {:?} vs {:?}", a.dims(), b.dims());
+    }
+    let n = a.elem_count();
+    if n == 0 {
+        return a.zeros_like();
+    }
+    let (a, b) = (a.contiguous()?, b.contiguous()?);
+    for_float!(dtype, OP, |T, suf| residual_add_launch::<T>(&dev, suf, &a, &b, n))
+}
+
+fn residual_add_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Tensor, b: &Tensor, n: usize) -> Result<Tensor> {
+    const OP: &str = "residual_add";
+    let (as_, al) = a.storage_and_layout();
+    let (bs, bl) = b.storage_and_layout();
+    let a_v = view::<T>(&as_, al, OP, "a", false)?;
+    let b_v = view::<T>(&bs, bl, OP, "b", false)?;
+    // SAFETY: the grid-stride loop writes every element.
+    let mut out = unsafe { dev.alloc::<T>(n)? };
+    let func = kernel!(dev, Module::Fused, &format!("residual_add_{suf}"))?;
+    const THREADS: usize = 256;
+    let per_thread = 16 / std::mem::size_of::<T>();
+    let blocks = n.div_ceil(THREADS * per_thread).clamp(1, 132 * 16);
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let len = n as i64;
+    let mut bld = func.builder();
+    bld.arg(&mut out).arg(&a_v).arg(&b_v).arg(&len);
+    // SAFETY: argument list matches `residual_add_*` in fused.cu.
+    unsafe { bld.launch(cfg) }.w()?;
+    drop(bld);
+    Ok(wrap(out, dev, a.shape().clone()))
+}
+
 /// `silu(gate) * up` for `gate_up` `[.., 2I]` (gate first), output `[.., I]`, one launch.
 pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     const OP: &str = "silu_mul";

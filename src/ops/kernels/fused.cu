@@ -10,6 +10,7 @@
 //   16-byte vectors kept in registers when the width and the pointers allow.
 // rms_norm_*, add_rms_norm_pre_*: n = T(rsqrt(mean(h^2) + eps) * h * w) per row, h = x, or for
 //   the pre-norm residual stream h = T(res + x) (also written out). One block per row, as above.
+// residual_add_*: out = T(a + b), element-wise over tensors of one shape.
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
 // scatter_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V writes,
 //   loop-state bank writes, K/V slot copies across every layer in one launch; FOCUS compaction).
@@ -369,6 +370,33 @@ __device__ void rms_norm_rows(T *__restrict__ h_out, T *__restrict__ n_out, cons
     }
 }
 
+// out = T(a + b) over n elements, grid-stride; 16-byte vectors when n and the pointers allow
+// (candle's binary add reads bf16 two bytes at a time: a quarter of the bandwidth on block-sized
+// activations).
+template <typename T>
+__device__ void residual_add(T *__restrict__ out, const T *__restrict__ a, const T *__restrict__ b, long long n) {
+    constexpr int V = 16 / sizeof(T);
+    const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    if (((uintptr_t)out | (uintptr_t)a | (uintptr_t)b) % 16 == 0 && n % V == 0) {
+        const uint4 *av = reinterpret_cast<const uint4 *>(a);
+        const uint4 *bv = reinterpret_cast<const uint4 *>(b);
+        uint4 *ov = reinterpret_cast<uint4 *>(out);
+        for (long long i = start; i < n / V; i += stride) {
+            const uint4 ar = av[i], br = bv[i];
+            const T *ae = reinterpret_cast<const T *>(&ar);
+            const T *be = reinterpret_cast<const T *>(&br);
+            uint4 o;
+            T *oe = reinterpret_cast<T *>(&o);
+#pragma unroll
+            for (int k = 0; k < V; ++k) oe[k] = from_f<T>(to_f(ae[k]) + to_f(be[k]));
+            ov[i] = o;
+        }
+        return;
+    }
+    for (long long i = start; i < n; i += stride) out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+}
+
 // Grid-stride over rows * inter outputs.
 template <typename T>
 __device__ void silu_mul(T *__restrict__ out, const T *__restrict__ gu, long long rows, int inter) {
@@ -539,6 +567,9 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     extern "C" __global__ void add_rms_norm_pre_##SUF(T *h_out, T *n_out, const T *res, const T *x, \
                                                       const T *w, int ncols, float eps) {          \
         rms_norm_rows<T, true>(h_out, n_out, res, x, w, ncols, eps);                               \
+    }                                                                                              \
+    extern "C" __global__ void residual_add_##SUF(T *out, const T *a, const T *b, long long n) {    \
+        residual_add<T>(out, a, b, n);                                                             \
     }                                                                                              \
     extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter) {    \
         silu_mul<T>(out, gu, rows, inter);                                                         \
