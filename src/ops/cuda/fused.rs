@@ -270,9 +270,7 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_{suf}"))?;
-    // ~8 columns per thread, a multiple of 32 threads, at most 1024.
-    let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = row_norm_config(rows, ncols);
     let nc = ncols as i32;
     let mut b = func.builder();
     b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
@@ -282,6 +280,13 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     drop(b);
     let shape = x.shape().clone();
     Ok((wrap(h_out, dev, shape.clone()), wrap(n_out, dev, shape)))
+}
+
+/// Launch shape of the row norms (`add_rms_norm_*`, `rms_norm_*`, `add_rms_norm_pre_*`): one
+/// block per row, ~8 columns per thread, a multiple of 32 threads, at most 1024.
+fn row_norm_config(rows: usize, ncols: usize) -> LaunchConfig {
+    let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
+    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// `rms_norm(x, w)` over the last dim (`x` `[.., C]`, `w` `[C]`, one dtype; f32 statistics), or
@@ -337,8 +342,7 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
     let w_v = view::<T>(&ws, wl, op, "w", false)?;
     // SAFETY: the kernel writes every element of its outputs (one block per row).
     let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
-    let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = row_norm_config(rows, ncols);
     let nc = ncols as i32;
     let shape = x.shape().clone();
     match residual {

@@ -175,6 +175,39 @@ __device__ void qkv_norm_rope_write(T *__restrict__ q_out, T *__restrict__ k_out
     }
 }
 
+// The end every row norm here shares: with `acc` this thread's part of sum(h^2) over the row,
+// n = T(rsqrt(mean(h^2) + eps) * h * w) — from h held in registers (`hf`, the thread's vectors
+// i = threadIdx.x + j * blockDim.x of the row), or read back from `h` (each thread only the
+// elements it wrote itself, or the input).
+template <typename T, int V, int MAXV>
+__device__ __forceinline__ void store_norm_vec(const float (&hf)[MAXV][V], float acc, const T *__restrict__ w,
+                                               T *__restrict__ n_row, int ncols, float eps, float *smem) {
+    const float s = rsqrtf(block_sum(acc, smem) / ncols + eps);
+    const uint4 *wv = reinterpret_cast<const uint4 *>(w);
+    uint4 *nv = reinterpret_cast<uint4 *>(n_row);
+    const int nvec = ncols / V;
+#pragma unroll
+    for (int j = 0; j < MAXV; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < nvec) {
+            const uint4 wraw = wv[i];
+            const T *wk = reinterpret_cast<const T *>(&wraw);
+            uint4 out;
+            T *o = reinterpret_cast<T *>(&out);
+#pragma unroll
+            for (int k = 0; k < V; ++k) o[k] = from_f<T>(s * hf[j][k] * to_f(wk[k]));
+            nv[i] = out;
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_norm_scalar(const T *h_row, float acc, const T *__restrict__ w,
+                                                  T *n_row, int ncols, float eps, float *smem) {
+    const float s = rsqrtf(block_sum(acc, smem) / ncols + eps);
+    for (int c = threadIdx.x; c < ncols; c += blockDim.x) n_row[c] = from_f<T>(s * to_f(h_row[c]) * to_f(w[c]));
+}
+
 // grid (rows), block a multiple of 32.
 // add_rms_norm in 16-byte vectors held in registers: each thread loads its (at most MAXV)
 // vectors of x, the residual and both weights once, and writes h and the norm once — no read-back
@@ -188,9 +221,7 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
     const uint4 *xv = reinterpret_cast<const uint4 *>(x + base);
     const uint4 *rv = reinterpret_cast<const uint4 *>(res + base);
     const uint4 *wxv = reinterpret_cast<const uint4 *>(w_x);
-    const uint4 *wnv = reinterpret_cast<const uint4 *>(w_next);
     uint4 *hv = reinterpret_cast<uint4 *>(h_out + base);
-    uint4 *nv = reinterpret_cast<uint4 *>(n_out + base);
     const int nvec = ncols / V;
     float xf[MAXV][V];
     float acc = 0.f;
@@ -228,20 +259,7 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
             hv[i] = out;
         }
     }
-    const float s2 = rsqrtf(block_sum(acc, smem) / ncols + eps);
-#pragma unroll
-    for (int j = 0; j < MAXV; ++j) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i < nvec) {
-            const uint4 wraw = wnv[i];
-            const T *w = reinterpret_cast<const T *>(&wraw);
-            uint4 out;
-            T *o = reinterpret_cast<T *>(&out);
-#pragma unroll
-            for (int k = 0; k < V; ++k) o[k] = from_f<T>(s2 * xf[j][k] * to_f(w[k]));
-            nv[i] = out;
-        }
-    }
+    store_norm_vec<T, V, MAXV>(xf, acc, w_next, n_out + base, ncols, eps, smem);
 }
 
 template <typename T>
@@ -276,11 +294,7 @@ __device__ void add_rms_norm(T *__restrict__ h_out, T *__restrict__ n_out, const
         const float hf = to_f(h);
         acc += hf * hf;
     }
-    const float s2 = rsqrtf(block_sum(acc, smem) / ncols + eps);
-    // Each thread reads back only the elements it wrote itself.
-    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
-        nr[c] = from_f<T>(s2 * to_f(hr[c]) * to_f(w_next[c]));
-    }
+    store_norm_scalar<T>(hr, acc, w_next, nr, ncols, eps, smem);
 }
 
 // grid (rows), block a multiple of 32. Pre-norm residual stream: h = T(res + x) (ADD; written
@@ -293,9 +307,7 @@ __device__ void rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const
     const long long base = (long long)blockIdx.x * ncols;
     const uint4 *xv = reinterpret_cast<const uint4 *>(x + base);
     const uint4 *rv = reinterpret_cast<const uint4 *>(res + base);
-    const uint4 *wv = reinterpret_cast<const uint4 *>(w);
     uint4 *hv = reinterpret_cast<uint4 *>(h_out + base);
-    uint4 *nv = reinterpret_cast<uint4 *>(n_out + base);
     const int nvec = ncols / V;
     float hf[MAXV][V];
     float acc = 0.f;
@@ -324,20 +336,7 @@ __device__ void rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const
             for (int k = 0; k < V; ++k) acc += hf[j][k] * hf[j][k];
         }
     }
-    const float s = rsqrtf(block_sum(acc, smem) / ncols + eps);
-#pragma unroll
-    for (int j = 0; j < MAXV; ++j) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i < nvec) {
-            const uint4 wraw = wv[i];
-            const T *wk = reinterpret_cast<const T *>(&wraw);
-            uint4 out;
-            T *o = reinterpret_cast<T *>(&out);
-#pragma unroll
-            for (int k = 0; k < V; ++k) o[k] = from_f<T>(s * hf[j][k] * to_f(wk[k]));
-            nv[i] = out;
-        }
-    }
+    store_norm_vec<T, V, MAXV>(hf, acc, w, n_out + base, ncols, eps, smem);
 }
 
 template <typename T, bool ADD>
@@ -362,12 +361,7 @@ __device__ void rms_norm_rows(T *__restrict__ h_out, T *__restrict__ n_out, cons
         }
         acc += h * h;
     }
-    const float s = rsqrtf(block_sum(acc, smem) / ncols + eps);
-    // With ADD each thread reads back only the elements it wrote itself.
-    const T *hr = ADD ? h_out : x;
-    for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
-        n_out[base + c] = from_f<T>(s * to_f(hr[base + c]) * to_f(w[c]));
-    }
+    store_norm_scalar<T>((ADD ? h_out : x) + base, acc, w, n_out + base, ncols, eps, smem);
 }
 
 // out = T(a + b) over n elements, grid-stride; 16-byte vectors when n and the pointers allow
