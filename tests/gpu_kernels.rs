@@ -1402,6 +1402,8 @@ fn grouped_moe_kernels_match_the_composition() {
         // Widths off the tiles: k tails (hidden 200, width 48) and N tails, at both tile heights.
         ("tails, 64-row tiles: hidden 200, width 48", 300, 8, 2, 48, 200, true),
         ("tails, 128-row tiles: hidden 200, width 48", 1000, 8, 2, 48, 200, false),
+        // The warp-specialised Hopper GEMM with a k tail (down: k 136) and several tiles per CTA.
+        ("k tail, 128-row tiles: hidden 512, width 136", 900, 8, 2, 136, 512, true),
     ];
     for dtype in [DType::BF16, DType::F16] {
         for (name, tokens, e, k, w, h, with_shared) in cases {

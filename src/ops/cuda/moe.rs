@@ -4,8 +4,8 @@
 
 use super::launch::{device, kernel, same_device_dtype, view, wrap, Module};
 use crate::ops::moe::{RouterArch, Scoring, StackedExperts};
-use candle_core::cuda_backend::cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -155,12 +155,65 @@ const BK: usize = 64;
 const ROW_BYTES: usize = 2 * BK;
 const STAGES: usize = 3;
 
-/// Launch shape of the warpgroup-MMA GEMM (128-row tiles, two warpgroups): its stages plus
-/// 1 KB, so that the kernel can align them to the 1024 bytes the swizzle repeats over.
-fn wgmma_shape(func: &CudaFunction) -> Result<(u32, u32)> {
-    let smem = STAGES * (128 + BN) * ROW_BYTES + 1024;
+/// Tile, stages and threads of the warp-specialised Hopper GEMM (kernel constants `WS_BM`,
+/// `WS_BN`, `STAGES2`, `WS_THREADS`).
+const WS_BM: usize = 128;
+const WS_BN: usize = 256;
+const WS_STAGES: usize = 4;
+const WS_THREADS: u32 = 384;
+
+/// Dynamic shared memory of the warp-specialised GEMM: its stages, their full/empty barriers,
+/// and 1 KB so that the kernel can align the stages to the 1024 bytes the swizzle repeats over.
+fn ws_smem(func: &CudaFunction) -> Result<u32> {
+    let smem = WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + WS_STAGES * 16 + 1024;
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-    Ok((256, smem as u32))
+    Ok(smem as u32)
+}
+
+/// A TMA descriptor (`CUtensorMap`), passed to a kernel by value (`__grid_constant__`).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct TmaMap(sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte struct of integers, laid out as the kernel's `TmaMap`.
+unsafe impl DeviceRepr for TmaMap {}
+
+/// The TMA map of stacked expert weights `[experts, n, k]` read as one 2-D tensor `[experts · n,
+/// k]` in boxes of 64 columns × 256 rows with 128-byte swizzle (the warp-specialised GEMM's W
+/// tiles). `ptr` is the weights' device address (16-byte aligned; k a multiple of 8).
+fn weight_map(dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Result<TmaMap> {
+    use sys::{CUtensorMapDataType as D, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle};
+    let dtype = if dtype == DType::BF16 { D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
+    // The kernel addresses W's rows with i32 coordinates.
+    if experts * n > i32::MAX as usize {
+        bail!("moe_experts (cuda): {experts} experts of {n} rows exceed the TMA map's i32 rows");
+    }
+    let dims = [k as u64, (experts * n) as u64];
+    let strides = [(k * 2) as u64];
+    let boxes = [BK as u32, WS_BN as u32];
+    let steps = [1u32, 1];
+    let mut map = TmaMap(sys::CUtensorMap { opaque: [0; 16] });
+    // SAFETY: every array outlives the call and has the rank-2 lengths the driver reads (strides:
+    // rank − 1); the driver only encodes the descriptor, it does not touch the device memory.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map.0,
+            dtype,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    }
+    .result()
+    .w()?;
+    Ok(map)
 }
 
 /// The device's compute capability major version.
@@ -237,46 +290,69 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
 
-    let tag = if bm == 128 { "bm128" } else { "bm64" };
-    let cfg = |n: usize, (threads, smem): (u32, u32)| LaunchConfig {
-        grid_dim: (n.div_ceil(BN) as u32, max_tiles as u32, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem,
-    };
     let null = 0u64;
-    let dense_rows = 0i32;
-
     // 128-row tiles run on Hopper's warpgroup MMA where the device has it and the PTX was built
     // for it (sm_90a; other targets compile those kernels to a trap).
-    let wgmma = bm == 128 && cfg!(ponder_wgmma) && compute_major(dev)? == 9;
-    let (swiglu_name, plain_name) = if wgmma {
-        (format!("moe_wgmma_swiglu_{suf}"), format!("moe_wgmma_{suf}"))
+    if bm == 128 && cfg!(ponder_wgmma) && compute_major(dev)? == 9 {
+        let stream = dev.cuda_stream();
+        let sms = stream.context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize;
+        let dtype = a.x.dtype();
+        let row_tiles = max_tiles as i32;
+        // A and the row map go in as device addresses, held by their guards over the launches
+        // (all on the device's one stream).
+        let (x_ptr, _x_guard) = x_v.device_ptr(&stream);
+        let (src_ptr, _src_guard) = sorted_src.device_ptr(&stream);
+        let launch = |name: String, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
+            let (w_ptr, _w_guard) = weights.device_ptr(&stream);
+            let map = weight_map(dtype, w_ptr, e, n, k)?;
+            let func = kernel!(dev, Module::Moe, &name)?;
+            let smem = ws_smem(&func)?;
+            // Persistent: one CTA per SM (192 KB of stages each), fewer when there are fewer tiles.
+            let tiles = max_tiles * n.div_ceil(WS_BN);
+            let cfg = LaunchConfig { grid_dim: (tiles.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem };
+            let (ni, ki) = (n as i32, k as i32);
+            let mut b = func.builder();
+            b.arg(out).arg(&input).arg(&map).arg(&src);
+            b.arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&ni).arg(&ki).arg(&row_tiles);
+            // SAFETY: argument list matches `moe_wgmma_*` in moe.cu; `map` describes the live
+            // weights [e · n, k]; `input` is a live [rows, k] matrix whose rows `src` picks (each
+            // < tokens), or whose sorted rows are read in place (`src` null).
+            unsafe { b.launch(cfg) }.w()?;
+            Ok(())
+        };
+        launch(format!("moe_wgmma_swiglu_{suf}"), &mut act, x_ptr, &gu_v, src_ptr, 2 * w, h)?;
+        let (act_ptr, _act_guard) = act.device_ptr(&stream);
+        launch(format!("moe_wgmma_{suf}"), &mut y, act_ptr, &down_v, 0, h, w)?;
     } else {
-        (format!("moe_gemm_swiglu_{tag}_{suf}"), format!("moe_gemm_{tag}_{suf}"))
-    };
-    let shape_of = |func: &CudaFunction| if wgmma { wgmma_shape(func) } else { gemm_shape(func, bm) };
+        let tag = if bm == 128 { "bm128" } else { "bm64" };
+        let cfg = |n: usize, (threads, smem): (u32, u32)| LaunchConfig {
+            grid_dim: (n.div_ceil(BN) as u32, max_tiles as u32, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let dense_rows = 0i32;
+        // Gate/up of each pair's token, SiLU·mul: act [pairs, w] in sorted order.
+        let swiglu = kernel!(dev, Module::Moe, &format!("moe_gemm_swiglu_{tag}_{suf}"))?;
+        let shape = gemm_shape(&swiglu, bm)?;
+        let (n1, k1) = ((2 * w) as i32, h as i32);
+        let mut b = swiglu.builder();
+        b.arg(&mut act).arg(&x_v).arg(&gu_v).arg(&sorted_src).arg(&tile_expert).arg(&tile_start).arg(&expert_end);
+        b.arg(&n1).arg(&k1).arg(&k1).arg(&dense_rows);
+        // SAFETY: argument list matches `moe_gemm_swiglu_*`; A rows come from sorted_src (< tokens).
+        unsafe { b.launch(cfg(2 * w, shape)) }.w()?;
+        drop(b);
 
-    // Gate/up of each pair's token, SiLU·mul: act [pairs, w] in sorted order.
-    let swiglu = kernel!(dev, Module::Moe, &swiglu_name)?;
-    let shape = shape_of(&swiglu)?;
-    let (n1, k1) = ((2 * w) as i32, h as i32);
-    let mut b = swiglu.builder();
-    b.arg(&mut act).arg(&x_v).arg(&gu_v).arg(&sorted_src).arg(&tile_expert).arg(&tile_start).arg(&expert_end);
-    b.arg(&n1).arg(&k1).arg(&k1).arg(&dense_rows);
-    // SAFETY: argument list matches `moe_gemm_swiglu_*`; A rows come from sorted_src (< tokens).
-    unsafe { b.launch(cfg(2 * w, shape)) }.w()?;
-    drop(b);
-
-    // Down: y [pairs, h] in sorted order, A rows taken in place.
-    let plain = kernel!(dev, Module::Moe, &plain_name)?;
-    let shape = shape_of(&plain)?;
-    let (n2, k2) = (h as i32, w as i32);
-    let mut b = plain.builder();
-    b.arg(&mut y).arg(&act).arg(&down_v).arg(&null).arg(&tile_expert).arg(&tile_start).arg(&expert_end);
-    b.arg(&n2).arg(&k2).arg(&k2).arg(&dense_rows);
-    // SAFETY: argument list matches `moe_gemm_*`; a null row map reads A's sorted rows in place.
-    unsafe { b.launch(cfg(h, shape)) }.w()?;
-    drop(b);
+        // Down: y [pairs, h] in sorted order, A rows taken in place.
+        let plain = kernel!(dev, Module::Moe, &format!("moe_gemm_{tag}_{suf}"))?;
+        let shape = gemm_shape(&plain, bm)?;
+        let (n2, k2) = (h as i32, w as i32);
+        let mut b = plain.builder();
+        b.arg(&mut y).arg(&act).arg(&down_v).arg(&null).arg(&tile_expert).arg(&tile_start).arg(&expert_end);
+        b.arg(&n2).arg(&k2).arg(&k2).arg(&dense_rows);
+        // SAFETY: argument list matches `moe_gemm_*`; a null row map reads A's sorted rows in place.
+        unsafe { b.launch(cfg(h, shape)) }.w()?;
+        drop(b);
+    }
 
     let combine = kernel!(dev, Module::Moe, &format!("moe_combine_{suf}"))?;
     let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: ((h / 8).div_ceil(32) as u32 * 32, 1, 1), shared_mem_bytes: 0 };

@@ -431,108 +431,196 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
         }
 }
 
-// Hopper's warpgroup MMA (sm_90a): D[64 x 128] += A[64 x 16] · B[128 x 16]^T with A and B read
+// Hopper's warpgroup MMA (sm_90a): D[64 x 256] += A[64 x 16] · B[256 x 16]^T with A and B read
 // from shared memory through descriptors (K-major, 128-byte swizzle: the tile layout of
 // tile_offset), accumulating in place.
-template <typename T> __device__ __forceinline__ void wgmma_m64n128k16(float *d, uint64_t desc_a, uint64_t desc_b);
-template <> __device__ __forceinline__ void wgmma_m64n128k16<__nv_bfloat16>(float *d, uint64_t desc_a, uint64_t desc_b) {
+template <typename T> __device__ __forceinline__ void wgmma_m64n256k16(float *d, uint64_t desc_a, uint64_t desc_b);
+template <> __device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16>(float *d, uint64_t desc_a, uint64_t desc_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
-        "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+        "%128, %129, p, 1, 1, 0, 0;\n"
         "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(desc_a), "l"(desc_b), "r"(1));
 #endif
 }
-template <> __device__ __forceinline__ void wgmma_m64n128k16<__half>(float *d, uint64_t desc_a, uint64_t desc_b) {
+template <> __device__ __forceinline__ void wgmma_m64n256k16<__half>(float *d, uint64_t desc_a, uint64_t desc_b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
         "{\n"
         ".reg .pred p;\n"
-        "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+        "%128, %129, p, 1, 1, 0, 0;\n"
         "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(desc_a), "l"(desc_b), "r"(1));
 #endif
 }
 
 // A shared-memory matrix descriptor for wgmma: K-major rows of 128 bytes, 128-byte swizzle,
-// eight-row groups 1024 bytes apart (the layout tile_offset writes; tiles 1024-byte aligned).
+// eight-row groups 1024 bytes apart (the layout tile_offset and a 128-byte-swizzled TMA box
+// write; tiles 1024-byte aligned).
 __device__ __forceinline__ uint64_t smem_desc(unsigned addr) {
     return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
-// The tile GEMM of moe_gemm at 128-row tiles on Hopper's warpgroup MMA: two warpgroups, each
-// 64 rows x 128 columns (wgmma m64n128k16, four per 64-deep k tile), tiles loaded by cp.async
-// into the swizzled layout (made visible to the async proxy before each MMA), three stages.
-// Same tiles, epilogues and arguments as moe_gemm (dense mode and k slices excepted).
+// A TMA descriptor (CUtensorMap) passed by value as a __grid_constant__ kernel parameter.
+struct alignas(64) TmaMap {
+    uint64_t opaque[16];
+};
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+}
+// Box (c0, c1) of the 2-D tensor `map` into shared memory at `dst`, completing `bytes` on `bar`.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
+// The grouped GEMM of moe_gemm at 128 x 256 tiles on Hopper: persistent (CTAs stride over the
+// tiles, column tiles of a row tile consecutive, so an A tile and an expert's W slices are read
+// from DRAM about once) and warp-specialised. Warpgroup 0 produces: W tiles [256 x 64] by TMA
+// from `wmap` (W as a 2-D tensor [E * N, K], box 64 x 256, 128-byte swizzle; rows past an
+// expert's N are the next expert's or, past the end, zeros, and land only in columns the
+// epilogue skips), A tiles [128 x 64] gathered through `src` by cp.async (rows past the tile's
+// and columns past K zero-filled), into STAGES2 stages. Warpgroups 1 and 2 consume: 64 rows x
+// 256 columns each (wgmma m64n256k16), keeping one k tile's MMAs in flight, and write the
+// tile from registers with moe_gemm's epilogues while the producer fills the next tile's
+// stages. Stage s is handed over by two mbarriers: full[s] (128 producer arrivals after each
+// thread's cp.async completed and was fenced for the async proxy, plus the TMA's bytes) and
+// empty[s] (one arrival per consumer warp once its MMAs reading the stage are done).
+constexpr int WS_BM = 128, WS_BN = 256, STAGES2 = 4, WS_THREADS = 384;
+constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS_STAGE = WS_A_BYTES + WS_B_BYTES;
+// Stages the producer runs ahead before it hands a stage over (its cp.async groups in flight).
+constexpr int WS_LAG = 2;
+
 template <typename T, Epilogue EPI>
-__device__ void wgmma_gemm(T *__restrict__ out, const T *__restrict__ A, const T *__restrict__ W,
-                           const uint32_t *__restrict__ src, const uint32_t *__restrict__ tile_expert,
-                           const uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ expert_end, int N,
-                           int K) {
+__device__ void ws_gemm(T *__restrict__ out, const T *__restrict__ A, const TmaMap *wmap, const uint32_t *__restrict__ src,
+                        const uint32_t *__restrict__ tile_expert, const uint32_t *__restrict__ tile_start,
+                        const uint32_t *__restrict__ expert_end, int N, int K, int row_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BM = 128, THREADS = 256;
-    constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = (BM + BN) * ROW_BYTES;
-    const uint32_t e = tile_expert[blockIdx.y];
-    if (e == NONE) return;
-    const int row0 = (int)tile_start[blockIdx.y];
-    const int rows = min(BM, (int)expert_end[e] - row0);
-    const int n0 = blockIdx.x * BN;
-    const T *We = W + (size_t)e * N * K;
-
-    extern __shared__ __align__(1024) unsigned char wg_smem[];
-    // The swizzle is a function of the absolute address: round the base up to 1024 bytes (the
-    // launch asks for 1 KB more than the stages need).
-    const unsigned smem = ((unsigned)__cvta_generic_to_shared(wg_smem) + 1023u) & ~1023u;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wg = warp / 4, wq = warp % 4; // warpgroup, warp within it
-    const TileLoader<T, BM, THREADS> tiles(A, We, src, row0, rows, n0, K, K);
-    auto load = [&](int stage, int k0) { tiles.load(smem + stage * STAGE_BYTES, k0, K, K, n0, N, K, A, W); };
-
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-
-    const int KT = (K + BK - 1) / BK;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) load(s, s * BK);
-        cp_async_commit();
+    extern __shared__ __align__(1024) unsigned char ws_smem[];
+    // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
+    // (the launch asks for 1 KB more), the barriers after them.
+    const unsigned smem = ((unsigned)__cvta_generic_to_shared(ws_smem) + 1023u) & ~1023u;
+    const unsigned full = smem + STAGES2 * WS_STAGE, empty = full + STAGES2 * 8;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int n_tiles = (N + WS_BN - 1) / WS_BN, k_tiles = (K + BK - 1) / BK;
+    const int total = row_tiles * n_tiles;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES2; ++s) {
+            mbar_init(full + 8 * s, 129);
+            mbar_init(empty + 8 * s, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    for (int kt = 0; kt < KT; ++kt) {
-        cp_async_wait<STAGES - 2>();
+    __syncthreads();
+
+    if (wg == 0) {
+        // Producer: thread t loads 16-byte chunk t % 8 of A rows t / 8 + 16 i.
+        const int kc = tid & 7;
+        int it = 0, handed = 0;
+        for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+            const int rt = tile / n_tiles, n0 = (tile % n_tiles) * WS_BN;
+            const uint32_t e = tile_expert[rt];
+            if (e == NONE) break;
+            const int row0 = (int)tile_start[rt];
+            const int rows = min(WS_BM, (int)expert_end[e] - row0);
+            uint32_t a_row[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = tid / 8 + 16 * i;
+                a_row[i] = r < rows ? (src ? src[row0 + r] : (uint32_t)(row0 + r)) : NONE;
+            }
+            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                const int s = it % STAGES2;
+                mbar_wait(empty + 8 * s, ((it / STAGES2) & 1) ^ 1);
+                const unsigned stage = smem + s * WS_STAGE;
+                const int k0 = kt * BK;
+                if (tid == 0) {
+                    mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
+                    tma_load_2d(stage + WS_A_BYTES, wmap, k0, (int)e * N + n0, full + 8 * s);
+                }
+                const bool k_ok = k0 + kc * 8 < K;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const bool ok = k_ok && a_row[i] != NONE;
+                    cp_async16(stage + tile_offset(tid / 8 + 16 * i, kc), ok ? A + (size_t)a_row[i] * K + k0 + kc * 8 : A, ok);
+                }
+                cp_async_commit();
+                if (it + 1 - handed > WS_LAG) {
+                    cp_async_wait<WS_LAG>();
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    mbar_arrive(full + 8 * (handed % STAGES2));
+                    ++handed;
+                }
+            }
+        }
+        cp_async_wait<0>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        // The stage refilled here was read by the previous iteration's MMAs, which have completed.
-        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, (kt + STAGES - 1) * BK);
-        cp_async_commit();
-        const unsigned a_base = smem + (kt % STAGES) * STAGE_BYTES + wg * 64 * ROW_BYTES;
-        const unsigned b_base = smem + (kt % STAGES) * STAGE_BYTES + A_BYTES;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n128k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        for (; handed < it; ++handed) mbar_arrive(full + 8 * (handed % STAGES2));
+        return;
     }
-    cp_async_wait<0>();
 
-    // Accumulator v of n8 tile j (acc[j * 4 + v]) holds row lane / 4 (+ 8 for v >= 2) of the
-    // warp's 16 rows, columns 2 * (lane % 4) + (v & 1) of the tile: mma.sync's layout per n8 tile.
-    const int out_w = EPI == SWIGLU ? N / 2 : N;
+    // Consumers: warpgroup c = wg - 1 takes rows 64 c .. of the tile.
+    const int c = wg - 1, warp = (tid / 32) % 4, lane = tid & 31;
+    float acc[128];
+    int it = 0;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        const int rt = tile / n_tiles, n0 = (tile % n_tiles) * WS_BN;
+        const uint32_t e = tile_expert[rt];
+        if (e == NONE) break;
+        const int row0 = (int)tile_start[rt];
+        const int rows = min(WS_BM, (int)expert_end[e] - row0);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = wg * 64 + wq * 16 + (lane >> 2) + h * 8;
-        if (r >= rows) continue;
-        store_row<T, T, EPI, BN / 8>(out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
+        for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+            const int s = it % STAGES2;
+            mbar_wait(full + 8 * s, (it / STAGES2) & 1);
+            const unsigned a_base = smem + s * WS_STAGE + c * 64 * ROW_BYTES, b_base = smem + s * WS_STAGE + WS_A_BYTES;
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            // The previous k tile's MMAs are done: its stage goes back to the producer.
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES2));
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES2));
+
+        // Accumulator v of n8 tile j (acc[j * 4 + v]) holds row lane / 4 (+ 8 for v >= 2) of the
+        // warp's 16 rows, columns 2 * (lane % 4) + (v & 1) of the tile: mma.sync's layout per n8 tile.
+        const int out_w = EPI == SWIGLU ? N / 2 : N;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = c * 64 + warp * 16 + (lane >> 2) + h * 8;
+            if (r >= rows) continue;
+            store_row<T, T, EPI, WS_BN / 8>(out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
+        }
     }
 #else
     __trap(); // launched only on sm_90 devices (the host checks), whose PTX target is sm_90a
@@ -616,6 +704,7 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
 #define GEMM_ARGS                                                                                              \
     const uint32_t *src, const uint32_t *te, const uint32_t *ts, const uint32_t *ee, int N, int K, int a_cols,     \
         int dense_rows
+#define WS_ARGS const uint32_t *src, const uint32_t *te, const uint32_t *ts, const uint32_t *ee, int N, int K, int row_tiles
 #define GEMM_PASS src, te, ts, ee, N, K, a_cols, dense_rows, K
 #define MOE_OPS(T, SUF)                                                                                        \
     extern "C" __global__ void moe_gemm_swiglu_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {          \
@@ -624,11 +713,13 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
     extern "C" __global__ void moe_gemm_swiglu_bm128_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {         \
         moe_gemm<T, T, 128, 64, SWIGLU>(out, A, W, GEMM_PASS);                                                      \
     }                                                                                                          \
-    extern "C" __global__ void moe_wgmma_swiglu_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {               \
-        wgmma_gemm<T, SWIGLU>(out, A, W, src, te, ts, ee, N, K);                                                 \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
+        moe_wgmma_swiglu_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {               \
+        ws_gemm<T, SWIGLU>(out, A, &wmap, src, te, ts, ee, N, K, row_tiles);                                     \
     }                                                                                                          \
-    extern "C" __global__ void moe_wgmma_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                      \
-        wgmma_gemm<T, PLAIN>(out, A, W, src, te, ts, ee, N, K);                                                  \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
+        moe_wgmma_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {                      \
+        ws_gemm<T, PLAIN>(out, A, &wmap, src, te, ts, ee, N, K, row_tiles);                                      \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                 \
         moe_gemm<T, T, 64, 32, PLAIN>(out, A, W, GEMM_PASS);                                                        \
