@@ -915,14 +915,15 @@ fn compact_rows_matches_index_select() {
 
 /// The diffusion models' fused projection (split, per-head q/k RMSNorm, split-half RoPE, K/V
 /// write, k and v returned) against the candle composition on the CPU in the same dtype: with
-/// and without the q/k norm, GQA and MHA, head dims 64 and 128, explicit scattered positions.
+/// and without the q/k norm, GQA and MHA, head dims 64, 128, 192 and 256 (2, 4, 6 and 8 elements
+/// per lane), explicit scattered positions.
 /// Cache rows nobody writes must stay bit-identical.
 #[test]
 fn fused_qkv_norm_rope_write() {
     use ponder::ops::{qkv_norm_rope_write, RopeTable};
     let gpu = Device::new_cuda(0).unwrap();
     for dt in [DType::F32, DType::BF16] {
-        for &(heads, kvh, hd, norm) in &[(32usize, 8usize, 128usize, true), (32, 8, 128, false), (4, 4, 64, true)] {
+        for &(heads, kvh, hd, norm) in &[(32usize, 8usize, 128usize, true), (32, 8, 128, false), (4, 4, 64, true), (4, 2, 256, true), (2, 1, 192, false)] {
             let mut rng = StdRng::seed_from_u64((heads * 7 + hd + norm as usize) as u64);
             let (nb, bs) = (12, 16);
             let positions: Vec<u32> = vec![3, 4, 9, 17, 30, 31, 0, 1, 2, 3, 4, 5, 6, 40, 41];
@@ -1402,8 +1403,8 @@ fn grouped_moe_kernels_match_the_composition() {
         // Widths off the tiles: k tails (hidden 200, width 48) and N tails, at both tile heights.
         ("tails, 64-row tiles: hidden 200, width 48", 300, 8, 2, 48, 200, true),
         ("tails, 128-row tiles: hidden 200, width 48", 1000, 8, 2, 48, 200, false),
-        // The warp-specialised Hopper GEMM with a k tail (down: k 136) and several tiles per CTA.
-        ("k tail, 128-row tiles: hidden 512, width 136", 900, 8, 2, 136, 512, true),
+        // The warp-specialised Hopper GEMM with a k tail (down: k 144) and several tiles per CTA.
+        ("k tail, 128-row tiles: hidden 512, width 144", 900, 8, 2, 144, 512, true),
     ];
     for dtype in [DType::BF16, DType::F16] {
         for (name, tokens, e, k, w, h, with_shared) in cases {

@@ -189,16 +189,16 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &
     let (qn, kn) = a.qk_norm.unwrap_or((a.cos, a.cos));
     let (qns, qnl) = qn.storage_and_layout();
     let (kns, knl) = kn.storage_and_layout();
-    let qkv_v = view::<T>(&qs, ql, OP, "qkv", false)?;
-    let cos_v = view::<T>(&cs, cl, OP, "cos", false)?;
-    let sin_v = view::<T>(&ss, sl, OP, "sin", false)?;
+    let qkv_v = view::<T>(&qs, ql, OP, "qkv", true)?;
+    let cos_v = view::<T>(&cs, cl, OP, "cos", true)?;
+    let sin_v = view::<T>(&ss, sl, OP, "sin", true)?;
     // Caches written in place under the read lock, ordered by the device's one stream (see
     // `qkv_rope_launch`).
-    let k_v = view::<T>(&ks, kl, OP, "k_cache", false)?;
-    let v_v = view::<T>(&vs, vl, OP, "v_cache", false)?;
+    let k_v = view::<T>(&ks, kl, OP, "k_cache", true)?;
+    let v_v = view::<T>(&vs, vl, OP, "v_cache", true)?;
     let slots = view::<u32>(&ms, ml, OP, "slot_mapping", false)?;
-    let qn_v = view::<T>(&qns, qnl, OP, "q_norm", false)?;
-    let kn_v = view::<T>(&kns, knl, OP, "k_norm", false)?;
+    let qn_v = view::<T>(&qns, qnl, OP, "q_norm", true)?;
+    let kn_v = view::<T>(&kns, knl, OP, "k_norm", true)?;
     let (h, kvh, hd) = (a.heads, a.kv_heads, a.head_dim);
     // SAFETY: one warp per (token, head) writes every element of q, k and v.
     let mut q_out = unsafe { dev.alloc::<T>(tokens * h * hd)? };

@@ -16,7 +16,8 @@
 //   loop-state bank writes, K/V slot copies across every layer in one launch; FOCUS compaction).
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
 //   [D], candle's rmsnorm rounding) before RoPE (Qwen3 / SDAR), one warp per (token, head) over
-//   the q, k and v heads; also returns rotated k and v [T, KVH, D] (FOCUS scores them).
+//   the q, k and v heads, each lane D / 32 consecutive elements as one vector; also returns
+//   rotated k and v [T, KVH, D] (FOCUS scores them).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -103,7 +104,67 @@ __device__ void qkv_rope_write(T *__restrict__ q_out, T *__restrict__ k_cache, T
 }
 
 
-// grid (T, ceil((H + 2*KVH) / warps per block)); D a multiple of 64, at most 256.
+// PER consecutive elements of T, loaded and stored as one vector (or a few 16-byte ones).
+template <typename T, int PER> struct alignas((PER * sizeof(T)) & -(PER * sizeof(T)) < 16 ? (PER * sizeof(T)) & -(PER * sizeof(T)) : 16) Pack {
+    T v[PER];
+};
+
+// One warp per (token, head), lane l holding elements PER l .. PER l + PER - 1 of the head
+// (PER = D / 32): its split-half RoPE partner, D / 2 = 16 PER elements away, is lane l ^ 16.
+template <typename T, int PER>
+__device__ void qkv_norm_rope_head(T *__restrict__ q_out, T *__restrict__ k_out, T *__restrict__ v_out,
+                                   T *__restrict__ k_cache, T *__restrict__ v_cache, const T *__restrict__ qkv,
+                                   const T *__restrict__ q_w, const T *__restrict__ k_w, int has_norm,
+                                   const T *__restrict__ cos_t, const T *__restrict__ sin_t, const uint32_t *__restrict__ slots,
+                                   int heads, int kv_heads, float eps, long long num_slots, int unit) {
+    using P = Pack<T, PER>;
+    constexpr int D = 32 * PER, HALF = D / 2;
+    const int t = blockIdx.x, lane = threadIdx.x & 31;
+    const int units = heads + 2 * kv_heads;
+    const P in = *reinterpret_cast<const P *>(qkv + ((long long)t * units + unit) * D + PER * lane);
+    const long long slot = (long long)slots[t];
+    const bool slot_ok = slot < num_slots;
+    const long long kv_width = (long long)kv_heads * D;
+    if (unit >= heads + kv_heads) {
+        const int vh = unit - heads - kv_heads;
+        *reinterpret_cast<P *>(v_out + ((long long)t * kv_heads + vh) * D + PER * lane) = in;
+        if (slot_ok) *reinterpret_cast<P *>(v_cache + slot * kv_width + (long long)vh * D + PER * lane) = in;
+        return;
+    }
+    float x[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) x[j] = to_f(in.v[j]);
+    const bool is_q = unit < heads;
+    if (has_norm) {
+        const P w = *reinterpret_cast<const P *>((is_q ? q_w : k_w) + PER * lane);
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) ss += x[j] * x[j];
+        const float scale = rsqrtf(warp_sum(ss) / D + eps);
+#pragma unroll
+        for (int j = 0; j < PER; ++j) x[j] = round_t<T>(x[j] * scale * to_f(w.v[j]));
+    }
+    const long long angle = (long long)t * HALF + PER * (lane & 15);
+    const P c = *reinterpret_cast<const P *>(cos_t + angle), sn = *reinterpret_cast<const P *>(sin_t + angle);
+    P o;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const float other = __shfl_xor_sync(0xffffffffu, x[j], 16);
+        const float cj = to_f(c.v[j]), sj = to_f(sn.v[j]);
+        // Lanes 0-15 hold x1 (first half), lanes 16-31 x2: o1 = x1 c - x2 s, o2 = x1 s + x2 c.
+        o.v[j] = lane < 16 ? from_f<T>(x[j] * cj - other * sj) : from_f<T>(other * sj + x[j] * cj);
+    }
+    if (is_q) {
+        *reinterpret_cast<P *>(q_out + ((long long)t * heads + unit) * D + PER * lane) = o;
+    } else {
+        const int kh = unit - heads;
+        *reinterpret_cast<P *>(k_out + ((long long)t * kv_heads + kh) * D + PER * lane) = o;
+        if (slot_ok) *reinterpret_cast<P *>(k_cache + slot * kv_width + (long long)kh * D + PER * lane) = o;
+    }
+}
+
+// grid (T, ceil((H + 2*KVH) / warps per block)); D a multiple of 64, at most 256; every pointer
+// 16-byte aligned.
 template <typename T>
 __device__ void qkv_norm_rope_write(T *__restrict__ q_out, T *__restrict__ k_out, T *__restrict__ v_out,
                                     T *__restrict__ k_cache, T *__restrict__ v_cache,
@@ -111,68 +172,19 @@ __device__ void qkv_norm_rope_write(T *__restrict__ q_out, T *__restrict__ k_out
                                     const T *__restrict__ k_w, int has_norm, const T *__restrict__ cos_t,
                                     const T *__restrict__ sin_t, const uint32_t *__restrict__ slots,
                                     int heads, int kv_heads, int head_dim, float eps, long long num_slots) {
-    constexpr int MAXJ = 8;
-    const int t = blockIdx.x;
-    const int lane = threadIdx.x & 31;
     const int unit = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int units = heads + 2 * kv_heads;
-    if (unit >= units) return;
-    const int per = head_dim >> 5;  // elements per lane: lane + 32 j
-    const T *src = qkv + (long long)t * units * head_dim + (long long)unit * head_dim;
-    const long long slot = (long long)slots[t];
-    const bool slot_ok = slot < num_slots;
-    const long long kv_width = (long long)kv_heads * head_dim;
-    if (unit >= heads + kv_heads) {
-        const int vh = unit - heads - kv_heads;
-        T *vo = v_out + ((long long)t * kv_heads + vh) * head_dim;
-        T *vc = v_cache + slot * kv_width + (long long)vh * head_dim;
-        for (int j = 0; j < per; ++j) {
-            const T x = src[lane + 32 * j];
-            vo[lane + 32 * j] = x;
-            if (slot_ok) vc[lane + 32 * j] = x;
-        }
-        return;
+    if (unit >= heads + 2 * kv_heads) return;
+#define QKV_HEAD(PER)                                                                                          \
+    qkv_norm_rope_head<T, PER>(q_out, k_out, v_out, k_cache, v_cache, qkv, q_w, k_w, has_norm, cos_t, sin_t, slots, \
+                               heads, kv_heads, eps, num_slots, unit)
+    switch (head_dim) {
+    case 64: QKV_HEAD(2); break;
+    case 128: QKV_HEAD(4); break;
+    case 192: QKV_HEAD(6); break;
+    case 256: QKV_HEAD(8); break;
+    default: break; // the host checks head_dim
     }
-    float x[MAXJ];
-#pragma unroll
-    for (int j = 0; j < MAXJ; ++j) x[j] = j < per ? to_f(src[lane + 32 * j]) : 0.f;
-    const bool is_q = unit < heads;
-    if (has_norm) {
-        const T *w = is_q ? q_w : k_w;
-        float ss = 0.f;
-#pragma unroll
-        for (int j = 0; j < MAXJ; ++j) ss += x[j] * x[j];
-        const float scale = rsqrtf(warp_sum(ss) / head_dim + eps);
-#pragma unroll
-        for (int j = 0; j < MAXJ; ++j)
-            if (j < per) x[j] = round_t<T>(x[j] * scale * to_f(w[lane + 32 * j]));
-    }
-    const int half = head_dim >> 1, hj = per >> 1;
-    T *dst;
-    T *cache = nullptr;
-    if (is_q) {
-        dst = q_out + ((long long)t * heads + unit) * head_dim;
-    } else {
-        const int kh = unit - heads;
-        dst = k_out + ((long long)t * kv_heads + kh) * head_dim;
-        if (slot_ok) cache = k_cache + slot * kv_width + (long long)kh * head_dim;
-    }
-#pragma unroll
-    for (int j = 0; j < MAXJ / 2; ++j) {
-        if (j >= hj) break;
-        const int i = lane + 32 * j;
-        const float c = to_f(cos_t[(long long)t * half + i]);
-        const float s = to_f(sin_t[(long long)t * half + i]);
-        const float x1 = x[j], x2 = x[j + hj];
-        const T o1 = from_f<T>(x1 * c - x2 * s);
-        const T o2 = from_f<T>(x1 * s + x2 * c);
-        dst[i] = o1;
-        dst[i + half] = o2;
-        if (cache) {
-            cache[i] = o1;
-            cache[i + half] = o2;
-        }
-    }
+#undef QKV_HEAD
 }
 
 // The end every row norm here shares: with `acc` this thread's part of sum(h^2) over the row,
