@@ -104,10 +104,15 @@ __device__ void qkv_rope_write(T *__restrict__ q_out, T *__restrict__ k_cache, T
 }
 
 
+// The largest power of two dividing `bytes`, at most 16: the widest vector access of a pack.
+constexpr unsigned pack_align(unsigned bytes) { return (bytes & (0u - bytes)) < 16u ? (bytes & (0u - bytes)) : 16u; }
+
 // PER consecutive elements of T, loaded and stored as one vector (or a few 16-byte ones).
-template <typename T, int PER> struct alignas((PER * sizeof(T)) & -(PER * sizeof(T)) < 16 ? (PER * sizeof(T)) & -(PER * sizeof(T)) : 16) Pack {
+template <typename T, int PER> struct alignas(pack_align(PER * sizeof(T))) Pack {
     T v[PER];
 };
+static_assert(pack_align(12) == 4 && sizeof(Pack<__nv_bfloat16, 2>) == 4 && alignof(Pack<__nv_bfloat16, 6>) == 4, "packs are unpadded");
+static_assert(sizeof(Pack<float, 8>) == 32 && alignof(Pack<float, 8>) == 16, "packs are unpadded");
 
 // One warp per (token, head), lane l holding elements PER l .. PER l + PER - 1 of the head
 // (PER = D / 32): its split-half RoPE partner, D / 2 = 16 PER elements away, is lane l ^ 16.
