@@ -326,13 +326,20 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         let (src_ptr, _src_guard) = sorted_src.device_ptr(&stream);
         // Pairs of tiles on two-CTA clusters (W read from L2 once per pair) where the device
         // can run them; `PONDER_MOE_PAIRS=0` turns them off (an A/B switch while measuring).
-        let pair_off = std::env::var("PONDER_MOE_PAIRS").is_ok_and(|v| v == "0");
+        let pair_env = std::env::var("PONDER_MOE_PAIRS").ok();
+        let pair_off = pair_env.as_deref() == Some("0");
+        let forced_pairs = pair_env.as_deref().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 1);
         let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
             let (w_ptr, _w_guard) = weights.device_ptr(&stream);
             let map = weight_map(dtype, w_ptr, e, n, k)?;
             let pair = kernel!(dev, Module::Moe, &format!("moe_wgmma_pair_{name}{suf}"))?;
             let pair_smem = ws_smem(&pair)?;
             let clusters = if pair_off { 0 } else { max_active_pairs(&pair, pair_smem)? };
+            if pair_env.is_some() {
+                static SHOWN: std::sync::Once = std::sync::Once::new();
+                SHOWN.call_once(|| eprintln!("moe pairs: {clusters} active two-CTA clusters (forced: {forced_pairs:?})"));
+            }
+            let clusters = if pair_off { 0 } else { forced_pairs.unwrap_or(clusters) };
             // Persistent: one CTA per SM (192 KB of stages each), fewer when there is less work.
             let n_tiles = n.div_ceil(WS_BN);
             let (func, smem, grid) = if clusters > 0 {
@@ -346,8 +353,8 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
             let (ni, ki) = (n as i32, k as i32);
             let mut b = func.builder();
             b.arg(out).arg(&input).arg(&map).arg(&src);
-            b.arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&ni).arg(&ki).arg(&row_tiles);
-            // SAFETY: argument list matches `moe_wgmma_*` in moe.cu; `map` describes the live
+            b.arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&ni).arg(&ki).arg(&ki).arg(&row_tiles).arg(&0i32).arg(&ki);
+            // SAFETY: argument list matches `moe_wgmma_*` in moe.cu (one k slice, A rows k apart); `map` describes the live
             // weights [e · n, k]; `input` is a live [rows, k] matrix whose rows `src` picks (each
             // < tokens), or whose sorted rows are read in place (`src` null); pair kernels get an
             // even grid (their clusters are two CTAs).
@@ -416,6 +423,14 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     Ok(wrap(out, dev, (tokens, h)))
 }
 
+/// Slices of a `k`-deep loop: about `wanted`, each at least `min_tiles` k tiles deep, each a
+/// whole number of k tiles. Returns (slices, k columns per slice).
+fn k_slices(k: usize, wanted: usize, min_tiles: usize) -> (usize, usize) {
+    let slices = wanted.clamp(1, (k / (min_tiles * BK)).max(1));
+    let chunk = k.div_ceil(slices).div_ceil(BK) * BK;
+    (k.div_ceil(chunk), chunk)
+}
+
 /// Router logits `[tokens, experts]` f32 of bf16 `x` `[tokens, hidden]` against f32 router
 /// weights given as `split` `[experts, 3 · hidden]` bf16 (each row the weights' hi, mid and lo
 /// bf16 parts side by side, `ops::moe::split_router`): one tensor-core GEMM whose products are
@@ -441,33 +456,63 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     let (ss, sl) = split.storage_and_layout();
     let x_v = view::<half::bf16>(&xs, xl, OP, "x", true)?;
     let s_v = view::<half::bf16>(&ss, sl, OP, "split", true)?;
-    // 64-row tiles, and slices of the 3 × hidden deep k loop until there are about three blocks
-    // per SM (a few hundred tokens make only a few tiles); slices of at least 8 k tiles.
     let sms = dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize;
-    let tiles = tokens.div_ceil(64) * e.div_ceil(BN);
-    let slices = (3 * sms).div_ceil(tiles).clamp(1, (three_h / (8 * BK)).max(1));
-    let k_chunk = three_h.div_ceil(slices).div_ceil(BK) * BK;
-    let slices = three_h.div_ceil(k_chunk);
+    // Hopper: the persistent warp-specialised GEMM (128 x 256 tiles), slices of the 3 × hidden
+    // deep k loop until the tiles fill the SMs once (slices of at least 4 k tiles). Elsewhere
+    // 64-row tiles, and slices until there are about three blocks per SM (at least 8 k tiles).
+    let hopper = cfg!(ponder_wgmma) && compute_major(&dev)? == 9;
+    let (slices, k_chunk) = if hopper {
+        let tiles = tokens.div_ceil(WS_BM) * e.div_ceil(WS_BN);
+        k_slices(three_h, (sms / tiles).max(1), 4)
+    } else {
+        let tiles = tokens.div_ceil(64) * e.div_ceil(BN);
+        k_slices(three_h, (3 * sms).div_ceil(tiles), 8)
+    };
     // SAFETY: every (slice, token, expert) is written by the GEMM's epilogue, and the sum writes
     // every (token, expert).
     let mut out = unsafe { dev.alloc::<f32>(tokens * e)? };
     let mut parts = if slices > 1 { Some(unsafe { dev.alloc::<f32>(slices * tokens * e)? }) } else { None };
-    let func = kernel!(dev, Module::Moe, "moe_gemm_f32out_bm64_bf16")?;
-    let (threads, smem) = gemm_shape(&func, 64)?;
-    let cfg = LaunchConfig { grid_dim: (e.div_ceil(BN) as u32, tokens.div_ceil(64) as u32, slices as u32), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
     let null = 0u64;
     let (n, k, a_cols, rows, chunk) = (e as i32, three_h as i32, h as i32, tokens as i32, k_chunk as i32);
-    let mut b = func.builder();
-    match &mut parts {
-        Some(p) => b.arg(p),
-        None => b.arg(&mut out),
-    };
-    b.arg(&x_v).arg(&s_v).arg(&null).arg(&null).arg(&null).arg(&null);
-    b.arg(&n).arg(&k).arg(&a_cols).arg(&rows).arg(&chunk);
-    // SAFETY: argument list matches `moe_gemm_f32out_*`; null tiles cut the one dense matrix,
-    // slice z writing rows [z * tokens, (z + 1) * tokens) of parts.
-    unsafe { b.launch(cfg) }.w()?;
-    drop(b);
+    if hopper {
+        let stream = dev.cuda_stream();
+        let (s_ptr, _s_guard) = s_v.device_ptr(&stream);
+        let map = weight_map(DType::BF16, s_ptr, 1, e, three_h)?;
+        let func = kernel!(dev, Module::Moe, "moe_wgmma_f32out_bf16")?;
+        let smem = ws_smem(&func)?;
+        let row_tiles = tokens.div_ceil(WS_BM);
+        let work = row_tiles * e.div_ceil(WS_BN) * slices;
+        let cfg = LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem };
+        let rt = row_tiles as i32;
+        let mut b = func.builder();
+        match &mut parts {
+            Some(p) => b.arg(p),
+            None => b.arg(&mut out),
+        };
+        b.arg(&x_v).arg(&map).arg(&null).arg(&null).arg(&null).arg(&null);
+        b.arg(&n).arg(&k).arg(&a_cols).arg(&rt).arg(&rows).arg(&chunk);
+        // SAFETY: argument list matches `moe_wgmma_f32out_bf16`; `map` describes the live split
+        // weights [e, 3h]; null tiles cut the one dense matrix, slice z writing rows
+        // [z * tokens, (z + 1) * tokens) of parts.
+        unsafe { b.launch(cfg) }.w()?;
+        drop(b);
+    } else {
+        let func = kernel!(dev, Module::Moe, "moe_gemm_f32out_bm64_bf16")?;
+        let (threads, smem) = gemm_shape(&func, 64)?;
+        let cfg =
+            LaunchConfig { grid_dim: (e.div_ceil(BN) as u32, tokens.div_ceil(64) as u32, slices as u32), block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+        let mut b = func.builder();
+        match &mut parts {
+            Some(p) => b.arg(p),
+            None => b.arg(&mut out),
+        };
+        b.arg(&x_v).arg(&s_v).arg(&null).arg(&null).arg(&null).arg(&null);
+        b.arg(&n).arg(&k).arg(&a_cols).arg(&rows).arg(&chunk);
+        // SAFETY: argument list matches `moe_gemm_f32out_*`; null tiles cut the one dense matrix,
+        // slice z writing rows [z * tokens, (z + 1) * tokens) of parts.
+        unsafe { b.launch(cfg) }.w()?;
+        drop(b);
+    }
     if let Some(parts) = &parts {
         let total = (tokens * e) as i64;
         let si = slices as i32;

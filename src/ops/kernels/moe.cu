@@ -561,38 +561,50 @@ constexpr int WS_BOX_ROWS = WS_BN / 2, WS_BOX_BYTES = WS_B_BYTES / 2;
 // Stages the producer runs ahead before it hands a stage over (its cp.async groups in flight).
 constexpr int WS_LAG = 2;
 
-// The tile this CTA computes for work item `w` (w / n_tiles: a tile slot, or with PAIR a pair
-// of slots; w % n_tiles: the column tile). False: past the last tile. `rows` 0: no tile here
-// (an empty slot); `both`: the pair's tiles share their expert.
+// The tiles of one launch: tile slots from moe_offsets (`tile_expert` etc.) or, with
+// `tile_expert` null, the 128-row tiles of one dense matrix of `dense_rows` rows (expert 0);
+// columns k read A's column k % a_cols (A rows a_cols apart); slice z of the k loop covers
+// [z k_chunk, (z + 1) k_chunk) (dense mode: it writes out[z], partial sums).
+struct WsShape {
+    const uint32_t *src, *tile_expert, *tile_start, *expert_end;
+    int N, K, a_cols, row_tiles, dense_rows, k_chunk;
+};
+
+// The tile this CTA computes for work item `w` (w % n_tiles: the column tile; the rest a tile
+// slot, or with PAIR a pair of slots). False: past the last tile. `rows` 0: no tile here (an
+// empty slot); `both`: the pair's tiles share their expert.
 template <bool PAIR>
-__device__ __forceinline__ bool ws_tile(int w, int n_tiles, int row_tiles, const uint32_t *__restrict__ tile_expert,
-                                        const uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ expert_end,
-                                        unsigned rank, uint32_t &e, int &row0, int &rows, int &n0, bool &both) {
+__device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, unsigned rank, uint32_t &e, int &row0,
+                                        int &rows, int &n0, bool &both) {
     const int slot = w / n_tiles;
     n0 = (w % n_tiles) * WS_BN;
     uint32_t mine = NONE;
     both = false;
+    if (!g.tile_expert) {
+        e = 0;
+        row0 = slot * WS_BM;
+        rows = min(WS_BM, g.dense_rows - row0);
+        return true;
+    }
     if (PAIR) {
         // Slot 2i is filled in every pair but the ones past the end.
-        const uint32_t first = tile_expert[2 * slot];
+        const uint32_t first = g.tile_expert[2 * slot];
         if (first == NONE) return false;
-        const uint32_t second = 2 * slot + 1 < row_tiles ? tile_expert[2 * slot + 1] : NONE;
+        const uint32_t second = 2 * slot + 1 < g.row_tiles ? g.tile_expert[2 * slot + 1] : NONE;
         both = first == second;
         mine = rank ? second : first;
-        row0 = mine == NONE ? 0 : (int)tile_start[2 * slot + rank];
+        row0 = mine == NONE ? 0 : (int)g.tile_start[2 * slot + rank];
     } else {
-        mine = tile_expert[slot];
-        row0 = mine == NONE ? 0 : (int)tile_start[slot];
+        mine = g.tile_expert[slot];
+        row0 = mine == NONE ? 0 : (int)g.tile_start[slot];
     }
     e = mine;
-    rows = mine == NONE ? 0 : min(WS_BM, (int)expert_end[mine] - row0);
+    rows = mine == NONE ? 0 : min(WS_BM, (int)g.expert_end[mine] - row0);
     return true;
 }
 
-template <typename T, Epilogue EPI, bool PAIR>
-__device__ void ws_gemm(T *__restrict__ out, const T *__restrict__ A, const TmaMap *wmap, const uint32_t *__restrict__ src,
-                        const uint32_t *__restrict__ tile_expert, const uint32_t *__restrict__ tile_start,
-                        const uint32_t *__restrict__ expert_end, int N, int K, int row_tiles) {
+template <typename T, typename O, Epilogue EPI, bool PAIR>
+__device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaMap *wmap, const WsShape g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char ws_smem[];
     // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
@@ -603,8 +615,14 @@ __device__ void ws_gemm(T *__restrict__ out, const T *__restrict__ A, const TmaM
     const int tid = threadIdx.x, wg = tid / 128;
     const unsigned rank = PAIR ? cluster_rank() : 0;
     const int unit = PAIR ? blockIdx.x / 2 : blockIdx.x, units = PAIR ? gridDim.x / 2 : gridDim.x;
-    const int n_tiles = (N + WS_BN - 1) / WS_BN, k_tiles = (K + BK - 1) / BK;
-    const int total = (PAIR ? (row_tiles + 1) / 2 : row_tiles) * n_tiles;
+    const int N = g.N, K = g.K;
+    const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = PAIR ? (g.row_tiles + 1) / 2 : g.row_tiles;
+    const int per_slice = slots * n_tiles, total = per_slice * ((K + g.k_chunk - 1) / g.k_chunk);
+    // Work item w: slice w / per_slice, its k tiles [k_begin, k_end).
+    auto k_range = [&](int w, int &k_begin, int &k_tiles) {
+        k_begin = (w / per_slice) * g.k_chunk;
+        k_tiles = (min(K, k_begin + g.k_chunk) - k_begin + BK - 1) / BK;
+    };
     if (tid == 0) {
         for (int s = 0; s < STAGES2; ++s) {
             mbar_init(full + 8 * s, 129);
@@ -623,20 +641,23 @@ __device__ void ws_gemm(T *__restrict__ out, const T *__restrict__ A, const TmaM
         const int kc = tid & 7;
         int it = 0, handed = 0;
         for (int w = unit; w < total; w += units) {
-            if (!ws_tile<PAIR>(w, n_tiles, row_tiles, tile_expert, tile_start, expert_end, rank, e, row0, rows, n0, both)) break;
+            if (!ws_tile<PAIR>(w % per_slice, n_tiles, g, rank, e, row0, rows, n0, both)) break;
             if (!PAIR && rows == 0) continue;
+            int k_begin, k_tiles;
+            k_range(w, k_begin, k_tiles);
+            const int k_end = min(K, k_begin + g.k_chunk);
             uint32_t a_row[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int r = tid / 8 + 16 * i;
-                a_row[i] = r < rows ? (src ? src[row0 + r] : (uint32_t)(row0 + r)) : NONE;
+                a_row[i] = r < rows ? (g.src ? g.src[row0 + r] : (uint32_t)(row0 + r)) : NONE;
             }
             const int w_row = (int)e * N + n0;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int s = it % STAGES2;
                 mbar_wait(empty + 8 * s, ((it / STAGES2) & 1) ^ 1);
                 const unsigned stage = smem + s * WS_STAGE;
-                const int k0 = kt * BK;
+                const int k0 = k_begin + kt * BK;
                 if (tid == 0) {
                     if (rows == 0) {
                         mbar_arrive(full + 8 * s); // an empty slot: no W
@@ -651,11 +672,12 @@ __device__ void ws_gemm(T *__restrict__ out, const T *__restrict__ A, const TmaM
                         }
                     }
                 }
-                const bool k_ok = k0 + kc * 8 < K;
+                const bool k_ok = k0 + kc * 8 < k_end;
+                const int ka = k0 % g.a_cols + kc * 8;
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     const bool ok = k_ok && a_row[i] != NONE;
-                    cp_async16(stage + tile_offset(tid / 8 + 16 * i, kc), ok ? A + (size_t)a_row[i] * K + k0 + kc * 8 : A, ok);
+                    cp_async16(stage + tile_offset(tid / 8 + 16 * i, kc), ok ? A + (size_t)a_row[i] * g.a_cols + ka : A, ok);
                 }
                 cp_async_commit();
                 if (it + 1 - handed > WS_LAG) {
@@ -681,8 +703,10 @@ __device__ void ws_gemm(T *__restrict__ out, const T *__restrict__ A, const TmaM
         float acc[128];
         int it = 0;
         for (int w = unit; w < total; w += units) {
-            if (!ws_tile<PAIR>(w, n_tiles, row_tiles, tile_expert, tile_start, expert_end, rank, e, row0, rows, n0, both)) break;
+            if (!ws_tile<PAIR>(w % per_slice, n_tiles, g, rank, e, row0, rows, n0, both)) break;
             if (!PAIR && rows == 0) continue;
+            int k_begin, k_tiles;
+            k_range(w, k_begin, k_tiles);
 #pragma unroll
             for (int i = 0; i < 128; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
@@ -706,11 +730,12 @@ __device__ void ws_gemm(T *__restrict__ out, const T *__restrict__ A, const TmaM
             // Accumulator v of n8 tile j (acc[j * 4 + v]) holds row lane / 4 (+ 8 for v >= 2) of the
             // warp's 16 rows, columns 2 * (lane % 4) + (v & 1) of the tile: mma.sync's layout per n8 tile.
             const int out_w = EPI == SWIGLU ? N / 2 : N;
+            O *slice_out = out + (size_t)(w / per_slice) * (g.tile_expert ? 0 : g.dense_rows) * out_w;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int r = c * 64 + warp * 16 + (lane >> 2) + h * 8;
                 if (r >= rows) continue;
-                store_row<T, T, EPI, WS_BN / 8>(out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
+                store_row<T, O, EPI, WS_BN / 8>(slice_out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
             }
         }
     }
@@ -799,7 +824,10 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
 #define GEMM_ARGS                                                                                              \
     const uint32_t *src, const uint32_t *te, const uint32_t *ts, const uint32_t *ee, int N, int K, int a_cols,     \
         int dense_rows
-#define WS_ARGS const uint32_t *src, const uint32_t *te, const uint32_t *ts, const uint32_t *ee, int N, int K, int row_tiles
+#define WS_ARGS                                                                                                \
+    const uint32_t *src, const uint32_t *te, const uint32_t *ts, const uint32_t *ee, int N, int K, int a_cols,    \
+        int row_tiles, int dense_rows, int k_chunk
+#define WS_SHAPE WsShape{src, te, ts, ee, N, K, a_cols, row_tiles, dense_rows, k_chunk}
 #define GEMM_PASS src, te, ts, ee, N, K, a_cols, dense_rows, K
 #define MOE_OPS(T, SUF)                                                                                        \
     extern "C" __global__ void moe_gemm_swiglu_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {          \
@@ -810,19 +838,19 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
         moe_wgmma_swiglu_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {               \
-        ws_gemm<T, SWIGLU, false>(out, A, &wmap, src, te, ts, ee, N, K, row_tiles);                              \
+        ws_gemm<T, T, SWIGLU, false>(out, A, &wmap, WS_SHAPE);                                       \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
         moe_wgmma_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {                      \
-        ws_gemm<T, PLAIN, false>(out, A, &wmap, src, te, ts, ee, N, K, row_tiles);                               \
+        ws_gemm<T, T, PLAIN, false>(out, A, &wmap, WS_SHAPE);                                         \
     }                                                                                                          \
     extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WS_THREADS, 1)                   \
         moe_wgmma_pair_swiglu_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {          \
-        ws_gemm<T, SWIGLU, true>(out, A, &wmap, src, te, ts, ee, N, K, row_tiles);                               \
+        ws_gemm<T, T, SWIGLU, true>(out, A, &wmap, WS_SHAPE);                                         \
     }                                                                                                          \
     extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WS_THREADS, 1)                   \
         moe_wgmma_pair_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {                 \
-        ws_gemm<T, PLAIN, true>(out, A, &wmap, src, te, ts, ee, N, K, row_tiles);                                \
+        ws_gemm<T, T, PLAIN, true>(out, A, &wmap, WS_SHAPE);                                          \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                 \
         moe_gemm<T, T, 64, 32, PLAIN>(out, A, W, GEMM_PASS);                                                        \
@@ -840,4 +868,10 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
     }
 
 MOE_OPS(__nv_bfloat16, bf16)
+
+// The router's logits on the Hopper GEMM: dense, f32 partial sums per k slice (see moe_gemm_f32out_*).
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+    moe_wgmma_f32out_bf16(float *out, const __nv_bfloat16 *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {
+    ws_gemm<__nv_bfloat16, float, F32_OUT, false>(out, A, &wmap, WS_SHAPE);
+}
 MOE_OPS(__half, f16)
