@@ -1405,7 +1405,7 @@ fn grouped_moe_kernels_match_the_composition() {
         ("tails, 128-row tiles: hidden 200, width 48", 1000, 8, 2, 48, 200, false),
         // The warp-specialised Hopper GEMM with a k tail (down: k 144) and several tiles per CTA.
         ("k tail, 128-row tiles: hidden 512, width 144", 900, 8, 2, 144, 512, true),
-        // Odd tile counts: experts' last tiles paired across experts, likely one pair half empty.
+        // Short experts: about one 128-row tile each (100 rows on average), some two.
         ("odd tiles, 128-row tiles: 700 tokens, 7 experts, top 1", 700, 7, 1, 64, 256, false),
     ];
     for dtype in [DType::BF16, DType::F16] {

@@ -90,9 +90,9 @@ pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &Stacked
     if gh != h || ids.dims() != [tokens, k] || weights.dims() != ids.dims() || two_w % 32 != 0 || h % 8 != 0 || h > 8192 {
         bail!("{OP} (cuda): x {:?}, ids {:?}, weights {:?}, gate_up {:?}", x.dims(), ids.dims(), weights.dims(), gate_up.dims());
     }
-    // The grouping kernels keep three counters per expert in shared memory (48 KB by default).
-    if e > 4096 {
-        bail!("{OP} (cuda): {e} experts (at most 4096)");
+    // The grouping kernels keep two counters per expert in shared memory (48 KB by default).
+    if e > 6144 {
+        bail!("{OP} (cuda): {e} experts (at most 6144)");
     }
     let shared = shared.map(|s| s.contiguous()).transpose()?;
     if let Some(s) = &shared {
@@ -170,27 +170,6 @@ fn ws_smem(func: &CudaFunction) -> Result<u32> {
     Ok(smem as u32)
 }
 
-/// How many two-CTA clusters of the pair kernel `func` (compiled with `__cluster_dims__(2, 1, 1)`)
-/// the device runs at once with `smem` bytes each: its persistent grid. 0 where it runs none.
-fn max_active_pairs(func: &CudaFunction, smem: u32) -> Result<usize> {
-    let config = sys::CUlaunchConfig {
-        gridDimX: 2,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: WS_THREADS,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: smem,
-        hStream: std::ptr::null_mut(),
-        attrs: std::ptr::null_mut(),
-        numAttrs: 0,
-    };
-    let mut clusters = 0i32;
-    // SAFETY: `config` and `clusters` outlive the call; the function handle is live (`func`).
-    unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, func.cu_function(), &config) }.result().w()?;
-    Ok(clusters.max(0) as usize)
-}
-
 /// A TMA descriptor (`CUtensorMap`), passed to a kernel by value (`__grid_constant__`).
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
@@ -200,8 +179,8 @@ struct TmaMap(sys::CUtensorMap);
 unsafe impl DeviceRepr for TmaMap {}
 
 /// The TMA map of stacked expert weights `[experts, n, k]` read as one 2-D tensor `[experts · n,
-/// k]` in boxes of 64 columns × 128 rows with 128-byte swizzle (halves of the warp-specialised
-/// GEMM's W tiles). `ptr` is the weights' device address (16-byte aligned; k a multiple of 8).
+/// k]` in boxes of 64 columns × 256 rows with 128-byte swizzle (the warp-specialised GEMM's W
+/// tiles). `ptr` is the weights' device address (16-byte aligned; k a multiple of 8).
 fn weight_map(dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Result<TmaMap> {
     use sys::{CUtensorMapDataType as D, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle};
     let dtype = if dtype == DType::BF16 { D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
@@ -211,7 +190,7 @@ fn weight_map(dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Res
     }
     let dims = [k as u64, (experts * n) as u64];
     let strides = [(k * 2) as u64];
-    let boxes = [BK as u32, (WS_BN / 2) as u32];
+    let boxes = [BK as u32, WS_BN as u32];
     let steps = [1u32, 1];
     let mut map = TmaMap(sys::CUtensorMap { opaque: [0; 16] });
     // SAFETY: every array outlives the call and has the rank-2 lengths the driver reads (strides:
@@ -257,8 +236,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let pairs = tokens * k;
     // Taller tiles once experts average enough rows to fill them.
     let bm = if pairs / e >= 96 { 128 } else { 64 };
-    // Every expert's tiles, and one slot a pair of odd tiles may leave empty (`moe_offsets`).
-    let max_tiles = pairs.div_ceil(bm) + e + 1;
+    let max_tiles = pairs.div_ceil(bm) + e;
     // Row tiles are the mma.sync grid's second dimension (at most 65535 blocks).
     if max_tiles > 65_535 {
         bail!("{OP} (cuda): {pairs} routed pairs need {max_tiles} row tiles (at most 65535)");
@@ -300,7 +278,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let offsets = kernel!(dev, Module::Moe, "moe_offsets")?;
     let mut b = offsets.builder();
     b.arg(&mut cursor).arg(&mut expert_end).arg(&mut tile_expert).arg(&mut tile_start).arg(&counts).arg(&ei).arg(&bmi).arg(&mt);
-    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: (3 * e * 4) as u32 };
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: (2 * e * 4) as u32 };
     // SAFETY: argument list matches `moe_offsets` in moe.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -324,40 +302,21 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         // (all on the device's one stream).
         let (x_ptr, _x_guard) = x_v.device_ptr(&stream);
         let (src_ptr, _src_guard) = sorted_src.device_ptr(&stream);
-        // Pairs of tiles on two-CTA clusters (W read from L2 once per pair) where the device
-        // can run them; `PONDER_MOE_PAIRS=0` turns them off (an A/B switch while measuring).
-        let pair_env = std::env::var("PONDER_MOE_PAIRS").ok();
-        let pair_off = pair_env.as_deref() == Some("0");
-        let forced_pairs = pair_env.as_deref().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 1);
         let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
             let (w_ptr, _w_guard) = weights.device_ptr(&stream);
             let map = weight_map(dtype, w_ptr, e, n, k)?;
-            let pair = kernel!(dev, Module::Moe, &format!("moe_wgmma_pair_{name}{suf}"))?;
-            let pair_smem = ws_smem(&pair)?;
-            let clusters = if pair_off { 0 } else { max_active_pairs(&pair, pair_smem)? };
-            if pair_env.is_some() {
-                static SHOWN: std::sync::Once = std::sync::Once::new();
-                SHOWN.call_once(|| eprintln!("moe pairs: {clusters} active two-CTA clusters (forced: {forced_pairs:?})"));
-            }
-            let clusters = if pair_off { 0 } else { forced_pairs.unwrap_or(clusters) };
-            // Persistent: one CTA per SM (192 KB of stages each), fewer when there is less work.
-            let n_tiles = n.div_ceil(WS_BN);
-            let (func, smem, grid) = if clusters > 0 {
-                (pair, pair_smem, 2 * clusters.min(max_tiles.div_ceil(2) * n_tiles))
-            } else {
-                let single = kernel!(dev, Module::Moe, &format!("moe_wgmma_{name}{suf}"))?;
-                let smem = ws_smem(&single)?;
-                (single, smem, (max_tiles * n_tiles).min(sms))
-            };
-            let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem };
+            let func = kernel!(dev, Module::Moe, &format!("moe_wgmma_{name}{suf}"))?;
+            let smem = ws_smem(&func)?;
+            // Persistent: one CTA per SM (192 KB of stages each), fewer when there are fewer tiles.
+            let work = max_tiles * n.div_ceil(WS_BN);
+            let cfg = LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem };
             let (ni, ki) = (n as i32, k as i32);
             let mut b = func.builder();
             b.arg(out).arg(&input).arg(&map).arg(&src);
             b.arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&ni).arg(&ki).arg(&ki).arg(&row_tiles).arg(&0i32).arg(&ki);
-            // SAFETY: argument list matches `moe_wgmma_*` in moe.cu (one k slice, A rows k apart); `map` describes the live
-            // weights [e · n, k]; `input` is a live [rows, k] matrix whose rows `src` picks (each
-            // < tokens), or whose sorted rows are read in place (`src` null); pair kernels get an
-            // even grid (their clusters are two CTAs).
+            // SAFETY: argument list matches `moe_wgmma_*` in moe.cu (one k slice, A rows k apart);
+            // `map` describes the live weights [e · n, k]; `input` is a live [rows, k] matrix whose
+            // rows `src` picks (each < tokens), or whose sorted rows are read in place (`src` null).
             unsafe { b.launch(cfg) }.w()?;
             Ok(())
         };

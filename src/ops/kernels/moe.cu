@@ -10,8 +10,8 @@
 //   weights [T, K] f32.
 // moe_count, moe_offsets, moe_scatter: count the (token, k) pairs per expert, lay them out
 //   expert by expert (sorted position of each pair, the source row token = pair / K of each
-//   sorted position) and cut every expert's rows into tiles of BM rows for the GEMMs, placed in
-//   pairs of slots (see expert_offsets; unused slots: expert ~0).
+//   sorted position) and cut every expert's rows into tiles of BM rows for the GEMMs (unused tile
+//   slots, at the end: expert ~0).
 // moe_gemm_*: out[r] = A[src(r)] · W[e]^T for the rows r of each tile, W [E, N, K] row-major.
 //   bf16/f16 mma.sync m16n8k16 with f32 accumulators fed by ldmatrix from XOR-swizzled shared
 //   tiles, block tiles BM x 128 x 64, three cp.async stages, four warps (64 x 32 warp tiles at
@@ -162,52 +162,53 @@ __device__ void count_pairs(uint32_t *__restrict__ counts, const uint32_t *__res
         if (hist[e]) atomicAdd(&counts[e], hist[e]);
 }
 
-// moe_offsets: one block; shared memory 3 * E u32. Lays the experts' rows out one after the
-// other (`cursor` = each expert's first sorted row, `expert_end` = one past its last) and cuts
-// every expert's rows into tiles of `bm`, placed in tile slots by pairs (slots 2i and 2i + 1) for
-// the Hopper GEMM's two-CTA clusters: an expert's tiles two by two in consecutive pairs (one
-// expert: its W slices are shared), and an expert's odd last tile together with the next odd
-// expert's (two experts), so that every expert's tiles stay near each other in slot order.
-// Unused slots (at most one inside, the rest at the end): expert NONE.
+// moe_offsets: one block of blockDim threads (a multiple of 32, at most 1024); shared memory
+// 2 * E u32. Lays the experts' rows out one after the other (`cursor` = each expert's first
+// sorted row, `expert_end` = one past its last) and cuts every expert's rows into tiles of `bm`
+// in expert order (unused tile slots at the end: expert NONE). Thread i sums a contiguous run of
+// experts; a scan over the threads' sums gives every run its first row and tile.
 __device__ void expert_offsets(uint32_t *__restrict__ cursor, uint32_t *__restrict__ expert_end,
                                uint32_t *__restrict__ tile_expert, uint32_t *__restrict__ tile_start,
                                const uint32_t *__restrict__ counts, int E, int bm, int max_tiles) {
     extern __shared__ uint32_t offs[];
-    uint32_t *start = offs, *first_slot = offs + E, *odd_slot = offs + 2 * E;
-    for (int t = threadIdx.x; t < max_tiles; t += blockDim.x) tile_expert[t] = NONE;
-    if (threadIdx.x == 0) {
-        uint32_t row = 0, pair = 0, pending = NONE;
-        for (int e = 0; e < E; ++e) {
-            const uint32_t tiles = (counts[e] + bm - 1) / bm;
-            start[e] = row;
-            row += counts[e];
-            first_slot[e] = 2 * pair;
-            pair += tiles / 2;
-            odd_slot[e] = NONE;
-            if (tiles % 2) {
-                if (pending == NONE) {
-                    odd_slot[e] = 2 * pair;
-                    pending = pair++;
-                } else {
-                    odd_slot[e] = 2 * pending + 1;
-                    pending = NONE;
-                }
-            }
-        }
+    uint32_t *start = offs, *first_tile = offs + E;
+    __shared__ uint64_t warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int per = (E + blockDim.x - 1) / blockDim.x, e0 = min(E, (int)threadIdx.x * per), e1 = min(E, e0 + per);
+    // (rows << 32) | tiles: both sums stay below 2^32, so one 64-bit scan carries both.
+    uint64_t mine = 0;
+    for (int e = e0; e < e1; ++e) mine += ((uint64_t)counts[e] << 32) | ((counts[e] + bm - 1) / bm);
+    uint64_t incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
     }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    uint64_t before = incl - mine, total = 0;
+    for (int w = 0; w < warps; ++w) {
+        if (w < warp) before += warp_sums[w];
+        total += warp_sums[w];
+    }
+    uint32_t row = (uint32_t)(before >> 32), tile = (uint32_t)before;
+    for (int e = e0; e < e1; ++e) {
+        start[e] = row;
+        first_tile[e] = tile;
+        row += counts[e];
+        tile += (counts[e] + bm - 1) / bm;
+    }
+    const uint32_t total_tiles = min((uint32_t)total, (uint32_t)max_tiles);
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         cursor[e] = start[e];
         expert_end[e] = start[e] + counts[e];
-        const uint32_t tiles = (counts[e] + bm - 1) / bm;
-        for (uint32_t j = 0; j < tiles; ++j) {
-            const uint32_t t = j + 1 == tiles && odd_slot[e] != NONE ? odd_slot[e] : first_slot[e] + j;
-            if (t < (uint32_t)max_tiles) {
-                tile_expert[t] = e;
-                tile_start[t] = start[e] + j * bm;
-            }
+        for (uint32_t r = 0, t = first_tile[e]; r < counts[e] && t < (uint32_t)max_tiles; r += bm, ++t) {
+            tile_expert[t] = e;
+            tile_start[t] = start[e] + r;
         }
     }
+    for (int t = total_tiles + threadIdx.x; t < max_tiles; t += blockDim.x) tile_expert[t] = NONE;
 }
 
 // moe_scatter: grid ceil(pairs / blockDim). Places each pair at the next free row of its expert
@@ -516,31 +517,10 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
                  ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
-// The same box into `dst` of both CTAs of the cluster, completing on `bar` of each.
-__device__ __forceinline__ void tma_load_2d_both(unsigned dst, const TmaMap *map, int c0, int c1, unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
-                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"((uint16_t)3)
-                 : "memory");
-}
-// Arrival on the barrier at `bar`'s offset in CTA `cta` of the cluster.
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
-    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
-                 ::"r"(bar), "r"(cta)
-                 : "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // The grouped GEMM of moe_gemm at 128 x 256 tiles on Hopper: persistent (CTAs stride over the
-// work, column tiles of a row tile consecutive, so an A tile and an expert's W slices are read
+// work items of WsShape, column tiles of a row tile consecutive, so an A tile and an expert's W slices are read
 // from DRAM about once) and warp-specialised. Warpgroup 0 produces: W tiles [256 x 64] by TMA
-// from `wmap` (W as a 2-D tensor [E * N, K], boxes of 64 x 128 with 128-byte swizzle; rows past
+// from `wmap` (W as a 2-D tensor [E * N, K], boxes of 64 x 256 with 128-byte swizzle; rows past
 // an expert's N are the next expert's or, past the end, zeros, and land only in columns the
 // epilogue skips), A tiles [128 x 64] gathered through `src` by cp.async (rows past the tile's
 // and columns past K zero-filled), into STAGES2 stages. Warpgroups 1 and 2 consume: 64 rows x
@@ -549,74 +529,49 @@ __device__ __forceinline__ void cluster_sync() {
 // Stage s is handed over by two mbarriers: full[s] (128 producer arrivals after each thread's
 // cp.async completed and was fenced for the async proxy, plus the TMA's bytes) and empty[s] (one
 // arrival per consumer warp once its MMAs reading the stage are done).
-//
-// PAIR: clusters of two CTAs take the two tile slots of a pair (expert_offsets). When both tiles
-// are one expert's, each CTA loads half of every W tile into both CTAs (TMA multicast): the
-// pair reads W from L2 once, not twice. Otherwise each loads its own W; a pair's empty slot is
-// a CTA that runs the stages without MMAs. Either way the two CTAs step together: empty[s]
-// counts the consumer warps of both, since a multicast writes into the other CTA's stage.
 constexpr int WS_BM = 128, WS_BN = 256, STAGES2 = 4, WS_THREADS = 384;
 constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS_STAGE = WS_A_BYTES + WS_B_BYTES;
-constexpr int WS_BOX_ROWS = WS_BN / 2, WS_BOX_BYTES = WS_B_BYTES / 2;
 // Stages the producer runs ahead before it hands a stage over (its cp.async groups in flight).
 constexpr int WS_LAG = 2;
 
 // The tiles of one launch: tile slots from moe_offsets (`tile_expert` etc.) or, with
 // `tile_expert` null, the 128-row tiles of one dense matrix of `dense_rows` rows (expert 0);
 // columns k read A's column k % a_cols (A rows a_cols apart); slice z of the k loop covers
-// [z k_chunk, (z + 1) k_chunk) (dense mode: it writes out[z], partial sums).
+// [z k_chunk, (z + 1) k_chunk) (dense mode only: it writes out[z], partial sums).
 struct WsShape {
     const uint32_t *src, *tile_expert, *tile_start, *expert_end;
     int N, K, a_cols, row_tiles, dense_rows, k_chunk;
 };
 
-// The tile this CTA computes for work item `w` (w % n_tiles: the column tile; the rest a tile
-// slot, or with PAIR a pair of slots). False: past the last tile. `rows` 0: no tile here (an
-// empty slot); `both`: the pair's tiles share their expert.
-template <bool PAIR>
-__device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, unsigned rank, uint32_t &e, int &row0,
-                                        int &rows, int &n0, bool &both) {
+// The tile this CTA computes for work item `w` (w / n_tiles: a tile slot, w % n_tiles: the
+// column tile). False: past the last tile (unused slots are at the end).
+__device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, uint32_t &e, int &row0, int &rows, int &n0) {
     const int slot = w / n_tiles;
     n0 = (w % n_tiles) * WS_BN;
-    uint32_t mine = NONE;
-    both = false;
     if (!g.tile_expert) {
         e = 0;
         row0 = slot * WS_BM;
         rows = min(WS_BM, g.dense_rows - row0);
         return true;
     }
-    if (PAIR) {
-        // Slot 2i is filled in every pair but the ones past the end.
-        const uint32_t first = g.tile_expert[2 * slot];
-        if (first == NONE) return false;
-        const uint32_t second = 2 * slot + 1 < g.row_tiles ? g.tile_expert[2 * slot + 1] : NONE;
-        both = first == second;
-        mine = rank ? second : first;
-        row0 = mine == NONE ? 0 : (int)g.tile_start[2 * slot + rank];
-    } else {
-        mine = g.tile_expert[slot];
-        row0 = mine == NONE ? 0 : (int)g.tile_start[slot];
-    }
-    e = mine;
-    rows = mine == NONE ? 0 : min(WS_BM, (int)g.expert_end[mine] - row0);
+    e = g.tile_expert[slot];
+    if (e == NONE) return false;
+    row0 = (int)g.tile_start[slot];
+    rows = min(WS_BM, (int)g.expert_end[e] - row0);
     return true;
 }
 
-template <typename T, typename O, Epilogue EPI, bool PAIR>
+template <typename T, typename O, Epilogue EPI>
 __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaMap *wmap, const WsShape g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char ws_smem[];
     // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
-    // (the launch asks for 1 KB more), the barriers after them; both at the same offsets in
-    // every CTA (multicasts and remote arrivals address the other CTA's by this CTA's offsets).
+    // (the launch asks for 1 KB more), the barriers after them.
     const unsigned smem = ((unsigned)__cvta_generic_to_shared(ws_smem) + 1023u) & ~1023u;
     const unsigned full = smem + STAGES2 * WS_STAGE, empty = full + STAGES2 * 8;
     const int tid = threadIdx.x, wg = tid / 128;
-    const unsigned rank = PAIR ? cluster_rank() : 0;
-    const int unit = PAIR ? blockIdx.x / 2 : blockIdx.x, units = PAIR ? gridDim.x / 2 : gridDim.x;
     const int N = g.N, K = g.K;
-    const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = PAIR ? (g.row_tiles + 1) / 2 : g.row_tiles;
+    const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = g.row_tiles;
     const int per_slice = slots * n_tiles, total = per_slice * ((K + g.k_chunk - 1) / g.k_chunk);
     // Work item w: slice w / per_slice, its k tiles [k_begin, k_end).
     auto k_range = [&](int w, int &k_begin, int &k_tiles) {
@@ -626,23 +581,20 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     if (tid == 0) {
         for (int s = 0; s < STAGES2; ++s) {
             mbar_init(full + 8 * s, 129);
-            mbar_init(empty + 8 * s, PAIR ? 16 : 8);
+            mbar_init(empty + 8 * s, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (PAIR) cluster_sync(); // the other CTA's barriers are initialised before anything reaches them
 
     uint32_t e;
     int row0, rows, n0;
-    bool both;
     if (wg == 0) {
         // Producer: thread t loads 16-byte chunk t % 8 of A rows t / 8 + 16 i.
         const int kc = tid & 7;
         int it = 0, handed = 0;
-        for (int w = unit; w < total; w += units) {
-            if (!ws_tile<PAIR>(w % per_slice, n_tiles, g, rank, e, row0, rows, n0, both)) break;
-            if (!PAIR && rows == 0) continue;
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
+            if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_tiles;
             k_range(w, k_begin, k_tiles);
             const int k_end = min(K, k_begin + g.k_chunk);
@@ -659,18 +611,8 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                 const unsigned stage = smem + s * WS_STAGE;
                 const int k0 = k_begin + kt * BK;
                 if (tid == 0) {
-                    if (rows == 0) {
-                        mbar_arrive(full + 8 * s); // an empty slot: no W
-                    } else {
-                        mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
-                        const unsigned b = stage + WS_A_BYTES;
-                        if (PAIR && both) {
-                            tma_load_2d_both(b + rank * WS_BOX_BYTES, wmap, k0, w_row + rank * WS_BOX_ROWS, full + 8 * s);
-                        } else {
-                            tma_load_2d(b, wmap, k0, w_row, full + 8 * s);
-                            tma_load_2d(b + WS_BOX_BYTES, wmap, k0, w_row + WS_BOX_ROWS, full + 8 * s);
-                        }
-                    }
+                    mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
+                    tma_load_2d(stage + WS_A_BYTES, wmap, k0, w_row, full + 8 * s);
                 }
                 const bool k_ok = k0 + kc * 8 < k_end;
                 const int ka = k0 % g.a_cols + kc * 8;
@@ -695,16 +637,12 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
         // Consumers: warpgroup c = wg - 1 takes rows 64 c .. of the tile.
         const int c = wg - 1, warp = (tid / 32) % 4, lane = tid & 31;
         auto release = [&](int stage_it) {
-            if (lane == 0) {
-                mbar_arrive(empty + 8 * (stage_it % STAGES2));
-                if (PAIR) mbar_arrive_cluster(empty + 8 * (stage_it % STAGES2), rank ^ 1);
-            }
+            if (lane == 0) mbar_arrive(empty + 8 * (stage_it % STAGES2));
         };
         float acc[128];
         int it = 0;
-        for (int w = unit; w < total; w += units) {
-            if (!ws_tile<PAIR>(w % per_slice, n_tiles, g, rank, e, row0, rows, n0, both)) break;
-            if (!PAIR && rows == 0) continue;
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
+            if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_tiles;
             k_range(w, k_begin, k_tiles);
 #pragma unroll
@@ -712,15 +650,12 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int s = it % STAGES2;
                 mbar_wait(full + 8 * s, (it / STAGES2) & 1);
-                if (rows > 0) {
-                    const unsigned a_base = smem + s * WS_STAGE + c * 64 * ROW_BYTES, b_base = smem + s * WS_STAGE + WS_A_BYTES;
-                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                const unsigned a_base = smem + s * WS_STAGE + c * 64 * ROW_BYTES, b_base = smem + s * WS_STAGE + WS_A_BYTES;
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-                    for (int kk = 0; kk < BK / 16; ++kk)
-                        wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
-                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-                }
-                // The previous k tile's MMAs are done: its stage goes back to the producer(s).
+                for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                // The previous k tile's MMAs are done: its stage goes back to the producer.
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
                 if (kt > 0) release(it - 1);
             }
@@ -739,9 +674,6 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             }
         }
     }
-    // Neither CTA of a pair leaves while the other may still write into its stages or arrive on
-    // its barriers.
-    if (PAIR) cluster_sync();
 #else
     __trap(); // launched only on sm_90 devices (the host checks), whose PTX target is sm_90a
 #endif
@@ -838,19 +770,11 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
         moe_wgmma_swiglu_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {               \
-        ws_gemm<T, T, SWIGLU, false>(out, A, &wmap, WS_SHAPE);                                       \
+        ws_gemm<T, T, SWIGLU>(out, A, &wmap, WS_SHAPE);                                              \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
         moe_wgmma_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {                      \
-        ws_gemm<T, T, PLAIN, false>(out, A, &wmap, WS_SHAPE);                                         \
-    }                                                                                                          \
-    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WS_THREADS, 1)                   \
-        moe_wgmma_pair_swiglu_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {          \
-        ws_gemm<T, T, SWIGLU, true>(out, A, &wmap, WS_SHAPE);                                         \
-    }                                                                                                          \
-    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WS_THREADS, 1)                   \
-        moe_wgmma_pair_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {                 \
-        ws_gemm<T, T, PLAIN, true>(out, A, &wmap, WS_SHAPE);                                          \
+        ws_gemm<T, T, PLAIN>(out, A, &wmap, WS_SHAPE);                                                \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                 \
         moe_gemm<T, T, 64, 32, PLAIN>(out, A, W, GEMM_PASS);                                                        \
@@ -872,6 +796,6 @@ MOE_OPS(__nv_bfloat16, bf16)
 // The router's logits on the Hopper GEMM: dense, f32 partial sums per k slice (see moe_gemm_f32out_*).
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
     moe_wgmma_f32out_bf16(float *out, const __nv_bfloat16 *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {
-    ws_gemm<__nv_bfloat16, float, F32_OUT, false>(out, A, &wmap, WS_SHAPE);
+    ws_gemm<__nv_bfloat16, float, F32_OUT>(out, A, &wmap, WS_SHAPE);
 }
 MOE_OPS(__half, f16)
