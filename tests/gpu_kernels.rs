@@ -1403,10 +1403,12 @@ fn grouped_moe_kernels_match_the_composition() {
         // Widths off the tiles: k tails (hidden 200, width 48) and N tails, at both tile heights.
         ("tails, 64-row tiles: hidden 200, width 48", 300, 8, 2, 48, 200, true),
         ("tails, 128-row tiles: hidden 200, width 48", 1000, 8, 2, 48, 200, false),
-        // The warp-specialised Hopper GEMM with a k tail (down: k 144) and several tiles per CTA.
+        // The Hopper GEMMs with a k tail (down: k 144, three 64-column chunks of A resident).
         ("k tail, 128-row tiles: hidden 512, width 144", 900, 8, 2, 144, 512, true),
         // Short experts: about one 128-row tile each (100 rows on average), some two.
-        ("odd tiles, 128-row tiles: 700 tokens, 7 experts, top 1", 700, 7, 1, 64, 256, false),
+        ("short experts, 128-row tiles: 700 tokens, 7 experts, top 1", 700, 7, 1, 64, 256, false),
+        // More row tiles than SMs: each CTA of the persistent kernels takes several.
+        ("many row tiles: 5000 tokens, 16 experts, top 4", 5000, 16, 4, 64, 256, true),
     ];
     for dtype in [DType::BF16, DType::F16] {
         for (name, tokens, e, k, w, h, with_shared) in cases {

@@ -18,9 +18,9 @@ import sys
 
 FAMILIES = [
     # Ours first: their names contain "gemm" too.
+    ("MoE router logits (ours)", r"moe_gemm_f32out|moe_wgmma_f32out|moe_sum_slices"),
     ("MoE grouped expert GEMMs (ours)", r"moe_wgmma|moe_gemm_swiglu|moe_gemm_bm"),
-    ("MoE router logits (ours)", r"moe_gemm_f32out"),
-    ("MoE routing and grouping (ours)", r"moe_route|moe_count|moe_offsets|moe_scatter|moe_sum_slices"),
+    ("MoE routing and grouping (ours)", r"moe_route|moe_count|moe_offsets|moe_scatter"),
     ("MoE combine (ours)", r"moe_combine"),
     ("greedy readout (ours)", r"greedy_confidence"),
     ("FOCUS importance and compaction (ours)", r"focus_|compact_rows"),

@@ -164,11 +164,11 @@ const WS_THREADS: u32 = 384;
 
 /// Dynamic shared memory of the warp-specialised GEMM: its stages, their full/empty barriers,
 /// and 1 KB so that the kernel can align the stages to the 1024 bytes the swizzle repeats over.
-fn ws_smem(func: &CudaFunction) -> Result<u32> {
-    let smem = WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + WS_STAGES * 16 + 1024;
-    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-    Ok(smem as u32)
-}
+const WS_SMEM: u32 = (WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + WS_STAGES * 16 + 1024) as u32;
+/// The deepest k of the resident-A down GEMM (kernel `RES_MAX_K`), and its shared memory: A's
+/// tile, three W stages, their barriers and A's two, and the 1 KB for alignment.
+const RES_MAX_K: usize = 512;
+const RES_SMEM: u32 = (WS_BM * RES_MAX_K * 2 + 3 * WS_BN * ROW_BYTES + 3 * 16 + 16 + 1024) as u32;
 
 /// A TMA descriptor (`CUtensorMap`), passed to a kernel by value (`__grid_constant__`).
 #[repr(C, align(64))]
@@ -302,27 +302,37 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         // (all on the device's one stream).
         let (x_ptr, _x_guard) = x_v.device_ptr(&stream);
         let (src_ptr, _src_guard) = sorted_src.device_ptr(&stream);
-        let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
+        // `resident`: the down GEMM's variant keeping A's whole tile in shared memory (K <= 512),
+        // a work item being a row tile and half of the column tiles.
+        let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize, resident: bool| -> Result<()> {
             let (w_ptr, _w_guard) = weights.device_ptr(&stream);
             let map = weight_map(dtype, w_ptr, e, n, k)?;
             let func = kernel!(dev, Module::Moe, &format!("moe_wgmma_{name}{suf}"))?;
-            let smem = ws_smem(&func)?;
-            // Persistent: one CTA per SM (192 KB of stages each), fewer when there are fewer tiles.
-            let work = max_tiles * n.div_ceil(WS_BN);
+            let smem = if resident { RES_SMEM } else { WS_SMEM };
+            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+            let n_tiles = n.div_ceil(WS_BN);
+            let cols = n_tiles.div_ceil(2);
+            // Persistent: one CTA per SM, fewer when there is less work.
+            let work = if resident { max_tiles * n_tiles.div_ceil(cols) } else { max_tiles * n_tiles };
             let cfg = LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem };
-            let (ni, ki) = (n as i32, k as i32);
+            let (ni, ki, ci) = (n as i32, k as i32, cols as i32);
             let mut b = func.builder();
             b.arg(out).arg(&input).arg(&map).arg(&src);
             b.arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&ni).arg(&ki).arg(&ki).arg(&row_tiles).arg(&0i32).arg(&ki);
-            // SAFETY: argument list matches `moe_wgmma_*` in moe.cu (one k slice, A rows k apart);
-            // `map` describes the live weights [e · n, k]; `input` is a live [rows, k] matrix whose
-            // rows `src` picks (each < tokens), or whose sorted rows are read in place (`src` null).
+            if resident {
+                b.arg(&ci);
+            }
+            // SAFETY: argument list matches `moe_wgmma_*` in moe.cu (one k slice, A rows k apart;
+            // the resident variant's k at most RES_MAX_K); `map` describes the live weights
+            // [e · n, k]; `input` is a live [rows, k] matrix whose rows `src` picks (each <
+            // tokens), or whose sorted rows are read in place (`src` null).
             unsafe { b.launch(cfg) }.w()?;
             Ok(())
         };
-        launch("swiglu_", &mut act, x_ptr, &gu_v, src_ptr, 2 * w, h)?;
+        launch("swiglu_", &mut act, x_ptr, &gu_v, src_ptr, 2 * w, h, false)?;
         let (act_ptr, _act_guard) = act.device_ptr(&stream);
-        launch("", &mut y, act_ptr, &down_v, 0, h, w)?;
+        let resident = w <= RES_MAX_K;
+        launch(if resident { "resident_" } else { "" }, &mut y, act_ptr, &down_v, 0, h, w, resident)?;
     } else {
         let tag = if bm == 128 { "bm128" } else { "bm64" };
         let cfg = |n: usize, (threads, smem): (u32, u32)| LaunchConfig {
@@ -390,6 +400,15 @@ fn k_slices(k: usize, wanted: usize, min_tiles: usize) -> (usize, usize) {
     (k.div_ceil(chunk), chunk)
 }
 
+/// Slices of the k loop for a persistent GEMM of `tiles` output tiles on `sms` CTAs: the count
+/// (at most `max`) with the least time in units of one whole-k tile: the waves of tiles × slices
+/// work items over the CTAs, each 1 / slices long, plus `per_slice` for each slice's f32 partial
+/// sums (written and read back) when there is more than one.
+fn persistent_slices(tiles: usize, sms: usize, max: usize, per_slice: f64) -> usize {
+    let cost = |s: usize| (tiles * s).div_ceil(sms) as f64 / s as f64 + if s > 1 { per_slice * s as f64 } else { 0.0 };
+    (1..=max.max(1)).min_by(|&a, &b| cost(a).total_cmp(&cost(b))).unwrap_or(1)
+}
+
 /// Router logits `[tokens, experts]` f32 of bf16 `x` `[tokens, hidden]` against f32 router
 /// weights given as `split` `[experts, 3 · hidden]` bf16 (each row the weights' hi, mid and lo
 /// bf16 parts side by side, `ops::moe::split_router`): one tensor-core GEMM whose products are
@@ -422,7 +441,10 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     let hopper = cfg!(ponder_wgmma) && compute_major(&dev)? == 9;
     let (slices, k_chunk) = if hopper {
         let tiles = tokens.div_ceil(WS_BM) * e.div_ceil(WS_BN);
-        k_slices(three_h, (sms / tiles).max(1), 4)
+        // A slice's partial sums at 8,192 tokens × 256 experts (8 MB, written and read back:
+        // ≈ 5.6 µs at the copy bandwidth) against ≈ 69 µs for a whole-k tile (H200 profile).
+        let per_slice = 0.08 * (tokens * e) as f64 / (8192.0 * 256.0);
+        k_slices(three_h, persistent_slices(tiles, sms, three_h / (4 * BK), per_slice), 4)
     } else {
         let tiles = tokens.div_ceil(64) * e.div_ceil(BN);
         k_slices(three_h, (3 * sms).div_ceil(tiles), 8)
@@ -438,7 +460,8 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
         let (s_ptr, _s_guard) = s_v.device_ptr(&stream);
         let map = weight_map(DType::BF16, s_ptr, 1, e, three_h)?;
         let func = kernel!(dev, Module::Moe, "moe_wgmma_f32out_bf16")?;
-        let smem = ws_smem(&func)?;
+        func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WS_SMEM as i32).w()?;
+        let smem = WS_SMEM;
         let row_tiles = tokens.div_ceil(WS_BM);
         let work = row_tiles * e.div_ceil(WS_BN) * slices;
         let cfg = LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem };
