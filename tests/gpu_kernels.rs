@@ -1403,7 +1403,7 @@ fn grouped_moe_kernels_match_the_composition() {
         // Widths off the tiles: k tails (hidden 200, width 48) and N tails, at both tile heights.
         ("tails, 64-row tiles: hidden 200, width 48", 300, 8, 2, 48, 200, true),
         ("tails, 128-row tiles: hidden 200, width 48", 1000, 8, 2, 48, 200, false),
-        // The Hopper GEMMs with a k tail (down: k 144, three 64-column chunks of A resident).
+        // The Hopper GEMM with a k tail (down: k 144).
         ("k tail, 128-row tiles: hidden 512, width 144", 900, 8, 2, 144, 512, true),
         // Short experts: about one 128-row tile each (100 rows on average), some two.
         ("short experts, 128-row tiles: 700 tokens, 7 experts, top 1", 700, 7, 1, 64, 256, false),

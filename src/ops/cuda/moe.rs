@@ -165,10 +165,6 @@ const WS_THREADS: u32 = 384;
 /// Dynamic shared memory of the warp-specialised GEMM: its stages, their full/empty barriers,
 /// and 1 KB so that the kernel can align the stages to the 1024 bytes the swizzle repeats over.
 const WS_SMEM: u32 = (WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + WS_STAGES * 16 + 1024) as u32;
-/// The deepest k of the resident-A down GEMM (kernel `RES_MAX_K`), and its shared memory: A's
-/// tile, three W stages, their barriers and A's two, and the 1 KB for alignment.
-const RES_MAX_K: usize = 512;
-const RES_SMEM: u32 = (WS_BM * RES_MAX_K * 2 + 3 * WS_BN * ROW_BYTES + 3 * 16 + 16 + 1024) as u32;
 
 /// A TMA descriptor (`CUtensorMap`), passed to a kernel by value (`__grid_constant__`).
 #[repr(C, align(64))]
@@ -302,37 +298,27 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         // (all on the device's one stream).
         let (x_ptr, _x_guard) = x_v.device_ptr(&stream);
         let (src_ptr, _src_guard) = sorted_src.device_ptr(&stream);
-        // `resident`: the down GEMM's variant keeping A's whole tile in shared memory (K <= 512),
-        // a work item being a row tile and half of the column tiles.
-        let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize, resident: bool| -> Result<()> {
+        let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
             let (w_ptr, _w_guard) = weights.device_ptr(&stream);
             let map = weight_map(dtype, w_ptr, e, n, k)?;
             let func = kernel!(dev, Module::Moe, &format!("moe_wgmma_{name}{suf}"))?;
-            let smem = if resident { RES_SMEM } else { WS_SMEM };
-            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-            let n_tiles = n.div_ceil(WS_BN);
-            let cols = n_tiles.div_ceil(2);
-            // Persistent: one CTA per SM, fewer when there is less work.
-            let work = if resident { max_tiles * n_tiles.div_ceil(cols) } else { max_tiles * n_tiles };
-            let cfg = LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem };
-            let (ni, ki, ci) = (n as i32, k as i32, cols as i32);
+            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WS_SMEM as i32).w()?;
+            // Persistent: one CTA per SM (192 KB of stages each), fewer when there are fewer tiles.
+            let work = max_tiles * n.div_ceil(WS_BN);
+            let cfg = LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: WS_SMEM };
+            let (ni, ki) = (n as i32, k as i32);
             let mut b = func.builder();
             b.arg(out).arg(&input).arg(&map).arg(&src);
             b.arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&ni).arg(&ki).arg(&ki).arg(&row_tiles).arg(&0i32).arg(&ki);
-            if resident {
-                b.arg(&ci);
-            }
-            // SAFETY: argument list matches `moe_wgmma_*` in moe.cu (one k slice, A rows k apart;
-            // the resident variant's k at most RES_MAX_K); `map` describes the live weights
-            // [e · n, k]; `input` is a live [rows, k] matrix whose rows `src` picks (each <
-            // tokens), or whose sorted rows are read in place (`src` null).
+            // SAFETY: argument list matches `moe_wgmma_*` in moe.cu (one k slice, A rows k apart);
+            // `map` describes the live weights [e · n, k]; `input` is a live [rows, k] matrix whose
+            // rows `src` picks (each < tokens), or whose sorted rows are read in place (`src` null).
             unsafe { b.launch(cfg) }.w()?;
             Ok(())
         };
-        launch("swiglu_", &mut act, x_ptr, &gu_v, src_ptr, 2 * w, h, false)?;
+        launch("swiglu_", &mut act, x_ptr, &gu_v, src_ptr, 2 * w, h)?;
         let (act_ptr, _act_guard) = act.device_ptr(&stream);
-        let resident = w <= RES_MAX_K;
-        launch(if resident { "resident_" } else { "" }, &mut y, act_ptr, &down_v, 0, h, w, resident)?;
+        launch("", &mut y, act_ptr, &down_v, 0, h, w)?;
     } else {
         let tag = if bm == 128 { "bm128" } else { "bm64" };
         let cfg = |n: usize, (threads, smem): (u32, u32)| LaunchConfig {

@@ -679,120 +679,6 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
 #endif
 }
 
-// The down GEMM (A the sorted SwiGLU output, read in place; K <= 512) with A's whole tile
-// resident in shared memory: a work item is a row tile and a run of `cols_per_item` column tiles;
-// the producer loads the item's A [128 x K] once (cp.async, swizzled 64-column chunks) and then
-// streams W tiles [256 x 64] by TMA through RES_STAGES stages, so that A is read from L2 once per
-// run of column tiles instead of once per column tile. The consumers keep the tile loop and
-// epilogue of ws_gemm. a_full (128 producer arrivals) hands the A region over; a_empty (one
-// arrival per consumer warp after the item's last MMAs) hands it back.
-constexpr int RES_STAGES = 3, RES_MAX_K = 512;
-constexpr int RES_A_BYTES = WS_BM * RES_MAX_K * 2, RES_CHUNK = WS_BM * ROW_BYTES;
-
-template <typename T>
-__device__ void ws_gemm_resident(T *__restrict__ out, const T *__restrict__ A, const TmaMap *wmap, const WsShape g,
-                                 int cols_per_item) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(1024) unsigned char res_smem[];
-    const unsigned smem = ((unsigned)__cvta_generic_to_shared(res_smem) + 1023u) & ~1023u;
-    const unsigned a_region = smem, stages = smem + RES_A_BYTES;
-    const unsigned full = stages + RES_STAGES * WS_B_BYTES, empty = full + RES_STAGES * 8;
-    const unsigned a_full = empty + RES_STAGES * 8, a_empty = a_full + 8;
-    const int tid = threadIdx.x, wg = tid / 128;
-    const int N = g.N, K = g.K;
-    const int n_tiles = (N + WS_BN - 1) / WS_BN, k_tiles = (K + BK - 1) / BK;
-    const int runs = (n_tiles + cols_per_item - 1) / cols_per_item, total = g.row_tiles * runs;
-    if (tid == 0) {
-        for (int s = 0; s < RES_STAGES; ++s) {
-            mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 8);
-        }
-        mbar_init(a_full, 128);
-        mbar_init(a_empty, 8);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    uint32_t e;
-    int row0, rows, n0;
-    if (wg == 0) {
-        const int kc = tid & 7;
-        int it = 0, item = 0;
-        for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
-            if (!ws_tile(w / runs, 1, g, e, row0, rows, n0)) break;
-            const int ct0 = (w % runs) * cols_per_item, ct1 = min(n_tiles, ct0 + cols_per_item);
-            // The previous item's MMAs are done with A: load this item's.
-            mbar_wait(a_empty, (item & 1) ^ 1);
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                const int k0 = kt * BK;
-                const bool k_ok = k0 + kc * 8 < K;
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const int r = tid / 8 + 16 * i;
-                    const bool ok = k_ok && r < rows;
-                    cp_async16(a_region + kt * RES_CHUNK + tile_offset(r, kc), ok ? A + (size_t)(row0 + r) * K + k0 + kc * 8 : A, ok);
-                }
-            }
-            cp_async_commit();
-            bool a_handed = false;
-            for (int ct = ct0; ct < ct1; ++ct) {
-                const int w_row = (int)e * N + ct * WS_BN;
-                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                    const int s = it % RES_STAGES;
-                    mbar_wait(empty + 8 * s, ((it / RES_STAGES) & 1) ^ 1);
-                    if (tid == 0) {
-                        mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
-                        tma_load_2d(stages + s * WS_B_BYTES, wmap, kt * BK, w_row, full + 8 * s);
-                    }
-                    // After the first W stage is on its way, wait for A and hand it over.
-                    if (!a_handed) {
-                        cp_async_wait<0>();
-                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                        mbar_arrive(a_full);
-                        a_handed = true;
-                    }
-                }
-            }
-        }
-    } else {
-        const int c = wg - 1, warp = (tid / 32) % 4, lane = tid & 31;
-        float acc[128];
-        int it = 0, item = 0;
-        for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
-            if (!ws_tile(w / runs, 1, g, e, row0, rows, n0)) break;
-            const int ct0 = (w % runs) * cols_per_item, ct1 = min(n_tiles, ct0 + cols_per_item);
-            mbar_wait(a_full, item & 1);
-            for (int ct = ct0; ct < ct1; ++ct) {
-#pragma unroll
-                for (int i = 0; i < 128; ++i) acc[i] = 0.f;
-                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                    const int s = it % RES_STAGES;
-                    mbar_wait(full + 8 * s, (it / RES_STAGES) & 1);
-                    const unsigned a_base = a_region + kt * RES_CHUNK + c * 64 * ROW_BYTES, b_base = stages + s * WS_B_BYTES;
-                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-                    for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
-                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                    if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % RES_STAGES));
-                }
-                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-                if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % RES_STAGES));
-                if (ct + 1 == ct1 && lane == 0) mbar_arrive(a_empty);
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = c * 64 + warp * 16 + (lane >> 2) + h * 8;
-                    if (r >= rows) continue;
-                    store_row<T, T, PLAIN, WS_BN / 8>(out + (size_t)(row0 + r) * N, ct * WS_BN, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
-                }
-            }
-        }
-    }
-#else
-    __trap(); // launched only on sm_90 devices (the host checks), whose PTX target is sm_90a
-#endif
-}
-
 // grid T, block ceil(H / 8) threads (each 8 columns); y [pairs, H] in sorted order.
 template <typename T>
 __device__ void moe_combine(T *__restrict__ out, const T *__restrict__ y, const float *__restrict__ weights,
@@ -889,10 +775,6 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
         moe_wgmma_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {                      \
         ws_gemm<T, T, PLAIN>(out, A, &wmap, WS_SHAPE);                                                \
-    }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
-        moe_wgmma_resident_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS, int cols) {   \
-        ws_gemm_resident<T>(out, A, &wmap, WS_SHAPE, cols);                                                     \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                 \
         moe_gemm<T, T, 64, 32, PLAIN>(out, A, W, GEMM_PASS);                                                        \
