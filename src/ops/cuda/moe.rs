@@ -233,8 +233,12 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     // Taller tiles once experts average enough rows to fill them.
     let bm = if pairs / e >= 96 { 128 } else { 64 };
     let max_tiles = pairs.div_ceil(bm) + e;
-    // Row tiles are the mma.sync grid's second dimension (at most 65535 blocks).
-    if max_tiles > 65_535 {
+    // 128-row tiles run on Hopper's warpgroup MMA where the device has it and the PTX was built
+    // for it (sm_90a; other targets compile those kernels to a trap).
+    let hopper = bm == 128 && cfg!(ponder_wgmma) && compute_major(dev)? == 9;
+    // Row tiles are the mma.sync grid's second dimension (at most 65535 blocks); the Hopper
+    // kernel's persistent grid has no such limit.
+    if !hopper && max_tiles > 65_535 {
         bail!("{OP} (cuda): {pairs} routed pairs need {max_tiles} row tiles (at most 65535)");
     }
     let (xs, xl) = a.x.storage_and_layout();
@@ -287,9 +291,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     drop(b);
 
     let null = 0u64;
-    // 128-row tiles run on Hopper's warpgroup MMA where the device has it and the PTX was built
-    // for it (sm_90a; other targets compile those kernels to a trap).
-    if bm == 128 && cfg!(ponder_wgmma) && compute_major(dev)? == 9 {
+    if hopper {
         let stream = dev.cuda_stream();
         let sms = stream.context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize;
         let dtype = a.x.dtype();
