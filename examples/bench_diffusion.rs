@@ -180,7 +180,7 @@ struct RunStats {
     whole_tokens_per_s: f64,
     tokens_per_step: f64,
     /// Prompt-prefill and clean-K/V positions the launches ran besides the steps, per request-step.
-    other_per_step: f64,
+    other_tokens_per_step: f64,
     /// Masked tokens per request-step (the readouts before eviction; FOCUS reads out only the
     /// kept ones).
     readouts_per_step: f64,
@@ -285,7 +285,7 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
         window_tokens_per_s: if window_time > 0.0 { window_tokens as f64 / window_time } else { tokens as f64 / whole },
         whole_tokens_per_s: tokens as f64 / whole,
         tokens_per_step: step_tokens as f64 / steps.max(1) as f64,
-        other_per_step: (m.denoise.other_tokens - before.denoise.other_tokens) as f64 / steps.max(1) as f64,
+        other_tokens_per_step: (m.denoise.other_tokens - before.denoise.other_tokens) as f64 / steps.max(1) as f64,
         readouts_per_step: (m.denoise.readouts - before.denoise.readouts) as f64 / steps.max(1) as f64,
         decoded_per_step: generated as f64 / steps.max(1) as f64,
         kept_per_step: (mode == "focus").then(|| {
@@ -546,7 +546,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 over_delayed.map_or(String::new(), |x| format!(", {x:.2}x over delayed")),
                 bound,
                 100.0 * st.window_tokens_per_s / bound,
-                st.other_per_step
+                st.other_tokens_per_step
             );
             if let Some(p) = st.peak {
                 println!("{:>25} peak device memory {p}", "");
@@ -560,7 +560,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "mode": mode, "batch": b, "tokens_per_s": st.window_tokens_per_s, "tokens_per_s_whole_run": st.whole_tokens_per_s,
                 "speedup_vs_baseline": speedup, "speedup_vs_delayed": over_delayed, "kept_per_step": st.kept_per_step,
                 "launch_ms": st.launch_ms, "host_ms_per_launch": st.host_ms, "repeats_tokens_per_s": all_tps, "phase_timed": args.phases, "phases_ms_per_launch": phases,
-                "tokens_per_step": st.tokens_per_step, "other_tokens_per_step": st.other_per_step, "readouts_per_step": st.readouts_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
+                "tokens_per_step": st.tokens_per_step, "other_tokens_per_step": st.other_tokens_per_step, "readouts_per_step": st.readouts_per_step, "decoded_per_step": st.decoded_per_step, "window_steps": st.window_steps,
                 "requests": jobs.len(), "new_tokens": args.new_tokens, "block": args.block, "mean_unmask": args.mean_unmask,
                 "mean_context": context, "matmul_peak_tflops": peak / 1e12, "compute_bound_tokens_per_s": bound, "fraction_of_compute_bound": st.window_tokens_per_s / bound,
             }));
@@ -579,10 +579,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// Decoded tokens per second if every FLOP ran at `peak`: per request-step, 2 × the active layer
 /// parameters per position run — the step's and the prompt-prefill and clean-K/V positions the
 /// same launches ran — and attention at `context` keys per query (QKᵀ and PV: 4 · heads · head_dim
-/// per layer), plus 2 × the LM head per readout.
+/// per layer; the mean context for every position, prefill included: an approximation), plus
+/// 2 × the LM head per readout.
 fn compute_bound(spec: &ponder::models::diffusion::DiffusionSpec, st: &RunStats, context: f64, peak: f64) -> f64 {
     let attention = 4.0 * (spec.num_heads * spec.head_dim * spec.num_layers) as f64 * context;
-    let positions = st.tokens_per_step + st.other_per_step;
+    let positions = st.tokens_per_step + st.other_tokens_per_step;
     let per_step = positions * (2.0 * spec.layer_params as f64 + attention) + st.readouts_per_step * 2.0 * spec.head_params as f64;
     peak * st.decoded_per_step / per_step.max(1.0)
 }

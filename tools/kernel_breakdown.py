@@ -17,7 +17,8 @@ import re
 import sys
 
 FAMILIES = [
-    # Ours first: their names contain "gemm" too.
+    # Ours first: their names contain "gemm" too; the router before the expert GEMMs
+    # (`moe_wgmma_f32out` also matches `moe_wgmma`).
     ("MoE router logits (ours)", r"moe_gemm_f32out|moe_wgmma_f32out|moe_sum_slices"),
     ("MoE grouped expert GEMMs (ours)", r"moe_wgmma|moe_gemm_swiglu|moe_gemm_bm"),
     ("MoE routing and grouping (ours)", r"moe_route|moe_count|moe_offsets|moe_scatter"),

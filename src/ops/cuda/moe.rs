@@ -87,12 +87,13 @@ pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &Stacked
     let (tokens, h) = x.dims2()?;
     let (e, two_w, gh) = gate_up.dims3()?;
     let (_, k) = ids.dims2()?;
-    if gh != h || ids.dims() != [tokens, k] || weights.dims() != ids.dims() || two_w % 32 != 0 || h % 8 != 0 || h > 8192 {
+    if gh != h || ids.dims() != [tokens, k] || weights.dims() != ids.dims() || two_w == 0 || two_w % 32 != 0 || h == 0 || h % 8 != 0 || h > 8192 {
         bail!("{OP} (cuda): x {:?}, ids {:?}, weights {:?}, gate_up {:?}", x.dims(), ids.dims(), weights.dims(), gate_up.dims());
     }
-    // The grouping kernels keep two counters per expert in shared memory (48 KB by default).
-    if e > 6144 {
-        bail!("{OP} (cuda): {e} experts (at most 6144)");
+    // The grouping kernels keep two counters per expert in shared memory (48 KB by default, of
+    // which `moe_offsets` takes 256 bytes for its scan).
+    if e > 6112 {
+        bail!("{OP} (cuda): {e} experts (at most 6112)");
     }
     let shared = shared.map(|s| s.contiguous()).transpose()?;
     if let Some(s) = &shared {
@@ -177,12 +178,12 @@ unsafe impl DeviceRepr for TmaMap {}
 /// The TMA map of stacked expert weights `[experts, n, k]` read as one 2-D tensor `[experts · n,
 /// k]` in boxes of 64 columns × 256 rows with 128-byte swizzle (the warp-specialised GEMM's W
 /// tiles). `ptr` is the weights' device address (16-byte aligned; k a multiple of 8).
-fn weight_map(dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Result<TmaMap> {
+fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Result<TmaMap> {
     use sys::{CUtensorMapDataType as D, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle};
     let dtype = if dtype == DType::BF16 { D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
     // The kernel addresses W's rows with i32 coordinates.
     if experts * n > i32::MAX as usize {
-        bail!("moe_experts (cuda): {experts} experts of {n} rows exceed the TMA map's i32 rows");
+        bail!("{op} (cuda): {experts} experts of {n} rows exceed the TMA map's i32 rows");
     }
     let dims = [k as u64, (experts * n) as u64];
     let strides = [(k * 2) as u64];
@@ -215,6 +216,18 @@ fn weight_map(dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Res
 /// The device's compute capability major version.
 fn compute_major(dev: &CudaDevice) -> Result<i32> {
     dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()
+}
+
+/// The device's SM count.
+fn sm_count(dev: &CudaDevice) -> Result<usize> {
+    Ok(dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize)
+}
+
+/// Launch configuration of the warp-specialised GEMM `func` over `work` items: persistent, one
+/// CTA per SM (192 KB of stages each), fewer when there are fewer items.
+fn ws_config(func: &CudaFunction, work: usize, sms: usize) -> Result<LaunchConfig> {
+    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WS_SMEM as i32).w()?;
+    Ok(LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: WS_SMEM })
 }
 
 /// Launch shape of a grouped GEMM with `bm`-row tiles: threads, and dynamic shared memory (over
@@ -293,7 +306,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let null = 0u64;
     if hopper {
         let stream = dev.cuda_stream();
-        let sms = stream.context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize;
+        let sms = sm_count(dev)?;
         let dtype = a.x.dtype();
         let row_tiles = max_tiles as i32;
         // A and the row map go in as device addresses, held by their guards over the launches
@@ -302,12 +315,9 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         let (src_ptr, _src_guard) = sorted_src.device_ptr(&stream);
         let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
             let (w_ptr, _w_guard) = weights.device_ptr(&stream);
-            let map = weight_map(dtype, w_ptr, e, n, k)?;
+            let map = weight_map(OP, dtype, w_ptr, e, n, k)?;
             let func = kernel!(dev, Module::Moe, &format!("moe_wgmma_{name}{suf}"))?;
-            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WS_SMEM as i32).w()?;
-            // Persistent: one CTA per SM (192 KB of stages each), fewer when there are fewer tiles.
-            let work = max_tiles * n.div_ceil(WS_BN);
-            let cfg = LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: WS_SMEM };
+            let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sms)?;
             let (ni, ki) = (n as i32, k as i32);
             let mut b = func.builder();
             b.arg(out).arg(&input).arg(&map).arg(&src);
@@ -411,10 +421,6 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     if three_h != 3 * h || h == 0 || h % 64 != 0 || e == 0 || e % 8 != 0 {
         bail!("{OP} (cuda): x {:?} against split router {:?}", x.dims(), split.dims());
     }
-    // Row tiles of 64 tokens are the grid's second dimension (at most 65535 blocks).
-    if tokens.div_ceil(64) > 65_535 {
-        bail!("{OP} (cuda): {tokens} tokens need more than 65535 row tiles");
-    }
     if tokens == 0 {
         return Tensor::zeros((0, e), DType::F32, x.device());
     }
@@ -422,17 +428,23 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     let (ss, sl) = split.storage_and_layout();
     let x_v = view::<half::bf16>(&xs, xl, OP, "x", true)?;
     let s_v = view::<half::bf16>(&ss, sl, OP, "split", true)?;
-    let sms = dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize;
-    // Hopper: the persistent warp-specialised GEMM (128 x 256 tiles), slices of the 3 × hidden
-    // deep k loop until the tiles fill the SMs once (slices of at least 4 k tiles). Elsewhere
-    // 64-row tiles, and slices until there are about three blocks per SM (at least 8 k tiles).
+    let sms = sm_count(&dev)?;
+    // Hopper: the persistent warp-specialised GEMM (128 x 256 tiles), its k loop (3 × hidden
+    // deep) cut into the slices `persistent_slices` finds cheapest, each at least
+    // HOPPER_MIN_K_TILES deep. Elsewhere 64-row tiles, and slices until there are about three
+    // blocks per SM (at least 8 k tiles).
+    const HOPPER_MIN_K_TILES: usize = 4;
     let hopper = cfg!(ponder_wgmma) && compute_major(&dev)? == 9;
+    // Row tiles of 64 tokens are the mma.sync grid's second dimension (at most 65535 blocks).
+    if !hopper && tokens.div_ceil(64) > 65_535 {
+        bail!("{OP} (cuda): {tokens} tokens need more than 65535 row tiles");
+    }
     let (slices, k_chunk) = if hopper {
         let tiles = tokens.div_ceil(WS_BM) * e.div_ceil(WS_BN);
         // A slice's partial sums at 8,192 tokens × 256 experts (8 MB, written and read back:
         // ≈ 5.6 µs at the copy bandwidth) against ≈ 69 µs for a whole-k tile (H200 profile).
         let per_slice = 0.08 * (tokens * e) as f64 / (8192.0 * 256.0);
-        k_slices(three_h, persistent_slices(tiles, sms, three_h / (4 * BK), per_slice), 4)
+        k_slices(three_h, persistent_slices(tiles, sms, three_h / (HOPPER_MIN_K_TILES * BK), per_slice), HOPPER_MIN_K_TILES)
     } else {
         let tiles = tokens.div_ceil(64) * e.div_ceil(BN);
         k_slices(three_h, (3 * sms).div_ceil(tiles), 8)
@@ -446,13 +458,10 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     if hopper {
         let stream = dev.cuda_stream();
         let (s_ptr, _s_guard) = s_v.device_ptr(&stream);
-        let map = weight_map(DType::BF16, s_ptr, 1, e, three_h)?;
+        let map = weight_map(OP, DType::BF16, s_ptr, 1, e, three_h)?;
         let func = kernel!(dev, Module::Moe, "moe_wgmma_f32out_bf16")?;
-        func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WS_SMEM as i32).w()?;
-        let smem = WS_SMEM;
         let row_tiles = tokens.div_ceil(WS_BM);
-        let work = row_tiles * e.div_ceil(WS_BN) * slices;
-        let cfg = LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem };
+        let cfg = ws_config(&func, row_tiles * e.div_ceil(WS_BN) * slices, sms)?;
         let rt = row_tiles as i32;
         let mut b = func.builder();
         match &mut parts {

@@ -21,6 +21,9 @@
 //   in the same thread, and writes T(T(silu(gate)) * up) [rows, N/2]; the plain variant writes
 //   T(acc) [rows, N]; the f32 variant (the router: one matrix, bf16 x against the f32 router
 //   weights split in three bf16 parts hi + mid + lo, each product exact in f32) writes acc.
+// moe_wgmma_*: the same tiles' GEMMs on Hopper (sm_90a) at 128 x 256 tiles, persistent and
+//   warp-specialised (ws_gemm below), with the same epilogues; moe_wgmma_f32out_bf16 is the
+//   router's, on one dense matrix with k slices.
 // moe_combine_*: out[t] = T(sum_k w[t,k] * y[pos(t,k)] (+ shared[t])), f32 sums in k order; with a
 //   residual stream, out[t] = T(residual[t] + that) (the add a pre-norm block does next).
 
@@ -523,16 +526,20 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
 // from `wmap` (W as a 2-D tensor [E * N, K], boxes of 64 x 256 with 128-byte swizzle; rows past
 // an expert's N are the next expert's or, past the end, zeros, and land only in columns the
 // epilogue skips), A tiles [128 x 64] gathered through `src` by cp.async (rows past the tile's
-// and columns past K zero-filled), into STAGES2 stages. Warpgroups 1 and 2 consume: 64 rows x
+// and columns past the slice's end zero-filled), into WS_STAGES stages. Warpgroups 1 and 2 consume: 64 rows x
 // 256 columns each (wgmma m64n256k16), keeping one k tile's MMAs in flight, and write the tile
 // from registers with moe_gemm's epilogues while the producer fills the next tile's stages.
-// Stage s is handed over by two mbarriers: full[s] (128 producer arrivals after each thread's
-// cp.async completed and was fenced for the async proxy, plus the TMA's bytes) and empty[s] (one
-// arrival per consumer warp once its MMAs reading the stage are done).
-constexpr int WS_BM = 128, WS_BN = 256, STAGES2 = 4, WS_THREADS = 384;
+// Stage s is handed over by two mbarriers: full[s] (129 arrivals: thread 0's with the TMA's
+// expected bytes, and every producer thread's once its cp.async completed and was fenced for the
+// async proxy) and empty[s] (one arrival per consumer warp once its MMAs reading the stage are
+// done).
+constexpr int WS_BM = 128, WS_BN = 256, WS_STAGES = 4, WS_THREADS = 384;
 constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS_STAGE = WS_A_BYTES + WS_B_BYTES;
 // Stages the producer runs ahead before it hands a stage over (its cp.async groups in flight).
+// The consumers give stage j back only once they hold full[j + 1], which the producer hands over
+// after filling stage j + 1 + WS_LAG; that stage's slot must not be j's: WS_LAG + 2 <= WS_STAGES.
 constexpr int WS_LAG = 2;
+static_assert(WS_LAG + 2 <= WS_STAGES, "the producer would wait for a stage the consumers still hold");
 
 // The tiles of one launch: tile slots from moe_offsets (`tile_expert` etc.) or, with
 // `tile_expert` null, the 128-row tiles of one dense matrix of `dense_rows` rows (expert 0);
@@ -544,7 +551,8 @@ struct WsShape {
 };
 
 // The tile this CTA computes for work item `w` (w / n_tiles: a tile slot, w % n_tiles: the
-// column tile). False: past the last tile (unused slots are at the end).
+// column tile). False: past the last tile — unused slots are at the end, and with tile slots
+// there is one k slice (the host passes k_chunk = K), so every later work item is past it too.
 __device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, uint32_t &e, int &row0, int &rows, int &n0) {
     const int slot = w / n_tiles;
     n0 = (w % n_tiles) * WS_BN;
@@ -568,7 +576,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
     // (the launch asks for 1 KB more), the barriers after them.
     const unsigned smem = ((unsigned)__cvta_generic_to_shared(ws_smem) + 1023u) & ~1023u;
-    const unsigned full = smem + STAGES2 * WS_STAGE, empty = full + STAGES2 * 8;
+    const unsigned full = smem + WS_STAGES * WS_STAGE, empty = full + WS_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int N = g.N, K = g.K;
     const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = g.row_tiles;
@@ -579,7 +587,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
         k_tiles = (min(K, k_begin + g.k_chunk) - k_begin + BK - 1) / BK;
     };
     if (tid == 0) {
-        for (int s = 0; s < STAGES2; ++s) {
+        for (int s = 0; s < WS_STAGES; ++s) {
             mbar_init(full + 8 * s, 129);
             mbar_init(empty + 8 * s, 8);
         }
@@ -606,8 +614,8 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             }
             const int w_row = (int)e * N + n0;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                const int s = it % STAGES2;
-                mbar_wait(empty + 8 * s, ((it / STAGES2) & 1) ^ 1);
+                const int s = it % WS_STAGES;
+                mbar_wait(empty + 8 * s, ((it / WS_STAGES) & 1) ^ 1);
                 const unsigned stage = smem + s * WS_STAGE;
                 const int k0 = k_begin + kt * BK;
                 if (tid == 0) {
@@ -625,19 +633,19 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                 if (it + 1 - handed > WS_LAG) {
                     cp_async_wait<WS_LAG>();
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    mbar_arrive(full + 8 * (handed % STAGES2));
+                    mbar_arrive(full + 8 * (handed % WS_STAGES));
                     ++handed;
                 }
             }
         }
         cp_async_wait<0>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        for (; handed < it; ++handed) mbar_arrive(full + 8 * (handed % STAGES2));
+        for (; handed < it; ++handed) mbar_arrive(full + 8 * (handed % WS_STAGES));
     } else {
         // Consumers: warpgroup c = wg - 1 takes rows 64 c .. of the tile.
         const int c = wg - 1, warp = (tid / 32) % 4, lane = tid & 31;
         auto release = [&](int stage_it) {
-            if (lane == 0) mbar_arrive(empty + 8 * (stage_it % STAGES2));
+            if (lane == 0) mbar_arrive(empty + 8 * (stage_it % WS_STAGES));
         };
         float acc[128];
         int it = 0;
@@ -648,8 +656,8 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
 #pragma unroll
             for (int i = 0; i < 128; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                const int s = it % STAGES2;
-                mbar_wait(full + 8 * s, (it / STAGES2) & 1);
+                const int s = it % WS_STAGES;
+                mbar_wait(full + 8 * s, (it / WS_STAGES) & 1);
                 const unsigned a_base = smem + s * WS_STAGE + c * 64 * ROW_BYTES, b_base = smem + s * WS_STAGE + WS_A_BYTES;
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -792,10 +800,10 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
     }
 
 MOE_OPS(__nv_bfloat16, bf16)
+MOE_OPS(__half, f16)
 
 // The router's logits on the Hopper GEMM: dense, f32 partial sums per k slice (see moe_gemm_f32out_*).
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
     moe_wgmma_f32out_bf16(float *out, const __nv_bfloat16 *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {
     ws_gemm<__nv_bfloat16, float, F32_OUT>(out, A, &wmap, WS_SHAPE);
 }
-MOE_OPS(__half, f16)
