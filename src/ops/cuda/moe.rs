@@ -157,7 +157,7 @@ const ROW_BYTES: usize = 2 * BK;
 const STAGES: usize = 3;
 
 /// Tile, stages and threads of the warp-specialised Hopper GEMM (kernel constants `WS_BM`,
-/// `WS_BN`, `STAGES2`, `WS_THREADS`).
+/// `WS_BN`, `WS_STAGES`, `WS_THREADS`).
 const WS_BM: usize = 128;
 const WS_BN: usize = 256;
 const WS_STAGES: usize = 4;
@@ -418,7 +418,7 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     same_device_dtype(OP, DType::BF16, &x, &[("split", split)])?;
     let (tokens, h) = x.dims2()?;
     let (e, three_h) = split.dims2()?;
-    if three_h != 3 * h || h == 0 || h % 64 != 0 || e == 0 || e % 8 != 0 {
+    if three_h != 3 * h || h == 0 || h % 64 != 0 || e == 0 || e % 8 != 0 || tokens > i32::MAX as usize {
         bail!("{OP} (cuda): x {:?} against split router {:?}", x.dims(), split.dims());
     }
     if tokens == 0 {

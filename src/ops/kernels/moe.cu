@@ -456,34 +456,29 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
 // from shared memory through descriptors (K-major, 128-byte swizzle: the tile layout of
 // tile_offset), accumulating in place.
 template <typename T> __device__ __forceinline__ void wgmma_m64n256k16(float *d, uint64_t desc_a, uint64_t desc_b);
-template <> __device__ __forceinline__ void wgmma_m64n256k16<__nv_bfloat16>(float *d, uint64_t desc_a, uint64_t desc_b) {
+// One specialisation per element type (the PTX names it: bf16, f16); the operands are the same.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
-        "%128, %129, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"(1));
+#define WGMMA_M64N256K16_ASM(PTX_TYPE) \
+    asm volatile("{\n" \
+                 ".reg .pred p;\n" \
+                 "setp.ne.b32 p, %130, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTX_TYPE "." PTX_TYPE " " \
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, " \
+                 "%128, %129, p, 1, 1, 0, 0;\n" \
+                 "}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+                 : "l"(desc_a), "l"(desc_b), "r"(1));
+#else
+#define WGMMA_M64N256K16_ASM(PTX_TYPE)
 #endif
-}
-template <> __device__ __forceinline__ void wgmma_m64n256k16<__half>(float *d, uint64_t desc_a, uint64_t desc_b) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
-        "%128, %129, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(desc_a), "l"(desc_b), "r"(1));
-#endif
-}
+#define WGMMA_M64N256K16(T, PTX_TYPE) \
+    template <> __device__ __forceinline__ void wgmma_m64n256k16<T>(float *d, uint64_t desc_a, uint64_t desc_b) { \
+        WGMMA_M64N256K16_ASM(PTX_TYPE) \
+    }
+WGMMA_M64N256K16(__nv_bfloat16, "bf16")
+WGMMA_M64N256K16(__half, "f16")
+#undef WGMMA_M64N256K16
+#undef WGMMA_M64N256K16_ASM
 
 // A shared-memory matrix descriptor for wgmma: K-major rows of 128 bytes, 128-byte swizzle,
 // eight-row groups 1024 bytes apart (the layout tile_offset and a 128-byte-swizzled TMA box
@@ -521,14 +516,15 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
                  : "memory");
 }
 // The grouped GEMM of moe_gemm at 128 x 256 tiles on Hopper: persistent (CTAs stride over the
-// work items of WsShape, column tiles of a row tile consecutive, so an A tile and an expert's W slices are read
-// from DRAM about once) and warp-specialised. Warpgroup 0 produces: W tiles [256 x 64] by TMA
-// from `wmap` (W as a 2-D tensor [E * N, K], boxes of 64 x 256 with 128-byte swizzle; rows past
-// an expert's N are the next expert's or, past the end, zeros, and land only in columns the
-// epilogue skips), A tiles [128 x 64] gathered through `src` by cp.async (rows past the tile's
-// and columns past the slice's end zero-filled), into WS_STAGES stages. Warpgroups 1 and 2 consume: 64 rows x
-// 256 columns each (wgmma m64n256k16), keeping one k tile's MMAs in flight, and write the tile
-// from registers with moe_gemm's epilogues while the producer fills the next tile's stages.
+// work items of WsShape, column tiles of a row tile consecutive, so an A tile and an expert's W
+// slices are read from DRAM about once) and warp-specialised. Warpgroup 0 produces: W tiles
+// [256 x 64] by TMA from `wmap` (W as a 2-D tensor [E * N, K], boxes of 64 x 256 with 128-byte
+// swizzle; rows past an expert's N are the next expert's or, past the end, zeros, and land only
+// in columns the epilogue skips), A tiles [128 x 64] gathered through `src` by cp.async (rows
+// past the tile's and columns past the slice's end zero-filled), into WS_STAGES stages.
+// Warpgroups 1 and 2 consume: 64 rows x 256 columns each (wgmma m64n256k16), keeping one k
+// tile's MMAs in flight, and write the tile from registers with moe_gemm's epilogues while the
+// producer fills the next tile's stages.
 // Stage s is handed over by two mbarriers: full[s] (129 arrivals: thread 0's with the TMA's
 // expected bytes, and every producer thread's once its cp.async completed and was fenced for the
 // async proxy) and empty[s] (one arrival per consumer warp once its MMAs reading the stage are
@@ -581,10 +577,11 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     const int N = g.N, K = g.K;
     const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = g.row_tiles;
     const int per_slice = slots * n_tiles, total = per_slice * ((K + g.k_chunk - 1) / g.k_chunk);
-    // Work item w: slice w / per_slice, its k tiles [k_begin, k_end).
-    auto k_range = [&](int w, int &k_begin, int &k_tiles) {
+    // Work item w: slice w / per_slice, columns [k_begin, k_end) in k_tiles tiles.
+    auto k_range = [&](int w, int &k_begin, int &k_end, int &k_tiles) {
         k_begin = (w / per_slice) * g.k_chunk;
-        k_tiles = (min(K, k_begin + g.k_chunk) - k_begin + BK - 1) / BK;
+        k_end = min(K, k_begin + g.k_chunk);
+        k_tiles = (k_end - k_begin + BK - 1) / BK;
     };
     if (tid == 0) {
         for (int s = 0; s < WS_STAGES; ++s) {
@@ -603,9 +600,8 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
         int it = 0, handed = 0;
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
-            int k_begin, k_tiles;
-            k_range(w, k_begin, k_tiles);
-            const int k_end = min(K, k_begin + g.k_chunk);
+            int k_begin, k_end, k_tiles;
+            k_range(w, k_begin, k_end, k_tiles);
             uint32_t a_row[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
@@ -651,8 +647,8 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
         int it = 0;
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
-            int k_begin, k_tiles;
-            k_range(w, k_begin, k_tiles);
+            int k_begin, k_end, k_tiles;
+            k_range(w, k_begin, k_end, k_tiles);
 #pragma unroll
             for (int i = 0; i < 128; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
