@@ -312,6 +312,11 @@ template <typename T, int BM, int THREADS> struct TileLoader {
     }
 };
 
+// Writes one output row's share of NT n8 tiles from the accumulators, `frag(j, v)` being the
+// thread's value of tile j at column 2 * (lane % 4) + v (mma.sync's and wgmma's layout alike):
+// T(acc) or f32 acc at columns n_base + 8 j + .., or for SWIGLU, per 32 columns (one gate/up
+// chunk pair: tiles 0-1 gate, 2-3 the matching up) T(T(silu(gate)) * up) at the pair's 16 output
+// columns.
 // Lane q of a quad holds the pairs p[t] (two T values packed in a u32) of n8 tiles t = 0..3 of
 // one row; returns tile q's four pairs — its 8 columns in order — gathered from the quad's lanes
 // (round r: every lane sends the pair its quad partner q - r wants). Every lane of the warp calls.
@@ -336,23 +341,12 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b
     return *reinterpret_cast<uint32_t *>(pr);
 }
 
-// SWIGLU's two outputs of this lane in output n8 tile j (0, 1) of gate/up chunk pair q (n8 tiles
-// 4q + j gate, 4q + j + 2 the matching up): T(T(silu(gate)) * up), packed.
-template <typename T, typename Frag> __device__ __forceinline__ uint32_t swiglu_pair(Frag frag, int q, int j) {
-    float o[2];
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-        const float g = round_t<T>(frag(q * 4 + j, v));
-        const float u = round_t<T>(frag(q * 4 + j + 2, v));
-        o[v] = round_t<T>(g / (1.f + expf(-g))) * u;
-    }
-    return pack2<T>(o[0], o[1]);
-}
+// store_row for every lane of the warp at once (`valid`: this lane's row exists): PLAIN rows of
+// T written 16 bytes a lane (whole 32-byte sectors) through quad_transpose; other epilogues as
+// store_row. NT a multiple of 4.
+template <typename T, typename O, Epilogue EPI, int NT, typename Frag>
+__device__ __forceinline__ void store_row_wide(O *orow, int n_base, int N, bool valid, Frag frag);
 
-// Writes one output row's share of NT n8 tiles from the accumulators, `frag(j, v)` being the
-// thread's value of tile j at column 2 * (lane % 4) + v (mma.sync's and wgmma's layout alike):
-// T(acc) or f32 acc at columns n_base + 8 j + .., or for SWIGLU, per 32 columns (one gate/up
-// chunk pair) swiglu_pair at the pair's 16 output columns.
 template <typename T, typename O, Epilogue EPI, int NT, typename Frag>
 __device__ __forceinline__ void store_row(O *orow, int n_base, int N, Frag frag) {
     const int lane = threadIdx.x & 31;
@@ -362,8 +356,18 @@ __device__ __forceinline__ void store_row(O *orow, int n_base, int N, Frag frag)
             const int pair = (n_base + q * 32) / 32;
             if (pair * 32 >= N) continue;
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-                *reinterpret_cast<uint32_t *>(orow + pair * 16 + j * 8 + (lane & 3) * 2) = swiglu_pair<T>(frag, q, j);
+            for (int j = 0; j < 2; ++j) {
+                float o[2];
+#pragma unroll
+                for (int v = 0; v < 2; ++v) {
+                    const float g = round_t<T>(frag(q * 4 + j, v));
+                    const float u = round_t<T>(frag(q * 4 + j + 2, v));
+                    o[v] = round_t<T>(g / (1.f + expf(-g))) * u;
+                }
+                const int col = pair * 16 + j * 8 + (lane & 3) * 2;
+                T pr[2] = {from_f<T>(o[0]), from_f<T>(o[1])};
+                *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
+            }
         }
     } else {
 #pragma unroll
@@ -373,20 +377,17 @@ __device__ __forceinline__ void store_row(O *orow, int n_base, int N, Frag frag)
             if constexpr (EPI == F32_OUT) {
                 *reinterpret_cast<float2 *>(orow + col) = make_float2(frag(j, 0), frag(j, 1));
             } else {
-                *reinterpret_cast<uint32_t *>(orow + col) = pack2<T>(frag(j, 0), frag(j, 1));
+                T pr[2] = {from_f<T>(frag(j, 0)), from_f<T>(frag(j, 1))};
+                *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
             }
         }
     }
 }
 
-// store_row for every lane of the warp at once (`valid`: this lane's row exists), T rows written
-// 16 bytes a lane — a quad's row segment of 64 bytes, whole 32-byte sectors — through
-// quad_transpose: PLAIN per four n8 tiles, SWIGLU per two chunk pairs (four output n8 tiles; a
-// last odd pair as store_row). F32_OUT as store_row (8 bytes a lane already fill a sector).
 template <typename T, typename O, Epilogue EPI, int NT, typename Frag>
 __device__ __forceinline__ void store_row_wide(O *orow, int n_base, int N, bool valid, Frag frag) {
-    const int q = threadIdx.x & 3;
-    if constexpr (EPI == PLAIN && NT % 4 == 0) {
+    if constexpr (EPI == PLAIN && sizeof(O) == 2 && NT % 4 == 0) {
+        const int q = threadIdx.x & 3;
 #pragma unroll
         for (int g = 0; g < NT / 4; ++g) {
             // Uniform across the warp: N is a multiple of 8, so a tile is all in or all out.
@@ -397,24 +398,6 @@ __device__ __forceinline__ void store_row_wide(O *orow, int n_base, int N, bool 
             const uint4 row8 = quad_transpose(p);
             const int col = n_base + 32 * g + 8 * q;
             if (valid && col < N) *reinterpret_cast<uint4 *>(orow + col) = row8;
-        }
-    } else if constexpr (EPI == SWIGLU && NT % 8 == 0) {
-#pragma unroll
-        for (int m = 0; m < NT / 8; ++m) {
-            // Chunk pairs 2m and 2m + 1 of the tile; N is a multiple of 32, so each pair is all in
-            // or all out, uniformly across the warp.
-            const int pair = (n_base + m * 64) / 32;
-            if (pair * 32 >= N) break;
-            if ((pair + 1) * 32 < N) {
-                const uint32_t p[4] = {swiglu_pair<T>(frag, 2 * m, 0), swiglu_pair<T>(frag, 2 * m, 1),
-                                       swiglu_pair<T>(frag, 2 * m + 1, 0), swiglu_pair<T>(frag, 2 * m + 1, 1)};
-                const uint4 row8 = quad_transpose(p);
-                if (valid) *reinterpret_cast<uint4 *>(orow + pair * 16 + 8 * q) = row8;
-            } else if (valid) {
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    *reinterpret_cast<uint32_t *>(orow + pair * 16 + j * 8 + q * 2) = swiglu_pair<T>(frag, 2 * m, j);
-            }
         }
     } else {
         if (valid) store_row<T, O, EPI, NT>(orow, n_base, N, frag);
