@@ -317,36 +317,6 @@ template <typename T, int BM, int THREADS> struct TileLoader {
 // T(acc) or f32 acc at columns n_base + 8 j + .., or for SWIGLU, per 32 columns (one gate/up
 // chunk pair: tiles 0-1 gate, 2-3 the matching up) T(T(silu(gate)) * up) at the pair's 16 output
 // columns.
-// Lane q of a quad holds the pairs p[t] (two T values packed in a u32) of n8 tiles t = 0..3 of
-// one row; returns tile q's four pairs — its 8 columns in order — gathered from the quad's lanes
-// (round r: every lane sends the pair its quad partner q - r wants). Every lane of the warp calls.
-__device__ __forceinline__ uint4 quad_transpose(const uint32_t (&p)[4]) {
-    const int lane = threadIdx.x & 31, q = lane & 3;
-    uint32_t o0 = 0, o1 = 0, o2 = 0, o3 = 0;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const int want = (q + r) & 3, from = (q - r) & 3;
-        const uint32_t send = want == 0 ? p[0] : want == 1 ? p[1] : want == 2 ? p[2] : p[3];
-        const uint32_t got = __shfl_sync(0xffffffffu, send, (lane & ~3) | from);
-        o0 = from == 0 ? got : o0;
-        o1 = from == 1 ? got : o1;
-        o2 = from == 2 ? got : o2;
-        o3 = from == 3 ? got : o3;
-    }
-    return make_uint4(o0, o1, o2, o3);
-}
-
-template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b) {
-    T pr[2] = {from_f<T>(a), from_f<T>(b)};
-    return *reinterpret_cast<uint32_t *>(pr);
-}
-
-// store_row for every lane of the warp at once (`valid`: this lane's row exists): PLAIN rows of
-// T written 16 bytes a lane (whole 32-byte sectors) through quad_transpose; other epilogues as
-// store_row. NT a multiple of 4.
-template <typename T, typename O, Epilogue EPI, int NT, typename Frag>
-__device__ __forceinline__ void store_row_wide(O *orow, int n_base, int N, bool valid, Frag frag);
-
 template <typename T, typename O, Epilogue EPI, int NT, typename Frag>
 __device__ __forceinline__ void store_row(O *orow, int n_base, int N, Frag frag) {
     const int lane = threadIdx.x & 31;
@@ -381,26 +351,6 @@ __device__ __forceinline__ void store_row(O *orow, int n_base, int N, Frag frag)
                 *reinterpret_cast<uint32_t *>(orow + col) = *reinterpret_cast<uint32_t *>(pr);
             }
         }
-    }
-}
-
-template <typename T, typename O, Epilogue EPI, int NT, typename Frag>
-__device__ __forceinline__ void store_row_wide(O *orow, int n_base, int N, bool valid, Frag frag) {
-    if constexpr (EPI == PLAIN && sizeof(O) == 2 && NT % 4 == 0) {
-        const int q = threadIdx.x & 3;
-#pragma unroll
-        for (int g = 0; g < NT / 4; ++g) {
-            // Uniform across the warp: N is a multiple of 8, so a tile is all in or all out.
-            if (n_base + 32 * g >= N) break;
-            uint32_t p[4];
-#pragma unroll
-            for (int t = 0; t < 4; ++t) p[t] = pack2<T>(frag(4 * g + t, 0), frag(4 * g + t, 1));
-            const uint4 row8 = quad_transpose(p);
-            const int col = n_base + 32 * g + 8 * q;
-            if (valid && col < N) *reinterpret_cast<uint4 *>(orow + col) = row8;
-        }
-    } else {
-        if (valid) store_row<T, O, EPI, NT>(orow, n_base, N, frag);
     }
 }
 
@@ -722,11 +672,9 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             O *slice_out = out + (size_t)(w / per_slice) * (g.tile_expert ? 0 : g.dense_rows) * out_w;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                // Every lane stores (the wide PLAIN path shuffles across the quad); rows past the
-                // tile's write nothing.
                 const int r = c * 64 + warp * 16 + (lane >> 2) + h * 8;
-                store_row_wide<T, O, EPI, WS_BN / 8>(slice_out + (size_t)(row0 + min(r, rows - 1)) * out_w, n0, N, r < rows,
-                                                     [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
+                if (r >= rows) continue;
+                store_row<T, O, EPI, WS_BN / 8>(slice_out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
             }
         }
     }
