@@ -356,6 +356,9 @@ template <> struct Mma<__half> {
 
 #define MMA_NQ 64
 #define MMA_KB 32
+// Blocks per SM the register allocation must allow: the kernel is latency-bound (S, softmax and
+// PV of one 32-key tile per barrier), so more resident warps matter more than a few spills.
+#define MMA_MIN_BLOCKS 4
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -650,7 +653,7 @@ PA_KERNELS(f16, __half)
     PA_MMA_KERNEL_AS(paged_attn_mma_pipe_##NAME##_d##D, T, D, true)
 
 #define PA_MMA_KERNEL_AS(FN, T, D, PIPE)                                                         \
-    extern "C" __global__ void __launch_bounds__(NTHREADS) FN(                                   \
+    extern "C" __global__ void __launch_bounds__(NTHREADS, MMA_MIN_BLOCKS) FN(                                   \
         T *out, const T *q, const T *kc, const T *vc, const uint32_t *block_tables,              \
         const uint32_t *context_lens, const uint32_t *cu_q, int num_rows, int max_blocks,        \
         int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2,             \
