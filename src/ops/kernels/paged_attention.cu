@@ -358,7 +358,7 @@ template <> struct Mma<__half> {
 #define MMA_KB 32
 // Blocks per SM the register allocation must allow: the kernel is latency-bound (S, softmax and
 // PV of one 32-key tile per barrier), so more resident warps matter more than a few spills.
-#define MMA_MIN_BLOCKS 4
+#define MMA_MIN_BLOCKS 3
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
