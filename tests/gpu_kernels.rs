@@ -1312,6 +1312,10 @@ fn moe_routing_on_the_device_chooses_as_the_host_rule() {
         ("qwen3-moe softmax, renormalised", qwen(true), false),
         ("qwen3-moe softmax, raw", qwen(false), false),
         ("odd expert count, groups of 3", llada2_router(24, 4, 8, 3), true),
+        // Shapes the register-resident router cannot hold: the shared-memory one.
+        ("groups of 100 (no whole-lane split)", llada2_router(200, 8, 2, 1), true),
+        ("512 experts, softmax", RouterArch { num_experts: 512, ..qwen(true) }, false),
+        ("top 40 of 64", llada2_router(64, 40, 1, 1), true),
     ];
     for (name, arch, with_bias) in cases {
         let e = arch.num_experts;
