@@ -108,9 +108,10 @@ pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &Stacked
     if gh != h || ids.dims() != [tokens, k] || weights.dims() != ids.dims() || two_w == 0 || two_w % 32 != 0 || h == 0 || h % 8 != 0 || h > 8192 {
         bail!("{OP} (cuda): x {:?}, ids {:?}, weights {:?}, gate_up {:?}", x.dims(), ids.dims(), weights.dims(), gate_up.dims());
     }
-    // `moe_count` keeps a counter per expert in shared memory (48 KB by default).
-    if e > 12_288 {
-        bail!("{OP} (cuda): {e} experts (at most 12288)");
+    // The grouping kernels keep two counters per expert in shared memory (48 KB by default, of
+    // which `moe_offsets` takes 256 bytes for its scan).
+    if e > 6112 {
+        bail!("{OP} (cuda): {e} experts (at most 6112)");
     }
     let shared = shared.map(|s| s.contiguous()).transpose()?;
     if let Some(s) = &shared {
@@ -193,10 +194,9 @@ struct TmaMap(sys::CUtensorMap);
 unsafe impl DeviceRepr for TmaMap {}
 
 /// The TMA map of stacked expert weights `[experts, n, k]` read as one 2-D tensor `[experts · n,
-/// k]` in boxes of 64 columns × `box_rows` rows with 128-byte swizzle (the warp-specialised
-/// GEMM's W tiles, 256 rows, or their halves for the pair kernels). `ptr` is the weights' device
-/// address (16-byte aligned; k a multiple of 8).
-fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usize, box_rows: usize) -> Result<TmaMap> {
+/// k]` in boxes of 64 columns × 256 rows with 128-byte swizzle (the warp-specialised GEMM's W
+/// tiles). `ptr` is the weights' device address (16-byte aligned; k a multiple of 8).
+fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Result<TmaMap> {
     use sys::{CUtensorMapDataType as D, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle};
     let dtype = if dtype == DType::BF16 { D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
     // The kernel addresses W's rows with i32 coordinates.
@@ -205,7 +205,7 @@ fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usi
     }
     let dims = [k as u64, (experts * n) as u64];
     let strides = [(k * 2) as u64];
-    let boxes = [BK as u32, box_rows as u32];
+    let boxes = [BK as u32, WS_BN as u32];
     let steps = [1u32, 1];
     let mut map = TmaMap(sys::CUtensorMap { opaque: [0; 16] });
     // SAFETY: every array outlives the call and has the rank-2 lengths the driver reads (strides:
@@ -246,33 +246,6 @@ fn sm_count(dev: &CudaDevice) -> Result<usize> {
 fn ws_config(func: &CudaFunction, work: usize, sms: usize) -> Result<LaunchConfig> {
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WS_SMEM as i32).w()?;
     Ok(LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: WS_SMEM })
-}
-
-/// Launch configuration of the two-CTA-cluster GEMM `func` over `work` pair items: persistent,
-/// as many clusters as the device runs at once (from the occupancy query), fewer when there are
-/// fewer items.
-fn ws_pair_config(func: &CudaFunction, work: usize) -> Result<LaunchConfig> {
-    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WS_SMEM as i32).w()?;
-    let config = sys::CUlaunchConfig {
-        gridDimX: 2,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: WS_THREADS,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: WS_SMEM,
-        hStream: std::ptr::null_mut(),
-        attrs: std::ptr::null_mut(),
-        numAttrs: 0,
-    };
-    let mut clusters = 0i32;
-    // SAFETY: `config` and `clusters` outlive the call; `func` is a live function handle.
-    unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, func.cu_function(), &config) }.result().w()?;
-    if clusters <= 0 {
-        bail!("moe_experts (cuda): the device runs no two-CTA cluster of the Hopper GEMM");
-    }
-    let grid = 2 * work.clamp(1, clusters as usize);
-    Ok(LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: WS_SMEM })
 }
 
 /// Launch shape of a grouped GEMM with `bm`-row tiles: threads, and dynamic shared memory (over
@@ -336,7 +309,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let offsets = kernel!(dev, Module::Moe, "moe_offsets")?;
     let mut b = offsets.builder();
     b.arg(&mut cursor).arg(&mut expert_end).arg(&mut tile_expert).arg(&mut tile_start).arg(&counts).arg(&ei).arg(&bmi).arg(&mt);
-    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: (2 * e * 4) as u32 };
     // SAFETY: argument list matches `moe_offsets` in moe.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -351,6 +324,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let null = 0u64;
     if hopper {
         let stream = dev.cuda_stream();
+        let sms = sm_count(dev)?;
         let dtype = a.x.dtype();
         let row_tiles = max_tiles as i32;
         // A and the row map go in as device addresses, held by their guards over the launches
@@ -359,11 +333,9 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         let (src_ptr, _src_guard) = sorted_src.device_ptr(&stream);
         let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
             let (w_ptr, _w_guard) = weights.device_ptr(&stream);
-            // Two-CTA clusters over pairs of tile slots, each W tile loaded once for both where
-            // the pair's tiles are one expert's (`moe_offsets` places them so).
-            let func = kernel!(dev, Module::Moe, &format!("moe_wgmma_pair_{name}{suf}"))?;
-            let map = weight_map(OP, dtype, w_ptr, e, n, k, WS_BN / 2)?;
-            let cfg = ws_pair_config(&func, max_tiles.div_ceil(2) * n.div_ceil(WS_BN))?;
+            let map = weight_map(OP, dtype, w_ptr, e, n, k)?;
+            let func = kernel!(dev, Module::Moe, &format!("moe_wgmma_{name}{suf}"))?;
+            let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sms)?;
             let (ni, ki) = (n as i32, k as i32);
             let mut b = func.builder();
             b.arg(out).arg(&input).arg(&map).arg(&src);
@@ -504,7 +476,7 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     if hopper {
         let stream = dev.cuda_stream();
         let (s_ptr, _s_guard) = s_v.device_ptr(&stream);
-        let map = weight_map(OP, DType::BF16, s_ptr, 1, e, three_h, WS_BN)?;
+        let map = weight_map(OP, DType::BF16, s_ptr, 1, e, three_h)?;
         let func = kernel!(dev, Module::Moe, "moe_wgmma_f32out_bf16")?;
         let row_tiles = tokens.div_ceil(WS_BM);
         let cfg = ws_config(&func, row_tiles * e.div_ceil(WS_BN) * slices, sms)?;

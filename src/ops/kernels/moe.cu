@@ -11,9 +11,8 @@
 //   that allow it (up to 256 experts).
 // moe_count, moe_offsets, moe_scatter: count the (token, k) pairs per expert, lay them out
 //   expert by expert (sorted position of each pair, the source row token = pair / K of each
-//   sorted position) and cut every expert's rows into tiles of BM rows for the GEMMs, placed in
-//   pairs of slots for the Hopper GEMM's two-CTA clusters (see expert_offsets; unused slots, at
-//   the end: expert ~0).
+//   sorted position) and cut every expert's rows into tiles of BM rows for the GEMMs (unused tile
+//   slots, at the end: expert ~0).
 // moe_gemm_*: out[r] = A[src(r)] · W[e]^T for the rows r of each tile, W [E, N, K] row-major.
 //   bf16/f16 mma.sync m16n8k16 with f32 accumulators fed by ldmatrix from XOR-swizzled shared
 //   tiles, block tiles BM x 128 x 64, three cp.async stages, four warps (64 x 32 warp tiles at
@@ -284,68 +283,53 @@ __device__ void count_pairs(uint32_t *__restrict__ counts, const uint32_t *__res
         if (hist[e]) atomicAdd(&counts[e], hist[e]);
 }
 
-// Exclusive prefix sum over the block of each thread's `v` (blockDim a multiple of 32, at most
-// 1024); `total` gets the block's sum. Every thread of the block calls.
-__device__ uint64_t block_exclusive_scan(uint64_t v, uint64_t &total) {
+// moe_offsets: one block of blockDim threads (a multiple of 32, at most 1024); shared memory
+// 2 * E u32. Lays the experts' rows out one after the other (`cursor` = each expert's first
+// sorted row, `expert_end` = one past its last) and cuts every expert's rows into tiles of `bm`
+// in expert order (unused tile slots at the end: expert NONE). Thread i sums a contiguous run of
+// experts; a scan over the threads' sums gives every run its first row and tile.
+__device__ void expert_offsets(uint32_t *__restrict__ cursor, uint32_t *__restrict__ expert_end,
+                               uint32_t *__restrict__ tile_expert, uint32_t *__restrict__ tile_start,
+                               const uint32_t *__restrict__ counts, int E, int bm, int max_tiles) {
+    extern __shared__ uint32_t offs[];
+    uint32_t *start = offs, *first_tile = offs + E;
     __shared__ uint64_t warp_sums[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    uint64_t incl = v;
+    const int per = (E + blockDim.x - 1) / blockDim.x, e0 = min(E, (int)threadIdx.x * per), e1 = min(E, e0 + per);
+    // (rows << 32) | tiles: both sums stay below 2^32, so one 64-bit scan carries both.
+    uint64_t mine = 0;
+    for (int e = e0; e < e1; ++e) mine += ((uint64_t)counts[e] << 32) | ((counts[e] + bm - 1) / bm);
+    uint64_t incl = mine;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        const uint64_t u = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += u;
+        const uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
     }
-    __syncthreads(); // an earlier call's readers are done with warp_sums
     if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
-    uint64_t before = incl - v;
-    total = 0;
+    uint64_t before = incl - mine, total = 0;
     for (int w = 0; w < warps; ++w) {
         if (w < warp) before += warp_sums[w];
         total += warp_sums[w];
     }
-    return before;
-}
-
-// moe_offsets: one block of blockDim threads (a multiple of 32, at most 1024). Lays the experts'
-// rows out one after the other (`cursor` = each expert's first sorted row, `expert_end` = one
-// past its last) and cuts every expert's rows into tiles of `bm`, placed for the Hopper GEMM's
-// two-CTA pairs (slots 2i, 2i + 1): first every expert's tiles two by two in expert order (a pair
-// shares its expert's W), then the experts' odd last tiles (paired across experts); unused slots
-// at the end: expert NONE. Thread i takes a contiguous run of experts; block scans of the runs'
-// rows, tiles and odd tiles give each run its first row and slots.
-__device__ void expert_offsets(uint32_t *__restrict__ cursor, uint32_t *__restrict__ expert_end,
-                               uint32_t *__restrict__ tile_expert, uint32_t *__restrict__ tile_start,
-                               const uint32_t *__restrict__ counts, int E, int bm, int max_tiles) {
-    const int per = (E + blockDim.x - 1) / blockDim.x, e0 = min(E, (int)threadIdx.x * per), e1 = min(E, e0 + per);
-    // (rows << 32) | tiles: both sums stay below 2^32, so one 64-bit scan carries both.
-    uint64_t mine = 0, odd = 0;
+    uint32_t row = (uint32_t)(before >> 32), tile = (uint32_t)before;
     for (int e = e0; e < e1; ++e) {
-        const uint32_t tiles = (counts[e] + bm - 1) / bm;
-        mine += ((uint64_t)counts[e] << 32) | tiles;
-        odd += tiles & 1;
-    }
-    uint64_t total, total_odd;
-    const uint64_t before = block_exclusive_scan(mine, total);
-    const uint64_t odd_before = block_exclusive_scan(odd, total_odd);
-    uint32_t row = (uint32_t)(before >> 32);
-    uint32_t pair_slot = (uint32_t)before - (uint32_t)odd_before;
-    uint32_t odd_slot = (uint32_t)total - (uint32_t)total_odd + (uint32_t)odd_before;
-    for (int e = e0; e < e1; ++e) {
-        const uint32_t tiles = (counts[e] + bm - 1) / bm;
-        cursor[e] = row;
-        expert_end[e] = row + counts[e];
-        for (uint32_t j = 0; j < tiles; ++j) {
-            const uint32_t t = (tiles & 1) && j + 1 == tiles ? odd_slot++ : pair_slot++;
-            if (t < (uint32_t)max_tiles) {
-                tile_expert[t] = e;
-                tile_start[t] = row + j * bm;
-            }
-        }
+        start[e] = row;
+        first_tile[e] = tile;
         row += counts[e];
+        tile += (counts[e] + bm - 1) / bm;
     }
-    const int used = (int)min((uint32_t)total, (uint32_t)max_tiles);
-    for (int t = used + threadIdx.x; t < max_tiles; t += blockDim.x) tile_expert[t] = NONE;
+    const uint32_t total_tiles = min((uint32_t)total, (uint32_t)max_tiles);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        cursor[e] = start[e];
+        expert_end[e] = start[e] + counts[e];
+        for (uint32_t r = 0, t = first_tile[e]; r < counts[e] && t < (uint32_t)max_tiles; r += bm, ++t) {
+            tile_expert[t] = e;
+            tile_start[t] = start[e] + r;
+        }
+    }
+    for (int t = total_tiles + threadIdx.x; t < max_tiles; t += blockDim.x) tile_expert[t] = NONE;
 }
 
 // moe_scatter: grid ceil(pairs / blockDim). Places each pair at the next free row of its expert
@@ -649,31 +633,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
                  ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
-// The same box into `dst` of each CTA of the cluster in `ctas` (a bit mask), completing its bytes
-// on `bar` at the same offset in each.
-__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaMap *map, int c0, int c1, unsigned bar, uint16_t ctas) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
-                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(ctas)
-                 : "memory");
-}
-// An arrival on the barrier at offset `bar` in CTA `cta` of the cluster. Release at CTA scope,
-// as for a local arrival: what it orders is this warp's finished reads of a stage (wgmma
-// wait_group), not memory another CTA reads — a cluster-scope release would also wait for the
-// epilogue's global stores.
-__device__ __forceinline__ void mbar_arrive_remote(unsigned bar, unsigned cta) {
-    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
-                 ::"r"(bar), "r"(cta)
-                 : "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 // The grouped GEMM of moe_gemm at 128 x 256 tiles on Hopper: persistent (CTAs stride over the
 // work items of WsShape, column tiles of a row tile consecutive, so an A tile and an expert's W
 // slices are read from DRAM about once) and warp-specialised. Warpgroup 0 produces: W tiles
@@ -688,14 +647,6 @@ __device__ __forceinline__ void cluster_sync() {
 // expected bytes, and every producer thread's once its cp.async completed and was fenced for the
 // async proxy) and empty[s] (one arrival per consumer warp once its MMAs reading the stage are
 // done).
-//
-// PAIR (expert mode): two-CTA clusters take the two tile slots of a pair (moe_offsets places one
-// expert's tiles two by two, then the odd last tiles). When both tiles are one expert's, each
-// CTA loads one half of every W tile (`wmap` boxes of 128 rows) into both CTAs by TMA multicast:
-// the pair reads W from L2 once, not twice. Otherwise each loads its own W in two halves; a
-// pair's empty slot is a CTA whose consumers only hand the stages back. Either way the CTAs step
-// together: empty[s] counts the consumer warps of both, since a multicast writes the other CTA's
-// stage too.
 constexpr int WS_BM = 128, WS_BN = 256, WS_STAGES = 4, WS_THREADS = 384;
 constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS_STAGE = WS_A_BYTES + WS_B_BYTES;
 // Stages the producer runs ahead before it hands a stage over (its cp.async groups in flight).
@@ -712,48 +663,27 @@ struct WsShape {
     const uint32_t *src, *tile_expert, *tile_start, *expert_end;
     int N, K, a_cols, row_tiles, dense_rows, k_chunk;
 };
-constexpr int WS_HALF_ROWS = WS_BN / 2, WS_HALF_BYTES = WS_B_BYTES / 2;
 
-// The tile this CTA computes for work item `w` (w / n_tiles: a tile slot, or with PAIR the pair
-// of slots 2i, 2i + 1 whose `rank`-th is this CTA's; w % n_tiles: the column tile). False: past
-// the last tile — unused slots are at the end, and with tile slots there is one k slice (the host
-// passes k_chunk = K), so every later work item is past it too. `rows` 0: an empty slot of a
-// pair; `both`: the pair's tiles are one expert's.
-template <bool PAIR>
-__device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, unsigned rank, uint32_t &e, int &row0, int &rows,
-                                        int &n0, bool &both) {
+// The tile this CTA computes for work item `w` (w / n_tiles: a tile slot, w % n_tiles: the
+// column tile). False: past the last tile — unused slots are at the end, and with tile slots
+// there is one k slice (the host passes k_chunk = K), so every later work item is past it too.
+__device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, uint32_t &e, int &row0, int &rows, int &n0) {
     const int slot = w / n_tiles;
     n0 = (w % n_tiles) * WS_BN;
-    both = false;
     if (!g.tile_expert) {
         e = 0;
         row0 = slot * WS_BM;
         rows = min(WS_BM, g.dense_rows - row0);
         return true;
     }
-    int mine = slot;
-    if (PAIR) {
-        // A pair's first slot is filled unless the pair is past the end.
-        const uint32_t first = g.tile_expert[2 * slot];
-        if (first == NONE) return false;
-        const uint32_t second = 2 * slot + 1 < g.row_tiles ? g.tile_expert[2 * slot + 1] : NONE;
-        both = first == second;
-        mine = 2 * slot + (int)rank;
-        e = rank ? second : first;
-        if (e == NONE) {
-            row0 = rows = 0;
-            return true;
-        }
-    } else {
-        e = g.tile_expert[slot];
-        if (e == NONE) return false;
-    }
-    row0 = (int)g.tile_start[mine];
+    e = g.tile_expert[slot];
+    if (e == NONE) return false;
+    row0 = (int)g.tile_start[slot];
     rows = min(WS_BM, (int)g.expert_end[e] - row0);
     return true;
 }
 
-template <typename T, typename O, Epilogue EPI, bool PAIR>
+template <typename T, typename O, Epilogue EPI>
 __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaMap *wmap, const WsShape g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char ws_smem[];
@@ -763,9 +693,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     const unsigned full = smem + WS_STAGES * WS_STAGE, empty = full + WS_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int N = g.N, K = g.K;
-    const unsigned rank = PAIR ? cluster_rank() : 0;
-    const int unit = PAIR ? blockIdx.x / 2 : blockIdx.x, units = PAIR ? gridDim.x / 2 : gridDim.x;
-    const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = PAIR ? (g.row_tiles + 1) / 2 : g.row_tiles;
+    const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = g.row_tiles;
     const int per_slice = slots * n_tiles, total = per_slice * ((K + g.k_chunk - 1) / g.k_chunk);
     // Work item w: slice w / per_slice, columns [k_begin, k_end) in k_tiles tiles.
     auto k_range = [&](int w, int &k_begin, int &k_end, int &k_tiles) {
@@ -776,22 +704,20 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     if (tid == 0) {
         for (int s = 0; s < WS_STAGES; ++s) {
             mbar_init(full + 8 * s, 129);
-            mbar_init(empty + 8 * s, PAIR ? 16 : 8);
+            mbar_init(empty + 8 * s, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (PAIR) cluster_sync(); // the other CTA's barriers exist before anything reaches them
 
     uint32_t e;
     int row0, rows, n0;
-    bool both;
     if (wg == 0) {
         // Producer: thread t loads 16-byte chunk t % 8 of A rows t / 8 + 16 i.
         const int kc = tid & 7;
         int it = 0, handed = 0;
-        for (int w = unit; w < total; w += units) {
-            if (!ws_tile<PAIR>(w % per_slice, n_tiles, g, rank, e, row0, rows, n0, both)) break;
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
+            if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
             k_range(w, k_begin, k_end, k_tiles);
             uint32_t a_row[8];
@@ -807,22 +733,8 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                 const unsigned stage = smem + s * WS_STAGE;
                 const int k0 = k_begin + kt * BK;
                 if (tid == 0) {
-                    if (!PAIR) {
-                        mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
-                        tma_load_2d(stage + WS_A_BYTES, wmap, k0, w_row, full + 8 * s);
-                    } else if (rows == 0) {
-                        mbar_arrive(full + 8 * s); // an empty slot: no W
-                    } else {
-                        // Both halves land here: this CTA's own, and with `both` the partner's.
-                        mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
-                        const unsigned b = stage + WS_A_BYTES;
-                        if (both) {
-                            tma_load_2d_multicast(b + rank * WS_HALF_BYTES, wmap, k0, w_row + rank * WS_HALF_ROWS, full + 8 * s, 3);
-                        } else {
-                            tma_load_2d(b, wmap, k0, w_row, full + 8 * s);
-                            tma_load_2d(b + WS_HALF_BYTES, wmap, k0, w_row + WS_HALF_ROWS, full + 8 * s);
-                        }
-                    }
+                    mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
+                    tma_load_2d(stage + WS_A_BYTES, wmap, k0, w_row, full + 8 * s);
                 }
                 const bool k_ok = k0 + kc * 8 < k_end;
                 const int ka = k0 % g.a_cols + kc * 8;
@@ -847,15 +759,12 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
         // Consumers: warpgroup c = wg - 1 takes rows 64 c .. of the tile.
         const int c = wg - 1, warp = (tid / 32) % 4, lane = tid & 31;
         auto release = [&](int stage_it) {
-            if (lane == 0) {
-                mbar_arrive(empty + 8 * (stage_it % WS_STAGES));
-                if (PAIR) mbar_arrive_remote(empty + 8 * (stage_it % WS_STAGES), rank ^ 1);
-            }
+            if (lane == 0) mbar_arrive(empty + 8 * (stage_it % WS_STAGES));
         };
         float acc[128];
         int it = 0;
-        for (int w = unit; w < total; w += units) {
-            if (!ws_tile<PAIR>(w % per_slice, n_tiles, g, rank, e, row0, rows, n0, both)) break;
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
+            if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
             k_range(w, k_begin, k_end, k_tiles);
             // A tile's last rows of an expert often fill only the first warpgroup's 64: the other
@@ -897,9 +806,6 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             }
         }
     }
-    // Neither CTA of a pair leaves while the other may still multicast into its stages or arrive
-    // on its barriers.
-    if (PAIR) cluster_sync();
 #else
     __trap(); // launched only on sm_90 devices (the host checks), whose PTX target is sm_90a
 #endif
@@ -1012,19 +918,11 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
         moe_wgmma_swiglu_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {               \
-        ws_gemm<T, T, SWIGLU, false>(out, A, &wmap, WS_SHAPE);                                       \
+        ws_gemm<T, T, SWIGLU>(out, A, &wmap, WS_SHAPE);                                              \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
         moe_wgmma_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {                      \
-        ws_gemm<T, T, PLAIN, false>(out, A, &wmap, WS_SHAPE);                                         \
-    }                                                                                                          \
-    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WS_THREADS, 1)                   \
-        moe_wgmma_pair_swiglu_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {          \
-        ws_gemm<T, T, SWIGLU, true>(out, A, &wmap, WS_SHAPE);                                        \
-    }                                                                                                          \
-    extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(WS_THREADS, 1)                   \
-        moe_wgmma_pair_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {                 \
-        ws_gemm<T, T, PLAIN, true>(out, A, &wmap, WS_SHAPE);                                          \
+        ws_gemm<T, T, PLAIN>(out, A, &wmap, WS_SHAPE);                                                \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                 \
         moe_gemm<T, T, 64, 32, PLAIN>(out, A, W, GEMM_PASS);                                                        \
@@ -1047,5 +945,5 @@ MOE_OPS(__half, f16)
 // The router's logits on the Hopper GEMM: dense, f32 partial sums per k slice (see moe_gemm_f32out_*).
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
     moe_wgmma_f32out_bf16(float *out, const __nv_bfloat16 *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {
-    ws_gemm<__nv_bfloat16, float, F32_OUT, false>(out, A, &wmap, WS_SHAPE);
+    ws_gemm<__nv_bfloat16, float, F32_OUT>(out, A, &wmap, WS_SHAPE);
 }
