@@ -488,12 +488,6 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
         let stream = dev.cuda_stream();
         let (s_ptr, _s_guard) = s_v.device_ptr(&stream);
         let map = tile_map(OP, DType::BF16, s_ptr, e, three_h, WS_BN)?;
-        // A by TMA where x starts 16-byte aligned (a map's requirement); its column k is x's
-        // column k % h, the box's column coordinate.
-        let (x_ptr, _x_guard) = x_v.device_ptr(&stream);
-        let a_tma = x_ptr % 16 == 0;
-        let a_map = if a_tma { tile_map(OP, DType::BF16, x_ptr, tokens, h, WS_BM)? } else { TmaMap::UNUSED };
-        let a_tma = i32::from(a_tma);
         let func = kernel!(dev, Module::Moe, "moe_wgmma_f32out_bf16")?;
         let row_tiles = tokens.div_ceil(WS_BM);
         let cfg = ws_config(&func, row_tiles * e.div_ceil(WS_BN) * slices, sms)?;
@@ -503,12 +497,12 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
             Some(p) => b.arg(p),
             None => b.arg(&mut out),
         };
-        b.arg(&x_ptr).arg(&map).arg(&a_map).arg(&null).arg(&null).arg(&null).arg(&null);
-        b.arg(&n).arg(&k).arg(&a_cols).arg(&rt).arg(&rows).arg(&chunk).arg(&a_tma);
+        // A is gathered by cp.async (its column k is x's column k % h); no A map.
+        b.arg(&x_v).arg(&map).arg(&TmaMap::UNUSED).arg(&null).arg(&null).arg(&null).arg(&null);
+        b.arg(&n).arg(&k).arg(&a_cols).arg(&rt).arg(&rows).arg(&chunk).arg(&0i32);
         // SAFETY: argument list matches `moe_wgmma_f32out_bf16`; `map` describes the live split
-        // weights [e, 3h] and `a_map` (when used) x [tokens, h], both live over the launch; null
-        // tiles cut the one dense matrix, slice z writing rows [z * tokens, (z + 1) * tokens) of
-        // parts.
+        // weights [e, 3h]; null tiles cut the one dense matrix, slice z writing rows
+        // [z * tokens, (z + 1) * tokens) of parts.
         unsafe { b.launch(cfg) }.w()?;
         drop(b);
     } else {
