@@ -193,25 +193,19 @@ struct TmaMap(sys::CUtensorMap);
 // SAFETY: a plain 128-byte struct of integers, laid out as the kernel's `TmaMap`.
 unsafe impl DeviceRepr for TmaMap {}
 
-impl TmaMap {
-    /// The argument in place of a map the launch does not use (`a_tma` 0).
-    const UNUSED: TmaMap = TmaMap(sys::CUtensorMap { opaque: [0; 16] });
-}
-
-/// The TMA map of a row-major matrix `[rows, k]` of bf16 or f16 at device address `ptr` (16-byte
-/// aligned; k a multiple of 8) in boxes of 64 columns × `box_rows` rows with 128-byte swizzle:
-/// the warp-specialised GEMM's W tiles (stacked expert weights `[experts · n, k]`, 256 rows) and
-/// A tiles (128 rows).
-fn tile_map(op: &str, dtype: DType, ptr: u64, rows: usize, k: usize, box_rows: usize) -> Result<TmaMap> {
+/// The TMA map of stacked expert weights `[experts, n, k]` read as one 2-D tensor `[experts · n,
+/// k]` in boxes of 64 columns × 256 rows with 128-byte swizzle (the warp-specialised GEMM's W
+/// tiles). `ptr` is the weights' device address (16-byte aligned; k a multiple of 8).
+fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Result<TmaMap> {
     use sys::{CUtensorMapDataType as D, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle};
     let dtype = if dtype == DType::BF16 { D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
-    // The kernel addresses rows with i32 coordinates.
-    if rows == 0 || rows > i32::MAX as usize {
-        bail!("{op} (cuda): {rows} rows for a TMA map (1 to i32::MAX)");
+    // The kernel addresses W's rows with i32 coordinates.
+    if experts * n > i32::MAX as usize {
+        bail!("{op} (cuda): {experts} experts of {n} rows exceed the TMA map's i32 rows");
     }
-    let dims = [k as u64, rows as u64];
+    let dims = [k as u64, (experts * n) as u64];
     let strides = [(k * 2) as u64];
-    let boxes = [BK as u32, box_rows as u32];
+    let boxes = [BK as u32, WS_BN as u32];
     let steps = [1u32, 1];
     let mut map = TmaMap(sys::CUtensorMap { opaque: [0; 16] });
     // SAFETY: every array outlives the call and has the rank-2 lengths the driver reads (strides:
@@ -337,23 +331,18 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         // (all on the device's one stream).
         let (x_ptr, _x_guard) = x_v.device_ptr(&stream);
         let (src_ptr, _src_guard) = sorted_src.device_ptr(&stream);
-        // `src` null: A's sorted rows are read in place, by TMA ([pairs, k]).
         let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
             let (w_ptr, _w_guard) = weights.device_ptr(&stream);
-            let map = tile_map(OP, dtype, w_ptr, e * n, k, WS_BN)?;
-            let a_tma = src == 0;
-            let a_map = if a_tma { tile_map(OP, dtype, input, pairs, k, WS_BM)? } else { TmaMap::UNUSED };
+            let map = weight_map(OP, dtype, w_ptr, e, n, k)?;
             let func = kernel!(dev, Module::Moe, &format!("moe_wgmma_{name}{suf}"))?;
             let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sms)?;
             let (ni, ki) = (n as i32, k as i32);
             let mut b = func.builder();
-            let a_tma = i32::from(a_tma);
-            b.arg(out).arg(&input).arg(&map).arg(&a_map).arg(&src);
-            b.arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&ni).arg(&ki).arg(&ki).arg(&row_tiles).arg(&0i32).arg(&ki).arg(&a_tma);
+            b.arg(out).arg(&input).arg(&map).arg(&src);
+            b.arg(&tile_expert).arg(&tile_start).arg(&expert_end).arg(&ni).arg(&ki).arg(&ki).arg(&row_tiles).arg(&0i32).arg(&ki);
             // SAFETY: argument list matches `moe_wgmma_*` in moe.cu (one k slice, A rows k apart);
             // `map` describes the live weights [e · n, k]; `input` is a live [rows, k] matrix whose
-            // rows `src` picks (each < tokens), or whose sorted rows [pairs, k] are read in place
-            // through `a_map` (`src` null).
+            // rows `src` picks (each < tokens), or whose sorted rows are read in place (`src` null).
             unsafe { b.launch(cfg) }.w()?;
             Ok(())
         };
@@ -487,7 +476,7 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     if hopper {
         let stream = dev.cuda_stream();
         let (s_ptr, _s_guard) = s_v.device_ptr(&stream);
-        let map = tile_map(OP, DType::BF16, s_ptr, e, three_h, WS_BN)?;
+        let map = weight_map(OP, DType::BF16, s_ptr, 1, e, three_h)?;
         let func = kernel!(dev, Module::Moe, "moe_wgmma_f32out_bf16")?;
         let row_tiles = tokens.div_ceil(WS_BM);
         let cfg = ws_config(&func, row_tiles * e.div_ceil(WS_BN) * slices, sms)?;
@@ -497,9 +486,8 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
             Some(p) => b.arg(p),
             None => b.arg(&mut out),
         };
-        // A is gathered by cp.async (its column k is x's column k % h); no A map.
-        b.arg(&x_v).arg(&map).arg(&TmaMap::UNUSED).arg(&null).arg(&null).arg(&null).arg(&null);
-        b.arg(&n).arg(&k).arg(&a_cols).arg(&rt).arg(&rows).arg(&chunk).arg(&0i32);
+        b.arg(&x_v).arg(&map).arg(&null).arg(&null).arg(&null).arg(&null);
+        b.arg(&n).arg(&k).arg(&a_cols).arg(&rt).arg(&rows).arg(&chunk);
         // SAFETY: argument list matches `moe_wgmma_f32out_bf16`; `map` describes the live split
         // weights [e, 3h]; null tiles cut the one dense matrix, slice z writing rows
         // [z * tokens, (z + 1) * tokens) of parts.

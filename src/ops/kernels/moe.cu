@@ -639,8 +639,7 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
 // [256 x 64] by TMA from `wmap` (W as a 2-D tensor [E * N, K], boxes of 64 x 256 with 128-byte
 // swizzle; rows past an expert's N are the next expert's or, past the end, zeros, and land only
 // in columns the epilogue skips), A tiles [128 x 64] gathered through `src` by cp.async (rows
-// past the tile's and columns past the slice's end zero-filled) or, with `a_tma`, by TMA as
-// well, into WS_STAGES stages.
+// past the tile's and columns past the slice's end zero-filled), into WS_STAGES stages.
 // Warpgroups 1 and 2 consume: 64 rows x 256 columns each (wgmma m64n256k16), keeping one k
 // tile's MMAs in flight, and write the tile from registers with moe_gemm's epilogues while the
 // producer fills the next tile's stages.
@@ -663,11 +662,6 @@ static_assert(WS_LAG + 2 <= WS_STAGES, "the producer would wait for a stage the 
 struct WsShape {
     const uint32_t *src, *tile_expert, *tile_start, *expert_end;
     int N, K, a_cols, row_tiles, dense_rows, k_chunk;
-    // A's rows are read in place (no `src`) and come by TMA from `amap` (A as [rows, a_cols],
-    // boxes of 64 x 128): the producer's thread 0 issues both boxes of a stage and full[s]
-    // completes on their bytes alone. Rows past a tile's belong to the next expert or, past the
-    // end, are zeros; they reach only accumulator rows the epilogue skips.
-    int a_tma;
 };
 
 // The tile this CTA computes for work item `w` (w / n_tiles: a tile slot, w % n_tiles: the
@@ -690,7 +684,7 @@ __device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, ui
 }
 
 template <typename T, typename O, Epilogue EPI>
-__device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaMap *wmap, const TmaMap *amap, const WsShape g) {
+__device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaMap *wmap, const WsShape g) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char ws_smem[];
     // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
@@ -709,7 +703,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     };
     if (tid == 0) {
         for (int s = 0; s < WS_STAGES; ++s) {
-            mbar_init(full + 8 * s, g.a_tma ? 1 : 129);
+            mbar_init(full + 8 * s, 129);
             mbar_init(empty + 8 * s, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -718,26 +712,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
 
     uint32_t e;
     int row0, rows, n0;
-    if (wg == 0 && g.a_tma) {
-        if (tid == 0) {
-            int it = 0;
-            for (int w = blockIdx.x; w < total; w += gridDim.x) {
-                if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
-                int k_begin, k_end, k_tiles;
-                k_range(w, k_begin, k_end, k_tiles);
-                const int w_row = (int)e * N + n0;
-                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                    const int s = it % WS_STAGES;
-                    mbar_wait(empty + 8 * s, ((it / WS_STAGES) & 1) ^ 1);
-                    const unsigned stage = smem + s * WS_STAGE;
-                    const int k0 = k_begin + kt * BK;
-                    mbar_arrive_expect_tx(full + 8 * s, WS_STAGE);
-                    tma_load_2d(stage + WS_A_BYTES, wmap, k0, w_row, full + 8 * s);
-                    tma_load_2d(stage, amap, k0 % g.a_cols, row0, full + 8 * s);
-                }
-            }
-        }
-    } else if (wg == 0) {
+    if (wg == 0) {
         // Producer: thread t loads 16-byte chunk t % 8 of A rows t / 8 + 16 i.
         const int kc = tid & 7;
         int it = 0, handed = 0;
@@ -931,8 +906,8 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
         int dense_rows
 #define WS_ARGS                                                                                                \
     const uint32_t *src, const uint32_t *te, const uint32_t *ts, const uint32_t *ee, int N, int K, int a_cols,    \
-        int row_tiles, int dense_rows, int k_chunk, int a_tma
-#define WS_SHAPE WsShape{src, te, ts, ee, N, K, a_cols, row_tiles, dense_rows, k_chunk, a_tma}
+        int row_tiles, int dense_rows, int k_chunk
+#define WS_SHAPE WsShape{src, te, ts, ee, N, K, a_cols, row_tiles, dense_rows, k_chunk}
 #define GEMM_PASS src, te, ts, ee, N, K, a_cols, dense_rows, K
 #define MOE_OPS(T, SUF)                                                                                        \
     extern "C" __global__ void moe_gemm_swiglu_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {          \
@@ -942,12 +917,12 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
         moe_gemm<T, T, 128, 64, SWIGLU>(out, A, W, GEMM_PASS);                                                      \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
-        moe_wgmma_swiglu_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap, WS_ARGS) {               \
-        ws_gemm<T, T, SWIGLU>(out, A, &wmap, &amap, WS_SHAPE);                                              \
+        moe_wgmma_swiglu_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {               \
+        ws_gemm<T, T, SWIGLU>(out, A, &wmap, WS_SHAPE);                                              \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
-        moe_wgmma_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap, WS_ARGS) {                      \
-        ws_gemm<T, T, PLAIN>(out, A, &wmap, &amap, WS_SHAPE);                                                \
+        moe_wgmma_##SUF(T *out, const T *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {                      \
+        ws_gemm<T, T, PLAIN>(out, A, &wmap, WS_SHAPE);                                                \
     }                                                                                                          \
     extern "C" __global__ void moe_gemm_bm64_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                 \
         moe_gemm<T, T, 64, 32, PLAIN>(out, A, W, GEMM_PASS);                                                        \
@@ -969,6 +944,6 @@ MOE_OPS(__half, f16)
 
 // The router's logits on the Hopper GEMM: dense, f32 partial sums per k slice (see moe_gemm_f32out_*).
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
-    moe_wgmma_f32out_bf16(float *out, const __nv_bfloat16 *A, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap, WS_ARGS) {
-    ws_gemm<__nv_bfloat16, float, F32_OUT>(out, A, &wmap, &amap, WS_SHAPE);
+    moe_wgmma_f32out_bf16(float *out, const __nv_bfloat16 *A, const __grid_constant__ TmaMap wmap, WS_ARGS) {
+    ws_gemm<__nv_bfloat16, float, F32_OUT>(out, A, &wmap, WS_SHAPE);
 }
