@@ -767,16 +767,6 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
             k_range(w, k_begin, k_end, k_tiles);
-            // A tile's last rows of an expert often fill only the first warpgroup's 64: the other
-            // then issues no MMAs (the first runs the tensor cores alone, about twice as fast) and
-            // hands each stage straight back, in step with the barriers' phases.
-            if (c * 64 >= rows) {
-                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                    mbar_wait(full + 8 * (it % WS_STAGES), (it / WS_STAGES) & 1);
-                    release(it);
-                }
-                continue;
-            }
 #pragma unroll
             for (int i = 0; i < 128; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {

@@ -357,7 +357,9 @@ template <> struct Mma<__half> {
 #define MMA_NQ 64
 #define MMA_KB 32
 // Blocks per SM the register allocation must allow: the kernel is latency-bound (S, softmax and
-// PV of one 32-key tile per barrier), so more resident warps matter more than a few spills.
+// PV of one 32-key tile per barrier), and at its free allocation (176 registers on the H200)
+// only two blocks fit. Three (a few spilled registers) measured fastest on the H200; four spill
+// more and give back half the gain.
 #define MMA_MIN_BLOCKS 3
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
