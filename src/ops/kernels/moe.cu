@@ -691,11 +691,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
     // (the launch asks for 1 KB more), the barriers after them.
     const unsigned smem = ((unsigned)__cvta_generic_to_shared(ws_smem) + 1023u) & ~1023u;
-    // full[c][s] (c: the consuming warpgroup) counts only warpgroup c's uses of stage s: with both
-    // warpgroups' items in one ring, a phase parity alone could not tell a warpgroup which use
-    // of the stage a completed phase was.
-    const unsigned full0 = smem + WS_STAGES * WS_STAGE, empty = full0 + 2 * WS_STAGES * 8;
-    auto full = [&](int c, int s) { return full0 + 8 * (c * WS_STAGES + s); };
+    const unsigned full = smem + WS_STAGES * WS_STAGE, empty = full + WS_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int N = g.N, K = g.K;
     const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = g.row_tiles;
@@ -708,8 +704,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     };
     if (tid == 0) {
         for (int s = 0; s < WS_STAGES; ++s) {
-            mbar_init(full(0, s), 129);
-            mbar_init(full(1, s), 129);
+            mbar_init(full + 8 * s, 129);
             mbar_init(empty + 8 * s, 4);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -722,10 +717,8 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
         // Producer: thread t loads 16-byte chunk t % 8 of A rows t / 8 + 16 i.
         constexpr int A_PER = WS_BM / 16;
         const int kc = tid & 7;
-        // Bit s: the iteration in stage s belongs to warpgroup 1's item.
-        int it = 0, handed = 0, item = 0;
-        uint32_t owner = 0;
-        for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
+        int it = 0, handed = 0;
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
             if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
             k_range(w, k_begin, k_end, k_tiles);
@@ -741,11 +734,9 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                 mbar_wait(empty + 8 * s, ((it / WS_STAGES) & 1) ^ 1);
                 const unsigned stage = smem + s * WS_STAGE;
                 const int k0 = k_begin + kt * BK;
-                owner = (owner & ~(1u << s)) | ((uint32_t)(item & 1) << s);
-                const unsigned bar = full(item & 1, s);
                 if (tid == 0) {
-                    mbar_arrive_expect_tx(bar, WS_B_BYTES);
-                    tma_load_2d(stage + WS_A_BYTES, wmap, k0, w_row, bar);
+                    mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
+                    tma_load_2d(stage + WS_A_BYTES, wmap, k0, w_row, full + 8 * s);
                 }
                 const bool k_ok = k0 + kc * 8 < k_end;
                 const int ka = k0 % g.a_cols + kc * 8;
@@ -758,18 +749,14 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                 if (it + 1 - handed > WS_LAG) {
                     cp_async_wait<WS_LAG>();
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    const int hs = handed % WS_STAGES;
-                    mbar_arrive(full((owner >> hs) & 1, hs));
+                    mbar_arrive(full + 8 * (handed % WS_STAGES));
                     ++handed;
                 }
             }
         }
         cp_async_wait<0>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        for (; handed < it; ++handed) {
-            const int hs = handed % WS_STAGES;
-            mbar_arrive(full((owner >> hs) & 1, hs));
-        }
+        for (; handed < it; ++handed) mbar_arrive(full + 8 * (handed % WS_STAGES));
     } else {
         // Consumers: warpgroup c = wg - 1 takes the CTA's work items c, c + 2, ...
         const int c = wg - 1, warp = (tid / 32) % 4, lane = tid & 31;
@@ -777,9 +764,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             if (lane == 0) mbar_arrive(empty + 8 * (stage_it % WS_STAGES));
         };
         float acc[128];
-        // Bit s: the parity of this warpgroup's next use of stage s.
         int it = 0, item = 0;
-        uint32_t phase = 0;
         for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
             if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
@@ -792,8 +777,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             for (int i = 0; i < 128; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int s = it % WS_STAGES;
-                mbar_wait(full(c, s), (phase >> s) & 1);
-                phase ^= 1u << s;
+                mbar_wait(full + 8 * s, (it / WS_STAGES) & 1);
                 const unsigned a_base = smem + s * WS_STAGE, b_base = a_base + WS_A_BYTES;
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
