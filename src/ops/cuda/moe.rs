@@ -176,9 +176,9 @@ const STAGES: usize = 3;
 
 /// Tile, stages and threads of the warp-specialised Hopper GEMM (kernel constants `WS_BM`,
 /// `WS_BN`, `WS_STAGES`, `WS_THREADS`).
-const WS_BM: usize = 64;
+const WS_BM: usize = 128;
 const WS_BN: usize = 256;
-const WS_STAGES: usize = 5;
+const WS_STAGES: usize = 4;
 const WS_THREADS: u32 = 384;
 
 /// Dynamic shared memory of the warp-specialised GEMM: its stages, their full/empty barriers,
@@ -261,20 +261,12 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     const OP: &str = "moe_experts";
     let (tokens, h, e, w, k) = (a.tokens, a.h, a.e, a.w, a.k);
     let pairs = tokens * k;
-    // Once experts average enough rows to fill 128-row tiles, the grouped GEMMs run on Hopper's
-    // warpgroup MMA where the device has it and the PTX was built for it (sm_90a; other targets
-    // compile those kernels to a trap) in its 64-row ping-pong tiles, else on mma.sync's taller
-    // tiles; with fewer rows, mma.sync's 64-row tiles.
-    let full = pairs / e >= 96;
-    let hopper = full && cfg!(ponder_wgmma) && compute_major(dev)? == 9;
-    let bm = if hopper {
-        WS_BM
-    } else if full {
-        128
-    } else {
-        64
-    };
+    // Taller tiles once experts average enough rows to fill them.
+    let bm = if pairs / e >= 96 { 128 } else { 64 };
     let max_tiles = pairs.div_ceil(bm) + e;
+    // 128-row tiles run on Hopper's warpgroup MMA where the device has it and the PTX was built
+    // for it (sm_90a; other targets compile those kernels to a trap).
+    let hopper = bm == 128 && cfg!(ponder_wgmma) && compute_major(dev)? == 9;
     // Row tiles are the mma.sync grid's second dimension (at most 65535 blocks); the Hopper
     // kernel's persistent grid has no such limit.
     if !hopper && max_tiles > 65_535 {

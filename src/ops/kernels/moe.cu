@@ -633,22 +633,21 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
                  ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
-// The grouped GEMM of moe_gemm at 64 x 256 tiles on Hopper: persistent (CTAs stride over the
+// The grouped GEMM of moe_gemm at 128 x 256 tiles on Hopper: persistent (CTAs stride over the
 // work items of WsShape, column tiles of a row tile consecutive, so an A tile and an expert's W
 // slices are read from DRAM about once) and warp-specialised. Warpgroup 0 produces: W tiles
 // [256 x 64] by TMA from `wmap` (W as a 2-D tensor [E * N, K], boxes of 64 x 256 with 128-byte
 // swizzle; rows past an expert's N are the next expert's or, past the end, zeros, and land only
-// in columns the epilogue skips), A tiles [64 x 64] gathered through `src` by cp.async (rows
+// in columns the epilogue skips), A tiles [128 x 64] gathered through `src` by cp.async (rows
 // past the tile's and columns past the slice's end zero-filled), into WS_STAGES stages.
-// Warpgroups 1 and 2 consume in ping-pong: the CTA's work items alternate between them, each a
-// whole 64 x 256 tile (wgmma m64n256k16, one k tile's MMAs kept in flight). The stages arrive in
-// item order, so one warpgroup's MMAs run while the other writes its finished tile from
-// registers with moe_gemm's epilogues: the tensor cores do not wait for an epilogue.
+// Warpgroups 1 and 2 consume: 64 rows x 256 columns each (wgmma m64n256k16), keeping one k
+// tile's MMAs in flight, and write the tile from registers with moe_gemm's epilogues while the
+// producer fills the next tile's stages.
 // Stage s is handed over by two mbarriers: full[s] (129 arrivals: thread 0's with the TMA's
 // expected bytes, and every producer thread's once its cp.async completed and was fenced for the
-// async proxy) and empty[s] (one arrival per warp of the consuming warpgroup once its MMAs
-// reading the stage are done).
-constexpr int WS_BM = 64, WS_BN = 256, WS_STAGES = 5, WS_THREADS = 384;
+// async proxy) and empty[s] (one arrival per consumer warp once its MMAs reading the stage are
+// done).
+constexpr int WS_BM = 128, WS_BN = 256, WS_STAGES = 4, WS_THREADS = 384;
 constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS_STAGE = WS_A_BYTES + WS_B_BYTES;
 // Stages the producer runs ahead before it hands a stage over (its cp.async groups in flight).
 // The consumers give stage j back only once they hold full[j + 1], which the producer hands over
@@ -657,7 +656,7 @@ constexpr int WS_LAG = 2;
 static_assert(WS_LAG + 2 <= WS_STAGES, "the producer would wait for a stage the consumers still hold");
 
 // The tiles of one launch: tile slots from moe_offsets (`tile_expert` etc.) or, with
-// `tile_expert` null, the 64-row tiles of one dense matrix of `dense_rows` rows (expert 0);
+// `tile_expert` null, the 128-row tiles of one dense matrix of `dense_rows` rows (expert 0);
 // columns k read A's column k % a_cols (A rows a_cols apart); slice z of the k loop covers
 // [z k_chunk, (z + 1) k_chunk) (dense mode only: it writes out[z], partial sums).
 struct WsShape {
@@ -705,7 +704,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     if (tid == 0) {
         for (int s = 0; s < WS_STAGES; ++s) {
             mbar_init(full + 8 * s, 129);
-            mbar_init(empty + 8 * s, 4);
+            mbar_init(empty + 8 * s, 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -715,16 +714,15 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     int row0, rows, n0;
     if (wg == 0) {
         // Producer: thread t loads 16-byte chunk t % 8 of A rows t / 8 + 16 i.
-        constexpr int A_PER = WS_BM / 16;
         const int kc = tid & 7;
         int it = 0, handed = 0;
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
             k_range(w, k_begin, k_end, k_tiles);
-            uint32_t a_row[A_PER];
+            uint32_t a_row[8];
 #pragma unroll
-            for (int i = 0; i < A_PER; ++i) {
+            for (int i = 0; i < 8; ++i) {
                 const int r = tid / 8 + 16 * i;
                 a_row[i] = r < rows ? (g.src ? g.src[row0 + r] : (uint32_t)(row0 + r)) : NONE;
             }
@@ -741,7 +739,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                 const bool k_ok = k0 + kc * 8 < k_end;
                 const int ka = k0 % g.a_cols + kc * 8;
 #pragma unroll
-                for (int i = 0; i < A_PER; ++i) {
+                for (int i = 0; i < 8; ++i) {
                     const bool ok = k_ok && a_row[i] != NONE;
                     cp_async16(stage + tile_offset(tid / 8 + 16 * i, kc), ok ? A + (size_t)a_row[i] * g.a_cols + ka : A, ok);
                 }
@@ -758,27 +756,23 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         for (; handed < it; ++handed) mbar_arrive(full + 8 * (handed % WS_STAGES));
     } else {
-        // Consumers: warpgroup c = wg - 1 takes the CTA's work items c, c + 2, ...
+        // Consumers: warpgroup c = wg - 1 takes rows 64 c .. of the tile.
         const int c = wg - 1, warp = (tid / 32) % 4, lane = tid & 31;
         auto release = [&](int stage_it) {
             if (lane == 0) mbar_arrive(empty + 8 * (stage_it % WS_STAGES));
         };
         float acc[128];
-        int it = 0, item = 0;
-        for (int w = blockIdx.x; w < total; w += gridDim.x, ++item) {
+        int it = 0;
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
             if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
             k_range(w, k_begin, k_end, k_tiles);
-            if ((item & 1) != c) {
-                it += k_tiles; // the other warpgroup's tile: its stages come first
-                continue;
-            }
 #pragma unroll
             for (int i = 0; i < 128; ++i) acc[i] = 0.f;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int s = it % WS_STAGES;
                 mbar_wait(full + 8 * s, (it / WS_STAGES) & 1);
-                const unsigned a_base = smem + s * WS_STAGE, b_base = a_base + WS_A_BYTES;
+                const unsigned a_base = smem + s * WS_STAGE + c * 64 * ROW_BYTES, b_base = smem + s * WS_STAGE + WS_A_BYTES;
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
@@ -796,7 +790,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             O *slice_out = out + (size_t)(w / per_slice) * (g.tile_expert ? 0 : g.dense_rows) * out_w;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int r = warp * 16 + (lane >> 2) + h * 8;
+                const int r = c * 64 + warp * 16 + (lane >> 2) + h * 8;
                 if (r >= rows) continue;
                 store_row<T, O, EPI, WS_BN / 8>(slice_out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
             }
