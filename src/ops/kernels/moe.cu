@@ -154,9 +154,9 @@ __device__ void route_tokens(uint32_t *__restrict__ ids, float *__restrict__ wei
 
 // route_tokens with the scores in registers: lane l holds experts l * PER .. l * PER + PER - 1
 // (E <= 32 PER, K <= 32, and with groups, E / G a power-of-two multiple of PER: a group spans
-// whole lanes). The same choice and weights, bit for bit, in about a quarter of the
-// instructions: no shared memory, the group ranks from one pass over the groups' scores, and
-// each top-k round rescans only the winning lane's experts.
+// whole lanes). The same choice and weights, bit for bit, in fewer instructions: no shared
+// memory, the group ranks from one pass over the groups' scores, and each top-k round rescans
+// only the winning lane's experts.
 template <int PER>
 __device__ void route_tokens_reg(uint32_t *__restrict__ ids, float *__restrict__ weights, const float *__restrict__ logits,
                                  const float *__restrict__ bias, int tokens, int E, int K, int G, int KG, int softmax,

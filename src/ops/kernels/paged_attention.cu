@@ -655,7 +655,7 @@ PA_KERNELS(f16, __half)
     PA_MMA_KERNEL_AS(paged_attn_mma_pipe_##NAME##_d##D, T, D, true)
 
 #define PA_MMA_KERNEL_AS(FN, T, D, PIPE)                                                         \
-    extern "C" __global__ void __launch_bounds__(NTHREADS, MMA_MIN_BLOCKS) FN(                                   \
+    extern "C" __global__ void __launch_bounds__(NTHREADS, MMA_MIN_BLOCKS) FN(                   \
         T *out, const T *q, const T *kc, const T *vc, const uint32_t *block_tables,              \
         const uint32_t *context_lens, const uint32_t *cu_q, int num_rows, int max_blocks,        \
         int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2,             \
