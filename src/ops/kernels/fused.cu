@@ -225,6 +225,27 @@ __device__ __forceinline__ void store_norm_scalar(const T *h_row, float acc, con
     for (int c = threadIdx.x; c < ncols; c += blockDim.x) n_row[c] = from_f<T>(s * to_f(h_row[c]) * to_f(w[c]));
 }
 
+// This thread's vectors i = threadIdx.x + j * blockDim.x (< nvec) of a row, as floats into
+// f[j]; returns the sum of their squares (element order).
+template <typename T, int V, int MAXV>
+__device__ __forceinline__ float load_row_vec(const uint4 *__restrict__ v, int nvec, float (&f)[MAXV][V]) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < MAXV; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < nvec) {
+            const uint4 raw = v[i];
+            const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                f[j][k] = to_f(e[k]);
+                acc += f[j][k] * f[j][k];
+            }
+        }
+    }
+    return acc;
+}
+
 // grid (rows), block a multiple of 32.
 // add_rms_norm in 16-byte vectors held in registers: each thread loads its (at most MAXV)
 // vectors of x, the residual and both weights once, and writes h and the norm once — no read-back
@@ -241,20 +262,7 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
     uint4 *hv = reinterpret_cast<uint4 *>(h_out + base);
     const int nvec = ncols / V;
     float xf[MAXV][V];
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < MAXV; ++j) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i < nvec) {
-            const uint4 raw = xv[i];
-            const T *e = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-                xf[j][k] = to_f(e[k]);
-                acc += xf[j][k] * xf[j][k];
-            }
-        }
-    }
+    float acc = load_row_vec<T, V, MAXV>(xv, nvec, xf);
     const float s1 = rsqrtf(block_sum(acc, smem) / ncols + eps);
     acc = 0.f;
 #pragma unroll
@@ -328,14 +336,15 @@ __device__ void rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const
     const int nvec = ncols / V;
     float hf[MAXV][V];
     float acc = 0.f;
+    if constexpr (!ADD) {
+        acc = load_row_vec<T, V, MAXV>(xv, nvec, hf);
+    } else {
 #pragma unroll
-    for (int j = 0; j < MAXV; ++j) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i < nvec) {
-            const uint4 xraw = xv[i];
-            const T *e = reinterpret_cast<const T *>(&xraw);
-            if constexpr (ADD) {
-                const uint4 rraw = rv[i];
+        for (int j = 0; j < MAXV; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < nvec) {
+                const uint4 xraw = xv[i], rraw = rv[i];
+                const T *e = reinterpret_cast<const T *>(&xraw);
                 const T *r = reinterpret_cast<const T *>(&rraw);
                 uint4 out;
                 T *o = reinterpret_cast<T *>(&out);
@@ -345,12 +354,9 @@ __device__ void rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const
                     hf[j][k] = to_f(o[k]);
                 }
                 hv[i] = out;
-            } else {
 #pragma unroll
-                for (int k = 0; k < V; ++k) hf[j][k] = to_f(e[k]);
+                for (int k = 0; k < V; ++k) acc += hf[j][k] * hf[j][k];
             }
-#pragma unroll
-            for (int k = 0; k < V; ++k) acc += hf[j][k] * hf[j][k];
         }
     }
     store_norm_vec<T, V, MAXV>(hf, acc, w, n_out + base, ncols, eps, smem);
