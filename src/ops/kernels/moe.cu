@@ -619,6 +619,11 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// One arrival on `bar`, made by the hardware once every cp.async this thread issued before has
+// completed (counted against the barrier's expected arrivals: .noinc).
+__device__ __forceinline__ void cp_async_arrive(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     uint32_t done = 0;
     while (!done)
@@ -644,16 +649,13 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
 // tile's MMAs in flight, and write the tile from registers with moe_gemm's epilogues while the
 // producer fills the next tile's stages.
 // Stage s is handed over by two mbarriers: full[s] (129 arrivals: thread 0's with the TMA's
-// expected bytes, and every producer thread's once its cp.async completed and was fenced for the
-// async proxy) and empty[s] (one arrival per consumer warp once its MMAs reading the stage are
-// done).
+// expected bytes, and every producer thread's, made by the hardware once that thread's cp.async
+// for the stage have landed — so the producer never waits for its own copies and A is fetched
+// as far ahead as W) and empty[s] (one arrival per consumer warp once its MMAs reading the stage
+// are done). cp.async writes through the generic proxy and wgmma reads through the async one: a
+// consumer fences between acquiring full[s] and its MMAs.
 constexpr int WS_BM = 128, WS_BN = 256, WS_STAGES = 4, WS_THREADS = 384;
 constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS_STAGE = WS_A_BYTES + WS_B_BYTES;
-// Stages the producer runs ahead before it hands a stage over (its cp.async groups in flight).
-// The consumers give stage j back only once they hold full[j + 1], which the producer hands over
-// after filling stage j + 1 + WS_LAG; that stage's slot must not be j's: WS_LAG + 2 <= WS_STAGES.
-constexpr int WS_LAG = 2;
-static_assert(WS_LAG + 2 <= WS_STAGES, "the producer would wait for a stage the consumers still hold");
 
 // The tiles of one launch: tile slots from moe_offsets (`tile_expert` etc.) or, with
 // `tile_expert` null, the 128-row tiles of one dense matrix of `dense_rows` rows (expert 0);
@@ -715,7 +717,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     if (wg == 0) {
         // Producer: thread t loads 16-byte chunk t % 8 of A rows t / 8 + 16 i.
         const int kc = tid & 7;
-        int it = 0, handed = 0;
+        int it = 0;
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
             if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
@@ -743,18 +745,11 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                     const bool ok = k_ok && a_row[i] != NONE;
                     cp_async16(stage + tile_offset(tid / 8 + 16 * i, kc), ok ? A + (size_t)a_row[i] * g.a_cols + ka : A, ok);
                 }
-                cp_async_commit();
-                if (it + 1 - handed > WS_LAG) {
-                    cp_async_wait<WS_LAG>();
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    mbar_arrive(full + 8 * (handed % WS_STAGES));
-                    ++handed;
-                }
+                cp_async_arrive(full + 8 * s);
             }
         }
+        // Exit only with every copy landed (the consumers still wait for the last stages).
         cp_async_wait<0>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        for (; handed < it; ++handed) mbar_arrive(full + 8 * (handed % WS_STAGES));
     } else {
         // Consumers: warpgroup c = wg - 1 takes rows 64 c .. of the tile.
         const int c = wg - 1, warp = (tid / 32) % 4, lane = tid & 31;
@@ -772,6 +767,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int s = it % WS_STAGES;
                 mbar_wait(full + 8 * s, (it / WS_STAGES) & 1);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 const unsigned a_base = smem + s * WS_STAGE + c * 64 * ROW_BYTES, b_base = smem + s * WS_STAGE + WS_A_BYTES;
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
