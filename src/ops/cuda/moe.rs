@@ -181,9 +181,10 @@ const WS_BN: usize = 256;
 const WS_STAGES: usize = 4;
 const WS_THREADS: u32 = 384;
 
-/// Dynamic shared memory of the warp-specialised GEMM: its stages, their full/empty barriers,
-/// and 1 KB so that the kernel can align the stages to the 1024 bytes the swizzle repeats over.
-const WS_SMEM: u32 = (WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + WS_STAGES * 16 + 1024) as u32;
+/// Dynamic shared memory of the warp-specialised GEMM: its stages, two consumer epilogue buffers
+/// of 64 rows × 256 bytes (`WS_EPI_BYTES`), the stages' full/empty barriers, and 1 KB so that the
+/// kernel can align the stages to the 1024 bytes the swizzle repeats over.
+const WS_SMEM: u32 = (WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + 2 * 64 * 256 + WS_STAGES * 16 + 1024) as u32;
 
 /// A TMA descriptor (`CUtensorMap`), passed to a kernel by value (`__grid_constant__`).
 #[repr(C, align(64))]
