@@ -181,10 +181,13 @@ const WS_BN: usize = 256;
 const WS_STAGES: usize = 4;
 const WS_THREADS: u32 = 384;
 
-/// Dynamic shared memory of the warp-specialised GEMM: its stages, two consumer epilogue buffers
-/// of 64 rows × 256 bytes (`WS_EPI_BYTES`), the stages' full/empty barriers, and 1 KB so that the
-/// kernel can align the stages to the 1024 bytes the swizzle repeats over.
-const WS_SMEM: u32 = (WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + 2 * 64 * 256 + WS_STAGES * 16 + 1024) as u32;
+/// Dynamic shared memory of the warp-specialised GEMM: its stages, for the plain epilogue two
+/// consumer buffers of 64 rows × 256 bytes (`ws_epi_buffers`), the stages' full/empty barriers,
+/// and 1 KB so that the kernel can align the stages to the 1024 bytes the swizzle repeats over.
+const fn ws_smem(plain_epilogue: bool) -> u32 {
+    let buffers = if plain_epilogue { 2 * 64 * 256 } else { 0 };
+    (WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + buffers + WS_STAGES * 16 + 1024) as u32
+}
 
 /// A TMA descriptor (`CUtensorMap`), passed to a kernel by value (`__grid_constant__`).
 #[repr(C, align(64))]
@@ -244,9 +247,10 @@ fn sm_count(dev: &CudaDevice) -> Result<usize> {
 
 /// Launch configuration of the warp-specialised GEMM `func` over `work` items: persistent, one
 /// CTA per SM (192 KB of stages each), fewer when there are fewer items.
-fn ws_config(func: &CudaFunction, work: usize, sms: usize) -> Result<LaunchConfig> {
-    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, WS_SMEM as i32).w()?;
-    Ok(LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: WS_SMEM })
+fn ws_config(func: &CudaFunction, work: usize, sms: usize, plain_epilogue: bool) -> Result<LaunchConfig> {
+    let smem = ws_smem(plain_epilogue);
+    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+    Ok(LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem })
 }
 
 /// Launch shape of a grouped GEMM with `bm`-row tiles: threads, and dynamic shared memory (over
@@ -336,7 +340,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
             let (w_ptr, _w_guard) = weights.device_ptr(&stream);
             let map = weight_map(OP, dtype, w_ptr, e, n, k)?;
             let func = kernel!(dev, Module::Moe, &format!("moe_wgmma_{name}{suf}"))?;
-            let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sms)?;
+            let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sms, name.is_empty())?;
             let (ni, ki) = (n as i32, k as i32);
             let mut b = func.builder();
             b.arg(out).arg(&input).arg(&map).arg(&src);
@@ -480,7 +484,7 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
         let map = weight_map(OP, DType::BF16, s_ptr, 1, e, three_h)?;
         let func = kernel!(dev, Module::Moe, "moe_wgmma_f32out_bf16")?;
         let row_tiles = tokens.div_ceil(WS_BM);
-        let cfg = ws_config(&func, row_tiles * e.div_ceil(WS_BN) * slices, sms)?;
+        let cfg = ws_config(&func, row_tiles * e.div_ceil(WS_BN) * slices, sms, false)?;
         let rt = row_tiles as i32;
         let mut b = func.builder();
         match &mut parts {

@@ -659,8 +659,14 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
 // consumer fences between acquiring full[s] and its MMAs.
 constexpr int WS_BM = 128, WS_BN = 256, WS_STAGES = 4, WS_THREADS = 384;
 constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS_STAGE = WS_A_BYTES + WS_B_BYTES;
-// Each consumer warpgroup's epilogue buffer: its 64 rows × 256 bytes of output (after the stages).
+// Each consumer warpgroup's epilogue buffer: its 64 rows × 256 bytes of output (after the stages),
+// for the PLAIN epilogue only. Its bf16 tile of 256 columns went out as 4-byte stores scattered
+// over 8 rows, and `ncu` found the consumers stalled on the store queue ≈ 20 % of their time;
+// through the buffer the down GEMM took 352 µs for 439 (B 256, one layer). The SwiGLU tile is
+// half as wide and its activation math hides the stores: it ran 635 → 716 µs through the buffer,
+// and F32_OUT (the router) was not measured — both store from registers (store_row).
 constexpr int WS_EPI_ROW = 256, WS_EPI_BYTES = 64 * WS_EPI_ROW;
+template <Epilogue EPI> constexpr int ws_epi_buffers() { return EPI == PLAIN ? 2 * WS_EPI_BYTES : 0; }
 
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -672,49 +678,26 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // in (16-byte chunks XOR-swizzled by the row: the 8 rows of one fragment store hit distinct
 // banks), then the rows go out as 16-byte stores, two whole rows per warp — full sectors instead
 // of 16 scattered bytes per row. `row_base`: the warpgroup's first output row; rows from
-// `rows_here` on and columns from `out_w` on are not written. SWIGLU: the tile's 128 output
-// columns are T(T(silu(gate)) · up) of its 32-column pairs (tiles 0-1 gate, 2-3 up), as store_row.
-template <typename T, typename O, Epilogue EPI>
-__device__ __forceinline__ void ws_epilogue(O *__restrict__ out, int out_w, int row_base, int rows_here, int col0,
+// `rows_here` on and columns from `out_w` on are not written.
+template <typename T>
+__device__ __forceinline__ void ws_epilogue(T *__restrict__ out, int out_w, int row_base, int rows_here, int col0,
                                             const float *acc, unsigned buf, int barrier) {
-    constexpr int PASS_COLS = WS_EPI_ROW / (int)sizeof(O);
-    constexpr int TILE_COLS = EPI == SWIGLU ? WS_BN / 2 : WS_BN;
-    constexpr int CHUNK = 16 / (int)sizeof(O);
+    constexpr int PASS_COLS = WS_EPI_ROW / (int)sizeof(T), CHUNK = 16 / (int)sizeof(T);
     const int tid = threadIdx.x & 127, warp = tid / 32, lane = tid & 31;
-    // Two adjacent output values at (row, col): as two 32-bit words (f32 output) or one.
-    auto put = [&](int row, int col, float a, float b) {
-        const int byte = col * (int)sizeof(O);
-        const unsigned addr = buf + row * WS_EPI_ROW + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
-        if constexpr (sizeof(O) == 4) {
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b));
-        } else {
-            T pr[2] = {from_f<T>(a), from_f<T>(b)};
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<uint32_t *>(pr)));
-        }
-    };
 #pragma unroll
-    for (int pass = 0; pass < TILE_COLS / PASS_COLS; ++pass) {
+    for (int pass = 0; pass < WS_BN / PASS_COLS; ++pass) {
         named_barrier(barrier, 128); // the previous pass's rows are out
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = warp * 16 + (lane >> 2) + h * 8;
-            if constexpr (EPI == SWIGLU) {
 #pragma unroll
-                for (int q = 0; q < WS_BN / 32; ++q)
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {
-                        float o[2];
-#pragma unroll
-                        for (int v = 0; v < 2; ++v) o[v] = swiglu<T>(acc[(q * 4 + j) * 4 + h * 2 + v], acc[(q * 4 + j + 2) * 4 + h * 2 + v]);
-                        put(row, q * 16 + j * 8 + (lane & 3) * 2, o[0], o[1]);
-                    }
-            } else {
-#pragma unroll
-                for (int j = 0; j < WS_BN / 8; ++j) {
-                    const int col = j * 8 + (lane & 3) * 2;
-                    if (col / PASS_COLS != pass) continue;
-                    put(row, col - pass * PASS_COLS, acc[j * 4 + h * 2], acc[j * 4 + h * 2 + 1]);
-                }
+            for (int j = 0; j < WS_BN / 8; ++j) {
+                const int col = j * 8 + (lane & 3) * 2;
+                if (col / PASS_COLS != pass) continue;
+                const int byte = (col - pass * PASS_COLS) * (int)sizeof(T);
+                T pr[2] = {from_f<T>(acc[j * 4 + h * 2]), from_f<T>(acc[j * 4 + h * 2 + 1])};
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + row * WS_EPI_ROW + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15))),
+                             "r"(*reinterpret_cast<uint32_t *>(pr)));
             }
         }
         named_barrier(barrier, 128); // the pass's rows are in
@@ -767,7 +750,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
     // (the launch asks for 1 KB more), the consumers' epilogue buffers and the barriers after them.
     const unsigned smem = ((unsigned)__cvta_generic_to_shared(ws_smem) + 1023u) & ~1023u;
-    const unsigned epi = smem + WS_STAGES * WS_STAGE, full = epi + 2 * WS_EPI_BYTES, empty = full + WS_STAGES * 8;
+    const unsigned epi = smem + WS_STAGES * WS_STAGE, full = epi + ws_epi_buffers<EPI>(), empty = full + WS_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int N = g.N, K = g.K;
     const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = g.row_tiles;
@@ -857,8 +840,18 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
 
             const int out_w = EPI == SWIGLU ? N / 2 : N;
             O *slice_out = out + (size_t)(w / per_slice) * (g.tile_expert ? 0 : g.dense_rows) * out_w;
-            ws_epilogue<T, O, EPI>(slice_out, out_w, row0 + c * 64, rows - c * 64, EPI == SWIGLU ? n0 / 2 : n0, acc,
-                                   epi + c * WS_EPI_BYTES, 1 + c);
+            if constexpr (EPI == PLAIN) {
+                ws_epilogue<T>(slice_out, out_w, row0 + c * 64, rows - c * 64, n0, acc, epi + c * WS_EPI_BYTES, 1 + c);
+            } else {
+                // Accumulator v of n8 tile j (acc[j * 4 + v]) holds row lane / 4 (+ 8 for v >= 2) of
+                // the warp's 16 rows, columns 2 * (lane % 4) + (v & 1) of the tile.
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = c * 64 + warp * 16 + (lane >> 2) + h * 8;
+                    if (r >= rows) continue;
+                    store_row<T, O, EPI, WS_BN / 8>(slice_out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
+                }
+            }
         }
     }
 #else
