@@ -58,6 +58,29 @@ __device__ __forceinline__ void warp_argmax(float &v, int &i) {
     }
 }
 
+// The warp's best (value, index) over v[0 .. n), NaN entries skipped; every lane gets it (index
+// 0x7fffffff when all are NaN).
+__device__ __forceinline__ void warp_best(const float *v, int n, float &bv, int &bi) {
+    bv = -INFINITY;
+    bi = 0x7fffffff;
+    for (int j = threadIdx.x & 31; j < n; j += 32)
+        if (!isnan(v[j]) && better(v[j], j, bv, bi)) {
+            bv = v[j];
+            bi = j;
+        }
+    warp_argmax(bv, bi);
+}
+
+// Folds v into the two largest values seen (a >= b).
+__device__ __forceinline__ void push_top2(float &a, float &b, float v) {
+    if (v > a) {
+        b = a;
+        a = v;
+    } else if (v > b) {
+        b = v;
+    }
+}
+
 // Dynamic shared memory: per warp, 2 * E floats (scores, biased choice scores) + G floats.
 __device__ void route_tokens(uint32_t *__restrict__ ids, float *__restrict__ weights, const float *__restrict__ logits,
                           const float *__restrict__ bias, int tokens, int E, int K, int G, int KG, int softmax,
@@ -92,28 +115,15 @@ __device__ void route_tokens(uint32_t *__restrict__ ids, float *__restrict__ wei
         const int per = E / G;
         for (int g = lane; g < G; g += 32) {
             float a = -INFINITY, b = -INFINITY;
-            for (int e = g * per; e < (g + 1) * per; ++e) {
-                const float v = choice[e];
-                if (v > a) {
-                    b = a;
-                    a = v;
-                } else if (v > b) {
-                    b = v;
-                }
-            }
+            for (int e = g * per; e < (g + 1) * per; ++e) push_top2(a, b, choice[e]);
             group[g] = a + b;
         }
         __syncwarp();
         // Keep the KG best groups; the others' experts cannot be chosen.
         for (int r = 0; r < KG; ++r) {
-            float bv = -INFINITY;
-            int bi = 0x7fffffff;
-            for (int g = lane; g < G; g += 32)
-                if (!isnan(group[g]) && better(group[g], g, bv, bi)) {
-                    bv = group[g];
-                    bi = g;
-                }
-            warp_argmax(bv, bi);
+            float bv;
+            int bi;
+            warp_best(group, G, bv, bi);
             // NaN marks a kept group; no candidate left (NaN scores) keeps none.
             if (lane == 0 && bi < G) group[bi] = NAN;
             __syncwarp();
@@ -125,14 +135,9 @@ __device__ void route_tokens(uint32_t *__restrict__ ids, float *__restrict__ wei
     // Top-k by biased score; NaN marks experts not choosable (excluded groups, already chosen).
     float total = 0.f;
     for (int k = 0; k < K; ++k) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < E; e += 32)
-            if (!isnan(choice[e]) && better(choice[e], e, bv, bi)) {
-                bv = choice[e];
-                bi = e;
-            }
-        warp_argmax(bv, bi);
+        float bv;
+        int bi;
+        warp_best(choice, E, bv, bi);
         if (lane == 0) {
             // No expert left to choose (NaN scores: a non-finite hidden state, which the engine
             // fails on its own): no expert, weight 0, which the grouping skips.
@@ -194,15 +199,7 @@ __device__ void route_tokens_reg(uint32_t *__restrict__ ids, float *__restrict__
         // The two best of the group: this lane's, merged over the group's L lanes.
         float a = -INFINITY, b = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const float v = choice[i];
-            if (v > a) {
-                b = a;
-                a = v;
-            } else if (v > b) {
-                b = v;
-            }
-        }
+        for (int i = 0; i < PER; ++i) push_top2(a, b, choice[i]);
         const int L = E / G / PER;
         for (int o = 1; o < L; o <<= 1) {
             const float oa = __shfl_xor_sync(0xffffffffu, a, o), ob = __shfl_xor_sync(0xffffffffu, b, o);
