@@ -427,11 +427,6 @@ template <typename T, int BM, int THREADS> struct TileLoader {
     }
 };
 
-// Writes one output row's share of NT n8 tiles from the accumulators, `frag(j, v)` being the
-// thread's value of tile j at column 2 * (lane % 4) + v (mma.sync's and wgmma's layout alike):
-// T(acc) or f32 acc at columns n_base + 8 j + .., or for SWIGLU, per 32 columns (one gate/up
-// chunk pair: tiles 0-1 gate, 2-3 the matching up) T(T(silu(gate)) * up) at the pair's 16 output
-// columns.
 // silu(gate) · up from f32 accumulators, rounded as the unfused ops round: gate, up and the
 // activation to T first.
 template <typename T> __device__ __forceinline__ float swiglu(float gate, float up) {
@@ -439,6 +434,11 @@ template <typename T> __device__ __forceinline__ float swiglu(float gate, float 
     return round_t<T>(g / (1.f + expf(-g))) * round_t<T>(up);
 }
 
+// Writes one output row's share of NT n8 tiles from the accumulators, `frag(j, v)` being the
+// thread's value of tile j at column 2 * (lane % 4) + v (mma.sync's and wgmma's layout alike):
+// T(acc) or f32 acc at columns n_base + 8 j + .., or for SWIGLU, per 32 columns (one gate/up
+// chunk pair: tiles 0-1 gate, 2-3 the matching up) T(T(silu(gate)) * up) at the pair's 16 output
+// columns.
 template <typename T, typename O, Epilogue EPI, int NT, typename Frag>
 __device__ __forceinline__ void store_row(O *orow, int n_base, int N, Frag frag) {
     const int lane = threadIdx.x & 31;
@@ -646,8 +646,8 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
 // in columns the epilogue skips), A tiles [128 x 64] gathered through `src` by cp.async (rows
 // past the tile's and columns past the slice's end zero-filled), into WS_STAGES stages.
 // Warpgroups 1 and 2 consume: 64 rows x 256 columns each (wgmma m64n256k16), keeping one k
-// tile's MMAs in flight, and write the tile from registers with moe_gemm's epilogues while the
-// producer fills the next tile's stages.
+// tile's MMAs in flight, and write the tile with moe_gemm's epilogues (PLAIN through a shared
+// buffer, ws_epilogue; the others from registers) while the producer fills the next tile's stages.
 // Stage s is handed over by two mbarriers: full[s] (129 arrivals: thread 0's with the TMA's
 // expected bytes, and every producer thread's, made by the hardware once that thread's cp.async
 // for the stage have landed — so the producer never waits for its own copies and A is fetched
@@ -657,11 +657,10 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
 constexpr int WS_BM = 128, WS_BN = 256, WS_STAGES = 4, WS_THREADS = 384;
 constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS_STAGE = WS_A_BYTES + WS_B_BYTES;
 // Each consumer warpgroup's epilogue buffer: its 64 rows × 256 bytes of output (after the stages),
-// for the PLAIN epilogue only. Its bf16 tile of 256 columns went out as 4-byte stores scattered
-// over 8 rows, and `ncu` found the consumers stalled on the store queue ≈ 20 % of their time;
-// through the buffer the down GEMM took 352 µs for 439 (B 256, one layer). The SwiGLU tile is
-// half as wide and its activation math hides the stores: it ran 635 → 716 µs through the buffer,
-// and F32_OUT (the router) was not measured — both store from registers (store_row).
+// for the PLAIN epilogue only. Stored straight from registers, a plain tile of 256 columns fills
+// the store queue with 4-byte stores scattered over 8 rows; SWIGLU's tile is half as wide and its
+// activation math hides the stores, so for it the buffer's two barriers per pass cost more than
+// they save (measured: docs/BENCHMARKS.md, session 16). F32_OUT keeps the register path too.
 constexpr int WS_EPI_ROW = 256, WS_EPI_BYTES = 64 * WS_EPI_ROW;
 template <Epilogue EPI> constexpr int ws_epi_buffers() { return EPI == PLAIN ? 2 * WS_EPI_BYTES : 0; }
 
