@@ -10,9 +10,10 @@ pub struct MatmulPeak {
     /// Sustained on random normal data, after a second of GEMMs: the power-limited clock every
     /// benchmark run (random weights, seconds long) meets. The ceiling the bounds divide by.
     pub sustained: f64,
-    /// The first GEMMs on all-ones matrices: boost clock, and tensor cores on constant data draw
-    /// little power. It reads ≈ 1.3× `sustained` on an H200 — a figure no run can hold, kept
-    /// only to compare with bounds computed before `sustained` was.
+    /// The median of the first five GEMMs on all-ones matrices, the ceiling bounds divided by
+    /// before `sustained`: tensor cores on constant data draw little power, so a cool GPU runs
+    /// them at boost clock (840–890 TFLOP/s on an H200, a rate no run holds); right after a
+    /// bench has generated its weights it reads 610–740. Kept for comparison only.
     pub burst_ones: f64,
 }
 
