@@ -336,11 +336,14 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         // (all on the device's one stream).
         let (x_ptr, _x_guard) = x_v.device_ptr(&stream);
         let (src_ptr, _src_guard) = sorted_src.device_ptr(&stream);
-        let launch = |name: &str, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
+        // `swiglu`: gate/up with SiLU·mul (`moe_wgmma_swiglu_*`), else the plain GEMM, whose
+        // epilogue needs the shared buffers (`ws_smem`).
+        let launch = |swiglu: bool, out: &mut CudaSlice<T>, input: u64, weights: &CudaView<T>, src: u64, n: usize, k: usize| -> Result<()> {
             let (w_ptr, _w_guard) = weights.device_ptr(&stream);
             let map = weight_map(OP, dtype, w_ptr, e, n, k)?;
-            let func = kernel!(dev, Module::Moe, &format!("moe_wgmma_{name}{suf}"))?;
-            let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sms, name.is_empty())?;
+            let name = if swiglu { "moe_wgmma_swiglu_" } else { "moe_wgmma_" };
+            let func = kernel!(dev, Module::Moe, &format!("{name}{suf}"))?;
+            let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sms, !swiglu)?;
             let (ni, ki) = (n as i32, k as i32);
             let mut b = func.builder();
             b.arg(out).arg(&input).arg(&map).arg(&src);
@@ -351,9 +354,9 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
             unsafe { b.launch(cfg) }.w()?;
             Ok(())
         };
-        launch("swiglu_", &mut act, x_ptr, &gu_v, src_ptr, 2 * w, h)?;
+        launch(true, &mut act, x_ptr, &gu_v, src_ptr, 2 * w, h)?;
         let (act_ptr, _act_guard) = act.device_ptr(&stream);
-        launch("", &mut y, act_ptr, &down_v, 0, h, w)?;
+        launch(false, &mut y, act_ptr, &down_v, 0, h, w)?;
     } else {
         let tag = if bm == 128 { "bm128" } else { "bm64" };
         let cfg = |n: usize, (threads, smem): (u32, u32)| LaunchConfig {

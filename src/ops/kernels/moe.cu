@@ -664,6 +664,7 @@ constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS
 constexpr int WS_EPI_ROW = 256, WS_EPI_BYTES = 64 * WS_EPI_ROW;
 template <Epilogue EPI> constexpr int ws_epi_buffers() { return EPI == PLAIN ? 2 * WS_EPI_BYTES : 0; }
 
+// Named barrier `id` (1..15; 0 is __syncthreads') for `threads` threads.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -674,7 +675,9 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // in (16-byte chunks XOR-swizzled by the row: the 8 rows of one fragment store hit distinct
 // banks), then the rows go out as 16-byte stores, two whole rows per warp — full sectors instead
 // of 16 scattered bytes per row. `row_base`: the warpgroup's first output row; rows from
-// `rows_here` on and columns from `out_w` on are not written.
+// `rows_here` on and columns from `out_w` on are not written. out_w must be a multiple of 8 (the
+// host checks: hidden % 8 == 0) so that every 16-byte store is aligned and inside its row.
+// `barrier`: the warpgroup's own named barrier.
 template <typename T>
 __device__ __forceinline__ void ws_epilogue(T *__restrict__ out, int out_w, int row_base, int rows_here, int col0,
                                             const float *acc, unsigned buf, int barrier) {
@@ -802,7 +805,9 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                 cp_async_arrive(full + 8 * s);
             }
         }
-        // Exit only with every copy landed (the consumers still wait for the last stages).
+        // Each stage's phase completes only once all its copies have arrived and the consumers
+        // wait for every phase, so the CTA outlives the copies either way; this only drains what
+        // the thread's scoreboard still tracks before it exits.
         cp_async_wait<0>();
     } else {
         // Consumers: warpgroup c = wg - 1 takes rows 64 c .. of the tile.
