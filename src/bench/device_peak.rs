@@ -24,7 +24,7 @@ pub fn matmul_peak(device: &Device) -> candle_core::Result<MatmulPeak> {
     let ones = Tensor::ones((n, n), dtype, device)?;
     let _ = ones.matmul(&ones)?;
     device.synchronize()?;
-    let burst_ones = flops / median_seconds(device, &ones, 5, 1)?;
+    let burst_ones = flops / median_seconds(device, 5, 1, || ones.matmul(&ones).map(drop))?;
     let random = Tensor::randn(0f32, 1.0, (n, n), device)?.to_dtype(dtype)?;
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < warm_s {
@@ -33,17 +33,18 @@ pub fn matmul_peak(device: &Device) -> candle_core::Result<MatmulPeak> {
         }
         device.synchronize()?;
     }
-    let sustained = flops / median_seconds(device, &random, 5, 20)?;
+    let sustained = flops / median_seconds(device, 5, 20, || random.matmul(&random).map(drop))?;
     Ok(MatmulPeak { sustained, burst_ones })
 }
 
-/// Median over `samples` of the seconds one `a · a` takes, timed `per_sample` back to back.
-fn median_seconds(device: &Device, a: &Tensor, samples: usize, per_sample: usize) -> candle_core::Result<f64> {
+/// Median over `samples` of the seconds one `op` takes, timed `per_sample` back to back with the
+/// device synchronised at each sample's end.
+fn median_seconds(device: &Device, samples: usize, per_sample: usize, op: impl Fn() -> candle_core::Result<()>) -> candle_core::Result<f64> {
     let mut times = Vec::with_capacity(samples);
     for _ in 0..samples {
         let t = Instant::now();
         for _ in 0..per_sample {
-            let _ = a.matmul(a)?;
+            op()?;
         }
         device.synchronize()?;
         times.push(t.elapsed().as_secs_f64() / per_sample as f64);
@@ -58,14 +59,20 @@ pub fn copy_bandwidth(device: &Device) -> candle_core::Result<f64> {
     let x = Tensor::ones(n, DType::BF16, device)?;
     let _ = x.copy()?;
     device.synchronize()?;
-    let mut times = Vec::new();
-    for _ in 0..10 {
-        let t = Instant::now();
-        let y = x.copy()?;
-        device.synchronize()?;
-        times.push(t.elapsed().as_secs_f64());
-        drop(y);
+    Ok(2.0 * (n * 2) as f64 / median_seconds(device, 10, 1, || x.copy().map(drop))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceilings_are_positive_rates() {
+        let cpu = Device::Cpu;
+        let peak = matmul_peak(&cpu).unwrap();
+        assert!(peak.sustained.is_finite() && peak.sustained > 0.0, "{peak:?}");
+        assert!(peak.burst_ones.is_finite() && peak.burst_ones > 0.0, "{peak:?}");
+        let bw = copy_bandwidth(&cpu).unwrap();
+        assert!(bw.is_finite() && bw > 0.0, "{bw}");
     }
-    times.sort_by(f64::total_cmp);
-    Ok(2.0 * (n * 2) as f64 / times[5])
 }

@@ -181,11 +181,14 @@ const WS_BN: usize = 256;
 const WS_STAGES: usize = 4;
 const WS_THREADS: u32 = 384;
 
+/// One consumer warpgroup's epilogue buffer: 64 rows × 256 bytes (kernel constant `WS_EPI_BYTES`).
+const WS_EPI_BYTES: usize = 64 * 256;
+
 /// Dynamic shared memory of the warp-specialised GEMM: its stages, for the plain epilogue two
-/// consumer buffers of 64 rows × 256 bytes (`ws_epi_buffers`), the stages' full/empty barriers,
-/// and 1 KB so that the kernel can align the stages to the 1024 bytes the swizzle repeats over.
+/// consumer buffers (`ws_epi_buffers`), the stages' full/empty barriers, and 1 KB so that the
+/// kernel can align the stages to the 1024 bytes the swizzle repeats over.
 const fn ws_smem(plain_epilogue: bool) -> u32 {
-    let buffers = if plain_epilogue { 2 * 64 * 256 } else { 0 };
+    let buffers = if plain_epilogue { 2 * WS_EPI_BYTES } else { 0 };
     (WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + buffers + WS_STAGES * 16 + 1024) as u32
 }
 
