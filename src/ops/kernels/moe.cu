@@ -428,10 +428,13 @@ template <typename T, int BM, int THREADS> struct TileLoader {
 };
 
 // silu(gate) · up from f32 accumulators, rounded as the unfused ops round: gate, up and the
-// activation to T first.
+// activation to T first. The hardware exponential and an approximate division (each within 2
+// ulp of f32, far below T's rounding step) instead of expf's and div.rn's instruction sequences:
+// this is most of the SwiGLU epilogue, which no MMA overlaps. A gate so negative that 1 + e^-g
+// overflows gives g / inf = -0, silu's limit.
 template <typename T> __device__ __forceinline__ float swiglu(float gate, float up) {
     const float g = round_t<T>(gate);
-    return round_t<T>(g / (1.f + expf(-g))) * round_t<T>(up);
+    return round_t<T>(__fdividef(g, 1.f + __expf(-g))) * round_t<T>(up);
 }
 
 // Writes one output row's share of NT n8 tiles from the accumulators, `frag(j, v)` being the
