@@ -826,15 +826,21 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             k_range(w, k_begin, k_end, k_tiles);
 #pragma unroll
             for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+            const bool has_rows = c * 64 < rows;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int s = it % WS_STAGES;
                 mbar_wait(full + 8 * s, (it / WS_STAGES) & 1);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 const unsigned a_base = smem + s * WS_STAGE + c * 64 * ROW_BYTES, b_base = smem + s * WS_STAGE + WS_A_BYTES;
-                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                // A warpgroup whose 64 rows are all past the tile's (an expert's last tile) issues
+                // no MMAs but keeps step: it still waits for each stage and gives it back, else
+                // its early arrivals on empty[s] would complete a phase the other still reads.
+                if (has_rows) {
+                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
-                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                    for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
+                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                }
                 // The previous k tile's MMAs are done: its stage goes back to the producer.
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
                 if (kt > 0) release(it - 1);
