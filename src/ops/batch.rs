@@ -145,13 +145,21 @@ impl PagedBatch {
             }
         }
         let max_context_len = host.context_lens.iter().copied().max().unwrap_or(0) as usize;
-        let slot_mapping = Tensor::new(slot_mapping.as_slice(), device)?;
+        // One host-to-device copy for all four (each small copy is a synchronous round trip).
+        let sections = [flat_tables.as_slice(), host.context_lens.as_slice(), host.cu_q_lens.as_slice(), slot_mapping.as_slice()];
+        let mut words = Vec::with_capacity(sections.iter().map(|s| align4(s.len())).sum());
+        for section in sections {
+            words.extend_from_slice(section);
+            words.resize(align4(words.len()), 0);
+        }
+        let packed = Tensor::from_vec(words, align4(flat_tables.len()) + align4(rows) + align4(rows + 1) + align4(tokens), device)?;
+        let [block_tables, context_lens, cu_q_lens, slot_mapping] = packed_views(&packed, rows, max_blocks, tokens)?;
         Ok(Self {
             kv_width,
             write_index: Default::default(),
-            block_tables: Tensor::from_vec(flat_tables, (rows, max_blocks), device)?,
-            context_lens: Tensor::new(host.context_lens.as_slice(), device)?,
-            cu_q_lens: Tensor::new(host.cu_q_lens.as_slice(), device)?,
+            block_tables,
+            context_lens,
+            cu_q_lens,
             slot_mapping,
             host,
             block_size,
@@ -254,30 +262,28 @@ fn align4(n: usize) -> usize {
     n.div_ceil(4) * 4
 }
 
+/// The four sections of one packed u32 buffer, in order, each starting on a 16-byte boundary:
+/// block tables `[rows, max_blocks]`, context lengths `[rows]`, query offsets `[rows + 1]`, slots
+/// `[tokens]`.
+fn packed_views(packed: &Tensor, rows: usize, max_blocks: usize, tokens: usize) -> Result<[Tensor; 4]> {
+    let mut off = 0;
+    let mut section = |n: usize| -> Result<Tensor> {
+        let t = packed.narrow(0, off, n)?;
+        off += align4(n);
+        Ok(t)
+    };
+    Ok([section(rows * max_blocks)?.reshape((rows, max_blocks))?, section(rows)?, section(rows + 1)?, section(tokens)?])
+}
+
 impl PagedBatchBuffers {
     pub fn new(rows: usize, tokens: usize, max_blocks: usize, device: &Device) -> Result<Self> {
         if rows == 0 || tokens < rows || max_blocks == 0 {
             candle_core::bail!("paged batch buffers: {rows} rows, {tokens} tokens, {max_blocks} blocks");
         }
-        let sizes = [rows * max_blocks, rows, rows + 1, tokens];
-        let total: usize = sizes.iter().map(|&n| align4(n)).sum();
+        let total = align4(rows * max_blocks) + align4(rows) + align4(rows + 1) + align4(tokens);
         let packed = Tensor::zeros(total, DType::U32, device)?;
-        let mut off = 0;
-        let mut parts = Vec::with_capacity(4);
-        for n in sizes {
-            parts.push(packed.narrow(0, off, n)?);
-            off += align4(n);
-        }
-        Ok(Self {
-            block_tables: parts[0].reshape((rows, max_blocks))?,
-            context_lens: parts[1].clone(),
-            cu_q_lens: parts[2].clone(),
-            slot_mapping: parts[3].clone(),
-            packed,
-            rows,
-            tokens,
-            max_blocks,
-        })
+        let [block_tables, context_lens, cu_q_lens, slot_mapping] = packed_views(&packed, rows, max_blocks, tokens)?;
+        Ok(Self { block_tables, context_lens, cu_q_lens, slot_mapping, packed, rows, tokens, max_blocks })
     }
 
     pub fn rows(&self) -> usize {
