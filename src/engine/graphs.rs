@@ -158,16 +158,32 @@ pub struct GraphCache {
     pub warned: bool,
     pub captures: usize,
     pub replays: usize,
+    /// Programmatic edges over the captured graphs.
+    pub programmatic_edges: usize,
 }
 
 /// An instantiated CUDA graph.
 #[cfg(feature = "cuda")]
-pub struct Graph(candle_core::cuda_backend::cudarc::driver::CudaGraph);
+pub struct Graph {
+    exec: candle_core::cuda_backend::cudarc::driver::sys::CUgraphExec,
+    stream: std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+    /// Edges made programmatic at capture (see `engine::graph_pdl`).
+    programmatic_edges: usize,
+}
 
 // SAFETY: a graph is used by one thread at a time (the runner's owner); CUDA graph execs may
 // be launched from any thread when calls are serialised.
 #[cfg(feature = "cuda")]
 unsafe impl Send for Graph {}
+
+#[cfg(feature = "cuda")]
+impl Drop for Graph {
+    fn drop(&mut self) {
+        use candle_core::cuda_backend::cudarc::driver::result;
+        // SAFETY: the exec is ours and no longer launched.
+        self.stream.context().record_err(unsafe { result::graph::exec_destroy(self.exec) });
+    }
+}
 
 /// No graphs without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
@@ -175,11 +191,13 @@ pub enum Graph {}
 
 #[cfg(feature = "cuda")]
 impl Graph {
-    /// Captures what `body` enqueues on `device`'s stream (nothing runs) and instantiates it.
-    /// `body` must drop every tensor it allocates before returning, and must not read device
-    /// data on the host. On error the capture is ended and discarded.
+    /// Captures what `body` enqueues on `device`'s stream (nothing runs) and instantiates it,
+    /// with programmatic edges into the kernels that wait for their predecessor where the
+    /// device supports them (`engine::graph_pdl`). `body` must drop every tensor it allocates
+    /// before returning, and must not read device data on the host. On error the capture is
+    /// ended and discarded.
     pub fn capture(device: &Device, body: impl FnOnce() -> Result<()>) -> Result<Self> {
-        use candle_core::cuda_backend::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        use candle_core::cuda_backend::cudarc::driver::{result, sys::CUstreamCaptureMode};
         use candle_core::cuda_backend::WrapErr;
         let Device::Cuda(dev) = device else {
             candle_core::bail!("CUDA graph capture on {device:?}");
@@ -190,19 +208,35 @@ impl Graph {
         let _cache = dev.enable_cuda_graph_htod_cache();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
         let res = body();
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        // SAFETY: ends the capture begun above on the same stream.
+        let graph = unsafe { result::stream::end_capture(stream.cu_stream()) };
         // Errors of asynchronous frees during the capture are only recorded; surface them.
         let recorded = ctx.check_err();
+        let graph = graph.w()?;
+        let graph = GraphGuard(graph, &ctx);
         res?;
         recorded.w()?;
-        let graph = graph.w()?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
-        graph.upload().w()?;
-        Ok(Self(graph))
+        if graph.0.is_null() {
+            candle_core::bail!("CUDA graph capture recorded nothing");
+        }
+        let (exec, programmatic_edges) = graph.instantiate(super::graph_pdl::enabled(&ctx))?;
+        let g = Self { exec, stream: stream.clone(), programmatic_edges };
+        // SAFETY: the exec was just instantiated on this stream's context.
+        unsafe { result::graph::upload(g.exec, stream.cu_stream()) }.w()?;
+        Ok(g)
     }
 
     pub fn launch(&self) -> Result<()> {
+        use candle_core::cuda_backend::cudarc::driver::result;
         use candle_core::cuda_backend::WrapErr;
-        self.0.launch().w()
+        self.stream.context().bind_to_thread().w()?;
+        // SAFETY: the exec is alive (owned) and was instantiated for this stream's context.
+        unsafe { result::graph::launch(self.exec, self.stream.cu_stream()) }.w()
+    }
+
+    /// How many of the graph's edges are programmatic (0 where the device or driver has none).
+    pub fn programmatic_edges(&self) -> usize {
+        self.programmatic_edges
     }
 
     /// Runs `body` eagerly with candle's host-to-device parameter cache on. A body must run once
@@ -217,6 +251,50 @@ impl Graph {
     }
 }
 
+/// A captured graph, destroyed when dropped (it is only needed until instantiated).
+#[cfg(feature = "cuda")]
+struct GraphGuard<'a>(candle_core::cuda_backend::cudarc::driver::sys::CUgraph, &'a std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaContext>);
+
+#[cfg(feature = "cuda")]
+impl GraphGuard<'_> {
+    /// Instantiates the graph, first with programmatic edges when `pdl`; if that graph does
+    /// not instantiate, the captured edges are put back and it is instantiated as captured.
+    fn instantiate(&self, pdl: bool) -> Result<(candle_core::cuda_backend::cudarc::driver::sys::CUgraphExec, usize)> {
+        use candle_core::cuda_backend::cudarc::driver::{result, sys::CUgraphInstantiate_flags};
+        use candle_core::cuda_backend::WrapErr;
+        let plain = CUgraphInstantiate_flags(0);
+        // SAFETY: the graph is ours, fully captured, and not in use elsewhere.
+        let rewritten = if pdl { unsafe { super::graph_pdl::rewrite(self.0) }? } else { None };
+        let Some((edges, original)) = rewritten else {
+            return Ok((unsafe { result::graph::instantiate(self.0, plain) }.w()?, 0));
+        };
+        match unsafe { result::graph::instantiate(self.0, plain) } {
+            Ok(exec) => Ok((exec, edges)),
+            Err(e) => {
+                warn_pdl_once(&e.to_string());
+                unsafe { super::graph_pdl::restore(self.0, &original) }?;
+                Ok((unsafe { result::graph::instantiate(self.0, plain) }.w()?, 0))
+            }
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for GraphGuard<'_> {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the graph is ours; an exec made from it does not need it.
+            self.1.record_err(unsafe { candle_core::cuda_backend::cudarc::driver::result::graph::destroy(self.0) });
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn warn_pdl_once(msg: &str) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| eprintln!("ponder: a CUDA graph with programmatic edges did not instantiate ({msg}); graphs run without them"));
+}
+
 #[cfg(not(feature = "cuda"))]
 impl Graph {
     pub fn capture(device: &Device, _body: impl FnOnce() -> Result<()>) -> Result<Self> {
@@ -229,6 +307,10 @@ impl Graph {
     }
 
     pub fn launch(&self) -> Result<()> {
+        match *self {}
+    }
+
+    pub fn programmatic_edges(&self) -> usize {
         match *self {}
     }
 }
