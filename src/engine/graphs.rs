@@ -167,7 +167,7 @@ pub struct GraphCache {
 pub struct Graph {
     exec: candle_core::cuda_backend::cudarc::driver::sys::CUgraphExec,
     stream: std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
-    /// Edges made programmatic at capture (see `engine::graph_pdl`).
+    /// Programmatic edges chosen while capturing (see `ops::cuda::pdl`).
     programmatic_edges: usize,
 }
 
@@ -191,39 +191,61 @@ pub enum Graph {}
 
 #[cfg(feature = "cuda")]
 impl Graph {
-    /// Captures what `body` enqueues on `device`'s stream (nothing runs) and instantiates it,
-    /// with programmatic edges into the kernels that wait for their predecessor where the
-    /// device supports them (`engine::graph_pdl`). `body` must drop every tensor it allocates
-    /// before returning, and must not read device data on the host. On error the capture is
-    /// ended and discarded.
-    pub fn capture(device: &Device, body: impl FnOnce() -> Result<()>) -> Result<Self> {
-        use candle_core::cuda_backend::cudarc::driver::{result, sys::CUstreamCaptureMode};
+    /// Captures what `body` enqueues on `device`'s stream (nothing runs) and instantiates it.
+    /// Where the device supports it, our kernels hang off the kernel before them by
+    /// programmatic edges (`ops::cuda::pdl`); should such a graph not instantiate, `body` is
+    /// captured again without them. `body` must drop every tensor it allocates before
+    /// returning, and must not read device data on the host. On error the capture is ended and
+    /// discarded.
+    pub fn capture(device: &Device, mut body: impl FnMut() -> Result<()>) -> Result<Self> {
         use candle_core::cuda_backend::WrapErr;
         let Device::Cuda(dev) = device else {
             candle_core::bail!("CUDA graph capture on {device:?}");
         };
         let stream = dev.cuda_stream();
+        let pdl = crate::ops::cuda::pdl::enabled(stream.context());
+        let g = match Self::capture_once(dev, &mut body, pdl)? {
+            Ok(g) => g,
+            Err(e) if pdl => {
+                warn_pdl_once(&e.to_string());
+                Self::capture_once(dev, &mut body, false)?.w()?
+            }
+            Err(e) => return Err(e).w(),
+        };
+        // SAFETY: the exec was just instantiated on this stream's context.
+        unsafe { candle_core::cuda_backend::cudarc::driver::result::graph::upload(g.exec, stream.cu_stream()) }.w()?;
+        Ok(g)
+    }
+
+    /// One capture; the inner error is the instantiation's (the capture itself succeeded).
+    fn capture_once(
+        dev: &candle_core::CudaDevice,
+        body: &mut impl FnMut() -> Result<()>,
+        pdl: bool,
+    ) -> Result<std::result::Result<Self, candle_core::cuda_backend::cudarc::driver::DriverError>> {
+        use candle_core::cuda_backend::cudarc::driver::{result, sys::CUgraphInstantiate_flags, sys::CUstreamCaptureMode};
+        use candle_core::cuda_backend::WrapErr;
+        let stream = dev.cuda_stream();
         let ctx = stream.context().clone();
         ctx.check_err().w()?;
         let _cache = dev.enable_cuda_graph_htod_cache();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
+        crate::ops::cuda::pdl::begin_capture(pdl);
         let res = body();
+        let programmatic_edges = crate::ops::cuda::pdl::end_capture();
         // SAFETY: ends the capture begun above on the same stream.
         let graph = unsafe { result::stream::end_capture(stream.cu_stream()) };
         // Errors of asynchronous frees during the capture are only recorded; surface them.
         let recorded = ctx.check_err();
-        let graph = graph.w()?;
-        let graph = GraphGuard(graph, &ctx);
+        let graph = GraphGuard(graph.w()?, &ctx);
         res?;
         recorded.w()?;
         if graph.0.is_null() {
             candle_core::bail!("CUDA graph capture recorded nothing");
         }
-        let (exec, programmatic_edges) = graph.instantiate(super::graph_pdl::enabled(&ctx))?;
-        let g = Self { exec, stream: stream.clone(), programmatic_edges };
-        // SAFETY: the exec was just instantiated on this stream's context.
-        unsafe { result::graph::upload(g.exec, stream.cu_stream()) }.w()?;
-        Ok(g)
+        // SAFETY: the graph is ours, fully captured, and not in use elsewhere.
+        let exec = unsafe { result::graph::instantiate(graph.0, CUgraphInstantiate_flags(0)) };
+        Ok(exec.map(|exec| Self { exec, stream: stream.clone(), programmatic_edges }))
     }
 
     pub fn launch(&self) -> Result<()> {
@@ -256,30 +278,6 @@ impl Graph {
 struct GraphGuard<'a>(candle_core::cuda_backend::cudarc::driver::sys::CUgraph, &'a std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaContext>);
 
 #[cfg(feature = "cuda")]
-impl GraphGuard<'_> {
-    /// Instantiates the graph, first with programmatic edges when `pdl`; if that graph does
-    /// not instantiate, the captured edges are put back and it is instantiated as captured.
-    fn instantiate(&self, pdl: bool) -> Result<(candle_core::cuda_backend::cudarc::driver::sys::CUgraphExec, usize)> {
-        use candle_core::cuda_backend::cudarc::driver::{result, sys::CUgraphInstantiate_flags};
-        use candle_core::cuda_backend::WrapErr;
-        let plain = CUgraphInstantiate_flags(0);
-        // SAFETY: the graph is ours, fully captured, and not in use elsewhere.
-        let rewritten = if pdl { unsafe { super::graph_pdl::rewrite(self.0) }? } else { None };
-        let Some((edges, original)) = rewritten else {
-            return Ok((unsafe { result::graph::instantiate(self.0, plain) }.w()?, 0));
-        };
-        match unsafe { result::graph::instantiate(self.0, plain) } {
-            Ok(exec) => Ok((exec, edges)),
-            Err(e) => {
-                warn_pdl_once(&e.to_string());
-                unsafe { super::graph_pdl::restore(self.0, &original) }?;
-                Ok((unsafe { result::graph::instantiate(self.0, plain) }.w()?, 0))
-            }
-        }
-    }
-}
-
-#[cfg(feature = "cuda")]
 impl Drop for GraphGuard<'_> {
     fn drop(&mut self) {
         if !self.0.is_null() {
@@ -292,12 +290,14 @@ impl Drop for GraphGuard<'_> {
 #[cfg(feature = "cuda")]
 fn warn_pdl_once(msg: &str) {
     static WARNED: std::sync::Once = std::sync::Once::new();
-    WARNED.call_once(|| eprintln!("ponder: a CUDA graph with programmatic edges did not instantiate ({msg}); graphs run without them"));
+    WARNED.call_once(|| {
+        eprintln!("ponder: a CUDA graph with programmatic edges did not instantiate ({msg}); such graphs are captured again without them (reported once)")
+    });
 }
 
 #[cfg(not(feature = "cuda"))]
 impl Graph {
-    pub fn capture(device: &Device, _body: impl FnOnce() -> Result<()>) -> Result<Self> {
+    pub fn capture(device: &Device, _body: impl FnMut() -> Result<()>) -> Result<Self> {
         candle_core::bail!("CUDA graph capture on {device:?} without the `cuda` feature")
     }
 

@@ -5,7 +5,6 @@ mod core;
 mod detok;
 mod diffusion_runner;
 mod family;
-mod graph_pdl;
 mod graphs;
 mod handle;
 mod latency;

@@ -7,6 +7,7 @@ mod focus;
 mod fused;
 mod launch;
 mod moe;
+pub mod pdl;
 mod rows;
 
 pub use attention::paged_attention;
