@@ -224,6 +224,9 @@ unsafe fn set_dependencies(stream: CUstream, ordinary: &[CUgraphNode], programma
         type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
         reserved: [0; 5],
     };
+    // Experiment (`PONDER_PDL=order`): the same dependencies with ordinary edges only.
+    let order_only = std::env::var("PONDER_PDL").is_ok_and(|v| v == "order");
+    let prog = if order_only { plain } else { prog };
     let mut nodes: Vec<CUgraphNode> = ordinary.iter().chain(programmatic).copied().collect();
     let data: Vec<sys::CUgraphEdgeData> = ordinary.iter().map(|_| plain).chain(programmatic.iter().map(|_| prog)).collect();
     let flags = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32;
