@@ -596,8 +596,7 @@ fn graph_test_huginn() -> ponder::models::HuginnConfig {
 }
 
 /// Runs `prompts` (all queued at once) to completion, greedy, in one of the [`Graphs`] modes,
-/// on the tiny Ouro (or Huginn: prelude and a coda with their own attention blocks). Returns
-/// each request's tokens and the captured graphs' programmatic edges.
+/// on the tiny Ouro (or Huginn: prelude and a coda with their own attention blocks).
 #[allow(clippy::too_many_arguments)]
 fn graph_engine_run(
     gpu: &Device,
@@ -608,7 +607,7 @@ fn graph_engine_run(
     graphs: Graphs,
     prompts: &[Vec<u32>],
     new_tokens: &[usize],
-) -> (Vec<Vec<u32>>, usize) {
+) -> Vec<Vec<u32>> {
     use ponder::gate::{DepthTrace, Replay};
     use ponder::models::looped::{Huginn, Ouro};
     let model: Box<dyn ponder::models::LoopedModel> = if huginn {
@@ -652,16 +651,7 @@ fn graph_engine_run(
             }
         }
     }
-    (ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect(), engine.metrics().graph_programmatic_edges)
-}
-
-/// The device's compute capability major (9 on Hopper).
-fn compute_major(gpu: &Device) -> i32 {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR;
-    match gpu {
-        Device::Cuda(d) => d.cuda_stream().context().attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).unwrap(),
-        _ => 0,
-    }
+    ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect()
 }
 
 #[test]
@@ -688,24 +678,19 @@ fn cuda_graphs_match_eager() {
         ("huginn cdb-refill shared W13", true, SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13),
         ("huginn cb shared W7", true, SchedulerKind::Continuous, KvLayoutKind::Shared, 7),
     ];
-    // Replay must reproduce the graph bodies run eagerly bit for bit — on Hopper with
-    // programmatic edges into our kernels, which must change nothing. Against the plain eager
+    // Replay must reproduce the graph bodies run eagerly bit for bit. Against the plain eager
     // path, bf16 results may differ slightly: padding changes the gemm row count and the context
     // bucket changes the attention key split, so near-ties can flip a greedy token late in a
     // sequence (first device run: 34/37 identical for CB depth-indexed W40). That comparison is
     // reported and only loosely bounded.
     for (name, huginn, sched, layout, width) in cases {
         let t = std::time::Instant::now();
-        let (eager, _) = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::Off, &prompts, &new_tokens);
+        let eager = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::Off, &prompts, &new_tokens);
         let t_eager = t.elapsed();
-        let (bodies, _) = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::BodiesOnly, &prompts, &new_tokens);
+        let bodies = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::BodiesOnly, &prompts, &new_tokens);
         let t = std::time::Instant::now();
-        let (graphs, edges) = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::On, &prompts, &new_tokens);
+        let graphs = graph_engine_run(&gpu, huginn, sched, layout, width, Graphs::On, &prompts, &new_tokens);
         let t_graphs = t.elapsed();
-        let pdl_off = std::env::var("PONDER_PDL").is_ok_and(|v| v == "0");
-        if compute_major(&gpu) >= 9 && !pdl_off {
-            assert!(edges > 0, "{name}: no programmatic edges in the captured graphs");
-        }
         let mut bad = 0;
         for (i, (a, b)) in eager.iter().zip(&graphs).enumerate() {
             assert_eq!(a.len(), new_tokens[i], "{name}: request {i} eager length");
@@ -717,7 +702,7 @@ fn cuda_graphs_match_eager() {
             }
         }
         println!(
-            "cuda graphs {name}: {n} requests, {} tokens; {edges} programmatic edges; replay == bodies {n}/{n}; identical to eager {}/{n}; eager {:.2}s, graphs {:.2}s",
+            "cuda graphs {name}: {n} requests, {} tokens; replay == bodies {n}/{n}; identical to eager {}/{n}; eager {:.2}s, graphs {:.2}s",
             new_tokens.iter().sum::<usize>(),
             n - bad,
             t_eager.as_secs_f64(),

@@ -52,10 +52,6 @@ pub(crate) fn cb_suite(args: &Args, model: &BenchModel, roof: Roof, weight_bytes
             roofline_s * 1e3,
             100.0 * roofline_s / step_s
         );
-        let edges = engine.metrics().graph_programmatic_edges;
-        if edges > 0 {
-            println!("{:>6} graphs: {edges} kernel edges programmatic (PONDER_PDL=0 turns them off)", "");
-        }
         if args.profile_step {
             profile_one_decode_step(&mut engine, args, w, spec.vocab_size, model.device())?;
         }
@@ -64,7 +60,6 @@ pub(crate) fn cb_suite(args: &Args, model: &BenchModel, roof: Roof, weight_bytes
             "tokens_per_s": tps, "floor_tokens_per_s": floor, "decode_step_ms": step_s * 1e3,
             "prefill_s": prefill_s, "repeats": samples.iter().map(|s| s.0).collect::<Vec<_>>(),
             "decode_roofline_step_ms": roofline_s * 1e3, "fraction_of_roofline": roofline_s / step_s,
-            "graph_programmatic_edges": engine.metrics().graph_programmatic_edges,
         }));
         drop(engine);
     }

@@ -117,7 +117,7 @@ impl Half for LoopedHalf {
             metrics.record_device(launch.stage.name(), span);
         }
         self.scheduler.complete(launch, &result);
-        (metrics.graph_captures, metrics.graph_replays, metrics.graph_programmatic_edges) = self.runner.graph_stats();
+        (metrics.graph_captures, metrics.graph_replays) = self.runner.graph_stats();
         // A coda row's token ran its item's loop steps (the row's step is the last one run); a
         // full-depth launch runs every step it lists.
         let steps = |row: &crate::scheduler::LoopedRow| match launch.stage {

@@ -158,32 +158,16 @@ pub struct GraphCache {
     pub warned: bool,
     pub captures: usize,
     pub replays: usize,
-    /// Programmatic edges over the captured graphs.
-    pub programmatic_edges: usize,
 }
 
 /// An instantiated CUDA graph.
 #[cfg(feature = "cuda")]
-pub struct Graph {
-    exec: candle_core::cuda_backend::cudarc::driver::sys::CUgraphExec,
-    stream: std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
-    /// Programmatic edges chosen while capturing (see `ops::cuda::pdl`).
-    programmatic_edges: usize,
-}
+pub struct Graph(candle_core::cuda_backend::cudarc::driver::CudaGraph);
 
 // SAFETY: a graph is used by one thread at a time (the runner's owner); CUDA graph execs may
 // be launched from any thread when calls are serialised.
 #[cfg(feature = "cuda")]
 unsafe impl Send for Graph {}
-
-#[cfg(feature = "cuda")]
-impl Drop for Graph {
-    fn drop(&mut self) {
-        use candle_core::cuda_backend::cudarc::driver::result;
-        // SAFETY: the exec is ours and no longer launched.
-        self.stream.context().record_err(unsafe { result::graph::exec_destroy(self.exec) });
-    }
-}
 
 /// No graphs without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
@@ -192,73 +176,33 @@ pub enum Graph {}
 #[cfg(feature = "cuda")]
 impl Graph {
     /// Captures what `body` enqueues on `device`'s stream (nothing runs) and instantiates it.
-    /// Where the device supports it, our kernels hang off the kernel before them by
-    /// programmatic edges (`ops::cuda::pdl`); should such a graph not instantiate, `body` is
-    /// captured again without them. `body` must drop every tensor it allocates before
-    /// returning, and must not read device data on the host. On error the capture is ended and
-    /// discarded.
-    pub fn capture(device: &Device, mut body: impl FnMut() -> Result<()>) -> Result<Self> {
+    /// `body` must drop every tensor it allocates before returning, and must not read device
+    /// data on the host. On error the capture is ended and discarded.
+    pub fn capture(device: &Device, body: impl FnOnce() -> Result<()>) -> Result<Self> {
+        use candle_core::cuda_backend::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         use candle_core::cuda_backend::WrapErr;
         let Device::Cuda(dev) = device else {
             candle_core::bail!("CUDA graph capture on {device:?}");
         };
         let stream = dev.cuda_stream();
-        let pdl = crate::ops::cuda::pdl::enabled(stream.context());
-        let g = match Self::capture_once(dev, &mut body, pdl)? {
-            Ok(g) => g,
-            Err(e) if pdl => {
-                warn_pdl_once(&e.to_string());
-                Self::capture_once(dev, &mut body, false)?.w()?
-            }
-            Err(e) => return Err(e).w(),
-        };
-        // SAFETY: the exec was just instantiated on this stream's context.
-        unsafe { candle_core::cuda_backend::cudarc::driver::result::graph::upload(g.exec, stream.cu_stream()) }.w()?;
-        Ok(g)
-    }
-
-    /// One capture; the inner error is the instantiation's (the capture itself succeeded).
-    fn capture_once(
-        dev: &candle_core::CudaDevice,
-        body: &mut impl FnMut() -> Result<()>,
-        pdl: bool,
-    ) -> Result<std::result::Result<Self, candle_core::cuda_backend::cudarc::driver::DriverError>> {
-        use candle_core::cuda_backend::cudarc::driver::{result, sys::CUgraphInstantiate_flags, sys::CUstreamCaptureMode};
-        use candle_core::cuda_backend::WrapErr;
-        let stream = dev.cuda_stream();
         let ctx = stream.context().clone();
         ctx.check_err().w()?;
         let _cache = dev.enable_cuda_graph_htod_cache();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
-        crate::ops::cuda::pdl::begin_capture(pdl);
         let res = body();
-        let programmatic_edges = crate::ops::cuda::pdl::end_capture();
-        // SAFETY: ends the capture begun above on the same stream.
-        let graph = unsafe { result::stream::end_capture(stream.cu_stream()) };
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         // Errors of asynchronous frees during the capture are only recorded; surface them.
         let recorded = ctx.check_err();
-        let graph = GraphGuard(graph.w()?, &ctx);
         res?;
         recorded.w()?;
-        if graph.0.is_null() {
-            candle_core::bail!("CUDA graph capture recorded nothing");
-        }
-        // SAFETY: the graph is ours, fully captured, and not in use elsewhere.
-        let exec = unsafe { result::graph::instantiate(graph.0, CUgraphInstantiate_flags(0)) };
-        Ok(exec.map(|exec| Self { exec, stream: stream.clone(), programmatic_edges }))
+        let graph = graph.w()?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
+        graph.upload().w()?;
+        Ok(Self(graph))
     }
 
     pub fn launch(&self) -> Result<()> {
-        use candle_core::cuda_backend::cudarc::driver::result;
         use candle_core::cuda_backend::WrapErr;
-        self.stream.context().bind_to_thread().w()?;
-        // SAFETY: the exec is alive (owned) and was instantiated for this stream's context.
-        unsafe { result::graph::launch(self.exec, self.stream.cu_stream()) }.w()
-    }
-
-    /// How many of the graph's edges are programmatic (0 where the device or driver has none).
-    pub fn programmatic_edges(&self) -> usize {
-        self.programmatic_edges
+        self.0.launch().w()
     }
 
     /// Runs `body` eagerly with candle's host-to-device parameter cache on. A body must run once
@@ -273,31 +217,9 @@ impl Graph {
     }
 }
 
-/// A captured graph, destroyed when dropped (it is only needed until instantiated).
-#[cfg(feature = "cuda")]
-struct GraphGuard<'a>(candle_core::cuda_backend::cudarc::driver::sys::CUgraph, &'a std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaContext>);
-
-#[cfg(feature = "cuda")]
-impl Drop for GraphGuard<'_> {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: the graph is ours; an exec made from it does not need it.
-            self.1.record_err(unsafe { candle_core::cuda_backend::cudarc::driver::result::graph::destroy(self.0) });
-        }
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn warn_pdl_once(msg: &str) {
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    WARNED.call_once(|| {
-        eprintln!("ponder: a CUDA graph with programmatic edges did not instantiate ({msg}); such graphs are captured again without them (reported once)")
-    });
-}
-
 #[cfg(not(feature = "cuda"))]
 impl Graph {
-    pub fn capture(device: &Device, _body: impl FnMut() -> Result<()>) -> Result<Self> {
+    pub fn capture(device: &Device, _body: impl FnOnce() -> Result<()>) -> Result<Self> {
         candle_core::bail!("CUDA graph capture on {device:?} without the `cuda` feature")
     }
 
@@ -307,10 +229,6 @@ impl Graph {
     }
 
     pub fn launch(&self) -> Result<()> {
-        match *self {}
-    }
-
-    pub fn programmatic_edges(&self) -> usize {
         match *self {}
     }
 }

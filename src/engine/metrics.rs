@@ -67,9 +67,6 @@ pub struct EngineMetrics {
     /// Looped models with CUDA graphs: decode graphs captured, and launches replayed from one.
     pub graph_captures: usize,
     pub graph_replays: usize,
-    /// Edges between kernels made programmatic in the captured graphs (programmatic dependent
-    /// launch, Hopper and later; 0 elsewhere or with `PONDER_PDL=0`).
-    pub graph_programmatic_edges: usize,
     /// Diffusion models: what the denoise launches carried.
     pub denoise: DenoiseStats,
     /// Per request, from its admission to its first token event.

@@ -83,7 +83,6 @@ impl LoopedRunner {
                 match Graph::capture(dev, || self.graph_body(&key, statics, &padded).map(|_| ())) {
                     Ok(g) => {
                         g.launch()?;
-                        cache.programmatic_edges += g.programmatic_edges();
                         entry.phase = Phase::Ready(g);
                         cache.captures += 1;
                         cache.replays += 1;

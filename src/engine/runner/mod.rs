@@ -176,11 +176,11 @@ impl LoopedRunner {
         }
     }
 
-    /// (graphs captured, launches replayed, programmatic edges in the captured graphs) so far.
-    pub fn graph_stats(&self) -> (usize, usize, usize) {
-        self.graphs.as_ref().map_or((0, 0, 0), |g| {
+    /// (graphs captured, launches replayed) so far.
+    pub fn graph_stats(&self) -> (usize, usize) {
+        self.graphs.as_ref().map_or((0, 0), |g| {
             let g = g.borrow();
-            (g.captures, g.replays, g.programmatic_edges)
+            (g.captures, g.replays)
         })
     }
 

@@ -2,7 +2,6 @@
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
 use super::launch::{device, for_float, kernel, view, wrap, Module};
-use super::pdl::Gate;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -173,18 +172,15 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let scale_log2 = p.scale_log2;
     if p.mma {
         let tiles = (p.tokens * group + p.rows * (MMA_NQ - 1)) / MMA_NQ;
-        let kernel = if p.pipe { "paged_attn_mma_pipe" } else { "paged_attn_mma" };
-        let kernel = format!("{kernel}_{name}_d{}", p.hd);
-        let gate = Gate::open(dev, &kernel);
         // SAFETY: every element is written by the kernel (cu_q_lens[R] == T covers every token).
         let mut out = unsafe { dev.alloc::<T>(n_out)? };
-        let func = kernel!(dev, Module::PagedAttention, &kernel)?;
+        let kernel = if p.pipe { "paged_attn_mma_pipe" } else { "paged_attn_mma" };
+        let func = kernel!(dev, Module::PagedAttention, &format!("{kernel}_{name}_d{}", p.hd))?;
         let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, 1), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = func.builder();
         b.arg(&mut out).arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block);
-        gate.close()?;
         // SAFETY: argument list matches `paged_attn_mma_*` / `paged_attn_mma_pipe_*` in paged_attention.cu.
         unsafe { b.launch(cfg) }.w()?;
         return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
@@ -210,11 +206,9 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     };
     let splits = if splits == 1 { 1 } else { p.max_context_len.div_ceil(chunk) };
 
-    let kernel = format!("paged_attn_{name}_d{}_q{nq}", p.hd);
-    let gate = Gate::open(dev, &kernel);
     // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
     let mut out = unsafe { dev.alloc::<T>(n_out)? };
-    let func = kernel!(dev, Module::PagedAttention, &kernel)?;
+    let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_{name}_d{}_q{nq}", p.hd))?;
     let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
     let (nsplits, chunk) = (splits as i32, chunk as i32);
     let null = 0u64;
@@ -243,18 +237,14 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&tokens);
-        gate.close()?;
         // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
     if let Some((acc, ml)) = &ws {
-        let kernel = format!("paged_attn_combine_{name}_d{}", p.hd);
-        let gate = Gate::open(dev, &kernel);
-        let func = kernel!(dev, Module::PagedAttention, &kernel)?;
+        let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;
         let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = func.builder();
         b.arg(&mut out).arg(acc).arg(ml).arg(&nsplits).arg(&tokens).arg(&heads);
-        gate.close()?;
         // SAFETY: matches `paged_attn_combine_*`; the workspace holds splits x T x H entries.
         unsafe { b.launch(cfg) }.w()?;
     }

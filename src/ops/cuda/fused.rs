@@ -2,7 +2,6 @@
 //! write the paged K/V, residual + RMSNorm, SiLU·mul. Entry points in `crate::ops::fused`.
 
 use super::launch::{device, for_float, kernel, same_device_dtype, view, wrap, Module};
-use super::pdl::Gate;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -111,17 +110,14 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     let v_v = view::<T>(&vs, vl, OP, "v_cache", false)?;
     let slots = view::<u32>(&ms, ml, OP, "slot_mapping", false)?;
     // SAFETY: every (token, head, dim) of q is written by the kernel (one thread per pair).
-    let name = format!("qkv_rope_write_{suf}");
-    let gate = Gate::open(dev, &name);
     let mut q_out = unsafe { dev.alloc::<T>(tokens * heads * head_dim)? };
-    let func = kernel!(dev, Module::Fused, &name)?;
+    let func = kernel!(dev, Module::Fused, &format!("qkv_rope_write_{suf}"))?;
     const THREADS: usize = 256;
     let cfg = LaunchConfig { grid_dim: (tokens as u32, pairs.div_ceil(THREADS) as u32, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let (h, kvh, hd, ns) = (heads as i32, kv_heads as i32, head_dim as i32, num_slots as i64);
     let mut b = func.builder();
     b.arg(&mut q_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
     b.arg(&h).arg(&kvh).arg(&hd).arg(&ns);
-    gate.close()?;
     // SAFETY: argument list matches `qkv_rope_write_*` in fused.cu; shapes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -204,13 +200,11 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &
     let qn_v = view::<T>(&qns, qnl, OP, "q_norm", true)?;
     let kn_v = view::<T>(&kns, knl, OP, "k_norm", true)?;
     let (h, kvh, hd) = (a.heads, a.kv_heads, a.head_dim);
-    let name = format!("qkv_norm_rope_write_{suf}");
-    let gate = Gate::open(dev, &name);
     // SAFETY: one warp per (token, head) writes every element of q, k and v.
     let mut q_out = unsafe { dev.alloc::<T>(tokens * h * hd)? };
     let mut k_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
     let mut v_out = unsafe { dev.alloc::<T>(tokens * kvh * hd)? };
-    let func = kernel!(dev, Module::Fused, &name)?;
+    let func = kernel!(dev, Module::Fused, &format!("qkv_norm_rope_write_{suf}"))?;
     const WARPS: usize = 4;
     let units = h + 2 * kvh;
     let cfg = LaunchConfig { grid_dim: (tokens as u32, units.div_ceil(WARPS) as u32, 1), block_dim: (32 * WARPS as u32, 1, 1), shared_mem_bytes: 0 };
@@ -218,7 +212,6 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &
     let mut b = func.builder();
     b.arg(&mut q_out).arg(&mut k_out).arg(&mut v_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&qn_v).arg(&kn_v).arg(&norm);
     b.arg(&cos_v).arg(&sin_v).arg(&slots).arg(&hi).arg(&kvhi).arg(&hdi).arg(&eps).arg(&ns);
-    gate.close()?;
     // SAFETY: argument list matches `qkv_norm_rope_write_*` in fused.cu; shapes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -273,18 +266,15 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     let x_v = view::<T>(&xs, xl, OP, "x", false)?;
     let w_v = view::<T>(&ws, wl, OP, "w_x", false)?;
     let n_v = view::<T>(&ns, nl, OP, "w_next", false)?;
-    let name = format!("add_rms_norm_{suf}");
-    let gate = Gate::open(dev, &name);
     // SAFETY: the kernel writes every element of both outputs (one block per row).
     let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
-    let func = kernel!(dev, Module::Fused, &name)?;
+    let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_{suf}"))?;
     let cfg = row_norm_config(rows, ncols);
     let nc = ncols as i32;
     let mut b = func.builder();
     b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
     b.arg(&nc).arg(&eps);
-    gate.close()?;
     // SAFETY: argument list matches `add_rms_norm_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -350,38 +340,29 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
     let (ws, wl) = w.storage_and_layout();
     let x_v = view::<T>(&xs, xl, op, "x", false)?;
     let w_v = view::<T>(&ws, wl, op, "w", false)?;
-    let residual_v = residual.map(|r| r.storage_and_layout());
-    let residual_v = match &residual_v {
-        Some((rs, rl)) => Some(view::<T>(rs, rl, op, "residual", false)?),
-        None => None,
-    };
-    let name = match residual {
-        None => format!("rms_norm_{suf}"),
-        Some(_) => format!("add_rms_norm_pre_{suf}"),
-    };
-    let gate = Gate::open(dev, &name);
     // SAFETY: the kernel writes every element of its outputs (one block per row).
     let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let cfg = row_norm_config(rows, ncols);
     let nc = ncols as i32;
     let shape = x.shape().clone();
-    let func = kernel!(dev, Module::Fused, &name)?;
-    match residual_v {
+    match residual {
         None => {
+            let func = kernel!(dev, Module::Fused, &format!("rms_norm_{suf}"))?;
             let mut b = func.builder();
             b.arg(&mut n_out).arg(&x_v).arg(&w_v).arg(&nc).arg(&eps);
-            gate.close()?;
             // SAFETY: argument list matches `rms_norm_*` in fused.cu.
             unsafe { b.launch(cfg) }.w()?;
             drop(b);
             Ok((x.clone(), wrap(n_out, dev, shape)))
         }
-        Some(r_v) => {
+        Some(r) => {
+            let (rs, rl) = r.storage_and_layout();
+            let r_v = view::<T>(&rs, rl, op, "residual", false)?;
             // SAFETY: as n_out.
             let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+            let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_pre_{suf}"))?;
             let mut b = func.builder();
             b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&nc).arg(&eps);
-            gate.close()?;
             // SAFETY: argument list matches `add_rms_norm_pre_*` in fused.cu.
             unsafe { b.launch(cfg) }.w()?;
             drop(b);
@@ -414,11 +395,9 @@ fn residual_add_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a
     let (bs, bl) = b.storage_and_layout();
     let a_v = view::<T>(&as_, al, OP, "a", false)?;
     let b_v = view::<T>(&bs, bl, OP, "b", false)?;
-    let name = format!("residual_add_{suf}");
-    let gate = Gate::open(dev, &name);
     // SAFETY: the grid-stride loop writes every element.
     let mut out = unsafe { dev.alloc::<T>(n)? };
-    let func = kernel!(dev, Module::Fused, &name)?;
+    let func = kernel!(dev, Module::Fused, &format!("residual_add_{suf}"))?;
     const THREADS: usize = 256;
     let per_thread = 16 / std::mem::size_of::<T>();
     let blocks = n.div_ceil(THREADS * per_thread).clamp(1, 132 * 16);
@@ -426,7 +405,6 @@ fn residual_add_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a
     let len = n as i64;
     let mut bld = func.builder();
     bld.arg(&mut out).arg(&a_v).arg(&b_v).arg(&len);
-    gate.close()?;
     // SAFETY: argument list matches `residual_add_*` in fused.cu.
     unsafe { bld.launch(cfg) }.w()?;
     drop(bld);
@@ -458,20 +436,17 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, gate_
     let (gs, gl) = gate_up.storage_and_layout();
     let g_v = view::<T>(&gs, gl, OP, "gate_up", false)?;
     let n = rows * inter;
+    // SAFETY: the grid-stride loop writes every output element.
+    let mut out = unsafe { dev.alloc::<T>(n)? };
+    let func = kernel!(dev, Module::Fused, &format!("silu_mul_{suf}"))?;
+    const THREADS: usize = 256;
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(THREADS).min(132 * 16) as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let (r, i) = (rows as i64, inter as i32);
     if inter > i32::MAX as usize {
         bail!("{OP} (cuda): intermediate size out of range");
     }
-    let (r, i) = (rows as i64, inter as i32);
-    let name = format!("silu_mul_{suf}");
-    let gate = Gate::open(dev, &name);
-    // SAFETY: the grid-stride loop writes every output element.
-    let mut out = unsafe { dev.alloc::<T>(n)? };
-    let func = kernel!(dev, Module::Fused, &name)?;
-    const THREADS: usize = 256;
-    let cfg = LaunchConfig { grid_dim: (n.div_ceil(THREADS).min(132 * 16) as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();
     b.arg(&mut out).arg(&g_v).arg(&r).arg(&i);
-    gate.close()?;
     // SAFETY: argument list matches `silu_mul_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);

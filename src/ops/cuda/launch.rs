@@ -47,8 +47,6 @@ pub(super) enum Module {
 }
 
 impl Module {
-    const ALL: [Module; 4] = [Self::PagedAttention, Self::Fused, Self::Focus, Self::Moe];
-
     /// The module's name and PTX.
     pub(super) fn ptx(self) -> (&'static str, &'static str) {
         match self {
@@ -58,25 +56,6 @@ impl Module {
             Self::Moe => ("ponder_moe", ptx::MOE),
         }
     }
-}
-
-/// Names of our kernels that may be launched as programmatic dependents: those whose PTX waits
-/// for the grid before them (`griddepcontrol.wait`, from `pdl_begin` in `kernels/pdl.cuh`)
-/// before touching memory. Read from the PTX itself, so a kernel without the wait never
-/// qualifies.
-pub fn programmatic_kernels() -> &'static std::collections::HashSet<&'static str> {
-    static NAMES: std::sync::OnceLock<std::collections::HashSet<&'static str>> = std::sync::OnceLock::new();
-    NAMES.get_or_init(|| Module::ALL.iter().flat_map(|m| waiting_entries(m.ptx().1)).collect())
-}
-
-/// The `.entry` functions of a PTX module whose body contains `griddepcontrol.wait`.
-fn waiting_entries(ptx: &str) -> Vec<&str> {
-    ptx.split(".entry ")
-        .skip(1)
-        .filter(|body| body.contains("griddepcontrol.wait"))
-        .filter_map(|body| body.split(|c: char| c == '(' || c.is_whitespace()).next())
-        .filter(|name| !name.is_empty())
-        .collect()
 }
 
 /// `kernel!(dev, module, name)`: kernel `name` of our PTX `module`, loaded once per device by
@@ -131,23 +110,4 @@ pub(super) fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn only_entries_that_wait_qualify() {
-        let ptx = ".visible .entry a_bf16(\n.param .u64 p)\n{\ngriddepcontrol.launch_dependents;\ngriddepcontrol.wait;\nret;\n}\n\
-                   .visible .entry b_bf16(\n.param .u64 p)\n{\nret;\n}\n";
-        assert_eq!(super::waiting_entries(ptx), vec!["a_bf16"]);
-    }
-
-    #[test]
-    fn the_decode_kernels_wait_and_the_moe_kernels_do_not() {
-        let names = super::programmatic_kernels();
-        for k in ["add_rms_norm_bf16", "silu_mul_bf16", "qkv_rope_write_bf16", "paged_attn_combine_bf16_d128"] {
-            assert!(names.contains(k), "{k} should wait for the grid before it");
-        }
-        assert!(!names.iter().any(|n| n.starts_with("moe_")));
-    }
 }

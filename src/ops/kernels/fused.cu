@@ -23,8 +23,6 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "pdl.cuh"
-
 namespace {
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -565,7 +563,6 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     extern "C" __global__ void qkv_rope_write_##SUF(                                               \
         T *q_out, T *k_cache, T *v_cache, const T *qkv, const T *cos_t, const T *sin_t,            \
         const uint32_t *slots, int heads, int kv_heads, int head_dim, long long num_slots) {       \
-        pdl_begin();                                                                               \
         qkv_rope_write<T>(q_out, k_cache, v_cache, qkv, cos_t, sin_t, slots, heads, kv_heads,      \
                           head_dim, num_slots);                                                    \
     }                                                                                              \
@@ -573,54 +570,44 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
         T *q_out, T *k_out, T *v_out, T *k_cache, T *v_cache, const T *qkv, const T *q_w,          \
         const T *k_w, int has_norm, const T *cos_t, const T *sin_t, const uint32_t *slots,         \
         int heads, int kv_heads, int head_dim, float eps, long long num_slots) {                   \
-        pdl_begin();                                                                               \
         qkv_norm_rope_write<T>(q_out, k_out, v_out, k_cache, v_cache, qkv, q_w, k_w, has_norm,     \
                                cos_t, sin_t, slots, heads, kv_heads, head_dim, eps, num_slots);    \
     }                                                                                              \
     extern "C" __global__ void add_rms_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,    \
                                                   const T *w_x, const T *w_next, int ncols,        \
                                                   float eps) {                                     \
-        pdl_begin();                                                                               \
         add_rms_norm<T>(h_out, n_out, res, x, w_x, w_next, ncols, eps);                            \
     }                                                                                              \
     extern "C" __global__ void rms_norm_##SUF(T *n_out, const T *x, const T *w, int ncols, float eps) { \
-        pdl_begin();                                                                               \
         rms_norm_rows<T, false>(nullptr, n_out, nullptr, x, w, ncols, eps);                        \
     }                                                                                              \
     extern "C" __global__ void add_rms_norm_pre_##SUF(T *h_out, T *n_out, const T *res, const T *x, \
                                                       const T *w, int ncols, float eps) {          \
-        pdl_begin();                                                                               \
         rms_norm_rows<T, true>(h_out, n_out, res, x, w, ncols, eps);                               \
     }                                                                                              \
     extern "C" __global__ void residual_add_##SUF(T *out, const T *a, const T *b, long long n) {    \
-        pdl_begin();                                                                               \
         residual_add<T>(out, a, b, n);                                                             \
     }                                                                                              \
     extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter) {    \
-        pdl_begin();                                                                               \
         silu_mul<T>(out, gu, rows, inter);                                                         \
     }                                                                                              \
     extern "C" __global__ void scatter_rows_##SUF(T *dst, const T *src, const uint32_t *index,     \
                                                   int width, long long dst_rows) {                 \
-        pdl_begin();                                                                               \
         scatter_rows<T>(dst, src, index, width, dst_rows);                                         \
     }                                                                                              \
     extern "C" __global__ void copy_rows_in_place_##SUF(const unsigned long long *bases,          \
                                                         const uint32_t *src, const uint32_t *dst,  \
                                                         int width, long long rows) {               \
-        pdl_begin();                                                                               \
         copy_rows_in_place<T>(bases, src, dst, width, rows);                                       \
     }                                                                                              \
     extern "C" __global__ void compact_rows_##SUF(T *d0, const T *s0, int w0, T *d1, const T *s1,  \
                                                   int w1, T *d2, const T *s2, int w2, T *d3,       \
                                                   const T *s3, int w3, const uint32_t *index,      \
                                                   long long rows) {                                \
-        pdl_begin();                                                                               \
         compact_rows<T>(d0, s0, w0, d1, s1, w1, d2, s2, w2, d3, s3, w3, index, rows);              \
     }                                                                                              \
     extern "C" __global__ void greedy_confidence_##SUF(uint32_t *tokens, float *conf,              \
                                                        const T *logits, int vocab, int exclude) {  \
-        pdl_begin();                                                                               \
         greedy_confidence<T>(tokens, conf, logits, vocab, exclude);                                \
     }
 

@@ -25,8 +25,6 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "pdl.cuh"
-
 #define NW 4
 #define NTHREADS (NW * 32)
 
@@ -629,7 +627,6 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
         paged_attn_##NAME##_d##D##_q##NQ(PA_ARGS(T)) {                                          \
-        pdl_begin();                                                                             \
         paged_attn_impl<T, D, NQ>(PA_PASS);                                                      \
     }
 
@@ -641,7 +638,6 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     extern "C" __global__ void paged_attn_combine_##NAME##_d##D(                                \
         T *out, const float *ws_acc, const float *ws_ml, int num_splits, int num_tokens,         \
         int num_heads) {                                                                         \
-        pdl_begin();                                                                             \
         combine_impl<T, D>(out, ws_acc, ws_ml, num_splits, num_tokens, num_heads);               \
     }
 
@@ -664,7 +660,6 @@ PA_KERNELS(f16, __half)
         const uint32_t *context_lens, const uint32_t *cu_q, int num_rows, int max_blocks,        \
         int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2,             \
         int mask_block) {                                                                            \
-        pdl_begin();                                                                             \
         paged_attn_mma_impl<T, D, PIPE>(out, q, kc, vc, block_tables, context_lens, cu_q,        \
                                   num_rows,                                                      \
                                   max_blocks, num_heads, kv_heads, block_size, bs_shift,         \
