@@ -24,7 +24,9 @@ pub fn matmul_peak(device: &Device) -> candle_core::Result<MatmulPeak> {
     let ones = Tensor::ones((n, n), dtype, device)?;
     let _ = ones.matmul(&ones)?;
     device.synchronize()?;
-    // Products are freed as they come (`map(drop)`), as when these figures were first measured.
+    // Products are freed as they come (`map(drop)`): a sample then maps one fresh 128 MiB
+    // product, small against its GEMMs (≈ 1.6 ms each), and the figures stay comparable with
+    // those recorded since session 16.
     let burst_ones = flops / median_seconds(device, 5, 1, || ones.matmul(&ones).map(drop))?;
     let random = Tensor::randn(0f32, 1.0, (n, n), device)?.to_dtype(dtype)?;
     let warm = Instant::now();
@@ -40,9 +42,9 @@ pub fn matmul_peak(device: &Device) -> candle_core::Result<MatmulPeak> {
 
 /// Median over `samples` of the seconds one `op` takes, timed `per_sample` back to back with the
 /// device synchronised at each sample's end. What `op` returns is kept until after that
-/// synchronisation: a buffer freed before it goes back to the driver there (the stream-ordered
-/// pool trims at a synchronisation), and the next sample would time mapping fresh memory — the
-/// copy bandwidth read 0.75 TB/s instead of ≈ 4 that way.
+/// synchronisation: the stream-ordered pool hands freed memory back to the driver when the
+/// device is synchronised, so an output freed earlier makes the next sample time mapping fresh
+/// memory (for a copy that is most of its time).
 fn median_seconds<T>(device: &Device, samples: usize, per_sample: usize, op: impl Fn() -> candle_core::Result<T>) -> candle_core::Result<f64> {
     let mut times = Vec::with_capacity(samples);
     for _ in 0..samples {
@@ -60,8 +62,10 @@ fn median_seconds<T>(device: &Device, samples: usize, per_sample: usize, op: imp
 pub fn copy_bandwidth(device: &Device) -> candle_core::Result<f64> {
     let n = if device.is_cpu() { 1 << 24 } else { 1 << 30 };
     let x = Tensor::ones(n, DType::BF16, device)?;
-    let _ = x.copy()?;
+    // Warm-up, its copy freed only after the synchronise so the first sample reuses its memory.
+    let warm = x.copy()?;
     device.synchronize()?;
+    drop(warm);
     Ok(2.0 * (n * 2) as f64 / median_seconds(device, 10, 1, || x.copy())?)
 }
 

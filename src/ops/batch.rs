@@ -95,6 +95,8 @@ pub struct PagedBatch {
     pub host: PagedBatchHost,
     pub block_size: usize,
     pub mask: AttnMask,
+    // The four u32 tensors below are views of one packed device buffer (one upload), so they
+    // may start at a non-zero offset of their storage.
     /// `[rows, max_blocks]` u32, rows padded with zeros.
     pub block_tables: Tensor,
     /// `[rows]` u32.
@@ -122,9 +124,12 @@ impl PagedBatch {
         }
         let max_blocks = host.block_tables.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let mut flat_tables = vec![0u32; rows * max_blocks];
-        let mut slot_mapping = Vec::with_capacity(*host.cu_q_lens.last().unwrap_or(&0) as usize);
-        let mut max_q_len = 0;
+        if host.cu_q_lens.first() != Some(&0) || host.cu_q_lens.windows(2).any(|w| w[1] < w[0]) {
+            candle_core::bail!("paged batch: query offsets {:?} must start at 0 and never decrease", host.cu_q_lens);
+        }
         let tokens = *host.cu_q_lens.last().unwrap_or(&0) as usize;
+        let mut slots = Vec::with_capacity(tokens);
+        let mut max_q_len = 0;
         if !host.write_positions.is_empty() && host.write_positions.len() != tokens {
             candle_core::bail!("paged batch: {} write positions for {tokens} tokens", host.write_positions.len());
         }
@@ -141,18 +146,17 @@ impl PagedBatch {
                 if pos >= table.len() * block_size {
                     candle_core::bail!("paged batch row {r}: write position {pos} past its {} blocks", table.len());
                 }
-                slot_mapping.push(table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
+                slots.push(table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
             }
         }
         let max_context_len = host.context_lens.iter().copied().max().unwrap_or(0) as usize;
         // One host-to-device copy for all four (each small copy is a synchronous round trip).
-        let sections = [flat_tables.as_slice(), host.context_lens.as_slice(), host.cu_q_lens.as_slice(), slot_mapping.as_slice()];
-        let mut words = Vec::with_capacity(sections.iter().map(|s| align4(s.len())).sum());
-        for section in sections {
-            words.extend_from_slice(section);
-            words.resize(align4(words.len()), 0);
+        let (starts, total) = packed_offsets(rows, max_blocks, tokens);
+        let mut words = vec![0u32; total];
+        for (start, section) in starts.into_iter().zip([&flat_tables, &host.context_lens, &host.cu_q_lens, &slots]) {
+            words[start..start + section.len()].copy_from_slice(section);
         }
-        let packed = Tensor::from_vec(words, align4(flat_tables.len()) + align4(rows) + align4(rows + 1) + align4(tokens), device)?;
+        let packed = Tensor::from_vec(words, total, device)?;
         let [block_tables, context_lens, cu_q_lens, slot_mapping] = packed_views(&packed, rows, max_blocks, tokens)?;
         Ok(Self {
             kv_width,
@@ -262,17 +266,29 @@ fn align4(n: usize) -> usize {
     n.div_ceil(4) * 4
 }
 
-/// The four sections of one packed u32 buffer, in order, each starting on a 16-byte boundary:
-/// block tables `[rows, max_blocks]`, context lengths `[rows]`, query offsets `[rows + 1]`, slots
-/// `[tokens]`.
+/// Where the four sections of one packed u32 buffer start, each on a 16-byte boundary — block
+/// tables `[rows, max_blocks]`, context lengths `[rows]`, query offsets `[rows + 1]`, slots
+/// `[tokens]` — and the buffer's length.
+fn packed_offsets(rows: usize, max_blocks: usize, tokens: usize) -> ([usize; 4], usize) {
+    let lens = [rows * max_blocks, rows, rows + 1, tokens];
+    let mut starts = [0; 4];
+    let mut end = 0;
+    for (start, len) in starts.iter_mut().zip(lens) {
+        *start = end;
+        end += align4(len);
+    }
+    (starts, end)
+}
+
+/// The four sections of a packed buffer (see [`packed_offsets`]) as views of it.
 fn packed_views(packed: &Tensor, rows: usize, max_blocks: usize, tokens: usize) -> Result<[Tensor; 4]> {
-    let mut off = 0;
-    let mut section = |n: usize| -> Result<Tensor> {
-        let t = packed.narrow(0, off, n)?;
-        off += align4(n);
-        Ok(t)
-    };
-    Ok([section(rows * max_blocks)?.reshape((rows, max_blocks))?, section(rows)?, section(rows + 1)?, section(tokens)?])
+    let ([o_bt, o_cl, o_cu, o_sm], _) = packed_offsets(rows, max_blocks, tokens);
+    Ok([
+        packed.narrow(0, o_bt, rows * max_blocks)?.reshape((rows, max_blocks))?,
+        packed.narrow(0, o_cl, rows)?,
+        packed.narrow(0, o_cu, rows + 1)?,
+        packed.narrow(0, o_sm, tokens)?,
+    ])
 }
 
 impl PagedBatchBuffers {
@@ -280,7 +296,7 @@ impl PagedBatchBuffers {
         if rows == 0 || tokens < rows || max_blocks == 0 {
             candle_core::bail!("paged batch buffers: {rows} rows, {tokens} tokens, {max_blocks} blocks");
         }
-        let total = align4(rows * max_blocks) + align4(rows) + align4(rows + 1) + align4(tokens);
+        let (_, total) = packed_offsets(rows, max_blocks, tokens);
         let packed = Tensor::zeros(total, DType::U32, device)?;
         let [block_tables, context_lens, cu_q_lens, slot_mapping] = packed_views(&packed, rows, max_blocks, tokens)?;
         Ok(Self { block_tables, context_lens, cu_q_lens, slot_mapping, packed, rows, tokens, max_blocks })
@@ -320,8 +336,7 @@ impl PagedBatchBuffers {
             write_positions: Vec::new(),
         };
         let mut words = vec![0u32; self.packed.elem_count()];
-        let (o_cl, o_cu) = (align4(self.rows * mb), align4(self.rows * mb) + align4(self.rows));
-        let o_sm = o_cu + align4(self.rows + 1);
+        let ([_, o_cl, o_cu, o_sm], _) = packed_offsets(self.rows, mb, self.tokens);
         let mut t = 0;
         for r in 0..self.rows {
             let (table, ctx, q_len) = if r < rows {

@@ -427,11 +427,13 @@ template <typename T, int BM, int THREADS> struct TileLoader {
     }
 };
 
-// silu(gate) · up from f32 accumulators, rounded as the unfused ops round: gate, up and the
-// activation to T first. The hardware exponential and an approximate division (each within 2
-// ulp of f32, far below T's rounding step) instead of expf's and div.rn's instruction sequences:
-// this is most of the SwiGLU epilogue, which no MMA overlaps. A gate so negative that 1 + e^-g
-// overflows gives g / inf = -0, silu's limit.
+// silu(gate) · up from f32 accumulators, gate, up and the activation rounded to T as the
+// unfused ops round. The hardware exponential (2 + 1.17·|g| ulp of f32: ≈ 1e-5 relative at the
+// largest finite gates) and an approximate division (2 ulp) instead of expf's and div.rn's
+// instruction sequences, since this is most of the SwiGLU epilogue and no MMA overlaps it: both
+// errors stay far below a bf16 or f16 rounding step, though a value on a rounding boundary may
+// round one step apart from the dense `silu_mul`. A gate so negative that 1 + e^-g passes 2^126
+// gives -0 (silu's limit is -0 there to within 1e-36).
 template <typename T> __device__ __forceinline__ float swiglu(float gate, float up) {
     const float g = round_t<T>(gate);
     return round_t<T>(__fdividef(g, 1.f + __expf(-g))) * round_t<T>(up);
