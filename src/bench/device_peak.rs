@@ -17,6 +17,19 @@ pub struct MatmulPeak {
     pub burst_ones: f64,
 }
 
+impl MatmulPeak {
+    /// `{"matmul_peak_tflops" (sustained), "matmul_peak_ones_burst_tflops"}` for a benchmark's JSON.
+    pub fn json_fields(&self) -> [(&'static str, f64); 2] {
+        [("matmul_peak_tflops", self.sustained / 1e12), ("matmul_peak_ones_burst_tflops", self.burst_ones / 1e12)]
+    }
+}
+
+impl std::fmt::Display for MatmulPeak {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.0} TFLOP/s sustained on random data ({:.0} in a burst on ones)", self.sustained / 1e12, self.burst_ones / 1e12)
+    }
+}
+
 /// Measures [`MatmulPeak`] on 8192² × 8192 bf16 (the CPU: 256² f32, briefly).
 pub fn matmul_peak(device: &Device) -> candle_core::Result<MatmulPeak> {
     let (n, dtype, warm_s) = if device.is_cpu() { (256, DType::F32, 0.05) } else { (8192, DType::BF16, 1.0) };
@@ -79,6 +92,10 @@ mod tests {
         let peak = matmul_peak(&cpu).unwrap();
         assert!(peak.sustained.is_finite() && peak.sustained > 0.0, "{peak:?}");
         assert!(peak.burst_ones.is_finite() && peak.burst_ones > 0.0, "{peak:?}");
+        let [(sustained_key, sustained), (burst_key, burst)] = peak.json_fields();
+        assert_eq!((sustained_key, sustained), ("matmul_peak_tflops", peak.sustained / 1e12));
+        assert_eq!((burst_key, burst), ("matmul_peak_ones_burst_tflops", peak.burst_ones / 1e12));
+        assert!(peak.to_string().contains("sustained on random data"), "{peak}");
         let bw = copy_bandwidth(&cpu).unwrap();
         assert!(bw.is_finite() && bw > 0.0, "{bw}");
     }
