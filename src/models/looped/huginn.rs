@@ -10,18 +10,17 @@ use super::{CoreOut, InitialState, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::models::HuginnConfig;
-use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
+use crate::ops::{self, paged_attention, write_kv, PagedBatch, Projection, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
-use candle_nn::Linear;
 
 /// A sandwich block: both residual sums are normalised.
 #[derive(Debug, Clone)]
 struct Block {
-    wqkv: Linear,
+    wqkv: Projection,
     qk_bias: Option<(Tensor, Tensor)>,
-    proj: Linear,
-    fc: Linear,
-    mlp_proj: Linear,
+    proj: Projection,
+    fc: Projection,
+    mlp_proj: Projection,
     norms: [Tensor; 4],
     /// Index of this block's cache in the KV store.
     kv_layer: usize,
@@ -37,9 +36,9 @@ pub struct Huginn {
     prelude: Vec<Block>,
     core: Vec<Block>,
     coda: Vec<Block>,
-    adapter: Linear,
+    adapter: Projection,
     ln_f: Tensor,
-    lm_head: Linear,
+    lm_head: Projection,
     rope: RopeTable,
     device: Device,
     initial_state: InitialState,
@@ -61,11 +60,11 @@ impl Huginn {
             let norms = [1, 2, 3, 4].map(|n| w.get(h, &format!("{name}.norm_{n}.weight")));
             let [n1, n2, n3, n4] = norms;
             Ok(Block {
-                wqkv: Linear::new(w.get(((nh + 2 * nkv) * hd, h), &format!("{name}.attn.Wqkv.weight"))?, None),
+                wqkv: Projection::new(w.get(((nh + 2 * nkv) * hd, h), &format!("{name}.attn.Wqkv.weight"))?),
                 qk_bias,
-                proj: Linear::new(w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?, None),
-                fc: Linear::new(w.get((2 * i, h), &format!("{name}.mlp.fc.weight"))?, None),
-                mlp_proj: Linear::new(w.get((h, i), &format!("{name}.mlp.proj.weight"))?, None),
+                proj: Projection::new(w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?),
+                fc: Projection::new(w.get((2 * i, h), &format!("{name}.mlp.fc.weight"))?),
+                mlp_proj: Projection::new(w.get((h, i), &format!("{name}.mlp.proj.weight"))?),
                 norms: [n1?, n2?, n3?, n4?],
                 kv_layer,
             })
@@ -104,9 +103,9 @@ impl Huginn {
         Ok(Self {
             rope: RopeTable::new(hd, cfg.rope_base, w.dtype(), w.device())?,
             embed_scale: (h as f64).sqrt(),
-            adapter: Linear::new(w.get((h, 2 * h), "transformer.adapter.weight")?, None),
+            adapter: Projection::new(w.get((h, 2 * h), "transformer.adapter.weight")?),
             ln_f: w.get(h, "transformer.ln_f.weight")?,
-            lm_head: Linear::new(lm_head, None),
+            lm_head: Projection::new(lm_head),
             wte,
             prelude,
             core,
@@ -153,7 +152,7 @@ impl Huginn {
         let attn = b.proj.forward(&attn.reshape((t, nh * hd))?)?;
         // Norms after each residual add (Huginn's sandwich): the add and the norm in one pass.
         let (_, x) = ops::residual_add_rms_norm(&attn, x, &b.norms[1], eps)?;
-        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?)?;
+        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?, Some(b.mlp_proj.weight()))?)?;
         Ok(ops::residual_add_rms_norm(&m, &x, &b.norms[3], eps)?.1)
     }
 
