@@ -2,12 +2,9 @@
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
 use super::launch::{device, for_float, kernel, view, wrap, Module};
-use candle_core::cuda_backend::cudarc::driver::{sys as drv, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::{CudaDType, DeviceId, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::sync::OnceLock;
 
 /// Names this op in errors.
 const OP: &str = "paged attention";
@@ -19,33 +16,6 @@ const MMA_MIN_ITEMS: usize = 16;
 const MMA_NQ: usize = 64;
 /// Blocks that keep the GPU busy enough for a memory-bound pass (H100/H200: 132 SMs).
 const TARGET_BLOCKS: usize = 132 * 8;
-/// Fewest keys per split (a multiple of one block step of the kernel).
-const MIN_CHUNK: usize = 64;
-
-/// Context length from which a launch with few blocks splits its keys: `PONDER_ATTN_SPLIT_FROM`
-/// (read once), by default two chunks' worth. A block walking its keys alone waits on one DRAM
-/// round trip per few keys, so a short context split over more blocks finishes sooner.
-fn split_from() -> usize {
-    static FROM: OnceLock<usize> = OnceLock::new();
-    *FROM.get_or_init(|| std::env::var("PONDER_ATTN_SPLIT_FROM").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(2 * MIN_CHUNK))
-}
-
-/// Whether split partials are merged by a second launch (`PONDER_ATTN_MERGE=launch`, read once)
-/// instead of by the last block of each split group (`paged_attn_*` with counters).
-fn merge_by_launch() -> bool {
-    static LAUNCH: OnceLock<bool> = OnceLock::new();
-    *LAUNCH.get_or_init(|| std::env::var("PONDER_ATTN_MERGE").is_ok_and(|v| v.trim() == "launch"))
-}
-
-/// Each device's merge counters: one per (tile, kv head) of a split launch — fewer than
-/// [`TARGET_BLOCKS`], since only launches with fewer blocks split. Zeroed once; every launch
-/// leaves them zero (the merging block resets its own). Allocated outside graph capture, once,
-/// and never freed: captured graphs keep the address. One stream per device orders the launches
-/// that share them.
-fn merge_counters() -> &'static Mutex<HashMap<DeviceId, CudaSlice<u32>>> {
-    static C: OnceLock<Mutex<HashMap<DeviceId, CudaSlice<u32>>>> = OnceLock::new();
-    C.get_or_init(|| Mutex::new(HashMap::new()))
-}
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
@@ -224,9 +194,9 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let base_blocks = tiles * p.kv_heads;
     let mut splits = 1usize;
     // Few (row, kv head) blocks — decode at small widths — leave SMs idle and each block walking
-    // its keys alone: split the keys (see `split_from`), in chunks of at least MIN_CHUNK keys.
-    if base_blocks < TARGET_BLOCKS && p.max_context_len >= split_from().max(2 * MIN_CHUNK) {
-        splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / MIN_CHUNK).clamp(1, 32);
+    // its keys alone: split the keys from 256 of context on, in chunks of at least 64 keys.
+    if base_blocks < TARGET_BLOCKS && p.max_context_len >= 256 {
+        splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / 64).clamp(1, 32);
     }
     let chunk = if splits == 1 {
         i32::MAX as usize
@@ -242,15 +212,6 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
     let (nsplits, chunk) = (splits as i32, chunk as i32);
     let null = 0u64;
-    // The in-kernel merge needs the device's counters, allocated outside a capture.
-    let mut counters = merge_counters().lock();
-    if splits > 1 && !merge_by_launch() && !counters.contains_key(&dev.id()) {
-        let stream = dev.cuda_stream();
-        if stream.capture_status().w()? == drv::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            counters.insert(dev.id(), stream.alloc_zeros::<u32>(TARGET_BLOCKS).w()?);
-        }
-    }
-    let merge_in_kernel = if splits > 1 && !merge_by_launch() { counters.get(&dev.id()) } else { None };
     let ws = if splits > 1 {
         // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and
         // the combine kernel reads only those.
@@ -276,16 +237,10 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&tokens);
-        match merge_in_kernel {
-            Some(c) => b.arg(c),
-            None => b.arg(&null),
-        };
-        // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above;
-        // the counters hold one entry per (tile, kv head) of this grid (tiles * kv_heads <
-        // TARGET_BLOCKS when splitting).
+        // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
-    if let (Some((acc, ml)), None) = (&ws, merge_in_kernel) {
+    if let Some((acc, ml)) = &ws {
         let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;
         let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = func.builder();

@@ -11,11 +11,7 @@
 // the LPK lanes with xor shuffles; each warp keeps an online softmax (base 2, f32) per item;
 // warps are merged through shared memory at the end. With num_splits > 1 (few blocks, long
 // contexts: decode), each block covers one key chunk and writes unnormalised partials (acc, max,
-// sum) that are merged either by paged_attn_combine_* (a second launch) or, given `counters`, by
-// the last block of each (tile, kv head) to finish: every block counts itself in with an atomic
-// after its partials are visible, and the one that completes the count merges all splits and
-// resets its counter to 0 for the next launch. That saves the second launch, whose cost at
-// decode rivals the work, and lets short contexts split too.
+// sum) that paged_attn_combine_* merges.
 //
 // Rows are found without host data: block x of the grid belongs to row r when
 // off(r) <= x < off(r + 1), off(r) = (cu_q[r] * group + r * (NQ - 1)) / NQ, which gives every row at
@@ -111,8 +107,7 @@ __device__ __forceinline__ void paged_attn_impl(
     const uint32_t *__restrict__ context_lens, // [R]
     const uint32_t *__restrict__ cu_q,         // [R + 1]
     int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift,
-    float scale_log2, int mask_block, int num_splits, int chunk, int num_tokens,
-    unsigned int *__restrict__ counters) { // [tiles * kv_heads], zero between launches; or null
+    float scale_log2, int mask_block, int num_splits, int chunk, int num_tokens) {
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
@@ -293,45 +288,6 @@ __device__ __forceinline__ void paged_attn_impl(
                 ws_ml[sth * 2 + 1] = L;
             }
         }
-    }
-    if (num_splits == 1 || counters == nullptr) return;
-
-    // The last split of this (tile, kv head) to get here merges them all (see the header).
-    __shared__ bool s_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned int *count = counters + blockIdx.y * gridDim.x + blockIdx.x;
-        s_last = atomicAdd(count, 1u) == (unsigned int)num_splits - 1;
-        if (s_last) *count = 0;
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    const size_t stride = (size_t)num_tokens * num_heads;
-    for (int idx = threadIdx.x; idx < NQ * D; idx += NTHREADS) {
-        const int n = idx / D;
-        const int e = idx - n * D;
-        const int item = item0 + n;
-        if (item >= items) continue;
-        const int tok = item / group;
-        const int hg = item - tok * group;
-        const size_t th = (size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg);
-        // Other blocks' partials: read through L2 (__ldcg), never a stale L1 line.
-        float M = -INFINITY;
-        for (int sp = 0; sp < num_splits; ++sp) M = fmaxf(M, __ldcg(ws_ml + (sp * stride + th) * 2));
-        float L = 0.f, A = 0.f;
-        if (M != -INFINITY) {
-            for (int sp = 0; sp < num_splits; ++sp) {
-                const float ls = __ldcg(ws_ml + (sp * stride + th) * 2 + 1);
-                if (ls > 0.f) {
-                    const float f = exp2f(__ldcg(ws_ml + (sp * stride + th) * 2) - M);
-                    L += ls * f;
-                    A += __ldcg(ws_acc + (sp * stride + th) * D + e) * f;
-                }
-            }
-        }
-        out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
     }
 }
 
@@ -662,13 +618,11 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                   \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
-        float scale_log2, int mask_block, int num_splits, int chunk, int num_tokens,             \
-        unsigned int *counters
+        float scale_log2, int mask_block, int num_splits, int chunk, int num_tokens
 
 #define PA_PASS                                                                                  \
     out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens, cu_q, num_rows, max_blocks,       \
-        num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk,    \
-        num_tokens, counters
+        num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk, num_tokens
 
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
