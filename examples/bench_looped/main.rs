@@ -340,7 +340,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         cb::cb_suite(&args, &model, roof, weight_bytes_per_step)?
     };
-    let tuned = tuned_gemms();
     if let Some(path) = &args.json {
         let mut doc = serde_json::json!({
             "gpu": gpu, "commit": args.commit,
@@ -352,7 +351,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "drain": args.drain, "window_completions": args.window_completions.map(|k| format!("{k:?}")),
             "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_decode_step": weight_bytes_per_step,
             "f0_over_fr": spec.boundary_params as f64 / spec.step_params as f64,
-            "parity": parity_json, "results": results, "tuned_gemms": tuned,
+            "parity": parity_json, "results": results,
         });
         let fields = doc.as_object_mut().expect("a JSON object");
         fields.extend(peak.json_fields().map(|(k, v)| (k.to_string(), v.into())));
@@ -360,28 +359,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("wrote {path}");
     }
     Ok(())
-}
-
-/// The decode GEMM shapes the cuBLASLt tuner has chosen for, printed and as JSON (empty without
-/// CUDA or with `PONDER_DECODE_GEMM=cublas`).
-fn tuned_gemms() -> serde_json::Value {
-    #[cfg(feature = "cuda")]
-    {
-        let mut shapes = ponder::ops::cuda::tuned_shapes();
-        shapes.sort_by_key(|s| (s.rows, s.out, s.inp));
-        for s in &shapes {
-            println!(
-                "tuned GEMM {}x{}x{}: heuristic's first {:.1} us, kept #{} of {} {:.1} us (cold L2)",
-                s.rows, s.out, s.inp, s.heuristic_us, s.chosen, s.candidates, s.chosen_us
-            );
-        }
-        shapes
-            .iter()
-            .map(|s| serde_json::json!({"rows": s.rows, "out": s.out, "in": s.inp, "candidates": s.candidates, "chosen": s.chosen, "heuristic_us": s.heuristic_us, "chosen_us": s.chosen_us}))
-            .collect()
-    }
-    #[cfg(not(feature = "cuda"))]
-    serde_json::Value::Array(Vec::new())
 }
 
 /// What the device can do at best, measured: copy bandwidth (bytes/s) and bf16 matmul peak

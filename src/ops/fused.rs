@@ -11,10 +11,6 @@ use candle_core::{Result, Tensor, D};
 /// side), applies split-half RoPE to q and k, writes the rotated k and v into `k_cache` /
 /// `v_cache` (`[num_blocks, block_size, kv_heads, head_dim]`) in place at `batch.slot_mapping`,
 /// and returns the rotated q `[T, heads, head_dim]` (contiguous).
-///
-/// `warm` (here and in [`add_rms_norm`], [`silu_mul`]): a weight a GEMM soon after this op
-/// reads; on CUDA the op's launch asks the GPU to pull (up to `PONDER_L2_WARM_MB` of) it into L2
-/// while it runs, so that GEMM does not start cold. It changes no result; ignored elsewhere.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_write(
     qkv: &Tensor,
@@ -25,10 +21,7 @@ pub fn qkv_rope_write(
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-    warm: Option<&Tensor>,
 ) -> Result<Tensor> {
-    #[cfg(not(feature = "cuda"))]
-    let _ = warm;
     #[cfg(feature = "cuda")]
     if qkv.device().is_cuda() {
         let dt = qkv.dtype();
@@ -36,18 +29,7 @@ pub fn qkv_rope_write(
             && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.dtype() == dt)
             && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.is_contiguous());
         if fits {
-            return super::cuda::qkv_rope_write(
-                &qkv.contiguous()?,
-                &angles.cos,
-                &angles.sin,
-                k_cache,
-                v_cache,
-                &batch.slot_mapping,
-                heads,
-                kv_heads,
-                head_dim,
-                warm,
-            );
+            return super::cuda::qkv_rope_write(&qkv.contiguous()?, &angles.cos, &angles.sin, k_cache, v_cache, &batch.slot_mapping, heads, kv_heads, head_dim);
         }
     }
     qkv_rope_write_reference(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
@@ -162,14 +144,12 @@ pub fn qkv_norm_rope(
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))`: a sandwich norm's residual
 /// add followed by the next sub-layer's input norm. The first norm's output is rounded to the
 /// dtype before the add, as with separate ops; statistics in f32.
-pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64, warm: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
-    #[cfg(not(feature = "cuda"))]
-    let _ = warm;
+pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() {
         let dt = x.dtype();
         if super::is_float(dt) && [residual, w_x, w_next].iter().all(|t| t.dtype() == dt) {
-            return super::cuda::add_rms_norm(residual, x, w_x, w_next, eps as f32, warm);
+            return super::cuda::add_rms_norm(residual, x, w_x, w_next, eps as f32);
         }
     }
     add_rms_norm_reference(residual, x, w_x, w_next, eps)
@@ -214,12 +194,10 @@ pub fn residual_add_rms_norm_reference(residual: &Tensor, x: &Tensor, w: &Tensor
 }
 
 /// `silu(gate) * up`, where `gate_up` holds the two halves side by side on the last dim.
-pub fn silu_mul(gate_up: &Tensor, warm: Option<&Tensor>) -> Result<Tensor> {
-    #[cfg(not(feature = "cuda"))]
-    let _ = warm;
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if gate_up.device().is_cuda() && super::is_float(gate_up.dtype()) {
-        return super::cuda::silu_mul(gate_up, warm);
+        return super::cuda::silu_mul(gate_up);
     }
     silu_mul_reference(gate_up)
 }

@@ -12,7 +12,6 @@ pub mod fused;
 pub mod moe;
 mod non_finite;
 mod paged_attention;
-mod projection;
 mod rope;
 mod scatter;
 
@@ -29,7 +28,6 @@ pub use non_finite::{flag_non_finite, is_non_finite_flag, non_finite_rows};
 #[cfg(any(test, feature = "testing", feature = "cuda"))]
 pub use paged_attention::attention_kernels;
 pub use paged_attention::{paged_attention, paged_attention_reference, set_attention_kernels, write_kv, write_kv_reference, AttentionKernels};
-pub use projection::Projection;
 pub use rope::{RopeAngles, RopeTable};
 pub use scatter::{copy_rows, copy_rows_reference, scatter_rows, scatter_rows_reference};
 

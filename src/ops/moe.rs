@@ -288,7 +288,7 @@ pub fn moe_experts_reference(
     for (e, (toks, ws)) in by_expert.into_iter().enumerate().filter(|(_, (toks, _))| !toks.is_empty()) {
         let (gate_up, down) = experts.expert(e)?;
         let xe = x.index_select(&Tensor::new(toks.as_slice(), x.device())?, 0)?;
-        let y = super::silu_mul(&xe.matmul(&gate_up.t()?)?, None)?.matmul(&down.t()?)?;
+        let y = super::silu_mul(&xe.matmul(&gate_up.t()?)?)?.matmul(&down.t()?)?;
         parts.push(y.to_dtype(DType::F32)?);
         rows.extend(toks);
         row_weights.extend(ws);

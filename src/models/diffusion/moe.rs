@@ -22,7 +22,7 @@ pub(crate) struct Expert {
 
 impl Expert {
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.down.forward(&ops::silu_mul(&self.gate_up.forward(x)?, None)?)
+        self.down.forward(&ops::silu_mul(&self.gate_up.forward(x)?)?)
     }
 }
 

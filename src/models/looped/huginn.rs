@@ -10,17 +10,18 @@ use super::{CoreOut, InitialState, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::models::HuginnConfig;
-use crate::ops::{self, paged_attention, write_kv, PagedBatch, Projection, RopeTable};
+use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::Linear;
 
 /// A sandwich block: both residual sums are normalised.
 #[derive(Debug, Clone)]
 struct Block {
-    wqkv: Projection,
+    wqkv: Linear,
     qk_bias: Option<(Tensor, Tensor)>,
-    proj: Projection,
-    fc: Projection,
-    mlp_proj: Projection,
+    proj: Linear,
+    fc: Linear,
+    mlp_proj: Linear,
     norms: [Tensor; 4],
     /// Index of this block's cache in the KV store.
     kv_layer: usize,
@@ -36,9 +37,9 @@ pub struct Huginn {
     prelude: Vec<Block>,
     core: Vec<Block>,
     coda: Vec<Block>,
-    adapter: Projection,
+    adapter: Linear,
     ln_f: Tensor,
-    lm_head: Projection,
+    lm_head: Linear,
     rope: RopeTable,
     device: Device,
     initial_state: InitialState,
@@ -60,11 +61,11 @@ impl Huginn {
             let norms = [1, 2, 3, 4].map(|n| w.get(h, &format!("{name}.norm_{n}.weight")));
             let [n1, n2, n3, n4] = norms;
             Ok(Block {
-                wqkv: Projection::new(w.get(((nh + 2 * nkv) * hd, h), &format!("{name}.attn.Wqkv.weight"))?),
+                wqkv: Linear::new(w.get(((nh + 2 * nkv) * hd, h), &format!("{name}.attn.Wqkv.weight"))?, None),
                 qk_bias,
-                proj: Projection::new(w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?),
-                fc: Projection::new(w.get((2 * i, h), &format!("{name}.mlp.fc.weight"))?),
-                mlp_proj: Projection::new(w.get((h, i), &format!("{name}.mlp.proj.weight"))?),
+                proj: Linear::new(w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?, None),
+                fc: Linear::new(w.get((2 * i, h), &format!("{name}.mlp.fc.weight"))?, None),
+                mlp_proj: Linear::new(w.get((h, i), &format!("{name}.mlp.proj.weight"))?, None),
                 norms: [n1?, n2?, n3?, n4?],
                 kv_layer,
             })
@@ -103,9 +104,9 @@ impl Huginn {
         Ok(Self {
             rope: RopeTable::new(hd, cfg.rope_base, w.dtype(), w.device())?,
             embed_scale: (h as f64).sqrt(),
-            adapter: Projection::new(w.get((h, 2 * h), "transformer.adapter.weight")?),
+            adapter: Linear::new(w.get((h, 2 * h), "transformer.adapter.weight")?, None),
             ln_f: w.get(h, "transformer.ln_f.weight")?,
-            lm_head: Projection::new(lm_head),
+            lm_head: Linear::new(lm_head, None),
             wte,
             prelude,
             core,
@@ -152,7 +153,7 @@ impl Huginn {
         let attn = b.proj.forward(&attn.reshape((t, nh * hd))?)?;
         // Norms after each residual add (Huginn's sandwich): the add and the norm in one pass.
         let (_, x) = ops::residual_add_rms_norm(&attn, x, &b.norms[1], eps)?;
-        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?, Some(b.mlp_proj.weight()))?)?;
+        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?)?;
         Ok(ops::residual_add_rms_norm(&m, &x, &b.norms[3], eps)?.1)
     }
 

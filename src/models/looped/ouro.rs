@@ -8,16 +8,16 @@ use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::models::OuroConfig;
-use crate::ops::{self, paged_attention, PagedBatch, Projection, RopeTable};
+use crate::ops::{self, paged_attention, PagedBatch, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
 
 #[derive(Debug, Clone)]
 struct Layer {
-    qkv: Projection,
-    o_proj: Projection,
-    gate_up: Projection,
-    down: Projection,
+    qkv: Linear,
+    o_proj: Linear,
+    gate_up: Linear,
+    down: Linear,
     input_norm: Tensor,
     input_norm_2: Tensor,
     post_attn_norm: Tensor,
@@ -35,7 +35,7 @@ pub struct Ouro {
     gate: Linear,
     /// Whether core steps compute the gate logit (off when the engine's gate does not read it).
     gate_on: bool,
-    lm_head: Projection,
+    lm_head: Linear,
     rope: RopeTable,
     device: Device,
 }
@@ -55,10 +55,10 @@ impl Ouro {
             let up = w.get((i, h), &format!("{p}.mlp.up_proj.weight"))?;
             layers.push(Layer {
                 // q/k/v and gate/up are fused into one matmul each: fewer launches per layer.
-                qkv: Projection::new(Tensor::cat(&[q, k, vv], 0)?),
-                o_proj: Projection::new(w.get((h, nh * hd), &format!("{p}.self_attn.o_proj.weight"))?),
-                gate_up: Projection::new(Tensor::cat(&[gate, up], 0)?),
-                down: Projection::new(w.get((h, i), &format!("{p}.mlp.down_proj.weight"))?),
+                qkv: Linear::new(Tensor::cat(&[q, k, vv], 0)?, None),
+                o_proj: Linear::new(w.get((h, nh * hd), &format!("{p}.self_attn.o_proj.weight"))?, None),
+                gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None),
+                down: Linear::new(w.get((h, i), &format!("{p}.mlp.down_proj.weight"))?, None),
                 input_norm: w.get(h, &format!("{p}.input_layernorm.weight"))?,
                 input_norm_2: w.get(h, &format!("{p}.input_layernorm_2.weight"))?,
                 post_attn_norm: w.get(h, &format!("{p}.post_attention_layernorm.weight"))?,
@@ -99,7 +99,7 @@ impl Ouro {
             norm: w.get(h, "model.norm.weight")?,
             gate,
             gate_on: true,
-            lm_head: Projection::new(lm_head),
+            lm_head: Linear::new(lm_head, None),
             embed,
             layers,
             spec,
@@ -115,8 +115,7 @@ impl Ouro {
     /// One layer. `h` is the residual stream and `a = rms_norm(h, input_norm)` of this layer
     /// (computed by the previous layer's last fused norm, or once at the start of the step).
     /// Returns the new residual and its norm by `next_norm` (the next layer's input norm, or the
-    /// model's final norm after the last layer). Each fused op before a projection warms L2 with
-    /// that projection's weight (`next_qkv`: the next layer's, read right after this layer).
+    /// model's final norm after the last layer).
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
@@ -124,7 +123,6 @@ impl Ouro {
         h: &Tensor,
         a: &Tensor,
         next_norm: &Tensor,
-        next_qkv: &Tensor,
         input: &StageInput,
         batch: &PagedBatch,
         kv: &KvStore,
@@ -135,13 +133,13 @@ impl Ouro {
         let t = h.dim(0)?;
 
         let qkv = layer.qkv.forward(a)?;
-        let q = ops::qkv_rope_write(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd, Some(layer.o_proj.weight()))?;
+        let q = ops::qkv_rope_write(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd)?;
         let attn = paged_attention(&q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
         let attn = layer.o_proj.forward(&attn.reshape((t, nh * hd))?)?;
-        let (h, m) = ops::add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps, Some(layer.gate_up.weight()))?;
+        let (h, m) = ops::add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 
-        let m = layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?, Some(layer.down.weight()))?)?;
-        ops::add_rms_norm(&h, &m, &layer.post_attn_norm_2, next_norm, eps, Some(next_qkv))
+        let m = layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?;
+        ops::add_rms_norm(&h, &m, &layer.post_attn_norm_2, next_norm, eps)
     }
 }
 
@@ -173,9 +171,7 @@ impl LoopedModel for Ouro {
         };
         for l in 0..n {
             let next_norm = if l + 1 < n { &self.layers[l + 1].input_norm } else { &self.norm };
-            // After the last layer the core usually runs again from the first.
-            let next_qkv = self.layers[(l + 1) % n].qkv.weight();
-            (h, a) = self.layer_forward(l, &h, &a, next_norm, next_qkv, input, batch, kv)?;
+            (h, a) = self.layer_forward(l, &h, &a, next_norm, input, batch, kv)?;
         }
         let h = a;
         let gate_logit = if self.gate_on { Some(self.gate.forward(&h.to_dtype(DType::F32)?)?.squeeze(1)?) } else { None };

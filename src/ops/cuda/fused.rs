@@ -1,7 +1,7 @@
 //! Fused per-layer ops (`kernels/fused.cu`): the projection epilogues that rotate q/k and
 //! write the paged K/V, residual + RMSNorm, SiLU·mul. Entry points in `crate::ops::fused`.
 
-use super::launch::{device, for_float, kernel, same_device_dtype, view, warm_args, wrap, Module};
+use super::launch::{device, for_float, kernel, same_device_dtype, view, wrap, Module};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -47,7 +47,6 @@ fn check_qkv_rope(
 /// `[T, D/2]`), writes rotated k and v into the caches `[NB, BS, KVH, D]` in place at
 /// `slot_mapping[t]` (`[T]` u32, flat row `block * BS + offset`), and returns q `[T, H, D]`.
 /// All float tensors share one dtype and must be contiguous. Slots past the cache are skipped.
-/// `warm`: the weight the launch after the next reads, pulled into L2 meanwhile (`warm_l2`).
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_write(
     qkv: &Tensor,
@@ -59,7 +58,6 @@ pub fn qkv_rope_write(
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-    warm: Option<&Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "qkv_rope_write";
     let dev = device(qkv, OP)?;
@@ -75,22 +73,7 @@ pub fn qkv_rope_write(
     if tokens == 0 {
         return Tensor::zeros((0, heads, head_dim), dtype, qkv.device());
     }
-    for_float!(dtype, OP, |T, suf| qkv_rope_launch::<T>(
-        &dev,
-        suf,
-        qkv,
-        cos,
-        sin,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        heads,
-        kv_heads,
-        head_dim,
-        num_slots,
-        pairs,
-        warm
-    ))
+    for_float!(dtype, OP, |T, suf| qkv_rope_launch::<T>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -108,7 +91,6 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     head_dim: usize,
     num_slots: usize,
     pairs: usize,
-    warm: Option<&Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "qkv_rope_write";
     let tokens = qkv.dim(0)?;
@@ -127,8 +109,6 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     let k_v = view::<T>(&ks, kl, OP, "k_cache", false)?;
     let v_v = view::<T>(&vs, vl, OP, "v_cache", false)?;
     let slots = view::<u32>(&ms, ml, OP, "slot_mapping", false)?;
-    let warm = warm.map(Tensor::storage_and_layout);
-    let (pf, pf_bytes) = warm_args::<T>(warm.as_ref().map(|(s, l)| (&**s, *l)));
     // SAFETY: every (token, head, dim) of q is written by the kernel (one thread per pair).
     let mut q_out = unsafe { dev.alloc::<T>(tokens * heads * head_dim)? };
     let func = kernel!(dev, Module::Fused, &format!("qkv_rope_write_{suf}"))?;
@@ -137,7 +117,7 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     let (h, kvh, hd, ns) = (heads as i32, kv_heads as i32, head_dim as i32, num_slots as i64);
     let mut b = func.builder();
     b.arg(&mut q_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
-    b.arg(&h).arg(&kvh).arg(&hd).arg(&ns).arg(pf.as_ref().unwrap_or(&qkv_v)).arg(&pf_bytes);
+    b.arg(&h).arg(&kvh).arg(&hd).arg(&ns);
     // SAFETY: argument list matches `qkv_rope_write_*` in fused.cu; shapes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -240,8 +220,7 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &
 
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))` over the last dim, in one
 /// launch. `residual`, `x` `[.., C]` and the weights `[C]` share one dtype; f32 statistics.
-/// `warm`: the weight the next launch reads, pulled into L2 meanwhile (`warm_l2`).
-pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32, warm: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
     const OP: &str = "add_rms_norm";
     let dev = device(x, OP)?;
     let dtype = x.dtype();
@@ -263,7 +242,7 @@ pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor
     let residual = residual.contiguous()?;
     let x = x.contiguous()?;
     let (w_x, w_next) = (w_x.contiguous()?, w_next.contiguous()?);
-    for_float!(dtype, OP, |T, suf| add_rms_launch::<T>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps, warm))
+    for_float!(dtype, OP, |T, suf| add_rms_launch::<T>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -277,7 +256,6 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     rows: usize,
     ncols: usize,
     eps: f32,
-    warm: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "add_rms_norm";
     let (rs, rl) = residual.storage_and_layout();
@@ -288,8 +266,6 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     let x_v = view::<T>(&xs, xl, OP, "x", false)?;
     let w_v = view::<T>(&ws, wl, OP, "w_x", false)?;
     let n_v = view::<T>(&ns, nl, OP, "w_next", false)?;
-    let warm = warm.map(Tensor::storage_and_layout);
-    let (pf, pf_bytes) = warm_args::<T>(warm.as_ref().map(|(s, l)| (&**s, *l)));
     // SAFETY: the kernel writes every element of both outputs (one block per row).
     let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
@@ -298,7 +274,7 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     let nc = ncols as i32;
     let mut b = func.builder();
     b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
-    b.arg(&nc).arg(&eps).arg(pf.as_ref().unwrap_or(&x_v)).arg(&pf_bytes);
+    b.arg(&nc).arg(&eps);
     // SAFETY: argument list matches `add_rms_norm_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
@@ -436,8 +412,7 @@ fn residual_add_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a
 }
 
 /// `silu(gate) * up` for `gate_up` `[.., 2I]` (gate first), output `[.., I]`, one launch.
-/// `warm`: the weight the next launch reads, pulled into L2 meanwhile (`warm_l2`).
-pub fn silu_mul(gate_up: &Tensor, warm: Option<&Tensor>) -> Result<Tensor> {
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     const OP: &str = "silu_mul";
     let dev = device(gate_up, OP)?;
     let dtype = gate_up.dtype();
@@ -453,24 +428,13 @@ pub fn silu_mul(gate_up: &Tensor, warm: Option<&Tensor>) -> Result<Tensor> {
         return Tensor::zeros(dims, dtype, gate_up.device());
     }
     let gate_up = gate_up.contiguous()?;
-    for_float!(dtype, OP, |T, suf| silu_mul_launch::<T>(&dev, suf, &gate_up, rows, inter, dims, warm))
+    for_float!(dtype, OP, |T, suf| silu_mul_launch::<T>(&dev, suf, &gate_up, rows, inter, dims))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn silu_mul_launch<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    suf: &str,
-    gate_up: &Tensor,
-    rows: usize,
-    inter: usize,
-    dims: Vec<usize>,
-    warm: Option<&Tensor>,
-) -> Result<Tensor> {
+fn silu_mul_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, gate_up: &Tensor, rows: usize, inter: usize, dims: Vec<usize>) -> Result<Tensor> {
     const OP: &str = "silu_mul";
     let (gs, gl) = gate_up.storage_and_layout();
     let g_v = view::<T>(&gs, gl, OP, "gate_up", false)?;
-    let warm = warm.map(Tensor::storage_and_layout);
-    let (pf, pf_bytes) = warm_args::<T>(warm.as_ref().map(|(s, l)| (&**s, *l)));
     let n = rows * inter;
     // SAFETY: the grid-stride loop writes every output element.
     let mut out = unsafe { dev.alloc::<T>(n)? };
@@ -482,7 +446,7 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(
         bail!("{OP} (cuda): intermediate size out of range");
     }
     let mut b = func.builder();
-    b.arg(&mut out).arg(&g_v).arg(&r).arg(&i).arg(pf.as_ref().unwrap_or(&g_v)).arg(&pf_bytes);
+    b.arg(&mut out).arg(&g_v).arg(&r).arg(&i);
     // SAFETY: argument list matches `silu_mul_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);

@@ -111,33 +111,3 @@ pub(super) fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&
     }
     Ok(())
 }
-
-/// How many bytes of the next projection's weight a launch pulls into L2 (`warm_l2` in
-/// fused.cu): `PONDER_L2_WARM_MB` megabytes, read once (0 turns warming off); by default 32 MB,
-/// which leaves room in a Hopper's 50 MB L2 for the launch's own traffic.
-pub(super) fn l2_warm_cap() -> u64 {
-    static CAP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *CAP.get_or_init(|| {
-        let mb = std::env::var("PONDER_L2_WARM_MB").ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(32);
-        mb << 20
-    })
-}
-
-/// The warm-up arguments `(pf, pf_bytes)` of a launch: a view of `next` (held by the caller's
-/// storage guard) and how many of its bytes to warm — none when there is no `next`, it is not a
-/// contiguous CUDA tensor of dtype `T` starting 16-byte aligned, or warming is off. The view
-/// stands in for the pointer only; the kernel never writes through it.
-pub(super) fn warm_args<'a, T: CudaDType + DeviceRepr>(next: Option<(&'a Storage, &Layout)>) -> (Option<CudaView<'a, T>>, u64) {
-    let cap = l2_warm_cap();
-    let Some((storage, layout)) = next else { return (None, 0) };
-    if cap == 0 {
-        return (None, 0);
-    }
-    match view::<T>(storage, layout, "warm_l2", "next", true) {
-        Ok(v) => {
-            let bytes = (layout.shape().elem_count() * std::mem::size_of::<T>()) as u64;
-            (Some(v), bytes.min(cap))
-        }
-        Err(_) => (None, 0),
-    }
-}

@@ -12,8 +12,6 @@
 //   the pre-norm residual stream h = T(res + x) (also written out). One block per row, as above.
 // residual_add_*: out = T(a + b), element-wise over tensors of one shape.
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
-// qkv_rope_write_*, add_rms_norm_* and silu_mul_* each also warm L2 with the weight the next
-//   GEMM reads (`pf`, `pf_bytes`; 0 bytes: nothing), see warm_l2.
 // scatter_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V writes,
 //   loop-state bank writes, K/V slot copies across every layer in one launch; FOCUS compaction).
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
@@ -57,27 +55,6 @@ __device__ __forceinline__ float block_sum(float v, float *smem) {
     __syncthreads();
     v = lane < nwarps ? smem[lane] : 0.f;
     return warp_sum(v);
-}
-
-// Asks the memory system to pull [pf, pf + bytes) into L2 for the launch after this one (the
-// next projection's weight), so that GEMM starts on cached bytes instead of paying DRAM's ramp and
-// the launch gap. Thread 0 of every block issues 64 KB bulk prefetches, interleaved over the grid;
-// nothing waits on them, and they keep streaming after this kernel exits. `pf` 16-byte aligned.
-__device__ __forceinline__ void warm_l2(const char *pf, unsigned long long bytes) {
-    if (bytes == 0 || threadIdx.x != 0) return;
-    constexpr unsigned long long CHUNK = 1ull << 16;
-    const unsigned long long blocks = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
-    const unsigned long long block = blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
-    const unsigned long long chunks = (bytes + CHUNK - 1) / CHUNK;
-    for (unsigned long long c = block; c < chunks; c += blocks) {
-        const unsigned long long off = c * CHUNK;
-        const unsigned size = (unsigned)(bytes - off < CHUNK ? bytes - off : CHUNK) & ~15u;
-#if __CUDA_ARCH__ >= 900
-        if (size) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + off), "r"(size) : "memory");
-#else
-        for (unsigned i = 0; i < size; i += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(pf + off + i));
-#endif
-    }
 }
 
 // grid (T, ceil(pairs / blockDim)); pairs = (H + KVH) * D/2 rotated pairs + KVH * D/2 v pairs.
@@ -585,9 +562,7 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
 #define FUSED_OPS(T, SUF)                                                                          \
     extern "C" __global__ void qkv_rope_write_##SUF(                                               \
         T *q_out, T *k_cache, T *v_cache, const T *qkv, const T *cos_t, const T *sin_t,            \
-        const uint32_t *slots, int heads, int kv_heads, int head_dim, long long num_slots,         \
-        const char *pf, unsigned long long pf_bytes) {                                             \
-        warm_l2(pf, pf_bytes);                                                                     \
+        const uint32_t *slots, int heads, int kv_heads, int head_dim, long long num_slots) {       \
         qkv_rope_write<T>(q_out, k_cache, v_cache, qkv, cos_t, sin_t, slots, heads, kv_heads,      \
                           head_dim, num_slots);                                                    \
     }                                                                                              \
@@ -600,9 +575,7 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     }                                                                                              \
     extern "C" __global__ void add_rms_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,    \
                                                   const T *w_x, const T *w_next, int ncols,        \
-                                                  float eps, const char *pf,                       \
-                                                  unsigned long long pf_bytes) {                   \
-        warm_l2(pf, pf_bytes);                                                                     \
+                                                  float eps) {                                     \
         add_rms_norm<T>(h_out, n_out, res, x, w_x, w_next, ncols, eps);                            \
     }                                                                                              \
     extern "C" __global__ void rms_norm_##SUF(T *n_out, const T *x, const T *w, int ncols, float eps) { \
@@ -615,9 +588,7 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     extern "C" __global__ void residual_add_##SUF(T *out, const T *a, const T *b, long long n) {    \
         residual_add<T>(out, a, b, n);                                                             \
     }                                                                                              \
-    extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter,      \
-                                              const char *pf, unsigned long long pf_bytes) {       \
-        warm_l2(pf, pf_bytes);                                                                     \
+    extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter) {    \
         silu_mul<T>(out, gu, rows, inter);                                                         \
     }                                                                                              \
     extern "C" __global__ void scatter_rows_##SUF(T *dst, const T *src, const uint32_t *index,     \
@@ -643,16 +614,3 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
 FUSED_OPS(float, f32)
 FUSED_OPS(__nv_bfloat16, bf16)
 FUSED_OPS(__half, f16)
-
-// Reads `n` 16-byte words of a scratch buffer larger than L2, so the next launch starts on a cold
-// L2 without dirty lines to write back (the cuBLASLt tuner times candidates as a decode step meets
-// its weights). `sink` is written only if the words XOR to an impossible pattern: it keeps the loads.
-extern "C" __global__ void flush_l2_by_reading(const uint4 *src, unsigned long long n, uint4 *sink) {
-    uint4 acc = make_uint4(0, 0, 0, 0);
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        const uint4 v = src[i]; // a normal load: streaming hints would leave older lines in place
-        acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
-    }
-    if (acc.x == 0x9e3779b9u && acc.y == 0x7f4a7c15u && acc.z == 0x85ebca6bu && acc.w == 0xc2b2ae35u) *sink = acc;
-}
