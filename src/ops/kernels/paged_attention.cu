@@ -28,8 +28,8 @@
 #define NW 4
 #define NTHREADS (NW * 32)
 // Blocks an SM must hold of the SIMT kernel: decode (one query item a block) waits on K/V loads,
-// so it is held to 64 registers for 8 blocks (32 warps) an SM instead of 80 for 6 (32 bytes spilled).
-#define PA_MIN_BLOCKS(NQ) ((NQ) == 1 ? 8 : 1)
+// so it is held to 72 registers for 7 blocks (28 warps) an SM instead of 80 for 6, without spills.
+#define PA_MIN_BLOCKS(NQ) ((NQ) == 1 ? 7 : 1)
 
 namespace {
 
