@@ -27,9 +27,6 @@
 
 #define NW 4
 #define NTHREADS (NW * 32)
-// Blocks an SM must hold of the SIMT kernel: decode (one query item a block) waits on K/V loads,
-// so it is held to 72 registers for 7 blocks (28 warps) an SM instead of 80 for 6, without spills.
-#define PA_MIN_BLOCKS(NQ) ((NQ) == 1 ? 7 : 1)
 
 namespace {
 
@@ -628,7 +625,7 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk, num_tokens
 
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
-    extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MIN_BLOCKS(NQ))                   \
+    extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
         paged_attn_##NAME##_d##D##_q##NQ(PA_ARGS(T)) {                                          \
         paged_attn_impl<T, D, NQ>(PA_PASS);                                                      \
     }
