@@ -123,39 +123,40 @@ impl PagedBatch {
             candle_core::bail!("paged batch: {} rows but {} q offsets and {} tables", rows, host.cu_q_lens.len(), host.block_tables.len());
         }
         let max_blocks = host.block_tables.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let mut flat_tables = vec![0u32; rows * max_blocks];
         if host.cu_q_lens.first() != Some(&0) || host.cu_q_lens.windows(2).any(|w| w[1] < w[0]) {
             candle_core::bail!("paged batch: query offsets {:?} must start at 0 and never decrease", host.cu_q_lens);
         }
         let tokens = *host.cu_q_lens.last().unwrap_or(&0) as usize;
-        let mut slots = Vec::with_capacity(tokens);
-        let mut max_q_len = 0;
         if !host.write_positions.is_empty() && host.write_positions.len() != tokens {
             candle_core::bail!("paged batch: {} write positions for {tokens} tokens", host.write_positions.len());
         }
+        // The four sections are written straight into one packed buffer: one host-to-device
+        // copy for all of them (each small copy is a synchronous round trip).
+        let ([o_bt, o_cl, o_cu, o_sm], total) = packed_offsets(rows, max_blocks, tokens);
+        let mut words = vec![0u32; total];
+        words[o_cl..o_cl + rows].copy_from_slice(&host.context_lens);
+        words[o_cu..o_cu + rows + 1].copy_from_slice(&host.cu_q_lens);
+        let mut max_q_len = 0;
         for r in 0..rows {
             let table = &host.block_tables[r];
-            flat_tables[r * max_blocks..r * max_blocks + table.len()].copy_from_slice(table);
+            words[o_bt + r * max_blocks..o_bt + r * max_blocks + table.len()].copy_from_slice(table);
             let q_len = (host.cu_q_lens[r + 1] - host.cu_q_lens[r]) as usize;
             let ctx = host.context_lens[r] as usize;
             if q_len > ctx || ctx > table.len() * block_size {
                 candle_core::bail!("paged batch row {r}: q_len {q_len}, ctx {ctx}, {} blocks", table.len());
             }
             max_q_len = max_q_len.max(q_len);
-            for pos in host.row_positions(r) {
+            // Token t = cu_q_lens[r] + i of this row writes its K/V at the row's i-th position
+            // (the offsets were checked to start at 0 and never decrease, so t < tokens).
+            let first = host.cu_q_lens[r] as usize;
+            for (i, pos) in host.row_positions(r).into_iter().enumerate() {
                 if pos >= table.len() * block_size {
                     candle_core::bail!("paged batch row {r}: write position {pos} past its {} blocks", table.len());
                 }
-                slots.push(table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
+                words[o_sm + first + i] = table[pos / block_size] * block_size as u32 + (pos % block_size) as u32;
             }
         }
         let max_context_len = host.context_lens.iter().copied().max().unwrap_or(0) as usize;
-        // One host-to-device copy for all four (each small copy is a synchronous round trip).
-        let (starts, total) = packed_offsets(rows, max_blocks, tokens);
-        let mut words = vec![0u32; total];
-        for (start, section) in starts.into_iter().zip([&flat_tables, &host.context_lens, &host.cu_q_lens, &slots]) {
-            words[start..start + section.len()].copy_from_slice(section);
-        }
         let packed = Tensor::from_vec(words, total, device)?;
         let [block_tables, context_lens, cu_q_lens, slot_mapping] = packed_views(&packed, rows, max_blocks, tokens)?;
         Ok(Self {
