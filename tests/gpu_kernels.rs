@@ -172,6 +172,22 @@ fn decode_short_contexts_split() {
     }
 }
 
+/// Decode shapes the staged kernel (the default for one query per row on Hopper) handles
+/// differently from the rest: rows without a query among decode rows, head counts whose kv-head
+/// groups are odd (Huginn's 55 heads: five per block), a GQA group filling every warp, and more
+/// (row, head group, split) items than blocks so each block walks several.
+#[test]
+fn decode_staged_shapes() {
+    let empty_rows = [(1usize, 300usize), (0, 0), (1, 17), (0, 5), (1, 1), (1, 1000), (0, 64)];
+    for dt in [DType::F32, DType::BF16] {
+        check(case("decode rows without a query mha d128", &empty_rows, 16, 16, 128, dt, AttnMask::Causal));
+        check(case("decode mha 55/55 d96", DECODE_ROWS, 55, 55, 96, dt, AttnMask::Causal));
+        check(case("decode gqa 32/4 d128", DECODE_ROWS, 32, 4, 128, dt, AttnMask::Causal));
+    }
+    let rows: Vec<(usize, usize)> = (0..300).map(|i| (1, 1 + (i * 53) % 900)).collect();
+    check(Case { rows, ..case("decode 300 rows mha d128", &[], 16, 16, 128, DType::BF16, AttnMask::BlockCausal(32)) });
+}
+
 #[test]
 fn prefill_mixed_causal() {
     for dt in [DType::F32, DType::BF16, DType::F16] {

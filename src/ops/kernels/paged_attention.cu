@@ -25,6 +25,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "mbarrier.cuh"
+
 #define NW 4
 #define NTHREADS (NW * 32)
 
@@ -79,6 +81,10 @@ template <> struct Cvt<__half> {
 
 __device__ __forceinline__ uint4 ldg16(const void *p) {
     return __ldg(reinterpret_cast<const uint4 *>(p));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // Cache slot (block id * block_size + offset) of a row's key position p through its block table;
@@ -317,6 +323,258 @@ __device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *_
 
 
 // ---------------------------------------------------------------------------------------------
+// Staged decode attention (sm_90; every row has one query, which sees its whole context under
+// any mask: see key_limit). The register-load kernel above keeps its K/V bytes in flight in
+// registers, so occupancy caps them and its warps wait on loads much of the time at decode
+// widths; here the bulk copy engine fetches K/V into shared memory SD_STAGES tiles ahead of the
+// warps that use them.
+//
+// Work item = (row, group of hg kv heads, key split of `chunk` positions). A tile = up to ps
+// consecutive positions of one item; for each position the hg kv heads' K (and V) are one
+// contiguous run of hg * D elements in the cache, fetched by one cp.async.bulk. The grid (at
+// most one wave) strides over the items, block b taking b, b + gridDim.x, ...; warp 0 streams
+// the tiles of all the block's items through the stage ring, each stage completing on its
+// mbarrier, so a block's pipeline stays full across item boundaries instead of draining and
+// refilling per item. The block has items * wpi warps (items = hg * group query heads); warp w
+// computes query head w % items on keys kg + KPW * (w / items + wpi * u) of each tile, and the
+// wpi warps of a head merge their online softmaxes through shared memory when the item ends.
+// Output as the register-load kernel's: the row's [H, D] directly, or split partials.
+// ---------------------------------------------------------------------------------------------
+
+#define SD_STAGES 4
+#define SD_MAX_PS 8
+// Threads a block may have (items * wpi warps; the host keeps to it) and the blocks an SM must
+// fit by registers: three blocks of eight warps (the stage ring of 64 KB each fits three).
+#define SD_MAX_THREADS 256
+#define SD_MIN_BLOCKS 3
+
+template <typename T, int D>
+__device__ __forceinline__ void paged_decode_staged_impl(
+    T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, const T *__restrict__ q,
+    const T *__restrict__ kc, const T *__restrict__ vc, const uint32_t *__restrict__ block_tables,
+    const uint32_t *__restrict__ context_lens, const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks,
+    int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2, int hg, int ps, int wpi,
+    int num_splits, int chunk, int num_tokens) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int VEC = Cvt<T>::VEC;
+    constexpr int ACTIVE = D / VEC;
+    constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
+    constexpr int KPW = 32 / LPK;
+    constexpr int UMAX = (SD_MAX_PS + KPW - 1) / KPW;
+    static_assert(D % VEC == 0 && ACTIVE <= 32, "head dim");
+    extern __shared__ __align__(128) unsigned char sd_smem[];
+
+    const int group = num_heads / kv_heads;
+    const int items = hg * group;
+    const int groups = kv_heads / hg;
+    const int nwarps = blockDim.x / 32;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int item = warp % items;
+    const int sub = warp / items;
+    const int kl = lane % LPK;
+    const int kg = lane / LPK;
+    const bool active = kl < ACTIVE;
+
+    const size_t pos_elems = (size_t)hg * D;
+    const unsigned pos_bytes = (unsigned)(pos_elems * sizeof(T));
+    const size_t stage_elems = 2 * (size_t)ps * pos_elems;
+    T *stages = reinterpret_cast<T *>(sd_smem);
+    uint64_t *full = reinterpret_cast<uint64_t *>(sd_smem + SD_STAGES * stage_elems * sizeof(T));
+    float *s_acc = reinterpret_cast<float *>(full + SD_STAGES);  // [nwarps][D]
+    float *s_m = s_acc + (size_t)nwarps * D;                     // [nwarps]
+    float *s_l = s_m + nwarps;                                   // [nwarps]
+    const size_t slot_stride = (size_t)kv_heads * D;
+    const int total = num_rows * groups * num_splits;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < SD_STAGES; ++s) mbar_init(smem_addr(full + s), 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    // An item's key range: positions [k0, k1) of row r, kv heads from kvh0; empty for a row
+    // without a query (q_len 0).
+    auto item_range = [&](int it, int &r, int &kvh0, int &k0, int &k1, bool &has_query) {
+        const int split = it % num_splits;
+        const int rg = it / num_splits;
+        r = rg / groups;
+        kvh0 = (rg - r * groups) * hg;
+        has_query = cu_q[r + 1] > cu_q[r];
+        const int ctx = has_query ? (int)context_lens[r] : 0;
+        k0 = split * chunk;
+        k1 = min(ctx, k0 + chunk);
+    };
+
+    // Producer cursor (warp 0): the next tile to issue.
+    int p_item = blockIdx.x, p_tile = 0, p_r = 0, p_kvh0 = 0, p_k0 = 0, p_k1 = 0;
+    bool p_q = false;
+    if (p_item < total) item_range(p_item, p_r, p_kvh0, p_k0, p_k1, p_q);
+    int issued = 0;
+    // Issues the producer's next tile into slot issued % SD_STAGES (warp 0 only); false when the
+    // block has no tiles left.
+    auto issue_next = [&]() -> bool {
+        while (p_item < total && p_k0 + p_tile * ps >= p_k1) {
+            p_item += gridDim.x;
+            p_tile = 0;
+            if (p_item < total) item_range(p_item, p_r, p_kvh0, p_k0, p_k1, p_q);
+        }
+        if (p_item >= total) return false;
+        const int slot = issued % SD_STAGES;
+        const int p0 = p_k0 + p_tile * ps;
+        const int cnt = min(ps, p_k1 - p0);
+        const unsigned bar = smem_addr(full + slot);
+        if (lane == 0) mbar_arrive_expect_tx(bar, 2u * (unsigned)cnt * pos_bytes);
+        __syncwarp();
+        if (lane < cnt) {
+            const uint32_t *table = block_tables + (size_t)p_r * max_blocks;
+            const size_t src = cache_slot(table, p0 + lane, block_size, bs_shift) * slot_stride + (size_t)p_kvh0 * D;
+            T *dk = stages + slot * stage_elems + lane * pos_elems;
+            bulk_copy_g2s(smem_addr(dk), kc + src, pos_bytes, bar);
+            bulk_copy_g2s(smem_addr(dk + ps * pos_elems), vc + src, pos_bytes, bar);
+        }
+        ++p_tile;
+        ++issued;
+        return true;
+    };
+    if (warp == 0) {
+        for (int s = 0; s < SD_STAGES; ++s)
+            if (!issue_next()) break;
+    }
+
+    int consumed = 0;
+    for (int it = blockIdx.x; it < total; it += gridDim.x) {
+        int r, kvh0, k0, k1;
+        bool has_query;
+        item_range(it, r, kvh0, k0, k1, has_query);
+        const int split = it % num_splits;
+        const int qh = kvh0 * group + item;
+        const int hl = item / group;
+        const int q_row = (int)cu_q[r];
+        float qv[VEC];
+        if (active && k1 > k0) {
+            Cvt<T>::to_float(ldg16(q + ((size_t)q_row * num_heads + qh) * D + kl * VEC), qv);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) qv[e] *= scale_log2;
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) qv[e] = 0.f;
+        }
+        float m = -INFINITY, l = 0.f, acc[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
+
+        for (int p0 = k0; p0 < k1; p0 += ps, ++consumed) {
+            const int slot = consumed % SD_STAGES;
+            const int cnt = min(ps, k1 - p0);
+            mbar_wait(smem_addr(full + slot), (consumed / SD_STAGES) & 1);
+            const T *sk = stages + slot * stage_elems + (size_t)hl * D + kl * VEC;
+            const T *sv = sk + ps * pos_elems;
+            // Key steps of this tile for this warp (warp-uniform; the last may be partial).
+            const int steps = cnt > KPW * sub ? (cnt - KPW * sub + KPW * wpi - 1) / (KPW * wpi) : 0;
+            float s[UMAX];
+            uint4 vraw[UMAX];
+#pragma unroll
+            for (int u = 0; u < UMAX; ++u) {
+                s[u] = -INFINITY;
+                vraw[u] = make_uint4(0, 0, 0, 0);
+                if (u >= steps) continue;
+                const int j = kg + KPW * (sub + wpi * u);
+                const bool valid = j < cnt;  // uniform over the lanes of one key
+                uint4 kraw = make_uint4(0, 0, 0, 0);
+                if (valid && active) {
+                    kraw = *reinterpret_cast<const uint4 *>(sk + j * pos_elems);
+                    vraw[u] = *reinterpret_cast<const uint4 *>(sv + j * pos_elems);
+                }
+                float kf[VEC];
+                Cvt<T>::to_float(kraw, kf);
+                float d = 0.f;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) d = fmaf(qv[e], kf[e], d);
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                s[u] = valid ? d : -INFINITY;
+            }
+            float tmax = s[0];
+#pragma unroll
+            for (int u = 1; u < UMAX; ++u) tmax = fmaxf(tmax, s[u]);
+#pragma unroll
+            for (int o = LPK; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+            const float mnew = fmaxf(m, tmax);
+            if (mnew != -INFINITY) {  // warp-uniform
+                const float alpha = exp2f(m - mnew);
+                m = mnew;
+                l *= alpha;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) acc[e] *= alpha;
+#pragma unroll
+                for (int u = 0; u < UMAX; ++u) {
+                    if (u >= steps) continue;
+                    const float pr = exp2f(s[u] - mnew);
+                    float vf[VEC];
+                    Cvt<T>::to_float(vraw[u], vf);
+                    l += pr;
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
+                }
+            }
+            // Every warp is done with this slot: refill it (the generic-proxy reads above are
+            // ordered before the copy engine's writes).
+            __syncthreads();
+            if (warp == 0) {
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                issue_next();
+            }
+        }
+
+        // Merge the key groups of the warp (they share m), then the wpi warps of each head.
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1) {
+            l += __shfl_xor_sync(0xffffffffu, l, o);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+        }
+        if (kg == 0 && active) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s_acc[warp * D + kl * VEC + e] = acc[e];
+        }
+        if (lane == 0) {
+            s_m[warp] = m;
+            s_l[warp] = l;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; has_query && idx < items * D; idx += blockDim.x) {
+            const int n = idx / D;
+            const int e = idx - n * D;
+            float M = -INFINITY;
+            for (int w = n; w < nwarps; w += items) M = fmaxf(M, s_m[w]);
+            float L = 0.f, A = 0.f;
+            if (M != -INFINITY) {
+                for (int w = n; w < nwarps; w += items) {
+                    const float f = exp2f(s_m[w] - M);
+                    L += s_l[w] * f;
+                    A += s_acc[w * D + e] * f;
+                }
+            }
+            const size_t th = (size_t)q_row * num_heads + (size_t)(kvh0 * group + n);
+            if (num_splits == 1) {
+                out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
+            } else {
+                const size_t sth = (size_t)split * num_tokens * num_heads + th;
+                ws_acc[sth * D + e] = A;
+                if (e == 0) {
+                    ws_ml[sth * 2] = M;
+                    ws_ml[sth * 2 + 1] = L;
+                }
+            }
+        }
+        __syncthreads();  // s_acc / s_m / s_l are rewritten by the next item
+    }
+#endif
+}
+
+
+// ---------------------------------------------------------------------------------------------
 // Tensor-core variant for many query items per (row, kv head) (prefill, diffusion blocks):
 // bf16/f16 only. A block of 4 warps takes 64 query items (16 per warp, the M of
 // mma.m16n8k16); K/V tiles of 32 keys are staged in shared memory, S = Q K^T and O += P V run on
@@ -361,10 +619,6 @@ template <> struct Mma<__half> {
 // only two blocks fit. Three (a few spilled registers) measured fastest on the H200; four spill
 // more and give back half the gain.
 #define MMA_MIN_BLOCKS 3
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // 16 bytes global -> shared, bypassing L1; `bytes` = 0 writes zeros (nothing is read).
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
@@ -672,3 +926,20 @@ PA_MMA_KERNEL(bf16, __nv_bfloat16, 128)
 PA_MMA_KERNEL(f16, __half, 64)
 PA_MMA_KERNEL(f16, __half, 96)
 PA_MMA_KERNEL(f16, __half, 128)
+
+
+#define SD_KERNEL(NAME, T, D)                                                                    \
+    extern "C" __global__ void __launch_bounds__(SD_MAX_THREADS, SD_MIN_BLOCKS) paged_decode_staged_##NAME##_d##D(          \
+        T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                \
+        const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
+        int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
+        float scale_log2, int hg, int ps, int wpi, int num_splits, int chunk, int num_tokens) {  \
+        paged_decode_staged_impl<T, D>(out, ws_acc, ws_ml, q, kc, vc, block_tables,              \
+                                       context_lens, cu_q, num_rows, max_blocks, num_heads,      \
+                                       kv_heads, block_size, bs_shift, scale_log2, hg, ps, wpi,  \
+                                       num_splits, chunk, num_tokens);                           \
+    }
+#define SD_KERNELS(NAME, T) SD_KERNEL(NAME, T, 64) SD_KERNEL(NAME, T, 96) SD_KERNEL(NAME, T, 128)
+SD_KERNELS(f32, float)
+SD_KERNELS(bf16, __nv_bfloat16)
+SD_KERNELS(f16, __half)
