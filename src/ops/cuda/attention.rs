@@ -17,15 +17,21 @@ const MMA_MIN_ITEMS: usize = 16;
 const MMA_NQ: usize = 64;
 /// Blocks that keep the GPU busy enough for a memory-bound pass (H100/H200: 132 SMs).
 const TARGET_BLOCKS: usize = 132 * 8;
-/// Staged decode kernel (`paged_decode_staged_*`): warps a block may have (`SD_MAX_THREADS` / 32).
+/// Staged decode kernel (`paged_decode_staged_*`): consumer warps a block may have
+/// (`SD_MAX_CONSUMERS`; one producer warp comes on top).
 const STAGED_MAX_WARPS: usize = 8;
-/// Its shared-memory stages (`SD_STAGES`) and most positions per stage (`SD_MAX_PS`).
-const STAGED_STAGES: usize = 4;
+/// Most positions per stage (`SD_MAX_PS`).
 const STAGED_MAX_PS: usize = 8;
-/// Bytes of K and V one stage holds at most: four stages of 16 KB leave room for three blocks an SM.
-const STAGED_STAGE_BYTES: usize = 16 * 1024;
-/// Fewest keys a split of the staged kernel covers (a split costs a partial written and merged).
-const STAGED_MIN_CHUNK: usize = 32;
+
+/// Tuning of the staged kernel (stages, stage bytes, fewest keys a split covers); from the
+/// environment while it is being measured.
+fn staged_tuning() -> (usize, usize, usize) {
+    static T: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        let get = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+        (get("PONDER_STAGED_STAGES", 4).clamp(2, 16), get("PONDER_STAGED_STAGE_KB", 16).clamp(1, 64) * 1024, get("PONDER_STAGED_MIN_CHUNK", 32).max(1))
+    })
+}
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
@@ -274,7 +280,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
 }
 
-/// Shape of a staged decode launch: heads per block, positions per stage, warps per query head.
+/// Shape of a staged decode launch.
 struct StagedShape {
     /// KV heads a block covers (a divisor of kv_heads; their K of one position is contiguous).
     hg: usize,
@@ -282,26 +288,29 @@ struct StagedShape {
     ps: usize,
     /// Warps sharing one query head's keys.
     wpi: usize,
+    /// Stages in the ring.
+    stages: usize,
 }
 
 impl StagedShape {
     fn new(p: &Params, elem: usize) -> Self {
+        let (stages, stage_bytes, _) = staged_tuning();
         let group = p.heads / p.kv_heads;
         let hg = (1..=p.kv_heads).rev().find(|d| p.kv_heads % d == 0 && d * group <= STAGED_MAX_WARPS).unwrap_or(1);
         let wpi = (STAGED_MAX_WARPS / (hg * group)).max(1);
         let pos_bytes = hg * p.hd * elem;
-        let ps = (STAGED_STAGE_BYTES / (2 * pos_bytes)).clamp(1, STAGED_MAX_PS);
-        StagedShape { hg, ps, wpi }
+        let ps = (stage_bytes / (2 * pos_bytes)).clamp(1, STAGED_MAX_PS);
+        StagedShape { hg, ps, wpi, stages }
     }
 
-    fn threads(&self, group: usize) -> usize {
-        self.hg * group * self.wpi * 32
+    fn consumers(&self, group: usize) -> usize {
+        self.hg * group * self.wpi
     }
 
-    /// Dynamic shared memory: the stage ring, its mbarriers, the per-warp merge buffers.
+    /// Dynamic shared memory: the stage ring, its two mbarriers a stage, the consumers' merge
+    /// buffers.
     fn smem(&self, hd: usize, group: usize, elem: usize) -> usize {
-        let warps = self.threads(group) / 32;
-        STAGED_STAGES * 2 * self.ps * self.hg * hd * elem + STAGED_STAGES * 8 + warps * (hd + 2) * 4
+        self.stages * (2 * self.ps * self.hg * hd * elem + 16) + self.consumers(group) * (hd + 2) * 4
     }
 }
 
@@ -323,7 +332,7 @@ fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &In
     let elem = std::mem::size_of::<T>();
     let group = p.heads / p.kv_heads;
     let shape = StagedShape::new(p, elem);
-    let threads = shape.threads(group);
+    let threads = (shape.consumers(group) + 1) * 32;
     let smem = shape.smem(p.hd, group, elem);
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_staged_{name}_d{}", p.hd))?;
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
@@ -331,10 +340,11 @@ fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &In
     let slots = sm_count(dev)? * per_sm;
 
     // Split the keys until the (row, head group, split) items fill the SMs' block slots, in
-    // chunks of at least STAGED_MIN_CHUNK keys (a whole number of stages).
+    // chunks of at least min_chunk keys (a whole number of stages).
+    let min_chunk = staged_tuning().2;
     let base = p.rows * (p.kv_heads / shape.hg);
     let max_ctx = p.max_context_len.max(1);
-    let splits = slots.div_ceil(base).min(max_ctx / STAGED_MIN_CHUNK).max(1);
+    let splits = slots.div_ceil(base).min(max_ctx / min_chunk).max(1);
     let chunk = if splits == 1 { max_ctx.div_ceil(shape.ps) * shape.ps } else { max_ctx.div_ceil(splits).div_ceil(shape.ps) * shape.ps };
     let splits = max_ctx.div_ceil(chunk);
     let total = base * splits;
@@ -357,7 +367,7 @@ fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &In
     };
     let bs_shift: i32 = if p.block_size.is_power_of_two() { p.block_size.trailing_zeros() as i32 } else { -1 };
     let ints = [p.rows, p.max_blocks, p.heads, p.kv_heads, p.block_size].map(|x| x as i32);
-    let (hg, ps, wpi) = (shape.hg as i32, shape.ps as i32, shape.wpi as i32);
+    let (hg, ps, wpi, stages) = (shape.hg as i32, shape.ps as i32, shape.wpi as i32, shape.stages as i32);
     let (nsplits, chunk_i, tokens) = (splits as i32, chunk as i32, p.tokens as i32);
     let null = 0u64;
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
@@ -378,9 +388,10 @@ fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &In
         for x in &ints {
             b.arg(x);
         }
-        b.arg(&bs_shift).arg(&p.scale_log2).arg(&hg).arg(&ps).arg(&wpi).arg(&nsplits).arg(&chunk_i).arg(&tokens);
+        b.arg(&bs_shift).arg(&p.scale_log2).arg(&hg).arg(&ps).arg(&wpi).arg(&stages).arg(&nsplits).arg(&chunk_i).arg(&tokens);
         // SAFETY: argument list matches `paged_decode_staged_*` in paged_attention.cu; the block
-        // has hg * group * wpi <= SD_MAX_THREADS / 32 warps and `smem` bytes of shared memory.
+        // has hg * group * wpi <= SD_MAX_CONSUMERS consumer warps and one producer, and `smem`
+        // bytes of shared memory.
         unsafe { b.launch(cfg) }.w()?;
     }
     if let Some((acc, ml)) = &ws {

@@ -326,27 +326,28 @@ __device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *_
 // Staged decode attention (sm_90; every row has one query, which sees its whole context under
 // any mask: see key_limit). The register-load kernel above keeps its K/V bytes in flight in
 // registers, so occupancy caps them and its warps wait on loads much of the time at decode
-// widths; here the bulk copy engine fetches K/V into shared memory SD_STAGES tiles ahead of the
+// widths; here the bulk copy engine fetches K/V into a ring of shared-memory stages ahead of the
 // warps that use them.
 //
 // Work item = (row, group of hg kv heads, key split of `chunk` positions). A tile = up to ps
 // consecutive positions of one item; for each position the hg kv heads' K (and V) are one
 // contiguous run of hg * D elements in the cache, fetched by one cp.async.bulk. The grid (at
-// most one wave) strides over the items, block b taking b, b + gridDim.x, ...; warp 0 streams
-// the tiles of all the block's items through the stage ring, each stage completing on its
-// mbarrier, so a block's pipeline stays full across item boundaries instead of draining and
-// refilling per item. The block has items * wpi warps (items = hg * group query heads); warp w
-// computes query head w % items on keys kg + KPW * (w / items + wpi * u) of each tile, and the
-// wpi warps of a head merge their online softmaxes through shared memory when the item ends.
-// Output as the register-load kernel's: the row's [H, D] directly, or split partials.
+// most one wave) strides over the items, block b taking b, b + gridDim.x, ...
+// Warp-specialised: the last warp only produces. It streams the tiles of all the block's items
+// through the ring (stage s complete on full[s]; reused once every consumer warp has arrived on
+// empty[s]), so the pipeline stays full across item boundaries, and reads block-table entries 32
+// cache blocks at a time into its lanes' registers, so no table read sits between two tiles.
+// The consumers are items * wpi warps (items = hg * group query heads): warp w computes query
+// head w % items on keys kg + KPW * (w / items + wpi * u) of each tile; the wpi warps of a head
+// merge their online softmaxes through shared memory when the item ends (a named barrier over
+// the consumers only). Output as the register-load kernel's: the row's [H, D], or split partials.
 // ---------------------------------------------------------------------------------------------
 
-#define SD_STAGES 4
 #define SD_MAX_PS 8
-// Threads a block may have (items * wpi warps; the host keeps to it) and the blocks an SM must
-// fit by registers: three blocks of eight warps (the stage ring of 64 KB each fits three).
-#define SD_MAX_THREADS 256
-#define SD_MIN_BLOCKS 3
+// Consumer warps a block may have (the host keeps items * wpi to it), plus the producer warp.
+#define SD_MAX_CONSUMERS 8
+#define SD_MAX_THREADS ((SD_MAX_CONSUMERS + 1) * 32)
+#define SD_MIN_BLOCKS 2
 
 template <typename T, int D>
 __device__ __forceinline__ void paged_decode_staged_impl(
@@ -354,7 +355,7 @@ __device__ __forceinline__ void paged_decode_staged_impl(
     const T *__restrict__ kc, const T *__restrict__ vc, const uint32_t *__restrict__ block_tables,
     const uint32_t *__restrict__ context_lens, const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks,
     int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2, int hg, int ps, int wpi,
-    int num_splits, int chunk, int num_tokens) {
+    int num_stages, int num_splits, int chunk, int num_tokens) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;
@@ -367,28 +368,26 @@ __device__ __forceinline__ void paged_decode_staged_impl(
     const int group = num_heads / kv_heads;
     const int items = hg * group;
     const int groups = kv_heads / hg;
-    const int nwarps = blockDim.x / 32;
+    const int consumers = items * wpi;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int item = warp % items;
-    const int sub = warp / items;
-    const int kl = lane % LPK;
-    const int kg = lane / LPK;
-    const bool active = kl < ACTIVE;
 
     const size_t pos_elems = (size_t)hg * D;
     const unsigned pos_bytes = (unsigned)(pos_elems * sizeof(T));
     const size_t stage_elems = 2 * (size_t)ps * pos_elems;
     T *stages = reinterpret_cast<T *>(sd_smem);
-    uint64_t *full = reinterpret_cast<uint64_t *>(sd_smem + SD_STAGES * stage_elems * sizeof(T));
-    float *s_acc = reinterpret_cast<float *>(full + SD_STAGES);  // [nwarps][D]
-    float *s_m = s_acc + (size_t)nwarps * D;                     // [nwarps]
-    float *s_l = s_m + nwarps;                                   // [nwarps]
-    const size_t slot_stride = (size_t)kv_heads * D;
+    uint64_t *full = reinterpret_cast<uint64_t *>(sd_smem + num_stages * stage_elems * sizeof(T));
+    uint64_t *empty = full + num_stages;
+    float *s_acc = reinterpret_cast<float *>(empty + num_stages);  // [consumers][D]
+    float *s_m = s_acc + (size_t)consumers * D;                    // [consumers]
+    float *s_l = s_m + consumers;                                  // [consumers]
     const int total = num_rows * groups * num_splits;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < SD_STAGES; ++s) mbar_init(smem_addr(full + s), 1);
+        for (int s = 0; s < num_stages; ++s) {
+            mbar_init(smem_addr(full + s), 1);
+            mbar_init(smem_addr(empty + s), consumers);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -406,50 +405,58 @@ __device__ __forceinline__ void paged_decode_staged_impl(
         k1 = min(ctx, k0 + chunk);
     };
 
-    // Producer cursor (warp 0): the next tile to issue.
-    int p_item = blockIdx.x, p_tile = 0, p_r = 0, p_kvh0 = 0, p_k0 = 0, p_k1 = 0;
-    bool p_q = false;
-    if (p_item < total) item_range(p_item, p_r, p_kvh0, p_k0, p_k1, p_q);
-    int issued = 0;
-    // Issues the producer's next tile into slot issued % SD_STAGES (warp 0 only); false when the
-    // block has no tiles left.
-    auto issue_next = [&]() -> bool {
-        while (p_item < total && p_k0 + p_tile * ps >= p_k1) {
-            p_item += gridDim.x;
-            p_tile = 0;
-            if (p_item < total) item_range(p_item, p_r, p_kvh0, p_k0, p_k1, p_q);
+    if (warp == consumers) {
+        // Producer.
+        const size_t slot_stride = (size_t)kv_heads * D;
+        int n = 0;
+        for (int it = blockIdx.x; it < total; it += gridDim.x) {
+            int r, kvh0, k0, k1;
+            bool has_query;
+            item_range(it, r, kvh0, k0, k1, has_query);
+            const uint32_t *table = block_tables + (size_t)r * max_blocks;
+            int cached0 = -1 << 30;  // first cache block whose table entry lane 0 holds
+            uint32_t cached = 0;
+            for (int p0 = k0; p0 < k1; p0 += ps, ++n) {
+                const int cnt = min(ps, k1 - p0);
+                const int b_first = bs_shift >= 0 ? p0 >> bs_shift : p0 / block_size;
+                const int b_last = bs_shift >= 0 ? (p0 + cnt - 1) >> bs_shift : (p0 + cnt - 1) / block_size;
+                if (b_last - cached0 >= 32 || b_first < cached0) {  // warp-uniform
+                    cached0 = b_first;
+                    cached = cached0 + lane < max_blocks ? __ldg(table + cached0 + lane) : 0u;
+                }
+                const int slot = n % num_stages;
+                if (n >= num_stages) mbar_wait(smem_addr(empty + slot), ((n / num_stages) - 1) & 1);
+                const int p = p0 + min(lane, cnt - 1);
+                const int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
+                const uint32_t id = __shfl_sync(0xffffffffu, cached, blk - cached0);
+                const unsigned bar = smem_addr(full + slot);
+                if (lane == 0) mbar_arrive_expect_tx(bar, 2u * (unsigned)cnt * pos_bytes);
+                __syncwarp();
+                if (lane < cnt) {
+                    const size_t src = ((size_t)id * block_size + (p - blk * block_size)) * slot_stride + (size_t)kvh0 * D;
+                    T *dk = stages + slot * stage_elems + lane * pos_elems;
+                    bulk_copy_g2s(smem_addr(dk), kc + src, pos_bytes, bar);
+                    bulk_copy_g2s(smem_addr(dk + ps * pos_elems), vc + src, pos_bytes, bar);
+                }
+            }
         }
-        if (p_item >= total) return false;
-        const int slot = issued % SD_STAGES;
-        const int p0 = p_k0 + p_tile * ps;
-        const int cnt = min(ps, p_k1 - p0);
-        const unsigned bar = smem_addr(full + slot);
-        if (lane == 0) mbar_arrive_expect_tx(bar, 2u * (unsigned)cnt * pos_bytes);
-        __syncwarp();
-        if (lane < cnt) {
-            const uint32_t *table = block_tables + (size_t)p_r * max_blocks;
-            const size_t src = cache_slot(table, p0 + lane, block_size, bs_shift) * slot_stride + (size_t)p_kvh0 * D;
-            T *dk = stages + slot * stage_elems + lane * pos_elems;
-            bulk_copy_g2s(smem_addr(dk), kc + src, pos_bytes, bar);
-            bulk_copy_g2s(smem_addr(dk + ps * pos_elems), vc + src, pos_bytes, bar);
-        }
-        ++p_tile;
-        ++issued;
-        return true;
-    };
-    if (warp == 0) {
-        for (int s = 0; s < SD_STAGES; ++s)
-            if (!issue_next()) break;
+        return;
     }
 
-    int consumed = 0;
+    // Consumers.
+    const int item = warp % items;
+    const int sub = warp / items;
+    const int kl = lane % LPK;
+    const int kg = lane / LPK;
+    const bool active = kl < ACTIVE;
+    const int hl = item / group;
+    int n = 0;
     for (int it = blockIdx.x; it < total; it += gridDim.x) {
         int r, kvh0, k0, k1;
         bool has_query;
         item_range(it, r, kvh0, k0, k1, has_query);
         const int split = it % num_splits;
         const int qh = kvh0 * group + item;
-        const int hl = item / group;
         const int q_row = (int)cu_q[r];
         float qv[VEC];
         if (active && k1 > k0) {
@@ -464,10 +471,10 @@ __device__ __forceinline__ void paged_decode_staged_impl(
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
 
-        for (int p0 = k0; p0 < k1; p0 += ps, ++consumed) {
-            const int slot = consumed % SD_STAGES;
+        for (int p0 = k0; p0 < k1; p0 += ps, ++n) {
+            const int slot = n % num_stages;
             const int cnt = min(ps, k1 - p0);
-            mbar_wait(smem_addr(full + slot), (consumed / SD_STAGES) & 1);
+            mbar_wait(smem_addr(full + slot), (n / num_stages) & 1);
             const T *sk = stages + slot * stage_elems + (size_t)hl * D + kl * VEC;
             const T *sv = sk + ps * pos_elems;
             // Key steps of this tile for this warp (warp-uniform; the last may be partial).
@@ -495,6 +502,9 @@ __device__ __forceinline__ void paged_decode_staged_impl(
                 for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
                 s[u] = valid ? d : -INFINITY;
             }
+            // The tile is in registers: hand the stage back before the softmax.
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_addr(empty + slot));
             float tmax = s[0];
 #pragma unroll
             for (int u = 1; u < UMAX; ++u) tmax = fmaxf(tmax, s[u]);
@@ -518,13 +528,6 @@ __device__ __forceinline__ void paged_decode_staged_impl(
                     for (int e = 0; e < VEC; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
                 }
             }
-            // Every warp is done with this slot: refill it (the generic-proxy reads above are
-            // ordered before the copy engine's writes).
-            __syncthreads();
-            if (warp == 0) {
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                issue_next();
-            }
         }
 
         // Merge the key groups of the warp (they share m), then the wpi warps of each head.
@@ -542,21 +545,21 @@ __device__ __forceinline__ void paged_decode_staged_impl(
             s_m[warp] = m;
             s_l[warp] = l;
         }
-        __syncthreads();
-        for (int idx = threadIdx.x; has_query && idx < items * D; idx += blockDim.x) {
-            const int n = idx / D;
-            const int e = idx - n * D;
+        asm volatile("bar.sync 1, %0;\n" ::"r"(consumers * 32) : "memory");
+        for (int idx = threadIdx.x; has_query && idx < items * D; idx += consumers * 32) {
+            const int c = idx / D;
+            const int e = idx - c * D;
             float M = -INFINITY;
-            for (int w = n; w < nwarps; w += items) M = fmaxf(M, s_m[w]);
+            for (int w = c; w < consumers; w += items) M = fmaxf(M, s_m[w]);
             float L = 0.f, A = 0.f;
             if (M != -INFINITY) {
-                for (int w = n; w < nwarps; w += items) {
+                for (int w = c; w < consumers; w += items) {
                     const float f = exp2f(s_m[w] - M);
                     L += s_l[w] * f;
                     A += s_acc[w * D + e] * f;
                 }
             }
-            const size_t th = (size_t)q_row * num_heads + (size_t)(kvh0 * group + n);
+            const size_t th = (size_t)q_row * num_heads + (size_t)(kvh0 * group + c);
             if (num_splits == 1) {
                 out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
             } else {
@@ -568,11 +571,10 @@ __device__ __forceinline__ void paged_decode_staged_impl(
                 }
             }
         }
-        __syncthreads();  // s_acc / s_m / s_l are rewritten by the next item
+        asm volatile("bar.sync 1, %0;\n" ::"r"(consumers * 32) : "memory");  // merge buffers reused
     }
 #endif
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core variant for many query items per (row, kv head) (prefill, diffusion blocks):
@@ -933,11 +935,12 @@ PA_MMA_KERNEL(f16, __half, 128)
         T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
-        float scale_log2, int hg, int ps, int wpi, int num_splits, int chunk, int num_tokens) {  \
+        float scale_log2, int hg, int ps, int wpi, int num_stages, int num_splits, int chunk,   \
+        int num_tokens) {                                                                        \
         paged_decode_staged_impl<T, D>(out, ws_acc, ws_ml, q, kc, vc, block_tables,              \
                                        context_lens, cu_q, num_rows, max_blocks, num_heads,      \
                                        kv_heads, block_size, bs_shift, scale_log2, hg, ps, wpi,  \
-                                       num_splits, chunk, num_tokens);                           \
+                                       num_stages, num_splits, chunk, num_tokens);               \
     }
 #define SD_KERNELS(NAME, T) SD_KERNEL(NAME, T, 64) SD_KERNEL(NAME, T, 96) SD_KERNEL(NAME, T, 128)
 SD_KERNELS(f32, float)
