@@ -368,6 +368,7 @@ fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &In
     let bs_shift: i32 = if p.block_size.is_power_of_two() { p.block_size.trailing_zeros() as i32 } else { -1 };
     let ints = [p.rows, p.max_blocks, p.heads, p.kv_heads, p.block_size].map(|x| x as i32);
     let (hg, ps, wpi, stages) = (shape.hg as i32, shape.ps as i32, shape.wpi as i32, shape.stages as i32);
+    let use_bulk = i32::from(std::env::var("PONDER_STAGED_COPY").is_ok_and(|v| v == "bulk"));
     let (nsplits, chunk_i, tokens) = (splits as i32, chunk as i32, p.tokens as i32);
     let null = 0u64;
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
@@ -388,7 +389,7 @@ fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &In
         for x in &ints {
             b.arg(x);
         }
-        b.arg(&bs_shift).arg(&p.scale_log2).arg(&hg).arg(&ps).arg(&wpi).arg(&stages).arg(&nsplits).arg(&chunk_i).arg(&tokens);
+        b.arg(&bs_shift).arg(&p.scale_log2).arg(&hg).arg(&ps).arg(&wpi).arg(&stages).arg(&use_bulk).arg(&nsplits).arg(&chunk_i).arg(&tokens);
         // SAFETY: argument list matches `paged_decode_staged_*` in paged_attention.cu; the block
         // has hg * group * wpi <= SD_MAX_CONSUMERS consumer warps and one producer, and `smem`
         // bytes of shared memory.

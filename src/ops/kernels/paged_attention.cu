@@ -87,6 +87,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// 16 bytes global -> shared, bypassing L1; `bytes` = 0 writes zeros (nothing is read).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+
 // Cache slot (block id * block_size + offset) of a row's key position p through its block table;
 // bs_shift = log2(block_size) when it is a power of two, else -1.
 __device__ __forceinline__ size_t cache_slot(const uint32_t *table, int p, int block_size, int bs_shift) {
@@ -355,7 +360,7 @@ __device__ __forceinline__ void paged_decode_staged_impl(
     const T *__restrict__ kc, const T *__restrict__ vc, const uint32_t *__restrict__ block_tables,
     const uint32_t *__restrict__ context_lens, const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks,
     int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2, int hg, int ps, int wpi,
-    int num_stages, int num_splits, int chunk, int num_tokens) {
+    int num_stages, int use_bulk, int num_splits, int chunk, int num_tokens) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;
@@ -385,7 +390,7 @@ __device__ __forceinline__ void paged_decode_staged_impl(
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < num_stages; ++s) {
-            mbar_init(smem_addr(full + s), 1);
+            mbar_init(smem_addr(full + s), use_bulk ? 1 : 32);
             mbar_init(smem_addr(empty + s), consumers);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -426,17 +431,37 @@ __device__ __forceinline__ void paged_decode_staged_impl(
                 }
                 const int slot = n % num_stages;
                 if (n >= num_stages) mbar_wait(smem_addr(empty + slot), ((n / num_stages) - 1) & 1);
-                const int p = p0 + min(lane, cnt - 1);
-                const int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
-                const uint32_t id = __shfl_sync(0xffffffffu, cached, blk - cached0);
                 const unsigned bar = smem_addr(full + slot);
-                if (lane == 0) mbar_arrive_expect_tx(bar, 2u * (unsigned)cnt * pos_bytes);
-                __syncwarp();
-                if (lane < cnt) {
-                    const size_t src = ((size_t)id * block_size + (p - blk * block_size)) * slot_stride + (size_t)kvh0 * D;
-                    T *dk = stages + slot * stage_elems + lane * pos_elems;
-                    bulk_copy_g2s(smem_addr(dk), kc + src, pos_bytes, bar);
-                    bulk_copy_g2s(smem_addr(dk + ps * pos_elems), vc + src, pos_bytes, bar);
+                T *stage = stages + slot * stage_elems;
+                if (use_bulk) {
+                    // One bulk copy per position and K / V, by lane j for position j.
+                    const int p = p0 + min(lane, cnt - 1);
+                    const int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
+                    const uint32_t id = __shfl_sync(0xffffffffu, cached, blk - cached0);
+                    if (lane == 0) mbar_arrive_expect_tx(bar, 2u * (unsigned)cnt * pos_bytes);
+                    __syncwarp();
+                    if (lane < cnt) {
+                        const size_t src = ((size_t)id * block_size + (p - blk * block_size)) * slot_stride + (size_t)kvh0 * D;
+                        T *dk = stage + lane * pos_elems;
+                        bulk_copy_g2s(smem_addr(dk), kc + src, pos_bytes, bar);
+                        bulk_copy_g2s(smem_addr(dk + ps * pos_elems), vc + src, pos_bytes, bar);
+                    }
+                } else {
+                    // 16-byte cp.async spread over the lanes; each lane's arrival on full[slot]
+                    // comes when its copies have landed.
+                    const int chunks = (int)(pos_bytes / 16);
+                    for (int j = 0; j < cnt; ++j) {
+                        const int p = p0 + j;
+                        const int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
+                        const uint32_t id = __shfl_sync(0xffffffffu, cached, blk - cached0);
+                        const size_t src = ((size_t)id * block_size + (p - blk * block_size)) * slot_stride + (size_t)kvh0 * D;
+                        T *dk = stage + j * pos_elems;
+                        for (int c = lane; c < chunks; c += 32) {
+                            cp_async16(dk + c * VEC, kc + src + c * VEC, 16);
+                            cp_async16(dk + ps * pos_elems + c * VEC, vc + src + c * VEC, 16);
+                        }
+                    }
+                    cp_async_arrive(bar);
                 }
             }
         }
@@ -622,10 +647,6 @@ template <> struct Mma<__half> {
 // more and give back half the gain.
 #define MMA_MIN_BLOCKS 3
 
-// 16 bytes global -> shared, bypassing L1; `bytes` = 0 writes zeros (nothing is read).
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
@@ -935,12 +956,13 @@ PA_MMA_KERNEL(f16, __half, 128)
         T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
-        float scale_log2, int hg, int ps, int wpi, int num_stages, int num_splits, int chunk,   \
+        float scale_log2, int hg, int ps, int wpi, int num_stages, int use_bulk, int num_splits, \
+        int chunk,                                                                               \
         int num_tokens) {                                                                        \
         paged_decode_staged_impl<T, D>(out, ws_acc, ws_ml, q, kc, vc, block_tables,              \
                                        context_lens, cu_q, num_rows, max_blocks, num_heads,      \
                                        kv_heads, block_size, bs_shift, scale_log2, hg, ps, wpi,  \
-                                       num_stages, num_splits, chunk, num_tokens);               \
+                                       num_stages, use_bulk, num_splits, chunk, num_tokens);     \
     }
 #define SD_KERNELS(NAME, T) SD_KERNEL(NAME, T, 64) SD_KERNEL(NAME, T, 96) SD_KERNEL(NAME, T, 128)
 SD_KERNELS(f32, float)
