@@ -22,16 +22,13 @@ const TARGET_BLOCKS: usize = 132 * 8;
 const STAGED_MAX_WARPS: usize = 8;
 /// Most positions per stage (`SD_MAX_PS`).
 const STAGED_MAX_PS: usize = 8;
-
-/// Tuning of the staged kernel (stages, stage bytes, fewest keys a split covers); from the
-/// environment while it is being measured.
-fn staged_tuning() -> (usize, usize, usize) {
-    static T: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        let get = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-        (get("PONDER_STAGED_STAGES", 4).clamp(2, 16), get("PONDER_STAGED_STAGE_KB", 16).clamp(1, 64) * 1024, get("PONDER_STAGED_MIN_CHUNK", 32).max(1))
-    })
-}
+/// Stages in its shared-memory ring, and the K and V bytes one stage holds at most: four stages
+/// of 16 KB leave room for three blocks an SM (eight stages of 8 KB or four of 32 KB measured
+/// slower on the H200).
+const STAGED_STAGES: usize = 4;
+const STAGED_STAGE_BYTES: usize = 16 * 1024;
+/// Fewest keys a split of the staged kernel covers (a split costs a partial written and merged).
+const STAGED_MIN_CHUNK: usize = 32;
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
@@ -294,13 +291,12 @@ struct StagedShape {
 
 impl StagedShape {
     fn new(p: &Params, elem: usize) -> Self {
-        let (stages, stage_bytes, _) = staged_tuning();
         let group = p.heads / p.kv_heads;
         let hg = (1..=p.kv_heads).rev().find(|d| p.kv_heads % d == 0 && d * group <= STAGED_MAX_WARPS).unwrap_or(1);
         let wpi = (STAGED_MAX_WARPS / (hg * group)).max(1);
         let pos_bytes = hg * p.hd * elem;
-        let ps = (stage_bytes / (2 * pos_bytes)).clamp(1, STAGED_MAX_PS);
-        StagedShape { hg, ps, wpi, stages }
+        let ps = (STAGED_STAGE_BYTES / (2 * pos_bytes)).clamp(1, STAGED_MAX_PS);
+        StagedShape { hg, ps, wpi, stages: STAGED_STAGES }
     }
 
     fn consumers(&self, group: usize) -> usize {
@@ -339,19 +335,16 @@ fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &In
     let per_sm = func.occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None).w()?.max(1) as usize;
     let slots = sm_count(dev)? * per_sm;
 
-    // Split the keys until the (row, head group, split) items fill the SMs' block slots, in
-    // chunks of at least min_chunk keys (a whole number of stages).
-    let min_chunk = staged_tuning().2;
+    // Split the keys so that the (row, head group, split) items fill the SMs' block slots
+    // without a second wave; the kernel cuts its longest actual context into that many splits
+    // of at least STAGED_MIN_CHUNK keys (max_context_len is only a bound).
     let base = p.rows * (p.kv_heads / shape.hg);
-    let max_ctx = p.max_context_len.max(1);
-    let splits = slots.div_ceil(base).min(max_ctx / min_chunk).max(1);
-    let chunk = if splits == 1 { max_ctx.div_ceil(shape.ps) * shape.ps } else { max_ctx.div_ceil(splits).div_ceil(shape.ps) * shape.ps };
-    let splits = max_ctx.div_ceil(chunk);
+    let splits = (slots / base).min(p.max_context_len.div_ceil(STAGED_MIN_CHUNK)).max(1);
     let total = base * splits;
     // Every block gets the same number of items (± 1), and all blocks run at once.
     let per_block = total.div_ceil(slots);
     let grid = total.div_ceil(per_block);
-    if total > i32::MAX as usize || chunk > i32::MAX as usize {
+    if total > i32::MAX as usize {
         bail!("paged attention (cuda): too many decode items");
     }
 
@@ -368,8 +361,7 @@ fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &In
     let bs_shift: i32 = if p.block_size.is_power_of_two() { p.block_size.trailing_zeros() as i32 } else { -1 };
     let ints = [p.rows, p.max_blocks, p.heads, p.kv_heads, p.block_size].map(|x| x as i32);
     let (hg, ps, wpi, stages) = (shape.hg as i32, shape.ps as i32, shape.wpi as i32, shape.stages as i32);
-    let use_bulk = i32::from(std::env::var("PONDER_STAGED_COPY").is_ok_and(|v| v == "bulk"));
-    let (nsplits, chunk_i, tokens) = (splits as i32, chunk as i32, p.tokens as i32);
+    let (nsplits, min_chunk, tokens) = (splits as i32, STAGED_MIN_CHUNK as i32, p.tokens as i32);
     let null = 0u64;
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
     {
@@ -389,7 +381,7 @@ fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &In
         for x in &ints {
             b.arg(x);
         }
-        b.arg(&bs_shift).arg(&p.scale_log2).arg(&hg).arg(&ps).arg(&wpi).arg(&stages).arg(&use_bulk).arg(&nsplits).arg(&chunk_i).arg(&tokens);
+        b.arg(&bs_shift).arg(&p.scale_log2).arg(&hg).arg(&ps).arg(&wpi).arg(&stages).arg(&nsplits).arg(&min_chunk).arg(&tokens);
         // SAFETY: argument list matches `paged_decode_staged_*` in paged_attention.cu; the block
         // has hg * group * wpi <= SD_MAX_CONSUMERS consumer warps and one producer, and `smem`
         // bytes of shared memory.

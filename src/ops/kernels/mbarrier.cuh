@@ -1,5 +1,5 @@
-// Shared-memory mbarriers and the bulk copy engine (sm_90), shared by the kernels that stage
-// global memory into shared memory asynchronously (moe.cu, paged_attention.cu).
+// Shared-memory mbarriers (sm_90 waits), shared by the kernels that stage global memory into
+// shared memory asynchronously (moe.cu, paged_attention.cu).
 #pragma once
 #include <stdint.h>
 
@@ -25,12 +25,3 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
                      : "r"(bar), "r"(parity)
                      : "memory");
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst`
-// by the bulk copy engine, completing its bytes on `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-#endif

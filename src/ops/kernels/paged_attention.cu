@@ -334,14 +334,17 @@ __device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *_
 // widths; here the bulk copy engine fetches K/V into a ring of shared-memory stages ahead of the
 // warps that use them.
 //
-// Work item = (row, group of hg kv heads, key split of `chunk` positions). A tile = up to ps
-// consecutive positions of one item; for each position the hg kv heads' K (and V) are one
-// contiguous run of hg * D elements in the cache, fetched by one cp.async.bulk. The grid (at
-// most one wave) strides over the items, block b taking b, b + gridDim.x, ...
+// Work item = (row, group of hg kv heads, key split). A tile = up to ps consecutive positions of
+// one item; for each position the hg kv heads' K (and V) are one contiguous run of hg * D
+// elements in the cache. The grid (at most one wave; the host sizes it) strides over the items,
+// block b taking b, b + gridDim.x, ...; splits cut the launch's longest actual context evenly
+// (at least min_chunk keys each), so a graph captured for a bucket of contexts stays balanced.
 // Warp-specialised: the last warp only produces. It streams the tiles of all the block's items
-// through the ring (stage s complete on full[s]; reused once every consumer warp has arrived on
-// empty[s]), so the pipeline stays full across item boundaries, and reads block-table entries 32
-// cache blocks at a time into its lanes' registers, so no table read sits between two tiles.
+// through the ring with 16-byte cp.async (stage s complete on full[s] once all 32 lanes' copies
+// have landed; reused once every consumer warp has arrived on empty[s]), so the pipeline stays
+// full across item boundaries, and reads block-table entries 32 cache blocks at a time into its
+// lanes' registers, so no table read sits between two tiles. (Bulk copies of one position's
+// 2 KB each instead queued in the copy engine: measured slower.)
 // The consumers are items * wpi warps (items = hg * group query heads): warp w computes query
 // head w % items on keys kg + KPW * (w / items + wpi * u) of each tile; the wpi warps of a head
 // merge their online softmaxes through shared memory when the item ends (a named barrier over
@@ -360,7 +363,7 @@ __device__ __forceinline__ void paged_decode_staged_impl(
     const T *__restrict__ kc, const T *__restrict__ vc, const uint32_t *__restrict__ block_tables,
     const uint32_t *__restrict__ context_lens, const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks,
     int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2, int hg, int ps, int wpi,
-    int num_stages, int use_bulk, int num_splits, int chunk, int num_tokens) {
+    int num_stages, int num_splits, int min_chunk, int num_tokens) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;
@@ -388,9 +391,21 @@ __device__ __forceinline__ void paged_decode_staged_impl(
     float *s_l = s_m + consumers;                                  // [consumers]
     const int total = num_rows * groups * num_splits;
 
+    // Keys split by this launch's longest context, not the bound the host sized the grid by (a
+    // captured graph keeps one launch shape for a bucket of contexts): every split of the
+    // longest row has keys, and items of rows alike are alike in size.
+    __shared__ int s_max_ctx;
+    if (threadIdx.x == 0) s_max_ctx = 0;
+    __syncthreads();
+    int my_max = 0;
+    for (int r = threadIdx.x; r < num_rows; r += blockDim.x)
+        if (cu_q[r + 1] > cu_q[r]) my_max = max(my_max, (int)context_lens[r]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) my_max = max(my_max, __shfl_xor_sync(0xffffffffu, my_max, o));
+    if (lane == 0 && my_max > 0) atomicMax(&s_max_ctx, my_max);
     if (threadIdx.x == 0) {
         for (int s = 0; s < num_stages; ++s) {
-            mbar_init(smem_addr(full + s), use_bulk ? 1 : 32);
+            mbar_init(smem_addr(full + s), 32);
             mbar_init(smem_addr(empty + s), consumers);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -399,15 +414,17 @@ __device__ __forceinline__ void paged_decode_staged_impl(
 
     // An item's key range: positions [k0, k1) of row r, kv heads from kvh0; empty for a row
     // without a query (q_len 0).
+    const int split_keys = (max((s_max_ctx + num_splits - 1) / num_splits, min_chunk) + ps - 1) / ps * ps;
+    // Items split-major, so the items a block strides over come from different splits.
     auto item_range = [&](int it, int &r, int &kvh0, int &k0, int &k1, bool &has_query) {
-        const int split = it % num_splits;
-        const int rg = it / num_splits;
+        const int split = it / (num_rows * groups);
+        const int rg = it - split * (num_rows * groups);
         r = rg / groups;
         kvh0 = (rg - r * groups) * hg;
         has_query = cu_q[r + 1] > cu_q[r];
         const int ctx = has_query ? (int)context_lens[r] : 0;
-        k0 = split * chunk;
-        k1 = min(ctx, k0 + chunk);
+        k0 = split * split_keys;
+        k1 = min(ctx, k0 + split_keys);
     };
 
     if (warp == consumers) {
@@ -433,36 +450,21 @@ __device__ __forceinline__ void paged_decode_staged_impl(
                 if (n >= num_stages) mbar_wait(smem_addr(empty + slot), ((n / num_stages) - 1) & 1);
                 const unsigned bar = smem_addr(full + slot);
                 T *stage = stages + slot * stage_elems;
-                if (use_bulk) {
-                    // One bulk copy per position and K / V, by lane j for position j.
-                    const int p = p0 + min(lane, cnt - 1);
+                // 16-byte cp.async spread over the lanes; each lane's arrival on full[slot]
+                // comes when its copies have landed.
+                const int chunks = (int)(pos_bytes / 16);
+                for (int j = 0; j < cnt; ++j) {
+                    const int p = p0 + j;
                     const int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
                     const uint32_t id = __shfl_sync(0xffffffffu, cached, blk - cached0);
-                    if (lane == 0) mbar_arrive_expect_tx(bar, 2u * (unsigned)cnt * pos_bytes);
-                    __syncwarp();
-                    if (lane < cnt) {
-                        const size_t src = ((size_t)id * block_size + (p - blk * block_size)) * slot_stride + (size_t)kvh0 * D;
-                        T *dk = stage + lane * pos_elems;
-                        bulk_copy_g2s(smem_addr(dk), kc + src, pos_bytes, bar);
-                        bulk_copy_g2s(smem_addr(dk + ps * pos_elems), vc + src, pos_bytes, bar);
+                    const size_t src = ((size_t)id * block_size + (p - blk * block_size)) * slot_stride + (size_t)kvh0 * D;
+                    T *dk = stage + j * pos_elems;
+                    for (int c = lane; c < chunks; c += 32) {
+                        cp_async16(dk + c * VEC, kc + src + c * VEC, 16);
+                        cp_async16(dk + ps * pos_elems + c * VEC, vc + src + c * VEC, 16);
                     }
-                } else {
-                    // 16-byte cp.async spread over the lanes; each lane's arrival on full[slot]
-                    // comes when its copies have landed.
-                    const int chunks = (int)(pos_bytes / 16);
-                    for (int j = 0; j < cnt; ++j) {
-                        const int p = p0 + j;
-                        const int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
-                        const uint32_t id = __shfl_sync(0xffffffffu, cached, blk - cached0);
-                        const size_t src = ((size_t)id * block_size + (p - blk * block_size)) * slot_stride + (size_t)kvh0 * D;
-                        T *dk = stage + j * pos_elems;
-                        for (int c = lane; c < chunks; c += 32) {
-                            cp_async16(dk + c * VEC, kc + src + c * VEC, 16);
-                            cp_async16(dk + ps * pos_elems + c * VEC, vc + src + c * VEC, 16);
-                        }
-                    }
-                    cp_async_arrive(bar);
                 }
+                cp_async_arrive(bar);
             }
         }
         return;
@@ -480,7 +482,7 @@ __device__ __forceinline__ void paged_decode_staged_impl(
         int r, kvh0, k0, k1;
         bool has_query;
         item_range(it, r, kvh0, k0, k1, has_query);
-        const int split = it % num_splits;
+        const int split = it / (num_rows * groups);
         const int qh = kvh0 * group + item;
         const int q_row = (int)cu_q[r];
         float qv[VEC];
@@ -956,13 +958,12 @@ PA_MMA_KERNEL(f16, __half, 128)
         T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
-        float scale_log2, int hg, int ps, int wpi, int num_stages, int use_bulk, int num_splits, \
-        int chunk,                                                                               \
+        float scale_log2, int hg, int ps, int wpi, int num_stages, int num_splits, int min_chunk, \
         int num_tokens) {                                                                        \
         paged_decode_staged_impl<T, D>(out, ws_acc, ws_ml, q, kc, vc, block_tables,              \
                                        context_lens, cu_q, num_rows, max_blocks, num_heads,      \
                                        kv_heads, block_size, bs_shift, scale_log2, hg, ps, wpi,  \
-                                       num_stages, use_bulk, num_splits, chunk, num_tokens);     \
+                                       num_stages, num_splits, min_chunk, num_tokens);           \
     }
 #define SD_KERNELS(NAME, T) SD_KERNEL(NAME, T, 64) SD_KERNEL(NAME, T, 96) SD_KERNEL(NAME, T, 128)
 SD_KERNELS(f32, float)
