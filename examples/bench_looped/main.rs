@@ -66,8 +66,6 @@
 //!
 //! `--parity` first compares next-token logits of the bf16 CUDA model with the f32 CPU reference
 //! on the same weights. `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
-//! `--attention auto|unstaged|simt|unpipelined` picks the CUDA paged-attention kernels
-//! (`ponder::AttentionKernels`; `unstaged` = decode on the register-load kernel) for an A/B.
 
 mod cb;
 mod cdb;
@@ -229,14 +227,6 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--budgets" => a.budgets = v()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--arrival-gap-ms" => a.arrival_gap = v()?.parse()?,
             "--profile-step" => a.profile_step = true,
-            // Process-wide, so set here: every engine of the run uses these kernels.
-            "--attention" => ponder::ops::set_attention_kernels(match v()?.as_str() {
-                "auto" => ponder::ops::AttentionKernels::Auto,
-                "unstaged" => ponder::ops::AttentionKernels::Unstaged,
-                "simt" => ponder::ops::AttentionKernels::Simt,
-                "unpipelined" => ponder::ops::AttentionKernels::Unpipelined,
-                x => return Err(format!("--attention {x}: auto | unstaged | simt | unpipelined").into()),
-            }),
             "--json" => a.json = Some(v()?),
             "--commit" => a.commit = v()?,
             "--parity" => a.parity = true,

@@ -35,18 +35,14 @@ pub fn write_kv_reference(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> R
 /// against and to check it (`tests/gpu_kernels.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKernels {
-    /// One query per row (decode): K/V staged in shared memory by the bulk copy engine, several
-    /// tiles ahead (Hopper; elsewhere as `Unstaged`). A few query items per row: SIMT kernels
-    /// loading K/V into registers. Many, in bf16 / f16: tensor-core kernels with pipelined tile
-    /// loads (cp.async double buffering).
+    /// SIMT kernels for few query items per row; tensor-core kernels with pipelined tile loads
+    /// (cp.async double buffering) for many, in bf16 / f16.
     #[default]
     Auto,
     /// As `Auto`, with the tensor-core kernels loading tiles synchronously.
     Unpipelined,
-    /// SIMT kernels loading K/V into registers only (no staging, no tensor cores).
+    /// SIMT kernels only.
     Simt,
-    /// As `Auto`, with decode on the register-load SIMT kernel instead of the staged one.
-    Unstaged,
 }
 
 static ATTENTION_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -63,7 +59,6 @@ pub fn attention_kernels() -> AttentionKernels {
     match ATTENTION_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
         1 => AttentionKernels::Unpipelined,
         2 => AttentionKernels::Simt,
-        3 => AttentionKernels::Unstaged,
         _ => AttentionKernels::Auto,
     }
 }

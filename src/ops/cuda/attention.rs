@@ -1,9 +1,8 @@
 //! Paged attention on CUDA (`kernels/paged_attention.cu`): SIMT kernels with a split-K
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
-use super::launch::{compute_major, device, for_float, kernel, sm_count, view, wrap, Module};
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use super::launch::{device, for_float, kernel, view, wrap, Module};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -17,18 +16,6 @@ const MMA_MIN_ITEMS: usize = 16;
 const MMA_NQ: usize = 64;
 /// Blocks that keep the GPU busy enough for a memory-bound pass (H100/H200: 132 SMs).
 const TARGET_BLOCKS: usize = 132 * 8;
-/// Staged decode kernel (`paged_decode_staged_*`): consumer warps a block may have
-/// (`SD_MAX_CONSUMERS`; one producer warp comes on top).
-const STAGED_MAX_WARPS: usize = 8;
-/// Most positions per stage (`SD_MAX_PS`).
-const STAGED_MAX_PS: usize = 8;
-/// Stages in its shared-memory ring, and the K and V bytes one stage holds at most: four stages
-/// of 16 KB leave room for three blocks an SM (eight stages of 8 KB or four of 32 KB measured
-/// slower on the H200).
-const STAGED_STAGES: usize = 4;
-const STAGED_STAGE_BYTES: usize = 16 * 1024;
-/// Fewest keys a split of the staged kernel covers (a split costs a partial written and merged).
-const STAGED_MIN_CHUNK: usize = 32;
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
@@ -93,13 +80,13 @@ pub fn paged_attention(
     if tokens == 0 || rows == 0 {
         return Tensor::zeros((tokens, heads, hd), dtype, q.device());
     }
-    let group = heads / kv_heads;
     // Vector loads need 16-byte aligned rows: copy q if a view starts off alignment.
     let elem = dtype.size_in_bytes();
     let mut q = q.contiguous()?;
     if (q.layout().start_offset() * elem) % 16 != 0 {
         q = q.copy()?;
     }
+    let group = heads / kv_heads;
     let items = max_q_len.max(1) * group;
     let nq = if items <= 1 {
         1
@@ -117,17 +104,9 @@ pub fn paged_attention(
     let kernels = crate::ops::attention_kernels();
     let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
-    // One query per row (decode): K/V staged by the bulk copy engine (sm_90), unless the
-    // register-load kernel is asked for.
-    let staged = max_q_len <= 1
-        && group <= STAGED_MAX_WARPS
-        && matches!(kernels, crate::ops::AttentionKernels::Auto | crate::ops::AttentionKernels::Unpipelined)
-        && cfg!(ponder_wgmma)
-        && compute_major(&dev)? == 9;
     let p = Params {
         mma,
         pipe,
-        staged,
         tokens,
         heads,
         hd,
@@ -155,8 +134,6 @@ struct Inputs<'a> {
 
 struct Params {
     mma: bool,
-    /// One query per row on the staged decode kernel.
-    staged: bool,
     /// Tensor-core path: the pipelined variant.
     pipe: bool,
     tokens: usize,
@@ -207,9 +184,6 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         // SAFETY: argument list matches `paged_attn_mma_*` / `paged_attn_mma_pipe_*` in paged_attention.cu.
         unsafe { b.launch(cfg) }.w()?;
         return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
-    }
-    if p.staged {
-        return launch_staged::<T>(dev, name, t, p);
     }
     let nq = p.nq;
     // Tiles of nq query items per kv head: see the row search in the kernel.
@@ -271,127 +245,6 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = func.builder();
         b.arg(&mut out).arg(acc).arg(ml).arg(&nsplits).arg(&tokens).arg(&heads);
-        // SAFETY: matches `paged_attn_combine_*`; the workspace holds splits x T x H entries.
-        unsafe { b.launch(cfg) }.w()?;
-    }
-    Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
-}
-
-/// Shape of a staged decode launch.
-struct StagedShape {
-    /// KV heads a block covers (a divisor of kv_heads; their K of one position is contiguous).
-    hg: usize,
-    /// Positions per stage.
-    ps: usize,
-    /// Warps sharing one query head's keys.
-    wpi: usize,
-    /// Stages in the ring.
-    stages: usize,
-}
-
-impl StagedShape {
-    fn new(p: &Params, elem: usize) -> Self {
-        let group = p.heads / p.kv_heads;
-        let hg = (1..=p.kv_heads).rev().find(|d| p.kv_heads % d == 0 && d * group <= STAGED_MAX_WARPS).unwrap_or(1);
-        let wpi = (STAGED_MAX_WARPS / (hg * group)).max(1);
-        let pos_bytes = hg * p.hd * elem;
-        let ps = (STAGED_STAGE_BYTES / (2 * pos_bytes)).clamp(1, STAGED_MAX_PS);
-        StagedShape { hg, ps, wpi, stages: STAGED_STAGES }
-    }
-
-    fn consumers(&self, group: usize) -> usize {
-        self.hg * group * self.wpi
-    }
-
-    /// Dynamic shared memory: the stage ring, its two mbarriers a stage, the consumers' merge
-    /// buffers.
-    fn smem(&self, hd: usize, group: usize, elem: usize) -> usize {
-        self.stages * (2 * self.ps * self.hg * hd * elem + 16) + self.consumers(group) * (hd + 2) * 4
-    }
-}
-
-/// The staged decode kernel (`paged_decode_staged_*`), merging key splits with the combine kernel.
-fn launch_staged<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p: &Params) -> Result<Tensor> {
-    let (qs, ql) = t.q.storage_and_layout();
-    let (ks, kl) = t.k.storage_and_layout();
-    let (vs, vl) = t.v.storage_and_layout();
-    let (bts, btl) = t.bt.storage_and_layout();
-    let (cls, cll) = t.cl.storage_and_layout();
-    let (cus, cul) = t.cu.storage_and_layout();
-    let q = view::<T>(&qs, ql, OP, "q", true)?;
-    let k = view::<T>(&ks, kl, OP, "k_cache", true)?;
-    let v = view::<T>(&vs, vl, OP, "v_cache", true)?;
-    let bt = view::<u32>(&bts, btl, OP, "block_tables", false)?;
-    let cl = view::<u32>(&cls, cll, OP, "context_lens", false)?;
-    let cu = view::<u32>(&cus, cul, OP, "cu_q_lens", false)?;
-
-    let elem = std::mem::size_of::<T>();
-    let group = p.heads / p.kv_heads;
-    let shape = StagedShape::new(p, elem);
-    let threads = (shape.consumers(group) + 1) * 32;
-    let smem = shape.smem(p.hd, group, elem);
-    let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_staged_{name}_d{}", p.hd))?;
-    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
-    let per_sm = func.occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None).w()?.max(1) as usize;
-    let slots = sm_count(dev)? * per_sm;
-
-    // Split the keys so that the (row, head group, split) items fill the SMs' block slots
-    // without a second wave; the kernel cuts its longest actual context into that many splits
-    // of at least STAGED_MIN_CHUNK keys (max_context_len is only a bound).
-    let base = p.rows * (p.kv_heads / shape.hg);
-    let splits = (slots / base).min(p.max_context_len.div_ceil(STAGED_MIN_CHUNK)).max(1);
-    let total = base * splits;
-    // Every block gets the same number of items (± 1), and all blocks run at once.
-    let per_block = total.div_ceil(slots);
-    let grid = total.div_ceil(per_block);
-    if total > i32::MAX as usize {
-        bail!("paged attention (cuda): too many decode items");
-    }
-
-    let n_out = p.tokens * p.heads * p.hd;
-    // SAFETY: every (token, head) is written, directly or through the combine kernel (every row
-    // has at most one query; rows without one own no output).
-    let mut out = unsafe { dev.alloc::<T>(n_out)? };
-    let ws: Option<(CudaSlice<f32>, CudaSlice<f32>)> = if splits > 1 {
-        // SAFETY: each (split, token, head) entry is written by the item that covers it.
-        Some(unsafe { (dev.alloc::<f32>(splits * n_out)?, dev.alloc::<f32>(splits * p.tokens * p.heads * 2)?) })
-    } else {
-        None
-    };
-    let bs_shift: i32 = if p.block_size.is_power_of_two() { p.block_size.trailing_zeros() as i32 } else { -1 };
-    let ints = [p.rows, p.max_blocks, p.heads, p.kv_heads, p.block_size].map(|x| x as i32);
-    let (hg, ps, wpi, stages) = (shape.hg as i32, shape.ps as i32, shape.wpi as i32, shape.stages as i32);
-    let (nsplits, min_chunk, tokens) = (splits as i32, STAGED_MIN_CHUNK as i32, p.tokens as i32);
-    let null = 0u64;
-    let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
-    {
-        let mut b = func.builder();
-        b.arg(&mut out);
-        match &ws {
-            Some((acc, ml)) => {
-                b.arg(acc);
-                b.arg(ml);
-            }
-            None => {
-                b.arg(&null);
-                b.arg(&null);
-            }
-        }
-        b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
-        for x in &ints {
-            b.arg(x);
-        }
-        b.arg(&bs_shift).arg(&p.scale_log2).arg(&hg).arg(&ps).arg(&wpi).arg(&stages).arg(&nsplits).arg(&min_chunk).arg(&tokens);
-        // SAFETY: argument list matches `paged_decode_staged_*` in paged_attention.cu; the block
-        // has hg * group * wpi <= SD_MAX_CONSUMERS consumer warps and one producer, and `smem`
-        // bytes of shared memory.
-        unsafe { b.launch(cfg) }.w()?;
-    }
-    if let Some((acc, ml)) = &ws {
-        let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;
-        let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
-        let mut b = func.builder();
-        b.arg(&mut out).arg(acc).arg(ml).arg(&nsplits).arg(&tokens).arg(&ints[2]);
         // SAFETY: matches `paged_attn_combine_*`; the workspace holds splits x T x H entries.
         unsafe { b.launch(cfg) }.w()?;
     }

@@ -2,9 +2,8 @@
 //! tensor storage, wrapping an output buffer as a tensor, loading a kernel from one of our PTX
 //! modules, and the dispatch on the float dtype (`for_float!`).
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
-use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::cuda_backend::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor};
 
@@ -111,14 +110,4 @@ pub(super) fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&
         }
     }
     Ok(())
-}
-
-/// The device's compute capability major version.
-pub(super) fn compute_major(dev: &CudaDevice) -> Result<i32> {
-    dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()
-}
-
-/// The device's SM count.
-pub(super) fn sm_count(dev: &CudaDevice) -> Result<usize> {
-    Ok(dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize)
 }

@@ -25,8 +25,6 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "mbarrier.cuh"
-
 #define NW 4
 #define NTHREADS (NW * 32)
 
@@ -81,15 +79,6 @@ template <> struct Cvt<__half> {
 
 __device__ __forceinline__ uint4 ldg16(const void *p) {
     return __ldg(reinterpret_cast<const uint4 *>(p));
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; `bytes` = 0 writes zeros (nothing is read).
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
 }
 
 // Cache slot (block id * block_size + offset) of a row's key position p through its block table;
@@ -328,282 +317,6 @@ __device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *_
 
 
 // ---------------------------------------------------------------------------------------------
-// Staged decode attention (sm_90; every row has one query, which sees its whole context under
-// any mask: see key_limit). The register-load kernel above keeps its K/V bytes in flight in
-// registers, so occupancy caps them and its warps wait on loads much of the time at decode
-// widths; here the bulk copy engine fetches K/V into a ring of shared-memory stages ahead of the
-// warps that use them.
-//
-// Work item = (row, group of hg kv heads, key split). A tile = up to ps consecutive positions of
-// one item; for each position the hg kv heads' K (and V) are one contiguous run of hg * D
-// elements in the cache. The grid (at most one wave; the host sizes it) strides over the items,
-// block b taking b, b + gridDim.x, ...; splits cut the launch's longest actual context evenly
-// (at least min_chunk keys each), so a graph captured for a bucket of contexts stays balanced.
-// Warp-specialised: the last warp only produces. It streams the tiles of all the block's items
-// through the ring with 16-byte cp.async (stage s complete on full[s] once all 32 lanes' copies
-// have landed; reused once every consumer warp has arrived on empty[s]), so the pipeline stays
-// full across item boundaries, and reads block-table entries 32 cache blocks at a time into its
-// lanes' registers, so no table read sits between two tiles. (Bulk copies of one position's
-// 2 KB each instead queued in the copy engine: measured slower.)
-// The consumers are items * wpi warps (items = hg * group query heads): warp w computes query
-// head w % items on keys kg + KPW * (w / items + wpi * u) of each tile; the wpi warps of a head
-// merge their online softmaxes through shared memory when the item ends (a named barrier over
-// the consumers only). Output as the register-load kernel's: the row's [H, D], or split partials.
-// ---------------------------------------------------------------------------------------------
-
-#define SD_MAX_PS 8
-// Consumer warps a block may have (the host keeps items * wpi to it), plus the producer warp.
-#define SD_MAX_CONSUMERS 8
-#define SD_MAX_THREADS ((SD_MAX_CONSUMERS + 1) * 32)
-#define SD_MIN_BLOCKS 2
-
-template <typename T, int D>
-__device__ __forceinline__ void paged_decode_staged_impl(
-    T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, const T *__restrict__ q,
-    const T *__restrict__ kc, const T *__restrict__ vc, const uint32_t *__restrict__ block_tables,
-    const uint32_t *__restrict__ context_lens, const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks,
-    int num_heads, int kv_heads, int block_size, int bs_shift, float scale_log2, int hg, int ps, int wpi,
-    int num_stages, int num_splits, int min_chunk, int num_tokens) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int VEC = Cvt<T>::VEC;
-    constexpr int ACTIVE = D / VEC;
-    constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
-    constexpr int KPW = 32 / LPK;
-    constexpr int UMAX = (SD_MAX_PS + KPW - 1) / KPW;
-    static_assert(D % VEC == 0 && ACTIVE <= 32, "head dim");
-    extern __shared__ __align__(128) unsigned char sd_smem[];
-
-    const int group = num_heads / kv_heads;
-    const int items = hg * group;
-    const int groups = kv_heads / hg;
-    const int consumers = items * wpi;
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-
-    const size_t pos_elems = (size_t)hg * D;
-    const unsigned pos_bytes = (unsigned)(pos_elems * sizeof(T));
-    const size_t stage_elems = 2 * (size_t)ps * pos_elems;
-    T *stages = reinterpret_cast<T *>(sd_smem);
-    uint64_t *full = reinterpret_cast<uint64_t *>(sd_smem + num_stages * stage_elems * sizeof(T));
-    uint64_t *empty = full + num_stages;
-    float *s_acc = reinterpret_cast<float *>(empty + num_stages);  // [consumers][D]
-    float *s_m = s_acc + (size_t)consumers * D;                    // [consumers]
-    float *s_l = s_m + consumers;                                  // [consumers]
-    const int total = num_rows * groups * num_splits;
-
-    // Keys split by this launch's longest context, not the bound the host sized the grid by (a
-    // captured graph keeps one launch shape for a bucket of contexts): every split of the
-    // longest row has keys, and items of rows alike are alike in size.
-    __shared__ int s_max_ctx;
-    if (threadIdx.x == 0) s_max_ctx = 0;
-    __syncthreads();
-    int my_max = 0;
-    for (int r = threadIdx.x; r < num_rows; r += blockDim.x)
-        if (cu_q[r + 1] > cu_q[r]) my_max = max(my_max, (int)context_lens[r]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) my_max = max(my_max, __shfl_xor_sync(0xffffffffu, my_max, o));
-    if (lane == 0 && my_max > 0) atomicMax(&s_max_ctx, my_max);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < num_stages; ++s) {
-            mbar_init(smem_addr(full + s), 32);
-            mbar_init(smem_addr(empty + s), consumers);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    // An item's key range: positions [k0, k1) of row r, kv heads from kvh0; empty for a row
-    // without a query (q_len 0).
-    const int split_keys = (max((s_max_ctx + num_splits - 1) / num_splits, min_chunk) + ps - 1) / ps * ps;
-    // Items split-major, so the items a block strides over come from different splits.
-    auto item_range = [&](int it, int &r, int &kvh0, int &k0, int &k1, bool &has_query) {
-        const int split = it / (num_rows * groups);
-        const int rg = it - split * (num_rows * groups);
-        r = rg / groups;
-        kvh0 = (rg - r * groups) * hg;
-        has_query = cu_q[r + 1] > cu_q[r];
-        const int ctx = has_query ? (int)context_lens[r] : 0;
-        k0 = split * split_keys;
-        k1 = min(ctx, k0 + split_keys);
-    };
-
-    if (warp == consumers) {
-        // Producer.
-        const size_t slot_stride = (size_t)kv_heads * D;
-        int n = 0;
-        for (int it = blockIdx.x; it < total; it += gridDim.x) {
-            int r, kvh0, k0, k1;
-            bool has_query;
-            item_range(it, r, kvh0, k0, k1, has_query);
-            const uint32_t *table = block_tables + (size_t)r * max_blocks;
-            int cached0 = -1 << 30;  // first cache block whose table entry lane 0 holds
-            uint32_t cached = 0;
-            for (int p0 = k0; p0 < k1; p0 += ps, ++n) {
-                const int cnt = min(ps, k1 - p0);
-                const int b_first = bs_shift >= 0 ? p0 >> bs_shift : p0 / block_size;
-                const int b_last = bs_shift >= 0 ? (p0 + cnt - 1) >> bs_shift : (p0 + cnt - 1) / block_size;
-                if (b_last - cached0 >= 32 || b_first < cached0) {  // warp-uniform
-                    cached0 = b_first;
-                    cached = cached0 + lane < max_blocks ? __ldg(table + cached0 + lane) : 0u;
-                }
-                const int slot = n % num_stages;
-                if (n >= num_stages) mbar_wait(smem_addr(empty + slot), ((n / num_stages) - 1) & 1);
-                const unsigned bar = smem_addr(full + slot);
-                T *stage = stages + slot * stage_elems;
-                // 16-byte cp.async spread over the lanes; each lane's arrival on full[slot]
-                // comes when its copies have landed.
-                const int chunks = (int)(pos_bytes / 16);
-                for (int j = 0; j < cnt; ++j) {
-                    const int p = p0 + j;
-                    const int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
-                    const uint32_t id = __shfl_sync(0xffffffffu, cached, blk - cached0);
-                    const size_t src = ((size_t)id * block_size + (p - blk * block_size)) * slot_stride + (size_t)kvh0 * D;
-                    T *dk = stage + j * pos_elems;
-                    for (int c = lane; c < chunks; c += 32) {
-                        cp_async16(dk + c * VEC, kc + src + c * VEC, 16);
-                        cp_async16(dk + ps * pos_elems + c * VEC, vc + src + c * VEC, 16);
-                    }
-                }
-                cp_async_arrive(bar);
-            }
-        }
-        return;
-    }
-
-    // Consumers.
-    const int item = warp % items;
-    const int sub = warp / items;
-    const int kl = lane % LPK;
-    const int kg = lane / LPK;
-    const bool active = kl < ACTIVE;
-    const int hl = item / group;
-    int n = 0;
-    for (int it = blockIdx.x; it < total; it += gridDim.x) {
-        int r, kvh0, k0, k1;
-        bool has_query;
-        item_range(it, r, kvh0, k0, k1, has_query);
-        const int split = it / (num_rows * groups);
-        const int qh = kvh0 * group + item;
-        const int q_row = (int)cu_q[r];
-        float qv[VEC];
-        if (active && k1 > k0) {
-            Cvt<T>::to_float(ldg16(q + ((size_t)q_row * num_heads + qh) * D + kl * VEC), qv);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) qv[e] *= scale_log2;
-        } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) qv[e] = 0.f;
-        }
-        float m = -INFINITY, l = 0.f, acc[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
-
-        for (int p0 = k0; p0 < k1; p0 += ps, ++n) {
-            const int slot = n % num_stages;
-            const int cnt = min(ps, k1 - p0);
-            mbar_wait(smem_addr(full + slot), (n / num_stages) & 1);
-            const T *sk = stages + slot * stage_elems + (size_t)hl * D + kl * VEC;
-            const T *sv = sk + ps * pos_elems;
-            // Key steps of this tile for this warp (warp-uniform; the last may be partial).
-            const int steps = cnt > KPW * sub ? (cnt - KPW * sub + KPW * wpi - 1) / (KPW * wpi) : 0;
-            float s[UMAX];
-            uint4 vraw[UMAX];
-#pragma unroll
-            for (int u = 0; u < UMAX; ++u) {
-                s[u] = -INFINITY;
-                vraw[u] = make_uint4(0, 0, 0, 0);
-                if (u >= steps) continue;
-                const int j = kg + KPW * (sub + wpi * u);
-                const bool valid = j < cnt;  // uniform over the lanes of one key
-                uint4 kraw = make_uint4(0, 0, 0, 0);
-                if (valid && active) {
-                    kraw = *reinterpret_cast<const uint4 *>(sk + j * pos_elems);
-                    vraw[u] = *reinterpret_cast<const uint4 *>(sv + j * pos_elems);
-                }
-                float kf[VEC];
-                Cvt<T>::to_float(kraw, kf);
-                float d = 0.f;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) d = fmaf(qv[e], kf[e], d);
-#pragma unroll
-                for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-                s[u] = valid ? d : -INFINITY;
-            }
-            // The tile is in registers: hand the stage back before the softmax.
-            __syncwarp();
-            if (lane == 0) mbar_arrive(smem_addr(empty + slot));
-            float tmax = s[0];
-#pragma unroll
-            for (int u = 1; u < UMAX; ++u) tmax = fmaxf(tmax, s[u]);
-#pragma unroll
-            for (int o = LPK; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-            const float mnew = fmaxf(m, tmax);
-            if (mnew != -INFINITY) {  // warp-uniform
-                const float alpha = exp2f(m - mnew);
-                m = mnew;
-                l *= alpha;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) acc[e] *= alpha;
-#pragma unroll
-                for (int u = 0; u < UMAX; ++u) {
-                    if (u >= steps) continue;
-                    const float pr = exp2f(s[u] - mnew);
-                    float vf[VEC];
-                    Cvt<T>::to_float(vraw[u], vf);
-                    l += pr;
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
-                }
-            }
-        }
-
-        // Merge the key groups of the warp (they share m), then the wpi warps of each head.
-#pragma unroll
-        for (int o = LPK; o < 32; o <<= 1) {
-            l += __shfl_xor_sync(0xffffffffu, l, o);
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
-        }
-        if (kg == 0 && active) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) s_acc[warp * D + kl * VEC + e] = acc[e];
-        }
-        if (lane == 0) {
-            s_m[warp] = m;
-            s_l[warp] = l;
-        }
-        asm volatile("bar.sync 1, %0;\n" ::"r"(consumers * 32) : "memory");
-        for (int idx = threadIdx.x; has_query && idx < items * D; idx += consumers * 32) {
-            const int c = idx / D;
-            const int e = idx - c * D;
-            float M = -INFINITY;
-            for (int w = c; w < consumers; w += items) M = fmaxf(M, s_m[w]);
-            float L = 0.f, A = 0.f;
-            if (M != -INFINITY) {
-                for (int w = c; w < consumers; w += items) {
-                    const float f = exp2f(s_m[w] - M);
-                    L += s_l[w] * f;
-                    A += s_acc[w * D + e] * f;
-                }
-            }
-            const size_t th = (size_t)q_row * num_heads + (size_t)(kvh0 * group + c);
-            if (num_splits == 1) {
-                out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
-            } else {
-                const size_t sth = (size_t)split * num_tokens * num_heads + th;
-                ws_acc[sth * D + e] = A;
-                if (e == 0) {
-                    ws_ml[sth * 2] = M;
-                    ws_ml[sth * 2 + 1] = L;
-                }
-            }
-        }
-        asm volatile("bar.sync 1, %0;\n" ::"r"(consumers * 32) : "memory");  // merge buffers reused
-    }
-#endif
-}
-
-// ---------------------------------------------------------------------------------------------
 // Tensor-core variant for many query items per (row, kv head) (prefill, diffusion blocks):
 // bf16/f16 only. A block of 4 warps takes 64 query items (16 per warp, the M of
 // mma.m16n8k16); K/V tiles of 32 keys are staged in shared memory, S = Q K^T and O += P V run on
@@ -649,6 +362,14 @@ template <> struct Mma<__half> {
 // more and give back half the gain.
 #define MMA_MIN_BLOCKS 3
 
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; `bytes` = 0 writes zeros (nothing is read).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
@@ -951,21 +672,3 @@ PA_MMA_KERNEL(bf16, __nv_bfloat16, 128)
 PA_MMA_KERNEL(f16, __half, 64)
 PA_MMA_KERNEL(f16, __half, 96)
 PA_MMA_KERNEL(f16, __half, 128)
-
-
-#define SD_KERNEL(NAME, T, D)                                                                    \
-    extern "C" __global__ void __launch_bounds__(SD_MAX_THREADS, SD_MIN_BLOCKS) paged_decode_staged_##NAME##_d##D(          \
-        T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                \
-        const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
-        int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
-        float scale_log2, int hg, int ps, int wpi, int num_stages, int num_splits, int min_chunk, \
-        int num_tokens) {                                                                        \
-        paged_decode_staged_impl<T, D>(out, ws_acc, ws_ml, q, kc, vc, block_tables,              \
-                                       context_lens, cu_q, num_rows, max_blocks, num_heads,      \
-                                       kv_heads, block_size, bs_shift, scale_log2, hg, ps, wpi,  \
-                                       num_stages, num_splits, min_chunk, num_tokens);           \
-    }
-#define SD_KERNELS(NAME, T) SD_KERNEL(NAME, T, 64) SD_KERNEL(NAME, T, 96) SD_KERNEL(NAME, T, 128)
-SD_KERNELS(f32, float)
-SD_KERNELS(bf16, __nv_bfloat16)
-SD_KERNELS(f16, __half)
