@@ -77,15 +77,20 @@ impl PagedBatchHost {
         }
     }
 
-    /// Cache positions of row `r`'s tokens.
-    pub fn row_positions(&self, r: usize) -> Vec<usize> {
+    /// Cache positions of row `r`'s tokens: the given write positions, or else the `q_len`
+    /// positions before its context length (fewer when `q_len` exceeds it, which
+    /// [`PagedBatch::new`] rejects).
+    pub fn row_positions(&self, r: usize) -> impl Iterator<Item = usize> + '_ {
         let (a, b) = (self.cu_q_lens[r] as usize, self.cu_q_lens[r + 1] as usize);
-        if self.write_positions.is_empty() {
+        // One iterator type for both cases (no allocation per row and launch): exactly one of
+        // the two parts is non-empty.
+        let (implicit, given) = if self.write_positions.is_empty() {
             let ctx = self.context_lens[r] as usize;
-            (ctx - (b - a)..ctx).collect()
+            (ctx.saturating_sub(b - a)..ctx, &[][..])
         } else {
-            self.write_positions[a..b].iter().map(|&p| p as usize).collect()
-        }
+            (0..0, &self.write_positions[a..b])
+        };
+        implicit.chain(given.iter().map(|&p| p as usize))
     }
 }
 
@@ -149,7 +154,7 @@ impl PagedBatch {
             // Token t = cu_q_lens[r] + i of this row writes its K/V at the row's i-th position
             // (the offsets were checked to start at 0 and never decrease, so t < tokens).
             let first = host.cu_q_lens[r] as usize;
-            for (i, pos) in host.row_positions(r).into_iter().enumerate() {
+            for (i, pos) in host.row_positions(r).enumerate() {
                 if pos >= table.len() * block_size {
                     candle_core::bail!("paged batch row {r}: write position {pos} past its {} blocks", table.len());
                 }
@@ -395,4 +400,31 @@ pub fn write_u32(dst: &Tensor, data: &[u32]) -> Result<()> {
     }
     let src = Tensor::from_slice(data, dst.shape(), dst.device())?;
     dst.slice_set(&src, 0, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_positions_implicit_given_and_short_context() {
+        let mut host = PagedBatchHost::new();
+        host.push_row(&[0], 5, 2, None);
+        host.push_row(&[1], 3, 1, None);
+        assert_eq!(host.row_positions(0).collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(host.row_positions(1).collect::<Vec<_>>(), [2]);
+        // A row asking for more tokens than its context: no underflow (the batch rejects it).
+        host.push_row(&[2], 1, 3, None);
+        assert_eq!(host.row_positions(2).collect::<Vec<_>>(), [0]);
+        assert!(PagedBatch::new(host, 4, AttnMask::Causal, 8, &Device::Cpu).is_err());
+
+        let mut given = PagedBatchHost::new();
+        given.push_row(&[0, 1], 8, 3, Some(&[1, 6, 2]));
+        given.push_row(&[2], 2, 1, Some(&[0]));
+        assert_eq!(given.row_positions(0).collect::<Vec<_>>(), [1, 6, 2]);
+        assert_eq!(given.row_positions(1).collect::<Vec<_>>(), [0]);
+        let batch = PagedBatch::new(given, 4, AttnMask::Causal, 8, &Device::Cpu).unwrap();
+        // Slots: table[pos / 4] * 4 + pos % 4.
+        assert_eq!(batch.slot_mapping.to_vec1::<u32>().unwrap(), [1, 6, 2, 8]);
+    }
 }
