@@ -111,6 +111,13 @@ fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> 
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("the template raised: {msg}")))
 }
 
+/// Largest `tojson` indent a template may ask for (a template is file input: an indent of 10^15
+/// would ask for that many bytes per line).
+const TOJSON_MAX_INDENT: usize = 64;
+/// Deepest nesting `tojson` serialises (it recurses once a level; a template can build a list
+/// nested thousands deep).
+const TOJSON_MAX_DEPTH: usize = 128;
+
 /// `tojson` as Hugging Face defines it: Python's `json.dumps(x, ensure_ascii=False, indent=…)`
 /// — `", "` and `": "` between items, keys in insertion order, non-ASCII kept, no HTML escaping.
 fn tojson(value: Value, indent: Option<usize>, kwargs: Kwargs) -> std::result::Result<String, minijinja::Error> {
@@ -118,6 +125,9 @@ fn tojson(value: Value, indent: Option<usize>, kwargs: Kwargs) -> std::result::R
         Some(n) => Some(n),
         None => kwargs.get::<Option<usize>>("indent")?,
     };
+    if indent.is_some_and(|n| n > TOJSON_MAX_INDENT) {
+        return Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: indent above {TOJSON_MAX_INDENT}")));
+    }
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     kwargs.assert_all_used()?;
     let mut out = String::new();
@@ -127,6 +137,9 @@ fn tojson(value: Value, indent: Option<usize>, kwargs: Kwargs) -> std::result::R
 
 fn python_dumps(v: &Value, indent: Option<usize>, sort_keys: bool, depth: usize, out: &mut String) -> std::result::Result<(), minijinja::Error> {
     use minijinja::value::ValueKind as K;
+    if depth > TOJSON_MAX_DEPTH {
+        return Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: nesting deeper than {TOJSON_MAX_DEPTH}")));
+    }
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = indent {
             out.push('\n');
@@ -188,6 +201,20 @@ mod tests {
         let want_compact = r#"{"name": "café <b>", "args": [1, 2.5, true, null], "e": {}}"#;
         let want_indented = "{\n  \"name\": \"café <b>\",\n  \"args\": [\n    1,\n    2.5,\n    true,\n    null\n  ],\n  \"e\": {}\n}";
         assert_eq!(got, format!("{want_compact}|{want_indented}"));
+    }
+
+    #[test]
+    fn tojson_refuses_huge_indents_and_deep_nesting() {
+        let chat = Chat::new(vec![ChatMessage::user("hi")]);
+        let huge = ChatTemplate::new("{{ messages | tojson(indent=1000000000000000) }}", None, None).unwrap();
+        assert!(huge.render(&chat).is_err());
+        let kw = ChatTemplate::new("{{ messages | tojson(indent=65) }}", None, None).unwrap();
+        assert!(kw.render(&chat).is_err());
+        let deep = "{% set ns = namespace(x=1) %}{% for i in range(2000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson }}";
+        let err = ChatTemplate::new(deep, None, None).unwrap().render(&chat).unwrap_err();
+        assert!(err.to_string().contains("nesting deeper"), "{err}");
+        let ok = "{% set ns = namespace(x=1) %}{% for i in range(100) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson(indent=64) }}";
+        assert!(ChatTemplate::new(ok, None, None).unwrap().render(&chat).is_ok());
     }
 
     #[test]

@@ -263,7 +263,7 @@ impl Weights {
             Source::Mmap(st) => st.tensors().iter().filter_map(|(name, _)| index(name)).max(),
             Source::Map(m) => m.keys().filter_map(|name| index(name)).max(),
         }
-        .map_or(0, |i| i + 1);
+        .map_or(0, |i| i.saturating_add(1));
         if present != n {
             return Err(Error::config(what, format!("{n} layers configured, the checkpoint holds {present} under `{prefix}`")));
         }

@@ -158,6 +158,8 @@ fn bad_checkpoints_are_typed_errors() {
     // (they used to abort the process on a failed allocation of 96 GB / 4 TB).
     let mut json: serde_json::Value = serde_json::from_str(&cfg_text).unwrap();
     json["num_hidden_layers"] = 1_000_000_000u64.into();
+    assert!(matches!(build(&with_config("layers", &json.to_string())), Err(Error::BadConfig { reason, .. }) if reason.contains("exceeds")));
+    json["num_hidden_layers"] = 4000u64.into();
     assert!(matches!(build(&with_config("layers", &json.to_string())), Err(Error::BadConfig { reason, .. }) if reason.contains("layers configured")));
     let mut json: serde_json::Value = serde_json::from_str(&cfg_text).unwrap();
     json["num_hidden_layers"] = 1u64.into();

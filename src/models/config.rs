@@ -14,6 +14,23 @@ pub const MAX_OURO_LOOPS: usize = 64;
 /// up to 64; each step is a core launch).
 pub const MAX_HUGINN_STEPS: usize = 1024;
 
+/// Upper bounds on the sizes a config may state: far above any released model (vocabularies of
+/// ≈ 256 k, hidden sizes of ≈ 16 k, ≈ 100 layers, 256 experts, contexts of ≈ 1 M), low enough that
+/// no weight-shape product overflows and nothing sized from a count (a per-layer table, a
+/// per-position state) asks for absurd memory. A config beyond them is broken, not a model.
+pub(crate) const MAX_DIM: usize = 1 << 20;
+pub(crate) const MAX_LAYERS: usize = 1 << 12;
+pub(crate) const MAX_EXPERTS: usize = 1 << 12;
+pub(crate) const MAX_CONTEXT: usize = 1 << 24;
+
+/// Each `(field, value, bound)` within its bound.
+pub(crate) fn check_bounds(path: &str, fields: &[(&str, usize, usize)]) -> Result<()> {
+    match fields.iter().find(|&&(_, v, max)| v > max) {
+        Some((name, v, max)) => Err(Error::config(path, format!("{name} = {v} exceeds {max}, beyond any model this library serves"))),
+        None => Ok(()),
+    }
+}
+
 /// A parsed `config.json`.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -190,6 +207,22 @@ impl HuginnConfig {
 
     fn validate(&self, path: &str) -> Result<()> {
         let bad = |r: String| Err(Error::config(path, r));
+        check_bounds(
+            path,
+            &[
+                ("n_embd", self.n_embd, MAX_DIM),
+                ("n_heads", self.n_heads, MAX_DIM),
+                ("num_key_value_heads", self.kv_heads(), MAX_DIM),
+                ("head_dim", self.head_dim(), MAX_DIM),
+                ("intermediate_size", self.intermediate_size, MAX_DIM),
+                ("vocab_size", self.vocab_size, MAX_DIM),
+                ("padded_vocab_size", self.padded_vocab_size.unwrap_or(0), MAX_DIM),
+                ("n_layers_in_prelude", self.n_layers_in_prelude, MAX_LAYERS),
+                ("n_layers_in_recurrent_block", self.n_layers_in_recurrent_block, MAX_LAYERS),
+                ("n_layers_in_coda", self.n_layers_in_coda, MAX_LAYERS),
+                ("block_size", self.block_size, MAX_CONTEXT),
+            ],
+        )?;
         if self.n_embd == 0 || self.vocab_size == 0 || self.intermediate_size == 0 || self.n_layers_in_recurrent_block == 0 {
             return bad("n_embd, vocab_size, intermediate_size and n_layers_in_recurrent_block must be > 0".into());
         }
@@ -316,6 +349,19 @@ impl OuroConfig {
 
     fn validate(&self, path: &str) -> Result<()> {
         let bad = |r: String| Err(Error::config(path, r));
+        check_bounds(
+            path,
+            &[
+                ("vocab_size", self.vocab_size, MAX_DIM),
+                ("hidden_size", self.hidden_size, MAX_DIM),
+                ("intermediate_size", self.intermediate_size, MAX_DIM),
+                ("num_attention_heads", self.num_attention_heads, MAX_DIM),
+                ("num_key_value_heads", self.kv_heads(), MAX_DIM),
+                ("head_dim", self.head_dim(), MAX_DIM),
+                ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+                ("max_position_embeddings", self.max_position_embeddings, MAX_CONTEXT),
+            ],
+        )?;
         if self.vocab_size == 0 || self.hidden_size == 0 || self.num_hidden_layers == 0 || self.intermediate_size == 0 {
             return bad("vocab_size, hidden_size, intermediate_size and num_hidden_layers must be > 0".into());
         }
@@ -359,6 +405,35 @@ impl OuroConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sizes no model has (each would overflow a shape product or size a table from a count
+    /// before the weights are read) are a config error, not a panic or an aborted allocation.
+    #[test]
+    fn absurd_sizes_are_config_errors() {
+        let huge = serde_json::json!(18446744073709551615u64);
+        let cases: Vec<(serde_json::Value, &[&str])> = vec![
+            (serde_json::to_value(OuroConfig::ouro_1_4b()).unwrap(), &["head_dim", "num_hidden_layers", "max_position_embeddings", "vocab_size"]),
+            (serde_json::to_value(HuginnConfig::huginn_0125()).unwrap(), &["head_dim", "block_size", "n_layers_in_coda", "padded_vocab_size"]),
+            (serde_json::to_value(SdarConfig::sdar_8b_chat_b32()).unwrap(), &["num_hidden_layers", "head_dim", "num_experts", "block_size"]),
+            (serde_json::to_value(LladaConfig::llada_8b()).unwrap(), &["n_layers", "max_sequence_length", "embedding_size"]),
+            (serde_json::to_value(DreamConfig::dream_7b()).unwrap(), &["num_hidden_layers", "max_position_embeddings"]),
+            (
+                serde_json::to_value(Llada2Config::llada2_mini()).unwrap(),
+                &["num_hidden_layers", "topk_group", "num_shared_experts", "moe_intermediate_size", "block_size"],
+            ),
+        ];
+        for (base, fields) in cases {
+            assert!(ModelConfig::from_json(&base.to_string(), "x").is_ok(), "{base}");
+            for field in fields {
+                for v in [huge.clone(), serde_json::json!(10_000_000_000_000u64)] {
+                    let mut c = base.clone();
+                    c[*field] = v;
+                    let got = ModelConfig::from_json(&c.to_string(), "x");
+                    assert!(matches!(got, Err(Error::BadConfig { .. })), "{field}: {got:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn dispatches_on_model_type() {

@@ -42,7 +42,7 @@ impl RouterArch {
     /// configs' validation reports as theirs).
     pub fn shape_error(&self) -> Option<String> {
         let (e, g, kg, k) = (self.num_experts, self.n_group, self.topk_group, self.top_k);
-        let kept = if g == 1 { e } else { kg * (e / g.max(1)) };
+        let kept = if g == 1 { e } else { kg.saturating_mul(e / g.max(1)) };
         let ok = e > 0 && k > 0 && g > 0 && e % g == 0 && (g == 1 || (e / g >= 2 && kg >= 1 && kg <= g)) && k <= kept;
         (!ok).then(|| format!("router of {e} experts in {g} groups ({kg} kept) cannot choose {k} per token (groups need two experts or more)"))
     }

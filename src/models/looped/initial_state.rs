@@ -1,6 +1,6 @@
 //! How Huginn's recurrent state starts for each token (spec §3.2 step 3).
 
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 /// The loop state s0 a token's recurrence starts from.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -28,17 +28,28 @@ impl InitialState {
 
     /// The state of every position below `positions` as a `[positions, hidden]` table in `dtype`
     /// (`None` for a zero state). Built once per model; the prelude gathers its rows by position.
-    pub fn table(&self, positions: usize, hidden: usize, dtype: DType, device: &Device) -> Result<Option<Tensor>> {
+    /// A table of more than [`MAX_TABLE_ELEMS`] values is a typed error.
+    pub fn table(&self, positions: usize, hidden: usize, dtype: DType, device: &Device) -> crate::Result<Option<Tensor>> {
         let (scale, seed) = match *self {
             InitialState::TruncatedNormal { scale, seed } if scale > 0.0 => (scale, seed),
             _ => return Ok(None),
         };
+        let elems = positions.checked_mul(hidden).filter(|&n| n <= MAX_TABLE_ELEMS);
+        let Some(elems) = elems else {
+            return Err(crate::Error::InvalidOption(format!(
+                "an initial-state table of {positions} positions x {hidden} would exceed {MAX_TABLE_ELEMS} values (the checkpoint's context is too long for a non-zero initial state)"
+            )));
+        };
         let sigma = scale * (2.0 / (5.0 * hidden as f64)).sqrt();
         let gain = (hidden as f64).sqrt();
-        let values: Vec<f32> = (0..positions * hidden).map(|e| (truncated_normal(seed, e as u64) * sigma * gain) as f32).collect();
-        Tensor::from_vec(values, (positions, hidden), device)?.to_dtype(dtype).map(Some)
+        let values: Vec<f32> = (0..elems).map(|e| (truncated_normal(seed, e as u64) * sigma * gain) as f32).collect();
+        Ok(Some(Tensor::from_vec(values, (positions, hidden), device)?.to_dtype(dtype)?))
     }
 }
+
+/// Most values an initial-state table may hold (4 GiB in f32): Huginn-0125's 4096 positions x
+/// 5280 are 21.6 M; a config whose context makes the table larger would exhaust memory first.
+pub const MAX_TABLE_ELEMS: usize = 1 << 30;
 
 /// splitmix64: a counter-based generator, stable across platforms and library versions.
 fn mix(mut z: u64) -> u64 {
