@@ -301,3 +301,16 @@ impl Weights {
 fn parse_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
     tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_count_check_survives_any_layer_index() {
+        let t = Tensor::zeros(1, DType::F32, &Device::Cpu).unwrap();
+        let map = HashMap::from([("model.layers.0.w".to_string(), t.clone()), ("model.layers.18446744073709551615.junk".to_string(), t)]);
+        let w = Weights::from_map(map, DType::F32, &Device::Cpu);
+        assert!(matches!(w.check_layer_count("model.layers", 1, "cfg"), Err(Error::BadConfig { .. })));
+    }
+}

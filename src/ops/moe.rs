@@ -351,7 +351,15 @@ mod tests {
     fn shapes_routing_cannot_serve_are_refused() {
         assert!(llada2(256, 8, 8, 4).validate().is_ok());
         assert!(llada2(8, 2, 1, 4).validate().is_ok(), "one group: topk_group does not limit");
-        for bad in [llada2(8, 2, 16, 4), llada2(9, 2, 4, 2), llada2(8, 5, 4, 2), llada2(8, 0, 4, 2), llada2(8, 2, 0, 1), llada2(8, 2, 4, 5)] {
+        for bad in [
+            llada2(8, 2, 16, 4),
+            llada2(9, 2, 4, 2),
+            llada2(8, 5, 4, 2),
+            llada2(8, 0, 4, 2),
+            llada2(8, 2, 0, 1),
+            llada2(8, 2, 4, 5),
+            llada2(8, 2, 2, usize::MAX),
+        ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
     }

@@ -109,4 +109,13 @@ mod tests {
         assert!(InitialState::TruncatedNormal { scale: f64::NAN, seed: 1 }.validate().is_err());
         assert!(InitialState::TruncatedNormal { scale: -1.0, seed: 1 }.validate().is_err());
     }
+
+    #[test]
+    fn a_table_past_its_bound_is_an_error_not_an_allocation() {
+        let on = InitialState::TruncatedNormal { scale: 1.0, seed: 1 };
+        for (positions, hidden) in [(1 << 40, 5280), (usize::MAX, 2), (MAX_TABLE_ELEMS + 1, 1)] {
+            assert!(matches!(on.table(positions, hidden, DType::F32, &Device::Cpu), Err(crate::Error::InvalidOption(_))));
+        }
+        assert!(InitialState::Zeros.table(usize::MAX, 2, DType::F32, &Device::Cpu).unwrap().is_none());
+    }
 }
