@@ -119,7 +119,9 @@ pub fn sample_or_force(logits: &Tensor, rows: &[RowSampling]) -> Result<(Vec<u32
         let dev = logits.device();
         let idx = Tensor::new(forced.iter().map(|&r| r as u32).collect::<Vec<_>>().as_slice(), dev)?;
         let ids: Vec<u32> = forced.iter().map(|&r| rows[r].forced.expect("forced")).collect();
-        let picked = logits.to_dtype(DType::F32)?.index_select(&idx, 0)?;
+        // A model may hand over a view (Huginn narrows its padded vocabulary); index_select
+        // needs contiguous rows.
+        let picked = logits.to_dtype(DType::F32)?.contiguous()?.index_select(&idx, 0)?;
         let logp = candle_nn::ops::log_softmax(&picked, D::Minus1)?;
         let at = logp.gather(&Tensor::new(ids.as_slice(), dev)?.unsqueeze(1)?, 1)?.squeeze(1)?.to_vec1::<f32>()?;
         for ((&r, &t), lp) in forced.iter().zip(&ids).zip(at) {
@@ -150,7 +152,10 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     let p = col(&|s| s.top_p.unwrap_or(1.0))?;
     let u = col(&|s| s.uniform)?;
 
-    let probs = candle_nn::ops::softmax_last_dim(&logits.broadcast_div(&temp)?)?;
+    // Shifted by the row's maximum before dividing, so a tiny temperature sends the other logits
+    // to -inf (greedy in the limit) instead of overflowing them to +inf (NaN probabilities).
+    let shifted = logits.broadcast_sub(&logits.max_keepdim(D::Minus1)?)?;
+    let probs = candle_nn::ops::softmax_last_dim(&shifted.broadcast_div(&temp)?)?;
     // Largest t with count(probs >= t) >= k, and largest t with mass(probs >= t) >= p.
     let mut lo_k = Tensor::zeros((r, 1), DType::F32, dev)?;
     let mut hi_k = probs.max_keepdim(D::Minus1)?;
@@ -213,6 +218,21 @@ mod tests {
         assert_eq!(sample(&l, &[row(1.0, Some(2), None, 0.4), row(1.0, Some(2), None, 0.5)]).unwrap(), vec![2, 3]);
         // top-p 0.65 keeps {0.4, 0.3} (mass 0.7).
         assert_eq!(sample(&l, &[row(1.0, None, Some(0.65), 0.0), row(1.0, None, Some(0.35), 0.99)]).unwrap(), vec![2, 3]);
+    }
+
+    #[test]
+    fn tiny_temperatures_are_greedy_in_the_limit_and_views_can_be_forced() {
+        let l = Tensor::from_vec(vec![1.0f32, 3.0, 2.0, -5.0, 0.5, 0.25], (2, 3), &Device::Cpu).unwrap();
+        for t in [1e-40f32, 1e-30, f32::MIN_POSITIVE] {
+            assert_eq!(sample(&l, &[row(t, None, None, 0.999), row(t, None, None, 0.0)]).unwrap(), vec![1, 1], "temperature {t}");
+        }
+        // A narrowed (non-contiguous) view of wider logits, as a padded vocabulary gives.
+        let wide = Tensor::from_vec(vec![1.0f32, 3.0, 2.0, 9.0, -5.0, 0.5, 0.25, 9.0], (2, 4), &Device::Cpu).unwrap();
+        let view = wide.narrow(1, 0, 3).unwrap();
+        let forced = RowSampling { forced: Some(2), ..RowSampling::greedy() };
+        let (tokens, logp) = sample_or_force(&view, &[forced, RowSampling::greedy()]).unwrap();
+        assert_eq!(tokens, vec![2, 1]);
+        assert!(logp[0].is_some_and(|p| p < 0.0) && logp[1].is_none());
     }
 
     #[test]

@@ -92,6 +92,14 @@ fn bad_engine_options() {
     let (_tmp, dir) = tiny_dir(10);
     assert!(matches!(EngineBuilder::new(&dir).block_size(0).build(), Err(Error::InvalidOption(_))));
     assert!(matches!(EngineBuilder::new(&dir).max_num_seqs(0).build(), Err(Error::InvalidOption(_))));
+    // A width no device holds: refused before the depth scheduler's state bank and free list
+    // are sized from it (they aborted the process on a failed allocation).
+    let depth = ponder::SchedulerKind::Depth { refill: true };
+    assert!(matches!(EngineBuilder::new(&dir).max_num_seqs(1 << 30).looped(|o| o.scheduler(depth)).build(), Err(Error::InvalidOption(_))));
+    assert!(matches!(
+        EngineBuilder::new(&dir).max_num_seqs(4).looped(|o| o.scheduler(depth).coda_reserve(usize::MAX - 2)).build(),
+        Err(Error::InvalidOption(_))
+    ));
     assert!(matches!(EngineBuilder::new(&dir).dtype(ponder::DType::U32).build(), Err(Error::InvalidOption(_))));
     assert!("triangular".parse::<KvLayoutKind>().is_err());
     // The paged-attention kernel choice is process-wide: applied by a build that succeeds
@@ -236,6 +244,42 @@ impl ponder::gate::ExitGate for NeverExit {
     fn decide(&self, _: ponder::gate::ItemRef, _: usize, _: ponder::gate::StepSignals, _: &mut ponder::gate::GateState) -> bool {
         false
     }
+}
+
+/// A gate that declares full depth (4..=4, so the depth-indexed layout is allowed) but asks to
+/// exit after every step, breaking the `min_steps` contract.
+#[derive(Debug)]
+struct ExitsEarly;
+impl ponder::gate::ExitGate for ExitsEarly {
+    fn name(&self) -> String {
+        "exits-early".into()
+    }
+    fn bounds(&self) -> ponder::gate::StepBounds {
+        ponder::gate::StepBounds::new(4, 4).unwrap()
+    }
+    fn decide(&self, _: ponder::gate::ItemRef, _: usize, _: ponder::gate::StepSignals, _: &mut ponder::gate::GateState) -> bool {
+        true
+    }
+    fn exit_known(&self, _: ponder::gate::ItemRef, _: usize, _: &ponder::gate::GateState) -> Option<bool> {
+        Some(true)
+    }
+}
+
+#[test]
+fn a_gate_that_exits_before_its_min_steps_is_overruled() {
+    // Depth-indexed: an item leaving early would leave its deeper slots unwritten for later
+    // tokens to read (stale K/V, perhaps another request's).
+    let (_tmp, dir) = tiny_dir(14);
+    let ps = prompts(3, 4);
+    let mut full = builder(&dir, KvLayoutKind::DepthIndexed, 3).build().unwrap();
+    let want = sequential(&mut full, &ps, &[6, 6, 6]);
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 3)
+        .looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(ExitsEarly))
+        .build()
+        .unwrap();
+    let got: Vec<Vec<u32>> = engine.generate(ps, &GenerationParams::greedy(6)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
+    assert_eq!(got, want, "overruled until step 4, every token runs full depth");
+    assert_kv_empty(&engine);
 }
 
 #[test]

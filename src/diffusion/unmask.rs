@@ -80,7 +80,9 @@ impl LinearSchedule {
 
     /// Tokens to reveal at `step` of a block that started with `masked` masked positions.
     pub fn count(&self, masked: usize, step: usize) -> usize {
-        masked / self.steps + usize::from(step < masked % self.steps)
+        // `steps` is a public field: a literal with 0 (which `new` refuses) counts as 1 step.
+        let steps = self.steps.max(1);
+        masked / steps + usize::from(step < masked % steps)
     }
 }
 
@@ -303,6 +305,13 @@ mod tests {
         conf.iter().enumerate().map(|(i, &c)| Candidate { offset: i * 2, token: i as u32, confidence: c }).collect()
     }
     const CTX: StepContext = StepContext { request: RequestId(3), block: 1, step: 2, masked: 4, block_masked: 8, block_len: 8 };
+
+    #[test]
+    fn a_linear_schedule_literal_of_zero_steps_counts_as_one() {
+        let l = LinearSchedule { steps: 0 };
+        assert_eq!(l.count(5, 0), 5);
+        assert!(LinearSchedule::new(0).is_err());
+    }
 
     #[test]
     fn threshold_reveals_all_above_tau_or_the_top_one() {

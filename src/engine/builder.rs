@@ -77,6 +77,9 @@ impl Common {
     }
 }
 
+/// Most requests a looped engine may hold resident (`max_num_seqs` + `coda_reserve`).
+pub const MAX_RESIDENT: usize = 1 << 20;
+
 /// A model directory, with options for whichever family its checkpoint turns out to be.
 pub struct Checkpoint {
     path: PathBuf,
@@ -310,13 +313,12 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
         return Err(Error::InvalidOption("coda_reserve applies to the built-in depth scheduler with refill only".into()));
     }
     let limits = common.limits.clone();
-    // Resident requests index the state bank with u32 rows.
-    if limits.max_num_seqs.checked_add(o.coda_reserve).is_none_or(|n| n > u32::MAX as usize) {
+    // Resident requests index the state bank with u32 rows, and the depth scheduler keeps a free
+    // list of them on the host: a bound far above what any device holds at once.
+    if limits.max_num_seqs.checked_add(o.coda_reserve).is_none_or(|n| n > MAX_RESIDENT) {
         return Err(Error::InvalidOption(format!(
-            "max_num_seqs {} + coda_reserve {} exceeds {} resident requests",
-            limits.max_num_seqs,
-            o.coda_reserve,
-            u32::MAX
+            "max_num_seqs {} + coda_reserve {} exceeds {MAX_RESIDENT} resident requests",
+            limits.max_num_seqs, o.coda_reserve
         )));
     }
     let spec = model.spec().clone();
@@ -338,6 +340,19 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
     let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
     crate::kv::check_fits(pool_bytes, model.device())?;
+    // The depth scheduler's state bank holds a row per resident request (and one for graph
+    // padding) beside the pool.
+    if !custom && matches!(o.scheduler, SchedulerKind::Depth { .. }) {
+        let row = (spec.state_width as u64).saturating_mul(spec.dtype.size_in_bytes() as u64);
+        let bank = (resident as u64 + 1).checked_mul(row);
+        let total = bank.zip(pool_bytes).and_then(|(b, p)| b.checked_add(p));
+        crate::kv::check_fits_as(
+            total,
+            "the KV pool with the depth scheduler's state bank",
+            "lower max_num_seqs, coda_reserve or kv_capacity_tokens",
+            model.device(),
+        )?;
+    }
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, layout, spec.max_steps);
     let mut gate = match o.gate {

@@ -14,12 +14,18 @@ pub fn kv_bytes(tokens: usize, layers: usize, kv_heads: usize, head_dim: usize, 
 /// `MemAvailable` of /proc/meminfo; CUDA: the driver's free memory). Where the figure cannot be
 /// read, nothing is refused.
 pub fn check_fits(bytes: Option<u64>, device: &Device) -> Result<()> {
+    check_fits_as(bytes, "a KV pool", "lower kv_capacity_tokens or max_model_len", device)
+}
+
+/// [`check_fits`] for any allocation sized from options: `what` names it in the error, `hint`
+/// says which option to lower.
+pub fn check_fits_as(bytes: Option<u64>, what: &str, hint: &str, device: &Device) -> Result<()> {
     let Some(bytes) = bytes else {
-        return Err(Error::InvalidOption("the KV pool's size overflows 64 bits".into()));
+        return Err(Error::InvalidOption(format!("the size of {what} overflows 64 bits")));
     };
     match available(device) {
         Some(free) if bytes > free => Err(Error::InvalidOption(format!(
-            "a KV pool of {:.2} GiB does not fit the {:.2} GiB available on {device:?}; lower kv_capacity_tokens or max_model_len",
+            "{what} of {:.2} GiB does not fit the {:.2} GiB available on {device:?}; {hint}",
             bytes as f64 / GIB,
             free as f64 / GIB
         ))),

@@ -117,6 +117,8 @@ pub struct DepthBatching {
     limits: SchedulerLimits,
     requests: Requests,
     gate: Box<dyn ExitGate>,
+    /// The gate's step bounds, enforced on every routing (see `route_core`).
+    min_steps: usize,
     max_steps: usize,
     reqs: HashMap<RequestId, Req>,
     free_states: Vec<u32>,
@@ -139,13 +141,14 @@ pub struct DepthBatching {
 impl DepthBatching {
     /// `gate` must already be checked against the layout (`kv::check_layout`).
     pub fn new(cfg: DepthConfig, limits: SchedulerLimits, kv: KvManager, gate: Box<dyn ExitGate>) -> Self {
-        let max_steps = gate.max_steps();
+        let (min_steps, max_steps) = (gate.min_steps(), gate.max_steps());
         let free_states = (0..cfg.max_resident(limits.max_num_seqs) as u32).rev().collect();
         Self {
             cfg,
             limits,
             requests: Requests::new(kv),
             gate,
+            min_steps,
             max_steps,
             reqs: HashMap::new(),
             free_states,
@@ -334,8 +337,11 @@ impl DepthBatching {
 
     /// Sends an item that finished `item.step` to the coda or on to its next step.
     fn route_core(&mut self, mut item: Item, exit: bool, survivors: &mut Vec<Item>) {
-        // The gate must exit by its own `max_steps`; one that does not (a custom gate breaking
-        // the contract) is overruled rather than let the item index past its slots.
+        // The gate must exit within its own `min_steps..=max_steps` (the bounds the layout was
+        // checked against); one that does not (a custom gate breaking the contract) is
+        // overruled: an item past its slots would index out of them, and one exiting early
+        // would leave slots unwritten that later tokens read.
+        let exit = exit && item.step + 1 >= self.min_steps;
         if exit || item.step + 1 >= self.max_steps {
             self.hist[item.step] += 1;
             self.exit_copies(&item);
