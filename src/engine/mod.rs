@@ -16,7 +16,7 @@ mod roofline;
 mod runner;
 
 pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
-pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped};
+pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped, MAX_RESIDENT};
 pub use core::Engine;
 pub use handle::{EngineHandle, RequestStream};
 pub use metrics::{DenoiseStats, DeviceSpan, EngineMetrics, KvPoolStats, LatencyHistogram, StageStats};
