@@ -28,7 +28,7 @@ impl InitialState {
 
     /// The state of every position below `positions` as a `[positions, hidden]` table in `dtype`
     /// (`None` for a zero state). Built once per model; the prelude gathers its rows by position.
-    /// A table of more than [`MAX_TABLE_ELEMS`] values is a typed error.
+    /// A table of more than 2^30 values (`MAX_TABLE_ELEMS`) is a typed error.
     pub fn table(&self, positions: usize, hidden: usize, dtype: DType, device: &Device) -> crate::Result<Option<Tensor>> {
         let (scale, seed) = match *self {
             InitialState::TruncatedNormal { scale, seed } if scale > 0.0 => (scale, seed),
