@@ -263,6 +263,18 @@ fn padded_llada_table_is_cut_to_the_vocabulary() {
     assert_eq!(m.spec().head_params, ((VOCAB + 11) * 64) as u64);
 }
 
+/// A LLaDA2 config whose layers are all dense (`first_k_dense_replace` covers them, no router
+/// groups) passes validation, so it loads: no MoE part is built for it.
+#[test]
+fn an_all_dense_llada2_loads() {
+    let (_tmp, dir) = tmp_dir("tiny-llada2-dense");
+    let base = tiny_llada2_config(VOCAB);
+    let cfg = ponder::models::Llada2Config { first_k_dense_replace: base.num_hidden_layers, n_group: 0, topk_group: 0, ..base };
+    write_random_llada2(&dir, &cfg, 9).unwrap();
+    let m = load(&dir);
+    assert_eq!(paged_logits(&m, &[TOKENS]).dims(), &[TOKENS, VOCAB]);
+}
+
 #[test]
 fn specs_count_layer_and_head_parameters() {
     let dev = Device::Cpu;

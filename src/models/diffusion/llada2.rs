@@ -54,7 +54,9 @@ impl Llada2 {
             // The released generate's and the tech report's setting.
             unmask_threshold: Some(0.95),
             max_context: cfg.max_position_embeddings,
-            moe: Some(MoeArch {
+            // A config whose layers are all dense (`first_k_dense_replace` covers them) has no
+            // router to check or build, as its validation already allows.
+            moe: (cfg.num_hidden_layers > cfg.first_k_dense_replace).then(|| MoeArch {
                 router,
                 moe_layers: (0..cfg.num_hidden_layers).map(|l| l >= cfg.first_k_dense_replace).collect(),
                 expert_width: cfg.moe_intermediate_size,
