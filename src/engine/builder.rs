@@ -340,19 +340,6 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
     let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
     crate::kv::check_fits(pool_bytes, model.device())?;
-    // The depth scheduler's state bank holds a row per resident request (and one for graph
-    // padding) beside the pool.
-    if !custom && matches!(o.scheduler, SchedulerKind::Depth { .. }) {
-        let row = (spec.state_width as u64).saturating_mul(spec.dtype.size_in_bytes() as u64);
-        let bank = (resident as u64 + 1).checked_mul(row);
-        let total = bank.zip(pool_bytes).and_then(|(b, p)| b.checked_add(p));
-        crate::kv::check_fits_as(
-            total,
-            "the KV pool with the depth scheduler's state bank",
-            "lower max_num_seqs, coda_reserve or kv_capacity_tokens",
-            model.device(),
-        )?;
-    }
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, layout, spec.max_steps);
     let mut gate = match o.gate {
@@ -395,7 +382,16 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
             Box::new(DepthBatching::new(cfg, limits.clone(), kv, gate))
         }
     };
-    let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, scheduler.state_bank_rows(), o.cuda_graphs)?
+    // The scheduler's state bank (a row per resident request, one more for graph padding) sits
+    // beside the pool: checked before it is allocated, whichever scheduler sized it.
+    let bank_rows = scheduler.state_bank_rows();
+    if bank_rows > 0 {
+        let row = (spec.state_width as u64).saturating_mul(spec.dtype.size_in_bytes() as u64);
+        let total = (bank_rows as u64 + 1).checked_mul(row).zip(pool_bytes).and_then(|(b, p)| b.checked_add(p));
+        let hint = "lower max_num_seqs, coda_reserve, kv_capacity_tokens or kv_memory_fraction";
+        crate::kv::check_fits_as(total, "the KV pool plus the scheduler's state bank", hint, model.device())?;
+    }
+    let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, bank_rows, o.cuda_graphs)?
         .with_launch_checks(custom)
         .with_device_timing(o.time_device)
         .with_latent_diff(latent_diff);

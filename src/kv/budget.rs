@@ -25,7 +25,7 @@ pub fn check_fits_as(bytes: Option<u64>, what: &str, hint: &str, device: &Device
     };
     match available(device) {
         Some(free) if bytes > free => Err(Error::InvalidOption(format!(
-            "{what} of {:.2} GiB does not fit the {:.2} GiB available on {device:?}; {hint}",
+            "{what} ({:.2} GiB) does not fit the {:.2} GiB available on {device:?}; {hint}",
             bytes as f64 / GIB,
             free as f64 / GIB
         ))),
