@@ -31,6 +31,35 @@ pub(crate) fn check_bounds(path: &str, fields: &[(&str, usize, usize)]) -> Resul
     }
 }
 
+/// The sizes every family's attention stack needs (`head_dim` resolved): non-zero, within the
+/// bounds, heads a multiple of the KV heads, an even head dim.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_shapes(path: &str, vocab: usize, hidden: usize, inter: usize, layers: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
+    let bad = |r: String| Err(Error::config(path, r));
+    check_bounds(
+        path,
+        &[
+            ("vocabulary size", vocab, MAX_DIM),
+            ("hidden size", hidden, MAX_DIM),
+            ("intermediate size", inter, MAX_DIM),
+            ("layer count", layers, MAX_LAYERS),
+            ("attention heads", heads, MAX_DIM),
+            ("kv heads", kv_heads, MAX_DIM),
+            ("head_dim", head_dim, MAX_DIM),
+        ],
+    )?;
+    if vocab == 0 || hidden == 0 || inter == 0 || layers == 0 {
+        return bad("vocabulary, hidden, intermediate sizes and the layer count must be > 0".into());
+    }
+    if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        return bad(format!("{heads} attention heads must be a positive multiple of {kv_heads} kv heads"));
+    }
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return bad(format!("head_dim {head_dim} must be even and > 0"));
+    }
+    Ok(())
+}
+
 /// A parsed `config.json`.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -207,28 +236,26 @@ impl HuginnConfig {
 
     fn validate(&self, path: &str) -> Result<()> {
         let bad = |r: String| Err(Error::config(path, r));
+        // The core's layer count stands for the stack; the prelude and coda may be empty.
+        check_shapes(
+            path,
+            self.vocab_size,
+            self.n_embd,
+            self.intermediate_size,
+            self.n_layers_in_recurrent_block,
+            self.n_heads,
+            self.kv_heads(),
+            self.head_dim(),
+        )?;
         check_bounds(
             path,
             &[
-                ("n_embd", self.n_embd, MAX_DIM),
-                ("n_heads", self.n_heads, MAX_DIM),
-                ("num_key_value_heads", self.kv_heads(), MAX_DIM),
-                ("head_dim", self.head_dim(), MAX_DIM),
-                ("intermediate_size", self.intermediate_size, MAX_DIM),
-                ("vocab_size", self.vocab_size, MAX_DIM),
                 ("padded_vocab_size", self.padded_vocab_size.unwrap_or(0), MAX_DIM),
                 ("n_layers_in_prelude", self.n_layers_in_prelude, MAX_LAYERS),
-                ("n_layers_in_recurrent_block", self.n_layers_in_recurrent_block, MAX_LAYERS),
                 ("n_layers_in_coda", self.n_layers_in_coda, MAX_LAYERS),
                 ("block_size", self.block_size, MAX_CONTEXT),
             ],
         )?;
-        if self.n_embd == 0 || self.vocab_size == 0 || self.intermediate_size == 0 || self.n_layers_in_recurrent_block == 0 {
-            return bad("n_embd, vocab_size, intermediate_size and n_layers_in_recurrent_block must be > 0".into());
-        }
-        if self.n_heads == 0 || self.kv_heads() == 0 || self.n_heads % self.kv_heads() != 0 || self.head_dim() % 2 != 0 {
-            return bad(format!("heads {} / kv heads {} / head_dim {} are inconsistent", self.n_heads, self.kv_heads(), self.head_dim()));
-        }
         if self.n_heads * self.head_dim() != self.n_embd {
             return bad(format!("n_heads {} x head_dim {} != n_embd {}", self.n_heads, self.head_dim(), self.n_embd));
         }
@@ -349,28 +376,17 @@ impl OuroConfig {
 
     fn validate(&self, path: &str) -> Result<()> {
         let bad = |r: String| Err(Error::config(path, r));
-        check_bounds(
+        check_shapes(
             path,
-            &[
-                ("vocab_size", self.vocab_size, MAX_DIM),
-                ("hidden_size", self.hidden_size, MAX_DIM),
-                ("intermediate_size", self.intermediate_size, MAX_DIM),
-                ("num_attention_heads", self.num_attention_heads, MAX_DIM),
-                ("num_key_value_heads", self.kv_heads(), MAX_DIM),
-                ("head_dim", self.head_dim(), MAX_DIM),
-                ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
-                ("max_position_embeddings", self.max_position_embeddings, MAX_CONTEXT),
-            ],
+            self.vocab_size,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_hidden_layers,
+            self.num_attention_heads,
+            self.kv_heads(),
+            self.head_dim(),
         )?;
-        if self.vocab_size == 0 || self.hidden_size == 0 || self.num_hidden_layers == 0 || self.intermediate_size == 0 {
-            return bad("vocab_size, hidden_size, intermediate_size and num_hidden_layers must be > 0".into());
-        }
-        if self.num_attention_heads == 0 || self.kv_heads() == 0 || self.num_attention_heads % self.kv_heads() != 0 {
-            return bad(format!("num_attention_heads {} must be a positive multiple of num_key_value_heads {}", self.num_attention_heads, self.kv_heads()));
-        }
-        if self.head_dim() % 2 != 0 || self.head_dim() == 0 {
-            return bad(format!("head_dim {} must be even and > 0", self.head_dim()));
-        }
+        check_bounds(path, &[("max_position_embeddings", self.max_position_embeddings, MAX_CONTEXT)])?;
         if self.total_ut_steps == 0 || self.total_ut_steps > MAX_OURO_LOOPS {
             return bad(format!("total_ut_steps {} must be in 1..={MAX_OURO_LOOPS}", self.total_ut_steps));
         }

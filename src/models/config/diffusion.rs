@@ -1,37 +1,9 @@
 //! `config.json` of the masked-diffusion families: SDAR (Qwen3 keys), LLaDA (OLMo-style keys)
 //! and Dream (Qwen2 keys). Field names as in the released checkpoints.
 
-use super::{check_bounds, default_eps, default_theta, EosIds, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS, MAX_LAYERS};
+use super::{check_bounds, check_shapes, default_eps, default_theta, EosIds, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
-
-/// Shared shape checks; `head_dim` is the resolved one.
-#[allow(clippy::too_many_arguments)]
-fn check_shapes(path: &str, vocab: usize, hidden: usize, inter: usize, layers: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
-    let bad = |r: String| Err(Error::config(path, r));
-    check_bounds(
-        path,
-        &[
-            ("vocabulary size", vocab, MAX_DIM),
-            ("hidden size", hidden, MAX_DIM),
-            ("intermediate size", inter, MAX_DIM),
-            ("layer count", layers, MAX_LAYERS),
-            ("attention heads", heads, MAX_DIM),
-            ("kv heads", kv_heads, MAX_DIM),
-            ("head_dim", head_dim, MAX_DIM),
-        ],
-    )?;
-    if vocab == 0 || hidden == 0 || inter == 0 || layers == 0 {
-        return bad("vocabulary, hidden, intermediate sizes and the layer count must be > 0".into());
-    }
-    if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-        return bad(format!("{heads} attention heads must be a positive multiple of {kv_heads} kv heads"));
-    }
-    if head_dim == 0 || head_dim % 2 != 0 {
-        return bad(format!("head_dim {head_dim} must be even and > 0"));
-    }
-    Ok(())
-}
 
 /// Without its mask token a masked-diffusion model cannot start decoding at all.
 fn check_mask(path: &str, mask: u32, vocab: usize) -> Result<()> {
