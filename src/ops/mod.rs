@@ -5,6 +5,8 @@
 // The references and kernel selectors are for the device tests (feature `testing`).
 #![cfg_attr(not(feature = "testing"), allow(unused_imports))]
 
+#[cfg(any(test, feature = "cuda"))]
+pub(crate) mod attention_split;
 mod batch;
 mod compact;
 mod focus_importance;

@@ -2,6 +2,7 @@
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
 use super::launch::{device, for_float, kernel, view, wrap, Module};
+use crate::ops::attention_split::{keys_per_block, keys_per_warp_step, split_count};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -14,8 +15,12 @@ const NW: usize = 4;
 const MMA_MIN_ITEMS: usize = 16;
 /// Query items per block of the tensor-core kernel (`MMA_NQ` in the .cu file).
 const MMA_NQ: usize = 64;
-/// Blocks that keep the GPU busy enough for a memory-bound pass (H100/H200: 132 SMs).
-const TARGET_BLOCKS: usize = 132 * 8;
+/// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
+const MAX_SPLITS: usize = 32;
+/// Keys per block from which the one-query kernel runs its build with the register allocation
+/// free (6 blocks an SM on the H200) instead of the one held to 7 blocks: session 18 measured the
+/// 7-block build faster on blocks of ≤ 260 keys and slower on 410 and more.
+const OCC7_MAX_KEYS: usize = 384;
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
@@ -192,25 +197,48 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         bail!("paged attention (cuda): too many query tiles");
     }
     let base_blocks = tiles * p.kv_heads;
-    let mut splits = 1usize;
-    // Few (row, kv head) blocks — decode at small widths — leave SMs idle and each block walking
-    // its keys alone: split the keys from 256 of context on, in chunks of at least 64 keys.
-    if base_blocks < TARGET_BLOCKS && p.max_context_len >= 256 {
-        splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / 64).clamp(1, 32);
-    }
-    let chunk = if splits == 1 {
-        i32::MAX as usize
-    } else {
-        // A multiple of one block step (NW warps x up to 16 keys).
-        p.max_context_len.div_ceil(splits).div_ceil(NW * 16) * (NW * 16)
+    let step = NW * keys_per_warp_step(p.hd, std::mem::size_of::<T>(), nq);
+    // Few (row, kv head) blocks — decode at small widths or long contexts — leave SMs idle or
+    // run in uneven waves: split the keys. The grid holds as many splits as the longest context
+    // the launch may see (`max_context_len`, a graph's bucket) would use; the kernel cuts the
+    // actual longest context into as many of them as pay (`split_count`).
+    let kernel_name = |occ7: bool| {
+        let o7 = if occ7 { "_o7" } else { "" };
+        format!("paged_attn_{name}_d{}_q{nq}{o7}", p.hd)
     };
-    let splits = if splits == 1 { 1 } else { p.max_context_len.div_ceil(chunk) };
+    let plan = |kname: &str| -> Result<(usize, usize)> {
+        let wave = wave_blocks(dev, kname)?;
+        Ok((wave, split_count(p.max_context_len, MAX_SPLITS, base_blocks, wave, step)))
+    };
+    let mut kname = kernel_name(false);
+    let (mut wave, mut splits) = plan(&kname)?;
+    let exp = experiment();
+    let occ7 = match exp.occ {
+        Some(o) => o == 7,
+        None => keys_per_block(p.max_context_len, splits, step) <= OCC7_MAX_KEYS,
+    };
+    if nq == 1 && occ7 {
+        kname = kernel_name(true);
+        (wave, splits) = plan(&kname)?;
+    }
+    // 0: the kernel derives the chunk from the actual contexts.
+    let mut chunk = if splits == 1 { i32::MAX as usize } else { 0 };
+    if exp.bucket {
+        // EXPERIMENT: the split before this change, cut from the bucket on the host.
+        const TARGET_BLOCKS: usize = 132 * 8;
+        splits = 1;
+        if base_blocks < TARGET_BLOCKS && p.max_context_len >= 256 {
+            splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / 64).clamp(1, 32);
+        }
+        chunk = if splits == 1 { i32::MAX as usize } else { p.max_context_len.div_ceil(splits).div_ceil(NW * 16) * (NW * 16) };
+        splits = if splits == 1 { 1 } else { p.max_context_len.div_ceil(chunk) };
+    }
 
     // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
     let mut out = unsafe { dev.alloc::<T>(n_out)? };
-    let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_{name}_d{}_q{nq}", p.hd))?;
+    let func = kernel!(dev, Module::PagedAttention, &kname)?;
     let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
-    let (nsplits, chunk) = (splits as i32, chunk as i32);
+    let (nsplits, chunk, wave) = (splits as i32, chunk as i32, wave.min(i32::MAX as usize) as i32);
     let null = 0u64;
     let ws = if splits > 1 {
         // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and
@@ -236,7 +264,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         }
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
-        b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&tokens);
+        b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
         // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
@@ -249,4 +277,36 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         unsafe { b.launch(cfg) }.w()?;
     }
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
+}
+
+/// Blocks of kernel `name` that run at once on `dev` (SMs × blocks an SM by the occupancy
+/// calculator), cached per device and kernel.
+fn wave_blocks(dev: &CudaDevice, name: &str) -> Result<usize> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Key = (candle_core::cuda_backend::DeviceId, String);
+    static CACHE: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
+    let key = (dev.id(), name.to_string());
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(&w) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(w);
+    }
+    let func = kernel!(dev, Module::PagedAttention, name)?;
+    let per_sm = func.occupancy_max_active_blocks_per_multiprocessor((NW * 32) as u32, 0, None).w()? as usize;
+    let w = (super::launch::sm_count(dev)? * per_sm).max(1);
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, w);
+    Ok(w)
+}
+
+/// EXPERIMENT (removed after the A/B): `PONDER_ATTN_SPLIT=bucket`, `PONDER_ATTN_OCC=6|7`.
+struct Experiment {
+    bucket: bool,
+    occ: Option<u32>,
+}
+
+fn experiment() -> Experiment {
+    Experiment {
+        bucket: std::env::var("PONDER_ATTN_SPLIT").is_ok_and(|v| v == "bucket"),
+        occ: std::env::var("PONDER_ATTN_OCC").ok().and_then(|v| v.parse().ok()),
+    }
 }

@@ -2,7 +2,7 @@
 //! expert, the grouped SwiGLU and down GEMMs on tensor cores, and the weighted combine. Entry
 //! points in `crate::ops::moe`.
 
-use super::launch::{device, kernel, same_device_dtype, view, wrap, Module};
+use super::launch::{device, kernel, same_device_dtype, sm_count, view, wrap, Module};
 use crate::ops::moe::{RouterArch, Scoring, StackedExperts};
 use candle_core::cuda_backend::cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -241,11 +241,6 @@ fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usi
 /// The device's compute capability major version.
 fn compute_major(dev: &CudaDevice) -> Result<i32> {
     dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()
-}
-
-/// The device's SM count.
-fn sm_count(dev: &CudaDevice) -> Result<usize> {
-    Ok(dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()? as usize)
 }
 
 /// Launch configuration of the warp-specialised GEMM `func` over `work` items: persistent, one

@@ -13,6 +13,12 @@
 // contexts: decode), each block covers one key chunk and writes unnormalised partials (acc, max,
 // sum) that paged_attn_combine_* merges.
 //
+// Key splits are cut from the launch's actual longest context, not from the host's bound on it
+// (chunk = 0): a captured graph keeps one launch shape for a bucket of contexts, so the grid's
+// num_splits is only the most any context of the bucket may use. Every block derives the same
+// split count from the rows' context lengths with split_count (below); blocks past it find no
+// keys and write empty partials.
+//
 // Rows are found without host data: block x of the grid belongs to row r when
 // off(r) <= x < off(r + 1), off(r) = (cu_q[r] * group + r * (NQ - 1)) / NQ, which gives every row at
 // least ceil(q_len * group / NQ) tiles (at most one idle tile per row).
@@ -95,6 +101,27 @@ __device__ __forceinline__ size_t cache_slot(const uint32_t *table, int p, int b
     return (size_t)__ldg(table + blk_i) * block_size + in_blk;
 }
 
+// How many of at most max_splits key splits to cut a longest context of max_ctx keys into, for a
+// grid of base_blocks blocks per split when wave_blocks blocks run at once: the launch lasts about
+// (waves of blocks) x (keys a block walks + a fixed cost of one block step), so splitting pays
+// until a further split adds a wave. Chunks are whole block steps of `step` keys. The host's copy
+// (`split_count` in attention.rs) sizes the grid.
+__device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base_blocks, int wave_blocks, int step) {
+    int best = 1;
+    long long best_cost = -1;
+    for (int s = 1; s <= max_splits; ++s) {
+        const int chunk = ((max_ctx + s - 1) / s + step - 1) / step * step;
+        if (s > 1 && (long long)chunk * (s - 1) >= max_ctx) break;  // the last split would be empty
+        const long long waves = ((long long)base_blocks * s + wave_blocks - 1) / wave_blocks;
+        const long long cost = waves * (chunk + step);
+        if (best_cost < 0 || cost < best_cost) {
+            best_cost = cost;
+            best = s;
+        }
+    }
+    return best;
+}
+
 template <typename T, int D, int NQ>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
@@ -107,7 +134,7 @@ __device__ __forceinline__ void paged_attn_impl(
     const uint32_t *__restrict__ context_lens, // [R]
     const uint32_t *__restrict__ cu_q,         // [R + 1]
     int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift,
-    float scale_log2, int mask_block, int num_splits, int chunk, int num_tokens) {
+    float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens) {
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
@@ -117,6 +144,7 @@ __device__ __forceinline__ void paged_attn_impl(
     static_assert(D % VEC == 0 && ACTIVE <= 32, "head dim");
 
     __shared__ int s_row;
+    __shared__ int s_max_ctx[NW];
     __shared__ float s_acc[NW][NQ][D];
     __shared__ float s_m[NW][NQ];
     __shared__ float s_l[NW][NQ];
@@ -126,10 +154,17 @@ __device__ __forceinline__ void paged_attn_impl(
     const int split = blockIdx.z;
     const long long bx = blockIdx.x;
 
+    const bool derive_chunk = num_splits > 1 && chunk == 0;
+    unsigned max_ctx = 0;
     for (int r = threadIdx.x; r < num_rows; r += NTHREADS) {
         const long long o0 = ((long long)cu_q[r] * group + (long long)r * (NQ - 1)) / NQ;
         const long long o1 = ((long long)cu_q[r + 1] * group + (long long)(r + 1) * (NQ - 1)) / NQ;
         if (o0 <= bx && bx < o1) s_row = r;
+        if (derive_chunk && o1 > o0) max_ctx = max(max_ctx, context_lens[r]);
+    }
+    if (derive_chunk) {
+        max_ctx = __reduce_max_sync(0xffffffffu, max_ctx);
+        if (threadIdx.x % 32 == 0) s_max_ctx[threadIdx.x / 32] = (int)max_ctx;
     }
     __syncthreads();
     const int r = s_row;
@@ -141,10 +176,19 @@ __device__ __forceinline__ void paged_attn_impl(
     if (item0 >= items) return;  // block-uniform
     const int ctx = context_lens[r];
 
+    if (derive_chunk) {
+        constexpr int STEP = NW * KT;
+        int longest = 0;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) longest = max(longest, s_max_ctx[w]);
+        const int base_blocks = (int)(gridDim.x * gridDim.y);
+        const int splits = split_count(longest, num_splits, base_blocks, wave_blocks, STEP);
+        chunk = ((longest + splits - 1) / splits + STEP - 1) / STEP * STEP;
+    }
     const int last_tok = (min(item0 + NQ, items) - 1) / group;
     const int kend = key_limit(ctx, q_len, last_tok, mask_block);
-    const int k0 = split * chunk;
-    const int k1 = min(kend, k0 + chunk);
+    const int k0 = (int)min((long long)split * chunk, (long long)kend);
+    const int k1 = (int)min((long long)kend, (long long)k0 + chunk);
 
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -282,7 +326,7 @@ __device__ __forceinline__ void paged_attn_impl(
             out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
         } else {
             const size_t sth = (size_t)split * num_tokens * num_heads + th;
-            ws_acc[sth * D + e] = A;
+            if (L > 0.f) ws_acc[sth * D + e] = A;  // the combine reads no acc of an empty split
             if (e == 0) {
                 ws_ml[sth * 2] = M;
                 ws_ml[sth * 2 + 1] = L;
@@ -618,11 +662,12 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                   \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
-        float scale_log2, int mask_block, int num_splits, int chunk, int num_tokens
+        float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens
 
 #define PA_PASS                                                                                  \
     out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens, cu_q, num_rows, max_blocks,       \
-        num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk, num_tokens
+        num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk,    \
+        wave_blocks, num_tokens
 
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
@@ -630,8 +675,18 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         paged_attn_impl<T, D, NQ>(PA_PASS);                                                      \
     }
 
+// The one-query kernel (a looped decode step) also held to 7 blocks an SM (72 registers on the
+// H200 instead of 80 for 6, no spills): more warps waiting on K/V hide latency when each block
+// walks few keys; with many, the free allocation keeps more loads in flight per warp.
+#define PA_KERNEL_OCC7(NAME, T, D)                                                               \
+    extern "C" __global__ void __launch_bounds__(NTHREADS, 7)                                   \
+        paged_attn_##NAME##_d##D##_q1_o7(PA_ARGS(T)) {                                          \
+        paged_attn_impl<T, D, 1>(PA_PASS);                                                       \
+    }
+
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
     PA_KERNEL(NAME, T, D, 1)                                                                     \
+    PA_KERNEL_OCC7(NAME, T, D)                                                                   \
     PA_KERNEL(NAME, T, D, 2)                                                                     \
     PA_KERNEL(NAME, T, D, 4)                                                                     \
     PA_KERNEL(NAME, T, D, 8)                                                                     \
