@@ -21,6 +21,10 @@ const MAX_SPLITS: usize = 32;
 /// free (6 blocks an SM on the H200) instead of the one held to 7 blocks: session 18 measured the
 /// 7-block build faster on blocks of ≤ 260 keys and slower on 410 and more.
 const OCC7_MAX_KEYS: usize = 384;
+/// A block's fixed cost (start, cross-warp merge, partial writes, its share of the merge launch)
+/// in keys walked, for the split plan: with one block step (32 keys) the plan split W 64 / 256
+/// decode at contexts ≈ 300 into 3 / 2 and lost 3 % to main's fixed splits (session 20, call 1).
+const BLOCK_COST_KEYS: usize = 128;
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
@@ -197,6 +201,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         bail!("paged attention (cuda): too many query tiles");
     }
     let base_blocks = tiles * p.kv_heads;
+    let exp = experiment();
     let step = NW * keys_per_warp_step(p.hd, std::mem::size_of::<T>(), nq);
     // Few (row, kv head) blocks — decode at small widths or long contexts — leave SMs idle or
     // run in uneven waves: split the keys. The grid holds as many splits as the longest context
@@ -206,16 +211,17 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         let o7 = if occ7 { "_o7" } else { "" };
         format!("paged_attn_{name}_d{}_q{nq}{o7}", p.hd)
     };
+    let block_cost = exp.block_cost.unwrap_or(BLOCK_COST_KEYS);
     let plan = |kname: &str| -> Result<(usize, usize)> {
         let wave = wave_blocks(dev, kname)?;
-        Ok((wave, split_count(p.max_context_len, MAX_SPLITS, base_blocks, wave, step)))
+        Ok((wave, split_count(p.max_context_len, MAX_SPLITS, base_blocks, wave, step, block_cost)))
     };
     let mut kname = kernel_name(false);
     let (mut wave, mut splits) = plan(&kname)?;
-    let exp = experiment();
     let occ7 = match exp.occ {
         Some(o) => o == 7,
-        None => keys_per_block(p.max_context_len, splits, step) <= OCC7_MAX_KEYS,
+        // A graph's bucket is a power of two above the contexts it serves: judge by ¾ of it.
+        None => keys_per_block(p.max_context_len - p.max_context_len / 4, splits, step) <= OCC7_MAX_KEYS,
     };
     if nq == 1 && occ7 {
         kname = kernel_name(true);
@@ -238,7 +244,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let mut out = unsafe { dev.alloc::<T>(n_out)? };
     let func = kernel!(dev, Module::PagedAttention, &kname)?;
     let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
-    let (nsplits, chunk, wave) = (splits as i32, chunk as i32, wave.min(i32::MAX as usize) as i32);
+    let (nsplits, chunk, wave, block_cost) = (splits as i32, chunk as i32, wave.min(i32::MAX as usize) as i32, block_cost.min(1 << 20) as i32);
     let null = 0u64;
     let ws = if splits > 1 {
         // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and
@@ -264,7 +270,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         }
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
-        b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
+        b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&block_cost).arg(&tokens);
         // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
@@ -298,15 +304,18 @@ fn wave_blocks(dev: &CudaDevice, name: &str) -> Result<usize> {
     Ok(w)
 }
 
-/// EXPERIMENT (removed after the A/B): `PONDER_ATTN_SPLIT=bucket`, `PONDER_ATTN_OCC=6|7`.
+/// EXPERIMENT (removed after the A/B): `PONDER_ATTN_SPLIT=bucket`, `PONDER_ATTN_OCC=6|7`,
+/// `PONDER_ATTN_C0=KEYS`.
 struct Experiment {
     bucket: bool,
     occ: Option<u32>,
+    block_cost: Option<usize>,
 }
 
 fn experiment() -> Experiment {
     Experiment {
         bucket: std::env::var("PONDER_ATTN_SPLIT").is_ok_and(|v| v == "bucket"),
         occ: std::env::var("PONDER_ATTN_OCC").ok().and_then(|v| v.parse().ok()),
+        block_cost: std::env::var("PONDER_ATTN_C0").ok().and_then(|v| v.parse().ok()),
     }
 }
