@@ -21,10 +21,6 @@ const MAX_SPLITS: usize = 32;
 /// free (6 blocks an SM on the H200) instead of the one held to 7 blocks: session 18 measured the
 /// 7-block build faster on blocks of ≤ 260 keys and slower on 410 and more.
 const OCC7_MAX_KEYS: usize = 384;
-/// A block's fixed cost (start, cross-warp merge, partial writes, its share of the merge launch)
-/// in keys walked, for the split plan: with one block step (32 keys) the plan split W 64 / 256
-/// decode at contexts ≈ 300 into 3 / 2 and lost 3 % to main's fixed splits (session 20, call 1).
-const BLOCK_COST_KEYS: usize = 128;
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
@@ -211,10 +207,13 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         let o7 = if occ7 { "_o7" } else { "" };
         format!("paged_attn_{name}_d{}_q{nq}{o7}", p.hd)
     };
-    let block_cost = exp.block_cost.unwrap_or(BLOCK_COST_KEYS);
+    let block_cost = exp.block_cost.unwrap_or(step);
+    // At most as many splits as bring the grid to 8 blocks an SM: measured, even splits beyond
+    // that lost at W 64 (three splits of ≈ 100 keys against two).
+    let max_splits = (8 * super::launch::sm_count(dev)?).div_ceil(base_blocks.max(1)).clamp(1, MAX_SPLITS);
     let plan = |kname: &str| -> Result<(usize, usize)> {
         let wave = wave_blocks(dev, kname)?;
-        Ok((wave, split_count(p.max_context_len, MAX_SPLITS, base_blocks, wave, step, block_cost)))
+        Ok((wave, split_count(p.max_context_len, max_splits, base_blocks, wave, step, block_cost)))
     };
     let mut kname = kernel_name(false);
     let (mut wave, mut splits) = plan(&kname)?;
