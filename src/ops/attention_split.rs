@@ -1,5 +1,60 @@
-//! How the SIMT paged-attention kernel cuts keys into splits (decode at small widths or long
-//! contexts): the host sizes the grid with it, the kernel repeats it on the actual contexts.
+//! How the SIMT paged-attention kernel cuts a row's keys into splits (decode at small widths or
+//! long contexts), and which of its two builds runs: the host plans the grid here; where the plan
+//! leaves the cut to the kernel, the kernel repeats `split_count` on the actual contexts.
+//!
+//! Measured on the H200 (session 20, `docs/BENCHMARKS.md`): chunks of the context bound (a
+//! captured graph's bucket: the next power of two) were fastest while they stay short (≤ 256
+//! keys at W 16 / 64: the full first chunks run first and the short last ones fill in), but at
+//! 2k-token contexts they were long and uneven (2048 + 256 keys at W 64), and cutting the
+//! actual longest context evenly took 10 % off that decode step.
+
+/// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
+pub(crate) const MAX_SPLITS: usize = 32;
+/// Longest chunk of the context bound the plan keeps; longer ones are cut from the actual
+/// context in the kernel (measured: 256 kept its lead, 832 and 2048 lost).
+const BOUND_CHUNK_MAX_KEYS: usize = 512;
+/// Keys per block up to which the one-query kernel runs its build held to 7 blocks an SM
+/// (72 registers on the H200, 80 for 6): faster on blocks of ≤ 260 keys, slower on ≥ 410
+/// (session 18).
+const OCC7_MAX_KEYS: usize = 384;
+/// Granularity of chunks of the context bound (keys).
+const BOUND_CHUNK_STEP: usize = 64;
+
+/// How one launch splits its keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SplitPlan {
+    /// Key splits in the grid (1: no split, no merge launch).
+    pub splits: usize,
+    /// Keys per split, or `None` when the kernel cuts the actual longest context itself.
+    pub chunk: Option<usize>,
+    /// Run the one-query kernel's 7-blocks-an-SM build.
+    pub occ7: bool,
+}
+
+/// The plan for a launch of `base_blocks` (row tile, kv head) blocks whose contexts are at most
+/// `max_ctx` keys, on `sms` SMs; `step` = keys of one block step; `one_query` when the 7-block
+/// build exists (one query item a block); `wave(occ7)` = blocks of that build that run at once.
+pub(crate) fn plan(max_ctx: usize, base_blocks: usize, sms: usize, step: usize, one_query: bool, wave: impl Fn(bool) -> usize) -> SplitPlan {
+    // A graph's bound is a power of two above the contexts it serves: judge keys by ¾ of it.
+    let typical = max_ctx - max_ctx / 4;
+    let occ7 = |keys: usize| one_query && keys <= OCC7_MAX_KEYS;
+    let target = 8 * sms.max(1);
+    let mut splits = 1;
+    if base_blocks < target && max_ctx >= 256 {
+        splits = target.div_ceil(base_blocks.max(1)).min(max_ctx / BOUND_CHUNK_STEP).clamp(1, MAX_SPLITS);
+    }
+    if splits == 1 {
+        return SplitPlan { splits: 1, chunk: None, occ7: occ7(typical) };
+    }
+    let chunk = max_ctx.div_ceil(splits).div_ceil(BOUND_CHUNK_STEP) * BOUND_CHUNK_STEP;
+    if chunk <= BOUND_CHUNK_MAX_KEYS {
+        return SplitPlan { splits: max_ctx.div_ceil(chunk), chunk: Some(chunk), occ7: occ7(chunk.min(typical)) };
+    }
+    let splits = split_count(max_ctx, MAX_SPLITS, base_blocks, wave(false), step);
+    let occ7 = occ7(keys_per_block(typical, splits, step));
+    let splits = if occ7 { split_count(max_ctx, MAX_SPLITS, base_blocks, wave(true), step) } else { splits };
+    SplitPlan { splits, chunk: None, occ7 }
+}
 
 /// Keys one warp of the SIMT kernel walks per step (`KT` in the .cu file) for head dim `hd`,
 /// element size `elem` and `nq` query items a block.
@@ -21,11 +76,10 @@ pub(crate) fn keys_per_block(max_ctx: usize, splits: usize, step: usize) -> usiz
 }
 
 /// How many of at most `max_splits` key splits to cut a longest context of `max_ctx` keys into
-/// (`split_count` in `kernels/paged_attention.cu`, same arithmetic): with `base_blocks` blocks per split and
-/// `wave_blocks` running at once, a launch lasts about (waves) × (keys a block walks +
-/// `block_cost`, a block's fixed cost in keys), so splitting pays until a further split adds a
-/// wave.
-pub(crate) fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize, wave_blocks: usize, step: usize, block_cost: usize) -> usize {
+/// (`split_count` in `kernels/paged_attention.cu`, same arithmetic): with `base_blocks` blocks
+/// per split and `wave_blocks` running at once, a launch lasts about (waves) × (keys a block
+/// walks + one step of fixed cost), so splitting pays until a further split adds a wave.
+pub(crate) fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize, wave_blocks: usize, step: usize) -> usize {
     let wave_blocks = wave_blocks.max(1);
     let mut best = (usize::MAX, 1);
     for s in 1..=max_splits.max(1) {
@@ -33,7 +87,7 @@ pub(crate) fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize,
         if s > 1 && chunk * (s - 1) >= max_ctx {
             break; // the last split would be empty
         }
-        let cost = (base_blocks * s).div_ceil(wave_blocks) * (chunk + block_cost);
+        let cost = (base_blocks * s).div_ceil(wave_blocks) * (chunk + step);
         if cost < best.0 {
             best = (cost, s);
         }
@@ -45,19 +99,46 @@ pub(crate) fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize,
 mod tests {
     use super::*;
 
+    /// The H200's 132 SMs, 6 / 7 blocks an SM for the two builds.
+    fn h200(occ7: bool) -> usize {
+        132 * if occ7 { 7 } else { 6 }
+    }
+
     #[test]
-    fn splits_fill_one_wave_and_stop_before_an_empty_split() {
-        // 2k-token contexts, 256 (row, head) tiles, 792 blocks at once: three splits of 768 keys.
-        assert_eq!(split_count(2304, 32, 256, 792, 32, 128), 3);
+    fn short_contexts_keep_chunks_of_the_bound() {
+        // W 64 (1024 tiles), bucket 512: two chunks of 256, the 7-block build.
+        assert_eq!(plan(512, 1024, 132, 32, true, h200), SplitPlan { splits: 2, chunk: Some(256), occ7: true });
+        // W 16, bucket 256: four chunks of 64.
+        assert_eq!(plan(256, 256, 132, 32, true, h200), SplitPlan { splits: 4, chunk: Some(64), occ7: true });
+        // W 256: no split; ¾ of the bucket is 384 keys, still the 7-block build.
+        assert_eq!(plan(512, 4096, 132, 32, true, h200), SplitPlan { splits: 1, chunk: None, occ7: true });
+        // No 7-block build for several query items a block.
+        assert!(!plan(512, 4096, 132, 32, false, h200).occ7);
+        // Below 256 keys of bound: never split.
+        assert_eq!(plan(200, 16, 132, 32, true, h200).splits, 1);
+    }
+
+    #[test]
+    fn long_contexts_are_cut_in_the_kernel() {
+        // 2k prompts, bucket 4096: chunks of the bound would be 832 (W 16) and 2048 (W 64) keys.
+        let w16 = plan(4096, 256, 132, 32, true, h200);
+        assert_eq!((w16.chunk, w16.occ7), (None, false));
+        assert!(w16.splits >= 3, "{w16:?}");
+        let w64 = plan(4096, 1024, 132, 32, true, h200);
+        assert_eq!(w64.chunk, None);
+        assert!(w64.splits >= 3, "{w64:?}");
+        // What the kernel does with the actual longest context (2304 keys).
+        assert_eq!(split_count(2304, w16.splits, 256, h200(false), 32), 3);
+        assert_eq!(split_count(2304, w64.splits, 1024, h200(false), 32), 3);
+    }
+
+    #[test]
+    fn splits_fill_waves_and_stop_before_an_empty_split() {
+        assert_eq!(split_count(2304, 32, 256, 792, 32), 3);
         assert_eq!(keys_per_block(2304, 3, 32), 768);
-        // Enough tiles for several waves: no split.
-        assert_eq!(split_count(300, 32, 4096, 792, 32, 128), 1);
-        // 1024 tiles of 2304 keys: three splits (four waves of 768 keys) beat one (two waves of
-        // 2304) and two (three waves of 1152).
-        assert_eq!(split_count(2304, 32, 1024, 792, 32, 128), 3);
-        // A short context never yields an empty split, whatever the wave allows.
+        assert_eq!(split_count(300, 32, 4096, 792, 32), 1);
         for ctx in 1..200 {
-            let s = split_count(ctx, 32, 1, 792, 32, 128);
+            let s = split_count(ctx, 32, 1, 792, 32);
             assert!(keys_per_block(ctx, s, 32) * (s - 1) < ctx, "ctx {ctx}: {s} splits");
         }
         assert_eq!(keys_per_warp_step(128, 2, 1), 8);

@@ -2,7 +2,7 @@
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
 use super::launch::{device, for_float, kernel, view, wrap, Module};
-use crate::ops::attention_split::{keys_per_block, keys_per_warp_step, split_count};
+use crate::ops::attention_split::{self, keys_per_warp_step};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -15,12 +15,6 @@ const NW: usize = 4;
 const MMA_MIN_ITEMS: usize = 16;
 /// Query items per block of the tensor-core kernel (`MMA_NQ` in the .cu file).
 const MMA_NQ: usize = 64;
-/// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
-const MAX_SPLITS: usize = 32;
-/// Keys per block from which the one-query kernel runs its build with the register allocation
-/// free (6 blocks an SM on the H200) instead of the one held to 7 blocks: session 18 measured the
-/// 7-block build faster on blocks of ≤ 260 keys and slower on 410 and more.
-const OCC7_MAX_KEYS: usize = 384;
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
@@ -197,53 +191,45 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         bail!("paged attention (cuda): too many query tiles");
     }
     let base_blocks = tiles * p.kv_heads;
-    let exp = experiment();
     let step = NW * keys_per_warp_step(p.hd, std::mem::size_of::<T>(), nq);
-    // Few (row, kv head) blocks — decode at small widths or long contexts — leave SMs idle or
-    // run in uneven waves: split the keys. The grid holds as many splits as the longest context
-    // the launch may see (`max_context_len`, a graph's bucket) would use; the kernel cuts the
-    // actual longest context into as many of them as pay (`split_count`).
     let kernel_name = |occ7: bool| {
         let o7 = if occ7 { "_o7" } else { "" };
         format!("paged_attn_{name}_d{}_q{nq}{o7}", p.hd)
     };
-    let block_cost = exp.block_cost.unwrap_or(step);
-    // At most as many splits as bring the grid to 8 blocks an SM: measured, even splits beyond
-    // that lost at W 64 (three splits of ≈ 100 keys against two).
-    let max_splits = (8 * super::launch::sm_count(dev)?).div_ceil(base_blocks.max(1)).clamp(1, MAX_SPLITS);
-    let plan = |kname: &str| -> Result<(usize, usize)> {
-        let wave = wave_blocks(dev, kname)?;
-        Ok((wave, split_count(p.max_context_len, max_splits, base_blocks, wave, step, block_cost)))
-    };
-    let mut kname = kernel_name(false);
-    let (mut wave, mut splits) = plan(&kname)?;
-    let occ7 = match exp.occ {
-        Some(o) => o == 7,
-        // A graph's bucket is a power of two above the contexts it serves: judge by ¾ of it.
-        None => keys_per_block(p.max_context_len - p.max_context_len / 4, splits, step) <= OCC7_MAX_KEYS,
-    };
-    if nq == 1 && occ7 {
-        kname = kernel_name(true);
-        (wave, splits) = plan(&kname)?;
-    }
-    // 0: the kernel derives the chunk from the actual contexts.
-    let mut chunk = if splits == 1 { i32::MAX as usize } else { 0 };
+    // Blocks of each build that run at once (cached after the first launch).
+    let waves = [wave_blocks(dev, &kernel_name(false))?, if nq == 1 { wave_blocks(dev, &kernel_name(true))? } else { 1 }];
+    let wave = |occ7: bool| waves[usize::from(occ7)];
+    let sms = super::launch::sm_count(dev)?;
+    let mut plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave);
+    let exp = experiment();
     if exp.bucket {
-        // EXPERIMENT: the split before this change, cut from the bucket on the host.
-        const TARGET_BLOCKS: usize = 132 * 8;
-        splits = 1;
-        if base_blocks < TARGET_BLOCKS && p.max_context_len >= 256 {
-            splits = TARGET_BLOCKS.div_ceil(base_blocks).min(p.max_context_len / 64).clamp(1, 32);
+        // EXPERIMENT: the plan before session 20 (chunks of the bound, 6-block build).
+        let mut splits = 1;
+        if base_blocks < 8 * sms && p.max_context_len >= 256 {
+            splits = (8 * sms).div_ceil(base_blocks).min(p.max_context_len / 64).clamp(1, 32);
         }
-        chunk = if splits == 1 { i32::MAX as usize } else { p.max_context_len.div_ceil(splits).div_ceil(NW * 16) * (NW * 16) };
-        splits = if splits == 1 { 1 } else { p.max_context_len.div_ceil(chunk) };
+        let chunk = p.max_context_len.div_ceil(splits).div_ceil(64) * 64;
+        plan = if splits == 1 {
+            attention_split::SplitPlan { splits: 1, chunk: None, occ7: false }
+        } else {
+            attention_split::SplitPlan { splits: p.max_context_len.div_ceil(chunk), chunk: Some(chunk), occ7: false }
+        };
     }
+    if let Some(o) = exp.occ {
+        plan.occ7 = o == 7;
+    }
+    let occ7 = nq == 1 && plan.occ7;
+    let kname = kernel_name(occ7);
+    let splits = plan.splits;
+    // The kernel takes chunk 0 as "cut the actual longest context"; no split: one chunk.
+    let chunk = if splits == 1 { i32::MAX as usize } else { plan.chunk.unwrap_or(0) };
+    let wave = if splits > 1 && plan.chunk.is_none() { wave(occ7) } else { 1 };
 
     // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
     let mut out = unsafe { dev.alloc::<T>(n_out)? };
     let func = kernel!(dev, Module::PagedAttention, &kname)?;
     let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
-    let (nsplits, chunk, wave, block_cost) = (splits as i32, chunk as i32, wave.min(i32::MAX as usize) as i32, block_cost.min(1 << 20) as i32);
+    let (nsplits, chunk, wave) = (splits as i32, chunk.min(i32::MAX as usize) as i32, wave.min(i32::MAX as usize) as i32);
     let null = 0u64;
     let ws = if splits > 1 {
         // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and
@@ -269,7 +255,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         }
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
-        b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&block_cost).arg(&tokens);
+        b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
         // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
@@ -303,18 +289,15 @@ fn wave_blocks(dev: &CudaDevice, name: &str) -> Result<usize> {
     Ok(w)
 }
 
-/// EXPERIMENT (removed after the A/B): `PONDER_ATTN_SPLIT=bucket`, `PONDER_ATTN_OCC=6|7`,
-/// `PONDER_ATTN_C0=KEYS`.
+/// EXPERIMENT (removed after the A/B): `PONDER_ATTN_SPLIT=bucket`, `PONDER_ATTN_OCC=6|7`.
 struct Experiment {
     bucket: bool,
     occ: Option<u32>,
-    block_cost: Option<usize>,
 }
 
 fn experiment() -> Experiment {
     Experiment {
         bucket: std::env::var("PONDER_ATTN_SPLIT").is_ok_and(|v| v == "bucket"),
         occ: std::env::var("PONDER_ATTN_OCC").ok().and_then(|v| v.parse().ok()),
-        block_cost: std::env::var("PONDER_ATTN_C0").ok().and_then(|v| v.parse().ok()),
     }
 }

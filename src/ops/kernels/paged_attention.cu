@@ -13,11 +13,12 @@
 // contexts: decode), each block covers one key chunk and writes unnormalised partials (acc, max,
 // sum) that paged_attn_combine_* merges.
 //
-// Key splits are cut from the launch's actual longest context, not from the host's bound on it
-// (chunk = 0): a captured graph keeps one launch shape for a bucket of contexts, so the grid's
-// num_splits is only the most any context of the bucket may use. Every block derives the same
-// split count from the rows' context lengths with split_count (below); blocks past it find no
-// keys and write empty partials.
+// Key splits come in two plans (the host picks, see attention_split.rs): chunks of the host's
+// bound on the context (chunk > 0; a captured graph's bound is its bucket, the next power of two),
+// or, where those chunks would be long and uneven, chunks cut from the launch's actual longest
+// context (chunk = 0): the grid's num_splits is then only the most any context of the bucket may
+// use, every block derives the same split count from the rows' context lengths with split_count
+// (below), and blocks past it find no keys and write empty partials.
 //
 // Rows are found without host data: block x of the grid belongs to row r when
 // off(r) <= x < off(r + 1), off(r) = (cu_q[r] * group + r * (NQ - 1)) / NQ, which gives every row at
@@ -103,18 +104,17 @@ __device__ __forceinline__ size_t cache_slot(const uint32_t *table, int p, int b
 
 // How many of at most max_splits key splits to cut a longest context of max_ctx keys into, for a
 // grid of base_blocks blocks per split when wave_blocks blocks run at once: the launch lasts about
-// (waves of blocks) x (keys a block walks + block_cost, a block's fixed cost in keys), so
-// splitting pays until a further split adds a wave. Chunks are whole block steps of `step` keys.
-// The host's copy (`split_count` in attention_split.rs) sizes the grid.
-__device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base_blocks, int wave_blocks, int step,
-                                           int block_cost) {
+// (waves of blocks) x (keys a block walks + one step of fixed cost), so splitting pays until a
+// further split adds a wave. Chunks are whole block steps of `step` keys. The host's copy
+// (`split_count` in attention_split.rs) sizes the grid.
+__device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base_blocks, int wave_blocks, int step) {
     int best = 1;
     long long best_cost = -1;
     for (int s = 1; s <= max_splits; ++s) {
         const int chunk = ((max_ctx + s - 1) / s + step - 1) / step * step;
         if (s > 1 && (long long)chunk * (s - 1) >= max_ctx) break;  // the last split would be empty
         const long long waves = ((long long)base_blocks * s + wave_blocks - 1) / wave_blocks;
-        const long long cost = waves * (chunk + block_cost);
+        const long long cost = waves * (chunk + step);
         if (best_cost < 0 || cost < best_cost) {
             best_cost = cost;
             best = s;
@@ -135,7 +135,7 @@ __device__ __forceinline__ void paged_attn_impl(
     const uint32_t *__restrict__ context_lens, // [R]
     const uint32_t *__restrict__ cu_q,         // [R + 1]
     int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift,
-    float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int block_cost, int num_tokens) {
+    float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens) {
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
@@ -183,7 +183,7 @@ __device__ __forceinline__ void paged_attn_impl(
 #pragma unroll
         for (int w = 0; w < NW; ++w) longest = max(longest, s_max_ctx[w]);
         const int base_blocks = (int)(gridDim.x * gridDim.y);
-        const int splits = split_count(longest, num_splits, base_blocks, wave_blocks, STEP, block_cost);
+        const int splits = split_count(longest, num_splits, base_blocks, wave_blocks, STEP);
         chunk = ((longest + splits - 1) / splits + STEP - 1) / STEP * STEP;
     }
     const int last_tok = (min(item0 + NQ, items) - 1) / group;
@@ -663,12 +663,12 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                   \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
-        float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int block_cost, int num_tokens
+        float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens
 
 #define PA_PASS                                                                                  \
     out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens, cu_q, num_rows, max_blocks,       \
         num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk,    \
-        wave_blocks, block_cost, num_tokens
+        wave_blocks, num_tokens
 
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
