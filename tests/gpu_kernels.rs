@@ -18,6 +18,9 @@ struct Case {
     block_size: usize,
     dtype: DType,
     mask: AttnMask,
+    /// The launch's bound on the contexts when it is not the longest one (a captured graph's
+    /// bucket).
+    context_bound: Option<usize>,
 }
 
 struct Built {
@@ -86,7 +89,10 @@ fn check(case: Case) {
     let cpu_batch = PagedBatch::new(b.host.clone(), case.block_size, case.mask, width, &Device::Cpu).unwrap();
     let f32_ = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
     let reference = paged_attention_reference(&f32_(&b.q), &f32_(&b.k), &f32_(&b.v), &cpu_batch, scale).unwrap();
-    let gpu_batch = PagedBatch::new(b.host.clone(), case.block_size, case.mask, width, &gpu).unwrap();
+    let mut gpu_batch = PagedBatch::new(b.host.clone(), case.block_size, case.mask, width, &gpu).unwrap();
+    if let Some(bound) = case.context_bound {
+        gpu_batch.max_context_len = bound;
+    }
     let (q, k, v) = (b.q.to_device(&gpu).unwrap(), b.k.to_device(&gpu).unwrap(), b.v.to_device(&gpu).unwrap());
     let tol = match case.dtype {
         DType::F32 => 1e-5,
@@ -136,7 +142,7 @@ const MIXED_ROWS: &[(usize, usize)] = &[(37, 37), (1, 200), (0, 5), (128, 300), 
 const DIFFUSION_ROWS: &[(usize, usize)] = &[(32, 64), (32, 96), (1, 50), (32, 200), (16, 17), (32, 600)];
 
 fn case(name: &'static str, rows: &[(usize, usize)], heads: usize, kv: usize, hd: usize, dtype: DType, mask: AttnMask) -> Case {
-    Case { name, rows: rows.to_vec(), heads, kv_heads: kv, hd, block_size: 16, dtype, mask }
+    Case { name, rows: rows.to_vec(), heads, kv_heads: kv, hd, block_size: 16, dtype, mask, context_bound: None }
 }
 
 #[test]
@@ -169,6 +175,17 @@ fn decode_short_contexts_split() {
         for dt in [DType::F32, DType::BF16] {
             check(Case { rows: rows.clone(), ..case("decode short contexts mha d128", &[], 16, 16, 128, dt, AttnMask::Causal) });
         }
+    }
+}
+
+/// Long contexts at a width where chunks of the context bound would be long (1024 tiles, 2k
+/// keys): the kernel cuts the actual longest context itself, with the bound exact and with a
+/// graph's bucket (4096) far above it.
+#[test]
+fn decode_long_contexts_cut_in_kernel() {
+    let rows: Vec<(usize, usize)> = (0..64).map(|i| (1, 1100 + (i * 97) % 1100)).collect();
+    for (dt, bound) in [(DType::BF16, None), (DType::BF16, Some(4096)), (DType::F32, Some(4096))] {
+        check(Case { rows: rows.clone(), context_bound: bound, ..case("decode long contexts mha d128", &[], 16, 16, 128, dt, AttnMask::Causal) });
     }
 }
 
@@ -249,7 +266,7 @@ fn rejects_bad_inputs() {
 /// Times one launch configuration; prints µs per call and the KV bytes read per second.
 fn time_case(name: &str, rows: &[(usize, usize)], heads: usize, kv: usize, hd: usize, mask: AttnMask) {
     let gpu = Device::new_cuda(0).unwrap();
-    let c = Case { name: "timing", rows: rows.to_vec(), heads, kv_heads: kv, hd, block_size: 16, dtype: DType::BF16, mask };
+    let c = Case { name: "timing", rows: rows.to_vec(), heads, kv_heads: kv, hd, block_size: 16, dtype: DType::BF16, mask, context_bound: None };
     let b = build(&c, 7);
     let batch = PagedBatch::new(b.host.clone(), 16, mask, kv * hd, &gpu).unwrap();
     // NaN in unused slots is fine for timing; the kernel never reads them.

@@ -200,24 +200,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let waves = [wave_blocks(dev, &kernel_name(false))?, if nq == 1 { wave_blocks(dev, &kernel_name(true))? } else { 1 }];
     let wave = |occ7: bool| waves[usize::from(occ7)];
     let sms = super::launch::sm_count(dev)?;
-    let mut plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave);
-    let exp = experiment();
-    if exp.bucket {
-        // EXPERIMENT: the plan before session 20 (chunks of the bound, 6-block build).
-        let mut splits = 1;
-        if base_blocks < 8 * sms && p.max_context_len >= 256 {
-            splits = (8 * sms).div_ceil(base_blocks).min(p.max_context_len / 64).clamp(1, 32);
-        }
-        let chunk = p.max_context_len.div_ceil(splits).div_ceil(64) * 64;
-        plan = if splits == 1 {
-            attention_split::SplitPlan { splits: 1, chunk: None, occ7: false }
-        } else {
-            attention_split::SplitPlan { splits: p.max_context_len.div_ceil(chunk), chunk: Some(chunk), occ7: false }
-        };
-    }
-    if let Some(o) = exp.occ {
-        plan.occ7 = o == 7;
-    }
+    let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave);
     let occ7 = nq == 1 && plan.occ7;
     let kname = kernel_name(occ7);
     let splits = plan.splits;
@@ -287,17 +270,4 @@ fn wave_blocks(dev: &CudaDevice, name: &str) -> Result<usize> {
     let w = (super::launch::sm_count(dev)? * per_sm).max(1);
     cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, w);
     Ok(w)
-}
-
-/// EXPERIMENT (removed after the A/B): `PONDER_ATTN_SPLIT=bucket`, `PONDER_ATTN_OCC=6|7`.
-struct Experiment {
-    bucket: bool,
-    occ: Option<u32>,
-}
-
-fn experiment() -> Experiment {
-    Experiment {
-        bucket: std::env::var("PONDER_ATTN_SPLIT").is_ok_and(|v| v == "bucket"),
-        occ: std::env::var("PONDER_ATTN_OCC").ok().and_then(|v| v.parse().ok()),
-    }
 }
