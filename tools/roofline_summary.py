@@ -11,6 +11,8 @@ import statistics
 
 root = pathlib.Path(__file__).resolve().parent.parent
 raw = root / "docs" / "bench" / "raw-2026-12-01c"
+# The CB rows at Ouro-1.4B shapes: session 20's kept attention split plan (call 4).
+cb_raw = root / "docs" / "bench" / "raw-2026-12-02d" / "attn_split_kept_a9887ae"
 
 
 def cb_rows(runs, workload, target):
@@ -42,16 +44,16 @@ def cdb_rows(docs, workload):
 
 
 def main():
-    ab = json.loads((raw / "attn_split_6303cb0" / "ab_attn_split.json").read_text())
-    new_runs = [run["result"] for run in ab["runs"] if run["variant"] == "new"]
+    new_runs = [json.loads((cb_raw / f"cb_N_{i}.json").read_text()) for i in (1, 2)]
     rows = cb_rows(new_runs, "CB, prompt 128 + 256 new", 0.75)
-    rows += cb_rows([json.loads((raw / "attn_split_6303cb0" / "cb_2k.json").read_text())], "CB, prompt 2048 + 256 new", 0.75)
+    rows += cb_rows([json.loads((cb_raw / "cb2k_N.json").read_text())], "CB, prompt 2048 + 256 new", 0.75)
     rows += cb_rows([json.loads((raw / "attn_split_6303cb0" / "huginn_cb.json").read_text())], "Huginn CB, prompt 128 + 128 new", None)
     rows += cdb_rows([json.loads((raw / "attn_split_6303cb0" / "cdb_shared.json").read_text())], "CDB refill, shared K/V (decode side)")
     le = json.loads((raw / "last_exited_fill_7da0c67" / "ab_last_exited_fill.json").read_text())
     rows += cdb_rows([run["result"] for run in le["runs"] if run["variant"] == "new"], "CDB refill, last-exited K/V (decode side)")
-    doc = dict(gpu=new_runs[0]["gpu"], commit=f"{new_runs[0]['commit']} (last-exited row: {le['new']})", model="Ouro-1.4B shapes (Huginn-0125 where named), random bf16 weights",
-               sources="docs/bench/raw-2026-12-01c/{attn_split_6303cb0,last_exited_fill_7da0c67}", rows=rows)
+    doc = dict(gpu=new_runs[0]["gpu"], commit=f"CB rows {new_runs[0]['commit']}; Huginn and shared CDB rows 6303cb0; last-exited row {le['new']}",
+               model="Ouro-1.4B shapes (Huginn-0125 where named), random bf16 weights",
+               sources="docs/bench/raw-2026-12-02d/attn_split_kept_a9887ae (CB), docs/bench/raw-2026-12-01c/{attn_split_6303cb0,last_exited_fill_7da0c67}", rows=rows)
     out = root / "docs" / "bench" / "looped_roofline.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print("wrote", out)
