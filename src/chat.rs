@@ -3,8 +3,9 @@
 //! variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token` and any extra keyword
 //! (`enable_thinking`, …), Python's string and dict methods (`strip`, `split`, `startswith`,
 //! `items`, …), `raise_exception`, and a `tojson` that writes what Python's `json.dumps` writes.
-//! Rendering is bounded (fuel, recursion limit), so a template from a file cannot hang or take
-//! the process down: it fails with [`Error::ChatTemplate`].
+//! Rendering is bounded (fuel, recursion limit, a rendering thread whose stack covers the deepest
+//! value the fuel can build; no `Debug` pretty-printers), so a template from a file cannot hang
+//! or take the process down: it fails with [`Error::ChatTemplate`].
 
 use crate::{Error, Result};
 use minijinja::value::{Kwargs, Value};
@@ -54,9 +55,17 @@ impl Chat {
     }
 }
 
-/// Most template instructions one rendering may run: generous for any real conversation, a
-/// bound for a template that loops without end.
-const FUEL: u64 = 50_000_000;
+/// Most template instructions one rendering may run: generous for any real conversation (a
+/// Qwen3-style template spends ≈ 70 a message), a bound for a template that loops without end,
+/// and the bound on how deep a value a template can build (below).
+const FUEL: u64 = 2_000_000;
+/// Stack of the thread a template renders on. A template can nest a value one level per ≈ 1.5
+/// instructions (`{% set ns.x = [[…[ns.x]…]] %}` in a loop: ≤ 1.3 M levels on the fuel), and
+/// minijinja recurses once a level to print such a value (368 bytes a level, measured in a
+/// release build) and to drop it (64): on an 8 MB stack that overflowed — a process abort —
+/// from ≈ 22 000 levels. 1 GiB covers printing the deepest value the fuel allows twice over.
+/// Reserved, not committed: only a template that nests that deep touches it.
+const RENDER_STACK_BYTES: usize = 1 << 30;
 
 /// A compiled chat template with the special tokens it is rendered with.
 #[derive(Debug)]
@@ -77,13 +86,29 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
+        // Both pretty-print a value through `Debug`, superlinear in its nesting and not counted
+        // by the fuel (8 000 levels ran past a minute); chat templates do not use them.
+        env.remove_filter("pprint");
+        env.remove_global("debug");
         env.add_template_owned("chat", source.into()).map_err(|e| Error::ChatTemplate(describe(&e)))?;
         Ok(Self { env, bos_token: bos_token.unwrap_or_default(), eos_token: eos_token.unwrap_or_default() })
     }
 
     /// The prompt text for `chat`; a template that fails (an exception it raises, an undefined
-    /// method, running out of fuel) is [`Error::ChatTemplate`].
+    /// method, running out of fuel) is [`Error::ChatTemplate`]. Renders on a thread of its own
+    /// whose stack covers the deepest value the template can build (see `RENDER_STACK_BYTES`).
     pub fn render(&self, chat: &Chat) -> Result<String> {
+        std::thread::scope(|scope| {
+            let worker = std::thread::Builder::new()
+                .name("ponder-chat-template".into())
+                .stack_size(RENDER_STACK_BYTES)
+                .spawn_scoped(scope, || self.render_here(chat))
+                .map_err(|e| Error::ChatTemplate(format!("cannot start the rendering thread: {e}")))?;
+            worker.join().unwrap_or_else(|_| Err(Error::ChatTemplate("rendering the template panicked".into())))
+        })
+    }
+
+    fn render_here(&self, chat: &Chat) -> Result<String> {
         let mut ctx = chat.kwargs.clone();
         let messages = serde_json::to_value(&chat.messages).map_err(|e| Error::ChatTemplate(e.to_string()))?;
         ctx.insert("messages".into(), messages);
@@ -215,6 +240,31 @@ mod tests {
         assert!(err.to_string().contains("nesting deeper"), "{err}");
         let ok = "{% set ns = namespace(x=1) %}{% for i in range(100) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson(indent=64) }}";
         assert!(ChatTemplate::new(ok, None, None).unwrap().render(&chat).is_ok());
+    }
+
+    /// A template nesting a value 25 levels an instruction, `outer` × 40 times.
+    fn nesting_template(outer: usize, then: &str) -> String {
+        let (open, close) = ("[".repeat(25), "]".repeat(25));
+        format!("{{% set ns = namespace(x=1) %}}{{% for i in range({outer}) %}}{{% for j in range(40) %}}{{% set ns.x = {open}ns.x{close} %}}{{% endfor %}}{{% endfor %}}{then}")
+    }
+
+    #[test]
+    fn deep_values_render_or_fail_typed_without_overflowing_the_stack() {
+        // 200 000 levels printed (the caller's 8 MB stack overflowed from ≈ 22 000).
+        let t = ChatTemplate::new(nesting_template(200, "{{ ns.x }}"), None, None).unwrap();
+        let out = t.render(&Chat::default()).unwrap();
+        assert_eq!(out.len(), 2 * 200_000 + 1);
+        assert!(out.starts_with("[[[") && out.ends_with("]]]"));
+        // Nesting until the fuel runs out: a typed error, and the deepest value the fuel allows
+        // is dropped on the rendering thread.
+        let t = ChatTemplate::new(nesting_template(100_000, ""), None, None).unwrap();
+        let err = t.render(&Chat::default()).unwrap_err();
+        assert!(matches!(err, Error::ChatTemplate(ref m) if m.contains("fuel")), "{err}");
+        // Pretty-printers whose time the fuel does not bound are not there.
+        for then in ["{{ ns.x | pprint }}", "{{ debug(ns.x) }}"] {
+            let t = ChatTemplate::new(nesting_template(8, then), None, None);
+            assert!(matches!(t.and_then(|t| t.render(&Chat::default())), Err(Error::ChatTemplate(_))), "{then}");
+        }
     }
 
     #[test]
