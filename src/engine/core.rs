@@ -202,7 +202,9 @@ impl Engine {
     }
 
     /// Stops a request now and frees its KV blocks. Its `Finished { Aborted }` event comes
-    /// with the next [`Engine::step`].
+    /// with the next [`Engine::step`]. A request that is no longer running is
+    /// [`Error::UnknownRequest`] — also one admitted with `max_new_tokens` = 0, which finishes at
+    /// admission (its `Finished { Length }` event comes with the next step all the same).
     pub fn abort(&mut self, id: RequestId) -> Result<()> {
         let scheduler = with_half!(&mut self.family, h => h.scheduler_mut());
         let mut live = self.core.retire(scheduler, id).ok_or(Error::UnknownRequest(id))?;
