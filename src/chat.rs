@@ -3,14 +3,17 @@
 //! variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token` and any extra keyword
 //! (`enable_thinking`, …), Python's string and dict methods (`strip`, `split`, `startswith`,
 //! `items`, …), `raise_exception`, and a `tojson` that writes what Python's `json.dumps` writes.
-//! Rendering is bounded (fuel, recursion limit, a rendering thread whose stack covers the deepest
-//! value the fuel can build; no `Debug` pretty-printers), so a template from a file cannot hang
-//! or take the process down: it fails with [`Error::ChatTemplate`].
+//! Rendering is bounded (fuel, recursion limit, a time limit, a rendering thread whose stack
+//! covers the deepest value the fuel can build, a bound on `tojson`'s output, no `Debug`
+//! pretty-printers), so a template from a file cannot hang the caller or take the process down:
+//! it fails with [`Error::ChatTemplate`].
 
 use crate::{Error, Result};
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,21 +61,30 @@ impl Chat {
 /// Most template instructions one rendering may run: generous for any real conversation (a
 /// Qwen3-style template spends ≈ 70 a message), a bound for a template that loops without end,
 /// and the bound on how deep a value a template can build (below).
-const FUEL: u64 = 2_000_000;
+const FUEL: u64 = 1_000_000;
 /// Stack of the thread a template renders on. A template can nest a value one level per ≈ 1.5
-/// instructions (`{% set ns.x = [[…[ns.x]…]] %}` in a loop: ≤ 1.3 M levels on the fuel), and
-/// minijinja recurses once a level to print such a value (368 bytes a level, measured in a
-/// release build) and to drop it (64): on an 8 MB stack that overflowed — a process abort —
-/// from ≈ 22 000 levels. 1 GiB covers printing the deepest value the fuel allows twice over.
-/// Reserved, not committed: only a template that nests that deep touches it.
-const RENDER_STACK_BYTES: usize = 1 << 30;
+/// instructions (`{% set ns.x = [[…[ns.x]…]] %}` in a loop: ≤ 0.7 M levels on the fuel), and
+/// minijinja recurses once a level to print such a value (368 bytes a level measured with
+/// minijinja optimised, ≈ 1.5 KB unoptimised) and to drop it (64): on an 8 MB stack that
+/// overflowed — a process abort — from ≈ 22 000 levels. 2 GiB covers printing the deepest value
+/// the fuel allows in either build. Reserved address space: only such a template touches it.
+const RENDER_STACK_BYTES: usize = 2 << 30;
+/// Longest a rendering may take. Fuel does not bound everything a template can do with deep
+/// values (comparing two 250 000-level lists is one instruction and takes ≈ 0.1 s), so a
+/// rendering past this is abandoned with an error — its thread runs on until the fuel or the
+/// comparisons end — and the template refuses to render again.
+const RENDER_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A compiled chat template with the special tokens it is rendered with.
 #[derive(Debug)]
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
     bos_token: String,
     eos_token: String,
+    time_limit: std::time::Duration,
+    /// Set when a rendering ran past the time limit: the template is not rendered again (each
+    /// try would leave another thread running).
+    runaway: Arc<AtomicBool>,
 }
 
 impl ChatTemplate {
@@ -91,32 +103,47 @@ impl ChatTemplate {
         env.remove_filter("pprint");
         env.remove_global("debug");
         env.add_template_owned("chat", source.into()).map_err(|e| Error::ChatTemplate(describe(&e)))?;
-        Ok(Self { env, bos_token: bos_token.unwrap_or_default(), eos_token: eos_token.unwrap_or_default() })
-    }
-
-    /// The prompt text for `chat`; a template that fails (an exception it raises, an undefined
-    /// method, running out of fuel) is [`Error::ChatTemplate`]. Renders on a thread of its own
-    /// whose stack covers the deepest value the template can build (see `RENDER_STACK_BYTES`).
-    pub fn render(&self, chat: &Chat) -> Result<String> {
-        std::thread::scope(|scope| {
-            let worker = std::thread::Builder::new()
-                .name("ponder-chat-template".into())
-                .stack_size(RENDER_STACK_BYTES)
-                .spawn_scoped(scope, || self.render_here(chat))
-                .map_err(|e| Error::ChatTemplate(format!("cannot start the rendering thread: {e}")))?;
-            worker.join().unwrap_or_else(|_| Err(Error::ChatTemplate("rendering the template panicked".into())))
+        Ok(Self {
+            env: Arc::new(env),
+            bos_token: bos_token.unwrap_or_default(),
+            eos_token: eos_token.unwrap_or_default(),
+            time_limit: RENDER_TIME_LIMIT,
+            runaway: Arc::new(AtomicBool::new(false)),
         })
     }
 
-    fn render_here(&self, chat: &Chat) -> Result<String> {
+    /// The prompt text for `chat`; a template that fails (an exception it raises, an undefined
+    /// method, running out of fuel or time) is [`Error::ChatTemplate`]. Renders on a thread of
+    /// its own whose stack covers the deepest value the template can build.
+    pub fn render(&self, chat: &Chat) -> Result<String> {
+        if self.runaway.load(Ordering::Relaxed) {
+            return Err(Error::ChatTemplate(format!("the template is disabled: a rendering ran past {:?}", self.time_limit)));
+        }
         let mut ctx = chat.kwargs.clone();
         let messages = serde_json::to_value(&chat.messages).map_err(|e| Error::ChatTemplate(e.to_string()))?;
         ctx.insert("messages".into(), messages);
         ctx.insert("add_generation_prompt".into(), chat.add_generation_prompt.into());
         ctx.insert("bos_token".into(), self.bos_token.clone().into());
         ctx.insert("eos_token".into(), self.eos_token.clone().into());
-        let template = self.env.get_template("chat").map_err(|e| Error::ChatTemplate(describe(&e)))?;
-        template.render(Value::from(minijinja::value::Serde(&ctx))).map_err(|e| Error::ChatTemplate(describe(&e)))
+        let env = Arc::clone(&self.env);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("ponder-chat-template".into())
+            .stack_size(RENDER_STACK_BYTES)
+            .spawn(move || {
+                let rendered =
+                    env.get_template("chat").and_then(|t| t.render(Value::from(minijinja::value::Serde(&ctx)))).map_err(|e| Error::ChatTemplate(describe(&e)));
+                let _ = tx.send(rendered);
+            })
+            .map_err(|e| Error::ChatTemplate(format!("cannot start the rendering thread ({} MiB of stack): {e}", RENDER_STACK_BYTES >> 20)))?;
+        match rx.recv_timeout(self.time_limit) {
+            Ok(rendered) => rendered,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                self.runaway.store(true, Ordering::Relaxed);
+                Err(Error::ChatTemplate(format!("rendering ran past {:?}; the template is disabled", self.time_limit)))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::ChatTemplate("rendering the template panicked".into())),
+        }
     }
 }
 
@@ -142,6 +169,17 @@ const TOJSON_MAX_INDENT: usize = 64;
 /// Deepest nesting `tojson` serialises (it recurses once a level; a template can build a list
 /// nested thousands deep).
 const TOJSON_MAX_DEPTH: usize = 128;
+
+/// Longest text `tojson` writes: the fuel charges its output only once it is written, so a lazy
+/// `[[0] * 1000] * 10**6` would otherwise build gigabytes first (an allocation abort).
+const TOJSON_MAX_BYTES: usize = 16 << 20;
+
+fn check_size(out: &str) -> std::result::Result<(), minijinja::Error> {
+    if out.len() > TOJSON_MAX_BYTES {
+        return Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: output above {} MiB", TOJSON_MAX_BYTES >> 20)));
+    }
+    Ok(())
+}
 
 /// `tojson` as Hugging Face defines it: Python's `json.dumps(x, ensure_ascii=False, indent=…)`
 /// — `", "` and `": "` between items, keys in insertion order, non-ASCII kept, no HTML escaping.
@@ -179,14 +217,18 @@ fn python_dumps(v: &Value, indent: Option<usize>, sort_keys: bool, depth: usize,
         K::Number => out.push_str(&v.to_string()),
         K::String => out.push_str(&quoted(v.as_str().unwrap_or_default())),
         K::Seq | K::Iterable => {
-            let items: Vec<Value> = v.try_iter()?.collect();
+            // Item by item: a repeated list (`[0] * 10**8`) is lazy and costs no fuel until
+            // something walks it.
             out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                out.push_str(if i > 0 { sep } else { "" });
+            let mut any = false;
+            for item in v.try_iter()? {
+                out.push_str(if any { sep } else { "" });
+                any = true;
                 newline(out, depth + 1);
-                python_dumps(item, indent, sort_keys, depth + 1, out)?;
+                python_dumps(&item, indent, sort_keys, depth + 1, out)?;
+                check_size(out)?;
             }
-            if !items.is_empty() {
+            if any {
                 newline(out, depth);
             }
             out.push(']');
@@ -203,6 +245,7 @@ fn python_dumps(v: &Value, indent: Option<usize>, sort_keys: bool, depth: usize,
                 out.push_str(&quoted(&key.to_string()));
                 out.push_str(": ");
                 python_dumps(&v.get_item(key)?, indent, sort_keys, depth + 1, out)?;
+                check_size(out)?;
             }
             if !keys.is_empty() {
                 newline(out, depth);
@@ -260,11 +303,34 @@ mod tests {
         let t = ChatTemplate::new(nesting_template(100_000, ""), None, None).unwrap();
         let err = t.render(&Chat::default()).unwrap_err();
         assert!(matches!(err, Error::ChatTemplate(ref m) if m.contains("fuel")), "{err}");
+        // Wide lazy lists stop at tojson's output bound instead of building gigabytes.
+        let t = ChatTemplate::new("{{ ([[0] * 1000] * 1000000) | tojson | length }}", None, None).unwrap();
+        let err = t.render(&Chat::default()).unwrap_err();
+        assert!(err.to_string().contains("tojson: output above"), "{err}");
         // Pretty-printers whose time the fuel does not bound are not there.
         for then in ["{{ ns.x | pprint }}", "{{ debug(ns.x) }}"] {
             let t = ChatTemplate::new(nesting_template(8, then), None, None);
             assert!(matches!(t.and_then(|t| t.render(&Chat::default())), Err(Error::ChatTemplate(_))), "{then}");
         }
+    }
+
+    #[test]
+    fn a_rendering_past_the_time_limit_is_an_error_and_disables_the_template() {
+        // Comparing two deep lists is one instruction however deep they are: twenty
+        // comparisons of 50 000 levels take far longer than the 50 ms allowed here.
+        let (open, close) = ("[".repeat(25), "]".repeat(25));
+        let nest = |v: &str| format!("{{% set ns.{v} = {open}ns.{v}{close} %}}");
+        let src = format!(
+            "{{% set ns = namespace(x=1, y=1) %}}{{% for i in range(50) %}}{{% for j in range(40) %}}{}{}{{% endfor %}}{{% endfor %}}{{% for i in range(20) %}}{{{{ ns.x == ns.y }}}}{{% endfor %}}",
+            nest("x"),
+            nest("y")
+        );
+        let mut t = ChatTemplate::new(src, None, None).unwrap();
+        t.time_limit = std::time::Duration::from_millis(50);
+        let err = t.render(&Chat::default()).unwrap_err();
+        assert!(err.to_string().contains("ran past"), "{err}");
+        let again = t.render(&Chat::default()).unwrap_err();
+        assert!(again.to_string().contains("disabled"), "{again}");
     }
 
     #[test]

@@ -180,11 +180,14 @@ fn decode_short_contexts_split() {
 
 /// Long contexts at a width where chunks of the context bound would be long (1024 tiles, 2k
 /// keys): the kernel cuts the actual longest context itself, with the bound exact and with a
-/// graph's bucket (4096) far above it.
+/// graph's bucket (4096) far above it. With contexts of at most 300 under that bucket the grid
+/// holds more splits than the kernel uses, so some blocks write empty partials.
 #[test]
 fn decode_long_contexts_cut_in_kernel() {
-    let rows: Vec<(usize, usize)> = (0..64).map(|i| (1, 1100 + (i * 97) % 1100)).collect();
-    for (dt, bound) in [(DType::BF16, None), (DType::BF16, Some(4096)), (DType::F32, Some(4096))] {
+    let long: Vec<(usize, usize)> = (0..64).map(|i| (1, 1100 + (i * 97) % 1100)).collect();
+    let short: Vec<(usize, usize)> = (0..64).map(|i| (1, 100 + (i * 37) % 200)).collect();
+    for (rows, dt, bound) in [(&long, DType::BF16, None), (&long, DType::BF16, Some(4096)), (&long, DType::F32, Some(4096)), (&short, DType::BF16, Some(4096))]
+    {
         check(Case { rows: rows.clone(), context_bound: bound, ..case("decode long contexts mha d128", &[], 16, 16, 128, dt, AttnMask::Causal) });
     }
 }

@@ -33,8 +33,16 @@ pub(crate) struct SplitPlan {
 
 /// The plan for a launch of `base_blocks` (row tile, kv head) blocks whose contexts are at most
 /// `max_ctx` keys, on `sms` SMs; `step` = keys of one block step; `one_query` when the 7-block
-/// build exists (one query item a block); `wave(occ7)` = blocks of that build that run at once.
-pub(crate) fn plan(max_ctx: usize, base_blocks: usize, sms: usize, step: usize, one_query: bool, wave: impl Fn(bool) -> usize) -> SplitPlan {
+/// build exists (one query item a block); `wave(occ7)` = blocks of that build that run at once
+/// (asked only when the kernel will cut the keys).
+pub(crate) fn plan<E>(
+    max_ctx: usize,
+    base_blocks: usize,
+    sms: usize,
+    step: usize,
+    one_query: bool,
+    wave: impl Fn(bool) -> Result<usize, E>,
+) -> Result<SplitPlan, E> {
     // A graph's bound is a power of two above the contexts it serves: judge keys by ¾ of it.
     let typical = max_ctx - max_ctx / 4;
     let occ7 = |keys: usize| one_query && keys <= OCC7_MAX_KEYS;
@@ -44,16 +52,16 @@ pub(crate) fn plan(max_ctx: usize, base_blocks: usize, sms: usize, step: usize, 
         splits = target.div_ceil(base_blocks.max(1)).min(max_ctx / BOUND_CHUNK_STEP).clamp(1, MAX_SPLITS);
     }
     if splits == 1 {
-        return SplitPlan { splits: 1, chunk: None, occ7: occ7(typical) };
+        return Ok(SplitPlan { splits: 1, chunk: None, occ7: occ7(typical) });
     }
     let chunk = max_ctx.div_ceil(splits).div_ceil(BOUND_CHUNK_STEP) * BOUND_CHUNK_STEP;
     if chunk <= BOUND_CHUNK_MAX_KEYS {
-        return SplitPlan { splits: max_ctx.div_ceil(chunk), chunk: Some(chunk), occ7: occ7(chunk.min(typical)) };
+        return Ok(SplitPlan { splits: max_ctx.div_ceil(chunk), chunk: Some(chunk), occ7: occ7(chunk.min(typical)) });
     }
-    let splits = split_count(max_ctx, MAX_SPLITS, base_blocks, wave(false), step);
+    let splits = split_count(max_ctx, MAX_SPLITS, base_blocks, wave(false)?, step);
     let occ7 = occ7(keys_per_block(typical, splits, step));
-    let splits = if occ7 { split_count(max_ctx, MAX_SPLITS, base_blocks, wave(true), step) } else { splits };
-    SplitPlan { splits, chunk: None, occ7 }
+    let splits = if occ7 { split_count(max_ctx, MAX_SPLITS, base_blocks, wave(true)?, step) } else { splits };
+    Ok(SplitPlan { splits, chunk: None, occ7 })
 }
 
 /// Keys one warp of the SIMT kernel walks per step (`KT` in the .cu file) for head dim `hd`,
@@ -104,6 +112,10 @@ mod tests {
         132 * if occ7 { 7 } else { 6 }
     }
 
+    fn plan(max_ctx: usize, base_blocks: usize, sms: usize, step: usize, one_query: bool, wave: fn(bool) -> usize) -> SplitPlan {
+        super::plan(max_ctx, base_blocks, sms, step, one_query, |o| Ok::<_, ()>(wave(o))).unwrap()
+    }
+
     #[test]
     fn short_contexts_keep_chunks_of_the_bound() {
         // W 64 (1024 tiles), bucket 512: two chunks of 256, the 7-block build.
@@ -130,6 +142,8 @@ mod tests {
         // What the kernel does with the actual longest context (2304 keys).
         assert_eq!(split_count(2304, w16.splits, 256, h200(false), 32), 3);
         assert_eq!(split_count(2304, w64.splits, 1024, h200(false), 32), 3);
+        // Short actual contexts under that bucket use fewer splits than the grid holds.
+        assert!(split_count(300, w64.splits, 1024, h200(false), 32) < w64.splits);
     }
 
     #[test]

@@ -196,17 +196,16 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         let o7 = if occ7 { "_o7" } else { "" };
         format!("paged_attn_{name}_d{}_q{nq}{o7}", p.hd)
     };
-    // Blocks of each build that run at once (cached after the first launch).
-    let waves = [wave_blocks(dev, &kernel_name(false))?, if nq == 1 { wave_blocks(dev, &kernel_name(true))? } else { 1 }];
-    let wave = |occ7: bool| waves[usize::from(occ7)];
+    // Blocks of a build that run at once (asked only when the kernel cuts the keys; cached).
+    let wave = |occ7: bool| wave_blocks(dev, &kernel_name(occ7));
     let sms = super::launch::sm_count(dev)?;
-    let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave);
+    let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave)?;
     let occ7 = nq == 1 && plan.occ7;
     let kname = kernel_name(occ7);
     let splits = plan.splits;
     // The kernel takes chunk 0 as "cut the actual longest context"; no split: one chunk.
     let chunk = if splits == 1 { i32::MAX as usize } else { plan.chunk.unwrap_or(0) };
-    let wave = if splits > 1 && plan.chunk.is_none() { wave(occ7) } else { 1 };
+    let wave = if splits > 1 && plan.chunk.is_none() { wave(occ7)? } else { 1 };
 
     // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
     let mut out = unsafe { dev.alloc::<T>(n_out)? };
