@@ -58,9 +58,10 @@ impl Chat {
     }
 }
 
-/// Most template instructions one rendering may run: generous for any real conversation (a
-/// Qwen3-style template spends ≈ 70 a message), a bound for a template that loops without end,
-/// and the bound on how deep a value a template can build (below).
+/// Most template instructions one rendering may run (minijinja also charges one per 64 bytes it
+/// builds): generous for any real conversation (a Qwen3-style template with tools spends ≈ 86 a
+/// message and 0.02–0.18 a byte of content: 5–15 MB of text), a bound for a template that
+/// loops without end, and the bound on how deep a value a template can build (below).
 const FUEL: u64 = 1_000_000;
 /// Stack of the thread a template renders on. A template can nest a value one level per ≈ 1.5
 /// instructions (`{% set ns.x = [[…[ns.x]…]] %}` in a loop: ≤ 0.7 M levels on the fuel), and
@@ -69,10 +70,12 @@ const FUEL: u64 = 1_000_000;
 /// overflowed — a process abort — from ≈ 22 000 levels. 2 GiB covers printing the deepest value
 /// the fuel allows in either build. Reserved address space: only such a template touches it.
 const RENDER_STACK_BYTES: usize = 2 << 30;
+/// Longest template source accepted (real chat templates are a few KB).
+const TEMPLATE_MAX_BYTES: usize = 1 << 20;
 /// Longest a rendering may take. Fuel does not bound everything a template can do with deep
 /// values (comparing two 250 000-level lists is one instruction and takes ≈ 0.1 s), so a
-/// rendering past this is abandoned with an error — its thread runs on until the fuel or the
-/// comparisons end — and the template refuses to render again.
+/// rendering past this is abandoned with an error and the template refuses to render again. The
+/// abandoned thread cannot be stopped: it runs on, possibly for long, on one core.
 const RENDER_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A compiled chat template with the special tokens it is rendered with.
@@ -88,21 +91,21 @@ pub struct ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// Compiles `source`; a template that does not parse is [`Error::ChatTemplate`].
+    /// Compiles `source`; a template that does not parse is [`Error::ChatTemplate`]. Compiles on
+    /// a thread of its own too: the parser recurses once a link of a chain such as `1 + 1 + …`,
+    /// which overflowed the caller's stack from ≈ 5 000 links.
     pub fn new(source: impl Into<String>, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
-        let mut env = Environment::new();
-        let syntax =
-            minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().map_err(|e| Error::ChatTemplate(e.to_string()))?;
-        env.set_syntax(syntax);
-        env.set_fuel(Some(FUEL));
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", raise_exception);
-        env.add_filter("tojson", tojson);
-        // Both pretty-print a value through `Debug`, superlinear in its nesting and not counted
-        // by the fuel (8 000 levels ran past a minute); chat templates do not use them.
-        env.remove_filter("pprint");
-        env.remove_global("debug");
-        env.add_template_owned("chat", source.into()).map_err(|e| Error::ChatTemplate(describe(&e)))?;
+        let source = source.into();
+        if source.len() > TEMPLATE_MAX_BYTES {
+            return Err(Error::ChatTemplate(format!("the template is {} bytes, above {} MiB", source.len(), TEMPLATE_MAX_BYTES >> 20)));
+        }
+        let env = std::thread::Builder::new()
+            .name("ponder-chat-template".into())
+            .stack_size(RENDER_STACK_BYTES)
+            .spawn(move || compile(source))
+            .map_err(|e| Error::ChatTemplate(format!("cannot start the compiling thread ({} MiB of stack): {e}", RENDER_STACK_BYTES >> 20)))?
+            .join()
+            .unwrap_or_else(|_| Err(Error::ChatTemplate("compiling the template panicked".into())))?;
         Ok(Self {
             env: Arc::new(env),
             bos_token: bos_token.unwrap_or_default(),
@@ -145,6 +148,61 @@ impl ChatTemplate {
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::ChatTemplate("rendering the template panicked".into())),
         }
     }
+}
+
+/// The template's environment: Hugging Face's syntax and globals, our bounds.
+fn compile(source: String) -> Result<Environment<'static>> {
+    let mut env = Environment::new();
+    let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().map_err(|e| Error::ChatTemplate(e.to_string()))?;
+    env.set_syntax(syntax);
+    env.set_fuel(Some(FUEL));
+    env.set_unknown_method_callback(python_methods);
+    env.add_function("raise_exception", raise_exception);
+    env.add_filter("tojson", tojson);
+    // Both pretty-print a value through `Debug`, superlinear in its nesting and not counted by
+    // the fuel (8 000 levels ran past a minute); chat templates do not use them.
+    env.remove_filter("pprint");
+    env.remove_global("debug");
+    env.add_template_owned("chat", source).map_err(|e| Error::ChatTemplate(describe(&e)))?;
+    Ok(env)
+}
+
+/// Widest field a `str.format` call may ask for (`"{:>N}"`, `"{:.N}"`).
+const FORMAT_MAX_WIDTH: u64 = 10_000;
+
+/// Python's string, dict and list methods (minijinja-contrib's pycompat), except that
+/// `str.format` refuses fields wider than `FORMAT_MAX_WIDTH`: pycompat formats without charging
+/// fuel first, and `"{:>999999999999}".format(1)` aborted the process on the allocation.
+fn python_methods(state: &mut minijinja::State, value: &Value, method: &str, args: &[Value]) -> std::result::Result<Value, minijinja::Error> {
+    if method == "format" {
+        if let Some(spec) = value.as_str() {
+            check_format_widths(spec)?;
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Refuses a format string with a number above `FORMAT_MAX_WIDTH` inside a `{…}` field.
+fn check_format_widths(spec: &str) -> std::result::Result<(), minijinja::Error> {
+    let mut depth = 0usize;
+    let mut number: u64 = 0;
+    for c in spec.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        match c.to_digit(10) {
+            Some(d) if depth > 0 => {
+                number = number.saturating_mul(10).saturating_add(u64::from(d));
+                if number > FORMAT_MAX_WIDTH {
+                    return Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("str.format: a field wider than {FORMAT_MAX_WIDTH}")));
+                }
+            }
+            _ => number = 0,
+        }
+    }
+    Ok(())
 }
 
 /// The error's message with its cause (minijinja keeps the details in the source chain).
@@ -312,6 +370,24 @@ mod tests {
             let t = ChatTemplate::new(nesting_template(8, then), None, None);
             assert!(matches!(t.and_then(|t| t.render(&Chat::default())), Err(Error::ChatTemplate(_))), "{then}");
         }
+    }
+
+    #[test]
+    fn long_chains_compile_off_the_callers_stack_and_wide_formats_are_refused() {
+        // As long a chain as the source bound allows: compiled, rendered and dropped here (a
+        // test thread has 2 MB of stack).
+        let links = (TEMPLATE_MAX_BYTES - 16) / 4;
+        let t = ChatTemplate::new(format!("{{{{ 1{} }}}}", " + 1".repeat(links)), None, None).unwrap();
+        assert_eq!(t.render(&Chat::default()).unwrap(), (links + 1).to_string());
+        drop(t);
+        assert!(ChatTemplate::new(" ".repeat(TEMPLATE_MAX_BYTES + 1), None, None).is_err());
+        for spec in ["{:>999999999999}", "{:.3000000000f}", "{:x<3000000000}", "{0:{1}}"] {
+            let t = ChatTemplate::new(format!("{{{{ '{spec}'.format(1, 5) }}}}"), None, None).unwrap();
+            let r = t.render(&Chat::default());
+            assert!(spec == "{0:{1}}" || matches!(r, Err(Error::ChatTemplate(ref m)) if m.contains("wider")), "{spec}: {r:?}");
+        }
+        let fine = ChatTemplate::new("{{ '{:>8}|{:.2f}'.format('ab', 1.5) }}", None, None).unwrap();
+        assert_eq!(fine.render(&Chat::default()).unwrap(), "      ab|1.50");
     }
 
     #[test]
