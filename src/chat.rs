@@ -99,13 +99,7 @@ impl ChatTemplate {
         if source.len() > TEMPLATE_MAX_BYTES {
             return Err(Error::ChatTemplate(format!("the template is {} bytes, above {} MiB", source.len(), TEMPLATE_MAX_BYTES >> 20)));
         }
-        let env = std::thread::Builder::new()
-            .name("ponder-chat-template".into())
-            .stack_size(RENDER_STACK_BYTES)
-            .spawn(move || compile(source))
-            .map_err(|e| Error::ChatTemplate(format!("cannot start the compiling thread ({} MiB of stack): {e}", RENDER_STACK_BYTES >> 20)))?
-            .join()
-            .unwrap_or_else(|_| Err(Error::ChatTemplate("compiling the template panicked".into())))?;
+        let env = spawn_big_stack(move || compile(source))?.join().unwrap_or_else(|_| Err(Error::ChatTemplate("compiling the template panicked".into())))?;
         Ok(Self {
             env: Arc::new(env),
             bos_token: bos_token.unwrap_or_default(),
@@ -130,15 +124,11 @@ impl ChatTemplate {
         ctx.insert("eos_token".into(), self.eos_token.clone().into());
         let env = Arc::clone(&self.env);
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name("ponder-chat-template".into())
-            .stack_size(RENDER_STACK_BYTES)
-            .spawn(move || {
-                let rendered =
-                    env.get_template("chat").and_then(|t| t.render(Value::from(minijinja::value::Serde(&ctx)))).map_err(|e| Error::ChatTemplate(describe(&e)));
-                let _ = tx.send(rendered);
-            })
-            .map_err(|e| Error::ChatTemplate(format!("cannot start the rendering thread ({} MiB of stack): {e}", RENDER_STACK_BYTES >> 20)))?;
+        spawn_big_stack(move || {
+            let rendered =
+                env.get_template("chat").and_then(|t| t.render(Value::from(minijinja::value::Serde(&ctx)))).map_err(|e| Error::ChatTemplate(describe(&e)));
+            let _ = tx.send(rendered);
+        })?;
         match rx.recv_timeout(self.time_limit) {
             Ok(rendered) => rendered,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
@@ -148,6 +138,16 @@ impl ChatTemplate {
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::ChatTemplate("rendering the template panicked".into())),
         }
     }
+}
+
+/// Runs `f` on a thread whose stack covers the deepest recursion a template can cause (compiling
+/// or rendering; see `RENDER_STACK_BYTES`).
+fn spawn_big_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new()
+        .name("ponder-chat-template".into())
+        .stack_size(RENDER_STACK_BYTES)
+        .spawn(f)
+        .map_err(|e| Error::ChatTemplate(format!("cannot start the template's thread ({} MiB of stack): {e}", RENDER_STACK_BYTES >> 20)))
 }
 
 /// The template's environment: Hugging Face's syntax and globals, our bounds.

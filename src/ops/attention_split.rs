@@ -9,7 +9,7 @@
 //! actual longest context evenly took 10 % off that decode step.
 
 /// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
-pub(crate) const MAX_SPLITS: usize = 32;
+const MAX_SPLITS: usize = 32;
 /// Longest chunk of the context bound the plan keeps; longer ones are cut from the actual
 /// context in the kernel (measured: 256 kept its lead, 832 and 2048 lost).
 const BOUND_CHUNK_MAX_KEYS: usize = 512;
@@ -25,10 +25,20 @@ const BOUND_CHUNK_STEP: usize = 64;
 pub(crate) struct SplitPlan {
     /// Key splits in the grid (1: no split, no merge launch).
     pub splits: usize,
-    /// Keys per split, or `None` when the kernel cuts the actual longest context itself.
-    pub chunk: Option<usize>,
+    pub cut: Cut,
     /// Run the one-query kernel's 7-blocks-an-SM build.
     pub occ7: bool,
+}
+
+/// Where the split boundaries come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// One split: every block walks all its keys.
+    Whole,
+    /// Chunks of this many keys of the context bound.
+    Chunks(usize),
+    /// The kernel cuts the actual longest context, for a wave of this many blocks at once.
+    InKernel { wave_blocks: usize },
 }
 
 /// The plan for a launch of `base_blocks` (row tile, kv head) blocks whose contexts are at most
@@ -52,16 +62,21 @@ pub(crate) fn plan<E>(
         splits = target.div_ceil(base_blocks.max(1)).min(max_ctx / BOUND_CHUNK_STEP).clamp(1, MAX_SPLITS);
     }
     if splits == 1 {
-        return Ok(SplitPlan { splits: 1, chunk: None, occ7: occ7(typical) });
+        return Ok(SplitPlan { splits: 1, cut: Cut::Whole, occ7: occ7(typical) });
     }
-    let chunk = max_ctx.div_ceil(splits).div_ceil(BOUND_CHUNK_STEP) * BOUND_CHUNK_STEP;
+    let chunk = keys_per_block(max_ctx, splits, BOUND_CHUNK_STEP);
     if chunk <= BOUND_CHUNK_MAX_KEYS {
-        return Ok(SplitPlan { splits: max_ctx.div_ceil(chunk), chunk: Some(chunk), occ7: occ7(chunk.min(typical)) });
+        return Ok(SplitPlan { splits: max_ctx.div_ceil(chunk), cut: Cut::Chunks(chunk), occ7: occ7(chunk.min(typical)) });
     }
-    let splits = split_count(max_ctx, MAX_SPLITS, base_blocks, wave(false)?, step);
+    let mut wave_blocks = wave(false)?;
+    let mut splits = split_count(max_ctx, MAX_SPLITS, base_blocks, wave_blocks, step);
     let occ7 = occ7(keys_per_block(typical, splits, step));
-    let splits = if occ7 { split_count(max_ctx, MAX_SPLITS, base_blocks, wave(true)?, step) } else { splits };
-    Ok(SplitPlan { splits, chunk: None, occ7 })
+    if occ7 {
+        wave_blocks = wave(true)?;
+        splits = split_count(max_ctx, MAX_SPLITS, base_blocks, wave_blocks, step);
+    }
+    let cut = if splits == 1 { Cut::Whole } else { Cut::InKernel { wave_blocks } };
+    Ok(SplitPlan { splits, cut, occ7 })
 }
 
 /// Keys one warp of the SIMT kernel walks per step (`KT` in the .cu file) for head dim `hd`,
@@ -79,7 +94,7 @@ pub(crate) fn keys_per_warp_step(hd: usize, elem: usize, nq: usize) -> usize {
 }
 
 /// Keys a block walks when `max_ctx` keys are cut into `splits` chunks of whole steps.
-pub(crate) fn keys_per_block(max_ctx: usize, splits: usize, step: usize) -> usize {
+fn keys_per_block(max_ctx: usize, splits: usize, step: usize) -> usize {
     max_ctx.div_ceil(splits.max(1)).div_ceil(step) * step
 }
 
@@ -87,7 +102,7 @@ pub(crate) fn keys_per_block(max_ctx: usize, splits: usize, step: usize) -> usiz
 /// (`split_count` in `kernels/paged_attention.cu`, same arithmetic): with `base_blocks` blocks
 /// per split and `wave_blocks` running at once, a launch lasts about (waves) × (keys a block
 /// walks + one step of fixed cost), so splitting pays until a further split adds a wave.
-pub(crate) fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize, wave_blocks: usize, step: usize) -> usize {
+fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize, wave_blocks: usize, step: usize) -> usize {
     let wave_blocks = wave_blocks.max(1);
     let mut best = (usize::MAX, 1);
     for s in 1..=max_splits.max(1) {
@@ -119,11 +134,11 @@ mod tests {
     #[test]
     fn short_contexts_keep_chunks_of_the_bound() {
         // W 64 (1024 tiles), bucket 512: two chunks of 256, the 7-block build.
-        assert_eq!(plan(512, 1024, 132, 32, true, h200), SplitPlan { splits: 2, chunk: Some(256), occ7: true });
+        assert_eq!(plan(512, 1024, 132, 32, true, h200), SplitPlan { splits: 2, cut: Cut::Chunks(256), occ7: true });
         // W 16, bucket 256: four chunks of 64.
-        assert_eq!(plan(256, 256, 132, 32, true, h200), SplitPlan { splits: 4, chunk: Some(64), occ7: true });
+        assert_eq!(plan(256, 256, 132, 32, true, h200), SplitPlan { splits: 4, cut: Cut::Chunks(64), occ7: true });
         // W 256: no split; ¾ of the bucket is 384 keys, still the 7-block build.
-        assert_eq!(plan(512, 4096, 132, 32, true, h200), SplitPlan { splits: 1, chunk: None, occ7: true });
+        assert_eq!(plan(512, 4096, 132, 32, true, h200), SplitPlan { splits: 1, cut: Cut::Whole, occ7: true });
         // No 7-block build for several query items a block.
         assert!(!plan(512, 4096, 132, 32, false, h200).occ7);
         // Below 256 keys of bound: never split.
@@ -134,10 +149,10 @@ mod tests {
     fn long_contexts_are_cut_in_the_kernel() {
         // 2k prompts, bucket 4096: chunks of the bound would be 832 (W 16) and 2048 (W 64) keys.
         let w16 = plan(4096, 256, 132, 32, true, h200);
-        assert_eq!((w16.chunk, w16.occ7), (None, false));
+        assert_eq!((w16.cut, w16.occ7), (Cut::InKernel { wave_blocks: h200(false) }, false));
         assert!(w16.splits >= 3, "{w16:?}");
         let w64 = plan(4096, 1024, 132, 32, true, h200);
-        assert_eq!(w64.chunk, None);
+        assert!(matches!(w64.cut, Cut::InKernel { .. }), "{w64:?}");
         assert!(w64.splits >= 3, "{w64:?}");
         // What the kernel does with the actual longest context (2304 keys).
         assert_eq!(split_count(2304, w16.splits, 256, h200(false), 32), 3);

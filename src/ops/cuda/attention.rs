@@ -2,7 +2,7 @@
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
 use super::launch::{device, for_float, kernel, view, wrap, Module};
-use crate::ops::attention_split::{self, keys_per_warp_step};
+use crate::ops::attention_split::{self, keys_per_warp_step, Cut};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -200,12 +200,14 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let wave = |occ7: bool| wave_blocks(dev, &kernel_name(occ7));
     let sms = super::launch::sm_count(dev)?;
     let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave)?;
-    let occ7 = nq == 1 && plan.occ7;
-    let kname = kernel_name(occ7);
+    let kname = kernel_name(plan.occ7);
     let splits = plan.splits;
-    // The kernel takes chunk 0 as "cut the actual longest context"; no split: one chunk.
-    let chunk = if splits == 1 { i32::MAX as usize } else { plan.chunk.unwrap_or(0) };
-    let wave = if splits > 1 && plan.chunk.is_none() { wave(occ7)? } else { 1 };
+    // The kernel takes chunk 0 as "cut the actual longest context" (for `wave` blocks at once).
+    let (chunk, wave) = match plan.cut {
+        Cut::Whole => (i32::MAX as usize, 1),
+        Cut::Chunks(chunk) => (chunk, 1),
+        Cut::InKernel { wave_blocks } => (0, wave_blocks),
+    };
 
     // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
     let mut out = unsafe { dev.alloc::<T>(n_out)? };
