@@ -36,13 +36,79 @@ pub fn paged_attention(
     scale: f32,
     mask_block: u32,
 ) -> Result<Tensor> {
+    let (tokens, heads, hd) = q.dims3()?;
+    let addr = Addressing { block_tables, context_lens, cu_q_lens, max_context_len };
+    attend(q, (tokens, heads, hd), k_cache, v_cache, &addr, max_q_len, scale, mask_block, None)
+}
+
+/// Decode attention with the new tokens' RoPE and K/V write folded in: what
+/// [`super::qkv_rope_write`] and then [`paged_attention`] compute, in one launch (plus the split
+/// merge). `qkv` `[T, (H + 2*KVH) * D]` is the fused projection, `cos` / `sin` `[T, D/2]` its
+/// split-half RoPE angles, `slot_mapping` `[T]` where each token's rotated k and v are written
+/// (slots past the cache are skipped). Every row has at most one query, at its last context
+/// position, whose slot is that token's `slot_mapping` entry: a decode step with default write
+/// positions (the caller checks; the kernel attends the new key from registers, not the cache).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_rope_write(
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    block_tables: &Tensor,
+    context_lens: &Tensor,
+    cu_q_lens: &Tensor,
+    heads: usize,
+    max_context_len: usize,
+    scale: f32,
+    mask_block: u32,
+) -> Result<Tensor> {
+    let (_, _, kv_heads, hd) = k_cache.dims4()?;
+    let (tokens, num_slots) = super::fused::check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, hd)?;
+    let addr = Addressing { block_tables, context_lens, cu_q_lens, max_context_len };
+    let fresh = FreshInputs { cos, sin, slots: slot_mapping, num_slots };
+    attend(qkv, (tokens, heads, hd), k_cache, v_cache, &addr, 1, scale, mask_block, Some(fresh))
+}
+
+/// Where a launch's rows read their keys.
+#[derive(Clone, Copy)]
+struct Addressing<'a> {
+    block_tables: &'a Tensor,
+    context_lens: &'a Tensor,
+    cu_q_lens: &'a Tensor,
+    /// At least every row's context length (a graph's bucket); sizes the key split.
+    max_context_len: usize,
+}
+
+/// The new tokens' RoPE angles and cache slots when the attention writes their K/V.
+struct FreshInputs<'a> {
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    slots: &'a Tensor,
+    num_slots: usize,
+}
+
+/// `q` holds `[T, H, D]` queries, or (with `fresh`) the fused projection they are cut from.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    q: &Tensor,
+    (tokens, heads, hd): (usize, usize, usize),
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    addr: &Addressing,
+    max_q_len: usize,
+    scale: f32,
+    mask_block: u32,
+    fresh: Option<FreshInputs>,
+) -> Result<Tensor> {
+    let Addressing { block_tables, context_lens, cu_q_lens, max_context_len } = *addr;
     let dev = device(q, OP)?;
     for (name, t) in [("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables), ("context_lens", context_lens), ("cu_q_lens", cu_q_lens)] {
         if !t.device().same_device(q.device()) {
             bail!("paged attention (cuda): {name} is on {:?}, q on {:?}", t.device(), q.device());
         }
     }
-    let (tokens, heads, hd) = q.dims3()?;
     let (_num_blocks, block_size, kv_heads, khd) = k_cache.dims4()?;
     if v_cache.dims() != k_cache.dims() {
         bail!("paged attention (cuda): v_cache {:?} vs k_cache {:?}", v_cache.dims(), k_cache.dims());
@@ -101,7 +167,8 @@ pub fn paged_attention(
     // measured faster on the H200; `AttentionKernels::Unpipelined` selects the synchronous-load
     // variant (`paged_attn_mma_*`).
     let kernels = crate::ops::attention_kernels();
-    let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
+    // The folded RoPE and K/V write exist in the SIMT kernels only.
+    let mma = fresh.is_none() && matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
     let p = Params {
         mma,
@@ -118,7 +185,7 @@ pub fn paged_attention(
         scale_log2: scale * std::f32::consts::LOG2_E,
         mask_block,
     };
-    let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
+    let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens, fresh };
     for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p))
 }
 
@@ -129,6 +196,7 @@ struct Inputs<'a> {
     bt: &'a Tensor,
     cl: &'a Tensor,
     cu: &'a Tensor,
+    fresh: Option<FreshInputs<'a>>,
 }
 
 struct Params {
@@ -162,6 +230,13 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let bt = view::<u32>(&bts, btl, OP, "block_tables", false)?;
     let cl = view::<u32>(&cls, cll, OP, "context_lens", false)?;
     let cu = view::<u32>(&cus, cul, OP, "cu_q_lens", false)?;
+    let fresh_storage = t.fresh.as_ref().map(|f| (f.cos.storage_and_layout(), f.sin.storage_and_layout(), f.slots.storage_and_layout(), f.num_slots as i64));
+    let fresh = match &fresh_storage {
+        Some(((cs, cl), (ss, sl), (ms, ml), n)) => {
+            Some((view::<T>(cs, cl, OP, "cos", true)?, view::<T>(ss, sl, OP, "sin", true)?, view::<u32>(ms, ml, OP, "slot_mapping", false)?, *n))
+        }
+        None => None,
+    };
 
     let group = p.heads / p.kv_heads;
     let n_out = p.tokens * p.heads * p.hd;
@@ -194,7 +269,8 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let step = NW * keys_per_warp_step(p.hd, std::mem::size_of::<T>(), nq);
     let kernel_name = |occ7: bool| {
         let o7 = if occ7 { "_o7" } else { "" };
-        format!("paged_attn_{name}_d{}_q{nq}{o7}", p.hd)
+        let rope = if t.fresh.is_some() { "_rope" } else { "" };
+        format!("paged_attn_{name}_d{}_q{nq}{o7}{rope}", p.hd)
     };
     // Blocks of a build that run at once (asked only when the kernel cuts the keys; cached).
     let wave = |occ7: bool| wave_blocks(dev, &kernel_name(occ7));
@@ -240,8 +316,21 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
-        // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
-        unsafe { b.launch(cfg) }.w()?;
+        match &fresh {
+            Some((cos, sin, slots, num_slots)) => {
+                // The caches are written in place through the views they are read by (see
+                // `qkv_rope_write`): the launch writes only the new tokens' slots, which no
+                // block reads from memory.
+                b.arg(cos).arg(sin).arg(slots).arg(&k).arg(&v).arg(num_slots);
+                // SAFETY: argument list matches `paged_attn_*_rope` in paged_attention.cu; shapes
+                // checked by `paged_attention_rope_write`.
+                unsafe { b.launch(cfg) }.w()?;
+            }
+            None => {
+                // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
+                unsafe { b.launch(cfg) }.w()?;
+            }
+        }
     }
     if let Some((acc, ml)) = &ws {
         let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;

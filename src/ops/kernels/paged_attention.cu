@@ -54,6 +54,9 @@ template <> struct Cvt<float> {
         out[3] = __uint_as_float(raw.w);
     }
     __device__ __forceinline__ static float from_float(float x) { return x; }
+    __device__ __forceinline__ static uint4 pack(const float *in) {
+        return make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]), __float_as_uint(in[3]));
+    }
 };
 
 template <> struct Cvt<__nv_bfloat16> {
@@ -68,6 +71,13 @@ template <> struct Cvt<__nv_bfloat16> {
         }
     }
     __device__ __forceinline__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
+    __device__ __forceinline__ static uint4 pack(const float *in) {
+        uint4 raw;
+        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+        return raw;
+    }
 };
 
 template <> struct Cvt<__half> {
@@ -82,6 +92,13 @@ template <> struct Cvt<__half> {
         }
     }
     __device__ __forceinline__ static __half from_float(float x) { return __float2half(x); }
+    __device__ __forceinline__ static uint4 pack(const float *in) {
+        uint4 raw;
+        __half2 *h = reinterpret_cast<__half2 *>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
+        return raw;
+    }
 };
 
 __device__ __forceinline__ uint4 ldg16(const void *p) {
@@ -123,7 +140,42 @@ __device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base
     return best;
 }
 
-template <typename T, int D, int NQ>
+// One lane's VEC elements (from i * VEC) of a head under split-half RoPE: element e turns with
+// its partner e +- D/2 by the angle of e mod D/2 (cos_row / sin_row: the token's D/2 angles),
+// rounded to T as the rotated values the unfused write stores. The products are those of
+// qkv_rope_write in fused.cu, one fma each, so both paths round alike.
+template <typename T, int D>
+__device__ __forceinline__ uint4 rope_lane(const T *head, const T *cos_row, const T *sin_row, int i) {
+    constexpr int VEC = Cvt<T>::VEC;
+    constexpr int HALF = D / VEC / 2;  // lanes of one half
+    const bool lo = i < HALF;
+    const int j = lo ? i : i - HALF;
+    float x[VEC], p[VEC], c[VEC], s[VEC], o[VEC];
+    Cvt<T>::to_float(ldg16(head + i * VEC), x);
+    Cvt<T>::to_float(ldg16(head + (lo ? i + HALF : j) * VEC), p);
+    Cvt<T>::to_float(ldg16(cos_row + j * VEC), c);
+    Cvt<T>::to_float(ldg16(sin_row + j * VEC), s);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) o[e] = lo ? fmaf(x[e], c[e], -(p[e] * s[e])) : fmaf(p[e], s[e], x[e] * c[e]);
+    return Cvt<T>::pack(o);
+}
+
+// What a decode launch with the new tokens' RoPE and K/V write folded in (FRESH) reads besides
+// the attention's inputs: q is then the fused projection [T, (H + 2 KVH) * D] (q_stride its row),
+// every row has one query at position ctx - 1, and its rotated k and v go to slots[t] of kw / vw
+// (skipped past num_slots) while the block that walks position ctx - 1 takes them from shared
+// memory instead of the cache.
+template <typename T> struct Fresh {
+    const T *cos_t;  // [T, D/2]
+    const T *sin_t;
+    const uint32_t *slots;  // [T]
+    T *kw;                  // the caches, written
+    T *vw;
+    long long num_slots;
+    int q_stride;
+};
+
+template <typename T, int D, int NQ, bool FRESH>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
     float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
@@ -135,7 +187,8 @@ __device__ __forceinline__ void paged_attn_impl(
     const uint32_t *__restrict__ context_lens, // [R]
     const uint32_t *__restrict__ cu_q,         // [R + 1]
     int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift,
-    float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens) {
+    float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens,
+    const Fresh<T> fresh) {
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
@@ -149,6 +202,7 @@ __device__ __forceinline__ void paged_attn_impl(
     __shared__ float s_acc[NW][NQ][D];
     __shared__ float s_m[NW][NQ];
     __shared__ float s_l[NW][NQ];
+    __shared__ uint4 s_fresh[2][FRESH ? D / VEC : 1];  // the new token's rotated k, and v
 
     const int group = num_heads / kv_heads;
     const int g = blockIdx.y;
@@ -191,6 +245,31 @@ __device__ __forceinline__ void paged_attn_impl(
     const int k0 = (int)min((long long)split * chunk, (long long)kend);
     const int k1 = (int)min((long long)kend, (long long)k0 + chunk);
 
+    // The new token (FRESH): rotated k and v for the block that writes them (the first of this
+    // kv head) and the one whose keys include its position; no other block reads that slot.
+    const int p_new = FRESH ? ctx - 1 : -1;
+    if (FRESH) {
+        const bool writer = split == 0 && item0 == 0;
+        if (writer || (k0 <= p_new && p_new < k1)) {  // block-uniform
+            if (threadIdx.x < ACTIVE) {
+                const int i = threadIdx.x;
+                const T *row = q + (size_t)q_start * fresh.q_stride;
+                const size_t angle = (size_t)q_start * (D / 2);
+                const uint4 kr = rope_lane<T, D>(row + (size_t)(num_heads + g) * D, fresh.cos_t + angle, fresh.sin_t + angle, i);
+                const uint4 vr = ldg16(row + (size_t)(num_heads + kv_heads + g) * D + i * VEC);
+                s_fresh[0][i] = kr;
+                s_fresh[1][i] = vr;
+                const long long slot = (long long)fresh.slots[q_start];
+                if (writer && slot < fresh.num_slots) {
+                    const size_t at = (size_t)slot * kv_heads * D + (size_t)g * D + i * VEC;
+                    *reinterpret_cast<uint4 *>(fresh.kw + at) = kr;
+                    *reinterpret_cast<uint4 *>(fresh.vw + at) = vr;
+                }
+            }
+            __syncthreads();
+        }
+    }
+
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int kl = lane % LPK;
@@ -208,8 +287,13 @@ __device__ __forceinline__ void paged_attn_impl(
         const int hg = item - tok * group;
         lim[n] = valid ? key_limit(ctx, q_len, tok, mask_block) : 0;
         if (valid && active) {
-            const T *qp = q + ((size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg)) * D + kl * VEC;
-            Cvt<T>::to_float(ldg16(qp), qv[n]);
+            const T *qh = q + (size_t)(q_start + tok) * (FRESH ? fresh.q_stride : num_heads * D) + (size_t)(g * group + hg) * D;
+            if (FRESH) {
+                const size_t angle = (size_t)(q_start + tok) * (D / 2);
+                Cvt<T>::to_float(rope_lane<T, D>(qh, fresh.cos_t + angle, fresh.sin_t + angle, kl), qv[n]);
+            } else {
+                Cvt<T>::to_float(ldg16(qh + kl * VEC), qv[n]);
+            }
 #pragma unroll
             for (int e = 0; e < VEC; ++e) qv[n][e] *= scale_log2;
         } else {
@@ -234,9 +318,14 @@ __device__ __forceinline__ void paged_attn_impl(
             const int p = base + u * KPW + kg;
             pos[u] = p;
             if (p < k1 && active) {
-                const size_t idx = cache_slot(table, p, block_size, bs_shift) * slot_stride + head_off;
-                kraw[u] = ldg16(kc + idx);
-                vraw[u] = ldg16(vc + idx);
+                if (FRESH && p == p_new) {
+                    kraw[u] = s_fresh[0][kl];
+                    vraw[u] = s_fresh[1][kl];
+                } else {
+                    const size_t idx = cache_slot(table, p, block_size, bs_shift) * slot_stride + head_off;
+                    kraw[u] = ldg16(kc + idx);
+                    vraw[u] = ldg16(vc + idx);
+                }
             } else {
                 kraw[u] = make_uint4(0, 0, 0, 0);
                 vraw[u] = make_uint4(0, 0, 0, 0);
@@ -670,20 +759,28 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk,    \
         wave_blocks, num_tokens
 
-#define PA_KERNEL(NAME, T, D, NQ)                                                                \
-    extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
-        paged_attn_##NAME##_d##D##_q##NQ(PA_ARGS(T)) {                                          \
-        paged_attn_impl<T, D, NQ>(PA_PASS);                                                      \
+#define PA_FRESH_ARGS(T)                                                                         \
+    const T *cos_t, const T *sin_t, const uint32_t *slots, T *kw, T *vw, long long num_slots
+
+#define PA_FRESH_PASS(T, D) Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, (num_heads + 2 * kv_heads) * D}
+#define PA_NO_FRESH(T, D) Fresh<T>{nullptr, nullptr, nullptr, nullptr, nullptr, 0, num_heads * D}
+
+// BOUNDS: blocks an SM the registers must allow (0: the compiler's choice).
+#define PA_KERNEL_AS(FN, T, D, NQ, BOUNDS)                                                       \
+    extern "C" __global__ void __launch_bounds__(NTHREADS, BOUNDS) FN(PA_ARGS(T)) {              \
+        paged_attn_impl<T, D, NQ, false>(PA_PASS, PA_NO_FRESH(T, D));                               \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(NTHREADS, BOUNDS) FN##_rope(PA_ARGS(T),          \
+                                                                            PA_FRESH_ARGS(T)) {  \
+        paged_attn_impl<T, D, NQ, true>(PA_PASS, PA_FRESH_PASS(T, D));                              \
     }
+
+#define PA_KERNEL(NAME, T, D, NQ) PA_KERNEL_AS(paged_attn_##NAME##_d##D##_q##NQ, T, D, NQ, 0)
 
 // The one-query kernel (a looped decode step) also held to 7 blocks an SM (72 registers on the
 // H200 instead of 80 for 6, no spills): more warps waiting on K/V hide latency when each block
 // walks few keys; with many, the free allocation keeps more loads in flight per warp.
-#define PA_KERNEL_OCC7(NAME, T, D)                                                               \
-    extern "C" __global__ void __launch_bounds__(NTHREADS, 7)                                   \
-        paged_attn_##NAME##_d##D##_q1_o7(PA_ARGS(T)) {                                          \
-        paged_attn_impl<T, D, 1>(PA_PASS);                                                       \
-    }
+#define PA_KERNEL_OCC7(NAME, T, D) PA_KERNEL_AS(paged_attn_##NAME##_d##D##_q1_o7, T, D, 1, 7)
 
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
     PA_KERNEL(NAME, T, D, 1)                                                                     \
