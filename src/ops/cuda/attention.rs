@@ -1,9 +1,9 @@
 //! Paged attention on CUDA (`kernels/paged_attention.cu`): SIMT kernels with a split-K
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
-use super::launch::{device, for_float, kernel, view, wrap, Module};
+use super::launch::{device, for_float, kernel, launch_in_clusters, view, wrap, Module, RawArgs};
 use crate::ops::attention_split::{self, keys_per_warp_step, Cut};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -291,6 +291,16 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
     let (nsplits, chunk, wave) = (splits as i32, chunk.min(i32::MAX as usize) as i32, wave.min(i32::MAX as usize) as i32);
     let null = 0u64;
+    // The splits of each (tile, kv head) as one thread-block cluster merge their partials in
+    // distributed shared memory (no workspace, no combine launch).
+    let cluster = splits > 1 && splits <= MAX_CLUSTER && cluster_merge() && super::launch::clusters_supported(dev)?;
+    if cluster {
+        launch_clustered(dev, &func, cfg, splits, &mut out, [&q, &k, &v], [&bt, &cl, &cu], fresh.as_ref(), |a| {
+            a.i32(num_rows).i32(max_blocks).i32(heads).i32(kv_heads).i32(block_size).i32(bs_shift);
+            a.f32(scale_log2).i32(mask_block).i32(nsplits).i32(chunk).i32(wave).i32(tokens);
+        })?;
+        return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
+    }
     let ws = if splits > 1 {
         // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and
         // the combine kernel reads only those.
@@ -341,6 +351,57 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         unsafe { b.launch(cfg) }.w()?;
     }
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
+}
+
+/// The views a `paged_attn_*_rope` kernel reads besides the attention's: cos, sin, slot mapping,
+/// and the number of cache slots.
+type FreshViews<'a, T> = (CudaView<'a, T>, CudaView<'a, T>, CudaView<'a, u32>, i64);
+
+/// Launches the SIMT attention kernel `func` with each (tile, kv head)'s `splits` blocks as one
+/// thread-block cluster: the kernel merges the splits in distributed shared memory and writes
+/// `out` (null workspaces). `scalars` pushes the scalar arguments between the pointers and the
+/// RoPE ones, in the kernel's order.
+#[allow(clippy::too_many_arguments)]
+fn launch_clustered<T: DeviceRepr>(
+    dev: &CudaDevice,
+    func: &CudaFunction,
+    cfg: LaunchConfig,
+    splits: usize,
+    out: &mut CudaSlice<T>,
+    qkv: [&CudaView<T>; 3],
+    addressing: [&CudaView<u32>; 3],
+    fresh: Option<&FreshViews<T>>,
+    scalars: impl FnOnce(&mut RawArgs),
+) -> Result<()> {
+    let stream = dev.cuda_stream();
+    let mut a = RawArgs::default();
+    // The guards keep the buffers' stream ordering (event tracking) until after the launch.
+    let (out_p, _out_g) = out.device_ptr_mut(&stream);
+    let tensors = qkv.map(|t| t.device_ptr(&stream));
+    let tables = addressing.map(|t| t.device_ptr(&stream));
+    a.ptr(out_p).ptr(0).ptr(0);
+    for (ptr, _) in tensors.iter().chain(&tables) {
+        a.ptr(*ptr);
+    }
+    scalars(&mut a);
+    let fresh = fresh.map(|(cos, sin, slots, n)| (cos.device_ptr(&stream), sin.device_ptr(&stream), slots.device_ptr(&stream), *n));
+    if let Some(((cos, _), (sin, _), (slots, _), n)) = &fresh {
+        // The caches: read through the block tables, written at the new tokens' slots.
+        a.ptr(*cos).ptr(*sin).ptr(*slots).ptr(tensors[1].0).ptr(tensors[2].0).i64(*n);
+    }
+    // SAFETY: the arguments follow `paged_attn_*` (and `_rope`'s extra ones) in
+    // paged_attention.cu; every pointer is a live view ordered on this stream by its guard.
+    unsafe { launch_in_clusters(dev, func, cfg, (1, 1, splits as u32), &a) }
+}
+
+/// Most splits merged in a thread-block cluster (the portable cluster size).
+const MAX_CLUSTER: usize = 8;
+
+/// Measurement switch (A/B on the device): `PONDER_CLUSTER_MERGE=0` merges splits with the
+/// combine launch.
+fn cluster_merge() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("PONDER_CLUSTER_MERGE").map_or(true, |v| v != "0"))
 }
 
 /// Blocks of kernel `name` that run at once on `dev` (SMs × blocks an SM by the occupancy

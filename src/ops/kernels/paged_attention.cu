@@ -105,6 +105,36 @@ __device__ __forceinline__ uint4 ldg16(const void *p) {
     return __ldg(reinterpret_cast<const uint4 *>(p));
 }
 
+// Thread-block clusters (sm_90): a launch with key splits may run each (tile, kv head)'s splits
+// as one cluster along z, and merge their partials through distributed shared memory instead of
+// the combine launch. Launched without a cluster, a block is a cluster of one.
+__device__ __forceinline__ unsigned cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
+#else
+    return 1;
+#endif
+}
+
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+
+// The address of `p` (this block's shared memory) in the shared memory of cluster block `rank`.
+template <typename P> __device__ __forceinline__ const P *cluster_peer(const P *p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned long long out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
+    return reinterpret_cast<const P *>(out);
+#else
+    return p;
+#endif
+}
+
 // Cache slot (block id * block_size + offset) of a row's key position p through its block table;
 // bs_shift = log2(block_size) when it is a power of two, else -1.
 __device__ __forceinline__ size_t cache_slot(const uint32_t *table, int p, int block_size, int bs_shift) {
@@ -143,20 +173,32 @@ __device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base
 // One lane's VEC elements (from i * VEC) of a head under split-half RoPE: element e turns with
 // its partner e +- D/2 by the angle of e mod D/2 (cos_row / sin_row: the token's D/2 angles),
 // rounded to T as the rotated values the unfused write stores. The products are those of
-// qkv_rope_write in fused.cu, one fma each, so both paths round alike.
+// qkv_rope_write in fused.cu, one fma each, so both paths round alike. Loading and rotating are
+// apart so that a block can have several such loads in flight before it rotates any.
+struct RopeIn {
+    uint4 x, partner, c, s;
+    bool lo;
+};
+
 template <typename T, int D>
-__device__ __forceinline__ uint4 rope_lane(const T *head, const T *cos_row, const T *sin_row, int i) {
+__device__ __forceinline__ RopeIn rope_load(const T *head, const T *cos_row, const T *sin_row, int i) {
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int HALF = D / VEC / 2;  // lanes of one half
     const bool lo = i < HALF;
     const int j = lo ? i : i - HALF;
+    return RopeIn{ldg16(head + i * VEC), ldg16(head + (lo ? i + HALF : j) * VEC), ldg16(cos_row + j * VEC), ldg16(sin_row + j * VEC), lo};
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 rope_apply(const RopeIn &in) {
+    constexpr int VEC = Cvt<T>::VEC;
     float x[VEC], p[VEC], c[VEC], s[VEC], o[VEC];
-    Cvt<T>::to_float(ldg16(head + i * VEC), x);
-    Cvt<T>::to_float(ldg16(head + (lo ? i + HALF : j) * VEC), p);
-    Cvt<T>::to_float(ldg16(cos_row + j * VEC), c);
-    Cvt<T>::to_float(ldg16(sin_row + j * VEC), s);
+    Cvt<T>::to_float(in.x, x);
+    Cvt<T>::to_float(in.partner, p);
+    Cvt<T>::to_float(in.c, c);
+    Cvt<T>::to_float(in.s, s);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) o[e] = lo ? fmaf(x[e], c[e], -(p[e] * s[e])) : fmaf(p[e], s[e], x[e] * c[e]);
+    for (int e = 0; e < VEC; ++e) o[e] = in.lo ? fmaf(x[e], c[e], -(p[e] * s[e])) : fmaf(p[e], s[e], x[e] * c[e]);
     return Cvt<T>::pack(o);
 }
 
@@ -203,6 +245,7 @@ __device__ __forceinline__ void paged_attn_impl(
     __shared__ float s_m[NW][NQ];
     __shared__ float s_l[NW][NQ];
     __shared__ uint4 s_fresh[2][FRESH ? D / VEC : 1];  // the new token's rotated k, and v
+    __shared__ float s_cm[NQ], s_cl[NQ];               // this block's partial, merged in a cluster
 
     const int group = num_heads / kv_heads;
     const int g = blockIdx.y;
@@ -247,27 +290,16 @@ __device__ __forceinline__ void paged_attn_impl(
 
     // The new token (FRESH): rotated k and v for the block that writes them (the first of this
     // kv head) and the one whose keys include its position; no other block reads that slot.
+    // Their loads are issued before the queries' so both are in flight together.
     const int p_new = FRESH ? ctx - 1 : -1;
-    if (FRESH) {
-        const bool writer = split == 0 && item0 == 0;
-        if (writer || (k0 <= p_new && p_new < k1)) {  // block-uniform
-            if (threadIdx.x < ACTIVE) {
-                const int i = threadIdx.x;
-                const T *row = q + (size_t)q_start * fresh.q_stride;
-                const size_t angle = (size_t)q_start * (D / 2);
-                const uint4 kr = rope_lane<T, D>(row + (size_t)(num_heads + g) * D, fresh.cos_t + angle, fresh.sin_t + angle, i);
-                const uint4 vr = ldg16(row + (size_t)(num_heads + kv_heads + g) * D + i * VEC);
-                s_fresh[0][i] = kr;
-                s_fresh[1][i] = vr;
-                const long long slot = (long long)fresh.slots[q_start];
-                if (writer && slot < fresh.num_slots) {
-                    const size_t at = (size_t)slot * kv_heads * D + (size_t)g * D + i * VEC;
-                    *reinterpret_cast<uint4 *>(fresh.kw + at) = kr;
-                    *reinterpret_cast<uint4 *>(fresh.vw + at) = vr;
-                }
-            }
-            __syncthreads();
-        }
+    const bool fresh_block = FRESH && ((split == 0 && item0 == 0) || (k0 <= p_new && p_new < k1));  // block-uniform
+    RopeIn k_in;
+    uint4 v_in;
+    if (fresh_block && threadIdx.x < ACTIVE) {
+        const T *row = q + (size_t)q_start * fresh.q_stride;
+        const size_t angle = (size_t)q_start * (D / 2);
+        k_in = rope_load<T, D>(row + (size_t)(num_heads + g) * D, fresh.cos_t + angle, fresh.sin_t + angle, threadIdx.x);
+        v_in = ldg16(row + (size_t)(num_heads + kv_heads + g) * D + threadIdx.x * VEC);
     }
 
     const int warp = threadIdx.x / 32;
@@ -290,7 +322,7 @@ __device__ __forceinline__ void paged_attn_impl(
             const T *qh = q + (size_t)(q_start + tok) * (FRESH ? fresh.q_stride : num_heads * D) + (size_t)(g * group + hg) * D;
             if (FRESH) {
                 const size_t angle = (size_t)(q_start + tok) * (D / 2);
-                Cvt<T>::to_float(rope_lane<T, D>(qh, fresh.cos_t + angle, fresh.sin_t + angle, kl), qv[n]);
+                Cvt<T>::to_float(rope_apply<T>(rope_load<T, D>(qh, fresh.cos_t + angle, fresh.sin_t + angle, kl)), qv[n]);
             } else {
                 Cvt<T>::to_float(ldg16(qh + kl * VEC), qv[n]);
             }
@@ -304,6 +336,21 @@ __device__ __forceinline__ void paged_attn_impl(
         l[n] = 0.f;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[n][e] = 0.f;
+    }
+
+    if (fresh_block) {
+        if (threadIdx.x < ACTIVE) {
+            const uint4 kr = rope_apply<T>(k_in);
+            s_fresh[0][threadIdx.x] = kr;
+            s_fresh[1][threadIdx.x] = v_in;
+            const long long slot = (long long)fresh.slots[q_start];
+            if (split == 0 && item0 == 0 && slot < fresh.num_slots) {
+                const size_t at = (size_t)slot * kv_heads * D + (size_t)g * D + threadIdx.x * VEC;
+                *reinterpret_cast<uint4 *>(fresh.kw + at) = kr;
+                *reinterpret_cast<uint4 *>(fresh.vw + at) = v_in;
+            }
+        }
+        __syncthreads();
     }
 
     const uint32_t *table = block_tables + (size_t)r * max_blocks;
@@ -391,7 +438,10 @@ __device__ __forceinline__ void paged_attn_impl(
     }
     __syncthreads();
 
-    // Merge the warps and write.
+    // Merge the warps and write: the output (one split), this split's partial for the combine
+    // launch, or (splits as one cluster) the partial in shared memory for the cluster's merge
+    // below. Each (item, element) has one thread, so s_acc[0] can take the merged partial.
+    const bool in_cluster = num_splits > 1 && cluster_blocks() > 1;
     for (int idx = threadIdx.x; idx < NQ * D; idx += NTHREADS) {
         const int n = idx / D;
         const int e = idx - n * D;
@@ -414,6 +464,12 @@ __device__ __forceinline__ void paged_attn_impl(
         const size_t th = (size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg);
         if (num_splits == 1) {
             out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
+        } else if (in_cluster) {
+            s_acc[0][n][e] = A;
+            if (e == 0) {
+                s_cm[n] = M;
+                s_cl[n] = L;
+            }
         } else {
             const size_t sth = (size_t)split * num_tokens * num_heads + th;
             if (L > 0.f) ws_acc[sth * D + e] = A;  // the combine reads no acc of an empty split
@@ -423,6 +479,36 @@ __device__ __forceinline__ void paged_attn_impl(
             }
         }
     }
+    if (!in_cluster) return;  // block-uniform (the cluster is the grid's z extent)
+
+    // The cluster's merge, as paged_attn_combine_* computes it, split by split in order (a
+    // block's rank in the cluster is its split). Block rank c takes items from c * NTHREADS on.
+    cluster_sync();
+    const int S = gridDim.z;
+    for (int idx = split * NTHREADS + threadIdx.x; idx < NQ * D; idx += S * NTHREADS) {
+        const int n = idx / D;
+        const int e = idx - n * D;
+        const int item = item0 + n;
+        if (item >= items) continue;
+        float M = -INFINITY;
+        for (int c = 0; c < S; ++c) M = fmaxf(M, *cluster_peer(&s_cm[n], c));
+        float L = 0.f, A = 0.f;
+        if (M != -INFINITY) {
+            for (int c = 0; c < S; ++c) {
+                const float lc = *cluster_peer(&s_cl[n], c);
+                if (lc > 0.f) {
+                    const float f = exp2f(*cluster_peer(&s_cm[n], c) - M);
+                    L += lc * f;
+                    A += *cluster_peer(&s_acc[0][n][e], c) * f;
+                }
+            }
+        }
+        const int tok = item / group;
+        const int hg = item - tok * group;
+        const size_t th = (size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg);
+        out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
+    }
+    cluster_sync();  // no block leaves while a peer still reads its shared memory
 }
 
 template <typename T, int D>
