@@ -491,9 +491,11 @@ __device__ __forceinline__ void paged_attn_impl(
         const int item = item0 + n;
         if (item >= items) continue;
         float M = -INFINITY;
+#pragma unroll 1
         for (int c = 0; c < S; ++c) M = fmaxf(M, *cluster_peer(&s_cm[n], c));
         float L = 0.f, A = 0.f;
         if (M != -INFINITY) {
+#pragma unroll 1
             for (int c = 0; c < S; ++c) {
                 const float lc = *cluster_peer(&s_cl[n], c);
                 if (lc > 0.f) {
