@@ -1,0 +1,43 @@
+# Session 21, call 2 (19c8da5): folded RoPE + K/V write (new token's loads first) and key splits
+# merged in a thread-block cluster. Decode attention tests + the fold test; CB prompt 128
+# (W 16 / 64 / 256) A = neither (= main), D = both, B = fold only, C = cluster merge only, then
+# A, D again; prompt 2048 (W 16 / 64) A, D. Results are saved after every run (a timeout keeps
+# what ran).
+set -u
+C=$(cat .device/commit)
+mkdir -p $OUT/r /tmp/j
+cp .device/call2.sh $OUT/r/call.sh
+source .device/unpack.sh
+S=$OUT/r/summary.txt
+start=$(date +%s)
+save() {
+python3 - <<'PY'
+import json,glob,os
+out={os.path.basename(f)[:-5]: json.load(open(f)) for f in sorted(glob.glob('/tmp/j/*.json'))}
+json.dump(out,open(os.environ['OUT']+'/r/ab_fold_cluster.json','w'),indent=1)
+PY
+tar cJf $OUT/r/logs.tar.xz -C /tmp/j $(cd /tmp/j && ls *.log)
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv >> $S
+timeout 60 .device/gpu_kernels --test-threads 1 decode_ > /tmp/j/tests.log 2>&1
+rc=$?
+echo "== decode tests rc $rc t=$(( $(date +%s) - start ))s" >> $S
+grep -E "test result|FAILED|panicked|^test .*FAIL|fold .*differ" /tmp/j/tests.log | head -40 >> $S
+save
+envof() { case $1 in A) echo "PONDER_FOLD_ROPE_WRITE=0 PONDER_CLUSTER_MERGE=0";; B) echo "PONDER_CLUSTER_MERGE=0";; C) echo "PONDER_FOLD_ROPE_WRITE=0";; D) echo "PONDER_X=0";; esac; }
+RUNS="A1 D1 B1 C1 A2 D2"; [ $rc -eq 0 ] || RUNS="A1 B1 A2 B2"  # a broken cluster merge could hang
+for r in $RUNS; do
+  v=${r%?}; i=${r#?}
+  env $(envof $v) timeout 60 .device/bench_looped --suite cb --widths 16,64,256 --new-tokens 256 --commit $C --json /tmp/j/cb_${v}_$i.json > /tmp/j/cb_${v}_$i.log 2>&1
+  echo "== cb $v ($(envof $v)) run $i: rc $? t=$(( $(date +%s) - start ))s" >> $S
+  grep -E "^ +(16|64|256) |bandwidth|rror|panic" /tmp/j/cb_${v}_$i.log | head -8 >> $S
+  save
+done
+L=D; [ $rc -eq 0 ] || L=B
+for v in A $L; do
+  env $(envof $v) timeout 80 .device/bench_looped --suite cb --widths 16,64 --prompt-len 2048 --new-tokens 256 --commit $C --json /tmp/j/cb2k_${v}.json > /tmp/j/cb2k_${v}.log 2>&1
+  echo "== cb 2k $v ($(envof $v)): rc $? t=$(( $(date +%s) - start ))s" >> $S
+  grep -E "^ +(16|64|256) |rror|panic" /tmp/j/cb2k_${v}.log | head -6 >> $S
+  save
+done
+cat $S
