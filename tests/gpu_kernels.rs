@@ -440,6 +440,86 @@ fn fused_qkv_rope_write() {
     }
 }
 
+/// The decode attention with RoPE and the K/V write folded in computes, bit for bit, what the
+/// two launches it replaces compute (and writes the same K/V rows), over the split plans (one
+/// block a row, chunks of the bound, the kernel's own cut under a graph's bucket), GQA groups up
+/// to 16 (several query tiles a kv head), rows without a query, and every float dtype. The
+/// cache slot of each new token holds a stale value beforehand, so attending it from memory
+/// instead of the fresh value shows. Only the written rows are compared (the caches of the long
+/// cases hold tens of millions of values; the unfused write's own test checks that nothing else
+/// changes).
+fn check_rope_write_attention(case: Case) {
+    let gpu = Device::new_cuda(0).unwrap();
+    let (name, rows, heads, kv_heads, hd, bs, dtype, bound) =
+        (case.name, &case.rows, case.heads, case.kv_heads, case.hd, case.block_size, case.dtype, case.context_bound);
+    let b = build(&case, 0xf01d ^ (heads * 131 + hd + rows.len()) as u64);
+    let mut rng = StdRng::seed_from_u64(0xf01d5);
+    let tokens = *b.host.cu_q_lens.last().unwrap() as usize;
+    let positions: Vec<u32> = rows.iter().filter(|&&(q, _)| q == 1).map(|&(_, c)| c as u32 - 1).collect();
+    assert_eq!(positions.len(), tokens, "{name}: one query a row or none");
+    let qkv = rand_tensor(&mut rng, &[tokens, (heads + 2 * kv_heads) * hd], -2.0, 2.0, dtype).to_device(&gpu).unwrap();
+    let pos = Tensor::new(positions.as_slice(), &gpu).unwrap();
+    let angles = RopeTable::new(hd, 10_000.0, dtype, &gpu).unwrap().angles(&pos).unwrap();
+    let mut batch = PagedBatch::new(b.host.clone(), bs, AttnMask::Causal, kv_heads * hd, &gpu).unwrap();
+    if let Some(bound) = bound {
+        batch.max_context_len = bound;
+    }
+    let scale = 1.0 / (hd as f64).sqrt();
+    let fresh_cache = || (b.k.to_device(&gpu).unwrap(), b.v.to_device(&gpu).unwrap());
+    let (k1, v1) = fresh_cache();
+    let q = fused::qkv_rope_write(&qkv, &angles, &k1, &v1, &batch, heads, kv_heads, hd).unwrap();
+    // The folded kernel is the SIMT one (a GQA group of 16 would take the tensor cores).
+    let two_ops = with_path(AttnPath::Simt, || paged_attention(&q, &k1, &v1, &batch, scale).unwrap());
+    let (k2, v2) = fresh_cache();
+    let folded = fused::qkv_rope_write_attention(&qkv, &angles, &k2, &v2, &batch, heads, kv_heads, hd, scale).unwrap();
+    assert_eq!(folded.dims(), &[tokens, heads, hd], "{name}");
+    let written = |t: &Tensor| {
+        let (nb, bs, kvh, d) = t.dims4().unwrap();
+        t.reshape((nb * bs, kvh * d)).unwrap().index_select(&batch.slot_mapping, 0).unwrap()
+    };
+    let bits =
+        |t: &Tensor| -> Vec<u32> { t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect() };
+    let differ = |a: &Tensor, b: &Tensor| bits(a).iter().zip(bits(b)).filter(|(x, y)| **x != *y).count();
+    let (d_out, d_k, d_v) = (differ(&folded, &two_ops), differ(&written(&k2), &written(&k1)), differ(&written(&v2), &written(&v1)));
+    // And against the f32 composition on the CPU (the rotated keys land in the cache first).
+    let (kc, vc) = (f32_cpu(&b.k).copy().unwrap(), f32_cpu(&b.v).copy().unwrap());
+    let cpu_batch = PagedBatch::new(b.host.clone(), bs, AttnMask::Causal, kv_heads * hd, &Device::Cpu).unwrap();
+    let cpu_angles = RopeAngles { cos: f32_cpu(&angles.cos), sin: f32_cpu(&angles.sin) };
+    let qr = fused::qkv_rope_write_reference(&f32_cpu(&qkv), &cpu_angles, &kc, &vc, &cpu_batch, heads, kv_heads, hd).unwrap();
+    let reference = paged_attention_reference(&qr, &kc, &vc, &cpu_batch, scale).unwrap();
+    let err = rel_err(&f32_cpu(&folded), &reference);
+    let tol = match dtype {
+        DType::F32 => 1e-5,
+        _ => 2e-2,
+    };
+    println!(
+        "{name:<44} {dtype:?} bound {bound:?}: {d_out} output / {d_k} k / {d_v} v elements differ from the two launches; rel err {err:.3e} (tol {tol:.0e})"
+    );
+    assert_eq!((d_out, d_k, d_v), (0, 0, 0), "{name} {dtype:?}: folded launch differs from the two launches");
+    assert!(err <= tol, "{name} {dtype:?}: rel err {err} > {tol}");
+}
+
+#[test]
+fn decode_attention_folds_rope_and_kv_write() {
+    let short: Vec<(usize, usize)> = (0..16).map(|i| (1, 1 + (i * 37) % 300)).collect();
+    // 16 rows of 1100-2200 keys: chunks of the bound would exceed 512 keys, so the kernel cuts.
+    let long: Vec<(usize, usize)> = (0..16).map(|i| (1, 1100 + (i * 397) % 1100)).collect();
+    let idle = [(1usize, 300usize), (0, 0), (1, 17), (0, 5), (1, 1), (1, 1000), (0, 64)];
+    let fold = |name, rows: &[(usize, usize)], heads, kv, hd, dt| case(name, rows, heads, kv, hd, dt, AttnMask::Causal);
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        check_rope_write_attention(fold("fold mha 16/16 d128, short contexts", &short, 16, 16, 128, dt));
+        check_rope_write_attention(fold("fold mha 16/16 d128, rows without a query", &idle, 16, 16, 128, dt));
+    }
+    let bucket = |c: Case, b| Case { context_bound: Some(b), ..c };
+    check_rope_write_attention(fold("fold mha 16/16 d128, long contexts", &long, 16, 16, 128, DType::BF16));
+    check_rope_write_attention(bucket(fold("fold mha 16/16 d128, long contexts, bucket", &long, 16, 16, 128, DType::BF16), 4096));
+    check_rope_write_attention(bucket(fold("fold mha 16/16 d128, short contexts, bucket", &short, 16, 16, 128, DType::F32), 512));
+    check_rope_write_attention(fold("fold gqa 32/8 d64", DECODE_ROWS, 32, 8, 64, DType::BF16));
+    check_rope_write_attention(Case { block_size: 12, ..fold("fold gqa 12/4 d96 bs12", DECODE_ROWS, 12, 4, 96, DType::BF16) });
+    check_rope_write_attention(fold("fold gqa 32/4 d128", DECODE_ROWS, 32, 4, 128, DType::F16));
+    check_rope_write_attention(fold("fold gqa 64/4 d128 (two tiles a kv head)", DECODE_ROWS, 64, 4, 128, DType::BF16));
+}
+
 #[test]
 fn fused_add_rms_norm() {
     let gpu = Device::new_cuda(0).unwrap();

@@ -119,3 +119,79 @@ pub(super) fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&
     }
     Ok(())
 }
+
+/// A kernel's arguments for a launch outside cudarc's builder, in the kernel's order: each held
+/// in 8 bytes (a device pointer, or a scalar in the low bytes; the driver copies the kernel
+/// parameter's own size from it).
+#[derive(Default)]
+pub(super) struct RawArgs(Vec<u64>);
+
+impl RawArgs {
+    pub(super) fn ptr(&mut self, p: u64) -> &mut Self {
+        self.0.push(p);
+        self
+    }
+    pub(super) fn i32(&mut self, x: i32) -> &mut Self {
+        self.0.push(x as u32 as u64);
+        self
+    }
+    pub(super) fn i64(&mut self, x: i64) -> &mut Self {
+        self.0.push(x as u64);
+        self
+    }
+    pub(super) fn f32(&mut self, x: f32) -> &mut Self {
+        self.0.push(x.to_bits() as u64);
+        self
+    }
+}
+
+/// Whether the device and our PTX run thread-block clusters (compute capability 9.0 and PTX
+/// built for it).
+pub(super) fn clusters_supported(dev: &CudaDevice) -> Result<bool> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    use candle_core::cuda_backend::WrapErr;
+    if !cfg!(ponder_wgmma) {
+        return Ok(false);
+    }
+    let major = dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()?;
+    Ok(major >= 9)
+}
+
+/// Launches `func` on `dev`'s stream with thread-block clusters of `cluster` blocks (which must
+/// divide the grid; at most 8 blocks): `cuLaunchKernelEx`, as cudarc's launch builder takes no
+/// launch attributes.
+///
+/// # Safety
+/// `args` must match the kernel's parameters, and every pointer in them must stay valid (and be
+/// ordered on this stream) for the kernel's run, as with cudarc's `launch`.
+pub(super) unsafe fn launch_in_clusters(
+    dev: &CudaDevice,
+    func: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
+    cfg: candle_core::cuda_backend::cudarc::driver::LaunchConfig,
+    cluster: (u32, u32, u32),
+    args: &RawArgs,
+) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    use candle_core::cuda_backend::WrapErr;
+    let stream = dev.cuda_stream();
+    stream.context().bind_to_thread().w()?;
+    let mut params: Vec<*mut std::ffi::c_void> = args.0.iter().map(|w| w as *const u64 as *mut std::ffi::c_void).collect();
+    // SAFETY: an all-zero attribute is valid (a pad union); id and cluster shape set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster.0, y: cluster.1, z: cluster.2 };
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the caller vouches for the arguments; the config and attribute outlive the call.
+    unsafe { sys::cuLaunchKernelEx(&config, func.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result().w()
+}
