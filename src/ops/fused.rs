@@ -53,56 +53,6 @@ pub fn qkv_rope_write_reference(
     Ok(q)
 }
 
-/// [`qkv_rope_write`] and then [`paged_attention`](super::paged_attention) with `scale`: the
-/// new tokens' rotated K/V written at `batch.slot_mapping`, and the attention output
-/// `[T, heads, head_dim]`. On CUDA a launch whose rows have one query each at default write
-/// positions (a decode step) runs one kernel for both (the attention reads the new key and value
-/// from registers while it writes them); any other launch runs the two ops.
-#[allow(clippy::too_many_arguments)]
-pub fn qkv_rope_write_attention(
-    qkv: &Tensor,
-    angles: &RopeAngles,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    batch: &PagedBatch,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    scale: f64,
-) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if qkv.device().is_cuda() && batch.max_q_len <= 1 && batch.host.write_positions.is_empty() && fold_rope_write() {
-        let dt = qkv.dtype();
-        let same = [&angles.cos, &angles.sin, k_cache, v_cache];
-        if super::is_float(dt) && matches!(head_dim, 64 | 96 | 128) && same.iter().all(|t| t.dtype() == dt && t.is_contiguous()) {
-            return super::cuda::paged_attention_rope_write(
-                qkv,
-                &angles.cos,
-                &angles.sin,
-                k_cache,
-                v_cache,
-                &batch.slot_mapping,
-                &batch.block_tables,
-                &batch.context_lens,
-                &batch.cu_q_lens,
-                heads,
-                batch.max_context_len,
-                scale as f32,
-                batch.mask.block(),
-            );
-        }
-    }
-    let q = qkv_rope_write(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)?;
-    super::paged_attention(&q, k_cache, v_cache, batch, scale)
-}
-
-/// Measurement switch (A/B on the device): `PONDER_FOLD_ROPE_WRITE=0` runs the two ops.
-#[cfg(feature = "cuda")]
-fn fold_rope_write() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("PONDER_FOLD_ROPE_WRITE").map_or(true, |v| v != "0"))
-}
-
 /// Like [`qkv_rope_write`] with an optional per-head RMSNorm of q and k (`qk_norm`: the q and
 /// k weights `[head_dim]`, Qwen3 / SDAR) before RoPE; returns rotated q `[T, heads, head_dim]`,
 /// rotated k and v `[T, kv_heads, head_dim]` (contiguous). On CUDA one launch for head dims

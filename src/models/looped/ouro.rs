@@ -8,7 +8,7 @@ use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::models::OuroConfig;
-use crate::ops::{self, PagedBatch, RopeTable};
+use crate::ops::{self, paged_attention, PagedBatch, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
 
@@ -133,7 +133,8 @@ impl Ouro {
         let t = h.dim(0)?;
 
         let qkv = layer.qkv.forward(a)?;
-        let attn = ops::qkv_rope_write_attention(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd, 1.0 / (hd as f64).sqrt())?;
+        let q = ops::qkv_rope_write(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd)?;
+        let attn = paged_attention(&q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
         let attn = layer.o_proj.forward(&attn.reshape((t, nh * hd))?)?;
         let (h, m) = ops::add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 

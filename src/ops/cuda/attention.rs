@@ -1,9 +1,9 @@
 //! Paged attention on CUDA (`kernels/paged_attention.cu`): SIMT kernels with a split-K
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
-use super::launch::{device, for_float, kernel, launch_in_clusters, view, wrap, Module, RawArgs};
+use super::launch::{device, for_float, kernel, view, wrap, Module};
 use crate::ops::attention_split::{self, keys_per_warp_step, Cut};
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -36,79 +36,13 @@ pub fn paged_attention(
     scale: f32,
     mask_block: u32,
 ) -> Result<Tensor> {
-    let (tokens, heads, hd) = q.dims3()?;
-    let addr = Addressing { block_tables, context_lens, cu_q_lens, max_context_len };
-    attend(q, (tokens, heads, hd), k_cache, v_cache, &addr, max_q_len, scale, mask_block, None)
-}
-
-/// Decode attention with the new tokens' RoPE and K/V write folded in: what
-/// [`super::qkv_rope_write`] and then [`paged_attention`] compute, in one launch (plus the split
-/// merge). `qkv` `[T, (H + 2*KVH) * D]` is the fused projection, `cos` / `sin` `[T, D/2]` its
-/// split-half RoPE angles, `slot_mapping` `[T]` where each token's rotated k and v are written
-/// (slots past the cache are skipped). Every row has at most one query, at its last context
-/// position, whose slot is that token's `slot_mapping` entry: a decode step with default write
-/// positions (the caller checks; the kernel attends the new key from registers, not the cache).
-#[allow(clippy::too_many_arguments)]
-pub fn paged_attention_rope_write(
-    qkv: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    slot_mapping: &Tensor,
-    block_tables: &Tensor,
-    context_lens: &Tensor,
-    cu_q_lens: &Tensor,
-    heads: usize,
-    max_context_len: usize,
-    scale: f32,
-    mask_block: u32,
-) -> Result<Tensor> {
-    let (_, _, kv_heads, hd) = k_cache.dims4()?;
-    let (tokens, num_slots) = super::fused::check_qkv_rope(OP, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, hd)?;
-    let addr = Addressing { block_tables, context_lens, cu_q_lens, max_context_len };
-    let fresh = FreshInputs { cos, sin, slots: slot_mapping, num_slots };
-    attend(qkv, (tokens, heads, hd), k_cache, v_cache, &addr, 1, scale, mask_block, Some(fresh))
-}
-
-/// Where a launch's rows read their keys.
-#[derive(Clone, Copy)]
-struct Addressing<'a> {
-    block_tables: &'a Tensor,
-    context_lens: &'a Tensor,
-    cu_q_lens: &'a Tensor,
-    /// At least every row's context length (a graph's bucket); sizes the key split.
-    max_context_len: usize,
-}
-
-/// The new tokens' RoPE angles and cache slots when the attention writes their K/V.
-struct FreshInputs<'a> {
-    cos: &'a Tensor,
-    sin: &'a Tensor,
-    slots: &'a Tensor,
-    num_slots: usize,
-}
-
-/// `q` holds `[T, H, D]` queries, or (with `fresh`) the fused projection they are cut from.
-#[allow(clippy::too_many_arguments)]
-fn attend(
-    q: &Tensor,
-    (tokens, heads, hd): (usize, usize, usize),
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    addr: &Addressing,
-    max_q_len: usize,
-    scale: f32,
-    mask_block: u32,
-    fresh: Option<FreshInputs>,
-) -> Result<Tensor> {
-    let Addressing { block_tables, context_lens, cu_q_lens, max_context_len } = *addr;
     let dev = device(q, OP)?;
     for (name, t) in [("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables), ("context_lens", context_lens), ("cu_q_lens", cu_q_lens)] {
         if !t.device().same_device(q.device()) {
             bail!("paged attention (cuda): {name} is on {:?}, q on {:?}", t.device(), q.device());
         }
     }
+    let (tokens, heads, hd) = q.dims3()?;
     let (_num_blocks, block_size, kv_heads, khd) = k_cache.dims4()?;
     if v_cache.dims() != k_cache.dims() {
         bail!("paged attention (cuda): v_cache {:?} vs k_cache {:?}", v_cache.dims(), k_cache.dims());
@@ -167,8 +101,7 @@ fn attend(
     // measured faster on the H200; `AttentionKernels::Unpipelined` selects the synchronous-load
     // variant (`paged_attn_mma_*`).
     let kernels = crate::ops::attention_kernels();
-    // The folded RoPE and K/V write exist in the SIMT kernels only.
-    let mma = fresh.is_none() && matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
+    let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
     let p = Params {
         mma,
@@ -185,7 +118,7 @@ fn attend(
         scale_log2: scale * std::f32::consts::LOG2_E,
         mask_block,
     };
-    let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens, fresh };
+    let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
     for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p))
 }
 
@@ -196,7 +129,6 @@ struct Inputs<'a> {
     bt: &'a Tensor,
     cl: &'a Tensor,
     cu: &'a Tensor,
-    fresh: Option<FreshInputs<'a>>,
 }
 
 struct Params {
@@ -230,13 +162,6 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let bt = view::<u32>(&bts, btl, OP, "block_tables", false)?;
     let cl = view::<u32>(&cls, cll, OP, "context_lens", false)?;
     let cu = view::<u32>(&cus, cul, OP, "cu_q_lens", false)?;
-    let fresh_storage = t.fresh.as_ref().map(|f| (f.cos.storage_and_layout(), f.sin.storage_and_layout(), f.slots.storage_and_layout(), f.num_slots as i64));
-    let fresh = match &fresh_storage {
-        Some(((cs, cl), (ss, sl), (ms, ml), n)) => {
-            Some((view::<T>(cs, cl, OP, "cos", true)?, view::<T>(ss, sl, OP, "sin", true)?, view::<u32>(ms, ml, OP, "slot_mapping", false)?, *n))
-        }
-        None => None,
-    };
 
     let group = p.heads / p.kv_heads;
     let n_out = p.tokens * p.heads * p.hd;
@@ -267,15 +192,12 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     }
     let base_blocks = tiles * p.kv_heads;
     let step = NW * keys_per_warp_step(p.hd, std::mem::size_of::<T>(), nq);
-    let base_name = |occ7: bool| {
+    let kernel_name = |occ7: bool| {
         let o7 = if occ7 { "_o7" } else { "" };
         format!("paged_attn_{name}_d{}_q{nq}{o7}", p.hd)
     };
-    let kernel_name = |occ7: bool| if t.fresh.is_some() { base_name(occ7) + "_rope" } else { base_name(occ7) };
     // Blocks of a build that run at once (asked only when the kernel cuts the keys; cached).
-    // Always the plain build's: the folded one may hold fewer blocks an SM, and the same wave
-    // keeps its split plan — and so its result, bit for bit — that of the two launches.
-    let wave = |occ7: bool| wave_blocks(dev, &base_name(occ7));
+    let wave = |occ7: bool| wave_blocks(dev, &kernel_name(occ7));
     let sms = super::launch::sm_count(dev)?;
     let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave)?;
     let kname = kernel_name(plan.occ7);
@@ -293,16 +215,6 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
     let (nsplits, chunk, wave) = (splits as i32, chunk.min(i32::MAX as usize) as i32, wave.min(i32::MAX as usize) as i32);
     let null = 0u64;
-    // The splits of each (tile, kv head) as one thread-block cluster merge their partials in
-    // distributed shared memory (no workspace, no combine launch).
-    let cluster = splits > 1 && splits <= MAX_CLUSTER && cluster_merge() && super::launch::clusters_supported(dev)?;
-    if cluster {
-        launch_clustered(dev, &func, cfg, splits, &mut out, [&q, &k, &v], [&bt, &cl, &cu], fresh.as_ref(), |a| {
-            a.i32(num_rows).i32(max_blocks).i32(heads).i32(kv_heads).i32(block_size).i32(bs_shift);
-            a.f32(scale_log2).i32(mask_block).i32(nsplits).i32(chunk).i32(wave).i32(tokens);
-        })?;
-        return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
-    }
     let ws = if splits > 1 {
         // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and
         // the combine kernel reads only those.
@@ -328,21 +240,8 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
-        match &fresh {
-            Some((cos, sin, slots, num_slots)) => {
-                // The caches are written in place through the views they are read by (see
-                // `qkv_rope_write`): the launch writes only the new tokens' slots, which no
-                // block reads from memory.
-                b.arg(cos).arg(sin).arg(slots).arg(&k).arg(&v).arg(num_slots);
-                // SAFETY: argument list matches `paged_attn_*_rope` in paged_attention.cu; shapes
-                // checked by `paged_attention_rope_write`.
-                unsafe { b.launch(cfg) }.w()?;
-            }
-            None => {
-                // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
-                unsafe { b.launch(cfg) }.w()?;
-            }
-        }
+        // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
+        unsafe { b.launch(cfg) }.w()?;
     }
     if let Some((acc, ml)) = &ws {
         let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;
@@ -353,57 +252,6 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         unsafe { b.launch(cfg) }.w()?;
     }
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
-}
-
-/// The views a `paged_attn_*_rope` kernel reads besides the attention's: cos, sin, slot mapping,
-/// and the number of cache slots.
-type FreshViews<'a, T> = (CudaView<'a, T>, CudaView<'a, T>, CudaView<'a, u32>, i64);
-
-/// Launches the SIMT attention kernel `func` with each (tile, kv head)'s `splits` blocks as one
-/// thread-block cluster: the kernel merges the splits in distributed shared memory and writes
-/// `out` (null workspaces). `scalars` pushes the scalar arguments between the pointers and the
-/// RoPE ones, in the kernel's order.
-#[allow(clippy::too_many_arguments)]
-fn launch_clustered<T: DeviceRepr>(
-    dev: &CudaDevice,
-    func: &CudaFunction,
-    cfg: LaunchConfig,
-    splits: usize,
-    out: &mut CudaSlice<T>,
-    qkv: [&CudaView<T>; 3],
-    addressing: [&CudaView<u32>; 3],
-    fresh: Option<&FreshViews<T>>,
-    scalars: impl FnOnce(&mut RawArgs),
-) -> Result<()> {
-    let stream = dev.cuda_stream();
-    let mut a = RawArgs::default();
-    // The guards keep the buffers' stream ordering (event tracking) until after the launch.
-    let (out_p, _out_g) = out.device_ptr_mut(&stream);
-    let tensors = qkv.map(|t| t.device_ptr(&stream));
-    let tables = addressing.map(|t| t.device_ptr(&stream));
-    a.ptr(out_p).ptr(0).ptr(0);
-    for (ptr, _) in tensors.iter().chain(&tables) {
-        a.ptr(*ptr);
-    }
-    scalars(&mut a);
-    let fresh = fresh.map(|(cos, sin, slots, n)| (cos.device_ptr(&stream), sin.device_ptr(&stream), slots.device_ptr(&stream), *n));
-    if let Some(((cos, _), (sin, _), (slots, _), n)) = &fresh {
-        // The caches: read through the block tables, written at the new tokens' slots.
-        a.ptr(*cos).ptr(*sin).ptr(*slots).ptr(tensors[1].0).ptr(tensors[2].0).i64(*n);
-    }
-    // SAFETY: the arguments follow `paged_attn_*` (and `_rope`'s extra ones) in
-    // paged_attention.cu; every pointer is a live view ordered on this stream by its guard.
-    unsafe { launch_in_clusters(dev, func, cfg, (1, 1, splits as u32), &a) }
-}
-
-/// Most splits merged in a thread-block cluster (the portable cluster size).
-const MAX_CLUSTER: usize = 8;
-
-/// Measurement switch (A/B on the device): `PONDER_CLUSTER_MERGE=0` merges splits with the
-/// combine launch.
-fn cluster_merge() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("PONDER_CLUSTER_MERGE").map_or(true, |v| v != "0"))
 }
 
 /// Blocks of kernel `name` that run at once on `dev` (SMs × blocks an SM by the occupancy

@@ -10,7 +10,7 @@ use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 /// `sin` `[T, D/2]`, caches `[NB, BS, KVH, D]` and `slot_mapping` `[T]` u32, one device, one float
 /// dtype. Returns `(T, NB * BS)`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn check_qkv_rope(
+fn check_qkv_rope(
     op: &str,
     qkv: &Tensor,
     cos: &Tensor,

@@ -9,7 +9,7 @@ mod launch;
 mod moe;
 mod rows;
 
-pub use attention::{paged_attention, paged_attention_rope_write};
+pub use attention::paged_attention;
 pub use focus::focus_importance;
 pub use fused::{add_rms_norm, qkv_norm_rope_write, qkv_rope_write, residual_add, rms_norm, silu_mul};
 pub use moe::{moe_experts, moe_route, router_logits};

@@ -81,10 +81,8 @@ __device__ void qkv_rope_write(T *__restrict__ q_out, T *__restrict__ k_cache, T
         const float x2 = to_f(row[head * head_dim + i + half]);
         const float c = to_f(cos_t[(long long)t * half + i]);
         const float s = to_f(sin_t[(long long)t * half + i]);
-        // One fma each, spelled out: the decode attention's folded RoPE (rope_lane in
-        // paged_attention.cu) rounds the same way.
-        const T o1 = from_f<T>(fmaf(x1, c, -(x2 * s)));
-        const T o2 = from_f<T>(fmaf(x1, s, x2 * c));
+        const T o1 = from_f<T>(x1 * c - x2 * s);
+        const T o2 = from_f<T>(x1 * s + x2 * c);
         T *dst;
         if (head < heads) {
             dst = q_out + ((long long)t * heads + head) * head_dim;

@@ -54,9 +54,6 @@ template <> struct Cvt<float> {
         out[3] = __uint_as_float(raw.w);
     }
     __device__ __forceinline__ static float from_float(float x) { return x; }
-    __device__ __forceinline__ static uint4 pack(const float *in) {
-        return make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]), __float_as_uint(in[3]));
-    }
 };
 
 template <> struct Cvt<__nv_bfloat16> {
@@ -71,13 +68,6 @@ template <> struct Cvt<__nv_bfloat16> {
         }
     }
     __device__ __forceinline__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
-    __device__ __forceinline__ static uint4 pack(const float *in) {
-        uint4 raw;
-        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&raw);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
-        return raw;
-    }
 };
 
 template <> struct Cvt<__half> {
@@ -92,50 +82,10 @@ template <> struct Cvt<__half> {
         }
     }
     __device__ __forceinline__ static __half from_float(float x) { return __float2half(x); }
-    __device__ __forceinline__ static uint4 pack(const float *in) {
-        uint4 raw;
-        __half2 *h = reinterpret_cast<__half2 *>(&raw);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
-        return raw;
-    }
 };
 
 __device__ __forceinline__ uint4 ldg16(const void *p) {
     return __ldg(reinterpret_cast<const uint4 *>(p));
-}
-
-// Thread-block clusters (sm_90): a launch with key splits may run each (tile, kv head)'s splits
-// as one cluster along z, and merge their partials through distributed shared memory instead of
-// the combine launch. Launched without a cluster, a block is a cluster of one.
-__device__ __forceinline__ unsigned cluster_blocks() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned n;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    return n;
-#else
-    return 1;
-#endif
-}
-
-// Every thread of every block of the cluster, converged or not (the unaligned forms: it is reached
-// after divergent merge loops). Arrive releases this block's shared-memory writes, wait acquires
-// the peers'.
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-
-// The address of `p` (this block's shared memory) in the shared memory of cluster block `rank`.
-template <typename P> __device__ __forceinline__ const P *cluster_peer(const P *p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned long long out;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
-    return reinterpret_cast<const P *>(out);
-#else
-    return p;
-#endif
 }
 
 // Cache slot (block id * block_size + offset) of a row's key position p through its block table;
@@ -173,60 +123,7 @@ __device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base
     return best;
 }
 
-// One lane's VEC elements (from i * VEC) of a head under split-half RoPE: element e turns with
-// its partner e +- D/2 by the angle of e mod D/2 (cos_row / sin_row: the token's D/2 angles),
-// rounded to T as the rotated values the unfused write stores. The products are those of
-// qkv_rope_write in fused.cu, one fma each, so both paths round alike. Loading and rotating are
-// apart so that a block can have several such loads in flight before it rotates any.
-struct RopeIn {
-    uint4 x, partner, c, s;
-    bool lo;
-};
-
-template <typename T, int D>
-__device__ __forceinline__ RopeIn rope_load(const T *head, const T *cos_row, const T *sin_row, int i) {
-    constexpr int VEC = Cvt<T>::VEC;
-    constexpr int HALF = D / VEC / 2;  // lanes of one half
-    const bool lo = i < HALF;
-    const int j = lo ? i : i - HALF;
-    return RopeIn{ldg16(head + i * VEC), ldg16(head + (lo ? i + HALF : j) * VEC), ldg16(cos_row + j * VEC), ldg16(sin_row + j * VEC), lo};
-}
-
-template <typename T>
-__device__ __forceinline__ uint4 rope_apply(const RopeIn &in) {
-    constexpr int VEC = Cvt<T>::VEC;
-    float x[VEC], p[VEC], c[VEC], s[VEC], o[VEC];
-    Cvt<T>::to_float(in.x, x);
-    Cvt<T>::to_float(in.partner, p);
-    Cvt<T>::to_float(in.c, c);
-    Cvt<T>::to_float(in.s, s);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) o[e] = in.lo ? fmaf(x[e], c[e], -(p[e] * s[e])) : fmaf(p[e], s[e], x[e] * c[e]);
-    return Cvt<T>::pack(o);
-}
-
-// kw / vw alias kc / vc, which are read through the read-only path: sound because no block reads
-// a new token's slot from memory (a slot shared by two rows of one launch, as with prefix-shared
-// blocks written during decode, would break it). A padding row whose write is skipped (slot past
-// the cache) still attends its fresh key, where the two-launch path reads whatever the slot
-// holds: only padding outputs, which are discarded, can differ.
-//
-// What a decode launch with the new tokens' RoPE and K/V write folded in (FRESH) reads besides
-// the attention's inputs: q is then the fused projection [T, (H + 2 KVH) * D] (q_stride its row),
-// every row has one query at position ctx - 1, and its rotated k and v go to slots[t] of kw / vw
-// (skipped past num_slots) while the block that walks position ctx - 1 takes them from shared
-// memory instead of the cache.
-template <typename T> struct Fresh {
-    const T *cos_t;  // [T, D/2]
-    const T *sin_t;
-    const uint32_t *slots;  // [T]
-    T *kw;                  // the caches, written
-    T *vw;
-    long long num_slots;
-    int q_stride;
-};
-
-template <typename T, int D, int NQ, bool FRESH>
+template <typename T, int D, int NQ>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
     float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
@@ -238,8 +135,7 @@ __device__ __forceinline__ void paged_attn_impl(
     const uint32_t *__restrict__ context_lens, // [R]
     const uint32_t *__restrict__ cu_q,         // [R + 1]
     int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift,
-    float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens,
-    const Fresh<T> fresh) {
+    float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens) {
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
@@ -253,8 +149,6 @@ __device__ __forceinline__ void paged_attn_impl(
     __shared__ float s_acc[NW][NQ][D];
     __shared__ float s_m[NW][NQ];
     __shared__ float s_l[NW][NQ];
-    __shared__ uint4 s_fresh[2][FRESH ? D / VEC : 1];  // the new token's rotated k, and v
-    __shared__ float s_cm[NQ], s_cl[NQ];               // this block's partial, merged in a cluster
 
     const int group = num_heads / kv_heads;
     const int g = blockIdx.y;
@@ -297,20 +191,6 @@ __device__ __forceinline__ void paged_attn_impl(
     const int k0 = (int)min((long long)split * chunk, (long long)kend);
     const int k1 = (int)min((long long)kend, (long long)k0 + chunk);
 
-    // The new token (FRESH): rotated k and v for the block that writes them (the first of this
-    // kv head) and the one whose keys include its position; no other block reads that slot.
-    // Their loads are issued before the queries' so both are in flight together.
-    const int p_new = FRESH ? ctx - 1 : -1;
-    const bool fresh_block = FRESH && ((split == 0 && item0 == 0) || (k0 <= p_new && p_new < k1));  // block-uniform
-    RopeIn k_in;
-    uint4 v_in;
-    if (fresh_block && threadIdx.x < ACTIVE) {
-        const T *row = q + (size_t)q_start * fresh.q_stride;
-        const size_t angle = (size_t)q_start * (D / 2);
-        k_in = rope_load<T, D>(row + (size_t)(num_heads + g) * D, fresh.cos_t + angle, fresh.sin_t + angle, threadIdx.x);
-        v_in = ldg16(row + (size_t)(num_heads + kv_heads + g) * D + threadIdx.x * VEC);
-    }
-
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int kl = lane % LPK;
@@ -328,13 +208,8 @@ __device__ __forceinline__ void paged_attn_impl(
         const int hg = item - tok * group;
         lim[n] = valid ? key_limit(ctx, q_len, tok, mask_block) : 0;
         if (valid && active) {
-            const T *qh = q + (size_t)(q_start + tok) * (FRESH ? fresh.q_stride : num_heads * D) + (size_t)(g * group + hg) * D;
-            if (FRESH) {
-                const size_t angle = (size_t)(q_start + tok) * (D / 2);
-                Cvt<T>::to_float(rope_apply<T>(rope_load<T, D>(qh, fresh.cos_t + angle, fresh.sin_t + angle, kl)), qv[n]);
-            } else {
-                Cvt<T>::to_float(ldg16(qh + kl * VEC), qv[n]);
-            }
+            const T *qp = q + ((size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg)) * D + kl * VEC;
+            Cvt<T>::to_float(ldg16(qp), qv[n]);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) qv[n][e] *= scale_log2;
         } else {
@@ -345,21 +220,6 @@ __device__ __forceinline__ void paged_attn_impl(
         l[n] = 0.f;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[n][e] = 0.f;
-    }
-
-    if (fresh_block) {
-        if (threadIdx.x < ACTIVE) {
-            const uint4 kr = rope_apply<T>(k_in);
-            s_fresh[0][threadIdx.x] = kr;
-            s_fresh[1][threadIdx.x] = v_in;
-            const long long slot = (long long)fresh.slots[q_start];
-            if (split == 0 && item0 == 0 && slot < fresh.num_slots) {
-                const size_t at = (size_t)slot * kv_heads * D + (size_t)g * D + threadIdx.x * VEC;
-                *reinterpret_cast<uint4 *>(fresh.kw + at) = kr;
-                *reinterpret_cast<uint4 *>(fresh.vw + at) = v_in;
-            }
-        }
-        __syncthreads();
     }
 
     const uint32_t *table = block_tables + (size_t)r * max_blocks;
@@ -374,14 +234,9 @@ __device__ __forceinline__ void paged_attn_impl(
             const int p = base + u * KPW + kg;
             pos[u] = p;
             if (p < k1 && active) {
-                if (FRESH && p == p_new) {
-                    kraw[u] = s_fresh[0][kl];
-                    vraw[u] = s_fresh[1][kl];
-                } else {
-                    const size_t idx = cache_slot(table, p, block_size, bs_shift) * slot_stride + head_off;
-                    kraw[u] = ldg16(kc + idx);
-                    vraw[u] = ldg16(vc + idx);
-                }
+                const size_t idx = cache_slot(table, p, block_size, bs_shift) * slot_stride + head_off;
+                kraw[u] = ldg16(kc + idx);
+                vraw[u] = ldg16(vc + idx);
             } else {
                 kraw[u] = make_uint4(0, 0, 0, 0);
                 vraw[u] = make_uint4(0, 0, 0, 0);
@@ -447,10 +302,7 @@ __device__ __forceinline__ void paged_attn_impl(
     }
     __syncthreads();
 
-    // Merge the warps and write: the output (one split), this split's partial for the combine
-    // launch, or (splits as one cluster) the partial in shared memory for the cluster's merge
-    // below. Each (item, element) has one thread, so s_acc[0] can take the merged partial.
-    const bool in_cluster = num_splits > 1 && cluster_blocks() > 1;
+    // Merge the warps and write.
     for (int idx = threadIdx.x; idx < NQ * D; idx += NTHREADS) {
         const int n = idx / D;
         const int e = idx - n * D;
@@ -473,12 +325,6 @@ __device__ __forceinline__ void paged_attn_impl(
         const size_t th = (size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg);
         if (num_splits == 1) {
             out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
-        } else if (in_cluster) {
-            s_acc[0][n][e] = A;
-            if (e == 0) {
-                s_cm[n] = M;
-                s_cl[n] = L;
-            }
         } else {
             const size_t sth = (size_t)split * num_tokens * num_heads + th;
             if (L > 0.f) ws_acc[sth * D + e] = A;  // the combine reads no acc of an empty split
@@ -488,38 +334,6 @@ __device__ __forceinline__ void paged_attn_impl(
             }
         }
     }
-    if (!in_cluster) return;  // block-uniform (the cluster is the grid's z extent)
-
-    // The cluster's merge, as paged_attn_combine_* computes it, split by split in order (a
-    // block's rank in the cluster is its split). Block rank c takes items from c * NTHREADS on.
-    cluster_sync();
-    const int S = gridDim.z;
-    for (int idx = split * NTHREADS + threadIdx.x; idx < NQ * D; idx += S * NTHREADS) {
-        const int n = idx / D;
-        const int e = idx - n * D;
-        const int item = item0 + n;
-        if (item >= items) continue;
-        float M = -INFINITY;
-#pragma unroll 1
-        for (int c = 0; c < S; ++c) M = fmaxf(M, *cluster_peer(&s_cm[n], c));
-        float L = 0.f, A = 0.f;
-        if (M != -INFINITY) {
-#pragma unroll 1
-            for (int c = 0; c < S; ++c) {
-                const float lc = *cluster_peer(&s_cl[n], c);
-                if (lc > 0.f) {
-                    const float f = exp2f(*cluster_peer(&s_cm[n], c) - M);
-                    L += lc * f;
-                    A += *cluster_peer(&s_acc[0][n][e], c) * f;
-                }
-            }
-        }
-        const int tok = item / group;
-        const int hg = item - tok * group;
-        const size_t th = (size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg);
-        out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
-    }
-    cluster_sync();  // no block leaves while a peer still reads its shared memory
 }
 
 template <typename T, int D>
@@ -856,28 +670,20 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk,    \
         wave_blocks, num_tokens
 
-#define PA_FRESH_ARGS(T)                                                                         \
-    const T *cos_t, const T *sin_t, const uint32_t *slots, T *kw, T *vw, long long num_slots
-
-#define PA_FRESH_PASS(T, D) Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, (num_heads + 2 * kv_heads) * D}
-#define PA_NO_FRESH(T, D) Fresh<T>{nullptr, nullptr, nullptr, nullptr, nullptr, 0, num_heads * D}
-
-// BOUNDS: blocks an SM the registers must allow (0: the compiler's choice).
-#define PA_KERNEL_AS(FN, T, D, NQ, BOUNDS)                                                       \
-    extern "C" __global__ void __launch_bounds__(NTHREADS, BOUNDS) FN(PA_ARGS(T)) {              \
-        paged_attn_impl<T, D, NQ, false>(PA_PASS, PA_NO_FRESH(T, D));                               \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(NTHREADS, BOUNDS) FN##_rope(PA_ARGS(T),          \
-                                                                            PA_FRESH_ARGS(T)) {  \
-        paged_attn_impl<T, D, NQ, true>(PA_PASS, PA_FRESH_PASS(T, D));                              \
+#define PA_KERNEL(NAME, T, D, NQ)                                                                \
+    extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
+        paged_attn_##NAME##_d##D##_q##NQ(PA_ARGS(T)) {                                          \
+        paged_attn_impl<T, D, NQ>(PA_PASS);                                                      \
     }
-
-#define PA_KERNEL(NAME, T, D, NQ) PA_KERNEL_AS(paged_attn_##NAME##_d##D##_q##NQ, T, D, NQ, 0)
 
 // The one-query kernel (a looped decode step) also held to 7 blocks an SM (72 registers on the
 // H200 instead of 80 for 6, no spills): more warps waiting on K/V hide latency when each block
 // walks few keys; with many, the free allocation keeps more loads in flight per warp.
-#define PA_KERNEL_OCC7(NAME, T, D) PA_KERNEL_AS(paged_attn_##NAME##_d##D##_q1_o7, T, D, 1, 7)
+#define PA_KERNEL_OCC7(NAME, T, D)                                                               \
+    extern "C" __global__ void __launch_bounds__(NTHREADS, 7)                                   \
+        paged_attn_##NAME##_d##D##_q1_o7(PA_ARGS(T)) {                                          \
+        paged_attn_impl<T, D, 1>(PA_PASS);                                                       \
+    }
 
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
     PA_KERNEL(NAME, T, D, 1)                                                                     \
