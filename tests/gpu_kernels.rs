@@ -503,6 +503,64 @@ fn fused_rms_norm_and_residual_add() {
     assert!(rel_err(&f32_cpu(&n), &n_ref) <= tol_of(DType::BF16));
 }
 
+/// Split-K projections: the strided-batched partial products against the CPU's per-slice f32
+/// products, the norms that sum them against the CPU composition (vector and scalar paths),
+/// and the projection + norm op end to end against the unsplit CPU ops.
+#[test]
+fn split_k_partials_and_their_norms() {
+    use ponder::ops::split_k;
+    let gpu = Device::new_cuda(0).unwrap();
+    let g = |t: &Tensor| t.to_device(&gpu).unwrap();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        // (rows, n, k, splits): Ouro's o_proj and down at decode widths, a small even case, and
+        // widths off the 16-byte vector (98: the norms' scalar path).
+        for &(rows, n, k, splits) in &[(16usize, 2048usize, 2048usize, 4usize), (64, 2048, 5632, 4), (1, 256, 512, 8), (3, 98, 64, 2), (5, 40, 96, 3)] {
+            let mut rng = StdRng::seed_from_u64((rows * 31 + n * 7 + k) as u64);
+            let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dt);
+            let w = rand_tensor(&mut rng, &[n, k], -0.1, 0.1, dt);
+            let parts_ref = split_k::linear_partials_reference(&x, &w, splits).unwrap();
+            let parts = split_k::linear_partials(&g(&x), &g(&w), splits).unwrap();
+            assert_eq!((parts.dims(), parts.dtype()), (&[splits, rows, n][..], DType::F32));
+            let ep = rel_err(&f32_cpu(&parts), &parts_ref);
+            let res = rand_tensor(&mut rng, &[rows, n], -4.0, 4.0, dt);
+            let wx = rand_tensor(&mut rng, &[n], 0.2, 2.0, dt);
+            let wn = rand_tensor(&mut rng, &[n], 0.2, 2.0, dt);
+            let eps = 1e-6;
+            // The norms read the CPU's partials, so only the norm kernels are compared here.
+            let (h_ref, m_ref) = split_k::add_rms_norm_partials(&res, &parts_ref, &wx, &wn, eps).unwrap();
+            let (h, m) = split_k::add_rms_norm_partials(&g(&res), &g(&parts_ref), &g(&wx), &g(&wn), eps).unwrap();
+            assert_eq!((h.dims(), h.dtype(), m.dtype()), (&[rows, n][..], dt, dt));
+            let (eh, em) = (rel_err(&f32_cpu(&h), &f32_cpu(&h_ref)), rel_err(&f32_cpu(&m), &f32_cpu(&m_ref)));
+            let (hp_ref, mp_ref) = split_k::residual_add_rms_norm_partials(&res, &parts_ref, &wx, eps).unwrap();
+            let (hp, mp) = split_k::residual_add_rms_norm_partials(&g(&res), &g(&parts_ref), &g(&wx), eps).unwrap();
+            let (ehp, emp) = (rel_err(&f32_cpu(&hp), &f32_cpu(&hp_ref)), rel_err(&f32_cpu(&mp), &f32_cpu(&mp_ref)));
+            let tol = tol_of(dt);
+            println!("split-K {rows}x{n}x{k}/{splits} {dt:?}: partials rel err {ep:.3e}; sandwich norm h {eh:.3e} n {em:.3e}; pre-norm h {ehp:.3e} n {emp:.3e} (tol {tol:.0e})");
+            assert!(ep <= 1e-4, "partials {rows}x{n}x{k}/{splits} {dt:?}: {ep}");
+            assert!(eh <= tol && em <= tol && ehp <= tol && emp <= tol, "norms of partials {rows}x{n}x{k} {dt:?}: {eh} {em} {ehp} {emp}");
+        }
+    }
+    // End to end: the op a decode step runs (split on the device at 16 rows of bf16) against the
+    // unsplit composition on the CPU.
+    let mut rng = StdRng::seed_from_u64(5632);
+    let x = rand_tensor(&mut rng, &[16, 5632], -1.0, 1.0, DType::BF16);
+    let w = rand_tensor(&mut rng, &[2048, 5632], -0.05, 0.05, DType::BF16);
+    let res = rand_tensor(&mut rng, &[16, 2048], -4.0, 4.0, DType::BF16);
+    let wx = rand_tensor(&mut rng, &[2048], 0.2, 2.0, DType::BF16);
+    let wn = rand_tensor(&mut rng, &[2048], 0.2, 2.0, DType::BF16);
+    if std::env::var_os("PONDER_SPLIT_K").is_none() {
+        assert_eq!(split_k::split_k_plan(&g(&x)), Some(4));
+    }
+    let (h_ref, n_ref) = ponder::ops::linear_add_rms_norm(&f32_cpu(&res), &f32_cpu(&x), &f32_cpu(&w), &f32_cpu(&wx), &f32_cpu(&wn), 1e-6).unwrap();
+    let (h, n) = ponder::ops::linear_add_rms_norm(&g(&res), &g(&x), &g(&w), &g(&wx), &g(&wn), 1e-6).unwrap();
+    let (eh, en) = (rel_err(&f32_cpu(&h), &h_ref), rel_err(&f32_cpu(&n), &n_ref));
+    let (_, m_ref) = ponder::ops::linear_residual_add_rms_norm(&f32_cpu(&res), &f32_cpu(&x), &f32_cpu(&w), &f32_cpu(&wx), 1e-6).unwrap();
+    let (_, m) = ponder::ops::linear_residual_add_rms_norm(&g(&res), &g(&x), &g(&w), &g(&wx), 1e-6).unwrap();
+    let em = rel_err(&f32_cpu(&m), &m_ref);
+    println!("split-K projection + norm, 16x2048x5632 bf16: sandwich h {eh:.3e} n {en:.3e}; pre-norm n {em:.3e}");
+    assert!(eh <= 1e-2 && en <= 1e-2 && em <= 1e-2, "{eh} {en} {em}");
+}
+
 #[test]
 fn fused_silu_mul() {
     let gpu = Device::new_cuda(0).unwrap();

@@ -150,11 +150,12 @@ impl Huginn {
         write_kv(kv.k(b.kv_layer), &k, batch)?;
         write_kv(kv.v(b.kv_layer), &v, batch)?;
         let attn = paged_attention(&q, kv.k(b.kv_layer), kv.v(b.kv_layer), batch, 1.0 / (hd as f64).sqrt())?;
-        let attn = b.proj.forward(&attn.reshape((t, nh * hd))?)?;
-        // Norms after each residual add (Huginn's sandwich): the add and the norm in one pass.
-        let (_, x) = ops::residual_add_rms_norm(&attn, x, &b.norms[1], eps)?;
-        let m = b.mlp_proj.forward(&ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?)?;
-        Ok(ops::residual_add_rms_norm(&m, &x, &b.norms[3], eps)?.1)
+        // Norms after each residual add (Huginn's sandwich): the projection, the add and the norm
+        // in one op (at decode widths the projection as partial products the norm sums).
+        let attn = attn.reshape((t, nh * hd))?;
+        let (_, x) = ops::linear_residual_add_rms_norm(x, &attn, b.proj.weight(), &b.norms[1], eps)?;
+        let m = ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?;
+        Ok(ops::linear_residual_add_rms_norm(&x, &m, b.mlp_proj.weight(), &b.norms[3], eps)?.1)
     }
 
     fn blocks(&self, blocks: &[Block], x: Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {

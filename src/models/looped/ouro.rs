@@ -135,11 +135,13 @@ impl Ouro {
         let qkv = layer.qkv.forward(a)?;
         let q = ops::qkv_rope_write(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd)?;
         let attn = paged_attention(&q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
-        let attn = layer.o_proj.forward(&attn.reshape((t, nh * hd))?)?;
-        let (h, m) = ops::add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
+        // The projections that feed a norm hand it their output (at decode widths as partial
+        // products over k, which the norm sums: `ops::split_k`).
+        let attn = attn.reshape((t, nh * hd))?;
+        let (h, m) = ops::linear_add_rms_norm(h, &attn, layer.o_proj.weight(), &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 
-        let m = layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?;
-        ops::add_rms_norm(&h, &m, &layer.post_attn_norm_2, next_norm, eps)
+        let m = ops::silu_mul(&layer.gate_up.forward(&m)?)?;
+        ops::linear_add_rms_norm(&h, &m, layer.down.weight(), &layer.post_attn_norm_2, next_norm, eps)
     }
 }
 

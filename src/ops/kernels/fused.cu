@@ -10,6 +10,8 @@
 //   16-byte vectors kept in registers when the width and the pointers allow.
 // rms_norm_*, add_rms_norm_pre_*: n = T(rsqrt(mean(h^2) + eps) * h * w) per row, h = x, or for
 //   the pre-norm residual stream h = T(res + x) (also written out). One block per row, as above.
+// add_rms_norm_parts_*, add_rms_norm_pre_parts_*: the same with x = T(sum of f32 partial products
+//   [nparts, rows, ncols]) of a projection split over k (`Parts` below).
 // residual_add_*: out = T(a + b), element-wise over tensors of one shape.
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
 // scatter_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V writes,
@@ -225,22 +227,63 @@ __device__ __forceinline__ void store_norm_scalar(const T *h_row, float acc, con
     for (int c = threadIdx.x; c < ncols; c += blockDim.x) n_row[c] = from_f<T>(s * to_f(h_row[c]) * to_f(w[c]));
 }
 
-// This thread's vectors i = threadIdx.x + j * blockDim.x (< nvec) of a row, as floats into
+// Where a row norm's input x comes from. `Plain`: a tensor of T. `Parts`: the f32 partial
+// products of a projection split over k (`n` slices `stride` floats apart), summed in slice order
+// and rounded to T — the value the unsplit projection would have stored. Element `e` is an index
+// into x's rows; `vec` loads the V elements from `e` (e a multiple of V; `aligned` holds).
+template <typename T> struct Plain {
+    const T *x;
+    __device__ __forceinline__ float at(long long e) const { return to_f(x[e]); }
+    template <int V> __device__ __forceinline__ void vec(long long e, float (&f)[V]) const {
+        const uint4 raw = *reinterpret_cast<const uint4 *>(x + e);
+        const T *t = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[k] = to_f(t[k]);
+    }
+    __device__ __forceinline__ bool aligned() const { return (uintptr_t)x % 16 == 0; }
+};
+
+template <typename T> struct Parts {
+    const float *p;
+    long long stride;
+    int n;
+    __device__ __forceinline__ float at(long long e) const {
+        float s = 0.f;
+        for (int i = 0; i < n; ++i) s += p[i * stride + e];
+        return round_t<T>(s);
+    }
+    template <int V> __device__ __forceinline__ void vec(long long e, float (&f)[V]) const {
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[k] = 0.f;
+        for (int i = 0; i < n; ++i) {
+            const float4 *v = reinterpret_cast<const float4 *>(p + i * stride + e);
+#pragma unroll
+            for (int q = 0; q < V / 4; ++q) {
+                const float4 a = v[q];
+                f[4 * q] += a.x;
+                f[4 * q + 1] += a.y;
+                f[4 * q + 2] += a.z;
+                f[4 * q + 3] += a.w;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[k] = round_t<T>(f[k]);
+    }
+    __device__ __forceinline__ bool aligned() const { return ((uintptr_t)p | (uintptr_t)(stride * 4)) % 16 == 0; }
+};
+
+// This thread's vectors i = threadIdx.x + j * blockDim.x (< nvec) of row `base`, as floats into
 // f[j]; returns the sum of their squares (element order).
-template <typename T, int V, int MAXV>
-__device__ __forceinline__ float load_row_vec(const uint4 *__restrict__ v, int nvec, float (&f)[MAXV][V]) {
+template <typename T, int V, int MAXV, class X>
+__device__ __forceinline__ float load_row_vec(const X &x, long long base, int nvec, float (&f)[MAXV][V]) {
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < MAXV; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
         if (i < nvec) {
-            const uint4 raw = v[i];
-            const T *e = reinterpret_cast<const T *>(&raw);
+            x.template vec<V>(base + (long long)i * V, f[j]);
 #pragma unroll
-            for (int k = 0; k < V; ++k) {
-                f[j][k] = to_f(e[k]);
-                acc += f[j][k] * f[j][k];
-            }
+            for (int k = 0; k < V; ++k) acc += f[j][k] * f[j][k];
         }
     }
     return acc;
@@ -251,18 +294,17 @@ __device__ __forceinline__ float load_row_vec(const uint4 *__restrict__ v, int n
 // vectors of x, the residual and both weights once, and writes h and the norm once — no read-back
 // of h and no dependent scalar-load loops (the scalar version below was latency-bound: ~12 us a
 // row batch on the H200 whatever the batch). The same arithmetic per element as the scalar path.
-template <typename T, int V, int MAXV>
+template <typename T, int V, int MAXV, class X>
 __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const T *__restrict__ res,
-                                 const T *__restrict__ x, const T *__restrict__ w_x,
+                                 const X &x, const T *__restrict__ w_x,
                                  const T *__restrict__ w_next, int ncols, float eps, float *smem) {
     const long long base = (long long)blockIdx.x * ncols;
-    const uint4 *xv = reinterpret_cast<const uint4 *>(x + base);
     const uint4 *rv = reinterpret_cast<const uint4 *>(res + base);
     const uint4 *wxv = reinterpret_cast<const uint4 *>(w_x);
     uint4 *hv = reinterpret_cast<uint4 *>(h_out + base);
     const int nvec = ncols / V;
     float xf[MAXV][V];
-    float acc = load_row_vec<T, V, MAXV>(xv, nvec, xf);
+    float acc = load_row_vec<T, V, MAXV>(x, base, nvec, xf);
     const float s1 = rsqrtf(block_sum(acc, smem) / ncols + eps);
     acc = 0.f;
 #pragma unroll
@@ -287,33 +329,32 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
     store_norm_vec<T, V, MAXV>(xf, acc, w_next, n_out + base, ncols, eps, smem);
 }
 
-template <typename T>
+template <typename T, class X>
 __device__ void add_rms_norm(T *__restrict__ h_out, T *__restrict__ n_out, const T *__restrict__ res,
-                             const T *__restrict__ x, const T *__restrict__ w_x,
+                             const X &x, const T *__restrict__ w_x,
                              const T *__restrict__ w_next, int ncols, float eps) {
     __shared__ float smem[32];
     constexpr int V = 16 / sizeof(T);
     constexpr int MAXV = 4;
-    const bool aligned = ((uintptr_t)h_out | (uintptr_t)n_out | (uintptr_t)res | (uintptr_t)x | (uintptr_t)w_x |
-                          (uintptr_t)w_next) % 16 == 0;
+    const bool aligned = ((uintptr_t)h_out | (uintptr_t)n_out | (uintptr_t)res | (uintptr_t)w_x |
+                          (uintptr_t)w_next) % 16 == 0 && x.aligned();
     if (aligned && ncols % V == 0 && ncols / V <= (int)blockDim.x * MAXV) {
         add_rms_norm_vec<T, V, MAXV>(h_out, n_out, res, x, w_x, w_next, ncols, eps, smem);
         return;
     }
     const long long base = (long long)blockIdx.x * ncols;
-    const T *xr = x + base;
     const T *rr = res + base;
     T *hr = h_out + base;
     T *nr = n_out + base;
     float acc = 0.f;
     for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
-        const float v = to_f(xr[c]);
+        const float v = x.at(base + c);
         acc += v * v;
     }
     const float s1 = rsqrtf(block_sum(acc, smem) / ncols + eps);
     acc = 0.f;
     for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
-        const float n = round_t<T>(s1 * to_f(xr[c]) * to_f(w_x[c]));
+        const float n = round_t<T>(s1 * x.at(base + c) * to_f(w_x[c]));
         const T h = from_f<T>(to_f(rr[c]) + n);
         hr[c] = h;
         const float hf = to_f(h);
@@ -326,31 +367,31 @@ __device__ void add_rms_norm(T *__restrict__ h_out, T *__restrict__ n_out, const
 // to h_out) or h = x, then n = T(rsqrt(mean(h^2) + eps) * h * w). Vector path as in
 // add_rms_norm_vec (candle's rmsnorm and its binary add with 2-byte scalar loads ran at about a
 // quarter of the memory bandwidth on 8k-token diffusion launches).
-template <typename T, int V, int MAXV, bool ADD>
+template <typename T, int V, int MAXV, bool ADD, class X>
 __device__ void rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const T *__restrict__ res,
-                             const T *__restrict__ x, const T *__restrict__ w, int ncols, float eps, float *smem) {
+                             const X &x, const T *__restrict__ w, int ncols, float eps, float *smem) {
     const long long base = (long long)blockIdx.x * ncols;
-    const uint4 *xv = reinterpret_cast<const uint4 *>(x + base);
     const uint4 *rv = reinterpret_cast<const uint4 *>(res + base);
     uint4 *hv = reinterpret_cast<uint4 *>(h_out + base);
     const int nvec = ncols / V;
     float hf[MAXV][V];
     float acc = 0.f;
     if constexpr (!ADD) {
-        acc = load_row_vec<T, V, MAXV>(xv, nvec, hf);
+        acc = load_row_vec<T, V, MAXV>(x, base, nvec, hf);
     } else {
 #pragma unroll
         for (int j = 0; j < MAXV; ++j) {
             const int i = threadIdx.x + j * blockDim.x;
             if (i < nvec) {
-                const uint4 xraw = xv[i], rraw = rv[i];
-                const T *e = reinterpret_cast<const T *>(&xraw);
+                float e[V];
+                x.template vec<V>(base + (long long)i * V, e);
+                const uint4 rraw = rv[i];
                 const T *r = reinterpret_cast<const T *>(&rraw);
                 uint4 out;
                 T *o = reinterpret_cast<T *>(&out);
 #pragma unroll
                 for (int k = 0; k < V; ++k) {
-                    o[k] = from_f<T>(to_f(r[k]) + to_f(e[k]));
+                    o[k] = from_f<T>(to_f(r[k]) + e[k]);
                     hf[j][k] = to_f(o[k]);
                 }
                 hv[i] = out;
@@ -362,21 +403,21 @@ __device__ void rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const
     store_norm_vec<T, V, MAXV>(hf, acc, w, n_out + base, ncols, eps, smem);
 }
 
-template <typename T, bool ADD>
+template <typename T, bool ADD, class X>
 __device__ void rms_norm_rows(T *__restrict__ h_out, T *__restrict__ n_out, const T *__restrict__ res,
-                              const T *__restrict__ x, const T *__restrict__ w, int ncols, float eps) {
+                              const X &x, const T *__restrict__ w, int ncols, float eps) {
     __shared__ float smem[32];
     constexpr int V = 16 / sizeof(T);
     constexpr int MAXV = 4;
-    const uintptr_t ptrs = (uintptr_t)n_out | (uintptr_t)x | (uintptr_t)w | (ADD ? ((uintptr_t)h_out | (uintptr_t)res) : 0);
-    if (ptrs % 16 == 0 && ncols % V == 0 && ncols / V <= (int)blockDim.x * MAXV) {
+    const uintptr_t ptrs = (uintptr_t)n_out | (uintptr_t)w | (ADD ? ((uintptr_t)h_out | (uintptr_t)res) : 0);
+    if (ptrs % 16 == 0 && x.aligned() && ncols % V == 0 && ncols / V <= (int)blockDim.x * MAXV) {
         rms_norm_vec<T, V, MAXV, ADD>(h_out, n_out, res, x, w, ncols, eps, smem);
         return;
     }
     const long long base = (long long)blockIdx.x * ncols;
     float acc = 0.f;
     for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
-        float h = to_f(x[base + c]);
+        float h = x.at(base + c);
         if constexpr (ADD) {
             const T ht = from_f<T>(to_f(res[base + c]) + h);
             h_out[base + c] = ht;
@@ -384,7 +425,11 @@ __device__ void rms_norm_rows(T *__restrict__ h_out, T *__restrict__ n_out, cons
         }
         acc += h * h;
     }
-    store_norm_scalar<T>((ADD ? h_out : x) + base, acc, w, n_out + base, ncols, eps, smem);
+    if constexpr (ADD) {
+        store_norm_scalar<T>(h_out + base, acc, w, n_out + base, ncols, eps, smem);
+    } else {
+        store_norm_scalar<T>(x.x + base, acc, w, n_out + base, ncols, eps, smem);
+    }
 }
 
 // out = T(a + b) over n elements, grid-stride; 16-byte vectors when n and the pointers allow
@@ -576,14 +621,28 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     extern "C" __global__ void add_rms_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,    \
                                                   const T *w_x, const T *w_next, int ncols,        \
                                                   float eps) {                                     \
-        add_rms_norm<T>(h_out, n_out, res, x, w_x, w_next, ncols, eps);                            \
+        add_rms_norm<T>(h_out, n_out, res, Plain<T>{x}, w_x, w_next, ncols, eps);                  \
+    }                                                                                              \
+    extern "C" __global__ void add_rms_norm_parts_##SUF(T *h_out, T *n_out, const T *res,          \
+                                                        const float *parts, long long part_stride, \
+                                                        int nparts, const T *w_x, const T *w_next, \
+                                                        int ncols, float eps) {                    \
+        add_rms_norm<T>(h_out, n_out, res, Parts<T>{parts, part_stride, nparts}, w_x, w_next,      \
+                        ncols, eps);                                                               \
     }                                                                                              \
     extern "C" __global__ void rms_norm_##SUF(T *n_out, const T *x, const T *w, int ncols, float eps) { \
-        rms_norm_rows<T, false>(nullptr, n_out, nullptr, x, w, ncols, eps);                        \
+        rms_norm_rows<T, false>(nullptr, n_out, nullptr, Plain<T>{x}, w, ncols, eps);              \
     }                                                                                              \
     extern "C" __global__ void add_rms_norm_pre_##SUF(T *h_out, T *n_out, const T *res, const T *x, \
                                                       const T *w, int ncols, float eps) {          \
-        rms_norm_rows<T, true>(h_out, n_out, res, x, w, ncols, eps);                               \
+        rms_norm_rows<T, true>(h_out, n_out, res, Plain<T>{x}, w, ncols, eps);                     \
+    }                                                                                              \
+    extern "C" __global__ void add_rms_norm_pre_parts_##SUF(T *h_out, T *n_out, const T *res,      \
+                                                            const float *parts,                    \
+                                                            long long part_stride, int nparts,     \
+                                                            const T *w, int ncols, float eps) {    \
+        rms_norm_rows<T, true>(h_out, n_out, res, Parts<T>{parts, part_stride, nparts}, w, ncols,  \
+                               eps);                                                               \
     }                                                                                              \
     extern "C" __global__ void residual_add_##SUF(T *out, const T *a, const T *b, long long n) {    \
         residual_add<T>(out, a, b, n);                                                             \

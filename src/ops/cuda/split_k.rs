@@ -1,0 +1,182 @@
+//! Projections split over k (`ops::split_k`): cuBLAS's strided-batched GEMM writes one f32
+//! partial product per k slice, and the row norm that consumes the projection sums them
+//! (`add_rms_norm_parts_*` / `add_rms_norm_pre_parts_*` in fused.cu).
+
+use super::fused::row_norm_config;
+use super::launch::{device, for_float, kernel, same_device_dtype, view, wrap, Module};
+use candle_core::cuda_backend::cudarc::cublas::{result::gemm_strided_batched_ex, sys};
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{bail, CudaDevice, DType, Result, Tensor};
+
+/// `x · wᵀ` (`x` `[rows, k]`, `w` `[n, k]`, one float dtype) as `splits` products over
+/// consecutive k slices: f32 `[splits, rows, n]`, slice `i` = `x[:, i·k/s..] · w[:, i·k/s..]ᵀ`
+/// with f32 accumulation. `k` must divide by `splits`.
+pub fn linear_partials(x: &Tensor, w: &Tensor, splits: usize) -> Result<Tensor> {
+    const OP: &str = "linear_partials";
+    let dev = device(x, OP)?;
+    let dtype = x.dtype();
+    same_device_dtype(OP, dtype, x, &[("w", w)])?;
+    let (rows, k) = x.dims2()?;
+    let (n, kw) = w.dims2()?;
+    if kw != k {
+        bail!("{OP} (cuda): x {:?} against w {:?}", x.dims(), w.dims());
+    }
+    if splits == 0 || k % splits != 0 {
+        bail!("{OP} (cuda): {k} columns do not split into {splits} slices");
+    }
+    if rows == 0 || n == 0 || k == 0 {
+        return Tensor::zeros((splits, rows, n), DType::F32, x.device());
+    }
+    let fits = |v: usize| v <= i32::MAX as usize;
+    if !(fits(rows) && fits(n) && fits(k) && fits(splits) && (splits * rows * n) < isize::MAX as usize / 4) {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let data_type = match dtype {
+        DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
+        DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
+        DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
+        d => bail!("{OP} (cuda): dtype {d:?} not supported"),
+    };
+    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    for_float!(dtype, OP, |T, _suf| partials_gemm::<T>(&dev, &x, &w, data_type, (rows, n, k), splits))
+}
+
+fn partials_gemm<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    x: &Tensor,
+    w: &Tensor,
+    data_type: sys::cudaDataType_t,
+    (rows, n, k): (usize, usize, usize),
+    splits: usize,
+) -> Result<Tensor> {
+    const OP: &str = "linear_partials";
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let x_v = view::<T>(&xs, xl, OP, "x", false)?;
+    let w_v = view::<T>(&ws, wl, OP, "w", false)?;
+    // SAFETY: beta = 0, so cuBLAS writes every element of every slice.
+    let mut out = unsafe { dev.alloc::<f32>(splits * rows * n)? };
+    let kc = k / splits;
+    let (alpha, beta) = (1f32, 0f32);
+    let stream = dev.cuda_stream();
+    let blas = dev.cublas_handle();
+    {
+        let (w_ptr, _w_guard) = w_v.device_ptr(&stream);
+        let (x_ptr, _x_guard) = x_v.device_ptr(&stream);
+        let (o_ptr, _o_guard) = out.device_ptr_mut(&stream);
+        // Column-major view of the row-major product: out_iᵀ [n, rows] = W_i [n, kc] · X_iᵀ
+        // [kc, rows], where W_i and X_i start kc columns apart inside w and x (leading dim k).
+        // SAFETY: pointers are live for the call (guards), every slice lies inside its buffer
+        // (i·kc + kc <= k per row), alpha/beta are f32 as CUBLAS_COMPUTE_32F requires.
+        unsafe {
+            gemm_strided_batched_ex(
+                *blas.handle(),
+                sys::cublasOperation_t::CUBLAS_OP_T,
+                sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                rows as i32,
+                kc as i32,
+                (&alpha) as *const f32 as *const _,
+                w_ptr as *const _,
+                data_type,
+                k as i32,
+                kc as i64,
+                x_ptr as *const _,
+                data_type,
+                k as i32,
+                kc as i64,
+                (&beta) as *const f32 as *const _,
+                o_ptr as *mut _,
+                sys::cudaDataType_t::CUDA_R_32F,
+                n as i32,
+                (rows * n) as i64,
+                splits as i32,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+            )
+        }
+        .w()?;
+    }
+    Ok(wrap(out, dev, (splits, rows, n)))
+}
+
+/// Which norm follows the summed partials.
+#[derive(Debug, Clone, Copy)]
+pub enum PartsNorm<'a> {
+    /// `h = residual + rms_norm(x, w_x)`, `n = rms_norm(h, w_next)` (`add_rms_norm`).
+    Sandwich { w_x: &'a Tensor, w_next: &'a Tensor },
+    /// `h = residual + x`, `n = rms_norm(h, w)` (`residual_add_rms_norm`).
+    PreNorm { w: &'a Tensor },
+}
+
+/// The row norm `norm` with `x` = the sum of `parts` (f32 `[splits, rows, C]`, summed in slice
+/// order, rounded to the residual's dtype) and `residual` `[rows, C]`; one launch. Returns `(h, n)`.
+pub fn norm_of_partials(residual: &Tensor, parts: &Tensor, norm: PartsNorm, eps: f32) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "norm_of_partials";
+    let dev = device(residual, OP)?;
+    let dtype = residual.dtype();
+    let weights: Vec<(&str, &Tensor)> = match norm {
+        PartsNorm::Sandwich { w_x, w_next } => vec![("w_x", w_x), ("w_next", w_next)],
+        PartsNorm::PreNorm { w } => vec![("w", w)],
+    };
+    same_device_dtype(OP, dtype, residual, &weights)?;
+    same_device_dtype(OP, DType::F32, parts, &[("parts", parts)])?;
+    if !parts.device().same_device(residual.device()) {
+        bail!("{OP} (cuda): parts on {:?}, residual on {:?}", parts.device(), residual.device());
+    }
+    let (splits, rows, ncols) = parts.dims3()?;
+    if residual.dims() != [rows, ncols] {
+        bail!("{OP} (cuda): residual {:?} against parts {:?}", residual.dims(), parts.dims());
+    }
+    for (name, w) in &weights {
+        if w.dims1()? != ncols {
+            bail!("{OP} (cuda): {name} {:?} for {ncols} columns", w.dims());
+        }
+    }
+    if splits == 0 || ncols > i32::MAX as usize || splits > i32::MAX as usize || rows > u32::MAX as usize / 2 {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    if rows == 0 || ncols == 0 {
+        return Ok((residual.clone(), residual.zeros_like()?));
+    }
+    let residual = residual.contiguous()?;
+    let parts = parts.contiguous()?;
+    let weights: Vec<Tensor> = weights.iter().map(|(_, w)| w.contiguous()).collect::<Result<_>>()?;
+    for_float!(dtype, OP, |T, suf| parts_norm_launch::<T>(&dev, suf, &residual, &parts, &weights, (splits, rows, ncols), eps))
+}
+
+fn parts_norm_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    residual: &Tensor,
+    parts: &Tensor,
+    weights: &[Tensor],
+    (splits, rows, ncols): (usize, usize, usize),
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "norm_of_partials";
+    let (rs, rl) = residual.storage_and_layout();
+    let (ps, pl) = parts.storage_and_layout();
+    let r_v = view::<T>(&rs, rl, OP, "residual", false)?;
+    let p_v = view::<f32>(&ps, pl, OP, "parts", false)?;
+    let w_s: Vec<_> = weights.iter().map(|w| w.storage_and_layout()).collect();
+    let w_v = w_s.iter().map(|(s, l)| view::<T>(s, l, OP, "weight", false)).collect::<Result<Vec<_>>>()?;
+    // SAFETY: the kernel writes every element of both outputs (one block per row).
+    let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+    let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+    let (stride, nparts, nc) = ((rows * ncols) as i64, splits as i32, ncols as i32);
+    let name = if w_v.len() == 2 { "add_rms_norm_parts" } else { "add_rms_norm_pre_parts" };
+    let func = kernel!(dev, Module::Fused, &format!("{name}_{suf}"))?;
+    let mut b = func.builder();
+    b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&p_v).arg(&stride).arg(&nparts);
+    for w in &w_v {
+        b.arg(w);
+    }
+    b.arg(&nc).arg(&eps);
+    // SAFETY: argument list matches `add_rms_norm_parts_*` (two weights) or
+    // `add_rms_norm_pre_parts_*` (one) in fused.cu.
+    unsafe { b.launch(row_norm_config(rows, ncols)) }.w()?;
+    drop(b);
+    Ok((wrap(h_out, dev, (rows, ncols)), wrap(n_out, dev, (rows, ncols))))
+}

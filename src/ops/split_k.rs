@@ -1,0 +1,168 @@
+//! Decode projections split over k, summed by the norm that follows them.
+//!
+//! At a few rows a projection is a weight stream, and its output may have too few tiles to keep
+//! every SM streaming: Ouro-1.4B's o_proj (2048 columns) is 32 tiles of 64 for 132 SMs on the
+//! H200 and ran at ≈ 1.4 TB/s, its down projection needed cuBLAS's split-K and a reduce launch.
+//! Cutting k into slices and computing every slice's partial product in one strided-batched
+//! GEMM fills the GPU; the partials (f32, a few hundred KB at decode widths) are summed by the
+//! row norm the projection feeds, so the split costs no launch. On the CPU, and where no split
+//! pays (wide batches, dtypes without the kernels), the same ops run the projection whole.
+
+use super::{add_rms_norm, residual_add_rms_norm};
+use candle_core::{DType, Result, Tensor};
+use std::sync::OnceLock;
+
+/// Slices a projection is cut into at decode widths (measured on the H200, Ouro-1.4B shapes:
+/// o_proj 6.0 → 4.8 µs and down 11.2 → 8.3 µs at 16 rows with 4; 8 gained nothing more).
+const DEFAULT_SPLITS: usize = 4;
+/// Widest batch that is split: at 256 rows the partials' traffic would rival the weight's.
+const DEFAULT_MAX_ROWS: usize = 64;
+
+/// `(splits, max_rows)`: the defaults, or `PONDER_SPLIT_K` = `S` or `S:R` (`0` or `1`: never
+/// split) — a measurement switch for A/B runs on the device.
+fn plan_limits() -> (usize, usize) {
+    static LIMITS: OnceLock<(usize, usize)> = OnceLock::new();
+    *LIMITS.get_or_init(|| {
+        let Ok(v) = std::env::var("PONDER_SPLIT_K") else {
+            return (DEFAULT_SPLITS, DEFAULT_MAX_ROWS);
+        };
+        let mut it = v.split(':');
+        let splits = it.next().and_then(|s| s.trim().parse().ok()).unwrap_or(DEFAULT_SPLITS);
+        let rows = it.next().and_then(|s| s.trim().parse().ok()).unwrap_or(DEFAULT_MAX_ROWS);
+        (splits, rows)
+    })
+}
+
+/// How many k slices a projection of `x` (`[rows, k]`) runs as: `None` to run it whole (CPU,
+/// f32, more rows than pay, or a depth whose slices would not stay 16-byte aligned).
+pub fn split_k_plan(x: &Tensor) -> Option<usize> {
+    let (splits, max_rows) = plan_limits();
+    let (rows, k) = x.dims2().ok()?;
+    let fits = x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && splits > 1 && (1..=max_rows).contains(&rows) && k % (splits * 8) == 0;
+    fits.then_some(splits)
+}
+
+/// `x · wᵀ` (`x` `[rows, k]`, `w` `[n, k]`) as `splits` partial products over consecutive k
+/// slices, f32 `[splits, rows, n]`; summed in slice order they are the product. On CUDA one
+/// strided-batched cuBLAS GEMM; elsewhere [`linear_partials_reference`].
+pub fn linear_partials(x: &Tensor, w: &Tensor, splits: usize) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return super::cuda::linear_partials(x, w, splits);
+    }
+    linear_partials_reference(x, w, splits)
+}
+
+/// The composition of candle ops behind [`linear_partials`]: each slice's product in f32.
+pub fn linear_partials_reference(x: &Tensor, w: &Tensor, splits: usize) -> Result<Tensor> {
+    let (_, k) = x.dims2()?;
+    if splits == 0 || k % splits != 0 {
+        candle_core::bail!("linear_partials: {k} columns do not split into {splits} slices");
+    }
+    let kc = k / splits;
+    let (x, w) = (x.to_dtype(DType::F32)?, w.to_dtype(DType::F32)?);
+    let parts = (0..splits).map(|i| x.narrow(1, i * kc, kc)?.matmul(&w.narrow(1, i * kc, kc)?.t()?)).collect::<Result<Vec<_>>>()?;
+    Tensor::stack(&parts, 0)
+}
+
+/// The sum of `parts` (`[splits, rows, n]`, f32) in slice order, rounded to `dtype`: the value
+/// the unsplit projection stores.
+pub fn sum_partials(parts: &Tensor, dtype: DType) -> Result<Tensor> {
+    let mut sum = parts.get(0)?;
+    for i in 1..parts.dim(0)? {
+        sum = (sum + parts.get(i)?)?;
+    }
+    sum.to_dtype(dtype)
+}
+
+/// [`add_rms_norm`] with `x` given as partial products (`parts` f32 `[splits, rows, C]`):
+/// `x = sum_partials(parts)` in the residual's dtype, then `(h, n)` as there. One launch on CUDA.
+pub fn add_rms_norm_partials(residual: &Tensor, parts: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if residual.device().is_cuda() {
+        let norm = super::cuda::PartsNorm::Sandwich { w_x, w_next };
+        return super::cuda::norm_of_partials(residual, parts, norm, eps as f32);
+    }
+    add_rms_norm(residual, &sum_partials(parts, residual.dtype())?, w_x, w_next, eps)
+}
+
+/// [`residual_add_rms_norm`] with `x` given as partial products, as [`add_rms_norm_partials`].
+pub fn residual_add_rms_norm_partials(residual: &Tensor, parts: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if residual.device().is_cuda() {
+        return super::cuda::norm_of_partials(residual, parts, super::cuda::PartsNorm::PreNorm { w }, eps as f32);
+    }
+    residual_add_rms_norm(residual, &sum_partials(parts, residual.dtype())?, w, eps)
+}
+
+/// `add_rms_norm(residual, x · wᵀ, w_x, w_next)`: a projection (no bias) feeding a sandwich
+/// norm, split over k where [`split_k_plan`] says it pays.
+pub fn linear_add_rms_norm(residual: &Tensor, x: &Tensor, w: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    match split_k_plan(x) {
+        Some(splits) => add_rms_norm_partials(residual, &linear_partials(x, w, splits)?, w_x, w_next, eps),
+        None => add_rms_norm(residual, &x.matmul(&w.t()?)?, w_x, w_next, eps),
+    }
+}
+
+/// `residual_add_rms_norm(residual, x · wᵀ, w)`: a projection (no bias) added to the residual
+/// stream before a norm, split over k where [`split_k_plan`] says it pays.
+pub fn linear_residual_add_rms_norm(residual: &Tensor, x: &Tensor, w: &Tensor, w_norm: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    match split_k_plan(x) {
+        Some(splits) => residual_add_rms_norm_partials(residual, &linear_partials(x, w, splits)?, w_norm, eps),
+        None => residual_add_rms_norm(residual, &x.matmul(&w.t()?)?, w_norm, eps),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn rand(shape: &[usize], seed: u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut s = seed;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    #[test]
+    fn partials_sum_to_the_product() {
+        let (x, w) = (rand(&[5, 64], 1), rand(&[24, 64], 2));
+        let whole = x.matmul(&w.t().unwrap()).unwrap();
+        for splits in [1, 2, 4, 8] {
+            let parts = linear_partials(&x, &w, splits).unwrap();
+            assert_eq!(parts.dims(), &[splits, 5, 24]);
+            assert!(max_abs_diff(&sum_partials(&parts, DType::F32).unwrap(), &whole) < 1e-5);
+        }
+        assert!(linear_partials(&x, &w, 3).is_err(), "64 columns do not split into 3");
+    }
+
+    #[test]
+    fn norms_of_partials_match_the_unsplit_ops() {
+        let (x, w) = (rand(&[3, 32], 3), rand(&[16, 32], 4));
+        let (res, w_x, w_next) = (rand(&[3, 16], 5), (rand(&[16], 6) + 1.5).unwrap(), (rand(&[16], 7) + 1.5).unwrap());
+        let parts = linear_partials(&x, &w, 4).unwrap();
+        let y = x.matmul(&w.t().unwrap()).unwrap();
+        let (h, n) = add_rms_norm_partials(&res, &parts, &w_x, &w_next, 1e-6).unwrap();
+        let (h_ref, n_ref) = add_rms_norm(&res, &y, &w_x, &w_next, 1e-6).unwrap();
+        assert!(max_abs_diff(&h, &h_ref) < 1e-5 && max_abs_diff(&n, &n_ref) < 1e-5);
+        let (h, n) = residual_add_rms_norm_partials(&res, &parts, &w_x, 1e-6).unwrap();
+        let (h_ref, n_ref) = residual_add_rms_norm(&res, &y, &w_x, 1e-6).unwrap();
+        assert!(max_abs_diff(&h, &h_ref) < 1e-5 && max_abs_diff(&n, &n_ref) < 1e-5);
+    }
+
+    #[test]
+    fn the_cpu_never_splits() {
+        let x = rand(&[4, 2048], 8).to_dtype(DType::BF16).unwrap();
+        assert_eq!(split_k_plan(&x), None);
+    }
+}
