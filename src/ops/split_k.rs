@@ -12,34 +12,56 @@ use super::{add_rms_norm, residual_add_rms_norm};
 use candle_core::{DType, Result, Tensor};
 use std::sync::OnceLock;
 
-/// Slices a projection is cut into at decode widths (measured on the H200, Ouro-1.4B shapes:
-/// o_proj 6.0 → 4.8 µs and down 11.2 → 8.3 µs at 16 rows with 4; 8 gained nothing more).
-const DEFAULT_SPLITS: usize = 4;
+/// Output columns of one tile of cuBLAS's skinny decode GEMMs (its `…_64x16_…` / `…_64x8_…`
+/// kernels on the H200): a projection to `n` columns keeps `n / 64` SMs streaming.
+const TILE_COLUMNS: usize = 64;
+/// Most slices a projection is cut into (on the H200 at 16 rows, Ouro-1.4B's o_proj ran
+/// 6.0 / 5.3 / 4.8 / 4.8 µs whole and in 2 / 4 / 8 slices; down 11.2 / 8.6 / 8.3 / 8.1 µs).
+const MAX_SPLITS: usize = 4;
 /// Widest batch that is split: at 256 rows the partials' traffic would rival the weight's.
 const DEFAULT_MAX_ROWS: usize = 64;
 
-/// `(splits, max_rows)`: the defaults, or `PONDER_SPLIT_K` = `S` or `S:R` (`0` or `1`: never
-/// split) — a measurement switch for A/B runs on the device.
-fn plan_limits() -> (usize, usize) {
-    static LIMITS: OnceLock<(usize, usize)> = OnceLock::new();
+/// `(forced splits, max_rows)`: `PONDER_SPLIT_K` = `S` or `S:R` forces `S` slices (`0` or `1`:
+/// never split) up to `R` rows — a measurement switch for A/B runs on the device.
+fn plan_limits() -> (Option<usize>, usize) {
+    static LIMITS: OnceLock<(Option<usize>, usize)> = OnceLock::new();
     *LIMITS.get_or_init(|| {
         let Ok(v) = std::env::var("PONDER_SPLIT_K") else {
-            return (DEFAULT_SPLITS, DEFAULT_MAX_ROWS);
+            return (None, DEFAULT_MAX_ROWS);
         };
         let mut it = v.split(':');
-        let splits = it.next().and_then(|s| s.trim().parse().ok()).unwrap_or(DEFAULT_SPLITS);
+        let splits = it.next().and_then(|s| s.trim().parse().ok());
         let rows = it.next().and_then(|s| s.trim().parse().ok()).unwrap_or(DEFAULT_MAX_ROWS);
         (splits, rows)
     })
 }
 
-/// How many k slices a projection of `x` (`[rows, k]`) runs as: `None` to run it whole (CPU,
-/// f32, more rows than pay, or a depth whose slices would not stay 16-byte aligned).
-pub fn split_k_plan(x: &Tensor) -> Option<usize> {
-    let (splits, max_rows) = plan_limits();
+/// How many k slices a projection of `x` (`[rows, k]`) to `n` columns runs as: enough that its
+/// output tiles cover the SMs once (Ouro-1.4B's 2048-column o_proj and down: 4 on 132 SMs), or
+/// `None` to run it whole — on the CPU, in f32, at more rows than pay, where the whole
+/// projection already fills the GPU (Huginn's 5280 columns ran 1–3 % slower split in 4), or
+/// where slices would not stay 16-byte aligned.
+pub fn split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
+    let (forced, max_rows) = plan_limits();
     let (rows, k) = x.dims2().ok()?;
-    let fits = x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && splits > 1 && (1..=max_rows).contains(&rows) && k % (splits * 8) == 0;
-    fits.then_some(splits)
+    if !(matches!(x.dtype(), DType::BF16 | DType::F16) && (1..=max_rows).contains(&rows)) {
+        return None;
+    }
+    let splits = match forced {
+        Some(s) => s,
+        None => (multiprocessors(x)? / n.div_ceil(TILE_COLUMNS).max(1)).min(MAX_SPLITS),
+    };
+    (splits > 1 && k % (splits * 8) == 0).then_some(splits)
+}
+
+/// The SM count of `x`'s CUDA device; `None` elsewhere.
+fn multiprocessors(x: &Tensor) -> Option<usize> {
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = x.device() {
+        return super::cuda::sm_count(dev).ok();
+    }
+    let _ = x;
+    None
 }
 
 /// `x · wᵀ` (`x` `[rows, k]`, `w` `[n, k]`) as `splits` partial products over consecutive k
@@ -98,7 +120,7 @@ pub fn residual_add_rms_norm_partials(residual: &Tensor, parts: &Tensor, w: &Ten
 /// `add_rms_norm(residual, x · wᵀ, w_x, w_next)`: a projection (no bias) feeding a sandwich
 /// norm, split over k where [`split_k_plan`] says it pays.
 pub fn linear_add_rms_norm(residual: &Tensor, x: &Tensor, w: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-    match split_k_plan(x) {
+    match split_k_plan(x, w.dim(0)?) {
         Some(splits) => add_rms_norm_partials(residual, &linear_partials(x, w, splits)?, w_x, w_next, eps),
         None => add_rms_norm(residual, &x.matmul(&w.t()?)?, w_x, w_next, eps),
     }
@@ -107,7 +129,7 @@ pub fn linear_add_rms_norm(residual: &Tensor, x: &Tensor, w: &Tensor, w_x: &Tens
 /// `residual_add_rms_norm(residual, x · wᵀ, w)`: a projection (no bias) added to the residual
 /// stream before a norm, split over k where [`split_k_plan`] says it pays.
 pub fn linear_residual_add_rms_norm(residual: &Tensor, x: &Tensor, w: &Tensor, w_norm: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-    match split_k_plan(x) {
+    match split_k_plan(x, w.dim(0)?) {
         Some(splits) => residual_add_rms_norm_partials(residual, &linear_partials(x, w, splits)?, w_norm, eps),
         None => residual_add_rms_norm(residual, &x.matmul(&w.t()?)?, w_norm, eps),
     }
@@ -163,6 +185,6 @@ mod tests {
     #[test]
     fn the_cpu_never_splits() {
         let x = rand(&[4, 2048], 8).to_dtype(DType::BF16).unwrap();
-        assert_eq!(split_k_plan(&x), None);
+        assert_eq!(split_k_plan(&x, 2048), None);
     }
 }

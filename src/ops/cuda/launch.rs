@@ -69,7 +69,7 @@ macro_rules! kernel {
 pub(super) use kernel;
 
 /// The device's SM count.
-pub(super) fn sm_count(dev: &CudaDevice) -> Result<usize> {
+pub fn sm_count(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
     use candle_core::cuda_backend::WrapErr;
     let sms = dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()?;
