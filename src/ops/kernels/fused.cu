@@ -255,41 +255,19 @@ template <typename T> struct Parts {
     template <int V> __device__ __forceinline__ void vec(long long e, float (&f)[V]) const {
 #pragma unroll
         for (int k = 0; k < V; ++k) f[k] = 0.f;
-        // Up to UNROLL slices: every load issued before the first add (a loop over a runtime
-        // count waits out one memory latency per slice), then summed in slice order.
-        constexpr int UNROLL = 4;
-        if (n <= UNROLL) {
-            float4 a[UNROLL][V / 4];
+        for (int i = 0; i < n; ++i) {
+            const float4 *v = reinterpret_cast<const float4 *>(p + i * stride + e);
 #pragma unroll
-            for (int i = 0; i < UNROLL; ++i) {
-                if (i < n) {
-                    const float4 *v = reinterpret_cast<const float4 *>(p + i * stride + e);
-#pragma unroll
-                    for (int q = 0; q < V / 4; ++q) a[i][q] = v[q];
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < UNROLL; ++i) {
-                if (i < n) {
-#pragma unroll
-                    for (int q = 0; q < V / 4; ++q) add4(f, q, a[i][q]);
-                }
-            }
-        } else {
-            for (int i = 0; i < n; ++i) {
-                const float4 *v = reinterpret_cast<const float4 *>(p + i * stride + e);
-#pragma unroll
-                for (int q = 0; q < V / 4; ++q) add4(f, q, v[q]);
+            for (int q = 0; q < V / 4; ++q) {
+                const float4 a = v[q];
+                f[4 * q] += a.x;
+                f[4 * q + 1] += a.y;
+                f[4 * q + 2] += a.z;
+                f[4 * q + 3] += a.w;
             }
         }
 #pragma unroll
         for (int k = 0; k < V; ++k) f[k] = round_t<T>(f[k]);
-    }
-    template <int V> __device__ __forceinline__ static void add4(float (&f)[V], int q, float4 a) {
-        f[4 * q] += a.x;
-        f[4 * q + 1] += a.y;
-        f[4 * q + 2] += a.z;
-        f[4 * q + 3] += a.w;
     }
     __device__ __forceinline__ bool aligned() const { return ((uintptr_t)p | (uintptr_t)(stride * 4)) % 16 == 0; }
 };
