@@ -10,10 +10,13 @@ import pathlib
 import statistics
 
 root = pathlib.Path(__file__).resolve().parent.parent
-raw = root / "docs" / "bench" / "raw-2026-12-01c"
-# The CB rows at Ouro-1.4B shapes: session 20's kept attention split plan (call 4).
-cb_raw = root / "docs" / "bench" / "raw-2026-12-02d" / "attn_split_kept_a9887ae"
-
+raw = root / "docs" / "bench" / "raw-2026-12-02f"
+# Session 22: decode projections split over k (call 2, f0db27f: the same plan for Ouro as main's
+# tile rule), Huginn at 11777af (runs whole, call 3), last-exited depth batching at 02cba0c
+# (call 4: main + unrolled partial loads, measured level and reverted).
+split_k = raw / "split_k_f0db27f" / "ab_split_k.json"
+tiles = raw / "tiles_l2_breakdown_11777af" / "runs.json"
+loads = raw / "parts_loads_02cba0c" / "runs.json"
 
 def cb_rows(runs, workload, target):
     """Rows of suite-cb results (several runs of one binary: the mean)."""
@@ -44,16 +47,15 @@ def cdb_rows(docs, workload):
 
 
 def main():
-    new_runs = [json.loads((cb_raw / f"cb_N_{i}.json").read_text()) for i in (1, 2)]
-    rows = cb_rows(new_runs, "CB, prompt 128 + 256 new", 0.75)
-    rows += cb_rows([json.loads((cb_raw / "cb2k_N.json").read_text())], "CB, prompt 2048 + 256 new", 0.75)
-    rows += cb_rows([json.loads((raw / "attn_split_6303cb0" / "huginn_cb.json").read_text())], "Huginn CB, prompt 128 + 128 new", None)
-    rows += cdb_rows([json.loads((raw / "attn_split_6303cb0" / "cdb_shared.json").read_text())], "CDB refill, shared K/V (decode side)")
-    le = json.loads((raw / "last_exited_fill_7da0c67" / "ab_last_exited_fill.json").read_text())
-    rows += cdb_rows([run["result"] for run in le["runs"] if run["variant"] == "new"], "CDB refill, last-exited K/V (decode side)")
-    doc = dict(gpu=new_runs[0]["gpu"], commit=f"CB rows {new_runs[0]['commit']}; Huginn and shared CDB rows 6303cb0; last-exited row {le['new']}",
+    ab, t3, c4 = (json.loads(f.read_text()) for f in (split_k, tiles, loads))
+    rows = cb_rows([ab["cb_B_1"], ab["cb_B_2"]], "CB, prompt 128 + 256 new", 0.75)
+    rows += cb_rows([ab["cb2k_B"]], "CB, prompt 2048 + 256 new", 0.75)
+    rows += cb_rows([t3["huginn_B"]], "Huginn CB, prompt 128 + 128 new", None)
+    rows += cdb_rows([ab["cdb_B"]], "CDB refill, shared K/V (decode side)")
+    rows += cdb_rows([c4["cdb_last-exited"]], "CDB refill, last-exited K/V (decode side)")
+    doc = dict(gpu=ab["cb_B_1"]["gpu"], commit="f0db27f, 11777af, 02cba0c (rows name theirs)",
                model="Ouro-1.4B shapes (Huginn-0125 where named), random bf16 weights",
-               sources="docs/bench/raw-2026-12-02d/attn_split_kept_a9887ae (CB), docs/bench/raw-2026-12-01c/{attn_split_6303cb0,last_exited_fill_7da0c67}", rows=rows)
+               sources="docs/bench/raw-2026-12-02f/{split_k_f0db27f,tiles_l2_breakdown_11777af,parts_loads_02cba0c}", rows=rows)
     out = root / "docs" / "bench" / "looped_roofline.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print("wrote", out)
