@@ -21,8 +21,11 @@ const MAX_SPLITS: usize = 4;
 /// Widest batch that is split: at 256 rows the partials' traffic would rival the weight's.
 const DEFAULT_MAX_ROWS: usize = 64;
 
-/// `(forced splits, max_rows)`: `PONDER_SPLIT_K` = `S` or `S:R` forces `S` slices (`0` or `1`:
-/// never split) up to `R` rows — a measurement switch for A/B runs on the device.
+/// Most slices `PONDER_SPLIT_K` may ask for.
+const MAX_FORCED_SPLITS: usize = 64;
+
+/// `(forced splits, max_rows)`: `PONDER_SPLIT_K` = `S` or `S:R` forces up to `S` slices (`0` or
+/// `1`: never split; at most 64) up to `R` rows — a measurement switch for A/B runs on the device.
 fn plan_limits() -> (Option<usize>, usize) {
     static LIMITS: OnceLock<(Option<usize>, usize)> = OnceLock::new();
     *LIMITS.get_or_init(|| {
@@ -30,28 +33,29 @@ fn plan_limits() -> (Option<usize>, usize) {
             return (None, DEFAULT_MAX_ROWS);
         };
         let mut it = v.split(':');
-        let splits = it.next().and_then(|s| s.trim().parse().ok());
+        let splits = it.next().and_then(|s| s.trim().parse::<usize>().ok()).map(|s| s.min(MAX_FORCED_SPLITS));
         let rows = it.next().and_then(|s| s.trim().parse().ok()).unwrap_or(DEFAULT_MAX_ROWS);
         (splits, rows)
     })
 }
 
 /// How many k slices a projection of `x` (`[rows, k]`) to `n` columns runs as: enough that its
-/// output tiles cover the SMs once (Ouro-1.4B's 2048-column o_proj and down: 4 on 132 SMs), or
-/// `None` to run it whole — on the CPU, in f32, at more rows than pay, where the whole
-/// projection already fills the GPU (Huginn's 5280 columns ran 1–3 % slower split in 4), or
-/// where slices would not stay 16-byte aligned.
+/// output tiles cover the SMs once (Ouro-1.4B's 2048-column o_proj and down: 4 on 132 SMs) —
+/// or fewer, the most that keep every slice a whole number of 16-byte vectors — or `None` to
+/// run it whole: on the CPU, in f32, at more rows than pay, where the whole projection already
+/// fills the GPU (Huginn's 5280 columns ran 1–3 % slower split in 4), or where no split keeps
+/// the slices aligned.
 pub fn split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
     let (forced, max_rows) = plan_limits();
     let (rows, k) = x.dims2().ok()?;
-    if !(matches!(x.dtype(), DType::BF16 | DType::F16) && (1..=max_rows).contains(&rows)) {
+    if !(x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && (1..=max_rows).contains(&rows)) {
         return None;
     }
-    let splits = match forced {
+    let most = match forced {
         Some(s) => s,
         None => (multiprocessors(x)? / n.div_ceil(TILE_COLUMNS).max(1)).min(MAX_SPLITS),
     };
-    (splits > 1 && k % (splits * 8) == 0).then_some(splits)
+    (2..=most).rev().find(|&s| k % (s * 8) == 0)
 }
 
 /// The SM count of `x`'s CUDA device; `None` elsewhere.

@@ -29,7 +29,8 @@ pub fn linear_partials(x: &Tensor, w: &Tensor, splits: usize) -> Result<Tensor> 
         return Tensor::zeros((splits, rows, n), DType::F32, x.device());
     }
     let fits = |v: usize| v <= i32::MAX as usize;
-    if !(fits(rows) && fits(n) && fits(k) && fits(splits) && (splits * rows * n) < isize::MAX as usize / 4) {
+    let elems = splits.checked_mul(rows).and_then(|v| v.checked_mul(n));
+    if !(fits(rows) && fits(n) && fits(k) && fits(splits) && elems.is_some_and(|e| e < isize::MAX as usize / 4)) {
         bail!("{OP} (cuda): sizes out of range");
     }
     let data_type = match dtype {
