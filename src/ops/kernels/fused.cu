@@ -561,7 +561,8 @@ __device__ __forceinline__ void visit_row(const T *__restrict__ row, int width, 
 }
 
 // Merges every thread's (m, s, a) with merge(m, s, a, m2, s2, a2) across its warp, then across
-// the block's warps in order; thread 0 ends with the block's. blockDim.x a multiple of 32.
+// the block's warps in order; thread 0 ends with the block's. blockDim.x a multiple of 32. Once
+// per kernel: no barrier follows thread 0's reads of the shared arrays.
 template <class Merge>
 __device__ __forceinline__ void block_merge(float &m, float &s, int &a, Merge merge) {
     __shared__ float s_m[32], s_s[32];
@@ -722,7 +723,8 @@ __device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict_
                                                        const T *logits, int vocab, int exclude) {  \
         greedy_confidence<T>(tokens, conf, logits, vocab, exclude);                                \
     }                                                                                              \
-    extern "C" __global__ void greedy_flagged_##SUF(uint32_t *ids, uint32_t *flagged,              \
+    extern "C" __global__ void __launch_bounds__(1024)                                             \
+        greedy_flagged_##SUF(uint32_t *ids, uint32_t *flagged,                                     \
                                                     const T *logits, int width, unsigned flag) {   \
         greedy_flagged<T>(ids, flagged, logits, width, flag);                                      \
     }
