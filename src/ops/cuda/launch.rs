@@ -68,12 +68,21 @@ macro_rules! kernel {
 }
 pub(super) use kernel;
 
-/// The device's SM count.
+/// The device's SM count, asked of the driver once per device ordinal (attention, MoE and the
+/// split-K plan read it for every launch or projection).
 pub fn sm_count(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
     use candle_core::cuda_backend::WrapErr;
-    let sms = dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()?;
-    Ok(sms.max(1) as usize)
+    static KNOWN: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    let ctx = dev.cuda_stream().context().clone();
+    let ordinal = ctx.ordinal();
+    let known = |k: &[(usize, usize)]| k.iter().find(|(o, _)| *o == ordinal).map(|&(_, n)| n);
+    if let Some(n) = known(&KNOWN.lock().unwrap_or_else(|e| e.into_inner())) {
+        return Ok(n);
+    }
+    let sms = (ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()?.max(1)) as usize;
+    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).push((ordinal, sms));
+    Ok(sms)
 }
 
 /// The CUDA device `t` lives on.

@@ -117,15 +117,12 @@ pub fn norm_of_partials(residual: &Tensor, parts: &Tensor, norm: PartsNorm, eps:
     const OP: &str = "norm_of_partials";
     let dev = device(residual, OP)?;
     let dtype = residual.dtype();
-    let weights: Vec<(&str, &Tensor)> = match norm {
-        PartsNorm::Sandwich { w_x, w_next } => vec![("w_x", w_x), ("w_next", w_next)],
-        PartsNorm::PreNorm { w } => vec![("w", w)],
+    let (kernel_name, weights): (&str, Vec<(&str, &Tensor)>) = match norm {
+        PartsNorm::Sandwich { w_x, w_next } => ("add_rms_norm_parts", vec![("w_x", w_x), ("w_next", w_next)]),
+        PartsNorm::PreNorm { w } => ("add_rms_norm_pre_parts", vec![("w", w)]),
     };
     same_device_dtype(OP, dtype, residual, &weights)?;
-    same_device_dtype(OP, DType::F32, parts, &[("parts", parts)])?;
-    if !parts.device().same_device(residual.device()) {
-        bail!("{OP} (cuda): parts on {:?}, residual on {:?}", parts.device(), residual.device());
-    }
+    same_device_dtype(OP, DType::F32, residual, &[("parts", parts)])?;
     let (splits, rows, ncols) = parts.dims3()?;
     if residual.dims() != [rows, ncols] {
         bail!("{OP} (cuda): residual {:?} against parts {:?}", residual.dims(), parts.dims());
@@ -144,12 +141,13 @@ pub fn norm_of_partials(residual: &Tensor, parts: &Tensor, norm: PartsNorm, eps:
     let residual = residual.contiguous()?;
     let parts = parts.contiguous()?;
     let weights: Vec<Tensor> = weights.iter().map(|(_, w)| w.contiguous()).collect::<Result<_>>()?;
-    for_float!(dtype, OP, |T, suf| parts_norm_launch::<T>(&dev, suf, &residual, &parts, &weights, (splits, rows, ncols), eps))
+    for_float!(dtype, OP, |T, suf| parts_norm_launch::<T>(&dev, &format!("{kernel_name}_{suf}"), &residual, &parts, &weights, (splits, rows, ncols), eps))
 }
 
+/// Launches `kernel` (`add_rms_norm_parts_*` with two weights, `add_rms_norm_pre_parts_*` with one).
 fn parts_norm_launch<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
-    suf: &str,
+    kernel: &str,
     residual: &Tensor,
     parts: &Tensor,
     weights: &[Tensor],
@@ -167,8 +165,7 @@ fn parts_norm_launch<T: CudaDType + DeviceRepr>(
     let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
     let (stride, nparts, nc) = ((rows * ncols) as i64, splits as i32, ncols as i32);
-    let name = if w_v.len() == 2 { "add_rms_norm_parts" } else { "add_rms_norm_pre_parts" };
-    let func = kernel!(dev, Module::Fused, &format!("{name}_{suf}"))?;
+    let func = kernel!(dev, Module::Fused, kernel)?;
     let mut b = func.builder();
     b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&p_v).arg(&stride).arg(&nparts);
     for w in &w_v {
