@@ -141,7 +141,9 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
         candle_core::bail!("sample: {r} logit rows for {} sampling rows", rows.len());
     }
     let logits = logits.to_dtype(DType::F32)?;
-    let greedy = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+    // The greedy readout's argmax (first maximum on every device), so a greedy row's token does
+    // not depend on whether its launch also samples.
+    let greedy = crate::ops::greedy_ids_flagged(&logits, v)?.0.to_vec1::<u32>()?;
     if rows.iter().all(|s| s.greedy) {
         return Ok(greedy);
     }

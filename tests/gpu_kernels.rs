@@ -1005,6 +1005,51 @@ fn greedy_confidence_matches_reference() {
     }
 }
 
+/// The looped decode's greedy readout in one launch against candle's argmax + `flag_non_finite`
+/// on the CPU: the first maximum wins ties (planted), a NaN, an infinity and an all −∞ row are
+/// flagged, 16-byte and scalar loads, f32 / bf16 / f16 logits.
+#[test]
+fn greedy_ids_flagged_matches_reference() {
+    use ponder::ops::{greedy_ids_flagged, greedy_ids_flagged_reference, is_non_finite_flag};
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(rows, vocab) in &[(16usize, 49_152usize), (7, 1000), (7, 1001), (5, 4097), (4, 7)] {
+            let mut rng = StdRng::seed_from_u64((rows * 131 + vocab) as u64);
+            let mut data: Vec<f32> = (0..rows * vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect();
+            for r in 0..rows {
+                // Two equal maxima: the lower index must win.
+                let (a, b) = ((r * 977 + 3) % vocab, (r * 977 + 3) % vocab / 2);
+                data[r * vocab + a] = 20.0;
+                data[r * vocab + b] = 20.0;
+            }
+            let bad_rows = [(1usize, f32::NAN), (2, f32::INFINITY), (3, f32::NEG_INFINITY)];
+            for &(r, v) in &bad_rows {
+                if v == f32::NEG_INFINITY {
+                    data[r * vocab..(r + 1) * vocab].iter_mut().for_each(|x| *x = v);
+                } else {
+                    data[r * vocab + vocab / 2] = v;
+                }
+            }
+            let logits = Tensor::from_vec(data, (rows, vocab), &Device::Cpu).unwrap().to_dtype(dt).unwrap();
+            let (want_ids, want_flagged) = greedy_ids_flagged_reference(&logits, vocab).unwrap();
+            let (ids, flagged) = greedy_ids_flagged(&logits.to_device(&gpu).unwrap(), vocab).unwrap();
+            let host = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_vec1::<u32>().unwrap();
+            let (want_ids, want_flagged, ids, flagged) = (host(&want_ids), host(&want_flagged), host(&ids), host(&flagged));
+            for r in 0..rows {
+                let bad = bad_rows.iter().any(|&(b, _)| b == r);
+                assert_eq!(is_non_finite_flag(flagged[r], vocab), bad, "{dt:?} {rows}x{vocab} row {r}: flag");
+                assert_eq!(is_non_finite_flag(want_flagged[r], vocab), bad, "{dt:?} {rows}x{vocab} row {r}: the reference's flag");
+                if r != 1 {
+                    // A NaN row's id is unspecified (candle's CPU argmax returns 0 when the row
+                    // starts with NaN, else skips it); +∞ rows give the first +∞, all −∞ rows 0.
+                    assert_eq!(ids[r], want_ids[r], "{dt:?} {rows}x{vocab} row {r}: id");
+                    assert_eq!(flagged[r], want_flagged[r], "{dt:?} {rows}x{vocab} row {r}: flagged id");
+                }
+            }
+        }
+    }
+}
+
 /// FOCUS compaction: the one-launch gather of hidden states, queries and RoPE cos/sin against
 /// `index_select` on the CPU — exact, rows wider and narrower than a 16-byte vector, repeated
 /// and reordered indices, one to four sources.

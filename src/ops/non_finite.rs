@@ -19,6 +19,27 @@ pub fn flag_non_finite(ids: &Tensor, logits: &Tensor, vocab: usize) -> Result<Te
     ids.to_dtype(DType::U32)? + offset
 }
 
+/// The greedy ids of `logits` (`[rows, vocab]`: each row's first maximum, u32) and the same ids
+/// flagged as [`flag_non_finite`] does — `(ids, flagged)`: the ids feed the next step, the
+/// flagged ones go back to the host. On CUDA one launch; elsewhere
+/// [`greedy_ids_flagged_reference`].
+pub fn greedy_ids_flagged(logits: &Tensor, vocab: usize) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if logits.device().is_cuda() && super::is_float(logits.dtype()) && logits.rank() == 2 {
+        if let Ok(flag) = u32::try_from(vocab) {
+            return super::cuda::greedy_flagged(logits, flag);
+        }
+    }
+    greedy_ids_flagged_reference(logits, vocab)
+}
+
+/// The composition behind [`greedy_ids_flagged`]: candle's argmax, then [`flag_non_finite`].
+pub fn greedy_ids_flagged_reference(logits: &Tensor, vocab: usize) -> Result<(Tensor, Tensor)> {
+    let ids = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?;
+    let flagged = flag_non_finite(&ids, logits, vocab)?;
+    Ok((ids, flagged))
+}
+
 /// Whether a token id that came back from a launch is [`flag_non_finite`]'s flag.
 pub fn is_non_finite_flag(token: u32, vocab: usize) -> bool {
     token as usize >= vocab
@@ -40,6 +61,9 @@ mod tests {
         assert_eq!(flagged[0], plain[0]);
         assert!(is_non_finite_flag(flagged[1], v) && is_non_finite_flag(flagged[2], v) && is_non_finite_flag(flagged[3], v));
         assert_eq!(flagged[1] as usize - v, plain[1] as usize, "the flag keeps the id recoverable");
+        let (ids, flagged) = greedy_ids_flagged(&logits, v).unwrap();
+        assert_eq!(ids.to_vec1::<u32>().unwrap(), plain);
+        assert_eq!(flagged.to_vec1::<u32>().unwrap(), flag_non_finite(&ids, &logits, v).unwrap().to_vec1::<u32>().unwrap());
         let bf16 = logits.to_dtype(DType::BF16).unwrap();
         let mask: Vec<u8> = non_finite_rows(&bf16).unwrap().to_vec1().unwrap();
         assert_eq!(mask, vec![0, 1, 1, 1]);

@@ -6,7 +6,7 @@ use super::super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphKey, Phase
 use super::{single_token_host, successor_pos, Forward, LoopedRunner};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
 use crate::scheduler::{LoopedLaunch, LoopedRow, Stage};
-use candle_core::{Result, D};
+use candle_core::Result;
 
 impl LoopedRunner {
     /// The graph key of a launch, or `None` when it runs eagerly.
@@ -203,8 +203,8 @@ impl LoopedRunner {
                 st.logits.as_ref().expect("coda statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
                 if let (Some(ids_out), Some(buf)) = (&st.ids, &st.reentry) {
                     // What `launch` does eagerly otherwise: argmax, then the successors' prelude.
-                    let ids = logits.argmax(D::Minus1)?;
-                    ids_out.slice_set(&crate::ops::flag_non_finite(&ids, &logits, self.model.spec().vocab_size)?, 0, 0)?;
+                    let (ids, flagged) = crate::ops::greedy_ids_flagged(&logits, self.model.spec().vocab_size)?;
+                    ids_out.slice_set(&flagged, 0, 0)?;
                     let host = padded[st.batches.len()].clone();
                     let batch = PagedBatch::from_buffers(host, self.block_size, AttnMask::Causal, kv_width, buf, key.ctx)?;
                     let next = self.model.prepare(&st.next_positions)?;

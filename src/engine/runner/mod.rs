@@ -233,11 +233,10 @@ impl LoopedRunner {
             let rows: Vec<RowSampling> = fwd.sample_rows.iter().map(|&r| sampling[r]).collect();
             let vocab = self.model.spec().vocab_size;
             if logits.device().is_cuda() && all_greedy {
-                let ids = logits.argmax(D::Minus1)?;
+                let (ids, flagged) = crate::ops::greedy_ids_flagged(logits, vocab)?;
                 if launch.reenter {
                     self.reenter(launch, &fwd.sample_rows, &ids)?;
                 }
-                let flagged = crate::ops::flag_non_finite(&ids, logits, vocab)?;
                 tokens = PendingTokens::Device(Readback::start(&flagged, &self.ids_readback)?);
             } else {
                 let (ids, logprobs) = sample_or_force(logits, &rows)?;

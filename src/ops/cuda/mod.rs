@@ -15,5 +15,5 @@ pub use focus::focus_importance;
 pub use fused::{add_rms_norm, qkv_norm_rope_write, qkv_rope_write, residual_add, rms_norm, silu_mul};
 pub use launch::sm_count;
 pub use moe::{moe_experts, moe_route, router_logits};
-pub use rows::{compact_rows, copy_rows_in_place, greedy_confidence, scatter_rows};
+pub use rows::{compact_rows, copy_rows_in_place, greedy_confidence, greedy_flagged, scatter_rows};
 pub use split_k::{linear_partials, norm_of_partials, PartsNorm};

@@ -1,5 +1,5 @@
 //! Row movement and readout kernels (`kernels/fused.cu`): in-place row scatter, compaction
-//! to kept rows, greedy token with its probability.
+//! to kept rows, greedy token with its probability, greedy ids with the non-finite flag.
 
 use super::launch::{device, for_float, kernel, same_device_dtype, view, wrap, Module};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
@@ -101,6 +101,51 @@ fn greedy_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, logits:
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     Ok((wrap(tokens, dev, rows), wrap(conf, dev, rows)))
+}
+
+/// Greedy id `[rows]` u32 of each row of `logits` `[rows, width]` (its first maximum; 0 for a
+/// row without a finite maximum), and the same ids with `flag` added where the row's f32 sum is
+/// not finite: one pass over the logits in their own dtype.
+pub fn greedy_flagged(logits: &Tensor, flag: u32) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "greedy_flagged";
+    let dev = device(logits, OP)?;
+    let logits = logits.contiguous()?;
+    let (rows, width) = logits.dims2()?;
+    if width == 0 || width > i32::MAX as usize || rows > i32::MAX as usize {
+        bail!("{OP} (cuda): logits {:?}", logits.dims());
+    }
+    if rows == 0 {
+        let none = Tensor::zeros(0, DType::U32, logits.device())?;
+        return Ok((none.clone(), none));
+    }
+    for_float!(logits.dtype(), OP, |T, suf| greedy_flagged_launch::<T>(&dev, suf, &logits, rows, width, flag))
+}
+
+fn greedy_flagged_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    logits: &Tensor,
+    rows: usize,
+    width: usize,
+    flag: u32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "greedy_flagged";
+    let (ls, ll) = logits.storage_and_layout();
+    let l_v = view::<T>(&ls, ll, OP, "logits", false)?;
+    // SAFETY: the kernel writes both ids of every row.
+    let mut ids = unsafe { dev.alloc::<u32>(rows)? };
+    let mut flagged = unsafe { dev.alloc::<u32>(rows)? };
+    let func = kernel!(dev, Module::Fused, &format!("greedy_flagged_{suf}"))?;
+    // A block of 1024 threads a row: at decode widths the launch has a block per row only, and
+    // each thread's few 16-byte loads are what keeps the logits streaming.
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+    let w = width as i32;
+    let mut b = func.builder();
+    b.arg(&mut ids).arg(&mut flagged).arg(&l_v).arg(&w).arg(&flag);
+    // SAFETY: argument list matches `greedy_flagged_*` in fused.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok((wrap(ids, dev, rows), wrap(flagged, dev, rows)))
 }
 
 /// In each of `tensors` (one shape, dtype and device; contiguous), row `dst[p]` = row `src[p]`

@@ -14,6 +14,8 @@
 //   [nparts, rows, ncols]) of a projection split over k (`Parts` below).
 // residual_add_*: out = T(a + b), element-wise over tensors of one shape.
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
+// greedy_flagged_*: the greedy id of each row and the same id flagged (+ vocab) where the row's
+//   sum is not finite, in one pass (the looped decode's greedy readout).
 // scatter_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V writes,
 //   loop-state bank writes, K/V slot copies across every layer in one launch; FOCUS compaction).
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
@@ -537,19 +539,64 @@ __device__ void compact_rows(T *d0, const T *s0, int w0, T *d1, const T *s1, int
     }
 }
 
-// Greedy token and its softmax probability per row of logits [rows, vocab], one block per row:
-// an online (max, argmax, sum of exp) over the row, ties to the lower index, `exclude` (the mask
-// token; -1 for none) never chosen and left out of the sum. prob = 1 / sum(exp(l - max)).
+// Calls visit(v, x) for this thread's logits of `row` ([width]), v = threadIdx.x, + blockDim.x,
+// … in increasing index order, so a strict > in `visit` keeps the thread's first maximum. 16-byte
+// loads when the row allows: a row of a 150k vocabulary is 300 KB, and 2-byte loads kept too
+// few bytes in flight to stream the logits at the memory bandwidth.
+template <typename T, int UNROLL, class Visit>
+__device__ __forceinline__ void visit_row(const T *__restrict__ row, int width, Visit &visit) {
+    constexpr int V = 16 / sizeof(T);
+    if ((uintptr_t)row % 16 == 0 && width % V == 0) {
+        const uint4 *rv = reinterpret_cast<const uint4 *>(row);
+#pragma unroll UNROLL
+        for (int c = threadIdx.x; c < width / V; c += blockDim.x) {
+            const uint4 raw = rv[c];
+            const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+            for (int k = 0; k < V; ++k) visit(c * V + k, to_f(e[k]));
+        }
+    } else {
+        for (int v = threadIdx.x; v < width; v += blockDim.x) visit(v, to_f(row[v]));
+    }
+}
+
+// Merges every thread's (m, s, a) with merge(m, s, a, m2, s2, a2) across its warp, then across
+// the block's warps in order; thread 0 ends with the block's. blockDim.x a multiple of 32. Once
+// per kernel: no barrier follows thread 0's reads of the shared arrays.
+template <class Merge>
+__device__ __forceinline__ void block_merge(float &m, float &s, int &a, Merge merge) {
+    __shared__ float s_m[32], s_s[32];
+    __shared__ int s_i[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        const int a2 = __shfl_xor_sync(0xffffffffu, a, o);
+        merge(m, s, a, m2, s2, a2);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_s[warp] = s;
+        s_i[warp] = a;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int warps = blockDim.x / 32;
+        for (int w = 1; w < warps; ++w) merge(m, s, a, s_m[w], s_s[w], s_i[w]);
+    }
+}
+
+// grid (rows), block a multiple of 32. Greedy token and its softmax probability per row of
+// logits [rows, vocab]: an online (max, argmax, sum of exp) over the row, ties to the lower
+// index, `exclude` (the mask token; -1 for none) never chosen and left out of the sum.
+// prob = 1 / sum(exp(l - max)).
 template <typename T>
 __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restrict__ conf,
                                   const T *__restrict__ logits, int vocab, int exclude) {
-    __shared__ float s_m[32], s_s[32];
-    __shared__ int s_i[32];
     const T *row = logits + (long long)blockIdx.x * vocab;
     float m = -INFINITY, sum = 0.f;
     int arg = 0x7fffffff;
-    // Each thread visits its logits in increasing index order, so a strict > keeps its first
-    // maximum.
     auto visit = [&](int v, float x) {
         if (v == exclude || !(x > -INFINITY)) return;  // -inf (and NaN) logits carry no probability
         if (x > m) {
@@ -560,45 +607,52 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
             sum += expf(x - m);
         }
     };
-    constexpr int V = 16 / sizeof(T);
-    if ((uintptr_t)row % 16 == 0 && vocab % V == 0) {
-        // 16-byte loads: a row of a 150k vocabulary is 300 KB, and 2-byte loads kept too few
-        // bytes in flight to stream the logits at the memory bandwidth.
-        const uint4 *rv = reinterpret_cast<const uint4 *>(row);
-#pragma unroll 2
-        for (int c = threadIdx.x; c < vocab / V; c += blockDim.x) {
-            const uint4 raw = rv[c];
-            const T *e = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-            for (int k = 0; k < V; ++k) visit(c * V + k, to_f(e[k]));
-        }
-    } else {
-        for (int v = threadIdx.x; v < vocab; v += blockDim.x) visit(v, to_f(row[v]));
-    }
-    // Merge (m, sum, arg) across the warp, then across warps.
-    auto merge = [](float &m, float &s, int &a, float m2, float s2, int a2) {
+    visit_row<T, 2>(row, vocab, visit);
+    block_merge(m, sum, arg, [](float &m, float &s, int &a, float m2, float s2, int a2) {
         if (m2 == -INFINITY) return;
         if (m == -INFINITY) { m = m2; s = s2; a = a2; return; }
         const float mx = fmaxf(m, m2);
         s = s * expf(m - mx) + s2 * expf(m2 - mx);
         if (m2 > m || (m2 == m && a2 < a)) a = a2;
         m = mx;
-    };
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-        const float s2 = __shfl_xor_sync(0xffffffffu, sum, o);
-        const int a2 = __shfl_xor_sync(0xffffffffu, arg, o);
-        merge(m, sum, arg, m2, s2, a2);
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) { s_m[warp] = m; s_s[warp] = sum; s_i[warp] = arg; }
-    __syncthreads();
+    });
     if (threadIdx.x == 0) {
-        const int warps = blockDim.x / 32;
-        for (int w = 1; w < warps; ++w) merge(m, sum, arg, s_m[w], s_s[w], s_i[w]);
         tokens[blockIdx.x] = arg == 0x7fffffff ? 0u : (uint32_t)arg;
         conf[blockIdx.x] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+}
+
+// grid (rows), block a multiple of 32. The greedy id of each row of `logits` [rows, width] —
+// its first maximum; NaN is never chosen, a row of -inf / NaN gives 0 — and the same id plus
+// `flag` where the row's f32 sum is not finite (it holds a NaN or an infinity): one pass instead
+// of candle's argmax (per-element 64-bit index arithmetic, ~60 us for 16 rows of a 49k
+// vocabulary on the H200) and the sum, compare, cast and add of `ops::flag_non_finite`.
+template <typename T>
+__device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict__ flagged,
+                               const T *__restrict__ logits, int width, unsigned flag) {
+    const T *row = logits + (long long)blockIdx.x * width;
+    float m = -INFINITY, sum = 0.f;
+    int arg = 0x7fffffff;
+    auto visit = [&](int v, float x) {
+        sum += x;
+        if (x > m) {
+            m = x;
+            arg = v;
+        }
+    };
+    visit_row<T, 4>(row, width, visit);
+    // The larger value wins; equal values go to the lower index (the row's first maximum).
+    block_merge(m, sum, arg, [](float &m, float &s, int &a, float m2, float s2, int a2) {
+        s += s2;
+        if (m2 > m || (m2 == m && a2 < a)) {
+            m = m2;
+            a = a2;
+        }
+    });
+    if (threadIdx.x == 0) {
+        const uint32_t id = arg == 0x7fffffff ? 0u : (uint32_t)arg;
+        ids[blockIdx.x] = id;
+        flagged[blockIdx.x] = isfinite(sum) ? id : id + flag;
     }
 }
 
@@ -668,6 +722,11 @@ __device__ void greedy_confidence(uint32_t *__restrict__ tokens, float *__restri
     extern "C" __global__ void greedy_confidence_##SUF(uint32_t *tokens, float *conf,              \
                                                        const T *logits, int vocab, int exclude) {  \
         greedy_confidence<T>(tokens, conf, logits, vocab, exclude);                                \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(1024)                                             \
+        greedy_flagged_##SUF(uint32_t *ids, uint32_t *flagged,                                     \
+                                                    const T *logits, int width, unsigned flag) {   \
+        greedy_flagged<T>(ids, flagged, logits, width, flag);                                      \
     }
 
 FUSED_OPS(float, f32)
