@@ -440,7 +440,11 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, gate_
     let mut out = unsafe { dev.alloc::<T>(n)? };
     let func = kernel!(dev, Module::Fused, &format!("silu_mul_{suf}"))?;
     const THREADS: usize = 256;
-    let cfg = LaunchConfig { grid_dim: (n.div_ceil(THREADS).min(132 * 16) as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    // A thread per 16-byte vector of outputs where the kernel takes the vector path (the width a
+    // whole number of vectors; the pointers are allocations, aligned).
+    let vec = 16 / std::mem::size_of::<T>();
+    let per_thread = if inter % vec == 0 { vec } else { 1 };
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(THREADS * per_thread).min(132 * 16) as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let (r, i) = (rows as i64, inter as i32);
     if inter > i32::MAX as usize {
         bail!("{OP} (cuda): intermediate size out of range");
