@@ -11,10 +11,12 @@ import statistics
 
 root = pathlib.Path(__file__).resolve().parent.parent
 raw = root / "docs" / "bench" / "raw-2026-12-02f"
-# Session 22: decode projections split over k (call 2, f0db27f: the same plan for Ouro as main's
-# tile rule), Huginn at 11777af (runs whole, call 3), last-exited depth batching at 02cba0c
-# (call 4: main + unrolled partial loads, measured level and reverted).
-split_k = raw / "split_k_f0db27f" / "ab_split_k.json"
+raw23 = root / "docs" / "bench" / "raw-2026-12-02g"
+# Session 23 (main at 2442fb3: greedy readout in one launch, SiLU·mul vectors): CB prompt 128 from
+# the six runs of main's binary in calls 1, 4 and 5, prompt 2048 from calls 4 and 5, depth
+# batching on shared K/V from call 1. Session 22 still stands for Huginn (11777af, call 3) and
+# last-exited depth batching (02cba0c, call 4).
+main23 = [raw23 / d / "runs.json" for d in ("greedy_silu_2442fb3", "attention_47a84e5", "attention_halves_5dbb0a7")]
 tiles = raw / "tiles_l2_breakdown_11777af" / "runs.json"
 loads = raw / "parts_loads_02cba0c" / "runs.json"
 
@@ -47,15 +49,17 @@ def cdb_rows(docs, workload):
 
 
 def main():
-    ab, t3, c4 = (json.loads(f.read_text()) for f in (split_k, tiles, loads))
-    rows = cb_rows([ab["cb_B_1"], ab["cb_B_2"]], "CB, prompt 128 + 256 new", 0.75)
-    rows += cb_rows([ab["cb2k_B"]], "CB, prompt 2048 + 256 new", 0.75)
+    c1, c4, c5 = (json.loads(f.read_text()) for f in main23)
+    t3, l4 = (json.loads(f.read_text()) for f in (tiles, loads))
+    rows = cb_rows([c1["cb_new1"], c1["cb_new2"], c4["cb_old1"], c4["cb_old2"], c5["cb_old1"], c5["cb_old2"]], "CB, prompt 128 + 256 new", 0.75)
+    rows += cb_rows([c4["cb2k_old"], c5["cb2k_old"]], "CB, prompt 2048 + 256 new", 0.75)
     rows += cb_rows([t3["huginn_B"]], "Huginn CB, prompt 128 + 128 new", None)
-    rows += cdb_rows([ab["cdb_B"]], "CDB refill, shared K/V (decode side)")
-    rows += cdb_rows([c4["cdb_last-exited"]], "CDB refill, last-exited K/V (decode side)")
-    doc = dict(gpu=ab["cb_B_1"]["gpu"], commit="f0db27f, 11777af, 02cba0c (rows name theirs)",
+    rows += cdb_rows([c1["cdb_new"]], "CDB refill, shared K/V (decode side)")
+    rows += cdb_rows([l4["cdb_last-exited"]], "CDB refill, last-exited K/V (decode side)")
+    doc = dict(gpu=c1["cb_new1"]["gpu"], commit="2442fb3, 11777af, 02cba0c (rows name theirs)",
                model="Ouro-1.4B shapes (Huginn-0125 where named), random bf16 weights",
-               sources="docs/bench/raw-2026-12-02f/{split_k_f0db27f,tiles_l2_breakdown_11777af,parts_loads_02cba0c}", rows=rows)
+               sources="docs/bench/raw-2026-12-02g/{greedy_silu_2442fb3,attention_47a84e5,attention_halves_5dbb0a7}, "
+               "docs/bench/raw-2026-12-02f/{tiles_l2_breakdown_11777af,parts_loads_02cba0c}", rows=rows)
     out = root / "docs" / "bench" / "looped_roofline.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print("wrote", out)

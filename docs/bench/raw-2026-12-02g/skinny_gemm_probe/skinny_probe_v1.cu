@@ -1,0 +1,344 @@
+// Probe (nvcc, on the device): a skinny-M bf16 GEMM for decode projections (y = x W^T, x [M, K]
+// with M <= 64, W [N, K] row-major as checkpoints store it) that streams W once with 16-byte loads
+// and multiplies on tensor cores (mma.sync m16n8k16), against the chain of Ouro-1.4B's 384
+// projections a W 16 decode step runs; with and without programmatic dependent launch (PDL), and
+// with candle's stream-ordered allocation before every kernel.
+//
+//     nvcc -O3 -std=c++17 -arch=sm_90a tools/skinny_probe.cu -o /tmp/skinny && /tmp/skinny [rows...]
+//
+// k permutation: mma's B fragment wants, per lane (g = lane / 4, t = lane % 4), W[n0 + g] at
+// logical k 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1). A 16-byte load of W[n0 + g][8t .. 8t+8) serves two
+// mma steps if logical k (2t+j, 2t+8+j) is mapped to actual k (8t+j, 8t+2+j) in the first step and
+// (8t+4+j, 8t+6+j) in the second; the A fragment (x rows g, g + 8) is loaded with the same map, so
+// the dot product over k is unchanged.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <vector>
+#include <algorithm>
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
+
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// MODE 0: y bf16 [M, N]; 1: f32 partials [gridDim.y, M, N]; 2: GLU, y bf16 [M, N/2] =
+// silu(x W[0:N/2]^T) * (x W[N/2:N]^T), NT must be 2 (tile 0 gate, tile 1 up).
+template <int MT, int NT, int WK, int U, int MODE>
+__global__ void __launch_bounds__(WK * 32) skinny(const __nv_bfloat16 *__restrict__ x, const __nv_bfloat16 *__restrict__ w,
+                                                  void *__restrict__ out, int M, int N, int K, int kchunk) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int half = N / 2;
+    const int n0 = MODE == 2 ? blockIdx.x * 8 : blockIdx.x * 8 * NT;
+    const int kb = blockIdx.y * kchunk, ke = min(K, kb + kchunk);
+    pdl_launch();
+    const __nv_bfloat16 *wrow[NT];
+    bool wok[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int row = MODE == 2 ? n0 + g + nt * half : n0 + 8 * nt + g;
+        wok[nt] = MODE == 2 ? (n0 + g < half) : row < N;
+        wrow[nt] = w + (size_t)(wok[nt] ? row : 0) * K;
+    }
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int a = 0; a < MT; ++a)
+#pragma unroll
+        for (int b = 0; b < NT; ++b)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.f;
+
+    constexpr int STEP = 32 * U;  // k a warp covers per iteration
+    uint4 bw[U][NT];
+    auto load_w = [&](int kc) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = kc + 32 * u + 8 * t;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                bw[u][nt] = (wok[nt] && k < ke) ? ld_stream(wrow[nt] + k) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    int kc = kb + warp * STEP;
+    load_w(kc);  // weights do not depend on the previous kernel: stream them before waiting
+    pdl_wait();
+    for (; kc < ke; kc += WK * STEP) {
+        uint4 ax[U][MT][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = kc + 32 * u + 8 * t;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = 16 * mt + g + 8 * h;
+                    ax[u][mt][h] = (row < M && k < ke) ? __ldg(reinterpret_cast<const uint4 *>(x + (size_t)row * K + k)) : make_uint4(0, 0, 0, 0);
+                }
+        }
+        uint4 cw[U][NT];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) cw[u][nt] = bw[u][nt];
+        if (kc + WK * STEP < ke) load_w(kc + WK * STEP);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const uint4 &a0 = ax[u][mt][0], &a1 = ax[u][mt][1], &b = cw[u][nt];
+                    mma16816(acc[mt][nt], a0.x, a1.x, a0.y, a1.y, b.x, b.y);
+                    mma16816(acc[mt][nt], a0.z, a1.z, a0.w, a1.w, b.z, b.w);
+                }
+    }
+    // Sum the warps' k ranges through shared memory; c0,c1: row g, cols 2t,2t+1; c2,c3: row g + 8.
+    __shared__ float red[WK][MT * 16][NT * 8 + 1];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            red[warp][16 * mt + g][8 * nt + 2 * t] = acc[mt][nt][0];
+            red[warp][16 * mt + g][8 * nt + 2 * t + 1] = acc[mt][nt][1];
+            red[warp][16 * mt + g + 8][8 * nt + 2 * t] = acc[mt][nt][2];
+            red[warp][16 * mt + g + 8][8 * nt + 2 * t + 1] = acc[mt][nt][3];
+        }
+    __syncthreads();
+    constexpr int CELLS = MT * 16 * (MODE == 2 ? 8 : NT * 8);
+    for (int i = threadIdx.x; i < CELLS; i += WK * 32) {
+        const int cols = MODE == 2 ? 8 : NT * 8;
+        const int r = i / cols, c = i % cols;
+        if (r >= M) continue;
+        float s = 0.f;
+#pragma unroll
+        for (int q = 0; q < WK; ++q) s += red[q][r][c];
+        if (MODE == 2) {
+            float u = 0.f;
+#pragma unroll
+            for (int q = 0; q < WK; ++q) u += red[q][r][8 + c];
+            const int n = n0 + c;
+            if (n < half) reinterpret_cast<__nv_bfloat16 *>(out)[(size_t)r * half + n] = __float2bfloat16(s / (1.f + __expf(-s)) * u);
+        } else {
+            const int n = n0 + c;
+            if (n >= N) continue;
+            if (MODE == 1)
+                reinterpret_cast<float *>(out)[((size_t)blockIdx.y * M + r) * N + n] = s;
+            else
+                reinterpret_cast<__nv_bfloat16 *>(out)[(size_t)r * N + n] = __float2bfloat16(s);
+        }
+    }
+}
+
+__global__ void ref_gemm(const __nv_bfloat16 *x, const __nv_bfloat16 *w, float *y, int M, int N, int K) {
+    const int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+    if (n >= N) return;
+    float s = 0.f;
+    for (int k = 0; k < K; ++k) s += __bfloat162float(x[(size_t)m * K + k]) * __bfloat162float(w[(size_t)n * K + k]);
+    y[(size_t)m * N + n] = s;
+}
+
+__global__ void fill(__nv_bfloat16 *p, size_t n, uint32_t seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+        p[i] = __float2bfloat16(((h & 0xffff) / 65535.f - 0.5f) * scale);
+    }
+}
+
+struct Launch {
+    bool pdl = false;
+    bool alloc = false;  // cudaMallocAsync before the kernel, free of the previous one after (candle)
+};
+
+static void *g_prev = nullptr;
+
+template <int MT, int NT, int WK, int U, int MODE>
+void launch(cudaStream_t s, const Launch &l, const __nv_bfloat16 *x, const __nv_bfloat16 *w, void *out, int M, int N, int K, int splits) {
+    void *tmp = nullptr;
+    if (l.alloc) CK(cudaMallocAsync(&tmp, 1 << 16, s));
+    const int cols = MODE == 2 ? 8 : 8 * NT;
+    const int nn = MODE == 2 ? N / 2 : N;
+    const int kchunk = ((K + splits - 1) / splits + 31) / 32 * 32;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((nn + cols - 1) / cols, splits);
+    cfg.blockDim = dim3(WK * 32);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = l.pdl ? 1 : 0;
+    CK(cudaLaunchKernelEx(&cfg, skinny<MT, NT, WK, U, MODE>, x, w, out, M, N, K, kchunk));
+    if (l.alloc) {
+        if (g_prev) CK(cudaFreeAsync(g_prev, s));
+        g_prev = tmp;
+    }
+}
+
+struct Bufs {
+    __nv_bfloat16 *xh, *xi, *y;  // activations: [64, 2048], [64, 5632], outputs [64, 11264]
+    float *part;                 // [8, 64, 2048]
+};
+
+// One decode step's projections: 24 layers' weights cycled over 96 applications.
+template <int MT, int U>
+void step(cudaStream_t s, const Launch &l, const Bufs &b, __nv_bfloat16 **wq, __nv_bfloat16 **wo, __nv_bfloat16 **wgu, __nv_bfloat16 **wd, int M, bool glu, int so, int sd) {
+    constexpr int H = 2048, I = 5632;
+    for (int app = 0; app < 96; ++app) {
+        const int L = app % 24;
+        launch<MT, 1, 4, U, 0>(s, l, b.xh, wq[L], b.y, M, 3 * H, H, 1);
+        launch<MT, 1, 4, U, 1>(s, l, b.xh, wo[L], b.part, M, H, H, so);
+        if (glu)
+            launch<MT, 2, 4, U, 2>(s, l, b.xh, wgu[L], b.y, M, 2 * I, H, 1);
+        else
+            launch<MT, 1, 4, U, 0>(s, l, b.xh, wgu[L], b.y, M, 2 * I, H, 1);
+        launch<MT, 1, 4, U, 1>(s, l, b.xi, wd[L], b.part, M, H, I, sd);
+    }
+}
+
+template <typename F>
+float graph_us(cudaStream_t s, F body) {
+    cudaGraph_t gr;
+    cudaGraphExec_t ex;
+    g_prev = nullptr;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    body();
+    if (g_prev) { CK(cudaFreeAsync(g_prev, s)); g_prev = nullptr; }
+    CK(cudaStreamEndCapture(s, &gr));
+    CK(cudaGraphInstantiate(&ex, gr, 0));
+    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ex, s));
+    CK(cudaStreamSynchronize(s));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ts;
+    for (int i = 0; i < 15; ++i) {
+        CK(cudaEventRecord(e0, s));
+        CK(cudaGraphLaunch(ex, s));
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ts.push_back(ms * 1000.f);
+    }
+    std::sort(ts.begin(), ts.end());
+    CK(cudaGraphExecDestroy(ex));
+    CK(cudaGraphDestroy(gr));
+    return ts[ts.size() / 2];
+}
+
+template <int MT, int NT, int MODE>
+double check(cudaStream_t s, const __nv_bfloat16 *x, const __nv_bfloat16 *w, int M, int N, int K, int splits) {
+    const int nn = MODE == 2 ? N / 2 : N;
+    float *ref, *part;
+    __nv_bfloat16 *y;
+    CK(cudaMalloc(&ref, (size_t)M * N * 4));
+    CK(cudaMalloc(&part, (size_t)splits * M * N * 4));
+    CK(cudaMalloc(&y, (size_t)M * N * 2));
+    ref_gemm<<<dim3((N + 127) / 128, M), 128, 0, s>>>(x, w, ref, M, N, K);
+    launch<MT, NT, 4, 4, MODE>(s, Launch{}, x, w, MODE == 1 ? (void *)part : (void *)y, M, N, K, splits);
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> r((size_t)M * N), p((size_t)splits * M * N);
+    std::vector<__nv_bfloat16> yy((size_t)M * N);
+    CK(cudaMemcpy(r.data(), ref, r.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(p.data(), part, p.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(yy.data(), y, yy.size() * 2, cudaMemcpyDeviceToHost));
+    double worst = 0, scale = 1e-6;
+    for (float v : r) scale = std::max(scale, (double)fabsf(v));
+    for (int m = 0; m < M; ++m)
+        for (int n = 0; n < nn; ++n) {
+            double want, got;
+            if (MODE == 2) {
+                const double gg = r[(size_t)m * N + n], u = r[(size_t)m * N + nn + n];
+                want = gg / (1 + exp(-gg)) * u;
+                got = __bfloat162float(yy[(size_t)m * nn + n]);
+            } else if (MODE == 1) {
+                want = r[(size_t)m * N + n];
+                got = 0;
+                for (int q = 0; q < splits; ++q) got += p[((size_t)q * M + m) * N + n];
+            } else {
+                want = r[(size_t)m * N + n];
+                got = __bfloat162float(yy[(size_t)m * N + n]);
+            }
+            worst = std::max(worst, fabs(want - got) / scale);
+        }
+    CK(cudaFree(ref));
+    CK(cudaFree(part));
+    CK(cudaFree(y));
+    return worst;
+}
+
+template <int MT>
+void run(cudaStream_t s, int M, const Bufs &b, __nv_bfloat16 **wq, __nv_bfloat16 **wo, __nv_bfloat16 **wgu, __nv_bfloat16 **wd) {
+    printf("rows %d: max error / max |y| (qkv, o split 4, gate_up, GLU, down split 4): %.2e %.2e %.2e %.2e %.2e\n", M,
+           check<MT, 1, 0>(s, b.xh, wq[0], M, 6144, 2048, 1), check<MT, 1, 1>(s, b.xh, wo[0], M, 2048, 2048, 4),
+           check<MT, 1, 0>(s, b.xh, wgu[0], M, 11264, 2048, 1), check<MT, 2, 2>(s, b.xh, wgu[0], M, 11264, 2048, 1),
+           check<MT, 1, 1>(s, b.xi, wd[0], M, 2048, 5632, 4));
+    const double gb = 96.0 * 2 * (6144.0 * 2048 + 2048.0 * 2048 + 11264.0 * 2048 + 2048.0 * 5632) / 1e9;
+    for (int u : {4, 8})
+    for (int glu = 0; glu < 2; ++glu)
+        for (int sp : {2, 4, 8}) {
+            for (int mode = 0; mode < 3; ++mode) {
+                Launch l;
+                l.pdl = mode >= 1;
+                l.alloc = mode == 2;
+                const float us = graph_us(s, [&] {
+                    if (u == 4) step<MT, 4>(s, l, b, wq, wo, wgu, wd, M, glu, sp, sp);
+                    else step<MT, 8>(s, l, b, wq, wo, wgu, wd, M, glu, sp, sp);
+                });
+                printf("rows %d  U %d  glu %d  o/down split %d  %-22s: %7.3f ms  %5.2f TB/s\n", M, u, glu, sp,
+                       mode == 0 ? "plain" : mode == 1 ? "PDL" : "PDL + alloc/free nodes", us / 1000, gb / (us * 1e-6) / 1e3);
+            }
+        }
+}
+
+int main(int argc, char **argv) {
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    constexpr int H = 2048, I = 5632;
+    __nv_bfloat16 *wq[24], *wo[24], *wgu[24], *wd[24];
+    auto mk = [&](size_t n, uint32_t seed, float sc) {
+        __nv_bfloat16 *p;
+        CK(cudaMalloc(&p, n * 2));
+        fill<<<1024, 256, 0, s>>>(p, n, seed, sc);
+        return p;
+    };
+    for (int l = 0; l < 24; ++l) {
+        wq[l] = mk((size_t)3 * H * H, 4 * l + 1, 0.05f);
+        wo[l] = mk((size_t)H * H, 4 * l + 2, 0.05f);
+        wgu[l] = mk((size_t)2 * I * H, 4 * l + 3, 0.05f);
+        wd[l] = mk((size_t)H * I, 4 * l + 4, 0.05f);
+    }
+    Bufs b;
+    b.xh = mk((size_t)64 * H, 7, 2.f);
+    b.xi = mk((size_t)64 * I, 8, 2.f);
+    CK(cudaMalloc(&b.y, (size_t)64 * 2 * I * 2));
+    CK(cudaMalloc(&b.part, (size_t)8 * 64 * H * 4));
+    CK(cudaStreamSynchronize(s));
+    std::vector<int> rows;
+    for (int i = 1; i < argc; ++i) rows.push_back(atoi(argv[i]));
+    if (rows.empty()) rows = {16};
+    for (int M : rows) {
+        if (M <= 16) run<1>(s, M, b, wq, wo, wgu, wd);
+        else if (M <= 32) run<2>(s, M, b, wq, wo, wgu, wd);
+        else run<4>(s, M, b, wq, wo, wgu, wd);
+    }
+    return 0;
+}
