@@ -34,6 +34,8 @@
 
 #define NW 4
 #define NTHREADS (NW * 32)
+// Block-table entries a block stages in shared memory (more: it reads the table per key).
+#define TAB_MAX 64
 
 namespace {
 
@@ -123,7 +125,7 @@ __device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base
     return best;
 }
 
-template <typename T, int D, int NQ>
+template <typename T, int D, int NQ, bool PIPE, int UNROLL_KEYS = 0>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
     float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
@@ -140,7 +142,7 @@ __device__ __forceinline__ void paged_attn_impl(
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
     constexpr int KPW = 32 / LPK;    // keys a warp loads side by side
-    constexpr int UNROLL = NQ >= 8 ? 2 : 4;
+    constexpr int UNROLL = UNROLL_KEYS > 0 ? UNROLL_KEYS : NQ >= 8 ? 2 : 4;
     constexpr int KT = KPW * UNROLL; // keys per warp step
     static_assert(D % VEC == 0 && ACTIVE <= 32, "head dim");
 
@@ -226,15 +228,27 @@ __device__ __forceinline__ void paged_attn_impl(
     const size_t slot_stride = (size_t)kv_heads * D;
     const size_t head_off = (size_t)g * D + kl * VEC;
 
-    for (int base = k0 + warp * KT; base < k1; base += NW * KT) {
-        uint4 kraw[UNROLL], vraw[UNROLL];
-        int pos[UNROLL];
+    // The block-table entries of this block's keys, staged in shared memory once: a key's slot is
+    // then a shared load away, and a step's K/V loads do not wait on a global table load first.
+    __shared__ uint32_t s_tab[TAB_MAX];
+    const int tab0 = k1 > k0 ? k0 / block_size : 0;
+    const int tab_n = k1 > k0 ? (k1 - 1) / block_size + 1 - tab0 : 0;
+    const bool staged = tab_n <= TAB_MAX;  // block-uniform
+    if (staged) {
+        for (int i = threadIdx.x; i < tab_n; i += NTHREADS) s_tab[i] = __ldg(table + tab0 + i);
+        __syncthreads();
+    }
+    auto slot = [&](int p) -> size_t {
+        if (!staged) return cache_slot(table, p, block_size, bs_shift);
+        const int blk = bs_shift >= 0 ? p >> bs_shift : p / block_size;
+        return (size_t)s_tab[blk - tab0] * block_size + (p - blk * block_size);
+    };
+    auto fetch = [&](int base, uint4 (&kraw)[UNROLL], uint4 (&vraw)[UNROLL]) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int p = base + u * KPW + kg;
-            pos[u] = p;
             if (p < k1 && active) {
-                const size_t idx = cache_slot(table, p, block_size, bs_shift) * slot_stride + head_off;
+                const size_t idx = slot(p) * slot_stride + head_off;
                 kraw[u] = ldg16(kc + idx);
                 vraw[u] = ldg16(vc + idx);
             } else {
@@ -242,6 +256,8 @@ __device__ __forceinline__ void paged_attn_impl(
                 vraw[u] = make_uint4(0, 0, 0, 0);
             }
         }
+    };
+    auto consume = [&](int base, const uint4 (&kraw)[UNROLL], const uint4 (&vraw)[UNROLL]) {
         float kf[UNROLL][VEC], vf[UNROLL][VEC];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -253,12 +269,13 @@ __device__ __forceinline__ void paged_attn_impl(
             float s[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
+                const int p = base + u * KPW + kg;
                 float d = 0.f;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) d = fmaf(qv[n][e], kf[u][e], d);
 #pragma unroll
                 for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-                s[u] = (pos[u] < k1 && pos[u] < lim[n]) ? d : -INFINITY;
+                s[u] = (p < k1 && p < lim[n]) ? d : -INFINITY;
             }
             float tmax = s[0];
 #pragma unroll
@@ -279,6 +296,28 @@ __device__ __forceinline__ void paged_attn_impl(
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) acc[n][e] = fmaf(pr, vf[u][e], acc[n][e]);
             }
+        }
+    };
+
+    constexpr int WSTEP = NW * KT;  // keys between a warp's steps
+    int base = k0 + warp * KT;
+    if (PIPE) {
+        // Two register sets alternate: one step's K/V loads are in flight while the other's
+        // scores and softmax run.
+        uint4 ka[UNROLL], va[UNROLL], kb[UNROLL], vb[UNROLL];
+        fetch(base, ka, va);
+        for (; base < k1; base += 2 * WSTEP) {
+            fetch(base + WSTEP, kb, vb);
+            consume(base, ka, va);
+            if (base + WSTEP >= k1) break;  // warp-uniform
+            fetch(base + 2 * WSTEP, ka, va);
+            consume(base + WSTEP, kb, vb);
+        }
+    } else {
+        for (; base < k1; base += WSTEP) {
+            uint4 kraw[UNROLL], vraw[UNROLL];
+            fetch(base, kraw, vraw);
+            consume(base, kraw, vraw);
         }
     }
 
@@ -673,7 +712,7 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
         paged_attn_##NAME##_d##D##_q##NQ(PA_ARGS(T)) {                                          \
-        paged_attn_impl<T, D, NQ>(PA_PASS);                                                      \
+        paged_attn_impl<T, D, NQ, (NQ <= 2)>(PA_PASS);                                                      \
     }
 
 // The one-query kernel (a looped decode step) also held to 7 blocks an SM (72 registers on the
@@ -682,7 +721,7 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 #define PA_KERNEL_OCC7(NAME, T, D)                                                               \
     extern "C" __global__ void __launch_bounds__(NTHREADS, 7)                                   \
         paged_attn_##NAME##_d##D##_q1_o7(PA_ARGS(T)) {                                          \
-        paged_attn_impl<T, D, 1>(PA_PASS);                                                       \
+        paged_attn_impl<T, D, 1, true, 2>(PA_PASS);                                                       \
     }
 
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
