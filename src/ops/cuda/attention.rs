@@ -3,7 +3,7 @@
 
 use super::launch::{device, for_float, kernel, view, wrap, Module};
 use crate::ops::attention_split::{self, keys_per_warp_step, Cut};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -224,6 +224,9 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     } else {
         None
     };
+    // Split tiles merge in their last block through persistent counters when the device has
+    // enough of them; otherwise (a capture that outgrew them) the combine kernel merges.
+    let counters = if splits > 1 { tile_counters(dev, tiles * p.kv_heads)? } else { None };
     {
         let mut b = func.builder();
         b.arg(&mut out);
@@ -237,13 +240,18 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
                 b.arg(&null);
             }
         }
+        match &counters {
+            Some(c) => b.arg(c.as_ref()),
+            None => b.arg(&null),
+        };
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
-        // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
+        // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above;
+        // the counters hold at least one zeroed entry per (tile, kv head).
         unsafe { b.launch(cfg) }.w()?;
     }
-    if let Some((acc, ml)) = &ws {
+    if let (Some((acc, ml)), None) = (&ws, &counters) {
         let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;
         let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = func.builder();
@@ -252,6 +260,32 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         unsafe { b.launch(cfg) }.w()?;
     }
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
+}
+
+/// Zeroed per-tile completion counters of `dev` for a split launch of `tiles` (tile, kv head)
+/// pairs: the kernel's last split of a tile merges the partials and zeroes its counter again.
+/// Buffers only grow and are never freed, since a captured graph keeps the address it was
+/// captured with; a capture cannot allocate, so one that needs more than exist gets `None`.
+fn tile_counters(dev: &CudaDevice, tiles: usize) -> Result<Option<std::sync::Arc<CudaSlice<u32>>>> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Buffers = HashMap<candle_core::cuda_backend::DeviceId, Vec<Arc<CudaSlice<u32>>>>;
+    static BUFFERS: OnceLock<Mutex<Buffers>> = OnceLock::new();
+    let mut all = BUFFERS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let kept = all.entry(dev.id()).or_default();
+    if let Some(last) = kept.last() {
+        if last.len() >= tiles {
+            return Ok(Some(last.clone()));
+        }
+    }
+    if dev.cuda_stream().capture_status().w()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(None);
+    }
+    let len = tiles.max(kept.last().map_or(0, |b| 2 * b.len())).max(4096);
+    let fresh = Arc::new(dev.alloc_zeros::<u32>(len)?);
+    kept.push(fresh.clone());
+    Ok(Some(fresh))
 }
 
 /// Blocks of kernel `name` that run at once on `dev` (SMs × blocks an SM by the occupancy

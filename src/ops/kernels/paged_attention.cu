@@ -128,6 +128,7 @@ __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
     float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
     float *__restrict__ ws_ml,       // [splits, T, H, 2]
+    uint32_t *__restrict__ tile_done, // [tiles, kv heads], zero between launches; null: the combine kernel merges
     const T *__restrict__ q,         // [T, H, D]
     const T *__restrict__ kc,        // [blocks, bs, kvh, D]
     const T *__restrict__ vc,
@@ -333,6 +334,46 @@ __device__ __forceinline__ void paged_attn_impl(
                 ws_ml[sth * 2 + 1] = L;
             }
         }
+    }
+    if (num_splits == 1 || tile_done == nullptr) return;
+
+    // The tile's last split to finish merges them all, instead of a combine launch: the
+    // threadFenceReduction pattern (partials visible device-wide before the count; the counter
+    // is reset by the block that completes it, ready for the next launch on the stream).
+    __shared__ bool s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const size_t tile = (size_t)bx * gridDim.y + g;
+        s_last = atomicAdd(tile_done + tile, 1u) == (unsigned)num_splits - 1;
+        if (s_last) tile_done[tile] = 0;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const size_t split_stride = (size_t)num_tokens * num_heads;
+    for (int idx = threadIdx.x; idx < NQ * D; idx += NTHREADS) {
+        const int n = idx / D;
+        const int e = idx - n * D;
+        const int item = item0 + n;
+        if (item >= items) continue;
+        const int tok = item / group;
+        const int hg = item - tok * group;
+        const size_t th = (size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg);
+        float M = -INFINITY;
+        for (int sp = 0; sp < num_splits; ++sp) M = fmaxf(M, __ldcg(ws_ml + (sp * split_stride + th) * 2));
+        float L = 0.f, A = 0.f;
+        if (M != -INFINITY) {
+            for (int sp = 0; sp < num_splits; ++sp) {
+                const float ls = __ldcg(ws_ml + (sp * split_stride + th) * 2 + 1);
+                if (ls > 0.f) {
+                    const float f = exp2f(__ldcg(ws_ml + (sp * split_stride + th) * 2) - M);
+                    L += ls * f;
+                    A += __ldcg(ws_acc + (sp * split_stride + th) * D + e) * f;
+                }
+            }
+        }
+        out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
     }
 }
 
@@ -660,13 +701,14 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 }  // namespace
 
 #define PA_ARGS(T)                                                                               \
-    T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                   \
+    T *out, float *ws_acc, float *ws_ml, uint32_t *tile_done, const T *q, const T *kc,          \
+        const T *vc,                                                                             \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
         float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens
 
 #define PA_PASS                                                                                  \
-    out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens, cu_q, num_rows, max_blocks,       \
+    out, ws_acc, ws_ml, tile_done, q, kc, vc, block_tables, context_lens, cu_q, num_rows, max_blocks,       \
         num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk,    \
         wave_blocks, num_tokens
 
