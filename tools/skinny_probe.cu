@@ -15,6 +15,7 @@
 // mma steps if logical k (2t+j, 2t+8+j) is mapped to actual k (8t+j, 8t+2+j) in the first step and
 // (8t+4+j, 8t+6+j) in the second; the A fragment (x rows g, g + 8) is loaded with the same map, so
 // the dot product over k is unchanged.
+#include "probe_ptx.cuh"
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -24,20 +25,6 @@
 #include <vector>
 #include <algorithm>
 
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
-
-__device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-}
-
-__device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
@@ -177,14 +164,6 @@ __global__ void ref_gemm(const __nv_bfloat16 *x, const __nv_bfloat16 *w, float *
     float s = 0.f;
     for (int k = 0; k < K; ++k) s += __bfloat162float(x[(size_t)m * K + k]) * __bfloat162float(w[(size_t)n * K + k]);
     y[(size_t)m * N + n] = s;
-}
-
-__global__ void fill(__nv_bfloat16 *p, size_t n, uint32_t seed, float scale) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-        p[i] = __float2bfloat16(((h & 0xffff) / 65535.f - 0.5f) * scale);
-    }
 }
 
 struct Launch {
