@@ -143,9 +143,9 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     let logits = logits.to_dtype(DType::F32)?;
     // The greedy readout's argmax (first maximum on every device), so a greedy row's token does
     // not depend on whether its launch also samples.
-    let greedy = crate::ops::greedy_ids_flagged(&logits, v)?.0.to_vec1::<u32>()?;
+    let greedy = crate::ops::greedy_ids_flagged(&logits, v)?.0;
     if rows.iter().all(|s| s.greedy) {
-        return Ok(greedy);
+        return greedy.to_vec1::<u32>();
     }
     let dev = logits.device();
     let col = |f: &dyn Fn(&RowSampling) -> f32| Tensor::from_vec(rows.iter().map(f).collect::<Vec<f32>>(), (r, 1), dev);
@@ -192,7 +192,9 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
         hi = above.where_cond(&mid, &hi)?;
         lo = above.where_cond(&lo, &mid)?;
     }
+    // Both readouts at the end: one wait for the device in a batch that mixes greedy and sampled rows.
     let drawn = hi.squeeze(1)?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+    let greedy = greedy.to_vec1::<u32>()?;
     Ok(rows.iter().zip(greedy).zip(drawn).map(|((s, g), d)| if s.greedy { g } else { d }).collect())
 }
 
