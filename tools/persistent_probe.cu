@@ -6,7 +6,9 @@
 // cycled), phases separated by a grid barrier (a global arrival counter), and each warp loads its
 // first weight unit of the next phase *before* waiting at the barrier, so weight streaming does
 // not stop between phases. The same kernel run one phase a launch (a CUDA graph of 384 launches)
-// isolates what the barrier buys over launches; tools/splitk_probe.py gives cuBLAS in the same call.
+// isolates what the barrier buys over launches, and the persistent launch with no units (barriers
+// and buffer zeroing alone) what the 383 barriers cost; tools/splitk_probe.py gives cuBLAS in the
+// same call.
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a tools/persistent_probe.cu -o /tmp/persistent && /tmp/persistent
 //
@@ -97,25 +99,30 @@ __host__ __device__ inline const __nv_bfloat16 *weight_of(const Weights &wts, in
 
 // Phases [p0, p1) of the step (phase p: application p / 4, kind p % 4). grid_barrier: the
 // phases run in one launch, separated by the arrival counter `arrive` (zero at launch).
-__global__ void __launch_bounds__(THREADS, 1) persistent(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier) {
+__global__ void __launch_bounds__(THREADS, 1) persistent(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work) {
     __shared__ __align__(16) __nv_bfloat16 xs[MAX_PIECES][ROWS][KP + 32];  // rows 64 bytes apart mod 128: no bank conflicts
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
+    // This block's units of a phase (none with work == 0: barriers and staging alone are timed).
+    auto range = [&](const PhaseShape &sh, int &a, int &b) {
+        block_range(sh.n / TC * (sh.k / KP), gridDim.x, blockIdx.x, a, b);
+        if (!work) b = a;
+    };
     uint4 w[2][8];
     // The first unit of the first phase.
     {
         const int kind = p0 % 4;
         const PhaseShape s = shape_of(kind);
         int u0, u1;
-        block_range(s.n / TC * (s.k / KP), gridDim.x, blockIdx.x, u0, u1);
+        range(s, u0, u1);
         if (u0 + warp < u1) load_unit(w, weight_of(wts, kind, (p0 / 4) % L), s, u0 + warp, g, t);
     }
     for (int p = p0; p < p1; ++p) {
         const int kind = p % 4;
         const PhaseShape s = shape_of(kind);
-        const int ntile = s.n / TC, units = ntile * (s.k / KP);
+        const int ntile = s.n / TC;
         int u0, u1;
-        block_range(units, gridDim.x, blockIdx.x, u0, u1);
+        range(s, u0, u1);
         float *out = bufs + (size_t)(p % 3) * BUF;
         const float *x = p == 0 ? x0 : bufs + (size_t)((p + 2) % 3) * BUF;
         // Zero the buffer phase p + 1 writes (last read by phase p - 1, which is complete).
@@ -172,7 +179,7 @@ __global__ void __launch_bounds__(THREADS, 1) persistent(Weights wts, float *buf
                 const int nk = (p + 1) % 4;
                 const PhaseShape ns = shape_of(nk);
                 int n0, n1;
-                block_range(ns.n / TC * (ns.k / KP), gridDim.x, blockIdx.x, n0, n1);
+                range(ns, n0, n1);
                 if (n0 + warp < n1) load_unit(w, weight_of(wts, nk, ((p + 1) / 4) % L), ns, n0 + warp, g, t);
             }
             float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -199,7 +206,7 @@ __global__ void __launch_bounds__(THREADS, 1) persistent(Weights wts, float *buf
             const int nk = (p + 1) % 4;
             const PhaseShape ns = shape_of(nk);
             int n0, n1;
-            block_range(ns.n / TC * (ns.k / KP), gridDim.x, blockIdx.x, n0, n1);
+            range(ns, n0, n1);
             if (n0 + warp < n1) load_unit(w, weight_of(wts, nk, ((p + 1) / 4) % L), ns, n0 + warp, g, t);
         }
         if (grid_barrier && p + 1 < p1) {
@@ -279,15 +286,15 @@ int main() {
         CK(cudaMemcpyAsync(x0, h.data(), h.size() * 4, cudaMemcpyHostToDevice, st));
         CK(cudaStreamSynchronize(st));
     }
-    auto run = [&](int p0, int p1, bool barrier) {
+    auto run = [&](int p0, int p1, bool barrier, int work = 1) {
         if (barrier) CK(cudaMemsetAsync(arrive, 0, 4, st));
         if (p0 == 0) CK(cudaMemsetAsync(bufs, 0, (size_t)BUF * 4, st));  // phase 0's output
         int gb = barrier;
-        void *args[] = {&wts, &bufs, &x0, &p0, &p1, &arrive, &gb};
+        void *args[] = {&wts, &bufs, &x0, &p0, &p1, &arrive, &gb, &work};
         if (barrier)
             CK(cudaLaunchCooperativeKernel((void *)persistent, blocks, THREADS, args, 0, st));
         else
-            persistent<<<blocks, THREADS, 0, st>>>(wts, bufs, x0, p0, p1, arrive, 0);
+            persistent<<<blocks, THREADS, 0, st>>>(wts, bufs, x0, p0, p1, arrive, 0, work);
     };
     const int PHASES = 96 * 4;
     // Check: the first 8 phases (two layer applications), in one launch and one phase a launch,
@@ -323,12 +330,13 @@ int main() {
     CK(cudaStreamEndCapture(st, &gr));
     CK(cudaGraphInstantiate(&ex, gr, 0));
     for (int rep = 0; rep < 2; ++rep) {
-        for (int mode = 0; mode < 2; ++mode) {
+        for (int mode = 0; mode < 3; ++mode) {
             std::vector<float> ts;
             for (int i = 0; i < 12; ++i) {
                 CK(cudaEventRecord(e0, st));
                 if (mode == 0) run(0, PHASES, true);
-                else CK(cudaGraphLaunch(ex, st));
+                else if (mode == 1) CK(cudaGraphLaunch(ex, st));
+                else run(0, PHASES, true, 0);
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
                 float ms;
@@ -337,7 +345,7 @@ int main() {
             }
             std::sort(ts.begin(), ts.end());
             const float ms = ts[ts.size() / 2];
-            printf("384 projections at 16 rows, %-28s: %6.3f ms  %5.2f TB/s\n", mode == 0 ? "one persistent launch" : "a launch a phase (graph)", ms, gb / (ms * 1e-3) / 1e3);
+            printf("384 projections at 16 rows, %-28s: %6.3f ms  %5.2f TB/s\n", mode == 0 ? "one persistent launch" : mode == 1 ? "a launch a phase (graph)" : "barriers and zeroing alone", ms, gb / (ms * 1e-3) / 1e3);
         }
     }
     return 0;
