@@ -143,7 +143,7 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     let logits = logits.to_dtype(DType::F32)?;
     // The greedy readout's argmax (first maximum on every device), so a greedy row's token does
     // not depend on whether its launch also samples.
-    let greedy = crate::ops::greedy_ids_flagged(&logits, v)?.0;
+    let greedy = crate::ops::greedy_ids(&logits, v)?;
     if rows.iter().all(|s| s.greedy) {
         return greedy.to_vec1::<u32>();
     }

@@ -33,6 +33,16 @@ pub fn greedy_ids_flagged(logits: &Tensor, vocab: usize) -> Result<(Tensor, Tens
     greedy_ids_flagged_reference(logits, vocab)
 }
 
+/// The greedy ids of `logits` alone (each row's first maximum, u32), the ids
+/// [`greedy_ids_flagged`] returns: on CUDA from its one launch (the flag costs no extra pass
+/// there), elsewhere candle's argmax without the flag's pass over the row.
+pub(crate) fn greedy_ids(logits: &Tensor, vocab: usize) -> Result<Tensor> {
+    if logits.device().is_cuda() {
+        return Ok(greedy_ids_flagged(logits, vocab)?.0);
+    }
+    logits.argmax(D::Minus1)?.to_dtype(DType::U32)
+}
+
 /// The composition behind [`greedy_ids_flagged`]: candle's argmax, then [`flag_non_finite`].
 pub fn greedy_ids_flagged_reference(logits: &Tensor, vocab: usize) -> Result<(Tensor, Tensor)> {
     let ids = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?;
@@ -63,6 +73,7 @@ mod tests {
         assert_eq!(flagged[1] as usize - v, plain[1] as usize, "the flag keeps the id recoverable");
         let (ids, flagged) = greedy_ids_flagged(&logits, v).unwrap();
         assert_eq!(ids.to_vec1::<u32>().unwrap(), plain);
+        assert_eq!(greedy_ids(&logits, v).unwrap().to_vec1::<u32>().unwrap(), plain);
         assert_eq!(flagged.to_vec1::<u32>().unwrap(), flag_non_finite(&ids, &logits, v).unwrap().to_vec1::<u32>().unwrap());
         let bf16 = logits.to_dtype(DType::BF16).unwrap();
         let mask: Vec<u8> = non_finite_rows(&bf16).unwrap().to_vec1().unwrap();
