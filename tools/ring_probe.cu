@@ -1,0 +1,372 @@
+// Probe (nvcc, on the device): can one persistent kernel stream the 384 projections of an
+// Ouro-1.4B decode step at 16 rows near the copy bandwidth, if the weights never wait on the phase
+// boundaries? tools/persistent_probe.cu (session 24, call 1) ran them as phases of one cooperative
+// launch at 4.25 ms against cuBLAS's 3.48: its 383 grid barriers cost 0.68 ms alone, and each
+// warp kept only its next unit (8 KB) in flight, so every barrier, x staging and tail stopped the
+// stream. Here a producer warp per block copies the block's weight units into a ring of
+// shared-memory stages with one bulk copy each (cp.async.bulk, mbarrier complete_tx), running
+// ahead across phase boundaries — the weights do not depend on the activations — while eight
+// consumer warps wait at the grid barrier, stage x and multiply out of the ring. If the ring
+// (stages × 8 KB × 132 SMs) covers a phase boundary's latency, the stream does not stop.
+//
+//     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/ring_probe.cu -o /tmp/ring && /tmp/ring
+//
+// Weights are repacked once into unit order (the order a block consumes them): a unit is 16 output
+// columns × 256 of k, 8 KB, laid out as the mma B fragments of a warp ([h][r][lane] × 16 bytes, the
+// k permutation of tools/skinny_probe.cu), so a consumer warp's reads of a stage are contiguous
+// 512-byte runs (no bank conflicts) and a block's share of a phase is one contiguous range.
+// Dataflow, x staging, split-k reduction (red.global.add.v2.f32) and the three rotating f32 buffers
+// are those of tools/persistent_probe.cu. Modes timed: the ring with grid barriers (correct
+// results), the ring without barriers (racy results: the streaming ceiling), one launch a phase
+// (graph), and a ring depth sweep.
+#include "probe_ptx.cuh"
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <vector>
+#include <algorithm>
+
+constexpr int H = 2048, I = 5632, L = 24, ROWS = 16;
+constexpr int WARPS = 8, CONSUMERS = WARPS * 32, THREADS = CONSUMERS + 32;
+constexpr int KP = 256, TC = 16;
+constexpr int UNIT_BYTES = TC * KP * 2;        // 8 KB
+constexpr int MAX_PIECES = 4;
+constexpr int MAX_STAGES = 22;
+constexpr int BUF = ROWS * 2 * I;
+constexpr int XS_BYTES = MAX_PIECES * ROWS * (KP + 32) * 2;
+
+struct Weights {
+    const uint4 *packed[4][L];    // unit order
+    const __nv_bfloat16 *plain[4][L];
+};
+
+struct PhaseShape {
+    int n, k, x_stride, x_glu;
+};
+
+__host__ __device__ inline PhaseShape shape_of(int kind) {
+    switch (kind) {
+    case 0: return {3 * H, H, H, 0};
+    case 1: return {H, H, 3 * H, 0};
+    case 2: return {2 * I, H, H, 0};
+    default: return {H, I, 2 * I, 1};
+    }
+}
+
+__host__ __device__ inline void block_range(int units, int blocks, int b, int &u0, int &u1) {
+    u0 = (int)((long long)units * b / blocks);
+    u1 = (int)((long long)units * (b + 1) / blocks);
+}
+
+__device__ __forceinline__ void red_add2(float *p, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// The consumer warps only (the producer never joins a block-wide barrier).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); }
+
+// Repack W [n, k] into unit order: unit (piece, tile) at piece * ntile + tile, 512 uint4 each,
+// element [h][r][lane = 4 g + t] = W[tile * 16 + 8 h + g][piece * 256 + 32 r + 8 t .. + 8].
+__global__ void pack_units(const __nv_bfloat16 *w, uint4 *out, int kind) {
+    const PhaseShape s = shape_of(kind);
+    const int ntile = s.n / TC, units = ntile * (s.k / KP);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)units * 512; i += (long long)gridDim.x * blockDim.x) {
+        const int unit = (int)(i / 512), e = (int)(i % 512);
+        const int h = e / 256, r = (e / 32) % 8, lane = e % 32, g = lane / 4, t = lane % 4;
+        const int piece = unit / ntile, tile = unit % ntile;
+        out[i] = *reinterpret_cast<const uint4 *>(w + (size_t)(tile * TC + 8 * h + g) * s.k + piece * KP + 32 * r + 8 * t);
+    }
+}
+
+__host__ __device__ inline const uint4 *packed_of(const Weights &w, int p) { return w.packed[p % 4][(p / 4) % L]; }
+
+// Phases [p0, p1). grid_barrier 0 drops the barriers (racy: timing of the stream alone); work 0
+// runs no units (barriers and x staging alone).
+__global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int stages) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    uint4 *stage_mem = reinterpret_cast<uint4 *>(smem);
+    __nv_bfloat16(*xs)[ROWS][KP + 32] = reinterpret_cast<__nv_bfloat16(*)[ROWS][KP + 32]>(smem + (size_t)MAX_STAGES * UNIT_BYTES);
+    __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < stages; ++i) {
+            mbar_init(smem_addr(&full[i]), 1);
+            mbar_init(smem_addr(&empty[i]), 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    auto range = [&](int p, int &a, int &b) {
+        const PhaseShape sh = shape_of(p % 4);
+        block_range(sh.n / TC * (sh.k / KP), gridDim.x, blockIdx.x, a, b);
+        if (!work) b = a;
+    };
+    if (warp == WARPS) {  // producer: every unit of every phase, in consumption order
+        if (lane == 0) {
+            unsigned seq = 0;
+            for (int p = p0; p < p1; ++p) {
+                int u0, u1;
+                range(p, u0, u1);
+                const uint4 *src = packed_of(wts, p);
+                for (int u = u0; u < u1; ++u, ++seq) {
+                    const unsigned s = seq % stages, round = seq / stages;
+                    if (round > 0) mbar_wait(smem_addr(&empty[s]), (round - 1) & 1);
+                    const uint32_t bar = smem_addr(&full[s]);
+                    mbar_expect_tx(bar, UNIT_BYTES);
+                    bulk_g2s(smem_addr(stage_mem + (size_t)s * 512), src + (size_t)u * 512, UNIT_BYTES, bar);
+                }
+            }
+        }
+        return;
+    }
+    const int g = lane >> 2, t = lane & 3;
+    unsigned seq_base = 0;
+    for (int p = p0; p < p1; ++p) {
+        const PhaseShape s = shape_of(p % 4);
+        const int ntile = s.n / TC;
+        int u0, u1;
+        range(p, u0, u1);
+        float *out = bufs + (size_t)(p % 3) * BUF;
+        const float *x = p == 0 ? x0 : bufs + (size_t)((p + 2) % 3) * BUF;
+        float *next = bufs + (size_t)((p + 1) % 3) * BUF;
+        const int next_quads = ROWS * shape_of((p + 1) % 4).n / 4;
+        for (int i = blockIdx.x * CONSUMERS + threadIdx.x; i < next_quads; i += gridDim.x * CONSUMERS)
+            reinterpret_cast<float4 *>(next)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        const int piece0 = u0 / ntile, pieces = u1 > u0 ? (u1 - 1) / ntile - piece0 + 1 : 0;
+        const int quads = pieces * ROWS * KP / 4;
+        for (int base = threadIdx.x; base < quads; base += 8 * CONSUMERS) {
+            float4 a[8], b[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int i = base + j * CONSUMERS;
+                if (i < quads) {
+                    const int pc = i / (ROWS * KP / 4), rem = i - pc * (ROWS * KP / 4), r = rem / (KP / 4), c = 4 * (rem - r * (KP / 4));
+                    const float *src = x + (size_t)r * s.x_stride + (piece0 + pc) * KP + c;
+                    a[j] = __ldcg(reinterpret_cast<const float4 *>(src));
+                    if (s.x_glu) b[j] = __ldcg(reinterpret_cast<const float4 *>(src + I));
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int i = base + j * CONSUMERS;
+                if (i < quads) {
+                    const int pc = i / (ROWS * KP / 4), rem = i - pc * (ROWS * KP / 4), r = rem / (KP / 4), c = 4 * (rem - r * (KP / 4));
+                    float v[4] = {a[j].x, a[j].y, a[j].z, a[j].w};
+                    if (s.x_glu) {
+                        const float u4[4] = {b[j].x, b[j].y, b[j].z, b[j].w};
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) v[e] = v[e] / (1.f + __expf(-v[e])) * u4[e];
+                    }
+                    *reinterpret_cast<uint2 *>(&xs[pc][r][c]) = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
+                }
+            }
+        }
+        consumers_sync();
+        for (int u = u0 + warp; u < u1; u += WARPS) {
+            const unsigned seq = seq_base + (unsigned)(u - u0), st = seq % stages;
+            mbar_wait(smem_addr(&full[st]), (seq / stages) & 1);
+            const uint4 *unit = stage_mem + (size_t)st * 512;
+            uint4 w[2][8];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int r = 0; r < 8; ++r) w[h][r] = unit[(h * 8 + r) * 32 + lane];
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_addr(&empty[st]));
+            const int piece = u / ntile, tile = u - piece * ntile, pc = piece - piece0;
+            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const uint4 a0 = *reinterpret_cast<const uint4 *>(&xs[pc][g][32 * r + 8 * t]);
+                const uint4 a1 = *reinterpret_cast<const uint4 *>(&xs[pc][g + 8][32 * r + 8 * t]);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    mma16816(acc[h], a0.x, a1.x, a0.y, a1.y, w[h][r].x, w[h][r].y);
+                    mma16816(acc[h], a0.z, a1.z, a0.w, a1.w, w[h][r].z, w[h][r].w);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int col = tile * TC + 8 * h + 2 * t;
+                red_add2(out + (size_t)g * s.n + col, acc[h][0], acc[h][1]);
+                red_add2(out + (size_t)(g + 8) * s.n + col, acc[h][2], acc[h][3]);
+            }
+        }
+        seq_base += (unsigned)(u1 - u0);
+        consumers_sync();  // xs is restaged next phase
+        if (grid_barrier && p + 1 < p1) {
+            if (threadIdx.x == 0) {
+                __threadfence();
+                atomicAdd(arrive, 1u);
+                const unsigned target = (unsigned)(p - p0 + 1) * gridDim.x;
+                while (ld_acquire(arrive) < target) {
+                }
+            }
+            consumers_sync();
+        }
+    }
+}
+
+__global__ void ref_phase(const __nv_bfloat16 *w, const float *x, float *out, int kind) {
+    const PhaseShape s = shape_of(kind);
+    const int n = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (n >= s.n) return;
+    float acc = 0.f;
+    for (int k = 0; k < s.k; ++k) {
+        float v;
+        if (s.x_glu) {
+            const float gt = x[(size_t)r * s.x_stride + k], up = x[(size_t)r * s.x_stride + I + k];
+            v = gt / (1.f + __expf(-gt)) * up;
+        } else {
+            v = x[(size_t)r * s.x_stride + k];
+        }
+        acc += __bfloat162float(__float2bfloat16(v)) * __bfloat162float(w[(size_t)n * s.k + k]);
+    }
+    out[(size_t)r * s.n + n] = acc;
+}
+
+int main() {
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const size_t smem_bytes = (size_t)MAX_STAGES * UNIT_BYTES + XS_BYTES;
+    CK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
+    int per_sm;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ring, THREADS, smem_bytes));
+    printf("SMs %d, ring blocks an SM %d, dynamic shared memory %zu bytes\n", sms, per_sm, smem_bytes);
+    if (per_sm < 1) return 1;
+    const int blocks = sms;
+    for (int kind = 0; kind < 4; ++kind) {
+        const PhaseShape s = shape_of(kind);
+        const int ntile = s.n / TC;
+        for (int b = 0; b < blocks; ++b) {
+            int u0, u1;
+            block_range(ntile * (s.k / KP), blocks, b, u0, u1);
+            if (u1 > u0 && (u1 - 1) / ntile - u0 / ntile + 1 > MAX_PIECES) { printf("phase %d: too many pieces\n", kind); return 1; }
+        }
+    }
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    Weights wts;
+    for (int l = 0; l < L; ++l)
+        for (int kind = 0; kind < 4; ++kind) {
+            const PhaseShape s = shape_of(kind);
+            const size_t n = (size_t)s.n * s.k;
+            __nv_bfloat16 *p;
+            uint4 *q;
+            CK(cudaMalloc(&p, n * 2));
+            CK(cudaMalloc(&q, n * 2));
+            fill<<<1024, 256, 0, st>>>(p, n, 4 * l + kind + 1, 3.46f / sqrtf((float)s.k));
+            pack_units<<<1024, 256, 0, st>>>(p, q, kind);
+            wts.plain[kind][l] = p;
+            wts.packed[kind][l] = q;
+        }
+    float *bufs, *x0, *ref[4];
+    unsigned *arrive;
+    CK(cudaMalloc(&bufs, (size_t)3 * BUF * 4));
+    CK(cudaMalloc(&x0, (size_t)ROWS * H * 4));
+    for (auto &r : ref) CK(cudaMalloc(&r, (size_t)BUF * 4));
+    CK(cudaMalloc(&arrive, 4));
+    {
+        std::vector<float> h((size_t)ROWS * H);
+        for (size_t i = 0; i < h.size(); ++i) h[i] = sinf(0.37f * i) * 1.5f;
+        CK(cudaMemcpyAsync(x0, h.data(), h.size() * 4, cudaMemcpyHostToDevice, st));
+        CK(cudaStreamSynchronize(st));
+    }
+    auto run = [&](int p0, int p1, bool barrier, int work, int stages, bool coop) {
+        if (barrier) CK(cudaMemsetAsync(arrive, 0, 4, st));
+        if (p0 == 0) CK(cudaMemsetAsync(bufs, 0, (size_t)BUF * 4, st));
+        int gb = barrier;
+        void *args[] = {&wts, &bufs, &x0, &p0, &p1, &arrive, &gb, &work, &stages};
+        if (coop)
+            CK(cudaLaunchCooperativeKernel((void *)ring, blocks, THREADS, args, smem_bytes, st));
+        else
+            ring<<<blocks, THREADS, smem_bytes, st>>>(wts, bufs, x0, p0, p1, arrive, gb, work, stages);
+    };
+    const int PHASES = 96 * 4;
+    for (int mode = 0; mode < 2; ++mode) {
+        if (mode == 0) run(0, 8, true, 1, MAX_STAGES, true);
+        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, 1, MAX_STAGES, false);
+        CK(cudaStreamSynchronize(st));
+        const float *x = x0;
+        for (int p = 0; p < 8; ++p) {
+            const PhaseShape s = shape_of(p % 4);
+            ref_phase<<<dim3((s.n + 127) / 128, ROWS), 128, 0, st>>>(wts.plain[p % 4][(p / 4) % L], x, ref[p % 4], p % 4);
+            x = ref[p % 4];
+        }
+        CK(cudaStreamSynchronize(st));
+        std::vector<float> got((size_t)ROWS * H), want((size_t)ROWS * H);
+        CK(cudaMemcpy(got.data(), bufs + (size_t)(7 % 3) * BUF, got.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(want.data(), ref[3], want.size() * 4, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        for (size_t i = 0; i < got.size(); ++i) { num += (got[i] - want[i]) * (double)(got[i] - want[i]); den += (double)want[i] * want[i]; }
+        printf("%s: rel err after 8 phases %.2e (|ref| rms %.3f)\n", mode == 0 ? "one launch" : "a launch a phase", sqrt(num / std::max(den, 1e-30)), sqrt(den / got.size()));
+    }
+    const double gb = 96.0 * 2 * (6144.0 * 2048 + 2048.0 * 2048 + 11264.0 * 2048 + 2048.0 * 5632) / 1e9;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    cudaGraph_t gr;
+    cudaGraphExec_t ex;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, 1, MAX_STAGES, false);
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ex, gr, 0));
+    auto time = [&](const char *name, auto launch) {
+        std::vector<float> ts;
+        for (int i = 0; i < 12; ++i) {
+            CK(cudaEventRecord(e0, st));
+            launch();
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            if (i >= 2) ts.push_back(ms);
+        }
+        std::sort(ts.begin(), ts.end());
+        const float ms = ts[ts.size() / 2];
+        printf("384 projections at 16 rows, %-40s: %6.3f ms  %5.2f TB/s\n", name, ms, gb / (ms * 1e-3) / 1e3);
+    };
+    for (int rep = 0; rep < 2; ++rep) {
+        time("ring 22 x 8 KB, grid barriers", [&] { run(0, PHASES, true, 1, MAX_STAGES, true); });
+        time("ring 22 x 8 KB, no barriers (racy)", [&] { run(0, PHASES, false, 1, MAX_STAGES, true); });
+        time("a launch a phase (graph)", [&] { CK(cudaGraphLaunch(ex, st)); });
+        time("grid barriers and staging alone", [&] { run(0, PHASES, true, 0, MAX_STAGES, true); });
+    }
+    for (int stages : {4, 8, 12, 16}) {
+        char name[64];
+        snprintf(name, sizeof name, "ring %d x 8 KB, grid barriers", stages);
+        time(name, [&] { run(0, PHASES, true, 1, stages, true); });
+    }
+    return 0;
+}
