@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <vector>
 #include <algorithm>
+#include <string>
 
 constexpr int H = 2048, I = 5632, L = 24, ROWS = 16;
 constexpr int WARPS = 8, CONSUMERS = WARPS * 32, THREADS = CONSUMERS + 32;
@@ -111,8 +112,11 @@ __global__ void pack_units(const __nv_bfloat16 *w, uint4 *out, int kind) {
 
 __host__ __device__ inline const uint4 *packed_of(const Weights &w, int p) { return w.packed[p % 4][(p / 4) % L]; }
 
-// Phases [p0, p1). grid_barrier 0 drops the barriers (racy: timing of the stream alone); work 0
-// runs no units (barriers and x staging alone).
+// What the consumers do, as bits of `work` (ablations; ALL gives correct results): take units
+// from the ring at all, multiply, reduce into the output, stage x.
+constexpr int UNITS = 1, MMA = 2, RED = 4, STAGE = 8, ALL = 15;
+
+// Phases [p0, p1). grid_barrier 0 drops the barriers (racy: timing of the stream alone).
 __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int stages) {
     extern __shared__ __align__(1024) unsigned char smem[];
     uint4 *stage_mem = reinterpret_cast<uint4 *>(smem);
@@ -130,7 +134,7 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
     auto range = [&](int p, int &a, int &b) {
         const PhaseShape sh = shape_of(p % 4);
         block_range(sh.n / TC * (sh.k / KP), gridDim.x, blockIdx.x, a, b);
-        if (!work) b = a;
+        if (!(work & UNITS)) b = a;
     };
     if (warp == WARPS) {  // producer: every unit of every phase, in consumption order
         if (lane == 0) {
@@ -164,7 +168,7 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
         for (int i = blockIdx.x * CONSUMERS + threadIdx.x; i < next_quads; i += gridDim.x * CONSUMERS)
             reinterpret_cast<float4 *>(next)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
         const int piece0 = u0 / ntile, pieces = u1 > u0 ? (u1 - 1) / ntile - piece0 + 1 : 0;
-        const int quads = pieces * ROWS * KP / 4;
+        const int quads = work & STAGE ? pieces * ROWS * KP / 4 : 0;
         for (int base = threadIdx.x; base < quads; base += 8 * CONSUMERS) {
             float4 a[8], b[8];
 #pragma unroll
@@ -206,6 +210,12 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
             if (lane == 0) mbar_arrive(smem_addr(&empty[st]));
             const int piece = u / ntile, tile = u - piece * ntile, pc = piece - piece0;
             float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            if (!(work & MMA)) {  // keep the loads: fold them into the accumulators without mma
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int r = 0; r < 8; ++r) acc[h][0] += __uint_as_float(w[h][r].x ^ w[h][r].y ^ w[h][r].z ^ w[h][r].w);
+            } else
 #pragma unroll
             for (int r = 0; r < 8; ++r) {
                 const uint4 a0 = *reinterpret_cast<const uint4 *>(&xs[pc][g][32 * r + 8 * t]);
@@ -215,6 +225,10 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
                     mma16816(acc[h], a0.x, a1.x, a0.y, a1.y, w[h][r].x, w[h][r].y);
                     mma16816(acc[h], a0.z, a1.z, a0.w, a1.w, w[h][r].z, w[h][r].w);
                 }
+            }
+            if (!(work & RED)) {  // an output nobody reads, written only on an impossible value
+                if (acc[0][0] + acc[0][1] + acc[1][2] + acc[1][3] == 1234.5f) out[g] = acc[0][2] + acc[1][0];
+                continue;
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -256,7 +270,8 @@ __global__ void ref_phase(const __nv_bfloat16 *w, const float *x, float *out, in
     out[(size_t)r * s.n + n] = acc;
 }
 
-int main() {
+int main(int argc, char **argv) {
+    const bool sanitize = argc > 1 && std::string(argv[1]) == "sanitize";
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const size_t smem_bytes = (size_t)MAX_STAGES * UNIT_BYTES + XS_BYTES;
@@ -315,8 +330,8 @@ int main() {
     };
     const int PHASES = 96 * 4;
     for (int mode = 0; mode < 2; ++mode) {
-        if (mode == 0) run(0, 8, true, 1, MAX_STAGES, true);
-        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, 1, MAX_STAGES, false);
+        if (mode == 0) run(0, 8, true, ALL, MAX_STAGES, true);
+        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, MAX_STAGES, false);
         CK(cudaStreamSynchronize(st));
         const float *x = x0;
         for (int p = 0; p < 8; ++p) {
@@ -339,7 +354,7 @@ int main() {
     cudaGraph_t gr;
     cudaGraphExec_t ex;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, 1, MAX_STAGES, false);
+    for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, MAX_STAGES, false);
     CK(cudaStreamEndCapture(st, &gr));
     CK(cudaGraphInstantiate(&ex, gr, 0));
     auto time = [&](const char *name, auto launch) {
@@ -357,16 +372,34 @@ int main() {
         const float ms = ts[ts.size() / 2];
         printf("384 projections at 16 rows, %-40s: %6.3f ms  %5.2f TB/s\n", name, ms, gb / (ms * 1e-3) / 1e3);
     };
-    for (int rep = 0; rep < 2; ++rep) {
-        time("ring 22 x 8 KB, grid barriers", [&] { run(0, PHASES, true, 1, MAX_STAGES, true); });
-        time("ring 22 x 8 KB, no barriers (racy)", [&] { run(0, PHASES, false, 1, MAX_STAGES, true); });
-        time("a launch a phase (graph)", [&] { CK(cudaGraphLaunch(ex, st)); });
-        time("grid barriers and staging alone", [&] { run(0, PHASES, true, 0, MAX_STAGES, true); });
+    if (sanitize) {  // one racy and one barrier run of every phase under compute-sanitizer
+        run(0, PHASES, false, ALL, MAX_STAGES, true);
+        CK(cudaStreamSynchronize(st));
+        run(0, PHASES, true, ALL, MAX_STAGES, true);
+        CK(cudaStreamSynchronize(st));
+        printf("sanitize runs done\n");
+        return 0;
     }
+    for (int rep = 0; rep < 2; ++rep) {
+        time("ring 22 x 8 KB, grid barriers", [&] { run(0, PHASES, true, ALL, MAX_STAGES, true); });
+        time("ring 22 x 8 KB, no barriers (racy)", [&] { run(0, PHASES, false, ALL, MAX_STAGES, true); });
+        time("a launch a phase (graph)", [&] { CK(cudaGraphLaunch(ex, st)); });
+        time("grid barriers and staging alone", [&] { run(0, PHASES, true, STAGE, MAX_STAGES, true); });
+    }
+    // Ablations (results wrong by design): which consumer part holds the stream back.
+    const struct { const char *name; int work; bool barrier; } abl[] = {
+        {"stream only: wait, read, release", UNITS, false},
+        {"stream only, grid barriers", UNITS, true},
+        {"no reduction (mma, staging), barriers", UNITS | MMA | STAGE, true},
+        {"no mma (reduction, staging), barriers", UNITS | RED | STAGE, true},
+        {"no staging (mma, reduction), barriers", UNITS | MMA | RED, true},
+        {"no reduction, no barriers", UNITS | MMA | STAGE, false},
+    };
+    for (const auto &a : abl) time(a.name, [&] { run(0, PHASES, a.barrier, a.work, MAX_STAGES, true); });
     for (int stages : {4, 8, 12, 16}) {
         char name[64];
         snprintf(name, sizeof name, "ring %d x 8 KB, grid barriers", stages);
-        time(name, [&] { run(0, PHASES, true, 1, stages, true); });
+        time(name, [&] { run(0, PHASES, true, ALL, stages, true); });
     }
     return 0;
 }
