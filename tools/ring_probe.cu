@@ -35,7 +35,8 @@ constexpr int WARPS = 8, CONSUMERS = WARPS * 32, THREADS = CONSUMERS + 32;
 constexpr int KP = 256, TC = 16;
 constexpr int UNIT_BYTES = TC * KP * 2;        // 8 KB
 constexpr int MAX_PIECES = 4;
-constexpr int MAX_STAGES = 22;
+constexpr int MAX_DEPTH = 2;                     // ring stages a consumer warp owns
+constexpr int MAX_STAGES = WARPS * MAX_DEPTH;
 constexpr int BUF = ROWS * 2 * I;
 constexpr int XS_BYTES = MAX_PIECES * ROWS * (KP + 32) * 2;
 
@@ -117,14 +118,17 @@ __host__ __device__ inline const uint4 *packed_of(const Weights &w, int p) { ret
 constexpr int UNITS = 1, MMA = 2, RED = 4, STAGE = 8, ALL = 15;
 
 // Phases [p0, p1). grid_barrier 0 drops the barriers (racy: timing of the stream alone).
-__global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int stages) {
+__global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int depth) {
     extern __shared__ __align__(1024) unsigned char smem[];
     uint4 *stage_mem = reinterpret_cast<uint4 *>(smem);
     __nv_bfloat16(*xs)[ROWS][KP + 32] = reinterpret_cast<__nv_bfloat16(*)[ROWS][KP + 32]>(smem + (size_t)MAX_STAGES * UNIT_BYTES);
     __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
-    // Stage waits go by parity, so a warp may run at most one round ahead of a stage: stages >=
-    // WARPS (a warp's previous unit, WARPS back, is then in the round before).
-    if (stages < WARPS || stages > MAX_STAGES) __trap();
+    // Each consumer warp owns `depth` stages and takes its units from them in order: a parity wait
+    // is only sound if the waiter consumed the stage's previous round itself. (A shared ring let a
+    // warp wait on round r while round r - 1's copy, issued earlier, had not landed: the wait
+    // passed on round r - 2's parity — a launch failure at the producer's next expect_tx.)
+    if (depth < 1 || depth > MAX_DEPTH) __trap();
+    const int stages = WARPS * depth;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         for (int i = 0; i < stages; ++i) {
@@ -141,13 +145,14 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
     };
     if (warp == WARPS) {  // producer: every unit of every phase, in consumption order
         if (lane == 0) {
-            unsigned seq = 0;
+            unsigned taken[WARPS] = {};  // units each consumer warp has been given
             for (int p = p0; p < p1; ++p) {
                 int u0, u1;
                 range(p, u0, u1);
                 const uint4 *src = packed_of(wts, p);
-                for (int u = u0; u < u1; ++u, ++seq) {
-                    const unsigned s = seq % stages, round = seq / stages;
+                for (int u = u0; u < u1; ++u) {
+                    const int w = (u - u0) % WARPS;
+                    const unsigned n = taken[w]++, s = w * depth + n % depth, round = n / depth;
                     if (round > 0) mbar_wait(smem_addr(&empty[s]), (round - 1) & 1);
                     const uint32_t bar = smem_addr(&full[s]);
                     mbar_expect_tx(bar, UNIT_BYTES);
@@ -158,7 +163,7 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
         return;
     }
     const int g = lane >> 2, t = lane & 3;
-    unsigned seq_base = 0;
+    unsigned taken = 0;  // units this warp has taken from its stages
     for (int p = p0; p < p1; ++p) {
         const PhaseShape s = shape_of(p % 4);
         const int ntile = s.n / TC;
@@ -201,8 +206,8 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
         }
         consumers_sync();
         for (int u = u0 + warp; u < u1; u += WARPS) {
-            const unsigned seq = seq_base + (unsigned)(u - u0), st = seq % stages;
-            mbar_wait(smem_addr(&full[st]), (seq / stages) & 1);
+            const unsigned n = taken++, st = warp * depth + n % depth;
+            mbar_wait(smem_addr(&full[st]), (n / depth) & 1);
             const uint4 *unit = stage_mem + (size_t)st * 512;
             uint4 w[2][8];
 #pragma unroll
@@ -240,7 +245,6 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
                 red_add2(out + (size_t)(g + 8) * s.n + col, acc[h][2], acc[h][3]);
             }
         }
-        seq_base += (unsigned)(u1 - u0);
         consumers_sync();  // xs is restaged next phase
         if (grid_barrier && p + 1 < p1) {
             if (threadIdx.x == 0) {
@@ -333,8 +337,8 @@ int main(int argc, char **argv) {
     };
     const int PHASES = 96 * 4;
     for (int mode = 0; mode < 2 && (argc < 2 || atoi(argv[1]) == 0 || sanitize); ++mode) {
-        if (mode == 0) run(0, 8, true, ALL, MAX_STAGES, true);
-        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, MAX_STAGES, false);
+        if (mode == 0) run(0, 8, true, ALL, MAX_DEPTH, true);
+        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, MAX_DEPTH, false);
         CK(cudaStreamSynchronize(st));
         const float *x = x0;
         for (int p = 0; p < 8; ++p) {
@@ -357,7 +361,7 @@ int main(int argc, char **argv) {
     cudaGraph_t gr;
     cudaGraphExec_t ex;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, MAX_STAGES, false);
+    for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, MAX_DEPTH, false);
     CK(cudaStreamEndCapture(st, &gr));
     CK(cudaGraphInstantiate(&ex, gr, 0));
     auto time = [&](const char *name, auto launch) {
@@ -376,9 +380,9 @@ int main(int argc, char **argv) {
         printf("384 projections at 16 rows, %-40s: %6.3f ms  %5.2f TB/s\n", name, ms, gb / (ms * 1e-3) / 1e3);
     };
     if (sanitize) {  // one racy and one barrier run of every phase under compute-sanitizer
-        run(0, PHASES, false, ALL, MAX_STAGES, true);
+        run(0, PHASES, false, ALL, MAX_DEPTH, true);
         CK(cudaStreamSynchronize(st));
-        run(0, PHASES, true, ALL, MAX_STAGES, true);
+        run(0, PHASES, true, ALL, MAX_DEPTH, true);
         CK(cudaStreamSynchronize(st));
         printf("sanitize runs done\n");
         return 0;
@@ -386,21 +390,20 @@ int main(int argc, char **argv) {
     // One case a process (`ring N`; none: the list): a launch that fails ("unspecified launch
     // failure", now and then, cause not found; compute-sanitizer's memcheck saw nothing) takes only
     // its own case down.
-    struct Case { const char *name; int work; bool barrier; int stages; bool graph; };
+    struct Case { const char *name; int work; bool barrier; int depth; bool graph; };
     const Case cases[] = {
-        {"ring 22 x 8 KB, grid barriers", ALL, true, 22, false},
-        {"a launch a phase (graph)", ALL, false, 22, true},
-        {"grid barriers and staging alone", STAGE, true, 22, false},
-        {"ring 8 x 8 KB, grid barriers", ALL, true, 8, false},
-        {"ring 16 x 8 KB, grid barriers", ALL, true, 16, false},
+        {"ring 16 x 8 KB, grid barriers", ALL, true, 2, false},
+        {"a launch a phase (graph)", ALL, false, 2, true},
+        {"grid barriers and staging alone", STAGE, true, 2, false},
+        {"ring 8 x 8 KB, grid barriers", ALL, true, 1, false},
         // Ablations (results wrong by design): which consumer part holds the stream back.
-        {"stream only, grid barriers", UNITS, true, 22, false},
-        {"stream only: wait, read, release", UNITS, false, 22, false},
-        {"no reduction (mma, staging), barriers", UNITS | MMA | STAGE, true, 22, false},
-        {"no mma (reduction, staging), barriers", UNITS | RED | STAGE, true, 22, false},
-        {"no staging (mma, reduction), barriers", UNITS | MMA | RED, true, 22, false},
-        {"no reduction, no barriers", UNITS | MMA | STAGE, false, 22, false},
-        {"ring 22 x 8 KB, no barriers (racy)", ALL, false, 22, false},
+        {"stream only, grid barriers", UNITS, true, 2, false},
+        {"stream only: wait, read, release", UNITS, false, 2, false},
+        {"no reduction (mma, staging), barriers", UNITS | MMA | STAGE, true, 2, false},
+        {"no mma (reduction, staging), barriers", UNITS | RED | STAGE, true, 2, false},
+        {"no staging (mma, reduction), barriers", UNITS | MMA | RED, true, 2, false},
+        {"no reduction, no barriers", UNITS | MMA | STAGE, false, 2, false},
+        {"ring 16 x 8 KB, no barriers (racy)", ALL, false, 2, false},
     };
     const int ncases = sizeof cases / sizeof cases[0];
     if (argc < 2) {
@@ -413,7 +416,7 @@ int main(int argc, char **argv) {
     for (int rep = 0; rep < 2; ++rep)
         time(c.name, [&] {
             if (c.graph) CK(cudaGraphLaunch(ex, st));
-            else run(0, PHASES, c.barrier, c.work, c.stages, true);
+            else run(0, PHASES, c.barrier, c.work, c.depth, true);
         });
     return 0;
 }
