@@ -118,10 +118,10 @@ __host__ __device__ inline const uint4 *packed_of(const Weights &w, int p) { ret
 constexpr int UNITS = 1, MMA = 2, RED = 4, STAGE = 8, ALL = 15;
 
 // Phases [p0, p1). grid_barrier 0 drops the barriers (racy: timing of the stream alone).
-__global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int depth) {
+__global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int depth, int pdl) {
     extern __shared__ __align__(1024) unsigned char smem[];
     uint4 *stage_mem = reinterpret_cast<uint4 *>(smem);
-    __nv_bfloat16(*xs)[ROWS][KP + 32] = reinterpret_cast<__nv_bfloat16(*)[ROWS][KP + 32]>(smem + (size_t)MAX_STAGES * UNIT_BYTES);
+    __nv_bfloat16(*xs)[ROWS][KP + 32] = reinterpret_cast<__nv_bfloat16(*)[ROWS][KP + 32]>(smem + (size_t)WARPS * depth * UNIT_BYTES);
     __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
     // Each consumer warp owns `depth` stages and takes its units from them in order: a parity wait
     // is only sound if the waiter consumed the stage's previous round itself. (A shared ring let a
@@ -138,6 +138,10 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    // Programmatic dependent launch: the next phase's kernel may start now — its producer streams
+    // weights (which depend on nothing) into its own ring while this kernel finishes; its
+    // consumers wait for this grid (griddepcontrol.wait) before touching the activations.
+    if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     auto range = [&](int p, int &a, int &b) {
         const PhaseShape sh = shape_of(p % 4);
         block_range(sh.n / TC * (sh.k / KP), gridDim.x, blockIdx.x, a, b);
@@ -164,6 +168,7 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
     }
     const int g = lane >> 2, t = lane & 3;
     unsigned taken = 0;  // units this warp has taken from its stages
+    if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
     for (int p = p0; p < p1; ++p) {
         const PhaseShape s = shape_of(p % 4);
         const int ntile = s.n / TC;
@@ -281,12 +286,14 @@ int main(int argc, char **argv) {
     const bool sanitize = argc > 1 && std::string(argv[1]) == "sanitize";
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const size_t smem_bytes = (size_t)MAX_STAGES * UNIT_BYTES + XS_BYTES;
-    CK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
-    int per_sm;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ring, THREADS, smem_bytes));
-    printf("SMs %d, ring blocks an SM %d, dynamic shared memory %zu bytes\n", sms, per_sm, smem_bytes);
-    if (per_sm < 1) return 1;
+    auto smem_of = [](int depth) { return (size_t)WARPS * depth * UNIT_BYTES + XS_BYTES; };
+    CK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_of(MAX_DEPTH)));
+    for (int depth = 1; depth <= MAX_DEPTH; ++depth) {
+        int per_sm;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ring, THREADS, smem_of(depth)));
+        printf("SMs %d, depth %d: ring blocks an SM %d, dynamic shared memory %zu bytes\n", sms, depth, per_sm, smem_of(depth));
+        if (per_sm < 1) return 1;
+    }
     const int blocks = sms;
     for (int kind = 0; kind < 4; ++kind) {
         const PhaseShape s = shape_of(kind);
@@ -325,20 +332,33 @@ int main(int argc, char **argv) {
         CK(cudaMemcpyAsync(x0, h.data(), h.size() * 4, cudaMemcpyHostToDevice, st));
         CK(cudaStreamSynchronize(st));
     }
-    auto run = [&](int p0, int p1, bool barrier, int work, int stages, bool coop) {
+    auto run = [&](int p0, int p1, bool barrier, int work, int depth, bool coop, int pdl = 0) {
         if (barrier) CK(cudaMemsetAsync(arrive, 0, 4, st));
         if (p0 == 0) CK(cudaMemsetAsync(bufs, 0, (size_t)BUF * 4, st));
         int gb = barrier;
-        void *args[] = {&wts, &bufs, &x0, &p0, &p1, &arrive, &gb, &work, &stages};
-        if (coop)
+        const size_t smem_bytes = smem_of(depth);
+        void *args[] = {&wts, &bufs, &x0, &p0, &p1, &arrive, &gb, &work, &depth, &pdl};
+        if (coop) {
             CK(cudaLaunchCooperativeKernel((void *)ring, blocks, THREADS, args, smem_bytes, st));
-        else
-            ring<<<blocks, THREADS, smem_bytes, st>>>(wts, bufs, x0, p0, p1, arrive, gb, work, stages);
+        } else {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(blocks);
+            cfg.blockDim = dim3(THREADS);
+            cfg.dynamicSmemBytes = smem_bytes;
+            cfg.stream = st;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = pdl ? 1 : 0;
+            CK(cudaLaunchKernelEx(&cfg, ring, wts, bufs, x0, p0, p1, arrive, gb, work, depth, pdl));
+        }
     };
     const int PHASES = 96 * 4;
-    for (int mode = 0; mode < 2 && (argc < 2 || atoi(argv[1]) == 0 || sanitize); ++mode) {
+    const char *check_names[] = {"one launch", "a launch a phase", "a launch a phase, PDL, depth 1"};
+    for (int mode = 0; mode < 3 && (argc < 2 || atoi(argv[1]) == 0 || sanitize); ++mode) {
         if (mode == 0) run(0, 8, true, ALL, MAX_DEPTH, true);
-        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, MAX_DEPTH, false);
+        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, mode == 1 ? MAX_DEPTH : 1, false, mode == 2);
         CK(cudaStreamSynchronize(st));
         const float *x = x0;
         for (int p = 0; p < 8; ++p) {
@@ -352,18 +372,21 @@ int main(int argc, char **argv) {
         CK(cudaMemcpy(want.data(), ref[3], want.size() * 4, cudaMemcpyDeviceToHost));
         double num = 0, den = 0;
         for (size_t i = 0; i < got.size(); ++i) { num += (got[i] - want[i]) * (double)(got[i] - want[i]); den += (double)want[i] * want[i]; }
-        printf("%s: rel err after 8 phases %.2e (|ref| rms %.3f)\n", mode == 0 ? "one launch" : "a launch a phase", sqrt(num / std::max(den, 1e-30)), sqrt(den / got.size()));
+        printf("%s: rel err after 8 phases %.2e (|ref| rms %.3f)\n", check_names[mode], sqrt(num / std::max(den, 1e-30)), sqrt(den / got.size()));
     }
     const double gb = 96.0 * 2 * (6144.0 * 2048 + 2048.0 * 2048 + 11264.0 * 2048 + 2048.0 * 5632) / 1e9;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    cudaGraph_t gr;
-    cudaGraphExec_t ex;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, MAX_DEPTH, false);
-    CK(cudaStreamEndCapture(st, &gr));
-    CK(cudaGraphInstantiate(&ex, gr, 0));
+    auto capture = [&](int depth, int pdl) {  // one launch a phase, as a graph
+        cudaGraph_t gr;
+        cudaGraphExec_t ex;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, depth, false, pdl);
+        CK(cudaStreamEndCapture(st, &gr));
+        CK(cudaGraphInstantiate(&ex, gr, 0));
+        return ex;
+    };
     auto time = [&](const char *name, auto launch) {
         std::vector<float> ts;
         for (int i = 0; i < 12; ++i) {
@@ -390,10 +413,13 @@ int main(int argc, char **argv) {
     // One case a process (`ring N`; none: the list): a launch that fails ("unspecified launch
     // failure", now and then, cause not found; compute-sanitizer's memcheck saw nothing) takes only
     // its own case down.
-    struct Case { const char *name; int work; bool barrier; int depth; bool graph; };
+    struct Case { const char *name; int work; bool barrier; int depth; bool graph; int pdl = 0; };
     const Case cases[] = {
         {"ring 16 x 8 KB, grid barriers", ALL, true, 2, false},
         {"a launch a phase (graph)", ALL, false, 2, true},
+        {"a launch a phase (graph), depth 1", ALL, false, 1, true},
+        {"a launch a phase (graph), PDL, depth 1", ALL, false, 1, true, 1},
+        {"a launch a phase (graph), PDL, depth 2", ALL, false, 2, true, 1},
         {"grid barriers and staging alone", STAGE, true, 2, false},
         {"ring 8 x 8 KB, grid barriers", ALL, true, 1, false},
         // Ablations (results wrong by design): which consumer part holds the stream back.
@@ -413,6 +439,7 @@ int main(int argc, char **argv) {
     const int ci = atoi(argv[1]);
     if (ci < 0 || ci >= ncases) return 1;
     const Case &c = cases[ci];
+    cudaGraphExec_t ex = c.graph ? capture(c.depth, c.pdl) : nullptr;
     for (int rep = 0; rep < 2; ++rep)
         time(c.name, [&] {
             if (c.graph) CK(cudaGraphLaunch(ex, st));
