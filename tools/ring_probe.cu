@@ -118,7 +118,10 @@ __host__ __device__ inline const uint4 *packed_of(const Weights &w, int p) { ret
 constexpr int UNITS = 1, MMA = 2, RED = 4, STAGE = 8, ALL = 15;
 
 // Phases [p0, p1). grid_barrier 0 drops the barriers (racy: timing of the stream alone).
-__global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int depth, int pdl) {
+// MINB 2: held to registers for two blocks an SM, so that with PDL the next phase's block fits
+// beside this one and its producer streams while this one finishes.
+template <int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int depth, int pdl) {
     extern __shared__ __align__(1024) unsigned char smem[];
     uint4 *stage_mem = reinterpret_cast<uint4 *>(smem);
     __nv_bfloat16(*xs)[ROWS][KP + 32] = reinterpret_cast<__nv_bfloat16(*)[ROWS][KP + 32]>(smem + (size_t)WARPS * depth * UNIT_BYTES);
@@ -182,10 +185,11 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
             reinterpret_cast<float4 *>(next)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
         const int piece0 = u0 / ntile, pieces = u1 > u0 ? (u1 - 1) / ntile - piece0 + 1 : 0;
         const int quads = work & STAGE ? pieces * ROWS * KP / 4 : 0;
-        for (int base = threadIdx.x; base < quads; base += 8 * CONSUMERS) {
-            float4 a[8], b[8];
+        constexpr int SB = MINB == 2 ? 4 : 8;  // x loads in flight a thread (registers)
+        for (int base = threadIdx.x; base < quads; base += SB * CONSUMERS) {
+            float4 a[SB], b[SB];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < SB; ++j) {
                 const int i = base + j * CONSUMERS;
                 if (i < quads) {
                     const int pc = i / (ROWS * KP / 4), rem = i - pc * (ROWS * KP / 4), r = rem / (KP / 4), c = 4 * (rem - r * (KP / 4));
@@ -195,7 +199,7 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
                 }
             }
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < SB; ++j) {
                 const int i = base + j * CONSUMERS;
                 if (i < quads) {
                     const int pc = i / (ROWS * KP / 4), rem = i - pc * (ROWS * KP / 4), r = rem / (KP / 4), c = 4 * (rem - r * (KP / 4));
@@ -214,31 +218,33 @@ __global__ void __launch_bounds__(THREADS, 1) ring(Weights wts, float *bufs, con
             const unsigned n = taken++, st = warp * depth + n % depth;
             mbar_wait(smem_addr(&full[st]), (n / depth) & 1);
             const uint4 *unit = stage_mem + (size_t)st * 512;
-            uint4 w[2][8];
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int r = 0; r < 8; ++r) w[h][r] = unit[(h * 8 + r) * 32 + lane];
-            __syncwarp();
-            if (lane == 0) mbar_arrive(smem_addr(&empty[st]));
+            // Fragments are read from the stage as they are multiplied (few registers live), and
+            // the stage is released after the last read.
             const int piece = u / ntile, tile = u - piece * ntile, pc = piece - piece0;
             float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
             if (!(work & MMA)) {  // keep the loads: fold them into the accumulators without mma
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
 #pragma unroll
-                    for (int r = 0; r < 8; ++r) acc[h][0] += __uint_as_float(w[h][r].x ^ w[h][r].y ^ w[h][r].z ^ w[h][r].w);
-            } else
+                    for (int r = 0; r < 8; ++r) {
+                        const uint4 v = unit[(h * 8 + r) * 32 + lane];
+                        acc[h][0] += __uint_as_float(v.x ^ v.y ^ v.z ^ v.w);
+                    }
+            } else {
 #pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                const uint4 a0 = *reinterpret_cast<const uint4 *>(&xs[pc][g][32 * r + 8 * t]);
-                const uint4 a1 = *reinterpret_cast<const uint4 *>(&xs[pc][g + 8][32 * r + 8 * t]);
+                for (int r = 0; r < 8; ++r) {
+                    const uint4 a0 = *reinterpret_cast<const uint4 *>(&xs[pc][g][32 * r + 8 * t]);
+                    const uint4 a1 = *reinterpret_cast<const uint4 *>(&xs[pc][g + 8][32 * r + 8 * t]);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    mma16816(acc[h], a0.x, a1.x, a0.y, a1.y, w[h][r].x, w[h][r].y);
-                    mma16816(acc[h], a0.z, a1.z, a0.w, a1.w, w[h][r].z, w[h][r].w);
+                    for (int h = 0; h < 2; ++h) {
+                        const uint4 v = unit[(h * 8 + r) * 32 + lane];
+                        mma16816(acc[h], a0.x, a1.x, a0.y, a1.y, v.x, v.y);
+                        mma16816(acc[h], a0.z, a1.z, a0.w, a1.w, v.z, v.w);
+                    }
                 }
             }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_addr(&empty[st]));
             if (!(work & RED)) {  // an output nobody reads, written only on an impossible value
                 if (acc[0][0] + acc[0][1] + acc[1][2] + acc[1][3] == 1234.5f) out[g] = acc[0][2] + acc[1][0];
                 continue;
@@ -287,11 +293,13 @@ int main(int argc, char **argv) {
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     auto smem_of = [](int depth) { return (size_t)WARPS * depth * UNIT_BYTES + XS_BYTES; };
-    CK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_of(MAX_DEPTH)));
+    CK(cudaFuncSetAttribute(ring<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_of(MAX_DEPTH)));
+    CK(cudaFuncSetAttribute(ring<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_of(MAX_DEPTH)));
     for (int depth = 1; depth <= MAX_DEPTH; ++depth) {
-        int per_sm;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ring, THREADS, smem_of(depth)));
-        printf("SMs %d, depth %d: ring blocks an SM %d, dynamic shared memory %zu bytes\n", sms, depth, per_sm, smem_of(depth));
+        int per_sm, per_sm2;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ring<1>, THREADS, smem_of(depth)));
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm2, ring<2>, THREADS, smem_of(depth)));
+        printf("SMs %d, depth %d: ring blocks an SM %d (register-held build %d), dynamic shared memory %zu bytes\n", sms, depth, per_sm, per_sm2, smem_of(depth));
         if (per_sm < 1) return 1;
     }
     const int blocks = sms;
@@ -332,14 +340,14 @@ int main(int argc, char **argv) {
         CK(cudaMemcpyAsync(x0, h.data(), h.size() * 4, cudaMemcpyHostToDevice, st));
         CK(cudaStreamSynchronize(st));
     }
-    auto run = [&](int p0, int p1, bool barrier, int work, int depth, bool coop, int pdl = 0) {
+    auto run = [&](int p0, int p1, bool barrier, int work, int depth, bool coop, int pdl = 0, int minb = 1) {
         if (barrier) CK(cudaMemsetAsync(arrive, 0, 4, st));
         if (p0 == 0) CK(cudaMemsetAsync(bufs, 0, (size_t)BUF * 4, st));
         int gb = barrier;
         const size_t smem_bytes = smem_of(depth);
         void *args[] = {&wts, &bufs, &x0, &p0, &p1, &arrive, &gb, &work, &depth, &pdl};
         if (coop) {
-            CK(cudaLaunchCooperativeKernel((void *)ring, blocks, THREADS, args, smem_bytes, st));
+            CK(cudaLaunchCooperativeKernel((void *)ring<1>, blocks, THREADS, args, smem_bytes, st));
         } else {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(blocks);
@@ -351,14 +359,15 @@ int main(int argc, char **argv) {
             at[0].val.programmaticStreamSerializationAllowed = 1;
             cfg.attrs = at;
             cfg.numAttrs = pdl ? 1 : 0;
-            CK(cudaLaunchKernelEx(&cfg, ring, wts, bufs, x0, p0, p1, arrive, gb, work, depth, pdl));
+            if (minb == 2) CK(cudaLaunchKernelEx(&cfg, ring<2>, wts, bufs, x0, p0, p1, arrive, gb, work, depth, pdl));
+            else CK(cudaLaunchKernelEx(&cfg, ring<1>, wts, bufs, x0, p0, p1, arrive, gb, work, depth, pdl));
         }
     };
     const int PHASES = 96 * 4;
-    const char *check_names[] = {"one launch", "a launch a phase", "a launch a phase, PDL, depth 1"};
-    for (int mode = 0; mode < 3 && (argc < 2 || atoi(argv[1]) == 0 || sanitize); ++mode) {
+    const char *check_names[] = {"one launch", "a launch a phase", "a launch a phase, PDL, depth 1", "a launch a phase, PDL, depth 1, two blocks an SM"};
+    for (int mode = 0; mode < 4 && (argc < 2 || atoi(argv[1]) == 0 || sanitize); ++mode) {
         if (mode == 0) run(0, 8, true, ALL, MAX_DEPTH, true);
-        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, mode == 1 ? MAX_DEPTH : 1, false, mode == 2);
+        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, mode == 1 ? MAX_DEPTH : 1, false, mode >= 2, mode == 3 ? 2 : 1);
         CK(cudaStreamSynchronize(st));
         const float *x = x0;
         for (int p = 0; p < 8; ++p) {
@@ -378,11 +387,11 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    auto capture = [&](int depth, int pdl) {  // one launch a phase, as a graph
+    auto capture = [&](int depth, int pdl, int minb) {  // one launch a phase, as a graph
         cudaGraph_t gr;
         cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, depth, false, pdl);
+        for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, depth, false, pdl, minb);
         CK(cudaStreamEndCapture(st, &gr));
         CK(cudaGraphInstantiate(&ex, gr, 0));
         return ex;
@@ -413,13 +422,14 @@ int main(int argc, char **argv) {
     // One case a process (`ring N`; none: the list): a launch that fails ("unspecified launch
     // failure", now and then, cause not found; compute-sanitizer's memcheck saw nothing) takes only
     // its own case down.
-    struct Case { const char *name; int work; bool barrier; int depth; bool graph; int pdl = 0; };
+    struct Case { const char *name; int work; bool barrier; int depth; bool graph; int pdl = 0; int minb = 1; };
     const Case cases[] = {
         {"ring 16 x 8 KB, grid barriers", ALL, true, 2, false},
         {"a launch a phase (graph)", ALL, false, 2, true},
         {"a launch a phase (graph), depth 1", ALL, false, 1, true},
         {"a launch a phase (graph), PDL, depth 1", ALL, false, 1, true, 1},
         {"a launch a phase (graph), PDL, depth 2", ALL, false, 2, true, 1},
+        {"a launch a phase (graph), PDL, depth 1, 2 an SM", ALL, false, 1, true, 1, 2},
         {"grid barriers and staging alone", STAGE, true, 2, false},
         {"ring 8 x 8 KB, grid barriers", ALL, true, 1, false},
         // Ablations (results wrong by design): which consumer part holds the stream back.
@@ -439,7 +449,7 @@ int main(int argc, char **argv) {
     const int ci = atoi(argv[1]);
     if (ci < 0 || ci >= ncases) return 1;
     const Case &c = cases[ci];
-    cudaGraphExec_t ex = c.graph ? capture(c.depth, c.pdl) : nullptr;
+    cudaGraphExec_t ex = c.graph ? capture(c.depth, c.pdl, c.minb) : nullptr;
     for (int rep = 0; rep < 2; ++rep)
         time(c.name, [&] {
             if (c.graph) CK(cudaGraphLaunch(ex, st));
