@@ -9,16 +9,20 @@
 // consumer warps wait at the grid barrier, stage x and multiply out of the ring. If the ring
 // (stages × 8 KB × 132 SMs) covers a phase boundary's latency, the stream does not stop.
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/ring_probe.cu -o /tmp/ring && /tmp/ring
+//     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/ring_probe.cu -o /tmp/ring
+//     /tmp/ring            # lists the cases;  /tmp/ring N  runs case N (checks first for case 0)
 //
 // Weights are repacked once into unit order (the order a block consumes them): a unit is 16 output
 // columns × 256 of k, 8 KB, laid out as the mma B fragments of a warp ([h][r][lane] × 16 bytes, the
 // k permutation of tools/skinny_probe.cu), so a consumer warp's reads of a stage are contiguous
-// 512-byte runs (no bank conflicts) and a block's share of a phase is one contiguous range.
-// Dataflow, x staging, split-k reduction (red.global.add.v2.f32) and the three rotating f32 buffers
-// are those of tools/persistent_probe.cu. Modes timed: the ring with grid barriers (correct
-// results), the ring without barriers (racy results: the streaming ceiling), one launch a phase
-// (graph), and a ring depth sweep.
+// 512-byte runs (no bank conflicts) and a block's share of a phase is one contiguous range. Each
+// consumer warp owns `depth` stages. Dataflow, x staging, split-k reduction
+// (red.global.add.v2.f32) and the three rotating f32 buffers are those of
+// tools/persistent_probe.cu. Cases: the ring with grid barriers, one launch a phase (graph) with
+// and without programmatic dependent launch, and ablations that drop the barriers, the mma, the
+// reduction or the staging (results then wrong by design). Results (session 24): the ring streams
+// at 4.2 TB/s when nothing waits; the best variant (a launch a phase + PDL, 16 stages) ties
+// cuBLAS at 3.51 ms — docs/BENCHMARKS.md.
 #include "probe_ptx.cuh"
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
