@@ -5,6 +5,8 @@ fn main() {
     println!("cargo::rerun-if-changed=build.rs");
     // Set when the PTX targets sm_90a, whose kernels may use Hopper's warpgroup MMA.
     println!("cargo::rustc-check-cfg=cfg(ponder_wgmma)");
+    // Set when the PTX targets sm_90 or later, whose kernels may use bulk copies and mbarriers.
+    println!("cargo::rustc-check-cfg=cfg(ponder_bulk_copy)");
     #[cfg(feature = "cuda")]
     cuda::build();
 }
@@ -22,6 +24,9 @@ mod cuda {
         // cudaforge builds sm_90 as sm_90a, the target with `wgmma` (the MoE kernels use it there).
         if cap == 90 {
             println!("cargo::rustc-cfg=ponder_wgmma");
+        }
+        if cap >= 90 {
+            println!("cargo::rustc-cfg=ponder_bulk_copy");
         }
         let ptx = cudaforge::KernelBuilder::new()
             .source_dir("src/ops/kernels")

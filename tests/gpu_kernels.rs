@@ -206,6 +206,47 @@ fn decode_edge_shapes() {
     check(Case { rows, ..case("decode 300 rows mha d128", &[], 16, 16, 128, DType::BF16, AttnMask::BlockCausal(32)) });
 }
 
+/// Decode rows through the bulk-copy ring (one query a row, head dim 128, bf16 / f16, at most 16
+/// heads, block size a multiple of 4, sm_90 builds): one row cut into 32 splits, 16 rows into 8,
+/// an odd head count (a half-warp idle), a GQA group of four, block sizes 32 and 12 (not a power
+/// of two), f16. The default dispatch must be the ring — its result differs in the last bits from
+/// the SIMT kernel's, which `check` also runs — and a block size of 6 must fall back to SIMT (same
+/// bits).
+#[test]
+fn decode_ring_kernel() {
+    let sixteen: Vec<(usize, usize)> = (0..16).map(|i| (1, 1 + (i * 67) % 600)).collect();
+    let cases = [
+        (case("ring one row mha 16/16 d128", &[(1, 1000)], 16, 16, 128, DType::BF16, AttnMask::Causal), true),
+        (Case { rows: sixteen.clone(), ..case("ring 16 rows mha 16/16 d128", &[], 16, 16, 128, DType::BF16, AttnMask::Causal) }, true),
+        (Case { rows: sixteen.clone(), ..case("ring 16 rows mha 16/16 d128", &[], 16, 16, 128, DType::F16, AttnMask::Causal) }, true),
+        (case("ring odd heads 15/15 d128", DECODE_ROWS, 15, 15, 128, DType::BF16, AttnMask::Causal), true),
+        (case("ring gqa 16/4 d128", DECODE_ROWS, 16, 4, 128, DType::BF16, AttnMask::Causal), true),
+        (Case { block_size: 32, ..case("ring block size 32", DECODE_ROWS, 16, 16, 128, DType::BF16, AttnMask::Causal) }, true),
+        (Case { block_size: 12, ..case("ring block size 12", DECODE_ROWS, 16, 16, 128, DType::BF16, AttnMask::Causal) }, true),
+        (Case { block_size: 6, ..case("no ring: block size 6", DECODE_ROWS, 16, 16, 128, DType::BF16, AttnMask::Causal) }, false),
+    ];
+    let gpu = Device::new_cuda(0).unwrap();
+    for (c, ring) in cases {
+        let b = build(&c, 0x41c3 ^ c.rows.len() as u64);
+        let width = c.kv_heads * c.hd;
+        let batch = PagedBatch::new(b.host.clone(), c.block_size, c.mask, width, &gpu).unwrap();
+        let (q, k, v) = (b.q.to_device(&gpu).unwrap(), b.k.to_device(&gpu).unwrap(), b.v.to_device(&gpu).unwrap());
+        let scale = 1.0 / (c.hd as f64).sqrt();
+        let bits = |path| {
+            let out = with_path(path, || paged_attention(&q, &k, &v, &batch, scale).unwrap());
+            out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let (default, simt) = (bits(AttnPath::Default), bits(AttnPath::Simt));
+        if cfg!(ponder_bulk_copy) && ring {
+            assert_ne!(default, simt, "{}: the default dispatch did not take the ring", c.name);
+        } else {
+            assert_eq!(default, simt, "{}: expected the SIMT kernel", c.name);
+        }
+        // The ring's result against the CPU reference (and the other paths, as every decode case).
+        check(c);
+    }
+}
+
 #[test]
 fn prefill_mixed_causal() {
     for dt in [DType::F32, DType::BF16, DType::F16] {

@@ -1,9 +1,10 @@
 //! Paged attention on CUDA (`kernels/paged_attention.cu`): SIMT kernels with a split-K
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
-use super::launch::{device, for_float, kernel, view, wrap, Module};
+use super::launch::{compute_major, device, for_float, kernel, sm_count, view, wrap, Module};
 use crate::ops::attention_split::{self, keys_per_warp_step, Cut};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -15,6 +16,15 @@ const NW: usize = 4;
 const MMA_MIN_ITEMS: usize = 16;
 /// Query items per block of the tensor-core kernel (`MMA_NQ` in the .cu file).
 const MMA_NQ: usize = 64;
+/// Decode ring kernel (`paged_decode_ring_*`): positions a stage, stages in flight a block (64 KB
+/// of K/V at 16 kv heads: three blocks an SM on the H200, the fastest depth measured), most query
+/// heads a block (two a consumer warp, eight consumer warps), the head dim it is built for, most
+/// key splits of a row.
+const RING_CP: usize = 4;
+const RING_DEPTH: usize = 2;
+const RING_MAX_HEADS: usize = 16;
+const RING_HD: usize = 128;
+const RING_MAX_SPLITS: usize = 32;
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
@@ -103,9 +113,20 @@ pub fn paged_attention(
     let kernels = crate::ops::attention_kernels();
     let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
+    // Decode rows (one query each: max_q_len 1 and as many tokens as rows) go through the
+    // bulk-copy ring where it is built and fits.
+    let ring = kernels != crate::ops::AttentionKernels::Simt
+        && max_q_len == 1
+        && tokens == rows
+        && matches!(dtype, DType::BF16 | DType::F16)
+        && hd == RING_HD
+        && heads <= RING_MAX_HEADS
+        && block_size % RING_CP == 0
+        && ring_available(&dev)?;
     let p = Params {
         mma,
         pipe,
+        ring,
         tokens,
         heads,
         hd,
@@ -133,6 +154,8 @@ struct Inputs<'a> {
 
 struct Params {
     mma: bool,
+    /// Decode through the bulk-copy ring kernel.
+    ring: bool,
     /// Tensor-core path: the pipelined variant.
     pipe: bool,
     tokens: usize,
@@ -184,6 +207,9 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         unsafe { b.launch(cfg) }.w()?;
         return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
     }
+    if p.ring {
+        return launch_ring::<T>(dev, name, p, [&q, &k, &v], [&bt, &cl, &cu]);
+    }
     let nq = p.nq;
     // Tiles of nq query items per kv head: see the row search in the kernel.
     let tiles = (p.tokens * group + p.rows * (nq - 1)) / nq;
@@ -215,15 +241,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
     let (nsplits, chunk, wave) = (splits as i32, chunk.min(i32::MAX as usize) as i32, wave.min(i32::MAX as usize) as i32);
     let null = 0u64;
-    let ws = if splits > 1 {
-        // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and
-        // the combine kernel reads only those.
-        let acc = unsafe { dev.alloc::<f32>(splits * n_out)? };
-        let ml = unsafe { dev.alloc::<f32>(splits * p.tokens * p.heads * 2)? };
-        Some((acc, ml))
-    } else {
-        None
-    };
+    let ws = split_workspace(dev, splits, p)?;
     {
         let mut b = func.builder();
         b.arg(&mut out);
@@ -243,13 +261,103 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
-    if let Some((acc, ml)) = &ws {
-        let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;
-        let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
+    if let Some(ws) = &ws {
+        combine::<T>(dev, name, p, &mut out, ws, splits)?;
+    }
+    Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
+}
+
+/// Partial sums of a split launch: `acc` `[splits, T, H, D]` and (max, sum) `[splits, T, H, 2]`
+/// (f32); none for one split.
+fn split_workspace(dev: &CudaDevice, splits: usize, p: &Params) -> Result<Option<(CudaSlice<f32>, CudaSlice<f32>)>> {
+    if splits <= 1 {
+        return Ok(None);
+    }
+    // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and the
+    // combine kernel reads only those.
+    let acc = unsafe { dev.alloc::<f32>(splits * p.tokens * p.heads * p.hd)? };
+    let ml = unsafe { dev.alloc::<f32>(splits * p.tokens * p.heads * 2)? };
+    Ok(Some((acc, ml)))
+}
+
+/// Merges a split launch's partials into `out` (`paged_attn_combine_*`).
+fn combine<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    name: &str,
+    p: &Params,
+    out: &mut CudaSlice<T>,
+    ws: &(CudaSlice<f32>, CudaSlice<f32>),
+    splits: usize,
+) -> Result<()> {
+    let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;
+    let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
+    let (nsplits, tokens, heads) = (splits as i32, p.tokens as i32, p.heads as i32);
+    let mut b = func.builder();
+    b.arg(out).arg(&ws.0).arg(&ws.1).arg(&nsplits).arg(&tokens).arg(&heads);
+    // SAFETY: matches `paged_attn_combine_*`; the workspace holds splits x T x H entries.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// Whether the decode ring kernel can run on `dev`: PTX built for sm_90 or later (it uses bulk
+/// copies and mbarriers), a device that runs it, and not switched off by `PONDER_DECODE_RING=0`
+/// (a measurement switch for A/B runs on the device).
+fn ring_available(dev: &CudaDevice) -> Result<bool> {
+    static SWITCHED_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *SWITCHED_OFF.get_or_init(|| std::env::var("PONDER_DECODE_RING").is_ok_and(|v| v.trim() == "0"));
+    Ok(cfg!(ponder_bulk_copy) && !off && compute_major(dev)? >= 9)
+}
+
+/// Key splits of the decode ring for `rows` rows: about one block per SM in all (measured on the
+/// H200 at 16 / 64 / 256 rows, contexts 260 and 2300: 8 / 2 / 1 splits were the fastest or within
+/// 1 % of it); each row's chunk is cut from its actual context in the kernel.
+fn ring_splits(rows: usize, sms: usize) -> usize {
+    (sms / rows.max(1)).clamp(1, RING_MAX_SPLITS)
+}
+
+/// Decode attention through the bulk-copy ring (`paged_decode_ring_*`, see the kernel's header):
+/// grid (rows, splits), one producer warp and one consumer warp per two query heads.
+fn launch_ring<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    name: &str,
+    p: &Params,
+    [q, k, v]: [&CudaView<T>; 3],
+    [bt, cl, cu]: [&CudaView<u32>; 3],
+) -> Result<Tensor> {
+    let splits = ring_splits(p.rows, sm_count(dev)?);
+    let smem = RING_DEPTH * 2 * RING_CP * p.kv_heads * p.hd * std::mem::size_of::<T>();
+    let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_{name}_d{RING_HD}"))?;
+    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+    let threads = (p.heads.div_ceil(2) + 1) * 32;
+    let cfg = LaunchConfig { grid_dim: (p.rows as u32, splits as u32, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
+    // SAFETY: one query a row, so every (token, head) of the output is written by the ring kernel
+    // (one split) or by the combine.
+    let mut out = unsafe { dev.alloc::<T>(p.tokens * p.heads * p.hd)? };
+    let ws = split_workspace(dev, splits, p)?;
+    let null = 0u64;
+    let (max_blocks, heads, kv_heads, block_size, tokens, depth) =
+        (p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32, p.tokens as i32, RING_DEPTH as i32);
+    {
         let mut b = func.builder();
-        b.arg(&mut out).arg(acc).arg(ml).arg(&nsplits).arg(&tokens).arg(&heads);
-        // SAFETY: matches `paged_attn_combine_*`; the workspace holds splits x T x H entries.
+        b.arg(&mut out);
+        match &ws {
+            Some((acc, ml)) => {
+                b.arg(acc);
+                b.arg(ml);
+            }
+            None => {
+                b.arg(&null);
+                b.arg(&null);
+            }
+        }
+        b.arg(q).arg(k).arg(v).arg(bt).arg(cl).arg(cu);
+        b.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&tokens).arg(&depth);
+        // SAFETY: argument list matches `paged_decode_ring_*` in paged_attention.cu; the caller
+        // checked one query a row, head dim 128, heads <= 16 and block_size % RING_CP == 0.
         unsafe { b.launch(cfg) }.w()?;
+    }
+    if let Some(ws) = &ws {
+        combine::<T>(dev, name, p, &mut out, ws, splits)?;
     }
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
 }

@@ -85,6 +85,14 @@ pub fn sm_count(dev: &CudaDevice) -> Result<usize> {
     Ok(sms)
 }
 
+/// The device's compute capability major version (Hopper paths: the MoE GEMM, decode attention's
+/// bulk-copy ring).
+pub fn compute_major(dev: &CudaDevice) -> Result<i32> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    use candle_core::cuda_backend::WrapErr;
+    dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()
+}
+
 /// The CUDA device `t` lives on.
 pub(super) fn device(t: &Tensor, op: &str) -> Result<CudaDevice> {
     match t.device() {

@@ -2,9 +2,9 @@
 //! expert, the grouped SwiGLU and down GEMMs on tensor cores, and the weighted combine. Entry
 //! points in `crate::ops::moe`.
 
-use super::launch::{device, kernel, same_device_dtype, sm_count, view, wrap, Module};
+use super::launch::{compute_major, device, kernel, same_device_dtype, sm_count, view, wrap, Module};
 use crate::ops::moe::{RouterArch, Scoring, StackedExperts};
-use candle_core::cuda_backend::cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
+use candle_core::cuda_backend::cudarc::driver::sys::{self, CUfunction_attribute};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -236,11 +236,6 @@ fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usi
     .result()
     .w()?;
     Ok(map)
-}
-
-/// The device's compute capability major version.
-fn compute_major(dev: &CudaDevice) -> Result<i32> {
-    dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()
 }
 
 /// Launch configuration of the warp-specialised GEMM `func` over `work` items: persistent, one

@@ -728,3 +728,192 @@ PA_MMA_KERNEL(bf16, __nv_bfloat16, 128)
 PA_MMA_KERNEL(f16, __half, 64)
 PA_MMA_KERNEL(f16, __half, 96)
 PA_MMA_KERNEL(f16, __half, 128)
+
+// ---------------------------------------------------------------------------------------------
+// Decode through a ring of bulk copies (sm_90+; one query a row, head dim 128). One block takes
+// one (row, key split) and every head of the row. The cache is [block, position, kv head, D], so
+// the K (or V) of RING_CP consecutive positions of a page is one contiguous run of
+// RING_CP x kv_heads x 256 bytes: a producer warp copies K and V of a stage with two
+// cp.async.bulk into a ring of `depth` shared-memory stages (an mbarrier counts the bytes in);
+// the consumer warps — two query heads each, 16 lanes a head, 8 elements a lane — read every
+// stage, score, keep an online softmax (base 2, as the SIMT kernel) and accumulate V, then release
+// the stage (an mbarrier of one arrival a consumer warp). The copies run ahead of the softmax by
+// the ring's depth, so a block keeps up to depth x 2 x RING_CP positions in flight without
+// registers. Keys are cut per row from its actual context (chunks of whole stages); with more than
+// one split each block writes paged_attn_combine's partials. Measured against the one-query SIMT
+// kernel on the H200 (tools/attn_ring_probe.cu, session 24): 22 % faster at 64 rows and 9 % at
+// 256 (context 260), level at 16 rows and at 2k contexts.
+#define RING_CP 4
+#define RING_MAX_DEPTH 4
+#define RING_D 128
+
+namespace {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t ring_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ring_wait(uint32_t bar, uint32_t parity) {
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void ring_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+#endif
+
+// Block: (ceil(num_heads / 2) + 1) warps, the last the producer; grid (rows, splits); dynamic
+// shared memory depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query
+// (cu_q[r + 1] - cu_q[r] == 1) and sees its whole context; block_size is a multiple of RING_CP.
+template <typename T>
+__device__ __forceinline__ void paged_decode_ring_impl(
+    T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, const T *__restrict__ q,
+    const T *__restrict__ kc, const T *__restrict__ vc, const uint32_t *__restrict__ block_tables,
+    const uint32_t *__restrict__ context_lens, const uint32_t *__restrict__ cu_q, int max_blocks, int num_heads,
+    int kv_heads, int block_size, float scale_log2, int num_tokens, int depth) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char ring_smem[];
+    __shared__ __align__(8) uint64_t full[RING_MAX_DEPTH], empty[RING_MAX_DEPTH];
+    const int cwarps = (int)(blockDim.x / 32) - 1;
+    const int row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    const int ctx = (int)context_lens[row];
+    const int chunk = ((ctx + splits - 1) / splits + RING_CP - 1) / RING_CP * RING_CP;
+    const int k0 = min(ctx, split * chunk), k1 = min(ctx, k0 + chunk);
+    const int nstages = (k1 - k0 + RING_CP - 1) / RING_CP;
+    const int pos_elems = kv_heads * RING_D;
+    const uint32_t pos_bytes = (uint32_t)pos_elems * sizeof(T);
+    const size_t stage_bytes = 2 * (size_t)RING_CP * pos_bytes;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < depth; ++i) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ring_smem_addr(&full[i])), "r"(1));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ring_smem_addr(&empty[i])), "r"(cwarps));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == cwarps) {  // the producer: one thread issues every copy of the block
+        if (lane == 0) {
+            const uint32_t *table = block_tables + (size_t)row * max_blocks;
+            for (int i = 0; i < nstages; ++i) {
+                const int s = i % depth, round = i / depth;
+                // Stage s is free once every consumer warp released its previous round.
+                if (round > 0) ring_wait(ring_smem_addr(&empty[s]), (round - 1) & 1);
+                const int p = k0 + i * RING_CP, n = min(RING_CP, k1 - p);
+                // RING_CP divides block_size and chunks start on a stage: a stage stays in one page.
+                const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+                const uint32_t bar = ring_smem_addr(&full[s]);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * n * pos_bytes) : "memory");
+                unsigned char *st = ring_smem + (size_t)s * stage_bytes;
+                ring_copy(ring_smem_addr(st), kc + slot * pos_elems, n * pos_bytes, bar);
+                ring_copy(ring_smem_addr(st + RING_CP * pos_bytes), vc + slot * pos_elems, n * pos_bytes, bar);
+            }
+        }
+        return;
+    }
+    // Consumers. A half-warp past the last head (odd head counts) runs along without writing:
+    // its lanes take part in the warp's shuffles.
+    const int head = 2 * warp + (lane >> 4), l16 = lane & 15;
+    const bool valid = head < num_heads;
+    const int kvh = (valid ? head : 0) / (num_heads / kv_heads);
+    const int token = (int)cu_q[row];
+    float qv[8], acc[8];
+    if (valid) {
+        Cvt<T>::to_float(ldg16(q + ((size_t)token * num_heads + head) * RING_D + 8 * l16), qv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qv[e] *= scale_log2;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qv[e] = 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    const int off = kvh * RING_D + 8 * l16;
+    for (int i = 0; i < nstages; ++i) {
+        const int s = i % depth;
+        // Every consumer warp takes every stage in order, so it waits on a stage's round only after
+        // releasing the round before: parity waits cannot alias.
+        ring_wait(ring_smem_addr(&full[s]), (i / depth) & 1);
+        const T *ks = reinterpret_cast<const T *>(ring_smem + (size_t)s * stage_bytes);
+        const T *vs = ks + RING_CP * pos_elems;
+        const int n = min(RING_CP, k1 - (k0 + i * RING_CP));
+        uint4 kr[RING_CP], vr[RING_CP];
+#pragma unroll
+        for (int j = 0; j < RING_CP; ++j) {
+            kr[j] = j < n ? *reinterpret_cast<const uint4 *>(ks + j * pos_elems + off) : make_uint4(0, 0, 0, 0);
+            vr[j] = j < n ? *reinterpret_cast<const uint4 *>(vs + j * pos_elems + off) : make_uint4(0, 0, 0, 0);
+        }
+        __syncwarp();
+        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ring_smem_addr(&empty[s])) : "memory");
+        float sc[RING_CP];
+#pragma unroll
+        for (int j = 0; j < RING_CP; ++j) {
+            float kf[8];
+            Cvt<T>::to_float(kr[j], kf);
+            float d = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+            sc[j] = j < n ? d : -INFINITY;
+        }
+        float mx = m;
+#pragma unroll
+        for (int j = 0; j < RING_CP; ++j) mx = fmaxf(mx, sc[j]);
+        const float alpha = exp2f(m - mx);  // n >= 1, so mx is finite; m = -inf gives 0
+        m = mx;
+        l *= alpha;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] *= alpha;
+#pragma unroll
+        for (int j = 0; j < RING_CP; ++j) {
+            if (j < n) {
+                const float pr = exp2f(sc[j] - mx);
+                l += pr;
+                float vf[8];
+                Cvt<T>::to_float(vr[j], vf);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
+            }
+        }
+    }
+    if (!valid) return;
+    const size_t th = (size_t)token * num_heads + head;
+    if (splits == 1) {
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        __align__(16) T o[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = Cvt<T>::from_float(acc[e] * inv);
+        *reinterpret_cast<uint4 *>(out + th * RING_D + 8 * l16) = *reinterpret_cast<const uint4 *>(o);
+    } else {
+        const size_t sth = (size_t)split * num_tokens * num_heads + th;
+        if (l > 0.f) {  // the combine reads no acc of an empty split
+            float4 *a = reinterpret_cast<float4 *>(ws_acc + sth * RING_D + 8 * l16);
+            a[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            a[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+        }
+        if (l16 == 0) {
+            ws_ml[sth * 2] = m;
+            ws_ml[sth * 2 + 1] = l;
+        }
+    }
+#endif
+}
+
+}  // namespace
+
+#define PA_RING_KERNEL(NAME, T)                                                                  \
+    extern "C" __global__ void __launch_bounds__(288) paged_decode_ring_##NAME##_d128(           \
+        T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,               \
+        const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
+        int max_blocks, int num_heads, int kv_heads, int block_size, float scale_log2,           \
+        int num_tokens, int depth) {                                                             \
+        paged_decode_ring_impl<T>(out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens,     \
+                                  cu_q, max_blocks, num_heads, kv_heads, block_size, scale_log2, \
+                                  num_tokens, depth);                                            \
+    }
+
+PA_RING_KERNEL(bf16, __nv_bfloat16)
+PA_RING_KERNEL(f16, __half)
