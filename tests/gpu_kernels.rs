@@ -99,8 +99,9 @@ fn check(case: Case) {
         _ => 1e-2,
     };
     // Default dispatch (pipelined tensor cores for bf16/f16 with many query items), the SIMT
-    // kernel, and the synchronous-load tensor-core variant (where the tensor-core path applies).
-    for path in [AttnPath::Default, AttnPath::Simt, AttnPath::Unpipelined] {
+    // kernel, the synchronous-load tensor-core variant (where the tensor-core path applies) and
+    // the decode ring (where it applies: one query a row, head dim 128, bf16/f16, sm_90).
+    for path in [AttnPath::Default, AttnPath::Simt, AttnPath::Unpipelined, AttnPath::Ring] {
         let out = with_path(path, || paged_attention(&q, &k, &v, &gpu_batch, scale).unwrap());
         assert_eq!(out.dims(), reference.dims(), "{}", case.name);
         assert_eq!(out.dtype(), case.dtype);
@@ -121,6 +122,8 @@ enum AttnPath {
     Simt,
     /// Tensor-core path with synchronous tile loads.
     Unpipelined,
+    /// Decode rows through the bulk-copy ring.
+    Ring,
 }
 
 /// Runs `f` with the kernels of `path` selected (process-wide, so checks take a lock).
@@ -131,6 +134,7 @@ fn with_path<R>(path: AttnPath, f: impl FnOnce() -> R) -> R {
         AttnPath::Default => AttentionKernels::Auto,
         AttnPath::Simt => AttentionKernels::Simt,
         AttnPath::Unpipelined => AttentionKernels::Unpipelined,
+        AttnPath::Ring => AttentionKernels::DecodeRing,
     });
     let r = f();
     set_attention_kernels(AttentionKernels::Auto);
@@ -209,11 +213,12 @@ fn decode_edge_shapes() {
 /// Decode rows through the bulk-copy ring (one query a row, head dim 128, bf16 / f16, at most 16
 /// heads, block size a multiple of 4, sm_90 builds): one row cut into 32 splits, 16 rows into 8,
 /// an odd head count (a half-warp idle), a GQA group of four, block sizes 32 and 12 (not a power
-/// of two), f16. The default dispatch must be the ring — its result differs in the last bits from
-/// the SIMT kernel's, which `check` also runs — and a block size of 6 must fall back to SIMT (same
-/// bits).
+/// of two), f16 — each against the CPU reference through `check`, which runs the ring path among
+/// the others. The ring must be what `AttentionKernels::DecodeRing` launches there (and only
+/// there: a block size of 6, f32 and a prefill row fall back).
 #[test]
 fn decode_ring_kernel() {
+    use ponder::ops::cuda::decode_ring_launches;
     let sixteen: Vec<(usize, usize)> = (0..16).map(|i| (1, 1 + (i * 67) % 600)).collect();
     let cases = [
         (case("ring one row mha 16/16 d128", &[(1, 1000)], 16, 16, 128, DType::BF16, AttnMask::Causal), true),
@@ -224,25 +229,21 @@ fn decode_ring_kernel() {
         (Case { block_size: 32, ..case("ring block size 32", DECODE_ROWS, 16, 16, 128, DType::BF16, AttnMask::Causal) }, true),
         (Case { block_size: 12, ..case("ring block size 12", DECODE_ROWS, 16, 16, 128, DType::BF16, AttnMask::Causal) }, true),
         (Case { block_size: 6, ..case("no ring: block size 6", DECODE_ROWS, 16, 16, 128, DType::BF16, AttnMask::Causal) }, false),
+        (case("no ring: f32", DECODE_ROWS, 16, 16, 128, DType::F32, AttnMask::Causal), false),
+        (case("no ring: a prefill row", &[(1, 100), (5, 40)], 16, 16, 128, DType::BF16, AttnMask::Causal), false),
     ];
     let gpu = Device::new_cuda(0).unwrap();
     for (c, ring) in cases {
         let b = build(&c, 0x41c3 ^ c.rows.len() as u64);
-        let width = c.kv_heads * c.hd;
-        let batch = PagedBatch::new(b.host.clone(), c.block_size, c.mask, width, &gpu).unwrap();
+        let batch = PagedBatch::new(b.host.clone(), c.block_size, c.mask, c.kv_heads * c.hd, &gpu).unwrap();
         let (q, k, v) = (b.q.to_device(&gpu).unwrap(), b.k.to_device(&gpu).unwrap(), b.v.to_device(&gpu).unwrap());
-        let scale = 1.0 / (c.hd as f64).sqrt();
-        let bits = |path| {
-            let out = with_path(path, || paged_attention(&q, &k, &v, &batch, scale).unwrap());
-            out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        };
-        let (default, simt) = (bits(AttnPath::Default), bits(AttnPath::Simt));
-        if cfg!(ponder_bulk_copy) && ring {
-            assert_ne!(default, simt, "{}: the default dispatch did not take the ring", c.name);
-        } else {
-            assert_eq!(default, simt, "{}: expected the SIMT kernel", c.name);
-        }
-        // The ring's result against the CPU reference (and the other paths, as every decode case).
+        // Counted under the kernel-selection lock, which every other check's launch takes too.
+        let launched = with_path(AttnPath::Ring, || {
+            let before = decode_ring_launches();
+            paged_attention(&q, &k, &v, &batch, 1.0 / (c.hd as f64).sqrt()).unwrap();
+            decode_ring_launches() - before
+        });
+        assert_eq!(launched, usize::from(ring && cfg!(ponder_bulk_copy)), "{}: decode ring launches", c.name);
         check(c);
     }
 }

@@ -43,6 +43,14 @@ pub enum AttentionKernels {
     Unpipelined,
     /// SIMT kernels only.
     Simt,
+    /// As `Auto`, with decode launches (one query a row, head dim 128, bf16 / f16, at most 16
+    /// heads) through the bulk-copy ring kernel on sm_90 builds and devices. Experimental: on the
+    /// H200 it made a full-depth decode step 6 % faster at 64 and 256 rows when every row's
+    /// context is about the same length, and 17 % slower on the depth-batching benchmark, whose
+    /// contexts vary (one block takes a row's every head, so a long row is spread over few
+    /// blocks) — `docs/BENCHMARKS.md`, session 24. `PONDER_DECODE_RING=1` selects it in place of
+    /// `Auto` for A/B runs.
+    DecodeRing,
 }
 
 static ATTENTION_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -59,6 +67,7 @@ pub fn attention_kernels() -> AttentionKernels {
     match ATTENTION_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
         1 => AttentionKernels::Unpipelined,
         2 => AttentionKernels::Simt,
+        3 => AttentionKernels::DecodeRing,
         _ => AttentionKernels::Auto,
     }
 }

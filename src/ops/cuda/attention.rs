@@ -114,8 +114,8 @@ pub fn paged_attention(
     let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
     // Decode rows (one query each: max_q_len 1 and as many tokens as rows) go through the
-    // bulk-copy ring where it is built and fits.
-    let ring = kernels != crate::ops::AttentionKernels::Simt
+    // bulk-copy ring where it is selected, built and fits.
+    let ring = ring_selected(kernels)
         && max_q_len == 1
         && tokens == rows
         && matches!(dtype, DType::BF16 | DType::F16)
@@ -299,13 +299,29 @@ fn combine<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
+/// Whether decode launches go through the ring: [`AttentionKernels::DecodeRing`], or `Auto` with
+/// `PONDER_DECODE_RING=1` (a measurement switch for A/B runs on the device).
+///
+/// [`AttentionKernels::DecodeRing`]: crate::ops::AttentionKernels::DecodeRing
+fn ring_selected(kernels: crate::ops::AttentionKernels) -> bool {
+    use crate::ops::AttentionKernels;
+    static SWITCHED_ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let env = || *SWITCHED_ON.get_or_init(|| std::env::var("PONDER_DECODE_RING").is_ok_and(|v| v.trim() == "1"));
+    kernels == AttentionKernels::DecodeRing || (kernels == AttentionKernels::Auto && env())
+}
+
 /// Whether the decode ring kernel can run on `dev`: PTX built for sm_90 or later (it uses bulk
-/// copies and mbarriers), a device that runs it, and not switched off by `PONDER_DECODE_RING=0`
-/// (a measurement switch for A/B runs on the device).
+/// copies and mbarriers) and a device that runs it.
 fn ring_available(dev: &CudaDevice) -> Result<bool> {
-    static SWITCHED_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *SWITCHED_OFF.get_or_init(|| std::env::var("PONDER_DECODE_RING").is_ok_and(|v| v.trim() == "0"));
-    Ok(cfg!(ponder_bulk_copy) && !off && compute_major(dev)? >= 9)
+    Ok(cfg!(ponder_bulk_copy) && compute_major(dev)? >= 9)
+}
+
+/// Decode ring launches so far in this process (the device tests check the dispatch with it).
+static RING_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many paged-attention launches went through the decode ring kernel in this process.
+pub fn decode_ring_launches() -> usize {
+    RING_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Key splits of the decode ring for `rows` rows: about one block per SM in all (measured on the
@@ -356,6 +372,7 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
         // checked one query a row, head dim 128, heads <= 16 and block_size % RING_CP == 0.
         unsafe { b.launch(cfg) }.w()?;
     }
+    RING_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if let Some(ws) = &ws {
         combine::<T>(dev, name, p, &mut out, ws, splits)?;
     }
