@@ -44,7 +44,9 @@ pub enum AttentionKernels {
     /// SIMT kernels only.
     Simt,
     /// As `Auto`, with decode launches (one query a row, head dim 128, bf16 / f16, at most 16
-    /// heads) through the bulk-copy ring kernel on sm_90 builds and devices. Experimental: on the
+    /// heads, a block size that is a multiple of 4, and not so large a GQA group that the
+    /// tensor-core kernel takes the launch) through the bulk-copy ring kernel on sm_90 builds and
+    /// devices. Experimental: on the
     /// H200 it made a full-depth decode step 6 % faster at 64 and 256 rows when every row's
     /// context is about the same length, and 17 % slower on the depth-batching benchmark, whose
     /// contexts vary (one block takes a row's every head, so a long row is spread over few

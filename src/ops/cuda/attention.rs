@@ -25,14 +25,19 @@ const RING_DEPTH: usize = 2;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
 const RING_MAX_SPLITS: usize = 32;
+/// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
+/// 2-byte elements), set alike by every launch so that concurrent callers cannot lower it under
+/// each other.
+const RING_MAX_SMEM: usize = RING_DEPTH * 2 * RING_CP * RING_MAX_HEADS * RING_HD * 2;
 
 /// Paged attention on CUDA; see [`crate::ops::paged_attention`] for the semantics.
 ///
 /// `q` `[T, H, D]`; caches `[num_blocks, block_size, kv_heads, D]` (contiguous, dtype of `q`);
 /// `block_tables` `[R, max_blocks]` u32; `context_lens` `[R]` u32; `cu_q_lens` `[R + 1]` u32 with
 /// `cu_q_lens[R] == T`. Keys are read in place through the block table. Output `[T, H, D]`, dtype
-/// of `q`. `max_q_len` picks the query tile; `max_context_len` only sizes the key split (it must
-/// be at least every row's context length).
+/// of `q`. `max_q_len` picks the query tile and must be at least every row's query count (the
+/// decode ring reads one query a row when it is 1); `max_context_len` only sizes the key split (it
+/// must be at least every row's context length).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &Tensor,
@@ -116,6 +121,7 @@ pub fn paged_attention(
     // Decode rows (one query each: max_q_len 1 and as many tokens as rows) go through the
     // bulk-copy ring where it is selected, built and fits.
     let ring = ring_selected(kernels)
+        && heads > 0
         && max_q_len == 1
         && tokens == rows
         && matches!(dtype, DType::BF16 | DType::F16)
@@ -343,7 +349,7 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     let splits = ring_splits(p.rows, sm_count(dev)?);
     let smem = RING_DEPTH * 2 * RING_CP * p.kv_heads * p.hd * std::mem::size_of::<T>();
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_{name}_d{RING_HD}"))?;
-    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
+    func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, RING_MAX_SMEM as i32).w()?;
     let threads = (p.heads.div_ceil(2) + 1) * 32;
     let cfg = LaunchConfig { grid_dim: (p.rows as u32, splits as u32, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
     // SAFETY: one query a row, so every (token, head) of the output is written by the ring kernel

@@ -776,6 +776,7 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     extern __shared__ __align__(128) unsigned char ring_smem[];
     __shared__ __align__(8) uint64_t full[RING_MAX_DEPTH], empty[RING_MAX_DEPTH];
     const int cwarps = (int)(blockDim.x / 32) - 1;
+    if (cwarps < 1 || depth < 1 || depth > RING_MAX_DEPTH) return;  // block-uniform; the host never asks it
     const int row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const int ctx = (int)context_lens[row];
     const int chunk = ((ctx + splits - 1) / splits + RING_CP - 1) / RING_CP * RING_CP;
@@ -862,7 +863,8 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         float mx = m;
 #pragma unroll
         for (int j = 0; j < RING_CP; ++j) mx = fmaxf(mx, sc[j]);
-        const float alpha = exp2f(m - mx);  // n >= 1, so mx is finite; m = -inf gives 0
+        if (mx == -INFINITY) continue;  // nothing finite yet (NaN scores): as the SIMT kernel
+        const float alpha = exp2f(m - mx);  // m = -inf gives 0
         m = mx;
         l *= alpha;
 #pragma unroll
