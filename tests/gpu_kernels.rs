@@ -211,7 +211,8 @@ fn decode_edge_shapes() {
 }
 
 /// Decode rows through the bulk-copy ring (one query a row, head dim 128, bf16 / f16, at most 16
-/// heads, block size a multiple of 4, sm_90 builds): one row cut into 32 splits, 16 rows into 8,
+/// heads, block size a multiple of 4, sm_90 builds): one row cut into 32 splits (the grid's most),
+/// 16 rows of contexts 1–600 (splits in proportion to each),
 /// an odd head count (a half-warp idle), a GQA group of four, block sizes 32 and 12 (not a power
 /// of two), f16 — each against the CPU reference through `check`, which runs the ring path among
 /// the others. The ring must be what `AttentionKernels::DecodeRing` launches there (and only

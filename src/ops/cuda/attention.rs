@@ -330,11 +330,18 @@ pub fn decode_ring_launches() -> usize {
     RING_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Key splits of the decode ring for `rows` rows: about one block per SM in all (measured on the
-/// H200 at 16 / 64 / 256 rows, contexts 260 and 2300: 8 / 2 / 1 splits were the fastest or within
-/// 1 % of it); each row's chunk is cut from its actual context in the kernel.
+/// Key splits the decode ring's grid holds for `rows` rows on `sms` SMs: one from a wave's worth
+/// of rows on, else up to four blocks per SM in all (at most 32 a row). The kernel cuts the
+/// launch's total keys into chunks for about `sms` blocks, so a row takes splits in proportion to
+/// its context and blocks past a row's count write empty partials. (Measured on the H200 with one
+/// split count for every row: about one block per SM was fastest at 16 / 64 / 256 rows with even
+/// contexts, and varied contexts were slow — the reason for the proportional cut.)
 fn ring_splits(rows: usize, sms: usize) -> usize {
-    (sms / rows.max(1)).clamp(1, RING_MAX_SPLITS)
+    if rows >= sms {
+        1
+    } else {
+        (4 * sms / rows.max(1)).clamp(1, RING_MAX_SPLITS)
+    }
 }
 
 /// Decode attention through the bulk-copy ring (`paged_decode_ring_*`, see the kernel's header):
@@ -346,7 +353,8 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     [q, k, v]: [&CudaView<T>; 3],
     [bt, cl, cu]: [&CudaView<u32>; 3],
 ) -> Result<Tensor> {
-    let splits = ring_splits(p.rows, sm_count(dev)?);
+    let sms = sm_count(dev)?;
+    let splits = ring_splits(p.rows, sms);
     let smem = RING_DEPTH * 2 * RING_CP * p.kv_heads * p.hd * std::mem::size_of::<T>();
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_{name}_d{RING_HD}"))?;
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, RING_MAX_SMEM as i32).w()?;
@@ -357,8 +365,8 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     let mut out = unsafe { dev.alloc::<T>(p.tokens * p.heads * p.hd)? };
     let ws = split_workspace(dev, splits, p)?;
     let null = 0u64;
-    let (max_blocks, heads, kv_heads, block_size, tokens, depth) =
-        (p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32, p.tokens as i32, RING_DEPTH as i32);
+    let (max_blocks, heads, kv_heads, block_size, tokens, depth, target) =
+        (p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32, p.tokens as i32, RING_DEPTH as i32, sms.min(i32::MAX as usize) as i32);
     {
         let mut b = func.builder();
         b.arg(&mut out);
@@ -373,7 +381,7 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
             }
         }
         b.arg(q).arg(k).arg(v).arg(bt).arg(cl).arg(cu);
-        b.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&tokens).arg(&depth);
+        b.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&tokens).arg(&depth).arg(&target);
         // SAFETY: argument list matches `paged_decode_ring_*` in paged_attention.cu; the caller
         // checked one query a row, head dim 128, heads <= 16 and block_size % RING_CP == 0.
         unsafe { b.launch(cfg) }.w()?;

@@ -739,12 +739,13 @@ PA_MMA_KERNEL(f16, __half, 128)
 // stage, score, keep an online softmax (base 2, as the SIMT kernel) and accumulate V, then release
 // the stage (an mbarrier of one arrival a consumer warp). The copies run ahead of the softmax by
 // the ring's depth, so a block keeps up to depth x 2 x RING_CP positions in flight without
-// registers. Keys are cut per row from its actual context (chunks of whole stages); with more than
-// one split each block writes paged_attn_combine's partials. Measured against the one-query SIMT
+// registers. Keys are cut from the actual contexts (see the chunk below); with more than one
+// split each block writes paged_attn_combine's partials. Measured against the one-query SIMT
 // kernel on the H200 (tools/attn_ring_probe.cu, session 24): 22 % faster at 64 rows and 9 % at
 // 256 (context 260), level at 16 rows and at 2k contexts.
 #define RING_CP 4
 #define RING_MAX_DEPTH 4
+#define RING_MIN_CHUNK 16
 #define RING_D 128
 
 namespace {
@@ -771,7 +772,7 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, const T *__restrict__ q,
     const T *__restrict__ kc, const T *__restrict__ vc, const uint32_t *__restrict__ block_tables,
     const uint32_t *__restrict__ context_lens, const uint32_t *__restrict__ cu_q, int max_blocks, int num_heads,
-    int kv_heads, int block_size, float scale_log2, int num_tokens, int depth) {
+    int kv_heads, int block_size, float scale_log2, int num_tokens, int depth, int target_blocks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char ring_smem[];
     __shared__ __align__(8) uint64_t full[RING_MAX_DEPTH], empty[RING_MAX_DEPTH];
@@ -779,8 +780,26 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     if (cwarps < 1 || depth < 1 || depth > RING_MAX_DEPTH) return;  // block-uniform; the host never asks it
     const int row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const int ctx = (int)context_lens[row];
-    const int chunk = ((ctx + splits - 1) / splits + RING_CP - 1) / RING_CP * RING_CP;
-    const int k0 = min(ctx, split * chunk), k1 = min(ctx, k0 + chunk);
+    // Keys a block walks: the launch's total keys over about target_blocks blocks (whole stages,
+    // at least RING_MIN_CHUNK), so a row takes splits in proportion to its context — the unit of
+    // work is a row's every head, and a long row walked by as few blocks as a short one would
+    // hold the launch. A row that would need more splits than the grid has takes longer chunks.
+    __shared__ unsigned long long s_total;
+    if (threadIdx.x == 0) s_total = 0;
+    __syncthreads();
+    {
+        unsigned long long sum = 0;
+        for (int r = threadIdx.x; r < (int)gridDim.x; r += blockDim.x) sum += context_lens[r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((threadIdx.x & 31) == 0) atomicAdd(&s_total, sum);
+    }
+    __syncthreads();
+    const unsigned long long per_block = (s_total + (unsigned long long)max(target_blocks, 1) - 1) / (unsigned long long)max(target_blocks, 1);
+    int chunk = (int)min(per_block, 0x3fffffffull);
+    chunk = max(RING_MIN_CHUNK, (chunk + RING_CP - 1) / RING_CP * RING_CP);
+    if ((long long)chunk * splits < ctx) chunk = ((ctx + splits - 1) / splits + RING_CP - 1) / RING_CP * RING_CP;
+    const int k0 = (int)min((long long)ctx, (long long)split * chunk), k1 = (int)min((long long)ctx, (long long)k0 + chunk);
     const int nstages = (k1 - k0 + RING_CP - 1) / RING_CP;
     const int pos_elems = kv_heads * RING_D;
     const uint32_t pos_bytes = (uint32_t)pos_elems * sizeof(T);
@@ -911,10 +930,10 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,               \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int max_blocks, int num_heads, int kv_heads, int block_size, float scale_log2,           \
-        int num_tokens, int depth) {                                                             \
+        int num_tokens, int depth, int target_blocks) {                                          \
         paged_decode_ring_impl<T>(out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens,     \
                                   cu_q, max_blocks, num_heads, kv_heads, block_size, scale_log2, \
-                                  num_tokens, depth);                                            \
+                                  num_tokens, depth, target_blocks);                             \
     }
 
 PA_RING_KERNEL(bf16, __nv_bfloat16)
