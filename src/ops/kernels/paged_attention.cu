@@ -741,8 +741,9 @@ PA_MMA_KERNEL(f16, __half, 128)
 // the ring's depth, so a block keeps up to depth x 2 x RING_CP positions in flight without
 // registers. Keys are cut from the actual contexts (see the chunk below); with more than one
 // split each block writes paged_attn_combine's partials. Measured against the one-query SIMT
-// kernel on the H200 (tools/attn_ring_probe.cu, session 24): 22 % faster at 64 rows and 9 % at
-// 256 (context 260), level at 16 rows and at 2k contexts.
+// kernel on the H200 with one split count for every row (tools/attn_ring_probe.cu, session 24):
+// 22 % faster at 64 rows and 9 % at 256 (context 260), level at 16 rows and at 2k contexts, but
+// slow when a launch's contexts vary — the reason keys are now cut in proportion to each row's.
 #define RING_CP 4
 #define RING_MAX_DEPTH 4
 #define RING_MIN_CHUNK 16
