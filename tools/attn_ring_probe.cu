@@ -21,7 +21,11 @@
 // is a graph of 96 launches over 24 layers' caches (a step's worth; caches never hot in L2);
 // outputs are checked against the library's.
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/attn_ring_probe.cu -o /tmp/attn && /tmp/attn [ctx [widths]]
+//     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/attn_ring_probe.cu -o /tmp/attn && /tmp/attn [ctx|var [widths]]
+//
+// Since session 24's device calls it also times the library's own ring kernel
+// (paged_decode_ring_*, keys cut in proportion to each row's context) and takes `var`: the
+// depth-batching benchmark's varied context lengths.
 #include "probe_ptx.cuh"
 #include "../src/ops/kernels/paged_attention.cu"
 #include <algorithm>
@@ -232,7 +236,11 @@ static Plan library_plan(int bound, int base, int sms, int wave_plain, int wave_
 
 int main(int argc, char **argv) {
     using namespace ring;
-    const int ctx = argc > 1 ? atoi(argv[1]) : 260;
+    // A context for every row, or `var`: the depth-batching benchmark's lengths (lognormal prompt,
+    // median 128, sigma 0.9, 8..512, plus 0..255 tokens decoded), where the ring with one split
+    // count for every row was slow in the library (session 24).
+    const bool varied = argc > 1 && std::string(argv[1]) == "var";
+    const int ctx = argc > 1 && !varied ? atoi(argv[1]) : varied ? 768 : 260;  // the longest
     std::vector<int> widths;
     for (std::string w = argc > 2 ? argv[2] : "16,64,256"; !w.empty();) {
         const size_t c = w.find(',');
@@ -245,7 +253,8 @@ int main(int argc, char **argv) {
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     CK(cudaFuncSetAttribute(attn_ring, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
-    printf("SMs %d, context %d, graph bound %d\n", sms, ctx, BOUND);
+    CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * 2 * HALF));
+    printf("SMs %d, context %s%d, graph bound %d\n", sms, varied ? "varied, at most " : "", ctx, BOUND);
     for (int depth = 2; depth <= MAX_DEPTH; ++depth) {
         int per_sm;
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_ring, THREADS, depth * 2 * HALF));
@@ -264,8 +273,14 @@ int main(int argc, char **argv) {
         const Plan plan = library_plan(BOUND, W * HEADS, sms, sms * occ_plain, sms * occ7);
         printf("W %3d: library plan %d split%s, chunk %d (0: cut in the kernel for a wave of %d), %s build\n", W, plan.splits,
                plan.splits > 1 ? "s" : "", plan.chunk == 0x7fffffff ? -1 : plan.chunk, plan.wave, plan.occ7 ? "7-block" : "plain");
+        std::vector<uint32_t> lens(W, ctx);
+        if (varied) {
+            std::mt19937 g(1000 + W);
+            std::lognormal_distribution<double> prompt(log(128.0), 0.9);
+            for (auto &c : lens) c = (uint32_t)std::min(512.0, std::max(8.0, std::round(prompt(g)))) + g() % 256;
+        }
         const int max_blocks = (BOUND + BS - 1) / BS, used = (ctx + BS - 1) / BS;
-        const size_t pool = (size_t)W * used;  // pages a layer
+        const size_t pool = (size_t)W * used;  // pages a layer (every row's table room for the longest)
         const size_t page_elems = (size_t)BS * HEADS * HD;
         std::vector<__nv_bfloat16 *> kc(LAYERS), vc(LAYERS);
         for (int l = 0; l < LAYERS; ++l) {
@@ -274,7 +289,7 @@ int main(int argc, char **argv) {
             fill<<<1024, 256, 0, st>>>(kc[l], pool * page_elems, 7 * l + 1, 2.f);
             fill<<<1024, 256, 0, st>>>(vc[l], pool * page_elems, 7 * l + 2, 2.f);
         }
-        std::vector<uint32_t> perm(pool), tab((size_t)W * max_blocks, 0), lens(W, ctx), cu(W + 1);
+        std::vector<uint32_t> perm(pool), tab((size_t)W * max_blocks, 0), cu(W + 1);
         for (size_t i = 0; i < pool; ++i) perm[i] = (uint32_t)i;
         std::shuffle(perm.begin(), perm.end(), std::mt19937(W));
         for (int r = 0; r < W; ++r)
@@ -306,11 +321,21 @@ int main(int argc, char **argv) {
                 paged_attn_bf16_d128_q1<<<grid, NTHREADS, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, splits, chunk, wave, W);
             if (splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, splits, W, HEADS);
         };
+        // The library's ring kernel (src/ops/cuda/attention.rs `launch_ring`: grid up to four
+        // blocks per SM, keys cut in proportion to each row's context for about one block per SM).
+        const int lib_ring_splits = W >= sms ? 1 : std::min(32, std::max(1, 4 * sms / W));
+        auto lib_ring = [&](int l, __nv_bfloat16 *o) {
+            paged_decode_ring_bf16_d128<<<dim3(W, lib_ring_splits), (HEADS / 2 + 1) * 32, 2 * 2 * HALF, st>>>(
+                o, ws_acc, ws_ml, q, kc[l], vc[l], d_tab, d_lens, d_cu, max_blocks, HEADS, HEADS, BS, scale_log2, W, 2, sms);
+            if (lib_ring_splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, lib_ring_splits, W, HEADS);
+        };
         auto rng = [&](int l, int splits, int depth, __nv_bfloat16 *o) {
             attn_ring<<<dim3(W, splits), THREADS, depth * 2 * HALF, st>>>(o, ws_acc, ws_ml, q, kc[l], vc[l], d_tab, d_lens, W, max_blocks, scale_log2, depth);
             if (splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, splits, W, HEADS);
         };
-        const double mb = (double)W * ctx * POS_BYTES * 2 / 1e6;
+        double keys = 0;
+        for (auto c : lens) keys += c;
+        const double mb = keys * POS_BYTES * 2 / 1e6;
         auto time = [&](const std::string &name, auto launch) {
             cudaGraph_t gr;
             cudaGraphExec_t ex;
@@ -331,7 +356,7 @@ int main(int argc, char **argv) {
             }
             std::sort(ts.begin(), ts.end());
             const double us = ts[ts.size() / 2] * 1000.0 / LAUNCHES;
-            printf("W %3d ctx %d  %-44s %7.2f us a launch  %5.2f TB/s\n", W, ctx, name.c_str(), us, mb / us);
+            printf("W %3d ctx %s%d  %-44s %7.2f us a launch  %5.2f TB/s\n", W, varied ? "<=" : "", ctx, name.c_str(), us, mb / us);
             CK(cudaGraphExecDestroy(ex));
             CK(cudaGraphDestroy(gr));
         };
@@ -356,10 +381,23 @@ int main(int argc, char **argv) {
                 worst = std::max(worst, sqrt(num / std::max(den, 1e-30)));
             }
         printf("W %3d: ring vs library, worst rel err over splits and depths %.2e\n", W, worst);
+        {
+            lib_ring(0, out_ring);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(b.data(), out_ring, b.size() * 2, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            for (size_t i = 0; i < a.size(); ++i) {
+                const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+                num += (x - y) * (x - y);
+                den += x * x;
+            }
+            printf("W %3d: the library's ring (%d splits in the grid) vs its SIMT kernel: rel err %.2e\n", W, lib_ring_splits, sqrt(num / std::max(den, 1e-30)));
+        }
         for (int rep = 0; rep < 2; ++rep) {
             time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time(plan.occ7 ? "library, its plan, plain build" : "library, its plan, 7-block build",
                  [&](int l) { lib(l, !plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
+            time("library's ring (proportional splits)", [&](int l) { lib_ring(l, out_ring); });
             for (int s : split_opts) {
                 if ((long long)W * s > 8 * sms) continue;
                 for (int d = 2; d <= MAX_DEPTH; ++d) {
