@@ -781,26 +781,29 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     if (cwarps < 1 || depth < 1 || depth > RING_MAX_DEPTH) return;  // block-uniform; the host never asks it
     const int row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
     const int ctx = (int)context_lens[row];
-    // Keys a block walks: the launch's total keys over about target_blocks blocks (whole stages,
-    // at least RING_MIN_CHUNK), so a row takes splits in proportion to its context — the unit of
-    // work is a row's every head, and a long row walked by as few blocks as a short one would
-    // hold the launch. A row that would need more splits than the grid has takes longer chunks.
-    __shared__ unsigned long long s_total;
-    if (threadIdx.x == 0) s_total = 0;
-    __syncthreads();
-    {
+    // Keys a block walks. With several splits: the launch's total keys over about target_blocks
+    // blocks (whole stages, at least RING_MIN_CHUNK) gives a row its number of splits — nearest,
+    // 1 to gridDim.y — in proportion to its context, and the row's keys are then cut evenly among
+    // them (no one-stage tails). The unit of work is a row's every head: a long row walked by as
+    // few blocks as a short one would hold the launch. Every block of a row derives the same cut.
+    long long chunk = ctx;  // one split: the whole context
+    if (splits > 1) {       // block-uniform
+        __shared__ unsigned long long s_total;
+        if (threadIdx.x == 0) s_total = 0;
+        __syncthreads();
         unsigned long long sum = 0;
         for (int r = threadIdx.x; r < (int)gridDim.x; r += blockDim.x) sum += context_lens[r];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if ((threadIdx.x & 31) == 0) atomicAdd(&s_total, sum);
+        __syncthreads();
+        const long long target = max(target_blocks, 1);
+        long long c = (long long)((s_total + target - 1) / target);
+        c = max((long long)RING_MIN_CHUNK, (c + RING_CP - 1) / RING_CP * RING_CP);
+        const long long n = min((long long)splits, max(1LL, (ctx + c / 2) / c));
+        chunk = max((long long)RING_CP, ((ctx + n - 1) / n + RING_CP - 1) / RING_CP * RING_CP);
     }
-    __syncthreads();
-    const unsigned long long per_block = (s_total + (unsigned long long)max(target_blocks, 1) - 1) / (unsigned long long)max(target_blocks, 1);
-    int chunk = (int)min(per_block, 0x3fffffffull);
-    chunk = max(RING_MIN_CHUNK, (chunk + RING_CP - 1) / RING_CP * RING_CP);
-    if ((long long)chunk * splits < ctx) chunk = ((ctx + splits - 1) / splits + RING_CP - 1) / RING_CP * RING_CP;
-    const int k0 = (int)min((long long)ctx, (long long)split * chunk), k1 = (int)min((long long)ctx, (long long)k0 + chunk);
+    const int k0 = (int)min((long long)ctx, split * chunk), k1 = (int)min((long long)ctx, k0 + chunk);
     const int nstages = (k1 - k0 + RING_CP - 1) / RING_CP;
     const int pos_elems = kv_heads * RING_D;
     const uint32_t pos_bytes = (uint32_t)pos_elems * sizeof(T);
