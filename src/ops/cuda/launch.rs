@@ -68,29 +68,34 @@ macro_rules! kernel {
 }
 pub(super) use kernel;
 
-/// The device's SM count, asked of the driver once per device ordinal (attention, MoE and the
-/// split-K plan read it for every launch or projection).
+/// Device attribute `attr` of `dev`, asked of the driver once per device ordinal and attribute:
+/// the SM count and compute capability are read for every attention, MoE or split-K launch.
+fn device_attribute(dev: &CudaDevice, attr: candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {
+    use candle_core::cuda_backend::WrapErr;
+    type Known = Vec<(usize, u32, i32)>;
+    static KNOWN: std::sync::Mutex<Known> = std::sync::Mutex::new(Vec::new());
+    let ctx = dev.cuda_stream().context().clone();
+    let key = (ctx.ordinal(), attr as u32);
+    let known = |k: &Known| k.iter().find(|&&(o, a, _)| (o, a) == key).map(|&(_, _, v)| v);
+    if let Some(v) = known(&KNOWN.lock().unwrap_or_else(|e| e.into_inner())) {
+        return Ok(v);
+    }
+    let v = ctx.attribute(attr).w()?;
+    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).push((key.0, key.1, v));
+    Ok(v)
+}
+
+/// The device's SM count (at least 1).
 pub fn sm_count(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-    use candle_core::cuda_backend::WrapErr;
-    static KNOWN: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
-    let ctx = dev.cuda_stream().context().clone();
-    let ordinal = ctx.ordinal();
-    let known = |k: &[(usize, usize)]| k.iter().find(|(o, _)| *o == ordinal).map(|&(_, n)| n);
-    if let Some(n) = known(&KNOWN.lock().unwrap_or_else(|e| e.into_inner())) {
-        return Ok(n);
-    }
-    let sms = (ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).w()?.max(1)) as usize;
-    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).push((ordinal, sms));
-    Ok(sms)
+    Ok(device_attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize)
 }
 
 /// The device's compute capability major version (Hopper paths: the MoE GEMM, decode attention's
 /// bulk-copy ring).
 pub fn compute_major(dev: &CudaDevice) -> Result<i32> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-    use candle_core::cuda_backend::WrapErr;
-    dev.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()
+    device_attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
 }
 
 /// The CUDA device `t` lives on.
