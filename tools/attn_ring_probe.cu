@@ -4,28 +4,27 @@
 // a launch at ≈ 2.8 / 3.5 TB/s; tools/ring_probe.cu (session 24) streamed weights at 4.2 TB/s with
 // 8 KB bulk copies into a ring of stages when nothing waited on them.
 //
-// Here one block takes one (row, key split) and all 16 heads: with the cache laid out
-// [block, position, head, D] the K (and V) of 4 consecutive positions of a page is one contiguous
-// 16 KB run, so a producer warp copies a stage (K and V of 4 positions, 32 KB) with two
-// `cp.async.bulk` into a ring of `depth` stages; eight consumer warps (two heads each, 16 lanes
-// a head, 8 dims a lane) read every stage, score, run the online softmax (base 2) and accumulate
-// V, then release the stage (an mbarrier of 8 arrivals). Several splits write the library's
-// partials (acc, max, sum) and its combine kernel merges them. Session 19 staged K/V for groups of
-// 8 heads with a copy per position (2 KB) and lost; the differences here are 16 KB copies and up
-// to 128 KB in flight a block.
+// The ring kernel (now the library's `paged_decode_ring_*`, src/ops/kernels/paged_attention.cu):
+// one block takes one (row, key split) and all 16 heads — with the cache laid out [block,
+// position, head, D] the K (and V) of 4 consecutive positions of a page is one contiguous 16 KB
+// run, so a producer warp copies a stage (K and V of 4 positions, 32 KB) with two `cp.async.bulk`
+// into a ring of `depth` stages; eight consumer warps (two heads each) score, run the online
+// softmax and accumulate V out of it. Several splits write partials for the combine kernel.
+// Session 19 staged K/V for groups of 8 heads with a copy per position (2 KB) and lost; the
+// differences here are 16 KB copies and up to 128 KB in flight a block.
 //
-// The library's kernels are compiled into this file (src/ops/kernels/paged_attention.cu), so both
-// run in one process on the same caches: the one-query kernel with the library's plan for a
-// captured graph (attention_split.rs, repeated here: the bound is the next power of two of the
-// context, at least 256) and its other build, against the ring over splits and depths. Each variant
+// The library's kernels are compiled into this file, so all run in one process on the same
+// caches: the SIMT one-query kernel with the library's plan for a captured graph
+// (attention_split.rs, repeated here: the bound is the next power of two of the context, at least
+// 256) and its other build; the ring as the library launches it (`ring_splits`, keys cut in
+// proportion to each row's context); and the ring swept over grid splits and depths. Each variant
 // is a graph of 96 launches over 24 layers' caches (a step's worth; caches never hot in L2);
-// outputs are checked against the library's.
+// outputs are checked against the SIMT kernel's (the run fails past 1e-2).
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/attn_ring_probe.cu -o /tmp/attn && /tmp/attn [ctx|var [widths]]
 //
-// Since session 24's device calls it also times the library's own ring kernel
-// (paged_decode_ring_*, keys cut in proportion to each row's context) and takes `var`: the
-// depth-batching benchmark's varied context lengths.
+// `var`: the depth-batching benchmark's varied context lengths. Session 24's call 12 ran an
+// earlier version (b29c86f) whose own copy of the kernel gave every row the same split count.
 #include "probe_ptx.cuh"
 #include "../src/ops/kernels/paged_attention.cu"
 #include <algorithm>
@@ -40,165 +39,8 @@ constexpr int HEADS = 16, HD = 128, BS = 16;          // Ouro-1.4B: 16 heads, no
 constexpr int POS_BYTES = HEADS * HD * 2;              // one position's K (or V): 4 KB
 constexpr int CP = 4;                                  // positions a stage
 constexpr int HALF = CP * POS_BYTES;                   // a stage's K (then V): 16 KB
-constexpr int CWARPS = 8, THREADS = (CWARPS + 1) * 32;
-constexpr int MAX_DEPTH = 4;
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
-// grid (rows, splits); one query a row at the end of its context (decode), all keys visible.
-// splits == 1 writes out; otherwise partials in the library's layout for paged_attn_combine.
-__global__ void __launch_bounds__(THREADS) attn_ring(__nv_bfloat16 *out, float *ws_acc, float *ws_ml, const __nv_bfloat16 *q,
-                                                     const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const uint32_t *tables,
-                                                     const uint32_t *ctx_lens, int rows, int max_blocks, float scale_log2, int depth) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ __align__(8) uint64_t full[MAX_DEPTH], empty[MAX_DEPTH];
-    const int row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-    const int ctx = (int)ctx_lens[row];
-    // Chunks of whole stages; the last split may hold fewer keys or none.
-    const int chunk = ((ctx + splits - 1) / splits + CP - 1) / CP * CP;
-    const int k0 = min(ctx, split * chunk), k1 = min(ctx, k0 + chunk);
-    const int nstages = (k1 - k0 + CP - 1) / CP;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < depth; ++i) {
-            mbar_init(smem_addr(&full[i]), 1);
-            mbar_init(smem_addr(&empty[i]), CWARPS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    const uint32_t *table = tables + (size_t)row * max_blocks;
-    if (warp == CWARPS) {  // producer
-        if (lane == 0) {
-            for (int i = 0; i < nstages; ++i) {
-                const int s = i % depth, round = i / depth;
-                if (round > 0) mbar_wait(smem_addr(&empty[s]), (round - 1) & 1);
-                const int p = k0 + i * CP, n = min(CP, k1 - p);
-                const size_t slot = (size_t)__ldg(table + p / BS) * BS + p % BS;  // 4 | 16: a stage stays in one page
-                const uint32_t bar = smem_addr(&full[s]);
-                mbar_expect_tx(bar, 2u * n * POS_BYTES);
-                unsigned char *st = smem + (size_t)s * 2 * HALF;
-                bulk_g2s(smem_addr(st), kc + slot * HEADS * HD, n * POS_BYTES, bar);
-                bulk_g2s(smem_addr(st + HALF), vc + slot * HEADS * HD, n * POS_BYTES, bar);
-            }
-        }
-        return;
-    }
-    const int head = 2 * warp + (lane >> 4), l16 = lane & 15;
-    float qv[8], acc[8];
-    {
-        const uint4 raw = *reinterpret_cast<const uint4 *>(q + ((size_t)row * HEADS + head) * HD + 8 * l16);
-        const __nv_bfloat162 *h2 = reinterpret_cast<const __nv_bfloat162 *>(&raw);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(h2[i]);
-            qv[2 * i] = f.x * scale_log2;
-            qv[2 * i + 1] = f.y * scale_log2;
-        }
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-    float m = -INFINITY, l = 0.f;
-    const int off = head * HD + 8 * l16;  // elements within a position
-    for (int i = 0; i < nstages; ++i) {
-        const int s = i % depth;
-        mbar_wait(smem_addr(&full[s]), (i / depth) & 1);
-        const __nv_bfloat16 *ks = reinterpret_cast<const __nv_bfloat16 *>(smem + (size_t)s * 2 * HALF);
-        const __nv_bfloat16 *vs = ks + HALF / 2;
-        const int n = min(CP, k1 - (k0 + i * CP));
-        uint4 kr[CP], vr[CP];
-#pragma unroll
-        for (int j = 0; j < CP; ++j) {
-            if (j < n) {
-                kr[j] = *reinterpret_cast<const uint4 *>(ks + j * HEADS * HD + off);
-                vr[j] = *reinterpret_cast<const uint4 *>(vs + j * HEADS * HD + off);
-            }
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
-        float sc[CP];
-#pragma unroll
-        for (int j = 0; j < CP; ++j) {
-            float d = 0.f;
-            if (j < n) {
-                const __nv_bfloat162 *h2 = reinterpret_cast<const __nv_bfloat162 *>(&kr[j]);
-#pragma unroll
-                for (int t = 0; t < 4; ++t) {
-                    const float2 f = __bfloat1622float2(h2[t]);
-                    d = fmaf(qv[2 * t], f.x, d);
-                    d = fmaf(qv[2 * t + 1], f.y, d);
-                }
-            }
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-            sc[j] = j < n ? d : -INFINITY;
-        }
-        float mx = m;
-#pragma unroll
-        for (int j = 0; j < CP; ++j) mx = fmaxf(mx, sc[j]);
-        const float alpha = exp2f(m - mx);  // m = -inf the first time: alpha 0
-        m = mx;
-        l *= alpha;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] *= alpha;
-#pragma unroll
-        for (int j = 0; j < CP; ++j) {
-            if (j < n) {
-                const float pr = exp2f(sc[j] - mx);
-                l += pr;
-                const __nv_bfloat162 *h2 = reinterpret_cast<const __nv_bfloat162 *>(&vr[j]);
-#pragma unroll
-                for (int t = 0; t < 4; ++t) {
-                    const float2 f = __bfloat1622float2(h2[t]);
-                    acc[2 * t] = fmaf(pr, f.x, acc[2 * t]);
-                    acc[2 * t + 1] = fmaf(pr, f.y, acc[2 * t + 1]);
-                }
-            }
-        }
-    }
-    const size_t th = (size_t)row * HEADS + head;
-    if (splits == 1) {
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        uint4 o;
-        uint32_t *o32 = reinterpret_cast<uint32_t *>(&o);
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * t] * inv, acc[2 * t + 1] * inv);
-            o32[t] = *reinterpret_cast<uint32_t *>(&h);
-        }
-        *reinterpret_cast<uint4 *>(out + th * HD + 8 * l16) = o;
-    } else {
-        const size_t sth = (size_t)split * rows * HEADS + th;
-        if (l > 0.f) {
-            float4 *a = reinterpret_cast<float4 *>(ws_acc + sth * HD + 8 * l16);
-            a[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-            a[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-        }
-        if (l16 == 0) {
-            ws_ml[sth * 2] = m;
-            ws_ml[sth * 2 + 1] = l;
-        }
-    }
-}
+constexpr int THREADS = (HEADS / 2 + 1) * 32;                // eight consumer warps and the producer
+constexpr int MAX_DEPTH = 4;                           // RING_MAX_DEPTH of the library
 
 }  // namespace ring
 
@@ -252,12 +94,11 @@ int main(int argc, char **argv) {
     const int LAYERS = 24, LAUNCHES = 96;
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CK(cudaFuncSetAttribute(attn_ring, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
-    CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * 2 * HALF));
+        CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     printf("SMs %d, context %s%d, graph bound %d\n", sms, varied ? "varied, at most " : "", ctx, BOUND);
     for (int depth = 2; depth <= MAX_DEPTH; ++depth) {
         int per_sm;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_ring, THREADS, depth * 2 * HALF));
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, paged_decode_ring_bf16_d128, THREADS, depth * 2 * HALF));
         printf("ring depth %d (%d KB): %d blocks an SM\n", depth, depth * 2 * HALF / 1024, per_sm);
     }
     cudaStream_t st;
@@ -325,12 +166,14 @@ int main(int argc, char **argv) {
         // RING_DEPTH 2 stages of 32 KB, target = SMs): keys cut in proportion to each row's context.
         const int lib_ring_splits = W >= sms ? 1 : std::min(32, std::max(1, 4 * sms / W));
         auto lib_ring = [&](int l, __nv_bfloat16 *o) {
-            paged_decode_ring_bf16_d128<<<dim3(W, lib_ring_splits), (HEADS / 2 + 1) * 32, 2 * 2 * HALF, st>>>(
+            paged_decode_ring_bf16_d128<<<dim3(W, lib_ring_splits), THREADS, 2 * 2 * HALF, st>>>(
                 o, ws_acc, ws_ml, q, kc[l], vc[l], d_tab, d_lens, d_cu, max_blocks, HEADS, HEADS, BS, scale_log2, W, 2, sms);
             if (lib_ring_splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, lib_ring_splits, W, HEADS);
         };
         auto rng = [&](int l, int splits, int depth, __nv_bfloat16 *o) {
-            attn_ring<<<dim3(W, splits), THREADS, depth * 2 * HALF, st>>>(o, ws_acc, ws_ml, q, kc[l], vc[l], d_tab, d_lens, W, max_blocks, scale_log2, depth);
+            // target W x splits blocks: with even contexts every row takes `splits` splits.
+            paged_decode_ring_bf16_d128<<<dim3(W, splits), THREADS, depth * 2 * HALF, st>>>(
+                o, ws_acc, ws_ml, q, kc[l], vc[l], d_tab, d_lens, d_cu, max_blocks, HEADS, HEADS, BS, scale_log2, W, depth, W * splits);
             if (splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, splits, W, HEADS);
         };
         double keys = 0;

@@ -22,7 +22,7 @@
 // phase's output buffer — 128 a unit, ≈ 1.6 M a layer application, a cost this probe also shows; three
 // buffers rotate (phase p writes buf[p % 3], reads buf[(p + 2) % 3], zeroes buf[(p + 1) % 3]).
 // k permutation as in skinny_probe.cu: one 16-byte load of W feeds two mma.m16n8k16 steps.
-#include "probe_ptx.cuh"
+#include "probe_chain.cuh"
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -33,51 +33,11 @@
 #include <algorithm>
 
 
-constexpr int H = 2048, I = 5632, L = 24, ROWS = 16;
 constexpr int WARPS = 8, THREADS = WARPS * 32;
-constexpr int KP = 256;           // k of one unit
-constexpr int TC = 16;            // output columns of one unit
-constexpr int MAX_PIECES = 4;     // k-pieces a block's range may touch (checked on the host)
-constexpr int BUF = ROWS * 2 * I; // floats of one activation buffer (the widest output)
 
 struct Weights {
     const __nv_bfloat16 *qkv[L], *o[L], *gu[L], *down[L];
 };
-
-struct PhaseShape {
-    int n, k, x_stride, x_glu;  // output columns, k, row stride of x, x = silu(x[:, k]) * x[:, I + k]
-};
-
-__host__ __device__ inline PhaseShape shape_of(int kind) {
-    switch (kind) {
-    case 0: return {3 * H, H, H, 0};          // QKV reads the layer input [16, 2048]
-    case 1: return {H, H, 3 * H, 0};          // o_proj reads QKV's first 2048 columns
-    case 2: return {2 * I, H, H, 0};          // gate/up reads o_proj's output
-    default: return {H, I, 2 * I, 1};         // down reads silu(gate) * up
-    }
-}
-
-// Fire-and-forget f32 pair add at L2 (no value returned, so the warp does not wait on it).
-__device__ __forceinline__ void red_add2(float *p, float a, float b) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
-}
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
-// A phase's unit range for one block: contiguous, sizes differing by at most one.
-__host__ __device__ inline void block_range(int units, int blocks, int b, int &u0, int &u1) {
-    u0 = (int)((long long)units * b / blocks);
-    u1 = (int)((long long)units * (b + 1) / blocks);
-}
 
 // The 16 W rows of a unit (tile columns) for lane (g, t): rows tile * 16 + g and + 8, k from
 // piece * KP + 8 t in 8 runs of 32.
@@ -134,34 +94,7 @@ __global__ void __launch_bounds__(THREADS, 1) persistent(Weights wts, float *buf
         // a thread before any is used (this is a latency the barrier cannot hide).
         const int piece0 = u0 / ntile, pieces = u1 > u0 ? (u1 - 1) / ntile - piece0 + 1 : 0;
         const int quads = pieces * ROWS * KP / 4;
-        for (int base = threadIdx.x; base < quads; base += 8 * THREADS) {
-            float4 a[8], b[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int i = base + j * THREADS;
-                if (i < quads) {
-                    const int pc = i / (ROWS * KP / 4), rem = i - pc * (ROWS * KP / 4), r = rem / (KP / 4), c = 4 * (rem - r * (KP / 4));
-                    const float *src = x + (size_t)r * s.x_stride + (piece0 + pc) * KP + c;
-                    a[j] = __ldcg(reinterpret_cast<const float4 *>(src));
-                    if (s.x_glu) b[j] = __ldcg(reinterpret_cast<const float4 *>(src + I));
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int i = base + j * THREADS;
-                if (i < quads) {
-                    const int pc = i / (ROWS * KP / 4), rem = i - pc * (ROWS * KP / 4), r = rem / (KP / 4), c = 4 * (rem - r * (KP / 4));
-                    float v[4] = {a[j].x, a[j].y, a[j].z, a[j].w};
-                    if (s.x_glu) {
-                        const float u4[4] = {b[j].x, b[j].y, b[j].z, b[j].w};
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) v[e] = v[e] / (1.f + __expf(-v[e])) * u4[e];
-                    }
-                    uint2 packed = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
-                    *reinterpret_cast<uint2 *>(&xs[pc][r][c]) = packed;
-                }
-            }
-        }
+        stage_x<THREADS, 8>(xs, x, s, piece0, quads);
         __syncthreads();
         const __nv_bfloat16 *wt = weight_of(wts, kind, (p / 4) % L);
         for (int u = u0 + warp; u < u1; u += WARPS) {
@@ -221,25 +154,6 @@ __global__ void __launch_bounds__(THREADS, 1) persistent(Weights wts, float *buf
         }
         __syncthreads();
     }
-}
-
-// Reference of one phase: out[r][n] = sum_k bf16(x'[r][k]) * W[n][k], x' as the probe stages it.
-__global__ void ref_phase(const __nv_bfloat16 *w, const float *x, float *out, int kind) {
-    const PhaseShape s = shape_of(kind);
-    const int n = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
-    if (n >= s.n) return;
-    float acc = 0.f;
-    for (int k = 0; k < s.k; ++k) {
-        float v;
-        if (s.x_glu) {
-            const float gt = x[(size_t)r * s.x_stride + k], up = x[(size_t)r * s.x_stride + I + k];
-            v = gt / (1.f + __expf(-gt)) * up;
-        } else {
-            v = x[(size_t)r * s.x_stride + k];
-        }
-        acc += __bfloat162float(__float2bfloat16(v)) * __bfloat162float(w[(size_t)n * s.k + k]);
-    }
-    out[(size_t)r * s.n + n] = acc;
 }
 
 int main() {
@@ -303,22 +217,10 @@ int main() {
         if (mode == 0) run(0, 8, true);
         else for (int p = 0; p < 8; ++p) run(p, p + 1, false);
         CK(cudaStreamSynchronize(st));
-        const float *x = x0;
-        for (int p = 0; p < 8; ++p) {
-            const PhaseShape s = shape_of(p % 4);
-            ref_phase<<<dim3((s.n + 127) / 128, ROWS), 128, 0, st>>>(weight_of(wts, p % 4, (p / 4) % L), x, ref[p % 4], p % 4);
-            x = ref[p % 4];
-        }
-        CK(cudaStreamSynchronize(st));
         // Phase 7 (down of application 1) wrote bufs[7 % 3].
-        std::vector<float> got((size_t)ROWS * H), want((size_t)ROWS * H);
-        CK(cudaMemcpy(got.data(), bufs + (size_t)(7 % 3) * BUF, got.size() * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(want.data(), ref[3], want.size() * 4, cudaMemcpyDeviceToHost));
-        double num = 0, den = 0;
-        for (size_t i = 0; i < got.size(); ++i) { num += (got[i] - want[i]) * (double)(got[i] - want[i]); den += (double)want[i] * want[i]; }
-        printf("%s: rel err after 8 phases %.2e (|ref| rms %.3f)\n", mode == 0 ? "one launch" : "a launch a phase", sqrt(num / std::max(den, 1e-30)), sqrt(den / got.size()));
+        check_first_8_phases(st, [&](int kind, int l) { return weight_of(wts, kind, l); }, x0, ref, bufs + (size_t)(7 % 3) * BUF, mode == 0 ? "one launch" : "a launch a phase");
     }
-    const double gb = 96.0 * 2 * (6144.0 * 2048 + 2048.0 * 2048 + 11264.0 * 2048 + 2048.0 * 5632) / 1e9;
+    const double gb = STEP_WEIGHT_GB;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));

@@ -23,7 +23,7 @@
 // reduction or the staging (results then wrong by design). Results (session 24): the ring streams
 // at 4.2 TB/s when nothing waits; the best variant (a launch a phase + PDL, 16 stages) ties
 // cuBLAS at 3.51 ms — docs/BENCHMARKS.md.
-#include "probe_ptx.cuh"
+#include "probe_chain.cuh"
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -34,14 +34,10 @@
 #include <algorithm>
 #include <string>
 
-constexpr int H = 2048, I = 5632, L = 24, ROWS = 16;
 constexpr int WARPS = 8, CONSUMERS = WARPS * 32, THREADS = CONSUMERS + 32;
-constexpr int KP = 256, TC = 16;
 constexpr int UNIT_BYTES = TC * KP * 2;        // 8 KB
-constexpr int MAX_PIECES = 4;
 constexpr int MAX_DEPTH = 2;                     // ring stages a consumer warp owns
 constexpr int MAX_STAGES = WARPS * MAX_DEPTH;
-constexpr int BUF = ROWS * 2 * I;
 constexpr int XS_BYTES = MAX_PIECES * ROWS * (KP + 32) * 2;
 
 struct Weights {
@@ -49,56 +45,6 @@ struct Weights {
     const __nv_bfloat16 *plain[4][L];
 };
 
-struct PhaseShape {
-    int n, k, x_stride, x_glu;
-};
-
-__host__ __device__ inline PhaseShape shape_of(int kind) {
-    switch (kind) {
-    case 0: return {3 * H, H, H, 0};
-    case 1: return {H, H, 3 * H, 0};
-    case 2: return {2 * I, H, H, 0};
-    default: return {H, I, 2 * I, 1};
-    }
-}
-
-__host__ __device__ inline void block_range(int units, int blocks, int b, int &u0, int &u1) {
-    u0 = (int)((long long)units * b / blocks);
-    u1 = (int)((long long)units * (b + 1) / blocks);
-}
-
-__device__ __forceinline__ void red_add2(float *p, float a, float b) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
-}
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
 // The consumer warps only (the producer never joins a block-wide barrier).
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); }
 
@@ -139,8 +85,8 @@ __global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         for (int i = 0; i < stages; ++i) {
-            mbar_init(smem_addr(&full[i]), 1);
-            mbar_init(smem_addr(&empty[i]), 1);
+            mbar_init(shared_addr(&full[i]), 1);
+            mbar_init(shared_addr(&empty[i]), 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -164,10 +110,10 @@ __global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, 
                 for (int u = u0; u < u1; ++u) {
                     const int w = (u - u0) % WARPS;
                     const unsigned n = taken[w]++, s = w * depth + n % depth, round = n / depth;
-                    if (round > 0) mbar_wait(smem_addr(&empty[s]), (round - 1) & 1);
-                    const uint32_t bar = smem_addr(&full[s]);
+                    if (round > 0) mbar_wait(shared_addr(&empty[s]), (round - 1) & 1);
+                    const uint32_t bar = shared_addr(&full[s]);
                     mbar_expect_tx(bar, UNIT_BYTES);
-                    bulk_g2s(smem_addr(stage_mem + (size_t)s * 512), src + (size_t)u * 512, UNIT_BYTES, bar);
+                    bulk_g2s(shared_addr(stage_mem + (size_t)s * 512), src + (size_t)u * 512, UNIT_BYTES, bar);
                 }
             }
         }
@@ -190,37 +136,11 @@ __global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, 
         const int piece0 = u0 / ntile, pieces = u1 > u0 ? (u1 - 1) / ntile - piece0 + 1 : 0;
         const int quads = work & STAGE ? pieces * ROWS * KP / 4 : 0;
         constexpr int SB = MINB == 2 ? 4 : 8;  // x loads in flight a thread (registers)
-        for (int base = threadIdx.x; base < quads; base += SB * CONSUMERS) {
-            float4 a[SB], b[SB];
-#pragma unroll
-            for (int j = 0; j < SB; ++j) {
-                const int i = base + j * CONSUMERS;
-                if (i < quads) {
-                    const int pc = i / (ROWS * KP / 4), rem = i - pc * (ROWS * KP / 4), r = rem / (KP / 4), c = 4 * (rem - r * (KP / 4));
-                    const float *src = x + (size_t)r * s.x_stride + (piece0 + pc) * KP + c;
-                    a[j] = __ldcg(reinterpret_cast<const float4 *>(src));
-                    if (s.x_glu) b[j] = __ldcg(reinterpret_cast<const float4 *>(src + I));
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < SB; ++j) {
-                const int i = base + j * CONSUMERS;
-                if (i < quads) {
-                    const int pc = i / (ROWS * KP / 4), rem = i - pc * (ROWS * KP / 4), r = rem / (KP / 4), c = 4 * (rem - r * (KP / 4));
-                    float v[4] = {a[j].x, a[j].y, a[j].z, a[j].w};
-                    if (s.x_glu) {
-                        const float u4[4] = {b[j].x, b[j].y, b[j].z, b[j].w};
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) v[e] = v[e] / (1.f + __expf(-v[e])) * u4[e];
-                    }
-                    *reinterpret_cast<uint2 *>(&xs[pc][r][c]) = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
-                }
-            }
-        }
+        stage_x<CONSUMERS, SB>(xs, x, s, piece0, quads);
         consumers_sync();
         for (int u = u0 + warp; u < u1; u += WARPS) {
             const unsigned n = taken++, st = warp * depth + n % depth;
-            mbar_wait(smem_addr(&full[st]), (n / depth) & 1);
+            mbar_wait(shared_addr(&full[st]), (n / depth) & 1);
             const uint4 *unit = stage_mem + (size_t)st * 512;
             // Fragments are read from the stage as they are multiplied (few registers live), and
             // the stage is released after the last read.
@@ -248,7 +168,7 @@ __global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, 
                 }
             }
             __syncwarp();
-            if (lane == 0) mbar_arrive(smem_addr(&empty[st]));
+            if (lane == 0) mbar_arrive(shared_addr(&empty[st]));
             if (!(work & RED)) {  // an output nobody reads, written only on an impossible value
                 if (acc[0][0] + acc[0][1] + acc[1][2] + acc[1][3] == 1234.5f) out[g] = acc[0][2] + acc[1][0];
                 continue;
@@ -272,24 +192,6 @@ __global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, 
             consumers_sync();
         }
     }
-}
-
-__global__ void ref_phase(const __nv_bfloat16 *w, const float *x, float *out, int kind) {
-    const PhaseShape s = shape_of(kind);
-    const int n = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
-    if (n >= s.n) return;
-    float acc = 0.f;
-    for (int k = 0; k < s.k; ++k) {
-        float v;
-        if (s.x_glu) {
-            const float gt = x[(size_t)r * s.x_stride + k], up = x[(size_t)r * s.x_stride + I + k];
-            v = gt / (1.f + __expf(-gt)) * up;
-        } else {
-            v = x[(size_t)r * s.x_stride + k];
-        }
-        acc += __bfloat162float(__float2bfloat16(v)) * __bfloat162float(w[(size_t)n * s.k + k]);
-    }
-    out[(size_t)r * s.n + n] = acc;
 }
 
 int main(int argc, char **argv) {
@@ -373,21 +275,9 @@ int main(int argc, char **argv) {
         if (mode == 0) run(0, 8, true, ALL, MAX_DEPTH, true);
         else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, mode == 1 ? MAX_DEPTH : 1, false, mode >= 2, mode == 3 ? 2 : 1);
         CK(cudaStreamSynchronize(st));
-        const float *x = x0;
-        for (int p = 0; p < 8; ++p) {
-            const PhaseShape s = shape_of(p % 4);
-            ref_phase<<<dim3((s.n + 127) / 128, ROWS), 128, 0, st>>>(wts.plain[p % 4][(p / 4) % L], x, ref[p % 4], p % 4);
-            x = ref[p % 4];
-        }
-        CK(cudaStreamSynchronize(st));
-        std::vector<float> got((size_t)ROWS * H), want((size_t)ROWS * H);
-        CK(cudaMemcpy(got.data(), bufs + (size_t)(7 % 3) * BUF, got.size() * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(want.data(), ref[3], want.size() * 4, cudaMemcpyDeviceToHost));
-        double num = 0, den = 0;
-        for (size_t i = 0; i < got.size(); ++i) { num += (got[i] - want[i]) * (double)(got[i] - want[i]); den += (double)want[i] * want[i]; }
-        printf("%s: rel err after 8 phases %.2e (|ref| rms %.3f)\n", check_names[mode], sqrt(num / std::max(den, 1e-30)), sqrt(den / got.size()));
+        check_first_8_phases(st, [&](int kind, int l) { return wts.plain[kind][l]; }, x0, ref, bufs + (size_t)(7 % 3) * BUF, check_names[mode]);
     }
-    const double gb = 96.0 * 2 * (6144.0 * 2048 + 2048.0 * 2048 + 11264.0 * 2048 + 2048.0 * 5632) / 1e9;
+    const double gb = STEP_WEIGHT_GB;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
