@@ -32,6 +32,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "mbarrier.cuh"
+
 namespace {
 
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -615,27 +617,10 @@ struct alignas(64) TmaMap {
     uint64_t opaque[16];
 };
 
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 // One arrival on `bar`, made by the hardware once every cp.async this thread issued before has
 // completed (counted against the barrier's expected arrivals: .noinc).
 __device__ __forceinline__ void cp_async_arrive(unsigned bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
 }
 // Box (c0, c1) of the 2-D tensor `map` into shared memory at `dst`, completing its bytes on `bar`.
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int c0, int c1, unsigned bar) {

@@ -32,6 +32,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "mbarrier.cuh"
+
 #define NW 4
 #define NTHREADS (NW * 32)
 
@@ -751,19 +753,6 @@ PA_MMA_KERNEL(f16, __half, 128)
 
 namespace {
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t ring_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void ring_wait(uint32_t bar, uint32_t parity) {
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void ring_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-#endif
 
 // Block: (ceil(num_heads / 2) + 1) warps, the last the producer; grid (rows, splits); dynamic
 // shared memory depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query
@@ -811,8 +800,8 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (threadIdx.x == 0) {
         for (int i = 0; i < depth; ++i) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ring_smem_addr(&full[i])), "r"(1));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ring_smem_addr(&empty[i])), "r"(cwarps));
+            mbar_init(smem_addr(&full[i]), 1);
+            mbar_init(smem_addr(&empty[i]), cwarps);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -823,15 +812,15 @@ __device__ __forceinline__ void paged_decode_ring_impl(
             for (int i = 0; i < nstages; ++i) {
                 const int s = i % depth, round = i / depth;
                 // Stage s is free once every consumer warp released its previous round.
-                if (round > 0) ring_wait(ring_smem_addr(&empty[s]), (round - 1) & 1);
+                if (round > 0) mbar_wait(smem_addr(&empty[s]), (round - 1) & 1);
                 const int p = k0 + i * RING_CP, n = min(RING_CP, k1 - p);
                 // RING_CP divides block_size and chunks start on a stage: a stage stays in one page.
                 const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
-                const uint32_t bar = ring_smem_addr(&full[s]);
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(2 * n * pos_bytes) : "memory");
+                const uint32_t bar = smem_addr(&full[s]);
+                mbar_arrive_expect_tx(bar, 2 * n * pos_bytes);
                 unsigned char *st = ring_smem + (size_t)s * stage_bytes;
-                ring_copy(ring_smem_addr(st), kc + slot * pos_elems, n * pos_bytes, bar);
-                ring_copy(ring_smem_addr(st + RING_CP * pos_bytes), vc + slot * pos_elems, n * pos_bytes, bar);
+                bulk_copy_g2s(smem_addr(st), kc + slot * pos_elems, n * pos_bytes, bar);
+                bulk_copy_g2s(smem_addr(st + RING_CP * pos_bytes), vc + slot * pos_elems, n * pos_bytes, bar);
             }
         }
         return;
@@ -859,7 +848,7 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         const int s = i % depth;
         // Every consumer warp takes every stage in order, so it waits on a stage's round only after
         // releasing the round before: parity waits cannot alias.
-        ring_wait(ring_smem_addr(&full[s]), (i / depth) & 1);
+        mbar_wait(smem_addr(&full[s]), (i / depth) & 1);
         const T *ks = reinterpret_cast<const T *>(ring_smem + (size_t)s * stage_bytes);
         const T *vs = ks + RING_CP * pos_elems;
         const int n = min(RING_CP, k1 - (k0 + i * RING_CP));
@@ -870,7 +859,7 @@ __device__ __forceinline__ void paged_decode_ring_impl(
             vr[j] = j < n ? *reinterpret_cast<const uint4 *>(vs + j * pos_elems + off) : make_uint4(0, 0, 0, 0);
         }
         __syncwarp();
-        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ring_smem_addr(&empty[s])) : "memory");
+        if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
         float sc[RING_CP];
 #pragma unroll
         for (int j = 0; j < RING_CP; ++j) {
