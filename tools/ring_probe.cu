@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, 
                     const unsigned n = taken[w]++, s = w * depth + n % depth, round = n / depth;
                     if (round > 0) mbar_wait(shared_addr(&empty[s]), (round - 1) & 1);
                     const uint32_t bar = shared_addr(&full[s]);
-                    mbar_expect_tx(bar, UNIT_BYTES);
-                    bulk_g2s(shared_addr(stage_mem + (size_t)s * 512), src + (size_t)u * 512, UNIT_BYTES, bar);
+                    mbar_arrive_expect_tx(bar, UNIT_BYTES);
+                    bulk_copy_g2s(shared_addr(stage_mem + (size_t)s * 512), src + (size_t)u * 512, UNIT_BYTES, bar);
                 }
             }
         }

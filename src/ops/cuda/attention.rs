@@ -4,7 +4,7 @@
 use super::launch::{compute_major, device, for_float, kernel, sm_count, view, wrap, Module};
 use crate::ops::attention_split::{self, keys_per_warp_step, Cut};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -251,16 +251,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     {
         let mut b = func.builder();
         b.arg(&mut out);
-        match &ws {
-            Some((acc, ml)) => {
-                b.arg(acc);
-                b.arg(ml);
-            }
-            None => {
-                b.arg(&null);
-                b.arg(&null);
-            }
-        }
+        workspace_args(&mut b, &ws, &null);
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
@@ -284,6 +275,21 @@ fn split_workspace(dev: &CudaDevice, splits: usize, p: &Params) -> Result<Option
     let acc = unsafe { dev.alloc::<f32>(splits * p.tokens * p.heads * p.hd)? };
     let ml = unsafe { dev.alloc::<f32>(splits * p.tokens * p.heads * 2)? };
     Ok(Some((acc, ml)))
+}
+
+/// Pushes a split launch's workspace (`acc`, `ml`) onto a kernel's arguments, or two null
+/// pointers for one split.
+fn workspace_args<'a>(b: &mut LaunchArgs<'a>, ws: &'a Option<(CudaSlice<f32>, CudaSlice<f32>)>, null: &'a u64) {
+    match ws {
+        Some((acc, ml)) => {
+            b.arg(acc);
+            b.arg(ml);
+        }
+        None => {
+            b.arg(null);
+            b.arg(null);
+        }
+    }
 }
 
 /// Merges a split launch's partials into `out` (`paged_attn_combine_*`).
@@ -370,16 +376,7 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     {
         let mut b = func.builder();
         b.arg(&mut out);
-        match &ws {
-            Some((acc, ml)) => {
-                b.arg(acc);
-                b.arg(ml);
-            }
-            None => {
-                b.arg(&null);
-                b.arg(&null);
-            }
-        }
+        workspace_args(&mut b, &ws, &null);
         b.arg(q).arg(k).arg(v).arg(bt).arg(cl).arg(cu);
         b.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&tokens).arg(&depth).arg(&target);
         // SAFETY: argument list matches `paged_decode_ring_*` in paged_attention.cu; the caller
