@@ -211,18 +211,20 @@ fn decode_edge_shapes() {
 }
 
 /// Decode rows through the bulk-copy ring (one query a row, head dim 128, bf16 / f16, at most 16
-/// heads, block size a multiple of 4, sm_90 builds): one row cut into 32 splits (the grid's most),
-/// 16 rows of contexts 1–600 (splits in proportion to each),
-/// an odd head count (a half-warp idle), a GQA group of four, block sizes 32 and 12 (not a power
-/// of two), f16 — each against the CPU reference through `check`, which runs the ring path among
-/// the others. The ring must be what `AttentionKernels::DecodeRing` launches there (and only
+/// heads, block size a multiple of 4, sm_90 builds): one row walked by many blocks, 16 rows of
+/// contexts 1–600 (runs that end inside rows), 200 short rows (runs that hold several whole
+/// rows), an odd head count (a half-warp idle), a GQA group of four, block sizes 32 and 12 (not a
+/// power of two), f16 — each against the CPU reference through `check`, which runs the ring path
+/// among the others. The ring must be what `AttentionKernels::DecodeRing` launches there (and only
 /// there: a block size of 6, f32 and a prefill row fall back).
 #[test]
 fn decode_ring_kernel() {
     use ponder::ops::cuda::decode_ring_launches;
     let sixteen: Vec<(usize, usize)> = (0..16).map(|i| (1, 1 + (i * 67) % 600)).collect();
+    let short: Vec<(usize, usize)> = (0..200).map(|i| (1, 1 + (i * 37) % 41)).collect();
     let cases = [
         (case("ring one row mha 16/16 d128", &[(1, 1000)], 16, 16, 128, DType::BF16, AttnMask::Causal), true),
+        (Case { rows: short, ..case("ring 200 short rows mha 16/16 d128", &[], 16, 16, 128, DType::BF16, AttnMask::Causal) }, true),
         (Case { rows: sixteen.clone(), ..case("ring 16 rows mha 16/16 d128", &[], 16, 16, 128, DType::BF16, AttnMask::Causal) }, true),
         (Case { rows: sixteen.clone(), ..case("ring 16 rows mha 16/16 d128", &[], 16, 16, 128, DType::F16, AttnMask::Causal) }, true),
         (case("ring odd heads 15/15 d128", DECODE_ROWS, 15, 15, 128, DType::BF16, AttnMask::Causal), true),

@@ -5,26 +5,29 @@
 // 8 KB bulk copies into a ring of stages when nothing waited on them.
 //
 // The ring kernel (now the library's `paged_decode_ring_*`, src/ops/kernels/paged_attention.cu):
-// one block takes one (row, key split) and all 16 heads — with the cache laid out [block,
-// position, head, D] the K (and V) of 4 consecutive positions of a page is one contiguous 16 KB
-// run, so a producer warp copies a stage (K and V of 4 positions, 32 KB) with two `cp.async.bulk`
-// into a ring of `depth` stages; eight consumer warps (two heads each) score, run the online
-// softmax and accumulate V out of it. Several splits write partials for the combine kernel.
-// Session 19 staged K/V for groups of 8 heads with a copy per position (2 KB) and lost; the
-// differences here are 16 KB copies and up to 128 KB in flight a block.
+// a block takes all 16 heads of a run of stages — with the cache laid out [block, position, head,
+// D] the K (and V) of 4 consecutive positions of a page is one contiguous 16 KB run, so a producer
+// warp copies a stage (K and V of 4 positions, 32 KB) with two `cp.async.bulk` into a ring of
+// `depth` stages; eight consumer warps (two heads each) score, run the online softmax and
+// accumulate V out of it. The launch's stages, rows end to end, are cut into one equal run a block
+// of a fixed grid (blocks an SM x SMs); runs cross rows, and rows cut between blocks are merged
+// by the ring's combine kernel. Session 19 staged K/V for groups of 8 heads with a copy per
+// position (2 KB) and lost; the differences here are 16 KB copies and up to 128 KB in flight a
+// block.
 //
 // The library's kernels are compiled into this file, so all run in one process on the same
 // caches: the SIMT one-query kernel with the library's plan for a captured graph
 // (attention_split.rs, repeated here: the bound is the next power of two of the context, at least
-// 256) and its other build; the ring as the library launches it (`ring_splits`, keys cut in
-// proportion to each row's context); and the ring swept over grid splits and depths. Each variant
-// is a graph of 96 launches over 24 layers' caches (a step's worth; caches never hot in L2);
-// outputs are checked against the SIMT kernel's (the run fails past 1e-2).
+// 256) and its other build; the ring as the library launches it (LIB_* below); and the ring swept
+// over blocks an SM, depths and the fewest stages a run takes. Each variant is a graph of 96
+// launches over 24 layers' caches (a step's worth; caches never hot in L2); outputs are checked
+// against the SIMT kernel's (the run fails past 1e-2).
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/attn_ring_probe.cu -o /tmp/attn && /tmp/attn [ctx|var [widths]]
 //
-// `var`: the depth-batching benchmark's varied context lengths. Session 24's call 12 ran an
-// earlier version (b29c86f) whose own copy of the kernel gave every row the same split count.
+// `var`: the depth-batching benchmark's varied context lengths. Session 24 ran earlier versions:
+// one split count for every row (b29c86f), then splits in proportion to each row's context
+// (4f57870) — both slow with varied contexts, the second also with even ones.
 #include "probe_ptx.cuh"
 #include "../src/ops/kernels/paged_attention.cu"
 #include <algorithm>
@@ -41,6 +44,9 @@ constexpr int CP = 4;                                  // positions a stage
 constexpr int HALF = CP * POS_BYTES;                   // a stage's K (then V): 16 KB
 constexpr int THREADS = (HEADS / 2 + 1) * 32;                // eight consumer warps and the producer
 constexpr int MAX_DEPTH = 4;                           // RING_MAX_DEPTH of the library
+constexpr int MAX_BLOCKS_PER_SM = 3;                   // the most the sweep puts on an SM
+// The library's launch (src/ops/cuda/attention.rs: RING_BLOCKS_PER_SM, RING_DEPTH, RING_MIN_CHUNK).
+constexpr int LIB_BLOCKS_PER_SM = 2, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
 
 }  // namespace ring
 
@@ -96,10 +102,11 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
         CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     printf("SMs %d, context %s%d, graph bound %d\n", sms, varied ? "varied, at most " : "", ctx, BOUND);
+    int ring_fit[MAX_DEPTH + 1] = {};
     for (int depth = 2; depth <= MAX_DEPTH; ++depth) {
-        int per_sm;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, paged_decode_ring_bf16_d128, THREADS, depth * 2 * HALF));
-        printf("ring depth %d (%d KB): %d blocks an SM\n", depth, depth * 2 * HALF / 1024, per_sm);
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ring_fit[depth], paged_decode_ring_bf16_d128, THREADS, depth * 2 * HALF));
+        ring_fit[depth] = std::min(ring_fit[depth], MAX_BLOCKS_PER_SM);
+        printf("ring depth %d (%d KB): %d blocks an SM\n", depth, depth * 2 * HALF / 1024, ring_fit[depth]);
     }
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -139,6 +146,7 @@ int main(int argc, char **argv) {
         uint32_t *d_tab, *d_lens, *d_cu;
         __nv_bfloat16 *q, *out_lib, *out_ring;
         float *ws_acc, *ws_ml;
+        int *ws_meta;
         CK(cudaMalloc(&d_tab, tab.size() * 4));
         CK(cudaMalloc(&d_lens, W * 4));
         CK(cudaMalloc(&d_cu, (W + 1) * 4));
@@ -149,8 +157,11 @@ int main(int argc, char **argv) {
         fill<<<64, 256, 0, st>>>(q, (size_t)W * HEADS * HD, 99, 2.f);
         CK(cudaMalloc(&out_lib, (size_t)W * HEADS * HD * 2));
         CK(cudaMalloc(&out_ring, (size_t)W * HEADS * HD * 2));
-        CK(cudaMalloc(&ws_acc, (size_t)32 * W * HEADS * HD * 4));
-        CK(cudaMalloc(&ws_ml, (size_t)32 * W * HEADS * 2 * 4));
+        // Partials: the SIMT kernel's splits x rows, the ring's grid + rows slots.
+        const size_t slots = std::max((size_t)32 * W, (size_t)MAX_BLOCKS_PER_SM * sms + W);
+        CK(cudaMalloc(&ws_acc, slots * HEADS * HD * 4));
+        CK(cudaMalloc(&ws_ml, slots * HEADS * 2 * 4));
+        CK(cudaMalloc(&ws_meta, (size_t)W * 2 * 4));
         CK(cudaStreamSynchronize(st));
         // The library's kernel: grid (rows, kv heads, splits), chunk as its plan passes it.
         auto lib = [&](int l, bool occ7, int splits, int chunk, __nv_bfloat16 *o, int wave = 1) {
@@ -162,20 +173,14 @@ int main(int argc, char **argv) {
                 paged_attn_bf16_d128_q1<<<grid, NTHREADS, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, splits, chunk, wave, W);
             if (splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, splits, W, HEADS);
         };
-        // The library's ring kernel as src/ops/cuda/attention.rs launches it (`ring_splits`,
-        // RING_DEPTH 2 stages of 32 KB, target = SMs): keys cut in proportion to each row's context.
-        const int lib_ring_splits = W >= sms ? 1 : std::min(32, std::max(1, 4 * sms / W));
-        auto lib_ring = [&](int l, __nv_bfloat16 *o) {
-            paged_decode_ring_bf16_d128<<<dim3(W, lib_ring_splits), THREADS, 2 * 2 * HALF, st>>>(
-                o, ws_acc, ws_ml, q, kc[l], vc[l], d_tab, d_lens, d_cu, max_blocks, HEADS, HEADS, BS, scale_log2, W, 2, sms);
-            if (lib_ring_splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, lib_ring_splits, W, HEADS);
+        // The ring kernel: a grid of `per_sm` blocks an SM cutting the launch's stages into equal
+        // runs of at least `min_chunk`, then its combine (as src/ops/cuda/attention.rs launches them).
+        auto rng = [&](int l, int per_sm, int depth, int min_chunk, __nv_bfloat16 *o) {
+            paged_decode_ring_bf16_d128<<<per_sm * sms, THREADS, depth * 2 * HALF, st>>>(
+                o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, depth, min_chunk);
+            paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
         };
-        auto rng = [&](int l, int splits, int depth, __nv_bfloat16 *o) {
-            // target W x splits blocks: with even contexts every row takes `splits` splits.
-            paged_decode_ring_bf16_d128<<<dim3(W, splits), THREADS, depth * 2 * HALF, st>>>(
-                o, ws_acc, ws_ml, q, kc[l], vc[l], d_tab, d_lens, d_cu, max_blocks, HEADS, HEADS, BS, scale_log2, W, depth, W * splits);
-            if (splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, splits, W, HEADS);
-        };
+        auto lib_ring = [&](int l, __nv_bfloat16 *o) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, o); };
         double keys = 0;
         for (auto c : lens) keys += c;
         const double mb = keys * POS_BYTES * 2 / 1e6;
@@ -220,18 +225,22 @@ int main(int argc, char **argv) {
             }
             return sqrt(num / std::max(den, 1e-30));
         };
-        const int split_opts[] = {1, 2, 4, 8, 16, 32};
+        // (blocks an SM, depth, fewest stages a block) that fit the SM's shared memory.
+        struct Shape { int per_sm, depth, min_chunk; };
+        std::vector<Shape> shapes;
+        for (int d = 2; d <= MAX_DEPTH; ++d)
+            for (int b = 1; b <= ring_fit[d]; ++b) shapes.push_back({b, d, LIB_MIN_CHUNK});
+        for (int c : {2, 4, 16, 32}) shapes.push_back({LIB_BLOCKS_PER_SM, LIB_DEPTH, c});
         double worst = 0;
-        for (int s : split_opts)
-            for (int d = 2; d <= MAX_DEPTH; ++d) {
-                rng(0, s, d, out_ring);
-                worst = std::max(worst, ring_err());
-            }
-        printf("W %3d: ring vs library, worst rel err over splits and depths %.2e\n", W, worst);
+        for (const Shape &sh : shapes) {
+            rng(0, sh.per_sm, sh.depth, sh.min_chunk, out_ring);
+            worst = std::max(worst, ring_err());
+        }
+        printf("W %3d: ring vs library, worst rel err over grids, depths and chunks %.2e\n", W, worst);
         {
             lib_ring(0, out_ring);
             const double err = ring_err();
-            printf("W %3d: the library's ring (%d splits in the grid) vs its SIMT kernel: rel err %.2e\n", W, lib_ring_splits, err);
+            printf("W %3d: the library's ring (%d blocks an SM, depth %d) vs its SIMT kernel: rel err %.2e\n", W, LIB_BLOCKS_PER_SM, LIB_DEPTH, err);
             if (!(err < 1e-2) || !(worst < 1e-2)) {
                 printf("W %3d: ring output differs from the library's SIMT kernel\n", W);
                 return 1;
@@ -241,14 +250,11 @@ int main(int argc, char **argv) {
             time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time(plan.occ7 ? "library, its plan, plain build" : "library, its plan, 7-block build",
                  [&](int l) { lib(l, !plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
-            time("library's ring (proportional splits)", [&](int l) { lib_ring(l, out_ring); });
-            for (int s : split_opts) {
-                if ((long long)W * s > 8 * sms) continue;
-                for (int d = 2; d <= MAX_DEPTH; ++d) {
-                    char name[64];
-                    snprintf(name, sizeof name, "ring, %d split%s, %d x 32 KB", s, s > 1 ? "s" : "", d);
-                    time(name, [&](int l) { rng(l, s, d, out_ring); });
-                }
+            time("library's ring (equal runs)", [&](int l) { lib_ring(l, out_ring); });
+            for (const Shape &sh : shapes) {
+                char name[64];
+                snprintf(name, sizeof name, "ring, %d a SM, %d x 32 KB, runs >= %d stages", sh.per_sm, sh.depth, sh.min_chunk);
+                time(name, [&](int l) { rng(l, sh.per_sm, sh.depth, sh.min_chunk, out_ring); });
             }
         }
         for (int l = 0; l < LAYERS; ++l) {
@@ -263,6 +269,7 @@ int main(int argc, char **argv) {
         CK(cudaFree(out_ring));
         CK(cudaFree(ws_acc));
         CK(cudaFree(ws_ml));
+        CK(cudaFree(ws_meta));
     }
     return 0;
 }

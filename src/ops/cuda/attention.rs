@@ -17,14 +17,16 @@ const MMA_MIN_ITEMS: usize = 16;
 /// Query items per block of the tensor-core kernel (`MMA_NQ` in the .cu file).
 const MMA_NQ: usize = 64;
 /// Decode ring kernel (`paged_decode_ring_*`): positions a stage, stages in flight a block (64 KB
-/// of K/V at 16 kv heads: three blocks an SM on the H200, the fastest depth measured), most query
-/// heads a block (two a consumer warp, eight consumer warps), the head dim it is built for, most
-/// key splits of a row.
+/// of K/V at 16 kv heads: three blocks an SM on the H200), blocks an SM in its grid, fewest stages
+/// a block takes (so that small launches do not spread over blocks that each wait out a copy's
+/// latency for a few keys), most query heads a block (two a consumer warp, eight consumer warps),
+/// the head dim it is built for.
 const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
+const RING_BLOCKS_PER_SM: usize = 2;
+const RING_MIN_CHUNK: usize = 8;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
-const RING_MAX_SPLITS: usize = 32;
 /// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
 /// 2-byte elements), set alike by every launch so that concurrent callers cannot lower it under
 /// each other.
@@ -336,22 +338,10 @@ pub fn decode_ring_launches() -> usize {
     RING_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Key splits the decode ring's grid holds for `rows` rows on `sms` SMs: one from a wave's worth
-/// of rows on, else up to four blocks per SM in all (at most 32 a row). The kernel cuts the
-/// launch's total keys into chunks for about `sms` blocks, so a row takes splits in proportion to
-/// its context and blocks past a row's count write empty partials. (Measured on the H200 with one
-/// split count for every row: about one block per SM was fastest at 16 / 64 / 256 rows with even
-/// contexts, and varied contexts were slow — the reason for the proportional cut.)
-fn ring_splits(rows: usize, sms: usize) -> usize {
-    if rows >= sms {
-        1
-    } else {
-        (4 * sms / rows.max(1)).clamp(1, RING_MAX_SPLITS)
-    }
-}
-
 /// Decode attention through the bulk-copy ring (`paged_decode_ring_*`, see the kernel's header):
-/// grid (rows, splits), one producer warp and one consumer warp per two query heads.
+/// a grid of RING_BLOCKS_PER_SM blocks an SM that cut the launch's keys into equal runs, one
+/// producer warp and one consumer warp per two query heads a block, then
+/// `paged_decode_ring_combine_*` for the rows whose keys more than one block walked.
 fn launch_ring<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     name: &str,
@@ -359,34 +349,44 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     [q, k, v]: [&CudaView<T>; 3],
     [bt, cl, cu]: [&CudaView<u32>; 3],
 ) -> Result<Tensor> {
-    let sms = sm_count(dev)?;
-    let splits = ring_splits(p.rows, sms);
+    let grid = RING_BLOCKS_PER_SM * sm_count(dev)?;
     let smem = RING_DEPTH * 2 * RING_CP * p.kv_heads * p.hd * std::mem::size_of::<T>();
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_{name}_d{RING_HD}"))?;
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, RING_MAX_SMEM as i32).w()?;
     let threads = (p.heads.div_ceil(2) + 1) * 32;
-    let cfg = LaunchConfig { grid_dim: (p.rows as u32, splits as u32, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
+    let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
     // SAFETY: one query a row, so every (token, head) of the output is written by the ring kernel
-    // (one split) or by the combine.
+    // (a row one block walked whole) or by the combine (split rows and rows without keys).
     let mut out = unsafe { dev.alloc::<T>(p.tokens * p.heads * p.hd)? };
-    let ws = split_workspace(dev, splits, p)?;
-    let null = 0u64;
-    let (max_blocks, heads, kv_heads, block_size, tokens, depth, target) =
-        (p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32, p.tokens as i32, RING_DEPTH as i32, sms.min(i32::MAX as usize) as i32);
+    // Partial (row r, block b) lives in slot b + r: grid + rows slots. The kernel writes every
+    // partial and every row's (first slot, count) entry the combine reads.
+    let slots = grid + p.rows;
+    // SAFETY (the three): the combine reads a partial's acc only where its sum is positive, and
+    // (max, sum) and entries only where the ring kernel wrote them this launch.
+    let acc = unsafe { dev.alloc::<f32>(slots * p.heads * p.hd)? };
+    // SAFETY: as above.
+    let ml = unsafe { dev.alloc::<f32>(slots * p.heads * 2)? };
+    // SAFETY: as above.
+    let meta = unsafe { dev.alloc::<i32>(p.rows * 2)? };
+    let (rows, max_blocks, heads, kv_heads, block_size, depth, min_chunk) =
+        (p.rows as i32, p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32, RING_DEPTH as i32, RING_MIN_CHUNK as i32);
     {
         let mut b = func.builder();
-        b.arg(&mut out);
-        workspace_args(&mut b, &ws, &null);
+        b.arg(&mut out).arg(&acc).arg(&ml).arg(&meta);
         b.arg(q).arg(k).arg(v).arg(bt).arg(cl).arg(cu);
-        b.arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&tokens).arg(&depth).arg(&target);
+        b.arg(&rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&depth).arg(&min_chunk);
         // SAFETY: argument list matches `paged_decode_ring_*` in paged_attention.cu; the caller
-        // checked one query a row, head dim 128, heads <= 16 and block_size % RING_CP == 0.
+        // checked one query a row, head dim 128, heads <= 16 and block_size % RING_CP == 0, and
+        // the workspace holds grid + rows slots.
         unsafe { b.launch(cfg) }.w()?;
     }
     RING_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if let Some(ws) = &ws {
-        combine::<T>(dev, name, p, &mut out, ws, splits)?;
-    }
+    let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_combine_{name}_d{RING_HD}"))?;
+    let cfg = LaunchConfig { grid_dim: (p.rows as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&acc).arg(&ml).arg(&meta).arg(cl).arg(cu).arg(&heads);
+    // SAFETY: matches `paged_decode_ring_combine_*`; reads the partials and entries written above.
+    unsafe { b.launch(cfg) }.w()?;
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
 }
 

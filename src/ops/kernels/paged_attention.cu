@@ -338,28 +338,35 @@ __device__ __forceinline__ void paged_attn_impl(
     }
 }
 
+// Merges n partials of one (token, head) — acc at acc + s x stride x D, (max, sum) at
+// ml + s x stride x 2 — into o[0..D): split launches of both decode kernels end here.
+template <typename T, int D>
+__device__ __forceinline__ void merge_partials(T *__restrict__ o, const float *__restrict__ acc,
+                                               const float *__restrict__ ml, int n, size_t stride) {
+    float M = -INFINITY;
+    for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * stride * 2]);
+    for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float L = 0.f, A = 0.f;
+        if (M != -INFINITY) {
+            for (int s = 0; s < n; ++s) {
+                const float ls = ml[s * stride * 2 + 1];
+                if (ls > 0.f) {
+                    const float f = exp2f(ml[s * stride * 2] - M);
+                    L += ls * f;
+                    A += acc[s * stride * D + e] * f;
+                }
+            }
+        }
+        o[e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
+    }
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *__restrict__ ws_acc,
                                              const float *__restrict__ ws_ml, int num_splits,
                                              int num_tokens, int num_heads) {
     const size_t th = (size_t)blockIdx.x * num_heads + blockIdx.y;
-    const size_t stride = (size_t)num_tokens * num_heads;
-    float M = -INFINITY;
-    for (int s = 0; s < num_splits; ++s) M = fmaxf(M, ws_ml[(s * stride + th) * 2]);
-    for (int e = threadIdx.x; e < D; e += blockDim.x) {
-        float L = 0.f, A = 0.f;
-        if (M != -INFINITY) {
-            for (int s = 0; s < num_splits; ++s) {
-                const float ls = ws_ml[(s * stride + th) * 2 + 1];
-                if (ls > 0.f) {
-                    const float f = exp2f(ws_ml[(s * stride + th) * 2] - M);
-                    L += ls * f;
-                    A += ws_acc[(s * stride + th) * D + e] * f;
-                }
-            }
-        }
-        out[th * D + e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
-    }
+    merge_partials<T, D>(out + th * D, ws_acc + th * D, ws_ml + th * 2, num_splits, (size_t)num_tokens * num_heads);
 }
 
 
@@ -732,68 +739,103 @@ PA_MMA_KERNEL(f16, __half, 96)
 PA_MMA_KERNEL(f16, __half, 128)
 
 // ---------------------------------------------------------------------------------------------
-// Decode through a ring of bulk copies (sm_90+; one query a row, head dim 128). One block takes
-// one (row, key split) and every head of the row. The cache is [block, position, kv head, D], so
-// the K (or V) of RING_CP consecutive positions of a page is one contiguous run of
-// RING_CP x kv_heads x 256 bytes: a producer warp copies K and V of a stage with two
-// cp.async.bulk into a ring of `depth` shared-memory stages (an mbarrier counts the bytes in);
-// the consumer warps — two query heads each, 16 lanes a head, 8 elements a lane — read every
-// stage, score, keep an online softmax (base 2, as the SIMT kernel) and accumulate V, then release
-// the stage (an mbarrier of one arrival a consumer warp). The copies run ahead of the softmax by
-// the ring's depth, so a block keeps up to depth x 2 x RING_CP positions in flight without
-// registers. Keys are cut from the actual contexts (see the chunk below); with more than one
-// split each block writes paged_attn_combine's partials. Measured against the one-query SIMT
-// kernel on the H200 with one split count for every row (tools/attn_ring_probe.cu, session 24):
-// 22 % faster at 64 rows and 9 % at 256 (context 260), level at 16 rows and at 2k contexts, but
-// slow when a launch's contexts vary — the reason keys are now cut in proportion to each row's.
+// Decode through a ring of bulk copies (sm_90+; one query a row, head dim 128). The cache is
+// [block, position, kv head, D], so the K (or V) of RING_CP consecutive positions of a page is one
+// contiguous run of RING_CP x kv_heads x 256 bytes — a stage. A producer warp copies K and V of a
+// stage with two cp.async.bulk into a ring of `depth` shared-memory stages (an mbarrier counts the
+// bytes in); the consumer warps — two query heads each, 16 lanes a head, 8 elements a lane — read
+// every stage, score, keep an online softmax (base 2, as the SIMT kernel) and accumulate V, then
+// release the stage (an mbarrier of one arrival a consumer warp). The copies run ahead of the
+// softmax by the ring's depth, so a block keeps up to depth x 2 x RING_CP positions in flight
+// without registers.
+//
+// Work is balanced over a fixed grid: the launch's stages, rows laid end to end, are cut into
+// gridDim.x equal runs (at least min_chunk stages), one a block. A block's run may end inside a
+// row and go on into the next ones; the ring keeps streaming across those row boundaries, and the
+// consumers write a partial (or, for a row the run holds whole, the output) at each. The unit of
+// work is a row's every head (16x coarser than the SIMT kernel's row x head), so one split count
+// for every row lost whenever contexts varied (session 24); the equal runs make the launch as
+// long as its total keys, whatever their spread. Partial (row r, block b) goes to slot b + r —
+// unique, since walking the stages in order raises b or r at every boundary — and the block
+// holding a row's first stage records its first slot and count for paged_decode_ring_combine.
 #define RING_CP 4
 #define RING_MAX_DEPTH 4
-#define RING_MIN_CHUNK 16
 #define RING_D 128
 
 namespace {
 
+__device__ __forceinline__ unsigned long long ring_stages(uint32_t ctx) {
+    return ((unsigned long long)ctx + RING_CP - 1) / RING_CP;
+}
 
-// Block: (ceil(num_heads / 2) + 1) warps, the last the producer; grid (rows, splits); dynamic
-// shared memory depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query
-// (cu_q[r + 1] - cu_q[r] == 1) and sees its whole context; block_size is a multiple of RING_CP.
+// Exclusive prefix of `v` over the block's threads; `total` gets the block's sum. Every thread of
+// the block calls it (it synchronises); `warp_sums` holds a value per warp.
+__device__ __forceinline__ unsigned long long ring_block_scan(unsigned long long v, unsigned long long *warp_sums,
+                                                              unsigned long long &total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    unsigned long long x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    unsigned long long before = 0, all = 0;
+    for (int w = 0; w < warps; ++w) {
+        const unsigned long long s = warp_sums[w];
+        if (w < warp) before += s;
+        all += s;
+    }
+    __syncthreads();  // warp_sums is written again by the next call
+    total = all;
+    return before + x - v;
+}
+
+// Block: (ceil(num_heads / 2) + 1) warps, the last the producer; any grid; dynamic shared memory
+// depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query (token cu_q[r]) and
+// sees its whole context; block_size is a multiple of RING_CP. Workspace: partials `ws_acc`
+// [gridDim.x + num_rows, num_heads, D] and `ws_ml` [.., num_heads, 2]; `ws_meta` [num_rows, 2].
 template <typename T>
 __device__ __forceinline__ void paged_decode_ring_impl(
-    T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, const T *__restrict__ q,
-    const T *__restrict__ kc, const T *__restrict__ vc, const uint32_t *__restrict__ block_tables,
-    const uint32_t *__restrict__ context_lens, const uint32_t *__restrict__ cu_q, int max_blocks, int num_heads,
-    int kv_heads, int block_size, float scale_log2, int num_tokens, int depth, int target_blocks) {
+    T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, int *__restrict__ ws_meta,
+    const T *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
+    const uint32_t *__restrict__ block_tables, const uint32_t *__restrict__ context_lens,
+    const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks, int num_heads, int kv_heads,
+    int block_size, float scale_log2, int depth, int min_chunk) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char ring_smem[];
     __shared__ __align__(8) uint64_t full[RING_MAX_DEPTH], empty[RING_MAX_DEPTH];
+    __shared__ unsigned long long warp_sums[32], s_first_start;
+    __shared__ int s_first_row;
     const int cwarps = (int)(blockDim.x / 32) - 1;
     if (cwarps < 1 || depth < 1 || depth > RING_MAX_DEPTH) return;  // block-uniform; the host never asks it
-    const int row = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-    const int ctx = (int)context_lens[row];
-    // Keys a block walks. With several splits: the launch's total keys over about target_blocks
-    // blocks (whole stages, at least RING_MIN_CHUNK) gives a row its number of splits — nearest,
-    // 1 to gridDim.y — in proportion to its context, and the row's keys are then cut evenly among
-    // them (no one-stage tails). The unit of work is a row's every head: a long row walked by as
-    // few blocks as a short one would hold the launch. Every block of a row derives the same cut.
-    long long chunk = ctx;  // one split: the whole context
-    if (splits > 1) {       // block-uniform
-        __shared__ unsigned long long s_total;
-        if (threadIdx.x == 0) s_total = 0;
-        __syncthreads();
-        unsigned long long sum = 0;
-        for (int r = threadIdx.x; r < (int)gridDim.x; r += blockDim.x) sum += context_lens[r];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if ((threadIdx.x & 31) == 0) atomicAdd(&s_total, sum);
-        __syncthreads();
-        const long long target = max(target_blocks, 1);
-        long long c = (long long)((s_total + target - 1) / target);
-        c = max((long long)RING_MIN_CHUNK, (c + RING_CP - 1) / RING_CP * RING_CP);
-        const long long n = min((long long)splits, max(1LL, (ctx + c / 2) / c));
-        chunk = max((long long)RING_CP, ((ctx + n - 1) / n + RING_CP - 1) / RING_CP * RING_CP);
+    // The launch's stages and this block's run [g0, g1) of them.
+    unsigned long long total = 0;
+    for (int base = 0; base < num_rows; base += blockDim.x) {
+        const int r = base + threadIdx.x;
+        unsigned long long sum;
+        ring_block_scan(r < num_rows ? ring_stages(context_lens[r]) : 0, warp_sums, sum);
+        total += sum;
     }
-    const int k0 = (int)min((long long)ctx, split * chunk), k1 = (int)min((long long)ctx, k0 + chunk);
-    const int nstages = (k1 - k0 + RING_CP - 1) / RING_CP;
+    const unsigned long long grid = gridDim.x;
+    const unsigned long long chunk = max((unsigned long long)max(min_chunk, 1), (total + grid - 1) / grid);
+    const unsigned long long g0 = blockIdx.x * chunk;
+    if (g0 >= total) return;  // block-uniform: nothing left for this block
+    const unsigned long long g1 = min(total, g0 + chunk);
+    // The row holding stage g0 (a row without keys holds none) and where its stages start.
+    unsigned long long carry = 0;
+    for (int base = 0; base < num_rows && carry <= g0; base += blockDim.x) {  // carry is block-uniform
+        const int r = base + threadIdx.x;
+        const unsigned long long n = r < num_rows ? ring_stages(context_lens[r]) : 0;
+        unsigned long long sum;
+        const unsigned long long start = carry + ring_block_scan(n, warp_sums, sum);
+        if (n > 0 && start <= g0 && g0 < start + n) {
+            s_first_row = r;
+            s_first_start = start;
+        }
+        carry += sum;
+    }
     const int pos_elems = kv_heads * RING_D;
     const uint32_t pos_bytes = (uint32_t)pos_elems * sizeof(T);
     const size_t stage_bytes = 2 * (size_t)RING_CP * pos_bytes;
@@ -806,22 +848,37 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    // Producer and consumers walk the same rows: row r's stages [lo, hi) are the run's part of it,
+    // and i counts the block's stages (ring slot i % depth, round i / depth).
+    int r = s_first_row;
+    unsigned long long row_start = s_first_start, g = g0;
+    int i = 0;
     if (warp == cwarps) {  // the producer: one thread issues every copy of the block
-        if (lane == 0) {
-            const uint32_t *table = block_tables + (size_t)row * max_blocks;
-            for (int i = 0; i < nstages; ++i) {
+        if (lane != 0) return;
+        while (g < g1) {
+            const int ctx = (int)context_lens[r];
+            const unsigned long long n = ring_stages((uint32_t)ctx);
+            if (g >= row_start + n) {  // past this row (or a row without keys)
+                row_start += n;
+                ++r;
+                continue;
+            }
+            const int lo = (int)(g - row_start), hi = (int)(min(g1, row_start + n) - row_start);
+            const uint32_t *table = block_tables + (size_t)r * max_blocks;
+            for (int j = lo; j < hi; ++j, ++i) {
                 const int s = i % depth, round = i / depth;
                 // Stage s is free once every consumer warp released its previous round.
                 if (round > 0) mbar_wait(smem_addr(&empty[s]), (round - 1) & 1);
-                const int p = k0 + i * RING_CP, n = min(RING_CP, k1 - p);
-                // RING_CP divides block_size and chunks start on a stage: a stage stays in one page.
+                const int p = j * RING_CP, cnt = min(RING_CP, ctx - p);
+                // RING_CP divides block_size and stages start on a multiple of it: one page.
                 const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
                 const uint32_t bar = smem_addr(&full[s]);
-                mbar_arrive_expect_tx(bar, 2 * n * pos_bytes);
+                mbar_arrive_expect_tx(bar, 2 * cnt * pos_bytes);
                 unsigned char *st = ring_smem + (size_t)s * stage_bytes;
-                bulk_copy_g2s(smem_addr(st), kc + slot * pos_elems, n * pos_bytes, bar);
-                bulk_copy_g2s(smem_addr(st + RING_CP * pos_bytes), vc + slot * pos_elems, n * pos_bytes, bar);
+                bulk_copy_g2s(smem_addr(st), kc + slot * pos_elems, cnt * pos_bytes, bar);
+                bulk_copy_g2s(smem_addr(st + RING_CP * pos_bytes), vc + slot * pos_elems, cnt * pos_bytes, bar);
             }
+            g = row_start + hi;
         }
         return;
     }
@@ -830,103 +887,145 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     const int head = 2 * warp + (lane >> 4), l16 = lane & 15;
     const bool valid = head < num_heads;
     const int kvh = (valid ? head : 0) / (num_heads / kv_heads);
-    const int token = (int)cu_q[row];
-    float qv[8], acc[8];
-    if (valid) {
-        Cvt<T>::to_float(ldg16(q + ((size_t)token * num_heads + head) * RING_D + 8 * l16), qv);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) qv[e] *= scale_log2;
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) qv[e] = 0.f;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-    float m = -INFINITY, l = 0.f;
     const int off = kvh * RING_D + 8 * l16;
-    for (int i = 0; i < nstages; ++i) {
-        const int s = i % depth;
-        // Every consumer warp takes every stage in order, so it waits on a stage's round only after
-        // releasing the round before: parity waits cannot alias.
-        mbar_wait(smem_addr(&full[s]), (i / depth) & 1);
-        const T *ks = reinterpret_cast<const T *>(ring_smem + (size_t)s * stage_bytes);
-        const T *vs = ks + RING_CP * pos_elems;
-        const int n = min(RING_CP, k1 - (k0 + i * RING_CP));
-        uint4 kr[RING_CP], vr[RING_CP];
-#pragma unroll
-        for (int j = 0; j < RING_CP; ++j) {
-            kr[j] = j < n ? *reinterpret_cast<const uint4 *>(ks + j * pos_elems + off) : make_uint4(0, 0, 0, 0);
-            vr[j] = j < n ? *reinterpret_cast<const uint4 *>(vs + j * pos_elems + off) : make_uint4(0, 0, 0, 0);
+    while (g < g1) {
+        const int ctx = (int)context_lens[r];
+        const unsigned long long n = ring_stages((uint32_t)ctx);
+        if (g >= row_start + n) {
+            row_start += n;
+            ++r;
+            continue;
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
-        float sc[RING_CP];
+        const int lo = (int)(g - row_start), hi = (int)(min(g1, row_start + n) - row_start);
+        const int token = (int)cu_q[r];
+        float qv[8], acc[8];
+        if (valid) {
+            Cvt<T>::to_float(ldg16(q + ((size_t)token * num_heads + head) * RING_D + 8 * l16), qv);
 #pragma unroll
-        for (int j = 0; j < RING_CP; ++j) {
-            float kf[8];
-            Cvt<T>::to_float(kr[j], kf);
-            float d = 0.f;
+            for (int e = 0; e < 8; ++e) qv[e] *= scale_log2;
+        } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-            sc[j] = j < n ? d : -INFINITY;
+            for (int e = 0; e < 8; ++e) qv[e] = 0.f;
         }
-        float mx = m;
 #pragma unroll
-        for (int j = 0; j < RING_CP; ++j) mx = fmaxf(mx, sc[j]);
-        if (mx == -INFINITY) continue;  // nothing finite yet (NaN scores): as the SIMT kernel
-        const float alpha = exp2f(m - mx);  // m = -inf gives 0
-        m = mx;
-        l *= alpha;
+        for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+        float m = -INFINITY, l = 0.f;
+        for (int j = lo; j < hi; ++j, ++i) {
+            const int s = i % depth;
+            // Every consumer warp takes every stage in order, so it waits on a stage's round only
+            // after releasing the round before: parity waits cannot alias.
+            mbar_wait(smem_addr(&full[s]), (i / depth) & 1);
+            const T *ks = reinterpret_cast<const T *>(ring_smem + (size_t)s * stage_bytes);
+            const T *vs = ks + RING_CP * pos_elems;
+            const int cnt = min(RING_CP, ctx - j * RING_CP);
+            uint4 kr[RING_CP], vr[RING_CP];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] *= alpha;
+            for (int k = 0; k < RING_CP; ++k) {
+                kr[k] = k < cnt ? *reinterpret_cast<const uint4 *>(ks + k * pos_elems + off) : make_uint4(0, 0, 0, 0);
+                vr[k] = k < cnt ? *reinterpret_cast<const uint4 *>(vs + k * pos_elems + off) : make_uint4(0, 0, 0, 0);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+            float sc[RING_CP];
 #pragma unroll
-        for (int j = 0; j < RING_CP; ++j) {
-            if (j < n) {
-                const float pr = exp2f(sc[j] - mx);
-                l += pr;
-                float vf[8];
-                Cvt<T>::to_float(vr[j], vf);
+            for (int k = 0; k < RING_CP; ++k) {
+                float kf[8];
+                Cvt<T>::to_float(kr[k], kf);
+                float d = 0.f;
 #pragma unroll
-                for (int e = 0; e < 8; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
+                for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
+#pragma unroll
+                for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                sc[k] = k < cnt ? d : -INFINITY;
+            }
+            float mx = m;
+#pragma unroll
+            for (int k = 0; k < RING_CP; ++k) mx = fmaxf(mx, sc[k]);
+            if (mx == -INFINITY) continue;  // nothing finite yet (NaN scores): as the SIMT kernel
+            const float alpha = exp2f(m - mx);  // m = -inf gives 0
+            m = mx;
+            l *= alpha;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] *= alpha;
+#pragma unroll
+            for (int k = 0; k < RING_CP; ++k) {
+                if (k < cnt) {
+                    const float pr = exp2f(sc[k] - mx);
+                    l += pr;
+                    float vf[8];
+                    Cvt<T>::to_float(vr[k], vf);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
+                }
             }
         }
-    }
-    if (!valid) return;
-    const size_t th = (size_t)token * num_heads + head;
-    if (splits == 1) {
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        __align__(16) T o[8];
+        const int last_block = (int)((row_start + n - 1) / chunk);
+        if (lo == 0 && warp == 0 && lane == 0) {  // this block holds the row's first stage
+            ws_meta[2 * r] = (int)blockIdx.x + r;
+            ws_meta[2 * r + 1] = last_block - (int)blockIdx.x + 1;
+        }
+        if (valid) {
+            if (lo == 0 && last_block == (int)blockIdx.x) {  // the whole row: the output itself
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                __align__(16) T o[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = Cvt<T>::from_float(acc[e] * inv);
-        *reinterpret_cast<uint4 *>(out + th * RING_D + 8 * l16) = *reinterpret_cast<const uint4 *>(o);
-    } else {
-        const size_t sth = (size_t)split * num_tokens * num_heads + th;
-        if (l > 0.f) {  // the combine reads no acc of an empty split
-            float4 *a = reinterpret_cast<float4 *>(ws_acc + sth * RING_D + 8 * l16);
-            a[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-            a[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+                for (int e = 0; e < 8; ++e) o[e] = Cvt<T>::from_float(acc[e] * inv);
+                *reinterpret_cast<uint4 *>(out + ((size_t)token * num_heads + head) * RING_D + 8 * l16) =
+                    *reinterpret_cast<const uint4 *>(o);
+            } else {
+                const size_t sh = ((size_t)blockIdx.x + r) * num_heads + head;
+                if (l > 0.f) {  // the combine reads no acc of an empty partial
+                    float4 *a = reinterpret_cast<float4 *>(ws_acc + sh * RING_D + 8 * l16);
+                    a[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                    a[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+                }
+                if (l16 == 0) {
+                    ws_ml[sh * 2] = m;
+                    ws_ml[sh * 2 + 1] = l;
+                }
+            }
         }
-        if (l16 == 0) {
-            ws_ml[sth * 2] = m;
-            ws_ml[sth * 2 + 1] = l;
-        }
+        g = row_start + hi;
     }
 #endif
+}
+
+// Grid (rows, heads), RING_D threads: merges the partials of rows the ring kernel split (its
+// ws_meta: first slot and count) and writes zeros for rows without keys; rows held whole by one
+// block were written by the ring kernel.
+template <typename T>
+__device__ __forceinline__ void ring_combine_impl(T *__restrict__ out, const float *__restrict__ ws_acc,
+                                                  const float *__restrict__ ws_ml, const int *__restrict__ ws_meta,
+                                                  const uint32_t *__restrict__ context_lens,
+                                                  const uint32_t *__restrict__ cu_q, int num_heads) {
+    const int r = blockIdx.x, h = blockIdx.y;
+    T *o = out + ((size_t)cu_q[r] * num_heads + h) * RING_D;
+    if (context_lens[r] == 0) {
+        for (int e = threadIdx.x; e < RING_D; e += blockDim.x) o[e] = Cvt<T>::from_float(0.f);
+        return;
+    }
+    const int first = ws_meta[2 * r], count = ws_meta[2 * r + 1];
+    if (count <= 1) return;
+    const size_t sh = (size_t)first * num_heads + h;
+    merge_partials<T, RING_D>(o, ws_acc + sh * RING_D, ws_ml + sh * 2, count, num_heads);
 }
 
 }  // namespace
 
 #define PA_RING_KERNEL(NAME, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(288) paged_decode_ring_##NAME##_d128(           \
-        T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,               \
+        T *out, float *ws_acc, float *ws_ml, int *ws_meta, const T *q, const T *kc, const T *vc, \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
-        int max_blocks, int num_heads, int kv_heads, int block_size, float scale_log2,           \
-        int num_tokens, int depth, int target_blocks) {                                          \
-        paged_decode_ring_impl<T>(out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens,     \
-                                  cu_q, max_blocks, num_heads, kv_heads, block_size, scale_log2, \
-                                  num_tokens, depth, target_blocks);                             \
+        int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size,               \
+        float scale_log2, int depth, int min_chunk) {                                            \
+        paged_decode_ring_impl<T>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables,          \
+                                  context_lens, cu_q, num_rows, max_blocks, num_heads, kv_heads, \
+                                  block_size, scale_log2, depth, min_chunk);                     \
+    }                                                                                            \
+    extern "C" __global__ void paged_decode_ring_combine_##NAME##_d128(                          \
+        T *out, const float *ws_acc, const float *ws_ml, const int *ws_meta,                     \
+        const uint32_t *context_lens, const uint32_t *cu_q, int num_heads) {                     \
+        ring_combine_impl<T>(out, ws_acc, ws_ml, ws_meta, context_lens, cu_q, num_heads);         \
     }
 
 PA_RING_KERNEL(bf16, __nv_bfloat16)
