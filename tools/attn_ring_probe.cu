@@ -46,7 +46,7 @@ constexpr int THREADS = (HEADS / 2 + 1) * 32;                // eight consumer w
 constexpr int MAX_DEPTH = 4;                           // RING_MAX_DEPTH of the library
 constexpr int MAX_BLOCKS_PER_SM = 3;                   // the most the sweep puts on an SM
 // The library's launch (src/ops/cuda/attention.rs: RING_BLOCKS_PER_SM, RING_DEPTH, RING_MIN_CHUNK).
-constexpr int LIB_BLOCKS_PER_SM = 2, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
+constexpr int LIB_BLOCKS_PER_SM = 1, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
 
 }  // namespace ring
 

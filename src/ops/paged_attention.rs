@@ -36,22 +36,21 @@ pub fn write_kv_reference(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> R
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKernels {
     /// SIMT kernels for few query items per row; tensor-core kernels with pipelined tile loads
-    /// (cp.async double buffering) for many, in bf16 / f16.
+    /// (cp.async double buffering) for many, in bf16 / f16; decode launches of 32 rows or more
+    /// that the bulk-copy ring kernel takes (see `DecodeRing`) through it.
     #[default]
     Auto,
-    /// As `Auto`, with the tensor-core kernels loading tiles synchronously.
+    /// As `Auto`, with the tensor-core kernels loading tiles synchronously and no ring.
     Unpipelined,
     /// SIMT kernels only.
     Simt,
-    /// As `Auto`, with decode launches (one query a row, head dim 128, bf16 / f16, at most 16
-    /// heads, a block size that is a multiple of 4, and not so large a GQA group that the
-    /// tensor-core kernel takes the launch) through the bulk-copy ring kernel on sm_90 builds and
-    /// devices. Experimental: on the
-    /// H200 it made a full-depth decode step 6 % faster at 64 and 256 rows when every row's
-    /// context is about the same length, and 17 % slower on the depth-batching benchmark, whose
-    /// contexts vary (one block takes a row's every head, so a long row is spread over few
-    /// blocks) — `docs/BENCHMARKS.md`, session 24. `PONDER_DECODE_RING=1` selects it in place of
-    /// `Auto` for A/B runs.
+    /// As `Auto`, with every decode launch the bulk-copy ring kernel takes through it, whatever
+    /// its width: one query a row, head dim 128, bf16 / f16, at most 16 heads, a block size that
+    /// is a multiple of 4, not so large a GQA group that the tensor-core kernel takes the launch,
+    /// on sm_90 builds and devices. The ring streams K/V pages by `cp.async.bulk` and cuts the
+    /// launch's keys into equal runs, one a block; below 32 rows it was slower than the SIMT
+    /// kernel on the H200 (`docs/BENCHMARKS.md`, session 25). `PONDER_DECODE_RING=0` / `1` turn
+    /// `Auto`'s ring off / on at every width, for A/B runs.
     DecodeRing,
 }
 

@@ -17,14 +17,17 @@ const MMA_MIN_ITEMS: usize = 16;
 /// Query items per block of the tensor-core kernel (`MMA_NQ` in the .cu file).
 const MMA_NQ: usize = 64;
 /// Decode ring kernel (`paged_decode_ring_*`): positions a stage, stages in flight a block (64 KB
-/// of K/V at 16 kv heads: three blocks an SM on the H200), blocks an SM in its grid, fewest stages
-/// a block takes (so that small launches do not spread over blocks that each wait out a copy's
-/// latency for a few keys), most query heads a block (two a consumer warp, eight consumer warps),
-/// the head dim it is built for.
+/// of K/V at 16 kv heads), blocks an SM in its grid, fewest stages a block takes (so that small
+/// launches do not spread over blocks that each wait out a copy's latency for a few keys), the
+/// fewest rows `Auto` sends through it, most query heads a block (two a consumer warp, eight
+/// consumer warps), the head dim it is built for. Grid, depth and fewest stages are the best of a
+/// sweep on the H200 (tools/attn_ring_probe.cu); below RING_MIN_ROWS the SIMT kernel (a block per
+/// row and head) was faster there.
 const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
-const RING_BLOCKS_PER_SM: usize = 2;
+const RING_BLOCKS_PER_SM: usize = 1;
 const RING_MIN_CHUNK: usize = 8;
+const RING_MIN_ROWS: usize = 32;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
 /// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
@@ -122,7 +125,7 @@ pub fn paged_attention(
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
     // Decode rows (one query each: max_q_len 1 and as many tokens as rows) go through the
     // bulk-copy ring where it is selected, built and fits.
-    let ring = ring_selected(kernels)
+    let ring = ring_selected(kernels, rows)
         && heads > 0
         && max_q_len == 1
         && tokens == rows
@@ -313,15 +316,27 @@ fn combine<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
-/// Whether decode launches go through the ring: [`AttentionKernels::DecodeRing`], or `Auto` with
-/// `PONDER_DECODE_RING=1` (a measurement switch for A/B runs on the device).
+/// Whether a decode launch of `rows` rows goes through the ring: always with
+/// [`AttentionKernels::DecodeRing`]; with `Auto` from RING_MIN_ROWS rows on, unless
+/// `PONDER_DECODE_RING` says `0` (never) or `1` (at every width) — a measurement switch for A/B
+/// runs on the device.
 ///
 /// [`AttentionKernels::DecodeRing`]: crate::ops::AttentionKernels::DecodeRing
-fn ring_selected(kernels: crate::ops::AttentionKernels) -> bool {
+fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize) -> bool {
     use crate::ops::AttentionKernels;
-    static SWITCHED_ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let env = || *SWITCHED_ON.get_or_init(|| std::env::var("PONDER_DECODE_RING").is_ok_and(|v| v.trim() == "1"));
-    kernels == AttentionKernels::DecodeRing || (kernels == AttentionKernels::Auto && env())
+    static SWITCH: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let switch = || {
+        *SWITCH.get_or_init(|| match std::env::var("PONDER_DECODE_RING").as_deref().map(str::trim) {
+            Ok("0") => Some(false),
+            Ok("1") => Some(true),
+            _ => None,
+        })
+    };
+    match kernels {
+        AttentionKernels::DecodeRing => true,
+        AttentionKernels::Auto => switch().unwrap_or(rows >= RING_MIN_ROWS),
+        _ => false,
+    }
 }
 
 /// Whether the decode ring kernel can run on `dev`: PTX built for sm_90 or later (it uses bulk

@@ -810,13 +810,21 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     __shared__ int s_first_row;
     const int cwarps = (int)(blockDim.x / 32) - 1;
     if (cwarps < 1 || depth < 1 || depth > RING_MAX_DEPTH) return;  // block-uniform; the host never asks it
-    // The launch's stages and this block's run [g0, g1) of them.
-    unsigned long long total = 0;
-    for (int base = 0; base < num_rows; base += blockDim.x) {
-        const int r = base + threadIdx.x;
-        unsigned long long sum;
-        ring_block_scan(r < num_rows ? ring_stages(context_lens[r]) : 0, warp_sums, sum);
-        total += sum;
+    // The launch's stages and this block's run [g0, g1) of them. Up to a row a thread (every
+    // decode width measured) one scan gives both the total and each row's start; beyond, a
+    // second pass over the rows finds the start.
+    const bool one_pass = num_rows <= (int)blockDim.x;
+    unsigned long long total = 0, my_n = 0, my_start = 0;
+    if (one_pass) {
+        my_n = (int)threadIdx.x < num_rows ? ring_stages(context_lens[threadIdx.x]) : 0;
+        my_start = ring_block_scan(my_n, warp_sums, total);
+    } else {
+        for (int base = 0; base < num_rows; base += blockDim.x) {
+            const int r = base + threadIdx.x;
+            unsigned long long sum;
+            ring_block_scan(r < num_rows ? ring_stages(context_lens[r]) : 0, warp_sums, sum);
+            total += sum;
+        }
     }
     const unsigned long long grid = gridDim.x;
     const unsigned long long chunk = max((unsigned long long)max(min_chunk, 1), (total + grid - 1) / grid);
@@ -824,17 +832,24 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     if (g0 >= total) return;  // block-uniform: nothing left for this block
     const unsigned long long g1 = min(total, g0 + chunk);
     // The row holding stage g0 (a row without keys holds none) and where its stages start.
-    unsigned long long carry = 0;
-    for (int base = 0; base < num_rows && carry <= g0; base += blockDim.x) {  // carry is block-uniform
-        const int r = base + threadIdx.x;
-        const unsigned long long n = r < num_rows ? ring_stages(context_lens[r]) : 0;
-        unsigned long long sum;
-        const unsigned long long start = carry + ring_block_scan(n, warp_sums, sum);
-        if (n > 0 && start <= g0 && g0 < start + n) {
-            s_first_row = r;
-            s_first_start = start;
+    if (one_pass) {
+        if (my_n > 0 && my_start <= g0 && g0 < my_start + my_n) {
+            s_first_row = threadIdx.x;
+            s_first_start = my_start;
         }
-        carry += sum;
+    } else {
+        unsigned long long carry = 0;
+        for (int base = 0; base < num_rows && carry <= g0; base += blockDim.x) {  // carry is block-uniform
+            const int r = base + threadIdx.x;
+            const unsigned long long n = r < num_rows ? ring_stages(context_lens[r]) : 0;
+            unsigned long long sum;
+            const unsigned long long start = carry + ring_block_scan(n, warp_sums, sum);
+            if (n > 0 && start <= g0 && g0 < start + n) {
+                s_first_row = r;
+                s_first_start = start;
+            }
+            carry += sum;
+        }
     }
     const int pos_elems = kv_heads * RING_D;
     const uint32_t pos_bytes = (uint32_t)pos_elems * sizeof(T);
@@ -888,6 +903,13 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     const bool valid = head < num_heads;
     const int kvh = (valid ? head : 0) / (num_heads / kv_heads);
     const int off = kvh * RING_D + 8 * l16;
+    // The next row's query, loaded while this row's stages stream: its two dependent loads
+    // (cu_q, then q) would otherwise stall the consumers at every row boundary of the run.
+    auto load_q = [&](int row) {
+        return valid ? ldg16(q + ((size_t)cu_q[row] * num_heads + head) * RING_D + 8 * l16) : make_uint4(0, 0, 0, 0);
+    };
+    int next_row = -1;
+    uint4 next_q = make_uint4(0, 0, 0, 0);
     while (g < g1) {
         const int ctx = (int)context_lens[r];
         const unsigned long long n = ring_stages((uint32_t)ctx);
@@ -899,13 +921,12 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         const int lo = (int)(g - row_start), hi = (int)(min(g1, row_start + n) - row_start);
         const int token = (int)cu_q[r];
         float qv[8], acc[8];
-        if (valid) {
-            Cvt<T>::to_float(ldg16(q + ((size_t)token * num_heads + head) * RING_D + 8 * l16), qv);
+        Cvt<T>::to_float(r == next_row ? next_q : load_q(r), qv);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) qv[e] *= scale_log2;
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) qv[e] = 0.f;
+        for (int e = 0; e < 8; ++e) qv[e] *= scale_log2;
+        if (row_start + n < g1 && r + 1 < num_rows) {  // the run goes on past this row
+            next_row = r + 1;
+            next_q = load_q(next_row);
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] = 0.f;
