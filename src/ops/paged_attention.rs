@@ -36,7 +36,7 @@ pub fn write_kv_reference(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> R
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKernels {
     /// SIMT kernels for few query items per row; tensor-core kernels with pipelined tile loads
-    /// (cp.async double buffering) for many, in bf16 / f16; decode launches of 32 rows or more
+    /// (cp.async double buffering) for many, in bf16 / f16; decode launches of 64 rows or more
     /// that the bulk-copy ring kernel takes (see `DecodeRing`) through it.
     #[default]
     Auto,
@@ -48,7 +48,7 @@ pub enum AttentionKernels {
     /// its width: one query a row, head dim 128, bf16 / f16, at most 16 heads, a block size that
     /// is a multiple of 4, not so large a GQA group that the tensor-core kernel takes the launch,
     /// on sm_90 builds and devices. The ring streams K/V pages by `cp.async.bulk` and cuts the
-    /// launch's keys into equal runs, one a block; below 32 rows it was slower than the SIMT
+    /// launch's keys into equal runs, one a block; at 16 and 32 rows it was slower than the SIMT
     /// kernel on the H200 (`docs/BENCHMARKS.md`, session 25). `PONDER_DECODE_RING=0` / `1` turn
     /// `Auto`'s ring off / on at every width, for A/B runs.
     DecodeRing,

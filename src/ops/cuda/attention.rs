@@ -27,7 +27,7 @@ const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
 const RING_BLOCKS_PER_SM: usize = 1;
 const RING_MIN_CHUNK: usize = 8;
-const RING_MIN_ROWS: usize = 32;
+const RING_MIN_ROWS: usize = 64;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
 /// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
