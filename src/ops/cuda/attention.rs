@@ -30,9 +30,9 @@ const RING_MIN_CHUNK: usize = 8;
 const RING_MIN_ROWS: usize = 64;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
-/// Arrival counters a device keeps for decode ring launches that merge split rows in the kernel
-/// (the last of a row's blocks merges; `last_arrival` in the .cu file): 256 KB, enough for 8192
-/// rows of 16 heads; a launch needing more merges through the ring's combine launch instead.
+/// Arrival counters a device keeps for split launches that merge in the kernel (the last block of a
+/// split merges; see `last_arrival` in the .cu file): 256 KB, enough for 4096 decode rows of 16
+/// heads; a launch needing more merges through a combine launch instead.
 const MERGE_COUNTERS: usize = 1 << 16;
 /// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
 /// 2-byte elements), set alike by every launch so that concurrent callers cannot lower it under
@@ -257,17 +257,23 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let (nsplits, chunk, wave) = (splits as i32, chunk.min(i32::MAX as usize) as i32, wave.min(i32::MAX as usize) as i32);
     let null = 0u64;
     let ws = split_workspace(dev, splits, p)?;
+    // Splits merge in the kernel (no combine launch) where the device's counters cover the tiles.
+    let counters = if ws.is_some() { merge_counters(dev, base_blocks)? } else { None };
     {
         let mut b = func.builder();
         b.arg(&mut out);
         workspace_args(&mut b, &ws, &null);
+        match &counters {
+            Some(c) => b.arg(&**c),
+            None => b.arg(&null),
+        };
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
         // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
-    if let Some(ws) = &ws {
+    if let (Some(ws), None) = (&ws, &counters) {
         combine::<T>(dev, name, p, &mut out, ws, splits)?;
     }
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
@@ -320,19 +326,20 @@ fn combine<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
-/// The device's zeroed arrival counters for a ring launch of `need` merge groups (rows x consumer
-/// warps), or `None` — merge through the combine launch — when they would not cover it, when
-/// `PONDER_RING_MERGE=0` asks for the combine (a measurement switch for A/B runs), or when they do
-/// not exist yet and the stream is capturing a graph (an allocation made then would belong to the
-/// graph). Every launch leaves them zero again, and launches on a device's stream run in order, so
-/// one set per device serves them all; it is never freed (captured graphs keep its address).
+/// The device's zeroed arrival counters for a split launch of `need` merge groups (tiles x kv heads,
+/// or rows x consumer warps for the ring), or `None` — merge through a combine launch — when they
+/// would not cover it, when `PONDER_SPLIT_MERGE=0` asks for the combine (a measurement switch for
+/// A/B runs), or when they do not exist yet and the stream is capturing a graph (an allocation
+/// made then would belong to the graph). Every launch leaves them zero again, and launches on a
+/// device's stream run in order, so one set per device serves them all; it is never freed (graphs
+/// keep its address).
 fn merge_counters(dev: &CudaDevice, need: usize) -> Result<Option<std::sync::Arc<CudaSlice<u32>>>> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock};
     static COMBINE: OnceLock<bool> = OnceLock::new();
     static POOLS: OnceLock<Mutex<HashMap<candle_core::cuda_backend::DeviceId, Arc<CudaSlice<u32>>>>> = OnceLock::new();
-    let combine = *COMBINE.get_or_init(|| std::env::var("PONDER_RING_MERGE").as_deref().map(str::trim) == Ok("0"));
+    let combine = *COMBINE.get_or_init(|| std::env::var("PONDER_SPLIT_MERGE").as_deref().map(str::trim) == Ok("0"));
     if combine || need > MERGE_COUNTERS {
         return Ok(None);
     }

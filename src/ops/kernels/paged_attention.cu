@@ -125,11 +125,47 @@ __device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base
     return best;
 }
 
+// Merges n partials of one (token, head) — acc at acc + s x stride x D, (max, sum) at
+// ml + s x stride x 2 — into o[0..D): split launches of both decode kernels end here, in the
+// attention kernel's last block or in a combine launch. Loads go through L2 (`__ldcg`): in the
+// attention kernel the partials were written by other SMs in the same launch.
+template <typename T, int D>
+__device__ __forceinline__ void merge_partials(T *__restrict__ o, const float *__restrict__ acc,
+                                               const float *__restrict__ ml, int n, size_t stride) {
+    float M = -INFINITY;
+    for (int s = 0; s < n; ++s) M = fmaxf(M, __ldcg(ml + s * stride * 2));
+    for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float L = 0.f, A = 0.f;
+        if (M != -INFINITY) {
+            for (int s = 0; s < n; ++s) {
+                const float ls = __ldcg(ml + s * stride * 2 + 1);
+                if (ls > 0.f) {
+                    const float f = exp2f(__ldcg(ml + s * stride * 2) - M);
+                    L += ls * f;
+                    A += __ldcg(acc + s * stride * D + e) * f;
+                }
+            }
+        }
+        o[e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
+    }
+}
+
+// Whether this block is the last of `count` to arrive at `counter` (one thread calls it, after the
+// block's partials are written and fenced); the last one resets the counter for the next launch,
+// which the stream orders after this one. The arrivals' fence (__threadfence before) and the
+// last block's (after) make every partial visible to the merge.
+__device__ __forceinline__ bool last_arrival(unsigned *counter, unsigned count) {
+    const bool last = atomicAdd(counter, 1u) == count - 1;
+    if (last) *counter = 0;
+    return last;
+}
+
 template <typename T, int D, int NQ>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
     float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
     float *__restrict__ ws_ml,       // [splits, T, H, 2]
+    unsigned *__restrict__ merge_counters, // [tiles x kv heads], zero; null: a combine launch merges
     const T *__restrict__ q,         // [T, H, D]
     const T *__restrict__ kc,        // [blocks, bs, kvh, D]
     const T *__restrict__ vc,
@@ -336,28 +372,22 @@ __device__ __forceinline__ void paged_attn_impl(
             }
         }
     }
-}
+    if (num_splits == 1 || merge_counters == nullptr) return;
 
-// Merges n partials of one (token, head) — acc at acc + s x stride x D, (max, sum) at
-// ml + s x stride x 2 — into o[0..D): split launches of both decode kernels end here.
-template <typename T, int D>
-__device__ __forceinline__ void merge_partials(T *__restrict__ o, const float *__restrict__ acc,
-                                               const float *__restrict__ ml, int n, size_t stride) {
-    float M = -INFINITY;
-    for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * stride * 2]);
-    for (int e = threadIdx.x; e < D; e += blockDim.x) {
-        float L = 0.f, A = 0.f;
-        if (M != -INFINITY) {
-            for (int s = 0; s < n; ++s) {
-                const float ls = ml[s * stride * 2 + 1];
-                if (ls > 0.f) {
-                    const float f = exp2f(ml[s * stride * 2] - M);
-                    L += ls * f;
-                    A += acc[s * stride * D + e] * f;
-                }
-            }
-        }
-        o[e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
+    // The last of the tile's splits to finish merges them all: no combine launch.
+    __shared__ bool s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = last_arrival(merge_counters + bx * gridDim.y + g, (unsigned)num_splits);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const size_t stride = (size_t)num_tokens * num_heads;
+    for (int n = 0; n < NQ && item0 + n < items; ++n) {
+        const int tok = (item0 + n) / group;
+        const int hg = item0 + n - tok * group;
+        const size_t th = (size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg);
+        merge_partials<T, D>(out + th * D, ws_acc + th * D, ws_ml + th * 2, num_splits, stride);
     }
 }
 
@@ -669,15 +699,16 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 }  // namespace
 
 #define PA_ARGS(T)                                                                               \
-    T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                   \
-        const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
-        int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
-        float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens
+    T *out, float *ws_acc, float *ws_ml, unsigned *merge_counters, const T *q, const T *kc,      \
+        const T *vc, const uint32_t *block_tables, const uint32_t *context_lens,                 \
+        const uint32_t *cu_q, int num_rows, int max_blocks, int num_heads, int kv_heads,         \
+        int block_size, int bs_shift, float scale_log2, int mask_block, int num_splits, int chunk, \
+        int wave_blocks, int num_tokens
 
 #define PA_PASS                                                                                  \
-    out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens, cu_q, num_rows, max_blocks,       \
-        num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk,    \
-        wave_blocks, num_tokens
+    out, ws_acc, ws_ml, merge_counters, q, kc, vc, block_tables, context_lens, cu_q, num_rows,   \
+        max_blocks, num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block,           \
+        num_splits, chunk, wave_blocks, num_tokens
 
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
@@ -795,19 +826,8 @@ __device__ __forceinline__ unsigned long long ring_block_scan(unsigned long long
     return before + x - v;
 }
 
-// Whether the caller is the last of `count` to arrive at `counter` (one lane calls it, for its
-// warp's partials, written and fenced); the last one resets the counter for the next launch, which
-// the stream orders after this one. The arrivals' fence (__threadfence before) and the last one's
-// (after) make every partial visible to the merge.
-__device__ __forceinline__ bool last_arrival(unsigned *counter, unsigned count) {
-    const bool last = atomicAdd(counter, 1u) == count - 1;
-    if (last) *counter = 0;
-    return last;
-}
-
 // merge_partials for one lane holding 8 consecutive elements of a head: n partials at acc +
-// s x stride x RING_D (this lane's 8) and ml + s x stride x 2, into o[0..8). Loads go through L2
-// (`__ldcg`): other SMs wrote the partials in this launch.
+// s x stride x RING_D (this lane's 8) and ml + s x stride x 2, into o[0..8).
 template <typename T>
 __device__ __forceinline__ void merge_partials_lane8(T *__restrict__ o, const float *__restrict__ acc,
                                                      const float *__restrict__ ml, unsigned n, size_t stride) {
