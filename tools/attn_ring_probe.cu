@@ -11,7 +11,7 @@
 // `depth` stages; eight consumer warps (two heads each) score, run the online softmax and
 // accumulate V out of it. The launch's stages, rows end to end, are cut into one equal run a block
 // of a fixed grid (blocks an SM x SMs); runs cross rows, and rows cut between blocks are merged
-// by the last of their blocks to finish (or, timed beside it, by the ring's combine kernel). Session 19 staged K/V for groups of 8 heads with a copy per
+// by the ring's combine kernel. Session 19 staged K/V for groups of 8 heads with a copy per
 // position (2 KB) and lost; the differences here are 16 KB copies and up to 128 KB in flight a
 // block.
 //
@@ -147,7 +147,6 @@ int main(int argc, char **argv) {
         __nv_bfloat16 *q, *out_lib, *out_ring;
         float *ws_acc, *ws_ml;
         int *ws_meta;
-        unsigned *counters;  // the library's merge counters (zero between launches)
         CK(cudaMalloc(&d_tab, tab.size() * 4));
         CK(cudaMalloc(&d_lens, W * 4));
         CK(cudaMalloc(&d_cu, (W + 1) * 4));
@@ -163,28 +162,23 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&ws_acc, slots * HEADS * HD * 4));
         CK(cudaMalloc(&ws_ml, slots * HEADS * 2 * 4));
         CK(cudaMalloc(&ws_meta, (size_t)W * 2 * 4));
-        CK(cudaMalloc(&counters, (size_t)W * HEADS * 4));
-        CK(cudaMemset(counters, 0, (size_t)W * HEADS * 4));
         CK(cudaStreamSynchronize(st));
-        // The library's kernel: grid (rows, kv heads, splits), chunk as its plan passes it; splits
-        // merged by the last block (`merge`, the library's default) or a combine launch.
-        auto lib = [&](int l, bool occ7, int splits, int chunk, __nv_bfloat16 *o, int wave, bool merge) {
+        // The library's kernel: grid (rows, kv heads, splits), chunk as its plan passes it.
+        auto lib = [&](int l, bool occ7, int splits, int chunk, __nv_bfloat16 *o, int wave = 1) {
             dim3 grid(W, HEADS, splits);
             float *a = splits > 1 ? ws_acc : nullptr, *mlp = splits > 1 ? ws_ml : nullptr;
-            unsigned *mc = merge ? counters : nullptr;
             if (occ7)
-                paged_attn_bf16_d128_q1_o7<<<grid, NTHREADS, 0, st>>>(o, a, mlp, mc, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, splits, chunk, wave, W);
+                paged_attn_bf16_d128_q1_o7<<<grid, NTHREADS, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, splits, chunk, wave, W);
             else
-                paged_attn_bf16_d128_q1<<<grid, NTHREADS, 0, st>>>(o, a, mlp, mc, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, splits, chunk, wave, W);
-            if (splits > 1 && !merge) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, splits, W, HEADS);
+                paged_attn_bf16_d128_q1<<<grid, NTHREADS, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, splits, chunk, wave, W);
+            if (splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, splits, W, HEADS);
         };
         // The ring kernel: a grid of `per_sm` blocks an SM cutting the launch's stages into equal
-        // runs of at least `min_chunk`; split rows merged by their last block (`merge`, as
-        // src/ops/cuda/attention.rs launches it) or by the ring's combine.
-        auto rng = [&](int l, int per_sm, int depth, int min_chunk, __nv_bfloat16 *o, bool merge = true) {
+        // runs of at least `min_chunk`, then its combine (as src/ops/cuda/attention.rs launches them).
+        auto rng = [&](int l, int per_sm, int depth, int min_chunk, __nv_bfloat16 *o) {
             paged_decode_ring_bf16_d128<<<per_sm * sms, THREADS, depth * 2 * HALF, st>>>(
-                o, ws_acc, ws_ml, ws_meta, merge ? counters : nullptr, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, depth, min_chunk);
-            if (!merge) paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
+                o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, depth, min_chunk);
+            paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
         };
         auto lib_ring = [&](int l, __nv_bfloat16 *o) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, o); };
         double keys = 0;
@@ -215,7 +209,7 @@ int main(int argc, char **argv) {
             CK(cudaGraphDestroy(gr));
         };
         // Check: the ring against the library on layer 0, every split / depth timed below.
-        lib(0, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave, false);
+        lib(0, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave);
         CK(cudaStreamSynchronize(st));
         std::vector<__nv_bfloat16> a((size_t)W * HEADS * HD), b(a.size());
         CK(cudaMemcpy(a.data(), out_lib, a.size() * 2, cudaMemcpyDeviceToHost));
@@ -242,10 +236,6 @@ int main(int argc, char **argv) {
             rng(0, sh.per_sm, sh.depth, sh.min_chunk, out_ring);
             worst = std::max(worst, ring_err());
         }
-        rng(0, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, out_ring, false);  // the combine launch
-        worst = std::max(worst, ring_err());
-        lib(0, plan.occ7, plan.splits, plan.chunk, out_ring, plan.wave, true);  // SIMT, merged in the kernel
-        worst = std::max(worst, ring_err());
         printf("W %3d: ring vs library, worst rel err over grids, depths and chunks %.2e\n", W, worst);
         {
             lib_ring(0, out_ring);
@@ -257,13 +247,10 @@ int main(int argc, char **argv) {
             }
         }
         for (int rep = 0; rep < 2; ++rep) {
-            time("library, its plan, merged in the kernel", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave, true); });
-            time("library, its plan, combine launch", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave, false); });
+            time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time(plan.occ7 ? "library, its plan, plain build" : "library, its plan, 7-block build",
-                 [&](int l) { lib(l, !plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave, true); });
-            time("library's ring (equal runs, merged in kernel)", [&](int l) { lib_ring(l, out_ring); });
-            time("library's ring, combine launch",
-                 [&](int l) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, out_ring, false); });
+                 [&](int l) { lib(l, !plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
+            time("library's ring (equal runs)", [&](int l) { lib_ring(l, out_ring); });
             for (const Shape &sh : shapes) {
                 char name[64];
                 snprintf(name, sizeof name, "ring, %d a SM, %d x 32 KB, runs >= %d stages", sh.per_sm, sh.depth, sh.min_chunk);
@@ -282,7 +269,6 @@ int main(int argc, char **argv) {
         CK(cudaFree(out_ring));
         CK(cudaFree(ws_acc));
         CK(cudaFree(ws_ml));
-        CK(cudaFree(counters));
         CK(cudaFree(ws_meta));
     }
     return 0;

@@ -30,10 +30,6 @@ const RING_MIN_CHUNK: usize = 8;
 const RING_MIN_ROWS: usize = 64;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
-/// Arrival counters a device keeps for split launches that merge in the kernel (the last block of a
-/// split merges; see `last_arrival` in the .cu file): 256 KB, enough for 4096 decode rows of 16
-/// heads; a launch needing more merges through a combine launch instead.
-const MERGE_COUNTERS: usize = 1 << 16;
 /// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
 /// 2-byte elements), set alike by every launch so that concurrent callers cannot lower it under
 /// each other.
@@ -257,23 +253,17 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let (nsplits, chunk, wave) = (splits as i32, chunk.min(i32::MAX as usize) as i32, wave.min(i32::MAX as usize) as i32);
     let null = 0u64;
     let ws = split_workspace(dev, splits, p)?;
-    // Splits merge in the kernel (no combine launch) where the device's counters cover the tiles.
-    let counters = if ws.is_some() { merge_counters(dev, base_blocks)? } else { None };
     {
         let mut b = func.builder();
         b.arg(&mut out);
         workspace_args(&mut b, &ws, &null);
-        match &counters {
-            Some(c) => b.arg(&**c),
-            None => b.arg(&null),
-        };
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
         // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
         unsafe { b.launch(cfg) }.w()?;
     }
-    if let (Some(ws), None) = (&ws, &counters) {
+    if let Some(ws) = &ws {
         combine::<T>(dev, name, p, &mut out, ws, splits)?;
     }
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
@@ -326,35 +316,6 @@ fn combine<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
-/// The device's zeroed arrival counters for a split launch of `need` merge groups (tiles x kv heads,
-/// or rows x consumer warps for the ring), or `None` — merge through a combine launch — when they
-/// would not cover it, when `PONDER_SPLIT_MERGE=0` asks for the combine (a measurement switch for
-/// A/B runs), or when they do not exist yet and the stream is capturing a graph (an allocation
-/// made then would belong to the graph). Every launch leaves them zero again, and launches on a
-/// device's stream run in order, so one set per device serves them all; it is never freed (graphs
-/// keep its address).
-fn merge_counters(dev: &CudaDevice, need: usize) -> Result<Option<std::sync::Arc<CudaSlice<u32>>>> {
-    use candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus;
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex, OnceLock};
-    static COMBINE: OnceLock<bool> = OnceLock::new();
-    static POOLS: OnceLock<Mutex<HashMap<candle_core::cuda_backend::DeviceId, Arc<CudaSlice<u32>>>>> = OnceLock::new();
-    let combine = *COMBINE.get_or_init(|| std::env::var("PONDER_SPLIT_MERGE").as_deref().map(str::trim) == Ok("0"));
-    if combine || need > MERGE_COUNTERS {
-        return Ok(None);
-    }
-    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = pools.get(&dev.id()) {
-        return Ok(Some(c.clone()));
-    }
-    if dev.cuda_stream().capture_status().w()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-        return Ok(None);
-    }
-    let c = Arc::new(dev.alloc_zeros::<u32>(MERGE_COUNTERS)?);
-    pools.insert(dev.id(), c.clone());
-    Ok(Some(c))
-}
-
 /// Whether a decode launch of `rows` rows goes through the ring: always with
 /// [`AttentionKernels::DecodeRing`]; with `Auto` from RING_MIN_ROWS rows on, unless
 /// `PONDER_DECODE_RING` says `0` (never) or `1` (at every width) — a measurement switch for A/B
@@ -394,9 +355,8 @@ pub fn decode_ring_launches() -> usize {
 
 /// Decode attention through the bulk-copy ring (`paged_decode_ring_*`, see the kernel's header):
 /// a grid of RING_BLOCKS_PER_SM blocks an SM that cut the launch's keys into equal runs, one
-/// producer warp and one consumer warp per two query heads a block; rows whose keys more than one
-/// block walked are merged by the last of those blocks, or by `paged_decode_ring_combine_*` where
-/// [`merge_counters`] gives none.
+/// producer warp and one consumer warp per two query heads a block, then
+/// `paged_decode_ring_combine_*` for the rows whose keys more than one block walked.
 fn launch_ring<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     name: &str,
@@ -411,8 +371,7 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     let threads = (p.heads.div_ceil(2) + 1) * 32;
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
     // SAFETY: one query a row, so every (token, head) of the output is written by the ring kernel
-    // (a row one block walked whole, a row without keys, a split row's last block to finish) or by
-    // the combine (split rows, without merge counters).
+    // (a row one block walked whole) or by the combine (split rows and rows without keys).
     let mut out = unsafe { dev.alloc::<T>(p.tokens * p.heads * p.hd)? };
     // Partial (row r, block b) lives in slot b + r: grid + rows slots. The kernel writes every
     // partial and every row's (first slot, count) entry the combine reads.
@@ -422,25 +381,13 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     let acc = unsafe { dev.alloc::<f32>(slots * p.heads * p.hd)? };
     // SAFETY: as above.
     let ml = unsafe { dev.alloc::<f32>(slots * p.heads * 2)? };
-    // Rows split between blocks merge in the kernel where the device's counters cover them (per
-    // row and consumer warp); otherwise the ring combine merges them from per-row entries.
-    let counters = merge_counters(dev, p.rows * p.heads.div_ceil(2))?;
     // SAFETY: as above.
-    let meta = if counters.is_none() { Some(unsafe { dev.alloc::<i32>(p.rows * 2)? }) } else { None };
-    let null = 0u64;
+    let meta = unsafe { dev.alloc::<i32>(p.rows * 2)? };
     let (rows, max_blocks, heads, kv_heads, block_size, depth, min_chunk) =
         (p.rows as i32, p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32, RING_DEPTH as i32, RING_MIN_CHUNK as i32);
     {
         let mut b = func.builder();
-        b.arg(&mut out).arg(&acc).arg(&ml);
-        match &meta {
-            Some(m) => b.arg(m),
-            None => b.arg(&null),
-        };
-        match &counters {
-            Some(c) => b.arg(&**c),
-            None => b.arg(&null),
-        };
+        b.arg(&mut out).arg(&acc).arg(&ml).arg(&meta);
         b.arg(q).arg(k).arg(v).arg(bt).arg(cl).arg(cu);
         b.arg(&rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&depth).arg(&min_chunk);
         // SAFETY: argument list matches `paged_decode_ring_*` in paged_attention.cu; the caller
@@ -449,9 +396,6 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
         unsafe { b.launch(cfg) }.w()?;
     }
     RING_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let Some(meta) = meta else {
-        return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd))); // merged in the kernel
-    };
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_combine_{name}_d{RING_HD}"))?;
     let cfg = LaunchConfig { grid_dim: (p.rows as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();

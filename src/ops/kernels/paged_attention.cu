@@ -125,47 +125,11 @@ __device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base
     return best;
 }
 
-// Merges n partials of one (token, head) — acc at acc + s x stride x D, (max, sum) at
-// ml + s x stride x 2 — into o[0..D): split launches of both decode kernels end here, in the
-// attention kernel's last block or in a combine launch. Loads go through L2 (`__ldcg`): in the
-// attention kernel the partials were written by other SMs in the same launch.
-template <typename T, int D>
-__device__ __forceinline__ void merge_partials(T *__restrict__ o, const float *__restrict__ acc,
-                                               const float *__restrict__ ml, int n, size_t stride) {
-    float M = -INFINITY;
-    for (int s = 0; s < n; ++s) M = fmaxf(M, __ldcg(ml + s * stride * 2));
-    for (int e = threadIdx.x; e < D; e += blockDim.x) {
-        float L = 0.f, A = 0.f;
-        if (M != -INFINITY) {
-            for (int s = 0; s < n; ++s) {
-                const float ls = __ldcg(ml + s * stride * 2 + 1);
-                if (ls > 0.f) {
-                    const float f = exp2f(__ldcg(ml + s * stride * 2) - M);
-                    L += ls * f;
-                    A += __ldcg(acc + s * stride * D + e) * f;
-                }
-            }
-        }
-        o[e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
-    }
-}
-
-// Whether this block is the last of `count` to arrive at `counter` (one thread calls it, after the
-// block's partials are written and fenced); the last one resets the counter for the next launch,
-// which the stream orders after this one. The arrivals' fence (__threadfence before) and the
-// last block's (after) make every partial visible to the merge.
-__device__ __forceinline__ bool last_arrival(unsigned *counter, unsigned count) {
-    const bool last = atomicAdd(counter, 1u) == count - 1;
-    if (last) *counter = 0;
-    return last;
-}
-
 template <typename T, int D, int NQ>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
     float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
     float *__restrict__ ws_ml,       // [splits, T, H, 2]
-    unsigned *__restrict__ merge_counters, // [tiles x kv heads], zero; null: a combine launch merges
     const T *__restrict__ q,         // [T, H, D]
     const T *__restrict__ kc,        // [blocks, bs, kvh, D]
     const T *__restrict__ vc,
@@ -372,22 +336,28 @@ __device__ __forceinline__ void paged_attn_impl(
             }
         }
     }
-    if (num_splits == 1 || merge_counters == nullptr) return;
+}
 
-    // The last of the tile's splits to finish merges them all: no combine launch.
-    __shared__ bool s_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = last_arrival(merge_counters + bx * gridDim.y + g, (unsigned)num_splits);
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    const size_t stride = (size_t)num_tokens * num_heads;
-    for (int n = 0; n < NQ && item0 + n < items; ++n) {
-        const int tok = (item0 + n) / group;
-        const int hg = item0 + n - tok * group;
-        const size_t th = (size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg);
-        merge_partials<T, D>(out + th * D, ws_acc + th * D, ws_ml + th * 2, num_splits, stride);
+// Merges n partials of one (token, head) — acc at acc + s x stride x D, (max, sum) at
+// ml + s x stride x 2 — into o[0..D): split launches of both decode kernels end here.
+template <typename T, int D>
+__device__ __forceinline__ void merge_partials(T *__restrict__ o, const float *__restrict__ acc,
+                                               const float *__restrict__ ml, int n, size_t stride) {
+    float M = -INFINITY;
+    for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * stride * 2]);
+    for (int e = threadIdx.x; e < D; e += blockDim.x) {
+        float L = 0.f, A = 0.f;
+        if (M != -INFINITY) {
+            for (int s = 0; s < n; ++s) {
+                const float ls = ml[s * stride * 2 + 1];
+                if (ls > 0.f) {
+                    const float f = exp2f(ml[s * stride * 2] - M);
+                    L += ls * f;
+                    A += acc[s * stride * D + e] * f;
+                }
+            }
+        }
+        o[e] = Cvt<T>::from_float(L > 0.f ? A / L : 0.f);
     }
 }
 
@@ -699,16 +669,15 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 }  // namespace
 
 #define PA_ARGS(T)                                                                               \
-    T *out, float *ws_acc, float *ws_ml, unsigned *merge_counters, const T *q, const T *kc,      \
-        const T *vc, const uint32_t *block_tables, const uint32_t *context_lens,                 \
-        const uint32_t *cu_q, int num_rows, int max_blocks, int num_heads, int kv_heads,         \
-        int block_size, int bs_shift, float scale_log2, int mask_block, int num_splits, int chunk, \
-        int wave_blocks, int num_tokens
+    T *out, float *ws_acc, float *ws_ml, const T *q, const T *kc, const T *vc,                   \
+        const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
+        int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift, \
+        float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens
 
 #define PA_PASS                                                                                  \
-    out, ws_acc, ws_ml, merge_counters, q, kc, vc, block_tables, context_lens, cu_q, num_rows,   \
-        max_blocks, num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block,           \
-        num_splits, chunk, wave_blocks, num_tokens
+    out, ws_acc, ws_ml, q, kc, vc, block_tables, context_lens, cu_q, num_rows, max_blocks,       \
+        num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk,    \
+        wave_blocks, num_tokens
 
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
@@ -788,10 +757,7 @@ PA_MMA_KERNEL(f16, __half, 128)
 // for every row lost whenever contexts varied (session 24); the equal runs make the launch as
 // long as its total keys, whatever their spread. Partial (row r, block b) goes to slot b + r —
 // unique, since walking the stages in order raises b or r at every boundary — and the block
-// holding a row's first stage records its first slot and count for paged_decode_ring_combine —
-// or, given merge counters, the row's blocks count their arrivals (per consumer warp, that is per
-// pair of heads) and the last merges the row's partials itself, so no combine launch follows.
-// Rows without keys are written as zeros here in either case.
+// holding a row's first stage records its first slot and count for paged_decode_ring_combine.
 #define RING_CP 4
 #define RING_MAX_DEPTH 4
 #define RING_D 128
@@ -826,44 +792,14 @@ __device__ __forceinline__ unsigned long long ring_block_scan(unsigned long long
     return before + x - v;
 }
 
-// merge_partials for one lane holding 8 consecutive elements of a head: n partials at acc +
-// s x stride x RING_D (this lane's 8) and ml + s x stride x 2, into o[0..8).
-template <typename T>
-__device__ __forceinline__ void merge_partials_lane8(T *__restrict__ o, const float *__restrict__ acc,
-                                                     const float *__restrict__ ml, unsigned n, size_t stride) {
-    float M = -INFINITY;
-    for (unsigned s = 0; s < n; ++s) M = fmaxf(M, __ldcg(ml + s * stride * 2));
-    float L = 0.f, A[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (M != -INFINITY) {
-        for (unsigned s = 0; s < n; ++s) {
-            const float ls = __ldcg(ml + s * stride * 2 + 1);
-            if (ls > 0.f) {
-                const float f = exp2f(__ldcg(ml + s * stride * 2) - M);
-                L += ls * f;
-                const float4 *a = reinterpret_cast<const float4 *>(acc + s * stride * RING_D);
-                const float4 a0 = __ldcg(a), a1 = __ldcg(a + 1);
-                A[0] += a0.x * f, A[1] += a0.y * f, A[2] += a0.z * f, A[3] += a0.w * f;
-                A[4] += a1.x * f, A[5] += a1.y * f, A[6] += a1.z * f, A[7] += a1.w * f;
-            }
-        }
-    }
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    __align__(16) T v[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = Cvt<T>::from_float(A[e] * inv);
-    *reinterpret_cast<uint4 *>(o) = *reinterpret_cast<const uint4 *>(v);
-}
-
 // Block: (ceil(num_heads / 2) + 1) warps, the last the producer; any grid; dynamic shared memory
 // depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query (token cu_q[r]) and
 // sees its whole context; block_size is a multiple of RING_CP. Workspace: partials `ws_acc`
-// [gridDim.x + num_rows, num_heads, D] and `ws_ml` [.., num_heads, 2]; `ws_meta` [num_rows, 2]
-// (combine launch) or `merge_counters` [num_rows, consumer warps], zero (merged in the kernel).
+// [gridDim.x + num_rows, num_heads, D] and `ws_ml` [.., num_heads, 2]; `ws_meta` [num_rows, 2].
 template <typename T>
 __device__ __forceinline__ void paged_decode_ring_impl(
     T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, int *__restrict__ ws_meta,
-    unsigned *__restrict__ merge_counters, const T *__restrict__ q, const T *__restrict__ kc,
-    const T *__restrict__ vc,
+    const T *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
     const uint32_t *__restrict__ block_tables, const uint32_t *__restrict__ context_lens,
     const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks, int num_heads, int kv_heads,
     int block_size, float scale_log2, int depth, int min_chunk) {
@@ -892,12 +828,6 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     }
     const unsigned long long grid = gridDim.x;
     const unsigned long long chunk = max((unsigned long long)max(min_chunk, 1), (total + grid - 1) / grid);
-    // Rows without keys (padding rows of a captured graph) hold no stage: zeros, a block's share.
-    for (int zr = blockIdx.x; zr < num_rows; zr += gridDim.x) {
-        if (context_lens[zr] != 0) continue;  // block-uniform
-        uint4 *o = reinterpret_cast<uint4 *>(out + (size_t)cu_q[zr] * num_heads * RING_D);
-        for (int v = threadIdx.x; v < num_heads * RING_D / 8; v += blockDim.x) o[v] = make_uint4(0, 0, 0, 0);
-    }
     const unsigned long long g0 = blockIdx.x * chunk;
     if (g0 >= total) return;  // block-uniform: nothing left for this block
     const unsigned long long g1 = min(total, g0 + chunk);
@@ -1050,20 +980,19 @@ __device__ __forceinline__ void paged_decode_ring_impl(
                 }
             }
         }
-        const int first_block = (int)(row_start / chunk), last_block = (int)((row_start + n - 1) / chunk);
-        if (merge_counters == nullptr && lo == 0 && warp == 0 && lane == 0) {  // the row's first stage
+        const int last_block = (int)((row_start + n - 1) / chunk);
+        if (lo == 0 && warp == 0 && lane == 0) {  // this block holds the row's first stage
             ws_meta[2 * r] = (int)blockIdx.x + r;
             ws_meta[2 * r + 1] = last_block - (int)blockIdx.x + 1;
         }
-        T *op = out + ((size_t)token * num_heads + head) * RING_D + 8 * l16;
-        const bool whole = first_block == last_block;
         if (valid) {
-            if (whole) {  // the output itself
+            if (lo == 0 && last_block == (int)blockIdx.x) {  // the whole row: the output itself
                 const float inv = l > 0.f ? 1.f / l : 0.f;
                 __align__(16) T o[8];
 #pragma unroll
                 for (int e = 0; e < 8; ++e) o[e] = Cvt<T>::from_float(acc[e] * inv);
-                *reinterpret_cast<uint4 *>(op) = *reinterpret_cast<const uint4 *>(o);
+                *reinterpret_cast<uint4 *>(out + ((size_t)token * num_heads + head) * RING_D + 8 * l16) =
+                    *reinterpret_cast<const uint4 *>(o);
             } else {
                 const size_t sh = ((size_t)blockIdx.x + r) * num_heads + head;
                 if (l > 0.f) {  // the combine reads no acc of an empty partial
@@ -1077,28 +1006,14 @@ __device__ __forceinline__ void paged_decode_ring_impl(
                 }
             }
         }
-        if (!whole && merge_counters != nullptr) {  // warp-uniform
-            const unsigned count = (unsigned)(last_block - first_block + 1);
-            __threadfence();
-            __syncwarp();
-            bool last = false;
-            if (lane == 0) last = last_arrival(merge_counters + (size_t)r * cwarps + warp, count);
-            if (__shfl_sync(0xffffffffu, last, 0)) {
-                __threadfence();
-                if (valid) {
-                    const size_t sh = ((size_t)first_block + r) * num_heads + head;
-                    merge_partials_lane8<T>(op, ws_acc + sh * RING_D + 8 * l16, ws_ml + sh * 2, count, num_heads);
-                }
-            }
-        }
         g = row_start + hi;
     }
 #endif
 }
 
 // Grid (rows, heads), RING_D threads: merges the partials of rows the ring kernel split (its
-// ws_meta: first slot and count); rows held whole by one block and rows without keys were written
-// by the ring kernel.
+// ws_meta: first slot and count) and writes zeros for rows without keys; rows held whole by one
+// block were written by the ring kernel.
 template <typename T>
 __device__ __forceinline__ void ring_combine_impl(T *__restrict__ out, const float *__restrict__ ws_acc,
                                                   const float *__restrict__ ws_ml, const int *__restrict__ ws_meta,
@@ -1106,7 +1021,10 @@ __device__ __forceinline__ void ring_combine_impl(T *__restrict__ out, const flo
                                                   const uint32_t *__restrict__ cu_q, int num_heads) {
     const int r = blockIdx.x, h = blockIdx.y;
     T *o = out + ((size_t)cu_q[r] * num_heads + h) * RING_D;
-    if (context_lens[r] == 0) return;  // zeros, written by the ring kernel
+    if (context_lens[r] == 0) {
+        for (int e = threadIdx.x; e < RING_D; e += blockDim.x) o[e] = Cvt<T>::from_float(0.f);
+        return;
+    }
     const int first = ws_meta[2 * r], count = ws_meta[2 * r + 1];
     if (count <= 1) return;
     const size_t sh = (size_t)first * num_heads + h;
@@ -1117,13 +1035,13 @@ __device__ __forceinline__ void ring_combine_impl(T *__restrict__ out, const flo
 
 #define PA_RING_KERNEL(NAME, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(288) paged_decode_ring_##NAME##_d128(           \
-        T *out, float *ws_acc, float *ws_ml, int *ws_meta, unsigned *merge_counters, const T *q, \
-        const T *kc, const T *vc, const uint32_t *block_tables, const uint32_t *context_lens,    \
-        const uint32_t *cu_q, int num_rows, int max_blocks, int num_heads, int kv_heads,         \
-        int block_size, float scale_log2, int depth, int min_chunk) {                            \
-        paged_decode_ring_impl<T>(out, ws_acc, ws_ml, ws_meta, merge_counters, q, kc, vc,        \
-                                  block_tables, context_lens, cu_q, num_rows, max_blocks,        \
-                                  num_heads, kv_heads, block_size, scale_log2, depth, min_chunk); \
+        T *out, float *ws_acc, float *ws_ml, int *ws_meta, const T *q, const T *kc, const T *vc, \
+        const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
+        int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size,               \
+        float scale_log2, int depth, int min_chunk) {                                            \
+        paged_decode_ring_impl<T>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables,          \
+                                  context_lens, cu_q, num_rows, max_blocks, num_heads, kv_heads, \
+                                  block_size, scale_log2, depth, min_chunk);                     \
     }                                                                                            \
     extern "C" __global__ void paged_decode_ring_combine_##NAME##_d128(                          \
         T *out, const float *ws_acc, const float *ws_ml, const int *ws_meta,                     \
