@@ -26,7 +26,7 @@ FAMILIES = [
     ("greedy readout (ours)", r"greedy_confidence"),
     ("FOCUS importance and compaction (ours)", r"focus_|compact_rows"),
     ("GEMM (cuBLAS)", r"gemm|gemv|xmma|cutlass|splitK|sm90_|sm80_|ampere_|nvjet"),
-    ("attention (paged, ours)", r"paged_attn"),
+    ("attention (paged, ours)", r"paged_attn|paged_decode_ring"),
     ("K/V write + RoPE (fused, ours)", r"qkv_.*rope|write_kv|rope"),
     ("RMSNorm (+ residual add)", r"rms"),
     ("SiLU · mul", r"silu"),

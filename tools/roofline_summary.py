@@ -10,15 +10,14 @@ import pathlib
 import statistics
 
 root = pathlib.Path(__file__).resolve().parent.parent
-raw = root / "docs" / "bench" / "raw-2026-12-02f"
-raw23 = root / "docs" / "bench" / "raw-2026-12-02g"
-# Session 23 (main at 2442fb3: greedy readout in one launch, SiLU·mul vectors): CB prompt 128 from
-# the six runs of main's binary in calls 1, 4 and 5, prompt 2048 from calls 4 and 5, depth
-# batching on shared K/V from call 1. Session 22 still stands for Huginn (11777af, call 3) and
-# last-exited depth batching (02cba0c, call 4).
-main23 = [raw23 / d / "runs.json" for d in ("greedy_silu_2442fb3", "attention_47a84e5", "attention_halves_5dbb0a7")]
-tiles = raw / "tiles_l2_breakdown_11777af" / "runs.json"
-loads = raw / "parts_loads_02cba0c" / "runs.json"
+raw = root / "docs" / "bench" / "raw-2026-12-06"
+# Session 26: main's kernels (3107341; the session's experiments were reverted) as the
+# `bench_looped_old` binary of calls 1 and 2 — CB prompt 128 from their four runs, prompt 2048 from
+# both, depth batching shared K/V from both, last-exited from call 2; Huginn from call 2's binary
+# (fccc9b3, whose Huginn path — SIMT decode attention, head dim 96 — is main's code); prompt 8192
+# from call 3.
+calls = [raw / c / "runs.json" for c in ("call1", "call2")]
+cb8k = raw / "call3" / "cb8k.json"
 
 def cb_rows(runs, workload, target):
     """Rows of suite-cb results (several runs of one binary: the mean)."""
@@ -49,17 +48,16 @@ def cdb_rows(docs, workload):
 
 
 def main():
-    c1, c4, c5 = (json.loads(f.read_text()) for f in main23)
-    t3, l4 = (json.loads(f.read_text()) for f in (tiles, loads))
-    rows = cb_rows([c1["cb_new1"], c1["cb_new2"], c4["cb_old1"], c4["cb_old2"], c5["cb_old1"], c5["cb_old2"]], "CB, prompt 128 + 256 new", 0.75)
-    rows += cb_rows([c4["cb2k_old"], c5["cb2k_old"]], "CB, prompt 2048 + 256 new", 0.75)
-    rows += cb_rows([t3["huginn_B"]], "Huginn CB, prompt 128 + 128 new", None)
-    rows += cdb_rows([c1["cdb_new"]], "CDB refill, shared K/V (decode side)")
-    rows += cdb_rows([l4["cdb_last-exited"]], "CDB refill, last-exited K/V (decode side)")
-    doc = dict(gpu=c1["cb_new1"]["gpu"], commit="2442fb3, 11777af, 02cba0c (rows name theirs)",
+    c1, c2 = (json.loads(f.read_text()) for f in calls)
+    rows = cb_rows([c1["cb_old1"], c1["cb_old2"], c2["cb_old1"], c2["cb_old2"]], "CB, prompt 128 + 256 new", 0.75)
+    rows += cb_rows([c1["cb2k_old"], c2["cb2k_old"]], "CB, prompt 2048 + 256 new", 0.75)
+    rows += cb_rows([json.loads(cb8k.read_text())], "CB, prompt 8192 + 64 new", 0.75)
+    rows += cb_rows([c2["huginn"]], "Huginn CB, prompt 128 + 128 new", None)
+    rows += cdb_rows([c1["cdb_old"], c2["cdb_shared_old"]], "CDB refill, shared K/V (decode side)")
+    rows += cdb_rows([c2["cdb_last-exited_old"]], "CDB refill, last-exited K/V (decode side)")
+    doc = dict(gpu=c1["cb_old1"]["gpu"], commit="3107341 (Huginn: fccc9b3)",
                model="Ouro-1.4B shapes (Huginn-0125 where named), random bf16 weights",
-               sources="docs/bench/raw-2026-12-02g/{greedy_silu_2442fb3,attention_47a84e5,attention_halves_5dbb0a7}, "
-               "docs/bench/raw-2026-12-02f/{tiles_l2_breakdown_11777af,parts_loads_02cba0c}", rows=rows)
+               sources="docs/bench/raw-2026-12-06/{call1,call2,call3}", rows=rows)
     out = root / "docs" / "bench" / "looped_roofline.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print("wrote", out)
