@@ -792,6 +792,58 @@ __device__ __forceinline__ unsigned long long ring_block_scan(unsigned long long
     return before + x - v;
 }
 
+// One stage of the ring for a consumer lane (8 elements of one head; 16 lanes a head): the K and V
+// of the stage's `cnt` positions read out of shared memory, the stage released (one arrival a
+// warp on `empty_bar`), then scores, the online softmax (base 2) and the V accumulation. FULL
+// (cnt == RING_CP: every stage but a row's last, partly filled one) drops the per-position guards,
+// which were about a seventh of the loop's instructions; both forms do the same arithmetic.
+template <typename T, bool FULL>
+__device__ __forceinline__ void ring_stage(const T *ks, int pos_elems, int off, int cnt, const float (&qv)[8],
+                                           float &m, float &l, float (&acc)[8], uint32_t empty_bar, int lane) {
+    const T *vs = ks + RING_CP * pos_elems;
+    uint4 kr[RING_CP], vr[RING_CP];
+#pragma unroll
+    for (int k = 0; k < RING_CP; ++k) {
+        const bool ok = FULL || k < cnt;
+        kr[k] = ok ? *reinterpret_cast<const uint4 *>(ks + k * pos_elems + off) : make_uint4(0, 0, 0, 0);
+        vr[k] = ok ? *reinterpret_cast<const uint4 *>(vs + k * pos_elems + off) : make_uint4(0, 0, 0, 0);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar);
+    float sc[RING_CP];
+#pragma unroll
+    for (int k = 0; k < RING_CP; ++k) {
+        float kf[8];
+        Cvt<T>::to_float(kr[k], kf);
+        float d = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        sc[k] = FULL || k < cnt ? d : -INFINITY;
+    }
+    float mx = m;
+#pragma unroll
+    for (int k = 0; k < RING_CP; ++k) mx = fmaxf(mx, sc[k]);
+    if (mx == -INFINITY) return;  // nothing finite yet (NaN scores): as the SIMT kernel
+    const float alpha = exp2f(m - mx);  // m = -inf gives 0
+    m = mx;
+    l *= alpha;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= alpha;
+#pragma unroll
+    for (int k = 0; k < RING_CP; ++k) {
+        if (FULL || k < cnt) {
+            const float pr = exp2f(sc[k] - mx);
+            l += pr;
+            float vf[8];
+            Cvt<T>::to_float(vr[k], vf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
+        }
+    }
+}
+
 // Block: (ceil(num_heads / 2) + 1) warps, the last the producer; any grid; dynamic shared memory
 // depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query (token cu_q[r]) and
 // sees its whole context; block_size is a multiple of RING_CP. Workspace: partials `ws_acc`
@@ -937,48 +989,11 @@ __device__ __forceinline__ void paged_decode_ring_impl(
             // after releasing the round before: parity waits cannot alias.
             mbar_wait(smem_addr(&full[s]), (i / depth) & 1);
             const T *ks = reinterpret_cast<const T *>(ring_smem + (size_t)s * stage_bytes);
-            const T *vs = ks + RING_CP * pos_elems;
             const int cnt = min(RING_CP, ctx - j * RING_CP);
-            uint4 kr[RING_CP], vr[RING_CP];
-#pragma unroll
-            for (int k = 0; k < RING_CP; ++k) {
-                kr[k] = k < cnt ? *reinterpret_cast<const uint4 *>(ks + k * pos_elems + off) : make_uint4(0, 0, 0, 0);
-                vr[k] = k < cnt ? *reinterpret_cast<const uint4 *>(vs + k * pos_elems + off) : make_uint4(0, 0, 0, 0);
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
-            float sc[RING_CP];
-#pragma unroll
-            for (int k = 0; k < RING_CP; ++k) {
-                float kf[8];
-                Cvt<T>::to_float(kr[k], kf);
-                float d = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
-#pragma unroll
-                for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-                sc[k] = k < cnt ? d : -INFINITY;
-            }
-            float mx = m;
-#pragma unroll
-            for (int k = 0; k < RING_CP; ++k) mx = fmaxf(mx, sc[k]);
-            if (mx == -INFINITY) continue;  // nothing finite yet (NaN scores): as the SIMT kernel
-            const float alpha = exp2f(m - mx);  // m = -inf gives 0
-            m = mx;
-            l *= alpha;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] *= alpha;
-#pragma unroll
-            for (int k = 0; k < RING_CP; ++k) {
-                if (k < cnt) {
-                    const float pr = exp2f(sc[k] - mx);
-                    l += pr;
-                    float vf[8];
-                    Cvt<T>::to_float(vr[k], vf);
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
-                }
-            }
+            if (cnt == RING_CP)  // warp-uniform
+                ring_stage<T, true>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
+            else
+                ring_stage<T, false>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
         }
         const int last_block = (int)((row_start + n - 1) / chunk);
         if (lo == 0 && warp == 0 && lane == 0) {  // this block holds the row's first stage
