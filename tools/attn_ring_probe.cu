@@ -25,6 +25,9 @@
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/attn_ring_probe.cu -o /tmp/attn && /tmp/attn [ctx|var [widths]]
 //
+// Also timed: the library's ring with one head a consumer warp (`paged_decode_ring_impl<T, 1>`,
+// 17 warps a block; the library launches 2 heads a warp) — not yet run on the device (session 26).
+//
 // `var`: the depth-batching benchmark's varied context lengths. Session 24 ran earlier versions:
 // one split count for every row (b29c86f), then splits in proportion to each row's context
 // (4f57870) — both slow with varied contexts, the second also with even ones.
@@ -47,8 +50,20 @@ constexpr int MAX_DEPTH = 4;                           // RING_MAX_DEPTH of the 
 constexpr int MAX_BLOCKS_PER_SM = 3;                   // the most the sweep puts on an SM
 // The library's launch (src/ops/cuda/attention.rs: RING_BLOCKS_PER_SM, RING_DEPTH, RING_MIN_CHUNK).
 constexpr int LIB_BLOCKS_PER_SM = 1, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
+// The ring with one head a consumer warp (the library's kernel takes two): sixteen consumer warps
+// of 4 elements a lane, for more warps to hide the consumers' latencies (session 26's profile had
+// them issue-bound with 2.2 warps a scheduler).
+constexpr int THREADS1 = (HEADS + 1) * 32;
 
 }  // namespace ring
+
+extern "C" __global__ void __launch_bounds__(ring::THREADS1) ring_one_head_a_warp_bf16(
+    __nv_bfloat16 *out, float *ws_acc, float *ws_ml, int *ws_meta, const __nv_bfloat16 *q, const __nv_bfloat16 *kc,
+    const __nv_bfloat16 *vc, const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q, int num_rows,
+    int max_blocks, int num_heads, int kv_heads, int block_size, float scale_log2, int depth, int min_chunk) {
+    paged_decode_ring_impl<__nv_bfloat16, 1>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables, context_lens, cu_q, num_rows,
+                                             max_blocks, num_heads, kv_heads, block_size, scale_log2, depth, min_chunk);
+}
 
 // The library's split plan (attention_split.rs `plan`, same arithmetic) for a launch whose
 // contexts are bounded by `bound` (a graph's bucket), base = (row tile, kv head) blocks.
@@ -100,7 +115,8 @@ int main(int argc, char **argv) {
     const int LAYERS = 24, LAUNCHES = 96;
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-        CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
+    CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
+    CK(cudaFuncSetAttribute(ring_one_head_a_warp_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     printf("SMs %d, context %s%d, graph bound %d\n", sms, varied ? "varied, at most " : "", ctx, BOUND);
     int ring_fit[MAX_DEPTH + 1] = {};
     for (int depth = 2; depth <= MAX_DEPTH; ++depth) {
@@ -181,6 +197,12 @@ int main(int argc, char **argv) {
             paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
         };
         auto lib_ring = [&](int l, __nv_bfloat16 *o) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, o); };
+        // The same launch with one head a consumer warp.
+        auto ring1 = [&](int l, __nv_bfloat16 *o) {
+            ring_one_head_a_warp_bf16<<<LIB_BLOCKS_PER_SM * sms, THREADS1, LIB_DEPTH * 2 * HALF, st>>>(
+                o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, LIB_DEPTH, LIB_MIN_CHUNK);
+            paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
+        };
         double keys = 0;
         for (auto c : lens) keys += c;
         const double mb = keys * POS_BYTES * 2 / 1e6;
@@ -238,6 +260,8 @@ int main(int argc, char **argv) {
         }
         printf("W %3d: ring vs library, worst rel err over grids, depths and chunks %.2e\n", W, worst);
         {
+            ring1(0, out_ring);
+            worst = std::max(worst, ring_err());
             lib_ring(0, out_ring);
             const double err = ring_err();
             printf("W %3d: the library's ring (%d blocks an SM, depth %d) vs its SIMT kernel: rel err %.2e\n", W, LIB_BLOCKS_PER_SM, LIB_DEPTH, err);
@@ -251,6 +275,7 @@ int main(int argc, char **argv) {
             time(plan.occ7 ? "library, its plan, plain build" : "library, its plan, 7-block build",
                  [&](int l) { lib(l, !plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time("library's ring (equal runs)", [&](int l) { lib_ring(l, out_ring); });
+            time("ring, one head a consumer warp (17 warps)", [&](int l) { ring1(l, out_ring); });
             for (const Shape &sh : shapes) {
                 char name[64];
                 snprintf(name, sizeof name, "ring, %d a SM, %d x 32 KB, runs >= %d stages", sh.per_sm, sh.depth, sh.min_chunk);
