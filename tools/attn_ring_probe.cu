@@ -260,8 +260,6 @@ int main(int argc, char **argv) {
         }
         printf("W %3d: ring vs library, worst rel err over grids, depths and chunks %.2e\n", W, worst);
         {
-            ring1(0, out_ring);
-            worst = std::max(worst, ring_err());
             lib_ring(0, out_ring);
             const double err = ring_err();
             printf("W %3d: the library's ring (%d blocks an SM, depth %d) vs its SIMT kernel: rel err %.2e\n", W, LIB_BLOCKS_PER_SM, LIB_DEPTH, err);
@@ -270,12 +268,17 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
+        // One head a consumer warp: checked on its own (a failure skips its timing, not the rest).
+        ring1(0, out_ring);
+        const double err1 = ring_err();
+        const bool ring1_ok = err1 < 1e-2;
+        printf("W %3d: ring, one head a consumer warp, vs the SIMT kernel: rel err %.2e%s\n", W, err1, ring1_ok ? "" : " (WRONG: not timed)");
         for (int rep = 0; rep < 2; ++rep) {
             time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time(plan.occ7 ? "library, its plan, plain build" : "library, its plan, 7-block build",
                  [&](int l) { lib(l, !plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time("library's ring (equal runs)", [&](int l) { lib_ring(l, out_ring); });
-            time("ring, one head a consumer warp (17 warps)", [&](int l) { ring1(l, out_ring); });
+            if (ring1_ok) time("ring, one head a consumer warp (17 warps)", [&](int l) { ring1(l, out_ring); });
             for (const Shape &sh : shapes) {
                 char name[64];
                 snprintf(name, sizeof name, "ring, %d a SM, %d x 32 KB, runs >= %d stages", sh.per_sm, sh.depth, sh.min_chunk);
