@@ -25,8 +25,10 @@
 //
 //     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/attn_ring_probe.cu -o /tmp/attn && /tmp/attn [ctx|var [widths]]
 //
-// Also timed: the library's ring with one head a consumer warp (`paged_decode_ring_impl<T, 1>`,
-// 17 warps a block; the library launches 2 heads a warp) — not yet run on the device (session 26).
+// Also timed, not yet run on the device (session 26): the library's ring with one head a consumer
+// warp (`paged_decode_ring_impl<T, 1>`, 17 warps a block; the library launches 2 heads a warp),
+// checked against the SIMT kernel; and with the rescale skipped where the running maximum did not
+// grow (`paged_decode_ring_impl<T, 2, true>`), checked bit for bit against the library's ring.
 //
 // `var`: the depth-batching benchmark's varied context lengths. Session 24 ran earlier versions:
 // one split count for every row (b29c86f), then splits in proportion to each row's context
@@ -36,6 +38,7 @@
 #include <algorithm>
 #include <math.h>
 #include <random>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -63,6 +66,15 @@ extern "C" __global__ void __launch_bounds__(ring::THREADS1) ring_one_head_a_war
     int max_blocks, int num_heads, int kv_heads, int block_size, float scale_log2, int depth, int min_chunk) {
     paged_decode_ring_impl<__nv_bfloat16, 1>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables, context_lens, cu_q, num_rows,
                                              max_blocks, num_heads, kv_heads, block_size, scale_log2, depth, min_chunk);
+}
+// The library's ring with the rescale skipped where the running maximum did not grow.
+extern "C" __global__ void __launch_bounds__(ring::THREADS) ring_keep_max_bf16(
+    __nv_bfloat16 *out, float *ws_acc, float *ws_ml, int *ws_meta, const __nv_bfloat16 *q, const __nv_bfloat16 *kc,
+    const __nv_bfloat16 *vc, const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q, int num_rows,
+    int max_blocks, int num_heads, int kv_heads, int block_size, float scale_log2, int depth, int min_chunk) {
+    paged_decode_ring_impl<__nv_bfloat16, 2, true>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables, context_lens, cu_q,
+                                                   num_rows, max_blocks, num_heads, kv_heads, block_size, scale_log2, depth,
+                                                   min_chunk);
 }
 
 // The library's split plan (attention_split.rs `plan`, same arithmetic) for a launch whose
@@ -117,6 +129,7 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     CK(cudaFuncSetAttribute(ring_one_head_a_warp_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
+    CK(cudaFuncSetAttribute(ring_keep_max_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     printf("SMs %d, context %s%d, graph bound %d\n", sms, varied ? "varied, at most " : "", ctx, BOUND);
     int ring_fit[MAX_DEPTH + 1] = {};
     for (int depth = 2; depth <= MAX_DEPTH; ++depth) {
@@ -160,7 +173,7 @@ int main(int argc, char **argv) {
             for (int b = 0; b < used; ++b) tab[(size_t)r * max_blocks + b] = perm[(size_t)r * used + b];
         for (int r = 0; r <= W; ++r) cu[r] = r;
         uint32_t *d_tab, *d_lens, *d_cu;
-        __nv_bfloat16 *q, *out_lib, *out_ring;
+        __nv_bfloat16 *q, *out_lib, *out_lib2, *out_ring;
         float *ws_acc, *ws_ml;
         int *ws_meta;
         CK(cudaMalloc(&d_tab, tab.size() * 4));
@@ -172,6 +185,7 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&q, (size_t)W * HEADS * HD * 2));
         fill<<<64, 256, 0, st>>>(q, (size_t)W * HEADS * HD, 99, 2.f);
         CK(cudaMalloc(&out_lib, (size_t)W * HEADS * HD * 2));
+        CK(cudaMalloc(&out_lib2, (size_t)W * HEADS * HD * 2));
         CK(cudaMalloc(&out_ring, (size_t)W * HEADS * HD * 2));
         // Partials: the SIMT kernel's splits x rows, the ring's grid + rows slots.
         const size_t slots = std::max((size_t)32 * W, (size_t)MAX_BLOCKS_PER_SM * sms + W);
@@ -200,6 +214,12 @@ int main(int argc, char **argv) {
         // The same launch with one head a consumer warp.
         auto ring1 = [&](int l, __nv_bfloat16 *o) {
             ring_one_head_a_warp_bf16<<<LIB_BLOCKS_PER_SM * sms, THREADS1, LIB_DEPTH * 2 * HALF, st>>>(
+                o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, LIB_DEPTH, LIB_MIN_CHUNK);
+            paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
+        };
+        // The library's launch with the rescale skipped where the maximum did not grow.
+        auto ring_keep = [&](int l, __nv_bfloat16 *o) {
+            ring_keep_max_bf16<<<LIB_BLOCKS_PER_SM * sms, THREADS, LIB_DEPTH * 2 * HALF, st>>>(
                 o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, LIB_DEPTH, LIB_MIN_CHUNK);
             paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
         };
@@ -273,12 +293,22 @@ int main(int argc, char **argv) {
         const double err1 = ring_err();
         const bool ring1_ok = err1 < 1e-2;
         printf("W %3d: ring, one head a consumer warp, vs the SIMT kernel: rel err %.2e%s\n", W, err1, ring1_ok ? "" : " (WRONG: not timed)");
+        // Skipping the rescale must not change a bit of the library ring's output.
+        lib_ring(0, out_lib2);
+        ring_keep(0, out_ring);
+        CK(cudaStreamSynchronize(st));
+        std::vector<__nv_bfloat16> c(b.size()), d(b.size());
+        CK(cudaMemcpy(c.data(), out_lib2, c.size() * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(d.data(), out_ring, d.size() * 2, cudaMemcpyDeviceToHost));
+        const bool keep_ok = memcmp(c.data(), d.data(), c.size() * 2) == 0;
+        printf("W %3d: ring, rescale only when the maximum grows: %s\n", W, keep_ok ? "bit-identical to the library's ring" : "DIFFERS (not timed)");
         for (int rep = 0; rep < 2; ++rep) {
             time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time(plan.occ7 ? "library, its plan, plain build" : "library, its plan, 7-block build",
                  [&](int l) { lib(l, !plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time("library's ring (equal runs)", [&](int l) { lib_ring(l, out_ring); });
             if (ring1_ok) time("ring, one head a consumer warp (17 warps)", [&](int l) { ring1(l, out_ring); });
+            if (keep_ok) time("ring, rescale only when the maximum grows", [&](int l) { ring_keep(l, out_ring); });
             for (const Shape &sh : shapes) {
                 char name[64];
                 snprintf(name, sizeof name, "ring, %d a SM, %d x 32 KB, runs >= %d stages", sh.per_sm, sh.depth, sh.min_chunk);
@@ -294,6 +324,7 @@ int main(int argc, char **argv) {
         CK(cudaFree(d_cu));
         CK(cudaFree(q));
         CK(cudaFree(out_lib));
+        CK(cudaFree(out_lib2));
         CK(cudaFree(out_ring));
         CK(cudaFree(ws_acc));
         CK(cudaFree(ws_ml));

@@ -818,8 +818,9 @@ template <typename T> struct RingLane<T, 4> {
 // (one arrival a warp on `empty_bar`), then scores, the online softmax (base 2) and the V
 // accumulation. FULL (cnt == RING_CP: every stage but a row's last, partly filled one) drops the
 // per-position guards, which were about a seventh of the loop's instructions; both forms do the
-// same arithmetic.
-template <typename T, int EPL, bool FULL>
+// same arithmetic. KEEP_MAX skips the rescale when the running maximum did not grow (its factor is
+// then exactly 1: the same output bit for bit) — a probe variant, not yet measured.
+template <typename T, int EPL, bool FULL, bool KEEP_MAX = false>
 __device__ __forceinline__ void ring_stage(const T *ks, int pos_elems, int off, int cnt, const float (&qv)[EPL],
                                            float &m, float &l, float (&acc)[EPL], uint32_t empty_bar, int lane) {
     using Lane = RingLane<T, EPL>;
@@ -851,11 +852,13 @@ __device__ __forceinline__ void ring_stage(const T *ks, int pos_elems, int off, 
 #pragma unroll
     for (int k = 0; k < RING_CP; ++k) mx = fmaxf(mx, sc[k]);
     if (mx == -INFINITY) return;  // nothing finite yet (NaN scores): as the SIMT kernel
-    const float alpha = exp2f(m - mx);  // m = -inf gives 0
-    m = mx;
-    l *= alpha;
+    if (!KEEP_MAX || mx != m) {
+        const float alpha = exp2f(m - mx);  // m = -inf gives 0
+        m = mx;
+        l *= alpha;
 #pragma unroll
-    for (int e = 0; e < EPL; ++e) acc[e] *= alpha;
+        for (int e = 0; e < EPL; ++e) acc[e] *= alpha;
+    }
 #pragma unroll
     for (int k = 0; k < RING_CP; ++k) {
         if (FULL || k < cnt) {
@@ -874,7 +877,7 @@ __device__ __forceinline__ void ring_stage(const T *ks, int pos_elems, int off, 
 // depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query (token cu_q[r]) and
 // sees its whole context; block_size is a multiple of RING_CP. Workspace: partials `ws_acc`
 // [gridDim.x + num_rows, num_heads, D] and `ws_ml` [.., num_heads, 2]; `ws_meta` [num_rows, 2].
-template <typename T, int HPW>
+template <typename T, int HPW, bool KEEP_MAX = false>
 __device__ __forceinline__ void paged_decode_ring_impl(
     T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, int *__restrict__ ws_meta,
     const T *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
@@ -1021,9 +1024,9 @@ __device__ __forceinline__ void paged_decode_ring_impl(
             const T *ks = reinterpret_cast<const T *>(ring_smem + (size_t)s * stage_bytes);
             const int cnt = min(RING_CP, ctx - j * RING_CP);
             if (cnt == RING_CP)  // warp-uniform
-                ring_stage<T, EPL, true>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
+                ring_stage<T, EPL, true, KEEP_MAX>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
             else
-                ring_stage<T, EPL, false>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
+                ring_stage<T, EPL, false, KEEP_MAX>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
         }
         const int last_block = (int)((row_start + n - 1) / chunk);
         if (lo == 0 && warp == 0 && lane == 0) {  // this block holds the row's first stage
