@@ -53,28 +53,23 @@ constexpr int MAX_DEPTH = 4;                           // RING_MAX_DEPTH of the 
 constexpr int MAX_BLOCKS_PER_SM = 3;                   // the most the sweep puts on an SM
 // The library's launch (src/ops/cuda/attention.rs: RING_BLOCKS_PER_SM, RING_DEPTH, RING_MIN_CHUNK).
 constexpr int LIB_BLOCKS_PER_SM = 1, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
-// The ring with one head a consumer warp (the library's kernel takes two): sixteen consumer warps
-// of 4 elements a lane, for more warps to hide the consumers' latencies (session 26's profile had
-// them issue-bound with 2.2 warps a scheduler).
-constexpr int THREADS1 = (HEADS + 1) * 32;
+// Threads of a ring block whose consumer warps take `hpw` heads each (the library: 2). One head a
+// warp gives sixteen consumer warps of 4 elements a lane, more warps to hide the consumers'
+// latencies (session 26's profile had them issue-bound with 2.2 warps a scheduler).
+constexpr int ring_threads(int hpw) { return (HEADS / hpw + 1) * 32; }
 
 }  // namespace ring
 
-extern "C" __global__ void __launch_bounds__(ring::THREADS1) ring_one_head_a_warp_bf16(
+// The library's ring body with the probe's variants: HPW heads a consumer warp, KEEP_MAX the
+// rescale skipped where the running maximum did not grow. Its signature is the library kernel's.
+template <int HPW, bool KEEP_MAX>
+__global__ void __launch_bounds__(ring::ring_threads(HPW)) ring_variant_bf16(
     __nv_bfloat16 *out, float *ws_acc, float *ws_ml, int *ws_meta, const __nv_bfloat16 *q, const __nv_bfloat16 *kc,
     const __nv_bfloat16 *vc, const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q, int num_rows,
     int max_blocks, int num_heads, int kv_heads, int block_size, float scale_log2, int depth, int min_chunk) {
-    paged_decode_ring_impl<__nv_bfloat16, 1>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables, context_lens, cu_q, num_rows,
-                                             max_blocks, num_heads, kv_heads, block_size, scale_log2, depth, min_chunk);
-}
-// The library's ring with the rescale skipped where the running maximum did not grow.
-extern "C" __global__ void __launch_bounds__(ring::THREADS) ring_keep_max_bf16(
-    __nv_bfloat16 *out, float *ws_acc, float *ws_ml, int *ws_meta, const __nv_bfloat16 *q, const __nv_bfloat16 *kc,
-    const __nv_bfloat16 *vc, const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q, int num_rows,
-    int max_blocks, int num_heads, int kv_heads, int block_size, float scale_log2, int depth, int min_chunk) {
-    paged_decode_ring_impl<__nv_bfloat16, 2, true>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables, context_lens, cu_q,
-                                                   num_rows, max_blocks, num_heads, kv_heads, block_size, scale_log2, depth,
-                                                   min_chunk);
+    paged_decode_ring_impl<__nv_bfloat16, HPW, KEEP_MAX>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables, context_lens,
+                                                         cu_q, num_rows, max_blocks, num_heads, kv_heads, block_size,
+                                                         scale_log2, depth, min_chunk);
 }
 
 // The library's split plan (attention_split.rs `plan`, same arithmetic) for a launch whose
@@ -127,9 +122,9 @@ int main(int argc, char **argv) {
     const int LAYERS = 24, LAUNCHES = 96;
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
-    CK(cudaFuncSetAttribute(ring_one_head_a_warp_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
-    CK(cudaFuncSetAttribute(ring_keep_max_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
+    for (const void *f : {(const void *)paged_decode_ring_bf16_d128, (const void *)ring_variant_bf16<1, false>,
+                          (const void *)ring_variant_bf16<2, true>})
+        CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     printf("SMs %d, context %s%d, graph bound %d\n", sms, varied ? "varied, at most " : "", ctx, BOUND);
     int ring_fit[MAX_DEPTH + 1] = {};
     for (int depth = 2; depth <= MAX_DEPTH; ++depth) {
@@ -139,9 +134,6 @@ int main(int argc, char **argv) {
     }
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const float scale_log2 = 1.f / sqrtf((float)HD) * 1.4426950408889634f;
     int occ_plain, occ7;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_plain, paged_attn_bf16_d128_q1, NTHREADS, 0));
@@ -173,7 +165,7 @@ int main(int argc, char **argv) {
             for (int b = 0; b < used; ++b) tab[(size_t)r * max_blocks + b] = perm[(size_t)r * used + b];
         for (int r = 0; r <= W; ++r) cu[r] = r;
         uint32_t *d_tab, *d_lens, *d_cu;
-        __nv_bfloat16 *q, *out_lib, *out_lib2, *out_ring;
+        __nv_bfloat16 *q, *out_lib, *out_ring;
         float *ws_acc, *ws_ml;
         int *ws_meta;
         CK(cudaMalloc(&d_tab, tab.size() * 4));
@@ -185,7 +177,6 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&q, (size_t)W * HEADS * HD * 2));
         fill<<<64, 256, 0, st>>>(q, (size_t)W * HEADS * HD, 99, 2.f);
         CK(cudaMalloc(&out_lib, (size_t)W * HEADS * HD * 2));
-        CK(cudaMalloc(&out_lib2, (size_t)W * HEADS * HD * 2));
         CK(cudaMalloc(&out_ring, (size_t)W * HEADS * HD * 2));
         // Partials: the SIMT kernel's splits x rows, the ring's grid + rows slots.
         const size_t slots = std::max((size_t)32 * W, (size_t)MAX_BLOCKS_PER_SM * sms + W);
@@ -203,25 +194,23 @@ int main(int argc, char **argv) {
                 paged_attn_bf16_d128_q1<<<grid, NTHREADS, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, splits, chunk, wave, W);
             if (splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, splits, W, HEADS);
         };
-        // The ring kernel: a grid of `per_sm` blocks an SM cutting the launch's stages into equal
-        // runs of at least `min_chunk`, then its combine (as src/ops/cuda/attention.rs launches them).
-        auto rng = [&](int l, int per_sm, int depth, int min_chunk, __nv_bfloat16 *o) {
-            paged_decode_ring_bf16_d128<<<per_sm * sms, THREADS, depth * 2 * HALF, st>>>(
+        // The ring kernel (or a variant of it, with its threads): a grid of `per_sm` blocks an SM
+        // cutting the launch's stages into equal runs of at least `min_chunk`, then its combine (as
+        // src/ops/cuda/attention.rs launches them).
+        using RingKernel = decltype(&paged_decode_ring_bf16_d128);
+        auto rng = [&](int l, int per_sm, int depth, int min_chunk, __nv_bfloat16 *o,
+                       RingKernel kernel = paged_decode_ring_bf16_d128, int threads = THREADS) {
+            kernel<<<per_sm * sms, threads, depth * 2 * HALF, st>>>(
                 o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, depth, min_chunk);
             paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
         };
         auto lib_ring = [&](int l, __nv_bfloat16 *o) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, o); };
-        // The same launch with one head a consumer warp.
+        // The library's launch with one head a consumer warp, and with the rescale skipped.
         auto ring1 = [&](int l, __nv_bfloat16 *o) {
-            ring_one_head_a_warp_bf16<<<LIB_BLOCKS_PER_SM * sms, THREADS1, LIB_DEPTH * 2 * HALF, st>>>(
-                o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, LIB_DEPTH, LIB_MIN_CHUNK);
-            paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
+            rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, o, ring_variant_bf16<1, false>, ring_threads(1));
         };
-        // The library's launch with the rescale skipped where the maximum did not grow.
         auto ring_keep = [&](int l, __nv_bfloat16 *o) {
-            ring_keep_max_bf16<<<LIB_BLOCKS_PER_SM * sms, THREADS, LIB_DEPTH * 2 * HALF, st>>>(
-                o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, LIB_DEPTH, LIB_MIN_CHUNK);
-            paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
+            rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, o, ring_variant_bf16<2, true>, ring_threads(2));
         };
         double keys = 0;
         for (auto c : lens) keys += c;
@@ -233,19 +222,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < LAUNCHES; ++i) launch(i % LAYERS);
             CK(cudaStreamEndCapture(st, &gr));
             CK(cudaGraphInstantiate(&ex, gr, 0));
-            CK(cudaGraphLaunch(ex, st));
-            std::vector<float> ts;
-            for (int i = 0; i < 7; ++i) {
-                CK(cudaEventRecord(e0, st));
-                CK(cudaGraphLaunch(ex, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                ts.push_back(ms);
-            }
-            std::sort(ts.begin(), ts.end());
-            const double us = ts[ts.size() / 2] * 1000.0 / LAUNCHES;
+            const double us = median_graph_ms(ex, st, 7) * 1000.0 / LAUNCHES;
             printf("W %3d ctx %s%d  %-44s %7.2f us a launch  %5.2f TB/s\n", W, varied ? "<" : "", ctx, name.c_str(), us, mb / us);
             CK(cudaGraphExecDestroy(ex));
             CK(cudaGraphDestroy(gr));
@@ -256,9 +233,14 @@ int main(int argc, char **argv) {
         std::vector<__nv_bfloat16> a((size_t)W * HEADS * HD), b(a.size());
         CK(cudaMemcpy(a.data(), out_lib, a.size() * 2, cudaMemcpyDeviceToHost));
         // Relative error of out_ring (just written) against the SIMT kernel's output `a`.
-        auto ring_err = [&] {
+        // out_ring (just written), on the host.
+        auto fetch_ring = [&]() -> const std::vector<__nv_bfloat16> & {
             CK(cudaStreamSynchronize(st));
             CK(cudaMemcpy(b.data(), out_ring, b.size() * 2, cudaMemcpyDeviceToHost));
+            return b;
+        };
+        auto ring_err = [&] {
+            fetch_ring();
             double num = 0, den = 0;
             for (size_t i = 0; i < a.size(); ++i) {
                 const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
@@ -294,13 +276,10 @@ int main(int argc, char **argv) {
         const bool ring1_ok = err1 < 1e-2;
         printf("W %3d: ring, one head a consumer warp, vs the SIMT kernel: rel err %.2e%s\n", W, err1, ring1_ok ? "" : " (WRONG: not timed)");
         // Skipping the rescale must not change a bit of the library ring's output.
-        lib_ring(0, out_lib2);
+        lib_ring(0, out_ring);
+        const std::vector<__nv_bfloat16> want = fetch_ring();
         ring_keep(0, out_ring);
-        CK(cudaStreamSynchronize(st));
-        std::vector<__nv_bfloat16> c(b.size()), d(b.size());
-        CK(cudaMemcpy(c.data(), out_lib2, c.size() * 2, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(d.data(), out_ring, d.size() * 2, cudaMemcpyDeviceToHost));
-        const bool keep_ok = memcmp(c.data(), d.data(), c.size() * 2) == 0;
+        const bool keep_ok = memcmp(want.data(), fetch_ring().data(), want.size() * 2) == 0;
         printf("W %3d: ring, rescale only when the maximum grows: %s\n", W, keep_ok ? "bit-identical to the library's ring" : "DIFFERS (not timed)");
         for (int rep = 0; rep < 2; ++rep) {
             time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
@@ -324,7 +303,6 @@ int main(int argc, char **argv) {
         CK(cudaFree(d_cu));
         CK(cudaFree(q));
         CK(cudaFree(out_lib));
-        CK(cudaFree(out_lib2));
         CK(cudaFree(out_ring));
         CK(cudaFree(ws_acc));
         CK(cudaFree(ws_ml));

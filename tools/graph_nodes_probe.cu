@@ -7,21 +7,8 @@
 // the frees left to the end — for kernels that do nothing and for kernels that stream a small
 // buffer (≈ the decode step's elementwise kernels).
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a tools/graph_nodes_probe.cu -o /tmp/gn && /tmp/gn [N]
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <cuda_runtime.h>
-#include <vector>
-
-#define CK(x)                                                                          \
-    do {                                                                               \
-        cudaError_t e_ = (x);                                                          \
-        if (e_ != cudaSuccess) {                                                       \
-            printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+//     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/graph_nodes_probe.cu -o /tmp/gn && /tmp/gn [N]
+#include "probe_ptx.cuh"
 
 // out = in * 1.0001 + 1 over n floats (n = 0: an empty kernel).
 __global__ void step(float *out, const float *in, int n) {
@@ -34,9 +21,6 @@ int main(int argc, char **argv) {
     const int N = argc > 1 ? atoi(argv[1]) : 1000;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (int n : {0, 64 * 2048, 256 * 2048}) {
@@ -75,22 +59,9 @@ int main(int argc, char **argv) {
             CK(cudaGraphGetNodes(g, nullptr, &nodes));
             CK(cudaGraphInstantiate(&ex, g, 0));
             CK(cudaGraphUpload(ex, st));
-            CK(cudaGraphLaunch(ex, st));
-            CK(cudaStreamSynchronize(st));
-            std::vector<float> ts;
-            for (int r = 0; r < 15; ++r) {
-                CK(cudaEventRecord(e0, st));
-                CK(cudaGraphLaunch(ex, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                ts.push_back(ms);
-            }
-            std::sort(ts.begin(), ts.end());
+            const float ms = median_graph_ms(ex, st, 15);
             const char *name = mem == Mem::Prealloc ? "kernels only (preallocated)" : mem == Mem::AllocFree ? "alloc + kernel + free (as candle)" : "alloc + kernel, frees at the end";
-            printf("%d kernels of %8d floats, %-34s %6zu nodes: %8.3f ms  %6.2f us a kernel\n", N, n, name, nodes, ts[ts.size() / 2],
-                   ts[ts.size() / 2] * 1000.0 / N);
+            printf("%d kernels of %8d floats, %-34s %6zu nodes: %8.3f ms  %6.2f us a kernel\n", N, n, name, nodes, ms, ms * 1000.0 / N);
             CK(cudaGraphExecDestroy(ex));
             CK(cudaGraphDestroy(g));
         }

@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <algorithm>
+#include <vector>
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
 
@@ -30,6 +32,28 @@ __global__ void fill(__nv_bfloat16 *p, size_t n, uint32_t seed, float scale) {
         h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
         p[i] = __float2bfloat16(((h & 0xffff) / 65535.f - 0.5f) * scale);
     }
+}
+
+// Median wall time (ms) of `reps` replays of a graph on `st`, after one untimed replay.
+static float median_graph_ms(cudaGraphExec_t ex, cudaStream_t st, int reps) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(ex, st));
+    std::vector<float> ts;
+    for (int i = 0; i < reps; ++i) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ex, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ts.push_back(ms);
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
 }
 
 // Shared-memory address of a generic pointer (for mbarrier / bulk-copy operands).

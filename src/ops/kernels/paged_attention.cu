@@ -1087,9 +1087,9 @@ __device__ __forceinline__ void ring_combine_impl(T *__restrict__ out, const flo
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size,               \
         float scale_log2, int depth, int min_chunk) {                                            \
-        paged_decode_ring_impl<T, 2>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables,          \
-                                  context_lens, cu_q, num_rows, max_blocks, num_heads, kv_heads, \
-                                  block_size, scale_log2, depth, min_chunk);                     \
+        paged_decode_ring_impl<T, 2>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables,       \
+                                     context_lens, cu_q, num_rows, max_blocks, num_heads,        \
+                                     kv_heads, block_size, scale_log2, depth, min_chunk);        \
     }                                                                                            \
     extern "C" __global__ void paged_decode_ring_combine_##NAME##_d128(                          \
         T *out, const float *ws_acc, const float *ws_ml, const int *ws_meta,                     \
