@@ -34,12 +34,12 @@ __global__ void fill(__nv_bfloat16 *p, size_t n, uint32_t seed, float scale) {
     }
 }
 
-// Median wall time (ms) of `reps` replays of a graph on `st`, after one untimed replay.
-static float median_graph_ms(cudaGraphExec_t ex, cudaStream_t st, int reps) {
+// Median wall time (ms) of `reps` replays of a graph on `st`, after `warmups` untimed ones.
+static float median_graph_ms(cudaGraphExec_t ex, cudaStream_t st, int reps, int warmups = 1) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    CK(cudaGraphLaunch(ex, st));
+    for (int i = 0; i < warmups; ++i) CK(cudaGraphLaunch(ex, st));
     std::vector<float> ts;
     for (int i = 0; i < reps; ++i) {
         CK(cudaEventRecord(e0, st));

@@ -225,25 +225,10 @@ float graph_us(cudaStream_t s, F body) {
     if (g_prev) { CK(cudaFreeAsync(g_prev, s)); g_prev = nullptr; }
     CK(cudaStreamEndCapture(s, &gr));
     CK(cudaGraphInstantiate(&ex, gr, 0));
-    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ex, s));
-    CK(cudaStreamSynchronize(s));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ts;
-    for (int i = 0; i < 15; ++i) {
-        CK(cudaEventRecord(e0, s));
-        CK(cudaGraphLaunch(ex, s));
-        CK(cudaEventRecord(e1, s));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ts.push_back(ms * 1000.f);
-    }
-    std::sort(ts.begin(), ts.end());
+    const float us = median_graph_ms(ex, s, 15, 3) * 1000.f;
     CK(cudaGraphExecDestroy(ex));
     CK(cudaGraphDestroy(gr));
-    return ts[ts.size() / 2];
+    return us;
 }
 
 template <int MT, int NT, int U, int MODE>
