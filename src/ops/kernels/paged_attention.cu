@@ -792,92 +792,63 @@ __device__ __forceinline__ unsigned long long ring_block_scan(unsigned long long
     return before + x - v;
 }
 
-// A consumer lane's share of one head: EPL (8 or 4) consecutive 2-byte elements as one 16- or
-// 8-byte vector, with its conversions.
-template <typename T, int EPL> struct RingLane;
-template <typename T> struct RingLane<T, 8> {
-    using Raw = uint4;
-    __device__ __forceinline__ static Raw zero() { return make_uint4(0, 0, 0, 0); }
-    __device__ __forceinline__ static Raw ldg(const T *p) { return ldg16(p); }
-    __device__ __forceinline__ static void to_float(const Raw &raw, float *out) { Cvt<T>::to_float(raw, out); }
-};
-template <typename T> struct RingLane<T, 4> {
-    using Raw = uint2;
-    __device__ __forceinline__ static Raw zero() { return make_uint2(0, 0); }
-    __device__ __forceinline__ static Raw ldg(const T *p) { return __ldg(reinterpret_cast<const uint2 *>(p)); }
-    __device__ __forceinline__ static void to_float(const Raw &raw, float *out) {
-        float f[8];  // the upper four are dead and compiled away
-        Cvt<T>::to_float(make_uint4(raw.x, raw.y, 0, 0), f);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) out[e] = f[e];
-    }
-};
-
-// One stage of the ring for a consumer lane (EPL elements of one head; LPH = 128 / EPL lanes a
-// head): the K and V of the stage's `cnt` positions read out of shared memory, the stage released
-// (one arrival a warp on `empty_bar`), then scores, the online softmax (base 2) and the V
-// accumulation. FULL (cnt == RING_CP: every stage but a row's last, partly filled one) drops the
-// per-position guards, which were about a seventh of the loop's instructions; both forms do the
-// same arithmetic. KEEP_MAX skips the rescale when the running maximum did not grow (its factor is
-// then exactly 1: the same output bit for bit) — a probe variant, not yet measured.
-template <typename T, int EPL, bool FULL, bool KEEP_MAX = false>
-__device__ __forceinline__ void ring_stage(const T *ks, int pos_elems, int off, int cnt, const float (&qv)[EPL],
-                                           float &m, float &l, float (&acc)[EPL], uint32_t empty_bar, int lane) {
-    using Lane = RingLane<T, EPL>;
-    using Raw = typename Lane::Raw;
-    constexpr int LPH = RING_D / EPL;
+// One stage of the ring for a consumer lane (8 elements of one head; 16 lanes a head): the K and V
+// of the stage's `cnt` positions read out of shared memory, the stage released (one arrival a
+// warp on `empty_bar`), then scores, the online softmax (base 2) and the V accumulation. FULL
+// (cnt == RING_CP: every stage but a row's last, partly filled one) drops the per-position guards,
+// which were about a seventh of the loop's instructions; both forms do the same arithmetic.
+template <typename T, bool FULL>
+__device__ __forceinline__ void ring_stage(const T *ks, int pos_elems, int off, int cnt, const float (&qv)[8],
+                                           float &m, float &l, float (&acc)[8], uint32_t empty_bar, int lane) {
     const T *vs = ks + RING_CP * pos_elems;
-    Raw kr[RING_CP], vr[RING_CP];
+    uint4 kr[RING_CP], vr[RING_CP];
 #pragma unroll
     for (int k = 0; k < RING_CP; ++k) {
         const bool ok = FULL || k < cnt;
-        kr[k] = ok ? *reinterpret_cast<const Raw *>(ks + k * pos_elems + off) : Lane::zero();
-        vr[k] = ok ? *reinterpret_cast<const Raw *>(vs + k * pos_elems + off) : Lane::zero();
+        kr[k] = ok ? *reinterpret_cast<const uint4 *>(ks + k * pos_elems + off) : make_uint4(0, 0, 0, 0);
+        vr[k] = ok ? *reinterpret_cast<const uint4 *>(vs + k * pos_elems + off) : make_uint4(0, 0, 0, 0);
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar);
     float sc[RING_CP];
 #pragma unroll
     for (int k = 0; k < RING_CP; ++k) {
-        float kf[EPL];
-        Lane::to_float(kr[k], kf);
+        float kf[8];
+        Cvt<T>::to_float(kr[k], kf);
         float d = 0.f;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) d = fmaf(qv[e], kf[e], d);
+        for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
 #pragma unroll
-        for (int o = LPH / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
         sc[k] = FULL || k < cnt ? d : -INFINITY;
     }
     float mx = m;
 #pragma unroll
     for (int k = 0; k < RING_CP; ++k) mx = fmaxf(mx, sc[k]);
     if (mx == -INFINITY) return;  // nothing finite yet (NaN scores): as the SIMT kernel
-    if (!KEEP_MAX || mx != m) {
-        const float alpha = exp2f(m - mx);  // m = -inf gives 0
-        m = mx;
-        l *= alpha;
+    const float alpha = exp2f(m - mx);  // m = -inf gives 0
+    m = mx;
+    l *= alpha;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[e] *= alpha;
-    }
+    for (int e = 0; e < 8; ++e) acc[e] *= alpha;
 #pragma unroll
     for (int k = 0; k < RING_CP; ++k) {
         if (FULL || k < cnt) {
             const float pr = exp2f(sc[k] - mx);
             l += pr;
-            float vf[EPL];
-            Lane::to_float(vr[k], vf);
+            float vf[8];
+            Cvt<T>::to_float(vr[k], vf);
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
+            for (int e = 0; e < 8; ++e) acc[e] = fmaf(pr, vf[e], acc[e]);
         }
     }
 }
 
-// Block: (ceil(num_heads / HPW) + 1) warps, the last the producer, each consumer warp taking HPW
-// (2 or 1) query heads; any grid; dynamic shared memory
+// Block: (ceil(num_heads / 2) + 1) warps, the last the producer; any grid; dynamic shared memory
 // depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query (token cu_q[r]) and
 // sees its whole context; block_size is a multiple of RING_CP. Workspace: partials `ws_acc`
 // [gridDim.x + num_rows, num_heads, D] and `ws_ml` [.., num_heads, 2]; `ws_meta` [num_rows, 2].
-template <typename T, int HPW, bool KEEP_MAX = false>
+template <typename T>
 __device__ __forceinline__ void paged_decode_ring_impl(
     T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, int *__restrict__ ws_meta,
     const T *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
@@ -978,23 +949,19 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         }
         return;
     }
-    // Consumers: LPH lanes a head, EPL elements a lane. A half-warp past the last head (odd head
-    // counts, HPW 2) runs along without writing: its lanes take part in the warp's shuffles.
-    static_assert(HPW == 1 || HPW == 2, "heads a consumer warp");
-    constexpr int LPH = 32 / HPW, EPL = RING_D / LPH;
-    using Lane = RingLane<T, EPL>;
-    using Raw = typename Lane::Raw;
-    const int head = HPW * warp + lane / LPH, lh = lane % LPH;
+    // Consumers. A half-warp past the last head (odd head counts) runs along without writing:
+    // its lanes take part in the warp's shuffles.
+    const int head = 2 * warp + (lane >> 4), l16 = lane & 15;
     const bool valid = head < num_heads;
     const int kvh = (valid ? head : 0) / (num_heads / kv_heads);
-    const int off = kvh * RING_D + EPL * lh;
+    const int off = kvh * RING_D + 8 * l16;
     // The next row's query, loaded while this row's stages stream: its two dependent loads
     // (cu_q, then q) would otherwise stall the consumers at every row boundary of the run.
     auto load_q = [&](int row) {
-        return valid ? Lane::ldg(q + ((size_t)cu_q[row] * num_heads + head) * RING_D + EPL * lh) : Lane::zero();
+        return valid ? ldg16(q + ((size_t)cu_q[row] * num_heads + head) * RING_D + 8 * l16) : make_uint4(0, 0, 0, 0);
     };
     int next_row = -1;
-    Raw next_q = Lane::zero();
+    uint4 next_q = make_uint4(0, 0, 0, 0);
     while (g < g1) {
         const int ctx = (int)context_lens[r];
         const unsigned long long n = ring_stages((uint32_t)ctx);
@@ -1005,16 +972,16 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         }
         const int lo = (int)(g - row_start), hi = (int)(min(g1, row_start + n) - row_start);
         const int token = (int)cu_q[r];
-        float qv[EPL], acc[EPL];
-        Lane::to_float(r == next_row ? next_q : load_q(r), qv);
+        float qv[8], acc[8];
+        Cvt<T>::to_float(r == next_row ? next_q : load_q(r), qv);
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) qv[e] *= scale_log2;
+        for (int e = 0; e < 8; ++e) qv[e] *= scale_log2;
         if (row_start + n < g1 && r + 1 < num_rows) {  // the run goes on past this row
             next_row = r + 1;
             next_q = load_q(next_row);
         }
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[e] = 0.f;
+        for (int e = 0; e < 8; ++e) acc[e] = 0.f;
         float m = -INFINITY, l = 0.f;
         for (int j = lo; j < hi; ++j, ++i) {
             const int s = i % depth;
@@ -1024,9 +991,9 @@ __device__ __forceinline__ void paged_decode_ring_impl(
             const T *ks = reinterpret_cast<const T *>(ring_smem + (size_t)s * stage_bytes);
             const int cnt = min(RING_CP, ctx - j * RING_CP);
             if (cnt == RING_CP)  // warp-uniform
-                ring_stage<T, EPL, true, KEEP_MAX>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
+                ring_stage<T, true>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
             else
-                ring_stage<T, EPL, false, KEEP_MAX>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
+                ring_stage<T, false>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
         }
         const int last_block = (int)((row_start + n - 1) / chunk);
         if (lo == 0 && warp == 0 && lane == 0) {  // this block holds the row's first stage
@@ -1036,19 +1003,19 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         if (valid) {
             if (lo == 0 && last_block == (int)blockIdx.x) {  // the whole row: the output itself
                 const float inv = l > 0.f ? 1.f / l : 0.f;
-                __align__(16) T o[EPL];
+                __align__(16) T o[8];
 #pragma unroll
-                for (int e = 0; e < EPL; ++e) o[e] = Cvt<T>::from_float(acc[e] * inv);
-                *reinterpret_cast<Raw *>(out + ((size_t)token * num_heads + head) * RING_D + EPL * lh) =
-                    *reinterpret_cast<const Raw *>(o);
+                for (int e = 0; e < 8; ++e) o[e] = Cvt<T>::from_float(acc[e] * inv);
+                *reinterpret_cast<uint4 *>(out + ((size_t)token * num_heads + head) * RING_D + 8 * l16) =
+                    *reinterpret_cast<const uint4 *>(o);
             } else {
                 const size_t sh = ((size_t)blockIdx.x + r) * num_heads + head;
                 if (l > 0.f) {  // the combine reads no acc of an empty partial
-                    float4 *a = reinterpret_cast<float4 *>(ws_acc + sh * RING_D + EPL * lh);
-#pragma unroll
-                    for (int v = 0; v < EPL / 4; ++v) a[v] = make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
+                    float4 *a = reinterpret_cast<float4 *>(ws_acc + sh * RING_D + 8 * l16);
+                    a[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+                    a[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
                 }
-                if (lh == 0) {
+                if (l16 == 0) {
                     ws_ml[sh * 2] = m;
                     ws_ml[sh * 2 + 1] = l;
                 }
@@ -1087,14 +1054,14 @@ __device__ __forceinline__ void ring_combine_impl(T *__restrict__ out, const flo
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size,               \
         float scale_log2, int depth, int min_chunk) {                                            \
-        paged_decode_ring_impl<T, 2>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables,       \
-                                     context_lens, cu_q, num_rows, max_blocks, num_heads,        \
-                                     kv_heads, block_size, scale_log2, depth, min_chunk);        \
+        paged_decode_ring_impl<T>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables,          \
+                                  context_lens, cu_q, num_rows, max_blocks, num_heads, kv_heads, \
+                                  block_size, scale_log2, depth, min_chunk);                     \
     }                                                                                            \
     extern "C" __global__ void paged_decode_ring_combine_##NAME##_d128(                          \
         T *out, const float *ws_acc, const float *ws_ml, const int *ws_meta,                     \
         const uint32_t *context_lens, const uint32_t *cu_q, int num_heads) {                     \
-        ring_combine_impl<T>(out, ws_acc, ws_ml, ws_meta, context_lens, cu_q, num_heads);         \
+        ring_combine_impl<T>(out, ws_acc, ws_ml, ws_meta, context_lens, cu_q, num_heads);        \
     }
 
 PA_RING_KERNEL(bf16, __nv_bfloat16)
