@@ -28,7 +28,11 @@
 // Session 27 measured two consumer variants here and dropped them (one head a consumer warp:
 // 2-5 % slower; the rescale skipped where the running maximum did not grow: level). `brief`
 // (third argument) skips the sweep and times where a launch's fixed cost goes instead: the ring
-// without its combine, the combine alone, and an empty kernel in the same chain of 96.
+// without its combine, the combine alone, an empty kernel in the same chain of 96, and chains
+// that put a stand-in for the kernel before attention (q and each row's newest K / V written)
+// ahead of the ring or the SIMT plan. Programmatic dependent launch into the ring (its set-up and
+// all but a row's last stage before griddepcontrol.wait) and into both combines was measured
+// through this chain in session 27 (raw-2026-12-07/call3) and bought nothing.
 //
 // `var`: the depth-batching benchmark's varied context lengths. Session 24 ran earlier versions:
 // one split count for every row (b29c86f), then splits in proportion to each row's context
@@ -38,7 +42,6 @@
 #include <algorithm>
 #include <math.h>
 #include <random>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -59,16 +62,15 @@ constexpr int LIB_BLOCKS_PER_SM = 1, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
 __global__ void empty_kernel() {}
 
 // Stand-in for the library's qkv_rope_write, the kernel before decode attention: q copied in and
-// each row's newest K / V (position ctx - 1) written into the cache from `k_new` / `v_new` [row,
-// heads x D]. It lets its programmatic dependents start at once, as the library's would.
+// (with `write_kv`) each row's newest K / V (position ctx - 1) written into the cache from `k_new`
+// / `v_new` [row, heads x D].
 __global__ void newest_kv(__nv_bfloat16 *q, const __nv_bfloat16 *q_src, __nv_bfloat16 *kc, __nv_bfloat16 *vc,
                           const __nv_bfloat16 *k_new, const __nv_bfloat16 *v_new, const uint32_t *tab,
-                          const uint32_t *lens, int max_blocks) {
-    pdl_trigger();
+                          const uint32_t *lens, int max_blocks, bool write_kv) {
     constexpr int E = ring::HEADS * ring::HD;
     const int r = blockIdx.x, p = (int)lens[r] - 1;
     for (int e = threadIdx.x; e < E; e += blockDim.x) q[(size_t)r * E + e] = q_src[(size_t)r * E + e];
-    if (p < 0) return;
+    if (p < 0 || !write_kv) return;
     const size_t at = ((size_t)tab[(size_t)r * max_blocks + p / ring::BS] * ring::BS + p % ring::BS) * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         kc[at + e] = k_new[(size_t)r * E + e];
@@ -87,23 +89,6 @@ __global__ void gather_newest(__nv_bfloat16 *k_new, __nv_bfloat16 *v_new, const 
         k_new[(size_t)r * E + e] = kc[at + e];
         v_new[(size_t)r * E + e] = vc[at + e];
     }
-}
-
-// A launch through cudaLaunchKernelEx, with a programmatic edge from the stream's previous kernel
-// when `pdl` (captured into a graph as one).
-template <typename... P, typename... A>
-static void launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, A... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    CK(cudaLaunchKernelEx(&cfg, kernel, ((P)args)...));
 }
 
 // The library's split plan (attention_split.rs `plan`, same arithmetic) for a launch whose
@@ -219,13 +204,11 @@ int main(int argc, char **argv) {
         // The chain's stand-in for the kernel before attention: q from q_src, each layer's newest
         // K / V from k_new / v_new (saved out of the caches).
         const size_t row_elems = (size_t)HEADS * HD;
-        __nv_bfloat16 *q_src, *k_new, *v_new, *poison;
+        __nv_bfloat16 *q_src, *k_new, *v_new;
         CK(cudaMalloc(&q_src, W * row_elems * 2));
         CK(cudaMalloc(&k_new, LAYERS * W * row_elems * 2));
         CK(cudaMalloc(&v_new, LAYERS * W * row_elems * 2));
-        CK(cudaMalloc(&poison, W * row_elems * 2));
         CK(cudaMemcpyAsync(q_src, q, W * row_elems * 2, cudaMemcpyDeviceToDevice, st));
-        fill<<<64, 256, 0, st>>>(poison, W * row_elems, 12345, 64.f);
         for (int l = 0; l < LAYERS; ++l)
             gather_newest<<<W, 256, 0, st>>>(k_new + l * W * row_elems, v_new + l * W * row_elems, kc[l], vc[l], d_tab, d_lens, max_blocks);
         CK(cudaStreamSynchronize(st));
@@ -248,29 +231,15 @@ int main(int argc, char **argv) {
             if (combine) paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
         };
         auto lib_ring = [&](int l, __nv_bfloat16 *o) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, o); };
-        // Layer l's chain: the stand-in, then attention. Ring: PDL 0 none, 1 ring and combine, 2 the
-        // combine only. SIMT plan: PDL 1 on its combine (split plans only).
-        auto stand_in = [&](int l) {
-            newest_kv<<<W, 256, 0, st>>>(q, q_src, kc[l], vc[l], k_new + l * W * row_elems, v_new + l * W * row_elems, d_tab, d_lens, max_blocks);
+        // Layer l's chain: the stand-in (`kv`: writing the newest K / V too), then attention.
+        auto stand_in = [&](int l, bool kv = true) {
+            newest_kv<<<W, 256, 0, st>>>(q, q_src, kc[l], vc[l], k_new + l * W * row_elems, v_new + l * W * row_elems, d_tab, d_lens,
+                                         max_blocks, kv);
         };
-        auto chain_ring = [&](int l, int pdl, __nv_bfloat16 *o) {
+        auto empty = [&]() { empty_kernel<<<LIB_BLOCKS_PER_SM * sms, THREADS, 0, st>>>(); };
+        auto chain_simt = [&](int l) {
             stand_in(l);
-            launch_ex(paged_decode_ring_bf16_d128, dim3(LIB_BLOCKS_PER_SM * sms), dim3(THREADS), LIB_DEPTH * 2 * HALF, st, pdl == 1,
-                      o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2,
-                      LIB_DEPTH, LIB_MIN_CHUNK);
-            launch_ex(paged_decode_ring_combine_bf16_d128, dim3(W, HEADS), dim3(HD), 0, st, pdl >= 1, o, ws_acc, ws_ml, ws_meta,
-                      d_lens, d_cu, HEADS);
-        };
-        auto chain_simt = [&](int l, bool pdl) {
-            stand_in(l);
-            dim3 grid(W, HEADS, plan.splits);
-            float *acc = plan.splits > 1 ? ws_acc : nullptr, *mlp = plan.splits > 1 ? ws_ml : nullptr;
-            auto kernel = plan.occ7 ? paged_attn_bf16_d128_q1_o7 : paged_attn_bf16_d128_q1;
-            kernel<<<grid, NTHREADS, 0, st>>>(out_lib, acc, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4,
-                                              scale_log2, 1, plan.splits, plan.chunk, plan.wave, W);
-            if (plan.splits > 1)
-                launch_ex(paged_attn_combine_bf16_d128, dim3(W, HEADS), dim3(HD), 0, st, pdl, out_lib, (const float *)ws_acc,
-                          (const float *)ws_ml, plan.splits, W, HEADS);
+            lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave);
         };
         double keys = 0;
         for (auto c : lens) keys += c;
@@ -325,44 +294,6 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
-        // The chains with programmatic edges, against the SIMT kernel's output, with layer 0's q and
-        // newest K / V poisoned first (the stand-in writes them back): a dependent that read them
-        // before its predecessor finished would differ. Eagerly, then as a captured graph.
-        bool pdl_ok = true;
-        auto poisoned = [&]() {
-            newest_kv<<<W, 256, 0, st>>>(q, poison, kc[0], vc[0], poison, poison, d_tab, d_lens, max_blocks);
-        };
-        for (int pdl = 1; pdl <= 2; ++pdl)
-            for (int graph = 0; graph < 2; ++graph) {
-                poisoned();
-                if (graph) {
-                    cudaGraph_t gr;
-                    cudaGraphExec_t ex;
-                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                    chain_ring(0, pdl, out_ring);
-                    CK(cudaStreamEndCapture(st, &gr));
-                    CK(cudaGraphInstantiate(&ex, gr, 0));
-                    CK(cudaGraphLaunch(ex, st));
-                    CK(cudaStreamSynchronize(st));
-                    CK(cudaGraphExecDestroy(ex));
-                    CK(cudaGraphDestroy(gr));
-                } else {
-                    chain_ring(0, pdl, out_ring);
-                }
-                const double err = ring_err();
-                printf("W %3d: stand-in + ring, PDL %s, %s: rel err %.2e vs the SIMT kernel\n", W, pdl == 1 ? "edges" : "combine",
-                       graph ? "graph" : "eager", err);
-                pdl_ok = pdl_ok && err < 1e-2;
-            }
-        if (!pdl_ok) printf("W %3d: a PDL chain read before its predecessor finished (not timed)\n", W);
-        if (plan.splits > 1) {  // the SIMT chain with its combine on a programmatic edge
-            poisoned();
-            chain_simt(0, true);
-            CK(cudaStreamSynchronize(st));
-            std::vector<__nv_bfloat16> c(a.size());
-            CK(cudaMemcpy(c.data(), out_lib, c.size() * 2, cudaMemcpyDeviceToHost));
-            printf("W %3d: stand-in + SIMT, PDL combine: %s\n", W, memcmp(a.data(), c.data(), a.size() * 2) ? "DIFFERS" : "bit-identical");
-        }
         for (int rep = 0; rep < 2; ++rep) {
             time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time(plan.occ7 ? "library, its plan, plain build" : "library, its plan, 7-block build",
@@ -375,13 +306,12 @@ int main(int argc, char **argv) {
                 });
                 time("an empty kernel (the ring's grid)", [&](int) { empty_kernel<<<LIB_BLOCKS_PER_SM * sms, THREADS, 0, st>>>(); });
                 time("newest-K/V stand-in alone", [&](int l) { stand_in(l); });
-                time("stand-in + ring + combine", [&](int l) { chain_ring(l, 0, out_ring); });
-                if (pdl_ok) {
-                    time("stand-in + ring + combine, PDL edges", [&](int l) { chain_ring(l, 1, out_ring); });
-                    time("stand-in + ring + combine, PDL combine", [&](int l) { chain_ring(l, 2, out_ring); });
-                }
-                time("stand-in + SIMT plan", [&](int l) { chain_simt(l, false); });
-                if (plan.splits > 1 && pdl_ok) time("stand-in + SIMT plan, PDL combine", [&](int l) { chain_simt(l, true); });
+                time("stand-in + empty kernel", [&](int l) { stand_in(l); empty(); });
+                time("empty kernel + ring + combine", [&](int l) { empty(); lib_ring(l, out_ring); });
+                time("stand-in + ring + combine", [&](int l) { stand_in(l); lib_ring(l, out_ring); });
+                time("stand-in writing q only + ring + combine", [&](int l) { stand_in(l, false); lib_ring(l, out_ring); });
+                time("stand-in + ring", [&](int l) { stand_in(l); rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, out_ring, false); });
+                time("stand-in + SIMT plan", [&](int l) { chain_simt(l); });
                 continue;
             }
             for (const Shape &sh : shapes) {
@@ -403,7 +333,7 @@ int main(int argc, char **argv) {
         CK(cudaFree(ws_acc));
         CK(cudaFree(ws_ml));
         CK(cudaFree(ws_meta));
-        for (auto *p : {q_src, k_new, v_new, poison}) CK(cudaFree(p));
+        for (auto *p : {q_src, k_new, v_new}) CK(cudaFree(p));
     }
     return 0;
 }

@@ -33,19 +33,4 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void *src, uns
                  : "memory");
 }
 
-// Programmatic dependent launch (sm_90). `pdl_trigger`: this block lets the launch's programmatic
-// dependents start (they begin while it runs); `pdl_wait`: blocks until the grids this launch
-// depends on programmatically have completed and their writes are visible. Both do nothing when
-// the launch has no programmatic edge.
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 }  // namespace

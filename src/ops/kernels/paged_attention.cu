@@ -138,7 +138,6 @@ __device__ __forceinline__ void paged_attn_impl(
     const uint32_t *__restrict__ cu_q,         // [R + 1]
     int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift,
     float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens) {
-    pdl_trigger();  // a split launch's combine may start (and wait for it) now
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
@@ -367,7 +366,6 @@ __device__ __forceinline__ void combine_impl(T *__restrict__ out, const float *_
                                              const float *__restrict__ ws_ml, int num_splits,
                                              int num_tokens, int num_heads) {
     const size_t th = (size_t)blockIdx.x * num_heads + blockIdx.y;
-    pdl_wait();  // the attention kernel's partials
     merge_partials<T, D>(out + th * D, ws_acc + th * D, ws_ml + th * 2, num_splits, (size_t)num_tokens * num_heads);
 }
 
@@ -864,10 +862,6 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     __shared__ int s_first_row;
     const int cwarps = (int)(blockDim.x / 32) - 1;
     if (cwarps < 1 || depth < 1 || depth > RING_MAX_DEPTH) return;  // block-uniform; the host never asks it
-    // Launched after the kernel that writes q and each row's newest K / V (by a programmatic edge,
-    // or not), the ring's set-up, its table reads and every copy but a row's last stage need
-    // nothing of it: only those wait (pdl_wait). Its own dependent (the combine) may start now.
-    pdl_trigger();
     // The launch's stages and this block's run [g0, g1) of them. Up to a row a thread (every
     // decode width measured) one scan gives both the total and each row's start; beyond, a
     // second pass over the rows finds the start.
@@ -942,7 +936,6 @@ __device__ __forceinline__ void paged_decode_ring_impl(
                 const int s = i % depth, round = i / depth;
                 // Stage s is free once every consumer warp released its previous round.
                 if (round > 0) mbar_wait(smem_addr(&empty[s]), (round - 1) & 1);
-                if ((unsigned long long)j + 1 == n) pdl_wait();  // the row's newest position is in it
                 const int p = j * RING_CP, cnt = min(RING_CP, ctx - p);
                 // RING_CP divides block_size and stages start on a multiple of it: one page.
                 const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
@@ -967,7 +960,6 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     auto load_q = [&](int row) {
         return valid ? ldg16(q + ((size_t)cu_q[row] * num_heads + head) * RING_D + 8 * l16) : make_uint4(0, 0, 0, 0);
     };
-    pdl_wait();  // q comes from the kernel before
     int next_row = -1;
     uint4 next_q = make_uint4(0, 0, 0, 0);
     while (g < g1) {
@@ -1044,9 +1036,7 @@ __device__ __forceinline__ void ring_combine_impl(T *__restrict__ out, const flo
                                                   const uint32_t *__restrict__ cu_q, int num_heads) {
     const int r = blockIdx.x, h = blockIdx.y;
     T *o = out + ((size_t)cu_q[r] * num_heads + h) * RING_D;
-    const uint32_t ctx = context_lens[r];
-    pdl_wait();  // the ring kernel's partials
-    if (ctx == 0) {
+    if (context_lens[r] == 0) {
         for (int e = threadIdx.x; e < RING_D; e += blockDim.x) o[e] = Cvt<T>::from_float(0.f);
         return;
     }
