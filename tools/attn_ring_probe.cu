@@ -28,11 +28,11 @@
 // Session 27 measured two consumer variants here and dropped them (one head a consumer warp:
 // 2-5 % slower; the rescale skipped where the running maximum did not grow: level). `brief`
 // (third argument) skips the sweep and times where a launch's fixed cost goes instead: the ring
-// without its combine, the combine alone, an empty kernel in the same chain of 96, and chains
-// that put a stand-in for the kernel before attention (q and each row's newest K / V written)
-// ahead of the ring or the SIMT plan. Programmatic dependent launch into the ring (its set-up and
-// all but a row's last stage before griddepcontrol.wait) and into both combines was measured
-// through this chain in session 27 (raw-2026-12-07/call3) and bought nothing.
+// without its combine, the combine alone, an empty kernel in the same chain of 96, and the
+// library's qkv_rope_write (the kernel before attention) alone and chained with the ring or the
+// SIMT plan. Session 27 also ran, through such chains, programmatic dependent launch into the
+// ring (its set-up and every stage but a row's last before griddepcontrol.wait) and into both
+// combines: nothing gained (docs/BENCHMARKS.md, raw-2026-12-07).
 //
 // `var`: the depth-batching benchmark's varied context lengths. Session 24 ran earlier versions:
 // one split count for every row (b29c86f), then splits in proportion to each row's context
@@ -61,46 +61,6 @@ constexpr int LIB_BLOCKS_PER_SM = 1, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
 
 // A launch's floor in a chain of kernels: no work at all, the ring's grid and threads.
 __global__ void empty_kernel() {}
-
-// Stand-in for the library's qkv_rope_write, the kernel before decode attention: q copied in and,
-// by `mode`, each row's newest K / V [row, heads x D] from `k_new` / `v_new`: 0 not written, 1
-// written into the cache at position ctx - 1 (2-byte stores, as qkv_rope_write), 2 the same with
-// 16-byte stores, 3 written into `scratch` instead of the cache (the same bytes, read by nobody).
-__global__ void newest_kv(__nv_bfloat16 *q, const __nv_bfloat16 *q_src, __nv_bfloat16 *kc, __nv_bfloat16 *vc,
-                          const __nv_bfloat16 *k_new, const __nv_bfloat16 *v_new, const uint32_t *tab,
-                          const uint32_t *lens, int max_blocks, int mode, __nv_bfloat16 *scratch) {
-    constexpr int E = ring::HEADS * ring::HD;
-    const int r = blockIdx.x, p = (int)lens[r] - 1;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) q[(size_t)r * E + e] = q_src[(size_t)r * E + e];
-    if (p < 0 || mode == 0) return;
-    const size_t at = mode == 3 ? (size_t)r * 2 * E
-                                : ((size_t)tab[(size_t)r * max_blocks + p / ring::BS] * ring::BS + p % ring::BS) * E;
-    __nv_bfloat16 *kd = mode == 3 ? scratch : kc, *vd = mode == 3 ? scratch + E : vc;
-    if (mode == 2) {
-        for (int e = 8 * threadIdx.x; e < E; e += 8 * blockDim.x) {
-            *reinterpret_cast<uint4 *>(kd + at + e) = *reinterpret_cast<const uint4 *>(k_new + (size_t)r * E + e);
-            *reinterpret_cast<uint4 *>(vd + at + e) = *reinterpret_cast<const uint4 *>(v_new + (size_t)r * E + e);
-        }
-        return;
-    }
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        kd[at + e] = k_new[(size_t)r * E + e];
-        vd[at + e] = v_new[(size_t)r * E + e];
-    }
-}
-
-// Each row's newest K / V out of the cache (what newest_kv writes back).
-__global__ void gather_newest(__nv_bfloat16 *k_new, __nv_bfloat16 *v_new, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
-                              const uint32_t *tab, const uint32_t *lens, int max_blocks) {
-    constexpr int E = ring::HEADS * ring::HD;
-    const int r = blockIdx.x, p = (int)lens[r] - 1;
-    if (p < 0) return;
-    const size_t at = ((size_t)tab[(size_t)r * max_blocks + p / ring::BS] * ring::BS + p % ring::BS) * E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        k_new[(size_t)r * E + e] = kc[at + e];
-        v_new[(size_t)r * E + e] = vc[at + e];
-    }
-}
 
 // The library's split plan (attention_split.rs `plan`, same arithmetic) for a launch whose
 // contexts are bounded by `bound` (a graph's bucket), base = (row tile, kv head) blocks.
@@ -212,28 +172,20 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&ws_acc, slots * HEADS * HD * 4));
         CK(cudaMalloc(&ws_ml, slots * HEADS * 2 * 4));
         CK(cudaMalloc(&ws_meta, (size_t)W * 2 * 4));
-        // The chain's stand-in for the kernel before attention: q from q_src, each layer's newest
-        // K / V from k_new / v_new (saved out of the caches).
-        const size_t row_elems = (size_t)HEADS * HD;
-        __nv_bfloat16 *q_src, *k_new, *v_new, *scratch, *qkv, *cs;
+        // The kernel before attention in the library, qkv_rope_write (q and each row's newest K / V
+        // written), on random qkv, cos and sin.
+        __nv_bfloat16 *qkv, *cs;
         uint32_t *d_slots;
-        CK(cudaMalloc(&scratch, W * 2 * row_elems * 2));
-        CK(cudaMalloc(&qkv, W * 3 * row_elems * 2));
+        CK(cudaMalloc(&qkv, W * 3 * HEADS * HD * 2));
         CK(cudaMalloc(&cs, W * HD * 2));  // cos [W, D/2] then sin
         CK(cudaMalloc(&d_slots, W * 4));
-        fill<<<64, 256, 0, st>>>(qkv, W * 3 * row_elems, 4321, 2.f);
+        fill<<<64, 256, 0, st>>>(qkv, W * 3 * HEADS * HD, 4321, 2.f);
         fill<<<64, 256, 0, st>>>(cs, W * HD, 777, 2.f);
         {  // the library kernel's slot of each row's newest position
-            std::vector<uint32_t> slots(W);
-            for (int r = 0; r < W; ++r) slots[r] = tab[(size_t)r * max_blocks + (lens[r] - 1) / BS] * BS + (lens[r] - 1) % BS;
-            CK(cudaMemcpy(d_slots, slots.data(), W * 4, cudaMemcpyHostToDevice));
+            std::vector<uint32_t> newest(W);
+            for (int r = 0; r < W; ++r) newest[r] = tab[(size_t)r * max_blocks + (lens[r] - 1) / BS] * BS + (lens[r] - 1) % BS;
+            CK(cudaMemcpy(d_slots, newest.data(), W * 4, cudaMemcpyHostToDevice));
         }
-        CK(cudaMalloc(&q_src, W * row_elems * 2));
-        CK(cudaMalloc(&k_new, LAYERS * W * row_elems * 2));
-        CK(cudaMalloc(&v_new, LAYERS * W * row_elems * 2));
-        CK(cudaMemcpyAsync(q_src, q, W * row_elems * 2, cudaMemcpyDeviceToDevice, st));
-        for (int l = 0; l < LAYERS; ++l)
-            gather_newest<<<W, 256, 0, st>>>(k_new + l * W * row_elems, v_new + l * W * row_elems, kc[l], vc[l], d_tab, d_lens, max_blocks);
         CK(cudaStreamSynchronize(st));
         // The library's kernel: grid (rows, kv heads, splits), chunk as its plan passes it.
         auto lib = [&](int l, bool occ7, int splits, int chunk, __nv_bfloat16 *o, int wave = 1) {
@@ -254,22 +206,10 @@ int main(int argc, char **argv) {
             if (combine) paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
         };
         auto lib_ring = [&](int l, __nv_bfloat16 *o) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, o); };
-        // Layer l's chain: the stand-in (its `mode`; `into` the layer whose cache it writes), then
-        // attention; or the library's qkv_rope_write itself (random qkv, cos and sin).
-        auto stand_in = [&](int l, int mode = 1, int into = -1) {
-            const int c = into < 0 ? l : into;
-            newest_kv<<<W, 256, 0, st>>>(q, q_src, kc[c], vc[c], k_new + c * W * row_elems, v_new + c * W * row_elems, d_tab, d_lens,
-                                         max_blocks, mode, scratch);
-        };
         auto rope_write = [&](int l) {
             const int pairs = 3 * HEADS * HD / 2;
             qkv_rope_write_bf16<<<dim3(W, (pairs + 255) / 256), 256, 0, st>>>(q, kc[l], vc[l], qkv, cs, cs + W * HD / 2, d_slots, HEADS,
                                                                             HEADS, HD, (long long)pool * BS);
-        };
-        auto empty = [&]() { empty_kernel<<<LIB_BLOCKS_PER_SM * sms, THREADS, 0, st>>>(); };
-        auto chain_simt = [&](int l) {
-            stand_in(l);
-            lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave);
         };
         double keys = 0;
         for (auto c : lens) keys += c;
@@ -335,19 +275,9 @@ int main(int argc, char **argv) {
                     paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(out_ring, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
                 });
                 time("an empty kernel (the ring's grid)", [&](int) { empty_kernel<<<LIB_BLOCKS_PER_SM * sms, THREADS, 0, st>>>(); });
-                time("newest-K/V stand-in alone", [&](int l) { stand_in(l); });
-                time("stand-in + empty kernel", [&](int l) { stand_in(l); empty(); });
-                time("empty kernel + ring + combine", [&](int l) { empty(); lib_ring(l, out_ring); });
-                time("stand-in + ring + combine", [&](int l) { stand_in(l); lib_ring(l, out_ring); });
-                time("stand-in writing q only + ring + combine", [&](int l) { stand_in(l, 0); lib_ring(l, out_ring); });
-                time("stand-in, 16-byte K/V stores + ring + combine", [&](int l) { stand_in(l, 2); lib_ring(l, out_ring); });
-                time("stand-in, K/V to scratch + ring + combine", [&](int l) { stand_in(l, 3); lib_ring(l, out_ring); });
-                time("stand-in, next layer's K/V + ring + combine", [&](int l) { stand_in(l, 1, (l + 1) % LAYERS); lib_ring(l, out_ring); });
                 time("library's qkv_rope_write alone", [&](int l) { rope_write(l); });
                 time("qkv_rope_write + ring + combine", [&](int l) { rope_write(l); lib_ring(l, out_ring); });
                 time("qkv_rope_write + SIMT plan", [&](int l) { rope_write(l); lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
-                time("stand-in + ring", [&](int l) { stand_in(l); rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, out_ring, false); });
-                time("stand-in + SIMT plan", [&](int l) { chain_simt(l); });
                 continue;
             }
             for (const Shape &sh : shapes) {
@@ -369,7 +299,8 @@ int main(int argc, char **argv) {
         CK(cudaFree(ws_acc));
         CK(cudaFree(ws_ml));
         CK(cudaFree(ws_meta));
-        for (auto *p : {q_src, k_new, v_new, scratch, qkv, cs}) CK(cudaFree(p));
+        CK(cudaFree(qkv));
+        CK(cudaFree(cs));
         CK(cudaFree(d_slots));
     }
     return 0;
