@@ -339,42 +339,21 @@ __device__ __forceinline__ void paged_attn_impl(
 }
 
 // Merges n partials of one (token, head) — acc at acc + s x stride x D, (max, sum) at
-// ml + s x stride x 2 — into o[0..D): split launches of both decode kernels end here. The loads
-// of MERGE_BATCH partials are issued together (predicated, never behind a branch on an earlier
-// one), so a merge waits on about two round trips to L2 rather than two a partial; the
-// arithmetic and its order are the plain two-pass merge's. A split that saw no keys wrote no acc:
-// what its slot holds is loaded and dropped with the split.
-#define MERGE_BATCH 8
+// ml + s x stride x 2 — into o[0..D): split launches of both decode kernels end here.
 template <typename T, int D>
 __device__ __forceinline__ void merge_partials(T *__restrict__ o, const float *__restrict__ acc,
                                                const float *__restrict__ ml, int n, size_t stride) {
     float M = -INFINITY;
-    for (int s0 = 0; s0 < n; s0 += MERGE_BATCH) {
-        float ms[MERGE_BATCH];
-#pragma unroll
-        for (int b = 0; b < MERGE_BATCH; ++b) ms[b] = s0 + b < n ? ml[(s0 + b) * stride * 2] : -INFINITY;
-#pragma unroll
-        for (int b = 0; b < MERGE_BATCH; ++b) M = fmaxf(M, ms[b]);
-    }
+    for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * stride * 2]);
     for (int e = threadIdx.x; e < D; e += blockDim.x) {
         float L = 0.f, A = 0.f;
         if (M != -INFINITY) {
-            for (int s0 = 0; s0 < n; s0 += MERGE_BATCH) {
-                float ms[MERGE_BATCH], ls[MERGE_BATCH], as[MERGE_BATCH];
-#pragma unroll
-                for (int b = 0; b < MERGE_BATCH; ++b) {
-                    const int s = s0 + b;
-                    ms[b] = s < n ? ml[s * stride * 2] : 0.f;
-                    ls[b] = s < n ? ml[s * stride * 2 + 1] : 0.f;
-                    as[b] = s < n ? acc[s * stride * D + e] : 0.f;
-                }
-#pragma unroll
-                for (int b = 0; b < MERGE_BATCH; ++b) {
-                    if (ls[b] > 0.f) {
-                        const float f = exp2f(ms[b] - M);
-                        L += ls[b] * f;
-                        A += as[b] * f;
-                    }
+            for (int s = 0; s < n; ++s) {
+                const float ls = ml[s * stride * 2 + 1];
+                if (ls > 0.f) {
+                    const float f = exp2f(ml[s * stride * 2] - M);
+                    L += ls * f;
+                    A += acc[s * stride * D + e] * f;
                 }
             }
         }
