@@ -38,6 +38,21 @@
 // one split count for every row (b29c86f), then splits in proportion to each row's context
 // (4f57870) — both slow with varied contexts, the second also with even ones.
 #include "probe_ptx.cuh"
+#ifdef RING_TIMELINE
+// The ring's timeline (built with -DRING_TIMELINE): a globaltimer stamp a block at each RING_MARK
+// point of paged_attention.cu — 0 start, 1 set-up done, 2 first copy issued, 3 first stage in
+// (consumer warp 0), 4 consumers done, 5 producer done — written while g_mark_on.
+__device__ unsigned long long g_marks[4096][6];
+__device__ int g_mark_on;
+#define RING_MARK(cond, point)                                                     \
+    do {                                                                           \
+        if ((cond) && g_mark_on) {                                                 \
+            unsigned long long t_;                                                 \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                 \
+            g_marks[blockIdx.x][point] = t_;                                       \
+        }                                                                          \
+    } while (0)
+#endif
 #include "../src/ops/kernels/paged_attention.cu"
 #include "../src/ops/kernels/fused.cu"
 #include <algorithm>
@@ -270,6 +285,41 @@ int main(int argc, char **argv) {
                  [&](int l) { lib(l, !plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time("library's ring (equal runs)", [&](int l) { lib_ring(l, out_ring); });
             if (brief) {
+#ifdef RING_TIMELINE
+                if (rep == 0) {  // the last of 96 chained ring launches, stamped
+                    cudaGraph_t gr;
+                    cudaGraphExec_t ex;
+                    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                    for (int i = 0; i < LAUNCHES; ++i) lib_ring(i % LAYERS, out_ring);
+                    CK(cudaStreamEndCapture(st, &gr));
+                    CK(cudaGraphInstantiate(&ex, gr, 0));
+                    median_graph_ms(ex, st, 3);
+                    int on = 1;
+                    CK(cudaMemcpyToSymbol(g_mark_on, &on, sizeof on));
+                    CK(cudaGraphLaunch(ex, st));
+                    CK(cudaStreamSynchronize(st));
+                    on = 0;
+                    CK(cudaMemcpyToSymbol(g_mark_on, &on, sizeof on));
+                    const int blocks = LIB_BLOCKS_PER_SM * sms;
+                    std::vector<unsigned long long> mk((size_t)blocks * 6);
+                    CK(cudaMemcpyFromSymbol(mk.data(), g_marks, mk.size() * 8));
+                    unsigned long long t0 = ~0ull;
+                    for (int b = 0; b < blocks; ++b) t0 = std::min(t0, mk[(size_t)b * 6]);
+                    const char *names[6] = {"start", "set-up done", "first copy issued", "first stage in", "consumers done", "producer done"};
+                    printf("W %3d ctx %s%d  timeline of one ring launch (us from the first block's start; min / median / max over %d blocks; streaming at 4.45 TB/s takes %.2f)\n",
+                           W, varied ? "<" : "", ctx, blocks, mb / 4.45);
+                    for (int pnt : {0, 1, 2, 3, 5, 4}) {
+                        std::vector<double> v;
+                        for (int b = 0; b < blocks; ++b)
+                            if (mk[(size_t)b * 6 + pnt] >= t0) v.push_back((mk[(size_t)b * 6 + pnt] - t0) / 1000.0);
+                        std::sort(v.begin(), v.end());
+                        if (!v.empty())
+                            printf("W %3d   %-18s %7.2f %7.2f %7.2f  (%zu blocks)\n", W, names[pnt], v.front(), v[v.size() / 2], v.back(), v.size());
+                    }
+                    CK(cudaGraphExecDestroy(ex));
+                    CK(cudaGraphDestroy(gr));
+                }
+#endif
                 time("library's ring without its combine", [&](int l) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, out_ring, false); });
                 time("the ring's combine alone", [&](int) {
                     paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(out_ring, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
