@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
         uint32_t *d_tab, *d_lens, *d_cu;
         __nv_bfloat16 *q, *out_lib, *out_ring;
         float *ws_acc, *ws_ml;
-        int *ws_meta;
+        int4 *ws_own;
         CK(cudaMalloc(&d_tab, tab.size() * 4));
         CK(cudaMalloc(&d_lens, W * 4));
         CK(cudaMalloc(&d_cu, (W + 1) * 4));
@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
         const size_t slots = std::max((size_t)32 * W, (size_t)MAX_BLOCKS_PER_SM * sms + W);
         CK(cudaMalloc(&ws_acc, slots * HEADS * HD * 4));
         CK(cudaMalloc(&ws_ml, slots * HEADS * 2 * 4));
-        CK(cudaMalloc(&ws_meta, (size_t)W * 2 * 4));
+        CK(cudaMalloc(&ws_own, (size_t)MAX_BLOCKS_PER_SM * sms * sizeof(int4)));
         // The kernel before attention in the library, qkv_rope_write (q and each row's newest K / V
         // written), on random qkv, cos and sin.
         __nv_bfloat16 *qkv, *cs;
@@ -218,8 +218,8 @@ int main(int argc, char **argv) {
         // src/ops/cuda/attention.rs launches them.
         auto rng = [&](int l, int per_sm, int depth, int min_chunk, __nv_bfloat16 *o, bool combine = true) {
             paged_decode_ring_bf16_d128<<<per_sm * sms, THREADS, depth * 2 * HALF, st>>>(
-                o, ws_acc, ws_ml, ws_meta, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, depth, min_chunk);
-            if (combine) paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
+                o, ws_acc, ws_ml, ws_own, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, depth, min_chunk);
+            if (combine) paged_decode_ring_combine_bf16_d128<<<per_sm * sms, 32 * HEADS, 0, st>>>(o, ws_acc, ws_ml, ws_own, d_lens, d_cu, W, HEADS);
         };
         auto lib_ring = [&](int l, __nv_bfloat16 *o) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, o); };
         auto rope_write = [&](int l) {
@@ -334,7 +334,7 @@ int main(int argc, char **argv) {
 #endif
                 time("library's ring without its combine", [&](int l) { rng(l, LIB_BLOCKS_PER_SM, LIB_DEPTH, LIB_MIN_CHUNK, out_ring, false); });
                 time("the ring's combine alone", [&](int) {
-                    paged_decode_ring_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(out_ring, ws_acc, ws_ml, ws_meta, d_lens, d_cu, HEADS);
+                    paged_decode_ring_combine_bf16_d128<<<LIB_BLOCKS_PER_SM * sms, 32 * HEADS, 0, st>>>(out_ring, ws_acc, ws_ml, ws_own, d_lens, d_cu, W, HEADS);
                 });
                 time("an empty kernel (the ring's grid)", [&](int) { empty_kernel<<<LIB_BLOCKS_PER_SM * sms, THREADS, 0, st>>>(); });
                 time("library's qkv_rope_write alone", [&](int l) { rope_write(l); });
@@ -360,7 +360,7 @@ int main(int argc, char **argv) {
         CK(cudaFree(out_ring));
         CK(cudaFree(ws_acc));
         CK(cudaFree(ws_ml));
-        CK(cudaFree(ws_meta));
+        CK(cudaFree(ws_own));
         CK(cudaFree(qkv));
         CK(cudaFree(cs));
         CK(cudaFree(d_slots));

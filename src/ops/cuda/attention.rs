@@ -356,7 +356,8 @@ pub fn decode_ring_launches() -> usize {
 /// Decode attention through the bulk-copy ring (`paged_decode_ring_*`, see the kernel's header):
 /// a grid of RING_BLOCKS_PER_SM blocks an SM that cut the launch's keys into equal runs, one
 /// producer warp and one consumer warp per two query heads a block, then
-/// `paged_decode_ring_combine_*` for the rows whose keys more than one block walked.
+/// `paged_decode_ring_combine_*` (the same grid, a warp a head) for the rows whose keys more than
+/// one block walked and the rows without keys.
 fn launch_ring<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     name: &str,
@@ -374,20 +375,20 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     // (a row one block walked whole) or by the combine (split rows and rows without keys).
     let mut out = unsafe { dev.alloc::<T>(p.tokens * p.heads * p.hd)? };
     // Partial (row r, block b) lives in slot b + r: grid + rows slots. The kernel writes every
-    // partial and every row's (first slot, count) entry the combine reads.
+    // partial, and each block the (row, first slot, count) entry of the row it split, if any.
     let slots = grid + p.rows;
-    // SAFETY (the three): the combine reads a partial's acc only where its sum is positive, and
-    // (max, sum) and entries only where the ring kernel wrote them this launch.
+    // SAFETY (the three): the combine uses a partial's acc only where its sum is positive, and
+    // reads (max, sum) and entries only where the ring kernel wrote them this launch.
     let acc = unsafe { dev.alloc::<f32>(slots * p.heads * p.hd)? };
     // SAFETY: as above.
     let ml = unsafe { dev.alloc::<f32>(slots * p.heads * 2)? };
     // SAFETY: as above.
-    let meta = unsafe { dev.alloc::<i32>(p.rows * 2)? };
+    let own = unsafe { dev.alloc::<i32>(grid * 4)? };
     let (rows, max_blocks, heads, kv_heads, block_size, depth, min_chunk) =
         (p.rows as i32, p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32, RING_DEPTH as i32, RING_MIN_CHUNK as i32);
     {
         let mut b = func.builder();
-        b.arg(&mut out).arg(&acc).arg(&ml).arg(&meta);
+        b.arg(&mut out).arg(&acc).arg(&ml).arg(&own);
         b.arg(q).arg(k).arg(v).arg(bt).arg(cl).arg(cu);
         b.arg(&rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&depth).arg(&min_chunk);
         // SAFETY: argument list matches `paged_decode_ring_*` in paged_attention.cu; the caller
@@ -397,9 +398,9 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     }
     RING_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_combine_{name}_d{RING_HD}"))?;
-    let cfg = LaunchConfig { grid_dim: (p.rows as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (32 * p.heads as u32, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();
-    b.arg(&mut out).arg(&acc).arg(&ml).arg(&meta).arg(cl).arg(cu).arg(&heads);
+    b.arg(&mut out).arg(&acc).arg(&ml).arg(&own).arg(cl).arg(cu).arg(&rows).arg(&heads);
     // SAFETY: matches `paged_decode_ring_combine_*`; reads the partials and entries written above.
     unsafe { b.launch(cfg) }.w()?;
     Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))

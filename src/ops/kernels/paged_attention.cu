@@ -756,8 +756,9 @@ PA_MMA_KERNEL(f16, __half, 128)
 // work is a row's every head (16x coarser than the SIMT kernel's row x head), so one split count
 // for every row lost whenever contexts varied (session 24); the equal runs make the launch as
 // long as its total keys, whatever their spread. Partial (row r, block b) goes to slot b + r —
-// unique, since walking the stages in order raises b or r at every boundary — and the block
-// holding a row's first stage records its first slot and count for paged_decode_ring_combine.
+// unique, since walking the stages in order raises b or r at every boundary. A row cut between
+// blocks is split by the block holding its first stage, and at most one a block (the row its run
+// ends in): that block records the row, its first slot and count for paged_decode_ring_combine.
 #define RING_CP 4
 #define RING_MAX_DEPTH 4
 #define RING_D 128
@@ -852,10 +853,11 @@ __device__ __forceinline__ void ring_stage(const T *ks, int pos_elems, int off, 
 // Block: (ceil(num_heads / 2) + 1) warps, the last the producer; any grid; dynamic shared memory
 // depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query (token cu_q[r]) and
 // sees its whole context; block_size is a multiple of RING_CP. Workspace: partials `ws_acc`
-// [gridDim.x + num_rows, num_heads, D] and `ws_ml` [.., num_heads, 2]; `ws_meta` [num_rows, 2].
+// [gridDim.x + num_rows, num_heads, D] and `ws_ml` [.., num_heads, 2]; `ws_own` [gridDim.x]: the
+// row this block split (row, first slot, count; row -1 if none).
 template <typename T>
 __device__ __forceinline__ void paged_decode_ring_impl(
-    T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, int *__restrict__ ws_meta,
+    T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, int4 *__restrict__ ws_own,
     const T *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
     const uint32_t *__restrict__ block_tables, const uint32_t *__restrict__ context_lens,
     const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks, int num_heads, int kv_heads,
@@ -887,7 +889,10 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     const unsigned long long grid = gridDim.x;
     const unsigned long long chunk = max((unsigned long long)max(min_chunk, 1), (total + grid - 1) / grid);
     const unsigned long long g0 = blockIdx.x * chunk;
-    if (g0 >= total) return;  // block-uniform: nothing left for this block
+    if (g0 >= total) {  // block-uniform: nothing left for this block
+        if (threadIdx.x == 0) ws_own[blockIdx.x] = make_int4(-1, 0, 0, 0);
+        return;
+    }
     const unsigned long long g1 = min(total, g0 + chunk);
     // The row holding stage g0 (a row without keys holds none) and where its stages start.
     if (one_pass) {
@@ -971,6 +976,7 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     };
     int next_row = -1;
     uint4 next_q = make_uint4(0, 0, 0, 0);
+    int4 own = make_int4(-1, 0, 0, 0);
     while (g < g1) {
         const int ctx = (int)context_lens[r];
         const unsigned long long n = ring_stages((uint32_t)ctx);
@@ -1006,10 +1012,8 @@ __device__ __forceinline__ void paged_decode_ring_impl(
                 ring_stage<T, false>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
         }
         const int last_block = (int)((row_start + n - 1) / chunk);
-        if (lo == 0 && warp == 0 && lane == 0) {  // this block holds the row's first stage
-            ws_meta[2 * r] = (int)blockIdx.x + r;
-            ws_meta[2 * r + 1] = last_block - (int)blockIdx.x + 1;
-        }
+        if (lo == 0 && last_block != (int)blockIdx.x)  // split here: this block holds its first stage
+            own = make_int4(r, (int)blockIdx.x + r, last_block - (int)blockIdx.x + 1, 0);
         if (valid) {
             if (lo == 0 && last_block == (int)blockIdx.x) {  // the whole row: the output itself
                 const float inv = l > 0.f ? 1.f / l : 0.f;
@@ -1033,46 +1037,98 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         }
         g = row_start + hi;
     }
+    if (threadIdx.x == 0) ws_own[blockIdx.x] = own;  // consumer warp 0 walked every row of the run
     RING_MARK(threadIdx.x == 0, 4);
 #endif
 }
 
-// Grid (rows, heads), RING_D threads: merges the partials of rows the ring kernel split (its
-// ws_meta: first slot and count) and writes zeros for rows without keys; rows held whole by one
-// block were written by the ring kernel.
+// merge_partials for one head of RING_D elements, a warp (four elements a lane): the first
+// RING_MERGE_BATCH partials' loads are issued together, so the usual count waits on L2 once rather
+// than twice a partial; sums run in slot order as in merge_partials. Partial s of head h is slot
+// first + s of `ws_acc` [slot, heads, D] and `ws_ml` [slot, heads, 2]; a partial without keys
+// wrote no acc, and what its slot holds is dropped with it.
+#define RING_MERGE_BATCH 8
+template <typename T>
+__device__ __forceinline__ void ring_merge_head(T *__restrict__ o, const float *__restrict__ ws_acc,
+                                                const float *__restrict__ ws_ml, int first, int count, int h,
+                                                int num_heads, int lane) {
+    const auto slot = [&](int s) { return (size_t)(first + s) * num_heads + h; };
+    float2 ml[RING_MERGE_BATCH];
+    float4 a[RING_MERGE_BATCH];
+#pragma unroll
+    for (int b = 0; b < RING_MERGE_BATCH; ++b) {
+        const bool ok = b < count;
+        ml[b] = ok ? *reinterpret_cast<const float2 *>(ws_ml + slot(b) * 2) : make_float2(-INFINITY, 0.f);
+        a[b] = ok ? *reinterpret_cast<const float4 *>(ws_acc + slot(b) * RING_D + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int b = 0; b < RING_MERGE_BATCH; ++b) M = fmaxf(M, ml[b].x);
+    for (int s = RING_MERGE_BATCH; s < count; ++s) M = fmaxf(M, ws_ml[slot(s) * 2]);
+    float L = 0.f, A[4] = {0.f, 0.f, 0.f, 0.f};
+    const auto add = [&](float2 p, float4 v) {
+        if (p.y > 0.f) {
+            const float f = exp2f(p.x - M);
+            L += p.y * f;
+            A[0] += v.x * f;
+            A[1] += v.y * f;
+            A[2] += v.z * f;
+            A[3] += v.w * f;
+        }
+    };
+    if (M != -INFINITY) {
+#pragma unroll
+        for (int b = 0; b < RING_MERGE_BATCH; ++b) add(ml[b], a[b]);
+        for (int s = RING_MERGE_BATCH; s < count; ++s) {
+            const float2 p = *reinterpret_cast<const float2 *>(ws_ml + slot(s) * 2);
+            if (p.y > 0.f) add(p, *reinterpret_cast<const float4 *>(ws_acc + slot(s) * RING_D + 4 * lane));
+        }
+    }
+    __align__(8) T out4[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out4[e] = Cvt<T>::from_float(L > 0.f ? A[e] / L : 0.f);
+    *reinterpret_cast<uint2 *>(o + 4 * lane) = *reinterpret_cast<const uint2 *>(out4);
+}
+
+// Grid: the ring kernel's; a warp a head at a time. Block b merges the row the ring's block b
+// split (ws_own[b]) — one wave, and only as many merges as rows were cut — and writes zeros for
+// the rows without keys among b, b + grid, ... (the ring skips them); rows one block walked whole
+// the ring wrote itself.
 template <typename T>
 __device__ __forceinline__ void ring_combine_impl(T *__restrict__ out, const float *__restrict__ ws_acc,
-                                                  const float *__restrict__ ws_ml, const int *__restrict__ ws_meta,
+                                                  const float *__restrict__ ws_ml, const int4 *__restrict__ ws_own,
                                                   const uint32_t *__restrict__ context_lens,
-                                                  const uint32_t *__restrict__ cu_q, int num_heads) {
-    const int r = blockIdx.x, h = blockIdx.y;
-    T *o = out + ((size_t)cu_q[r] * num_heads + h) * RING_D;
-    if (context_lens[r] == 0) {
-        for (int e = threadIdx.x; e < RING_D; e += blockDim.x) o[e] = Cvt<T>::from_float(0.f);
-        return;
+                                                  const uint32_t *__restrict__ cu_q, int num_rows, int num_heads) {
+    const int4 own = ws_own[blockIdx.x];
+    for (int r = blockIdx.x; r < num_rows; r += gridDim.x) {
+        if (context_lens[r] != 0) continue;
+        T *o = out + (size_t)cu_q[r] * num_heads * RING_D;
+        for (int e = threadIdx.x; e < num_heads * RING_D; e += blockDim.x) o[e] = Cvt<T>::from_float(0.f);
     }
-    const int first = ws_meta[2 * r], count = ws_meta[2 * r + 1];
-    if (count <= 1) return;
-    const size_t sh = (size_t)first * num_heads + h;
-    merge_partials<T, RING_D>(o, ws_acc + sh * RING_D, ws_ml + sh * 2, count, num_heads);
+    if (own.x < 0) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    T *o = out + (size_t)cu_q[own.x] * num_heads * RING_D;
+    for (int h = warp; h < num_heads; h += blockDim.x >> 5)
+        ring_merge_head<T>(o + (size_t)h * RING_D, ws_acc, ws_ml, own.y, own.z, h, num_heads, lane);
 }
 
 }  // namespace
 
 #define PA_RING_KERNEL(NAME, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(288) paged_decode_ring_##NAME##_d128(           \
-        T *out, float *ws_acc, float *ws_ml, int *ws_meta, const T *q, const T *kc, const T *vc, \
+        T *out, float *ws_acc, float *ws_ml, int4 *ws_own, const T *q, const T *kc, const T *vc,  \
         const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
         int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size,               \
         float scale_log2, int depth, int min_chunk) {                                            \
-        paged_decode_ring_impl<T>(out, ws_acc, ws_ml, ws_meta, q, kc, vc, block_tables,          \
+        paged_decode_ring_impl<T>(out, ws_acc, ws_ml, ws_own, q, kc, vc, block_tables,           \
                                   context_lens, cu_q, num_rows, max_blocks, num_heads, kv_heads, \
                                   block_size, scale_log2, depth, min_chunk);                     \
     }                                                                                            \
     extern "C" __global__ void paged_decode_ring_combine_##NAME##_d128(                          \
-        T *out, const float *ws_acc, const float *ws_ml, const int *ws_meta,                     \
-        const uint32_t *context_lens, const uint32_t *cu_q, int num_heads) {                     \
-        ring_combine_impl<T>(out, ws_acc, ws_ml, ws_meta, context_lens, cu_q, num_heads);        \
+        T *out, const float *ws_acc, const float *ws_ml, const int4 *ws_own,                     \
+        const uint32_t *context_lens, const uint32_t *cu_q, int num_rows, int num_heads) {       \
+        ring_combine_impl<T>(out, ws_acc, ws_ml, ws_own, context_lens, cu_q, num_rows,           \
+                             num_heads);                                                         \
     }
 
 PA_RING_KERNEL(bf16, __nv_bfloat16)
