@@ -78,6 +78,16 @@ constexpr int LIB_BLOCKS_PER_SM = 1, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
 // A launch's floor in a chain of kernels: no work at all, the ring's grid and threads.
 __global__ void empty_kernel() {}
 
+// The library's ring with qkv_rope_write's work folded in (paged_decode_ring_impl<T, true>).
+__global__ void __launch_bounds__(288) ring_rope_bf16(__nv_bfloat16 *out, float *ws_acc, float *ws_ml, int4 *ws_own,
+                                                      const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const uint32_t *block_tables,
+                                                      const uint32_t *context_lens, const uint32_t *cu_q, int num_rows, int max_blocks,
+                                                      int num_heads, int kv_heads, int block_size, float scale_log2, int depth,
+                                                      int min_chunk, RingRope<__nv_bfloat16> rope) {
+    paged_decode_ring_impl<__nv_bfloat16, true>(out, ws_acc, ws_ml, ws_own, nullptr, kc, vc, block_tables, context_lens, cu_q, num_rows,
+                                                max_blocks, num_heads, kv_heads, block_size, scale_log2, depth, min_chunk, rope);
+}
+
 // The library's split plan (attention_split.rs `plan`, same arithmetic) for a launch whose
 // contexts are bounded by `bound` (a graph's bucket), base = (row tile, kv head) blocks.
 struct Plan { int splits, chunk, wave; bool occ7; };
@@ -130,6 +140,7 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const bool brief = argc > 3 && std::string(argv[3]) == "brief";
     CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
+    CK(cudaFuncSetAttribute(ring_rope_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     printf("SMs %d, context %s%d, graph bound %d\n", sms, varied ? "varied, at most " : "", ctx, BOUND);
     int ring_fit[MAX_DEPTH + 1] = {};
     for (int depth = 2; depth <= MAX_DEPTH; ++depth) {
@@ -197,11 +208,10 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&d_slots, W * 4));
         fill<<<64, 256, 0, st>>>(qkv, W * 3 * HEADS * HD, 4321, 2.f);
         fill<<<64, 256, 0, st>>>(cs, W * HD, 777, 2.f);
-        {  // the library kernel's slot of each row's newest position
-            std::vector<uint32_t> newest(W);
-            for (int r = 0; r < W; ++r) newest[r] = tab[(size_t)r * max_blocks + (lens[r] - 1) / BS] * BS + (lens[r] - 1) % BS;
-            CK(cudaMemcpy(d_slots, newest.data(), W * 4, cudaMemcpyHostToDevice));
-        }
+        // The library kernel's slot of each row's newest position.
+        std::vector<uint32_t> newest(W);
+        for (int r = 0; r < W; ++r) newest[r] = tab[(size_t)r * max_blocks + (lens[r] - 1) / BS] * BS + (lens[r] - 1) % BS;
+        CK(cudaMemcpy(d_slots, newest.data(), W * 4, cudaMemcpyHostToDevice));
         CK(cudaStreamSynchronize(st));
         // The library's kernel: grid (rows, kv heads, splits), chunk as its plan passes it.
         auto lib = [&](int l, bool occ7, int splits, int chunk, __nv_bfloat16 *o, int wave = 1) {
@@ -226,6 +236,20 @@ int main(int argc, char **argv) {
             const int pairs = 3 * HEADS * HD / 2;
             qkv_rope_write_bf16<<<dim3(W, (pairs + 255) / 256), 256, 0, st>>>(q, kc[l], vc[l], qkv, cs, cs + W * HD / 2, d_slots, HEADS,
                                                                             HEADS, HD, (long long)pool * BS);
+        };
+        // The ring with qkv_rope_write folded in, then the combine.
+        auto folded = [&](int l, __nv_bfloat16 *o) {
+            RingRope<__nv_bfloat16> rp;
+            rp.qkv = qkv;
+            rp.cos_t = cs;
+            rp.sin_t = cs + W * HD / 2;
+            rp.slots = d_slots;
+            rp.k_cache = kc[l];
+            rp.v_cache = vc[l];
+            rp.num_slots = (long long)pool * BS;
+            ring_rope_bf16<<<LIB_BLOCKS_PER_SM * sms, THREADS, LIB_DEPTH * 2 * HALF, st>>>(
+                o, ws_acc, ws_ml, ws_own, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, LIB_DEPTH, LIB_MIN_CHUNK, rp);
+            paged_decode_ring_combine_bf16_d128<<<LIB_BLOCKS_PER_SM * sms, 32 * HEADS, 0, st>>>(o, ws_acc, ws_ml, ws_own, d_lens, d_cu, W, HEADS);
         };
         double keys = 0;
         for (auto c : lens) keys += c;
@@ -291,6 +315,41 @@ int main(int argc, char **argv) {
             }
             printf("W %3d: the library's ring launched 5 times more: %d differ from the first\n", W, differ);
         }
+        {  // The folded ring against qkv_rope_write + the library's ring on layer 0 — its output, and
+           // the newest K / V it writes (those slots poisoned first).
+            const size_t pe = (size_t)HEADS * HD;
+            auto newest_kv = [&]() {
+                std::vector<__nv_bfloat16> kv(2 * W * pe);
+                CK(cudaStreamSynchronize(st));
+                for (int r = 0; r < W; ++r) {
+                    CK(cudaMemcpy(kv.data() + r * pe, kc[0] + newest[r] * pe, pe * 2, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(kv.data() + (W + r) * pe, vc[0] + newest[r] * pe, pe * 2, cudaMemcpyDeviceToHost));
+                }
+                return kv;
+            };
+            rope_write(0);
+            lib_ring(0, out_ring);
+            ring_err();
+            const std::vector<__nv_bfloat16> want = b, want_kv = newest_kv();
+            for (int r = 0; r < W; ++r) {
+                CK(cudaMemsetAsync(kc[0] + newest[r] * pe, 0xff, pe * 2, st));
+                CK(cudaMemsetAsync(vc[0] + newest[r] * pe, 0xff, pe * 2, st));
+            }
+            folded(0, out_ring);
+            ring_err();
+            double num = 0, den = 0;
+            size_t same = 0;
+            for (size_t i = 0; i < b.size(); ++i) {
+                const double x = __bfloat162float(want[i]), y = __bfloat162float(b[i]);
+                num += (x - y) * (x - y);
+                den += x * x;
+                same += memcmp(&want[i], &b[i], 2) == 0;
+            }
+            const std::vector<__nv_bfloat16> got_kv = newest_kv();
+            const bool kv_same = memcmp(want_kv.data(), got_kv.data(), got_kv.size() * 2) == 0;
+            printf("W %3d: ring with qkv_rope_write folded in vs qkv_rope_write + ring: rel err %.2e, %.1f %% of outputs bit-identical; newest K/V written %s\n",
+                   W, sqrt(num / std::max(den, 1e-30)), 100.0 * same / b.size(), kv_same ? "bit-identical" : "DIFFER");
+        }
         for (int rep = 0; rep < 2; ++rep) {
             time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time(plan.occ7 ? "library, its plan, plain build" : "library, its plan, 7-block build",
@@ -340,6 +399,7 @@ int main(int argc, char **argv) {
                 time("library's qkv_rope_write alone", [&](int l) { rope_write(l); });
                 time("qkv_rope_write + ring + combine", [&](int l) { rope_write(l); lib_ring(l, out_ring); });
                 time("qkv_rope_write + SIMT plan", [&](int l) { rope_write(l); lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
+                time("ring with qkv_rope_write folded in + combine", [&](int l) { folded(l, out_ring); });
                 continue;
             }
             for (const Shape &sh : shapes) {

@@ -850,18 +850,54 @@ __device__ __forceinline__ void ring_stage(const T *ks, int pos_elems, int off, 
     }
 }
 
+// The ring with qkv_rope_write's work folded in (ROPE): q comes rotated out of the fused QKV
+// projection `qkv` [T, (H + 2 KVH) D] with `cos_t` / `sin_t` [T, D/2] (split-half RoPE), and each
+// row's newest key and value (its token's) are taken from `qkv` in registers — attended to after
+// the row's last stage, which then holds only the older positions — and written into the caches
+// at `slots[token]` for later steps (a slot past `num_slots` is not written).
+template <typename T> struct RingRope {
+    const T *qkv = nullptr, *cos_t = nullptr, *sin_t = nullptr;
+    const uint32_t *slots = nullptr;
+    T *k_cache = nullptr, *v_cache = nullptr;
+    long long num_slots = 0;
+};
+
+// Split-half RoPE of a lane's 8 elements `own` of a head, whose partners (8 lanes away, D/2
+// elements away) are `partner`: first-half lanes give x1 c - x2 s, second-half lanes x1 s + x2 c
+// with x1 the first-half value, rounded to T as qkv_rope_write rounds them.
+template <typename T>
+__device__ __forceinline__ uint4 ring_rope8(uint4 own, uint4 partner, uint4 c, uint4 sn, bool first_half) {
+    float xo[8], xp[8], cf[8], sf[8];
+    Cvt<T>::to_float(own, xo);
+    Cvt<T>::to_float(partner, xp);
+    Cvt<T>::to_float(c, cf);
+    Cvt<T>::to_float(sn, sf);
+    __align__(16) T o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const float x1 = first_half ? xo[e] : xp[e], x2 = first_half ? xp[e] : xo[e];
+        o[e] = Cvt<T>::from_float(first_half ? x1 * cf[e] - x2 * sf[e] : x1 * sf[e] + x2 * cf[e]);
+    }
+    return *reinterpret_cast<const uint4 *>(o);
+}
+
+__device__ __forceinline__ uint4 shfl_xor4(uint4 v, int mask) {
+    return make_uint4(__shfl_xor_sync(0xffffffffu, v.x, mask), __shfl_xor_sync(0xffffffffu, v.y, mask),
+                      __shfl_xor_sync(0xffffffffu, v.z, mask), __shfl_xor_sync(0xffffffffu, v.w, mask));
+}
+
 // Block: (ceil(num_heads / 2) + 1) warps, the last the producer; any grid; dynamic shared memory
 // depth x 2 x RING_CP x kv_heads x RING_D x sizeof(T). Every row has one query (token cu_q[r]) and
 // sees its whole context; block_size is a multiple of RING_CP. Workspace: partials `ws_acc`
 // [gridDim.x + num_rows, num_heads, D] and `ws_ml` [.., num_heads, 2]; `ws_own` [gridDim.x]: the
 // row this block split (row, first slot, count; row -1 if none).
-template <typename T>
+template <typename T, bool ROPE = false>
 __device__ __forceinline__ void paged_decode_ring_impl(
     T *__restrict__ out, float *__restrict__ ws_acc, float *__restrict__ ws_ml, int4 *__restrict__ ws_own,
     const T *__restrict__ q, const T *__restrict__ kc, const T *__restrict__ vc,
     const uint32_t *__restrict__ block_tables, const uint32_t *__restrict__ context_lens,
     const uint32_t *__restrict__ cu_q, int num_rows, int max_blocks, int num_heads, int kv_heads,
-    int block_size, float scale_log2, int depth, int min_chunk) {
+    int block_size, float scale_log2, int depth, int min_chunk, const RingRope<T> rope = RingRope<T>()) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char ring_smem[];
     __shared__ __align__(8) uint64_t full[RING_MAX_DEPTH], empty[RING_MAX_DEPTH];
@@ -948,14 +984,17 @@ __device__ __forceinline__ void paged_decode_ring_impl(
                 const int s = i % depth, round = i / depth;
                 // Stage s is free once every consumer warp released its previous round.
                 if (round > 0) mbar_wait(smem_addr(&empty[s]), (round - 1) & 1);
-                const int p = j * RING_CP, cnt = min(RING_CP, ctx - p);
+                // With ROPE the newest position comes from registers: the cache holds ctx - 1.
+                const int p = j * RING_CP, cnt = min(RING_CP, ctx - (ROPE ? 1 : 0) - p);
                 // RING_CP divides block_size and stages start on a multiple of it: one page.
                 const size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
                 const uint32_t bar = smem_addr(&full[s]);
                 mbar_arrive_expect_tx(bar, 2 * cnt * pos_bytes);
                 unsigned char *st = ring_smem + (size_t)s * stage_bytes;
-                bulk_copy_g2s(smem_addr(st), kc + slot * pos_elems, cnt * pos_bytes, bar);
-                bulk_copy_g2s(smem_addr(st + RING_CP * pos_bytes), vc + slot * pos_elems, cnt * pos_bytes, bar);
+                if (!ROPE || cnt > 0) {  // a last stage of only the newest position arrives empty
+                    bulk_copy_g2s(smem_addr(st), kc + slot * pos_elems, cnt * pos_bytes, bar);
+                    bulk_copy_g2s(smem_addr(st + RING_CP * pos_bytes), vc + slot * pos_elems, cnt * pos_bytes, bar);
+                }
                 RING_MARK(i == 0, 2);
             }
             g = row_start + hi;
@@ -971,11 +1010,22 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     const int off = kvh * RING_D + 8 * l16;
     // The next row's query, loaded while this row's stages stream: its two dependent loads
     // (cu_q, then q) would otherwise stall the consumers at every row boundary of the run.
+    // With ROPE, q's elements come unrotated out of qkv, with the row's cos / sin (rotated at use:
+    // the rotation's shuffle would wait on the loads).
+    const size_t qkv_width = (size_t)(num_heads + 2 * kv_heads) * RING_D;
+    const int rope_i = (8 * l16) & (RING_D / 2 - 1);
     auto load_q = [&](int row) {
+        if (ROPE)
+            return valid ? ldg16(rope.qkv + (size_t)cu_q[row] * qkv_width + (size_t)head * RING_D + 8 * l16) : make_uint4(0, 0, 0, 0);
         return valid ? ldg16(q + ((size_t)cu_q[row] * num_heads + head) * RING_D + 8 * l16) : make_uint4(0, 0, 0, 0);
     };
+    auto load_cs = [&](int row, uint4 &c, uint4 &sn) {
+        const size_t t = cu_q[row];
+        c = ldg16(rope.cos_t + t * (RING_D / 2) + rope_i);
+        sn = ldg16(rope.sin_t + t * (RING_D / 2) + rope_i);
+    };
     int next_row = -1;
-    uint4 next_q = make_uint4(0, 0, 0, 0);
+    uint4 next_q = make_uint4(0, 0, 0, 0), next_c = next_q, next_s = next_q;
     int4 own = make_int4(-1, 0, 0, 0);
     while (g < g1) {
         const int ctx = (int)context_lens[r];
@@ -988,12 +1038,18 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         const int lo = (int)(g - row_start), hi = (int)(min(g1, row_start + n) - row_start);
         const int token = (int)cu_q[r];
         float qv[8], acc[8];
-        Cvt<T>::to_float(r == next_row ? next_q : load_q(r), qv);
+        uint4 qx = r == next_row ? next_q : load_q(r), qc = next_c, qs = next_s;
+        if (ROPE) {
+            if (r != next_row) load_cs(r, qc, qs);
+            qx = ring_rope8<T>(qx, shfl_xor4(qx, 8), qc, qs, l16 < 8);
+        }
+        Cvt<T>::to_float(qx, qv);
 #pragma unroll
         for (int e = 0; e < 8; ++e) qv[e] *= scale_log2;
         if (row_start + n < g1 && r + 1 < num_rows) {  // the run goes on past this row
             next_row = r + 1;
             next_q = load_q(next_row);
+            if (ROPE) load_cs(next_row, next_c, next_s);
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] = 0.f;
@@ -1005,11 +1061,39 @@ __device__ __forceinline__ void paged_decode_ring_impl(
             mbar_wait(smem_addr(&full[s]), (i / depth) & 1);
             RING_MARK(i == 0 && threadIdx.x == 0, 3);
             const T *ks = reinterpret_cast<const T *>(ring_smem + (size_t)s * stage_bytes);
-            const int cnt = min(RING_CP, ctx - j * RING_CP);
+            const int cnt = min(RING_CP, ctx - (ROPE ? 1 : 0) - j * RING_CP);
             if (cnt == RING_CP)  // warp-uniform
                 ring_stage<T, true>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
             else
                 ring_stage<T, false>(ks, pos_elems, off, cnt, qv, m, l, acc, smem_addr(&empty[s]), lane);
+        }
+        if (ROPE && hi == (int)n) {  // the row's newest key and value, from qkv
+            const T *row_qkv = rope.qkv + (size_t)token * qkv_width;
+            const uint4 kx = ldg16(row_qkv + (size_t)(num_heads + kvh) * RING_D + 8 * l16);
+            const uint4 vx = ldg16(row_qkv + (size_t)(num_heads + kv_heads + kvh) * RING_D + 8 * l16);
+            const uint4 kr = ring_rope8<T>(kx, shfl_xor4(kx, 8), qc, qs, l16 < 8);
+            float kf[8], vf[8];
+            Cvt<T>::to_float(kr, kf);
+            Cvt<T>::to_float(vx, vf);
+            float d = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+            const float mx = fmaxf(m, d);
+            if (mx != -INFINITY) {
+                const float alpha = exp2f(m - mx), pr = exp2f(d - mx);
+                m = mx;
+                l = l * alpha + pr;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[e] = fmaf(pr, vf[e], acc[e] * alpha);
+            }
+            // For later steps: one head of each group writes its kv head.
+            const long long slot = rope.slots[token];
+            if (valid && head % (num_heads / kv_heads) == 0 && slot < rope.num_slots) {
+                *reinterpret_cast<uint4 *>(rope.k_cache + slot * pos_elems + kvh * RING_D + 8 * l16) = kr;
+                *reinterpret_cast<uint4 *>(rope.v_cache + slot * pos_elems + kvh * RING_D + 8 * l16) = vx;
+            }
         }
         const int last_block = (int)((row_start + n - 1) / chunk);
         if (lo == 0 && last_block != (int)blockIdx.x)  // split here: this block holds its first stage
