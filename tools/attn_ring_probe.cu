@@ -32,7 +32,10 @@
 // library's qkv_rope_write (the kernel before attention) alone and chained with the ring or the
 // SIMT plan. Session 27 also ran, through such chains, programmatic dependent launch into the
 // ring (its set-up and every stage but a row's last before griddepcontrol.wait) and into both
-// combines: nothing gained (docs/BENCHMARKS.md, raw-2026-12-07).
+// combines: nothing gained (docs/BENCHMARKS.md, raw-2026-12-07). `brief` also checks the ring with
+// qkv_rope_write folded in (the library's paged_decode_ring_impl<T, true>, not yet launched by the
+// library) against qkv_rope_write + the ring, bit for bit with the newest slots poisoned, and
+// times both.
 //
 // `var`: the depth-batching benchmark's varied context lengths. Session 24 ran earlier versions:
 // one split count for every row (b29c86f), then splits in proportion to each row's context
