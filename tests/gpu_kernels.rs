@@ -485,6 +485,79 @@ fn fused_qkv_rope_write() {
     }
 }
 
+/// `qkv_rope_attention` on the device: the decode ring with qkv_rope_write folded in against the
+/// two ops in turn (on the ring) — both caches bit for bit, the attention output within 4e-3
+/// relative, about one rounding step of bf16 (it may round differently where a row's newest key
+/// scores highest; a wrong key or rotation is off by far more) — for the ring's
+/// shapes: one row walked by many blocks, 16 rows of contexts 1–600 (rows cut between
+/// blocks), 200 short rows (last stages holding only the newest key), GQA, an odd head count,
+/// block size 12, f16; each through the folded kernel.
+#[test]
+fn fused_qkv_rope_attention() {
+    use ponder::ops::cuda::decode_ring_rope_launches;
+    let gpu = Device::new_cuda(0).unwrap();
+    let sixteen: Vec<usize> = (0..16).map(|i| 1 + (i * 67) % 600).collect();
+    let short: Vec<usize> = (0..200).map(|i| 1 + (i * 37) % 41).collect();
+    // (name, each row's context, heads, kv heads, block size, dtype)
+    type Fold = (&'static str, Vec<usize>, usize, usize, usize, DType);
+    let cases: Vec<Fold> = vec![
+        ("one row 16/16", vec![1000], 16, 16, 16, DType::BF16),
+        ("16 rows 16/16", sixteen.clone(), 16, 16, 16, DType::BF16),
+        ("200 short rows 16/16", short, 16, 16, 16, DType::BF16),
+        ("16 rows gqa 16/4", sixteen.clone(), 16, 4, 16, DType::BF16),
+        ("16 rows odd heads 15/15", sixteen.clone(), 15, 15, 16, DType::BF16),
+        ("16 rows block size 12", sixteen.clone(), 16, 16, 12, DType::BF16),
+        ("16 rows f16", sixteen, 16, 16, 16, DType::F16),
+    ];
+    let hd = 128;
+    for (name, ctxs, heads, kv_heads, bs, dtype) in cases {
+        let mut rng = StdRng::seed_from_u64(0x2f01d ^ (ctxs.len() * 131 + heads) as u64);
+        let num_blocks = ctxs.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 5;
+        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+        ids.shuffle(&mut rng);
+        let mut host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![], context_lens: vec![], cu_q_lens: vec![0] };
+        let mut next = 0;
+        for &ctx in &ctxs {
+            host.block_tables.push(ids[next..next + ctx.div_ceil(bs)].to_vec());
+            next += ctx.div_ceil(bs);
+            host.context_lens.push(ctx as u32);
+            host.cu_q_lens.push(host.cu_q_lens.last().unwrap() + 1);
+        }
+        let positions: Vec<u32> = ctxs.iter().map(|&c| c as u32 - 1).collect();
+        let tokens = ctxs.len();
+        let qkv = rand_tensor(&mut rng, &[tokens, (heads + 2 * kv_heads) * hd], -2.0, 2.0, dtype).to_device(&gpu).unwrap();
+        let cache_shape = [num_blocks, bs, kv_heads, hd];
+        let k0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
+        let v0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
+        let pos = Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
+        let a = RopeTable::new(hd, 1_000_000.0, dtype, &Device::Cpu).unwrap().angles(&pos).unwrap();
+        let angles = RopeAngles { cos: a.cos.to_device(&gpu).unwrap(), sin: a.sin.to_device(&gpu).unwrap() };
+        let batch = PagedBatch::new(host, bs, AttnMask::Causal, kv_heads * hd, &gpu).unwrap();
+        let scale = 1.0 / (hd as f64).sqrt();
+        let (k1, v1) = (k0.to_device(&gpu).unwrap(), v0.to_device(&gpu).unwrap());
+        let want = with_path(AttnPath::Ring, || {
+            let q = fused::qkv_rope_write(&qkv, &angles, &k1, &v1, &batch, heads, kv_heads, hd).unwrap();
+            paged_attention(&q, &k1, &v1, &batch, scale).unwrap()
+        });
+        let (k2, v2) = (k0.to_device(&gpu).unwrap(), v0.to_device(&gpu).unwrap());
+        let (got, folded) = with_path(AttnPath::Ring, || {
+            let before = decode_ring_rope_launches();
+            let out = fused::qkv_rope_attention(&qkv, &angles, &k2, &v2, &batch, heads, kv_heads, hd, scale).unwrap();
+            (out, decode_ring_rope_launches() - before)
+        });
+        assert_eq!(folded, usize::from(cfg!(ponder_bulk_copy)), "{name}: folded ring launches");
+        let bits = |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+        for (what, x, y) in [("k cache", &k1, &k2), ("v cache", &v1, &v2)] {
+            let (x, y) = (bits(x), bits(y));
+            let differ = x.iter().zip(&y).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{name} {dtype:?}: {what} differs from qkv_rope_write's in {differ} values");
+        }
+        let err = rel_err(&f32_cpu(&got), &f32_cpu(&want));
+        println!("qkv_rope_attention {name} {dtype:?}: output rel err {err:.2e} against qkv_rope_write + paged_attention");
+        assert!(err <= 4e-3, "{name} {dtype:?}: output rel err {err}");
+    }
+}
+
 #[test]
 fn fused_add_rms_norm() {
     let gpu = Device::new_cuda(0).unwrap();

@@ -35,6 +35,50 @@ pub fn qkv_rope_write(
     qkv_rope_write_reference(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
 }
 
+/// [`qkv_rope_write`] then [`paged_attention`](super::paged_attention) of the rotated q, for a
+/// launch whose rows each hold one new token at their context's last position (a looped decode
+/// step): returns the attention output `[T, heads, head_dim]`, with the rotated k and v written
+/// into the caches as [`qkv_rope_write`] writes them. On CUDA, where the decode ring takes the
+/// launch, one kernel does both (`cuda::qkv_rope_paged_attention`: the same cache writes, and the
+/// same output up to the softmax's rounding); elsewhere the two ops in turn.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_attention(
+    qkv: &Tensor,
+    angles: &RopeAngles,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f64,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if qkv.device().is_cuda() && batch.host.write_positions.is_empty() {
+        let folded = super::cuda::qkv_rope_paged_attention(
+            qkv,
+            &angles.cos,
+            &angles.sin,
+            k_cache,
+            v_cache,
+            &batch.slot_mapping,
+            &batch.block_tables,
+            &batch.context_lens,
+            &batch.cu_q_lens,
+            batch.max_q_len,
+            batch.max_context_len,
+            scale as f32,
+            heads,
+            kv_heads,
+        )?;
+        if let Some(out) = folded {
+            return Ok(out);
+        }
+    }
+    let q = qkv_rope_write(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)?;
+    super::paged_attention(&q, k_cache, v_cache, batch, scale)
+}
+
 /// The composition of candle ops behind [`qkv_rope_write`] (its CPU path).
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_write_reference(

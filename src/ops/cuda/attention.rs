@@ -219,7 +219,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
     }
     if p.ring {
-        return launch_ring::<T>(dev, name, p, [&q, &k, &v], [&bt, &cl, &cu]);
+        return launch_ring::<T>(dev, name, p, [&q, &k, &v], [&bt, &cl, &cu], None);
     }
     let nq = p.nq;
     // Tiles of nq query items per kv head: see the row search in the kernel.
@@ -353,6 +353,156 @@ pub fn decode_ring_launches() -> usize {
     RING_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Of those, how many had `qkv_rope_write` folded in ([`qkv_rope_paged_attention`]).
+static RING_ROPE_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many decode ring launches had `qkv_rope_write` folded in, in this process.
+pub fn decode_ring_rope_launches() -> usize {
+    RING_ROPE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// What the ring with `qkv_rope_write` folded in reads besides the ring's own arguments.
+struct RopeViews<'a, T> {
+    qkv: CudaView<'a, T>,
+    cos: CudaView<'a, T>,
+    sin: CudaView<'a, T>,
+    slots: CudaView<'a, u32>,
+    num_slots: i64,
+}
+
+/// Decode attention with `qkv_rope_write` folded into the ring kernel (`paged_decode_ring_rope_*`):
+/// the ring rotates q out of `qkv` `[T, (heads + 2 kv_heads) * 128]` with `cos` / `sin` `[T, 64]`
+/// itself, reads every row's keys but the newest from the caches, attends to the newest key and
+/// value straight from `qkv` and writes them to the caches at `slot_mapping` for later steps — the
+/// same cache writes as `qkv_rope_write`, and the output of `qkv_rope_write` then
+/// [`paged_attention`] up to the softmax's rounding (where a row's newest key scores highest its
+/// running maximum is raised in two steps instead of one). The caller
+/// must have each row's token at its context's last position (`slot_mapping[t]` is position
+/// `ctx - 1` of the row's table: a looped launch). `Ok(None)` where the ring would not take the
+/// launch (not one query a row, another head dim or dtype, more than 16 heads, a block size not a
+/// multiple of 4, not sm_90, `Auto` below its width, unaligned or non-contiguous inputs): the
+/// caller then runs the two ops.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_paged_attention(
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    block_tables: &Tensor,
+    context_lens: &Tensor,
+    cu_q_lens: &Tensor,
+    max_q_len: usize,
+    max_context_len: usize,
+    scale: f32,
+    heads: usize,
+    kv_heads: usize,
+) -> Result<Option<Tensor>> {
+    let dev = device(qkv, OP)?;
+    let dtype = qkv.dtype();
+    let all = [cos, sin, k_cache, v_cache, slot_mapping, block_tables, context_lens, cu_q_lens];
+    if !matches!(dtype, DType::BF16 | DType::F16) || !all.iter().all(|t| t.device().same_device(qkv.device())) {
+        return Ok(None);
+    }
+    if [cos, sin, k_cache, v_cache].iter().any(|t| t.dtype() != dtype)
+        || [slot_mapping, block_tables, context_lens, cu_q_lens].iter().any(|t| t.dtype() != DType::U32)
+    {
+        return Ok(None);
+    }
+    let (Ok((tokens, width)), Ok((_num_blocks, block_size, kvh, hd)), Ok((rows, max_blocks))) = (qkv.dims2(), k_cache.dims4(), block_tables.dims2()) else {
+        return Ok(None);
+    };
+    let aligned = |t: &Tensor| t.is_contiguous() && (t.layout().start_offset() * dtype.size_in_bytes()) % 16 == 0;
+    let i32_ok = |x: usize| x <= i32::MAX as usize;
+    let fits = hd == RING_HD
+        && kvh == kv_heads
+        && v_cache.dims() == k_cache.dims()
+        && heads > 0
+        && heads <= RING_MAX_HEADS
+        && kv_heads > 0
+        && heads % kv_heads == 0
+        && width == (heads + 2 * kv_heads) * hd
+        && cos.dims() == [tokens, hd / 2]
+        && sin.dims() == [tokens, hd / 2]
+        && block_size > 0
+        && block_size % RING_CP == 0
+        && max_q_len == 1
+        && rows > 0
+        && tokens == rows
+        && context_lens.dims() == [rows]
+        && cu_q_lens.dims() == [rows + 1]
+        && slot_mapping.dims() == [tokens]
+        && [cos, sin, k_cache, v_cache].iter().all(|t| aligned(t))
+        && i32_ok(tokens * heads)
+        && i32_ok(max_blocks)
+        && i32_ok(max_context_len)
+        && ring_selected(crate::ops::attention_kernels(), rows)
+        && ring_available(&dev)?;
+    if !fits {
+        return Ok(None);
+    }
+    let mut qkv = qkv.contiguous()?;
+    if !aligned(&qkv) {
+        qkv = qkv.copy()?;
+    }
+    let p = Params {
+        mma: false,
+        pipe: false,
+        ring: true,
+        tokens,
+        heads,
+        hd,
+        kv_heads,
+        block_size,
+        rows,
+        max_blocks,
+        max_context_len,
+        nq: 1,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        mask_block: 1,
+    };
+    let t = Inputs { q: &qkv, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
+    let num_slots = (k_cache.dims()[0] * block_size) as i64;
+    for_float!(dtype, OP, |T, suf| launch_ring_rope::<T>(&dev, suf, &t, &p, [cos, sin, slot_mapping], num_slots)).map(Some)
+}
+
+/// [`launch_ring`] with `qkv_rope_write` folded in (`t.q` is the fused QKV output).
+fn launch_ring_rope<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    name: &str,
+    t: &Inputs,
+    p: &Params,
+    [cos, sin, slots]: [&Tensor; 3],
+    num_slots: i64,
+) -> Result<Tensor> {
+    let (qs, ql) = t.q.storage_and_layout();
+    let (ks, kl) = t.k.storage_and_layout();
+    let (vs, vl) = t.v.storage_and_layout();
+    let (bts, btl) = t.bt.storage_and_layout();
+    let (cls, cll) = t.cl.storage_and_layout();
+    let (cus, cul) = t.cu.storage_and_layout();
+    let (cs, csl) = cos.storage_and_layout();
+    let (ss, ssl) = sin.storage_and_layout();
+    let (ms, msl) = slots.storage_and_layout();
+    let qkv = view::<T>(&qs, ql, OP, "qkv", true)?;
+    // The caches are written in place (each row's newest key and value) through views taken under
+    // the storage read lock, as qkv_rope_write writes them; the stream orders every use.
+    let k = view::<T>(&ks, kl, OP, "k_cache", true)?;
+    let v = view::<T>(&vs, vl, OP, "v_cache", true)?;
+    let bt = view::<u32>(&bts, btl, OP, "block_tables", false)?;
+    let cl = view::<u32>(&cls, cll, OP, "context_lens", false)?;
+    let cu = view::<u32>(&cus, cul, OP, "cu_q_lens", false)?;
+    let rope = RopeViews {
+        qkv: view::<T>(&qs, ql, OP, "qkv", true)?,
+        cos: view::<T>(&cs, csl, OP, "cos", true)?,
+        sin: view::<T>(&ss, ssl, OP, "sin", true)?,
+        slots: view::<u32>(&ms, msl, OP, "slot_mapping", false)?,
+        num_slots,
+    };
+    launch_ring::<T>(dev, name, p, [&qkv, &k, &v], [&bt, &cl, &cu], Some(&rope))
+}
+
 /// Decode attention through the bulk-copy ring (`paged_decode_ring_*`, see the kernel's header):
 /// a grid of RING_BLOCKS_PER_SM blocks an SM that cut the launch's keys into equal runs, one
 /// producer warp and one consumer warp per two query heads a block, then
@@ -364,10 +514,12 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
     p: &Params,
     [q, k, v]: [&CudaView<T>; 3],
     [bt, cl, cu]: [&CudaView<u32>; 3],
+    rope: Option<&RopeViews<T>>,
 ) -> Result<Tensor> {
     let grid = RING_BLOCKS_PER_SM * sm_count(dev)?;
     let smem = RING_DEPTH * 2 * RING_CP * p.kv_heads * p.hd * std::mem::size_of::<T>();
-    let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_{name}_d{RING_HD}"))?;
+    let kernel = if rope.is_some() { "paged_decode_ring_rope" } else { "paged_decode_ring" };
+    let func = kernel!(dev, Module::PagedAttention, &format!("{kernel}_{name}_d{RING_HD}"))?;
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, RING_MAX_SMEM as i32).w()?;
     let threads = (p.heads.div_ceil(2) + 1) * 32;
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
@@ -391,12 +543,19 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
         b.arg(&mut out).arg(&acc).arg(&ml).arg(&own);
         b.arg(q).arg(k).arg(v).arg(bt).arg(cl).arg(cu);
         b.arg(&rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&depth).arg(&min_chunk);
-        // SAFETY: argument list matches `paged_decode_ring_*` in paged_attention.cu; the caller
-        // checked one query a row, head dim 128, heads <= 16 and block_size % RING_CP == 0, and
-        // the workspace holds grid + rows slots.
+        if let Some(r) = rope {
+            b.arg(&r.qkv).arg(&r.cos).arg(&r.sin).arg(&r.slots).arg(&r.num_slots);
+        }
+        // SAFETY: argument list matches `paged_decode_ring_*` (or, with `rope`,
+        // `paged_decode_ring_rope_*`) in paged_attention.cu; the caller checked one query a row,
+        // head dim 128, heads <= 16 and block_size % RING_CP == 0 (with `rope`: the qkv, cos / sin
+        // and slot shapes and 16-byte aligned starts), and the workspace holds grid + rows slots.
         unsafe { b.launch(cfg) }.w()?;
     }
     RING_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if rope.is_some() {
+        RING_ROPE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_combine_{name}_d{RING_HD}"))?;
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (32 * p.heads as u32, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();

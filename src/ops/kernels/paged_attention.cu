@@ -1215,5 +1215,31 @@ __device__ __forceinline__ void ring_combine_impl(T *__restrict__ out, const flo
                              num_heads);                                                         \
     }
 
+// The ring with qkv_rope_write folded in: the ring kernel's arguments (q unused), then the fused
+// QKV output, cos / sin [T, D/2], the slot each token's K / V is written to, and the caches' slot
+// count. kc / vc are written (each row's newest key and value).
+#define PA_RING_ROPE_KERNEL(NAME, T)                                                             \
+    extern "C" __global__ void __launch_bounds__(288) paged_decode_ring_rope_##NAME##_d128(      \
+        T *out, float *ws_acc, float *ws_ml, int4 *ws_own, const T *q, T *kc, T *vc,             \
+        const uint32_t *block_tables, const uint32_t *context_lens, const uint32_t *cu_q,        \
+        int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size,               \
+        float scale_log2, int depth, int min_chunk, const T *qkv, const T *cos_t,                \
+        const T *sin_t, const uint32_t *slots, long long num_slots) {                            \
+        RingRope<T> rope;                                                                        \
+        rope.qkv = qkv;                                                                          \
+        rope.cos_t = cos_t;                                                                      \
+        rope.sin_t = sin_t;                                                                      \
+        rope.slots = slots;                                                                      \
+        rope.k_cache = kc;                                                                       \
+        rope.v_cache = vc;                                                                       \
+        rope.num_slots = num_slots;                                                              \
+        paged_decode_ring_impl<T, true>(out, ws_acc, ws_ml, ws_own, q, kc, vc, block_tables,     \
+                                        context_lens, cu_q, num_rows, max_blocks, num_heads,     \
+                                        kv_heads, block_size, scale_log2, depth, min_chunk,      \
+                                        rope);                                                   \
+    }
+
 PA_RING_KERNEL(bf16, __nv_bfloat16)
 PA_RING_KERNEL(f16, __half)
+PA_RING_ROPE_KERNEL(bf16, __nv_bfloat16)
+PA_RING_ROPE_KERNEL(f16, __half)
