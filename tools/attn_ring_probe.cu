@@ -33,9 +33,8 @@
 // SIMT plan. Session 27 also ran, through such chains, programmatic dependent launch into the
 // ring (its set-up and every stage but a row's last before griddepcontrol.wait) and into both
 // combines: nothing gained (docs/BENCHMARKS.md, raw-2026-12-07). `brief` also checks the ring with
-// qkv_rope_write folded in (the library's paged_decode_ring_impl<T, true>, not yet launched by the
-// library) against qkv_rope_write + the ring, bit for bit with the newest slots poisoned, and
-// times both.
+// qkv_rope_write folded in (the library's paged_decode_ring_rope_*) against qkv_rope_write + the
+// ring, with the newest slots poisoned first, and times both.
 //
 // `var`: the depth-batching benchmark's varied context lengths. Session 24 ran earlier versions:
 // one split count for every row (b29c86f), then splits in proportion to each row's context
@@ -80,16 +79,6 @@ constexpr int LIB_BLOCKS_PER_SM = 1, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
 
 // A launch's floor in a chain of kernels: no work at all, the ring's grid and threads.
 __global__ void empty_kernel() {}
-
-// The library's ring with qkv_rope_write's work folded in (paged_decode_ring_impl<T, true>).
-__global__ void __launch_bounds__(288) ring_rope_bf16(__nv_bfloat16 *out, float *ws_acc, float *ws_ml, int4 *ws_own,
-                                                      const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const uint32_t *block_tables,
-                                                      const uint32_t *context_lens, const uint32_t *cu_q, int num_rows, int max_blocks,
-                                                      int num_heads, int kv_heads, int block_size, float scale_log2, int depth,
-                                                      int min_chunk, RingRope<__nv_bfloat16> rope) {
-    paged_decode_ring_impl<__nv_bfloat16, true>(out, ws_acc, ws_ml, ws_own, nullptr, kc, vc, block_tables, context_lens, cu_q, num_rows,
-                                                max_blocks, num_heads, kv_heads, block_size, scale_log2, depth, min_chunk, rope);
-}
 
 // The library's split plan (attention_split.rs `plan`, same arithmetic) for a launch whose
 // contexts are bounded by `bound` (a graph's bucket), base = (row tile, kv head) blocks.
@@ -143,7 +132,7 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const bool brief = argc > 3 && std::string(argv[3]) == "brief";
     CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
-    CK(cudaFuncSetAttribute(ring_rope_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
+    CK(cudaFuncSetAttribute(paged_decode_ring_rope_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     printf("SMs %d, context %s%d, graph bound %d\n", sms, varied ? "varied, at most " : "", ctx, BOUND);
     int ring_fit[MAX_DEPTH + 1] = {};
     for (int depth = 2; depth <= MAX_DEPTH; ++depth) {
@@ -240,18 +229,12 @@ int main(int argc, char **argv) {
             qkv_rope_write_bf16<<<dim3(W, (pairs + 255) / 256), 256, 0, st>>>(q, kc[l], vc[l], qkv, cs, cs + W * HD / 2, d_slots, HEADS,
                                                                             HEADS, HD, (long long)pool * BS);
         };
-        // The ring with qkv_rope_write folded in, then the combine.
+        // The ring with qkv_rope_write folded in (the library's paged_decode_ring_rope_*), then the
+        // combine.
         auto folded = [&](int l, __nv_bfloat16 *o) {
-            RingRope<__nv_bfloat16> rp;
-            rp.qkv = qkv;
-            rp.cos_t = cs;
-            rp.sin_t = cs + W * HD / 2;
-            rp.slots = d_slots;
-            rp.k_cache = kc[l];
-            rp.v_cache = vc[l];
-            rp.num_slots = (long long)pool * BS;
-            ring_rope_bf16<<<LIB_BLOCKS_PER_SM * sms, THREADS, LIB_DEPTH * 2 * HALF, st>>>(
-                o, ws_acc, ws_ml, ws_own, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, LIB_DEPTH, LIB_MIN_CHUNK, rp);
+            paged_decode_ring_rope_bf16_d128<<<LIB_BLOCKS_PER_SM * sms, THREADS, LIB_DEPTH * 2 * HALF, st>>>(
+                o, ws_acc, ws_ml, ws_own, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, LIB_DEPTH,
+                LIB_MIN_CHUNK, qkv, cs, cs + W * HD / 2, d_slots, (long long)pool * BS);
             paged_decode_ring_combine_bf16_d128<<<LIB_BLOCKS_PER_SM * sms, 32 * HEADS, 0, st>>>(o, ws_acc, ws_ml, ws_own, d_lens, d_cu, W, HEADS);
         };
         double keys = 0;
