@@ -151,7 +151,7 @@ pub fn paged_attention(
         mask_block,
     };
     let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
-    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p))
+    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p, None))
 }
 
 struct Inputs<'a> {
@@ -183,7 +183,17 @@ struct Params {
     mask_block: u32,
 }
 
-fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p: &Params) -> Result<Tensor> {
+/// What the ring with `qkv_rope_write` folded in takes besides [`Inputs`] (whose `q` is then the
+/// fused QKV output).
+struct Rope<'a> {
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    slots: &'a Tensor,
+    num_slots: i64,
+}
+
+/// `rope`: the ring with `qkv_rope_write` folded in (only with `p.ring`).
+fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p: &Params, rope: Option<&Rope>) -> Result<Tensor> {
     let (qs, ql) = t.q.storage_and_layout();
     let (ks, kl) = t.k.storage_and_layout();
     let (vs, vl) = t.v.storage_and_layout();
@@ -219,7 +229,21 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
     }
     if p.ring {
-        return launch_ring::<T>(dev, name, p, [&q, &k, &v], [&bt, &cl, &cu], None);
+        // The caches are written in place with `rope` (each row's newest key and value) through
+        // these views taken under the storage read lock, as qkv_rope_write writes them; the stream
+        // orders every use.
+        let storages = rope.map(|r| (r.cos.storage_and_layout(), r.sin.storage_and_layout(), r.slots.storage_and_layout()));
+        let views = match (rope, &storages) {
+            (Some(r), Some(((cs, cl_), (ss, sl), (ms, ml)))) => Some(RopeViews {
+                qkv: view::<T>(&qs, ql, OP, "qkv", true)?,
+                cos: view::<T>(cs, cl_, OP, "cos", true)?,
+                sin: view::<T>(ss, sl, OP, "sin", true)?,
+                slots: view::<u32>(ms, ml, OP, "slot_mapping", false)?,
+                num_slots: r.num_slots,
+            }),
+            _ => None,
+        };
+        return launch_ring::<T>(dev, name, p, [&q, &k, &v], [&bt, &cl, &cu], views.as_ref());
     }
     let nq = p.nq;
     // Tiles of nq query items per kv head: see the row search in the kernel.
@@ -464,43 +488,8 @@ pub fn qkv_rope_paged_attention(
     };
     let t = Inputs { q: &qkv, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
     let num_slots = (k_cache.dims()[0] * block_size) as i64;
-    for_float!(dtype, OP, |T, suf| launch_ring_rope::<T>(&dev, suf, &t, &p, [cos, sin, slot_mapping], num_slots)).map(Some)
-}
-
-/// [`launch_ring`] with `qkv_rope_write` folded in (`t.q` is the fused QKV output).
-fn launch_ring_rope<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    name: &str,
-    t: &Inputs,
-    p: &Params,
-    [cos, sin, slots]: [&Tensor; 3],
-    num_slots: i64,
-) -> Result<Tensor> {
-    let (qs, ql) = t.q.storage_and_layout();
-    let (ks, kl) = t.k.storage_and_layout();
-    let (vs, vl) = t.v.storage_and_layout();
-    let (bts, btl) = t.bt.storage_and_layout();
-    let (cls, cll) = t.cl.storage_and_layout();
-    let (cus, cul) = t.cu.storage_and_layout();
-    let (cs, csl) = cos.storage_and_layout();
-    let (ss, ssl) = sin.storage_and_layout();
-    let (ms, msl) = slots.storage_and_layout();
-    let qkv = view::<T>(&qs, ql, OP, "qkv", true)?;
-    // The caches are written in place (each row's newest key and value) through views taken under
-    // the storage read lock, as qkv_rope_write writes them; the stream orders every use.
-    let k = view::<T>(&ks, kl, OP, "k_cache", true)?;
-    let v = view::<T>(&vs, vl, OP, "v_cache", true)?;
-    let bt = view::<u32>(&bts, btl, OP, "block_tables", false)?;
-    let cl = view::<u32>(&cls, cll, OP, "context_lens", false)?;
-    let cu = view::<u32>(&cus, cul, OP, "cu_q_lens", false)?;
-    let rope = RopeViews {
-        qkv: view::<T>(&qs, ql, OP, "qkv", true)?,
-        cos: view::<T>(&cs, csl, OP, "cos", true)?,
-        sin: view::<T>(&ss, ssl, OP, "sin", true)?,
-        slots: view::<u32>(&ms, msl, OP, "slot_mapping", false)?,
-        num_slots,
-    };
-    launch_ring::<T>(dev, name, p, [&qkv, &k, &v], [&bt, &cl, &cu], Some(&rope))
+    let rope = Rope { cos, sin, slots: slot_mapping, num_slots };
+    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p, Some(&rope))).map(Some)
 }
 
 /// Decode attention through the bulk-copy ring (`paged_decode_ring_*`, see the kernel's header):
