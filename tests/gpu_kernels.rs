@@ -216,7 +216,8 @@ fn decode_edge_shapes() {
 /// rows), an odd head count (a half-warp idle), a GQA group of four, block sizes 32 and 12 (not a
 /// power of two), f16 — each against the CPU reference through `check`, which runs the ring path
 /// among the others. The ring must be what `AttentionKernels::DecodeRing` launches there (and only
-/// there: a block size of 6, f32 and a prefill row fall back).
+/// there: a block size of 6, f32 and a prefill row fall back), and launched twice it must give the
+/// same bits.
 #[test]
 fn decode_ring_kernel() {
     use ponder::ops::cuda::decode_ring_launches;
@@ -240,13 +241,18 @@ fn decode_ring_kernel() {
         let b = build(&c, 0x41c3 ^ c.rows.len() as u64);
         let batch = PagedBatch::new(b.host.clone(), c.block_size, c.mask, c.kv_heads * c.hd, &gpu).unwrap();
         let (q, k, v) = (b.q.to_device(&gpu).unwrap(), b.k.to_device(&gpu).unwrap(), b.v.to_device(&gpu).unwrap());
-        // Counted under the kernel-selection lock, which every other check's launch takes too.
-        let launched = with_path(AttnPath::Ring, || {
+        // Counted under the kernel-selection lock, which every other check's launch takes too; a
+        // second launch must give the first one's bits (its workspace is fresh, its runs fixed).
+        let (launched, first, second) = with_path(AttnPath::Ring, || {
             let before = decode_ring_launches();
-            paged_attention(&q, &k, &v, &batch, 1.0 / (c.hd as f64).sqrt()).unwrap();
-            decode_ring_launches() - before
+            let first = paged_attention(&q, &k, &v, &batch, 1.0 / (c.hd as f64).sqrt()).unwrap();
+            let launched = decode_ring_launches() - before;
+            (launched, first, paged_attention(&q, &k, &v, &batch, 1.0 / (c.hd as f64).sqrt()).unwrap())
         });
         assert_eq!(launched, usize::from(ring && cfg!(ponder_bulk_copy)), "{}: decode ring launches", c.name);
+        let bits =
+            |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&first), bits(&second), "{}: a second launch gave other bits", c.name);
         check(c);
     }
 }
