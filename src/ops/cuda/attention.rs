@@ -123,17 +123,7 @@ pub fn paged_attention(
     let kernels = crate::ops::attention_kernels();
     let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
-    // Decode rows (one query each: max_q_len 1 and as many tokens as rows) go through the
-    // bulk-copy ring where it is selected, built and fits.
-    let ring = ring_selected(kernels, rows)
-        && heads > 0
-        && max_q_len == 1
-        && tokens == rows
-        && matches!(dtype, DType::BF16 | DType::F16)
-        && hd == RING_HD
-        && heads <= RING_MAX_HEADS
-        && block_size % RING_CP == 0
-        && ring_available(&dev)?;
+    let ring = ring_takes(&dev, kernels, dtype, [tokens, rows, max_q_len, heads, hd, block_size])?;
     let p = Params {
         mma,
         pipe,
@@ -363,6 +353,23 @@ fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize) -> bool {
     }
 }
 
+/// Whether the decode ring takes a launch of `[tokens, rows, max_q_len, heads, head_dim,
+/// block_size]`: decode rows (one query each: max_q_len 1 and as many tokens as rows), bf16 / f16,
+/// head dim 128, 1 to 16 query heads, whole stages in a page, and the ring selected, built and run
+/// by `dev`.
+fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels, dtype: DType, shape: [usize; 6]) -> Result<bool> {
+    let [tokens, rows, max_q_len, heads, hd, block_size] = shape;
+    Ok(ring_selected(kernels, rows)
+        && heads > 0
+        && max_q_len == 1
+        && tokens == rows
+        && matches!(dtype, DType::BF16 | DType::F16)
+        && hd == RING_HD
+        && heads <= RING_MAX_HEADS
+        && block_size % RING_CP == 0
+        && ring_available(dev)?)
+}
+
 /// Whether the decode ring kernel can run on `dev`: PTX built for sm_90 or later (it uses bulk
 /// copies and mbarriers) and a device that runs it.
 fn ring_available(dev: &CudaDevice) -> Result<bool> {
@@ -426,7 +433,7 @@ pub fn qkv_rope_paged_attention(
     let dev = device(qkv, OP)?;
     let dtype = qkv.dtype();
     let all = [cos, sin, k_cache, v_cache, slot_mapping, block_tables, context_lens, cu_q_lens];
-    if !matches!(dtype, DType::BF16 | DType::F16) || !all.iter().all(|t| t.device().same_device(qkv.device())) {
+    if !all.iter().all(|t| t.device().same_device(qkv.device())) {
         return Ok(None);
     }
     if [cos, sin, k_cache, v_cache].iter().any(|t| t.dtype() != dtype)
@@ -439,21 +446,15 @@ pub fn qkv_rope_paged_attention(
     };
     let aligned = |t: &Tensor| t.is_contiguous() && (t.layout().start_offset() * dtype.size_in_bytes()) % 16 == 0;
     let i32_ok = |x: usize| x <= i32::MAX as usize;
-    let fits = hd == RING_HD
-        && kvh == kv_heads
+    let fits = kvh == kv_heads
         && v_cache.dims() == k_cache.dims()
-        && heads > 0
-        && heads <= RING_MAX_HEADS
         && kv_heads > 0
         && heads % kv_heads == 0
         && width == (heads + 2 * kv_heads) * hd
         && cos.dims() == [tokens, hd / 2]
         && sin.dims() == [tokens, hd / 2]
         && block_size > 0
-        && block_size % RING_CP == 0
-        && max_q_len == 1
         && rows > 0
-        && tokens == rows
         && context_lens.dims() == [rows]
         && cu_q_lens.dims() == [rows + 1]
         && slot_mapping.dims() == [tokens]
@@ -461,8 +462,7 @@ pub fn qkv_rope_paged_attention(
         && i32_ok(tokens * heads)
         && i32_ok(max_blocks)
         && i32_ok(max_context_len)
-        && ring_selected(crate::ops::attention_kernels(), rows)
-        && ring_available(&dev)?;
+        && ring_takes(&dev, crate::ops::attention_kernels(), dtype, [tokens, rows, max_q_len, heads, hd, block_size])?;
     if !fits {
         return Ok(None);
     }

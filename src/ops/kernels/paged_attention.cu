@@ -798,6 +798,20 @@ __device__ __forceinline__ unsigned long long ring_block_scan(unsigned long long
     return before + x - v;
 }
 
+// The scaled score of one key for a consumer lane's head: q . k over the lane's 8 elements, summed
+// over the head's 16 lanes.
+template <typename T>
+__device__ __forceinline__ float ring_score(const float (&qv)[8], uint4 k) {
+    float kf[8];
+    Cvt<T>::to_float(k, kf);
+    float d = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    return d;
+}
+
 // One stage of the ring for a consumer lane (8 elements of one head; 16 lanes a head): the K and V
 // of the stage's `cnt` positions read out of shared memory, the stage released (one arrival a
 // warp on `empty_bar`), then scores, the online softmax (base 2) and the V accumulation. FULL
@@ -819,13 +833,7 @@ __device__ __forceinline__ void ring_stage(const T *ks, int pos_elems, int off, 
     float sc[RING_CP];
 #pragma unroll
     for (int k = 0; k < RING_CP; ++k) {
-        float kf[8];
-        Cvt<T>::to_float(kr[k], kf);
-        float d = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        const float d = ring_score<T>(qv, kr[k]);
         sc[k] = FULL || k < cnt ? d : -INFINITY;
     }
     float mx = m;
@@ -1072,14 +1080,9 @@ __device__ __forceinline__ void paged_decode_ring_impl(
             const uint4 kx = ldg16(row_qkv + (size_t)(num_heads + kvh) * RING_D + 8 * l16);
             const uint4 vx = ldg16(row_qkv + (size_t)(num_heads + kv_heads + kvh) * RING_D + 8 * l16);
             const uint4 kr = ring_rope8<T>(kx, shfl_xor4(kx, 8), qc, qs, l16 < 8);
-            float kf[8], vf[8];
-            Cvt<T>::to_float(kr, kf);
+            const float d = ring_score<T>(qv, kr);
+            float vf[8];
             Cvt<T>::to_float(vx, vf);
-            float d = 0.f;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) d = fmaf(qv[e], kf[e], d);
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
             const float mx = fmaxf(m, d);
             if (mx != -INFINITY) {
                 const float alpha = exp2f(m - mx), pr = exp2f(d - mx);
