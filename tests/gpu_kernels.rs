@@ -861,7 +861,6 @@ fn graph_engine_run(
     prompts: &[Vec<u32>],
     new_tokens: &[usize],
 ) -> Vec<Vec<u32>> {
-    use ponder::gate::{DepthTrace, Replay};
     use ponder::models::looped::{Huginn, Ouro};
     let model: Box<dyn ponder::models::LoopedModel> = if huginn {
         let cfg = graph_test_huginn();
@@ -874,6 +873,21 @@ fn graph_engine_run(
         let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, gpu).unwrap();
         Box::new(Ouro::load(&cfg, &weights).unwrap())
     };
+    engine_run(model, sched, layout, width, graphs, prompts, new_tokens)
+}
+
+/// Runs `prompts` (all queued at once) to completion on `model`, greedy, in one of the
+/// [`Graphs`] modes; the depth schedulers exit by a replayed depth trace.
+fn engine_run(
+    model: Box<dyn ponder::models::LoopedModel>,
+    sched: ponder::SchedulerKind,
+    layout: ponder::KvLayoutKind,
+    width: usize,
+    graphs: Graphs,
+    prompts: &[Vec<u32>],
+    new_tokens: &[usize],
+) -> Vec<Vec<u32>> {
+    use ponder::gate::{DepthTrace, Replay};
     let mut b = ponder::EngineBuilder::from_model(model, None, vec![])
         .looped(|o| o.scheduler(sched).kv_layout(layout))
         .max_num_seqs(width)
@@ -962,6 +976,67 @@ fn cuda_graphs_match_eager() {
             t_graphs.as_secs_f64()
         );
         assert!(bad * 4 <= n, "{name}: {bad}/{n} requests differ from the eager path");
+    }
+}
+
+/// Ouro's decode through the folded ring (`qkv_rope_attention`: rotation, cache write and
+/// attention in one kernel) against the same model on the SIMT kernel after `qkv_rope_write`,
+/// end to end: CB and depth batching, eager and replayed graphs. Head dim 128 so the ring
+/// takes the launches; the folded ring must actually run.
+#[test]
+fn ouro_decode_on_the_folded_ring_matches_simt() {
+    use ponder::models::looped::Ouro;
+    use ponder::ops::cuda::decode_ring_rope_launches;
+    use ponder::{KvLayoutKind, SchedulerKind};
+    let gpu = Device::new_cuda(0).unwrap();
+    let mut cfg = graph_test_config();
+    cfg.num_attention_heads = 4;
+    cfg.num_key_value_heads = Some(4);
+    cfg.head_dim = Some(128);
+    cfg.hidden_size = 512;
+    let mut rng = StdRng::seed_from_u64(0x70ded);
+    let n = 24;
+    let prompts: Vec<Vec<u32>> = (0..n)
+        .map(|i| {
+            let len = if i % 5 == 0 { rng.random_range(200..400) } else { rng.random_range(1..60) };
+            (0..len).map(|_| rng.random_range(0..512u32)).collect()
+        })
+        .collect();
+    let new_tokens: Vec<usize> = (0..n).map(|_| rng.random_range(4..40)).collect();
+    let cases = [
+        ("cb depth-indexed W24", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 24, Graphs::Off),
+        ("cb depth-indexed W24 graphs", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 24, Graphs::On),
+        ("cdb-refill shared W13 graphs", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13, Graphs::On),
+        ("cdb-refill last-exited W13", SchedulerKind::Depth { refill: true }, KvLayoutKind::LastExited, 13, Graphs::Off),
+    ];
+    for (name, sched, layout, width, graphs) in cases {
+        let model = || -> Box<dyn ponder::models::LoopedModel> {
+            let weights = ponder::testing::random_ouro_weights(&cfg, 6, DType::BF16, &gpu).unwrap();
+            Box::new(Ouro::load(&cfg, &weights).unwrap())
+        };
+        let simt = with_path(AttnPath::Simt, || engine_run(model(), sched, layout, width, graphs, &prompts, &new_tokens));
+        let (ring, folded) = with_path(AttnPath::Ring, || {
+            let before = decode_ring_rope_launches();
+            let out = engine_run(model(), sched, layout, width, graphs, &prompts, &new_tokens);
+            (out, decode_ring_rope_launches() - before)
+        });
+        if cfg!(ponder_bulk_copy) {
+            assert!(folded > 0, "{name}: the folded ring never ran");
+        }
+        // bf16: the two kernels round the softmax differently, so a near-tie may flip a greedy
+        // token late in a sequence; most sequences must agree throughout.
+        let mut bad = 0;
+        for (i, (a, b)) in simt.iter().zip(&ring).enumerate() {
+            assert_eq!(a.len(), new_tokens[i], "{name}: request {i} length (simt)");
+            assert_eq!(b.len(), new_tokens[i], "{name}: request {i} length (folded ring)");
+            if a != b {
+                bad += 1;
+                let first = a.iter().zip(b).position(|(x, y)| x != y);
+                println!("{name}: request {i} (prompt {}) differs at {first:?} of {}", prompts[i].len(), a.len());
+            }
+        }
+        println!("folded ring {name}: {folded} folded launches; identical to simt {}/{n}", n - bad);
+        assert!(bad * 4 <= n, "{name}: {bad}/{n} requests differ from the SIMT path");
     }
 }
 

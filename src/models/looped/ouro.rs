@@ -8,7 +8,7 @@ use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::models::OuroConfig;
-use crate::ops::{self, paged_attention, PagedBatch, RopeTable};
+use crate::ops::{self, PagedBatch, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
 
@@ -133,8 +133,9 @@ impl Ouro {
         let t = h.dim(0)?;
 
         let qkv = layer.qkv.forward(a)?;
-        let q = ops::qkv_rope_write(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd)?;
-        let attn = paged_attention(&q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
+        // Rotating q / k, writing k / v to the cache and attending are one kernel where the decode
+        // ring takes the launch; elsewhere the two ops in turn.
+        let attn = ops::qkv_rope_attention(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd, 1.0 / (hd as f64).sqrt())?;
         // The projections that feed a norm hand it their output (at decode widths as partial
         // products over k, which the norm sums: `ops::split_k`).
         let attn = attn.reshape((t, nh * hd))?;
