@@ -21,13 +21,14 @@ const MMA_NQ: usize = 64;
 /// launches do not spread over blocks that each wait out a copy's latency for a few keys), the
 /// fewest rows `Auto` sends through it, most query heads a block (two a consumer warp, eight
 /// consumer warps), the head dim it is built for. Grid, depth and fewest stages are the best of a
-/// sweep on the H200 (tools/attn_ring_probe.cu); below RING_MIN_ROWS the SIMT kernel (a block per
-/// row and head) was faster there.
+/// sweep on the H200 (tools/attn_ring_probe.cu). RING_MIN_ROWS is measured end to end (an Ouro-1.4B
+/// CB step, where the ring also folds in `qkv_rope_write`): at 32 rows the ring's step is 4 %
+/// shorter than the SIMT kernel's (a block per row and head), at 16 rows level.
 const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
 const RING_BLOCKS_PER_SM: usize = 1;
 const RING_MIN_CHUNK: usize = 8;
-const RING_MIN_ROWS: usize = 64;
+const RING_MIN_ROWS: usize = 32;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
 /// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
