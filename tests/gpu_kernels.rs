@@ -741,6 +741,65 @@ fn fused_silu_mul() {
     }
 }
 
+/// RoPE angles in one launch: the same bits as the candle composition run on the device (full and
+/// partial rotary, every float dtype, positions up to 2^20), and within float rounding of the
+/// composition on the CPU.
+#[test]
+fn rope_angles_match_the_composition() {
+    use ponder::ops::RopeTable;
+    let gpu = Device::new_cuda(0).unwrap();
+    let mut rng = StdRng::seed_from_u64(0x2a9e);
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(tokens, hd, rotary) in &[(1usize, 128usize, 128usize), (77, 128, 128), (300, 64, 64), (40, 128, 64), (5, 96, 96)] {
+            let mut pos: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..40_000u32)).collect();
+            pos[0] = 0;
+            if tokens > 2 {
+                pos[1] = 1 << 20;
+            }
+            let table = RopeTable::partial(hd, rotary, 1_000_000.0, dt, &gpu).unwrap();
+            let p = Tensor::new(pos.as_slice(), &gpu).unwrap();
+            let (got, want) = (table.angles(&p).unwrap(), table.angles_reference(&p).unwrap());
+            let bits =
+                |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for (what, g, w) in [("cos", &got.cos, &want.cos), ("sin", &got.sin, &want.sin)] {
+                assert_eq!(g.dims(), &[tokens, hd / 2], "{what} {dt:?}");
+                assert_eq!(g.dtype(), dt);
+                let differ = bits(g).iter().zip(bits(w)).filter(|(a, b)| **a != *b).count();
+                assert_eq!(differ, 0, "rope angles {tokens}x{hd} (rotary {rotary}) {dt:?}: {what} differs from the composition in {differ} values");
+            }
+            let cpu =
+                RopeTable::partial(hd, rotary, 1_000_000.0, dt, &Device::Cpu).unwrap().angles(&Tensor::new(pos.as_slice(), &Device::Cpu).unwrap()).unwrap();
+            let e = rel_err(&f32_cpu(&got.cos), &f32_cpu(&cpu.cos)).max(rel_err(&f32_cpu(&got.sin), &f32_cpu(&cpu.sin)));
+            println!("rope angles {tokens}x{hd} (rotary {rotary}) {dt:?}: bit-identical to the composition on the device; rel err {e:.2e} against the CPU");
+            assert!(e <= tol_of(dt), "rope angles {tokens}x{hd} {dt:?} against the CPU: {e}");
+        }
+    }
+}
+
+/// The heads' f32 logits: one GEMM storing f32, against the f32 product on the CPU, and within
+/// the dtype's rounding of the old bf16 / f16 product then cast.
+#[test]
+fn linear_f32_matches_the_f32_product() {
+    let gpu = Device::new_cuda(0).unwrap();
+    for dt in [DType::BF16, DType::F16, DType::F32] {
+        for &(rows, k, n) in &[(1usize, 2048usize, 49152usize), (37, 2048, 4096), (256, 512, 1000)] {
+            let mut rng = StdRng::seed_from_u64((rows * 7 + n) as u64);
+            let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dt);
+            let w = rand_tensor(&mut rng, &[n, k], -0.05, 0.05, dt);
+            let (xg, wg) = (x.to_device(&gpu).unwrap(), w.to_device(&gpu).unwrap());
+            let got = ponder::ops::linear_f32(&xg, &wg).unwrap();
+            assert_eq!(got.dims(), &[rows, n]);
+            assert_eq!(got.dtype(), DType::F32);
+            let exact = f32_cpu(&x).matmul(&f32_cpu(&w).t().unwrap()).unwrap();
+            let e = rel_err(&f32_cpu(&got), &exact);
+            let old = xg.matmul(&wg.t().unwrap()).unwrap().to_dtype(DType::F32).unwrap();
+            let e_old = rel_err(&f32_cpu(&old), &exact);
+            println!("linear_f32 {rows}x{k}x{n} {dt:?}: rel err {e:.2e} against the f32 product (the product in {dt:?} then cast: {e_old:.2e})");
+            assert!(e <= 1e-5, "linear_f32 {rows}x{k}x{n} {dt:?}: {e}");
+        }
+    }
+}
+
 /// µs per call of each fused op vs its candle composition on the GPU (bf16, Ouro-1.4B shapes).
 #[test]
 #[ignore]

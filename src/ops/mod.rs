@@ -34,7 +34,7 @@ pub use paged_attention::attention_kernels;
 pub use paged_attention::{paged_attention, paged_attention_reference, set_attention_kernels, write_kv, write_kv_reference, AttentionKernels};
 pub use rope::{RopeAngles, RopeTable};
 pub use scatter::{copy_rows, copy_rows_reference, scatter_rows, scatter_rows_reference};
-pub use split_k::{linear_add_rms_norm, linear_residual_add_rms_norm};
+pub use split_k::{linear_add_rms_norm, linear_f32, linear_residual_add_rms_norm};
 
 use candle_core::{DType, Result, Tensor};
 

@@ -32,8 +32,24 @@ impl RopeTable {
     }
 
     /// Angles for absolute `positions` (`[tokens]` u32), computed in f32 like the reference
-    /// implementations, then cast to the model dtype.
+    /// implementations, then cast to the model dtype. On CUDA one kernel
+    /// (`cuda::rope_angles`: the same bits as [`Self::angles_reference`] there) — every decode
+    /// launch computes them, and the composition is six launches.
     pub fn angles(&self, positions: &Tensor) -> Result<RopeAngles> {
+        #[cfg(feature = "cuda")]
+        if positions.device().is_cuda()
+            && positions.dtype() == DType::U32
+            && super::is_float(self.dtype)
+            && self.inv_freq.device().same_device(positions.device())
+        {
+            let (cos, sin) = super::cuda::rope_angles(positions, &self.inv_freq, self.dtype)?;
+            return Ok(RopeAngles { cos, sin });
+        }
+        self.angles_reference(positions)
+    }
+
+    /// The composition of candle ops behind [`Self::angles`] (its CPU path).
+    pub fn angles_reference(&self, positions: &Tensor) -> Result<RopeAngles> {
         let pos = positions.to_dtype(DType::F32)?.unsqueeze(1)?;
         let freqs = pos.broadcast_mul(&self.inv_freq)?;
         Ok(RopeAngles { cos: freqs.cos()?.to_dtype(self.dtype)?.contiguous()?, sin: freqs.sin()?.to_dtype(self.dtype)?.contiguous()? })

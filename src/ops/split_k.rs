@@ -91,6 +91,19 @@ pub fn linear_partials_reference(x: &Tensor, w: &Tensor, splits: usize) -> Resul
     Tensor::stack(&parts, 0)
 }
 
+/// `x · wᵀ` (`x` `[rows, k]`, `w` `[n, k]`) as f32 `[rows, n]` — the looped heads' logits. On
+/// CUDA in bf16 / f16 one cuBLAS GEMM that accumulates and stores in f32 (no rounding to the
+/// weights' dtype and no cast launch after it: at 256 rows Ouro's cast of the logits took half
+/// as long as the head's GEMM); elsewhere the product in `x`'s dtype, then cast.
+pub fn linear_f32(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && x.rank() == 2 {
+        let rows = x.dim(0)?;
+        return super::cuda::linear_partials(x, w, 1)?.reshape((rows, w.dim(0)?));
+    }
+    candle_nn::Module::forward(&candle_nn::Linear::new(w.clone(), None), x)?.to_dtype(DType::F32)
+}
+
 /// The sum of `parts` (`[splits, rows, n]`, f32) in slice order, rounded to `dtype`: the value
 /// the unsplit projection stores.
 pub fn sum_partials(parts: &Tensor, dtype: DType) -> Result<Tensor> {

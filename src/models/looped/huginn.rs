@@ -11,7 +11,7 @@ use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::models::HuginnConfig;
 use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
-use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_core::{Device, Module, Result, Tensor, D};
 use candle_nn::Linear;
 
 /// A sandwich block: both residual sums are normalised.
@@ -204,7 +204,7 @@ impl LoopedModel for Huginn {
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
         // The head has a row per padded-vocabulary entry; padding rows are not tokens.
-        let logits = self.lm_head.forward(h)?;
-        logits.narrow(D::Minus1, 0, self.spec.vocab_size)?.to_dtype(DType::F32)
+        let logits = ops::linear_f32(h, self.lm_head.weight())?;
+        logits.narrow(D::Minus1, 0, self.spec.vocab_size)?.contiguous()
     }
 }

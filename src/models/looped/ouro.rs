@@ -186,7 +186,7 @@ impl LoopedModel for Ouro {
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
-        self.lm_head.forward(h)?.to_dtype(DType::F32)
+        ops::linear_f32(h, self.lm_head.weight())
     }
 
     fn replace_gate_head(&mut self, head: &crate::gate::GateHead) -> crate::Result<()> {

@@ -411,6 +411,57 @@ fn residual_add_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a
     Ok(wrap(out, dev, a.shape().clone()))
 }
 
+/// RoPE angles: `cos` / `sin` `[T, D/2]` in `dtype` of `float(positions[t]) * inv_freq[0, j]`
+/// (`positions` `[T]` u32, `inv_freq` `[1, D/2]` f32, one device), in one launch — the same
+/// arithmetic as `RopeTable`'s candle composition.
+pub fn rope_angles(positions: &Tensor, inv_freq: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "rope_angles";
+    let dev = device(positions, OP)?;
+    if positions.dtype() != DType::U32 || inv_freq.dtype() != DType::F32 || !inv_freq.device().same_device(positions.device()) {
+        bail!("{OP} (cuda): positions must be u32 and inv_freq f32, on one device");
+    }
+    let tokens = positions.dims1()?;
+    let (one, half) = inv_freq.dims2()?;
+    if one != 1 || half > i32::MAX as usize {
+        bail!("{OP} (cuda): inv_freq {:?}, expected [1, D/2]", inv_freq.dims());
+    }
+    if tokens * half == 0 {
+        let z = Tensor::zeros((tokens, half), dtype, positions.device())?;
+        return Ok((z.clone(), z));
+    }
+    let (positions, inv_freq) = (positions.contiguous()?, inv_freq.contiguous()?);
+    for_float!(dtype, OP, |T, suf| rope_angles_launch::<T>(&dev, suf, &positions, &inv_freq, tokens, half))
+}
+
+fn rope_angles_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    positions: &Tensor,
+    inv_freq: &Tensor,
+    tokens: usize,
+    half: usize,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "rope_angles";
+    let (ps, pl) = positions.storage_and_layout();
+    let (fs, fl) = inv_freq.storage_and_layout();
+    let p_v = view::<u32>(&ps, pl, OP, "positions", false)?;
+    let f_v = view::<f32>(&fs, fl, OP, "inv_freq", false)?;
+    let n = tokens * half;
+    // SAFETY: the grid-stride loop writes every element of both outputs.
+    let mut cos = unsafe { dev.alloc::<T>(n)? };
+    let mut sin = unsafe { dev.alloc::<T>(n)? };
+    let func = kernel!(dev, Module::Fused, &format!("rope_angles_{suf}"))?;
+    const THREADS: usize = 256;
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(THREADS).min(132 * 16) as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let (t, h) = (tokens as i64, half as i32);
+    let mut b = func.builder();
+    b.arg(&mut cos).arg(&mut sin).arg(&p_v).arg(&f_v).arg(&t).arg(&h);
+    // SAFETY: argument list matches `rope_angles_*` in fused.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok((wrap(cos, dev, (tokens, half)), wrap(sin, dev, (tokens, half))))
+}
+
 /// `silu(gate) * up` for `gate_up` `[.., 2I]` (gate first), output `[.., I]`, one launch.
 pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     const OP: &str = "silu_mul";

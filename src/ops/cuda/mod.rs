@@ -12,7 +12,7 @@ mod split_k;
 
 pub use attention::{decode_ring_launches, decode_ring_rope_launches, paged_attention, qkv_rope_paged_attention};
 pub use focus::focus_importance;
-pub use fused::{add_rms_norm, qkv_norm_rope_write, qkv_rope_write, residual_add, rms_norm, silu_mul};
+pub use fused::{add_rms_norm, qkv_norm_rope_write, qkv_rope_write, residual_add, rms_norm, rope_angles, silu_mul};
 pub use launch::sm_count;
 pub use moe::{moe_experts, moe_route, router_logits};
 pub use rows::{compact_rows, copy_rows_in_place, greedy_confidence, greedy_flagged, scatter_rows};

@@ -14,6 +14,8 @@
 //   [nparts, rows, ncols]) of a projection split over k (`Parts` below).
 // residual_add_*: out = T(a + b), element-wise over tensors of one shape.
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
+// rope_angles_*: cos / sin [T, D/2] of float(pos[t]) * inv_freq[j], rounded to T (the per-launch
+//   RoPE angles in one launch instead of candle's cast, mul, cos, sin and two casts).
 // greedy_flagged_*: the greedy id of each row and the same id flagged (+ vocab) where the row's
 //   sum is not finite, in one pass (the looped decode's greedy readout).
 // scatter_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V writes,
@@ -470,6 +472,21 @@ __device__ __forceinline__ T silu_times(float g, float u) {
     return from_f<T>(round_t<T>(g / (1.f + expf(-g))) * u);
 }
 
+// The arithmetic of candle's op chain (u32 -> f32 cast, f32 mul, cosf / sinf, round to T), so
+// the angles are the same bits as the composition's on the device.
+template <typename T>
+__device__ void rope_angles(T *__restrict__ cos_out, T *__restrict__ sin_out, const uint32_t *__restrict__ pos,
+                            const float *__restrict__ inv_freq, long long tokens, int half) {
+    const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = start; e < tokens * half; e += stride) {
+        const long long t = e / half;
+        const float f = (float)pos[t] * inv_freq[e - t * half];
+        cos_out[e] = from_f<T>(cosf(f));
+        sin_out[e] = from_f<T>(sinf(f));
+    }
+}
+
 template <typename T>
 __device__ void silu_mul(T *__restrict__ out, const T *__restrict__ gu, long long rows, int inter) {
     constexpr int V = 16 / sizeof(T);
@@ -726,6 +743,11 @@ __device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict_
     }                                                                                              \
     extern "C" __global__ void silu_mul_##SUF(T *out, const T *gu, long long rows, int inter) {    \
         silu_mul<T>(out, gu, rows, inter);                                                         \
+    }                                                                                              \
+    extern "C" __global__ void rope_angles_##SUF(T *cos_out, T *sin_out, const uint32_t *pos,      \
+                                                 const float *inv_freq, long long tokens,          \
+                                                 int half) {                                       \
+        rope_angles<T>(cos_out, sin_out, pos, inv_freq, tokens, half);                             \
     }                                                                                              \
     extern "C" __global__ void scatter_rows_##SUF(T *dst, const T *src, const uint32_t *index,     \
                                                   int width, long long dst_rows) {                 \
