@@ -1,5 +1,6 @@
 //! CUDA kernels against the CPU reference. Needs a GPU: build with `--features cuda`, run on the
-//! device machine (`--include-ignored --nocapture --test-threads=1` also prints the timings).
+//! device machine with `--test-threads 1` (kernel selection and the launch counters are
+//! process-wide; `--include-ignored --nocapture` also prints the timings).
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, Tensor};
@@ -741,9 +742,10 @@ fn fused_silu_mul() {
     }
 }
 
-/// RoPE angles in one launch: the same bits as the candle composition run on the device (full and
-/// partial rotary, every float dtype, positions up to 2^20), and within float rounding of the
-/// composition on the CPU.
+/// RoPE angles in one launch (`RopeTable::angles` on CUDA): the same bits as the candle
+/// composition run on the device (full and partial rotary, every float dtype, positions up to
+/// 2^20, positions as a view into a larger buffer as the graphs pass them), and within float
+/// rounding of the composition on the CPU.
 #[test]
 fn rope_angles_match_the_composition() {
     use ponder::ops::RopeTable;
@@ -751,24 +753,32 @@ fn rope_angles_match_the_composition() {
     let mut rng = StdRng::seed_from_u64(0x2a9e);
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(tokens, hd, rotary) in &[(1usize, 128usize, 128usize), (77, 128, 128), (300, 64, 64), (40, 128, 64), (5, 96, 96)] {
-            let mut pos: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..40_000u32)).collect();
-            pos[0] = 0;
+            // Three leading values: the positions start at an offset of their buffer.
+            let mut pos: Vec<u32> = (0..tokens + 3).map(|_| rng.random_range(0..40_000u32)).collect();
             if tokens > 2 {
-                pos[1] = 1 << 20;
+                (pos[3], pos[4]) = (0, 1 << 20);
             }
+            let p = Tensor::new(pos.as_slice(), &gpu).unwrap().narrow(0, 3, tokens).unwrap();
+            let pos = &pos[3..];
             let table = RopeTable::partial(hd, rotary, 1_000_000.0, dt, &gpu).unwrap();
-            let p = Tensor::new(pos.as_slice(), &gpu).unwrap();
-            let (got, want) = (table.angles(&p).unwrap(), table.angles_reference(&p).unwrap());
+            let got = table.angles(&p).unwrap();
+            // The kernel itself (`angles` must not have fallen back to the composition).
+            let inv: Vec<f32> = (0..hd / 2).map(|i| if 2 * i < rotary { 1.0 / 1e6f64.powf(2.0 * i as f64 / rotary as f64) as f32 } else { 0.0 }).collect();
+            let (kcos, ksin) = ponder::ops::cuda::rope_angles(&p, &Tensor::from_vec(inv, (1, hd / 2), &gpu).unwrap(), dt).unwrap();
+            for (what, g, k) in [("cos", &got.cos, &kcos), ("sin", &got.sin, &ksin)] {
+                assert_eq!((g.dims(), k.dims()), (&[tokens, hd / 2][..], &[tokens, hd / 2][..]), "{what} {dt:?}");
+                assert_eq!((g.dtype(), k.dtype()), (dt, dt));
+            }
             let bits =
                 |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got.cos), bits(&kcos), "rope angles {tokens}x{hd} {dt:?}: cos of `angles` against the kernel called directly");
+            assert_eq!(bits(&got.sin), bits(&ksin), "rope angles {tokens}x{hd} {dt:?}: sin of `angles` against the kernel called directly");
+            let want = table.angles_reference(&p).unwrap();
             for (what, g, w) in [("cos", &got.cos, &want.cos), ("sin", &got.sin, &want.sin)] {
-                assert_eq!(g.dims(), &[tokens, hd / 2], "{what} {dt:?}");
-                assert_eq!(g.dtype(), dt);
                 let differ = bits(g).iter().zip(bits(w)).filter(|(a, b)| **a != *b).count();
                 assert_eq!(differ, 0, "rope angles {tokens}x{hd} (rotary {rotary}) {dt:?}: {what} differs from the composition in {differ} values");
             }
-            let cpu =
-                RopeTable::partial(hd, rotary, 1_000_000.0, dt, &Device::Cpu).unwrap().angles(&Tensor::new(pos.as_slice(), &Device::Cpu).unwrap()).unwrap();
+            let cpu = RopeTable::partial(hd, rotary, 1_000_000.0, dt, &Device::Cpu).unwrap().angles(&Tensor::new(pos, &Device::Cpu).unwrap()).unwrap();
             let e = rel_err(&f32_cpu(&got.cos), &f32_cpu(&cpu.cos)).max(rel_err(&f32_cpu(&got.sin), &f32_cpu(&cpu.sin)));
             println!("rope angles {tokens}x{hd} (rotary {rotary}) {dt:?}: bit-identical to the composition on the device; rel err {e:.2e} against the CPU");
             assert!(e <= tol_of(dt), "rope angles {tokens}x{hd} {dt:?} against the CPU: {e}");
@@ -1055,9 +1065,10 @@ fn cuda_graphs_match_eager() {
 }
 
 /// Ouro's decode through the folded ring (`qkv_rope_attention`: rotation, cache write and
-/// attention in one kernel) against the same model on the SIMT kernel after `qkv_rope_write`,
-/// end to end: CB and depth batching, eager and replayed graphs. Head dim 128 so the ring
-/// takes the launches; the folded ring must actually run.
+/// attention in one kernel) against the same model on the SIMT kernels, end to end: CB and
+/// depth batching, eager and replayed graphs. Head dim 128 so the ring takes the launches; the
+/// folded ring must actually run. This checks the wiring (dispatch, graph capture, both K/V
+/// layouts); the fold's arithmetic is checked bit for bit by `fused_qkv_rope_attention`.
 #[test]
 fn ouro_decode_on_the_folded_ring_matches_simt() {
     use ponder::models::looped::Ouro;

@@ -35,12 +35,15 @@ pub fn qkv_rope_write(
     qkv_rope_write_reference(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
 }
 
-/// [`qkv_rope_write`] then [`paged_attention`](super::paged_attention) of the rotated q, for a
-/// launch whose rows each hold one new token at their context's last position (a looped decode
-/// step): returns the attention output `[T, heads, head_dim]`, with the rotated k and v written
-/// into the caches as [`qkv_rope_write`] writes them. On CUDA, where the decode ring takes the
-/// launch, one kernel does both (`cuda::qkv_rope_paged_attention`: the same cache writes, and the
-/// same output up to the softmax's rounding); elsewhere the two ops in turn.
+/// [`qkv_rope_write`] then [`paged_attention`](super::paged_attention) of the rotated q, for any
+/// launch: returns the attention output `[T, heads, head_dim]`, with the rotated k and v written
+/// into the caches as [`qkv_rope_write`] writes them. On CUDA one kernel does both
+/// (`cuda::qkv_rope_paged_attention`: the same cache writes, the same output up to the softmax's
+/// rounding) where the batch's write positions are implicit and the decode ring takes the launch —
+/// one token a row, so its slot is its context's last ([`PagedBatchHost::row_positions`]); elsewhere
+/// the two ops in turn.
+///
+/// [`PagedBatchHost::row_positions`]: super::PagedBatchHost::row_positions
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_attention(
     qkv: &Tensor,

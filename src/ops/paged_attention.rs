@@ -37,7 +37,8 @@ pub fn write_kv_reference(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> R
 pub enum AttentionKernels {
     /// SIMT kernels for few query items per row; tensor-core kernels with pipelined tile loads
     /// (cp.async double buffering) for many, in bf16 / f16; decode launches of 64 rows or more
-    /// that the bulk-copy ring kernel takes (see `DecodeRing`) through it.
+    /// that the bulk-copy ring kernel takes (see `DecodeRing`) through it — of 32 or more where
+    /// the ring also does `qkv_rope_write`'s work (`fused::qkv_rope_attention`).
     #[default]
     Auto,
     /// As `Auto`, with the tensor-core kernels loading tiles synchronously and no ring.
@@ -49,7 +50,8 @@ pub enum AttentionKernels {
     /// is a multiple of 4, not so large a GQA group that the tensor-core kernel takes the launch,
     /// on sm_90 builds and devices. The ring streams K/V pages by `cp.async.bulk` and cuts the
     /// launch's keys into equal runs, one a block; at 16 and 32 rows it was slower than the SIMT
-    /// kernel on the H200 (`docs/BENCHMARKS.md`, session 25). `PONDER_DECODE_RING=0` / `1` turn
+    /// kernel on the H200 (`docs/BENCHMARKS.md`, session 25), and with `qkv_rope_write` folded in
+    /// level at 16 and 24 rows, faster from 32 (session 28). `PONDER_DECODE_RING=0` / `1` turn
     /// `Auto`'s ring off / on at every width, for A/B runs.
     DecodeRing,
 }

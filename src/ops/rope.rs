@@ -1,5 +1,6 @@
 //! Rotary position embeddings. cos/sin are computed per launch from the packed positions (one
-//! small op chain shared by every layer), so no table bounded by the context length is kept.
+//! kernel on CUDA, a small op chain elsewhere, shared by every layer), so no table bounded by the
+//! context length is kept.
 
 use candle_core::{DType, Device, Result, Tensor};
 

@@ -204,7 +204,6 @@ impl LoopedModel for Huginn {
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
         // The head has a row per padded-vocabulary entry; padding rows are not tokens.
-        let logits = ops::linear_f32(h, self.lm_head.weight())?;
-        logits.narrow(D::Minus1, 0, self.spec.vocab_size)?.contiguous()
+        ops::linear_f32(h, &self.lm_head.weight().narrow(0, 0, self.spec.vocab_size)?)
     }
 }

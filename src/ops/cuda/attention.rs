@@ -21,14 +21,17 @@ const MMA_NQ: usize = 64;
 /// launches do not spread over blocks that each wait out a copy's latency for a few keys), the
 /// fewest rows `Auto` sends through it, most query heads a block (two a consumer warp, eight
 /// consumer warps), the head dim it is built for. Grid, depth and fewest stages are the best of a
-/// sweep on the H200 (tools/attn_ring_probe.cu). RING_MIN_ROWS is measured end to end (an Ouro-1.4B
-/// CB step, where the ring also folds in `qkv_rope_write`): at 32 rows the ring's step is 4 %
-/// shorter than the SIMT kernel's (a block per row and head), at 16 rows level.
+/// sweep on the H200 (tools/attn_ring_probe.cu). Below RING_MIN_ROWS the SIMT kernel (a block per
+/// row and head) was faster there (session 25). With `qkv_rope_write` folded in
+/// (`qkv_rope_paged_attention`) the ring saves a launch, which moves its break-even down:
+/// RING_ROPE_MIN_ROWS is measured end to end — an Ouro-1.4B CB step at 32 rows 4 % shorter
+/// than `qkv_rope_write` + the SIMT kernel, at 16 and 24 rows level.
 const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
 const RING_BLOCKS_PER_SM: usize = 1;
 const RING_MIN_CHUNK: usize = 8;
-const RING_MIN_ROWS: usize = 32;
+const RING_MIN_ROWS: usize = 64;
+const RING_ROPE_MIN_ROWS: usize = 32;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
 /// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
@@ -124,7 +127,7 @@ pub fn paged_attention(
     let kernels = crate::ops::attention_kernels();
     let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
-    let ring = ring_takes(&dev, kernels, dtype, [tokens, rows, max_q_len, heads, hd, block_size])?;
+    let ring = ring_takes(&dev, kernels, dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size], false)?;
     let p = Params {
         mma,
         pipe,
@@ -332,12 +335,12 @@ fn combine<T: CudaDType + DeviceRepr>(
 }
 
 /// Whether a decode launch of `rows` rows goes through the ring: always with
-/// [`AttentionKernels::DecodeRing`]; with `Auto` from RING_MIN_ROWS rows on, unless
-/// `PONDER_DECODE_RING` says `0` (never) or `1` (at every width) — a measurement switch for A/B
-/// runs on the device.
+/// [`AttentionKernels::DecodeRing`]; with `Auto` from RING_MIN_ROWS rows on (RING_ROPE_MIN_ROWS
+/// for the ring that folds in `qkv_rope_write`: `folded`), unless `PONDER_DECODE_RING` says `0`
+/// (never) or `1` (at every width) — a measurement switch for A/B runs on the device.
 ///
 /// [`AttentionKernels::DecodeRing`]: crate::ops::AttentionKernels::DecodeRing
-fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize) -> bool {
+fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize, folded: bool) -> bool {
     use crate::ops::AttentionKernels;
     static SWITCH: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let switch = || {
@@ -349,19 +352,22 @@ fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize) -> bool {
     };
     match kernels {
         AttentionKernels::DecodeRing => true,
-        AttentionKernels::Auto => switch().unwrap_or(rows >= RING_MIN_ROWS),
+        AttentionKernels::Auto => switch().unwrap_or(rows >= if folded { RING_ROPE_MIN_ROWS } else { RING_MIN_ROWS }),
         _ => false,
     }
 }
 
-/// Whether the decode ring takes a launch of `[tokens, rows, max_q_len, heads, head_dim,
-/// block_size]`: decode rows (one query each: max_q_len 1 and as many tokens as rows), bf16 / f16,
-/// head dim 128, 1 to 16 query heads, whole stages in a page, and the ring selected, built and run
-/// by `dev`.
-fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels, dtype: DType, shape: [usize; 6]) -> Result<bool> {
-    let [tokens, rows, max_q_len, heads, hd, block_size] = shape;
-    Ok(ring_selected(kernels, rows)
+/// Whether the decode ring (`folded`: with `qkv_rope_write` folded in) takes a launch of
+/// `[tokens, rows, max_q_len, heads, kv_heads, head_dim, block_size]`: decode rows (one query
+/// each: max_q_len 1 and as many tokens as rows), bf16 / f16, head dim 128, 1 to 16 query heads
+/// in GQA groups too small for the tensor-core kernel (which takes those first), whole stages in a
+/// page, and the ring selected, built and run by `dev`.
+fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels, dtype: DType, shape: [usize; 7], folded: bool) -> Result<bool> {
+    let [tokens, rows, max_q_len, heads, kv_heads, hd, block_size] = shape;
+    Ok(ring_selected(kernels, rows, folded)
         && heads > 0
+        && kv_heads > 0
+        && heads / kv_heads * max_q_len < MMA_MIN_ITEMS
         && max_q_len == 1
         && tokens == rows
         && matches!(dtype, DType::BF16 | DType::F16)
@@ -463,7 +469,7 @@ pub fn qkv_rope_paged_attention(
         && i32_ok(tokens * heads)
         && i32_ok(max_blocks)
         && i32_ok(max_context_len)
-        && ring_takes(&dev, crate::ops::attention_kernels(), dtype, [tokens, rows, max_q_len, heads, hd, block_size])?;
+        && ring_takes(&dev, crate::ops::attention_kernels(), dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size], true)?;
     if !fits {
         return Ok(None);
     }
