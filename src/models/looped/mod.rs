@@ -89,7 +89,7 @@ pub trait LoopedModel: Send {
     /// blocks' KV for models that have them (every prompt token in a prefill).
     fn coda(&self, state: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor>;
     /// LM head over coda outputs `[rows, hidden]` → f32 logits `[rows, vocab]`. Ouro and Huginn
-    /// compute them with [`crate::ops::linear_f32`]: on CUDA in bf16 / f16 not rounded to the
+    /// compute them with `ops::linear_f32`: on CUDA in bf16 / f16 not rounded to the
     /// weights' dtype (one GEMM storing f32), elsewhere the product in that dtype, then cast.
     fn head(&self, h: &Tensor) -> Result<Tensor>;
     /// Computes the per-step gate logit with `head` instead of the checkpoint's own exit gate
