@@ -38,11 +38,7 @@ impl RopeTable {
     /// launch computes them, and the composition is six launches.
     pub fn angles(&self, positions: &Tensor) -> Result<RopeAngles> {
         #[cfg(feature = "cuda")]
-        if positions.device().is_cuda()
-            && positions.dtype() == DType::U32
-            && super::is_float(self.dtype)
-            && self.inv_freq.device().same_device(positions.device())
-        {
+        if positions.device().is_cuda() && positions.dtype() == DType::U32 && super::is_float(self.dtype) {
             let (cos, sin) = super::cuda::rope_angles(positions, &self.inv_freq, self.dtype)?;
             return Ok(RopeAngles { cos, sin });
         }

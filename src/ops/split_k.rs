@@ -93,8 +93,8 @@ pub fn linear_partials_reference(x: &Tensor, w: &Tensor, splits: usize) -> Resul
 
 /// `x · wᵀ` (`x` `[rows, k]`, `w` `[n, k]`) as f32 `[rows, n]` — the looped heads' logits. On
 /// CUDA in bf16 / f16 one cuBLAS GEMM that accumulates and stores in f32 (no rounding to the
-/// weights' dtype and no cast launch after it: at 256 rows Ouro's cast of the logits took half
-/// as long as the head's GEMM); elsewhere the product in `x`'s dtype, then cast.
+/// weights' dtype and no cast launch after it: at 256 rows Ouro's cast of the logits took longer
+/// than the head's GEMM, 127 against 95 µs); elsewhere the product in `x`'s dtype, then cast.
 pub fn linear_f32(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && x.rank() == 2 {

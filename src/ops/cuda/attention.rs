@@ -418,8 +418,8 @@ struct RopeViews<'a, T> {
 /// must have each row's token at its context's last position (`slot_mapping[t]` is position
 /// `ctx - 1` of the row's table: a looped launch). `Ok(None)` where the ring would not take the
 /// launch (not one query a row, another head dim or dtype, more than 16 heads, a block size not a
-/// multiple of 4, not sm_90, `Auto` below its width, unaligned or non-contiguous inputs): the
-/// caller then runs the two ops.
+/// multiple of 4, a GQA group the tensor-core kernel takes, not sm_90, `Auto` below its width,
+/// unaligned or non-contiguous inputs): the caller then runs the two ops.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_paged_attention(
     qkv: &Tensor,
