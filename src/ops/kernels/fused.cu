@@ -200,27 +200,39 @@ __device__ void qkv_norm_rope_write(T *__restrict__ q_out, T *__restrict__ k_out
 
 // The end every row norm here shares: with `acc` this thread's part of sum(h^2) over the row,
 // n = T(rsqrt(mean(h^2) + eps) * h * w) — from h held in registers (`hf`, the thread's vectors
-// i = threadIdx.x + j * blockDim.x of the row), or read back from `h` (each thread only the
-// elements it wrote itself, or the input).
+// i = threadIdx.x + j * blockDim.x of the row, with w's vectors already loaded: `load_vecs`), or
+// read back from `h` (each thread only the elements it wrote itself, or the input).
 template <typename T, int V, int MAXV>
-__device__ __forceinline__ void store_norm_vec(const float (&hf)[MAXV][V], float acc, const T *__restrict__ w,
+__device__ __forceinline__ void store_norm_vec(const float (&hf)[MAXV][V], float acc, const uint4 (&wraw)[MAXV],
                                                T *__restrict__ n_row, int ncols, float eps, float *smem) {
     const float s = rsqrtf(block_sum(acc, smem) / ncols + eps);
-    const uint4 *wv = reinterpret_cast<const uint4 *>(w);
     uint4 *nv = reinterpret_cast<uint4 *>(n_row);
     const int nvec = ncols / V;
 #pragma unroll
     for (int j = 0; j < MAXV; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
         if (i < nvec) {
-            const uint4 wraw = wv[i];
-            const T *wk = reinterpret_cast<const T *>(&wraw);
+            const T *wk = reinterpret_cast<const T *>(&wraw[j]);
             uint4 out;
             T *o = reinterpret_cast<T *>(&out);
 #pragma unroll
             for (int k = 0; k < V; ++k) o[k] = from_f<T>(s * hf[j][k] * to_f(wk[k]));
             nv[i] = out;
         }
+    }
+}
+
+// This thread's vectors i = threadIdx.x + j * blockDim.x (< nvec) of a row of T (weights, the
+// residual), loaded before the row's first reduction so that every load of a norm is one round
+// trip: a block per row at decode widths is latency-bound, and each load issued after a
+// __syncthreads costs a trip of its own.
+template <int MAXV>
+__device__ __forceinline__ void load_vecs(const void *__restrict__ row, int nvec, uint4 (&raw)[MAXV]) {
+    const uint4 *v = reinterpret_cast<const uint4 *>(row);
+#pragma unroll
+    for (int j = 0; j < MAXV; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        raw[j] = i < nvec ? v[i] : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -303,10 +315,12 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
                                  const X &x, const T *__restrict__ w_x,
                                  const T *__restrict__ w_next, int ncols, float eps, float *smem) {
     const long long base = (long long)blockIdx.x * ncols;
-    const uint4 *rv = reinterpret_cast<const uint4 *>(res + base);
-    const uint4 *wxv = reinterpret_cast<const uint4 *>(w_x);
     uint4 *hv = reinterpret_cast<uint4 *>(h_out + base);
     const int nvec = ncols / V;
+    uint4 rraw[MAXV], wxraw[MAXV], wnraw[MAXV];
+    load_vecs<MAXV>(res + base, nvec, rraw);
+    load_vecs<MAXV>(w_x, nvec, wxraw);
+    load_vecs<MAXV>(w_next, nvec, wnraw);
     float xf[MAXV][V];
     float acc = load_row_vec<T, V, MAXV>(x, base, nvec, xf);
     const float s1 = rsqrtf(block_sum(acc, smem) / ncols + eps);
@@ -315,9 +329,8 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
     for (int j = 0; j < MAXV; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
         if (i < nvec) {
-            const uint4 rraw = rv[i], wraw = wxv[i];
-            const T *r = reinterpret_cast<const T *>(&rraw);
-            const T *w = reinterpret_cast<const T *>(&wraw);
+            const T *r = reinterpret_cast<const T *>(&rraw[j]);
+            const T *w = reinterpret_cast<const T *>(&wxraw[j]);
             uint4 out;
             T *o = reinterpret_cast<T *>(&out);
 #pragma unroll
@@ -330,7 +343,7 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
             hv[i] = out;
         }
     }
-    store_norm_vec<T, V, MAXV>(xf, acc, w_next, n_out + base, ncols, eps, smem);
+    store_norm_vec<T, V, MAXV>(xf, acc, wnraw, n_out + base, ncols, eps, smem);
 }
 
 template <typename T, class X>
@@ -378,6 +391,8 @@ __device__ void rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const
     const uint4 *rv = reinterpret_cast<const uint4 *>(res + base);
     uint4 *hv = reinterpret_cast<uint4 *>(h_out + base);
     const int nvec = ncols / V;
+    uint4 wraw[MAXV];
+    load_vecs<MAXV>(w, nvec, wraw);
     float hf[MAXV][V];
     float acc = 0.f;
     if constexpr (!ADD) {
@@ -404,7 +419,7 @@ __device__ void rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const
             }
         }
     }
-    store_norm_vec<T, V, MAXV>(hf, acc, w, n_out + base, ncols, eps, smem);
+    store_norm_vec<T, V, MAXV>(hf, acc, wraw, n_out + base, ncols, eps, smem);
 }
 
 template <typename T, bool ADD, class X>
