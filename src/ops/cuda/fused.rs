@@ -283,9 +283,10 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
 }
 
 /// Launch shape of the row norms (`add_rms_norm_*`, `rms_norm_*`, `add_rms_norm_pre_*`): one
-/// block per row, ~8 columns per thread, a multiple of 32 threads, at most 1024.
+/// block per row, ~8 columns per thread, a multiple of 32 threads, at most 512 (the kernels'
+/// `__launch_bounds__`: they hold a thread's loads in registers to issue them together).
 pub(super) fn row_norm_config(rows: usize, ncols: usize) -> LaunchConfig {
-    let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 1024);
+    let threads = ncols.div_ceil(8).next_power_of_two().clamp(32, 512);
     LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: 0 }
 }
 

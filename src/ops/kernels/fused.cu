@@ -29,6 +29,12 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+// The row norms' largest block (row_norm_config in src/ops/cuda/fused.rs caps its threads here):
+// their loads are held in registers to be issued together, which a 1024-thread block cannot
+// give them (64 registers a thread).
+#define ROW_NORM_MAX_THREADS 512
+#define ROW_NORM_BOUNDS __launch_bounds__(ROW_NORM_MAX_THREADS)
+
 namespace {
 
 __device__ __forceinline__ float to_f(float x) { return x; }
@@ -727,26 +733,26 @@ __device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict_
         qkv_norm_rope_write<T>(q_out, k_out, v_out, k_cache, v_cache, qkv, q_w, k_w, has_norm,     \
                                cos_t, sin_t, slots, heads, kv_heads, head_dim, eps, num_slots);    \
     }                                                                                              \
-    extern "C" __global__ void add_rms_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,    \
+    extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,    \
                                                   const T *w_x, const T *w_next, int ncols,        \
                                                   float eps) {                                     \
         add_rms_norm<T>(h_out, n_out, res, Plain<T>{x}, w_x, w_next, ncols, eps);                  \
     }                                                                                              \
-    extern "C" __global__ void add_rms_norm_parts_##SUF(T *h_out, T *n_out, const T *res,          \
+    extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm_parts_##SUF(T *h_out, T *n_out, const T *res,          \
                                                         const float *parts, long long part_stride, \
                                                         int nparts, const T *w_x, const T *w_next, \
                                                         int ncols, float eps) {                    \
         add_rms_norm<T>(h_out, n_out, res, Parts<T>{parts, part_stride, nparts}, w_x, w_next,      \
                         ncols, eps);                                                               \
     }                                                                                              \
-    extern "C" __global__ void rms_norm_##SUF(T *n_out, const T *x, const T *w, int ncols, float eps) { \
+    extern "C" __global__ void ROW_NORM_BOUNDS rms_norm_##SUF(T *n_out, const T *x, const T *w, int ncols, float eps) { \
         rms_norm_rows<T, false>(nullptr, n_out, nullptr, Plain<T>{x}, w, ncols, eps);              \
     }                                                                                              \
-    extern "C" __global__ void add_rms_norm_pre_##SUF(T *h_out, T *n_out, const T *res, const T *x, \
+    extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm_pre_##SUF(T *h_out, T *n_out, const T *res, const T *x, \
                                                       const T *w, int ncols, float eps) {          \
         rms_norm_rows<T, true>(h_out, n_out, res, Plain<T>{x}, w, ncols, eps);                     \
     }                                                                                              \
-    extern "C" __global__ void add_rms_norm_pre_parts_##SUF(T *h_out, T *n_out, const T *res,      \
+    extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm_pre_parts_##SUF(T *h_out, T *n_out, const T *res,      \
                                                             const float *parts,                    \
                                                             long long part_stride, int nparts,     \
                                                             const T *w, int ncols, float eps) {    \
