@@ -339,42 +339,21 @@ __device__ __forceinline__ void paged_attn_impl(
 }
 
 // Merges n partials of one (token, head) — acc at acc + s x stride x D, (max, sum) at
-// ml + s x stride x 2 — into o[0..D): split launches of both decode kernels end here. Partials are
-// read MERGE_BATCH at a time, every load of a batch issued before its first use (a merge is a
-// chain of L2 round trips, one a split when each acc load waited behind its sum's branch); an acc
-// is loaded whatever its sum but used only where the sum is positive, in split order, so the
-// arithmetic is the one-at-a-time merge's.
-#define MERGE_BATCH 8
+// ml + s x stride x 2 — into o[0..D): split launches of both decode kernels end here.
 template <typename T, int D>
 __device__ __forceinline__ void merge_partials(T *__restrict__ o, const float *__restrict__ acc,
                                                const float *__restrict__ ml, int n, size_t stride) {
     float M = -INFINITY;
-    for (int s0 = 0; s0 < n; s0 += MERGE_BATCH) {
-        float m[MERGE_BATCH];
-#pragma unroll
-        for (int b = 0; b < MERGE_BATCH; ++b) m[b] = s0 + b < n ? ml[(s0 + b) * stride * 2] : -INFINITY;
-#pragma unroll
-        for (int b = 0; b < MERGE_BATCH; ++b) M = fmaxf(M, m[b]);
-    }
+    for (int s = 0; s < n; ++s) M = fmaxf(M, ml[s * stride * 2]);
     for (int e = threadIdx.x; e < D; e += blockDim.x) {
         float L = 0.f, A = 0.f;
         if (M != -INFINITY) {
-            for (int s0 = 0; s0 < n; s0 += MERGE_BATCH) {
-                float m[MERGE_BATCH], l[MERGE_BATCH], a[MERGE_BATCH];
-#pragma unroll
-                for (int b = 0; b < MERGE_BATCH; ++b) {
-                    const int s = s0 + b;
-                    m[b] = s < n ? ml[s * stride * 2] : 0.f;
-                    l[b] = s < n ? ml[s * stride * 2 + 1] : 0.f;
-                    a[b] = s < n ? acc[s * stride * D + e] : 0.f;
-                }
-#pragma unroll
-                for (int b = 0; b < MERGE_BATCH; ++b) {
-                    if (l[b] > 0.f) {
-                        const float f = exp2f(m[b] - M);
-                        L += l[b] * f;
-                        A += a[b] * f;
-                    }
+            for (int s = 0; s < n; ++s) {
+                const float ls = ml[s * stride * 2 + 1];
+                if (ls > 0.f) {
+                    const float f = exp2f(ml[s * stride * 2] - M);
+                    L += ls * f;
+                    A += acc[s * stride * D + e] * f;
                 }
             }
         }
