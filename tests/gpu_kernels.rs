@@ -502,67 +502,114 @@ fn fused_qkv_rope_write() {
 #[test]
 fn fused_qkv_rope_attention() {
     use ponder::ops::cuda::decode_ring_rope_launches;
-    let gpu = Device::new_cuda(0).unwrap();
     let sixteen: Vec<usize> = (0..16).map(|i| 1 + (i * 67) % 600).collect();
     let short: Vec<usize> = (0..200).map(|i| 1 + (i * 37) % 41).collect();
-    // (name, each row's context, heads, kv heads, block size, dtype)
-    type Fold = (&'static str, Vec<usize>, usize, usize, usize, DType);
     let cases: Vec<Fold> = vec![
-        ("one row 16/16", vec![1000], 16, 16, 16, DType::BF16),
-        ("16 rows 16/16", sixteen.clone(), 16, 16, 16, DType::BF16),
-        ("200 short rows 16/16", short, 16, 16, 16, DType::BF16),
-        ("16 rows gqa 16/4", sixteen.clone(), 16, 4, 16, DType::BF16),
-        ("16 rows odd heads 15/15", sixteen.clone(), 15, 15, 16, DType::BF16),
-        ("16 rows block size 12", sixteen.clone(), 16, 16, 12, DType::BF16),
-        ("16 rows f16", sixteen, 16, 16, 16, DType::F16),
+        ("one row 16/16", vec![1000], 16, 16, 128, 16, DType::BF16),
+        ("16 rows 16/16", sixteen.clone(), 16, 16, 128, 16, DType::BF16),
+        ("200 short rows 16/16", short, 16, 16, 128, 16, DType::BF16),
+        ("16 rows gqa 16/4", sixteen.clone(), 16, 4, 128, 16, DType::BF16),
+        ("16 rows odd heads 15/15", sixteen.clone(), 15, 15, 128, 16, DType::BF16),
+        ("16 rows block size 12", sixteen.clone(), 16, 16, 128, 12, DType::BF16),
+        ("16 rows f16", sixteen, 16, 16, 128, 16, DType::F16),
     ];
-    let hd = 128;
-    for (name, ctxs, heads, kv_heads, bs, dtype) in cases {
-        let mut rng = StdRng::seed_from_u64(0x2f01d ^ (ctxs.len() * 131 + heads) as u64);
-        let num_blocks = ctxs.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 5;
-        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
-        ids.shuffle(&mut rng);
-        let mut host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![], context_lens: vec![], cu_q_lens: vec![0] };
-        let mut next = 0;
-        for &ctx in &ctxs {
-            host.block_tables.push(ids[next..next + ctx.div_ceil(bs)].to_vec());
-            next += ctx.div_ceil(bs);
-            host.context_lens.push(ctx as u32);
-            host.cu_q_lens.push(host.cu_q_lens.last().unwrap() + 1);
-        }
-        let positions: Vec<u32> = ctxs.iter().map(|&c| c as u32 - 1).collect();
-        let tokens = ctxs.len();
-        let qkv = rand_tensor(&mut rng, &[tokens, (heads + 2 * kv_heads) * hd], -2.0, 2.0, dtype).to_device(&gpu).unwrap();
-        let cache_shape = [num_blocks, bs, kv_heads, hd];
-        let k0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
-        let v0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
-        let pos = Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
-        let a = RopeTable::new(hd, 1_000_000.0, dtype, &Device::Cpu).unwrap().angles(&pos).unwrap();
-        let angles = RopeAngles { cos: a.cos.to_device(&gpu).unwrap(), sin: a.sin.to_device(&gpu).unwrap() };
-        let batch = PagedBatch::new(host, bs, AttnMask::Causal, kv_heads * hd, &gpu).unwrap();
-        let scale = 1.0 / (hd as f64).sqrt();
-        let (k1, v1) = (k0.to_device(&gpu).unwrap(), v0.to_device(&gpu).unwrap());
-        let want = with_path(AttnPath::Ring, || {
-            let q = fused::qkv_rope_write(&qkv, &angles, &k1, &v1, &batch, heads, kv_heads, hd).unwrap();
-            paged_attention(&q, &k1, &v1, &batch, scale).unwrap()
-        });
-        let (k2, v2) = (k0.to_device(&gpu).unwrap(), v0.to_device(&gpu).unwrap());
-        let (got, folded) = with_path(AttnPath::Ring, || {
-            let before = decode_ring_rope_launches();
-            let out = fused::qkv_rope_attention(&qkv, &angles, &k2, &v2, &batch, heads, kv_heads, hd, scale).unwrap();
-            (out, decode_ring_rope_launches() - before)
-        });
-        assert_eq!(folded, usize::from(cfg!(ponder_bulk_copy)), "{name}: folded ring launches");
-        let bits = |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
-        for (what, x, y) in [("k cache", &k1, &k2), ("v cache", &v1, &v2)] {
-            let (x, y) = (bits(x), bits(y));
-            let differ = x.iter().zip(&y).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(differ, 0, "{name} {dtype:?}: {what} differs from qkv_rope_write's in {differ} values");
-        }
-        let err = rel_err(&f32_cpu(&got), &f32_cpu(&want));
-        println!("qkv_rope_attention {name} {dtype:?}: output rel err {err:.2e} against qkv_rope_write + paged_attention");
-        assert!(err <= 4e-3, "{name} {dtype:?}: output rel err {err}");
+    for case in cases {
+        let folded = check_qkv_rope_attention(AttnPath::Ring, &case, decode_ring_rope_launches, 4e-3);
+        assert_eq!(folded, usize::from(cfg!(ponder_bulk_copy)), "{}: folded ring launches", case.0);
     }
+}
+
+/// `qkv_rope_attention` on the SIMT path (the ring off): for MHA decode launches the one-query
+/// kernel with qkv_rope_write folded in, against `qkv_rope_write` then the SIMT kernel — caches
+/// and output bit for bit (the fold cuts the keys as the two launches do and rotates with the
+/// same arithmetic) — at head dims 64 / 96 / 128, bf16 and f16, contexts cut into splits by the
+/// host and (long ones) in the kernel, one row and 200, block size 12; GQA and f32 launches are
+/// not folded and run the two ops.
+#[test]
+fn fused_qkv_rope_attention_simt() {
+    use ponder::ops::cuda::decode_simt_rope_launches;
+    let sixteen: Vec<usize> = (0..16).map(|i| 1 + (i * 67) % 600).collect();
+    let long: Vec<usize> = (0..16).map(|i| 1500 + (i * 389) % 2600).collect();
+    let short: Vec<usize> = (0..200).map(|i| 1 + (i * 37) % 41).collect();
+    let cases: Vec<Fold> = vec![
+        ("one row 16/16 d128", vec![1000], 16, 16, 128, 16, DType::BF16),
+        ("16 rows 16/16 d128", sixteen.clone(), 16, 16, 128, 16, DType::BF16),
+        ("16 long rows 16/16 d128", long, 16, 16, 128, 16, DType::BF16),
+        ("200 short rows 16/16 d128", short, 16, 16, 128, 16, DType::BF16),
+        ("16 rows 8/8 d64", sixteen.clone(), 8, 8, 64, 16, DType::BF16),
+        ("16 rows 12/12 d96 f16", sixteen.clone(), 12, 12, 96, 16, DType::F16),
+        ("16 rows block size 12 d128", sixteen.clone(), 16, 16, 128, 12, DType::BF16),
+        ("16 rows gqa 16/4 (not folded)", sixteen.clone(), 16, 4, 128, 16, DType::BF16),
+        ("16 rows f32 (not folded)", sixteen, 16, 16, 128, 16, DType::F32),
+    ];
+    for case in cases {
+        let folded = check_qkv_rope_attention(AttnPath::Simt, &case, decode_simt_rope_launches, 0.0);
+        let want = usize::from(case.2 == case.3 && case.6 != DType::F32);
+        assert_eq!(folded, want, "{}: folded SIMT launches", case.0);
+    }
+}
+
+/// (name, each row's context, heads, kv heads, head dim, block size, dtype)
+type Fold = (&'static str, Vec<usize>, usize, usize, usize, usize, DType);
+
+/// Runs `qkv_rope_attention` on `path` against `qkv_rope_write` then `paged_attention` on the same
+/// path: both caches bit for bit, the output within `tol` relative (0: bit for bit). Returns how
+/// many launches `counter` saw.
+fn check_qkv_rope_attention(path: AttnPath, case: &Fold, counter: fn() -> usize, tol: f32) -> usize {
+    let gpu = Device::new_cuda(0).unwrap();
+    let (name, ctxs, heads, kv_heads, hd, bs, dtype) = case.clone();
+    let mut rng = StdRng::seed_from_u64(0x2f01d ^ (ctxs.len() * 131 + heads * 7 + hd) as u64);
+    let num_blocks = ctxs.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 5;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    ids.shuffle(&mut rng);
+    let mut host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![], context_lens: vec![], cu_q_lens: vec![0] };
+    let mut next = 0;
+    for &ctx in &ctxs {
+        host.block_tables.push(ids[next..next + ctx.div_ceil(bs)].to_vec());
+        next += ctx.div_ceil(bs);
+        host.context_lens.push(ctx as u32);
+        host.cu_q_lens.push(host.cu_q_lens.last().unwrap() + 1);
+    }
+    let positions: Vec<u32> = ctxs.iter().map(|&c| c as u32 - 1).collect();
+    let tokens = ctxs.len();
+    let qkv = rand_tensor(&mut rng, &[tokens, (heads + 2 * kv_heads) * hd], -2.0, 2.0, dtype).to_device(&gpu).unwrap();
+    let cache_shape = [num_blocks, bs, kv_heads, hd];
+    let k0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
+    let v0 = rand_tensor(&mut rng, &cache_shape, -1.0, 1.0, dtype);
+    let pos = Tensor::new(positions.as_slice(), &Device::Cpu).unwrap();
+    let a = RopeTable::new(hd, 1_000_000.0, dtype, &Device::Cpu).unwrap().angles(&pos).unwrap();
+    let angles = RopeAngles { cos: a.cos.to_device(&gpu).unwrap(), sin: a.sin.to_device(&gpu).unwrap() };
+    let batch = PagedBatch::new(host, bs, AttnMask::Causal, kv_heads * hd, &gpu).unwrap();
+    let scale = 1.0 / (hd as f64).sqrt();
+    let (k1, v1) = (k0.to_device(&gpu).unwrap(), v0.to_device(&gpu).unwrap());
+    let want = with_path(path, || {
+        let q = fused::qkv_rope_write(&qkv, &angles, &k1, &v1, &batch, heads, kv_heads, hd).unwrap();
+        paged_attention(&q, &k1, &v1, &batch, scale).unwrap()
+    });
+    let (k2, v2) = (k0.to_device(&gpu).unwrap(), v0.to_device(&gpu).unwrap());
+    let (got, folded) = with_path(path, || {
+        let before = counter();
+        let out = fused::qkv_rope_attention(&qkv, &angles, &k2, &v2, &batch, heads, kv_heads, hd, scale).unwrap();
+        (out, counter() - before)
+    });
+    let bits = |t: &Tensor| t.flatten_all().unwrap().to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+    for (what, x, y) in [("k cache", &k1, &k2), ("v cache", &v1, &v2)] {
+        let (x, y) = (bits(x), bits(y));
+        let differ = x.iter().zip(&y).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "{name} {dtype:?}: {what} differs from qkv_rope_write's in {differ} values");
+    }
+    let (g, w) = (bits(&got), bits(&want));
+    let differ = g.iter().zip(&w).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    let err = rel_err(&f32_cpu(&got), &f32_cpu(&want));
+    println!(
+        "qkv_rope_attention {name} {dtype:?}: {folded} folded, output rel err {err:.2e} ({differ} values differ) against qkv_rope_write + paged_attention"
+    );
+    if tol == 0.0 {
+        assert_eq!(differ, 0, "{name} {dtype:?}: output differs in {differ} values (rel err {err})");
+    } else {
+        assert!(err <= tol, "{name} {dtype:?}: output rel err {err}");
+    }
+    folded
 }
 
 #[test]

@@ -39,9 +39,10 @@ pub fn qkv_rope_write(
 /// launch: returns the attention output `[T, heads, head_dim]`, with the rotated k and v written
 /// into the caches as [`qkv_rope_write`] writes them. On CUDA one kernel does both
 /// (`cuda::qkv_rope_paged_attention`: the same cache writes, the same output up to the softmax's
-/// rounding) where the batch's write positions are implicit and the decode ring takes the launch —
-/// one token a row, so its slot is its context's last ([`PagedBatchHost::row_positions`]); elsewhere
-/// the two ops in turn.
+/// rounding) where the batch's write positions are implicit — one token a row, so its slot is its
+/// context's last ([`PagedBatchHost::row_positions`]) — and either the decode ring takes the
+/// launch or it is an MHA decode launch the one-query SIMT kernel takes; elsewhere the two ops in
+/// turn.
 ///
 /// [`PagedBatchHost::row_positions`]: super::PagedBatchHost::row_positions
 #[allow(clippy::too_many_arguments)]

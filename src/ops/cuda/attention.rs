@@ -186,7 +186,8 @@ struct Rope<'a> {
     num_slots: i64,
 }
 
-/// `rope`: the ring with `qkv_rope_write` folded in (only with `p.ring`).
+/// `rope`: `qkv_rope_write` folded in — into the ring with `p.ring`, else into the one-query SIMT
+/// kernel (the caller checked one query item a row and kv head, and not the tensor-core path).
 fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p: &Params, rope: Option<&Rope>) -> Result<Tensor> {
     let (qs, ql) = t.q.storage_and_layout();
     let (ks, kl) = t.k.storage_and_layout();
@@ -222,21 +223,21 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         unsafe { b.launch(cfg) }.w()?;
         return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
     }
+    // With `rope` the caches are written in place (each row's newest key and value) through
+    // these views taken under the storage read lock, as qkv_rope_write writes them; the stream
+    // orders every use.
+    let storages = rope.map(|r| (r.cos.storage_and_layout(), r.sin.storage_and_layout(), r.slots.storage_and_layout()));
+    let views = match (rope, &storages) {
+        (Some(r), Some(((cs, cl_), (ss, sl), (ms, ml)))) => Some(RopeViews {
+            qkv: view::<T>(&qs, ql, OP, "qkv", true)?,
+            cos: view::<T>(cs, cl_, OP, "cos", true)?,
+            sin: view::<T>(ss, sl, OP, "sin", true)?,
+            slots: view::<u32>(ms, ml, OP, "slot_mapping", false)?,
+            num_slots: r.num_slots,
+        }),
+        _ => None,
+    };
     if p.ring {
-        // The caches are written in place with `rope` (each row's newest key and value) through
-        // these views taken under the storage read lock, as qkv_rope_write writes them; the stream
-        // orders every use.
-        let storages = rope.map(|r| (r.cos.storage_and_layout(), r.sin.storage_and_layout(), r.slots.storage_and_layout()));
-        let views = match (rope, &storages) {
-            (Some(r), Some(((cs, cl_), (ss, sl), (ms, ml)))) => Some(RopeViews {
-                qkv: view::<T>(&qs, ql, OP, "qkv", true)?,
-                cos: view::<T>(cs, cl_, OP, "cos", true)?,
-                sin: view::<T>(ss, sl, OP, "sin", true)?,
-                slots: view::<u32>(ms, ml, OP, "slot_mapping", false)?,
-                num_slots: r.num_slots,
-            }),
-            _ => None,
-        };
         return launch_ring::<T>(dev, name, p, [&q, &k, &v], [&bt, &cl, &cu], views.as_ref());
     }
     let nq = p.nq;
@@ -247,15 +248,18 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     }
     let base_blocks = tiles * p.kv_heads;
     let step = NW * keys_per_warp_step(p.hd, std::mem::size_of::<T>(), nq);
-    let kernel_name = |occ7: bool| {
+    let kernel_name = |occ7: bool, folded: bool| {
         let o7 = if occ7 { "_o7" } else { "" };
-        format!("paged_attn_{name}_d{}_q{nq}{o7}", p.hd)
+        let rope = if folded { "rope_" } else { "" };
+        format!("paged_attn_{rope}{name}_d{}_q{nq}{o7}", p.hd)
     };
-    // Blocks of a build that run at once (asked only when the kernel cuts the keys; cached).
-    let wave = |occ7: bool| wave_blocks(dev, &kernel_name(occ7));
+    // Blocks of a build that run at once (asked only when the kernel cuts the keys; cached). A
+    // folded launch plans with the plain build's figure, so that it cuts the keys exactly as the
+    // two-launch path does (its output is then that path's, bit for bit).
+    let wave = |occ7: bool| wave_blocks(dev, &kernel_name(occ7, false));
     let sms = super::launch::sm_count(dev)?;
     let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave)?;
-    let kname = kernel_name(plan.occ7);
+    let kname = kernel_name(plan.occ7, views.is_some());
     let splits = plan.splits;
     // The kernel takes chunk 0 as "cut the actual longest context" (for `wave` blocks at once).
     let (chunk, wave) = match plan.cut {
@@ -278,8 +282,17 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
-        // SAFETY: argument list matches `paged_attn_*` in paged_attention.cu; sizes checked above.
+        let q_stride = ((p.heads + 2 * p.kv_heads) * p.hd) as i32;
+        if let Some(r) = &views {
+            b.arg(&r.cos).arg(&r.sin).arg(&r.slots).arg(&k).arg(&v).arg(&r.num_slots).arg(&q_stride);
+        }
+        // SAFETY: argument list matches `paged_attn_*` (with `rope`, `paged_attn_rope_*`) in
+        // paged_attention.cu; sizes checked above (with `rope` by `qkv_rope_paged_attention`: one
+        // query a row and kv head, the qkv, cos / sin and slot shapes, 16-byte aligned starts).
         unsafe { b.launch(cfg) }.w()?;
+    }
+    if views.is_some() {
+        SIMT_ROPE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     if let Some(ws) = &ws {
         combine::<T>(dev, name, p, &mut out, ws, splits)?;
@@ -377,6 +390,18 @@ fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels, dtype: DT
         && ring_available(dev)?)
 }
 
+/// Whether the one-query SIMT kernel with `qkv_rope_write` folded in takes a decode launch of
+/// `[tokens, rows, max_q_len, heads, kv_heads, head_dim]` the ring declined: one query a row, one
+/// query item a row and kv head (MHA: the kernel's one-item builds), bf16 / f16, a head dim it is
+/// built for — unless `PONDER_FOLD_SIMT=0`. At 16 rows it shortened an Ouro-1.4B CB step by
+/// ≈ 1 % in three device calls (session 21, `51ff4aa`), where the ring is only level.
+fn simt_fold_takes(dtype: DType, shape: [usize; 6]) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("PONDER_FOLD_SIMT").is_ok_and(|v| v.trim() == "0"));
+    let [tokens, rows, max_q_len, heads, kv_heads, hd] = shape;
+    !off && max_q_len == 1 && tokens == rows && heads > 0 && heads == kv_heads && matches!(dtype, DType::BF16 | DType::F16) && matches!(hd, 64 | 96 | 128)
+}
+
 /// Whether the decode ring kernel can run on `dev`: PTX built for sm_90 or later (it uses bulk
 /// copies and mbarriers) and a device that runs it.
 fn ring_available(dev: &CudaDevice) -> Result<bool> {
@@ -399,7 +424,15 @@ pub fn decode_ring_rope_launches() -> usize {
     RING_ROPE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// What the ring with `qkv_rope_write` folded in reads besides the ring's own arguments.
+/// Launches of the SIMT kernel with `qkv_rope_write` folded in (`paged_attn_rope_*`).
+static SIMT_ROPE_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many decode launches ran the SIMT kernel with `qkv_rope_write` folded in, in this process.
+pub fn decode_simt_rope_launches() -> usize {
+    SIMT_ROPE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// What a decode kernel with `qkv_rope_write` folded in reads besides its own arguments.
 struct RopeViews<'a, T> {
     qkv: CudaView<'a, T>,
     cos: CudaView<'a, T>,
@@ -408,18 +441,21 @@ struct RopeViews<'a, T> {
     num_slots: i64,
 }
 
-/// Decode attention with `qkv_rope_write` folded into the ring kernel (`paged_decode_ring_rope_*`):
-/// the ring rotates q out of `qkv` `[T, (heads + 2 kv_heads) * 128]` with `cos` / `sin` `[T, 64]`
-/// itself, reads every row's keys but the newest from the caches, attends to the newest key and
-/// value straight from `qkv` and writes them to the caches at `slot_mapping` for later steps — the
-/// same cache writes as `qkv_rope_write`, and the output of `qkv_rope_write` then
-/// [`paged_attention`] up to the softmax's rounding (where a row's newest key scores highest its
-/// running maximum is raised in two steps instead of one). The caller
-/// must have each row's token at its context's last position (`slot_mapping[t]` is position
-/// `ctx - 1` of the row's table: a looped launch). `Ok(None)` where the ring would not take the
-/// launch (not one query a row, another head dim or dtype, more than 16 heads, a block size not a
-/// multiple of 4, a GQA group the tensor-core kernel takes, not sm_90, `Auto` below its width,
-/// unaligned or non-contiguous inputs): the caller then runs the two ops.
+/// Decode attention with `qkv_rope_write` folded in: the kernel rotates q out of `qkv`
+/// `[T, (heads + 2 kv_heads) * head_dim]` with `cos` / `sin` `[T, head_dim / 2]` itself, reads
+/// every row's keys but the newest from the caches, attends to the newest key and value straight
+/// from `qkv` and writes them to the caches at `slot_mapping` for later steps — the same cache
+/// writes as `qkv_rope_write`. Where the decode ring takes the launch, the ring kernel
+/// (`paged_decode_ring_rope_*`): its output is `qkv_rope_write` then [`paged_attention`]'s up to the
+/// softmax's rounding (where a row's newest key scores highest its running maximum is raised in
+/// two steps instead of one). Else, for one query item a row and kv head (MHA decode, bf16 / f16,
+/// head dim 64 / 96 / 128), the one-query SIMT kernel (`paged_attn_rope_*`), which cuts the keys
+/// as the two-launch path does and gives its output bit for bit; `PONDER_FOLD_SIMT=0` turns that
+/// form off (a measurement switch for A/B runs on the device). The caller must have each row's
+/// token at its context's last position (`slot_mapping[t]` is position `ctx - 1` of the row's
+/// table: a looped launch). `Ok(None)` where neither takes the launch (not one query a row,
+/// another head dim or dtype, GQA groups the ring does not take, unaligned or non-contiguous
+/// inputs): the caller then runs the two ops.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_rope_paged_attention(
     qkv: &Tensor,
@@ -468,9 +504,12 @@ pub fn qkv_rope_paged_attention(
         && [cos, sin, k_cache, v_cache].iter().all(|t| aligned(t))
         && i32_ok(tokens * heads)
         && i32_ok(max_blocks)
-        && i32_ok(max_context_len)
-        && ring_takes(&dev, crate::ops::attention_kernels(), dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size], true)?;
+        && i32_ok(max_context_len);
     if !fits {
+        return Ok(None);
+    }
+    let ring = ring_takes(&dev, crate::ops::attention_kernels(), dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size], true)?;
+    if !ring && !simt_fold_takes(dtype, [tokens, rows, max_q_len, heads, kv_heads, hd]) {
         return Ok(None);
     }
     let mut qkv = qkv.contiguous()?;
@@ -480,7 +519,7 @@ pub fn qkv_rope_paged_attention(
     let p = Params {
         mma: false,
         pipe: false,
-        ring: true,
+        ring,
         tokens,
         heads,
         hd,

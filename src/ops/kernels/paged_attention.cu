@@ -125,7 +125,59 @@ __device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base
     return best;
 }
 
-template <typename T, int D, int NQ>
+// A decode launch with the new tokens' RoPE and K/V write folded in (the SIMT kernel's FRESH
+// form, `paged_attn_rope_*`): q is then the fused projection [T, (H + 2 KVH) * D] (q_stride a
+// row), every row has one query at its context's last position ctx - 1, rotated by cos_t / sin_t
+// [T, D/2] here; the row's rotated k and its v go to slots[t] of kw / vw (skipped at or past
+// num_slots: padding), and the block whose keys include position ctx - 1 takes them from shared
+// memory instead of the cache. kw / vw alias the caches read through the read-only path: sound
+// because no block reads a new token's slot from memory (a slot shared by two rows of one launch
+// would break that; the engine gives every row its own).
+template <typename T> struct Fresh {
+    const T *cos_t;
+    const T *sin_t;
+    const uint32_t *slots;
+    T *kw;
+    T *vw;
+    long long num_slots;
+    int q_stride;
+};
+
+// One lane's VEC elements of a head under split-half RoPE, rounded to T: `own` holds elements
+// [i * VEC, i * VEC + VEC), `partner` the same span D/2 away, c / s their angles; `first_half`
+// when own is in the head's first half. Written as qkv_rope_write writes each pair (and the
+// ring's ring_rope8), so the rotated values and the cache writes match its bit for bit.
+template <typename T>
+__device__ __forceinline__ uint4 rope_vec(uint4 own, uint4 partner, uint4 c, uint4 sn, bool first_half) {
+    constexpr int VEC = Cvt<T>::VEC;
+    float xo[VEC], xp[VEC], cf[VEC], sf[VEC];
+    Cvt<T>::to_float(own, xo);
+    Cvt<T>::to_float(partner, xp);
+    Cvt<T>::to_float(c, cf);
+    Cvt<T>::to_float(sn, sf);
+    __align__(16) T o[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        const float x1 = first_half ? xo[e] : xp[e], x2 = first_half ? xp[e] : xo[e];
+        o[e] = Cvt<T>::from_float(first_half ? x1 * cf[e] - x2 * sf[e] : x1 * sf[e] + x2 * cf[e]);
+    }
+    return *reinterpret_cast<const uint4 *>(o);
+}
+
+// Lane i's rotated VEC elements of the head at `head` (a row of the fused projection) for token
+// row `t`'s angles.
+template <typename T, int D>
+__device__ __forceinline__ uint4 rope_lane(const T *head, const Fresh<T> &f, size_t t, int i) {
+    constexpr int VEC = Cvt<T>::VEC;
+    constexpr int HALF = D / 2 / VEC;  // lanes of a half head
+    const bool first = i < HALF;
+    const int j = first ? i : i - HALF;
+    const T *c = f.cos_t + t * (D / 2) + j * VEC;
+    const T *sn = f.sin_t + t * (D / 2) + j * VEC;
+    return rope_vec<T>(ldg16(head + i * VEC), ldg16(head + (first ? i + HALF : j) * VEC), ldg16(c), ldg16(sn), first);
+}
+
+template <typename T, int D, int NQ, bool FRESH = false>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
     float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
@@ -137,7 +189,8 @@ __device__ __forceinline__ void paged_attn_impl(
     const uint32_t *__restrict__ context_lens, // [R]
     const uint32_t *__restrict__ cu_q,         // [R + 1]
     int num_rows, int max_blocks, int num_heads, int kv_heads, int block_size, int bs_shift,
-    float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens) {
+    float scale_log2, int mask_block, int num_splits, int chunk, int wave_blocks, int num_tokens,
+    const Fresh<T> fresh = Fresh<T>()) {
     constexpr int VEC = Cvt<T>::VEC;
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
@@ -151,6 +204,7 @@ __device__ __forceinline__ void paged_attn_impl(
     __shared__ float s_acc[NW][NQ][D];
     __shared__ float s_m[NW][NQ];
     __shared__ float s_l[NW][NQ];
+    __shared__ uint4 s_fresh[2][FRESH ? ACTIVE : 1];  // FRESH: the row's rotated new k, and its v
 
     const int group = num_heads / kv_heads;
     const int g = blockIdx.y;
@@ -193,6 +247,18 @@ __device__ __forceinline__ void paged_attn_impl(
     const int k0 = (int)min((long long)split * chunk, (long long)kend);
     const int k1 = (int)min((long long)kend, (long long)k0 + chunk);
 
+    // FRESH: the row's new key and value, for the block that writes them to the cache (split 0)
+    // and the block whose keys hold their position (block-uniform); loaded before the query so
+    // that both are in flight together.
+    const int p_new = FRESH ? ctx - 1 : -1;
+    const bool fresh_block = FRESH && (split == 0 || (k0 <= p_new && p_new < k1));
+    uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
+    if (FRESH && fresh_block && (int)threadIdx.x < ACTIVE) {
+        const T *row = q + (size_t)q_start * fresh.q_stride;
+        k_new = rope_lane<T, D>(row + (size_t)(num_heads + g) * D, fresh, (size_t)q_start, threadIdx.x);
+        v_new = ldg16(row + (size_t)(num_heads + kv_heads + g) * D + threadIdx.x * VEC);
+    }
+
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int kl = lane % LPK;
@@ -210,8 +276,13 @@ __device__ __forceinline__ void paged_attn_impl(
         const int hg = item - tok * group;
         lim[n] = valid ? key_limit(ctx, q_len, tok, mask_block) : 0;
         if (valid && active) {
-            const T *qp = q + ((size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg)) * D + kl * VEC;
-            Cvt<T>::to_float(ldg16(qp), qv[n]);
+            if constexpr (FRESH) {
+                const T *qh = q + (size_t)(q_start + tok) * fresh.q_stride + (size_t)(g * group + hg) * D;
+                Cvt<T>::to_float(rope_lane<T, D>(qh, fresh, (size_t)(q_start + tok), kl), qv[n]);
+            } else {
+                const T *qp = q + ((size_t)(q_start + tok) * num_heads + (size_t)(g * group + hg)) * D + kl * VEC;
+                Cvt<T>::to_float(ldg16(qp), qv[n]);
+            }
 #pragma unroll
             for (int e = 0; e < VEC; ++e) qv[n][e] *= scale_log2;
         } else {
@@ -222,6 +293,20 @@ __device__ __forceinline__ void paged_attn_impl(
         l[n] = 0.f;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) acc[n][e] = 0.f;
+    }
+
+    if (FRESH && fresh_block) {
+        if ((int)threadIdx.x < ACTIVE) {
+            s_fresh[0][threadIdx.x] = k_new;
+            s_fresh[1][threadIdx.x] = v_new;
+            const long long slot = (long long)fresh.slots[q_start];
+            if (split == 0 && slot < fresh.num_slots) {
+                const size_t at = (size_t)slot * kv_heads * D + (size_t)g * D + threadIdx.x * VEC;
+                *reinterpret_cast<uint4 *>(fresh.kw + at) = k_new;
+                *reinterpret_cast<uint4 *>(fresh.vw + at) = v_new;
+            }
+        }
+        __syncthreads();
     }
 
     const uint32_t *table = block_tables + (size_t)r * max_blocks;
@@ -235,7 +320,10 @@ __device__ __forceinline__ void paged_attn_impl(
         for (int u = 0; u < UNROLL; ++u) {
             const int p = base + u * KPW + kg;
             pos[u] = p;
-            if (p < k1 && active) {
+            if (FRESH && p == p_new && p < k1 && active) {
+                kraw[u] = s_fresh[0][kl];
+                vraw[u] = s_fresh[1][kl];
+            } else if (p < k1 && active) {
                 const size_t idx = cache_slot(table, p, block_size, bs_shift) * slot_stride + head_off;
                 kraw[u] = ldg16(kc + idx);
                 vraw[u] = ldg16(vc + idx);
@@ -694,6 +782,21 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         paged_attn_impl<T, D, 1>(PA_PASS);                                                       \
     }
 
+// The one-query kernels with qkv_rope_write folded in (FRESH, decode launches of MHA models:
+// one query item a row and kv head), in both builds; `q` is then the fused projection.
+#define PA_ROPE_ARGS(T)                                                                          \
+    PA_ARGS(T), const T *cos_t, const T *sin_t, const uint32_t *slots, T *kw, T *vw,             \
+        long long num_slots, int q_stride
+#define PA_ROPE_KERNELS(NAME, T, D)                                                              \
+    extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
+        paged_attn_rope_##NAME##_d##D##_q1(PA_ROPE_ARGS(T)) {                                    \
+        paged_attn_impl<T, D, 1, true>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(NTHREADS, 7)                                   \
+        paged_attn_rope_##NAME##_d##D##_q1_o7(PA_ROPE_ARGS(T)) {                                 \
+        paged_attn_impl<T, D, 1, true>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
+    }
+
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
     PA_KERNEL(NAME, T, D, 1)                                                                     \
     PA_KERNEL_OCC7(NAME, T, D)                                                                   \
@@ -714,6 +817,12 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 PA_KERNELS(f32, float)
 PA_KERNELS(bf16, __nv_bfloat16)
 PA_KERNELS(f16, __half)
+PA_ROPE_KERNELS(bf16, __nv_bfloat16, 64)
+PA_ROPE_KERNELS(bf16, __nv_bfloat16, 96)
+PA_ROPE_KERNELS(bf16, __nv_bfloat16, 128)
+PA_ROPE_KERNELS(f16, __half, 64)
+PA_ROPE_KERNELS(f16, __half, 96)
+PA_ROPE_KERNELS(f16, __half, 128)
 
 #define PA_MMA_KERNEL(NAME, T, D)                                                                \
     PA_MMA_KERNEL_AS(paged_attn_mma_##NAME##_d##D, T, D, false)                                   \
