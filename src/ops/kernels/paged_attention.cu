@@ -817,12 +817,13 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 PA_KERNELS(f32, float)
 PA_KERNELS(bf16, __nv_bfloat16)
 PA_KERNELS(f16, __half)
-PA_ROPE_KERNELS(bf16, __nv_bfloat16, 64)
-PA_ROPE_KERNELS(bf16, __nv_bfloat16, 96)
-PA_ROPE_KERNELS(bf16, __nv_bfloat16, 128)
-PA_ROPE_KERNELS(f16, __half, 64)
-PA_ROPE_KERNELS(f16, __half, 96)
-PA_ROPE_KERNELS(f16, __half, 128)
+#define PA_ROPE_KERNELS_ALL(NAME, T)                                                             \
+    PA_ROPE_KERNELS(NAME, T, 64)                                                                 \
+    PA_ROPE_KERNELS(NAME, T, 96)                                                                 \
+    PA_ROPE_KERNELS(NAME, T, 128)
+
+PA_ROPE_KERNELS_ALL(bf16, __nv_bfloat16)
+PA_ROPE_KERNELS_ALL(f16, __half)
 
 #define PA_MMA_KERNEL(NAME, T, D)                                                                \
     PA_MMA_KERNEL_AS(paged_attn_mma_##NAME##_d##D, T, D, false)                                   \
