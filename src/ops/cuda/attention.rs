@@ -25,7 +25,8 @@ const MMA_NQ: usize = 64;
 /// row and head) was faster there (session 25). With `qkv_rope_write` folded in
 /// (`qkv_rope_paged_attention`) the ring saves a launch, which moves its break-even down:
 /// RING_ROPE_MIN_ROWS is measured end to end — an Ouro-1.4B CB step at 32 rows 4 % shorter
-/// than `qkv_rope_write` + the SIMT kernel, at 16 and 24 rows level.
+/// than `qkv_rope_write` + the SIMT kernel, at 16 and 24 rows level (session 28; below it MHA
+/// launches now take the SIMT kernel's own fold, against which the threshold is not measured).
 const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
 const RING_BLOCKS_PER_SM: usize = 1;
@@ -177,8 +178,8 @@ struct Params {
     mask_block: u32,
 }
 
-/// What the ring with `qkv_rope_write` folded in takes besides [`Inputs`] (whose `q` is then the
-/// fused QKV output).
+/// What a decode kernel with `qkv_rope_write` folded in (the ring, or the one-query SIMT kernel)
+/// takes besides [`Inputs`] (whose `q` is then the fused QKV output).
 struct Rope<'a> {
     cos: &'a Tensor,
     sin: &'a Tensor,
@@ -394,7 +395,7 @@ fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels, dtype: DT
 /// `[tokens, rows, max_q_len, heads, kv_heads, head_dim]` the ring declined: one query a row, one
 /// query item a row and kv head (MHA: the kernel's one-item builds), bf16 / f16, a head dim it is
 /// built for — unless `PONDER_FOLD_SIMT=0`. At 16 rows it shortened an Ouro-1.4B CB step by
-/// ≈ 1 % in three device calls (session 21, `51ff4aa`), where the ring is only level.
+/// 1.5 % on the H200 (prompt 2048: 1.2 %; session 29), where the ring's fold is only level.
 fn simt_fold_takes(dtype: DType, shape: [usize; 6]) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var("PONDER_FOLD_SIMT").is_ok_and(|v| v.trim() == "0"));
@@ -450,7 +451,8 @@ struct RopeViews<'a, T> {
 /// softmax's rounding (where a row's newest key scores highest its running maximum is raised in
 /// two steps instead of one). Else, for one query item a row and kv head (MHA decode, bf16 / f16,
 /// head dim 64 / 96 / 128), the one-query SIMT kernel (`paged_attn_rope_*`), which cuts the keys
-/// as the two-launch path does and gives its output bit for bit; `PONDER_FOLD_SIMT=0` turns that
+/// as the two-launch path does and gives its output bit for bit for every row with a slot of its
+/// own (a graph's padding rows share one; their outputs are discarded); `PONDER_FOLD_SIMT=0` turns that
 /// form off (a measurement switch for A/B runs on the device). The caller must have each row's
 /// token at its context's last position (`slot_mapping[t]` is position `ctx - 1` of the row's
 /// table: a looped launch). `Ok(None)` where neither takes the launch (not one query a row,

@@ -131,8 +131,10 @@ __device__ __forceinline__ int split_count(int max_ctx, int max_splits, int base
 // [T, D/2] here; the row's rotated k and its v go to slots[t] of kw / vw (skipped at or past
 // num_slots: padding), and the block whose keys include position ctx - 1 takes them from shared
 // memory instead of the cache. kw / vw alias the caches read through the read-only path: sound
-// because no block reads a new token's slot from memory (a slot shared by two rows of one launch
-// would break that; the engine gives every row its own).
+// because no block reads a new token's slot from memory. Real rows each have their own slot; a
+// graph's padding rows share one slot of the padding block at context 1, so their only key is
+// their own fresh one (taken from shared memory) — their discarded outputs may differ from the
+// two-launch path's, where the last writer of the shared slot wins.
 template <typename T> struct Fresh {
     const T *cos_t;
     const T *sin_t;
