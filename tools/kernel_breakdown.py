@@ -2,12 +2,18 @@
 """Groups the kernels of one profiled launch (ncu CSV, metric gpu__time_duration.sum; plain or
 .xz) by family and prints a markdown table and a JSON summary.
 
-    ncu --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum --csv \\
-        .device/bench_looped --suite cb --widths 64 --new-tokens 32 --repeats 1 --profile-step > step.csv
+    ncu --profile-from-start off --graph-profiling node --cache-control none --clock-control none \\
+        --metrics gpu__time_duration.sum --csv \\
+        .device/bench_looped --suite cb --widths 64 --prompt-len 256 --new-tokens 16 --repeats 1 --profile-step > step.csv
     ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \\
         .device/bench_diffusion --model llada2-mini --batches 256 --modes baseline \\
         --requests-per-batch 1 --new-tokens 64 --profile-step > launch.csv
     python3 tools/kernel_breakdown.py step.csv [--json out.json [--gpu G] [--commit C] [--command "…"]]
+
+Without --cache-control none and --clock-control none, ncu flushes the L2 before every kernel and
+locks base clocks, which inflates exactly the small kernels that read what the kernel before them
+wrote; with them a step's kernels, run one at a time, take 4–14 % longer than the graph step
+(W 256 / W 16, session 29: in a graph a kernel's launch and ramp overlap the one before).
 """
 import csv
 import io
