@@ -505,6 +505,7 @@ pub fn qkv_rope_paged_attention(
         && slot_mapping.dims() == [tokens]
         && [cos, sin, k_cache, v_cache].iter().all(|t| aligned(t))
         && i32_ok(tokens * heads)
+        && i32_ok(width)
         && i32_ok(max_blocks)
         && i32_ok(max_context_len);
     if !fits {
