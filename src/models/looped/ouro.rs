@@ -133,8 +133,8 @@ impl Ouro {
         let t = h.dim(0)?;
 
         let qkv = layer.qkv.forward(a)?;
-        // Rotating q / k, writing k / v to the cache and attending are one kernel where the decode
-        // ring takes the launch; elsewhere the two ops in turn.
+        // Rotating q / k, writing k / v to the cache and attending are one kernel for decode
+        // launches on CUDA (the decode ring, or the SIMT kernel's fold); elsewhere two ops.
         let attn = ops::qkv_rope_attention(&qkv, &input.rope, kv.k(l), kv.v(l), batch, nh, nkv, hd, 1.0 / (hd as f64).sqrt())?;
         // The projections that feed a norm hand it their output (at decode widths as partial
         // products over k, which the norm sums: `ops::split_k`).

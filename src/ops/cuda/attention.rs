@@ -230,7 +230,6 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     let storages = rope.map(|r| (r.cos.storage_and_layout(), r.sin.storage_and_layout(), r.slots.storage_and_layout()));
     let views = match (rope, &storages) {
         (Some(r), Some(((cs, cl_), (ss, sl), (ms, ml)))) => Some(RopeViews {
-            qkv: view::<T>(&qs, ql, OP, "qkv", true)?,
             cos: view::<T>(cs, cl_, OP, "cos", true)?,
             sin: view::<T>(ss, sl, OP, "sin", true)?,
             slots: view::<u32>(ms, ml, OP, "slot_mapping", false)?,
@@ -391,16 +390,15 @@ fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels, dtype: DT
         && ring_available(dev)?)
 }
 
-/// Whether the one-query SIMT kernel with `qkv_rope_write` folded in takes a decode launch of
-/// `[tokens, rows, max_q_len, heads, kv_heads, head_dim]` the ring declined: one query a row, one
-/// query item a row and kv head (MHA: the kernel's one-item builds), bf16 / f16, a head dim it is
-/// built for — unless `PONDER_FOLD_SIMT=0`. At 16 rows it shortened an Ouro-1.4B CB step by
+/// Whether the one-query SIMT kernel with `qkv_rope_write` folded in takes a decode launch (one
+/// query a row, checked by the caller) the ring declined: one query item a row and kv head (MHA:
+/// the kernel's one-item builds), bf16 / f16, a head dim it is built for — unless
+/// `PONDER_FOLD_SIMT=0`. At 16 rows it shortened an Ouro-1.4B CB step by
 /// 1.5 % on the H200 (prompt 2048: 1.2 %; session 29), where the ring's fold is only level.
-fn simt_fold_takes(dtype: DType, shape: [usize; 6]) -> bool {
+fn simt_fold_takes(dtype: DType, heads: usize, kv_heads: usize, hd: usize) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var("PONDER_FOLD_SIMT").is_ok_and(|v| v.trim() == "0"));
-    let [tokens, rows, max_q_len, heads, kv_heads, hd] = shape;
-    !off && max_q_len == 1 && tokens == rows && heads > 0 && heads == kv_heads && matches!(dtype, DType::BF16 | DType::F16) && matches!(hd, 64 | 96 | 128)
+    !off && heads == kv_heads && matches!(dtype, DType::BF16 | DType::F16) && matches!(hd, 64 | 96 | 128)
 }
 
 /// Whether the decode ring kernel can run on `dev`: PTX built for sm_90 or later (it uses bulk
@@ -433,9 +431,9 @@ pub fn decode_simt_rope_launches() -> usize {
     SIMT_ROPE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// What a decode kernel with `qkv_rope_write` folded in reads besides its own arguments.
+/// What a decode kernel with `qkv_rope_write` folded in reads besides its own arguments (the
+/// fused QKV output is its `q`).
 struct RopeViews<'a, T> {
-    qkv: CudaView<'a, T>,
     cos: CudaView<'a, T>,
     sin: CudaView<'a, T>,
     slots: CudaView<'a, u32>,
@@ -507,12 +505,14 @@ pub fn qkv_rope_paged_attention(
         && i32_ok(tokens * heads)
         && i32_ok(width)
         && i32_ok(max_blocks)
-        && i32_ok(max_context_len);
+        && i32_ok(max_context_len)
+        && max_q_len == 1
+        && tokens == rows;
     if !fits {
         return Ok(None);
     }
     let ring = ring_takes(&dev, crate::ops::attention_kernels(), dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size], true)?;
-    if !ring && !simt_fold_takes(dtype, [tokens, rows, max_q_len, heads, kv_heads, hd]) {
+    if !ring && !simt_fold_takes(dtype, heads, kv_heads, hd) {
         return Ok(None);
     }
     let mut qkv = qkv.contiguous()?;
@@ -582,7 +582,7 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
         b.arg(q).arg(k).arg(v).arg(bt).arg(cl).arg(cu);
         b.arg(&rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&depth).arg(&min_chunk);
         if let Some(r) = rope {
-            b.arg(&r.qkv).arg(&r.cos).arg(&r.sin).arg(&r.slots).arg(&r.num_slots);
+            b.arg(q).arg(&r.cos).arg(&r.sin).arg(&r.slots).arg(&r.num_slots);
         }
         // SAFETY: argument list matches `paged_decode_ring_*` (or, with `rope`,
         // `paged_decode_ring_rope_*`) in paged_attention.cu; the caller checked one query a row,

@@ -147,8 +147,9 @@ template <typename T> struct Fresh {
 
 // One lane's VEC elements of a head under split-half RoPE, rounded to T: `own` holds elements
 // [i * VEC, i * VEC + VEC), `partner` the same span D/2 away, c / s their angles; `first_half`
-// when own is in the head's first half. Written as qkv_rope_write writes each pair (and the
-// ring's ring_rope8), so the rotated values and the cache writes match its bit for bit.
+// when own is in the head's first half. Written as qkv_rope_write writes each pair, so the
+// rotated values and the cache writes match its bit for bit (both folds use it; in the ring a
+// lane's partner is 8 lanes away and comes by shuffle).
 template <typename T>
 __device__ __forceinline__ uint4 rope_vec(uint4 own, uint4 partner, uint4 c, uint4 sn, bool first_half) {
     constexpr int VEC = Cvt<T>::VEC;
@@ -982,25 +983,6 @@ template <typename T> struct RingRope {
     long long num_slots = 0;
 };
 
-// Split-half RoPE of a lane's 8 elements `own` of a head, whose partners (8 lanes away, D/2
-// elements away) are `partner`: first-half lanes give x1 c - x2 s, second-half lanes x1 s + x2 c
-// with x1 the first-half value, rounded to T as qkv_rope_write rounds them.
-template <typename T>
-__device__ __forceinline__ uint4 ring_rope8(uint4 own, uint4 partner, uint4 c, uint4 sn, bool first_half) {
-    float xo[8], xp[8], cf[8], sf[8];
-    Cvt<T>::to_float(own, xo);
-    Cvt<T>::to_float(partner, xp);
-    Cvt<T>::to_float(c, cf);
-    Cvt<T>::to_float(sn, sf);
-    __align__(16) T o[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        const float x1 = first_half ? xo[e] : xp[e], x2 = first_half ? xp[e] : xo[e];
-        o[e] = Cvt<T>::from_float(first_half ? x1 * cf[e] - x2 * sf[e] : x1 * sf[e] + x2 * cf[e]);
-    }
-    return *reinterpret_cast<const uint4 *>(o);
-}
-
 __device__ __forceinline__ uint4 shfl_xor4(uint4 v, int mask) {
     return make_uint4(__shfl_xor_sync(0xffffffffu, v.x, mask), __shfl_xor_sync(0xffffffffu, v.y, mask),
                       __shfl_xor_sync(0xffffffffu, v.z, mask), __shfl_xor_sync(0xffffffffu, v.w, mask));
@@ -1161,7 +1143,7 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         uint4 qx = r == next_row ? next_q : load_q(r), qc = next_c, qs = next_s;
         if (ROPE) {
             if (r != next_row) load_cs(r, qc, qs);
-            qx = ring_rope8<T>(qx, shfl_xor4(qx, 8), qc, qs, l16 < 8);
+            qx = rope_vec<T>(qx, shfl_xor4(qx, 8), qc, qs, l16 < 8);
         }
         Cvt<T>::to_float(qx, qv);
 #pragma unroll
@@ -1191,7 +1173,7 @@ __device__ __forceinline__ void paged_decode_ring_impl(
             const T *row_qkv = rope.qkv + (size_t)token * qkv_width;
             const uint4 kx = ldg16(row_qkv + (size_t)(num_heads + kvh) * RING_D + 8 * l16);
             const uint4 vx = ldg16(row_qkv + (size_t)(num_heads + kv_heads + kvh) * RING_D + 8 * l16);
-            const uint4 kr = ring_rope8<T>(kx, shfl_xor4(kx, 8), qc, qs, l16 < 8);
+            const uint4 kr = rope_vec<T>(kx, shfl_xor4(kx, 8), qc, qs, l16 < 8);
             const float d = ring_score<T>(qv, kr);
             float vf[8];
             Cvt<T>::to_float(vx, vf);
