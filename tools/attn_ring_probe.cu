@@ -59,6 +59,18 @@ __device__ int g_mark_on;
 #include "../src/ops/kernels/fused.cu"
 #include <algorithm>
 #include <math.h>
+
+// The one-query kernel with more warps a block (`wide`, session 30): at W 16 a block per (row,
+// head) walks all its keys in few steps, so no split and no combine launch.
+extern "C" __global__ void __launch_bounds__(512, 2) paged_attn_bf16_d128_q1_w16(PA_ARGS(__nv_bfloat16)) {
+    paged_attn_impl<__nv_bfloat16, 128, 1, false, 16>(PA_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 3) paged_attn_bf16_d128_q1_w8(PA_ARGS(__nv_bfloat16)) {
+    paged_attn_impl<__nv_bfloat16, 128, 1, false, 8>(PA_PASS);
+}
+extern "C" __global__ void __launch_bounds__(256, 4) paged_attn_bf16_d128_q1_w8o4(PA_ARGS(__nv_bfloat16)) {
+    paged_attn_impl<__nv_bfloat16, 128, 1, false, 8>(PA_PASS);
+}
 #include <random>
 #include <cstring>
 #include <string>
@@ -131,6 +143,7 @@ int main(int argc, char **argv) {
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const bool brief = argc > 3 && std::string(argv[3]) == "brief";
+    const bool wide_only = argc > 3 && std::string(argv[3]) == "wide";
     CK(cudaFuncSetAttribute(paged_decode_ring_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     CK(cudaFuncSetAttribute(paged_decode_ring_rope_bf16_d128, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_DEPTH * 2 * HALF));
     printf("SMs %d, context %s%d, graph bound %d\n", sms, varied ? "varied, at most " : "", ctx, BOUND);
@@ -146,6 +159,11 @@ int main(int argc, char **argv) {
     int occ_plain, occ7;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_plain, paged_attn_bf16_d128_q1, NTHREADS, 0));
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ7, paged_attn_bf16_d128_q1_o7, NTHREADS, 0));
+    int occ_w16, occ_w8, occ_w8o4;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w16, paged_attn_bf16_d128_q1_w16, 512, 0));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w8, paged_attn_bf16_d128_q1_w8, 256, 0));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w8o4, paged_attn_bf16_d128_q1_w8o4, 256, 0));
+    printf("wide builds, blocks an SM: 16 warps %d, 8 warps %d, 8 warps held to 4 %d\n", occ_w16, occ_w8, occ_w8o4);
     for (int W : widths) {
         const Plan plan = library_plan(BOUND, W * HEADS, sms, sms * occ_plain, sms * occ7);
         printf("W %3d: library plan %d split%s, chunk %d (0: cut in the kernel for a wave of %d), %s build\n", W, plan.splits,
@@ -236,6 +254,20 @@ int main(int argc, char **argv) {
                 o, ws_acc, ws_ml, ws_own, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, scale_log2, LIB_DEPTH,
                 LIB_MIN_CHUNK, qkv, cs, cs + W * HD / 2, d_slots, (long long)pool * BS);
             paged_decode_ring_combine_bf16_d128<<<LIB_BLOCKS_PER_SM * sms, 32 * HEADS, 0, st>>>(o, ws_acc, ws_ml, ws_own, d_lens, d_cu, W, HEADS);
+        };
+        // The wide builds: `max_splits` 1 walks every key in one block; more lets the kernel cut the
+        // actual longest context for a wave of its blocks (as Cut::InKernel), then the combine.
+        auto wide = [&](int l, int build, int max_splits, __nv_bfloat16 *o) {
+            dim3 grid(W, HEADS, max_splits);
+            float *a = max_splits > 1 ? ws_acc : nullptr, *mlp = max_splits > 1 ? ws_ml : nullptr;
+            const int chunk = max_splits > 1 ? 0 : 0x7fffffff;
+            if (build == 16)
+                paged_attn_bf16_d128_q1_w16<<<grid, 512, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, max_splits, chunk, occ_w16 * sms, W);
+            else if (build == 8)
+                paged_attn_bf16_d128_q1_w8<<<grid, 256, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, max_splits, chunk, occ_w8 * sms, W);
+            else
+                paged_attn_bf16_d128_q1_w8o4<<<grid, 256, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, max_splits, chunk, occ_w8o4 * sms, W);
+            if (max_splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, max_splits, W, HEADS);
         };
         double keys = 0;
         for (auto c : lens) keys += c;
@@ -336,7 +368,29 @@ int main(int argc, char **argv) {
             printf("W %3d: ring with qkv_rope_write folded in vs qkv_rope_write + ring: rel err %.2e, %.1f %% of outputs bit-identical; newest K/V written %s\n",
                    W, sqrt(num / std::max(den, 1e-30)), 100.0 * same / b.size(), kv_same ? "bit-identical" : "DIFFER");
         }
-        for (int rep = 0; rep < 2; ++rep) {
+        if (wide_only) {
+            lib(0, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave);  // q changed above: again
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(a.data(), out_lib, a.size() * 2, cudaMemcpyDeviceToHost));
+            double worst_w = 0;
+            for (int build : {16, 8, 4})
+                for (int ms : {1, 2, 4, 8}) {
+                    wide(0, build, ms, out_ring);
+                    worst_w = std::max(worst_w, ring_err());
+                }
+            printf("W %3d: wide builds vs the library's plan, worst rel err %.2e\n", W, worst_w);
+            if (!(worst_w < 1e-2)) return 1;
+            for (int rep = 0; rep < 2; ++rep) {
+                time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
+                for (int build : {16, 8, 4})
+                    for (int ms : {1, 2, 4, 8}) {
+                        char name[64];
+                        snprintf(name, sizeof name, "wide %s, splits <= %d", build == 16 ? "16 warps" : build == 8 ? "8 warps" : "8 warps occ4", ms);
+                        time(name, [&](int l) { wide(l, build, ms, out_ring); });
+                    }
+            }
+        }
+        for (int rep = 0; rep < 2 && !wide_only; ++rep) {
             time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
             time(plan.occ7 ? "library, its plan, plain build" : "library, its plan, 7-block build",
                  [&](int l) { lib(l, !plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });

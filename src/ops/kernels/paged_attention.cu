@@ -6,7 +6,7 @@
 // tile of K/V is read once per block (16-byte vector loads, in place through the block table) and
 // used by all NQ items, held in registers.
 //
-// Inside a block, NW warps take interleaved key tiles. A warp splits into KPW key groups of LPK
+// Inside a block, WARPS warps (NW unless a build says otherwise) take interleaved key tiles. A warp splits into KPW key groups of LPK
 // lanes; each lane owns VEC = 16 / sizeof(T) consecutive elements of D. Scores are reduced over
 // the LPK lanes with xor shuffles; each warp keeps an online softmax (base 2, f32) per item;
 // warps are merged through shared memory at the end. With num_splits > 1 (few blocks, long
@@ -180,7 +180,7 @@ __device__ __forceinline__ uint4 rope_lane(const T *head, const Fresh<T> &f, siz
     return rope_vec<T>(ldg16(head + i * VEC), ldg16(head + (first ? i + HALF : j) * VEC), ldg16(c), ldg16(sn), first);
 }
 
-template <typename T, int D, int NQ, bool FRESH = false>
+template <typename T, int D, int NQ, bool FRESH = false, int WARPS = NW>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
     float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
@@ -203,10 +203,10 @@ __device__ __forceinline__ void paged_attn_impl(
     static_assert(D % VEC == 0 && ACTIVE <= 32, "head dim");
 
     __shared__ int s_row;
-    __shared__ int s_max_ctx[NW];
-    __shared__ float s_acc[NW][NQ][D];
-    __shared__ float s_m[NW][NQ];
-    __shared__ float s_l[NW][NQ];
+    __shared__ int s_max_ctx[WARPS];
+    __shared__ float s_acc[WARPS][NQ][D];
+    __shared__ float s_m[WARPS][NQ];
+    __shared__ float s_l[WARPS][NQ];
     __shared__ uint4 s_fresh[2][FRESH ? ACTIVE : 1];  // FRESH: the row's rotated new k, and its v
 
     const int group = num_heads / kv_heads;
@@ -216,7 +216,7 @@ __device__ __forceinline__ void paged_attn_impl(
 
     const bool derive_chunk = num_splits > 1 && chunk == 0;
     unsigned max_ctx = 0;
-    for (int r = threadIdx.x; r < num_rows; r += NTHREADS) {
+    for (int r = threadIdx.x; r < num_rows; r += WARPS * 32) {
         const long long o0 = ((long long)cu_q[r] * group + (long long)r * (NQ - 1)) / NQ;
         const long long o1 = ((long long)cu_q[r + 1] * group + (long long)(r + 1) * (NQ - 1)) / NQ;
         if (o0 <= bx && bx < o1) s_row = r;
@@ -237,10 +237,10 @@ __device__ __forceinline__ void paged_attn_impl(
     const int ctx = context_lens[r];
 
     if (derive_chunk) {
-        constexpr int STEP = NW * KT;
+        constexpr int STEP = WARPS * KT;
         int longest = 0;
 #pragma unroll
-        for (int w = 0; w < NW; ++w) longest = max(longest, s_max_ctx[w]);
+        for (int w = 0; w < WARPS; ++w) longest = max(longest, s_max_ctx[w]);
         const int base_blocks = (int)(gridDim.x * gridDim.y);
         const int splits = split_count(longest, num_splits, base_blocks, wave_blocks, STEP);
         chunk = ((longest + splits - 1) / splits + STEP - 1) / STEP * STEP;
@@ -316,7 +316,7 @@ __device__ __forceinline__ void paged_attn_impl(
     const size_t slot_stride = (size_t)kv_heads * D;
     const size_t head_off = (size_t)g * D + kl * VEC;
 
-    for (int base = k0 + warp * KT; base < k1; base += NW * KT) {
+    for (int base = k0 + warp * KT; base < k1; base += WARPS * KT) {
         uint4 kraw[UNROLL], vraw[UNROLL];
         int pos[UNROLL];
 #pragma unroll
@@ -396,18 +396,18 @@ __device__ __forceinline__ void paged_attn_impl(
     __syncthreads();
 
     // Merge the warps and write.
-    for (int idx = threadIdx.x; idx < NQ * D; idx += NTHREADS) {
+    for (int idx = threadIdx.x; idx < NQ * D; idx += WARPS * 32) {
         const int n = idx / D;
         const int e = idx - n * D;
         const int item = item0 + n;
         if (item >= items) continue;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < NW; ++w) M = fmaxf(M, s_m[w][n]);
+        for (int w = 0; w < WARPS; ++w) M = fmaxf(M, s_m[w][n]);
         float L = 0.f, A = 0.f;
         if (M != -INFINITY) {
 #pragma unroll
-            for (int w = 0; w < NW; ++w) {
+            for (int w = 0; w < WARPS; ++w) {
                 const float f = exp2f(s_m[w][n] - M);
                 L += s_l[w][n] * f;
                 A += s_acc[w][n][e] * f;
