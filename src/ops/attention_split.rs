@@ -1,12 +1,16 @@
 //! How the SIMT paged-attention kernel cuts a row's keys into splits (decode at small widths or
-//! long contexts), and which of its two builds runs: the host plans the grid here; where the plan
-//! leaves the cut to the kernel, the kernel repeats `split_count` on the actual contexts.
+//! long contexts), and which of its three builds runs: the host plans the grid here; where the
+//! plan leaves the cut to the kernel, the kernel repeats `split_count` on the actual contexts.
 //!
 //! Measured on the H200 (session 20, `docs/BENCHMARKS.md`): chunks of the context bound (a
 //! captured graph's bucket: the next power of two) were fastest while they stay short (≤ 256
 //! keys at W 16 / 64: the full first chunks run first and the short last ones fill in), but at
 //! 2k-token contexts they were long and uneven (2048 + 256 keys at W 64), and cutting the
-//! actual longest context evenly took 10 % off that decode step.
+//! actual longest context evenly took 10 % off that decode step. Where one wave of the 8-warp
+//! build holds every (row, kv head) block and spreads them evenly over the SMs, walking each
+//! row's keys unsplit beat every split plan (session 30: 13 % a launch at W 16 and context 260,
+//! 25 % at 1024, 3 % at 2176 on Ouro-1.4B shapes): no combine launch, and 8 warps walk a row's
+//! keys in a quarter of the 4-warp build's steps.
 
 /// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
 const MAX_SPLITS: usize = 32;
@@ -20,14 +24,48 @@ const OCC7_MAX_KEYS: usize = 384;
 /// Granularity of chunks of the context bound (keys).
 const BOUND_CHUNK_STEP: usize = 64;
 
+/// Least share of the SMs' block slots in use (blocks ÷ (SMs × most blocks an SM gets)) at which
+/// a one-wave launch runs the 8-warp build unsplit: below it some SMs walk twice the rows others
+/// do (W 9 on 132 SMs: 144 blocks), and splitting balances them.
+const EIGHT_WARPS_MIN_EVENNESS: f64 = 0.9;
+
+/// Which build of the SIMT kernel runs a launch (the kernel name's suffix and its block size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SimtBuild {
+    /// 4 warps a block, as many blocks an SM as registers allow (6 on the H200).
+    Plain,
+    /// 4 warps, held to 7 blocks an SM (one query item a block).
+    SevenBlocks,
+    /// 8 warps, held to 3 blocks an SM (one query item a block), for unsplit one-wave launches.
+    EightWarps,
+}
+
+impl SimtBuild {
+    /// The kernel name's suffix (`paged_attn_*_q1{suffix}`).
+    pub(crate) fn suffix(self) -> &'static str {
+        match self {
+            SimtBuild::Plain => "",
+            SimtBuild::SevenBlocks => "_o7",
+            SimtBuild::EightWarps => "_w8",
+        }
+    }
+
+    /// Warps a block (`NW`, or `W8_WARPS` in the .cu file).
+    pub(crate) fn warps(self) -> usize {
+        match self {
+            SimtBuild::Plain | SimtBuild::SevenBlocks => 4,
+            SimtBuild::EightWarps => 8,
+        }
+    }
+}
+
 /// How one launch splits its keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SplitPlan {
     /// Key splits in the grid (1: no split, no merge launch).
     pub splits: usize,
     pub cut: Cut,
-    /// Run the one-query kernel's 7-blocks-an-SM build.
-    pub occ7: bool,
+    pub build: SimtBuild,
 }
 
 /// Where the split boundaries come from.
@@ -42,41 +80,48 @@ pub(crate) enum Cut {
 }
 
 /// The plan for a launch of `base_blocks` (row tile, kv head) blocks whose contexts are at most
-/// `max_ctx` keys, on `sms` SMs; `step` = keys of one block step; `one_query` when the 7-block
-/// build exists (one query item a block); `wave(occ7)` = blocks of that build that run at once
-/// (asked only when the kernel will cut the keys).
+/// `max_ctx` keys, on `sms` SMs; `step` = keys of one block step of the 4-warp builds;
+/// `one_query` when the one-item builds exist (one query item a block); `wave(build)` = blocks
+/// of that build that run at once (asked only where the plan would split).
 pub(crate) fn plan<E>(
     max_ctx: usize,
     base_blocks: usize,
     sms: usize,
     step: usize,
     one_query: bool,
-    wave: impl Fn(bool) -> Result<usize, E>,
+    wave: impl Fn(SimtBuild) -> Result<usize, E>,
 ) -> Result<SplitPlan, E> {
     // A graph's bound is a power of two above the contexts it serves: judge keys by ¾ of it.
     let typical = max_ctx - max_ctx / 4;
-    let occ7 = |keys: usize| one_query && keys <= OCC7_MAX_KEYS;
-    let target = 8 * sms.max(1);
+    let four_warps = |keys: usize| if one_query && keys <= OCC7_MAX_KEYS { SimtBuild::SevenBlocks } else { SimtBuild::Plain };
+    let sms = sms.max(1);
+    let target = 8 * sms;
     let mut splits = 1;
     if base_blocks < target && max_ctx >= 256 {
         splits = target.div_ceil(base_blocks.max(1)).min(max_ctx / BOUND_CHUNK_STEP).clamp(1, MAX_SPLITS);
     }
     if splits == 1 {
-        return Ok(SplitPlan { splits: 1, cut: Cut::Whole, occ7: occ7(typical) });
+        return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build: four_warps(typical) });
+    }
+    if one_query && base_blocks <= wave(SimtBuild::EightWarps)? {
+        let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
+        if evenness >= EIGHT_WARPS_MIN_EVENNESS {
+            return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarps });
+        }
     }
     let chunk = keys_per_block(max_ctx, splits, BOUND_CHUNK_STEP);
     if chunk <= BOUND_CHUNK_MAX_KEYS {
-        return Ok(SplitPlan { splits: max_ctx.div_ceil(chunk), cut: Cut::Chunks(chunk), occ7: occ7(chunk.min(typical)) });
+        return Ok(SplitPlan { splits: max_ctx.div_ceil(chunk), cut: Cut::Chunks(chunk), build: four_warps(chunk.min(typical)) });
     }
-    let mut wave_blocks = wave(false)?;
+    let mut wave_blocks = wave(SimtBuild::Plain)?;
     let mut splits = split_count(max_ctx, MAX_SPLITS, base_blocks, wave_blocks, step);
-    let occ7 = occ7(keys_per_block(typical, splits, step));
-    if occ7 {
-        wave_blocks = wave(true)?;
+    let build = four_warps(keys_per_block(typical, splits, step));
+    if build == SimtBuild::SevenBlocks {
+        wave_blocks = wave(build)?;
         splits = split_count(max_ctx, MAX_SPLITS, base_blocks, wave_blocks, step);
     }
     let cut = if splits == 1 { Cut::Whole } else { Cut::InKernel { wave_blocks } };
-    Ok(SplitPlan { splits, cut, occ7 })
+    Ok(SplitPlan { splits, cut, build })
 }
 
 /// Keys one warp of the SIMT kernel walks per step (`KT` in the .cu file) for head dim `hd`,
@@ -122,43 +167,79 @@ fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize, wave_block
 mod tests {
     use super::*;
 
-    /// The H200's 132 SMs, 6 / 7 blocks an SM for the two builds.
-    fn h200(occ7: bool) -> usize {
-        132 * if occ7 { 7 } else { 6 }
+    /// The H200's 132 SMs, 6 / 7 / 3 blocks an SM for the three builds.
+    fn h200(build: SimtBuild) -> usize {
+        132 * match build {
+            SimtBuild::Plain => 6,
+            SimtBuild::SevenBlocks => 7,
+            SimtBuild::EightWarps => 3,
+        }
     }
 
-    fn plan(max_ctx: usize, base_blocks: usize, sms: usize, step: usize, one_query: bool, wave: fn(bool) -> usize) -> SplitPlan {
-        super::plan(max_ctx, base_blocks, sms, step, one_query, |o| Ok::<_, ()>(wave(o))).unwrap()
+    fn plan(max_ctx: usize, base_blocks: usize, sms: usize, step: usize, one_query: bool, wave: fn(SimtBuild) -> usize) -> SplitPlan {
+        super::plan(max_ctx, base_blocks, sms, step, one_query, |b| Ok::<_, ()>(wave(b))).unwrap()
     }
+
+    const WHOLE_8: SplitPlan = SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarps };
 
     #[test]
     fn short_contexts_keep_chunks_of_the_bound() {
         // W 64 (1024 tiles), bucket 512: two chunks of 256, the 7-block build.
-        assert_eq!(plan(512, 1024, 132, 32, true, h200), SplitPlan { splits: 2, cut: Cut::Chunks(256), occ7: true });
-        // W 16, bucket 256: four chunks of 64.
-        assert_eq!(plan(256, 256, 132, 32, true, h200), SplitPlan { splits: 4, cut: Cut::Chunks(64), occ7: true });
+        assert_eq!(plan(512, 1024, 132, 32, true, h200), SplitPlan { splits: 2, cut: Cut::Chunks(256), build: SimtBuild::SevenBlocks });
+        // W 12 (192 tiles, 73 % of two blocks an SM), bucket 256: four chunks of 64.
+        assert_eq!(plan(256, 192, 132, 32, true, h200), SplitPlan { splits: 4, cut: Cut::Chunks(64), build: SimtBuild::SevenBlocks });
         // W 256: no split; ¾ of the bucket is 384 keys, still the 7-block build.
-        assert_eq!(plan(512, 4096, 132, 32, true, h200), SplitPlan { splits: 1, cut: Cut::Whole, occ7: true });
-        // No 7-block build for several query items a block.
-        assert!(!plan(512, 4096, 132, 32, false, h200).occ7);
-        // Below 256 keys of bound: never split.
-        assert_eq!(plan(200, 16, 132, 32, true, h200).splits, 1);
+        assert_eq!(plan(512, 4096, 132, 32, true, h200), SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::SevenBlocks });
+        // No one-item builds for several query items a block.
+        assert_eq!(plan(512, 4096, 132, 32, false, h200).build, SimtBuild::Plain);
+        assert_eq!(plan(256, 256, 132, 32, false, h200), SplitPlan { splits: 4, cut: Cut::Chunks(64), build: SimtBuild::Plain });
+        // Below 256 keys of bound: never split, and the 4-warp builds.
+        assert_eq!(plan(200, 16, 132, 32, true, h200), SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::SevenBlocks });
+        assert_eq!(plan(128, 256, 132, 32, true, h200).build, SimtBuild::SevenBlocks);
+    }
+
+    #[test]
+    fn one_even_wave_of_the_eight_warp_build_walks_rows_unsplit() {
+        // W 16 / 24 (256 / 384 tiles): two / three blocks on nearly every SM, at any bound.
+        for bound in [256, 512, 1024, 4096, 16384] {
+            assert_eq!(plan(bound, 256, 132, 32, true, h200), WHOLE_8, "bound {bound}");
+            assert_eq!(plan(bound, 384, 132, 32, true, h200), WHOLE_8, "bound {bound}");
+        }
+        // One block on every SM (W 8.25 on 132 SMs) is even too.
+        assert_eq!(plan(512, 132, 132, 32, true, h200), WHOLE_8);
+        // Uneven (W 9: 12 SMs would walk two rows, 120 one) or past one wave (W 32): split.
+        assert_ne!(plan(512, 144, 132, 32, true, h200).build, SimtBuild::EightWarps);
+        assert_ne!(plan(512, 512, 132, 32, true, h200).build, SimtBuild::EightWarps);
+        // Several query items a block (GQA): never.
+        assert_ne!(plan(512, 256, 132, 32, false, h200).build, SimtBuild::EightWarps);
+    }
+
+    #[test]
+    fn builds_name_kernels_and_block_sizes_the_cu_file_defines() {
+        let cu = include_str!("kernels/paged_attention.cu");
+        for build in [SimtBuild::Plain, SimtBuild::SevenBlocks, SimtBuild::EightWarps] {
+            let name = format!("paged_attn_##NAME##_d##D##_q1{}(", build.suffix());
+            assert!(cu.contains(&name) || build == SimtBuild::Plain, "{name}");
+        }
+        assert!(cu.contains("#define NW 4\n") && SimtBuild::Plain.warps() == 4);
+        assert_eq!(SimtBuild::SevenBlocks.warps(), SimtBuild::Plain.warps());
+        assert!(cu.contains("#define W8_WARPS 8\n") && SimtBuild::EightWarps.warps() == 8);
     }
 
     #[test]
     fn long_contexts_are_cut_in_the_kernel() {
-        // 2k prompts, bucket 4096: chunks of the bound would be 832 (W 16) and 2048 (W 64) keys.
-        let w16 = plan(4096, 256, 132, 32, true, h200);
-        assert_eq!((w16.cut, w16.occ7), (Cut::InKernel { wave_blocks: h200(false) }, false));
-        assert!(w16.splits >= 3, "{w16:?}");
+        // 2k prompts, bucket 4096: chunks of the bound would be 832 (W 12) and 2048 (W 64) keys.
+        let w12 = plan(4096, 192, 132, 32, true, h200);
+        assert_eq!((w12.cut, w12.build), (Cut::InKernel { wave_blocks: h200(SimtBuild::Plain) }, SimtBuild::Plain));
+        assert!(w12.splits >= 3, "{w12:?}");
         let w64 = plan(4096, 1024, 132, 32, true, h200);
         assert!(matches!(w64.cut, Cut::InKernel { .. }), "{w64:?}");
         assert!(w64.splits >= 3, "{w64:?}");
         // What the kernel does with the actual longest context (2304 keys).
-        assert_eq!(split_count(2304, w16.splits, 256, h200(false), 32), 3);
-        assert_eq!(split_count(2304, w64.splits, 1024, h200(false), 32), 3);
+        assert_eq!(split_count(2304, w12.splits, 192, h200(SimtBuild::Plain), 32), 4);
+        assert_eq!(split_count(2304, w64.splits, 1024, h200(SimtBuild::Plain), 32), 3);
         // Short actual contexts under that bucket use fewer splits than the grid holds.
-        assert!(split_count(300, w64.splits, 1024, h200(false), 32) < w64.splits);
+        assert!(split_count(300, w64.splits, 1024, h200(SimtBuild::Plain), 32) < w64.splits);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! combine for few query items per row, tensor-core kernels (pipelined by default) for many.
 
 use super::launch::{compute_major, device, for_float, kernel, sm_count, view, wrap, Module};
-use crate::ops::attention_split::{self, keys_per_warp_step, Cut};
+use crate::ops::attention_split::{self, keys_per_warp_step, Cut, SimtBuild};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -248,18 +248,17 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     }
     let base_blocks = tiles * p.kv_heads;
     let step = NW * keys_per_warp_step(p.hd, std::mem::size_of::<T>(), nq);
-    let kernel_name = |occ7: bool, folded: bool| {
-        let o7 = if occ7 { "_o7" } else { "" };
+    let kernel_name = |build: SimtBuild, folded: bool| {
         let rope = if folded { "rope_" } else { "" };
-        format!("paged_attn_{rope}{name}_d{}_q{nq}{o7}", p.hd)
+        format!("paged_attn_{rope}{name}_d{}_q{nq}{}", p.hd, build.suffix())
     };
-    // Blocks of a build that run at once (asked only when the kernel cuts the keys; cached). A
-    // folded launch plans with the plain build's figure, so that it cuts the keys exactly as the
-    // two-launch path does (its output is then that path's, bit for bit).
-    let wave = |occ7: bool| wave_blocks(dev, &kernel_name(occ7, false));
+    // Blocks of a build that run at once (asked only where the plan would split; cached). A
+    // folded launch plans with the unfolded build's figure, so that it cuts the keys exactly as
+    // the two-launch path does (its output is then that path's, bit for bit).
+    let wave = |build: SimtBuild| wave_blocks(dev, &kernel_name(build, false), build.warps() * 32);
     let sms = super::launch::sm_count(dev)?;
     let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave)?;
-    let kname = kernel_name(plan.occ7, views.is_some());
+    let kname = kernel_name(plan.build, views.is_some());
     let splits = plan.splits;
     // The kernel takes chunk 0 as "cut the actual longest context" (for `wave` blocks at once).
     let (chunk, wave) = match plan.cut {
@@ -271,7 +270,8 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
     let mut out = unsafe { dev.alloc::<T>(n_out)? };
     let func = kernel!(dev, Module::PagedAttention, &kname)?;
-    let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
+    let threads = (plan.build.warps() * 32) as u32;
+    let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     let (nsplits, chunk, wave) = (splits as i32, chunk.min(i32::MAX as usize) as i32, wave.min(i32::MAX as usize) as i32);
     let null = 0u64;
     let ws = split_workspace(dev, splits, p)?;
@@ -293,6 +293,9 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     }
     if views.is_some() {
         SIMT_ROPE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if plan.build == SimtBuild::EightWarps {
+        SIMT_EIGHT_WARP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     if let Some(ws) = &ws {
         combine::<T>(dev, name, p, &mut out, ws, splits)?;
@@ -429,6 +432,15 @@ static SIMT_ROPE_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::A
 /// How many decode launches ran the SIMT kernel with `qkv_rope_write` folded in, in this process.
 pub fn decode_simt_rope_launches() -> usize {
     SIMT_ROPE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Launches of the SIMT kernel's 8-warp build (`paged_attn_*_q1_w8`, folded or not).
+static SIMT_EIGHT_WARP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many decode launches ran the SIMT kernel's 8-warp build (one wave of unsplit rows), in
+/// this process.
+pub fn decode_eight_warp_launches() -> usize {
+    SIMT_EIGHT_WARP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// What a decode kernel with `qkv_rope_write` folded in reads besides its own arguments (the
@@ -605,7 +617,7 @@ fn launch_ring<T: CudaDType + DeviceRepr>(
 
 /// Blocks of kernel `name` that run at once on `dev` (SMs × blocks an SM by the occupancy
 /// calculator), cached per device and kernel.
-fn wave_blocks(dev: &CudaDevice, name: &str) -> Result<usize> {
+fn wave_blocks(dev: &CudaDevice, name: &str, threads: usize) -> Result<usize> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     type Key = (candle_core::cuda_backend::DeviceId, String);
@@ -616,7 +628,7 @@ fn wave_blocks(dev: &CudaDevice, name: &str) -> Result<usize> {
         return Ok(w);
     }
     let func = kernel!(dev, Module::PagedAttention, name)?;
-    let per_sm = func.occupancy_max_active_blocks_per_multiprocessor((NW * 32) as u32, 0, None).w()? as usize;
+    let per_sm = func.occupancy_max_active_blocks_per_multiprocessor(threads as u32, 0, None).w()? as usize;
     let w = (super::launch::sm_count(dev)? * per_sm).max(1);
     cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, w);
     Ok(w)

@@ -785,8 +785,18 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         paged_attn_impl<T, D, 1>(PA_PASS);                                                       \
     }
 
+// The one-query kernel with 8 warps a block, held to 3 blocks an SM (`_w8`): a decode launch of
+// one wave of (row, kv head) blocks walks each row's keys unsplit in one block, with no combine
+// launch (attention_split.rs says when).
+#define W8_WARPS 8
+#define PA_KERNEL_W8(NAME, T, D)                                                                 \
+    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 3)                              \
+        paged_attn_##NAME##_d##D##_q1_w8(PA_ARGS(T)) {                                          \
+        paged_attn_impl<T, D, 1, false, W8_WARPS>(PA_PASS);                                      \
+    }
+
 // The one-query kernels with qkv_rope_write folded in (FRESH, decode launches of MHA models:
-// one query item a row and kv head), in both builds; `q` is then the fused projection.
+// one query item a row and kv head), in all three builds; `q` is then the fused projection.
 #define PA_ROPE_ARGS(T)                                                                          \
     PA_ARGS(T), const T *cos_t, const T *sin_t, const uint32_t *slots, T *kw, T *vw,             \
         long long num_slots, int q_stride
@@ -798,11 +808,16 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     extern "C" __global__ void __launch_bounds__(NTHREADS, 7)                                   \
         paged_attn_rope_##NAME##_d##D##_q1_o7(PA_ROPE_ARGS(T)) {                                 \
         paged_attn_impl<T, D, 1, true>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 3)                              \
+        paged_attn_rope_##NAME##_d##D##_q1_w8(PA_ROPE_ARGS(T)) {                                 \
+        paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
     }
 
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
     PA_KERNEL(NAME, T, D, 1)                                                                     \
     PA_KERNEL_OCC7(NAME, T, D)                                                                   \
+    PA_KERNEL_W8(NAME, T, D)                                                                     \
     PA_KERNEL(NAME, T, D, 2)                                                                     \
     PA_KERNEL(NAME, T, D, 4)                                                                     \
     PA_KERNEL(NAME, T, D, 8)                                                                     \
