@@ -61,12 +61,19 @@ __device__ int g_mark_on;
 #include <math.h>
 
 // The one-query kernel with more warps a block (`wide`, session 30): at W 16 a block per (row,
-// head) walks all its keys in few steps, so no split and no combine launch.
-extern "C" __global__ void __launch_bounds__(512, 2) paged_attn_bf16_d128_q1_w16(PA_ARGS(__nv_bfloat16)) {
-    paged_attn_impl<__nv_bfloat16, 128, 1, false, 16>(PA_PASS);
+// head) walks all its keys in few steps, so no split and no combine launch. Round 1 (raw
+// 2026-12-10 call 1) measured 16 warps (2 an SM, spilling), 8 warps (3 an SM: now the library's
+// `_w8` build) and 8 warps held to 4 an SM; the 8-warp build won at every context.
+// Session 30, round 2: the library's 8-warp build (`paged_attn_bf16_d128_q1_w8`) against builds
+// that walk more keys a step (8 key sets a lane, 2 blocks an SM) or the same keys with more warps.
+extern "C" __global__ void __launch_bounds__(256, 2) paged_attn_bf16_d128_q1_w8u8(PA_ARGS(__nv_bfloat16)) {
+    paged_attn_impl<__nv_bfloat16, 128, 1, false, 8, 8>(PA_PASS);
 }
-extern "C" __global__ void __launch_bounds__(256, 3) paged_attn_bf16_d128_q1_w8(PA_ARGS(__nv_bfloat16)) {
-    paged_attn_impl<__nv_bfloat16, 128, 1, false, 8>(PA_PASS);
+extern "C" __global__ void __launch_bounds__(256, 2) paged_attn_bf16_d128_q1_w8u6(PA_ARGS(__nv_bfloat16)) {
+    paged_attn_impl<__nv_bfloat16, 128, 1, false, 8, 6>(PA_PASS);
+}
+extern "C" __global__ void __launch_bounds__(512, 2) paged_attn_bf16_d128_q1_w16u2(PA_ARGS(__nv_bfloat16)) {
+    paged_attn_impl<__nv_bfloat16, 128, 1, false, 16, 2>(PA_PASS);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) paged_attn_bf16_d128_q1_w8o4(PA_ARGS(__nv_bfloat16)) {
     paged_attn_impl<__nv_bfloat16, 128, 1, false, 8>(PA_PASS);
@@ -159,11 +166,19 @@ int main(int argc, char **argv) {
     int occ_plain, occ7;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_plain, paged_attn_bf16_d128_q1, NTHREADS, 0));
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ7, paged_attn_bf16_d128_q1_o7, NTHREADS, 0));
-    int occ_w16, occ_w8, occ_w8o4;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w16, paged_attn_bf16_d128_q1_w16, 512, 0));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w8, paged_attn_bf16_d128_q1_w8, 256, 0));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_w8o4, paged_attn_bf16_d128_q1_w8o4, 256, 0));
-    printf("wide builds, blocks an SM: 16 warps %d, 8 warps %d, 8 warps held to 4 %d\n", occ_w16, occ_w8, occ_w8o4);
+    // Wide builds: {kernel, threads, name}.
+    struct WideBuild { void (*fn)(PA_ARGS(__nv_bfloat16)); int threads; const char *name; int occ; };
+    std::vector<WideBuild> wides = {
+        {paged_attn_bf16_d128_q1_w8, 256, "8 warps (library)", 0},
+        {paged_attn_bf16_d128_q1_w8u8, 256, "8 warps, 8 key sets, 2 an SM", 0},
+        {paged_attn_bf16_d128_q1_w8u6, 256, "8 warps, 6 key sets, 2 an SM", 0},
+        {paged_attn_bf16_d128_q1_w16u2, 512, "16 warps, 2 key sets", 0},
+        {paged_attn_bf16_d128_q1_w8o4, 256, "8 warps held to 4 an SM", 0},
+    };
+    for (auto &b : wides) {
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b.occ, b.fn, b.threads, 0));
+        printf("wide build %-32s %d blocks an SM\n", b.name, b.occ);
+    }
     for (int W : widths) {
         const Plan plan = library_plan(BOUND, W * HEADS, sms, sms * occ_plain, sms * occ7);
         printf("W %3d: library plan %d split%s, chunk %d (0: cut in the kernel for a wave of %d), %s build\n", W, plan.splits,
@@ -257,17 +272,9 @@ int main(int argc, char **argv) {
         };
         // The wide builds: `max_splits` 1 walks every key in one block; more lets the kernel cut the
         // actual longest context for a wave of its blocks (as Cut::InKernel), then the combine.
-        auto wide = [&](int l, int build, int max_splits, __nv_bfloat16 *o) {
-            dim3 grid(W, HEADS, max_splits);
-            float *a = max_splits > 1 ? ws_acc : nullptr, *mlp = max_splits > 1 ? ws_ml : nullptr;
-            const int chunk = max_splits > 1 ? 0 : 0x7fffffff;
-            if (build == 16)
-                paged_attn_bf16_d128_q1_w16<<<grid, 512, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, max_splits, chunk, occ_w16 * sms, W);
-            else if (build == 8)
-                paged_attn_bf16_d128_q1_w8<<<grid, 256, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, max_splits, chunk, occ_w8 * sms, W);
-            else
-                paged_attn_bf16_d128_q1_w8o4<<<grid, 256, 0, st>>>(o, a, mlp, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4, scale_log2, 1, max_splits, chunk, occ_w8o4 * sms, W);
-            if (max_splits > 1) paged_attn_combine_bf16_d128<<<dim3(W, HEADS), HD, 0, st>>>(o, ws_acc, ws_ml, max_splits, W, HEADS);
+        auto wide = [&](int l, const WideBuild &b, __nv_bfloat16 *o) {
+            b.fn<<<dim3(W, HEADS, 1), b.threads, 0, st>>>(o, nullptr, nullptr, q, kc[l], vc[l], d_tab, d_lens, d_cu, W, max_blocks, HEADS, HEADS, BS, 4,
+                                                    scale_log2, 1, 1, 0x7fffffff, 1, W);
         };
         double keys = 0;
         for (auto c : lens) keys += c;
@@ -373,21 +380,15 @@ int main(int argc, char **argv) {
             CK(cudaStreamSynchronize(st));
             CK(cudaMemcpy(a.data(), out_lib, a.size() * 2, cudaMemcpyDeviceToHost));
             double worst_w = 0;
-            for (int build : {16, 8, 4})
-                for (int ms : {1, 2, 4, 8}) {
-                    wide(0, build, ms, out_ring);
-                    worst_w = std::max(worst_w, ring_err());
-                }
-            printf("W %3d: wide builds vs the library's plan, worst rel err %.2e\n", W, worst_w);
+            for (const auto &b : wides) {
+                wide(0, b, out_ring);
+                worst_w = std::max(worst_w, ring_err());
+            }
+            printf("W %3d: wide builds vs the 4-warp plan, worst rel err %.2e\n", W, worst_w);
             if (!(worst_w < 1e-2)) return 1;
             for (int rep = 0; rep < 2; ++rep) {
-                time("library, its plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
-                for (int build : {16, 8, 4})
-                    for (int ms : {1, 2, 4, 8}) {
-                        char name[64];
-                        snprintf(name, sizeof name, "wide %s, splits <= %d", build == 16 ? "16 warps" : build == 8 ? "8 warps" : "8 warps occ4", ms);
-                        time(name, [&](int l) { wide(l, build, ms, out_ring); });
-                    }
+                time("4-warp builds, their plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
+                for (const auto &b : wides) time(std::string("wide, ") + b.name, [&](int l) { wide(l, b, out_ring); });
             }
         }
         for (int rep = 0; rep < 2 && !wide_only; ++rep) {

@@ -181,7 +181,7 @@ __device__ __forceinline__ uint4 rope_lane(const T *head, const Fresh<T> &f, siz
     return rope_vec<T>(ldg16(head + i * VEC), ldg16(head + (first ? i + HALF : j) * VEC), ldg16(c), ldg16(sn), first);
 }
 
-template <typename T, int D, int NQ, bool FRESH = false, int WARPS = NW>
+template <typename T, int D, int NQ, bool FRESH = false, int WARPS = NW, int KEY_SETS = 0>
 __device__ __forceinline__ void paged_attn_impl(
     T *__restrict__ out,             // [T, H, D] (num_splits == 1)
     float *__restrict__ ws_acc,      // [splits, T, H, D] (num_splits > 1)
@@ -199,7 +199,7 @@ __device__ __forceinline__ void paged_attn_impl(
     constexpr int ACTIVE = D / VEC;  // lanes holding data of one key
     constexpr int LPK = ACTIVE <= 4 ? 4 : ACTIVE <= 8 ? 8 : ACTIVE <= 16 ? 16 : 32;
     constexpr int KPW = 32 / LPK;    // keys a warp loads side by side
-    constexpr int UNROLL = NQ >= 8 ? 2 : 4;
+    constexpr int UNROLL = KEY_SETS > 0 ? KEY_SETS : NQ >= 8 ? 2 : 4;  // key sets a lane loads a step
     constexpr int KT = KPW * UNROLL; // keys per warp step
     static_assert(D % VEC == 0 && ACTIVE <= 32, "head dim");
 
