@@ -6,13 +6,11 @@
 //! captured graph's bucket: the next power of two) were fastest while they stay short (≤ 256
 //! keys at W 16 / 64: the full first chunks run first and the short last ones fill in), but at
 //! 2k-token contexts they were long and uneven (2048 + 256 keys at W 64), and cutting the
-//! actual longest context evenly took 10 % off that decode step. Where one wave of a wide build
-//! holds every (row, kv head) block and spreads them evenly over the SMs, walking each row's
-//! keys unsplit beat every split plan (session 30, Ouro-1.4B shapes, `tools/attn_ring_probe.cu`):
-//! no combine launch, and a row's keys in a quarter of the 4-warp build's steps. At W 16 the
-//! 8-warp build took 13 % off a launch at context 260, 25 % at 1024, 3 % at 2176; where the
-//! blocks fit two an SM, 16 warps of 2 key sets took another 3 % (8 % at varied contexts); at W 24
-//! (three blocks an SM) only the 8-warp build fits one wave, and it took 16 % off.
+//! actual longest context evenly took 10 % off that decode step. Where one wave of the 8-warp
+//! build holds every (row, kv head) block and spreads them evenly over the SMs, walking each
+//! row's keys unsplit beat every split plan (session 30: 13 % a launch at W 16 and context 260,
+//! 25 % at 1024, 3 % at 2176 on Ouro-1.4B shapes): no combine launch, and 8 warps walk a row's
+//! keys in a quarter of the 4-warp build's steps.
 
 /// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
 const MAX_SPLITS: usize = 32;
@@ -27,9 +25,9 @@ const OCC7_MAX_KEYS: usize = 384;
 const BOUND_CHUNK_STEP: usize = 64;
 
 /// Least share of the SMs' block slots in use (blocks ÷ (SMs × most blocks an SM gets)) at which
-/// a one-wave launch runs a wide build unsplit: below it some SMs walk twice the rows others do
-/// (W 9 on 132 SMs: 144 blocks), and splitting balances them.
-const WIDE_MIN_EVENNESS: f64 = 0.9;
+/// a one-wave launch runs the 8-warp build unsplit: below it some SMs walk twice the rows others
+/// do (W 9 on 132 SMs: 144 blocks), and splitting balances them.
+const EIGHT_WARPS_MIN_EVENNESS: f64 = 0.9;
 
 /// Which build of the SIMT kernel runs a launch (the kernel name's suffix and its block size).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,9 +38,6 @@ pub(crate) enum SimtBuild {
     SevenBlocks,
     /// 8 warps, held to 3 blocks an SM (one query item a block), for unsplit one-wave launches.
     EightWarps,
-    /// 16 warps of 2 key sets a lane, held to 2 blocks an SM (one query item a block), for
-    /// unsplit launches that fit two blocks an SM.
-    SixteenWarps,
 }
 
 impl SimtBuild {
@@ -52,16 +47,14 @@ impl SimtBuild {
             SimtBuild::Plain => "",
             SimtBuild::SevenBlocks => "_o7",
             SimtBuild::EightWarps => "_w8",
-            SimtBuild::SixteenWarps => "_w16",
         }
     }
 
-    /// Warps a block (`NW`, `W8_WARPS` or `W16_WARPS` in the .cu file).
+    /// Warps a block (`NW`, or `W8_WARPS` in the .cu file).
     pub(crate) fn warps(self) -> usize {
         match self {
             SimtBuild::Plain | SimtBuild::SevenBlocks => 4,
             SimtBuild::EightWarps => 8,
-            SimtBuild::SixteenWarps => 16,
         }
     }
 }
@@ -110,12 +103,10 @@ pub(crate) fn plan<E>(
     if splits == 1 {
         return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build: four_warps(typical) });
     }
-    let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
-    if one_query && evenness >= WIDE_MIN_EVENNESS {
-        for build in [SimtBuild::SixteenWarps, SimtBuild::EightWarps] {
-            if base_blocks <= wave(build)? {
-                return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build });
-            }
+    if one_query && base_blocks <= wave(SimtBuild::EightWarps)? {
+        let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
+        if evenness >= EIGHT_WARPS_MIN_EVENNESS {
+            return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarps });
         }
     }
     let chunk = keys_per_block(max_ctx, splits, BOUND_CHUNK_STEP);
@@ -176,13 +167,12 @@ fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize, wave_block
 mod tests {
     use super::*;
 
-    /// The H200's 132 SMs, 6 / 7 / 3 / 2 blocks an SM for the four builds.
+    /// The H200's 132 SMs, 6 / 7 / 3 blocks an SM for the three builds.
     fn h200(build: SimtBuild) -> usize {
         132 * match build {
             SimtBuild::Plain => 6,
             SimtBuild::SevenBlocks => 7,
             SimtBuild::EightWarps => 3,
-            SimtBuild::SixteenWarps => 2,
         }
     }
 
@@ -191,7 +181,6 @@ mod tests {
     }
 
     const WHOLE_8: SplitPlan = SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarps };
-    const WHOLE_16: SplitPlan = SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::SixteenWarps };
 
     #[test]
     fn short_contexts_keep_chunks_of_the_bound() {
@@ -210,36 +199,31 @@ mod tests {
     }
 
     #[test]
-    fn one_even_wave_of_a_wide_build_walks_rows_unsplit() {
-        // W 16 (256 tiles): two blocks on nearly every SM, the 16-warp build; W 24 (384): three,
-        // the 8-warp build; at any bound.
+    fn one_even_wave_of_the_eight_warp_build_walks_rows_unsplit() {
+        // W 16 / 24 (256 / 384 tiles): two / three blocks on nearly every SM, at any bound.
         for bound in [256, 512, 1024, 4096, 16384] {
-            assert_eq!(plan(bound, 256, 132, 32, true, h200), WHOLE_16, "bound {bound}");
+            assert_eq!(plan(bound, 256, 132, 32, true, h200), WHOLE_8, "bound {bound}");
             assert_eq!(plan(bound, 384, 132, 32, true, h200), WHOLE_8, "bound {bound}");
         }
         // One block on every SM (W 8.25 on 132 SMs) is even too.
-        assert_eq!(plan(512, 132, 132, 32, true, h200), WHOLE_16);
-        // Uneven (W 9: 12 SMs would walk two rows, 120 one; W 17: 272 tiles) or past one wave
-        // (W 32): split.
-        for tiles in [144, 272, 512] {
-            let p = plan(512, tiles, 132, 32, true, h200);
-            assert!(matches!(p.cut, Cut::Chunks(_)) && p.splits > 1 && p.build == SimtBuild::SevenBlocks, "{tiles}: {p:?}");
-        }
+        assert_eq!(plan(512, 132, 132, 32, true, h200), WHOLE_8);
+        // Uneven (W 9: 12 SMs would walk two rows, 120 one) or past one wave (W 32): split.
+        assert_ne!(plan(512, 144, 132, 32, true, h200).build, SimtBuild::EightWarps);
+        assert_ne!(plan(512, 512, 132, 32, true, h200).build, SimtBuild::EightWarps);
         // Several query items a block (GQA): never.
-        assert_eq!(plan(512, 256, 132, 32, false, h200).build, SimtBuild::Plain);
+        assert_ne!(plan(512, 256, 132, 32, false, h200).build, SimtBuild::EightWarps);
     }
 
     #[test]
     fn builds_name_kernels_and_block_sizes_the_cu_file_defines() {
         let cu = include_str!("kernels/paged_attention.cu");
-        for build in [SimtBuild::Plain, SimtBuild::SevenBlocks, SimtBuild::EightWarps, SimtBuild::SixteenWarps] {
+        for build in [SimtBuild::Plain, SimtBuild::SevenBlocks, SimtBuild::EightWarps] {
             let name = format!("paged_attn_##NAME##_d##D##_q1{}(", build.suffix());
             assert!(cu.contains(&name) || build == SimtBuild::Plain, "{name}");
         }
         assert!(cu.contains("#define NW 4\n") && SimtBuild::Plain.warps() == 4);
         assert_eq!(SimtBuild::SevenBlocks.warps(), SimtBuild::Plain.warps());
         assert!(cu.contains("#define W8_WARPS 8\n") && SimtBuild::EightWarps.warps() == 8);
-        assert!(cu.contains("#define W16_WARPS 16\n") && SimtBuild::SixteenWarps.warps() == 16);
     }
 
     #[test]

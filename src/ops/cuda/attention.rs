@@ -294,11 +294,9 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     if views.is_some() {
         SIMT_ROPE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    match plan.build {
-        SimtBuild::EightWarps => SIMT_EIGHT_WARP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        SimtBuild::SixteenWarps => SIMT_SIXTEEN_WARP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        SimtBuild::Plain | SimtBuild::SevenBlocks => 0,
-    };
+    if plan.build == SimtBuild::EightWarps {
+        SIMT_EIGHT_WARP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     if let Some(ws) = &ws {
         combine::<T>(dev, name, p, &mut out, ws, splits)?;
     }
@@ -443,15 +441,6 @@ static SIMT_EIGHT_WARP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::ato
 /// this process.
 pub fn decode_eight_warp_launches() -> usize {
     SIMT_EIGHT_WARP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Launches of the SIMT kernel's 16-warp build (`paged_attn_*_q1_w16`, folded or not).
-static SIMT_SIXTEEN_WARP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// How many decode launches ran the SIMT kernel's 16-warp build (one wave of unsplit rows, two
-/// blocks an SM), in this process.
-pub fn decode_sixteen_warp_launches() -> usize {
-    SIMT_SIXTEEN_WARP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// What a decode kernel with `qkv_rope_write` folded in reads besides its own arguments (the

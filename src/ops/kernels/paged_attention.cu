@@ -6,8 +6,8 @@
 // tile of K/V is read once per block (16-byte vector loads, in place through the block table) and
 // used by all NQ items, held in registers.
 //
-// Inside a block, WARPS warps (NW, or 8 / 16 in the one-query `_w8` / `_w16` builds) take
-// interleaved key tiles. A warp splits into KPW key groups of LPK lanes; each lane owns VEC = 16 / sizeof(T)
+// Inside a block, WARPS warps (NW, or 8 in the one-query `_w8` build) take interleaved key
+// tiles. A warp splits into KPW key groups of LPK lanes; each lane owns VEC = 16 / sizeof(T)
 // consecutive elements of D. Scores are reduced over the LPK lanes with xor shuffles; each warp
 // keeps an online softmax (base 2, f32) per item; warps are merged through shared memory at the
 // end. With num_splits > 1 (few blocks, long
@@ -795,18 +795,9 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         paged_attn_##NAME##_d##D##_q1_w8(PA_ARGS(T)) {                                          \
         paged_attn_impl<T, D, 1, false, W8_WARPS>(PA_PASS);                                      \
     }
-// Where those blocks fit two an SM, 16 warps of 2 key sets a lane (`_w16`, 56 registers on the
-// H200): as many keys a block step as the 8-warp build, twice the warps waiting on them.
-#define W16_WARPS 16
-#define W16_KEY_SETS 2
-#define PA_KERNEL_W16(NAME, T, D)                                                                \
-    extern "C" __global__ void __launch_bounds__(W16_WARPS * 32, 2)                             \
-        paged_attn_##NAME##_d##D##_q1_w16(PA_ARGS(T)) {                                         \
-        paged_attn_impl<T, D, 1, false, W16_WARPS, W16_KEY_SETS>(PA_PASS);                       \
-    }
 
 // The one-query kernels with qkv_rope_write folded in (FRESH, decode launches of MHA models:
-// one query item a row and kv head), in all four builds; `q` is then the fused projection.
+// one query item a row and kv head), in all three builds; `q` is then the fused projection.
 #define PA_ROPE_ARGS(T)                                                                          \
     PA_ARGS(T), const T *cos_t, const T *sin_t, const uint32_t *slots, T *kw, T *vw,             \
         long long num_slots, int q_stride
@@ -822,17 +813,12 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 3)                              \
         paged_attn_rope_##NAME##_d##D##_q1_w8(PA_ROPE_ARGS(T)) {                                 \
         paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(W16_WARPS * 32, 2)                             \
-        paged_attn_rope_##NAME##_d##D##_q1_w16(PA_ROPE_ARGS(T)) {                                \
-        paged_attn_impl<T, D, 1, true, W16_WARPS, W16_KEY_SETS>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
     }
 
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
     PA_KERNEL(NAME, T, D, 1)                                                                     \
     PA_KERNEL_OCC7(NAME, T, D)                                                                   \
     PA_KERNEL_W8(NAME, T, D)                                                                     \
-    PA_KERNEL_W16(NAME, T, D)                                                                    \
     PA_KERNEL(NAME, T, D, 2)                                                                     \
     PA_KERNEL(NAME, T, D, 4)                                                                     \
     PA_KERNEL(NAME, T, D, 8)                                                                     \
