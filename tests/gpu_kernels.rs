@@ -197,10 +197,10 @@ fn decode_long_contexts_cut_in_kernel() {
     }
 }
 
-/// Decode launches that fill one wave of the SIMT kernel's 8-warp build evenly (about two (row,
-/// kv head) blocks an SM) walk each row's keys unsplit in that build: head dims 64 / 96 / 128,
-/// f32 / bf16 / f16, contexts 1–2048 (the longest ≥ 256 keys, where the 4-warp builds would
-/// split), with the exact bound and a graph's bucket far above it.
+/// Decode launches that fill one wave of the SIMT kernel's 8-warp builds evenly (about two or
+/// four (row, kv head) blocks an SM) walk each row's keys unsplit in those builds: head dims 64 /
+/// 96 / 128, f32 / bf16 / f16, contexts 1–2048 (the longest ≥ 256 keys, where the 4-warp builds
+/// would split), with the exact bound and a graph's bucket far above it.
 #[test]
 fn decode_eight_warp_build() {
     use ponder::ops::cuda::{decode_eight_warp_launches, sm_count};
@@ -215,11 +215,13 @@ fn decode_eight_warp_build() {
         (12, 96, DType::F16, Some(1024)),
         (12, 96, DType::F32, None),
     ] {
-        // As many rows as put two blocks on each SM, at most.
-        let rows: Vec<(usize, usize)> = (0..2 * sms / heads).map(|i| (1, 1 + (i * 389) % 2048)).collect();
-        let before = decode_eight_warp_launches();
-        check(Case { rows, context_bound: bound, ..case("decode 8-warp build mha", &[], heads, heads, hd, dt, AttnMask::Causal) });
-        assert!(decode_eight_warp_launches() > before, "{heads} heads d{hd} {dt:?}: the 8-warp build did not run");
+        // As many rows as put two (then four: the build held to four) blocks on each SM, at most.
+        for per_sm in [2, 4] {
+            let rows: Vec<(usize, usize)> = (0..per_sm * sms / heads).map(|i| (1, 1 + (i * 389) % 2048)).collect();
+            let before = decode_eight_warp_launches();
+            check(Case { rows, context_bound: bound, ..case("decode 8-warp builds mha", &[], heads, heads, hd, dt, AttnMask::Causal) });
+            assert!(decode_eight_warp_launches() > before, "{heads} heads d{hd} {dt:?}, {per_sm} an SM: no 8-warp build ran");
+        }
     }
 }
 
@@ -549,8 +551,8 @@ fn fused_qkv_rope_attention() {
 /// kernel with qkv_rope_write folded in, against `qkv_rope_write` then the SIMT kernel — caches
 /// and output bit for bit (the fold cuts the keys as the two launches do and rotates with the
 /// same arithmetic) — at head dims 64 / 96 / 128, bf16 and f16, contexts cut into splits by the
-/// host and (long ones) in the kernel or walked unsplit by the 8-warp build (16 rows of 16 or 8
-/// heads, 22 of 12 on the H200), one row and 200, block size 12; GQA and f32 launches are not
+/// host and (long ones) in the kernel or walked unsplit by the 8-warp builds (16 rows of 16 or 8
+/// heads, 22 of 12, 32 of 16 on the H200), one row and 200, block size 12; GQA and f32 launches are not
 /// folded and run the two ops.
 #[test]
 fn fused_qkv_rope_attention_simt() {
@@ -563,6 +565,7 @@ fn fused_qkv_rope_attention_simt() {
         ("16 rows 16/16 d128", sixteen.clone(), 16, 16, 128, 16, DType::BF16),
         ("16 long rows 16/16 d128", long.clone(), 16, 16, 128, 16, DType::BF16),
         ("10 long rows 16/16 d128", long[..10].to_vec(), 16, 16, 128, 16, DType::BF16),
+        ("32 rows 16/16 d128", (0..32).map(|i| 1 + (i * 67) % 600).collect(), 16, 16, 128, 16, DType::BF16),
         ("200 short rows 16/16 d128", short, 16, 16, 128, 16, DType::BF16),
         ("16 rows 8/8 d64", sixteen.clone(), 8, 8, 64, 16, DType::BF16),
         ("16 rows 12/12 d96 f16", sixteen.clone(), 12, 12, 96, 16, DType::F16),

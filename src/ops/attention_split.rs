@@ -25,7 +25,7 @@ const OCC7_MAX_KEYS: usize = 384;
 const BOUND_CHUNK_STEP: usize = 64;
 
 /// Least share of the SMs' block slots in use (blocks ÷ (SMs × most blocks an SM gets)) at which
-/// a one-wave launch runs the 8-warp build unsplit: below it some SMs walk twice the rows others
+/// a one-wave launch runs an 8-warp build unsplit: below it some SMs walk twice the rows others
 /// do (W 9 on 132 SMs: 144 blocks), and splitting balances them.
 const EIGHT_WARPS_MIN_EVENNESS: f64 = 0.9;
 
@@ -38,6 +38,9 @@ pub(crate) enum SimtBuild {
     SevenBlocks,
     /// 8 warps, held to 3 blocks an SM (one query item a block), for unsplit one-wave launches.
     EightWarps,
+    /// 8 warps held to 4 blocks an SM (a few registers spill), for unsplit one-wave launches the
+    /// 3-an-SM build does not hold.
+    EightWarpsDense,
 }
 
 impl SimtBuild {
@@ -47,6 +50,7 @@ impl SimtBuild {
             SimtBuild::Plain => "",
             SimtBuild::SevenBlocks => "_o7",
             SimtBuild::EightWarps => "_w8",
+            SimtBuild::EightWarpsDense => "_w8o4",
         }
     }
 
@@ -54,7 +58,7 @@ impl SimtBuild {
     pub(crate) fn warps(self) -> usize {
         match self {
             SimtBuild::Plain | SimtBuild::SevenBlocks => 4,
-            SimtBuild::EightWarps => 8,
+            SimtBuild::EightWarps | SimtBuild::EightWarpsDense => 8,
         }
     }
 }
@@ -103,10 +107,12 @@ pub(crate) fn plan<E>(
     if splits == 1 {
         return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build: four_warps(typical) });
     }
-    if one_query && base_blocks <= wave(SimtBuild::EightWarps)? {
-        let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
-        if evenness >= EIGHT_WARPS_MIN_EVENNESS {
-            return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarps });
+    let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
+    if one_query && evenness >= EIGHT_WARPS_MIN_EVENNESS {
+        for build in [SimtBuild::EightWarps, SimtBuild::EightWarpsDense] {
+            if base_blocks <= wave(build)? {
+                return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build });
+            }
         }
     }
     let chunk = keys_per_block(max_ctx, splits, BOUND_CHUNK_STEP);
@@ -173,6 +179,7 @@ mod tests {
             SimtBuild::Plain => 6,
             SimtBuild::SevenBlocks => 7,
             SimtBuild::EightWarps => 3,
+            SimtBuild::EightWarpsDense => 4,
         }
     }
 
@@ -181,6 +188,7 @@ mod tests {
     }
 
     const WHOLE_8: SplitPlan = SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarps };
+    const WHOLE_8_DENSE: SplitPlan = SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarpsDense };
 
     #[test]
     fn short_contexts_keep_chunks_of_the_bound() {
@@ -207,23 +215,28 @@ mod tests {
         }
         // One block on every SM (W 8.25 on 132 SMs) is even too.
         assert_eq!(plan(512, 132, 132, 32, true, h200), WHOLE_8);
-        // Uneven (W 9: 12 SMs would walk two rows, 120 one) or past one wave (W 32): split.
-        assert_ne!(plan(512, 144, 132, 32, true, h200).build, SimtBuild::EightWarps);
-        assert_ne!(plan(512, 512, 132, 32, true, h200).build, SimtBuild::EightWarps);
+        // W 32 (512 tiles): four blocks an SM, the build held to four.
+        assert_eq!(plan(512, 512, 132, 32, true, h200), WHOLE_8_DENSE);
+        // Uneven (W 9: 12 SMs would walk two rows, 120 one) or past one wave (W 48): split.
+        for tiles in [144, 768] {
+            let p = plan(512, tiles, 132, 32, true, h200);
+            assert!(p.splits > 1 && p.build == SimtBuild::SevenBlocks, "{tiles}: {p:?}");
+        }
         // Several query items a block (GQA): never.
-        assert_ne!(plan(512, 256, 132, 32, false, h200).build, SimtBuild::EightWarps);
+        assert_eq!(plan(512, 256, 132, 32, false, h200).build, SimtBuild::Plain);
     }
 
     #[test]
     fn builds_name_kernels_and_block_sizes_the_cu_file_defines() {
         let cu = include_str!("kernels/paged_attention.cu");
-        for build in [SimtBuild::Plain, SimtBuild::SevenBlocks, SimtBuild::EightWarps] {
+        for build in [SimtBuild::Plain, SimtBuild::SevenBlocks, SimtBuild::EightWarps, SimtBuild::EightWarpsDense] {
             let name = format!("paged_attn_##NAME##_d##D##_q1{}(", build.suffix());
             assert!(cu.contains(&name) || build == SimtBuild::Plain, "{name}");
         }
         assert!(cu.contains("#define NW 4\n") && SimtBuild::Plain.warps() == 4);
         assert_eq!(SimtBuild::SevenBlocks.warps(), SimtBuild::Plain.warps());
         assert!(cu.contains("#define W8_WARPS 8\n") && SimtBuild::EightWarps.warps() == 8);
+        assert_eq!(SimtBuild::EightWarpsDense.warps(), SimtBuild::EightWarps.warps());
     }
 
     #[test]

@@ -294,7 +294,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     if views.is_some() {
         SIMT_ROPE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    if plan.build == SimtBuild::EightWarps {
+    if matches!(plan.build, SimtBuild::EightWarps | SimtBuild::EightWarpsDense) {
         SIMT_EIGHT_WARP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     if let Some(ws) = &ws {
@@ -434,11 +434,11 @@ pub fn decode_simt_rope_launches() -> usize {
     SIMT_ROPE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Launches of the SIMT kernel's 8-warp build (`paged_attn_*_q1_w8`, folded or not).
+/// Launches of the SIMT kernel's 8-warp builds (`paged_attn_*_q1_w8[o4]`, folded or not).
 static SIMT_EIGHT_WARP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// How many decode launches ran the SIMT kernel's 8-warp build (one wave of unsplit rows), in
-/// this process.
+/// How many decode launches ran one of the SIMT kernel's 8-warp builds (one wave of unsplit
+/// rows), in this process.
 pub fn decode_eight_warp_launches() -> usize {
     SIMT_EIGHT_WARP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }

@@ -6,8 +6,8 @@
 // tile of K/V is read once per block (16-byte vector loads, in place through the block table) and
 // used by all NQ items, held in registers.
 //
-// Inside a block, WARPS warps (NW, or 8 in the one-query `_w8` build) take interleaved key
-// tiles. A warp splits into KPW key groups of LPK lanes; each lane owns VEC = 16 / sizeof(T)
+// Inside a block, WARPS warps (NW, or 8 in the one-query `_w8` / `_w8o4` builds) take
+// interleaved key tiles. A warp splits into KPW key groups of LPK lanes; each lane owns VEC = 16 / sizeof(T)
 // consecutive elements of D. Scores are reduced over the LPK lanes with xor shuffles; each warp
 // keeps an online softmax (base 2, f32) per item; warps are merged through shared memory at the
 // end. With num_splits > 1 (few blocks, long
@@ -795,9 +795,16 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         paged_attn_##NAME##_d##D##_q1_w8(PA_ARGS(T)) {                                          \
         paged_attn_impl<T, D, 1, false, W8_WARPS>(PA_PASS);                                      \
     }
+// The same held to 4 blocks an SM (`_w8o4`, 64 registers: a few spill) for one-wave launches
+// of up to four blocks an SM (32 rows of 16 heads on the H200).
+#define PA_KERNEL_W8O4(NAME, T, D)                                                               \
+    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 4)                              \
+        paged_attn_##NAME##_d##D##_q1_w8o4(PA_ARGS(T)) {                                        \
+        paged_attn_impl<T, D, 1, false, W8_WARPS>(PA_PASS);                                      \
+    }
 
 // The one-query kernels with qkv_rope_write folded in (FRESH, decode launches of MHA models:
-// one query item a row and kv head), in all three builds; `q` is then the fused projection.
+// one query item a row and kv head), in all four builds; `q` is then the fused projection.
 #define PA_ROPE_ARGS(T)                                                                          \
     PA_ARGS(T), const T *cos_t, const T *sin_t, const uint32_t *slots, T *kw, T *vw,             \
         long long num_slots, int q_stride
@@ -813,12 +820,17 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 3)                              \
         paged_attn_rope_##NAME##_d##D##_q1_w8(PA_ROPE_ARGS(T)) {                                 \
         paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 4)                              \
+        paged_attn_rope_##NAME##_d##D##_q1_w8o4(PA_ROPE_ARGS(T)) {                               \
+        paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
     }
 
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
     PA_KERNEL(NAME, T, D, 1)                                                                     \
     PA_KERNEL_OCC7(NAME, T, D)                                                                   \
     PA_KERNEL_W8(NAME, T, D)                                                                     \
+    PA_KERNEL_W8O4(NAME, T, D)                                                                   \
     PA_KERNEL(NAME, T, D, 2)                                                                     \
     PA_KERNEL(NAME, T, D, 4)                                                                     \
     PA_KERNEL(NAME, T, D, 8)                                                                     \
