@@ -50,8 +50,9 @@ pub enum AttentionKernels {
     /// is a multiple of 4, not so large a GQA group that the tensor-core kernel takes the launch,
     /// on sm_90 builds and devices. The ring streams K/V pages by `cp.async.bulk` and cuts the
     /// launch's keys into equal runs, one a block; at 16 and 32 rows it was slower than the SIMT
-    /// kernel on the H200 (`docs/BENCHMARKS.md`, session 25), and with `qkv_rope_write` folded in
-    /// level at 16 and 24 rows, faster from 32 (session 28). `PONDER_DECODE_RING=0` / `1` turn
+    /// kernel on the H200 (`docs/BENCHMARKS.md`, session 25); with `qkv_rope_write` folded into
+    /// both, the SIMT kernel's 8-warp builds were faster at 24 rows and level at 32 (session 30),
+    /// so `Auto` folds into the ring from 33 rows on. `PONDER_DECODE_RING=0` / `1` turn
     /// `Auto`'s ring off / on at every width, for A/B runs.
     DecodeRing,
 }

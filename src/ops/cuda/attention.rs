@@ -23,16 +23,17 @@ const MMA_NQ: usize = 64;
 /// consumer warps), the head dim it is built for. Grid, depth and fewest stages are the best of a
 /// sweep on the H200 (tools/attn_ring_probe.cu). Below RING_MIN_ROWS the SIMT kernel (a block per
 /// row and head) was faster there (session 25). With `qkv_rope_write` folded in
-/// (`qkv_rope_paged_attention`) the ring saves a launch, which moves its break-even down:
-/// RING_ROPE_MIN_ROWS is measured end to end — an Ouro-1.4B CB step at 32 rows 4 % shorter
-/// than `qkv_rope_write` + the SIMT kernel, at 16 and 24 rows level (session 28; below it MHA
-/// launches now take the SIMT kernel's own fold, against which the threshold is not measured).
+/// (`qkv_rope_paged_attention`) the ring saves a launch, but so does the SIMT kernel's fold, whose
+/// 8-warp builds walk a 32-row launch's rows unsplit: RING_ROPE_MIN_ROWS keeps the graphs' 32-row
+/// bucket on the SIMT fold — an Ouro-1.4B CB step at 24 rows 6 % shorter than on the folded ring,
+/// at 32 rows level (session 30; the ring had been 4 % ahead of `qkv_rope_write` + the split SIMT
+/// plan at 32 rows, session 28).
 const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
 const RING_BLOCKS_PER_SM: usize = 1;
 const RING_MIN_CHUNK: usize = 8;
 const RING_MIN_ROWS: usize = 64;
-const RING_ROPE_MIN_ROWS: usize = 32;
+const RING_ROPE_MIN_ROWS: usize = 33;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
 /// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
