@@ -198,9 +198,10 @@ fn decode_long_contexts_cut_in_kernel() {
 }
 
 /// Decode launches that fill one wave of the SIMT kernel's 8-warp builds evenly (about two or
-/// four (row, kv head) blocks an SM) walk each row's keys unsplit in those builds: head dims 64 /
-/// 96 / 128, f32 / bf16 / f16, contexts 1–2048 (the longest ≥ 256 keys, where the 4-warp builds
-/// would split), with the exact bound and a graph's bucket far above it.
+/// four (row, kv head) blocks an SM: four take the build held to four where the other fits only
+/// three — bf16 / f16, and f32 at head dim 64) walk each row's keys unsplit in those builds: head
+/// dims 64 / 96 / 128, f32 / bf16 / f16, contexts 1–2048 (the longest ≥ 256 keys, where the
+/// 4-warp builds would split), with the exact bound and a graph's bucket above it.
 #[test]
 fn decode_eight_warp_build() {
     use ponder::ops::cuda::{decode_eight_warp_launches, sm_count};
@@ -210,12 +211,13 @@ fn decode_eight_warp_build() {
     for (heads, hd, dt, bound) in [
         (16, 128, DType::BF16, None),
         (16, 128, DType::F32, Some(4096)),
-        (16, 128, DType::F16, Some(512)),
+        (16, 128, DType::F16, Some(2048)),
         (8, 64, DType::BF16, None),
-        (12, 96, DType::F16, Some(1024)),
+        (8, 64, DType::F32, Some(4096)),
+        (12, 96, DType::F16, Some(4096)),
         (12, 96, DType::F32, None),
     ] {
-        // As many rows as put two (then four: the build held to four) blocks on each SM, at most.
+        // As many rows as put two (then four) blocks on each SM, at most.
         for per_sm in [2, 4] {
             let rows: Vec<(usize, usize)> = (0..per_sm * sms / heads).map(|i| (1, 1 + (i * 389) % 2048)).collect();
             let before = decode_eight_warp_launches();
@@ -551,12 +553,12 @@ fn fused_qkv_rope_attention() {
 /// kernel with qkv_rope_write folded in, against `qkv_rope_write` then the SIMT kernel — caches
 /// and output bit for bit (the fold cuts the keys as the two launches do and rotates with the
 /// same arithmetic) — at head dims 64 / 96 / 128, bf16 and f16, contexts cut into splits by the
-/// host and (long ones) in the kernel or walked unsplit by the 8-warp builds (16 rows of 16 or 8
-/// heads, 22 of 12, 32 of 16 on the H200), one row and 200, block size 12; GQA and f32 launches are not
+/// host and (long ones) in the kernel or walked unsplit by the 8-warp builds (16, 24 and 32 rows
+/// of 16 heads, 22 of 12 on the H200; which launches took them is checked), one row and 200, block size 12; GQA and f32 launches are not
 /// folded and run the two ops.
 #[test]
 fn fused_qkv_rope_attention_simt() {
-    use ponder::ops::cuda::decode_simt_rope_launches;
+    use ponder::ops::cuda::{decode_eight_warp_launches, decode_simt_rope_launches, sm_count};
     let sixteen: Vec<usize> = (0..16).map(|i| 1 + (i * 67) % 600).collect();
     let long: Vec<usize> = (0..16).map(|i| 1500 + (i * 389) % 2600).collect();
     let short: Vec<usize> = (0..200).map(|i| 1 + (i * 37) % 41).collect();
@@ -565,6 +567,7 @@ fn fused_qkv_rope_attention_simt() {
         ("16 rows 16/16 d128", sixteen.clone(), 16, 16, 128, 16, DType::BF16),
         ("16 long rows 16/16 d128", long.clone(), 16, 16, 128, 16, DType::BF16),
         ("10 long rows 16/16 d128", long[..10].to_vec(), 16, 16, 128, 16, DType::BF16),
+        ("24 rows 16/16 d128", (0..24).map(|i| 1 + (i * 67) % 600).collect(), 16, 16, 128, 16, DType::BF16),
         ("32 rows 16/16 d128", (0..32).map(|i| 1 + (i * 67) % 600).collect(), 16, 16, 128, 16, DType::BF16),
         ("200 short rows 16/16 d128", short, 16, 16, 128, 16, DType::BF16),
         ("16 rows 8/8 d64", sixteen.clone(), 8, 8, 64, 16, DType::BF16),
@@ -574,10 +577,25 @@ fn fused_qkv_rope_attention_simt() {
         ("16 rows gqa 16/4 (not folded)", sixteen.clone(), 16, 4, 128, 16, DType::BF16),
         ("16 rows f32 (not folded)", sixteen, 16, 16, 128, 16, DType::F32),
     ];
+    let sms = sm_count(match &Device::new_cuda(0).unwrap() {
+        Device::Cuda(d) => d,
+        _ => unreachable!(),
+    })
+    .unwrap();
     for case in cases {
+        let eight_before = decode_eight_warp_launches();
         let folded = check_qkv_rope_attention(AttnPath::Simt, &case, decode_simt_rope_launches, 0.0);
         let want = usize::from(case.2 == case.3 && case.6 != DType::F32);
         assert_eq!(folded, want, "{}: folded SIMT launches", case.0);
+        // Which cases an 8-warp build walks unsplit (both sides of the check run the same plan).
+        let eight = decode_eight_warp_launches() - eight_before;
+        let blocks = case.1.len() * case.3;
+        let eligible = case.2 == case.3 && case.1.iter().max().is_some_and(|&c| c >= 256);
+        let even = blocks as f64 / (sms * blocks.div_ceil(sms)) as f64 >= 0.9;
+        // (The build held to four blocks an SM fits four by its launch bounds: every even wave up
+        // to four blocks an SM takes one of the two.)
+        let expect = eligible && blocks > sms && blocks <= 4 * sms && even;
+        assert_eq!(eight, if expect { 2 } else { 0 }, "{}: 8-warp launches", case.0);
     }
 }
 

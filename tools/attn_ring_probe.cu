@@ -64,8 +64,9 @@ __device__ int g_mark_on;
 // head) walks all its keys in few steps, so no split and no combine launch. Round 1 (raw
 // 2026-12-10 call 1) measured 16 warps (2 an SM, spilling), 8 warps (3 an SM: now the library's
 // `_w8` build) and 8 warps held to 4 an SM; the 8-warp build won at every context.
-// Session 30, round 2: the library's 8-warp build (`paged_attn_bf16_d128_q1_w8`) against builds
-// that walk more keys a step (8 key sets a lane, 2 blocks an SM) or the same keys with more warps.
+// Session 30, round 2: the library's 8-warp builds (`paged_attn_bf16_d128_q1_w8`, `_w8o4`)
+// against builds that walk more keys a step (8 / 6 key sets a lane, 2 blocks an SM) or the same
+// keys with more warps (16 warps of 2 key sets: faster here, slower in the CB step, not kept).
 extern "C" __global__ void __launch_bounds__(256, 2) paged_attn_bf16_d128_q1_w8u8(PA_ARGS(__nv_bfloat16)) {
     paged_attn_impl<__nv_bfloat16, 128, 1, false, 8, 8>(PA_PASS);
 }
@@ -74,9 +75,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) paged_attn_bf16_d128_q1_w8u
 }
 extern "C" __global__ void __launch_bounds__(512, 2) paged_attn_bf16_d128_q1_w16u2(PA_ARGS(__nv_bfloat16)) {
     paged_attn_impl<__nv_bfloat16, 128, 1, false, 16, 2>(PA_PASS);
-}
-extern "C" __global__ void __launch_bounds__(256, 4) paged_attn_bf16_d128_q1_w8o4(PA_ARGS(__nv_bfloat16)) {
-    paged_attn_impl<__nv_bfloat16, 128, 1, false, 8>(PA_PASS);
 }
 #include <random>
 #include <cstring>
@@ -99,8 +97,10 @@ constexpr int LIB_BLOCKS_PER_SM = 1, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
 // A launch's floor in a chain of kernels: no work at all, the ring's grid and threads.
 __global__ void empty_kernel() {}
 
-// The library's split plan (attention_split.rs `plan`, same arithmetic) for a launch whose
-// contexts are bounded by `bound` (a graph's bucket), base = (row tile, kv head) blocks.
+// The library's split plan for its 4-warp builds (attention_split.rs `plan`, same arithmetic,
+// without the unsplit 8-warp builds it now prefers for one even wave of two to four blocks an SM:
+// those are the `wide` variants below) for a launch whose contexts are bounded by `bound` (a
+// graph's bucket), base = (row tile, kv head) blocks.
 struct Plan { int splits, chunk, wave; bool occ7; };
 static int keys_per_block(int max_ctx, int splits, int step) { return ((max_ctx + splits - 1) / splits + step - 1) / step * step; }
 static int host_split_count(int max_ctx, int max_splits, int base, int wave, int step) {
@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
         {paged_attn_bf16_d128_q1_w8u8, 256, "8 warps, 8 key sets, 2 an SM", 0},
         {paged_attn_bf16_d128_q1_w8u6, 256, "8 warps, 6 key sets, 2 an SM", 0},
         {paged_attn_bf16_d128_q1_w16u2, 512, "16 warps, 2 key sets", 0},
-        {paged_attn_bf16_d128_q1_w8o4, 256, "8 warps held to 4 an SM", 0},
+        {paged_attn_bf16_d128_q1_w8o4, 256, "8 warps held to 4 an SM (library)", 0},
     };
     for (auto &b : wides) {
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b.occ, b.fn, b.threads, 0));

@@ -1,16 +1,17 @@
 //! How the SIMT paged-attention kernel cuts a row's keys into splits (decode at small widths or
-//! long contexts), and which of its three builds runs: the host plans the grid here; where the
+//! long contexts), and which of its four builds runs: the host plans the grid here; where the
 //! plan leaves the cut to the kernel, the kernel repeats `split_count` on the actual contexts.
 //!
 //! Measured on the H200 (session 20, `docs/BENCHMARKS.md`): chunks of the context bound (a
 //! captured graph's bucket: the next power of two) were fastest while they stay short (≤ 256
 //! keys at W 16 / 64: the full first chunks run first and the short last ones fill in), but at
 //! 2k-token contexts they were long and uneven (2048 + 256 keys at W 64), and cutting the
-//! actual longest context evenly took 10 % off that decode step. Where one wave of the 8-warp
-//! build holds every (row, kv head) block and spreads them evenly over the SMs, walking each
-//! row's keys unsplit beat every split plan (session 30: 13 % a launch at W 16 and context 260,
-//! 25 % at 1024, 3 % at 2176 on Ouro-1.4B shapes): no combine launch, and 8 warps walk a row's
-//! keys in a quarter of the 4-warp build's steps.
+//! actual longest context evenly took 10 % off that decode step. Where one wave of an 8-warp
+//! build holds every (row, kv head) block and spreads two or more of them evenly over each SM,
+//! walking each row's keys unsplit beat every split plan (session 30, Ouro-1.4B shapes: 13 % a
+//! launch at W 16 and context 260, 25 % at 1024, 3 % at 2176; a CB step 3.9 % shorter at W 16):
+//! no combine launch, and 8 warps walk a row's keys in half the 4-warp builds' steps. One block
+//! an SM (W 8 of 16 heads) is not measured and keeps the split plan.
 
 /// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
 const MAX_SPLITS: usize = 32;
@@ -25,8 +26,8 @@ const OCC7_MAX_KEYS: usize = 384;
 const BOUND_CHUNK_STEP: usize = 64;
 
 /// Least share of the SMs' block slots in use (blocks ÷ (SMs × most blocks an SM gets)) at which
-/// a one-wave launch runs an 8-warp build unsplit: below it some SMs walk twice the rows others
-/// do (W 9 on 132 SMs: 144 blocks), and splitting balances them.
+/// a one-wave launch of more blocks than SMs runs an 8-warp build unsplit: below it some SMs
+/// walk more rows than others (W 9 on 132 SMs: 144 blocks), and splitting balances them.
 const EIGHT_WARPS_MIN_EVENNESS: f64 = 0.9;
 
 /// Which build of the SIMT kernel runs a launch (the kernel name's suffix and its block size).
@@ -36,7 +37,8 @@ pub(crate) enum SimtBuild {
     Plain,
     /// 4 warps, held to 7 blocks an SM (one query item a block).
     SevenBlocks,
-    /// 8 warps, held to 3 blocks an SM (one query item a block), for unsplit one-wave launches.
+    /// 8 warps, at least 3 blocks an SM (`__launch_bounds__`; f32 at head dim 96 / 128 fits 4 on
+    /// the H200), one query item a block, for unsplit one-wave launches.
     EightWarps,
     /// 8 warps held to 4 blocks an SM (a few registers spill), for unsplit one-wave launches the
     /// 3-an-SM build does not hold.
@@ -108,7 +110,7 @@ pub(crate) fn plan<E>(
         return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build: four_warps(typical) });
     }
     let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
-    if one_query && evenness >= EIGHT_WARPS_MIN_EVENNESS {
+    if one_query && base_blocks > sms && evenness >= EIGHT_WARPS_MIN_EVENNESS {
         for build in [SimtBuild::EightWarps, SimtBuild::EightWarpsDense] {
             if base_blocks <= wave(build)? {
                 return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build });
@@ -173,7 +175,7 @@ fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize, wave_block
 mod tests {
     use super::*;
 
-    /// The H200's 132 SMs, 6 / 7 / 3 blocks an SM for the three builds.
+    /// The H200's 132 SMs, 6 / 7 / 3 / 4 blocks an SM for the four builds (bf16).
     fn h200(build: SimtBuild) -> usize {
         132 * match build {
             SimtBuild::Plain => 6,
@@ -208,13 +210,15 @@ mod tests {
 
     #[test]
     fn one_even_wave_of_the_eight_warp_build_walks_rows_unsplit() {
-        // W 16 / 24 (256 / 384 tiles): two / three blocks on nearly every SM, at any bound.
+        // W 16 / 24 (256 / 384 tiles): two / three blocks on nearly every SM, at any bound
+        // (measured up to 2k-token contexts).
         for bound in [256, 512, 1024, 4096, 16384] {
             assert_eq!(plan(bound, 256, 132, 32, true, h200), WHOLE_8, "bound {bound}");
             assert_eq!(plan(bound, 384, 132, 32, true, h200), WHOLE_8, "bound {bound}");
         }
-        // One block on every SM (W 8.25 on 132 SMs) is even too.
-        assert_eq!(plan(512, 132, 132, 32, true, h200), WHOLE_8);
+        // One block an SM (W 8.25 on 132 SMs: not measured) keeps the split plan.
+        assert_eq!(plan(512, 132, 132, 32, true, h200).build, SimtBuild::SevenBlocks);
+        assert!(plan(512, 132, 132, 32, true, h200).splits > 1);
         // W 32 (512 tiles): four blocks an SM, the build held to four.
         assert_eq!(plan(512, 512, 132, 32, true, h200), WHOLE_8_DENSE);
         // Uneven (W 9: 12 SMs would walk two rows, 120 one) or past one wave (W 48): split.
@@ -229,9 +233,21 @@ mod tests {
     #[test]
     fn builds_name_kernels_and_block_sizes_the_cu_file_defines() {
         let cu = include_str!("kernels/paged_attention.cu");
-        for build in [SimtBuild::Plain, SimtBuild::SevenBlocks, SimtBuild::EightWarps, SimtBuild::EightWarpsDense] {
-            let name = format!("paged_attn_##NAME##_d##D##_q1{}(", build.suffix());
-            assert!(cu.contains(&name) || build == SimtBuild::Plain, "{name}");
+        // Each one-item build, plain and folded, under launch bounds of its warps.
+        for (build, bounds) in [
+            (SimtBuild::Plain, "__launch_bounds__(NTHREADS)"),
+            (SimtBuild::SevenBlocks, "__launch_bounds__(NTHREADS, 7)"),
+            (SimtBuild::EightWarps, "__launch_bounds__(W8_WARPS * 32, 3)"),
+            (SimtBuild::EightWarpsDense, "__launch_bounds__(W8_WARPS * 32, 4)"),
+        ] {
+            for name in [format!("paged_attn_rope_##NAME##_d##D##_q1{}(", build.suffix()), format!("paged_attn_##NAME##_d##D##_q1{}(", build.suffix())] {
+                if build == SimtBuild::Plain && !name.contains("rope") {
+                    continue; // the plain one-item build is `_q##NQ` at NQ = 1
+                }
+                let at = cu.find(&name).unwrap_or_else(|| panic!("{name}"));
+                let line_start = cu[..at].rfind("extern \"C\"").unwrap();
+                assert!(cu[line_start..at].contains(bounds), "{name}: not under {bounds}");
+            }
         }
         assert!(cu.contains("#define NW 4\n") && SimtBuild::Plain.warps() == 4);
         assert_eq!(SimtBuild::SevenBlocks.warps(), SimtBuild::Plain.warps());

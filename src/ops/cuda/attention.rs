@@ -10,7 +10,8 @@ use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
 /// Names this op in errors.
 const OP: &str = "paged attention";
-/// Warps per thread block of the attention kernel (`NW` in the .cu file).
+/// Warps per thread block of the attention kernels' 4-warp builds (`NW` in the .cu file): the
+/// tensor-core kernel and the SIMT builds whose steps the split plans count.
 const NW: usize = 4;
 /// Query items (token x head of a GQA group) per row from which the tensor-core kernel is used.
 const MMA_MIN_ITEMS: usize = 16;

@@ -786,7 +786,7 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         paged_attn_impl<T, D, 1>(PA_PASS);                                                       \
     }
 
-// The one-query kernel with 8 warps a block, held to 3 blocks an SM (`_w8`): a decode launch of
+// The one-query kernel with 8 warps a block, at least 3 blocks an SM (`_w8`): a decode launch of
 // one wave of (row, kv head) blocks walks each row's keys unsplit in one block, with no combine
 // launch (attention_split.rs says when).
 #define W8_WARPS 8
