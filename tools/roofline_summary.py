@@ -11,14 +11,15 @@ import statistics
 
 root = pathlib.Path(__file__).resolve().parent.parent
 raw = root / "docs" / "bench" / "raw-2026-12-06"
-# Session 29. CB prompt 128 at W 16 / 64 / 256 from e023c3e (main: qkv_rope_write folded into the
-# SIMT kernel, row norms in one round trip), call 6; prompt 2048 at W 16 from e023c3e, call 5;
-# depth batching (shared K/V) from 31be55f (the norms' change), call 2. Session 28: W 24 / 32 / 48 and prompt 2048 at W 32 / 64 from 4929672, call 3; depth
+# Session 30. CB prompt 128 at W 16 / 64 / 256, W 24 and prompt 2048 at W 16 from d76afbb (main: the
+# SIMT kernel's 8-warp builds for one even wave, the ring from 33 rows), call 6; W 32 from fada648
+# with PONDER_DECODE_RING=0 (what d76afbb runs by default there), call 5; depth batching (shared
+# K/V) from 2d78dc2 (the 8-warp build), call 2. Session 28: W 48 and prompt 2048 at W 32 / 64 from 4929672, call 3; depth
 # batching on last-exited K/V from c035156 (the fold), call 2. Prompt 8192 and Huginn (no ring:
 # 55 heads, head dim 96) from 3107341 / fccc9b3 (session 26), not re-run since.
 new = root / "docs" / "bench" / "raw-2026-12-08"
 s28 = [new / c / "runs.json" for c in ("call2", "call3")]
-s29 = [root / "docs" / "bench" / "raw-2026-12-09" / c / "runs.json" for c in ("call2", "call5", "call6")]
+s30 = [root / "docs" / "bench" / "raw-2026-12-10" / c / "runs.json" for c in ("call2", "call5", "call6")]
 calls = [raw / c / "runs.json" for c in ("call1", "call2")]
 cb8k = raw / "call3" / "cb8k.json"
 
@@ -53,20 +54,22 @@ def cdb_rows(docs, workload):
 def main():
     c1, c2 = (json.loads(f.read_text()) for f in calls)
     n2, n3 = (json.loads(f.read_text()) for f in s28)
-    m2, m5, m6 = (json.loads(f.read_text()) for f in s29)
-    rows = cb_rows([m6["cb_new1"], m6["cb_new2"]], "CB, prompt 128 + 256 new", 0.75)
-    for w in ("w24_auto", "w32_new", "w48_new"):
-        rows += cb_rows([n3[w + "1"], n3[w + "2"]], "CB, prompt 128 + 256 new (widths between)", None)
-    rows += cb_rows([m5["cb2k_new1"], m5["cb2k_new2"]], "CB, prompt 2048 + 256 new", 0.75)
+    m2, m5, m6 = (json.loads(f.read_text()) for f in s30)
+    rows = cb_rows([m6["cb"]], "CB, prompt 128 + 256 new", 0.75)
+    between = "CB, prompt 128 + 256 new (widths between)"
+    rows += cb_rows([m6["cb24"]], between, None)
+    rows += cb_rows([m5["cb32_simt1"], m5["cb32_simt2"]], between, None)
+    rows += cb_rows([n3["w48_new1"], n3["w48_new2"]], between, None)
+    rows += cb_rows([m6["cb2k"]], "CB, prompt 2048 + 256 new", 0.75)
     rows += cb_rows([n3["cb2k32_new1"], n3["cb2k32_new2"]], "CB, prompt 2048 + 256 new", None)
     rows += cb_rows([n3["cb2k64_new1"], n3["cb2k64_new2"]], "CB, prompt 2048 + 256 new", 0.75)
     rows += cb_rows([json.loads(cb8k.read_text())], "CB, prompt 8192 + 64 new", 0.75)
     rows += cb_rows([c2["huginn"]], "Huginn CB, prompt 128 + 128 new", None)
-    rows += cdb_rows([m2["cdb_shared_new1"], m2["cdb_shared_new2"]], "CDB refill, shared K/V (decode side)")
+    rows += cdb_rows([m2["cdb_new1"], m2["cdb_new2"]], "CDB refill, shared K/V (decode side)")
     rows += cdb_rows([n2["cdb_last-exited_new1"], n2["cdb_last-exited_new2"]], "CDB refill, last-exited K/V (decode side)")
-    doc = dict(gpu=m6["cb_new1"]["gpu"], commit="e023c3e / 31be55f / 4929672 / c035156 (each row names its own)",
+    doc = dict(gpu=m6["cb"]["gpu"], commit="d76afbb / fada648 / 2d78dc2 / 4929672 / c035156 (each row names its own)",
                model="Ouro-1.4B shapes (Huginn-0125 where named), random bf16 weights",
-               sources="docs/bench/raw-2026-12-09/{call2,call5,call6}, docs/bench/raw-2026-12-08/{call2,call3}, docs/bench/raw-2026-12-06/{call2,call3}", rows=rows)
+               sources="docs/bench/raw-2026-12-10/{call2,call5,call6}, docs/bench/raw-2026-12-08/{call2,call3}, docs/bench/raw-2026-12-06/{call2,call3}", rows=rows)
     out = root / "docs" / "bench" / "looped_roofline.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print("wrote", out)
