@@ -8,10 +8,10 @@
 //! 2k-token contexts they were long and uneven (2048 + 256 keys at W 64), and cutting the
 //! actual longest context evenly took 10 % off that decode step. Where one wave of an 8-warp
 //! build holds every (row, kv head) block and spreads two or more of them evenly over each SM,
-//! walking each row's keys unsplit beat every split plan (session 30, Ouro-1.4B shapes: 13 % a
-//! launch at W 16 and context 260, 25 % at 1024, 3 % at 2176; a CB step 3.9 % shorter at W 16):
+//! walking each row's keys unsplit beat the split plan (session 30, Ouro-1.4B shapes: 13 % a
+//! launch at W 16 and context 260, 25 % at 1024, 3 % at 2176; a CB step 3.8 % shorter at W 16):
 //! no combine launch, and 8 warps walk a row's keys in half the 4-warp builds' steps. One block
-//! an SM (W 8 of 16 heads) is not measured and keeps the split plan.
+//! an SM (W 8 of 16 heads) and bounds past what was measured keep the split plan.
 
 /// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
 const MAX_SPLITS: usize = 32;
@@ -29,6 +29,14 @@ const BOUND_CHUNK_STEP: usize = 64;
 /// a one-wave launch of more blocks than SMs runs an 8-warp build unsplit: below it some SMs
 /// walk more rows than others (W 9 on 132 SMs: 144 blocks), and splitting balances them.
 const EIGHT_WARPS_MIN_EVENNESS: f64 = 0.9;
+/// Longest context bound (keys) up to which a launch runs an 8-warp build unsplit: measured in
+/// the CB step up to the 2k-token prompt's bucket (4096), in the probe up to 2176 keys, where the
+/// gain had shrunk to 3 %; longer bounds keep the split plan until measured.
+const EIGHT_WARPS_MAX_KEYS: usize = 4096;
+/// The same for the build held to four blocks an SM: measured in the step at CB prompt 128's
+/// bucket (512) only; alone at 2176 keys (two blocks an SM) it was 25 % slower than the split
+/// plan (its spills sit in the key loop).
+const EIGHT_WARPS_DENSE_MAX_KEYS: usize = 512;
 
 /// Which build of the SIMT kernel runs a launch (the kernel name's suffix and its block size).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,8 +119,8 @@ pub(crate) fn plan<E>(
     }
     let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
     if one_query && base_blocks > sms && evenness >= EIGHT_WARPS_MIN_EVENNESS {
-        for build in [SimtBuild::EightWarps, SimtBuild::EightWarpsDense] {
-            if base_blocks <= wave(build)? {
+        for (build, max_keys) in [(SimtBuild::EightWarps, EIGHT_WARPS_MAX_KEYS), (SimtBuild::EightWarpsDense, EIGHT_WARPS_DENSE_MAX_KEYS)] {
+            if max_ctx <= max_keys && base_blocks <= wave(build)? {
                 return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build });
             }
         }
@@ -210,17 +218,23 @@ mod tests {
 
     #[test]
     fn one_even_wave_of_the_eight_warp_build_walks_rows_unsplit() {
-        // W 16 / 24 (256 / 384 tiles): two / three blocks on nearly every SM, at any bound
-        // (measured up to 2k-token contexts).
-        for bound in [256, 512, 1024, 4096, 16384] {
+        // W 16 / 24 (256 / 384 tiles): two / three blocks on nearly every SM, at bounds up to
+        // the 2k-token prompt's bucket; past it, the split plan.
+        for bound in [256, 512, 1024, 4096] {
             assert_eq!(plan(bound, 256, 132, 32, true, h200), WHOLE_8, "bound {bound}");
             assert_eq!(plan(bound, 384, 132, 32, true, h200), WHOLE_8, "bound {bound}");
+        }
+        for bound in [8192, 16384] {
+            let p = plan(bound, 256, 132, 32, true, h200);
+            assert!(p.splits > 1 && matches!(p.cut, Cut::InKernel { .. }), "bound {bound}: {p:?}");
         }
         // One block an SM (W 8.25 on 132 SMs: not measured) keeps the split plan.
         assert_eq!(plan(512, 132, 132, 32, true, h200).build, SimtBuild::SevenBlocks);
         assert!(plan(512, 132, 132, 32, true, h200).splits > 1);
-        // W 32 (512 tiles): four blocks an SM, the build held to four.
+        // W 32 (512 tiles): four blocks an SM, the build held to four — at bounds up to 512.
+        assert_eq!(plan(256, 512, 132, 32, true, h200), WHOLE_8_DENSE);
         assert_eq!(plan(512, 512, 132, 32, true, h200), WHOLE_8_DENSE);
+        assert!(plan(1024, 512, 132, 32, true, h200).splits > 1);
         // Uneven (W 9: 12 SMs would walk two rows, 120 one) or past one wave (W 48): split.
         for tiles in [144, 768] {
             let p = plan(512, tiles, 132, 32, true, h200);
@@ -257,7 +271,7 @@ mod tests {
 
     #[test]
     fn long_contexts_are_cut_in_the_kernel() {
-        // 2k prompts, bucket 4096: chunks of the bound would be 832 (W 12) and 2048 (W 64) keys.
+        // 2k prompts, bucket 4096: chunks of the bound would be 704 (W 12) and 2048 (W 64) keys.
         let w12 = plan(4096, 192, 132, 32, true, h200);
         assert_eq!((w12.cut, w12.build), (Cut::InKernel { wave_blocks: h200(SimtBuild::Plain) }, SimtBuild::Plain));
         assert!(w12.splits >= 3, "{w12:?}");

@@ -38,7 +38,8 @@ pub enum AttentionKernels {
     /// SIMT kernels for few query items per row; tensor-core kernels with pipelined tile loads
     /// (cp.async double buffering) for many, in bf16 / f16; decode launches of 64 rows or more
     /// that the bulk-copy ring kernel takes (see `DecodeRing`) through it — of 32 or more where
-    /// the ring also does `qkv_rope_write`'s work (`fused::qkv_rope_attention`).
+    /// the ring also does `qkv_rope_write`'s work (`fused::qkv_rope_attention`), except 32-row
+    /// launches under a context bound of at most 512 keys, which the SIMT kernel's fold keeps.
     #[default]
     Auto,
     /// As `Auto`, with the tensor-core kernels loading tiles synchronously and no ring.
@@ -51,8 +52,9 @@ pub enum AttentionKernels {
     /// on sm_90 builds and devices. The ring streams K/V pages by `cp.async.bulk` and cuts the
     /// launch's keys into equal runs, one a block; at 16 and 32 rows it was slower than the SIMT
     /// kernel on the H200 (`docs/BENCHMARKS.md`, session 25); with `qkv_rope_write` folded into
-    /// both, the SIMT kernel's 8-warp builds were faster at 24 rows and level at 32 (session 30),
-    /// so `Auto` folds into the ring from 33 rows on. `PONDER_DECODE_RING=0` / `1` turn
+    /// both, at the graphs' 32-row bucket of a prompt-128 CB step (bound 512) the SIMT fold was
+    /// 6 % faster at 24 rows and, on its 8-warp build held to four blocks an SM, level at 32
+    /// (session 30), so `Auto` keeps such launches on it. `PONDER_DECODE_RING=0` / `1` turn
     /// `Auto`'s ring off / on at every width, for A/B runs.
     DecodeRing,
 }

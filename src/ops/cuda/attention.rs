@@ -24,17 +24,22 @@ const MMA_NQ: usize = 64;
 /// consumer warps), the head dim it is built for. Grid, depth and fewest stages are the best of a
 /// sweep on the H200 (tools/attn_ring_probe.cu). Below RING_MIN_ROWS the SIMT kernel (a block per
 /// row and head) was faster there (session 25). With `qkv_rope_write` folded in
-/// (`qkv_rope_paged_attention`) the ring saves a launch, but so does the SIMT kernel's fold, whose
-/// 8-warp builds walk a 32-row launch's rows unsplit: RING_ROPE_MIN_ROWS keeps the graphs' 32-row
-/// bucket on the SIMT fold — an Ouro-1.4B CB step at 24 rows 6 % shorter than on the folded ring,
-/// at 32 rows level (session 30; the ring had been 4 % ahead of `qkv_rope_write` + the split SIMT
-/// plan at 32 rows, session 28).
+/// (`qkv_rope_paged_attention`) the ring saves a launch, which moves its break-even down:
+/// RING_ROPE_MIN_ROWS — an Ouro-1.4B CB step at 32 rows 4 % shorter than `qkv_rope_write` + the
+/// split SIMT plan (session 28). The SIMT kernel folds that write in too, and its 8-warp build
+/// held to four blocks an SM walks a 32-row launch unsplit: folded launches of at most
+/// SIMT_FOLD_MAX_ROWS rows under a context bound of at most SIMT_FOLD_MAX_KEYS stay on the SIMT
+/// fold — the graphs' 32-row bucket of a CB step at prompt 128 (bound 512) 6 % shorter than on the
+/// ring at 24 rows, level at 32 (session 30). Longer bounds keep the ring there: the dense build
+/// is not measured on them (alone, at 2k keys, it was slower than the split plan).
 const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
 const RING_BLOCKS_PER_SM: usize = 1;
 const RING_MIN_CHUNK: usize = 8;
 const RING_MIN_ROWS: usize = 64;
-const RING_ROPE_MIN_ROWS: usize = 33;
+const RING_ROPE_MIN_ROWS: usize = 32;
+const SIMT_FOLD_MAX_ROWS: usize = 32;
+const SIMT_FOLD_MAX_KEYS: usize = 512;
 const RING_MAX_HEADS: usize = 16;
 const RING_HD: usize = 128;
 /// Dynamic shared memory the ring kernel is opted into: the most any launch asks (16 kv heads of
@@ -130,7 +135,7 @@ pub fn paged_attention(
     let kernels = crate::ops::attention_kernels();
     let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
-    let ring = ring_takes(&dev, kernels, dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size], false)?;
+    let ring = ring_takes(&dev, kernels, dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size, max_context_len], false)?;
     let p = Params {
         mma,
         pipe,
@@ -352,13 +357,14 @@ fn combine<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
-/// Whether a decode launch of `rows` rows goes through the ring: always with
-/// [`AttentionKernels::DecodeRing`]; with `Auto` from RING_MIN_ROWS rows on (RING_ROPE_MIN_ROWS
-/// for the ring that folds in `qkv_rope_write`: `folded`), unless `PONDER_DECODE_RING` says `0`
-/// (never) or `1` (at every width) — a measurement switch for A/B runs on the device.
+/// Whether a decode launch of `rows` rows under a context bound of `max_ctx` keys goes through the
+/// ring: always with [`AttentionKernels::DecodeRing`]; with `Auto` from RING_MIN_ROWS rows on (for
+/// the ring that folds in `qkv_rope_write`, `folded`: from RING_ROPE_MIN_ROWS, except launches
+/// the SIMT fold keeps — see SIMT_FOLD_MAX_ROWS), unless `PONDER_DECODE_RING` says `0` (never)
+/// or `1` (at every width) — a measurement switch for A/B runs on the device.
 ///
 /// [`AttentionKernels::DecodeRing`]: crate::ops::AttentionKernels::DecodeRing
-fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize, folded: bool) -> bool {
+fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize, max_ctx: usize, folded: bool) -> bool {
     use crate::ops::AttentionKernels;
     static SWITCH: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let switch = || {
@@ -370,19 +376,23 @@ fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize, folded: boo
     };
     match kernels {
         AttentionKernels::DecodeRing => true,
-        AttentionKernels::Auto => switch().unwrap_or(rows >= if folded { RING_ROPE_MIN_ROWS } else { RING_MIN_ROWS }),
+        AttentionKernels::Auto => switch().unwrap_or(if folded {
+            rows >= RING_ROPE_MIN_ROWS && !(rows <= SIMT_FOLD_MAX_ROWS && max_ctx <= SIMT_FOLD_MAX_KEYS)
+        } else {
+            rows >= RING_MIN_ROWS
+        }),
         _ => false,
     }
 }
 
 /// Whether the decode ring (`folded`: with `qkv_rope_write` folded in) takes a launch of
-/// `[tokens, rows, max_q_len, heads, kv_heads, head_dim, block_size]`: decode rows (one query
-/// each: max_q_len 1 and as many tokens as rows), bf16 / f16, head dim 128, 1 to 16 query heads
-/// in GQA groups too small for the tensor-core kernel (which takes those first), whole stages in a
-/// page, and the ring selected, built and run by `dev`.
-fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels, dtype: DType, shape: [usize; 7], folded: bool) -> Result<bool> {
-    let [tokens, rows, max_q_len, heads, kv_heads, hd, block_size] = shape;
-    Ok(ring_selected(kernels, rows, folded)
+/// `[tokens, rows, max_q_len, heads, kv_heads, head_dim, block_size, max_context_len]`: decode
+/// rows (one query each: max_q_len 1 and as many tokens as rows), bf16 / f16, head dim 128, 1 to
+/// 16 query heads in GQA groups too small for the tensor-core kernel (which takes those first),
+/// whole stages in a page, and the ring selected, built and run by `dev`.
+fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels, dtype: DType, shape: [usize; 8], folded: bool) -> Result<bool> {
+    let [tokens, rows, max_q_len, heads, kv_heads, hd, block_size, max_ctx] = shape;
+    Ok(ring_selected(kernels, rows, max_ctx, folded)
         && heads > 0
         && kv_heads > 0
         && heads / kv_heads * max_q_len < MMA_MIN_ITEMS
@@ -525,7 +535,8 @@ pub fn qkv_rope_paged_attention(
     if !fits {
         return Ok(None);
     }
-    let ring = ring_takes(&dev, crate::ops::attention_kernels(), dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size], true)?;
+    let shape = [tokens, rows, max_q_len, heads, kv_heads, hd, block_size, max_context_len];
+    let ring = ring_takes(&dev, crate::ops::attention_kernels(), dtype, shape, true)?;
     if !ring && !simt_fold_takes(dtype, heads, kv_heads, hd) {
         return Ok(None);
     }
