@@ -63,7 +63,8 @@ __device__ int g_mark_on;
 // The one-query kernel with more warps a block (`wide`, session 30): at W 16 a block per (row,
 // head) walks all its keys in few steps, so no split and no combine launch. Round 1 (raw
 // 2026-12-10 call 1) measured 16 warps (2 an SM, spilling), 8 warps (3 an SM: now the library's
-// `_w8` build) and 8 warps held to 4 an SM; the 8-warp build won at every context.
+// `_w8` build) and 8 warps held to 4 an SM (now `_w8o4`): the 8-warp build won wherever one wave
+// held its blocks, the one held to four at W 32.
 // Session 30, round 2: the library's 8-warp builds (`paged_attn_bf16_d128_q1_w8`, `_w8o4`)
 // against builds that walk more keys a step (8 / 6 key sets a lane, 2 blocks an SM) or the same
 // keys with more warps (16 warps of 2 key sets: faster here, slower in the CB step, not kept).

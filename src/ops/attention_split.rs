@@ -34,8 +34,8 @@ const EIGHT_WARPS_MIN_EVENNESS: f64 = 0.9;
 /// gain had shrunk to 3 %; longer bounds keep the split plan until measured.
 const EIGHT_WARPS_MAX_KEYS: usize = 4096;
 /// The same for the build held to four blocks an SM: measured in the step at CB prompt 128's
-/// bucket (512) only; alone at 2176 keys (two blocks an SM) it was 25 % slower than the split
-/// plan (its spills sit in the key loop).
+/// bucket (512) only; alone at 2176 keys (two blocks an SM) it was 24 % slower than the split
+/// plan (it spills a few registers; the 3-an-SM build does not).
 const EIGHT_WARPS_DENSE_MAX_KEYS: usize = 512;
 
 /// Which build of the SIMT kernel runs a launch (the kernel name's suffix and its block size).

@@ -31,7 +31,8 @@ const MMA_NQ: usize = 64;
 /// SIMT_FOLD_MAX_ROWS rows under a context bound of at most SIMT_FOLD_MAX_KEYS stay on the SIMT
 /// fold — the graphs' 32-row bucket of a CB step at prompt 128 (bound 512) 6 % shorter than on the
 /// ring at 24 rows, level at 32 (session 30). Longer bounds keep the ring there: the dense build
-/// is not measured on them (alone, at 2k keys, it was slower than the split plan).
+/// is not measured on them (alone, at 2k keys and two blocks an SM, it was 24 % slower than the
+/// split plan).
 const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
 const RING_BLOCKS_PER_SM: usize = 1;
