@@ -390,6 +390,9 @@ int main(int argc, char **argv) {
             for (int rep = 0; rep < 2; ++rep) {
                 time("4-warp builds, their plan", [&](int l) { lib(l, plan.occ7, plan.splits, plan.chunk, out_lib, plan.wave); });
                 for (const auto &b : wides) time(std::string("wide, ") + b.name, [&](int l) { wide(l, b, out_ring); });
+                // The ring as the library launches it, in the same run (at W 64 the 8-warp build
+                // and the ring were compared only across sessions).
+                time("library's ring (equal runs)", [&](int l) { lib_ring(l, out_ring); });
             }
         }
         for (int rep = 0; rep < 2 && !wide_only; ++rep) {
