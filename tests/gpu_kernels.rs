@@ -114,6 +114,12 @@ fn check(case: Case) {
 
 static KERNEL_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The SMs of CUDA device 0 (the plans the tests predict depend on them).
+fn gpu_sms() -> usize {
+    let Device::Cuda(dev) = Device::new_cuda(0).unwrap() else { unreachable!() };
+    ponder::ops::cuda::sm_count(&dev).unwrap()
+}
+
 /// Which paged-attention kernel family a check forces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AttnPath {
@@ -206,10 +212,8 @@ fn decode_long_contexts_cut_in_kernel() {
 /// launches).
 #[test]
 fn decode_eight_warp_build() {
-    use ponder::ops::cuda::{decode_eight_warp_launches, sm_count};
-    let gpu = Device::new_cuda(0).unwrap();
-    let Device::Cuda(dev) = &gpu else { unreachable!() };
-    let sms = sm_count(dev).unwrap();
+    use ponder::ops::cuda::decode_eight_warp_launches;
+    let sms = gpu_sms();
     for (heads, hd, dt, bound) in [
         (16, 128, DType::BF16, None),
         (16, 128, DType::F32, Some(4096)),
@@ -562,7 +566,7 @@ fn fused_qkv_rope_attention() {
 /// folded and run the two ops.
 #[test]
 fn fused_qkv_rope_attention_simt() {
-    use ponder::ops::cuda::{decode_eight_warp_launches, decode_simt_rope_launches, sm_count};
+    use ponder::ops::cuda::{decode_eight_warp_launches, decode_simt_rope_launches};
     let sixteen: Vec<usize> = (0..16).map(|i| 1 + (i * 67) % 600).collect();
     let long: Vec<usize> = (0..16).map(|i| 1500 + (i * 389) % 2600).collect();
     let short: Vec<usize> = (0..200).map(|i| 1 + (i * 37) % 41).collect();
@@ -582,11 +586,7 @@ fn fused_qkv_rope_attention_simt() {
         ("16 rows gqa 16/4 (not folded)", sixteen.clone(), 16, 4, 128, 16, DType::BF16),
         ("16 rows f32 (not folded)", sixteen, 16, 16, 128, 16, DType::F32),
     ];
-    let sms = sm_count(match &Device::new_cuda(0).unwrap() {
-        Device::Cuda(d) => d,
-        _ => unreachable!(),
-    })
-    .unwrap();
+    let sms = gpu_sms();
     for case in cases {
         let eight_before = decode_eight_warp_launches();
         let folded = check_qkv_rope_attention(AttnPath::Simt, &case, decode_simt_rope_launches, 0.0);
@@ -595,11 +595,11 @@ fn fused_qkv_rope_attention_simt() {
         // Which cases an 8-warp build walks unsplit (both sides of the check run the same plan).
         let eight = decode_eight_warp_launches() - eight_before;
         let blocks = case.1.len() * case.3;
-        let eligible = case.2 == case.3 && case.1.iter().max().is_some_and(|&c| c >= 256);
+        let longest = case.1.iter().max().copied().unwrap_or(0);
+        let eligible = case.2 == case.3 && longest >= 256;
         let even = blocks as f64 / (sms * blocks.div_ceil(sms)) as f64 >= 0.9;
         // (The build held to four blocks an SM fits four by its launch bounds: every even wave up
         // to four blocks an SM takes one of the two, within their context bounds.)
-        let longest = case.1.iter().max().copied().unwrap_or(0);
         let expect = eligible && blocks > sms && even && (blocks <= 3 * sms && longest <= 4096 || blocks <= 4 * sms && longest <= 512);
         assert_eq!(eight, if expect { 2 } else { 0 }, "{}: 8-warp launches", case.0);
     }
@@ -800,8 +800,7 @@ fn split_k_partials_and_their_norms() {
     let x = rand_tensor(&mut rng, &[16, 5632], -1.0, 1.0, DType::BF16);
     let w = rand_tensor(&mut rng, &[2048, 5632], -0.05, 0.05, DType::BF16);
     if std::env::var_os("PONDER_SPLIT_K").is_none() {
-        let Device::Cuda(dev) = &gpu else { unreachable!() };
-        let sms = ponder::ops::cuda::sm_count(dev).unwrap();
+        let sms = gpu_sms();
         let expect = |tiles: usize| (2..=(sms / tiles).min(4)).rev().find(|s| 5632 % (s * 8) == 0);
         assert_eq!(split_k::split_k_plan(&g(&x), 2048), expect(32));
         assert_eq!(split_k::split_k_plan(&g(&x), 5280), expect(83));

@@ -808,22 +808,23 @@ __device__ __forceinline__ void paged_attn_mma_impl(
 #define PA_ROPE_ARGS(T)                                                                          \
     PA_ARGS(T), const T *cos_t, const T *sin_t, const uint32_t *slots, T *kw, T *vw,             \
         long long num_slots, int q_stride
+#define PA_FRESH(T) Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}
 #define PA_ROPE_KERNELS(NAME, T, D)                                                              \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
         paged_attn_rope_##NAME##_d##D##_q1(PA_ROPE_ARGS(T)) {                                    \
-        paged_attn_impl<T, D, 1, true>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
+        paged_attn_impl<T, D, 1, true>(PA_PASS, PA_FRESH(T));                                    \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(NTHREADS, 7)                                   \
         paged_attn_rope_##NAME##_d##D##_q1_o7(PA_ROPE_ARGS(T)) {                                 \
-        paged_attn_impl<T, D, 1, true>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
+        paged_attn_impl<T, D, 1, true>(PA_PASS, PA_FRESH(T));                                    \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 3)                              \
         paged_attn_rope_##NAME##_d##D##_q1_w8(PA_ROPE_ARGS(T)) {                                 \
-        paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
+        paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, PA_FRESH(T));                          \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 4)                              \
         paged_attn_rope_##NAME##_d##D##_q1_w8o4(PA_ROPE_ARGS(T)) {                               \
-        paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}); \
+        paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, PA_FRESH(T));                          \
     }
 
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
