@@ -208,11 +208,12 @@ fn decode_long_contexts_cut_in_kernel() {
 /// kv head) blocks an SM with contexts up to 2048, about four with contexts up to 512 (the build
 /// held to four takes those where the other fits only three: bf16 / f16, and f32 at head dim
 /// 64); head dims 64 / 96 / 128, f32 / bf16 / f16, the exact bound and a graph's bucket at or
-/// above the contexts. Checks that an 8-warp build ran (the SIMT fold's test checks which
-/// launches).
+/// above the contexts; and about one block an SM with contexts up to 512, which the deep 8-warp
+/// build (6 key sets a lane) walks. Checks that an 8-warp build ran, and the deep one where one
+/// block an SM (the SIMT fold's test checks which launches).
 #[test]
 fn decode_eight_warp_build() {
-    use ponder::ops::cuda::decode_eight_warp_launches;
+    use ponder::ops::cuda::{decode_deep_launches, decode_eight_warp_launches};
     let sms = gpu_sms();
     for (heads, hd, dt, bound) in [
         (16, 128, DType::BF16, None),
@@ -224,13 +225,16 @@ fn decode_eight_warp_build() {
         (12, 96, DType::F32, None),
     ] {
         // As many rows as put two blocks on each SM, at most, with contexts up to 2048; then four,
-        // with contexts and bound up to 512 (the build held to four takes no longer bound).
-        for (per_sm, longest) in [(2, 2048), (4, 512)] {
+        // with contexts and bound up to 512 (the build held to four takes no longer bound); then
+        // one (the deep build), with contexts and bound up to 512.
+        for (per_sm, longest) in [(2, 2048), (4, 512), (1, 512)] {
             let rows: Vec<(usize, usize)> = (0..per_sm * sms / heads).map(|i| (1, 1 + (i * 389) % longest)).collect();
             let bound = bound.map(|b: usize| b.min(longest));
-            let before = decode_eight_warp_launches();
+            let (before, deep_before) = (decode_eight_warp_launches(), decode_deep_launches());
             check(Case { rows, context_bound: bound, ..case("decode 8-warp builds mha", &[], heads, heads, hd, dt, AttnMask::Causal) });
             assert!(decode_eight_warp_launches() > before, "{heads} heads d{hd} {dt:?}, {per_sm} an SM: no 8-warp build ran");
+            let deep = decode_deep_launches() > deep_before;
+            assert_eq!(deep, per_sm == 1, "{heads} heads d{hd} {dt:?}, {per_sm} an SM: the deep build ran {deep}");
         }
     }
 }
@@ -562,11 +566,12 @@ fn fused_qkv_rope_attention() {
 /// and output bit for bit (the fold cuts the keys as the two launches do and rotates with the
 /// same arithmetic) — at head dims 64 / 96 / 128, bf16 and f16, contexts cut into splits by the
 /// host and (long ones) in the kernel or walked unsplit by the 8-warp builds (16, 24 and 32 rows
-/// of 16 heads, 22 of 12 on the H200; which launches took them is checked), one row and 200, block size 12; GQA and f32 launches are not
+/// of 16 heads, 22 of 12 on the H200; 6 and 8 rows of 16 and 11 of 12 by the deep build; which
+/// launches took them is checked), one row and 200, block size 12; GQA and f32 launches are not
 /// folded and run the two ops.
 #[test]
 fn fused_qkv_rope_attention_simt() {
-    use ponder::ops::cuda::{decode_eight_warp_launches, decode_simt_rope_launches};
+    use ponder::ops::cuda::{decode_deep_launches, decode_eight_warp_launches, decode_simt_rope_launches};
     let sixteen: Vec<usize> = (0..16).map(|i| 1 + (i * 67) % 600).collect();
     let long: Vec<usize> = (0..16).map(|i| 1500 + (i * 389) % 2600).collect();
     let short: Vec<usize> = (0..200).map(|i| 1 + (i * 37) % 41).collect();
@@ -579,6 +584,10 @@ fn fused_qkv_rope_attention_simt() {
         ("32 rows 16/16 d128", (0..32).map(|i| 1 + (i * 67) % 500).collect(), 16, 16, 128, 16, DType::BF16),
         ("32 rows of 600 keys 16/16 d128", (0..32).map(|i| 1 + (i * 67) % 600).collect(), 16, 16, 128, 16, DType::BF16),
         ("200 short rows 16/16 d128", short, 16, 16, 128, 16, DType::BF16),
+        ("8 rows 16/16 d128", (0..8).map(|i| 1 + (i * 67) % 500).collect(), 16, 16, 128, 16, DType::BF16),
+        ("6 rows 16/16 d128 f16", (0..6).map(|i| 200 + (i * 67) % 300).collect(), 16, 16, 128, 16, DType::F16),
+        ("11 rows 12/12 d96", (0..11).map(|i| 1 + (i * 89) % 480).collect(), 12, 12, 96, 16, DType::BF16),
+        ("8 rows of 570 keys 16/16 d128", (0..8).map(|i| 100 + (i * 67) % 600).collect(), 16, 16, 128, 16, DType::BF16),
         ("16 rows 8/8 d64", sixteen.clone(), 8, 8, 64, 16, DType::BF16),
         ("16 rows 12/12 d96 f16", sixteen.clone(), 12, 12, 96, 16, DType::F16),
         ("22 rows 12/12 d96 f16", (0..22).map(|i| 1 + (i * 89) % 900).collect(), 12, 12, 96, 16, DType::F16),
@@ -588,7 +597,7 @@ fn fused_qkv_rope_attention_simt() {
     ];
     let sms = gpu_sms();
     for case in cases {
-        let eight_before = decode_eight_warp_launches();
+        let (eight_before, deep_before) = (decode_eight_warp_launches(), decode_deep_launches());
         let folded = check_qkv_rope_attention(AttnPath::Simt, &case, decode_simt_rope_launches, 0.0);
         let want = usize::from(case.2 == case.3 && case.6 != DType::F32);
         assert_eq!(folded, want, "{}: folded SIMT launches", case.0);
@@ -600,8 +609,10 @@ fn fused_qkv_rope_attention_simt() {
         let even = blocks as f64 / (sms * blocks.div_ceil(sms)) as f64 >= 0.9;
         // (The build held to four blocks an SM fits four by its launch bounds: every even wave up
         // to four blocks an SM takes one of the two, within their context bounds.)
-        let expect = eligible && blocks > sms && even && (blocks <= 3 * sms && longest <= 4096 || blocks <= 4 * sms && longest <= 512);
-        assert_eq!(eight, if expect { 2 } else { 0 }, "{}: 8-warp launches", case.0);
+        let deep = eligible && blocks <= sms && blocks as f64 >= 0.6 * sms as f64 && longest <= 512;
+        let wave = blocks > sms && even && (blocks <= 3 * sms && longest <= 4096 || blocks <= 4 * sms && longest <= 512);
+        assert_eq!(eight, if deep || wave { 2 } else { 0 }, "{}: 8-warp launches", case.0);
+        assert_eq!(decode_deep_launches() - deep_before, if deep { 2 } else { 0 }, "{}: deep 8-warp launches", case.0);
     }
 }
 

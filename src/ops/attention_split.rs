@@ -10,8 +10,10 @@
 //! build holds every (row, kv head) block and spreads two or more of them evenly over each SM,
 //! walking each row's keys unsplit beat the split plan (session 30, Ouro-1.4B shapes: 13 % a
 //! launch at W 16 and context 260, 25 % at 1024, 3 % at 2176; a CB step 3.8 % shorter at W 16):
-//! no combine launch, and 8 warps walk a row's keys in half the 4-warp builds' steps. One block
-//! an SM (W 8 of 16 heads) and bounds past what was measured keep the split plan.
+//! no combine launch, and 8 warps walk a row's keys in half the 4-warp builds' steps. Where the
+//! blocks fill most SMs once (W 5–8 of 16 heads), an 8-warp build with 6 key sets a lane walks
+//! them unsplit (session 31: 16–17 % a launch at context 260). Bounds past what was measured keep
+//! the split plan.
 
 /// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
 const MAX_SPLITS: usize = 32;
@@ -37,6 +39,13 @@ const EIGHT_WARPS_MAX_KEYS: usize = 4096;
 /// bucket (512) only; alone at 2176 keys (two blocks an SM) it was 24 % slower than the split
 /// plan (it spills a few registers; the 3-an-SM build does not).
 const EIGHT_WARPS_DENSE_MAX_KEYS: usize = 512;
+/// Least share of the SMs a launch of at most one block an SM must fill for the deep 8-warp build
+/// to walk it unsplit (measured at 80, 96 and 128 blocks on 132 SMs; fewer are left to the split
+/// plan, which spreads a row's keys over the idle SMs).
+const DEEP_MIN_SM_SHARE: f64 = 0.6;
+/// Longest context bound (keys) up to which the deep build walks such a launch unsplit: measured
+/// at context 260 (bound 512); at 8192 keys it was 32 % slower than the split plan (W 8).
+const DEEP_MAX_KEYS: usize = 512;
 
 /// Which build of the SIMT kernel runs a launch (the kernel name's suffix and its block size).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +60,20 @@ pub(crate) enum SimtBuild {
     /// 8 warps held to 4 blocks an SM (a few registers spill), for unsplit one-wave launches the
     /// 3-an-SM build does not hold.
     EightWarpsDense,
+    /// 8 warps of 6 key sets a lane (more K/V loads in flight a warp), held to 2 blocks an SM, for
+    /// unsplit launches of at most one block an SM.
+    EightWarpsDeep,
+}
+
+/// Where the deep 8-warp build runs (`PONDER_SIMT_DEEP`: a measurement switch for A/B runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeepUse {
+    /// Never (the plan before session 31).
+    Never,
+    /// Launches of at most one block an SM (the default).
+    OneBlockAnSm,
+    /// Also in place of the other 8-warp builds wherever two blocks an SM hold the launch.
+    UpToTwoAnSm,
 }
 
 impl SimtBuild {
@@ -61,6 +84,7 @@ impl SimtBuild {
             SimtBuild::SevenBlocks => "_o7",
             SimtBuild::EightWarps => "_w8",
             SimtBuild::EightWarpsDense => "_w8o4",
+            SimtBuild::EightWarpsDeep => "_w8k6",
         }
     }
 
@@ -68,7 +92,7 @@ impl SimtBuild {
     pub(crate) fn warps(self) -> usize {
         match self {
             SimtBuild::Plain | SimtBuild::SevenBlocks => 4,
-            SimtBuild::EightWarps | SimtBuild::EightWarpsDense => 8,
+            SimtBuild::EightWarps | SimtBuild::EightWarpsDense | SimtBuild::EightWarpsDeep => 8,
         }
     }
 }
@@ -96,13 +120,15 @@ pub(crate) enum Cut {
 /// The plan for a launch of `base_blocks` (row tile, kv head) blocks whose contexts are at most
 /// `max_ctx` keys, on `sms` SMs; `step` = keys of one block step of the 4-warp builds;
 /// `one_query` when the one-item builds exist (one query item a block); `wave(build)` = blocks
-/// of that build that run at once (asked only where the plan would split).
+/// of that build that run at once (asked only where the plan would split); `deep` = where the
+/// deep 8-warp build may run.
 pub(crate) fn plan<E>(
     max_ctx: usize,
     base_blocks: usize,
     sms: usize,
     step: usize,
     one_query: bool,
+    deep: DeepUse,
     wave: impl Fn(SimtBuild) -> Result<usize, E>,
 ) -> Result<SplitPlan, E> {
     // A graph's bound is a power of two above the contexts it serves: judge keys by ¾ of it.
@@ -117,11 +143,18 @@ pub(crate) fn plan<E>(
     if splits == 1 {
         return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build: four_warps(typical) });
     }
+    let whole = |build| Ok(SplitPlan { splits: 1, cut: Cut::Whole, build });
     let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
+    if one_query && deep != DeepUse::Never && base_blocks <= sms && evenness >= DEEP_MIN_SM_SHARE && max_ctx <= DEEP_MAX_KEYS {
+        return whole(SimtBuild::EightWarpsDeep);
+    }
     if one_query && base_blocks > sms && evenness >= EIGHT_WARPS_MIN_EVENNESS {
         for (build, max_keys) in [(SimtBuild::EightWarps, EIGHT_WARPS_MAX_KEYS), (SimtBuild::EightWarpsDense, EIGHT_WARPS_DENSE_MAX_KEYS)] {
             if max_ctx <= max_keys && base_blocks <= wave(build)? {
-                return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build });
+                if deep == DeepUse::UpToTwoAnSm && base_blocks <= wave(SimtBuild::EightWarpsDeep)? {
+                    return whole(SimtBuild::EightWarpsDeep);
+                }
+                return whole(build);
             }
         }
     }
@@ -183,22 +216,28 @@ fn split_count(max_ctx: usize, max_splits: usize, base_blocks: usize, wave_block
 mod tests {
     use super::*;
 
-    /// The H200's 132 SMs, 6 / 7 / 3 / 4 blocks an SM for the four builds (bf16).
+    /// The H200's 132 SMs, 6 / 7 / 3 / 4 / 2 blocks an SM for the five builds (bf16).
     fn h200(build: SimtBuild) -> usize {
         132 * match build {
             SimtBuild::Plain => 6,
             SimtBuild::SevenBlocks => 7,
             SimtBuild::EightWarps => 3,
             SimtBuild::EightWarpsDense => 4,
+            SimtBuild::EightWarpsDeep => 2,
         }
     }
 
     fn plan(max_ctx: usize, base_blocks: usize, sms: usize, step: usize, one_query: bool, wave: fn(SimtBuild) -> usize) -> SplitPlan {
-        super::plan(max_ctx, base_blocks, sms, step, one_query, |b| Ok::<_, ()>(wave(b))).unwrap()
+        plan_deep(max_ctx, base_blocks, one_query, DeepUse::OneBlockAnSm, sms, step, wave)
+    }
+
+    fn plan_deep(max_ctx: usize, base_blocks: usize, one_query: bool, deep: DeepUse, sms: usize, step: usize, wave: fn(SimtBuild) -> usize) -> SplitPlan {
+        super::plan(max_ctx, base_blocks, sms, step, one_query, deep, |b| Ok::<_, ()>(wave(b))).unwrap()
     }
 
     const WHOLE_8: SplitPlan = SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarps };
     const WHOLE_8_DENSE: SplitPlan = SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarpsDense };
+    const WHOLE_8_DEEP: SplitPlan = SplitPlan { splits: 1, cut: Cut::Whole, build: SimtBuild::EightWarpsDeep };
 
     #[test]
     fn short_contexts_keep_chunks_of_the_bound() {
@@ -228,9 +267,6 @@ mod tests {
             let p = plan(bound, 256, 132, 32, true, h200);
             assert!(p.splits > 1 && matches!(p.cut, Cut::InKernel { .. }), "bound {bound}: {p:?}");
         }
-        // One block an SM (W 8.25 on 132 SMs: not measured) keeps the split plan.
-        assert_eq!(plan(512, 132, 132, 32, true, h200).build, SimtBuild::SevenBlocks);
-        assert!(plan(512, 132, 132, 32, true, h200).splits > 1);
         // W 32 (512 tiles): four blocks an SM, the build held to four — at bounds up to 512.
         assert_eq!(plan(256, 512, 132, 32, true, h200), WHOLE_8_DENSE);
         assert_eq!(plan(512, 512, 132, 32, true, h200), WHOLE_8_DENSE);
@@ -245,6 +281,31 @@ mod tests {
     }
 
     #[test]
+    fn one_block_an_sm_on_most_sms_runs_the_deep_build_unsplit() {
+        // W 5 / 6 / 8 of 16 heads (80 / 96 / 128 tiles, measured) and 132 tiles, bounds ≤ 512.
+        for tiles in [80, 96, 128, 132] {
+            for bound in [256, 512] {
+                assert_eq!(plan(bound, tiles, 132, 32, true, h200), WHOLE_8_DEEP, "{tiles} tiles, bound {bound}");
+            }
+            // Longer bounds (8192 keys at W 8: 32 % slower unsplit), GQA and the switch: split.
+            for p in
+                [plan(1024, tiles, 132, 32, true, h200), plan(512, tiles, 132, 32, false, h200), plan_deep(512, tiles, true, DeepUse::Never, 132, 32, h200)]
+            {
+                assert!(p.splits > 1 && p.build != SimtBuild::EightWarpsDeep, "{tiles}: {p:?}");
+            }
+        }
+        // Under 60 % of the SMs (W 4: 64 tiles) the split plan spreads rows over the idle SMs.
+        assert!(plan(512, 64, 132, 32, true, h200).splits > 1);
+        // Bounds below 256 keys never split, so never take it.
+        assert_eq!(plan(200, 128, 132, 32, true, h200).build, SimtBuild::SevenBlocks);
+        // The switch's wide use: where an 8-warp build would run and two blocks an SM hold it.
+        assert_eq!(plan_deep(512, 256, true, DeepUse::UpToTwoAnSm, 132, 32, h200), WHOLE_8_DEEP);
+        assert_eq!(plan_deep(4096, 256, true, DeepUse::UpToTwoAnSm, 132, 32, h200), WHOLE_8_DEEP);
+        assert_eq!(plan_deep(512, 384, true, DeepUse::UpToTwoAnSm, 132, 32, h200), WHOLE_8);
+        assert_eq!(plan_deep(512, 256, true, DeepUse::Never, 132, 32, h200), WHOLE_8);
+    }
+
+    #[test]
     fn builds_name_kernels_and_block_sizes_the_cu_file_defines() {
         let cu = include_str!("kernels/paged_attention.cu");
         // Each one-item build, plain and folded, under launch bounds of its warps.
@@ -253,6 +314,7 @@ mod tests {
             (SimtBuild::SevenBlocks, "__launch_bounds__(NTHREADS, 7)"),
             (SimtBuild::EightWarps, "__launch_bounds__(W8_WARPS * 32, 3)"),
             (SimtBuild::EightWarpsDense, "__launch_bounds__(W8_WARPS * 32, 4)"),
+            (SimtBuild::EightWarpsDeep, "__launch_bounds__(W8_WARPS * 32, 2)"),
         ] {
             for name in [format!("paged_attn_rope_##NAME##_d##D##_q1{}(", build.suffix()), format!("paged_attn_##NAME##_d##D##_q1{}(", build.suffix())] {
                 if build == SimtBuild::Plain && !name.contains("rope") {
@@ -267,6 +329,8 @@ mod tests {
         assert_eq!(SimtBuild::SevenBlocks.warps(), SimtBuild::Plain.warps());
         assert!(cu.contains("#define W8_WARPS 8\n") && SimtBuild::EightWarps.warps() == 8);
         assert_eq!(SimtBuild::EightWarpsDense.warps(), SimtBuild::EightWarps.warps());
+        assert_eq!(SimtBuild::EightWarpsDeep.warps(), SimtBuild::EightWarps.warps());
+        assert!(cu.contains("#define W8K6_KEY_SETS 6\n") && SimtBuild::EightWarpsDeep.suffix() == "_w8k6");
     }
 
     #[test]

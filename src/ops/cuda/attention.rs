@@ -265,7 +265,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     // the two-launch path does (its output is then that path's, bit for bit).
     let wave = |build: SimtBuild| wave_blocks(dev, &kernel_name(build, false), build.warps() * 32);
     let sms = super::launch::sm_count(dev)?;
-    let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, wave)?;
+    let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, deep_use(), wave)?;
     let kname = kernel_name(plan.build, views.is_some());
     let splits = plan.splits;
     // The kernel takes chunk 0 as "cut the actual longest context" (for `wave` blocks at once).
@@ -302,8 +302,11 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     if views.is_some() {
         SIMT_ROPE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    if matches!(plan.build, SimtBuild::EightWarps | SimtBuild::EightWarpsDense) {
+    if plan.build.warps() == 8 {
         SIMT_EIGHT_WARP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if plan.build == SimtBuild::EightWarpsDeep {
+        SIMT_DEEP_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     if let Some(ws) = &ws {
         combine::<T>(dev, name, p, &mut out, ws, splits)?;
@@ -447,13 +450,35 @@ pub fn decode_simt_rope_launches() -> usize {
     SIMT_ROPE_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Launches of the SIMT kernel's 8-warp builds (`paged_attn_*_q1_w8[o4]`, folded or not).
+/// Where the deep 8-warp build may run: `PONDER_SIMT_DEEP` `0` never, `2` also in place of the
+/// other 8-warp builds where two blocks an SM hold the launch (measurement switches for A/B runs on
+/// the device), otherwise launches of at most one block an SM.
+fn deep_use() -> attention_split::DeepUse {
+    use attention_split::DeepUse;
+    static SWITCH: std::sync::OnceLock<DeepUse> = std::sync::OnceLock::new();
+    *SWITCH.get_or_init(|| match std::env::var("PONDER_SIMT_DEEP").as_deref().map(str::trim) {
+        Ok("0") => DeepUse::Never,
+        Ok("2") => DeepUse::UpToTwoAnSm,
+        _ => DeepUse::OneBlockAnSm,
+    })
+}
+
+/// Launches of the SIMT kernel's 8-warp builds (`paged_attn_*_q1_w8[o4|k6]`, folded or not).
 static SIMT_EIGHT_WARP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// How many decode launches ran one of the SIMT kernel's 8-warp builds (one wave of unsplit
 /// rows), in this process.
 pub fn decode_eight_warp_launches() -> usize {
     SIMT_EIGHT_WARP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Launches of the deep 8-warp build (`paged_attn_*_q1_w8k6`, folded or not).
+static SIMT_DEEP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many decode launches ran the SIMT kernel's deep 8-warp build (6 key sets a lane, rows
+/// unsplit at one block an SM), in this process; counted in [`decode_eight_warp_launches`] too.
+pub fn decode_deep_launches() -> usize {
+    SIMT_DEEP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// What a decode kernel with `qkv_rope_write` folded in reads besides its own arguments (the

@@ -803,8 +803,18 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         paged_attn_impl<T, D, 1, false, W8_WARPS>(PA_PASS);                                      \
     }
 
+// The one-query kernel with 8 warps of 6 key sets a lane, held to 2 blocks an SM (`_w8k6`): a
+// decode launch of at most one (row, kv head) block an SM walks each row's keys unsplit with more
+// K/V loads in flight a warp (attention_split.rs says when).
+#define W8K6_KEY_SETS 6
+#define PA_KERNEL_W8K6(NAME, T, D)                                                               \
+    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 2)                              \
+        paged_attn_##NAME##_d##D##_q1_w8k6(PA_ARGS(T)) {                                        \
+        paged_attn_impl<T, D, 1, false, W8_WARPS, W8K6_KEY_SETS>(PA_PASS);                       \
+    }
+
 // The one-query kernels with qkv_rope_write folded in (FRESH, decode launches of MHA models:
-// one query item a row and kv head), in all four builds; `q` is then the fused projection.
+// one query item a row and kv head), in all five builds; `q` is then the fused projection.
 #define PA_ROPE_ARGS(T)                                                                          \
     PA_ARGS(T), const T *cos_t, const T *sin_t, const uint32_t *slots, T *kw, T *vw,             \
         long long num_slots, int q_stride
@@ -825,6 +835,10 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 4)                              \
         paged_attn_rope_##NAME##_d##D##_q1_w8o4(PA_ROPE_ARGS(T)) {                               \
         paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, PA_FRESH(T));                          \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 2)                              \
+        paged_attn_rope_##NAME##_d##D##_q1_w8k6(PA_ROPE_ARGS(T)) {                               \
+        paged_attn_impl<T, D, 1, true, W8_WARPS, W8K6_KEY_SETS>(PA_PASS, PA_FRESH(T));           \
     }
 
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
@@ -832,6 +846,7 @@ __device__ __forceinline__ void paged_attn_mma_impl(
     PA_KERNEL_OCC7(NAME, T, D)                                                                   \
     PA_KERNEL_W8(NAME, T, D)                                                                     \
     PA_KERNEL_W8O4(NAME, T, D)                                                                   \
+    PA_KERNEL_W8K6(NAME, T, D)                                                                   \
     PA_KERNEL(NAME, T, D, 2)                                                                     \
     PA_KERNEL(NAME, T, D, 4)                                                                     \
     PA_KERNEL(NAME, T, D, 8)                                                                     \
