@@ -1,7 +1,7 @@
 //! Fused per-layer ops (`kernels/fused.cu`): the projection epilogues that rotate q/k and
 //! write the paged K/V, residual + RMSNorm, SiLU·mul. Entry points in `crate::ops::fused`.
 
-use super::launch::{device, for_float, kernel, same_device_dtype, view, wrap, Module};
+use super::launch::{device, for_float, grid_stride_blocks, kernel, same_device_dtype, view, wrap, Module};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -401,8 +401,8 @@ fn residual_add_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a
     let func = kernel!(dev, Module::Fused, &format!("residual_add_{suf}"))?;
     const THREADS: usize = 256;
     let per_thread = 16 / std::mem::size_of::<T>();
-    let blocks = n.div_ceil(THREADS * per_thread).clamp(1, 132 * 16);
-    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let blocks = grid_stride_blocks(dev, n.div_ceil(THREADS * per_thread))?;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let len = n as i64;
     let mut bld = func.builder();
     bld.arg(&mut out).arg(&a_v).arg(&b_v).arg(&len);
@@ -453,7 +453,7 @@ fn rope_angles_launch<T: CudaDType + DeviceRepr>(
     let mut sin = unsafe { dev.alloc::<T>(n)? };
     let func = kernel!(dev, Module::Fused, &format!("rope_angles_{suf}"))?;
     const THREADS: usize = 256;
-    let cfg = LaunchConfig { grid_dim: (n.div_ceil(THREADS).min(132 * 16) as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (grid_stride_blocks(dev, n.div_ceil(THREADS))?, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let (t, h) = (tokens as i64, half as i32);
     let mut b = func.builder();
     b.arg(&mut cos).arg(&mut sin).arg(&p_v).arg(&f_v).arg(&t).arg(&h);
@@ -496,7 +496,8 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, gate_
     // whole number of vectors; the pointers are allocations, aligned).
     let vec = 16 / std::mem::size_of::<T>();
     let per_thread = if inter % vec == 0 { vec } else { 1 };
-    let cfg = LaunchConfig { grid_dim: (n.div_ceil(THREADS * per_thread).min(132 * 16) as u32, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
+    let cfg =
+        LaunchConfig { grid_dim: (grid_stride_blocks(dev, n.div_ceil(THREADS * per_thread))?, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let (r, i) = (rows as i64, inter as i32);
     if inter > i32::MAX as usize {
         bail!("{OP} (cuda): intermediate size out of range");
