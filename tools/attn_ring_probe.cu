@@ -68,6 +68,8 @@ __device__ int g_mark_on;
 // Session 30, round 2: the library's 8-warp builds (`paged_attn_bf16_d128_q1_w8`, `_w8o4`)
 // against builds that walk more keys a step (8 / 6 key sets a lane, 2 blocks an SM) or the same
 // keys with more warps (16 warps of 2 key sets: faster here, slower in the CB step, not kept).
+// Session 31: the 6-key-set build won at one block an SM (W 5-8) and is now the library's `_w8k6`
+// (the same instantiation as `w8u6` here).
 extern "C" __global__ void __launch_bounds__(256, 2) paged_attn_bf16_d128_q1_w8u8(PA_ARGS(__nv_bfloat16)) {
     paged_attn_impl<__nv_bfloat16, 128, 1, false, 8, 8>(PA_PASS);
 }
@@ -99,8 +101,9 @@ constexpr int LIB_BLOCKS_PER_SM = 1, LIB_DEPTH = 2, LIB_MIN_CHUNK = 8;
 __global__ void empty_kernel() {}
 
 // The library's split plan for its 4-warp builds (attention_split.rs `plan`, same arithmetic,
-// without the unsplit 8-warp builds it now prefers for one even wave of two to four blocks an SM:
-// those are the `wide` variants below) for a launch whose contexts are bounded by `bound` (a
+// without the unsplit 8-warp builds it now prefers for one even wave of two to four blocks an SM
+// and, since session 31, for launches of one block an SM on most SMs: those are the `wide`
+// variants below) for a launch whose contexts are bounded by `bound` (a
 // graph's bucket), base = (row tile, kv head) blocks.
 struct Plan { int splits, chunk, wave; bool occ7; };
 static int keys_per_block(int max_ctx, int splits, int step) { return ((max_ctx + splits - 1) / splits + step - 1) / step * step; }
@@ -172,7 +175,7 @@ int main(int argc, char **argv) {
     std::vector<WideBuild> wides = {
         {paged_attn_bf16_d128_q1_w8, 256, "8 warps (library)", 0},
         {paged_attn_bf16_d128_q1_w8u8, 256, "8 warps, 8 key sets, 2 an SM", 0},
-        {paged_attn_bf16_d128_q1_w8u6, 256, "8 warps, 6 key sets, 2 an SM", 0},
+        {paged_attn_bf16_d128_q1_w8u6, 256, "8 warps, 6 key sets, 2 an SM (= _w8k6)", 0},
         {paged_attn_bf16_d128_q1_w16u2, 512, "16 warps, 2 key sets", 0},
         {paged_attn_bf16_d128_q1_w8o4, 256, "8 warps held to 4 an SM (library)", 0},
     };

@@ -1,5 +1,5 @@
 //! How the SIMT paged-attention kernel cuts a row's keys into splits (decode at small widths or
-//! long contexts), and which of its four builds runs: the host plans the grid here; where the
+//! long contexts), and which of its builds runs: the host plans the grid here; where the
 //! plan leaves the cut to the kernel, the kernel repeats `split_count` on the actual contexts.
 //!
 //! Measured on the H200 (session 20, `docs/BENCHMARKS.md`): chunks of the context bound (a
@@ -12,7 +12,7 @@
 //! launch at W 16 and context 260, 25 % at 1024, 3 % at 2176; a CB step 3.8 % shorter at W 16):
 //! no combine launch, and 8 warps walk a row's keys in half the 4-warp builds' steps. Where the
 //! blocks fill most SMs once (W 5–8 of 16 heads), an 8-warp build with 6 key sets a lane walks
-//! them unsplit (session 31: 16–17 % a launch at context 260). Bounds past what was measured keep
+//! them unsplit (session 31: 15–17 % a launch at context 260, in a probe). Bounds past what was measured keep
 //! the split plan.
 
 /// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
@@ -144,10 +144,11 @@ pub(crate) fn plan<E>(
         return Ok(SplitPlan { splits: 1, cut: Cut::Whole, build: four_warps(typical) });
     }
     let whole = |build| Ok(SplitPlan { splits: 1, cut: Cut::Whole, build });
-    let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
-    if one_query && deep != DeepUse::Never && base_blocks <= sms && evenness >= DEEP_MIN_SM_SHARE && max_ctx <= DEEP_MAX_KEYS {
+    let sm_share = base_blocks as f64 / sms as f64;
+    if one_query && deep != DeepUse::Never && base_blocks <= sms && sm_share >= DEEP_MIN_SM_SHARE && max_ctx <= DEEP_MAX_KEYS {
         return whole(SimtBuild::EightWarpsDeep);
     }
+    let evenness = base_blocks as f64 / (sms * base_blocks.div_ceil(sms)) as f64;
     if one_query && base_blocks > sms && evenness >= EIGHT_WARPS_MIN_EVENNESS {
         for (build, max_keys) in [(SimtBuild::EightWarps, EIGHT_WARPS_MAX_KEYS), (SimtBuild::EightWarpsDense, EIGHT_WARPS_DENSE_MAX_KEYS)] {
             if max_ctx <= max_keys && base_blocks <= wave(build)? {
@@ -228,10 +229,10 @@ mod tests {
     }
 
     fn plan(max_ctx: usize, base_blocks: usize, sms: usize, step: usize, one_query: bool, wave: fn(SimtBuild) -> usize) -> SplitPlan {
-        plan_deep(max_ctx, base_blocks, one_query, DeepUse::OneBlockAnSm, sms, step, wave)
+        plan_deep(max_ctx, base_blocks, sms, step, one_query, DeepUse::OneBlockAnSm, wave)
     }
 
-    fn plan_deep(max_ctx: usize, base_blocks: usize, one_query: bool, deep: DeepUse, sms: usize, step: usize, wave: fn(SimtBuild) -> usize) -> SplitPlan {
+    fn plan_deep(max_ctx: usize, base_blocks: usize, sms: usize, step: usize, one_query: bool, deep: DeepUse, wave: fn(SimtBuild) -> usize) -> SplitPlan {
         super::plan(max_ctx, base_blocks, sms, step, one_query, deep, |b| Ok::<_, ()>(wave(b))).unwrap()
     }
 
@@ -289,7 +290,7 @@ mod tests {
             }
             // Longer bounds (8192 keys at W 8: 32 % slower unsplit), GQA and the switch: split.
             for p in
-                [plan(1024, tiles, 132, 32, true, h200), plan(512, tiles, 132, 32, false, h200), plan_deep(512, tiles, true, DeepUse::Never, 132, 32, h200)]
+                [plan(1024, tiles, 132, 32, true, h200), plan(512, tiles, 132, 32, false, h200), plan_deep(512, tiles, 132, 32, true, DeepUse::Never, h200)]
             {
                 assert!(p.splits > 1 && p.build != SimtBuild::EightWarpsDeep, "{tiles}: {p:?}");
             }
@@ -299,10 +300,10 @@ mod tests {
         // Bounds below 256 keys never split, so never take it.
         assert_eq!(plan(200, 128, 132, 32, true, h200).build, SimtBuild::SevenBlocks);
         // The switch's wide use: where an 8-warp build would run and two blocks an SM hold it.
-        assert_eq!(plan_deep(512, 256, true, DeepUse::UpToTwoAnSm, 132, 32, h200), WHOLE_8_DEEP);
-        assert_eq!(plan_deep(4096, 256, true, DeepUse::UpToTwoAnSm, 132, 32, h200), WHOLE_8_DEEP);
-        assert_eq!(plan_deep(512, 384, true, DeepUse::UpToTwoAnSm, 132, 32, h200), WHOLE_8);
-        assert_eq!(plan_deep(512, 256, true, DeepUse::Never, 132, 32, h200), WHOLE_8);
+        assert_eq!(plan_deep(512, 256, 132, 32, true, DeepUse::UpToTwoAnSm, h200), WHOLE_8_DEEP);
+        assert_eq!(plan_deep(4096, 256, 132, 32, true, DeepUse::UpToTwoAnSm, h200), WHOLE_8_DEEP);
+        assert_eq!(plan_deep(512, 384, 132, 32, true, DeepUse::UpToTwoAnSm, h200), WHOLE_8);
+        assert_eq!(plan_deep(512, 256, 132, 32, true, DeepUse::Never, h200), WHOLE_8);
     }
 
     #[test]

@@ -476,7 +476,7 @@ pub fn decode_eight_warp_launches() -> usize {
 static SIMT_DEEP_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// How many decode launches ran the SIMT kernel's deep 8-warp build (6 key sets a lane, rows
-/// unsplit at one block an SM), in this process; counted in [`decode_eight_warp_launches`] too.
+/// unsplit), in this process; counted in [`decode_eight_warp_launches`] too.
 pub fn decode_deep_launches() -> usize {
     SIMT_DEEP_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
 }

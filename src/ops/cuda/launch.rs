@@ -94,7 +94,8 @@ pub fn sm_count(dev: &CudaDevice) -> Result<usize> {
 /// Blocks for a grid-stride kernel that covers `needed` blocks' worth of work: all of them, up to
 /// 16 an SM (more only repeat the loop's bookkeeping), at least one.
 pub(super) fn grid_stride_blocks(dev: &CudaDevice, needed: usize) -> Result<u32> {
-    Ok(needed.clamp(1, sm_count(dev)? * 16).min(u32::MAX as usize) as u32)
+    let most = (sm_count(dev)? * 16).min(u32::MAX as usize);
+    Ok(needed.clamp(1, most) as u32)
 }
 
 /// The device's compute capability major version (Hopper paths: the MoE GEMM, decode attention's

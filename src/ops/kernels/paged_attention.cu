@@ -6,7 +6,7 @@
 // tile of K/V is read once per block (16-byte vector loads, in place through the block table) and
 // used by all NQ items, held in registers.
 //
-// Inside a block, WARPS warps (NW, or 8 in the one-query `_w8` / `_w8o4` builds) take
+// Inside a block, WARPS warps (NW, or 8 in the one-query `_w8` / `_w8o4` / `_w8k6` builds) take
 // interleaved key tiles. A warp splits into KPW key groups of LPK lanes; each lane owns VEC = 16 / sizeof(T)
 // consecutive elements of D. Scores are reduced over the LPK lanes with xor shuffles; each warp
 // keeps an online softmax (base 2, f32) per item; warps are merged through shared memory at the
