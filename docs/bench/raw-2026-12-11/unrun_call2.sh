@@ -1,7 +1,9 @@
-# Session 31, call 2 (ec19f1e, the deep 8-warp build; old = f9c4014): device tests of the decode kernels; CB W 6 / 8 new vs old
-# alternated twice; CB W 16 at prompt 128 and 2048, default vs PONDER_SIMT_DEEP=2 (the deep build at two blocks an SM), alternated.
+# Written in session 31 for the deep 8-warp build (ec19f1e and after; old = f9c4014), not run there (no device lent):
+# device tests of the decode kernels; CB W 6 / 8 new vs old alternated twice; CB W 16 at prompt 128 and 2048, default vs
+# PONDER_SIMT_DEEP=2 (the deep build at two blocks an SM), alternated; depth batching W 64 with --overlap off / on, shared and
+# last-exited K/V (the standing's depth-batching rows were measured with overlap off). Run as `C=<packed commit> bash .device/call2.sh`.
 set -u
-C=ec19f1e
+C=${C:?set C to the commit tools/device/pack.sh printed}
 mkdir -p $OUT/r /tmp/j
 cp .device/call2.sh $OUT/r/call.sh
 source .device/unpack.sh
@@ -47,6 +49,19 @@ for i in 1 2; do
     echo "== cb 2k W 16 PONDER_SIMT_DEEP=$d run $i rc $? t=$(el)s" >> $S
     grep -E "^ +16 |rror|panic" /tmp/j/cb2k_deep${d}_$i.log | head -3 >> $S
   done
+done
+save
+for i in 1 2; do
+  for o in off on; do
+    timeout 40 .device/bench_looped --suite cdb --widths 64 --mean-depths 2.5 --modes cb,cdb-refill --layout shared --overlap $o --time-device --commit $C --json /tmp/j/cdb_shared_${o}_$i.json > /tmp/j/cdb_shared_${o}_$i.log 2>&1
+    echo "== cdb W 64 shared overlap $o run $i rc $? t=$(el)s" >> $S
+    grep -E "cdb-refill|rror|panic" /tmp/j/cdb_shared_${o}_$i.log | head -3 >> $S
+  done
+done
+for o in off on; do
+  timeout 40 .device/bench_looped --suite cdb --widths 64 --mean-depths 2.5 --modes cb,cdb-refill --layout last-exited --overlap $o --time-device --commit $C --json /tmp/j/cdb_last_${o}.json > /tmp/j/cdb_last_${o}.log 2>&1
+  echo "== cdb W 64 last-exited overlap $o rc $? t=$(el)s" >> $S
+  grep -E "cdb-refill|rror|panic" /tmp/j/cdb_last_${o}.log | head -3 >> $S
 done
 save
 cat $S
