@@ -363,4 +363,39 @@ mod tests {
         assert_eq!(keys_per_warp_step(128, 4, 1), 4);
         assert_eq!(keys_per_warp_step(64, 2, 8), 8);
     }
+
+    /// Whatever the launch, a plan covers every key of the bound with no empty split, runs an
+    /// 8-warp build only unsplit on one-query launches of a wave it fits, and gives the kernel a
+    /// wave to cut for only where it splits.
+    #[test]
+    fn every_plan_covers_the_keys_and_fits_its_build() {
+        for sms in [1, 16, 78, 132] {
+            let fits = |b: SimtBuild| sms * h200(b) / 132;
+            for base in (1..=5 * sms).step_by(sms.div_ceil(40)) {
+                for max_ctx in [1, 100, 255, 256, 300, 512, 513, 1000, 4096, 4097, 9000] {
+                    for one_query in [true, false] {
+                        for deep in [DeepUse::Never, DeepUse::OneBlockAnSm, DeepUse::UpToTwoAnSm] {
+                            let p = super::plan(max_ctx, base, sms, 32, one_query, deep, |b| Ok::<_, ()>(fits(b))).unwrap();
+                            let at = format!("{sms} SMs, {base} blocks, bound {max_ctx}, one query {one_query}, {deep:?}: {p:?}");
+                            assert!(p.splits >= 1 && p.splits <= MAX_SPLITS, "{at}");
+                            match p.cut {
+                                Cut::Whole => assert_eq!(p.splits, 1, "{at}"),
+                                Cut::Chunks(c) => assert!(c * p.splits >= max_ctx && c * (p.splits - 1) < max_ctx, "{at}"),
+                                Cut::InKernel { wave_blocks } => assert!(p.splits > 1 && wave_blocks >= 1, "{at}"),
+                            }
+                            if p.build.warps() == 8 {
+                                assert!(one_query && p.splits == 1 && base <= fits(p.build), "{at}");
+                            }
+                            if !one_query {
+                                assert_eq!(p.build, SimtBuild::Plain, "{at}");
+                            }
+                            if p.build == SimtBuild::EightWarpsDeep {
+                                assert!(deep != DeepUse::Never && (base <= sms || deep == DeepUse::UpToTwoAnSm), "{at}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
