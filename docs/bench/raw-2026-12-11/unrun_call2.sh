@@ -1,5 +1,5 @@
 # Written in session 31 for the deep 8-warp build (ec19f1e and after; old = f9c4014), not run there (no device lent):
-# device tests of the decode kernels; CB W 6 / 8 new vs old alternated twice; CB W 16 at prompt 128 and 2048, default vs
+# the full device suite (the deep build and the ring's move to attention_ring.rs have not run); CB W 6 / 8 new vs old alternated twice; CB W 16 at prompt 128 and 2048, default vs
 # PONDER_SIMT_DEEP=2 (the deep build at two blocks an SM), alternated; depth batching W 64 with --overlap off / on, shared and
 # last-exited K/V (the standing's depth-batching rows were measured with overlap off). Run as `C=<packed commit> bash .device/call2.sh`.
 set -u
@@ -19,8 +19,8 @@ PY
 tar cJf $OUT/r/logs.tar.xz -C /tmp/j $(cd /tmp/j && ls *.log)
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv >> $S
-timeout 200 .device/gpu_kernels --test-threads 1 decode_ fused_qkv_rope_attention_simt cuda_graphs_match_eager > /tmp/j/tests.log 2>&1
-echo "== gpu_kernels decode_ fused_qkv_rope_attention_simt cuda_graphs_match_eager rc $? t=$(el)s" >> $S
+timeout 230 .device/gpu_kernels --test-threads 1 > /tmp/j/tests.log 2>&1
+echo "== full gpu_kernels rc $? t=$(el)s" >> $S
 grep -E "test result|panicked|FAILED|failed" /tmp/j/tests.log | head -20 >> $S
 save
 timeout 150 .device/bench_looped_old --suite cb --widths 8 --new-tokens 8 > /tmp/j/warm_old.log 2>&1
