@@ -16,7 +16,8 @@ raw = root / "docs" / "bench" / "raw-2026-12-06"
 # with PONDER_DECODE_RING=0 (what d76afbb runs by default there), call 5; depth batching (shared
 # K/V) from 2d78dc2 (the 8-warp build), call 2. Session 28: W 48 and prompt 2048 at W 32 / 64 from 4929672, call 3; depth
 # batching on last-exited K/V from c035156 (the fold), call 2. Prompt 8192 and Huginn (no ring:
-# 55 heads, head dim 96) from 3107341 / fccc9b3 (session 26), not re-run since.
+# 55 heads, head dim 96) from 3107341 / fccc9b3 (session 26), not re-run since. The prefill row: CB's prefill
+# stage in session 30's depth-batching runs (2d78dc2, call 2), compute-bound, against the measured matmul peak.
 new = root / "docs" / "bench" / "raw-2026-12-08"
 s28 = [new / c / "runs.json" for c in ("call2", "call3")]
 s30 = [root / "docs" / "bench" / "raw-2026-12-10" / c / "runs.json" for c in ("call2", "call5", "call6")]
@@ -51,6 +52,22 @@ def cdb_rows(docs, workload):
     return out
 
 
+def prefill_rows(docs, workload):
+    """CB's prefill in the depth-batching runs (compute-bound at W 64: its roofline time is FLOPs
+    over the measured bf16 matmul peak, so the fraction is the share of the peak reached), the
+    mean over the runs given."""
+    out = []
+    runs = [[r for r in d["results"] if r["mode"] == "cb"] for d in docs]
+    for i, r in enumerate(runs[0]):
+        same = [rs[i]["stages"]["prefill"] for rs in runs]
+        out.append(dict(workload=workload, model=docs[0]["model"], width=r["width"], decode_tokens_per_s=None, step_ms=None, roofline_ms=None,
+                        fraction=statistics.mean(x["roofline_s"] / x["device_s"] for x in same),
+                        prefill_tflops=statistics.mean(x["flops"] / x["device_s"] / 1e12 for x in same),
+                        matmul_peak_tflops=statistics.mean(d["matmul_peak_tflops"] for d in docs), target=None, runs=len(same),
+                        commit=docs[0]["commit"], commands=[d["command"] for d in docs]))
+    return out
+
+
 def main():
     c1, c2 = (json.loads(f.read_text()) for f in calls)
     n2, n3 = (json.loads(f.read_text()) for f in s28)
@@ -67,6 +84,7 @@ def main():
     rows += cb_rows([c2["huginn"]], "Huginn CB, prompt 128 + 128 new", None)
     rows += cdb_rows([m2["cdb_new1"], m2["cdb_new2"]], "CDB refill, shared K/V (decode side)")
     rows += cdb_rows([n2["cdb_last-exited_new1"], n2["cdb_last-exited_new2"]], "CDB refill, last-exited K/V (decode side)")
+    rows += prefill_rows([m2["cdb_new1"], m2["cdb_new2"]], "CB prefill, prompts ≤ 512 (of the bf16 matmul peak)")
     doc = dict(gpu=m6["cb"]["gpu"], commit="d76afbb / fada648 / 2d78dc2 / 4929672 / c035156 (each row names its own)",
                model="Ouro-1.4B shapes (Huginn-0125 where named), random bf16 weights",
                sources="docs/bench/raw-2026-12-10/{call2,call5,call6}, docs/bench/raw-2026-12-08/{call2,call3}, docs/bench/raw-2026-12-06/{call2,call3}", rows=rows)
