@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Groups the kernels of one profiled launch (ncu CSV, metric gpu__time_duration.sum; plain or
-.xz) by family and prints a markdown table and a JSON summary.
+.xz) by family, and where the launch repeats a kernel sequence (a looped step's layer
+applications) by position in it — GEMMs told apart by shape and role, though cuBLAS gives o_proj
+and down one kernel name — and prints markdown tables and a JSON summary.
 
     ncu --profile-from-start off --graph-profiling node --cache-control none --clock-control none \\
         --metrics gpu__time_duration.sum --csv \\
@@ -50,13 +52,47 @@ def family(name):
     return "other"
 
 
+def layer_period(names):
+    """The length of the repeating kernel sequence of a step (one layer application), found as the
+    shortest period under which at least 90 % of the launches repeat; 0 when none does."""
+    n = len(names)
+    for p in range(2, n // 4 + 1):
+        same = sum(names[i] == names[i + p] for i in range(n - p))
+        if same >= 0.9 * (n - p):
+            return p
+    return 0
+
+
+def by_position(seq):
+    """Each kernel's mean µs by its position in the repeating layer sequence: tells launches of one
+    kernel name apart by the role they play (o_proj and down share a cuBLAS kernel). The first
+    position is where the sequence's most frequent kernel first appears."""
+    names = [n for n, _ in seq]
+    p = layer_period(names)
+    if p == 0:
+        return p, []
+    counts = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    first = names.index(max(counts, key=counts.get))
+    slots = [[names[first + j], []] for j in range(p)]
+    j = 0
+    for name, ns in seq[first:]:
+        # A launch outside the pattern (a norm between loops, the head) is skipped without
+        # moving the position, so the pattern stays aligned after it.
+        if name == slots[j][0]:
+            slots[j][1].append(ns)
+            j = (j + 1) % p
+    return p, [(j, name, len(v), sum(v) / len(v) / 1e3) for j, (name, v) in enumerate(slots) if v]
+
+
 def main():
     path = sys.argv[1]
     text = lzma.open(path, "rt").read() if path.endswith(".xz") else open(path).read()
     start = text.find('"ID"')
     rows = list(csv.DictReader(io.StringIO(text[start:])))
     rows = [r for r in rows if r.get("Metric Name") == "gpu__time_duration.sum"]
-    total, by_family, by_name = 0.0, {}, {}
+    total, by_family, by_name, seq = 0.0, {}, {}, []
     for r in rows:
         ns = float(r["Metric Value"].replace(",", ""))
         if r.get("Metric Unit", "ns") in ("usecond", "us"):
@@ -64,6 +100,7 @@ def main():
         elif r.get("Metric Unit") in ("msecond", "ms"):
             ns *= 1e6
         name = r["Kernel Name"]
+        seq.append((name, ns))
         fam = family(name)
         total += ns
         f = by_family.setdefault(fam, [0, 0.0])
@@ -72,18 +109,25 @@ def main():
         n = by_name.setdefault(name[:90], [0, 0.0, fam])
         n[0] += 1
         n[1] += ns
+    period, positions = by_position(seq)
     if "--json" in sys.argv:
         out = sys.argv[sys.argv.index("--json") + 1]
         meta = {k: sys.argv[sys.argv.index(f"--{k}") + 1] for k in ("gpu", "commit", "command") if f"--{k}" in sys.argv}
         json.dump({**meta, "source": path, "kernels": len(rows), "total_ms": total / 1e6,
                    "families": {f: {"kernels": k, "ms": ns / 1e6} for f, (k, ns) in by_family.items()},
-                   "top": [{"kernel": n, "family": fam, "launches": k, "ms": ns / 1e6} for n, (k, ns, fam) in sorted(by_name.items(), key=lambda x: -x[1][1])[:40]]},
+                   "top": [{"kernel": n, "family": fam, "launches": k, "ms": ns / 1e6} for n, (k, ns, fam) in sorted(by_name.items(), key=lambda x: -x[1][1])[:40]],
+                   "layer_period": period,
+                   "by_position": [{"position": j, "kernel": n[:90], "family": family(n), "launches": k, "mean_us": us} for j, n, k, us in positions]},
                   open(out, "w"), indent=1)
 
     print(f"{len(rows)} kernels, {total / 1e6:.3f} ms of kernel time in the profiled step\n")
     print("| family | kernels | ms | share |\n|---|---:|---:|---:|")
     for fam, (k, ns) in sorted(by_family.items(), key=lambda x: -x[1][1]):
         print(f"| {fam} | {k} | {ns / 1e6:.3f} | {100 * ns / total:.1f} % |")
+    if positions:
+        print(f"\nOne layer application ({period} kernels, repeating), mean µs by position:\n\n| # | kernel | family | launches | mean µs |\n|---:|---|---|---:|---:|")
+        for j, n, k, us in positions:
+            print(f"| {j} | `{n[:70]}` | {family(n)} | {k} | {us:.2f} |")
     print("\nTop kernels:\n\n| kernel | family | launches | ms |\n|---|---|---:|---:|")
     for name, (k, ns, fam) in sorted(by_name.items(), key=lambda x: -x[1][1])[:15]:
         print(f"| `{name}` | {fam} | {k} | {ns / 1e6:.3f} |")
