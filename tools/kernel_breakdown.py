@@ -65,24 +65,26 @@ def layer_period(names):
 
 def by_position(seq):
     """Each kernel's mean µs by its position in the repeating layer sequence: tells launches of one
-    kernel name apart by the role they play (o_proj and down share a cuBLAS kernel). The first
-    position is where the sequence's most frequent kernel first appears."""
+    kernel name apart by the role they play (o_proj and down share a cuBLAS kernel). The pattern
+    is the first window of one period that the next window repeats; launches outside it (a norm
+    between loops, the head) are skipped without moving the position, forwards from the pattern
+    and backwards before it, so every layer application counts."""
     names = [n for n, _ in seq]
     p = layer_period(names)
-    if p == 0:
-        return p, []
-    counts = {}
-    for n in names:
-        counts[n] = counts.get(n, 0) + 1
-    first = names.index(max(counts, key=counts.get))
-    slots = [[names[first + j], []] for j in range(p)]
+    anchor = next((i for i in range(len(names) - 2 * p + 1) if names[i:i + p] == names[i + p:i + 2 * p]), None) if p else None
+    if anchor is None:
+        return 0, []
+    slots = [[names[anchor + j], []] for j in range(p)]
     j = 0
-    for name, ns in seq[first:]:
-        # A launch outside the pattern (a norm between loops, the head) is skipped without
-        # moving the position, so the pattern stays aligned after it.
+    for name, ns in seq[anchor:]:
         if name == slots[j][0]:
             slots[j][1].append(ns)
             j = (j + 1) % p
+    j = p - 1
+    for name, ns in reversed(seq[:anchor]):
+        if name == slots[j][0]:
+            slots[j][1].append(ns)
+            j = (j - 1) % p
     return p, [(j, name, len(v), sum(v) / len(v) / 1e3) for j, (name, v) in enumerate(slots) if v]
 
 

@@ -329,9 +329,9 @@ def plot_looped_roofline(path):
     ax.axhline(70, color="k", ls=":", lw=1, label="target 70 % (depth batching, decode side)")
     ax.axhline(65, color="grey", ls="-.", lw=1, label="milestone 65 % (CB)")
     ax.set_xticks(list(x)); ax.set_xticklabels(labels, fontsize=5.5, rotation=90)
-    ax.set_ylabel("% of the roofline"); ax.set_ylim(0, 118)
+    ax.set_ylabel("% of the roofline (prefill: of the matmul peak)"); ax.set_ylim(0, 118)
     ax.legend(fontsize=6.5, loc="upper left", ncol=3); ax.grid(True, axis="y", alpha=0.3)
-    ax.set_title(f"Looped decode against the memory/compute roofline — {doc['gpu']}, commit {doc['commit']}", fontsize=9)
+    ax.set_title(f"Looped models against the memory/compute roofline — {doc['gpu']}, commit {doc['commit']}", fontsize=9)
     fig.tight_layout()
     save(fig, path)
 

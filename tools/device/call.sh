@@ -7,7 +7,8 @@
 #     run probe 60 /tmp/attn 260 16 wide        # any command: its log and exit status
 #     save; cat "$S"
 #
-# It unpacks the carried binaries (.device/*.xz), copies the calling script to $OUT/r/call.sh,
+# It unpacks the carried binaries (.device/*.xz), copies the calling script to $OUT/r/call.sh
+# (and itself to call_lib.sh),
 # starts $OUT/r/summary.txt ($S) with the GPU's clocks, and keeps every log under $J. `bench`
 # passes `--commit $C --json $J/LABEL.json` (C: the commit the binary was packed at; a binary kept
 # aside from another commit takes its own through `C=… bench …`), `save` writes every JSON into
@@ -16,8 +17,12 @@
 # the log's headline lines to the summary, so a call cut short still returns what finished.
 J=${J:-/tmp/j}
 S=$OUT/r/summary.txt
+# A warm machine may hold an earlier call's files: a run cut off before writing its JSON must not
+# be stood in for by an older one of the same label.
+rm -rf "$J"
 mkdir -p "$OUT/r" "$J"
 cp "$1" "$OUT/r/call.sh"
+cp tools/device/call.sh "$OUT/r/call_lib.sh"  # the raw folder then holds every line that ran
 source .device/unpack.sh
 call_start=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv >> "$S" 2>&1
@@ -29,7 +34,7 @@ elapsed() { echo $(($(date +%s) - call_start)); }
 run() {
   local label=$1 limit=$2 rc
   shift 2
-  timeout "$limit" "$@" > "$J/$label.log" 2>&1
+  timeout -k 10 "$limit" "$@" > "$J/$label.log" 2>&1
   rc=$?
   echo "== $label rc $rc t=$(elapsed)s" >> "$S"
   grep -E "test result|panicked|FAILED|^ +[0-9]+ |cdb-refill|rror|^W +[0-9]+ ctx" "$J/$label.log" | head -30 >> "$S"
@@ -52,15 +57,17 @@ bench() {
 
 # save: every JSON so far into runs.json, every log into logs.tar.xz.
 save() {
-  python3 - "$J" "$OUT/r" <<'PY'
+  python3 - "$J" "$OUT/r" "$S" <<'PY'
 import glob, io, json, lzma, os, sys, tarfile
-work, out = sys.argv[1:3]
-runs = {}
+work, out, summary = sys.argv[1:4]
+runs, broken = {}, []
 for f in sorted(glob.glob(f"{work}/*.json")):
     try:
         runs[os.path.basename(f)[:-5]] = json.load(open(f))
     except ValueError:
-        pass  # a run cut off while writing: its log says so
+        broken.append(os.path.basename(f))  # a run cut off while writing
+if broken:
+    open(summary, "a").write(f"== save: unreadable JSON left out: {' '.join(broken)}\n")
 json.dump(runs, open(f"{out}/runs.json", "w"), indent=1)
 buf = io.BytesIO()
 with tarfile.open(fileobj=buf, mode="w") as tar:
