@@ -7,6 +7,7 @@
 #include <math.h>
 #include <vector>
 #include <algorithm>
+#include <string>
 
 constexpr int H = 2048, I = 5632, L = 24, ROWS = 16;
 constexpr int KP = 256;           // k of one unit
@@ -102,6 +103,22 @@ __global__ void ref_phase(const __nv_bfloat16 *w, const float *x, float *out, in
     out[(size_t)r * s.n + n] = acc;
 }
 
+// Relative error (root of summed squared differences over summed squares) of `n` floats at
+// `got` against `want`, both on the device; prints it under `label` with the reference's rms.
+inline double report_rel_err(const float *got_dev, const float *want_dev, size_t n, const char *label) {
+    std::vector<float> got(n), want(n);
+    CK(cudaMemcpy(got.data(), got_dev, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(want.data(), want_dev, n * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; ++i) {
+        num += (got[i] - want[i]) * (double)(got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    const double err = sqrt(num / std::max(den, 1e-30));
+    printf("%s: rel err %.2e (|ref| rms %.3f)\n", label, err, sqrt(den / n));
+    return err;
+}
+
 // Relative error of `got` (device, [ROWS, H]: what phase 7, down of application 1, wrote) against
 // the reference chain of the first 8 phases from x0; weight(kind, layer) gives the plain weights,
 // ref holds four [BUF] scratch buffers. Prints the error under `label`.
@@ -114,17 +131,8 @@ double check_first_8_phases(cudaStream_t st, WeightOf weight, const float *x0, f
         x = ref[p % 4];
     }
     CK(cudaStreamSynchronize(st));
-    std::vector<float> got((size_t)ROWS * H), want((size_t)ROWS * H);
-    CK(cudaMemcpy(got.data(), got_dev, got.size() * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(want.data(), ref[3], want.size() * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        num += (got[i] - want[i]) * (double)(got[i] - want[i]);
-        den += (double)want[i] * want[i];
-    }
-    const double err = sqrt(num / std::max(den, 1e-30));
-    printf("%s: rel err after 8 phases %.2e (|ref| rms %.3f)\n", label, err, sqrt(den / got.size()));
-    return err;
+    const std::string what = std::string(label) + ", after 8 phases";
+    return report_rel_err(got_dev, ref[3], (size_t)ROWS * H, what.c_str());
 }
 
 // GB of weights the 384 projections of a step read (96 layer applications).

@@ -9,7 +9,7 @@
 // consumer warps wait at the grid barrier, stage x and multiply out of the ring. If the ring
 // (stages × 8 KB × 132 SMs) covers a phase boundary's latency, the stream does not stop.
 //
-//     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/ring_probe.cu -o /tmp/ring
+//     nvcc -O3 -std=c++17 -arch=sm_90a -Itools tools/ring_probe.cu -o /tmp/ring -lcublas
 //     /tmp/ring            # lists the cases;  /tmp/ring N  runs case N (checks first for case 0)
 //
 // Weights are repacked once into unit order (the order a block consumes them): a unit is 16 output
@@ -23,7 +23,15 @@
 // reduction or the staging (results then wrong by design). Results (session 24): the ring streams
 // at 4.2 TB/s when nothing waits; the best variant (a launch a phase + PDL, 16 stages) ties
 // cuBLAS at 3.51 ms — docs/BENCHMARKS.md.
-#include "probe_chain.cuh"
+//
+// Session 32: the FUSED build also folds the layer's two row norms into the staging of the
+// projections that read them (tools/probe_norms.cuh), so a layer application is 4 launches where
+// the library runs 7 (4 cuBLAS projections, 2 norms, SiLU·mul). `/tmp/ring compare` races graphs
+// of a step's chain without attention — the library's (tools/probe_cublas_chain.cuh: cuBLAS as the
+// library calls it, the library's own norm and SiLU·mul kernels) against the ring with and
+// without the norms — alternated in one process, after checking each graph's output over the
+// whole step against a reference chain. Mode 0 checks exit 2 past their tolerances.
+#include "probe_cublas_chain.cuh"
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -70,8 +78,10 @@ constexpr int UNITS = 1, MMA = 2, RED = 4, STAGE = 8, ALL = 15;
 // Phases [p0, p1). grid_barrier 0 drops the barriers (racy: timing of the stream alone).
 // MINB 2: held to registers for two blocks an SM, so that with PDL the next phase's block fits
 // beside this one and its producer streams while this one finishes.
-template <int MINB>
-__global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int depth, int pdl) {
+// FUSED: the norm phases stage their input through the folded norms (probe_norms.cuh); a build
+// of its own, so that the other cases run the kernel they ran before.
+template <int MINB, bool FUSED = false>
+__global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, const float *x0, int p0, int p1, unsigned *arrive, int grid_barrier, int work, int depth, int pdl, Norms nm) {
     extern __shared__ __align__(1024) unsigned char smem[];
     uint4 *stage_mem = reinterpret_cast<uint4 *>(smem);
     __nv_bfloat16(*xs)[ROWS][KP + 32] = reinterpret_cast<__nv_bfloat16(*)[ROWS][KP + 32]>(smem + (size_t)WARPS * depth * UNIT_BYTES);
@@ -136,7 +146,13 @@ __global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, 
         const int piece0 = u0 / ntile, pieces = u1 > u0 ? (u1 - 1) / ntile - piece0 + 1 : 0;
         const int quads = work & STAGE ? pieces * ROWS * KP / 4 : 0;
         constexpr int SB = MINB == 2 ? 4 : 8;  // x loads in flight a thread (registers)
-        stage_x<CONSUMERS, SB>(xs, x, s, piece0, quads);
+        if constexpr (FUSED) {
+            // Without UNITS no block owns a piece, and the sums' counter would never fill.
+            if (norm_phase(nm, p) && (work & STAGE) && (work & UNITS)) stage_normed<CONSUMERS>(xs, x, nm, p, piece0, pieces, u0, u1, ntile, [] { consumers_sync(); });
+            else stage_x<CONSUMERS, SB>(xs, x, s, piece0, quads);
+        } else {
+            stage_x<CONSUMERS, SB>(xs, x, s, piece0, quads);
+        }
         consumers_sync();
         for (int u = u0 + warp; u < u1; u += WARPS) {
             const unsigned n = taken++, st = warp * depth + n % depth;
@@ -194,6 +210,18 @@ __global__ void __launch_bounds__(THREADS, MINB) ring(Weights wts, float *bufs, 
     }
 }
 
+// Relative errors the checks accept: the probe's kernels against the f32 reference (session 24:
+// 3.7–4.1e-3 after 8 phases), and the library's chain, which rounds to bf16 where the library does.
+constexpr double FUSED_TOLERANCE = 3e-2, LIBRARY_TOLERANCE = 1e-1;
+// Over a whole step (384 phases) rounding differences compound (bf16 staging flips with them);
+// what must fail is a chain that computes something else (an error of order 1).
+constexpr double WHOLE_STEP_TOLERANCE = 0.3;
+
+// w += 1: the norm weights near 1 (fill gives [-0.5, 0.5)).
+__global__ void add_one(__nv_bfloat16 *w, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) w[i] = __float2bfloat16(__bfloat162float(w[i]) + 1.f);
+}
+
 int main(int argc, char **argv) {
     const bool sanitize = argc > 1 && std::string(argv[1]) == "sanitize";
     int sms;
@@ -201,12 +229,15 @@ int main(int argc, char **argv) {
     auto smem_of = [](int depth) { return (size_t)WARPS * depth * UNIT_BYTES + XS_BYTES; };
     CK(cudaFuncSetAttribute(ring<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_of(MAX_DEPTH)));
     CK(cudaFuncSetAttribute(ring<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_of(MAX_DEPTH)));
+    CK(cudaFuncSetAttribute(ring<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_of(MAX_DEPTH)));
     for (int depth = 1; depth <= MAX_DEPTH; ++depth) {
-        int per_sm, per_sm2;
+        int per_sm, per_sm2, per_sm_fused;
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ring<1>, THREADS, smem_of(depth)));
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm2, ring<2>, THREADS, smem_of(depth)));
-        printf("SMs %d, depth %d: ring blocks an SM %d (register-held build %d), dynamic shared memory %zu bytes\n", sms, depth, per_sm, per_sm2, smem_of(depth));
-        if (per_sm < 1) return 1;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_fused, ring<1, true>, THREADS, smem_of(depth)));
+        printf("SMs %d, depth %d: ring blocks an SM %d (register-held build %d, fused build %d), dynamic shared memory %zu bytes\n", sms, depth, per_sm, per_sm2, per_sm_fused, smem_of(depth));
+        // The fused build's norm phases wait on blocks of their own launch: all must be resident.
+        if (per_sm < 1 || per_sm_fused < 1) return 1;
     }
     const int blocks = sms;
     for (int kind = 0; kind < 4; ++kind) {
@@ -246,14 +277,45 @@ int main(int argc, char **argv) {
         CK(cudaMemcpyAsync(x0, h.data(), h.size() * 4, cudaMemcpyHostToDevice, st));
         CK(cudaStreamSynchronize(st));
     }
-    auto run = [&](int p0, int p1, bool barrier, int work, int depth, bool coop, int pdl = 0, int minb = 1) {
+    // The fused cases' norms: weights near 1 (as trained norm weights are), the residual, the sums.
+    Norms nm = {};
+    for (int l = 0; l < L; ++l)
+        for (int j = 0; j < 4; ++j) {
+            __nv_bfloat16 *w;
+            CK(cudaMalloc(&w, (size_t)H * 2));
+            fill<<<64, 256, 0, st>>>(w, H, 1000 + 4 * l + j, 1.f);
+            add_one<<<64, 256, 0, st>>>(w, H);
+            nm.w[l][j] = w;
+        }
+    for (auto &r : nm.res) CK(cudaMalloc(&r, (size_t)ROWS * H * 4));
+    CK(cudaMalloc(&nm.sums, (size_t)PHASES * PIECES_H * ROWS * 4 * 4));
+    CK(cudaMalloc(&nm.ready, (size_t)PHASES * 4));
+    float *scratch[3];
+    for (auto &r : scratch) CK(cudaMalloc(&r, (size_t)ROWS * H * 4));
+    // A norm phase's staging holds at most two pieces a block in registers.
+    for (int kind : {0, 2}) {
+        const PhaseShape s = shape_of(kind);
+        const int ntile = s.n / TC;
+        for (int b = 0; b < blocks; ++b) {
+            int u0, u1;
+            block_range(ntile * (s.k / KP), blocks, b, u0, u1);
+            if (u1 <= u0 || (u1 - 1) / ntile - u0 / ntile + 1 > 2) { printf("phase %d: a block's range is empty or spans more than two pieces\n", kind); return 1; }
+        }
+    }
+    auto run = [&](int p0, int p1, bool barrier, int work, int depth, bool coop, int pdl = 0, int minb = 1, bool fused = false) {
         if (barrier) CK(cudaMemsetAsync(arrive, 0, 4, st));
         if (p0 == 0) CK(cudaMemsetAsync(bufs, 0, (size_t)BUF * 4, st));
+        Norms n = nm;
+        n.on = fused;
+        if (fused && p0 == 0) {
+            CK(cudaMemsetAsync(nm.ready, 0, (size_t)PHASES * 4, st));
+            CK(cudaMemcpyAsync(nm.res[0], x0, (size_t)ROWS * H * 4, cudaMemcpyDeviceToDevice, st));
+        }
         int gb = barrier;
         const size_t smem_bytes = smem_of(depth);
-        void *args[] = {&wts, &bufs, &x0, &p0, &p1, &arrive, &gb, &work, &depth, &pdl};
+        void *args[] = {&wts, &bufs, &x0, &p0, &p1, &arrive, &gb, &work, &depth, &pdl, &n};
         if (coop) {
-            CK(cudaLaunchCooperativeKernel((void *)ring<1>, blocks, THREADS, args, smem_bytes, st));
+            CK(cudaLaunchCooperativeKernel(fused ? (void *)ring<1, true> : (void *)ring<1>, blocks, THREADS, args, smem_bytes, st));
         } else {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(blocks);
@@ -265,27 +327,56 @@ int main(int argc, char **argv) {
             at[0].val.programmaticStreamSerializationAllowed = 1;
             cfg.attrs = at;
             cfg.numAttrs = pdl ? 1 : 0;
-            if (minb == 2) CK(cudaLaunchKernelEx(&cfg, ring<2>, wts, bufs, x0, p0, p1, arrive, gb, work, depth, pdl));
-            else CK(cudaLaunchKernelEx(&cfg, ring<1>, wts, bufs, x0, p0, p1, arrive, gb, work, depth, pdl));
+            if (fused) CK(cudaLaunchKernelEx(&cfg, ring<1, true>, wts, bufs, x0, p0, p1, arrive, gb, work, depth, pdl, n));
+            else if (minb == 2) CK(cudaLaunchKernelEx(&cfg, ring<2>, wts, bufs, x0, p0, p1, arrive, gb, work, depth, pdl, n));
+            else CK(cudaLaunchKernelEx(&cfg, ring<1>, wts, bufs, x0, p0, p1, arrive, gb, work, depth, pdl, n));
         }
     };
-    const int PHASES = 96 * 4;
+    const __nv_bfloat16 *const(*plain)[L] = wts.plain;
+    CublasChain blas(st, plain, &nm);
+    auto weight_of = [&](int kind, int l) { return wts.plain[kind][l]; };
+    const float *phase7 = bufs + (size_t)(7 % 3) * BUF;
+    Norms normed = nm;  // the norm weights with the norms on, for the references
+    normed.on = 1;
     const char *check_names[] = {"one launch", "a launch a phase", "a launch a phase, PDL, depth 1", "a launch a phase, PDL, depth 1, two blocks an SM"};
-    for (int mode = 0; mode < 4 && (argc < 2 || atoi(argv[1]) == 0 || sanitize); ++mode) {
-        if (mode == 0) run(0, 8, true, ALL, MAX_DEPTH, true);
-        else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, mode == 1 ? MAX_DEPTH : 1, false, mode >= 2, mode == 3 ? 2 : 1);
+    if ((argc < 2 || atoi(argv[1]) == 0) && !sanitize) {  // checks: no argument, 0 and compare
+        for (int mode = 0; mode < 4; ++mode) {
+            if (mode == 0) run(0, 8, true, ALL, MAX_DEPTH, true);
+            else for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, mode == 1 ? MAX_DEPTH : 1, false, mode >= 2, mode == 3 ? 2 : 1);
+            CK(cudaStreamSynchronize(st));
+            check_first_8_phases(st, weight_of, x0, ref, phase7, check_names[mode]);
+        }
+        // The fused norms, one launch with grid barriers and a launch a phase with PDL, against the
+        // reference chain with the norms (left in ref[3]).
+        const float *want = reference_chain(st, weight_of, normed, x0, 8, ref, scratch);
+        double worst = 0;
+        run(0, 8, true, ALL, MAX_DEPTH, true, 0, 1, true);
         CK(cudaStreamSynchronize(st));
-        check_first_8_phases(st, [&](int kind, int l) { return wts.plain[kind][l]; }, x0, ref, bufs + (size_t)(7 % 3) * BUF, check_names[mode]);
+        worst = std::max(worst, report_rel_err(phase7, want, (size_t)ROWS * H, "fused norms, one launch, after 8 phases"));
+        for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, MAX_DEPTH, false, 1, 1, true);
+        CK(cudaStreamSynchronize(st));
+        worst = std::max(worst, report_rel_err(phase7, want, (size_t)ROWS * H, "fused norms, a launch a phase, PDL, after 8 phases"));
+        // The library's chain (bf16 activations, rounded where the library rounds) against the same
+        // reference: a looser bound, a check that it computes the same function.
+        blas.start(x0);
+        for (int app = 0; app < 2; ++app) blas.application(app, true);
+        sum_parts<<<64, 256, 0, st>>>(blas.parts, scratch[2]);
+        CK(cudaStreamSynchronize(st));
+        const double lib = report_rel_err(scratch[2], want, (size_t)ROWS * H, "cuBLAS + the library's norm and SiLU·mul kernels, after 8 phases");
+        if (worst > FUSED_TOLERANCE || lib > LIBRARY_TOLERANCE) {
+            printf("CHECK FAILED (fused %.2e against %.0e, library chain %.2e against %.0e)\n", worst, FUSED_TOLERANCE, lib, LIBRARY_TOLERANCE);
+            return 2;
+        }
     }
     const double gb = STEP_WEIGHT_GB;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    auto capture = [&](int depth, int pdl, int minb) {  // one launch a phase, as a graph
+    auto capture = [&](int depth, int pdl, int minb, bool fused = false) {  // one launch a phase, as a graph
         cudaGraph_t gr;
         cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, depth, false, pdl, minb);
+        for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, depth, false, pdl, minb, fused);
         CK(cudaStreamEndCapture(st, &gr));
         CK(cudaGraphInstantiate(&ex, gr, 0));
         return ex;
@@ -305,18 +396,68 @@ int main(int argc, char **argv) {
         const float ms = ts[ts.size() / 2];
         printf("384 projections at 16 rows, %-40s: %6.3f ms  %5.2f TB/s\n", name, ms, gb / (ms * 1e-3) / 1e3);
     };
-    if (sanitize) {  // one racy and one barrier run of every phase under compute-sanitizer
+    if (sanitize) {  // one racy and one barrier run of every phase under compute-sanitizer, then the fused ones
         run(0, PHASES, false, ALL, MAX_DEPTH, true);
         CK(cudaStreamSynchronize(st));
         run(0, PHASES, true, ALL, MAX_DEPTH, true);
         CK(cudaStreamSynchronize(st));
+        run(0, PHASES, true, ALL, MAX_DEPTH, true, 0, 1, true);
+        CK(cudaStreamSynchronize(st));
+        for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, MAX_DEPTH, false, 1, 1, true);
+        CK(cudaStreamSynchronize(st));
         printf("sanitize runs done\n");
+        return 0;
+    }
+    if (argc > 1 && std::string(argv[1]) == "compare") {
+        // The library's chain against the ring with the norms folded in, as graphs of a step's
+        // 96 layer applications, alternated round by round in one process (median of 10 replays).
+        // What each graph computes is checked first: one replay from x0 against the reference chain
+        // of the whole step (the ring without norms against the plain chain).
+        enum Kind { LIBRARY, PROJECTIONS, RING_PLAIN, RING_FUSED };
+        struct Graph { const char *name; cudaGraphExec_t ex; Kind kind; };
+        const Graph graphs[] = {
+            {"cuBLAS + library norms + SiLU·mul (7 a layer)", blas.capture(true), LIBRARY},
+            {"cuBLAS projections alone (4 a layer)", blas.capture(false), PROJECTIONS},
+            {"ring + PDL, 16 stages, norms left out, SiLU·mul folded", capture(2, 1, 1, false), RING_PLAIN},
+            {"ring + PDL, 16 stages, norms folded", capture(2, 1, 1, true), RING_FUSED},
+            {"ring + PDL, 8 stages, norms folded", capture(1, 1, 1, true), RING_FUSED},
+            {"ring, no PDL, 16 stages, norms folded", capture(2, 0, 1, true), RING_FUSED},
+        };
+        float *want_normed, *want_plain;
+        CK(cudaMalloc(&want_normed, (size_t)ROWS * H * 4));
+        CK(cudaMalloc(&want_plain, (size_t)ROWS * H * 4));
+        CK(cudaMemcpy(want_normed, reference_chain(st, weight_of, normed, x0, PHASES, ref, scratch), (size_t)ROWS * H * 4, cudaMemcpyDeviceToDevice));
+        CK(cudaMemcpy(want_plain, reference_chain(st, weight_of, nm, x0, PHASES, ref, scratch), (size_t)ROWS * H * 4, cudaMemcpyDeviceToDevice));
+        const float *last = bufs + (size_t)((PHASES - 1) % 3) * BUF;
+        bool failed = false;
+        for (const Graph &g : graphs) {
+            if (g.kind == PROJECTIONS) continue;  // its inputs are stale by design
+            if (g.kind == LIBRARY) blas.start(x0);
+            CK(cudaGraphLaunch(g.ex, st));
+            if (g.kind == LIBRARY) sum_parts<<<64, 256, 0, st>>>(blas.parts, scratch[2]);
+            CK(cudaStreamSynchronize(st));
+            const std::string label = std::string(g.name) + ", a whole step";
+            const double err = report_rel_err(g.kind == LIBRARY ? scratch[2] : last, g.kind == RING_PLAIN ? want_plain : want_normed, (size_t)ROWS * H, label.c_str());
+            failed |= err > WHOLE_STEP_TOLERANCE;
+        }
+        if (failed) {
+            printf("CHECK FAILED: a graph does not compute its chain\n");
+            return 2;
+        }
+        blas.start(x0);
+        CK(cudaStreamSynchronize(st));
+        printf("a step's chain without attention, 96 layer applications at 16 rows, ms (median of 10 replays)\n");
+        for (int round = 0; round < 3; ++round)
+            for (const Graph &g : graphs) {
+                const float ms = median_graph_ms(g.ex, st, 10, 2);
+                printf("round %d  %-48s %7.3f ms  %6.2f us a layer  %5.2f TB/s of weights\n", round, g.name, ms, ms * 1e3 / 96, gb / (ms * 1e-3) / 1e3);
+            }
         return 0;
     }
     // One case a process (`ring N`; none: the list): a launch that fails ("unspecified launch
     // failure", now and then, cause not found; compute-sanitizer's memcheck saw nothing) takes only
     // its own case down.
-    struct Case { const char *name; int work; bool barrier; int depth; bool graph; int pdl = 0; int minb = 1; };
+    struct Case { const char *name; int work; bool barrier; int depth; bool graph; int pdl = 0; int minb = 1; bool fused = false; };
     const Case cases[] = {
         {"ring 16 x 8 KB, grid barriers", ALL, true, 2, false},
         {"a launch a phase (graph)", ALL, false, 2, true},
@@ -334,20 +475,24 @@ int main(int argc, char **argv) {
         {"no staging (mma, reduction), barriers", UNITS | MMA | RED, true, 2, false},
         {"no reduction, no barriers", UNITS | MMA | STAGE, false, 2, false},
         {"ring 16 x 8 KB, no barriers (racy)", ALL, false, 2, false},
+        // Session 32: the norms folded into the staging (`compare` races them against the library's chain).
+        {"norms folded, grid barriers", ALL, true, 2, false, 0, 1, true},
+        {"norms folded, a launch a phase, PDL, depth 2", ALL, false, 2, true, 1, 1, true},
     };
     const int ncases = sizeof cases / sizeof cases[0];
     if (argc < 2) {
         for (int i = 0; i < ncases; ++i) printf("%d %s\n", i, cases[i].name);
+        printf("compare: the library's chain (cuBLAS + norm and SiLU·mul kernels) against the ring with the norms folded, alternated\n");
         return 0;
     }
     const int ci = atoi(argv[1]);
     if (ci < 0 || ci >= ncases) return 1;
     const Case &c = cases[ci];
-    cudaGraphExec_t ex = c.graph ? capture(c.depth, c.pdl, c.minb) : nullptr;
+    cudaGraphExec_t ex = c.graph ? capture(c.depth, c.pdl, c.minb, c.fused) : nullptr;
     for (int rep = 0; rep < 2; ++rep)
         time(c.name, [&] {
             if (c.graph) CK(cudaGraphLaunch(ex, st));
-            else run(0, PHASES, c.barrier, c.work, c.depth, true);
+            else run(0, PHASES, c.barrier, c.work, c.depth, true, 0, 1, c.fused);
         });
     return 0;
 }
