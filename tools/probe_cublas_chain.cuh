@@ -6,6 +6,7 @@
 // Link with -lcublas.
 #pragma once
 #include "probe_norms.cuh"
+#include "probe_attention.cuh"
 #include "../src/ops/kernels/fused.cu"
 
 #if __has_include(<cublas_v2.h>)
@@ -53,10 +54,11 @@ struct CublasChain {
     cudaStream_t st;
     const __nv_bfloat16 *const (*plain)[L];  // plain[kind][layer], [n, k] row-major
     const Norms *nm;                          // its norm weights (bf16, as the probe's)
-    __nv_bfloat16 *a, *qkv, *m, *gu, *act, *res[2];
+    const DecodeAttention *attention;  // between QKV and o_proj, where `application` asks for it
+    __nv_bfloat16 *a, *qkv, *attn, *m, *gu, *act, *res[2];
     float *parts;
 
-    CublasChain(cudaStream_t stream, const __nv_bfloat16 *const (*plain_)[L], const Norms *norms) : st(stream), plain(plain_), nm(norms) {
+    CublasChain(cudaStream_t stream, const __nv_bfloat16 *const (*plain_)[L], const Norms *norms, const DecodeAttention *attn_) : st(stream), plain(plain_), nm(norms), attention(attn_) {
         CKB(cublasCreate_v2(&blas));
         CKB(cublasSetStream_v2(blas, st));
         void *ws;
@@ -69,7 +71,7 @@ struct CublasChain {
             CK(cudaMemsetAsync(p, 0, n * 2, st));  // st does not wait on the legacy stream (non-blocking)
             return p;
         };
-        a = bf((size_t)ROWS * H), qkv = bf((size_t)ROWS * 3 * H), m = bf((size_t)ROWS * H), gu = bf((size_t)ROWS * 2 * I), act = bf((size_t)ROWS * I);
+        a = bf((size_t)ROWS * H), qkv = bf((size_t)ROWS * 3 * H), attn = bf((size_t)ROWS * H), m = bf((size_t)ROWS * H), gu = bf((size_t)ROWS * 2 * I), act = bf((size_t)ROWS * I);
         res[0] = bf((size_t)ROWS * H), res[1] = bf((size_t)ROWS * H);
         CK(cudaMalloc(&parts, (size_t)SPLITS * ROWS * H * 4));
         CK(cudaStreamSynchronize(st));
@@ -95,13 +97,16 @@ struct CublasChain {
     }
 
     // One layer application from a (the normed input) and res[0] (the residual); with `norms`
-    // false only the projections run (their inputs then stale: timing only).
-    void application(int app, bool norms) const {
+    // false only the projections run (their inputs then stale: timing only); with `attend`, the
+    // library's decode attention between QKV and o_proj, which then reads its output.
+    void application(int app, bool norms, bool attend = false) const {
         const int l = app % L, next = (app + 1) % L;
         const int norm_threads = 256;  // `row_norm_config` at 2048 columns
         const int silu_blocks = (ROWS * I / 8 + 255) / 256;  // `silu_mul`'s grid at 16-byte vectors
         gemm(0, l, a, H, qkv);
-        partials(1, l, qkv, 3 * H);
+        if (attend) attention->launch(l, qkv, attn);
+        if (attend) partials(1, l, attn, H);
+        else partials(1, l, qkv, 3 * H);
         if (norms) add_rms_norm_parts_bf16<<<ROWS, norm_threads, 0, st>>>(res[1], m, res[0], parts, (long long)ROWS * H, SPLITS, nm->w[l][0], nm->w[l][1], H, EPS);
         gemm(2, l, m, H, gu);
         if (norms) silu_mul_bf16<<<silu_blocks, 256, 0, st>>>(act, gu, ROWS, I);
@@ -116,11 +121,11 @@ struct CublasChain {
         f32_to_bf16<<<64, 256, 0, st>>>(x0, res[0], ROWS * H);
     }
 
-    cudaGraphExec_t capture(bool norms) const {
+    cudaGraphExec_t capture(bool norms, bool attend = false) const {
         cudaGraph_t g;
         cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int app = 0; app < PHASES / 4; ++app) application(app, norms);
+        for (int app = 0; app < PHASES / 4; ++app) application(app, norms, attend);
         CK(cudaStreamEndCapture(st, &g));
         CK(cudaGraphInstantiate(&ex, g, 0));
         return ex;

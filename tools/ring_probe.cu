@@ -29,8 +29,10 @@
 // the library runs 7 (4 cuBLAS projections, 2 norms, SiLU·mul). `/tmp/ring compare` races graphs
 // of a step's chain without attention — the library's (tools/probe_cublas_chain.cuh: cuBLAS as the
 // library calls it, the library's own norm and SiLU·mul kernels) against the ring with and
-// without the norms — alternated in one process, after checking each graph's output over the
-// whole step against a reference chain. Mode 0 checks exit 2 past their tolerances.
+// without the norms, and both with the library's decode attention between QKV and o_proj
+// (tools/probe_attention.cuh) — alternated in one process, after checking each graph without
+// attention over the whole step against a reference chain. Mode 0 checks exit 2 past their
+// tolerances.
 #include "probe_cublas_chain.cuh"
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -333,7 +335,14 @@ int main(int argc, char **argv) {
         }
     };
     const __nv_bfloat16 *const(*plain)[L] = wts.plain;
-    CublasChain blas(st, plain, &nm);
+    DecodeAttention attention(st);
+    CublasChain blas(st, plain, &nm, &attention);
+    // The ring's graphs with attention run it as a timing stand-in: on a query buffer of its own
+    // (the ring's QKV sums in f32), its output unread (the ring's o_proj stages QKV's sums).
+    __nv_bfloat16 *ring_qkv, *ring_attn;
+    CK(cudaMalloc(&ring_qkv, (size_t)ROWS * 3 * H * 2));
+    CK(cudaMalloc(&ring_attn, (size_t)ROWS * H * 2));
+    fill<<<64, 256, 0, st>>>(ring_qkv, (size_t)ROWS * 3 * H, 4321, 2.f);
     auto weight_of = [&](int kind, int l) { return wts.plain[kind][l]; };
     const float *phase7 = bufs + (size_t)(7 % 3) * BUF;
     Norms normed = nm;  // the norm weights with the norms on, for the references
@@ -372,11 +381,15 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    auto capture = [&](int depth, int pdl, int minb, bool fused = false) {  // one launch a phase, as a graph
+    // One launch a phase, as a graph; `attend`: the library's decode attention after each QKV phase.
+    auto capture = [&](int depth, int pdl, int minb, bool fused = false, bool attend = false) {
         cudaGraph_t gr;
         cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int p = 0; p < PHASES; ++p) run(p, p + 1, false, ALL, depth, false, pdl, minb, fused);
+        for (int p = 0; p < PHASES; ++p) {
+            run(p, p + 1, false, ALL, depth, false, pdl, minb, fused);
+            if (attend && p % 4 == 0) attention.launch((p / 4) % L, ring_qkv, ring_attn);
+        }
         CK(cudaStreamEndCapture(st, &gr));
         CK(cudaGraphInstantiate(&ex, gr, 0));
         return ex;
@@ -413,7 +426,7 @@ int main(int argc, char **argv) {
         // 96 layer applications, alternated round by round in one process (median of 10 replays).
         // What each graph computes is checked first: one replay from x0 against the reference chain
         // of the whole step (the ring without norms against the plain chain).
-        enum Kind { LIBRARY, PROJECTIONS, RING_PLAIN, RING_FUSED };
+        enum Kind { LIBRARY, PROJECTIONS, RING_PLAIN, RING_FUSED, TIMING_ONLY };
         struct Graph { const char *name; cudaGraphExec_t ex; Kind kind; };
         const Graph graphs[] = {
             {"cuBLAS + library norms + SiLU·mul (7 a layer)", blas.capture(true), LIBRARY},
@@ -422,6 +435,9 @@ int main(int argc, char **argv) {
             {"ring + PDL, 16 stages, norms folded", capture(2, 1, 1, true), RING_FUSED},
             {"ring + PDL, 8 stages, norms folded", capture(1, 1, 1, true), RING_FUSED},
             {"ring, no PDL, 16 stages, norms folded", capture(2, 0, 1, true), RING_FUSED},
+            // With the library's attention between QKV and o_proj (8 and 5 launches a layer).
+            {"cuBLAS + library norms + SiLU·mul + attention", blas.capture(true, true), TIMING_ONLY},
+            {"ring + PDL, 16 stages, norms folded + attention", capture(2, 1, 1, true, true), TIMING_ONLY},
         };
         float *want_normed, *want_plain;
         CK(cudaMalloc(&want_normed, (size_t)ROWS * H * 4));
@@ -431,7 +447,7 @@ int main(int argc, char **argv) {
         const float *last = bufs + (size_t)((PHASES - 1) % 3) * BUF;
         bool failed = false;
         for (const Graph &g : graphs) {
-            if (g.kind == PROJECTIONS) continue;  // its inputs are stale by design
+            if (g.kind == PROJECTIONS || g.kind == TIMING_ONLY) continue;  // stale inputs or a stand-in, by design
             if (g.kind == LIBRARY) blas.start(x0);
             CK(cudaGraphLaunch(g.ex, st));
             if (g.kind == LIBRARY) sum_parts<<<64, 256, 0, st>>>(blas.parts, scratch[2]);

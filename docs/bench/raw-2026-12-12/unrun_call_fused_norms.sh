@@ -2,8 +2,8 @@
 # `bash .device/call3.sh` (carry .device; no binaries needed: the probe is built by the device's nvcc).
 # tools/ring_probe.cu with the norms folded into the projections (tools/probe_norms.cuh) against
 # the library's chain (cuBLAS + the library's norm and SiLU·mul kernels, tools/probe_cublas_chain.cuh):
-# the correctness checks (mode 0), `compare` (six graphs of a step's chain without attention,
-# alternated three rounds), the fused cases alone, and synccheck / memcheck of the fused launches.
+# the correctness checks (mode 0), `compare` (six graphs of a step's chain without attention and
+# two with the library's decode attention, alternated three rounds), the fused cases alone, and synccheck / memcheck of the fused launches.
 set -u
 mkdir -p "$OUT/r"
 cp "$0" "$OUT/r/call.sh"
