@@ -36,8 +36,7 @@ struct Norms {
 // Phases that stage a normed input: gate/up, and QKV past the first (which reads x0 as it is).
 __host__ __device__ inline bool norm_phase(const Norms &nm, int p) { return nm.on && (p % 4 == 2 || (p % 4 == 0 && p > 0)); }
 
-__device__ __forceinline__ void load4_bf16(const __nv_bfloat16 *p, float (&f)[4]) {
-    const uint2 raw = *reinterpret_cast<const uint2 *>(p);
+__device__ __forceinline__ void unpack4_bf16(uint2 raw, float (&f)[4]) {
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.x));
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.y));
     f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
@@ -77,6 +76,8 @@ __device__ void stage_normed(__nv_bfloat16 (*xs)[ROWS][KP + 32], const float *x,
         c = 4 * (rem - r * (KP / 4));
     };
     for (int i = threadIdx.x; i < 2 * ROWS * 4; i += NT) (&part[0][0][0])[i] = 0.f;
+    // x and h, every float4 a thread stages, loaded at once (the norm weights are loaded where
+    // they are used: held across the wait as well, they would spill).
     float4 xv[PER], hv[PER];
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
@@ -98,7 +99,7 @@ __device__ void stage_normed(__nv_bfloat16 (*xs)[ROWS][KP + 32], const float *x,
         coords(i, pc, r, c);
         if (!owned(pc)) continue;  // warp-uniform: one piece a warp a load
         float w4[4];
-        load4_bf16(wx + (piece0 + pc) * KP + c, w4);
+        unpack4_bf16(*reinterpret_cast<const uint2 *>(wx + (piece0 + pc) * KP + c), w4);
         const float xe[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w}, he[4] = {hv[j].x, hv[j].y, hv[j].z, hv[j].w};
         float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -138,6 +139,7 @@ __device__ void stage_normed(__nv_bfloat16 (*xs)[ROWS][KP + 32], const float *x,
         while (ld_acquire(&nm.ready[p]) < (unsigned)PIECES_H) {
         }
         float S[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll  // every piece's sums in flight at once: one L2 round trip, not eight
         for (int q = 0; q < PIECES_H; ++q)
 #pragma unroll
             for (int k = 0; k < 4; ++k) S[k] += __ldcg(&nm.sums[((size_t)p * PIECES_H + q) * ROWS * 4 + threadIdx.x * 4 + k]);
@@ -156,8 +158,8 @@ __device__ void stage_normed(__nv_bfloat16 (*xs)[ROWS][KP + 32], const float *x,
         coords(i, pc, r, c);
         const int col = (piece0 + pc) * KP + c;
         float wx4[4], wn4[4];
-        load4_bf16(wx + col, wx4);
-        load4_bf16(wn + col, wn4);
+        unpack4_bf16(*reinterpret_cast<const uint2 *>(wx + col), wx4);
+        unpack4_bf16(*reinterpret_cast<const uint2 *>(wn + col), wn4);
         const float rx = scale[r][0], rh = scale[r][1];
         const float xe[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w}, he[4] = {hv[j].x, hv[j].y, hv[j].z, hv[j].w};
         float hn[4], v[4];
