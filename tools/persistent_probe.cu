@@ -33,6 +33,7 @@
 #include <algorithm>
 
 
+static_assert(ROWS == 16, "this probe's kernel holds one m16 tile of rows");
 constexpr int WARPS = 8, THREADS = WARPS * 32;
 
 struct Weights {

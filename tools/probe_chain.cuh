@@ -9,10 +9,18 @@
 #include <algorithm>
 #include <string>
 
-constexpr int H = 2048, I = 5632, L = 24, ROWS = 16;
+// Rows of the chain: 16 unless built with -DPROBE_ROWS=64 (tools/ring_probe.cu only; the other
+// probes' kernels hold one m16 tile).
+#ifndef PROBE_ROWS
+#define PROBE_ROWS 16
+#endif
+constexpr int H = 2048, I = 5632, L = 24, ROWS = PROBE_ROWS;
+static_assert(ROWS == 16 || ROWS == 64, "the probes run 16 or 64 rows");
 constexpr int KP = 256;           // k of one unit
 constexpr int TC = 16;            // output columns of one unit
-constexpr int MAX_PIECES = 4;     // k-pieces a block's range may touch (checked on the host)
+// k-pieces a block's range may touch (checked on the host): at 64 rows two, so that the staged x
+// and 16 ring stages fit a block's shared memory (one block an SM of 132 touches at most two).
+constexpr int MAX_PIECES = ROWS == 16 ? 4 : 2;
 constexpr int BUF = ROWS * 2 * I; // floats of one activation buffer (the widest output)
 
 struct PhaseShape {

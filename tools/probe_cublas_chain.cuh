@@ -1,4 +1,4 @@
-// The library's decode layer chain at 16 rows without attention, for the probes to race: cuBLAS
+// The library's decode layer chain (16 or 64 rows) for the probes to race: cuBLAS
 // projections as the library calls them (QKV and gate/up whole into bf16, o_proj and down as four
 // f32 partial products over k, `ops::split_k`) and the library's own row-norm and SiLU·mul kernels
 // from src/ops/kernels/fused.cu (`add_rms_norm_parts_bf16`, `silu_mul_bf16`) with the library's
@@ -34,7 +34,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
 
 #define CKB(x) do { int s_ = (int)(x); if (s_ != 0) { printf("%s:%d cuBLAS status %d\n", __FILE__, __LINE__, s_); exit(1); } } while (0)
 
-constexpr int SPLITS = 4;  // the library's k slices for o_proj and down at 16 rows on the H200
+constexpr int SPLITS = 4;  // the library's k slices for o_proj and down at 16 and 64 rows on the H200
 
 __global__ void f32_to_bf16(const float *x, __nv_bfloat16 *y, int n) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] = __float2bfloat16(x[i]);

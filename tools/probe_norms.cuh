@@ -51,11 +51,17 @@ __device__ __forceinline__ float warp_sum32(float v) {
 // Stage the normed input of norm phase `p` (see the top of this file) for the block's `pieces`
 // k pieces from `piece0` (at most two) into xs as bf16; x = the previous phase's output [ROWS, H].
 // NT consumer threads take part, `sync` synchronises exactly them; the caller synchronises after.
+// At 16 rows a thread's x and h (8 float4s each) are loaded once and held across the wait; at 64
+// rows (32 each) they are read in batches of 8, by the owners for the sums and by every block again
+// after the wait.
 template <int NT, class Sync>
 __device__ void stage_normed(__nv_bfloat16 (*xs)[ROWS][KP + 32], const float *x, const Norms &nm, int p, int piece0, int pieces, int u0, int u1, int ntile, Sync sync) {
     constexpr int QPP = ROWS * KP / 4;  // float4s of one piece
     constexpr int PER = 2 * QPP / NT;   // a thread's float4s at two pieces
-    static_assert(QPP % NT == 0 && NT % 64 == 0, "a warp's float4s of one load lie in one row");
+    constexpr int BATCH = 8;            // float4s of x and of h a thread holds at once
+    constexpr bool HELD = PER <= BATCH;
+    constexpr int NB = HELD ? PER : BATCH;
+    static_assert(QPP % NT == 0 && NT % 64 == 0 && PER % NB == 0, "a warp's float4s of one load lie in one row");
     __shared__ float part[2][ROWS][4];
     __shared__ float scale[ROWS][2];
     const int kind = p % 4, l = (p / 4) % L;
@@ -75,47 +81,53 @@ __device__ void stage_normed(__nv_bfloat16 (*xs)[ROWS][KP + 32], const float *x,
         r = rem / (KP / 4);
         c = 4 * (rem - r * (KP / 4));
     };
-    for (int i = threadIdx.x; i < 2 * ROWS * 4; i += NT) (&part[0][0][0])[i] = 0.f;
-    // x and h, every float4 a thread stages, loaded at once (the norm weights are loaded where
-    // they are used: held across the wait as well, they would spill).
-    float4 xv[PER], hv[PER];
+    // x and h of float4s j0 .. j0 + NB of this thread (of owned pieces only, with `owners_only`).
+    float4 xv[NB], hv[NB];
+    auto load = [&](int j0, bool owners_only) {
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int i = threadIdx.x + j * NT;
-        if (i < quads) {
+        for (int j = 0; j < NB; ++j) {
+            const int i = threadIdx.x + (j0 + j) * NT;
             int pc, r, c;
             coords(i, pc, r, c);
-            const size_t off = (size_t)r * H + (piece0 + pc) * KP + c;
-            xv[j] = __ldcg(reinterpret_cast<const float4 *>(x + off));
-            hv[j] = __ldcg(reinterpret_cast<const float4 *>(hin + off));
+            if (i < quads && (!owners_only || owned(pc))) {
+                const size_t off = (size_t)r * H + (piece0 + pc) * KP + c;
+                xv[j] = __ldcg(reinterpret_cast<const float4 *>(x + off));
+                hv[j] = __ldcg(reinterpret_cast<const float4 *>(hin + off));
+            }
         }
-    }
+    };
+    for (int i = threadIdx.x; i < 2 * ROWS * 4; i += NT) (&part[0][0][0])[i] = 0.f;
+    if constexpr (HELD) load(0, false);  // all of it, before the wait (the norm weights are loaded where used: held too, they would spill)
     sync();  // part zeroed
+    for (int j0 = 0; j0 < PER; j0 += NB) {
+        if constexpr (!HELD) load(j0, true);
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int i = threadIdx.x + j * NT;
-        if (i >= quads) continue;  // warp-uniform: quads is a multiple of NT
-        int pc, r, c;
-        coords(i, pc, r, c);
-        if (!owned(pc)) continue;  // warp-uniform: one piece a warp a load
-        float w4[4];
-        unpack4_bf16(*reinterpret_cast<const uint2 *>(wx + (piece0 + pc) * KP + c), w4);
-        const float xe[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w}, he[4] = {hv[j].x, hv[j].y, hv[j].z, hv[j].w};
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int j = 0; j < NB; ++j) {
+            const int i = threadIdx.x + (j0 + j) * NT;
+            if (i >= quads) continue;  // warp-uniform: quads is a multiple of NT
+            int pc, r, c;
+            coords(i, pc, r, c);
+            if (!owned(pc)) continue;  // warp-uniform: one piece a warp a load
+            float w4[4];
+            unpack4_bf16(*reinterpret_cast<const uint2 *>(wx + (piece0 + pc) * KP + c), w4);
+            const float xe[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w}, he[4] = {hv[j].x, hv[j].y, hv[j].z, hv[j].w};
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float xw = xe[e] * w4[e];
-            s[0] += xe[e] * xe[e];
-            s[1] += he[e] * xw;
-            s[2] += xw * xw;
-            s[3] += he[e] * he[e];
+            for (int e = 0; e < 4; ++e) {
+                const float xw = xe[e] * w4[e];
+                s[0] += xe[e] * xe[e];
+                s[1] += he[e] * xw;
+                s[2] += xw * xw;
+                s[3] += he[e] * he[e];
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) s[k] = warp_sum32(s[k]);
+            // Two warps cover a (piece, row) a load: two adds from zero commute exactly. (At 64
+            // rows a (piece, row) also takes one load only, 64 float4s: the same two warps.)
+            if ((threadIdx.x & 31) == 0)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) atomicAdd(&part[pc][r][k], s[k]);
         }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) s[k] = warp_sum32(s[k]);
-        // Two warps cover a (piece, row): two adds from zero commute exactly.
-        if ((threadIdx.x & 31) == 0)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) atomicAdd(&part[pc][r][k], s[k]);
     }
     sync();
     int mine = 0;
@@ -150,26 +162,29 @@ __device__ void stage_normed(__nv_bfloat16 (*xs)[ROWS][KP + 32], const float *x,
     }
     __syncwarp();  // warp 0 reconverges after its lanes' spin before the (aligned) barrier
     sync();
+    for (int j0 = 0; j0 < PER; j0 += NB) {
+        if constexpr (!HELD) load(j0, false);
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        const int i = threadIdx.x + j * NT;
-        if (i >= quads) continue;
-        int pc, r, c;
-        coords(i, pc, r, c);
-        const int col = (piece0 + pc) * KP + c;
-        float wx4[4], wn4[4];
-        unpack4_bf16(*reinterpret_cast<const uint2 *>(wx + col), wx4);
-        unpack4_bf16(*reinterpret_cast<const uint2 *>(wn + col), wn4);
-        const float rx = scale[r][0], rh = scale[r][1];
-        const float xe[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w}, he[4] = {hv[j].x, hv[j].y, hv[j].z, hv[j].w};
-        float hn[4], v[4];
+        for (int j = 0; j < NB; ++j) {
+            const int i = threadIdx.x + (j0 + j) * NT;
+            if (i >= quads) continue;
+            int pc, r, c;
+            coords(i, pc, r, c);
+            const int col = (piece0 + pc) * KP + c;
+            float wx4[4], wn4[4];
+            unpack4_bf16(*reinterpret_cast<const uint2 *>(wx + col), wx4);
+            unpack4_bf16(*reinterpret_cast<const uint2 *>(wn + col), wn4);
+            const float rx = scale[r][0], rh = scale[r][1];
+            const float xe[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w}, he[4] = {hv[j].x, hv[j].y, hv[j].z, hv[j].w};
+            float hn[4], v[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            hn[e] = he[e] + rx * xe[e] * wx4[e];
-            v[e] = rh * hn[e] * wn4[e];
+            for (int e = 0; e < 4; ++e) {
+                hn[e] = he[e] + rx * xe[e] * wx4[e];
+                v[e] = rh * hn[e] * wn4[e];
+            }
+            if (owned(pc)) *reinterpret_cast<float4 *>(hout + (size_t)r * H + col) = make_float4(hn[0], hn[1], hn[2], hn[3]);
+            *reinterpret_cast<uint2 *>(&xs[pc][r][c]) = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
         }
-        if (owned(pc)) *reinterpret_cast<float4 *>(hout + (size_t)r * H + col) = make_float4(hn[0], hn[1], hn[2], hn[3]);
-        *reinterpret_cast<uint2 *>(&xs[pc][r][c]) = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
     }
 }
 
@@ -204,7 +219,7 @@ const float *reference_chain(cudaStream_t st, WeightOf weight, const Norms &nm, 
         if (norm_phase(nm, p)) {
             const __nv_bfloat16 *wx = kind == 2 ? nm.w[l][0] : nm.w[((p - 1) / 4) % L][2];
             const __nv_bfloat16 *wn = kind == 2 ? nm.w[l][1] : nm.w[l][3];
-            ref_norm<<<1, 32, 0, st>>>(x, h, wx, wn, scratch[hi], scratch[2]);
+            ref_norm<<<1, ROWS, 0, st>>>(x, h, wx, wn, scratch[hi], scratch[2]);
             h = scratch[hi];
             hi ^= 1;
             x = scratch[2];
