@@ -1,5 +1,5 @@
 // What tools/persistent_probe.cu and tools/ring_probe.cu share: the projection chain of an
-// Ouro-1.4B decode step at 16 rows (QKV -> o_proj -> gate/up -> SiLU·mul -> down, 24 layers'
+// Ouro-1.4B decode step at 16 (or 64) rows (QKV -> o_proj -> gate/up -> SiLU·mul -> down, 24 layers'
 // weights), its work units (16 output columns x 256 of k), x staged in shared memory as bf16, the
 // split-k reduction, and a reference for the first 8 phases.
 #pragma once
@@ -29,7 +29,7 @@ struct PhaseShape {
 
 __host__ __device__ inline PhaseShape shape_of(int kind) {
     switch (kind) {
-    case 0: return {3 * H, H, H, 0};          // QKV reads the layer input [16, 2048]
+    case 0: return {3 * H, H, H, 0};          // QKV reads the layer input [ROWS, 2048]
     case 1: return {H, H, 3 * H, 0};          // o_proj reads QKV's first 2048 columns
     case 2: return {2 * I, H, H, 0};          // gate/up reads o_proj's output
     default: return {H, I, 2 * I, 1};         // down reads silu(gate) * up

@@ -232,6 +232,9 @@ __global__ void add_one(__nv_bfloat16 *w, int n) {
 }
 
 int main(int argc, char **argv) {
+    // Line-buffered even into a file: a step the calling script's `timeout` kills (a hang in a
+    // spin-wait, a slow sanitizer) keeps what it printed before.
+    setvbuf(stdout, nullptr, _IOLBF, 0);
     const bool sanitize = argc > 1 && std::string(argv[1]) == "sanitize";
     int sms;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -301,7 +304,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&nm.ready, (size_t)PHASES * 4));
     float *scratch[3];
     for (auto &r : scratch) CK(cudaMalloc(&r, (size_t)ROWS * H * 4));
-    // A norm phase's staging holds at most two pieces a block in registers.
+    // A norm phase's staging takes at most two pieces a block (held in registers at 16 rows).
     for (int kind : {0, 2}) {
         const PhaseShape s = shape_of(kind);
         const int ntile = s.n / TC;
@@ -355,7 +358,9 @@ int main(int argc, char **argv) {
     const float *phase7 = bufs + (size_t)(7 % 3) * BUF;
     Norms normed = nm;  // the norm weights with the norms on, for the references
     normed.on = 1;
-    const char *check_names[] = {"one launch", "a launch a phase", "a launch a phase, PDL, depth 1", "a launch a phase, PDL, depth 1, two blocks an SM"};
+    // (At 64 rows the staged x leaves room for one block an SM: the MINB 2 build runs alone there.)
+    const char *check_names[] = {"one launch", "a launch a phase", "a launch a phase, PDL, depth 1",
+                                 ROWS == 16 ? "a launch a phase, PDL, depth 1, two blocks an SM" : "a launch a phase, PDL, depth 1, the MINB 2 build"};
     if ((argc < 2 || atoi(argv[1]) == 0) && !sanitize) {  // checks: no argument, 0 and compare
         for (int mode = 0; mode < 4; ++mode) {
             if (mode == 0) run(0, 8, true, ALL, MAX_DEPTH, true);
@@ -426,12 +431,13 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (sanitize) {  // one racy and one barrier run of every phase under compute-sanitizer, then the fused ones
-        run(0, PHASES, false, ALL, MAX_DEPTH, true);
+    if (sanitize) {  // under compute-sanitizer: a racy and a barrier run, the fused ones, of 16 phases (every kind and norm phase; quick under the tool)
+        constexpr int SANITIZED = 16;
+        run(0, SANITIZED, false, ALL, MAX_DEPTH, true);
         CK(cudaStreamSynchronize(st));
-        run(0, PHASES, true, ALL, MAX_DEPTH, true);
+        run(0, SANITIZED, true, ALL, MAX_DEPTH, true);
         CK(cudaStreamSynchronize(st));
-        run(0, PHASES, true, ALL, MAX_DEPTH, true, 0, 1, true);
+        run(0, SANITIZED, true, ALL, MAX_DEPTH, true, 0, 1, true);
         CK(cudaStreamSynchronize(st));
         for (int p = 0; p < 8; ++p) run(p, p + 1, false, ALL, MAX_DEPTH, false, 1, 1, true);
         CK(cudaStreamSynchronize(st));
@@ -461,6 +467,8 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&want_normed, (size_t)ROWS * H * 4));
         CK(cudaMalloc(&want_plain, (size_t)ROWS * H * 4));
         CK(cudaMemcpy(want_normed, reference_chain(st, weight_of, normed, x0, PHASES, ref, scratch), (size_t)ROWS * H * 4, cudaMemcpyDeviceToDevice));
+        // (The chain without norms decays to zero within a step — SiLU·mul squares its scale — so
+        // its whole-step check is only that the graph runs; mode 0's 8 phases check that kernel.)
         CK(cudaMemcpy(want_plain, reference_chain(st, weight_of, nm, x0, PHASES, ref, scratch), (size_t)ROWS * H * 4, cudaMemcpyDeviceToDevice));
         const float *last = bufs + (size_t)((PHASES - 1) % 3) * BUF;
         bool failed = false;
