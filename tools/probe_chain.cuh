@@ -127,18 +127,28 @@ inline double report_rel_err(const float *got_dev, const float *want_dev, size_t
     return err;
 }
 
+// The reference chain of phases [0, phases) from x0 into ref[kind] (ref: four [BUF] buffers);
+// `input(p, x)` gives the input phase p reads, x being the previous phase's output (a norm step may
+// stand between: tools/probe_norms.cuh). Returns the last phase's output once the stream is done.
+template <typename WeightOf, typename Input>
+const float *reference_phases(cudaStream_t st, WeightOf weight, const float *x0, int phases, float *const ref[4], Input input) {
+    const float *x = x0;
+    for (int p = 0; p < phases; ++p) {
+        const int kind = p % 4;
+        const PhaseShape s = shape_of(kind);
+        ref_phase<<<dim3((s.n + 127) / 128, ROWS), 128, 0, st>>>(weight(kind, (p / 4) % L), input(p, x), ref[kind], kind);
+        x = ref[kind];
+    }
+    CK(cudaStreamSynchronize(st));
+    return x;
+}
+
 // Relative error of `got` (device, [ROWS, H]: what phase 7, down of application 1, wrote) against
 // the reference chain of the first 8 phases from x0; weight(kind, layer) gives the plain weights,
 // ref holds four [BUF] scratch buffers. Prints the error under `label`.
 template <typename WeightOf>
 double check_first_8_phases(cudaStream_t st, WeightOf weight, const float *x0, float *const ref[4], const float *got_dev, const char *label) {
-    const float *x = x0;
-    for (int p = 0; p < 8; ++p) {
-        const PhaseShape s = shape_of(p % 4);
-        ref_phase<<<dim3((s.n + 127) / 128, ROWS), 128, 0, st>>>(weight(p % 4, (p / 4) % L), x, ref[p % 4], p % 4);
-        x = ref[p % 4];
-    }
-    CK(cudaStreamSynchronize(st));
+    reference_phases(st, weight, x0, 8, ref, [](int, const float *x) { return x; });
     const std::string what = std::string(label) + ", after 8 phases";
     return report_rel_err(got_dev, ref[3], (size_t)ROWS * H, what.c_str());
 }

@@ -36,6 +36,17 @@ struct Norms {
 // Phases that stage a normed input: gate/up, and QKV past the first (which reads x0 as it is).
 __host__ __device__ inline bool norm_phase(const Norms &nm, int p) { return nm.on && (p % 4 == 2 || (p % 4 == 0 && p > 0)); }
 
+// The two norm weights of norm phase p: gate/up's on o_proj's output and on the residual after it;
+// QKV's on the previous layer's down output and on the residual after it (this layer's input norm).
+struct NormWeights {
+    const __nv_bfloat16 *x, *n;
+};
+__host__ __device__ inline NormWeights norm_weights(const Norms &nm, int p) {
+    const int l = (p / 4) % L;
+    if (p % 4 == 2) return {nm.w[l][0], nm.w[l][1]};
+    return {nm.w[((p - 1) / 4) % L][2], nm.w[l][3]};
+}
+
 __device__ __forceinline__ void unpack4_bf16(uint2 raw, float (&f)[4]) {
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.x));
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.y));
@@ -64,9 +75,9 @@ __device__ void stage_normed(__nv_bfloat16 (*xs)[ROWS][KP + 32], const float *x,
     static_assert(QPP % NT == 0 && NT % 64 == 0 && PER % NB == 0, "a warp's float4s of one load lie in one row");
     __shared__ float part[2][ROWS][4];
     __shared__ float scale[ROWS][2];
-    const int kind = p % 4, l = (p / 4) % L;
-    const __nv_bfloat16 *wx = kind == 2 ? nm.w[l][0] : nm.w[((p - 1) / 4) % L][2];
-    const __nv_bfloat16 *wn = kind == 2 ? nm.w[l][1] : nm.w[l][3];
+    const int kind = p % 4;
+    const NormWeights w = norm_weights(nm, p);
+    const __nv_bfloat16 *wx = w.x, *wn = w.n;
     const float *hin = nm.res[kind == 2 ? 0 : 1];
     float *hout = nm.res[kind == 2 ? 1 : 0];
     const int quads = pieces * QPP;
@@ -212,22 +223,14 @@ __global__ void ref_norm(const float *x, const float *h, const __nv_bfloat16 *wx
 // ref: four [BUF] scratch buffers; scratch: three [ROWS, H] ones.
 template <typename WeightOf>
 const float *reference_chain(cudaStream_t st, WeightOf weight, const Norms &nm, const float *x0, int phases, float *const ref[4], float *const scratch[3]) {
-    const float *x = x0, *h = x0;
+    const float *h = x0;
     int hi = 0;
-    for (int p = 0; p < phases; ++p) {
-        const int kind = p % 4, l = (p / 4) % L;
-        if (norm_phase(nm, p)) {
-            const __nv_bfloat16 *wx = kind == 2 ? nm.w[l][0] : nm.w[((p - 1) / 4) % L][2];
-            const __nv_bfloat16 *wn = kind == 2 ? nm.w[l][1] : nm.w[l][3];
-            ref_norm<<<1, ROWS, 0, st>>>(x, h, wx, wn, scratch[hi], scratch[2]);
-            h = scratch[hi];
-            hi ^= 1;
-            x = scratch[2];
-        }
-        const PhaseShape s = shape_of(kind);
-        ref_phase<<<dim3((s.n + 127) / 128, ROWS), 128, 0, st>>>(weight(kind, l), x, ref[kind], kind);
-        x = ref[kind];
-    }
-    CK(cudaStreamSynchronize(st));
-    return ref[3];
+    return reference_phases(st, weight, x0, phases, ref, [&](int p, const float *x) {
+        if (!norm_phase(nm, p)) return x;
+        const NormWeights w = norm_weights(nm, p);
+        ref_norm<<<1, ROWS, 0, st>>>(x, h, w.x, w.n, scratch[hi], scratch[2]);
+        h = scratch[hi];
+        hi ^= 1;
+        return (const float *)scratch[2];
+    });
 }
