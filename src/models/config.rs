@@ -23,6 +23,15 @@ pub(crate) const MAX_LAYERS: usize = 1 << 12;
 pub(crate) const MAX_EXPERTS: usize = 1 << 12;
 pub(crate) const MAX_CONTEXT: usize = 1 << 24;
 
+/// A context window (`field` names it as the config does) that holds at least one token and stays
+/// within [`MAX_CONTEXT`]: a window of 0 would build an engine that refuses every request.
+pub(crate) fn check_context(path: &str, field: &str, window: usize) -> Result<()> {
+    if window == 0 {
+        return Err(Error::config(path, format!("{field} must be > 0")));
+    }
+    check_bounds(path, &[(field, window, MAX_CONTEXT)])
+}
+
 /// Each `(field, value, bound)` within its bound.
 pub(crate) fn check_bounds(path: &str, fields: &[(&str, usize, usize)]) -> Result<()> {
     match fields.iter().find(|&&(_, v, max)| v > max) {
@@ -253,9 +262,9 @@ impl HuginnConfig {
                 ("padded_vocab_size", self.padded_vocab_size.unwrap_or(0), MAX_DIM),
                 ("n_layers_in_prelude", self.n_layers_in_prelude, MAX_LAYERS),
                 ("n_layers_in_coda", self.n_layers_in_coda, MAX_LAYERS),
-                ("block_size", self.block_size, MAX_CONTEXT),
             ],
         )?;
+        check_context(path, "block_size", self.block_size)?;
         if self.n_heads * self.head_dim() != self.n_embd {
             return bad(format!("n_heads {} x head_dim {} != n_embd {}", self.n_heads, self.head_dim(), self.n_embd));
         }
@@ -386,7 +395,7 @@ impl OuroConfig {
             self.kv_heads(),
             self.head_dim(),
         )?;
-        check_bounds(path, &[("max_position_embeddings", self.max_position_embeddings, MAX_CONTEXT)])?;
+        check_context(path, "max_position_embeddings", self.max_position_embeddings)?;
         if self.total_ut_steps == 0 || self.total_ut_steps > MAX_OURO_LOOPS {
             return bad(format!("total_ut_steps {} must be in 1..={MAX_OURO_LOOPS}", self.total_ut_steps));
         }

@@ -1,7 +1,7 @@
 //! `config.json` of the masked-diffusion families: SDAR (Qwen3 keys), LLaDA (OLMo-style keys)
 //! and Dream (Qwen2 keys). Field names as in the released checkpoints.
 
-use super::{check_bounds, check_shapes, default_eps, default_theta, EosIds, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS};
+use super::{check_bounds, check_context, check_shapes, default_eps, default_theta, EosIds, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -131,10 +131,10 @@ impl SdarConfig {
                 ("num_experts", self.num_experts.unwrap_or(0), MAX_EXPERTS),
                 ("num_experts_per_tok", self.num_experts_per_tok.unwrap_or(0), MAX_EXPERTS),
                 ("moe_intermediate_size", self.moe_intermediate_size.unwrap_or(0), MAX_DIM),
-                ("max_position_embeddings", self.max_position_embeddings, MAX_CONTEXT),
                 ("block_size", self.block_size.unwrap_or(0), MAX_CONTEXT),
             ],
         )?;
+        check_context(path, "max_position_embeddings", self.max_position_embeddings)?;
         if self.num_experts.unwrap_or(0) > 0 {
             if let Some(reason) = crate::models::diffusion::Sdar::router(self).shape_error() {
                 return Err(Error::config(path, reason));
@@ -274,7 +274,8 @@ impl LladaConfig {
     pub(crate) fn validate(&self, path: &str) -> Result<()> {
         let hd = derived_head_dim(path, None, self.d_model, self.n_heads)?;
         check_shapes(path, self.vocab_size, self.d_model, self.mlp_hidden_size, self.n_layers, self.n_heads, self.kv_heads(), hd)?;
-        check_bounds(path, &[("embedding_size", self.embedding_size.unwrap_or(0), MAX_DIM), ("max_sequence_length", self.max_sequence_length, MAX_CONTEXT)])?;
+        check_bounds(path, &[("embedding_size", self.embedding_size.unwrap_or(0), MAX_DIM)])?;
+        check_context(path, "max_sequence_length", self.max_sequence_length)?;
         check_norm(path, self.rms_norm_eps, self.rope_theta)?;
         let bad = |r: &str| Err(Error::config(path, format!("{r} is not supported for LLaDA")));
         if self.include_bias || self.include_qkv_bias {
@@ -393,7 +394,7 @@ impl DreamConfig {
     pub(crate) fn validate(&self, path: &str) -> Result<()> {
         let hd = derived_head_dim(path, self.head_dim, self.hidden_size, self.num_attention_heads)?;
         check_shapes(path, self.vocab_size, self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.num_attention_heads, self.kv_heads(), hd)?;
-        check_bounds(path, &[("max_position_embeddings", self.max_position_embeddings, MAX_CONTEXT)])?;
+        check_context(path, "max_position_embeddings", self.max_position_embeddings)?;
         check_norm(path, self.rms_norm_eps, self.rope_theta)?;
         if self.use_sliding_window == Some(true) || self.rope_scaling.is_some() {
             return Err(Error::config(path, "use_sliding_window and rope_scaling are not supported for Dream"));
@@ -563,10 +564,10 @@ impl Llada2Config {
                 ("topk_group", self.topk_group, MAX_EXPERTS),
                 ("num_shared_experts", self.num_shared_experts, MAX_EXPERTS),
                 ("moe_intermediate_size", self.moe_intermediate_size, MAX_DIM),
-                ("max_position_embeddings", self.max_position_embeddings, MAX_CONTEXT),
                 ("block_size", self.block_size.unwrap_or(0), MAX_CONTEXT),
             ],
         )?;
+        check_context(path, "max_position_embeddings", self.max_position_embeddings)?;
         check_norm(path, self.rms_norm_eps, self.rope_theta)?;
         check_act(path, &self.hidden_act)?;
         let bad = |r: String| Err(Error::config(path, r));
