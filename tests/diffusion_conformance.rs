@@ -397,4 +397,8 @@ fn reference_schedules_are_batch_invariant() {
         outs.push(want);
     }
     assert!(outs[1] != outs[2] || outs[1] != outs[3], "the confidence orders decode differently somewhere");
+    // A schedule of more steps than the context window has positions is refused, not run.
+    let endless = EngineBuilder::new(&dirs[2].1).max_model_len(64).diffusion(|o| o.block_length(32).dream_sampler(65, Confidence::Probability)).build();
+    assert!(matches!(endless, Err(ponder::Error::InvalidOption(ref m)) if m.contains("65 steps")), "{:?}", endless.err());
+    assert!(EngineBuilder::new(&dirs[2].1).max_model_len(64).diffusion(|o| o.block_length(32).dream_sampler(64, Confidence::Probability)).build().is_ok());
 }

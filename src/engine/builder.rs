@@ -418,6 +418,11 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
     if max_steps == 0 {
         return Err(Error::InvalidOption("max_steps_per_block must be >= 1".into()));
     }
+    // Dream's schedule runs every one of its steps, revealing nothing in most once they outnumber
+    // the region's tokens; past the context window's positions a count is a mistake, not a schedule.
+    if o.whole_region && max_steps > max_context {
+        return Err(Error::InvalidOption(format!("Dream's sampler of {max_steps} steps: more than the {max_context} positions of the context window")));
+    }
     let policy = match o.unmask {
         Some(p) => p,
         None => Box::new(Threshold::new(spec.unmask_threshold.unwrap_or(0.9))?),
