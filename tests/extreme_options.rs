@@ -5,27 +5,14 @@
 //! typed error for that request — and holds no KV block afterwards. Nothing panics.
 
 mod common;
-use common::assert_kv_empty;
+use common::{assert_kv_empty, family_checkpoints, panic_message, VOCAB};
 use ponder::diffusion::Confidence;
-use ponder::testing::*;
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, SamplingParams, SchedulerKind};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-const VOCAB: usize = 101;
 const SIZES: [usize; 10] = [0, 1, 2, 3, 5, 7, 17, 4096, 1 << 40, usize::MAX];
 const FLOATS: [f64; 9] = [0.0, -1.0, 1e-30, 0.5, 1.0, 1.5, 1e30, f64::NAN, f64::INFINITY];
-
-fn families(tmp: &Path) -> Vec<(&'static str, PathBuf)> {
-    let dir = |name: &str| tmp.join(name);
-    write_random_ouro(&dir("ouro"), &tiny_ouro_config(VOCAB), 1).unwrap();
-    write_random_huginn(&dir("huginn"), &tiny_huginn_config(VOCAB), 2).unwrap();
-    write_random_sdar(&dir("sdar"), &tiny_sdar_config(VOCAB), 3).unwrap();
-    write_random_llada(&dir("llada"), &tiny_llada_config(VOCAB), 5).unwrap();
-    write_random_dream(&dir("dream"), &tiny_dream_config(VOCAB), 6).unwrap();
-    write_random_llada2(&dir("llada2"), &tiny_llada2_config(VOCAB), 7).unwrap();
-    ["ouro", "huginn", "sdar", "llada", "dream", "llada2"].into_iter().map(|n| (n, dir(n))).collect()
-}
 
 /// One case: an engine configured by `builder`, serving `prompts` under `params`.
 struct Case {
@@ -48,9 +35,7 @@ fn check(case: &Case) -> Option<String> {
     }));
     match outcome {
         Ok(problem) => problem,
-        Err(p) => {
-            Some(format!("panicked: {}", p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()))
-        }
+        Err(p) => Some(format!("panicked: {}", panic_message(p))),
     }
 }
 
@@ -122,7 +107,7 @@ fn cases(family: &str, dir: &Path) -> Vec<Case> {
 fn extreme_options_and_parameters_are_refused_or_served_without_leaks() {
     let tmp = tempfile::tempdir().unwrap();
     let mut problems = Vec::new();
-    for (family, dir) in families(tmp.path()) {
+    for (family, dir) in family_checkpoints(tmp.path()) {
         let mut plain = EngineBuilder::new(&dir).block_size(4).max_num_seqs(3).kv_capacity_tokens(1024).build().unwrap();
         plain.generate([vec![1u32, 2, 3]], &GenerationParams::greedy(3)).unwrap().remove(0).unwrap();
         assert_kv_empty(&plain);

@@ -6,28 +6,15 @@
 //! missing or mis-shaped tensor is `BadTensor` naming it; a NaN-filled one builds and fails no
 //! more than its own requests.
 
+mod common;
 use candle_core::{DType, Device, Tensor};
+use common::{family_checkpoints, panic_message};
 use ponder::gate::{LearnedLookahead, Preloop};
-use ponder::testing::*;
 use ponder::{Engine, EngineBuilder, Error, GenerationParams};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
-
-const VOCAB: usize = 101;
-
-fn families(tmp: &Path) -> Vec<(&'static str, PathBuf)> {
-    let dir = |name: &str| tmp.join(name);
-    write_random_ouro(&dir("ouro"), &tiny_ouro_config(VOCAB), 1).unwrap();
-    write_random_huginn(&dir("huginn"), &tiny_huginn_config(VOCAB), 2).unwrap();
-    write_random_sdar(&dir("sdar"), &tiny_sdar_config(VOCAB), 3).unwrap();
-    write_random_sdar(&dir("sdar_moe"), &tiny_sdar_moe_config(VOCAB), 4).unwrap();
-    write_random_llada(&dir("llada"), &tiny_llada_config(VOCAB), 5).unwrap();
-    write_random_dream(&dir("dream"), &tiny_dream_config(VOCAB), 6).unwrap();
-    write_random_llada2(&dir("llada2"), &tiny_llada2_config(VOCAB), 7).unwrap();
-    ["ouro", "huginn", "sdar", "sdar_moe", "llada", "dream", "llada2"].into_iter().map(|n| (n, dir(n))).collect()
-}
+use std::path::Path;
 
 /// What a build and one short generation came to; `Err` holds a panic's message.
 type Outcome = Result<ponder::Result<()>, String>;
@@ -38,7 +25,7 @@ fn serve(build: impl FnOnce() -> ponder::Result<Engine>) -> Outcome {
         // A request may fail (a context window of 1, non-finite logits); the call itself may not.
         engine.generate([vec![1u32, 2, 3, 4, 5]], &GenerationParams::greedy(3)).map(|_| ())
     }))
-    .map_err(|p| p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())
+    .map_err(panic_message)
 }
 
 fn engine(dir: &Path) -> ponder::Result<Engine> {
@@ -178,7 +165,7 @@ fn model_tensor_verdict(family: &str, name: &str, how: &str, outcome: Outcome) -
 fn broken_configs_and_tensors_never_panic_for_any_family() {
     let tmp = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
-    for (family, dir) in families(tmp.path()) {
+    for (family, dir) in family_checkpoints(tmp.path()) {
         assert!(matches!(serve(|| engine(&dir)), Ok(Ok(()))), "{family}: the unbroken checkpoint serves");
         let serve_dir = |d: &Path| serve(|| engine(d));
         for file in ["config.json", "generation_config.json"] {
@@ -203,7 +190,7 @@ fn broken_tokenizer_configs_and_gate_heads_never_panic() {
             let mut engine = EngineBuilder::new(d).max_num_seqs(1).build()?;
             engine.generate([chat.clone()], &GenerationParams::greedy(2)).map(|_| ())
         }))
-        .map_err(|p| p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())
+        .map_err(panic_message)
     };
     assert!(matches!(serve_chat(&shipped), Ok(Ok(()))), "the shipped model serves a chat");
     let mut failures = mutate_json(tmp.path(), &shipped, "tokenizer_config.json", &serve_chat);
@@ -220,7 +207,7 @@ fn broken_tokenizer_configs_and_gate_heads_never_panic() {
                     .build()?;
                 engine.generate([vec![1u32, 2, 3, 4, 5]], &GenerationParams::greedy(3)).map(|_| ())
             }))
-            .map_err(|p| p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())
+            .map_err(panic_message)
         };
         let shipped_outcome = serve_with_head(&shipped);
         assert!(matches!(shipped_outcome, Ok(Ok(()))), "{file}: the shipped head serves: {shipped_outcome:?}");
@@ -238,7 +225,7 @@ fn broken_tokenizer_configs_and_gate_heads_never_panic() {
 #[test]
 fn a_context_window_of_zero_is_a_bad_config() {
     let tmp = tempfile::tempdir().unwrap();
-    for (family, dir) in families(tmp.path()) {
+    for (family, dir) in family_checkpoints(tmp.path()) {
         let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
         let mut cfg: Value = serde_json::from_str(&text).unwrap();
         let field = ["max_position_embeddings", "max_sequence_length", "block_size"]

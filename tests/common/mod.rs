@@ -187,3 +187,23 @@ impl ponder::scheduler::LoopedScheduler for Stuck {
     }
     fn complete(&mut self, _: &ponder::scheduler::LoopedLaunch, _: &ponder::scheduler::LoopedResult) {}
 }
+
+/// Tiny random checkpoints of all seven families in the released layouts, one directory each
+/// under `tmp`: (family, directory).
+pub fn family_checkpoints(tmp: &std::path::Path) -> Vec<(&'static str, PathBuf)> {
+    use ponder::testing::*;
+    let dir = |name: &str| tmp.join(name);
+    write_random_ouro(&dir("ouro"), &tiny_ouro_config(VOCAB), 1).unwrap();
+    write_random_huginn(&dir("huginn"), &tiny_huginn_config(VOCAB), 2).unwrap();
+    write_random_sdar(&dir("sdar"), &tiny_sdar_config(VOCAB), 3).unwrap();
+    write_random_sdar(&dir("sdar_moe"), &tiny_sdar_moe_config(VOCAB), 4).unwrap();
+    write_random_llada(&dir("llada"), &tiny_llada_config(VOCAB), 5).unwrap();
+    write_random_dream(&dir("dream"), &tiny_dream_config(VOCAB), 6).unwrap();
+    write_random_llada2(&dir("llada2"), &tiny_llada2_config(VOCAB), 7).unwrap();
+    ["ouro", "huginn", "sdar", "sdar_moe", "llada", "dream", "llada2"].into_iter().map(|n| (n, dir(n))).collect()
+}
+
+/// The message a caught panic carried.
+pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+}
