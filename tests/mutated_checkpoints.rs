@@ -2,7 +2,7 @@
 //! `config.json` / `generation_config.json` field replaced by numbers of every size and sign,
 //! strings, null, booleans, lists and objects, or removed; every tensor dropped, grown, stored
 //! as an integer dtype or a scalar, or filled with NaN; the shipped model's tokenizer config and
-//! trained gate heads likewise. Building an engine and generating from it never panics; a
+//! trained gate heads likewise, and the recorded depth and unmask-count traces. Building an engine and generating from it never panics; a
 //! missing or mis-shaped tensor is `BadTensor` naming it; a NaN-filled one builds and fails no
 //! more than its own requests.
 
@@ -241,4 +241,43 @@ fn a_context_window_of_zero_is_a_bad_config() {
             other => panic!("{family}: expected BadConfig for {field} = 0, got {:?}", other.err()),
         }
     }
+}
+
+/// Recorded traces (exit depths for the looped replay gate, unmask counts for the diffusion
+/// replay policy) are files too: every value replaced or removed, loading and serving with the
+/// trace never panics.
+#[test]
+fn broken_trace_files_never_panic() {
+    use ponder::diffusion::{Replay as ReplayCounts, UnmaskTrace};
+    use ponder::gate::{DepthTrace, Replay as ReplayDepths};
+    let tmp = tempfile::tempdir().unwrap();
+    let checkpoints = family_checkpoints(tmp.path());
+    let (ouro, sdar) = (checkpoints[0].1.clone(), checkpoints[2].1.clone());
+    let traces = tmp.path().join("traces");
+    std::fs::create_dir_all(&traces).unwrap();
+    std::fs::write(traces.join("depths.json"), r#"{"depths": {"0": [1, 2, 4], "1": [3]}}"#).unwrap();
+    std::fs::write(traces.join("counts.json"), r#"{"counts": {"0": [[1, 2], [3]], "1": [[2]]}}"#).unwrap();
+    let serve_depths = |d: &Path| -> Outcome {
+        catch_unwind(AssertUnwindSafe(|| {
+            let gate = ReplayDepths::new(DepthTrace::from_json_file(&d.join("depths.json"))?, 1, 4)?;
+            let looped =
+                |o: ponder::LoopedOptions| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(ponder::KvLayoutKind::Shared).exit_gate(gate);
+            let mut engine = EngineBuilder::new(&ouro).max_num_seqs(2).looped(looped).build()?;
+            engine.generate([vec![1u32, 2, 3], vec![4u32, 5]], &GenerationParams::greedy(4)).map(|_| ())
+        }))
+        .map_err(panic_message)
+    };
+    let serve_counts = |d: &Path| -> Outcome {
+        catch_unwind(AssertUnwindSafe(|| {
+            let policy = ReplayCounts::new(UnmaskTrace::from_json_file(&d.join("counts.json"))?);
+            let mut engine = EngineBuilder::new(&sdar).max_num_seqs(2).block_size(4).diffusion(|o| o.unmask_policy(policy)).build()?;
+            engine.generate([vec![1u32, 2, 3], vec![4u32, 5]], &GenerationParams::greedy(12)).map(|_| ())
+        }))
+        .map_err(panic_message)
+    };
+    assert!(matches!(serve_depths(&traces), Ok(Ok(()))), "the depth trace serves");
+    assert!(matches!(serve_counts(&traces), Ok(Ok(()))), "the count trace serves");
+    let mut failures = mutate_json(tmp.path(), &traces, "depths.json", &serve_depths);
+    failures.extend(mutate_json(tmp.path(), &traces, "counts.json", &serve_counts));
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
