@@ -2,9 +2,9 @@
 //! `config.json` / `generation_config.json` field replaced by numbers of every size and sign,
 //! strings, null, booleans, lists and objects, or removed; every tensor dropped, grown, stored
 //! as an integer dtype or a scalar, or filled with NaN; the shipped model's tokenizer config and
-//! trained gate heads likewise, and the recorded depth and unmask-count traces. Building an engine and generating from it never panics; a
-//! missing or mis-shaped tensor is `BadTensor` naming it; a NaN-filled one builds and fails no
-//! more than its own requests.
+//! trained gate heads likewise, and the recorded depth and unmask-count traces. Building an
+//! engine and generating from it never panics; a missing or mis-shaped tensor is `BadTensor`
+//! naming it; a NaN-filled one builds and fails no more than its own requests.
 
 mod common;
 use candle_core::{DType, Device, Tensor};
