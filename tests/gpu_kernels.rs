@@ -163,6 +163,16 @@ fn decode_mha_d128() {
     }
 }
 
+/// Rows of two query items (`paged_attn_*_q2`): one query a row under a GQA group of 2, and two
+/// queries a row without GQA.
+#[test]
+fn two_query_items_a_row() {
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        check(case("decode gqa 16/8 d128", DECODE_ROWS, 16, 8, 128, dt, AttnMask::Causal));
+        check(case("two-query rows mha 8/8 d64", &[(2, 40), (2, 300), (1, 17), (2, 2)], 8, 8, 64, dt, AttnMask::Causal));
+    }
+}
+
 #[test]
 fn decode_gqa_d64() {
     for dt in [DType::F32, DType::BF16] {
@@ -337,6 +347,7 @@ fn block_causal() {
 fn head_dim_96_and_odd_block_size() {
     check(case("mixed causal gqa 12/4 d96", MIXED_ROWS, 12, 4, 96, DType::F32, AttnMask::Causal));
     check(case("mixed causal gqa 12/4 d96", MIXED_ROWS, 12, 4, 96, DType::BF16, AttnMask::Causal));
+    check(case("mixed causal gqa 12/4 d96", MIXED_ROWS, 12, 4, 96, DType::F16, AttnMask::Causal));
     let c = case("decode bs12 mha d128", DECODE_ROWS, 8, 8, 128, DType::F32, AttnMask::Causal);
     check(Case { block_size: 12, ..c });
     let c = case("mixed bs12 gqa 32/8 d128", MIXED_ROWS, 32, 8, 128, DType::BF16, AttnMask::Causal);
@@ -1324,7 +1335,7 @@ fn copy_rows_matches_reference() {
 fn focus_importance_matches_reference() {
     use ponder::ops::importance_of;
     let gpu = Device::new_cuda(0).unwrap();
-    for dt in [DType::F32, DType::BF16] {
+    for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(heads, kvh, d) in &[(32usize, 8usize, 128usize), (16, 16, 64), (4, 2, 64)] {
             let mut rng = StdRng::seed_from_u64((heads * 977 + d) as u64);
             let lens = vec![32usize, 1, 7, 16, 3, 32, 29];
@@ -1359,13 +1370,15 @@ fn focus_importance_matches_reference() {
 }
 
 /// The one-pass greedy readout against argmax + softmax in f32 on the CPU: a 152k vocabulary,
-/// the excluded mask token holding the largest logit, bf16 and f32 logits.
+/// the excluded mask token holding the largest logit, f32, bf16 and f16 logits.
 #[test]
 fn greedy_confidence_matches_reference() {
     use ponder::engine::internals::greedy_with_confidence;
     let gpu = Device::new_cuda(0).unwrap();
     // A vocabulary of a multiple of 8 takes the 16-byte loads; 1001 the scalar loop.
-    for (dt, (rows, vocab, mask)) in [DType::F32, DType::BF16].into_iter().flat_map(|dt| [(dt, (37usize, 151_936usize, 151_669u32)), (dt, (5, 1001, 7))]) {
+    for (dt, (rows, vocab, mask)) in
+        [DType::F32, DType::BF16, DType::F16].into_iter().flat_map(|dt| [(dt, (37usize, 151_936usize, 151_669u32)), (dt, (5, 1001, 7))])
+    {
         let mut rng = StdRng::seed_from_u64(5);
         let mut data: Vec<f32> = (0..rows * vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect();
         for r in 0..rows {
@@ -1483,7 +1496,7 @@ fn compact_rows_matches_index_select() {
 fn fused_qkv_norm_rope_write() {
     use ponder::ops::{qkv_norm_rope_write, RopeTable};
     let gpu = Device::new_cuda(0).unwrap();
-    for dt in [DType::F32, DType::BF16] {
+    for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(heads, kvh, hd, norm) in &[(32usize, 8usize, 128usize, true), (32, 8, 128, false), (4, 4, 64, true), (4, 2, 256, true), (2, 1, 192, false)] {
             let mut rng = StdRng::seed_from_u64((heads * 7 + hd + norm as usize) as u64);
             let (nb, bs) = (12, 16);
@@ -1877,6 +1890,11 @@ fn moe_routing_on_the_device_chooses_as_the_host_rule() {
         ("groups of 100 (no whole-lane split)", llada2_router(200, 8, 2, 1), true),
         ("512 experts, softmax", RouterArch { num_experts: 512, ..qwen(true) }, false),
         ("top 40 of 64", llada2_router(64, 40, 1, 1), true),
+        // One to seven experts a lane (`moe_route_reg_p1`, `_p5`, `_p6`, `_p7`).
+        ("16 experts, one a lane", llada2_router(16, 4, 1, 1), true),
+        ("160 experts, five a lane", llada2_router(160, 8, 1, 1), true),
+        ("192 experts softmax, six a lane", RouterArch { num_experts: 192, ..qwen(true) }, false),
+        ("224 experts, seven a lane", llada2_router(224, 8, 1, 1), false),
     ];
     for (name, arch, with_bias) in cases {
         let e = arch.num_experts;
@@ -1898,8 +1916,26 @@ fn moe_routing_on_the_device_chooses_as_the_host_rule() {
     }
 }
 
+static MOE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `f` under each MoE GEMM selection: Hopper's kernels (what the H200 runs) and the
+/// `mma.sync` kernels other GPUs run (process-wide, so the checks that set it take a lock).
+fn for_each_moe_kernels(mut f: impl FnMut(ponder::ops::moe::MoeKernels)) {
+    use ponder::ops::moe::{set_moe_kernels, MoeKernels};
+    let _g = MOE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for k in [MoeKernels::Auto, MoeKernels::MmaSync] {
+        set_moe_kernels(k);
+        f(k);
+    }
+    set_moe_kernels(MoeKernels::Auto);
+}
+
 #[test]
 fn router_logits_from_split_weights_have_f32_accuracy() {
+    for_each_moe_kernels(router_logits_check);
+}
+
+fn router_logits_check(kernels: ponder::ops::moe::MoeKernels) {
     use ponder::ops::moe::RouterWeights;
     let gpu = Device::new_cuda(0).unwrap();
     let mut rng = StdRng::seed_from_u64(0x5917);
@@ -1917,7 +1953,7 @@ fn router_logits_from_split_weights_have_f32_accuracy() {
             let worst = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale;
             // f32 summation-order noise reaches ~1e-5 of the largest logit here (2048-4096 terms);
             // bf16 weights would be ~4e-3.
-            assert!(worst <= 5e-5, "{tokens}x{h} -> {e}, token {t}: split-weight logits off by {worst:e} of the row's largest");
+            assert!(worst <= 5e-5, "{kernels:?} {tokens}x{h} -> {e}, token {t}: split-weight logits off by {worst:e} of the row's largest");
         }
     }
 }
@@ -1955,10 +1991,15 @@ fn moe_routing_survives_non_finite_logits() {
 
 #[test]
 fn grouped_moe_kernels_match_the_composition() {
+    for_each_moe_kernels(grouped_moe_check);
+}
+
+fn grouped_moe_check(kernels: ponder::ops::moe::MoeKernels) {
     use ponder::ops::moe::{moe_experts, moe_experts_reference, route_reference, StackedExperts};
     let gpu = Device::new_cuda(0).unwrap();
     // (name, tokens, experts, top_k, width, hidden, shared): few rows per expert (64-row tiles,
-    // some experts idle) and many (128-row tiles), with and without a shared expert.
+    // some experts idle) and many (128-row tiles: Hopper's warpgroup kernels, or the `mma.sync`
+    // ones under `MoeKernels::MmaSync`), with and without a shared expert.
     let cases = [
         ("decode-like: 5 tokens, 64 experts, top 8", 5, 64, 8, 64, 256, true),
         ("FOCUS-like: 200 tokens, 64 experts, top 8", 200, 64, 8, 128, 512, false),
@@ -2003,7 +2044,7 @@ fn grouped_moe_kernels_match_the_composition() {
             let err = got.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt() / norm;
             let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             let peak = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            assert!(err <= 1e-2 && worst <= 0.05 * peak, "{name} {dtype:?}: relative error {err:e}, worst {worst:e} of peak {peak:e}");
+            assert!(err <= 1e-2 && worst <= 0.05 * peak, "{kernels:?} {name} {dtype:?}: relative error {err:e}, worst {worst:e} of peak {peak:e}");
             // The stacked layout itself is also the composition's: the device composition on the
             // kernels' interleaved weights equals the kernels too.
             let composed =
@@ -2011,7 +2052,7 @@ fn grouped_moe_kernels_match_the_composition() {
                     .unwrap();
             let composed = f32_cpu(&composed).flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let err2 = got.iter().zip(&composed).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt() / norm;
-            assert!(err2 <= 1e-2, "{name} {dtype:?}: kernels vs the device composition {err2:e}");
+            assert!(err2 <= 1e-2, "{kernels:?} {name} {dtype:?}: kernels vs the device composition {err2:e}");
         }
     }
 }

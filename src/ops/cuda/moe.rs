@@ -3,7 +3,7 @@
 //! points in `crate::ops::moe`.
 
 use super::launch::{compute_major, device, kernel, same_device_dtype, sm_count, view, wrap, Module};
-use crate::ops::moe::{RouterArch, Scoring, StackedExperts};
+use crate::ops::moe::{moe_kernels, MoeKernels, RouterArch, Scoring, StackedExperts};
 use candle_core::cuda_backend::cudarc::driver::sys::{self, CUfunction_attribute};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -255,6 +255,12 @@ fn gemm_shape(func: &CudaFunction, bm: usize) -> Result<(u32, u32)> {
     Ok((128, smem as u32))
 }
 
+/// Whether the Hopper warpgroup-MMA kernels run: built for sm_90a (other targets compile them to
+/// a trap), on an sm_90 device, and not turned off with [`crate::ops::moe::set_moe_kernels`].
+fn wgmma_available(dev: &CudaDevice) -> Result<bool> {
+    Ok(cfg!(ponder_wgmma) && moe_kernels() == MoeKernels::Auto && compute_major(dev)? == 9)
+}
+
 fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &ExpertArgs) -> Result<Tensor> {
     const OP: &str = "moe_experts";
     let (tokens, h, e, w, k) = (a.tokens, a.h, a.e, a.w, a.k);
@@ -262,9 +268,8 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     // Taller tiles once experts average enough rows to fill them.
     let bm = if pairs / e >= 96 { 128 } else { 64 };
     let max_tiles = pairs.div_ceil(bm) + e;
-    // 128-row tiles run on Hopper's warpgroup MMA where the device has it and the PTX was built
-    // for it (sm_90a; other targets compile those kernels to a trap).
-    let hopper = bm == 128 && cfg!(ponder_wgmma) && compute_major(dev)? == 9;
+    // 128-row tiles run on Hopper's warpgroup MMA where it is available.
+    let hopper = bm == 128 && wgmma_available(dev)?;
     // Row tiles are the mma.sync grid's second dimension (at most 65535 blocks); the Hopper
     // kernel's persistent grid has no such limit.
     if !hopper && max_tiles > 65_535 {
@@ -453,7 +458,7 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
     // HOPPER_MIN_K_TILES deep. Elsewhere 64-row tiles, and slices until there are about three
     // blocks per SM (at least 8 k tiles).
     const HOPPER_MIN_K_TILES: usize = 4;
-    let hopper = cfg!(ponder_wgmma) && compute_major(&dev)? == 9;
+    let hopper = wgmma_available(&dev)?;
     // Row tiles of 64 tokens are the mma.sync grid's second dimension (at most 65535 blocks).
     if !hopper && tokens.div_ceil(64) > 65_535 {
         bail!("{OP} (cuda): {tokens} tokens need more than 65535 row tiles");

@@ -975,10 +975,6 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
     extern "C" __global__ void moe_gemm_bm128_##SUF(T *out, const T *A, const T *W, GEMM_ARGS) {                \
         moe_gemm<T, T, 128, 64, PLAIN>(out, A, W, GEMM_PASS);                                                       \
     }                                                                                                          \
-    extern "C" __global__ void moe_gemm_f32out_bm64_##SUF(float *out, const T *A, const T *W, GEMM_ARGS,       \
-                                                          int k_chunk) {                                      \
-        moe_gemm<T, float, 64, 32, F32_OUT>(out, A, W, src, te, ts, ee, N, K, a_cols, dense_rows, k_chunk);    \
-    }                                                                                                          \
     extern "C" __global__ void moe_combine_##SUF(T *out, const T *y, const float *w, const uint32_t *pos,        \
                                                  const T *shared, const T *residual, int K, int H) {            \
         moe_combine<T>(out, y, w, pos, shared, residual, K, H);                                                 \
@@ -986,6 +982,13 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
 
 MOE_OPS(__nv_bfloat16, bf16)
 MOE_OPS(__half, f16)
+
+// The router's logits off Hopper: f32 partial sums per k slice of a bf16 activation (the router
+// reads bf16 only).
+extern "C" __global__ void moe_gemm_f32out_bm64_bf16(float *out, const __nv_bfloat16 *A, const __nv_bfloat16 *W,
+                                                     GEMM_ARGS, int k_chunk) {
+    moe_gemm<__nv_bfloat16, float, 64, 32, F32_OUT>(out, A, W, src, te, ts, ee, N, K, a_cols, dense_rows, k_chunk);
+}
 
 // The router's logits on the Hopper GEMM: dense, f32 partial sums per k slice (see moe_gemm_f32out_*).
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
