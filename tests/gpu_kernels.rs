@@ -133,19 +133,28 @@ enum AttnPath {
     Ring,
 }
 
+/// Runs its closure when dropped: a process-wide kernel selection goes back to the default even
+/// when a check fails under another one.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
 /// Runs `f` with the kernels of `path` selected (process-wide, so checks take a lock).
 fn with_path<R>(path: AttnPath, f: impl FnOnce() -> R) -> R {
     use ponder::ops::{set_attention_kernels, AttentionKernels};
     let _g = KERNEL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _restore = OnDrop(|| set_attention_kernels(AttentionKernels::Auto));
     set_attention_kernels(match path {
         AttnPath::Default => AttentionKernels::Auto,
         AttnPath::Simt => AttentionKernels::Simt,
         AttnPath::Unpipelined => AttentionKernels::Unpipelined,
         AttnPath::Ring => AttentionKernels::DecodeRing,
     });
-    let r = f();
-    set_attention_kernels(AttentionKernels::Auto);
-    r
+    f()
 }
 
 const DECODE_ROWS: &[(usize, usize)] = &[(1, 1), (1, 15), (1, 16), (1, 17), (1, 100), (1, 384), (1, 1000), (1, 2048)];
@@ -1923,11 +1932,11 @@ static MOE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn for_each_moe_kernels(mut f: impl FnMut(ponder::ops::moe::MoeKernels)) {
     use ponder::ops::moe::{set_moe_kernels, MoeKernels};
     let _g = MOE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _restore = OnDrop(|| set_moe_kernels(MoeKernels::Auto));
     for k in [MoeKernels::Auto, MoeKernels::MmaSync] {
         set_moe_kernels(k);
         f(k);
     }
-    set_moe_kernels(MoeKernels::Auto);
 }
 
 #[test]
@@ -2064,6 +2073,7 @@ fn grouped_moe_check(kernels: ponder::ops::moe::MoeKernels) {
 #[ignore]
 fn moe_timing() {
     use ponder::ops::moe::{moe_experts, route, StackedExperts};
+    let _g = MOE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let gpu = Device::new_cuda(0).unwrap();
     let (e, k, w, h) = (256, 8, 512, 2048);
     let arch = llada2_router(e, k, 8, 4);
