@@ -309,22 +309,27 @@ mod tests {
     #[test]
     fn builds_name_kernels_and_block_sizes_the_cu_file_defines() {
         let cu = include_str!("kernels/paged_attention.cu");
-        // Each one-item build, plain and folded, under launch bounds of its warps.
-        for (build, bounds) in [
-            (SimtBuild::Plain, "__launch_bounds__(NTHREADS)"),
-            (SimtBuild::SevenBlocks, "__launch_bounds__(NTHREADS, 7)"),
-            (SimtBuild::EightWarps, "__launch_bounds__(W8_WARPS * 32, 3)"),
-            (SimtBuild::EightWarpsDense, "__launch_bounds__(W8_WARPS * 32, 4)"),
-            (SimtBuild::EightWarpsDeep, "__launch_bounds__(W8_WARPS * 32, 2)"),
+        // The one-item builds' table: each build's suffix under launch bounds of its warps, with
+        // the warps (and key sets) it passes to the kernel.
+        let table = &cu[cu.find("#define PA_Q1_BUILDS(BUILD, NAME, T, D)").expect("the builds' table")..];
+        let table = &table[..table.find("\n\n").unwrap()];
+        for (build, bounds, warps, key_sets) in [
+            (SimtBuild::Plain, "__launch_bounds__(NTHREADS)", "NW", "0"),
+            (SimtBuild::SevenBlocks, "__launch_bounds__(NTHREADS, 7)", "NW", "0"),
+            (SimtBuild::EightWarps, "__launch_bounds__(W8_WARPS * 32, 3)", "W8_WARPS", "0"),
+            (SimtBuild::EightWarpsDense, "__launch_bounds__(W8_WARPS * 32, 4)", "W8_WARPS", "0"),
+            (SimtBuild::EightWarpsDeep, "__launch_bounds__(W8_WARPS * 32, 2)", "W8_WARPS", "W8K6_KEY_SETS"),
         ] {
-            for name in [format!("paged_attn_rope_##NAME##_d##D##_q1{}(", build.suffix()), format!("paged_attn_##NAME##_d##D##_q1{}(", build.suffix())] {
-                if build == SimtBuild::Plain && !name.contains("rope") {
-                    continue; // the plain one-item build is `_q##NQ` at NQ = 1
-                }
-                let at = cu.find(&name).unwrap_or_else(|| panic!("{name}"));
-                let line_start = cu[..at].rfind("extern \"C\"").unwrap();
-                assert!(cu[line_start..at].contains(bounds), "{name}: not under {bounds}");
-            }
+            let row = format!("BUILD(NAME, T, D, {}, {bounds}, {warps}, {key_sets})", build.suffix());
+            assert!(table.contains(&row), "{build:?}: no `{row}` in the builds' table");
+        }
+        assert_eq!(table.matches("BUILD(NAME").count(), 5, "a build the plan does not know");
+        // Both forms of every build, named as the launcher names them.
+        assert!(cu.contains("paged_attn_##NAME##_d##D##_q1##SUF(PA_ARGS(T))"));
+        assert!(cu.contains("paged_attn_rope_##NAME##_d##D##_q1##SUF(PA_ROPE_ARGS(T))"));
+        assert!(cu.contains("PA_Q1_BUILDS(PA_Q1_PLAIN, NAME, T, D)"));
+        for d in [64, 96, 128] {
+            assert!(cu.contains(&format!("PA_Q1_BUILDS(PA_Q1_ROPE, NAME, T, {d})")));
         }
         assert!(cu.contains("#define NW 4\n") && SimtBuild::Plain.warps() == 4);
         assert_eq!(SimtBuild::SevenBlocks.warps(), SimtBuild::Plain.warps());

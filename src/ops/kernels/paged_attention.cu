@@ -771,82 +771,54 @@ __device__ __forceinline__ void paged_attn_mma_impl(
         num_heads, kv_heads, block_size, bs_shift, scale_log2, mask_block, num_splits, chunk,    \
         wave_blocks, num_tokens
 
+// The multi-query kernels (several query items a row and kv head: GQA groups, prefill).
 #define PA_KERNEL(NAME, T, D, NQ)                                                                \
     extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
         paged_attn_##NAME##_d##D##_q##NQ(PA_ARGS(T)) {                                          \
         paged_attn_impl<T, D, NQ>(PA_PASS);                                                      \
     }
 
-// The one-query kernel (a looped decode step) also held to 7 blocks an SM (72 registers on the
-// H200 instead of 80 for 6, no spills): more warps waiting on K/V hide latency when each block
-// walks few keys; with many, the free allocation keeps more loads in flight per warp.
-#define PA_KERNEL_OCC7(NAME, T, D)                                                               \
-    extern "C" __global__ void __launch_bounds__(NTHREADS, 7)                                   \
-        paged_attn_##NAME##_d##D##_q1_o7(PA_ARGS(T)) {                                          \
-        paged_attn_impl<T, D, 1>(PA_PASS);                                                       \
-    }
-
-// The one-query kernel with 8 warps a block, at least 3 blocks an SM (`_w8`): a decode launch of
-// one wave of (row, kv head) blocks walks each row's keys unsplit in one block, with no combine
-// launch (attention_split.rs says when).
+// The one-query kernels (a looped decode step) come in five builds, each a name suffix, launch
+// bounds, warps a block and key sets a lane (0: the kernel's default):
+// - `_q1`: 4 warps, the free allocation.
+// - `_o7`: held to 7 blocks an SM (72 registers on the H200 instead of 80 for 6, no spills): more
+//   warps waiting on K/V hide latency when each block walks few keys; with many, the free
+//   allocation keeps more loads in flight per warp.
+// - `_w8`: 8 warps, at least 3 blocks an SM: a decode launch of one wave of (row, kv head) blocks
+//   walks each row's keys unsplit in one block, with no combine launch.
+// - `_w8o4`: the same held to 4 blocks an SM (64 registers: a few spill), for one-wave launches
+//   of up to four blocks an SM (32 rows of 16 heads on the H200).
+// - `_w8k6`: 8 warps of 6 key sets a lane, held to 2 blocks an SM: a launch of at most one
+//   (row, kv head) block an SM walks each row's keys unsplit with more K/V loads in flight a warp.
+// attention_split.rs says which runs when. BUILD makes one kernel of a build: plain, or with
+// qkv_rope_write folded in.
 #define W8_WARPS 8
-#define PA_KERNEL_W8(NAME, T, D)                                                                 \
-    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 3)                              \
-        paged_attn_##NAME##_d##D##_q1_w8(PA_ARGS(T)) {                                          \
-        paged_attn_impl<T, D, 1, false, W8_WARPS>(PA_PASS);                                      \
-    }
-// The same held to 4 blocks an SM (`_w8o4`, 64 registers: a few spill) for one-wave launches
-// of up to four blocks an SM (32 rows of 16 heads on the H200).
-#define PA_KERNEL_W8O4(NAME, T, D)                                                               \
-    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 4)                              \
-        paged_attn_##NAME##_d##D##_q1_w8o4(PA_ARGS(T)) {                                        \
-        paged_attn_impl<T, D, 1, false, W8_WARPS>(PA_PASS);                                      \
-    }
-
-// The one-query kernel with 8 warps of 6 key sets a lane, held to 2 blocks an SM (`_w8k6`): a
-// decode launch of at most one (row, kv head) block an SM walks each row's keys unsplit with more
-// K/V loads in flight a warp (attention_split.rs says when).
 #define W8K6_KEY_SETS 6
-#define PA_KERNEL_W8K6(NAME, T, D)                                                               \
-    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 2)                              \
-        paged_attn_##NAME##_d##D##_q1_w8k6(PA_ARGS(T)) {                                        \
-        paged_attn_impl<T, D, 1, false, W8_WARPS, W8K6_KEY_SETS>(PA_PASS);                       \
+#define PA_Q1_BUILDS(BUILD, NAME, T, D)                                                          \
+    BUILD(NAME, T, D, , __launch_bounds__(NTHREADS), NW, 0)                                      \
+    BUILD(NAME, T, D, _o7, __launch_bounds__(NTHREADS, 7), NW, 0)                                \
+    BUILD(NAME, T, D, _w8, __launch_bounds__(W8_WARPS * 32, 3), W8_WARPS, 0)                     \
+    BUILD(NAME, T, D, _w8o4, __launch_bounds__(W8_WARPS * 32, 4), W8_WARPS, 0)                   \
+    BUILD(NAME, T, D, _w8k6, __launch_bounds__(W8_WARPS * 32, 2), W8_WARPS, W8K6_KEY_SETS)
+
+#define PA_Q1_PLAIN(NAME, T, D, SUF, BOUNDS, WARPS, KEY_SETS)                                    \
+    extern "C" __global__ void BOUNDS paged_attn_##NAME##_d##D##_q1##SUF(PA_ARGS(T)) {           \
+        paged_attn_impl<T, D, 1, false, WARPS, KEY_SETS>(PA_PASS);                               \
     }
 
-// The one-query kernels with qkv_rope_write folded in (FRESH, decode launches of MHA models:
-// one query item a row and kv head), in all five builds; `q` is then the fused projection.
+// With qkv_rope_write folded in (FRESH, decode launches of MHA models: one query item a row and
+// kv head); `q` is then the fused projection.
 #define PA_ROPE_ARGS(T)                                                                          \
     PA_ARGS(T), const T *cos_t, const T *sin_t, const uint32_t *slots, T *kw, T *vw,             \
         long long num_slots, int q_stride
 #define PA_FRESH(T) Fresh<T>{cos_t, sin_t, slots, kw, vw, num_slots, q_stride}
-#define PA_ROPE_KERNELS(NAME, T, D)                                                              \
-    extern "C" __global__ void __launch_bounds__(NTHREADS)                                      \
-        paged_attn_rope_##NAME##_d##D##_q1(PA_ROPE_ARGS(T)) {                                    \
-        paged_attn_impl<T, D, 1, true>(PA_PASS, PA_FRESH(T));                                    \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(NTHREADS, 7)                                   \
-        paged_attn_rope_##NAME##_d##D##_q1_o7(PA_ROPE_ARGS(T)) {                                 \
-        paged_attn_impl<T, D, 1, true>(PA_PASS, PA_FRESH(T));                                    \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 3)                              \
-        paged_attn_rope_##NAME##_d##D##_q1_w8(PA_ROPE_ARGS(T)) {                                 \
-        paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, PA_FRESH(T));                          \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 4)                              \
-        paged_attn_rope_##NAME##_d##D##_q1_w8o4(PA_ROPE_ARGS(T)) {                               \
-        paged_attn_impl<T, D, 1, true, W8_WARPS>(PA_PASS, PA_FRESH(T));                          \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(W8_WARPS * 32, 2)                              \
-        paged_attn_rope_##NAME##_d##D##_q1_w8k6(PA_ROPE_ARGS(T)) {                               \
-        paged_attn_impl<T, D, 1, true, W8_WARPS, W8K6_KEY_SETS>(PA_PASS, PA_FRESH(T));           \
+#define PA_Q1_ROPE(NAME, T, D, SUF, BOUNDS, WARPS, KEY_SETS)                                     \
+    extern "C" __global__ void BOUNDS paged_attn_rope_##NAME##_d##D##_q1##SUF(PA_ROPE_ARGS(T)) { \
+        paged_attn_impl<T, D, 1, true, WARPS, KEY_SETS>(PA_PASS, PA_FRESH(T));                   \
     }
 
 #define PA_KERNELS_D(NAME, T, D)                                                                 \
-    PA_KERNEL(NAME, T, D, 1)                                                                     \
-    PA_KERNEL_OCC7(NAME, T, D)                                                                   \
-    PA_KERNEL_W8(NAME, T, D)                                                                     \
-    PA_KERNEL_W8O4(NAME, T, D)                                                                   \
-    PA_KERNEL_W8K6(NAME, T, D)                                                                   \
+    PA_Q1_BUILDS(PA_Q1_PLAIN, NAME, T, D)                                                        \
     PA_KERNEL(NAME, T, D, 2)                                                                     \
     PA_KERNEL(NAME, T, D, 4)                                                                     \
     PA_KERNEL(NAME, T, D, 8)                                                                     \
@@ -865,9 +837,9 @@ PA_KERNELS(f32, float)
 PA_KERNELS(bf16, __nv_bfloat16)
 PA_KERNELS(f16, __half)
 #define PA_ROPE_KERNELS_ALL(NAME, T)                                                             \
-    PA_ROPE_KERNELS(NAME, T, 64)                                                                 \
-    PA_ROPE_KERNELS(NAME, T, 96)                                                                 \
-    PA_ROPE_KERNELS(NAME, T, 128)
+    PA_Q1_BUILDS(PA_Q1_ROPE, NAME, T, 64)                                                        \
+    PA_Q1_BUILDS(PA_Q1_ROPE, NAME, T, 96)                                                        \
+    PA_Q1_BUILDS(PA_Q1_ROPE, NAME, T, 128)
 
 PA_ROPE_KERNELS_ALL(bf16, __nv_bfloat16)
 PA_ROPE_KERNELS_ALL(f16, __half)
