@@ -63,8 +63,8 @@ pub fn huginn_tensor_manifest(cfg: &HuginnConfig) -> Vec<(String, Vec<usize>)> {
     m
 }
 
-/// Random tensors for `manifest`: norms near 1, matrices N(0, 0.02²) (embeddings N(0, 1) so
-/// tokens are well separated in tiny models), biases 0. Deterministic for a given seed on the
+/// Random tensors for `manifest`: norm gains near 1, matrices N(0, 0.02²) (embeddings N(0, 1)
+/// so tokens are well separated in tiny models), biases named `*.bias` 0. Deterministic for a given seed on the
 /// CPU; on CUDA the device generator is seeded instead.
 pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType, device: &Device) -> Result<HashMap<String, Tensor>> {
     if !device.is_cpu() {
@@ -76,7 +76,7 @@ pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType
         let n: usize = shape.iter().product();
         let t = if device.is_cpu() {
             let std = init_std(name);
-            let data: Vec<f32> = if name.ends_with("norm.weight") {
+            let data: Vec<f32> = if is_norm_weight(name) {
                 (0..n).map(|_| 1.0 + 0.1 * rng.normal()).collect()
             } else if name.ends_with(".bias") {
                 vec![0.0; n]
@@ -84,7 +84,7 @@ pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType
                 (0..n).map(|_| std * rng.normal()).collect()
             };
             Tensor::from_vec(data, shape.as_slice(), device)?
-        } else if name.ends_with("norm.weight") {
+        } else if is_norm_weight(name) {
             (Tensor::randn(0f32, 0.1, shape.as_slice(), device)? + 1.0)?
         } else if name.ends_with(".bias") {
             Tensor::zeros(shape.as_slice(), DType::F32, device)?
@@ -96,8 +96,13 @@ pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType
     Ok(out)
 }
 
+/// A norm's gain: Ouro's `*norm.weight`, Huginn's `norm_1` … `norm_4` and `ln_f`.
+fn is_norm_weight(name: &str) -> bool {
+    name.ends_with("norm.weight") || name.ends_with("ln_f.weight") || name.rsplit('.').nth(1).is_some_and(|n| n.starts_with("norm_"))
+}
+
 fn init_std(name: &str) -> f32 {
-    if name.contains("embed_tokens") {
+    if name.contains("embed_tokens") || name.ends_with("wte.weight") {
         1.0
     } else {
         0.02

@@ -5,6 +5,8 @@
 //! lengths and steps, prompts not a multiple of the block, a shorter last block) and Dream's
 //! block schedule and its own sampler (three confidence orders).
 
+mod common;
+use common::weight_abs_sum;
 use ponder::diffusion::{CanvasCache, Confidence, LinearSchedule, StaticCount, Threshold, UnmaskPolicy};
 use ponder::testing::{tiny_dream_config, tiny_llada_config, write_random_dream, write_random_llada};
 use ponder::{EngineBuilder, GenerationParams};
@@ -37,11 +39,6 @@ struct Case {
     steps: usize,
     schedule: String,
     tokens: Vec<u32>,
-}
-
-fn weight_abs_sum(dir: &Path) -> f64 {
-    let t = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
-    t.values().map(|v| v.to_dtype(candle_core::DType::F64).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap()).sum()
 }
 
 #[test]

@@ -207,3 +207,10 @@ pub fn family_checkpoints(tmp: &std::path::Path) -> Vec<(&'static str, PathBuf)>
 pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
 }
+
+/// Sum of |w| over a checkpoint's `model.safetensors`, in f64: the weight checksum a parity
+/// fixture records, so that a test knows it rebuilt the weights the fixture was made from.
+pub fn weight_abs_sum(dir: &std::path::Path) -> f64 {
+    let t = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
+    t.values().map(|v| v.to_dtype(candle_core::DType::F64).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap()).sum()
+}
