@@ -5,7 +5,8 @@ the independent float64 PyTorch references. Regenerate when assets change:
     python3 tools/reference/make_fixtures.py [--ouro DIR] [--sdar DIR] [--out-dir tests/fixtures]
 
 - tiny_ouro_reference.json: next-token logits and per-step gate logits of the shipped tiny Ouro
-  for fixed prompts (tools/reference/ouro_ref.py).
+  for fixed prompts (tools/reference/ouro_ref.py), and 8-token continuations at full depth — the
+  greedy one and a fixed teacher-forced one — with every token's log-probability.
 - tiny_sdar_reference.json (only if the SDAR directory exists; default assets/tiny-sdar): for
   fixed prompts, the canvas = prompt ids, then `mask_token_id` up to the end of the block holding
   the prompt's end (the first decode block), then one more full block of masks. Block-causal
@@ -42,18 +43,43 @@ def rel(path: pathlib.Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+CONTINUATION = 8
+
+
+def continuation(ref: OuroReference, ids: list, forced: list = None) -> tuple:
+    """Greedy tokens (or `forced` ones) after `ids`, each with its log-probability, the whole
+    sequence recomputed at full depth for every token (EOS not special)."""
+    ids, tokens, logprobs = list(ids), [], []
+    for i in range(CONTINUATION):
+        lp = ref.forward(ids)[0][-1].log_softmax(-1)
+        t = int(lp.argmax()) if forced is None else forced[i]
+        tokens.append(t)
+        logprobs.append(float(lp[t]))
+        ids.append(t)
+    return tokens, logprobs
+
+
 def ouro(model_dir: pathlib.Path, out_dir: pathlib.Path):
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ref = OuroReference(model_dir)
+    vocab = ref.cfg["vocab_size"]
     cases = []
-    for text in PROMPTS:
+    for n, text in enumerate(PROMPTS):
         ids = tok.encode(text).ids
         logits, gates = ref.forward(ids)
+        greedy, greedy_lp = continuation(ref, ids)
+        # Tokens the model does not favour: their log-probabilities weigh the whole logit row.
+        forced = [(n * 977 + i * 389 + 11) % vocab for i in range(CONTINUATION)]
+        _, forced_lp = continuation(ref, ids, forced)
         cases.append({
             "text": text,
             "ids": ids,
             "logits_last": [float(f"{float(x):.9g}") for x in logits[-1]],
             "gate_logits_last": [float(f"{float(x):.9g}") for x in gates[:, -1]],
+            "greedy": greedy,
+            "greedy_logprobs": greedy_lp,
+            "forced": forced,
+            "forced_logprobs": forced_lp,
         })
     out = out_dir / "tiny_ouro_reference.json"
     out.write_text(json.dumps({"model": rel(model_dir), "reference": "tools/reference/ouro_ref.py (float64)", "cases": cases}))
