@@ -2,10 +2,13 @@
 //! in their released layouts (fixtures by `tools/reference/make_llada2_fixtures.py`): LLaDA2.0
 //! (`llada2_moe`, `llada2_ref.py`) and SDAR's Qwen3-MoE layout (`sdar_moe`, `sdar_ref.py`). The
 //! last position's logits of a block-causal canvas within 1e-5 relative (f32, CPU, through the
-//! paged path), the router's chosen experts at every MoE layer identical, and for LLaDA2.0
-//! greedy block-diffusion decoding token for token.
+//! paged path), the router's chosen experts at every MoE layer identical, and greedy
+//! block-diffusion decoding token for token: LLaDA2.0 under thresholds (EOS included), the SDAR
+//! MoE under thresholds and static counts (`block_diffusion_ref.py`).
 
+mod common;
 use candle_core::Tensor;
+use common::fixture_policy;
 use ponder::diffusion::Threshold;
 use ponder::loader::ModelDir;
 use ponder::models::diffusion::{self, DenseDiffusion, DiffusionModel};
@@ -142,4 +145,22 @@ fn greedy_decoding_matches_the_float64_reference() {
     assert!(varied, "the reference decodes more than one distinct token");
     assert!(ended_on_eos, "a case ends on EOS");
     assert!(released_default, "a case decodes at the released threshold");
+}
+
+#[test]
+fn sdar_moe_block_diffusion_matches_the_float64_reference() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = model_dir(tmp.path(), "sdar_moe");
+    let cases = fixture("sdar_moe")["generate"].as_array().unwrap().clone();
+    assert!(cases.len() >= 12 && cases.iter().any(|c| c["policy"] == "static") && cases.iter().any(|c| c["policy"] == "threshold"));
+    for c in cases {
+        let prompt: Vec<u32> = serde_json::from_value(c["prompt"].clone()).unwrap();
+        let want: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
+        let gen = c["gen"].as_u64().unwrap() as usize;
+        let mut engine =
+            EngineBuilder::new(&dir).block_size(4).max_num_seqs(1).diffusion(|o| o.block_length(4).unmask_policy_boxed(fixture_policy(&c))).build().unwrap();
+        let out = engine.generate([prompt.clone()], &GenerationParams::greedy(gen)).unwrap().remove(0).unwrap();
+        assert_eq!(out.token_ids, want, "prompt {prompt:?} {} {}", c["policy"], c["value"]);
+        assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
+    }
 }

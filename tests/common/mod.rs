@@ -214,3 +214,14 @@ pub fn weight_abs_sum(dir: &std::path::Path) -> f64 {
     let t = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
     t.values().map(|v| v.to_dtype(candle_core::DType::F64).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap()).sum()
 }
+
+/// A fixture's unmask policy: `("threshold", τ)` or `("static", n)` as the block-diffusion
+/// reference (`tools/reference/block_diffusion_ref.py`) names them.
+pub fn fixture_policy(case: &serde_json::Value) -> Box<dyn ponder::diffusion::UnmaskPolicy> {
+    let value = case["value"].as_f64().unwrap();
+    match case["policy"].as_str().unwrap() {
+        "threshold" => Box::new(ponder::diffusion::Threshold::new(value as f32).unwrap()),
+        "static" => Box::new(ponder::diffusion::StaticCount::new(value as usize).unwrap()),
+        other => panic!("unknown policy {other}"),
+    }
+}

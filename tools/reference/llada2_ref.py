@@ -16,6 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import block_diffusion_ref as block_diffusion  # noqa: E402
 from ouro_ref import load_weights  # noqa: E402
 
 D = torch.float64
@@ -120,38 +121,10 @@ class Llada2Reference:
         return h @ self.w["lm_head.weight"].T, routes
 
     def generate(self, prompt, gen, block, threshold, eos=()):
-        """Greedy block diffusion without a cache: the released loop's structure (blocks of the
-        canvas from position 0, no remasking, stop after a block that holds an EOS, output cut
-        at the first EOS) with the conventions of the deterministic servers (LMDeploy, dInfer)
-        where the releases differ: argmax instead of the HF helper's multinomial at
-        temperature 0, the mask token excluded from the softmax, acceptance at p >= threshold
-        (HF and SGLang use >), at least the most confident token per step."""
-        p = len(prompt)
-        total = -(-(p + gen) // block) * block
-        canvas = list(prompt) + [self.mask_id] * (total - p)
-        for start in range(p // block * block, total, block):
-            end = start + block
-            while any(canvas[i] == self.mask_id for i in range(max(start, p), end)):
-                logits, _ = self.forward(canvas[:end], block)
-                logits = logits[start:end].clone()
-                logits[:, self.mask_id] = float("-inf")
-                probs = logits.softmax(-1)
-                conf, x0 = probs.max(-1)
-                masked = [i for i in range(max(start, p), end) if canvas[i] == self.mask_id]
-                pick = [i for i in masked if conf[i - start] >= threshold]
-                if not pick:
-                    pick = [max(masked, key=lambda i: (conf[i - start].item(), -i))]
-                for i in pick:
-                    canvas[i] = int(x0[i - start])
-            out = canvas[p:end]
-            if any(t in eos for t in out):
-                break
-        out = canvas[p : p + gen]
-        for j, t in enumerate(out):
-            if t in eos:
-                return out[: j + 1]
-        return out
-
+        """Greedy block diffusion without a cache (block_diffusion_ref.py), threshold policy with
+        the top-1 fallback: the released loop's structure with the deterministic servers'
+        conventions where the releases differ."""
+        return block_diffusion.generate(lambda ids: self.forward(ids, block)[0], self.mask_id, prompt, gen, block, ("threshold", threshold), eos)
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

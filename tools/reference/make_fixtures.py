@@ -12,7 +12,9 @@ the independent float64 PyTorch references. Regenerate when assets change:
   the prompt's end (the first decode block), then one more full block of masks. Block-causal
   attention over the whole canvas (tools/reference/sdar_ref.py); recorded for every masked
   position of the FIRST decode block only: the top-5 ids and their logits, and the full logits
-  row of the first two masked positions. Logits are f32-rounded to 9 significant digits.
+  row of the first two masked positions. Logits are f32-rounded to 9 significant digits. And
+  greedy block-diffusion decodes of 24 tokens from each prompt under the threshold and static
+  policies (`generate`, tools/reference/block_diffusion_ref.py).
 """
 import argparse
 import json
@@ -32,6 +34,17 @@ SDAR_PROMPTS = [
     "It enables Rust to make memory safety guarantees without needing a garbage collector,",
     "The borrow checker",
 ]
+
+
+# Greedy block-diffusion decodes of the tiny SDAR (tools/reference/block_diffusion_ref.py): two
+# blocks and more of its 16, under the threshold policy (its default τ 0.9 and a looser one) and
+# static counts.
+SDAR_GEN = 24
+SDAR_POLICIES = [("threshold", 0.9), ("threshold", 0.3), ("threshold", 0.1), ("static", 1), ("static", 3)]
+# Every decision of a fixture decode is at least this far from going the other way (probability
+# gaps), far above the f32 engine's error, so the engine must reproduce the tokens exactly; a
+# decode that came closer is left out.
+MIN_MARGIN = 1e-4
 
 
 def f32(x) -> float:
@@ -109,6 +122,16 @@ def sdar(model_dir: pathlib.Path, out_dir: pathlib.Path):
             "top5": top,
             "full_logits": [{"position": p, "logits": [f32(x) for x in logits[p]]} for p in positions[:2]],
         })
+    generate = []
+    for text in SDAR_PROMPTS:
+        prompt = tok.encode(text).ids
+        for kind, value in SDAR_POLICIES:
+            margins = []
+            tokens = ref.generate(prompt, SDAR_GEN, (kind, value), margins=margins)
+            if min(margins) <= MIN_MARGIN:
+                print(f"skipped {text[:20]!r} {kind} {value}: a decision within {min(margins):.1e}")
+                continue
+            generate.append({"prompt_ids": prompt, "gen": SDAR_GEN, "policy": kind, "value": value, "tokens": tokens, "min_margin": min(margins)})
     out = out_dir / "tiny_sdar_reference.json"
     out.write_text(json.dumps({
         "model": rel(model_dir),
@@ -117,6 +140,7 @@ def sdar(model_dir: pathlib.Path, out_dir: pathlib.Path):
         "mask_token_id": mask,
         "vocab_size": ref.cfg["vocab_size"],
         "cases": cases,
+        "generate": generate,
     }))
     print(f"wrote {out} ({out.stat().st_size} bytes)")
 

@@ -31,6 +31,8 @@ GENERATE = [
     ([12, 50, 7, 7, 81, 4], 9, 4, 1.0),
     ([9, 1, 33, 60, 2, 71, 8, 15], 12, 4, 0.95),  # the released threshold: the engine's default for LLaDA2.0
 ]
+# The tiny SDAR MoE decodes GENERATE's prompts and lengths in its own blocks of 4 under these.
+SDAR_MOE_POLICIES = [("threshold", 0.5), ("static", 1), ("static", 2)]
 # (case index, eos): the same decode with an EOS id that the EOS-free decode produces mid-way.
 EOS_CASE = (3, 9)
 
@@ -99,8 +101,20 @@ def sdar_moe():
     for ids in FORWARD:
         logits = ref.forward(ids)
         forward.append({"ids": ids, "logits": logits.tolist(), "moe_inputs": [r[0] for r in ref.routes], "experts": [r[1] for r in ref.routes]})
+    generate = []
+    for p, g, _, _ in GENERATE:
+        for kind, value in SDAR_MOE_POLICIES:
+            margins = []
+            tokens = ref.generate(p, g, (kind, value), margins=margins)
+            if min(margins) <= 1e-4:  # closer than that, the f32 engine may decide otherwise
+                print(f"skipped sdar_moe {p} {kind} {value}: a decision within {min(margins):.1e}")
+                continue
+            generate.append({"prompt": p, "gen": g, "policy": kind, "value": value, "tokens": tokens, "min_margin": min(margins)})
     out = ROOT / "tests" / "fixtures" / "tiny_sdar_moe_reference.json"
-    out.write_text(json.dumps({"source": "tools/reference/sdar_ref.py (float64)", "weight_abs_sum": weights, "forward": forward}) + "\n")
+    doc = {"source": "tools/reference/sdar_ref.py (float64)", "weight_abs_sum": weights, "forward": forward, "generate": generate}
+    out.write_text(json.dumps(doc) + "\n")
+    for g in generate:
+        print("sdar_moe", g["prompt"], g["policy"], g["value"], "->", g["tokens"])
     print(f"wrote {out}")
 
 

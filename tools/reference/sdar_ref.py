@@ -5,7 +5,8 @@ from Ponder's Rust code nor from tools/train/train_sdar.py. It reads an HF-style
 (config.json + model.safetensors or a sharded index) and computes, in float64, the logits of
 every position of one canvas under block-causal attention: a token attends to all tokens of its
 own block (block_size from config.json) and of every earlier block. No logit shift: the logits
-at position i are the prediction for the token at i (masked positions included).
+at position i are the prediction for the token at i (masked positions included). `generate`
+runs the greedy block-diffusion loop of block_diffusion_ref.py over that forward.
 
     python3 tools/reference/sdar_ref.py assets/tiny-sdar "fn main() {"
 """
@@ -16,6 +17,9 @@ import sys
 
 import torch
 from safetensors.torch import load_file
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import block_diffusion_ref as block_diffusion  # noqa: E402
 
 
 def load_weights(model_dir: pathlib.Path) -> dict:
@@ -123,6 +127,11 @@ class SDARReference:
         h = self.rms(h, self.w["model.norm.weight"])
         head = self.w["model.embed_tokens.weight"] if self.cfg.get("tie_word_embeddings") else self.w["lm_head.weight"]
         return h @ head.T
+
+
+    def generate(self, prompt, gen, policy, eos=(), margins=None):
+        """Greedy block diffusion without a cache over blocks of `self.block` (block_diffusion_ref.py)."""
+        return block_diffusion.generate(self.forward, self.mask_id, prompt, gen, self.block, policy, eos, margins)
 
 
 def decode_canvas(prompt_ids, block, mask_id):
