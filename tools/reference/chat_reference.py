@@ -7,6 +7,7 @@ tests/fixtures/chat_reference.json, which tests/chat.rs compares ponder's render
 
     python3 tools/reference/chat_reference.py
 """
+import hashlib
 import json
 import pathlib
 import re
@@ -59,5 +60,6 @@ for name, template in sorted(templates.items()):
                 cases.append({"template": name, "conversation": conv_name, "messages": messages, "add_generation_prompt": add_generation_prompt,
                               "kwargs": kwargs, "text": text, "error": error})
 out = root / "tests" / "fixtures" / "chat_reference.json"
-out.write_text(json.dumps({"generator": "tools/reference/chat_reference.py", "jinja2": jinja2.__version__, "cases": cases}, ensure_ascii=False, indent=1) + "\n")
+made_from = {"tools/reference/chat_reference.py": hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()}
+out.write_text(json.dumps({"generator": "tools/reference/chat_reference.py", "sources": made_from, "jinja2": jinja2.__version__, "cases": cases}, ensure_ascii=False, indent=1) + "\n")
 print(f"{len(cases)} cases from {len(templates) - ('SPECIAL' in templates)} templates -> {out.relative_to(root)}")

@@ -16,6 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from bidirectional_ref import Model, dream_sampler, semi_ar  # noqa: E402
+from sources import sources  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODELS = ROOT / "target" / "reference-models"
@@ -53,6 +54,7 @@ def main():
     checksums = {f: float(sum(np.abs(v).sum() for v in m.w.values())) for f, m in models.items()}
     doc = {
         "reference": "tools/reference/bidirectional_ref.py (float64 numpy, whole canvas every step, greedy)",
+        "sources": sources("tools/reference/make_bidirectional_fixtures.py", "tools/reference/bidirectional_ref.py"),
         "models": "ponder::testing::write_random_{llada,dream}(tiny_{llada,dream}_config(97), seed 11 / 52)",
         "weight_abs_sum": checksums,
         "cases": out,

@@ -24,6 +24,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ouro_ref import OuroReference
+from sources import sources
 from sdar_ref import SDARReference, decode_canvas
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -95,7 +96,8 @@ def ouro(model_dir: pathlib.Path, out_dir: pathlib.Path):
             "forced_logprobs": forced_lp,
         })
     out = out_dir / "tiny_ouro_reference.json"
-    out.write_text(json.dumps({"model": rel(model_dir), "reference": "tools/reference/ouro_ref.py (float64)", "cases": cases}))
+    made_from = sources("tools/reference/make_fixtures.py", "tools/reference/ouro_ref.py", *(rel(model_dir / f) for f in ("config.json", "model.safetensors", "tokenizer.json")))
+    out.write_text(json.dumps({"model": rel(model_dir), "reference": "tools/reference/ouro_ref.py (float64)", "sources": made_from, "cases": cases}))
     print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
@@ -136,6 +138,12 @@ def sdar(model_dir: pathlib.Path, out_dir: pathlib.Path):
     out.write_text(json.dumps({
         "model": rel(model_dir),
         "reference": "tools/reference/sdar_ref.py (float64, block-causal over the whole canvas)",
+        "sources": sources(
+            "tools/reference/make_fixtures.py",
+            "tools/reference/sdar_ref.py",
+            "tools/reference/block_diffusion_ref.py",
+            *(rel(model_dir / f) for f in ("config.json", "model.safetensors", "tokenizer.json")),
+        ),
         "block_size": block,
         "mask_token_id": mask,
         "vocab_size": ref.cfg["vocab_size"],

@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from huginn_ref import Huginn, greedy, score  # noqa: E402
+from sources import sources  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODELS = ROOT / "target" / "reference-models"
@@ -59,6 +60,7 @@ def main():
         print(name, steps[name], prompt, tokens)
     doc = {
         "reference": "tools/reference/huginn_ref.py (float64 numpy, full depth, state 0, greedy)",
+        "sources": sources("tools/reference/make_huginn_fixtures.py", "tools/reference/huginn_ref.py", "tools/reference/bidirectional_ref.py"),
         "models": "tests/parity_huginn.rs write_models: ponder::testing::write_random_huginn(tiny_huginn_config(97), seed 4) with non-zero q/k biases",
         "weight_abs_sum": float(sum(np.abs(v).sum() for v in models["huginn"].w.values())),
         "cases": out,

@@ -19,8 +19,10 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from llada2_ref import Llada2Reference  # noqa: E402
 from sdar_ref import SDARReference  # noqa: E402
+from sources import sources  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+SOURCES = [f"tools/reference/{f}" for f in ("make_llada2_fixtures.py", "llada2_ref.py", "sdar_ref.py", "block_diffusion_ref.py", "ouro_ref.py")]
 MODEL = ROOT / "target" / "reference-models" / "llada2"
 
 FORWARD = [[5, 17, 3, 40, 22, 96, 96, 96], [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 96, 96], [30, 31, 32]]
@@ -85,7 +87,7 @@ def main():
     p, g, b, t = GENERATE[i]
     assert eos in generate[i]["tokens"][:-1], "the EOS must cut the EOS-free decode"
     generate.append({"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [eos], "tokens": ref.generate(p, g, b, t, eos=(eos,))})
-    doc = {"source": "tools/reference/llada2_ref.py (float64)", "weight_abs_sum": weights, "forward": forward, "generate": generate}
+    doc = {"source": "tools/reference/llada2_ref.py (float64)", "sources": sources(*SOURCES), "weight_abs_sum": weights, "forward": forward, "generate": generate}
     out = ROOT / "tests" / "fixtures" / "tiny_llada2_reference.json"
     out.write_text(json.dumps(doc) + "\n")
     for g in generate:
@@ -111,7 +113,7 @@ def sdar_moe():
                 continue
             generate.append({"prompt": p, "gen": g, "policy": kind, "value": value, "tokens": tokens, "min_margin": min(margins)})
     out = ROOT / "tests" / "fixtures" / "tiny_sdar_moe_reference.json"
-    doc = {"source": "tools/reference/sdar_ref.py (float64)", "weight_abs_sum": weights, "forward": forward, "generate": generate}
+    doc = {"source": "tools/reference/sdar_ref.py (float64)", "sources": sources(*SOURCES), "weight_abs_sum": weights, "forward": forward, "generate": generate}
     out.write_text(json.dumps(doc) + "\n")
     for g in generate:
         print("sdar_moe", g["prompt"], g["policy"], g["value"], "->", g["tokens"])
