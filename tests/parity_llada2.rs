@@ -1,7 +1,7 @@
 //! The MoE diffusion models against independent float64 references on tiny random checkpoints
 //! in their released layouts (fixtures by `tools/reference/make_llada2_fixtures.py`): LLaDA2.0
-//! (`llada2_moe`, `llada2_ref.py`) and SDAR's Qwen3-MoE layout (`sdar_moe`, `sdar_ref.py`). The
-//! last position's logits of a block-causal canvas within 1e-5 relative (f32, CPU, through the
+//! (`llada2_moe`, `llada2_ref.py`) and SDAR's Qwen3-MoE layout (`sdar_moe`, `sdar_ref.py`). Every
+//! position's logits of a block-causal canvas within 1e-5 relative (f32, CPU, through the
 //! paged path), the router's chosen experts at every MoE layer identical, and greedy
 //! block-diffusion decoding token for token: LLaDA2.0 under thresholds (EOS included), the SDAR
 //! MoE under thresholds and static counts (`block_diffusion_ref.py`).
@@ -61,7 +61,7 @@ fn logits_and_routes_match_the_float64_references() {
     }
 }
 
-/// Every forward case of `family`'s fixture: last-position logits and each MoE layer's experts.
+/// Every forward case of `family`'s fixture: every position's logits and each MoE layer's experts.
 fn check_forward(model: &DenseDiffusion, family: &str, moe_layers: &[usize]) {
     let spec = model.spec().clone();
     assert_eq!((spec.block_length, spec.mask_token_id), (Some(4), VOCAB as u32 - 1));

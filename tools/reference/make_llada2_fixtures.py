@@ -6,9 +6,10 @@ checkpoints in the released layouts: LLaDA2.0 (llada2_ref.py) and SDAR's Qwen3-M
     cargo test --test parity_llada2 -- --ignored write_reference_models  # target/reference-models/{llada2,sdar_moe}
     python3 tools/reference/make_llada2_fixtures.py    # tests/fixtures/tiny_{llada2,sdar_moe}_reference.json
 
-Forward cases: a canvas (prompt + masks, blocks of 4 from position 0) → the last position's
+Forward cases: a canvas (prompt + masks, blocks of 4 from position 0) → every position's
 logits, and per MoE layer its MLP input and the experts the router chose there. Generate cases:
-greedy block diffusion without a cache (threshold, top-1 fallback) → tokens.
+greedy block diffusion without a cache (block_diffusion_ref.py: LLaDA2.0 under thresholds with the
+top-1 fallback, the SDAR MoE under thresholds and static counts) → tokens.
 """
 import json
 import pathlib

@@ -52,7 +52,7 @@ class SDARReference:
         step = c.get("decoder_sparse_step") or 1
         experts = c.get("num_experts") or 0
         self.moe = [experts > 0 and i not in c.get("mlp_only_layers", []) and (i + 1) % step == 0 for i in range(self.layers)]
-        self.routes = []  # (MLP input of the last position, its experts) per MoE layer of the last forward
+        self.routes = []  # (MLP input of every position, their experts) per MoE layer of the last forward
 
     def rms(self, x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight
