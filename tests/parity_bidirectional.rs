@@ -3,7 +3,9 @@
 //! (`tools/reference/bidirectional_ref.py`, fixtures by `make_bidirectional_fixtures.py`) for
 //! LLaDA's semi-autoregressive blocks (linear, static and threshold schedules, several block
 //! lengths and steps, prompts not a multiple of the block, a shorter last block) and Dream's
-//! block schedule and its own sampler (three confidence orders).
+//! block schedule and its own sampler (three confidence orders); and LLaDA under Fast-dLLM's
+//! prefix and dual caches, whose reference runs a block's later steps on the keys and values its
+//! first step left.
 
 mod common;
 use common::weight_abs_sum;
@@ -38,6 +40,9 @@ struct Case {
     block: usize,
     steps: usize,
     schedule: String,
+    /// Fast-dLLM's cache the decode ran under (`prefix` / `dual`); none: exact.
+    #[serde(default)]
+    cache: Option<String>,
     tokens: Vec<u32>,
 }
 
@@ -53,8 +58,15 @@ fn greedy_decoding_matches_the_float64_reference() {
     }
     let cases: Vec<Case> = serde_json::from_value(doc["cases"].clone()).unwrap();
     assert!(cases.len() >= 12);
+    assert!(cases.iter().any(|c| c.cache.as_deref() == Some("prefix")) && cases.iter().any(|c| c.cache.as_deref() == Some("dual")));
     for c in cases {
-        let label = format!("{} {} block {} steps {} prompt {:?}", c.family, c.schedule, c.block, c.steps, c.prompt);
+        let label = format!("{} {} {:?} block {} steps {} prompt {:?}", c.family, c.schedule, c.cache, c.block, c.steps, c.prompt);
+        let cache = match c.cache.as_deref() {
+            None => CanvasCache::Exact,
+            Some("prefix") => CanvasCache::Prefix,
+            Some("dual") => CanvasCache::Dual,
+            Some(other) => panic!("cache {other}"),
+        };
         let dir = tmp.path().join(&c.family);
         let b = EngineBuilder::new(&dir).block_size(4).max_num_seqs(1);
         let b = match c.schedule.split_once(':') {
@@ -74,7 +86,7 @@ fn greedy_decoding_matches_the_float64_reference() {
                     Some(("threshold", t)) => Box::new(Threshold::new(t.parse().unwrap()).unwrap()),
                     other => panic!("schedule {other:?}"),
                 };
-                b.diffusion(|o| o.block_length(c.block).max_steps_per_block(c.steps).canvas_cache(CanvasCache::Exact).unmask_policy_boxed(policy))
+                b.diffusion(|o| o.block_length(c.block).max_steps_per_block(c.steps).canvas_cache(cache).unmask_policy_boxed(policy))
             }
         };
         let mut engine = b.build().unwrap();

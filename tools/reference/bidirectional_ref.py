@@ -10,8 +10,11 @@ Models (read from an HF-style directory: config.json + model.safetensors, f32 or
 - Dream (`model_type` Dream, Qwen2 names `model.*`): q/k/v biases, the same blocks, `model.norm`,
   `lm_head`. Logits shifted: the logits at position i − 1 predict the token at i.
 
-Decoding, greedy (argmax with the mask token's logit at −∞), no cache (every step a forward over
-the whole canvas = prompt followed by `gen` mask tokens):
+Decoding, greedy (argmax with the mask token's logit at −∞); by default no cache (every step a
+forward over the whole canvas = prompt followed by `gen` mask tokens), for LLaDA also Fast-dLLM's
+caches (spec §3.3): a block's first step runs the whole canvas and keeps every position's keys and
+values; its later steps run only the block and every position after it (`prefix`: the prefix's
+keys and values as that first step left them) or only the block (`dual`: the suffix's too):
 - `semi_ar`: LLaDA's `generate`: blocks of `block` positions from the prompt's end (the last one
   shorter when `gen` is not a multiple), `steps` steps per block; per step the masked positions of
   the current block are ranked by the greedy token's probability and the top k revealed, k by
@@ -102,26 +105,38 @@ class Model:
         bias = self.w.get(name + ".bias")
         return y if bias is None else y + bias
 
-    def logits(self, ids):
-        """[len(ids), vocab] logits of one canvas, bidirectional attention."""
+    def logits(self, ids, fresh=None, cache=None):
+        """[len(ids), vocab] logits of one canvas, bidirectional attention. With `fresh` (sorted
+        positions), only those run; every position's keys and values come from `cache` (per
+        layer, as the last full run left them) except theirs, and the other rows are NaN. A full
+        run (`fresh` None) fills `cache` when one is given."""
         w = self.w
         t = len(ids)
+        run = np.arange(t) if fresh is None else np.asarray(fresh)
         emb = w["model.transformer.wte.weight"] if self.kind == "llada" else w["model.embed_tokens.weight"]
-        h = emb[np.asarray(ids)]
-        positions = np.arange(t, dtype=np.float64)
+        h = emb[np.asarray(ids)[run]]
+        positions = run.astype(np.float64)
         group = self.heads // self.kv_heads
         for i in range(self.layers):
             n = self.names(i)
             x = self.rms(h, w[n["attn_norm"]])
-            q = self.rope(self.linear(x, n["q"]).reshape(t, self.heads, self.head_dim), positions)
-            k = self.rope(self.linear(x, n["k"]).reshape(t, self.kv_heads, self.head_dim), positions)
-            v = self.linear(x, n["v"]).reshape(t, self.kv_heads, self.head_dim)
+            q = self.rope(self.linear(x, n["q"]).reshape(len(run), self.heads, self.head_dim), positions)
+            k = self.rope(self.linear(x, n["k"]).reshape(len(run), self.kv_heads, self.head_dim), positions)
+            v = self.linear(x, n["v"]).reshape(len(run), self.kv_heads, self.head_dim)
+            if fresh is None:
+                if cache is not None:
+                    cache[i] = (k, v)
+            else:
+                cached_k, cached_v = cache[i]
+                k_all, v_all = cached_k.copy(), cached_v.copy()
+                k_all[run], v_all[run] = k, v
+                k, v = k_all, v_all
             k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
             scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.head_dim)
             scores -= scores.max(-1, keepdims=True)
             p = np.exp(scores)
             p /= p.sum(-1, keepdims=True)
-            h = h + np.einsum("hqk,khd->qhd", p, v).reshape(t, -1) @ w[n["o"]].T
+            h = h + np.einsum("hqk,khd->qhd", p, v).reshape(len(run), -1) @ w[n["o"]].T
             x = self.rms(h, w[n["mlp_norm"]])
             gate, up = x @ w[n["gate"]].T, x @ w[n["up"]].T
             h = h + (gate / (1.0 + np.exp(-gate)) * up) @ w[n["down"]].T
@@ -131,12 +146,14 @@ class Model:
         else:
             h = self.rms(h, w["model.norm.weight"])
             head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-        return h @ head.T
+        out = np.full((t, head.shape[0]), np.nan)
+        out[run] = h @ head.T
+        return out
 
-    def step(self, x, order="maskgit_plus"):
+    def step(self, x, order="maskgit_plus", fresh=None, cache=None):
         """Per canvas position, the greedy token and its confidence for the token *at* that
-        position (Dream's shift applied)."""
-        logits = self.logits(x)
+        position (Dream's shift applied); `fresh` / `cache` as in `logits`."""
+        logits = self.logits(x, fresh, cache)
         if self.shift:
             logits = np.concatenate([logits[:1], logits[:-1]], 0)
         logits[:, self.mask_id] = -np.inf
@@ -161,17 +178,26 @@ def top(positions, conf, k):
     return sorted(positions, key=lambda i: (-conf[i], i))[:k]
 
 
-def semi_ar(model, prompt, gen, block, steps, schedule):
+def semi_ar(model, prompt, gen, block, steps, schedule, cache="exact"):
+    assert cache == "exact" or not model.shift, "the cached modes are written for unshifted logits (LLaDA)"
     x = list(prompt) + [model.mask_id] * gen
     p = len(prompt)
     for start in range(p, p + gen, block):
         end = min(start + block, p + gen)
         m0 = end - start
+        kv = {}
         for step in range(steps):
             masked = [i for i in range(start, end) if x[i] == model.mask_id]
             if not masked:
                 break
-            tokens, conf = model.step(x)
+            if cache == "exact" or step == 0:
+                tokens, conf = model.step(x, cache=kv)
+            elif cache == "prefix":
+                tokens, conf = model.step(x, fresh=list(range(start, p + gen)), cache=kv)
+            elif cache == "dual":
+                tokens, conf = model.step(x, fresh=list(range(start, end)), cache=kv)
+            else:
+                raise ValueError(cache)
             if step + 1 >= steps:
                 pick = masked
             elif schedule == "linear":

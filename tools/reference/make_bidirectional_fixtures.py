@@ -38,6 +38,16 @@ CASES = [
     ("dream", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 0, 10, "dream:entropy"),
     ("dream", [30, 31, 32], 16, 0, 32, "dream:maskgit_plus"),
 ]
+# LLaDA under Fast-dLLM's prefix and dual caches: (prompt, gen, block, steps, schedule, cache).
+CACHED = [
+    ([5, 17, 3, 40, 22], 12, 4, 4, "linear", "prefix"),
+    ([5, 17, 3, 40, 22], 12, 4, 4, "linear", "dual"),
+    ([9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 8, 4, "linear", "prefix"),
+    ([9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 8, 4, "linear", "dual"),
+    ([30, 31, 32], 16, 8, 8, "threshold:0.3", "prefix"),
+    ([30, 31, 32], 16, 8, 8, "threshold:0.3", "dual"),
+    ([12, 50, 7, 7, 81], 12, 4, 4, "static:1", "dual"),
+]
 
 
 def main():
@@ -51,6 +61,11 @@ def main():
             tokens = semi_ar(m, prompt, gen, block, steps, schedule)
         out.append({"family": family, "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "tokens": tokens})
         print(family, schedule, block, steps, tokens)
+    for prompt, gen, block, steps, schedule, cache in CACHED:
+        tokens = semi_ar(models["llada"], prompt, gen, block, steps, schedule, cache)
+        exact = semi_ar(models["llada"], prompt, gen, block, steps, schedule)
+        out.append({"family": "llada", "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "cache": cache, "tokens": tokens})
+        print("llada", schedule, cache, block, steps, tokens, "(differs from exact)" if tokens != exact else "")
     checksums = {f: float(sum(np.abs(v).sum() for v in m.w.values())) for f, m in models.items()}
     doc = {
         "reference": "tools/reference/bidirectional_ref.py (float64 numpy, whole canvas every step, greedy)",
