@@ -3,7 +3,9 @@
 //! computed by Ponder in f32 on the CPU as one batched prefill, match within 1e-5 relative; and
 //! 8-token continuations decoded through the engine at full depth with depth-indexed K/V — the
 //! greedy tokens equal the reference's, and every token's log-probability (greedy, and of a
-//! teacher-forced sequence the model does not favour) is the reference's to 2e-5 relative.
+//! teacher-forced sequence the model does not favour) is the reference's to 2e-5 relative; and
+//! depth-batched decodes whose tokens exit by Q-exit on the stock gate over the shared and
+//! last-exited K/V layouts — every token and every token's loop steps as the reference's.
 
 use ponder::engine::internals::LoopedRunner;
 use ponder::kv::{KvLayoutKind, KvManager};
@@ -16,6 +18,17 @@ use ponder::{DType, Device, RequestId};
 #[derive(serde::Deserialize)]
 struct Fixture {
     cases: Vec<Case>,
+    gated: Vec<Gated>,
+}
+
+/// A greedy decode whose tokens exit by Q-exit over a K/V layout, with each token's loop steps.
+#[derive(serde::Deserialize)]
+struct Gated {
+    ids: Vec<u32>,
+    q: f32,
+    layout: String,
+    tokens: Vec<u32>,
+    depths: Vec<u32>,
 }
 
 #[derive(serde::Deserialize)]
@@ -122,5 +135,41 @@ fn continuations_match_the_reference_token_by_token() {
             }
             println!("{}: {what} continuation, worst log-probability error {worst:.2e} (relative)", c.text);
         }
+    }
+}
+
+#[test]
+fn exits_and_layouts_match_the_reference_token_by_token() {
+    use ponder::gate::QExit;
+    use ponder::{Event, SchedulerKind};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fx: Fixture = serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/tiny_ouro_reference.json")).unwrap()).unwrap();
+    assert!(fx.gated.len() >= 12, "{} gated decodes", fx.gated.len());
+    let depths: std::collections::HashSet<u32> = fx.gated.iter().flat_map(|g| g.depths[1..].iter().copied()).collect();
+    assert!(depths.len() >= 3, "decode tokens exit at {depths:?} only");
+    for g in &fx.gated {
+        let layout = match g.layout.as_str() {
+            "shared" => KvLayoutKind::Shared,
+            "last_exited" => KvLayoutKind::LastExited,
+            other => panic!("layout {other}"),
+        };
+        let mut engine = ponder::EngineBuilder::new(root.join("assets/tiny-ouro"))
+            .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(layout).exit_gate(QExit::new(g.q, 1, 4).unwrap()))
+            .build()
+            .unwrap();
+        let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(g.tokens.len()) };
+        engine.add_request(g.ids.clone(), params).unwrap();
+        let (mut tokens, mut steps) = (Vec::new(), Vec::new());
+        while engine.has_work() {
+            for ev in engine.step().unwrap() {
+                if let Event::Token { token, steps: s, .. } = ev {
+                    tokens.push(token);
+                    steps.push(s.expect("looped tokens report their loop steps"));
+                }
+            }
+        }
+        let label = format!("{} tokens of prompt, q {} {}", g.ids.len(), g.q, g.layout);
+        assert_eq!(tokens, g.tokens, "{label}: tokens");
+        assert_eq!(steps, g.depths, "{label}: loop steps per token");
     }
 }

@@ -95,6 +95,93 @@ class OuroReference:
         head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
         return h @ head.T, torch.stack(gates)
 
+    @torch.no_grad()
+    def generate_gated(self, prompt, gen, q, min_steps, layout, margins=None):
+        """Greedy decoding of `gen` tokens, each decode token exiting by Q-exit (the CDB authors'
+        cumulative hazard: after step r, cdf += sigmoid(z_r)·survival, survival *= 1 − sigmoid(z_r);
+        exit once cdf >= q and r + 1 >= min_steps, or at the last step), decided on step r's own
+        gate logit, over a K/V cache of the given layout (spec §1.6): `shared` — one slot a layer,
+        each step overwrites it, so an earlier token is read at its exit step; `last_exited` — a
+        slot per step, and on exit at step e a token's step-e K/V fills its slots e+1…. The prompt
+        runs at full depth and gives the first token. Returns (tokens, loop steps per token); with
+        a list as `margins`, the smallest |cdf − q| of every gated decision is appended."""
+        R, L = self.steps, self.cfg["num_hidden_layers"]
+        slots = 1 if layout == "shared" else R
+        assert layout in ("shared", "last_exited"), layout
+        n = len(prompt) + gen
+        shape = (n, self.kv_heads, self.head_dim)
+        kc = [[torch.zeros(shape, dtype=self.dtype) for _ in range(L)] for _ in range(slots)]
+        vc = [[torch.zeros(shape, dtype=self.dtype) for _ in range(L)] for _ in range(slots)]
+        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+
+        def loop_step(h, start, r):
+            """One loop over the layers for positions start.., writing their K/V in step r's slot."""
+            slot = min(r, slots - 1)
+            t = h.shape[0]
+            positions = torch.arange(start, start + t)
+            for i in range(L):
+                h = self.cached_layer(i, h, positions, kc[slot][i], vc[slot][i])
+            return self.rms(h, self.w["model.norm.weight"])
+
+        h = self.w["model.embed_tokens.weight"][torch.as_tensor(prompt)]
+        for r in range(R):
+            h = loop_step(h, 0, r)
+        token = int((h[-1] @ head.T).argmax())
+        tokens, depths = [token], [R]
+        for pos in range(len(prompt), n - 1):
+            h = self.w["model.embed_tokens.weight"][torch.as_tensor([token])]
+            cdf, survival = 0.0, 1.0
+            for r in range(R):
+                h = loop_step(h, pos, r)
+                z = float(h[0] @ self.w["model.early_exit_gate.weight"][0] + self.w["model.early_exit_gate.bias"][0])
+                hazard = 1.0 / (1.0 + math.exp(-z))
+                cdf += hazard * survival
+                survival *= 1.0 - hazard
+                if r + 1 >= min_steps and margins is not None and r + 1 < R:
+                    margins.append(abs(cdf - q))
+                if (cdf >= q and r + 1 >= min_steps) or r + 1 == R:
+                    break
+            if layout == "last_exited":
+                for later in range(r + 1, R):
+                    for i in range(L):
+                        kc[later][i][pos], vc[later][i][pos] = kc[r][i][pos], vc[r][i][pos]
+            logits = h[0] @ head.T
+            if margins is not None:
+                top2 = logits.topk(2).values
+                margins.append(float(top2[0] - top2[1]))
+            token = int(logits.argmax())
+            tokens.append(token)
+            depths.append(r + 1)
+        return tokens, depths
+
+    def cached_layer(self, i, h, positions, k_cache, v_cache):
+        """`layer` for new positions whose K/V are written into `k_cache` / `v_cache` (all
+        positions of one slot), attending causally to every cached position up to their own."""
+        w = self.w
+        p = f"model.layers.{i}"
+        t = h.shape[0]
+        a = self.rms(h, w[f"{p}.input_layernorm.weight"])
+        q = (a @ w[f"{p}.self_attn.q_proj.weight"].T).view(t, self.heads, self.head_dim)
+        k = (a @ w[f"{p}.self_attn.k_proj.weight"].T).view(t, self.kv_heads, self.head_dim)
+        v = (a @ w[f"{p}.self_attn.v_proj.weight"].T).view(t, self.kv_heads, self.head_dim)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        end = int(positions[-1]) + 1
+        k_cache[positions], v_cache[positions] = k, v
+        rep = self.heads // self.kv_heads
+        keys = k_cache[:end].repeat_interleave(rep, dim=1)
+        values = v_cache[:end].repeat_interleave(rep, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, keys) / math.sqrt(self.head_dim)
+        mask = torch.arange(end)[None, :] > positions[:, None]
+        scores = scores.masked_fill(mask[None], float("-inf"))
+        attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values).reshape(t, -1)
+        attn = attn @ w[f"{p}.self_attn.o_proj.weight"].T
+        h = h + self.rms(attn, w[f"{p}.input_layernorm_2.weight"])
+        m = self.rms(h, w[f"{p}.post_attention_layernorm.weight"])
+        gate = m @ w[f"{p}.mlp.gate_proj.weight"].T
+        up = m @ w[f"{p}.mlp.up_proj.weight"].T
+        m = (torch.nn.functional.silu(gate) * up) @ w[f"{p}.mlp.down_proj.weight"].T
+        return h + self.rms(m, w[f"{p}.post_attention_layernorm_2.weight"])
+
 
 if __name__ == "__main__":
     from tokenizers import Tokenizer
