@@ -57,28 +57,9 @@ class OuroReference:
         return x * cos + rotated * sin
 
     def layer(self, i, h, positions):
-        w = self.w
-        p = f"model.layers.{i}"
-        t = h.shape[0]
-        a = self.rms(h, w[f"{p}.input_layernorm.weight"])
-        q = (a @ w[f"{p}.self_attn.q_proj.weight"].T).view(t, self.heads, self.head_dim)
-        k = (a @ w[f"{p}.self_attn.k_proj.weight"].T).view(t, self.kv_heads, self.head_dim)
-        v = (a @ w[f"{p}.self_attn.v_proj.weight"].T).view(t, self.kv_heads, self.head_dim)
-        q, k = self.rope(q, positions), self.rope(k, positions)
-        rep = self.heads // self.kv_heads
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.head_dim)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
-        attn = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(t, -1)
-        attn = attn @ w[f"{p}.self_attn.o_proj.weight"].T
-        h = h + self.rms(attn, w[f"{p}.input_layernorm_2.weight"])
-        m = self.rms(h, w[f"{p}.post_attention_layernorm.weight"])
-        gate = m @ w[f"{p}.mlp.gate_proj.weight"].T
-        up = m @ w[f"{p}.mlp.up_proj.weight"].T
-        m = (torch.nn.functional.silu(gate) * up) @ w[f"{p}.mlp.down_proj.weight"].T
-        return h + self.rms(m, w[f"{p}.post_attention_layernorm_2.weight"])
+        """Layer `i` over the positions of `h` alone (causal, no cache)."""
+        shape = (h.shape[0], self.kv_heads, self.head_dim)
+        return self.cached_layer(i, h, positions, torch.zeros(shape, dtype=h.dtype), torch.zeros(shape, dtype=h.dtype))
 
     @torch.no_grad()
     def forward(self, ids):
