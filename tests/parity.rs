@@ -5,7 +5,9 @@
 //! greedy tokens equal the reference's, and every token's log-probability (greedy, and of a
 //! teacher-forced sequence the model does not favour) is the reference's to 2e-5 relative; and
 //! depth-batched decodes whose tokens exit by Q-exit on the stock gate over the shared and
-//! last-exited K/V layouts — every token and every token's loop steps as the reference's.
+//! last-exited K/V layouts, the verdict taken on the step's own logit or one step late (the
+//! lookahead gate, with and without overlap) — every token and every token's loop steps as the
+//! reference's.
 
 use ponder::engine::internals::LoopedRunner;
 use ponder::kv::{KvLayoutKind, KvManager};
@@ -26,6 +28,8 @@ struct Fixture {
 struct Gated {
     ids: Vec<u32>,
     q: f32,
+    /// 1: the verdict on a step's logit takes effect one step later (the delayed gate).
+    delay: u32,
     layout: String,
     tokens: Vec<u32>,
     depths: Vec<u32>,
@@ -140,11 +144,11 @@ fn continuations_match_the_reference_token_by_token() {
 
 #[test]
 fn exits_and_layouts_match_the_reference_token_by_token() {
-    use ponder::gate::QExit;
+    use ponder::gate::{ExitGate, Lookahead, QExit};
     use ponder::{Event, SchedulerKind};
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let fx: Fixture = serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/tiny_ouro_reference.json")).unwrap()).unwrap();
-    assert!(fx.gated.len() >= 12, "{} gated decodes", fx.gated.len());
+    assert!(fx.gated.len() >= 24 && fx.gated.iter().any(|g| g.delay == 1), "{} gated decodes", fx.gated.len());
     let depths: std::collections::HashSet<u32> = fx.gated.iter().flat_map(|g| g.depths[1..].iter().copied()).collect();
     assert!(depths.len() >= 3, "decode tokens exit at {depths:?} only");
     for g in &fx.gated {
@@ -153,23 +157,28 @@ fn exits_and_layouts_match_the_reference_token_by_token() {
             "last_exited" => KvLayoutKind::LastExited,
             other => panic!("layout {other}"),
         };
-        let mut engine = ponder::EngineBuilder::new(root.join("assets/tiny-ouro"))
-            .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(layout).exit_gate(QExit::new(g.q, 1, 4).unwrap()))
-            .build()
-            .unwrap();
-        let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(g.tokens.len()) };
-        engine.add_request(g.ids.clone(), params).unwrap();
-        let (mut tokens, mut steps) = (Vec::new(), Vec::new());
-        while engine.has_work() {
-            for ev in engine.step().unwrap() {
-                if let Event::Token { token, steps: s, .. } = ev {
-                    tokens.push(token);
-                    steps.push(s.expect("looped tokens report their loop steps"));
+        let overlaps: &[bool] = if g.delay == 1 { &[false, true] } else { &[false] };
+        for &overlap in overlaps {
+            let q_exit = QExit::new(g.q, 1, 4).unwrap();
+            let gate: Box<dyn ExitGate> = if g.delay == 1 { Box::new(Lookahead::new(q_exit).unwrap()) } else { Box::new(q_exit) };
+            let mut engine = ponder::EngineBuilder::new(root.join("assets/tiny-ouro"))
+                .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(layout).exit_gate_boxed(gate).overlap(overlap))
+                .build()
+                .unwrap();
+            let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(g.tokens.len()) };
+            engine.add_request(g.ids.clone(), params).unwrap();
+            let (mut tokens, mut steps) = (Vec::new(), Vec::new());
+            while engine.has_work() {
+                for ev in engine.step().unwrap() {
+                    if let Event::Token { token, steps: s, .. } = ev {
+                        tokens.push(token);
+                        steps.push(s.expect("looped tokens report their loop steps"));
+                    }
                 }
             }
+            let label = format!("{} tokens of prompt, q {} delay {} {} overlap {overlap}", g.ids.len(), g.q, g.delay, g.layout);
+            assert_eq!(tokens, g.tokens, "{label}: tokens");
+            assert_eq!(steps, g.depths, "{label}: loop steps per token");
         }
-        let label = format!("{} tokens of prompt, q {} {}", g.ids.len(), g.q, g.layout);
-        assert_eq!(tokens, g.tokens, "{label}: tokens");
-        assert_eq!(steps, g.depths, "{label}: loop steps per token");
     }
 }

@@ -7,8 +7,8 @@ the independent float64 PyTorch references. Regenerate when assets change:
 - tiny_ouro_reference.json: next-token logits and per-step gate logits of the shipped tiny Ouro
   for fixed prompts (tools/reference/ouro_ref.py), and 8-token continuations at full depth — the
   greedy one and a fixed teacher-forced one — with every token's log-probability; and greedy
-  decodes whose tokens exit by Q-exit (q 0.2 / 0.5 / 0.8) over the shared and last-exited K/V
-  layouts, with every token's loop steps (`gated`).
+  decodes whose tokens exit by Q-exit (q 0.2 / 0.5 / 0.8, and 0.2 / 0.5 consumed one step late)
+  over the shared and last-exited K/V layouts, with every token's loop steps (`gated`).
 - tiny_sdar_reference.json (only if the SDAR directory exists; default assets/tiny-sdar): for
   fixed prompts, the canvas = prompt ids, then `mask_token_id` up to the end of the block holding
   the prompt's end (the first decode block), then one more full block of masks. Block-causal
@@ -61,8 +61,9 @@ def rel(path: pathlib.Path) -> str:
 
 CONTINUATION = 8
 # Decodes whose tokens exit by Q-exit on the stock gate, over the shared and last-exited K/V
-# layouts (ouro_ref.py `generate_gated`).
-GATED_Q = (0.2, 0.5, 0.8)
+# layouts (ouro_ref.py `generate_gated`): (q, delay) — the verdict on a step's own logit, or
+# consumed one step late.
+GATED = ((0.2, 0), (0.5, 0), (0.8, 0), (0.2, 1), (0.5, 1))
 GATED_GEN = 12
 
 
@@ -105,14 +106,14 @@ def ouro(model_dir: pathlib.Path, out_dir: pathlib.Path):
     gated = []
     for text in PROMPTS:
         ids = tok.encode(text).ids
-        for q in GATED_Q:
+        for q, delay in GATED:
             for layout in ("shared", "last_exited"):
                 margins = []
-                tokens, depths = ref.generate_gated(ids, GATED_GEN, q, 1, layout, margins)
+                tokens, depths = ref.generate_gated(ids, GATED_GEN, q, 1, layout, margins, delay)
                 if min(margins) <= MIN_MARGIN:
-                    print(f"skipped {text!r} q {q} {layout}: a decision within {min(margins):.1e}")
+                    print(f"skipped {text!r} q {q} delay {delay} {layout}: a decision within {min(margins):.1e}")
                     continue
-                gated.append({"ids": ids, "q": q, "layout": layout, "tokens": tokens, "depths": depths, "min_margin": min(margins)})
+                gated.append({"ids": ids, "q": q, "delay": delay, "layout": layout, "tokens": tokens, "depths": depths, "min_margin": min(margins)})
     made_from = sources("tools/reference/make_fixtures.py", "tools/reference/ouro_ref.py", *(rel(model_dir / f) for f in ("config.json", "model.safetensors", "tokenizer.json")))
     doc = {"model": rel(model_dir), "reference": "tools/reference/ouro_ref.py (float64)", "sources": made_from, "cases": cases, "gated": gated}
     out.write_text(json.dumps(doc))

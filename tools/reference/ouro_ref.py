@@ -77,15 +77,18 @@ class OuroReference:
         return h @ head.T, torch.stack(gates)
 
     @torch.no_grad()
-    def generate_gated(self, prompt, gen, q, min_steps, layout, margins=None):
+    def generate_gated(self, prompt, gen, q, min_steps, layout, margins=None, delay=0):
         """Greedy decoding of `gen` tokens, each decode token exiting by Q-exit (the CDB authors'
         cumulative hazard: after step r, cdf += sigmoid(z_r)·survival, survival *= 1 − sigmoid(z_r);
         exit once cdf >= q and r + 1 >= min_steps, or at the last step), decided on step r's own
         gate logit, over a K/V cache of the given layout (spec §1.6): `shared` — one slot a layer,
         each step overwrites it, so an earlier token is read at its exit step; `last_exited` — a
         slot per step, and on exit at step e a token's step-e K/V fills its slots e+1…. The prompt
-        runs at full depth and gives the first token. Returns (tokens, loop steps per token); with
-        a list as `margins`, the smallest |cdf − q| of every gated decision is appended."""
+        runs at full depth and gives the first token. With `delay` 1 the verdict on step r's logit
+        takes effect after step r + 1 (the CDB authors' delayed gate consumption, §1.4: a token
+        whose step-r cdf reaches q exits with r + 2 steps). Returns (tokens, loop steps per token);
+        with a list as `margins`, |cdf − q| of every decision that could end a token early and the
+        top-2 logit gap of every token are appended."""
         R, L = self.steps, self.cfg["num_hidden_layers"]
         slots = 1 if layout == "shared" else R
         assert layout in ("shared", "last_exited"), layout
@@ -111,16 +114,19 @@ class OuroReference:
         tokens, depths = [token], [R]
         for pos in range(len(prompt), n - 1):
             h = self.w["model.embed_tokens.weight"][torch.as_tensor([token])]
-            cdf, survival = 0.0, 1.0
+            cdf, survival, pending = 0.0, 1.0, False
             for r in range(R):
                 h = loop_step(h, pos, r)
                 z = float(h[0] @ self.w["model.early_exit_gate.weight"][0] + self.w["model.early_exit_gate.bias"][0])
                 hazard = 1.0 / (1.0 + math.exp(-z))
                 cdf += hazard * survival
                 survival *= 1.0 - hazard
-                if r + 1 >= min_steps and margins is not None and r + 1 < R:
+                verdict = cdf >= q and r + 1 >= min_steps
+                if margins is not None and r + 1 >= min_steps and r + 1 + delay < R:
                     margins.append(abs(cdf - q))
-                if (cdf >= q and r + 1 >= min_steps) or r + 1 == R:
+                exit_now = (verdict if delay == 0 else pending) or r + 1 == R
+                pending = verdict
+                if exit_now:
                     break
             if layout == "last_exited":
                 for later in range(r + 1, R):
