@@ -5,7 +5,9 @@
 //! configured recurrences and at fewer. Greedy tokens equal the reference's, and the log-probability
 //! the engine reports for each of them, and for a teacher-forced sequence the model does not
 //! favour (whose log-probabilities weigh the whole logit row), is the reference's to 2e-5 relative:
-//! every decode step's logits, through the KV cache, not only the first.
+//! every decode step's logits, through the KV cache, not only the first. And depth-batched decodes
+//! whose tokens exit by the latent difference over the shared and last-exited layouts: every token
+//! and every token's recurrences as the reference's.
 
 mod common;
 use common::weight_abs_sum;
@@ -92,5 +94,48 @@ fn greedy_decoding_matches_the_float64_reference() {
                 assert!((got - want).abs() <= TOLERANCE * (1.0 + want.abs()), "{label}: {what} token {i}: log-probability {got} vs the reference's {want}");
             }
         }
+    }
+}
+
+#[test]
+fn latent_difference_exits_match_the_reference_token_by_token() {
+    use ponder::gate::LatentDiff;
+    use ponder::{Event, SchedulerKind};
+    let doc: serde_json::Value = serde_json::from_str(include_str!("fixtures/tiny_huginn_reference.json")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    write_models(tmp.path());
+    let gated = doc["gated"].as_array().unwrap();
+    assert!(gated.len() >= 12, "{} gated decodes", gated.len());
+    let depths: std::collections::HashSet<u64> =
+        gated.iter().flat_map(|g| g["depths"].as_array().unwrap().iter().skip(1).map(|d| d.as_u64().unwrap())).collect();
+    assert!(depths.len() >= 3, "decode tokens exit at {depths:?} only");
+    for g in gated {
+        let prompt: Vec<u32> = serde_json::from_value(g["prompt"].clone()).unwrap();
+        let (want_tokens, want_depths): (Vec<u32>, Vec<u32>) =
+            (serde_json::from_value(g["tokens"].clone()).unwrap(), serde_json::from_value(g["depths"].clone()).unwrap());
+        let threshold = g["threshold"].as_f64().unwrap() as f32;
+        let layout = match g["layout"].as_str().unwrap() {
+            "shared" => KvLayoutKind::Shared,
+            _ => KvLayoutKind::LastExited,
+        };
+        let gate = LatentDiff::new(threshold, 1, 6).unwrap();
+        let mut engine = EngineBuilder::new(tmp.path().join("huginn"))
+            .block_size(4)
+            .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(layout).exit_gate(gate))
+            .build()
+            .unwrap();
+        engine.add_request(prompt.clone(), GenerationParams::greedy(want_tokens.len())).unwrap();
+        let (mut tokens, mut steps) = (Vec::new(), Vec::new());
+        while engine.has_work() {
+            for ev in engine.step().unwrap() {
+                if let Event::Token { token, steps: s, .. } = ev {
+                    tokens.push(token);
+                    steps.push(s.expect("looped tokens report their recurrences"));
+                }
+            }
+        }
+        let label = format!("prompt {prompt:?} threshold {threshold} {:?}", layout);
+        assert_eq!(tokens, want_tokens, "{label}: tokens");
+        assert_eq!(steps, want_depths, "{label}: recurrences per token");
     }
 }

@@ -65,17 +65,25 @@ class Huginn:
         out[..., 1::2] = even * sin + odd * cos
         return out
 
-    def attention(self, x, p):
+    def attention(self, x, p, positions=None, cache=None):
+        """Attention of the rows of `x` at `positions` (default 0..t−1). With `cache` (a pair of
+        `[positions, heads, d]` arrays) their keys and values are written there and every cached
+        position up to a row's own is attended to; without, the rows attend to each other."""
         t, (nh, d) = x.shape[0], (self.heads, self.head_dim)
+        pos = np.arange(t) if positions is None else np.asarray(positions)
+        if cache is None:
+            cache = (np.zeros((t, nh, d)), np.zeros((t, nh, d)))
         qkv = x @ self.w[f"{p}.attn.Wqkv.weight"].T
         q, k, v = (qkv[:, i * nh * d : (i + 1) * nh * d].reshape(t, nh, d) for i in range(3))
         if self.qk_bias:
             bias = self.w[f"{p}.attn.qk_bias"]  # [2, 1, heads, d]
             q, k = q + bias[0], k + bias[1]
-        pos = np.arange(t)
         q, k = self.rope(q, pos), self.rope(k, pos)
+        cache[0][pos], cache[1][pos] = k, v
+        end = int(pos[-1]) + 1
+        k, v = cache[0][:end], cache[1][:end]
         scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
-        scores = np.where(np.tril(np.ones((t, t), dtype=bool))[None], scores, -np.inf)
+        scores = np.where((np.arange(end)[None, :] <= pos[:, None])[None], scores, -np.inf)
         scores -= scores.max(-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(-1, keepdims=True)
@@ -88,8 +96,8 @@ class Huginn:
         gate, up = gate_up[:, :half], gate_up[:, half:]
         return (gate / (1.0 + np.exp(-gate)) * up) @ self.w[f"{p}.mlp.proj.weight"].T
 
-    def block(self, x, p):
-        x = self.norm(self.attention(self.norm(x, f"{p}.norm_1.weight"), p) + x, f"{p}.norm_2.weight")
+    def block(self, x, p, positions=None, cache=None):
+        x = self.norm(self.attention(self.norm(x, f"{p}.norm_1.weight"), p, positions, cache) + x, f"{p}.norm_2.weight")
         return self.norm(self.mlp(self.norm(x, f"{p}.norm_3.weight"), p) + x, f"{p}.norm_4.weight")
 
     def logits(self, ids, steps):
@@ -108,6 +116,67 @@ class Huginn:
             x = self.block(x, p)
         x = self.norm(x, "transformer.ln_f.weight")
         return x @ self.head[: self.vocab].T
+
+
+    def generate_gated(self, prompt, gen, threshold, steps, layout, margins=None):
+        """Greedy decoding whose decode tokens exit by the latent difference (the CDB authors'
+        criterion, spec §3.4): after recurrence r, ‖s_r − s_{r−1}‖ / ‖s_r‖ (s_{−1} the zero initial
+        state) below `threshold` ends the token's loop, at most `steps` recurrences; the coda runs
+        on the last state. K/V: prelude and coda blocks one entry a position; core blocks by the
+        layout (spec §1.6) — `shared`: one slot each recurrence overwrites, so an earlier token is
+        read at its exit recurrence; `last_exited`: a slot a recurrence, and on exit after e + 1
+        recurrences a token's slot-e K/V fills its later slots. The prompt runs at full depth and
+        gives the first token. Returns (tokens, recurrences per token); with a list as `margins`,
+        |diff − threshold| of every decision that could end a token early and the top-2 logit gap
+        of every token are appended."""
+        assert layout in ("shared", "last_exited"), layout
+        n, (nh, d) = len(prompt) + gen, (self.heads, self.head_dim)
+        new = lambda: (np.zeros((n, nh, d)), np.zeros((n, nh, d)))  # noqa: E731
+        slots = 1 if layout == "shared" else steps
+        prelude = {p: new() for p in self.prelude}
+        core = [{p: new() for p in self.core} for _ in range(slots)]
+        coda = {p: new() for p in self.coda}
+        adapter = self.w["transformer.adapter.weight"]
+
+        def run(ids, start, decide):
+            pos = np.arange(start, start + len(ids))
+            e = self.w["transformer.wte.weight"][np.asarray(ids)] * np.sqrt(self.h)
+            for p in self.prelude:
+                e = self.block(e, p, pos, prelude[p])
+            s = np.zeros_like(e)
+            for r in range(steps):
+                prev = s
+                s = np.concatenate([s, e], axis=-1) @ adapter.T
+                for p in self.core:
+                    s = self.block(s, p, pos, core[min(r, slots - 1)][p])
+                if decide is not None and decide(r, s, prev):
+                    break
+            if layout == "last_exited":
+                for later in range(r + 1, steps):
+                    for p in self.core:
+                        for c in range(2):
+                            core[later][p][c][pos] = core[r][p][c][pos]
+            x = self.norm(s, "transformer.ln_f.weight")
+            for p in self.coda:
+                x = self.block(x, p, pos, coda[p])
+            return (self.norm(x, "transformer.ln_f.weight") @ self.head[: self.vocab].T)[-1], r + 1
+
+        def decide(r, s, prev):
+            diff = float(np.linalg.norm(s - prev) / np.linalg.norm(s))
+            if margins is not None and r + 1 < steps:
+                margins.append(abs(diff - threshold))
+            return diff < threshold
+
+        logits, _ = run(prompt, 0, None)
+        tokens, depths = [int(np.argmax(logits))], [steps]
+        for pos in range(len(prompt), n - 1):
+            logits, depth = run([tokens[-1]], pos, decide)
+            if margins is not None:
+                top2 = np.sort(logits)[-2:]
+                margins.append(float(top2[1] - top2[0]))
+            tokens.append(int(np.argmax(logits)))
+            depths.append(depth)
+        return tokens, depths
 
 
 def log_softmax(z):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Fixtures for tests/parity_huginn.rs: greedy generations of a tiny random Huginn by the float64
 reference (huginn_ref.py), with each token's log-probability, and the log-probabilities of a
-fixed teacher-forced sequence.
+fixed teacher-forced sequence; and greedy decodes whose tokens exit by the latent difference
+over the shared and last-exited K/V layouts, with each token's recurrences (`gated`).
 
     cargo test --test parity_huginn -- --ignored write_reference_models   # writes target/reference-models/huginn{,-r2}
     python3 tools/reference/make_huginn_fixtures.py                         # writes tests/fixtures/tiny_huginn_reference.json
@@ -24,6 +25,9 @@ from sources import sources  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODELS = ROOT / "target" / "reference-models"
 GEN = 8
+# Decodes whose tokens exit by the latent difference over the shared and last-exited layouts.
+GATED_THRESHOLDS = (0.2, 0.3, 0.5)
+GATED_GEN = 10
 
 # (model, prompt): prompts of 1 to 11 tokens; the second model is the same weights served at 2
 # recurrences instead of 6.
@@ -58,12 +62,26 @@ def main():
             }
         )
         print(name, steps[name], prompt, tokens)
+    gated = []
+    for name, prompt in CASES:
+        if name != "huginn":
+            continue
+        for threshold in GATED_THRESHOLDS:
+            for layout in ("shared", "last_exited"):
+                margins = []
+                tokens, depths = models[name].generate_gated(prompt, GATED_GEN, threshold, steps[name], layout, margins)
+                if min(margins) <= 1e-4:  # closer than that, the f32 engine may decide otherwise
+                    print(f"skipped {prompt} {threshold} {layout}: a decision within {min(margins):.1e}")
+                    continue
+                gated.append({"prompt": prompt, "threshold": threshold, "layout": layout, "tokens": tokens, "depths": depths, "min_margin": min(margins)})
+                print("gated", threshold, layout, prompt, depths)
     doc = {
         "reference": "tools/reference/huginn_ref.py (float64 numpy, full depth, state 0, greedy)",
         "sources": sources("tools/reference/make_huginn_fixtures.py", "tools/reference/huginn_ref.py", "tools/reference/bidirectional_ref.py"),
         "models": "tests/parity_huginn.rs write_models: ponder::testing::write_random_huginn(tiny_huginn_config(97), seed 4) with non-zero q/k biases",
         "weight_abs_sum": float(sum(np.abs(v).sum() for v in models["huginn"].w.values())),
         "cases": out,
+        "gated": gated,
     }
     path = ROOT / "tests" / "fixtures" / "tiny_huginn_reference.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
