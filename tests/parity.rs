@@ -9,6 +9,7 @@
 //! lookahead gate, with and without overlap) — every token and every token's loop steps as the
 //! reference's.
 
+mod common;
 use ponder::engine::internals::LoopedRunner;
 use ponder::kv::{KvLayoutKind, KvManager};
 use ponder::loader::ModelDir;
@@ -145,7 +146,7 @@ fn continuations_match_the_reference_token_by_token() {
 #[test]
 fn exits_and_layouts_match_the_reference_token_by_token() {
     use ponder::gate::{ExitGate, Lookahead, QExit};
-    use ponder::{Event, SchedulerKind};
+    use ponder::SchedulerKind;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let fx: Fixture = serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/tiny_ouro_reference.json")).unwrap()).unwrap();
     assert!(fx.gated.len() >= 24 && fx.gated.iter().any(|g| g.delay == 1), "{} gated decodes", fx.gated.len());
@@ -167,15 +168,7 @@ fn exits_and_layouts_match_the_reference_token_by_token() {
                 .unwrap();
             let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(g.tokens.len()) };
             engine.add_request(g.ids.clone(), params).unwrap();
-            let (mut tokens, mut steps) = (Vec::new(), Vec::new());
-            while engine.has_work() {
-                for ev in engine.step().unwrap() {
-                    if let Event::Token { token, steps: s, .. } = ev {
-                        tokens.push(token);
-                        steps.push(s.expect("looped tokens report their loop steps"));
-                    }
-                }
-            }
+            let (tokens, steps) = common::tokens_and_steps(&mut engine);
             let label = format!("{} tokens of prompt, q {} delay {} {} overlap {overlap}", g.ids.len(), g.q, g.delay, g.layout);
             assert_eq!(tokens, g.tokens, "{label}: tokens");
             assert_eq!(steps, g.depths, "{label}: loop steps per token");

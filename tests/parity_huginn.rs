@@ -100,7 +100,7 @@ fn greedy_decoding_matches_the_float64_reference() {
 #[test]
 fn latent_difference_exits_match_the_reference_token_by_token() {
     use ponder::gate::LatentDiff;
-    use ponder::{Event, SchedulerKind};
+    use ponder::SchedulerKind;
     let doc: serde_json::Value = serde_json::from_str(include_str!("fixtures/tiny_huginn_reference.json")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     write_models(tmp.path());
@@ -125,15 +125,7 @@ fn latent_difference_exits_match_the_reference_token_by_token() {
             .build()
             .unwrap();
         engine.add_request(prompt.clone(), GenerationParams::greedy(want_tokens.len())).unwrap();
-        let (mut tokens, mut steps) = (Vec::new(), Vec::new());
-        while engine.has_work() {
-            for ev in engine.step().unwrap() {
-                if let Event::Token { token, steps: s, .. } = ev {
-                    tokens.push(token);
-                    steps.push(s.expect("looped tokens report their recurrences"));
-                }
-            }
-        }
+        let (tokens, steps) = common::tokens_and_steps(&mut engine);
         let label = format!("prompt {prompt:?} threshold {threshold} {:?}", layout);
         assert_eq!(tokens, want_tokens, "{label}: tokens");
         assert_eq!(steps, want_depths, "{label}: recurrences per token");

@@ -225,3 +225,18 @@ pub fn fixture_policy(case: &serde_json::Value) -> Box<dyn ponder::diffusion::Un
         other => panic!("unknown policy {other}"),
     }
 }
+
+/// Drives `engine` until idle; the tokens it streamed and the compute each took
+/// (`Event::Token::steps`: loop steps of a looped model), in order.
+pub fn tokens_and_steps(engine: &mut Engine) -> (Vec<u32>, Vec<u32>) {
+    let (mut tokens, mut steps) = (Vec::new(), Vec::new());
+    while engine.has_work() {
+        for ev in engine.step().unwrap() {
+            if let ponder::Event::Token { token, steps: s, .. } = ev {
+                tokens.push(token);
+                steps.push(s.expect("looped tokens report their loop steps"));
+            }
+        }
+    }
+    (tokens, steps)
+}
