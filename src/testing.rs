@@ -96,9 +96,12 @@ pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType
     Ok(out)
 }
 
-/// A norm's gain: Ouro's `*norm.weight`, Huginn's `norm_1` … `norm_4` and `ln_f`.
+/// A norm's gain: a `.weight` whose module is a norm — Ouro's `input_layernorm`,
+/// `input_layernorm_2`, `post_attention_layernorm{,_2}` and `norm`, Huginn's `norm_1` … `norm_4`
+/// and `ln_f`, the diffusion families' `*_norm` / `*layernorm`.
 fn is_norm_weight(name: &str) -> bool {
-    name.ends_with("norm.weight") || name.ends_with("ln_f.weight") || name.rsplit('.').nth(1).is_some_and(|n| n.starts_with("norm_"))
+    let mut parts = name.rsplit('.');
+    parts.next() == Some("weight") && parts.next().is_some_and(|module| module.contains("norm") || module == "ln_f")
 }
 
 fn init_std(name: &str) -> f32 {

@@ -3,7 +3,11 @@
 //! Each tick is either a prefill launch or one decode launch over every decoding request,
 //! where each row runs the prelude, all r_max loop steps and the coda. When a running request
 //! cannot get a KV block, the most recently admitted one is preempted: its blocks are freed and
-//! it is re-prefilled (prompt + generated tokens) once there is room.
+//! its K/V recomputed once there is room, as they were first computed so that its output does
+//! not change. Where each loop step has its own cache slot a prefill over the prompt and the
+//! generated tokens does that; where steps share a slot (a token's K/V there depend on whether
+//! the tokens before it were computed in the same launch), the prompt is prefilled whole again and
+//! the generated tokens are replayed one per decode launch, without sampling.
 //!
 //! Prefill is chunked: a launch holds at most `max_num_batched_tokens` prompt tokens, taken
 //! first from requests whose prompt is partly computed, then from newly admitted ones. While
@@ -18,6 +22,7 @@
 use super::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats, Stage};
 use crate::kv::KvManager;
 use crate::request::RequestId;
+use std::collections::HashMap;
 
 #[derive(Debug)]
 struct Seq {
@@ -52,13 +57,25 @@ pub struct ContinuousBatching {
     preemptions: u64,
     /// `None`: `max(1, max_num_seqs / 16)`, as in [`super::DepthConfig::min_free_slots`].
     min_free_slots: Option<usize>,
+    /// Preempted requests whose generated tokens are replayed one per decode launch: the length
+    /// of the prompt their prefill covers.
+    replay_from: HashMap<RequestId, usize>,
     /// The last launch was a prefill: decode goes next if anything decodes.
     last_was_prefill: bool,
 }
 
 impl ContinuousBatching {
     pub fn new(limits: SchedulerLimits, kv: KvManager, max_steps: usize) -> Self {
-        Self { limits, requests: Requests::new(kv), max_steps, running: Vec::new(), preemptions: 0, min_free_slots: None, last_was_prefill: false }
+        Self {
+            limits,
+            requests: Requests::new(kv),
+            max_steps,
+            running: Vec::new(),
+            preemptions: 0,
+            min_free_slots: None,
+            replay_from: HashMap::new(),
+            last_was_prefill: false,
+        }
     }
 
     /// Admit a prefill while others decode only once this many resident slots are free (or
@@ -107,7 +124,8 @@ impl ContinuousBatching {
                 break;
             };
             let len = next.prompt.len();
-            let n = super::prefill_chunk(len, budget, whole, rows.is_empty());
+            let prefill_len = self.replay_from.get(&next.id).copied().unwrap_or(len);
+            let n = super::prefill_chunk(prefill_len, budget, whole, rows.is_empty());
             if n == 0 {
                 break;
             }
@@ -119,7 +137,8 @@ impl ContinuousBatching {
                 break;
             }
             let next = self.requests.admit_front(len).expect("checked free blocks");
-            let seq = Seq { id: next.id, prefill_len: next.prompt.len(), tokens: next.prompt, computed: 0 };
+            self.replay_from.remove(&next.id);
+            let seq = Seq { id: next.id, prefill_len, tokens: next.prompt, computed: 0 };
             budget -= n.min(budget);
             rows.push(self.row(&seq, n));
             self.running.push(seq);
@@ -140,7 +159,10 @@ impl ContinuousBatching {
             self.requests.kv_mut().free(victim.id);
             self.preemptions += 1;
             let victim_was_current = i == self.running.len();
-            // Re-prefilled later with what it generated so far (recompute preemption).
+            // Recomputed later with what it generated so far (see the module docs).
+            if self.whole_prompts() {
+                self.replay_from.insert(victim.id, victim.prefill_len);
+            }
             self.requests.push_front(SchedRequest { id: victim.id, prompt: victim.tokens, max_new_tokens: 0 });
             if victim_was_current {
                 break;
@@ -165,6 +187,7 @@ impl Scheduler for ContinuousBatching {
 
     fn finish(&mut self, id: RequestId) {
         self.running.retain(|s| s.id != id);
+        self.replay_from.remove(&id);
         self.requests.forget(id);
     }
 
@@ -298,9 +321,43 @@ mod tests {
         }
         assert_eq!(s.num_waiting(), 1);
         s.finish(RequestId(0));
+        // The shared slot: the prompt is prefilled whole again, without sampling, and each
+        // generated token replayed by a decode row of its own, the last one sampling.
         let l = s.schedule().unwrap();
         assert_eq!(l.stage, Stage::Prefill);
-        assert_eq!(l.rows[0].tokens.len(), 6 + generated_1, "recompute re-prefills prompt + generated");
+        assert_eq!((l.rows[0].tokens.len(), l.rows[0].sample), (6, false), "the prompt alone, as first computed");
+        s.complete(&l, &answer(&l, 9));
+        for i in 0..generated_1 {
+            let l = s.schedule().unwrap();
+            assert_eq!(l.stage, Stage::FullDepthDecode);
+            assert_eq!((l.rows[0].tokens.len(), l.rows[0].start_pos), (1, 6 + i));
+            assert_eq!(l.rows[0].sample, i + 1 == generated_1, "only the last generated token samples");
+            s.complete(&l, &answer(&l, 3));
+        }
+        s.finish(RequestId(1));
+        assert_eq!(s.kv().num_used_blocks(), 0);
+    }
+
+    #[test]
+    fn with_a_slot_per_step_recompute_prefills_prompt_and_generated() {
+        let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 64 };
+        let mut s = ContinuousBatching::new(limits, KvManager::new(20, 4, Box::new(DepthIndexed), 4), 4);
+        s.add(req(0, 7));
+        s.add(req(1, 6));
+        let l = s.schedule().unwrap();
+        s.complete(&l, &answer(&l, 1));
+        let mut generated_1 = 1;
+        while s.stats().preemptions == 0 {
+            let l = s.schedule().unwrap();
+            if s.stats().preemptions == 0 {
+                generated_1 += 1;
+            }
+            s.complete(&l, &answer(&l, 2));
+        }
+        s.finish(RequestId(0));
+        let l = s.schedule().unwrap();
+        assert_eq!(l.stage, Stage::Prefill);
+        assert_eq!((l.rows[0].tokens.len(), l.rows[0].sample), (6 + generated_1, true), "prompt + generated in one prefill");
         s.finish(RequestId(1));
         assert_eq!(s.kv().num_used_blocks(), 0);
     }
