@@ -83,11 +83,17 @@ fn preemption_under_kv_pressure_keeps_outputs() {
     let (_tmp, dir) = tiny_dir(3);
     let ps = prompts(6, 5);
     let max_new = vec![16; ps.len()];
-    for layout in LAYOUTS {
+    // Every layout: a slot per step (depth-indexed, last-exited) recomputes in one prefill; shared
+    // slots (shared, first-then-shared) replay the generated tokens.
+    for layout in [KvLayoutKind::DepthIndexed, KvLayoutKind::LastExited, KvLayoutKind::Shared, KvLayoutKind::FirstThenShared] {
         let mut solo = builder(&dir, layout, 1).build().unwrap();
         let want = sequential(&mut solo, &ps, &max_new);
         // Room for about two requests at a time in every slot.
-        let slots = if layout == KvLayoutKind::DepthIndexed { 4 } else { 1 };
+        let slots = match layout {
+            KvLayoutKind::DepthIndexed | KvLayoutKind::LastExited => 4,
+            KvLayoutKind::FirstThenShared => 2,
+            _ => 1,
+        };
         let mut engine = builder(&dir, layout, 6).kv_capacity_tokens(72 * slots).build().unwrap();
         let got = batched(&mut engine, &ps, &max_new);
         for i in 0..ps.len() {
