@@ -108,6 +108,8 @@ fn extreme_options_and_parameters_are_refused_or_served_without_leaks() {
     let tmp = tempfile::tempdir().unwrap();
     let mut problems = Vec::new();
     for (family, dir) in family_checkpoints(tmp.path()) {
+        let base = EngineBuilder::new(&dir).block_size(4).max_num_seqs(3).max_num_batched_tokens(256).kv_capacity_tokens(1024).build();
+        assert!(base.is_ok(), "{family}: the options every case starts from build: {:?}", base.err());
         let mut plain = EngineBuilder::new(&dir).block_size(4).max_num_seqs(3).kv_capacity_tokens(1024).build().unwrap();
         plain.generate([vec![1u32, 2, 3]], &GenerationParams::greedy(3)).unwrap().remove(0).unwrap();
         assert_kv_empty(&plain);

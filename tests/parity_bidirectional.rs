@@ -55,6 +55,7 @@ fn greedy_decoding_matches_the_float64_reference() {
         let want = doc["weight_abs_sum"][family].as_f64().unwrap();
         let got = weight_abs_sum(&tmp.path().join(family));
         assert!((got - want).abs() <= 1e-9 * want, "{family}: the fixture was made from other weights ({got} vs {want})");
+        common::assert_fixture_config(&tmp.path().join(family), &doc["configs"][family]);
     }
     let cases: Vec<Case> = serde_json::from_value(doc["cases"].clone()).unwrap();
     assert!(cases.len() >= 12);

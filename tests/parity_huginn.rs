@@ -23,8 +23,8 @@ const TOLERANCE: f32 = 2e-5;
 const SEED: u64 = 4;
 
 /// The fixture's models: the tiny Huginn at its configured 6 recurrences (`huginn`) and the same
-/// weights served at 2 (`huginn-r2`). The random checkpoint's q/k biases are zero; they are
-/// replaced by non-zero values here so that the reference checks where they are added.
+/// weights served at 2 (`huginn-r2`). The random checkpoint's q/k biases are tiny (N(0, 0.02²));
+/// they are replaced by larger values here so that the reference checks where they are added.
 fn write_models(root: &Path) {
     let dir = root.join("huginn");
     write_random_huginn(&dir, &tiny_huginn_config(VOCAB), SEED).unwrap();
@@ -75,6 +75,9 @@ fn greedy_decoding_matches_the_float64_reference() {
     let want = doc["weight_abs_sum"].as_f64().unwrap();
     let got = weight_abs_sum(&tmp.path().join("huginn"));
     assert!((got - want).abs() <= 1e-9 * want, "the fixture was made from other weights ({got} vs {want})");
+    for name in ["huginn", "huginn-r2"] {
+        common::assert_fixture_config(&tmp.path().join(name), &doc["configs"][name]);
+    }
     let cases: Vec<Case> = serde_json::from_value(doc["cases"].clone()).unwrap();
     assert!(cases.len() >= 6 && cases.iter().any(|c| c.steps == 2));
     let distinct: std::collections::HashSet<u32> = cases.iter().flat_map(|c| c.tokens.iter().copied()).collect();
@@ -116,7 +119,8 @@ fn latent_difference_exits_match_the_reference_token_by_token() {
         let threshold = g["threshold"].as_f64().unwrap() as f32;
         let layout = match g["layout"].as_str().unwrap() {
             "shared" => KvLayoutKind::Shared,
-            _ => KvLayoutKind::LastExited,
+            "last_exited" => KvLayoutKind::LastExited,
+            other => panic!("layout {other}"),
         };
         let gate = LatentDiff::new(threshold, 1, 6).unwrap();
         let mut engine = EngineBuilder::new(tmp.path().join("huginn"))

@@ -42,10 +42,10 @@ fn fixture(family: &str) -> serde_json::Value {
 fn model_dir(tmp: &Path, family: &str) -> std::path::PathBuf {
     write_models(tmp);
     let dir = tmp.join(family);
-    let t = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
-    let sum: f64 = t.values().map(|v| v.to_dtype(DType::F64).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap()).sum();
+    let sum = common::weight_abs_sum(&dir);
     let want = fixture(family)["weight_abs_sum"].as_f64().unwrap();
     assert!((sum - want).abs() <= 1e-9 * want, "{family}: the fixture was made from other weights ({sum} vs {want})");
+    common::assert_fixture_config(&dir, &fixture(family)["config"]);
     dir
 }
 

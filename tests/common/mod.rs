@@ -240,3 +240,10 @@ pub fn tokens_and_steps(engine: &mut Engine) -> (Vec<u32>, Vec<u32>) {
     }
     (tokens, steps)
 }
+
+/// Asserts that the `config.json` in `dir` is the one a parity fixture's model was read with:
+/// the weight checksum cannot see a changed norm epsilon, RoPE base or block length.
+pub fn assert_fixture_config(dir: &std::path::Path, recorded: &serde_json::Value) {
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(&written, recorded, "{}: the fixture was made from another config; make it again", dir.display());
+}

@@ -150,9 +150,10 @@ class Model:
         out[run] = h @ head.T
         return out
 
-    def step(self, x, order="maskgit_plus", fresh=None, cache=None):
+    def step(self, x, order="maskgit_plus", fresh=None, cache=None, gaps=None):
         """Per canvas position, the greedy token and its confidence for the token *at* that
-        position (Dream's shift applied); `fresh` / `cache` as in `logits`."""
+        position (Dream's shift applied); `fresh` / `cache` as in `logits`. A list as `gaps`
+        receives each position's gap between its best and second-best token's probability."""
         logits = self.logits(x, fresh, cache)
         if self.shift:
             logits = np.concatenate([logits[:1], logits[:-1]], 0)
@@ -161,6 +162,9 @@ class Model:
         probs = np.exp(logits)
         probs /= probs.sum(-1, keepdims=True)
         tokens = probs.argmax(-1)
+        if gaps is not None:
+            top2 = np.sort(probs, -1)[:, -2:]
+            gaps[:] = list(top2[:, 1] - top2[:, 0])
         if order == "maskgit_plus":
             conf = probs.max(-1)
         elif order == "topk_margin":
@@ -178,7 +182,18 @@ def top(positions, conf, k):
     return sorted(positions, key=lambda i: (-conf[i], i))[:k]
 
 
-def semi_ar(model, prompt, gen, block, steps, schedule, cache="exact"):
+def cut_margin(masked, conf, pick):
+    """How far a step's choice among `masked` was from another: the confidence gap between the
+    last position taken and the first left (none when all or none are taken)."""
+    ranked = sorted(masked, key=lambda i: (-conf[i], i))
+    k = len(pick)
+    return [abs(conf[ranked[k - 1]] - conf[ranked[k]])] if 0 < k < len(ranked) else []
+
+
+def semi_ar(model, prompt, gen, block, steps, schedule, cache="exact", margins=None):
+    """LLaDA's generate (module docs); with a list as `margins`, each step appends how close it
+    came to deciding otherwise (a best-token probability gap, the cut between revealed and kept
+    positions, a confidence against τ)."""
     assert cache == "exact" or not model.shift, "the cached modes are written for unshifted logits (LLaDA)"
     x = list(prompt) + [model.mask_id] * gen
     p = len(prompt)
@@ -190,12 +205,13 @@ def semi_ar(model, prompt, gen, block, steps, schedule, cache="exact"):
             masked = [i for i in range(start, end) if x[i] == model.mask_id]
             if not masked:
                 break
+            gaps = []
             if cache == "exact" or step == 0:
-                tokens, conf = model.step(x, cache=kv)
+                tokens, conf = model.step(x, cache=kv, gaps=gaps)
             elif cache == "prefix":
-                tokens, conf = model.step(x, fresh=list(range(start, p + gen)), cache=kv)
+                tokens, conf = model.step(x, fresh=list(range(start, p + gen)), cache=kv, gaps=gaps)
             elif cache == "dual":
-                tokens, conf = model.step(x, fresh=list(range(start, end)), cache=kv)
+                tokens, conf = model.step(x, fresh=list(range(start, end)), cache=kv, gaps=gaps)
             else:
                 raise ValueError(cache)
             if step + 1 >= steps:
@@ -209,12 +225,18 @@ def semi_ar(model, prompt, gen, block, steps, schedule, cache="exact"):
                 pick = [i for i in masked if conf[i] >= tau] or top(masked, conf, 1)
             else:
                 raise ValueError(schedule)
+            if margins is not None:
+                close = [gaps[i] for i in masked] + cut_margin(masked, conf, pick)
+                if schedule.startswith("threshold:") and step + 1 < steps:
+                    close += [abs(conf[i] - tau) for i in masked]
+                margins.append(min(close))
             for i in pick:
                 x[i] = int(tokens[i])
     return x[p:]
 
 
-def dream_sampler(model, prompt, gen, steps, order, eps=1e-3):
+def dream_sampler(model, prompt, gen, steps, order, eps=1e-3, margins=None):
+    """Dream's sampler (module docs); `margins` as in `semi_ar`."""
     x = list(prompt) + [model.mask_id] * gen
     p = len(prompt)
     t = [1.0 - i * (1.0 - eps) / steps for i in range(steps + 1)]
@@ -222,9 +244,13 @@ def dream_sampler(model, prompt, gen, steps, order, eps=1e-3):
         masked = [j for j in range(p, p + gen) if x[j] == model.mask_id]
         if not masked:
             break
-        tokens, conf = model.step(x, order)
+        gaps = []
+        tokens, conf = model.step(x, order, gaps=gaps)
         k = len(masked) if i + 1 >= steps else math.floor(len(masked) * (1.0 - t[i + 1] / t[i]))
-        for j in top(masked, conf, k):
+        pick = top(masked, conf, k)
+        if margins is not None:
+            margins.append(min([gaps[j] for j in masked] + cut_margin(masked, conf, pick)))
+        for j in pick:
             x[j] = int(tokens[j])
     return x[p:]
 

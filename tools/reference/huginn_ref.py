@@ -118,7 +118,7 @@ class Huginn:
         return x @ self.head[: self.vocab].T
 
 
-    def generate_gated(self, prompt, gen, threshold, steps, layout, margins=None):
+    def generate_gated(self, prompt, gen, threshold, steps, layout, margins=None, copy="exit"):
         """Greedy decoding whose decode tokens exit by the latent difference (the CDB authors'
         criterion, spec §3.4): after recurrence r, ‖s_r − s_{r−1}‖ / ‖s_r‖ (s_{−1} the zero initial
         state) below `threshold` ends the token's loop, at most `steps` recurrences; the coda runs
@@ -128,7 +128,9 @@ class Huginn:
         recurrences a token's slot-e K/V fills its later slots. The prompt runs at full depth and
         gives the first token. Returns (tokens, recurrences per token); with a list as `margins`,
         |diff − threshold| of every decision that could end a token early and the top-2 logit gap
-        of every token are appended."""
+        of every token are appended. `copy` other than "exit" ("previous": the slot before the
+        exit recurrence's, "none") is a wrong last-exited rule, for the fixture maker to check that
+        its decodes would catch one."""
         assert layout in ("shared", "last_exited"), layout
         n, (nh, d) = len(prompt) + gen, (self.heads, self.head_dim)
         new = lambda: (np.zeros((n, nh, d)), np.zeros((n, nh, d)))  # noqa: E731
@@ -151,11 +153,12 @@ class Huginn:
                     s = self.block(s, p, pos, core[min(r, slots - 1)][p])
                 if decide is not None and decide(r, s, prev):
                     break
-            if layout == "last_exited":
+            if layout == "last_exited" and copy != "none":
+                src = r if copy == "exit" else max(r - 1, 0)
                 for later in range(r + 1, steps):
                     for p in self.core:
                         for c in range(2):
-                            core[later][p][c][pos] = core[r][p][c][pos]
+                            core[later][p][c][pos] = core[src][p][c][pos]
             x = self.norm(s, "transformer.ln_f.weight")
             for p in self.coda:
                 x = self.block(x, p, pos, coda[p])

@@ -25,19 +25,20 @@ MODELS = ROOT / "target" / "reference-models"
 # block, generations that leave a shorter last block, every schedule.
 CASES = [
     ("llada", [5, 17, 3, 40, 22], 12, 4, 2, "linear"),
-    ("llada", [5, 17, 3, 40, 22], 12, 4, 4, "linear"),
+    ("llada", [30, 31, 32], 12, 4, 4, "linear"),
     ("llada", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 8, 4, "linear"),
     ("llada", [30, 31, 32], 16, 8, 8, "linear"),
-    ("llada", [12, 50, 7, 7, 81], 12, 4, 4, "static:1"),
-    ("llada", [12, 50, 7, 7, 81], 12, 8, 8, "threshold:0.3"),
+    ("llada", [12, 50, 7, 7, 81], 12, 4, 4, "static:2"),
+    ("llada", [30, 31, 32], 12, 8, 8, "threshold:0.3"),
     ("dream", [5, 17, 3, 40, 22], 12, 4, 2, "linear"),
     ("dream", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 8, 4, "linear"),
     ("dream", [12, 50, 7, 7, 81], 12, 8, 8, "threshold:0.3"),
     ("dream", [5, 17, 3, 40, 22], 12, 0, 12, "dream:maskgit_plus"),
     ("dream", [5, 17, 3, 40, 22], 12, 0, 6, "dream:topk_margin"),
     ("dream", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 0, 10, "dream:entropy"),
-    ("dream", [30, 31, 32], 16, 0, 32, "dream:maskgit_plus"),
+    ("dream", [44, 3, 90, 12], 16, 0, 32, "dream:maskgit_plus"),
 ]
+MIN_MARGIN = 1e-4
 # LLaDA under Fast-dLLM's prefix and dual caches: (prompt, gen, block, steps, schedule, cache).
 CACHED = [
     ([5, 17, 3, 40, 22], 12, 4, 4, "linear", "prefix"),
@@ -55,16 +56,21 @@ def main():
     out = []
     for family, prompt, gen, block, steps, schedule in CASES:
         m = models[family]
+        margins = []
         if schedule.startswith("dream:"):
-            tokens = dream_sampler(m, prompt, gen, steps, schedule.split(":")[1])
+            tokens = dream_sampler(m, prompt, gen, steps, schedule.split(":")[1], margins=margins)
         else:
-            tokens = semi_ar(m, prompt, gen, block, steps, schedule)
-        out.append({"family": family, "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "tokens": tokens})
+            tokens = semi_ar(m, prompt, gen, block, steps, schedule, margins=margins)
+        # Every decision at least this far from going the other way, so f32 must reproduce it.
+        assert min(margins) > MIN_MARGIN, f"{family} {schedule} {prompt}: a decision within {min(margins):.1e}; pick another prompt"
+        out.append({"family": family, "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "tokens": tokens, "min_margin": min(margins)})
         print(family, schedule, block, steps, tokens)
     for prompt, gen, block, steps, schedule, cache in CACHED:
-        tokens = semi_ar(models["llada"], prompt, gen, block, steps, schedule, cache)
+        margins = []
+        tokens = semi_ar(models["llada"], prompt, gen, block, steps, schedule, cache, margins)
+        assert min(margins) > MIN_MARGIN, f"llada {schedule} {cache} {prompt}: a decision within {min(margins):.1e}"
         exact = semi_ar(models["llada"], prompt, gen, block, steps, schedule)
-        out.append({"family": "llada", "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "cache": cache, "tokens": tokens})
+        out.append({"family": "llada", "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "cache": cache, "tokens": tokens, "min_margin": min(margins)})
         print("llada", schedule, cache, block, steps, tokens, "(differs from exact)" if tokens != exact else "")
     checksums = {f: float(sum(np.abs(v).sum() for v in m.w.values())) for f, m in models.items()}
     doc = {
@@ -72,6 +78,8 @@ def main():
         "sources": sources("tools/reference/make_bidirectional_fixtures.py", "tools/reference/bidirectional_ref.py"),
         "models": "ponder::testing::write_random_{llada,dream}(tiny_{llada,dream}_config(97), seed 11 / 52)",
         "weight_abs_sum": checksums,
+        # The configs the models were read with: the Rust test checks it writes the same.
+        "configs": {f: json.loads((MODELS / f / "config.json").read_text()) for f in models},
         "cases": out,
     }
     path = ROOT / "tests" / "fixtures" / "tiny_bidirectional_reference.json"

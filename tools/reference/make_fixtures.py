@@ -114,6 +114,15 @@ def ouro(model_dir: pathlib.Path, out_dir: pathlib.Path):
                     print(f"skipped {text!r} q {q} delay {delay} {layout}: a decision within {min(margins):.1e}")
                     continue
                 gated.append({"ids": ids, "q": q, "delay": delay, "layout": layout, "tokens": tokens, "depths": depths, "min_margin": min(margins)})
+    # A wrong last-exited copy rule must change some decode, or the fixture would not pin it.
+    for wrong in ("previous", "none"):
+        changed = sum(
+            ref.generate_gated(g["ids"], GATED_GEN, g["q"], 1, g["layout"], None, g["delay"], wrong) != (g["tokens"], g["depths"])
+            for g in gated
+            if g["layout"] == "last_exited"
+        )
+        print(f"last-exited copy rule '{wrong}' changes {changed} decodes")
+        assert changed > 0, f"no decode tells the '{wrong}' copy rule from the right one"
     made_from = sources("tools/reference/make_fixtures.py", "tools/reference/ouro_ref.py", *(rel(model_dir / f) for f in ("config.json", "model.safetensors", "tokenizer.json")))
     doc = {"model": rel(model_dir), "reference": "tools/reference/ouro_ref.py (float64)", "sources": made_from, "cases": cases, "gated": gated}
     out.write_text(json.dumps(doc))

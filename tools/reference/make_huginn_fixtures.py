@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODELS = ROOT / "target" / "reference-models"
 GEN = 8
 # Decodes whose tokens exit by the latent difference over the shared and last-exited layouts.
-GATED_THRESHOLDS = (0.2, 0.3, 0.5)
+GATED_THRESHOLDS = (0.2, 0.3, 0.5, 0.7)
 GATED_GEN = 10
 
 # (model, prompt): prompts of 1 to 11 tokens; the second model is the same weights served at 2
@@ -75,11 +75,22 @@ def main():
                     continue
                 gated.append({"prompt": prompt, "threshold": threshold, "layout": layout, "tokens": tokens, "depths": depths, "min_margin": min(margins)})
                 print("gated", threshold, layout, prompt, depths)
+    # A wrong last-exited copy rule must change some decode, or the fixture would not pin it.
+    for wrong in ("previous", "none"):
+        changed = sum(
+            models["huginn"].generate_gated(g["prompt"], GATED_GEN, g["threshold"], steps["huginn"], g["layout"], copy=wrong) != (g["tokens"], g["depths"])
+            for g in gated
+            if g["layout"] == "last_exited"
+        )
+        print(f"last-exited copy rule '{wrong}' changes {changed} decodes")
+        assert changed > 0, f"no decode tells the '{wrong}' copy rule from the right one"
     doc = {
         "reference": "tools/reference/huginn_ref.py (float64 numpy, full depth, state 0, greedy)",
         "sources": sources("tools/reference/make_huginn_fixtures.py", "tools/reference/huginn_ref.py", "tools/reference/bidirectional_ref.py"),
         "models": "tests/parity_huginn.rs write_models: ponder::testing::write_random_huginn(tiny_huginn_config(97), seed 4) with non-zero q/k biases",
         "weight_abs_sum": float(sum(np.abs(v).sum() for v in models["huginn"].w.values())),
+        # The configs the models were read with: the Rust test checks it writes the same.
+        "configs": {name: json.loads((MODELS / name / "config.json").read_text()) for name in models},
         "cases": out,
         "gated": gated,
     }

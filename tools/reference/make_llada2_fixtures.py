@@ -35,7 +35,7 @@ GENERATE = [
     ([9, 1, 33, 60, 2, 71, 8, 15], 12, 4, 0.95),  # the released threshold: the engine's default for LLaDA2.0
 ]
 # The tiny SDAR MoE decodes GENERATE's prompts and lengths in its own blocks of 4 under these.
-SDAR_MOE_POLICIES = [("threshold", 0.5), ("static", 1), ("static", 2)]
+SDAR_MOE_POLICIES = [("threshold", 0.2), ("threshold", 0.1), ("static", 1), ("static", 2)]
 # (case index, eos): the same decode with an EOS id that the EOS-free decode produces mid-way.
 EOS_CASE = (3, 9)
 
@@ -83,12 +83,20 @@ def main():
                 "changed_without_groups": [c[2][1] for c in captured],
             }
         )
-    generate = [{"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [], "tokens": ref.generate(p, g, b, t)} for p, g, b, t in GENERATE]
-    i, eos = EOS_CASE
-    p, g, b, t = GENERATE[i]
-    assert eos in generate[i]["tokens"][:-1], "the EOS must cut the EOS-free decode"
-    generate.append({"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [eos], "tokens": ref.generate(p, g, b, t, eos=(eos,))})
-    doc = {"source": "tools/reference/llada2_ref.py (float64)", "sources": sources(*SOURCES), "weight_abs_sum": weights, "forward": forward, "generate": generate}
+    generate = []
+    for i, (p, g, b, t) in enumerate(GENERATE):
+        margins = []
+        tokens = ref.generate(p, g, b, t, margins=margins)
+        if i == EOS_CASE[0]:
+            eos = EOS_CASE[1]
+            assert eos in tokens[:-1], "the EOS must cut the EOS-free decode"
+            eos_case = {"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [eos], "tokens": ref.generate(p, g, b, t, eos=(eos,))}
+        if min(margins) <= 1e-4:  # closer than that, the f32 engine may decide otherwise
+            print(f"skipped llada2 {p} {t}: a decision within {min(margins):.1e}")
+            continue
+        generate.append({"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [], "tokens": tokens, "min_margin": min(margins)})
+    generate.append(eos_case)
+    doc = {"source": "tools/reference/llada2_ref.py (float64)", "sources": sources(*SOURCES), "config": json.loads((MODEL / "config.json").read_text()), "weight_abs_sum": weights, "forward": forward, "generate": generate}
     out = ROOT / "tests" / "fixtures" / "tiny_llada2_reference.json"
     out.write_text(json.dumps(doc) + "\n")
     for g in generate:
@@ -113,8 +121,13 @@ def sdar_moe():
                 print(f"skipped sdar_moe {p} {kind} {value}: a decision within {min(margins):.1e}")
                 continue
             generate.append({"prompt": p, "gen": g, "policy": kind, "value": value, "tokens": tokens, "min_margin": min(margins)})
+    one_a_step = {tuple(g["prompt"]): g["tokens"] for g in generate if (g["policy"], g["value"]) == ("static", 1)}
+    assert any(g["policy"] == "threshold" and g["tokens"] != one_a_step.get(tuple(g["prompt"]), g["tokens"]) for g in generate), (
+        "no threshold decode reveals more than one token a step somewhere"
+    )
     out = ROOT / "tests" / "fixtures" / "tiny_sdar_moe_reference.json"
-    doc = {"source": "tools/reference/sdar_ref.py (float64)", "sources": sources(*SOURCES), "weight_abs_sum": weights, "forward": forward, "generate": generate}
+    config = json.loads((ROOT / "target" / "reference-models" / "sdar_moe" / "config.json").read_text())
+    doc = {"source": "tools/reference/sdar_ref.py (float64)", "sources": sources(*SOURCES), "config": config, "weight_abs_sum": weights, "forward": forward, "generate": generate}
     out.write_text(json.dumps(doc) + "\n")
     for g in generate:
         print("sdar_moe", g["prompt"], g["policy"], g["value"], "->", g["tokens"])

@@ -77,7 +77,7 @@ class OuroReference:
         return h @ head.T, torch.stack(gates)
 
     @torch.no_grad()
-    def generate_gated(self, prompt, gen, q, min_steps, layout, margins=None, delay=0):
+    def generate_gated(self, prompt, gen, q, min_steps, layout, margins=None, delay=0, copy="exit"):
         """Greedy decoding of `gen` tokens, each decode token exiting by Q-exit (the CDB authors'
         cumulative hazard: after step r, cdf += sigmoid(z_r)·survival, survival *= 1 − sigmoid(z_r);
         exit once cdf >= q and r + 1 >= min_steps, or at the last step), decided on step r's own
@@ -88,7 +88,9 @@ class OuroReference:
         takes effect after step r + 1 (the CDB authors' delayed gate consumption, §1.4: a token
         whose step-r cdf reaches q exits with r + 2 steps). Returns (tokens, loop steps per token);
         with a list as `margins`, |cdf − q| of every decision that could end a token early and the
-        top-2 logit gap of every token are appended."""
+        top-2 logit gap of every token are appended. `copy` other than "exit" ("previous": the
+        slot before the exit step's, "none") is a wrong last-exited rule, for the fixture maker to
+        check that its decodes would catch one."""
         R, L = self.steps, self.cfg["num_hidden_layers"]
         slots = 1 if layout == "shared" else R
         assert layout in ("shared", "last_exited"), layout
@@ -128,10 +130,11 @@ class OuroReference:
                 pending = verdict
                 if exit_now:
                     break
-            if layout == "last_exited":
+            if layout == "last_exited" and copy != "none":
+                src = r if copy == "exit" else max(r - 1, 0)
                 for later in range(r + 1, R):
                     for i in range(L):
-                        kc[later][i][pos], vc[later][i][pos] = kc[r][i][pos], vc[r][i][pos]
+                        kc[later][i][pos], vc[later][i][pos] = kc[src][i][pos], vc[src][i][pos]
             logits = h[0] @ head.T
             if margins is not None:
                 top2 = logits.topk(2).values
