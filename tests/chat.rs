@@ -198,6 +198,15 @@ fn rendering_agrees_with_jinja2() {
         other => panic!("unknown template {other}"),
     };
     assert!(fx.cases.len() >= 48);
+    // Every template of this file has jinja2 cases (the fixture is made from them).
+    let here: std::collections::BTreeSet<&str> = include_str!("chat.rs")
+        .lines()
+        .filter_map(|l| l.strip_prefix("const "))
+        .filter(|l| l.contains(": &str = r#\""))
+        .filter_map(|l| l.split(':').next())
+        .collect();
+    let covered: std::collections::BTreeSet<&str> = fx.cases.iter().map(|c| c.template.as_str()).collect();
+    assert_eq!(covered, here, "a template without jinja2 cases: run tools/reference/chat_reference.py");
     for c in fx.cases {
         let t = ChatTemplate::new(source(&c.template), Some("<|startoftext|>".into()), Some("<|endoftext|>".into())).unwrap();
         let chat = Chat { messages: c.messages, add_generation_prompt: c.add_generation_prompt, kwargs: c.kwargs };
