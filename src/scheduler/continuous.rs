@@ -31,7 +31,8 @@ struct Seq {
     tokens: Vec<u32>,
     /// Tokens whose K/V are in the cache (or being written by the launch in flight).
     computed: usize,
-    /// Tokens its prefill covers: the prompt (after a preemption, with what it had generated).
+    /// Tokens its prefill covers: the prompt (after a preemption where each loop step has its
+    /// own cache slot, with what it had generated; otherwise those are replayed one at a time).
     prefill_len: usize,
 }
 
