@@ -34,6 +34,7 @@ struct Gated {
     layout: String,
     tokens: Vec<u32>,
     depths: Vec<u32>,
+    logprobs: Vec<f64>,
 }
 
 #[derive(serde::Deserialize)]
@@ -172,6 +173,13 @@ fn exits_and_layouts_match_the_reference_token_by_token() {
             let label = format!("{} tokens of prompt, q {} delay {} {} overlap {overlap}", g.ids.len(), g.q, g.delay, g.layout);
             assert_eq!(tokens, g.tokens, "{label}: tokens");
             assert_eq!(steps, g.depths, "{label}: loop steps per token");
+            // The same tokens teacher-forced through the same exits: every token's
+            // log-probability, which sees the K/V each layout keeps (a wrong copy shows here).
+            let forced = ponder::GenerationParams { forced_tokens: g.tokens.clone(), ignore_eos: true, ..ponder::GenerationParams::greedy(g.tokens.len()) };
+            let out = engine.generate([g.ids.clone()], &forced).unwrap().remove(0).unwrap();
+            for (i, (got, want)) in out.logprobs.iter().zip(&g.logprobs).enumerate() {
+                assert!((*got as f64 - want).abs() <= 2e-5 * (1.0 + want.abs()), "{label}: token {i}: log-probability {got} vs the reference's {want}");
+            }
         }
     }
 }

@@ -133,5 +133,13 @@ fn latent_difference_exits_match_the_reference_token_by_token() {
         let label = format!("prompt {prompt:?} threshold {threshold} {:?}", layout);
         assert_eq!(tokens, want_tokens, "{label}: tokens");
         assert_eq!(steps, want_depths, "{label}: recurrences per token");
+        // The same tokens teacher-forced through the same exits: every token's log-probability,
+        // which sees the K/V each layout keeps (a wrong copy shows here).
+        let want_logprobs: Vec<f32> = serde_json::from_value(g["logprobs"].clone()).unwrap();
+        let forced = GenerationParams { forced_tokens: want_tokens.clone(), ..GenerationParams::greedy(want_tokens.len()) };
+        let out = engine.generate([prompt.clone()], &forced).unwrap().remove(0).unwrap();
+        for (i, (got, want)) in out.logprobs.iter().zip(&want_logprobs).enumerate() {
+            assert!((got - want).abs() <= TOLERANCE * (1.0 + want.abs()), "{label}: token {i}: log-probability {got} vs the reference's {want}");
+        }
     }
 }

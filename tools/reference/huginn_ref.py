@@ -126,7 +126,8 @@ class Huginn:
         layout (spec §1.6) — `shared`: one slot each recurrence overwrites, so an earlier token is
         read at its exit recurrence; `last_exited`: a slot a recurrence, and on exit after e + 1
         recurrences a token's slot-e K/V fills its later slots. The prompt runs at full depth and
-        gives the first token. Returns (tokens, recurrences per token); with a list as `margins`,
+        gives the first token. Returns (tokens, recurrences per token, each token's
+        log-probability); with a list as `margins`,
         |diff − threshold| of every decision that could end a token early and the top-2 logit gap
         of every token are appended. `copy` other than "exit" ("previous": the slot before the
         exit recurrence's, "none") is a wrong last-exited rule, for the fixture maker to check that
@@ -171,7 +172,7 @@ class Huginn:
             return diff < threshold
 
         logits, _ = run(prompt, 0, None)
-        tokens, depths = [int(np.argmax(logits))], [steps]
+        tokens, depths, logprobs = [int(np.argmax(logits))], [steps], [float(log_softmax(logits).max())]
         for pos in range(len(prompt), n - 1):
             logits, depth = run([tokens[-1]], pos, decide)
             if margins is not None:
@@ -179,7 +180,8 @@ class Huginn:
                 margins.append(float(top2[1] - top2[0]))
             tokens.append(int(np.argmax(logits)))
             depths.append(depth)
-        return tokens, depths
+            logprobs.append(float(log_softmax(logits).max()))
+        return tokens, depths, logprobs
 
 
 def log_softmax(z):

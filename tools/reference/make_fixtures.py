@@ -25,6 +25,7 @@ import pathlib
 import torch
 from tokenizers import Tokenizer
 
+from fixture_checks import wrong_rule_shows
 from ouro_ref import OuroReference
 from sources import sources
 from sdar_ref import SDARReference, decode_canvas
@@ -109,21 +110,21 @@ def ouro(model_dir: pathlib.Path, out_dir: pathlib.Path):
         for q, delay in GATED:
             for layout in ("shared", "last_exited"):
                 margins = []
-                tokens, depths = ref.generate_gated(ids, GATED_GEN, q, 1, layout, margins, delay)
+                tokens, depths, logprobs = ref.generate_gated(ids, GATED_GEN, q, 1, layout, margins, delay)
                 if min(margins) <= MIN_MARGIN:
                     print(f"skipped {text!r} q {q} delay {delay} {layout}: a decision within {min(margins):.1e}")
                     continue
-                gated.append({"ids": ids, "q": q, "delay": delay, "layout": layout, "tokens": tokens, "depths": depths, "min_margin": min(margins)})
+                gated.append({"ids": ids, "q": q, "delay": delay, "layout": layout, "tokens": tokens, "depths": depths, "logprobs": logprobs, "min_margin": min(margins)})
     # A wrong last-exited copy rule must change some decode, or the fixture would not pin it.
     for wrong in ("previous", "none"):
         changed = sum(
-            ref.generate_gated(g["ids"], GATED_GEN, g["q"], 1, g["layout"], None, g["delay"], wrong) != (g["tokens"], g["depths"])
+            wrong_rule_shows(ref.generate_gated(g["ids"], GATED_GEN, g["q"], 1, g["layout"], None, g["delay"], wrong), g)
             for g in gated
             if g["layout"] == "last_exited"
         )
         print(f"last-exited copy rule '{wrong}' changes {changed} decodes")
         assert changed > 0, f"no decode tells the '{wrong}' copy rule from the right one"
-    made_from = sources("tools/reference/make_fixtures.py", "tools/reference/ouro_ref.py", *(rel(model_dir / f) for f in ("config.json", "model.safetensors", "tokenizer.json")))
+    made_from = sources("tools/reference/make_fixtures.py", "tools/reference/fixture_checks.py", "tools/reference/ouro_ref.py", *(rel(model_dir / f) for f in ("config.json", "model.safetensors", "tokenizer.json")))
     doc = {"model": rel(model_dir), "reference": "tools/reference/ouro_ref.py (float64)", "sources": made_from, "cases": cases, "gated": gated}
     out.write_text(json.dumps(doc))
     print(f"wrote {out} ({out.stat().st_size} bytes)")

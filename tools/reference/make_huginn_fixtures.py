@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from fixture_checks import wrong_rule_shows  # noqa: E402
 from huginn_ref import Huginn, greedy, score  # noqa: E402
 from sources import sources  # noqa: E402
 
@@ -69,16 +70,16 @@ def main():
         for threshold in GATED_THRESHOLDS:
             for layout in ("shared", "last_exited"):
                 margins = []
-                tokens, depths = models[name].generate_gated(prompt, GATED_GEN, threshold, steps[name], layout, margins)
+                tokens, depths, logprobs = models[name].generate_gated(prompt, GATED_GEN, threshold, steps[name], layout, margins)
                 if min(margins) <= 1e-4:  # closer than that, the f32 engine may decide otherwise
                     print(f"skipped {prompt} {threshold} {layout}: a decision within {min(margins):.1e}")
                     continue
-                gated.append({"prompt": prompt, "threshold": threshold, "layout": layout, "tokens": tokens, "depths": depths, "min_margin": min(margins)})
+                gated.append({"prompt": prompt, "threshold": threshold, "layout": layout, "tokens": tokens, "depths": depths, "logprobs": logprobs, "min_margin": min(margins)})
                 print("gated", threshold, layout, prompt, depths)
     # A wrong last-exited copy rule must change some decode, or the fixture would not pin it.
     for wrong in ("previous", "none"):
         changed = sum(
-            models["huginn"].generate_gated(g["prompt"], GATED_GEN, g["threshold"], steps["huginn"], g["layout"], copy=wrong) != (g["tokens"], g["depths"])
+            wrong_rule_shows(models["huginn"].generate_gated(g["prompt"], GATED_GEN, g["threshold"], steps["huginn"], g["layout"], copy=wrong), g)
             for g in gated
             if g["layout"] == "last_exited"
         )
@@ -86,7 +87,7 @@ def main():
         assert changed > 0, f"no decode tells the '{wrong}' copy rule from the right one"
     doc = {
         "reference": "tools/reference/huginn_ref.py (float64 numpy, full depth, state 0, greedy)",
-        "sources": sources("tools/reference/make_huginn_fixtures.py", "tools/reference/huginn_ref.py", "tools/reference/bidirectional_ref.py"),
+        "sources": sources("tools/reference/make_huginn_fixtures.py", "tools/reference/fixture_checks.py", "tools/reference/huginn_ref.py", "tools/reference/bidirectional_ref.py"),
         "models": "tests/parity_huginn.rs write_models: ponder::testing::write_random_huginn(tiny_huginn_config(97), seed 4) with non-zero q/k biases",
         "weight_abs_sum": float(sum(np.abs(v).sum() for v in models["huginn"].w.values())),
         # The configs the models were read with: the Rust test checks it writes the same.

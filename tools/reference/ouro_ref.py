@@ -86,7 +86,8 @@ class OuroReference:
         slot per step, and on exit at step e a token's step-e K/V fills its slots e+1…. The prompt
         runs at full depth and gives the first token. With `delay` 1 the verdict on step r's logit
         takes effect after step r + 1 (the CDB authors' delayed gate consumption, §1.4: a token
-        whose step-r cdf reaches q exits with r + 2 steps). Returns (tokens, loop steps per token);
+        whose step-r cdf reaches q exits with r + 2 steps). Returns (tokens, loop steps per token,
+        each token's log-probability);
         with a list as `margins`, |cdf − q| of every decision that could end a token early and the
         top-2 logit gap of every token are appended. `copy` other than "exit" ("previous": the
         slot before the exit step's, "none") is a wrong last-exited rule, for the fixture maker to
@@ -112,8 +113,9 @@ class OuroReference:
         h = self.w["model.embed_tokens.weight"][torch.as_tensor(prompt)]
         for r in range(R):
             h = loop_step(h, 0, r)
-        token = int((h[-1] @ head.T).argmax())
-        tokens, depths = [token], [R]
+        first = (h[-1] @ head.T).log_softmax(-1)
+        token = int(first.argmax())
+        tokens, depths, logprobs = [token], [R], [float(first[token])]
         for pos in range(len(prompt), n - 1):
             h = self.w["model.embed_tokens.weight"][torch.as_tensor([token])]
             cdf, survival, pending = 0.0, 1.0, False
@@ -142,7 +144,8 @@ class OuroReference:
             token = int(logits.argmax())
             tokens.append(token)
             depths.append(r + 1)
-        return tokens, depths
+            logprobs.append(float(logits.log_softmax(-1)[token]))
+        return tokens, depths, logprobs
 
     def cached_layer(self, i, h, positions, k_cache, v_cache):
         """`layer` for new positions whose K/V are written into `k_cache` / `v_cache` (all
