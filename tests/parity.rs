@@ -31,6 +31,8 @@ struct Gated {
     q: f32,
     /// 1: the verdict on a step's logit takes effect one step later (the delayed gate).
     delay: u32,
+    /// A verdict counts from this many steps on.
+    min_steps: usize,
     layout: String,
     tokens: Vec<u32>,
     depths: Vec<u32>,
@@ -161,7 +163,7 @@ fn exits_and_layouts_match_the_reference_token_by_token() {
         };
         let overlaps: &[bool] = if g.delay == 1 { &[false, true] } else { &[false] };
         for &overlap in overlaps {
-            let q_exit = QExit::new(g.q, 1, 4).unwrap();
+            let q_exit = QExit::new(g.q, g.min_steps, 4).unwrap();
             let gate: Box<dyn ExitGate> = if g.delay == 1 { Box::new(Lookahead::new(q_exit).unwrap()) } else { Box::new(q_exit) };
             let mut engine = ponder::EngineBuilder::new(root.join("assets/tiny-ouro"))
                 .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(layout).exit_gate_boxed(gate).overlap(overlap))
@@ -170,7 +172,7 @@ fn exits_and_layouts_match_the_reference_token_by_token() {
             let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(g.tokens.len()) };
             engine.add_request(g.ids.clone(), params).unwrap();
             let (tokens, steps) = common::tokens_and_steps(&mut engine);
-            let label = format!("{} tokens of prompt, q {} delay {} {} overlap {overlap}", g.ids.len(), g.q, g.delay, g.layout);
+            let label = format!("{} tokens of prompt, q {} delay {} min {} {} overlap {overlap}", g.ids.len(), g.q, g.delay, g.min_steps, g.layout);
             assert_eq!(tokens, g.tokens, "{label}: tokens");
             assert_eq!(steps, g.depths, "{label}: loop steps per token");
             // The same tokens teacher-forced through the same exits: every token's

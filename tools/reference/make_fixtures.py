@@ -62,9 +62,10 @@ def rel(path: pathlib.Path) -> str:
 
 CONTINUATION = 8
 # Decodes whose tokens exit by Q-exit on the stock gate, over the shared and last-exited K/V
-# layouts (ouro_ref.py `generate_gated`): (q, delay) — the verdict on a step's own logit, or
-# consumed one step late.
-GATED = ((0.2, 0), (0.5, 0), (0.8, 0), (0.2, 1), (0.5, 1))
+# layouts (ouro_ref.py `generate_gated`): (q, delay, min_steps) — the verdict on a step's own
+# logit, or consumed one step late; a verdict counts from min_steps steps on (spec §1.4: "exit when
+# exit_cdf >= q and step + 1 >= min_recurrent_steps", applied where the verdict is taken).
+GATED = ((0.2, 0, 1), (0.5, 0, 1), (0.8, 0, 1), (0.2, 1, 1), (0.5, 1, 1), (0.2, 0, 2), (0.2, 1, 2))
 GATED_GEN = 12
 
 
@@ -107,18 +108,18 @@ def ouro(model_dir: pathlib.Path, out_dir: pathlib.Path):
     gated = []
     for text in PROMPTS:
         ids = tok.encode(text).ids
-        for q, delay in GATED:
+        for q, delay, min_steps in GATED:
             for layout in ("shared", "last_exited"):
                 margins = []
-                tokens, depths, logprobs = ref.generate_gated(ids, GATED_GEN, q, 1, layout, margins, delay)
+                tokens, depths, logprobs = ref.generate_gated(ids, GATED_GEN, q, min_steps, layout, margins, delay)
                 if min(margins) <= MIN_MARGIN:
                     print(f"skipped {text!r} q {q} delay {delay} {layout}: a decision within {min(margins):.1e}")
                     continue
-                gated.append({"ids": ids, "q": q, "delay": delay, "layout": layout, "tokens": tokens, "depths": depths, "logprobs": logprobs, "min_margin": min(margins)})
+                gated.append({"ids": ids, "q": q, "delay": delay, "min_steps": min_steps, "layout": layout, "tokens": tokens, "depths": depths, "logprobs": logprobs, "min_margin": min(margins)})
     # A wrong last-exited copy rule must change some decode, or the fixture would not pin it.
     for wrong in ("previous", "none"):
         changed = sum(
-            wrong_rule_shows(ref.generate_gated(g["ids"], GATED_GEN, g["q"], 1, g["layout"], None, g["delay"], wrong), g)
+            wrong_rule_shows(ref.generate_gated(g["ids"], GATED_GEN, g["q"], g["min_steps"], g["layout"], None, g["delay"], wrong), g)
             for g in gated
             if g["layout"] == "last_exited"
         )
