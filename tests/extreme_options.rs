@@ -5,10 +5,9 @@
 //! typed error for that request — and holds no KV block afterwards. Nothing panics.
 
 mod common;
-use common::{assert_kv_empty, family_checkpoints, panic_message, VOCAB};
+use common::{assert_kv_empty, caught, family_checkpoints, VOCAB};
 use ponder::diffusion::Confidence;
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, SamplingParams, SchedulerKind};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 const SIZES: [usize; 10] = [0, 1, 2, 3, 5, 7, 17, 4096, 1 << 40, usize::MAX];
@@ -25,17 +24,17 @@ struct Case {
 /// What is wrong with the case's outcome, if anything: a panic, a failed `generate` call (only
 /// requests may fail), a KV block still held.
 fn check(case: &Case) -> Option<String> {
-    let outcome = catch_unwind(AssertUnwindSafe(|| -> Option<String> {
+    let outcome = caught(|| -> Option<String> {
         let Ok(mut engine) = (case.builder)().build() else { return None };
         if let Err(e) = engine.generate(case.prompts.clone(), &case.params) {
             return Some(format!("generate failed as a whole: {e}"));
         }
         let kv = engine.scheduler().kv();
         (kv.num_used_blocks() != 0 || kv.num_resident() != 0).then(|| format!("KV held afterwards: {} blocks", kv.num_used_blocks()))
-    }));
+    });
     match outcome {
         Ok(problem) => problem,
-        Err(p) => Some(format!("panicked: {}", panic_message(p))),
+        Err(msg) => Some(format!("panicked: {msg}")),
     }
 }
 

@@ -8,24 +8,22 @@
 
 mod common;
 use candle_core::{DType, Device, Tensor};
-use common::{family_checkpoints, panic_message};
+use common::{caught, family_checkpoints};
 use ponder::gate::{LearnedLookahead, Preloop};
 use ponder::{Engine, EngineBuilder, Error, GenerationParams};
 use serde_json::Value;
 use std::collections::HashMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 /// What a build and one short generation came to; `Err` holds a panic's message.
 type Outcome = Result<ponder::Result<()>, String>;
 
 fn serve(build: impl FnOnce() -> ponder::Result<Engine>) -> Outcome {
-    catch_unwind(AssertUnwindSafe(|| {
+    caught(|| {
         let mut engine = build()?;
         // A request may fail (a context window of 1, non-finite logits); the call itself may not.
         engine.generate([vec![1u32, 2, 3, 4, 5]], &GenerationParams::greedy(3)).map(|_| ())
-    }))
-    .map_err(panic_message)
+    })
 }
 
 fn engine(dir: &Path) -> ponder::Result<Engine> {
@@ -186,18 +184,17 @@ fn broken_tokenizer_configs_and_gate_heads_never_panic() {
     let tmp = tempfile::tempdir().unwrap();
     let chat = ponder::Chat::new(vec![ponder::ChatMessage::system("Be brief."), ponder::ChatMessage::user("What is a crate?")]);
     let serve_chat = |d: &Path| {
-        catch_unwind(AssertUnwindSafe(|| {
+        caught(|| {
             let mut engine = EngineBuilder::new(d).max_num_seqs(1).build()?;
             engine.generate([chat.clone()], &GenerationParams::greedy(2)).map(|_| ())
-        }))
-        .map_err(panic_message)
+        })
     };
     assert!(matches!(serve_chat(&shipped), Ok(Ok(()))), "the shipped model serves a chat");
     let mut failures = mutate_json(tmp.path(), &shipped, "tokenizer_config.json", &serve_chat);
 
     for (file, preloop) in [("lookahead_exit_gate.safetensors", false), ("preloop_exit_gate.safetensors", true)] {
         let serve_with_head = |d: &Path| -> Outcome {
-            catch_unwind(AssertUnwindSafe(|| {
+            caught(|| {
                 let head = d.join(file);
                 let gate: Box<dyn ponder::gate::ExitGate> =
                     if preloop { Box::new(Preloop::load(&head, 0.5, 1, 4)?) } else { Box::new(LearnedLookahead::load(&head, 0.5, 1, 4)?) };
@@ -206,8 +203,7 @@ fn broken_tokenizer_configs_and_gate_heads_never_panic() {
                     .looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(ponder::KvLayoutKind::LastExited).exit_gate_boxed(gate))
                     .build()?;
                 engine.generate([vec![1u32, 2, 3, 4, 5]], &GenerationParams::greedy(3)).map(|_| ())
-            }))
-            .map_err(panic_message)
+            })
         };
         let shipped_outcome = serve_with_head(&shipped);
         assert!(matches!(shipped_outcome, Ok(Ok(()))), "{file}: the shipped head serves: {shipped_outcome:?}");
@@ -258,22 +254,20 @@ fn broken_trace_files_never_panic() {
     std::fs::write(traces.join("depths.json"), r#"{"depths": {"0": [1, 2, 4], "1": [3]}}"#).unwrap();
     std::fs::write(traces.join("counts.json"), r#"{"counts": {"0": [[1, 2], [3]], "1": [[2]]}}"#).unwrap();
     let serve_depths = |d: &Path| -> Outcome {
-        catch_unwind(AssertUnwindSafe(|| {
+        caught(|| {
             let gate = ReplayDepths::new(DepthTrace::from_json_file(&d.join("depths.json"))?, 1, 4)?;
             let looped =
                 |o: ponder::LoopedOptions| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(ponder::KvLayoutKind::Shared).exit_gate(gate);
             let mut engine = EngineBuilder::new(&ouro).max_num_seqs(2).looped(looped).build()?;
             engine.generate([vec![1u32, 2, 3], vec![4u32, 5]], &GenerationParams::greedy(4)).map(|_| ())
-        }))
-        .map_err(panic_message)
+        })
     };
     let serve_counts = |d: &Path| -> Outcome {
-        catch_unwind(AssertUnwindSafe(|| {
+        caught(|| {
             let policy = ReplayCounts::new(UnmaskTrace::from_json_file(&d.join("counts.json"))?);
             let mut engine = EngineBuilder::new(&sdar).max_num_seqs(2).block_size(4).diffusion(|o| o.unmask_policy(policy)).build()?;
             engine.generate([vec![1u32, 2, 3], vec![4u32, 5]], &GenerationParams::greedy(12)).map(|_| ())
-        }))
-        .map_err(panic_message)
+        })
     };
     assert!(matches!(serve_depths(&traces), Ok(Ok(()))), "the depth trace serves");
     assert!(matches!(serve_counts(&traces), Ok(Ok(()))), "the count trace serves");

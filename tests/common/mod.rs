@@ -203,9 +203,10 @@ pub fn family_checkpoints(tmp: &std::path::Path) -> Vec<(&'static str, PathBuf)>
     ["ouro", "huginn", "sdar", "sdar_moe", "llada", "dream", "llada2"].into_iter().map(|n| (n, dir(n))).collect()
 }
 
-/// The message a caught panic carried.
-pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+/// `f()`, or the message of the panic it raised.
+pub fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .map_err(|p| p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default())
 }
 
 /// Sum of |w| over a checkpoint's `model.safetensors`, in f64: the weight checksum a parity
