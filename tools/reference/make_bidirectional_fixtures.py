@@ -16,6 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from bidirectional_ref import Model, dream_sampler, semi_ar  # noqa: E402
+from fixture_checks import MIN_MARGIN  # noqa: E402
 from sources import sources  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -38,7 +39,6 @@ CASES = [
     ("dream", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 0, 10, "dream:entropy"),
     ("dream", [44, 3, 90, 12], 16, 0, 32, "dream:maskgit_plus"),
 ]
-MIN_MARGIN = 1e-4
 # LLaDA under Fast-dLLM's prefix and dual caches: (prompt, gen, block, steps, schedule, cache).
 CACHED = [
     ([5, 17, 3, 40, 22], 12, 4, 4, "linear", "prefix"),
@@ -61,7 +61,6 @@ def main():
             tokens = dream_sampler(m, prompt, gen, steps, schedule.split(":")[1], margins=margins)
         else:
             tokens = semi_ar(m, prompt, gen, block, steps, schedule, margins=margins)
-        # Every decision at least this far from going the other way, so f32 must reproduce it.
         assert min(margins) > MIN_MARGIN, f"{family} {schedule} {prompt}: a decision within {min(margins):.1e}; pick another prompt"
         out.append({"family": family, "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "tokens": tokens, "min_margin": min(margins)})
         print(family, schedule, block, steps, tokens)
@@ -75,7 +74,7 @@ def main():
     checksums = {f: float(sum(np.abs(v).sum() for v in m.w.values())) for f, m in models.items()}
     doc = {
         "reference": "tools/reference/bidirectional_ref.py (float64 numpy, whole canvas every step, greedy)",
-        "sources": sources("tools/reference/make_bidirectional_fixtures.py", "tools/reference/bidirectional_ref.py"),
+        "sources": sources("tools/reference/make_bidirectional_fixtures.py", "tools/reference/fixture_checks.py", "tools/reference/bidirectional_ref.py"),
         "models": "ponder::testing::write_random_{llada,dream}(tiny_{llada,dream}_config(97), seed 11 / 52)",
         "weight_abs_sum": checksums,
         # The configs the models were read with: the Rust test checks it writes the same.

@@ -25,7 +25,7 @@ import pathlib
 import torch
 from tokenizers import Tokenizer
 
-from fixture_checks import wrong_rule_shows
+from fixture_checks import clearly_decided, wrong_rule_shows
 from ouro_ref import OuroReference
 from sources import sources
 from sdar_ref import SDARReference, decode_canvas
@@ -45,10 +45,6 @@ SDAR_PROMPTS = [
 # static counts.
 SDAR_GEN = 24
 SDAR_POLICIES = [("threshold", 0.9), ("threshold", 0.3), ("threshold", 0.1), ("static", 1), ("static", 3)]
-# Every decision of a fixture decode is at least this far from going the other way (probability
-# gaps), far above the f32 engine's error, so the engine must reproduce the tokens exactly; a
-# decode that came closer is left out.
-MIN_MARGIN = 1e-4
 
 
 def f32(x) -> float:
@@ -112,8 +108,7 @@ def ouro(model_dir: pathlib.Path, out_dir: pathlib.Path):
             for layout in ("shared", "last_exited"):
                 margins = []
                 tokens, depths, logprobs = ref.generate_gated(ids, GATED_GEN, q, min_steps, layout, margins, delay)
-                if min(margins) <= MIN_MARGIN:
-                    print(f"skipped {text!r} q {q} delay {delay} {layout}: a decision within {min(margins):.1e}")
+                if not clearly_decided(margins, f"{text!r} q {q} delay {delay} {layout}"):
                     continue
                 gated.append({"ids": ids, "q": q, "delay": delay, "min_steps": min_steps, "layout": layout, "tokens": tokens, "depths": depths, "logprobs": logprobs, "min_margin": min(margins)})
     # A wrong last-exited copy rule must change some decode, or the fixture would not pin it.
@@ -160,8 +155,7 @@ def sdar(model_dir: pathlib.Path, out_dir: pathlib.Path):
         for kind, value in SDAR_POLICIES:
             margins = []
             tokens = ref.generate(prompt, SDAR_GEN, (kind, value), margins=margins)
-            if min(margins) <= MIN_MARGIN:
-                print(f"skipped {text[:20]!r} {kind} {value}: a decision within {min(margins):.1e}")
+            if not clearly_decided(margins, f"{text[:20]!r} {kind} {value}"):
                 continue
             generate.append({"prompt_ids": prompt, "gen": SDAR_GEN, "policy": kind, "value": value, "tokens": tokens, "min_margin": min(margins)})
     out = out_dir / "tiny_sdar_reference.json"
@@ -170,6 +164,7 @@ def sdar(model_dir: pathlib.Path, out_dir: pathlib.Path):
         "reference": "tools/reference/sdar_ref.py (float64, block-causal over the whole canvas)",
         "sources": sources(
             "tools/reference/make_fixtures.py",
+            "tools/reference/fixture_checks.py",
             "tools/reference/sdar_ref.py",
             "tools/reference/block_diffusion_ref.py",
             *(rel(model_dir / f) for f in ("config.json", "model.safetensors", "tokenizer.json")),

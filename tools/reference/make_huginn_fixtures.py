@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from fixture_checks import wrong_rule_shows  # noqa: E402
+from fixture_checks import clearly_decided, wrong_rule_shows  # noqa: E402
 from huginn_ref import Huginn, greedy, score  # noqa: E402
 from sources import sources  # noqa: E402
 
@@ -71,8 +71,7 @@ def main():
             for layout in ("shared", "last_exited"):
                 margins = []
                 tokens, depths, logprobs = models[name].generate_gated(prompt, GATED_GEN, threshold, steps[name], layout, margins)
-                if min(margins) <= 1e-4:  # closer than that, the f32 engine may decide otherwise
-                    print(f"skipped {prompt} {threshold} {layout}: a decision within {min(margins):.1e}")
+                if not clearly_decided(margins, f"{prompt} {threshold} {layout}"):
                     continue
                 gated.append({"prompt": prompt, "threshold": threshold, "layout": layout, "tokens": tokens, "depths": depths, "logprobs": logprobs, "min_margin": min(margins)})
                 print("gated", threshold, layout, prompt, depths)

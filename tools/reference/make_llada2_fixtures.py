@@ -20,10 +20,11 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from llada2_ref import Llada2Reference  # noqa: E402
 from sdar_ref import SDARReference  # noqa: E402
+from fixture_checks import clearly_decided  # noqa: E402
 from sources import sources  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SOURCES = [f"tools/reference/{f}" for f in ("make_llada2_fixtures.py", "llada2_ref.py", "sdar_ref.py", "block_diffusion_ref.py", "ouro_ref.py")]
+SOURCES = [f"tools/reference/{f}" for f in ("make_llada2_fixtures.py", "fixture_checks.py", "llada2_ref.py", "sdar_ref.py", "block_diffusion_ref.py", "ouro_ref.py")]
 MODEL = ROOT / "target" / "reference-models" / "llada2"
 
 FORWARD = [[5, 17, 3, 40, 22, 96, 96, 96], [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 96, 96], [30, 31, 32]]
@@ -91,8 +92,7 @@ def main():
             eos = EOS_CASE[1]
             assert eos in tokens[:-1], "the EOS must cut the EOS-free decode"
             eos_case = {"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [eos], "tokens": ref.generate(p, g, b, t, eos=(eos,))}
-        if min(margins) <= 1e-4:  # closer than that, the f32 engine may decide otherwise
-            print(f"skipped llada2 {p} {t}: a decision within {min(margins):.1e}")
+        if not clearly_decided(margins, f"llada2 {p} {t}"):
             continue
         generate.append({"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [], "tokens": tokens, "min_margin": min(margins)})
     generate.append(eos_case)
@@ -117,8 +117,7 @@ def sdar_moe():
         for kind, value in SDAR_MOE_POLICIES:
             margins = []
             tokens = ref.generate(p, g, (kind, value), margins=margins)
-            if min(margins) <= 1e-4:  # closer than that, the f32 engine may decide otherwise
-                print(f"skipped sdar_moe {p} {kind} {value}: a decision within {min(margins):.1e}")
+            if not clearly_decided(margins, f"sdar_moe {p} {kind} {value}"):
                 continue
             generate.append({"prompt": p, "gen": g, "policy": kind, "value": value, "tokens": tokens, "min_margin": min(margins)})
     one_a_step = {tuple(g["prompt"]): g["tokens"] for g in generate if (g["policy"], g["value"]) == ("static", 1)}
