@@ -132,15 +132,7 @@ fn continuations_match_the_reference_token_by_token() {
         let greedy = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(n) };
         assert_eq!(engine.generate([c.ids.clone()], &greedy).unwrap().remove(0).unwrap().token_ids, c.greedy, "{}: greedy tokens", c.text);
         for (what, tokens, want) in [("greedy", &c.greedy, &c.greedy_logprobs), ("forced", &c.forced, &c.forced_logprobs)] {
-            let params = ponder::GenerationParams { forced_tokens: tokens.clone(), ignore_eos: true, ..ponder::GenerationParams::greedy(n) };
-            let out = engine.generate([c.ids.clone()], &params).unwrap().remove(0).unwrap();
-            assert_eq!(out.logprobs.len(), n, "{}", c.text);
-            let mut worst = 0f64;
-            for (i, (got, want)) in out.logprobs.iter().zip(want).enumerate() {
-                let err = (*got as f64 - want).abs() / (1.0 + want.abs());
-                worst = worst.max(err);
-                assert!(err <= 2e-5, "{}: {what} token {i}: log-probability {got} vs the reference's {want}", c.text);
-            }
+            let worst = common::assert_forced_logprobs(&mut engine, &c.ids, tokens, want, 2e-5, &format!("{}: {what}", c.text));
             println!("{}: {what} continuation, worst log-probability error {worst:.2e} (relative)", c.text);
         }
     }
@@ -177,11 +169,7 @@ fn exits_and_layouts_match_the_reference_token_by_token() {
             assert_eq!(steps, g.depths, "{label}: loop steps per token");
             // The same tokens teacher-forced through the same exits: every token's
             // log-probability, which sees the K/V each layout keeps (a wrong copy shows here).
-            let forced = ponder::GenerationParams { forced_tokens: g.tokens.clone(), ignore_eos: true, ..ponder::GenerationParams::greedy(g.tokens.len()) };
-            let out = engine.generate([g.ids.clone()], &forced).unwrap().remove(0).unwrap();
-            for (i, (got, want)) in out.logprobs.iter().zip(&g.logprobs).enumerate() {
-                assert!((*got as f64 - want).abs() <= 2e-5 * (1.0 + want.abs()), "{label}: token {i}: log-probability {got} vs the reference's {want}");
-            }
+            common::assert_forced_logprobs(&mut engine, &g.ids, &g.tokens, &g.logprobs, 2e-5, &label);
         }
     }
 }

@@ -18,7 +18,7 @@ use std::path::Path;
 
 const VOCAB: usize = 97;
 /// f32 against float64, relative to the log-probability (plus an absolute floor).
-const TOLERANCE: f32 = 2e-5;
+const TOLERANCE: f64 = 2e-5;
 /// Seed of the tiny model whose greedy output varies most over the fixture's prompts.
 const SEED: u64 = 4;
 
@@ -62,9 +62,9 @@ struct Case {
     prompt: Vec<u32>,
     steps: usize,
     tokens: Vec<u32>,
-    logprobs: Vec<f32>,
+    logprobs: Vec<f64>,
     forced: Vec<u32>,
-    forced_logprobs: Vec<f32>,
+    forced_logprobs: Vec<f64>,
 }
 
 #[test]
@@ -90,12 +90,7 @@ fn greedy_decoding_matches_the_float64_reference() {
         let greedy = engine.generate([c.prompt.clone()], &GenerationParams::greedy(c.tokens.len())).unwrap().remove(0).unwrap();
         assert_eq!(greedy.token_ids, c.tokens, "{label}: greedy tokens");
         for (what, tokens, want) in [("greedy", &c.tokens, &c.logprobs), ("forced", &c.forced, &c.forced_logprobs)] {
-            let forced = GenerationParams { forced_tokens: tokens.clone(), ..GenerationParams::greedy(tokens.len()) };
-            let scored = engine.generate([c.prompt.clone()], &forced).unwrap().remove(0).unwrap();
-            assert_eq!(scored.logprobs.len(), tokens.len(), "{label}");
-            for (i, (got, want)) in scored.logprobs.iter().zip(want).enumerate() {
-                assert!((got - want).abs() <= TOLERANCE * (1.0 + want.abs()), "{label}: {what} token {i}: log-probability {got} vs the reference's {want}");
-            }
+            common::assert_forced_logprobs(&mut engine, &c.prompt, tokens, want, TOLERANCE, &format!("{label}: {what}"));
         }
     }
 }
@@ -135,11 +130,7 @@ fn latent_difference_exits_match_the_reference_token_by_token() {
         assert_eq!(steps, want_depths, "{label}: recurrences per token");
         // The same tokens teacher-forced through the same exits: every token's log-probability,
         // which sees the K/V each layout keeps (a wrong copy shows here).
-        let want_logprobs: Vec<f32> = serde_json::from_value(g["logprobs"].clone()).unwrap();
-        let forced = GenerationParams { forced_tokens: want_tokens.clone(), ..GenerationParams::greedy(want_tokens.len()) };
-        let out = engine.generate([prompt.clone()], &forced).unwrap().remove(0).unwrap();
-        for (i, (got, want)) in out.logprobs.iter().zip(&want_logprobs).enumerate() {
-            assert!((got - want).abs() <= TOLERANCE * (1.0 + want.abs()), "{label}: token {i}: log-probability {got} vs the reference's {want}");
-        }
+        let want_logprobs: Vec<f64> = serde_json::from_value(g["logprobs"].clone()).unwrap();
+        common::assert_forced_logprobs(&mut engine, &prompt, &want_tokens, &want_logprobs, TOLERANCE, &label);
     }
 }

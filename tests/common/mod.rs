@@ -248,3 +248,19 @@ pub fn assert_fixture_config(dir: &std::path::Path, recorded: &serde_json::Value
     let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!(&written, recorded, "{}: the fixture was made from another config; make it again", dir.display());
 }
+
+/// Scores `tokens` after `prompt` by teacher forcing (EOS not special) and asserts that every
+/// log-probability is the reference's `want` within `tol`, relative (with an absolute floor);
+/// returns the worst relative error.
+pub fn assert_forced_logprobs(engine: &mut Engine, prompt: &[u32], tokens: &[u32], want: &[f64], tol: f64, label: &str) -> f64 {
+    let params = GenerationParams { forced_tokens: tokens.to_vec(), ignore_eos: true, ..GenerationParams::greedy(tokens.len()) };
+    let out = engine.generate([prompt.to_vec()], &params).unwrap().remove(0).unwrap();
+    assert_eq!(out.logprobs.len(), tokens.len(), "{label}: a log-probability per forced token");
+    let mut worst = 0f64;
+    for (i, (&got, &want)) in out.logprobs.iter().zip(want).enumerate() {
+        let err = (got as f64 - want).abs() / (1.0 + want.abs());
+        worst = worst.max(err);
+        assert!(err <= tol, "{label}: token {i}: log-probability {got} vs the reference's {want}");
+    }
+    worst
+}
