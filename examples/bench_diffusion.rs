@@ -237,7 +237,7 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
         engine.add_request(p.clone(), GenerationParams { max_new_tokens: args.block, ..params.clone() })?;
     }
     while engine.has_work() {
-        engine.step()?;
+        engine.step()?.iter().try_for_each(ponder::bench::fail_on_error)?;
     }
     let before = engine.metrics().clone();
     for p in jobs {
@@ -258,6 +258,7 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
         let t = Instant::now();
         let events = engine.step()?;
         let dt = t.elapsed().as_secs_f64();
+        events.iter().try_for_each(ponder::bench::fail_on_error)?;
         if profiled {
             profiler_range(&device, false)?;
             println!("profiled one full-batch launch of batch {batch} ({mode}; cuProfilerStart/Stop)");

@@ -62,6 +62,18 @@ pub enum Error {
     #[error("scheduler `{scheduler}` stalled with {unfinished} unfinished request(s)")]
     SchedulerStalled { scheduler: String, unfinished: usize },
 
+    /// What an engine would allocate at build and use while it runs (the KV pool, the looped
+    /// scheduler's state bank, one launch's workspace) exceeds the memory its device has free.
+    /// Raised at build, before anything is allocated, so that a configuration the device cannot
+    /// hold never fails its requests one launch at a time.
+    #[error("{what} need {:.2} GiB but {device} has {:.2} GiB free; {hint}", *.needed as f64 / (1u64 << 30) as f64, *.available as f64 / (1u64 << 30) as f64)]
+    DeviceMemory { what: String, needed: u64, available: u64, device: String, hint: String },
+
+    /// A request of a run that needs every request served ended with an error
+    /// ([`crate::FinishReason::Error`]) or with fewer tokens than it asked for.
+    #[error("request {id} failed: {reason}")]
+    RequestFailed { id: RequestId, reason: String },
+
     /// The engine thread behind an [`crate::EngineHandle`] has stopped.
     #[error("engine thread stopped")]
     EngineStopped,

@@ -3,6 +3,9 @@
 //! process-wide; `--include-ignored --nocapture` also prints the timings).
 #![cfg(feature = "cuda")]
 
+#[path = "gpu_kernels/agreement.rs"]
+mod agreement;
+
 use candle_core::{DType, Device, Tensor};
 use ponder::ops::{paged_attention, paged_attention_reference, AttnMask, PagedBatch, PagedBatchHost};
 use rand::rngs::StdRng;

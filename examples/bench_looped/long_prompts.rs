@@ -11,7 +11,7 @@
 //! requests of the run.
 
 use crate::{Args, BenchModel};
-use ponder::bench::random_ids;
+use ponder::bench::{fail_on_error, random_ids, served_in_full};
 use ponder::{EngineBuilder, Event, GenerationParams, RequestId};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -52,8 +52,8 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
             let pool = engine.metrics().kv_pool;
             // Warm-up: kernels loaded, allocator primed, at this budget.
             let warm = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(4) };
-            engine.generate((0..w).map(|i| random_ids(args.prompt_len, spec.vocab_size, 900 + i as u64)), &warm)?;
-            engine.generate([random_ids(longest.min(4096), spec.vocab_size, 990)], &warm)?;
+            served_in_full(engine.generate((0..w).map(|i| random_ids(args.prompt_len, spec.vocab_size, 900 + i as u64)), &warm)?, 4)?;
+            served_in_full(engine.generate([random_ids(longest.min(4096), spec.vocab_size, 990)], &warm)?, 4)?;
 
             let short_params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(args.new_tokens) };
             let long_params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(16) };
@@ -83,6 +83,7 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
                     next_arrival = Some(now + Duration::from_millis(args.arrival_gap as u64));
                 }
                 let events = engine.step()?;
+                events.iter().try_for_each(fail_on_error)?;
                 let now = Instant::now();
                 for ev in &events {
                     if let Event::Token { id, .. } = ev {

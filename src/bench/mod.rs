@@ -21,3 +21,34 @@ mod workload;
 
 pub use offline::{offline, stage_device, RunStats, Window};
 pub use workload::{random_ids, workload, Job, Lengths};
+
+use crate::{Error, Event, FinishReason, Output, Result};
+
+/// A benchmark's figures mean something only over the work it asked for: a request that ended
+/// with an error stops the run with that error ([`Error::RequestFailed`]).
+pub fn fail_on_error(event: &Event) -> Result<()> {
+    match event {
+        Event::Finished { id, reason: FinishReason::Error(why), .. } => Err(Error::RequestFailed { id: *id, reason: why.clone() }),
+        _ => Ok(()),
+    }
+}
+
+/// The outputs of [`crate::Engine::generate`] when every request was served in full
+/// (`new_tokens` tokens each, eos ignored); else the first request that was not, as
+/// [`Error::RequestFailed`] with its finish reason.
+pub fn served_in_full(outputs: Vec<Result<Output>>, new_tokens: usize) -> Result<Vec<Output>> {
+    outputs
+        .into_iter()
+        .map(|o| {
+            let o = o?;
+            if o.token_ids.len() == new_tokens {
+                return Ok(o);
+            }
+            let reason = match &o.finish_reason {
+                FinishReason::Error(why) => why.clone(),
+                other => format!("ended ({other:?}) after {} of {new_tokens} tokens", o.token_ids.len()),
+            };
+            Err(Error::RequestFailed { id: o.id, reason })
+        })
+        .collect()
+}

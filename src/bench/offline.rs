@@ -83,6 +83,7 @@ pub fn offline(engine: &mut Engine, jobs: &[Job], window: Window) -> Result<RunS
     let mut close: Option<(f64, u64, usize, EngineMetrics)> = None;
     while engine.has_work() {
         for ev in engine.step()? {
+            super::fail_on_error(&ev)?;
             match ev {
                 crate::Event::Token { .. } => tokens += 1,
                 crate::Event::Finished { id, .. } => {

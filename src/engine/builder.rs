@@ -9,7 +9,7 @@ use super::{DiffusionRunner, Engine, EngineHandle, LoopedRunner};
 use crate::chat::ChatTemplate;
 use crate::diffusion::Threshold;
 use crate::gate::FixedDepth;
-use crate::kv::{check_layout, KvLayoutKind, KvManager, Shared};
+use crate::kv::{check_layout, KvLayoutKind, KvManager, MemoryNeed, Shared};
 use crate::loader::ModelDir;
 use crate::models::diffusion::DiffusionModel;
 use crate::models::looped::{Huginn, Ouro};
@@ -335,11 +335,13 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     // A request takes whole blocks in every slot.
     let useful = resident.saturating_mul(max_context.div_ceil(common.block_size).saturating_mul(common.block_size)).saturating_mul(slots);
     let num_blocks = common.pool_blocks(model.device(), slots, per_position, workspace, useful)?;
-    // Before the pool's bookkeeping or tensors exist: one the device cannot hold is an error,
-    // not an allocation that aborts the process.
+    // Before the pool's bookkeeping or tensors exist: one the device cannot hold beside a
+    // launch's workspace is an error, not an allocation that aborts the process or a pool that
+    // fails every request at its first large launch.
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
     let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
-    crate::kv::check_fits(pool_bytes, model.device())?;
+    let hint = "lower kv_capacity_tokens, kv_memory_fraction, max_num_seqs, max_num_batched_tokens or coda_reserve";
+    crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: 0, workspace }, hint, model.device())?;
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, layout, spec.max_steps);
     let mut gate = match o.gate {
@@ -383,14 +385,13 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
         }
     };
     // The scheduler's state bank (a row per resident request, one more for graph padding) sits
-    // beside the pool: checked before it is allocated, whichever scheduler sized it.
+    // beside the pool, and every launch needs its workspace besides both: checked together
+    // before anything is allocated, whichever scheduler sized the bank and however the pool was
+    // sized (a pool set by hand may leave no room for a launch).
     let bank_rows = scheduler.state_bank_rows();
-    if bank_rows > 0 {
-        let row = (spec.state_width as u64).saturating_mul(spec.dtype.size_in_bytes() as u64);
-        let total = (bank_rows as u64 + 1).checked_mul(row).zip(pool_bytes).and_then(|(b, p)| b.checked_add(p));
-        let hint = "lower max_num_seqs, coda_reserve, kv_capacity_tokens or kv_memory_fraction";
-        crate::kv::check_fits_as(total, "the KV pool plus the scheduler's state bank", hint, model.device())?;
-    }
+    let row = (spec.state_width as u64).saturating_mul(spec.dtype.size_in_bytes() as u64);
+    let bank = if bank_rows > 0 { (bank_rows as u64 + 1).saturating_mul(row) } else { 0 };
+    crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank, workspace }, hint, model.device())?;
     let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, bank_rows, o.cuda_graphs)?
         .with_launch_checks(custom)
         .with_device_timing(o.time_device)
@@ -472,7 +473,8 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
     let num_blocks = common.pool_blocks(model.device(), 1, per_position, workspace, useful)?;
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
     let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
-    crate::kv::check_fits(pool_bytes, model.device())?;
+    let hint = "lower kv_capacity_tokens, kv_memory_fraction, max_num_seqs or max_num_batched_tokens";
+    crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: 0, workspace }, hint, model.device())?;
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots: 1, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, Box::new(Shared), 1);
     let cfg = DiffusionConfig {

@@ -237,8 +237,8 @@ impl Engine {
                 Err(e) => slots.push(Err(e)),
             }
         }
-        let mut open = index.len();
-        while open > 0 {
+        // `index` holds the requests still open.
+        while !index.is_empty() {
             // A failed launch or a stalled scheduler fails its requests, whose
             // `Finished { Error }` events come with the next step; the others go on.
             let events = match self.step() {
@@ -247,15 +247,23 @@ impl Engine {
                 Err(e) => return Err(e),
             };
             if events.is_empty() && !self.has_work() {
+                // Nothing left to run yet some requests never finished: say so in their outputs
+                // rather than return them as if they had ended normally.
+                for &i in index.values() {
+                    if let Ok(out) = &mut slots[i] {
+                        out.finish_reason = FinishReason::Error("the engine ran out of work before this request finished".into());
+                    }
+                }
                 break;
             }
             for ev in events {
-                let Some(&i) = index.get(&ev.id()) else {
+                let id = ev.id();
+                let Some(&i) = index.get(&id) else {
                     continue;
                 };
                 let Ok(out) = &mut slots[i] else { continue };
                 if out.push(ev) {
-                    open -= 1;
+                    index.remove(&id);
                 }
             }
         }

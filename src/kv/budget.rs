@@ -10,25 +10,52 @@ pub fn kv_bytes(tokens: usize, layers: usize, kv_heads: usize, head_dim: usize, 
     [tokens, layers, kv_heads, head_dim, 2, dtype.size_in_bytes()].iter().try_fold(1u64, |acc, &x| acc.checked_mul(x as u64))
 }
 
-/// Refuses a KV pool of `bytes` that exceeds the memory `device` has available now (CPU:
-/// `MemAvailable` of /proc/meminfo; CUDA: the driver's free memory). Where the figure cannot be
-/// read, nothing is refused.
-pub fn check_fits(bytes: Option<u64>, device: &Device) -> Result<()> {
-    check_fits_as(bytes, "a KV pool", "lower kv_capacity_tokens or max_model_len", device)
+/// What an engine needs of its device's memory: the KV pool and the looped scheduler's state
+/// bank, allocated at build, and one launch's activations, allocated while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryNeed {
+    /// Bytes of the KV pool; `None` where their count overflows 64 bits.
+    pub pool: Option<u64>,
+    /// Bytes of the state bank (0 without one).
+    pub bank: u64,
+    /// Bytes one launch may take besides weights and KV ([`workspace_bytes`]).
+    pub workspace: u64,
 }
 
-/// [`check_fits`] for any allocation sized from options: `what` names it in the error, `hint`
-/// says which option to lower.
-pub fn check_fits_as(bytes: Option<u64>, what: &str, hint: &str, device: &Device) -> Result<()> {
-    let Some(bytes) = bytes else {
-        return Err(Error::InvalidOption(format!("the size of {what} overflows 64 bits")));
+impl MemoryNeed {
+    fn total(&self) -> Option<u64> {
+        self.pool?.checked_add(self.bank)?.checked_add(self.workspace)
+    }
+
+    fn describe(&self) -> String {
+        let gib = |b: u64| b as f64 / GIB;
+        let mut parts = vec![format!("the KV pool ({:.2} GiB)", gib(self.pool.unwrap_or(u64::MAX)))];
+        if self.bank > 0 {
+            parts.push(format!("the state bank ({:.2} GiB)", gib(self.bank)));
+        }
+        parts.push(format!("a launch's workspace ({:.2} GiB)", gib(self.workspace)));
+        let last = parts.pop().expect("two parts at least");
+        format!("{} and {last}", parts.join(", "))
+    }
+}
+
+/// Refuses an engine whose [`MemoryNeed`] exceeds the memory `device` has free now (CPU:
+/// `MemAvailable` of /proc/meminfo; CUDA: the driver's free memory), before anything is
+/// allocated: a pool that leaves no room for the launches would fail every request at its first
+/// large launch instead. `hint` says which option to lower. Where the figure cannot be read,
+/// nothing is refused.
+pub fn check_fits(need: MemoryNeed, hint: &str, device: &Device) -> Result<()> {
+    let Some(needed) = need.total() else {
+        return Err(Error::InvalidOption(format!("the size of the KV pool overflows 64 bits; {hint}")));
     };
     match available(device) {
-        Some(free) if bytes > free => Err(Error::InvalidOption(format!(
-            "{what} ({:.2} GiB) does not fit the {:.2} GiB available on {device:?}; {hint}",
-            bytes as f64 / GIB,
-            free as f64 / GIB
-        ))),
+        Some(free) if needed > free => Err(Error::DeviceMemory {
+            what: need.describe(),
+            needed,
+            available: free,
+            device: format!("{device:?}"),
+            hint: hint.to_string(),
+        }),
         _ => Ok(()),
     }
 }
@@ -138,9 +165,17 @@ mod tests {
     #[test]
     fn absurd_pools_are_refused_and_small_ones_pass() {
         assert_eq!(kv_bytes(16, 2, 4, 8, DType::F32), Some(16 * 2 * 4 * 8 * 2 * 4));
-        assert!(check_fits(kv_bytes(1 << 12, 4, 2, 32, DType::F32), &Device::Cpu).is_ok());
+        let need = |pool: Option<u64>, workspace: u64| MemoryNeed { pool, bank: 1 << 20, workspace };
+        assert!(check_fits(need(kv_bytes(1 << 12, 4, 2, 32, DType::F32), 1 << 20), "", &Device::Cpu).is_ok());
         // 4 TB: no machine this runs on has it available.
-        assert!(matches!(check_fits(kv_bytes(1 << 30, 64, 16, 128, DType::F32), &Device::Cpu), Err(Error::InvalidOption(m)) if m.contains("does not fit")));
-        assert!(check_fits(kv_bytes(usize::MAX, 2, 2, 2, DType::F32), &Device::Cpu).is_err(), "overflow is refused too");
+        let err = check_fits(need(kv_bytes(1 << 30, 64, 16, 128, DType::F32), 0), "lower it", &Device::Cpu).unwrap_err();
+        assert!(matches!(&err, Error::DeviceMemory { needed, available, .. } if needed > available), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("the KV pool (1048576.00 GiB), the state bank (0.00 GiB) and a launch's workspace (0.00 GiB) need") && text.ends_with("lower it"), "{text}");
+        // A pool that fits alone but not with the workspace a launch needs is refused too.
+        let free = available(&Device::Cpu).expect("this test reads /proc/meminfo");
+        assert!(check_fits(need(Some(free / 2), 0), "", &Device::Cpu).is_ok());
+        assert!(matches!(check_fits(need(Some(free / 2), free), "", &Device::Cpu), Err(Error::DeviceMemory { .. })));
+        assert!(check_fits(need(kv_bytes(usize::MAX, 2, 2, 2, DType::F32), 0), "", &Device::Cpu).is_err(), "overflow is refused too");
     }
 }
