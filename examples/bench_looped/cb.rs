@@ -22,6 +22,7 @@ pub(crate) fn cb_suite(args: &Args, model: &BenchModel, roof: Roof, weight_bytes
                 .kv_capacity_tokens(w * per_req * slots)
                 .build()
         };
+        let tracked = ponder::bench::device_memory::reset_peak(model.device()).inspect_err(|e| eprintln!("peak memory not measured: {e}")).is_ok();
         let mut engine = match engine_for(model) {
             Ok(e) => e,
             // A width whose pool this card cannot hold is reported, and the others still run.
@@ -59,6 +60,11 @@ pub(crate) fn cb_suite(args: &Args, model: &BenchModel, roof: Roof, weight_bytes
             roofline_s * 1e3,
             100.0 * roofline_s / step_s
         );
+        let peak = if tracked { ponder::bench::device_memory::peak(model.device()).ok().flatten() } else { None };
+        let pool_gb = engine.metrics().kv_pool.bytes as f64 / 1e9;
+        if let Some(p) = peak {
+            println!("{w:>6} peak device memory {p}; KV pool {pool_gb:.1} GB");
+        }
         if args.profile_step {
             profile_one_decode_step(&mut engine, args, w, spec.vocab_size, model.device())?;
         }
@@ -67,7 +73,11 @@ pub(crate) fn cb_suite(args: &Args, model: &BenchModel, roof: Roof, weight_bytes
             "tokens_per_s": tps, "floor_tokens_per_s": floor, "decode_step_ms": step_s * 1e3,
             "prefill_s": prefill_s, "repeats": samples.iter().map(|s| s.0).collect::<Vec<_>>(),
             "decode_roofline_step_ms": roofline_s * 1e3, "fraction_of_roofline": roofline_s / step_s,
+            "kv_pool_gb": pool_gb,
         }));
+        if let Some(row) = results.last_mut().and_then(|r| r.as_object_mut()) {
+            row.extend(ponder::bench::device_memory::PeakMemory::json_fields(peak).map(|(k, v)| (k.to_string(), v.into())));
+        }
         drop(engine);
     }
     Ok(results)
