@@ -178,6 +178,12 @@ fn bad_checkpoints_are_typed_errors() {
     // A KV pool larger than the machine's memory, asked for by hand.
     let huge = EngineBuilder::new(&dir).kv_capacity_tokens(usize::MAX / 4).build();
     assert!(matches!(huge, Err(Error::InvalidOption(ref m)) if m.contains("KV pool")), "{:?}", huge.err());
+    let large = EngineBuilder::new(&dir).kv_capacity_tokens(1 << 40).build();
+    assert!(matches!(large, Err(Error::DeviceMemory { needed, available, .. }) if needed > available), "{:?}", large.err());
+    // A small pool beside launches too large for the machine: refused at build, naming the
+    // workspace, rather than failing every request at its first large launch.
+    let launches = EngineBuilder::new(&dir).kv_capacity_tokens(1024).max_num_batched_tokens(1 << 36).build();
+    assert!(matches!(launches, Err(Error::DeviceMemory { ref what, .. }) if what.contains("launch's workspace")), "{:?}", launches.err());
 
     // Truncated file.
     let d = with_config("truncated", &cfg_text);

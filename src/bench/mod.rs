@@ -52,3 +52,30 @@ pub fn served_in_full(outputs: Vec<Result<Output>>, new_tokens: usize) -> Result
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RequestId;
+
+    #[test]
+    fn a_failed_or_short_request_stops_a_benchmark() {
+        let finished = |reason| Event::Finished { id: RequestId(3), reason, text: String::new() };
+        assert!(fail_on_error(&finished(FinishReason::Length)).is_ok());
+        let err = fail_on_error(&finished(FinishReason::Error("out of memory".into()))).unwrap_err();
+        assert!(matches!(&err, Error::RequestFailed { id: RequestId(3), reason } if reason == "out of memory"), "{err:?}");
+
+        let out = |tokens: usize, reason| {
+            let mut o = Output::new(RequestId(tokens as u64), 5);
+            o.token_ids = vec![1; tokens];
+            o.finish_reason = reason;
+            Ok(o)
+        };
+        assert_eq!(served_in_full(vec![out(4, FinishReason::Length), out(4, FinishReason::Length)], 4).unwrap().len(), 2);
+        let err = served_in_full(vec![out(4, FinishReason::Length), out(0, FinishReason::Error("no memory".into()))], 4).unwrap_err();
+        assert!(matches!(&err, Error::RequestFailed { reason, .. } if reason == "no memory"), "{err:?}");
+        let err = served_in_full(vec![out(2, FinishReason::Eos)], 4).unwrap_err();
+        assert!(err.to_string().contains("after 2 of 4 tokens"), "{err}");
+        assert!(served_in_full(vec![Err(Error::EngineStopped)], 4).is_err(), "a rejected request stops it too");
+    }
+}

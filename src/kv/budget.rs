@@ -49,13 +49,9 @@ pub fn check_fits(need: MemoryNeed, hint: &str, device: &Device) -> Result<()> {
         return Err(Error::InvalidOption(format!("the size of the KV pool overflows 64 bits; {hint}")));
     };
     match available(device) {
-        Some(free) if needed > free => Err(Error::DeviceMemory {
-            what: need.describe(),
-            needed,
-            available: free,
-            device: format!("{device:?}"),
-            hint: hint.to_string(),
-        }),
+        Some(free) if needed > free => {
+            Err(Error::DeviceMemory { what: need.describe(), needed, available: free, device: format!("{device:?}"), hint: hint.to_string() })
+        }
         _ => Ok(()),
     }
 }
@@ -171,7 +167,10 @@ mod tests {
         let err = check_fits(need(kv_bytes(1 << 30, 64, 16, 128, DType::F32), 0), "lower it", &Device::Cpu).unwrap_err();
         assert!(matches!(&err, Error::DeviceMemory { needed, available, .. } if needed > available), "{err:?}");
         let text = err.to_string();
-        assert!(text.contains("the KV pool (1048576.00 GiB), the state bank (0.00 GiB) and a launch's workspace (0.00 GiB) need") && text.ends_with("lower it"), "{text}");
+        assert!(
+            text.contains("the KV pool (1048576.00 GiB), the state bank (0.00 GiB) and a launch's workspace (0.00 GiB) need") && text.ends_with("lower it"),
+            "{text}"
+        );
         // A pool that fits alone but not with the workspace a launch needs is refused too.
         let free = available(&Device::Cpu).expect("this test reads /proc/meminfo");
         assert!(check_fits(need(Some(free / 2), 0), "", &Device::Cpu).is_ok());

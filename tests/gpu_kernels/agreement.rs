@@ -166,8 +166,20 @@ fn attention_paths_agree_with_the_cpu_reference() {
     let cases = [
         Case { name: "cb depth-indexed W24", sched: SchedulerKind::Continuous, layout: KvLayoutKind::DepthIndexed, width: 24, graphs: Graphs::Off },
         Case { name: "cb depth-indexed W24 graphs", sched: SchedulerKind::Continuous, layout: KvLayoutKind::DepthIndexed, width: 24, graphs: Graphs::On },
-        Case { name: "cdb-refill shared W13 graphs", sched: SchedulerKind::Depth { refill: true }, layout: KvLayoutKind::Shared, width: 13, graphs: Graphs::On },
-        Case { name: "cdb-refill last-exited W13", sched: SchedulerKind::Depth { refill: true }, layout: KvLayoutKind::LastExited, width: 13, graphs: Graphs::Off },
+        Case {
+            name: "cdb-refill shared W13 graphs",
+            sched: SchedulerKind::Depth { refill: true },
+            layout: KvLayoutKind::Shared,
+            width: 13,
+            graphs: Graphs::On,
+        },
+        Case {
+            name: "cdb-refill last-exited W13",
+            sched: SchedulerKind::Depth { refill: true },
+            layout: KvLayoutKind::LastExited,
+            width: 13,
+            graphs: Graphs::Off,
+        },
     ];
     let paths = [AttnPath::Simt, AttnPath::Default, AttnPath::Unpipelined, AttnPath::Ring];
     let mut failures = Vec::new();
