@@ -4,7 +4,7 @@
 //!     bench_diffusion [--model sdar|llada|llada2-mini] [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
 //!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
 //!                     [--alpha 1.5] [--focus-knee TOKENS]
-//!                     [--breakdown] [--phases] [--profile-step] [--repeats 1] [--json FILE] [--commit SHA] [--tiny]
+//!                     [--breakdown] [--phases] [--profile-step] [--repeats 1] [--json FILE] [--commit SHA] [--tiny] [--kernels POLICY]
 //!
 //! For each batch B: `requests-per-batch × B` requests queued at once, at most B decoding
 //! together (first done, first out: a finished request's slot is refilled the next step).
@@ -79,6 +79,8 @@ struct Args {
     commit: String,
     tiny: bool,
     model: String,
+    /// Kernel choices of every engine and of the breakdown's ops (`--kernels`).
+    kernels: ponder::ops::KernelPolicy,
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -100,6 +102,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         commit: "unknown".into(),
         tiny: false,
         model: "sdar".into(),
+        kernels: ponder::ops::KernelPolicy::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -122,6 +125,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--commit" => a.commit = v()?,
             "--tiny" => a.tiny = true,
             "--model" => a.model = v()?,
+            "--kernels" => a.kernels = v()?.parse()?,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -207,7 +211,7 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
     model.device().synchronize()?;
     // Unmeasured rather than a failed run if the driver refuses the memory counters.
     let tracked = ponder::bench::device_memory::reset_peak(model.device()).inspect_err(|e| eprintln!("peak memory not measured: {e}")).is_ok();
-    let mut builder = EngineBuilder::from_diffusion_model(Box::new(model.clone()), None, vec![]);
+    let mut builder = EngineBuilder::from_diffusion_model(Box::new(model.clone()), None, vec![]).kernels(args.kernels);
     if mode == "focus" {
         let focus = ponder::diffusion::Focus::new(args.alpha)?.with_knee(args.focus_knee);
         builder = builder.diffusion(|o| o.eviction_policy(focus));
@@ -454,7 +458,7 @@ fn write_json(args: &Args, label: &str, results: &[serde_json::Value], breakdown
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "gpu": gpu_name(), "commit": args.commit, "model": label,
-            "command": std::env::args().collect::<Vec<_>>().join(" "), "env": ponder::testing::ponder_env(),
+            "command": std::env::args().collect::<Vec<_>>().join(" "), "kernels": format!("{:?}", args.kernels),
             "workload": "prompts lognormal(median 128, sigma 0.9) clipped 8..512; new tokens fixed; eos ignored; replayed unmask counts, most confident first",
             "focus": {"alpha": args.alpha, "knee_tokens": args.focus_knee},
             "results": results, "breakdown": breakdowns,
@@ -572,7 +576,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             row.extend(measured.json_fields().map(|(k, v)| (k.to_string(), v.into())));
         }
         if args.breakdown {
-            breakdowns.push(breakdown(&model, b, args.block, 256)?);
+            breakdowns.push(ponder::ops::with_kernels(args.kernels, || breakdown(&model, b, args.block, 256)).0?);
         }
         // Written after every batch so a run cut short keeps what it measured.
         write_json(&args, label, &results, &breakdowns)?;

@@ -664,12 +664,6 @@ fn strip_tags(html: &str) -> String {
     out
 }
 
-/// The `PONDER_*` environment variables set for this process (debugging switches such as
-/// `PONDER_GRAPH_CAPTURE=0`), for benchmark reports: a command line alone does not show them.
-pub fn ponder_env() -> std::collections::BTreeMap<String, String> {
-    std::env::vars().filter(|(k, _)| k.starts_with("PONDER_")).collect()
-}
-
 /// Every position's f32 logits of one canvas run whole through a diffusion model's paged path
 /// (block-causal blocks of `block` from position 0 — bidirectional when `block` covers it — one
 /// cache slot, pages of 4 positions), on the model's device: how the parity tests compare a

@@ -102,15 +102,18 @@ fn bad_engine_options() {
     ));
     assert!(matches!(EngineBuilder::new(&dir).dtype(ponder::DType::U32).build(), Err(Error::InvalidOption(_))));
     assert!("triangular".parse::<KvLayoutKind>().is_err());
-    // The paged-attention kernel choice is process-wide: applied by a build that succeeds
-    // only (it selects CUDA kernels; on the CPU nothing else reads it).
-    use ponder::ops::{attention_kernels, set_attention_kernels, AttentionKernels};
-    set_attention_kernels(AttentionKernels::Auto);
+    // Kernel choices are the engine's own: another engine keeps the default, and running one
+    // leaves the thread's defaults as they were.
+    use ponder::ops::{policy, AttentionKernels, KernelPolicy};
     assert!(EngineBuilder::new(dir.join("missing")).attention_kernels(AttentionKernels::Simt).build().is_err());
-    assert_eq!(attention_kernels(), AttentionKernels::Auto, "a failed build changes nothing");
-    EngineBuilder::new(&dir).attention_kernels(AttentionKernels::Unpipelined).build().unwrap();
-    assert_eq!(attention_kernels(), AttentionKernels::Unpipelined);
-    set_attention_kernels(AttentionKernels::Auto);
+    let mut simt = EngineBuilder::new(&dir).attention_kernels(AttentionKernels::Simt).build().unwrap();
+    let plain = EngineBuilder::new(&dir).build().unwrap();
+    assert_eq!(simt.kernels().attention, AttentionKernels::Simt);
+    assert_eq!(plain.kernels(), KernelPolicy::default());
+    simt.generate(["ab"], &ponder::GenerationParams::greedy(2)).unwrap();
+    assert_eq!(policy::current(), KernelPolicy::default());
+    let ring: KernelPolicy = "ring=always,fold-simt=off".parse().unwrap();
+    assert_eq!(EngineBuilder::new(&dir).kernels(ring).build().unwrap().kernels(), ring);
     // Diffusion options on a looped checkpoint: one typed error, before any weight is read.
     let wrong = EngineBuilder::new(&dir).diffusion(|o| o.delayed_cache(true)).build();
     assert!(matches!(wrong, Err(Error::WrongFamily { options: "diffusion", family: "looped", .. })), "{:?}", wrong.err());

@@ -17,6 +17,7 @@ pub(crate) fn cb_suite(args: &Args, model: &BenchModel, roof: Roof, weight_bytes
         let engine_for = |model: &BenchModel| {
             EngineBuilder::from_model(model.boxed(), None, vec![])
                 .looped(|o| o.kv_layout(args.layout))
+                .kernels(args.kernels)
                 .max_num_seqs(w)
                 .max_num_batched_tokens((w * args.prompt_len).clamp(per_req, 16384))
                 .kv_capacity_tokens(w * per_req * slots)

@@ -86,6 +86,7 @@ pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> R
         let kv_tokens = ((args.kv_gb * 1e9) as usize / bytes_per_pos).min(most_resident * max_need) * slots;
         let build = |sched: SchedulerKind, src: &DepthSource, min_coda: usize, reserve: usize| -> ponder::Result<ponder::Engine> {
             let b = EngineBuilder::from_model(model.boxed(), None, vec![])
+                .kernels(args.kernels)
                 .looped(|o| o.kv_layout(args.layout).scheduler(sched))
                 .max_num_seqs(w)
                 .max_num_batched_tokens(8192)

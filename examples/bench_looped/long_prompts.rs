@@ -30,8 +30,12 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
             return Err(format!("{n_long} long prompts need a width above {n_long}").into());
         }
         // What the default sizing (a fraction of free memory) builds, for the record.
-        let sized =
-            EngineBuilder::from_model(model.boxed(), None, vec![]).looped(|o| o.kv_layout(args.layout)).max_num_seqs(w).max_model_len(max_len).build()?;
+        let sized = EngineBuilder::from_model(model.boxed(), None, vec![])
+            .kernels(args.kernels)
+            .looped(|o| o.kv_layout(args.layout))
+            .max_num_seqs(w)
+            .max_model_len(max_len)
+            .build()?;
         let auto = sized.metrics().kv_pool;
         drop(sized);
         println!("default KV pool at W {w}: {} blocks, {} positions over {} slots, {:.1} GB", auto.blocks, auto.tokens, auto.slots, auto.bytes as f64 / 1e9);
@@ -43,6 +47,7 @@ pub(crate) fn long_prompt_suite(args: &Args, model: &BenchModel) -> Result<Vec<s
         let need = (w - n_long) * (args.prompt_len + args.new_tokens + 32) + args.long_prompts.iter().map(|l| l + 48).sum::<usize>();
         for (label, budget) in &budgets {
             let mut engine = EngineBuilder::from_model(model.boxed(), None, vec![])
+                .kernels(args.kernels)
                 .looped(|o| o.kv_layout(args.layout))
                 .max_num_seqs(w)
                 .max_num_batched_tokens(*budget)

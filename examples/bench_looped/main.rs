@@ -2,7 +2,7 @@
 //! device (real checkpoints cannot be downloaded here; the CDB authors' method).
 //!
 //!     bench_looped [--model ouro|huginn] [--suite cb|cdb] [--widths 16,64,256] [--layout L]
-//!                  [--json FILE] [--commit SHA] [--parity] [--tiny]
+//!                  [--json FILE] [--commit SHA] [--parity] [--tiny] [--kernels POLICY]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3] [--profile-step]
 //!                  [--long-prompts 4096,8192,... [--budgets 2048,8192] [--arrival-gap-ms 150]]
 //!       suite cdb: [--mean-depths 2.5,3.0 | --depth-traces LABEL=FILE[:on|off],...]
@@ -101,6 +101,8 @@ pub(crate) struct Args {
     pub(crate) requests_per_width: usize,
     pub(crate) min_depth: usize,
     pub(crate) kv_gb: f64,
+    /// Every engine's kernel choices (`--kernels`, as `KernelPolicy`'s `FromStr` reads them).
+    pub(crate) kernels: ponder::ops::KernelPolicy,
     pub(crate) model: String,
     pub(crate) min_coda: Vec<String>,
     /// Coda reserves to compare (refill only): numbers, or "parked" for min coda − 1.
@@ -174,6 +176,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         requests_per_width: 3,
         min_depth: 2,
         kv_gb: 40.0,
+        kernels: ponder::ops::KernelPolicy::default(),
         model: "ouro".into(),
         min_coda: vec!["1".into()],
         coda_reserve: vec!["0".into()],
@@ -211,6 +214,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--requests-per-width" => a.requests_per_width = v()?.parse()?,
             "--min-depth" => a.min_depth = v()?.parse()?,
             "--kv-gb" => a.kv_gb = v()?.parse()?,
+            "--kernels" => a.kernels = v()?.parse()?,
             "--model" => a.model = v()?,
             "--min-coda" => a.min_coda = v()?.split(',').map(String::from).collect(),
             "--coda-reserve" => a.coda_reserve = v()?.split(',').map(String::from).collect(),
@@ -318,7 +322,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut parity_json = serde_json::Value::Null;
     if args.parity {
-        parity_json = parity::parity(&recipe, &device, dtype)?;
+        parity_json = ponder::ops::with_kernels(args.kernels, || parity::parity(&recipe, &device, dtype)).0?;
     }
 
     let t = Instant::now();
@@ -343,7 +347,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &args.json {
         let mut doc = serde_json::json!({
             "gpu": gpu, "commit": args.commit,
-            "command": std::env::args().collect::<Vec<_>>().join(" "), "env": ponder::testing::ponder_env(),
+            "command": std::env::args().collect::<Vec<_>>().join(" "), "kernels": format!("{:?}", args.kernels),
             "model": recipe.name,
             "suite": args.suite, "layout": format!("{:?}", args.layout),
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,

@@ -14,7 +14,7 @@ use crate::loader::ModelDir;
 use crate::models::diffusion::DiffusionModel;
 use crate::models::looped::{Huginn, Ouro};
 use crate::models::{LoopedModel, ModelConfig};
-use crate::ops::AttentionKernels;
+use crate::ops::{AttentionKernels, KernelPolicy};
 use crate::scheduler::{
     ContinuousBatching, DepthBatching, DepthConfig, DiffusionBatching, DiffusionConfig, DiffusionScheduler, LoopedScheduler, SchedulerLimits,
 };
@@ -32,7 +32,7 @@ struct Common {
     kv_tokens: Option<usize>,
     kv_fraction: Option<f64>,
     max_model_len: Option<usize>,
-    attention_kernels: Option<AttentionKernels>,
+    kernels: KernelPolicy,
     chat_template: Option<ChatTemplate>,
 }
 
@@ -52,14 +52,6 @@ impl Common {
             return Err(Error::InvalidOption(format!("dtype {:?} is not a float type", self.dtype)));
         }
         Ok(())
-    }
-
-    /// Applies the process-wide options, once the engine is about to exist (a build that fails
-    /// leaves them as they were).
-    fn apply_process_wide(&self) {
-        if let Some(k) = self.attention_kernels {
-            crate::ops::set_attention_kernels(k);
-        }
     }
 
     fn max_context(&self, model_max: usize) -> usize {
@@ -122,7 +114,7 @@ impl<S> EngineBuilder<S> {
             kv_tokens: None,
             kv_fraction: None,
             max_model_len: None,
-            attention_kernels: None,
+            kernels: KernelPolicy::default(),
             chat_template: None,
         };
         Self { source, common }
@@ -186,11 +178,16 @@ impl<S> EngineBuilder<S> {
         self.common.chat_template = Some(template);
         self
     }
-    /// CUDA: which paged-attention kernels run (default [`AttentionKernels::Auto`], the fastest
-    /// measured). The choice is process-wide: it holds for every engine of the process from
-    /// this build on. For comparing kernels; results agree up to rounding.
+    /// CUDA: which kernels this engine's launches run ([`KernelPolicy`]; the default is the
+    /// fastest measured). For comparing kernels and checking one against another; results agree
+    /// up to rounding. Other engines of the process keep their own.
+    pub fn kernels(mut self, policy: KernelPolicy) -> Self {
+        self.common.kernels = policy;
+        self
+    }
+    /// CUDA: which paged-attention kernels run (the `attention` part of [`Self::kernels`]).
     pub fn attention_kernels(mut self, k: AttentionKernels) -> Self {
-        self.common.attention_kernels = Some(k);
+        self.common.kernels.attention = k;
         self
     }
 }
@@ -394,11 +391,11 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank, workspace }, hint, model.device())?;
     let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, bank_rows, o.cuda_graphs)?
         .with_launch_checks(custom)
+        .with_graph_capture(o.graph_capture)
         .with_device_timing(o.time_device)
         .with_latent_diff(latent_diff);
     let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
-    common.apply_process_wide();
-    let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.chat_template.take(), max_context, pool);
+    let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.chat_template.take(), max_context, pool, common.kernels);
     engine.set_overlap(o.overlap)?;
     Ok(engine)
 }
@@ -501,6 +498,5 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         .with_eviction(eviction, o.eviction_shadow)
         .with_phase_timing(o.time_phases);
     let half = DiffusionHalf { runner, scheduler };
-    common.apply_process_wide();
-    Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, common.chat_template, max_context, pool))
+    Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, common.chat_template, max_context, pool, common.kernels))
 }

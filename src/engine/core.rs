@@ -76,6 +76,8 @@ struct Core {
 pub struct Engine {
     core: Core,
     pub(super) family: Family,
+    /// Put in force around every launch this engine runs (`ops::policy`).
+    kernels: crate::ops::KernelPolicy,
 }
 
 impl Engine {
@@ -86,6 +88,7 @@ impl Engine {
         chat: Option<ChatTemplate>,
         max_context: usize,
         kv_pool: super::metrics::KvPoolStats,
+        kernels: crate::ops::KernelPolicy,
     ) -> Self {
         let vocab_size = match &family {
             Family::Looped(h) => h.runner.model().spec().vocab_size,
@@ -102,7 +105,7 @@ impl Engine {
             next_id: 0,
             metrics: EngineMetrics { kv_pool, ..EngineMetrics::default() },
         };
-        Self { core, family }
+        Self { core, family, kernels }
     }
 
     /// The looped model's spec (`None` for a diffusion model).
@@ -219,7 +222,15 @@ impl Engine {
     /// results are consumed, so the host builds launch N+1 while the device runs launch N; the
     /// events of a step are those of the previous launch.
     pub fn step(&mut self) -> Result<Vec<Event>> {
-        with_half!(&mut self.family, h => self.core.step(&mut **h))
+        let (core, family) = (&mut self.core, &mut self.family);
+        let (events, counts) = crate::ops::with_kernels(self.kernels, || with_half!(family, h => core.step(&mut **h)));
+        self.core.metrics.kernels += counts;
+        events
+    }
+
+    /// The kernel choices this engine's launches run under.
+    pub fn kernels(&self) -> crate::ops::KernelPolicy {
+        self.kernels
     }
 
     /// Runs prompts to completion and returns their outputs in order. Each prompt that is

@@ -67,6 +67,9 @@ pub struct EngineMetrics {
     /// Looped models with CUDA graphs: decode graphs captured, and launches replayed from one.
     pub graph_captures: usize,
     pub graph_replays: usize,
+    /// CUDA: the kernel paths this engine's launches dispatched (eager launches and graph
+    /// captures).
+    pub kernels: crate::ops::KernelCounts,
     /// Diffusion models: what the denoise launches carried.
     pub denoise: DenoiseStats,
     /// Per request, from its admission to its first token event.

@@ -71,6 +71,7 @@ pub struct LoopedOptions {
     pub(super) min_coda_batch_size: Option<usize>,
     pub(super) coda_reserve: usize,
     pub(super) cuda_graphs: bool,
+    pub(super) graph_capture: bool,
     pub(super) overlap: bool,
     pub(super) time_device: bool,
     pub(super) initial_state: Option<InitialState>,
@@ -86,6 +87,7 @@ impl Default for LoopedOptions {
             min_coda_batch_size: None,
             coda_reserve: 0,
             cuda_graphs: true,
+            graph_capture: true,
             overlap: false,
             time_device: false,
             initial_state: None,
@@ -143,6 +145,13 @@ impl LoopedOptions {
     /// once per padded shape (default on; ignored on the CPU).
     pub fn cuda_graphs(mut self, on: bool) -> Self {
         self.cuda_graphs = on;
+        self
+    }
+    /// With CUDA graphs on, capture them (default). Off, the graph path's bodies run eagerly
+    /// over the same padded static buffers and bucketed contexts: for telling a padding effect
+    /// from a capture effect when a graph run disagrees with an eager one.
+    pub fn graph_capture(mut self, on: bool) -> Self {
+        self.graph_capture = on;
         self
     }
     /// Issue each launch before reading the previous one's results (see

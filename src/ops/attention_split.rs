@@ -65,16 +65,7 @@ pub(crate) enum SimtBuild {
     EightWarpsDeep,
 }
 
-/// Where the deep 8-warp build runs (`PONDER_SIMT_DEEP`: a measurement switch for A/B runs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DeepUse {
-    /// Never (the plan before session 31).
-    Never,
-    /// Launches of at most one block an SM (the default).
-    OneBlockAnSm,
-    /// Also in place of the other 8-warp builds wherever two blocks an SM hold the launch.
-    UpToTwoAnSm,
-}
+pub(crate) use super::policy::SimtDeep as DeepUse;
 
 impl SimtBuild {
     /// The kernel name's suffix (`paged_attn_*_q1{suffix}`).

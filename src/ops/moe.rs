@@ -8,37 +8,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-/// Which GEMM kernels the grouped experts and the router logits run on, on CUDA.
-#[cfg(any(test, feature = "testing", feature = "cuda"))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MoeKernels {
-    /// Hopper's persistent warpgroup-MMA kernels where the device and the build have them
-    /// (sm_90a): 128-row expert tiles and the router's logits; `mma.sync` kernels elsewhere.
-    #[default]
-    Auto,
-    /// The `mma.sync` kernels other GPUs run, on every device: how an H200 checks the path
-    /// that Ampere and Ada users get (`tests/gpu_kernels.rs`).
-    MmaSync,
-}
-
-#[cfg(any(test, feature = "testing", feature = "cuda"))]
-static MOE_KERNELS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Selects the MoE GEMM kernels for the whole process.
-#[cfg(any(test, feature = "testing", feature = "cuda"))]
-pub fn set_moe_kernels(k: MoeKernels) {
-    MOE_KERNELS.store(k == MoeKernels::MmaSync, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The kernels selected with [`set_moe_kernels`].
-#[cfg(any(test, feature = "testing", feature = "cuda"))]
-pub fn moe_kernels() -> MoeKernels {
-    if MOE_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
-        MoeKernels::MmaSync
-    } else {
-        MoeKernels::Auto
-    }
-}
+pub use super::policy::MoeKernels;
 
 /// How router logits become scores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,54 +30,6 @@ pub fn write_kv_reference(cache: &Tensor, new: &Tensor, batch: &PagedBatch) -> R
     flat.scatter_set(batch.write_index()?, &src, 0)
 }
 
-/// Which CUDA paged-attention kernels run. Every choice computes the same attention (up to
-/// rounding); the default is the fastest measured on the H200, the others are kept to compare
-/// against and to check it (`tests/gpu_kernels.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AttentionKernels {
-    /// SIMT kernels for few query items per row; tensor-core kernels with pipelined tile loads
-    /// (cp.async double buffering) for many, in bf16 / f16; decode launches of 64 rows or more
-    /// that the bulk-copy ring kernel takes (see `DecodeRing`) through it — of 32 or more where
-    /// the ring also does `qkv_rope_write`'s work (`fused::qkv_rope_attention`), except 32-row
-    /// launches under a context bound of at most 512 keys, which the SIMT kernel's fold keeps.
-    #[default]
-    Auto,
-    /// As `Auto`, with the tensor-core kernels loading tiles synchronously and no ring.
-    Unpipelined,
-    /// SIMT kernels only.
-    Simt,
-    /// As `Auto`, with every decode launch the bulk-copy ring kernel takes through it, whatever
-    /// its width: one query a row, head dim 128, bf16 / f16, at most 16 heads, a block size that
-    /// is a multiple of 4, not so large a GQA group that the tensor-core kernel takes the launch,
-    /// on sm_90 builds and devices. The ring streams K/V pages by `cp.async.bulk` and cuts the
-    /// launch's keys into equal runs, one a block; at 16 and 32 rows it was slower than the SIMT
-    /// kernel on the H200 (`docs/BENCHMARKS.md`, session 25); with `qkv_rope_write` folded into
-    /// both, at the graphs' 32-row bucket of a prompt-128 CB step (bound 512) the SIMT fold was
-    /// 6 % faster at 24 rows and, on its 8-warp build held to four blocks an SM, level at 32
-    /// (session 30), so `Auto` keeps such launches on it. `PONDER_DECODE_RING=0` / `1` turn
-    /// `Auto`'s ring off / on at every width, for A/B runs.
-    DecodeRing,
-}
-
-static ATTENTION_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Selects the paged-attention kernels for the whole process (the engine builder's
-/// `attention_kernels` option sets it when an engine is built).
-pub fn set_attention_kernels(k: AttentionKernels) {
-    ATTENTION_KERNELS.store(k as u8, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The kernels selected with [`set_attention_kernels`].
-#[cfg(any(test, feature = "testing", feature = "cuda"))]
-pub fn attention_kernels() -> AttentionKernels {
-    match ATTENTION_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => AttentionKernels::Unpipelined,
-        2 => AttentionKernels::Simt,
-        3 => AttentionKernels::DecodeRing,
-        _ => AttentionKernels::Auto,
-    }
-}
-
 /// Paged attention; output `[tokens, heads, head_dim]` in the dtype of `q`.
 pub fn paged_attention(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, batch: &PagedBatch, scale: f64) -> Result<Tensor> {
     #[cfg(feature = "cuda")]

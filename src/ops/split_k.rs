@@ -10,7 +10,6 @@
 
 use super::{add_rms_norm, residual_add_rms_norm};
 use candle_core::{DType, Result, Tensor};
-use std::sync::OnceLock;
 
 /// Output columns of one tile of cuBLAS's skinny decode GEMMs (its `…_64x16_…` / `…_64x8_…`
 /// kernels on the H200): a projection to `n` columns keeps `n / 64` SMs streaming.
@@ -21,22 +20,12 @@ const MAX_SPLITS: usize = 4;
 /// Widest batch that is split: at 256 rows the partials' traffic would rival the weight's.
 const DEFAULT_MAX_ROWS: usize = 64;
 
-/// Most slices `PONDER_SPLIT_K` may ask for.
-const MAX_FORCED_SPLITS: usize = 64;
-
-/// `(forced splits, max_rows)`: `PONDER_SPLIT_K` = `S` or `S:R` forces up to `S` slices (`0` or
-/// `1`: never split; at most 64) up to `R` rows — a measurement switch for A/B runs on the device.
+/// `(forced slices, max_rows)` under the engine's `KernelPolicy::split_k`.
 fn plan_limits() -> (Option<usize>, usize) {
-    static LIMITS: OnceLock<(Option<usize>, usize)> = OnceLock::new();
-    *LIMITS.get_or_init(|| {
-        let Ok(v) = std::env::var("PONDER_SPLIT_K") else {
-            return (None, DEFAULT_MAX_ROWS);
-        };
-        let mut it = v.split(':');
-        let splits = it.next().and_then(|s| s.trim().parse::<usize>().ok()).map(|s| s.min(MAX_FORCED_SPLITS));
-        let rows = it.next().and_then(|s| s.trim().parse().ok()).unwrap_or(DEFAULT_MAX_ROWS);
-        (splits, rows)
-    })
+    match super::policy::current().split_k {
+        super::policy::SplitK::Planned => (None, DEFAULT_MAX_ROWS),
+        super::policy::SplitK::Forced { slices, max_rows } => (Some(slices.min(super::policy::MAX_FORCED_SPLITS)), max_rows),
+    }
 }
 
 /// How many k slices a projection of `x` (`[rows, k]`) to `n` columns runs as: enough that its

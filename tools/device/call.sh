@@ -3,7 +3,7 @@
 #     source tools/device/call.sh "$0"        # first line after `set -u`
 #     tests 230 decode_ cuda_graphs            # gpu_kernels --test-threads 1 [filters]
 #     bench cb16_new 40 .device/bench_looped --suite cb --widths 16 --new-tokens 256
-#     bench cb16_deep 40 env PONDER_SIMT_DEEP=2 .device/bench_looped --suite cb --widths 16
+#     bench cb16_deep 40 .device/bench_looped --suite cb --widths 16 --kernels simt-deep=two
 #     run probe 60 /tmp/attn 260 16 wide        # any command: its log and exit status
 #     save; cat "$S"
 #

@@ -68,7 +68,7 @@ impl LoopedRunner {
                 match r {
                     Ok(has_gate) => {
                         entry.statics.has_gate = has_gate;
-                        // Off CUDA (tests), or with `PONDER_GRAPH_CAPTURE=0`, the body always
+                        // Off CUDA (tests), or with graph capture off, the body always
                         // runs eagerly over the padded buffers: never capture.
                         if dev.is_cuda() && self.capture {
                             entry.phase = Phase::Warm;

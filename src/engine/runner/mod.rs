@@ -31,8 +31,8 @@ pub struct LoopedRunner {
     /// request: the scheduler's pool and bank end before them).
     scratch_block: u32,
     scratch_row: u32,
-    /// Capture graphs after the warm-up (`PONDER_GRAPH_CAPTURE=0` at construction: run the
-    /// graph bodies eagerly instead, to tell padding effects from capture effects).
+    /// Capture graphs after the warm-up (`LoopedOptions::graph_capture`; off: run the graph
+    /// bodies eagerly instead, to tell padding effects from capture effects).
     capture: bool,
     /// Record a stream event before and after each launch (CUDA), so that its device-side span
     /// is known once its results are collected.
@@ -126,7 +126,7 @@ impl LoopedRunner {
             graphs: graphs.then(Default::default),
             scratch_block: num_blocks as u32,
             scratch_row: bank_rows as u32,
-            capture: std::env::var("PONDER_GRAPH_CAPTURE").map_or(true, |v| v != "0"),
+            capture: true,
             device_timing: false,
             last_device: Default::default(),
             compute_latent: true,
@@ -150,6 +150,13 @@ impl LoopedRunner {
     /// conformance suites do not cover (custom ones).
     pub fn with_launch_checks(mut self, on: bool) -> Self {
         self.check_launches = on;
+        self
+    }
+
+    /// Whether graphs are captured (default) or their bodies run eagerly
+    /// (`LoopedOptions::graph_capture`).
+    pub fn with_graph_capture(mut self, on: bool) -> Self {
+        self.capture = on;
         self
     }
 

@@ -3,7 +3,7 @@
 //! decode launches the bulk-copy ring takes go to `attention_ring.rs`.
 
 use super::attention_ring::{launch_ring, ring_takes};
-use super::launch::{device, for_float, kernel, sm_count, view, wrap, LaunchCounter, Module};
+use super::launch::{device, for_float, kernel, sm_count, view, wrap, Module};
 use crate::ops::attention_split::{self, keys_per_warp_step, Cut, SimtBuild};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -104,10 +104,11 @@ pub fn paged_attention(
     // runs pipelined (cp.async double buffering, ldmatrix fragments: `paged_attn_mma_pipe_*`),
     // measured faster on the H200; `AttentionKernels::Unpipelined` selects the synchronous-load
     // variant (`paged_attn_mma_*`).
-    let kernels = crate::ops::attention_kernels();
+    let policy = crate::ops::policy::current();
+    let kernels = policy.attention;
     let mma = matches!(dtype, DType::BF16 | DType::F16) && items >= MMA_MIN_ITEMS && kernels != crate::ops::AttentionKernels::Simt;
     let pipe = mma && kernels != crate::ops::AttentionKernels::Unpipelined;
-    let ring = ring_takes(&dev, kernels, dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size, max_context_len], false)?;
+    let ring = ring_takes(&dev, &policy, dtype, [tokens, rows, max_q_len, heads, kv_heads, hd, block_size, max_context_len], false)?;
     let p = Params {
         mma,
         pipe,
@@ -236,7 +237,7 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     // the two-launch path does (its output is then that path's, bit for bit).
     let wave = |build: SimtBuild| wave_blocks(dev, &kernel_name(build, false), build.warps() * 32);
     let sms = sm_count(dev)?;
-    let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, deep_use(), wave)?;
+    let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, crate::ops::policy::current().simt_deep, wave)?;
     let kname = kernel_name(plan.build, views.is_some());
     let splits = plan.splits;
     // The kernel takes chunk 0 as "cut the actual longest context" (for `wave` blocks at once).
@@ -270,15 +271,11 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         // query a row and kv head, the qkv, cos / sin and slot shapes, 16-byte aligned starts).
         unsafe { b.launch(cfg) }.w()?;
     }
-    if views.is_some() {
-        SIMT_ROPE_LAUNCHES.bump();
-    }
-    if plan.build.warps() == 8 {
-        SIMT_EIGHT_WARP_LAUNCHES.bump();
-    }
-    if plan.build == SimtBuild::EightWarpsDeep {
-        SIMT_DEEP_LAUNCHES.bump();
-    }
+    crate::ops::policy::count(|c| {
+        c.simt_rope += u64::from(views.is_some());
+        c.simt_eight_warp += u64::from(plan.build.warps() == 8);
+        c.simt_deep += u64::from(plan.build == SimtBuild::EightWarpsDeep);
+    });
     if let Some(ws) = &ws {
         combine::<T>(dev, name, p, &mut out, ws, splits)?;
     }
@@ -334,48 +331,11 @@ fn combine<T: CudaDType + DeviceRepr>(
 
 /// Whether the one-query SIMT kernel with `qkv_rope_write` folded in takes a decode launch (one
 /// query a row, checked by the caller) the ring declined: one query item a row and kv head (MHA:
-/// the kernel's one-item builds), bf16 / f16, a head dim it is built for — unless
-/// `PONDER_FOLD_SIMT=0`. At 16 rows it shortened an Ouro-1.4B CB step by
-/// 1.5 % on the H200 (prompt 2048: 1.2 %; session 29), where the ring's fold is only level.
+/// the kernel's one-item builds), bf16 / f16, a head dim it is built for — unless the engine's
+/// `KernelPolicy::fold_simt` is off. At 16 rows it shortened an Ouro-1.4B CB step by 1.5 % on
+/// the H200 (prompt 2048: 1.2 %), where the ring's fold is only level.
 fn simt_fold_takes(dtype: DType, heads: usize, kv_heads: usize, hd: usize) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("PONDER_FOLD_SIMT").is_ok_and(|v| v.trim() == "0"));
-    !off && heads == kv_heads && matches!(dtype, DType::BF16 | DType::F16) && matches!(hd, 64 | 96 | 128)
-}
-
-static SIMT_ROPE_LAUNCHES: LaunchCounter = LaunchCounter::new();
-static SIMT_EIGHT_WARP_LAUNCHES: LaunchCounter = LaunchCounter::new();
-static SIMT_DEEP_LAUNCHES: LaunchCounter = LaunchCounter::new();
-
-/// How many decode launches ran the SIMT kernel with `qkv_rope_write` folded in
-/// (`paged_attn_rope_*`), in this process.
-pub fn decode_simt_rope_launches() -> usize {
-    SIMT_ROPE_LAUNCHES.get()
-}
-
-/// Where the deep 8-warp build may run: `PONDER_SIMT_DEEP` `0` never, `2` also in place of the
-/// other 8-warp builds where two blocks an SM hold the launch (measurement switches for A/B runs on
-/// the device), otherwise launches of at most one block an SM.
-fn deep_use() -> attention_split::DeepUse {
-    use attention_split::DeepUse;
-    static SWITCH: std::sync::OnceLock<DeepUse> = std::sync::OnceLock::new();
-    *SWITCH.get_or_init(|| match std::env::var("PONDER_SIMT_DEEP").as_deref().map(str::trim) {
-        Ok("0") => DeepUse::Never,
-        Ok("2") => DeepUse::UpToTwoAnSm,
-        _ => DeepUse::OneBlockAnSm,
-    })
-}
-
-/// How many decode launches ran one of the SIMT kernel's 8-warp builds
-/// (`paged_attn_*_q1_w8[o4|k6]`, folded or not: rows unsplit), in this process.
-pub fn decode_eight_warp_launches() -> usize {
-    SIMT_EIGHT_WARP_LAUNCHES.get()
-}
-
-/// How many decode launches ran the SIMT kernel's deep 8-warp build (6 key sets a lane, rows
-/// unsplit), in this process; counted in [`decode_eight_warp_launches`] too.
-pub fn decode_deep_launches() -> usize {
-    SIMT_DEEP_LAUNCHES.get()
+    crate::ops::policy::current().fold_simt && heads == kv_heads && matches!(dtype, DType::BF16 | DType::F16) && matches!(hd, 64 | 96 | 128)
 }
 
 /// What a decode kernel with `qkv_rope_write` folded in reads besides its own arguments (the
@@ -397,7 +357,7 @@ pub(super) struct RopeViews<'a, T> {
 /// two steps instead of one). Else, for one query item a row and kv head (MHA decode, bf16 / f16,
 /// head dim 64 / 96 / 128), the one-query SIMT kernel (`paged_attn_rope_*`), which cuts the keys
 /// as the two-launch path does and gives its output bit for bit for every row with a slot of its
-/// own (a graph's padding rows share one; their outputs are discarded); `PONDER_FOLD_SIMT=0` turns that
+/// own (a graph's padding rows share one; their outputs are discarded); `KernelPolicy::fold_simt` off turns that
 /// form off (a measurement switch for A/B runs on the device). The caller must have each row's
 /// token at its context's last position (`slot_mapping[t]` is position `ctx - 1` of the row's
 /// table: a looped launch). `Ok(None)` where neither takes the launch (not one query a row,
@@ -459,7 +419,7 @@ pub fn qkv_rope_paged_attention(
         return Ok(None);
     }
     let shape = [tokens, rows, max_q_len, heads, kv_heads, hd, block_size, max_context_len];
-    let ring = ring_takes(&dev, crate::ops::attention_kernels(), dtype, shape, true)?;
+    let ring = ring_takes(&dev, &crate::ops::policy::current(), dtype, shape, true)?;
     if !ring && !simt_fold_takes(dtype, heads, kv_heads, hd) {
         return Ok(None);
     }

@@ -2,7 +2,8 @@
 //! `kernels/paged_attention.cu`): when it takes a launch, and the launch itself with its combine.
 
 use super::attention::{Params, RopeViews, MMA_MIN_ITEMS};
-use super::launch::{compute_major, kernel, sm_count, wrap, LaunchCounter, Module};
+use super::launch::{compute_major, kernel, sm_count, wrap, Module};
+use crate::ops::policy::{AttentionKernels, DecodeRing, KernelPolicy};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -40,29 +41,20 @@ const RING_HD: usize = 128;
 const RING_MAX_SMEM: usize = RING_DEPTH * 2 * RING_CP * RING_MAX_HEADS * RING_HD * 2;
 
 /// Whether a decode launch of `rows` rows under a context bound of `max_ctx` keys goes through the
-/// ring: always with [`AttentionKernels::DecodeRing`]; with `Auto` from RING_MIN_ROWS rows on (for
-/// the ring that folds in `qkv_rope_write`, `folded`: from RING_ROPE_MIN_ROWS, except launches
-/// the SIMT fold keeps — see SIMT_FOLD_MAX_ROWS), unless `PONDER_DECODE_RING` says `0` (never)
-/// or `1` (at every width) — a measurement switch for A/B runs on the device.
-///
-/// [`AttentionKernels::DecodeRing`]: crate::ops::AttentionKernels::DecodeRing
-fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize, max_ctx: usize, folded: bool) -> bool {
-    use crate::ops::AttentionKernels;
-    static SWITCH: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let switch = || {
-        *SWITCH.get_or_init(|| match std::env::var("PONDER_DECODE_RING").as_deref().map(str::trim) {
-            Ok("0") => Some(false),
-            Ok("1") => Some(true),
-            _ => None,
-        })
-    };
-    match kernels {
-        AttentionKernels::DecodeRing => true,
-        AttentionKernels::Auto => switch().unwrap_or(if folded {
-            rows >= RING_ROPE_MIN_ROWS && !(rows <= SIMT_FOLD_MAX_ROWS && max_ctx <= SIMT_FOLD_MAX_KEYS)
-        } else {
-            rows >= RING_MIN_ROWS
-        }),
+/// ring: always with [`AttentionKernels::DecodeRing`] or [`DecodeRing::Always`]; with `Auto` and
+/// [`DecodeRing::ByWidth`] from RING_MIN_ROWS rows on (for the ring that folds in
+/// `qkv_rope_write`, `folded`: from RING_ROPE_MIN_ROWS, except launches the SIMT fold keeps —
+/// see SIMT_FOLD_MAX_ROWS).
+fn ring_selected(policy: &KernelPolicy, rows: usize, max_ctx: usize, folded: bool) -> bool {
+    match (policy.attention, policy.decode_ring) {
+        (AttentionKernels::DecodeRing, _) | (AttentionKernels::Auto, DecodeRing::Always) => true,
+        (AttentionKernels::Auto, DecodeRing::ByWidth) => {
+            if folded {
+                rows >= RING_ROPE_MIN_ROWS && !(rows <= SIMT_FOLD_MAX_ROWS && max_ctx <= SIMT_FOLD_MAX_KEYS)
+            } else {
+                rows >= RING_MIN_ROWS
+            }
+        }
         _ => false,
     }
 }
@@ -72,9 +64,9 @@ fn ring_selected(kernels: crate::ops::AttentionKernels, rows: usize, max_ctx: us
 /// rows (one query each: max_q_len 1 and as many tokens as rows), bf16 / f16, head dim 128, 1 to
 /// 16 query heads in GQA groups too small for the tensor-core kernel (which takes those first),
 /// whole stages in a page, and the ring selected, built and run by `dev`.
-pub(super) fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels, dtype: DType, shape: [usize; 8], folded: bool) -> Result<bool> {
+pub(super) fn ring_takes(dev: &CudaDevice, policy: &KernelPolicy, dtype: DType, shape: [usize; 8], folded: bool) -> Result<bool> {
     let [tokens, rows, max_q_len, heads, kv_heads, hd, block_size, max_ctx] = shape;
-    Ok(ring_selected(kernels, rows, max_ctx, folded)
+    Ok(ring_selected(policy, rows, max_ctx, folded)
         && heads > 0
         && kv_heads > 0
         && heads / kv_heads * max_q_len < MMA_MIN_ITEMS
@@ -91,21 +83,6 @@ pub(super) fn ring_takes(dev: &CudaDevice, kernels: crate::ops::AttentionKernels
 /// copies and mbarriers) and a device that runs it.
 fn ring_available(dev: &CudaDevice) -> Result<bool> {
     Ok(cfg!(ponder_bulk_copy) && compute_major(dev)? >= 9)
-}
-
-static RING_LAUNCHES: LaunchCounter = LaunchCounter::new();
-static RING_ROPE_LAUNCHES: LaunchCounter = LaunchCounter::new();
-
-/// How many paged-attention launches went through the decode ring kernel in this process (the
-/// device tests check the dispatch with it).
-pub fn decode_ring_launches() -> usize {
-    RING_LAUNCHES.get()
-}
-
-/// How many decode ring launches had `qkv_rope_write` folded in
-/// ([`qkv_rope_paged_attention`](super::qkv_rope_paged_attention)), in this process.
-pub fn decode_ring_rope_launches() -> usize {
-    RING_ROPE_LAUNCHES.get()
 }
 
 /// Decode attention through the bulk-copy ring (`paged_decode_ring_*`, see the kernel's header):
@@ -157,10 +134,10 @@ pub(super) fn launch_ring<T: CudaDType + DeviceRepr>(
         // and slot shapes and 16-byte aligned starts), and the workspace holds grid + rows slots.
         unsafe { b.launch(cfg) }.w()?;
     }
-    RING_LAUNCHES.bump();
-    if rope.is_some() {
-        RING_ROPE_LAUNCHES.bump();
-    }
+    crate::ops::policy::count(|c| {
+        c.decode_ring += 1;
+        c.decode_ring_rope += u64::from(rope.is_some());
+    });
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_combine_{name}_d{RING_HD}"))?;
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (32 * p.heads as u32, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();

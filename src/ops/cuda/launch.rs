@@ -91,23 +91,6 @@ pub fn sm_count(dev: &CudaDevice) -> Result<usize> {
     Ok(device_attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize)
 }
 
-/// How many launches of one kind ran in this process (the device tests check a dispatch with it).
-pub(super) struct LaunchCounter(std::sync::atomic::AtomicUsize);
-
-impl LaunchCounter {
-    pub(super) const fn new() -> Self {
-        LaunchCounter(std::sync::atomic::AtomicUsize::new(0))
-    }
-
-    pub(super) fn bump(&self) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub(super) fn get(&self) -> usize {
-        self.0.load(std::sync::atomic::Ordering::Relaxed)
-    }
-}
-
 /// Blocks for a grid-stride kernel that covers `needed` blocks' worth of work: all of them, up to
 /// 16 an SM (more only repeat the loop's bookkeeping), at least one.
 pub(super) fn grid_stride_blocks(dev: &CudaDevice, needed: usize) -> Result<u32> {

@@ -11,8 +11,7 @@ mod moe;
 mod rows;
 mod split_k;
 
-pub use attention::{decode_deep_launches, decode_eight_warp_launches, decode_simt_rope_launches, paged_attention, qkv_rope_paged_attention};
-pub use attention_ring::{decode_ring_launches, decode_ring_rope_launches};
+pub use attention::{paged_attention, qkv_rope_paged_attention};
 pub use focus::focus_importance;
 pub use fused::{add_rms_norm, qkv_norm_rope_write, qkv_rope_write, residual_add, rms_norm, rope_angles, silu_mul};
 pub use launch::sm_count;

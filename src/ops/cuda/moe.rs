@@ -3,7 +3,7 @@
 //! points in `crate::ops::moe`.
 
 use super::launch::{compute_major, device, kernel, same_device_dtype, sm_count, view, wrap, Module};
-use crate::ops::moe::{moe_kernels, MoeKernels, RouterArch, Scoring, StackedExperts};
+use crate::ops::moe::{MoeKernels, RouterArch, Scoring, StackedExperts};
 use candle_core::cuda_backend::cudarc::driver::sys::{self, CUfunction_attribute};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -256,9 +256,9 @@ fn gemm_shape(func: &CudaFunction, bm: usize) -> Result<(u32, u32)> {
 }
 
 /// Whether the Hopper warpgroup-MMA kernels run: built for sm_90a (other targets compile them to
-/// a trap), on an sm_90 device, and not turned off with [`crate::ops::moe::set_moe_kernels`].
+/// a trap), on an sm_90 device, and not turned off by the engine's `KernelPolicy::moe`.
 fn wgmma_available(dev: &CudaDevice) -> Result<bool> {
-    Ok(cfg!(ponder_wgmma) && moe_kernels() == MoeKernels::Auto && compute_major(dev)? == 9)
+    Ok(cfg!(ponder_wgmma) && crate::ops::policy::current().moe == MoeKernels::Auto && compute_major(dev)? == 9)
 }
 
 fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &ExpertArgs) -> Result<Tensor> {

@@ -1,0 +1,299 @@
+//! Which kernels a launch runs, chosen per engine ([`crate::EngineBuilder::kernels`]), and how
+//! many launches each choice took.
+//!
+//! The ops the models are written with take tensors, not an engine, so the engine puts its
+//! [`KernelPolicy`] in force on the thread that runs its launch ([`with_kernels`]) and the ops
+//! read it there ([`current`]); the kernels they dispatch are counted on the same thread and
+//! handed back with the result. Two engines, or two tests, on two threads never see each
+//! other's choices or counts. Outside any [`with_kernels`] the defaults apply. The defaults are
+//! the fastest measured on the H100 / H200; the other settings exist for A/B runs and for the
+//! device tests, which check each path against the CPU reference.
+
+use std::cell::Cell;
+
+/// Which paged-attention kernels run a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernels {
+    /// SIMT kernels for few query items per row; tensor-core kernels with pipelined tile loads
+    /// (cp.async double buffering) for many, in bf16 / f16; decode launches wide enough for the
+    /// bulk-copy ring kernel (see [`DecodeRing`]) through it.
+    #[default]
+    Auto,
+    /// As `Auto`, with the tensor-core kernels loading tiles synchronously and no ring.
+    Unpipelined,
+    /// SIMT kernels only.
+    Simt,
+    /// As `Auto`, with every decode launch the bulk-copy ring kernel takes through it, whatever
+    /// its width: one query a row, head dim 128, bf16 / f16, at most 16 heads, a block size that
+    /// is a multiple of 4, not so large a GQA group that the tensor-core kernel takes the launch,
+    /// on sm_90 builds and devices.
+    DecodeRing,
+}
+
+/// When [`AttentionKernels::Auto`] sends a decode launch through the bulk-copy ring kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeRing {
+    /// From 64 rows on; with `qkv_rope_write` folded in from 32, except 32-row launches under a
+    /// context bound of at most 512 keys, which the SIMT kernel's fold keeps (faster there on
+    /// the H200).
+    #[default]
+    ByWidth,
+    /// Never.
+    Never,
+    /// At every width (as [`AttentionKernels::DecodeRing`]).
+    Always,
+}
+
+/// Where the SIMT decode kernel's deep 8-warp build (6 key sets a lane, 2 blocks an SM) runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SimtDeep {
+    /// Never.
+    Never,
+    /// Unsplit launches of at most one block an SM that fill at least 60 % of the SMs under
+    /// bounds up to 512 keys.
+    #[default]
+    OneBlockAnSm,
+    /// Also in place of the other 8-warp builds wherever two blocks an SM hold the launch.
+    UpToTwoAnSm,
+}
+
+/// How decode projections that feed a norm are cut over k (`ops::split_k`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SplitK {
+    /// As many slices as make the output tiles cover the SMs (at most 4), up to 64 rows.
+    #[default]
+    Planned,
+    /// Up to `slices` slices (0 or 1: never split) up to `max_rows` rows.
+    Forced { slices: usize, max_rows: usize },
+}
+
+/// Which MoE GEMM kernels run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MoeKernels {
+    /// Hopper's persistent warpgroup-MMA kernels where the device and the build have them
+    /// (sm_90a): 128-row expert tiles and the router's logits; `mma.sync` kernels elsewhere.
+    #[default]
+    Auto,
+    /// The `mma.sync` kernels other GPUs run, on every device: how a Hopper card checks the path
+    /// that Ampere and Ada users get.
+    MmaSync,
+}
+
+/// The kernel choices of one engine. `KernelPolicy::default()` is what serving should use; the
+/// rest is for measuring one choice against another and for the device tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelPolicy {
+    pub attention: AttentionKernels,
+    pub decode_ring: DecodeRing,
+    /// Fold `qkv_rope_write` into the one-query SIMT decode kernel (MHA, bf16 / f16).
+    pub fold_simt: bool,
+    pub simt_deep: SimtDeep,
+    pub split_k: SplitK,
+    pub moe: MoeKernels,
+}
+
+impl Default for KernelPolicy {
+    fn default() -> Self {
+        Self {
+            attention: AttentionKernels::Auto,
+            decode_ring: DecodeRing::ByWidth,
+            fold_simt: true,
+            simt_deep: SimtDeep::OneBlockAnSm,
+            split_k: SplitK::Planned,
+            moe: MoeKernels::Auto,
+        }
+    }
+}
+
+/// Most slices [`SplitK::Forced`] may ask for.
+pub const MAX_FORCED_SPLITS: usize = 64;
+
+impl std::str::FromStr for KernelPolicy {
+    type Err = crate::Error;
+
+    /// Parses `key=value` pairs separated by commas over the defaults, as benchmark and server
+    /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
+    /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
+    /// to R rows, 64 by default), `moe=auto|mma-sync`. An empty string is the default.
+    fn from_str(s: &str) -> crate::Result<Self> {
+        let mut p = Self::default();
+        let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
+        for pair in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            let (key, value) = pair.split_once('=').ok_or_else(|| bad(format!("`{pair}` is not key=value")))?;
+            let unknown = || bad(format!("unknown value `{value}` for `{key}`"));
+            match key.trim() {
+                "attention" => {
+                    p.attention = match value {
+                        "auto" => AttentionKernels::Auto,
+                        "unpipelined" => AttentionKernels::Unpipelined,
+                        "simt" => AttentionKernels::Simt,
+                        "ring" => AttentionKernels::DecodeRing,
+                        _ => return Err(unknown()),
+                    }
+                }
+                "ring" => {
+                    p.decode_ring = match value {
+                        "by-width" => DecodeRing::ByWidth,
+                        "never" => DecodeRing::Never,
+                        "always" => DecodeRing::Always,
+                        _ => return Err(unknown()),
+                    }
+                }
+                "fold-simt" => {
+                    p.fold_simt = match value {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(unknown()),
+                    }
+                }
+                "simt-deep" => {
+                    p.simt_deep = match value {
+                        "never" => SimtDeep::Never,
+                        "one" => SimtDeep::OneBlockAnSm,
+                        "two" => SimtDeep::UpToTwoAnSm,
+                        _ => return Err(unknown()),
+                    }
+                }
+                "split-k" => {
+                    p.split_k = if value == "planned" {
+                        SplitK::Planned
+                    } else {
+                        let (s, r) = value.split_once(':').unwrap_or((value, "64"));
+                        let slices: usize = s.trim().parse().map_err(|_| unknown())?;
+                        let max_rows: usize = r.trim().parse().map_err(|_| unknown())?;
+                        if slices > MAX_FORCED_SPLITS {
+                            return Err(bad(format!("split-k asks for {slices} slices; at most {MAX_FORCED_SPLITS}")));
+                        }
+                        SplitK::Forced { slices, max_rows }
+                    }
+                }
+                "moe" => {
+                    p.moe = match value {
+                        "auto" => MoeKernels::Auto,
+                        "mma-sync" => MoeKernels::MmaSync,
+                        _ => return Err(unknown()),
+                    }
+                }
+                other => return Err(bad(format!("unknown key `{other}`"))),
+            }
+        }
+        Ok(p)
+    }
+}
+
+/// How many host-side dispatches (eager launches and CUDA-graph captures; a replayed graph
+/// dispatches nothing) chose each kernel that a policy steers. The device tests read them to
+/// check that a path really ran; the engine adds them to its metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KernelCounts {
+    /// Paged-attention launches through the bulk-copy decode ring.
+    pub decode_ring: u64,
+    /// Of those, the ones with `qkv_rope_write` folded in.
+    pub decode_ring_rope: u64,
+    /// Decode launches of the one-query SIMT kernel with `qkv_rope_write` folded in.
+    pub simt_rope: u64,
+    /// Decode launches of one of the SIMT kernel's 8-warp builds (rows unsplit).
+    pub simt_eight_warp: u64,
+    /// Of those, the deep build's.
+    pub simt_deep: u64,
+}
+
+impl std::ops::AddAssign for KernelCounts {
+    fn add_assign(&mut self, o: Self) {
+        self.decode_ring += o.decode_ring;
+        self.decode_ring_rope += o.decode_ring_rope;
+        self.simt_rope += o.simt_rope;
+        self.simt_eight_warp += o.simt_eight_warp;
+        self.simt_deep += o.simt_deep;
+    }
+}
+
+thread_local! {
+    static POLICY: Cell<KernelPolicy> = Cell::new(KernelPolicy::default());
+    static COUNTS: Cell<KernelCounts> = Cell::new(KernelCounts::default());
+}
+
+/// Runs `f` with `policy` in force on this thread; returns its result and the dispatches it
+/// made. Nests: the outer policy and counts are back in force afterwards (the inner dispatches
+/// are counted in the outer counts too), even if `f` panics.
+pub fn with_kernels<R>(policy: KernelPolicy, f: impl FnOnce() -> R) -> (R, KernelCounts) {
+    struct Restore(KernelPolicy, KernelCounts);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let inner = COUNTS.with(Cell::get);
+            let mut outer = self.1;
+            outer += inner;
+            POLICY.with(|p| p.set(self.0));
+            COUNTS.with(|c| c.set(outer));
+        }
+    }
+    let restore = Restore(POLICY.with(|p| p.replace(policy)), COUNTS.with(|c| c.replace(KernelCounts::default())));
+    let out = f();
+    let counts = COUNTS.with(Cell::get);
+    drop(restore);
+    (out, counts)
+}
+
+/// The policy in force on this thread.
+pub fn current() -> KernelPolicy {
+    POLICY.with(Cell::get)
+}
+
+/// Counts one dispatch on this thread.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn count(f: impl FnOnce(&mut KernelCounts)) {
+    COUNTS.with(|c| {
+        let mut v = c.get();
+        f(&mut v);
+        c.set(v);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
+        assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
+        let p: KernelPolicy = "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync".parse().unwrap();
+        assert_eq!(
+            p,
+            KernelPolicy {
+                attention: AttentionKernels::Simt,
+                decode_ring: DecodeRing::Never,
+                fold_simt: false,
+                simt_deep: SimtDeep::UpToTwoAnSm,
+                split_k: SplitK::Forced { slices: 2, max_rows: 16 },
+                moe: MoeKernels::MmaSync,
+            }
+        );
+        assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });
+        for bad in ["ring", "ring=sometimes", "colour=red", "split-k=65", "split-k=x:3", "fold-simt=yes"] {
+            assert!(matches!(bad.parse::<KernelPolicy>(), Err(crate::Error::InvalidOption(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_policy_is_in_force_only_inside_its_scope_and_on_its_thread() {
+        let simt = KernelPolicy { attention: AttentionKernels::Simt, ..KernelPolicy::default() };
+        let ring = KernelPolicy { attention: AttentionKernels::DecodeRing, ..KernelPolicy::default() };
+        let ((inner, other_thread), outer_counts) = with_kernels(simt, || {
+            count(|c| c.decode_ring += 1);
+            let (seen, inner_counts) = with_kernels(ring, || {
+                count(|c| c.simt_rope += 2);
+                current().attention
+            });
+            assert_eq!(inner_counts, KernelCounts { simt_rope: 2, ..Default::default() });
+            assert_eq!(current().attention, AttentionKernels::Simt, "the outer policy is back");
+            (seen, std::thread::spawn(|| current().attention).join().unwrap())
+        });
+        assert_eq!(inner, AttentionKernels::DecodeRing);
+        assert_eq!(other_thread, AttentionKernels::Auto, "another thread keeps the default");
+        assert_eq!(outer_counts, KernelCounts { decode_ring: 1, simt_rope: 2, ..Default::default() });
+        assert_eq!(current(), KernelPolicy::default());
+        let caught = std::panic::catch_unwind(|| with_kernels(simt, || panic!("inside")));
+        assert!(caught.is_err());
+        assert_eq!(current(), KernelPolicy::default(), "restored after a panic");
+    }
+}
