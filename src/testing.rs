@@ -91,9 +91,20 @@ pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType
         } else {
             Tensor::randn(0f32, init_std(name), shape.as_slice(), device)?
         };
-        out.insert(name.clone(), t.to_dtype(dtype)?);
+        out.insert(name.clone(), t.to_dtype(stored_dtype(name, dtype))?);
     }
     Ok(out)
+}
+
+/// The dtype a random tensor is kept in: the model's, except MoE routers and their selection
+/// biases, which the loader reads in f32 (`Weights::get_as`). Converting each tensor as soon as
+/// it is drawn keeps the device from holding an f32 copy of every weight (LLaDA2.0-mini: 64 GB).
+fn stored_dtype(name: &str, dtype: DType) -> DType {
+    if name.ends_with("mlp.gate.weight") || name.ends_with("expert_bias") {
+        DType::F32
+    } else {
+        dtype
+    }
 }
 
 /// A norm's gain: a `.weight` whose module is a norm — Ouro's `input_layernorm`,
@@ -114,7 +125,7 @@ fn init_std(name: &str) -> f32 {
 
 /// Random Ouro weights held in memory (GPU benchmarks generate them on the device).
 pub fn random_ouro_weights(cfg: &OuroConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
-    Ok(Weights::from_map(random_tensors(&ouro_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+    Ok(Weights::from_map(random_tensors(&ouro_tensor_manifest(cfg), seed, dtype, device)?, dtype, device))
 }
 
 /// Writes a complete Ouro model directory (config.json, model.safetensors,
@@ -332,30 +343,30 @@ fn random_diffusion_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype:
         } else {
             Tensor::randn(mean, std, shape.as_slice(), device)?
         };
-        out.insert(name.clone(), t.to_dtype(dtype)?);
+        out.insert(name.clone(), t.to_dtype(stored_dtype(name, dtype))?);
     }
     Ok(out)
 }
 
 /// Random SDAR weights held in memory.
 pub fn random_sdar_weights(cfg: &SdarConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
-    Ok(Weights::from_map(random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+    Ok(Weights::from_map(random_diffusion_tensors(&sdar_tensor_manifest(cfg), seed, dtype, device)?, dtype, device))
 }
 
 /// Random LLaDA2.0 weights held in memory (the MoE checkpoints' layout). The map is generated in
 /// f32 and converted to `dtype` as tensors are read (for the real shapes ≈ 65 GB of f32).
 pub fn random_llada2_weights(cfg: &Llada2Config, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
-    Ok(Weights::from_map(random_diffusion_tensors(&llada2_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+    Ok(Weights::from_map(random_diffusion_tensors(&llada2_tensor_manifest(cfg), seed, dtype, device)?, dtype, device))
 }
 
 /// Random LLaDA weights held in memory.
 pub fn random_llada_weights(cfg: &LladaConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
-    Ok(Weights::from_map(random_diffusion_tensors(&llada_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+    Ok(Weights::from_map(random_diffusion_tensors(&llada_tensor_manifest(cfg), seed, dtype, device)?, dtype, device))
 }
 
 /// Random Dream weights held in memory.
 pub fn random_dream_weights(cfg: &DreamConfig, seed: u64, dtype: DType, device: &Device) -> Result<Weights> {
-    Ok(Weights::from_map(random_diffusion_tensors(&dream_tensor_manifest(cfg), seed, DType::F32, device)?, dtype, device))
+    Ok(Weights::from_map(random_diffusion_tensors(&dream_tensor_manifest(cfg), seed, dtype, device)?, dtype, device))
 }
 
 /// Writes an SDAR model directory (config.json, model.safetensors, generation_config.json)

@@ -326,7 +326,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let t = Instant::now();
-    let master = random_tensors(&recipe.manifest, 7, DType::F32, &device)?;
+    let master = random_tensors(&recipe.manifest, 7, dtype, &device)?;
     let model = (recipe.load)(&Weights::from_map(master, dtype, &device))?;
     device.synchronize()?;
     println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
