@@ -80,7 +80,7 @@ struct Args {
     tiny: bool,
     model: String,
     /// Kernel choices of every engine and of the breakdown's ops (`--kernels`).
-    kernels: ponder::ops::KernelPolicy,
+    kernels: ponder::kernels::KernelPolicy,
 }
 
 fn parse() -> Result<Args, Box<dyn std::error::Error>> {
@@ -102,7 +102,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         commit: "unknown".into(),
         tiny: false,
         model: "sdar".into(),
-        kernels: ponder::ops::KernelPolicy::default(),
+        kernels: ponder::kernels::KernelPolicy::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {

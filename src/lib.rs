@@ -67,6 +67,11 @@ mod dist;
 pub mod engine;
 pub mod error;
 pub mod gate;
+/// Which kernels an engine's launches run ([`EngineBuilder::kernels`]; the defaults are the
+/// fastest measured) and how many dispatches each choice took ([`EngineMetrics::kernels`]).
+pub mod kernels {
+    pub use crate::ops::policy::{AttentionKernels, DecodeRing, KernelCounts, KernelPolicy, MoeKernels, SimtDeep, SplitK, MAX_FORCED_SPLITS};
+}
 pub mod kv;
 pub mod loader;
 pub mod models;

@@ -102,7 +102,7 @@ pub(crate) struct Args {
     pub(crate) min_depth: usize,
     pub(crate) kv_gb: f64,
     /// Every engine's kernel choices (`--kernels`, as `KernelPolicy`'s `FromStr` reads them).
-    pub(crate) kernels: ponder::ops::KernelPolicy,
+    pub(crate) kernels: ponder::kernels::KernelPolicy,
     pub(crate) model: String,
     pub(crate) min_coda: Vec<String>,
     /// Coda reserves to compare (refill only): numbers, or "parked" for min coda − 1.
@@ -176,7 +176,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         requests_per_width: 3,
         min_depth: 2,
         kv_gb: 40.0,
-        kernels: ponder::ops::KernelPolicy::default(),
+        kernels: ponder::kernels::KernelPolicy::default(),
         model: "ouro".into(),
         min_coda: vec!["1".into()],
         coda_reserve: vec!["0".into()],

@@ -178,7 +178,7 @@ impl<S> EngineBuilder<S> {
         self.common.chat_template = Some(template);
         self
     }
-    /// CUDA: which kernels this engine's launches run ([`KernelPolicy`]; the default is the
+    /// CUDA: which kernels this engine's launches run ([`crate::kernels::KernelPolicy`]; the default is the
     /// fastest measured). For comparing kernels and checking one against another; results agree
     /// up to rounding. Other engines of the process keep their own.
     pub fn kernels(mut self, policy: KernelPolicy) -> Self {
