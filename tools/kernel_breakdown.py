@@ -15,7 +15,7 @@ and down one kernel name — and prints markdown tables and a JSON summary.
 Without --cache-control none and --clock-control none, ncu flushes the L2 before every kernel and
 locks base clocks, which inflates exactly the small kernels that read what the kernel before them
 wrote; with them a step's kernels, run one at a time, take 4–14 % longer than the graph step
-(W 256 / W 16, session 29: in a graph a kernel's launch and ramp overlap the one before).
+(W 256 / W 16 on the H200: in a graph a kernel's launch and ramp overlap the one before).
 """
 import csv
 import io

@@ -38,8 +38,7 @@ pub fn matmul_peak(device: &Device) -> candle_core::Result<MatmulPeak> {
     let _ = ones.matmul(&ones)?;
     device.synchronize()?;
     // Products are freed as they come (`map(drop)`): a sample then maps one fresh 128 MiB
-    // product, small against its GEMMs (≈ 1.6 ms each), and the figures stay comparable with
-    // those recorded since session 16.
+    // product, small against its GEMMs (≈ 1.6 ms each).
     let burst_ones = flops / median_seconds(device, 5, 1, || ones.matmul(&ones).map(drop))?;
     let random = Tensor::randn(0f32, 1.0, (n, n), device)?.to_dtype(dtype)?;
     let warm = Instant::now();

@@ -2,18 +2,18 @@
 //! long contexts), and which of its builds runs: the host plans the grid here; where the
 //! plan leaves the cut to the kernel, the kernel repeats `split_count` on the actual contexts.
 //!
-//! Measured on the H200 (session 20, `docs/BENCHMARKS.md`): chunks of the context bound (a
+//! Measured on the H200: chunks of the context bound (a
 //! captured graph's bucket: the next power of two) were fastest while they stay short (≤ 256
 //! keys at W 16 / 64: the full first chunks run first and the short last ones fill in), but at
 //! 2k-token contexts they were long and uneven (2048 + 256 keys at W 64), and cutting the
 //! actual longest context evenly took 10 % off that decode step. Where one wave of an 8-warp
 //! build holds every (row, kv head) block and spreads two or more of them evenly over each SM,
-//! walking each row's keys unsplit beat the split plan (session 30, Ouro-1.4B shapes: 13 % a
+//! walking each row's keys unsplit beat the split plan (Ouro-1.4B shapes: 13 % a
 //! launch at W 16 and context 260, 25 % at 1024, 3 % at 2176; a CB step 3.8 % shorter at W 16):
 //! no combine launch, and 8 warps walk a row's keys in half the 4-warp builds' steps. Where the
 //! blocks fill most SMs once (W 5–8 of 16 heads), an 8-warp build with 6 key sets a lane walks
-//! them unsplit (session 31: 15–17 % a launch at context 260, in a probe). Bounds past what was measured keep
-//! the split plan.
+//! them unsplit (15–17 % a launch at context 260). Bounds past what was measured keep the split
+//! plan.
 
 /// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
 const MAX_SPLITS: usize = 32;
@@ -21,8 +21,7 @@ const MAX_SPLITS: usize = 32;
 /// context in the kernel (measured: 256 kept its lead, 832 and 2048 lost).
 const BOUND_CHUNK_MAX_KEYS: usize = 512;
 /// Keys per block up to which the one-query kernel runs its build held to 7 blocks an SM
-/// (72 registers on the H200, 80 for 6): faster on blocks of ≤ 260 keys, slower on ≥ 410
-/// (session 18).
+/// (72 registers on the H200, 80 for 6): faster on blocks of ≤ 260 keys, slower on ≥ 410.
 const OCC7_MAX_KEYS: usize = 384;
 /// Granularity of chunks of the context bound (keys).
 const BOUND_CHUNK_STEP: usize = 64;

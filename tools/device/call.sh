@@ -4,7 +4,7 @@
 #     tests 230 decode_ cuda_graphs            # gpu_kernels --test-threads 1 [filters]
 #     bench cb16_new 40 .device/bench_looped --suite cb --widths 16 --new-tokens 256
 #     bench cb16_deep 40 .device/bench_looped --suite cb --widths 16 --kernels simt-deep=two
-#     run probe 60 /tmp/attn 260 16 wide        # any command: its log and exit status
+#     run smi 10 nvidia-smi                      # any command: its log and exit status
 #     save; cat "$S"
 #
 # It unpacks the carried binaries (.device/*.xz), copies the calling script to $OUT/r/call.sh

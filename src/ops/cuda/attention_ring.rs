@@ -14,17 +14,17 @@ use candle_core::{CudaDevice, DType, Result, Tensor};
 /// launches do not spread over blocks that each wait out a copy's latency for a few keys), the
 /// fewest rows `Auto` sends through it, most query heads a block (two a consumer warp, eight
 /// consumer warps), the head dim it is built for. Grid, depth and fewest stages are the best of a
-/// sweep on the H200 (tools/attn_ring_probe.cu). Below RING_MIN_ROWS the SIMT kernel (a block per
-/// row and head) was faster there (session 25). With `qkv_rope_write` folded in
+/// sweep on the H200. Below RING_MIN_ROWS the SIMT kernel (a block per row and head) was faster
+/// there. With `qkv_rope_write` folded in
 /// (`qkv_rope_paged_attention`) the ring saves a launch, which moves its break-even down:
 /// RING_ROPE_MIN_ROWS — an Ouro-1.4B CB step at 32 rows 4 % shorter than `qkv_rope_write` + the
-/// split SIMT plan (session 28). The SIMT kernel folds that write in too, and its 8-warp build
+/// split SIMT plan. The SIMT kernel folds that write in too, and its 8-warp build
 /// held to four blocks an SM walks a 32-row launch unsplit: folded launches of at most
 /// SIMT_FOLD_MAX_ROWS rows under a context bound of at most SIMT_FOLD_MAX_KEYS stay on the SIMT
 /// fold — the graphs' 32-row bucket of a CB step at prompt 128 (bound 512) 6 % shorter than on the
-/// ring at 24 rows, level at 32 (session 30). Longer bounds keep the ring there: the dense build
+/// ring at 24 rows, level at 32. Longer bounds keep the ring there: the dense build
 /// is not measured on them (alone, at 2k keys and two blocks an SM, it was 24 % slower than the
-/// split plan), and at prompt 2048 the ring was 8 % faster at 24 rows (session 31).
+/// split plan), and at prompt 2048 the ring was 8 % faster at 24 rows.
 const RING_CP: usize = 4;
 const RING_DEPTH: usize = 2;
 const RING_BLOCKS_PER_SM: usize = 1;

@@ -650,7 +650,7 @@ constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS
 // for the PLAIN epilogue only. Stored straight from registers, a plain tile of 256 columns fills
 // the store queue with 4-byte stores scattered over 8 rows; SWIGLU's tile is half as wide and its
 // activation math hides the stores, so for it the buffer's two barriers per pass cost more than
-// they save (measured: docs/BENCHMARKS.md, session 16). F32_OUT keeps the register path too.
+// they save (measured on the H200). F32_OUT keeps the register path too.
 constexpr int WS_EPI_ROW = 256, WS_EPI_BYTES = 64 * WS_EPI_ROW;
 template <Epilogue EPI> constexpr int ws_epi_buffers() { return EPI == PLAIN ? 2 * WS_EPI_BYTES : 0; }
 

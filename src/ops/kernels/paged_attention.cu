@@ -883,7 +883,7 @@ PA_MMA_KERNEL(f16, __half, 128)
 // row and go on into the next ones; the ring keeps streaming across those row boundaries, and the
 // consumers write a partial (or, for a row the run holds whole, the output) at each. The unit of
 // work is a row's every head (16x coarser than the SIMT kernel's row x head), so one split count
-// for every row lost whenever contexts varied (session 24); the equal runs make the launch as
+// for every row lost whenever contexts varied; the equal runs make the launch as
 // long as its total keys, whatever their spread. Partial (row r, block b) goes to slot b + r —
 // unique, since walking the stages in order raises b or r at every boundary. A row cut between
 // blocks is split by the block holding its first stage, and at most one a block (the row its run
@@ -891,12 +891,6 @@ PA_MMA_KERNEL(f16, __half, 128)
 #define RING_CP 4
 #define RING_MAX_DEPTH 4
 #define RING_D 128
-// RING_MARK(cond, point): a timestamp of the block's progress where `cond` holds — for
-// tools/attn_ring_probe.cu's timeline, which defines it before including this file; nothing here.
-#ifndef RING_MARK
-#define RING_MARK(cond, point)
-#endif
-
 namespace {
 
 __device__ __forceinline__ unsigned long long ring_stages(uint32_t ctx) {
@@ -1022,7 +1016,6 @@ __device__ __forceinline__ void paged_decode_ring_impl(
     __shared__ unsigned long long warp_sums[32], s_first_start;
     __shared__ int s_first_row;
     const int cwarps = (int)(blockDim.x / 32) - 1;
-    RING_MARK(threadIdx.x == 0, 0);
     if (cwarps < 1 || depth < 1 || depth > RING_MAX_DEPTH) return;  // block-uniform; the host never asks it
     // The launch's stages and this block's run [g0, g1) of them. Up to a row a thread (every
     // decode width measured) one scan gives both the total and each row's start; beyond, a
@@ -1080,7 +1073,6 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    RING_MARK(threadIdx.x == 0, 1);
     // Producer and consumers walk the same rows: row r's stages [lo, hi) are the run's part of it,
     // and i counts the block's stages (ring slot i % depth, round i / depth).
     int r = s_first_row;
@@ -1113,11 +1105,9 @@ __device__ __forceinline__ void paged_decode_ring_impl(
                     bulk_copy_g2s(smem_addr(st), kc + slot * pos_elems, cnt * pos_bytes, bar);
                     bulk_copy_g2s(smem_addr(st + RING_CP * pos_bytes), vc + slot * pos_elems, cnt * pos_bytes, bar);
                 }
-                RING_MARK(i == 0, 2);
             }
             g = row_start + hi;
         }
-        RING_MARK(true, 5);
         return;
     }
     // Consumers. A half-warp past the last head (odd head counts) runs along without writing:
@@ -1177,7 +1167,6 @@ __device__ __forceinline__ void paged_decode_ring_impl(
             // Every consumer warp takes every stage in order, so it waits on a stage's round only
             // after releasing the round before: parity waits cannot alias.
             mbar_wait(smem_addr(&full[s]), (i / depth) & 1);
-            RING_MARK(i == 0 && threadIdx.x == 0, 3);
             const T *ks = reinterpret_cast<const T *>(ring_smem + (size_t)s * stage_bytes);
             const int cnt = min(RING_CP, ctx - (ROPE ? 1 : 0) - j * RING_CP);
             if (cnt == RING_CP)  // warp-uniform
@@ -1235,7 +1224,6 @@ __device__ __forceinline__ void paged_decode_ring_impl(
         g = row_start + hi;
     }
     if (threadIdx.x == 0) ws_own[blockIdx.x] = own;  // consumer warp 0 walked every row of the run
-    RING_MARK(threadIdx.x == 0, 4);
 #endif
 }
 
