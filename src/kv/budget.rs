@@ -50,13 +50,22 @@ pub fn check_fits(need: MemoryNeed, hint: &str, device: &Device) -> Result<()> {
     };
     match available(device) {
         Some(free) if needed > free => {
-            Err(Error::DeviceMemory { what: need.describe(), needed, available: free, device: format!("{device:?}"), hint: hint.to_string() })
+            Err(Error::DeviceMemory { what: need.describe(), needed, available: free, device: device_name(device), hint: hint.to_string() })
         }
         _ => Ok(()),
     }
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// `cuda:N` (the device's ordinal) or `cpu`, for messages.
+fn device_name(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        other => format!("{other:?}"),
+    }
+}
 
 /// Fraction of the free device memory the KV pool takes by default on CUDA (after the weights
 /// are loaded and the workspace estimate is set aside), like vLLM's `gpu_memory_utilization`.
