@@ -47,7 +47,7 @@
 //! | your own exit gate | [`gate::ExitGate`] | `examples/custom_gate.rs` |
 //! | your own scheduler | [`scheduler::LoopedScheduler`], [`LoopedOptions::custom_scheduler`] | `examples/custom_scheduler.rs` |
 //! | your own KV layout | [`kv::KvLayout`], [`LoopedOptions::custom_kv_layout`] | `src/kv/layout.rs` |
-//! | measure your own component on the benchmark workload | [`bench::workload`], [`bench::offline`] | `examples/bench_looped/` |
+//! | measure your own component on the benchmark workload | `bench::workload`, `bench::offline` (feature `testing`) | `examples/bench_looped/` |
 //! | block diffusion, unmasking policies | [`diffusion::UnmaskPolicy`], [`DiffusionOptions::unmask_policy`], [`DiffusionOptions::delayed_cache`] | `examples/generate.rs --sdar` |
 //! | LLaDA / Dream as their references decode them, or with Fast-dLLM's caches | [`diffusion::CanvasCache`], [`DiffusionOptions::canvas_cache`], [`diffusion::LinearSchedule`], [`DiffusionOptions::dream_sampler`] | `examples/generate.rs --llada`, `examples/quality_bidirectional.rs` |
 //! | long prompts next to decoding requests, KV sized to the device | [`EngineBuilder::max_num_batched_tokens`], [`EngineBuilder::kv_memory_fraction`] | `examples/bench_looped/ --long-prompts` |
@@ -60,6 +60,9 @@
 // Validation writes `!(x > 0.0)` on purpose: NaN must be refused as well.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
+/// The benchmark harness the examples run: synthetic workloads and offline runs measured over a
+/// steady-state window (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
 pub mod bench;
 pub mod chat;
 pub mod diffusion;
