@@ -60,12 +60,20 @@ impl Common {
 
     /// Blocks of the KV pool, sized before anything is allocated (see [`EngineBuilder::kv_memory_fraction`]):
     /// `slots` cache slots whose positions take `bytes_per_position` each, `useful` positions at
-    /// most (what the resident requests can fill), and a workspace reserve for one launch.
-    fn pool_blocks(&self, device: &Device, slots: usize, bytes_per_position: Option<u64>, workspace: u64, useful: usize) -> Result<usize> {
+    /// most (what the resident requests can fill), and `reserved` bytes kept free beside it (a
+    /// launch's workspace and the state bank). A count given by hand is rounded up to whole
+    /// blocks; one sized from free memory down, so that it stays within what it was sized from.
+    fn pool_blocks(&self, device: &Device, slots: usize, bytes_per_position: Option<u64>, reserved: u64, useful: usize) -> Result<usize> {
         let per_position = bytes_per_position.ok_or_else(|| Error::InvalidOption("the KV pool's size overflows 64 bits".into()))?;
         let sizing = crate::kv::PoolSizing { tokens: self.kv_tokens, fraction: self.kv_fraction };
-        let tokens = sizing.pool_tokens(device, slots, per_position, workspace, useful)?;
-        Ok(tokens.div_ceil(self.block_size))
+        let tokens = sizing.pool_tokens(device, slots, per_position, reserved, useful)?;
+        Ok(if self.pool_fitted(device) { (tokens / self.block_size).max(slots) } else { tokens.div_ceil(self.block_size) })
+    }
+
+    /// Whether the pool is sized from the device's free memory (already leaving room for what
+    /// `pool_blocks` reserved) rather than given by hand or fixed.
+    fn pool_fitted(&self, device: &Device) -> bool {
+        self.kv_tokens.is_none() && (self.kv_fraction.is_some() || device.is_cuda())
     }
 }
 
@@ -327,18 +335,28 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     // Layouts whose steps share a slot prefill a prompt whole, past the budget up to the context.
     let whole_prompts = crate::scheduler::prefills_whole_prompts(slots, spec.max_steps);
     let launch_tokens = if whole_prompts { max_context } else { limits.max_num_batched_tokens }.max(limits.max_num_batched_tokens).max(limits.max_num_seqs);
-    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.state_width.max(spec.hidden_size), limits.max_num_seqs, spec.vocab_size);
+    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.state_width.max(spec.hidden_size), limits.max_num_seqs, spec.vocab_size, model.device());
     let resident = limits.max_num_seqs.saturating_add(o.coda_reserve);
+    // The state bank: a row per resident request and one for graph padding, for every scheduler
+    // but the built-in CB (which keeps no state between launches).
+    let row = (spec.state_width as u64).saturating_mul(spec.dtype.size_in_bytes() as u64);
+    let bank_bytes = |rows: usize| if rows > 0 { (rows as u64 + 1).saturating_mul(row) } else { 0 };
+    let cb = o.factory.is_none() && o.scheduler == SchedulerKind::Continuous;
+    let bank_estimate = if cb { 0 } else { bank_bytes(resident) };
     // A request takes whole blocks in every slot.
     let useful = resident.saturating_mul(max_context.div_ceil(common.block_size).saturating_mul(common.block_size)).saturating_mul(slots);
-    let num_blocks = common.pool_blocks(model.device(), slots, per_position, workspace, useful)?;
-    // Before the pool's bookkeeping or tensors exist: one the device cannot hold beside a
-    // launch's workspace is an error, not an allocation that aborts the process or a pool that
-    // fails every request at its first large launch.
+    let num_blocks = common.pool_blocks(model.device(), slots, per_position, workspace.saturating_add(bank_estimate), useful)?;
+    // Before the pool's bookkeeping or tensors exist: a pool given by hand that the device cannot
+    // hold beside a launch's workspace and the state bank is an error, not an allocation that
+    // aborts the process or a pool that fails every request at its first large launch. (One
+    // sized from free memory left that room already.)
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
     let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
     let hint = "lower kv_capacity_tokens, kv_memory_fraction, max_num_seqs, max_num_batched_tokens or coda_reserve";
-    crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: 0, workspace }, hint, model.device())?;
+    let fitted = common.pool_fitted(model.device());
+    if !fitted {
+        crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: bank_estimate, workspace }, hint, model.device())?;
+    }
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, layout, spec.max_steps);
     let mut gate = match o.gate {
@@ -381,14 +399,13 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
             Box::new(DepthBatching::new(cfg, limits.clone(), kv, gate))
         }
     };
-    // The scheduler's state bank (a row per resident request, one more for graph padding) sits
-    // beside the pool, and every launch needs its workspace besides both: checked together
-    // before anything is allocated, whichever scheduler sized the bank and however the pool was
-    // sized (a pool set by hand may leave no room for a launch).
+    // The bank the scheduler actually asks for (a custom one sizes its own): checked again where
+    // it is larger than what was set aside for it.
     let bank_rows = scheduler.state_bank_rows();
-    let row = (spec.state_width as u64).saturating_mul(spec.dtype.size_in_bytes() as u64);
-    let bank = if bank_rows > 0 { (bank_rows as u64 + 1).saturating_mul(row) } else { 0 };
-    crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank, workspace }, hint, model.device())?;
+    let bank = bank_bytes(bank_rows);
+    if bank > bank_estimate {
+        crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank, workspace }, hint, model.device())?;
+    }
     let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, bank_rows, o.cuda_graphs)?
         .with_launch_checks(custom)
         .with_graph_capture(o.graph_capture)
@@ -464,14 +481,16 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
     let launch_tokens = if bidirectional { budget.max(max_context) } else { budget.saturating_add(limits.max_num_seqs.saturating_mul(block_length + 1)) };
     let readout_rows = if o.whole_region { launch_tokens } else { limits.max_num_seqs.saturating_mul(block_length) };
     let readout_rows = readout_rows.saturating_mul(if policy.confidence() == crate::diffusion::Confidence::Probability { 1 } else { 3 });
-    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.hidden_size, readout_rows, spec.vocab_size);
+    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.hidden_size, readout_rows, spec.vocab_size, model.device());
     let rounded = max_context.div_ceil(block_length).saturating_mul(block_length);
     let useful = limits.max_num_seqs.saturating_mul(rounded.div_ceil(common.block_size).saturating_mul(common.block_size));
     let num_blocks = common.pool_blocks(model.device(), 1, per_position, workspace, useful)?;
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
     let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
     let hint = "lower kv_capacity_tokens, kv_memory_fraction, max_num_seqs or max_num_batched_tokens";
-    crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: 0, workspace }, hint, model.device())?;
+    if !common.pool_fitted(model.device()) {
+        crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: 0, workspace }, hint, model.device())?;
+    }
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots: 1, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, Box::new(Shared), 1);
     let cfg = DiffusionConfig {

@@ -23,8 +23,10 @@ pub struct MemoryNeed {
 }
 
 impl MemoryNeed {
+    /// Everything together (saturating: a workspace or bank that saturates still compares as
+    /// far more than any device has); `None` where the pool's own size overflows.
     fn total(&self) -> Option<u64> {
-        self.pool?.checked_add(self.bank)?.checked_add(self.workspace)
+        Some(self.pool?.saturating_add(self.bank).saturating_add(self.workspace))
     }
 
     fn describe(&self) -> String {
@@ -77,12 +79,13 @@ pub const DEFAULT_CPU_POOL_TOKENS_PER_SLOT: usize = 16_384;
 
 /// Memory one launch's activations may take besides weights and KV: `launch_tokens` positions of
 /// ~32 f32 vectors of `hidden` (residual, norms, q/k/v, the MLP's gate/up, temporaries), f32
-/// logits and their softmax for `readout_rows`, and 1 GiB for the BLAS workspace, CUDA graphs
-/// and allocator slack. An estimate on the safe side for the families we serve.
-pub fn workspace_bytes(launch_tokens: usize, hidden: usize, readout_rows: usize, vocab: usize) -> u64 {
+/// logits and their softmax for `readout_rows`, and on CUDA 1 GiB for the BLAS workspace, CUDA
+/// graphs and the allocator's slack. An estimate on the safe side for the families we serve.
+pub fn workspace_bytes(launch_tokens: usize, hidden: usize, readout_rows: usize, vocab: usize, device: &Device) -> u64 {
     let activations = (launch_tokens as u64).saturating_mul(hidden as u64).saturating_mul(32 * 4);
     let logits = (readout_rows as u64).saturating_mul(vocab as u64).saturating_mul(2 * 4);
-    activations.saturating_add(logits).saturating_add(1 << 30)
+    let cuda_slack = if device.is_cuda() { 1 << 30 } else { 0 };
+    activations.saturating_add(logits).saturating_add(cuda_slack)
 }
 
 /// How the KV pool is sized: the pool positions (across every slot) and the bytes they take.
@@ -97,10 +100,10 @@ pub struct PoolSizing {
 
 impl PoolSizing {
     /// Pool positions across `slots` slots at `bytes_per_position` (one position of one slot, all
-    /// layers): explicit, or the chosen fraction of free memory less `workspace`, capped at
-    /// `useful` (what the resident requests could ever fill). Errors when the memory left over
-    /// cannot hold a single position per slot.
-    pub fn pool_tokens(&self, device: &Device, slots: usize, bytes_per_position: u64, workspace: u64, useful: usize) -> Result<usize> {
+    /// layers): explicit, or the chosen fraction of free memory less `reserved` (a launch's
+    /// workspace and the state bank), capped at `useful` (what the resident requests could ever
+    /// fill). Errors when the memory left over cannot hold a single position per slot.
+    pub fn pool_tokens(&self, device: &Device, slots: usize, bytes_per_position: u64, reserved: u64, useful: usize) -> Result<usize> {
         if let Some(n) = self.tokens {
             return Ok(n);
         }
@@ -110,14 +113,15 @@ impl PoolSizing {
             return Ok(fallback);
         };
         let budget = (free as f64 * fraction) as u64;
-        let for_kv = budget.saturating_sub(workspace);
+        let for_kv = budget.saturating_sub(reserved);
         let tokens = usize::try_from(for_kv / bytes_per_position.max(1)).unwrap_or(usize::MAX);
         if tokens < slots.max(1) {
             return Err(Error::InvalidOption(format!(
-                "{:.0} % of the {:.2} GiB free on {device:?} leaves no room for a KV pool after a {:.2} GiB workspace; raise kv_memory_fraction, lower max_num_batched_tokens / max_num_seqs, or set kv_capacity_tokens",
+                "{:.0} % of the {:.2} GiB free on {} leaves no room for a KV pool after {:.2} GiB for a launch's workspace and the state bank; raise kv_memory_fraction, lower max_num_batched_tokens / max_num_seqs, or set kv_capacity_tokens",
                 fraction * 100.0,
                 free as f64 / GIB,
-                workspace as f64 / GIB
+                device_name(device),
+                reserved as f64 / GIB
             )));
         }
         Ok(tokens.min(useful.max(slots)))
@@ -164,7 +168,7 @@ mod tests {
         assert_eq!(tenth.pool_tokens(&Device::Cpu, 1, per_position, 0, 7).unwrap(), 7, "capped at what requests can use");
         let err = tenth.pool_tokens(&Device::Cpu, 1, per_position, u64::MAX, usize::MAX);
         assert!(matches!(err, Err(Error::InvalidOption(m)) if m.contains("no room")), "a workspace larger than memory is an error");
-        assert!(workspace_bytes(8192, 2048, 64, 49152) > workspace_bytes(16, 2048, 64, 49152));
+        assert!(workspace_bytes(8192, 2048, 64, 49152, &Device::Cpu) > workspace_bytes(16, 2048, 64, 49152, &Device::Cpu));
     }
 
     #[test]
@@ -184,6 +188,11 @@ mod tests {
         let free = available(&Device::Cpu).expect("this test reads /proc/meminfo");
         assert!(check_fits(need(Some(free / 2), 0), "", &Device::Cpu).is_ok());
         assert!(matches!(check_fits(need(Some(free / 2), free), "", &Device::Cpu), Err(Error::DeviceMemory { .. })));
-        assert!(check_fits(need(kv_bytes(usize::MAX, 2, 2, 2, DType::F32), 0), "", &Device::Cpu).is_err(), "overflow is refused too");
+        assert!(
+            matches!(check_fits(need(kv_bytes(usize::MAX, 2, 2, 2, DType::F32), 0), "", &Device::Cpu), Err(Error::InvalidOption(_))),
+            "an overflowing pool"
+        );
+        let saturated = check_fits(need(Some(1 << 20), u64::MAX), "", &Device::Cpu);
+        assert!(matches!(saturated, Err(Error::DeviceMemory { .. })), "a saturated workspace is too much memory, not an overflowing pool: {saturated:?}");
     }
 }

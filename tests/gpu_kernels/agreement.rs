@@ -19,8 +19,9 @@
 //!    agree within [`PATH_MAX_ERR`] (mean [`PATH_MEAN_ERR`]); their greedy tokens are equal
 //!    except where the path is at a near-tie: at a request's first differing token, the path's own
 //!    log-probabilities of its token and of the SIMT path's token (forced through the SIMT path's
-//!    tokens up to there, so both come from the same prefix) are within [`NEAR_TIE`]. Each such
-//!    difference is printed with its margin.
+//!    tokens up to there, so both come from the same prefix) are within [`NEAR_TIE`] (and the
+//!    path's own token is not the clearly lower one). Each such difference is printed with its
+//!    margin.
 //! 3. **Determinism** — a second run of the path gives the same tokens (a race or an
 //!    order-dependent reduction shows here first).
 
@@ -271,7 +272,10 @@ fn attention_paths_agree_with_the_cpu_reference() {
                         simt_greedy.tokens[i][at],
                         alt.logprobs[i][at]
                     );
-                    if margin <= NEAR_TIE {
+                    // The path's own greedy token scores at least as high as the other, up to how
+                    // far a forced run may round from a greedy one (graphs against eager); lower,
+                    // and the path is not deterministic in what it computes.
+                    if (-PATH_MAX_ERR..=NEAR_TIE).contains(&margin) {
                         ties.push(line);
                     } else {
                         unexplained.push(line);
