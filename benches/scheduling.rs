@@ -1,11 +1,11 @@
 //! Host-side overhead of scheduling and KV bookkeeping per engine tick (no model).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use ponder::gate::{DepthTrace, Replay};
-use ponder::kv::{DepthIndexed, KvManager, Shared};
-use ponder::scheduler::{
-    ContinuousBatching, DepthBatching, DepthConfig, LoopedResult, LoopedRowOutput, LoopedScheduler, SchedRequest, Scheduler, SchedulerLimits,
-};
+use ponder::kv::KvManager;
+use ponder::looped::gate::{DepthTrace, Replay};
+use ponder::looped::layout::{DepthIndexed, KvLayout, LastExited, Shared};
+use ponder::looped::{ContinuousBatching, DepthBatching, DepthConfig, LoopedResult, LoopedRowOutput, LoopedScheduler};
+use ponder::scheduler::{SchedRequest, Scheduler, SchedulerLimits};
 use ponder::RequestId;
 
 fn decode_tick(c: &mut Criterion) {
@@ -13,8 +13,8 @@ fn decode_tick(c: &mut Criterion) {
     for width in [16usize, 64, 256] {
         g.bench_with_input(BenchmarkId::from_parameter(width), &width, |b, &w| {
             let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 1 << 20 };
-            let kv = KvManager::new(w * 4 * 64, 16, Box::new(DepthIndexed), 4);
-            let mut s = ContinuousBatching::new(limits, kv, 4);
+            let kv = KvManager::new(w * 4 * 64, 16, DepthIndexed.num_slots(4));
+            let mut s = ContinuousBatching::new(limits, kv, Box::new(DepthIndexed), 4);
             for i in 0..w {
                 s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![1; 128], max_new_tokens: 512 });
             }
@@ -37,7 +37,7 @@ fn decode_tick(c: &mut Criterion) {
     }
 }
 
-fn answer(l: &ponder::scheduler::LoopedLaunch) -> LoopedResult {
+fn answer(l: &ponder::looped::LoopedLaunch) -> LoopedResult {
     LoopedResult {
         rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(1), gate_logits: vec![1.0], ..LoopedRowOutput::new(r.request) }).collect(),
     }
@@ -50,9 +50,9 @@ fn depth_tick(c: &mut Criterion) {
     for width in [64usize, 128, 256, 512] {
         g.bench_with_input(BenchmarkId::from_parameter(width), &width, |b, &w| {
             let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 1 << 20 };
-            let kv = KvManager::new(w * 4 * 48, 16, Box::new(ponder::kv::LastExited), 4);
+            let kv = KvManager::new(w * 4 * 48, 16, LastExited.num_slots(4));
             let gate = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap());
-            let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
+            let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, Box::new(LastExited), gate);
             let mut next = 0u64;
             let mut produced = std::collections::HashMap::new();
             let admit = |s: &mut DepthBatching, n: usize, next: &mut u64| {
@@ -81,7 +81,7 @@ fn depth_tick(c: &mut Criterion) {
 
 fn kv_reserve_free(c: &mut Criterion) {
     c.bench_function("kv_reserve_free_256x384", |b| {
-        let mut kv = KvManager::new(256 * 24, 16, Box::new(Shared), 4);
+        let mut kv = KvManager::new(256 * 24, 16, Shared.num_slots(4));
         b.iter(|| {
             for i in 0..256 {
                 assert!(kv.reserve(RequestId(i), 384));

@@ -48,11 +48,11 @@
 //! `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
 
 use candle_core::{DType, Device, Tensor};
+use ponder::diffusion::models::{DenseDiffusion, DiffusionModel, Llada, Llada2, Sdar};
+use ponder::diffusion::models::{Llada2Config, LladaConfig, SdarConfig};
 use ponder::diffusion::{Replay, UnmaskTrace};
 use ponder::engine::internals::greedy_readout;
 use ponder::kv::KvStore;
-use ponder::models::config::{Llada2Config, LladaConfig, SdarConfig};
-use ponder::models::diffusion::{DenseDiffusion, DiffusionModel, Llada, Llada2, Sdar};
 use ponder::ops::{paged_attention, AttnMask, PagedBatch, PagedBatchHost};
 use ponder::testing::{random_llada2_weights, random_llada_weights, random_sdar_weights, tiny_llada2_config, tiny_llada_config, tiny_sdar_config};
 use ponder::{EngineBuilder, Event, GenerationParams};
@@ -589,7 +589,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// same launches ran — and attention at `context` keys per query (QKᵀ and PV: 4 · heads · head_dim
 /// per layer; the mean context for every position, prefill included: an approximation), plus
 /// 2 × the LM head per readout.
-fn compute_bound(spec: &ponder::models::diffusion::DiffusionSpec, st: &RunStats, context: f64, peak: f64) -> f64 {
+fn compute_bound(spec: &ponder::diffusion::models::DiffusionSpec, st: &RunStats, context: f64, peak: f64) -> f64 {
     let attention = 4.0 * (spec.num_heads * spec.head_dim * spec.num_layers) as f64 * context;
     let positions = st.tokens_per_step + st.other_tokens_per_step;
     let per_step = positions * (2.0 * spec.layer_params as f64 + attention) + st.readouts_per_step * 2.0 * spec.head_params as f64;

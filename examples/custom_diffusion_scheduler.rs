@@ -8,8 +8,9 @@
 //!
 //!     cargo run --release --example custom_diffusion_scheduler
 
+use ponder::diffusion::{DenoiseLaunch, DenoiseResult, DenoiseRow, DiffusionScheduler, Emitted};
 use ponder::kv::KvManager;
-use ponder::scheduler::{DenoiseLaunch, DenoiseResult, DenoiseRow, DiffusionScheduler, Emitted, Requests, SchedRequest, Scheduler, SchedulerLimits};
+use ponder::scheduler::{Requests, SchedRequest, Scheduler, SchedulerLimits};
 use ponder::{EngineBuilder, GenerationParams, RequestId};
 
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 //!
 //! Runs the shipped tiny model with continuous depth batching and prints the realised mean depth.
 
-use ponder::gate::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
+use ponder::looped::gate::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, SchedulerKind};
 
 /// Exit when the step's hazard reaches `threshold`, within `bounds`.

@@ -6,7 +6,9 @@
 //!     cargo run --release --example custom_scheduler
 
 use ponder::kv::KvManager;
-use ponder::scheduler::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, SchedRequest, Scheduler, SchedulerLimits, Stage};
+use ponder::looped::layout::KvLayout;
+use ponder::looped::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Stage};
+use ponder::scheduler::{SchedRequest, Scheduler, SchedulerLimits};
 use ponder::{EngineBuilder, GenerationParams, RequestId};
 
 #[derive(Debug)]
@@ -22,18 +24,19 @@ struct Seq {
 pub struct ShortestPromptFirst {
     limits: SchedulerLimits,
     kv: KvManager,
+    layout: Box<dyn KvLayout>,
     steps: usize,
     waiting: Vec<Seq>,
     running: Vec<Seq>,
 }
 
 impl ShortestPromptFirst {
-    pub fn new(limits: SchedulerLimits, kv: KvManager, steps: usize) -> Self {
-        Self { limits, kv, steps, waiting: Vec::new(), running: Vec::new() }
+    pub fn new(limits: SchedulerLimits, kv: KvManager, layout: Box<dyn KvLayout>, steps: usize) -> Self {
+        Self { limits, kv, layout, steps, waiting: Vec::new(), running: Vec::new() }
     }
 
     fn launch(&self, stage: Stage, rows: Vec<LoopedRow>) -> LoopedLaunch {
-        let step_slots = (0..self.steps).map(|s| self.kv.layout().slot_for_step(s)).collect();
+        let step_slots = (0..self.steps).map(|s| self.layout.slot_for_step(s)).collect();
         LoopedLaunch { stage, step_slots, rows, kv_copies: vec![], reenter: false }
     }
 
@@ -104,7 +107,7 @@ impl LoopedScheduler for ShortestPromptFirst {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut engine = EngineBuilder::new(concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro"))
         .max_num_seqs(2)
-        .looped(|o| o.custom_scheduler(|ctx| Box::new(ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.spec.max_steps))))
+        .looped(|o| o.custom_scheduler(|ctx| Box::new(ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.layout, ctx.spec.max_steps))))
         .build()?;
     let prompts = ["A much longer prompt about ownership, borrowing and lifetimes", "Traits", "Closures capture"];
     for out in engine.generate(prompts, &GenerationParams::greedy(12))? {

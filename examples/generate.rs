@@ -26,7 +26,7 @@
 use ponder::chat::{Chat, ChatMessage};
 
 use ponder::diffusion::Threshold;
-use ponder::gate::{ExitGate, LearnedLookahead, Lookahead, Preloop, QExit};
+use ponder::looped::gate::{ExitGate, LearnedLookahead, Lookahead, Preloop, QExit};
 use ponder::{DType, Device, EngineBuilder, Event, GenerationParams, KvLayoutKind, SamplingParams};
 use std::io::Write;
 

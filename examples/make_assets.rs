@@ -9,8 +9,8 @@
 //! from `tools/train/make_tokenizer.py` (twelve rust-docs books, `<|mask|>` = 1), their weights
 //! from `tools/train/train_ouro.py` and `train_sdar.py` (see their `README.md`).
 
-use ponder::models::config::EosIds;
-use ponder::models::OuroConfig;
+use ponder::config::EosIds;
+use ponder::looped::models::OuroConfig;
 use ponder::testing::{rust_book_chapters, rust_book_dir, train_byte_level_bpe, write_random_ouro_as};
 use std::path::PathBuf;
 

@@ -24,7 +24,7 @@
 //! `<!-- quality:ouro:end -->` (appended when FILE has no markers, FILE created when missing),
 //! so hand-written analysis around it survives a rerun.
 
-use ponder::gate::{ExitGate, FixedDepth, Lookahead, QExit};
+use ponder::looped::gate::{ExitGate, FixedDepth, Lookahead, QExit};
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, SchedulerKind};
 use std::time::Instant;
 

@@ -36,10 +36,10 @@
 //! `<!-- quality:sdar:end -->` (appended when FILE has no markers, FILE created when missing).
 
 use candle_core::Tensor;
+use ponder::diffusion::models::{self, DiffusionModel};
 use ponder::diffusion::{Focus, StaticCount, Threshold, UnmaskPolicy};
 use ponder::kv::KvStore;
 use ponder::loader::ModelDir;
-use ponder::models::diffusion::{self, DiffusionModel};
 use ponder::ops::{AttnMask, PagedBatch, PagedBatchHost};
 use ponder::{DType, Device, EngineBuilder, GenerationParams};
 
@@ -155,7 +155,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = ModelDir::open(&args.model)?;
     let tok = dir.tokenizer()?.ok_or("the model directory has no tokenizer.json")?;
     let ids: Vec<u32> = tok.encode(held.as_str(), false).map_err(|e| e.to_string())?.get_ids().to_vec();
-    let model = diffusion::load(&dir.config, &dir.weights(DType::F32, &dev)?)?;
+    let model = models::load(&dir.config, &dir.weights(DType::F32, &dev)?)?;
     let spec = model.spec().clone();
     let b = spec.block_length.ok_or("the model's config names no block length")?;
     if SEQ % b != 0 || PROMPT % b != 0 {

@@ -28,7 +28,7 @@
 //! `--write FILE` replaces the part of FILE between `<!-- quality:gates:begin -->` and
 //! `<!-- quality:gates:end -->`.
 
-use ponder::gate::{ExitGate, FixedDepth, LearnedLookahead, Lookahead, Preloop, QExit};
+use ponder::looped::gate::{ExitGate, FixedDepth, LearnedLookahead, Lookahead, Preloop, QExit};
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, SchedulerKind};
 use std::collections::HashMap;
 use std::path::Path;

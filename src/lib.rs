@@ -44,15 +44,15 @@
 //! | depth-adaptive serving | [`SchedulerKind::Depth`], [`LoopedOptions::exit_gate`], [`KvLayoutKind`] | `examples/bench_looped/` |
 //! | overlap host work with the device | [`LoopedOptions::overlap`] | `examples/bench_looped/ --overlap on` |
 //! | score text (teacher forcing) | [`GenerationParams::forced_tokens`] | `examples/quality.rs` |
-//! | your own exit gate | [`gate::ExitGate`] | `examples/custom_gate.rs` |
-//! | your own scheduler | [`scheduler::LoopedScheduler`], [`LoopedOptions::custom_scheduler`] | `examples/custom_scheduler.rs` |
-//! | your own KV layout | [`kv::KvLayout`], [`LoopedOptions::custom_kv_layout`] | `src/kv/layout.rs` |
+//! | your own exit gate | [`looped::gate::ExitGate`] | `examples/custom_gate.rs` |
+//! | your own scheduler | [`looped::LoopedScheduler`], [`LoopedOptions::custom_scheduler`] | `examples/custom_scheduler.rs` |
+//! | your own KV layout | [`looped::layout::KvLayout`], [`LoopedOptions::custom_kv_layout`] | `src/looped/layout.rs` |
 //! | measure your own component on the benchmark workload | `bench::workload`, `bench::offline` (feature `testing`) | `examples/bench_looped/` |
 //! | block diffusion, unmasking policies | [`diffusion::UnmaskPolicy`], [`DiffusionOptions::unmask_policy`], [`DiffusionOptions::delayed_cache`] | `examples/generate.rs --sdar` |
 //! | LLaDA / Dream as their references decode them, or with Fast-dLLM's caches | [`diffusion::CanvasCache`], [`DiffusionOptions::canvas_cache`], [`diffusion::LinearSchedule`], [`DiffusionOptions::dream_sampler`] | `examples/generate.rs --llada`, `examples/quality_bidirectional.rs` |
 //! | long prompts next to decoding requests, KV sized to the device | [`EngineBuilder::max_num_batched_tokens`], [`EngineBuilder::kv_memory_fraction`] | `examples/bench_looped/ --long-prompts` |
 //! | FOCUS eviction | [`diffusion::Focus`], [`DiffusionOptions::eviction_policy`] | `examples/bench_diffusion.rs`, `examples/quality_diffusion.rs` |
-//! | your own diffusion scheduler | [`scheduler::DiffusionScheduler`], [`DiffusionOptions::custom_scheduler`] | `examples/custom_diffusion_scheduler.rs` |
+//! | your own diffusion scheduler | [`diffusion::DiffusionScheduler`], [`DiffusionOptions::custom_scheduler`] | `examples/custom_diffusion_scheduler.rs` |
 //! | GPU throughput | `--features cuda` | `examples/bench_looped/`, `examples/bench_diffusion.rs`, `docs/GPU.md` |
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
@@ -60,16 +60,14 @@
 // Validation writes `!(x > 0.0)` on purpose: NaN must be refused as well.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
-/// The benchmark harness the examples run: synthetic workloads and offline runs measured over a
-/// steady-state window (feature `testing`).
 #[cfg(any(test, feature = "testing"))]
 pub mod bench;
 pub mod chat;
+pub mod config;
 pub mod diffusion;
 mod dist;
 pub mod engine;
 pub mod error;
-pub mod gate;
 /// Which kernels an engine's launches run ([`EngineBuilder::kernels`]; the defaults are the
 /// fastest measured) and how many dispatches each choice took ([`EngineMetrics::kernels`]).
 pub mod kernels {
@@ -77,7 +75,7 @@ pub mod kernels {
 }
 pub mod kv;
 pub mod loader;
-pub mod models;
+pub mod looped;
 /// Tensor ops and CUDA kernels with their CPU references (public with feature `testing`, for
 /// the device tests and benchmarks).
 #[cfg(feature = "testing")]
@@ -93,12 +91,10 @@ pub mod scheduler;
 pub mod testing;
 
 pub use chat::{Chat, ChatMessage, ChatTemplate};
-pub use engine::{
-    DiffusionOptions, Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, LoopedOptions, Output, Prompt, RequestId,
-    RequestStream, SchedulerKind,
-};
+pub use diffusion::DiffusionOptions;
+pub use engine::{Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId, RequestStream};
 pub use error::{Error, InvalidRequest, Result};
-pub use kv::KvLayoutKind;
+pub use looped::{KvLayoutKind, LoopedOptions, SchedulerKind};
 pub use ops::AttentionKernels;
 pub use sampling::SamplingParams;
 

@@ -2,8 +2,8 @@
 //! `model.safetensors` or a sharded `model.safetensors.index.json`, `tokenizer.json` and
 //! `generation_config.json`.
 
-use crate::models::config::EosIds;
-use crate::models::ModelConfig;
+use crate::config::EosIds;
+use crate::config::ModelConfig;
 use crate::{Error, Result};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Shape, Tensor};

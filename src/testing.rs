@@ -1,8 +1,9 @@
 //! Random-weight models in the real checkpoint layouts: the tiny test models, the shipped
 //! default until trained weights land, and the real-shape GPU benchmark models.
 
+use crate::diffusion::models::{DreamConfig, Llada2Config, LladaConfig, SdarConfig};
 use crate::loader::Weights;
-use crate::models::{DreamConfig, HuginnConfig, Llada2Config, LladaConfig, OuroConfig, SdarConfig};
+use crate::looped::models::{HuginnConfig, OuroConfig};
 use crate::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;
@@ -679,11 +680,11 @@ fn strip_tags(html: &str) -> String {
 /// (block-causal blocks of `block` from position 0 — bidirectional when `block` covers it — one
 /// cache slot, pages of 4 positions), on the model's device: how the parity tests compare a
 /// model with a reference that runs the canvas without a cache.
-pub fn canvas_logits(model: &dyn crate::models::diffusion::DiffusionModel, ids: &[u32], block: usize) -> Result<Vec<Vec<f32>>> {
+pub fn canvas_logits(model: &dyn crate::diffusion::models::DiffusionModel, ids: &[u32], block: usize) -> Result<Vec<Vec<f32>>> {
     use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
     let (spec, dev, n) = (model.spec(), model.device(), ids.len());
     let pages = n.div_ceil(4);
-    let mut kv_mgr = crate::kv::KvManager::new(pages, 4, Box::new(crate::kv::Shared), 1);
+    let mut kv_mgr = crate::kv::KvManager::new(pages, 4, 1);
     let kv = crate::kv::KvStore::new(spec.num_layers, pages, 4, spec.num_kv_heads, spec.head_dim, spec.dtype, dev)?;
     let id = crate::RequestId(0);
     if !kv_mgr.reserve(id, n) {

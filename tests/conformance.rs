@@ -155,7 +155,7 @@ fn latency_metrics_count_every_token() {
 /// block that revealed the token.
 #[test]
 fn token_events_say_the_compute_each_token_took() {
-    use ponder::gate::{DepthTrace, Replay};
+    use ponder::looped::gate::{DepthTrace, Replay};
     use ponder::{Event, SchedulerKind};
     let steps_of = |engine: &mut ponder::Engine, prompts: Vec<Vec<u32>>| {
         let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(7) };

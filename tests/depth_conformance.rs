@@ -54,7 +54,7 @@ fn every_valid_combination_is_batch_invariant() {
 #[test]
 fn overlap_needs_a_gate_that_decides_ahead() {
     let (_tmp, dir) = tiny_dir(43);
-    let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
+    let q = ponder::looped::gate::QExit::new(0.5, 1, 4).unwrap();
     let mut e = builder(&dir, KvLayoutKind::Shared, 2).looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q)).build().unwrap();
     assert!(matches!(e.set_overlap(true), Err(ponder::Error::InvalidOption(_))));
     let mut cb = builder(&dir, KvLayoutKind::Shared, 2).build().unwrap();
@@ -64,7 +64,7 @@ fn overlap_needs_a_gate_that_decides_ahead() {
 #[test]
 fn invalid_layout_gate_combination_is_rejected() {
     let (_tmp, dir) = tiny_dir(42);
-    let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
+    let q = ponder::looped::gate::QExit::new(0.5, 1, 4).unwrap();
     let err = builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q)).build();
     assert!(matches!(err, Err(ponder::Error::InvalidOption(m)) if m.contains("depth-indexed")));
 }

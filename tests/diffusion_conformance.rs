@@ -238,9 +238,9 @@ fn kv_exhaustion_queues_then_admits() {
 /// The built-in diffusion scheduler behind a hook that sees (and may change) each launch: a
 /// scheduler of one's own, written against the public API.
 struct Hooked {
-    inner: ponder::scheduler::DiffusionBatching,
+    inner: ponder::diffusion::DiffusionBatching,
     name: &'static str,
-    hook: Box<dyn FnMut(&mut ponder::scheduler::DenoiseLaunch) + Send>,
+    hook: Box<dyn FnMut(&mut ponder::diffusion::DenoiseLaunch) + Send>,
 }
 impl ponder::scheduler::Scheduler for Hooked {
     fn name(&self) -> &'static str {
@@ -265,13 +265,13 @@ impl ponder::scheduler::Scheduler for Hooked {
         self.inner.kv_positions(p, n)
     }
 }
-impl ponder::scheduler::DiffusionScheduler for Hooked {
-    fn schedule(&mut self) -> Option<ponder::scheduler::DenoiseLaunch> {
+impl ponder::diffusion::DiffusionScheduler for Hooked {
+    fn schedule(&mut self) -> Option<ponder::diffusion::DenoiseLaunch> {
         let mut l = self.inner.schedule()?;
         (self.hook)(&mut l);
         Some(l)
     }
-    fn complete(&mut self, l: &ponder::scheduler::DenoiseLaunch, r: &ponder::scheduler::DenoiseResult) -> Vec<ponder::scheduler::Emitted> {
+    fn complete(&mut self, l: &ponder::diffusion::DenoiseLaunch, r: &ponder::diffusion::DenoiseResult) -> Vec<ponder::diffusion::Emitted> {
         self.inner.complete(l, r)
     }
 }
@@ -280,7 +280,7 @@ impl ponder::scheduler::DiffusionScheduler for Hooked {
 /// wraps the built-in one and counts the launches it issues; outputs must not change.
 #[test]
 fn custom_diffusion_scheduler_plugs_in() {
-    use ponder::scheduler::DiffusionBatching;
+    use ponder::diffusion::DiffusionBatching;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     let tmp = tempfile::tempdir().unwrap();
@@ -301,7 +301,7 @@ fn custom_diffusion_scheduler_plugs_in() {
         .kv_capacity_tokens(2048)
         .diffusion(|o| {
             o.unmask_policy(StaticCount::new(2).unwrap()).custom_scheduler(move |ctx| {
-                let hook = Box::new(move |_: &mut ponder::scheduler::DenoiseLaunch| {
+                let hook = Box::new(move |_: &mut ponder::diffusion::DenoiseLaunch| {
                     counter.fetch_add(1, Ordering::Relaxed);
                 });
                 Box::new(Hooked { inner: DiffusionBatching::new(ctx.config, ctx.limits, ctx.kv, ctx.policy), name: "counting-diffusion", hook })
@@ -320,7 +320,7 @@ fn custom_diffusion_scheduler_plugs_in() {
 /// the launch fails its requests with a typed reason and frees their KV; nothing panics.
 #[test]
 fn malformed_denoise_launches_fail_their_requests() {
-    use ponder::scheduler::{DenoiseLaunch, DiffusionBatching};
+    use ponder::diffusion::{DenoiseLaunch, DiffusionBatching};
     type Defect = (&'static str, fn(&mut DenoiseLaunch));
     let defects: [Defect; 5] = [
         ("readout past the tokens", |l| l.rows[0].readout.push(10_000)),

@@ -3,10 +3,11 @@
 //! from the raw safetensors, and typed errors for broken checkpoints and configs.
 
 use candle_core::{DType, Device, Tensor, D};
+use ponder::config::ModelConfig;
+use ponder::diffusion::models::{self, DenseDiffusion, DiffusionModel, Dream, Llada, Sdar};
+use ponder::diffusion::DiffusionAttention;
 use ponder::kv::KvStore;
 use ponder::loader::ModelDir;
-use ponder::models::diffusion::{self, DenseDiffusion, Dream, Llada, Sdar};
-use ponder::models::{DiffusionAttention, DiffusionModel, ModelConfig};
 use ponder::ops::{AttnMask, PagedBatch, PagedBatchHost};
 use ponder::testing::*;
 use ponder::Error;
@@ -34,7 +35,7 @@ fn ids() -> Vec<u32> {
 fn load(dir: &Path) -> DenseDiffusion {
     let md = ModelDir::open(dir).unwrap();
     let w = md.weights(DType::F32, &Device::Cpu).unwrap();
-    diffusion::load(&md.config, &w).unwrap()
+    models::load(&md.config, &w).unwrap()
 }
 
 /// Embedding, all layers over the paged cache, head: f32 logits `[TOKENS, vocab]`.
@@ -205,7 +206,7 @@ fn block_causal(q: usize, k: usize) -> bool {
 fn sdar_matches_dense_block_causal_reference() {
     for tied in [false, true] {
         let (_tmp, dir) = tmp_dir("tiny-sdar");
-        let cfg = ponder::models::SdarConfig { tie_word_embeddings: tied, ..tiny_sdar_config(VOCAB) };
+        let cfg = ponder::diffusion::models::SdarConfig { tie_word_embeddings: tied, ..tiny_sdar_config(VOCAB) };
         write_random_sdar(&dir, &cfg, 3).unwrap();
         assert!(matches!(ModelDir::open(&dir).unwrap().config, ModelConfig::Sdar(_)));
         let m = load(&dir);
@@ -256,7 +257,7 @@ fn dream_matches_dense_bidirectional_reference() {
 #[test]
 fn padded_llada_table_is_cut_to_the_vocabulary() {
     let (_tmp, dir) = tmp_dir("tiny-llada-padded");
-    let cfg = ponder::models::LladaConfig { embedding_size: Some(VOCAB + 11), ..tiny_llada_config(VOCAB) };
+    let cfg = ponder::diffusion::models::LladaConfig { embedding_size: Some(VOCAB + 11), ..tiny_llada_config(VOCAB) };
     write_random_llada(&dir, &cfg, 6).unwrap();
     let m = load(&dir);
     assert_eq!(paged_logits(&m, &[TOKENS]).dims(), &[TOKENS, VOCAB]);
@@ -269,7 +270,7 @@ fn padded_llada_table_is_cut_to_the_vocabulary() {
 fn an_all_dense_llada2_loads() {
     let (_tmp, dir) = tmp_dir("tiny-llada2-dense");
     let base = tiny_llada2_config(VOCAB);
-    let cfg = ponder::models::Llada2Config { first_k_dense_replace: base.num_hidden_layers, n_group: 0, topk_group: 0, ..base };
+    let cfg = ponder::diffusion::models::Llada2Config { first_k_dense_replace: base.num_hidden_layers, n_group: 0, topk_group: 0, ..base };
     write_random_llada2(&dir, &cfg, 9).unwrap();
     let m = load(&dir);
     assert_eq!(paged_logits(&m, &[TOKENS]).dims(), &[TOKENS, VOCAB]);
@@ -295,15 +296,15 @@ fn specs_count_layer_and_head_parameters() {
 
 #[test]
 fn released_tensor_names_and_shapes() {
-    let sdar = sdar_tensor_manifest(&ponder::models::SdarConfig::sdar_8b_chat_b32());
+    let sdar = sdar_tensor_manifest(&ponder::diffusion::models::SdarConfig::sdar_8b_chat_b32());
     assert_eq!(sdar.len(), 36 * 11 + 3, "399 tensors in JetLM/SDAR-8B-Chat's index");
     assert!(sdar.iter().any(|(n, s)| n == "model.layers.35.self_attn.k_proj.weight" && s == &vec![1024, 4096]));
     assert!(sdar.iter().any(|(n, s)| n == "model.layers.0.self_attn.q_norm.weight" && s == &vec![128]));
-    let llada = llada_tensor_manifest(&ponder::models::LladaConfig::llada_8b());
+    let llada = llada_tensor_manifest(&ponder::diffusion::models::LladaConfig::llada_8b());
     assert_eq!(llada.len(), 32 * 9 + 3);
     assert!(llada.iter().any(|(n, s)| n == "model.transformer.blocks.31.ff_proj.weight" && s == &vec![12288, 4096]));
     assert!(llada.iter().any(|(n, s)| n == "model.transformer.ff_out.weight" && s == &vec![126464, 4096]));
-    let dream = dream_tensor_manifest(&ponder::models::DreamConfig::dream_7b());
+    let dream = dream_tensor_manifest(&ponder::diffusion::models::DreamConfig::dream_7b());
     assert_eq!(dream.len(), 28 * 12 + 3);
     assert!(dream.iter().any(|(n, s)| n == "model.layers.27.self_attn.v_proj.bias" && s == &vec![512]));
     assert!(dream.iter().any(|(n, s)| n == "model.layers.0.mlp.down_proj.weight" && s == &vec![3584, 18944]));
@@ -319,7 +320,7 @@ fn edit_tensors(dir: &Path, edit: impl FnOnce(&mut HashMap<String, Tensor>)) {
 fn load_err(dir: &Path) -> Error {
     let md = ModelDir::open(dir).unwrap();
     let w = md.weights(DType::F32, &Device::Cpu).unwrap();
-    diffusion::load(&md.config, &w).expect_err("load must fail")
+    models::load(&md.config, &w).expect_err("load must fail")
 }
 
 #[test]
@@ -391,10 +392,10 @@ fn constructors_check_the_config_too() {
     let dev = Device::Cpu;
     let good = tiny_sdar_config(VOCAB);
     let w = random_sdar_weights(&good, 1, DType::F32, &dev).unwrap();
-    let bad = ponder::models::SdarConfig { mask_token_id: Some(VOCAB as u32), ..good };
+    let bad = ponder::diffusion::models::SdarConfig { mask_token_id: Some(VOCAB as u32), ..good };
     assert!(matches!(Sdar::load(&bad, &w), Err(Error::BadConfig { reason, .. }) if reason.contains("mask token")));
     let ouro = ModelConfig::from_json(&serde_json::to_string(&tiny_ouro_config(VOCAB)).unwrap(), "x").unwrap();
-    assert!(matches!(diffusion::load(&ouro, &w), Err(Error::UnsupportedModel(_))));
+    assert!(matches!(models::load(&ouro, &w), Err(Error::UnsupportedModel(_))));
 }
 
 #[test]
@@ -407,7 +408,7 @@ fn bf16_weights_track_f32() {
     write_random_dream(&dream, &tiny_dream_config(VOCAB), 8).unwrap();
     for (dir, rows) in [(&sdar, &[BLOCK, TOKENS][..]), (&dream, &[TOKENS][..])] {
         let md = ModelDir::open(dir).unwrap();
-        let half = diffusion::load(&md.config, &md.weights(DType::BF16, &Device::Cpu).unwrap()).unwrap();
+        let half = models::load(&md.config, &md.weights(DType::BF16, &Device::Cpu).unwrap()).unwrap();
         assert_eq!(half.spec().dtype, DType::BF16);
         let (a, b) = (paged_logits(&half, rows), paged_logits(&load(dir), rows));
         assert_eq!(a.dtype(), DType::F32);

@@ -228,12 +228,12 @@ fn the_token_budget_limits_launches_not_prompts() {
 fn options_that_would_be_ignored_are_refused() {
     let (_tmp, dir) = tiny_dir(13);
     let refused = |b: EngineBuilder| matches!(b.build(), Err(Error::InvalidOption(_)));
-    let q = || ponder::gate::QExit::new(0.5, 1, 4).unwrap();
+    let q = || ponder::looped::gate::QExit::new(0.5, 1, 4).unwrap();
     // CB runs full depth: an early-exit gate or a held coda would do nothing.
     assert!(refused(builder(&dir, KvLayoutKind::LastExited, 2).looped(|o| o.exit_gate(q()))));
     assert!(refused(builder(&dir, KvLayoutKind::LastExited, 2).looped(|o| o.min_coda_batch_size(2))));
     // A full-depth gate is what CB does anyway.
-    assert!(builder(&dir, KvLayoutKind::LastExited, 2).looped(|o| o.exit_gate(ponder::gate::FixedDepth::new(4).unwrap())).build().is_ok());
+    assert!(builder(&dir, KvLayoutKind::LastExited, 2).looped(|o| o.exit_gate(ponder::looped::gate::FixedDepth::new(4).unwrap())).build().is_ok());
     assert!(builder(&dir, KvLayoutKind::LastExited, 2)
         .looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(q()).min_coda_batch_size(2))
         .build()
@@ -243,14 +243,14 @@ fn options_that_would_be_ignored_are_refused() {
 /// A gate that never asks to exit, breaking the `max_steps` contract.
 #[derive(Debug)]
 struct NeverExit;
-impl ponder::gate::ExitGate for NeverExit {
+impl ponder::looped::gate::ExitGate for NeverExit {
     fn name(&self) -> String {
         "never-exit".into()
     }
-    fn bounds(&self) -> ponder::gate::StepBounds {
-        ponder::gate::StepBounds::new(1, 4).unwrap()
+    fn bounds(&self) -> ponder::looped::gate::StepBounds {
+        ponder::looped::gate::StepBounds::new(1, 4).unwrap()
     }
-    fn decide(&self, _: ponder::gate::ItemRef, _: usize, _: ponder::gate::StepSignals, _: &mut ponder::gate::GateState) -> bool {
+    fn decide(&self, _: ponder::looped::gate::ItemRef, _: usize, _: ponder::looped::gate::StepSignals, _: &mut ponder::looped::gate::GateState) -> bool {
         false
     }
 }
@@ -259,17 +259,17 @@ impl ponder::gate::ExitGate for NeverExit {
 /// exit after every step, breaking the `min_steps` contract.
 #[derive(Debug)]
 struct ExitsEarly;
-impl ponder::gate::ExitGate for ExitsEarly {
+impl ponder::looped::gate::ExitGate for ExitsEarly {
     fn name(&self) -> String {
         "exits-early".into()
     }
-    fn bounds(&self) -> ponder::gate::StepBounds {
-        ponder::gate::StepBounds::new(4, 4).unwrap()
+    fn bounds(&self) -> ponder::looped::gate::StepBounds {
+        ponder::looped::gate::StepBounds::new(4, 4).unwrap()
     }
-    fn decide(&self, _: ponder::gate::ItemRef, _: usize, _: ponder::gate::StepSignals, _: &mut ponder::gate::GateState) -> bool {
+    fn decide(&self, _: ponder::looped::gate::ItemRef, _: usize, _: ponder::looped::gate::StepSignals, _: &mut ponder::looped::gate::GateState) -> bool {
         true
     }
-    fn exit_known(&self, _: ponder::gate::ItemRef, _: usize, _: &ponder::gate::GateState) -> Option<bool> {
+    fn exit_known(&self, _: ponder::looped::gate::ItemRef, _: usize, _: &ponder::looped::gate::GateState) -> Option<bool> {
         Some(true)
     }
 }
@@ -322,10 +322,11 @@ fn a_stalled_scheduler_fails_its_requests_and_frees_their_kv() {
 /// with a bug).
 struct Spoiled {
     kv: ponder::kv::KvManager,
+    layout: Box<dyn ponder::looped::layout::KvLayout>,
     steps: usize,
     waiting: Vec<ponder::scheduler::SchedRequest>,
     live: Vec<ponder::RequestId>,
-    defect: fn(&mut ponder::scheduler::LoopedLaunch),
+    defect: fn(&mut ponder::looped::LoopedLaunch),
 }
 impl ponder::scheduler::Scheduler for Spoiled {
     fn name(&self) -> &'static str {
@@ -351,35 +352,38 @@ impl ponder::scheduler::Scheduler for Spoiled {
         &self.kv
     }
 }
-impl ponder::scheduler::LoopedScheduler for Spoiled {
-    fn schedule(&mut self) -> Option<ponder::scheduler::LoopedLaunch> {
+impl ponder::looped::LoopedScheduler for Spoiled {
+    fn schedule(&mut self) -> Option<ponder::looped::LoopedLaunch> {
         let r = self.waiting.pop()?;
         let tables = self.kv.tables(r.id).unwrap().to_vec();
-        let row = ponder::scheduler::LoopedRow::full_depth(r.id, r.prompt, 0, tables);
-        let step_slots = (0..self.steps).map(|s| self.kv.layout().slot_for_step(s)).collect();
-        let mut launch =
-            ponder::scheduler::LoopedLaunch { stage: ponder::scheduler::Stage::Prefill, step_slots, rows: vec![row], kv_copies: vec![], reenter: false };
+        let row = ponder::looped::LoopedRow::full_depth(r.id, r.prompt, 0, tables);
+        let step_slots = (0..self.steps).map(|s| self.layout.slot_for_step(s)).collect();
+        let mut launch = ponder::looped::LoopedLaunch { stage: ponder::looped::Stage::Prefill, step_slots, rows: vec![row], kv_copies: vec![], reenter: false };
         (self.defect)(&mut launch);
         Some(launch)
     }
-    fn complete(&mut self, _: &ponder::scheduler::LoopedLaunch, _: &ponder::scheduler::LoopedResult) {}
+    fn complete(&mut self, _: &ponder::looped::LoopedLaunch, _: &ponder::looped::LoopedResult) {}
 }
 
 #[test]
 fn malformed_launches_from_a_custom_scheduler_fail_their_requests() {
     let (_tmp, dir) = tiny_dir(16);
-    type Defect = (&'static str, fn(&mut ponder::scheduler::LoopedLaunch));
+    type Defect = (&'static str, fn(&mut ponder::looped::LoopedLaunch));
     let defects: [Defect; 6] = [
         ("no loop steps", |l| l.step_slots.clear()),
         ("token outside the vocabulary", |l| l.rows[0].tokens[0] = VOCAB as u32),
         ("no block tables", |l| l.rows[0].block_tables.clear()),
         ("table too short", |l| l.rows[0].block_tables[0] = l.rows[0].block_tables[0][..0].into()),
         ("block outside the pool", |l| l.rows[0].block_tables[0] = vec![u32::MAX; 8].into()),
-        ("copy outside the cache", |l| l.kv_copies.push(ponder::scheduler::KvCopy { src: 0, dst: u32::MAX })),
+        ("copy outside the cache", |l| l.kv_copies.push(ponder::looped::KvCopy { src: 0, dst: u32::MAX })),
     ];
     for (name, defect) in defects {
         let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2)
-            .looped(|o| o.custom_scheduler(move |ctx| Box::new(Spoiled { kv: ctx.kv, steps: ctx.spec.max_steps, waiting: vec![], live: vec![], defect })))
+            .looped(|o| {
+                o.custom_scheduler(move |ctx| {
+                    Box::new(Spoiled { kv: ctx.kv, layout: ctx.layout, steps: ctx.spec.max_steps, waiting: vec![], live: vec![], defect })
+                })
+            })
             .build()
             .unwrap();
         let outs = engine.generate([vec![1u32, 2, 3]], &GenerationParams::greedy(4)).unwrap();
@@ -395,7 +399,7 @@ struct Strided {
     slots: usize,
     stride: usize,
 }
-impl ponder::kv::KvLayout for Strided {
+impl ponder::looped::layout::KvLayout for Strided {
     fn name(&self) -> &'static str {
         "strided"
     }
@@ -422,8 +426,8 @@ fn a_recorded_trace_with_an_empty_list_runs_full_depth() {
     let ps = prompts(2, 6);
     let want = sequential(&mut builder(&dir, KvLayoutKind::LastExited, 2).build().unwrap(), &ps, &[5, 5]);
     // Request 0 has an empty list, request 1 none at all: both run every step.
-    let trace = ponder::gate::DepthTrace::Recorded(HashMap::from([(0u64, Vec::new())]));
-    let gate = ponder::gate::Replay::new(trace, 1, 4).unwrap();
+    let trace = ponder::looped::gate::DepthTrace::Recorded(HashMap::from([(0u64, Vec::new())]));
+    let gate = ponder::looped::gate::Replay::new(trace, 1, 4).unwrap();
     let mut engine =
         builder(&dir, KvLayoutKind::LastExited, 2).looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).exit_gate(gate)).build().unwrap();
     let got: Vec<Vec<u32>> = engine.generate(ps, &GenerationParams::greedy(5)).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();

@@ -30,7 +30,7 @@ fn custom_gate_is_batch_invariant() {
     let engine = check(&|w| {
         builder(&dir, KvLayoutKind::Shared, w).looped(|o| {
             o.scheduler(SchedulerKind::Depth { refill: true })
-                .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, bounds: ponder::gate::StepBounds::new(1, 4).unwrap() })
+                .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, bounds: ponder::looped::gate::StepBounds::new(1, 4).unwrap() })
         })
     });
     let d = engine.metrics().mean_depth();
@@ -42,7 +42,7 @@ fn custom_scheduler_is_batch_invariant() {
     let (_tmp, dir) = tiny_dir(52);
     let engine = check(&|w| {
         builder(&dir, KvLayoutKind::DepthIndexed, w)
-            .looped(|o| o.custom_scheduler(|ctx| Box::new(custom_scheduler::ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.spec.max_steps))))
+            .looped(|o| o.custom_scheduler(|ctx| Box::new(custom_scheduler::ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.layout, ctx.spec.max_steps))))
     });
     assert_eq!(engine.scheduler().name(), "shortest-prompt-first");
 }
@@ -51,14 +51,20 @@ fn custom_scheduler_is_batch_invariant() {
 /// rising (scratch[0] holds the previous step's hazard).
 #[derive(Debug)]
 struct HazardPlateau;
-impl ponder::gate::ExitGate for HazardPlateau {
+impl ponder::looped::gate::ExitGate for HazardPlateau {
     fn name(&self) -> String {
         "hazard-plateau".into()
     }
-    fn bounds(&self) -> ponder::gate::StepBounds {
-        ponder::gate::StepBounds::new(1, 4).unwrap()
+    fn bounds(&self) -> ponder::looped::gate::StepBounds {
+        ponder::looped::gate::StepBounds::new(1, 4).unwrap()
     }
-    fn decide(&self, _: ponder::gate::ItemRef, step: usize, signals: ponder::gate::StepSignals, state: &mut ponder::gate::GateState) -> bool {
+    fn decide(
+        &self,
+        _: ponder::looped::gate::ItemRef,
+        step: usize,
+        signals: ponder::looped::gate::StepSignals,
+        state: &mut ponder::looped::gate::GateState,
+    ) -> bool {
         let hazard = signals.logit.map_or(0.0, |z| 1.0 / (1.0 + (-z).exp()));
         let plateau = step > 0 && hazard <= state.scratch[0];
         state.scratch[0] = hazard;
@@ -85,7 +91,7 @@ fn a_custom_gate_runs_on_the_benchmark_harness() {
     let mut engine = builder(&dir, KvLayoutKind::LastExited, 3)
         .looped(|o| {
             o.scheduler(SchedulerKind::Depth { refill: true })
-                .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, bounds: ponder::gate::StepBounds::new(1, 4).unwrap() })
+                .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, bounds: ponder::looped::gate::StepBounds::new(1, 4).unwrap() })
         })
         .build()
         .unwrap();

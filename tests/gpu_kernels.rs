@@ -1015,7 +1015,7 @@ fn fused_timing() {
 // ---------------------------------------------------------------------------------------------
 // CUDA graphs: the engine with graph replay gives the same greedy tokens as without.
 
-fn graph_test_config() -> ponder::models::OuroConfig {
+fn graph_test_config() -> ponder::looped::models::OuroConfig {
     let mut cfg = ponder::testing::tiny_ouro_config(512);
     cfg.hidden_size = 256;
     cfg.intermediate_size = 512;
@@ -1037,7 +1037,7 @@ enum Graphs {
 }
 
 /// A Huginn small enough for the test and wide enough for the attention kernels (head dim 64).
-fn graph_test_huginn() -> ponder::models::HuginnConfig {
+fn graph_test_huginn() -> ponder::looped::models::HuginnConfig {
     let mut cfg = ponder::testing::tiny_huginn_config(512);
     cfg.n_embd = 256;
     cfg.intermediate_size = 512;
@@ -1062,8 +1062,8 @@ fn graph_engine_run(
     prompts: &[Vec<u32>],
     new_tokens: &[usize],
 ) -> Vec<Vec<u32>> {
-    use ponder::models::looped::{Huginn, Ouro};
-    let model: Box<dyn ponder::models::LoopedModel> = if huginn {
+    use ponder::looped::models::{Huginn, Ouro};
+    let model: Box<dyn ponder::looped::models::LoopedModel> = if huginn {
         let cfg = graph_test_huginn();
         let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, gpu).unwrap();
         let wte = t["transformer.wte.weight"].clone();
@@ -1080,7 +1080,7 @@ fn graph_engine_run(
 /// Runs `prompts` (all queued at once) to completion on `model`, greedy, in one of the
 /// [`Graphs`] modes; the depth schedulers exit by a replayed depth trace.
 fn engine_run(
-    model: Box<dyn ponder::models::LoopedModel>,
+    model: Box<dyn ponder::looped::models::LoopedModel>,
     sched: ponder::SchedulerKind,
     layout: ponder::KvLayoutKind,
     width: usize,
@@ -1088,7 +1088,7 @@ fn engine_run(
     prompts: &[Vec<u32>],
     new_tokens: &[usize],
 ) -> Vec<Vec<u32>> {
-    use ponder::gate::{DepthTrace, Replay};
+    use ponder::looped::gate::{DepthTrace, Replay};
     let mut b = ponder::EngineBuilder::from_model(model, None, vec![])
         .looped(|o| o.scheduler(sched).kv_layout(layout))
         .max_num_seqs(width)
@@ -1511,8 +1511,8 @@ fn fused_qkv_norm_rope_write() {
 fn huginn_stage_graphs_match_eager_numerically() {
     use ponder::engine::internals::Graph;
     use ponder::kv::KvStore;
-    use ponder::models::looped::Huginn;
-    use ponder::models::LoopedModel;
+    use ponder::looped::models::Huginn;
+    use ponder::looped::models::LoopedModel;
     let gpu = Device::new_cuda(0).unwrap();
     let cfg = graph_test_huginn();
     let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, &gpu).unwrap();
@@ -1589,11 +1589,11 @@ fn huginn_stage_graphs_match_eager_numerically() {
 /// overlap on one stream).
 #[test]
 fn device_spans_cover_every_launch() {
-    use ponder::gate::{DepthTrace, Replay};
+    use ponder::looped::gate::{DepthTrace, Replay};
     let gpu = Device::new_cuda(0).unwrap();
     let cfg = graph_test_config();
     let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, &gpu).unwrap();
-    let model = ponder::models::looped::Ouro::load(&cfg, &weights).unwrap();
+    let model = ponder::looped::models::Ouro::load(&cfg, &weights).unwrap();
     let mut engine = ponder::EngineBuilder::from_model(Box::new(model), None, vec![])
         .looped(|o| {
             o.scheduler(ponder::SchedulerKind::Depth { refill: true })
@@ -1633,7 +1633,7 @@ fn device_spans_cover_every_launch() {
 
 /// The tiny Ouro of the graph tests on the GPU, with the embedding row of `poison` (if any) set
 /// to NaN: a request whose prompt holds that token meets non-finite logits.
-fn ouro_on_gpu(gpu: &Device, dtype: DType, poison: Option<usize>) -> Box<dyn ponder::models::LoopedModel> {
+fn ouro_on_gpu(gpu: &Device, dtype: DType, poison: Option<usize>) -> Box<dyn ponder::looped::models::LoopedModel> {
     let cfg = graph_test_config();
     let mut t = ponder::testing::random_tensors(&ponder::testing::ouro_tensor_manifest(&cfg), 5, DType::F32, gpu).unwrap();
     if let Some(token) = poison {
@@ -1643,7 +1643,7 @@ fn ouro_on_gpu(gpu: &Device, dtype: DType, poison: Option<usize>) -> Box<dyn pon
         rows[token * h..(token + 1) * h].fill(f32::NAN);
         t.insert("model.embed_tokens.weight".into(), Tensor::from_vec(rows, (v, h), gpu).unwrap());
     }
-    Box::new(ponder::models::looped::Ouro::load(&cfg, &ponder::loader::Weights::from_map(t, dtype, gpu)).unwrap())
+    Box::new(ponder::looped::models::Ouro::load(&cfg, &ponder::loader::Weights::from_map(t, dtype, gpu)).unwrap())
 }
 
 /// The non-finite flag on the device equals the CPU's, for f32 and bf16 logits.
@@ -1679,7 +1679,7 @@ fn non_finite_flag_matches_cpu() {
 /// one token, the one beside it generates what it generates on the clean weights.
 #[test]
 fn non_finite_logits_fail_their_request_on_the_device() {
-    use ponder::gate::{DepthTrace, Replay};
+    use ponder::looped::gate::{DepthTrace, Replay};
     let gpu = Device::new_cuda(0).unwrap();
     let (bad, good) = (vec![3u32, 7, 11, 9, 40], vec![4u32, 8, 12, 10, 2, 99]);
     for (sched, layout) in [
@@ -1770,11 +1770,10 @@ fn debug_nan_propagation() {
 /// every MoE layer and stay within bf16 rounding of the CPU f32 logits.
 #[test]
 fn moe_diffusion_models_on_the_device_match_the_cpu() {
-    use ponder::models::diffusion;
     use ponder::testing::{tiny_llada2_config, tiny_sdar_moe_config, write_random_llada2, write_random_sdar};
     let gpu = Device::new_cuda(0).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let llada2 = ponder::models::config::Llada2Config {
+    let llada2 = ponder::diffusion::models::Llada2Config {
         hidden_size: 256,
         num_attention_heads: 4,
         num_key_value_heads: Some(2),
@@ -1786,7 +1785,7 @@ fn moe_diffusion_models_on_the_device_match_the_cpu() {
         moe_intermediate_size: 32,
         ..tiny_llada2_config(97)
     };
-    let sdar_moe = ponder::models::config::SdarConfig {
+    let sdar_moe = ponder::diffusion::models::SdarConfig {
         hidden_size: 256,
         head_dim: Some(64),
         num_experts: Some(16),
@@ -1799,12 +1798,12 @@ fn moe_diffusion_models_on_the_device_match_the_cpu() {
     let ids: Vec<u32> = vec![3, 17, 42, 8, 96, 96, 96, 96, 11, 96, 5, 96];
     for family in ["llada2", "sdar_moe"] {
         let dir = ponder::loader::ModelDir::open(tmp.path().join(family)).unwrap();
-        let cpu = diffusion::load(&dir.config, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
+        let cpu = ponder::diffusion::models::load(&dir.config, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
         let want = ponder::testing::canvas_logits(&cpu, &ids, 4).unwrap();
         // bf16: a near-tie in the router may choose another expert for a token than f32 does,
         // so each position gets a looser bound than the mean over positions.
         for (dtype, tol, mean_tol) in [(DType::F32, 1e-4, 1e-4), (DType::BF16, 0.1, 3e-2)] {
-            let model = diffusion::load(&dir.config, &dir.weights(dtype, &gpu).unwrap()).unwrap();
+            let model = ponder::diffusion::models::load(&dir.config, &dir.weights(dtype, &gpu).unwrap()).unwrap();
             let got = ponder::testing::canvas_logits(&model, &ids, 4).unwrap();
             let mut total = 0.0;
             for (pos, (g, w)) in got.iter().zip(&want).enumerate() {

@@ -52,7 +52,7 @@ fn dropping_a_stream_aborts_its_request() {
 
 #[test]
 fn overlapped_engine_thread_streams_the_same_tokens() {
-    use ponder::gate::{DepthTrace, Lookahead, QExit, Replay};
+    use ponder::looped::gate::{DepthTrace, Lookahead, QExit, Replay};
     use ponder::SchedulerKind;
     let (_tmp, dir) = tiny_dir(33);
     let ps = prompts(6, 4);
@@ -72,7 +72,7 @@ fn overlapped_engine_thread_streams_the_same_tokens() {
         assert_eq!(got, want, "lookahead={lookahead}");
     }
     // A gate that needs each step's own signal cannot overlap: a typed error at build time.
-    let q = ponder::gate::QExit::new(0.5, 1, 4).unwrap();
+    let q = ponder::looped::gate::QExit::new(0.5, 1, 4).unwrap();
     let err = builder(&dir, KvLayoutKind::Shared, 2).looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(q).overlap(true)).build();
     assert!(matches!(err, Err(ponder::Error::InvalidOption(_))));
 }

@@ -3,9 +3,9 @@
 
 mod common;
 use common::*;
-use ponder::gate::{DepthTrace, ExitGate, FixedDepth, LatentDiff, Lookahead, Replay};
+use ponder::config::ModelConfig;
 use ponder::loader::ModelDir;
-use ponder::models::ModelConfig;
+use ponder::looped::gate::{DepthTrace, ExitGate, FixedDepth, LatentDiff, Lookahead, Replay};
 use ponder::testing::{huginn_tensor_manifest, tiny_huginn_config, write_random_huginn};
 use ponder::{EngineBuilder, KvLayoutKind, SchedulerKind};
 
@@ -18,7 +18,7 @@ fn tiny_huginn(seed: u64) -> (tempfile::TempDir, std::path::PathBuf) {
 
 #[test]
 fn real_huginn_tensor_names() {
-    let m = huginn_tensor_manifest(&ponder::models::HuginnConfig::huginn_0125());
+    let m = huginn_tensor_manifest(&ponder::looped::models::HuginnConfig::huginn_0125());
     assert_eq!(m.len(), 8 * 9 + 4, "77 tensors in the released checkpoint, less freqs_cis");
     let block: usize = m.iter().filter(|(n, _)| n.starts_with("transformer.core_block.0.")).map(|(_, s)| s.iter().product::<usize>()).sum();
     assert_eq!(block, 395_398_080);
@@ -39,10 +39,10 @@ fn tiny_huginn_loads_and_generates() {
     // The head has a row per padded-table entry (VOCAB rounded up to 8); its logits stop at VOCAB.
     let cfg = tiny_huginn_config(VOCAB);
     assert!(cfg.table_rows() > VOCAB, "the tiny config pads its table");
-    let model = ponder::models::looped::Huginn::load(&cfg, &ModelDir::open(&dir).unwrap().weights(candle_core::DType::F32, &candle_core::Device::Cpu).unwrap())
+    let model = ponder::looped::models::Huginn::load(&cfg, &ModelDir::open(&dir).unwrap().weights(candle_core::DType::F32, &candle_core::Device::Cpu).unwrap())
         .unwrap();
     let h = candle_core::Tensor::zeros((2, cfg.n_embd), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-    assert_eq!(ponder::models::LoopedModel::head(&model, &h).unwrap().dims(), &[2, VOCAB]);
+    assert_eq!(ponder::looped::models::LoopedModel::head(&model, &h).unwrap().dims(), &[2, VOCAB]);
     // A missing tensor is a typed error naming it.
     let t = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).unwrap();
     let mut fewer = t.clone();
@@ -74,7 +74,7 @@ fn huginn_depth_batching_is_batch_invariant() {
             for (name, gate) in gates() {
                 let g = gate();
                 if (scheduler == SchedulerKind::Continuous && name != "fixed6")
-                    || ponder::kv::check_layout(layout.build().as_ref(), g.min_steps(), g.max_steps()).is_err()
+                    || ponder::looped::layout::check_layout(layout.build().as_ref(), g.min_steps(), g.max_steps()).is_err()
                 {
                     continue;
                 }
@@ -149,7 +149,7 @@ fn released_layout_loads_sharded_fp32_with_freqs_cis() {
 /// generates, scale 0 is the zero state, and the option is refused where it does not apply.
 #[test]
 fn seeded_initial_state_is_batch_invariant() {
-    use ponder::models::InitialState;
+    use ponder::looped::models::InitialState;
     let (_tmp, dir) = tiny_huginn(4);
     let ps = prompts(6, 9);
     let max_new: Vec<usize> = (0..ps.len()).map(|i| 4 + (i * 3) % 6).collect();
@@ -184,7 +184,7 @@ fn seeded_initial_state_is_batch_invariant() {
     let wte = t["transformer.wte.weight"].clone();
     t.insert("lm_head.weight".into(), wte);
     let weights = ponder::loader::Weights::from_map(t, ponder::DType::F32, &ponder::Device::Cpu);
-    let model = ponder::models::looped::Huginn::load(&cfg, &weights).unwrap();
+    let model = ponder::looped::models::Huginn::load(&cfg, &weights).unwrap();
     let in_memory = EngineBuilder::from_model(Box::new(model.clone()), None, vec![]).looped(|o| o.huginn_initial_state(noisy)).build();
     assert!(matches!(in_memory, Err(ponder::Error::InvalidOption(_))), "the builder option is for model directories");
     let seeded = model.with_initial_state(noisy).unwrap();
@@ -233,15 +233,15 @@ fn trained_gate_heads_are_refused_for_huginn() {
     let b = candle_core::Tensor::zeros(1, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
     let path = tmp.path().join("head.safetensors");
     candle_core::safetensors::save(&std::collections::HashMap::from([("weight".to_string(), w), ("bias".to_string(), b)]), &path).unwrap();
-    let gate = ponder::gate::LearnedLookahead::load(&path, 0.5, 1, 4).unwrap();
+    let gate = ponder::looped::gate::LearnedLookahead::load(&path, 0.5, 1, 4).unwrap();
     let err = ponder::EngineBuilder::new(&dir)
         .looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(ponder::KvLayoutKind::LastExited).exit_gate(gate))
         .build();
     assert!(matches!(&err, Err(ponder::Error::InvalidOption(m)) if m.contains("no exit-gate head")), "{:?}", err.err());
     // Nor has it a preloop gate: its prelude has attention layers, so a depth is no function of
     // the token alone.
-    let head = ponder::gate::GateHead { weight: vec![0.0; 4 * h], bias: vec![0.0; 4], rows: 4, hidden: h };
-    let gate = ponder::gate::Preloop::new(head, 0.5, 1, 4).unwrap();
+    let head = ponder::looped::gate::GateHead { weight: vec![0.0; 4 * h], bias: vec![0.0; 4], rows: 4, hidden: h };
+    let gate = ponder::looped::gate::Preloop::new(head, 0.5, 1, 4).unwrap();
     let err = ponder::EngineBuilder::new(&dir)
         .looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(ponder::KvLayoutKind::LastExited).exit_gate(gate))
         .build();

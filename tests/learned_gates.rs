@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use ponder::gate::{GateHead, LearnedLookahead, Lookahead, Preloop, QExit};
+use ponder::looped::gate::{GateHead, LearnedLookahead, Lookahead, Preloop, QExit};
 use ponder::{KvLayoutKind, SchedulerKind};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,7 +31,7 @@ fn a_stock_initialised_head_is_the_delayed_stock_gate_and_batches_exactly() {
     let max_new: Vec<usize> = (0..ps.len()).map(|i| 5 + (i * 3) % 7).collect();
     for refill in [true, false] {
         let sched = SchedulerKind::Depth { refill };
-        let make = |width: usize, gate: Box<dyn ponder::gate::ExitGate>| {
+        let make = |width: usize, gate: Box<dyn ponder::looped::gate::ExitGate>| {
             builder(&dir, KvLayoutKind::LastExited, width).looped(|o| o.scheduler(sched).exit_gate_boxed(gate)).build().unwrap()
         };
         let delayed = || Box::new(Lookahead::new(QExit::new(0.5, 1, 4).unwrap()).unwrap());

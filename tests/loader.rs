@@ -2,8 +2,8 @@
 
 mod common;
 use common::*;
+use ponder::config::ModelConfig;
 use ponder::loader::ModelDir;
-use ponder::models::ModelConfig;
 use ponder::testing::{ouro_tensor_manifest, tiny_ouro_config};
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind};
 use std::collections::HashMap;
@@ -43,7 +43,7 @@ fn sharded_checkpoint_loads_like_single_file() {
 
 #[test]
 fn real_ouro_tensor_names() {
-    let cfg = ponder::models::OuroConfig::ouro_1_4b();
+    let cfg = ponder::looped::models::OuroConfig::ouro_1_4b();
     let m = ouro_tensor_manifest(&cfg);
     assert_eq!(m.len(), 24 * 11 + 5, "269 tensors in the released Ouro-1.4B checkpoint");
     let params: usize = m.iter().map(|(_, s)| s.iter().product::<usize>()).sum();
@@ -81,7 +81,7 @@ fn shipped_tiny_model_generates_text() {
 #[test]
 fn eos_from_generation_config() {
     let mut cfg = tiny_ouro_config(VOCAB);
-    cfg.eos_token_id = Some(ponder::models::config::EosIds::Many(vec![5, 3]));
+    cfg.eos_token_id = Some(ponder::config::EosIds::Many(vec![5, 3]));
     let (_tmp, dir) = tiny_dir_with(cfg, 5);
     std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": 7}"#).unwrap();
     assert_eq!(ModelDir::open(&dir).unwrap().eos_token_ids, vec![3, 5, 7]);

@@ -9,7 +9,7 @@
 mod common;
 use candle_core::{DType, Device, Tensor};
 use common::{caught, family_checkpoints};
-use ponder::gate::{LearnedLookahead, Preloop};
+use ponder::looped::gate::{LearnedLookahead, Preloop};
 use ponder::{Engine, EngineBuilder, Error, GenerationParams};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -196,7 +196,7 @@ fn broken_tokenizer_configs_and_gate_heads_never_panic() {
         let serve_with_head = |d: &Path| -> Outcome {
             caught(|| {
                 let head = d.join(file);
-                let gate: Box<dyn ponder::gate::ExitGate> =
+                let gate: Box<dyn ponder::looped::gate::ExitGate> =
                     if preloop { Box::new(Preloop::load(&head, 0.5, 1, 4)?) } else { Box::new(LearnedLookahead::load(&head, 0.5, 1, 4)?) };
                 let mut engine = EngineBuilder::new(d)
                     .max_num_seqs(2)
@@ -245,7 +245,7 @@ fn a_context_window_of_zero_is_a_bad_config() {
 #[test]
 fn broken_trace_files_never_panic() {
     use ponder::diffusion::{Replay as ReplayCounts, UnmaskTrace};
-    use ponder::gate::{DepthTrace, Replay as ReplayDepths};
+    use ponder::looped::gate::{DepthTrace, Replay as ReplayDepths};
     let tmp = tempfile::tempdir().unwrap();
     let checkpoints = family_checkpoints(tmp.path());
     let (ouro, sdar) = (checkpoints[0].1.clone(), checkpoints[2].1.clone());

@@ -10,12 +10,13 @@
 //! reference's.
 
 mod common;
+use ponder::config::ModelConfig;
 use ponder::engine::internals::LoopedRunner;
-use ponder::kv::{KvLayoutKind, KvManager};
+use ponder::kv::KvManager;
 use ponder::loader::ModelDir;
-use ponder::models::looped::Ouro;
-use ponder::models::ModelConfig;
-use ponder::scheduler::{LoopedLaunch, LoopedRow, Stage};
+use ponder::looped::layout::KvLayoutKind;
+use ponder::looped::models::Ouro;
+use ponder::looped::{LoopedLaunch, LoopedRow, Stage};
 use ponder::{DType, Device, RequestId};
 
 #[derive(serde::Deserialize)]
@@ -69,7 +70,7 @@ fn tiny_ouro_matches_the_pytorch_reference() {
     }
     let model = Ouro::load(cfg, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
     let steps = cfg.total_ut_steps;
-    let mut kv = KvManager::new(64, 16, KvLayoutKind::DepthIndexed.build(), steps);
+    let mut kv = KvManager::new(64, 16, KvLayoutKind::DepthIndexed.build().num_slots(steps));
     let rows = fx
         .cases
         .iter()
@@ -140,7 +141,7 @@ fn continuations_match_the_reference_token_by_token() {
 
 #[test]
 fn exits_and_layouts_match_the_reference_token_by_token() {
-    use ponder::gate::{ExitGate, Lookahead, QExit};
+    use ponder::looped::gate::{ExitGate, Lookahead, QExit};
     use ponder::SchedulerKind;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let fx: Fixture = serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/tiny_ouro_reference.json")).unwrap()).unwrap();

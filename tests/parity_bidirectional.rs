@@ -110,7 +110,7 @@ fn a_request_ends_at_its_first_eos_and_frees_its_kv() {
     let eos = c.tokens[cut];
     let tmp = tempfile::tempdir().unwrap();
     let mut cfg = tiny_llada_config(VOCAB);
-    cfg.eos_token_id = Some(ponder::models::EosIds::One(eos));
+    cfg.eos_token_id = Some(ponder::config::EosIds::One(eos));
     write_random_llada(tmp.path(), &cfg, SEEDS[0].1).unwrap();
     let mut engine = EngineBuilder::new(tmp.path())
         .block_size(4)

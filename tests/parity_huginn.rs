@@ -97,7 +97,7 @@ fn greedy_decoding_matches_the_float64_reference() {
 
 #[test]
 fn latent_difference_exits_match_the_reference_token_by_token() {
-    use ponder::gate::LatentDiff;
+    use ponder::looped::gate::LatentDiff;
     use ponder::SchedulerKind;
     let doc: serde_json::Value = serde_json::from_str(include_str!("fixtures/tiny_huginn_reference.json")).unwrap();
     let tmp = tempfile::tempdir().unwrap();

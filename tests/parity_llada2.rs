@@ -9,9 +9,9 @@
 mod common;
 use candle_core::Tensor;
 use common::fixture_policy;
+use ponder::diffusion::models::{self, DenseDiffusion, DiffusionModel};
 use ponder::diffusion::Threshold;
 use ponder::loader::ModelDir;
-use ponder::models::diffusion::{self, DenseDiffusion, DiffusionModel};
 use ponder::testing::{canvas_logits, relative_error, tiny_llada2_config, tiny_sdar_moe_config, write_random_llada2, write_random_sdar};
 use ponder::{DType, Device, EngineBuilder, GenerationParams};
 use std::path::Path;
@@ -55,7 +55,7 @@ fn logits_and_routes_match_the_float64_references() {
     for (family, model_type, moe_layers) in [("llada2", "llada2_moe", vec![1, 2]), ("sdar_moe", "sdar_moe", vec![0, 2])] {
         let dir = ModelDir::open(model_dir(tmp.path(), family)).unwrap();
         assert_eq!(dir.config.model_type(), model_type);
-        let model = diffusion::load(&dir.config, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
+        let model = models::load(&dir.config, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
         assert_eq!(model.spec().model_type, model_type);
         check_forward(&model, family, &moe_layers);
     }
@@ -118,7 +118,7 @@ fn greedy_decoding_matches_the_float64_reference() {
             // The same weights with an EOS id in the config. The reference returns through the
             // EOS; the engine ends the request on it and streams what came before.
             let d = tmp.path().join("llada2-eos");
-            let cfg = ponder::models::Llada2Config { eos_token_id: Some(ponder::models::EosIds::Many(eos.clone())), ..tiny_llada2_config(VOCAB) };
+            let cfg = ponder::diffusion::models::Llada2Config { eos_token_id: Some(ponder::config::EosIds::Many(eos.clone())), ..tiny_llada2_config(VOCAB) };
             write_random_llada2(&d, &cfg, SEED).unwrap();
             assert_eq!(want.pop().map(|t| eos.contains(&t)), Some(true));
             ended_on_eos = true;

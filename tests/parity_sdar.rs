@@ -9,9 +9,9 @@
 mod common;
 use candle_core::Tensor;
 use common::fixture_policy;
-use ponder::kv::{KvManager, Shared};
+use ponder::diffusion::models::{self, DiffusionModel};
+use ponder::kv::KvManager;
 use ponder::loader::ModelDir;
-use ponder::models::diffusion::{self, DiffusionModel};
 use ponder::ops::{AttnMask, PagedBatch, PagedBatchHost};
 use ponder::{DType, Device, RequestId};
 
@@ -57,11 +57,11 @@ fn tiny_sdar_matches_the_pytorch_reference() {
     let fx: Fixture = serde_json::from_str(&std::fs::read_to_string(root.join("tests/fixtures/tiny_sdar_reference.json")).unwrap()).unwrap();
     let dir = ModelDir::open(root.join("assets/tiny-sdar")).unwrap();
     let tok = dir.tokenizer().unwrap().unwrap();
-    let model = diffusion::load(&dir.config, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let model = models::load(&dir.config, &dir.weights(DType::F32, &Device::Cpu).unwrap()).unwrap();
     let spec = model.spec().clone();
     assert_eq!((spec.block_length, spec.mask_token_id), (Some(fx.block_size), fx.mask_token_id));
     let b = fx.block_size;
-    let mut kv_mgr = KvManager::new(64, 16, Box::new(Shared), 1);
+    let mut kv_mgr = KvManager::new(64, 16, 1);
     let kv = ponder::kv::KvStore::new(spec.num_layers, 64, 16, spec.num_kv_heads, spec.head_dim, DType::F32, &Device::Cpu).unwrap();
     let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
     let (mut ids, mut positions, mut readout, mut expected) = (vec![], vec![], vec![], vec![]);

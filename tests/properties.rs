@@ -3,9 +3,11 @@
 //! at once or one launch late (overlap). Every request receives exactly its tokens, in order
 //! (aborted ones a prefix), and the KV pool ends empty.
 
-use ponder::gate::{DepthTrace, ExitGate, Replay};
-use ponder::kv::{KvLayoutKind, KvManager};
-use ponder::scheduler::{ContinuousBatching, DepthBatching, DepthConfig, LoopedResult, LoopedRowOutput, LoopedScheduler, SchedRequest, SchedulerLimits};
+use ponder::kv::KvManager;
+use ponder::looped::gate::{DepthTrace, ExitGate, Replay};
+use ponder::looped::layout::KvLayoutKind;
+use ponder::looped::{ContinuousBatching, DepthBatching, DepthConfig, LoopedResult, LoopedRowOutput, LoopedScheduler};
+use ponder::scheduler::{SchedRequest, SchedulerLimits};
 use ponder::RequestId;
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -25,14 +27,15 @@ struct Req {
 
 fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_free: usize, coda_reserve: usize, seed: u64) -> Box<dyn LoopedScheduler> {
     let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 64 };
-    let kv = KvManager::new(256, 4, layout.build(), 4);
+    let kv = KvManager::new(256, 4, layout.build().num_slots(4));
     let gate: Box<dyn ExitGate> = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, seed).unwrap(), 2, 4).unwrap());
     match kind {
-        0 => Box::new(ContinuousBatching::new(limits, kv, 4).with_min_free_slots(Some(min_free))),
+        0 => Box::new(ContinuousBatching::new(limits, kv, layout.build(), 4).with_min_free_slots(Some(min_free))),
         k => Box::new(DepthBatching::new(
             DepthConfig { refill: k == 1, min_coda_batch_size: min_coda, min_free_slots: Some(min_free), coda_reserve },
             limits,
             kv,
+            layout.build(),
             gate,
         )),
     }
@@ -41,7 +44,7 @@ fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_
 /// `width`: most rows of a decode launch; `resident`: most requests resident at once.
 fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usize, resident: usize) -> Result<(), TestCaseError> {
     let overlap = overlap && s.supports_overlap();
-    let mut pending: Option<(ponder::scheduler::LoopedLaunch, LoopedResult)> = None;
+    let mut pending: Option<(ponder::looped::LoopedLaunch, LoopedResult)> = None;
     let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut live: HashMap<u64, usize> = HashMap::new();
     let mut tick = 0;
@@ -67,7 +70,7 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
         }
         let all_arrived = reqs.iter().all(|r| r.arrival <= tick);
         let next = s.schedule();
-        if let Some(l) = next.as_ref().filter(|l| l.stage != ponder::scheduler::Stage::Prefill) {
+        if let Some(l) = next.as_ref().filter(|l| l.stage != ponder::looped::Stage::Prefill) {
             prop_assert!(l.rows.len() <= width, "{:?} launch of {} rows at width {width}", l.stage, l.rows.len());
         }
         for row in next.iter().flat_map(|l| &l.rows) {

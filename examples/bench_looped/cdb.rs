@@ -9,7 +9,7 @@ use ponder::EngineBuilder;
 /// trace (`--depth-traces`) with the overlap setting it is compared under.
 pub(crate) struct DepthSource {
     label: Option<String>,
-    trace: ponder::gate::DepthTrace,
+    trace: ponder::looped::gate::DepthTrace,
     min_depth: usize,
     overlap: Option<bool>,
 }
@@ -17,7 +17,7 @@ pub(crate) struct DepthSource {
 /// `--depth-traces LABEL=FILE[:on|off],...` (recorded per-token depths, e.g. from the
 /// `quality_gates` example, replayed as a stream), else one seeded source per `--mean-depths`.
 fn depth_sources(args: &Args, max_steps: usize) -> Result<Vec<DepthSource>, Box<dyn std::error::Error>> {
-    use ponder::gate::DepthTrace;
+    use ponder::looped::gate::DepthTrace;
     if args.depth_traces.is_empty() {
         return args
             .mean_depths
@@ -41,7 +41,7 @@ fn depth_sources(args: &Args, max_steps: usize) -> Result<Vec<DepthSource>, Box<
 }
 
 pub(crate) fn cdb_suite(args: &Args, model: &BenchModel, roof: crate::Roof) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
-    use ponder::gate::Replay;
+    use ponder::looped::gate::Replay;
     use ponder::SchedulerKind;
     let spec = model.spec().clone();
     let slots = args.layout.build().num_slots(spec.max_steps);

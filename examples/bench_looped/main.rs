@@ -75,8 +75,8 @@ mod parity;
 use candle_core::{DType, Device};
 use ponder::bench::Lengths;
 use ponder::loader::Weights;
-use ponder::models::looped::{Huginn, Ouro};
-use ponder::models::{HuginnConfig, LoopedModel, OuroConfig};
+use ponder::looped::models::{Huginn, Ouro};
+use ponder::looped::models::{HuginnConfig, LoopedModel, OuroConfig};
 use ponder::testing::{huginn_tensor_manifest, ouro_tensor_manifest, random_tensors, tiny_huginn_config, tiny_ouro_config};
 use ponder::KvLayoutKind;
 use std::time::Instant;
@@ -273,7 +273,7 @@ impl BenchModel {
             Self::Huginn(m) => m.device(),
         }
     }
-    fn spec(&self) -> &ponder::models::LoopedSpec {
+    fn spec(&self) -> &ponder::looped::models::LoopedSpec {
         match self {
             Self::Ouro(m) => m.spec(),
             Self::Huginn(m) => m.spec(),

@@ -137,7 +137,7 @@ pub fn offline(engine: &mut Engine, jobs: &[Job], window: Window) -> Result<RunS
 mod tests {
     use super::*;
     use crate::bench::{workload, Lengths};
-    use crate::gate::{DepthTrace, Replay};
+    use crate::looped::gate::{DepthTrace, Replay};
     use crate::testing::{huginn_tensor_manifest, random_tensors, tiny_huginn_config};
     use crate::{EngineBuilder, SchedulerKind};
     use candle_core::{DType, Device};
@@ -150,8 +150,8 @@ mod tests {
         let cfg = tiny_huginn_config(512);
         let weights =
             crate::loader::Weights::from_map(random_tensors(&huginn_tensor_manifest(&cfg), 7, DType::F32, &Device::Cpu).unwrap(), DType::F32, &Device::Cpu);
-        let model = crate::models::looped::Huginn::load(&cfg, &weights).unwrap();
-        let steps = crate::models::LoopedModel::spec(&model).max_steps;
+        let model = crate::looped::models::Huginn::load(&cfg, &weights).unwrap();
+        let steps = crate::looped::models::LoopedModel::spec(&model).max_steps;
         EngineBuilder::from_model(Box::new(model), None, vec![])
             .looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).kv_layout(crate::KvLayoutKind::Shared))
             .max_num_seqs(WIDTH)

@@ -1,12 +1,30 @@
-//! Block-diffusion decoding as host-side state machines: which masked tokens to reveal each step
-//! (the [`UnmaskPolicy`]), which block positions a step recomputes (the delayed cache in
-//! [`BlockCanvas`]) and which masked tokens run past layer 1 (the [`EvictionPolicy`], FOCUS).
-//! The scheduler drives the first two on the host; the runner applies eviction mid-forward.
+//! Diffusion LMs (SDAR, LLaDA, LLaDA2.0, Dream): a block of masked tokens is denoised over
+//! several steps.
+//!
+//! Everything that is the diffusion family's own lives here: its models ([`models`]: a layer
+//! split into `project` and `finish_layer`, so tokens can be scored and dropped between the two),
+//! its launches ([`DenoiseLaunch`]: prefill, commit and step rows), the block-diffusion scheduler
+//! ([`DiffusionBatching`]), the host-side strategies — which masked tokens to reveal each step
+//! ([`UnmaskPolicy`]), which block positions a step recomputes (the delayed cache in
+//! [`BlockCanvas`]), which masked tokens run past layer 1 ([`EvictionPolicy`], FOCUS) — its runner
+//! and its options ([`DiffusionOptions`]).
 
 mod attention;
 mod canvas;
 mod eviction;
+mod half;
+mod launch;
+pub mod models;
+mod options;
+pub(crate) mod runner;
+mod scheduler;
 mod unmask;
+
+pub use launch::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput, DiffusionScheduler, Emitted, EvictRow};
+pub use options::{DiffusionOptions, DiffusionSchedulerContext};
+pub use scheduler::{DiffusionBatching, DiffusionConfig};
+
+pub(crate) use half::DiffusionHalf;
 
 pub use attention::{CanvasCache, DiffusionAttention};
 pub use canvas::BlockCanvas;

@@ -2,22 +2,26 @@
 //! family live in [`LoopedOptions`] / [`DiffusionOptions`] (`engine/options.rs`).
 
 use super::core::Family;
-use super::family::{DiffusionHalf, LoopedHalf};
 use super::metrics::KvPoolStats;
-use super::options::{DiffusionOptions, DiffusionSchedulerContext, LoopedOptions, SchedulerContext, SchedulerKind};
-use super::{DiffusionRunner, Engine, EngineHandle, LoopedRunner};
+use super::{Engine, EngineHandle};
 use crate::chat::ChatTemplate;
+use crate::config::ModelConfig;
+use crate::diffusion::models::DiffusionModel;
+use crate::diffusion::runner::DiffusionRunner;
 use crate::diffusion::Threshold;
-use crate::gate::FixedDepth;
-use crate::kv::{check_layout, KvLayoutKind, KvManager, MemoryNeed, Shared};
+use crate::diffusion::{DiffusionBatching, DiffusionConfig, DiffusionScheduler};
+use crate::diffusion::{DiffusionHalf, DiffusionOptions, DiffusionSchedulerContext};
+use crate::kv::{KvManager, MemoryNeed};
 use crate::loader::ModelDir;
-use crate::models::diffusion::DiffusionModel;
-use crate::models::looped::{Huginn, Ouro};
-use crate::models::{LoopedModel, ModelConfig};
+use crate::looped::gate::FixedDepth;
+use crate::looped::layout::{check_layout, KvLayoutKind};
+use crate::looped::models::LoopedModel;
+use crate::looped::models::{Huginn, Ouro};
+use crate::looped::runner::LoopedRunner;
+use crate::looped::{ContinuousBatching, DepthBatching, DepthConfig, LoopedScheduler};
+use crate::looped::{LoopedHalf, LoopedOptions, SchedulerContext, SchedulerKind};
 use crate::ops::{AttentionKernels, KernelPolicy};
-use crate::scheduler::{
-    ContinuousBatching, DepthBatching, DepthConfig, DiffusionBatching, DiffusionConfig, DiffusionScheduler, LoopedScheduler, SchedulerLimits,
-};
+use crate::scheduler::SchedulerLimits;
 use crate::{Error, Result};
 use candle_core::{DType, Device};
 use std::path::PathBuf;
@@ -239,7 +243,7 @@ impl EngineBuilder<Checkpoint> {
         let weights = dir.weights(common.dtype, &common.device)?;
         let (tokenizer, eos) = (dir.tokenizer()?, dir.eos_token_ids.clone());
         if !looped_model {
-            let model = crate::models::diffusion::load(&dir.config, &weights)?;
+            let model = crate::diffusion::models::load(&dir.config, &weights)?;
             return build_diffusion(Box::new(model), tokenizer, eos, source.diffusion.unwrap_or_default(), common);
         }
         let mut options = source.looped.unwrap_or_default();
@@ -329,7 +333,7 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     let spec = model.spec().clone();
     let max_context = common.max_context(spec.max_context);
     let layout = o.layout.unwrap_or_else(|| KvLayoutKind::default().build());
-    crate::kv::check_shape(layout.as_ref(), spec.max_steps)?;
+    crate::looped::layout::check_shape(layout.as_ref(), spec.max_steps)?;
     let slots = layout.num_slots(spec.max_steps);
     let per_position = crate::kv::kv_bytes(1, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
     // Layouts whose steps share a slot prefill a prompt whole, past the budget up to the context.
@@ -358,7 +362,7 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
         crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: bank_estimate, workspace }, hint, model.device())?;
     }
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
-    let kv = KvManager::new(num_blocks, common.block_size, layout, spec.max_steps);
+    let kv = KvManager::new(num_blocks, common.block_size, slots);
     let mut gate = match o.gate {
         Some(g) => g,
         None => Box::new(FixedDepth::new(spec.max_steps)?),
@@ -387,16 +391,16 @@ fn build_looped(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, e
     }
     let latent_diff = gate.reads_latent_diff();
     let scheduler: Box<dyn LoopedScheduler> = match (o.factory, o.scheduler) {
-        (Some(f), _) => f(SchedulerContext { limits: limits.clone(), kv, spec: spec.clone(), gate }),
-        (None, SchedulerKind::Continuous) => Box::new(ContinuousBatching::new(limits.clone(), kv, spec.max_steps)),
+        (Some(f), _) => f(SchedulerContext { limits: limits.clone(), kv, layout, spec: spec.clone(), gate }),
+        (None, SchedulerKind::Continuous) => Box::new(ContinuousBatching::new(limits.clone(), kv, layout, spec.max_steps)),
         (None, SchedulerKind::Depth { refill }) => {
-            check_layout(kv.layout(), gate.min_steps(), gate.max_steps())?;
+            check_layout(layout.as_ref(), gate.min_steps(), gate.max_steps())?;
             let min_coda = o.min_coda_batch_size.unwrap_or(if spec.heavy_coda { (limits.max_num_seqs / 4).max(1) } else { 1 });
             if min_coda == 0 {
                 return Err(Error::InvalidOption("min_coda_batch_size must be >= 1".into()));
             }
             let cfg = DepthConfig { refill, min_coda_batch_size: min_coda, coda_reserve: o.coda_reserve, ..DepthConfig::default() };
-            Box::new(DepthBatching::new(cfg, limits.clone(), kv, gate))
+            Box::new(DepthBatching::new(cfg, limits.clone(), kv, layout, gate))
         }
     };
     // The bank the scheduler actually asks for (a custom one sizes its own): checked again where
@@ -492,7 +496,7 @@ fn build_diffusion(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>,
         crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: 0, workspace }, hint, model.device())?;
     }
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots: 1, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
-    let kv = KvManager::new(num_blocks, common.block_size, Box::new(Shared), 1);
+    let kv = KvManager::new(num_blocks, common.block_size, 1);
     let cfg = DiffusionConfig {
         block_length,
         max_steps_per_block: max_steps,

@@ -3,12 +3,14 @@
 //! finished. What differs between the families sits behind [`Half`].
 
 use super::detok::{Detokenizer, Pushed};
-use super::family::{DiffusionHalf, Half, Issued, LoopedHalf, NewToken};
+use super::family::{Half, Issued, NewToken};
 use super::{EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
 use crate::chat::{Chat, ChatTemplate};
+use crate::diffusion::models::DiffusionSpec;
+use crate::diffusion::DiffusionHalf;
 use crate::error::InvalidRequest;
-use crate::models::diffusion::DiffusionSpec;
-use crate::models::LoopedSpec;
+use crate::looped::models::LoopedSpec;
+use crate::looped::LoopedHalf;
 use crate::sampling::{RowSampling, Sampler};
 use crate::scheduler::{SchedRequest, Scheduler};
 use crate::{Error, Result};
@@ -34,7 +36,7 @@ macro_rules! with_half {
 }
 
 /// A live request's generation state.
-pub(super) struct Live {
+pub(crate) struct Live {
     params: GenerationParams,
     /// Sampling rows issued so far (the next forced token's index; may run ahead of
     /// `generated` when launches overlap).
@@ -50,7 +52,7 @@ pub(super) struct Live {
 impl Live {
     /// The sampling settings of the request's next sampled row (its seeded uniform, and the
     /// forced token when teacher forcing).
-    pub(super) fn next_sampling_row(&mut self) -> RowSampling {
+    pub(crate) fn next_sampling_row(&mut self) -> RowSampling {
         let mut row = self.sampler.next_row();
         row.forced = self.params.forced_tokens.get(self.issued).copied();
         self.issued += 1;

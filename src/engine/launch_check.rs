@@ -4,7 +4,9 @@
 //! read and write outside the KV cache on the device. The built-in schedulers are covered by
 //! the conformance suites and skip this.
 
-use crate::scheduler::{DenoiseLaunch, DenoiseRow, LoopedLaunch, LoopedRow, Stage};
+use crate::diffusion::{DenoiseLaunch, DenoiseRow};
+
+use crate::looped::{LoopedLaunch, LoopedRow, Stage};
 
 /// What a launch may address (`bank_rows` is 0 for diffusion runners).
 pub(crate) struct Bounds {

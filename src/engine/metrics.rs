@@ -27,7 +27,7 @@ pub struct StageStats {
     pub device_timed: u64,
     /// Looped models: what the launches read and computed, counted from their rows
     /// ([`crate::engine::LaunchCost`]); zero for diffusion launches.
-    pub cost: super::roofline::LaunchCost,
+    pub cost: LaunchCost,
 }
 
 /// Device-side span of one launch (see [`StageStats::device_time`]).
@@ -137,7 +137,7 @@ impl EngineMetrics {
 }
 
 impl EngineMetrics {
-    pub(crate) fn record_denoise(&mut self, launch: &crate::scheduler::DenoiseLaunch, result: &crate::scheduler::DenoiseResult) {
+    pub(crate) fn record_denoise(&mut self, launch: &crate::diffusion::DenoiseLaunch, result: &crate::diffusion::DenoiseResult) {
         let d = &mut self.denoise;
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             if row.readout.is_empty() {
@@ -173,15 +173,7 @@ impl EngineMetrics {
         s.device_timed += 1;
     }
 
-    pub(crate) fn record(
-        &mut self,
-        stage: &'static str,
-        rows: usize,
-        tokens: usize,
-        time: Duration,
-        wait: Duration,
-        cost: Option<super::roofline::LaunchCost>,
-    ) {
+    pub(crate) fn record(&mut self, stage: &'static str, rows: usize, tokens: usize, time: Duration, wait: Duration, cost: Option<LaunchCost>) {
         let s = self.stages.entry(stage).or_default();
         if let Some(c) = cost {
             s.cost.add(&c);
@@ -203,5 +195,44 @@ impl EngineMetrics {
         } else {
             1.0 - wait / time
         }
+    }
+}
+
+/// Bytes and FLOPs of one launch (or a sum of launches).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LaunchCost {
+    /// Weights read: every stage's parameters once per launch (a loop step's once per step).
+    pub weight_bytes: u64,
+    /// K/V read: per row and attention-layer application, its context length's K and V.
+    pub kv_bytes: u64,
+    /// Linear-layer FLOPs (2 per parameter and token; the head only at sampled rows) plus
+    /// attention (QKᵀ and PV: 4 · heads · head_dim per query per visible key).
+    pub flops: f64,
+}
+
+impl LaunchCost {
+    pub fn bytes(&self) -> u64 {
+        self.weight_bytes + self.kv_bytes
+    }
+
+    /// The launch's lower bound in seconds at `bandwidth` bytes/s and `peak` FLOP/s: the larger
+    /// of streaming its bytes and computing its FLOPs.
+    pub fn roofline_seconds(&self, bandwidth: f64, peak: f64) -> f64 {
+        (self.bytes() as f64 / bandwidth).max(self.flops / peak)
+    }
+
+    /// What was counted after `earlier` (a snapshot of the same running sum).
+    pub fn since(&self, earlier: &LaunchCost) -> LaunchCost {
+        LaunchCost {
+            weight_bytes: self.weight_bytes.saturating_sub(earlier.weight_bytes),
+            kv_bytes: self.kv_bytes.saturating_sub(earlier.kv_bytes),
+            flops: (self.flops - earlier.flops).max(0.0),
+        }
+    }
+
+    pub fn add(&mut self, other: &LaunchCost) {
+        self.weight_bytes += other.weight_bytes;
+        self.kv_bytes += other.kv_bytes;
+        self.flops += other.flops;
     }
 }

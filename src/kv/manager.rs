@@ -1,6 +1,6 @@
 //! Block tables per (request, slot) over one [`BlockPool`].
 
-use super::{BlockPool, KvLayout};
+use super::BlockPool;
 use crate::request::RequestId;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,27 +10,24 @@ use std::sync::Arc;
 pub type BlockTable = Arc<[u32]>;
 
 /// Host-side KV bookkeeping owned by a scheduler: allocation, capacity accounting, and the
-/// block tables that launches carry to the device.
+/// block tables that launches carry to the device. A request holds one table per cache slot
+/// (`num_slots`: what a slot means is the family's — a looped model's KV layout maps its loop
+/// steps onto slots; a diffusion model has one).
 #[derive(Debug)]
 pub struct KvManager {
     pool: BlockPool,
     block_size: usize,
-    layout: Box<dyn KvLayout>,
     num_slots: usize,
     tables: HashMap<RequestId, Vec<BlockTable>>,
 }
 
 impl KvManager {
-    pub fn new(num_blocks: usize, block_size: usize, layout: Box<dyn KvLayout>, max_steps: usize) -> Self {
-        let num_slots = layout.num_slots(max_steps);
-        Self { pool: BlockPool::new(num_blocks), block_size, layout, num_slots, tables: HashMap::new() }
+    pub fn new(num_blocks: usize, block_size: usize, num_slots: usize) -> Self {
+        Self { pool: BlockPool::new(num_blocks), block_size, num_slots: num_slots.max(1), tables: HashMap::new() }
     }
 
     pub fn block_size(&self) -> usize {
         self.block_size
-    }
-    pub fn layout(&self) -> &dyn KvLayout {
-        self.layout.as_ref()
     }
     pub fn num_slots(&self) -> usize {
         self.num_slots
@@ -91,11 +88,6 @@ impl KvManager {
         }
     }
 
-    /// Block table of `id` for the slot that loop step `step` uses.
-    pub fn table_for_step(&self, id: RequestId, step: usize) -> &[u32] {
-        &self.tables[&id][self.layout.slot_for_step(step)]
-    }
-
     /// All of `id`'s tables, indexed by slot.
     pub fn tables(&self, id: RequestId) -> Option<&[BlockTable]> {
         self.tables.get(&id).map(Vec::as_slice)
@@ -105,11 +97,10 @@ impl KvManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{DepthIndexed, Shared};
 
     #[test]
-    fn depth_indexed_reserves_every_slot() {
-        let mut kv = KvManager::new(16, 4, Box::new(DepthIndexed), 4);
+    fn a_request_takes_blocks_in_every_slot_all_or_nothing() {
+        let mut kv = KvManager::new(16, 4, 4);
         let id = RequestId(1);
         assert_eq!(kv.blocks_for(5), 8);
         assert!(kv.reserve(id, 5));
@@ -118,19 +109,19 @@ mod tests {
         assert_eq!(kv.num_used_blocks(), 8);
         assert!(!kv.reserve(id, 100));
         assert_eq!(kv.num_used_blocks(), 8, "failed reserve must not leak");
-        let t0 = kv.table_for_step(id, 0).to_vec();
-        let t3 = kv.table_for_step(id, 3).to_vec();
-        assert_ne!(t0, t3);
+        let tables = kv.tables(id).unwrap();
+        assert_eq!(tables.len(), 4);
+        assert_ne!(tables[0], tables[3]);
         kv.free(id);
         kv.free(id);
         assert_eq!(kv.num_used_blocks(), 0);
     }
 
     #[test]
-    fn shared_uses_one_slot() {
-        let mut kv = KvManager::new(4, 16, Box::new(Shared), 4);
+    fn one_slot_holds_one_table() {
+        let mut kv = KvManager::new(4, 16, 1);
         assert!(kv.reserve(RequestId(0), 17));
         assert_eq!(kv.num_used_blocks(), 2);
-        assert_eq!(kv.table_for_step(RequestId(0), 0), kv.table_for_step(RequestId(0), 3));
+        assert_eq!(kv.tables(RequestId(0)).unwrap().len(), 1);
     }
 }

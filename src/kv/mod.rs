@@ -7,14 +7,12 @@
 //! simply brings the block table of its slot.
 
 mod budget;
-mod layout;
 mod manager;
 mod pool;
 mod store;
 
 pub(crate) use budget::{check_fits, kv_bytes, workspace_bytes, MemoryNeed, PoolSizing};
 pub use budget::{DEFAULT_CPU_POOL_TOKENS_PER_SLOT, DEFAULT_KV_MEMORY_FRACTION};
-pub use layout::{check_layout, check_shape, DepthIndexed, FirstThenShared, KvLayout, KvLayoutKind, LastExited, Shared};
 pub use manager::{BlockTable, KvManager};
 pub use pool::BlockPool;
 pub use store::KvStore;

@@ -16,7 +16,7 @@ use std::cell::Cell;
 pub enum AttentionKernels {
     /// SIMT kernels for few query items per row; tensor-core kernels with pipelined tile loads
     /// (cp.async double buffering) for many, in bf16 / f16; decode launches wide enough for the
-    /// bulk-copy ring kernel (see [`DecodeRing`](crate::kernels::DecodeRing)) through it.
+    /// bulk-copy ring kernel (see [`crate::kernels::DecodeRing`]) through it.
     #[default]
     Auto,
     /// As `Auto`, with the tensor-core kernels loading tiles synchronously and no ring.

@@ -6,26 +6,11 @@
 //! model, and a researcher can write one in another crate.
 //!
 //! The two model families schedule different work, so each has its own launch types and trait
-//! over one common part ([`Scheduler`]):
-//! - looped models ([`LoopedScheduler`]): [`LoopedLaunch`]es of one [`Stage`] — prefill,
-//!   full-depth decode, one core step, coda — whose rows carry a loop step, a cache slot and a
-//!   row of the device state bank;
-//! - diffusion models ([`DiffusionScheduler`]): [`DenoiseLaunch`]es whose rows carry the
-//!   positions a step recomputes, the tokens read out and the block state an eviction policy
-//!   needs.
+//! over the common part here ([`Scheduler`]): [`crate::looped::LoopedScheduler`] and
+//! [`crate::diffusion::DiffusionScheduler`], in their families' modules.
 
-mod continuous;
-mod denoise;
-mod depth;
-mod diffusion;
-mod looped;
 mod queue;
 
-pub use continuous::ContinuousBatching;
-pub use denoise::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput, DiffusionScheduler, Emitted, EvictRow};
-pub use depth::{DepthBatching, DepthConfig};
-pub use diffusion::{DiffusionBatching, DiffusionConfig};
-pub use looped::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedRowOutput, LoopedScheduler, Stage};
 pub use queue::Requests;
 
 use crate::kv::KvManager;
@@ -92,7 +77,7 @@ pub struct SchedulerStats {
 }
 
 /// What every scheduler does, whatever the model family: take and forget requests, count them,
-/// own the KV bookkeeping. The family traits ([`LoopedScheduler`], [`DiffusionScheduler`]) add
+/// own the KV bookkeeping. The family traits ([`crate::looped::LoopedScheduler`], [`crate::diffusion::DiffusionScheduler`]) add
 /// `schedule` and `complete` over their own launch types.
 pub trait Scheduler: Send {
     fn name(&self) -> &'static str;

@@ -59,11 +59,10 @@ impl Requests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::Shared;
 
     #[test]
     fn forget_drops_the_waiting_request_and_frees_its_blocks() {
-        let mut q = Requests::new(KvManager::new(8, 4, Box::new(Shared), 1));
+        let mut q = Requests::new(KvManager::new(8, 4, 1));
         for i in 0..3 {
             q.push(SchedRequest { id: RequestId(i), prompt: vec![1; 5], max_new_tokens: 1 });
         }

@@ -2,7 +2,7 @@
 //! checks (the diffusion tests use the prompts that avoid the mask id and the KV check).
 #![allow(dead_code)]
 
-use ponder::models::OuroConfig;
+use ponder::looped::models::OuroConfig;
 use ponder::testing::{tiny_ouro_config, write_random_ouro};
 use ponder::{Engine, EngineBuilder, GenerationParams, KvLayoutKind, RequestId};
 use std::collections::HashMap;
@@ -89,14 +89,14 @@ pub struct Combo {
     pub name: String,
     pub scheduler: ponder::SchedulerKind,
     pub layout: KvLayoutKind,
-    pub gate: fn() -> Box<dyn ponder::gate::ExitGate>,
+    pub gate: fn() -> Box<dyn ponder::looped::gate::ExitGate>,
 }
 
 /// A named way to make an exit gate.
-pub type MakeGate = (&'static str, fn() -> Box<dyn ponder::gate::ExitGate>);
+pub type MakeGate = (&'static str, fn() -> Box<dyn ponder::looped::gate::ExitGate>);
 
 pub fn gates() -> Vec<MakeGate> {
-    use ponder::gate::*;
+    use ponder::looped::gate::*;
     vec![
         ("fixed4", || Box::new(FixedDepth::new(4).unwrap())),
         ("fixed2", || Box::new(FixedDepth::new(2).unwrap())),
@@ -111,7 +111,7 @@ pub fn gates() -> Vec<MakeGate> {
 
 /// A deterministic gate head of `rows` outputs over the tiny model's hidden width, weights
 /// spread uniformly over ±`scale`·√3 (standard deviation `scale`).
-pub fn test_head(rows: usize, scale: f32, seed: u64) -> ponder::gate::GateHead {
+pub fn test_head(rows: usize, scale: f32, seed: u64) -> ponder::looped::gate::GateHead {
     let hidden = ponder::testing::tiny_ouro_config(VOCAB).hidden_size;
     let mut x = seed;
     let mut next = move || {
@@ -120,7 +120,7 @@ pub fn test_head(rows: usize, scale: f32, seed: u64) -> ponder::gate::GateHead {
     };
     let weight = (0..rows * hidden).map(|_| next()).collect();
     let bias = (0..rows).map(|_| next()).collect();
-    ponder::gate::GateHead { weight, bias, rows, hidden }
+    ponder::looped::gate::GateHead { weight, bias, rows, hidden }
 }
 
 /// Every valid combination: CB runs full depth only; depth schedulers take every gate whose
@@ -135,7 +135,7 @@ pub fn combos() -> Vec<Combo> {
                     continue;
                 }
                 let g = gate();
-                if ponder::kv::check_layout(layout.build().as_ref(), g.min_steps(), g.max_steps()).is_err() {
+                if ponder::looped::layout::check_layout(layout.build().as_ref(), g.min_steps(), g.max_steps()).is_err() {
                     continue;
                 }
                 out.push(Combo { name: format!("{scheduler:?} × {layout:?} × {gname}"), scheduler, layout, gate });
@@ -181,11 +181,11 @@ impl ponder::scheduler::Scheduler for Stuck {
         &self.kv
     }
 }
-impl ponder::scheduler::LoopedScheduler for Stuck {
-    fn schedule(&mut self) -> Option<ponder::scheduler::LoopedLaunch> {
+impl ponder::looped::LoopedScheduler for Stuck {
+    fn schedule(&mut self) -> Option<ponder::looped::LoopedLaunch> {
         None
     }
-    fn complete(&mut self, _: &ponder::scheduler::LoopedLaunch, _: &ponder::scheduler::LoopedResult) {}
+    fn complete(&mut self, _: &ponder::looped::LoopedLaunch, _: &ponder::looped::LoopedResult) {}
 }
 
 /// Tiny random checkpoints of all seven families in the released layouts, one directory each

@@ -27,8 +27,8 @@
 
 use super::{AttnPath, Graphs};
 use candle_core::{DType, Device, Tensor};
-use ponder::models::looped::Ouro;
-use ponder::models::LoopedModel;
+use ponder::looped::models::LoopedModel;
+use ponder::looped::models::Ouro;
 use ponder::{GenerationParams, KvLayoutKind, SchedulerKind};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -54,7 +54,7 @@ const NEAR_TIE: f32 = 2.0 * PATH_MAX_ERR;
 /// too flat for greedy comparisons to mean anything.
 const MIN_SURE_SHARE: f64 = 0.5;
 
-fn config() -> ponder::models::OuroConfig {
+fn config() -> ponder::looped::models::OuroConfig {
     let mut cfg = super::graph_test_config();
     cfg.num_attention_heads = 4;
     cfg.num_key_value_heads = Some(4);
@@ -66,7 +66,7 @@ fn config() -> ponder::models::OuroConfig {
 /// The model's weights on the host in f32, each value a bf16 number (so the CPU reference and
 /// the bf16 GPU model hold the same weights): a random Ouro whose LM head rows are scaled by
 /// 3·e^z, z standard normal.
-fn conditioned_weights(cfg: &ponder::models::OuroConfig) -> HashMap<String, Tensor> {
+fn conditioned_weights(cfg: &ponder::looped::models::OuroConfig) -> HashMap<String, Tensor> {
     let manifest = ponder::testing::ouro_tensor_manifest(cfg);
     let mut tensors = ponder::testing::random_tensors(&manifest, 0xa9ee, DType::F32, &Device::Cpu).unwrap();
     let mut rng = StdRng::seed_from_u64(3);
@@ -84,7 +84,7 @@ fn normal(rng: &mut StdRng) -> f32 {
     (0..12).map(|_| rng.random::<f32>()).sum::<f32>() - 6.0
 }
 
-fn model(cfg: &ponder::models::OuroConfig, tensors: &HashMap<String, Tensor>, dtype: DType, device: &Device) -> Box<dyn LoopedModel> {
+fn model(cfg: &ponder::looped::models::OuroConfig, tensors: &HashMap<String, Tensor>, dtype: DType, device: &Device) -> Box<dyn LoopedModel> {
     let on_device: HashMap<String, Tensor> = tensors.iter().map(|(k, v)| (k.clone(), v.to_device(device).unwrap())).collect();
     let weights = ponder::loader::Weights::from_map(on_device, dtype, device);
     Box::new(Ouro::load(cfg, &weights).unwrap())
@@ -110,7 +110,7 @@ struct Run {
 /// Runs every request through an engine built for `case` on `path`'s kernels: greedy for
 /// `new_tokens[i]` tokens, or teacher-forced through `forced[i]`.
 fn run(model: Box<dyn LoopedModel>, case: Case, path: AttnPath, prompts: &[Vec<u32>], new_tokens: &[usize], forced: Option<&[Vec<u32>]>) -> Run {
-    use ponder::gate::{DepthTrace, Replay};
+    use ponder::looped::gate::{DepthTrace, Replay};
     let mut b = ponder::EngineBuilder::from_model(model, None, vec![])
         .looped(|o| o.scheduler(case.sched).kv_layout(case.layout).cuda_graphs(case.graphs != Graphs::Off))
         .kernels(path.policy())

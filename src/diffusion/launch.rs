@@ -2,9 +2,9 @@
 //! finished block's clean K/V write, or a denoising step over a block's recomputed positions —
 //! with the greedy token and its probability read out at the rows' masked tokens.
 
-use super::Scheduler;
 use crate::kv::BlockTable;
 use crate::request::RequestId;
+use crate::scheduler::Scheduler;
 
 /// One row of a denoise launch: one request's tokens at ascending cache positions.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,47 +3,9 @@
 //! slot at its actual context length, and the FLOPs of both. Divided by measured bandwidth and
 //! matmul peak these give a launch's roofline time (`bench_looped`).
 
-use crate::models::LoopedSpec;
-use crate::scheduler::{LoopedLaunch, Stage};
-
-/// Bytes and FLOPs of one launch (or a sum of launches).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LaunchCost {
-    /// Weights read: every stage's parameters once per launch (a loop step's once per step).
-    pub weight_bytes: u64,
-    /// K/V read: per row and attention-layer application, its context length's K and V.
-    pub kv_bytes: u64,
-    /// Linear-layer FLOPs (2 per parameter and token; the head only at sampled rows) plus
-    /// attention (QKᵀ and PV: 4 · heads · head_dim per query per visible key).
-    pub flops: f64,
-}
-
-impl LaunchCost {
-    pub fn bytes(&self) -> u64 {
-        self.weight_bytes + self.kv_bytes
-    }
-
-    /// The launch's lower bound in seconds at `bandwidth` bytes/s and `peak` FLOP/s: the larger
-    /// of streaming its bytes and computing its FLOPs.
-    pub fn roofline_seconds(&self, bandwidth: f64, peak: f64) -> f64 {
-        (self.bytes() as f64 / bandwidth).max(self.flops / peak)
-    }
-
-    /// What was counted after `earlier` (a snapshot of the same running sum).
-    pub fn since(&self, earlier: &LaunchCost) -> LaunchCost {
-        LaunchCost {
-            weight_bytes: self.weight_bytes.saturating_sub(earlier.weight_bytes),
-            kv_bytes: self.kv_bytes.saturating_sub(earlier.kv_bytes),
-            flops: (self.flops - earlier.flops).max(0.0),
-        }
-    }
-
-    pub fn add(&mut self, other: &LaunchCost) {
-        self.weight_bytes += other.weight_bytes;
-        self.kv_bytes += other.kv_bytes;
-        self.flops += other.flops;
-    }
-}
+use super::models::LoopedSpec;
+use super::{LoopedLaunch, Stage};
+use crate::engine::LaunchCost;
 
 /// The cost of `launch` on a model of shape `spec`.
 pub fn looped_launch_cost(spec: &LoopedSpec, launch: &LoopedLaunch) -> LaunchCost {
@@ -83,7 +45,7 @@ pub fn looped_launch_cost(spec: &LoopedSpec, launch: &LoopedLaunch) -> LaunchCos
 mod tests {
     use super::*;
     use crate::kv::BlockTable;
-    use crate::scheduler::LoopedRow;
+    use crate::looped::LoopedRow;
     use candle_core::DType;
 
     fn spec() -> LoopedSpec {

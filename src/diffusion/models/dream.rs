@@ -2,8 +2,8 @@
 //! attention; logits are shifted by one (the runner applies the shift, not the model).
 
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, Naming};
+use crate::diffusion::models::DreamConfig;
 use crate::loader::Weights;
-use crate::models::DreamConfig;
 
 /// Dream's constructors.
 #[derive(Debug, Clone, Copy)]

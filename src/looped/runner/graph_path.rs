@@ -2,10 +2,10 @@
 //! a launch into its key's static buffers, and what a graph runs. The first use of a key runs
 //! the body eagerly (the warm-up), the second captures it, later uses replay it.
 
-use super::super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphKey, Phase, Statics};
+use super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphKey, Phase, Statics};
 use super::{single_token_host, successor_pos, Forward, LoopedRunner};
+use crate::looped::{LoopedLaunch, LoopedRow, Stage};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
-use crate::scheduler::{LoopedLaunch, LoopedRow, Stage};
 use candle_core::Result;
 
 impl LoopedRunner {

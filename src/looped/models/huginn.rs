@@ -9,7 +9,7 @@
 use super::{CoreOut, InitialState, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
-use crate::models::HuginnConfig;
+use crate::looped::models::HuginnConfig;
 use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
 use candle_core::{Device, Module, Result, Tensor, D};
 use candle_nn::Linear;

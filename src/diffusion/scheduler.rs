@@ -22,12 +22,11 @@
 //! masked suffix (prefix cache) or only the block (dual cache). With `whole_region` the whole
 //! generation is one block (Dream's own sampler).
 
-use super::{
-    DenoiseLaunch, DenoiseResult, DenoiseRow, DiffusionScheduler, Emitted, EvictRow, Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats,
-};
+use super::{DenoiseLaunch, DenoiseResult, DenoiseRow, DiffusionScheduler, Emitted, EvictRow};
 use crate::diffusion::{BlockCanvas, Candidate, CanvasCache, DiffusionAttention, StepContext, UnmaskPolicy};
 use crate::kv::KvManager;
 use crate::request::RequestId;
+use crate::scheduler::{Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats};
 use std::collections::HashMap;
 
 /// How blocks are decoded.
@@ -428,9 +427,8 @@ impl DiffusionScheduler for DiffusionBatching {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::diffusion::DenoiseRowOutput;
     use crate::diffusion::{StaticCount, Threshold};
-    use crate::kv::Shared;
-    use crate::scheduler::DenoiseRowOutput;
 
     fn sched(attention: DiffusionAttention, delayed: bool, shift: bool, per_step: usize) -> DiffusionBatching {
         let cfg = DiffusionConfig {
@@ -444,7 +442,7 @@ mod tests {
             cache: CanvasCache::Exact,
             whole_region: false,
         };
-        let kv = KvManager::new(64, 4, Box::new(Shared), 1);
+        let kv = KvManager::new(64, 4, 1);
         DiffusionBatching::new(cfg, SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 256 }, kv, Box::new(StaticCount::new(per_step).unwrap()))
     }
 
@@ -602,7 +600,7 @@ mod tests {
             cache: CanvasCache::Exact,
             whole_region: false,
         };
-        let kv = KvManager::new(16, 4, Box::new(Shared), 1);
+        let kv = KvManager::new(16, 4, 1);
         let mut s = DiffusionBatching::new(cfg, SchedulerLimits::default(), kv, Box::new(Threshold::new(0.99).unwrap()));
         s.add(SchedRequest { id: RequestId(0), prompt: vec![7], max_new_tokens: 3 });
         let (launches, out) = run(&mut s, 0);

@@ -2,8 +2,8 @@
 //! bidirectional attention, no logit shift, an untied output matrix by default.
 
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, Naming};
+use crate::diffusion::models::LladaConfig;
 use crate::loader::Weights;
-use crate::models::LladaConfig;
 
 /// LLaDA's constructors.
 #[derive(Debug, Clone, Copy)]

@@ -2,10 +2,12 @@
 //! batch of rows, and rows of one core-step launch may sit at different loop steps (each brings
 //! the block table of its own cache slot in the `PagedBatch`).
 
+mod config;
 mod huginn;
 mod initial_state;
 mod ouro;
 
+pub use config::{HuginnConfig, OuroConfig, MAX_HUGINN_STEPS, MAX_OURO_LOOPS};
 pub use huginn::Huginn;
 pub use initial_state::InitialState;
 pub use ouro::Ouro;
@@ -93,9 +95,9 @@ pub trait LoopedModel: Send {
     /// weights' dtype (one GEMM storing f32), elsewhere the product in that dtype, then cast.
     fn head(&self, h: &Tensor) -> Result<Tensor>;
     /// Computes the per-step gate logit with `head` instead of the checkpoint's own exit gate
-    /// (a trained lookahead head, [`crate::gate::LearnedLookahead`]). Models without a gate head
+    /// (a trained lookahead head, [`crate::looped::gate::LearnedLookahead`]). Models without a gate head
     /// refuse.
-    fn replace_gate_head(&mut self, head: &crate::gate::GateHead) -> crate::Result<()> {
+    fn replace_gate_head(&mut self, head: &crate::looped::gate::GateHead) -> crate::Result<()> {
         let _ = head;
         Err(crate::Error::InvalidOption("this model has no exit-gate head to replace".into()))
     }
@@ -106,7 +108,7 @@ pub trait LoopedModel: Send {
     /// `head` applied to the prelude output of every vocabulary token: row-major
     /// `[vocab, head.rows]` f32 (a preloop gate's depth table). Only models whose prelude is
     /// the token embedding alone have one; others refuse.
-    fn prelude_head_table(&self, head: &crate::gate::GateHead) -> crate::Result<Vec<f32>> {
+    fn prelude_head_table(&self, head: &crate::looped::gate::GateHead) -> crate::Result<Vec<f32>> {
         let _ = head;
         Err(crate::Error::InvalidOption("a preloop gate needs a model whose prelude is the token embedding alone (Ouro)".into()))
     }

@@ -1,7 +1,7 @@
 //! `config.json` of the masked-diffusion families: SDAR (Qwen3 keys), LLaDA (OLMo-style keys)
 //! and Dream (Qwen2 keys). Field names as in the released checkpoints.
 
-use super::{check_bounds, check_context, check_shapes, default_eps, default_theta, EosIds, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS};
+use crate::config::{check_bounds, check_context, check_shapes, default_eps, default_theta, EosIds, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -136,7 +136,7 @@ impl SdarConfig {
         )?;
         check_context(path, "max_position_embeddings", self.max_position_embeddings)?;
         if self.num_experts.unwrap_or(0) > 0 {
-            if let Some(reason) = crate::models::diffusion::Sdar::router(self).shape_error() {
+            if let Some(reason) = crate::diffusion::models::Sdar::router(self).shape_error() {
                 return Err(Error::config(path, reason));
             }
             if self.moe_intermediate_size.unwrap_or(0) == 0 || self.decoder_sparse_step == Some(0) {
@@ -584,7 +584,7 @@ impl Llada2Config {
             return bad(format!("score_function `{f}` is not supported (only sigmoid)"));
         }
         if self.num_hidden_layers > self.first_k_dense_replace {
-            if let Some(reason) = crate::models::diffusion::Llada2::router(self).shape_error() {
+            if let Some(reason) = crate::diffusion::models::Llada2::router(self).shape_error() {
                 return bad(reason);
             }
             if self.moe_intermediate_size == 0 {

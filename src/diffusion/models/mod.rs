@@ -3,6 +3,7 @@
 //! `finish_layer` (paged attention, output projection, MLP), so the runner can write K/V, score
 //! tokens from post-RoPE q/k and drop tokens between the two halves (FOCUS).
 
+mod config;
 mod dream;
 mod llada;
 mod llada2;
@@ -10,6 +11,7 @@ mod moe;
 mod sdar;
 mod transformer;
 
+pub use config::{DreamConfig, Llada2Config, LladaConfig, SdarConfig};
 pub use dream::Dream;
 pub use llada::Llada;
 pub use llada2::Llada2;
@@ -17,9 +19,9 @@ pub use moe::{RouterArch, Scoring};
 pub use sdar::Sdar;
 pub use transformer::{DenseArch, DenseDiffusion, MoeArch, Naming};
 
+use crate::config::ModelConfig;
 use crate::kv::KvStore;
 use crate::loader::Weights;
-use crate::models::ModelConfig;
 use crate::ops::{PagedBatch, RopeAngles};
 use candle_core::{DType, Device, Result, Tensor};
 

@@ -3,18 +3,20 @@
 //! state bank (one row per resident request); launches gather and scatter rows by index, so
 //! hidden states never cross to the host.
 
-use super::graphs::GraphCache;
-use super::metrics::DeviceSpan;
-use super::readback::{Readback, ReadbackPool};
+use crate::engine::DeviceSpan;
 use crate::kv::KvStore;
-use crate::models::{LoopedModel, StageInput};
+use crate::looped::models::{LoopedModel, StageInput};
+use crate::looped::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedRowOutput, Stage};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
 use crate::sampling::{sample_or_force, RowSampling};
-use crate::scheduler::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedRowOutput, Stage};
 use candle_core::{DType, Device, Result, Tensor, D};
+use graphs::GraphCache;
+use readback::{Readback, ReadbackPool};
 use std::collections::BTreeMap;
 
 mod graph_path;
+pub(crate) mod graphs;
+mod readback;
 
 /// Owns the model, the device KV store and the state bank; runs one launch at a time.
 pub struct LoopedRunner {
@@ -109,13 +111,13 @@ impl LoopedRunner {
     pub fn with_cuda_graphs(model: Box<dyn LoopedModel>, num_blocks: usize, block_size: usize, bank_rows: usize, cuda_graphs: bool) -> Result<Self> {
         let s = model.spec().clone();
         let dev = model.device().clone();
-        let cpu_bodies = super::graphs::CPU_GRAPH_BODIES.with(|c| c.get());
+        let cpu_bodies = graphs::CPU_GRAPH_BODIES.with(|c| c.get());
         let graphs = cuda_graphs && (cfg!(feature = "cuda") && dev.is_cuda() || cpu_bodies);
         let extra = usize::from(graphs);
         let kv = KvStore::new(s.num_kv_layers, num_blocks + extra, block_size, s.num_kv_heads, s.head_dim, s.dtype, &dev)?;
         let bank = (bank_rows > 0).then(|| Tensor::zeros((bank_rows + extra, s.state_width), s.dtype, &dev)).transpose()?;
         if graphs {
-            super::graphs::prepare_device(&dev);
+            graphs::prepare_device(&dev);
         }
         Ok(Self {
             model,

@@ -2,11 +2,11 @@
 //! positions, runs every layer (each writes the launch's K/V before attending), and reads back
 //! the greedy token and its probability at the rows' readout tokens.
 
+use crate::diffusion::models::{DiffusionAttention, DiffusionModel};
 use crate::diffusion::{Confidence, EvictionInput, EvictionPolicy};
+use crate::diffusion::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput};
 use crate::kv::KvStore;
-use crate::models::diffusion::{DiffusionAttention, DiffusionModel};
 use crate::ops::{compact_rows, importance_of, AttnMask, PagedBatch, PagedBatchHost, RopeAngles};
-use crate::scheduler::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput};
 use candle_core::{DType, Device, Result, Tensor, D};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -134,7 +134,7 @@ impl DiffusionRunner {
         self
     }
 
-    /// Applies `policy` to denoise steps whose rows carry [`crate::scheduler::EvictRow`]s; with
+    /// Applies `policy` to denoise steps whose rows carry [`crate::diffusion::EvictRow`]s; with
     /// `shadow` every token still runs and the rows only report what would have been kept.
     pub fn with_eviction(mut self, policy: Option<Box<dyn EvictionPolicy>>, shadow: bool) -> Self {
         self.eviction = policy;
@@ -185,8 +185,9 @@ impl DiffusionRunner {
     fn forward_lapped(&self, launch: &DenoiseLaunch, lap: &mut Lap) -> Result<DenoiseForward> {
         if self.check_launches {
             let spec = self.model.spec();
-            let bounds = super::launch_check::Bounds { num_blocks: self.num_blocks, block_size: self.block_size, bank_rows: 0, vocab_size: spec.vocab_size };
-            super::launch_check::check_denoise(launch, &bounds).map_err(|e| candle_core::Error::Msg(format!("invalid launch: {e}")))?;
+            let bounds =
+                crate::engine::launch_check::Bounds { num_blocks: self.num_blocks, block_size: self.block_size, bank_rows: 0, vocab_size: spec.vocab_size };
+            crate::engine::launch_check::check_denoise(launch, &bounds).map_err(|e| candle_core::Error::Msg(format!("invalid launch: {e}")))?;
         }
         let spec = self.model.spec();
         let dev = self.model.device();

@@ -6,8 +6,8 @@
 
 use super::moe::{RouterArch, Scoring};
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, MoeArch, Naming};
+use crate::diffusion::models::Llada2Config;
 use crate::loader::Weights;
-use crate::models::Llada2Config;
 
 /// LLaDA2.0's constructors.
 #[derive(Debug, Clone, Copy)]

@@ -7,7 +7,7 @@
 use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
-use crate::models::OuroConfig;
+use crate::looped::models::OuroConfig;
 use crate::ops::{self, PagedBatch, RopeTable};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
@@ -189,7 +189,7 @@ impl LoopedModel for Ouro {
         ops::linear_f32(h, self.lm_head.weight())
     }
 
-    fn replace_gate_head(&mut self, head: &crate::gate::GateHead) -> crate::Result<()> {
+    fn replace_gate_head(&mut self, head: &crate::looped::gate::GateHead) -> crate::Result<()> {
         let h = self.spec.hidden_size;
         if head.rows != 1 || head.hidden != h {
             return Err(crate::Error::tensor("gate head", format!("[{}, {}], expected [1, {h}] for this model", head.rows, head.hidden)));
@@ -205,7 +205,7 @@ impl LoopedModel for Ouro {
         self.gate_on = on;
     }
 
-    fn prelude_head_table(&self, head: &crate::gate::GateHead) -> crate::Result<Vec<f32>> {
+    fn prelude_head_table(&self, head: &crate::looped::gate::GateHead) -> crate::Result<Vec<f32>> {
         let h = self.spec.hidden_size;
         if head.hidden != h {
             return Err(crate::Error::tensor("preloop head", format!("[{}, {}], expected [T, {h}] for this model", head.rows, head.hidden)));

@@ -19,9 +19,11 @@
 //! baselines batch their full-depth prefills alike instead of one small prefill per finished
 //! request.
 
-use super::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats, Stage};
+use super::layout::KvLayout;
+use super::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Stage};
 use crate::kv::KvManager;
 use crate::request::RequestId;
+use crate::scheduler::{Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats};
 use std::collections::HashMap;
 
 #[derive(Debug)]
@@ -53,6 +55,8 @@ pub struct ContinuousBatching {
     limits: SchedulerLimits,
     /// Waiting requests (a preempted one carries its generated tokens in its prompt).
     requests: Requests,
+    /// Which cache slot each loop step reads and writes.
+    layout: Box<dyn KvLayout>,
     max_steps: usize,
     running: Vec<Seq>,
     preemptions: u64,
@@ -66,10 +70,12 @@ pub struct ContinuousBatching {
 }
 
 impl ContinuousBatching {
-    pub fn new(limits: SchedulerLimits, kv: KvManager, max_steps: usize) -> Self {
+    /// `kv` holds a block table per slot of `layout` for `max_steps` loop steps.
+    pub fn new(limits: SchedulerLimits, kv: KvManager, layout: Box<dyn KvLayout>, max_steps: usize) -> Self {
         Self {
             limits,
             requests: Requests::new(kv),
+            layout,
             max_steps,
             running: Vec::new(),
             preemptions: 0,
@@ -87,13 +93,13 @@ impl ContinuousBatching {
         self
     }
 
-    /// Loop steps share a cache slot: prompts are prefilled whole (see [`super::prefill_chunk`]).
+    /// Loop steps share a cache slot: prompts are prefilled whole (see [`crate::scheduler::prefill_chunk`]).
     fn whole_prompts(&self) -> bool {
-        super::prefills_whole_prompts(self.requests.kv().num_slots(), self.max_steps)
+        crate::scheduler::prefills_whole_prompts(self.requests.kv().num_slots(), self.max_steps)
     }
 
     fn step_slots(&self) -> Vec<usize> {
-        (0..self.max_steps).map(|s| self.requests.kv().layout().slot_for_step(s)).collect()
+        (0..self.max_steps).map(|s| self.layout.slot_for_step(s)).collect()
     }
 
     /// The row computing the next `n` pending tokens of `seq`; it samples when they are the last.
@@ -111,7 +117,7 @@ impl ContinuousBatching {
         let mut budget = self.limits.max_num_batched_tokens;
         let whole = self.whole_prompts();
         for seq in self.running.iter().filter(|s| s.prefilling()) {
-            let n = super::prefill_chunk(seq.pending(), budget, whole, rows.is_empty());
+            let n = crate::scheduler::prefill_chunk(seq.pending(), budget, whole, rows.is_empty());
             if n == 0 {
                 break;
             }
@@ -126,7 +132,7 @@ impl ContinuousBatching {
             };
             let len = next.prompt.len();
             let prefill_len = self.replay_from.get(&next.id).copied().unwrap_or(len);
-            let n = super::prefill_chunk(prefill_len, budget, whole, rows.is_empty());
+            let n = crate::scheduler::prefill_chunk(prefill_len, budget, whole, rows.is_empty());
             if n == 0 {
                 break;
             }
@@ -233,8 +239,8 @@ impl LoopedScheduler for ContinuousBatching {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{DepthIndexed, Shared};
-    use crate::scheduler::LoopedRowOutput;
+    use crate::looped::layout::{DepthIndexed, KvLayout, Shared};
+    use crate::looped::LoopedRowOutput;
 
     fn req(id: u64, len: usize) -> SchedRequest {
         SchedRequest { id: RequestId(id), prompt: (0..len as u32).collect(), max_new_tokens: 8 }
@@ -247,7 +253,7 @@ mod tests {
     #[test]
     fn prefill_then_full_depth_decode() {
         let limits = SchedulerLimits { max_num_seqs: 2, max_num_batched_tokens: 64 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(DepthIndexed), 4), 4);
+        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, DepthIndexed.num_slots(4)), Box::new(DepthIndexed), 4);
         for i in 0..3 {
             s.add(req(i, 5));
         }
@@ -274,7 +280,7 @@ mod tests {
     #[test]
     fn prefill_waits_for_min_free_slots_while_others_decode() {
         let limits = SchedulerLimits { max_num_seqs: 3, max_num_batched_tokens: 64 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(Shared), 4), 4).with_min_free_slots(Some(2));
+        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Shared.num_slots(4)), Box::new(Shared), 4).with_min_free_slots(Some(2));
         for i in 0..6 {
             s.add(req(i, 5));
         }
@@ -302,7 +308,7 @@ mod tests {
     #[test]
     fn preempts_youngest_when_blocks_run_out() {
         let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 64 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(5, 4, Box::new(Shared), 4), 4);
+        let mut s = ContinuousBatching::new(limits, KvManager::new(5, 4, Shared.num_slots(4)), Box::new(Shared), 4);
         s.add(req(0, 7));
         s.add(req(1, 6));
         let l = s.schedule().unwrap();
@@ -342,7 +348,7 @@ mod tests {
     #[test]
     fn with_a_slot_per_step_recompute_prefills_prompt_and_generated() {
         let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 64 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(20, 4, Box::new(DepthIndexed), 4), 4);
+        let mut s = ContinuousBatching::new(limits, KvManager::new(20, 4, DepthIndexed.num_slots(4)), Box::new(DepthIndexed), 4);
         s.add(req(0, 7));
         s.add(req(1, 6));
         let l = s.schedule().unwrap();
@@ -366,7 +372,7 @@ mod tests {
     #[test]
     fn long_prompt_prefills_in_chunks_between_decodes() {
         let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 8 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(DepthIndexed), 4), 4).with_min_free_slots(Some(1));
+        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, DepthIndexed.num_slots(4)), Box::new(DepthIndexed), 4).with_min_free_slots(Some(1));
         s.add(req(0, 3));
         let l = s.schedule().unwrap();
         s.complete(&l, &answer(&l, 1));
@@ -398,7 +404,7 @@ mod tests {
     #[test]
     fn shared_slot_layouts_prefill_whole_prompts() {
         let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 8 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Box::new(Shared), 4), 4).with_min_free_slots(Some(1));
+        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Shared.num_slots(4)), Box::new(Shared), 4).with_min_free_slots(Some(1));
         s.add(req(0, 30));
         s.add(req(1, 3));
         let l = s.schedule().unwrap();

@@ -5,8 +5,8 @@
 
 use super::moe::{RouterArch, Scoring};
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, MoeArch, Naming};
+use crate::diffusion::models::SdarConfig;
 use crate::loader::Weights;
-use crate::models::SdarConfig;
 
 /// SDAR's constructors.
 #[derive(Debug, Clone, Copy)]

@@ -140,7 +140,7 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
         true
     }
     /// A trained head the model's gate signal must come from instead of its own stock head
-    /// (installed by the engine when it is built: [`crate::models::LoopedModel::replace_gate_head`]).
+    /// (installed by the engine when it is built: [`crate::looped::models::LoopedModel::replace_gate_head`]).
     fn gate_head(&self) -> Option<&GateHead> {
         None
     }
@@ -151,7 +151,7 @@ pub trait ExitGate: std::fmt::Debug + Send + Sync {
     }
     /// A head the gate applies to each token's prelude output (a preloop gate). The engine
     /// evaluates it once for every vocabulary entry when it is built
-    /// ([`crate::models::LoopedModel::prelude_head_table`]) and hands the result to
+    /// ([`crate::looped::models::LoopedModel::prelude_head_table`]) and hands the result to
     /// [`ExitGate::install_token_table`].
     fn token_head(&self) -> Option<&GateHead> {
         None

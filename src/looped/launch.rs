@@ -2,9 +2,9 @@
 //! the loop step they run, that step's cache slot and the row of the device state bank that
 //! holds the item's hidden state.
 
-use super::Scheduler;
 use crate::kv::BlockTable;
 use crate::request::RequestId;
+use crate::scheduler::Scheduler;
 
 /// Which stage of a looped model a launch runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -18,8 +18,8 @@
 //!   the second use captures and replays; later uses only replay. A failed capture is logged
 //!   once and that key runs eagerly from then on.
 
+use crate::looped::Stage;
 use crate::ops::{write_u32, PagedBatchBuffers};
-use crate::scheduler::Stage;
 use candle_core::{DType, Device, Result, Tensor};
 use std::collections::HashMap;
 
@@ -273,10 +273,10 @@ mod tests {
     /// a slot per step and for depth refill with a shared slot and a replayed exit trace.
     #[test]
     fn graph_bodies_match_eager_on_cpu() {
-        use crate::gate::{DepthTrace, Replay};
-        use crate::models::looped::Huginn;
-        use crate::models::looped::Ouro;
-        use crate::models::LoopedModel;
+        use crate::looped::gate::{DepthTrace, Replay};
+        use crate::looped::models::Huginn;
+        use crate::looped::models::LoopedModel;
+        use crate::looped::models::Ouro;
         use crate::{EngineBuilder, Event, GenerationParams, KvLayoutKind, SchedulerKind};
         let cfg = crate::testing::tiny_ouro_config(97);
         let weights = crate::testing::random_ouro_weights(&cfg, 3, DType::F32, &Device::Cpu).unwrap();

@@ -26,10 +26,12 @@
 //! KV is reserved for the worst case (prompt + `max_new_tokens`) at admission, so a running
 //! request never stalls on KV.
 
-use super::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats, Stage};
-use crate::gate::{ExitGate, GateState, ItemRef, StepSignals};
+use super::layout::KvLayout;
+use super::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Stage};
 use crate::kv::KvManager;
+use crate::looped::gate::{ExitGate, GateState, ItemRef, StepSignals};
 use crate::request::RequestId;
+use crate::scheduler::{Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats};
 use std::collections::{HashMap, VecDeque};
 
 /// Options of the depth scheduler.
@@ -116,6 +118,8 @@ pub struct DepthBatching {
     cfg: DepthConfig,
     limits: SchedulerLimits,
     requests: Requests,
+    /// Which cache slot each loop step reads and writes, and which an exit fills.
+    layout: Box<dyn KvLayout>,
     gate: Box<dyn ExitGate>,
     /// The gate's step bounds, enforced on every routing (see `route_core`).
     min_steps: usize,
@@ -139,14 +143,16 @@ pub struct DepthBatching {
 }
 
 impl DepthBatching {
-    /// `gate` must already be checked against the layout (`kv::check_layout`).
-    pub fn new(cfg: DepthConfig, limits: SchedulerLimits, kv: KvManager, gate: Box<dyn ExitGate>) -> Self {
+    /// `kv` holds a block table per slot of `layout`; `gate` must already be checked against
+    /// the layout ([`super::layout::check_layout`]).
+    pub fn new(cfg: DepthConfig, limits: SchedulerLimits, kv: KvManager, layout: Box<dyn KvLayout>, gate: Box<dyn ExitGate>) -> Self {
         let (min_steps, max_steps) = (gate.min_steps(), gate.max_steps());
         let free_states = (0..cfg.max_resident(limits.max_num_seqs) as u32).rev().collect();
         Self {
             cfg,
             limits,
             requests: Requests::new(kv),
+            layout,
             gate,
             min_steps,
             max_steps,
@@ -171,7 +177,7 @@ impl DepthBatching {
     fn launch(&mut self, stage: Stage, rows: Vec<LoopedRow>) -> LoopedLaunch {
         let kv_copies = std::mem::take(&mut self.copies).into_iter().map(|(_, c)| c).collect();
         let step_slots = match stage {
-            Stage::Prefill => (0..self.max_steps).map(|s| self.requests.kv().layout().slot_for_step(s)).collect(),
+            Stage::Prefill => (0..self.max_steps).map(|s| self.layout.slot_for_step(s)).collect(),
             _ => Vec::new(),
         };
         let reenter = matches!(stage, Stage::Prefill | Stage::Coda);
@@ -195,7 +201,7 @@ impl DepthBatching {
             // Coda rows sample; the successor re-enters only if the request wants more tokens.
             sample: stage == Stage::Coda,
             step: item.step,
-            slot: self.requests.kv().layout().slot_for_step(item.step),
+            slot: self.layout.slot_for_step(item.step),
             state: req.state,
         }
     }
@@ -209,11 +215,11 @@ impl DepthBatching {
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
         let mut i = 0;
-        let whole = super::prefills_whole_prompts(self.requests.kv().num_slots(), self.max_steps);
+        let whole = crate::scheduler::prefills_whole_prompts(self.requests.kv().num_slots(), self.max_steps);
         while i < self.prefilling.len() {
             let id = self.prefilling[i];
             let req = &self.reqs[&id];
-            let n = super::prefill_chunk(req.prompt_len - req.prefilled, budget, whole, rows.is_empty());
+            let n = crate::scheduler::prefill_chunk(req.prompt_len - req.prefilled, budget, whole, rows.is_empty());
             if n == 0 {
                 break;
             }
@@ -230,7 +236,7 @@ impl DepthBatching {
         let admitting = self.limits.admits_prefill(self.cfg.min_free_slots, decoding, self.free_states.len(), self.requests.num_waiting());
         while let Some(next) = self.requests.front().filter(|_| admitting) {
             let (id, need) = (next.id, next.prompt.len() + next.max_new_tokens);
-            let n = super::prefill_chunk(next.prompt.len(), budget, whole, rows.is_empty());
+            let n = crate::scheduler::prefill_chunk(next.prompt.len(), budget, whole, rows.is_empty());
             if n == 0 {
                 break;
             }
@@ -391,7 +397,7 @@ impl DepthBatching {
 
     fn exit_copies(&mut self, item: &Item) {
         let kv = self.requests.kv();
-        let layout = kv.layout();
+        let layout = self.layout.as_ref();
         let fill = layout.fill_on_exit(item.step, self.max_steps);
         if fill.is_empty() {
             return;
@@ -550,14 +556,14 @@ impl DepthBatching {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::{DepthTrace, FixedDepth, Replay};
-    use crate::kv::{LastExited, Shared};
-    use crate::scheduler::LoopedRowOutput;
+    use crate::looped::gate::{DepthTrace, FixedDepth, Replay};
+    use crate::looped::layout::{KvLayout, LastExited, Shared};
+    use crate::looped::LoopedRowOutput;
 
     fn sched(refill: bool, width: usize, gate: Box<dyn ExitGate>) -> DepthBatching {
         let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 4096 };
-        let kv = KvManager::new(4096, 4, Box::new(Shared), 4);
-        DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1, ..DepthConfig::default() }, limits, kv, gate)
+        let kv = KvManager::new(4096, 4, Shared.num_slots(4));
+        DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1, ..DepthConfig::default() }, limits, kv, Box::new(Shared), gate)
     }
 
     fn replay() -> Box<dyn ExitGate> {
@@ -629,8 +635,8 @@ mod tests {
         for blocks in [4096, 4 * 5] {
             let make = || {
                 let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 4096 };
-                let kv = KvManager::new(blocks, 4, Box::new(Shared), 4);
-                DepthBatching::new(DepthConfig::default(), limits, kv, Box::new(FixedDepth::new(2).unwrap()))
+                let kv = KvManager::new(blocks, 4, Shared.num_slots(4));
+                DepthBatching::new(DepthConfig::default(), limits, kv, Box::new(Shared), Box::new(FixedDepth::new(2).unwrap()))
             };
             let mut sync = make();
             let sync_launches = drive_lengths(&mut sync, &new_tokens, false);
@@ -665,9 +671,9 @@ mod tests {
     fn steady_core_rows(reserve: usize) -> Vec<usize> {
         let (w, n) = (4, 40);
         let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 4096 };
-        let kv = KvManager::new(4096, 4, Box::new(Shared), 4);
+        let kv = KvManager::new(4096, 4, Shared.num_slots(4));
         let cfg = DepthConfig { min_coda_batch_size: 3, coda_reserve: reserve, ..DepthConfig::default() };
-        let mut s = DepthBatching::new(cfg, limits, kv, replay());
+        let mut s = DepthBatching::new(cfg, limits, kv, Box::new(Shared), replay());
         assert_eq!(s.state_bank_rows(), w + reserve);
         let launches = drive(&mut s, w + reserve, n);
         assert!(launches.iter().filter(|l| l.stage != Stage::Prefill).all(|l| l.rows.len() <= w), "a decode launch exceeded the width");
@@ -707,9 +713,9 @@ mod tests {
     #[test]
     fn last_exited_copies_exit_kv_into_deeper_slots() {
         let limits = SchedulerLimits { max_num_seqs: 1, max_num_batched_tokens: 64 };
-        let kv = KvManager::new(64, 4, Box::new(LastExited), 4);
+        let kv = KvManager::new(64, 4, LastExited.num_slots(4));
         let gate = Box::new(Replay::new(DepthTrace::Recorded([(0, vec![2])].into()), 1, 4).unwrap());
-        let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, gate);
+        let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, Box::new(LastExited), gate);
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 6], max_new_tokens: 3 });
         let answer = |l: &LoopedLaunch| LoopedResult {
             rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(2), ..LoopedRowOutput::new(r.request) }).collect(),
@@ -746,9 +752,9 @@ mod tests {
     fn long_prompt_prefills_in_chunks_and_no_decode_waits_longer_than_one() {
         for refill in [true, false] {
             let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 8 };
-            let kv = KvManager::new(4096, 4, Box::new(LastExited), 4);
+            let kv = KvManager::new(4096, 4, LastExited.num_slots(4));
             let cfg = DepthConfig { refill, min_free_slots: Some(1), ..DepthConfig::default() };
-            let mut s = DepthBatching::new(cfg, limits, kv, replay());
+            let mut s = DepthBatching::new(cfg, limits, kv, Box::new(LastExited), replay());
             for i in 0..3 {
                 s.add(SchedRequest { id: RequestId(i), prompt: vec![3; 4], max_new_tokens: 30 });
             }

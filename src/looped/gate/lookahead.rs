@@ -54,12 +54,12 @@ impl<G: ExitGate> ExitGate for Lookahead<G> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::QExit;
+    use crate::looped::gate::QExit;
     use crate::request::RequestId;
 
     #[test]
     fn only_the_latent_difference_gate_reads_the_latent_change() {
-        use crate::gate::{DepthTrace, FixedDepth, LatentDiff, Replay};
+        use crate::looped::gate::{DepthTrace, FixedDepth, LatentDiff, Replay};
         assert!(!QExit::new(0.5, 1, 4).unwrap().reads_latent_diff());
         assert!(!FixedDepth::new(3).unwrap().reads_latent_diff());
         assert!(!Replay::new(DepthTrace::with_mean(2.5, 1, 4, 1).unwrap(), 1, 4).unwrap().reads_latent_diff());

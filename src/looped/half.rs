@@ -1,0 +1,85 @@
+//! The looped family as the engine core drives it ([`Half`]).
+
+use super::launch::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Stage};
+use super::runner::{LoopedRunner, Pending};
+use crate::engine::{EngineMetrics, Half, Issued, LaunchCost, Live, NewToken};
+use crate::request::RequestId;
+use crate::sampling::RowSampling;
+use crate::scheduler::Scheduler;
+use std::collections::HashMap;
+
+/// A looped model: its runner, scheduler, and the launch in flight under overlap.
+pub(crate) struct LoopedHalf {
+    pub runner: LoopedRunner,
+    pub scheduler: Box<dyn LoopedScheduler>,
+    pub overlap: bool,
+    pub in_flight: Option<Issued<LoopedLaunch, Pending>>,
+}
+
+impl Half for LoopedHalf {
+    type Launch = LoopedLaunch;
+    type Pending = Pending;
+    type Result = LoopedResult;
+
+    fn scheduler(&self) -> &dyn Scheduler {
+        self.scheduler.as_ref()
+    }
+    fn scheduler_mut(&mut self) -> &mut dyn Scheduler {
+        self.scheduler.as_mut()
+    }
+    fn schedule(&mut self) -> Option<LoopedLaunch> {
+        self.scheduler.schedule()
+    }
+    fn requests(launch: &LoopedLaunch) -> Vec<RequestId> {
+        launch.rows.iter().map(|r| r.request).collect()
+    }
+    fn shape(launch: &LoopedLaunch) -> (&'static str, usize, usize) {
+        (launch.stage.name(), launch.rows.len(), launch.num_tokens())
+    }
+    fn cost(&self, launch: &LoopedLaunch) -> Option<LaunchCost> {
+        Some(super::roofline::looped_launch_cost(self.runner.model().spec(), launch))
+    }
+
+    fn issue(&mut self, launch: &LoopedLaunch, live: &mut HashMap<RequestId, Live>) -> candle_core::Result<Pending> {
+        let sampling: Vec<RowSampling> = launch
+            .rows
+            .iter()
+            .map(|r| match (r.sample, live.get_mut(&r.request)) {
+                (true, Some(l)) => l.next_sampling_row(),
+                _ => RowSampling::greedy(),
+            })
+            .collect();
+        self.runner.launch(launch, &sampling)
+    }
+
+    fn collect(&mut self, pending: Pending) -> candle_core::Result<LoopedResult> {
+        self.runner.collect(pending)
+    }
+
+    fn complete(&mut self, launch: &LoopedLaunch, result: LoopedResult, metrics: &mut EngineMetrics) -> Vec<NewToken> {
+        if let Some(span) = self.runner.last_device_time() {
+            metrics.record_device(launch.stage.name(), span);
+        }
+        self.scheduler.complete(launch, &result);
+        (metrics.graph_captures, metrics.graph_replays) = self.runner.graph_stats();
+        // A coda row's token ran its item's loop steps (the row's step is the last one run); a
+        // full-depth launch runs every step it lists.
+        let steps = |row: &LoopedRow| match launch.stage {
+            Stage::Coda => Some(row.step as u32 + 1),
+            Stage::Prefill | Stage::FullDepthDecode => Some(launch.step_slots.len() as u32),
+            Stage::CoreStep => None,
+        };
+        launch.rows.iter().zip(&result.rows).filter_map(|(row, out)| out.token.map(|t| (out.request, t, out.logprob, steps(row)))).collect()
+    }
+
+    fn swap_in_flight(&mut self, next: Option<Issued<LoopedLaunch, Pending>>) -> Option<Issued<LoopedLaunch, Pending>> {
+        if self.overlap {
+            std::mem::replace(&mut self.in_flight, next)
+        } else {
+            next
+        }
+    }
+    fn has_in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+}
