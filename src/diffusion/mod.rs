@@ -10,6 +10,7 @@
 //! and its options ([`DiffusionOptions`]).
 
 mod attention;
+pub(crate) mod build;
 mod canvas;
 mod eviction;
 mod half;

@@ -4,6 +4,7 @@
 
 use super::detok::{Detokenizer, Pushed};
 use super::family::{Half, Issued, NewToken};
+use super::live::Live;
 use super::{EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
 use crate::chat::{Chat, ChatTemplate};
 use crate::diffusion::models::DiffusionSpec;
@@ -11,7 +12,7 @@ use crate::diffusion::DiffusionHalf;
 use crate::error::InvalidRequest;
 use crate::looped::models::LoopedSpec;
 use crate::looped::LoopedHalf;
-use crate::sampling::{RowSampling, Sampler};
+use crate::sampling::Sampler;
 use crate::scheduler::{SchedRequest, Scheduler};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -19,7 +20,7 @@ use std::time::Instant;
 use tokenizers::Tokenizer;
 
 /// The model family an engine serves, each with its own runner and scheduler trait.
-pub(super) enum Family {
+pub(crate) enum Family {
     Looped(Box<LoopedHalf>),
     Diffusion(Box<DiffusionHalf>),
 }
@@ -33,31 +34,6 @@ macro_rules! with_half {
             Family::Diffusion($h) => $body,
         }
     };
-}
-
-/// A live request's generation state.
-pub(crate) struct Live {
-    params: GenerationParams,
-    /// Sampling rows issued so far (the next forced token's index; may run ahead of
-    /// `generated` when launches overlap).
-    issued: usize,
-    sampler: Sampler,
-    generated: Vec<u32>,
-    detok: Detokenizer,
-    /// When the request was admitted, and when its last token event went out.
-    arrived: Instant,
-    last_token: Option<Instant>,
-}
-
-impl Live {
-    /// The sampling settings of the request's next sampled row (its seeded uniform, and the
-    /// forced token when teacher forcing).
-    pub(crate) fn next_sampling_row(&mut self) -> RowSampling {
-        let mut row = self.sampler.next_row();
-        row.forced = self.params.forced_tokens.get(self.issued).copied();
-        self.issued += 1;
-        row
-    }
 }
 
 /// Request bookkeeping shared by both families: live requests, pending events, metrics.
@@ -83,7 +59,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub(super) fn assemble(
+    pub(crate) fn assemble(
         family: Family,
         tokenizer: Option<Tokenizer>,
         eos: Vec<u32>,

@@ -4,7 +4,7 @@
 //! (`looped/half.rs`, `diffusion/half.rs`) implement it with their own scheduler trait, launch
 //! types and runner.
 
-use super::core::Live;
+use super::live::Live;
 use super::{EngineMetrics, LaunchCost};
 use crate::error::InvalidRequest;
 use crate::request::{GenerationParams, RequestId};

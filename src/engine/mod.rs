@@ -7,16 +7,19 @@ mod family;
 mod handle;
 mod latency;
 pub(crate) mod launch_check;
+mod live;
 mod metrics;
 
 pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
+pub(crate) use builder::Common;
 pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped, MAX_RESIDENT};
 pub use core::Engine;
+pub(crate) use core::Family;
 pub use handle::{EngineHandle, RequestStream};
 pub use metrics::{DenoiseStats, DeviceSpan, EngineMetrics, KvPoolStats, LatencyHistogram, LaunchCost, StageStats};
 
-pub(crate) use core::Live;
 pub(crate) use family::{Half, Issued, NewToken};
+pub(crate) use live::Live;
 
 /// The runners and CUDA-graph helper, for the device tests and benchmarks that drive a model
 /// directly (feature `testing`).

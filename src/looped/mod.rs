@@ -7,6 +7,7 @@
 //! ([`gate`]), the KV layouts that map loop steps to cache slots ([`layout`]), its runner (the
 //! state bank, CUDA graphs, asynchronous read-back) and its options ([`LoopedOptions`]).
 
+pub(crate) mod build;
 mod continuous;
 mod depth;
 pub mod gate;
