@@ -1,8 +1,6 @@
 //! CUDA kernels against the CPU reference. Needs a GPU: build with `--features cuda`, run on the
-//! device machine with `--test-threads 1` (a kernel selection and its dispatch counts hold on
-//! the thread that made them, but the suite run in parallel on one H100 crashed the process with
-//! a segmentation fault, not yet diagnosed); `--include-ignored --nocapture` also prints the
-//! timings.
+//! device machine (tests run in parallel: kernel choices and dispatch counts hold per thread);
+//! `--include-ignored --nocapture` also prints the timings.
 #![cfg(feature = "cuda")]
 
 #[path = "gpu_kernels/agreement.rs"]
@@ -13,6 +11,18 @@ use ponder::ops::{paged_attention, paged_attention_reference, AttnMask, PagedBat
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+
+/// A CUDA device of its own (stream, cuBLAS handle, loaded modules) for one test, kept alive
+/// until the process exits. Dropping a device destroys its cuBLAS handle, which synchronises the
+/// whole GPU context; a context-wide synchronisation while another test's thread captures a CUDA
+/// graph on its own stream is refused by the driver and invalidates that capture (the parallel
+/// suite failed and crashed that way). Tests therefore never drop a device mid-run.
+fn gpu_device() -> Device {
+    static KEPT: std::sync::Mutex<Vec<Device>> = std::sync::Mutex::new(Vec::new());
+    let device = Device::new_cuda(0).unwrap();
+    KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(device.clone());
+    device
+}
 
 struct Case {
     name: &'static str,
@@ -90,7 +100,7 @@ fn rel_err(out: &Tensor, reference: &Tensor) -> f32 {
 /// Checks every attention path against the CPU reference on `case`; returns the kernel
 /// dispatches of all of them.
 fn check(case: Case) -> ponder::ops::KernelCounts {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let b = build(&case, 0x5eed ^ case.rows.len() as u64 ^ ((case.hd as u64) << 8));
     let scale = 1.0 / (case.hd as f64).sqrt();
     let width = case.kv_heads * case.hd;
@@ -124,7 +134,7 @@ fn check(case: Case) -> ponder::ops::KernelCounts {
 
 /// The SMs of CUDA device 0 (the plans the tests predict depend on them).
 fn gpu_sms() -> usize {
-    let Device::Cuda(dev) = Device::new_cuda(0).unwrap() else { unreachable!() };
+    let Device::Cuda(dev) = gpu_device() else { unreachable!() };
     ponder::ops::cuda::sm_count(&dev).unwrap()
 }
 
@@ -304,7 +314,7 @@ fn decode_ring_kernel() {
         (case("no ring: f32", DECODE_ROWS, 16, 16, 128, DType::F32, AttnMask::Causal), false),
         (case("no ring: a prefill row", &[(1, 100), (5, 40)], 16, 16, 128, DType::BF16, AttnMask::Causal), false),
     ];
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for (c, ring) in cases {
         let b = build(&c, 0x41c3 ^ c.rows.len() as u64);
         let batch = PagedBatch::new(b.host.clone(), c.block_size, c.mask, c.kv_heads * c.hd, &gpu).unwrap();
@@ -368,7 +378,7 @@ fn head_dim_96_and_odd_block_size() {
 
 #[test]
 fn rejects_bad_inputs() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![vec![0]], context_lens: vec![1], cu_q_lens: vec![0, 1] };
     let batch = PagedBatch::new(host, 16, AttnMask::Causal, 4 * 80, &gpu).unwrap();
     let q = Tensor::zeros((1, 4, 80), DType::BF16, &gpu).unwrap();
@@ -384,7 +394,7 @@ fn rejects_bad_inputs() {
 
 /// Times one launch configuration; prints µs per call and the KV bytes read per second.
 fn time_case(name: &str, rows: &[(usize, usize)], heads: usize, kv: usize, hd: usize, mask: AttnMask) {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let c = Case { name: "timing", rows: rows.to_vec(), heads, kv_heads: kv, hd, block_size: 16, dtype: DType::BF16, mask, context_bound: None };
     let b = build(&c, 7);
     let batch = PagedBatch::new(b.host.clone(), 16, mask, kv * hd, &gpu).unwrap();
@@ -469,7 +479,7 @@ fn tol_of(dtype: DType) -> f32 {
 
 /// One qkv_rope_write case: rows of (q_len, ctx); caches pre-filled with random values.
 fn check_qkv_rope_write(name: &str, rows: &[(usize, usize)], heads: usize, kv_heads: usize, hd: usize, bs: usize, dtype: DType) {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let mut rng = StdRng::seed_from_u64(0xf05ed ^ (heads * 131 + hd) as u64);
     let need: usize = rows.iter().map(|&(_, c)| c.div_ceil(bs)).sum();
     let num_blocks = need + 5;
@@ -642,7 +652,7 @@ type Fold = (&'static str, Vec<usize>, usize, usize, usize, usize, DType);
 /// path: both caches bit for bit, the output within `tol` relative (0: bit for bit). Returns the
 /// kernel dispatches of the fused call and of the two-launch reference.
 fn check_qkv_rope_attention(path: AttnPath, case: &Fold, tol: f32) -> (ponder::ops::KernelCounts, ponder::ops::KernelCounts) {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let (name, ctxs, heads, kv_heads, hd, bs, dtype) = case.clone();
     let mut rng = StdRng::seed_from_u64(0x2f01d ^ (ctxs.len() * 131 + heads * 7 + hd) as u64);
     let num_blocks = ctxs.iter().map(|c| c.div_ceil(bs)).sum::<usize>() + 5;
@@ -697,7 +707,7 @@ fn check_qkv_rope_attention(path: AttnPath, case: &Fold, tol: f32) -> (ponder::o
 
 #[test]
 fn fused_add_rms_norm() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         // Widths that are a multiple of the 16-byte vector take the register-cached vector path; 2050 the scalar one.
         for &(rows, cols) in &[(1usize, 2048usize), (64, 2048), (257, 2048), (33, 1000), (5, 40), (3, 6000), (9, 2050)] {
@@ -722,7 +732,7 @@ fn fused_add_rms_norm() {
 
 #[test]
 fn fused_rms_norm_and_residual_add() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         // Widths of whole 16-byte vectors take the vector path (16384: two vectors per thread in
         // bf16, four in f32); 2050 and 1001 the scalar one.
@@ -765,7 +775,7 @@ fn fused_rms_norm_and_residual_add() {
 #[test]
 fn split_k_partials_and_their_norms() {
     use ponder::ops::split_k;
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let g = |t: &Tensor| t.to_device(&gpu).unwrap();
     let values = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let eps = 1e-6;
@@ -857,7 +867,7 @@ fn split_k_partials_and_their_norms() {
 
 #[test]
 fn fused_silu_mul() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(rows, inter) in &[(1usize, 5632usize), (64, 5632), (256, 5632), (7, 77)] {
             let mut rng = StdRng::seed_from_u64((rows * 31 + inter) as u64);
@@ -881,7 +891,7 @@ fn fused_silu_mul() {
 #[test]
 fn rope_angles_match_the_composition() {
     use ponder::ops::RopeTable;
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let mut rng = StdRng::seed_from_u64(0x2a9e);
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(tokens, hd, rotary) in &[(1usize, 128usize, 128usize), (77, 128, 128), (300, 64, 64), (40, 128, 64), (5, 96, 96)] {
@@ -922,7 +932,7 @@ fn rope_angles_match_the_composition() {
 /// product in the weights' dtype then cast — the heads before — is printed beside it).
 #[test]
 fn linear_f32_matches_the_f32_product() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::BF16, DType::F16, DType::F32] {
         for &(rows, k, n) in &[(1usize, 2048usize, 49152usize), (37, 2048, 4096), (256, 512, 1000)] {
             let mut rng = StdRng::seed_from_u64((rows * 7 + n) as u64);
@@ -946,7 +956,7 @@ fn linear_f32_matches_the_f32_product() {
 #[test]
 #[ignore]
 fn fused_timing() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let time = |f: &dyn Fn()| {
         for _ in 0..20 {
             f();
@@ -1148,7 +1158,7 @@ fn differing_requests(name: &str, a: &[Vec<u32>], b: &[Vec<u32>], prompts: &[Vec
 
 #[test]
 fn cuda_graphs_match_eager() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let mut rng = StdRng::seed_from_u64(77);
     // 37 requests: prompts 1..300 tokens (context buckets 256 and 512), 3..60 new tokens, so
     // the decode width walks down through many row buckets, mostly with padding.
@@ -1198,7 +1208,7 @@ fn cuda_graphs_match_eager() {
 #[test]
 fn kv_write_matches_scatter_reference() {
     use ponder::ops::{write_kv, write_kv_reference};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(kvh, hd) in &[(8usize, 128usize), (2, 64), (3, 5)] {
             let mut rng = StdRng::seed_from_u64((kvh * 131 + hd) as u64);
@@ -1231,7 +1241,7 @@ fn kv_write_matches_scatter_reference() {
 #[test]
 fn scatter_rows_matches_reference() {
     use ponder::ops::{scatter_rows, scatter_rows_reference};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(rows, width, bank) in &[(379usize, 2048usize, 600usize), (7, 5, 9), (1, 4096, 3)] {
             let mut rng = StdRng::seed_from_u64((rows * 7 + width) as u64);
@@ -1256,7 +1266,7 @@ fn scatter_rows_matches_reference() {
 #[test]
 fn copy_rows_matches_reference() {
     use ponder::ops::{copy_rows, copy_rows_reference};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         // (blocks, block size, kv heads, head dim, tensors): Ouro's 24 layers of K and V; odd widths.
         for &(nb, bs, kvh, hd, n) in &[(40usize, 16usize, 16usize, 128usize, 48usize), (9, 4, 3, 5, 3)] {
@@ -1288,7 +1298,7 @@ fn copy_rows_matches_reference() {
 #[test]
 fn focus_importance_matches_reference() {
     use ponder::ops::importance_of;
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(heads, kvh, d) in &[(32usize, 8usize, 128usize), (16, 16, 64), (4, 2, 64)] {
             let mut rng = StdRng::seed_from_u64((heads * 977 + d) as u64);
@@ -1328,7 +1338,7 @@ fn focus_importance_matches_reference() {
 #[test]
 fn greedy_confidence_matches_reference() {
     use ponder::engine::internals::greedy_with_confidence;
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     // A vocabulary of a multiple of 8 takes the 16-byte loads; 1001 the scalar loop.
     for (dt, (rows, vocab, mask)) in
         [DType::F32, DType::BF16, DType::F16].into_iter().flat_map(|dt| [(dt, (37usize, 151_936usize, 151_669u32)), (dt, (5, 1001, 7))])
@@ -1365,7 +1375,7 @@ fn greedy_confidence_matches_reference() {
 #[test]
 fn greedy_ids_flagged_matches_reference() {
     use ponder::ops::{greedy_ids_flagged, greedy_ids_flagged_reference, is_non_finite_flag};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(rows, vocab) in &[(16usize, 49_152usize), (7, 1000), (7, 1001), (5, 4097), (4, 7)] {
             let mut rng = StdRng::seed_from_u64((rows * 131 + vocab) as u64);
@@ -1410,7 +1420,7 @@ fn greedy_ids_flagged_matches_reference() {
 #[test]
 fn compact_rows_matches_index_select() {
     use ponder::ops::{compact_rows, compact_rows_reference};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         let mut rng = StdRng::seed_from_u64(11);
         let rows = 700;
@@ -1449,7 +1459,7 @@ fn compact_rows_matches_index_select() {
 #[test]
 fn fused_qkv_norm_rope_write() {
     use ponder::ops::{qkv_norm_rope_write, RopeTable};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for dt in [DType::F32, DType::BF16, DType::F16] {
         for &(heads, kvh, hd, norm) in &[(32usize, 8usize, 128usize, true), (32, 8, 128, false), (4, 4, 64, true), (4, 2, 256, true), (2, 1, 192, false)] {
             let mut rng = StdRng::seed_from_u64((heads * 7 + hd + norm as usize) as u64);
@@ -1513,7 +1523,7 @@ fn huginn_stage_graphs_match_eager_numerically() {
     use ponder::kv::KvStore;
     use ponder::looped::models::Huginn;
     use ponder::looped::models::LoopedModel;
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let cfg = graph_test_huginn();
     let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, &gpu).unwrap();
     let wte = t["transformer.wte.weight"].clone();
@@ -1590,7 +1600,7 @@ fn huginn_stage_graphs_match_eager_numerically() {
 #[test]
 fn device_spans_cover_every_launch() {
     use ponder::looped::gate::{DepthTrace, Replay};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let cfg = graph_test_config();
     let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, &gpu).unwrap();
     let model = ponder::looped::models::Ouro::load(&cfg, &weights).unwrap();
@@ -1649,7 +1659,7 @@ fn ouro_on_gpu(gpu: &Device, dtype: DType, poison: Option<usize>) -> Box<dyn pon
 /// The non-finite flag on the device equals the CPU's, for f32 and bf16 logits.
 #[test]
 fn non_finite_flag_matches_cpu() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let v = 512;
     let mut rows = vec![0.25f32; 6 * v];
     rows[v + 3] = f32::NAN;
@@ -1680,7 +1690,7 @@ fn non_finite_flag_matches_cpu() {
 #[test]
 fn non_finite_logits_fail_their_request_on_the_device() {
     use ponder::looped::gate::{DepthTrace, Replay};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let (bad, good) = (vec![3u32, 7, 11, 9, 40], vec![4u32, 8, 12, 10, 2, 99]);
     for (sched, layout) in [
         (ponder::SchedulerKind::Continuous, ponder::KvLayoutKind::DepthIndexed),
@@ -1723,7 +1733,7 @@ fn non_finite_logits_fail_their_request_on_the_device() {
 /// (the kernel's queries then sit past cached keys) give the tokens a single prefill gives (f32).
 #[test]
 fn chunked_prefill_matches_unchunked_on_the_device() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let mut rng = StdRng::seed_from_u64(78);
     let prompts: Vec<Vec<u32>> = (0..8).map(|i| (0..[300, 17, 129, 64][i % 4]).map(|_| rng.random_range(0..512u32)).collect()).collect();
     let run = |budget: usize| {
@@ -1748,7 +1758,7 @@ fn chunked_prefill_matches_unchunked_on_the_device() {
 #[test]
 #[ignore]
 fn debug_nan_propagation() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     for (dev, dtype) in [(Device::Cpu, DType::F32), (gpu.clone(), DType::F32), (gpu.clone(), DType::BF16)] {
         let model = ouro_on_gpu(&dev, dtype, Some(11));
         let mut e = ponder::EngineBuilder::from_model(model, None, vec![]).max_num_seqs(4).kv_capacity_tokens(16 * 1024).build().unwrap();
@@ -1771,7 +1781,7 @@ fn debug_nan_propagation() {
 #[test]
 fn moe_diffusion_models_on_the_device_match_the_cpu() {
     use ponder::testing::{tiny_llada2_config, tiny_sdar_moe_config, write_random_llada2, write_random_sdar};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let tmp = tempfile::tempdir().unwrap();
     let llada2 = ponder::diffusion::models::Llada2Config {
         hidden_size: 256,
@@ -1829,7 +1839,7 @@ fn llada2_router(e: usize, k: usize, g: usize, kg: usize) -> ponder::ops::moe::R
 #[test]
 fn moe_routing_on_the_device_chooses_as_the_host_rule() {
     use ponder::ops::moe::{route, route_reference, RouterArch, Scoring};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let mut rng = StdRng::seed_from_u64(0x0e0e);
     let qwen = |norm_topk| RouterArch { num_experts: 128, top_k: 8, n_group: 1, topk_group: 1, scoring: Scoring::Softmax, norm_topk, scale: 1.0 };
     let cases: Vec<(&str, RouterArch, bool)> = vec![
@@ -1885,7 +1895,7 @@ fn router_logits_from_split_weights_have_f32_accuracy() {
 
 fn router_logits_check(kernels: ponder::ops::moe::MoeKernels) {
     use ponder::ops::moe::RouterWeights;
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let mut rng = StdRng::seed_from_u64(0x5917);
     // One token (many k slices), a few hundred (some), thousands (one or two), odd widths.
     for (tokens, e, h) in [(1usize, 256usize, 2048usize), (300, 256, 2048), (2177, 128, 512), (2049, 64, 4096), (37, 8, 128)] {
@@ -1911,7 +1921,7 @@ fn router_logits_check(kernels: ponder::ops::moe::MoeKernels) {
 #[test]
 fn moe_routing_survives_non_finite_logits() {
     use ponder::ops::moe::{moe_experts, route, StackedExperts};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let (e, k, w, h) = (8, 2, 16, 64);
     let mut z = vec![f32::NAN; 3 * e];
     z[e + 3] = 1.0; // token 1: one finite logit for two choices
@@ -1944,7 +1954,7 @@ fn grouped_moe_kernels_match_the_composition() {
 
 fn grouped_moe_check(kernels: ponder::ops::moe::MoeKernels) {
     use ponder::ops::moe::{moe_experts, moe_experts_reference, route_reference, StackedExperts};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     // (name, tokens, experts, top_k, width, hidden, shared): few rows per expert (64-row tiles,
     // some experts idle) and many (128-row tiles: Hopper's warpgroup kernels, or the `mma.sync`
     // ones under `MoeKernels::MmaSync`), with and without a shared expert.
@@ -2012,7 +2022,7 @@ fn grouped_moe_check(kernels: ponder::ops::moe::MoeKernels) {
 #[ignore]
 fn moe_timing() {
     use ponder::ops::moe::{moe_experts, route, StackedExperts};
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = gpu_device();
     let (e, k, w, h) = (256, 8, 512, 2048);
     let arch = llada2_router(e, k, 8, 4);
     let gate_up = Tensor::randn(0f32, 0.02, (e, 2 * w, h), &gpu).unwrap().to_dtype(DType::BF16).unwrap();

@@ -181,7 +181,7 @@ fn first_differences(a: &[Vec<u32>], b: &[Vec<u32>]) -> Vec<(usize, usize)> {
 
 #[test]
 fn attention_paths_agree_with_the_cpu_reference() {
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = super::gpu_device();
     let cfg = config();
     let tensors = conditioned_weights(&cfg);
     let mut rng = StdRng::seed_from_u64(0x55);
