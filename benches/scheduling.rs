@@ -5,7 +5,7 @@ use ponder::kv::KvManager;
 use ponder::looped::gate::{DepthTrace, Replay};
 use ponder::looped::layout::{DepthIndexed, KvLayout, LastExited, Shared};
 use ponder::looped::{ContinuousBatching, DepthBatching, DepthConfig, LoopedResult, LoopedRowOutput, LoopedScheduler};
-use ponder::scheduler::{SchedRequest, Scheduler, SchedulerLimits};
+use ponder::scheduler::{Requests, SchedRequest, SchedulerLimits};
 use ponder::RequestId;
 
 fn decode_tick(c: &mut Criterion) {
@@ -13,10 +13,10 @@ fn decode_tick(c: &mut Criterion) {
     for width in [16usize, 64, 256] {
         g.bench_with_input(BenchmarkId::from_parameter(width), &width, |b, &w| {
             let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 1 << 20 };
-            let kv = KvManager::new(w * 4 * 64, 16, DepthIndexed.num_slots(4));
-            let mut s = ContinuousBatching::new(limits, kv, Box::new(DepthIndexed), 4);
+            let mut q = Requests::new(KvManager::new(w * 4 * 64, 16, DepthIndexed.num_slots(4)));
+            let mut s = ContinuousBatching::new(limits, Box::new(DepthIndexed), 4);
             for i in 0..w {
-                s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![1; 128], max_new_tokens: 512 });
+                q.add(SchedRequest { id: RequestId(i as u64), prompt: vec![1; 128], max_new_tokens: 512 });
             }
             let mut tick = 0u64;
             let mut next_id = w as u64;
@@ -25,13 +25,14 @@ fn decode_tick(c: &mut Criterion) {
                 tick += 1;
                 if tick % 256 == 0 {
                     for i in next_id - w as u64..next_id {
-                        s.finish(RequestId(i));
-                        s.add(SchedRequest { id: RequestId(i + w as u64), prompt: vec![1; 128], max_new_tokens: 512 });
+                        q.end(RequestId(i));
+                        s.finished(RequestId(i));
+                        q.add(SchedRequest { id: RequestId(i + w as u64), prompt: vec![1; 128], max_new_tokens: 512 });
                     }
                     next_id += w as u64;
                 }
-                let l = s.schedule().unwrap();
-                s.complete(&l, &answer(&l));
+                let l = s.schedule(&mut q).unwrap();
+                s.complete(&mut q, &l, &answer(&l));
             });
         });
     }
@@ -39,6 +40,7 @@ fn decode_tick(c: &mut Criterion) {
 
 fn answer(l: &ponder::looped::LoopedLaunch) -> LoopedResult {
     LoopedResult {
+        non_finite: vec![],
         rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(1), gate_logits: vec![1.0], ..LoopedRowOutput::new(r.request) }).collect(),
     }
 }
@@ -50,28 +52,29 @@ fn depth_tick(c: &mut Criterion) {
     for width in [64usize, 128, 256, 512] {
         g.bench_with_input(BenchmarkId::from_parameter(width), &width, |b, &w| {
             let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 1 << 20 };
-            let kv = KvManager::new(w * 4 * 48, 16, LastExited.num_slots(4));
+            let mut q = Requests::new(KvManager::new(w * 4 * 48, 16, LastExited.num_slots(4)));
             let gate = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, 1).unwrap(), 2, 4).unwrap());
-            let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, Box::new(LastExited), gate);
+            let mut s = DepthBatching::new(DepthConfig::default(), limits, Box::new(LastExited), gate);
             let mut next = 0u64;
             let mut produced = std::collections::HashMap::new();
-            let admit = |s: &mut DepthBatching, n: usize, next: &mut u64| {
+            let admit = |q: &mut Requests, n: usize, next: &mut u64| {
                 for _ in 0..n {
-                    s.add(SchedRequest { id: RequestId(*next), prompt: vec![1; 128], max_new_tokens: 512 });
+                    q.add(SchedRequest { id: RequestId(*next), prompt: vec![1; 128], max_new_tokens: 512 });
                     *next += 1;
                 }
             };
-            admit(&mut s, w, &mut next);
+            admit(&mut q, w, &mut next);
             b.iter(|| {
-                let l = s.schedule().expect("work");
+                let l = s.schedule(&mut q).expect("work");
                 let r = answer(&l);
-                s.complete(&l, &r);
+                s.complete(&mut q, &l, &r);
                 for row in r.rows.iter().filter(|r| r.token.is_some()) {
                     let p = produced.entry(row.request).or_insert(0usize);
                     *p += 1;
                     if *p == 512 {
-                        s.finish(row.request);
-                        admit(&mut s, 1, &mut next);
+                        q.end(row.request);
+                        s.finished(row.request);
+                        admit(&mut q, 1, &mut next);
                     }
                 }
             });

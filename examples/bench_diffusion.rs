@@ -253,7 +253,7 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
     let (mut tokens, mut window_tokens, mut window_time, mut window_steps) = (0u64, 0u64, 0f64, 0usize);
     let mut profile_pending = args.profile_step;
     while engine.has_work() {
-        let full = engine.scheduler().num_running() == batch;
+        let full = engine.requests().num_running() == batch;
         let profiled = profile_pending && full && window_steps == 10;
         profile_pending &= !profiled;
         if profiled {
@@ -270,7 +270,7 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
         let n = events.iter().filter(|e| matches!(e, Event::Token { .. })).count() as u64;
         tokens += n;
         // The profiled launch ran under the profiler: not a steady-state figure.
-        if full && !profiled && engine.scheduler().num_running() + engine.scheduler().num_waiting() > 0 {
+        if full && !profiled && engine.requests().num_running() + engine.requests().num_waiting() > 0 {
             window_tokens += n;
             window_time += dt;
             window_steps += 1;
@@ -281,21 +281,21 @@ fn run(model: &DenseDiffusion, args: &Args, trace_mean: f64, batch: usize, mode:
     let stage = |m: &ponder::EngineMetrics| m.stages.get("denoise").map_or((0, 0.0), |s| (s.launches, s.time.as_secs_f64()));
     let ((l0, t0), (l1, t1)) = (stage(&before), stage(m));
     let launches = (l1 - l0).max(1) as f64;
-    let phase_before: std::collections::HashMap<_, _> = before.denoise.phases.iter().cloned().collect();
-    let phases =
-        m.denoise.phases.iter().map(|(p, d)| (*p, (d.as_secs_f64() - phase_before.get(p).map_or(0.0, |b| b.as_secs_f64())) * 1e3 / launches)).collect();
-    let steps = m.denoise.steps - before.denoise.steps;
-    let step_tokens = m.denoise.step_tokens - before.denoise.step_tokens;
+    let (d, b0) = (m.denoise().expect("a diffusion engine"), before.denoise().expect("a diffusion engine"));
+    let phase_before: std::collections::HashMap<_, _> = b0.phases.iter().cloned().collect();
+    let phases = d.phases.iter().map(|(p, d)| (*p, (d.as_secs_f64() - phase_before.get(p).map_or(0.0, |b| b.as_secs_f64())) * 1e3 / launches)).collect();
+    let steps = d.steps - b0.steps;
+    let step_tokens = d.step_tokens - b0.step_tokens;
     let generated = m.generated_tokens - before.generated_tokens;
     Ok(RunStats {
         window_tokens_per_s: if window_time > 0.0 { window_tokens as f64 / window_time } else { tokens as f64 / whole },
         whole_tokens_per_s: tokens as f64 / whole,
         tokens_per_step: step_tokens as f64 / steps.max(1) as f64,
-        other_tokens_per_step: (m.denoise.other_tokens - before.denoise.other_tokens) as f64 / steps.max(1) as f64,
-        readouts_per_step: (m.denoise.readouts - before.denoise.readouts) as f64 / steps.max(1) as f64,
+        other_tokens_per_step: (d.other_tokens - b0.other_tokens) as f64 / steps.max(1) as f64,
+        readouts_per_step: (d.readouts - b0.readouts) as f64 / steps.max(1) as f64,
         decoded_per_step: generated as f64 / steps.max(1) as f64,
         kept_per_step: (mode == "focus").then(|| {
-            let (k, n) = (m.denoise.kept_tokens - before.denoise.kept_tokens, m.denoise.scored_steps - before.denoise.scored_steps);
+            let (k, n) = (d.kept_tokens - b0.kept_tokens, d.scored_steps - b0.scored_steps);
             k as f64 / n.max(1) as f64
         }),
         window_steps,

@@ -2,15 +2,14 @@
 //! whole canvas (prompt, finished blocks and the current block) — nothing cached across steps,
 //! so each step is the model's exact computation over what the request has so far — and
 //! reveals a fixed number of the most confident masked tokens of the current block. A block's
-//! tokens stream when the block is finished. It implements the six methods of the common
-//! `Scheduler` part and `schedule` / `complete` of `DiffusionScheduler`, and keeps its waiting
-//! queue and KV in the crate's `Requests` helper.
+//! tokens stream when the block is finished. It implements `schedule`, `complete` and
+//! `finished` of `DiffusionScheduler`; the engine owns the waiting queue and the KV blocks and
+//! lends them to the scheduler as `Requests`.
 //!
 //!     cargo run --release --example custom_diffusion_scheduler
 
 use ponder::diffusion::{DenoiseLaunch, DenoiseResult, DenoiseRow, DiffusionScheduler, Emitted};
-use ponder::kv::KvManager;
-use ponder::scheduler::{Requests, SchedRequest, Scheduler, SchedulerLimits};
+use ponder::scheduler::{Requests, SchedulerLimits};
 use ponder::{EngineBuilder, GenerationParams, RequestId};
 
 #[derive(Debug)]
@@ -29,7 +28,6 @@ struct Canvas {
 #[derive(Debug)]
 pub struct WholeCanvas {
     limits: SchedulerLimits,
-    requests: Requests,
     running: Vec<Canvas>,
     block: usize,
     per_step: usize,
@@ -40,59 +38,41 @@ pub struct WholeCanvas {
 }
 
 impl WholeCanvas {
-    pub fn new(limits: SchedulerLimits, kv: KvManager, block: usize, per_step: usize, mask: u32, shift_logits: bool) -> Self {
-        Self { limits, requests: Requests::new(kv), running: Vec::new(), block, per_step: per_step.max(1), mask, shift: shift_logits as usize }
+    pub fn new(limits: SchedulerLimits, block: usize, per_step: usize, mask: u32, shift_logits: bool) -> Self {
+        Self { limits, running: Vec::new(), block, per_step: per_step.max(1), mask, shift: shift_logits as usize }
     }
 
     fn block_end(&self, c: &Canvas) -> usize {
         c.block_start + self.block
     }
 
-    fn row(&self, c: &Canvas) -> DenoiseRow {
+    fn row(&self, requests: &Requests, c: &Canvas) -> DenoiseRow {
         let end = self.block_end(c);
         let readout = (c.block_start.max(c.prompt_len)..end).filter(|&p| c.tokens[p] == self.mask).map(|p| (p - self.shift) as u32).collect();
-        let table = self.requests.kv().tables(c.id).expect("admitted").first().expect("one slot").clone();
+        let table = requests.tables(c.id).expect("admitted").first().expect("one slot").clone();
         DenoiseRow::new(c.id, c.tokens[..end].to_vec(), (0..end as u32).collect(), readout, table)
     }
 }
 
-impl Scheduler for WholeCanvas {
+impl DiffusionScheduler for WholeCanvas {
     fn name(&self) -> &'static str {
         "whole-canvas"
-    }
-    fn add(&mut self, request: SchedRequest) {
-        self.requests.push(request);
-    }
-    fn finish(&mut self, id: RequestId) {
-        self.running.retain(|c| c.id != id);
-        self.requests.forget(id);
-    }
-    fn num_waiting(&self) -> usize {
-        self.requests.num_waiting()
-    }
-    fn num_running(&self) -> usize {
-        self.running.len()
-    }
-    fn kv(&self) -> &KvManager {
-        self.requests.kv()
     }
     /// Whole blocks: the last block may run past `prompt + max_new_tokens`.
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
         (prompt_len + max_new_tokens).div_ceil(self.block) * self.block
     }
-}
 
-impl DiffusionScheduler for WholeCanvas {
-    fn schedule(&mut self) -> Option<DenoiseLaunch> {
+    fn schedule(&mut self, requests: &mut Requests) -> Option<DenoiseLaunch> {
         let mut tokens: usize = self.running.iter().map(|c| self.block_end(c)).sum();
         while self.running.len() < self.limits.max_num_seqs {
-            let Some(next) = self.requests.front() else { break };
+            let Some(next) = requests.front() else { break };
             let need = self.kv_positions(next.prompt.len(), next.max_new_tokens);
             let first = (next.prompt.len() / self.block + 1) * self.block;
             if !self.running.is_empty() && tokens + first > self.limits.max_num_batched_tokens {
                 break;
             }
-            let Some(r) = self.requests.admit_front(need) else { break };
+            let Some(r) = requests.admit_front(need) else { break };
             let mut c = Canvas {
                 id: r.id,
                 prompt_len: r.prompt.len(),
@@ -105,11 +85,15 @@ impl DiffusionScheduler for WholeCanvas {
             tokens += first;
             self.running.push(c);
         }
-        let rows: Vec<DenoiseRow> = self.running.iter().map(|c| self.row(c)).collect();
+        let rows: Vec<DenoiseRow> = self.running.iter().map(|c| self.row(requests, c)).collect();
         (!rows.is_empty()).then_some(DenoiseLaunch { rows })
     }
 
-    fn complete(&mut self, launch: &DenoiseLaunch, result: &DenoiseResult) -> Vec<Emitted> {
+    fn finished(&mut self, id: RequestId) {
+        self.running.retain(|c| c.id != id);
+    }
+
+    fn complete(&mut self, _requests: &mut Requests, launch: &DenoiseLaunch, result: &DenoiseResult) -> Vec<Emitted> {
         let mut emitted = Vec::new();
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             let (block, per_step, shift) = (self.block, self.per_step, self.shift);
@@ -148,14 +132,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .diffusion(|o| {
             o.custom_scheduler(|ctx| {
                 let (block, mask, shift) = (ctx.config.block_length, ctx.spec.mask_token_id, ctx.spec.shift_logits);
-                Box::new(WholeCanvas::new(ctx.limits, ctx.kv, block, 4, mask, shift))
+                Box::new(WholeCanvas::new(ctx.limits, block, 4, mask, shift))
             })
         })
         .build()?;
     let prompts = ["fn main() {", "Ownership in Rust"];
     for out in engine.generate(prompts, &GenerationParams::greedy(32))? {
         let out = out?;
-        println!("{} (request {}): {}", engine.scheduler().name(), out.id, out.text.trim());
+        println!("{} (request {}): {}", engine.scheduler_name(), out.id, out.text.trim());
     }
     Ok(())
 }

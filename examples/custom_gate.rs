@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for out in engine.generate(prompts, &GenerationParams::greedy(24))? {
         println!("{}", out?.text.trim());
     }
-    let m = engine.metrics();
+    let m = engine.metrics().looped().expect("a looped engine");
     println!("hazard threshold {threshold}: mean depth {:.2}, depth histogram {:?}", m.mean_depth(), m.depth_histogram);
     Ok(())
 }

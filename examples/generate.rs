@@ -104,9 +104,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut steps, mut tokens) = (0u64, 0u64);
         for ev in stream {
             match ev {
-                Event::Token { text, steps: s, .. } => {
+                Event::Token { text, compute, .. } => {
                     print!("{text}");
-                    steps += u64::from(s.unwrap_or(0));
+                    if let Some(ponder::TokenCompute::LoopSteps(n)) = compute {
+                        steps += u64::from(n);
+                    }
                     tokens += 1;
                 }
                 Event::Finished { text, reason, .. } => {

@@ -74,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let probe = EngineBuilder::new(&model).build()?;
     let ids = probe.encode(&held)?;
-    let steps = probe.spec().ok_or("the quality report needs a looped model")?.max_steps;
+    let steps = probe.spec().looped().ok_or("the quality report needs a looped model")?.max_steps;
     drop(probe);
     let (windows, picked, total_windows) = evenly_spaced_windows(&ids, PROMPT + SCORED, sequences);
     if windows.is_empty() {
@@ -132,7 +132,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             let ppl = (nll / count as f64).exp();
-            let depth = engine.metrics().mean_depth();
+            let depth = engine.metrics().looped().unwrap().mean_depth();
             let (q, fixed_depth) = if is_depth { (None, Some(p as usize)) } else { (Some(p), None) };
             let label = match fixed_depth {
                 Some(d) => format!("d={d}"),

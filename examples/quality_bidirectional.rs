@@ -96,14 +96,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let matched: usize = outs.iter().zip(&picked).map(|(o, w)| same(o, &w[PROMPT..])).sum();
             let exact = exact_tokens.get_or_insert_with(|| outs.clone());
             let agreed: usize = outs.iter().zip(exact.iter()).map(|(o, e)| same(o, e)).sum();
-            let d = &engine.metrics().denoise;
+            let d = engine.metrics().denoise().expect("a diffusion engine").clone();
             let row = Row {
                 schedule: name.clone(),
                 cache,
                 exact_match: matched as f64 / (n * NEW) as f64,
                 agreement: agreed as f64 / (n * NEW) as f64,
                 positions_per_step: d.step_tokens as f64 / d.steps.max(1) as f64,
-                tokens_per_step: engine.metrics().tokens_per_denoise_step(),
+                tokens_per_step: engine.metrics().generated_tokens as f64 / d.steps.max(1) as f64,
                 seconds,
             };
             println!(

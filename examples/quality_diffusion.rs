@@ -251,7 +251,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(NEW) };
 
     let mut judge = EngineBuilder::new(&args.judge).max_num_seqs(16).build()?;
-    if judge.spec().is_none() {
+    if judge.spec().looped().is_none() {
         return Err("--judge must be a looped model (the tiny Ouro)".into());
     }
     let mut judge_ppl = |conts: &[Vec<u32>]| -> Result<f64, Box<dyn std::error::Error>> {
@@ -323,11 +323,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tau,
             delayed,
             focus,
-            kept_per_step: focus.then(|| m.denoise.kept_per_step()),
-            recall: (delayed && !focus).then(|| m.denoise.recall()).flatten(),
-            tokens_per_step: m.tokens_per_denoise_step(),
-            recomputed_per_step: m.denoise.tokens_per_step(),
-            steps: m.denoise.steps,
+            kept_per_step: focus.then(|| m.denoise().unwrap().kept_per_step()),
+            recall: (delayed && !focus).then(|| m.denoise().unwrap().recall()).flatten(),
+            tokens_per_step: (m.generated_tokens as f64 / m.denoise().unwrap().steps.max(1) as f64),
+            recomputed_per_step: m.denoise().unwrap().tokens_per_step(),
+            steps: m.denoise().unwrap().steps,
             exact_match: exact(&gen, 0..NEW),
             exact_match_block1: exact(&gen, 0..b),
             exact_match_block2: exact(&gen, b..NEW),
@@ -422,8 +422,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "\n**Decoding.** {n} prompts of {PROMPT} held-out tokens (evenly spaced over the {} windows of {} \
              tokens without an end-of-document token), {NEW} new tokens each (greedy, eos ignored, block \
              length {b}, at most {b} steps per block, 16 requests decoding together). *Tokens/step*: generated \
-             tokens per request-step (`tokens_per_denoise_step()`); *recomputed/step*: tokens a step runs \
-             through the network (`metrics().denoise.tokens_per_step()`; the delayed cache lowers it). \
+             tokens per request-step (generated tokens over `metrics().denoise()`'s steps); *recomputed/step*: tokens a step runs \
+             through the network (`metrics().denoise()`'s `tokens_per_step()`; the delayed cache lowers it). \
              *Exact match*: generated token = true held-out token at the same position (tokens 1–{b} / \
              {}–{NEW} / all). *Judge perplexity*: the tiny Ouro's (`{shown_judge}`, full depth, teacher \
              forced) perplexity of the generated {NEW} tokens after the prompt — a different, autoregressive \

@@ -140,14 +140,17 @@ fn run(
     let mut scored: Scored = vec![(Vec::new(), Vec::new()); windows.len()];
     while engine.has_work() {
         for ev in engine.step()? {
-            if let ponder::Event::Token { id, logprob, steps, .. } = ev {
+            if let ponder::Event::Token { id, logprob, compute, .. } = ev {
                 let s = &mut scored[index[&id]];
                 s.0.extend(logprob);
-                s.1.push(steps.ok_or("the depth scheduler reports each token's loop steps")?);
+                let Some(ponder::TokenCompute::LoopSteps(steps)) = compute else {
+                    return Err("the depth scheduler reports each token's loop steps".into());
+                };
+                s.1.push(steps);
             }
         }
     }
-    Ok((scored, engine.metrics().mean_depth()))
+    Ok((scored, engine.metrics().looped().unwrap().mean_depth()))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -165,7 +168,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let probe = EngineBuilder::new(&args.model).build()?;
     let ids = probe.encode(&held)?;
-    let steps = probe.spec().ok_or("the gate report needs a looped model")?.max_steps;
+    let steps = probe.spec().looped().ok_or("the gate report needs a looped model")?.max_steps;
     drop(probe);
     let (windows, picked, total_windows) = evenly_spaced_windows(&ids, PROMPT + SCORED, args.sequences);
     if windows.is_empty() {

@@ -92,7 +92,9 @@ pub mod testing;
 
 pub use chat::{Chat, ChatMessage, ChatTemplate};
 pub use diffusion::DiffusionOptions;
-pub use engine::{Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId, RequestStream};
+pub use engine::{
+    Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId, RequestStream, TokenCompute,
+};
 pub use error::{Error, InvalidRequest, Result};
 pub use looped::{KvLayoutKind, LoopedOptions, SchedulerKind};
 pub use ops::AttentionKernels;

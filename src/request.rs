@@ -119,13 +119,21 @@ pub enum Event {
         token: u32,
         text: String,
         logprob: Option<f32>,
-        /// The compute this token took: looped models, the loop steps it ran; diffusion models,
-        /// the denoising step (1-based, within its block) that revealed it. `None` where the
+        /// The compute this token took, in its model family's terms; `None` where the
         /// scheduler does not say.
-        steps: Option<u32>,
+        compute: Option<TokenCompute>,
     },
     /// The request is done; the event carries any text held back until now.
     Finished { id: RequestId, reason: FinishReason, text: String },
+}
+
+/// The compute one generated token took, in its model family's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenCompute {
+    /// Looped models: the loop steps the token ran (a first token runs every step).
+    LoopSteps(u32),
+    /// Diffusion models: the denoising step, 1-based within its block, that revealed the token.
+    DenoiseStep(u32),
 }
 
 impl Event {

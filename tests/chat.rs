@@ -165,7 +165,7 @@ fn chat_without_a_template_or_with_a_failing_one_is_a_typed_error_and_others_go_
     let outs = engine.generate([Prompt::Chat(Chat::new(bad)), Prompt::Chat(Chat::new(conversation()))], &GenerationParams::greedy(2)).unwrap();
     assert!(matches!(&outs[0], Err(Error::ChatTemplate(m)) if m.contains("roles must alternate")), "{:?}", outs[0]);
     assert_eq!(outs[1].as_ref().unwrap().token_ids.len(), 2);
-    assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
+    assert_eq!(engine.requests().kv().num_used_blocks(), 0);
 }
 
 /// Every dialect template over several conversations, with and without the generation prompt

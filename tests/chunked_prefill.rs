@@ -143,7 +143,7 @@ fn diffusion_chunked_equals_unchunked() {
             let got = with_arrivals_and_aborts(&mut engine, &ps, &max_new);
             check(&format!("{family} at budget {budget}"), &want, &got);
             assert_kv_empty(&engine);
-            prefill_rows.push(engine.metrics().denoise.other_rows);
+            prefill_rows.push(engine.metrics().denoise().unwrap().other_rows);
         }
         // SDAR prefills its long prompts' blocks in chunks; bidirectional canvases are not split.
         if family == "sdar" {

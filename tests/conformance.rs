@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use ponder::{GenerationParams, KvLayoutKind};
+use ponder::{GenerationParams, KvLayoutKind, TokenCompute};
 use std::collections::HashMap;
 
 const LAYOUTS: [KvLayoutKind; 2] = [KvLayoutKind::DepthIndexed, KvLayoutKind::Shared];
@@ -158,6 +158,7 @@ fn token_events_say_the_compute_each_token_took() {
     use ponder::looped::gate::{DepthTrace, Replay};
     use ponder::{Event, SchedulerKind};
     let steps_of = |engine: &mut ponder::Engine, prompts: Vec<Vec<u32>>| {
+        let looped = engine.spec().looped().is_some();
         let params = GenerationParams { ignore_eos: true, ..GenerationParams::greedy(7) };
         for p in prompts {
             engine.add_request(p, params.clone()).unwrap();
@@ -165,8 +166,12 @@ fn token_events_say_the_compute_each_token_took() {
         let mut steps = Vec::new();
         while engine.has_work() {
             for ev in engine.step().unwrap() {
-                if let Event::Token { steps: s, .. } = ev {
-                    steps.push(s.expect("every built-in scheduler says"));
+                if let Event::Token { compute, .. } = ev {
+                    // Each family reports the compute in its own terms.
+                    steps.push(match (compute.expect("every built-in scheduler says"), looped) {
+                        (TokenCompute::LoopSteps(n), true) | (TokenCompute::DenoiseStep(n), false) => n,
+                        (other, _) => panic!("a {} engine reported {other:?}", if looped { "looped" } else { "diffusion" }),
+                    });
                 }
             }
         }
@@ -182,7 +187,7 @@ fn token_events_say_the_compute_each_token_took() {
     for s in &steps {
         per_depth[*s as usize - 1] += 1;
     }
-    assert_eq!(per_depth, depth.metrics().depth_histogram, "events and the histogram agree");
+    assert_eq!(per_depth, depth.metrics().looped().unwrap().depth_histogram, "events and the histogram agree");
     assert!(per_depth[..3].iter().sum::<u64>() > 0, "some tokens exited early");
     let tmp = tempfile::tempdir().unwrap();
     let sdar = tmp.path().join("sdar");

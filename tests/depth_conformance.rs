@@ -35,7 +35,7 @@ fn every_valid_combination_is_batch_invariant() {
             assert_kv_empty(&ahead);
         }
         if c.scheduler != SchedulerKind::Continuous && !c.name.contains("fixed4") {
-            let d = engine.metrics().mean_depth();
+            let d = engine.metrics().looped().unwrap().mean_depth();
             assert!(d > 1.0 && d < 4.0, "{}: gated exits realise a mean depth strictly inside (1, 4), got {d}", c.name);
         }
         by_name.insert(c.name.clone(), want);

@@ -71,7 +71,7 @@ fn abort_mid_generation_frees_blocks_and_reports() {
     let b = engine.add_request(vec![8, 9], GenerationParams::greedy(5)).unwrap();
     engine.step().unwrap();
     engine.step().unwrap();
-    assert!(engine.scheduler().kv().num_used_blocks() > 0);
+    assert!(engine.requests().kv().num_used_blocks() > 0);
     engine.abort(a).unwrap();
     let mut finished = HashMap::new();
     while engine.has_work() {
@@ -307,7 +307,7 @@ fn a_gate_that_never_exits_is_stopped_at_its_max_steps() {
 #[test]
 fn a_stalled_scheduler_fails_its_requests_and_frees_their_kv() {
     let (_tmp, dir) = tiny_dir(15);
-    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.custom_scheduler(|ctx| Box::new(Stuck::new(ctx.kv)))).build().unwrap();
+    let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.custom_scheduler(|_| Box::new(Stuck))).build().unwrap();
     let outs = engine.generate([vec![1u32, 2], vec![3u32]], &GenerationParams::greedy(4)).unwrap();
     for out in outs {
         let out = out.unwrap();
@@ -321,48 +321,26 @@ fn a_stalled_scheduler_fails_its_requests_and_frees_their_kv() {
 /// Launches each request once as a full-depth prefill, spoiled by `defect` (a custom scheduler
 /// with a bug).
 struct Spoiled {
-    kv: ponder::kv::KvManager,
     layout: Box<dyn ponder::looped::layout::KvLayout>,
     steps: usize,
-    waiting: Vec<ponder::scheduler::SchedRequest>,
-    live: Vec<ponder::RequestId>,
     defect: fn(&mut ponder::looped::LoopedLaunch),
 }
-impl ponder::scheduler::Scheduler for Spoiled {
+impl ponder::looped::LoopedScheduler for Spoiled {
     fn name(&self) -> &'static str {
         "spoiled"
     }
-    fn add(&mut self, r: ponder::scheduler::SchedRequest) {
-        assert!(self.kv.reserve(r.id, r.prompt.len() + r.max_new_tokens));
-        self.live.push(r.id);
-        self.waiting.push(r);
-    }
-    fn finish(&mut self, id: ponder::RequestId) {
-        self.waiting.retain(|r| r.id != id);
-        self.live.retain(|&i| i != id);
-        self.kv.free(id);
-    }
-    fn num_waiting(&self) -> usize {
-        self.waiting.len()
-    }
-    fn num_running(&self) -> usize {
-        self.live.len() - self.waiting.len()
-    }
-    fn kv(&self) -> &ponder::kv::KvManager {
-        &self.kv
-    }
-}
-impl ponder::looped::LoopedScheduler for Spoiled {
-    fn schedule(&mut self) -> Option<ponder::looped::LoopedLaunch> {
-        let r = self.waiting.pop()?;
-        let tables = self.kv.tables(r.id).unwrap().to_vec();
+    fn schedule(&mut self, requests: &mut ponder::scheduler::Requests) -> Option<ponder::looped::LoopedLaunch> {
+        let need = requests.front().map(|r| r.prompt.len() + r.max_new_tokens)?;
+        let r = requests.admit_front(need)?;
+        let tables = requests.tables(r.id).unwrap().to_vec();
         let row = ponder::looped::LoopedRow::full_depth(r.id, r.prompt, 0, tables);
         let step_slots = (0..self.steps).map(|s| self.layout.slot_for_step(s)).collect();
         let mut launch = ponder::looped::LoopedLaunch { stage: ponder::looped::Stage::Prefill, step_slots, rows: vec![row], kv_copies: vec![], reenter: false };
         (self.defect)(&mut launch);
         Some(launch)
     }
-    fn complete(&mut self, _: &ponder::looped::LoopedLaunch, _: &ponder::looped::LoopedResult) {}
+    fn complete(&mut self, _: &mut ponder::scheduler::Requests, _: &ponder::looped::LoopedLaunch, _: &ponder::looped::LoopedResult) {}
+    fn finished(&mut self, _: ponder::RequestId) {}
 }
 
 #[test]
@@ -379,11 +357,7 @@ fn malformed_launches_from_a_custom_scheduler_fail_their_requests() {
     ];
     for (name, defect) in defects {
         let mut engine = builder(&dir, KvLayoutKind::DepthIndexed, 2)
-            .looped(|o| {
-                o.custom_scheduler(move |ctx| {
-                    Box::new(Spoiled { kv: ctx.kv, layout: ctx.layout, steps: ctx.spec.max_steps, waiting: vec![], live: vec![], defect })
-                })
-            })
+            .looped(|o| o.custom_scheduler(move |ctx| Box::new(Spoiled { layout: ctx.layout, steps: ctx.spec.max_steps, defect })))
             .build()
             .unwrap();
         let outs = engine.generate([vec![1u32, 2, 3]], &GenerationParams::greedy(4)).unwrap();

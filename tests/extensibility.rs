@@ -33,7 +33,7 @@ fn custom_gate_is_batch_invariant() {
                 .exit_gate(custom_gate::HazardThreshold { threshold: 0.5, bounds: ponder::looped::gate::StepBounds::new(1, 4).unwrap() })
         })
     });
-    let d = engine.metrics().mean_depth();
+    let d = engine.metrics().looped().unwrap().mean_depth();
     assert!(d > 1.0 && d < 4.0, "the gate exits early sometimes: mean depth {d}");
 }
 
@@ -42,9 +42,9 @@ fn custom_scheduler_is_batch_invariant() {
     let (_tmp, dir) = tiny_dir(52);
     let engine = check(&|w| {
         builder(&dir, KvLayoutKind::DepthIndexed, w)
-            .looped(|o| o.custom_scheduler(|ctx| Box::new(custom_scheduler::ShortestPromptFirst::new(ctx.limits, ctx.kv, ctx.layout, ctx.spec.max_steps))))
+            .looped(|o| o.custom_scheduler(|ctx| Box::new(custom_scheduler::ShortestPromptFirst::new(ctx.limits, ctx.layout, ctx.spec.max_steps))))
     });
-    assert_eq!(engine.scheduler().name(), "shortest-prompt-first");
+    assert_eq!(engine.scheduler_name(), "shortest-prompt-first");
 }
 
 /// A gate with per-item memory in `GateState::scratch`: exit once the step's hazard stops
@@ -76,7 +76,7 @@ impl ponder::looped::gate::ExitGate for HazardPlateau {
 fn a_gate_with_its_own_per_item_state_is_batch_invariant() {
     let (_tmp, dir) = tiny_dir(53);
     let engine = check(&|w| builder(&dir, KvLayoutKind::LastExited, w).looped(|o| o.scheduler(SchedulerKind::Depth { refill: true }).exit_gate(HazardPlateau)));
-    let d = engine.metrics().mean_depth();
+    let d = engine.metrics().looped().unwrap().mean_depth();
     assert!(d > 2.0 && d < 4.0, "exits after a plateau (never at step 1): mean depth {d}");
 }
 
@@ -125,7 +125,7 @@ fn custom_diffusion_scheduler_is_batch_invariant_and_exact_on_sdar() {
             .diffusion(|o| {
                 o.block_length(8).custom_scheduler(|ctx| {
                     let (block, mask, shift) = (ctx.config.block_length, ctx.spec.mask_token_id, ctx.spec.shift_logits);
-                    Box::new(custom_diffusion_scheduler::WholeCanvas::new(ctx.limits, ctx.kv, block, 2, mask, shift))
+                    Box::new(custom_diffusion_scheduler::WholeCanvas::new(ctx.limits, block, 2, mask, shift))
                 })
             })
             .build()
@@ -136,7 +136,7 @@ fn custom_diffusion_scheduler_is_batch_invariant_and_exact_on_sdar() {
         let mut engine = whole(dir, 3);
         assert_eq!(batched(&mut engine, &ps, &max_new), want, "{family}");
         assert_kv_empty(&engine);
-        assert_eq!(engine.scheduler().name(), "whole-canvas");
+        assert_eq!(engine.scheduler_name(), "whole-canvas");
         if *family == "sdar" {
             let mut built_in = ponder::EngineBuilder::new(dir)
                 .block_size(4)

@@ -29,7 +29,7 @@ fn check(case: &Case) -> Option<String> {
         if let Err(e) = engine.generate(case.prompts.clone(), &case.params) {
             return Some(format!("generate failed as a whole: {e}"));
         }
-        let kv = engine.scheduler().kv();
+        let kv = engine.requests().kv();
         (kv.num_used_blocks() != 0 || kv.num_resident() != 0).then(|| format!("KV held afterwards: {} blocks", kv.num_used_blocks()))
     });
     match outcome {

@@ -30,7 +30,7 @@ fn run_all(e: &mut Engine, ps: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
             }
         }
     }
-    assert_eq!(e.scheduler().kv().num_used_blocks(), 0, "KV leaked");
+    assert_eq!(e.requests().kv().num_used_blocks(), 0, "KV leaked");
     ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect()
 }
 
@@ -61,7 +61,7 @@ fn focus_on(dir: &Path) {
     let focus = || builder(dir, 4).diffusion(|o| o.delayed_cache(true).eviction_policy(Focus::default()));
     let mut batched = focus().build().unwrap();
     let got = run_all(&mut batched, &ps, 24);
-    let d = batched.metrics().denoise.clone();
+    let d = batched.metrics().denoise().unwrap().clone();
     assert!(d.scored_steps > 0);
     assert!(d.eviction_ratio() > 0.05, "FOCUS evicted {:.3} of scored tokens", d.eviction_ratio());
     assert!(d.kept_per_step() < d.tokens_per_step(), "{} kept vs {} processed per step", d.kept_per_step(), d.tokens_per_step());
@@ -84,7 +84,7 @@ fn no_eviction_and_shadow_scoring_leave_the_baseline_bit_for_bit() {
     assert_eq!(none, base);
     let mut shadow = builder(&dir, 4).diffusion(|o| o.delayed_cache(true).eviction_policy(Focus::default()).eviction_shadow(true)).build().unwrap();
     assert_eq!(run_all(&mut shadow, &ps, 20), base, "shadow scoring must not change what runs");
-    let recall = shadow.metrics().eviction_recall().unwrap();
+    let recall = shadow.metrics().denoise().unwrap().recall().unwrap();
     assert!(recall > 0.0 && recall <= 1.0, "recall {recall}");
 }
 
@@ -115,14 +115,14 @@ fn phase_timing_covers_focus_launches_and_changes_nothing() {
     let mut timed = focus().diffusion(|o| o.time_denoise_phases(true)).build().unwrap();
     assert_eq!(run_all(&mut timed, &ps, 16), want, "timing must not change the tokens");
     let m = timed.metrics();
-    let names: Vec<&str> = m.denoise.phases.iter().map(|(p, _)| *p).collect();
+    let names: Vec<&str> = m.denoise().unwrap().phases.iter().map(|(p, _)| *p).collect();
     for p in ["embed + rope", "layers 0-1 + importance", "selection", "compaction", "layers past 1", "lm head + readout"] {
         assert!(names.contains(&p), "phase {p} missing from {names:?}");
     }
-    let phases: f64 = m.denoise.phases.iter().map(|(_, d)| d.as_secs_f64()).sum();
+    let phases: f64 = m.denoise().unwrap().phases.iter().map(|(_, d)| d.as_secs_f64()).sum();
     let launches = m.stages["denoise"].time.as_secs_f64();
     assert!(phases > 0.0 && phases <= launches * 1.001, "phases {phases} s vs launches {launches} s");
-    assert!(builder(&dir, 4).build().unwrap().metrics().denoise.phases.is_empty(), "off by default");
+    assert!(builder(&dir, 4).build().unwrap().metrics().denoise().unwrap().phases.is_empty(), "off by default");
     let ouro = tmp.path().join("ouro");
     ponder::testing::write_random_ouro(&ouro, &ponder::testing::tiny_ouro_config(VOCAB), 1).unwrap();
     let looped = EngineBuilder::new(&ouro).diffusion(|o| o.time_denoise_phases(true)).build();

@@ -1708,7 +1708,7 @@ fn non_finite_logits_fail_their_request_on_the_device() {
                 let mut e = b.build().unwrap();
                 let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(12) };
                 let outs: Vec<ponder::Output> = e.generate([bad.clone(), good.clone()], &params).unwrap().into_iter().map(|o| o.unwrap()).collect();
-                assert_eq!(e.scheduler().kv().num_used_blocks(), 0);
+                assert_eq!(e.requests().kv().num_used_blocks(), 0);
                 outs
             };
             let label = format!("{sched:?} × {layout:?} × graphs={graphs}");

@@ -95,7 +95,7 @@ fn outputs_carry_the_prompt_length_even_with_nothing_to_generate() {
 #[test]
 fn a_stalled_scheduler_ends_the_streams_with_an_error() {
     let (_tmp, dir) = tiny_dir(34);
-    let handle = builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.custom_scheduler(|ctx| Box::new(Stuck::new(ctx.kv)))).spawn().unwrap();
+    let handle = builder(&dir, KvLayoutKind::DepthIndexed, 2).looped(|o| o.custom_scheduler(|_| Box::new(Stuck))).spawn().unwrap();
     let out = handle.submit(vec![1u32, 2], GenerationParams::greedy(4)).unwrap().collect_output();
     assert!(matches!(out.finish_reason, FinishReason::Error(ref m) if m.contains("stuck")), "{:?}", out.finish_reason);
     // The engine thread is idle again and serves the next request the same way.

@@ -31,7 +31,7 @@ fn tiny_huginn_loads_and_generates() {
     let (_tmp, dir) = tiny_huginn(1);
     assert!(matches!(ModelDir::open(&dir).unwrap().config, ModelConfig::Huginn(_)));
     let mut engine = EngineBuilder::new(&dir).block_size(4).build().unwrap();
-    let spec = engine.spec().unwrap().clone();
+    let spec = engine.spec().looped().unwrap().clone();
     assert_eq!((spec.num_kv_layers, spec.max_steps, spec.state_width), (4, 6, 128));
     let out = engine.generate([vec![1u32, 2, 3]], &ponder::GenerationParams::greedy(5)).unwrap().remove(0).unwrap();
     assert_eq!(out.token_ids.len(), 5);
@@ -91,7 +91,7 @@ fn huginn_depth_batching_is_batch_invariant() {
                 assert_eq!(batched(&mut engine, &ps, &max_new), want, "{scheduler:?} × {layout:?} × {name}");
                 assert_kv_empty(&engine);
                 if scheduler != SchedulerKind::Continuous && name != "fixed6" {
-                    let d = engine.metrics().mean_depth();
+                    let d = engine.metrics().looped().unwrap().mean_depth();
                     assert!(d > 1.0 && d < 6.0, "{scheduler:?} × {layout:?} × {name}: mean depth {d}");
                 }
                 if name == "fixed6" && layout == KvLayoutKind::Shared {

@@ -40,7 +40,7 @@ fn a_stock_initialised_head_is_the_delayed_stock_gate_and_batches_exactly() {
         let want = batched(&mut reference, &ps, &max_new);
         let mut mine = make(3, learned(&stock));
         assert_eq!(batched(&mut mine, &ps, &max_new), want, "refill={refill}: stock-initialised head == delayed stock gate");
-        assert_eq!(mine.metrics().depth_histogram, reference.metrics().depth_histogram);
+        assert_eq!(mine.metrics().looped().unwrap().depth_histogram, reference.metrics().looped().unwrap().depth_histogram);
         let mut ahead = make(3, learned(&stock));
         ahead.set_overlap(true).unwrap();
         assert_eq!(batched(&mut ahead, &ps, &max_new), want, "refill={refill}: with overlap");
@@ -50,7 +50,7 @@ fn a_stock_initialised_head_is_the_delayed_stock_gate_and_batches_exactly() {
         let mut wide = make(3, learned(&shifted));
         assert_eq!(batched(&mut wide, &ps, &max_new), alone, "refill={refill}: shifted head batched == alone");
         assert_kv_empty(&wide);
-        let (d_stock, d_shifted) = (mine.metrics().mean_depth(), wide.metrics().mean_depth());
+        let (d_stock, d_shifted) = (mine.metrics().looped().unwrap().mean_depth(), wide.metrics().looped().unwrap().mean_depth());
         assert!(d_shifted < d_stock, "refill={refill}: a head with higher hazards exits earlier ({d_shifted} vs {d_stock})");
     }
 }
@@ -118,7 +118,11 @@ fn a_preloop_head_runs_each_token_to_the_depth_its_embedding_picks() {
         let mut tokens: HashMap<ponder::RequestId, Vec<(u32, Option<u32>)>> = HashMap::new();
         while engine.has_work() {
             for ev in engine.step().unwrap() {
-                if let ponder::Event::Token { id, token, steps, .. } = ev {
+                if let ponder::Event::Token { id, token, compute, .. } = ev {
+                    let steps = compute.map(|c| match c {
+                        ponder::TokenCompute::LoopSteps(n) => n,
+                        other => panic!("a looped model reported {other:?}"),
+                    });
                     tokens.entry(id).or_default().push((token, steps));
                 }
             }

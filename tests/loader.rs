@@ -75,7 +75,7 @@ fn shipped_tiny_model_generates_text() {
     let cut = engine.generate(["Ownership"], &params).unwrap().remove(0).unwrap();
     assert_eq!(cut.finish_reason, ponder::FinishReason::Stop(stop.clone()));
     assert!(out.text.starts_with(&cut.text) && !cut.text.contains(&stop));
-    assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
+    assert_eq!(engine.requests().kv().num_used_blocks(), 0);
 }
 
 #[test]
@@ -91,7 +91,7 @@ fn eos_from_generation_config() {
 fn the_kv_pool_is_sized_from_memory_and_reported() {
     let (_tmp, dir) = tiny_dir(23);
     let spec_bytes = |e: &ponder::Engine| {
-        let s = e.spec().unwrap();
+        let s = e.spec().looped().unwrap();
         (s.num_kv_layers * s.num_kv_heads * s.head_dim * 2 * 4) as u64
     };
     // CPU default: a fixed 16 384 positions per slot.
@@ -122,7 +122,7 @@ fn the_kv_pool_is_sized_from_memory_and_reported() {
 fn the_shipped_tiny_llada_loads_and_decodes_text() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-llada");
     let mut engine = EngineBuilder::new(dir).max_num_seqs(2).diffusion(|o| o.block_length(16)).build().unwrap();
-    assert_eq!(engine.diffusion_spec().unwrap().model_type, "llada");
+    assert_eq!(engine.spec().diffusion().unwrap().model_type, "llada");
     let out = engine.generate(["fn main() {"], &GenerationParams { ignore_eos: true, ..GenerationParams::greedy(16) }).unwrap().remove(0).unwrap();
     assert_eq!(out.token_ids.len(), 16);
     assert!(!out.text.is_empty());

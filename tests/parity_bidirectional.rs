@@ -93,7 +93,7 @@ fn greedy_decoding_matches_the_float64_reference() {
         let mut engine = b.build().unwrap();
         let out = engine.generate([c.prompt.clone()], &GenerationParams::greedy(c.gen)).unwrap().remove(0).unwrap();
         assert_eq!(out.token_ids, c.tokens, "{label}");
-        assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
+        assert_eq!(engine.requests().kv().num_used_blocks(), 0);
     }
 }
 
@@ -136,12 +136,12 @@ fn a_request_ends_at_its_first_eos_and_frees_its_kv() {
             }
         }
         if finished.contains_key(&a) && !finished.contains_key(&b) {
-            freed_while_b_runs |= engine.scheduler().kv().tables(a).is_none();
+            freed_while_b_runs |= engine.requests().kv().tables(a).is_none();
         }
     }
     assert_eq!(finished[&a], ponder::FinishReason::Eos);
     assert_eq!(tokens[&a], c.tokens[..cut].to_vec(), "cut at the first EOS (token {eos} at {cut})");
     assert!(freed_while_b_runs, "the finished request's KV was freed while the other still ran");
     assert_eq!(tokens[&b], alone.token_ids);
-    assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
+    assert_eq!(engine.requests().kv().num_used_blocks(), 0);
 }

@@ -86,7 +86,7 @@ fn greedy_decoding_matches_the_float64_reference() {
         let label = format!("{} (r {}) prompt {:?}", c.model, c.steps, c.prompt);
         let dir = tmp.path().join(&c.model);
         let mut engine = EngineBuilder::new(&dir).block_size(4).looped(|o| o.kv_layout(KvLayoutKind::DepthIndexed)).build().unwrap();
-        assert_eq!(engine.spec().unwrap().max_steps, c.steps, "{label}");
+        assert_eq!(engine.spec().looped().unwrap().max_steps, c.steps, "{label}");
         let greedy = engine.generate([c.prompt.clone()], &GenerationParams::greedy(c.tokens.len())).unwrap().remove(0).unwrap();
         assert_eq!(greedy.token_ids, c.tokens, "{label}: greedy tokens");
         for (what, tokens, want) in [("greedy", &c.tokens, &c.logprobs), ("forced", &c.forced, &c.forced_logprobs)] {

@@ -136,10 +136,10 @@ fn greedy_decoding_matches_the_float64_reference() {
             // LLaDA2.0's released threshold, which its spec hands the builder as the default
             // unmask policy (on this tiny model 0.9 decodes the same tokens, so the spec is what
             // is checked).
-            assert_eq!(engine.diffusion_spec().unwrap().unmask_threshold, Some(0.95));
+            assert_eq!(engine.spec().diffusion().unwrap().unmask_threshold, Some(0.95));
             released_default = true;
         }
-        assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
+        assert_eq!(engine.requests().kv().num_used_blocks(), 0);
         varied |= want.iter().any(|&x| x != want[0]);
     }
     assert!(varied, "the reference decodes more than one distinct token");
@@ -161,6 +161,6 @@ fn sdar_moe_block_diffusion_matches_the_float64_reference() {
             EngineBuilder::new(&dir).block_size(4).max_num_seqs(1).diffusion(|o| o.block_length(4).unmask_policy_boxed(fixture_policy(&c))).build().unwrap();
         let out = engine.generate([prompt.clone()], &GenerationParams::greedy(gen)).unwrap().remove(0).unwrap();
         assert_eq!(out.token_ids, want, "prompt {prompt:?} {} {}", c["policy"], c["value"]);
-        assert_eq!(engine.scheduler().kv().num_used_blocks(), 0);
+        assert_eq!(engine.requests().kv().num_used_blocks(), 0);
     }
 }

@@ -7,7 +7,7 @@ use ponder::kv::KvManager;
 use ponder::looped::gate::{DepthTrace, ExitGate, Replay};
 use ponder::looped::layout::KvLayoutKind;
 use ponder::looped::{ContinuousBatching, DepthBatching, DepthConfig, LoopedResult, LoopedRowOutput, LoopedScheduler};
-use ponder::scheduler::{SchedRequest, SchedulerLimits};
+use ponder::scheduler::{Requests, SchedRequest, SchedulerLimits};
 use ponder::RequestId;
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -25,24 +25,33 @@ struct Req {
     abort_at: Option<usize>,
 }
 
-fn scheduler(kind: u8, width: usize, layout: KvLayoutKind, min_coda: usize, min_free: usize, coda_reserve: usize, seed: u64) -> Box<dyn LoopedScheduler> {
+/// A scheduler and the requests the engine core would lend it (a KV pool of 256 blocks).
+fn scheduler(
+    kind: u8,
+    width: usize,
+    layout: KvLayoutKind,
+    min_coda: usize,
+    min_free: usize,
+    coda_reserve: usize,
+    seed: u64,
+) -> (Box<dyn LoopedScheduler>, Requests) {
     let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 64 };
-    let kv = KvManager::new(256, 4, layout.build().num_slots(4));
+    let requests = Requests::new(KvManager::new(256, 4, layout.build().num_slots(4)));
     let gate: Box<dyn ExitGate> = Box::new(Replay::new(DepthTrace::with_mean(2.5, 2, 4, seed).unwrap(), 2, 4).unwrap());
-    match kind {
-        0 => Box::new(ContinuousBatching::new(limits, kv, layout.build(), 4).with_min_free_slots(Some(min_free))),
+    let s: Box<dyn LoopedScheduler> = match kind {
+        0 => Box::new(ContinuousBatching::new(limits, layout.build(), 4).with_min_free_slots(Some(min_free))),
         k => Box::new(DepthBatching::new(
             DepthConfig { refill: k == 1, min_coda_batch_size: min_coda, min_free_slots: Some(min_free), coda_reserve },
             limits,
-            kv,
             layout.build(),
             gate,
         )),
-    }
+    };
+    (s, requests)
 }
 
 /// `width`: most rows of a decode launch; `resident`: most requests resident at once.
-fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usize, resident: usize) -> Result<(), TestCaseError> {
+fn run((mut s, mut q): (Box<dyn LoopedScheduler>, Requests), reqs: &[Req], overlap: bool, width: usize, resident: usize) -> Result<(), TestCaseError> {
     let overlap = overlap && s.supports_overlap();
     let mut pending: Option<(ponder::looped::LoopedLaunch, LoopedResult)> = None;
     let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
@@ -60,16 +69,17 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
     loop {
         for (i, r) in reqs.iter().enumerate() {
             if r.arrival == tick {
-                s.add(SchedRequest { id: RequestId(i as u64), prompt: (0..r.prompt as u32).collect(), max_new_tokens: r.new_tokens });
+                q.add(SchedRequest { id: RequestId(i as u64), prompt: (0..r.prompt as u32).collect(), max_new_tokens: r.new_tokens });
                 live.insert(i as u64, r.new_tokens);
             }
             if r.abort_at == Some(tick) && live.remove(&(i as u64)).is_some() {
-                s.finish(RequestId(i as u64));
+                q.end(RequestId(i as u64));
+                s.finished(RequestId(i as u64));
                 aborted[i] = true;
             }
         }
         let all_arrived = reqs.iter().all(|r| r.arrival <= tick);
-        let next = s.schedule();
+        let next = s.schedule(&mut q);
         if let Some(l) = next.as_ref().filter(|l| l.stage != ponder::looped::Stage::Prefill) {
             prop_assert!(l.rows.len() <= width, "{:?} launch of {} rows at width {width}", l.stage, l.rows.len());
         }
@@ -96,7 +106,7 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
         // A request whose last token is issued but not yet read back (overlap) has given its
         // resident slot back already; it stays running until the token arrives.
         let draining = live.keys().filter(|_| depth).filter(|id| issued.get(id).copied().unwrap_or(0) >= reqs[**id as usize].new_tokens).count();
-        prop_assert!(s.num_running().saturating_sub(draining) <= resident, "{} resident ({draining} draining), at most {resident}", s.num_running());
+        prop_assert!(q.num_running().saturating_sub(draining) <= resident, "{} resident ({draining} draining), at most {resident}", q.num_running());
         if next.is_none() && pending.is_none() {
             if all_arrived {
                 break;
@@ -110,7 +120,7 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
                 .iter()
                 .map(|r| LoopedRowOutput { token: r.sample.then(|| token_at(r.request.0, r.start_pos + r.tokens.len())), ..LoopedRowOutput::new(r.request) })
                 .collect();
-            (launch, LoopedResult { rows })
+            (launch, LoopedResult { rows, ..Default::default() })
         });
         // With overlap, the launch just scheduled is "running" while the previous one completes.
         let done = if overlap { std::mem::replace(&mut pending, ready) } else { ready };
@@ -118,7 +128,7 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
             tick += 1;
             continue;
         };
-        s.complete(&launch, &result);
+        s.complete(&mut q, &launch, &result);
         for out in &result.rows {
             let (Some(t), Some(left)) = (out.token, live.get_mut(&out.request.0)) else {
                 continue;
@@ -127,7 +137,8 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
             *left -= 1;
             if *left == 0 {
                 live.remove(&out.request.0);
-                s.finish(out.request);
+                q.end(out.request);
+                s.finished(out.request);
             }
         }
         tick += 1;
@@ -144,8 +155,8 @@ fn run(mut s: Box<dyn LoopedScheduler>, reqs: &[Req], overlap: bool, width: usiz
             prop_assert_eq!(g, want, "request {}", i);
         }
     }
-    prop_assert_eq!(s.kv().num_used_blocks(), 0);
-    prop_assert_eq!(s.num_running(), 0);
+    prop_assert_eq!(q.kv().num_used_blocks(), 0);
+    prop_assert_eq!(q.num_running(), 0);
     Ok(())
 }
 

@@ -97,7 +97,7 @@ pub fn offline(engine: &mut Engine, jobs: &[Job], window: Window) -> Result<RunS
         }
         let Some((t0, k0, d0, _)) = &open else { continue };
         let enough = window.completions.is_some_and(|c| done >= d0 + c);
-        if close.is_none() && (enough || engine.scheduler().num_waiting() == 0) {
+        if close.is_none() && (enough || engine.requests().num_waiting() == 0) {
             close = Some((t0.elapsed().as_secs_f64(), tokens - k0, done - d0, engine.metrics().clone()));
             if !window.drain {
                 for id in unfinished.drain() {
@@ -119,7 +119,9 @@ pub fn offline(engine: &mut Engine, jobs: &[Job], window: Window) -> Result<RunS
         _ => (whole, None, &before, &end, total),
     };
     let (stages, device_total, wait, time, all_timed) = stage_delta(to, from);
-    let hist: Vec<u64> = end.depth_histogram.iter().zip(before.depth_histogram.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect();
+    let depths = |m: &crate::EngineMetrics| m.looped().map(|l| l.depth_histogram.clone()).unwrap_or_default();
+    let (end_depths, before_depths) = (depths(&end), depths(&before));
+    let hist: Vec<u64> = end_depths.iter().zip(before_depths.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect();
     let n: u64 = hist.iter().sum();
     let mean_depth = if n == 0 { 0.0 } else { hist.iter().enumerate().map(|(i, c)| (i as u64 + 1) * c).sum::<u64>() as f64 / n as f64 };
     // With device spans the idle share is exact: the device works only inside launch spans.
@@ -168,7 +170,7 @@ mod tests {
 
     fn assert_idle(engine: &Engine) {
         assert!(!engine.has_work() && engine.num_unfinished() == 0);
-        let kv = engine.scheduler().kv();
+        let kv = engine.requests().kv();
         assert_eq!((kv.num_used_blocks(), kv.num_resident()), (0, 0), "KV released");
     }
 

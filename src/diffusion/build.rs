@@ -7,6 +7,7 @@ use super::runner::DiffusionRunner;
 use super::{DiffusionBatching, DiffusionConfig, DiffusionHalf, DiffusionOptions, DiffusionScheduler, DiffusionSchedulerContext, Threshold};
 use crate::engine::{Common, Engine, Family, KvPoolStats};
 use crate::kv::{KvManager, MemoryNeed};
+use crate::scheduler::Requests;
 use crate::{Error, Result};
 use tokenizers::Tokenizer;
 
@@ -101,14 +102,14 @@ pub(crate) fn build(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>
     let limits = common.limits.clone();
     let custom = o.factory.is_some();
     let scheduler: Box<dyn DiffusionScheduler> = match o.factory {
-        Some(f) => f(DiffusionSchedulerContext { limits: limits.clone(), kv, config: cfg, policy, spec: spec.clone() }),
-        None => Box::new(DiffusionBatching::new(cfg, limits.clone(), kv, policy)),
+        Some(f) => f(DiffusionSchedulerContext { limits: limits.clone(), config: cfg, policy, spec: spec.clone() }),
+        None => Box::new(DiffusionBatching::new(cfg, limits.clone(), policy)),
     };
     let runner = DiffusionRunner::new(model, num_blocks, common.block_size, block_length)?
         .with_confidence(confidence)
         .with_launch_checks(custom)
         .with_eviction(eviction, o.eviction_shadow)
         .with_phase_timing(o.time_phases);
-    let half = DiffusionHalf { runner, scheduler };
+    let half = DiffusionHalf { runner, scheduler, requests: Requests::new(kv) };
     Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, common.chat_template, max_context, pool, common.kernels))
 }

@@ -2,17 +2,18 @@
 
 use super::launch::{DenoiseLaunch, DenoiseResult, DiffusionScheduler};
 use super::runner::DiffusionRunner;
-use crate::engine::{EngineMetrics, Half, Live, NewToken};
+use crate::engine::{Completed, EngineMetrics, FamilyMetrics, Half, Live};
 use crate::error::InvalidRequest;
-use crate::request::{GenerationParams, RequestId};
-use crate::scheduler::Scheduler;
+use crate::request::{GenerationParams, RequestId, TokenCompute};
+use crate::scheduler::Requests;
 use std::collections::HashMap;
 
-/// A diffusion model: its runner and scheduler. Launches run to completion when issued (the
-/// next step's rows depend on this step's reveals).
+/// A diffusion model: its runner, scheduler and the requests it schedules. Launches run to
+/// completion when issued (the next step's rows depend on this step's reveals).
 pub(crate) struct DiffusionHalf {
     pub runner: DiffusionRunner,
     pub scheduler: Box<dyn DiffusionScheduler>,
+    pub requests: Requests,
 }
 
 impl Half for DiffusionHalf {
@@ -20,11 +21,21 @@ impl Half for DiffusionHalf {
     type Pending = DenoiseResult;
     type Result = DenoiseResult;
 
-    fn scheduler(&self) -> &dyn Scheduler {
-        self.scheduler.as_ref()
+    fn requests(&self) -> &Requests {
+        &self.requests
     }
-    fn scheduler_mut(&mut self) -> &mut dyn Scheduler {
-        self.scheduler.as_mut()
+    fn requests_mut(&mut self) -> &mut Requests {
+        &mut self.requests
+    }
+    fn scheduler_name(&self) -> &'static str {
+        self.scheduler.name()
+    }
+    fn end(&mut self, id: RequestId) {
+        self.requests.end(id);
+        self.scheduler.finished(id);
+    }
+    fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        self.scheduler.kv_positions(prompt_len, max_new_tokens)
     }
     /// Decoding is greedy: a step reveals the argmax tokens by confidence.
     fn validate(&self, params: &GenerationParams) -> Result<(), InvalidRequest> {
@@ -37,9 +48,9 @@ impl Half for DiffusionHalf {
         Ok(())
     }
     fn schedule(&mut self) -> Option<DenoiseLaunch> {
-        self.scheduler.schedule()
+        self.scheduler.schedule(&mut self.requests)
     }
-    fn requests(launch: &DenoiseLaunch) -> Vec<RequestId> {
+    fn launch_requests(launch: &DenoiseLaunch) -> Vec<RequestId> {
         let mut ids: Vec<RequestId> = launch.rows.iter().map(|r| r.request).collect();
         ids.dedup();
         ids
@@ -54,29 +65,33 @@ impl Half for DiffusionHalf {
         Ok(result)
     }
 
-    fn complete(&mut self, launch: &DenoiseLaunch, mut result: DenoiseResult, metrics: &mut EngineMetrics) -> Vec<NewToken> {
-        metrics.record_denoise(launch, &result);
-        metrics.denoise.phases = self.runner.phase_times();
+    fn complete(&mut self, launch: &DenoiseLaunch, mut result: DenoiseResult, metrics: &mut EngineMetrics) -> Completed {
         // A readout's confidence 1 / Σ exp(l − max) is not finite exactly when its logits hold a
         // NaN or an infinity (a −∞ only at the masked-out mask token leaves it finite). Such a
-        // row reveals nothing; its request gets the non-finite flag and ends with an error.
-        let vocab = self.runner.model().spec().vocab_size as u32;
-        let mut failed = Vec::new();
+        // row reveals nothing, and its request is the launch's typed non-finite outcome.
         for out in &mut result.rows {
             if out.candidates.iter().any(|&(_, c)| !c.is_finite()) {
                 out.candidates.clear();
-                failed.push((out.request, vocab, None, None));
+                if !result.non_finite.contains(&out.request) {
+                    result.non_finite.push(out.request);
+                }
             }
         }
-        let emitted = self.scheduler.complete(launch, &result);
-        let mut tokens: Vec<NewToken> = emitted
+        if let FamilyMetrics::Diffusion(d) = &mut metrics.family {
+            d.record(launch, &result);
+            d.phases = self.runner.phase_times();
+        }
+        let emitted = self.scheduler.complete(&mut self.requests, launch, &result);
+        if let (FamilyMetrics::Diffusion(d), Some((revealed, kept))) = (&mut metrics.family, self.scheduler.revealed_in_kept()) {
+            (d.revealed, d.revealed_kept) = (revealed, kept);
+        }
+        let tokens = emitted
             .into_iter()
             .flat_map(|e| {
                 let steps = e.steps;
-                e.tokens.into_iter().enumerate().map(move |(i, t)| (e.request, t, None, steps.get(i).copied()))
+                e.tokens.into_iter().enumerate().map(move |(i, t)| (e.request, t, None, steps.get(i).map(|&s| TokenCompute::DenoiseStep(s))))
             })
             .collect();
-        tokens.extend(failed);
-        tokens
+        Completed { tokens, non_finite: result.non_finite }
     }
 }

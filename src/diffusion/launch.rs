@@ -4,7 +4,7 @@
 
 use crate::kv::BlockTable;
 use crate::request::RequestId;
-use crate::scheduler::Scheduler;
+use crate::scheduler::Requests;
 
 /// One row of a denoise launch: one request's tokens at ascending cache positions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +103,9 @@ impl DenoiseRowOutput {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DenoiseResult {
     pub rows: Vec<DenoiseRowOutput>,
+    /// Requests a row of which read non-finite logits (NaN or infinity): those rows carry no
+    /// candidates, and the engine ends the requests with an error.
+    pub non_finite: Vec<RequestId>,
 }
 
 /// Tokens that became final for one request, in order.
@@ -121,12 +124,32 @@ impl Emitted {
     }
 }
 
-/// A scheduling policy for diffusion models: the common part ([`Scheduler`]) and these two.
-pub trait DiffusionScheduler: Scheduler {
-    /// The next launch, or `None` when there is nothing to run.
-    fn schedule(&mut self) -> Option<DenoiseLaunch>;
+/// A scheduling policy for diffusion models: `schedule`, `complete` and `finished`. The engine
+/// core owns the requests and their KV ([`Requests`]) and lends them to each call.
+pub trait DiffusionScheduler: Send {
+    /// The next launch, or `None` when there is nothing to run. Admits waiting requests through
+    /// `requests`.
+    fn schedule(&mut self, requests: &mut Requests) -> Option<DenoiseLaunch>;
     /// Records the outcome of `launch` and returns the tokens that became final, per request,
     /// in order: a diffusion scheduler decides which tokens are revealed (the unmask policy),
-    /// and a token streams once every position before it is final.
-    fn complete(&mut self, launch: &DenoiseLaunch, result: &DenoiseResult) -> Vec<Emitted>;
+    /// and a token streams once every position before it is final. A request listed in
+    /// [`DenoiseResult::non_finite`] is ended by the engine.
+    fn complete(&mut self, requests: &mut Requests, launch: &DenoiseLaunch, result: &DenoiseResult) -> Vec<Emitted>;
+    /// Forgets a request that ended (finished, aborted or failed). Its KV blocks are already
+    /// free; a launch scheduled after this must not name it.
+    fn finished(&mut self, id: RequestId);
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+    /// Cache positions a request of `prompt_len` prompt tokens and `max_new_tokens` needs at
+    /// most: what admission reserves, checked against the pool and the context when the request
+    /// is added (the built-in scheduler: [`super::DiffusionConfig::kv_positions`]).
+    fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        prompt_len + max_new_tokens
+    }
+    /// Under an eviction policy: `(tokens revealed, of them in the step's kept set)` so far —
+    /// FOCUS's recall of decodable tokens in shadow mode.
+    fn revealed_in_kept(&self) -> Option<(u64, u64)> {
+        None
+    }
 }

@@ -15,6 +15,7 @@ mod canvas;
 mod eviction;
 mod half;
 mod launch;
+mod metrics;
 pub mod models;
 mod options;
 pub(crate) mod runner;
@@ -22,6 +23,7 @@ mod scheduler;
 mod unmask;
 
 pub use launch::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput, DiffusionScheduler, Emitted, EvictRow};
+pub use metrics::DenoiseStats;
 pub use options::{DiffusionOptions, DiffusionSchedulerContext};
 pub use scheduler::{DiffusionBatching, DiffusionConfig};
 

@@ -3,15 +3,12 @@
 
 use super::models::DiffusionSpec;
 use super::{DiffusionConfig, DiffusionScheduler, EvictionPolicy, UnmaskPolicy};
-use crate::kv::KvManager;
 use crate::scheduler::SchedulerLimits;
 
 /// What a custom diffusion scheduler is built from.
 #[derive(Debug)]
 pub struct DiffusionSchedulerContext {
     pub limits: SchedulerLimits,
-    /// One slot per layer; block tables cover whole decoding blocks.
-    pub kv: KvManager,
     /// Block length, step cap, delayed cache, mask id, attention kind as configured.
     pub config: DiffusionConfig,
     /// The configured unmask policy (threshold 0.9 unless one was set).

@@ -173,7 +173,7 @@ impl DiffusionRunner {
                 out
             })
             .collect();
-        Ok(DenoiseResult { rows })
+        Ok(DenoiseResult { rows, ..Default::default() })
     }
 
     /// Runs `launch` on the device; results stay there.

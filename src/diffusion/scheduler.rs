@@ -24,9 +24,8 @@
 
 use super::{DenoiseLaunch, DenoiseResult, DenoiseRow, DiffusionScheduler, Emitted, EvictRow};
 use crate::diffusion::{BlockCanvas, Candidate, CanvasCache, DiffusionAttention, StepContext, UnmaskPolicy};
-use crate::kv::KvManager;
 use crate::request::RequestId;
-use crate::scheduler::{Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats};
+use crate::scheduler::{Requests, SchedRequest, SchedulerLimits};
 use std::collections::HashMap;
 
 /// How blocks are decoded.
@@ -53,6 +52,19 @@ pub struct DiffusionConfig {
 impl DiffusionConfig {
     fn bidirectional(&self) -> bool {
         self.attention == DiffusionAttention::Bidirectional
+    }
+
+    /// Cache positions a request of `prompt_len` prompt tokens and `max_new_tokens` needs at
+    /// most. Block-causal blocks are aligned to the canvas start, so the last one may reach past
+    /// the generation; bidirectional blocks start at the prompt's end and stop at its last
+    /// position.
+    pub fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        let n = prompt_len + max_new_tokens;
+        if self.bidirectional() {
+            n
+        } else {
+            n.div_ceil(self.block_length) * self.block_length
+        }
     }
 }
 
@@ -104,7 +116,6 @@ impl Running {
 pub struct DiffusionBatching {
     cfg: DiffusionConfig,
     limits: SchedulerLimits,
-    requests: Requests,
     policy: Box<dyn UnmaskPolicy>,
     running: Vec<Running>,
     emitted: Vec<Emitted>,
@@ -114,8 +125,8 @@ pub struct DiffusionBatching {
 }
 
 impl DiffusionBatching {
-    pub fn new(cfg: DiffusionConfig, limits: SchedulerLimits, kv: KvManager, policy: Box<dyn UnmaskPolicy>) -> Self {
-        Self { cfg, limits, requests: Requests::new(kv), policy, running: Vec::new(), emitted: Vec::new(), revealed: 0, revealed_kept: 0 }
+    pub fn new(cfg: DiffusionConfig, limits: SchedulerLimits, policy: Box<dyn UnmaskPolicy>) -> Self {
+        Self { cfg, limits, policy, running: Vec::new(), emitted: Vec::new(), revealed: 0, revealed_kept: 0 }
     }
 
     pub fn config(&self) -> &DiffusionConfig {
@@ -169,7 +180,7 @@ impl DiffusionBatching {
 
     /// The next prefill chunk of `req`: whole blocks within `budget` (taken from it), or one
     /// block if `budget` holds less and no chunk has been taken this launch (`chunked`).
-    fn prefill_chunk(&self, req: &mut Running, budget: &mut usize, chunked: &mut bool) -> Option<DenoiseRow> {
+    fn prefill_chunk(&self, requests: &Requests, req: &mut Running, budget: &mut usize, chunked: &mut bool) -> Option<DenoiseRow> {
         let b = self.cfg.block_length;
         let remaining = req.prefill_to - req.prefilled;
         let mut n = (*budget / b * b).min(remaining);
@@ -181,7 +192,7 @@ impl DiffusionBatching {
         }
         *budget = budget.saturating_sub(n);
         *chunked = true;
-        let table = self.requests.kv().tables(req.id).expect("running request holds KV")[0].clone();
+        let table = requests.tables(req.id).expect("running request holds KV")[0].clone();
         let row = DenoiseRow::run(req.id, req.history[req.prefilled..req.prefilled + n].to_vec(), req.prefilled, table);
         req.prefilled += n;
         Some(row)
@@ -189,10 +200,10 @@ impl DiffusionBatching {
 
     /// Rows of a prefilling request for the next launch: its next chunk, and once the prompt is
     /// written, its first step.
-    fn prefill_rows(&self, req: &mut Running, budget: &mut usize, chunked: &mut bool) -> Vec<DenoiseRow> {
-        let mut rows: Vec<DenoiseRow> = self.prefill_chunk(req, budget, chunked).into_iter().collect();
+    fn prefill_rows(&self, requests: &Requests, req: &mut Running, budget: &mut usize, chunked: &mut bool) -> Vec<DenoiseRow> {
+        let mut rows: Vec<DenoiseRow> = self.prefill_chunk(requests, req, budget, chunked).into_iter().collect();
         if req.prefilled == req.prefill_to {
-            let step = self.rows_for(req);
+            let step = self.rows_for(requests, req);
             *budget = budget.saturating_sub(step.iter().map(|r| r.tokens.len()).sum());
             rows.extend(step);
         }
@@ -201,8 +212,8 @@ impl DiffusionBatching {
 
     /// The rows a request past its prefill contributes to the next launch; clears its pending
     /// commit.
-    fn rows_for(&self, req: &mut Running) -> Vec<DenoiseRow> {
-        let table = self.requests.kv().tables(req.id).expect("running request holds KV")[0].clone();
+    fn rows_for(&self, requests: &Requests, req: &mut Running) -> Vec<DenoiseRow> {
+        let table = requests.tables(req.id).expect("running request holds KV")[0].clone();
         let mut rows = Vec::with_capacity(2);
         if let Some((start, tokens)) = req.commit_pending.take() {
             rows.push(DenoiseRow::run(req.id, tokens, start, table.clone()));
@@ -323,71 +334,45 @@ impl DiffusionBatching {
     }
 }
 
-impl Scheduler for DiffusionBatching {
+impl DiffusionScheduler for DiffusionBatching {
     fn name(&self) -> &'static str {
         "diffusion"
     }
 
-    fn add(&mut self, request: SchedRequest) {
-        self.requests.push(request);
-    }
-
-    fn finish(&mut self, id: RequestId) {
+    fn finished(&mut self, id: RequestId) {
         self.running.retain(|r| r.id != id);
-        self.requests.forget(id);
     }
 
-    fn num_waiting(&self) -> usize {
-        self.requests.num_waiting()
+    fn revealed_in_kept(&self) -> Option<(u64, u64)> {
+        self.cfg.eviction.then_some((self.revealed, self.revealed_kept))
     }
 
-    fn num_running(&self) -> usize {
-        self.running.len()
-    }
-
-    fn kv(&self) -> &KvManager {
-        self.requests.kv()
-    }
-
-    fn stats(&self) -> SchedulerStats {
-        SchedulerStats { revealed_in_kept: self.cfg.eviction.then_some((self.revealed, self.revealed_kept)), ..SchedulerStats::default() }
-    }
-
-    /// Block-causal blocks are aligned to the canvas start, so the last one may reach past the
-    /// generation; bidirectional blocks start at the prompt's end and stop at its last position.
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
-        let n = prompt_len + max_new_tokens;
-        if self.cfg.bidirectional() {
-            n
-        } else {
-            n.div_ceil(self.cfg.block_length) * self.cfg.block_length
-        }
+        self.cfg.kv_positions(prompt_len, max_new_tokens)
     }
-}
 
-impl DiffusionScheduler for DiffusionBatching {
-    fn schedule(&mut self) -> Option<DenoiseLaunch> {
+    fn schedule(&mut self, requests: &mut Requests) -> Option<DenoiseLaunch> {
         let mut rows = Vec::new();
         let mut running = std::mem::take(&mut self.running);
         // Requests already decoding step in every launch; prefill chunks share what is left of
         // the budget.
         for req in running.iter_mut().filter(|r| r.prefilled == r.prefill_to) {
-            rows.extend(self.rows_for(req));
+            rows.extend(self.rows_for(requests, req));
         }
         let mut budget = self.limits.max_num_batched_tokens.saturating_sub(rows.iter().map(|r: &DenoiseRow| r.tokens.len()).sum());
         let mut chunked = false;
         for req in running.iter_mut().filter(|r| r.prefilled < r.prefill_to) {
-            rows.extend(self.prefill_rows(req, &mut budget, &mut chunked));
+            rows.extend(self.prefill_rows(requests, req, &mut budget, &mut chunked));
         }
         // Admit first come first served while the width, the budget and the KV pool allow. A
         // block-causal request's first launch can be one block of prefill; a bidirectional one's
         // is its whole canvas, which cannot be split.
         let b = self.cfg.block_length;
         while running.len() < self.limits.max_num_seqs {
-            let Some(next) = self.requests.front() else {
+            let Some(next) = requests.front() else {
                 break;
             };
-            let need = self.kv_positions(next.prompt.len(), next.max_new_tokens);
+            let need = self.cfg.kv_positions(next.prompt.len(), next.max_new_tokens);
             let first_launch = match self.cfg.attention {
                 DiffusionAttention::BlockCausal => b + 1,
                 DiffusionAttention::Bidirectional => next.prompt.len() + next.max_new_tokens,
@@ -395,11 +380,11 @@ impl DiffusionScheduler for DiffusionBatching {
             if !running.is_empty() && first_launch > budget {
                 break;
             }
-            let Some(r) = self.requests.admit_front(need) else {
+            let Some(r) = requests.admit_front(need) else {
                 break;
             };
             let mut req = self.start(r);
-            rows.extend(self.prefill_rows(&mut req, &mut budget, &mut chunked));
+            rows.extend(self.prefill_rows(requests, &mut req, &mut budget, &mut chunked));
             running.push(req);
         }
         self.running = running;
@@ -409,7 +394,7 @@ impl DiffusionScheduler for DiffusionBatching {
         Some(DenoiseLaunch { rows })
     }
 
-    fn complete(&mut self, launch: &DenoiseLaunch, result: &DenoiseResult) -> Vec<Emitted> {
+    fn complete(&mut self, _requests: &mut Requests, launch: &DenoiseLaunch, result: &DenoiseResult) -> Vec<Emitted> {
         // Steps never add or remove running requests, so positions hold for the whole launch.
         let index: HashMap<RequestId, usize> = self.running.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
         for (row, out) in launch.rows.iter().zip(&result.rows) {
@@ -429,8 +414,34 @@ mod tests {
     use super::*;
     use crate::diffusion::DenoiseRowOutput;
     use crate::diffusion::{StaticCount, Threshold};
+    use crate::kv::KvManager;
 
-    fn sched(attention: DiffusionAttention, delayed: bool, shift: bool, per_step: usize) -> DiffusionBatching {
+    /// The scheduler driven as the engine core drives it.
+    struct Driven {
+        s: DiffusionBatching,
+        requests: Requests,
+    }
+
+    impl Driven {
+        fn add(&mut self, r: SchedRequest) {
+            self.requests.add(r);
+        }
+        fn schedule(&mut self) -> Option<DenoiseLaunch> {
+            self.s.schedule(&mut self.requests)
+        }
+        fn complete(&mut self, launch: &DenoiseLaunch, result: &DenoiseResult) -> Vec<Emitted> {
+            self.s.complete(&mut self.requests, launch, result)
+        }
+        fn finish(&mut self, id: RequestId) {
+            self.requests.end(id);
+            self.s.finished(id);
+        }
+        fn kv(&self) -> &KvManager {
+            self.requests.kv()
+        }
+    }
+
+    fn sched(attention: DiffusionAttention, delayed: bool, shift: bool, per_step: usize) -> Driven {
         let cfg = DiffusionConfig {
             block_length: 4,
             max_steps_per_block: 4,
@@ -443,7 +454,10 @@ mod tests {
             whole_region: false,
         };
         let kv = KvManager::new(64, 4, 1);
-        DiffusionBatching::new(cfg, SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 256 }, kv, Box::new(StaticCount::new(per_step).unwrap()))
+        Driven {
+            s: DiffusionBatching::new(cfg, SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 256 }, Box::new(StaticCount::new(per_step).unwrap())),
+            requests: Requests::new(kv),
+        }
     }
 
     /// Answers every readout with token = 10 + position, confidence falling with position.
@@ -457,10 +471,10 @@ mod tests {
                 DenoiseRowOutput::new(r.request, candidates)
             })
             .collect();
-        DenoiseResult { rows }
+        DenoiseResult { rows, ..Default::default() }
     }
 
-    fn run(s: &mut DiffusionBatching, shift: usize) -> (Vec<DenoiseLaunch>, HashMap<RequestId, Vec<u32>>) {
+    fn run(s: &mut Driven, shift: usize) -> (Vec<DenoiseLaunch>, HashMap<RequestId, Vec<u32>>) {
         let mut launches = Vec::new();
         let mut out: HashMap<RequestId, Vec<u32>> = HashMap::new();
         while let Some(l) = s.schedule() {
@@ -469,7 +483,7 @@ mod tests {
                 let o = out.entry(e.request).or_default();
                 o.extend(e.tokens);
             }
-            let finished: Vec<RequestId> = s.running.iter().filter(|r| r.emitted >= r.max_new).map(|r| r.id).collect();
+            let finished: Vec<RequestId> = s.s.running.iter().filter(|r| r.emitted >= r.max_new).map(|r| r.id).collect();
             for id in finished {
                 s.finish(id);
             }
@@ -533,14 +547,14 @@ mod tests {
         assert_eq!(launches[1].rows[0].tokens, [vec![1, 2, 3, 4, 5, 15, 16, 17, 18], vec![99; 3]].concat());
         assert_eq!(launches[1].rows[0].readout, vec![8, 9, 10], "the last block is what is left: 3 positions");
         assert_eq!(out[&RequestId(0)], (15..22).collect::<Vec<u32>>());
-        assert_eq!(s.kv_positions(5, 7), 12, "no rounding to whole blocks");
+        assert_eq!(s.s.kv_positions(5, 7), 12, "no rounding to whole blocks");
     }
 
     #[test]
     fn prefix_and_dual_caches_run_less_after_a_blocks_first_step() {
         for cache in [CanvasCache::Prefix, CanvasCache::Dual] {
             let mut s = sched(DiffusionAttention::Bidirectional, false, true, 1);
-            s.cfg.cache = cache;
+            s.s.cfg.cache = cache;
             s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2, 3, 4, 5], max_new_tokens: 7 });
             let (launches, out) = run(&mut s, 1);
             let first = &launches[0].rows[0];
@@ -561,9 +575,9 @@ mod tests {
     #[test]
     fn dream_timesteps_may_reveal_nothing_and_the_whole_region_is_one_block() {
         let mut s = sched(DiffusionAttention::Bidirectional, false, true, 1);
-        s.cfg.whole_region = true;
-        s.cfg.max_steps_per_block = 6;
-        s.policy = Box::new(crate::diffusion::Timesteps::new(6, crate::diffusion::Confidence::Probability).unwrap());
+        s.s.cfg.whole_region = true;
+        s.s.cfg.max_steps_per_block = 6;
+        s.s.policy = Box::new(crate::diffusion::Timesteps::new(6, crate::diffusion::Confidence::Probability).unwrap());
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1, 2], max_new_tokens: 5 });
         let (launches, out) = run(&mut s, 1);
         assert_eq!(launches.len(), 6, "six steps over one block of 5, some revealing nothing");
@@ -601,7 +615,7 @@ mod tests {
             whole_region: false,
         };
         let kv = KvManager::new(16, 4, 1);
-        let mut s = DiffusionBatching::new(cfg, SchedulerLimits::default(), kv, Box::new(Threshold::new(0.99).unwrap()));
+        let mut s = Driven { s: DiffusionBatching::new(cfg, SchedulerLimits::default(), Box::new(Threshold::new(0.99).unwrap())), requests: Requests::new(kv) };
         s.add(SchedRequest { id: RequestId(0), prompt: vec![7], max_new_tokens: 3 });
         let (launches, out) = run(&mut s, 0);
         assert_eq!(launches.len(), 2, "one token on step 1, the rest on the capped step 2");
@@ -611,7 +625,7 @@ mod tests {
     #[test]
     fn long_prompt_prefills_whole_blocks_while_others_step_every_launch() {
         let mut s = sched(DiffusionAttention::BlockCausal, false, false, 1);
-        s.limits.max_num_batched_tokens = 10;
+        s.s.limits.max_num_batched_tokens = 10;
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 3], max_new_tokens: 40 });
         let l = s.schedule().unwrap();
         s.complete(&l, &answer(&l, 0));

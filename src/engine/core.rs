@@ -3,8 +3,9 @@
 //! finished. What differs between the families sits behind [`Half`].
 
 use super::detok::{Detokenizer, Pushed};
-use super::family::{Half, Issued, NewToken};
+use super::family::{Completed, Half, Issued, NewToken};
 use super::live::Live;
+use super::metrics::FamilyMetrics;
 use super::{EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
 use crate::chat::{Chat, ChatTemplate};
 use crate::diffusion::models::DiffusionSpec;
@@ -13,7 +14,7 @@ use crate::error::InvalidRequest;
 use crate::looped::models::LoopedSpec;
 use crate::looped::LoopedHalf;
 use crate::sampling::Sampler;
-use crate::scheduler::{SchedRequest, Scheduler};
+use crate::scheduler::{Requests, SchedRequest};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -49,6 +50,30 @@ struct Core {
     metrics: EngineMetrics,
 }
 
+/// An engine's model spec, in its family's terms ([`Engine::spec`]).
+#[derive(Debug, Clone, Copy)]
+pub enum ModelSpec<'a> {
+    Looped(&'a LoopedSpec),
+    Diffusion(&'a DiffusionSpec),
+}
+
+impl<'a> ModelSpec<'a> {
+    /// The looped model's spec (`None` for a diffusion model).
+    pub fn looped(self) -> Option<&'a LoopedSpec> {
+        match self {
+            Self::Looped(s) => Some(s),
+            Self::Diffusion(_) => None,
+        }
+    }
+    /// The diffusion model's spec (`None` for a looped model).
+    pub fn diffusion(self) -> Option<&'a DiffusionSpec> {
+        match self {
+            Self::Diffusion(s) => Some(s),
+            Self::Looped(_) => None,
+        }
+    }
+}
+
 /// A serving engine for one model. Single-threaded: drive it with [`Engine::step`], or move
 /// it to its own thread with [`crate::EngineBuilder::spawn`].
 pub struct Engine {
@@ -68,9 +93,9 @@ impl Engine {
         kv_pool: super::metrics::KvPoolStats,
         kernels: crate::ops::KernelPolicy,
     ) -> Self {
-        let vocab_size = match &family {
-            Family::Looped(h) => h.runner.model().spec().vocab_size,
-            Family::Diffusion(h) => h.runner.model().spec().vocab_size,
+        let (vocab_size, family_metrics) = match &family {
+            Family::Looped(h) => (h.runner.model().spec().vocab_size, FamilyMetrics::Looped(Default::default())),
+            Family::Diffusion(h) => (h.runner.model().spec().vocab_size, FamilyMetrics::Diffusion(Default::default())),
         };
         let core = Core {
             tokenizer,
@@ -81,23 +106,16 @@ impl Engine {
             live: HashMap::new(),
             pending: Vec::new(),
             next_id: 0,
-            metrics: EngineMetrics { kv_pool, ..EngineMetrics::default() },
+            metrics: EngineMetrics { kv_pool, family: family_metrics, ..EngineMetrics::default() },
         };
         Self { core, family, kernels }
     }
 
-    /// The looped model's spec (`None` for a diffusion model).
-    pub fn spec(&self) -> Option<&LoopedSpec> {
+    /// The model's spec, in its family's terms.
+    pub fn spec(&self) -> ModelSpec<'_> {
         match &self.family {
-            Family::Looped(h) => Some(h.runner.model().spec()),
-            Family::Diffusion(_) => None,
-        }
-    }
-    /// The diffusion model's spec (`None` for a looped model).
-    pub fn diffusion_spec(&self) -> Option<&DiffusionSpec> {
-        match &self.family {
-            Family::Diffusion(h) => Some(h.runner.model().spec()),
-            Family::Looped(_) => None,
+            Family::Looped(h) => ModelSpec::Looped(h.runner.model().spec()),
+            Family::Diffusion(h) => ModelSpec::Diffusion(h.runner.model().spec()),
         }
     }
     pub fn vocab_size(&self) -> usize {
@@ -106,9 +124,13 @@ impl Engine {
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.core.tokenizer.as_ref()
     }
-    /// The scheduler's common part (counts, KV, statistics).
-    pub fn scheduler(&self) -> &dyn Scheduler {
-        with_half!(&self.family, h => h.scheduler())
+    /// The scheduler's name (`cb`, `cdb-refill`, `diffusion`, or a custom scheduler's).
+    pub fn scheduler_name(&self) -> &'static str {
+        with_half!(&self.family, h => h.scheduler_name())
+    }
+    /// The requests the engine holds for its scheduler: waiting, running and their KV blocks.
+    pub fn requests(&self) -> &Requests {
+        with_half!(&self.family, h => h.requests())
     }
     pub fn metrics(&self) -> &EngineMetrics {
         &self.core.metrics
@@ -187,8 +209,7 @@ impl Engine {
     /// [`Error::UnknownRequest`] — also one admitted with `max_new_tokens` = 0, which finishes at
     /// admission (its `Finished { Length }` event comes with the next step all the same).
     pub fn abort(&mut self, id: RequestId) -> Result<()> {
-        let scheduler = with_half!(&mut self.family, h => h.scheduler_mut());
-        let mut live = self.core.retire(scheduler, id).ok_or(Error::UnknownRequest(id))?;
+        let mut live = with_half!(&mut self.family, h => self.core.retire(&mut **h, id)).ok_or(Error::UnknownRequest(id))?;
         self.core.pending.push(Event::Finished { id, reason: FinishReason::Aborted, text: live.detok.flush() });
         Ok(())
     }
@@ -306,12 +327,11 @@ impl Core {
         if ids.len().checked_add(params.max_new_tokens).is_none_or(|n| n > self.max_context) {
             return reject(too_long);
         }
-        let scheduler = half.scheduler_mut();
-        let positions = scheduler.kv_positions(ids.len(), params.max_new_tokens);
+        let positions = half.kv_positions(ids.len(), params.max_new_tokens);
         if positions > self.max_context {
             return reject(too_long);
         }
-        let kv = scheduler.kv();
+        let kv = half.requests().kv();
         let needed = kv.blocks_for(positions);
         if needed > kv.num_blocks() {
             return Err(Error::KvExhausted { id, needed_blocks: needed, total_blocks: kv.num_blocks() });
@@ -321,7 +341,7 @@ impl Core {
             return Ok((id, ids.len()));
         }
         let prompt_tokens = ids.len();
-        scheduler.add(SchedRequest { id, prompt: ids, max_new_tokens: params.max_new_tokens });
+        half.requests_mut().add(SchedRequest { id, prompt: ids, max_new_tokens: params.max_new_tokens });
         let live = Live {
             sampler: Sampler::new(params.sampling.clone()),
             issued: 0,
@@ -343,7 +363,7 @@ impl Core {
                 let started = Instant::now();
                 match half.issue(&launch, &mut self.live) {
                     Ok(pending) => Some(Issued { launch, pending, host: started.elapsed() }),
-                    Err(e) => return Err(self.fail_launch(half, &H::requests(&launch), e, &mut events)),
+                    Err(e) => return Err(self.fail_launch(half, &H::launch_requests(&launch), e, &mut events)),
                 }
             }
             None => None,
@@ -351,7 +371,7 @@ impl Core {
         match half.swap_in_flight(issued) {
             Some(done) => self.consume(half, done, &mut events)?,
             None if events.is_empty() && !self.live.is_empty() && !half.has_in_flight() => {
-                return Err(self.fail_stalled(half.scheduler_mut()));
+                return Err(self.fail_stalled(half));
             }
             None => {}
         }
@@ -364,27 +384,29 @@ impl Core {
         let started = Instant::now();
         let result = match half.collect(done.pending) {
             Ok(r) => r,
-            Err(e) => return Err(self.fail_launch(half, &H::requests(&done.launch), e, events)),
+            Err(e) => return Err(self.fail_launch(half, &H::launch_requests(&done.launch), e, events)),
         };
         let wait = started.elapsed();
         let (stage, rows, tokens) = H::shape(&done.launch);
         self.metrics.record(stage, rows, tokens, done.host + wait, wait, half.cost(&done.launch));
         let _launch = tracing::debug_span!("launch", stage, rows, tokens).entered();
         tracing::trace!(host_us = done.host.as_micros() as u64, wait_us = wait.as_micros() as u64, "results in");
-        let new_tokens: Vec<NewToken> = half.complete(&done.launch, result, &mut self.metrics);
-        tracing::trace!(new_tokens = new_tokens.len(), "completed");
-        for (id, token, logprob, steps) in new_tokens {
+        let Completed { tokens, non_finite } = half.complete(&done.launch, result, &mut self.metrics);
+        tracing::trace!(new_tokens = tokens.len(), "completed");
+        for new in tokens {
             // Tokens of a request that finished (eos, stop, length) or was aborted are dropped.
-            if let Some(ev) = self.on_token(half.scheduler_mut(), id, token, logprob, steps) {
+            if let Some(ev) = self.on_token(half, new) {
                 events.extend(ev);
             }
         }
-        let stats = half.scheduler().stats();
-        self.metrics.preemptions = stats.preemptions;
-        self.metrics.depth_histogram = stats.depth_histogram;
-        if let Some((revealed, kept)) = stats.revealed_in_kept {
-            (self.metrics.denoise.revealed, self.metrics.denoise.revealed_kept) = (revealed, kept);
+        for id in non_finite {
+            tracing::warn!(request = id.0, "non-finite logits");
+            if let Some(mut live) = self.retire(half, id) {
+                let reason = FinishReason::Error("the model produced non-finite logits (NaN or infinity) for this request".into());
+                events.push(Event::Finished { id, reason, text: live.detok.flush() });
+            }
         }
+        self.metrics.preemptions = half.requests().preemptions();
         Ok(())
     }
 
@@ -392,7 +414,7 @@ impl Core {
     fn fail_launch<H: Half>(&mut self, half: &mut H, requests: &[RequestId], e: candle_core::Error, events: &mut Vec<Event>) -> Error {
         let msg = e.to_string();
         for &id in requests {
-            if self.retire(half.scheduler_mut(), id).is_some() {
+            if self.retire(half, id).is_some() {
                 events.push(Event::Finished { id, reason: FinishReason::Error(msg.clone()), text: String::new() });
             }
         }
@@ -400,35 +422,33 @@ impl Core {
         e.into()
     }
 
-    /// Ends a live request's life in the engine: out of `live`, its scheduler state and KV freed.
-    fn retire(&mut self, scheduler: &mut dyn Scheduler, id: RequestId) -> Option<Live> {
+    /// Ends a live request's life in the engine: out of `live`, its KV freed, its scheduler
+    /// told.
+    fn retire<H: Half>(&mut self, half: &mut H, id: RequestId) -> Option<Live> {
         let live = self.live.remove(&id)?;
-        scheduler.finish(id);
+        half.end(id);
         Some(live)
     }
 
     /// The scheduler has live requests but nothing to launch and nothing in flight: no later
     /// step would change that, so every live request fails (its KV is freed, its
     /// `Finished { Error }` event comes with the next step) and the error is returned.
-    fn fail_stalled(&mut self, scheduler: &mut dyn Scheduler) -> Error {
-        let err = Error::SchedulerStalled { scheduler: scheduler.name().into(), unfinished: self.live.len() };
+    fn fail_stalled<H: Half>(&mut self, half: &mut H) -> Error {
+        let err = Error::SchedulerStalled { scheduler: half.scheduler_name().into(), unfinished: self.live.len() };
         let msg = err.to_string();
         let mut ids: Vec<RequestId> = self.live.keys().copied().collect();
         ids.sort_by_key(|id| id.0);
         for id in ids {
-            let mut live = self.retire(scheduler, id).expect("listed");
+            let mut live = self.retire(half, id).expect("listed");
             self.pending.push(Event::Finished { id, reason: FinishReason::Error(msg.clone()), text: live.detok.flush() });
         }
         err
     }
 
-    fn on_token(&mut self, scheduler: &mut dyn Scheduler, id: RequestId, token: u32, logprob: Option<f32>, steps: Option<u32>) -> Option<Vec<Event>> {
+    fn on_token<H: Half>(&mut self, half: &mut H, (id, token, logprob, compute): NewToken) -> Option<Vec<Event>> {
         let live = self.live.get_mut(&id)?;
         let mut events = Vec::with_capacity(2);
-        let finish = if crate::ops::is_non_finite_flag(token, self.vocab_size) {
-            tracing::warn!(request = id.0, "non-finite logits");
-            Some(FinishReason::Error("the model produced non-finite logits (NaN or infinity) for this request".into()))
-        } else if !live.params.ignore_eos && self.eos.contains(&token) {
+        let finish = if !live.params.ignore_eos && self.eos.contains(&token) {
             Some(FinishReason::Eos)
         } else {
             live.generated.push(token);
@@ -440,17 +460,17 @@ impl Core {
             }
             match live.detok.push(token, self.tokenizer.as_ref(), &live.params.stop) {
                 Pushed::Text(text) => {
-                    events.push(Event::Token { id, token, text, logprob, steps });
+                    events.push(Event::Token { id, token, text, logprob, compute });
                     (live.generated.len() >= live.params.max_new_tokens).then_some(FinishReason::Length)
                 }
                 Pushed::Stopped { text, stop } => {
-                    events.push(Event::Token { id, token, text, logprob, steps });
+                    events.push(Event::Token { id, token, text, logprob, compute });
                     Some(FinishReason::Stop(stop))
                 }
             }
         };
         if let Some(reason) = finish {
-            let mut live = self.retire(scheduler, id).expect("present");
+            let mut live = self.retire(half, id).expect("present");
             self.metrics.finished_requests += 1;
             tracing::debug!(request = id.0, tokens = live.generated.len(), reason = ?reason, "finished");
             events.push(Event::Finished { id, reason, text: live.detok.flush() });

@@ -7,14 +7,22 @@
 use super::live::Live;
 use super::{EngineMetrics, LaunchCost};
 use crate::error::InvalidRequest;
-use crate::request::{GenerationParams, RequestId};
-use crate::scheduler::Scheduler;
+use crate::request::{GenerationParams, RequestId, TokenCompute};
+use crate::scheduler::Requests;
 use std::collections::HashMap;
 use std::time::Duration;
 
 /// A token a launch produced for a request: the id, its log-probability when it was forced, and
-/// the compute it took (loop steps run, or the denoising step that revealed it).
-pub(crate) type NewToken = (RequestId, u32, Option<f32>, Option<u32>);
+/// the compute it took.
+pub(crate) type NewToken = (RequestId, u32, Option<f32>, Option<TokenCompute>);
+
+/// What a completed launch gave the core: the tokens that became final, in order per request,
+/// and the requests whose logits were not finite (they end with an error).
+#[derive(Default)]
+pub(crate) struct Completed {
+    pub tokens: Vec<NewToken>,
+    pub non_finite: Vec<RequestId>,
+}
 
 /// A launch issued to the device whose results have not been consumed yet.
 pub(crate) struct Issued<L, P> {
@@ -31,15 +39,24 @@ pub(crate) trait Half {
     type Pending;
     type Result;
 
-    fn scheduler(&self) -> &dyn Scheduler;
-    fn scheduler_mut(&mut self) -> &mut dyn Scheduler;
+    /// The requests the core owns for this family's scheduler: waiting, running, their KV.
+    fn requests(&self) -> &Requests;
+    fn requests_mut(&mut self) -> &mut Requests;
+    fn scheduler_name(&self) -> &'static str;
+    /// Ends a request: its blocks freed, then its scheduler told to forget it.
+    fn end(&mut self, id: RequestId);
     /// Family-specific refusals of a request's parameters.
     fn validate(&self, _params: &GenerationParams) -> Result<(), InvalidRequest> {
         Ok(())
     }
+    /// Cache positions a request of `prompt_len` prompt tokens and `max_new_tokens` needs at
+    /// most.
+    fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
+        prompt_len + max_new_tokens
+    }
     fn schedule(&mut self) -> Option<Self::Launch>;
     /// Requests with a row in `launch` (each once, in row order).
-    fn requests(launch: &Self::Launch) -> Vec<RequestId>;
+    fn launch_requests(launch: &Self::Launch) -> Vec<RequestId>;
     /// Metrics key, rows and tokens of `launch`.
     fn shape(launch: &Self::Launch) -> (&'static str, usize, usize);
     /// What `launch` reads and computes, where the family counts it.
@@ -50,9 +67,8 @@ pub(crate) trait Half {
     fn issue(&mut self, launch: &Self::Launch, live: &mut HashMap<RequestId, Live>) -> candle_core::Result<Self::Pending>;
     /// Waits for an issued launch's results.
     fn collect(&mut self, pending: Self::Pending) -> candle_core::Result<Self::Result>;
-    /// Hands the results to the scheduler, records the family's metrics and returns the tokens
-    /// that became final, in order per request.
-    fn complete(&mut self, launch: &Self::Launch, result: Self::Result, metrics: &mut EngineMetrics) -> Vec<NewToken>;
+    /// Hands the results to the scheduler and records the family's metrics.
+    fn complete(&mut self, launch: &Self::Launch, result: Self::Result, metrics: &mut EngineMetrics) -> Completed;
     /// With overlap on, parks `next` and returns the launch issued before it; otherwise returns
     /// `next` itself.
     fn swap_in_flight(&mut self, next: Option<Issued<Self::Launch, Self::Pending>>) -> Option<Issued<Self::Launch, Self::Pending>> {

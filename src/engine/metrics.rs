@@ -1,6 +1,8 @@
 //! Counters the engine keeps while it runs.
 
 pub use super::latency::LatencyHistogram;
+use crate::diffusion::DenoiseStats;
+use crate::looped::LoopedMetrics;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -25,8 +27,8 @@ pub struct StageStats {
     pub device_forward: Duration,
     /// Launches whose device-side span was measured.
     pub device_timed: u64,
-    /// Looped models: what the launches read and computed, counted from their rows
-    /// ([`crate::engine::LaunchCost`]); zero for diffusion launches.
+    /// What the launches read and computed, where the model family counts it from their rows
+    /// ([`crate::engine::LaunchCost`]); zero otherwise.
     pub cost: LaunchCost,
 }
 
@@ -60,112 +62,51 @@ pub struct EngineMetrics {
     /// Tokens handed to requests (eos excluded).
     pub generated_tokens: u64,
     pub finished_requests: u64,
+    /// Requests preempted (their KV freed and recomputed later).
     pub preemptions: u64,
-    /// `depth_histogram[d - 1]`: generated tokens that ran `d` loop steps (depth schedulers;
-    /// a request's first token comes from the full-depth prefill and counts at r_max).
-    pub depth_histogram: Vec<u64>,
-    /// Looped models with CUDA graphs: decode graphs captured, and launches replayed from one.
-    pub graph_captures: usize,
-    pub graph_replays: usize,
     /// CUDA: the kernel paths this engine's launches dispatched (eager launches and graph
     /// captures).
     pub kernels: crate::ops::KernelCounts,
-    /// Diffusion models: what the denoise launches carried.
-    pub denoise: DenoiseStats,
     /// Per request, from its admission to its first token event.
     pub time_to_first_token: LatencyHistogram,
     /// Between consecutive token events of one request (tokens a diffusion step finalises
     /// together count as arriving together).
     pub inter_token_latency: LatencyHistogram,
+    /// What only this engine's model family counts.
+    pub family: FamilyMetrics,
 }
 
-/// Row counts of denoise launches. A *step* is one request's denoising step over its block.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DenoiseStats {
-    pub steps: u64,
-    /// Tokens the steps ran through every layer (the recomputed positions; with the delayed
-    /// cache fewer than the block).
-    pub step_tokens: u64,
-    /// Masked tokens whose logits the steps read out.
-    pub readouts: u64,
-    /// Prompt prefill and clean-K/V rows (no readout), and their tokens.
-    pub other_rows: u64,
-    pub other_tokens: u64,
-    /// Steps an eviction policy scored, their tokens, and the tokens kept past layer 1.
-    pub scored_steps: u64,
-    pub scored_tokens: u64,
-    pub kept_tokens: u64,
-    /// `(tokens revealed under an eviction policy, of them in the step's kept set)`.
-    pub revealed: u64,
-    pub revealed_kept: u64,
-    /// Wall time per phase of the denoise launches (embedding, layers, FOCUS selection and
-    /// compaction, LM head + readout), when `DiffusionOptions::time_denoise_phases` is on.
-    pub phases: Vec<(&'static str, Duration)>,
+/// The counters of one model family, beside the common ones of [`EngineMetrics`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum FamilyMetrics {
+    Looped(LoopedMetrics),
+    Diffusion(DenoiseStats),
 }
 
-impl DenoiseStats {
-    /// Mean tokens a request's step runs through the network (through layer 1 when evicting).
-    pub fn tokens_per_step(&self) -> f64 {
-        self.step_tokens as f64 / self.steps.max(1) as f64
-    }
-    /// Mean tokens a scored step kept past layer 1 (FOCUS's "kept per step").
-    pub fn kept_per_step(&self) -> f64 {
-        self.kept_tokens as f64 / self.scored_steps.max(1) as f64
-    }
-    /// Share of scored steps' tokens that skipped layers ≥ 1.
-    pub fn eviction_ratio(&self) -> f64 {
-        1.0 - self.kept_tokens as f64 / self.scored_tokens.max(1) as f64
-    }
-    /// Share of revealed tokens that were in their step's kept set: 1 by construction when
-    /// evicting; in shadow mode FOCUS's recall of the tokens the baseline decodes.
-    pub fn recall(&self) -> Option<f64> {
-        (self.revealed > 0).then(|| self.revealed_kept as f64 / self.revealed as f64)
+impl Default for FamilyMetrics {
+    fn default() -> Self {
+        Self::Looped(LoopedMetrics::default())
     }
 }
 
 impl EngineMetrics {
-    /// Realised mean exit depth d̄ (0 when no depth scheduler reports one).
-    pub fn mean_depth(&self) -> f64 {
-        let n: u64 = self.depth_histogram.iter().sum();
-        let s: u64 = self.depth_histogram.iter().enumerate().map(|(i, c)| (i as u64 + 1) * c).sum();
-        if n == 0 {
-            0.0
-        } else {
-            s as f64 / n as f64
+    /// A looped model's counters (`None` for a diffusion model).
+    pub fn looped(&self) -> Option<&LoopedMetrics> {
+        match &self.family {
+            FamilyMetrics::Looped(m) => Some(m),
+            FamilyMetrics::Diffusion(_) => None,
+        }
+    }
+    /// A diffusion model's counters (`None` for a looped model).
+    pub fn denoise(&self) -> Option<&DenoiseStats> {
+        match &self.family {
+            FamilyMetrics::Diffusion(d) => Some(d),
+            FamilyMetrics::Looped(_) => None,
         }
     }
 }
 
 impl EngineMetrics {
-    pub(crate) fn record_denoise(&mut self, launch: &crate::diffusion::DenoiseLaunch, result: &crate::diffusion::DenoiseResult) {
-        let d = &mut self.denoise;
-        for (row, out) in launch.rows.iter().zip(&result.rows) {
-            if row.readout.is_empty() {
-                d.other_rows += 1;
-                d.other_tokens += row.tokens.len() as u64;
-            } else {
-                d.steps += 1;
-                d.step_tokens += row.tokens.len() as u64;
-                d.readouts += row.readout.len() as u64;
-            }
-            if let Some(k) = &out.kept {
-                d.scored_steps += 1;
-                d.scored_tokens += row.tokens.len() as u64;
-                d.kept_tokens += k.len() as u64;
-            }
-        }
-    }
-
-    /// FOCUS's recall of decodable tokens (see [`DenoiseStats::recall`]).
-    pub fn eviction_recall(&self) -> Option<f64> {
-        self.denoise.recall()
-    }
-
-    /// Generated tokens per request-step (diffusion: how many tokens a step decodes on average).
-    pub fn tokens_per_denoise_step(&self) -> f64 {
-        self.generated_tokens as f64 / self.denoise.steps.max(1) as f64
-    }
-
     pub(crate) fn record_device(&mut self, stage: &'static str, span: DeviceSpan) {
         let s = self.stages.entry(stage).or_default();
         s.device_time += span.total;

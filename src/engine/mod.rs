@@ -10,15 +10,15 @@ pub(crate) mod launch_check;
 mod live;
 mod metrics;
 
-pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId};
+pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId, TokenCompute};
 pub(crate) use builder::Common;
 pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped, MAX_RESIDENT};
-pub use core::Engine;
 pub(crate) use core::Family;
+pub use core::{Engine, ModelSpec};
 pub use handle::{EngineHandle, RequestStream};
-pub use metrics::{DenoiseStats, DeviceSpan, EngineMetrics, KvPoolStats, LatencyHistogram, LaunchCost, StageStats};
+pub use metrics::{DeviceSpan, EngineMetrics, FamilyMetrics, KvPoolStats, LatencyHistogram, LaunchCost, StageStats};
 
-pub(crate) use family::{Half, Issued, NewToken};
+pub(crate) use family::{Completed, Half, Issued};
 pub(crate) use live::Live;
 
 /// The runners and CUDA-graph helper, for the device tests and benchmarks that drive a model

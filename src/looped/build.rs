@@ -9,6 +9,7 @@ use super::runner::LoopedRunner;
 use super::{ContinuousBatching, DepthBatching, DepthConfig, LoopedHalf, LoopedOptions, LoopedScheduler, SchedulerContext, SchedulerKind};
 use crate::engine::{Common, Engine, Family, KvPoolStats, MAX_RESIDENT};
 use crate::kv::{KvManager, MemoryNeed};
+use crate::scheduler::Requests;
 use crate::{Error, Result};
 use tokenizers::Tokenizer;
 
@@ -41,7 +42,7 @@ pub(crate) fn build(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer
     let slots = layout.num_slots(spec.max_steps);
     let per_position = crate::kv::kv_bytes(1, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
     // Layouts whose steps share a slot prefill a prompt whole, past the budget up to the context.
-    let whole_prompts = crate::scheduler::prefills_whole_prompts(slots, spec.max_steps);
+    let whole_prompts = super::admission::prefills_whole_prompts(slots, spec.max_steps);
     let launch_tokens = if whole_prompts { max_context } else { limits.max_num_batched_tokens }.max(limits.max_num_batched_tokens).max(limits.max_num_seqs);
     let workspace = crate::kv::workspace_bytes(launch_tokens, spec.state_width.max(spec.hidden_size), limits.max_num_seqs, spec.vocab_size, model.device());
     let resident = limits.max_num_seqs.saturating_add(o.coda_reserve);
@@ -95,8 +96,8 @@ pub(crate) fn build(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer
     }
     let latent_diff = gate.reads_latent_diff();
     let scheduler: Box<dyn LoopedScheduler> = match (o.factory, o.scheduler) {
-        (Some(f), _) => f(SchedulerContext { limits: limits.clone(), kv, layout, spec: spec.clone(), gate }),
-        (None, SchedulerKind::Continuous) => Box::new(ContinuousBatching::new(limits.clone(), kv, layout, spec.max_steps)),
+        (Some(f), _) => f(SchedulerContext { limits: limits.clone(), layout, spec: spec.clone(), gate }),
+        (None, SchedulerKind::Continuous) => Box::new(ContinuousBatching::new(limits.clone(), layout, spec.max_steps)),
         (None, SchedulerKind::Depth { refill }) => {
             check_layout(layout.as_ref(), gate.min_steps(), gate.max_steps())?;
             let min_coda = o.min_coda_batch_size.unwrap_or(if spec.heavy_coda { (limits.max_num_seqs / 4).max(1) } else { 1 });
@@ -104,7 +105,7 @@ pub(crate) fn build(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer
                 return Err(Error::InvalidOption("min_coda_batch_size must be >= 1".into()));
             }
             let cfg = DepthConfig { refill, min_coda_batch_size: min_coda, coda_reserve: o.coda_reserve, ..DepthConfig::default() };
-            Box::new(DepthBatching::new(cfg, limits.clone(), kv, layout, gate))
+            Box::new(DepthBatching::new(cfg, limits.clone(), layout, gate))
         }
     };
     // The bank the scheduler actually asks for (a custom one sizes its own): checked again where
@@ -119,7 +120,7 @@ pub(crate) fn build(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer
         .with_graph_capture(o.graph_capture)
         .with_device_timing(o.time_device)
         .with_latent_diff(latent_diff);
-    let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
+    let half = LoopedHalf { runner, scheduler, requests: Requests::new(kv), overlap: false, in_flight: None };
     let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.chat_template.take(), max_context, pool, common.kernels);
     engine.set_overlap(o.overlap)?;
     Ok(engine)

@@ -19,11 +19,11 @@
 //! baselines batch their full-depth prefills alike instead of one small prefill per finished
 //! request.
 
+use super::admission::{admits_prefill, prefill_chunk, prefills_whole_prompts};
 use super::layout::KvLayout;
 use super::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Stage};
-use crate::kv::KvManager;
 use crate::request::RequestId;
-use crate::scheduler::{Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats};
+use crate::scheduler::{Requests, SchedRequest, SchedulerLimits};
 use std::collections::HashMap;
 
 #[derive(Debug)]
@@ -53,13 +53,10 @@ impl Seq {
 #[derive(Debug)]
 pub struct ContinuousBatching {
     limits: SchedulerLimits,
-    /// Waiting requests (a preempted one carries its generated tokens in its prompt).
-    requests: Requests,
     /// Which cache slot each loop step reads and writes.
     layout: Box<dyn KvLayout>,
     max_steps: usize,
     running: Vec<Seq>,
-    preemptions: u64,
     /// `None`: `max(1, max_num_seqs / 16)`, as in [`super::DepthConfig::min_free_slots`].
     min_free_slots: Option<usize>,
     /// Preempted requests whose generated tokens are replayed one per decode launch: the length
@@ -70,19 +67,10 @@ pub struct ContinuousBatching {
 }
 
 impl ContinuousBatching {
-    /// `kv` holds a block table per slot of `layout` for `max_steps` loop steps.
-    pub fn new(limits: SchedulerLimits, kv: KvManager, layout: Box<dyn KvLayout>, max_steps: usize) -> Self {
-        Self {
-            limits,
-            requests: Requests::new(kv),
-            layout,
-            max_steps,
-            running: Vec::new(),
-            preemptions: 0,
-            min_free_slots: None,
-            replay_from: HashMap::new(),
-            last_was_prefill: false,
-        }
+    /// For a model of `max_steps` loop steps whose requests hold a block table per slot of
+    /// `layout`.
+    pub fn new(limits: SchedulerLimits, layout: Box<dyn KvLayout>, max_steps: usize) -> Self {
+        Self { limits, layout, max_steps, running: Vec::new(), min_free_slots: None, replay_from: HashMap::new(), last_was_prefill: false }
     }
 
     /// Admit a prefill while others decode only once this many resident slots are free (or
@@ -93,9 +81,9 @@ impl ContinuousBatching {
         self
     }
 
-    /// Loop steps share a cache slot: prompts are prefilled whole (see [`crate::scheduler::prefill_chunk`]).
+    /// Loop steps share a cache slot: prompts are prefilled whole (see [`prefill_chunk`]).
     fn whole_prompts(&self) -> bool {
-        crate::scheduler::prefills_whole_prompts(self.requests.kv().num_slots(), self.max_steps)
+        prefills_whole_prompts(self.layout.num_slots(self.max_steps), self.max_steps)
     }
 
     fn step_slots(&self) -> Vec<usize> {
@@ -103,79 +91,77 @@ impl ContinuousBatching {
     }
 
     /// The row computing the next `n` pending tokens of `seq`; it samples when they are the last.
-    fn row(&self, seq: &Seq, n: usize) -> LoopedRow {
+    fn row(&self, requests: &Requests, seq: &Seq, n: usize) -> LoopedRow {
         let tokens = seq.tokens[seq.computed..seq.computed + n].to_vec();
-        let mut row = LoopedRow::full_depth(seq.id, tokens, seq.computed, self.requests.kv().tables(seq.id).expect("reserved").to_vec());
+        let mut row = LoopedRow::full_depth(seq.id, tokens, seq.computed, requests.tables(seq.id).expect("reserved").to_vec());
         row.sample = n == seq.pending();
         row
     }
 
     /// One prefill launch of at most `max_num_batched_tokens` tokens: the next chunks of
     /// partly prefilled prompts first, then the first chunks of newly admitted requests.
-    fn schedule_prefill(&mut self) -> Option<LoopedLaunch> {
+    fn schedule_prefill(&mut self, requests: &mut Requests) -> Option<LoopedLaunch> {
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
         let whole = self.whole_prompts();
         for seq in self.running.iter().filter(|s| s.prefilling()) {
-            let n = crate::scheduler::prefill_chunk(seq.pending(), budget, whole, rows.is_empty());
+            let n = prefill_chunk(seq.pending(), budget, whole, rows.is_empty());
             if n == 0 {
                 break;
             }
             budget -= n.min(budget);
-            rows.push(self.row(seq, n));
+            rows.push(self.row(requests, seq, n));
         }
         let free = self.limits.max_num_seqs.saturating_sub(self.running.len());
-        let admitting = self.limits.admits_prefill(self.min_free_slots, !self.running.is_empty(), free, self.requests.num_waiting());
+        let admitting = admits_prefill(&self.limits, self.min_free_slots, !self.running.is_empty(), free, requests.num_waiting());
         while admitting && budget > 0 && self.running.len() < self.limits.max_num_seqs {
-            let Some(next) = self.requests.front() else {
+            let Some(next) = requests.front() else {
                 break;
             };
             let len = next.prompt.len();
             let prefill_len = self.replay_from.get(&next.id).copied().unwrap_or(len);
-            let n = crate::scheduler::prefill_chunk(prefill_len, budget, whole, rows.is_empty());
+            let n = prefill_chunk(prefill_len, budget, whole, rows.is_empty());
             if n == 0 {
                 break;
             }
             // Leave every running request room to grow by one block per slot, so admitting
             // this one does not force a preemption on the very next decode.
-            let kv = self.requests.kv();
+            let kv = requests.kv();
             let headroom = self.running.len() * kv.num_slots();
             if kv.blocks_missing(next.id, len) + headroom > kv.num_free_blocks() {
                 break;
             }
-            let next = self.requests.admit_front(len).expect("checked free blocks");
+            let next = requests.admit_front(len).expect("checked free blocks");
             self.replay_from.remove(&next.id);
             let seq = Seq { id: next.id, prefill_len, tokens: next.prompt, computed: 0 };
             budget -= n.min(budget);
-            rows.push(self.row(&seq, n));
+            rows.push(self.row(requests, &seq, n));
             self.running.push(seq);
         }
         (!rows.is_empty()).then(|| LoopedLaunch { stage: Stage::Prefill, step_slots: self.step_slots(), rows, kv_copies: vec![], reenter: false })
     }
 
-    fn schedule_decode(&mut self) -> Option<LoopedLaunch> {
+    fn schedule_decode(&mut self, requests: &mut Requests) -> Option<LoopedLaunch> {
         let mut i = 0;
         while i < self.running.len() {
             let (id, need) = (self.running[i].id, self.running[i].tokens.len());
-            if self.requests.kv_mut().reserve(id, need) {
+            if requests.reserve(id, need) {
                 i += 1;
                 continue;
             }
             // Preempt the most recently admitted request (possibly this one) and retry.
             let victim = self.running.pop().expect("non-empty");
-            self.requests.kv_mut().free(victim.id);
-            self.preemptions += 1;
             let victim_was_current = i == self.running.len();
             // Recomputed later with what it generated so far (see the module docs).
             if self.whole_prompts() {
                 self.replay_from.insert(victim.id, victim.prefill_len);
             }
-            self.requests.push_front(SchedRequest { id: victim.id, prompt: victim.tokens, max_new_tokens: 0 });
+            requests.preempt(SchedRequest { id: victim.id, prompt: victim.tokens, max_new_tokens: 0 });
             if victim_was_current {
                 break;
             }
         }
-        let rows: Vec<LoopedRow> = self.running.iter().filter(|s| !s.prefilling()).map(|s| self.row(s, 1)).collect();
+        let rows: Vec<LoopedRow> = self.running.iter().filter(|s| !s.prefilling()).map(|s| self.row(requests, s, 1)).collect();
         if rows.is_empty() {
             return None;
         }
@@ -183,47 +169,27 @@ impl ContinuousBatching {
     }
 }
 
-impl Scheduler for ContinuousBatching {
+impl LoopedScheduler for ContinuousBatching {
     fn name(&self) -> &'static str {
         "cb"
     }
 
-    fn add(&mut self, request: SchedRequest) {
-        self.requests.push(request);
-    }
-
-    fn finish(&mut self, id: RequestId) {
-        self.running.retain(|s| s.id != id);
-        self.replay_from.remove(&id);
-        self.requests.forget(id);
-    }
-
-    fn num_waiting(&self) -> usize {
-        self.requests.num_waiting()
-    }
-    fn num_running(&self) -> usize {
-        self.running.len()
-    }
-    fn kv(&self) -> &KvManager {
-        self.requests.kv()
-    }
-    fn stats(&self) -> SchedulerStats {
-        SchedulerStats { preemptions: self.preemptions, ..SchedulerStats::default() }
-    }
-}
-
-impl LoopedScheduler for ContinuousBatching {
-    fn schedule(&mut self) -> Option<LoopedLaunch> {
+    fn schedule(&mut self, requests: &mut Requests) -> Option<LoopedLaunch> {
         let decoding = self.running.iter().any(|s| !s.prefilling());
-        let launch = match (self.last_was_prefill && decoding).then(|| self.schedule_decode()).flatten() {
+        let launch = match (self.last_was_prefill && decoding).then(|| self.schedule_decode(requests)).flatten() {
             Some(decode) => Some(decode),
-            None => self.schedule_prefill().or_else(|| self.schedule_decode()),
+            None => self.schedule_prefill(requests).or_else(|| self.schedule_decode(requests)),
         };
         self.last_was_prefill = launch.as_ref().is_some_and(|l| l.stage == Stage::Prefill);
         launch
     }
 
-    fn complete(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
+    fn finished(&mut self, id: RequestId) {
+        self.running.retain(|s| s.id != id);
+        self.replay_from.remove(&id);
+    }
+
+    fn complete(&mut self, _requests: &mut Requests, launch: &LoopedLaunch, result: &LoopedResult) {
         for (row, out) in launch.rows.iter().zip(&result.rows) {
             let Some(seq) = self.running.iter_mut().find(|s| s.id == row.request) else {
                 continue;
@@ -239,6 +205,8 @@ impl LoopedScheduler for ContinuousBatching {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::KvManager;
+    use crate::looped::driven::Driven;
     use crate::looped::layout::{DepthIndexed, KvLayout, Shared};
     use crate::looped::LoopedRowOutput;
 
@@ -247,13 +215,16 @@ mod tests {
     }
 
     fn answer(l: &LoopedLaunch, token: u32) -> LoopedResult {
-        LoopedResult { rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(token), ..LoopedRowOutput::new(r.request) }).collect() }
+        LoopedResult {
+            rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(token), ..LoopedRowOutput::new(r.request) }).collect(),
+            non_finite: vec![],
+        }
     }
 
     #[test]
     fn prefill_then_full_depth_decode() {
         let limits = SchedulerLimits { max_num_seqs: 2, max_num_batched_tokens: 64 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, DepthIndexed.num_slots(4)), Box::new(DepthIndexed), 4);
+        let mut s = Driven::new(ContinuousBatching::new(limits, Box::new(DepthIndexed), 4), KvManager::new(64, 4, DepthIndexed.num_slots(4)));
         for i in 0..3 {
             s.add(req(i, 5));
         }
@@ -280,7 +251,7 @@ mod tests {
     #[test]
     fn prefill_waits_for_min_free_slots_while_others_decode() {
         let limits = SchedulerLimits { max_num_seqs: 3, max_num_batched_tokens: 64 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Shared.num_slots(4)), Box::new(Shared), 4).with_min_free_slots(Some(2));
+        let mut s = Driven::new(ContinuousBatching::new(limits, Box::new(Shared), 4).with_min_free_slots(Some(2)), KvManager::new(64, 4, Shared.num_slots(4)));
         for i in 0..6 {
             s.add(req(i, 5));
         }
@@ -308,7 +279,7 @@ mod tests {
     #[test]
     fn preempts_youngest_when_blocks_run_out() {
         let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 64 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(5, 4, Shared.num_slots(4)), Box::new(Shared), 4);
+        let mut s = Driven::new(ContinuousBatching::new(limits, Box::new(Shared), 4), KvManager::new(5, 4, Shared.num_slots(4)));
         s.add(req(0, 7));
         s.add(req(1, 6));
         let l = s.schedule().unwrap();
@@ -318,7 +289,7 @@ mod tests {
         loop {
             let l = s.schedule().unwrap();
             assert_eq!(l.stage, Stage::FullDepthDecode);
-            if s.stats().preemptions == 1 {
+            if s.preemptions() == 1 {
                 assert_eq!(l.rows.len(), 1);
                 assert_eq!(l.rows[0].request, RequestId(0));
                 break;
@@ -348,15 +319,15 @@ mod tests {
     #[test]
     fn with_a_slot_per_step_recompute_prefills_prompt_and_generated() {
         let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 64 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(20, 4, DepthIndexed.num_slots(4)), Box::new(DepthIndexed), 4);
+        let mut s = Driven::new(ContinuousBatching::new(limits, Box::new(DepthIndexed), 4), KvManager::new(20, 4, DepthIndexed.num_slots(4)));
         s.add(req(0, 7));
         s.add(req(1, 6));
         let l = s.schedule().unwrap();
         s.complete(&l, &answer(&l, 1));
         let mut generated_1 = 1;
-        while s.stats().preemptions == 0 {
+        while s.preemptions() == 0 {
             let l = s.schedule().unwrap();
-            if s.stats().preemptions == 0 {
+            if s.preemptions() == 0 {
                 generated_1 += 1;
             }
             s.complete(&l, &answer(&l, 2));
@@ -372,7 +343,10 @@ mod tests {
     #[test]
     fn long_prompt_prefills_in_chunks_between_decodes() {
         let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 8 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, DepthIndexed.num_slots(4)), Box::new(DepthIndexed), 4).with_min_free_slots(Some(1));
+        let mut s = Driven::new(
+            ContinuousBatching::new(limits, Box::new(DepthIndexed), 4).with_min_free_slots(Some(1)),
+            KvManager::new(64, 4, DepthIndexed.num_slots(4)),
+        );
         s.add(req(0, 3));
         let l = s.schedule().unwrap();
         s.complete(&l, &answer(&l, 1));
@@ -404,7 +378,7 @@ mod tests {
     #[test]
     fn shared_slot_layouts_prefill_whole_prompts() {
         let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 8 };
-        let mut s = ContinuousBatching::new(limits, KvManager::new(64, 4, Shared.num_slots(4)), Box::new(Shared), 4).with_min_free_slots(Some(1));
+        let mut s = Driven::new(ContinuousBatching::new(limits, Box::new(Shared), 4).with_min_free_slots(Some(1)), KvManager::new(64, 4, Shared.num_slots(4)));
         s.add(req(0, 30));
         s.add(req(1, 3));
         let l = s.schedule().unwrap();

@@ -26,12 +26,12 @@
 //! KV is reserved for the worst case (prompt + `max_new_tokens`) at admission, so a running
 //! request never stalls on KV.
 
+use super::admission::{admits_prefill, prefill_chunk, prefills_whole_prompts};
 use super::layout::KvLayout;
 use super::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Stage};
-use crate::kv::KvManager;
 use crate::looped::gate::{ExitGate, GateState, ItemRef, StepSignals};
 use crate::request::RequestId;
-use crate::scheduler::{Requests, SchedRequest, Scheduler, SchedulerLimits, SchedulerStats};
+use crate::scheduler::{Requests, SchedRequest, SchedulerLimits};
 use std::collections::{HashMap, VecDeque};
 
 /// Options of the depth scheduler.
@@ -117,7 +117,6 @@ struct Item {
 pub struct DepthBatching {
     cfg: DepthConfig,
     limits: SchedulerLimits,
-    requests: Requests,
     /// Which cache slot each loop step reads and writes, and which an exit fills.
     layout: Box<dyn KvLayout>,
     gate: Box<dyn ExitGate>,
@@ -143,15 +142,14 @@ pub struct DepthBatching {
 }
 
 impl DepthBatching {
-    /// `kv` holds a block table per slot of `layout`; `gate` must already be checked against
+    /// Requests hold a block table per slot of `layout`; `gate` must already be checked against
     /// the layout ([`super::layout::check_layout`]).
-    pub fn new(cfg: DepthConfig, limits: SchedulerLimits, kv: KvManager, layout: Box<dyn KvLayout>, gate: Box<dyn ExitGate>) -> Self {
+    pub fn new(cfg: DepthConfig, limits: SchedulerLimits, layout: Box<dyn KvLayout>, gate: Box<dyn ExitGate>) -> Self {
         let (min_steps, max_steps) = (gate.min_steps(), gate.max_steps());
         let free_states = (0..cfg.max_resident(limits.max_num_seqs) as u32).rev().collect();
         Self {
             cfg,
             limits,
-            requests: Requests::new(kv),
             layout,
             gate,
             min_steps,
@@ -184,12 +182,12 @@ impl DepthBatching {
         LoopedLaunch { stage, step_slots, rows, kv_copies, reenter }
     }
 
-    fn tables(&self, id: RequestId) -> Vec<crate::kv::BlockTable> {
-        self.requests.kv().tables(id).expect("resident request has KV").to_vec()
+    fn tables(requests: &Requests, id: RequestId) -> Vec<crate::kv::BlockTable> {
+        requests.tables(id).expect("resident request has KV").to_vec()
     }
 
     /// The row that reads an item's state (and, for coda rows, re-enters its successor).
-    fn item_row(&self, item: &Item, stage: Stage) -> LoopedRow {
+    fn item_row(&self, requests: &Requests, item: &Item, stage: Stage) -> LoopedRow {
         let req = &self.reqs[&item.request];
         LoopedRow {
             request: item.request,
@@ -197,7 +195,7 @@ impl DepthBatching {
             // and, when launches overlap, may not have reached the host yet (then 0).
             tokens: vec![req.tokens.get(item.pos).copied().unwrap_or(0)],
             start_pos: item.pos,
-            block_tables: self.tables(item.request),
+            block_tables: Self::tables(requests, item.request),
             // Coda rows sample; the successor re-enters only if the request wants more tokens.
             sample: stage == Stage::Coda,
             step: item.step,
@@ -208,22 +206,22 @@ impl DepthBatching {
 
     /// One prefill launch of at most `max_num_batched_tokens` prompt tokens (see the module
     /// docs), or `None` when a decode launch should go first or nothing can be prefilled.
-    fn try_prefill(&mut self) -> Option<LoopedLaunch> {
+    fn try_prefill(&mut self, requests: &mut Requests) -> Option<LoopedLaunch> {
         if self.last_was_prefill && !(self.ready.is_empty() && self.coda.is_empty()) {
             return None;
         }
         let mut rows = Vec::new();
         let mut budget = self.limits.max_num_batched_tokens;
         let mut i = 0;
-        let whole = crate::scheduler::prefills_whole_prompts(self.requests.kv().num_slots(), self.max_steps);
+        let whole = prefills_whole_prompts(self.layout.num_slots(self.max_steps), self.max_steps);
         while i < self.prefilling.len() {
             let id = self.prefilling[i];
             let req = &self.reqs[&id];
-            let n = crate::scheduler::prefill_chunk(req.prompt_len - req.prefilled, budget, whole, rows.is_empty());
+            let n = prefill_chunk(req.prompt_len - req.prefilled, budget, whole, rows.is_empty());
             if n == 0 {
                 break;
             }
-            let row = self.chunk_row(id, n, &mut budget);
+            let row = self.chunk_row(requests, id, n, &mut budget);
             if self.reqs[&id].prefilled == self.reqs[&id].prompt_len {
                 self.prefilling.remove(i);
             } else {
@@ -233,18 +231,18 @@ impl DepthBatching {
         }
         // Requests still prefilling do not decode yet: they do not hold admission back.
         let decoding = self.reqs.len() > self.prefilling.len();
-        let admitting = self.limits.admits_prefill(self.cfg.min_free_slots, decoding, self.free_states.len(), self.requests.num_waiting());
-        while let Some(next) = self.requests.front().filter(|_| admitting) {
+        let admitting = admits_prefill(&self.limits, self.cfg.min_free_slots, decoding, self.free_states.len(), requests.num_waiting());
+        while let Some(next) = requests.front().filter(|_| admitting) {
             let (id, need) = (next.id, next.prompt.len() + next.max_new_tokens);
-            let n = crate::scheduler::prefill_chunk(next.prompt.len(), budget, whole, rows.is_empty());
+            let n = prefill_chunk(next.prompt.len(), budget, whole, rows.is_empty());
             if n == 0 {
                 break;
             }
-            let kv = self.requests.kv();
+            let kv = requests.kv();
             if self.free_states.is_empty() || kv.blocks_missing(id, need) > kv.num_free_blocks() {
                 break;
             }
-            let SchedRequest { prompt, max_new_tokens: max_new, .. } = self.requests.admit_front(need).expect("checked free blocks");
+            let SchedRequest { prompt, max_new_tokens: max_new, .. } = requests.admit_front(need).expect("checked free blocks");
             let state = self.free_states.pop().expect("checked");
             let req = Req {
                 prompt_len: prompt.len(),
@@ -258,7 +256,7 @@ impl DepthBatching {
                 state_released: false,
             };
             self.reqs.insert(id, req);
-            let row = self.chunk_row(id, n, &mut budget);
+            let row = self.chunk_row(requests, id, n, &mut budget);
             if self.reqs[&id].prefilled < self.reqs[&id].prompt_len {
                 self.prefilling.push_back(id);
             }
@@ -269,8 +267,8 @@ impl DepthBatching {
 
     /// The next prefill chunk of `id`, `n` tokens (taken from `budget`). The prompt's last chunk
     /// samples the first token and queues the successor's routing.
-    fn chunk_row(&mut self, id: RequestId, n: usize, budget: &mut usize) -> LoopedRow {
-        let tables = self.tables(id);
+    fn chunk_row(&mut self, requests: &Requests, id: RequestId, n: usize, budget: &mut usize) -> LoopedRow {
+        let tables = Self::tables(requests, id);
         let req = self.reqs.get_mut(&id).expect("admitted");
         let start = req.prefilled;
         *budget -= n.min(*budget);
@@ -286,13 +284,13 @@ impl DepthBatching {
         row
     }
 
-    fn take_coda(&mut self, all: bool) -> Option<LoopedLaunch> {
+    fn take_coda(&mut self, requests: &mut Requests, all: bool) -> Option<LoopedLaunch> {
         if self.coda.is_empty() {
             return None;
         }
         let n = if all { self.coda.len() } else { self.coda.len().min(self.limits.max_num_seqs) };
         let items: Vec<Item> = self.coda.drain(..n).collect();
-        let rows = items.iter().map(|it| self.item_row(it, Stage::Coda)).collect();
+        let rows = items.iter().map(|it| self.item_row(requests, it, Stage::Coda)).collect();
         for it in items {
             self.unrouted.push_back((Stage::Coda, it.request));
             if let Some(req) = self.reqs.get_mut(&it.request) {
@@ -308,20 +306,20 @@ impl DepthBatching {
                 if req.launched >= req.max_new && !req.state_released {
                     req.state_released = true;
                     self.free_states.push(req.state);
-                    self.requests.kv_mut().free(it.request);
+                    requests.free_kv(it.request);
                 }
             }
         }
         Some(self.launch(Stage::Coda, rows))
     }
 
-    fn take_core(&mut self) -> Option<LoopedLaunch> {
+    fn take_core(&mut self, requests: &Requests) -> Option<LoopedLaunch> {
         if self.ready.is_empty() {
             return None;
         }
         let n = self.ready.len().min(self.limits.max_num_seqs);
         let items: Vec<Item> = self.ready.drain(..n).collect();
-        let rows = items.iter().map(|it| self.item_row(it, Stage::CoreStep)).collect();
+        let rows = items.iter().map(|it| self.item_row(requests, it, Stage::CoreStep)).collect();
         for it in items {
             self.unrouted.push_back((Stage::CoreStep, it.request));
             self.in_flight.insert(it.request, it);
@@ -342,7 +340,7 @@ impl DepthBatching {
     }
 
     /// Sends an item that finished `item.step` to the coda or on to its next step.
-    fn route_core(&mut self, mut item: Item, exit: bool, survivors: &mut Vec<Item>) {
+    fn route_core(&mut self, requests: &Requests, mut item: Item, exit: bool, survivors: &mut Vec<Item>) {
         // The gate must exit within its own `min_steps..=max_steps` (the bounds the layout was
         // checked against); one that does not (a custom gate breaking the contract) is
         // overruled: an item past its slots would index out of them, and one exiting early
@@ -350,7 +348,7 @@ impl DepthBatching {
         let exit = exit && item.step + 1 >= self.min_steps;
         if exit || item.step + 1 >= self.max_steps {
             self.hist[item.step] += 1;
-            self.exit_copies(&item);
+            self.exit_copies(requests, &item);
             self.coda.push_back(item);
         } else {
             item.step += 1;
@@ -362,7 +360,7 @@ impl DepthBatching {
     /// (their tokens need not have reached the host: the state was re-entered on the device),
     /// and core items whose verdict the gate knows ahead of their own signal. Survivors and
     /// coda successors go to the head of the ready queue, a prompt's first item to the tail.
-    fn route(&mut self) {
+    fn route(&mut self, requests: &Requests) {
         let mut front = Vec::new();
         let mut keep = VecDeque::new();
         while let Some((stage, id)) = self.unrouted.pop_front() {
@@ -381,7 +379,7 @@ impl DepthBatching {
                     match self.reqs.get(&id).and_then(|r| self.gate.exit_known(r.item_ref(id), item.step, &r.gate)) {
                         Some(exit) => {
                             let item = self.in_flight.remove(&id).expect("present");
-                            self.route_core(item, exit, &mut front);
+                            self.route_core(requests, item, exit, &mut front);
                         }
                         None => keep.push_back((stage, id)),
                     }
@@ -395,8 +393,8 @@ impl DepthBatching {
         }
     }
 
-    fn exit_copies(&mut self, item: &Item) {
-        let kv = self.requests.kv();
+    fn exit_copies(&mut self, requests: &Requests, item: &Item) {
+        let kv = requests.kv();
         let layout = self.layout.as_ref();
         let fill = layout.fill_on_exit(item.step, self.max_steps);
         if fill.is_empty() {
@@ -411,7 +409,7 @@ impl DepthBatching {
     }
 }
 
-impl Scheduler for DepthBatching {
+impl LoopedScheduler for DepthBatching {
     fn name(&self) -> &'static str {
         if self.cfg.refill {
             "cdb-refill"
@@ -420,11 +418,17 @@ impl Scheduler for DepthBatching {
         }
     }
 
-    fn add(&mut self, request: SchedRequest) {
-        self.requests.push(request);
+    fn schedule(&mut self, requests: &mut Requests) -> Option<LoopedLaunch> {
+        let launch = self.next_launch(requests);
+        self.last_was_prefill = launch.as_ref().is_some_and(|l| l.stage == Stage::Prefill);
+        launch
     }
 
-    fn finish(&mut self, id: RequestId) {
+    fn complete(&mut self, requests: &mut Requests, launch: &LoopedLaunch, result: &LoopedResult) {
+        self.record(requests, launch, result);
+    }
+
+    fn finished(&mut self, id: RequestId) {
         self.prefilling.retain(|&r| r != id);
         self.ready.retain(|it| it.request != id);
         self.coda.retain(|it| it.request != id);
@@ -435,32 +439,10 @@ impl Scheduler for DepthBatching {
         if let Some(req) = self.reqs.remove(&id).filter(|r| !r.state_released) {
             self.free_states.push(req.state);
         }
-        self.requests.forget(id);
     }
 
-    fn num_waiting(&self) -> usize {
-        self.requests.num_waiting()
-    }
-    fn num_running(&self) -> usize {
-        self.reqs.len()
-    }
-    fn kv(&self) -> &KvManager {
-        self.requests.kv()
-    }
-    fn stats(&self) -> SchedulerStats {
-        SchedulerStats { depth_histogram: self.hist.clone(), ..SchedulerStats::default() }
-    }
-}
-
-impl LoopedScheduler for DepthBatching {
-    fn schedule(&mut self) -> Option<LoopedLaunch> {
-        let launch = self.next_launch();
-        self.last_was_prefill = launch.as_ref().is_some_and(|l| l.stage == Stage::Prefill);
-        launch
-    }
-
-    fn complete(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
-        self.record(launch, result);
+    fn depth_histogram(&self) -> &[u64] {
+        &self.hist
     }
 
     fn state_bank_rows(&self) -> usize {
@@ -476,39 +458,39 @@ impl LoopedScheduler for DepthBatching {
 }
 
 impl DepthBatching {
-    fn next_launch(&mut self) -> Option<LoopedLaunch> {
-        self.route();
+    fn next_launch(&mut self, requests: &mut Requests) -> Option<LoopedLaunch> {
+        self.route(requests);
         if self.cfg.refill {
             if self.coda.len() >= self.cfg.min_coda_batch_size.max(1) {
-                return self.take_coda(false);
+                return self.take_coda(requests, false);
             }
-            if let Some(l) = self.try_prefill() {
+            if let Some(l) = self.try_prefill(requests) {
                 return Some(l);
             }
-            return self.take_core().or_else(|| self.take_coda(false));
+            return self.take_core(requests).or_else(|| self.take_coda(requests, false));
         }
         // No-refill: one wave to completion (its coda over the whole cohort), then prefill
         // admission between waves, then the next wave.
         if self.wave {
-            if let Some(l) = self.take_core() {
+            if let Some(l) = self.take_core(requests) {
                 return Some(l);
             }
             self.wave = false;
-            if let Some(l) = self.take_coda(true) {
+            if let Some(l) = self.take_coda(requests, true) {
                 return Some(l);
             }
         }
-        if let Some(l) = self.try_prefill() {
+        if let Some(l) = self.try_prefill(requests) {
             return Some(l);
         }
         if self.ready.is_empty() {
-            return self.take_coda(true);
+            return self.take_coda(requests, true);
         }
         self.wave = true;
-        self.take_core()
+        self.take_core(requests)
     }
 
-    fn record(&mut self, launch: &LoopedLaunch, result: &LoopedResult) {
+    fn record(&mut self, requests: &Requests, launch: &LoopedLaunch, result: &LoopedResult) {
         match launch.stage {
             Stage::Prefill | Stage::Coda => {
                 for (row, out) in launch.rows.iter().zip(&result.rows) {
@@ -538,7 +520,7 @@ impl DepthBatching {
                     if pending {
                         let item = self.in_flight.remove(&row.request).expect("pending");
                         routed.insert(row.request);
-                        self.route_core(item, exit, &mut survivors);
+                        self.route_core(requests, item, exit, &mut survivors);
                     }
                 }
                 if !routed.is_empty() {
@@ -556,14 +538,16 @@ impl DepthBatching {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::KvManager;
+    use crate::looped::driven::Driven;
     use crate::looped::gate::{DepthTrace, FixedDepth, Replay};
     use crate::looped::layout::{KvLayout, LastExited, Shared};
     use crate::looped::LoopedRowOutput;
 
-    fn sched(refill: bool, width: usize, gate: Box<dyn ExitGate>) -> DepthBatching {
+    fn sched(refill: bool, width: usize, gate: Box<dyn ExitGate>) -> Driven<DepthBatching> {
         let limits = SchedulerLimits { max_num_seqs: width, max_num_batched_tokens: 4096 };
         let kv = KvManager::new(4096, 4, Shared.num_slots(4));
-        DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1, ..DepthConfig::default() }, limits, kv, Box::new(Shared), gate)
+        Driven::new(DepthBatching::new(DepthConfig { refill, min_coda_batch_size: 1, ..DepthConfig::default() }, limits, Box::new(Shared), gate), kv)
     }
 
     fn replay() -> Box<dyn ExitGate> {
@@ -571,14 +555,14 @@ mod tests {
     }
 
     /// Runs the scheduler with a fake model (every sampled token is 1) and returns its launches.
-    fn drive(s: &mut DepthBatching, requests: usize, new_tokens: usize) -> Vec<LoopedLaunch> {
+    fn drive(s: &mut Driven<DepthBatching>, requests: usize, new_tokens: usize) -> Vec<LoopedLaunch> {
         drive_lengths(s, &vec![new_tokens; requests], false)
     }
 
     /// [`drive`] with a length per request; with `overlap` as the engine drives an overlapping
     /// scheduler: launch k + 1 is scheduled before launch k's result is read (and before the
     /// requests it finished are finished).
-    fn drive_lengths(s: &mut DepthBatching, new_tokens: &[usize], overlap: bool) -> Vec<LoopedLaunch> {
+    fn drive_lengths(s: &mut Driven<DepthBatching>, new_tokens: &[usize], overlap: bool) -> Vec<LoopedLaunch> {
         for (i, &n) in new_tokens.iter().enumerate() {
             s.add(SchedRequest { id: RequestId(i as u64), prompt: vec![3; 5], max_new_tokens: n });
         }
@@ -608,9 +592,9 @@ mod tests {
     }
 
     /// Completes `l` with the fake model's tokens and finishes the requests that got them all.
-    fn complete(s: &mut DepthBatching, l: LoopedLaunch, new_tokens: &[usize], produced: &mut [usize]) -> LoopedLaunch {
+    fn complete(s: &mut Driven<DepthBatching>, l: LoopedLaunch, new_tokens: &[usize], produced: &mut [usize]) -> LoopedLaunch {
         let rows = l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(1), ..LoopedRowOutput::new(r.request) }).collect();
-        let result = LoopedResult { rows };
+        let result = LoopedResult { rows, ..Default::default() };
         s.complete(&l, &result);
         for r in result.rows.iter().filter(|r| r.token.is_some()) {
             let i = r.request.0 as usize;
@@ -636,7 +620,7 @@ mod tests {
             let make = || {
                 let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 4096 };
                 let kv = KvManager::new(blocks, 4, Shared.num_slots(4));
-                DepthBatching::new(DepthConfig::default(), limits, kv, Box::new(Shared), Box::new(FixedDepth::new(2).unwrap()))
+                Driven::new(DepthBatching::new(DepthConfig::default(), limits, Box::new(Shared), Box::new(FixedDepth::new(2).unwrap())), kv)
             };
             let mut sync = make();
             let sync_launches = drive_lengths(&mut sync, &new_tokens, false);
@@ -646,7 +630,7 @@ mod tests {
             assert_eq!(count(&ahead_launches, Stage::CoreStep), count(&sync_launches, Stage::CoreStep), "{blocks} blocks");
             // Every state row is back exactly once.
             for s in [&sync, &ahead] {
-                let mut rows = s.free_states.clone();
+                let mut rows = s.s.free_states.clone();
                 rows.sort_unstable();
                 assert_eq!(rows, (0..4).collect::<Vec<u32>>());
             }
@@ -663,7 +647,7 @@ mod tests {
         let steady = &cores[2..cores.len() * 3 / 4];
         assert!(steady.iter().all(|l| l.rows.len() == w), "refill stopped refilling: {:?}", steady.iter().map(|l| l.rows.len()).collect::<Vec<_>>());
         assert!(cores.iter().any(|l| l.rows.iter().any(|r| r.step != l.rows[0].step)), "refill mixes loop steps in a launch");
-        let h = s.stats().depth_histogram;
+        let h = s.s.depth_histogram().to_vec();
         assert_eq!(h.iter().sum::<u64>(), (w * n) as u64);
     }
 
@@ -673,8 +657,8 @@ mod tests {
         let limits = SchedulerLimits { max_num_seqs: w, max_num_batched_tokens: 4096 };
         let kv = KvManager::new(4096, 4, Shared.num_slots(4));
         let cfg = DepthConfig { min_coda_batch_size: 3, coda_reserve: reserve, ..DepthConfig::default() };
-        let mut s = DepthBatching::new(cfg, limits, kv, Box::new(Shared), replay());
-        assert_eq!(s.state_bank_rows(), w + reserve);
+        let mut s = Driven::new(DepthBatching::new(cfg, limits, Box::new(Shared), replay()), kv);
+        assert_eq!(s.s.state_bank_rows(), w + reserve);
         let launches = drive(&mut s, w + reserve, n);
         assert!(launches.iter().filter(|l| l.stage != Stage::Prefill).all(|l| l.rows.len() <= w), "a decode launch exceeded the width");
         let cores: Vec<usize> = launches.iter().filter(|l| l.stage == Stage::CoreStep).map(|l| l.rows.len()).collect();
@@ -715,9 +699,10 @@ mod tests {
         let limits = SchedulerLimits { max_num_seqs: 1, max_num_batched_tokens: 64 };
         let kv = KvManager::new(64, 4, LastExited.num_slots(4));
         let gate = Box::new(Replay::new(DepthTrace::Recorded([(0, vec![2])].into()), 1, 4).unwrap());
-        let mut s = DepthBatching::new(DepthConfig::default(), limits, kv, Box::new(LastExited), gate);
+        let mut s = Driven::new(DepthBatching::new(DepthConfig::default(), limits, Box::new(LastExited), gate), kv);
         s.add(SchedRequest { id: RequestId(0), prompt: vec![1; 6], max_new_tokens: 3 });
         let answer = |l: &LoopedLaunch| LoopedResult {
+            non_finite: vec![],
             rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(2), ..LoopedRowOutput::new(r.request) }).collect(),
         };
         let prefill = s.schedule().unwrap();
@@ -743,7 +728,7 @@ mod tests {
     fn fixed_full_depth_never_exits_early() {
         let mut s = sched(true, 3, Box::new(FixedDepth::new(4).unwrap()));
         drive(&mut s, 5, 6);
-        let h = s.stats().depth_histogram;
+        let h = s.s.depth_histogram().to_vec();
         assert_eq!(&h[..3], &[0, 0, 0]);
         assert_eq!(h[3], 30);
     }
@@ -754,12 +739,13 @@ mod tests {
             let limits = SchedulerLimits { max_num_seqs: 4, max_num_batched_tokens: 8 };
             let kv = KvManager::new(4096, 4, LastExited.num_slots(4));
             let cfg = DepthConfig { refill, min_free_slots: Some(1), ..DepthConfig::default() };
-            let mut s = DepthBatching::new(cfg, limits, kv, Box::new(LastExited), replay());
+            let mut s = Driven::new(DepthBatching::new(cfg, limits, Box::new(LastExited), replay()), kv);
             for i in 0..3 {
                 s.add(SchedRequest { id: RequestId(i), prompt: vec![3; 4], max_new_tokens: 30 });
             }
             let mut launches = Vec::new();
             let answer = |l: &LoopedLaunch| LoopedResult {
+                non_finite: vec![],
                 rows: l.rows.iter().map(|r| LoopedRowOutput { token: r.sample.then_some(1), ..LoopedRowOutput::new(r.request) }).collect(),
             };
             for _ in 0..3 {

@@ -2,16 +2,18 @@
 
 use super::launch::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Stage};
 use super::runner::{LoopedRunner, Pending};
-use crate::engine::{EngineMetrics, Half, Issued, LaunchCost, Live, NewToken};
-use crate::request::RequestId;
+use crate::engine::{Completed, EngineMetrics, FamilyMetrics, Half, Issued, LaunchCost, Live};
+use crate::request::{RequestId, TokenCompute};
 use crate::sampling::RowSampling;
-use crate::scheduler::Scheduler;
+use crate::scheduler::Requests;
 use std::collections::HashMap;
 
-/// A looped model: its runner, scheduler, and the launch in flight under overlap.
+/// A looped model: its runner, scheduler, the requests it schedules, and the launch in flight
+/// under overlap.
 pub(crate) struct LoopedHalf {
     pub runner: LoopedRunner,
     pub scheduler: Box<dyn LoopedScheduler>,
+    pub requests: Requests,
     pub overlap: bool,
     pub in_flight: Option<Issued<LoopedLaunch, Pending>>,
 }
@@ -21,16 +23,23 @@ impl Half for LoopedHalf {
     type Pending = Pending;
     type Result = LoopedResult;
 
-    fn scheduler(&self) -> &dyn Scheduler {
-        self.scheduler.as_ref()
+    fn requests(&self) -> &Requests {
+        &self.requests
     }
-    fn scheduler_mut(&mut self) -> &mut dyn Scheduler {
-        self.scheduler.as_mut()
+    fn requests_mut(&mut self) -> &mut Requests {
+        &mut self.requests
+    }
+    fn scheduler_name(&self) -> &'static str {
+        self.scheduler.name()
+    }
+    fn end(&mut self, id: RequestId) {
+        self.requests.end(id);
+        self.scheduler.finished(id);
     }
     fn schedule(&mut self) -> Option<LoopedLaunch> {
-        self.scheduler.schedule()
+        self.scheduler.schedule(&mut self.requests)
     }
-    fn requests(launch: &LoopedLaunch) -> Vec<RequestId> {
+    fn launch_requests(launch: &LoopedLaunch) -> Vec<RequestId> {
         launch.rows.iter().map(|r| r.request).collect()
     }
     fn shape(launch: &LoopedLaunch) -> (&'static str, usize, usize) {
@@ -56,20 +65,25 @@ impl Half for LoopedHalf {
         self.runner.collect(pending)
     }
 
-    fn complete(&mut self, launch: &LoopedLaunch, result: LoopedResult, metrics: &mut EngineMetrics) -> Vec<NewToken> {
+    fn complete(&mut self, launch: &LoopedLaunch, result: LoopedResult, metrics: &mut EngineMetrics) -> Completed {
         if let Some(span) = self.runner.last_device_time() {
             metrics.record_device(launch.stage.name(), span);
         }
-        self.scheduler.complete(launch, &result);
-        (metrics.graph_captures, metrics.graph_replays) = self.runner.graph_stats();
+        self.scheduler.complete(&mut self.requests, launch, &result);
+        if let FamilyMetrics::Looped(m) = &mut metrics.family {
+            (m.graph_captures, m.graph_replays) = self.runner.graph_stats();
+            m.depth_histogram.clear();
+            m.depth_histogram.extend_from_slice(self.scheduler.depth_histogram());
+        }
         // A coda row's token ran its item's loop steps (the row's step is the last one run); a
         // full-depth launch runs every step it lists.
         let steps = |row: &LoopedRow| match launch.stage {
-            Stage::Coda => Some(row.step as u32 + 1),
-            Stage::Prefill | Stage::FullDepthDecode => Some(launch.step_slots.len() as u32),
+            Stage::Coda => Some(TokenCompute::LoopSteps(row.step as u32 + 1)),
+            Stage::Prefill | Stage::FullDepthDecode => Some(TokenCompute::LoopSteps(launch.step_slots.len() as u32)),
             Stage::CoreStep => None,
         };
-        launch.rows.iter().zip(&result.rows).filter_map(|(row, out)| out.token.map(|t| (out.request, t, out.logprob, steps(row)))).collect()
+        let tokens = launch.rows.iter().zip(&result.rows).filter_map(|(row, out)| out.token.map(|t| (out.request, t, out.logprob, steps(row)))).collect();
+        Completed { tokens, non_finite: result.non_finite }
     }
 
     fn swap_in_flight(&mut self, next: Option<Issued<LoopedLaunch, Pending>>) -> Option<Issued<LoopedLaunch, Pending>> {

@@ -4,7 +4,7 @@
 
 use crate::kv::BlockTable;
 use crate::request::RequestId;
-use crate::scheduler::Scheduler;
+use crate::scheduler::Requests;
 
 /// Which stage of a looped model a launch runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -116,16 +116,33 @@ impl LoopedRowOutput {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct LoopedResult {
     pub rows: Vec<LoopedRowOutput>,
+    /// Requests whose sampled row read non-finite logits (NaN or infinity): their rows carry no
+    /// token, and the engine ends them with an error.
+    pub non_finite: Vec<RequestId>,
 }
 
-/// A scheduling policy for looped models. The required methods are the common part's six
-/// ([`Scheduler`]) and these two: `schedule` and `complete`.
-pub trait LoopedScheduler: Scheduler {
-    /// The next launch, or `None` when there is nothing to run.
-    fn schedule(&mut self) -> Option<LoopedLaunch>;
+/// A scheduling policy for looped models: `schedule`, `complete` and `finished`. The engine core
+/// owns the requests and their KV ([`Requests`]) and lends them to each call; a policy keeps
+/// only what it needs of its running requests.
+pub trait LoopedScheduler: Send {
+    /// The next launch, or `None` when there is nothing to run. Admits waiting requests,
+    /// preempts and grows running ones through `requests`.
+    fn schedule(&mut self, requests: &mut Requests) -> Option<LoopedLaunch>;
     /// Records the outcome of `launch` (sampled tokens extend their requests, gate signals
-    /// advance the items).
-    fn complete(&mut self, launch: &LoopedLaunch, result: &LoopedResult);
+    /// advance the items). A request whose logits were not finite has no token here: the
+    /// engine ends it (see [`LoopedResult::non_finite`]).
+    fn complete(&mut self, requests: &mut Requests, launch: &LoopedLaunch, result: &LoopedResult);
+    /// Forgets a request that ended (finished, aborted or failed). Its KV blocks are already
+    /// free; a launch scheduled after this must not name it.
+    fn finished(&mut self, id: RequestId);
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+    /// `depth_histogram()[d - 1]`: generated tokens that ran `d` loop steps, for a policy that
+    /// counts them (the depth scheduler; first tokens count at r_max).
+    fn depth_histogram(&self) -> &[u64] {
+        &[]
+    }
     /// Rows of the device state bank this scheduler addresses (0 if it uses none).
     fn state_bank_rows(&self) -> usize {
         0

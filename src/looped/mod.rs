@@ -7,13 +7,17 @@
 //! ([`gate`]), the KV layouts that map loop steps to cache slots ([`layout`]), its runner (the
 //! state bank, CUDA graphs, asynchronous read-back) and its options ([`LoopedOptions`]).
 
+mod admission;
 pub(crate) mod build;
 mod continuous;
 mod depth;
+#[cfg(test)]
+mod driven;
 pub mod gate;
 mod half;
 mod launch;
 pub mod layout;
+mod metrics;
 pub mod models;
 mod options;
 mod roofline;
@@ -23,6 +27,7 @@ pub use continuous::ContinuousBatching;
 pub use depth::{DepthBatching, DepthConfig};
 pub use launch::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedRowOutput, LoopedScheduler, Stage};
 pub use layout::KvLayoutKind;
+pub use metrics::LoopedMetrics;
 pub use options::{LoopedOptions, SchedulerContext, SchedulerKind};
 pub use roofline::looped_launch_cost;
 

@@ -7,7 +7,6 @@ use super::gate::ExitGate;
 use super::layout::{KvLayout, KvLayoutKind};
 use super::models::{InitialState, LoopedSpec};
 use super::LoopedScheduler;
-use crate::kv::KvManager;
 use crate::scheduler::SchedulerLimits;
 use crate::{Error, Result};
 
@@ -38,10 +37,8 @@ impl std::str::FromStr for SchedulerKind {
 #[derive(Debug)]
 pub struct SchedulerContext {
     pub limits: SchedulerLimits,
-    /// A block table per slot of `layout` for every request.
-    pub kv: KvManager,
     /// Which slot each loop step reads and writes (checked against the gate unless the
-    /// scheduler is custom).
+    /// scheduler is custom); every request holds a block table per slot.
     pub layout: Box<dyn KvLayout>,
     pub spec: LoopedSpec,
     /// The configured exit gate (fixed full depth unless one was set).

@@ -79,7 +79,7 @@ pub fn drain(engine: &mut Engine, outputs: &mut HashMap<RequestId, Vec<u32>>) {
 }
 
 pub fn assert_kv_empty(engine: &Engine) {
-    let kv = engine.scheduler().kv();
+    let kv = engine.requests().kv();
     assert_eq!(kv.num_used_blocks(), 0, "KV blocks leaked");
     assert_eq!(kv.num_resident(), 0, "requests still hold KV tables");
 }
@@ -150,42 +150,21 @@ pub fn combo_builder(dir: &PathBuf, c: &Combo, width: usize) -> EngineBuilder {
 }
 
 /// Admits requests (reserving their KV) and never launches anything.
-pub struct Stuck {
-    kv: ponder::kv::KvManager,
-    ids: Vec<ponder::RequestId>,
-}
-impl Stuck {
-    pub fn new(kv: ponder::kv::KvManager) -> Self {
-        Self { kv, ids: Vec::new() }
-    }
-}
-impl ponder::scheduler::Scheduler for Stuck {
+#[derive(Default)]
+pub struct Stuck;
+impl ponder::looped::LoopedScheduler for Stuck {
     fn name(&self) -> &'static str {
         "stuck"
     }
-    fn add(&mut self, r: ponder::scheduler::SchedRequest) {
-        assert!(self.kv.reserve(r.id, r.prompt.len() + r.max_new_tokens));
-        self.ids.push(r.id);
-    }
-    fn finish(&mut self, id: ponder::RequestId) {
-        self.ids.retain(|&i| i != id);
-        self.kv.free(id);
-    }
-    fn num_waiting(&self) -> usize {
-        self.ids.len()
-    }
-    fn num_running(&self) -> usize {
-        0
-    }
-    fn kv(&self) -> &ponder::kv::KvManager {
-        &self.kv
-    }
-}
-impl ponder::looped::LoopedScheduler for Stuck {
-    fn schedule(&mut self) -> Option<ponder::looped::LoopedLaunch> {
+    fn schedule(&mut self, requests: &mut ponder::scheduler::Requests) -> Option<ponder::looped::LoopedLaunch> {
+        while let Some(r) = requests.front() {
+            let need = r.prompt.len() + r.max_new_tokens;
+            assert!(requests.admit_front(need).is_some());
+        }
         None
     }
-    fn complete(&mut self, _: &ponder::looped::LoopedLaunch, _: &ponder::looped::LoopedResult) {}
+    fn complete(&mut self, _: &mut ponder::scheduler::Requests, _: &ponder::looped::LoopedLaunch, _: &ponder::looped::LoopedResult) {}
+    fn finished(&mut self, _: ponder::RequestId) {}
 }
 
 /// Tiny random checkpoints of all seven families in the released layouts, one directory each
@@ -228,14 +207,17 @@ pub fn fixture_policy(case: &serde_json::Value) -> Box<dyn ponder::diffusion::Un
 }
 
 /// Drives `engine` until idle; the tokens it streamed and the compute each took
-/// (`Event::Token::steps`: loop steps of a looped model), in order.
+/// (`Event::Token::compute`: loop steps of a looped model), in order.
 pub fn tokens_and_steps(engine: &mut Engine) -> (Vec<u32>, Vec<u32>) {
     let (mut tokens, mut steps) = (Vec::new(), Vec::new());
     while engine.has_work() {
         for ev in engine.step().unwrap() {
-            if let ponder::Event::Token { token, steps: s, .. } = ev {
+            if let ponder::Event::Token { token, compute, .. } = ev {
                 tokens.push(token);
-                steps.push(s.expect("looped tokens report their loop steps"));
+                match compute {
+                    Some(ponder::TokenCompute::LoopSteps(n)) => steps.push(n),
+                    other => panic!("looped tokens report their loop steps, not {other:?}"),
+                }
             }
         }
     }

@@ -315,7 +315,8 @@ mod tests {
                     }
                 }
             }
-            let stats = (engine.metrics().graph_captures, engine.metrics().graph_replays);
+            let m = engine.metrics().looped().expect("a looped engine");
+            let stats = (m.graph_captures, m.graph_replays);
             (ids.iter().map(|id| got.remove(id).unwrap()).collect(), stats)
         };
         for (sched, layout, width) in [

@@ -327,13 +327,23 @@ impl LoopedRunner {
             Some(Marks) => None,
             None => None,
         });
+        // The device flags a row whose logits were not finite by an id ≥ vocab; here that
+        // becomes the result's typed outcome and the row carries no token.
+        let vocab = self.model.spec().vocab_size;
+        let mut non_finite = Vec::new();
+        for (token, request) in tokens.iter_mut().zip(&p.requests) {
+            if token.is_some_and(|t| crate::ops::is_non_finite_flag(t, vocab)) {
+                *token = None;
+                non_finite.push(*request);
+            }
+        }
         let rows = p
             .requests
             .into_iter()
             .zip(tokens.into_iter().zip(gate_logits).zip(latent).zip(logprobs))
             .map(|(request, (((token, gate_logits), latent_diff), logprob))| LoopedRowOutput { request, token, gate_logits, latent_diff, logprob })
             .collect();
-        Ok(LoopedResult { rows })
+        Ok(LoopedResult { rows, non_finite })
     }
 
     #[cfg(any(test, feature = "testing"))]
