@@ -93,7 +93,7 @@ impl DiffusionOptions {
     }
     /// Score and select with the eviction policy but run every token anyway, recording which
     /// the policy would have kept (its recall of decodable tokens:
-    /// [`crate::EngineMetrics::eviction_recall`]).
+    /// [`crate::diffusion::DenoiseStats::recall`]).
     pub fn eviction_shadow(mut self, on: bool) -> Self {
         self.eviction_shadow = on;
         self
