@@ -114,6 +114,7 @@ impl std::fmt::Display for InvalidRequest {
     }
 }
 
+/// The crate's result: its one [`Error`] type.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {

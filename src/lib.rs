@@ -71,7 +71,7 @@ pub mod error;
 /// Which kernels an engine's launches run ([`EngineBuilder::kernels`]; the defaults are the
 /// fastest measured) and how many dispatches each choice took ([`EngineMetrics::kernels`]).
 pub mod kernels {
-    pub use crate::ops::policy::{AttentionKernels, DecodeRing, KernelCounts, KernelPolicy, MoeKernels, SimtDeep, SplitK, MAX_FORCED_SPLITS};
+    pub use crate::ops::policy::{AttentionKernels, DecodeRing, KernelCounts, KernelPolicy, MoeKernels, SimtDeep, SplitK};
 }
 pub mod kv;
 pub mod loader;
@@ -83,7 +83,12 @@ pub mod ops;
 #[cfg(not(feature = "testing"))]
 mod ops;
 pub mod request;
+/// Sampling on the device: a request's seeded sampler and the batched sampling kernels (public
+/// with feature `testing`; an application sets [`SamplingParams`]).
+#[cfg(feature = "testing")]
 pub mod sampling;
+#[cfg(not(feature = "testing"))]
+mod sampling;
 pub mod scheduler;
 /// Random checkpoints in the released layouts, tiny configs, tokenizer training: what the
 /// tests and benchmarks build models from (feature `testing`).
@@ -97,7 +102,6 @@ pub use engine::{
 };
 pub use error::{Error, InvalidRequest, Result};
 pub use looped::{KvLayoutKind, LoopedOptions, SchedulerKind};
-pub use ops::AttentionKernels;
 pub use sampling::SamplingParams;
 
 /// Re-exported so callers can name devices and dtypes without depending on candle directly.

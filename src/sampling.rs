@@ -71,10 +71,6 @@ impl Sampler {
         Self { params, rng }
     }
 
-    pub fn params(&self) -> &SamplingParams {
-        &self.params
-    }
-
     /// The row description for one draw (advances the generator only for random draws).
     pub fn next_row(&mut self) -> RowSampling {
         let uniform = if self.params.is_greedy() { 0.0 } else { self.rng.random::<f32>() };

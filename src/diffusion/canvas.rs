@@ -33,9 +33,6 @@ impl BlockCanvas {
     pub fn len(&self) -> usize {
         self.tokens.len()
     }
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
     /// One past the block's last absolute position.
     pub fn end(&self) -> usize {
         self.start + self.len()

@@ -6,7 +6,7 @@
 //! its launches ([`DenoiseLaunch`]: prefill, commit and step rows), the block-diffusion scheduler
 //! ([`DiffusionBatching`]), the host-side strategies — which masked tokens to reveal each step
 //! ([`UnmaskPolicy`]), which block positions a step recomputes (the delayed cache in
-//! [`BlockCanvas`]), which masked tokens run past layer 1 ([`EvictionPolicy`], FOCUS) — its runner
+//! `BlockCanvas`), which masked tokens run past layer 1 ([`EvictionPolicy`], FOCUS) — its runner
 //! and its options ([`DiffusionOptions`]).
 
 mod attention;
@@ -30,6 +30,6 @@ pub use scheduler::{DiffusionBatching, DiffusionConfig};
 pub(crate) use half::DiffusionHalf;
 
 pub use attention::{CanvasCache, DiffusionAttention};
-pub use canvas::BlockCanvas;
+pub(crate) use canvas::BlockCanvas;
 pub use eviction::{enforce_rules, EvictionInput, EvictionPolicy, Focus, NoEviction};
 pub use unmask::{by_confidence, Candidate, Confidence, LinearSchedule, Replay, StaticCount, StepContext, Threshold, Timesteps, UnmaskPolicy, UnmaskTrace};

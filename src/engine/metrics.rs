@@ -54,6 +54,8 @@ pub struct KvPoolStats {
     pub bytes: u64,
 }
 
+/// What an engine counted since it was built ([`crate::Engine::metrics`]): launches per stage,
+/// tokens, requests, latencies, kernel dispatches, and its model family's own counters.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineMetrics {
     /// The KV pool this engine allocated.

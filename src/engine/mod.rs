@@ -12,11 +12,13 @@ mod metrics;
 
 pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId, TokenCompute};
 pub(crate) use builder::Common;
-pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped, MAX_RESIDENT};
+pub(crate) use builder::MAX_RESIDENT;
+pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped};
 pub(crate) use core::Family;
 pub use core::{Engine, ModelSpec};
 pub use handle::{EngineHandle, RequestStream};
-pub use metrics::{DeviceSpan, EngineMetrics, FamilyMetrics, KvPoolStats, LatencyHistogram, LaunchCost, StageStats};
+pub(crate) use metrics::DeviceSpan;
+pub use metrics::{EngineMetrics, FamilyMetrics, KvPoolStats, LatencyHistogram, LaunchCost, StageStats};
 
 pub(crate) use family::{Completed, Half, Issued};
 pub(crate) use live::Live;

@@ -12,7 +12,11 @@ mod pool;
 mod store;
 
 pub(crate) use budget::{check_fits, kv_bytes, workspace_bytes, MemoryNeed, PoolSizing};
-pub use budget::{DEFAULT_CPU_POOL_TOKENS_PER_SLOT, DEFAULT_KV_MEMORY_FRACTION};
 pub use manager::{BlockTable, KvManager};
-pub use pool::BlockPool;
+pub(crate) use pool::BlockPool;
+/// The device K and V tensors (public with feature `testing`, for the device tests and
+/// benchmarks that drive a model directly).
+#[cfg(feature = "testing")]
 pub use store::KvStore;
+#[cfg(not(feature = "testing"))]
+pub(crate) use store::KvStore;

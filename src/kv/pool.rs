@@ -33,6 +33,7 @@ impl BlockPool {
     }
 
     /// Adds a reference to a block in use.
+    #[cfg(test)]
     pub fn share(&mut self, block: u32) {
         let r = &mut self.refs[block as usize];
         assert!(*r > 0, "share of free block {block}");

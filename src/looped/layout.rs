@@ -24,7 +24,7 @@ pub trait KvLayout: std::fmt::Debug + Send + Sync {
 /// Checks a layout's shape for a model of `max_steps` loop steps: at least one slot, every
 /// step's slot and every exit fill among them (a custom layout that breaks this would make the
 /// KV manager index past its tables).
-pub fn check_shape(layout: &dyn KvLayout, max_steps: usize) -> crate::Result<()> {
+pub(crate) fn check_shape(layout: &dyn KvLayout, max_steps: usize) -> crate::Result<()> {
     let slots = layout.num_slots(max_steps);
     let bad = |what: String| Err(crate::Error::InvalidOption(format!("KV layout `{}`: {what}", layout.name())));
     if slots == 0 {

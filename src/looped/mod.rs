@@ -29,6 +29,5 @@ pub use launch::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedRowOutput,
 pub use layout::KvLayoutKind;
 pub use metrics::LoopedMetrics;
 pub use options::{LoopedOptions, SchedulerContext, SchedulerKind};
-pub use roofline::looped_launch_cost;
 
 pub(crate) use half::LoopedHalf;

@@ -12,12 +12,16 @@ mod sdar;
 mod transformer;
 
 pub use config::{DreamConfig, Llada2Config, LladaConfig, SdarConfig};
-pub use dream::Dream;
-pub use llada::Llada;
-pub use llada2::Llada2;
+#[cfg(feature = "testing")]
 pub use moe::{RouterArch, Scoring};
-pub use sdar::Sdar;
-pub use transformer::{DenseArch, DenseDiffusion, MoeArch, Naming};
+pub use transformer::DenseDiffusion;
+pub(crate) use transformer::{DenseArch, MoeArch, Naming};
+/// Each family's loader from its own config (public with feature `testing`; an application
+/// loads any of them with [`load`]).
+#[cfg(feature = "testing")]
+pub use {dream::Dream, llada::Llada, llada2::Llada2, sdar::Sdar};
+#[cfg(not(feature = "testing"))]
+pub(crate) use {dream::Dream, llada::Llada, llada2::Llada2, sdar::Sdar};
 
 use crate::config::ModelConfig;
 use crate::kv::KvStore;

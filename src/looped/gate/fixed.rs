@@ -2,6 +2,7 @@
 
 use super::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 
+/// Every item runs the same number of loop steps (full depth by default: the CB baseline).
 #[derive(Debug, Clone)]
 pub struct FixedDepth {
     depth: StepBounds,

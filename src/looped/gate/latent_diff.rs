@@ -3,6 +3,7 @@
 
 use super::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 
+/// Exit once the state's relative change between two loop steps falls below a threshold.
 #[derive(Debug, Clone)]
 pub struct LatentDiff {
     threshold: f32,

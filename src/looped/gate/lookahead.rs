@@ -3,6 +3,8 @@
 
 use super::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 
+/// Wraps a gate so that its verdict is consumed one step late: the next launch can be built
+/// while the current one runs.
 #[derive(Debug)]
 pub struct Lookahead<G> {
     inner: G,

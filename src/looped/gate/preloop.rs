@@ -13,6 +13,7 @@ use super::{ExitGate, GateHead, GateState, ItemRef, StepBounds, StepSignals};
 use crate::{Error, Result};
 use std::path::Path;
 
+/// Decides a token's depth before it enters the loop, from a head over its input token.
 #[derive(Debug)]
 pub struct Preloop {
     head: GateHead,

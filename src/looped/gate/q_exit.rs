@@ -3,6 +3,7 @@
 
 use super::{ExitGate, GateState, ItemRef, StepBounds, StepSignals};
 
+/// Ouro's exit rule: leave at the first step whose exit CDF reaches `q`.
 #[derive(Debug, Clone)]
 pub struct QExit {
     q: f32,

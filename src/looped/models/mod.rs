@@ -7,7 +7,7 @@ mod huginn;
 mod initial_state;
 mod ouro;
 
-pub use config::{HuginnConfig, OuroConfig, MAX_HUGINN_STEPS, MAX_OURO_LOOPS};
+pub use config::{HuginnConfig, OuroConfig};
 pub use huginn::Huginn;
 pub use initial_state::InitialState;
 pub use ouro::Ouro;
