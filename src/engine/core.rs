@@ -147,34 +147,13 @@ impl Engine {
         !self.core.live.is_empty() || !self.core.pending.is_empty() || in_flight
     }
 
-    /// Issues each launch before consuming the previous one's results (see [`Engine::step`]).
-    /// Only for looped schedulers that support it (depth batching with a gate that decides one
-    /// step ahead: lookahead, learned lookahead, preloop, replay, fixed); others get
-    /// `Error::InvalidOption`.
+    /// Issues each launch before consuming the previous one's results (see [`Engine::step`]),
+    /// where the model family and its scheduler allow it (looped models under depth batching
+    /// with a gate that decides one step ahead: lookahead, learned lookahead, preloop, replay,
+    /// fixed); otherwise `Error::InvalidOption`. Turning it off first consumes the launch in
+    /// flight (its events come with the next step).
     pub fn set_overlap(&mut self, on: bool) -> Result<()> {
-        let h = match &mut self.family {
-            Family::Looped(h) => h,
-            Family::Diffusion(_) if on => {
-                return Err(Error::InvalidOption("diffusion launches cannot overlap: each step's rows depend on the previous step's reveals".into()))
-            }
-            Family::Diffusion(_) => return Ok(()),
-        };
-        if on && !h.scheduler.supports_overlap() {
-            return Err(Error::InvalidOption(format!(
-                "scheduler `{}` cannot overlap launches with its gate (it needs each step's signal before the next launch)",
-                h.scheduler.name()
-            )));
-        }
-        if !on {
-            if let Some(done) = h.in_flight.take() {
-                let mut events = std::mem::take(&mut self.core.pending);
-                let r = self.core.consume(&mut **h, done, &mut events);
-                self.core.pending.extend(events);
-                r?;
-            }
-        }
-        h.overlap = on;
-        Ok(())
+        with_half!(&mut self.family, h => self.core.set_overlap(&mut **h, on))
     }
 
     /// Encodes text with the model's tokenizer.
@@ -376,6 +355,19 @@ impl Core {
             None => {}
         }
         Ok(events)
+    }
+
+    fn set_overlap<H: Half>(&mut self, half: &mut H, on: bool) -> Result<()> {
+        if on {
+            return half.start_overlap();
+        }
+        if let Some(done) = half.stop_overlap() {
+            let mut events = std::mem::take(&mut self.pending);
+            let r = self.consume(half, done, &mut events);
+            self.pending.extend(events);
+            r?;
+        }
+        Ok(())
     }
 
     /// Waits for a launch's results, hands them to the scheduler and turns its tokens into

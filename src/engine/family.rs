@@ -69,6 +69,14 @@ pub(crate) trait Half {
     fn collect(&mut self, pending: Self::Pending) -> candle_core::Result<Self::Result>;
     /// Hands the results to the scheduler and records the family's metrics.
     fn complete(&mut self, launch: &Self::Launch, result: Self::Result, metrics: &mut EngineMetrics) -> Completed;
+    /// Turns overlap on, or says why the family or its scheduler cannot.
+    fn start_overlap(&mut self) -> crate::Result<()> {
+        Err(crate::Error::InvalidOption("this model family's launches cannot overlap: each launch's rows depend on the previous one's results".into()))
+    }
+    /// Turns overlap off and hands back the launch still in flight, for the core to consume.
+    fn stop_overlap(&mut self) -> Option<Issued<Self::Launch, Self::Pending>> {
+        None
+    }
     /// With overlap on, parks `next` and returns the launch issued before it; otherwise returns
     /// `next` itself.
     fn swap_in_flight(&mut self, next: Option<Issued<Self::Launch, Self::Pending>>) -> Option<Issued<Self::Launch, Self::Pending>> {

@@ -86,6 +86,20 @@ impl Half for LoopedHalf {
         Completed { tokens, non_finite: result.non_finite }
     }
 
+    fn start_overlap(&mut self) -> crate::Result<()> {
+        if !self.scheduler.supports_overlap() {
+            return Err(crate::Error::InvalidOption(format!(
+                "scheduler `{}` cannot overlap launches with its gate (it needs each step's signal before the next launch)",
+                self.scheduler.name()
+            )));
+        }
+        self.overlap = true;
+        Ok(())
+    }
+    fn stop_overlap(&mut self) -> Option<Issued<LoopedLaunch, Pending>> {
+        self.overlap = false;
+        self.in_flight.take()
+    }
     fn swap_in_flight(&mut self, next: Option<Issued<LoopedLaunch, Pending>>) -> Option<Issued<LoopedLaunch, Pending>> {
         if self.overlap {
             std::mem::replace(&mut self.in_flight, next)
