@@ -110,6 +110,6 @@ pub(crate) fn build(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>
         .with_launch_checks(custom)
         .with_eviction(eviction, o.eviction_shadow)
         .with_phase_timing(o.time_phases);
-    let half = DiffusionHalf { runner, scheduler, requests: Requests::new(kv) };
-    Ok(Engine::assemble(Family::Diffusion(Box::new(half)), tokenizer, eos, common.chat_template, max_context, pool, common.kernels))
+    let half = DiffusionHalf { runner, scheduler };
+    Ok(Engine::assemble(Family::Diffusion(Box::new(half)), Requests::new(kv), tokenizer, eos, common.chat_template, max_context, pool, common.kernels))
 }

@@ -8,12 +8,11 @@ use crate::request::{GenerationParams, RequestId, TokenCompute};
 use crate::scheduler::Requests;
 use std::collections::HashMap;
 
-/// A diffusion model: its runner, scheduler and the requests it schedules. Launches run to
-/// completion when issued (the next step's rows depend on this step's reveals).
+/// A diffusion model: its runner and scheduler. Launches run to completion when issued (the
+/// next step's rows depend on this step's reveals).
 pub(crate) struct DiffusionHalf {
     pub runner: DiffusionRunner,
     pub scheduler: Box<dyn DiffusionScheduler>,
-    pub requests: Requests,
 }
 
 impl Half for DiffusionHalf {
@@ -21,17 +20,10 @@ impl Half for DiffusionHalf {
     type Pending = DenoiseResult;
     type Result = DenoiseResult;
 
-    fn requests(&self) -> &Requests {
-        &self.requests
-    }
-    fn requests_mut(&mut self) -> &mut Requests {
-        &mut self.requests
-    }
     fn scheduler_name(&self) -> &'static str {
         self.scheduler.name()
     }
-    fn end(&mut self, id: RequestId) {
-        self.requests.end(id);
+    fn finished(&mut self, id: RequestId) {
         self.scheduler.finished(id);
     }
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
@@ -47,8 +39,8 @@ impl Half for DiffusionHalf {
         }
         Ok(())
     }
-    fn schedule(&mut self) -> Option<DenoiseLaunch> {
-        self.scheduler.schedule(&mut self.requests)
+    fn schedule(&mut self, requests: &mut Requests) -> Option<DenoiseLaunch> {
+        self.scheduler.schedule(requests)
     }
     fn launch_requests(launch: &DenoiseLaunch) -> Vec<RequestId> {
         let mut ids: Vec<RequestId> = launch.rows.iter().map(|r| r.request).collect();
@@ -65,7 +57,7 @@ impl Half for DiffusionHalf {
         Ok(result)
     }
 
-    fn complete(&mut self, launch: &DenoiseLaunch, mut result: DenoiseResult, metrics: &mut EngineMetrics) -> Completed {
+    fn complete(&mut self, requests: &mut Requests, launch: &DenoiseLaunch, mut result: DenoiseResult, metrics: &mut EngineMetrics) -> Completed {
         // A readout's confidence 1 / Σ exp(l − max) is not finite exactly when its logits hold a
         // NaN or an infinity (a −∞ only at the masked-out mask token leaves it finite). Such a
         // row reveals nothing, and its request is the launch's typed non-finite outcome.
@@ -81,7 +73,7 @@ impl Half for DiffusionHalf {
             d.record(launch, &result);
             d.phases = self.runner.phase_times();
         }
-        let emitted = self.scheduler.complete(&mut self.requests, launch, &result);
+        let emitted = self.scheduler.complete(requests, launch, &result);
         if let (FamilyMetrics::Diffusion(d), Some((revealed, kept))) = (&mut metrics.family, self.scheduler.revealed_in_kept()) {
             (d.revealed, d.revealed_kept) = (revealed, kept);
         }

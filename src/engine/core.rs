@@ -37,7 +37,8 @@ macro_rules! with_half {
     };
 }
 
-/// Request bookkeeping shared by both families: live requests, pending events, metrics.
+/// Request bookkeeping shared by both families: live requests, the scheduler's requests and
+/// their KV, pending events, metrics.
 struct Core {
     tokenizer: Option<Tokenizer>,
     chat: Option<ChatTemplate>,
@@ -45,6 +46,8 @@ struct Core {
     max_context: usize,
     vocab_size: usize,
     live: HashMap<RequestId, Live>,
+    /// Waiting and running requests and their KV blocks, lent to the scheduler.
+    requests: Requests,
     pending: Vec<Event>,
     next_id: u64,
     metrics: EngineMetrics,
@@ -84,8 +87,10 @@ pub struct Engine {
 }
 
 impl Engine {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn assemble(
         family: Family,
+        requests: Requests,
         tokenizer: Option<Tokenizer>,
         eos: Vec<u32>,
         chat: Option<ChatTemplate>,
@@ -104,6 +109,7 @@ impl Engine {
             max_context,
             vocab_size,
             live: HashMap::new(),
+            requests,
             pending: Vec::new(),
             next_id: 0,
             metrics: EngineMetrics { kv_pool, family: family_metrics, ..EngineMetrics::default() },
@@ -130,7 +136,7 @@ impl Engine {
     }
     /// The requests the engine holds for its scheduler: waiting, running and their KV blocks.
     pub fn requests(&self) -> &Requests {
-        with_half!(&self.family, h => h.requests())
+        &self.core.requests
     }
     pub fn metrics(&self) -> &EngineMetrics {
         &self.core.metrics
@@ -310,7 +316,7 @@ impl Core {
         if positions > self.max_context {
             return reject(too_long);
         }
-        let kv = half.requests().kv();
+        let kv = self.requests.kv();
         let needed = kv.blocks_for(positions);
         if needed > kv.num_blocks() {
             return Err(Error::KvExhausted { id, needed_blocks: needed, total_blocks: kv.num_blocks() });
@@ -320,7 +326,7 @@ impl Core {
             return Ok((id, ids.len()));
         }
         let prompt_tokens = ids.len();
-        half.requests_mut().add(SchedRequest { id, prompt: ids, max_new_tokens: params.max_new_tokens });
+        self.requests.add(SchedRequest { id, prompt: ids, max_new_tokens: params.max_new_tokens });
         let live = Live {
             sampler: Sampler::new(params.sampling.clone()),
             issued: 0,
@@ -337,7 +343,7 @@ impl Core {
 
     fn step<H: Half>(&mut self, half: &mut H) -> Result<Vec<Event>> {
         let mut events = std::mem::take(&mut self.pending);
-        let issued = match half.schedule() {
+        let issued = match half.schedule(&mut self.requests) {
             Some(launch) => {
                 let started = Instant::now();
                 match half.issue(&launch, &mut self.live) {
@@ -383,7 +389,7 @@ impl Core {
         self.metrics.record(stage, rows, tokens, done.host + wait, wait, half.cost(&done.launch));
         let _launch = tracing::debug_span!("launch", stage, rows, tokens).entered();
         tracing::trace!(host_us = done.host.as_micros() as u64, wait_us = wait.as_micros() as u64, "results in");
-        let Completed { tokens, non_finite } = half.complete(&done.launch, result, &mut self.metrics);
+        let Completed { tokens, non_finite } = half.complete(&mut self.requests, &done.launch, result, &mut self.metrics);
         tracing::trace!(new_tokens = tokens.len(), "completed");
         for new in tokens {
             // Tokens of a request that finished (eos, stop, length) or was aborted are dropped.
@@ -398,7 +404,7 @@ impl Core {
                 events.push(Event::Finished { id, reason, text: live.detok.flush() });
             }
         }
-        self.metrics.preemptions = half.requests().preemptions();
+        self.metrics.preemptions = self.requests.preemptions();
         Ok(())
     }
 
@@ -418,7 +424,8 @@ impl Core {
     /// told.
     fn retire<H: Half>(&mut self, half: &mut H, id: RequestId) -> Option<Live> {
         let live = self.live.remove(&id)?;
-        half.end(id);
+        self.requests.end(id);
+        half.finished(id);
         Some(live)
     }
 

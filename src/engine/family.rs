@@ -39,12 +39,9 @@ pub(crate) trait Half {
     type Pending;
     type Result;
 
-    /// The requests the core owns for this family's scheduler: waiting, running, their KV.
-    fn requests(&self) -> &Requests;
-    fn requests_mut(&mut self) -> &mut Requests;
     fn scheduler_name(&self) -> &'static str;
-    /// Ends a request: its blocks freed, then its scheduler told to forget it.
-    fn end(&mut self, id: RequestId);
+    /// Tells the scheduler a request ended (the core has freed its blocks).
+    fn finished(&mut self, id: RequestId);
     /// Family-specific refusals of a request's parameters.
     fn validate(&self, _params: &GenerationParams) -> Result<(), InvalidRequest> {
         Ok(())
@@ -54,7 +51,7 @@ pub(crate) trait Half {
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
         prompt_len + max_new_tokens
     }
-    fn schedule(&mut self) -> Option<Self::Launch>;
+    fn schedule(&mut self, requests: &mut Requests) -> Option<Self::Launch>;
     /// Requests with a row in `launch` (each once, in row order).
     fn launch_requests(launch: &Self::Launch) -> Vec<RequestId>;
     /// Metrics key, rows and tokens of `launch`.
@@ -68,7 +65,7 @@ pub(crate) trait Half {
     /// Waits for an issued launch's results.
     fn collect(&mut self, pending: Self::Pending) -> candle_core::Result<Self::Result>;
     /// Hands the results to the scheduler and records the family's metrics.
-    fn complete(&mut self, launch: &Self::Launch, result: Self::Result, metrics: &mut EngineMetrics) -> Completed;
+    fn complete(&mut self, requests: &mut Requests, launch: &Self::Launch, result: Self::Result, metrics: &mut EngineMetrics) -> Completed;
     /// Turns overlap on, or says why the family or its scheduler cannot.
     fn start_overlap(&mut self) -> crate::Result<()> {
         Err(crate::Error::InvalidOption("this model family's launches cannot overlap: each launch's rows depend on the previous one's results".into()))

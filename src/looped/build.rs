@@ -120,8 +120,9 @@ pub(crate) fn build(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer
         .with_graph_capture(o.graph_capture)
         .with_device_timing(o.time_device)
         .with_latent_diff(latent_diff);
-    let half = LoopedHalf { runner, scheduler, requests: Requests::new(kv), overlap: false, in_flight: None };
-    let mut engine = Engine::assemble(Family::Looped(Box::new(half)), tokenizer, eos, common.chat_template.take(), max_context, pool, common.kernels);
+    let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
+    let mut engine =
+        Engine::assemble(Family::Looped(Box::new(half)), Requests::new(kv), tokenizer, eos, common.chat_template.take(), max_context, pool, common.kernels);
     engine.set_overlap(o.overlap)?;
     Ok(engine)
 }

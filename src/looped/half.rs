@@ -8,12 +8,10 @@ use crate::sampling::RowSampling;
 use crate::scheduler::Requests;
 use std::collections::HashMap;
 
-/// A looped model: its runner, scheduler, the requests it schedules, and the launch in flight
-/// under overlap.
+/// A looped model: its runner, scheduler, and the launch in flight under overlap.
 pub(crate) struct LoopedHalf {
     pub runner: LoopedRunner,
     pub scheduler: Box<dyn LoopedScheduler>,
-    pub requests: Requests,
     pub overlap: bool,
     pub in_flight: Option<Issued<LoopedLaunch, Pending>>,
 }
@@ -23,21 +21,14 @@ impl Half for LoopedHalf {
     type Pending = Pending;
     type Result = LoopedResult;
 
-    fn requests(&self) -> &Requests {
-        &self.requests
-    }
-    fn requests_mut(&mut self) -> &mut Requests {
-        &mut self.requests
-    }
     fn scheduler_name(&self) -> &'static str {
         self.scheduler.name()
     }
-    fn end(&mut self, id: RequestId) {
-        self.requests.end(id);
+    fn finished(&mut self, id: RequestId) {
         self.scheduler.finished(id);
     }
-    fn schedule(&mut self) -> Option<LoopedLaunch> {
-        self.scheduler.schedule(&mut self.requests)
+    fn schedule(&mut self, requests: &mut Requests) -> Option<LoopedLaunch> {
+        self.scheduler.schedule(requests)
     }
     fn launch_requests(launch: &LoopedLaunch) -> Vec<RequestId> {
         launch.rows.iter().map(|r| r.request).collect()
@@ -65,11 +56,11 @@ impl Half for LoopedHalf {
         self.runner.collect(pending)
     }
 
-    fn complete(&mut self, launch: &LoopedLaunch, result: LoopedResult, metrics: &mut EngineMetrics) -> Completed {
+    fn complete(&mut self, requests: &mut Requests, launch: &LoopedLaunch, result: LoopedResult, metrics: &mut EngineMetrics) -> Completed {
         if let Some(span) = self.runner.last_device_time() {
             metrics.record_device(launch.stage.name(), span);
         }
-        self.scheduler.complete(&mut self.requests, launch, &result);
+        self.scheduler.complete(requests, launch, &result);
         if let FamilyMetrics::Looped(m) = &mut metrics.family {
             (m.graph_captures, m.graph_replays) = self.runner.graph_stats();
             m.depth_histogram.clear();

@@ -5,6 +5,7 @@
 //! block-causal attention with blocks from position 0, no logit shift, untied head.
 
 use super::moe::{RouterArch, Scoring};
+use super::transformer::qwen_named_arch;
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, MoeArch, Naming};
 use crate::diffusion::models::Llada2Config;
 use crate::loader::Weights;
@@ -30,30 +31,17 @@ impl Llada2 {
 
     pub fn arch(cfg: &Llada2Config) -> DenseArch {
         let router = Self::router(cfg);
-        DenseArch {
+        qwen_named_arch!(cfg, {
             naming: Naming::LLADA2,
             model_type: "llada2_moe".into(),
-            vocab_size: cfg.vocab_size,
-            table_rows: cfg.vocab_size,
-            hidden_size: cfg.hidden_size,
-            intermediate_size: cfg.intermediate_size,
-            num_layers: cfg.num_hidden_layers,
-            num_heads: cfg.num_attention_heads,
-            num_kv_heads: cfg.kv_heads(),
-            head_dim: cfg.head_dim(),
             rotary_dim: cfg.rotary_dim(),
-            rope_theta: cfg.rope_theta,
-            rms_norm_eps: cfg.rms_norm_eps,
             qk_norm: cfg.use_qk_norm,
             qkv_bias: false,
-            tie_embeddings: cfg.tie_word_embeddings,
             attention: DiffusionAttention::BlockCausal,
             shift_logits: false,
-            mask_token_id: cfg.mask_token_id(),
             block_length: Some(cfg.block_size.unwrap_or(Llada2Config::DEFAULT_BLOCK)),
             // The released generate's and the tech report's setting.
             unmask_threshold: Some(0.95),
-            max_context: cfg.max_position_embeddings,
             // A config whose layers are all dense (`first_k_dense_replace` covers them) has no
             // router to check or build, as its validation already allows.
             moe: (cfg.num_hidden_layers > cfg.first_k_dense_replace).then(|| MoeArch {
@@ -63,7 +51,7 @@ impl Llada2 {
                 shared_experts: cfg.num_shared_experts,
                 expert_bias: cfg.moe_router_enable_expert_bias,
             }),
-        }
+        })
     }
 
     pub fn load(cfg: &Llada2Config, w: &Weights) -> crate::Result<DenseDiffusion> {

@@ -4,6 +4,7 @@
 //! top-k, optionally renormalised, no shared expert.
 
 use super::moe::{RouterArch, Scoring};
+use super::transformer::qwen_named_arch;
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, MoeArch, Naming};
 use crate::diffusion::models::SdarConfig;
 use crate::loader::Weights;
@@ -27,26 +28,14 @@ impl Sdar {
     }
 
     pub fn arch(cfg: &SdarConfig) -> DenseArch {
-        DenseArch {
+        qwen_named_arch!(cfg, {
             naming: Naming::QWEN,
             model_type: cfg.model_type.clone(),
-            vocab_size: cfg.vocab_size,
-            table_rows: cfg.vocab_size,
-            hidden_size: cfg.hidden_size,
-            intermediate_size: cfg.intermediate_size,
-            num_layers: cfg.num_hidden_layers,
-            num_heads: cfg.num_attention_heads,
-            num_kv_heads: cfg.kv_heads(),
-            head_dim: cfg.head_dim(),
             rotary_dim: cfg.head_dim(),
-            rope_theta: cfg.rope_theta,
-            rms_norm_eps: cfg.rms_norm_eps,
             qk_norm: true,
             qkv_bias: false,
-            tie_embeddings: cfg.tie_word_embeddings,
             attention: DiffusionAttention::BlockCausal,
             shift_logits: false,
-            mask_token_id: cfg.mask_token_id(),
             block_length: cfg.block_size,
             // Qwen3-MoE: softmax router, no groups, no bias, no shared expert.
             moe: cfg.moe_layers().contains(&true).then(|| MoeArch {
@@ -57,8 +46,7 @@ impl Sdar {
                 expert_bias: false,
             }),
             unmask_threshold: None,
-            max_context: cfg.max_position_embeddings,
-        }
+        })
     }
 
     pub fn load(cfg: &SdarConfig, w: &Weights) -> crate::Result<DenseDiffusion> {

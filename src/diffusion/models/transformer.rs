@@ -143,6 +143,34 @@ pub struct DenseArch {
     pub moe: Option<MoeArch>,
 }
 
+/// A [`DenseArch`] from a config that names its dimensions as the Qwen-style configs do
+/// (`vocab_size`, `hidden_size`, `intermediate_size`, `num_hidden_layers`,
+/// `num_attention_heads`, `kv_heads()`, `head_dim()`, `rope_theta`, `rms_norm_eps`,
+/// `tie_word_embeddings`, `mask_token_id()`, `max_position_embeddings`), with the family's own
+/// fields after it.
+macro_rules! qwen_named_arch {
+    ($cfg:expr, { $($field:ident : $value:expr),* $(,)? }) => {{
+        let cfg = $cfg;
+        $crate::diffusion::models::DenseArch {
+            vocab_size: cfg.vocab_size,
+            table_rows: cfg.vocab_size,
+            hidden_size: cfg.hidden_size,
+            intermediate_size: cfg.intermediate_size,
+            num_layers: cfg.num_hidden_layers,
+            num_heads: cfg.num_attention_heads,
+            num_kv_heads: cfg.kv_heads(),
+            head_dim: cfg.head_dim(),
+            rope_theta: cfg.rope_theta,
+            rms_norm_eps: cfg.rms_norm_eps,
+            tie_embeddings: cfg.tie_word_embeddings,
+            mask_token_id: cfg.mask_token_id(),
+            max_context: cfg.max_position_embeddings,
+            $($field: $value),*
+        }
+    }};
+}
+pub(crate) use qwen_named_arch;
+
 /// The MoE part of a [`DenseArch`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeArch {
