@@ -1,7 +1,7 @@
 # What every device call script shares. Source it from the call's script, on the device:
 #
 #     source tools/device/call.sh "$0"        # first line after `set -u`
-#     tests 230 decode_ cuda_graphs            # gpu_kernels --test-threads 1 [filters]
+#     tests 230 decode_ cuda_graphs            # gpu_kernels [filters]
 #     bench cb16_new 40 .device/bench_looped --suite cb --widths 16 --new-tokens 256
 #     bench cb16_deep 40 .device/bench_looped --suite cb --widths 16 --kernels simt-deep=two
 #     run smi 10 nvidia-smi                      # any command: its log and exit status
@@ -41,11 +41,11 @@ run() {
   return 0
 }
 
-# tests TIMEOUT [FILTER...]: the device test suite, one test at a time.
+# tests TIMEOUT [FILTER...]: the device test suite.
 tests() {
   local limit=$1
   shift
-  run tests "$limit" .device/gpu_kernels --test-threads 1 "$@"
+  run tests "$limit" .device/gpu_kernels "$@"
 }
 
 # bench LABEL TIMEOUT [env VAR=V…] BINARY ARGS...: a benchmark run with its commit and JSON.
