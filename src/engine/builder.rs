@@ -71,9 +71,6 @@ impl Common {
     }
 }
 
-/// Most requests a looped engine may hold resident (`max_num_seqs` + `coda_reserve`).
-pub const MAX_RESIDENT: usize = 1 << 20;
-
 /// A model directory, with options for whichever family its checkpoint turns out to be.
 pub struct Checkpoint {
     path: PathBuf,

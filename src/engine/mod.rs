@@ -12,7 +12,6 @@ mod metrics;
 
 pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId, TokenCompute};
 pub(crate) use builder::Common;
-pub(crate) use builder::MAX_RESIDENT;
 pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped};
 pub(crate) use core::Family;
 pub use core::{Engine, ModelSpec};

@@ -7,11 +7,14 @@ use super::layout::{check_layout, KvLayoutKind};
 use super::models::LoopedModel;
 use super::runner::LoopedRunner;
 use super::{ContinuousBatching, DepthBatching, DepthConfig, LoopedHalf, LoopedOptions, LoopedScheduler, SchedulerContext, SchedulerKind};
-use crate::engine::{Common, Engine, Family, KvPoolStats, MAX_RESIDENT};
+use crate::engine::{Common, Engine, Family, KvPoolStats};
 use crate::kv::{KvManager, MemoryNeed};
 use crate::scheduler::Requests;
 use crate::{Error, Result};
 use tokenizers::Tokenizer;
+
+/// Most requests a looped engine may hold resident (`max_num_seqs` + `coda_reserve`).
+const MAX_RESIDENT: usize = 1 << 20;
 
 /// The looped half: KV layout and gate checked against the model and the scheduler, the state
 /// bank sized by the scheduler, CUDA graphs and overlap as asked.
