@@ -1,0 +1,61 @@
+//! Errors as OpenAI returns them: a status and `{"error": {message, type, param, code}}`.
+
+use crate::api::{ErrorBody, ErrorDetail};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ponder::{Error, InvalidRequest};
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// A 400 for the client's request, naming the field at fault where there is one.
+    pub fn bad(message: String, param: Option<&str>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, message, kind: "invalid_request_error", param: param.map(str::to_string), code: None }
+    }
+
+    pub fn model_not_found(asked: &str, served: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{asked}` does not exist; this server serves `{served}`"),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        }
+    }
+
+    pub fn unavailable(message: String) -> Self {
+        Self { status: StatusCode::SERVICE_UNAVAILABLE, message, kind: "server_error", param: None, code: None }
+    }
+
+    /// An engine error for one request: the client's fault (400) where the request is what the
+    /// engine refused, the server's (500 / 503) otherwise.
+    pub fn from_engine(e: Error, prompt_field: &str, limit_field: &str) -> Self {
+        let bad = |param: &str, code| Self { code, ..Self::bad(e.to_string(), Some(param)) };
+        match &e {
+            Error::InvalidRequest { reason: InvalidRequest::TooLong { .. }, .. } => bad(limit_field, Some("context_length_exceeded")),
+            Error::InvalidRequest { reason: InvalidRequest::BadSampling(_), .. } => bad("temperature", None),
+            Error::InvalidRequest { .. } | Error::Tokenizer(_) | Error::ChatTemplate(_) => bad(prompt_field, None),
+            Error::KvExhausted { .. } => bad(limit_field, Some("context_length_exceeded")),
+            Error::EngineStopped => Self::unavailable(e.to_string()),
+            _ => Self { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), kind: "server_error", param: None, code: None },
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody { error: ErrorDetail { message: self.message.clone(), kind: self.kind, param: self.param.clone(), code: self.code } }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}

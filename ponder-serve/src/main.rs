@@ -1,0 +1,101 @@
+//! `ponder-serve`: an OpenAI-compatible server for one model.
+//!
+//!     cargo run --release -p ponder-serve                        # the tiny Ouro, CPU, 127.0.0.1:8000
+//!     cargo run --release -p ponder-serve -- --model assets/tiny-sdar --port 8080
+
+use clap::Parser;
+use ponder::config::ModelConfig;
+use ponder::loader::ModelDir;
+use ponder::{DType, Device, EngineBuilder};
+use ponder_serve::{router, AppState, Defaults};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Parser, Debug)]
+#[command(about = "An OpenAI-compatible HTTP server for a Ponder engine")]
+struct Args {
+    /// A checkpoint directory (config.json, safetensors, tokenizer.json).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/tiny-ouro"))]
+    model: PathBuf,
+    /// The model id clients name (default: the directory's name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Run on CUDA device 0 (a build with `--features cuda`).
+    #[arg(long)]
+    cuda: bool,
+    /// bf16 weights and activations (default f32 on the CPU, bf16 on CUDA).
+    #[arg(long)]
+    bf16: bool,
+    /// Most requests decoding at once.
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    /// Most prompt tokens one prefill launch holds.
+    #[arg(long)]
+    max_num_batched_tokens: Option<usize>,
+    /// Share of free device memory the KV pool takes.
+    #[arg(long)]
+    kv_memory_fraction: Option<f64>,
+    /// Chat completions that name no token limit stop after this many tokens.
+    #[arg(long, default_value_t = 256)]
+    default_max_tokens: u64,
+    /// The temperature of requests that name none (default: OpenAI's 1 for looped models, 0 for
+    /// diffusion models, which decode greedily).
+    #[arg(long)]
+    default_temperature: Option<f32>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    let a = Args::parse();
+    let looped = matches!(ModelDir::open(&a.model)?.config, ModelConfig::Ouro(_) | ModelConfig::Huginn(_));
+    let mut b = EngineBuilder::new(&a.model);
+    if a.cuda {
+        b = b.device(Device::new_cuda(0)?).dtype(DType::BF16);
+    }
+    if a.bf16 {
+        b = b.dtype(DType::BF16);
+    }
+    if let Some(n) = a.max_num_seqs {
+        b = b.max_num_seqs(n);
+    }
+    if let Some(n) = a.max_num_batched_tokens {
+        b = b.max_num_batched_tokens(n);
+    }
+    if let Some(f) = a.kv_memory_fraction {
+        b = b.kv_memory_fraction(f);
+    }
+    let name = a.served_model_name.clone().unwrap_or_else(|| {
+        let canonical = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
+        canonical.file_name().map_or("model".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let defaults = Defaults { model: name, max_tokens: a.default_max_tokens, temperature: a.default_temperature.unwrap_or(if looped { 1.0 } else { 0.0 }) };
+    let state = Arc::new(AppState { engine: b.spawn()?, defaults });
+    let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
+    eprintln!("serving `{}` on http://{}", state.defaults.model, listener.local_addr()?);
+    axum::serve(listener, router(state, a.max_body_bytes)).with_graceful_shutdown(shutdown()).await?;
+    Ok(())
+}
+
+/// SIGINT or SIGTERM: stop accepting, let the streams in flight finish, exit 0.
+async fn shutdown() {
+    let term = async {
+        #[cfg(unix)]
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+            return;
+        }
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,288 @@
+//! The endpoints: a request is parsed, handed to the engine thread, and its events come back as
+//! one JSON answer or as server-sent events. A client that goes away drops its event channel;
+//! the forwarding thread then drops the request's stream, and the engine aborts the request (its
+//! KV freed) at its next token.
+
+use crate::api::*;
+use crate::error::ApiError;
+use crate::params::{self, Defaults, Parsed};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream};
+use ponder::{EngineHandle, Event, FinishReason, RequestStream};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+/// What every handler shares: the engine thread and the defaults of omitted fields.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub defaults: Defaults,
+}
+
+/// The server's routes over `state`; `max_body_bytes` bounds a request body.
+pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(max_body_bytes))
+        .with_state(state)
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList { object: "list", data: vec![Model { id: s.defaults.model.clone(), object: "model", created: 0, owned_by: "ponder" }] })
+}
+
+/// Which endpoint a request came through: what its answers look like.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+async fn completions(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    match params::completion(&body, &s.defaults) {
+        Ok(p) => run(s, p, Kind::Completion).await.unwrap_or_else(IntoResponse::into_response),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn chat(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    match params::chat(&body, &s.defaults) {
+        Ok(p) => run(s, p, Kind::Chat).await.unwrap_or_else(IntoResponse::into_response),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// One of a request's events as the handler sees it.
+enum Step {
+    /// A generated token's text (`token`), or text held back until the request ended.
+    Text {
+        text: String,
+        token: bool,
+        compute: Option<ponder::TokenCompute>,
+    },
+    Done(FinishReason),
+}
+
+/// What the engine said when it took a request.
+struct Admitted {
+    id: u64,
+    prompt_tokens: usize,
+    steps: mpsc::UnboundedReceiver<Step>,
+}
+
+/// Submits the request and forwards its events from the engine thread into a channel the async
+/// side reads. The forwarder ends when the request finishes or the receiver is dropped (the
+/// client went away): dropping the request's stream then makes the engine abort it.
+async fn submit(s: &Arc<AppState>, p: Parsed, kind: Kind) -> Result<Admitted, ApiError> {
+    let state = s.clone();
+    let (prompt_field, limit_field) = match kind {
+        Kind::Completion => ("prompt", "max_tokens"),
+        Kind::Chat => ("messages", "max_completion_tokens"),
+    };
+    let stream = tokio::task::spawn_blocking(move || state.engine.submit(p.prompt, p.params))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("the engine thread is gone: {e}")))?
+        .map_err(|e| ApiError::from_engine(e, prompt_field, limit_field))?;
+    let (tx, steps) = mpsc::unbounded_channel();
+    let (id, prompt_tokens) = (stream.id.0, stream.prompt_tokens);
+    tokio::task::spawn_blocking(move || forward(stream, tx));
+    Ok(Admitted { id, prompt_tokens, steps })
+}
+
+fn forward(stream: RequestStream, tx: mpsc::UnboundedSender<Step>) {
+    for ev in stream {
+        let (step, done) = match ev {
+            Event::Token { text, compute, .. } => (Step::Text { text, token: true, compute }, false),
+            Event::Finished { reason, text, .. } => {
+                if !text.is_empty() && tx.send(Step::Text { text, token: false, compute: None }).is_err() {
+                    return;
+                }
+                (Step::Done(reason), true)
+            }
+        };
+        if tx.send(step).is_err() || done {
+            return;
+        }
+    }
+}
+
+fn finish_reason(r: &FinishReason) -> Result<&'static str, ApiError> {
+    match r {
+        FinishReason::Eos | FinishReason::Stop(_) | FinishReason::Aborted => Ok("stop"),
+        FinishReason::Length => Ok("length"),
+        FinishReason::Error(m) => {
+            Err(ApiError { status: axum::http::StatusCode::INTERNAL_SERVER_ERROR, message: m.clone(), kind: "server_error", param: None, code: None })
+        }
+    }
+}
+
+async fn run(s: Arc<AppState>, p: Parsed, kind: Kind) -> Result<Response, ApiError> {
+    let (stream, include_usage) = (p.stream, p.include_usage);
+    let a = submit(&s, p, kind).await?;
+    let ids = Ids { id: a.id, model: s.defaults.model.clone(), created: now(), kind };
+    if stream {
+        return Ok(axum::response::Sse::new(sse(ids, a, include_usage)).keep_alive(KeepAlive::default()).into_response());
+    }
+    let Admitted { prompt_tokens, mut steps, .. } = a;
+    let (mut text, mut info, mut tokens) = (String::new(), PonderInfo::default(), 0);
+    let reason = loop {
+        match steps.recv().await {
+            Some(Step::Text { text: t, token, compute }) => {
+                text += &t;
+                tokens += token as usize;
+                info.push(compute);
+            }
+            Some(Step::Done(r)) => break finish_reason(&r)?,
+            None => return Err(ApiError::unavailable("the engine stopped before the request finished".into())),
+        }
+    };
+    let usage = Usage::new(prompt_tokens, tokens);
+    Ok(match kind {
+        Kind::Completion => Json(Completion {
+            id: ids.name(),
+            object: "text_completion",
+            created: ids.created,
+            model: ids.model,
+            choices: vec![CompletionChoice { index: 0, text, logprobs: None, finish_reason: Some(reason), ponder: info }],
+            usage: Some(usage),
+        })
+        .into_response(),
+        Kind::Chat => Json(ChatCompletion {
+            id: ids.name(),
+            object: "chat.completion",
+            created: ids.created,
+            model: ids.model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage { role: "assistant", content: text },
+                logprobs: None,
+                finish_reason: reason,
+                ponder: info,
+            }],
+            usage,
+        })
+        .into_response(),
+    })
+}
+
+/// What every answer of one request repeats.
+#[derive(Clone)]
+struct Ids {
+    id: u64,
+    model: String,
+    created: u64,
+    kind: Kind,
+}
+
+impl Ids {
+    fn name(&self) -> String {
+        match self.kind {
+            Kind::Completion => format!("cmpl-{}", self.id),
+            Kind::Chat => format!("chatcmpl-{}", self.id),
+        }
+    }
+
+    /// One stream chunk: a piece of text, a finish reason, or (with no choice) the usage.
+    fn chunk(&self, text: Option<String>, first: bool, finish: Option<&'static str>, info: PonderInfo, usage: Option<Usage>) -> serde_json::Value {
+        let no_choice = usage.is_some();
+        let value = match self.kind {
+            Kind::Completion => serde_json::to_value(Completion {
+                id: self.name(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: if no_choice {
+                    vec![]
+                } else {
+                    vec![CompletionChoice { index: 0, text: text.unwrap_or_default(), logprobs: None, finish_reason: finish, ponder: info }]
+                },
+                usage,
+            }),
+            Kind::Chat => serde_json::to_value(ChatChunk {
+                id: self.name(),
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: self.model.clone(),
+                choices: if no_choice {
+                    vec![]
+                } else {
+                    vec![ChatChunkChoice {
+                        index: 0,
+                        delta: Delta { role: first.then_some("assistant"), content: text },
+                        logprobs: None,
+                        finish_reason: finish,
+                        ponder: info,
+                    }]
+                },
+                usage,
+            }),
+        };
+        value.unwrap_or_default()
+    }
+}
+
+/// The request's events as server-sent events: a chunk per token, one with the finish reason,
+/// the usage when asked for, then `[DONE]`. An engine error ends the stream with an error object.
+fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<Sse, Infallible>> {
+    struct S {
+        ids: Ids,
+        steps: mpsc::UnboundedReceiver<Step>,
+        prompt_tokens: usize,
+        tokens: usize,
+        first: bool,
+        include_usage: bool,
+        tail: Vec<Sse>,
+        over: bool,
+    }
+    let state = S { ids, steps: a.steps, prompt_tokens: a.prompt_tokens, tokens: 0, first: true, include_usage, tail: Vec::new(), over: false };
+    stream::unfold(state, |mut s| async move {
+        if let Some(ev) = s.tail.pop() {
+            return Some((Ok(ev), s));
+        }
+        if s.over {
+            return None;
+        }
+        let json = |v: serde_json::Value| Sse::default().data(v.to_string());
+        let ev = match s.steps.recv().await {
+            Some(Step::Text { text, token, compute }) => {
+                s.tokens += token as usize;
+                let mut info = PonderInfo::default();
+                info.push(compute);
+                let ev = json(s.ids.chunk(Some(text), s.first, None, info, None));
+                s.first = false;
+                ev
+            }
+            Some(Step::Done(reason)) => {
+                s.over = true;
+                s.tail.push(Sse::default().data("[DONE]"));
+                match finish_reason(&reason) {
+                    Ok(r) => {
+                        if s.include_usage {
+                            s.tail.push(json(s.ids.chunk(None, false, None, PonderInfo::default(), Some(Usage::new(s.prompt_tokens, s.tokens)))));
+                        }
+                        json(s.ids.chunk(None, s.first, Some(r), PonderInfo::default(), None))
+                    }
+                    Err(e) => json(serde_json::to_value(e.body()).unwrap_or_default()),
+                }
+            }
+            None => {
+                s.over = true;
+                json(serde_json::to_value(ApiError::unavailable("the engine stopped before the request finished".into()).body()).unwrap_or_default())
+            }
+        };
+        Some((Ok(ev), s))
+    })
+}

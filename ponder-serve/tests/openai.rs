@@ -1,0 +1,130 @@
+//! The server on loopback, driven over HTTP as an OpenAI client drives it: answers equal the
+//! engine's own output for the same request, streams end as OpenAI's do, and bad requests get a
+//! 400 naming the field. Every test binds 127.0.0.1:0 and is bounded in time.
+
+use ponder::{EngineBuilder, GenerationParams};
+use ponder_serve::{router, AppState, Defaults};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn asset(name: &str) -> String {
+    format!("{}/../assets/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A server for `model` on a free loopback port; it stops with the test's runtime.
+async fn serve(model: &str, temperature: f32) -> String {
+    let engine = EngineBuilder::new(asset(model)).max_num_seqs(4).spawn().unwrap();
+    let state = Arc::new(AppState { engine, defaults: Defaults { model: model.into(), max_tokens: 16, temperature } });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router(state, 1 << 20)).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// What `Engine::generate` gives for the same prompt, greedy.
+fn engine_text(model: &str, prompt: ponder::Prompt, max_tokens: usize) -> String {
+    let mut e = EngineBuilder::new(asset(model)).build().unwrap();
+    e.generate([prompt], &GenerationParams::greedy(max_tokens)).unwrap().remove(0).unwrap().text
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+/// The `data:` payloads of a server-sent event stream, in order.
+async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
+    let text = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap().text().await.unwrap();
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+async fn bounded<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(120), f).await.expect("the test ran past its time bound")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_chat_equal_the_engine_streamed_or_not() {
+    bounded(async {
+        for model in ["tiny-ouro", "tiny-sdar"] {
+            let base = serve(model, 0.0).await;
+            let (status, r) = post(&base, "/v1/completions", json!({"model": model, "prompt": "Ownership in Rust", "max_tokens": 12, "temperature": 0})).await;
+            assert_eq!(status, 200, "{r}");
+            let want = engine_text(model, "Ownership in Rust".into(), 12);
+            assert_eq!(r["choices"][0]["text"], want, "{model}");
+            assert_eq!(r["usage"]["completion_tokens"], 12);
+            let key = if model == "tiny-ouro" { "loop_steps" } else { "denoise_steps" };
+            assert_eq!(r["choices"][0]["ponder"][key].as_array().map(Vec::len), Some(12), "{model}: {r}");
+
+            let chat = json!({"model": model, "messages": [{"role": "user", "content": "What is a trait?"}], "max_completion_tokens": 10, "temperature": 0});
+            let (status, whole) = post(&base, "/v1/chat/completions", chat.clone()).await;
+            assert_eq!(status, 200, "{whole}");
+            let mut streamed = chat;
+            streamed["stream"] = json!(true);
+            streamed["stream_options"] = json!({"include_usage": true});
+            let events = stream(&base, "/v1/chat/completions", streamed).await;
+            assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+            let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+            let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+            assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap(), "{model}: streamed and whole differ");
+            assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+            let usage = chunks.last().unwrap();
+            assert_eq!((usage["choices"].as_array().map(Vec::len), &usage["usage"]), (Some(0), &whole["usage"]));
+            assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "length"));
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_a_400_naming_the_field() {
+    bounded(async {
+        let base = serve("tiny-ouro", 1.0).await;
+        let cases = [
+            (json!({"model": "tiny-ouro", "prompt": "x", "temprature": 0.5}), 400, "temprature"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "max_tokens": "ten"}), 400, "max_tokens"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "max_tokens": 0}), 400, "max_tokens"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "max_tokens": 1_000_000}), 400, "max_tokens"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "temperature": -1}), 400, "temperature"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "top_p": 0}), 400, "top_p"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "n": 2}), 400, "n"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "logprobs": 2}), 400, "logprobs"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}), 400, "stop"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "stream_options": {"include_usage": true}}), 400, "stream_options"),
+            (json!({"model": "tiny-ouro", "prompt": [1, 2, 1_000_000]}), 400, "prompt"),
+            (json!({"model": "other", "prompt": "x"}), 404, "model"),
+        ];
+        for (body, status, field) in cases {
+            let (got, r) = post(&base, "/v1/completions", body.clone()).await;
+            assert_eq!((got, r["error"]["param"].as_str()), (status, Some(field)), "{body} → {r}");
+            assert!(r["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        }
+        let (got, r) = post(&base, "/v1/chat/completions", json!({"model": "tiny-ouro", "messages": [{"role": "wizard", "content": "x"}]})).await;
+        assert_eq!((got, r["error"]["param"].as_str()), (400, Some("messages[0].role")), "{r}");
+        let raw = reqwest::Client::new().post(format!("{base}/v1/completions")).body("{not json").send().await.unwrap();
+        assert_eq!(raw.status().as_u16(), 400);
+        // The server still serves after all of that.
+        let (ok, _) = post(&base, "/v1/completions", json!({"model": "tiny-ouro", "prompt": "fn main", "max_tokens": 2, "seed": 7})).await;
+        assert_eq!(ok, 200);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_stream_does_not_stop_the_others() {
+    bounded(async {
+        let base = serve("tiny-ouro", 0.0).await;
+        let client = reqwest::Client::new();
+        let long = json!({"model": "tiny-ouro", "prompt": "Traits", "max_tokens": 400, "ignore_eos": true, "stream": true});
+        for _ in 0..3 {
+            let mut r = client.post(format!("{base}/v1/completions")).json(&long).send().await.unwrap();
+            assert!(r.chunk().await.unwrap().is_some(), "the stream starts");
+            drop(r); // the client goes away
+        }
+        let (status, r) = post(&base, "/v1/completions", json!({"model": "tiny-ouro", "prompt": "Closures", "max_tokens": 8, "temperature": 0})).await;
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["choices"][0]["text"], engine_text("tiny-ouro", "Closures".into(), 8));
+    })
+    .await
+}
