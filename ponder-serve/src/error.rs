@@ -31,6 +31,17 @@ impl ApiError {
         }
     }
 
+    /// A 429: the server holds as many requests as it takes; the client may retry in a second.
+    pub fn busy(in_flight: usize) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!("the server is full ({in_flight} requests running or waiting); retry later"),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("server_busy"),
+        }
+    }
+
     pub fn unavailable(message: String) -> Self {
         Self { status: StatusCode::SERVICE_UNAVAILABLE, message, kind: "server_error", param: None, code: None }
     }
@@ -56,6 +67,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        r
     }
 }

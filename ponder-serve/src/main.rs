@@ -46,6 +46,10 @@ struct Args {
     /// diffusion models, which decode greedily).
     #[arg(long)]
     default_temperature: Option<f32>,
+    /// Requests that may wait for admission beyond the `max_num_seqs` running; one more is
+    /// answered 429 with `Retry-After`.
+    #[arg(long, default_value_t = 256)]
+    max_waiting: usize,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
@@ -77,7 +81,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         canonical.file_name().map_or("model".into(), |n| n.to_string_lossy().into_owned())
     });
     let defaults = Defaults { model: name, max_tokens: a.default_max_tokens, temperature: a.default_temperature.unwrap_or(if looped { 1.0 } else { 0.0 }) };
-    let state = Arc::new(AppState { engine: b.spawn()?, defaults });
+    let running = a.max_num_seqs.unwrap_or(ponder::scheduler::SchedulerLimits::default().max_num_seqs);
+    let state = Arc::new(AppState::new(b.spawn()?, defaults, running.saturating_add(a.max_waiting)));
     let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
     eprintln!("serving `{}` on http://{}", state.defaults.model, listener.local_addr()?);
     axum::serve(listener, router(state, a.max_body_bytes)).with_graceful_shutdown(shutdown()).await?;

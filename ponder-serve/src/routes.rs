@@ -15,14 +15,47 @@ use axum::{Json, Router};
 use futures_util::stream::{self, Stream};
 use ponder::{EngineHandle, Event, FinishReason, RequestStream};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
-/// What every handler shares: the engine thread and the defaults of omitted fields.
+/// What every handler shares: the engine thread, the defaults of omitted fields and the bound on
+/// requests held at once.
 pub struct AppState {
     pub engine: EngineHandle,
     pub defaults: Defaults,
+    /// Requests running or waiting at most (`max_num_seqs` + the waiting queue's bound); one
+    /// more is a 429.
+    pub max_in_flight: usize,
+    /// Requests submitted and not finished.
+    pub in_flight: AtomicUsize,
+}
+
+impl AppState {
+    pub fn new(engine: EngineHandle, defaults: Defaults, max_in_flight: usize) -> Self {
+        Self { engine, defaults, max_in_flight, in_flight: AtomicUsize::new(0) }
+    }
+}
+
+/// One request's place in [`AppState::in_flight`], given back when it is dropped.
+struct Slot(Arc<AppState>);
+
+impl Slot {
+    fn take(s: &Arc<AppState>) -> Result<Self, ApiError> {
+        let held = s.in_flight.fetch_add(1, Ordering::AcqRel);
+        if held >= s.max_in_flight {
+            s.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(ApiError::busy(held));
+        }
+        Ok(Self(s.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The server's routes over `state`; `max_body_bytes` bounds a request body.
@@ -30,6 +63,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(max_body_bytes))
@@ -38,6 +72,14 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
 
 fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    let state = s.clone();
+    match tokio::task::spawn_blocking(move || state.engine.metrics()).await {
+        Ok(Ok(m)) => ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render(&m)).into_response(),
+        _ => ApiError::unavailable("the engine stopped".into()).into_response(),
+    }
 }
 
 async fn models(State(s): State<Arc<AppState>>) -> Json<ModelList> {
@@ -87,6 +129,7 @@ struct Admitted {
 /// side reads. The forwarder ends when the request finishes or the receiver is dropped (the
 /// client went away): dropping the request's stream then makes the engine abort it.
 async fn submit(s: &Arc<AppState>, p: Parsed, kind: Kind) -> Result<Admitted, ApiError> {
+    let slot = Slot::take(s)?;
     let state = s.clone();
     let (prompt_field, limit_field) = match kind {
         Kind::Completion => ("prompt", "max_tokens"),
@@ -98,7 +141,10 @@ async fn submit(s: &Arc<AppState>, p: Parsed, kind: Kind) -> Result<Admitted, Ap
         .map_err(|e| ApiError::from_engine(e, prompt_field, limit_field))?;
     let (tx, steps) = mpsc::unbounded_channel();
     let (id, prompt_tokens) = (stream.id.0, stream.prompt_tokens);
-    tokio::task::spawn_blocking(move || forward(stream, tx));
+    tokio::task::spawn_blocking(move || {
+        forward(stream, tx);
+        drop(slot);
+    });
     Ok(Admitted { id, prompt_tokens, steps })
 }
 

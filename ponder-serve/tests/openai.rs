@@ -14,8 +14,13 @@ fn asset(name: &str) -> String {
 
 /// A server for `model` on a free loopback port; it stops with the test's runtime.
 async fn serve(model: &str, temperature: f32) -> String {
+    serve_bounded(model, temperature, usize::MAX).await
+}
+
+/// [`serve`] holding at most `max_in_flight` requests.
+async fn serve_bounded(model: &str, temperature: f32, max_in_flight: usize) -> String {
     let engine = EngineBuilder::new(asset(model)).max_num_seqs(4).spawn().unwrap();
-    let state = Arc::new(AppState { engine, defaults: Defaults { model: model.into(), max_tokens: 16, temperature } });
+    let state = Arc::new(AppState::new(engine, Defaults { model: model.into(), max_tokens: 16, temperature }, max_in_flight));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router(state, 1 << 20)).await.unwrap() });
@@ -125,6 +130,51 @@ async fn a_client_that_leaves_mid_stream_does_not_stop_the_others() {
         let (status, r) = post(&base, "/v1/completions", json!({"model": "tiny-ouro", "prompt": "Closures", "max_tokens": 8, "temperature": 0})).await;
         assert_eq!(status, 200, "{r}");
         assert_eq!(r["choices"][0]["text"], engine_text("tiny-ouro", "Closures".into(), 8));
+        // The requests of the clients that left are aborted and their KV freed.
+        let gauge = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse::<f64>().ok());
+        let mut text = String::new();
+        for _ in 0..100 {
+            text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+            if gauge(&text, "ponder_requests_running") == Some(0.0) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for name in ["ponder_requests_running", "ponder_requests_waiting", "ponder_kv_blocks_used"] {
+            assert_eq!(gauge(&text, name), Some(0.0), "{name}:\n{text}");
+        }
+        assert!(gauge(&text, "ponder_kv_blocks_total").is_some_and(|n| n > 0.0));
+        assert!(gauge(&text, "ponder_generated_tokens_total").is_some_and(|n| n >= 8.0));
+        assert!(text.contains("ponder_time_to_first_token_seconds_bucket{le=\"+Inf\"} 4"), "{text}");
+        assert!(text.contains("ponder_launches_total{stage=\"decode\"}"), "{text}");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_answers_429_with_retry_after() {
+    bounded(async {
+        let base = serve_bounded("tiny-ouro", 0.0, 1).await;
+        let client = reqwest::Client::new();
+        let long = json!({"model": "tiny-ouro", "prompt": "Traits", "max_tokens": 400, "ignore_eos": true, "stream": true});
+        let mut held = client.post(format!("{base}/v1/completions")).json(&long).send().await.unwrap();
+        assert!(held.chunk().await.unwrap().is_some());
+        let full = client.post(format!("{base}/v1/completions")).json(&json!({"model": "tiny-ouro", "prompt": "x", "max_tokens": 2})).send().await.unwrap();
+        assert_eq!(full.status().as_u16(), 429);
+        assert_eq!(full.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+        let body: Value = full.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "server_busy");
+        drop(held); // its request is aborted at its next token and its place given back
+        let mut status = 0;
+        for _ in 0..100 {
+            let r = client.post(format!("{base}/v1/completions")).json(&json!({"model": "tiny-ouro", "prompt": "x", "max_tokens": 2})).send().await.unwrap();
+            status = r.status().as_u16();
+            if status == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(status, 200, "the place of the client that left is never given back");
     })
     .await
 }

@@ -186,7 +186,9 @@ impl Engine {
     /// [`Engine::add_request`], also returning the prompt's length in tokens.
     pub(super) fn admit(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<(RequestId, usize)> {
         let prompt = prompt.into();
-        with_half!(&mut self.family, h => self.core.admit(&mut **h, prompt, params))
+        let r = with_half!(&mut self.family, h => self.core.admit(&mut **h, prompt, params));
+        self.core.count_requests();
+        r
     }
 
     /// Stops a request now and frees its KV blocks. Its `Finished { Aborted }` event comes
@@ -196,6 +198,7 @@ impl Engine {
     pub fn abort(&mut self, id: RequestId) -> Result<()> {
         let mut live = with_half!(&mut self.family, h => self.core.retire(&mut **h, id)).ok_or(Error::UnknownRequest(id))?;
         self.core.pending.push(Event::Finished { id, reason: FinishReason::Aborted, text: live.detok.flush() });
+        self.core.count_requests();
         Ok(())
     }
 
@@ -209,6 +212,7 @@ impl Engine {
         let (core, family) = (&mut self.core, &mut self.family);
         let (events, counts) = crate::ops::with_kernels(self.kernels, || with_half!(family, h => core.step(&mut **h)));
         self.core.metrics.kernels += counts;
+        self.core.count_requests();
         events
     }
 
@@ -267,6 +271,13 @@ impl Engine {
 }
 
 impl Core {
+    /// The metrics' gauges: requests waiting and running, KV blocks in use.
+    fn count_requests(&mut self) {
+        let m = &mut self.metrics;
+        (m.waiting_requests, m.running_requests, m.kv_blocks_used) =
+            (self.requests.num_waiting(), self.requests.num_running(), self.requests.kv().num_used_blocks());
+    }
+
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let tok = self.tokenizer.as_ref().ok_or_else(|| Error::Tokenizer("model has no tokenizer.json".into()))?;
         let enc = tok.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;

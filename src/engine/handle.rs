@@ -1,6 +1,6 @@
 //! The engine on its own thread, fed and drained through channels.
 
-use super::{Engine, Event, GenerationParams, Output, Prompt, RequestId};
+use super::{Engine, EngineMetrics, Event, GenerationParams, Output, Prompt, RequestId};
 use crate::{Error, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashMap;
@@ -17,6 +17,7 @@ struct Submit {
 enum Command {
     Submit(Box<Submit>),
     Abort(RequestId),
+    Metrics(Sender<EngineMetrics>),
     Shutdown,
 }
 
@@ -83,6 +84,13 @@ impl EngineHandle {
         Ok(RequestStream { id, prompt_tokens, rx })
     }
 
+    /// A snapshot of the engine's metrics, taken between two steps.
+    pub fn metrics(&self) -> Result<EngineMetrics> {
+        let (reply, rx) = bounded(1);
+        self.tx.send(Command::Metrics(reply)).map_err(|_| Error::EngineStopped)?;
+        rx.recv().map_err(|_| Error::EngineStopped)
+    }
+
     /// Aborts a request; its stream ends with `Finished { Aborted }`.
     pub fn abort(&self, id: RequestId) -> Result<()> {
         self.tx.send(Command::Abort(id)).map_err(|_| Error::EngineStopped)
@@ -116,6 +124,9 @@ fn serve(mut engine: Engine, rx: Receiver<Command>) {
                 }
                 Command::Abort(id) => {
                     let _ = engine.abort(id);
+                }
+                Command::Metrics(reply) => {
+                    let _ = reply.send(engine.metrics().clone());
                 }
                 Command::Shutdown => shutdown = true,
             }

@@ -65,6 +65,18 @@ impl LatencyHistogram {
         self.max()
     }
 
+    /// Latencies recorded within `bound`, to the histogram's resolution (a bucket counts when
+    /// its upper edge is at most `bound`): the cumulative counts a Prometheus histogram exports.
+    pub fn count_within(&self, bound: Duration) -> u64 {
+        let b = bound.as_secs_f64();
+        self.counts.iter().enumerate().take_while(|&(i, _)| FLOOR_S * GROWTH.powi(i as i32) <= b * (1.0 + 1e-12)).map(|(_, &c)| c).sum()
+    }
+
+    /// The sum of every latency recorded.
+    pub fn sum(&self) -> Duration {
+        Duration::from_secs_f64(self.sum_s)
+    }
+
     /// `(p50, p90, p99)`.
     pub fn p50_p90_p99(&self) -> Option<(Duration, Duration, Duration)> {
         Some((self.quantile(0.5)?, self.quantile(0.9)?, self.quantile(0.99)?))
@@ -74,6 +86,19 @@ impl LatencyHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cumulative_counts_and_the_sum() {
+        let mut h = LatencyHistogram::default();
+        for ms in [1, 2, 2, 50, 900] {
+            h.record(Duration::from_millis(ms));
+        }
+        // A latency counts within a bound 2 % (a bucket) above it.
+        let within = |us| h.count_within(Duration::from_micros(us));
+        assert_eq!((within(0), within(1_030), within(3_000), within(100_000), within(10_000_000)), (0, 1, 3, 4, 5));
+        assert_eq!(within(990), 0);
+        assert!((h.sum().as_secs_f64() - 0.955).abs() < 1e-9);
+    }
 
     #[test]
     fn quantiles_are_within_two_percent() {

@@ -64,6 +64,12 @@ pub struct EngineMetrics {
     /// Tokens handed to requests (eos excluded).
     pub generated_tokens: u64,
     pub finished_requests: u64,
+    /// Requests added and not yet admitted, and admitted and not yet finished, as of the last
+    /// step or request added or aborted.
+    pub waiting_requests: usize,
+    pub running_requests: usize,
+    /// KV blocks held by running requests (of `kv_pool.blocks`), as of the same moment.
+    pub kv_blocks_used: usize,
     /// Requests preempted (their KV freed and recomputed later).
     pub preemptions: u64,
     /// CUDA: the kernel paths this engine's launches dispatched (eager launches and graph
