@@ -26,7 +26,6 @@
 use ponder::chat::{Chat, ChatMessage};
 
 use ponder::diffusion::Threshold;
-use ponder::looped::gate::{ExitGate, LearnedLookahead, Lookahead, Preloop, QExit};
 use ponder::{DType, Device, EngineBuilder, Event, GenerationParams, KvLayoutKind, SamplingParams};
 use std::io::Write;
 
@@ -78,7 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         builder = builder.looped(|o| o.kv_layout(l));
     }
     if let Some(name) = &gate {
-        let (gate, overlap) = exit_gate(&model, name, q)?;
+        let (gate, overlap) = ponder::looped::gate::ouro_gate(std::path::Path::new(&model), name, q)?;
         let layout = layout.unwrap_or(KvLayoutKind::LastExited);
         builder = builder.looped(|o| o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(layout).exit_gate_boxed(gate).overlap(overlap));
     }
@@ -165,26 +164,4 @@ fn converse(handle: &ponder::EngineHandle, params: GenerationParams, system: Opt
         messages.push(ChatMessage::assistant(reply.trim()));
     }
     Ok(())
-}
-
-/// The exit gate `name` at threshold `q` with the model's loop count, and whether it serves with
-/// overlap (the gates whose verdicts are known a step ahead).
-fn exit_gate(model: &str, name: &str, q: f32) -> Result<(Box<dyn ExitGate>, bool), Box<dyn std::error::Error>> {
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(std::path::Path::new(model).join("config.json"))?)?;
-    let steps = config["total_ut_steps"].as_u64().ok_or("--gate needs an Ouro checkpoint (total_ut_steps in config.json)")? as usize;
-    let head = |file: &str| {
-        let path = std::path::Path::new(model).join(file);
-        if path.exists() {
-            Ok(path)
-        } else {
-            Err(format!("{} is missing: train it with tools/train/train_gate.py", path.display()))
-        }
-    };
-    Ok(match name {
-        "stock" => (Box::new(QExit::new(q, 1, steps)?), false),
-        "delayed" => (Box::new(Lookahead::new(QExit::new(q, 1, steps)?)?), true),
-        "lookahead" => (Box::new(LearnedLookahead::load(&head("lookahead_exit_gate.safetensors")?, q, 1, steps)?), true),
-        "preloop" => (Box::new(Preloop::load(&head("preloop_exit_gate.safetensors")?, q, 1, steps)?), true),
-        other => return Err(format!("unknown gate {other}: stock, delayed, lookahead or preloop").into()),
-    })
 }

@@ -39,6 +39,33 @@ struct Args {
     /// Share of free device memory the KV pool takes.
     #[arg(long)]
     kv_memory_fraction: Option<f64>,
+    /// Looped models: `cb` (full depth), `cdb` (continuous depth batching with refill) or
+    /// `cdb-no-refill`. An exit gate implies `cdb`.
+    #[arg(long)]
+    scheduler: Option<String>,
+    /// Looped models: the KV layout (`depth-indexed`, `last-exited`, `shared`, `first-then-shared`;
+    /// with an exit gate, `last-exited` unless named).
+    #[arg(long)]
+    layout: Option<ponder::KvLayoutKind>,
+    /// Ouro: the exit gate (`stock`, `delayed`, `lookahead`, `preloop`), at `--q`; the last
+    /// three serve with overlap.
+    #[arg(long)]
+    gate: Option<String>,
+    /// The exit gate's threshold on the exit CDF.
+    #[arg(long, default_value_t = 0.5)]
+    q: f32,
+    /// Diffusion models: reveal tokens whose confidence reaches this (default: the model's).
+    #[arg(long)]
+    threshold: Option<f32>,
+    /// Diffusion models: the decoding block length.
+    #[arg(long)]
+    block_length: Option<usize>,
+    /// Diffusion models: the delayed cache.
+    #[arg(long)]
+    delayed_cache: bool,
+    /// Diffusion models: FOCUS token eviction at this α (e.g. 1.5).
+    #[arg(long)]
+    focus: Option<f32>,
     /// Chat completions that name no token limit stop after this many tokens.
     #[arg(long, default_value_t = 256)]
     default_max_tokens: u64,
@@ -76,6 +103,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(f) = a.kv_memory_fraction {
         b = b.kv_memory_fraction(f);
     }
+    b = engine_options(b, &a)?;
     let name = a.served_model_name.clone().unwrap_or_else(|| {
         let canonical = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
         canonical.file_name().map_or("model".into(), |n| n.to_string_lossy().into_owned())
@@ -87,6 +115,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("serving `{}` on http://{}", state.defaults.model, listener.local_addr()?);
     axum::serve(listener, router(state, a.max_body_bytes)).with_graceful_shutdown(shutdown()).await?;
     Ok(())
+}
+
+/// The family options the flags ask for; each family ignores the other's (`EngineBuilder`
+/// refuses options of the wrong family, so only the flags given are set).
+fn engine_options(mut b: EngineBuilder, a: &Args) -> Result<EngineBuilder, Box<dyn std::error::Error>> {
+    use ponder::SchedulerKind;
+    let scheduler = match (a.scheduler.as_deref(), a.gate.is_some()) {
+        (None, false) => None,
+        (Some("cb"), false) => Some(SchedulerKind::Continuous),
+        (None | Some("cdb"), _) => Some(SchedulerKind::Depth { refill: true }),
+        (Some("cdb-no-refill"), _) => Some(SchedulerKind::Depth { refill: false }),
+        (Some(other), _) => return Err(format!("--scheduler {other}: cb, cdb or cdb-no-refill (an exit gate needs cdb)").into()),
+    };
+    if let Some(kind) = scheduler {
+        b = b.looped(|o| o.scheduler(kind));
+    }
+    // A gate exits before full depth, which the depth-indexed default cannot serve.
+    if let Some(layout) = a.layout.or(a.gate.as_ref().map(|_| ponder::KvLayoutKind::LastExited)) {
+        b = b.looped(|o| o.kv_layout(layout));
+    }
+    if let Some(name) = &a.gate {
+        let (gate, overlap) = ponder::looped::gate::ouro_gate(&a.model, name, a.q)?;
+        b = b.looped(|o| o.exit_gate_boxed(gate).overlap(overlap));
+    }
+    if let Some(t) = a.threshold {
+        let policy = ponder::diffusion::Threshold::new(t)?;
+        b = b.diffusion(|o| o.unmask_policy(policy));
+    }
+    if let Some(n) = a.block_length {
+        b = b.diffusion(|o| o.block_length(n));
+    }
+    if a.delayed_cache {
+        b = b.diffusion(|o| o.delayed_cache(true));
+    }
+    if let Some(alpha) = a.focus {
+        let focus = ponder::diffusion::Focus::new(alpha)?;
+        b = b.diffusion(|o| o.delayed_cache(true).eviction_policy(focus));
+    }
+    Ok(b)
 }
 
 /// SIGINT or SIGTERM: stop accepting, let the streams in flight finish, exit 0.

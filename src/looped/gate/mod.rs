@@ -5,6 +5,7 @@
 //! (its state goes to the coda) or runs another step. Gates hold no device state: signals are
 //! small host values copied back from the launch.
 
+mod by_name;
 mod fixed;
 mod latent_diff;
 mod learned;
@@ -13,6 +14,7 @@ mod preloop;
 mod q_exit;
 mod replay;
 
+pub use by_name::ouro_gate;
 pub use fixed::FixedDepth;
 pub use latent_diff::LatentDiff;
 pub use learned::{GateHead, LearnedLookahead};
