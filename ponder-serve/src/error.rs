@@ -42,6 +42,17 @@ impl ApiError {
         }
     }
 
+    /// The request ran past the server's time limit.
+    pub fn timeout() -> Self {
+        Self {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            message: "the request ran past the server's time limit".into(),
+            kind: "server_error",
+            param: None,
+            code: Some("timeout"),
+        }
+    }
+
     pub fn unavailable(message: String) -> Self {
         Self { status: StatusCode::SERVICE_UNAVAILABLE, message, kind: "server_error", param: None, code: None }
     }

@@ -12,4 +12,4 @@ mod routes;
 
 pub use error::ApiError;
 pub use params::Defaults;
-pub use routes::{router, AppState};
+pub use routes::{router, AppState, Limits};

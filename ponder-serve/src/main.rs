@@ -7,7 +7,7 @@ use clap::Parser;
 use ponder::config::ModelConfig;
 use ponder::loader::ModelDir;
 use ponder::{DType, Device, EngineBuilder};
-use ponder_serve::{router, AppState, Defaults};
+use ponder_serve::{router, AppState, Defaults, Limits};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -77,6 +77,10 @@ struct Args {
     /// answered 429 with `Retry-After`.
     #[arg(long, default_value_t = 256)]
     max_waiting: usize,
+    /// End a request still generating after this many seconds (504, or an error event on a
+    /// stream), and abort it.
+    #[arg(long)]
+    request_timeout: Option<f64>,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
@@ -110,7 +114,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let defaults = Defaults { model: name, max_tokens: a.default_max_tokens, temperature: a.default_temperature.unwrap_or(if looped { 1.0 } else { 0.0 }) };
     let running = a.max_num_seqs.unwrap_or(ponder::scheduler::SchedulerLimits::default().max_num_seqs);
-    let state = Arc::new(AppState::new(b.spawn()?, defaults, running.saturating_add(a.max_waiting)));
+    let limits = Limits {
+        max_in_flight: running.saturating_add(a.max_waiting),
+        request_timeout: a.request_timeout.filter(|t| *t > 0.0).map(std::time::Duration::from_secs_f64),
+    };
+    let state = Arc::new(AppState::new(b.spawn()?, defaults, limits));
     let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
     eprintln!("serving `{}` on http://{}", state.defaults.model, listener.local_addr()?);
     axum::serve(listener, router(state, a.max_body_bytes)).with_graceful_shutdown(shutdown()).await?;

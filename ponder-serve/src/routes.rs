@@ -17,24 +17,34 @@ use ponder::{EngineHandle, Event, FinishReason, RequestStream};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// What every handler shares: the engine thread, the defaults of omitted fields and the bound on
 /// requests held at once.
 pub struct AppState {
     pub engine: EngineHandle,
     pub defaults: Defaults,
+    pub limits: Limits,
+    /// Requests submitted and not finished.
+    in_flight: AtomicUsize,
+}
+
+/// How much the server takes on.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
     /// Requests running or waiting at most (`max_num_seqs` + the waiting queue's bound); one
     /// more is a 429.
     pub max_in_flight: usize,
-    /// Requests submitted and not finished.
-    pub in_flight: AtomicUsize,
+    /// A request still generating after this long is ended (and aborted in the engine): a 504,
+    /// or an error event on a stream.
+    pub request_timeout: Option<Duration>,
 }
 
 impl AppState {
-    pub fn new(engine: EngineHandle, defaults: Defaults, max_in_flight: usize) -> Self {
-        Self { engine, defaults, max_in_flight, in_flight: AtomicUsize::new(0) }
+    pub fn new(engine: EngineHandle, defaults: Defaults, limits: Limits) -> Self {
+        Self { engine, defaults, limits, in_flight: AtomicUsize::new(0) }
     }
 }
 
@@ -44,7 +54,7 @@ struct Slot(Arc<AppState>);
 impl Slot {
     fn take(s: &Arc<AppState>) -> Result<Self, ApiError> {
         let held = s.in_flight.fetch_add(1, Ordering::AcqRel);
-        if held >= s.max_in_flight {
+        if held >= s.limits.max_in_flight {
             s.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(ApiError::busy(held));
         }
@@ -123,6 +133,19 @@ struct Admitted {
     id: u64,
     prompt_tokens: usize,
     steps: mpsc::UnboundedReceiver<Step>,
+    /// When the request times out (`Limits::request_timeout`).
+    deadline: Option<Instant>,
+}
+
+impl Admitted {
+    /// The next step, or `None` when the engine stopped; `Err` past the deadline (dropping the
+    /// receiver then aborts the request).
+    async fn next(&mut self) -> Result<Option<Step>, ApiError> {
+        match self.deadline {
+            None => Ok(self.steps.recv().await),
+            Some(at) => tokio::time::timeout_at(at, self.steps.recv()).await.map_err(|_| ApiError::timeout()),
+        }
+    }
 }
 
 /// Submits the request and forwards its events from the engine thread into a channel the async
@@ -145,7 +168,8 @@ async fn submit(s: &Arc<AppState>, p: Parsed, kind: Kind) -> Result<Admitted, Ap
         forward(stream, tx);
         drop(slot);
     });
-    Ok(Admitted { id, prompt_tokens, steps })
+    let deadline = s.limits.request_timeout.map(|t| Instant::now() + t);
+    Ok(Admitted { id, prompt_tokens, steps, deadline })
 }
 
 fn forward(stream: RequestStream, tx: mpsc::UnboundedSender<Step>) {
@@ -182,10 +206,10 @@ async fn run(s: Arc<AppState>, p: Parsed, kind: Kind) -> Result<Response, ApiErr
     if stream {
         return Ok(axum::response::Sse::new(sse(ids, a, include_usage)).keep_alive(KeepAlive::default()).into_response());
     }
-    let Admitted { prompt_tokens, mut steps, .. } = a;
+    let mut a = a;
     let (mut text, mut info, mut tokens) = (String::new(), PonderInfo::default(), 0);
     let reason = loop {
-        match steps.recv().await {
+        match a.next().await? {
             Some(Step::Text { text: t, token, compute }) => {
                 text += &t;
                 tokens += token as usize;
@@ -195,7 +219,7 @@ async fn run(s: Arc<AppState>, p: Parsed, kind: Kind) -> Result<Response, ApiErr
             None => return Err(ApiError::unavailable("the engine stopped before the request finished".into())),
         }
     };
-    let usage = Usage::new(prompt_tokens, tokens);
+    let usage = Usage::new(a.prompt_tokens, tokens);
     Ok(match kind {
         Kind::Completion => Json(Completion {
             id: ids.name(),
@@ -285,15 +309,14 @@ impl Ids {
 fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<Sse, Infallible>> {
     struct S {
         ids: Ids,
-        steps: mpsc::UnboundedReceiver<Step>,
-        prompt_tokens: usize,
+        a: Admitted,
         tokens: usize,
         first: bool,
         include_usage: bool,
         tail: Vec<Sse>,
         over: bool,
     }
-    let state = S { ids, steps: a.steps, prompt_tokens: a.prompt_tokens, tokens: 0, first: true, include_usage, tail: Vec::new(), over: false };
+    let state = S { ids, a, tokens: 0, first: true, include_usage, tail: Vec::new(), over: false };
     stream::unfold(state, |mut s| async move {
         if let Some(ev) = s.tail.pop() {
             return Some((Ok(ev), s));
@@ -302,7 +325,15 @@ fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<
             return None;
         }
         let json = |v: serde_json::Value| Sse::default().data(v.to_string());
-        let ev = match s.steps.recv().await {
+        let next = match s.a.next().await {
+            Ok(next) => next,
+            Err(e) => {
+                s.over = true;
+                s.tail.push(Sse::default().data("[DONE]"));
+                return Some((Ok(json(serde_json::to_value(e.body()).unwrap_or_default())), s));
+            }
+        };
+        let ev = match next {
             Some(Step::Text { text, token, compute }) => {
                 s.tokens += token as usize;
                 let mut info = PonderInfo::default();
@@ -317,7 +348,7 @@ fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<
                 match finish_reason(&reason) {
                     Ok(r) => {
                         if s.include_usage {
-                            s.tail.push(json(s.ids.chunk(None, false, None, PonderInfo::default(), Some(Usage::new(s.prompt_tokens, s.tokens)))));
+                            s.tail.push(json(s.ids.chunk(None, false, None, PonderInfo::default(), Some(Usage::new(s.a.prompt_tokens, s.tokens)))));
                         }
                         json(s.ids.chunk(None, s.first, Some(r), PonderInfo::default(), None))
                     }

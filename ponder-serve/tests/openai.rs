@@ -3,7 +3,7 @@
 //! 400 naming the field. Every test binds 127.0.0.1:0 and is bounded in time.
 
 use ponder::{EngineBuilder, GenerationParams};
-use ponder_serve::{router, AppState, Defaults};
+use ponder_serve::{router, AppState, Defaults, Limits};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,13 +14,13 @@ fn asset(name: &str) -> String {
 
 /// A server for `model` on a free loopback port; it stops with the test's runtime.
 async fn serve(model: &str, temperature: f32) -> String {
-    serve_bounded(model, temperature, usize::MAX).await
+    serve_limited(model, temperature, Limits { max_in_flight: usize::MAX, request_timeout: None }).await
 }
 
-/// [`serve`] holding at most `max_in_flight` requests.
-async fn serve_bounded(model: &str, temperature: f32, max_in_flight: usize) -> String {
+/// [`serve`] under `limits`.
+async fn serve_limited(model: &str, temperature: f32, limits: Limits) -> String {
     let engine = EngineBuilder::new(asset(model)).max_num_seqs(4).spawn().unwrap();
-    let state = Arc::new(AppState::new(engine, Defaults { model: model.into(), max_tokens: 16, temperature }, max_in_flight));
+    let state = Arc::new(AppState::new(engine, Defaults { model: model.into(), max_tokens: 16, temperature }, limits));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router(state, 1 << 20)).await.unwrap() });
@@ -154,7 +154,7 @@ async fn a_client_that_leaves_mid_stream_does_not_stop_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_server_answers_429_with_retry_after() {
     bounded(async {
-        let base = serve_bounded("tiny-ouro", 0.0, 1).await;
+        let base = serve_limited("tiny-ouro", 0.0, Limits { max_in_flight: 1, request_timeout: None }).await;
         let client = reqwest::Client::new();
         let long = json!({"model": "tiny-ouro", "prompt": "Traits", "max_tokens": 400, "ignore_eos": true, "stream": true});
         let mut held = client.post(format!("{base}/v1/completions")).json(&long).send().await.unwrap();
@@ -175,6 +175,35 @@ async fn a_full_server_answers_429_with_retry_after() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(status, 200, "the place of the client that left is never given back");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_the_time_limit_ends_and_frees_its_place() {
+    bounded(async {
+        let limits = Limits { max_in_flight: 1, request_timeout: Some(Duration::from_millis(300)) };
+        let base = serve_limited("tiny-ouro", 0.0, limits).await;
+        // The one place is given back once the engine has aborted the request that held it.
+        let place_freed = || async {
+            for _ in 0..100 {
+                if post(&base, "/v1/completions", json!({"model": "tiny-ouro", "prompt": "x", "max_tokens": 2})).await.0 == 200 {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        };
+        let long = json!({"model": "tiny-ouro", "prompt": "Traits", "max_tokens": 1500, "ignore_eos": true});
+        let (status, r) = post(&base, "/v1/completions", long.clone()).await;
+        assert_eq!((status, r["error"]["code"].as_str()), (504, Some("timeout")), "{r}");
+        assert!(place_freed().await);
+        let mut streamed = long;
+        streamed["stream"] = json!(true);
+        let events = stream(&base, "/v1/completions", streamed).await;
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+        assert!(events[events.len() - 2].contains("\"timeout\""), "{:?}", &events[events.len() - 2]);
+        assert!(place_freed().await);
     })
     .await
 }
