@@ -19,7 +19,12 @@ async fn serve(model: &str, temperature: f32) -> String {
 
 /// [`serve`] under `limits`.
 async fn serve_limited(model: &str, temperature: f32, limits: Limits) -> String {
-    let engine = EngineBuilder::new(asset(model)).max_num_seqs(4).spawn().unwrap();
+    serve_with(EngineBuilder::new(asset(model)).max_num_seqs(4), model, temperature, limits).await
+}
+
+/// A server for the engine `builder` makes.
+async fn serve_with(builder: EngineBuilder, model: &str, temperature: f32, limits: Limits) -> String {
+    let engine = builder.spawn().unwrap();
     let state = Arc::new(AppState::new(engine, Defaults { model: model.into(), max_tokens: 16, temperature }, limits));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -204,6 +209,70 @@ async fn a_request_past_the_time_limit_ends_and_frees_its_place() {
         assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
         assert!(events[events.len() - 2].contains("\"timeout\""), "{:?}", &events[events.len() - 2]);
         assert!(place_freed().await);
+    })
+    .await
+}
+
+/// 200 concurrent streaming requests from 8 client tasks: a third leave after their first chunk,
+/// a tenth are malformed. Every other one streams all its tokens to `[DONE]`, and afterwards the
+/// engine holds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_clients_some_leaving_some_malformed() {
+    bounded(async {
+        let limits = Limits { max_in_flight: usize::MAX, request_timeout: None };
+        let base = serve_with(EngineBuilder::new(asset("tiny-ouro")).max_num_seqs(32), "tiny-ouro", 0.0, limits).await;
+        let client = reqwest::Client::new();
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let (base, client) = (base.clone(), client.clone());
+                tokio::spawn(async move {
+                    let requests = (0..25).map(|k| {
+                        let (base, client, i) = (base.clone(), client.clone(), t * 25 + k);
+                        async move {
+                            let mut body = json!({"model": "tiny-ouro", "prompt": format!("Request {i} about traits"), "max_tokens": 6, "ignore_eos": true, "stream": true});
+                            if i % 10 == 0 {
+                                body["temperature"] = json!("hot");
+                            }
+                            let mut r = client.post(format!("{base}/v1/completions")).json(&body).send().await.unwrap();
+                            if i % 10 == 0 {
+                                return (r.status().as_u16() == 400, "malformed");
+                            }
+                            if i % 3 == 0 {
+                                let started = r.chunk().await.unwrap().is_some();
+                                drop(r);
+                                return (started, "left");
+                            }
+                            let text = r.text().await.unwrap();
+                            let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+                            let tokens = events.iter().filter(|e| e.contains("\"loop_steps\"")).count();
+                            (events.last() == Some(&"[DONE]") && tokens == 6 && text.contains("\"finish_reason\":\"length\""), "served")
+                        }
+                    });
+                    futures_util::future::join_all(requests).await
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for t in tasks {
+            outcomes.extend(t.await.unwrap());
+        }
+        assert_eq!(outcomes.len(), 200);
+        let failed: Vec<_> = outcomes.iter().enumerate().filter(|(_, (ok, _))| !ok).collect();
+        assert!(failed.is_empty(), "requests that did not end as they should: {failed:?}");
+        let served = outcomes.iter().filter(|(_, kind)| *kind == "served").count();
+        assert!(served >= 100, "{served} served");
+        let gauge = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse::<f64>().ok());
+        let mut text = String::new();
+        for _ in 0..200 {
+            text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+            if ["ponder_requests_running", "ponder_requests_waiting", "ponder_kv_blocks_used"].iter().all(|g| gauge(&text, g) == Some(0.0)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for name in ["ponder_requests_running", "ponder_requests_waiting", "ponder_kv_blocks_used"] {
+            assert_eq!(gauge(&text, name), Some(0.0), "{name}:\n{text}");
+        }
     })
     .await
 }
