@@ -276,3 +276,51 @@ async fn two_hundred_clients_some_leaving_some_malformed() {
     })
     .await
 }
+
+/// A stock OpenAI client (the `async-openai` crate), unchanged, against the server: completions
+/// and chat, whole and streamed, equal the engine's greedy output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stock_openai_client_gets_the_engines_answers() {
+    use async_openai::config::OpenAIConfig;
+    use async_openai::types::{ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs, CreateCompletionRequestArgs};
+    use futures_util::StreamExt;
+    bounded(async {
+        let base = serve("tiny-ouro", 0.0).await;
+        let client = async_openai::Client::with_config(OpenAIConfig::new().with_api_base(format!("{base}/v1")).with_api_key("unused"));
+        let want = engine_text("tiny-ouro", "Ownership in Rust".into(), 12);
+        let request =
+            CreateCompletionRequestArgs::default().model("tiny-ouro").prompt("Ownership in Rust").max_tokens(12_u32).temperature(0.0).build().unwrap();
+        let whole = client.completions().create(request.clone()).await.unwrap();
+        assert_eq!(whole.choices[0].text, want);
+        assert_eq!(whole.usage.as_ref().map(|u| u.completion_tokens), Some(12));
+        let mut chunks = client.completions().create_stream(request).await.unwrap();
+        let mut streamed = String::new();
+        while let Some(chunk) = chunks.next().await {
+            streamed += &chunk.unwrap().choices.iter().map(|c| c.text.clone()).collect::<String>();
+        }
+        assert_eq!(streamed, want);
+
+        let message = ChatCompletionRequestUserMessageArgs::default().content("What is a trait?").build().unwrap();
+        let chat = CreateChatCompletionRequestArgs::default()
+            .model("tiny-ouro")
+            .messages([message.into()])
+            .max_completion_tokens(10_u32)
+            .temperature(0.0)
+            .build()
+            .unwrap();
+        let whole = client.chat().create(chat.clone()).await.unwrap();
+        let content = whole.choices[0].message.content.clone().unwrap();
+        assert!(!content.is_empty());
+        let mut chunks = client.chat().create_stream(chat).await.unwrap();
+        let mut streamed = String::new();
+        while let Some(chunk) = chunks.next().await {
+            for c in chunk.unwrap().choices {
+                streamed += c.delta.content.as_deref().unwrap_or("");
+            }
+        }
+        assert_eq!(streamed, content);
+        let models = client.models().list().await.unwrap();
+        assert_eq!(models.data[0].id, "tiny-ouro");
+    })
+    .await
+}
