@@ -3,7 +3,10 @@
 //!
 //!     cargo run --release -p ponder-serve --example bench_serve                 # tiny Ouro, CPU
 //!     cargo run --release -p ponder-serve --example bench_serve -- --clients 64 --requests 256 \
-//!         --max-tokens 64 --rounds 2 --json /tmp/serve.json [--model DIR --cuda]
+//!         --max-tokens 64 --rounds 2 --json /tmp/serve.json [--model DIR | --ouro-1.4b] [--cuda]
+//!
+//! `--ouro-1.4b`: Ouro-1.4B shapes with random bf16 weights generated on the device (no
+//! checkpoint needed). Prompts are token ids, the same in both paths.
 //!
 //! Prints tokens/s of each run, the server's share of the in-process rate, and the HTTP path's
 //! cost per token (the wall-time difference over the tokens).
@@ -17,6 +20,7 @@ use std::time::Instant;
 
 struct Args {
     model: String,
+    ouro_1_4b: bool,
     cuda: bool,
     clients: usize,
     requests: usize,
@@ -28,6 +32,7 @@ struct Args {
 fn args() -> Result<Args, Box<dyn std::error::Error>> {
     let mut a = Args {
         model: concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/tiny-ouro").into(),
+        ouro_1_4b: false,
         cuda: false,
         clients: 64,
         requests: 256,
@@ -41,6 +46,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
         match flag.as_str() {
             "--model" => a.model = v()?,
             "--cuda" => a.cuda = true,
+            "--ouro-1.4b" => a.ouro_1_4b = true,
             "--clients" => a.clients = v()?.parse()?,
             "--requests" => a.requests = v()?.parse()?,
             "--max-tokens" => a.max_tokens = v()?.parse()?,
@@ -52,9 +58,9 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
     Ok(a)
 }
 
-/// The prompt of request `i`: distinct, short, the same in both paths.
-fn prompt(i: usize) -> String {
-    format!("Request {i}: ownership, borrowing and lifetimes in Rust")
+/// The prompt of request `i`: 24 token ids, distinct per request, the same in both paths.
+fn prompt(i: usize) -> Vec<u32> {
+    (0..24).map(|k| ((i * 31 + k * 7) % 500 + 10) as u32).collect()
 }
 
 /// Every request through the handle, `clients` threads each draining its requests' streams.
@@ -111,16 +117,23 @@ async fn over_http(base: &str, a: &Args) -> (f64, usize) {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = args()?;
-    let mut b = EngineBuilder::new(&a.model).max_num_seqs(a.clients);
-    if a.cuda {
-        b = b.device(Device::new_cuda(0)?).dtype(DType::BF16);
-    }
+    let device = if a.cuda { Device::new_cuda(0)? } else { Device::Cpu };
+    let engine = if a.ouro_1_4b {
+        let cfg = ponder::looped::models::OuroConfig::ouro_1_4b();
+        let weights = ponder::testing::random_ouro_weights(&cfg, 7, DType::BF16, &device)?;
+        let model = ponder::looped::models::Ouro::load(&cfg, &weights)?;
+        EngineBuilder::from_model(Box::new(model), None, vec![]).max_num_seqs(a.clients).spawn()?
+    } else {
+        let b = EngineBuilder::new(&a.model).max_num_seqs(a.clients).device(device);
+        if a.cuda { b.dtype(DType::BF16) } else { b }.spawn()?
+    };
     let defaults = Defaults { model: "bench".into(), max_tokens: a.max_tokens as u64, temperature: 0.0 };
-    let state = Arc::new(AppState::new(b.spawn()?, defaults, Limits { max_in_flight: usize::MAX, request_timeout: None }));
+    let state = Arc::new(AppState::new(engine, defaults, Limits { max_in_flight: usize::MAX, request_timeout: None }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let server = tokio::spawn(axum::serve(listener, router(state.clone(), 1 << 20)).into_future());
-    println!("{} requests × {} tokens, {} concurrent clients, {}", a.requests, a.max_tokens, a.clients, a.model);
+    let model = if a.ouro_1_4b { "Ouro-1.4B shapes, random bf16 weights".to_string() } else { a.model.clone() };
+    println!("{} requests × {} tokens, {} concurrent clients, {model}", a.requests, a.max_tokens, a.clients);
     // A warm-up of each path, then alternated rounds.
     let warm = Args { requests: a.clients, ..Args { model: String::new(), json: None, ..a } };
     let st = state.clone();
@@ -141,7 +154,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                                      "in_process_s": t_in, "server_s": t_http}));
     }
     if let Some(path) = &a.json {
-        let out = serde_json::json!({"model": a.model, "device": if a.cuda { "cuda:0" } else { "cpu" }, "clients": a.clients, "requests": a.requests,
+        let out = serde_json::json!({"model": model, "device": if a.cuda { "cuda:0" } else { "cpu" }, "clients": a.clients, "requests": a.requests,
                                      "max_tokens": a.max_tokens, "command": std::env::args().collect::<Vec<_>>().join(" "), "runs": runs});
         std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the CUDA binaries here and packs them for the device tool (carry [".device"]):
 #
-#     tools/device/pack.sh [bench_looped] [bench_diffusion] [gpu_kernels]   # default: all three
+#     tools/device/pack.sh [bench_looped] [bench_diffusion] [gpu_kernels] [bench_serve]
+#                                                          # default: the first three
 #
 # Writes .device/NAME.xz (≈ 6.5 MB each; three fit the 64 MiB carry), .device/gpu-env.sh and
 # .device/unpack.sh. On the device, in every call (unpacked binaries do not survive between
@@ -29,10 +30,13 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_kernels":
         print(m["executable"])' | tail -1) ;;
+    bench_serve)
+      cargo build --release --features cuda -p ponder-serve --example bench_serve >&2
+      bin=$CARGO_TARGET_DIR/release/examples/bench_serve ;;
     bench_*)
       cargo build --release --features cuda --example "$n" >&2
       bin=$CARGO_TARGET_DIR/release/examples/$n ;;
-    *) echo "pack.sh: unknown binary $n (bench_looped | bench_diffusion | gpu_kernels)" >&2; exit 1 ;;
+    *) echo "pack.sh: unknown binary $n (bench_looped | bench_diffusion | gpu_kernels | bench_serve)" >&2; exit 1 ;;
   esac
   [ -n "$bin" ] && [ -x "$bin" ] || { echo "pack.sh: no binary for $n" >&2; exit 1; }
   xz -9 -T2 -c "$bin" > ".device/$n.xz"
