@@ -229,6 +229,14 @@ def h100():
     V["h100_ab"] = table(["A/B", "old → new", "new ÷ old − 1, mean of the alternated runs"], ab)
 
 
+def serve():
+    n = "serve_h100_cfc3438.json"; d = load(n); R = d["runs"]; share = [r["server_tokens_per_s"] / r["in_process_tokens_per_s"] for r in R]
+    V.update(serve_intro=f"{d['model']}, W {d['clients']}: {d['requests']} greedy requests of {d['max_tokens']} tokens, {d['clients']} streaming clients", serve_data=data(n), serve_cmds=cmd_of(n), serve_table=table(
+        ["round", "in-process tok/s", "server tok/s", "server ÷ in-process", "HTTP path, µs per token"], [[r["round"], num(r["in_process_tokens_per_s"]), num(r["server_tokens_per_s"]), pct(s),
+        f"{1e6 * (r['server_s'] / r['server_tokens'] - r['in_process_s'] / r['in_process_tokens']):+.1f}"] for r, s in zip(R, share)]), serve_share=span(share),
+        serve_plot=plot("serve", "server and in-process tokens/s per round", lambda: bars([f"round {r['round']}" for r in R], {"in-process": [r["in_process_tokens_per_s"] for r in R], "server": [r["server_tokens_per_s"] for r in R]}, "tokens/s", d)))
+
+
 def did_not_pay():
     sk = load("skinny_gemm_ab.json"); m = {}
     for run in sk["runs"]:
@@ -270,7 +278,7 @@ def modes(rows, d):
 
 def main():
     global plt
-    for section in (looped, huginn, long_prompts, diffusion, gates, h100, did_not_pay):
+    for section in (looped, huginn, long_prompts, diffusion, gates, serve, h100, did_not_pay):
         section()
     gpus = lambda h: " / ".join(sorted({d["gpu"] for n, d in _cache.items() if n.startswith("h100/") == h}))
     V.update(gpus=gpus(False), h100_gpus=gpus(True))
