@@ -265,11 +265,12 @@ impl Ids {
         }
     }
 
-    /// One stream chunk: a piece of text, a finish reason, or (with no choice) the usage.
-    fn chunk(&self, text: Option<String>, first: bool, finish: Option<&'static str>, info: PonderInfo, usage: Option<Usage>) -> serde_json::Value {
+    /// One stream event: a piece of text, a finish reason, or (with no choice) the usage,
+    /// serialised straight from its struct.
+    fn chunk(&self, text: Option<String>, first: bool, finish: Option<&'static str>, info: PonderInfo, usage: Option<Usage>) -> Sse {
         let no_choice = usage.is_some();
         let value = match self.kind {
-            Kind::Completion => serde_json::to_value(Completion {
+            Kind::Completion => serde_json::to_string(&Completion {
                 id: self.name(),
                 object: "text_completion",
                 created: self.created,
@@ -281,7 +282,7 @@ impl Ids {
                 },
                 usage,
             }),
-            Kind::Chat => serde_json::to_value(ChatChunk {
+            Kind::Chat => serde_json::to_string(&ChatChunk {
                 id: self.name(),
                 object: "chat.completion.chunk",
                 created: self.created,
@@ -300,7 +301,7 @@ impl Ids {
                 usage,
             }),
         };
-        value.unwrap_or_default()
+        Sse::default().data(value.unwrap_or_default())
     }
 }
 
@@ -324,13 +325,13 @@ fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<
         if s.over {
             return None;
         }
-        let json = |v: serde_json::Value| Sse::default().data(v.to_string());
+        let error = |e: ApiError| Sse::default().data(serde_json::to_string(&e.body()).unwrap_or_default());
         let next = match s.a.next().await {
             Ok(next) => next,
             Err(e) => {
                 s.over = true;
                 s.tail.push(Sse::default().data("[DONE]"));
-                return Some((Ok(json(serde_json::to_value(e.body()).unwrap_or_default())), s));
+                return Some((Ok(error(e)), s));
             }
         };
         let ev = match next {
@@ -338,7 +339,7 @@ fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<
                 s.tokens += token as usize;
                 let mut info = PonderInfo::default();
                 info.push(compute);
-                let ev = json(s.ids.chunk(Some(text), s.first, None, info, None));
+                let ev = s.ids.chunk(Some(text), s.first, None, info, None);
                 s.first = false;
                 ev
             }
@@ -348,16 +349,16 @@ fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<
                 match finish_reason(&reason) {
                     Ok(r) => {
                         if s.include_usage {
-                            s.tail.push(json(s.ids.chunk(None, false, None, PonderInfo::default(), Some(Usage::new(s.a.prompt_tokens, s.tokens)))));
+                            s.tail.push(s.ids.chunk(None, false, None, PonderInfo::default(), Some(Usage::new(s.a.prompt_tokens, s.tokens))));
                         }
-                        json(s.ids.chunk(None, s.first, Some(r), PonderInfo::default(), None))
+                        s.ids.chunk(None, s.first, Some(r), PonderInfo::default(), None)
                     }
-                    Err(e) => json(serde_json::to_value(e.body()).unwrap_or_default()),
+                    Err(e) => error(e),
                 }
             }
             None => {
                 s.over = true;
-                json(serde_json::to_value(ApiError::unavailable("the engine stopped before the request finished".into()).body()).unwrap_or_default())
+                error(ApiError::unavailable("the engine stopped before the request finished".into()))
             }
         };
         Some((Ok(ev), s))

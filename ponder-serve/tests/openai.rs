@@ -50,6 +50,29 @@ async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
     text.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
 
+/// A gauge or counter of a `/metrics` scrape.
+fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse().ok())
+}
+
+/// Scrapes `/metrics` until the engine holds no request and no KV block (aborts land at the
+/// engine's next step), asserts it does, and returns the last scrape.
+async fn engine_emptied(client: &reqwest::Client, base: &str) -> String {
+    const EMPTY: [&str; 3] = ["ponder_requests_running", "ponder_requests_waiting", "ponder_kv_blocks_used"];
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+        if EMPTY.iter().all(|g| gauge(&text, g) == Some(0.0)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for name in EMPTY {
+        assert_eq!(gauge(&text, name), Some(0.0), "{name}:\n{text}");
+    }
+    text
+}
+
 async fn bounded<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(120), f).await.expect("the test ran past its time bound")
 }
@@ -136,18 +159,7 @@ async fn a_client_that_leaves_mid_stream_does_not_stop_the_others() {
         assert_eq!(status, 200, "{r}");
         assert_eq!(r["choices"][0]["text"], engine_text("tiny-ouro", "Closures".into(), 8));
         // The requests of the clients that left are aborted and their KV freed.
-        let gauge = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse::<f64>().ok());
-        let mut text = String::new();
-        for _ in 0..100 {
-            text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-            if gauge(&text, "ponder_requests_running") == Some(0.0) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        for name in ["ponder_requests_running", "ponder_requests_waiting", "ponder_kv_blocks_used"] {
-            assert_eq!(gauge(&text, name), Some(0.0), "{name}:\n{text}");
-        }
+        let text = engine_emptied(&client, &base).await;
         assert!(gauge(&text, "ponder_kv_blocks_total").is_some_and(|n| n > 0.0));
         assert!(gauge(&text, "ponder_generated_tokens_total").is_some_and(|n| n >= 8.0));
         assert!(text.contains("ponder_time_to_first_token_seconds_bucket{le=\"+Inf\"} 4"), "{text}");
@@ -261,18 +273,7 @@ async fn two_hundred_clients_some_leaving_some_malformed() {
         assert!(failed.is_empty(), "requests that did not end as they should: {failed:?}");
         let served = outcomes.iter().filter(|(_, kind)| *kind == "served").count();
         assert!(served >= 100, "{served} served");
-        let gauge = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse::<f64>().ok());
-        let mut text = String::new();
-        for _ in 0..200 {
-            text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-            if ["ponder_requests_running", "ponder_requests_waiting", "ponder_kv_blocks_used"].iter().all(|g| gauge(&text, g) == Some(0.0)) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        for name in ["ponder_requests_running", "ponder_requests_waiting", "ponder_kv_blocks_used"] {
-            assert_eq!(gauge(&text, name), Some(0.0), "{name}:\n{text}");
-        }
+        engine_emptied(&client, &base).await;
     })
     .await
 }
