@@ -99,9 +99,6 @@ impl Requests {
         self.kv.tables(id)
     }
 
-    pub fn is_running(&self, id: RequestId) -> bool {
-        self.running.contains(&id)
-    }
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
     }
