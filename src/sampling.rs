@@ -60,15 +60,30 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: rand::rngs::StdRng,
+    key: u64,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
-        let rng = match params.seed {
-            Some(s) => rand::rngs::StdRng::seed_from_u64(s),
-            None => rand::rngs::StdRng::from_os_rng(),
+        let (rng, key) = match params.seed {
+            Some(s) => (rand::rngs::StdRng::seed_from_u64(s), crate::dist::mix(s)),
+            None => {
+                let mut rng = rand::rngs::StdRng::from_os_rng();
+                let key = rng.random();
+                (rng, key)
+            }
         };
-        Self { params, rng }
+        Self { params, rng, key }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The key of the request's counter-based draws (diffusion steps): `mix(seed)` for a seeded
+    /// request, so a reference can reproduce them; random otherwise.
+    pub fn key(&self) -> u64 {
+        self.key
     }
 
     /// The row description for one draw (advances the generator only for random draws).
@@ -130,6 +145,100 @@ pub fn sample_or_force(logits: &Tensor, rows: &[RowSampling]) -> Result<(Vec<u32
 
 const THRESHOLD_ITERS: usize = 32;
 
+/// In which order top-k and top-p cut a distribution. They differ when both are given: top-p
+/// after top-k measures mass within the k survivors (renormalised), so it keeps fewer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FilterOrder {
+    /// Both cuts on the full distribution, the survivors their intersection (Dream's sampler,
+    /// and the looped models' sampling).
+    #[default]
+    TopPThenTopK,
+    /// Top-p over the top-k survivors renormalised (SDAR's and LLaDA2.0's `generate`).
+    TopKThenTopP,
+}
+
+/// The per-row columns of a sampling call: temperature, k, p and the uniform draw, `[rows, 1]`.
+pub(crate) struct DrawColumns {
+    pub temperature: Tensor,
+    pub k: Tensor,
+    pub p: Tensor,
+    pub uniform: Tensor,
+}
+
+impl DrawColumns {
+    /// Greedy rows get temperature 1 (their draw is not used).
+    pub fn new(rows: &[RowSampling], vocab: usize, dev: &candle_core::Device) -> Result<Self> {
+        let col = |f: &dyn Fn(&RowSampling) -> f32| Tensor::from_vec(rows.iter().map(f).collect::<Vec<f32>>(), (rows.len(), 1), dev);
+        Ok(Self {
+            temperature: col(&|s| if s.greedy { 1.0 } else { s.temperature })?,
+            k: col(&|s| s.top_k.map_or(vocab, |k| k.min(vocab)) as f32)?,
+            p: col(&|s| s.top_p.unwrap_or(1.0))?,
+            uniform: col(&|s| s.uniform)?,
+        })
+    }
+}
+
+/// `softmax(logits / temperature)` per row of f32 `logits`; the logits are shifted by the row's
+/// maximum before dividing, so a tiny temperature sends the other logits to −∞ (greedy in the
+/// limit) instead of overflowing them to +∞ (NaN probabilities).
+pub(crate) fn tempered(logits: &Tensor, temperature: &Tensor) -> Result<Tensor> {
+    let shifted = logits.broadcast_sub(&logits.max_keepdim(D::Minus1)?)?;
+    candle_nn::ops::softmax_last_dim(&shifted.broadcast_div(temperature)?)
+}
+
+/// Largest `t` in `[0, max]` with `measure(t)` ≥ `goal`, per row, by bisection.
+fn threshold(probs: &Tensor, goal: &Tensor, measure: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let mut lo = Tensor::zeros((probs.dim(0)?, 1), DType::F32, probs.device())?;
+    let mut hi = probs.max_keepdim(D::Minus1)?;
+    for _ in 0..THRESHOLD_ITERS {
+        let mid = ((&lo + &hi)? * 0.5)?;
+        let ok = measure(&mid)?.ge(goal)?;
+        lo = ok.where_cond(&mid, &lo)?;
+        hi = ok.where_cond(&hi, &mid)?;
+    }
+    Ok(lo)
+}
+
+/// `probs` with everything outside the top-k / top-p survivors zeroed (not renormalised). A cut
+/// keeps every token tied with its last survivor.
+pub(crate) fn filtered(probs: &Tensor, k: &Tensor, p: &Tensor, order: FilterOrder) -> Result<Tensor> {
+    let count = |t: &Tensor| probs.broadcast_ge(t)?.to_dtype(DType::F32)?.sum_keepdim(D::Minus1);
+    let keep = |source: &Tensor, t: &Tensor| source * source.broadcast_ge(t)?.to_dtype(DType::F32)?;
+    let t_k = threshold(probs, k, count)?;
+    let (source, goal) = match order {
+        FilterOrder::TopPThenTopK => (probs.clone(), p.clone()),
+        FilterOrder::TopKThenTopP => {
+            let top_k = keep(probs, &t_k)?;
+            let goal = top_k.sum_keepdim(D::Minus1)?.mul(p)?;
+            (top_k, goal)
+        }
+    };
+    let t_p = threshold(&source, &goal, |t| keep(&source, t)?.sum_keepdim(D::Minus1))?;
+    keep(probs, &t_k.maximum(&t_p)?)
+}
+
+/// Per row of `kept` (`[rows, vocab]`, non-negative, not normalised): the smallest index whose
+/// prefix mass exceeds `uniform` × the row's mass — the inverse-CDF draw in vocabulary order.
+/// Bisection on the index, so no cumulative sum over the vocabulary is materialised (candle's
+/// `cumsum` is a V×V matmul).
+pub(crate) fn inverse_cdf(kept: &Tensor, uniform: &Tensor) -> Result<Tensor> {
+    let (r, v) = kept.dims2()?;
+    let dev = kept.device();
+    let target = (kept.sum_keepdim(D::Minus1)? * uniform)?;
+    let idx = Tensor::arange(0u32, v as u32, dev)?.to_dtype(DType::F32)?.unsqueeze(0)?;
+    let mut lo = Tensor::full(-1f32, (r, 1), dev)?; // prefix(lo) <= target
+    let mut hi = Tensor::full((v - 1) as f32, (r, 1), dev)?; // prefix(hi) > target (or last)
+    let iters = (usize::BITS - v.leading_zeros()) as usize + 1;
+    for _ in 0..iters {
+        let mid = ((&lo + &hi)? * 0.5)?.floor()?;
+        let prefix = (kept * idx.broadcast_le(&mid)?.to_dtype(DType::F32)?)?.sum_keepdim(D::Minus1)?;
+        let above = prefix.gt(&target)?;
+        hi = above.where_cond(&mid, &hi)?;
+        lo = above.where_cond(&lo, &mid)?;
+    }
+    hi.squeeze(1)?.to_dtype(DType::U32)
+}
+
 /// Samples one token per row of `logits` (`[rows, vocab]`, any float dtype).
 pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     let (r, v) = logits.dims2()?;
@@ -143,53 +252,11 @@ pub fn sample(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     if rows.iter().all(|s| s.greedy) {
         return greedy.to_vec1::<u32>();
     }
-    let dev = logits.device();
-    let col = |f: &dyn Fn(&RowSampling) -> f32| Tensor::from_vec(rows.iter().map(f).collect::<Vec<f32>>(), (r, 1), dev);
-    let temp = col(&|s| if s.greedy { 1.0 } else { s.temperature })?;
-    let k = col(&|s| s.top_k.map_or(v, |k| k.min(v)) as f32)?;
-    let p = col(&|s| s.top_p.unwrap_or(1.0))?;
-    let u = col(&|s| s.uniform)?;
-
-    // Shifted by the row's maximum before dividing, so a tiny temperature sends the other logits
-    // to -inf (greedy in the limit) instead of overflowing them to +inf (NaN probabilities).
-    let shifted = logits.broadcast_sub(&logits.max_keepdim(D::Minus1)?)?;
-    let probs = candle_nn::ops::softmax_last_dim(&shifted.broadcast_div(&temp)?)?;
-    // Largest t with count(probs >= t) >= k, and largest t with mass(probs >= t) >= p.
-    let mut lo_k = Tensor::zeros((r, 1), DType::F32, dev)?;
-    let mut hi_k = probs.max_keepdim(D::Minus1)?;
-    let mut lo_p = lo_k.clone();
-    let mut hi_p = hi_k.clone();
-    for _ in 0..THRESHOLD_ITERS {
-        let mid_k = ((&lo_k + &hi_k)? * 0.5)?;
-        let count = probs.broadcast_ge(&mid_k)?.to_dtype(DType::F32)?.sum_keepdim(D::Minus1)?;
-        let ok = count.ge(&k)?;
-        lo_k = ok.where_cond(&mid_k, &lo_k)?;
-        hi_k = ok.where_cond(&hi_k, &mid_k)?;
-
-        let mid_p = ((&lo_p + &hi_p)? * 0.5)?;
-        let kept = probs.broadcast_ge(&mid_p)?.to_dtype(DType::F32)?;
-        let mass = (&probs * kept)?.sum_keepdim(D::Minus1)?;
-        let ok = mass.ge(&p)?;
-        lo_p = ok.where_cond(&mid_p, &lo_p)?;
-        hi_p = ok.where_cond(&hi_p, &mid_p)?;
-    }
-    let threshold = lo_k.maximum(&lo_p)?;
-    let kept = (&probs * probs.broadcast_ge(&threshold)?.to_dtype(DType::F32)?)?;
-    let target = (kept.sum_keepdim(D::Minus1)? * &u)?;
-    // Smallest index i with prefix mass(0..=i) > target, by bisection on i.
-    let idx = Tensor::arange(0u32, v as u32, dev)?.to_dtype(DType::F32)?.unsqueeze(0)?;
-    let mut lo = Tensor::full(-1f32, (r, 1), dev)?; // prefix(lo) <= target
-    let mut hi = Tensor::full((v - 1) as f32, (r, 1), dev)?; // prefix(hi) > target (or last)
-    let iters = (usize::BITS - v.leading_zeros()) as usize + 1;
-    for _ in 0..iters {
-        let mid = ((&lo + &hi)? * 0.5)?.floor()?;
-        let prefix = (&kept * idx.broadcast_le(&mid)?.to_dtype(DType::F32)?)?.sum_keepdim(D::Minus1)?;
-        let above = prefix.gt(&target)?;
-        hi = above.where_cond(&mid, &hi)?;
-        lo = above.where_cond(&lo, &mid)?;
-    }
+    let cols = DrawColumns::new(rows, v, logits.device())?;
+    let probs = tempered(&logits, &cols.temperature)?;
+    let kept = filtered(&probs, &cols.k, &cols.p, FilterOrder::TopPThenTopK)?;
     // Both readouts at the end: one wait for the device in a batch that mixes greedy and sampled rows.
-    let drawn = hi.squeeze(1)?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+    let drawn = inverse_cdf(&kept, &cols.uniform)?.to_vec1::<u32>()?;
     let greedy = greedy.to_vec1::<u32>()?;
     Ok(rows.iter().zip(greedy).zip(drawn).map(|((s, g), d)| if s.greedy { g } else { d }).collect())
 }

@@ -1,6 +1,6 @@
-//! LLaDA and Dream decoded as their references decode them: greedy token sequences through the
-//! engine (f32, CPU, exact canvas mode) equal the float64 reference's
-//! (`tools/reference/bidirectional_ref.py`, fixtures by `make_bidirectional_fixtures.py`) for
+//! LLaDA and Dream decoded as their references decode them: greedy and sampled token sequences
+//! through the engine (f32, CPU) equal the float64 reference's (`tools/reference/bidirectional_ref.py`
+//! and `diffusion_sampling.py`, fixtures by `make_bidirectional_fixtures.py`) for
 //! LLaDA's semi-autoregressive blocks (linear, static and threshold schedules, several block
 //! lengths and steps, prompts not a multiple of the block, a shorter last block) and Dream's
 //! block schedule and its own sampler (three confidence orders); and LLaDA under Fast-dLLM's
@@ -11,7 +11,7 @@ mod common;
 use common::weight_abs_sum;
 use ponder::diffusion::{CanvasCache, Confidence, LinearSchedule, StaticCount, Threshold, UnmaskPolicy};
 use ponder::testing::{tiny_dream_config, tiny_llada_config, write_random_dream, write_random_llada};
-use ponder::{EngineBuilder, GenerationParams};
+use ponder::{EngineBuilder, GenerationParams, SamplingParams};
 use std::path::Path;
 
 const VOCAB: usize = 97;
@@ -44,10 +44,33 @@ struct Case {
     #[serde(default)]
     cache: Option<String>,
     tokens: Vec<u32>,
+    /// Sampled decodes: the request's sampling parameters (absent: greedy).
+    #[serde(default)]
+    sampling: Option<Sampling>,
+}
+
+#[derive(serde::Deserialize)]
+struct Sampling {
+    temperature: f32,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    seed: u64,
+}
+
+impl Case {
+    fn params(&self) -> GenerationParams {
+        let greedy = GenerationParams::greedy(self.gen);
+        match &self.sampling {
+            None => greedy,
+            Some(s) => {
+                GenerationParams { sampling: SamplingParams { temperature: s.temperature, top_k: s.top_k, top_p: s.top_p, seed: Some(s.seed) }, ..greedy }
+            }
+        }
+    }
 }
 
 #[test]
-fn greedy_decoding_matches_the_float64_reference() {
+fn greedy_and_sampled_decoding_match_the_float64_reference() {
     let doc: serde_json::Value = serde_json::from_str(include_str!("fixtures/tiny_bidirectional_reference.json")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     write_models(tmp.path());
@@ -59,9 +82,11 @@ fn greedy_decoding_matches_the_float64_reference() {
     }
     let cases: Vec<Case> = serde_json::from_value(doc["cases"].clone()).unwrap();
     assert!(cases.len() >= 12);
+    assert!(cases.iter().filter(|c| c.sampling.is_some()).count() >= 6, "sampled decodes of both families");
     assert!(cases.iter().any(|c| c.cache.as_deref() == Some("prefix")) && cases.iter().any(|c| c.cache.as_deref() == Some("dual")));
     for c in cases {
-        let label = format!("{} {} {:?} block {} steps {} prompt {:?}", c.family, c.schedule, c.cache, c.block, c.steps, c.prompt);
+        let label =
+            format!("{} {} {:?} block {} steps {} prompt {:?} sampling {:?}", c.family, c.schedule, c.cache, c.block, c.steps, c.prompt, c.params().sampling);
         let cache = match c.cache.as_deref() {
             None => CanvasCache::Exact,
             Some("prefix") => CanvasCache::Prefix,
@@ -91,7 +116,7 @@ fn greedy_decoding_matches_the_float64_reference() {
             }
         };
         let mut engine = b.build().unwrap();
-        let out = engine.generate([c.prompt.clone()], &GenerationParams::greedy(c.gen)).unwrap().remove(0).unwrap();
+        let out = engine.generate([c.prompt.clone()], &c.params()).unwrap().remove(0).unwrap();
         assert_eq!(out.token_ids, c.tokens, "{label}");
         assert_eq!(engine.requests().kv().num_used_blocks(), 0);
     }

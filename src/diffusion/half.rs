@@ -2,6 +2,7 @@
 
 use super::launch::{DenoiseLaunch, DenoiseResult, DiffusionScheduler};
 use super::runner::DiffusionRunner;
+use super::StepDraw;
 use crate::engine::{Completed, EngineMetrics, FamilyMetrics, Half, Live};
 use crate::error::InvalidRequest;
 use crate::request::{GenerationParams, RequestId, TokenCompute};
@@ -29,11 +30,9 @@ impl Half for DiffusionHalf {
     fn kv_positions(&self, prompt_len: usize, max_new_tokens: usize) -> usize {
         self.scheduler.kv_positions(prompt_len, max_new_tokens)
     }
-    /// Decoding is greedy: a step reveals the argmax tokens by confidence.
+    /// Temperature 0 (or top-k 1) reveals the argmax tokens by confidence; otherwise a step
+    /// draws its tokens as the family's sampler does ([`crate::diffusion::DiffusionSampler`]).
     fn validate(&self, params: &GenerationParams) -> Result<(), InvalidRequest> {
-        if !params.sampling.is_greedy() {
-            return Err(InvalidRequest::BadSampling("diffusion models decode greedily (temperature 0)".into()));
-        }
         if !params.forced_tokens.is_empty() {
             return Err(InvalidRequest::BadSampling("teacher forcing is not supported for diffusion models".into()));
         }
@@ -50,8 +49,11 @@ impl Half for DiffusionHalf {
     fn shape(launch: &DenoiseLaunch) -> (&'static str, usize, usize) {
         ("denoise", launch.rows.len(), launch.num_tokens())
     }
-    fn issue(&mut self, launch: &DenoiseLaunch, _live: &mut HashMap<RequestId, Live>) -> candle_core::Result<DenoiseResult> {
-        self.runner.run(launch)
+    fn issue(&mut self, launch: &DenoiseLaunch, live: &mut HashMap<RequestId, Live>) -> candle_core::Result<DenoiseResult> {
+        // A step row (one with readouts) of a sampling request takes that request's next draws.
+        let draws: Vec<Option<StepDraw>> =
+            launch.rows.iter().map(|r| if r.readout.is_empty() { None } else { live.get_mut(&r.request).and_then(Live::next_step_draw) }).collect();
+        self.runner.run(launch, &draws)
     }
     fn collect(&mut self, result: DenoiseResult) -> candle_core::Result<DenoiseResult> {
         Ok(result)

@@ -19,11 +19,14 @@ mod metrics;
 pub mod models;
 mod options;
 pub(crate) mod runner;
+mod sampling;
 mod scheduler;
 mod unmask;
 
 pub use launch::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput, DiffusionScheduler, Emitted, EvictRow};
+pub use crate::sampling::FilterOrder;
 pub use metrics::DenoiseStats;
+pub use sampling::{DiffusionSampler, StepDraw};
 pub use options::{DiffusionOptions, DiffusionSchedulerContext};
 pub use scheduler::{DiffusionBatching, DiffusionConfig};
 

@@ -3,7 +3,8 @@
 //! the greedy token and its probability at the rows' readout tokens.
 
 use crate::diffusion::models::{DiffusionAttention, DiffusionModel};
-use crate::diffusion::{Confidence, EvictionInput, EvictionPolicy};
+use crate::diffusion::sampling::sampled_readout;
+use crate::diffusion::{Confidence, EvictionInput, EvictionPolicy, StepDraw};
 use crate::diffusion::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput};
 use crate::kv::KvStore;
 use crate::ops::{compact_rows, importance_of, AttnMask, PagedBatch, PagedBatchHost, RopeAngles};
@@ -14,6 +15,10 @@ use std::time::{Duration, Instant};
 /// After eviction: the final residual stream, the addressing it is packed by, and each row's
 /// kept token indices (`None` for rows not scored).
 type Evicted = (Tensor, PagedBatchHost, Vec<Option<Vec<u32>>>);
+
+/// Readouts a sampled readout takes at once: it holds a few `[rows, vocab]` f32 temporaries
+/// (≈ 150 MB each at 256 rows of a 150k vocabulary).
+const SAMPLED_CHUNK: usize = 256;
 
 /// Accumulated wall time per phase of the denoise launches, in first-seen order.
 pub type PhaseTimes = Vec<(&'static str, Duration)>;
@@ -150,10 +155,11 @@ impl DiffusionRunner {
         self.model.device()
     }
 
-    /// Runs `launch` and reads its results back (one synchronisation per launch).
-    pub fn run(&self, launch: &DenoiseLaunch) -> Result<DenoiseResult> {
+    /// Runs `launch` and reads its results back (one synchronisation per launch). `draws` holds,
+    /// per row, the step's draws of a sampling request (`None` or absent: greedy).
+    pub fn run(&self, launch: &DenoiseLaunch, draws: &[Option<StepDraw>]) -> Result<DenoiseResult> {
         let mut lap = self.lap();
-        let fwd = self.forward_lapped(launch, &mut lap)?;
+        let fwd = self.forward_lapped(launch, draws, &mut lap)?;
         let tokens = fwd.tokens.to_vec1::<u32>()?;
         let conf = fwd.confidence.to_vec1::<f32>()?;
         lap.mark("lm head + readout")?;
@@ -179,10 +185,10 @@ impl DiffusionRunner {
     /// Runs `launch` on the device; results stay there.
     #[cfg(any(test, feature = "testing"))]
     pub fn forward(&self, launch: &DenoiseLaunch) -> Result<DenoiseForward> {
-        self.forward_lapped(launch, &mut Lap { clock: None, device: self.model.device() })
+        self.forward_lapped(launch, &[], &mut Lap { clock: None, device: self.model.device() })
     }
 
-    fn forward_lapped(&self, launch: &DenoiseLaunch, lap: &mut Lap) -> Result<DenoiseForward> {
+    fn forward_lapped(&self, launch: &DenoiseLaunch, draws: &[Option<StepDraw>], lap: &mut Lap) -> Result<DenoiseForward> {
         if self.check_launches {
             let spec = self.model.spec();
             let bounds =
@@ -217,20 +223,22 @@ impl DiffusionRunner {
             }
             Some(policy) => self.forward_evicting(launch, policy, h, &rope, host, lap)?,
         };
-        // Read out the readout tokens that ran to the end, in row order.
-        let (mut readout, mut per_row) = (Vec::new(), Vec::with_capacity(launch.rows.len()));
+        // Read out the readout tokens that ran to the end, in row order, each with its draw.
+        let (mut readout, mut per_row, mut rows) = (Vec::new(), Vec::with_capacity(launch.rows.len()), Vec::new());
         for (r, row) in launch.rows.iter().enumerate() {
             let base = host.cu_q_lens[r];
             let before = readout.len();
-            match &kept[r] {
-                Some(k) if !self.shadow => {
-                    for &i in &row.readout {
-                        if let Ok(at) = k.binary_search(&i) {
-                            readout.push(base + at as u32);
-                        }
-                    }
-                }
-                _ => readout.extend(row.readout.iter().map(|&i| base + i)),
+            let draw = draws.get(r).copied().flatten();
+            for &i in &row.readout {
+                let at = match &kept[r] {
+                    Some(k) if !self.shadow => match k.binary_search(&i) {
+                        Ok(at) => at as u32,
+                        Err(_) => continue,
+                    },
+                    _ => i,
+                };
+                readout.push(base + at);
+                rows.push(draw.map(|d| d.row(row.positions[i as usize])));
             }
             per_row.push(readout.len() - before);
         }
@@ -239,8 +247,37 @@ impl DiffusionRunner {
             return Ok(DenoiseForward { tokens: empty_u, confidence: Tensor::zeros(0, DType::F32, dev)?, per_row, kept });
         }
         let h = h.index_select(&Tensor::new(readout.as_slice(), dev)?, 0)?;
-        let (tokens, confidence) = self.greedy_readout(&h)?;
+        let (tokens, confidence) = if rows.iter().all(Option::is_none) { self.greedy_readout(&h)? } else { self.mixed_readout(&h, &rows)? };
         Ok(DenoiseForward { tokens, confidence, per_row, kept })
+    }
+
+    /// A launch whose readouts sample (`Some` draws) and decode greedily (`None`): each part
+    /// read out on its own, so a greedy request's tokens do not depend on its batch, then put
+    /// back in readout order.
+    fn mixed_readout(&self, h: &Tensor, rows: &[Option<crate::sampling::RowSampling>]) -> Result<(Tensor, Tensor)> {
+        let dev = h.device();
+        let (sampled, greedy): (Vec<u32>, Vec<u32>) = (0..rows.len() as u32).partition(|&i| rows[i as usize].is_some());
+        let draws: Vec<_> = rows.iter().flatten().copied().collect();
+        let (mut tokens, mut confidence) = (Vec::new(), Vec::new());
+        for (at, draws) in sampled.chunks(SAMPLED_CHUNK).zip(draws.chunks(SAMPLED_CHUNK)) {
+            let logits = self.model.head(&h.index_select(&Tensor::new(at, dev)?, 0)?)?.broadcast_add(&self.no_mask_bias)?;
+            let (t, c) = sampled_readout(&logits, draws, self.model.spec().sampler, self.confidence)?;
+            tokens.push(t);
+            confidence.push(c);
+        }
+        let (mut tokens, mut confidence) = (Tensor::cat(&tokens, 0)?, Tensor::cat(&confidence, 0)?);
+        if !greedy.is_empty() {
+            let (t, c) = self.greedy_readout(&h.index_select(&Tensor::new(greedy.as_slice(), dev)?, 0)?)?;
+            let order: Vec<u32> = sampled.iter().chain(&greedy).copied().collect();
+            let mut inverse = vec![0u32; order.len()];
+            for (at, &i) in order.iter().enumerate() {
+                inverse[i as usize] = at as u32;
+            }
+            let inverse = Tensor::new(inverse.as_slice(), dev)?;
+            tokens = Tensor::cat(&[&tokens, &t.to_dtype(tokens.dtype())?], 0)?.index_select(&inverse, 0)?;
+            confidence = Tensor::cat(&[&confidence, &c.to_dtype(candle_core::DType::F32)?], 0)?.index_select(&inverse, 0)?;
+        }
+        Ok((tokens, confidence))
     }
 
     fn greedy_readout(&self, h: &Tensor) -> Result<(Tensor, Tensor)> {

@@ -2,6 +2,7 @@
 //! sampling row's seeded uniform and forced token).
 
 use super::detok::Detokenizer;
+use crate::diffusion::StepDraw;
 use crate::request::GenerationParams;
 use crate::sampling::{RowSampling, Sampler};
 use std::time::Instant;
@@ -28,5 +29,16 @@ impl Live {
         row.forced = self.params.forced_tokens.get(self.issued).copied();
         self.issued += 1;
         row
+    }
+
+    /// The draws of the request's next denoising step; `None` when it decodes greedily.
+    pub(crate) fn next_step_draw(&mut self) -> Option<StepDraw> {
+        let s = self.sampler.params();
+        if s.is_greedy() {
+            return None;
+        }
+        let draw = StepDraw { temperature: s.temperature, top_k: s.top_k, top_p: s.top_p, key: self.sampler.key(), step: self.issued as u64 };
+        self.issued += 1;
+        Some(draw)
     }
 }

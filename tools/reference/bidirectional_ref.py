@@ -33,8 +33,12 @@ import json
 import math
 import pathlib
 import struct
+import sys
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from diffusion_sampling import family_sampler, sample  # noqa: E402
 
 
 def load_safetensors(path: pathlib.Path) -> dict:
@@ -150,14 +154,24 @@ class Model:
         out[run] = h @ head.T
         return out
 
-    def step(self, x, order="maskgit_plus", fresh=None, cache=None, gaps=None):
+    def step(self, x, order="maskgit_plus", fresh=None, cache=None, gaps=None, draw=None, step=0):
         """Per canvas position, the greedy token and its confidence for the token *at* that
         position (Dream's shift applied); `fresh` / `cache` as in `logits`. A list as `gaps`
-        receives each position's gap between its best and second-best token's probability."""
+        receives each position's gap between its best and second-best token's probability.
+        With a `draw` (diffusion_sampling.Draw) the token is the family's sample instead, `step`
+        the request's denoising steps before this one, and `gaps` each draw's margin."""
         logits = self.logits(x, fresh, cache)
         if self.shift:
             logits = np.concatenate([logits[:1], logits[:-1]], 0)
         logits[:, self.mask_id] = -np.inf
+        if draw is not None:
+            sampler = draw.sampler or family_sampler(self.kind)
+            # The logits at position i − 1 predict token i under Dream's shift (0 its own).
+            # Only masked positions are read (the cached modes leave other rows' logits unset).
+            drawn = [sample(logits[i], draw, step, max(i - self.shift, 0), sampler, order) if x[i] == self.mask_id and np.isfinite(logits[i].max()) else (0, 0.0, 1.0) for i in range(len(x))]
+            if gaps is not None:
+                gaps[:] = [m for _, _, m in drawn]
+            return np.array([t for t, _, _ in drawn]), np.array([c for _, c, _ in drawn])
         logits -= logits.max(-1, keepdims=True)
         probs = np.exp(logits)
         probs /= probs.sum(-1, keepdims=True)
@@ -190,13 +204,14 @@ def cut_margin(masked, conf, pick):
     return [abs(conf[ranked[k - 1]] - conf[ranked[k]])] if 0 < k < len(ranked) else []
 
 
-def semi_ar(model, prompt, gen, block, steps, schedule, cache="exact", margins=None):
+def semi_ar(model, prompt, gen, block, steps, schedule, cache="exact", margins=None, draw=None):
     """LLaDA's generate (module docs); with a list as `margins`, each step appends how close it
-    came to deciding otherwise (a best-token probability gap, the cut between revealed and kept
-    positions, a confidence against τ)."""
+    came to deciding otherwise (a best-token probability gap or a draw's margin, the cut between
+    revealed and kept positions, a confidence against τ). `draw`: sample (Model.step)."""
     assert cache == "exact" or not model.shift, "the cached modes are written for unshifted logits (LLaDA)"
     x = list(prompt) + [model.mask_id] * gen
     p = len(prompt)
+    n = 0  # denoising steps run
     for start in range(p, p + gen, block):
         end = min(start + block, p + gen)
         m0 = end - start
@@ -207,13 +222,14 @@ def semi_ar(model, prompt, gen, block, steps, schedule, cache="exact", margins=N
                 break
             gaps = []
             if cache == "exact" or step == 0:
-                tokens, conf = model.step(x, cache=kv, gaps=gaps)
+                tokens, conf = model.step(x, cache=kv, gaps=gaps, draw=draw, step=n)
             elif cache == "prefix":
-                tokens, conf = model.step(x, fresh=list(range(start, p + gen)), cache=kv, gaps=gaps)
+                tokens, conf = model.step(x, fresh=list(range(start, p + gen)), cache=kv, gaps=gaps, draw=draw, step=n)
             elif cache == "dual":
-                tokens, conf = model.step(x, fresh=list(range(start, end)), cache=kv, gaps=gaps)
+                tokens, conf = model.step(x, fresh=list(range(start, end)), cache=kv, gaps=gaps, draw=draw, step=n)
             else:
                 raise ValueError(cache)
+            n += 1
             if step + 1 >= steps:
                 pick = masked
             elif schedule == "linear":
@@ -235,8 +251,8 @@ def semi_ar(model, prompt, gen, block, steps, schedule, cache="exact", margins=N
     return x[p:]
 
 
-def dream_sampler(model, prompt, gen, steps, order, eps=1e-3, margins=None):
-    """Dream's sampler (module docs); `margins` as in `semi_ar`."""
+def dream_sampler(model, prompt, gen, steps, order, eps=1e-3, margins=None, draw=None):
+    """Dream's sampler (module docs); `margins` and `draw` as in `semi_ar`."""
     x = list(prompt) + [model.mask_id] * gen
     p = len(prompt)
     t = [1.0 - i * (1.0 - eps) / steps for i in range(steps + 1)]
@@ -245,7 +261,7 @@ def dream_sampler(model, prompt, gen, steps, order, eps=1e-3, margins=None):
         if not masked:
             break
         gaps = []
-        tokens, conf = model.step(x, order, gaps=gaps)
+        tokens, conf = model.step(x, order, gaps=gaps, draw=draw, step=i)
         k = len(masked) if i + 1 >= steps else math.floor(len(masked) * (1.0 - t[i + 1] / t[i]))
         pick = top(masked, conf, k)
         if margins is not None:

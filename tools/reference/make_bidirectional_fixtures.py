@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Fixtures for tests/parity_bidirectional.rs: greedy decodes of tiny random LLaDA and Dream
-checkpoints by the float64 reference (bidirectional_ref.py), whole canvas every step.
+"""Fixtures for tests/parity_bidirectional.rs: greedy and sampled decodes of tiny random LLaDA and
+Dream checkpoints by the float64 reference (bidirectional_ref.py, diffusion_sampling.py).
 
     cargo test --test parity_bidirectional -- --ignored write_reference_models   # writes target/reference-models/{llada,dream}
     python3 tools/reference/make_bidirectional_fixtures.py                         # writes tests/fixtures/tiny_bidirectional_reference.json
@@ -16,6 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from bidirectional_ref import Model, dream_sampler, semi_ar  # noqa: E402
+from diffusion_sampling import Draw  # noqa: E402
 from fixture_checks import MIN_MARGIN  # noqa: E402
 from sources import sources  # noqa: E402
 
@@ -50,6 +51,42 @@ CACHED = [
     ([12, 50, 7, 7, 81], 12, 4, 4, "static:1", "dual"),
 ]
 
+# Sampled decodes: (family, prompt, gen, block, steps, schedule, cache, sampling). The seed is the
+# first from the one given whose decode decides nothing within MIN_MARGIN.
+SAMPLED = [
+    ("llada", [5, 17, 3, 40, 22], 12, 4, 2, "linear", None, {"temperature": 0.8, "seed": 1}),
+    ("llada", [30, 31, 32], 12, 8, 8, "threshold:0.3", None, {"temperature": 1.0, "top_k": 3, "top_p": 0.9, "seed": 2}),
+    ("llada", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 8, 4, "linear", "dual", {"temperature": 0.7, "seed": 3}),
+    ("dream", [5, 17, 3, 40, 22], 12, 4, 2, "linear", None, {"temperature": 0.5, "top_p": 0.95, "seed": 4}),
+    ("dream", [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 90], 10, 0, 10, "dream:entropy", None, {"temperature": 0.2, "seed": 5}),
+    ("dream", [5, 17, 3, 40, 22], 12, 0, 6, "dream:topk_margin", None, {"temperature": 1.0, "top_k": 4, "seed": 6}),
+    ("dream", [12, 50, 7, 7, 81], 12, 8, 8, "threshold:0.3", None, {"temperature": 0.8, "top_k": 3, "top_p": 0.8, "seed": 8}),
+]
+
+
+# What a family's sampler is told apart from: where a case gives both cuts, the decode under the
+# other order (or, for LLaDA, a confidence on the cut distribution) must differ.
+WRONG = {"llada": "k_then_p", "dream": "k_then_p"}
+
+
+def sampled_decode(model, family, prompt, gen, block, steps, schedule, cache, sampling):
+    def decode(draw, margins):
+        if schedule.startswith("dream:"):
+            return dream_sampler(model, prompt, gen, steps, schedule.split(":")[1], margins=margins, draw=draw)
+        return semi_ar(model, prompt, gen, block, steps, schedule, cache or "exact", margins, draw=draw)
+
+    for seed in range(sampling["seed"], sampling["seed"] + 200):
+        s = dict(sampling, seed=seed)
+        args = (s["temperature"], s.get("top_k"), s.get("top_p"), seed)
+        margins = []
+        tokens = decode(Draw(*args), margins)
+        if min(margins) <= MIN_MARGIN:
+            continue
+        if "top_k" in s and "top_p" in s and decode(Draw(*args, sampler=WRONG[family]), []) == tokens:
+            continue
+        return tokens, s, min(margins)
+    raise RuntimeError(f"no seed decides clearly (and tells the sampler apart): {schedule} {prompt}")
+
 
 def main():
     models = {f: Model(MODELS / f) for f in ("llada", "dream")}
@@ -71,10 +108,17 @@ def main():
         exact = semi_ar(models["llada"], prompt, gen, block, steps, schedule)
         out.append({"family": "llada", "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "cache": cache, "tokens": tokens, "min_margin": min(margins)})
         print("llada", schedule, cache, block, steps, tokens, "(differs from exact)" if tokens != exact else "")
+    for family, prompt, gen, block, steps, schedule, cache, sampling in SAMPLED:
+        tokens, sampling, margin = sampled_decode(models[family], family, prompt, gen, block, steps, schedule, cache, sampling)
+        case = {"family": family, "prompt": prompt, "gen": gen, "block": block, "steps": steps, "schedule": schedule, "tokens": tokens, "min_margin": margin, "sampling": sampling}
+        if cache:
+            case["cache"] = cache
+        out.append(case)
+        print(family, schedule, cache or "", sampling, tokens)
     checksums = {f: float(sum(np.abs(v).sum() for v in m.w.values())) for f, m in models.items()}
     doc = {
-        "reference": "tools/reference/bidirectional_ref.py (float64 numpy, whole canvas every step, greedy)",
-        "sources": sources("tools/reference/make_bidirectional_fixtures.py", "tools/reference/fixture_checks.py", "tools/reference/bidirectional_ref.py"),
+        "reference": "tools/reference/bidirectional_ref.py (float64 numpy; greedy, and sampled by diffusion_sampling.py)",
+        "sources": sources("tools/reference/make_bidirectional_fixtures.py", "tools/reference/fixture_checks.py", "tools/reference/bidirectional_ref.py", "tools/reference/diffusion_sampling.py"),
         "models": "ponder::testing::write_random_{llada,dream}(tiny_{llada,dream}_config(97), seed 11 / 52)",
         "weight_abs_sum": checksums,
         # The configs the models were read with: the Rust test checks it writes the same.

@@ -4,6 +4,7 @@
 use super::transformer::qwen_named_arch;
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, Naming};
 use crate::diffusion::models::DreamConfig;
+use crate::diffusion::{DiffusionSampler, FilterOrder};
 use crate::loader::Weights;
 
 /// Dream's constructors.
@@ -25,6 +26,7 @@ impl Dream {
             block_length: None,
             moe: None,
             unmask_threshold: None,
+            sampler: DiffusionSampler::Filtered(FilterOrder::TopPThenTopK),
         })
     }
 

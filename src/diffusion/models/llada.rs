@@ -3,6 +3,7 @@
 
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, Naming};
 use crate::diffusion::models::LladaConfig;
+use crate::diffusion::DiffusionSampler;
 use crate::loader::Weights;
 
 /// LLaDA's constructors.
@@ -34,6 +35,7 @@ impl Llada {
             block_length: None,
             moe: None,
             unmask_threshold: None,
+            sampler: DiffusionSampler::Gumbel,
             max_context: cfg.max_sequence_length,
         }
     }

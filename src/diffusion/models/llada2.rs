@@ -8,6 +8,7 @@ use super::moe::{RouterArch, Scoring};
 use super::transformer::qwen_named_arch;
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, MoeArch, Naming};
 use crate::diffusion::models::Llada2Config;
+use crate::diffusion::{DiffusionSampler, FilterOrder};
 use crate::loader::Weights;
 
 /// LLaDA2.0's constructors.
@@ -42,6 +43,7 @@ impl Llada2 {
             block_length: Some(cfg.block_size.unwrap_or(Llada2Config::DEFAULT_BLOCK)),
             // The released generate's and the tech report's setting.
             unmask_threshold: Some(0.95),
+            sampler: DiffusionSampler::Filtered(FilterOrder::TopKThenTopP),
             // A config whose layers are all dense (`first_k_dense_replace` covers them) has no
             // router to check or build, as its validation already allows.
             moe: (cfg.num_hidden_layers > cfg.first_k_dense_replace).then(|| MoeArch {

@@ -62,6 +62,8 @@ pub struct DiffusionSpec {
     /// The confidence threshold the family's releases decode with: the unmask policy when none
     /// is set (`None`: 0.9).
     pub unmask_threshold: Option<f32>,
+    /// How the family's own `generate` samples a step's tokens at temperature > 0.
+    pub sampler: crate::diffusion::DiffusionSampler,
     pub max_context: usize,
     /// Parameters one token touches in the layers (no embedding, no LM head).
     pub layer_params: u64,

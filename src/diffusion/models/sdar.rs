@@ -7,6 +7,7 @@ use super::moe::{RouterArch, Scoring};
 use super::transformer::qwen_named_arch;
 use super::{DenseArch, DenseDiffusion, DiffusionAttention, MoeArch, Naming};
 use crate::diffusion::models::SdarConfig;
+use crate::diffusion::{DiffusionSampler, FilterOrder};
 use crate::loader::Weights;
 
 /// SDAR's constructors.
@@ -46,6 +47,7 @@ impl Sdar {
                 expert_bias: false,
             }),
             unmask_threshold: None,
+            sampler: DiffusionSampler::Filtered(FilterOrder::TopKThenTopP),
         })
     }
 

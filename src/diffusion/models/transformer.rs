@@ -137,6 +137,8 @@ pub struct DenseArch {
     pub block_length: Option<usize>,
     /// The released decoding's confidence threshold, when it is not the engine's 0.9.
     pub unmask_threshold: Option<f32>,
+    /// How the family's own `generate` samples a step's tokens at temperature > 0.
+    pub sampler: crate::diffusion::DiffusionSampler,
     pub max_context: usize,
     /// Mixture-of-experts MLPs in the layers `moe_layers` marks (Qwen3-MoE / Ling-2.0 names:
     /// `mlp.gate`, `mlp.experts.{e}.{gate,up,down}_proj`, `mlp.shared_experts`).
@@ -356,6 +358,7 @@ impl DenseDiffusion {
             shift_logits: a.shift_logits,
             block_length: a.block_length,
             unmask_threshold: a.unmask_threshold,
+            sampler: a.sampler,
             max_context: a.max_context,
             layer_params: layer_params as u64,
             // What the head's matmul touches per token read (padding rows included).
