@@ -77,6 +77,43 @@ pub enum Error {
     /// The engine thread behind an [`crate::EngineHandle`] has stopped.
     #[error("engine thread stopped")]
     EngineStopped,
+
+    /// Downloading `repo` from the Hugging Face hub failed (the `hub` feature:
+    /// `ModelDir::from_hub`); [`HubError`] says why. A repository that downloads but is no
+    /// checkpoint (no `config.json`, no weights) is the error [`crate::loader::ModelDir::open`]
+    /// gives for it, not this one.
+    #[error("hub repo `{repo}`: {reason}")]
+    Hub { repo: String, reason: HubError },
+}
+
+/// Why a download from the Hugging Face hub failed ([`Error::Hub`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HubError {
+    /// The hub has no such repository. (The hub answers alike for a private repository the
+    /// token does not open.)
+    RepoNotFound,
+    /// The repository has no such branch, tag or commit.
+    RevisionNotFound(String),
+    /// The repository lists this file, but the hub does not serve it.
+    FileNotFound(String),
+    /// The hub asks for a token, or refuses the one given (401 / 403).
+    Unauthorized(String),
+    /// Anything else — the network, an unexpected answer, the cache directory; the message
+    /// says what.
+    Other(String),
+}
+
+impl std::fmt::Display for HubError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::RepoNotFound => write!(f, "repository not found"),
+            Self::RevisionNotFound(r) => write!(f, "revision `{r}` not found"),
+            Self::FileNotFound(file) => write!(f, "`{file}` is listed but not served"),
+            Self::Unauthorized(s) => write!(f, "unauthorized: {s}"),
+            Self::Other(s) => write!(f, "{s}"),
+        }
+    }
 }
 
 /// Why a request was rejected at admission.

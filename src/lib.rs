@@ -100,7 +100,7 @@ pub use diffusion::DiffusionOptions;
 pub use engine::{
     Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId, RequestStream, TokenCompute,
 };
-pub use error::{Error, InvalidRequest, Result};
+pub use error::{Error, HubError, InvalidRequest, Result};
 pub use looped::{KvLayoutKind, LoopedOptions, SchedulerKind};
 pub use sampling::SamplingParams;
 

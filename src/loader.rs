@@ -10,6 +10,11 @@ use candle_core::{DType, Device, Shape, Tensor};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "hub")]
+mod hub;
+#[cfg(feature = "hub")]
+pub use hub::HubOptions;
+
 /// A model directory, parsed but with weights not yet read.
 #[derive(Debug, Clone)]
 pub struct ModelDir {
@@ -89,24 +94,32 @@ impl ModelDir {
         self.tokenizer_file.as_deref().map(parse_tokenizer).transpose()
     }
 
-    /// Downloads `repo` ("owner/name") from the Hugging Face hub — config, generation config,
-    /// tokenizer and safetensors (single or sharded) — into the hub cache and opens it.
+    /// Downloads `repo` ("owner/name") from the Hugging Face hub into the hub cache and opens
+    /// it: [`Self::from_hub_with`] with the hub's defaults ([`HubOptions::default`]).
     #[cfg(feature = "hub")]
     pub fn from_hub(repo: &str) -> Result<Self> {
-        let hub = |e: hf_hub::HFError| Error::InvalidOption(format!("hub {repo}: {e}"));
-        let (owner, name) = repo.split_once('/').ok_or_else(|| Error::InvalidOption(format!("hub repo `{repo}` is not owner/name")))?;
-        let client = hf_hub::HFClientSync::new().map_err(hub)?;
-        let patterns = [
-            "config.json",
-            "generation_config.json",
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "chat_template.jinja",
-            "*.safetensors",
-            "model.safetensors.index.json",
-        ];
-        let dir = client.model(owner, name).snapshot_download().allow_patterns(patterns.iter().map(|p| p.to_string()).collect()).send().map_err(hub)?;
-        Self::open(dir)
+        Self::from_hub_with(repo, &HubOptions::default())
+    }
+
+    /// Downloads `repo` ("owner/name") from the hub `options` name into its cache and opens the
+    /// snapshot ([`Self::path`] is the snapshot directory, inside the cache).
+    ///
+    /// Only the files a model needs are fetched — `config.json`, `generation_config.json`,
+    /// `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja` and the safetensors
+    /// (single, sharded with their index, exit gates) at the repository's top level — and
+    /// only those not in the cache already; the hub is still asked which commit the revision
+    /// is and which files it holds. When the hub cannot be reached (no connection, a timeout,
+    /// a 5xx answer), the snapshot the cache holds for the revision is opened instead.
+    ///
+    /// Errors: [`Error::Hub`] with [`crate::HubError::RepoNotFound`],
+    /// [`RevisionNotFound`](crate::HubError::RevisionNotFound),
+    /// [`FileNotFound`](crate::HubError::FileNotFound) (listed, not served),
+    /// [`Unauthorized`](crate::HubError::Unauthorized) or
+    /// [`Other`](crate::HubError::Other); a repository that downloads but is no checkpoint
+    /// gives the error [`Self::open`] gives for it.
+    #[cfg(feature = "hub")]
+    pub fn from_hub_with(repo: &str, options: &HubOptions) -> Result<Self> {
+        Self::open(hub::download(repo, options)?)
     }
 }
 

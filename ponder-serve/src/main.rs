@@ -2,22 +2,34 @@
 //!
 //!     cargo run --release -p ponder-serve                        # the tiny Ouro, CPU, 127.0.0.1:8000
 //!     cargo run --release -p ponder-serve -- --model assets/tiny-sdar --port 8080
+//!     cargo run --release -p ponder-serve --features hub -- --model owner/name   # from the hub
 
 use clap::Parser;
 use ponder::config::ModelConfig;
 use ponder::loader::ModelDir;
 use ponder::{DType, Device, EngineBuilder};
 use ponder_serve::{router, AppState, Defaults, Limits};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Parser, Debug)]
 #[command(about = "An OpenAI-compatible HTTP server for a Ponder engine")]
 struct Args {
-    /// A checkpoint directory (config.json, safetensors, tokenizer.json).
+    /// A checkpoint directory (config.json, safetensors, tokenizer.json), or — a build with
+    /// `--features hub` — a hub repository `owner/name` that is no directory here, downloaded
+    /// into the hub cache.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../assets/tiny-ouro"))]
     model: PathBuf,
-    /// The model id clients name (default: the directory's name).
+    /// The hub `--model owner/name` comes from (default: `HF_ENDPOINT`, else huggingface.co).
+    #[cfg(feature = "hub")]
+    #[arg(long)]
+    hub_endpoint: Option<String>,
+    /// The hub cache to download into (default: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+    /// `~/.cache/huggingface/hub`).
+    #[cfg(feature = "hub")]
+    #[arg(long)]
+    hub_cache: Option<PathBuf>,
+    /// The model id clients name (default: the directory's name, or the hub repository).
     #[arg(long)]
     served_model_name: Option<String>,
     #[arg(long, default_value = "127.0.0.1")]
@@ -89,8 +101,11 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
-    let a = Args::parse();
-    let looped = matches!(ModelDir::open(&a.model)?.config, ModelConfig::Ouro(_) | ModelConfig::Huginn(_));
+    let mut a = Args::parse();
+    let (model, model_name) = open_model(&a)?;
+    // From here on the model is its directory (a hub repository's snapshot in the cache).
+    a.model = model.path.clone();
+    let looped = matches!(model.config, ModelConfig::Ouro(_) | ModelConfig::Huginn(_));
     let mut b = EngineBuilder::new(&a.model);
     if a.cuda {
         b = b.device(Device::new_cuda(0)?).dtype(DType::BF16);
@@ -108,10 +123,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         b = b.kv_memory_fraction(f);
     }
     b = engine_options(b, &a)?;
-    let name = a.served_model_name.clone().unwrap_or_else(|| {
-        let canonical = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
-        canonical.file_name().map_or("model".into(), |n| n.to_string_lossy().into_owned())
-    });
+    let name = a.served_model_name.clone().unwrap_or(model_name);
     let defaults = Defaults { model: name, max_tokens: a.default_max_tokens, temperature: a.default_temperature.unwrap_or(if looped { 1.0 } else { 0.0 }) };
     let running = a.max_num_seqs.unwrap_or(ponder::scheduler::SchedulerLimits::default().max_num_seqs);
     let limits = Limits {
@@ -123,6 +135,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("serving `{}` on http://{}", state.defaults.model, listener.local_addr()?);
     axum::serve(listener, router(state, a.max_body_bytes)).with_graceful_shutdown(shutdown()).await?;
     Ok(())
+}
+
+/// The checkpoint `--model` names and the model id it is served as by default: a directory and
+/// its name, or (the `hub` feature) a hub repository `owner/name` that is no directory here,
+/// downloaded into the cache, and its id.
+fn open_model(a: &Args) -> Result<(ModelDir, String), Box<dyn std::error::Error>> {
+    let repo = hub_repo(&a.model);
+    #[cfg(feature = "hub")]
+    if let Some(repo) = repo {
+        let options = ponder::loader::HubOptions { endpoint: a.hub_endpoint.clone(), cache_dir: a.hub_cache.clone(), ..Default::default() };
+        eprintln!("fetching `{repo}` from the hub");
+        return Ok((ModelDir::from_hub_with(repo, &options)?, repo.to_string()));
+    }
+    #[cfg(not(feature = "hub"))]
+    if let Some(repo) = repo {
+        return Err(format!("--model {repo}: no such directory (a hub repository needs a build with `--features hub`)").into());
+    }
+    let model = ModelDir::open(&a.model)?;
+    let canonical = a.model.canonicalize().unwrap_or_else(|_| a.model.clone());
+    let name = canonical.file_name().map_or("model".into(), |n| n.to_string_lossy().into_owned());
+    Ok((model, name))
+}
+
+/// `model` as a hub repository id: `owner/name` of letters, digits, `-`, `_` and `.`, and no
+/// directory here.
+fn hub_repo(model: &Path) -> Option<&str> {
+    let s = model.to_str()?;
+    let (owner, name) = s.split_once('/')?;
+    let part = |p: &str| !p.is_empty() && !p.starts_with('.') && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    (part(owner) && part(name) && !model.exists()).then_some(s)
 }
 
 /// The family options the flags ask for; each family ignores the other's (`EngineBuilder`
