@@ -1,6 +1,7 @@
 //! Block diffusion through the public engine on tiny random SDAR, LLaDA and Dream checkpoints:
 //! for every unmask policy, with and without the delayed cache, batched greedy output equals
-//! each request run alone (token-exact, f32, CPU), and the KV pool is empty afterwards.
+//! each request run alone (token-exact, f32, CPU), and the KV pool is empty afterwards; so does
+//! sampled output, for a given seed.
 
 use ponder::diffusion::{CanvasCache, Replay, StaticCount, Threshold, UnmaskPolicy, UnmaskTrace};
 use ponder::testing::{
@@ -189,6 +190,7 @@ fn bad_inputs_get_typed_errors() {
     // Context 512: prompt + new tokens rounded up to whole blocks must fit.
     assert!(rejected(e.add_request(vec![1; 505], GenerationParams::greedy(10))));
     let mut sampled = GenerationParams::greedy(4);
+    sampled.sampling.top_p = Some(0.0);
     sampled.sampling.temperature = 0.8;
     assert!(rejected(e.add_request(vec![1, 2], sampled)));
     // The engine still serves a good request afterwards.
@@ -389,4 +391,63 @@ fn reference_schedules_are_batch_invariant() {
     let endless = EngineBuilder::new(&dirs[2].1).max_model_len(64).diffusion(|o| o.block_length(32).dream_sampler(65, Confidence::Probability)).build();
     assert!(matches!(endless, Err(ponder::Error::InvalidOption(ref m)) if m.contains("65 steps")), "{:?}", endless.err());
     assert!(EngineBuilder::new(&dirs[2].1).max_model_len(64).diffusion(|o| o.block_length(32).dream_sampler(64, Confidence::Probability)).build().is_ok());
+}
+
+/// Sampled requests (temperature, top-k, top-p, seeds) beside greedy ones: each decodes the same
+/// tokens alone as in a batch, under every family's sampler and a cache or FOCUS; a seed
+/// reproduces its tokens and another seed changes them.
+#[test]
+fn sampled_decoding_is_seeded_and_batch_invariant() {
+    use ponder::diffusion::Focus;
+    use ponder::SamplingParams;
+    let tmp = tempfile::tempdir().unwrap();
+    let ps = diffusion_prompts(5, 3);
+    let sampled = |t: f32, k: Option<usize>, p: Option<f32>, seed: u64, n: usize| GenerationParams {
+        sampling: SamplingParams { temperature: t, top_k: k, top_p: p, seed: Some(seed) },
+        ..GenerationParams::greedy(n)
+    };
+    let params = |seed: u64| {
+        vec![
+            sampled(0.8, None, None, seed, 11),
+            GenerationParams::greedy(9),
+            sampled(1.0, Some(5), Some(0.9), seed + 1, 13),
+            sampled(0.5, None, Some(0.8), seed + 2, 7),
+            sampled(1.2, Some(3), None, seed + 3, 10),
+        ]
+    };
+    for (family, dir) in family_dirs(tmp.path()) {
+        let build = |width: usize| {
+            let b = EngineBuilder::new(&dir)
+                .block_size(4)
+                .diffusion(|o| o.block_length(8))
+                .max_num_seqs(width)
+                .max_num_batched_tokens(256)
+                .kv_capacity_tokens(2048);
+            match family {
+                "sdar" => b.diffusion(|o| o.delayed_cache(true).eviction_policy(Focus::default())),
+                "llada" => b.diffusion(|o| o.canvas_cache(CanvasCache::Dual)),
+                _ => b,
+            }
+            .build()
+            .unwrap()
+        };
+        let mut solo = build(1);
+        let alone = |solo: &mut Engine, params: &[GenerationParams]| -> Vec<Vec<u32>> {
+            ps.iter().zip(params).map(|(p, g)| solo.generate([p.clone()], g).unwrap().remove(0).unwrap().token_ids).collect()
+        };
+        let want = alone(&mut solo, &params(3));
+        assert_eq!(alone(&mut solo, &params(3)), want, "{family}: a seed reproduces its tokens");
+        let other = alone(&mut solo, &params(40));
+        assert_ne!(other, want, "{family}: another seed draws other tokens");
+        assert_eq!(other[1], want[1], "{family}: the greedy request does not depend on the others' seeds");
+        let mut batched = build(4);
+        let ids: Vec<RequestId> = ps.iter().zip(params(3)).map(|(p, g)| batched.add_request(p.clone(), g).unwrap()).collect();
+        let (mut got, mut events) = (HashMap::new(), 0);
+        drain(&mut batched, &mut got, &mut events);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(got.get(id).cloned().unwrap_or_default(), want[i], "{family}: request {i} batched");
+        }
+        assert_kv_empty(&batched);
+        assert_kv_empty(&solo);
+    }
 }

@@ -8,7 +8,7 @@
 
 mod common;
 use candle_core::Tensor;
-use common::fixture_policy;
+use common::{fixture_params, fixture_policy};
 use ponder::diffusion::models::{self, DenseDiffusion, DiffusionModel};
 use ponder::diffusion::Threshold;
 use ponder::loader::ModelDir;
@@ -102,11 +102,11 @@ fn check_forward(model: &DenseDiffusion, family: &str, moe_layers: &[usize]) {
 }
 
 #[test]
-fn greedy_decoding_matches_the_float64_reference() {
+fn greedy_and_sampled_decoding_match_the_float64_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = model_dir(tmp.path(), "llada2");
     let cases = fixture("llada2")["generate"].as_array().unwrap().clone();
-    let (mut varied, mut ended_on_eos, mut released_default) = (false, false, false);
+    let (mut varied, mut ended_on_eos, mut released_default, mut sampled) = (false, false, false, 0);
     for c in cases {
         let prompt: Vec<u32> = serde_json::from_value(c["prompt"].clone()).unwrap();
         let mut want: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
@@ -130,8 +130,10 @@ fn greedy_decoding_matches_the_float64_reference() {
             .diffusion(|o| o.block_length(block).unmask_policy(Threshold::new(t).unwrap()))
             .build()
             .unwrap();
-        let out = engine.generate([prompt.clone()], &GenerationParams::greedy(gen)).unwrap().remove(0).unwrap();
-        assert_eq!(out.token_ids, want, "prompt {prompt:?} block {block} threshold {t} eos {eos:?}");
+        let params = fixture_params(&c, gen);
+        sampled += usize::from(!params.sampling.is_greedy());
+        let out = engine.generate([prompt.clone()], &params).unwrap().remove(0).unwrap();
+        assert_eq!(out.token_ids, want, "prompt {prompt:?} block {block} threshold {t} eos {eos:?} {:?}", params.sampling);
         if t == 0.95 {
             // LLaDA2.0's released threshold, which its spec hands the builder as the default
             // unmask policy (on this tiny model 0.9 decodes the same tokens, so the spec is what
@@ -145,22 +147,25 @@ fn greedy_decoding_matches_the_float64_reference() {
     assert!(varied, "the reference decodes more than one distinct token");
     assert!(ended_on_eos, "a case ends on EOS");
     assert!(released_default, "a case decodes at the released threshold");
+    assert!(sampled >= 3, "sampled decodes: {sampled}");
 }
 
 #[test]
-fn sdar_moe_block_diffusion_matches_the_float64_reference() {
+fn sdar_moe_block_diffusion_greedy_and_sampled_matches_the_float64_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = model_dir(tmp.path(), "sdar_moe");
     let cases = fixture("sdar_moe")["generate"].as_array().unwrap().clone();
     assert!(cases.len() >= 12 && cases.iter().any(|c| c["policy"] == "static") && cases.iter().any(|c| c["policy"] == "threshold"));
+    assert!(cases.iter().filter(|c| !c["sampling"].is_null()).count() >= 2);
     for c in cases {
         let prompt: Vec<u32> = serde_json::from_value(c["prompt"].clone()).unwrap();
         let want: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
         let gen = c["gen"].as_u64().unwrap() as usize;
         let mut engine =
             EngineBuilder::new(&dir).block_size(4).max_num_seqs(1).diffusion(|o| o.block_length(4).unmask_policy_boxed(fixture_policy(&c))).build().unwrap();
-        let out = engine.generate([prompt.clone()], &GenerationParams::greedy(gen)).unwrap().remove(0).unwrap();
-        assert_eq!(out.token_ids, want, "prompt {prompt:?} {} {}", c["policy"], c["value"]);
+        let params = fixture_params(&c, gen);
+        let out = engine.generate([prompt.clone()], &params).unwrap().remove(0).unwrap();
+        assert_eq!(out.token_ids, want, "prompt {prompt:?} {} {} {:?}", c["policy"], c["value"], params.sampling);
         assert_eq!(engine.requests().kv().num_used_blocks(), 0);
     }
 }

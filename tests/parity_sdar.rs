@@ -8,7 +8,7 @@
 
 mod common;
 use candle_core::Tensor;
-use common::fixture_policy;
+use common::{fixture_params, fixture_policy};
 use ponder::diffusion::models::{self, DiffusionModel};
 use ponder::kv::KvManager;
 use ponder::loader::ModelDir;
@@ -132,8 +132,8 @@ fn block_diffusion_decodes_match_the_float64_reference() {
         let want: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
         let gen = c["gen"].as_u64().unwrap() as usize;
         let mut engine = ponder::EngineBuilder::new(root.join("assets/tiny-sdar")).diffusion(|o| o.unmask_policy_boxed(fixture_policy(c))).build().unwrap();
-        let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(gen) };
+        let params = ponder::GenerationParams { ignore_eos: true, ..fixture_params(c, gen) };
         let out = engine.generate([prompt.clone()], &params).unwrap().remove(0).unwrap();
-        assert_eq!(out.token_ids, want, "{} tokens of prompt, {} {}", prompt.len(), c["policy"], c["value"]);
+        assert_eq!(out.token_ids, want, "{} tokens of prompt, {} {} {:?}", prompt.len(), c["policy"], c["value"], params.sampling);
     }
 }

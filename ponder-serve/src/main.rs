@@ -82,7 +82,7 @@ struct Args {
     #[arg(long, default_value_t = 256)]
     default_max_tokens: u64,
     /// The temperature of requests that name none (default: OpenAI's 1 for looped models, 0 for
-    /// diffusion models, which decode greedily).
+    /// diffusion models, whose releases are evaluated greedy).
     #[arg(long)]
     default_temperature: Option<f32>,
     /// Requests that may wait for admission beyond the `max_num_seqs` running; one more is

@@ -54,7 +54,7 @@ pub struct Defaults {
     pub model: String,
     /// Chat completions without `max_completion_tokens` / `max_tokens`.
     pub max_tokens: u64,
-    /// Requests without `temperature` (OpenAI's is 1; diffusion models decode greedily: 0).
+    /// Requests without `temperature` (OpenAI's is 1; the diffusion releases decode greedily: 0).
     pub temperature: f32,
 }
 

@@ -34,8 +34,12 @@ async fn serve_with(builder: EngineBuilder, model: &str, temperature: f32, limit
 
 /// What `Engine::generate` gives for the same prompt, greedy.
 fn engine_text(model: &str, prompt: ponder::Prompt, max_tokens: usize) -> String {
+    engine_text_with(model, prompt, &GenerationParams::greedy(max_tokens))
+}
+
+fn engine_text_with(model: &str, prompt: ponder::Prompt, params: &GenerationParams) -> String {
     let mut e = EngineBuilder::new(asset(model)).build().unwrap();
-    e.generate([prompt], &GenerationParams::greedy(max_tokens)).unwrap().remove(0).unwrap().text
+    e.generate([prompt], params).unwrap().remove(0).unwrap().text
 }
 
 async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
@@ -105,6 +109,14 @@ async fn completions_and_chat_equal_the_engine_streamed_or_not() {
             let usage = chunks.last().unwrap();
             assert_eq!((usage["choices"].as_array().map(Vec::len), &usage["usage"]), (Some(0), &whole["usage"]));
             assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "length"));
+
+            // Sampled, seeded: the engine's tokens for the same parameters (both families sample).
+            let body = json!({"model": model, "prompt": "Ownership in Rust", "max_tokens": 12, "temperature": 0.9, "top_p": 0.95, "top_k": 40, "seed": 7});
+            let (status, r) = post(&base, "/v1/completions", body).await;
+            assert_eq!(status, 200, "{r}");
+            let sampling = ponder::SamplingParams { temperature: 0.9, top_k: Some(40), top_p: Some(0.95), seed: Some(7) };
+            let want = engine_text_with(model, "Ownership in Rust".into(), &GenerationParams { sampling, ..GenerationParams::greedy(12) });
+            assert_eq!(r["choices"][0]["text"], want, "{model}: sampled");
         }
     })
     .await

@@ -34,7 +34,7 @@ pub struct StepDraw {
     pub temperature: f32,
     pub top_k: Option<usize>,
     pub top_p: Option<f32>,
-    /// The request's key ([`crate::sampling::Sampler::key`]).
+    /// The request's key: `mix(seed)` of a seeded request (SplitMix64's finaliser), random otherwise.
     pub key: u64,
     /// Denoising steps the request ran before this one.
     pub step: u64,

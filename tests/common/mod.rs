@@ -206,6 +206,24 @@ pub fn fixture_policy(case: &serde_json::Value) -> Box<dyn ponder::diffusion::Un
     }
 }
 
+/// A fixture decode's parameters: greedy for `gen` tokens, or sampled as its `sampling` entry
+/// says (`temperature`, optional `top_k` / `top_p`, `seed`).
+#[allow(dead_code)]
+pub fn fixture_params(case: &serde_json::Value, gen: usize) -> ponder::GenerationParams {
+    let greedy = ponder::GenerationParams::greedy(gen);
+    let s = &case["sampling"];
+    if s.is_null() {
+        return greedy;
+    }
+    let sampling = ponder::SamplingParams {
+        temperature: s["temperature"].as_f64().unwrap() as f32,
+        top_k: s["top_k"].as_u64().map(|k| k as usize),
+        top_p: s["top_p"].as_f64().map(|p| p as f32),
+        seed: Some(s["seed"].as_u64().unwrap()),
+    };
+    ponder::GenerationParams { sampling, ..greedy }
+}
+
 /// Drives `engine` until idle; the tokens it streamed and the compute each took
 /// (`Event::Token::compute`: loop steps of a looped model), in order.
 pub fn tokens_and_steps(engine: &mut Engine) -> (Vec<u32>, Vec<u32>) {

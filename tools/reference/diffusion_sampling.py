@@ -120,3 +120,22 @@ def draw_of(case):
     s = case.get("sampling")
     return None if s is None else Draw(s["temperature"], s.get("top_k"), s.get("top_p"), s["seed"])
 
+
+def clear_sampled_decode(decode, sampling, wrong, tries=200):
+    """A sampled decode that decides nothing within MIN_MARGIN: `decode(draw, margins)` tried from
+    `sampling["seed"]` upwards. Where both cuts are given, the decode under the `wrong` sampler
+    must differ too, so the fixture tells the family's sampler apart. Returns (tokens, the
+    sampling with the seed used, the smallest margin)."""
+    from fixture_checks import MIN_MARGIN
+
+    for seed in range(sampling["seed"], sampling["seed"] + tries):
+        s = dict(sampling, seed=seed)
+        args = (s["temperature"], s.get("top_k"), s.get("top_p"), seed)
+        margins = []
+        tokens = decode(Draw(*args), margins)
+        if min(margins) <= MIN_MARGIN:
+            continue
+        if "top_k" in s and "top_p" in s and decode(Draw(*args, sampler=wrong), []) == tokens:
+            continue
+        return tokens, s, min(margins)
+    raise RuntimeError(f"no seed in {tries} decides clearly (and tells the sampler apart): {sampling}")

@@ -120,11 +120,11 @@ class Llada2Reference:
         h = self.rms(h, self.w["model.norm.weight"])
         return h @ self.w["lm_head.weight"].T, routes
 
-    def generate(self, prompt, gen, block, threshold, eos=(), margins=None):
+    def generate(self, prompt, gen, block, threshold, eos=(), margins=None, draw=None):
         """Greedy block diffusion without a cache (block_diffusion_ref.py), threshold policy with
         the top-1 fallback: the released loop's structure with the deterministic servers'
         conventions where the releases differ."""
-        return block_diffusion.generate(lambda ids: self.forward(ids, block)[0], self.mask_id, prompt, gen, block, ("threshold", threshold), eos, margins)
+        return block_diffusion.generate(lambda ids: self.forward(ids, block)[0], self.mask_id, prompt, gen, block, ("threshold", threshold), eos, margins, draw)
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

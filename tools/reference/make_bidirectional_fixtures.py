@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from bidirectional_ref import Model, dream_sampler, semi_ar  # noqa: E402
-from diffusion_sampling import Draw  # noqa: E402
+from diffusion_sampling import clear_sampled_decode  # noqa: E402
 from fixture_checks import MIN_MARGIN  # noqa: E402
 from sources import sources  # noqa: E402
 
@@ -64,8 +64,8 @@ SAMPLED = [
 ]
 
 
-# What a family's sampler is told apart from: where a case gives both cuts, the decode under the
-# other order (or, for LLaDA, a confidence on the cut distribution) must differ.
+# What a family's sampler is told apart from where a case gives both cuts: the other order (for
+# LLaDA: confidence on the cut distribution instead of the untempered one).
 WRONG = {"llada": "k_then_p", "dream": "k_then_p"}
 
 
@@ -75,17 +75,7 @@ def sampled_decode(model, family, prompt, gen, block, steps, schedule, cache, sa
             return dream_sampler(model, prompt, gen, steps, schedule.split(":")[1], margins=margins, draw=draw)
         return semi_ar(model, prompt, gen, block, steps, schedule, cache or "exact", margins, draw=draw)
 
-    for seed in range(sampling["seed"], sampling["seed"] + 200):
-        s = dict(sampling, seed=seed)
-        args = (s["temperature"], s.get("top_k"), s.get("top_p"), seed)
-        margins = []
-        tokens = decode(Draw(*args), margins)
-        if min(margins) <= MIN_MARGIN:
-            continue
-        if "top_k" in s and "top_p" in s and decode(Draw(*args, sampler=WRONG[family]), []) == tokens:
-            continue
-        return tokens, s, min(margins)
-    raise RuntimeError(f"no seed decides clearly (and tells the sampler apart): {schedule} {prompt}")
+    return clear_sampled_decode(decode, sampling, WRONG[family])
 
 
 def main():

@@ -25,6 +25,7 @@ import pathlib
 import torch
 from tokenizers import Tokenizer
 
+from diffusion_sampling import clear_sampled_decode
 from fixture_checks import clearly_decided, wrong_rule_shows
 from ouro_ref import OuroReference
 from sources import sources
@@ -45,6 +46,15 @@ SDAR_PROMPTS = [
 # static counts.
 SDAR_GEN = 24
 SDAR_POLICIES = [("threshold", 0.9), ("threshold", 0.3), ("threshold", 0.1), ("static", 1), ("static", 3)]
+# Sampled decodes (diffusion_sampling.py: SDAR's top-k, then top-p): (prompt index, policy,
+# sampling). The trained model's long tail puts most draws at higher temperatures within
+# MIN_MARGIN of another token; these seeds decide every draw clearly.
+SDAR_SAMPLED = [
+    (0, ("threshold", 0.9), {"temperature": 0.3, "seed": 1}),
+    (0, ("threshold", 0.3), {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": 6}),
+    (1, ("threshold", 0.9), {"temperature": 0.3, "seed": 6}),
+    (1, ("threshold", 0.3), {"temperature": 1.0, "top_k": 2, "top_p": 0.7, "seed": 3}),
+]
 
 
 def f32(x) -> float:
@@ -158,6 +168,12 @@ def sdar(model_dir: pathlib.Path, out_dir: pathlib.Path):
             if not clearly_decided(margins, f"{text[:20]!r} {kind} {value}"):
                 continue
             generate.append({"prompt_ids": prompt, "gen": SDAR_GEN, "policy": kind, "value": value, "tokens": tokens, "min_margin": min(margins)})
+    for i, (kind, value), sampling in SDAR_SAMPLED:
+        prompt = tok.encode(SDAR_PROMPTS[i]).ids
+        decode = lambda draw, margins: ref.generate(prompt, SDAR_GEN, (kind, value), margins=margins, draw=draw)  # noqa: E731
+        tokens, sampling, margin = clear_sampled_decode(decode, sampling, "p_then_k", tries=1)
+        generate.append({"prompt_ids": prompt, "gen": SDAR_GEN, "policy": kind, "value": value, "tokens": tokens, "min_margin": margin, "sampling": sampling})
+        print("sdar sampled", kind, value, sampling, tokens)
     out = out_dir / "tiny_sdar_reference.json"
     out.write_text(json.dumps({
         "model": rel(model_dir),
@@ -167,6 +183,7 @@ def sdar(model_dir: pathlib.Path, out_dir: pathlib.Path):
             "tools/reference/fixture_checks.py",
             "tools/reference/sdar_ref.py",
             "tools/reference/block_diffusion_ref.py",
+            "tools/reference/diffusion_sampling.py",
             *(rel(model_dir / f) for f in ("config.json", "model.safetensors", "tokenizer.json")),
         ),
         "block_size": block,
@@ -183,9 +200,13 @@ def main():
     ap.add_argument("--ouro", type=pathlib.Path, default=ROOT / "assets" / "tiny-ouro")
     ap.add_argument("--sdar", type=pathlib.Path, default=ROOT / "assets" / "tiny-sdar")
     ap.add_argument("--out-dir", type=pathlib.Path, default=ROOT / "tests" / "fixtures")
+    ap.add_argument("--only", choices=["ouro", "sdar"], help="write one model's fixture")
     args = ap.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    ouro(args.ouro, args.out_dir)
+    if args.only != "sdar":
+        ouro(args.ouro, args.out_dir)
+    if args.only == "ouro":
+        return
     if (args.sdar / "config.json").exists():
         sdar(args.sdar, args.out_dir)
     else:

@@ -20,11 +20,15 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from llada2_ref import Llada2Reference  # noqa: E402
 from sdar_ref import SDARReference  # noqa: E402
+from diffusion_sampling import clear_sampled_decode  # noqa: E402
 from fixture_checks import clearly_decided  # noqa: E402
 from sources import sources  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SOURCES = [f"tools/reference/{f}" for f in ("make_llada2_fixtures.py", "fixture_checks.py", "llada2_ref.py", "sdar_ref.py", "block_diffusion_ref.py", "ouro_ref.py")]
+SOURCES = [
+    f"tools/reference/{f}"
+    for f in ("make_llada2_fixtures.py", "fixture_checks.py", "llada2_ref.py", "sdar_ref.py", "block_diffusion_ref.py", "diffusion_sampling.py", "ouro_ref.py")
+]
 MODEL = ROOT / "target" / "reference-models" / "llada2"
 
 FORWARD = [[5, 17, 3, 40, 22, 96, 96, 96], [9, 1, 33, 60, 2, 71, 8, 15, 44, 3, 96, 96], [30, 31, 32]]
@@ -37,6 +41,10 @@ GENERATE = [
 ]
 # The tiny SDAR MoE decodes GENERATE's prompts and lengths in its own blocks of 4 under these.
 SDAR_MOE_POLICIES = [("threshold", 0.2), ("threshold", 0.1), ("static", 1), ("static", 2)]
+# Sampled decodes (diffusion_sampling.py: top-k, then top-p): (GENERATE index, sampling) for LLaDA2.0,
+# (GENERATE index, policy, sampling) for the SDAR MoE.
+LLADA2_SAMPLED = [(0, {"temperature": 0.8, "seed": 1}), (2, {"temperature": 0.2, "top_k": 3, "top_p": 0.8, "seed": 1}), (4, {"temperature": 0.5, "top_p": 0.9, "seed": 3})]
+SDAR_MOE_SAMPLED = [(0, ("threshold", 0.2), {"temperature": 0.7, "seed": 4}), (1, ("static", 2), {"temperature": 0.2, "top_k": 3, "top_p": 0.8, "seed": 0})]
 # (case index, eos): the same decode with an EOS id that the EOS-free decode produces mid-way.
 EOS_CASE = (3, 9)
 
@@ -96,6 +104,11 @@ def main():
             continue
         generate.append({"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [], "tokens": tokens, "min_margin": min(margins)})
     generate.append(eos_case)
+    for i, sampling in LLADA2_SAMPLED:
+        p, g, b, t = GENERATE[i]
+        decode = lambda draw, margins: ref.generate(p, g, b, t, margins=margins, draw=draw)  # noqa: E731
+        tokens, sampling, margin = clear_sampled_decode(decode, sampling, "p_then_k")
+        generate.append({"prompt": p, "gen": g, "block": b, "threshold": t, "eos": [], "tokens": tokens, "min_margin": margin, "sampling": sampling})
     doc = {"source": "tools/reference/llada2_ref.py (float64)", "sources": sources(*SOURCES), "config": json.loads((MODEL / "config.json").read_text()), "weight_abs_sum": weights, "forward": forward, "generate": generate}
     out = ROOT / "tests" / "fixtures" / "tiny_llada2_reference.json"
     out.write_text(json.dumps(doc) + "\n")
@@ -121,6 +134,11 @@ def sdar_moe():
                 continue
             generate.append({"prompt": p, "gen": g, "policy": kind, "value": value, "tokens": tokens, "min_margin": min(margins)})
     one_a_step = {tuple(g["prompt"]): g["tokens"] for g in generate if (g["policy"], g["value"]) == ("static", 1)}
+    for i, (kind, value), sampling in SDAR_MOE_SAMPLED:
+        p, g, _, _ = GENERATE[i]
+        decode = lambda draw, margins: ref.generate(p, g, (kind, value), margins=margins, draw=draw)  # noqa: E731
+        tokens, sampling, margin = clear_sampled_decode(decode, sampling, "p_then_k")
+        generate.append({"prompt": p, "gen": g, "policy": kind, "value": value, "tokens": tokens, "min_margin": margin, "sampling": sampling})
     assert any(g["policy"] == "threshold" and g["tokens"] != one_a_step.get(tuple(g["prompt"]), g["tokens"]) for g in generate), (
         "no threshold decode reveals more than one token a step somewhere"
     )

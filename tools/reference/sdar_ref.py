@@ -129,9 +129,9 @@ class SDARReference:
         return h @ head.T
 
 
-    def generate(self, prompt, gen, policy, eos=(), margins=None):
+    def generate(self, prompt, gen, policy, eos=(), margins=None, draw=None):
         """Greedy block diffusion without a cache over blocks of `self.block` (block_diffusion_ref.py)."""
-        return block_diffusion.generate(self.forward, self.mask_id, prompt, gen, self.block, policy, eos, margins)
+        return block_diffusion.generate(self.forward, self.mask_id, prompt, gen, self.block, policy, eos, margins, draw)
 
 
 def decode_canvas(prompt_ids, block, mask_id):
