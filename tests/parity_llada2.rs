@@ -13,7 +13,7 @@ use ponder::diffusion::models::{self, DenseDiffusion, DiffusionModel};
 use ponder::diffusion::Threshold;
 use ponder::loader::ModelDir;
 use ponder::testing::{canvas_logits, relative_error, tiny_llada2_config, tiny_sdar_moe_config, write_random_llada2, write_random_sdar};
-use ponder::{DType, Device, EngineBuilder, GenerationParams};
+use ponder::{DType, Device, EngineBuilder};
 use std::path::Path;
 
 const VOCAB: usize = 97;
