@@ -80,12 +80,27 @@ pub struct GenerationParams {
     /// and each comes with its log-probability under the model (scoring, perplexity). The
     /// model still runs as it would when generating, exit gates included.
     pub forced_tokens: Vec<u32>,
+    /// Report each generated token's log-probability under the model (its untempered, uncut
+    /// distribution) and this many most likely alternatives (at most [`MAX_TOP_LOGPROBS`]);
+    /// `None`: none. Looped models only.
+    pub logprobs: Option<usize>,
 }
+
+/// The most alternatives a token's log-probabilities list ([`GenerationParams::logprobs`]).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 impl Default for GenerationParams {
     fn default() -> Self {
-        Self { max_new_tokens: 64, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false, forced_tokens: Vec::new() }
+        Self { max_new_tokens: 64, sampling: SamplingParams::default(), stop: Vec::new(), ignore_eos: false, forced_tokens: Vec::new(), logprobs: None }
     }
+}
+
+/// A generated token's log-probability under the model and, when asked, the most likely tokens
+/// at its position with theirs (most likely first).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 impl GenerationParams {
@@ -118,7 +133,9 @@ pub enum Event {
         id: RequestId,
         token: u32,
         text: String,
-        logprob: Option<f32>,
+        /// Forced tokens and requests that ask for log-probabilities
+        /// ([`GenerationParams::logprobs`]).
+        logprob: Option<TokenLogprob>,
         /// The compute this token took, in its model family's terms; `None` where the
         /// scheduler does not say.
         compute: Option<TokenCompute>,
@@ -152,14 +169,18 @@ pub struct Output {
     pub token_ids: Vec<u32>,
     pub text: String,
     pub finish_reason: FinishReason,
-    /// Log-probabilities of the forced tokens (empty without teacher forcing).
+    /// Log-probabilities of the forced tokens, or of every token when the request asked for
+    /// them ([`GenerationParams::logprobs`]); empty otherwise.
     pub logprobs: Vec<f32>,
+    /// The most likely alternatives at each position of `logprobs` (empty lists when none were
+    /// asked).
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
 impl Output {
     /// An empty output that [`Output::push`] fills from the request's events.
     pub fn new(id: RequestId, prompt_tokens: usize) -> Self {
-        Self { id, prompt_tokens, token_ids: vec![], text: String::new(), finish_reason: FinishReason::Aborted, logprobs: vec![] }
+        Self { id, prompt_tokens, token_ids: vec![], text: String::new(), finish_reason: FinishReason::Aborted, logprobs: vec![], top_logprobs: vec![] }
     }
 
     /// Adds one of the request's events; returns true once it is finished.
@@ -168,7 +189,10 @@ impl Output {
             Event::Token { token, text, logprob, .. } => {
                 self.token_ids.push(token);
                 self.text.push_str(&text);
-                self.logprobs.extend(logprob);
+                if let Some(lp) = logprob {
+                    self.logprobs.push(lp.logprob);
+                    self.top_logprobs.push(lp.top);
+                }
                 false
             }
             Event::Finished { reason, text, .. } => {

@@ -7,6 +7,7 @@
 //! from the request's own seeded generator, so a request samples the same tokens whatever it
 //! is batched with.
 
+use crate::TokenLogprob;
 use candle_core::{DType, Result, Tensor, D};
 use rand::{Rng, SeedableRng};
 
@@ -96,6 +97,7 @@ impl Sampler {
             uniform,
             greedy: self.params.is_greedy(),
             forced: None,
+            logprobs: None,
         }
     }
 }
@@ -112,35 +114,79 @@ pub struct RowSampling {
     /// Teacher forcing: emit this token instead of sampling, and report its log-probability
     /// under the model (scoring, perplexity).
     pub forced: Option<u32>,
+    /// Report the token's log-probability and this many most likely alternatives.
+    pub logprobs: Option<usize>,
 }
 
 impl RowSampling {
     pub fn greedy() -> Self {
-        Self { temperature: 0.0, top_k: None, top_p: None, uniform: 0.0, greedy: true, forced: None }
+        Self { temperature: 0.0, top_k: None, top_p: None, uniform: 0.0, greedy: true, forced: None, logprobs: None }
+    }
+
+    /// Whether the token's log-probability goes back with it.
+    pub fn wants_logprob(&self) -> bool {
+        self.forced.is_some() || self.logprobs.is_some()
     }
 }
 
-/// Tokens for `rows` (forced ones where given, sampled otherwise) and, for forced rows, the
-/// log-probability of the forced token under the untempered model distribution.
-pub fn sample_or_force(logits: &Tensor, rows: &[RowSampling]) -> Result<(Vec<u32>, Vec<Option<f32>>)> {
-    let forced: Vec<usize> = (0..rows.len()).filter(|&r| rows[r].forced.is_some()).collect();
-    let mut tokens = if forced.len() == rows.len() { vec![0; rows.len()] } else { sample(logits, rows)? };
-    let mut logprobs = vec![None; rows.len()];
-    if !forced.is_empty() {
-        let dev = logits.device();
-        let idx = Tensor::new(forced.iter().map(|&r| r as u32).collect::<Vec<_>>().as_slice(), dev)?;
-        let ids: Vec<u32> = forced.iter().map(|&r| rows[r].forced.expect("forced")).collect();
-        // A model may hand over a view (Huginn narrows its padded vocabulary); index_select
-        // needs contiguous rows.
-        let picked = logits.to_dtype(DType::F32)?.contiguous()?.index_select(&idx, 0)?;
-        let logp = candle_nn::ops::log_softmax(&picked, D::Minus1)?;
-        let at = logp.gather(&Tensor::new(ids.as_slice(), dev)?.unsqueeze(1)?, 1)?.squeeze(1)?.to_vec1::<f32>()?;
-        for ((&r, &t), lp) in forced.iter().zip(&ids).zip(at) {
-            tokens[r] = t;
-            logprobs[r] = Some(lp);
+/// Tokens for `rows` (forced ones where given, sampled otherwise) and, for forced rows and rows
+/// that ask, the token's log-probability under the untempered model distribution with the
+/// asked number of most likely alternatives.
+pub fn sample_or_force(logits: &Tensor, rows: &[RowSampling]) -> Result<(Vec<u32>, Vec<Option<TokenLogprob>>)> {
+    let forced = rows.iter().filter(|r| r.forced.is_some()).count();
+    let mut tokens = if forced == rows.len() { vec![0; rows.len()] } else { sample(logits, rows)? };
+    for (t, r) in tokens.iter_mut().zip(rows) {
+        if let Some(f) = r.forced {
+            *t = f;
         }
     }
+    let asking: Vec<usize> = (0..rows.len()).filter(|&r| rows[r].wants_logprob()).collect();
+    let mut logprobs = vec![None; rows.len()];
+    if asking.is_empty() {
+        return Ok((tokens, logprobs));
+    }
+    let dev = logits.device();
+    let idx = Tensor::new(asking.iter().map(|&r| r as u32).collect::<Vec<_>>().as_slice(), dev)?;
+    let ids: Vec<u32> = asking.iter().map(|&r| tokens[r]).collect();
+    // A model may hand over a view (Huginn narrows its padded vocabulary); index_select needs
+    // contiguous rows.
+    let picked = logits.to_dtype(DType::F32)?.contiguous()?.index_select(&idx, 0)?;
+    let logp = candle_nn::ops::log_softmax(&picked, D::Minus1)?;
+    let at = logp.gather(&Tensor::new(ids.as_slice(), dev)?.unsqueeze(1)?, 1)?.squeeze(1)?.to_vec1::<f32>()?;
+    let n = asking.iter().map(|&r| rows[r].logprobs.unwrap_or(0)).max().unwrap_or(0);
+    let top = top_n(&logp, n)?;
+    for (i, (&r, lp)) in asking.iter().zip(at).enumerate() {
+        let k = rows[r].logprobs.unwrap_or(0);
+        logprobs[r] = Some(TokenLogprob { logprob: lp, top: top[i][..k.min(top[i].len())].to_vec() });
+    }
     Ok((tokens, logprobs))
+}
+
+/// The `n` largest entries of each row of `values` `[rows, vocab]` as `(index, value)`, largest
+/// first (ties to the lower index): `n` rounds of max, argmax and masking, which needs no sort
+/// over the vocabulary (candle's CUDA sort is limited to short rows).
+fn top_n(values: &Tensor, n: usize) -> Result<Vec<Vec<(u32, f32)>>> {
+    let (r, v) = values.dims2()?;
+    let mut out = vec![Vec::with_capacity(n); r];
+    if n == 0 {
+        return Ok(out);
+    }
+    let columns = Tensor::arange(0u32, v as u32, values.device())?.unsqueeze(0)?;
+    let mut rest = values.clone();
+    let (mut ids, mut vals) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n.min(v) {
+        let at = crate::ops::greedy_ids(&rest, v)?;
+        vals.push(rest.gather(&at.unsqueeze(1)?, 1)?);
+        ids.push(at.unsqueeze(1)?);
+        let hit = columns.broadcast_eq(&at.unsqueeze(1)?)?;
+        rest = hit.where_cond(&Tensor::full(f32::NEG_INFINITY, (r, v), values.device())?, &rest)?;
+    }
+    let ids = Tensor::cat(&ids, 1)?.to_vec2::<u32>()?;
+    let vals = Tensor::cat(&vals, 1)?.to_vec2::<f32>()?;
+    for (row, (i, x)) in out.iter_mut().zip(ids.into_iter().zip(vals)) {
+        *row = i.into_iter().zip(x).collect();
+    }
+    Ok(out)
 }
 
 const THRESHOLD_ITERS: usize = 32;
@@ -267,7 +313,7 @@ mod tests {
     use candle_core::Device;
 
     fn row(t: f32, k: Option<usize>, p: Option<f32>, u: f32) -> RowSampling {
-        RowSampling { temperature: t, top_k: k, top_p: p, uniform: u, greedy: false, forced: None }
+        RowSampling { temperature: t, top_k: k, top_p: p, uniform: u, greedy: false, forced: None, logprobs: None }
     }
 
     #[test]

@@ -202,3 +202,69 @@ fn token_events_say_the_compute_each_token_took() {
     assert!(steps.iter().all(|&s| (1..=4).contains(&s)), "two reveals a step: a block of 8 ends by step 4: {steps:?}");
     assert!(steps.contains(&1) && steps.iter().any(|&s| s > 1));
 }
+
+/// Log-probabilities asked with a request: the tokens are the ones generated without asking;
+/// each token's log-probability is the one teacher forcing reports for it, greedy tokens head
+/// their alternatives, the alternatives are ordered and as many as asked; batched equals alone;
+/// too many alternatives and diffusion models are typed refusals.
+#[test]
+fn logprobs_are_the_models_and_batch_invariant() {
+    let (_tmp, dir) = tiny_dir(5);
+    let ps = prompts(4, 7);
+    let with = |sampled: bool, seed: u64, logprobs: Option<usize>| GenerationParams {
+        max_new_tokens: 8,
+        sampling: if sampled { ponder::SamplingParams { temperature: 1.0, top_k: None, top_p: Some(0.9), seed: Some(seed) } } else { Default::default() },
+        logprobs,
+        ..Default::default()
+    };
+    for layout in LAYOUTS {
+        let mut solo = builder(&dir, layout, 1).build().unwrap();
+        let mut alone = Vec::new();
+        for (i, p) in ps.iter().enumerate() {
+            let sampled = i % 2 == 1;
+            let plain = solo.generate([p.clone()], &with(sampled, i as u64, None)).unwrap().remove(0).unwrap();
+            assert!(plain.logprobs.is_empty());
+            let out = solo.generate([p.clone()], &with(sampled, i as u64, Some(3))).unwrap().remove(0).unwrap();
+            assert_eq!(out.token_ids, plain.token_ids, "{layout:?} request {i}: asking changed the tokens");
+            assert_eq!((out.logprobs.len(), out.top_logprobs.len()), (8, 8));
+            let forced = GenerationParams { forced_tokens: out.token_ids.clone(), ..GenerationParams::greedy(8) };
+            let scored = solo.generate([p.clone()], &forced).unwrap().remove(0).unwrap();
+            for (t, ((lp, top), want)) in out.logprobs.iter().zip(&out.top_logprobs).zip(&scored.logprobs).enumerate() {
+                assert!((lp - want).abs() < 1e-5, "{layout:?} request {i} token {t}: {lp} vs forced {want}");
+                assert_eq!(top.len(), 3);
+                assert!(top.windows(2).all(|w| w[0].1 >= w[1].1) && *lp <= top[0].1 + 1e-6);
+                if !sampled {
+                    assert_eq!(top[0], (out.token_ids[t], *lp), "{layout:?} request {i} token {t}: a greedy token heads its alternatives");
+                }
+            }
+            alone.push((out.token_ids, out.logprobs, out.top_logprobs));
+        }
+        let mut engine = builder(&dir, layout, 4).build().unwrap();
+        let ids: Vec<_> = ps.iter().enumerate().map(|(i, p)| engine.add_request(p.clone(), with(i % 2 == 1, i as u64, Some(3))).unwrap()).collect();
+        let mut outs: HashMap<_, ponder::Output> = ids.iter().map(|&id| (id, ponder::Output::new(id, 0))).collect();
+        while engine.has_work() {
+            for ev in engine.step().unwrap() {
+                outs.get_mut(&ev.id()).unwrap().push(ev);
+            }
+        }
+        for (i, id) in ids.iter().enumerate() {
+            let o = &outs[id];
+            // Tokens and alternatives exactly; values to the last bits a launch of other rows
+            // may move an f32 matmul by.
+            assert_eq!(o.token_ids, alone[i].0, "{layout:?} request {i} batched");
+            let close = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
+            assert!(close(&o.logprobs, &alone[i].1), "{layout:?} request {i} batched: {:?} vs {:?}", o.logprobs, alone[i].1);
+            for (got, want) in o.top_logprobs.iter().zip(&alone[i].2) {
+                let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+                let values = |v: &[(u32, f32)]| v.iter().map(|x| x.1).collect::<Vec<_>>();
+                assert!(ids(got) == ids(want) && close(&values(got), &values(want)), "{layout:?} request {i} batched: {got:?} vs {want:?}");
+            }
+        }
+        assert_kv_empty(&engine);
+        let too_many = engine.add_request(ps[0].clone(), with(false, 0, Some(ponder::MAX_TOP_LOGPROBS + 1)));
+        assert!(matches!(too_many, Err(ponder::Error::InvalidRequest { .. })), "{too_many:?}");
+    }
+    let diffusion = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny-sdar");
+    let mut sdar = ponder::EngineBuilder::new(diffusion).build().unwrap();
+    assert!(matches!(sdar.add_request(vec![1, 2, 3], with(false, 0, Some(0))), Err(ponder::Error::InvalidRequest { .. })));
+}

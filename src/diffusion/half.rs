@@ -33,6 +33,11 @@ impl Half for DiffusionHalf {
     /// Temperature 0 (or top-k 1) reveals the argmax tokens by confidence; otherwise a step
     /// draws its tokens as the family's sampler does ([`crate::diffusion::DiffusionSampler`]).
     fn validate(&self, params: &GenerationParams) -> Result<(), InvalidRequest> {
+        if params.logprobs.is_some() {
+            // A revealed token's probability is conditioned on a partly masked canvas and taken
+            // at whichever step revealed it: not the sequence model's log-probability.
+            return Err(InvalidRequest::BadSampling("log-probabilities are not reported for diffusion models".into()));
+        }
         if !params.forced_tokens.is_empty() {
             return Err(InvalidRequest::BadSampling("teacher forcing is not supported for diffusion models".into()));
         }

@@ -23,11 +23,11 @@ mod sampling;
 mod scheduler;
 mod unmask;
 
-pub use launch::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput, DiffusionScheduler, Emitted, EvictRow};
 pub use crate::sampling::FilterOrder;
+pub use launch::{DenoiseLaunch, DenoiseResult, DenoiseRow, DenoiseRowOutput, DiffusionScheduler, Emitted, EvictRow};
 pub use metrics::DenoiseStats;
-pub use sampling::{DiffusionSampler, StepDraw};
 pub use options::{DiffusionOptions, DiffusionSchedulerContext};
+pub use sampling::{DiffusionSampler, StepDraw};
 pub use scheduler::{DiffusionBatching, DiffusionConfig};
 
 pub(crate) use half::DiffusionHalf;

@@ -50,6 +50,7 @@ impl StepDraw {
             uniform: uniform(self.key, self.step, position),
             greedy: false,
             forced: None,
+            logprobs: None,
         }
     }
 }
@@ -98,7 +99,7 @@ mod tests {
     use candle_core::Device;
 
     fn draw(t: f32, k: Option<usize>, p: Option<f32>, u: f32) -> RowSampling {
-        RowSampling { temperature: t, top_k: k, top_p: p, uniform: u, greedy: false, forced: None }
+        RowSampling { temperature: t, top_k: k, top_p: p, uniform: u, greedy: false, forced: None, logprobs: None }
     }
 
     fn logits(probs: &[f32]) -> Tensor {

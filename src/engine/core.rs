@@ -312,6 +312,9 @@ impl Core {
         if let Err(msg) = params.sampling.validate() {
             return reject(InvalidRequest::BadSampling(msg));
         }
+        if let Some(n) = params.logprobs.filter(|&n| n > crate::request::MAX_TOP_LOGPROBS) {
+            return reject(InvalidRequest::BadSampling(format!("{n} top log-probabilities asked; at most {}", crate::request::MAX_TOP_LOGPROBS)));
+        }
         if let Some(&bad) = params.forced_tokens.iter().find(|&&t| t as usize >= vocab) {
             return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });
         }

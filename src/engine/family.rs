@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// A token a launch produced for a request: the id, its log-probability when it was forced, and
 /// the compute it took.
-pub(crate) type NewToken = (RequestId, u32, Option<f32>, Option<TokenCompute>);
+pub(crate) type NewToken = (RequestId, u32, Option<crate::TokenLogprob>, Option<TokenCompute>);
 
 /// What a completed launch gave the core: the tokens that became final, in order per request,
 /// and the requests whose logits were not finite (they end with an error).

@@ -27,6 +27,7 @@ impl Live {
     pub(crate) fn next_sampling_row(&mut self) -> RowSampling {
         let mut row = self.sampler.next_row();
         row.forced = self.params.forced_tokens.get(self.issued).copied();
+        row.logprobs = self.params.logprobs;
         self.issued += 1;
         row
     }

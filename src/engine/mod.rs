@@ -10,7 +10,7 @@ pub(crate) mod launch_check;
 mod live;
 mod metrics;
 
-pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId, TokenCompute};
+pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, RequestId, TokenCompute, TokenLogprob, MAX_TOP_LOGPROBS};
 pub(crate) use builder::Common;
 pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped};
 pub(crate) use core::Family;

@@ -73,7 +73,7 @@ impl Half for LoopedHalf {
             Stage::Prefill | Stage::FullDepthDecode => Some(TokenCompute::LoopSteps(launch.step_slots.len() as u32)),
             Stage::CoreStep => None,
         };
-        let tokens = launch.rows.iter().zip(&result.rows).filter_map(|(row, out)| out.token.map(|t| (out.request, t, out.logprob, steps(row)))).collect();
+        let tokens = launch.rows.iter().zip(result.rows).filter_map(|(row, out)| out.token.map(|t| (out.request, t, out.logprob, steps(row)))).collect();
         Completed { tokens, non_finite: result.non_finite }
     }
 

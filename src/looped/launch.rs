@@ -101,8 +101,8 @@ pub struct LoopedRowOutput {
     /// Core steps: relative latent change ‖s_r − s_{r−1}‖ / ‖s_r‖ of the row's state; `None`
     /// when the engine's exit gate does not read it (`ExitGate::reads_latent_diff`).
     pub latent_diff: Option<f32>,
-    /// Teacher-forced rows: log-probability of the forced token.
-    pub logprob: Option<f32>,
+    /// Teacher-forced rows and rows of requests that ask for log-probabilities: the token's.
+    pub logprob: Option<crate::TokenLogprob>,
 }
 
 impl LoopedRowOutput {

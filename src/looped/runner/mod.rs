@@ -76,7 +76,7 @@ pub struct Pending {
 enum PendingTokens {
     None,
     /// Sampled or forced on the host already, with forced tokens' log-probabilities.
-    Host(Vec<u32>, Vec<Option<f32>>),
+    Host(Vec<u32>, Vec<Option<crate::TokenLogprob>>),
     /// Greedy ids still being copied from the device.
     Device(Readback<u32>),
 }
@@ -230,7 +230,7 @@ impl LoopedRunner {
         }
         #[cfg(feature = "cuda")]
         let start = self.mark()?;
-        let greedy = |r: &RowSampling| r.greedy && r.forced.is_none();
+        let greedy = |r: &RowSampling| r.greedy && !r.wants_logprob();
         let all_greedy = launch.rows.iter().zip(sampling).all(|(row, r)| !row.sample || greedy(r));
         let fwd = self.forward_with(launch, all_greedy)?;
         #[cfg(feature = "cuda")]
