@@ -126,7 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             while engine.has_work() {
                 for ev in engine.step()? {
                     if let ponder::Event::Token { logprob: Some(lp), .. } = ev {
-                        nll -= lp as f64;
+                        nll -= lp.logprob as f64;
                         count += 1;
                     }
                 }

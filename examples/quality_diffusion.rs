@@ -262,7 +262,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         while judge.has_work() {
             for ev in judge.step()? {
                 if let ponder::Event::Token { logprob: Some(lp), .. } = ev {
-                    nll -= lp as f64;
+                    nll -= lp.logprob as f64;
                     count += 1;
                 }
             }

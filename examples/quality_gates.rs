@@ -142,7 +142,7 @@ fn run(
         for ev in engine.step()? {
             if let ponder::Event::Token { id, logprob, compute, .. } = ev {
                 let s = &mut scored[index[&id]];
-                s.0.extend(logprob);
+                s.0.extend(logprob.map(|l| l.logprob));
                 let Some(ponder::TokenCompute::LoopSteps(steps)) = compute else {
                     return Err("the depth scheduler reports each token's loop steps".into());
                 };

@@ -134,6 +134,9 @@ pub enum InvalidRequest {
     },
     /// A sampling parameter is out of range (temperature < 0, top_p outside (0, 1], top_k = 0 …).
     BadSampling(String),
+    /// Log-probabilities were asked that the model does not give (diffusion models) or beyond
+    /// [`crate::MAX_TOP_LOGPROBS`] alternatives.
+    Logprobs(String),
 }
 
 impl std::fmt::Display for InvalidRequest {
@@ -147,6 +150,7 @@ impl std::fmt::Display for InvalidRequest {
                 write!(f, "token id {token} is outside the vocabulary of {vocab_size}")
             }
             Self::BadSampling(s) => write!(f, "bad sampling parameters: {s}"),
+            Self::Logprobs(s) => write!(f, "log-probabilities: {s}"),
         }
     }
 }

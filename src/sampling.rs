@@ -345,7 +345,7 @@ mod tests {
         let forced = RowSampling { forced: Some(2), ..RowSampling::greedy() };
         let (tokens, logp) = sample_or_force(&view, &[forced, RowSampling::greedy()]).unwrap();
         assert_eq!(tokens, vec![2, 1]);
-        assert!(logp[0].is_some_and(|p| p < 0.0) && logp[1].is_none());
+        assert!(logp[0].as_ref().is_some_and(|p| p.logprob < 0.0) && logp[1].is_none());
     }
 
     #[test]

@@ -146,11 +146,42 @@ impl PonderInfo {
     }
 }
 
+/// The completions API's log-probabilities: parallel lists over the choice's tokens.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    /// Per token, its most likely alternatives, text to log-probability.
+    pub top_logprobs: Vec<std::collections::BTreeMap<String, f32>>,
+    pub text_offset: Vec<usize>,
+}
+
+/// The chat API's log-probabilities: one object per token.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "PonderInfo::is_empty")]
     pub ponder: PonderInfo,
@@ -178,7 +209,7 @@ pub struct AssistantMessage {
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: &'static str,
     #[serde(skip_serializing_if = "PonderInfo::is_empty")]
     pub ponder: PonderInfo,
@@ -206,7 +237,7 @@ pub struct Delta {
 pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: Delta,
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "PonderInfo::is_empty")]
     pub ponder: PonderInfo,

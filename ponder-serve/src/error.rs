@@ -64,6 +64,7 @@ impl ApiError {
         match &e {
             Error::InvalidRequest { reason: InvalidRequest::TooLong { .. }, .. } => bad(limit_field, Some("context_length_exceeded")),
             Error::InvalidRequest { reason: InvalidRequest::BadSampling(_), .. } => bad("temperature", None),
+            Error::InvalidRequest { reason: InvalidRequest::Logprobs(_), .. } => bad("logprobs", None),
             Error::InvalidRequest { .. } | Error::Tokenizer(_) | Error::ChatTemplate(_) => bad(prompt_field, None),
             Error::KvExhausted { .. } => bad(limit_field, Some("context_length_exceeded")),
             Error::EngineStopped => Self::unavailable(e.to_string()),

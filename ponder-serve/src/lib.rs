@@ -6,6 +6,7 @@
 
 pub mod api;
 mod error;
+mod logprobs;
 mod metrics;
 pub mod params;
 mod routes;

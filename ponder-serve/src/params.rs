@@ -3,11 +3,13 @@
 
 use crate::api::{ChatRequest, Common, CompletionPrompt, CompletionRequest, CHAT_FIELDS, COMPLETION_FIELDS};
 use crate::error::ApiError;
-use ponder::{Chat, ChatMessage, GenerationParams, Prompt, SamplingParams};
+use ponder::{Chat, ChatMessage, GenerationParams, Prompt, SamplingParams, MAX_TOP_LOGPROBS};
 use serde::de::DeserializeOwned;
 
 /// OpenAI's bound on `stop` sequences.
 const MAX_STOP: usize = 4;
+/// OpenAI's bound on the completions API's `logprobs` (alternatives per token).
+const MAX_COMPLETION_LOGPROBS: u32 = 5;
 
 /// A request the engine can take: its prompt, parameters and how to answer.
 pub struct Parsed {
@@ -80,7 +82,7 @@ fn common(c: Common, max_new_tokens: usize, d: &Defaults) -> Result<(GenerationP
         return Err(ApiError::bad(format!("`stop` takes at most {MAX_STOP} non-empty strings"), Some("stop")));
     }
     let sampling = SamplingParams { temperature: c.temperature.unwrap_or(d.temperature), top_k: c.top_k, top_p: c.top_p, seed: c.seed };
-    let params = GenerationParams { max_new_tokens, sampling, stop, ignore_eos: c.ignore_eos, forced_tokens: Vec::new() };
+    let params = GenerationParams { max_new_tokens, sampling, stop, ignore_eos: c.ignore_eos, forced_tokens: Vec::new(), logprobs: None };
     let include_usage = c.stream_options.is_some_and(|o| o.include_usage);
     Ok((params, c.stream, include_usage))
 }
@@ -89,7 +91,9 @@ fn common(c: Common, max_new_tokens: usize, d: &Defaults) -> Result<(GenerationP
 pub fn completion(body: &[u8], d: &Defaults) -> Result<Parsed, ApiError> {
     let r: CompletionRequest = read(body, &COMPLETION_FIELDS)?;
     check_model(&r.model, &d.model)?;
-    unsupported("logprobs", r.logprobs.is_some_and(|n| n > 0))?;
+    if let Some(n) = r.logprobs.filter(|&n| n > MAX_COMPLETION_LOGPROBS) {
+        return Err(ApiError::bad(format!("`logprobs` must be within [0, {MAX_COMPLETION_LOGPROBS}], not {n}"), Some("logprobs")));
+    }
     unsupported("echo", r.echo == Some(true))?;
     unsupported("suffix", r.suffix.as_deref().is_some_and(|s| !s.is_empty()))?;
     unsupported("best_of", r.best_of.is_some_and(|n| n != 1))?;
@@ -100,7 +104,8 @@ pub fn completion(body: &[u8], d: &Defaults) -> Result<Parsed, ApiError> {
         CompletionPrompt::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
         CompletionPrompt::Texts(_) => return Err(ApiError::bad("one prompt per request (`prompt` as a list holds exactly one)".into(), Some("prompt"))),
     };
-    let (params, stream, include_usage) = common(r.common, positive("max_tokens", r.max_tokens, 16)?, d)?;
+    let (mut params, stream, include_usage) = common(r.common, positive("max_tokens", r.max_tokens, 16)?, d)?;
+    params.logprobs = r.logprobs.map(|n| n as usize);
     Ok(Parsed { prompt, params, stream, include_usage })
 }
 
@@ -109,8 +114,14 @@ pub fn completion(body: &[u8], d: &Defaults) -> Result<Parsed, ApiError> {
 pub fn chat(body: &[u8], d: &Defaults) -> Result<Parsed, ApiError> {
     let r: ChatRequest = read(body, &CHAT_FIELDS)?;
     check_model(&r.model, &d.model)?;
-    unsupported("logprobs", r.logprobs == Some(true))?;
-    unsupported("top_logprobs", r.top_logprobs.is_some())?;
+    if let Some(n) = r.top_logprobs {
+        if r.logprobs != Some(true) {
+            return Err(ApiError::bad("`top_logprobs` needs `logprobs: true`".into(), Some("top_logprobs")));
+        }
+        if n as usize > MAX_TOP_LOGPROBS {
+            return Err(ApiError::bad(format!("`top_logprobs` must be within [0, {MAX_TOP_LOGPROBS}], not {n}"), Some("top_logprobs")));
+        }
+    }
     unsupported("logit_bias", r.logit_bias.as_ref().is_some_and(not_empty))?;
     unsupported("tools", r.tools.as_ref().is_some_and(not_empty))?;
     unsupported("response_format", r.response_format.as_ref().is_some_and(|f| f.get("type").and_then(|t| t.as_str()) != Some("text")))?;
@@ -122,7 +133,8 @@ pub fn chat(body: &[u8], d: &Defaults) -> Result<Parsed, ApiError> {
     }
     let limit = r.max_completion_tokens.or(r.max_tokens);
     let field = if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
-    let (params, stream, include_usage) = common(r.common, positive(field, limit, d.max_tokens)?, d)?;
+    let (mut params, stream, include_usage) = common(r.common, positive(field, limit, d.max_tokens)?, d)?;
+    params.logprobs = (r.logprobs == Some(true)).then(|| r.top_logprobs.unwrap_or(0) as usize);
     // OpenAI's `developer` role is the system prompt of newer models.
     let role = |r: &str| if r == "developer" { "system".to_string() } else { r.to_string() };
     let chat = Chat::new(r.messages.into_iter().map(|m| ChatMessage::new(role(&m.role), m.content)).collect());

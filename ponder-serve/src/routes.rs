@@ -5,6 +5,7 @@
 
 use crate::api::*;
 use crate::error::ApiError;
+use crate::logprobs::Renderer;
 use crate::params::{self, Defaults, Parsed};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -27,6 +28,8 @@ pub struct AppState {
     pub engine: EngineHandle,
     pub defaults: Defaults,
     pub limits: Limits,
+    /// Renders tokens for log-probabilities (a copy of the engine's).
+    tokenizer: Option<Arc<tokenizers::Tokenizer>>,
     /// Requests submitted and not finished.
     in_flight: AtomicUsize,
 }
@@ -44,7 +47,8 @@ pub struct Limits {
 
 impl AppState {
     pub fn new(engine: EngineHandle, defaults: Defaults, limits: Limits) -> Self {
-        Self { engine, defaults, limits, in_flight: AtomicUsize::new(0) }
+        let tokenizer = engine.tokenizer().cloned().map(Arc::new);
+        Self { engine, defaults, limits, tokenizer, in_flight: AtomicUsize::new(0) }
     }
 }
 
@@ -124,6 +128,8 @@ enum Step {
         text: String,
         token: bool,
         compute: Option<ponder::TokenCompute>,
+        /// The token and its log-probabilities, when the request asked for them.
+        logprob: Option<(u32, ponder::TokenLogprob)>,
     },
     Done(FinishReason),
 }
@@ -175,9 +181,9 @@ async fn submit(s: &Arc<AppState>, p: Parsed, kind: Kind) -> Result<Admitted, Ap
 fn forward(stream: RequestStream, tx: mpsc::UnboundedSender<Step>) {
     for ev in stream {
         let (step, done) = match ev {
-            Event::Token { text, compute, .. } => (Step::Text { text, token: true, compute }, false),
+            Event::Token { token: id, text, compute, logprob, .. } => (Step::Text { text, token: true, compute, logprob: logprob.map(|lp| (id, lp)) }, false),
             Event::Finished { reason, text, .. } => {
-                if !text.is_empty() && tx.send(Step::Text { text, token: false, compute: None }).is_err() {
+                if !text.is_empty() && tx.send(Step::Text { text, token: false, compute: None, logprob: None }).is_err() {
                     return;
                 }
                 (Step::Done(reason), true)
@@ -200,20 +206,22 @@ fn finish_reason(r: &FinishReason) -> Result<&'static str, ApiError> {
 }
 
 async fn run(s: Arc<AppState>, p: Parsed, kind: Kind) -> Result<Response, ApiError> {
-    let (stream, include_usage) = (p.stream, p.include_usage);
+    let (stream, include_usage, logprobs) = (p.stream, p.include_usage, p.params.logprobs.is_some());
     let a = submit(&s, p, kind).await?;
     let ids = Ids { id: a.id, model: s.defaults.model.clone(), created: now(), kind };
+    let mut render = logprobs.then(|| Renderer::new(s.tokenizer.clone()));
     if stream {
-        return Ok(axum::response::Sse::new(sse(ids, a, include_usage)).keep_alive(KeepAlive::default()).into_response());
+        return Ok(axum::response::Sse::new(sse(ids, a, include_usage, render)).keep_alive(KeepAlive::default()).into_response());
     }
     let mut a = a;
-    let (mut text, mut info, mut tokens) = (String::new(), PonderInfo::default(), 0);
+    let (mut text, mut info, mut tokens, mut lps) = (String::new(), PonderInfo::default(), 0, Vec::new());
     let reason = loop {
         match a.next().await? {
-            Some(Step::Text { text: t, token, compute }) => {
+            Some(Step::Text { text: t, token, compute, logprob }) => {
                 text += &t;
                 tokens += token as usize;
                 info.push(compute);
+                lps.extend(logprob);
             }
             Some(Step::Done(r)) => break finish_reason(&r)?,
             None => return Err(ApiError::unavailable("the engine stopped before the request finished".into())),
@@ -226,7 +234,13 @@ async fn run(s: Arc<AppState>, p: Parsed, kind: Kind) -> Result<Response, ApiErr
             object: "text_completion",
             created: ids.created,
             model: ids.model,
-            choices: vec![CompletionChoice { index: 0, text, logprobs: None, finish_reason: Some(reason), ponder: info }],
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                logprobs: render.as_mut().map(|r| r.completion(&lps)),
+                finish_reason: Some(reason),
+                ponder: info,
+            }],
             usage: Some(usage),
         })
         .into_response(),
@@ -238,7 +252,7 @@ async fn run(s: Arc<AppState>, p: Parsed, kind: Kind) -> Result<Response, ApiErr
             choices: vec![ChatChoice {
                 index: 0,
                 message: AssistantMessage { role: "assistant", content: text },
-                logprobs: None,
+                logprobs: render.as_ref().map(|r| r.chat(&lps)),
                 finish_reason: reason,
                 ponder: info,
             }],
@@ -246,6 +260,12 @@ async fn run(s: Arc<AppState>, p: Parsed, kind: Kind) -> Result<Response, ApiErr
         })
         .into_response(),
     })
+}
+
+/// One chunk's log-probabilities, in its API's shape.
+enum Logprobs {
+    Completion(crate::api::CompletionLogprobs),
+    Chat(crate::api::ChatLogprobs),
 }
 
 /// What every answer of one request repeats.
@@ -267,7 +287,7 @@ impl Ids {
 
     /// One stream event: a piece of text, a finish reason, or (with no choice) the usage,
     /// serialised straight from its struct.
-    fn chunk(&self, text: Option<String>, first: bool, finish: Option<&'static str>, info: PonderInfo, usage: Option<Usage>) -> Sse {
+    fn chunk(&self, text: Option<String>, first: bool, finish: Option<&'static str>, info: PonderInfo, usage: Option<Usage>, lps: Option<Logprobs>) -> Sse {
         let no_choice = usage.is_some();
         let value = match self.kind {
             Kind::Completion => serde_json::to_string(&Completion {
@@ -278,7 +298,11 @@ impl Ids {
                 choices: if no_choice {
                     vec![]
                 } else {
-                    vec![CompletionChoice { index: 0, text: text.unwrap_or_default(), logprobs: None, finish_reason: finish, ponder: info }]
+                    let logprobs = match lps {
+                        Some(Logprobs::Completion(l)) => Some(l),
+                        _ => None,
+                    };
+                    vec![CompletionChoice { index: 0, text: text.unwrap_or_default(), logprobs, finish_reason: finish, ponder: info }]
                 },
                 usage,
             }),
@@ -293,7 +317,10 @@ impl Ids {
                     vec![ChatChunkChoice {
                         index: 0,
                         delta: Delta { role: first.then_some("assistant"), content: text },
-                        logprobs: None,
+                        logprobs: match lps {
+                            Some(Logprobs::Chat(l)) => Some(l),
+                            _ => None,
+                        },
                         finish_reason: finish,
                         ponder: info,
                     }]
@@ -307,17 +334,18 @@ impl Ids {
 
 /// The request's events as server-sent events: a chunk per token, one with the finish reason,
 /// the usage when asked for, then `[DONE]`. An engine error ends the stream with an error object.
-fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<Sse, Infallible>> {
+fn sse(ids: Ids, a: Admitted, include_usage: bool, render: Option<Renderer>) -> impl Stream<Item = Result<Sse, Infallible>> {
     struct S {
         ids: Ids,
         a: Admitted,
         tokens: usize,
         first: bool,
         include_usage: bool,
+        render: Option<Renderer>,
         tail: Vec<Sse>,
         over: bool,
     }
-    let state = S { ids, a, tokens: 0, first: true, include_usage, tail: Vec::new(), over: false };
+    let state = S { ids, a, tokens: 0, first: true, include_usage, render, tail: Vec::new(), over: false };
     stream::unfold(state, |mut s| async move {
         if let Some(ev) = s.tail.pop() {
             return Some((Ok(ev), s));
@@ -335,11 +363,19 @@ fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<
             }
         };
         let ev = match next {
-            Some(Step::Text { text, token, compute }) => {
+            Some(Step::Text { text, token, compute, logprob }) => {
                 s.tokens += token as usize;
                 let mut info = PonderInfo::default();
                 info.push(compute);
-                let ev = s.ids.chunk(Some(text), s.first, None, info, None);
+                let kind = s.ids.kind;
+                let lps = match (&mut s.render, logprob) {
+                    (Some(r), Some(lp)) => Some(match kind {
+                        Kind::Completion => Logprobs::Completion(r.completion(std::slice::from_ref(&lp))),
+                        Kind::Chat => Logprobs::Chat(r.chat(std::slice::from_ref(&lp))),
+                    }),
+                    _ => None,
+                };
+                let ev = s.ids.chunk(Some(text), s.first, None, info, None, lps);
                 s.first = false;
                 ev
             }
@@ -349,9 +385,9 @@ fn sse(ids: Ids, a: Admitted, include_usage: bool) -> impl Stream<Item = Result<
                 match finish_reason(&reason) {
                     Ok(r) => {
                         if s.include_usage {
-                            s.tail.push(s.ids.chunk(None, false, None, PonderInfo::default(), Some(Usage::new(s.a.prompt_tokens, s.tokens))));
+                            s.tail.push(s.ids.chunk(None, false, None, PonderInfo::default(), Some(Usage::new(s.a.prompt_tokens, s.tokens)), None));
                         }
-                        s.ids.chunk(None, s.first, Some(r), PonderInfo::default(), None)
+                        s.ids.chunk(None, s.first, Some(r), PonderInfo::default(), None, None)
                     }
                     Err(e) => error(e),
                 }

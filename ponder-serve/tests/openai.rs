@@ -134,14 +134,17 @@ async fn bad_requests_get_a_400_naming_the_field() {
             (json!({"model": "tiny-ouro", "prompt": "x", "temperature": -1}), 400, "temperature"),
             (json!({"model": "tiny-ouro", "prompt": "x", "top_p": 0}), 400, "top_p"),
             (json!({"model": "tiny-ouro", "prompt": "x", "n": 2}), 400, "n"),
-            (json!({"model": "tiny-ouro", "prompt": "x", "logprobs": 2}), 400, "logprobs"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "logprobs": 6}), 400, "logprobs"),
+            (json!({"model": "tiny-ouro", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), 400, "top_logprobs"),
+            (json!({"model": "tiny-ouro", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}), 400, "top_logprobs"),
             (json!({"model": "tiny-ouro", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}), 400, "stop"),
             (json!({"model": "tiny-ouro", "prompt": "x", "stream_options": {"include_usage": true}}), 400, "stream_options"),
             (json!({"model": "tiny-ouro", "prompt": [1, 2, 1_000_000]}), 400, "prompt"),
             (json!({"model": "other", "prompt": "x"}), 404, "model"),
         ];
         for (body, status, field) in cases {
-            let (got, r) = post(&base, "/v1/completions", body.clone()).await;
+            let path = if body.get("messages").is_some() { "/v1/chat/completions" } else { "/v1/completions" };
+            let (got, r) = post(&base, path, body.clone()).await;
             assert_eq!((got, r["error"]["param"].as_str()), (status, Some(field)), "{body} → {r}");
             assert!(r["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
         }
@@ -332,8 +335,83 @@ async fn a_stock_openai_client_gets_the_engines_answers() {
             }
         }
         assert_eq!(streamed, content);
+
+        // Log-probabilities parse into the client's own types.
+        let message = ChatCompletionRequestUserMessageArgs::default().content("What is a trait?").build().unwrap();
+        let chat = CreateChatCompletionRequestArgs::default()
+            .model("tiny-ouro")
+            .messages([message.into()])
+            .max_completion_tokens(6_u32)
+            .temperature(0.0)
+            .logprobs(true)
+            .top_logprobs(2)
+            .build()
+            .unwrap();
+        let whole = client.chat().create(chat).await.unwrap();
+        let content = whole.choices[0].logprobs.as_ref().and_then(|l| l.content.clone()).unwrap();
+        assert_eq!(content.len(), 6);
+        assert!(content.iter().all(|t| t.top_logprobs.len() == 2 && t.logprob == t.top_logprobs[0].logprob));
         let models = client.models().list().await.unwrap();
         assert_eq!(models.data[0].id, "tiny-ouro");
+    })
+    .await
+}
+
+/// Log-probabilities in both APIs' shapes, whole and streamed, equal the engine's for the same
+/// request; a diffusion model refuses them with a 400 naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_are_the_engines_in_both_shapes() {
+    bounded(async {
+        let base = serve("tiny-ouro", 0.0).await;
+        let mut e = EngineBuilder::new(asset("tiny-ouro")).build().unwrap();
+        let want = e.generate(["Ownership in Rust"], &GenerationParams { logprobs: Some(3), ..GenerationParams::greedy(8) }).unwrap().remove(0).unwrap();
+        let close = |got: &Value, want: f32| (got.as_f64().unwrap() as f32 - want).abs() < 1e-4;
+
+        let body = json!({"model": "tiny-ouro", "prompt": "Ownership in Rust", "max_tokens": 8, "temperature": 0, "logprobs": 3});
+        let (status, r) = post(&base, "/v1/completions", body.clone()).await;
+        assert_eq!(status, 200, "{r}");
+        let l = &r["choices"][0]["logprobs"];
+        let tokens: Vec<&str> = l["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        assert_eq!(tokens.concat(), r["choices"][0]["text"].as_str().unwrap(), "the tokens spell the text");
+        let offsets: Vec<u64> = l["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+        assert_eq!(offsets[0], 0);
+        assert!(offsets.windows(2).zip(&tokens).all(|(w, t)| w[1] == w[0] + t.len() as u64));
+        for (i, lp) in want.logprobs.iter().enumerate() {
+            assert!(close(&l["token_logprobs"][i], *lp), "{i}: {} vs {lp}", l["token_logprobs"][i]);
+            assert_eq!(l["top_logprobs"][i].as_object().unwrap().len(), 3);
+        }
+        // Streamed: one token's lists per chunk, the same values.
+        let mut streamed = body;
+        streamed["stream"] = json!(true);
+        let events = stream(&base, "/v1/completions", streamed).await;
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let per_chunk: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["logprobs"]["token_logprobs"].get(0)).collect();
+        assert_eq!(per_chunk.len(), 8);
+        assert!(per_chunk.iter().zip(&want.logprobs).all(|(g, w)| close(g, *w)));
+
+        let chat = json!({"model": "tiny-ouro", "messages": [{"role": "user", "content": "What is a trait?"}], "max_completion_tokens": 6, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+        let (status, whole) = post(&base, "/v1/chat/completions", chat.clone()).await;
+        assert_eq!(status, 200, "{whole}");
+        let content = whole["choices"][0]["logprobs"]["content"].as_array().unwrap();
+        assert_eq!(content.len(), 6);
+        for t in content {
+            assert_eq!(t["bytes"].as_array().unwrap().len(), t["token"].as_str().unwrap().len());
+            assert_eq!(t["top_logprobs"].as_array().unwrap().len(), 2);
+        }
+        let mut streamed = chat;
+        streamed["stream"] = json!(true);
+        let events = stream(&base, "/v1/chat/completions", streamed).await;
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let per_chunk: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["logprobs"]["content"].get(0)).collect();
+        assert_eq!(per_chunk.len(), 6);
+        assert!(per_chunk.iter().zip(content).all(|(g, w)| g["token"] == w["token"] && close(&g["logprob"], w["logprob"].as_f64().unwrap() as f32)));
+        // Without asking: none.
+        let (_, plain) = post(&base, "/v1/completions", json!({"model": "tiny-ouro", "prompt": "x", "max_tokens": 2})).await;
+        assert!(plain["choices"][0]["logprobs"].is_null());
+
+        let sdar = serve("tiny-sdar", 0.0).await;
+        let (status, r) = post(&sdar, "/v1/completions", json!({"model": "tiny-sdar", "prompt": "x", "max_tokens": 4, "logprobs": 1})).await;
+        assert_eq!((status, r["error"]["param"].as_str()), (400, Some("logprobs")), "{r}");
     })
     .await
 }

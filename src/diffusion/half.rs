@@ -36,7 +36,7 @@ impl Half for DiffusionHalf {
         if params.logprobs.is_some() {
             // A revealed token's probability is conditioned on a partly masked canvas and taken
             // at whichever step revealed it: not the sequence model's log-probability.
-            return Err(InvalidRequest::BadSampling("log-probabilities are not reported for diffusion models".into()));
+            return Err(InvalidRequest::Logprobs("not reported for diffusion models".into()));
         }
         if !params.forced_tokens.is_empty() {
             return Err(InvalidRequest::BadSampling("teacher forcing is not supported for diffusion models".into()));

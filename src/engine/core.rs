@@ -313,7 +313,7 @@ impl Core {
             return reject(InvalidRequest::BadSampling(msg));
         }
         if let Some(n) = params.logprobs.filter(|&n| n > crate::request::MAX_TOP_LOGPROBS) {
-            return reject(InvalidRequest::BadSampling(format!("{n} top log-probabilities asked; at most {}", crate::request::MAX_TOP_LOGPROBS)));
+            return reject(InvalidRequest::Logprobs(format!("{n} alternatives asked; at most {}", crate::request::MAX_TOP_LOGPROBS)));
         }
         if let Some(&bad) = params.forced_tokens.iter().find(|&&t| t as usize >= vocab) {
             return reject(InvalidRequest::UnknownToken { token: bad, vocab_size: vocab });

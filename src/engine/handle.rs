@@ -27,6 +27,7 @@ enum Command {
 pub struct EngineHandle {
     tx: Sender<Command>,
     thread: Option<JoinHandle<()>>,
+    tokenizer: Option<tokenizers::Tokenizer>,
 }
 
 /// The events of one request, in order, ending with `Finished`.
@@ -63,7 +64,7 @@ impl EngineHandle {
             .name("ponder-engine".into())
             .spawn(move || match build() {
                 Ok(engine) => {
-                    let _ = ready_tx.send(Ok(()));
+                    let _ = ready_tx.send(Ok(engine.tokenizer().cloned()));
                     serve(engine, rx);
                 }
                 Err(e) => {
@@ -71,8 +72,13 @@ impl EngineHandle {
                 }
             })
             .map_err(|e| Error::InvalidOption(format!("cannot start engine thread: {e}")))?;
-        ready_rx.recv().map_err(|_| Error::EngineStopped)??;
-        Ok(Self { tx, thread: Some(thread) })
+        let tokenizer = ready_rx.recv().map_err(|_| Error::EngineStopped)??;
+        Ok(Self { tx, thread: Some(thread), tokenizer })
+    }
+
+    /// The model's tokenizer (a copy; `None` for a model served on token ids).
+    pub fn tokenizer(&self) -> Option<&tokenizers::Tokenizer> {
+        self.tokenizer.as_ref()
     }
 
     /// Queues a request; its events arrive on the returned stream.
