@@ -2059,3 +2059,58 @@ fn moe_timing() {
         println!("moe {tokens:5} tokens: router {router_ms:.3} ms (f32 matmul {sgemm_ms:.3} ms) · route {route_ms:.3} ms · experts {experts_ms:.3} ms ({tflops:.0} TFLOP/s)");
     }
 }
+
+/// The shipped tiny checkpoint `name` on `device` in f32.
+fn tiny_on(name: &str, device: &Device, max_num_seqs: usize) -> ponder::Engine {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets").join(name);
+    ponder::EngineBuilder::new(dir).device(device.clone()).dtype(DType::F32).max_num_seqs(max_num_seqs).build().unwrap()
+}
+
+/// Diffusion sampling (tempered, cut, inverse-CDF draws by bisection in candle ops) on the GPU:
+/// a seeded request decodes the same tokens batched as alone, and as on the CPU.
+#[test]
+fn sampled_diffusion_decoding_on_the_gpu_matches_the_cpu() {
+    let gpu = gpu_device();
+    let prompts = ["fn main() {", "The borrow checker", "Ownership is"];
+    let params = |i: usize| ponder::GenerationParams {
+        sampling: ponder::SamplingParams { temperature: 0.7, top_k: Some(20), top_p: Some(0.9), seed: Some(11 + i as u64) },
+        ignore_eos: true,
+        ..ponder::GenerationParams::greedy(20)
+    };
+    let decode = |device: &Device, width: usize| -> Vec<Vec<u32>> {
+        let mut e = tiny_on("tiny-sdar", device, width);
+        if width == 1 {
+            return prompts.iter().enumerate().map(|(i, p)| e.generate([*p], &params(i)).unwrap().remove(0).unwrap().token_ids).collect();
+        }
+        let ids: Vec<_> = prompts.iter().enumerate().map(|(i, p)| e.add_request(*p, params(i)).unwrap()).collect();
+        let mut out: std::collections::HashMap<_, Vec<u32>> = Default::default();
+        while e.has_work() {
+            for ev in e.step().unwrap() {
+                if let ponder::Event::Token { id, token, .. } = ev {
+                    out.entry(id).or_default().push(token);
+                }
+            }
+        }
+        ids.iter().map(|id| out.remove(id).unwrap_or_default()).collect()
+    };
+    let alone = decode(&gpu, 1);
+    assert_eq!(decode(&gpu, 3), alone, "batched on the GPU");
+    assert_eq!(decode(&Device::Cpu, 1), alone, "the CPU's draws");
+}
+
+/// Log-probabilities on the GPU (log-softmax and the top-n rounds of argmax over the device's
+/// logits) equal the CPU's for the same greedy request.
+#[test]
+fn logprobs_on_the_gpu_match_the_cpu() {
+    let gpu = gpu_device();
+    let params = ponder::GenerationParams { logprobs: Some(4), ..ponder::GenerationParams::greedy(12) };
+    let run = |device: &Device| tiny_on("tiny-ouro", device, 2).generate(["Ownership in Rust"], &params).unwrap().remove(0).unwrap();
+    let (g, c) = (run(&gpu), run(&Device::Cpu));
+    assert_eq!(g.token_ids, c.token_ids);
+    assert_eq!(g.logprobs.len(), 12);
+    for (i, ((lg, lc), (tg, tc))) in g.logprobs.iter().zip(&c.logprobs).zip(g.top_logprobs.iter().zip(&c.top_logprobs)).enumerate() {
+        assert!((lg - lc).abs() < 1e-3, "token {i}: {lg} vs {lc}");
+        assert_eq!(tg.iter().map(|t| t.0).collect::<Vec<_>>(), tc.iter().map(|t| t.0).collect::<Vec<_>>(), "token {i}");
+        assert_eq!(tg[0], (g.token_ids[i], *lg), "token {i}: the greedy token heads its alternatives");
+    }
+}
