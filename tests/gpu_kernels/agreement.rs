@@ -141,7 +141,7 @@ fn run(model: Box<dyn LoopedModel>, case: Case, path: AttnPath, prompts: &[Vec<u
             match ev {
                 ponder::Event::Token { id, token, logprob, .. } => {
                     tokens.entry(id).or_default().push(token);
-                    logprobs.entry(id).or_default().extend(logprob);
+                    logprobs.entry(id).or_default().extend(logprob.map(|l| l.logprob));
                 }
                 ponder::Event::Finished { id, reason: ponder::FinishReason::Error(why), .. } => panic!("{}: request {id:?} failed: {why}", case.name),
                 ponder::Event::Finished { .. } => {}
