@@ -2060,9 +2060,11 @@ fn moe_timing() {
     }
 }
 
-/// The shipped tiny checkpoint `name` on `device` in f32.
+/// The shipped tiny checkpoint `name` on `device` in f32. The binary runs where it was built or
+/// from the repository root of another machine (the device's copy of the tree).
 fn tiny_on(name: &str, device: &Device, max_num_seqs: usize) -> ponder::Engine {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets").join(name);
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets");
+    let dir = if built.exists() { built } else { std::path::PathBuf::from("assets") }.join(name);
     ponder::EngineBuilder::new(dir).device(device.clone()).dtype(DType::F32).max_num_seqs(max_num_seqs).build().unwrap()
 }
 
