@@ -2068,6 +2068,13 @@ fn tiny_on(name: &str, device: &Device, max_num_seqs: usize) -> ponder::Engine {
     ponder::EngineBuilder::new(dir).device(device.clone()).dtype(DType::F32).max_num_seqs(max_num_seqs).build().unwrap()
 }
 
+/// Keeps a GPU engine to process exit: freeing its pool and graphs synchronises the context,
+/// which would invalidate another test's graph capture (see [`gpu_device`]).
+fn keep(engine: ponder::Engine) {
+    static KEPT: std::sync::Mutex<Vec<ponder::Engine>> = std::sync::Mutex::new(Vec::new());
+    KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(engine);
+}
+
 /// Diffusion sampling (tempered, cut, inverse-CDF draws by bisection in candle ops) on the GPU:
 /// a seeded request decodes the same tokens batched as alone, and as on the CPU.
 #[test]
@@ -2082,7 +2089,9 @@ fn sampled_diffusion_decoding_on_the_gpu_matches_the_cpu() {
     let decode = |device: &Device, width: usize| -> Vec<Vec<u32>> {
         let mut e = tiny_on("tiny-sdar", device, width);
         if width == 1 {
-            return prompts.iter().enumerate().map(|(i, p)| e.generate([*p], &params(i)).unwrap().remove(0).unwrap().token_ids).collect();
+            let out = prompts.iter().enumerate().map(|(i, p)| e.generate([*p], &params(i)).unwrap().remove(0).unwrap().token_ids).collect();
+            keep(e);
+            return out;
         }
         let ids: Vec<_> = prompts.iter().enumerate().map(|(i, p)| e.add_request(*p, params(i)).unwrap()).collect();
         let mut out: std::collections::HashMap<_, Vec<u32>> = Default::default();
@@ -2093,6 +2102,7 @@ fn sampled_diffusion_decoding_on_the_gpu_matches_the_cpu() {
                 }
             }
         }
+        keep(e);
         ids.iter().map(|id| out.remove(id).unwrap_or_default()).collect()
     };
     let alone = decode(&gpu, 1);
@@ -2106,7 +2116,12 @@ fn sampled_diffusion_decoding_on_the_gpu_matches_the_cpu() {
 fn logprobs_on_the_gpu_match_the_cpu() {
     let gpu = gpu_device();
     let params = ponder::GenerationParams { logprobs: Some(4), ..ponder::GenerationParams::greedy(12) };
-    let run = |device: &Device| tiny_on("tiny-ouro", device, 2).generate(["Ownership in Rust"], &params).unwrap().remove(0).unwrap();
+    let run = |device: &Device| {
+        let mut e = tiny_on("tiny-ouro", device, 2);
+        let out = e.generate(["Ownership in Rust"], &params).unwrap().remove(0).unwrap();
+        keep(e);
+        out
+    };
     let (g, c) = (run(&gpu), run(&Device::Cpu));
     assert_eq!(g.token_ids, c.token_ids);
     assert_eq!(g.logprobs.len(), 12);
