@@ -230,7 +230,8 @@ def h100():
 
 
 def serve():
-    n = "serve_h100_cfc3438.json"; d = load(n); R = d["runs"]; share = [r["server_tokens_per_s"] / r["in_process_tokens_per_s"] for r in R]
+    n = "serve_h100_d210528.json"; d = load(n); R = d["runs"]; share = [r["server_tokens_per_s"] / r["in_process_tokens_per_s"] for r in R]
+    V["serve_mean"] = pct(sum(share) / len(share))
     V.update(serve_intro=f"{d['model']}, W {d['clients']}: {d['requests']} greedy requests of {d['max_tokens']} tokens, {d['clients']} streaming clients", serve_data=data(n), serve_cmds=cmd_of(n), serve_table=table(
         ["round", "in-process tok/s", "server tok/s", "server ÷ in-process", "HTTP path, µs per token"], [[r["round"], num(r["in_process_tokens_per_s"]), num(r["server_tokens_per_s"]), pct(s),
         f"{1e6 * (r['server_s'] / r['server_tokens'] - r['in_process_s'] / r['in_process_tokens']):+.1f}"] for r, s in zip(R, share)]), serve_share=span(share),
