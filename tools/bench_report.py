@@ -232,6 +232,10 @@ def h100():
 def serve():
     n = "serve_h100_d210528.json"; d = load(n); R = d["runs"]; share = [r["server_tokens_per_s"] / r["in_process_tokens_per_s"] for r in R]
     V["serve_mean"] = pct(sum(share) / len(share))
+    c = "serve_cpu_d210528.json"; dc = load(c); cs = [r["server_tokens_per_s"] / r["in_process_tokens_per_s"] for r in dc["runs"]]
+    V.update(serve_cpu=f"{dc['model']} on the CPU, {dc['requests']} requests of {dc['max_tokens']} tokens, {dc['clients']} streaming clients: "
+             f"{num(min(r['in_process_tokens_per_s'] for r in dc['runs']))}–{num(max(r['in_process_tokens_per_s'] for r in dc['runs']))} tokens/s in-process; "
+             f"the server at {span(cs)} of it per round, {pct(sum(cs) / len(cs))} over all rounds", serve_cpu_data=data(c), serve_cpu_cmds=cmd_of(c))
     V.update(serve_intro=f"{d['model']}, W {d['clients']}: {d['requests']} greedy requests of {d['max_tokens']} tokens, {d['clients']} streaming clients", serve_data=data(n), serve_cmds=cmd_of(n), serve_table=table(
         ["round", "in-process tok/s", "server tok/s", "server ÷ in-process", "HTTP path, µs per token"], [[r["round"], num(r["in_process_tokens_per_s"]), num(r["server_tokens_per_s"]), pct(s),
         f"{1e6 * (r['server_s'] / r['server_tokens'] - r['in_process_s'] / r['in_process_tokens']):+.1f}"] for r, s in zip(R, share)]), serve_share=span(share),
