@@ -6,6 +6,7 @@
 
 pub mod api;
 mod error;
+pub mod load;
 mod logprobs;
 mod metrics;
 pub mod params;

@@ -38,6 +38,17 @@ impl Default for Lengths {
 }
 
 impl Lengths {
+    /// ShareGPT-like: long prompts and long answers (the default).
+    pub fn sharegpt() -> Self {
+        Self::default()
+    }
+
+    /// Alpaca-like: short instructions and short answers (medians 20 and 48 tokens), about a
+    /// seventh of ShareGPT's output, as the CDB evaluation's knees on the two sets differ.
+    pub fn alpaca() -> Self {
+        Self { prompt_median: 20.0, prompt_max: 128, output_median: 48.0, output_max: 256 }
+    }
+
     const PROMPT_SIGMA: f64 = 0.9;
     const OUTPUT_SIGMA: f64 = 0.7;
 
