@@ -16,7 +16,9 @@
 //! default). Per rate it prints and records completed
 //! requests/s, output tokens/s, time to first token, time per output token, inter-token and
 //! end-to-end latency, normalized latency (end-to-end ÷ output tokens) and goodput under
-//! `--slo-ttft-ms` / `--slo-tpot-ms`.
+//! `--slo-ttft-ms` / `--slo-tpot-ms`. `--requests N`: the pool of distinct requests a trace
+//! cycles through (default 4096); a burst sends all of them at once — its completed
+//! requests/s is the mode's drain rate, the knee.
 
 use ponder::bench::{workload, Lengths};
 use ponder::{DType, Device, EngineBuilder, KvLayoutKind, SchedulerKind};
@@ -35,6 +37,7 @@ struct Args {
     mean_depth: f64,
     min_depth: usize,
     workload: String,
+    requests: usize,
     rates: Vec<Option<f64>>,
     warmup: f64,
     duration: f64,
@@ -58,6 +61,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
         mean_depth: 2.5,
         min_depth: 1,
         workload: "sharegpt".into(),
+        requests: 4096,
         rates: vec![Some(1.0), Some(2.0)],
         warmup: 5.0,
         duration: 30.0,
@@ -82,6 +86,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
             "--mean-depth" => a.mean_depth = v()?.parse()?,
             "--min-depth" => a.min_depth = v()?.parse()?,
             "--workload" => a.workload = v()?,
+            "--requests" => a.requests = v()?.parse()?,
             "--rates" => a.rates = v()?.split(',').map(|r| if r == "burst" { Ok(None) } else { r.parse().map(Some) }).collect::<Result<_, _>>()?,
             "--warmup" => a.warmup = v()?.parse()?,
             "--duration" => a.duration = v()?.parse()?,
@@ -189,7 +194,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (warmup, duration, limit) = (Duration::from_secs_f64(a.warmup), Duration::from_secs_f64(a.duration), Duration::from_secs_f64(a.limit));
     let in_process = if a.url.is_none() { Some(engine(&a)?) } else { None };
     let (vocab, context) = in_process.as_ref().map_or((32_000, 4096), |e| (e.2, e.3));
-    let jobs: Vec<(Vec<u32>, usize)> = workload(4096, vocab, context, a.seed + 1, lengths).into_iter().map(|j| (j.prompt, j.new_tokens)).collect();
+    let jobs: Vec<(Vec<u32>, usize)> = workload(a.requests, vocab, context, a.seed + 1, lengths).into_iter().map(|j| (j.prompt, j.new_tokens)).collect();
     let target = match (&a.url, &in_process) {
         (Some(url), _) => format!("{url} ({})", a.served_model),
         (None, Some(e)) => format!("{}, in process, {} W {}", e.1, a.scheduler, a.width),
