@@ -209,6 +209,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut runs = Vec::new();
     for &rate in &a.rates {
         let arrivals = load::trace(&jobs, rate, warmup, duration, a.seed);
+        // In process, the engine's own account of the run (preemptions, launches and their
+        // wall time per stage) says where the time went.
+        let before = in_process.as_ref().and_then(|e| e.0.metrics().ok());
         let records = match (&a.url, &in_process) {
             (Some(url), _) => load::http(&client, url, &a.served_model, &arrivals, limit).await,
             (None, Some((engine, ..))) => {
@@ -221,7 +224,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let window = if rate.is_some() { (warmup, warmup + duration) } else { (Duration::ZERO, Duration::MAX) };
         let s = load::summarize(&records, window, a.slo);
         row(rate, &s);
-        runs.push(serde_json::json!({"rate": rate, "sent": records.len(), "summary": s}));
+        let engine = match (before, in_process.as_ref().and_then(|e| e.0.metrics().ok())) {
+            (Some(b), Some(m)) => {
+                let stages: serde_json::Map<String, serde_json::Value> = m
+                    .stages
+                    .iter()
+                    .map(|(name, st)| {
+                        let was = b.stages.get(name);
+                        let launches = st.launches - was.map_or(0, |w| w.launches);
+                        let tokens = st.tokens - was.map_or(0, |w| w.tokens);
+                        let secs = (st.time - was.map_or(Duration::ZERO, |w| w.time)).as_secs_f64();
+                        (name.to_string(), serde_json::json!({"launches": launches, "tokens": tokens, "seconds": secs}))
+                    })
+                    .collect();
+                serde_json::json!({"preemptions": m.preemptions - b.preemptions, "stages": stages})
+            }
+            _ => serde_json::Value::Null,
+        };
+        if !engine.is_null() {
+            println!("        engine: {engine}");
+        }
+        runs.push(serde_json::json!({"rate": rate, "sent": records.len(), "summary": s, "engine": engine}));
     }
     if let Some(path) = &a.json {
         let doc = serde_json::json!({
