@@ -173,13 +173,14 @@ fn top_n(values: &Tensor, n: usize) -> Result<Vec<Vec<(u32, f32)>>> {
     }
     let columns = Tensor::arange(0u32, v as u32, values.device())?.unsqueeze(0)?;
     let mut rest = values.clone();
+    let masked = Tensor::full(f32::NEG_INFINITY, (r, v), values.device())?;
     let (mut ids, mut vals) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for _ in 0..n.min(v) {
         let at = crate::ops::greedy_ids(&rest, v)?;
         vals.push(rest.gather(&at.unsqueeze(1)?, 1)?);
         ids.push(at.unsqueeze(1)?);
         let hit = columns.broadcast_eq(&at.unsqueeze(1)?)?;
-        rest = hit.where_cond(&Tensor::full(f32::NEG_INFINITY, (r, v), values.device())?, &rest)?;
+        rest = hit.where_cond(&masked, &rest)?;
     }
     let ids = Tensor::cat(&ids, 1)?.to_vec2::<u32>()?;
     let vals = Tensor::cat(&vals, 1)?.to_vec2::<f32>()?;

@@ -422,18 +422,24 @@ pub fn readout_with(logits: &Tensor, kind: Confidence) -> Result<(Tensor, Tensor
         return greedy_with_confidence(logits);
     }
     let tokens = logits.argmax(D::Minus1)?;
-    let probs = candle_nn::ops::softmax_last_dim(logits)?;
-    let confidence = match kind {
-        Confidence::Margin => {
-            let top1 = probs.max_keepdim(D::Minus1)?;
-            let vocab = logits.dim(D::Minus1)? as u32;
-            let is_top = Tensor::arange(0, vocab, logits.device())?.unsqueeze(0)?.broadcast_eq(&tokens.unsqueeze(1)?)?;
-            let others = is_top.where_cond(&probs.ones_like()?.neg()?, &probs)?;
-            (top1 - others.max_keepdim(D::Minus1)?)?.squeeze(1)?
-        }
-        _ => (&probs * (&probs + 1e-10)?.log()?)?.sum(D::Minus1)?,
-    };
+    let confidence = spread(&candle_nn::ops::softmax_last_dim(logits)?, &tokens, kind)?;
     Ok((tokens, confidence))
+}
+
+/// Per row of a distribution `dist` `[n, vocab]` whose most probable tokens are `top` `[n]`: the
+/// top-1 minus top-2 probability (`Margin`) or Σ p·ln(p + 1e-10) (`NegEntropy`, also for
+/// `Probability`, which callers read off the drawn token instead). Top-2 without a sort: the
+/// top token's probability is replaced by −1 and the maximum taken again.
+pub(crate) fn spread(dist: &Tensor, top: &Tensor, kind: Confidence) -> Result<Tensor> {
+    match kind {
+        Confidence::Margin => {
+            let vocab = dist.dim(D::Minus1)? as u32;
+            let is_top = Tensor::arange(0, vocab, dist.device())?.unsqueeze(0)?.broadcast_eq(&top.unsqueeze(1)?)?;
+            let others = is_top.where_cond(&dist.ones_like()?.neg()?, dist)?;
+            (dist.max_keepdim(D::Minus1)? - others.max_keepdim(D::Minus1)?)?.squeeze(1)
+        }
+        _ => (dist * (dist + 1e-10)?.log()?)?.sum(D::Minus1),
+    }
 }
 
 /// Per row of f32 `logits` `[n, vocab]`: the argmax and its softmax probability

@@ -81,14 +81,7 @@ pub fn sampled_readout(logits: &Tensor, rows: &[RowSampling], sampler: Diffusion
     };
     let confidence = match kind {
         Confidence::Probability => dist.gather(&tokens.unsqueeze(1)?, 1)?.squeeze(1)?,
-        Confidence::Margin => {
-            let top = dist.argmax_keepdim(D::Minus1)?;
-            let vocab = dist.dim(1)? as u32;
-            let is_top = Tensor::arange(0, vocab, dist.device())?.unsqueeze(0)?.broadcast_eq(&top)?;
-            let others = is_top.where_cond(&dist.ones_like()?.neg()?, &dist)?;
-            (dist.max(D::Minus1)? - others.max(D::Minus1)?)?
-        }
-        Confidence::NegEntropy => (&dist * (&dist + 1e-10)?.log()?)?.sum(D::Minus1)?,
+        kind => super::runner::spread(&dist, &dist.argmax(D::Minus1)?, kind)?,
     };
     Ok((tokens, confidence))
 }
