@@ -330,52 +330,13 @@ fn profiler_range(device: &Device, on: bool) -> Result<(), Box<dyn std::error::E
     Ok(())
 }
 
-/// The replay distribution's mean that realises `args.mean_unmask` tokens per step over whole
-/// blocks (each step reveals min(count, masks left)), found by bisection on a simulation of the
-/// same seeded counts.
+/// The replay distribution's mean: calibrated so that whole blocks realise `args.mean_unmask`
+/// tokens per step (`UnmaskTrace::with_realised_mean`), or taken as given with `--no-calibrate`.
 fn trace_mean(args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
     if !args.calibrate {
         return Ok(args.mean_unmask);
     }
-    let realised = |mean: f64| -> Result<f64, Box<dyn std::error::Error>> {
-        let t = UnmaskTrace::with_mean(mean, args.block, 2026)?;
-        let (mut tokens, mut steps) = (0usize, 0usize);
-        for req in 0..256u64 {
-            for block in 0..8 {
-                let mut left = args.block;
-                let mut step = 0;
-                while left > 0 {
-                    let ctx = ponder::diffusion::StepContext {
-                        request: ponder::RequestId(req),
-                        block,
-                        step,
-                        masked: left,
-                        block_masked: args.block,
-                        block_len: args.block,
-                    };
-                    let c = if step + 1 >= args.block { left } else { t.count(&ctx).unwrap_or(1).min(left) };
-                    left -= c;
-                    step += 1;
-                }
-                tokens += args.block;
-                steps += step;
-            }
-        }
-        Ok(tokens as f64 / steps as f64)
-    };
-    let (mut lo, mut hi) = (1.0, args.block as f64);
-    if realised(hi)? < args.mean_unmask {
-        return Ok(hi);
-    }
-    for _ in 0..40 {
-        let mid = 0.5 * (lo + hi);
-        if realised(mid)? < args.mean_unmask {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(0.5 * (lo + hi))
+    Ok(UnmaskTrace::with_realised_mean(args.mean_unmask, args.block, 2026)?.expected_mean())
 }
 
 fn engine_device(model: &DenseDiffusion) -> Device {

@@ -98,8 +98,8 @@ pub mod testing;
 pub use chat::{Chat, ChatMessage, ChatTemplate};
 pub use diffusion::DiffusionOptions;
 pub use engine::{
-    Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, Output, Prompt, RequestId, RequestStream, TokenCompute,
-    TokenLogprob, MAX_TOP_LOGPROBS,
+    Engine, EngineBuilder, EngineHandle, EngineMetrics, Event, FinishReason, GenerationParams, ModelInfo, Output, Prompt, RequestId, RequestStream,
+    TokenCompute, TokenLogprob, MAX_TOP_LOGPROBS,
 };
 pub use error::{Error, HubError, InvalidRequest, Result};
 pub use looped::{KvLayoutKind, LoopedOptions, SchedulerKind};

@@ -60,6 +60,23 @@ fn in_process_accounting_is_consistent_at_two_rates() {
     assert_eq!((m.running_requests, m.waiting_requests, m.kv_blocks_used), (0, 0, 0));
 }
 
+/// A diffusion model reveals several tokens at a step: each is still counted once, at the time
+/// its event arrived.
+#[test]
+fn in_process_accounting_is_consistent_for_a_diffusion_model() {
+    let engine = EngineBuilder::new(asset("tiny-sdar")).max_num_seqs(8).spawn().unwrap();
+    assert!(engine.model().diffusion().is_some() && engine.model().looped().is_none());
+    let mask = engine.model().diffusion().unwrap().mask_token_id;
+    let jobs: Vec<(Vec<u32>, usize)> = jobs().into_iter().map(|(p, n)| (p.into_iter().filter(|&t| t != mask).collect(), n + 8)).collect();
+    for rate in [10.0, 40.0] {
+        let arrivals = load::trace(&jobs, Some(rate), WARMUP, WINDOW, 2);
+        let records = load::in_process(&engine, &arrivals, Duration::from_secs(60));
+        check(&format!("diffusion in-process at {rate}/s"), &arrivals, &records);
+    }
+    let m = engine.metrics().unwrap();
+    assert_eq!((m.running_requests, m.waiting_requests, m.kv_blocks_used), (0, 0, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_accounting_is_consistent_at_two_rates() {
     tokio::time::timeout(Duration::from_secs(120), async {

@@ -228,6 +228,48 @@ impl UnmaskTrace {
         Ok(Self::Seeded { probs: crate::dist::tilted(1, max, mean), seed })
     }
 
+    /// The seeded trace over `1..=block` whose *realised* mean is `realised` tokens per step: a
+    /// step reveals at most the masks left in its block (so the realised mean lies below the
+    /// distribution's) and a block's last allowed step (the `block`-th) reveals the rest. The
+    /// distribution's mean is found by bisection on a simulation of the same seeded counts over
+    /// 256 requests of 8 blocks; a `realised` beyond what counts up to `block` can give takes
+    /// the largest mean.
+    pub fn with_realised_mean(realised: f64, block: usize, seed: u64) -> Result<Self> {
+        if block == 0 || !(realised >= 1.0 && realised <= block as f64) {
+            return Err(Error::InvalidOption(format!("realised unmask mean {realised} outside 1..={block}")));
+        }
+        let simulate = |mean: f64| -> Result<f64> {
+            let trace = Self::with_mean(mean, block, seed)?;
+            let (mut tokens, mut steps) = (0usize, 0usize);
+            for request in 0..256u64 {
+                for b in 0..8 {
+                    let (mut left, mut step) = (block, 0);
+                    while left > 0 {
+                        let ctx = StepContext { request: RequestId(request), block: b, step, masked: left, block_masked: block, block_len: block };
+                        left -= if step + 1 >= block { left } else { trace.count(&ctx).unwrap_or(1).min(left) };
+                        step += 1;
+                    }
+                    tokens += block;
+                    steps += step;
+                }
+            }
+            Ok(tokens as f64 / steps as f64)
+        };
+        let (mut lo, mut hi) = (1.0, block as f64);
+        if simulate(hi)? < realised {
+            return Self::with_mean(hi, block, seed);
+        }
+        for _ in 0..40 {
+            let mid = 0.5 * (lo + hi);
+            if simulate(mid)? < realised {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Self::with_mean(0.5 * (lo + hi), block, seed)
+    }
+
     /// Reads `{"counts": {"<request id>": [[c, ...] per block, ...], ...}}`.
     pub fn from_json_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
@@ -305,6 +347,32 @@ mod tests {
         conf.iter().enumerate().map(|(i, &c)| Candidate { offset: i * 2, token: i as u32, confidence: c }).collect()
     }
     const CTX: StepContext = StepContext { request: RequestId(3), block: 1, step: 2, masked: 4, block_masked: 8, block_len: 8 };
+
+    #[test]
+    fn a_realised_mean_is_what_whole_blocks_reveal_per_step() {
+        let block = 32;
+        let t = UnmaskTrace::with_realised_mean(3.2, block, 2026).unwrap();
+        // Steps capped by the masks left reveal less than the distribution's mean.
+        assert!(t.expected_mean() > 3.2, "{}", t.expected_mean());
+        // Requests the calibration did not simulate realise the same mean.
+        let (mut tokens, mut steps) = (0usize, 0usize);
+        for request in 5000..5400u64 {
+            for b in 0..4 {
+                let (mut left, mut step) = (block, 0);
+                while left > 0 {
+                    let ctx = StepContext { request: RequestId(request), block: b, step, masked: left, block_masked: block, block_len: block };
+                    left -= if step + 1 >= block { left } else { t.count(&ctx).unwrap().min(left) };
+                    step += 1;
+                }
+                tokens += block;
+                steps += step;
+            }
+        }
+        let realised = tokens as f64 / steps as f64;
+        assert!((realised - 3.2).abs() < 0.1, "realised {realised}");
+        assert!(UnmaskTrace::with_realised_mean(0.5, block, 1).is_err());
+        assert!(UnmaskTrace::with_realised_mean(33.0, block, 1).is_err());
+    }
 
     #[test]
     fn a_linear_schedule_literal_of_zero_steps_counts_as_one() {

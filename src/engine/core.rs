@@ -77,6 +77,40 @@ impl<'a> ModelSpec<'a> {
     }
 }
 
+/// An engine's model spec, owned: what [`crate::EngineHandle::model`] keeps for its callers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OwnedModelSpec {
+    Looped(LoopedSpec),
+    Diffusion(DiffusionSpec),
+}
+
+/// What an engine serves, as its users size requests by it: the model's spec, its vocabulary
+/// and the longest prompt + output the engine accepts (the model's context, capped by
+/// `max_model_len`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    pub spec: OwnedModelSpec,
+    pub vocab_size: usize,
+    pub max_context: usize,
+}
+
+impl ModelInfo {
+    /// The looped model's spec (`None` for a diffusion model).
+    pub fn looped(&self) -> Option<&LoopedSpec> {
+        match &self.spec {
+            OwnedModelSpec::Looped(s) => Some(s),
+            OwnedModelSpec::Diffusion(_) => None,
+        }
+    }
+    /// The diffusion model's spec (`None` for a looped model).
+    pub fn diffusion(&self) -> Option<&DiffusionSpec> {
+        match &self.spec {
+            OwnedModelSpec::Diffusion(s) => Some(s),
+            OwnedModelSpec::Looped(_) => None,
+        }
+    }
+}
+
 /// A serving engine for one model. Single-threaded: drive it with [`Engine::step`], or move
 /// it to its own thread with [`crate::EngineBuilder::spawn`].
 pub struct Engine {
@@ -126,6 +160,14 @@ impl Engine {
     }
     pub fn vocab_size(&self) -> usize {
         self.core.vocab_size
+    }
+    /// The model's spec, vocabulary and accepted context, owned.
+    pub fn model_info(&self) -> ModelInfo {
+        let spec = match self.spec() {
+            ModelSpec::Looped(s) => OwnedModelSpec::Looped(s.clone()),
+            ModelSpec::Diffusion(s) => OwnedModelSpec::Diffusion(s.clone()),
+        };
+        ModelInfo { spec, vocab_size: self.core.vocab_size, max_context: self.core.max_context }
     }
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.core.tokenizer.as_ref()

@@ -1,6 +1,6 @@
 //! The engine on its own thread, fed and drained through channels.
 
-use super::{Engine, EngineMetrics, Event, GenerationParams, Output, Prompt, RequestId};
+use super::{Engine, EngineMetrics, Event, GenerationParams, ModelInfo, Output, Prompt, RequestId};
 use crate::{Error, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashMap;
@@ -28,6 +28,7 @@ pub struct EngineHandle {
     tx: Sender<Command>,
     thread: Option<JoinHandle<()>>,
     tokenizer: Option<tokenizers::Tokenizer>,
+    model: ModelInfo,
 }
 
 /// The events of one request, in order, ending with `Finished`.
@@ -64,7 +65,7 @@ impl EngineHandle {
             .name("ponder-engine".into())
             .spawn(move || match build() {
                 Ok(engine) => {
-                    let _ = ready_tx.send(Ok(engine.tokenizer().cloned()));
+                    let _ = ready_tx.send(Ok((engine.tokenizer().cloned(), engine.model_info())));
                     serve(engine, rx);
                 }
                 Err(e) => {
@@ -72,8 +73,13 @@ impl EngineHandle {
                 }
             })
             .map_err(|e| Error::InvalidOption(format!("cannot start engine thread: {e}")))?;
-        let tokenizer = ready_rx.recv().map_err(|_| Error::EngineStopped)??;
-        Ok(Self { tx, thread: Some(thread), tokenizer })
+        let (tokenizer, model) = ready_rx.recv().map_err(|_| Error::EngineStopped)??;
+        Ok(Self { tx, thread: Some(thread), tokenizer, model })
+    }
+
+    /// What the engine serves: the model's spec, vocabulary and accepted context.
+    pub fn model(&self) -> &ModelInfo {
+        &self.model
     }
 
     /// The model's tokenizer (a copy; `None` for a model served on token ids).

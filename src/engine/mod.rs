@@ -14,7 +14,7 @@ pub use crate::request::{Event, FinishReason, GenerationParams, Output, Prompt, 
 pub(crate) use builder::Common;
 pub use builder::{Checkpoint, EngineBuilder, InMemoryDiffusion, InMemoryLooped};
 pub(crate) use core::Family;
-pub use core::{Engine, ModelSpec};
+pub use core::{Engine, ModelInfo, ModelSpec, OwnedModelSpec};
 pub use handle::{EngineHandle, RequestStream};
 pub(crate) use metrics::DeviceSpan;
 pub use metrics::{EngineMetrics, FamilyMetrics, KvPoolStats, LatencyHistogram, LaunchCost, StageStats};
