@@ -231,6 +231,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{:>7} {:>11} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8} {:>8}",
         "rate", "done/sent", "req/s", "tok/s", "TTFT p50", "p99", "TPOT p50", "p99", "ITL p99", "e2e p50", "p99", "norm", "norm p99", "goodput"
     );
+    // The JSON is rewritten after every rate, so a run cut short keeps the rates it finished.
+    let gpu = if a.setup.cuda { gpu_name() } else { None };
+    let write = |runs: &[serde_json::Value]| -> Result<(), Box<dyn std::error::Error>> {
+        let Some(path) = &a.json else { return Ok(()) };
+        let doc = serde_json::json!({
+            "gpu": gpu, "commit": a.commit, "target": target, "label": a.label,
+            "mode": a.setup.mode, "width": a.setup.width, "settings": in_process.as_ref().map(|e| e.settings.clone()),
+            "workload": a.workload, "lengths": lengths.json(), "seed": a.seed, "warmup_s": a.warmup, "duration_s": a.duration,
+            "min_completed": a.min_completed, "engine_warmup": {"requests": warm_n, "seconds": warm_s},
+            "device": if a.setup.cuda { "cuda:0" } else { "cpu" }, "command": std::env::args().collect::<Vec<_>>().join(" "), "runs": runs,
+        });
+        Ok(std::fs::write(path, serde_json::to_string_pretty(&doc)?)?)
+    };
     let mut runs = Vec::new();
     for &rate in &a.rates {
         let (warmup, window) = match rate {
@@ -253,16 +266,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("        engine: {engine}");
         }
         runs.push(serde_json::json!({"rate": rate, "sent": records.len(), "window_s": window.as_secs_f64(), "summary": s, "engine": engine}));
+        write(&runs)?;
     }
     if let Some(path) = &a.json {
-        let doc = serde_json::json!({
-            "gpu": if a.setup.cuda { gpu_name() } else { None }, "commit": a.commit, "target": target, "label": a.label,
-            "mode": a.setup.mode, "width": a.setup.width, "settings": in_process.as_ref().map(|e| e.settings.clone()),
-            "workload": a.workload, "lengths": lengths.json(), "seed": a.seed, "warmup_s": a.warmup, "duration_s": a.duration,
-            "min_completed": a.min_completed, "engine_warmup": {"requests": warm_n, "seconds": warm_s},
-            "device": if a.setup.cuda { "cuda:0" } else { "cpu" }, "command": std::env::args().collect::<Vec<_>>().join(" "), "runs": runs,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
         println!("wrote {path}");
     }
     Ok(())
