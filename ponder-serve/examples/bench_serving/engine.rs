@@ -40,6 +40,8 @@ pub struct Setup {
     pub block: usize,
     pub mean_unmask: f64,
     pub alpha: f32,
+    /// FOCUS's load-aware budget: launches of fewer tokens keep more (`Focus::with_knee`; 0 off).
+    pub focus_knee: usize,
 }
 
 /// The engine, what it serves, and its settings as recorded in the JSON.
@@ -177,10 +179,10 @@ fn diffusion_options<B>(
 ) -> Result<(B, serde_json::Value), Failure> {
     let trace = ponder::diffusion::UnmaskTrace::with_realised_mean(s.mean_unmask, s.block, 2026)?;
     let delayed = s.mode != "baseline";
-    let focus = (s.mode == "focus").then(|| ponder::diffusion::Focus::new(s.alpha)).transpose()?;
+    let focus = (s.mode == "focus").then(|| ponder::diffusion::Focus::new(s.alpha).map(|f| f.with_knee(s.focus_knee))).transpose()?;
     let settings = serde_json::json!({
         "mode": s.mode, "block": s.block, "realised_mean_unmask": s.mean_unmask, "trace_mean": trace.expected_mean(),
-        "delayed_cache": delayed, "focus_alpha": focus.as_ref().map(|_| s.alpha),
+        "delayed_cache": delayed, "focus_alpha": focus.as_ref().map(|_| s.alpha), "focus_knee": focus.as_ref().map(|f| f.knee),
     });
     let block = s.block;
     let b = apply(Box::new(move |o| {

@@ -21,7 +21,8 @@
 //!   default), Huginn's coda held for `--min-coda` exited tokens (W by default, W − 1 requests
 //!   parked beyond W);
 //! - diffusion: `baseline`, `baseline-delayed` (the delayed cache), `focus` (delayed cache and
-//!   FOCUS at `--alpha`, 1.5), blocks of `--block` (32), unmask counts replayed at a realised
+//!   FOCUS at `--alpha`, 1.5; `--focus-knee N`: launches of fewer than N tokens keep more),
+//!   blocks of `--block` (32), unmask counts replayed at a realised
 //!   `--mean-unmask` tokens per step (3.2, about 10 % of a 32-block as FOCUS reports).
 //!
 //! Before the first rate, `--engine-warmup N` requests (default W, outputs capped at 64 tokens)
@@ -88,6 +89,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
             block: 32,
             mean_unmask: 3.2,
             alpha: 1.5,
+            focus_knee: 0,
         },
         workload: "sharegpt".into(),
         requests: 4096,
@@ -125,6 +127,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
             "--block" => s.block = v()?.parse()?,
             "--mean-unmask" => s.mean_unmask = v()?.parse()?,
             "--alpha" => s.alpha = v()?.parse()?,
+            "--focus-knee" => s.focus_knee = v()?.parse()?,
             "--workload" => a.workload = v()?,
             "--requests" => a.requests = v()?.parse()?,
             "--rates" => a.rates = v()?.split(',').map(|r| if r == "burst" { Ok(None) } else { r.parse().map(Some) }).collect::<Result<_, _>>()?,
