@@ -242,6 +242,59 @@ def serve():
         serve_plot=plot("serve", "server and in-process tokens/s per round", lambda: bars([f"round {r['round']}" for r in R], {"in-process": [r["in_process_tokens_per_s"] for r in R], "server": [r["server_tokens_per_s"] for r in R]}, "tokens/s", d)))
 
 
+def live():
+    """Latency against request rate (docs/bench/live/): the burst row first (its drain rate is the knee), then the rates."""
+    def sweep(stem, files, base):
+        D = {label: load(f"live/{f}") for label, f in files.items()}
+        knee = {k: d["runs"][0]["summary"]["request_throughput"] for k, d in D.items()}
+        rates = [r["rate"] for r in D[base]["runs"][1:]]
+        at = lambda k, rate: next(r["summary"] for r in D[k]["runs"][1:] if r["rate"] == rate)
+        return D, knee, rates, at
+    def curves(title, D, rates, at, metrics, d0):
+        f, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6))
+        f.suptitle("\n".join(textwrap.wrap(title, 130)), fontsize=8)
+        for ax, (key, stat, ylabel) in zip(axes, metrics):
+            for k in D:
+                ax.plot(rates, [at(k, r)[key][stat] for r in rates], "o-", label=k)
+            ax.set_xlabel("offered requests/s"); ax.set_ylabel(ylabel, fontsize=8); ax.grid(True, alpha=0.3); ax.set_yscale("log")
+        axes[0].legend(fontsize=7); return f
+    # Ouro-1.4B: CB against depth batching.
+    files = {"CB": "ouro_sharegpt_w64_cb.json", "CDB refill": "ouro_sharegpt_w64_cdb-refill.json", "CDB no-refill": "ouro_sharegpt_w64_cdb-no-refill.json"}
+    D, knee, rates, at = sweep("live_ouro", files, "CB"); d0 = D["CB"]
+    norm = lambda k, r: at(k, r)["normalized_ms"]
+    rows = [[f"{r:.2f} ({pct(r / knee['CB'], 0)})", *[f"{num(norm(k, r)['mean'], 1)} / {num(norm(k, r)['p99'], 1)}" for k in D],
+             times(norm("CDB refill", r)["mean"] / norm("CB", r)["mean"]), times(norm("CDB no-refill", r)["mean"] / norm("CB", r)["mean"]),
+             " / ".join(num(at(k, r)["ttft_ms"]["p99"]) for k in D), " / ".join(num(at(k, r)["request_throughput"], 1) for k in D)] for r in rates]
+    V.update(live_ouro_intro=f"{d0['target'].split(', in process')[0]}, W {d0['width']}, exit depths replayed with mean {d0['settings'].get('depths', {}).get('mean', 2.5) if d0['settings'] else 2.5}"
+             f" ({re.sub('(?<!^)(?=[A-Z])', '-', D['CDB refill']['settings']['layout']).lower()} K/V, overlap {'on' if D['CDB refill']['settings']['overlap'] else 'off'}); ShareGPT-like lengths (prompt median {d0['lengths']['prompt']['median']:g}, output median {d0['lengths']['output']['median']:g})",
+             live_knees=", ".join(f"{k} **{num(v, 1)} req/s**" + ("" if k == "CB" else f" ({times(v / knee['CB'])})") for k, v in knee.items()),
+             live_ouro_table=table(["offered req/s (of CB's knee)", *[f"{k}: normalized ms, mean / p99" for k in D], "refill ÷ CB", "no-refill ÷ CB", "TTFT p99 ms: " + " / ".join(D), "completed req/s"], rows),
+             live_ouro_data=data("live/" + files["CB"], date=False, extra=f" The other modes: [`{files['CDB refill']}`](bench/live/{files['CDB refill']}), [`{files['CDB no-refill']}`](bench/live/{files['CDB no-refill']}) (commit `{D['CDB no-refill']['commit']}`)."),
+             live_ouro_cmds=cmds([d0["burst_command"], *[d["command"] for d in D.values()]]),
+             live_low=span([norm("CDB refill", r)["mean"] / norm("CB", r)["mean"] for r in rates if 0.45 < r / knee["CB"] < 1.05], d=2, k=1, u="×"),
+             live_nr_share=span([(1 - norm("CDB no-refill", r)["mean"] / norm("CB", r)["mean"]) / (1 - norm("CDB refill", r)["mean"] / norm("CB", r)["mean"]) for r in rates if 0.45 < r / knee["CB"] < 1.05], d=0),
+             live_over=times(norm("CDB refill", rates[-1])["mean"] / norm("CB", rates[-1])["mean"]),
+             live_ouro_plot=plot("live_ouro", "normalized latency and time to first token against request rate", lambda D=D, rates=rates, at=at, d0=d0: curves(f"{d0['target'].split(', in process')[0]}, W {d0['width']} — {d0['gpu']}, commit {d0['commit']}", D, rates, at,
+                                 [("normalized_ms", "mean", "normalized latency, mean (ms per token)"), ("normalized_ms", "p99", "normalized latency, p99"), ("ttft_ms", "p99", "time to first token, p99 (ms)")], d0)))
+    # SDAR-8B: baseline against FOCUS.
+    files = {"baseline": "sdar8b_sharegpt_w64_baseline.json", "FOCUS": "sdar8b_sharegpt_w64_focus.json", "FOCUS, knee 256": "sdar8b_sharegpt_w64_knee256_focus.json"}
+    D, knee, rates, at = sweep("live_sdar", files, "baseline"); d0 = D["baseline"]
+    rows = [[f"{r:.2f} ({pct(r / knee['baseline'], 0)})", *[f"{num(at(k, r)['tpot_ms']['p50'], 1)} / {num(at(k, r)['tpot_ms']['p99'], 1)}" for k in D],
+             " / ".join(num(at(k, r)["normalized_ms"]["mean"], 1) for k in D), " / ".join(num(at(k, r)["ttft_ms"]["p99"]) for k in D), " / ".join(num(at(k, r)["request_throughput"], 1) for k in D)] for r in rates]
+    st = d0["settings"]
+    tp99 = lambda k, r: at(k, r)["tpot_ms"]["p99"]
+    V.update(live_sdar_low=f"{times(tp99('FOCUS', rates[0]) / tp99('baseline', rates[0]))} the baseline's ({times(tp99('FOCUS, knee 256', rates[0]) / tp99('baseline', rates[0]))} with the knee)",
+             live_sdar_ttft=f"p50 {num(at('FOCUS', rates[0])['ttft_ms']['p50'])} ms against {num(at('baseline', rates[0])['ttft_ms']['p50'])} ms",
+             live_sdar_mid=times(tp99("FOCUS", rates[2]) / tp99("baseline", rates[2])))
+    V.update(live_sdar_intro=f"{d0['target'].split(', in process')[0]}, W {d0['width']}, blocks of {st['block']}, {st['realised_mean_unmask']:g} tokens revealed per step (replayed); ShareGPT-like lengths",
+             live_sdar_knees=", ".join(f"{k} **{num(v, 1)} req/s**" + ("" if k == "baseline" else f" ({times(v / knee['baseline'])})") for k, v in knee.items()),
+             live_sdar_table=table(["offered req/s (of the baseline's knee)", *[f"{k}: TPOT ms p50 / p99" for k in D], "normalized ms, mean: " + " / ".join(D), "TTFT p99 ms", "completed req/s"], rows),
+             live_sdar_data=data("live/" + files["baseline"], date=False, extra=" The other modes: " + ", ".join(f"[`{f}`](bench/live/{f})" for f in list(files.values())[1:]) + "."),
+             live_sdar_cmds=cmds([d0["burst_command"], *[d["command"] for d in D.values()]]),
+             live_sdar_plot=plot("live_sdar", "time per output token and normalized latency against request rate", lambda D=D, rates=rates, at=at, d0=d0: curves(f"{d0['target'].split(', in process')[0]}, W {d0['width']} — {d0['gpu']}, commit {d0['commit']}", D, rates, at,
+                                 [("tpot_ms", "p50", "time per output token, p50 (ms)"), ("tpot_ms", "p99", "time per output token, p99 (ms)"), ("normalized_ms", "mean", "normalized latency, mean (ms per token)")], d0)))
+
+
 def did_not_pay():
     sk = load("skinny_gemm_ab.json"); m = {}
     for run in sk["runs"]:
@@ -283,7 +336,7 @@ def modes(rows, d):
 
 def main():
     global plt
-    for section in (looped, huginn, long_prompts, diffusion, gates, serve, h100, did_not_pay):
+    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, h100, did_not_pay):
         section()
     gpus = lambda h: " / ".join(sorted({d["gpu"] for n, d in _cache.items() if n.startswith("h100/") == h}))
     V.update(gpus=gpus(False), h100_gpus=gpus(True))
