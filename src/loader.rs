@@ -224,6 +224,8 @@ pub struct Weights {
     source: Source,
     dtype: DType,
     device: Device,
+    /// How [`Weights::linear`] stores the linear layers a model builds.
+    quantization: crate::quant::Quantization,
 }
 
 impl std::fmt::Debug for Weights {
@@ -243,12 +245,29 @@ impl Weights {
         // not be modified while the engine is loading from them.
         let st = unsafe { MmapedSafetensors::multi(files) }
             .map_err(|e| Error::tensor(files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","), first_line(&e.to_string())))?;
-        Ok(Self { source: Source::Mmap(st), dtype, device: device.clone() })
+        Ok(Self { source: Source::Mmap(st), dtype, device: device.clone(), quantization: Default::default() })
     }
 
     /// Weights already in memory (random-weight benchmarks, tests).
     pub fn from_map(map: HashMap<String, Tensor>, dtype: DType, device: &Device) -> Self {
-        Self { source: Source::Map(map), dtype, device: device.clone() }
+        Self { source: Source::Map(map), dtype, device: device.clone(), quantization: Default::default() }
+    }
+
+    /// The linear layers a model builds from these weights are stored as `q` says
+    /// ([`crate::quant::Quantization`]).
+    pub fn with_quantization(mut self, q: crate::quant::Quantization) -> Self {
+        self.quantization = q;
+        self
+    }
+
+    pub fn quantization(&self) -> crate::quant::Quantization {
+        self.quantization
+    }
+
+    /// A linear layer over `weight` `[out, in]` (and `bias`), stored as the weights'
+    /// quantization says: what models build their projections and MLPs with.
+    pub fn linear(&self, weight: Tensor, bias: Option<Tensor>) -> Result<crate::ops::Linear> {
+        Ok(crate::ops::Linear::quantized(weight, bias, self.quantization)?)
     }
 
     pub fn dtype(&self) -> DType {

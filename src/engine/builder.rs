@@ -11,6 +11,7 @@ use crate::loader::ModelDir;
 use crate::looped::models::{Huginn, LoopedModel, Ouro};
 use crate::looped::LoopedOptions;
 use crate::ops::{AttentionKernels, KernelPolicy};
+use crate::quant::Quantization;
 use crate::scheduler::SchedulerLimits;
 use crate::{Error, Result};
 use candle_core::{DType, Device};
@@ -76,6 +77,7 @@ pub struct Checkpoint {
     path: PathBuf,
     looped: Option<LoopedOptions>,
     diffusion: Option<DiffusionOptions>,
+    quantization: Quantization,
 }
 
 /// A looped model already in memory, with its options.
@@ -194,7 +196,7 @@ impl<S> EngineBuilder<S> {
 impl EngineBuilder<Checkpoint> {
     /// An engine for the model directory at `path` (config.json, safetensors, tokenizer.json).
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self::with_source(Checkpoint { path: path.into(), looped: None, diffusion: None }, Device::Cpu, DType::F32)
+        Self::with_source(Checkpoint { path: path.into(), looped: None, diffusion: None, quantization: Quantization::None }, Device::Cpu, DType::F32)
     }
     /// Sets options used if the checkpoint is a looped model (Ouro, Huginn):
     /// `.looped(|o| o.kv_layout(KvLayoutKind::Shared))`. Calls compose.
@@ -208,6 +210,15 @@ impl EngineBuilder<Checkpoint> {
     /// does not know the family reads it first with [`ModelDir::open`].
     pub fn diffusion(mut self, set: impl FnOnce(DiffusionOptions) -> DiffusionOptions) -> Self {
         self.source.diffusion = Some(set(self.source.diffusion.take().unwrap_or_default()));
+        self
+    }
+
+    /// Stores the linear layers quantized, from the checkpoint's own precision at load
+    /// ([`Quantization::Fp8`]: attention projections and MLPs in E4M3 with a scale per output
+    /// channel; embeddings, norms, routers, exit gates and the LM head as they are). Routed MoE
+    /// experts stay in the engine's dtype for now.
+    pub fn quantization(mut self, q: Quantization) -> Self {
+        self.source.quantization = q;
         self
     }
 
@@ -227,7 +238,7 @@ impl EngineBuilder<Checkpoint> {
             (false, Some(_), _) => return wrong("looped", "diffusion"),
             _ => {}
         }
-        let weights = dir.weights(common.dtype, &common.device)?;
+        let weights = dir.weights(common.dtype, &common.device)?.with_quantization(source.quantization);
         let (tokenizer, eos) = (dir.tokenizer()?, dir.eos_token_ids.clone());
         if !looped_model {
             let model = crate::diffusion::models::load(&dir.config, &weights)?;

@@ -58,6 +58,7 @@ mod tests {
             head_dim: 4,
             num_kv_layers: 3,
             max_steps: 4,
+            weight_bytes: 0,
             max_context: 64,
             boundary_params: 800,
             step_params: 1000,

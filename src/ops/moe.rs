@@ -139,6 +139,11 @@ impl StackedExperts {
         self.down.dims()[0]
     }
 
+    /// Bytes the experts' weights occupy.
+    pub fn bytes(&self) -> u64 {
+        crate::ops::bytes_of(&self.gate_up) + crate::ops::bytes_of(&self.down)
+    }
+
     /// Whether [`moe_experts`] runs these experts with the grouped kernels.
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub fn on_kernels(&self) -> bool {
@@ -178,6 +183,12 @@ pub struct RouterWeights {
 }
 
 impl RouterWeights {
+    /// Bytes of the router's weight as the checkpoint gives it (f32; the split copy kept for
+    /// the device kernel is a working copy, not counted).
+    pub fn bytes(&self) -> u64 {
+        crate::ops::bytes_of(&self.weight)
+    }
+
     pub fn new(weight: Tensor) -> Result<Self> {
         let weight = weight.to_dtype(DType::F32)?.contiguous()?;
         let (e, h) = weight.dims2()?;

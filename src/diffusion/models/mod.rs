@@ -70,6 +70,9 @@ pub struct DiffusionSpec {
     /// Parameters of the LM head (touched only by tokens whose logits are read).
     pub head_params: u64,
     pub dtype: DType,
+    /// Bytes the model's weights occupy as stored (an FP8 layer: a byte a value and its
+    /// scales).
+    pub weight_bytes: u64,
 }
 
 /// One layer's projections of a batch of tokens, post q/k norm and post RoPE.

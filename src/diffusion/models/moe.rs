@@ -9,8 +9,8 @@
 use crate::ops;
 pub use crate::ops::moe::{RouterArch, Scoring};
 use crate::ops::moe::{RouterWeights, StackedExperts};
-use candle_core::{Module, Result, Tensor};
-use candle_nn::Linear;
+use crate::ops::Linear;
+use candle_core::{Result, Tensor};
 
 /// One SwiGLU MLP (a dense layer's, or the shared experts'): gate and up stacked on the output
 /// dim (the layout [`ops::silu_mul`] takes), then down.

@@ -9,9 +9,9 @@ use super::{DiffusionAttention, DiffusionModel, DiffusionSpec, Projected};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::ops::moe::{RouterWeights, StackedExperts};
+use crate::ops::Linear;
 use crate::ops::{self, paged_attention, PagedBatch, RopeAngles, RopeTable};
-use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::Linear;
+use candle_core::{DType, Device, Result, Tensor};
 
 /// A checkpoint's tensor names. Layer tensors are `{layers}.{l}.{name}.weight` (and `.bias`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +193,26 @@ enum Mlp {
     Moe(Box<Moe>),
 }
 
+impl Layer {
+    fn bytes(&self) -> u64 {
+        let mlp = match &self.mlp {
+            Mlp::Dense(e) => e.gate_up.bytes() + e.down.bytes(),
+            Mlp::Moe(m) => {
+                m.router.bytes()
+                    + m.bias.as_ref().map_or(0, ops::bytes_of)
+                    + m.experts.bytes()
+                    + m.shared.as_ref().map_or(0, |s| s.gate_up.bytes() + s.down.bytes())
+            }
+        };
+        ops::bytes_of(&self.attn_norm)
+            + self.qkv.bytes()
+            + self.qk_norm.as_ref().map_or(0, |(q, k)| ops::bytes_of(q) + ops::bytes_of(k))
+            + self.o.bytes()
+            + ops::bytes_of(&self.mlp_norm)
+            + mlp
+    }
+}
+
 impl Mlp {
     /// `h + mlp(x)`: the block's second residual add (fused into the MoE combine).
     fn forward_residual(&self, h: &Tensor, x: &Tensor) -> Result<Tensor> {
@@ -288,8 +308,8 @@ impl DenseDiffusion {
             }
             let swiglu = |gate: &str, up: &str, down: &str, width: usize| -> crate::Result<Expert> {
                 Ok(Expert {
-                    gate_up: Linear::new(Tensor::cat(&[wt(gate, (width, h))?, wt(up, (width, h))?], 0)?, None),
-                    down: Linear::new(wt(down, (h, width))?, None),
+                    gate_up: w.linear(Tensor::cat(&[wt(gate, (width, h))?, wt(up, (width, h))?], 0)?, None)?,
+                    down: w.linear(wt(down, (h, width))?, None)?,
                 })
             };
             let mlp = match &a.moe {
@@ -322,9 +342,9 @@ impl DenseDiffusion {
             };
             layers.push(Layer {
                 attn_norm: vec(n.attn_norm, "weight", h)?,
-                qkv: Linear::new(qkv_w, qkv_b),
+                qkv: w.linear(qkv_w, qkv_b)?,
                 qk_norm,
-                o: Linear::new(wt(n.o, (h, nh * hd))?, None),
+                o: w.linear(wt(n.o, (h, nh * hd))?, None)?,
                 mlp_norm: vec(n.mlp_norm, "weight", h)?,
                 mlp,
             });
@@ -345,6 +365,10 @@ impl DenseDiffusion {
                 _ => attention + 3 * h * i,
             })
             .sum();
+        let norm = w.get(h, n.final_norm)?;
+        let tied = a.tie_embeddings && !w.contains(n.lm_head);
+        let weight_bytes =
+            layers.iter().map(Layer::bytes).sum::<u64>() + ops::bytes_of(&embed) + if tied { 0 } else { ops::bytes_of(&lm_head) } + ops::bytes_of(&norm);
         let spec = DiffusionSpec {
             model_type: a.model_type.clone(),
             vocab_size: a.vocab_size,
@@ -364,11 +388,12 @@ impl DenseDiffusion {
             // What the head's matmul touches per token read (padding rows included).
             head_params: (rows * h) as u64,
             dtype: w.dtype(),
+            weight_bytes,
         };
         Ok(Self {
             rope: RopeTable::partial(hd, a.rotary_dim, a.rope_theta, w.dtype(), w.device())?,
-            norm: w.get(h, n.final_norm)?,
-            lm_head: Linear::new(lm_head, None),
+            norm,
+            lm_head: Linear::dense(lm_head, None),
             embed,
             layers,
             spec,

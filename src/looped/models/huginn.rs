@@ -10,9 +10,9 @@ use super::{CoreOut, InitialState, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::looped::models::HuginnConfig;
+use crate::ops::Linear;
 use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
-use candle_core::{Device, Module, Result, Tensor, D};
-use candle_nn::Linear;
+use candle_core::{Device, Result, Tensor, D};
 
 /// A sandwich block: both residual sums are normalised.
 #[derive(Debug, Clone)]
@@ -61,11 +61,11 @@ impl Huginn {
             let norms = [1, 2, 3, 4].map(|n| w.get(h, &format!("{name}.norm_{n}.weight")));
             let [n1, n2, n3, n4] = norms;
             Ok(Block {
-                wqkv: Linear::new(w.get(((nh + 2 * nkv) * hd, h), &format!("{name}.attn.Wqkv.weight"))?, None),
+                wqkv: w.linear(w.get(((nh + 2 * nkv) * hd, h), &format!("{name}.attn.Wqkv.weight"))?, None)?,
                 qk_bias,
-                proj: Linear::new(w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?, None),
-                fc: Linear::new(w.get((2 * i, h), &format!("{name}.mlp.fc.weight"))?, None),
-                mlp_proj: Linear::new(w.get((h, i), &format!("{name}.mlp.proj.weight"))?, None),
+                proj: w.linear(w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?, None)?,
+                fc: w.linear(w.get((2 * i, h), &format!("{name}.mlp.fc.weight"))?, None)?,
+                mlp_proj: w.linear(w.get((h, i), &format!("{name}.mlp.proj.weight"))?, None)?,
                 norms: [n1?, n2?, n3?, n4?],
                 kv_layer,
             })
@@ -80,6 +80,21 @@ impl Huginn {
         let wte = w.get((rows, h), "transformer.wte.weight")?;
         // The checkpoint stores the tied embedding twice; an untied head would be read the same way.
         let lm_head = if w.contains("lm_head.weight") { w.get((rows, h), "lm_head.weight")? } else { wte.clone() };
+        let adapter = w.linear(w.get((h, 2 * h), "transformer.adapter.weight")?, None)?;
+        let ln_f = w.get(h, "transformer.ln_f.weight")?;
+        let block_bytes = |b: &Block| {
+            b.wqkv.bytes()
+                + b.proj.bytes()
+                + b.fc.bytes()
+                + b.mlp_proj.bytes()
+                + b.norms.iter().map(ops::bytes_of).sum::<u64>()
+                + b.qk_bias.as_ref().map_or(0, |(q, k)| ops::bytes_of(q) + ops::bytes_of(k))
+        };
+        let weight_bytes = prelude.iter().chain(&core).chain(&coda).map(block_bytes).sum::<u64>()
+            + adapter.bytes()
+            + ops::bytes_of(&ln_f)
+            + ops::bytes_of(&wte)
+            + if w.contains("lm_head.weight") { ops::bytes_of(&lm_head) } else { 0 };
         let block_params = (((nh + 2 * nkv) * hd + nh * hd) * h + 3 * h * i + 2 * nh * hd + 4 * h) as u64;
         let spec = LoopedSpec {
             vocab_size: cfg.vocab_size,
@@ -100,13 +115,14 @@ impl Huginn {
             coda_attention_layers: cfg.n_layers_in_coda,
             heavy_coda: true,
             dtype: w.dtype(),
+            weight_bytes,
         };
         Ok(Self {
             rope: RopeTable::new(hd, cfg.rope_base, w.dtype(), w.device())?,
             embed_scale: (h as f64).sqrt(),
-            adapter: Linear::new(w.get((h, 2 * h), "transformer.adapter.weight")?, None),
-            ln_f: w.get(h, "transformer.ln_f.weight")?,
-            lm_head: Linear::new(lm_head, None),
+            adapter,
+            ln_f,
+            lm_head: Linear::dense(lm_head, None),
             wte,
             prelude,
             core,
@@ -153,9 +169,9 @@ impl Huginn {
         // Norms after each residual add (Huginn's sandwich): the projection, the add and the norm
         // in one op (at decode widths the projection as partial products the norm sums).
         let attn = attn.reshape((t, nh * hd))?;
-        let (_, x) = ops::linear_residual_add_rms_norm(x, &attn, b.proj.weight(), &b.norms[1], eps)?;
+        let (_, x) = ops::linear_residual_add_rms_norm(x, &attn, &*b.proj.weight()?, &b.norms[1], eps)?;
         let m = ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?;
-        Ok(ops::linear_residual_add_rms_norm(&x, &m, b.mlp_proj.weight(), &b.norms[3], eps)?.1)
+        Ok(ops::linear_residual_add_rms_norm(&x, &m, &*b.mlp_proj.weight()?, &b.norms[3], eps)?.1)
     }
 
     fn blocks(&self, blocks: &[Block], x: Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {
@@ -204,6 +220,6 @@ impl LoopedModel for Huginn {
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
         // The head has a row per padded-vocabulary entry; padding rows are not tokens.
-        ops::linear_f32(h, &self.lm_head.weight().narrow(0, 0, self.spec.vocab_size)?)
+        ops::linear_f32(h, &self.lm_head.weight()?.narrow(0, 0, self.spec.vocab_size)?)
     }
 }

@@ -48,6 +48,9 @@ pub struct LoopedSpec {
     /// batch by default (a quarter of the width).
     pub heavy_coda: bool,
     pub dtype: DType,
+    /// Bytes the model's weights occupy as stored (an FP8 layer: a byte a value and its
+    /// scales).
+    pub weight_bytes: u64,
 }
 
 impl LoopedSpec {

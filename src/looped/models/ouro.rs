@@ -8,9 +8,9 @@ use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::looped::models::OuroConfig;
+use crate::ops::Linear;
 use crate::ops::{self, PagedBatch, RopeTable};
-use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::Linear;
+use candle_core::{DType, Device, Result, Tensor};
 
 #[derive(Debug, Clone)]
 struct Layer {
@@ -55,10 +55,10 @@ impl Ouro {
             let up = w.get((i, h), &format!("{p}.mlp.up_proj.weight"))?;
             layers.push(Layer {
                 // q/k/v and gate/up are fused into one matmul each: fewer launches per layer.
-                qkv: Linear::new(Tensor::cat(&[q, k, vv], 0)?, None),
-                o_proj: Linear::new(w.get((h, nh * hd), &format!("{p}.self_attn.o_proj.weight"))?, None),
-                gate_up: Linear::new(Tensor::cat(&[gate, up], 0)?, None),
-                down: Linear::new(w.get((h, i), &format!("{p}.mlp.down_proj.weight"))?, None),
+                qkv: w.linear(Tensor::cat(&[q, k, vv], 0)?, None)?,
+                o_proj: w.linear(w.get((h, nh * hd), &format!("{p}.self_attn.o_proj.weight"))?, None)?,
+                gate_up: w.linear(Tensor::cat(&[gate, up], 0)?, None)?,
+                down: w.linear(w.get((h, i), &format!("{p}.mlp.down_proj.weight"))?, None)?,
                 input_norm: w.get(h, &format!("{p}.input_layernorm.weight"))?,
                 input_norm_2: w.get(h, &format!("{p}.input_layernorm_2.weight"))?,
                 post_attn_norm: w.get(h, &format!("{p}.post_attention_layernorm.weight"))?,
@@ -69,10 +69,26 @@ impl Ouro {
         let lm_head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") { embed.clone() } else { w.get((v, h), "lm_head.weight")? };
         // The gate runs in f32: its logit feeds a CDF threshold, where bf16 rounding of a
         // single scalar would move exit decisions.
-        let gate = Linear::new(
+        let gate = Linear::dense(
             w.get((1, h), "model.early_exit_gate.weight")?.to_dtype(DType::F32)?,
             Some(w.get(1, "model.early_exit_gate.bias")?.to_dtype(DType::F32)?),
         );
+        let tied = cfg.tie_word_embeddings && !w.contains("lm_head.weight");
+        let norm = w.get(h, "model.norm.weight")?;
+        let weight_bytes = layers
+            .iter()
+            .map(|l| {
+                l.qkv.bytes()
+                    + l.o_proj.bytes()
+                    + l.gate_up.bytes()
+                    + l.down.bytes()
+                    + [&l.input_norm, &l.input_norm_2, &l.post_attn_norm, &l.post_attn_norm_2].into_iter().map(ops::bytes_of).sum::<u64>()
+            })
+            .sum::<u64>()
+            + ops::bytes_of(&embed)
+            + if tied { 0 } else { ops::bytes_of(&lm_head) }
+            + ops::bytes_of(&norm)
+            + gate.bytes();
         let layer_params = (2 * nh * hd * h + 2 * nkv * hd * h + 3 * h * i + 4 * h) as u64;
         let spec = LoopedSpec {
             vocab_size: v,
@@ -93,13 +109,14 @@ impl Ouro {
             coda_attention_layers: 0,
             heavy_coda: false,
             dtype: w.dtype(),
+            weight_bytes,
         };
         Ok(Self {
             rope: RopeTable::new(hd, cfg.rope_theta, w.dtype(), w.device())?,
-            norm: w.get(h, "model.norm.weight")?,
+            norm,
             gate,
             gate_on: true,
-            lm_head: Linear::new(lm_head, None),
+            lm_head: Linear::dense(lm_head, None),
             embed,
             layers,
             spec,
@@ -139,10 +156,10 @@ impl Ouro {
         // The projections that feed a norm hand it their output (at decode widths as partial
         // products over k, which the norm sums: `ops::split_k`).
         let attn = attn.reshape((t, nh * hd))?;
-        let (h, m) = ops::linear_add_rms_norm(h, &attn, layer.o_proj.weight(), &layer.input_norm_2, &layer.post_attn_norm, eps)?;
+        let (h, m) = ops::linear_add_rms_norm(h, &attn, &*layer.o_proj.weight()?, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 
         let m = ops::silu_mul(&layer.gate_up.forward(&m)?)?;
-        ops::linear_add_rms_norm(&h, &m, layer.down.weight(), &layer.post_attn_norm_2, next_norm, eps)
+        ops::linear_add_rms_norm(&h, &m, &*layer.down.weight()?, &layer.post_attn_norm_2, next_norm, eps)
     }
 }
 
@@ -186,7 +203,7 @@ impl LoopedModel for Ouro {
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
-        ops::linear_f32(h, self.lm_head.weight())
+        ops::linear_f32(h, &*self.lm_head.weight()?)
     }
 
     fn replace_gate_head(&mut self, head: &crate::looped::gate::GateHead) -> crate::Result<()> {
@@ -197,7 +214,7 @@ impl LoopedModel for Ouro {
         let dev = self.embed.device();
         let weight = Tensor::from_vec(head.weight.clone(), (1, h), dev)?;
         let bias = Tensor::from_vec(head.bias.clone(), 1, dev)?;
-        self.gate = Linear::new(weight, Some(bias));
+        self.gate = Linear::dense(weight, Some(bias));
         Ok(())
     }
 

@@ -1,0 +1,124 @@
+//! A linear layer `y = x Wᵀ (+ b)` whose weight is stored dense or in FP8. Every model's
+//! projections and MLPs are one of these, so quantizing a model changes what it stores, not
+//! the code that runs it.
+//!
+//! An FP8 weight is multiplied by dequantizing it to the activations' dtype (each value times
+//! its scale, in f32) and running the dense matmul: the reference every FP8 kernel is checked
+//! against, and what runs where no FP8 kernel serves the shape.
+
+use crate::quant::{Fp8Weight, Quantization};
+use candle_core::{DType, Module, Result, Tensor};
+use std::borrow::Cow;
+
+/// A linear layer's weight `[out, in]`.
+#[derive(Debug, Clone)]
+pub enum LinearWeight {
+    Dense(Tensor),
+    Fp8(Fp8Weight),
+}
+
+/// A linear layer: weight `[out, in]`, optional bias `[out]`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: LinearWeight,
+    bias: Option<Tensor>,
+    /// The dtype an FP8 weight dequantizes to when handed out whole ([`Linear::weight`]).
+    dtype: DType,
+}
+
+impl Linear {
+    /// A dense layer: the weight as given.
+    pub fn dense(weight: Tensor, bias: Option<Tensor>) -> Self {
+        let dtype = weight.dtype();
+        Self { weight: LinearWeight::Dense(weight), bias, dtype }
+    }
+
+    /// `weight` stored as `q` says; an FP8 layer dequantizes to `weight`'s dtype.
+    pub fn quantized(weight: Tensor, bias: Option<Tensor>, q: Quantization) -> Result<Self> {
+        match q {
+            Quantization::None => Ok(Self::dense(weight, bias)),
+            Quantization::Fp8 => {
+                let dtype = weight.dtype();
+                Ok(Self { weight: LinearWeight::Fp8(Fp8Weight::quantize(&weight)?), bias, dtype })
+            }
+        }
+    }
+
+    /// A layer over an FP8 weight (a checkpoint stored in FP8), computing in `dtype`.
+    pub fn fp8(weight: Fp8Weight, bias: Option<Tensor>, dtype: DType) -> Self {
+        Self { weight: LinearWeight::Fp8(weight), bias, dtype }
+    }
+
+    pub fn stored(&self) -> &LinearWeight {
+        &self.weight
+    }
+
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// The weight `[out, in]` in the layer's compute dtype: the dense tensor itself, or the
+    /// FP8 weight dequantized (a new tensor each call), for the fused ops that take a weight.
+    pub fn weight(&self) -> Result<Cow<'_, Tensor>> {
+        match &self.weight {
+            LinearWeight::Dense(w) => Ok(Cow::Borrowed(w)),
+            LinearWeight::Fp8(w) => Ok(Cow::Owned(w.dequantize(self.dtype)?)),
+        }
+    }
+
+    /// Bytes the weight occupies (what a step that multiplies by it reads).
+    pub fn weight_bytes(&self) -> u64 {
+        match &self.weight {
+            LinearWeight::Dense(w) => bytes_of(w),
+            LinearWeight::Fp8(w) => {
+                let (out, inp) = w.dims();
+                let scales = match w.scale() {
+                    crate::quant::Fp8Scale::PerChannel(s) | crate::quant::Fp8Scale::Block { scale: s, .. } => s.elem_count() * 4,
+                };
+                (out * inp + scales) as u64
+            }
+        }
+    }
+
+    /// Bytes the layer occupies: its weight as stored and its bias.
+    pub fn bytes(&self) -> u64 {
+        self.weight_bytes() + self.bias.as_ref().map_or(0, bytes_of)
+    }
+
+    /// `x Wᵀ (+ b)`; an FP8 weight is dequantized to `x`'s dtype first.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let w = match &self.weight {
+            LinearWeight::Dense(w) => Cow::Borrowed(w),
+            LinearWeight::Fp8(w) => Cow::Owned(w.dequantize(x.dtype())?),
+        };
+        candle_nn::Linear::new(w.into_owned(), self.bias.clone()).forward(x)
+    }
+}
+
+/// Bytes a tensor occupies.
+pub fn bytes_of(t: &Tensor) -> u64 {
+    (t.elem_count() * t.dtype().size_in_bytes()) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn an_fp8_layer_computes_with_its_dequantized_weight() {
+        let dev = Device::Cpu;
+        let w = Tensor::new(&[[0.3f32, -1.7, 2.5], [0.01, 0.9, -0.4]], &dev).unwrap();
+        let b = Tensor::new(&[0.5f32, -0.25], &dev).unwrap();
+        let x = Tensor::new(&[[1.0f32, 2.0, 3.0], [-1.0, 0.5, 0.0]], &dev).unwrap();
+        let q = Linear::quantized(w.clone(), Some(b.clone()), Quantization::Fp8).unwrap();
+        let deq = q.weight().unwrap().into_owned();
+        assert_ne!(deq.to_vec2::<f32>().unwrap(), w.to_vec2::<f32>().unwrap(), "rounded to E4M3");
+        let want = Linear::dense(deq, Some(b.clone())).forward(&x).unwrap();
+        assert_eq!(q.forward(&x).unwrap().to_vec2::<f32>().unwrap(), want.to_vec2::<f32>().unwrap());
+        // Dense stays as given; FP8 stores a byte a value and a scale a row.
+        let d = Linear::quantized(w.clone(), None, Quantization::None).unwrap();
+        assert_eq!(d.weight().unwrap().to_vec2::<f32>().unwrap(), w.to_vec2::<f32>().unwrap());
+        assert_eq!((d.weight_bytes(), q.weight_bytes()), (24, 6 + 8));
+    }
+}

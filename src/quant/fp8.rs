@@ -1,0 +1,176 @@
+//! FP8 (E4M3) weights: quantization with one scale per output channel, the 128 × 128 block
+//! scales some checkpoints ship, and dequantization — the reference every FP8 path is checked
+//! against (compute in f32 on the dequantized weight).
+
+use candle_core::{DType, Result, Tensor, D};
+
+/// The largest finite E4M3 value: a row's scale maps its largest magnitude here.
+pub const E4M3_MAX: f32 = 448.0;
+
+/// How an FP8 weight `[out, in]` is scaled back: `w ≈ data × scale`.
+#[derive(Debug, Clone)]
+pub enum Fp8Scale {
+    /// One f32 scale per output row: `[out]`.
+    PerChannel(Tensor),
+    /// One f32 scale per `block.0 × block.1` tile (the last tiles may be partial):
+    /// `[ceil(out / block.0), ceil(in / block.1)]`.
+    Block { scale: Tensor, block: (usize, usize) },
+}
+
+/// A linear layer's weight `[out, in]` in E4M3, with its scales.
+#[derive(Debug, Clone)]
+pub struct Fp8Weight {
+    data: Tensor,
+    scale: Fp8Scale,
+}
+
+impl Fp8Weight {
+    /// Quantizes `w` `[out, in]` with one scale per row: the row's largest magnitude ÷ 448
+    /// (1 for an all-zero row), each value divided by it and rounded to the nearest E4M3.
+    pub fn quantize(w: &Tensor) -> Result<Self> {
+        let w = w.to_dtype(DType::F32)?;
+        let amax = w.abs()?.max_keepdim(D::Minus1)?;
+        // An all-zero row keeps scale 1: no division by zero, and it dequantizes to zeros.
+        let zero = amax.eq(0f64)?;
+        let scale = zero.where_cond(&amax.ones_like()?, &(amax / E4M3_MAX as f64)?)?;
+        let data = w.broadcast_div(&scale)?.clamp(-E4M3_MAX, E4M3_MAX)?.to_dtype(DType::F8E4M3)?;
+        Ok(Self { data, scale: Fp8Scale::PerChannel(scale.squeeze(1)?) })
+    }
+
+    /// An FP8 weight as a checkpoint stores it: `data` `[out, in]` in E4M3 and its scales,
+    /// checked against each other.
+    pub fn from_parts(data: Tensor, scale: Fp8Scale) -> Result<Self> {
+        let (out, inp) = data.dims2()?;
+        if data.dtype() != DType::F8E4M3 {
+            candle_core::bail!("an FP8 weight is stored as F8E4M3, not {:?}", data.dtype());
+        }
+        let ok = match &scale {
+            Fp8Scale::PerChannel(s) => s.dims() == [out],
+            Fp8Scale::Block { scale, block: (bo, bi) } => *bo > 0 && *bi > 0 && scale.dims() == [out.div_ceil(*bo), inp.div_ceil(*bi)],
+        };
+        if !ok {
+            let dims = match &scale {
+                Fp8Scale::PerChannel(s) | Fp8Scale::Block { scale: s, .. } => s.dims().to_vec(),
+            };
+            candle_core::bail!("FP8 scales {dims:?} do not fit a weight of {:?}", data.dims());
+        }
+        let scale = match scale {
+            Fp8Scale::PerChannel(s) => Fp8Scale::PerChannel(s.to_dtype(DType::F32)?),
+            Fp8Scale::Block { scale, block } => Fp8Scale::Block { scale: scale.to_dtype(DType::F32)?, block },
+        };
+        Ok(Self { data, scale })
+    }
+
+    /// `[out, in]`.
+    pub fn dims(&self) -> (usize, usize) {
+        let d = self.data.dims();
+        (d[0], d[1])
+    }
+
+    /// The E4M3 values.
+    pub fn data(&self) -> &Tensor {
+        &self.data
+    }
+
+    pub fn scale(&self) -> &Fp8Scale {
+        &self.scale
+    }
+
+    /// The weight the FP8 values stand for, in `dtype`: each value × its scale, in f32.
+    pub fn dequantize(&self, dtype: DType) -> Result<Tensor> {
+        let w = self.data.to_dtype(DType::F32)?;
+        let w = match &self.scale {
+            Fp8Scale::PerChannel(s) => w.broadcast_mul(&s.unsqueeze(1)?)?,
+            Fp8Scale::Block { scale, block: (bo, bi) } => {
+                let (out, inp) = self.dims();
+                // Each tile's scale repeated over the tile, trimmed to the weight's edges.
+                let (r, c) = scale.dims2()?;
+                let s = scale.unsqueeze(1)?.broadcast_as((r, *bo, c))?.reshape((r * bo, c))?;
+                let s = s.unsqueeze(2)?.broadcast_as((r * bo, c, *bi))?.reshape((r * bo, c * bi))?;
+                w.mul(&s.narrow(0, 0, out)?.narrow(1, 0, inp)?)?
+            }
+        };
+        w.to_dtype(dtype)
+    }
+
+    /// The weights of several layers that read the same input, one after another along the
+    /// output rows (q, k and v; gate and up), so they run as one matmul. Block-scaled parts
+    /// must hold whole tiles of rows.
+    pub fn cat_rows(parts: &[Fp8Weight]) -> Result<Self> {
+        let data = Tensor::cat(&parts.iter().map(|p| p.data.clone()).collect::<Vec<_>>(), 0)?;
+        let scale = match parts.first().map(|p| &p.scale) {
+            Some(Fp8Scale::PerChannel(_)) => {
+                let scales = parts.iter().map(|p| match &p.scale {
+                    Fp8Scale::PerChannel(s) => Ok(s.clone()),
+                    Fp8Scale::Block { .. } => candle_core::bail!("cannot join per-channel and block-scaled FP8 weights"),
+                });
+                Fp8Scale::PerChannel(Tensor::cat(&scales.collect::<Result<Vec<_>>>()?, 0)?)
+            }
+            Some(Fp8Scale::Block { block, .. }) => {
+                let block = *block;
+                let scales = parts.iter().map(|p| match &p.scale {
+                    Fp8Scale::Block { scale, block: b } if *b == block && p.dims().0 % block.0 == 0 => Ok(scale.clone()),
+                    _ => candle_core::bail!("block-scaled FP8 weights join only with the same blocks over whole tiles of rows"),
+                });
+                Fp8Scale::Block { scale: Tensor::cat(&scales.collect::<Result<Vec<_>>>()?, 0)?, block }
+            }
+            None => candle_core::bail!("no FP8 weights to join"),
+        };
+        Self::from_parts(data, scale)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn max_abs(t: &Tensor) -> f32 {
+        t.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    #[test]
+    fn a_row_quantizes_to_within_e4m3_rounding_of_its_largest_value() {
+        let w = Tensor::new(&[[1.0f32, -0.5, 0.3, 0.001], [0.0, 0.0, 0.0, 0.0], [-900.0, 3.0, 1e-3, 448.0]], &Device::Cpu).unwrap();
+        let q = Fp8Weight::quantize(&w).unwrap();
+        let Fp8Scale::PerChannel(s) = q.scale() else { panic!("per channel") };
+        for (got, want) in s.to_vec1::<f32>().unwrap().into_iter().zip([1.0 / 448.0, 1.0, 900.0 / 448.0]) {
+            assert!((got - want).abs() <= want * 1e-6, "scale {got}, expected {want}");
+        }
+        let back = q.dequantize(DType::F32).unwrap();
+        // A row's largest value is exact; every value is within half an E4M3 step of it: 2^-4
+        // relative for normal values (3 mantissa bits), half the subnormal step 2^-9 below.
+        let rows = back.to_vec2::<f32>().unwrap();
+        assert!((rows[0][0] - 1.0).abs() < 1e-6 && (rows[2][0] + 900.0).abs() < 1e-3, "{rows:?}");
+        assert_eq!(rows[1], vec![0.0; 4]);
+        let scales = s.to_vec1::<f32>().unwrap();
+        for ((got, want), s) in rows.iter().zip(w.to_vec2::<f32>().unwrap()).zip(scales) {
+            for (g, x) in got.iter().zip(&want) {
+                assert!((g - x).abs() <= x.abs() / 16.0 + s * 2f32.powi(-10) + 1e-6, "{g} for {x} at scale {s}");
+            }
+        }
+    }
+
+    #[test]
+    fn block_scales_multiply_their_tiles_and_partial_edge_tiles() {
+        // A 3 × 5 weight in 2 × 2 tiles: scales [2, 3], the last row and column tiles partial.
+        let data = Tensor::ones((3, 5), DType::F32, &Device::Cpu).unwrap().to_dtype(DType::F8E4M3).unwrap();
+        let scale = Tensor::new(&[[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]], &Device::Cpu).unwrap();
+        let w = Fp8Weight::from_parts(data, Fp8Scale::Block { scale, block: (2, 2) }).unwrap();
+        let got = w.dequantize(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(got, vec![vec![1.0, 1.0, 2.0, 2.0, 3.0], vec![1.0, 1.0, 2.0, 2.0, 3.0], vec![4.0, 4.0, 5.0, 5.0, 6.0]]);
+        let bad = Tensor::ones((2, 2), DType::F32, &Device::Cpu).unwrap();
+        let data = Tensor::ones((3, 5), DType::F32, &Device::Cpu).unwrap().to_dtype(DType::F8E4M3).unwrap();
+        assert!(Fp8Weight::from_parts(data, Fp8Scale::Block { scale: bad, block: (2, 2) }).is_err());
+    }
+
+    #[test]
+    fn joined_rows_dequantize_as_the_parts() {
+        let a = Tensor::new(&[[0.25f32, -3.0], [7.0, 0.5]], &Device::Cpu).unwrap();
+        let b = Tensor::new(&[[1.5f32, 100.0]], &Device::Cpu).unwrap();
+        let (qa, qb) = (Fp8Weight::quantize(&a).unwrap(), Fp8Weight::quantize(&b).unwrap());
+        let joined = Fp8Weight::cat_rows(&[qa.clone(), qb.clone()]).unwrap().dequantize(DType::F32).unwrap();
+        let parts = Tensor::cat(&[qa.dequantize(DType::F32).unwrap(), qb.dequantize(DType::F32).unwrap()], 0).unwrap();
+        assert_eq!(max_abs(&(joined - parts).unwrap()), 0.0);
+    }
+}
