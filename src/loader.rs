@@ -31,6 +31,9 @@ pub struct ModelDir {
     pub chat_template: Option<String>,
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
+    /// Where an FP8 checkpoint keeps its weights' scales (`config.json`'s
+    /// `quantization_config`); `None` for a checkpoint in a float dtype.
+    pub stored_fp8: Option<crate::quant::CheckpointQuant>,
     /// The tokenizer when opening had to parse it already (stop tokens), so it is parsed once.
     parsed_tokenizer: Option<tokenizers::Tokenizer>,
 }
@@ -41,6 +44,8 @@ impl ModelDir {
         let config_path = path.join("config.json");
         let text = read(&config_path)?;
         let config = ModelConfig::from_json(&text, &config_path.display().to_string())?;
+        let raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::config(config_path.display().to_string(), e.to_string()))?;
+        let stored_fp8 = crate::quant::CheckpointQuant::from_config(&raw, &config_path.display().to_string())?;
         let mut eos = config.eos_token_ids();
         let gen_path = path.join("generation_config.json");
         if gen_path.exists() {
@@ -73,13 +78,14 @@ impl ModelDir {
             chat_template: chat.template,
             bos_token: chat.bos_token,
             eos_token: chat.eos_token,
+            stored_fp8,
             parsed_tokenizer,
         })
     }
 
     /// Memory-maps the weights, converting to `dtype` on `device` as tensors are read.
     pub fn weights(&self, dtype: DType, device: &Device) -> Result<Weights> {
-        Weights::from_files(&self.weight_files, dtype, device)
+        Ok(Weights::from_files(&self.weight_files, dtype, device)?.with_stored_fp8(self.stored_fp8.clone()))
     }
 
     /// The compiled chat template, if the checkpoint has one.
@@ -226,6 +232,8 @@ pub struct Weights {
     device: Device,
     /// How [`Weights::linear`] stores the linear layers a model builds.
     quantization: crate::quant::Quantization,
+    /// Where the checkpoint keeps its FP8 weights' scales, if it stores weights in FP8.
+    stored_fp8: Option<crate::quant::CheckpointQuant>,
 }
 
 impl std::fmt::Debug for Weights {
@@ -245,12 +253,12 @@ impl Weights {
         // not be modified while the engine is loading from them.
         let st = unsafe { MmapedSafetensors::multi(files) }
             .map_err(|e| Error::tensor(files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","), first_line(&e.to_string())))?;
-        Ok(Self { source: Source::Mmap(st), dtype, device: device.clone(), quantization: Default::default() })
+        Ok(Self { source: Source::Mmap(st), dtype, device: device.clone(), quantization: Default::default(), stored_fp8: None })
     }
 
     /// Weights already in memory (random-weight benchmarks, tests).
     pub fn from_map(map: HashMap<String, Tensor>, dtype: DType, device: &Device) -> Self {
-        Self { source: Source::Map(map), dtype, device: device.clone(), quantization: Default::default() }
+        Self { source: Source::Map(map), dtype, device: device.clone(), quantization: Default::default(), stored_fp8: None }
     }
 
     /// The linear layers a model builds from these weights are stored as `q` says
@@ -262,6 +270,87 @@ impl Weights {
 
     pub fn quantization(&self) -> crate::quant::Quantization {
         self.quantization
+    }
+
+    /// The checkpoint stores (some) weights in FP8, their scales laid out as `layout` says.
+    pub fn with_stored_fp8(mut self, layout: Option<crate::quant::CheckpointQuant>) -> Self {
+        self.stored_fp8 = layout;
+        self
+    }
+
+    /// The linear layer over the weights `parts` (name, `[out, in]`) stacked along the output
+    /// rows (q, k, v; gate, up), and `bias`. Weights the checkpoint stores in FP8 stay in FP8
+    /// with their scales when every part is; otherwise every part is read in the model dtype
+    /// (an FP8 one dequantized) and stored as [`Weights::with_quantization`] says.
+    pub fn linear_cat(&self, parts: &[(String, (usize, usize))], bias: Option<Tensor>) -> Result<crate::ops::Linear> {
+        let stored: Vec<Option<crate::quant::Fp8Weight>> = parts.iter().map(|(name, shape)| self.stored_fp8_weight(name, *shape)).collect::<Result<_>>()?;
+        if let Some(fp8) = stored.iter().cloned().collect::<Option<Vec<_>>>() {
+            let w = if fp8.len() == 1 { fp8.into_iter().next().expect("one part") } else { crate::quant::Fp8Weight::cat_rows(&fp8)? };
+            return Ok(crate::ops::Linear::fp8(w, bias, self.dtype));
+        }
+        let dense = parts
+            .iter()
+            .zip(stored)
+            .map(|((name, shape), fp8)| match fp8 {
+                Some(w) => Ok(w.dequantize(self.dtype)?),
+                None => self.get(*shape, name),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let w = if dense.len() == 1 { dense.into_iter().next().expect("one part") } else { Tensor::cat(&dense, 0)? };
+        self.linear(w, bias)
+    }
+
+    /// A weight matrix `name` in the model dtype, dequantized if the checkpoint stores it in
+    /// FP8: for the weights a model keeps dense (routed experts).
+    pub fn get_dense(&self, shape: (usize, usize), name: &str) -> Result<Tensor> {
+        match self.stored_fp8_weight(name, shape)? {
+            Some(w) => Ok(w.dequantize(self.dtype)?),
+            None => self.get(shape, name),
+        }
+    }
+
+    /// `name` with its scales, if the checkpoint stores it in FP8.
+    fn stored_fp8_weight(&self, name: &str, shape: (usize, usize)) -> Result<Option<crate::quant::Fp8Weight>> {
+        use crate::quant::{Fp8Scale, Fp8Weight};
+        let Some(layout) = &self.stored_fp8 else { return Ok(None) };
+        let data = self.raw(name)?;
+        if data.dtype() != DType::F8E4M3 {
+            return Ok(None);
+        }
+        if data.dims() != [shape.0, shape.1] {
+            return Err(Error::tensor(name, format!("shape {:?}, expected {:?}", data.dims(), [shape.0, shape.1])));
+        }
+        let scale_name = layout.scale_name(name);
+        let s = self.raw(&scale_name).map_err(|_| Error::tensor(&scale_name, format!("missing: the FP8 weight `{name}` needs its scales")))?;
+        let bad = |why: String| Error::tensor(&scale_name, why);
+        if !crate::ops::is_float(s.dtype()) || s.dtype() == DType::F8E4M3 {
+            return Err(bad(format!("dtype {:?} is not a scale's (f32, bf16 or f16)", s.dtype())));
+        }
+        let s = s.to_dtype(DType::F32)?;
+        let scale = match layout.block() {
+            Some(block) => Fp8Scale::Block { scale: s, block },
+            // Per output channel `[out, 1]` (or `[out]`), or one for the tensor.
+            None => match s.dims() {
+                [o, 1] | [o] if *o == shape.0 => Fp8Scale::PerChannel(s.flatten_all()?),
+                [] | [1] | [1, 1] => Fp8Scale::PerChannel(s.flatten_all()?.broadcast_as(shape.0)?.contiguous()?),
+                d => return Err(bad(format!("shape {d:?} is neither per channel ([{}, 1]) nor per tensor", shape.0))),
+            },
+        };
+        let w = Fp8Weight::from_parts(data, scale).map_err(|e| bad(first_line(&e.to_string())))?;
+        Ok(Some(w.to_device(&self.device)?))
+    }
+
+    /// `name` as stored, on the CPU.
+    fn raw(&self, name: &str) -> Result<Tensor> {
+        match &self.source {
+            Source::Mmap(st) => {
+                if st.get(name).is_err() {
+                    return Err(Error::tensor(name, "missing from the checkpoint"));
+                }
+                st.load(name, &Device::Cpu).map_err(|e| Error::tensor(name, first_line(&e.to_string())))
+            }
+            Source::Map(m) => m.get(name).cloned().ok_or_else(|| Error::tensor(name, "missing")),
+        }
     }
 
     /// A linear layer over `weight` `[out, in]` (and `bias`), stored as the weights'
@@ -311,15 +400,11 @@ impl Weights {
     /// from a checkpoint served in bf16 keeps its precision).
     pub fn get_as<S: Into<Shape>>(&self, shape: S, name: &str, dtype: DType) -> Result<Tensor> {
         let shape = shape.into();
-        let t = match &self.source {
-            Source::Mmap(st) => {
-                if st.get(name).is_err() {
-                    return Err(Error::tensor(name, "missing from the checkpoint"));
-                }
-                st.load(name, &Device::Cpu).map_err(|e| Error::tensor(name, first_line(&e.to_string())))?
-            }
-            Source::Map(m) => m.get(name).cloned().ok_or_else(|| Error::tensor(name, "missing"))?,
-        };
+        let t = self.raw(name)?;
+        if t.dtype() == DType::F8E4M3 {
+            // Its values mean nothing without its scales, which only a linear layer reads.
+            return Err(Error::tensor(name, "stored in FP8 where the model reads no FP8 weight (a norm, embedding, router or head)"));
+        }
         if t.shape() != &shape {
             return Err(Error::tensor(name, format!("shape {:?}, expected {:?}", t.dims(), shape.dims())));
         }

@@ -142,3 +142,125 @@ fn fp8_is_an_option_of_the_checkpoint_builder_by_name() {
     assert_eq!("none".parse::<Quantization>().unwrap(), Quantization::None);
     assert!(matches!("int4".parse::<Quantization>(), Err(ponder::Error::InvalidOption(_))));
 }
+
+/// `w` `[out, in]` quantized with one scale per `block` tile (partial edge tiles allowed): the
+/// E4M3 values and the scales `[ceil(out / b0), ceil(in / b1)]`.
+fn block_quantize(w: &Tensor, block: (usize, usize)) -> (Tensor, Tensor) {
+    let (out, inp) = w.dims2().unwrap();
+    let v = w.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+    let (rt, ct) = (out.div_ceil(block.0), inp.div_ceil(block.1));
+    let mut scales = vec![1f32; rt * ct];
+    for (t, s) in scales.iter_mut().enumerate() {
+        let (r0, c0) = ((t / ct) * block.0, (t % ct) * block.1);
+        let amax = (r0..(r0 + block.0).min(out)).flat_map(|r| v[r][c0..(c0 + block.1).min(inp)].iter()).fold(0f32, |m, x| m.max(x.abs()));
+        if amax > 0.0 {
+            *s = amax / 448.0;
+        }
+    }
+    let q: Vec<f32> = (0..out * inp).map(|i| (v[i / inp][i % inp] / scales[(i / inp / block.0) * ct + (i % inp) / block.1]).clamp(-448.0, 448.0)).collect();
+    let q = Tensor::from_vec(q, (out, inp), &Device::Cpu).unwrap().to_dtype(DType::F8E4M3).unwrap();
+    (q, Tensor::from_vec(scales, (rt, ct), &Device::Cpu).unwrap())
+}
+
+/// The checkpoint at `dir` re-stored as an FP8 release would ship it (`layout`: "channel" for
+/// compressed-tensors with a scale per output channel, "block" for fine-grained FP8 with
+/// 16 × 16 tiles), and beside it the dense checkpoint of what those FP8 values stand for.
+fn fp8_release(dir: &Path, fp8_dir: &Path, dense_dir: &Path, layout: &str) {
+    for d in [fp8_dir, dense_dir] {
+        std::fs::create_dir_all(d).unwrap();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.file_name().unwrap() != "model.safetensors" {
+                std::fs::copy(&p, d.join(p.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    let (mut fp8, mut dense) = (HashMap::new(), HashMap::new());
+    for (name, t) in tensors(dir) {
+        if !quantized(&name) {
+            fp8.insert(name.clone(), t.clone());
+            dense.insert(name, t);
+            continue;
+        }
+        let (data, scale, back) = if layout == "channel" {
+            let q = Fp8Weight::quantize(&t).unwrap();
+            let ponder::quant::Fp8Scale::PerChannel(s) = q.scale() else { unreachable!() };
+            (q.data().clone(), s.unsqueeze(1).unwrap(), q.dequantize(DType::F32).unwrap())
+        } else {
+            let (data, scale) = block_quantize(&t, (16, 16));
+            let back = Fp8Weight::from_parts(data.clone(), ponder::quant::Fp8Scale::Block { scale: scale.clone(), block: (16, 16) }).unwrap();
+            (data, scale, back.dequantize(DType::F32).unwrap())
+        };
+        let suffix = if layout == "channel" { "_scale" } else { "_scale_inv" };
+        fp8.insert(format!("{name}{suffix}"), scale);
+        fp8.insert(name.clone(), data);
+        dense.insert(name, back);
+    }
+    candle_core::safetensors::save(&fp8, fp8_dir.join("model.safetensors")).unwrap();
+    candle_core::safetensors::save(&dense, dense_dir.join("model.safetensors")).unwrap();
+    let config_path = fp8_dir.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["quantization_config"] = if layout == "channel" {
+        serde_json::json!({"quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": true, "dynamic": false},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": true}}}, "ignore": ["lm_head"]})
+    } else {
+        serde_json::json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [16, 16]})
+    };
+    std::fs::write(&config_path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+}
+
+#[test]
+fn fp8_checkpoints_load_in_both_layouts_and_decode_as_what_their_values_stand_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (family, dir) in common::family_checkpoints(tmp.path()) {
+        let looped = matches!(family, "ouro" | "huginn");
+        for layout in ["channel", "block"] {
+            let (fp8_dir, dense_dir) = (tmp.path().join(format!("{family}_{layout}_fp8")), tmp.path().join(format!("{family}_{layout}_dense")));
+            fp8_release(&dir, &fp8_dir, &dense_dir, layout);
+            let mut fp8 = EngineBuilder::new(&fp8_dir).max_num_seqs(4).build().unwrap_or_else(|e| panic!("{family} {layout}: {e}"));
+            let mut dense = EngineBuilder::new(&dense_dir).max_num_seqs(4).build().unwrap();
+            // Stored as shipped: a byte a value plus the scales, which are f32 here.
+            let scales: u64 =
+                tensors(&fp8_dir).iter().filter(|(n, _)| n.ends_with("_scale") || n.ends_with("_scale_inv")).map(|(_, t)| 4 * t.elem_count() as u64).sum();
+            let values: u64 = tensors(&fp8_dir).iter().filter(|(n, _)| quantized(n)).map(|(_, t)| t.elem_count() as u64).sum();
+            let rest: u64 = tensors(&fp8_dir)
+                .iter()
+                .filter(|(n, _)| !quantized(n) && !n.ends_with("_scale") && !n.ends_with("_scale_inv"))
+                .map(|(_, t)| 4 * t.elem_count() as u64)
+                .sum();
+            assert_eq!(weight_bytes(&fp8), values + scales + rest, "{family} {layout}");
+            assert_eq!(decode(&mut fp8, looped), decode(&mut dense, looped), "{family} {layout}");
+        }
+    }
+}
+
+#[test]
+fn a_broken_fp8_checkpoint_is_a_typed_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ouro");
+    ponder::testing::write_random_ouro(&dir, &ponder::testing::tiny_ouro_config(common::VOCAB), 1).unwrap();
+    let (fp8_dir, dense_dir) = (tmp.path().join("fp8"), tmp.path().join("dense"));
+    fp8_release(&dir, &fp8_dir, &dense_dir, "channel");
+    let original = tensors(&fp8_dir);
+    let rewrite = |map: &HashMap<String, Tensor>| candle_core::safetensors::save(map, fp8_dir.join("model.safetensors")).unwrap();
+    let expect = |what: &str, map: HashMap<String, Tensor>| {
+        rewrite(&map);
+        let err = EngineBuilder::new(&fp8_dir).build().err().unwrap_or_else(|| panic!("{what}: built"));
+        assert!(matches!(err, ponder::Error::BadTensor { .. }), "{what}: {err:?}");
+    };
+    let name = "model.layers.0.self_attn.o_proj.weight";
+    let mut m = original.clone();
+    m.remove(&format!("{name}_scale"));
+    expect("a missing scale", m);
+    let mut m = original.clone();
+    m.insert(format!("{name}_scale"), Tensor::ones((3, 1), DType::F32, &Device::Cpu).unwrap());
+    expect("a scale of the wrong shape", m);
+    let mut m = original.clone();
+    let norm = "model.layers.0.input_layernorm.weight";
+    let n = m[norm].to_dtype(DType::F8E4M3).unwrap();
+    m.insert(norm.into(), n);
+    expect("a norm stored in FP8", m);
+    rewrite(&original);
+    assert!(EngineBuilder::new(&fp8_dir).build().is_ok(), "the unbroken checkpoint builds");
+}

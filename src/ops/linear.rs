@@ -80,6 +80,34 @@ impl Linear {
         }
     }
 
+    /// The layer over the weight rows `rows` (in that order), stored the same way: a dense
+    /// weight's rows picked, an FP8 weight's rows with their scales (block-scaled rows only
+    /// within their own tile of rows, so every row keeps its scale). The bias is not permuted.
+    pub fn select_rows(&self, rows: &[u32]) -> Result<Self> {
+        let dev = match &self.weight {
+            LinearWeight::Dense(w) => w.device().clone(),
+            LinearWeight::Fp8(w) => w.data().device().clone(),
+        };
+        let idx = Tensor::from_vec(rows.to_vec(), rows.len(), &dev)?;
+        let weight = match &self.weight {
+            LinearWeight::Dense(w) => LinearWeight::Dense(w.index_select(&idx, 0)?),
+            LinearWeight::Fp8(w) => {
+                let data = w.data().index_select(&idx, 0)?;
+                let scale = match w.scale() {
+                    crate::quant::Fp8Scale::PerChannel(s) => crate::quant::Fp8Scale::PerChannel(s.index_select(&idx, 0)?),
+                    crate::quant::Fp8Scale::Block { scale, block } => {
+                        if rows.iter().enumerate().any(|(i, &r)| r as usize / block.0 != i / block.0) {
+                            candle_core::bail!("a row permutation across {}-row scale tiles of an FP8 weight", block.0);
+                        }
+                        crate::quant::Fp8Scale::Block { scale: scale.clone(), block: *block }
+                    }
+                };
+                LinearWeight::Fp8(Fp8Weight::from_parts(data, scale)?)
+            }
+        };
+        Ok(Self { weight, bias: self.bias.clone(), dtype: self.dtype })
+    }
+
     /// Bytes the layer occupies: its weight as stored and its bias.
     pub fn bytes(&self) -> u64 {
         self.weight_bytes() + self.bias.as_ref().map_or(0, bytes_of)

@@ -67,6 +67,15 @@ impl Fp8Weight {
         (d[0], d[1])
     }
 
+    /// The same weight on `device`.
+    pub fn to_device(&self, device: &candle_core::Device) -> Result<Self> {
+        let scale = match &self.scale {
+            Fp8Scale::PerChannel(s) => Fp8Scale::PerChannel(s.to_device(device)?),
+            Fp8Scale::Block { scale, block } => Fp8Scale::Block { scale: scale.to_device(device)?, block: *block },
+        };
+        Ok(Self { data: self.data.to_device(device)?, scale })
+    }
+
     /// The E4M3 values.
     pub fn data(&self) -> &Tensor {
         &self.data

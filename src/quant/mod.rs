@@ -1,9 +1,12 @@
 //! Weight quantization: which of a model's weights are stored in 8 bits, and how they are
-//! stored ([`fp8`]). Linear layers hold their weight as a [`crate::ops::Linear`], dense or FP8;
-//! every op that multiplies by one goes through it, so a quantized model runs the same code.
+//! stored ([`fp8`]). A model's linear layers hold their weight dense or in FP8 behind one type,
+//! which every op that multiplies by a weight goes through, so a quantized model runs the same
+//! code.
 
+pub mod checkpoint;
 pub mod fp8;
 
+pub use checkpoint::CheckpointQuant;
 pub use fp8::{Fp8Scale, Fp8Weight, E4M3_MAX};
 
 /// How an engine stores its linear layers' weights.

@@ -288,28 +288,29 @@ impl DenseDiffusion {
         }
         let mut layers = Vec::with_capacity(a.num_layers);
         for l in 0..a.num_layers {
-            let wt = |name: &str, shape: (usize, usize)| w.get(shape, &n.layer(l, name, "weight"));
+            let wt = |name: &str, shape: (usize, usize)| w.get_dense(shape, &n.layer(l, name, "weight"));
+            let part = |name: &str, shape: (usize, usize)| (n.layer(l, name, "weight"), shape);
             let vec = |name: &str, kind: &str, len: usize| w.get(len, &n.layer(l, name, kind));
-            let mut qkv_w = match n.qkv {
-                Some(fused) => wt(fused, ((nh + 2 * nkv) * hd, h))?,
-                None => Tensor::cat(&[wt(n.q, (nh * hd, h))?, wt(n.k, (nkv * hd, h))?, wt(n.v, (nkv * hd, h))?], 0)?,
-            };
             let qkv_b =
                 if a.qkv_bias { Some(Tensor::cat(&[vec(n.q, "bias", nh * hd)?, vec(n.k, "bias", nkv * hd)?, vec(n.v, "bias", nkv * hd)?], 0)?) } else { None };
+            let mut qkv = match n.qkv {
+                Some(fused) => w.linear_cat(&[part(fused, ((nh + 2 * nkv) * hd, h))], qkv_b)?,
+                None => w.linear_cat(&[part(n.q, (nh * hd, h)), part(n.k, (nkv * hd, h)), part(n.v, (nkv * hd, h))], qkv_b)?,
+            };
             let mut qk_norm = if a.qk_norm { Some((vec(n.q_norm, "weight", hd)?, vec(n.k_norm, "weight", hd)?)) } else { None };
             if let Some(perm) = &perm {
                 // Every q and k head's rows (not v's), and the per-head norm weights, in the
                 // permuted order.
                 let idx: Vec<u32> =
                     (0..nh + 2 * nkv).flat_map(|head| (0..hd).map(move |d| (head * hd + if head < nh + nkv { perm[d] } else { d }) as u32)).collect();
-                qkv_w = qkv_w.index_select(&Tensor::from_vec(idx, (nh + 2 * nkv) * hd, qkv_w.device())?, 0)?;
-                let p = Tensor::from_vec(perm.iter().map(|&x| x as u32).collect::<Vec<_>>(), hd, qkv_w.device())?;
+                qkv = qkv.select_rows(&idx)?;
+                let p = Tensor::from_vec(perm.iter().map(|&x| x as u32).collect::<Vec<_>>(), hd, w.device())?;
                 qk_norm = qk_norm.map(|(q, k)| Ok::<_, candle_core::Error>((q.index_select(&p, 0)?, k.index_select(&p, 0)?))).transpose()?;
             }
             let swiglu = |gate: &str, up: &str, down: &str, width: usize| -> crate::Result<Expert> {
                 Ok(Expert {
-                    gate_up: w.linear(Tensor::cat(&[wt(gate, (width, h))?, wt(up, (width, h))?], 0)?, None)?,
-                    down: w.linear(wt(down, (h, width))?, None)?,
+                    gate_up: w.linear_cat(&[part(gate, (width, h)), part(up, (width, h))], None)?,
+                    down: w.linear_cat(&[part(down, (h, width))], None)?,
                 })
             };
             let mlp = match &a.moe {
@@ -342,9 +343,9 @@ impl DenseDiffusion {
             };
             layers.push(Layer {
                 attn_norm: vec(n.attn_norm, "weight", h)?,
-                qkv: w.linear(qkv_w, qkv_b)?,
+                qkv,
                 qk_norm,
-                o: w.linear(wt(n.o, (h, nh * hd))?, None)?,
+                o: w.linear_cat(&[part(n.o, (h, nh * hd))], None)?,
                 mlp_norm: vec(n.mlp_norm, "weight", h)?,
                 mlp,
             });

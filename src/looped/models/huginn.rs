@@ -61,11 +61,11 @@ impl Huginn {
             let norms = [1, 2, 3, 4].map(|n| w.get(h, &format!("{name}.norm_{n}.weight")));
             let [n1, n2, n3, n4] = norms;
             Ok(Block {
-                wqkv: w.linear(w.get(((nh + 2 * nkv) * hd, h), &format!("{name}.attn.Wqkv.weight"))?, None)?,
+                wqkv: w.linear_cat(&[(format!("{name}.attn.Wqkv.weight"), ((nh + 2 * nkv) * hd, h))], None)?,
                 qk_bias,
-                proj: w.linear(w.get((h, nh * hd), &format!("{name}.attn.proj.weight"))?, None)?,
-                fc: w.linear(w.get((2 * i, h), &format!("{name}.mlp.fc.weight"))?, None)?,
-                mlp_proj: w.linear(w.get((h, i), &format!("{name}.mlp.proj.weight"))?, None)?,
+                proj: w.linear_cat(&[(format!("{name}.attn.proj.weight"), (h, nh * hd))], None)?,
+                fc: w.linear_cat(&[(format!("{name}.mlp.fc.weight"), (2 * i, h))], None)?,
+                mlp_proj: w.linear_cat(&[(format!("{name}.mlp.proj.weight"), (h, i))], None)?,
                 norms: [n1?, n2?, n3?, n4?],
                 kv_layer,
             })
@@ -80,7 +80,7 @@ impl Huginn {
         let wte = w.get((rows, h), "transformer.wte.weight")?;
         // The checkpoint stores the tied embedding twice; an untied head would be read the same way.
         let lm_head = if w.contains("lm_head.weight") { w.get((rows, h), "lm_head.weight")? } else { wte.clone() };
-        let adapter = w.linear(w.get((h, 2 * h), "transformer.adapter.weight")?, None)?;
+        let adapter = w.linear_cat(&[("transformer.adapter.weight".to_string(), (h, 2 * h))], None)?;
         let ln_f = w.get(h, "transformer.ln_f.weight")?;
         let block_bytes = |b: &Block| {
             b.wqkv.bytes()

@@ -48,17 +48,16 @@ impl Ouro {
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
-            let q = w.get((nh * hd, h), &format!("{p}.self_attn.q_proj.weight"))?;
-            let k = w.get((nkv * hd, h), &format!("{p}.self_attn.k_proj.weight"))?;
-            let vv = w.get((nkv * hd, h), &format!("{p}.self_attn.v_proj.weight"))?;
-            let gate = w.get((i, h), &format!("{p}.mlp.gate_proj.weight"))?;
-            let up = w.get((i, h), &format!("{p}.mlp.up_proj.weight"))?;
+            let part = |name: &str, shape: (usize, usize)| (format!("{p}.{name}.weight"), shape);
             layers.push(Layer {
                 // q/k/v and gate/up are fused into one matmul each: fewer launches per layer.
-                qkv: w.linear(Tensor::cat(&[q, k, vv], 0)?, None)?,
-                o_proj: w.linear(w.get((h, nh * hd), &format!("{p}.self_attn.o_proj.weight"))?, None)?,
-                gate_up: w.linear(Tensor::cat(&[gate, up], 0)?, None)?,
-                down: w.linear(w.get((h, i), &format!("{p}.mlp.down_proj.weight"))?, None)?,
+                qkv: w.linear_cat(
+                    &[part("self_attn.q_proj", (nh * hd, h)), part("self_attn.k_proj", (nkv * hd, h)), part("self_attn.v_proj", (nkv * hd, h))],
+                    None,
+                )?,
+                o_proj: w.linear_cat(&[part("self_attn.o_proj", (h, nh * hd))], None)?,
+                gate_up: w.linear_cat(&[part("mlp.gate_proj", (i, h)), part("mlp.up_proj", (i, h))], None)?,
+                down: w.linear_cat(&[part("mlp.down_proj", (h, i))], None)?,
                 input_norm: w.get(h, &format!("{p}.input_layernorm.weight"))?,
                 input_norm_2: w.get(h, &format!("{p}.input_layernorm_2.weight"))?,
                 post_attn_norm: w.get(h, &format!("{p}.post_attention_layernorm.weight"))?,
