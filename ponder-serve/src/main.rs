@@ -42,6 +42,10 @@ struct Args {
     /// bf16 weights and activations (default f32 on the CPU, bf16 on CUDA).
     #[arg(long)]
     bf16: bool,
+    /// `fp8`: attention projections and MLPs in E4M3 with a scale per output channel,
+    /// quantized at load (a checkpoint shipped in FP8 is served in FP8 without it).
+    #[arg(long)]
+    quantization: Option<String>,
     /// Most requests decoding at once.
     #[arg(long)]
     max_num_seqs: Option<usize>,
@@ -112,6 +116,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if a.bf16 {
         b = b.dtype(DType::BF16);
+    }
+    if let Some(q) = &a.quantization {
+        b = b.quantization(q.parse()?);
     }
     if let Some(n) = a.max_num_seqs {
         b = b.max_num_seqs(n);
