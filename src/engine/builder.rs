@@ -215,8 +215,8 @@ impl EngineBuilder<Checkpoint> {
 
     /// Stores the linear layers quantized, from the checkpoint's own precision at load
     /// ([`Quantization::Fp8`]: attention projections and MLPs in E4M3 with a scale per output
-    /// channel; embeddings, norms, routers, exit gates and the LM head as they are). Routed MoE
-    /// experts stay in the engine's dtype for now.
+    /// channel, MoE experts too; embeddings, norms, routers, exit gates and the LM head as they
+    /// are).
     pub fn quantization(mut self, q: Quantization) -> Self {
         self.source.quantization = q;
         self

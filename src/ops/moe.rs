@@ -103,7 +103,9 @@ impl RouterArch {
 /// Every expert's SwiGLU weights stacked in one tensor each: `gate_up` `[experts, 2 × width,
 /// hidden]` (each expert's gate rows, then its up rows) and `down` `[experts, hidden, width]`.
 /// Where the grouped kernels serve the device and dtype, the gate and up rows are kept
-/// interleaved in chunks of 16, the layout their SwiGLU epilogue reads.
+/// interleaved in chunks of 16, the layout their SwiGLU epilogue reads. Stored in FP8, both are
+/// E4M3 with an f32 scale per expert row (`[experts, 2 × width]`, `[experts, hidden]`), and an
+/// expert is dequantized when it runs.
 #[derive(Debug, Clone)]
 pub struct StackedExperts {
     gate_up: Tensor,
@@ -111,6 +113,8 @@ pub struct StackedExperts {
     width: usize,
     /// `gate_up` is in the kernels' interleaved layout.
     kernel_layout: bool,
+    /// FP8 storage: the scales of `gate_up`'s and `down`'s rows, and the dtype experts run in.
+    fp8: Option<(Tensor, Tensor, DType)>,
 }
 
 /// Gate and up rows alternate in chunks of this many in the kernels' layout.
@@ -132,7 +136,29 @@ impl StackedExperts {
         } else {
             gate_up.contiguous()?
         };
-        Ok(Self { gate_up, down: down.contiguous()?, width, kernel_layout })
+        Ok(Self { gate_up, down: down.contiguous()?, width, kernel_layout, fp8: None })
+    }
+
+    /// [`StackedExperts::new`] stored as `q` says: in FP8, every expert row in E4M3 with its own
+    /// scale (quantized like any linear layer's rows), dequantized per expert when it runs.
+    pub fn quantized(gate_up: Tensor, down: Tensor, q: crate::quant::Quantization) -> Result<Self> {
+        if q == crate::quant::Quantization::None {
+            return Self::new(gate_up, down);
+        }
+        let (e, two_w, h) = gate_up.dims3()?;
+        let width = two_w / 2;
+        if e == 0 || two_w % 2 != 0 || down.dims() != [e, h, width] {
+            candle_core::bail!("stacked experts: gate_up {:?} and down {:?} do not agree", gate_up.dims(), down.dims());
+        }
+        let dtype = gate_up.dtype();
+        let rows = |w: &Tensor, r: usize, c: usize| -> Result<(Tensor, Tensor)> {
+            let q = crate::quant::Fp8Weight::quantize(&w.reshape((e * r, c))?)?;
+            let crate::quant::Fp8Scale::PerChannel(s) = q.scale() else { unreachable!("quantize scales per row") };
+            Ok((q.data().reshape((e, r, c))?, s.reshape((e, r))?))
+        };
+        let (gu, gu_scale) = rows(&gate_up, two_w, h)?;
+        let (d, d_scale) = rows(&down, h, width)?;
+        Ok(Self { gate_up: gu, down: d, width, kernel_layout: false, fp8: Some((gu_scale, d_scale, dtype)) })
     }
 
     pub fn num_experts(&self) -> usize {
@@ -141,7 +167,7 @@ impl StackedExperts {
 
     /// Bytes the experts' weights occupy.
     pub fn bytes(&self) -> u64 {
-        crate::ops::bytes_of(&self.gate_up) + crate::ops::bytes_of(&self.down)
+        crate::ops::bytes_of(&self.gate_up) + crate::ops::bytes_of(&self.down) + self.fp8.as_ref().map_or(0, |(a, b, _)| crate::ops::bytes_of(a) + crate::ops::bytes_of(b))
     }
 
     /// Whether [`moe_experts`] runs these experts with the grouped kernels.
@@ -152,6 +178,10 @@ impl StackedExperts {
 
     /// Expert `e`'s `(gate_up [2 × width, hidden], down [hidden, width])`, gate rows first.
     fn expert(&self, e: usize) -> Result<(Tensor, Tensor)> {
+        if let Some((gu_scale, d_scale, dtype)) = &self.fp8 {
+            let deq = |w: Tensor, s: Tensor| -> Result<Tensor> { w.to_dtype(DType::F32)?.broadcast_mul(&s.unsqueeze(1)?)?.to_dtype(*dtype) };
+            return Ok((deq(self.gate_up.get(e)?, gu_scale.get(e)?)?, deq(self.down.get(e)?, d_scale.get(e)?)?));
+        }
         let mut gate_up = self.gate_up.get(e)?;
         if self.kernel_layout {
             let h = gate_up.dim(1)?;

@@ -326,7 +326,7 @@ impl DenseDiffusion {
                         gate_ups.push(Tensor::cat(&[wt(&format!("{p}.gate_proj"), (ew, h))?, wt(&format!("{p}.up_proj"), (ew, h))?], 0)?);
                         downs.push(wt(&format!("{p}.down_proj"), (h, ew))?);
                     }
-                    let experts = StackedExperts::new(Tensor::stack(&gate_ups, 0)?, Tensor::stack(&downs, 0)?)?;
+                    let experts = StackedExperts::quantized(Tensor::stack(&gate_ups, 0)?, Tensor::stack(&downs, 0)?, w.quantization())?;
                     let shared = (m.shared_experts > 0)
                         .then(|| {
                             swiglu(
