@@ -3,7 +3,7 @@
 //!
 //!     bench_diffusion [--model sdar|llada|llada2-mini] [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
 //!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
-//!                     [--alpha 1.5] [--focus-knee TOKENS]
+//!                     [--alpha 1.5] [--focus-knee TOKENS] [--quantization fp8]
 //!                     [--breakdown] [--phases] [--profile-step] [--repeats 1] [--json FILE] [--commit SHA] [--tiny] [--kernels POLICY]
 //!
 //! For each batch B: `requests-per-batch × B` requests queued at once, at most B decoding
@@ -67,6 +67,8 @@ struct Args {
     alpha: f32,
     /// FOCUS's load-aware budget: launches of fewer tokens keep more (0: the published rule).
     focus_knee: usize,
+    /// How the model's linear layers are stored (`--quantization fp8`).
+    quantization: ponder::quant::Quantization,
     calibrate: bool,
     requests_per_batch: usize,
     breakdown: bool,
@@ -92,6 +94,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         mean_unmask: 3.2,
         alpha: 1.5,
         focus_knee: 0,
+        quantization: ponder::quant::Quantization::None,
         calibrate: true,
         requests_per_batch: 2,
         breakdown: false,
@@ -115,6 +118,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--mean-unmask" => a.mean_unmask = v()?.parse()?,
             "--alpha" => a.alpha = v()?.parse()?,
             "--focus-knee" => a.focus_knee = v()?.parse()?,
+            "--quantization" => a.quantization = v()?.parse()?,
             "--no-calibrate" => a.calibrate = false,
             "--requests-per-batch" => a.requests_per_batch = v()?.parse()?,
             "--breakdown" => a.breakdown = true,
@@ -421,7 +425,7 @@ fn write_json(args: &Args, label: &str, results: &[serde_json::Value], breakdown
             "gpu": gpu_name(), "commit": args.commit, "model": label,
             "command": std::env::args().collect::<Vec<_>>().join(" "), "kernels": format!("{:?}", args.kernels),
             "workload": "prompts lognormal(median 128, sigma 0.9) clipped 8..512; new tokens fixed; eos ignored; replayed unmask counts, most confident first",
-            "focus": {"alpha": args.alpha, "knee_tokens": args.focus_knee},
+            "focus": {"alpha": args.alpha, "knee_tokens": args.focus_knee}, "quantization": format!("{:?}", args.quantization),
             "results": results, "breakdown": breakdowns,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
@@ -451,28 +455,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let t = Instant::now();
     let (model, label) = match (args.model.as_str(), args.tiny) {
-        ("llada", true) => (Llada::load(&tiny_llada_config(512), &random_llada_weights(&tiny_llada_config(512), 7, dtype, &device)?)?, "tiny LLaDA (CPU, f32)"),
+        ("llada", true) => (
+            Llada::load(&tiny_llada_config(512), &random_llada_weights(&tiny_llada_config(512), 7, dtype, &device)?.with_quantization(args.quantization))?,
+            "tiny LLaDA (CPU, f32)",
+        ),
         ("llada", false) => (
-            Llada::load(&LladaConfig::llada_8b(), &random_llada_weights(&LladaConfig::llada_8b(), 7, dtype, &device)?)?,
+            Llada::load(&LladaConfig::llada_8b(), &random_llada_weights(&LladaConfig::llada_8b(), 7, dtype, &device)?.with_quantization(args.quantization))?,
             "LLaDA-8B shapes, random bf16 weights",
         ),
         ("llada2-mini", true) => {
             let mut c = tiny_llada2_config(512);
             c.block_size = Some(8);
-            (Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?)?, "tiny LLaDA2.0 (CPU, f32)")
+            (Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?.with_quantization(args.quantization))?, "tiny LLaDA2.0 (CPU, f32)")
         }
         ("llada2-mini", false) => {
             let c = Llada2Config::llada2_mini();
-            (Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?)?, "LLaDA2.0-mini shapes, random bf16 weights")
+            (
+                Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?.with_quantization(args.quantization))?,
+                "LLaDA2.0-mini shapes, random bf16 weights",
+            )
         }
         (_, true) => {
             let mut c = tiny_sdar_config(512);
             c.block_size = Some(8);
-            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?)?, "tiny SDAR (CPU, f32)")
+            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?.with_quantization(args.quantization))?, "tiny SDAR (CPU, f32)")
         }
         (_, false) => {
             let c = SdarConfig::sdar_8b_chat_b32();
-            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?)?, "SDAR-8B-Chat-b32 shapes, random bf16 weights")
+            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?.with_quantization(args.quantization))?, "SDAR-8B-Chat-b32 shapes, random bf16 weights")
         }
     };
     println!("device: {}; model: {label}", gpu_name());

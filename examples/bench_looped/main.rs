@@ -2,7 +2,7 @@
 //! device (real checkpoints cannot be downloaded here; the CDB authors' method).
 //!
 //!     bench_looped [--model ouro|huginn] [--suite cb|cdb] [--widths 16,64,256] [--layout L]
-//!                  [--json FILE] [--commit SHA] [--parity] [--tiny] [--kernels POLICY]
+//!                  [--json FILE] [--commit SHA] [--parity] [--tiny] [--kernels POLICY] [--quantization fp8]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3] [--profile-step]
 //!                  [--long-prompts 4096,8192,... [--budgets 2048,8192] [--arrival-gap-ms 150]]
 //!       suite cdb: [--mean-depths 2.5,3.0 | --depth-traces LABEL=FILE[:on|off],...]
@@ -65,7 +65,9 @@
 //! depth in every mode, unchanged; and the share of it reached.
 //!
 //! `--parity` first compares next-token logits of the bf16 CUDA model with the f32 CPU reference
-//! on the same weights. `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
+//! on the same weights. `--quantization fp8` stores the model's linear layers in FP8 (the
+//! parity check's too, which then measures FP8's logit error; the roofline counts the bytes as
+//! stored). `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
 
 mod cb;
 mod cdb;
@@ -103,6 +105,9 @@ pub(crate) struct Args {
     pub(crate) kv_gb: f64,
     /// Every engine's kernel choices (`--kernels`, as `KernelPolicy`'s `FromStr` reads them).
     pub(crate) kernels: ponder::kernels::KernelPolicy,
+    /// How the model's linear layers are stored (`--quantization fp8`; the parity check's
+    /// device model too).
+    pub(crate) quantization: ponder::quant::Quantization,
     pub(crate) model: String,
     pub(crate) min_coda: Vec<String>,
     /// Coda reserves to compare (refill only): numbers, or "parked" for min coda − 1.
@@ -177,6 +182,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         min_depth: 2,
         kv_gb: 40.0,
         kernels: ponder::kernels::KernelPolicy::default(),
+        quantization: ponder::quant::Quantization::None,
         model: "ouro".into(),
         min_coda: vec!["1".into()],
         coda_reserve: vec!["0".into()],
@@ -215,6 +221,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--min-depth" => a.min_depth = v()?.parse()?,
             "--kv-gb" => a.kv_gb = v()?.parse()?,
             "--kernels" => a.kernels = v()?.parse()?,
+            "--quantization" => a.quantization = v()?.parse()?,
             "--model" => a.model = v()?,
             "--min-coda" => a.min_coda = v()?.split(',').map(String::from).collect(),
             "--coda-reserve" => a.coda_reserve = v()?.split(',').map(String::from).collect(),
@@ -322,16 +329,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut parity_json = serde_json::Value::Null;
     if args.parity {
-        parity_json = ponder::ops::with_kernels(args.kernels, || parity::parity(&recipe, &device, dtype)).0?;
+        parity_json = ponder::ops::with_kernels(args.kernels, || parity::parity(&recipe, &device, dtype, args.quantization)).0?;
     }
 
     let t = Instant::now();
     let master = random_tensors(&recipe.manifest, 7, dtype, &device)?;
-    let model = (recipe.load)(&Weights::from_map(master, dtype, &device))?;
+    let model = (recipe.load)(&Weights::from_map(master, dtype, &device).with_quantization(args.quantization))?;
     device.synchronize()?;
     println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
     let spec = model.spec().clone();
-    let weight_bytes_per_step = (spec.max_steps as u64 * spec.step_params + spec.boundary_params) * dtype.size_in_bytes() as u64;
+    let weight_bytes_per_step = spec.max_steps as u64 * spec.step_bytes + spec.boundary_bytes;
     let bandwidth = ponder::bench::device_peak::copy_bandwidth(&device)?;
     let peak = ponder::bench::device_peak::matmul_peak(&device)?;
     let roof = Roof { bandwidth, peak: peak.sustained };
@@ -348,6 +355,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut doc = serde_json::json!({
             "gpu": gpu, "commit": args.commit,
             "command": std::env::args().collect::<Vec<_>>().join(" "), "kernels": format!("{:?}", args.kernels),
+            "quantization": format!("{:?}", args.quantization),
             "model": recipe.name,
             "suite": args.suite, "layout": format!("{:?}", args.layout),
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,

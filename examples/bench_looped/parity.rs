@@ -12,13 +12,19 @@ use ponder::testing::random_tensors;
 use ponder::{KvLayoutKind, RequestId};
 use std::time::Instant;
 
-/// Next-token logits of the device model (in `dtype`) vs the f32 CPU reference on the same
-/// weights: a prefill of 4 ragged prompts, then one decode step.
-pub(crate) fn parity(recipe: &ModelRecipe, device: &Device, dtype: DType) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+/// Next-token logits of the device model (in `dtype`, its linear layers stored as
+/// `quantization` says) vs the f32 CPU reference on the same weights: a prefill of 4 ragged
+/// prompts, then one decode step. With FP8 this is the logits' error FP8 weights cost.
+pub(crate) fn parity(
+    recipe: &ModelRecipe,
+    device: &Device,
+    dtype: DType,
+    quantization: ponder::quant::Quantization,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let t = Instant::now();
     let master = random_tensors(&recipe.manifest, 11, DType::F32, device)?;
     let cpu: std::collections::HashMap<_, _> = master.iter().map(|(k, v)| Ok((k.clone(), v.to_device(&Device::Cpu)?))).collect::<candle_core::Result<_>>()?;
-    let dev_model = (recipe.load)(&Weights::from_map(master, dtype, device))?;
+    let dev_model = (recipe.load)(&Weights::from_map(master, dtype, device).with_quantization(quantization))?;
     let cpu_model = (recipe.load)(&Weights::from_map(cpu, DType::F32, &Device::Cpu))?;
     let steps = cpu_model.spec().max_steps;
     let block = 16;

@@ -20,17 +20,17 @@ pub fn looped_launch_cost(spec: &LoopedSpec, launch: &LoopedLaunch) -> LaunchCos
         Stage::Prefill | Stage::FullDepthDecode => {
             let steps = launch.step_slots.len();
             let layers = steps * spec.core_attention_layers + spec.prelude_attention_layers + spec.coda_attention_layers;
-            let weights = spec.boundary_params + steps as u64 * spec.step_params;
+            let weights = spec.boundary_bytes + steps as u64 * spec.step_bytes;
             (layers, weights, 2.0 * (tokens * (steps as f64 * spec.step_params as f64 + non_head) + sampled * spec.head_params as f64))
         }
-        Stage::CoreStep => (spec.core_attention_layers, spec.step_params, 2.0 * tokens * spec.step_params as f64),
+        Stage::CoreStep => (spec.core_attention_layers, spec.step_bytes, 2.0 * tokens * spec.step_params as f64),
         Stage::Coda => {
             // With re-entry the successor's prelude runs in the same launch.
             let prelude = if launch.reenter { spec.prelude_attention_layers } else { 0 };
-            (spec.coda_attention_layers + prelude, spec.boundary_params, 2.0 * (tokens * non_head + sampled * spec.head_params as f64))
+            (spec.coda_attention_layers + prelude, spec.boundary_bytes, 2.0 * (tokens * non_head + sampled * spec.head_params as f64))
         }
     };
-    let mut cost = LaunchCost { weight_bytes: weights * b, kv_bytes: 0, flops: linear };
+    let mut cost = LaunchCost { weight_bytes: weights, kv_bytes: 0, flops: linear };
     for row in &launch.rows {
         let (q, ctx) = (row.tokens.len() as u64, row.context_len() as u64);
         cost.kv_bytes += ctx * kv_per_position * layers as u64;
@@ -59,6 +59,8 @@ mod tests {
             num_kv_layers: 3,
             max_steps: 4,
             weight_bytes: 0,
+            step_bytes: 2000,
+            boundary_bytes: 1600,
             max_context: 64,
             boundary_params: 800,
             step_params: 1000,

@@ -167,7 +167,9 @@ impl StackedExperts {
 
     /// Bytes the experts' weights occupy.
     pub fn bytes(&self) -> u64 {
-        crate::ops::bytes_of(&self.gate_up) + crate::ops::bytes_of(&self.down) + self.fp8.as_ref().map_or(0, |(a, b, _)| crate::ops::bytes_of(a) + crate::ops::bytes_of(b))
+        crate::ops::bytes_of(&self.gate_up)
+            + crate::ops::bytes_of(&self.down)
+            + self.fp8.as_ref().map_or(0, |(a, b, _)| crate::ops::bytes_of(a) + crate::ops::bytes_of(b))
     }
 
     /// Whether [`moe_experts`] runs these experts with the grouped kernels.

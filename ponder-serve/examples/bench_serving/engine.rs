@@ -42,6 +42,8 @@ pub struct Setup {
     pub alpha: f32,
     /// FOCUS's load-aware budget: launches of fewer tokens keep more (`Focus::with_knee`; 0 off).
     pub focus_knee: usize,
+    /// How the linear layers are stored (`fp8`: E4M3, a scale per output channel).
+    pub quantization: ponder::quant::Quantization,
 }
 
 /// The engine, what it serves, and its settings as recorded in the JSON.
@@ -73,23 +75,23 @@ pub fn build(s: &Setup) -> Result<InProcess, Failure> {
     match (s.shapes.as_deref(), family_of_mode(&s.mode)?) {
         (Some("ouro-1.4b"), Family::Looped) => {
             let cfg = OuroConfig::ouro_1_4b();
-            let model = Ouro::load(&cfg, &ponder::testing::random_ouro_weights(&cfg, 7, dtype, &device)?)?;
+            let model = Ouro::load(&cfg, &ponder::testing::random_ouro_weights(&cfg, 7, dtype, &device)?.with_quantization(s.quantization))?;
             looped(s, Box::new(model), "Ouro-1.4B shapes, random bf16 weights", false)
         }
         (Some("huginn-3.5b"), Family::Looped) => {
             let cfg = HuginnConfig::huginn_0125();
             let tensors = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 7, dtype, &device)?;
-            let model = Huginn::load(&cfg, &ponder::loader::Weights::from_map(tensors, dtype, &device))?;
+            let model = Huginn::load(&cfg, &ponder::loader::Weights::from_map(tensors, dtype, &device).with_quantization(s.quantization))?;
             looped(s, Box::new(model), "Huginn-0125 (3.5B) shapes, r_max 16, random bf16 weights", true)
         }
         (Some("sdar-8b"), Family::Diffusion) => {
             let cfg = SdarConfig::sdar_8b_chat_b32();
-            let model = Sdar::load(&cfg, &ponder::testing::random_sdar_weights(&cfg, 7, dtype, &device)?)?;
+            let model = Sdar::load(&cfg, &ponder::testing::random_sdar_weights(&cfg, 7, dtype, &device)?.with_quantization(s.quantization))?;
             diffusion(s, Box::new(model), "SDAR-8B-Chat-b32 shapes, random bf16 weights")
         }
         (Some("llada2-mini"), Family::Diffusion) => {
             let cfg = Llada2Config::llada2_mini();
-            let model = Llada2::load(&cfg, &ponder::testing::random_llada2_weights(&cfg, 7, dtype, &device)?)?;
+            let model = Llada2::load(&cfg, &ponder::testing::random_llada2_weights(&cfg, 7, dtype, &device)?.with_quantization(s.quantization))?;
             diffusion(s, Box::new(model), "LLaDA2.0-mini shapes, random bf16 weights")
         }
         (Some(shapes @ ("ouro-1.4b" | "huginn-3.5b" | "sdar-8b" | "llada2-mini")), _) => Err(format!("--mode {} does not serve {shapes}", s.mode).into()),
@@ -198,7 +200,7 @@ fn diffusion_options<B>(
 /// A checkpoint directory: its family decides which options apply.
 fn checkpoint(s: &Setup, family: Family, device: Device) -> Result<InProcess, Failure> {
     let dir = ponder::loader::ModelDir::open(&s.model)?;
-    let b = EngineBuilder::new(&s.model).device(device).max_num_seqs(s.width).max_num_batched_tokens(8192);
+    let b = EngineBuilder::new(&s.model).device(device).quantization(s.quantization).max_num_seqs(s.width).max_num_batched_tokens(8192);
     let b = if s.cuda { b.dtype(DType::BF16) } else { b };
     let name = s.model.clone();
     match (family, &dir.config) {

@@ -25,6 +25,8 @@
 //!   blocks of `--block` (32), unmask counts replayed at a realised
 //!   `--mean-unmask` tokens per step (3.2, about 10 % of a 32-block as FOCUS reports).
 //!
+//! `--quantization fp8` stores the linear layers in FP8 (either source).
+//!
 //! Before the first rate, `--engine-warmup N` requests (default W, outputs capped at 64 tokens)
 //! run at once and are not measured: a fresh process compiles kernels and captures graphs on
 //! first use, which would otherwise land in the first rate's figures. Per rate: `--warmup`
@@ -90,6 +92,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
             mean_unmask: 3.2,
             alpha: 1.5,
             focus_knee: 0,
+            quantization: ponder::quant::Quantization::None,
         },
         workload: "sharegpt".into(),
         requests: 4096,
@@ -128,6 +131,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
             "--mean-unmask" => s.mean_unmask = v()?.parse()?,
             "--alpha" => s.alpha = v()?.parse()?,
             "--focus-knee" => s.focus_knee = v()?.parse()?,
+            "--quantization" => s.quantization = v()?.parse()?,
             "--workload" => a.workload = v()?,
             "--requests" => a.requests = v()?.parse()?,
             "--rates" => a.rates = v()?.split(',').map(|r| if r == "burst" { Ok(None) } else { r.parse().map(Some) }).collect::<Result<_, _>>()?,
@@ -240,7 +244,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let Some(path) = &a.json else { return Ok(()) };
         let doc = serde_json::json!({
             "gpu": gpu, "commit": a.commit, "target": target, "label": a.label,
-            "mode": a.setup.mode, "width": a.setup.width, "settings": in_process.as_ref().map(|e| e.settings.clone()),
+            "mode": a.setup.mode, "width": a.setup.width, "settings": in_process.as_ref().map(|e| e.settings.clone()), "quantization": format!("{:?}", a.setup.quantization),
             "workload": a.workload, "lengths": lengths.json(), "seed": a.seed, "warmup_s": a.warmup, "duration_s": a.duration,
             "min_completed": a.min_completed, "engine_warmup": {"requests": warm_n, "seconds": warm_s},
             "device": if a.setup.cuda { "cuda:0" } else { "cpu" }, "command": std::env::args().collect::<Vec<_>>().join(" "), "runs": runs,

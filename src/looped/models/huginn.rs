@@ -90,11 +90,9 @@ impl Huginn {
                 + b.norms.iter().map(ops::bytes_of).sum::<u64>()
                 + b.qk_bias.as_ref().map_or(0, |(q, k)| ops::bytes_of(q) + ops::bytes_of(k))
         };
-        let weight_bytes = prelude.iter().chain(&core).chain(&coda).map(block_bytes).sum::<u64>()
-            + adapter.bytes()
-            + ops::bytes_of(&ln_f)
-            + ops::bytes_of(&wte)
-            + if w.contains("lm_head.weight") { ops::bytes_of(&lm_head) } else { 0 };
+        let step_bytes = core.iter().map(block_bytes).sum::<u64>() + adapter.bytes();
+        let boundary_bytes = prelude.iter().chain(&coda).map(block_bytes).sum::<u64>() + ops::bytes_of(&ln_f) + ops::bytes_of(&lm_head);
+        let weight_bytes = step_bytes + boundary_bytes + ops::bytes_of(&wte) - if w.contains("lm_head.weight") { 0 } else { ops::bytes_of(&lm_head) };
         let block_params = (((nh + 2 * nkv) * hd + nh * hd) * h + 3 * h * i + 2 * nh * hd + 4 * h) as u64;
         let spec = LoopedSpec {
             vocab_size: cfg.vocab_size,
@@ -116,6 +114,8 @@ impl Huginn {
             heavy_coda: true,
             dtype: w.dtype(),
             weight_bytes,
+            step_bytes,
+            boundary_bytes,
         };
         Ok(Self {
             rope: RopeTable::new(hd, cfg.rope_base, w.dtype(), w.device())?,

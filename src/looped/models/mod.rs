@@ -51,6 +51,10 @@ pub struct LoopedSpec {
     /// Bytes the model's weights occupy as stored (an FP8 layer: a byte a value and its
     /// scales).
     pub weight_bytes: u64,
+    /// Of them, what one loop step reads (the `step_params` as stored) and what the boundary
+    /// stages read (the `boundary_params`): the weight side of a launch's roofline.
+    pub step_bytes: u64,
+    pub boundary_bytes: u64,
 }
 
 impl LoopedSpec {

@@ -74,7 +74,7 @@ impl Ouro {
         );
         let tied = cfg.tie_word_embeddings && !w.contains("lm_head.weight");
         let norm = w.get(h, "model.norm.weight")?;
-        let weight_bytes = layers
+        let step_bytes = layers
             .iter()
             .map(|l| {
                 l.qkv.bytes()
@@ -84,10 +84,11 @@ impl Ouro {
                     + [&l.input_norm, &l.input_norm_2, &l.post_attn_norm, &l.post_attn_norm_2].into_iter().map(ops::bytes_of).sum::<u64>()
             })
             .sum::<u64>()
-            + ops::bytes_of(&embed)
-            + if tied { 0 } else { ops::bytes_of(&lm_head) }
             + ops::bytes_of(&norm)
             + gate.bytes();
+        // The boundary is the head (the embedding lookup reads a row per token).
+        let boundary_bytes = ops::bytes_of(&lm_head);
+        let weight_bytes = step_bytes + ops::bytes_of(&embed) + if tied { 0 } else { boundary_bytes };
         let layer_params = (2 * nh * hd * h + 2 * nkv * hd * h + 3 * h * i + 4 * h) as u64;
         let spec = LoopedSpec {
             vocab_size: v,
@@ -109,6 +110,8 @@ impl Ouro {
             heavy_coda: false,
             dtype: w.dtype(),
             weight_bytes,
+            step_bytes,
+            boundary_bytes,
         };
         Ok(Self {
             rope: RopeTable::new(hd, cfg.rope_theta, w.dtype(), w.device())?,
