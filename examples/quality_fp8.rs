@@ -198,7 +198,8 @@ fn main() -> Result<(), Failure> {
             let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
             md += &format!(
                 "| {} | {:.2} / {:.2} | {:.1} % / {:.1} % | {:.1} % |\n",
-                f("tau"),
+                // τ is an f32 in the JSON: shown as set.
+                (f("tau") * 100.0).round() / 100.0,
                 f("tokens_per_step_f32"),
                 f("tokens_per_step_fp8"),
                 100.0 * f("exact_match_f32"),
