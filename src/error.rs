@@ -74,6 +74,12 @@ pub enum Error {
     #[error("request {id} failed: {reason}")]
     RequestFailed { id: RequestId, reason: String },
 
+    /// A collective between the ranks of a parallel engine failed: a rank gave up (its own
+    /// error, passed to every rank), did not arrive within the timeout, or sent a tensor that
+    /// does not match the others'. Every rank's launch ends with it; none waits forever.
+    #[error("collective {collective} on rank {rank} of {world}: {reason}")]
+    Collective { collective: &'static str, rank: usize, world: usize, reason: String },
+
     /// The engine thread behind an [`crate::EngineHandle`] has stopped.
     #[error("engine thread stopped")]
     EngineStopped,

@@ -82,6 +82,7 @@ pub mod looped;
 pub mod ops;
 #[cfg(not(feature = "testing"))]
 mod ops;
+pub mod parallel;
 pub mod quant;
 pub mod request;
 /// Sampling on the device: a request's seeded sampler and the batched sampling kernels (public

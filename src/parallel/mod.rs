@@ -1,0 +1,34 @@
+//! Ranks of one engine spread over several devices: the collectives they run between them
+//! ([`Communicator`]) and the in-process implementation the CPU tests run on ([`LocalGroup`]:
+//! ranks as threads). Tensor and expert parallelism build on these; NCCL is the device
+//! implementation of the same trait.
+
+mod local;
+
+pub use local::{LocalComm, LocalGroup};
+
+use crate::Result;
+use candle_core::Tensor;
+
+/// The collectives of one rank in a group of `world_size()` ranks. Every rank of the group calls
+/// the same collectives in the same order; each call returns when every rank has contributed,
+/// with an [`crate::Error::Collective`] on every rank if one gave up or did not come in time.
+pub trait Communicator: Send + Sync {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+
+    /// The element-wise sum of every rank's `t` (same shape and dtype on every rank), summed in
+    /// rank order so that every rank holds bit-identical results.
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
+
+    /// Every rank's `t` concatenated along `dim` in rank order (shapes may differ along `dim`).
+    fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor>;
+
+    /// Rank r's `parts[j]` goes to rank j; the result's element j is what rank j sent to this
+    /// rank (expert dispatch and combine). `parts` has one tensor per rank.
+    fn all_to_all(&self, parts: Vec<Tensor>) -> Result<Vec<Tensor>>;
+
+    /// Gives up: every rank's pending and later collectives fail with `reason`. A rank whose
+    /// launch failed calls it so that the others stop instead of waiting for it.
+    fn abort(&self, reason: &str);
+}
