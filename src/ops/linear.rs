@@ -108,6 +108,58 @@ impl Linear {
         Ok(Self { weight, bias: self.bias.clone(), dtype: self.dtype })
     }
 
+    /// The layer over the output rows in `ranges`, in that order (a rank's share of a
+    /// column-parallel layer: its heads of q, k and v; its columns of gate and up). The bias
+    /// follows its rows; an FP8 weight keeps each row's scale, and block scales need ranges on
+    /// whole tiles.
+    pub fn output_rows(&self, ranges: &[std::ops::Range<usize>]) -> Result<Self> {
+        let pick = |t: &Tensor| -> Result<Tensor> { Tensor::cat(&ranges.iter().map(|r| t.narrow(0, r.start, r.len())).collect::<Result<Vec<_>>>()?, 0) };
+        let weight = match &self.weight {
+            LinearWeight::Dense(w) => LinearWeight::Dense(pick(w)?),
+            LinearWeight::Fp8(w) => {
+                let scale = match w.scale() {
+                    crate::quant::Fp8Scale::PerChannel(s) => crate::quant::Fp8Scale::PerChannel(pick(s)?),
+                    crate::quant::Fp8Scale::Block { scale, block } => {
+                        if ranges.iter().any(|r| r.start % block.0 != 0 || (r.end % block.0 != 0 && r.end != w.dims().0)) {
+                            candle_core::bail!("output rows {ranges:?} cut {}-row scale tiles", block.0);
+                        }
+                        let tiles: Vec<_> = ranges.iter().map(|r| r.start / block.0..r.end.div_ceil(block.0)).collect();
+                        let s = Tensor::cat(&tiles.iter().map(|t| scale.narrow(0, t.start, t.len())).collect::<Result<Vec<_>>>()?, 0)?;
+                        crate::quant::Fp8Scale::Block { scale: s, block: *block }
+                    }
+                };
+                LinearWeight::Fp8(Fp8Weight::from_parts(pick(w.data())?.contiguous()?, scale)?)
+            }
+        };
+        let bias = self.bias.as_ref().map(pick).transpose()?;
+        Ok(Self { weight, bias, dtype: self.dtype })
+    }
+
+    /// The layer over the input columns `range` (a rank's share of a row-parallel layer,
+    /// whose partial outputs the ranks sum). The bias, added once to the sum, stays with the
+    /// first share. Block scales need the range on whole tiles.
+    pub fn input_columns(&self, range: std::ops::Range<usize>) -> Result<Self> {
+        let weight = match &self.weight {
+            LinearWeight::Dense(w) => LinearWeight::Dense(w.narrow(1, range.start, range.len())?.contiguous()?),
+            LinearWeight::Fp8(w) => {
+                let data = w.data().narrow(1, range.start, range.len())?.contiguous()?;
+                let scale = match w.scale() {
+                    crate::quant::Fp8Scale::PerChannel(s) => crate::quant::Fp8Scale::PerChannel(s.clone()),
+                    crate::quant::Fp8Scale::Block { scale, block } => {
+                        if range.start % block.1 != 0 || (range.end % block.1 != 0 && range.end != w.dims().1) {
+                            candle_core::bail!("input columns {range:?} cut {}-column scale tiles", block.1);
+                        }
+                        let (a, b) = (range.start / block.1, range.end.div_ceil(block.1));
+                        crate::quant::Fp8Scale::Block { scale: scale.narrow(1, a, b - a)?, block: *block }
+                    }
+                };
+                LinearWeight::Fp8(Fp8Weight::from_parts(data, scale)?)
+            }
+        };
+        let bias = if range.start == 0 { self.bias.clone() } else { None };
+        Ok(Self { weight, bias, dtype: self.dtype })
+    }
+
     /// Bytes the layer occupies: its weight as stored and its bias.
     pub fn bytes(&self) -> u64 {
         self.weight_bytes() + self.bias.as_ref().map_or(0, bytes_of)

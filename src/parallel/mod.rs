@@ -1,11 +1,13 @@
 //! Ranks of one engine spread over several devices: the collectives they run between them
-//! ([`Communicator`]) and the in-process implementation the CPU tests run on ([`LocalGroup`]:
-//! ranks as threads). Tensor and expert parallelism build on these; NCCL is the device
-//! implementation of the same trait.
+//! ([`Communicator`]), the in-process implementation the CPU tests run on ([`LocalGroup`]:
+//! ranks as threads), and which share of each layer a tensor-parallel rank holds ([`TpRank`]).
+//! NCCL is the device implementation of the same trait.
 
 mod local;
+mod shard;
 
 pub use local::{LocalComm, LocalGroup};
+pub use shard::TpRank;
 
 use crate::Result;
 use candle_core::Tensor;
