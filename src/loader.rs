@@ -285,8 +285,11 @@ impl Weights {
     pub fn linear_cat(&self, parts: &[(String, (usize, usize))], bias: Option<Tensor>) -> Result<crate::ops::Linear> {
         let stored: Vec<Option<crate::quant::Fp8Weight>> = parts.iter().map(|(name, shape)| self.stored_fp8_weight(name, *shape)).collect::<Result<_>>()?;
         if let Some(fp8) = stored.iter().cloned().collect::<Option<Vec<_>>>() {
-            let w = if fp8.len() == 1 { fp8.into_iter().next().expect("one part") } else { crate::quant::Fp8Weight::cat_rows(&fp8)? };
-            return Ok(crate::ops::Linear::fp8(w, bias, self.dtype));
+            // Parts whose block scales do not join (a part ending inside a tile) run dense below.
+            let joined = if fp8.len() == 1 { Ok(fp8.into_iter().next().expect("one part")) } else { crate::quant::Fp8Weight::cat_rows(&fp8) };
+            if let Ok(w) = joined {
+                return Ok(crate::ops::Linear::fp8(w, bias, self.dtype));
+            }
         }
         let dense = parts
             .iter()
@@ -403,7 +406,11 @@ impl Weights {
         let t = self.raw(name)?;
         if t.dtype() == DType::F8E4M3 {
             // Its values mean nothing without its scales, which only a linear layer reads.
-            return Err(Error::tensor(name, "stored in FP8 where the model reads no FP8 weight (a norm, embedding, router or head)"));
+            let why = match self.stored_fp8 {
+                None => "stored in FP8, but config.json has no quantization_config saying where its scales are",
+                Some(_) => "stored in FP8 where the model reads no FP8 weight (a norm, embedding, router or head)",
+            };
+            return Err(Error::tensor(name, why));
         }
         if t.shape() != &shape {
             return Err(Error::tensor(name, format!("shape {:?}, expected {:?}", t.dims(), shape.dims())));

@@ -120,7 +120,8 @@ impl Linear {
                 let scale = match w.scale() {
                     crate::quant::Fp8Scale::PerChannel(s) => crate::quant::Fp8Scale::PerChannel(pick(s)?),
                     crate::quant::Fp8Scale::Block { scale, block } => {
-                        if ranges.iter().any(|r| r.start % block.0 != 0 || (r.end % block.0 != 0 && r.end != w.dims().0)) {
+                        let last = ranges.len().saturating_sub(1);
+                        if ranges.iter().enumerate().any(|(i, r)| r.start % block.0 != 0 || (r.end % block.0 != 0 && !(i == last && r.end == w.dims().0))) {
                             candle_core::bail!("output rows {ranges:?} cut {}-row scale tiles", block.0);
                         }
                         let tiles: Vec<_> = ranges.iter().map(|r| r.start / block.0..r.end.div_ceil(block.0)).collect();

@@ -22,6 +22,8 @@ struct Round {
     /// The collective's number in the group's sequence (which call this buffer holds).
     number: u64,
     kind: &'static str,
+    /// What every rank must agree on besides the kind (all-gather's dimension).
+    tag: usize,
     deposits: Vec<Option<Deposit>>,
     arrived: usize,
 }
@@ -54,7 +56,7 @@ impl LocalGroup {
         if world == 0 {
             return Err(Error::InvalidOption("a group needs at least one rank".into()));
         }
-        let round = || Round { number: u64::MAX, kind: "", deposits: vec![None; world], arrived: 0 };
+        let round = || Round { number: u64::MAX, kind: "", tag: 0, deposits: vec![None; world], arrived: 0 };
         let shared = Arc::new(Shared {
             state: Mutex::new(State { rounds: [round(), round()], entered: vec![0; world], failed: None }),
             changed: Condvar::new(),
@@ -88,15 +90,21 @@ impl LocalComm {
 
     /// Waits on the group until `ready` holds, the group fails or the timeout passes.
     fn wait_until<'a>(&self, mut st: MutexGuard<'a, State>, kind: &'static str, what: &str, ready: impl Fn(&State) -> bool) -> Result<MutexGuard<'a, State>> {
-        let deadline = Instant::now() + self.shared.timeout;
+        // A timeout too long to add is no deadline.
+        let deadline = Instant::now().checked_add(self.shared.timeout);
         loop {
-            if let Some(f) = &st.failed {
-                return Err(self.error(kind, f.clone()));
-            }
+            // A collective every rank completed succeeds even if the group failed since.
             if ready(&st) {
                 return Ok(st);
             }
+            if let Some(f) = &st.failed {
+                return Err(self.error(kind, f.clone()));
+            }
             let now = Instant::now();
+            let Some(deadline) = deadline else {
+                st = self.shared.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            };
             if now >= deadline {
                 let late: Vec<usize> = (0..self.shared.world).filter(|&r| st.entered[r] < st.entered[self.rank]).collect();
                 let reason = format!("rank {} waited {:?} for {what}; ranks {late:?} had not arrived", self.rank, self.shared.timeout);
@@ -109,7 +117,7 @@ impl LocalComm {
 
     /// Deposits `mine` for this rank's next collective and returns every rank's deposit, in
     /// rank order, once all have arrived.
-    fn exchange(&self, kind: &'static str, mine: Deposit) -> Result<Vec<Deposit>> {
+    fn exchange(&self, kind: &'static str, tag: usize, mine: Deposit) -> Result<Vec<Deposit>> {
         let st = self.lock();
         let n = st.entered[self.rank];
         // The buffer held collective n − 2, which a rank has read before it enters n − 1; all
@@ -119,10 +127,10 @@ impl LocalComm {
         let world = self.shared.world;
         let round = &mut st.rounds[(n % 2) as usize];
         if round.number != n {
-            *round = Round { number: n, kind, deposits: vec![None; world], arrived: 0 };
+            *round = Round { number: n, kind, tag, deposits: vec![None; world], arrived: 0 };
         }
-        if round.kind != kind {
-            let reason = format!("rank {} called {kind} where another rank called {}", self.rank, round.kind);
+        if round.kind != kind || round.tag != tag {
+            let reason = format!("rank {} called {kind} ({tag}) where another rank called {} ({})", self.rank, round.kind, round.tag);
             self.fail(&mut st, reason.clone());
             return Err(self.error(kind, reason));
         }
@@ -168,7 +176,7 @@ impl Communicator for LocalComm {
 
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
         const KIND: &str = "all_reduce_sum";
-        let all = self.tensors(KIND, self.exchange(KIND, Deposit::One(t.clone()))?)?;
+        let all = self.tensors(KIND, self.exchange(KIND, 0, Deposit::One(t.clone()))?)?;
         let same = all.iter().all(|x| x.dims() == t.dims() && x.dtype() == t.dtype());
         self.check(KIND, same, || format!("ranks sent {:?}", all.iter().map(|x| (x.dims().to_vec(), x.dtype())).collect::<Vec<_>>()))?;
         // In f32 and in rank order: the same bits on every rank.
@@ -181,7 +189,7 @@ impl Communicator for LocalComm {
 
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor> {
         const KIND: &str = "all_gather";
-        let all = self.tensors(KIND, self.exchange(KIND, Deposit::One(t.clone()))?)?;
+        let all = self.tensors(KIND, self.exchange(KIND, dim, Deposit::One(t.clone()))?)?;
         let fits = |x: &Tensor| x.rank() == t.rank() && x.dtype() == t.dtype() && (0..t.rank()).all(|d| d == dim || x.dims()[d] == t.dims()[d]);
         self.check(KIND, dim < t.rank() && all.iter().all(fits), || {
             format!("ranks sent {:?} to gather along {dim}", all.iter().map(|x| x.dims().to_vec()).collect::<Vec<_>>())
@@ -192,14 +200,14 @@ impl Communicator for LocalComm {
     fn all_to_all(&self, parts: Vec<Tensor>) -> Result<Vec<Tensor>> {
         const KIND: &str = "all_to_all";
         let sent = parts.len();
-        let all = self.exchange(KIND, Deposit::Many(parts))?;
+        let all = self.exchange(KIND, 0, Deposit::Many(parts))?;
         let world = self.shared.world;
         let mut out = Vec::with_capacity(world);
         for d in all {
             match d {
                 Deposit::Many(p) if p.len() == world => out.push(p[self.rank].clone()),
                 _ => {
-                    let reason = format!("all_to_all needs one part per rank ({world}); this rank sent {sent}");
+                    let reason = format!("all_to_all needs one part per rank ({world}); rank {} sent {sent}, another rank a different count", self.rank);
                     self.fail(&mut self.lock(), reason.clone());
                     return Err(self.error(KIND, reason));
                 }
@@ -308,6 +316,8 @@ mod tests {
         assert!(got.iter().all(|g| matches!(g, Err(Error::Collective { .. }))), "{got:?}");
         let got = on_ranks(2, PATIENT, |c| c.all_to_all(vec![Tensor::ones(1, DType::F32, &Device::Cpu).unwrap()]).map(|_| ()));
         assert!(got.iter().all(|g| matches!(g, Err(Error::Collective { .. }))), "{got:?}");
+        let got = on_ranks(2, PATIENT, |c| c.all_gather(&Tensor::ones((2, 2), DType::F32, &Device::Cpu).unwrap(), c.rank()).map(|_| ()));
+        assert!(got.iter().all(|g| matches!(g, Err(Error::Collective { .. }))), "gathered along different dims: {got:?}");
         assert!(LocalGroup::new(0, PATIENT).is_err());
     }
 }

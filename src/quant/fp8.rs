@@ -104,7 +104,7 @@ impl Fp8Weight {
 
     /// The weights of several layers that read the same input, one after another along the
     /// output rows (q, k and v; gate and up), so they run as one matmul. Block-scaled parts
-    /// must hold whole tiles of rows.
+    /// must hold whole tiles of rows, but for the last.
     pub fn cat_rows(parts: &[Fp8Weight]) -> Result<Self> {
         let data = Tensor::cat(&parts.iter().map(|p| p.data.clone()).collect::<Vec<_>>(), 0)?;
         let scale = match parts.first().map(|p| &p.scale) {
@@ -117,8 +117,9 @@ impl Fp8Weight {
             }
             Some(Fp8Scale::Block { block, .. }) => {
                 let block = *block;
-                let scales = parts.iter().map(|p| match &p.scale {
-                    Fp8Scale::Block { scale, block: b } if *b == block && p.dims().0 % block.0 == 0 => Ok(scale.clone()),
+                let last = parts.len() - 1;
+                let scales = parts.iter().enumerate().map(|(i, p)| match &p.scale {
+                    Fp8Scale::Block { scale, block: b } if *b == block && (i == last || p.dims().0 % block.0 == 0) => Ok(scale.clone()),
                     _ => candle_core::bail!("block-scaled FP8 weights join only with the same blocks over whole tiles of rows"),
                 });
                 Fp8Scale::Block { scale: Tensor::cat(&scales.collect::<Result<Vec<_>>>()?, 0)?, block }
@@ -181,5 +182,13 @@ mod tests {
         let joined = Fp8Weight::cat_rows(&[qa.clone(), qb.clone()]).unwrap().dequantize(DType::F32).unwrap();
         let parts = Tensor::cat(&[qa.dequantize(DType::F32).unwrap(), qb.dequantize(DType::F32).unwrap()], 0).unwrap();
         assert_eq!(max_abs(&(joined - parts).unwrap()), 0.0);
+        // Block-scaled parts join when only the last ends inside a tile.
+        let blocks = |rows: usize| {
+            let data = Tensor::ones((rows, 2), DType::F32, &Device::Cpu).unwrap().to_dtype(DType::F8E4M3).unwrap();
+            let scale = Tensor::ones((rows.div_ceil(2), 1), DType::F32, &Device::Cpu).unwrap();
+            Fp8Weight::from_parts(data, Fp8Scale::Block { scale, block: (2, 2) }).unwrap()
+        };
+        assert_eq!(Fp8Weight::cat_rows(&[blocks(2), blocks(1)]).unwrap().dims(), (3, 2));
+        assert!(Fp8Weight::cat_rows(&[blocks(1), blocks(2)]).is_err());
     }
 }

@@ -149,6 +149,9 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
+    if let Some(r) = a.rates.iter().flatten().find(|r| !(r.is_finite() && **r > 0.0)) {
+        return Err(format!("--rates: {r} is not a positive request rate").into());
+    }
     Ok(a)
 }
 
