@@ -3,7 +3,7 @@
 //!
 //!     bench_diffusion [--model sdar|llada|llada2-mini] [--batches 32,64,128,256] [--modes baseline,baseline-delayed,focus]
 //!                     [--block 32] [--new-tokens 256] [--mean-unmask 3.2] [--requests-per-batch 2]
-//!                     [--alpha 1.5] [--focus-knee TOKENS] [--quantization fp8]
+//!                     [--alpha 1.5] [--focus-knee TOKENS] [--quantization fp8] [--fp8-error]
 //!                     [--breakdown] [--phases] [--profile-step] [--repeats 1] [--json FILE] [--commit SHA] [--tiny] [--kernels POLICY]
 //!
 //! For each batch B: `requests-per-batch × B` requests queued at once, at most B decoding
@@ -45,6 +45,10 @@
 //! FOCUS runs fewer positions past layer 1 than it scores; its bound counts every scored
 //! position through every layer, which lowers the bound, so FOCUS's fraction of it is overstated
 //! (compare FOCUS by tokens/s, not by that fraction).
+//! `--quantization fp8` stores the model's linear layers in FP8 (E4M3, a scale per output
+//! channel); `--fp8-error` only measures what that costs the logits: the FP8 and the dense
+//! model on the same random weights, one row of a prompt and a masked block, relative error and
+//! argmax agreement (block-causal models).
 //! `--tiny` runs a tiny config on the CPU (a smoke test of this binary).
 
 use candle_core::{DType, Device, Tensor};
@@ -69,6 +73,8 @@ struct Args {
     focus_knee: usize,
     /// How the model's linear layers are stored (`--quantization fp8`).
     quantization: ponder::quant::Quantization,
+    /// `--fp8-error`: only measure FP8's logit error against the dense model.
+    fp8_error: bool,
     calibrate: bool,
     requests_per_batch: usize,
     breakdown: bool,
@@ -95,6 +101,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
         alpha: 1.5,
         focus_knee: 0,
         quantization: ponder::quant::Quantization::None,
+        fp8_error: false,
         calibrate: true,
         requests_per_batch: 2,
         breakdown: false,
@@ -119,6 +126,7 @@ fn parse() -> Result<Args, Box<dyn std::error::Error>> {
             "--alpha" => a.alpha = v()?.parse()?,
             "--focus-knee" => a.focus_knee = v()?.parse()?,
             "--quantization" => a.quantization = v()?.parse()?,
+            "--fp8-error" => a.fp8_error = true,
             "--no-calibrate" => a.calibrate = false,
             "--requests-per-batch" => a.requests_per_batch = v()?.parse()?,
             "--breakdown" => a.breakdown = true,
@@ -443,6 +451,83 @@ fn gpu_name() -> String {
         .unwrap_or_else(|| "cpu".into())
 }
 
+/// The model `--model` names (`--tiny`: its tiny config on the CPU), random weights from seed 7
+/// (the same on every call), its linear layers stored as `q` says.
+fn load_model(
+    args: &Args,
+    q: ponder::quant::Quantization,
+    device: &Device,
+    dtype: DType,
+) -> Result<(DenseDiffusion, &'static str), Box<dyn std::error::Error>> {
+    let device = device.clone();
+    Ok(match (args.model.as_str(), args.tiny) {
+        ("llada", true) => (
+            Llada::load(&tiny_llada_config(512), &random_llada_weights(&tiny_llada_config(512), 7, dtype, &device)?.with_quantization(q))?,
+            "tiny LLaDA (CPU, f32)",
+        ),
+        ("llada", false) => (
+            Llada::load(&LladaConfig::llada_8b(), &random_llada_weights(&LladaConfig::llada_8b(), 7, dtype, &device)?.with_quantization(q))?,
+            "LLaDA-8B shapes, random bf16 weights",
+        ),
+        ("llada2-mini", true) => {
+            let mut c = tiny_llada2_config(512);
+            c.block_size = Some(8);
+            (Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?.with_quantization(q))?, "tiny LLaDA2.0 (CPU, f32)")
+        }
+        ("llada2-mini", false) => {
+            let c = Llada2Config::llada2_mini();
+            (Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?.with_quantization(q))?, "LLaDA2.0-mini shapes, random bf16 weights")
+        }
+        (_, true) => {
+            let mut c = tiny_sdar_config(512);
+            c.block_size = Some(8);
+            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?.with_quantization(q))?, "tiny SDAR (CPU, f32)")
+        }
+        (_, false) => {
+            let c = SdarConfig::sdar_8b_chat_b32();
+            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?.with_quantization(q))?, "SDAR-8B-Chat-b32 shapes, random bf16 weights")
+        }
+    })
+}
+
+/// `--fp8-error`: the logits of the FP8 model against the dense one on the same weights, over
+/// one row of a 96-token prompt and a block of masks (block-causal, as a denoising step sees
+/// it): the relative error ‖fp8 − dense‖ / ‖dense‖ and how many positions' argmax agree.
+fn fp8_logit_error(args: &Args, device: &Device, dtype: DType) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    if args.model == "llada" {
+        return Err("--fp8-error measures the block-causal models (sdar, llada2-mini)".into());
+    }
+    let (dense, label) = load_model(args, ponder::quant::Quantization::None, device, dtype)?;
+    let (fp8, _) = load_model(args, ponder::quant::Quantization::Fp8, device, dtype)?;
+    let s = dense.spec().clone();
+    let (block, page) = (args.block, 16);
+    let mut toks = ponder::bench::random_ids(96, s.vocab_size, 5);
+    for t in toks.iter_mut().filter(|t| **t == s.mask_token_id) {
+        *t = (*t + 1) % s.vocab_size as u32;
+    }
+    toks.extend(std::iter::repeat_n(s.mask_token_id, block));
+    let n = toks.len();
+    let logits = |model: &DenseDiffusion| -> Result<Tensor, Box<dyn std::error::Error>> {
+        let kv = KvStore::new(s.num_layers, n.div_ceil(page), page, s.num_kv_heads, s.head_dim, s.dtype, device)?;
+        let host = PagedBatchHost {
+            cu_q_lens: vec![0, n as u32],
+            block_tables: vec![(0..n.div_ceil(page) as u32).collect()],
+            context_lens: vec![n as u32],
+            write_positions: (0..n as u32).collect(),
+        };
+        let batch = PagedBatch::new(host, page, AttnMask::BlockCausal(block), s.num_kv_heads * s.head_dim, device)?;
+        let h = model.embed(&Tensor::new(toks.as_slice(), device)?)?;
+        let rope = model.rope(&Tensor::new((0..n as u32).collect::<Vec<_>>().as_slice(), device)?)?;
+        Ok(model.head(&model.forward(&h, &rope, &batch, &kv)?)?.to_dtype(DType::F64)?.to_device(&Device::Cpu)?)
+    };
+    let (a, b) = (logits(&fp8)?, logits(&dense)?);
+    let rel = (&a - &b)?.sqr()?.sum_all()?.to_scalar::<f64>()?.sqrt() / b.sqr()?.sum_all()?.to_scalar::<f64>()?.sqrt();
+    let (am_a, am_b) = (a.argmax(1)?.to_vec1::<u32>()?, b.argmax(1)?.to_vec1::<u32>()?);
+    let agree = am_a.iter().zip(&am_b).filter(|(x, y)| x == y).count();
+    println!("{label}: FP8 logits against dense, relative error {rel:.3e}; argmax agrees at {agree} of {n} positions");
+    Ok(serde_json::json!({"model": label, "positions": n, "logits_rel_err": rel, "argmax_agree": agree, "dtype": format!("{dtype:?}")}))
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = parse()?;
     let (device, dtype) = if args.tiny { (Device::Cpu, DType::F32) } else { (Device::new_cuda(0)?, DType::BF16) };
@@ -453,38 +538,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             args.batches = vec![2, 4];
         }
     }
+    if args.fp8_error {
+        let report = fp8_logit_error(&args, &device, dtype)?;
+        if let Some(path) = &args.json {
+            let doc =
+                serde_json::json!({"gpu": gpu_name(), "commit": args.commit, "command": std::env::args().collect::<Vec<_>>().join(" "), "fp8_error": report});
+            std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+        }
+        return Ok(());
+    }
     let t = Instant::now();
-    let (model, label) = match (args.model.as_str(), args.tiny) {
-        ("llada", true) => (
-            Llada::load(&tiny_llada_config(512), &random_llada_weights(&tiny_llada_config(512), 7, dtype, &device)?.with_quantization(args.quantization))?,
-            "tiny LLaDA (CPU, f32)",
-        ),
-        ("llada", false) => (
-            Llada::load(&LladaConfig::llada_8b(), &random_llada_weights(&LladaConfig::llada_8b(), 7, dtype, &device)?.with_quantization(args.quantization))?,
-            "LLaDA-8B shapes, random bf16 weights",
-        ),
-        ("llada2-mini", true) => {
-            let mut c = tiny_llada2_config(512);
-            c.block_size = Some(8);
-            (Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?.with_quantization(args.quantization))?, "tiny LLaDA2.0 (CPU, f32)")
-        }
-        ("llada2-mini", false) => {
-            let c = Llada2Config::llada2_mini();
-            (
-                Llada2::load(&c, &random_llada2_weights(&c, 7, dtype, &device)?.with_quantization(args.quantization))?,
-                "LLaDA2.0-mini shapes, random bf16 weights",
-            )
-        }
-        (_, true) => {
-            let mut c = tiny_sdar_config(512);
-            c.block_size = Some(8);
-            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?.with_quantization(args.quantization))?, "tiny SDAR (CPU, f32)")
-        }
-        (_, false) => {
-            let c = SdarConfig::sdar_8b_chat_b32();
-            (Sdar::load(&c, &random_sdar_weights(&c, 7, dtype, &device)?.with_quantization(args.quantization))?, "SDAR-8B-Chat-b32 shapes, random bf16 weights")
-        }
-    };
+    let (model, label) = load_model(&args, args.quantization, &device, dtype)?;
     println!("device: {}; model: {label}", gpu_name());
     device.synchronize()?;
     println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());

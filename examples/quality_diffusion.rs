@@ -35,21 +35,19 @@
 //! `--write FILE` replaces the part of FILE between `<!-- quality:sdar:begin -->` and
 //! `<!-- quality:sdar:end -->` (appended when FILE has no markers, FILE created when missing).
 
-use candle_core::Tensor;
 use ponder::diffusion::models::{self, DiffusionModel};
 use ponder::diffusion::{Focus, StaticCount, Threshold, UnmaskPolicy};
-use ponder::kv::KvStore;
 use ponder::loader::ModelDir;
-use ponder::ops::{AttnMask, PagedBatch, PagedBatchHost};
 use ponder::{DType, Device, EngineBuilder, GenerationParams};
 
+#[path = "shared/masked.rs"]
+mod masked;
+use masked::{masked_token_stats, RATIOS, SEQ};
 #[path = "shared/report.rs"]
 mod report;
 use report::{shown, splice};
 use std::time::Instant;
 
-const SEQ: usize = 256;
-const RATIOS: [f64; 4] = [0.15, 0.5, 0.85, 1.0];
 const PROMPT: usize = 48;
 const NEW: usize = 32;
 const BEGIN: &str = "<!-- quality:sdar:begin -->";
@@ -96,27 +94,6 @@ fn parse(root: &str) -> Result<Args, Box<dyn std::error::Error>> {
         }
     }
     Ok(a)
-}
-
-/// SplitMix64: a fixed, dependency-free stream of uniforms for the masks.
-struct Rng(u64);
-
-impl Rng {
-    fn uniform(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-#[derive(Default, Clone, Copy)]
-struct MaskedStats {
-    nll: f64,
-    correct: u64,
-    count: u64,
 }
 
 struct DecodeRow {
@@ -168,62 +145,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let all_windows: Vec<&[u32]> = ids.chunks_exact(SEQ).collect();
     let n_windows = args.windows.unwrap_or(all_windows.len()).min(all_windows.len());
     let t_masked = Instant::now();
-    let blocks = SEQ / b;
-    let kv = KvStore::new(spec.num_layers, blocks * (1 + RATIOS.len()), b, spec.num_kv_heads, spec.head_dim, DType::F32, &dev)?;
-    let mut rng = Rng(args.seed);
-    let mut stats = [MaskedStats::default(); RATIOS.len()];
     let progress = indicatif::ProgressBar::new(n_windows as u64);
     progress
         .set_style(indicatif::ProgressStyle::with_template("masked-token eval {bar:30} {pos}/{len} windows, {elapsed} ({eta} left)").expect("valid template"));
-    for w in all_windows.iter().take(n_windows) {
-        let mut host = PagedBatchHost { cu_q_lens: vec![0], ..Default::default() };
-        let (mut toks, mut positions, mut readout, mut truth) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let clean_pages: Vec<u32> = (0..blocks as u32).collect();
-        toks.extend_from_slice(w);
-        positions.extend(0..SEQ as u32);
-        host.block_tables.push(clean_pages.clone());
-        host.context_lens.push(SEQ as u32);
-        host.cu_q_lens.push(SEQ as u32);
-        for (ri, &r) in RATIOS.iter().enumerate() {
-            for blk in 0..blocks {
-                let masked: Vec<usize> = (0..b).filter(|_| rng.uniform() < r).collect();
-                if masked.is_empty() {
-                    continue;
-                }
-                let base = toks.len();
-                let lo = blk * b;
-                let mut noisy = w[lo..lo + b].to_vec();
-                for &i in &masked {
-                    noisy[i] = spec.mask_token_id;
-                    readout.push((base + i) as u32);
-                    truth.push((ri, w[lo + i]));
-                }
-                toks.extend_from_slice(&noisy);
-                positions.extend((lo..lo + b).map(|p| p as u32));
-                let mut table = clean_pages[..blk].to_vec();
-                table.push((blocks * (1 + ri) + blk) as u32);
-                host.block_tables.push(table);
-                host.context_lens.push((lo + b) as u32);
-                host.cu_q_lens.push(toks.len() as u32);
-            }
-        }
-        host.write_positions = positions.clone();
-        let batch = PagedBatch::new(host, b, AttnMask::BlockCausal(b), spec.num_kv_heads * spec.head_dim, &dev)?;
-        let h = model.embed(&Tensor::new(toks.as_slice(), &dev)?)?;
-        let rope = model.rope(&Tensor::new(positions.as_slice(), &dev)?)?;
-        let h = model.forward(&h, &rope, &batch, &kv)?;
-        let logits = model.head(&h.index_select(&Tensor::new(readout.as_slice(), &dev)?, 0)?)?.to_vec2::<f32>()?;
-        for (row, &(ri, t)) in logits.iter().zip(&truth) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-            let argmax = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32);
-            let s = &mut stats[ri];
-            s.nll += lse - row[t as usize] as f64;
-            s.correct += (argmax == Some(t)) as u64;
-            s.count += 1;
-        }
-        progress.inc(1);
-    }
+    let stats = masked_token_stats(&model, &all_windows[..n_windows], args.seed, || progress.inc(1))?;
     progress.finish_and_clear();
     let masked_seconds = t_masked.elapsed().as_secs_f64();
     println!("masked-token prediction over {n_windows} windows of {SEQ} ({masked_seconds:.0} s):");
@@ -236,7 +161,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.count
         );
     }
-    drop(kv);
 
     // ---- 2. decoding through the engine ----------------------------------------------------
     let candidates: Vec<&[u32]> = ids.chunks_exact(PROMPT + NEW).filter(|w| !w.iter().any(|t| eos.contains(t))).collect();

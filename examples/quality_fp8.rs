@@ -7,15 +7,18 @@
 //!    tokens, evenly spaced over the file), at full depth, at fixed depths 1..r_max and under
 //!    Q-exit (q 0.2 / 0.5 / 0.8), continuous depth batching with refill on the last-exited
 //!    layout; with the realised mean depth, since FP8 can move the exits too.
-//! 2. **Tiny SDAR**: threshold decoding (τ 0.5 / 0.9) of held-out prompts of 48 tokens, 32 new
-//!    tokens each (greedy, end of sequence ignored): tokens decoded per denoising step, exact
-//!    match with the true continuation, and how many generated tokens FP8 changes against f32.
+//! 2. **Tiny SDAR**: masked-token prediction on held-out windows of 256 tokens (each block
+//!    masked at ratios 0.15 / 0.5 / 0.85 / 1.0 with the earlier blocks clean, as
+//!    `quality_diffusion` scores it: argmax accuracy and perplexity of the masked tokens); and
+//!    threshold decoding (τ 0.5 / 0.9) of held-out prompts of 48 tokens, 32 new tokens each
+//!    (greedy, end of sequence ignored): tokens decoded per denoising step, exact match with the
+//!    true continuation, and how many generated tokens FP8 changes against f32.
 //!
 //! Usage:
 //!
 //! ```text
 //! cargo run --release --example quality_fp8 -- [--ouro assets/tiny-ouro] [--sdar assets/tiny-sdar]
-//!     [--heldout corpus/heldout.txt] [--sequences 32] [--prompts 64]
+//!     [--heldout corpus/heldout.txt] [--sequences 32] [--windows 96] [--prompts 64]
 //!     [--write docs/QUALITY.md] [--json docs/bench/quality_fp8.json]
 //! ```
 //!
@@ -28,6 +31,9 @@ use ponder::quant::Quantization;
 use ponder::{EngineBuilder, GenerationParams, KvLayoutKind, SchedulerKind};
 use std::time::Instant;
 
+#[path = "shared/masked.rs"]
+mod masked;
+use masked::{masked_token_stats, RATIOS, SEQ};
 #[path = "shared/report.rs"]
 mod report;
 use report::{shown, splice};
@@ -84,7 +90,7 @@ fn sdar_run(model: &str, q: Quantization, tau: f32, prompts: &[&[u32]]) -> Resul
 fn main() -> Result<(), Failure> {
     let root = env!("CARGO_MANIFEST_DIR");
     let (mut ouro, mut sdar, mut heldout) = (format!("{root}/assets/tiny-ouro"), format!("{root}/assets/tiny-sdar"), format!("{root}/corpus/heldout.txt"));
-    let (mut sequences, mut n_prompts, mut write, mut json) = (32usize, 64usize, None::<String>, None::<String>);
+    let (mut sequences, mut n_windows, mut n_prompts, mut write, mut json) = (32usize, 96usize, 64usize, None::<String>, None::<String>);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut v = || args.next().ok_or(format!("{a} needs a value"));
@@ -93,6 +99,7 @@ fn main() -> Result<(), Failure> {
             "--sdar" => sdar = v()?,
             "--heldout" => heldout = v()?,
             "--sequences" => sequences = v()?.parse()?,
+            "--windows" => n_windows = v()?.parse()?,
             "--prompts" => n_prompts = v()?.parse()?,
             "--write" => write = Some(v()?),
             "--json" => json = Some(v()?),
@@ -125,10 +132,24 @@ fn main() -> Result<(), Failure> {
         ouro_rows.push(serde_json::json!({"config": label, "perplexity_f32": p32, "perplexity_fp8": p8, "mean_depth_f32": d32, "mean_depth_fp8": d8}));
     }
 
-    // 2. Tiny SDAR: threshold decoding, f32 against FP8.
+    // 2. Tiny SDAR: masked-token prediction through the model, then threshold decoding.
     let probe = EngineBuilder::new(&sdar).build()?;
     let sdar_ids = probe.encode(&held)?;
     drop(probe);
+    let (mask_windows, _, total_mask_windows) = evenly_spaced_windows(&sdar_ids, SEQ, n_windows);
+    let dir = ponder::loader::ModelDir::open(&sdar)?;
+    let mut masked_rows = Vec::new();
+    let [s32, s8] = [Quantization::None, Quantization::Fp8].map(|q| -> Result<_, Failure> {
+        let model = ponder::diffusion::models::load(&dir.config, &dir.weights(ponder::DType::F32, &ponder::Device::Cpu)?.with_quantization(q))?;
+        masked_token_stats(&model, &mask_windows, 2026, || {})
+    });
+    let (s32, s8) = (s32?, s8?);
+    for ((r, a), b) in RATIOS.iter().zip(&s32).zip(&s8) {
+        let acc = |s: &masked::MaskedStats| s.correct as f64 / s.count as f64;
+        let ppl = |s: &masked::MaskedStats| (s.nll / s.count as f64).exp();
+        println!("mask ratio {r}: accuracy {:.2} % f32, {:.2} % FP8; perplexity {:.3} / {:.3}", 100.0 * acc(a), 100.0 * acc(b), ppl(a), ppl(b));
+        masked_rows.push(serde_json::json!({"ratio": r, "masked_tokens": a.count, "accuracy_f32": acc(a), "accuracy_fp8": acc(b), "perplexity_f32": ppl(a), "perplexity_fp8": ppl(b)}));
+    }
     // Windows without an end-of-document token (id 0), evenly spaced.
     let candidates: Vec<&[u32]> = sdar_ids.chunks_exact(SDAR_PROMPT + SDAR_NEW).filter(|w| !w.contains(&0)).collect();
     let n = n_prompts.min(candidates.len());
@@ -162,7 +183,8 @@ fn main() -> Result<(), Failure> {
             "quantization": "fp8 e4m3, per output channel, quantized at load",
             "ouro_windows": windows.len(), "ouro_windows_total": total_windows, "prompt_tokens": PROMPT, "scored_tokens": SCORED,
             "sdar_prompts": prompts.len(), "sdar_prompt_tokens": SDAR_PROMPT, "sdar_new_tokens": SDAR_NEW,
-            "total_seconds": total, "ouro_results": ouro_rows, "sdar_results": sdar_rows,
+            "sdar_masked_windows": mask_windows.len(), "sdar_masked_windows_total": total_mask_windows, "sdar_window_tokens": SEQ,
+            "total_seconds": total, "ouro_results": ouro_rows, "sdar_masked": masked_rows, "sdar_results": sdar_rows,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;
         println!("wrote {path}");
@@ -189,7 +211,25 @@ fn main() -> Result<(), Failure> {
             );
         }
         md += &format!(
-            "\n**Tiny SDAR** (`{shown_sdar}`): threshold decoding of {} held-out prompts of {SDAR_PROMPT} tokens, {SDAR_NEW} new tokens \
+            "\n**Tiny SDAR** (`{shown_sdar}`), masked-token prediction: {} held-out windows of {SEQ} tokens (evenly spaced, of {total_mask_windows}); \
+             each block masked at the ratio with the earlier blocks clean, the masked tokens scored.\n\n\
+             | mask ratio | masked tokens | accuracy, f32 / FP8 | perplexity, f32 / FP8 |\n|---|---:|---|---|\n",
+            mask_windows.len()
+        );
+        for r in &masked_rows {
+            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            md += &format!(
+                "| {} | {} | {:.2} % / {:.2} % | {:.3} / {:.3} |\n",
+                f("ratio"),
+                r["masked_tokens"],
+                100.0 * f("accuracy_f32"),
+                100.0 * f("accuracy_fp8"),
+                f("perplexity_f32"),
+                f("perplexity_fp8")
+            );
+        }
+        md += &format!(
+            "\nThreshold decoding of {} held-out prompts of {SDAR_PROMPT} tokens, {SDAR_NEW} new tokens \
              each (greedy, end of sequence ignored).\n\n\
              | τ | tokens per step, f32 / FP8 | exact match with the held-out text, f32 / FP8 | tokens FP8 changes |\n|---|---|---|---:|\n",
             prompts.len()
