@@ -24,6 +24,19 @@ struct Layer {
     post_attn_norm_2: Tensor,
 }
 
+/// A tensor-parallel rank's place and the collectives it sums its row-parallel outputs with.
+#[derive(Clone)]
+struct TpShard {
+    rank: crate::parallel::TpRank,
+    comm: std::sync::Arc<dyn crate::parallel::Communicator>,
+}
+
+impl std::fmt::Debug for TpShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TpShard({:?})", self.rank)
+    }
+}
+
 /// The Ouro model. Weights only; cloning shares the weight tensors.
 #[derive(Debug, Clone)]
 pub struct Ouro {
@@ -38,10 +51,34 @@ pub struct Ouro {
     lm_head: Linear,
     rope: RopeTable,
     device: Device,
+    /// A tensor-parallel rank holds its heads of q, k, v and o and its columns of the MLP; the
+    /// embedding, norms, gate and head are whole on every rank.
+    tp: Option<TpShard>,
 }
 
 impl Ouro {
     pub fn load(cfg: &OuroConfig, w: &Weights) -> crate::Result<Self> {
+        Self::load_with(cfg, w, None)
+    }
+
+    /// Rank `rank` of a tensor-parallel Ouro: its share of every layer (whole heads, even
+    /// column splits; a typed error when they do not divide), the rest whole; its row-parallel
+    /// outputs (attention output, MLP down) are summed over the ranks with `comm` before the
+    /// norm that reads them. Every rank's spec names its own heads, so a runner per rank holds
+    /// the K/V of those heads only.
+    pub fn load_shard(
+        cfg: &OuroConfig,
+        w: &Weights,
+        rank: crate::parallel::TpRank,
+        comm: std::sync::Arc<dyn crate::parallel::Communicator>,
+    ) -> crate::Result<Self> {
+        if comm.world_size() != rank.world || comm.rank() != rank.rank {
+            return Err(crate::Error::InvalidOption(format!("rank {rank:?} with a communicator of rank {} of {}", comm.rank(), comm.world_size())));
+        }
+        Self::load_with(cfg, w, Some(TpShard { rank, comm }))
+    }
+
+    fn load_with(cfg: &OuroConfig, w: &Weights, tp: Option<TpShard>) -> crate::Result<Self> {
         let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
         let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
         w.check_layer_count("model.layers", cfg.num_hidden_layers, "num_hidden_layers")?;
@@ -49,15 +86,25 @@ impl Ouro {
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let part = |name: &str, shape: (usize, usize)| (format!("{p}.{name}.weight"), shape);
+            // q/k/v and gate/up are fused into one matmul each: fewer launches per layer.
+            let mut qkv = w.linear_cat(
+                &[part("self_attn.q_proj", (nh * hd, h)), part("self_attn.k_proj", (nkv * hd, h)), part("self_attn.v_proj", (nkv * hd, h))],
+                None,
+            )?;
+            let mut o_proj = w.linear_cat(&[part("self_attn.o_proj", (h, nh * hd))], None)?;
+            let mut gate_up = w.linear_cat(&[part("mlp.gate_proj", (i, h)), part("mlp.up_proj", (i, h))], None)?;
+            let mut down = w.linear_cat(&[part("mlp.down_proj", (h, i))], None)?;
+            if let Some(TpShard { rank, .. }) = &tp {
+                qkv = qkv.output_rows(&rank.fused_rows(&[(nh * hd, hd, "attention heads"), (nkv * hd, hd, "K/V heads"), (nkv * hd, hd, "K/V heads")])?)?;
+                o_proj = o_proj.input_columns(rank.share(nh * hd, hd, "attention heads")?)?;
+                gate_up = gate_up.output_rows(&rank.fused_rows(&[(i, 1, "MLP columns"), (i, 1, "MLP columns")])?)?;
+                down = down.input_columns(rank.share(i, 1, "MLP columns")?)?;
+            }
             layers.push(Layer {
-                // q/k/v and gate/up are fused into one matmul each: fewer launches per layer.
-                qkv: w.linear_cat(
-                    &[part("self_attn.q_proj", (nh * hd, h)), part("self_attn.k_proj", (nkv * hd, h)), part("self_attn.v_proj", (nkv * hd, h))],
-                    None,
-                )?,
-                o_proj: w.linear_cat(&[part("self_attn.o_proj", (h, nh * hd))], None)?,
-                gate_up: w.linear_cat(&[part("mlp.gate_proj", (i, h)), part("mlp.up_proj", (i, h))], None)?,
-                down: w.linear_cat(&[part("mlp.down_proj", (h, i))], None)?,
+                qkv,
+                o_proj,
+                gate_up,
+                down,
                 input_norm: w.get(h, &format!("{p}.input_layernorm.weight"))?,
                 input_norm_2: w.get(h, &format!("{p}.input_layernorm_2.weight"))?,
                 post_attn_norm: w.get(h, &format!("{p}.post_attention_layernorm.weight"))?,
@@ -90,12 +137,14 @@ impl Ouro {
         let boundary_bytes = ops::bytes_of(&lm_head);
         let weight_bytes = step_bytes + ops::bytes_of(&embed) + if tied { 0 } else { boundary_bytes };
         let layer_params = (2 * nh * hd * h + 2 * nkv * hd * h + 3 * h * i + 4 * h) as u64;
+        // A rank attends with its own heads.
+        let ranks = tp.as_ref().map_or(1, |t| t.rank.world);
         let spec = LoopedSpec {
             vocab_size: v,
             hidden_size: h,
             state_width: h,
-            num_heads: nh,
-            num_kv_heads: nkv,
+            num_heads: nh / ranks,
+            num_kv_heads: nkv / ranks,
             head_dim: hd,
             num_kv_layers: cfg.num_hidden_layers,
             max_steps: cfg.total_ut_steps,
@@ -124,6 +173,7 @@ impl Ouro {
             spec,
             cfg: cfg.clone(),
             device: w.device().clone(),
+            tp,
         })
     }
 
@@ -158,6 +208,14 @@ impl Ouro {
         // The projections that feed a norm hand it their output (at decode widths as partial
         // products over k, which the norm sums: `ops::split_k`).
         let attn = attn.reshape((t, nh * hd))?;
+        if let Some(tp) = &self.tp {
+            // Each rank's heads and columns give a partial output; their sum is the layer's.
+            let sum = |x: Tensor| tp.comm.all_reduce_sum(&x).map_err(|e| candle_core::Error::Msg(e.to_string()));
+            let y = sum(layer.o_proj.forward(&attn)?)?;
+            let (h, m) = ops::add_rms_norm(h, &y, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
+            let y = sum(layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?)?;
+            return ops::add_rms_norm(&h, &y, &layer.post_attn_norm_2, next_norm, eps);
+        }
         let (h, m) = ops::linear_add_rms_norm(h, &attn, &*layer.o_proj.weight()?, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 
         let m = ops::silu_mul(&layer.gate_up.forward(&m)?)?;

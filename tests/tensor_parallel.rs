@@ -1,0 +1,109 @@
+//! Tensor parallelism on the CPU, ranks as threads over the in-process communicator: a tiny
+//! Ouro split over 2 and 4 ranks — each rank with its heads, its MLP columns and the K/V of its
+//! heads in its own runner — computes the whole model's logits and gate logits, on every rank.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use ponder::engine::internals::LoopedRunner;
+use ponder::kv::KvManager;
+use ponder::loader::Weights;
+use ponder::looped::layout::KvLayout;
+use ponder::looped::models::{Ouro, OuroConfig};
+use ponder::looped::{LoopedLaunch, LoopedRow, Stage};
+use ponder::parallel::{Communicator, LocalGroup, TpRank};
+use ponder::{KvLayoutKind, RequestId};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+const BLOCK: usize = 16;
+const LENS: [usize; 4] = [5, 17, 33, 9];
+
+fn weights(dir: &Path) -> Weights {
+    Weights::from_files(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap()
+}
+
+/// A prefill of four ragged prompts at full depth, then one decode step on the argmax tokens:
+/// each launch's next-token logits and gate logits.
+fn run(model: Ouro) -> Vec<(Tensor, Tensor)> {
+    let steps = model.config().total_ut_steps;
+    let vocab = model.config().vocab_size;
+    let layout: Box<dyn KvLayout> = KvLayoutKind::DepthIndexed.build();
+    let num_blocks = 4 * steps * 8;
+    let mut kv = KvManager::new(num_blocks, BLOCK, layout.num_slots(steps));
+    let runner = LoopedRunner::new(Box::new(model), num_blocks, BLOCK, 0).unwrap();
+    let step_slots: Vec<usize> = (0..steps).collect();
+    let prompts: Vec<Vec<u32>> = LENS.iter().enumerate().map(|(i, &n)| ponder::bench::random_ids(n, vocab, 50 + i as u64)).collect();
+    let mut rows = |toks: &[Vec<u32>], start: &[usize]| -> Vec<LoopedRow> {
+        toks.iter()
+            .zip(start)
+            .enumerate()
+            .map(|(i, (t, &s))| {
+                assert!(kv.reserve(RequestId(i as u64), s + t.len()));
+                LoopedRow::full_depth(RequestId(i as u64), t.clone(), s, kv.tables(RequestId(i as u64)).unwrap().to_vec())
+            })
+            .collect()
+    };
+    let prefill = LoopedLaunch { stage: Stage::Prefill, step_slots: step_slots.clone(), rows: rows(&prompts, &[0; 4]), kv_copies: vec![], reenter: false };
+    let a = runner.forward(&prefill).unwrap();
+    let (logits, gates) = (a.logits.unwrap(), a.gate_logits.unwrap());
+    let next: Vec<Vec<u32>> = logits.argmax(1).unwrap().to_vec1::<u32>().unwrap().into_iter().map(|t| vec![t]).collect();
+    let decode = LoopedLaunch { stage: Stage::FullDepthDecode, step_slots, rows: rows(&next, &LENS), kv_copies: vec![], reenter: false };
+    let b = runner.forward(&decode).unwrap();
+    vec![(logits, gates), (b.logits.unwrap(), b.gate_logits.unwrap())]
+}
+
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_dtype(DType::F64).unwrap(), b.to_dtype(DType::F64).unwrap());
+    (&a - &b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap().sqrt()
+        / b.sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap().sqrt()
+}
+
+#[test]
+fn a_tensor_parallel_ouro_computes_the_whole_models_logits_on_every_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Four K/V heads, so that four ranks hold one each.
+    let cfg = OuroConfig { num_key_value_heads: Some(4), ..ponder::testing::tiny_ouro_config(common::VOCAB) };
+    ponder::testing::write_random_ouro(tmp.path(), &cfg, 3).unwrap();
+    let whole = run(Ouro::load(&cfg, &weights(tmp.path())).unwrap());
+    for world in [2, 4] {
+        let comms = LocalGroup::new(world, Duration::from_secs(60)).unwrap();
+        let got: Vec<Vec<(Tensor, Tensor)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|c| {
+                    let (cfg, dir) = (&cfg, tmp.path());
+                    s.spawn(move || {
+                        let rank = TpRank::new(c.rank(), c.world_size()).unwrap();
+                        let shard = Ouro::load_shard(cfg, &weights(dir), rank, Arc::new(c)).unwrap();
+                        assert_eq!(ponder::looped::models::LoopedModel::spec(&shard).num_kv_heads, 4 / world, "a rank holds its K/V heads only");
+                        run(shard)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, launches) in got.iter().enumerate() {
+            for (i, ((l, g), (wl, wg))) in launches.iter().zip(&whole).enumerate() {
+                assert!(rel(l, wl) < 1e-5, "world {world} rank {r} launch {i}: logits {:e}", rel(l, wl));
+                assert!(rel(g, wg) < 1e-5, "world {world} rank {r} launch {i}: gate logits {:e}", rel(g, wg));
+                assert_eq!(rel(l, &got[0][i].0), 0.0, "every rank holds the same logits");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_split_that_does_not_divide_the_heads_is_a_typed_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = ponder::testing::tiny_ouro_config(common::VOCAB); // two K/V heads
+    ponder::testing::write_random_ouro(tmp.path(), &cfg, 3).unwrap();
+    let comms = LocalGroup::new(4, Duration::from_secs(5)).unwrap();
+    let c = comms.into_iter().next().unwrap();
+    let err = Ouro::load_shard(&cfg, &weights(tmp.path()), TpRank::new(0, 4).unwrap(), Arc::new(c)).unwrap_err();
+    assert!(matches!(&err, ponder::Error::InvalidOption(m) if m.contains("K/V heads")), "{err:?}");
+    let comms = LocalGroup::new(2, Duration::from_secs(5)).unwrap();
+    let c = comms.into_iter().nth(1).unwrap();
+    assert!(Ouro::load_shard(&cfg, &weights(tmp.path()), TpRank::new(0, 2).unwrap(), Arc::new(c)).is_err(), "rank and communicator disagree");
+}
