@@ -1,6 +1,7 @@
 //! Tensor parallelism on the CPU, ranks as threads over the in-process communicator: a tiny
-//! Ouro split over 2 and 4 ranks — each rank with its heads, its MLP columns and the K/V of its
-//! heads in its own runner — computes the whole model's logits and gate logits, on every rank.
+//! Ouro and a tiny Huginn split over 2 and 4 ranks — each rank with its heads, its MLP columns
+//! and the K/V of its heads in its own runner — compute the whole model's logits (and Ouro's
+//! gate logits), on every rank.
 
 mod common;
 
@@ -9,7 +10,7 @@ use ponder::engine::internals::LoopedRunner;
 use ponder::kv::KvManager;
 use ponder::loader::Weights;
 use ponder::looped::layout::KvLayout;
-use ponder::looped::models::{Ouro, OuroConfig};
+use ponder::looped::models::{Huginn, LoopedModel, Ouro, OuroConfig};
 use ponder::looped::{LoopedLaunch, LoopedRow, Stage};
 use ponder::parallel::{Communicator, LocalGroup, TpRank};
 use ponder::{KvLayoutKind, RequestId};
@@ -25,14 +26,14 @@ fn weights(dir: &Path) -> Weights {
 }
 
 /// A prefill of four ragged prompts at full depth, then one decode step on the argmax tokens:
-/// each launch's next-token logits and gate logits.
-fn run(model: Ouro) -> Vec<(Tensor, Tensor)> {
-    let steps = model.config().total_ut_steps;
-    let vocab = model.config().vocab_size;
+/// each launch's next-token logits and gate logits (Huginn has no gate).
+fn run(model: Box<dyn LoopedModel>) -> Vec<(Tensor, Option<Tensor>)> {
+    let steps = model.spec().max_steps;
+    let vocab = model.spec().vocab_size;
     let layout: Box<dyn KvLayout> = KvLayoutKind::DepthIndexed.build();
     let num_blocks = 4 * steps * 8;
     let mut kv = KvManager::new(num_blocks, BLOCK, layout.num_slots(steps));
-    let runner = LoopedRunner::new(Box::new(model), num_blocks, BLOCK, 0).unwrap();
+    let runner = LoopedRunner::new(model, num_blocks, BLOCK, 0).unwrap();
     let step_slots: Vec<usize> = (0..steps).collect();
     let prompts: Vec<Vec<u32>> = LENS.iter().enumerate().map(|(i, &n)| ponder::bench::random_ids(n, vocab, 50 + i as u64)).collect();
     let mut rows = |toks: &[Vec<u32>], start: &[usize]| -> Vec<LoopedRow> {
@@ -47,11 +48,11 @@ fn run(model: Ouro) -> Vec<(Tensor, Tensor)> {
     };
     let prefill = LoopedLaunch { stage: Stage::Prefill, step_slots: step_slots.clone(), rows: rows(&prompts, &[0; 4]), kv_copies: vec![], reenter: false };
     let a = runner.forward(&prefill).unwrap();
-    let (logits, gates) = (a.logits.unwrap(), a.gate_logits.unwrap());
+    let (logits, gates) = (a.logits.unwrap(), a.gate_logits);
     let next: Vec<Vec<u32>> = logits.argmax(1).unwrap().to_vec1::<u32>().unwrap().into_iter().map(|t| vec![t]).collect();
     let decode = LoopedLaunch { stage: Stage::FullDepthDecode, step_slots, rows: rows(&next, &LENS), kv_copies: vec![], reenter: false };
     let b = runner.forward(&decode).unwrap();
-    vec![(logits, gates), (b.logits.unwrap(), b.gate_logits.unwrap())]
+    vec![(logits, gates), (b.logits.unwrap(), b.gate_logits)]
 }
 
 fn rel(a: &Tensor, b: &Tensor) -> f64 {
@@ -60,24 +61,20 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
         / b.sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap().sqrt()
 }
 
-#[test]
-fn a_tensor_parallel_ouro_computes_the_whole_models_logits_on_every_rank() {
-    let tmp = tempfile::tempdir().unwrap();
-    // Four K/V heads, so that four ranks hold one each.
-    let cfg = OuroConfig { num_key_value_heads: Some(4), ..ponder::testing::tiny_ouro_config(common::VOCAB) };
-    ponder::testing::write_random_ouro(tmp.path(), &cfg, 3).unwrap();
-    let whole = run(Ouro::load(&cfg, &weights(tmp.path())).unwrap());
+/// `load(rank, comm)` on 2 and 4 ranks against `whole`: the same logits and gate logits
+/// (1e-5 relative), the same bits on every rank, each rank with `kv_heads / world` K/V heads.
+fn check_ranks(whole: &[(Tensor, Option<Tensor>)], kv_heads: usize, load: impl Fn(TpRank, Arc<dyn Communicator>) -> Box<dyn LoopedModel> + Sync) {
     for world in [2, 4] {
         let comms = LocalGroup::new(world, Duration::from_secs(60)).unwrap();
-        let got: Vec<Vec<(Tensor, Tensor)>> = std::thread::scope(|s| {
+        let load = &load;
+        let got: Vec<Vec<(Tensor, Option<Tensor>)>> = std::thread::scope(|s| {
             let handles: Vec<_> = comms
                 .into_iter()
                 .map(|c| {
-                    let (cfg, dir) = (&cfg, tmp.path());
                     s.spawn(move || {
                         let rank = TpRank::new(c.rank(), c.world_size()).unwrap();
-                        let shard = Ouro::load_shard(cfg, &weights(dir), rank, Arc::new(c)).unwrap();
-                        assert_eq!(ponder::looped::models::LoopedModel::spec(&shard).num_kv_heads, 4 / world, "a rank holds its K/V heads only");
+                        let shard = load(rank, Arc::new(c));
+                        assert_eq!(shard.spec().num_kv_heads, kv_heads / world, "a rank holds its K/V heads only");
                         run(shard)
                     })
                 })
@@ -85,13 +82,37 @@ fn a_tensor_parallel_ouro_computes_the_whole_models_logits_on_every_rank() {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         for (r, launches) in got.iter().enumerate() {
-            for (i, ((l, g), (wl, wg))) in launches.iter().zip(&whole).enumerate() {
+            for (i, ((l, g), (wl, wg))) in launches.iter().zip(whole).enumerate() {
                 assert!(rel(l, wl) < 1e-5, "world {world} rank {r} launch {i}: logits {:e}", rel(l, wl));
-                assert!(rel(g, wg) < 1e-5, "world {world} rank {r} launch {i}: gate logits {:e}", rel(g, wg));
+                match (g, wg) {
+                    (Some(g), Some(wg)) => assert!(rel(g, wg) < 1e-5, "world {world} rank {r} launch {i}: gate logits {:e}", rel(g, wg)),
+                    (None, None) => {}
+                    _ => panic!("gate logits on one side only"),
+                }
                 assert_eq!(rel(l, &got[0][i].0), 0.0, "every rank holds the same logits");
             }
         }
     }
+}
+
+#[test]
+fn a_tensor_parallel_ouro_computes_the_whole_models_logits_on_every_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Four K/V heads, so that four ranks hold one each.
+    let cfg = OuroConfig { num_key_value_heads: Some(4), ..ponder::testing::tiny_ouro_config(common::VOCAB) };
+    ponder::testing::write_random_ouro(tmp.path(), &cfg, 3).unwrap();
+    let whole = run(Box::new(Ouro::load(&cfg, &weights(tmp.path())).unwrap()));
+    check_ranks(&whole, 4, |rank, comm| Box::new(Ouro::load_shard(&cfg, &weights(tmp.path()), rank, comm).unwrap()));
+}
+
+#[test]
+fn a_tensor_parallel_huginn_computes_the_whole_models_logits_on_every_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Four heads with q/k biases, a prelude, a recurrent core and a coda.
+    let cfg = ponder::testing::tiny_huginn_config(common::VOCAB);
+    ponder::testing::write_random_huginn(tmp.path(), &cfg, 4).unwrap();
+    let whole = run(Box::new(Huginn::load(&cfg, &weights(tmp.path())).unwrap()));
+    check_ranks(&whole, 4, |rank, comm| Box::new(Huginn::load_shard(&cfg, &weights(tmp.path()), rank, comm).unwrap()));
 }
 
 #[test]

@@ -12,6 +12,7 @@ use crate::loader::Weights;
 use crate::looped::models::HuginnConfig;
 use crate::ops::Linear;
 use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
+use crate::parallel::TpShard;
 use candle_core::{Device, Result, Tensor, D};
 
 /// A sandwich block: both residual sums are normalised.
@@ -45,14 +46,31 @@ pub struct Huginn {
     initial_state: InitialState,
     /// `[max_context, hidden]` s0 per position, when the initial state is not zero.
     s0_table: Option<Tensor>,
+    /// A tensor-parallel rank holds its heads and MLP columns of every block.
+    tp: Option<TpShard>,
 }
 
 impl Huginn {
     pub fn load(cfg: &HuginnConfig, w: &Weights) -> crate::Result<Self> {
+        Self::load_with(cfg, w, None)
+    }
+
+    /// Rank `rank` of a tensor-parallel Huginn (as `Ouro::load_shard`): every block's heads
+    /// (with their q/k biases) and MLP columns; the embedding, adapter, norms and head whole.
+    pub fn load_shard(
+        cfg: &HuginnConfig,
+        w: &Weights,
+        rank: crate::parallel::TpRank,
+        comm: std::sync::Arc<dyn crate::parallel::Communicator>,
+    ) -> crate::Result<Self> {
+        Self::load_with(cfg, w, Some(TpShard::new(rank, comm)?))
+    }
+
+    fn load_with(cfg: &HuginnConfig, w: &Weights, tp: Option<TpShard>) -> crate::Result<Self> {
         let (h, i, rows) = (cfg.n_embd, cfg.intermediate_size, cfg.table_rows());
         let (nh, nkv, hd) = (cfg.n_heads, cfg.kv_heads(), cfg.head_dim());
         let block = |name: String, kv_layer: usize| -> crate::Result<Block> {
-            let qk_bias = if cfg.qk_bias {
+            let mut qk_bias = if cfg.qk_bias {
                 let b = w.get((2, 1, nh, hd), &format!("{name}.attn.qk_bias"))?;
                 Some((b.get(0)?.squeeze(0)?, b.get(1)?.squeeze(0)?))
             } else {
@@ -60,15 +78,22 @@ impl Huginn {
             };
             let norms = [1, 2, 3, 4].map(|n| w.get(h, &format!("{name}.norm_{n}.weight")));
             let [n1, n2, n3, n4] = norms;
-            Ok(Block {
-                wqkv: w.linear_cat(&[(format!("{name}.attn.Wqkv.weight"), ((nh + 2 * nkv) * hd, h))], None)?,
-                qk_bias,
-                proj: w.linear_cat(&[(format!("{name}.attn.proj.weight"), (h, nh * hd))], None)?,
-                fc: w.linear_cat(&[(format!("{name}.mlp.fc.weight"), (2 * i, h))], None)?,
-                mlp_proj: w.linear_cat(&[(format!("{name}.mlp.proj.weight"), (h, i))], None)?,
-                norms: [n1?, n2?, n3?, n4?],
-                kv_layer,
-            })
+            let mut wqkv = w.linear_cat(&[(format!("{name}.attn.Wqkv.weight"), ((nh + 2 * nkv) * hd, h))], None)?;
+            let mut proj = w.linear_cat(&[(format!("{name}.attn.proj.weight"), (h, nh * hd))], None)?;
+            let mut fc = w.linear_cat(&[(format!("{name}.mlp.fc.weight"), (2 * i, h))], None)?;
+            let mut mlp_proj = w.linear_cat(&[(format!("{name}.mlp.proj.weight"), (h, i))], None)?;
+            if let Some(TpShard { rank, .. }) = &tp {
+                wqkv = wqkv.output_rows(&rank.fused_rows(&[(nh * hd, hd, "attention heads"), (nkv * hd, hd, "K/V heads"), (nkv * hd, hd, "K/V heads")])?)?;
+                proj = proj.input_columns(rank.share(nh * hd, hd, "attention heads")?)?;
+                fc = fc.output_rows(&rank.fused_rows(&[(i, 1, "MLP columns"), (i, 1, "MLP columns")])?)?;
+                mlp_proj = mlp_proj.input_columns(rank.share(i, 1, "MLP columns")?)?;
+                // The biases `[heads, hd]` of this rank's q and k heads.
+                if let Some((bq, bk)) = qk_bias {
+                    let (q, k) = (rank.share(nh, 1, "attention heads")?, rank.share(nkv, 1, "K/V heads")?);
+                    qk_bias = Some((bq.narrow(0, q.start, q.len())?, bk.narrow(0, k.start, k.len())?));
+                }
+            }
+            Ok(Block { wqkv, qk_bias, proj, fc, mlp_proj, norms: [n1?, n2?, n3?, n4?], kv_layer })
         };
         let (p, c) = (cfg.n_layers_in_prelude, cfg.n_layers_in_recurrent_block);
         w.check_layer_count("transformer.prelude", p, "n_layers_in_prelude")?;
@@ -94,12 +119,14 @@ impl Huginn {
         let boundary_bytes = prelude.iter().chain(&coda).map(block_bytes).sum::<u64>() + ops::bytes_of(&ln_f) + ops::bytes_of(&lm_head);
         let weight_bytes = step_bytes + boundary_bytes + ops::bytes_of(&wte) - if w.contains("lm_head.weight") { 0 } else { ops::bytes_of(&lm_head) };
         let block_params = (((nh + 2 * nkv) * hd + nh * hd) * h + 3 * h * i + 2 * nh * hd + 4 * h) as u64;
+        // A rank attends with its own heads.
+        let ranks = tp.as_ref().map_or(1, |t| t.rank.world);
         let spec = LoopedSpec {
             vocab_size: cfg.vocab_size,
             hidden_size: h,
             state_width: 2 * h,
-            num_heads: nh,
-            num_kv_heads: nkv,
+            num_heads: nh / ranks,
+            num_kv_heads: nkv / ranks,
             head_dim: hd,
             num_kv_layers: cfg.num_layers(),
             max_steps: cfg.max_steps,
@@ -132,6 +159,7 @@ impl Huginn {
             device: w.device().clone(),
             initial_state: InitialState::Zeros,
             s0_table: None,
+            tp,
         })
     }
 
@@ -169,6 +197,12 @@ impl Huginn {
         // Norms after each residual add (Huginn's sandwich): the projection, the add and the norm
         // in one op (at decode widths the projection as partial products the norm sums).
         let attn = attn.reshape((t, nh * hd))?;
+        if let Some(tp) = &self.tp {
+            // Each rank's heads and columns give a partial output; their sum is the block's.
+            let (_, x) = ops::residual_add_rms_norm(x, &tp.sum(&b.proj.forward(&attn)?)?, &b.norms[1], eps)?;
+            let m = ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?;
+            return Ok(ops::residual_add_rms_norm(&x, &tp.sum(&b.mlp_proj.forward(&m)?)?, &b.norms[3], eps)?.1);
+        }
         let (_, x) = ops::linear_residual_add_rms_norm(x, &attn, &*b.proj.weight()?, &b.norms[1], eps)?;
         let m = ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?;
         Ok(ops::linear_residual_add_rms_norm(&x, &m, &*b.mlp_proj.weight()?, &b.norms[3], eps)?.1)

@@ -10,6 +10,7 @@ use crate::loader::Weights;
 use crate::looped::models::OuroConfig;
 use crate::ops::Linear;
 use crate::ops::{self, PagedBatch, RopeTable};
+use crate::parallel::TpShard;
 use candle_core::{DType, Device, Result, Tensor};
 
 #[derive(Debug, Clone)]
@@ -22,19 +23,6 @@ struct Layer {
     input_norm_2: Tensor,
     post_attn_norm: Tensor,
     post_attn_norm_2: Tensor,
-}
-
-/// A tensor-parallel rank's place and the collectives it sums its row-parallel outputs with.
-#[derive(Clone)]
-struct TpShard {
-    rank: crate::parallel::TpRank,
-    comm: std::sync::Arc<dyn crate::parallel::Communicator>,
-}
-
-impl std::fmt::Debug for TpShard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TpShard({:?})", self.rank)
-    }
 }
 
 /// The Ouro model. Weights only; cloning shares the weight tensors.
@@ -72,10 +60,7 @@ impl Ouro {
         rank: crate::parallel::TpRank,
         comm: std::sync::Arc<dyn crate::parallel::Communicator>,
     ) -> crate::Result<Self> {
-        if comm.world_size() != rank.world || comm.rank() != rank.rank {
-            return Err(crate::Error::InvalidOption(format!("rank {rank:?} with a communicator of rank {} of {}", comm.rank(), comm.world_size())));
-        }
-        Self::load_with(cfg, w, Some(TpShard { rank, comm }))
+        Self::load_with(cfg, w, Some(TpShard::new(rank, comm)?))
     }
 
     fn load_with(cfg: &OuroConfig, w: &Weights, tp: Option<TpShard>) -> crate::Result<Self> {
@@ -210,10 +195,9 @@ impl Ouro {
         let attn = attn.reshape((t, nh * hd))?;
         if let Some(tp) = &self.tp {
             // Each rank's heads and columns give a partial output; their sum is the layer's.
-            let sum = |x: Tensor| tp.comm.all_reduce_sum(&x).map_err(|e| candle_core::Error::Msg(e.to_string()));
-            let y = sum(layer.o_proj.forward(&attn)?)?;
+            let y = tp.sum(&layer.o_proj.forward(&attn)?)?;
             let (h, m) = ops::add_rms_norm(h, &y, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
-            let y = sum(layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?)?;
+            let y = tp.sum(&layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?)?;
             return ops::add_rms_norm(&h, &y, &layer.post_attn_norm_2, next_norm, eps);
         }
         let (h, m) = ops::linear_add_rms_norm(h, &attn, &*layer.o_proj.weight()?, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
