@@ -128,3 +128,64 @@ fn a_split_that_does_not_divide_the_heads_is_a_typed_error() {
     let c = comms.into_iter().nth(1).unwrap();
     assert!(Ouro::load_shard(&cfg, &weights(tmp.path()), TpRank::new(0, 2).unwrap(), Arc::new(c)).is_err(), "rank and communicator disagree");
 }
+
+/// The logits of one row of `n` tokens (a prompt, then a block of masks) through a diffusion
+/// model's layers, block-causal as a denoising step sees it.
+fn diffusion_logits(model: &dyn ponder::diffusion::models::DiffusionModel) -> Tensor {
+    use ponder::ops::{AttnMask, PagedBatch, PagedBatchHost};
+    let s = model.spec().clone();
+    let (block, page, dev) = (s.block_length.unwrap(), 16, Device::Cpu);
+    let mut toks: Vec<u32> = ponder::bench::random_ids(40, s.vocab_size - 1, 9);
+    toks.extend(std::iter::repeat_n(s.mask_token_id, block));
+    let n = toks.len();
+    let kv = ponder::kv::KvStore::new(s.num_layers, n.div_ceil(page), page, s.num_kv_heads, s.head_dim, DType::F32, &dev).unwrap();
+    let host = PagedBatchHost {
+        cu_q_lens: vec![0, n as u32],
+        block_tables: vec![(0..n.div_ceil(page) as u32).collect()],
+        context_lens: vec![n as u32],
+        write_positions: (0..n as u32).collect(),
+    };
+    let batch = PagedBatch::new(host, page, AttnMask::BlockCausal(block), s.num_kv_heads * s.head_dim, &dev).unwrap();
+    let h = model.embed(&Tensor::new(toks.as_slice(), &dev).unwrap()).unwrap();
+    let rope = model.rope(&Tensor::new((0..n as u32).collect::<Vec<_>>().as_slice(), &dev).unwrap()).unwrap();
+    model.head(&model.forward(&h, &rope, &batch, &kv).unwrap()).unwrap()
+}
+
+#[test]
+fn a_tensor_parallel_sdar_computes_the_whole_models_logits_on_every_rank() {
+    use ponder::diffusion::models::{DenseDiffusion, Sdar, SdarConfig};
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = SdarConfig { num_key_value_heads: Some(4), ..ponder::testing::tiny_sdar_config(common::VOCAB) };
+    ponder::testing::write_random_sdar(tmp.path(), &cfg, 5).unwrap();
+    let arch = Sdar::arch(&cfg);
+    let whole = diffusion_logits(&DenseDiffusion::load(&arch, &weights(tmp.path())).unwrap());
+    for world in [2, 4] {
+        let comms = LocalGroup::new(world, Duration::from_secs(60)).unwrap();
+        let got: Vec<Tensor> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|c| {
+                    let (arch, dir) = (&arch, tmp.path());
+                    s.spawn(move || {
+                        let rank = TpRank::new(c.rank(), c.world_size()).unwrap();
+                        let shard = DenseDiffusion::load_shard(arch, &weights(dir), rank, Arc::new(c)).unwrap();
+                        assert_eq!(ponder::diffusion::models::DiffusionModel::spec(&shard).num_kv_heads, 4 / world);
+                        diffusion_logits(&shard)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, l) in got.iter().enumerate() {
+            assert!(rel(l, &whole) < 1e-5, "world {world} rank {r}: {:e}", rel(l, &whole));
+            assert_eq!(rel(l, &got[0]), 0.0, "every rank holds the same logits");
+        }
+    }
+    // Mixture-of-experts layers are refused until expert parallelism lands.
+    let moe = tmp.path().join("moe");
+    let cfg = ponder::testing::tiny_sdar_moe_config(common::VOCAB);
+    ponder::testing::write_random_sdar(&moe, &cfg, 6).unwrap();
+    let c = LocalGroup::new(2, Duration::from_secs(5)).unwrap().into_iter().next().unwrap();
+    let err = DenseDiffusion::load_shard(&Sdar::arch(&cfg), &weights(&moe), TpRank::new(0, 2).unwrap(), Arc::new(c)).unwrap_err();
+    assert!(matches!(&err, ponder::Error::InvalidOption(m) if m.contains("mixture-of-experts")), "{err:?}");
+}

@@ -214,10 +214,14 @@ impl Layer {
 }
 
 impl Mlp {
-    /// `h + mlp(x)`: the block's second residual add (fused into the MoE combine).
-    fn forward_residual(&self, h: &Tensor, x: &Tensor) -> Result<Tensor> {
+    /// `h + mlp(x)`: the block's second residual add (fused into the MoE combine); a
+    /// tensor-parallel rank sums its columns' partial output over the ranks first.
+    fn forward_residual(&self, h: &Tensor, x: &Tensor, tp: Option<&crate::parallel::TpShard>) -> Result<Tensor> {
         match self {
-            Self::Dense(e) => ops::residual_add(h, &e.forward(x)?),
+            Self::Dense(e) => match tp {
+                Some(tp) => ops::residual_add(h, &tp.sum(&e.forward(x)?)?),
+                None => ops::residual_add(h, &e.forward(x)?),
+            },
             Self::Moe(m) => m.forward_residual(h, x),
         }
     }
@@ -264,10 +268,31 @@ pub struct DenseDiffusion {
     lm_head: Linear,
     rope: RopeTable,
     device: Device,
+    /// A tensor-parallel rank holds its heads and MLP columns of every layer.
+    tp: Option<crate::parallel::TpShard>,
 }
 
 impl DenseDiffusion {
     pub fn load(arch: &DenseArch, w: &Weights) -> crate::Result<Self> {
+        Self::load_with(arch, w, None)
+    }
+
+    /// Rank `rank` of a tensor-parallel dense model (as `Ouro::load_shard`): every layer's q, k
+    /// and v heads (with their biases) and MLP columns; the embedding, norms and head whole.
+    /// Mixture-of-experts layers are refused (expert parallelism is to come).
+    pub fn load_shard(
+        arch: &DenseArch,
+        w: &Weights,
+        rank: crate::parallel::TpRank,
+        comm: std::sync::Arc<dyn crate::parallel::Communicator>,
+    ) -> crate::Result<Self> {
+        if arch.moe.as_ref().is_some_and(|m| m.moe_layers.contains(&true)) {
+            return Err(crate::Error::InvalidOption("tensor parallelism over mixture-of-experts layers is not supported yet".into()));
+        }
+        Self::load_with(arch, w, Some(crate::parallel::TpShard::new(rank, comm)?))
+    }
+
+    fn load_with(arch: &DenseArch, w: &Weights, tp: Option<crate::parallel::TpShard>) -> crate::Result<Self> {
         let a = arch;
         let n = &a.naming;
         let (h, i, rows) = (a.hidden_size, a.intermediate_size, a.table_rows);
@@ -307,11 +332,20 @@ impl DenseDiffusion {
                 let p = Tensor::from_vec(perm.iter().map(|&x| x as u32).collect::<Vec<_>>(), hd, w.device())?;
                 qk_norm = qk_norm.map(|(q, k)| Ok::<_, candle_core::Error>((q.index_select(&p, 0)?, k.index_select(&p, 0)?))).transpose()?;
             }
+            let mut o = w.linear_cat(&[part(n.o, (h, nh * hd))], None)?;
+            if let Some(tp) = &tp {
+                // Whole heads (a head's rows stay together under the rotary permutation).
+                qkv = qkv.output_rows(&tp.rank.fused_rows(&[(nh * hd, hd, "attention heads"), (nkv * hd, hd, "K/V heads"), (nkv * hd, hd, "K/V heads")])?)?;
+                o = o.input_columns(tp.rank.share(nh * hd, hd, "attention heads")?)?;
+            }
             let swiglu = |gate: &str, up: &str, down: &str, width: usize| -> crate::Result<Expert> {
-                Ok(Expert {
-                    gate_up: w.linear_cat(&[part(gate, (width, h)), part(up, (width, h))], None)?,
-                    down: w.linear_cat(&[part(down, (h, width))], None)?,
-                })
+                let (mut gate_up, mut down) =
+                    (w.linear_cat(&[part(gate, (width, h)), part(up, (width, h))], None)?, w.linear_cat(&[part(down, (h, width))], None)?);
+                if let Some(tp) = &tp {
+                    gate_up = gate_up.output_rows(&tp.rank.fused_rows(&[(width, 1, "MLP columns"), (width, 1, "MLP columns")])?)?;
+                    down = down.input_columns(tp.rank.share(width, 1, "MLP columns")?)?;
+                }
+                Ok(Expert { gate_up, down })
             };
             let mlp = match &a.moe {
                 Some(m) if m.moe_layers.get(l) == Some(&true) => {
@@ -341,14 +375,7 @@ impl DenseDiffusion {
                 }
                 _ => Mlp::Dense(swiglu(n.gate, n.up, n.down, i)?),
             };
-            layers.push(Layer {
-                attn_norm: vec(n.attn_norm, "weight", h)?,
-                qkv,
-                qk_norm,
-                o: w.linear_cat(&[part(n.o, (h, nh * hd))], None)?,
-                mlp_norm: vec(n.mlp_norm, "weight", h)?,
-                mlp,
-            });
+            layers.push(Layer { attn_norm: vec(n.attn_norm, "weight", h)?, qkv, qk_norm, o, mlp_norm: vec(n.mlp_norm, "weight", h)?, mlp });
         }
         let embed = w.get((rows, h), n.embed)?;
         let lm_head = if a.tie_embeddings && !w.contains(n.lm_head) { embed.clone() } else { w.get((rows, h), n.lm_head)? };
@@ -370,13 +397,15 @@ impl DenseDiffusion {
         let tied = a.tie_embeddings && !w.contains(n.lm_head);
         let weight_bytes =
             layers.iter().map(Layer::bytes).sum::<u64>() + ops::bytes_of(&embed) + if tied { 0 } else { ops::bytes_of(&lm_head) } + ops::bytes_of(&norm);
+        // A rank attends with its own heads.
+        let ranks = tp.as_ref().map_or(1, |t| t.rank.world);
         let spec = DiffusionSpec {
             model_type: a.model_type.clone(),
             vocab_size: a.vocab_size,
             hidden_size: h,
             num_layers: a.num_layers,
-            num_heads: nh,
-            num_kv_heads: nkv,
+            num_heads: nh / ranks,
+            num_kv_heads: nkv / ranks,
             head_dim: hd,
             mask_token_id: a.mask_token_id,
             attention: a.attention,
@@ -400,6 +429,7 @@ impl DenseDiffusion {
             spec,
             arch: a.clone(),
             device: w.device().clone(),
+            tp,
         })
     }
 
@@ -460,8 +490,13 @@ impl DiffusionModel for DenseDiffusion {
         let t = h.dim(0)?;
         let attn = paged_attention(q, kv.k(l), kv.v(l), batch, 1.0 / (hd as f64).sqrt())?;
         let o = layer.o.forward(&attn.reshape((t, nh * hd))?)?;
+        // A tensor-parallel rank's heads and columns give partial outputs; their sum is the layer's.
+        let o = match &self.tp {
+            Some(tp) => tp.sum(&o)?,
+            None => o,
+        };
         let (h, m) = ops::residual_add_rms_norm(h, &o, &layer.mlp_norm, self.arch.rms_norm_eps)?;
-        layer.mlp.forward_residual(&h, &m)
+        layer.mlp.forward_residual(&h, &m, self.tp.as_ref())
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
