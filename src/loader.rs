@@ -316,10 +316,15 @@ impl Weights {
     fn stored_fp8_weight(&self, name: &str, shape: (usize, usize)) -> Result<Option<crate::quant::Fp8Weight>> {
         use crate::quant::{Fp8Scale, Fp8Weight};
         let Some(layout) = &self.stored_fp8 else { return Ok(None) };
-        let data = self.raw(name)?;
-        if data.dtype() != DType::F8E4M3 {
+        // Looked up before it is read: a part stored in a float dtype is read once, by `get`.
+        let stored_fp8 = match &self.source {
+            Source::Mmap(st) => st.get(name).is_ok_and(|v| v.dtype() == safetensors::Dtype::F8_E4M3),
+            Source::Map(m) => m.get(name).is_some_and(|t| t.dtype() == DType::F8E4M3),
+        };
+        if !stored_fp8 {
             return Ok(None);
         }
+        let data = self.raw(name)?;
         if data.dims() != [shape.0, shape.1] {
             return Err(Error::tensor(name, format!("shape {:?}, expected {:?}", data.dims(), [shape.0, shape.1])));
         }

@@ -124,11 +124,7 @@ impl StackedExperts {
     /// Stacks `gate_up` `[experts, 2 × width, hidden]` (gate rows, then up rows) and `down`
     /// `[experts, hidden, width]`.
     pub fn new(gate_up: Tensor, down: Tensor) -> Result<Self> {
-        let (e, two_w, h) = gate_up.dims3()?;
-        let width = two_w / 2;
-        if e == 0 || two_w % 2 != 0 || down.dims() != [e, h, width] {
-            candle_core::bail!("stacked experts: gate_up {:?} and down {:?} do not agree", gate_up.dims(), down.dims());
-        }
+        let (e, two_w, h, width) = Self::shapes(&gate_up, &down)?;
         let kernel_layout = kernels_serve(gate_up.device(), gate_up.dtype(), width, h);
         let gate_up = if kernel_layout {
             // [e, 2, w/16, 16, h] -> [e, w/16, 2, 16, h]: chunk c of gate, then chunk c of up.
@@ -145,11 +141,7 @@ impl StackedExperts {
         if q == crate::quant::Quantization::None {
             return Self::new(gate_up, down);
         }
-        let (e, two_w, h) = gate_up.dims3()?;
-        let width = two_w / 2;
-        if e == 0 || two_w % 2 != 0 || down.dims() != [e, h, width] {
-            candle_core::bail!("stacked experts: gate_up {:?} and down {:?} do not agree", gate_up.dims(), down.dims());
-        }
+        let (e, two_w, h, width) = Self::shapes(&gate_up, &down)?;
         let dtype = gate_up.dtype();
         let rows = |w: &Tensor, r: usize, c: usize| -> Result<(Tensor, Tensor)> {
             let q = crate::quant::Fp8Weight::quantize(&w.reshape((e * r, c))?)?;
@@ -159,6 +151,16 @@ impl StackedExperts {
         let (gu, gu_scale) = rows(&gate_up, two_w, h)?;
         let (d, d_scale) = rows(&down, h, width)?;
         Ok(Self { gate_up: gu, down: d, width, kernel_layout: false, fp8: Some((gu_scale, d_scale, dtype)) })
+    }
+
+    /// `(experts, 2 × width, hidden, width)` of stacks that agree.
+    fn shapes(gate_up: &Tensor, down: &Tensor) -> Result<(usize, usize, usize, usize)> {
+        let (e, two_w, h) = gate_up.dims3()?;
+        let width = two_w / 2;
+        if e == 0 || two_w % 2 != 0 || down.dims() != [e, h, width] {
+            candle_core::bail!("stacked experts: gate_up {:?} and down {:?} do not agree", gate_up.dims(), down.dims());
+        }
+        Ok((e, two_w, h, width))
     }
 
     pub fn num_experts(&self) -> usize {

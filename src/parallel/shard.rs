@@ -4,6 +4,7 @@
 //! Shares are contiguous and equal, in whole units (a head), so every rank's heads meet their
 //! own K/V heads under grouped-query attention.
 
+use crate::ops::Linear;
 use crate::{Error, Result};
 use std::ops::Range;
 
@@ -49,12 +50,29 @@ impl TpRank {
         }
         Ok(out)
     }
+
+    /// This rank's share of an attention block: the fused q | k | v projection by whole heads
+    /// (column-parallel) and the output projection over those heads' columns (row-parallel).
+    pub(crate) fn attention(&self, qkv: &Linear, o: &Linear, heads: usize, kv_heads: usize, head_dim: usize) -> Result<(Linear, Linear)> {
+        let rows = self.fused_rows(&[
+            (heads * head_dim, head_dim, "attention heads"),
+            (kv_heads * head_dim, head_dim, "K/V heads"),
+            (kv_heads * head_dim, head_dim, "K/V heads"),
+        ])?;
+        Ok((qkv.output_rows(&rows)?, o.input_columns(self.share(heads * head_dim, head_dim, "attention heads")?)?))
+    }
+
+    /// This rank's share of a SwiGLU MLP of `width` columns: gate | up by columns
+    /// (column-parallel), down over those columns (row-parallel).
+    pub(crate) fn mlp(&self, gate_up: &Linear, down: &Linear, width: usize) -> Result<(Linear, Linear)> {
+        let rows = self.fused_rows(&[(width, 1, "MLP columns"), (width, 1, "MLP columns")])?;
+        Ok((gate_up.output_rows(&rows)?, down.input_columns(self.share(width, 1, "MLP columns")?)?))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::Linear;
     use crate::parallel::{Communicator, LocalGroup};
     use crate::quant::Quantization;
     use candle_core::{Device, Tensor, D};

@@ -335,15 +335,13 @@ impl DenseDiffusion {
             let mut o = w.linear_cat(&[part(n.o, (h, nh * hd))], None)?;
             if let Some(tp) = &tp {
                 // Whole heads (a head's rows stay together under the rotary permutation).
-                qkv = qkv.output_rows(&tp.rank.fused_rows(&[(nh * hd, hd, "attention heads"), (nkv * hd, hd, "K/V heads"), (nkv * hd, hd, "K/V heads")])?)?;
-                o = o.input_columns(tp.rank.share(nh * hd, hd, "attention heads")?)?;
+                (qkv, o) = tp.rank.attention(&qkv, &o, nh, nkv, hd)?;
             }
             let swiglu = |gate: &str, up: &str, down: &str, width: usize| -> crate::Result<Expert> {
                 let (mut gate_up, mut down) =
                     (w.linear_cat(&[part(gate, (width, h)), part(up, (width, h))], None)?, w.linear_cat(&[part(down, (h, width))], None)?);
                 if let Some(tp) = &tp {
-                    gate_up = gate_up.output_rows(&tp.rank.fused_rows(&[(width, 1, "MLP columns"), (width, 1, "MLP columns")])?)?;
-                    down = down.input_columns(tp.rank.share(width, 1, "MLP columns")?)?;
+                    (gate_up, down) = tp.rank.mlp(&gate_up, &down, width)?;
                 }
                 Ok(Expert { gate_up, down })
             };

@@ -83,10 +83,8 @@ impl Huginn {
             let mut fc = w.linear_cat(&[(format!("{name}.mlp.fc.weight"), (2 * i, h))], None)?;
             let mut mlp_proj = w.linear_cat(&[(format!("{name}.mlp.proj.weight"), (h, i))], None)?;
             if let Some(TpShard { rank, .. }) = &tp {
-                wqkv = wqkv.output_rows(&rank.fused_rows(&[(nh * hd, hd, "attention heads"), (nkv * hd, hd, "K/V heads"), (nkv * hd, hd, "K/V heads")])?)?;
-                proj = proj.input_columns(rank.share(nh * hd, hd, "attention heads")?)?;
-                fc = fc.output_rows(&rank.fused_rows(&[(i, 1, "MLP columns"), (i, 1, "MLP columns")])?)?;
-                mlp_proj = mlp_proj.input_columns(rank.share(i, 1, "MLP columns")?)?;
+                (wqkv, proj) = rank.attention(&wqkv, &proj, nh, nkv, hd)?;
+                (fc, mlp_proj) = rank.mlp(&fc, &mlp_proj, i)?;
                 // The biases `[heads, hd]` of this rank's q and k heads.
                 if let Some((bq, bk)) = qk_bias {
                     let (q, k) = (rank.share(nh, 1, "attention heads")?, rank.share(nkv, 1, "K/V heads")?);

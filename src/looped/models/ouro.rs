@@ -80,10 +80,8 @@ impl Ouro {
             let mut gate_up = w.linear_cat(&[part("mlp.gate_proj", (i, h)), part("mlp.up_proj", (i, h))], None)?;
             let mut down = w.linear_cat(&[part("mlp.down_proj", (h, i))], None)?;
             if let Some(TpShard { rank, .. }) = &tp {
-                qkv = qkv.output_rows(&rank.fused_rows(&[(nh * hd, hd, "attention heads"), (nkv * hd, hd, "K/V heads"), (nkv * hd, hd, "K/V heads")])?)?;
-                o_proj = o_proj.input_columns(rank.share(nh * hd, hd, "attention heads")?)?;
-                gate_up = gate_up.output_rows(&rank.fused_rows(&[(i, 1, "MLP columns"), (i, 1, "MLP columns")])?)?;
-                down = down.input_columns(rank.share(i, 1, "MLP columns")?)?;
+                (qkv, o_proj) = rank.attention(&qkv, &o_proj, nh, nkv, hd)?;
+                (gate_up, down) = rank.mlp(&gate_up, &down, i)?;
             }
             layers.push(Layer {
                 qkv,
