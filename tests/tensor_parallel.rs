@@ -6,6 +6,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
+use ponder::diffusion::models::SdarConfig;
 use ponder::engine::internals::LoopedRunner;
 use ponder::kv::KvManager;
 use ponder::loader::Weights;
@@ -13,7 +14,7 @@ use ponder::looped::layout::KvLayout;
 use ponder::looped::models::{Huginn, LoopedModel, Ouro, OuroConfig};
 use ponder::looped::{LoopedLaunch, LoopedRow, Stage};
 use ponder::parallel::{Communicator, LocalGroup, TpRank};
-use ponder::{KvLayoutKind, RequestId};
+use ponder::{EngineBuilder, KvLayoutKind, RequestId};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -188,4 +189,91 @@ fn a_tensor_parallel_sdar_computes_the_whole_models_logits_on_every_rank() {
     let c = LocalGroup::new(2, Duration::from_secs(5)).unwrap().into_iter().next().unwrap();
     let err = DenseDiffusion::load_shard(&Sdar::arch(&cfg), &weights(&moe), TpRank::new(0, 2).unwrap(), Arc::new(c)).unwrap_err();
     assert!(matches!(&err, ponder::Error::InvalidOption(m) if m.contains("mixture-of-experts")), "{err:?}");
+}
+
+/// Greedy tokens (and, for looped models, each token's log-probability) of every prompt, all
+/// queued at once, through `builder`'s engine; the KV pool is empty afterwards.
+fn engine_outputs(builder: ponder::EngineBuilder, prompts: &[Vec<u32>], logprobs: bool) -> Vec<(Vec<u32>, Vec<f64>)> {
+    let mut engine = builder.build().unwrap();
+    let params = ponder::GenerationParams { logprobs: logprobs.then_some(0), ..ponder::GenerationParams::greedy(8) };
+    let ids: Vec<RequestId> = prompts.iter().map(|p| engine.add_request(p.clone(), params.clone()).unwrap()).collect();
+    let mut got: std::collections::HashMap<RequestId, (Vec<u32>, Vec<f64>)> = Default::default();
+    while engine.has_work() {
+        for ev in engine.step().unwrap() {
+            match ev {
+                ponder::Event::Token { id, token, logprob, .. } => {
+                    let out = got.entry(id).or_default();
+                    out.0.push(token);
+                    out.1.extend(logprob.map(|l| l.logprob as f64));
+                }
+                ponder::Event::Finished { id, reason, .. } => assert!(!matches!(reason, ponder::FinishReason::Error(_)), "{id:?}: {reason:?}"),
+            }
+        }
+    }
+    common::assert_kv_empty(&engine);
+    ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect()
+}
+
+/// The same generations through one device and through `worlds` tensor-parallel ranks: the
+/// same greedy tokens, log-probabilities within 1e-4.
+fn check_engine(name: &str, builder: impl Fn() -> ponder::EngineBuilder, worlds: &[usize], logprobs: bool) {
+    let prompts = common::diffusion_prompts(6, 11);
+    let whole = engine_outputs(builder(), &prompts, logprobs);
+    assert!(whole.iter().all(|(t, _)| t.len() == 8), "{name}: every request generated its tokens");
+    for &world in worlds {
+        let got = engine_outputs(builder().tensor_parallel(world), &prompts, logprobs);
+        for (i, ((t, lp), (wt, wlp))) in got.iter().zip(&whole).enumerate() {
+            assert_eq!(t, wt, "{name} over {world} ranks, request {i}: tokens");
+            assert_eq!(lp.len(), wlp.len());
+            for (a, b) in lp.iter().zip(wlp) {
+                assert!((a - b).abs() < 1e-4, "{name} over {world} ranks, request {i}: log-probability {a} against {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn engines_over_two_and_four_ranks_generate_what_one_device_does() {
+    use ponder::testing::*;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |name: &str| tmp.path().join(name);
+    // Four K/V heads where four ranks are asked for (a rank holds whole K/V heads).
+    write_random_ouro(&dir("ouro"), &OuroConfig { num_key_value_heads: Some(4), ..tiny_ouro_config(common::VOCAB) }, 31).unwrap();
+    write_random_huginn(&dir("huginn"), &tiny_huginn_config(common::VOCAB), 32).unwrap();
+    for (name, depth) in
+        [("ouro", ponder::SchedulerKind::Continuous), ("ouro", ponder::SchedulerKind::Depth { refill: true }), ("huginn", ponder::SchedulerKind::Continuous)]
+    {
+        let d = dir(name);
+        let builder = || EngineBuilder::new(&d).looped(|o| o.scheduler(depth)).max_num_seqs(4).block_size(4).max_num_batched_tokens(64);
+        check_engine(&format!("{name} {depth:?}"), builder, &[2, 4], true);
+    }
+    write_random_sdar(&dir("sdar"), &SdarConfig { num_key_value_heads: Some(4), ..tiny_sdar_config(common::VOCAB) }, 33).unwrap();
+    write_random_llada(&dir("llada"), &tiny_llada_config(common::VOCAB), 34).unwrap();
+    write_random_dream(&dir("dream"), &tiny_dream_config(common::VOCAB), 35).unwrap();
+    for (name, worlds) in [("sdar", &[2, 4][..]), ("llada", &[2]), ("dream", &[2])] {
+        let d = dir(name);
+        let builder = || EngineBuilder::new(&d).diffusion(|o| o.block_length(8)).max_num_seqs(4).block_size(4).kv_capacity_tokens(2048);
+        check_engine(name, builder, worlds, false);
+    }
+    // FOCUS: importance summed over the ranks' heads, the same tokens kept on every rank.
+    let d = dir("sdar");
+    let focus = || {
+        EngineBuilder::new(&d)
+            .diffusion(|o| o.block_length(16).delayed_cache(true).eviction_policy(ponder::diffusion::Focus::default()))
+            .max_num_seqs(4)
+            .block_size(4)
+            .kv_capacity_tokens(4096)
+    };
+    check_engine("sdar with FOCUS", focus, &[2, 4], false);
+}
+
+#[test]
+fn a_split_the_model_cannot_take_is_refused_at_build() {
+    use ponder::testing::*;
+    let tmp = tempfile::tempdir().unwrap();
+    write_random_ouro(tmp.path(), &tiny_ouro_config(common::VOCAB), 3).unwrap(); // two K/V heads
+    for n in [0, 3, 4] {
+        let err = EngineBuilder::new(tmp.path()).tensor_parallel(n).build().err().expect("refused");
+        assert!(matches!(err, ponder::Error::InvalidOption(_)), "tensor_parallel({n}): {err:?}");
+    }
 }

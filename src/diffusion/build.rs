@@ -2,18 +2,33 @@
 //! the pool sized against the device, the block-diffusion scheduler (or a custom one) and the
 //! runner.
 
+use super::executor::DiffusionExecutor;
 use super::models::DiffusionModel;
 use super::runner::DiffusionRunner;
+use super::EvictionPolicy;
 use super::{DiffusionBatching, DiffusionConfig, DiffusionHalf, DiffusionOptions, DiffusionScheduler, DiffusionSchedulerContext, Threshold};
 use crate::engine::{Common, Engine, Family, KvPoolStats};
 use crate::kv::{KvManager, MemoryNeed};
+use crate::parallel::{Ranks, Shards};
 use crate::scheduler::Requests;
 use crate::{Error, Result};
+use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 /// The diffusion half: one KV slot per layer, the block diffusion scheduler (or a custom one),
 /// unmasking and eviction checked against the model.
-pub(crate) fn build(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>, o: DiffusionOptions, common: Common) -> Result<Engine> {
+///
+/// With several shards (tensor parallelism), a runner per rank on a thread of its own; the pool
+/// is sized on rank 0's device, whose share every rank's equals.
+pub(crate) fn build(
+    shards: Shards<Box<dyn DiffusionModel>>,
+    tokenizer: Option<Tokenizer>,
+    eos: Vec<u32>,
+    o: DiffusionOptions,
+    common: Common,
+) -> Result<Engine> {
+    let Shards { models, comms } = shards;
+    let model = &models[0];
     let spec = model.spec().clone();
     let block_length = o.block_length.or(spec.block_length).unwrap_or(32);
     let max_context = common.max_context(spec.max_context);
@@ -105,11 +120,21 @@ pub(crate) fn build(model: Box<dyn DiffusionModel>, tokenizer: Option<Tokenizer>
         Some(f) => f(DiffusionSchedulerContext { limits: limits.clone(), config: cfg, policy, spec: spec.clone() }),
         None => Box::new(DiffusionBatching::new(cfg, limits.clone(), policy)),
     };
-    let runner = DiffusionRunner::new(model, num_blocks, common.block_size, block_length)?
-        .with_confidence(confidence)
-        .with_launch_checks(custom)
-        .with_eviction(eviction, o.eviction_shadow)
-        .with_phase_timing(o.time_phases);
+    let eviction: Option<Arc<dyn EvictionPolicy>> = eviction.map(Arc::from);
+    let runner = |model| -> Result<DiffusionRunner> {
+        Ok(DiffusionRunner::new(model, num_blocks, common.block_size, block_length)?
+            .with_confidence(confidence)
+            .with_launch_checks(custom)
+            .with_shared_eviction(eviction.clone(), o.eviction_shadow)
+            .with_phase_timing(o.time_phases))
+    };
+    let mut models = models;
+    let runner = if models.len() == 1 {
+        DiffusionExecutor::One(runner(models.pop().expect("one shard"))?)
+    } else {
+        let runners = models.into_iter().map(runner).collect::<Result<Vec<_>>>()?;
+        DiffusionExecutor::Ranks { ranks: Ranks::spawn(runners, comms)?, spec: spec.clone(), phases: Vec::new() }
+    };
     let half = DiffusionHalf { runner, scheduler };
     Ok(Engine::assemble(Family::Diffusion(Box::new(half)), Requests::new(kv), tokenizer, eos, common.chat_template, max_context, pool, common.kernels))
 }

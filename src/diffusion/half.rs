@@ -1,7 +1,7 @@
 //! The diffusion family as the engine core drives it ([`Half`]).
 
+use super::executor::DiffusionExecutor;
 use super::launch::{DenoiseLaunch, DenoiseResult, DiffusionScheduler};
-use super::runner::DiffusionRunner;
 use super::StepDraw;
 use crate::engine::{Completed, EngineMetrics, FamilyMetrics, Half, Live};
 use crate::error::InvalidRequest;
@@ -12,7 +12,7 @@ use std::collections::HashMap;
 /// A diffusion model: its runner and scheduler. Launches run to completion when issued (the
 /// next step's rows depend on this step's reveals).
 pub(crate) struct DiffusionHalf {
-    pub runner: DiffusionRunner,
+    pub runner: DiffusionExecutor,
     pub scheduler: Box<dyn DiffusionScheduler>,
 }
 
@@ -54,13 +54,13 @@ impl Half for DiffusionHalf {
     fn shape(launch: &DenoiseLaunch) -> (&'static str, usize, usize) {
         ("denoise", launch.rows.len(), launch.num_tokens())
     }
-    fn issue(&mut self, launch: &DenoiseLaunch, live: &mut HashMap<RequestId, Live>) -> candle_core::Result<DenoiseResult> {
+    fn issue(&mut self, launch: &DenoiseLaunch, live: &mut HashMap<RequestId, Live>) -> crate::Result<DenoiseResult> {
         // A step row (one with readouts) of a sampling request takes that request's next draws.
         let draws: Vec<Option<StepDraw>> =
             launch.rows.iter().map(|r| if r.readout.is_empty() { None } else { live.get_mut(&r.request).and_then(Live::next_step_draw) }).collect();
         self.runner.run(launch, &draws)
     }
-    fn collect(&mut self, result: DenoiseResult) -> candle_core::Result<DenoiseResult> {
+    fn collect(&mut self, result: DenoiseResult) -> crate::Result<DenoiseResult> {
         Ok(result)
     }
 

@@ -13,6 +13,7 @@ mod attention;
 pub(crate) mod build;
 mod canvas;
 mod eviction;
+mod executor;
 mod half;
 mod launch;
 mod metrics;

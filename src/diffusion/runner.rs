@@ -32,7 +32,7 @@ pub struct DiffusionRunner {
     /// `[1, vocab]` f32: −∞ at the mask token, 0 elsewhere — a step never "reveals" a mask.
     no_mask_bias: Tensor,
     /// Which masked tokens run past layer 1 (FOCUS); `shadow`: select but run everything.
-    eviction: Option<Box<dyn EvictionPolicy>>,
+    eviction: Option<std::sync::Arc<dyn EvictionPolicy>>,
     shadow: bool,
     /// When set, launches synchronise the device at each phase boundary and add the phase's
     /// wall time here (profiling: it costs the host/device overlap within a launch).
@@ -141,7 +141,13 @@ impl DiffusionRunner {
 
     /// Applies `policy` to denoise steps whose rows carry [`crate::diffusion::EvictRow`]s; with
     /// `shadow` every token still runs and the rows only report what would have been kept.
-    pub fn with_eviction(mut self, policy: Option<Box<dyn EvictionPolicy>>, shadow: bool) -> Self {
+    pub fn with_eviction(self, policy: Option<Box<dyn EvictionPolicy>>, shadow: bool) -> Self {
+        self.with_shared_eviction(policy.map(std::sync::Arc::from), shadow)
+    }
+
+    /// Like [`DiffusionRunner::with_eviction`], with a policy the ranks of a tensor-parallel
+    /// group share (a policy is a function of its input: every rank keeps the same tokens).
+    pub(crate) fn with_shared_eviction(mut self, policy: Option<std::sync::Arc<dyn EvictionPolicy>>, shadow: bool) -> Self {
         self.eviction = policy;
         self.shadow = shadow;
         self
@@ -324,7 +330,9 @@ impl DiffusionRunner {
         // Layer 1 up to its K/V write (for every token), then the rise of the importance.
         let p1 = self.model.project_write(1, &h, rope, &batch, &self.kv)?;
         let imp1 = importance_of(&p1.q, &p1.k, &gather, &lens, m, spec.dtype)?;
-        let delta = (imp1 - imp0)?;
+        // Each tensor-parallel rank scored its own heads: the sum is the model's, and every rank
+        // keeps the same tokens.
+        let delta = self.model.sum_over_ranks(&(imp1 - imp0)?)?;
         lap.mark("layers 0-1 + importance")?;
         let kept = self.select(launch, policy, &scored, &delta.to_vec2::<f32>()?)?;
         lap.mark("selection")?;

@@ -16,6 +16,7 @@ use crate::scheduler::SchedulerLimits;
 use crate::{Error, Result};
 use candle_core::{DType, Device};
 use std::path::PathBuf;
+use std::time::Duration;
 use tokenizers::Tokenizer;
 
 /// Options every engine takes, whatever the model family.
@@ -78,6 +79,8 @@ pub struct Checkpoint {
     looped: Option<LoopedOptions>,
     diffusion: Option<DiffusionOptions>,
     quantization: Quantization,
+    tensor_parallel: usize,
+    collective_timeout: Duration,
 }
 
 /// A looped model already in memory, with its options.
@@ -196,7 +199,15 @@ impl<S> EngineBuilder<S> {
 impl EngineBuilder<Checkpoint> {
     /// An engine for the model directory at `path` (config.json, safetensors, tokenizer.json).
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self::with_source(Checkpoint { path: path.into(), looped: None, diffusion: None, quantization: Quantization::None }, Device::Cpu, DType::F32)
+        let source = Checkpoint {
+            path: path.into(),
+            looped: None,
+            diffusion: None,
+            quantization: Quantization::None,
+            tensor_parallel: 1,
+            collective_timeout: Duration::from_secs(300),
+        };
+        Self::with_source(source, Device::Cpu, DType::F32)
     }
     /// Sets options used if the checkpoint is a looped model (Ouro, Huginn):
     /// `.looped(|o| o.kv_layout(KvLayoutKind::Shared))`. Calls compose.
@@ -222,10 +233,32 @@ impl EngineBuilder<Checkpoint> {
         self
     }
 
+    /// Splits the model over `n` devices (tensor parallelism): each rank holds `1/n` of every
+    /// layer's attention heads (with their K/V cache) and MLP columns and sums its partial
+    /// outputs with the others' in one all-reduce per block. On the CPU the ranks are threads of
+    /// this process; on CUDA they are the `n` GPUs from the builder's device's ordinal on, joined
+    /// by NCCL. Heads, K/V heads and MLP widths must divide by `n`. Default 1.
+    pub fn tensor_parallel(mut self, n: usize) -> Self {
+        self.source.tensor_parallel = n;
+        self
+    }
+
+    /// How long a rank waits in a collective for the others before the launch fails on every
+    /// rank (a rank that died or hangs ends the launch with [`Error::Collective`], not a
+    /// hung engine). Default 300 s: room for a first launch's kernel compilation and graph
+    /// capture.
+    pub fn collective_timeout(mut self, timeout: Duration) -> Self {
+        self.source.collective_timeout = timeout;
+        self
+    }
+
     /// Loads the model and allocates the KV cache.
     pub fn build(self) -> Result<Engine> {
         let Self { source, mut common } = self;
         common.check()?;
+        if source.tensor_parallel == 0 {
+            return Err(Error::InvalidOption("tensor_parallel must be >= 1".into()));
+        }
         let dir = ModelDir::open(&source.path)?;
         if common.chat_template.is_none() {
             common.chat_template = dir.chat()?;
@@ -238,22 +271,46 @@ impl EngineBuilder<Checkpoint> {
             (false, Some(_), _) => return wrong("looped", "diffusion"),
             _ => {}
         }
-        let weights = dir.weights(common.dtype, &common.device)?.with_quantization(source.quantization);
         let (tokenizer, eos) = (dir.tokenizer()?, dir.eos_token_ids.clone());
+        let devices = crate::parallel::rank_devices(&common.device, source.tensor_parallel)?;
+        let comms = crate::parallel::group(&devices, source.collective_timeout)?;
+        let weights = |device: &Device| -> Result<crate::loader::Weights> { Ok(dir.weights(common.dtype, device)?.with_quantization(source.quantization)) };
+        // Rank r's share of the model, on its device (the whole model without parallelism).
+        let rank = |r: usize| comms.get(r).map(|c| Ok::<_, Error>((crate::parallel::TpRank::new(r, devices.len())?, c.clone()))).transpose();
         if !looped_model {
-            let model = crate::diffusion::models::load(&dir.config, &weights)?;
-            return crate::diffusion::build::build(Box::new(model), tokenizer, eos, source.diffusion.unwrap_or_default(), common);
+            let mut models = Vec::with_capacity(devices.len());
+            for (r, device) in devices.iter().enumerate() {
+                let w = weights(device)?;
+                let model = match rank(r)? {
+                    Some((rank, comm)) => crate::diffusion::models::load_shard(&dir.config, &w, rank, comm)?,
+                    None => crate::diffusion::models::load(&dir.config, &w)?,
+                };
+                models.push(Box::new(model) as Box<dyn DiffusionModel>);
+            }
+            let shards = crate::parallel::Shards { models, comms };
+            return crate::diffusion::build::build(shards, tokenizer, eos, source.diffusion.unwrap_or_default(), common);
         }
         let mut options = source.looped.unwrap_or_default();
-        let model: Box<dyn LoopedModel> = match &dir.config {
-            ModelConfig::Huginn(c) => {
-                let init = options.initial_state.take().unwrap_or_default();
-                Box::new(Huginn::load(c, &weights)?.with_initial_state(init)?)
-            }
-            ModelConfig::Ouro(c) => Box::new(Ouro::load(c, &weights)?),
-            other => return Err(Error::UnsupportedModel(other.model_type().into())),
-        };
-        crate::looped::build::build(model, tokenizer, eos, options, common)
+        let init = options.initial_state.take();
+        let mut models = Vec::with_capacity(devices.len());
+        for (r, device) in devices.iter().enumerate() {
+            let w = weights(device)?;
+            let rank = rank(r)?;
+            let model: Box<dyn LoopedModel> = match (&dir.config, rank) {
+                (ModelConfig::Huginn(c), rank) => {
+                    let huginn = match rank {
+                        Some((rank, comm)) => Huginn::load_shard(c, &w, rank, comm)?,
+                        None => Huginn::load(c, &w)?,
+                    };
+                    Box::new(huginn.with_initial_state(init.unwrap_or_default())?)
+                }
+                (ModelConfig::Ouro(c), Some((rank, comm))) => Box::new(Ouro::load_shard(c, &w, rank, comm)?),
+                (ModelConfig::Ouro(c), None) => Box::new(Ouro::load(c, &w)?),
+                (other, _) => return Err(Error::UnsupportedModel(other.model_type().into())),
+            };
+            models.push(model);
+        }
+        crate::looped::build::build(crate::parallel::Shards { models, comms }, tokenizer, eos, options, common)
     }
 
     /// Builds the engine on its own thread and returns a handle that many threads can use.
@@ -276,7 +333,7 @@ impl EngineBuilder<InMemoryLooped> {
     pub fn build(self) -> Result<Engine> {
         let Self { source: s, common } = self;
         common.check()?;
-        crate::looped::build::build(s.model, s.tokenizer, s.eos, s.options, common)
+        crate::looped::build::build(crate::parallel::Shards::one(s.model), s.tokenizer, s.eos, s.options, common)
     }
     /// Builds the engine on its own thread and returns a handle that many threads can use.
     pub fn spawn(self) -> Result<EngineHandle> {
@@ -298,7 +355,7 @@ impl EngineBuilder<InMemoryDiffusion> {
     pub fn build(self) -> Result<Engine> {
         let Self { source: s, common } = self;
         common.check()?;
-        crate::diffusion::build::build(s.model, s.tokenizer, s.eos, s.options, common)
+        crate::diffusion::build::build(crate::parallel::Shards::one(s.model), s.tokenizer, s.eos, s.options, common)
     }
     /// Builds the engine on its own thread and returns a handle that many threads can use.
     pub fn spawn(self) -> Result<EngineHandle> {

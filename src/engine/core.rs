@@ -133,8 +133,8 @@ impl Engine {
         kernels: crate::ops::KernelPolicy,
     ) -> Self {
         let (vocab_size, family_metrics) = match &family {
-            Family::Looped(h) => (h.runner.model().spec().vocab_size, FamilyMetrics::Looped(Default::default())),
-            Family::Diffusion(h) => (h.runner.model().spec().vocab_size, FamilyMetrics::Diffusion(Default::default())),
+            Family::Looped(h) => (h.runner.spec().vocab_size, FamilyMetrics::Looped(Default::default())),
+            Family::Diffusion(h) => (h.runner.spec().vocab_size, FamilyMetrics::Diffusion(Default::default())),
         };
         let core = Core {
             tokenizer,
@@ -154,8 +154,8 @@ impl Engine {
     /// The model's spec, in its family's terms.
     pub fn spec(&self) -> ModelSpec<'_> {
         match &self.family {
-            Family::Looped(h) => ModelSpec::Looped(h.runner.model().spec()),
-            Family::Diffusion(h) => ModelSpec::Diffusion(h.runner.model().spec()),
+            Family::Looped(h) => ModelSpec::Looped(h.runner.spec()),
+            Family::Diffusion(h) => ModelSpec::Diffusion(h.runner.spec()),
         }
     }
     pub fn vocab_size(&self) -> usize {
@@ -465,7 +465,7 @@ impl Core {
     }
 
     /// A device error fails every request of the launch; the error is returned too.
-    fn fail_launch<H: Half>(&mut self, half: &mut H, requests: &[RequestId], e: candle_core::Error, events: &mut Vec<Event>) -> Error {
+    fn fail_launch<H: Half>(&mut self, half: &mut H, requests: &[RequestId], e: Error, events: &mut Vec<Event>) -> Error {
         let msg = e.to_string();
         for &id in requests {
             if self.retire(half, id).is_some() {
@@ -473,7 +473,7 @@ impl Core {
             }
         }
         self.pending = std::mem::take(events);
-        e.into()
+        e
     }
 
     /// Ends a live request's life in the engine: out of `live`, its KV freed, its scheduler

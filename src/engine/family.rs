@@ -61,9 +61,9 @@ pub(crate) trait Half {
         None
     }
     /// Queues `launch` on the device; `live` gives each sampling row its request's sampler.
-    fn issue(&mut self, launch: &Self::Launch, live: &mut HashMap<RequestId, Live>) -> candle_core::Result<Self::Pending>;
+    fn issue(&mut self, launch: &Self::Launch, live: &mut HashMap<RequestId, Live>) -> crate::Result<Self::Pending>;
     /// Waits for an issued launch's results.
-    fn collect(&mut self, pending: Self::Pending) -> candle_core::Result<Self::Result>;
+    fn collect(&mut self, pending: Self::Pending) -> crate::Result<Self::Result>;
     /// Hands the results to the scheduler and records the family's metrics.
     fn complete(&mut self, requests: &mut Requests, launch: &Self::Launch, result: Self::Result, metrics: &mut EngineMetrics) -> Completed;
     /// Turns overlap on, or says why the family or its scheduler cannot.

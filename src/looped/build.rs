@@ -2,6 +2,7 @@
 //! scheduler, the pool and state bank sized against the device, the runner with CUDA graphs and
 //! overlap as asked.
 
+use super::executor::{LoopedExecutor, RankedRunners};
 use super::gate::FixedDepth;
 use super::layout::{check_layout, KvLayoutKind};
 use super::models::LoopedModel;
@@ -9,6 +10,7 @@ use super::runner::LoopedRunner;
 use super::{ContinuousBatching, DepthBatching, DepthConfig, LoopedHalf, LoopedOptions, LoopedScheduler, SchedulerContext, SchedulerKind};
 use crate::engine::{Common, Engine, Family, KvPoolStats};
 use crate::kv::{KvManager, MemoryNeed};
+use crate::parallel::{Ranks, Shards};
 use crate::scheduler::Requests;
 use crate::{Error, Result};
 use tokenizers::Tokenizer;
@@ -17,8 +19,10 @@ use tokenizers::Tokenizer;
 const MAX_RESIDENT: usize = 1 << 20;
 
 /// The looped half: KV layout and gate checked against the model and the scheduler, the state
-/// bank sized by the scheduler, CUDA graphs and overlap as asked.
-pub(crate) fn build(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer>, eos: Vec<u32>, o: LoopedOptions, mut common: Common) -> Result<Engine> {
+/// bank sized by the scheduler, CUDA graphs and overlap as asked. With several shards (tensor
+/// parallelism), a runner per rank on a thread of its own, each with the K/V of its heads;
+/// the pool is sized on rank 0's device, whose share every rank's equals.
+pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Tokenizer>, eos: Vec<u32>, o: LoopedOptions, mut common: Common) -> Result<Engine> {
     if o.initial_state.is_some() {
         return Err(Error::InvalidOption(
             "huginn_initial_state applies to Huginn loaded from a model directory (in memory: Huginn::with_initial_state)".into(),
@@ -38,6 +42,8 @@ pub(crate) fn build(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer
             limits.max_num_seqs, o.coda_reserve
         )));
     }
+    let Shards { models: mut shard_models, comms } = shards;
+    let model = &shard_models[0];
     let spec = model.spec().clone();
     let max_context = common.max_context(spec.max_context);
     let layout = o.layout.unwrap_or_else(|| KvLayoutKind::default().build());
@@ -79,14 +85,21 @@ pub(crate) fn build(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer
         return Err(Error::InvalidOption(format!("exit gate allows {} steps but the model loops at most {} times", gate.max_steps(), spec.max_steps)));
     }
     if let Some(head) = gate.gate_head() {
-        model.replace_gate_head(head)?;
+        for m in &mut shard_models {
+            m.replace_gate_head(head)?;
+        }
     }
     if let Some(head) = gate.token_head() {
-        let table = model.prelude_head_table(head)?;
+        // The prelude (the embedding) and the head are whole on every rank: rank 0's table is
+        // every rank's.
+        let table = shard_models[0].prelude_head_table(head)?;
         gate.install_token_table(table, spec.vocab_size)?;
     }
     // A custom scheduler may read the logits whatever gate it was handed.
-    model.set_gate_logit(custom || gate.reads_gate_logit());
+    for m in &mut shard_models {
+        m.set_gate_logit(custom || gate.reads_gate_logit());
+    }
+    let device = shard_models[0].device().clone();
     // CB runs every token at full depth: a gate that would exit earlier would be ignored.
     if !custom && o.scheduler == SchedulerKind::Continuous && gate.min_steps() < spec.max_steps {
         return Err(Error::InvalidOption(
@@ -116,13 +129,21 @@ pub(crate) fn build(mut model: Box<dyn LoopedModel>, tokenizer: Option<Tokenizer
     let bank_rows = scheduler.state_bank_rows();
     let bank = bank_bytes(bank_rows);
     if bank > bank_estimate {
-        crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank, workspace }, hint, model.device())?;
+        crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank, workspace }, hint, &device)?;
     }
-    let runner = LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, bank_rows, o.cuda_graphs)?
-        .with_launch_checks(custom)
-        .with_graph_capture(o.graph_capture)
-        .with_device_timing(o.time_device)
-        .with_latent_diff(latent_diff);
+    let runner = |model| -> Result<LoopedRunner> {
+        Ok(LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, bank_rows, o.cuda_graphs)?
+            .with_launch_checks(custom)
+            .with_graph_capture(o.graph_capture)
+            .with_device_timing(o.time_device)
+            .with_latent_diff(latent_diff))
+    };
+    let runner = if shard_models.len() == 1 {
+        LoopedExecutor::One(runner(shard_models.pop().expect("one shard"))?)
+    } else {
+        let runners = shard_models.into_iter().map(runner).collect::<Result<Vec<_>>>()?;
+        LoopedExecutor::Ranks(RankedRunners::new(Ranks::spawn(runners, comms)?, spec.clone()))
+    };
     let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
     let mut engine =
         Engine::assemble(Family::Looped(Box::new(half)), Requests::new(kv), tokenizer, eos, common.chat_template.take(), max_context, pool, common.kernels);

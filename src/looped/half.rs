@@ -1,7 +1,7 @@
 //! The looped family as the engine core drives it ([`Half`]).
 
+use super::executor::{ExecutorPending, LoopedExecutor};
 use super::launch::{LoopedLaunch, LoopedResult, LoopedRow, LoopedScheduler, Stage};
-use super::runner::{LoopedRunner, Pending};
 use crate::engine::{Completed, EngineMetrics, FamilyMetrics, Half, Issued, LaunchCost, Live};
 use crate::request::{RequestId, TokenCompute};
 use crate::sampling::RowSampling;
@@ -10,15 +10,15 @@ use std::collections::HashMap;
 
 /// A looped model: its runner, scheduler, and the launch in flight under overlap.
 pub(crate) struct LoopedHalf {
-    pub runner: LoopedRunner,
+    pub runner: LoopedExecutor,
     pub scheduler: Box<dyn LoopedScheduler>,
     pub overlap: bool,
-    pub in_flight: Option<Issued<LoopedLaunch, Pending>>,
+    pub in_flight: Option<Issued<LoopedLaunch, ExecutorPending>>,
 }
 
 impl Half for LoopedHalf {
     type Launch = LoopedLaunch;
-    type Pending = Pending;
+    type Pending = ExecutorPending;
     type Result = LoopedResult;
 
     fn scheduler_name(&self) -> &'static str {
@@ -37,10 +37,10 @@ impl Half for LoopedHalf {
         (launch.stage.name(), launch.rows.len(), launch.num_tokens())
     }
     fn cost(&self, launch: &LoopedLaunch) -> Option<LaunchCost> {
-        Some(super::roofline::looped_launch_cost(self.runner.model().spec(), launch))
+        Some(super::roofline::looped_launch_cost(self.runner.spec(), launch))
     }
 
-    fn issue(&mut self, launch: &LoopedLaunch, live: &mut HashMap<RequestId, Live>) -> candle_core::Result<Pending> {
+    fn issue(&mut self, launch: &LoopedLaunch, live: &mut HashMap<RequestId, Live>) -> crate::Result<ExecutorPending> {
         let sampling: Vec<RowSampling> = launch
             .rows
             .iter()
@@ -52,7 +52,7 @@ impl Half for LoopedHalf {
         self.runner.launch(launch, &sampling)
     }
 
-    fn collect(&mut self, pending: Pending) -> candle_core::Result<LoopedResult> {
+    fn collect(&mut self, pending: ExecutorPending) -> crate::Result<LoopedResult> {
         self.runner.collect(pending)
     }
 
@@ -87,11 +87,11 @@ impl Half for LoopedHalf {
         self.overlap = true;
         Ok(())
     }
-    fn stop_overlap(&mut self) -> Option<Issued<LoopedLaunch, Pending>> {
+    fn stop_overlap(&mut self) -> Option<Issued<LoopedLaunch, ExecutorPending>> {
         self.overlap = false;
         self.in_flight.take()
     }
-    fn swap_in_flight(&mut self, next: Option<Issued<LoopedLaunch, Pending>>) -> Option<Issued<LoopedLaunch, Pending>> {
+    fn swap_in_flight(&mut self, next: Option<Issued<LoopedLaunch, ExecutorPending>>) -> Option<Issued<LoopedLaunch, ExecutorPending>> {
         if self.overlap {
             std::mem::replace(&mut self.in_flight, next)
         } else {

@@ -13,6 +13,7 @@ mod continuous;
 mod depth;
 #[cfg(test)]
 mod driven;
+mod executor;
 pub mod gate;
 mod half;
 mod launch;

@@ -220,6 +220,17 @@ impl Communicator for LocalComm {
         let mut st = self.lock();
         self.fail(&mut st, format!("rank {} gave up: {reason}", self.rank));
     }
+
+    fn reset(&self) {
+        let mut st = self.lock();
+        let world = self.shared.world;
+        // No rank is inside a collective (the caller's promise): every count starts again.
+        for round in &mut st.rounds {
+            *round = Round { number: u64::MAX, kind: "", tag: 0, deposits: vec![None; world], arrived: 0 };
+        }
+        st.entered.iter_mut().for_each(|e| *e = 0);
+        st.failed = None;
+    }
 }
 
 #[cfg(test)]

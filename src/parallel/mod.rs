@@ -4,9 +4,11 @@
 //! NCCL is the device implementation of the same trait.
 
 mod local;
+mod ranks;
 mod shard;
 
 pub use local::{LocalComm, LocalGroup};
+pub(crate) use ranks::{RankJob, Ranks, RanksPending};
 pub use shard::TpRank;
 
 use crate::Result;
@@ -42,6 +44,61 @@ impl TpShard {
     }
 }
 
+/// The devices of `world` ranks from `first` on: the CPU for every rank on the CPU, the `world`
+/// GPUs from `first`'s ordinal on CUDA.
+pub(crate) fn rank_devices(first: &candle_core::Device, world: usize) -> Result<Vec<candle_core::Device>> {
+    if world == 0 {
+        return Err(crate::Error::InvalidOption("tensor_parallel must be >= 1".into()));
+    }
+    if world == 1 {
+        return Ok(vec![first.clone()]);
+    }
+    match first.location() {
+        candle_core::DeviceLocation::Cpu => Ok(vec![first.clone(); world]),
+        candle_core::DeviceLocation::Cuda { gpu_id } => (gpu_id..gpu_id + world)
+            .map(|o| {
+                if o == gpu_id {
+                    Ok(first.clone())
+                } else {
+                    candle_core::Device::new_cuda(o)
+                        .map_err(|e| crate::Error::InvalidOption(format!("tensor parallelism over {world} GPUs from {gpu_id}: GPU {o}: {e}")))
+                }
+            })
+            .collect(),
+        other => Err(crate::Error::InvalidOption(format!("tensor parallelism is not supported on {other:?}"))),
+    }
+}
+
+/// A communicator per rank for ranks on `devices` (none for one rank): threads of this process
+/// on the CPU, NCCL on CUDA.
+pub(crate) fn group(devices: &[candle_core::Device], timeout: std::time::Duration) -> Result<Vec<std::sync::Arc<dyn Communicator>>> {
+    if devices.len() <= 1 {
+        return Ok(Vec::new());
+    }
+    if devices.iter().all(|d| d.is_cpu()) {
+        return Ok(LocalGroup::new(devices.len(), timeout)?.into_iter().map(|c| std::sync::Arc::new(c) as std::sync::Arc<dyn Communicator>).collect());
+    }
+    #[cfg(feature = "cuda")]
+    if devices.iter().all(|d| d.is_cuda()) {
+        return nccl::NcclGroup::new(devices, timeout);
+    }
+    Err(crate::Error::InvalidOption("tensor-parallel ranks must all be on the CPU or all on CUDA GPUs".into()))
+}
+
+/// One model's shards, rank order, with each rank's communicator (none for a model on one
+/// device).
+pub(crate) struct Shards<M> {
+    pub(crate) models: Vec<M>,
+    pub(crate) comms: Vec<std::sync::Arc<dyn Communicator>>,
+}
+
+impl<M> Shards<M> {
+    /// A whole model on one device.
+    pub(crate) fn one(model: M) -> Self {
+        Self { models: vec![model], comms: Vec::new() }
+    }
+}
+
 /// The collectives of one rank in a group of `world_size()` ranks. Every rank of the group calls
 /// the same collectives in the same order; each call returns when every rank has contributed,
 /// with an [`crate::Error::Collective`] on every rank if one gave up or did not come in time.
@@ -63,4 +120,8 @@ pub trait Communicator: Send + Sync {
     /// Gives up: every rank's pending and later collectives fail with `reason`. A rank whose
     /// launch failed calls it so that the others stop instead of waiting for it.
     fn abort(&self, reason: &str);
+
+    /// Makes a group that failed usable again. Called on every rank once no rank is inside a
+    /// collective (every rank's launch has ended); calling it more than once is harmless.
+    fn reset(&self);
 }

@@ -31,11 +31,27 @@ use candle_core::{DType, Device, Result, Tensor};
 
 /// Loads the diffusion model `config` describes; a looped family is `Error::UnsupportedModel`.
 pub fn load(config: &ModelConfig, w: &Weights) -> crate::Result<DenseDiffusion> {
+    DenseDiffusion::load(&arch(config)?, w)
+}
+
+/// Loads one rank of the diffusion model `config` describes, split over a tensor-parallel group
+/// ([`DenseDiffusion::load_shard`]).
+pub fn load_shard(
+    config: &ModelConfig,
+    w: &Weights,
+    rank: crate::parallel::TpRank,
+    comm: std::sync::Arc<dyn crate::parallel::Communicator>,
+) -> crate::Result<DenseDiffusion> {
+    DenseDiffusion::load_shard(&arch(config)?, w, rank, comm)
+}
+
+/// The layer stack `config` describes, its fields checked.
+fn arch(config: &ModelConfig) -> crate::Result<DenseArch> {
     match config {
-        ModelConfig::Sdar(c) => Sdar::load(c, w),
-        ModelConfig::Llada(c) => Llada::load(c, w),
-        ModelConfig::Llada2(c) => Llada2::load(c, w),
-        ModelConfig::Dream(c) => Dream::load(c, w),
+        ModelConfig::Sdar(c) => c.validate("SdarConfig").map(|_| Sdar::arch(c)),
+        ModelConfig::Llada(c) => c.validate("LladaConfig").map(|_| Llada::arch(c)),
+        ModelConfig::Llada2(c) => c.validate("Llada2Config").map(|_| Llada2::arch(c)),
+        ModelConfig::Dream(c) => c.validate("DreamConfig").map(|_| Dream::arch(c)),
         other => Err(crate::Error::UnsupportedModel(format!("{} is not a diffusion model", other.model_type()))),
     }
 }
@@ -110,6 +126,13 @@ pub trait DiffusionModel: Send {
     /// instead of materialising `[n, vocab]` in f32.
     fn head_native(&self, h: &Tensor) -> Result<Tensor> {
         self.head(h)
+    }
+
+    /// The sum of `t` over the ranks of a tensor-parallel group (the model itself on one
+    /// device): per-head quantities a rank computed over its own heads, such as FOCUS's
+    /// importance, summed to the whole model's, the same bits on every rank.
+    fn sum_over_ranks(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.clone())
     }
 
     /// Layer `l`'s first half with this launch's K/V written into `batch`'s cache rows.

@@ -450,6 +450,13 @@ impl DiffusionModel for DenseDiffusion {
         &self.spec
     }
 
+    fn sum_over_ranks(&self, t: &Tensor) -> Result<Tensor> {
+        match &self.tp {
+            Some(tp) => tp.sum(t),
+            None => Ok(t.clone()),
+        }
+    }
+
     fn device(&self) -> &Device {
         &self.device
     }

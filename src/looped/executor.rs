@@ -1,0 +1,217 @@
+//! What runs a looped engine's launches: one [`LoopedRunner`], or one per tensor-parallel rank.
+//!
+//! Ranks get the same launch and the same sampling rows. Their models end every layer with an
+//! all-reduce that leaves bit-identical hidden states on every rank, so their logits, sampled
+//! tokens, re-entered states and gate signals agree; rank 0's result is the launch's, and a
+//! rank that answers differently is an error, never a silent pick.
+
+use super::launch::{LoopedLaunch, LoopedResult};
+use super::models::LoopedSpec;
+use super::runner::{LoopedRunner, Pending};
+use crate::engine::DeviceSpan;
+use crate::parallel::{RankJob, Ranks, RanksPending};
+use crate::sampling::RowSampling;
+use crate::Result;
+use std::sync::Arc;
+
+pub(crate) enum LoopedExecutor {
+    One(LoopedRunner),
+    Ranks(RankedRunners),
+}
+
+/// An issued launch.
+pub(crate) enum ExecutorPending {
+    One(Pending),
+    Ranks(RanksPending<RankOutcome>),
+}
+
+/// A tensor-parallel group's runners, each on its rank's thread.
+pub(crate) struct RankedRunners {
+    ranks: Ranks<LoopedRunner>,
+    /// Rank 0's spec (every rank's but for its share of the heads).
+    spec: LoopedSpec,
+    last_device: Option<DeviceSpan>,
+    graph_stats: (usize, usize),
+}
+
+/// What a rank reports of one launch.
+pub(crate) struct RankOutcome {
+    result: LoopedResult,
+    device: Option<DeviceSpan>,
+    graph_stats: (usize, usize),
+}
+
+impl RankedRunners {
+    pub(crate) fn new(ranks: Ranks<LoopedRunner>, spec: LoopedSpec) -> Self {
+        Self { ranks, spec, last_device: None, graph_stats: (0, 0) }
+    }
+}
+
+impl LoopedExecutor {
+    pub(crate) fn spec(&self) -> &LoopedSpec {
+        match self {
+            Self::One(r) => r.model().spec(),
+            Self::Ranks(r) => &r.spec,
+        }
+    }
+
+    pub(crate) fn launch(&mut self, launch: &LoopedLaunch, sampling: &[RowSampling]) -> Result<ExecutorPending> {
+        match self {
+            Self::One(r) => Ok(ExecutorPending::One(r.launch(launch, sampling)?)),
+            Self::Ranks(r) => {
+                let (launch, sampling) = (Arc::new(launch.clone()), Arc::new(sampling.to_vec()));
+                let job: RankJob<LoopedRunner, RankOutcome> = Arc::new(move |_, runner: &mut LoopedRunner| {
+                    let pending = runner.launch(&launch, &sampling)?;
+                    let result = runner.collect(pending)?;
+                    Ok(RankOutcome { result, device: runner.last_device_time(), graph_stats: runner.graph_stats() })
+                });
+                Ok(ExecutorPending::Ranks(r.ranks.run(job)))
+            }
+        }
+    }
+
+    pub(crate) fn collect(&mut self, pending: ExecutorPending) -> Result<LoopedResult> {
+        match (self, pending) {
+            (Self::One(r), ExecutorPending::One(p)) => Ok(r.collect(p)?),
+            (Self::Ranks(r), ExecutorPending::Ranks(p)) => {
+                let mut outcomes = r.ranks.wait(p)?;
+                if let Some(rank) = outcomes.iter().position(|o| !same_answer(&o.result, &outcomes[0].result)) {
+                    return Err(disagree(rank, outcomes.len()));
+                }
+                let first = outcomes.swap_remove(0);
+                r.last_device = first.device;
+                r.graph_stats = first.graph_stats;
+                Ok(first.result)
+            }
+            _ => Err(crate::Error::InvalidOption("a launch collected by an executor that did not issue it".into())),
+        }
+    }
+
+    /// Device-side span of the last collected launch (rank 0's).
+    pub(crate) fn last_device_time(&self) -> Option<DeviceSpan> {
+        match self {
+            Self::One(r) => r.last_device_time(),
+            Self::Ranks(r) => r.last_device,
+        }
+    }
+
+    /// (graphs captured, launches replayed) so far (rank 0's).
+    pub(crate) fn graph_stats(&self) -> (usize, usize) {
+        match self {
+            Self::One(r) => r.graph_stats(),
+            Self::Ranks(r) => r.graph_stats,
+        }
+    }
+}
+
+/// Whether two ranks answered a launch alike: the same tokens and the same gate signals
+/// (compared by their bits, so a non-finite one compares equal to itself).
+fn same_answer(a: &LoopedResult, b: &LoopedResult) -> bool {
+    let bits = |g: &[f32]| g.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    a.non_finite == b.non_finite
+        && a.rows.len() == b.rows.len()
+        && a.rows.iter().zip(&b.rows).all(|(x, y)| {
+            x.request == y.request
+                && x.token == y.token
+                && bits(&x.gate_logits) == bits(&y.gate_logits)
+                && x.latent_diff.map(f32::to_bits) == y.latent_diff.map(f32::to_bits)
+        })
+}
+
+fn disagree(rank: usize, world: usize) -> crate::Error {
+    crate::Error::Collective { collective: "launch", rank, world, reason: format!("ranks 0 and {rank} disagree on a launch's tokens or gate signals") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvManager;
+    use crate::loader::Weights;
+    use crate::looped::models::{LoopedModel, Ouro};
+    use crate::looped::{LoopedRow, Stage};
+    use crate::parallel::{Communicator, LocalGroup, TpRank};
+    use crate::RequestId;
+    use candle_core::{DType, Device, Tensor};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// A rank whose `fail_at`-th all-reduce fails (a device fault in the middle of a launch).
+    struct Faulty {
+        inner: crate::parallel::LocalComm,
+        fail_at: usize,
+        calls: AtomicUsize,
+    }
+
+    impl Communicator for Faulty {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn world_size(&self) -> usize {
+            self.inner.world_size()
+        }
+        fn all_reduce_sum(&self, t: &Tensor) -> crate::Result<Tensor> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
+                return Err(crate::Error::InvalidOption("injected fault".into()));
+            }
+            self.inner.all_reduce_sum(t)
+        }
+        fn all_gather(&self, t: &Tensor, dim: usize) -> crate::Result<Tensor> {
+            self.inner.all_gather(t, dim)
+        }
+        fn all_to_all(&self, parts: Vec<Tensor>) -> crate::Result<Vec<Tensor>> {
+            self.inner.all_to_all(parts)
+        }
+        fn abort(&self, reason: &str) {
+            self.inner.abort(reason)
+        }
+        fn reset(&self) {
+            self.inner.reset()
+        }
+    }
+
+    #[test]
+    fn a_rank_failing_mid_launch_fails_the_launch_on_time_and_the_next_one_runs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = crate::testing::tiny_ouro_config(97);
+        crate::testing::write_random_ouro(tmp.path(), &cfg, 5).unwrap();
+        let weights = Weights::from_files(&[tmp.path().join("model.safetensors")], DType::F32, &Device::Cpu).unwrap();
+        let timeout = Duration::from_secs(30);
+        let comms: Vec<Arc<dyn Communicator>> = LocalGroup::new(2, timeout)
+            .unwrap()
+            .into_iter()
+            // Rank 1's third all-reduce fails: rank 0 is then waiting in that collective.
+            .map(|c| {
+                let fail_at = if c.rank() == 1 { 3 } else { 0 };
+                Arc::new(Faulty { inner: c, fail_at, calls: AtomicUsize::new(0) }) as Arc<dyn Communicator>
+            })
+            .collect();
+        let (blocks, block) = (64, 4);
+        let runners: Vec<LoopedRunner> = comms
+            .iter()
+            .map(|c| {
+                let model: Box<dyn LoopedModel> = Box::new(Ouro::load_shard(&cfg, &weights, TpRank::new(c.rank(), 2).unwrap(), c.clone()).unwrap());
+                LoopedRunner::new(model, blocks, block, 0).unwrap()
+            })
+            .collect();
+        let spec = runners[0].model().spec().clone();
+        let mut exec = LoopedExecutor::Ranks(RankedRunners::new(Ranks::spawn(runners, comms).unwrap(), spec));
+        let mut kv = KvManager::new(blocks, block, cfg.total_ut_steps);
+        assert!(kv.reserve(RequestId(0), 8));
+        let tables = kv.tables(RequestId(0)).unwrap().to_vec();
+        let launch = LoopedLaunch {
+            stage: Stage::Prefill,
+            step_slots: (0..cfg.total_ut_steps).collect(),
+            rows: vec![LoopedRow::full_depth(RequestId(0), vec![3, 1, 4, 1, 5], 0, tables)],
+            kv_copies: vec![],
+            reenter: false,
+        };
+        let sampling = [RowSampling::greedy()];
+        let started = Instant::now();
+        let failed = exec.launch(&launch, &sampling).and_then(|p| exec.collect(p));
+        assert!(matches!(&failed, Err(e) if e.to_string().contains("injected fault")), "the failing rank's own error: {failed:?}");
+        assert!(started.elapsed() < timeout / 3, "the other rank stopped waiting at once");
+        // The group is usable again: the same launch runs and both ranks agree.
+        let again = exec.launch(&launch, &sampling).and_then(|p| exec.collect(p)).unwrap();
+        assert!(again.rows[0].token.is_some());
+    }
+}

@@ -1,0 +1,233 @@
+//! The ranks of one engine at work: a thread per rank, each owning its rank's runner (its shard
+//! of the model and the K/V of its heads). The engine hands every rank the same launch — plain
+//! data — and takes back one result; the ranks meet only in their model's collectives.
+//!
+//! A rank whose launch fails (an error or a panic) aborts its communicator before it reports,
+//! so that ranks waiting for it in a collective fail at once instead of at their timeout. A job
+//! already queued behind the failed one (overlap) fails the same way; once no job is left in
+//! flight the group is reset and the next launch runs as usual: one failed launch fails its
+//! requests, not the engine.
+
+use super::Communicator;
+use crate::{Error, Result};
+use crossbeam_channel::{Receiver, Sender};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Work for every rank: called with the rank's index and its runner.
+pub(crate) type RankJob<R, T> = Arc<dyn Fn(usize, &mut R) -> Result<T> + Send + Sync>;
+
+type Task<R> = Box<dyn FnOnce(&mut R) + Send>;
+
+/// A thread per rank, each owning one `R`.
+pub(crate) struct Ranks<R: Send + 'static> {
+    tasks: Vec<Sender<Task<R>>>,
+    threads: Vec<JoinHandle<()>>,
+    comms: Vec<Arc<dyn Communicator>>,
+    /// Jobs started and not yet waited for.
+    in_flight: usize,
+    /// A job failed and the group has not been reset since (it is, once nothing is in flight).
+    failed: bool,
+}
+
+/// Every rank's answer to one job, still on its way ([`Ranks::wait`]).
+pub(crate) struct RanksPending<T> {
+    answers: Vec<Receiver<Result<T>>>,
+}
+
+impl<R: Send + 'static> Ranks<R> {
+    /// Moves `runners[r]` onto rank r's thread; `comms[r]` is rank r's communicator (aborted
+    /// when its job fails).
+    pub(crate) fn spawn(runners: Vec<R>, comms: Vec<Arc<dyn Communicator>>) -> Result<Self> {
+        if runners.is_empty() || runners.len() != comms.len() {
+            return Err(Error::InvalidOption(format!("{} ranks with {} communicators", runners.len(), comms.len())));
+        }
+        let mut tasks = Vec::with_capacity(runners.len());
+        let mut threads = Vec::with_capacity(runners.len());
+        for (rank, mut runner) in runners.into_iter().enumerate() {
+            let (tx, rx) = crossbeam_channel::unbounded::<Task<R>>();
+            let thread = std::thread::Builder::new()
+                .name(format!("ponder-rank-{rank}"))
+                .spawn(move || {
+                    // Ends when the engine drops its sender.
+                    for task in rx {
+                        task(&mut runner);
+                    }
+                })
+                .map_err(|e| Error::InvalidOption(format!("could not start rank {rank}'s thread: {e}")))?;
+            tasks.push(tx);
+            threads.push(thread);
+        }
+        Ok(Self { tasks, threads, comms, in_flight: 0, failed: false })
+    }
+
+    pub(crate) fn world(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Starts `job` on every rank at once; [`Ranks::wait`] gives their answers.
+    pub(crate) fn run<T: Send + 'static>(&mut self, job: RankJob<R, T>) -> RanksPending<T> {
+        self.reset_if_idle();
+        self.in_flight += 1;
+        let mut answers = Vec::with_capacity(self.world());
+        for (rank, tasks) in self.tasks.iter().enumerate() {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let (job, comm) = (job.clone(), self.comms[rank].clone());
+            let task: Task<R> = Box::new(move |runner: &mut R| {
+                let answer = match std::panic::catch_unwind(AssertUnwindSafe(|| job(rank, runner))) {
+                    Ok(answer) => answer,
+                    Err(panic) => Err(Error::Collective {
+                        collective: "launch",
+                        rank,
+                        world: comm.world_size(),
+                        reason: format!("rank {rank} panicked: {}", panic_text(&panic)),
+                    }),
+                };
+                if let Err(e) = &answer {
+                    comm.abort(&e.to_string());
+                }
+                // The engine may have stopped waiting (dropped): nothing to tell then.
+                let _ = tx.send(answer);
+            });
+            if tasks.send(task).is_err() {
+                // The thread is gone (it only ends when the engine drops it): answer for it.
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                let _ = tx.send(Err(Error::Collective { collective: "launch", rank, world: self.world(), reason: "the rank's thread has stopped".into() }));
+                self.comms[rank].abort("the rank's thread has stopped");
+                answers.push(rx);
+                continue;
+            }
+            answers.push(rx);
+        }
+        RanksPending { answers }
+    }
+
+    /// Every rank's answer to a started job, in rank order, or the error that started a
+    /// failure: a rank's own error is preferred to the collective errors it caused on the
+    /// others.
+    pub(crate) fn wait<T>(&mut self, pending: RanksPending<T>) -> Result<Vec<T>> {
+        let world = self.world();
+        let mut out = Vec::with_capacity(world);
+        let mut errors = Vec::new();
+        for (rank, rx) in pending.answers.into_iter().enumerate() {
+            match rx.recv() {
+                Ok(Ok(t)) => out.push(t),
+                Ok(Err(e)) => errors.push(e),
+                Err(_) => errors.push(Error::Collective { collective: "launch", rank, world, reason: "the rank stopped without answering".into() }),
+            }
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if errors.is_empty() {
+            return Ok(out);
+        }
+        self.failed = true;
+        self.reset_if_idle();
+        let first_cause = errors.iter().position(|e| !matches!(e, Error::Collective { .. })).unwrap_or(0);
+        Err(errors.swap_remove(first_cause))
+    }
+
+    /// Resets a failed group once no rank can be inside a collective: every started job has
+    /// been waited for, so every rank thread is idle.
+    fn reset_if_idle(&mut self) {
+        if self.failed && self.in_flight == 0 {
+            for comm in &self.comms {
+                comm.reset();
+            }
+            self.failed = false;
+        }
+    }
+}
+
+impl<R: Send + 'static> Drop for Ranks<R> {
+    fn drop(&mut self) {
+        // Closing the channels ends each thread after its current task.
+        self.tasks.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parallel::LocalGroup;
+    use candle_core::{DType, Device, Tensor};
+    use std::time::{Duration, Instant};
+
+    fn group(world: usize) -> (Vec<Arc<dyn Communicator>>, Vec<Arc<dyn Communicator>>) {
+        let comms: Vec<Arc<dyn Communicator>> =
+            LocalGroup::new(world, Duration::from_secs(20)).unwrap().into_iter().map(|c| Arc::new(c) as Arc<dyn Communicator>).collect();
+        (comms.clone(), comms)
+    }
+
+    /// Each rank owns its communicator: a job sums the ranks' values.
+    fn sum_job() -> RankJob<Arc<dyn Communicator>, f32> {
+        Arc::new(|rank, c: &mut Arc<dyn Communicator>| {
+            let t = Tensor::new(&[rank as f32 + 1.0], &Device::Cpu)?;
+            Ok(c.all_reduce_sum(&t)?.to_vec1::<f32>()?[0])
+        })
+    }
+
+    #[test]
+    fn every_rank_runs_the_job_and_answers_in_rank_order() {
+        let (runners, comms) = group(3);
+        let mut ranks = Ranks::spawn(runners, comms).unwrap();
+        for _ in 0..5 {
+            let p = ranks.run(sum_job());
+            assert_eq!(ranks.wait(p).unwrap(), vec![6.0; 3]);
+        }
+        // Two jobs in flight at once (overlap): each rank runs them in order.
+        let (a, b) = (ranks.run(sum_job()), ranks.run(sum_job()));
+        assert_eq!((ranks.wait(a).unwrap(), ranks.wait(b).unwrap()), (vec![6.0; 3], vec![6.0; 3]));
+        let ranked: RankJob<Arc<dyn Communicator>, usize> = Arc::new(|rank, _| Ok(rank));
+        let p = ranks.run(ranked);
+        assert_eq!(ranks.wait(p).unwrap(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_failing_or_panicking_rank_fails_the_job_on_time_and_the_next_job_runs() {
+        let (runners, comms) = group(4);
+        let mut ranks = Ranks::spawn(runners, comms).unwrap();
+        let mut run = |job| {
+            let p = ranks.run(job);
+            ranks.wait(p)
+        };
+        let started = Instant::now();
+        let failing: RankJob<Arc<dyn Communicator>, f32> = Arc::new(|rank, c: &mut Arc<dyn Communicator>| {
+            if rank == 2 {
+                return Err(Error::InvalidOption("rank 2's own failure".into()));
+            }
+            Ok(c.all_reduce_sum(&Tensor::ones(1, DType::F32, &Device::Cpu)?)?.to_vec1::<f32>()?[0])
+        });
+        let e = run(failing.clone()).unwrap_err();
+        assert!(e.to_string().contains("rank 2's own failure"), "the cause, not the others' aborted collectives: {e}");
+        assert_eq!(run(sum_job()).unwrap(), vec![10.0; 4], "the group works again");
+        let panicking: RankJob<Arc<dyn Communicator>, f32> = Arc::new(|rank, c: &mut Arc<dyn Communicator>| {
+            if rank == 0 {
+                panic!("a bug on rank 0");
+            }
+            Ok(c.all_reduce_sum(&Tensor::ones(1, DType::F32, &Device::Cpu)?)?.to_vec1::<f32>()?[0])
+        });
+        let e = run(panicking).unwrap_err();
+        assert!(e.to_string().contains("a bug on rank 0"), "{e}");
+        assert_eq!(run(sum_job()).unwrap(), vec![10.0; 4]);
+        // A job queued behind a failing one fails too (the group is down until both are waited
+        // for), and the one after them runs.
+        let (a, b) = (ranks.run(failing), ranks.run(sum_job()));
+        assert!(ranks.wait(a).is_err());
+        assert!(matches!(ranks.wait(b), Err(Error::Collective { .. })));
+        let p = ranks.run(sum_job());
+        assert_eq!(ranks.wait(p).unwrap(), vec![10.0; 4]);
+        assert!(started.elapsed() < Duration::from_secs(10), "no rank waited out its timeout");
+    }
+}
