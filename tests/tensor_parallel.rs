@@ -152,6 +152,55 @@ fn diffusion_logits(model: &dyn ponder::diffusion::models::DiffusionModel) -> Te
     model.head(&model.forward(&h, &rope, &batch, &kv).unwrap()).unwrap()
 }
 
+/// `load(arch, weights, rank, comm)` over 2 and 4 ranks: every rank computes `whole`.
+fn check_diffusion_ranks<A: Sync>(
+    arch: &A,
+    dir: &Path,
+    whole: &Tensor,
+    load: impl Fn(&A, &Weights, TpRank, Arc<dyn Communicator>) -> ponder::Result<ponder::diffusion::models::DenseDiffusion> + Sync,
+) {
+    for world in [2, 4] {
+        let comms = LocalGroup::new(world, Duration::from_secs(60)).unwrap();
+        let load = &load;
+        let got: Vec<Tensor> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let rank = TpRank::new(c.rank(), c.world_size()).unwrap();
+                        diffusion_logits(&load(arch, &weights(dir), rank, Arc::new(c)).unwrap())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, l) in got.iter().enumerate() {
+            assert!(rel(l, whole) < 1e-5, "world {world} rank {r}: {:e}", rel(l, whole));
+            assert_eq!(rel(l, &got[0]), 0.0, "every rank holds the same logits");
+        }
+    }
+}
+
+/// Mixture-of-experts layers split two ways: every expert's columns on every rank, or whole
+/// experts per rank (expert parallelism), with the shared experts' columns — the same logits.
+#[test]
+fn tensor_and_expert_parallel_moe_models_compute_the_whole_models_logits() {
+    use ponder::diffusion::models::{DenseDiffusion, Llada2, Sdar};
+    use ponder::testing::*;
+    let tmp = tempfile::tempdir().unwrap();
+    let sdar = tmp.path().join("sdar_moe");
+    let cfg = SdarConfig { num_key_value_heads: Some(4), ..tiny_sdar_moe_config(common::VOCAB) };
+    write_random_sdar(&sdar, &cfg, 6).unwrap();
+    let llada2 = tmp.path().join("llada2");
+    let l2 = ponder::diffusion::models::Llada2Config { num_key_value_heads: Some(4), ..tiny_llada2_config(common::VOCAB) };
+    write_random_llada2(&llada2, &l2, 7).unwrap();
+    for (arch, dir) in [(Sdar::arch(&cfg), sdar), (Llada2::arch(&l2), llada2)] {
+        let whole = diffusion_logits(&DenseDiffusion::load(&arch, &weights(&dir)).unwrap());
+        check_diffusion_ranks(&arch, &dir, &whole, DenseDiffusion::load_shard);
+        check_diffusion_ranks(&arch, &dir, &whole, DenseDiffusion::load_expert_shard);
+    }
+}
+
 #[test]
 fn a_tensor_parallel_sdar_computes_the_whole_models_logits_on_every_rank() {
     use ponder::diffusion::models::{DenseDiffusion, Sdar, SdarConfig};
@@ -182,13 +231,6 @@ fn a_tensor_parallel_sdar_computes_the_whole_models_logits_on_every_rank() {
             assert_eq!(rel(l, &got[0]), 0.0, "every rank holds the same logits");
         }
     }
-    // Mixture-of-experts layers are refused until expert parallelism lands.
-    let moe = tmp.path().join("moe");
-    let cfg = ponder::testing::tiny_sdar_moe_config(common::VOCAB);
-    ponder::testing::write_random_sdar(&moe, &cfg, 6).unwrap();
-    let c = LocalGroup::new(2, Duration::from_secs(5)).unwrap().into_iter().next().unwrap();
-    let err = DenseDiffusion::load_shard(&Sdar::arch(&cfg), &weights(&moe), TpRank::new(0, 2).unwrap(), Arc::new(c)).unwrap_err();
-    assert!(matches!(&err, ponder::Error::InvalidOption(m) if m.contains("mixture-of-experts")), "{err:?}");
 }
 
 /// Greedy tokens (and, for looped models, each token's log-probability) of every prompt, all
@@ -255,6 +297,19 @@ fn engines_over_two_and_four_ranks_generate_what_one_device_does() {
         let builder = || EngineBuilder::new(&d).diffusion(|o| o.block_length(8)).max_num_seqs(4).block_size(4).kv_capacity_tokens(2048);
         check_engine(name, builder, worlds, false);
     }
+    // Mixture-of-experts models, their experts' columns split or the experts themselves.
+    write_random_sdar(&dir("sdar_moe"), &tiny_sdar_moe_config(common::VOCAB), 36).unwrap();
+    write_random_llada2(&dir("llada2"), &tiny_llada2_config(common::VOCAB), 37).unwrap();
+    for name in ["sdar_moe", "llada2"] {
+        let d = dir(name);
+        for ep in [false, true] {
+            let builder = || EngineBuilder::new(&d).diffusion(|o| o.block_length(8)).max_num_seqs(4).block_size(4).kv_capacity_tokens(2048);
+            let split = |b: EngineBuilder| if ep { b.expert_parallel(true) } else { b };
+            let prompts = common::diffusion_prompts(6, 11);
+            let whole = engine_outputs(builder(), &prompts, false);
+            assert_eq!(engine_outputs(split(builder().tensor_parallel(2)), &prompts, false), whole, "{name} over 2 ranks, expert parallel {ep}");
+        }
+    }
     // FOCUS: importance summed over the ranks' heads, the same tokens kept on every rank.
     let d = dir("sdar");
     let focus = || {
@@ -276,4 +331,13 @@ fn a_split_the_model_cannot_take_is_refused_at_build() {
         let err = EngineBuilder::new(tmp.path()).tensor_parallel(n).build().err().expect("refused");
         assert!(matches!(err, ponder::Error::InvalidOption(_)), "tensor_parallel({n}): {err:?}");
     }
+    // Expert parallelism needs ranks and experts.
+    let err = EngineBuilder::new(tmp.path()).tensor_parallel(2).expert_parallel(true).build().err().expect("refused");
+    assert!(matches!(&err, ponder::Error::InvalidOption(m) if m.contains("mixture-of-experts")), "{err:?}");
+    let moe = tmp.path().join("moe");
+    write_random_sdar(&moe, &tiny_sdar_moe_config(common::VOCAB), 4).unwrap();
+    let err = EngineBuilder::new(&moe).expert_parallel(true).build().err().expect("refused");
+    assert!(matches!(&err, ponder::Error::InvalidOption(m) if m.contains("tensor_parallel")), "{err:?}");
+    // Eight experts do not split over three ranks (nor do the heads).
+    assert!(EngineBuilder::new(&moe).tensor_parallel(3).expert_parallel(true).build().is_err());
 }

@@ -80,6 +80,7 @@ pub struct Checkpoint {
     diffusion: Option<DiffusionOptions>,
     quantization: Quantization,
     tensor_parallel: usize,
+    expert_parallel: bool,
     collective_timeout: Duration,
 }
 
@@ -205,6 +206,7 @@ impl EngineBuilder<Checkpoint> {
             diffusion: None,
             quantization: Quantization::None,
             tensor_parallel: 1,
+            expert_parallel: false,
             collective_timeout: Duration::from_secs(300),
         };
         Self::with_source(source, Device::Cpu, DType::F32)
@@ -243,6 +245,18 @@ impl EngineBuilder<Checkpoint> {
         self
     }
 
+    /// With [`EngineBuilder::tensor_parallel`] over a mixture-of-experts model (LLaDA2.0,
+    /// SDAR-MoE): splits the routed experts over the ranks whole — each rank holds `E/n` experts
+    /// and computes only the routes to them — instead of every expert's columns (the default,
+    /// which keeps the work even however the router chooses). Either way the router runs on
+    /// every rank alike and one all-reduce per layer combines the parts: the ranks' hidden
+    /// states are already the same after attention, so no all-to-all dispatch is needed. The
+    /// experts must divide by `n`.
+    pub fn expert_parallel(mut self, on: bool) -> Self {
+        self.source.expert_parallel = on;
+        self
+    }
+
     /// How long a rank waits in a collective for the others before the launch fails on every
     /// rank (a rank that died or hangs ends the launch with [`Error::Collective`], not a
     /// hung engine). Default 300 s: room for a first launch's kernel compilation and graph
@@ -258,6 +272,9 @@ impl EngineBuilder<Checkpoint> {
         common.check()?;
         if source.tensor_parallel == 0 {
             return Err(Error::InvalidOption("tensor_parallel must be >= 1".into()));
+        }
+        if source.expert_parallel && source.tensor_parallel == 1 {
+            return Err(Error::InvalidOption("expert_parallel splits experts over tensor_parallel ranks: set tensor_parallel(n) with n >= 2".into()));
         }
         let dir = ModelDir::open(&source.path)?;
         if common.chat_template.is_none() {
@@ -277,12 +294,15 @@ impl EngineBuilder<Checkpoint> {
         let weights = |device: &Device| -> Result<crate::loader::Weights> { Ok(dir.weights(common.dtype, device)?.with_quantization(source.quantization)) };
         // Rank r's share of the model, on its device (the whole model without parallelism).
         let rank = |r: usize| comms.get(r).map(|c| Ok::<_, Error>((crate::parallel::TpRank::new(r, devices.len())?, c.clone()))).transpose();
+        if source.expert_parallel && (looped_model || !crate::diffusion::models::has_experts(&dir.config)) {
+            return Err(Error::InvalidOption(format!("expert_parallel: `{}` has no mixture-of-experts layers", dir.config.model_type())));
+        }
         if !looped_model {
             let mut models = Vec::with_capacity(devices.len());
             for (r, device) in devices.iter().enumerate() {
                 let w = weights(device)?;
                 let model = match rank(r)? {
-                    Some((rank, comm)) => crate::diffusion::models::load_shard(&dir.config, &w, rank, comm)?,
+                    Some((rank, comm)) => crate::diffusion::models::load_shard(&dir.config, &w, rank, comm, source.expert_parallel)?,
                     None => crate::diffusion::models::load(&dir.config, &w)?,
                 };
                 models.push(Box::new(model) as Box<dyn DiffusionModel>);

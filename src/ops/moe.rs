@@ -303,6 +303,31 @@ pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &Stacked
     moe_experts_reference(x, ids, weights, experts, shared, residual)
 }
 
+/// [`moe_experts`] on one rank of an expert-parallel group, which holds experts
+/// `first..first + experts.num_experts()` of the model: routes to those experts count (with
+/// their weights), routes to other ranks' experts contribute nothing here (their ranks add
+/// them). `ids` are the model's expert ids.
+pub fn moe_experts_local(
+    x: &Tensor,
+    ids: &Tensor,
+    weights: &Tensor,
+    experts: &StackedExperts,
+    first: u32,
+    shared: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if experts.kernel_layout && x.device().is_cuda() && x.dtype() == experts.gate_up.dtype() {
+        // The kernels skip an id past the experts: another rank's experts are mapped there.
+        let n = experts.num_experts() as f64;
+        let shifted = (ids.to_dtype(DType::F32)? - first as f64)?;
+        let mine = shifted.ge(0.0)?.mul(&shifted.lt(n)?)?;
+        let local = mine.where_cond(&shifted, &shifted.ones_like()?.affine(0.0, n)?)?.to_dtype(DType::U32)?;
+        return super::cuda::moe_experts(x, &local, weights, experts, shared, residual);
+    }
+    experts_composed(x, ids, weights, experts, Some(first), shared, residual)
+}
+
 /// The composition of candle ops behind [`moe_experts`] (its CPU path and reference): each
 /// chosen expert once over its tokens, their weighted outputs scattered into the tokens' rows
 /// with one f32 `index_add`.
@@ -311,6 +336,20 @@ pub fn moe_experts_reference(
     ids: &Tensor,
     weights: &Tensor,
     experts: &StackedExperts,
+    shared: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    experts_composed(x, ids, weights, experts, None, shared, residual)
+}
+
+/// The composition; with `first` (expert parallelism) the experts are the model's
+/// `first..first + n` and routes to any other expert are skipped.
+fn experts_composed(
+    x: &Tensor,
+    ids: &Tensor,
+    weights: &Tensor,
+    experts: &StackedExperts,
+    first: Option<u32>,
     shared: Option<&Tensor>,
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
@@ -324,6 +363,11 @@ pub fn moe_experts_reference(
     let mut by_expert: Vec<(Vec<u32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); n];
     for (tok, (ids, ws)) in ids.iter().zip(&ws).enumerate() {
         for (&e, &w) in ids.iter().zip(ws) {
+            let e = match first {
+                None => e,
+                Some(first) if e >= first && e - first < n as u32 => e - first,
+                Some(_) => continue,
+            };
             let Some(slot) = by_expert.get_mut(e as usize) else {
                 candle_core::bail!("moe_experts: expert {e} of {n}");
             };

@@ -35,14 +35,24 @@ pub fn load(config: &ModelConfig, w: &Weights) -> crate::Result<DenseDiffusion> 
 }
 
 /// Loads one rank of the diffusion model `config` describes, split over a tensor-parallel group
-/// ([`DenseDiffusion::load_shard`]).
+/// ([`DenseDiffusion::load_shard`]; with `expert_parallel`, MoE layers' experts split whole:
+/// [`DenseDiffusion::load_expert_shard`]).
 pub fn load_shard(
     config: &ModelConfig,
     w: &Weights,
     rank: crate::parallel::TpRank,
     comm: std::sync::Arc<dyn crate::parallel::Communicator>,
+    expert_parallel: bool,
 ) -> crate::Result<DenseDiffusion> {
-    DenseDiffusion::load_shard(&arch(config)?, w, rank, comm)
+    match expert_parallel {
+        true => DenseDiffusion::load_expert_shard(&arch(config)?, w, rank, comm),
+        false => DenseDiffusion::load_shard(&arch(config)?, w, rank, comm),
+    }
+}
+
+/// Whether the model `config` describes has mixture-of-experts layers.
+pub(crate) fn has_experts(config: &ModelConfig) -> bool {
+    arch(config).is_ok_and(|a| a.moe.is_some_and(|m| m.moe_layers.contains(&true)))
 }
 
 /// The layer stack `config` describes, its fields checked.

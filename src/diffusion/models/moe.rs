@@ -35,6 +35,8 @@ pub(crate) struct Moe {
     pub(crate) bias: Option<Tensor>,
     pub(crate) experts: StackedExperts,
     pub(crate) shared: Option<Expert>,
+    /// Expert parallelism: this rank holds the model's experts `first..first + n`.
+    pub(crate) first_expert: Option<u32>,
 }
 
 impl Moe {
@@ -49,10 +51,20 @@ impl Moe {
         self.route(x)?.0.to_vec2()
     }
 
-    /// `residual + ` the layer's output for `x` (the residual add fused into the combine).
-    pub(crate) fn forward_residual(&self, residual: &Tensor, x: &Tensor) -> Result<Tensor> {
+    /// `residual + ` the layer's output for `x` (the residual add fused into the combine). On a
+    /// rank of a tensor-parallel group the router runs whole (every rank routes alike); the
+    /// rank's part — its experts (expert parallelism) or its columns of every expert, and its
+    /// columns of the shared experts — is summed over the ranks, then added.
+    pub(crate) fn forward_residual(&self, residual: &Tensor, x: &Tensor, tp: Option<&crate::parallel::TpShard>) -> Result<Tensor> {
         let (ids, weights) = self.route(x)?;
         let shared = self.shared.as_ref().map(|s| s.forward(x)).transpose()?;
-        ops::moe::moe_experts(x, &ids, &weights, &self.experts, shared.as_ref(), Some(residual))
+        let Some(tp) = tp else {
+            return ops::moe::moe_experts(x, &ids, &weights, &self.experts, shared.as_ref(), Some(residual));
+        };
+        let part = match self.first_expert {
+            Some(first) => ops::moe::moe_experts_local(x, &ids, &weights, &self.experts, first, shared.as_ref(), None)?,
+            None => ops::moe::moe_experts(x, &ids, &weights, &self.experts, shared.as_ref(), None)?,
+        };
+        ops::residual_add(residual, &tp.sum(&part)?)
     }
 }

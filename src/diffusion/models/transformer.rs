@@ -222,7 +222,7 @@ impl Mlp {
                 Some(tp) => ops::residual_add(h, &tp.sum(&e.forward(x)?)?),
                 None => ops::residual_add(h, &e.forward(x)?),
             },
-            Self::Moe(m) => m.forward_residual(h, x),
+            Self::Moe(m) => m.forward_residual(h, x, tp),
         }
     }
 }
@@ -274,7 +274,7 @@ pub struct DenseDiffusion {
 
 impl DenseDiffusion {
     pub fn load(arch: &DenseArch, w: &Weights) -> crate::Result<Self> {
-        Self::load_with(arch, w, None)
+        Self::load_with(arch, w, None, false)
     }
 
     /// Rank `rank` of a tensor-parallel dense model (as `Ouro::load_shard`): every layer's q, k
@@ -286,13 +286,22 @@ impl DenseDiffusion {
         rank: crate::parallel::TpRank,
         comm: std::sync::Arc<dyn crate::parallel::Communicator>,
     ) -> crate::Result<Self> {
-        if arch.moe.as_ref().is_some_and(|m| m.moe_layers.contains(&true)) {
-            return Err(crate::Error::InvalidOption("tensor parallelism over mixture-of-experts layers is not supported yet".into()));
-        }
-        Self::load_with(arch, w, Some(crate::parallel::TpShard::new(rank, comm)?))
+        Self::load_with(arch, w, Some(crate::parallel::TpShard::new(rank, comm)?), false)
     }
 
-    fn load_with(arch: &DenseArch, w: &Weights, tp: Option<crate::parallel::TpShard>) -> crate::Result<Self> {
+    /// Like [`DenseDiffusion::load_shard`], with the routed experts of MoE layers split over
+    /// the ranks whole (expert parallelism: rank r holds experts `r·E/n .. (r+1)·E/n`, and
+    /// computes only the routes to them) instead of every expert's columns.
+    pub fn load_expert_shard(
+        arch: &DenseArch,
+        w: &Weights,
+        rank: crate::parallel::TpRank,
+        comm: std::sync::Arc<dyn crate::parallel::Communicator>,
+    ) -> crate::Result<Self> {
+        Self::load_with(arch, w, Some(crate::parallel::TpShard::new(rank, comm)?), true)
+    }
+
+    fn load_with(arch: &DenseArch, w: &Weights, tp: Option<crate::parallel::TpShard>, expert_parallel: bool) -> crate::Result<Self> {
         let a = arch;
         let n = &a.naming;
         let (h, i, rows) = (a.hidden_size, a.intermediate_size, a.table_rows);
@@ -352,13 +361,23 @@ impl DenseDiffusion {
                     // selection-only bias, whose steps are the size of the gaps between scores).
                     let router = RouterWeights::new(w.get_as((e, h), &n.layer(l, "mlp.gate", "weight"), DType::F32)?)?;
                     let bias = if m.expert_bias { Some(w.get_as(e, &n.layer(l, "mlp.gate", "expert_bias"), DType::F32)?) } else { None };
-                    let (ew, mut gate_ups, mut downs) = (m.expert_width, Vec::with_capacity(e), Vec::with_capacity(e));
-                    for x in 0..e {
+                    let ew = m.expert_width;
+                    // A rank's experts (expert parallelism) or its columns of every expert.
+                    let (held, columns) = match &tp {
+                        Some(tp) if expert_parallel => (tp.rank.share(e, 1, "routed experts")?, 0..ew),
+                        Some(tp) => (0..e, tp.rank.share(ew, 1, "expert columns")?),
+                        None => (0..e, 0..ew),
+                    };
+                    let (mut gate_ups, mut downs) = (Vec::with_capacity(held.len()), Vec::with_capacity(held.len()));
+                    let cols = columns.len();
+                    for x in held.clone() {
                         let p = format!("mlp.experts.{x}");
-                        gate_ups.push(Tensor::cat(&[wt(&format!("{p}.gate_proj"), (ew, h))?, wt(&format!("{p}.up_proj"), (ew, h))?], 0)?);
-                        downs.push(wt(&format!("{p}.down_proj"), (h, ew))?);
+                        let (gate, up) = (wt(&format!("{p}.gate_proj"), (ew, h))?, wt(&format!("{p}.up_proj"), (ew, h))?);
+                        gate_ups.push(Tensor::cat(&[gate.narrow(0, columns.start, cols)?, up.narrow(0, columns.start, cols)?], 0)?);
+                        downs.push(wt(&format!("{p}.down_proj"), (h, ew))?.narrow(1, columns.start, cols)?.contiguous()?);
                     }
                     let experts = StackedExperts::quantized(Tensor::stack(&gate_ups, 0)?, Tensor::stack(&downs, 0)?, w.quantization())?;
+                    let first_expert = (tp.is_some() && expert_parallel).then_some(held.start as u32);
                     let shared = (m.shared_experts > 0)
                         .then(|| {
                             swiglu(
@@ -369,7 +388,7 @@ impl DenseDiffusion {
                             )
                         })
                         .transpose()?;
-                    Mlp::Moe(Box::new(Moe { arch: m.router.clone(), router, bias, experts, shared }))
+                    Mlp::Moe(Box::new(Moe { arch: m.router.clone(), router, bias, experts, shared, first_expert }))
                 }
                 _ => Mlp::Dense(swiglu(n.gate, n.up, n.down, i)?),
             };
