@@ -27,7 +27,7 @@ pub(crate) fn build(
     o: DiffusionOptions,
     common: Common,
 ) -> Result<Engine> {
-    let Shards { models, comms } = shards;
+    let Shards { models, comms, timeout } = shards;
     let model = &models[0];
     let spec = model.spec().clone();
     let block_length = o.block_length.or(spec.block_length).unwrap_or(32);
@@ -133,7 +133,7 @@ pub(crate) fn build(
         DiffusionExecutor::One(runner(models.pop().expect("one shard"))?)
     } else {
         let runners = models.into_iter().map(runner).collect::<Result<Vec<_>>>()?;
-        DiffusionExecutor::Ranks { ranks: Ranks::spawn(runners, comms)?, spec: spec.clone(), phases: Vec::new() }
+        DiffusionExecutor::Ranks { ranks: Ranks::spawn(runners, comms, timeout)?, spec: spec.clone(), phases: Vec::new() }
     };
     let half = DiffusionHalf { runner, scheduler };
     Ok(Engine::assemble(Family::Diffusion(Box::new(half)), Requests::new(kv), tokenizer, eos, common.chat_template, max_context, pool, common.kernels))

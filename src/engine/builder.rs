@@ -307,7 +307,7 @@ impl EngineBuilder<Checkpoint> {
                 };
                 models.push(Box::new(model) as Box<dyn DiffusionModel>);
             }
-            let shards = crate::parallel::Shards { models, comms };
+            let shards = crate::parallel::Shards { models, comms, timeout: source.collective_timeout };
             return crate::diffusion::build::build(shards, tokenizer, eos, source.diffusion.unwrap_or_default(), common);
         }
         let mut options = source.looped.unwrap_or_default();
@@ -330,7 +330,7 @@ impl EngineBuilder<Checkpoint> {
             };
             models.push(model);
         }
-        crate::looped::build::build(crate::parallel::Shards { models, comms }, tokenizer, eos, options, common)
+        crate::looped::build::build(crate::parallel::Shards { models, comms, timeout: source.collective_timeout }, tokenizer, eos, options, common)
     }
 
     /// Builds the engine on its own thread and returns a handle that many threads can use.

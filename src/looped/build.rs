@@ -42,7 +42,7 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
             limits.max_num_seqs, o.coda_reserve
         )));
     }
-    let Shards { models: mut shard_models, comms } = shards;
+    let Shards { models: mut shard_models, comms, timeout } = shards;
     let model = &shard_models[0];
     let spec = model.spec().clone();
     let max_context = common.max_context(spec.max_context);
@@ -142,7 +142,7 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
         LoopedExecutor::One(runner(shard_models.pop().expect("one shard"))?)
     } else {
         let runners = shard_models.into_iter().map(runner).collect::<Result<Vec<_>>>()?;
-        LoopedExecutor::Ranks(RankedRunners::new(Ranks::spawn(runners, comms)?, spec.clone()))
+        LoopedExecutor::Ranks(RankedRunners::new(Ranks::spawn(runners, comms, timeout)?, spec.clone()))
     };
     let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
     let mut engine =

@@ -194,7 +194,7 @@ mod tests {
             })
             .collect();
         let spec = runners[0].model().spec().clone();
-        let mut exec = LoopedExecutor::Ranks(RankedRunners::new(Ranks::spawn(runners, comms).unwrap(), spec));
+        let mut exec = LoopedExecutor::Ranks(RankedRunners::new(Ranks::spawn(runners, comms, timeout).unwrap(), spec));
         let mut kv = KvManager::new(blocks, block, cfg.total_ut_steps);
         assert!(kv.reserve(RequestId(0), 8));
         let tables = kv.tables(RequestId(0)).unwrap().to_vec();

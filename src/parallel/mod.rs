@@ -4,6 +4,8 @@
 //! NCCL is the device implementation of the same trait.
 
 mod local;
+#[cfg(feature = "cuda")]
+mod nccl;
 mod ranks;
 mod shard;
 
@@ -90,12 +92,14 @@ pub(crate) fn group(devices: &[candle_core::Device], timeout: std::time::Duratio
 pub(crate) struct Shards<M> {
     pub(crate) models: Vec<M>,
     pub(crate) comms: Vec<std::sync::Arc<dyn Communicator>>,
+    /// How long a launch may run on the ranks before their group is aborted.
+    pub(crate) timeout: std::time::Duration,
 }
 
 impl<M> Shards<M> {
     /// A whole model on one device.
     pub(crate) fn one(model: M) -> Self {
-        Self { models: vec![model], comms: Vec::new() }
+        Self { models: vec![model], comms: Vec::new(), timeout: std::time::Duration::MAX }
     }
 }
 

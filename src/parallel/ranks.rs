@@ -25,6 +25,11 @@ pub(crate) struct Ranks<R: Send + 'static> {
     tasks: Vec<Sender<Task<R>>>,
     threads: Vec<JoinHandle<()>>,
     comms: Vec<Arc<dyn Communicator>>,
+    /// How long a job may take before the group is aborted (see [`Ranks::wait`]).
+    timeout: std::time::Duration,
+    /// Why the ranks can no longer run anything (a rank that did not answer even after the
+    /// group was aborted: its thread is stuck in the device).
+    broken: Option<String>,
     /// Jobs started and not yet waited for.
     in_flight: usize,
     /// A job failed and the group has not been reset since (it is, once nothing is in flight).
@@ -38,8 +43,8 @@ pub(crate) struct RanksPending<T> {
 
 impl<R: Send + 'static> Ranks<R> {
     /// Moves `runners[r]` onto rank r's thread; `comms[r]` is rank r's communicator (aborted
-    /// when its job fails).
-    pub(crate) fn spawn(runners: Vec<R>, comms: Vec<Arc<dyn Communicator>>) -> Result<Self> {
+    /// when its job fails, or when a job has run `timeout` without every rank answering).
+    pub(crate) fn spawn(runners: Vec<R>, comms: Vec<Arc<dyn Communicator>>, timeout: std::time::Duration) -> Result<Self> {
         if runners.is_empty() || runners.len() != comms.len() {
             return Err(Error::InvalidOption(format!("{} ranks with {} communicators", runners.len(), comms.len())));
         }
@@ -59,7 +64,7 @@ impl<R: Send + 'static> Ranks<R> {
             tasks.push(tx);
             threads.push(thread);
         }
-        Ok(Self { tasks, threads, comms, in_flight: 0, failed: false })
+        Ok(Self { tasks, threads, comms, timeout, broken: None, in_flight: 0, failed: false })
     }
 
     pub(crate) fn world(&self) -> usize {
@@ -71,6 +76,14 @@ impl<R: Send + 'static> Ranks<R> {
         self.reset_if_idle();
         self.in_flight += 1;
         let mut answers = Vec::with_capacity(self.world());
+        if let Some(why) = &self.broken {
+            for rank in 0..self.world() {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                let _ = tx.send(Err(Error::Collective { collective: "launch", rank, world: self.world(), reason: why.clone() }));
+                answers.push(rx);
+            }
+            return RanksPending { answers };
+        }
         for (rank, tasks) in self.tasks.iter().enumerate() {
             let (tx, rx) = crossbeam_channel::bounded(1);
             let (job, comm) = (job.clone(), self.comms[rank].clone());
@@ -106,15 +119,45 @@ impl<R: Send + 'static> Ranks<R> {
     /// Every rank's answer to a started job, in rank order, or the error that started a
     /// failure: a rank's own error is preferred to the collective errors it caused on the
     /// others.
+    ///
+    /// A rank that has not answered `timeout` after the wait began gets its group aborted
+    /// (the GPU collectives it may be stuck in end) and another `timeout` to answer; one that
+    /// still does not is stuck beyond recovery, and every later job fails at once.
     pub(crate) fn wait<T>(&mut self, pending: RanksPending<T>) -> Result<Vec<T>> {
+        use crossbeam_channel::RecvTimeoutError;
         let world = self.world();
         let mut out = Vec::with_capacity(world);
         let mut errors = Vec::new();
+        let mut deadline = std::time::Instant::now().checked_add(self.timeout);
+        let mut aborted = false;
         for (rank, rx) in pending.answers.into_iter().enumerate() {
-            match rx.recv() {
+            let answer = loop {
+                let Some(until) = deadline else {
+                    break rx.recv().map_err(|_| RecvTimeoutError::Disconnected);
+                };
+                match rx.recv_deadline(until) {
+                    Err(RecvTimeoutError::Timeout) if !aborted => {
+                        let why = format!("rank {rank} had not finished its launch after {:?}", self.timeout);
+                        for comm in &self.comms {
+                            comm.abort(&why);
+                        }
+                        aborted = true;
+                        deadline = std::time::Instant::now().checked_add(self.timeout);
+                    }
+                    other => break other,
+                }
+            };
+            match answer {
                 Ok(Ok(t)) => out.push(t),
                 Ok(Err(e)) => errors.push(e),
-                Err(_) => errors.push(Error::Collective { collective: "launch", rank, world, reason: "the rank stopped without answering".into() }),
+                Err(RecvTimeoutError::Timeout) => {
+                    let why = format!("rank {rank} is stuck: no answer {:?} after its group was aborted", self.timeout);
+                    self.broken = Some(why.clone());
+                    errors.push(Error::Collective { collective: "launch", rank, world, reason: why });
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    errors.push(Error::Collective { collective: "launch", rank, world, reason: "the rank stopped without answering".into() })
+                }
             }
         }
         self.in_flight = self.in_flight.saturating_sub(1);
@@ -123,14 +166,17 @@ impl<R: Send + 'static> Ranks<R> {
         }
         self.failed = true;
         self.reset_if_idle();
-        let first_cause = errors.iter().position(|e| !matches!(e, Error::Collective { .. })).unwrap_or(0);
+        // A stuck rank is the news; otherwise the rank whose own failure started it.
+        let stuck = errors.iter().position(|e| matches!(e, Error::Collective { reason, .. } if self.broken.as_ref() == Some(reason)));
+        let first_cause = stuck.or_else(|| errors.iter().position(|e| !matches!(e, Error::Collective { .. }))).unwrap_or(0);
         Err(errors.swap_remove(first_cause))
     }
 
     /// Resets a failed group once no rank can be inside a collective: every started job has
     /// been waited for, so every rank thread is idle.
     fn reset_if_idle(&mut self) {
-        if self.failed && self.in_flight == 0 {
+        // A stuck rank may still be inside a collective: its group stays as it is.
+        if self.failed && self.in_flight == 0 && self.broken.is_none() {
             for comm in &self.comms {
                 comm.reset();
             }
@@ -181,7 +227,7 @@ mod tests {
     #[test]
     fn every_rank_runs_the_job_and_answers_in_rank_order() {
         let (runners, comms) = group(3);
-        let mut ranks = Ranks::spawn(runners, comms).unwrap();
+        let mut ranks = Ranks::spawn(runners, comms, Duration::from_secs(20)).unwrap();
         for _ in 0..5 {
             let p = ranks.run(sum_job());
             assert_eq!(ranks.wait(p).unwrap(), vec![6.0; 3]);
@@ -197,7 +243,7 @@ mod tests {
     #[test]
     fn a_failing_or_panicking_rank_fails_the_job_on_time_and_the_next_job_runs() {
         let (runners, comms) = group(4);
-        let mut ranks = Ranks::spawn(runners, comms).unwrap();
+        let mut ranks = Ranks::spawn(runners, comms, Duration::from_secs(20)).unwrap();
         let mut run = |job| {
             let p = ranks.run(job);
             ranks.wait(p)
@@ -229,5 +275,36 @@ mod tests {
         let p = ranks.run(sum_job());
         assert_eq!(ranks.wait(p).unwrap(), vec![10.0; 4]);
         assert!(started.elapsed() < Duration::from_secs(10), "no rank waited out its timeout");
+    }
+
+    /// A rank that overstays the timeout outside any collective (a device stuck in a kernel):
+    /// the group is aborted so the others stop waiting; one that answers late leaves the ranks
+    /// usable, one that never does leaves them failing every job at once, without hanging.
+    #[test]
+    fn a_rank_that_overstays_the_timeout_gets_its_group_aborted() {
+        let patience = Duration::from_millis(300);
+        let (runners, comms) = group(2);
+        let mut ranks = Ranks::spawn(runners, comms, patience).unwrap();
+        let slow = |sleep: Duration| -> RankJob<Arc<dyn Communicator>, f32> {
+            Arc::new(move |rank, c: &mut Arc<dyn Communicator>| {
+                if rank == 1 {
+                    std::thread::sleep(sleep);
+                }
+                Ok(c.all_reduce_sum(&Tensor::ones(1, DType::F32, &Device::Cpu)?)?.to_vec1::<f32>()?[0])
+            })
+        };
+        let started = Instant::now();
+        let p = ranks.run(slow(Duration::from_millis(450)));
+        let e = ranks.wait(p).unwrap_err();
+        assert!(e.to_string().contains("had not finished"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let p = ranks.run(sum_job());
+        assert_eq!(ranks.wait(p).unwrap(), vec![3.0; 2], "the late rank answered: the group works again");
+        let p = ranks.run(slow(Duration::from_millis(1500)));
+        assert!(ranks.wait(p).unwrap_err().to_string().contains("stuck"));
+        let started = Instant::now();
+        let p = ranks.run(sum_job());
+        assert!(ranks.wait(p).unwrap_err().to_string().contains("stuck"), "later jobs fail at once");
+        assert!(started.elapsed() < Duration::from_millis(100));
     }
 }
