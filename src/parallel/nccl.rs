@@ -46,7 +46,7 @@ impl Lib {
     fn open() -> Result<Self> {
         let names = ["libnccl.so.2", "libnccl.so"];
         // SAFETY: loading NCCL runs its initialisers only, which have no preconditions.
-        let lib = names.iter().find_map(|n| unsafe { libloading::Library::new(n) }.ok()).ok_or_else(|| {
+        let lib = names.iter().find_map(|n| unsafe { libloading::Library::new(*n) }.ok()).ok_or_else(|| {
             Error::InvalidOption(format!(
                 "tensor parallelism on GPUs needs NCCL: none of {names:?} could be opened (install NCCL or add its lib directory to LD_LIBRARY_PATH)"
             ))
