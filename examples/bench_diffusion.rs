@@ -430,7 +430,7 @@ fn breakdown(model: &DenseDiffusion, batch: usize, block: usize, prompt: usize) 
 fn write_json(args: &Args, label: &str, results: &[serde_json::Value], breakdowns: &[serde_json::Value]) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
-            "gpu": gpu_name(), "commit": args.commit, "model": label,
+            "gpu": ponder::bench::gpu_name(), "commit": args.commit, "model": label,
             "command": std::env::args().collect::<Vec<_>>().join(" "), "kernels": format!("{:?}", args.kernels),
             "workload": "prompts lognormal(median 128, sigma 0.9) clipped 8..512; new tokens fixed; eos ignored; replayed unmask counts, most confident first",
             "focus": {"alpha": args.alpha, "knee_tokens": args.focus_knee}, "quantization": format!("{:?}", args.quantization),
@@ -439,16 +439,6 @@ fn write_json(args: &Args, label: &str, results: &[serde_json::Value], breakdown
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())
-}
-
-fn gpu_name() -> String {
-    std::process::Command::new("nvidia-smi")
-        .args(["--query-gpu=name", "--format=csv,noheader"])
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.lines().next().map(str::to_string))
-        .unwrap_or_else(|| "cpu".into())
 }
 
 /// The model `--model` names (`--tiny`: its tiny config on the CPU), random weights from seed 7
@@ -541,15 +531,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.fp8_error {
         let report = fp8_logit_error(&args, &device, dtype)?;
         if let Some(path) = &args.json {
-            let doc =
-                serde_json::json!({"gpu": gpu_name(), "commit": args.commit, "command": std::env::args().collect::<Vec<_>>().join(" "), "fp8_error": report});
+            let doc = serde_json::json!({"gpu": ponder::bench::gpu_name(), "commit": args.commit, "command": std::env::args().collect::<Vec<_>>().join(" "), "fp8_error": report});
             std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
         }
         return Ok(());
     }
     let t = Instant::now();
     let (model, label) = load_model(&args, args.quantization, &device, dtype)?;
-    println!("device: {}; model: {label}", gpu_name());
+    println!("device: {}; model: {label}", ponder::bench::gpu_name());
     device.synchronize()?;
     println!("random weights generated on the device in {:.1}s", t.elapsed().as_secs_f64());
     let spec = model.spec().clone();

@@ -223,7 +223,13 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 enum Source {
     Mmap(MmapedSafetensors),
     Map(HashMap<String, Tensor>),
+    /// Tensors made when read (random weights too large to hold twice): their shapes, and what
+    /// makes one.
+    Lazy(HashMap<String, Vec<usize>>, MakeTensor),
 }
+
+/// Makes the tensor of a name and shape ([`Weights::lazy`]).
+pub type MakeTensor = std::sync::Arc<dyn Fn(&str, &[usize]) -> candle_core::Result<Tensor> + Send + Sync>;
 
 /// Named checkpoint tensors with checked shapes, converted to one dtype on one device.
 pub struct Weights {
@@ -312,6 +318,14 @@ impl Weights {
         }
     }
 
+    /// Weights made when a model reads them, by `make(name, shape)` for each of `manifest`: a
+    /// model in released shapes with random weights, each rank of a tensor-parallel group
+    /// making only the parts it keeps (a model that does not fit one device, never held whole).
+    pub fn lazy(manifest: &[(String, Vec<usize>)], make: MakeTensor, dtype: DType, device: &Device) -> Self {
+        let shapes = manifest.iter().cloned().collect();
+        Self { source: Source::Lazy(shapes, make), dtype, device: device.clone(), quantization: Default::default(), stored_fp8: None }
+    }
+
     /// `name` with its scales, if the checkpoint stores it in FP8.
     fn stored_fp8_weight(&self, name: &str, shape: (usize, usize)) -> Result<Option<crate::quant::Fp8Weight>> {
         use crate::quant::{Fp8Scale, Fp8Weight};
@@ -320,6 +334,7 @@ impl Weights {
         let stored_fp8 = match &self.source {
             Source::Mmap(st) => st.get(name).is_ok_and(|v| v.dtype() == safetensors::Dtype::F8_E4M3),
             Source::Map(m) => m.get(name).is_some_and(|t| t.dtype() == DType::F8E4M3),
+            Source::Lazy(..) => false,
         };
         if !stored_fp8 {
             return Ok(None);
@@ -358,6 +373,10 @@ impl Weights {
                 st.load(name, &Device::Cpu).map_err(|e| Error::tensor(name, first_line(&e.to_string())))
             }
             Source::Map(m) => m.get(name).cloned().ok_or_else(|| Error::tensor(name, "missing")),
+            Source::Lazy(shapes, make) => {
+                let shape = shapes.get(name).ok_or_else(|| Error::tensor(name, "missing"))?;
+                make(name, shape).map_err(|e| Error::tensor(name, first_line(&e.to_string())))
+            }
         }
     }
 
@@ -378,6 +397,7 @@ impl Weights {
         match &self.source {
             Source::Mmap(st) => st.get(name).is_ok(),
             Source::Map(m) => m.contains_key(name),
+            Source::Lazy(shapes, _) => shapes.contains_key(name),
         }
     }
 
@@ -391,6 +411,7 @@ impl Weights {
         let present = match &self.source {
             Source::Mmap(st) => st.tensors().iter().filter_map(|(name, _)| index(name)).max(),
             Source::Map(m) => m.keys().filter_map(|name| index(name)).max(),
+            Source::Lazy(shapes, _) => shapes.keys().filter_map(|name| index(name)).max(),
         }
         .map_or(0, |i| i.saturating_add(1));
         if present != n {

@@ -97,6 +97,21 @@ pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType
     Ok(out)
 }
 
+/// Random weights in `manifest`'s shapes made as a model reads them ([`Weights::lazy`]), each
+/// tensor from its own seed (`seed` and its name): the same values on every device and in any
+/// order, so the ranks of a tensor-parallel group make matching shards, and no rank ever holds
+/// the whole model (LLaDA2.0-flash: 206 GB in bf16).
+pub fn lazy_random_weights(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType, device: &Device) -> Weights {
+    let dev = device.clone();
+    let make = move |name: &str, shape: &[usize]| -> candle_core::Result<Tensor> {
+        // FNV-1a of the name: a seed per tensor.
+        let own = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)) ^ seed;
+        let map = random_tensors(&[(name.to_string(), shape.to_vec())], own, dtype, &dev).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        map.into_values().next().ok_or_else(|| candle_core::Error::Msg(format!("no tensor made for {name}")))
+    };
+    Weights::lazy(manifest, std::sync::Arc::new(make), dtype, device)
+}
+
 /// The dtype a random tensor is kept in: the model's, except MoE routers and their selection
 /// biases, which the loader reads in f32 (`Weights::get_as`). Converting each tensor as soon as
 /// it is drawn keeps the device from holding an f32 copy of every weight (LLaDA2.0-mini: 64 GB).
@@ -702,4 +717,31 @@ pub fn canvas_logits(model: &dyn crate::diffusion::models::DiffusionModel, ids: 
 /// ‖a − b‖ / ‖b‖ of a computed row against its float64 reference.
 pub fn relative_error(a: &[f32], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum::<f64>().sqrt() / b.iter().map(|y| y * y).sum::<f64>().sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The released shapes' parameter counts (the vendor's 16 B and 100 B): a manifest built
+    /// from a wrong field would not reach them.
+    #[test]
+    fn llada2_shapes_hold_the_released_parameter_counts() {
+        let total = |cfg: &Llada2Config| llada2_tensor_manifest(cfg).iter().map(|(_, s)| s.iter().product::<usize>() as f64).sum::<f64>() / 1e9;
+        let (mini, flash) = (total(&Llada2Config::llada2_mini()), total(&Llada2Config::llada2_flash()));
+        assert!((mini - 16.26).abs() < 0.05, "mini: {mini} B");
+        assert!((flash - 102.89).abs() < 0.1, "flash: {flash} B");
+    }
+
+    /// Lazy random weights are the same tensor whenever and wherever a name is read.
+    #[test]
+    fn lazy_random_weights_depend_on_the_name_only() {
+        let manifest = vec![("a.weight".to_string(), vec![3, 4]), ("b.weight".to_string(), vec![4])];
+        let w = lazy_random_weights(&manifest, 9, DType::F32, &Device::Cpu);
+        let (a1, b) = (w.get((3, 4), "a.weight").unwrap(), w.get(4, "b.weight").unwrap());
+        let a2 = lazy_random_weights(&manifest, 9, DType::F32, &Device::Cpu).get((3, 4), "a.weight").unwrap();
+        assert_eq!(a1.to_vec2::<f32>().unwrap(), a2.to_vec2::<f32>().unwrap());
+        assert_ne!(a1.flatten_all().unwrap().narrow(0, 0, 4).unwrap().to_vec1::<f32>().unwrap(), b.to_vec1::<f32>().unwrap());
+        assert!(w.contains("b.weight") && !w.contains("c.weight") && w.get(4, "c.weight").is_err());
+    }
 }

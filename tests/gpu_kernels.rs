@@ -2015,6 +2015,41 @@ fn grouped_moe_check(kernels: ponder::ops::moe::MoeKernels) {
     }
 }
 
+/// Expert parallelism on the kernels: a rank's experts (ids mapped to its range, others skipped
+/// by the kernels) against the CPU composition over the same range; the ranks' parts sum to the
+/// whole layer's output.
+#[test]
+fn expert_parallel_moe_on_the_kernels_matches_the_composition() {
+    use ponder::ops::moe::{moe_experts_local, moe_experts_reference, route_reference, StackedExperts};
+    let gpu = gpu_device();
+    let (tokens, e, k, w, h, ranks) = (300, 16, 4, 64, 256, 4);
+    let mut rng = StdRng::seed_from_u64(54);
+    let dtype = DType::BF16;
+    let x = rand_tensor(&mut rng, &[tokens, h], -1.0, 1.0, dtype);
+    let gate_up = rand_tensor(&mut rng, &[e, 2 * w, h], -0.1, 0.1, dtype);
+    let down = rand_tensor(&mut rng, &[e, h, w], -0.2, 0.2, dtype);
+    let logits = rand_tensor(&mut rng, &[tokens, e], -3.0, 3.0, DType::F32);
+    let (ids, weights) = route_reference(&logits, None, &llada2_router(e, k, 1, 1)).unwrap();
+    let whole = moe_experts_reference(&f32_cpu(&x), &ids, &weights, &StackedExperts::new(f32_cpu(&gate_up), f32_cpu(&down)).unwrap(), None, None).unwrap();
+    let to = |t: &Tensor| t.to_device(&gpu).unwrap();
+    let per = e / ranks;
+    let mut sum = Tensor::zeros((tokens, h), DType::F32, &Device::Cpu).unwrap();
+    for r in 0..ranks {
+        let first = r * per;
+        let (gu, dn) = (gate_up.narrow(0, first, per).unwrap(), down.narrow(0, first, per).unwrap());
+        let cpu = StackedExperts::new(f32_cpu(&gu), f32_cpu(&dn)).unwrap();
+        let want = moe_experts_local(&f32_cpu(&x), &ids, &weights, &cpu, first as u32, None, None).unwrap();
+        let on_gpu = StackedExperts::new(to(&gu), to(&dn)).unwrap();
+        assert!(on_gpu.on_kernels());
+        let got = f32_cpu(&moe_experts_local(&to(&x), &to(&ids), &to(&weights), &on_gpu, first as u32, None, None).unwrap());
+        let err = rel_err(&got, &want);
+        assert!(err <= 1e-2, "rank {r}: kernels against the composition {err:e}");
+        sum = (sum + got).unwrap();
+    }
+    let err = rel_err(&sum, &whole);
+    assert!(err <= 1e-2, "the ranks' parts against the whole layer {err:e}");
+}
+
 /// Device time of one MoE layer's parts at LLaDA2.0-mini widths (hidden 2048, 256 experts of
 /// width 512, 8 per token): the router logits (split-weight kernel, and as an f32 matmul), routing, and the grouped experts (grouping,
 /// both GEMMs, combine), with the experts' rate in TFLOP/s (6 · hidden · width per pair).

@@ -324,7 +324,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse()?;
     let (device, dtype) = if args.tiny { (Device::Cpu, DType::F32) } else { (Device::new_cuda(0)?, DType::BF16) };
     let recipe = recipe(&args.model, args.tiny)?;
-    let gpu = gpu_name();
+    let gpu = ponder::bench::gpu_name();
     println!("device: {gpu}; model: {}", recipe.name);
 
     let mut parity_json = serde_json::Value::Null;
@@ -399,14 +399,4 @@ impl Roof {
         }
         parts
     }
-}
-
-fn gpu_name() -> String {
-    std::process::Command::new("nvidia-smi")
-        .args(["--query-gpu=name", "--format=csv,noheader"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "cpu".into())
 }

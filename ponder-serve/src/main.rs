@@ -46,6 +46,14 @@ struct Args {
     /// quantized at load (a checkpoint shipped in FP8 is served in FP8 without it).
     #[arg(long)]
     quantization: Option<String>,
+    /// Split the model over N devices (tensor parallelism): N GPUs from GPU 0 with `--cuda`
+    /// (joined by NCCL), N threads on the CPU. Heads and MLP widths must divide by N.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// With `--tp`, split a mixture-of-experts model's routed experts over the ranks whole
+    /// instead of every expert's columns.
+    #[arg(long)]
+    expert_parallel: bool,
     /// Most requests decoding at once.
     #[arg(long)]
     max_num_seqs: Option<usize>,
@@ -120,6 +128,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(q) = &a.quantization {
         b = b.quantization(q.parse()?);
     }
+    b = b.tensor_parallel(a.tp).expert_parallel(a.expert_parallel);
     if let Some(n) = a.max_num_seqs {
         b = b.max_num_seqs(n);
     }

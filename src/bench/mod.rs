@@ -24,6 +24,18 @@ pub use workload::{random_ids, workload, Job, Lengths};
 
 use crate::{Error, Event, FinishReason, Output, Result};
 
+/// The GPU this machine reports (`nvidia-smi`'s first card), or `cpu`: what a benchmark's JSON
+/// records as its device.
+pub fn gpu_name() -> String {
+    std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(str::to_string))
+        .unwrap_or_else(|| "cpu".into())
+}
+
 /// A benchmark's figures mean something only over the work it asked for: a request that ended
 /// with an error stops the run with that error ([`Error::RequestFailed`]).
 pub fn fail_on_error(event: &Event) -> Result<()> {

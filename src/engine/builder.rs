@@ -73,9 +73,10 @@ impl Common {
     }
 }
 
-/// A model directory, with options for whichever family its checkpoint turns out to be.
+/// A model directory (or a config with weights made per device), with options for whichever
+/// family its checkpoint turns out to be.
 pub struct Checkpoint {
-    path: PathBuf,
+    origin: Origin,
     looped: Option<LoopedOptions>,
     diffusion: Option<DiffusionOptions>,
     quantization: Quantization,
@@ -83,6 +84,22 @@ pub struct Checkpoint {
     expert_parallel: bool,
     collective_timeout: Duration,
 }
+
+/// Where a checkpoint's config, weights and tokenizer come from.
+enum Origin {
+    Dir(PathBuf),
+    /// A config and the weights for a device, made as the model reads them (each rank of a
+    /// tensor-parallel group gets its own `Weights`).
+    Weights {
+        config: ModelConfig,
+        weights: WeightsFor,
+        tokenizer: Option<Tokenizer>,
+        eos: Vec<u32>,
+    },
+}
+
+/// The weights of a model on one device (`EngineBuilder::from_weights`).
+pub type WeightsFor = Box<dyn Fn(&Device, DType) -> Result<crate::loader::Weights> + Send>;
 
 /// A looped model already in memory, with its options.
 pub struct InMemoryLooped {
@@ -200,8 +217,26 @@ impl<S> EngineBuilder<S> {
 impl EngineBuilder<Checkpoint> {
     /// An engine for the model directory at `path` (config.json, safetensors, tokenizer.json).
     pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self::from_origin(Origin::Dir(path.into()))
+    }
+
+    /// An engine for the model `config` describes, its weights made for each device by
+    /// `weights(device, dtype)` (a [`crate::loader::Weights::lazy`] source makes only what a
+    /// rank keeps). Like a checkpoint directory otherwise: both families, tensor parallelism,
+    /// quantization. Released shapes with random weights are how the GPU benchmarks run models
+    /// they cannot download.
+    pub fn from_weights(
+        config: ModelConfig,
+        weights: impl Fn(&Device, DType) -> Result<crate::loader::Weights> + Send + 'static,
+        tokenizer: Option<Tokenizer>,
+        eos: Vec<u32>,
+    ) -> Self {
+        Self::from_origin(Origin::Weights { config, weights: Box::new(weights), tokenizer, eos })
+    }
+
+    fn from_origin(origin: Origin) -> Self {
         let source = Checkpoint {
-            path: path.into(),
+            origin,
             looped: None,
             diffusion: None,
             quantization: Quantization::None,
@@ -276,34 +311,40 @@ impl EngineBuilder<Checkpoint> {
         if source.expert_parallel && source.tensor_parallel == 1 {
             return Err(Error::InvalidOption("expert_parallel splits experts over tensor_parallel ranks: set tensor_parallel(n) with n >= 2".into()));
         }
-        let dir = ModelDir::open(&source.path)?;
-        if common.chat_template.is_none() {
-            common.chat_template = dir.chat()?;
-        }
-        let looped_model = matches!(dir.config, ModelConfig::Ouro(_) | ModelConfig::Huginn(_));
+        let (config, weights_for, tokenizer, eos): (ModelConfig, WeightsFor, _, _) = match source.origin {
+            Origin::Dir(path) => {
+                let dir = ModelDir::open(&path)?;
+                if common.chat_template.is_none() {
+                    common.chat_template = dir.chat()?;
+                }
+                let (config, tokenizer, eos) = (dir.config.clone(), dir.tokenizer()?, dir.eos_token_ids.clone());
+                (config, Box::new(move |device: &Device, dtype| dir.weights(dtype, device)), tokenizer, eos)
+            }
+            Origin::Weights { config, weights, tokenizer, eos } => (config, weights, tokenizer, eos),
+        };
+        let looped_model = matches!(config, ModelConfig::Ouro(_) | ModelConfig::Huginn(_));
         // The one place a wrong-family option is refused: before any weight is read.
-        let wrong = |options, family| Err(Error::WrongFamily { options, model_type: dir.config.model_type().into(), family });
+        let wrong = |options, family| Err(Error::WrongFamily { options, model_type: config.model_type().into(), family });
         match (looped_model, &source.looped, &source.diffusion) {
             (true, _, Some(_)) => return wrong("diffusion", "looped"),
             (false, Some(_), _) => return wrong("looped", "diffusion"),
             _ => {}
         }
-        let (tokenizer, eos) = (dir.tokenizer()?, dir.eos_token_ids.clone());
         let devices = crate::parallel::rank_devices(&common.device, source.tensor_parallel)?;
         let comms = crate::parallel::group(&devices, source.collective_timeout)?;
-        let weights = |device: &Device| -> Result<crate::loader::Weights> { Ok(dir.weights(common.dtype, device)?.with_quantization(source.quantization)) };
+        let weights = |device: &Device| -> Result<crate::loader::Weights> { Ok(weights_for(device, common.dtype)?.with_quantization(source.quantization)) };
         // Rank r's share of the model, on its device (the whole model without parallelism).
         let rank = |r: usize| comms.get(r).map(|c| Ok::<_, Error>((crate::parallel::TpRank::new(r, devices.len())?, c.clone()))).transpose();
-        if source.expert_parallel && (looped_model || !crate::diffusion::models::has_experts(&dir.config)) {
-            return Err(Error::InvalidOption(format!("expert_parallel: `{}` has no mixture-of-experts layers", dir.config.model_type())));
+        if source.expert_parallel && (looped_model || !crate::diffusion::models::has_experts(&config)) {
+            return Err(Error::InvalidOption(format!("expert_parallel: `{}` has no mixture-of-experts layers", config.model_type())));
         }
         if !looped_model {
             let mut models = Vec::with_capacity(devices.len());
             for (r, device) in devices.iter().enumerate() {
                 let w = weights(device)?;
                 let model = match rank(r)? {
-                    Some((rank, comm)) => crate::diffusion::models::load_shard(&dir.config, &w, rank, comm, source.expert_parallel)?,
-                    None => crate::diffusion::models::load(&dir.config, &w)?,
+                    Some((rank, comm)) => crate::diffusion::models::load_shard(&config, &w, rank, comm, source.expert_parallel)?,
+                    None => crate::diffusion::models::load(&config, &w)?,
                 };
                 models.push(Box::new(model) as Box<dyn DiffusionModel>);
             }
@@ -316,7 +357,7 @@ impl EngineBuilder<Checkpoint> {
         for (r, device) in devices.iter().enumerate() {
             let w = weights(device)?;
             let rank = rank(r)?;
-            let model: Box<dyn LoopedModel> = match (&dir.config, rank) {
+            let model: Box<dyn LoopedModel> = match (&config, rank) {
                 (ModelConfig::Huginn(c), rank) => {
                     let huginn = match rank {
                         Some((rank, comm)) => Huginn::load_shard(c, &w, rank, comm)?,

@@ -48,7 +48,7 @@ impl TpShard {
 
 /// The devices of `world` ranks from `first` on: the CPU for every rank on the CPU, the `world`
 /// GPUs from `first`'s ordinal on CUDA.
-pub(crate) fn rank_devices(first: &candle_core::Device, world: usize) -> Result<Vec<candle_core::Device>> {
+pub fn rank_devices(first: &candle_core::Device, world: usize) -> Result<Vec<candle_core::Device>> {
     if world == 0 {
         return Err(crate::Error::InvalidOption("tensor_parallel must be >= 1".into()));
     }
@@ -73,7 +73,7 @@ pub(crate) fn rank_devices(first: &candle_core::Device, world: usize) -> Result<
 
 /// A communicator per rank for ranks on `devices` (none for one rank): threads of this process
 /// on the CPU, NCCL on CUDA.
-pub(crate) fn group(devices: &[candle_core::Device], timeout: std::time::Duration) -> Result<Vec<std::sync::Arc<dyn Communicator>>> {
+pub fn group(devices: &[candle_core::Device], timeout: std::time::Duration) -> Result<Vec<std::sync::Arc<dyn Communicator>>> {
     if devices.len() <= 1 {
         return Ok(Vec::new());
     }

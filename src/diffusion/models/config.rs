@@ -600,6 +600,20 @@ impl Llada2Config {
         check_mask(path, self.mask_token_id(), self.vocab_size)
     }
 
+    /// inclusionAI/LLaDA2.0-flash (shapes only; GPU benchmarks): LLaDA2.0-mini's layout at
+    /// 102.9 B parameters (6.2 B active), 206 GB in bf16 — more than one GPU holds.
+    pub fn llada2_flash() -> Self {
+        Self {
+            hidden_size: 4096,
+            intermediate_size: 9216,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+            moe_intermediate_size: 1024,
+            max_position_embeddings: 16384,
+            ..Self::llada2_mini()
+        }
+    }
+
     /// inclusionAI/LLaDA2.0-mini (shapes only; GPU benchmarks).
     pub fn llada2_mini() -> Self {
         Self {
