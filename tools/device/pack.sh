@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the CUDA binaries here and packs them for the device tool (carry [".device"]):
 #
-#     tools/device/pack.sh [bench_looped] [bench_diffusion] [gpu_kernels] [bench_serve]
-#                                                          # default: the first three
+#     tools/device/pack.sh [bench_looped] [bench_diffusion] [bench_parallel] [gpu_kernels]
+#                          [gpu_parallel] [bench_serve]    # default: bench_looped,
+#                                                          # bench_diffusion, gpu_kernels
 #
 # Writes .device/NAME.xz (≈ 6.5 MB each; three fit the 64 MiB carry), .device/gpu-env.sh and
 # .device/unpack.sh. On the device, in every call (unpacked binaries do not survive between
@@ -23,20 +24,20 @@ mkdir -p .device
 rm -f .device/*.xz
 for n in "${names[@]}"; do
   case "$n" in
-    gpu_kernels)
-      bin=$(cargo test --release --features cuda --test gpu_kernels --no-run --message-format=json 2>/dev/null |
+    gpu_kernels | gpu_parallel)
+      bin=$(cargo test --release --features cuda --test "$n" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_kernels":
-        print(m["executable"])' | tail -1) ;;
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$n" | tail -1) ;;
     bench_serve)
       cargo build --release --features cuda -p ponder-serve --example bench_serve >&2
       bin=$CARGO_TARGET_DIR/release/examples/bench_serve ;;
     bench_*)
       cargo build --release --features cuda --example "$n" >&2
       bin=$CARGO_TARGET_DIR/release/examples/$n ;;
-    *) echo "pack.sh: unknown binary $n (bench_looped | bench_diffusion | gpu_kernels | bench_serve)" >&2; exit 1 ;;
+    *) echo "pack.sh: unknown binary $n (bench_looped | bench_diffusion | bench_parallel | gpu_kernels | gpu_parallel | bench_serve)" >&2; exit 1 ;;
   esac
   [ -n "$bin" ] && [ -x "$bin" ] || { echo "pack.sh: no binary for $n" >&2; exit 1; }
   xz -9 -T2 -c "$bin" > ".device/$n.xz"
@@ -49,6 +50,10 @@ for f in .device/*.xz; do
   chmod +x "${f%.xz}"
 done
 source .device/gpu-env.sh
+# NCCL (tensor parallelism over GPUs) is opened at run time: PyTorch's wheel ships it.
+_nccl=$(python3 -c 'import nvidia, glob, os; print(next((os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/**/libnccl.so.2", recursive=True)), ""))' 2>/dev/null)
+[ -n "$_nccl" ] && export LD_LIBRARY_PATH="$_nccl:$LD_LIBRARY_PATH"
+unset _nccl
 UNPACK
 ls -l .device/*.xz >&2
 git rev-parse --short HEAD
