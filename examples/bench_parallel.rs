@@ -80,8 +80,11 @@ fn parse() -> Result<Args, Failure> {
     Ok(a)
 }
 
+/// Tensor names and shapes, as the `testing` manifests list them.
+type Manifest = Vec<(String, Vec<usize>)>;
+
 /// The config and manifest of `shapes`.
-fn shapes(name: &str) -> Result<(ModelConfig, Vec<(String, Vec<usize>)>), Failure> {
+fn shapes(name: &str) -> Result<(ModelConfig, Manifest), Failure> {
     use ponder::testing::*;
     Ok(match name {
         "ouro-1.4b" => (ModelConfig::Ouro(OuroConfig::ouro_1_4b()), ouro_tensor_manifest(&OuroConfig::ouro_1_4b())),

@@ -90,12 +90,14 @@ enum Origin {
     Dir(PathBuf),
     /// A config and the weights for a device, made as the model reads them (each rank of a
     /// tensor-parallel group gets its own `Weights`).
-    Weights {
-        config: ModelConfig,
-        weights: WeightsFor,
-        tokenizer: Option<Tokenizer>,
-        eos: Vec<u32>,
-    },
+    Weights(Box<InMemoryWeights>),
+}
+
+struct InMemoryWeights {
+    config: ModelConfig,
+    weights: WeightsFor,
+    tokenizer: Option<Tokenizer>,
+    eos: Vec<u32>,
 }
 
 /// The weights of a model on one device (`EngineBuilder::from_weights`).
@@ -231,7 +233,7 @@ impl EngineBuilder<Checkpoint> {
         tokenizer: Option<Tokenizer>,
         eos: Vec<u32>,
     ) -> Self {
-        Self::from_origin(Origin::Weights { config, weights: Box::new(weights), tokenizer, eos })
+        Self::from_origin(Origin::Weights(Box::new(InMemoryWeights { config, weights: Box::new(weights), tokenizer, eos })))
     }
 
     fn from_origin(origin: Origin) -> Self {
@@ -320,7 +322,7 @@ impl EngineBuilder<Checkpoint> {
                 let (config, tokenizer, eos) = (dir.config.clone(), dir.tokenizer()?, dir.eos_token_ids.clone());
                 (config, Box::new(move |device: &Device, dtype| dir.weights(dtype, device)), tokenizer, eos)
             }
-            Origin::Weights { config, weights, tokenizer, eos } => (config, weights, tokenizer, eos),
+            Origin::Weights(w) => (w.config, w.weights, w.tokenizer, w.eos),
         };
         let looped_model = matches!(config, ModelConfig::Ouro(_) | ModelConfig::Huginn(_));
         // The one place a wrong-family option is refused: before any weight is read.

@@ -210,7 +210,10 @@ mod tests {
     use candle_core::{DType, Device, Tensor};
     use std::time::{Duration, Instant};
 
-    fn group(world: usize) -> (Vec<Arc<dyn Communicator>>, Vec<Arc<dyn Communicator>>) {
+    type Comms = Vec<Arc<dyn Communicator>>;
+
+    /// A group's communicators twice: as the ranks' runners, and as their communicators.
+    fn group(world: usize) -> (Comms, Comms) {
         let comms: Vec<Arc<dyn Communicator>> =
             LocalGroup::new(world, Duration::from_secs(20)).unwrap().into_iter().map(|c| Arc::new(c) as Arc<dyn Communicator>).collect();
         (comms.clone(), comms)
