@@ -125,7 +125,7 @@ pub(crate) fn build(
         Ok(DiffusionRunner::new(model, num_blocks, common.block_size, block_length)?
             .with_confidence(confidence)
             .with_launch_checks(custom)
-            .with_shared_eviction(eviction.clone(), o.eviction_shadow)
+            .with_eviction(eviction.clone(), o.eviction_shadow)
             .with_phase_timing(o.time_phases))
     };
     let mut models = models;

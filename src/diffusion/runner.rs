@@ -141,13 +141,9 @@ impl DiffusionRunner {
 
     /// Applies `policy` to denoise steps whose rows carry [`crate::diffusion::EvictRow`]s; with
     /// `shadow` every token still runs and the rows only report what would have been kept.
-    pub fn with_eviction(self, policy: Option<Box<dyn EvictionPolicy>>, shadow: bool) -> Self {
-        self.with_shared_eviction(policy.map(std::sync::Arc::from), shadow)
-    }
-
-    /// Like [`DiffusionRunner::with_eviction`], with a policy the ranks of a tensor-parallel
-    /// group share (a policy is a function of its input: every rank keeps the same tokens).
-    pub(crate) fn with_shared_eviction(mut self, policy: Option<std::sync::Arc<dyn EvictionPolicy>>, shadow: bool) -> Self {
+    /// The ranks of a tensor-parallel group share one policy (a function of its input: every
+    /// rank keeps the same tokens).
+    pub fn with_eviction(mut self, policy: Option<std::sync::Arc<dyn EvictionPolicy>>, shadow: bool) -> Self {
         self.eviction = policy;
         self.shadow = shadow;
         self

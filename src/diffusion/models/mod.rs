@@ -31,7 +31,13 @@ use candle_core::{DType, Device, Result, Tensor};
 
 /// Loads the diffusion model `config` describes; a looped family is `Error::UnsupportedModel`.
 pub fn load(config: &ModelConfig, w: &Weights) -> crate::Result<DenseDiffusion> {
-    DenseDiffusion::load(&arch(config)?, w)
+    match config {
+        ModelConfig::Sdar(c) => Sdar::load(c, w),
+        ModelConfig::Llada(c) => Llada::load(c, w),
+        ModelConfig::Llada2(c) => Llada2::load(c, w),
+        ModelConfig::Dream(c) => Dream::load(c, w),
+        other => Err(crate::Error::UnsupportedModel(format!("{} is not a diffusion model", other.model_type()))),
+    }
 }
 
 /// Loads one rank of the diffusion model `config` describes, split over a tensor-parallel group
