@@ -10,7 +10,7 @@ use super::runner::LoopedRunner;
 use super::{ContinuousBatching, DepthBatching, DepthConfig, LoopedHalf, LoopedOptions, LoopedScheduler, SchedulerContext, SchedulerKind};
 use crate::engine::{Common, Engine, Family, KvPoolStats};
 use crate::kv::{KvManager, MemoryNeed};
-use crate::parallel::{Ranks, Shards};
+use crate::parallel::Shards;
 use crate::scheduler::Requests;
 use crate::{Error, Result};
 use tokenizers::Tokenizer;
@@ -142,7 +142,7 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
         LoopedExecutor::One(runner(shard_models.pop().expect("one shard"))?)
     } else {
         let runners = shard_models.into_iter().map(runner).collect::<Result<Vec<_>>>()?;
-        LoopedExecutor::Ranks(RankedRunners::new(Ranks::spawn(runners, comms, timeout)?, spec.clone()))
+        LoopedExecutor::Ranks(RankedRunners::new(runners, comms, timeout)?)
     };
     let half = LoopedHalf { runner, scheduler, overlap: false, in_flight: None };
     let mut engine =

@@ -27,11 +27,18 @@ pub(crate) enum ExecutorPending {
 
 /// A tensor-parallel group's runners, each on its rank's thread.
 pub(crate) struct RankedRunners {
-    ranks: Ranks<LoopedRunner>,
+    ranks: Ranks<RankRunner>,
     /// Rank 0's spec (every rank's but for its share of the heads).
     spec: LoopedSpec,
     last_device: Option<DeviceSpan>,
     graph_stats: (usize, usize),
+}
+
+/// One rank's runner, and the group generation its CUDA graphs were captured in: graphs hold
+/// the collectives of the communicators they were captured with, which a reset replaces.
+pub(crate) struct RankRunner {
+    runner: LoopedRunner,
+    generation: u64,
 }
 
 /// What a rank reports of one launch.
@@ -42,8 +49,10 @@ pub(crate) struct RankOutcome {
 }
 
 impl RankedRunners {
-    pub(crate) fn new(ranks: Ranks<LoopedRunner>, spec: LoopedSpec) -> Self {
-        Self { ranks, spec, last_device: None, graph_stats: (0, 0) }
+    pub(crate) fn new(runners: Vec<LoopedRunner>, comms: Vec<Arc<dyn crate::parallel::Communicator>>, timeout: std::time::Duration) -> Result<Self> {
+        let spec = runners.first().map(|r| r.model().spec().clone()).ok_or_else(|| crate::Error::InvalidOption("no ranks".into()))?;
+        let ranks = Ranks::spawn(runners.into_iter().map(|runner| RankRunner { runner, generation: 0 }).collect(), comms, timeout)?;
+        Ok(Self { ranks, spec, last_device: None, graph_stats: (0, 0) })
     }
 }
 
@@ -60,7 +69,13 @@ impl LoopedExecutor {
             Self::One(r) => Ok(ExecutorPending::One(r.launch(launch, sampling)?)),
             Self::Ranks(r) => {
                 let (launch, sampling) = (Arc::new(launch.clone()), Arc::new(sampling.to_vec()));
-                let job: RankJob<LoopedRunner, RankOutcome> = Arc::new(move |_, runner: &mut LoopedRunner| {
+                let generation = r.ranks.generation();
+                let job: RankJob<RankRunner, RankOutcome> = Arc::new(move |_, rank: &mut RankRunner| {
+                    if rank.generation != generation {
+                        rank.runner.forget_graphs();
+                        rank.generation = generation;
+                    }
+                    let runner = &rank.runner;
                     let pending = runner.launch(&launch, &sampling)?;
                     let result = runner.collect(pending)?;
                     Ok(RankOutcome { result, device: runner.last_device_time(), graph_stats: runner.graph_stats() })
@@ -193,8 +208,7 @@ mod tests {
                 LoopedRunner::new(model, blocks, block, 0).unwrap()
             })
             .collect();
-        let spec = runners[0].model().spec().clone();
-        let mut exec = LoopedExecutor::Ranks(RankedRunners::new(Ranks::spawn(runners, comms, timeout).unwrap(), spec));
+        let mut exec = LoopedExecutor::Ranks(RankedRunners::new(runners, comms, timeout).unwrap());
         let mut kv = KvManager::new(blocks, block, cfg.total_ut_steps);
         assert!(kv.reserve(RequestId(0), 8));
         let tables = kv.tables(RequestId(0)).unwrap().to_vec();

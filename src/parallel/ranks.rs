@@ -34,6 +34,9 @@ pub(crate) struct Ranks<R: Send + 'static> {
     in_flight: usize,
     /// A job failed and the group has not been reset since (it is, once nothing is in flight).
     failed: bool,
+    /// Resets so far: what a rank captured against the group before one (a CUDA graph holding
+    /// NCCL's kernels on the old communicators) is stale after it.
+    generation: u64,
 }
 
 /// Every rank's answer to one job, still on its way ([`Ranks::wait`]).
@@ -64,11 +67,16 @@ impl<R: Send + 'static> Ranks<R> {
             tasks.push(tx);
             threads.push(thread);
         }
-        Ok(Self { tasks, threads, comms, timeout, broken: None, in_flight: 0, failed: false })
+        Ok(Self { tasks, threads, comms, timeout, broken: None, in_flight: 0, failed: false, generation: 0 })
     }
 
     pub(crate) fn world(&self) -> usize {
         self.tasks.len()
+    }
+
+    /// How many times the group has been reset after a failure (see the field).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Starts `job` on every rank at once; [`Ranks::wait`] gives their answers.
@@ -181,6 +189,7 @@ impl<R: Send + 'static> Ranks<R> {
                 comm.reset();
             }
             self.failed = false;
+            self.generation += 1;
         }
     }
 }

@@ -185,6 +185,15 @@ impl LoopedRunner {
         }
     }
 
+    /// Drops every captured graph (each shape is warmed up and captured again when next used):
+    /// after a tensor-parallel group was rebuilt, graphs hold collectives on its old
+    /// communicators.
+    pub(crate) fn forget_graphs(&self) {
+        if let Some(g) = &self.graphs {
+            g.borrow_mut().entries.clear();
+        }
+    }
+
     /// (graphs captured, launches replayed) so far.
     pub fn graph_stats(&self) -> (usize, usize) {
         self.graphs.as_ref().map_or((0, 0), |g| {
