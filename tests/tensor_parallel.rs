@@ -289,6 +289,23 @@ fn engines_over_two_and_four_ranks_generate_what_one_device_does() {
         let builder = || EngineBuilder::new(&d).looped(|o| o.scheduler(depth)).max_num_seqs(4).block_size(4).max_num_batched_tokens(64);
         check_engine(&format!("{name} {depth:?}"), builder, &[2, 4], true);
     }
+    // Depth batching with early exits: the stock gate (gate logits from every rank's whole
+    // hidden state), a learned lookahead head installed into every shard, and replayed depths
+    // with a launch in flight (overlap: two launches queued on the ranks at once).
+    let d = dir("ouro");
+    for (gate, make) in common::gates().into_iter().filter(|(g, _)| ["q-exit", "learned-lookahead", "replay"].contains(g)) {
+        let builder = || {
+            let overlap = gate != "q-exit";
+            EngineBuilder::new(&d)
+                .looped(|o| {
+                    o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(KvLayoutKind::LastExited).exit_gate_boxed(make()).overlap(overlap)
+                })
+                .max_num_seqs(4)
+                .block_size(4)
+                .max_num_batched_tokens(64)
+        };
+        check_engine(&format!("ouro depth batching, gate {gate}"), builder, &[2], true);
+    }
     write_random_sdar(&dir("sdar"), &SdarConfig { num_key_value_heads: Some(4), ..tiny_sdar_config(common::VOCAB) }, 33).unwrap();
     write_random_llada(&dir("llada"), &tiny_llada_config(common::VOCAB), 34).unwrap();
     write_random_dream(&dir("dream"), &tiny_dream_config(common::VOCAB), 35).unwrap();
