@@ -196,8 +196,12 @@ impl<R: Send + 'static> Ranks<R> {
 
 impl<R: Send + 'static> Drop for Ranks<R> {
     fn drop(&mut self) {
-        // Closing the channels ends each thread after its current task.
+        // Closing the channels ends each thread after its current task. A stuck rank's thread
+        // may never finish its task: it is left to the process rather than waited for.
         self.tasks.clear();
+        if self.broken.is_some() {
+            return;
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
