@@ -2197,3 +2197,41 @@ fn fp8_weights_on_the_gpu_match_the_cpu() {
         }
     }
 }
+
+/// The weight-only FP8 kernel (decode widths) against the dequantizing path on the CPU: bf16,
+/// f16 and f32 activations, 1 to 16 rows, with and without a bias, widths off the kernel's
+/// 512-weight stride; 17 rows and k off the 16-weight vector go the dequantizing way.
+#[test]
+fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
+    use ponder::ops::{Fp8Kernels, KernelPolicy, Linear};
+    use ponder::quant::Fp8Weight;
+    let gpu = gpu_device();
+    let policy = KernelPolicy { fp8: Fp8Kernels::WeightOnly, ..Default::default() };
+    let mut rng = StdRng::seed_from_u64(81);
+    for (rows, n, k) in [(1, 200, 64), (5, 1024, 2048), (16, 96, 4112), (3, 7, 16)] {
+        let w = rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32);
+        let q = Fp8Weight::quantize(&w).unwrap();
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for with_bias in [false, true] {
+                let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
+                let bias = with_bias.then(|| rand_tensor(&mut rng, &[n], -0.5, 0.5, dtype));
+                let cpu = Linear::fp8(q.clone(), bias.clone(), dtype);
+                let want = cpu.forward(&x).unwrap();
+                let on_gpu = Linear::fp8(q.to_device(&gpu).unwrap(), bias.as_ref().map(|b| b.to_device(&gpu).unwrap()), dtype);
+                let (got, counts) = ponder::ops::with_kernels(policy, || on_gpu.forward(&x.to_device(&gpu).unwrap()).unwrap());
+                assert_eq!(counts.fp8_weight_only, 1, "[{rows}, {n}, {k}] {dtype:?}: the kernel ran");
+                let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
+                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+                assert!(err <= tol, "[{rows}, {n}, {k}] {dtype:?} bias {with_bias}: relative error {err:e}");
+            }
+        }
+    }
+    // Shapes the kernel does not take run the dequantizing path, under the same policy.
+    for (rows, k) in [(17, 64), (2, 40)] {
+        let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[32, k], -0.5, 0.5, DType::F32)).unwrap();
+        let layer = Linear::fp8(q.to_device(&gpu).unwrap(), None, DType::BF16);
+        let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
+        let (_, counts) = ponder::ops::with_kernels(policy, || layer.forward(&x).unwrap());
+        assert_eq!(counts.fp8_weight_only, 0, "{rows} rows, k {k}");
+    }
+}

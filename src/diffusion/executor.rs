@@ -35,13 +35,15 @@ impl DiffusionExecutor {
             Self::One(r) => Ok(r.run(launch, draws)?),
             Self::Ranks { ranks, phases, .. } => {
                 let (launch, draws) = (Arc::new(launch.clone()), Arc::new(draws.to_vec()));
-                let job: RankJob<DiffusionRunner, (DenoiseResult, PhaseTimes)> = Arc::new(move |_, runner: &mut DiffusionRunner| {
-                    let result = runner.run(&launch, &draws)?;
-                    Ok((result, runner.phase_times()))
+                // The engine's kernel policy (in force on this thread) on every rank's too.
+                let policy = crate::ops::policy::current();
+                let job: RankJob<DiffusionRunner, (DenoiseResult, PhaseTimes, crate::ops::KernelCounts)> = Arc::new(move |_, runner: &mut DiffusionRunner| {
+                    let (result, kernels) = crate::ops::with_kernels(policy, || runner.run(&launch, &draws));
+                    Ok((result?, runner.phase_times(), kernels))
                 });
                 let pending = ranks.run(job);
                 let mut answers = ranks.wait(pending)?;
-                if let Some(rank) = answers.iter().position(|(r, _)| !same_answer(r, &answers[0].0)) {
+                if let Some(rank) = answers.iter().position(|(r, ..)| !same_answer(r, &answers[0].0)) {
                     return Err(crate::Error::Collective {
                         collective: "launch",
                         rank,
@@ -49,7 +51,8 @@ impl DiffusionExecutor {
                         reason: format!("ranks 0 and {rank} disagree on a denoise launch's candidates or kept tokens"),
                     });
                 }
-                let (result, times) = answers.swap_remove(0);
+                let (result, times, kernels) = answers.swap_remove(0);
+                crate::ops::policy::count(|c| *c += kernels);
                 *phases = times;
                 Ok(result)
             }

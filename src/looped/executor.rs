@@ -44,6 +44,8 @@ pub(crate) struct RankRunner {
 /// What a rank reports of one launch.
 pub(crate) struct RankOutcome {
     result: LoopedResult,
+    /// The kernels it dispatched (the engine's policy was in force on the rank's thread).
+    kernels: crate::ops::KernelCounts,
     device: Option<DeviceSpan>,
     graph_stats: (usize, usize),
 }
@@ -70,15 +72,18 @@ impl LoopedExecutor {
             Self::Ranks(r) => {
                 let (launch, sampling) = (Arc::new(launch.clone()), Arc::new(sampling.to_vec()));
                 let generation = r.ranks.generation();
+                // The engine's kernel policy, in force on this (the engine's) thread: each rank
+                // runs under it too.
+                let policy = crate::ops::policy::current();
                 let job: RankJob<RankRunner, RankOutcome> = Arc::new(move |_, rank: &mut RankRunner| {
                     if rank.generation != generation {
                         rank.runner.forget_graphs();
                         rank.generation = generation;
                     }
                     let runner = &rank.runner;
-                    let pending = runner.launch(&launch, &sampling)?;
-                    let result = runner.collect(pending)?;
-                    Ok(RankOutcome { result, device: runner.last_device_time(), graph_stats: runner.graph_stats() })
+                    let (result, kernels) =
+                        crate::ops::with_kernels(policy, || -> Result<LoopedResult> { Ok(runner.collect(runner.launch(&launch, &sampling)?)?) });
+                    Ok(RankOutcome { result: result?, kernels, device: runner.last_device_time(), graph_stats: runner.graph_stats() })
                 });
                 Ok(ExecutorPending::Ranks(r.ranks.run(job)))
             }
@@ -94,6 +99,8 @@ impl LoopedExecutor {
                     return Err(disagree(rank, outcomes.len()));
                 }
                 let first = outcomes.swap_remove(0);
+                // Rank 0's dispatches count as the launch's (every rank's are the same).
+                crate::ops::policy::count(|c| *c += first.kernels);
                 r.last_device = first.device;
                 r.graph_stats = first.graph_stats;
                 Ok(first.result)

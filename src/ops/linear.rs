@@ -170,10 +170,43 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let w = match &self.weight {
             LinearWeight::Dense(w) => Cow::Borrowed(w),
-            LinearWeight::Fp8(w) => Cow::Owned(w.dequantize(x.dtype())?),
+            LinearWeight::Fp8(w) => {
+                #[cfg(feature = "cuda")]
+                if let Some(y) = fp8_weight_only(x, w, self.bias.as_ref())? {
+                    return Ok(y);
+                }
+                Cow::Owned(w.dequantize(x.dtype())?)
+            }
         };
         candle_nn::Linear::new(w.into_owned(), self.bias.clone()).forward(x)
     }
+}
+
+/// `x Wᵀ (+ b)` through the weight-only FP8 kernel where the engine's policy asks for it and the
+/// launch fits it (CUDA, at most 16 rows, a scale per output row, k a multiple of 16); `None`
+/// where it does not, for the dequantizing path.
+#[cfg(feature = "cuda")]
+fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+    use crate::ops::policy::{count, current, Fp8Kernels};
+    use crate::quant::Fp8Scale;
+    let (n, k) = w.dims();
+    let Fp8Scale::PerChannel(scale) = w.scale() else { return Ok(None) };
+    let rows = x.elem_count() / k.max(1);
+    let fits = current().fp8 == Fp8Kernels::WeightOnly
+        && x.device().is_cuda()
+        && x.rank() >= 1
+        && x.dims().last() == Some(&k)
+        && k % 16 == 0
+        && (1..=super::cuda::FP8_MAX_ROWS).contains(&rows)
+        && matches!(x.dtype(), DType::BF16 | DType::F16 | DType::F32);
+    if !fits {
+        return Ok(None);
+    }
+    let y = super::cuda::fp8_linear(&x.reshape((rows, k))?, w.data(), scale, bias)?;
+    count(|c| c.fp8_weight_only += 1);
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("rank >= 1") = n;
+    Ok(Some(y.reshape(dims)?))
 }
 
 /// Bytes a tensor occupies.

@@ -79,6 +79,18 @@ pub enum MoeKernels {
     MmaSync,
 }
 
+/// How FP8 linear layers multiply on CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fp8Kernels {
+    /// Dequantize the weight to the activations' dtype and run the dense matmul (the reference
+    /// path; the default until the kernel is measured on the device).
+    #[default]
+    Dequantize,
+    /// The weight-only kernel for launches of at most 16 rows (decode), reading a byte a weight;
+    /// dequantize elsewhere.
+    WeightOnly,
+}
+
 /// The kernel choices of one engine. `KernelPolicy::default()` is what serving should use; the
 /// rest is for measuring one choice against another and for the device tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +102,7 @@ pub struct KernelPolicy {
     pub simt_deep: SimtDeep,
     pub split_k: SplitK,
     pub moe: MoeKernels,
+    pub fp8: Fp8Kernels,
 }
 
 impl Default for KernelPolicy {
@@ -101,6 +114,7 @@ impl Default for KernelPolicy {
             simt_deep: SimtDeep::OneBlockAnSm,
             split_k: SplitK::Planned,
             moe: MoeKernels::Auto,
+            fp8: Fp8Kernels::Dequantize,
         }
     }
 }
@@ -114,7 +128,8 @@ impl std::str::FromStr for KernelPolicy {
     /// Parses `key=value` pairs separated by commas over the defaults, as benchmark and server
     /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
-    /// to R rows, 64 by default), `moe=auto|mma-sync`. An empty string is the default.
+    /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only`. An empty
+    /// string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
         let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
@@ -174,6 +189,13 @@ impl std::str::FromStr for KernelPolicy {
                         _ => return Err(unknown()),
                     }
                 }
+                "fp8" => {
+                    p.fp8 = match value {
+                        "dequantize" => Fp8Kernels::Dequantize,
+                        "weight-only" => Fp8Kernels::WeightOnly,
+                        _ => return Err(unknown()),
+                    }
+                }
                 other => return Err(bad(format!("unknown key `{other}`"))),
             }
         }
@@ -196,6 +218,8 @@ pub struct KernelCounts {
     pub simt_eight_warp: u64,
     /// Of those, the deep build's.
     pub simt_deep: u64,
+    /// FP8 linear layers through the weight-only kernel.
+    pub fp8_weight_only: u64,
 }
 
 impl std::ops::AddAssign for KernelCounts {
@@ -205,6 +229,7 @@ impl std::ops::AddAssign for KernelCounts {
         self.simt_rope += o.simt_rope;
         self.simt_eight_warp += o.simt_eight_warp;
         self.simt_deep += o.simt_deep;
+        self.fp8_weight_only += o.fp8_weight_only;
     }
 }
 
@@ -256,7 +281,7 @@ mod tests {
     #[test]
     fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
         assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
-        let p: KernelPolicy = "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync".parse().unwrap();
+        let p: KernelPolicy = "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only".parse().unwrap();
         assert_eq!(
             p,
             KernelPolicy {
@@ -266,6 +291,7 @@ mod tests {
                 simt_deep: SimtDeep::UpToTwoAnSm,
                 split_k: SplitK::Forced { slices: 2, max_rows: 16 },
                 moe: MoeKernels::MmaSync,
+                fp8: Fp8Kernels::WeightOnly,
             }
         );
         assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });

@@ -44,6 +44,7 @@ pub(super) enum Module {
     Fused,
     Focus,
     Moe,
+    Fp8,
 }
 
 impl Module {
@@ -54,6 +55,7 @@ impl Module {
             Self::Fused => ("ponder_fused", ptx::FUSED),
             Self::Focus => ("ponder_focus", ptx::FOCUS),
             Self::Moe => ("ponder_moe", ptx::MOE),
+            Self::Fp8 => ("ponder_fp8", ptx::FP8),
         }
     }
 }

@@ -1,0 +1,75 @@
+//! The CUDA side of FP8 linear layers (`kernels/fp8.cu`): the weight-only kernel for launches
+//! of at most [`FP8_MAX_ROWS`] rows, where the layer is memory-bound and reading a byte a
+//! weight instead of two is the whole gain.
+
+use super::launch::{device, for_float, kernel, view, wrap, Module};
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{bail, CudaDevice, DType, Result, Tensor};
+
+/// Most rows of x the kernel takes (`FP8_MAX_ROWS` in fp8.cu).
+pub const FP8_MAX_ROWS: usize = 16;
+
+/// `x Wᵀ (+ bias)` for `x` `[rows, k]` (rows ≤ [`FP8_MAX_ROWS`], bf16 / f16 / f32), `data`
+/// `[n, k]` E4M3 and `scale` `[n]` f32 (one a row), `bias` `[n]` in x's dtype; k a multiple of
+/// 16. Equal to the dense matmul over `T(data · scale)` up to the order of the f32 sums.
+pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    const OP: &str = "fp8_linear";
+    let dev = device(x, OP)?;
+    let (rows, k) = x.dims2()?;
+    let (n, k_w) = data.dims2()?;
+    if k != k_w || k % 16 != 0 || rows == 0 || rows > FP8_MAX_ROWS || n > i32::MAX as usize || k > i32::MAX as usize {
+        bail!("{OP} (cuda): x [{rows}, {k}] against a weight [{n}, {k_w}]: needs equal k, a multiple of 16, and 1..={FP8_MAX_ROWS} rows");
+    }
+    if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != [n] {
+        bail!("{OP} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and [{n}] f32", data.dtype(), scale.dims(), scale.dtype());
+    }
+    if let Some(b) = bias.filter(|b| b.dims() != [n] || b.dtype() != x.dtype()) {
+        bail!("{OP} (cuda): bias {:?} {:?}, expected [{n}] {:?}", b.dims(), b.dtype(), x.dtype());
+    }
+    let (x, data, scale) = (x.contiguous()?, data.contiguous()?, scale.contiguous()?);
+    let bias = bias.map(Tensor::contiguous).transpose()?;
+    for_float!(x.dtype(), OP, |T, suf| fp8_linear_launch::<T>(&dev, suf, &x, &data, &scale, bias.as_ref(), rows, n, k))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    x: &Tensor,
+    data: &Tensor,
+    scale: &Tensor,
+    bias: Option<&Tensor>,
+    rows: usize,
+    n: usize,
+    k: usize,
+) -> Result<Tensor> {
+    const OP: &str = "fp8_linear";
+    let stream = dev.cuda_stream();
+    let (xs, xl) = x.storage_and_layout();
+    let x_v = view::<T>(&xs, xl, OP, "x", true)?;
+    let (ws, wl) = data.storage_and_layout();
+    let w_v = view::<float8::F8E4M3>(&ws, wl, OP, "weight", true)?;
+    let (ss, sl) = scale.storage_and_layout();
+    let s_v = view::<f32>(&ss, sl, OP, "scale", false)?;
+    let bias_storage = bias.map(|b| b.storage_and_layout());
+    let b_v = bias_storage.as_ref().map(|(st, l)| view::<T>(st, l, OP, "bias", false)).transpose()?;
+    // A null pointer for no bias (the kernel checks it).
+    let b_ptr = b_v.as_ref().map(|v| v.device_ptr(&stream));
+    let bias_arg: u64 = b_ptr.as_ref().map_or(0, |(p, _)| *p);
+    // SAFETY: the kernel writes every element of the output ([rows, n]).
+    let mut out = unsafe { dev.alloc::<T>(rows * n)? };
+    let func = kernel!(dev, Module::Fp8, &format!("fp8_linear_{suf}"))?;
+    // Eight warps a block, a warp an output column.
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (r, nn, kk) = (rows as i32, n as i32, k as i32);
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&x_v).arg(&w_v).arg(&s_v).arg(&bias_arg).arg(&r).arg(&nn).arg(&kk);
+    // SAFETY: argument list matches `fp8_linear_*` in fp8.cu; x holds rows × k, the weight
+    // n × k bytes (16-byte aligned: checked by `view`), the scales and the bias n values, all
+    // on this device's stream.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    drop(b_ptr);
+    Ok(wrap(out, dev, (rows, n)))
+}
