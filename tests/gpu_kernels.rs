@@ -2176,24 +2176,31 @@ fn fp8_weights_on_the_gpu_match_the_cpu() {
     for name in ["tiny-ouro", "tiny-sdar"] {
         let looped = name == "tiny-ouro";
         let params = ponder::GenerationParams { logprobs: looped.then_some(0), ..ponder::GenerationParams::greedy(16) };
-        let run = |device: &Device| {
+        let run = |device: &Device, kernels: &str| {
             let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets");
             let dir = if built.exists() { built } else { std::path::PathBuf::from("assets") }.join(name);
             let mut e = ponder::EngineBuilder::new(dir)
                 .device(device.clone())
                 .dtype(DType::F32)
                 .quantization(ponder::quant::Quantization::Fp8)
+                .kernels(kernels.parse().unwrap())
                 .max_num_seqs(2)
                 .build()
                 .unwrap();
             let out = e.generate(["Ownership in Rust"], &params).unwrap().remove(0).unwrap();
+            let used = e.metrics().kernels.fp8_weight_only;
             keep(e);
-            out
+            (out, used)
         };
-        let (g, c) = (run(&gpu), run(&Device::Cpu));
-        assert_eq!(g.token_ids, c.token_ids, "{name}");
-        for (i, (lg, lc)) in g.logprobs.iter().zip(&c.logprobs).enumerate() {
-            assert!((lg - lc).abs() < 1e-3, "{name} token {i}: {lg} vs {lc}");
+        let (c, _) = run(&Device::Cpu, "");
+        // The dequantizing path, then the weight-only kernel (decode launches of one row).
+        for kernels in ["fp8=dequantize", "fp8=weight-only"] {
+            let (g, used) = run(&gpu, kernels);
+            assert_eq!(used > 0, kernels == "fp8=weight-only", "{name} {kernels}: {used} weight-only launches");
+            assert_eq!(g.token_ids, c.token_ids, "{name} {kernels}");
+            for (i, (lg, lc)) in g.logprobs.iter().zip(&c.logprobs).enumerate() {
+                assert!((lg - lc).abs() < 1e-3, "{name} {kernels} token {i}: {lg} vs {lc}");
+            }
         }
     }
 }

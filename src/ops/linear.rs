@@ -182,6 +182,33 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// `add_rms_norm(residual, x Wᵀ, w_x, w_next)`: a projection (no bias) feeding a sandwich
+    /// norm (Ouro). Dense: split over k where that pays (`ops::split_k`); FP8 under the
+    /// weight-only kernel: the kernel, then the norm.
+    pub fn add_rms_norm(&self, residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if let LinearWeight::Fp8(w) = &self.weight {
+            if let Some(y) = fp8_weight_only(x, w, None)? {
+                return super::add_rms_norm(residual, &y, w_x, w_next, eps);
+            }
+        }
+        super::linear_add_rms_norm(residual, x, &*self.weight()?, w_x, w_next, eps)
+    }
+
+    /// `residual_add_rms_norm(residual, x Wᵀ, w)`: a projection (no bias) added to the residual
+    /// stream before the next norm (Huginn), as [`Linear::add_rms_norm`] chooses.
+    pub fn residual_add_rms_norm(&self, residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+        #[cfg(feature = "cuda")]
+        if let LinearWeight::Fp8(fp8) = &self.weight {
+            if let Some(y) = fp8_weight_only(x, fp8, None)? {
+                return super::residual_add_rms_norm(residual, &y, w, eps);
+            }
+        }
+        super::linear_residual_add_rms_norm(residual, x, &*self.weight()?, w, eps)
+    }
+}
+
 /// `x Wᵀ (+ b)` through the weight-only FP8 kernel where the engine's policy asks for it and the
 /// launch fits it (CUDA, at most 16 rows, a scale per output row, k a multiple of 16); `None`
 /// where it does not, for the dequantizing path.

@@ -201,9 +201,9 @@ impl Huginn {
             let m = ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?;
             return Ok(ops::residual_add_rms_norm(&x, &tp.sum(&b.mlp_proj.forward(&m)?)?, &b.norms[3], eps)?.1);
         }
-        let (_, x) = ops::linear_residual_add_rms_norm(x, &attn, &*b.proj.weight()?, &b.norms[1], eps)?;
+        let (_, x) = b.proj.residual_add_rms_norm(x, &attn, &b.norms[1], eps)?;
         let m = ops::silu_mul(&b.fc.forward(&ops::rms_norm(&x, &b.norms[2], eps)?)?)?;
-        Ok(ops::linear_residual_add_rms_norm(&x, &m, &*b.mlp_proj.weight()?, &b.norms[3], eps)?.1)
+        Ok(b.mlp_proj.residual_add_rms_norm(&x, &m, &b.norms[3], eps)?.1)
     }
 
     fn blocks(&self, blocks: &[Block], x: Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<Tensor> {

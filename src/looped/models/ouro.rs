@@ -198,10 +198,10 @@ impl Ouro {
             let y = tp.sum(&layer.down.forward(&ops::silu_mul(&layer.gate_up.forward(&m)?)?)?)?;
             return ops::add_rms_norm(&h, &y, &layer.post_attn_norm_2, next_norm, eps);
         }
-        let (h, m) = ops::linear_add_rms_norm(h, &attn, &*layer.o_proj.weight()?, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
+        let (h, m) = layer.o_proj.add_rms_norm(h, &attn, &layer.input_norm_2, &layer.post_attn_norm, eps)?;
 
         let m = ops::silu_mul(&layer.gate_up.forward(&m)?)?;
-        ops::linear_add_rms_norm(&h, &m, &*layer.down.weight()?, &layer.post_attn_norm_2, next_norm, eps)
+        layer.down.add_rms_norm(&h, &m, &layer.post_attn_norm_2, next_norm, eps)
     }
 }
 
