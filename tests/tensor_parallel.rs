@@ -339,6 +339,30 @@ fn engines_over_two_and_four_ranks_generate_what_one_device_does() {
     check_engine("sdar with FOCUS", focus, &[2, 4], false);
 }
 
+/// Sampled generation (temperature, top-p, a seed per request): every rank draws the same
+/// tokens from the same logits, and they are the ones one device draws.
+#[test]
+fn sampled_generation_over_ranks_draws_what_one_device_draws() {
+    use ponder::testing::*;
+    let tmp = tempfile::tempdir().unwrap();
+    let (ouro, sdar) = (tmp.path().join("ouro"), tmp.path().join("sdar"));
+    write_random_ouro(&ouro, &tiny_ouro_config(common::VOCAB), 41).unwrap();
+    write_random_sdar(&sdar, &tiny_sdar_config(common::VOCAB), 42).unwrap();
+    let prompts = common::diffusion_prompts(4, 12);
+    let sample = |b: EngineBuilder| -> Vec<Vec<u32>> {
+        let mut e = b.max_num_seqs(4).block_size(4).kv_capacity_tokens(2048).build().unwrap();
+        let params = |i: u64| ponder::GenerationParams {
+            sampling: ponder::SamplingParams { temperature: 0.9, top_p: Some(0.95), seed: Some(100 + i), ..Default::default() },
+            ..ponder::GenerationParams::greedy(10)
+        };
+        prompts.iter().enumerate().map(|(i, p)| e.generate([p.clone()], &params(i as u64)).unwrap().remove(0).unwrap().token_ids).collect()
+    };
+    let looped = || EngineBuilder::new(&ouro);
+    let diffusion = || EngineBuilder::new(&sdar).diffusion(|o| o.block_length(8));
+    assert_eq!(sample(looped().tensor_parallel(2)), sample(looped()), "Ouro");
+    assert_eq!(sample(diffusion().tensor_parallel(2)), sample(diffusion()), "SDAR");
+}
+
 #[test]
 fn a_split_the_model_cannot_take_is_refused_at_build() {
     use ponder::testing::*;
