@@ -6,15 +6,17 @@
 //! (`testing::lazy_random_weights`), so models larger than one GPU run too:
 //!
 //! ```text
-//! bench_parallel --cuda --shapes ouro-1.4b --tp 1,2 --width 64
+//! bench_parallel --cuda --shapes ouro-1.4b --tp 1,2 --width 64 --modes cb,cdb-refill
 //! bench_parallel --cuda --shapes sdar-8b --tp 1,2 --width 256
 //! bench_parallel --cuda --shapes llada2-flash --tp 4 --expert-parallel --modes baseline,focus
 //! bench_parallel --shapes tiny-ouro --tp 1,2          # the CPU: ranks as threads
 //! ```
 //!
-//! Looped models report decode tokens/s (continuous batching at full depth: every rank runs the
-//! same launches); diffusion models generated tokens/s over the whole run, with unmask counts
-//! replayed at a realised mean (`--mean-unmask`, as in `bench_serving`). `--json FILE` writes
+//! Looped models: `--modes cb` (continuous batching at full depth; decode tokens/s over the
+//! decode launches) and `cdb-refill` (depth batching with refill and overlap, exit depths
+//! replayed at mean 2.5 of 4; generated tokens/s over the run). Diffusion models: `baseline`,
+//! `baseline-delayed`, `focus`, generated tokens/s over the run, unmask counts replayed at a
+//! realised mean (`--mean-unmask`, as in `bench_serving`). Every rank runs the same launches. `--json FILE` writes
 //! every measurement with the machine, `--commit SHA` and the command.
 
 use ponder::config::ModelConfig;
@@ -29,7 +31,8 @@ struct Args {
     shapes: String,
     tps: Vec<usize>,
     expert_parallel: bool,
-    modes: Vec<String>,
+    /// Default: `cb` for looped models, `baseline` for diffusion.
+    modes: Option<Vec<String>>,
     width: usize,
     prompt: usize,
     new_tokens: usize,
@@ -45,7 +48,7 @@ fn parse() -> Result<Args, Failure> {
         shapes: "tiny-ouro".into(),
         tps: vec![1, 2],
         expert_parallel: false,
-        modes: vec!["baseline".into()],
+        modes: None,
         width: 64,
         prompt: 128,
         new_tokens: 128,
@@ -62,7 +65,7 @@ fn parse() -> Result<Args, Failure> {
             "--shapes" => a.shapes = val()?,
             "--tp" => a.tps = val()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--expert-parallel" => a.expert_parallel = true,
-            "--modes" => a.modes = val()?.split(',').map(String::from).collect(),
+            "--modes" => a.modes = Some(val()?.split(',').map(String::from).collect()),
             "--width" => a.width = val()?.parse()?,
             "--prompt" => a.prompt = val()?.parse()?,
             "--new-tokens" => a.new_tokens = val()?.parse()?,
@@ -127,6 +130,17 @@ fn run_once(a: &Args, tp: usize, mode: &str, seed: u64) -> Result<Run, Failure> 
     b = b.max_num_batched_tokens((a.width * a.prompt).clamp(per_request, 16384)).max_model_len(per_request);
     if looped {
         b = b.kv_capacity_tokens(a.width * per_request * 4);
+        b = match mode {
+            "cb" => b,
+            "cdb-refill" => {
+                use ponder::looped::gate::{DepthTrace, Replay};
+                let gate = Replay::new(DepthTrace::with_mean(2.5, 1, 4, 5)?, 1, 4)?;
+                b.looped(move |o| {
+                    o.scheduler(ponder::SchedulerKind::Depth { refill: true }).kv_layout(ponder::KvLayoutKind::LastExited).exit_gate(gate).overlap(true)
+                })
+            }
+            other => return Err(format!("--modes {other}: cb | cdb-refill").into()),
+        };
     } else {
         let trace = ponder::diffusion::UnmaskTrace::with_realised_mean(a.mean_unmask, 32, 2026)?;
         let (delayed, focus) = match mode {
@@ -152,13 +166,17 @@ fn run_once(a: &Args, tp: usize, mode: &str, seed: u64) -> Result<Run, Failure> 
     let started = Instant::now();
     ponder::bench::served_in_full(engine.generate(prompts(seed), &params)?, a.new_tokens)?;
     let wall = started.elapsed().as_secs_f64();
-    let stage = if looped { "decode" } else { "denoise" };
+    let stage = match (looped, mode) {
+        (true, "cb") => "decode",
+        (true, _) => "core",
+        (false, _) => "denoise",
+    };
     let get = |m: &ponder::EngineMetrics| m.stages.get(stage).cloned().unwrap_or_default();
     let (x, y) = (get(&before), get(engine.metrics()));
     let (time, launches) = ((y.time - x.time).as_secs_f64(), y.launches - x.launches);
-    // Looped: decode rows over decode time (each decode row is one token); diffusion: every
-    // generated token over the whole run.
-    let tokens_per_s = if looped { (y.rows - x.rows) as f64 / time } else { (a.width * a.new_tokens) as f64 / wall };
+    // CB: decode rows over decode time (each decode row is one token); depth batching and
+    // diffusion: every generated token over the whole run.
+    let tokens_per_s = if looped && mode == "cb" { (y.rows - x.rows) as f64 / time } else { (a.width * a.new_tokens) as f64 / wall };
     Ok(Run { tokens_per_s, step_ms: 1e3 * time / launches.max(1) as f64, launches })
 }
 
@@ -209,6 +227,7 @@ fn main() -> Result<(), Failure> {
         ModelConfig::Llada2(c) => (c.hidden_size, 2 * c.num_hidden_layers),
         _ => unreachable!("shapes() makes these three"),
     };
+    let modes: Vec<String> = a.modes.clone().unwrap_or_else(|| vec![if matches!(config, ModelConfig::Ouro(_)) { "cb".into() } else { "baseline".into() }]);
     println!(
         "{} · ranks {:?} · W {} · prompt {} · {} new tokens · {}",
         a.shapes,
@@ -221,7 +240,7 @@ fn main() -> Result<(), Failure> {
     println!("{:>8} {:>4} {:>7} {:>12} {:>10} {:>9}", "mode", "tp", "repeat", "tok/s", "step ms", "launches");
     let mut rows = Vec::new();
     for r in 0..a.repeats {
-        for mode in &a.modes {
+        for mode in &modes {
             for &tp in &a.tps {
                 let run = run_once(&a, tp, mode, r as u64)?;
                 println!("{mode:>8} {tp:>4} {r:>7} {:>12.1} {:>10.3} {:>9}", run.tokens_per_s, run.step_ms, run.launches);
@@ -236,7 +255,7 @@ fn main() -> Result<(), Failure> {
         v.get(v.len() / 2).copied()
     };
     let mut summary = Vec::new();
-    for mode in &a.modes {
+    for mode in &modes {
         for &tp in &a.tps {
             let (m, one) = (median(mode, tp), median(mode, 1));
             if let (Some(m), Some(one)) = (m, one) {
