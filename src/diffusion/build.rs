@@ -133,7 +133,16 @@ pub(crate) fn build(
         DiffusionExecutor::One(runner(models.pop().expect("one shard"))?)
     } else {
         let runners = models.into_iter().map(runner).collect::<Result<Vec<_>>>()?;
-        DiffusionExecutor::Ranks { ranks: Ranks::spawn(runners, comms, timeout)?, spec: spec.clone(), phases: Vec::new() }
+        // Tensors the builder made on this thread are ready before another thread uses them.
+        for r in &runners {
+            r.model().device().synchronize()?;
+        }
+        // Before the group is rebuilt after a failure, the device's queue is drained of what the
+        // failed launch left.
+        let on_reset: crate::parallel::OnReset<DiffusionRunner> = Arc::new(|runner: &mut DiffusionRunner| {
+            let _ = runner.model().device().synchronize();
+        });
+        DiffusionExecutor::Ranks { ranks: Ranks::spawn(runners, comms, timeout, Some(on_reset))?, spec: spec.clone(), phases: Vec::new() }
     };
     let half = DiffusionHalf { runner, scheduler };
     Ok(Engine::assemble(Family::Diffusion(Box::new(half)), Requests::new(kv), tokenizer, eos, common.chat_template, max_context, pool, common.kernels))

@@ -72,6 +72,7 @@ impl DiffusionExecutor {
 /// bits, so a non-finite one compares equal to itself) and the same kept tokens.
 fn same_answer(a: &DenoiseResult, b: &DenoiseResult) -> bool {
     let bits = |c: &[(u32, f32)]| c.iter().map(|&(t, p)| (t, p.to_bits())).collect::<Vec<_>>();
-    a.rows.len() == b.rows.len()
+    a.non_finite == b.non_finite
+        && a.rows.len() == b.rows.len()
         && a.rows.iter().zip(&b.rows).all(|(x, y)| x.request == y.request && x.kept == y.kept && bits(&x.candidates) == bits(&y.candidates))
 }

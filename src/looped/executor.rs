@@ -27,18 +27,11 @@ pub(crate) enum ExecutorPending {
 
 /// A tensor-parallel group's runners, each on its rank's thread.
 pub(crate) struct RankedRunners {
-    ranks: Ranks<RankRunner>,
+    ranks: Ranks<LoopedRunner>,
     /// Rank 0's spec (every rank's but for its share of the heads).
     spec: LoopedSpec,
     last_device: Option<DeviceSpan>,
     graph_stats: (usize, usize),
-}
-
-/// One rank's runner, and the group generation its CUDA graphs were captured in: graphs hold
-/// the collectives of the communicators they were captured with, which a reset replaces.
-pub(crate) struct RankRunner {
-    runner: LoopedRunner,
-    generation: u64,
 }
 
 /// What a rank reports of one launch.
@@ -53,7 +46,18 @@ pub(crate) struct RankOutcome {
 impl RankedRunners {
     pub(crate) fn new(runners: Vec<LoopedRunner>, comms: Vec<Arc<dyn crate::parallel::Communicator>>, timeout: std::time::Duration) -> Result<Self> {
         let spec = runners.first().map(|r| r.model().spec().clone()).ok_or_else(|| crate::Error::InvalidOption("no ranks".into()))?;
-        let ranks = Ranks::spawn(runners.into_iter().map(|runner| RankRunner { runner, generation: 0 }).collect(), comms, timeout)?;
+        // Tensors the builder made on this thread are ready before another thread uses them.
+        for r in &runners {
+            r.model().device().synchronize()?;
+        }
+        // Before the group is rebuilt after a failure: captured graphs hold collectives on the
+        // old communicators (and an aborted NCCL group is freed only once they are gone), and
+        // the device's queue is drained of what the failed launch left.
+        let on_reset: crate::parallel::OnReset<LoopedRunner> = Arc::new(|runner: &mut LoopedRunner| {
+            runner.forget_graphs();
+            let _ = runner.model().device().synchronize();
+        });
+        let ranks = Ranks::spawn(runners, comms, timeout, Some(on_reset))?;
         Ok(Self { ranks, spec, last_device: None, graph_stats: (0, 0) })
     }
 }
@@ -71,16 +75,10 @@ impl LoopedExecutor {
             Self::One(r) => Ok(ExecutorPending::One(r.launch(launch, sampling)?)),
             Self::Ranks(r) => {
                 let (launch, sampling) = (Arc::new(launch.clone()), Arc::new(sampling.to_vec()));
-                let generation = r.ranks.generation();
                 // The engine's kernel policy, in force on this (the engine's) thread: each rank
                 // runs under it too.
                 let policy = crate::ops::policy::current();
-                let job: RankJob<RankRunner, RankOutcome> = Arc::new(move |_, rank: &mut RankRunner| {
-                    if rank.generation != generation {
-                        rank.runner.forget_graphs();
-                        rank.generation = generation;
-                    }
-                    let runner = &rank.runner;
+                let job: RankJob<LoopedRunner, RankOutcome> = Arc::new(move |_, runner: &mut LoopedRunner| {
                     let (result, kernels) =
                         crate::ops::with_kernels(policy, || -> Result<LoopedResult> { Ok(runner.collect(runner.launch(&launch, &sampling)?)?) });
                     Ok(RankOutcome { result: result?, kernels, device: runner.last_device_time(), graph_stats: runner.graph_stats() })
@@ -126,10 +124,13 @@ impl LoopedExecutor {
     }
 }
 
-/// Whether two ranks answered a launch alike: the same tokens and the same gate signals
-/// (compared by their bits, so a non-finite one compares equal to itself).
+/// Whether two ranks answered a launch alike: the same tokens, log-probabilities and gate
+/// signals (compared by their bits, so a non-finite one compares equal to itself).
 fn same_answer(a: &LoopedResult, b: &LoopedResult) -> bool {
     let bits = |g: &[f32]| g.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let logprob = |r: &super::launch::LoopedRowOutput| {
+        r.logprob.as_ref().map(|l| (l.logprob.to_bits(), l.top.iter().map(|&(t, p)| (t, p.to_bits())).collect::<Vec<_>>()))
+    };
     a.non_finite == b.non_finite
         && a.rows.len() == b.rows.len()
         && a.rows.iter().zip(&b.rows).all(|(x, y)| {
@@ -137,11 +138,17 @@ fn same_answer(a: &LoopedResult, b: &LoopedResult) -> bool {
                 && x.token == y.token
                 && bits(&x.gate_logits) == bits(&y.gate_logits)
                 && x.latent_diff.map(f32::to_bits) == y.latent_diff.map(f32::to_bits)
+                && logprob(x) == logprob(y)
         })
 }
 
 fn disagree(rank: usize, world: usize) -> crate::Error {
-    crate::Error::Collective { collective: "launch", rank, world, reason: format!("ranks 0 and {rank} disagree on a launch's tokens or gate signals") }
+    crate::Error::Collective {
+        collective: "launch",
+        rank,
+        world,
+        reason: format!("ranks 0 and {rank} disagree on a launch's tokens, log-probabilities or gate signals"),
+    }
 }
 
 #[cfg(test)]
@@ -183,7 +190,7 @@ mod tests {
         fn all_to_all(&self, parts: Vec<Tensor>) -> crate::Result<Vec<Tensor>> {
             self.inner.all_to_all(parts)
         }
-        fn abort(&self, reason: &str) {
+        fn abort(&self, reason: &str) -> bool {
             self.inner.abort(reason)
         }
         fn reset(&self) {

@@ -216,9 +216,11 @@ impl Communicator for LocalComm {
         Ok(out)
     }
 
-    fn abort(&self, reason: &str) {
+    fn abort(&self, reason: &str) -> bool {
         let mut st = self.lock();
-        self.fail(&mut st, format!("rank {} gave up: {reason}", self.rank));
+        let first = st.failed.is_none();
+        self.fail(&mut st, reason.to_string());
+        first
     }
 
     fn reset(&self) {
@@ -287,7 +289,7 @@ mod tests {
         let started = Instant::now();
         let got = on_ranks(4, PATIENT, |c| {
             if c.rank() == 2 {
-                c.abort("its launch failed");
+                c.abort("rank 2 gave up: its launch failed");
                 return Err(c.error("test", "aborted".into()));
             }
             c.all_reduce_sum(&Tensor::ones(3, DType::F32, &Device::Cpu).unwrap()).map(|_| ())

@@ -10,7 +10,7 @@ mod ranks;
 mod shard;
 
 pub use local::{LocalComm, LocalGroup};
-pub(crate) use ranks::{RankJob, Ranks, RanksPending};
+pub(crate) use ranks::{OnReset, RankJob, Ranks, RanksPending};
 pub use shard::TpRank;
 
 use crate::Result;
@@ -121,9 +121,10 @@ pub trait Communicator: Send + Sync {
     /// rank (expert dispatch and combine). `parts` has one tensor per rank.
     fn all_to_all(&self, parts: Vec<Tensor>) -> Result<Vec<Tensor>>;
 
-    /// Gives up: every rank's pending and later collectives fail with `reason`. A rank whose
-    /// launch failed calls it so that the others stop instead of waiting for it.
-    fn abort(&self, reason: &str);
+    /// Gives up: every rank's pending and later collectives fail with `reason` (the first
+    /// reason given wins). A rank whose launch failed calls it so that the others stop instead
+    /// of waiting for it. Returns whether this call was the one that stopped the group.
+    fn abort(&self, reason: &str) -> bool;
 
     /// Makes a group that failed usable again. Called on every rank once no rank is inside a
     /// collective (every rank's launch has ended); calling it more than once is harmless.

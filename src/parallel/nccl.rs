@@ -7,9 +7,17 @@
 //!
 //! Collectives are asynchronous: a rank enqueues them and goes on; a rank that never arrives
 //! leaves the others' kernels waiting on the GPU, which the host only sees when it reads a
-//! result back. The ranks' driver ([`super::Ranks`]) bounds that wait and aborts the group
-//! (`ncclCommAbort`, which ends kernels stuck in a collective) when a launch overstays it;
-//! `reset` then builds the group's communicators anew.
+//! result back. The ranks' driver ([`super::Ranks`]) bounds that wait and aborts the group when
+//! a launch overstays it; `reset` then builds the group's communicators anew.
+//!
+//! Three NCCL rules shape the abort: no two host threads may call into one communicator at
+//! once (each rank's handle sits behind its own lock, held for the length of a call);
+//! `ncclCommAbort` frees the communicator, so the handle is taken out of its slot before the
+//! call (a rank's next collective finds the slot empty and fails); and `ncclCommAbort` returns
+//! only once every CUDA graph that captured the communicator is destroyed, which the ranks do on
+//! their own threads before the group is rebuilt — so the abort runs on a thread of its own,
+//! and `reset` waits for it. Connections are made eagerly at init (one all-reduce over every
+//! rank, from one thread), so no later host call waits on a peer while holding its lock.
 
 use super::Communicator;
 use crate::{Error, Result};
@@ -87,32 +95,93 @@ impl Lib {
 struct Group {
     lib: Lib,
     devices: Vec<CudaDevice>,
-    /// `comms[r]`: rank r's communicator (null once aborted).
-    comms: Mutex<Vec<RawComm>>,
+    /// `comms[r]`: rank r's communicator (null once aborted), behind the lock every host call
+    /// on it holds.
+    comms: Vec<Mutex<RawComm>>,
     aborted: AtomicBool,
     reason: Mutex<Option<String>>,
+    /// Signals when the thread running the last abort's `ncclCommAbort`s has finished.
+    aborting: Mutex<Option<crossbeam_channel::Receiver<()>>>,
+    /// How long `reset` waits for that thread.
+    timeout: Duration,
 }
 
-// SAFETY: NCCL communicators are opaque handles that NCCL allows any host thread to use (one
-// collective at a time per communicator, which the ranks' threads guarantee: each rank uses only
-// its own); `ncclCommAbort` may be called from another thread to end a stuck collective.
+/// A communicator handle that may cross threads.
+#[derive(Clone, Copy)]
+struct Handle(RawComm);
+
+// SAFETY: an NCCL communicator is an opaque handle any host thread may use, one call at a time;
+// the group serialises calls per communicator with its locks.
+unsafe impl Send for Handle {}
+// SAFETY: as for `Handle`: the raw handles are only used under their rank's lock or after being
+// taken out of it.
 unsafe impl Send for Group {}
 unsafe impl Sync for Group {}
 
 impl Group {
+    /// New communicators for every device, connected: one all-reduce over all of them, issued
+    /// from this thread in one NCCL group call, then waited for.
     fn init(lib: &Lib, devices: &[CudaDevice]) -> Result<Vec<RawComm>> {
         let world = devices.len();
         let ordinals: Vec<c_int> = devices.iter().map(|d| d.cuda_stream().context().ordinal() as c_int).collect();
         let mut comms = vec![std::ptr::null_mut(); world];
         // SAFETY: `comms` has room for `world` handles and `ordinals` names `world` devices.
         lib.check(unsafe { (lib.comm_init_all)(comms.as_mut_ptr(), world as c_int, ordinals.as_ptr()) }, "init", 0, world)?;
-        Ok(comms)
+        let connected = Self::connect(lib, devices, &comms);
+        if connected.is_err() {
+            for &c in &comms {
+                // SAFETY: communicators just made, used by nothing else.
+                unsafe { (lib.comm_destroy)(c) };
+            }
+        }
+        connected.map(|_| comms)
+    }
+
+    fn connect(lib: &Lib, devices: &[CudaDevice], comms: &[RawComm]) -> Result<()> {
+        let world = devices.len();
+        let bufs = devices.iter().map(|d| d.alloc_zeros::<f32>(1)).collect::<candle_core::Result<Vec<_>>>()?;
+        let streams: Vec<_> = devices.iter().map(|d| d.cuda_stream()).collect();
+        // SAFETY: one single-element f32 buffer per device, on that device's stream, each
+        // reduced in place; the group call posts them all before any waits on another.
+        unsafe {
+            lib.check((lib.group_start)(), "init", 0, world)?;
+            let mut posted = Ok(());
+            for (r, (buf, stream)) in bufs.iter().zip(&streams).enumerate() {
+                streams[r].context().bind_to_thread().map_err(|e| Error::Collective { collective: "init", rank: r, world, reason: e.to_string() })?;
+                let (p, _sync) = buf.device_ptr(stream);
+                posted = posted.and_then(|_| {
+                    lib.check((lib.all_reduce)(p as *const c_void, p as *mut c_void, 1, 7, SUM, comms[r], stream.cu_stream() as RawStream), "init", r, world)
+                });
+            }
+            posted.and(lib.check((lib.group_end)(), "init", 0, world))?;
+        }
+        for d in devices {
+            d.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Waits (up to the timeout) for the last abort's thread: NCCL frees an aborted group's
+    /// resources there, once the ranks have dropped their graphs.
+    fn finish_abort(&self) -> Result<()> {
+        let Some(done) = self.aborting.lock().unwrap_or_else(|e| e.into_inner()).take() else { return Ok(()) };
+        match done.recv_timeout(self.timeout) {
+            Ok(()) | Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Ok(()),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Collective {
+                collective: "reset",
+                rank: 0,
+                world: self.devices.len(),
+                reason: format!("NCCL's abort did not finish within {:?}", self.timeout),
+            }),
+        }
     }
 }
 
 impl Drop for Group {
     fn drop(&mut self) {
-        for &c in self.comms.get_mut().unwrap_or_else(|e| e.into_inner()).iter() {
+        // An abort still running owns its handles; these are the live ones.
+        for slot in &mut self.comms {
+            let c = *slot.get_mut().unwrap_or_else(|e| e.into_inner());
             if !c.is_null() {
                 // SAFETY: a live communicator no rank uses any more (the group is being dropped).
                 unsafe { (self.lib.comm_destroy)(c) };
@@ -125,11 +194,11 @@ impl Drop for Group {
 pub(crate) struct NcclGroup;
 
 impl NcclGroup {
-    /// One communicator per device, rank r on `devices[r]`. (`timeout` is enforced by the ranks'
-    /// driver, which waits on each launch's answers: see the module docs.)
+    /// One communicator per device, rank r on `devices[r]`, connected. (A launch's timeout is
+    /// enforced by the ranks' driver, which waits on each launch's answers; `timeout` bounds
+    /// how long a reset waits for an abort to finish.)
     #[allow(clippy::new_ret_no_self)]
     pub(crate) fn new(devices: &[Device], timeout: Duration) -> Result<Vec<Arc<dyn Communicator>>> {
-        let _ = timeout;
         let devices: Vec<CudaDevice> = devices
             .iter()
             .map(|d| match d {
@@ -138,8 +207,8 @@ impl NcclGroup {
             })
             .collect::<Result<_>>()?;
         let lib = Lib::open()?;
-        let comms = Group::init(&lib, &devices)?;
-        let group = Arc::new(Group { lib, devices, comms: Mutex::new(comms), aborted: AtomicBool::new(false), reason: Mutex::new(None) });
+        let comms = Group::init(&lib, &devices)?.into_iter().map(Mutex::new).collect();
+        let group = Arc::new(Group { lib, devices, comms, aborted: AtomicBool::new(false), reason: Mutex::new(None), aborting: Mutex::new(None), timeout });
         Ok((0..group.devices.len()).map(|rank| Arc::new(NcclComm { group: group.clone(), rank }) as Arc<dyn Communicator>).collect())
     }
 }
@@ -154,6 +223,7 @@ pub(crate) struct NcclComm {
 fn nccl_type(dtype: DType) -> Option<c_int> {
     Some(match dtype {
         DType::U8 => 1,
+        DType::I32 => 2,
         DType::U32 => 3,
         DType::I64 => 4,
         DType::F16 => 6,
@@ -177,13 +247,15 @@ impl NcclComm {
         Error::Collective { collective: what, rank: self.rank, world: self.world(), reason: reason.into() }
     }
 
-    /// This rank's communicator, or the reason the group was aborted.
-    fn comm(&self, what: &'static str) -> Result<RawComm> {
-        if self.group.aborted.load(Ordering::SeqCst) {
+    /// Runs `call` with this rank's communicator under its lock (no other host thread calls
+    /// into it meanwhile, nor aborts it), or fails with the reason the group was aborted.
+    fn with_comm<T>(&self, what: &'static str, call: impl FnOnce(RawComm) -> Result<T>) -> Result<T> {
+        let slot = self.group.comms[self.rank].lock().unwrap_or_else(|e| e.into_inner());
+        if self.group.aborted.load(Ordering::SeqCst) || slot.is_null() {
             let reason = self.group.reason.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(|| "the group was aborted".into());
             return Err(self.error(what, reason));
         }
-        Ok(self.group.comms.lock().unwrap_or_else(|e| e.into_inner())[self.rank])
+        call(*slot)
     }
 
     /// `t` contiguous on this rank's device, with its NCCL type.
@@ -247,6 +319,22 @@ impl NcclComm {
     }
 }
 
+impl NcclComm {
+    /// `[world, ..t.dims()]`: every rank's `t` (the same shape on every rank) in rank order.
+    fn gather_equal(&self, t: &Tensor) -> Result<Tensor> {
+        const WHAT: &str = "all_gather";
+        let (t, ty) = self.input(t, WHAT)?;
+        let (n, world) = (t.elem_count(), self.world());
+        let mut shape = vec![world];
+        shape.extend_from_slice(t.dims());
+        let lib = &self.group.lib;
+        // SAFETY: the destination holds `world · n` elements: every rank's `n` in rank order.
+        self.with_comm(WHAT, |comm| {
+            self.enqueue(&t, world * n, &shape, WHAT, |s, d, stream| unsafe { (lib.all_gather)(s as *const c_void, d as *mut c_void, n, ty, comm, stream) })
+        })
+    }
+}
+
 impl Communicator for NcclComm {
     fn rank(&self) -> usize {
         self.rank
@@ -259,31 +347,30 @@ impl Communicator for NcclComm {
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
         const WHAT: &str = "all_reduce_sum";
         let (t, ty) = self.input(t, WHAT)?;
-        let comm = self.comm(WHAT)?;
         let n = t.elem_count();
         let lib = &self.group.lib;
         // SAFETY: source and destination hold `n` elements of type `ty` on this rank's device;
         // the call is ordered on the device's stream.
-        self.enqueue(&t, n, t.dims(), WHAT, |s, d, stream| unsafe { (lib.all_reduce)(s as *const c_void, d as *mut c_void, n, ty, SUM, comm, stream) })
+        self.with_comm(WHAT, |comm| {
+            self.enqueue(&t, n, t.dims(), WHAT, |s, d, stream| unsafe { (lib.all_reduce)(s as *const c_void, d as *mut c_void, n, ty, SUM, comm, stream) })
+        })
     }
 
-    /// Every rank's `t` must have the same shape (NCCL gathers equal parts).
+    /// NCCL gathers equal parts: ranks whose shapes differ along `dim` get a typed error on
+    /// every rank (the shapes are exchanged first), not a mismatched call.
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor> {
         const WHAT: &str = "all_gather";
         if dim >= t.rank() {
             return Err(self.error(WHAT, format!("dimension {dim} of a rank-{} tensor", t.rank())));
         }
-        let (t, ty) = self.input(t, WHAT)?;
-        let comm = self.comm(WHAT)?;
-        let (n, world) = (t.elem_count(), self.world());
-        let mut shape = vec![world];
-        shape.extend_from_slice(t.dims());
-        let lib = &self.group.lib;
-        // SAFETY: the destination holds `world · n` elements: every rank's `n` in rank order.
-        let stacked =
-            self.enqueue(&t, world * n, &shape, WHAT, |s, d, stream| unsafe { (lib.all_gather)(s as *const c_void, d as *mut c_void, n, ty, comm, stream) })?;
+        let (t, _) = self.input(t, WHAT)?;
+        let sizes = self.gather_equal(&Tensor::new(&[t.dims()[dim] as i64], &Device::Cuda(self.device().clone()))?)?.to_vec1::<i64>()?;
+        if sizes.iter().any(|&x| x != sizes[0]) {
+            return Err(self.error(WHAT, format!("ranks gather {sizes:?} along dimension {dim}: NCCL needs equal parts")));
+        }
+        let parts = self.gather_equal(&t)?;
         // [world, ..dims] → the parts side by side along `dim`.
-        let parts: Vec<Tensor> = (0..world).map(|r| stacked.get(r)).collect::<candle_core::Result<_>>()?;
+        let parts: Vec<Tensor> = (0..self.world()).map(|r| parts.get(r)).collect::<candle_core::Result<_>>()?;
         Ok(Tensor::cat(&parts, dim)?)
     }
 
@@ -297,9 +384,8 @@ impl Communicator for NcclComm {
         }
         // First every rank's row counts, so that each knows what it receives.
         let rows: Vec<i64> = parts.iter().map(|p| p.dims().first().copied().unwrap_or(1) as i64).collect();
-        let counts = self.all_gather(&Tensor::new(rows.as_slice(), &Device::Cuda(self.device().clone()))?, 0)?.to_vec1::<i64>()?;
+        let counts = self.gather_equal(&Tensor::new(rows.as_slice(), &Device::Cuda(self.device().clone()))?)?.flatten_all()?.to_vec1::<i64>()?;
         let parts = parts.iter().map(|p| self.input(p, WHAT)).collect::<Result<Vec<_>>>()?;
-        let comm = self.comm(WHAT)?;
         let lib = &self.group.lib;
         let dev = self.device();
         let stream = dev.cuda_stream();
@@ -343,7 +429,7 @@ impl Communicator for NcclComm {
         // each buffer holds the element count passed with it and lives until the stream has run
         // them (the parts are held until this returns, the receive buffers are returned, and
         // later uses of either are ordered after on the same stream).
-        unsafe {
+        self.with_comm(WHAT, |comm| unsafe {
             lib.check((lib.group_start)(), WHAT, self.rank, world)?;
             let mut posted = Ok(());
             for j in 0..world {
@@ -353,37 +439,59 @@ impl Communicator for NcclComm {
                     .and_then(|_| lib.check((lib.recv)(receives[j] as *mut c_void, m, ty, j as c_int, comm, raw), WHAT, self.rank, world));
             }
             let ended = lib.check((lib.group_end)(), WHAT, self.rank, world);
-            posted.and(ended)?;
-        }
+            posted.and(ended)
+        })?;
         Ok(recv)
     }
 
-    fn abort(&self, reason: &str) {
-        self.group.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| format!("rank {} gave up: {reason}", self.rank));
+    fn abort(&self, reason: &str) -> bool {
+        self.group.reason.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| reason.to_string());
         if self.group.aborted.swap(true, Ordering::SeqCst) {
-            return;
+            return false;
         }
-        // Every rank's communicator: their collectives (possibly stuck on the GPU, waiting for
-        // this rank) end.
-        let mut comms = self.group.comms.lock().unwrap_or_else(|e| e.into_inner());
-        for c in comms.iter_mut() {
-            if !c.is_null() {
-                // SAFETY: a communicator of this group; aborting is allowed while another thread
-                // is inside a collective on it (that is its purpose).
-                unsafe { (self.group.lib.comm_abort)(*c) };
-                *c = std::ptr::null_mut();
+        // Every rank's handle out of its slot (under the slot's lock: no call into it is under
+        // way), so no rank calls into a communicator being freed; then the aborts, on a thread
+        // of their own: `ncclCommAbort` ends kernels stuck in a collective at once, but returns
+        // only once the graphs that captured the communicator are destroyed, which the ranks do
+        // before the group is rebuilt.
+        let handles: Vec<Handle> =
+            self.group.comms.iter().map(|slot| Handle(std::mem::replace(&mut *slot.lock().unwrap_or_else(|e| e.into_inner()), std::ptr::null_mut()))).collect();
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        *self.group.aborting.lock().unwrap_or_else(|e| e.into_inner()) = Some(done_rx);
+        let group = self.group.clone();
+        let spawned = std::thread::Builder::new().name("ponder-nccl-abort".into()).spawn(move || {
+            for Handle(c) in handles.into_iter().filter(|h| !h.0.is_null()) {
+                // SAFETY: a communicator of this group no rank can reach any more (its slot is
+                // empty); NCCL allows aborting one whose kernels are still running.
+                unsafe { (group.lib.comm_abort)(c) };
             }
+            let _ = done_tx.send(());
+        });
+        if spawned.is_err() {
+            // No thread for the abort: the handles leak (their kernels may hang until the
+            // process ends), and the group stays aborted.
+            *self.group.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{reason} (and no thread could be started to abort NCCL)"));
         }
+        true
     }
 
     fn reset(&self) {
         if !self.group.aborted.load(Ordering::SeqCst) {
             return;
         }
-        let mut comms = self.group.comms.lock().unwrap_or_else(|e| e.into_inner());
-        match Group::init(&self.group.lib, &self.group.devices) {
+        // The ranks have dropped their graphs and drained their devices (the ranks' driver runs
+        // that before a reset): the abort can finish, and the group is made anew.
+        let rebuilt = self.group.finish_abort().and_then(|_| {
+            for d in &self.group.devices {
+                d.synchronize()?;
+            }
+            Group::init(&self.group.lib, &self.group.devices)
+        });
+        match rebuilt {
             Ok(fresh) => {
-                *comms = fresh;
+                for (slot, c) in self.group.comms.iter().zip(fresh) {
+                    *slot.lock().unwrap_or_else(|e| e.into_inner()) = c;
+                }
                 *self.group.reason.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 self.group.aborted.store(false, Ordering::SeqCst);
             }

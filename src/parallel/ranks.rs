@@ -2,52 +2,69 @@
 //! of the model and the K/V of its heads). The engine hands every rank the same launch — plain
 //! data — and takes back one result; the ranks meet only in their model's collectives.
 //!
-//! A rank whose launch fails (an error or a panic) aborts its communicator before it reports,
-//! so that ranks waiting for it in a collective fail at once instead of at their timeout. A job
-//! already queued behind the failed one (overlap) fails the same way; once no job is left in
-//! flight the group is reset and the next launch runs as usual: one failed launch fails its
-//! requests, not the engine.
+//! A rank whose launch fails (an error or a panic) aborts the group before it reports, so that
+//! ranks waiting for it in a collective fail at once instead of at their timeout; the error the
+//! launch fails with is that rank's. A job already queued behind the failed one (overlap) fails
+//! the same way. Once no job is left in flight the group is reset — every rank first runs the
+//! engine's `on_reset` (drop what was captured against the old group, drain the device), then
+//! the communicators are rebuilt — and the next launch runs as usual: one failed launch fails
+//! its requests, not the engine.
 
 use super::Communicator;
 use crate::{Error, Result};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// Work for every rank: called with the rank's index and its runner.
 pub(crate) type RankJob<R, T> = Arc<dyn Fn(usize, &mut R) -> Result<T> + Send + Sync>;
 
+/// What every rank runs before its group is rebuilt after a failure.
+pub(crate) type OnReset<R> = Arc<dyn Fn(&mut R) + Send + Sync>;
+
 type Task<R> = Box<dyn FnOnce(&mut R) + Send>;
+
+/// A rank's answer, and whether its failure was the one that aborted the group.
+type Answer<T> = (Result<T>, bool);
 
 /// A thread per rank, each owning one `R`.
 pub(crate) struct Ranks<R: Send + 'static> {
     tasks: Vec<Sender<Task<R>>>,
     threads: Vec<JoinHandle<()>>,
     comms: Vec<Arc<dyn Communicator>>,
+    on_reset: Option<OnReset<R>>,
     /// How long a job may take before the group is aborted (see [`Ranks::wait`]).
-    timeout: std::time::Duration,
+    timeout: Duration,
     /// Why the ranks can no longer run anything (a rank that did not answer even after the
     /// group was aborted: its thread is stuck in the device).
     broken: Option<String>,
-    /// Jobs started and not yet waited for.
-    in_flight: usize,
+    /// Jobs started and not yet waited for (or dropped).
+    in_flight: Arc<AtomicUsize>,
     /// A job failed and the group has not been reset since (it is, once nothing is in flight).
     failed: bool,
-    /// Resets so far: what a rank captured against the group before one (a CUDA graph holding
-    /// NCCL's kernels on the old communicators) is stale after it.
-    generation: u64,
 }
 
 /// Every rank's answer to one job, still on its way ([`Ranks::wait`]).
 pub(crate) struct RanksPending<T> {
-    answers: Vec<Receiver<Result<T>>>,
+    answers: Vec<Receiver<Answer<T>>>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl<T> Drop for RanksPending<T> {
+    fn drop(&mut self) {
+        // Waited for or abandoned, the job no longer counts as in flight.
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl<R: Send + 'static> Ranks<R> {
     /// Moves `runners[r]` onto rank r's thread; `comms[r]` is rank r's communicator (aborted
-    /// when its job fails, or when a job has run `timeout` without every rank answering).
-    pub(crate) fn spawn(runners: Vec<R>, comms: Vec<Arc<dyn Communicator>>, timeout: std::time::Duration) -> Result<Self> {
+    /// when its job fails, or when a job has run `timeout` without every rank answering);
+    /// `on_reset` runs on every rank before its group is rebuilt.
+    pub(crate) fn spawn(runners: Vec<R>, comms: Vec<Arc<dyn Communicator>>, timeout: Duration, on_reset: Option<OnReset<R>>) -> Result<Self> {
         if runners.is_empty() || runners.len() != comms.len() {
             return Err(Error::InvalidOption(format!("{} ranks with {} communicators", runners.len(), comms.len())));
         }
@@ -67,130 +84,155 @@ impl<R: Send + 'static> Ranks<R> {
             tasks.push(tx);
             threads.push(thread);
         }
-        Ok(Self { tasks, threads, comms, timeout, broken: None, in_flight: 0, failed: false, generation: 0 })
+        Ok(Self { tasks, threads, comms, on_reset, timeout, broken: None, in_flight: Arc::new(AtomicUsize::new(0)), failed: false })
     }
 
     pub(crate) fn world(&self) -> usize {
         self.tasks.len()
     }
 
-    /// How many times the group has been reset after a failure (see the field).
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation
-    }
-
     /// Starts `job` on every rank at once; [`Ranks::wait`] gives their answers.
     pub(crate) fn run<T: Send + 'static>(&mut self, job: RankJob<R, T>) -> RanksPending<T> {
         self.reset_if_idle();
-        self.in_flight += 1;
-        let mut answers = Vec::with_capacity(self.world());
-        if let Some(why) = &self.broken {
-            for rank in 0..self.world() {
-                let (tx, rx) = crossbeam_channel::bounded(1);
-                let _ = tx.send(Err(Error::Collective { collective: "launch", rank, world: self.world(), reason: why.clone() }));
-                answers.push(rx);
-            }
-            return RanksPending { answers };
-        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let world = self.world();
+        let mut answers = Vec::with_capacity(world);
         for (rank, tasks) in self.tasks.iter().enumerate() {
             let (tx, rx) = crossbeam_channel::bounded(1);
+            if let Some(why) = &self.broken {
+                let _ = tx.send((Err(Error::Collective { collective: "launch", rank, world, reason: why.clone() }), false));
+                answers.push(rx);
+                continue;
+            }
             let (job, comm) = (job.clone(), self.comms[rank].clone());
             let task: Task<R> = Box::new(move |runner: &mut R| {
                 let answer = match std::panic::catch_unwind(AssertUnwindSafe(|| job(rank, runner))) {
                     Ok(answer) => answer,
-                    Err(panic) => Err(Error::Collective {
-                        collective: "launch",
-                        rank,
-                        world: comm.world_size(),
-                        reason: format!("rank {rank} panicked: {}", panic_text(&panic)),
-                    }),
+                    Err(panic) => Err(Error::Collective { collective: "launch", rank, world, reason: format!("rank {rank} panicked: {}", panic_text(&panic)) }),
                 };
-                if let Err(e) = &answer {
-                    comm.abort(&e.to_string());
-                }
+                let first = match &answer {
+                    Err(e) => comm.abort(&format!("rank {rank} failed: {e}")),
+                    Ok(_) => false,
+                };
                 // The engine may have stopped waiting (dropped): nothing to tell then.
-                let _ = tx.send(answer);
+                let _ = tx.send((answer, first));
             });
             if tasks.send(task).is_err() {
                 // The thread is gone (it only ends when the engine drops it): answer for it.
+                let why = format!("rank {rank}'s thread has stopped");
+                let first = self.comms[rank].abort(&why);
                 let (tx, rx) = crossbeam_channel::bounded(1);
-                let _ = tx.send(Err(Error::Collective { collective: "launch", rank, world: self.world(), reason: "the rank's thread has stopped".into() }));
-                self.comms[rank].abort("the rank's thread has stopped");
+                let _ = tx.send((Err(Error::Collective { collective: "launch", rank, world, reason: why }), first));
                 answers.push(rx);
                 continue;
             }
             answers.push(rx);
         }
-        RanksPending { answers }
+        RanksPending { answers, in_flight: self.in_flight.clone() }
     }
 
     /// Every rank's answer to a started job, in rank order, or the error that started a
-    /// failure: a rank's own error is preferred to the collective errors it caused on the
-    /// others.
+    /// failure: the error of the rank whose failure aborted the group, not the collective
+    /// errors it caused on the others.
     ///
     /// A rank that has not answered `timeout` after the wait began gets its group aborted
-    /// (the GPU collectives it may be stuck in end) and another `timeout` to answer; one that
-    /// still does not is stuck beyond recovery, and every later job fails at once.
+    /// (the GPU collectives it may be stuck in end), and the job fails even if every rank then
+    /// answers; it has another `timeout` to answer, and one that still does not is stuck beyond
+    /// recovery: every later job fails at once.
     pub(crate) fn wait<T>(&mut self, pending: RanksPending<T>) -> Result<Vec<T>> {
-        use crossbeam_channel::RecvTimeoutError;
         let world = self.world();
         let mut out = Vec::with_capacity(world);
-        let mut errors = Vec::new();
-        let mut deadline = std::time::Instant::now().checked_add(self.timeout);
-        let mut aborted = false;
-        for (rank, rx) in pending.answers.into_iter().enumerate() {
+        let mut errors: Vec<(Error, bool)> = Vec::new();
+        let mut deadline = Instant::now().checked_add(self.timeout);
+        let mut overstayed: Option<Error> = None;
+        for (rank, rx) in pending.answers.iter().enumerate() {
             let answer = loop {
                 let Some(until) = deadline else {
                     break rx.recv().map_err(|_| RecvTimeoutError::Disconnected);
                 };
                 match rx.recv_deadline(until) {
-                    Err(RecvTimeoutError::Timeout) if !aborted => {
-                        let why = format!("rank {rank} had not finished its launch after {:?}", self.timeout);
+                    Err(RecvTimeoutError::Timeout) if overstayed.is_none() => {
+                        // Every rank without an answer yet (one waiting in a collective for a
+                        // slow one looks the same from here).
+                        let late: Vec<usize> = (rank..world).filter(|&r| pending.answers[r].is_empty()).collect();
+                        let why = format!("ranks {late:?} had not finished their launch after {:?}", self.timeout);
                         for comm in &self.comms {
                             comm.abort(&why);
                         }
-                        aborted = true;
-                        deadline = std::time::Instant::now().checked_add(self.timeout);
+                        overstayed = Some(Error::Collective { collective: "launch", rank, world, reason: why });
+                        deadline = Instant::now().checked_add(self.timeout);
                     }
                     other => break other,
                 }
             };
             match answer {
-                Ok(Ok(t)) => out.push(t),
-                Ok(Err(e)) => errors.push(e),
+                Ok((Ok(t), _)) => out.push(t),
+                Ok((Err(e), first)) => errors.push((e, first)),
                 Err(RecvTimeoutError::Timeout) => {
                     let why = format!("rank {rank} is stuck: no answer {:?} after its group was aborted", self.timeout);
                     self.broken = Some(why.clone());
-                    errors.push(Error::Collective { collective: "launch", rank, world, reason: why });
+                    errors.push((Error::Collective { collective: "launch", rank, world, reason: why }, true));
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    errors.push(Error::Collective { collective: "launch", rank, world, reason: "the rank stopped without answering".into() })
+                    errors.push((Error::Collective { collective: "launch", rank, world, reason: "the rank stopped without answering".into() }, false))
                 }
             }
         }
-        self.in_flight = self.in_flight.saturating_sub(1);
-        if errors.is_empty() {
+        drop(pending);
+        if errors.is_empty() && overstayed.is_none() {
             return Ok(out);
         }
         self.failed = true;
         self.reset_if_idle();
-        // A stuck rank is the news; otherwise the rank whose own failure started it.
-        let stuck = errors.iter().position(|e| matches!(e, Error::Collective { reason, .. } if self.broken.as_ref() == Some(reason)));
-        let first_cause = stuck.or_else(|| errors.iter().position(|e| !matches!(e, Error::Collective { .. }))).unwrap_or(0);
-        Err(errors.swap_remove(first_cause))
+        // A stuck rank is the news; then a rank that overstayed; then the rank whose own
+        // failure aborted the group.
+        if let Some(stuck) = errors.iter().position(|(e, _)| matches!(e, Error::Collective { reason, .. } if self.broken.as_ref() == Some(reason))) {
+            return Err(errors.swap_remove(stuck).0);
+        }
+        if let Some(e) = overstayed {
+            return Err(e);
+        }
+        let cause = errors.iter().position(|(_, first)| *first).unwrap_or(0);
+        Err(errors.swap_remove(cause).0)
     }
 
     /// Resets a failed group once no rank can be inside a collective: every started job has
-    /// been waited for, so every rank thread is idle.
+    /// been waited for, so every rank thread is idle. Each rank first runs `on_reset`.
     fn reset_if_idle(&mut self) {
         // A stuck rank may still be inside a collective: its group stays as it is.
-        if self.failed && self.in_flight == 0 && self.broken.is_none() {
-            for comm in &self.comms {
-                comm.reset();
-            }
-            self.failed = false;
-            self.generation += 1;
+        if !self.failed || self.in_flight.load(Ordering::SeqCst) != 0 || self.broken.is_some() {
+            return;
         }
+        // Every rank runs the hook (or nothing) after whatever it was still running — a job
+        // the engine dropped unwaited included — so that once all have answered no rank can be
+        // inside a collective.
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        for tasks in &self.tasks {
+            let (hook, done) = (self.on_reset.clone(), done_tx.clone());
+            let task: Task<R> = Box::new(move |runner: &mut R| {
+                if let Some(hook) = hook {
+                    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| hook(runner)));
+                }
+                let _ = done.send(());
+            });
+            let _ = tasks.send(task);
+        }
+        drop(done_tx);
+        let until = Instant::now().checked_add(self.timeout);
+        for _ in 0..self.world() {
+            let got = match until {
+                Some(t) => done_rx.recv_deadline(t).is_ok(),
+                None => done_rx.recv().is_ok(),
+            };
+            if !got {
+                self.broken = Some(format!("a rank did not finish clearing up after a failure within {:?}", self.timeout));
+                return;
+            }
+        }
+        for comm in &self.comms {
+            comm.reset();
+        }
+        self.failed = false;
     }
 }
 
@@ -243,7 +285,7 @@ mod tests {
     #[test]
     fn every_rank_runs_the_job_and_answers_in_rank_order() {
         let (runners, comms) = group(3);
-        let mut ranks = Ranks::spawn(runners, comms, Duration::from_secs(20)).unwrap();
+        let mut ranks = Ranks::spawn(runners, comms, Duration::from_secs(20), None).unwrap();
         for _ in 0..5 {
             let p = ranks.run(sum_job());
             assert_eq!(ranks.wait(p).unwrap(), vec![6.0; 3]);
@@ -259,7 +301,7 @@ mod tests {
     #[test]
     fn a_failing_or_panicking_rank_fails_the_job_on_time_and_the_next_job_runs() {
         let (runners, comms) = group(4);
-        let mut ranks = Ranks::spawn(runners, comms, Duration::from_secs(20)).unwrap();
+        let mut ranks = Ranks::spawn(runners, comms, Duration::from_secs(20), None).unwrap();
         let mut run = |job| {
             let p = ranks.run(job);
             ranks.wait(p)
@@ -272,7 +314,7 @@ mod tests {
             Ok(c.all_reduce_sum(&Tensor::ones(1, DType::F32, &Device::Cpu)?)?.to_vec1::<f32>()?[0])
         });
         let e = run(failing.clone()).unwrap_err();
-        assert!(e.to_string().contains("rank 2's own failure"), "the cause, not the others' aborted collectives: {e}");
+        assert!(matches!(&e, Error::InvalidOption(m) if m.contains("rank 2's own failure")), "the cause, not the others' aborted collectives: {e}");
         assert_eq!(run(sum_job()).unwrap(), vec![10.0; 4], "the group works again");
         let panicking: RankJob<Arc<dyn Communicator>, f32> = Arc::new(|rank, c: &mut Arc<dyn Communicator>| {
             if rank == 0 {
@@ -300,7 +342,7 @@ mod tests {
     fn a_rank_that_overstays_the_timeout_gets_its_group_aborted() {
         let patience = Duration::from_millis(300);
         let (runners, comms) = group(2);
-        let mut ranks = Ranks::spawn(runners, comms, patience).unwrap();
+        let mut ranks = Ranks::spawn(runners, comms, patience, None).unwrap();
         let slow = |sleep: Duration| -> RankJob<Arc<dyn Communicator>, f32> {
             Arc::new(move |rank, c: &mut Arc<dyn Communicator>| {
                 if rank == 1 {
@@ -312,7 +354,7 @@ mod tests {
         let started = Instant::now();
         let p = ranks.run(slow(Duration::from_millis(450)));
         let e = ranks.wait(p).unwrap_err();
-        assert!(e.to_string().contains("had not finished"), "{e}");
+        assert!(matches!(&e, Error::Collective { reason, .. } if reason.contains("[0, 1] had not finished")), "the ranks without an answer: {e}");
         assert!(started.elapsed() < Duration::from_secs(2));
         let p = ranks.run(sum_job());
         assert_eq!(ranks.wait(p).unwrap(), vec![3.0; 2], "the late rank answered: the group works again");
@@ -322,5 +364,51 @@ mod tests {
         let p = ranks.run(sum_job());
         assert!(ranks.wait(p).unwrap_err().to_string().contains("stuck"), "later jobs fail at once");
         assert!(started.elapsed() < Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod reset_tests {
+    use super::*;
+    use crate::parallel::LocalGroup;
+    use candle_core::{DType, Device, Tensor};
+
+    /// A rank's runner that counts its resets.
+    struct Counting {
+        comm: Arc<dyn Communicator>,
+        resets: usize,
+    }
+
+    /// A job whose ranks all answer, slowly on rank 1, with every collective done in time: the
+    /// overstay still fails it (the group was aborted under it), every rank runs `on_reset`,
+    /// and the next job runs; a job dropped without waiting does not keep the group down.
+    #[test]
+    fn an_aborted_group_is_reset_through_every_ranks_hook() {
+        let comms: Vec<Arc<dyn Communicator>> =
+            LocalGroup::new(2, Duration::from_secs(20)).unwrap().into_iter().map(|c| Arc::new(c) as Arc<dyn Communicator>).collect();
+        let runners = comms.iter().map(|c| Counting { comm: c.clone(), resets: 0 }).collect();
+        let hook: OnReset<Counting> = Arc::new(|r: &mut Counting| r.resets += 1);
+        let mut ranks = Ranks::spawn(runners, comms, Duration::from_millis(200), Some(hook)).unwrap();
+        let late: RankJob<Counting, ()> = Arc::new(|rank, _| {
+            if rank == 1 {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Ok(())
+        });
+        let p = ranks.run(late);
+        assert!(ranks.wait(p).is_err(), "the group was aborted under the job");
+        let job: RankJob<Counting, (f32, usize)> = Arc::new(|_, r: &mut Counting| {
+            let s = r.comm.all_reduce_sum(&Tensor::ones(1, DType::F32, &Device::Cpu)?)?.to_vec1::<f32>()?[0];
+            Ok((s, r.resets))
+        });
+        let p = ranks.run(job.clone());
+        assert_eq!(ranks.wait(p).unwrap(), vec![(2.0, 1), (2.0, 1)], "reset once, through every rank's hook");
+        // A failure, then a job dropped unwaited: the group is reset before the next one runs.
+        let failing: RankJob<Counting, ()> = Arc::new(|rank, _| if rank == 0 { Err(Error::InvalidOption("no".into())) } else { Ok(()) });
+        let p = ranks.run(failing);
+        assert!(ranks.wait(p).is_err());
+        drop(ranks.run(job.clone()));
+        let p = ranks.run(job);
+        assert!(ranks.wait(p).is_ok());
     }
 }
