@@ -21,7 +21,7 @@ pub(crate) enum LoopedExecutor {
 
 /// An issued launch.
 pub(crate) enum ExecutorPending {
-    One(Pending),
+    One(Box<Pending>),
     Ranks(RanksPending<RankOutcome>),
 }
 
@@ -72,7 +72,7 @@ impl LoopedExecutor {
 
     pub(crate) fn launch(&mut self, launch: &LoopedLaunch, sampling: &[RowSampling]) -> Result<ExecutorPending> {
         match self {
-            Self::One(r) => Ok(ExecutorPending::One(r.launch(launch, sampling)?)),
+            Self::One(r) => Ok(ExecutorPending::One(Box::new(r.launch(launch, sampling)?))),
             Self::Ranks(r) => {
                 let (launch, sampling) = (Arc::new(launch.clone()), Arc::new(sampling.to_vec()));
                 // The engine's kernel policy, in force on this (the engine's) thread: each rank
@@ -90,7 +90,7 @@ impl LoopedExecutor {
 
     pub(crate) fn collect(&mut self, pending: ExecutorPending) -> Result<LoopedResult> {
         match (self, pending) {
-            (Self::One(r), ExecutorPending::One(p)) => Ok(r.collect(p)?),
+            (Self::One(r), ExecutorPending::One(p)) => Ok(r.collect(*p)?),
             (Self::Ranks(r), ExecutorPending::Ranks(p)) => {
                 let mut outcomes = r.ranks.wait(p)?;
                 if let Some(rank) = outcomes.iter().position(|o| !same_answer(&o.result, &outcomes[0].result)) {

@@ -21,9 +21,9 @@
 
 use super::Communicator;
 use crate::{Error, Result};
+use candle_core::backend::BackendDevice;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
 use candle_core::cuda_backend::{CudaDType, CudaStorage};
-use candle_core::backend::BackendDevice;
 use candle_core::{CudaDevice, DType, Device, Storage, Tensor};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
