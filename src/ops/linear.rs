@@ -224,8 +224,12 @@ fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<O
         && x.rank() >= 1
         && x.dims().last() == Some(&k)
         && k % 16 == 0
+        && n > 0
         && (1..=super::cuda::FP8_MAX_ROWS).contains(&rows)
-        && matches!(x.dtype(), DType::BF16 | DType::F16 | DType::F32);
+        && matches!(x.dtype(), DType::BF16 | DType::F16 | DType::F32)
+        // The kernel's 16-byte loads: a contiguous view must start on a 16-byte boundary (one
+        // that is not contiguous is copied, which starts on one).
+        && (!x.is_contiguous() || (x.layout().start_offset() * x.dtype().size_in_bytes()) % 16 == 0);
     if !fits {
         return Ok(None);
     }
