@@ -307,24 +307,27 @@ fn engines_over_two_and_four_ranks_generate_what_one_device_does() {
         check_engine(&format!("ouro depth batching, gate {gate}"), builder, &[2], true);
     }
     write_random_sdar(&dir("sdar"), &SdarConfig { num_key_value_heads: Some(4), ..tiny_sdar_config(common::VOCAB) }, 33).unwrap();
-    write_random_llada(&dir("llada"), &tiny_llada_config(common::VOCAB), 34).unwrap();
-    write_random_dream(&dir("dream"), &tiny_dream_config(common::VOCAB), 35).unwrap();
-    for (name, worlds) in [("sdar", &[2, 4][..]), ("llada", &[2]), ("dream", &[2])] {
+    write_random_llada(&dir("llada"), &ponder::diffusion::models::LladaConfig { n_kv_heads: Some(4), ..tiny_llada_config(common::VOCAB) }, 34).unwrap();
+    write_random_dream(&dir("dream"), &ponder::diffusion::models::DreamConfig { num_key_value_heads: Some(4), ..tiny_dream_config(common::VOCAB) }, 35)
+        .unwrap();
+    for (name, worlds) in [("sdar", &[2, 4][..]), ("llada", &[2, 4]), ("dream", &[2, 4])] {
         let d = dir(name);
         let builder = || EngineBuilder::new(&d).diffusion(|o| o.block_length(8)).max_num_seqs(4).block_size(4).kv_capacity_tokens(2048);
         check_engine(name, builder, worlds, false);
     }
     // Mixture-of-experts models, their experts' columns split or the experts themselves.
-    write_random_sdar(&dir("sdar_moe"), &tiny_sdar_moe_config(common::VOCAB), 36).unwrap();
-    write_random_llada2(&dir("llada2"), &tiny_llada2_config(common::VOCAB), 37).unwrap();
+    // (Four K/V heads: four ranks hold one each; eight experts: two each.)
+    write_random_sdar(&dir("sdar_moe"), &SdarConfig { num_key_value_heads: Some(4), ..tiny_sdar_moe_config(common::VOCAB) }, 36).unwrap();
+    write_random_llada2(&dir("llada2"), &ponder::diffusion::models::Llada2Config { num_key_value_heads: Some(4), ..tiny_llada2_config(common::VOCAB) }, 37)
+        .unwrap();
     for name in ["sdar_moe", "llada2"] {
         let d = dir(name);
-        for ep in [false, true] {
-            let builder = || EngineBuilder::new(&d).diffusion(|o| o.block_length(8)).max_num_seqs(4).block_size(4).kv_capacity_tokens(2048);
-            let split = |b: EngineBuilder| if ep { b.expert_parallel(true) } else { b };
-            let prompts = common::diffusion_prompts(6, 11);
-            let whole = engine_outputs(builder(), &prompts, false);
-            assert_eq!(engine_outputs(split(builder().tensor_parallel(2)), &prompts, false), whole, "{name} over 2 ranks, expert parallel {ep}");
+        let prompts = common::diffusion_prompts(6, 11);
+        let builder = || EngineBuilder::new(&d).diffusion(|o| o.block_length(8)).max_num_seqs(4).block_size(4).kv_capacity_tokens(2048);
+        let whole = engine_outputs(builder(), &prompts, false);
+        for (world, ep) in [(2, false), (2, true), (4, false), (4, true)] {
+            let got = engine_outputs(builder().tensor_parallel(world).expert_parallel(ep), &prompts, false);
+            assert_eq!(got, whole, "{name} over {world} ranks, expert parallel {ep}");
         }
     }
     // FOCUS: importance summed over the ranks' heads, the same tokens kept on every rank.
