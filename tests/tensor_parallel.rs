@@ -375,6 +375,10 @@ fn a_split_the_model_cannot_take_is_refused_at_build() {
         let err = EngineBuilder::new(tmp.path()).tensor_parallel(n).build().err().expect("refused");
         assert!(matches!(err, ponder::Error::InvalidOption(_)), "tensor_parallel({n}): {err:?}");
     }
+    // Devices given one by one: two CPU ranks serve; none is refused.
+    let mut two = EngineBuilder::new(tmp.path()).tensor_parallel_on(vec![Device::Cpu, Device::Cpu]).build().unwrap();
+    assert_eq!(two.generate([vec![1u32, 2, 3]], &ponder::GenerationParams::greedy(4)).unwrap().remove(0).unwrap().token_ids.len(), 4);
+    assert!(matches!(EngineBuilder::new(tmp.path()).tensor_parallel_on(vec![]).build(), Err(ponder::Error::InvalidOption(_))));
     // Expert parallelism needs ranks and experts.
     let err = EngineBuilder::new(tmp.path()).tensor_parallel(2).expert_parallel(true).build().err().expect("refused");
     assert!(matches!(&err, ponder::Error::InvalidOption(m) if m.contains("mixture-of-experts")), "{err:?}");

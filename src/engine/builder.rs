@@ -81,6 +81,8 @@ pub struct Checkpoint {
     diffusion: Option<DiffusionOptions>,
     quantization: Quantization,
     tensor_parallel: usize,
+    /// The ranks' devices, when given one by one (`tensor_parallel_on`).
+    rank_devices: Option<Vec<Device>>,
     expert_parallel: bool,
     collective_timeout: Duration,
 }
@@ -243,6 +245,7 @@ impl EngineBuilder<Checkpoint> {
             diffusion: None,
             quantization: Quantization::None,
             tensor_parallel: 1,
+            rank_devices: None,
             expert_parallel: false,
             collective_timeout: Duration::from_secs(300),
         };
@@ -279,6 +282,19 @@ impl EngineBuilder<Checkpoint> {
     /// by NCCL. Heads, K/V heads and MLP widths must divide by `n`. Default 1.
     pub fn tensor_parallel(mut self, n: usize) -> Self {
         self.source.tensor_parallel = n;
+        self.source.rank_devices = None;
+        self
+    }
+
+    /// [`EngineBuilder::tensor_parallel`] over the given devices, rank r on `devices[r]`: all
+    /// CPU, or distinct GPUs (`[Device::new_cuda(2)?, Device::new_cuda(3)?]`). Rank 0's device
+    /// is the engine's.
+    pub fn tensor_parallel_on(mut self, devices: Vec<Device>) -> Self {
+        self.source.tensor_parallel = devices.len();
+        if let Some(first) = devices.first() {
+            self.common.device = first.clone();
+        }
+        self.source.rank_devices = Some(devices);
         self
     }
 
@@ -332,7 +348,10 @@ impl EngineBuilder<Checkpoint> {
             (false, Some(_), _) => return wrong("looped", "diffusion"),
             _ => {}
         }
-        let devices = crate::parallel::rank_devices(&common.device, source.tensor_parallel)?;
+        let devices = match source.rank_devices {
+            Some(d) => crate::parallel::check_rank_devices(d)?,
+            None => crate::parallel::rank_devices(&common.device, source.tensor_parallel)?,
+        };
         let comms = crate::parallel::group(&devices, source.collective_timeout)?;
         let weights = |device: &Device| -> Result<crate::loader::Weights> { Ok(weights_for(device, common.dtype)?.with_quantization(source.quantization)) };
         // Rank r's share of the model, on its device (the whole model without parallelism).

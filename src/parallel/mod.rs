@@ -71,6 +71,31 @@ pub fn rank_devices(first: &candle_core::Device, world: usize) -> Result<Vec<can
     }
 }
 
+/// `devices` as the ranks' devices: at least one, all CPU or all distinct GPUs (NCCL joins one
+/// rank per GPU).
+pub fn check_rank_devices(devices: Vec<candle_core::Device>) -> Result<Vec<candle_core::Device>> {
+    if devices.is_empty() {
+        return Err(crate::Error::InvalidOption("tensor parallelism over no devices".into()));
+    }
+    let gpus: Vec<usize> = devices
+        .iter()
+        .filter_map(|d| match d.location() {
+            candle_core::DeviceLocation::Cuda { gpu_id } => Some(gpu_id),
+            _ => None,
+        })
+        .collect();
+    let mut distinct = gpus.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() != gpus.len() {
+        return Err(crate::Error::InvalidOption(format!("tensor-parallel ranks on GPUs {gpus:?}: one rank a GPU")));
+    }
+    if !gpus.is_empty() && gpus.len() != devices.len() || devices.iter().any(|d| !d.is_cpu() && !d.is_cuda()) {
+        return Err(crate::Error::InvalidOption("tensor-parallel ranks must all be on the CPU or all on CUDA GPUs".into()));
+    }
+    Ok(devices)
+}
+
 /// A communicator per rank for ranks on `devices` (none for one rank): threads of this process
 /// on the CPU, NCCL on CUDA.
 pub fn group(devices: &[candle_core::Device], timeout: std::time::Duration) -> Result<Vec<std::sync::Arc<dyn Communicator>>> {
