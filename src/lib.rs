@@ -54,7 +54,7 @@
 //! | FOCUS eviction | [`diffusion::Focus`], [`DiffusionOptions::eviction_policy`] | `examples/bench_diffusion.rs`, `examples/quality_diffusion.rs` |
 //! | your own diffusion scheduler | [`diffusion::DiffusionScheduler`], [`DiffusionOptions::custom_scheduler`] | `examples/custom_diffusion_scheduler.rs` |
 //! | GPU throughput | `--features cuda` | `examples/bench_looped/`, `examples/bench_diffusion.rs`, `docs/GPU.md` |
-//! | a model over several GPUs (tensor, expert parallelism) | [`EngineBuilder::tensor_parallel`], [`EngineBuilder::expert_parallel`] | `examples/generate.rs --tp 2`, `examples/bench_parallel.rs` |
+//! | a model over several GPUs (tensor, expert parallelism) | [`EngineBuilder::tensor_parallel`], [`EngineBuilder::tensor_parallel_on`], [`EngineBuilder::expert_parallel`] | `examples/generate.rs --tp 2`, `examples/bench_parallel.rs` |
 //!
 //! Architecture and invariants: `docs/ARCHITECTURE.md`.
 
