@@ -373,7 +373,8 @@ impl EngineBuilder<Checkpoint> {
             return crate::diffusion::build::build(shards, tokenizer, eos, source.diffusion.unwrap_or_default(), common);
         }
         let mut options = source.looped.unwrap_or_default();
-        let init = options.initial_state.take();
+        // Huginn's option, taken for its load; left for the build to refuse on any other model.
+        let init = if matches!(config, ModelConfig::Huginn(_)) { options.initial_state.take() } else { None };
         let mut models = Vec::with_capacity(devices.len());
         for (r, device) in devices.iter().enumerate() {
             let w = weights(device)?;
