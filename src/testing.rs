@@ -99,8 +99,10 @@ pub fn random_tensors(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType
 
 /// Random weights in `manifest`'s shapes made as a model reads them ([`Weights::lazy`]), each
 /// tensor from its own seed (`seed` and its name): the same values on every device and in any
-/// order, so the ranks of a tensor-parallel group make matching shards, and no rank ever holds
-/// the whole model (LLaDA2.0-flash: 206 GB in bf16).
+/// order, so the ranks of a tensor-parallel group make matching shards. A rank never holds the
+/// whole model (LLaDA2.0-flash: 206 GB in bf16): it makes one tensor at a time and keeps its
+/// share (under expert parallelism it makes only its own experts; otherwise each expert whole
+/// for a moment, then its columns).
 pub fn lazy_random_weights(manifest: &[(String, Vec<usize>)], seed: u64, dtype: DType, device: &Device) -> Weights {
     let dev = device.clone();
     let make = move |name: &str, shape: &[usize]| -> candle_core::Result<Tensor> {

@@ -93,13 +93,12 @@ pub(crate) fn build(
     let workspace = crate::kv::workspace_bytes(launch_tokens, spec.hidden_size, readout_rows, spec.vocab_size, model.device());
     let rounded = max_context.div_ceil(block_length).saturating_mul(block_length);
     let useful = limits.max_num_seqs.saturating_mul(rounded.div_ceil(common.block_size).saturating_mul(common.block_size));
-    let num_blocks = common.pool_blocks(model.device(), 1, per_position, workspace, useful)?;
+    let devices: Vec<candle_core::Device> = models.iter().map(|m| m.device().clone()).collect();
+    let num_blocks = common.pool_blocks_on(&devices, 1, per_position, workspace, useful)?;
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
     let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
     let hint = "lower kv_capacity_tokens, kv_memory_fraction, max_num_seqs or max_num_batched_tokens";
-    if !common.pool_fitted(model.device()) {
-        crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: 0, workspace }, hint, model.device())?;
-    }
+    common.check_fits_on(&devices, MemoryNeed { pool: pool_bytes, bank: 0, workspace }, hint, false)?;
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots: 1, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, 1);
     let cfg = DiffusionConfig {

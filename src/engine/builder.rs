@@ -66,11 +66,61 @@ impl Common {
         Ok(if self.pool_fitted(device) { (tokens / self.block_size).max(slots) } else { tokens.div_ceil(self.block_size) })
     }
 
+    /// [`Common::pool_blocks`] for ranks on `devices`, each with its own pool of the same
+    /// size: the fewest blocks any rank's device can hold. Ranks on the CPU share one memory,
+    /// so their positions and reserves count once per rank there.
+    pub(crate) fn pool_blocks_on(&self, devices: &[Device], slots: usize, bytes_per_position: Option<u64>, reserved: u64, useful: usize) -> Result<usize> {
+        let share = sharing(devices);
+        let per_position = bytes_per_position.map(|b| b.saturating_mul(share));
+        let mut blocks = usize::MAX;
+        for device in distinct(devices) {
+            blocks = blocks.min(self.pool_blocks(device, slots, per_position, reserved.saturating_mul(share), useful)?);
+        }
+        Ok(blocks)
+    }
+
+    /// `kv::check_fits` on every rank's device (CPU ranks' needs together), unless the pool
+    /// was sized from its free memory (which left room already) and `always` is off.
+    pub(crate) fn check_fits_on(&self, devices: &[Device], need: crate::kv::MemoryNeed, hint: &str, always: bool) -> Result<()> {
+        let share = sharing(devices);
+        let need = crate::kv::MemoryNeed {
+            pool: need.pool.map(|p| p.saturating_mul(share)),
+            bank: need.bank.saturating_mul(share),
+            workspace: need.workspace.saturating_mul(share),
+        };
+        for device in distinct(devices) {
+            if always || !self.pool_fitted(device) {
+                crate::kv::check_fits(need, hint, device)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the pool is sized from the device's free memory (already leaving room for what
     /// `pool_blocks` reserved) rather than given by hand or fixed.
     pub(crate) fn pool_fitted(&self, device: &Device) -> bool {
         self.kv_tokens.is_none() && (self.kv_fraction.is_some() || device.is_cuda())
     }
+}
+
+/// How many ranks share one device's memory: all of them on the CPU, one a GPU.
+fn sharing(devices: &[Device]) -> u64 {
+    if devices.iter().all(Device::is_cpu) {
+        devices.len().max(1) as u64
+    } else {
+        1
+    }
+}
+
+/// Each device once.
+fn distinct(devices: &[Device]) -> Vec<&Device> {
+    let mut out: Vec<&Device> = Vec::new();
+    for d in devices {
+        if !out.iter().any(|o| o.same_device(d)) {
+            out.push(d);
+        }
+    }
+    out
 }
 
 /// A model directory (or a config with weights made per device), with options for whichever
@@ -349,6 +399,12 @@ impl EngineBuilder<Checkpoint> {
             _ => {}
         }
         let devices = match source.rank_devices {
+            Some(d) if d.first().is_some_and(|first| !first.same_device(&common.device)) => {
+                return Err(Error::InvalidOption(format!(
+                    "tensor_parallel_on puts rank 0 on {:?}, but the engine's device was set to {:?} after it",
+                    d[0], common.device
+                )));
+            }
             Some(d) => crate::parallel::check_rank_devices(d)?,
             None => crate::parallel::rank_devices(&common.device, source.tensor_parallel)?,
         };

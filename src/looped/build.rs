@@ -45,6 +45,7 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
     let Shards { models: mut shard_models, comms, timeout } = shards;
     let model = &shard_models[0];
     let spec = model.spec().clone();
+    let devices: Vec<candle_core::Device> = shard_models.iter().map(|m| m.device().clone()).collect();
     let max_context = common.max_context(spec.max_context);
     let layout = o.layout.unwrap_or_else(|| KvLayoutKind::default().build());
     crate::looped::layout::check_shape(layout.as_ref(), spec.max_steps)?;
@@ -63,7 +64,7 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
     let bank_estimate = if cb { 0 } else { bank_bytes(resident) };
     // A request takes whole blocks in every slot.
     let useful = resident.saturating_mul(max_context.div_ceil(common.block_size).saturating_mul(common.block_size)).saturating_mul(slots);
-    let num_blocks = common.pool_blocks(model.device(), slots, per_position, workspace.saturating_add(bank_estimate), useful)?;
+    let num_blocks = common.pool_blocks_on(&devices, slots, per_position, workspace.saturating_add(bank_estimate), useful)?;
     // Before the pool's bookkeeping or tensors exist: a pool given by hand that the device cannot
     // hold beside a launch's workspace and the state bank is an error, not an allocation that
     // aborts the process or a pool that fails every request at its first large launch. (One
@@ -71,10 +72,7 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
     let pool_tokens = num_blocks.saturating_mul(common.block_size);
     let pool_bytes = crate::kv::kv_bytes(pool_tokens, spec.num_kv_layers, spec.num_kv_heads, spec.head_dim, spec.dtype);
     let hint = "lower kv_capacity_tokens, kv_memory_fraction, max_num_seqs, max_num_batched_tokens or coda_reserve";
-    let fitted = common.pool_fitted(model.device());
-    if !fitted {
-        crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank: bank_estimate, workspace }, hint, model.device())?;
-    }
+    common.check_fits_on(&devices, MemoryNeed { pool: pool_bytes, bank: bank_estimate, workspace }, hint, false)?;
     let pool = KvPoolStats { blocks: num_blocks, block_size: common.block_size, slots, tokens: pool_tokens, bytes: pool_bytes.unwrap_or(u64::MAX) };
     let kv = KvManager::new(num_blocks, common.block_size, slots);
     let mut gate = match o.gate {
@@ -99,7 +97,6 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
     for m in &mut shard_models {
         m.set_gate_logit(custom || gate.reads_gate_logit());
     }
-    let device = shard_models[0].device().clone();
     // CB runs every token at full depth: a gate that would exit earlier would be ignored.
     if !custom && o.scheduler == SchedulerKind::Continuous && gate.min_steps() < spec.max_steps {
         return Err(Error::InvalidOption(
@@ -129,7 +126,7 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
     let bank_rows = scheduler.state_bank_rows();
     let bank = bank_bytes(bank_rows);
     if bank > bank_estimate {
-        crate::kv::check_fits(MemoryNeed { pool: pool_bytes, bank, workspace }, hint, &device)?;
+        common.check_fits_on(&devices, MemoryNeed { pool: pool_bytes, bank, workspace }, hint, true)?;
     }
     let runner = |model| -> Result<LoopedRunner> {
         Ok(LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, bank_rows, o.cuda_graphs)?

@@ -9,9 +9,11 @@ use super::launch::{LoopedLaunch, LoopedResult};
 use super::models::LoopedSpec;
 use super::runner::{LoopedRunner, Pending};
 use crate::engine::DeviceSpan;
+use crate::ops::KernelCounts;
 use crate::parallel::{RankJob, Ranks, RanksPending};
 use crate::sampling::RowSampling;
 use crate::Result;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 pub(crate) enum LoopedExecutor {
@@ -22,23 +24,36 @@ pub(crate) enum LoopedExecutor {
 /// An issued launch.
 pub(crate) enum ExecutorPending {
     One(Box<Pending>),
-    Ranks(RanksPending<RankOutcome>),
+    /// Launch `id`, issued on every rank (each keeps its own pending results until collected).
+    Ranks {
+        id: u64,
+        issued: RanksPending<KernelCounts>,
+    },
 }
 
 /// A tensor-parallel group's runners, each on its rank's thread.
 pub(crate) struct RankedRunners {
-    ranks: Ranks<LoopedRunner>,
+    ranks: Ranks<RankRunner>,
     /// Rank 0's spec (every rank's but for its share of the heads).
     spec: LoopedSpec,
     last_device: Option<DeviceSpan>,
     graph_stats: (usize, usize),
+    next_launch: u64,
 }
 
-/// What a rank reports of one launch.
+/// One rank's runner and the launches it has issued but not yet collected: a launch and its
+/// collection are separate jobs, so that under overlap a rank queues launch N + 1's kernels
+/// before it waits for launch N's results, as one runner does.
+pub(crate) struct RankRunner {
+    runner: LoopedRunner,
+    issued: HashMap<u64, Pending>,
+}
+
+/// What a rank reports of one collected launch.
 pub(crate) struct RankOutcome {
     result: LoopedResult,
-    /// The kernels it dispatched (the engine's policy was in force on the rank's thread).
-    kernels: crate::ops::KernelCounts,
+    /// What collecting dispatched (the engine's policy in force on the rank's thread).
+    kernels: KernelCounts,
     device: Option<DeviceSpan>,
     graph_stats: (usize, usize),
 }
@@ -53,12 +68,23 @@ impl RankedRunners {
         // Before the group is rebuilt after a failure: captured graphs hold collectives on the
         // old communicators (and an aborted NCCL group is freed only once they are gone), and
         // the device's queue is drained of what the failed launch left.
-        let on_reset: crate::parallel::OnReset<LoopedRunner> = Arc::new(|runner: &mut LoopedRunner| {
-            runner.forget_graphs();
-            let _ = runner.model().device().synchronize();
+        let on_reset: crate::parallel::OnReset<RankRunner> = Arc::new(|rank: &mut RankRunner| {
+            rank.runner.forget_graphs();
+            let _ = rank.runner.model().device().synchronize();
         });
+        let runners = runners.into_iter().map(|runner| RankRunner { runner, issued: HashMap::new() }).collect();
         let ranks = Ranks::spawn(runners, comms, timeout, Some(on_reset))?;
-        Ok(Self { ranks, spec, last_device: None, graph_stats: (0, 0) })
+        Ok(Self { ranks, spec, last_device: None, graph_stats: (0, 0), next_launch: 0 })
+    }
+
+    /// Drops launch `id`'s pending results on every rank that holds them (a launch that failed
+    /// somewhere). Nothing waits for it: later jobs queue behind it.
+    fn discard(&mut self, id: u64) {
+        let job: RankJob<RankRunner, ()> = Arc::new(move |_, rank: &mut RankRunner| {
+            rank.issued.remove(&id);
+            Ok(())
+        });
+        drop(self.ranks.run(job));
     }
 }
 
@@ -75,15 +101,17 @@ impl LoopedExecutor {
             Self::One(r) => Ok(ExecutorPending::One(Box::new(r.launch(launch, sampling)?))),
             Self::Ranks(r) => {
                 let (launch, sampling) = (Arc::new(launch.clone()), Arc::new(sampling.to_vec()));
+                let id = r.next_launch;
+                r.next_launch += 1;
                 // The engine's kernel policy, in force on this (the engine's) thread: each rank
                 // runs under it too.
                 let policy = crate::ops::policy::current();
-                let job: RankJob<LoopedRunner, RankOutcome> = Arc::new(move |_, runner: &mut LoopedRunner| {
-                    let (result, kernels) =
-                        crate::ops::with_kernels(policy, || -> Result<LoopedResult> { Ok(runner.collect(runner.launch(&launch, &sampling)?)?) });
-                    Ok(RankOutcome { result: result?, kernels, device: runner.last_device_time(), graph_stats: runner.graph_stats() })
+                let job: RankJob<RankRunner, KernelCounts> = Arc::new(move |_, rank: &mut RankRunner| {
+                    let (pending, kernels) = crate::ops::with_kernels(policy, || rank.runner.launch(&launch, &sampling));
+                    rank.issued.insert(id, pending?);
+                    Ok(kernels)
                 });
-                Ok(ExecutorPending::Ranks(r.ranks.run(job)))
+                Ok(ExecutorPending::Ranks { id, issued: r.ranks.run(job) })
             }
         }
     }
@@ -91,13 +119,29 @@ impl LoopedExecutor {
     pub(crate) fn collect(&mut self, pending: ExecutorPending) -> Result<LoopedResult> {
         match (self, pending) {
             (Self::One(r), ExecutorPending::One(p)) => Ok(r.collect(*p)?),
-            (Self::Ranks(r), ExecutorPending::Ranks(p)) => {
-                let mut outcomes = r.ranks.wait(p)?;
+            (Self::Ranks(r), ExecutorPending::Ranks { id, issued }) => {
+                let kernels = match r.ranks.wait(issued) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        r.discard(id);
+                        return Err(e);
+                    }
+                };
+                // Rank 0's dispatches count as the launch's (every rank's are the same).
+                crate::ops::policy::count(|c| *c += kernels[0]);
+                let policy = crate::ops::policy::current();
+                let job: RankJob<RankRunner, RankOutcome> = Arc::new(move |_, rank: &mut RankRunner| {
+                    let pending = rank.issued.remove(&id).ok_or_else(|| crate::Error::InvalidOption(format!("launch {id} was not issued on this rank")))?;
+                    let (result, kernels) = crate::ops::with_kernels(policy, || rank.runner.collect(pending));
+                    let runner = &rank.runner;
+                    Ok(RankOutcome { result: result?, kernels, device: runner.last_device_time(), graph_stats: runner.graph_stats() })
+                });
+                let pending = r.ranks.run(job);
+                let mut outcomes = r.ranks.wait(pending)?;
                 if let Some(rank) = outcomes.iter().position(|o| !same_answer(&o.result, &outcomes[0].result)) {
                     return Err(disagree(rank, outcomes.len()));
                 }
                 let first = outcomes.swap_remove(0);
-                // Rank 0's dispatches count as the launch's (every rank's are the same).
                 crate::ops::policy::count(|c| *c += first.kernels);
                 r.last_device = first.device;
                 r.graph_stats = first.graph_stats;
@@ -193,6 +237,9 @@ mod tests {
         fn abort(&self, reason: &str) -> bool {
             self.inner.abort(reason)
         }
+        fn is_aborted(&self) -> bool {
+            self.inner.is_aborted()
+        }
         fn reset(&self) {
             self.inner.reset()
         }
@@ -241,5 +288,50 @@ mod tests {
         // The group is usable again: the same launch runs and both ranks agree.
         let again = exec.launch(&launch, &sampling).and_then(|p| exec.collect(p)).unwrap();
         assert!(again.rows[0].token.is_some());
+    }
+
+    /// Under overlap: a launch that fails with the next already issued; that one fails too
+    /// (its group went down under it), the one issued after the failure was seen runs, and so
+    /// does every later one.
+    #[test]
+    fn under_overlap_one_failure_fails_the_launches_in_flight_and_no_more() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = crate::testing::tiny_ouro_config(97);
+        crate::testing::write_random_ouro(tmp.path(), &cfg, 6).unwrap();
+        let weights = Weights::from_files(&[tmp.path().join("model.safetensors")], DType::F32, &Device::Cpu).unwrap();
+        let comms: Vec<Arc<dyn Communicator>> = LocalGroup::new(2, Duration::from_secs(30))
+            .unwrap()
+            .into_iter()
+            .map(|c| {
+                let fail_at = if c.rank() == 1 { 5 } else { 0 };
+                Arc::new(Faulty { inner: c, fail_at, calls: AtomicUsize::new(0) }) as Arc<dyn Communicator>
+            })
+            .collect();
+        let runners: Vec<LoopedRunner> = comms
+            .iter()
+            .map(|c| {
+                let model: Box<dyn LoopedModel> = Box::new(Ouro::load_shard(&cfg, &weights, TpRank::new(c.rank(), 2).unwrap(), c.clone()).unwrap());
+                LoopedRunner::new(model, 64, 4, 0).unwrap()
+            })
+            .collect();
+        let mut exec = LoopedExecutor::Ranks(RankedRunners::new(runners, comms, Duration::from_secs(30)).unwrap());
+        let mut kv = KvManager::new(64, 4, cfg.total_ut_steps);
+        assert!(kv.reserve(RequestId(0), 8));
+        let launch = LoopedLaunch {
+            stage: Stage::Prefill,
+            step_slots: (0..cfg.total_ut_steps).collect(),
+            rows: vec![LoopedRow::full_depth(RequestId(0), vec![2, 7, 1, 8], 0, kv.tables(RequestId(0)).unwrap().to_vec())],
+            kv_copies: vec![],
+            reenter: false,
+        };
+        let sampling = [RowSampling::greedy()];
+        let (a, b) = (exec.launch(&launch, &sampling).unwrap(), exec.launch(&launch, &sampling).unwrap());
+        assert!(exec.collect(a).unwrap_err().to_string().contains("injected fault"));
+        let c = exec.launch(&launch, &sampling).unwrap();
+        assert!(exec.collect(b).is_err(), "issued before the failure was seen: its group was down");
+        let good = exec.collect(c).unwrap();
+        for _ in 0..3 {
+            assert_eq!(exec.launch(&launch, &sampling).and_then(|p| exec.collect(p)).unwrap(), good);
+        }
     }
 }

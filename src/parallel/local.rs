@@ -223,6 +223,10 @@ impl Communicator for LocalComm {
         first
     }
 
+    fn is_aborted(&self) -> bool {
+        self.lock().failed.is_some()
+    }
+
     fn reset(&self) {
         let mut st = self.lock();
         let world = self.shared.world;

@@ -151,7 +151,11 @@ pub trait Communicator: Send + Sync {
     /// of waiting for it. Returns whether this call was the one that stopped the group.
     fn abort(&self, reason: &str) -> bool;
 
-    /// Makes a group that failed usable again. Called on every rank once no rank is inside a
-    /// collective (every rank's launch has ended); calling it more than once is harmless.
+    /// Whether the group has been aborted (and not reset since): a collective that seemed to
+    /// complete meanwhile may have ended early.
+    fn is_aborted(&self) -> bool;
+
+    /// Makes a group that failed usable again. Called while no rank is inside a collective,
+    /// once for the group (on any rank's communicator); calling it again is harmless.
     fn reset(&self);
 }

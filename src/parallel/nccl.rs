@@ -107,15 +107,8 @@ struct Group {
     timeout: Duration,
 }
 
-/// A communicator handle that may cross threads.
-#[derive(Clone, Copy)]
-struct Handle(RawComm);
-
-// SAFETY: an NCCL communicator is an opaque handle any host thread may use, one call at a time;
-// the group serialises calls per communicator with its locks.
-unsafe impl Send for Handle {}
-// SAFETY: as for `Handle`: the raw handles are only used under their rank's lock or after being
-// taken out of it.
+// SAFETY: an NCCL communicator is an opaque handle any host thread may use, one call at a time:
+// the raw handles are only used under their rank's lock, or after being taken out of it.
 unsafe impl Send for Group {}
 unsafe impl Sync for Group {}
 
@@ -450,30 +443,46 @@ impl Communicator for NcclComm {
         if self.group.aborted.swap(true, Ordering::SeqCst) {
             return false;
         }
-        // Every rank's handle out of its slot (under the slot's lock: no call into it is under
-        // way), so no rank calls into a communicator being freed; then the aborts, on a thread
-        // of their own: `ncclCommAbort` ends kernels stuck in a collective at once, but returns
-        // only once the graphs that captured the communicator are destroyed, which the ranks do
-        // before the group is rebuilt.
-        let handles: Vec<Handle> =
-            self.group.comms.iter().map(|slot| Handle(std::mem::replace(&mut *slot.lock().unwrap_or_else(|e| e.into_inner()), std::ptr::null_mut()))).collect();
+        // The aborts run on a thread of their own: `ncclCommAbort` ends kernels stuck in a
+        // collective at once, but returns only once the graphs that captured the communicator
+        // are destroyed, which the ranks do before the group is rebuilt. Each handle leaves its
+        // slot under the slot's lock (no call into it is under way), so no rank calls into a
+        // communicator being freed: first the slots free now, then — once those aborts have
+        // freed any peer stuck waiting on them — the rest.
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);
         *self.group.aborting.lock().unwrap_or_else(|e| e.into_inner()) = Some(done_rx);
         let group = self.group.clone();
         let spawned = std::thread::Builder::new().name("ponder-nccl-abort".into()).spawn(move || {
-            for Handle(c) in handles.into_iter().filter(|h| !h.0.is_null()) {
-                // SAFETY: a communicator of this group no rank can reach any more (its slot is
-                // empty); NCCL allows aborting one whose kernels are still running.
-                unsafe { (group.lib.comm_abort)(c) };
+            let abort = |c: RawComm| {
+                if !c.is_null() {
+                    // SAFETY: a communicator of this group no rank can reach any more (its slot
+                    // is empty); NCCL allows aborting one whose kernels are still running.
+                    unsafe { (group.lib.comm_abort)(c) };
+                }
+            };
+            let mut busy = Vec::new();
+            for (r, slot) in group.comms.iter().enumerate() {
+                match slot.try_lock() {
+                    Ok(mut c) => abort(std::mem::replace(&mut *c, std::ptr::null_mut())),
+                    Err(_) => busy.push(r),
+                }
+            }
+            for r in busy {
+                let mut c = group.comms[r].lock().unwrap_or_else(|e| e.into_inner());
+                abort(std::mem::replace(&mut *c, std::ptr::null_mut()));
             }
             let _ = done_tx.send(());
         });
         if spawned.is_err() {
-            // No thread for the abort: the handles leak (their kernels may hang until the
-            // process ends), and the group stays aborted.
+            // No thread for the abort: the communicators are left as they are (their kernels
+            // may hang until the process ends), and the group stays aborted.
             *self.group.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{reason} (and no thread could be started to abort NCCL)"));
         }
         true
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.group.aborted.load(Ordering::SeqCst)
     }
 
     fn reset(&self) {

@@ -14,7 +14,6 @@ use super::Communicator;
 use crate::{Error, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -34,6 +33,8 @@ type Answer<T> = (Result<T>, bool);
 pub(crate) struct Ranks<R: Send + 'static> {
     tasks: Vec<Sender<Task<R>>>,
     threads: Vec<JoinHandle<()>>,
+    /// Each rank's thread says here when it ends.
+    exited: Receiver<()>,
     comms: Vec<Arc<dyn Communicator>>,
     on_reset: Option<OnReset<R>>,
     /// How long a job may take before the group is aborted (see [`Ranks::wait`]).
@@ -41,23 +42,17 @@ pub(crate) struct Ranks<R: Send + 'static> {
     /// Why the ranks can no longer run anything (a rank that did not answer even after the
     /// group was aborted: its thread is stuck in the device).
     broken: Option<String>,
-    /// Jobs started and not yet waited for (or dropped).
-    in_flight: Arc<AtomicUsize>,
-    /// A job failed and the group has not been reset since (it is, once nothing is in flight).
-    failed: bool,
+    /// Jobs dispatched so far (a job's number is its place in every rank's queue).
+    dispatched: u64,
+    /// Jobs numbered up to this one were queued before the last reset: their failures are
+    /// the one that reset already answers.
+    reset_after: u64,
 }
 
 /// Every rank's answer to one job, still on its way ([`Ranks::wait`]).
 pub(crate) struct RanksPending<T> {
     answers: Vec<Receiver<Answer<T>>>,
-    in_flight: Arc<AtomicUsize>,
-}
-
-impl<T> Drop for RanksPending<T> {
-    fn drop(&mut self) {
-        // Waited for or abandoned, the job no longer counts as in flight.
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
+    number: u64,
 }
 
 impl<R: Send + 'static> Ranks<R> {
@@ -70,8 +65,10 @@ impl<R: Send + 'static> Ranks<R> {
         }
         let mut tasks = Vec::with_capacity(runners.len());
         let mut threads = Vec::with_capacity(runners.len());
+        let (exited_tx, exited) = crossbeam_channel::unbounded();
         for (rank, mut runner) in runners.into_iter().enumerate() {
             let (tx, rx) = crossbeam_channel::unbounded::<Task<R>>();
+            let exited_tx = exited_tx.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("ponder-rank-{rank}"))
                 .spawn(move || {
@@ -79,22 +76,25 @@ impl<R: Send + 'static> Ranks<R> {
                     for task in rx {
                         task(&mut runner);
                     }
+                    drop(runner);
+                    let _ = exited_tx.send(());
                 })
                 .map_err(|e| Error::InvalidOption(format!("could not start rank {rank}'s thread: {e}")))?;
             tasks.push(tx);
             threads.push(thread);
         }
-        Ok(Self { tasks, threads, comms, on_reset, timeout, broken: None, in_flight: Arc::new(AtomicUsize::new(0)), failed: false })
+        Ok(Self { tasks, threads, exited, comms, on_reset, timeout, broken: None, dispatched: 0, reset_after: 0 })
     }
 
     pub(crate) fn world(&self) -> usize {
         self.tasks.len()
     }
 
-    /// Starts `job` on every rank at once; [`Ranks::wait`] gives their answers.
+    /// Starts `job` on every rank at once, behind whatever each rank has queued; [`Ranks::wait`]
+    /// gives their answers. A job that succeeds on a group that was aborted meanwhile (a
+    /// replayed CUDA graph's collectives end early, without an error) answers with an error.
     pub(crate) fn run<T: Send + 'static>(&mut self, job: RankJob<R, T>) -> RanksPending<T> {
-        self.reset_if_idle();
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.dispatched += 1;
         let world = self.world();
         let mut answers = Vec::with_capacity(world);
         for (rank, tasks) in self.tasks.iter().enumerate() {
@@ -107,6 +107,12 @@ impl<R: Send + 'static> Ranks<R> {
             let (job, comm) = (job.clone(), self.comms[rank].clone());
             let task: Task<R> = Box::new(move |runner: &mut R| {
                 let answer = match std::panic::catch_unwind(AssertUnwindSafe(|| job(rank, runner))) {
+                    Ok(Ok(_)) if comm.is_aborted() => Err(Error::Collective {
+                        collective: "launch",
+                        rank,
+                        world,
+                        reason: "the group was aborted while this launch ran: its results are not the model's".into(),
+                    }),
                     Ok(answer) => answer,
                     Err(panic) => Err(Error::Collective { collective: "launch", rank, world, reason: format!("rank {rank} panicked: {}", panic_text(&panic)) }),
                 };
@@ -128,7 +134,7 @@ impl<R: Send + 'static> Ranks<R> {
             }
             answers.push(rx);
         }
-        RanksPending { answers, in_flight: self.in_flight.clone() }
+        RanksPending { answers, number: self.dispatched }
     }
 
     /// Every rank's answer to a started job, in rank order, or the error that started a
@@ -139,6 +145,10 @@ impl<R: Send + 'static> Ranks<R> {
     /// (the GPU collectives it may be stuck in end), and the job fails even if every rank then
     /// answers; it has another `timeout` to answer, and one that still does not is stuck beyond
     /// recovery: every later job fails at once.
+    ///
+    /// A failure queues the group's reset behind every job already dispatched (those fail
+    /// too: their group is down); jobs started after it run on the rebuilt group, however
+    /// many launches the engine keeps in flight.
     pub(crate) fn wait<T>(&mut self, pending: RanksPending<T>) -> Result<Vec<T>> {
         let world = self.world();
         let mut out = Vec::with_capacity(world);
@@ -178,12 +188,12 @@ impl<R: Send + 'static> Ranks<R> {
                 }
             }
         }
-        drop(pending);
         if errors.is_empty() && overstayed.is_none() {
             return Ok(out);
         }
-        self.failed = true;
-        self.reset_if_idle();
+        if self.broken.is_none() && pending.number > self.reset_after {
+            self.queue_reset();
+        }
         // A stuck rank is the news; then a rank that overstayed; then the rank whose own
         // failure aborted the group.
         if let Some(stuck) = errors.iter().position(|(e, _)| matches!(e, Error::Collective { reason, .. } if self.broken.as_ref() == Some(reason))) {
@@ -196,57 +206,73 @@ impl<R: Send + 'static> Ranks<R> {
         Err(errors.swap_remove(cause).0)
     }
 
-    /// Resets a failed group once no rank can be inside a collective: every started job has
-    /// been waited for, so every rank thread is idle. Each rank first runs `on_reset`.
-    fn reset_if_idle(&mut self) {
-        // A stuck rank may still be inside a collective: its group stays as it is.
-        if !self.failed || self.in_flight.load(Ordering::SeqCst) != 0 || self.broken.is_some() {
-            return;
-        }
-        // Every rank runs the hook (or nothing) after whatever it was still running — a job
-        // the engine dropped unwaited included — so that once all have answered no rank can be
-        // inside a collective.
-        let (done_tx, done_rx) = crossbeam_channel::unbounded();
-        for tasks in &self.tasks {
-            let (hook, done) = (self.on_reset.clone(), done_tx.clone());
+    /// Queues the group's reset on every rank, behind what each has queued: every rank runs
+    /// `on_reset`, all meet (no rank is inside a collective then), rank 0 rebuilds the group,
+    /// all meet again, and the ranks go on with their queues.
+    fn queue_reset(&mut self) {
+        self.reset_after = self.dispatched;
+        let barrier = Arc::new(std::sync::Barrier::new(self.world()));
+        for (rank, tasks) in self.tasks.iter().enumerate() {
+            let (hook, barrier) = (self.on_reset.clone(), barrier.clone());
+            let comms = (rank == 0).then(|| self.comms.clone());
             let task: Task<R> = Box::new(move |runner: &mut R| {
                 if let Some(hook) = hook {
                     let _ = std::panic::catch_unwind(AssertUnwindSafe(|| hook(runner)));
                 }
-                let _ = done.send(());
+                barrier.wait();
+                for comm in comms.iter().flatten() {
+                    comm.reset();
+                }
+                barrier.wait();
             });
             let _ = tasks.send(task);
         }
-        drop(done_tx);
-        let until = Instant::now().checked_add(self.timeout);
-        for _ in 0..self.world() {
-            let got = match until {
-                Some(t) => done_rx.recv_deadline(t).is_ok(),
-                None => done_rx.recv().is_ok(),
-            };
-            if !got {
-                self.broken = Some(format!("a rank did not finish clearing up after a failure within {:?}", self.timeout));
-                return;
-            }
-        }
-        for comm in &self.comms {
-            comm.reset();
-        }
-        self.failed = false;
     }
 }
 
 impl<R: Send + 'static> Drop for Ranks<R> {
     fn drop(&mut self) {
-        // Closing the channels ends each thread after its current task. A stuck rank's thread
-        // may never finish its task: it is left to the process rather than waited for.
+        // Closing the channels ends each thread after what it has queued. A thread that does
+        // not end within the timeout (stuck in a collective or in the device) gets its group
+        // aborted and another timeout; one still running then is left to the process rather
+        // than waited for.
         self.tasks.clear();
         if self.broken.is_some() {
             return;
         }
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        let world = self.world_threads();
+        let mut ended = 0;
+        for round in 0..2 {
+            let until = Instant::now().checked_add(self.timeout);
+            while ended < world {
+                let got = match until {
+                    Some(t) => self.exited.recv_deadline(t).is_ok(),
+                    None => self.exited.recv().is_ok(),
+                };
+                if !got {
+                    break;
+                }
+                ended += 1;
+            }
+            if ended == world {
+                for t in self.threads.drain(..) {
+                    let _ = t.join();
+                }
+                return;
+            }
+            if round == 0 {
+                for comm in &self.comms {
+                    comm.abort("the engine is shutting down");
+                }
+            }
         }
+    }
+}
+
+impl<R: Send + 'static> Ranks<R> {
+    /// Rank threads started (the task senders are gone once the ranks are dropped).
+    fn world_threads(&self) -> usize {
+        self.threads.len()
     }
 }
 
@@ -403,6 +429,21 @@ mod reset_tests {
         });
         let p = ranks.run(job.clone());
         assert_eq!(ranks.wait(p).unwrap(), vec![(2.0, 1), (2.0, 1)], "reset once, through every rank's hook");
+        // Overlap: a failing job with another already queued behind it (which fails too), and
+        // the next issued before that one is waited for: it runs on the rebuilt group, and one
+        // failure is one reset.
+        let failing: RankJob<Counting, (f32, usize)> = Arc::new(|rank, r: &mut Counting| {
+            if rank == 1 {
+                return Err(Error::InvalidOption("rank 1 fails".into()));
+            }
+            let s = r.comm.all_reduce_sum(&Tensor::ones(1, DType::F32, &Device::Cpu)?)?.to_vec1::<f32>()?[0];
+            Ok((s, r.resets))
+        });
+        let (a, b) = (ranks.run(failing), ranks.run(job.clone()));
+        assert!(ranks.wait(a).unwrap_err().to_string().contains("rank 1 fails"));
+        let c = ranks.run(job.clone());
+        assert!(ranks.wait(b).is_err(), "queued on the aborted group");
+        assert_eq!(ranks.wait(c).unwrap(), vec![(2.0, 2), (2.0, 2)], "after the second reset, and only it");
         // A failure, then a job dropped unwaited: the group is reset before the next one runs.
         let failing: RankJob<Counting, ()> = Arc::new(|rank, _| if rank == 0 { Err(Error::InvalidOption("no".into())) } else { Ok(()) });
         let p = ranks.run(failing);
