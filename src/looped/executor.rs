@@ -245,19 +245,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_rank_failing_mid_launch_fails_the_launch_on_time_and_the_next_one_runs() {
+    const TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// A tiny Ouro over two ranks whose rank 1 fails its `fail_at`-th all-reduce, and a prefill
+    /// launch of `prompt`.
+    fn faulty_pair(fail_at: usize, seed: u64, prompt: Vec<u32>) -> (LoopedExecutor, LoopedLaunch, tempfile::TempDir) {
         let tmp = tempfile::tempdir().unwrap();
         let cfg = crate::testing::tiny_ouro_config(97);
-        crate::testing::write_random_ouro(tmp.path(), &cfg, 5).unwrap();
+        crate::testing::write_random_ouro(tmp.path(), &cfg, seed).unwrap();
         let weights = Weights::from_files(&[tmp.path().join("model.safetensors")], DType::F32, &Device::Cpu).unwrap();
-        let timeout = Duration::from_secs(30);
-        let comms: Vec<Arc<dyn Communicator>> = LocalGroup::new(2, timeout)
+        let comms: Vec<Arc<dyn Communicator>> = LocalGroup::new(2, TIMEOUT)
             .unwrap()
             .into_iter()
-            // Rank 1's third all-reduce fails: rank 0 is then waiting in that collective.
             .map(|c| {
-                let fail_at = if c.rank() == 1 { 3 } else { 0 };
+                let fail_at = if c.rank() == 1 { fail_at } else { 0 };
                 Arc::new(Faulty { inner: c, fail_at, calls: AtomicUsize::new(0) }) as Arc<dyn Communicator>
             })
             .collect();
@@ -269,22 +270,28 @@ mod tests {
                 LoopedRunner::new(model, blocks, block, 0).unwrap()
             })
             .collect();
-        let mut exec = LoopedExecutor::Ranks(RankedRunners::new(runners, comms, timeout).unwrap());
+        let exec = LoopedExecutor::Ranks(RankedRunners::new(runners, comms, TIMEOUT).unwrap());
         let mut kv = KvManager::new(blocks, block, cfg.total_ut_steps);
         assert!(kv.reserve(RequestId(0), 8));
-        let tables = kv.tables(RequestId(0)).unwrap().to_vec();
         let launch = LoopedLaunch {
             stage: Stage::Prefill,
             step_slots: (0..cfg.total_ut_steps).collect(),
-            rows: vec![LoopedRow::full_depth(RequestId(0), vec![3, 1, 4, 1, 5], 0, tables)],
+            rows: vec![LoopedRow::full_depth(RequestId(0), prompt, 0, kv.tables(RequestId(0)).unwrap().to_vec())],
             kv_copies: vec![],
             reenter: false,
         };
+        (exec, launch, tmp)
+    }
+
+    #[test]
+    fn a_rank_failing_mid_launch_fails_the_launch_on_time_and_the_next_one_runs() {
+        // Rank 1's third all-reduce fails: rank 0 is then waiting in that collective.
+        let (mut exec, launch, _tmp) = faulty_pair(3, 5, vec![3, 1, 4, 1, 5]);
         let sampling = [RowSampling::greedy()];
         let started = Instant::now();
         let failed = exec.launch(&launch, &sampling).and_then(|p| exec.collect(p));
         assert!(matches!(&failed, Err(e) if e.to_string().contains("injected fault")), "the failing rank's own error: {failed:?}");
-        assert!(started.elapsed() < timeout / 3, "the other rank stopped waiting at once");
+        assert!(started.elapsed() < TIMEOUT / 3, "the other rank stopped waiting at once");
         // The group is usable again: the same launch runs and both ranks agree.
         let again = exec.launch(&launch, &sampling).and_then(|p| exec.collect(p)).unwrap();
         assert!(again.rows[0].token.is_some());
@@ -295,35 +302,7 @@ mod tests {
     /// does every later one.
     #[test]
     fn under_overlap_one_failure_fails_the_launches_in_flight_and_no_more() {
-        let tmp = tempfile::tempdir().unwrap();
-        let cfg = crate::testing::tiny_ouro_config(97);
-        crate::testing::write_random_ouro(tmp.path(), &cfg, 6).unwrap();
-        let weights = Weights::from_files(&[tmp.path().join("model.safetensors")], DType::F32, &Device::Cpu).unwrap();
-        let comms: Vec<Arc<dyn Communicator>> = LocalGroup::new(2, Duration::from_secs(30))
-            .unwrap()
-            .into_iter()
-            .map(|c| {
-                let fail_at = if c.rank() == 1 { 5 } else { 0 };
-                Arc::new(Faulty { inner: c, fail_at, calls: AtomicUsize::new(0) }) as Arc<dyn Communicator>
-            })
-            .collect();
-        let runners: Vec<LoopedRunner> = comms
-            .iter()
-            .map(|c| {
-                let model: Box<dyn LoopedModel> = Box::new(Ouro::load_shard(&cfg, &weights, TpRank::new(c.rank(), 2).unwrap(), c.clone()).unwrap());
-                LoopedRunner::new(model, 64, 4, 0).unwrap()
-            })
-            .collect();
-        let mut exec = LoopedExecutor::Ranks(RankedRunners::new(runners, comms, Duration::from_secs(30)).unwrap());
-        let mut kv = KvManager::new(64, 4, cfg.total_ut_steps);
-        assert!(kv.reserve(RequestId(0), 8));
-        let launch = LoopedLaunch {
-            stage: Stage::Prefill,
-            step_slots: (0..cfg.total_ut_steps).collect(),
-            rows: vec![LoopedRow::full_depth(RequestId(0), vec![2, 7, 1, 8], 0, kv.tables(RequestId(0)).unwrap().to_vec())],
-            kv_copies: vec![],
-            reenter: false,
-        };
+        let (mut exec, launch, _tmp) = faulty_pair(5, 6, vec![2, 7, 1, 8]);
         let sampling = [RowSampling::greedy()];
         let (a, b) = (exec.launch(&launch, &sampling).unwrap(), exec.launch(&launch, &sampling).unwrap());
         assert!(exec.collect(a).unwrap_err().to_string().contains("injected fault"));

@@ -71,8 +71,8 @@ pub fn rank_devices(first: &candle_core::Device, world: usize) -> Result<Vec<can
     }
 }
 
-/// `devices` as the ranks' devices: at least one, all CPU or all distinct GPUs (NCCL joins one
-/// rank per GPU).
+/// `devices` as the ranks' devices: at least one, and no GPU twice (NCCL joins one rank per
+/// GPU).
 pub fn check_rank_devices(devices: Vec<candle_core::Device>) -> Result<Vec<candle_core::Device>> {
     if devices.is_empty() {
         return Err(crate::Error::InvalidOption("tensor parallelism over no devices".into()));
@@ -90,9 +90,7 @@ pub fn check_rank_devices(devices: Vec<candle_core::Device>) -> Result<Vec<candl
     if distinct.len() != gpus.len() {
         return Err(crate::Error::InvalidOption(format!("tensor-parallel ranks on GPUs {gpus:?}: one rank a GPU")));
     }
-    if !gpus.is_empty() && gpus.len() != devices.len() || devices.iter().any(|d| !d.is_cpu() && !d.is_cuda()) {
-        return Err(crate::Error::InvalidOption("tensor-parallel ranks must all be on the CPU or all on CUDA GPUs".into()));
-    }
+    // (A mix of CPU and GPUs is refused where the group is made: `group`.)
     Ok(devices)
 }
 

@@ -240,7 +240,7 @@ impl<R: Send + 'static> Drop for Ranks<R> {
         if self.broken.is_some() {
             return;
         }
-        let world = self.world_threads();
+        let world = self.threads.len();
         let mut ended = 0;
         for round in 0..2 {
             let until = Instant::now().checked_add(self.timeout);
@@ -266,13 +266,6 @@ impl<R: Send + 'static> Drop for Ranks<R> {
                 }
             }
         }
-    }
-}
-
-impl<R: Send + 'static> Ranks<R> {
-    /// Rank threads started (the task senders are gone once the ranks are dropped).
-    fn world_threads(&self) -> usize {
-        self.threads.len()
     }
 }
 
