@@ -294,7 +294,7 @@ impl Weights {
             // Parts whose block scales do not join (a part ending inside a tile) run dense below.
             let joined = if fp8.len() == 1 { Ok(fp8.into_iter().next().expect("one part")) } else { crate::quant::Fp8Weight::cat_rows(&fp8) };
             if let Ok(w) = joined {
-                return Ok(crate::ops::Linear::fp8(w, bias, self.dtype));
+                return Ok(crate::ops::Linear::fp8(w, bias, self.dtype)?);
             }
         }
         let dense = parts

@@ -266,3 +266,45 @@ fn a_broken_fp8_checkpoint_is_a_typed_error() {
     rewrite(&original);
     assert!(EngineBuilder::new(&fp8_dir).build().is_ok(), "the unbroken checkpoint builds");
 }
+
+/// W8A8 (each token's activations quantized to E4M3 with its own scale, as the FP8 GEMM
+/// multiplies them) is a property of each row, so batching does not change it: every family
+/// decodes the same tokens batched as one request at a time (log-probabilities within 1e-5), and
+/// the KV pool ends empty. The
+/// activations' rounding moves the looped models' log-probabilities against FP8 weights alone.
+#[test]
+fn w8a8_decodes_every_request_as_alone_in_every_family() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (family, dir) in common::family_checkpoints(tmp.path()) {
+        let looped = matches!(family, "ouro" | "huginn");
+        let build = |kernels: &str| EngineBuilder::new(&dir).quantization(Quantization::Fp8).kernels(kernels.parse().unwrap()).max_num_seqs(4).build().unwrap();
+        let mut batched = build("fp8=w8a8");
+        let together = decode(&mut batched, looped);
+        common::assert_kv_empty(&batched);
+        let prompts = if looped { common::prompts(3, 5) } else { common::diffusion_prompts(3, 5) };
+        let params = GenerationParams {
+            sampling: SamplingParams { temperature: 1.0, top_k: None, top_p: None, seed: Some(11) },
+            logprobs: looped.then_some(0),
+            ignore_eos: true,
+            ..GenerationParams::greedy(16)
+        };
+        let mut single = build("fp8=w8a8");
+        for (p, want) in prompts.iter().zip(&together) {
+            let o = single.generate([p.clone()], &params).unwrap().remove(0).unwrap();
+            // Tokens exactly; log-probabilities to the matmul's summation order, which the
+            // CPU's kernels choose by the number of rows.
+            assert_eq!(o.token_ids, want.0, "{family}: alone against batched");
+            assert!(
+                o.logprobs.len() == want.1.len() && o.logprobs.iter().zip(&want.1).all(|(a, b)| (a - b).abs() < 1e-5),
+                "{family}: {:?} vs {:?}",
+                o.logprobs,
+                want.1
+            );
+        }
+        if looped {
+            let weight_only = decode(&mut build("fp8=weight-only"), looped);
+            let moved = together.iter().zip(&weight_only).flat_map(|(a, b)| a.1.iter().zip(&b.1)).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(moved > 0.0, "{family}: the activations' rounding shows in the log-probabilities");
+        }
+    }
+}

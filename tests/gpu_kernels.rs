@@ -2188,20 +2188,88 @@ fn fp8_weights_on_the_gpu_match_the_cpu() {
                 .build()
                 .unwrap();
             let out = e.generate(["Ownership in Rust"], &params).unwrap().remove(0).unwrap();
-            let used = e.metrics().kernels.fp8_weight_only;
+            let used = e.metrics().kernels;
             keep(e);
             (out, used)
         };
         let (c, _) = run(&Device::Cpu, "");
         // The dequantizing path, then the weight-only kernel (decode launches of one row).
         for kernels in ["fp8=dequantize", "fp8=weight-only"] {
-            let (g, used) = run(&gpu, kernels);
+            let (g, counts) = run(&gpu, kernels);
+            let used = counts.fp8_weight_only;
             assert_eq!(used > 0, kernels == "fp8=weight-only", "{name} {kernels}: {used} weight-only launches");
             assert_eq!(g.token_ids, c.token_ids, "{name} {kernels}");
             for (i, (lg, lc)) in g.logprobs.iter().zip(&c.logprobs).enumerate() {
                 assert!((lg - lc).abs() < 1e-3, "{name} {kernels} token {i}: {lg} vs {lc}");
             }
         }
+        // W8A8 quantizes the activations too: the GPU's FP8 GEMM (every launch; captured in the
+        // looped model's decode graphs) against the CPU computing the same quantization.
+        let (c8, _) = run(&Device::Cpu, "fp8=w8a8");
+        let (g8, counts) = run(&gpu, "fp8=w8a8");
+        assert!(counts.fp8_w8a8 > 0 && counts.fp8_weight_only == 0, "{name}: {counts:?}");
+        assert_eq!(g8.token_ids, c8.token_ids, "{name} w8a8");
+        for (i, (lg, lc)) in g8.logprobs.iter().zip(&c8.logprobs).enumerate() {
+            assert!((lg - lc).abs() < 1e-3, "{name} w8a8 token {i}: {lg} vs {lc}");
+        }
+    }
+}
+
+/// The W8A8 FP8 GEMM (cuBLASLt on the FP8 tensor cores, per-row and per-channel scales in its
+/// epilogue) and the per-row quantization of the activations it multiplies: the quantization
+/// bit for bit the CPU's; the product within f32 summation order of the CPU's reference
+/// (quantize, dequantize, f32 matmul) at decode, prefill and denoising shapes, bf16, f16 and
+/// f32, with and without a bias; shapes it does not take (n or k off 16) run the reference on
+/// the device, under the same policy.
+#[test]
+fn fp8_w8a8_gemm_matches_its_reference() {
+    use ponder::ops::{Fp8Kernels, KernelPolicy, Linear};
+    use ponder::quant::{Fp8Scale, Fp8Weight};
+    let gpu = gpu_device();
+    let policy = KernelPolicy { fp8: Fp8Kernels::W8A8, ..Default::default() };
+    let mut rng = StdRng::seed_from_u64(83);
+    // Activation quantization: rows of mixed magnitudes, an all-zero row, every float dtype.
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        let mut x = rand_tensor(&mut rng, &[9, 4100], -3.0, 3.0, DType::F32);
+        x = x.slice_assign(&[2..3, 0..4100], &Tensor::zeros((1, 4100), DType::F32, &Device::Cpu).unwrap()).unwrap();
+        x = x.slice_assign(&[5..6, 0..4100], &(x.narrow(0, 5, 1).unwrap() * 1e-3).unwrap()).unwrap();
+        let x = x.to_dtype(dtype).unwrap();
+        let want = Fp8Weight::quantize(&x).unwrap();
+        let (q, scale) = ponder::ops::cuda::quantize_rows(&x.to_device(&gpu).unwrap()).unwrap();
+        let Fp8Scale::PerChannel(want_scale) = want.scale() else { unreachable!() };
+        assert_eq!(scale.to_vec1::<f32>().unwrap(), want_scale.to_vec1::<f32>().unwrap(), "{dtype:?} scales");
+        let bytes = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(bytes(&q.to_device(&Device::Cpu).unwrap()), bytes(want.data()), "{dtype:?} E4M3 values");
+    }
+    for (rows, n, k) in [(17, 256, 512), (64, 4096, 4096), (256, 1536, 2048), (1000, 512, 1024), (3, 96, 160)] {
+        let w = rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32);
+        let q = Fp8Weight::quantize(&w).unwrap();
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for with_bias in [false, true] {
+                let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
+                let bias = with_bias.then(|| rand_tensor(&mut rng, &[n], -0.5, 0.5, dtype));
+                let want =
+                    ponder::ops::w8a8_reference(&x.to_dtype(DType::F32).unwrap(), &q, bias.as_ref().map(|b| b.to_dtype(DType::F32).unwrap()).as_ref()).unwrap();
+                let on_gpu = Linear::fp8(q.to_device(&gpu).unwrap(), bias.as_ref().map(|b| b.to_device(&gpu).unwrap()), dtype).unwrap();
+                let (got, counts) = ponder::ops::with_kernels(policy, || on_gpu.forward(&x.to_device(&gpu).unwrap()).unwrap());
+                assert_eq!(counts.fp8_w8a8, 1, "[{rows}, {n}, {k}] {dtype:?}: the GEMM ran");
+                let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
+                // The quantized activations are exact on both sides (checked above); what is
+                // left is the f32 sums' order and the output's rounding.
+                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+                assert!(err <= tol, "[{rows}, {n}, {k}] {dtype:?} bias {with_bias}: relative error {err:e}");
+            }
+        }
+    }
+    // Shapes the GEMM does not take run the reference on the device, under the same policy.
+    for (n, k) in [(40, 64), (32, 40)] {
+        let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap();
+        let layer = Linear::fp8(q.to_device(&gpu).unwrap(), None, DType::BF16).unwrap();
+        let x = rand_tensor(&mut rng, &[33, k], -1.0, 1.0, DType::BF16);
+        let (got, counts) = ponder::ops::with_kernels(policy, || layer.forward(&x.to_device(&gpu).unwrap()).unwrap());
+        assert_eq!(counts.fp8_w8a8, 0, "[{n}, {k}]");
+        let want = ponder::ops::w8a8_reference(&x, &q, None).unwrap();
+        assert!(rel_err(&got.to_device(&Device::Cpu).unwrap(), &want) <= 1e-2, "[{n}, {k}] on the reference");
     }
 }
 
@@ -2222,9 +2290,9 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
             for with_bias in [false, true] {
                 let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
                 let bias = with_bias.then(|| rand_tensor(&mut rng, &[n], -0.5, 0.5, dtype));
-                let cpu = Linear::fp8(q.clone(), bias.clone(), dtype);
+                let cpu = Linear::fp8(q.clone(), bias.clone(), dtype).unwrap();
                 let want = cpu.forward(&x).unwrap();
-                let on_gpu = Linear::fp8(q.to_device(&gpu).unwrap(), bias.as_ref().map(|b| b.to_device(&gpu).unwrap()), dtype);
+                let on_gpu = Linear::fp8(q.to_device(&gpu).unwrap(), bias.as_ref().map(|b| b.to_device(&gpu).unwrap()), dtype).unwrap();
                 let (got, counts) = ponder::ops::with_kernels(policy, || on_gpu.forward(&x.to_device(&gpu).unwrap()).unwrap());
                 assert_eq!(counts.fp8_weight_only, 1, "[{rows}, {n}, {k}] {dtype:?}: the kernel ran");
                 let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
@@ -2236,7 +2304,7 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     // Shapes the kernel does not take run the dequantizing path, under the same policy.
     for (rows, k) in [(17, 64), (2, 40)] {
         let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[32, k], -0.5, 0.5, DType::F32)).unwrap();
-        let layer = Linear::fp8(q.to_device(&gpu).unwrap(), None, DType::BF16);
+        let layer = Linear::fp8(q.to_device(&gpu).unwrap(), None, DType::BF16).unwrap();
         let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
         let (_, counts) = ponder::ops::with_kernels(policy, || layer.forward(&x).unwrap());
         assert_eq!(counts.fp8_weight_only, 0, "{rows} rows, k {k}");

@@ -2,10 +2,16 @@
 //! projections and MLPs are one of these, so quantizing a model changes what it stores, not
 //! the code that runs it.
 //!
-//! An FP8 weight is multiplied by dequantizing it to the activations' dtype (each value times
-//! its scale, in f32) and running the dense matmul: the reference every FP8 kernel is checked
-//! against, and what runs where no FP8 kernel serves the shape.
+//! An FP8 layer multiplies as the engine's [`Fp8Kernels`] policy says. Dequantizing the weight
+//! to the activations' dtype (each value times its scale, in f32) and running the dense matmul
+//! is the reference of the weight-only kernel and what runs where no kernel serves the shape.
+//! Under W8A8 the activations are quantized a row at a time as well; on the CPU (and wherever
+//! the FP8 GEMM does not serve a shape) that is computed as quantize, dequantize, f32 matmul:
+//! the reference of the GEMM, so the policy, not the device, decides the numerics.
 
+#[cfg(feature = "cuda")]
+use crate::ops::policy::count;
+use crate::ops::policy::{current, Fp8Kernels};
 use crate::quant::{Fp8Weight, Quantization};
 use candle_core::{DType, Module, Result, Tensor};
 use std::borrow::Cow;
@@ -39,14 +45,19 @@ impl Linear {
             Quantization::None => Ok(Self::dense(weight, bias)),
             Quantization::Fp8 => {
                 let dtype = weight.dtype();
-                Ok(Self { weight: LinearWeight::Fp8(Fp8Weight::quantize(&weight)?), bias, dtype })
+                Self::fp8(Fp8Weight::quantize(&weight)?, bias, dtype)
             }
         }
     }
 
-    /// A layer over an FP8 weight (a checkpoint stored in FP8), computing in `dtype`.
-    pub fn fp8(weight: Fp8Weight, bias: Option<Tensor>, dtype: DType) -> Self {
-        Self { weight: LinearWeight::Fp8(weight), bias, dtype }
+    /// A layer over an FP8 weight (a checkpoint stored in FP8), computing in `dtype`. On CUDA
+    /// the device's FP8 GEMM state is made here, at load, before any graph is captured.
+    pub fn fp8(weight: Fp8Weight, bias: Option<Tensor>, dtype: DType) -> Result<Self> {
+        #[cfg(feature = "cuda")]
+        if let candle_core::Device::Cuda(dev) = weight.data().device() {
+            super::cuda::prepare_fp8_gemm(dev)?;
+        }
+        Ok(Self { weight: LinearWeight::Fp8(weight), bias, dtype })
     }
 
     pub fn stored(&self) -> &LinearWeight {
@@ -166,32 +177,22 @@ impl Linear {
         self.weight_bytes() + self.bias.as_ref().map_or(0, bytes_of)
     }
 
-    /// `x Wᵀ (+ b)`; an FP8 weight is dequantized to `x`'s dtype first.
+    /// `x Wᵀ (+ b)`; an FP8 weight multiplies as the policy says ([`fp8_matmul`]).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = match &self.weight {
-            LinearWeight::Dense(w) => Cow::Borrowed(w),
-            LinearWeight::Fp8(w) => {
-                #[cfg(feature = "cuda")]
-                if let Some(y) = fp8_weight_only(x, w, self.bias.as_ref())? {
-                    return Ok(y);
-                }
-                Cow::Owned(w.dequantize(x.dtype())?)
-            }
-        };
-        candle_nn::Linear::new(w.into_owned(), self.bias.clone()).forward(x)
+        match &self.weight {
+            LinearWeight::Dense(w) => candle_nn::Linear::new(w.clone(), self.bias.clone()).forward(x),
+            LinearWeight::Fp8(w) => fp8_matmul(x, w, self.bias.as_ref()),
+        }
     }
 }
 
 impl Linear {
     /// `add_rms_norm(residual, x Wᵀ, w_x, w_next)`: a projection (no bias) feeding a sandwich
-    /// norm (Ouro). Dense: split over k where that pays (`ops::split_k`); FP8 under the
-    /// weight-only kernel: the kernel, then the norm.
+    /// norm (Ouro). Dense, or FP8 under the dequantizing policy: split over k where that pays
+    /// (`ops::split_k`); FP8 under an FP8 kernel policy: [`fp8_matmul`], then the norm.
     pub fn add_rms_norm(&self, residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-        #[cfg(feature = "cuda")]
-        if let LinearWeight::Fp8(w) = &self.weight {
-            if let Some(y) = fp8_weight_only(x, w, None)? {
-                return super::add_rms_norm(residual, &y, w_x, w_next, eps);
-            }
+        if let Some(w) = self.fp8_kernels() {
+            return super::add_rms_norm(residual, &fp8_matmul(x, w, None)?, w_x, w_next, eps);
         }
         super::linear_add_rms_norm(residual, x, &*self.weight()?, w_x, w_next, eps)
     }
@@ -199,28 +200,76 @@ impl Linear {
     /// `residual_add_rms_norm(residual, x Wᵀ, w)`: a projection (no bias) added to the residual
     /// stream before the next norm (Huginn), as [`Linear::add_rms_norm`] chooses.
     pub fn residual_add_rms_norm(&self, residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
-        #[cfg(feature = "cuda")]
-        if let LinearWeight::Fp8(fp8) = &self.weight {
-            if let Some(y) = fp8_weight_only(x, fp8, None)? {
-                return super::residual_add_rms_norm(residual, &y, w, eps);
-            }
+        if let Some(fp8) = self.fp8_kernels() {
+            return super::residual_add_rms_norm(residual, &fp8_matmul(x, fp8, None)?, w, eps);
         }
         super::linear_residual_add_rms_norm(residual, x, &*self.weight()?, w, eps)
     }
+
+    /// The FP8 weight, where the policy multiplies FP8 layers with something other than the
+    /// dequantized dense matmul.
+    fn fp8_kernels(&self) -> Option<&Fp8Weight> {
+        match &self.weight {
+            LinearWeight::Fp8(w) if current().fp8 != Fp8Kernels::Dequantize => Some(w),
+            _ => None,
+        }
+    }
 }
 
-/// `x Wᵀ (+ b)` through the weight-only FP8 kernel where the engine's policy asks for it and the
-/// launch fits it (CUDA, at most 16 rows, a scale per output row, k a multiple of 16); `None`
-/// where it does not, for the dequantizing path.
+/// `x Wᵀ (+ b)` for an FP8 weight, as the engine's policy says for a launch of this many rows:
+/// the weight-only kernel (CUDA, few rows), W8A8 (the FP8 GEMM on CUDA where it serves the
+/// shape, its reference elsewhere), or the dense matmul over the dequantized weight.
+pub fn fp8_matmul(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Tensor> {
+    let policy = current().fp8;
+    let k = w.dims().1;
+    let rows = x.elem_count() / k.max(1);
+    if policy.weight_only(rows) {
+        #[cfg(feature = "cuda")]
+        if let Some(y) = fp8_weight_only(x, w, bias)? {
+            return Ok(y);
+        }
+    }
+    if policy.quantizes_activations(rows) {
+        #[cfg(feature = "cuda")]
+        if let Some(y) = fp8_w8a8(x, w, bias)? {
+            return Ok(y);
+        }
+        return w8a8_reference(x, w, bias);
+    }
+    candle_nn::Linear::new(w.dequantize(x.dtype())?, bias.cloned()).forward(x)
+}
+
+/// The W8A8 product as its definition: each row of `x` quantized to E4M3 with its own scale
+/// ([`Fp8Weight::quantize`]), both operands dequantized, multiplied in f32, rounded to `x`'s
+/// dtype; the bias added after. What the CPU computes under W8A8 and what the FP8 GEMM is
+/// checked against.
+pub fn w8a8_reference(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (n, k) = w.dims();
+    let dims = x.dims().to_vec();
+    if dims.last() != Some(&k) {
+        candle_core::bail!("w8a8: x {dims:?} against a weight [{n}, {k}]");
+    }
+    let rows = x.elem_count() / k.max(1);
+    let xq = Fp8Weight::quantize(&x.reshape((rows, k))?)?;
+    let y = xq.dequantize(DType::F32)?.matmul(&w.dequantize(DType::F32)?.t()?)?.to_dtype(x.dtype())?;
+    let y = match bias {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
+    let mut out = dims;
+    *out.last_mut().expect("x has a last dim") = n;
+    y.reshape(out)
+}
+
+/// `x Wᵀ (+ b)` through the weight-only FP8 kernel where the launch fits it (CUDA, at most 16
+/// rows, a scale per output row, k a multiple of 16); `None` where it does not.
 #[cfg(feature = "cuda")]
 fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
-    use crate::ops::policy::{count, current, Fp8Kernels};
     use crate::quant::Fp8Scale;
     let (n, k) = w.dims();
     let Fp8Scale::PerChannel(scale) = w.scale() else { return Ok(None) };
     let rows = x.elem_count() / k.max(1);
-    let fits = current().fp8 == Fp8Kernels::WeightOnly
-        && x.device().is_cuda()
+    let fits = x.device().is_cuda()
         && x.rank() >= 1
         && x.dims().last() == Some(&k)
         && k % 16 == 0
@@ -235,6 +284,29 @@ fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<O
     }
     let y = super::cuda::fp8_linear(&x.reshape((rows, k))?, w.data(), scale, bias)?;
     count(|c| c.fp8_weight_only += 1);
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("rank >= 1") = n;
+    Ok(Some(y.reshape(dims)?))
+}
+
+/// `x Wᵀ (+ b)` through the W8A8 GEMM where it serves the launch (CUDA, a float dtype, a scale
+/// per output row, n and k multiples of 16); `None` where it does not.
+#[cfg(feature = "cuda")]
+fn fp8_w8a8(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+    use crate::quant::Fp8Scale;
+    let (n, k) = w.dims();
+    let Fp8Scale::PerChannel(scale) = w.scale() else { return Ok(None) };
+    let rows = x.elem_count() / k.max(1);
+    if !(x.device().is_cuda() && x.rank() >= 1 && x.dims().last() == Some(&k) && super::cuda::fp8_gemm_serves(x.dtype(), rows, n, k)) {
+        return Ok(None);
+    }
+    let y = super::cuda::fp8_w8a8_linear(&x.reshape((rows, k))?, w.data(), scale)?;
+    count(|c| c.fp8_w8a8 += 1);
+    // The bias after the rounded product, as the reference (and candle's Linear) add it.
+    let y = match bias {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("rank >= 1") = n;
     Ok(Some(y.reshape(dims)?))
@@ -265,5 +337,62 @@ mod tests {
         let d = Linear::quantized(w.clone(), None, Quantization::None).unwrap();
         assert_eq!(d.weight().unwrap().to_vec2::<f32>().unwrap(), w.to_vec2::<f32>().unwrap());
         assert_eq!((d.weight_bytes(), q.weight_bytes()), (24, 6 + 8));
+    }
+
+    /// A deterministic `[rows, cols]` f32 tensor with values of several magnitudes.
+    fn wave(rows: usize, cols: usize, phase: f32) -> Tensor {
+        let v: Vec<f32> = (0..rows * cols).map(|i| ((i as f32 * 0.37 + phase).sin() * (1.0 + (i % 7) as f32)).powi(3)).collect();
+        Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn w8a8_quantizes_each_row_of_the_activations_where_the_policy_says() {
+        use crate::ops::{with_kernels, KernelPolicy};
+        let (n, k) = (24, 48);
+        let layer = Linear::quantized(wave(n, k, 0.3), None, Quantization::Fp8).unwrap();
+        let LinearWeight::Fp8(w) = layer.stored() else { panic!("fp8") };
+        let wd = w.dequantize(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+        let policy = |fp8| KernelPolicy { fp8, ..Default::default() };
+        for rows in [1, 16, 17, 40] {
+            let x = wave(rows, k, 1.1);
+            // The definition, by hand: a row's scale is its largest magnitude times f32(1/448);
+            // each value divided by it, rounded to E4M3, multiplied back; f32 sums.
+            let want: Vec<Vec<f32>> = x
+                .to_vec2::<f32>()
+                .unwrap()
+                .iter()
+                .map(|row| {
+                    let m = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let s = m * (1.0 / 448.0f64) as f32;
+                    let scaled: Vec<f32> = row.iter().map(|v| (v / s).clamp(-448.0, 448.0)).collect();
+                    let e4m3 = Tensor::new(scaled, &Device::Cpu).unwrap().to_dtype(DType::F8E4M3).unwrap().to_dtype(DType::F32).unwrap();
+                    let q: Vec<f32> = e4m3.to_vec1::<f32>().unwrap().iter().map(|v| v * s).collect();
+                    wd.iter().map(|wr| q.iter().zip(wr).map(|(a, b)| a * b).sum()).collect()
+                })
+                .collect();
+            let dense = Linear::dense(w.dequantize(DType::F32).unwrap(), None).forward(&x).unwrap();
+            let close = |t: &Tensor, what: &str| {
+                for (gr, wr) in t.to_vec2::<f32>().unwrap().iter().zip(&want) {
+                    for (g, e) in gr.iter().zip(wr) {
+                        assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "{rows} rows, {what}: {g} vs {e}");
+                    }
+                }
+            };
+            let (w8a8, counts) = with_kernels(policy(Fp8Kernels::W8A8), || layer.forward(&x).unwrap());
+            close(&w8a8, "w8a8");
+            assert_eq!(counts.fp8_w8a8, 0, "no FP8 GEMM on the CPU: the reference ran");
+            assert!((&w8a8 - &dense).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() > 0.0, "{rows} rows: activations rounded");
+            // By shape: the weight-only numerics (the dequantized weight) up to 16 rows, W8A8 above.
+            let (by_shape, _) = with_kernels(policy(Fp8Kernels::ByShape), || layer.forward(&x).unwrap());
+            let expected = if rows <= 16 { &dense } else { &w8a8 };
+            assert_eq!(by_shape.to_vec2::<f32>().unwrap(), expected.to_vec2::<f32>().unwrap(), "{rows} rows by shape");
+            let (weight_only, _) = with_kernels(policy(Fp8Kernels::WeightOnly), || layer.forward(&x).unwrap());
+            assert_eq!(weight_only.to_vec2::<f32>().unwrap(), dense.to_vec2::<f32>().unwrap(), "{rows} rows weight-only on the CPU");
+            // The fused norm takes the same product.
+            let (res, wn) = (wave(rows, n, 2.0), Tensor::ones(n, DType::F32, &Device::Cpu).unwrap());
+            let ((h, _), _) = with_kernels(policy(Fp8Kernels::W8A8), || layer.add_rms_norm(&res, &x, &wn, &wn, 1e-6).unwrap());
+            let (h_want, _) = crate::ops::add_rms_norm(&res, &w8a8, &wn, &wn, 1e-6).unwrap();
+            assert_eq!(h.to_vec2::<f32>().unwrap(), h_want.to_vec2::<f32>().unwrap(), "{rows} rows add_rms_norm");
+        }
     }
 }

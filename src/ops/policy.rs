@@ -79,16 +79,44 @@ pub enum MoeKernels {
     MmaSync,
 }
 
-/// How FP8 linear layers multiply on CUDA.
+/// How FP8 linear layers multiply. The choice also sets the numerics: under [`Fp8Kernels::W8A8`]
+/// and [`Fp8Kernels::ByShape`]'s many-row launches the activations are quantized too, and the
+/// CPU computes that quantization as well (quantize, dequantize, f32 matmul: the reference the
+/// device's FP8 GEMM is checked against), so a policy gives the same tokens on either device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Fp8Kernels {
     /// Dequantize the weight to the activations' dtype and run the dense matmul (the reference
-    /// path; the default until the kernel is measured on the device).
+    /// path; the default until the kernels are measured on the device).
     #[default]
     Dequantize,
-    /// The weight-only kernel for launches of at most 16 rows (decode), reading a byte a weight;
-    /// dequantize elsewhere.
+    /// The weight-only kernel for launches of at most [`FP8_WEIGHT_ONLY_ROWS`] rows (decode),
+    /// reading a byte a weight; dequantize elsewhere.
     WeightOnly,
+    /// Every launch W8A8: each row of the activations quantized to E4M3 with its own scale,
+    /// multiplied on the FP8 tensor cores (cuBLASLt), both scales applied in the epilogue.
+    W8A8,
+    /// Weight-only up to [`FP8_WEIGHT_ONLY_ROWS`] rows, where the bytes are the cost; W8A8
+    /// above, where the tensor cores' FP8 peak is.
+    ByShape,
+}
+
+/// Most rows a weight-only FP8 launch takes (`FP8_MAX_ROWS` in `kernels/fp8.cu`).
+pub const FP8_WEIGHT_ONLY_ROWS: usize = 16;
+
+impl Fp8Kernels {
+    /// Whether a launch of `rows` rows runs the weight-only kernel (where it serves the shape).
+    pub fn weight_only(self, rows: usize) -> bool {
+        matches!(self, Self::WeightOnly | Self::ByShape) && rows <= FP8_WEIGHT_ONLY_ROWS
+    }
+
+    /// Whether a launch of `rows` rows quantizes its activations (W8A8), on every device.
+    pub fn quantizes_activations(self, rows: usize) -> bool {
+        match self {
+            Self::W8A8 => true,
+            Self::ByShape => rows > FP8_WEIGHT_ONLY_ROWS,
+            Self::Dequantize | Self::WeightOnly => false,
+        }
+    }
 }
 
 /// The kernel choices of one engine. `KernelPolicy::default()` is what serving should use; the
@@ -128,7 +156,7 @@ impl std::str::FromStr for KernelPolicy {
     /// Parses `key=value` pairs separated by commas over the defaults, as benchmark and server
     /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
-    /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only`. An empty
+    /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`. An empty
     /// string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
@@ -193,6 +221,8 @@ impl std::str::FromStr for KernelPolicy {
                     p.fp8 = match value {
                         "dequantize" => Fp8Kernels::Dequantize,
                         "weight-only" => Fp8Kernels::WeightOnly,
+                        "w8a8" => Fp8Kernels::W8A8,
+                        "by-shape" => Fp8Kernels::ByShape,
                         _ => return Err(unknown()),
                     }
                 }
@@ -220,6 +250,8 @@ pub struct KernelCounts {
     pub simt_deep: u64,
     /// FP8 linear layers through the weight-only kernel.
     pub fp8_weight_only: u64,
+    /// FP8 linear layers through the W8A8 GEMM (cuBLASLt on the FP8 tensor cores).
+    pub fp8_w8a8: u64,
 }
 
 impl std::ops::AddAssign for KernelCounts {
@@ -230,6 +262,7 @@ impl std::ops::AddAssign for KernelCounts {
         self.simt_eight_warp += o.simt_eight_warp;
         self.simt_deep += o.simt_deep;
         self.fp8_weight_only += o.fp8_weight_only;
+        self.fp8_w8a8 += o.fp8_w8a8;
     }
 }
 
@@ -295,7 +328,9 @@ mod tests {
             }
         );
         assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });
-        for bad in ["ring", "ring=sometimes", "colour=red", "split-k=65", "split-k=x:3", "fold-simt=yes"] {
+        assert_eq!("fp8=w8a8".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::W8A8);
+        assert_eq!("fp8=by-shape".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::ByShape);
+        for bad in ["ring", "ring=sometimes", "fp8=int4", "colour=red", "split-k=65", "split-k=x:3", "fold-simt=yes"] {
             assert!(matches!(bad.parse::<KernelPolicy>(), Err(crate::Error::InvalidOption(_))), "{bad}");
         }
     }

@@ -1,6 +1,7 @@
 //! The CUDA side of FP8 linear layers (`kernels/fp8.cu`): the weight-only kernel for launches
 //! of at most [`FP8_MAX_ROWS`] rows, where the layer is memory-bound and reading a byte a
-//! weight instead of two is the whole gain.
+//! weight instead of two is the whole gain; and the per-row quantization of the activations
+//! that the W8A8 GEMM (`fp8_gemm.rs`) multiplies.
 
 use super::launch::{device, for_float, kernel, view, wrap, Module};
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -8,7 +9,7 @@ use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
 /// Most rows of x the kernel takes (`FP8_MAX_ROWS` in fp8.cu).
-pub const FP8_MAX_ROWS: usize = 16;
+pub const FP8_MAX_ROWS: usize = crate::ops::policy::FP8_WEIGHT_ONLY_ROWS;
 
 /// `x Wᵀ (+ bias)` for `x` `[rows, k]` (rows ≤ [`FP8_MAX_ROWS`], bf16 / f16 / f32), `data`
 /// `[n, k]` E4M3 and `scale` `[n]` f32 (one a row), `bias` `[n]` in x's dtype; k a multiple of
@@ -72,4 +73,38 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     drop(b);
     drop(b_ptr);
     Ok(wrap(out, dev, (rows, n)))
+}
+
+/// `x` `[rows, k]` (bf16 / f16 / f32) quantized a row at a time: E4M3 `[rows, k]` and the f32
+/// scales `[rows]`, bit for bit [`crate::quant::Fp8Weight::quantize`] of `x`.
+pub fn quantize_rows(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "quantize_rows";
+    let dev = device(x, OP)?;
+    let (rows, k) = x.dims2()?;
+    if rows == 0 || k == 0 || rows > i32::MAX as usize || k > i32::MAX as usize {
+        bail!("{OP} (cuda): x [{rows}, {k}] is empty or too large");
+    }
+    let x = x.contiguous()?;
+    for_float!(x.dtype(), OP, |T, suf| quantize_rows_launch::<T>(&dev, suf, &x, rows, k))
+}
+
+fn quantize_rows_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, x: &Tensor, rows: usize, k: usize) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "quantize_rows";
+    let (xs, xl) = x.storage_and_layout();
+    let x_v = view::<T>(&xs, xl, OP, "x", false)?;
+    // SAFETY: the kernel writes every value of `q` and every scale.
+    let mut q = unsafe { dev.alloc::<float8::F8E4M3>(rows * k)? };
+    let mut scale = unsafe { dev.alloc::<f32>(rows)? };
+    let func = kernel!(dev, Module::Fp8, &format!("quantize_rows_{suf}"))?;
+    // A block a row; 256 threads cover the widest rows (k up to tens of thousands) in a few
+    // strided passes.
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let kk = k as i32;
+    let mut b = func.builder();
+    b.arg(&mut q).arg(&mut scale).arg(&x_v).arg(&kk);
+    // SAFETY: argument list matches `quantize_rows_*` in fp8.cu; x holds rows × k values, q
+    // rows × k bytes and scale rows floats, all on this device's stream.
+    unsafe { b.launch(cfg) }.w()?;
+    drop(b);
+    Ok((wrap(q, dev, (rows, k)), wrap(scale, dev, rows)))
 }

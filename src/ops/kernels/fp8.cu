@@ -8,6 +8,13 @@
 // fp8_linear_*: one warp per output row (8 rows a block); each lane takes 16 weights at a time,
 // one 16-byte load, and applies them to every row of x (x is small and stays in L1 / L2).
 // K must be a multiple of 16, x's rows and W's 16-byte aligned (checked by the launcher).
+//
+// quantize_rows_*: the activations of a W8A8 GEMM (prefill, denoising), one E4M3 scale per row
+// ("per-token dynamic" scales), for cuBLASLt's FP8 matmul. One block a row: the row's largest
+// magnitude m, its scale s = m · f32(1/448) (1 for an all-zero row), each value x / s clamped to
+// ±448 and rounded to the nearest E4M3, ties to even. Bit for bit what Fp8Weight::quantize
+// computes on the CPU: candle divides by a scalar as a multiply by its f32 reciprocal, and
+// divides tensors with a true division.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -79,12 +86,47 @@ __device__ void fp8_linear(T *out, const T *x, const uint8_t *w, const float *sc
     }
 }
 
+// The largest of every thread's `v` in the block (blockDim.x a multiple of 32, at most 1024).
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float part[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    return part[0];
+}
+
+template <typename T> __device__ void quantize_rows(uint8_t *q, float *scale, const T *x, int k) {
+    const long long row = blockIdx.x;
+    const T *xr = x + row * k;
+    float m = 0.f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) m = fmaxf(m, fabsf(to_f(xr[i])));
+    m = block_max(m);
+    const float s = m == 0.f ? 1.f : m * (1.0f / 448.0f);
+    uint8_t *qr = q + row * k;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        const float v = fminf(fmaxf(__fdiv_rn(to_f(xr[i]), s), -448.f), 448.f);
+        qr[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+    }
+    if (threadIdx.x == 0) scale[row] = s;
+}
+
 } // namespace
 
 #define FP8_KERNELS(T, SUF)                                                                                  \
     extern "C" __global__ void fp8_linear_##SUF(T *out, const T *x, const uint8_t *w, const float *scale,   \
                                                 const T *bias, int rows, int n, int k) {                     \
         fp8_linear<T>(out, x, w, scale, bias, rows, n, k);                                                   \
+    }                                                                                                        \
+    extern "C" __global__ void quantize_rows_##SUF(uint8_t *q, float *scale, const T *x, int k) {            \
+        quantize_rows<T>(q, scale, x, k);                                                                    \
     }
 
 FP8_KERNELS(float, f32)
