@@ -88,8 +88,7 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
         }
     }
     if let Some(head) = gate.token_head() {
-        // The prelude (the embedding) and the head are whole on every rank: rank 0's table is
-        // every rank's.
+        // The prelude (the embedding) is whole on every rank: rank 0's table is every rank's.
         let table = shard_models[0].prelude_head_table(head)?;
         gate.install_token_table(table, spec.vocab_size)?;
     }

@@ -190,7 +190,8 @@ impl Communicator for LocalComm {
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor> {
         const KIND: &str = "all_gather";
         let all = self.tensors(KIND, self.exchange(KIND, dim, Deposit::One(t.clone()))?)?;
-        let fits = |x: &Tensor| x.rank() == t.rank() && x.dtype() == t.dtype() && (0..t.rank()).all(|d| d == dim || x.dims()[d] == t.dims()[d]);
+        // Equal parts, as NCCL gathers: a group that runs here runs there.
+        let fits = |x: &Tensor| x.dtype() == t.dtype() && x.dims() == t.dims();
         self.check(KIND, dim < t.rank() && all.iter().all(fits), || {
             format!("ranks sent {:?} to gather along {dim}", all.iter().map(|x| x.dims().to_vec()).collect::<Vec<_>>())
         })?;
@@ -267,7 +268,7 @@ mod tests {
                     let n = 1 + step % 3;
                     let t = Tensor::from_vec((0..n).map(|i| r * 10.0 + i as f32 + step as f32).collect::<Vec<_>>(), n, &Device::Cpu).unwrap();
                     seen.push(values(&c.all_reduce_sum(&t).unwrap()));
-                    let g = c.all_gather(&Tensor::full(r, (1, c.rank() + 1), &Device::Cpu).unwrap(), 1).unwrap();
+                    let g = c.all_gather(&Tensor::full(r, (1, n), &Device::Cpu).unwrap(), 1).unwrap();
                     seen.push(values(&g));
                     let parts = (0..world).map(|j| Tensor::new(&[r * 100.0 + j as f32], &Device::Cpu).unwrap()).collect();
                     seen.push(c.all_to_all(parts).unwrap().iter().flat_map(values).collect());
@@ -279,7 +280,7 @@ mod tests {
                     let n = 1 + step % 3;
                     let sum: Vec<f32> = (0..n).map(|i| (0..world).map(|r| r as f32 * 10.0 + i as f32 + step as f32).sum()).collect();
                     assert_eq!(seen[3 * step], sum, "world {world} rank {rank} step {step}");
-                    let gathered: Vec<f32> = (0..world).flat_map(|r| vec![r as f32; r + 1]).collect();
+                    let gathered: Vec<f32> = (0..world).flat_map(|r| vec![r as f32; n]).collect();
                     assert_eq!(seen[3 * step + 1], gathered);
                     let received: Vec<f32> = (0..world).map(|j| j as f32 * 100.0 + rank as f32).collect();
                     assert_eq!(seen[3 * step + 2], received);
@@ -335,6 +336,8 @@ mod tests {
         assert!(got.iter().all(|g| matches!(g, Err(Error::Collective { .. }))), "{got:?}");
         let got = on_ranks(2, PATIENT, |c| c.all_gather(&Tensor::ones((2, 2), DType::F32, &Device::Cpu).unwrap(), c.rank()).map(|_| ()));
         assert!(got.iter().all(|g| matches!(g, Err(Error::Collective { .. }))), "gathered along different dims: {got:?}");
+        let got = on_ranks(2, PATIENT, |c| c.all_gather(&Tensor::ones((1, 1 + c.rank()), DType::F32, &Device::Cpu).unwrap(), 1).map(|_| ()));
+        assert!(got.iter().all(|g| matches!(g, Err(Error::Collective { .. }))), "unequal parts: {got:?}");
         assert!(LocalGroup::new(0, PATIENT).is_err());
     }
 }

@@ -44,6 +44,19 @@ impl TpShard {
     pub(crate) fn sum(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         self.comm.all_reduce_sum(x).map_err(|e| candle_core::Error::Msg(e.to_string()))
     }
+
+    /// The logits of a vocabulary-parallel head: every rank's `local` `[rows, share]` (its
+    /// vocabulary rows' logits, [`TpRank::vocab_share`]) side by side in rank order, trimmed to
+    /// the first `vocab` columns (the shares' padding and any padded table rows). Every rank
+    /// gets the whole `[rows, vocab]`, as from a whole head.
+    pub(crate) fn gather_vocab(&self, local: &Tensor, vocab: usize) -> candle_core::Result<Tensor> {
+        let last = local.rank().saturating_sub(1);
+        let all = self.comm.all_gather(local, last).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        if all.dim(last)? > vocab {
+            return all.narrow(last, 0, vocab)?.contiguous();
+        }
+        Ok(all)
+    }
 }
 
 /// The devices of `world` ranks from `first` on: the CPU for every rank on the CPU, the `world`
@@ -137,7 +150,10 @@ pub trait Communicator: Send + Sync {
     /// rank order so that every rank holds bit-identical results.
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
 
-    /// Every rank's `t` concatenated along `dim` in rank order (shapes may differ along `dim`).
+    /// Every rank's `t` (the same shape on every rank) concatenated along `dim` in rank order.
+    /// Equal parts are what NCCL gathers; the callers' shares are equal by construction (a
+    /// vocabulary padded to the ranks), and the NCCL group does not exchange shapes first,
+    /// which would synchronise with the device inside a captured graph.
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor>;
 
     /// Rank r's `parts[j]` goes to rank j; the result's element j is what rank j sent to this

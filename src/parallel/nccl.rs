@@ -350,19 +350,14 @@ impl Communicator for NcclComm {
         })
     }
 
-    /// NCCL gathers equal parts: ranks whose shapes differ along `dim` get a typed error on
-    /// every rank (the shapes are exchanged first), not a mismatched call.
+    /// NCCL gathers equal parts, which the callers give by construction; the shapes are not
+    /// exchanged first (a host read of the device, which a captured graph cannot hold).
     fn all_gather(&self, t: &Tensor, dim: usize) -> Result<Tensor> {
         const WHAT: &str = "all_gather";
         if dim >= t.rank() {
             return Err(self.error(WHAT, format!("dimension {dim} of a rank-{} tensor", t.rank())));
         }
-        let (t, _) = self.input(t, WHAT)?;
-        let sizes = self.gather_equal(&Tensor::new(&[t.dims()[dim] as i64], &Device::Cuda(self.device().clone()))?)?.to_vec1::<i64>()?;
-        if sizes.iter().any(|&x| x != sizes[0]) {
-            return Err(self.error(WHAT, format!("ranks gather {sizes:?} along dimension {dim}: NCCL needs equal parts")));
-        }
-        let parts = self.gather_equal(&t)?;
+        let parts = self.gather_equal(t)?;
         // [world, ..dims] → the parts side by side along `dim`.
         let parts: Vec<Tensor> = (0..self.world()).map(|r| parts.get(r)).collect::<candle_core::Result<_>>()?;
         Ok(Tensor::cat(&parts, dim)?)

@@ -62,6 +62,26 @@ impl TpRank {
         Ok((qkv.output_rows(&rows)?, o.input_columns(self.share(heads * head_dim, head_dim, "attention heads")?)?))
     }
 
+    /// This rank's rows of an LM head `[rows, hidden]` (vocabulary-parallel): the `rank`-th of
+    /// `world` equal contiguous shares of `ceil(rows / world)` rows, the last ones padded with
+    /// zero rows, so that every rank gathers logits of the same width
+    /// ([`crate::parallel::TpShard::gather_vocab`] trims the padding). A share of a tied
+    /// embedding is a view of it, not a copy, unless it needs padding.
+    pub(crate) fn vocab_share(&self, head: &candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+        let (rows, hidden) = head.dims2()?;
+        let per = rows.div_ceil(self.world);
+        let start = (self.rank * per).min(rows);
+        let held = ((self.rank + 1) * per).min(rows) - start;
+        if held == per {
+            return head.narrow(0, start, per);
+        }
+        let pad = candle_core::Tensor::zeros((per - held, hidden), head.dtype(), head.device())?;
+        if held == 0 {
+            return Ok(pad);
+        }
+        candle_core::Tensor::cat(&[&head.narrow(0, start, held)?, &pad], 0)
+    }
+
     /// This rank's share of a SwiGLU MLP of `width` columns: gate | up by columns
     /// (column-parallel), down over those columns (row-parallel).
     pub(crate) fn mlp(&self, gate_up: &Linear, down: &Linear, width: usize) -> Result<(Linear, Linear)> {
@@ -166,6 +186,34 @@ mod tests {
             });
             for (r, y) in got.iter().enumerate() {
                 assert!(max_diff(y, &whole) < 1e-5, "world {world} rank {r}: {}", max_diff(y, &whole));
+            }
+        }
+    }
+
+    /// A head split by vocabulary rows, the last shares padded with zero rows (10 rows over 4
+    /// ranks: 3, 3, 3 and 1 + 2 padding; over 16 ranks some hold padding only), gathers to the
+    /// whole head's logits on every rank.
+    #[test]
+    fn a_vocabulary_parallel_head_gathers_the_whole_logits() {
+        let (v, h, t) = (10, 8, 3);
+        let (head, x) = (random((v, h), 11), random((t, h), 12));
+        let whole = x.matmul(&head.t().unwrap()).unwrap();
+        for world in [2, 4, 16] {
+            let comms = LocalGroup::new(world, Duration::from_secs(20)).unwrap();
+            let got: Vec<Tensor> = std::thread::scope(|s| {
+                let run = |c: crate::parallel::LocalComm| {
+                    let tp = TpRank::new(c.rank(), world).unwrap();
+                    let share = tp.vocab_share(&head).unwrap();
+                    assert_eq!(share.dims(), [v.div_ceil(world), h], "rank {} of {world}", c.rank());
+                    let shard = crate::parallel::TpShard::new(tp, std::sync::Arc::new(c)).unwrap();
+                    shard.gather_vocab(&x.matmul(&share.t().unwrap()).unwrap(), v).unwrap()
+                };
+                let handles: Vec<_> = comms.into_iter().map(|c| s.spawn(move || run(c))).collect();
+                handles.into_iter().map(|j| j.join().unwrap()).collect()
+            });
+            for (r, y) in got.iter().enumerate() {
+                assert_eq!(y.dims(), [t, v]);
+                assert!(max_diff(y, &whole) < 1e-6, "world {world} rank {r}: {}", max_diff(y, &whole));
             }
         }
     }

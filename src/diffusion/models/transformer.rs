@@ -278,7 +278,8 @@ impl DenseDiffusion {
     }
 
     /// Rank `rank` of a tensor-parallel dense model (as `Ouro::load_shard`): every layer's q, k
-    /// and v heads (with their biases) and MLP columns; the embedding, norms and head whole.
+    /// and v heads (with their biases), MLP columns and rows of the head (vocabulary-parallel, the
+    /// logits gathered); the embedding and norms whole.
     /// Mixture-of-experts layers are refused (expert parallelism is to come).
     pub fn load_shard(
         arch: &DenseArch,
@@ -396,6 +397,11 @@ impl DenseDiffusion {
         }
         let embed = w.get((rows, h), n.embed)?;
         let lm_head = if a.tie_embeddings && !w.contains(n.lm_head) { embed.clone() } else { w.get((rows, h), n.lm_head)? };
+        // A tensor-parallel rank holds its share of the head's rows (vocabulary-parallel).
+        let lm_head = match &tp {
+            Some(t) => t.rank.vocab_share(&lm_head)?,
+            None => lm_head,
+        };
         let attention = (nh + 2 * nkv) * hd * h // q, k, v
             + h * nh * hd // o
             + 2 * h // the two norms
@@ -529,6 +535,9 @@ impl DiffusionModel for DenseDiffusion {
 
     fn head_native(&self, h: &Tensor) -> Result<Tensor> {
         let logits = self.lm_head.forward(&ops::rms_norm(h, &self.norm, self.arch.rms_norm_eps)?)?;
+        if let Some(tp) = &self.tp {
+            return tp.gather_vocab(&logits, self.arch.vocab_size);
+        }
         if self.arch.table_rows > self.arch.vocab_size {
             return logits.narrow(1, 0, self.arch.vocab_size)?.contiguous();
         }

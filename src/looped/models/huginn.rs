@@ -56,7 +56,8 @@ impl Huginn {
     }
 
     /// Rank `rank` of a tensor-parallel Huginn (as `Ouro::load_shard`): every block's heads
-    /// (with their q/k biases) and MLP columns; the embedding, adapter, norms and head whole.
+    /// (with their q/k biases), MLP columns and rows of the head (vocabulary-parallel, the logits
+    /// gathered); the embedding, adapter and norms whole.
     pub fn load_shard(
         cfg: &HuginnConfig,
         w: &Weights,
@@ -103,6 +104,11 @@ impl Huginn {
         let wte = w.get((rows, h), "transformer.wte.weight")?;
         // The checkpoint stores the tied embedding twice; an untied head would be read the same way.
         let lm_head = if w.contains("lm_head.weight") { w.get((rows, h), "lm_head.weight")? } else { wte.clone() };
+        // A tensor-parallel rank holds its share of the head's rows (vocabulary-parallel).
+        let lm_head = match &tp {
+            Some(t) => t.rank.vocab_share(&lm_head)?,
+            None => lm_head,
+        };
         let adapter = w.linear_cat(&[("transformer.adapter.weight".to_string(), (h, 2 * h))], None)?;
         let ln_f = w.get(h, "transformer.ln_f.weight")?;
         let block_bytes = |b: &Block| {
@@ -252,6 +258,9 @@ impl LoopedModel for Huginn {
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
         // The head has a row per padded-vocabulary entry; padding rows are not tokens.
-        ops::linear_f32(h, &self.lm_head.weight()?.narrow(0, 0, self.spec.vocab_size)?)
+        match &self.tp {
+            Some(tp) => tp.gather_vocab(&ops::linear_f32(h, &*self.lm_head.weight()?)?, self.spec.vocab_size),
+            None => ops::linear_f32(h, &self.lm_head.weight()?.narrow(0, 0, self.spec.vocab_size)?),
+        }
     }
 }

@@ -39,8 +39,9 @@ pub struct Ouro {
     lm_head: Linear,
     rope: RopeTable,
     device: Device,
-    /// A tensor-parallel rank holds its heads of q, k, v and o and its columns of the MLP; the
-    /// embedding, norms, gate and head are whole on every rank.
+    /// A tensor-parallel rank holds its heads of q, k, v and o, its columns of the MLP and its
+    /// rows of the head (vocabulary-parallel); the embedding, norms and gate are whole on every
+    /// rank.
     tp: Option<TpShard>,
 }
 
@@ -96,6 +97,11 @@ impl Ouro {
         }
         let embed = w.get((v, h), "model.embed_tokens.weight")?;
         let lm_head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") { embed.clone() } else { w.get((v, h), "lm_head.weight")? };
+        // A tensor-parallel rank holds its share of the head's rows (vocabulary-parallel).
+        let lm_head = match &tp {
+            Some(t) => t.rank.vocab_share(&lm_head)?,
+            None => lm_head,
+        };
         // The gate runs in f32: its logit feeds a CDF threshold, where bf16 rounding of a
         // single scalar would move exit decisions.
         let gate = Linear::dense(
@@ -245,7 +251,11 @@ impl LoopedModel for Ouro {
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
-        ops::linear_f32(h, &*self.lm_head.weight()?)
+        let logits = ops::linear_f32(h, &*self.lm_head.weight()?)?;
+        match &self.tp {
+            Some(tp) => tp.gather_vocab(&logits, self.spec.vocab_size),
+            None => Ok(logits),
+        }
     }
 
     fn replace_gate_head(&mut self, head: &crate::looped::gate::GateHead) -> crate::Result<()> {
