@@ -119,12 +119,15 @@ fn a_tensor_parallel_huginn_computes_the_whole_models_logits_on_every_rank() {
 #[test]
 fn a_split_that_does_not_divide_the_heads_is_a_typed_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = ponder::testing::tiny_ouro_config(common::VOCAB); // two K/V heads
+    // Six heads over three K/V heads: two ranks take three heads each, but the K/V heads
+    // neither split over two ranks nor replicate onto them.
+    let cfg = OuroConfig { hidden_size: 96, num_attention_heads: 6, num_key_value_heads: Some(3), ..ponder::testing::tiny_ouro_config(common::VOCAB) };
     ponder::testing::write_random_ouro(tmp.path(), &cfg, 3).unwrap();
-    let comms = LocalGroup::new(4, Duration::from_secs(5)).unwrap();
+    let comms = LocalGroup::new(2, Duration::from_secs(5)).unwrap();
     let c = comms.into_iter().next().unwrap();
-    let err = Ouro::load_shard(&cfg, &weights(tmp.path()), TpRank::new(0, 4).unwrap(), Arc::new(c)).unwrap_err();
+    let err = Ouro::load_shard(&cfg, &weights(tmp.path()), TpRank::new(0, 2).unwrap(), Arc::new(c)).unwrap_err();
     assert!(matches!(&err, ponder::Error::InvalidOption(m) if m.contains("K/V heads")), "{err:?}");
+    let cfg = ponder::testing::tiny_ouro_config(common::VOCAB);
     let comms = LocalGroup::new(2, Duration::from_secs(5)).unwrap();
     let c = comms.into_iter().nth(1).unwrap();
     assert!(Ouro::load_shard(&cfg, &weights(tmp.path()), TpRank::new(0, 2).unwrap(), Arc::new(c)).is_err(), "rank and communicator disagree");
@@ -289,6 +292,11 @@ fn engines_over_two_and_four_ranks_generate_what_one_device_does() {
         let builder = || EngineBuilder::new(&d).looped(|o| o.scheduler(depth)).max_num_seqs(4).block_size(4).max_num_batched_tokens(64);
         check_engine(&format!("{name} {depth:?}"), builder, &[2, 4], true);
     }
+    // More ranks than K/V heads: two K/V heads over four ranks, each K/V head on the two ranks
+    // whose query heads read it.
+    write_random_ouro(&dir("ouro_gqa"), &tiny_ouro_config(common::VOCAB), 36).unwrap();
+    let d = dir("ouro_gqa");
+    check_engine("ouro, K/V heads replicated", || EngineBuilder::new(&d).max_num_seqs(4).block_size(4).max_num_batched_tokens(64), &[4], true);
     // Depth batching with early exits: the stock gate (gate logits from every rank's whole
     // hidden state), a learned lookahead head installed into every shard, and replayed depths
     // with a launch in flight (overlap: two launches queued on the ranks at once).
@@ -310,7 +318,8 @@ fn engines_over_two_and_four_ranks_generate_what_one_device_does() {
     write_random_llada(&dir("llada"), &ponder::diffusion::models::LladaConfig { n_kv_heads: Some(4), ..tiny_llada_config(common::VOCAB) }, 34).unwrap();
     write_random_dream(&dir("dream"), &ponder::diffusion::models::DreamConfig { num_key_value_heads: Some(4), ..tiny_dream_config(common::VOCAB) }, 35)
         .unwrap();
-    for (name, worlds) in [("sdar", &[2, 4][..]), ("llada", &[2, 4]), ("dream", &[2, 4])] {
+    write_random_sdar(&dir("sdar_gqa"), &tiny_sdar_config(common::VOCAB), 37).unwrap();
+    for (name, worlds) in [("sdar", &[2, 4][..]), ("llada", &[2, 4]), ("dream", &[2, 4]), ("sdar_gqa", &[4])] {
         let d = dir(name);
         let builder = || EngineBuilder::new(&d).diffusion(|o| o.block_length(8)).max_num_seqs(4).block_size(4).kv_capacity_tokens(2048);
         check_engine(name, builder, worlds, false);
@@ -370,8 +379,8 @@ fn sampled_generation_over_ranks_draws_what_one_device_draws() {
 fn a_split_the_model_cannot_take_is_refused_at_build() {
     use ponder::testing::*;
     let tmp = tempfile::tempdir().unwrap();
-    write_random_ouro(tmp.path(), &tiny_ouro_config(common::VOCAB), 3).unwrap(); // two K/V heads
-    for n in [0, 3, 4] {
+    write_random_ouro(tmp.path(), &tiny_ouro_config(common::VOCAB), 3).unwrap(); // four heads, two K/V heads
+    for n in [0, 3, 8] {
         let err = EngineBuilder::new(tmp.path()).tensor_parallel(n).build().err().expect("refused");
         assert!(matches!(err, ponder::Error::InvalidOption(_)), "tensor_parallel({n}): {err:?}");
     }

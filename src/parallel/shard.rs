@@ -51,15 +51,42 @@ impl TpRank {
         Ok(out)
     }
 
+    /// This rank's K/V heads of `kv_heads` (`heads` query heads): an even share where they
+    /// divide by the ranks; where the ranks are a multiple of them instead (more GPUs than K/V
+    /// heads, as LLaDA2.0-flash's 4 over 8), the one K/V head its query heads read, a copy of
+    /// which every rank of its group of `world / kv_heads` holds (as vLLM replicates them).
+    pub fn kv_share(&self, kv_heads: usize, heads: usize) -> Result<Range<usize>> {
+        if kv_heads > 0 && kv_heads % self.world == 0 {
+            return self.share(kv_heads, 1, "K/V heads");
+        }
+        if kv_heads > 0 && self.world % kv_heads == 0 && heads % self.world == 0 && heads % kv_heads == 0 {
+            let head = self.rank / (self.world / kv_heads);
+            return Ok(head..head + 1);
+        }
+        Err(Error::InvalidOption(format!(
+            "tensor parallelism over {} ranks: {kv_heads} K/V heads ({heads} attention heads) neither split evenly over the ranks nor evenly replicate onto them",
+            self.world
+        )))
+    }
+
+    /// How many K/V heads a rank holds ([`TpRank::kv_share`]): its share, or the one copy.
+    pub fn kv_heads_per_rank(&self, kv_heads: usize) -> usize {
+        if kv_heads % self.world == 0 {
+            kv_heads / self.world
+        } else {
+            1
+        }
+    }
+
     /// This rank's share of an attention block: the fused q | k | v projection by whole heads
-    /// (column-parallel) and the output projection over those heads' columns (row-parallel).
+    /// (column-parallel; its K/V heads as [`TpRank::kv_share`] gives them) and the output
+    /// projection over its query heads' columns (row-parallel).
     pub(crate) fn attention(&self, qkv: &Linear, o: &Linear, heads: usize, kv_heads: usize, head_dim: usize) -> Result<(Linear, Linear)> {
-        let rows = self.fused_rows(&[
-            (heads * head_dim, head_dim, "attention heads"),
-            (kv_heads * head_dim, head_dim, "K/V heads"),
-            (kv_heads * head_dim, head_dim, "K/V heads"),
-        ])?;
-        Ok((qkv.output_rows(&rows)?, o.input_columns(self.share(heads * head_dim, head_dim, "attention heads")?)?))
+        let q = self.share(heads * head_dim, head_dim, "attention heads")?;
+        let kv = self.kv_share(kv_heads, heads)?;
+        let (k0, v0) = (heads * head_dim, (heads + kv_heads) * head_dim);
+        let rows = [q.clone(), k0 + kv.start * head_dim..k0 + kv.end * head_dim, v0 + kv.start * head_dim..v0 + kv.end * head_dim];
+        Ok((qkv.output_rows(&rows)?, o.input_columns(q)?))
     }
 
     /// This rank's rows of an LM head `[rows, hidden]` (vocabulary-parallel): the `rank`-th of
@@ -228,5 +255,14 @@ mod tests {
             assert!(matches!(tp.share(n, unit, "x"), Err(Error::InvalidOption(_))), "{n} / {unit}");
         }
         assert!(TpRank::new(4, 4).is_err() && TpRank::new(0, 0).is_err());
+        // K/V heads: split where they divide, one copy each where the ranks are a multiple of
+        // them (8 ranks over 4 K/V heads: ranks 2 and 3 hold K/V head 1), refused otherwise.
+        assert_eq!(tp.kv_share(8, 32).unwrap(), 2..4);
+        let kv = |rank: usize, world: usize, kv: usize, heads: usize| TpRank::new(rank, world).unwrap().kv_share(kv, heads);
+        assert_eq!((0..8).map(|r| kv(r, 8, 4, 32).unwrap().start).collect::<Vec<_>>(), vec![0, 0, 1, 1, 2, 2, 3, 3]);
+        assert_eq!(TpRank::new(3, 8).unwrap().kv_heads_per_rank(4), 1);
+        for (world, kv_heads, heads) in [(2, 3, 6), (8, 3, 24), (8, 4, 4)] {
+            assert!(matches!(kv(0, world, kv_heads, heads), Err(Error::InvalidOption(_))), "{kv_heads} K/V heads, {heads} heads over {world}");
+        }
     }
 }

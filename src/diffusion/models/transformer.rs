@@ -428,7 +428,7 @@ impl DenseDiffusion {
             hidden_size: h,
             num_layers: a.num_layers,
             num_heads: nh / ranks,
-            num_kv_heads: nkv / ranks,
+            num_kv_heads: tp.as_ref().map_or(nkv, |t| t.rank.kv_heads_per_rank(nkv)),
             head_dim: hd,
             mask_token_id: a.mask_token_id,
             attention: a.attention,

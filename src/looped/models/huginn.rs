@@ -88,7 +88,7 @@ impl Huginn {
                 (fc, mlp_proj) = rank.mlp(&fc, &mlp_proj, i)?;
                 // The biases `[heads, hd]` of this rank's q and k heads.
                 if let Some((bq, bk)) = qk_bias {
-                    let (q, k) = (rank.share(nh, 1, "attention heads")?, rank.share(nkv, 1, "K/V heads")?);
+                    let (q, k) = (rank.share(nh, 1, "attention heads")?, rank.kv_share(nkv, nh)?);
                     qk_bias = Some((bq.narrow(0, q.start, q.len())?, bk.narrow(0, k.start, k.len())?));
                 }
             }
@@ -130,7 +130,7 @@ impl Huginn {
             hidden_size: h,
             state_width: 2 * h,
             num_heads: nh / ranks,
-            num_kv_heads: nkv / ranks,
+            num_kv_heads: tp.as_ref().map_or(nkv, |t| t.rank.kv_heads_per_rank(nkv)),
             head_dim: hd,
             num_kv_layers: cfg.num_layers(),
             max_steps: cfg.max_steps,

@@ -133,7 +133,7 @@ impl Ouro {
             hidden_size: h,
             state_width: h,
             num_heads: nh / ranks,
-            num_kv_heads: nkv / ranks,
+            num_kv_heads: tp.as_ref().map_or(nkv, |t| t.rank.kv_heads_per_rank(nkv)),
             head_dim: hd,
             num_kv_layers: cfg.num_hidden_layers,
             max_steps: cfg.total_ut_steps,
