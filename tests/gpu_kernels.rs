@@ -2215,6 +2215,37 @@ fn fp8_weights_on_the_gpu_match_the_cpu() {
     }
 }
 
+/// FP8 weights quantized on the device are the CPU's bit for bit (values and scales), and
+/// dequantize to the CPU's values in every float dtype, per-channel and block-scaled; rows
+/// picked and columns cut from an FP8 weight on the device are the CPU's.
+#[test]
+fn fp8_weights_on_the_device_are_the_cpus_bit_for_bit() {
+    use ponder::ops::Linear;
+    use ponder::quant::{Fp8Scale, Fp8Weight};
+    let gpu = gpu_device();
+    let mut rng = StdRng::seed_from_u64(85);
+    let mut w = rand_tensor(&mut rng, &[96, 300], -2.0, 2.0, DType::F32);
+    w = w.slice_assign(&[7..8, 0..300], &Tensor::zeros((1, 300), DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let f32s = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let (cpu, dev) = (Fp8Weight::quantize(&w).unwrap(), Fp8Weight::quantize(&w.to_device(&gpu).unwrap()).unwrap());
+    assert_eq!(f32s(dev.data()), f32s(cpu.data()), "E4M3 values");
+    let (Fp8Scale::PerChannel(a), Fp8Scale::PerChannel(b)) = (cpu.scale(), dev.scale()) else { unreachable!() };
+    assert_eq!(f32s(b), f32s(a), "scales");
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        assert_eq!(f32s(&dev.dequantize(dtype).unwrap()), f32s(&cpu.dequantize(dtype).unwrap()), "{dtype:?} dequantized");
+    }
+    let blocks = Tensor::from_vec((0..3 * 3).map(|i| 0.01 + i as f32 * 0.003).collect::<Vec<_>>(), (3, 3), &Device::Cpu).unwrap();
+    let block = Fp8Weight::from_parts(cpu.data().clone(), Fp8Scale::Block { scale: blocks, block: (32, 128) }).unwrap();
+    assert_eq!(f32s(&block.to_device(&gpu).unwrap().dequantize(DType::BF16).unwrap()), f32s(&block.dequantize(DType::BF16).unwrap()), "block-scaled");
+    // Rows picked (the rotary permutation some checkpoints need) and columns cut (a rank's
+    // share of a row-parallel layer) on the device.
+    let (lc, lg) = (Linear::fp8(cpu.clone(), None, DType::F32).unwrap(), Linear::fp8(dev.clone(), None, DType::F32).unwrap());
+    let rows: Vec<u32> = (0..96).rev().collect();
+    let both = |a: &Linear, b: &Linear| assert_eq!(f32s(&b.weight().unwrap()), f32s(&a.weight().unwrap()));
+    both(&lc.select_rows(&rows).unwrap(), &lg.select_rows(&rows).unwrap());
+    both(&lc.input_columns(100..200).unwrap(), &lg.input_columns(100..200).unwrap());
+}
+
 /// The W8A8 FP8 GEMM (cuBLASLt on the FP8 tensor cores, per-row and per-channel scales in its
 /// epilogue) and the per-row quantization of the activations it multiplies: the quantization
 /// bit for bit the CPU's; the product within f32 summation order of the CPU's reference
@@ -2255,8 +2286,10 @@ fn fp8_w8a8_gemm_matches_its_reference() {
                 assert_eq!(counts.fp8_w8a8, 1, "[{rows}, {n}, {k}] {dtype:?}: the GEMM ran");
                 let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
                 // The quantized activations are exact on both sides (checked above); what is
-                // left is the f32 sums' order and the output's rounding.
-                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+                // left is the output's rounding and the FP8 tensor cores' accumulation, which
+                // keeps fewer bits than f32 between cuBLASLt's promotions (1.1e-4 measured at
+                // k 512 on an H100).
+                let tol = if dtype == DType::F32 { 5e-4 } else { 1e-2 };
                 assert!(err <= tol, "[{rows}, {n}, {k}] {dtype:?} bias {with_bias}: relative error {err:e}");
             }
         }

@@ -103,7 +103,7 @@ impl Linear {
         let weight = match &self.weight {
             LinearWeight::Dense(w) => LinearWeight::Dense(w.index_select(&idx, 0)?),
             LinearWeight::Fp8(w) => {
-                let data = w.data().index_select(&idx, 0)?;
+                let data = crate::quant::fp8::rearranged(w.data(), |d| d.index_select(&idx.to_device(d.device())?, 0))?;
                 let scale = match w.scale() {
                     crate::quant::Fp8Scale::PerChannel(s) => crate::quant::Fp8Scale::PerChannel(s.index_select(&idx, 0)?),
                     crate::quant::Fp8Scale::Block { scale, block } => {
@@ -154,7 +154,7 @@ impl Linear {
         let weight = match &self.weight {
             LinearWeight::Dense(w) => LinearWeight::Dense(w.narrow(1, range.start, range.len())?.contiguous()?),
             LinearWeight::Fp8(w) => {
-                let data = w.data().narrow(1, range.start, range.len())?.contiguous()?;
+                let data = crate::quant::fp8::rearranged(w.data(), |d| d.narrow(1, range.start, range.len())?.contiguous())?;
                 let scale = match w.scale() {
                     crate::quant::Fp8Scale::PerChannel(s) => crate::quant::Fp8Scale::PerChannel(s.clone()),
                     crate::quant::Fp8Scale::Block { scale, block } => {

@@ -183,7 +183,7 @@ impl StackedExperts {
     /// Expert `e`'s `(gate_up [2 × width, hidden], down [hidden, width])`, gate rows first.
     fn expert(&self, e: usize) -> Result<(Tensor, Tensor)> {
         if let Some((gu_scale, d_scale, dtype)) = &self.fp8 {
-            let deq = |w: Tensor, s: Tensor| -> Result<Tensor> { w.to_dtype(DType::F32)?.broadcast_mul(&s.unsqueeze(1)?)?.to_dtype(*dtype) };
+            let deq = |w: Tensor, s: Tensor| crate::quant::fp8::e4m3_to(&w, Some(&s), *dtype);
             return Ok((deq(self.gate_up.get(e)?, gu_scale.get(e)?)?, deq(self.down.get(e)?, d_scale.get(e)?)?));
         }
         let mut gate_up = self.gate_up.get(e)?;

@@ -7,6 +7,42 @@ use candle_core::{DType, Result, Tensor, D};
 /// The largest finite E4M3 value: a row's scale maps its largest magnitude here.
 pub const E4M3_MAX: f32 = 448.0;
 
+// candle 0.11's CUDA kernels for F8E4M3 (casts, index_select, strided copies) are looked up
+// under names its PTX does not have (`cast_f8e4m3_f32` against `cast_f8_e4m3_f32`). On CUDA the
+// casts run our kernels (`kernels/fp8.cu`) and the load-time rearrangements run on the host.
+
+/// f32 `t`, already within ±448, rounded to E4M3 (ties to even).
+fn to_e4m3(t: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if t.device().is_cuda() {
+        return crate::ops::cuda::e4m3_from_f32(t);
+    }
+    t.to_dtype(DType::F8E4M3)
+}
+
+/// E4M3 `q` in `dtype`, each row of its last dimension times its f32 scale where `row_scale`
+/// (one a row) is given: `dtype(e4m3 · scale)`, the product in f32.
+pub(crate) fn e4m3_to(q: &Tensor, row_scale: Option<&Tensor>, dtype: DType) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda() {
+        return crate::ops::cuda::e4m3_to(q, row_scale, dtype);
+    }
+    let w = q.to_dtype(DType::F32)?;
+    match row_scale {
+        Some(s) => w.broadcast_mul(&s.unsqueeze(s.rank())?)?.to_dtype(dtype),
+        None => w.to_dtype(dtype),
+    }
+}
+
+/// `f` (an index_select, a strided copy) applied to E4M3 `data`; on CUDA, on a host copy, the
+/// result moved back (load time only).
+pub(crate) fn rearranged(data: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    if data.device().is_cuda() {
+        return f(&data.to_device(&candle_core::Device::Cpu)?)?.to_device(data.device());
+    }
+    f(data)
+}
+
 /// How an FP8 weight `[out, in]` is scaled back: `w ≈ data × scale`.
 #[derive(Debug, Clone)]
 pub enum Fp8Scale {
@@ -33,7 +69,7 @@ impl Fp8Weight {
         // An all-zero row keeps scale 1: no division by zero, and it dequantizes to zeros.
         let zero = amax.eq(0f64)?;
         let scale = zero.where_cond(&amax.ones_like()?, &(amax / E4M3_MAX as f64)?)?;
-        let data = w.broadcast_div(&scale)?.clamp(-E4M3_MAX, E4M3_MAX)?.to_dtype(DType::F8E4M3)?;
+        let data = to_e4m3(&w.broadcast_div(&scale)?.clamp(-E4M3_MAX, E4M3_MAX)?)?;
         Ok(Self { data, scale: Fp8Scale::PerChannel(scale.squeeze(1)?) })
     }
 
@@ -87,10 +123,10 @@ impl Fp8Weight {
 
     /// The weight the FP8 values stand for, in `dtype`: each value × its scale, in f32.
     pub fn dequantize(&self, dtype: DType) -> Result<Tensor> {
-        let w = self.data.to_dtype(DType::F32)?;
         let w = match &self.scale {
-            Fp8Scale::PerChannel(s) => w.broadcast_mul(&s.unsqueeze(1)?)?,
+            Fp8Scale::PerChannel(s) => return e4m3_to(&self.data, Some(s), dtype),
             Fp8Scale::Block { scale, block: (bo, bi) } => {
+                let w = e4m3_to(&self.data, None, DType::F32)?;
                 let (out, inp) = self.dims();
                 // Each tile's scale repeated over the tile, trimmed to the weight's edges.
                 let (r, c) = scale.dims2()?;

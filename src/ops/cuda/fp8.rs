@@ -108,3 +108,82 @@ fn quantize_rows_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, 
     drop(b);
     Ok((wrap(q, dev, (rows, k)), wrap(scale, dev, rows)))
 }
+
+/// Threads a block and most blocks of the element-wise casts (a grid-stride loop covers the rest).
+const CAST_BLOCK: u32 = 256;
+const CAST_MAX_BLOCKS: usize = 1 << 16;
+
+fn cast_config(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(CAST_BLOCK as usize).clamp(1, CAST_MAX_BLOCKS) as u32, 1, 1), block_dim: (CAST_BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// E4M3 `q` as `dtype` (bf16 / f16 / f32), each row of its last dimension times its f32 `scale`
+/// (`[rows]`, one per row) where given: `dtype(e4m3 · scale)` in f32, as the CPU computes it.
+pub fn e4m3_to(q: &Tensor, scale: Option<&Tensor>, dtype: DType) -> Result<Tensor> {
+    const OP: &str = "e4m3_to";
+    let dev = device(q, OP)?;
+    if q.dtype() != DType::F8E4M3 {
+        bail!("{OP} (cuda): input is {:?}, not E4M3", q.dtype());
+    }
+    let n = q.elem_count();
+    let k = q.dims().last().copied().unwrap_or(1).max(1);
+    if let Some(s) = scale.filter(|s| s.dtype() != DType::F32 || s.elem_count() * k != n) {
+        bail!("{OP} (cuda): scales {:?} {:?} for {:?}: needs one f32 a row", s.dims(), s.dtype(), q.dims());
+    }
+    if n == 0 {
+        return Tensor::zeros(q.shape(), dtype, q.device());
+    }
+    let (q, scale) = (q.contiguous()?, scale.map(Tensor::contiguous).transpose()?);
+    for_float!(dtype, OP, |T, suf| e4m3_to_launch::<T>(&dev, suf, &q, scale.as_ref(), k, n))
+}
+
+fn e4m3_to_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, q: &Tensor, scale: Option<&Tensor>, k: usize, n: usize) -> Result<Tensor> {
+    const OP: &str = "e4m3_to";
+    let stream = dev.cuda_stream();
+    let (qs, ql) = q.storage_and_layout();
+    let q_v = view::<float8::F8E4M3>(&qs, ql, OP, "q", false)?;
+    let scale_storage = scale.map(|s| s.storage_and_layout());
+    let s_v = scale_storage.as_ref().map(|(st, l)| view::<f32>(st, l, OP, "scale", false)).transpose()?;
+    // A null pointer for no scale (the kernel checks it).
+    let s_ptr = s_v.as_ref().map(|v| v.device_ptr(&stream));
+    let scale_arg: u64 = s_ptr.as_ref().map_or(0, |(p, _)| *p);
+    // SAFETY: the kernel writes every element.
+    let mut out = unsafe { dev.alloc::<T>(n)? };
+    let func = kernel!(dev, Module::Fp8, &format!("e4m3_to_{suf}"))?;
+    let (kk, nn) = (k as i64, n as i64);
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&q_v).arg(&scale_arg).arg(&kk).arg(&nn);
+    // SAFETY: argument list matches `e4m3_to_*` in fp8.cu; q holds n bytes, out n values, the
+    // scales n / k floats, on this device's stream.
+    unsafe { b.launch(cast_config(n)) }.w()?;
+    drop(b);
+    drop(s_ptr);
+    Ok(wrap(out, dev, q.shape().clone()))
+}
+
+/// f32 `x` rounded to E4M3 (ties to even, saturating at ±448; the callers clamp first).
+pub fn e4m3_from_f32(x: &Tensor) -> Result<Tensor> {
+    const OP: &str = "e4m3_from_f32";
+    let dev = device(x, OP)?;
+    if x.dtype() != DType::F32 {
+        bail!("{OP} (cuda): input is {:?}, not f32", x.dtype());
+    }
+    let n = x.elem_count();
+    if n == 0 {
+        return Tensor::zeros(x.shape(), DType::F8E4M3, x.device());
+    }
+    let x = x.contiguous()?;
+    let (xs, xl) = x.storage_and_layout();
+    let x_v = view::<f32>(&xs, xl, OP, "x", false)?;
+    // SAFETY: the kernel writes every element.
+    let mut out = unsafe { dev.alloc::<float8::F8E4M3>(n)? };
+    let func = kernel!(dev, Module::Fp8, "e4m3_from_f32")?;
+    let nn = n as i64;
+    let mut b = func.builder();
+    b.arg(&mut out).arg(&x_v).arg(&nn);
+    // SAFETY: argument list matches `e4m3_from_f32` in fp8.cu; x and out hold n values on this
+    // device's stream.
+    unsafe { b.launch(cast_config(n)) }.w()?;
+    drop(b);
+    Ok(wrap(out, &dev, x.shape().clone()))
+}

@@ -15,6 +15,12 @@
 // ±448 and rounded to the nearest E4M3, ties to even. Bit for bit what Fp8Weight::quantize
 // computes on the CPU: candle divides by a scalar as a multiply by its f32 reciprocal, and
 // divides tensors with a true division.
+//
+// e4m3_to_*, e4m3_from_f32: the casts between E4M3 and the float dtypes (candle 0.11's own CUDA
+// casts for F8E4M3 are looked up under names its PTX does not have). e4m3_to_* optionally
+// multiplies each row of k values by its f32 scale before rounding to T: the dequantization,
+// T(e4m3 · scale) in f32, as the CPU reference computes it. e4m3_from_f32 rounds to the
+// nearest E4M3, ties to even, saturating at ±448 (the callers clamp first, as the CPU does).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -118,7 +124,20 @@ template <typename T> __device__ void quantize_rows(uint8_t *q, float *scale, co
     if (threadIdx.x == 0) scale[row] = s;
 }
 
+template <typename T>
+__device__ void e4m3_to(T *out, const uint8_t *q, const float *scale, long long k, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float v = e4m3_to_f(q[i]);
+        out[i] = from_f<T>(scale != nullptr ? v * scale[i / k] : v);
+    }
+}
+
 } // namespace
+
+extern "C" __global__ void e4m3_from_f32(uint8_t *out, const float *x, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(x[i], __NV_SATFINITE, __NV_E4M3));
+}
 
 #define FP8_KERNELS(T, SUF)                                                                                  \
     extern "C" __global__ void fp8_linear_##SUF(T *out, const T *x, const uint8_t *w, const float *scale,   \
@@ -127,6 +146,10 @@ template <typename T> __device__ void quantize_rows(uint8_t *q, float *scale, co
     }                                                                                                        \
     extern "C" __global__ void quantize_rows_##SUF(uint8_t *q, float *scale, const T *x, int k) {            \
         quantize_rows<T>(q, scale, x, k);                                                                    \
+    }                                                                                                        \
+    extern "C" __global__ void e4m3_to_##SUF(T *out, const uint8_t *q, const float *scale, long long k,      \
+                                             long long n) {                                                  \
+        e4m3_to<T>(out, q, scale, k, n);                                                                     \
     }
 
 FP8_KERNELS(float, f32)
