@@ -529,9 +529,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if args.fp8_error {
-        let report = fp8_logit_error(&args, &device, dtype)?;
+        // The models run outside an engine: the FP8 kernel policy is set around them.
+        let report = ponder::ops::with_kernels(args.kernels, || fp8_logit_error(&args, &device, dtype)).0?;
         if let Some(path) = &args.json {
-            let doc = serde_json::json!({"gpu": ponder::bench::gpu_name(), "commit": args.commit, "command": std::env::args().collect::<Vec<_>>().join(" "), "fp8_error": report});
+            let doc = serde_json::json!({"gpu": ponder::bench::gpu_name(), "commit": args.commit, "command": std::env::args().collect::<Vec<_>>().join(" "), "kernels": format!("{:?}", args.kernels), "fp8_error": report});
             std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
         }
         return Ok(());
