@@ -37,7 +37,9 @@
 //! first layer, 19 MoE layers of 256 experts, 8 per token, one shared expert; block-causal like
 //! SDAR) with the same modes as SDAR.
 //!
-//! Every row also gets a compute bound: the bf16 matmul peak measured at start (sustained on
+//! Every row also gets a compute bound (under `--quantization fp8` with a W8A8 policy, the
+//! layers' matmuls at the FP8 linear peak measured at start, `device_peak::fp8_linear_peak`;
+//! everything else at bf16's): the bf16 matmul peak measured at start (sustained on
 //! random data, `device_peak::MatmulPeak`; the JSON also carries the burst on ones) divided by the
 //! FLOPs per decoded token — 2 × the *active* layer parameters per position the mode runs
 //! through the network, 2 × the LM head per readout, and attention (4 · heads · head_dim · layers
@@ -546,6 +548,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let measured = ponder::bench::device_peak::matmul_peak(&device)?;
     let peak = measured.sustained;
     println!("bf16 matmul peak {measured} (the sustained figure is the compute bound's ceiling)");
+    // Under W8A8 the layers' matmuls run on the FP8 tensor cores: their FLOPs are bounded by the
+    // FP8 linear peak, the rest (attention, the bf16 head) by bf16's. A mixture of experts runs
+    // its routed experts dequantized (no FP8 grouped GEMM yet): its bound stays bf16's.
+    let moe = matches!(args.model.as_str(), "llada2-mini");
+    let fp8_peak = if args.quantization == ponder::quant::Quantization::Fp8 && args.kernels.fp8.quantizes_activations(32) && !moe {
+        let p = ponder::bench::device_peak::fp8_linear_peak(&device)?;
+        if let Some(p) = p {
+            println!("FP8 W8A8 linear peak {:.0} TFLOP/s sustained (activation quantization included): the layers' ceiling", p / 1e12);
+        }
+        p
+    } else {
+        None
+    };
     let mean = trace_mean(&args)?;
     println!("replayed unmask counts: distribution mean {mean:.3} for a realised {:.2} tokens per step", args.mean_unmask);
     let mut results = Vec::new();
@@ -563,7 +578,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let tps = |m: &str| results.iter().find(|r: &&serde_json::Value| r["batch"] == b && r["mode"] == m).and_then(|r| r["tokens_per_s"].as_f64());
             let speedup = (mode != "baseline").then(|| tps("baseline")).flatten().map(|x| st.window_tokens_per_s / x);
             let over_delayed = (mode == "focus").then(|| tps("baseline-delayed")).flatten().map(|x| st.window_tokens_per_s / x);
-            let bound = compute_bound(&spec, &st, context, peak);
+            let bound = compute_bound(&spec, &st, context, peak, fp8_peak);
             println!(
                 "{b:>6} {mode:>18} {:>11.0} {:>11.0} {:>13.2} {:>13.2} {:>7}  launch {:.1} ms + host {:.2} ms{}{}{}, compute bound {:.0} tok/s ({:.1} % of it; + {:.2} prefill/clean positions per step)",
                 st.window_tokens_per_s,
@@ -599,6 +614,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let row = results.last_mut().and_then(|r| r.as_object_mut()).expect("just pushed");
             row.extend(ponder::bench::device_memory::PeakMemory::json_fields(st.peak).map(|(k, v)| (k.to_string(), v.into())));
             row.extend(measured.json_fields().map(|(k, v)| (k.to_string(), v.into())));
+            row.insert("fp8_linear_peak_tflops".into(), fp8_peak.map(|p| p / 1e12).into());
         }
         if args.breakdown {
             breakdowns.push(ponder::ops::with_kernels(args.kernels, || breakdown(&model, b, args.block, 256)).0?);
@@ -609,14 +625,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Decoded tokens per second if every FLOP ran at `peak`: per request-step, 2 × the active layer
-/// parameters per position run — the step's and the prompt-prefill and clean-K/V positions the
-/// same launches ran — and attention at `context` keys per query (QKᵀ and PV: 4 · heads · head_dim
-/// per layer; the mean context for every position, prefill included: an approximation), plus
-/// 2 × the LM head per readout.
-fn compute_bound(spec: &ponder::diffusion::models::DiffusionSpec, st: &RunStats, context: f64, peak: f64) -> f64 {
+/// Decoded tokens per second if every FLOP ran at its peak: per request-step, 2 × the active
+/// layer parameters per position run — the step's and the prompt-prefill and clean-K/V positions
+/// the same launches ran — at `layer_peak` (the FP8 linear peak under W8A8, else `peak`), and at
+/// `peak` attention at `context` keys per query (QKᵀ and PV: 4 · heads · head_dim per layer; the
+/// mean context for every position, prefill included: an approximation) and 2 × the LM head per
+/// readout.
+fn compute_bound(spec: &ponder::diffusion::models::DiffusionSpec, st: &RunStats, context: f64, peak: f64, layer_peak: Option<f64>) -> f64 {
     let attention = 4.0 * (spec.num_heads * spec.head_dim * spec.num_layers) as f64 * context;
     let positions = st.tokens_per_step + st.other_tokens_per_step;
-    let per_step = positions * (2.0 * spec.layer_params as f64 + attention) + st.readouts_per_step * 2.0 * spec.head_params as f64;
-    peak * st.decoded_per_step / per_step.max(1.0)
+    let layers = positions * 2.0 * spec.layer_params as f64;
+    let rest = positions * attention + st.readouts_per_step * 2.0 * spec.head_params as f64;
+    let seconds = layers / layer_peak.unwrap_or(peak) + rest / peak;
+    st.decoded_per_step / seconds.max(f64::MIN_POSITIVE)
 }

@@ -1,5 +1,6 @@
-//! What the device can do at best, measured: bf16 matmul throughput and copy bandwidth — the
-//! two ceilings the benchmarks' roofline and compute bounds divide by.
+//! What the device can do at best, measured: bf16 matmul throughput, the FP8 linear layers'
+//! throughput and copy bandwidth — the ceilings the benchmarks' roofline and compute bounds
+//! divide by.
 
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
@@ -50,6 +51,35 @@ pub fn matmul_peak(device: &Device) -> candle_core::Result<MatmulPeak> {
     }
     let sustained = flops / median_seconds(device, 5, 20, || random.matmul(&random).map(drop))?;
     Ok(MatmulPeak { sustained, burst_ones })
+}
+
+/// What a W8A8 FP8 linear layer reaches on this device (FLOP/s): `x Wᵀ` for x `[8192, 8192]`
+/// bf16 and W `[8192, 8192]` E4M3 through [`crate::ops::fp8_matmul`] under `fp8=w8a8` — the
+/// activations' quantization included, as every W8A8 layer runs it — sustained on random data
+/// after a second of them, as [`MatmulPeak::sustained`]. `None` off CUDA, where no FP8 GEMM runs.
+pub fn fp8_linear_peak(device: &Device) -> candle_core::Result<Option<f64>> {
+    if !device.is_cuda() {
+        return Ok(None);
+    }
+    let n = 8192;
+    let flops = 2.0 * (n as f64).powi(3);
+    let w = crate::quant::Fp8Weight::quantize(&Tensor::randn(0f32, 1.0, (n, n), device)?)?;
+    let x = Tensor::randn(0f32, 1.0, (n, n), device)?.to_dtype(DType::BF16)?;
+    let policy = crate::ops::KernelPolicy { fp8: crate::ops::Fp8Kernels::W8A8, ..Default::default() };
+    let (peak, counts) = crate::ops::with_kernels(policy, || -> candle_core::Result<f64> {
+        let warm = Instant::now();
+        while warm.elapsed().as_secs_f64() < 1.0 {
+            for _ in 0..20 {
+                let _ = crate::ops::fp8_matmul(&x, &w, None)?;
+            }
+            device.synchronize()?;
+        }
+        Ok(flops / median_seconds(device, 5, 20, || crate::ops::fp8_matmul(&x, &w, None).map(drop))?)
+    });
+    if counts.fp8_w8a8 == 0 {
+        candle_core::bail!("fp8_linear_peak: the FP8 GEMM did not run on {device:?}");
+    }
+    peak.map(Some)
 }
 
 /// Median over `samples` of the seconds one `op` takes, timed `per_sample` back to back with the
