@@ -105,7 +105,7 @@ impl RouterArch {
 /// Where the grouped kernels serve the device and dtype, the gate and up rows are kept
 /// interleaved in chunks of 16, the layout their SwiGLU epilogue reads. Stored in FP8, both are
 /// E4M3 with an f32 scale per expert row (`[experts, 2 × width]`, `[experts, hidden]`), and an
-/// expert is dequantized when it runs.
+/// expert's matmuls run as any FP8 layer's (`ops::fp8_matmul`).
 #[derive(Debug, Clone)]
 pub struct StackedExperts {
     gate_up: Tensor,
@@ -113,8 +113,8 @@ pub struct StackedExperts {
     width: usize,
     /// `gate_up` is in the kernels' interleaved layout.
     kernel_layout: bool,
-    /// FP8 storage: the scales of `gate_up`'s and `down`'s rows, and the dtype experts run in.
-    fp8: Option<(Tensor, Tensor, DType)>,
+    /// FP8 storage: the scales of `gate_up`'s and `down`'s rows.
+    fp8: Option<(Tensor, Tensor)>,
 }
 
 /// Gate and up rows alternate in chunks of this many in the kernels' layout.
@@ -136,13 +136,12 @@ impl StackedExperts {
     }
 
     /// [`StackedExperts::new`] stored as `q` says: in FP8, every expert row in E4M3 with its own
-    /// scale (quantized like any linear layer's rows), dequantized per expert when it runs.
+    /// scale (quantized like any linear layer's rows), multiplied per expert as any FP8 layer.
     pub fn quantized(gate_up: Tensor, down: Tensor, q: crate::quant::Quantization) -> Result<Self> {
         if q == crate::quant::Quantization::None {
             return Self::new(gate_up, down);
         }
         let (e, two_w, h, width) = Self::shapes(&gate_up, &down)?;
-        let dtype = gate_up.dtype();
         let rows = |w: &Tensor, r: usize, c: usize| -> Result<(Tensor, Tensor)> {
             let q = crate::quant::Fp8Weight::quantize(&w.reshape((e * r, c))?)?;
             let crate::quant::Fp8Scale::PerChannel(s) = q.scale() else { unreachable!("quantize scales per row") };
@@ -150,7 +149,7 @@ impl StackedExperts {
         };
         let (gu, gu_scale) = rows(&gate_up, two_w, h)?;
         let (d, d_scale) = rows(&down, h, width)?;
-        Ok(Self { gate_up: gu, down: d, width, kernel_layout: false, fp8: Some((gu_scale, d_scale, dtype)) })
+        Ok(Self { gate_up: gu, down: d, width, kernel_layout: false, fp8: Some((gu_scale, d_scale)) })
     }
 
     /// `(experts, 2 × width, hidden, width)` of stacks that agree.
@@ -171,7 +170,7 @@ impl StackedExperts {
     pub fn bytes(&self) -> u64 {
         crate::ops::bytes_of(&self.gate_up)
             + crate::ops::bytes_of(&self.down)
-            + self.fp8.as_ref().map_or(0, |(a, b, _)| crate::ops::bytes_of(a) + crate::ops::bytes_of(b))
+            + self.fp8.as_ref().map_or(0, |(a, b)| crate::ops::bytes_of(a) + crate::ops::bytes_of(b))
     }
 
     /// Whether [`moe_experts`] runs these experts with the grouped kernels.
@@ -180,12 +179,22 @@ impl StackedExperts {
         self.kernel_layout
     }
 
-    /// Expert `e`'s `(gate_up [2 × width, hidden], down [hidden, width])`, gate rows first.
-    fn expert(&self, e: usize) -> Result<(Tensor, Tensor)> {
-        if let Some((gu_scale, d_scale, dtype)) = &self.fp8 {
-            let deq = |w: Tensor, s: Tensor| crate::quant::fp8::e4m3_to(&w, Some(&s), *dtype);
-            return Ok((deq(self.gate_up.get(e)?, gu_scale.get(e)?)?, deq(self.down.get(e)?, d_scale.get(e)?)?));
+    /// Expert `e`'s SwiGLU MLP over its tokens `x` `[rows, hidden]`. Stored in FP8, its two
+    /// matmuls run as the engine's FP8 policy says for `rows` (`ops::fp8_matmul`: the
+    /// dequantized weight, the weight-only kernel at a few rows, or W8A8).
+    fn expert_mlp(&self, e: usize, x: &Tensor) -> Result<Tensor> {
+        use crate::quant::{Fp8Scale, Fp8Weight};
+        if let Some((gu_scale, d_scale)) = &self.fp8 {
+            let gate_up = Fp8Weight::from_parts(self.gate_up.get(e)?, Fp8Scale::PerChannel(gu_scale.get(e)?))?;
+            let down = Fp8Weight::from_parts(self.down.get(e)?, Fp8Scale::PerChannel(d_scale.get(e)?))?;
+            return super::fp8_matmul(&super::silu_mul(&super::fp8_matmul(x, &gate_up, None)?)?, &down, None);
         }
+        let (gate_up, down) = self.expert(e)?;
+        super::silu_mul(&x.matmul(&gate_up.t()?)?)?.matmul(&down.t()?)
+    }
+
+    /// Expert `e`'s dense `(gate_up [2 × width, hidden], down [hidden, width])`, gate rows first.
+    fn expert(&self, e: usize) -> Result<(Tensor, Tensor)> {
         let mut gate_up = self.gate_up.get(e)?;
         if self.kernel_layout {
             let h = gate_up.dim(1)?;
@@ -377,9 +386,8 @@ fn experts_composed(
     }
     let (mut rows, mut row_weights, mut parts) = (Vec::new(), Vec::new(), Vec::new());
     for (e, (toks, ws)) in by_expert.into_iter().enumerate().filter(|(_, (toks, _))| !toks.is_empty()) {
-        let (gate_up, down) = experts.expert(e)?;
         let xe = x.index_select(&Tensor::new(toks.as_slice(), x.device())?, 0)?;
-        let y = super::silu_mul(&xe.matmul(&gate_up.t()?)?)?.matmul(&down.t()?)?;
+        let y = experts.expert_mlp(e, &xe)?;
         parts.push(y.to_dtype(DType::F32)?);
         rows.extend(toks);
         row_weights.extend(ws);
