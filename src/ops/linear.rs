@@ -289,15 +289,17 @@ fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<O
     Ok(Some(y.reshape(dims)?))
 }
 
-/// `x Wᵀ (+ b)` through the W8A8 GEMM where it serves the launch (CUDA, a float dtype, a scale
-/// per output row, n and k multiples of 16); `None` where it does not.
+/// `x Wᵀ (+ b)` through the W8A8 GEMM where it serves the launch (CUDA on sm_90 or later with
+/// cuBLASLt 12.9 or later, a float dtype, a scale per output row, n and k multiples of 16);
+/// `None` where it does not.
 #[cfg(feature = "cuda")]
 fn fp8_w8a8(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
     use crate::quant::Fp8Scale;
     let (n, k) = w.dims();
     let Fp8Scale::PerChannel(scale) = w.scale() else { return Ok(None) };
     let rows = x.elem_count() / k.max(1);
-    if !(x.device().is_cuda() && x.rank() >= 1 && x.dims().last() == Some(&k) && super::cuda::fp8_gemm_serves(x.dtype(), rows, n, k)) {
+    let candle_core::Device::Cuda(dev) = x.device() else { return Ok(None) };
+    if !(x.rank() >= 1 && x.dims().last() == Some(&k) && super::cuda::fp8_gemm_serves(x.dtype(), rows, n, k) && super::cuda::fp8_gemm_available(dev)?) {
         return Ok(None);
     }
     let y = super::cuda::fp8_w8a8_linear(&x.reshape((rows, k))?, w.data(), scale)?;

@@ -28,6 +28,11 @@ pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: &Tensor, bias: Option<&Tenso
     if let Some(b) = bias.filter(|b| b.dims() != [n] || b.dtype() != x.dtype()) {
         bail!("{OP} (cuda): bias {:?} {:?}, expected [{n}] {:?}", b.dims(), b.dtype(), x.dtype());
     }
+    for (name, t) in [("weight", Some(data)), ("scales", Some(scale)), ("bias", bias)] {
+        if let Some(t) = t.filter(|t| !t.device().same_device(x.device())) {
+            bail!("{OP} (cuda): {name} on {:?}, x on {:?}", t.device(), x.device());
+        }
+    }
     let (x, data, scale) = (x.contiguous()?, data.contiguous()?, scale.contiguous()?);
     let bias = bias.map(Tensor::contiguous).transpose()?;
     for_float!(x.dtype(), OP, |T, suf| fp8_linear_launch::<T>(&dev, suf, &x, &data, &scale, bias.as_ref(), rows, n, k))

@@ -1,67 +1,99 @@
 //! The W8A8 FP8 GEMM for launches of many rows (prefill, denoising), where a linear layer is
 //! bound by the tensor cores and E4M3 has twice bf16's peak: the activations quantized a row
 //! at a time (`quantize_rows`), then cuBLASLt's FP8 matmul with both scale vectors applied in
-//! its epilogue ("outer vector" scaling: cuBLASLt 12.9 and later, sm_90 and later).
+//! its epilogue ("outer vector" scaling: cuBLASLt 12.9 and later, sm_90 and later; elsewhere
+//! [`fp8_gemm_available`] is false and the layer computes W8A8 by its reference).
 //!
-//! cuBLASLt needs a handle and a workspace. Both are made once per candle device (one stream)
-//! at load ([`prepare_fp8_gemm`]) and kept for the life of the process: allocating inside a
-//! CUDA-graph capture would tie the workspace to the graph, and destroying a handle
-//! synchronises the whole context. The algorithm cuBLASLt's heuristic picks is kept per shape.
+//! cuBLASLt needs a handle: one per GPU, made at load ([`prepare_fp8_gemm`]) and kept for the
+//! life of the process (destroying one synchronises the whole context). It holds no stream, so
+//! every thread shares it (candle's devices run on per-thread default streams). The workspace
+//! an algorithm asks for is allocated per call on the caller's stream, like any op's output, so
+//! no two streams ever share one. The heuristic's algorithm is kept per shape and alignment.
 
 use super::fp8::quantize_rows;
 use super::launch::{device, view, wrap};
 use candle_core::cuda_backend::cudarc::cublas::sys as cublas_sys;
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr};
-use candle_core::cuda_backend::{CudaDType, DeviceId, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Bytes of cuBLASLt workspace a device keeps (what cuBLASLt recommends for Hopper).
-const WORKSPACE_BYTES: usize = 32 << 20;
+/// Most workspace bytes an algorithm may ask for (what cuBLASLt recommends for Hopper).
+const MAX_WORKSPACE_BYTES: usize = 32 << 20;
 
-/// One device's cuBLASLt state.
-struct LtDevice {
+/// What the heuristic chose for one shape: the algorithm and the workspace it needs.
+#[derive(Clone, Copy)]
+struct Plan {
+    algo: sys::cublasLtMatmulAlgo_t,
+    workspace: usize,
+}
+
+/// The heuristic's choice per (output dtype, rows, n, k, alignments of A, B and D).
+type PlanKey = (DType, usize, usize, usize, [u32; 3]);
+
+/// One GPU's cuBLASLt state; `None` where its FP8 GEMM is not available.
+struct LtGpu {
     handle: sys::cublasLtHandle_t,
-    workspace: CudaSlice<u8>,
-    /// The heuristic's algorithm per (output dtype, rows, n, k).
-    algos: HashMap<(DType, usize, usize, usize), sys::cublasLtMatmulAlgo_t>,
+    plans: HashMap<PlanKey, Plan>,
 }
 
-// SAFETY: the handle is only used under the mutex that owns this state, on the stream of the
-// device it was made for.
-unsafe impl Send for LtDevice {}
+// SAFETY: the handle holds no stream and is only used under the mutex that owns this state.
+unsafe impl Send for LtGpu {}
 
-type Devices = Mutex<HashMap<DeviceId, Arc<Mutex<LtDevice>>>>;
+type Gpus = Mutex<HashMap<usize, Option<Arc<Mutex<LtGpu>>>>>;
 
-fn devices() -> &'static Devices {
-    static DEVICES: OnceLock<Devices> = OnceLock::new();
-    DEVICES.get_or_init(Default::default)
+fn gpus() -> &'static Gpus {
+    static GPUS: OnceLock<Gpus> = OnceLock::new();
+    GPUS.get_or_init(Default::default)
 }
 
-/// Makes `dev`'s cuBLASLt handle and workspace if it has none yet. Model loading calls it for
-/// every device an FP8 layer is stored on, before any graph is captured.
+/// Makes the cuBLASLt handle of `dev`'s GPU if it has none yet (and learns whether its FP8 GEMM
+/// is available). Model loading calls it for every GPU an FP8 layer is stored on, before any
+/// graph is captured.
 pub fn prepare_fp8_gemm(dev: &CudaDevice) -> Result<()> {
-    lt_device(dev).map(|_| ())
+    lt_gpu(dev).map(|_| ())
 }
 
-fn lt_device(dev: &CudaDevice) -> Result<Arc<Mutex<LtDevice>>> {
-    let mut all = devices().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(d) = all.get(&dev.id()) {
-        return Ok(d.clone());
-    }
+/// Whether the W8A8 GEMM runs on `dev`: a GPU of compute capability 9.0 or later and cuBLASLt
+/// 12.9 or later (outer-vector scaling).
+pub fn fp8_gemm_available(dev: &CudaDevice) -> Result<bool> {
+    Ok(lt_gpu(dev)?.is_some())
+}
+
+fn lt_gpu(dev: &CudaDevice) -> Result<Option<Arc<Mutex<LtGpu>>>> {
+    use candle_core::cuda_backend::cudarc::driver::sys::{CUdevice_attribute, CUstreamCaptureStatus};
     let stream = dev.cuda_stream();
-    if stream.capture_status().w()? != candle_core::cuda_backend::cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-        bail!("fp8 gemm (cuda): the device's cuBLASLt workspace is made at load, not inside a graph capture");
+    let ordinal = stream.context().ordinal();
+    let mut all = gpus().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = all.get(&ordinal) {
+        return Ok(g.clone());
+    }
+    let major = stream.context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).w()?;
+    // SAFETY: a query of the loaded library's version.
+    let version = unsafe { sys::cublasLtGetVersion() };
+    if major < 9 || version < 120_900 {
+        all.insert(ordinal, None);
+        return Ok(None);
+    }
+    if stream.capture_status().w()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        bail!("fp8 gemm (cuda): the GPU's cuBLASLt handle is made at load, not inside a graph capture");
     }
     let handle = lt::create_handle().map_err(|e| candle_core::Error::Msg(format!("cublasLtCreate: {e}")))?;
-    // SAFETY: cuBLASLt only reads and writes inside the workspace it is given.
-    let workspace = unsafe { dev.alloc::<u8>(WORKSPACE_BYTES)? };
-    let d = Arc::new(Mutex::new(LtDevice { handle, workspace, algos: HashMap::new() }));
-    all.insert(dev.id(), d.clone());
-    Ok(d)
+    let g = Some(Arc::new(Mutex::new(LtGpu { handle, plans: HashMap::new() })));
+    all.insert(ordinal, g.clone());
+    Ok(g)
+}
+
+/// The largest power of two (up to 256) that divides the address: the alignment cuBLASLt's
+/// heuristic is told each operand has.
+fn alignment(ptr: u64) -> u32 {
+    if ptr == 0 {
+        return 256;
+    }
+    (1u64 << ptr.trailing_zeros().min(8)) as u32
 }
 
 /// Whether [`fp8_w8a8_linear`] takes a launch of this shape: n and k multiples of 16 (FP8
@@ -87,8 +119,17 @@ pub fn fp8_w8a8_linear(x: &Tensor, data: &Tensor, scale: &Tensor) -> Result<Tens
     if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != [n] {
         bail!("{OP} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and [{n}] f32", data.dtype(), scale.dims(), scale.dtype());
     }
+    for (name, t) in [("weight", data), ("scales", scale)] {
+        if !t.device().same_device(x.device()) {
+            bail!("{OP} (cuda): {name} on {:?}, x on {:?}", t.device(), x.device());
+        }
+    }
     let (xq, xs) = quantize_rows(x)?;
-    let (data, scale) = (data.contiguous()?, scale.contiguous()?);
+    // The scale vectors are read with 16-byte loads: a view that starts off that boundary (an
+    // expert's rows of a stacked scale) is copied.
+    let aligned16 = |t: &Tensor| (t.layout().start_offset() * t.dtype().size_in_bytes()) % 16 == 0;
+    let data = data.contiguous()?;
+    let scale = if scale.is_contiguous() && aligned16(scale) { scale.clone() } else { scale.affine(1.0, 0.0)? };
     match x.dtype() {
         DType::BF16 => scaled_gemm::<half::bf16>(&dev, &xq, &xs, &data, &scale, DType::BF16, (rows, n, k)),
         DType::F16 => scaled_gemm::<half::f16>(&dev, &xq, &xs, &data, &scale, DType::F16, (rows, n, k)),
@@ -115,7 +156,7 @@ impl Drop for Descriptors {
         // not actionable.
         unsafe {
             let _ = lt::destroy_matmul_desc(self.desc);
-            for l in self.layouts {
+            for l in self.layouts.into_iter().filter(|l| !l.is_null()) {
                 let _ = lt::destroy_matrix_layout(l);
             }
             let _ = lt::destroy_matmul_pref(self.pref);
@@ -148,17 +189,18 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
         _ => sys::cudaDataType_t::CUDA_R_16BF,
     };
     use sys::cublasLtMatmulDescAttributes_t as Attr;
-    let lt_dev = lt_device(dev)?;
-    let mut lt_dev = lt_dev.lock().unwrap_or_else(|e| e.into_inner());
+    use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+    let Some(lt_gpu) = lt_gpu(dev)? else { bail!("{OP} (cuda): cuBLASLt's FP8 GEMM needs sm_90 and cuBLASLt 12.9 or later") };
+    let mut lt_gpu = lt_gpu.lock().unwrap_or_else(|e| e.into_inner());
     let stream = dev.cuda_stream();
     let (xq_s, xq_l) = xq.storage_and_layout();
     let (xs_s, xs_l) = xs.storage_and_layout();
     let (wq_s, wq_l) = wq.storage_and_layout();
     let (ws_s, ws_l) = ws.storage_and_layout();
     let xq_v = view::<float8::F8E4M3>(&xq_s, xq_l, OP, "x (E4M3)", true)?;
-    let xs_v = view::<f32>(&xs_s, xs_l, OP, "x scales", false)?;
+    let xs_v = view::<f32>(&xs_s, xs_l, OP, "x scales", true)?;
     let wq_v = view::<float8::F8E4M3>(&wq_s, wq_l, OP, "weight", true)?;
-    let ws_v = view::<f32>(&ws_s, ws_l, OP, "weight scales", false)?;
+    let ws_v = view::<f32>(&ws_s, ws_l, OP, "weight scales", true)?;
     // SAFETY: beta = 0 and every element of D is written.
     let mut out = unsafe { dev.alloc::<T>(rows * n)? };
 
@@ -190,11 +232,11 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
     let (wsc_ptr, _wsc_guard) = ws_v.device_ptr(&stream);
     let (xsc_ptr, _xsc_guard) = xs_v.device_ptr(&stream);
     let (o_ptr, _o_guard) = out.device_ptr_mut(&stream);
-    let LtDevice { handle, workspace, algos } = &mut *lt_dev;
-    let handle = *handle;
-    let (work_ptr, _work_guard) = workspace.device_ptr_mut(&stream);
+    // The heuristic picks for the operands' real alignment (its default assumes 256 bytes): a
+    // weight narrowed to a rank's rows may start 16 bytes into an allocation.
+    let aligned = [alignment(w_ptr), alignment(x_ptr), alignment(o_ptr)];
     // SAFETY: every attribute gets the type cuBLASLt documents for it (i32 enums, device
-    // pointers, a u64 byte count); the descriptors are live until `d` drops.
+    // pointers, u32 alignments, a u64 byte count); the descriptors are live until `d` drops.
     unsafe {
         set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &(cublas_sys::cublasOperation_t::CUBLAS_OP_T as i32))?;
         set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &(cublas_sys::cublasOperation_t::CUBLAS_OP_N as i32))?;
@@ -203,30 +245,42 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
         set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
         set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(wsc_ptr as *const c_void))?;
         set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(xsc_ptr as *const c_void))?;
-        let bytes = WORKSPACE_BYTES as u64;
-        lt::set_matmul_pref_attribute(
-            d.pref,
-            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &bytes as *const u64 as *const c_void,
-            std::mem::size_of::<u64>(),
-        )
-        .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))?;
+        let pref_u64 = |attr, v: u64| {
+            lt::set_matmul_pref_attribute(d.pref, attr, &v as *const u64 as *const c_void, std::mem::size_of::<u64>())
+                .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))
+        };
+        let pref_u32 = |attr, v: u32| {
+            lt::set_matmul_pref_attribute(d.pref, attr, &v as *const u32 as *const c_void, std::mem::size_of::<u32>())
+                .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))
+        };
+        pref_u64(Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, MAX_WORKSPACE_BYTES as u64)?;
+        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aligned[0])?;
+        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, aligned[1])?;
+        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, aligned[2])?;
+        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, aligned[2])?;
     }
-    let key = (dtype, rows, n, k);
-    let algo = match algos.get(&key) {
-        Some(a) => *a,
+    let handle = lt_gpu.handle;
+    let key = (dtype, rows, n, k, aligned);
+    let plan = match lt_gpu.plans.get(&key) {
+        Some(p) => *p,
         None => {
             // SAFETY: live descriptors and layouts; C's layout is D's.
             let found = unsafe { lt::get_matmul_algo_heuristic(handle, d.desc, a_l, b_l, d_l, d_l, d.pref) }
                 .map_err(|e| candle_core::Error::Msg(format!("{OP}: cuBLASLt has no FP8 algorithm for [{rows}, {k}] × [{n}, {k}]ᵀ: {e}")))?;
-            algos.insert(key, found.algo);
-            found.algo
+            let p = Plan { algo: found.algo, workspace: found.workspaceSize.min(MAX_WORKSPACE_BYTES) };
+            lt_gpu.plans.insert(key, p);
+            p
         }
     };
+    // The workspace this algorithm needs, on this call's stream (none for most shapes).
+    // SAFETY: cuBLASLt only reads and writes inside the workspace it is given.
+    let mut workspace = (plan.workspace > 0).then(|| unsafe { dev.alloc::<u8>(plan.workspace) }).transpose()?;
+    let work = workspace.as_mut().map(|w| w.device_ptr_mut(&stream));
+    let work_ptr = work.as_ref().map_or(0, |(p, _)| *p);
     let (alpha, beta) = (1f32, 0f32);
     // SAFETY: A, B, their scales, D and the workspace are live device buffers of the sizes the
-    // layouts give (guards held to the end of the call); C = D with beta 0; the stream is the
-    // device's own, which every buffer here was made or last written on.
+    // layouts and the plan give (guards held to the end of the call); C = D with beta 0; every
+    // buffer was made or last written on this stream.
     unsafe {
         lt::matmul(
             handle,
@@ -241,13 +295,14 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
             d_l,
             o_ptr as *mut c_void,
             d_l,
-            &algo,
+            &plan.algo,
             work_ptr as *mut c_void,
-            WORKSPACE_BYTES,
+            plan.workspace,
             stream.cu_stream() as sys::cudaStream_t,
         )
     }
     .map_err(lt_err("cublasLtMatmul"))?;
-    drop((_w_guard, _x_guard, _wsc_guard, _xsc_guard, _o_guard, _work_guard));
+    drop(work);
+    drop((_w_guard, _x_guard, _wsc_guard, _xsc_guard, _o_guard));
     Ok(wrap(out, dev, (rows, n)))
 }

@@ -118,7 +118,10 @@ template <typename T> __device__ void quantize_rows(uint8_t *q, float *scale, co
     const float s = m == 0.f ? 1.f : m * (1.0f / 448.0f);
     uint8_t *qr = q + row * k;
     for (int i = threadIdx.x; i < k; i += blockDim.x) {
-        const float v = fminf(fmaxf(__fdiv_rn(to_f(xr[i]), s), -448.f), 448.f);
+        // Clamped as candle clamps (a comparison each way), which keeps a NaN a NaN.
+        float v = __fdiv_rn(to_f(xr[i]), s);
+        v = v < -448.f ? -448.f : v;
+        v = v > 448.f ? 448.f : v;
         qr[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
     }
     if (threadIdx.x == 0) scale[row] = s;
