@@ -46,6 +46,11 @@ struct Args {
     /// quantized at load (a checkpoint shipped in FP8 is served in FP8 without it).
     #[arg(long)]
     quantization: Option<String>,
+    /// Kernel choices as `key=value` pairs (`ponder::kernels::KernelPolicy`), e.g.
+    /// `fp8=by-shape`: FP8 layers through the weight-only kernel at decode widths and W8A8 on
+    /// the FP8 tensor cores above (default: the dequantized weight).
+    #[arg(long)]
+    kernels: Option<String>,
     /// Split the model over N devices (tensor parallelism): N GPUs from GPU 0 with `--cuda`
     /// (joined by NCCL), N threads on the CPU. Heads and MLP widths must divide by N.
     #[arg(long, default_value_t = 1)]
@@ -127,6 +132,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(q) = &a.quantization {
         b = b.quantization(q.parse()?);
+    }
+    if let Some(k) = &a.kernels {
+        b = b.kernels(k.parse()?);
     }
     b = b.tensor_parallel(a.tp).expert_parallel(a.expert_parallel);
     if let Some(n) = a.max_num_seqs {
