@@ -2272,28 +2272,14 @@ fn fp8_w8a8_gemm_matches_its_reference() {
         let bytes = |t: &Tensor| t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(bytes(&q.to_device(&Device::Cpu).unwrap()), bytes(want.data()), "{dtype:?} E4M3 values");
     }
-    for (rows, n, k) in [(17, 256, 512), (64, 4096, 4096), (256, 1536, 2048), (1000, 512, 1024), (3, 96, 160)] {
-        let w = rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32);
-        let q = Fp8Weight::quantize(&w).unwrap();
-        for dtype in [DType::BF16, DType::F16, DType::F32] {
-            for with_bias in [false, true] {
-                let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
-                let bias = with_bias.then(|| rand_tensor(&mut rng, &[n], -0.5, 0.5, dtype));
-                let want =
-                    ponder::ops::w8a8_reference(&x.to_dtype(DType::F32).unwrap(), &q, bias.as_ref().map(|b| b.to_dtype(DType::F32).unwrap()).as_ref()).unwrap();
-                let on_gpu = Linear::fp8(q.to_device(&gpu).unwrap(), bias.as_ref().map(|b| b.to_device(&gpu).unwrap()), dtype).unwrap();
-                let (got, counts) = ponder::ops::with_kernels(policy, || on_gpu.forward(&x.to_device(&gpu).unwrap()).unwrap());
-                assert_eq!(counts.fp8_w8a8, 1, "[{rows}, {n}, {k}] {dtype:?}: the GEMM ran");
-                let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
-                // The quantized activations are exact on both sides (checked above); what is
-                // left is the output's rounding and the FP8 tensor cores' accumulation, which
-                // keeps fewer bits than f32 between cuBLASLt's promotions (1.1e-4 measured at
-                // k 512 on an H100).
-                let tol = if dtype == DType::F32 { 5e-4 } else { 1e-2 };
-                assert!(err <= tol, "[{rows}, {n}, {k}] {dtype:?} bias {with_bias}: relative error {err:e}");
-            }
-        }
-    }
+    // The quantized activations are exact on both sides (checked above); what is left is the
+    // output's rounding and the FP8 tensor cores' accumulation, which keeps fewer bits than f32
+    // between cuBLASLt's promotions (1.1e-4 measured at k 512 on an H100).
+    let shapes = [(17, 256, 512), (64, 4096, 4096), (256, 1536, 2048), (1000, 512, 1024), (3, 96, 160)];
+    let reference = |x: &Tensor, q: &Fp8Weight, bias: Option<&Tensor>, _: DType| {
+        ponder::ops::w8a8_reference(&x.to_dtype(DType::F32).unwrap(), q, bias.map(|b| b.to_dtype(DType::F32).unwrap()).as_ref()).unwrap()
+    };
+    fp8_layer_against(&gpu, &mut rng, policy, &shapes, 5e-4, reference, |c| c.fp8_w8a8);
     // Shapes the GEMM does not take run the reference on the device, under the same policy.
     for (n, k) in [(40, 64), (32, 40)] {
         let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap();
@@ -2303,6 +2289,36 @@ fn fp8_w8a8_gemm_matches_its_reference() {
         assert_eq!(counts.fp8_w8a8, 0, "[{n}, {k}]");
         let want = ponder::ops::w8a8_reference(&x, &q, None).unwrap();
         assert!(rel_err(&got.to_device(&Device::Cpu).unwrap(), &want) <= 1e-2, "[{n}, {k}] on the reference");
+    }
+}
+
+/// An FP8 layer on the GPU under `policy` against `reference` on the CPU at each `(rows, n, k)`,
+/// in bf16, f16 and f32 (within `f32_tol` in f32, 1e-2 in the 16-bit dtypes), with and without
+/// a bias; the path `ran` counts runs once a forward.
+fn fp8_layer_against(
+    gpu: &Device,
+    rng: &mut StdRng,
+    policy: ponder::ops::KernelPolicy,
+    shapes: &[(usize, usize, usize)],
+    f32_tol: f32,
+    reference: impl Fn(&Tensor, &ponder::quant::Fp8Weight, Option<&Tensor>, DType) -> Tensor,
+    ran: impl Fn(&ponder::ops::KernelCounts) -> u64,
+) {
+    for &(rows, n, k) in shapes {
+        let q = ponder::quant::Fp8Weight::quantize(&rand_tensor(rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap();
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for with_bias in [false, true] {
+                let x = rand_tensor(rng, &[rows, k], -1.0, 1.0, dtype);
+                let bias = with_bias.then(|| rand_tensor(rng, &[n], -0.5, 0.5, dtype));
+                let want = reference(&x, &q, bias.as_ref(), dtype);
+                let on_gpu = ponder::ops::Linear::fp8(q.to_device(gpu).unwrap(), bias.as_ref().map(|b| b.to_device(gpu).unwrap()), dtype).unwrap();
+                let (got, counts) = ponder::ops::with_kernels(policy, || on_gpu.forward(&x.to_device(gpu).unwrap()).unwrap());
+                assert_eq!(ran(&counts), 1, "[{rows}, {n}, {k}] {dtype:?}: the FP8 path ran");
+                let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
+                let tol = if dtype == DType::F32 { f32_tol } else { 1e-2 };
+                assert!(err <= tol, "[{rows}, {n}, {k}] {dtype:?} bias {with_bias}: relative error {err:e}");
+            }
+        }
     }
 }
 
@@ -2316,24 +2332,9 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     let gpu = gpu_device();
     let policy = KernelPolicy { fp8: Fp8Kernels::WeightOnly, ..Default::default() };
     let mut rng = StdRng::seed_from_u64(81);
-    for (rows, n, k) in [(1, 200, 64), (5, 1024, 2048), (16, 96, 4112), (3, 7, 16)] {
-        let w = rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32);
-        let q = Fp8Weight::quantize(&w).unwrap();
-        for dtype in [DType::BF16, DType::F16, DType::F32] {
-            for with_bias in [false, true] {
-                let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
-                let bias = with_bias.then(|| rand_tensor(&mut rng, &[n], -0.5, 0.5, dtype));
-                let cpu = Linear::fp8(q.clone(), bias.clone(), dtype).unwrap();
-                let want = cpu.forward(&x).unwrap();
-                let on_gpu = Linear::fp8(q.to_device(&gpu).unwrap(), bias.as_ref().map(|b| b.to_device(&gpu).unwrap()), dtype).unwrap();
-                let (got, counts) = ponder::ops::with_kernels(policy, || on_gpu.forward(&x.to_device(&gpu).unwrap()).unwrap());
-                assert_eq!(counts.fp8_weight_only, 1, "[{rows}, {n}, {k}] {dtype:?}: the kernel ran");
-                let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
-                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
-                assert!(err <= tol, "[{rows}, {n}, {k}] {dtype:?} bias {with_bias}: relative error {err:e}");
-            }
-        }
-    }
+    // The dequantizing path on the CPU (the default policy there).
+    let reference = |x: &Tensor, q: &Fp8Weight, bias: Option<&Tensor>, dtype: DType| Linear::fp8(q.clone(), bias.cloned(), dtype).unwrap().forward(x).unwrap();
+    fp8_layer_against(&gpu, &mut rng, policy, &[(1, 200, 64), (5, 1024, 2048), (16, 96, 4112), (3, 7, 16)], 1e-5, reference, |c| c.fp8_weight_only);
     // Shapes the kernel does not take run the dequantizing path, under the same policy.
     for (rows, k) in [(17, 64), (2, 40)] {
         let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[32, k], -0.5, 0.5, DType::F32)).unwrap();
