@@ -307,6 +307,22 @@ def did_not_pay():
              rf=span([r["fraction_of_bound"] for r in g if r["mode"] == "cdb-refill" and r["target_mean_depth"] == t]))
 
 
+def fp8():
+    n = "fp8_h200.json"; d = load(n); R = d["runs"]
+    def cb(label, w): return sum(next(r["tokens_per_s"] for r in R[f"{label}{i}"]["results"] if r["width"] == w) for i in (1, 2)) / 2
+    rows = [(1, "weight-only kernel", "fp8_wo"), (16, "weight-only kernel", "fp8_wo"), (64, "W8A8 (by-shape)", "fp8_bs")]
+    dec = [[f"W {w}", path, num(cb("bf16_cb", w)), num(cb(lab, w)), times(cb(lab, w) / cb("bf16_cb", w))] for w, path, lab in rows]
+    sd = {(r["mode"], q): r for q in ("bf16", "fp8") for r in R[f"sdar_{q}"]["results"]}
+    den = [[f"B 256 {m}", "W8A8 (by-shape)", num(sd[(m, "bf16")]["tokens_per_s"]), num(sd[(m, "fp8")]["tokens_per_s"]), times(sd[(m, "fp8")]["tokens_per_s"] / sd[(m, "bf16")]["tokens_per_s"])]
+           for m in ("baseline", "focus")]
+    f8 = sd[("baseline", "fp8")]
+    V.update(fp8_data=data(n), fp8_cmds=cmds(d["commands"]), fp8_table=table(["launch", "FP8 path", "bf16 tok/s", "FP8 tok/s", "FP8 ÷ bf16"], dec + den),
+             fp8_peak=num(f8["fp8_linear_peak_tflops"]), fp8_bf16_peak=num(f8["matmul_peak_tflops"]), fp8_bound=pct(f8["fraction_of_compute_bound"]),
+             fp8_focus=times(sd[("focus", "fp8")]["tokens_per_s"] / f8["tokens_per_s"]), bf16_focus=times(sd[("focus", "bf16")]["tokens_per_s"] / sd[("baseline", "bf16")]["tokens_per_s"]),
+             fp8_plot=plot("fp8", "FP8 tokens/s over bf16 per launch shape", lambda: bars([r[0] for r in dec + den], {"FP8 ÷ bf16": [float(r[4].rstrip("×")) for r in dec + den]}, "tokens/s, FP8 ÷ bf16",
+                                                                                  {"model": "Ouro-1.4B decode and SDAR-8B denoising, FP8 against bf16", "gpu": d["gpu"], "commit": d["commit"]})))
+
+
 # ---- plots: three shapes cover every figure (matplotlib, SVG without a date) ----
 def fig(title, w=8, h=3.8):
     f, ax = plt.subplots(figsize=(w, h)); ax.set_title("\n".join(textwrap.wrap(title, 120)), fontsize=8); ax.grid(True, alpha=0.3); return f, ax
@@ -336,7 +352,7 @@ def modes(rows, d):
 
 def main():
     global plt
-    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, h100, did_not_pay):
+    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, fp8, h100, did_not_pay):
         section()
     gpus = lambda h: " / ".join(sorted({d["gpu"] for n, d in _cache.items() if n.startswith("h100/") == h}))
     V.update(gpus=gpus(False), h100_gpus=gpus(True))
