@@ -7,7 +7,8 @@
 //!     cargo run --release --example generate -- --gate lookahead --q 0.5 "Traits"
 //!
 //! Options: --model DIR, --max-new N, --temperature T, --top-k K, --top-p P, --seed S,
-//! --layout depth-indexed|shared, --cuda, --bf16, --tp N (tensor parallelism: N GPUs, or N threads on the CPU). Diffusion models (`--sdar` / `--llada` pick the shipped
+//! --layout depth-indexed|shared, --cuda, --bf16, --tp N (tensor parallelism: N GPUs, or N threads on the CPU),
+//! --quantization fp8 (projections and MLPs in E4M3), --kernels POLICY (e.g. `fp8=w8a8`). Diffusion models (`--sdar` / `--llada` pick the shipped
 //! tiny SDAR / LLaDA): --threshold T (reveal tokens with probability ≥ T each step, default 0.9),
 //! --block-length N, --delayed-cache. Several prompts run as one batch, each streamed on its
 //! own thread through an `EngineHandle`. `--chat` reads the user's turns from stdin, one per
@@ -39,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut chat, mut system) = (false, None::<String>);
     let (mut gate, mut q) = (None::<String>, 0.5f32);
     let mut tp = 1usize;
+    let (mut quantization, mut kernels) = (ponder::quant::Quantization::None, ponder::kernels::KernelPolicy::default());
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
@@ -62,8 +64,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--cuda" => cuda = true,
             "--bf16" => bf16 = true,
             "--tp" => tp = val()?.parse()?,
+            "--quantization" => quantization = val()?.parse()?,
+            "--kernels" => kernels = val()?.parse()?,
             "-h" | "--help" => {
-                println!("usage: generate [--model DIR | --sdar | --llada] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--threshold T] [--block-length N] [--delayed-cache] [--chat [--system TEXT]] [--gate stock|delayed|lookahead|preloop [--q Q]] [--cuda] [--bf16] [--tp N] PROMPT...");
+                println!("usage: generate [--model DIR | --sdar | --llada] [--max-new N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--layout L] [--threshold T] [--block-length N] [--delayed-cache] [--chat [--system TEXT]] [--gate stock|delayed|lookahead|preloop [--q Q]] [--cuda] [--bf16] [--tp N] [--quantization fp8] [--kernels POLICY] PROMPT...");
                 return Ok(());
             }
             _ => prompts.push(a),
@@ -76,6 +80,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = if cuda { Device::new_cuda(0)? } else { Device::Cpu };
     let mut builder =
         EngineBuilder::new(&model).device(device).dtype(if bf16 { DType::BF16 } else { DType::F32 }).max_num_seqs(prompts.len().max(1)).tensor_parallel(tp);
+    builder = builder.quantization(quantization).kernels(kernels);
     if let Some(l) = layout {
         builder = builder.looped(|o| o.kv_layout(l));
     }
