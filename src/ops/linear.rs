@@ -252,13 +252,21 @@ pub fn w8a8_reference(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Resul
     let rows = x.elem_count() / k.max(1);
     let xq = Fp8Weight::quantize(&x.reshape((rows, k))?)?;
     let y = xq.dequantize(DType::F32)?.matmul(&w.dequantize(DType::F32)?.t()?)?.to_dtype(x.dtype())?;
+    shaped_like(y, bias, x, n)
+}
+
+/// A product `[rows, n]` of `x`'s rows with the bias added after its rounding (as candle's
+/// Linear adds it), in `x`'s shape with `n` for its last dimension.
+fn shaped_like(y: Tensor, bias: Option<&Tensor>, x: &Tensor, n: usize) -> Result<Tensor> {
     let y = match bias {
         Some(b) => y.broadcast_add(b)?,
         None => y,
     };
-    let mut out = dims;
-    *out.last_mut().expect("x has a last dim") = n;
-    y.reshape(out)
+    let mut dims = x.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = n;
+    }
+    y.reshape(dims)
 }
 
 /// `x Wᵀ (+ b)` through the weight-only FP8 kernel where the launch fits it (CUDA, at most 16
@@ -284,9 +292,8 @@ fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<O
     }
     let y = super::cuda::fp8_linear(&x.reshape((rows, k))?, w.data(), scale, bias)?;
     count(|c| c.fp8_weight_only += 1);
-    let mut dims = x.dims().to_vec();
-    *dims.last_mut().expect("rank >= 1") = n;
-    Ok(Some(y.reshape(dims)?))
+    // The kernel adds the bias itself.
+    Ok(Some(shaped_like(y, None, x, n)?))
 }
 
 /// `x Wᵀ (+ b)` through the W8A8 GEMM where it serves the launch (CUDA on sm_90 or later with
@@ -298,20 +305,12 @@ fn fp8_w8a8(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Option<T
     let (n, k) = w.dims();
     let Fp8Scale::PerChannel(scale) = w.scale() else { return Ok(None) };
     let rows = x.elem_count() / k.max(1);
-    let candle_core::Device::Cuda(dev) = x.device() else { return Ok(None) };
-    if !(x.rank() >= 1 && x.dims().last() == Some(&k) && super::cuda::fp8_gemm_serves(x.dtype(), rows, n, k) && super::cuda::fp8_gemm_available(dev)?) {
+    if !(x.device().is_cuda() && x.rank() >= 1 && x.dims().last() == Some(&k) && super::cuda::fp8_gemm_serves(x.dtype(), rows, n, k)) {
         return Ok(None);
     }
-    let y = super::cuda::fp8_w8a8_linear(&x.reshape((rows, k))?, w.data(), scale)?;
+    let Some(y) = super::cuda::fp8_w8a8_linear(&x.reshape((rows, k))?, w.data(), scale)? else { return Ok(None) };
     count(|c| c.fp8_w8a8 += 1);
-    // The bias after the rounded product, as the reference (and candle's Linear) add it.
-    let y = match bias {
-        Some(b) => y.broadcast_add(b)?,
-        None => y,
-    };
-    let mut dims = x.dims().to_vec();
-    *dims.last_mut().expect("rank >= 1") = n;
-    Ok(Some(y.reshape(dims)?))
+    Ok(Some(shaped_like(y, bias, x, n)?))
 }
 
 /// Bytes a tensor occupies.

@@ -3,7 +3,7 @@
 //! weight instead of two is the whole gain; and the per-row quantization of the activations
 //! that the W8A8 GEMM (`fp8_gemm.rs`) multiplies.
 
-use super::launch::{device, for_float, kernel, view, wrap, Module};
+use super::launch::{device, for_float, kernel, same_device, view, wrap, Module};
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -28,10 +28,9 @@ pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: &Tensor, bias: Option<&Tenso
     if let Some(b) = bias.filter(|b| b.dims() != [n] || b.dtype() != x.dtype()) {
         bail!("{OP} (cuda): bias {:?} {:?}, expected [{n}] {:?}", b.dims(), b.dtype(), x.dtype());
     }
-    for (name, t) in [("weight", Some(data)), ("scales", Some(scale)), ("bias", bias)] {
-        if let Some(t) = t.filter(|t| !t.device().same_device(x.device())) {
-            bail!("{OP} (cuda): {name} on {:?}, x on {:?}", t.device(), x.device());
-        }
+    same_device(OP, x, &[("weight", data), ("scales", scale)])?;
+    if let Some(b) = bias {
+        same_device(OP, x, &[("bias", b)])?;
     }
     let (x, data, scale) = (x.contiguous()?, data.contiguous()?, scale.contiguous()?);
     let bias = bias.map(Tensor::contiguous).transpose()?;

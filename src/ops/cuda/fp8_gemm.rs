@@ -2,7 +2,7 @@
 //! bound by the tensor cores and E4M3 has twice bf16's peak: the activations quantized a row
 //! at a time (`quantize_rows`), then cuBLASLt's FP8 matmul with both scale vectors applied in
 //! its epilogue ("outer vector" scaling: cuBLASLt 12.9 and later, sm_90 and later; elsewhere
-//! [`fp8_gemm_available`] is false and the layer computes W8A8 by its reference).
+//! [`fp8_w8a8_linear`] answers `None` and the layer computes W8A8 by its reference).
 //!
 //! cuBLASLt needs a handle: one per GPU, made at load ([`prepare_fp8_gemm`]) and kept for the
 //! life of the process (destroying one synchronises the whole context). It holds no stream, so
@@ -11,7 +11,7 @@
 //! no two streams ever share one. The heuristic's algorithm is kept per shape and alignment.
 
 use super::fp8::quantize_rows;
-use super::launch::{device, view, wrap};
+use super::launch::{device, same_device, view, wrap};
 use candle_core::cuda_backend::cudarc::cublas::sys as cublas_sys;
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut, DeviceRepr};
@@ -55,12 +55,6 @@ fn gpus() -> &'static Gpus {
 /// graph is captured.
 pub fn prepare_fp8_gemm(dev: &CudaDevice) -> Result<()> {
     lt_gpu(dev).map(|_| ())
-}
-
-/// Whether the W8A8 GEMM runs on `dev`: a GPU of compute capability 9.0 or later and cuBLASLt
-/// 12.9 or later (outer-vector scaling).
-pub fn fp8_gemm_available(dev: &CudaDevice) -> Result<bool> {
-    Ok(lt_gpu(dev)?.is_some())
 }
 
 fn lt_gpu(dev: &CudaDevice) -> Result<Option<Arc<Mutex<LtGpu>>>> {
@@ -107,8 +101,9 @@ pub fn fp8_gemm_serves(dtype: DType, rows: usize, n: usize, k: usize) -> bool {
 /// `x Wᵀ` for `x` `[rows, k]` (bf16 / f16 / f32) and `data` `[n, k]` E4M3 with `scale` `[n]` f32 (one a
 /// row): every row of x quantized to E4M3 with its own scale, the FP8 product summed in f32,
 /// times both scales, rounded to x's dtype. Equal to the f32 matmul of both dequantized
-/// operands up to the order of the sums.
-pub fn fp8_w8a8_linear(x: &Tensor, data: &Tensor, scale: &Tensor) -> Result<Tensor> {
+/// operands up to the order of the sums. `None` where x's GPU has no FP8 GEMM (before sm_90, or
+/// cuBLASLt before 12.9).
+pub fn fp8_w8a8_linear(x: &Tensor, data: &Tensor, scale: &Tensor) -> Result<Option<Tensor>> {
     const OP: &str = "fp8_w8a8_linear";
     let dev = device(x, OP)?;
     let (rows, k) = x.dims2()?;
@@ -119,23 +114,22 @@ pub fn fp8_w8a8_linear(x: &Tensor, data: &Tensor, scale: &Tensor) -> Result<Tens
     if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != [n] {
         bail!("{OP} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and [{n}] f32", data.dtype(), scale.dims(), scale.dtype());
     }
-    for (name, t) in [("weight", data), ("scales", scale)] {
-        if !t.device().same_device(x.device()) {
-            bail!("{OP} (cuda): {name} on {:?}, x on {:?}", t.device(), x.device());
-        }
-    }
+    same_device(OP, x, &[("weight", data), ("scales", scale)])?;
+    let Some(lt) = lt_gpu(&dev)? else { return Ok(None) };
     let (xq, xs) = quantize_rows(x)?;
     // The scale vectors are read with 16-byte loads: a view that starts off that boundary (an
     // expert's rows of a stacked scale) is copied.
     let aligned16 = |t: &Tensor| (t.layout().start_offset() * t.dtype().size_in_bytes()) % 16 == 0;
     let data = data.contiguous()?;
     let scale = if scale.is_contiguous() && aligned16(scale) { scale.clone() } else { scale.affine(1.0, 0.0)? };
-    match x.dtype() {
-        DType::BF16 => scaled_gemm::<half::bf16>(&dev, &xq, &xs, &data, &scale, DType::BF16, (rows, n, k)),
-        DType::F16 => scaled_gemm::<half::f16>(&dev, &xq, &xs, &data, &scale, DType::F16, (rows, n, k)),
-        DType::F32 => scaled_gemm::<f32>(&dev, &xq, &xs, &data, &scale, DType::F32, (rows, n, k)),
+    let mut lt = lt.lock().unwrap_or_else(|e| e.into_inner());
+    let y = match x.dtype() {
+        DType::BF16 => scaled_gemm::<half::bf16>(&dev, &mut lt, &xq, &xs, &data, &scale, DType::BF16, (rows, n, k)),
+        DType::F16 => scaled_gemm::<half::f16>(&dev, &mut lt, &xq, &xs, &data, &scale, DType::F16, (rows, n, k)),
+        DType::F32 => scaled_gemm::<f32>(&dev, &mut lt, &xq, &xs, &data, &scale, DType::F32, (rows, n, k)),
         d => bail!("{OP} (cuda): dtype {d:?} not supported"),
-    }
+    };
+    y.map(Some)
 }
 
 /// A cuBLASLt status as a candle error naming the call.
@@ -172,8 +166,10 @@ unsafe fn set_desc<V>(desc: sys::cublasLtMatmulDesc_t, attr: sys::cublasLtMatmul
     lt::set_matmul_desc_attribute(desc, attr, value as *const V as *const c_void, std::mem::size_of::<V>()).map_err(lt_err("cublasLtMatmulDescSetAttribute"))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn scaled_gemm<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
+    lt_gpu: &mut LtGpu,
     xq: &Tensor,
     xs: &Tensor,
     wq: &Tensor,
@@ -190,8 +186,6 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
     };
     use sys::cublasLtMatmulDescAttributes_t as Attr;
     use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
-    let Some(lt_gpu) = lt_gpu(dev)? else { bail!("{OP} (cuda): cuBLASLt's FP8 GEMM needs sm_90 and cuBLASLt 12.9 or later") };
-    let mut lt_gpu = lt_gpu.lock().unwrap_or_else(|e| e.into_inner());
     let stream = dev.cuda_stream();
     let (xq_s, xq_l) = xq.storage_and_layout();
     let (xs_s, xs_l) = xs.storage_and_layout();

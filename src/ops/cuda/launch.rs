@@ -138,12 +138,18 @@ pub(super) fn wrap<T: CudaDType + DeviceRepr, S: Into<candle_core::Shape>>(out: 
     Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
 
+/// Every tensor of `ts` is on `first`'s device.
+pub(super) fn same_device(op: &str, first: &Tensor, ts: &[(&str, &Tensor)]) -> Result<()> {
+    if let Some((name, t)) = ts.iter().find(|(_, t)| !t.device().same_device(first.device())) {
+        bail!("{op} (cuda): {name} is on {:?}, not {:?}", t.device(), first.device());
+    }
+    Ok(())
+}
+
 /// Every tensor of `ts` is on `first`'s device and of `dtype`.
 pub(super) fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&str, &Tensor)]) -> Result<()> {
+    same_device(op, first, ts)?;
     for (name, t) in ts {
-        if !t.device().same_device(first.device()) {
-            bail!("{op} (cuda): {name} is on {:?}, not {:?}", t.device(), first.device());
-        }
         if t.dtype() != dtype {
             bail!("{op} (cuda): {name} is {:?}, expected {dtype:?}", t.dtype());
         }
