@@ -2339,9 +2339,9 @@ fn fp8_layer_against(
     }
 }
 
-/// The weight-only FP8 kernel (decode widths) against the dequantizing path on the CPU: bf16,
-/// f16 and f32 activations, 1 to 16 rows, with and without a bias, widths off the kernel's
-/// 512-weight stride; 17 rows and k off the 16-weight vector go the dequantizing way.
+/// The weight-only FP8 kernels (decode widths), tensor-core and SIMT, against the dequantizing
+/// path on the CPU: bf16, f16 and f32 activations, 1 to 16 rows, with and without a bias, widths
+/// off the kernels' strides; 17 rows and k off the 16-weight vector go the dequantizing way.
 #[test]
 fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     use ponder::ops::{Fp8Kernels, KernelPolicy, Linear};
@@ -2351,7 +2351,13 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     let mut rng = StdRng::seed_from_u64(81);
     // The dequantizing path on the CPU (the default policy there).
     let reference = |x: &Tensor, q: &Fp8Weight, bias: Option<&Tensor>, dtype: DType| Linear::fp8(q.clone(), bias.cloned(), dtype).unwrap().forward(x).unwrap();
-    fp8_layer_against(&gpu, &mut rng, policy, &[(1, 200, 64), (5, 1024, 2048), (16, 96, 4112), (3, 7, 16)], 1e-5, reference, |c| c.fp8_weight_only);
+    // The tensor-core kernel (bf16 / f16) and the SIMT one: rows on either side of the m16
+    // tile's halves, n off its 16 columns, k off its 64-wide chunks and its 8 warps' stride.
+    let shapes = [(1, 200, 64), (5, 1024, 2048), (9, 333, 5632), (16, 96, 4112), (3, 7, 16), (16, 2048, 2048)];
+    for fp8_mma in [true, false] {
+        let policy = KernelPolicy { fp8_mma, ..policy };
+        fp8_layer_against(&gpu, &mut rng, policy, &shapes, 1e-5, reference, |c| c.fp8_weight_only);
+    }
     // Shapes the kernel does not take run the dequantizing path, under the same policy.
     for (rows, k) in [(17, 64), (2, 40)] {
         let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[32, k], -0.5, 0.5, DType::F32)).unwrap();

@@ -290,7 +290,7 @@ fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<O
     if !fits {
         return Ok(None);
     }
-    let y = super::cuda::fp8_linear(&x.reshape((rows, k))?, w.data(), scale, bias)?;
+    let y = super::cuda::fp8_linear(&x.reshape((rows, k))?, w.data(), scale, bias, current().fp8_mma)?;
     count(|c| c.fp8_weight_only += 1);
     // The kernel adds the bias itself.
     Ok(Some(shaped_like(y, None, x, n)?))

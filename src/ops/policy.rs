@@ -131,6 +131,9 @@ pub struct KernelPolicy {
     pub split_k: SplitK,
     pub moe: MoeKernels,
     pub fp8: Fp8Kernels,
+    /// Weight-only FP8 launches in bf16 / f16 on the tensor cores (`mma.sync`); off: the SIMT
+    /// kernel, one warp an output column (f32 launches always take it).
+    pub fp8_mma: bool,
 }
 
 impl Default for KernelPolicy {
@@ -143,6 +146,7 @@ impl Default for KernelPolicy {
             split_k: SplitK::Planned,
             moe: MoeKernels::Auto,
             fp8: Fp8Kernels::Dequantize,
+            fp8_mma: true,
         }
     }
 }
@@ -156,8 +160,8 @@ impl std::str::FromStr for KernelPolicy {
     /// Parses `key=value` pairs separated by commas over the defaults, as benchmark and server
     /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
-    /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`. An empty
-    /// string is the default.
+    /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`,
+    /// `fp8-mma=on|off`. An empty string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
         let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
@@ -223,6 +227,13 @@ impl std::str::FromStr for KernelPolicy {
                         "weight-only" => Fp8Kernels::WeightOnly,
                         "w8a8" => Fp8Kernels::W8A8,
                         "by-shape" => Fp8Kernels::ByShape,
+                        _ => return Err(unknown()),
+                    }
+                }
+                "fp8-mma" => {
+                    p.fp8_mma = match value {
+                        "on" => true,
+                        "off" => false,
                         _ => return Err(unknown()),
                     }
                 }
@@ -314,7 +325,7 @@ mod tests {
     #[test]
     fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
         assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
-        let p: KernelPolicy = "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only".parse().unwrap();
+        let p: KernelPolicy = "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off".parse().unwrap();
         assert_eq!(
             p,
             KernelPolicy {
@@ -325,12 +336,13 @@ mod tests {
                 split_k: SplitK::Forced { slices: 2, max_rows: 16 },
                 moe: MoeKernels::MmaSync,
                 fp8: Fp8Kernels::WeightOnly,
+                fp8_mma: false,
             }
         );
         assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });
         assert_eq!("fp8=w8a8".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::W8A8);
         assert_eq!("fp8=by-shape".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::ByShape);
-        for bad in ["ring", "ring=sometimes", "fp8=int4", "colour=red", "split-k=65", "split-k=x:3", "fold-simt=yes"] {
+        for bad in ["ring", "ring=sometimes", "fp8=int4", "colour=red", "split-k=65", "split-k=x:3", "fold-simt=yes", "fp8-mma=yes"] {
             assert!(matches!(bad.parse::<KernelPolicy>(), Err(crate::Error::InvalidOption(_))), "{bad}");
         }
     }

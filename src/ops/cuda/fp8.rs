@@ -13,8 +13,10 @@ pub const FP8_MAX_ROWS: usize = crate::ops::policy::FP8_WEIGHT_ONLY_ROWS;
 
 /// `x Wᵀ (+ bias)` for `x` `[rows, k]` (rows ≤ [`FP8_MAX_ROWS`], bf16 / f16 / f32), `data`
 /// `[n, k]` E4M3 and `scale` `[n]` f32 (one a row), `bias` `[n]` in x's dtype; k a multiple of
-/// 16. Equal to the dense matmul over `T(data · scale)` up to the order of the f32 sums.
-pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+/// 16. The SIMT kernel (f32, or `mma` off) equals the dense matmul over `T(data · scale)` up to
+/// the order of the f32 sums; the tensor-core kernel (bf16 / f16 with `mma`) applies the scale
+/// to the sum instead of to each weight.
+pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: &Tensor, bias: Option<&Tensor>, mma: bool) -> Result<Tensor> {
     const OP: &str = "fp8_linear";
     let dev = device(x, OP)?;
     let (rows, k) = x.dims2()?;
@@ -34,13 +36,15 @@ pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: &Tensor, bias: Option<&Tenso
     }
     let (x, data, scale) = (x.contiguous()?, data.contiguous()?, scale.contiguous()?);
     let bias = bias.map(Tensor::contiguous).transpose()?;
-    for_float!(x.dtype(), OP, |T, suf| fp8_linear_launch::<T>(&dev, suf, &x, &data, &scale, bias.as_ref(), rows, n, k))
+    let mma = mma && matches!(x.dtype(), DType::BF16 | DType::F16);
+    for_float!(x.dtype(), OP, |T, suf| fp8_linear_launch::<T>(&dev, suf, mma, &x, &data, &scale, bias.as_ref(), rows, n, k))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     suf: &str,
+    mma: bool,
     x: &Tensor,
     data: &Tensor,
     scale: &Tensor,
@@ -64,15 +68,17 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     let bias_arg: u64 = b_ptr.as_ref().map_or(0, |(p, _)| *p);
     // SAFETY: the kernel writes every element of the output ([rows, n]).
     let mut out = unsafe { dev.alloc::<T>(rows * n)? };
-    let func = kernel!(dev, Module::Fp8, &format!("fp8_linear_{suf}"))?;
-    // Eight warps a block, a warp an output column.
-    let cfg = LaunchConfig { grid_dim: (n.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // Eight warps a block either way: the tensor-core kernel's block takes 16 output columns
+    // (its warps share k), the SIMT kernel's a column a warp.
+    let (name, cols) = if mma { (format!("fp8_linear_mma_{suf}"), 16) } else { (format!("fp8_linear_{suf}"), 8) };
+    let func = kernel!(dev, Module::Fp8, &name)?;
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(cols) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (r, nn, kk) = (rows as i32, n as i32, k as i32);
     let mut b = func.builder();
     b.arg(&mut out).arg(&x_v).arg(&w_v).arg(&s_v).arg(&bias_arg).arg(&r).arg(&nn).arg(&kk);
-    // SAFETY: argument list matches `fp8_linear_*` in fp8.cu; x holds rows × k, the weight
-    // n × k bytes (16-byte aligned: checked by `view`), the scales and the bias n values, all
-    // on this device's stream.
+    // SAFETY: argument list matches `fp8_linear_*` and `fp8_linear_mma_*` in fp8.cu; x holds
+    // rows × k, the weight n × k bytes (16-byte aligned: checked by `view`), the scales and the
+    // bias n values, all on this device's stream.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     drop(b_ptr);

@@ -5,8 +5,22 @@
 // matmul, then the broadcast add). At these widths the layer is memory-bound and reads a byte a
 // weight, half of bf16's.
 //
-// fp8_linear_*: one warp per output row (8 rows a block); each lane takes 16 weights at a time,
-// one 16-byte load, and applies them to every row of x (x is small and stays in L1 / L2).
+// fp8_linear_mma_* (bf16, f16): the tensor-core kernel. At 16 rows a weight byte feeds 32
+// FLOPs, which SIMT FMAs cannot keep up with at HBM speed; mma.sync m16n8k16 can. A block takes
+// 16 output columns (two n8 tiles), its 8 warps interleaved 64-wide chunks of k, summed through
+// shared memory at the end. A lane loads 16 contiguous weight bytes of one W row a chunk (one
+// 16-byte load), converts them exactly to T (E4M3 ⊂ f16 ⊂ bf16's range and precision) and feeds
+// four mma steps; since a dot product does not care about the order of k, each step's logical
+// k 2t, 2t+1, 2t+8, 2t+9 (lane t of a quad) is mapped to that lane's bytes 4s .. 4s+3, and x's
+// fragments are loaded under the same map (two 16-byte loads a row, from L1: every block reads
+// all of x). Rows 8..15 of the m16 tile are zero (not loaded) at 8 rows or fewer. The row scale
+// multiplies the f32 sum, not each weight: the reference rounds T(e4m3 · scale) per weight, so
+// the two differ by that rounding (≤ 2⁻⁹ relative a weight in bf16), not by the order of sums
+// alone.
+//
+// fp8_linear_* (f32, and the reference order for the 16-bit dtypes): one warp per output row
+// (8 rows a block); each lane takes 16 weights at a time, one 16-byte load, and applies them to
+// every row of x (x is small and stays in L1 / L2).
 // K must be a multiple of 16, x's rows and W's 16-byte aligned (checked by the launcher).
 //
 // quantize_rows_*: the activations of a W8A8 GEMM (prefill, denoising), one E4M3 scale per row
@@ -92,6 +106,129 @@ __device__ void fp8_linear(T *out, const T *x, const uint8_t *w, const float *sc
     }
 }
 
+// Two bf16 (f16) values from two E4M3 bytes, the low byte in the low half. E4M3 is exact in
+// f16 (the hardware conversion), f16's values of it exact in f32 and bf16.
+template <typename T> __device__ __forceinline__ uint32_t e4m3x2_to(uint16_t pair);
+template <> __device__ __forceinline__ uint32_t e4m3x2_to<__half>(uint16_t pair) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+template <> __device__ __forceinline__ uint32_t e4m3x2_to<__nv_bfloat16>(uint16_t pair) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *reinterpret_cast<uint32_t *>(&b);
+}
+
+template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b);
+template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void mma16816<__half>(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Weights are read once: streamed past L1 so that x, which every block reads, stays there.
+__device__ __forceinline__ uint4 load_streaming(const uint8_t *p) { return __ldcs(reinterpret_cast<const uint4 *>(p)); }
+
+constexpr int MMA_WARPS = 8;     // a block's warps, each a share of k
+constexpr int MMA_TILES = 2;     // n8 tiles a warp: 16 output columns a block
+constexpr int MMA_UNROLL = 4;    // 64-wide chunks of k whose weights a warp loads before using them
+constexpr int MMA_COLS = 8 * MMA_TILES;
+
+template <typename T>
+__device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float *scale, const T *bias, int rows,
+                               int n, int k) {
+    __shared__ float part[MMA_WARPS][MMA_TILES * 4][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int g = lane / 4, t = lane % 4;
+    const int col0 = blockIdx.x * MMA_COLS;
+    const int chunks = (k + 63) / 64;
+    // The weight rows this lane loads (one a tile) and the two rows of x it multiplies.
+    const uint8_t *wrow[MMA_TILES];
+    bool wok[MMA_TILES];
+#pragma unroll
+    for (int j = 0; j < MMA_TILES; ++j) {
+        const int c = col0 + 8 * j + g;
+        wok[j] = c < n;
+        wrow[j] = w + (long long)(wok[j] ? c : 0) * k;
+    }
+    const bool lo_ok = g < rows, hi_ok = g + 8 < rows;
+    const T *xlo = x + (long long)(lo_ok ? g : 0) * k;
+    const T *xhi = x + (long long)(hi_ok ? g + 8 : 0) * k;
+    float acc[MMA_TILES][4];
+#pragma unroll
+    for (int j = 0; j < MMA_TILES; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+
+    for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * MMA_UNROLL) {
+        uint4 wv[MMA_UNROLL][MMA_TILES];
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u) {
+            const int kk = (c0 + u * MMA_WARPS) * 64 + 16 * t;
+#pragma unroll
+            for (int j = 0; j < MMA_TILES; ++j)
+                wv[u][j] = wok[j] && kk < k ? load_streaming(wrow[j] + kk) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u) {
+            const int kk = (c0 + u * MMA_WARPS) * 64 + 16 * t;
+            if (c0 + u * MMA_WARPS >= chunks) break; // warp-uniform: mma.sync needs every lane
+            // x's 16 values at kk.. of rows g and g + 8, as bf16 (f16) pairs; zero past rows or k.
+            uint4 xl[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)}, xh[2] = {xl[0], xl[1]};
+            if (lo_ok && kk < k) {
+                xl[0] = __ldg(reinterpret_cast<const uint4 *>(xlo + kk));
+                xl[1] = __ldg(reinterpret_cast<const uint4 *>(xlo + kk + 8));
+            }
+            if (hi_ok && kk < k) {
+                xh[0] = __ldg(reinterpret_cast<const uint4 *>(xhi + kk));
+                xh[1] = __ldg(reinterpret_cast<const uint4 *>(xhi + kk + 8));
+            }
+            const uint32_t *lo = reinterpret_cast<const uint32_t *>(xl);
+            const uint32_t *hi = reinterpret_cast<const uint32_t *>(xh);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                // Step s multiplies the lane's values 4s .. 4s + 3: logical k 2t, 2t + 1 of the
+                // mma are its first pair, 2t + 8, 2t + 9 its second (the same map for x and W).
+                const uint32_t a[4] = {lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1]};
+#pragma unroll
+                for (int j = 0; j < MMA_TILES; ++j) {
+                    const uint32_t word = reinterpret_cast<const uint32_t *>(&wv[u][j])[s];
+                    const uint32_t b[2] = {e4m3x2_to<T>(static_cast<uint16_t>(word & 0xffff)),
+                                           e4m3x2_to<T>(static_cast<uint16_t>(word >> 16))};
+                    mma16816<T>(acc[j], a, b);
+                }
+            }
+        }
+    }
+    // The warps' shares of k summed, a fragment value a thread; then the scale, the rounding to T
+    // (where the reference rounds the product) and the bias.
+#pragma unroll
+    for (int j = 0; j < MMA_TILES; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[warp][j * 4 + i][lane] = acc[j][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < MMA_TILES * 4 * 32; e += blockDim.x) {
+        const int ji = e / 32, l = e % 32;
+        const int j = ji / 4, i = ji % 4;
+        const int row = l / 4 + 8 * (i / 2), col = col0 + 8 * j + 2 * (l % 4) + (i % 2);
+        if (row >= rows || col >= n) continue;
+        float v = 0.f;
+#pragma unroll
+        for (int q = 0; q < MMA_WARPS; ++q) v += part[q][ji][l];
+        float y = round_t<T>(v * scale[col]);
+        if (bias != nullptr) y += to_f(bias[col]);
+        out[(long long)row * n + col] = from_f<T>(y);
+    }
+}
+
 // The largest of every thread's `v` in the block (blockDim.x a multiple of 32, at most 1024).
 __device__ __forceinline__ float block_max(float v) {
     __shared__ float part[32];
@@ -141,6 +278,15 @@ extern "C" __global__ void e4m3_from_f32(uint8_t *out, const float *x, long long
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         out[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(x[i], __NV_SATFINITE, __NV_E4M3));
 }
+
+#define FP8_MMA_KERNEL(T, SUF)                                                                               \
+    extern "C" __global__ void fp8_linear_mma_##SUF(T *out, const T *x, const uint8_t *w, const float *scale, \
+                                                    const T *bias, int rows, int n, int k) {                 \
+        fp8_linear_mma<T>(out, x, w, scale, bias, rows, n, k);                                               \
+    }
+
+FP8_MMA_KERNEL(__nv_bfloat16, bf16)
+FP8_MMA_KERNEL(__half, f16)
 
 #define FP8_KERNELS(T, SUF)                                                                                  \
     extern "C" __global__ void fp8_linear_##SUF(T *out, const T *x, const uint8_t *w, const float *scale,   \
