@@ -2015,6 +2015,65 @@ fn grouped_moe_check(kernels: ponder::ops::moe::MoeKernels) {
     }
 }
 
+/// FP8 experts on the grouped W8A8 kernels (E4M3 tokens and weights, a scale per row of each)
+/// against the per-expert W8A8 composition on the CPU, from the same bf16 / f16 weights
+/// quantized on either device (bit for bit the same bytes and scales); and the device's own
+/// composition on the interleaved FP8 layout against the same. Widths off the 128-column FP8
+/// k tiles and the 128-column n tiles, both tile heights; Hopper's warpgroup kernels and the
+/// `mma.sync` ones.
+#[test]
+fn grouped_fp8_moe_kernels_match_the_w8a8_composition() {
+    use ponder::ops::moe::MoeKernels;
+    for moe in [MoeKernels::Auto, MoeKernels::MmaSync] {
+        grouped_fp8_moe_check(ponder::ops::KernelPolicy { fp8: ponder::ops::Fp8Kernels::W8A8, moe, ..Default::default() });
+    }
+}
+
+fn grouped_fp8_moe_check(policy: ponder::ops::KernelPolicy) {
+    use ponder::ops::moe::{moe_experts, moe_experts_reference, route_reference, StackedExperts};
+    use ponder::ops::with_kernels;
+    use ponder::quant::Quantization;
+    let gpu = gpu_device();
+    // (name, tokens, experts, top_k, width, hidden, shared)
+    let cases = [
+        ("FOCUS-like: 200 tokens, 64 experts, top 8", 200, 64, 8, 128, 512, false),
+        ("LLaDA2.0-mini widths: 96 tokens, 32 experts, top 8", 96, 32, 8, 512, 2048, true),
+        ("LLaDA2.0-mini widths, 128-row tiles: 700 tokens, 32 experts, top 8", 700, 32, 8, 512, 2048, true),
+        ("tails, 64-row tiles: hidden 208, width 48", 300, 8, 2, 48, 208, true),
+        ("tails, 128-row tiles: hidden 208, width 48", 1000, 8, 2, 48, 208, false),
+    ];
+    for dtype in [DType::BF16, DType::F16] {
+        for (name, tokens, e, k, w, h, with_shared) in cases {
+            let mut rng = StdRng::seed_from_u64((tokens * 7907 + e) as u64);
+            let scale = 1.0 / (h as f32).sqrt();
+            let x = rand_tensor(&mut rng, &[tokens, h], -1.0, 1.0, dtype);
+            let gate_up = rand_tensor(&mut rng, &[e, 2 * w, h], -2.0 * scale, 2.0 * scale, dtype);
+            let down = rand_tensor(&mut rng, &[e, h, w], -2.0 / (w as f32).sqrt(), 2.0 / (w as f32).sqrt(), dtype);
+            let shared = with_shared.then(|| rand_tensor(&mut rng, &[tokens, h], -0.5, 0.5, dtype));
+            let logits = rand_tensor(&mut rng, &[tokens, e], -3.0, 3.0, DType::F32);
+            let (ids, weights) = route_reference(&logits, None, &llada2_router(e, k, 1, 1)).unwrap();
+
+            let cpu = StackedExperts::quantized(gate_up.clone(), down.clone(), Quantization::Fp8).unwrap();
+            let (want, _) = with_kernels(policy, || moe_experts_reference(&x, &ids, &weights, &cpu, shared.as_ref(), None).unwrap());
+            let on_gpu = StackedExperts::quantized(gate_up.to_device(&gpu).unwrap(), down.to_device(&gpu).unwrap(), Quantization::Fp8).unwrap();
+            assert!(on_gpu.on_kernels(), "{name}: {dtype:?} FP8 experts should take the kernels' layout");
+            let to = |t: &Tensor| t.to_device(&gpu).unwrap();
+            let (got, counts) =
+                with_kernels(policy, || moe_experts(&to(&x), &to(&ids), &to(&weights), &on_gpu, shared.as_ref().map(to).as_ref(), None).unwrap());
+            assert_eq!(counts.fp8_w8a8, 2, "{:?} {name} {dtype:?}: the grouped W8A8 GEMMs ran", policy.moe);
+            let (composed, _) =
+                with_kernels(policy, || moe_experts_reference(&to(&x), &to(&ids), &to(&weights), &on_gpu, shared.as_ref().map(to).as_ref(), None).unwrap());
+            let want = f32_cpu(&want).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let norm = want.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+            for (what, t) in [("kernels", &got), ("device composition", &composed)] {
+                let t = f32_cpu(t).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let err = t.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt() / norm;
+                assert!(err <= 1e-2, "{:?} {name} {dtype:?}: {what} against the CPU's W8A8 composition: relative error {err:e}", policy.moe);
+            }
+        }
+    }
+}
+
 /// Expert parallelism on the kernels: a rank's experts (ids mapped to its range, others skipped
 /// by the kernels) against the CPU composition over the same range; the ranks' parts sum to the
 /// whole layer's output.

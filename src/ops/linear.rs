@@ -220,9 +220,16 @@ impl Linear {
 /// the weight-only kernel (CUDA, few rows), W8A8 (the FP8 GEMM on CUDA where it serves the
 /// shape, its reference elsewhere), or the dense matmul over the dequantized weight.
 pub fn fp8_matmul(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Tensor> {
+    let rows = x.elem_count() / w.dims().1.max(1);
+    fp8_matmul_for(x, w, bias, rows)
+}
+
+/// [`fp8_matmul`] as the policy says for a launch of `launch_rows` rows, of which `x` is a part:
+/// an expert's tokens are a part of its MoE layer's launch, and the layer's W8A8-or-not choice
+/// is made once for all its experts, as the grouped kernels make it.
+pub(crate) fn fp8_matmul_for(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>, launch_rows: usize) -> Result<Tensor> {
     let policy = current().fp8;
-    let k = w.dims().1;
-    let rows = x.elem_count() / k.max(1);
+    let rows = launch_rows;
     if policy.weight_only(rows) {
         #[cfg(feature = "cuda")]
         if let Some(y) = fp8_weight_only(x, w, bias)? {

@@ -124,24 +124,24 @@ impl StackedExperts {
     /// Stacks `gate_up` `[experts, 2 × width, hidden]` (gate rows, then up rows) and `down`
     /// `[experts, hidden, width]`.
     pub fn new(gate_up: Tensor, down: Tensor) -> Result<Self> {
-        let (e, two_w, h, width) = Self::shapes(&gate_up, &down)?;
+        let (_, _, h, width) = Self::shapes(&gate_up, &down)?;
         let kernel_layout = kernels_serve(gate_up.device(), gate_up.dtype(), width, h);
-        let gate_up = if kernel_layout {
-            // [e, 2, w/16, 16, h] -> [e, w/16, 2, 16, h]: chunk c of gate, then chunk c of up.
-            gate_up.reshape((e, 2, width / CHUNK, CHUNK, h))?.transpose(1, 2)?.contiguous()?.reshape((e, two_w, h))?
-        } else {
-            gate_up.contiguous()?
-        };
+        let gate_up = if kernel_layout { interleaved(&gate_up, width)? } else { gate_up.contiguous()? };
         Ok(Self { gate_up, down: down.contiguous()?, width, kernel_layout, fp8: None })
     }
 
     /// [`StackedExperts::new`] stored as `q` says: in FP8, every expert row in E4M3 with its own
-    /// scale (quantized like any linear layer's rows), multiplied per expert as any FP8 layer.
+    /// scale (quantized like any linear layer's rows). Where the grouped W8A8 kernels serve,
+    /// gate and up rows are interleaved first, as for the 16-bit kernels (a row's scale does not
+    /// depend on where the row sits).
     pub fn quantized(gate_up: Tensor, down: Tensor, q: crate::quant::Quantization) -> Result<Self> {
         if q == crate::quant::Quantization::None {
             return Self::new(gate_up, down);
         }
         let (e, two_w, h, width) = Self::shapes(&gate_up, &down)?;
+        // The FP8 tiles load 16 values of a row at a time.
+        let kernel_layout = kernels_serve(gate_up.device(), gate_up.dtype(), width, h) && h % 16 == 0;
+        let gate_up = if kernel_layout { interleaved(&gate_up, width)? } else { gate_up };
         let rows = |w: &Tensor, r: usize, c: usize| -> Result<(Tensor, Tensor)> {
             let q = crate::quant::Fp8Weight::quantize(&w.reshape((e * r, c))?)?;
             let crate::quant::Fp8Scale::PerChannel(s) = q.scale() else { unreachable!("quantize scales per row") };
@@ -149,7 +149,7 @@ impl StackedExperts {
         };
         let (gu, gu_scale) = rows(&gate_up, two_w, h)?;
         let (d, d_scale) = rows(&down, h, width)?;
-        Ok(Self { gate_up: gu, down: d, width, kernel_layout: false, fp8: Some((gu_scale, d_scale)) })
+        Ok(Self { gate_up: gu, down: d, width, kernel_layout, fp8: Some((gu_scale, d_scale)) })
     }
 
     /// `(experts, 2 × width, hidden, width)` of stacks that agree.
@@ -179,15 +179,22 @@ impl StackedExperts {
         self.kernel_layout
     }
 
-    /// Expert `e`'s SwiGLU MLP over its tokens `x` `[rows, hidden]`. Stored in FP8, its two
-    /// matmuls run as the engine's FP8 policy says for `rows` (`ops::fp8_matmul`: the
-    /// dequantized weight, the weight-only kernel at a few rows, or W8A8).
-    fn expert_mlp(&self, e: usize, x: &Tensor) -> Result<Tensor> {
+    /// Expert `e`'s SwiGLU MLP over its tokens `x` `[rows, hidden]`, a part of a layer's
+    /// launch of `launch_rows` tokens. Stored in FP8, its two matmuls run as the engine's FP8
+    /// policy says for the launch (`ops::fp8_matmul`: the dequantized weight, the weight-only
+    /// kernel at a few rows, or W8A8).
+    fn expert_mlp(&self, e: usize, x: &Tensor, launch_rows: usize) -> Result<Tensor> {
         use crate::quant::{Fp8Scale, Fp8Weight};
         if let Some((gu_scale, d_scale)) = &self.fp8 {
             let gate_up = Fp8Weight::from_parts(self.gate_up.get(e)?, Fp8Scale::PerChannel(gu_scale.get(e)?))?;
             let down = Fp8Weight::from_parts(self.down.get(e)?, Fp8Scale::PerChannel(d_scale.get(e)?))?;
-            return super::fp8_matmul(&super::silu_mul(&super::fp8_matmul(x, &gate_up, None)?)?, &down, None);
+            let mut y = super::linear::fp8_matmul_for(x, &gate_up, None, launch_rows)?;
+            if self.kernel_layout {
+                // The product's columns come interleaved as the rows were: gate chunks, then up.
+                let rows = y.dim(0)?;
+                y = y.reshape((rows, self.width / CHUNK, 2, CHUNK))?.transpose(1, 2)?.contiguous()?.reshape((rows, 2 * self.width))?;
+            }
+            return super::linear::fp8_matmul_for(&super::silu_mul(&y)?, &down, None, launch_rows);
         }
         let (gate_up, down) = self.expert(e)?;
         super::silu_mul(&x.matmul(&gate_up.t()?)?)?.matmul(&down.t()?)
@@ -207,6 +214,33 @@ impl StackedExperts {
     pub(crate) fn kernel_weights(&self) -> (&Tensor, &Tensor) {
         (&self.gate_up, &self.down)
     }
+
+    /// The f32 scales of `gate_up`'s and `down`'s rows, `[experts, rows]`, stored in FP8.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn fp8_scales(&self) -> Option<(&Tensor, &Tensor)> {
+        self.fp8.as_ref().map(|(a, b)| (a, b))
+    }
+
+    /// Whether a launch of `tokens` tokens runs on the grouped kernels: the 16-bit ones in the
+    /// experts' dtype, or in FP8 the W8A8 ones where the policy quantizes the launch's
+    /// activations (otherwise each expert runs as any FP8 layer, e.g. weight-only at decode).
+    #[cfg(feature = "cuda")]
+    fn grouped(&self, x: &Tensor) -> bool {
+        let tokens = x.dims().first().copied().unwrap_or(0);
+        self.kernel_layout
+            && x.device().is_cuda()
+            && match self.fp8 {
+                None => x.dtype() == self.gate_up.dtype(),
+                Some(_) => matches!(x.dtype(), DType::BF16 | DType::F16) && crate::ops::policy::current().fp8.quantizes_activations(tokens),
+            }
+    }
+}
+
+/// `gate_up` `[experts, 2 × width, hidden]` (gate rows, then up rows) in the grouped kernels'
+/// layout: chunk c of gate's rows, then chunk c of up's, for every chunk.
+fn interleaved(gate_up: &Tensor, width: usize) -> Result<Tensor> {
+    let (e, two_w, h) = gate_up.dims3()?;
+    gate_up.reshape((e, 2, width / CHUNK, CHUNK, h))?.transpose(1, 2)?.contiguous()?.reshape((e, two_w, h))
 }
 
 /// Whether the grouped kernels run experts of this shape on `device` in `dtype`.
@@ -306,7 +340,7 @@ pub fn route_reference(logits: &Tensor, bias: Option<&Tensor>, arch: &RouterArch
 /// result is `residual + ` that (the pre-norm block's residual add, one pass fewer on CUDA).
 pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &StackedExperts, shared: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if experts.kernel_layout && x.device().is_cuda() && x.dtype() == experts.gate_up.dtype() {
+    if experts.grouped(x) {
         return super::cuda::moe_experts(x, ids, weights, experts, shared, residual);
     }
     moe_experts_reference(x, ids, weights, experts, shared, residual)
@@ -326,7 +360,7 @@ pub fn moe_experts_local(
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if experts.kernel_layout && x.device().is_cuda() && x.dtype() == experts.gate_up.dtype() {
+    if experts.grouped(x) {
         // The kernels skip an id past the experts: another rank's experts are mapped there.
         let n = experts.num_experts() as f64;
         let shifted = (ids.to_dtype(DType::F32)? - first as f64)?;
@@ -387,7 +421,7 @@ fn experts_composed(
     let (mut rows, mut row_weights, mut parts) = (Vec::new(), Vec::new(), Vec::new());
     for (e, (toks, ws)) in by_expert.into_iter().enumerate().filter(|(_, (toks, _))| !toks.is_empty()) {
         let xe = x.index_select(&Tensor::new(toks.as_slice(), x.device())?, 0)?;
-        let y = experts.expert_mlp(e, &xe)?;
+        let y = experts.expert_mlp(e, &xe, t)?;
         parts.push(y.to_dtype(DType::F32)?);
         rows.extend(toks);
         row_weights.extend(ws);
@@ -484,5 +518,35 @@ mod tests {
         let got = r.route(&[0.0, 0.0, (2.0f32).ln()], None);
         assert_eq!(got[0].0, 2);
         assert!((got[0].1 - 0.5).abs() < 1e-6);
+    }
+
+    /// FP8 experts stored in the grouped kernels' interleaved layout (gate and up rows in
+    /// chunks) compose to exactly what the plain layout gives, under every FP8 policy and on
+    /// both sides of the W8A8 choice (which is the launch's, not each expert's).
+    #[test]
+    fn fp8_experts_in_the_kernels_layout_compose_as_in_the_plain_one() {
+        use crate::ops::policy::{with_kernels, Fp8Kernels, KernelPolicy};
+        use crate::quant::Quantization;
+        let dev = Device::Cpu;
+        let (e, w, h) = (4, 32, 48);
+        let gate_up = Tensor::randn(0f32, 0.2, (e, 2 * w, h), &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        let down = Tensor::randn(0f32, 0.2, (e, h, w), &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        let plain = StackedExperts::quantized(gate_up.clone(), down.clone(), Quantization::Fp8).unwrap();
+        assert!(!plain.kernel_layout, "no grouped kernels on the CPU");
+        let mut laid = StackedExperts::quantized(interleaved(&gate_up, w).unwrap(), down, Quantization::Fp8).unwrap();
+        laid.kernel_layout = true;
+        let arch = RouterArch { num_experts: e, top_k: 2, n_group: 1, topk_group: 1, scoring: Scoring::Softmax, norm_topk: true, scale: 1.0 };
+        for tokens in [3, 40] {
+            let x = Tensor::randn(0f32, 1.0, (tokens, h), &dev).unwrap().to_dtype(DType::BF16).unwrap();
+            let logits = Tensor::randn(0f32, 1.0, (tokens, e), &dev).unwrap();
+            let (ids, weights) = route_reference(&logits, None, &arch).unwrap();
+            for fp8 in [Fp8Kernels::Dequantize, Fp8Kernels::W8A8, Fp8Kernels::ByShape] {
+                let policy = KernelPolicy { fp8, ..Default::default() };
+                let run = |s: &StackedExperts| with_kernels(policy, || moe_experts_reference(&x, &ids, &weights, s, None, None).unwrap()).0;
+                let (a, b) = (run(&plain), run(&laid));
+                let diff = (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap()).unwrap().abs().unwrap().max_all().unwrap();
+                assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0, "{tokens} tokens, {fp8:?}");
+            }
+        }
     }
 }

@@ -99,7 +99,16 @@ pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &Stacked
     let dtype = x.dtype();
     let x = x.contiguous()?;
     let (gate_up, down) = experts.kernel_weights();
-    same_device_dtype(OP, dtype, &x, &[("gate_up", gate_up), ("down", down)])?;
+    let fp8 = experts.fp8_scales();
+    let weight_dtype = if fp8.is_some() { DType::F8E4M3 } else { dtype };
+    same_device_dtype(OP, weight_dtype, &x, &[("gate_up", gate_up), ("down", down)])?;
+    if let Some((gs, ds)) = fp8 {
+        same_device_dtype(OP, DType::F32, &x, &[("gate_up scales", gs), ("down scales", ds)])?;
+        let (e, two_w, _) = gate_up.dims3()?;
+        if gs.dims() != [e, two_w] || ds.dims() != [e, down.dim(1)?] || gate_up.dim(2)? % 16 != 0 || down.dim(2)? % 16 != 0 {
+            bail!("{OP} (cuda): FP8 experts gate_up {:?} (scales {:?}), down {:?} (scales {:?})", gate_up.dims(), gs.dims(), down.dims(), ds.dims());
+        }
+    }
     same_device_dtype(OP, DType::U32, &x, &[("ids", ids)])?;
     same_device_dtype(OP, DType::F32, &x, &[("weights", weights)])?;
     let (tokens, h) = x.dims2()?;
@@ -143,8 +152,21 @@ pub fn moe_experts(x: &Tensor, ids: &Tensor, weights: &Tensor, experts: &Stacked
     }
     let ids = ids.contiguous()?;
     let weights = weights.contiguous()?;
-    let a =
-        ExpertArgs { x: &x, ids: &ids, weights: &weights, gate_up, down, shared: shared.as_ref(), residual: residual.as_ref(), tokens, h, e, w: two_w / 2, k };
+    let a = ExpertArgs {
+        x: &x,
+        ids: &ids,
+        weights: &weights,
+        gate_up,
+        down,
+        fp8,
+        shared: shared.as_ref(),
+        residual: residual.as_ref(),
+        tokens,
+        h,
+        e,
+        w: two_w / 2,
+        k,
+    };
     match dtype {
         DType::BF16 => experts_launch::<half::bf16>(&dev, "bf16", &a),
         DType::F16 => experts_launch::<half::f16>(&dev, "f16", &a),
@@ -158,6 +180,8 @@ struct ExpertArgs<'a> {
     weights: &'a Tensor,
     gate_up: &'a Tensor,
     down: &'a Tensor,
+    /// FP8 experts (`gate_up` and `down` in E4M3): their rows' scales.
+    fp8: Option<(&'a Tensor, &'a Tensor)>,
     shared: Option<&'a Tensor>,
     residual: Option<&'a Tensor>,
     tokens: usize,
@@ -201,18 +225,25 @@ struct TmaMap(sys::CUtensorMap);
 unsafe impl DeviceRepr for TmaMap {}
 
 /// The TMA map of stacked expert weights `[experts, n, k]` read as one 2-D tensor `[experts · n,
-/// k]` in boxes of 64 columns × 256 rows with 128-byte swizzle (the warp-specialised GEMM's W
-/// tiles). `ptr` is the weights' device address (16-byte aligned; k a multiple of 8).
+/// k]` in boxes of 128 bytes of columns (64 in bf16 / f16, 128 in E4M3) × 256 rows with 128-byte
+/// swizzle (the warp-specialised GEMM's W tiles). `ptr` is the weights' device address (16-byte
+/// aligned; k's bytes a multiple of 16).
 fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Result<TmaMap> {
     use sys::{CUtensorMapDataType as D, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle};
-    let dtype = if dtype == DType::BF16 { D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 } else { D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16 };
+    let elem = dtype.size_in_bytes();
+    let dtype = match dtype {
+        DType::BF16 => D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        DType::F16 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::F8E4M3 => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        d => bail!("{op} (cuda): no TMA map for {d:?} weights"),
+    };
     // The kernel addresses W's rows with i32 coordinates.
     if experts * n > i32::MAX as usize {
         bail!("{op} (cuda): {experts} experts of {n} rows exceed the TMA map's i32 rows");
     }
     let dims = [k as u64, (experts * n) as u64];
-    let strides = [(k * 2) as u64];
-    let boxes = [BK as u32, WS_BN as u32];
+    let strides = [(k * elem) as u64];
+    let boxes = [(ROW_BYTES / elem) as u32, WS_BN as u32];
     let steps = [1u32, 1];
     let mut map = TmaMap(sys::CUtensorMap { opaque: [0; 16] });
     // SAFETY: every array outlives the call and has the rank-2 lengths the driver reads (strides:
@@ -255,6 +286,12 @@ fn gemm_shape(func: &CudaFunction, bm: usize) -> Result<(u32, u32)> {
     Ok((128, smem as u32))
 }
 
+/// The grid of a grouped `mma.sync` GEMM: its column tiles over `n`, `max_tiles` row tiles, and
+/// its shape from [`gemm_shape`].
+fn grouped_config(n: usize, max_tiles: usize, (threads, smem): (u32, u32)) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(BN) as u32, max_tiles as u32, 1), block_dim: (threads, 1, 1), shared_mem_bytes: smem }
+}
+
 /// Whether the Hopper warpgroup-MMA kernels run: built for sm_90a (other targets compile them to
 /// a trap), on an sm_90 device, and not turned off by the engine's `KernelPolicy::moe`.
 fn wgmma_available(dev: &CudaDevice) -> Result<bool> {
@@ -268,8 +305,8 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     // Taller tiles once experts average enough rows to fill them.
     let bm = if pairs / e >= 96 { 128 } else { 64 };
     let max_tiles = pairs.div_ceil(bm) + e;
-    // 128-row tiles run on Hopper's warpgroup MMA where it is available.
-    let hopper = bm == 128 && wgmma_available(dev)?;
+    // 128-row tiles run on Hopper's warpgroup MMA where it is available (16-bit experts).
+    let hopper = bm == 128 && a.fp8.is_none() && wgmma_available(dev)?;
     // Row tiles are the mma.sync grid's second dimension (at most 65535 blocks); the Hopper
     // kernel's persistent grid has no such limit.
     if !hopper && max_tiles > 65_535 {
@@ -283,8 +320,6 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     let x_v = view::<T>(&xs, xl, OP, "x", true)?;
     let ids_v = view::<u32>(&is, il, OP, "ids", false)?;
     let w_v = view::<f32>(&ws, wl, OP, "weights", false)?;
-    let gu_v = view::<T>(&gs, gl, OP, "gate_up", true)?;
-    let down_v = view::<T>(&ds, dl, OP, "down", true)?;
     // SAFETY: the grouping kernels write every sorted slot of a routed pair, every pair's position, every
     // expert's end and every tile slot; the GEMMs write every row a tile covers; the combine
     // writes every output element. Nothing reads what was not written.
@@ -325,7 +360,11 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     drop(b);
 
     let null = 0u64;
-    if hopper {
+    if let Some((gu_scale, d_scale)) = a.fp8 {
+        fp8_gemms::<T>(dev, suf, a, bm, max_tiles, (gu_scale, d_scale), &sorted_src, &tile_expert, &tile_start, &expert_end, act, &mut y)?;
+    } else if hopper {
+        let gu_v = view::<T>(&gs, gl, OP, "gate_up", true)?;
+        let down_v = view::<T>(&ds, dl, OP, "down", true)?;
         let stream = dev.cuda_stream();
         let sms = sm_count(dev)?;
         let dtype = a.x.dtype();
@@ -356,12 +395,10 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
         let (act_ptr, _act_guard) = act.device_ptr(&stream);
         launch(false, &mut y, act_ptr, &down_v, 0, h, w)?;
     } else {
+        let gu_v = view::<T>(&gs, gl, OP, "gate_up", true)?;
+        let down_v = view::<T>(&ds, dl, OP, "down", true)?;
         let tag = if bm == 128 { "bm128" } else { "bm64" };
-        let cfg = |n: usize, (threads, smem): (u32, u32)| LaunchConfig {
-            grid_dim: (n.div_ceil(BN) as u32, max_tiles as u32, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: smem,
-        };
+        let cfg = |n: usize, shape: (u32, u32)| grouped_config(n, max_tiles, shape);
         let dense_rows = 0i32;
         // Gate/up of each pair's token, SiLU·mul: act [pairs, w] in sorted order.
         let swiglu = kernel!(dev, Module::Moe, &format!("moe_gemm_swiglu_{tag}_{suf}"))?;
@@ -412,6 +449,150 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     Ok(wrap(out, dev, (tokens, h)))
+}
+
+/// The two grouped GEMMs of FP8 experts, W8A8 on `mma.sync` (E4M3 m16n8k32): the tokens'
+/// rows quantized with a scale each, gate/up with SiLU·mul into `act` `[pairs, w]` (sorted
+/// order), that quantized a row at a time, and down into `y` `[pairs, h]`; each GEMM scales its
+/// f32 sums by the row's and the column's scales. The reference is the per-expert composition
+/// under a W8A8 policy (`ops::w8a8_reference`).
+#[allow(clippy::too_many_arguments)]
+fn fp8_gemms<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    a: &ExpertArgs,
+    bm: usize,
+    max_tiles: usize,
+    (gu_scale, d_scale): (&Tensor, &Tensor),
+    sorted_src: &CudaSlice<u32>,
+    tile_expert: &CudaSlice<u32>,
+    tile_start: &CudaSlice<u32>,
+    expert_end: &CudaSlice<u32>,
+    mut act: CudaSlice<T>,
+    y: &mut CudaSlice<T>,
+) -> Result<()> {
+    const OP: &str = "moe_experts (fp8)";
+    let (h, w) = (a.h, a.w);
+    // 128-row tiles on Hopper's FP8 warpgroup MMA; elsewhere `mma.sync` E4M3 (native on Ada,
+    // converted to f16 by the compiler on Hopper).
+    let hopper = bm == 128 && wgmma_available(dev)?;
+    let tag = if bm == 128 { "bm128" } else { "bm64" };
+    let cfg = |n: usize, shape: (u32, u32)| grouped_config(n, max_tiles, shape);
+    let dense_rows = 0i32;
+    let null = 0u64;
+    let (gs, gl) = a.gate_up.storage_and_layout();
+    let (ds, dl) = a.down.storage_and_layout();
+    let gu_v = view::<float8::F8E4M3>(&gs, gl, OP, "gate_up", true)?;
+    let down_v = view::<float8::F8E4M3>(&ds, dl, OP, "down", true)?;
+    let (gss, gsl) = gu_scale.storage_and_layout();
+    let (dss, dsl) = d_scale.storage_and_layout();
+    let gu_s = view::<f32>(&gss, gsl, OP, "gate_up scales", false)?;
+    let d_s = view::<f32>(&dss, dsl, OP, "down scales", false)?;
+
+    // Gate/up of each pair's token, SiLU·mul: act [pairs, w] in sorted order.
+    let (xq, xs) = super::quantize_rows(a.x)?;
+    {
+        let (xqs, xql) = xq.storage_and_layout();
+        let (xss, xsl) = xs.storage_and_layout();
+        let xq_v = view::<float8::F8E4M3>(&xqs, xql, OP, "quantized x", true)?;
+        let xs_v = view::<f32>(&xss, xsl, OP, "x scales", false)?;
+        if hopper {
+            ws_fp8_launch(
+                dev,
+                suf,
+                true,
+                &mut act,
+                &xq_v,
+                &gu_v,
+                Some(sorted_src),
+                (tile_expert, tile_start, expert_end),
+                max_tiles,
+                2 * w,
+                h,
+                (&xs_v, &gu_s),
+            )?;
+        } else {
+            let swiglu = kernel!(dev, Module::Moe, &format!("moe_gemm_fp8_swiglu_{tag}_{suf}"))?;
+            let shape = gemm_shape(&swiglu, bm)?;
+            let (n1, k1) = ((2 * w) as i32, h as i32);
+            let mut b = swiglu.builder();
+            b.arg(&mut act).arg(&xq_v).arg(&gu_v).arg(sorted_src).arg(tile_expert).arg(tile_start).arg(expert_end);
+            b.arg(&n1).arg(&k1).arg(&k1).arg(&dense_rows).arg(&xs_v).arg(&gu_s);
+            // SAFETY: argument list matches `moe_gemm_fp8_swiglu_*`; A rows come from sorted_src
+            // (< tokens), whose scales xs holds; gu_s holds e × 2w scales.
+            unsafe { b.launch(cfg(2 * w, shape)) }.w()?;
+        }
+    }
+
+    // Down: y [pairs, h] in sorted order, A (act quantized) rows taken in place.
+    let pairs = a.tokens * a.k;
+    // The SwiGLU GEMM wrote every row of act that a tile covers, which is every sorted row of a
+    // routed pair; rows past them (ids past the experts, on an expert-parallel rank) are
+    // quantized but never read (no tile covers them).
+    let act = wrap(act, dev, (pairs, w));
+    let (aq, as_) = super::quantize_rows(&act)?;
+    let (aqs, aql) = aq.storage_and_layout();
+    let (ass, asl) = as_.storage_and_layout();
+    let aq_v = view::<float8::F8E4M3>(&aqs, aql, OP, "quantized act", true)?;
+    let as_v = view::<f32>(&ass, asl, OP, "act scales", false)?;
+    if hopper {
+        ws_fp8_launch(dev, suf, false, y, &aq_v, &down_v, None, (tile_expert, tile_start, expert_end), max_tiles, h, w, (&as_v, &d_s))?;
+    } else {
+        let plain = kernel!(dev, Module::Moe, &format!("moe_gemm_fp8_{tag}_{suf}"))?;
+        let shape = gemm_shape(&plain, bm)?;
+        let (n2, k2) = (h as i32, w as i32);
+        let mut b = plain.builder();
+        b.arg(y).arg(&aq_v).arg(&down_v).arg(&null).arg(tile_expert).arg(tile_start).arg(expert_end);
+        b.arg(&n2).arg(&k2).arg(&k2).arg(&dense_rows).arg(&as_v).arg(&d_s);
+        // SAFETY: argument list matches `moe_gemm_fp8_*`; a null row map reads A's sorted rows in
+        // place, whose scales as_v holds; d_s holds e × h scales.
+        unsafe { b.launch(cfg(h, shape)) }.w()?;
+    }
+    crate::ops::policy::count(|c| c.fp8_w8a8 += 2);
+    Ok(())
+}
+
+/// One FP8 grouped GEMM on the warp-specialised Hopper kernel (`moe_wgmma_fp8_*`): `out` `[rows,
+/// n]` (or `[rows, n / 2]` with `swiglu`) from E4M3 `a` (rows picked through `src`, or the sorted
+/// rows in place) and E4M3 `weights` `[e, n, k]`, scaled by `a_scale` (a's rows) and `w_scale`
+/// (`[e, n]`).
+#[allow(clippy::too_many_arguments)]
+fn ws_fp8_launch<T: DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    swiglu: bool,
+    out: &mut CudaSlice<T>,
+    a: &CudaView<float8::F8E4M3>,
+    weights: &CudaView<float8::F8E4M3>,
+    src: Option<&CudaSlice<u32>>,
+    (tile_expert, tile_start, expert_end): (&CudaSlice<u32>, &CudaSlice<u32>, &CudaSlice<u32>),
+    max_tiles: usize,
+    n: usize,
+    k: usize,
+    (a_scale, w_scale): (&CudaView<f32>, &CudaView<f32>),
+) -> Result<()> {
+    const OP: &str = "moe_experts (fp8)";
+    let stream = dev.cuda_stream();
+    let e = weights.len() / (n * k).max(1);
+    let (w_ptr, _w_guard) = weights.device_ptr(&stream);
+    let map = weight_map(OP, DType::F8E4M3, w_ptr, e, n, k)?;
+    let (a_ptr, _a_guard) = a.device_ptr(&stream);
+    let src_guard = src.map(|s| s.device_ptr(&stream));
+    let src_ptr: u64 = src_guard.as_ref().map_or(0, |(p, _)| *p);
+    let name = if swiglu { "moe_wgmma_fp8_swiglu_" } else { "moe_wgmma_fp8_" };
+    let func = kernel!(dev, Module::Moe, &format!("{name}{suf}"))?;
+    let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sm_count(dev)?, !swiglu)?;
+    let (ni, ki, row_tiles) = (n as i32, k as i32, max_tiles as i32);
+    let mut b = func.builder();
+    b.arg(out).arg(&a_ptr).arg(&map).arg(&src_ptr);
+    b.arg(tile_expert).arg(tile_start).arg(expert_end).arg(&ni).arg(&ki).arg(&ki).arg(&row_tiles).arg(&0i32).arg(&ki);
+    b.arg(a_scale).arg(w_scale);
+    // SAFETY: argument list matches `moe_wgmma_fp8_*` in moe.cu (one k slice, A rows k apart);
+    // `map` describes the live weights [e · n, k]; `a` is a live [rows, k] matrix whose rows
+    // `src` picks (each < tokens) or whose sorted rows are read in place (`src` null), with a
+    // scale a row in `a_scale`; `w_scale` holds e × n scales.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
 }
 
 /// Slices of a `k`-deep loop: about `wanted`, each at least `min_tiles` k tiles deep, each a

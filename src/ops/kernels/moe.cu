@@ -378,6 +378,16 @@ template <> __device__ __forceinline__ void mma16816<__half>(float *c, const uin
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The FP8 (E4M3 x E4M3) step over the same 32 bytes of every row: m16n8k32, whose fragments
+// hold bytes 4t .. 4t+3 (and 16 + 4t ..) of a row where m16n8k16's hold two 16-bit values there,
+// so the same ldmatrix loads feed it.
+__device__ __forceinline__ void mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // Byte offset of 16-byte chunk `c` (of 8) of row `r` in a tile of 128-byte rows: chunks are
 // XOR-swizzled by row so that the same chunk of eight consecutive rows falls in distinct banks.
 __device__ __forceinline__ unsigned tile_offset(int r, int c) { return r * ROW_BYTES + ((c ^ (r & 7)) << 4); }
@@ -389,6 +399,7 @@ enum Epilogue { SWIGLU, PLAIN, F32_OUT };
 // thread always chunk tid % 8 of its rows. Column k of A is its column k % a_cols.
 template <typename T, int BM, int THREADS> struct TileLoader {
     static constexpr int A_PER = BM * 8 / THREADS, B_PER = BN * 8 / THREADS; // 16-byte chunks per thread
+    static constexpr int PER = 16 / sizeof(T);                               // elements a chunk
     static constexpr int A_BYTES = BM * ROW_BYTES;
     const T *a_src[A_PER];
     bool a_ok[A_PER];
@@ -405,15 +416,15 @@ template <typename T, int BM, int THREADS> struct TileLoader {
             a_ok[i] = r < rows;
             const int sorted = row0 + (a_ok[i] ? r : 0);
             const uint32_t s = src ? src[sorted] : (uint32_t)sorted;
-            a_src[i] = A + (size_t)s * a_cols + kc * 8;
+            a_src[i] = A + (size_t)s * a_cols + kc * PER;
         }
-        b_src = We + (size_t)(n0 + tid / 8) * K + kc * 8;
+        b_src = We + (size_t)(n0 + tid / 8) * K + kc * PER;
     }
 
-    // Stage at shared address `base` <- columns [k0, k0 + BK) (those before k_end).
+    // Stage at shared address `base` <- the ROW_BYTES of columns from k0 (those before k_end).
     __device__ __forceinline__ void load(unsigned base, int k0, int k_end, int a_cols, int n0, int N, int K,
                                          const T *A, const T *W) const {
-        const bool k_ok = k0 + kc * 8 < k_end;
+        const bool k_ok = k0 + kc * PER < k_end;
         const int ka = k0 % a_cols;
 #pragma unroll
         for (int i = 0; i < A_PER; ++i) {
@@ -490,13 +501,20 @@ __device__ __forceinline__ void store_row(O *orow, int n_base, int N, Frag frag)
 // (k_chunk a multiple of 64) and, in dense mode, writes its own out[z] [dense_rows, N] (F32_OUT
 // partial sums, added in slice order by moe_sum_slices). K and a_cols multiples of 8 (of 64
 // when a_cols < K); N a multiple of 32 for SWIGLU, else of 8.
-template <typename T, typename O, int BM, int WTN, Epilogue EPI>
-__device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *__restrict__ W,
+// With In = uint8_t (W8A8: A and W in E4M3) a k tile is 128 columns of the same 128 bytes a row,
+// multiplied by m16n8k32 steps; the f32 sums are scaled by the row's `a_scale` (A's row, so the
+// token's for a gathered A) and the column's `w_scale` ([E, N]) before the epilogue. K a
+// multiple of 16 there; one k slice.
+template <typename T, typename O, int BM, int WTN, Epilogue EPI, typename In = T>
+__device__ void moe_gemm(O *__restrict__ out, const In *__restrict__ A, const In *__restrict__ W,
                          const uint32_t *__restrict__ src, const uint32_t *__restrict__ tile_expert,
                          const uint32_t *__restrict__ tile_start, const uint32_t *__restrict__ expert_end, int N,
-                         int K, int a_cols, int dense_rows, int k_chunk) {
+                         int K, int a_cols, int dense_rows, int k_chunk, const float *__restrict__ a_scale = nullptr,
+                         const float *__restrict__ w_scale = nullptr) {
     constexpr int WM = BM / 64, WN = BN / WTN, THREADS = WM * WN * 32, NT = WTN / 8; // NT n8 tiles per warp
     constexpr int A_BYTES = BM * ROW_BYTES, STAGE_BYTES = (BM + BN) * ROW_BYTES;
+    constexpr bool FP8 = sizeof(In) == 1;
+    constexpr int BKE = ROW_BYTES / sizeof(In); // columns a k tile
     uint32_t e = 0;
     int row0, rows;
     if (tile_expert) {
@@ -509,7 +527,7 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
         rows = min(BM, dense_rows - row0);
     }
     const int n0 = blockIdx.x * BN;
-    const T *We = W + (size_t)e * N * K;
+    const In *We = W + (size_t)e * N * K;
     const int k_begin = blockIdx.z * k_chunk, k_end = min(K, k_begin + k_chunk);
     out += (size_t)blockIdx.z * (tile_expert ? 0 : dense_rows) * (EPI == SWIGLU ? N / 2 : N);
 
@@ -517,7 +535,7 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
     const unsigned smem = (unsigned)__cvta_generic_to_shared(gemm_smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int wm = warp / WN, wn = warp % WN;
-    const TileLoader<T, BM, THREADS> tiles(A, We, src, row0, rows, n0, K, a_cols);
+    const TileLoader<In, BM, THREADS> tiles(A, We, src, row0, rows, n0, K, a_cols);
     auto load = [&](int stage, int k0) { tiles.load(smem + stage * STAGE_BYTES, k0, k_end, a_cols, n0, N, K, A, W); };
 
     float acc[4][NT][4]; // [m16 tile][n8 tile][fragment]
@@ -528,17 +546,17 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
 #pragma unroll
             for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 
-    const int KT = (k_end - k_begin + BK - 1) / BK;
+    const int KT = (k_end - k_begin + BKE - 1) / BKE;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) load(s, k_begin + s * BK);
+        if (s < KT) load(s, k_begin + s * BKE);
         cp_async_commit();
     }
     for (int kt = 0; kt < KT; ++kt) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         // Refill the stage every warp finished reading in the previous iteration.
-        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, k_begin + (kt + STAGES - 1) * BK);
+        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, k_begin + (kt + STAGES - 1) * BKE);
         cp_async_commit();
         const unsigned a_base = smem + (kt % STAGES) * STAGE_BYTES, b_base = a_base + A_BYTES;
 #pragma unroll
@@ -558,13 +576,40 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < NT; ++j) mma16816<T>(acc[i][j], a[i], b[j]);
+                for (int j = 0; j < NT; ++j) {
+                    if constexpr (FP8)
+                        mma_e4m3(acc[i][j], a[i], b[j]);
+                    else
+                        mma16816<T>(acc[i][j], a[i], b[j]);
+                }
         }
     }
     cp_async_wait<0>();
 
     // Epilogue from registers: fragment v of n8 tile j holds row lane / 4 (+ 8 for v >= 2),
     // columns 2 * (lane % 4) + (v & 1) of the tile.
+    if constexpr (FP8) {
+        // The sums scaled back: the row's activation scale times the column's weight scale.
+        float ws[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int v = 0; v < 2; ++v) {
+                const int col = min(n0 + wn * WTN + j * 8 + (lane & 3) * 2 + v, N - 1); // past N: not stored
+                ws[j][v] = w_scale[(size_t)e * N + col];
+            }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = min(wm * 64 + i * 16 + (lane >> 2) + h * 8, rows - 1); // past rows: not stored
+                const float sa = a_scale[src ? src[row0 + r] : (uint32_t)(row0 + r)];
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int v = 0; v < 2; ++v) acc[i][j][h * 2 + v] *= sa * ws[j][v];
+            }
+    }
     const int out_w = EPI == SWIGLU ? N / 2 : N;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -583,17 +628,19 @@ __device__ void moe_gemm(O *__restrict__ out, const T *__restrict__ A, const T *
 template <typename T> __device__ __forceinline__ void wgmma_m64n256k16(float *d, uint64_t desc_a, uint64_t desc_b);
 // One specialisation per element type (the PTX names it: bf16, f16); the operands are the same.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WGMMA_M64N256K16_ASM(PTX_TYPE) \
+#define WGMMA_ASM(SHAPE_TYPES, TAIL) \
     asm volatile("{\n" \
                  ".reg .pred p;\n" \
                  "setp.ne.b32 p, %130, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTX_TYPE "." PTX_TYPE " " \
+                 "wgmma.mma_async.sync.aligned." SHAPE_TYPES " " \
                  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, " \
-                 "%128, %129, p, 1, 1, 0, 0;\n" \
+                 "%128, %129, " TAIL ";\n" \
                  "}\n" \
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
                  : "l"(desc_a), "l"(desc_b), "r"(1));
+#define WGMMA_M64N256K16_ASM(PTX_TYPE) WGMMA_ASM("m64n256k16.f32." PTX_TYPE "." PTX_TYPE, "p, 1, 1, 0, 0")
 #else
+#define WGMMA_ASM(SHAPE_TYPES, TAIL)
 #define WGMMA_M64N256K16_ASM(PTX_TYPE)
 #endif
 #define WGMMA_M64N256K16(T, PTX_TYPE) \
@@ -603,7 +650,16 @@ template <typename T> __device__ __forceinline__ void wgmma_m64n256k16(float *d,
 WGMMA_M64N256K16(__nv_bfloat16, "bf16")
 WGMMA_M64N256K16(__half, "f16")
 #undef WGMMA_M64N256K16
+
+// The FP8 step: D[64 x 256] += A[64 x 32] · B[256 x 32]^T in E4M3, the same 32 bytes of every
+// row as m64n256k16's 16-bit step (FP8 wgmma takes no transpose operands).
+__device__ __forceinline__ void wgmma_m64n256k32_e4m3(float *d, uint64_t desc_a, uint64_t desc_b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    WGMMA_ASM("m64n256k32.f32.e4m3.e4m3", "p, 1, 1")
+#endif
+}
 #undef WGMMA_M64N256K16_ASM
+#undef WGMMA_ASM
 
 // A shared-memory matrix descriptor for wgmma: K-major rows of 128 bytes, 128-byte swizzle,
 // eight-row groups 1024 bytes apart (the layout tile_offset and a 128-byte-swizzled TMA box
@@ -711,6 +767,8 @@ __device__ __forceinline__ void ws_epilogue(T *__restrict__ out, int out_w, int 
 struct WsShape {
     const uint32_t *src, *tile_expert, *tile_start, *expert_end;
     int N, K, a_cols, row_tiles, dense_rows, k_chunk;
+    // FP8 (E4M3 A and W) only: A's row scales and W's [E, N] column scales.
+    const float *a_scale, *w_scale;
 };
 
 // The tile this CTA computes for work item `w` (w / n_tiles: a tile slot, w % n_tiles: the
@@ -732,8 +790,10 @@ __device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, ui
     return true;
 }
 
-template <typename T, typename O, Epilogue EPI>
-__device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaMap *wmap, const WsShape g) {
+template <typename T, typename O, Epilogue EPI, typename In = T>
+__device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const TmaMap *wmap, const WsShape g) {
+    constexpr bool FP8 = sizeof(In) == 1;
+    constexpr int BKE = ROW_BYTES / sizeof(In), PER = 16 / sizeof(In); // columns a k tile, a 16-byte chunk
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char ws_smem[];
     // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
@@ -748,7 +808,7 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
     auto k_range = [&](int w, int &k_begin, int &k_end, int &k_tiles) {
         k_begin = (w / per_slice) * g.k_chunk;
         k_end = min(K, k_begin + g.k_chunk);
-        k_tiles = (k_end - k_begin + BK - 1) / BK;
+        k_tiles = (k_end - k_begin + BKE - 1) / BKE;
     };
     if (tid == 0) {
         for (int s = 0; s < WS_STAGES; ++s) {
@@ -780,13 +840,13 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                 const int s = it % WS_STAGES;
                 mbar_wait(empty + 8 * s, ((it / WS_STAGES) & 1) ^ 1);
                 const unsigned stage = smem + s * WS_STAGE;
-                const int k0 = k_begin + kt * BK;
+                const int k0 = k_begin + kt * BKE;
                 if (tid == 0) {
                     mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
                     tma_load_2d(stage + WS_A_BYTES, wmap, k0, w_row, full + 8 * s);
                 }
-                const bool k_ok = k0 + kc * 8 < k_end;
-                const int ka = k0 % g.a_cols + kc * 8;
+                const bool k_ok = k0 + kc * PER < k_end;
+                const int ka = k0 % g.a_cols + kc * PER;
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     const bool ok = k_ok && a_row[i] != NONE;
@@ -825,7 +885,12 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
                 if (has_rows) {
                     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-                    for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
+                    for (int kk = 0; kk < ROW_BYTES / 32; ++kk) {
+                        if constexpr (FP8)
+                            wgmma_m64n256k32_e4m3(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
+                        else
+                            wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
+                    }
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 }
                 // The previous k tile's MMAs are done: its stage goes back to the producer.
@@ -834,6 +899,24 @@ __device__ void ws_gemm(O *__restrict__ out, const T *__restrict__ A, const TmaM
             }
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             release(it - 1);
+            if constexpr (FP8) {
+                // The sums scaled back: acc[j * 4 + h * 2 + v] is row c·64 + warp·16 + lane/4 + 8h,
+                // column n0 + 8j + 2(lane % 4) + v (rows and columns past the tile's are not stored).
+                float sa[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = min(c * 64 + warp * 16 + (lane >> 2) + h * 8, rows - 1);
+                    sa[h] = g.a_scale[g.src ? g.src[row0 + r] : (uint32_t)(row0 + r)];
+                }
+#pragma unroll
+                for (int j = 0; j < WS_BN / 8; ++j)
+#pragma unroll
+                    for (int v = 0; v < 2; ++v) {
+                        const float ws = g.w_scale[(size_t)e * N + min(n0 + j * 8 + (lane & 3) * 2 + v, N - 1)];
+                        acc[j * 4 + v] *= sa[0] * ws;
+                        acc[j * 4 + 2 + v] *= sa[1] * ws;
+                    }
+            }
 
             const int out_w = EPI == SWIGLU ? N / 2 : N;
             O *slice_out = out + (size_t)(w / per_slice) * (g.tile_expert ? 0 : g.dense_rows) * out_w;
@@ -982,6 +1065,46 @@ extern "C" __global__ void moe_sum_slices(float *out, const float *parts, int sl
 
 MOE_OPS(__nv_bfloat16, bf16)
 MOE_OPS(__half, f16)
+
+// W8A8 experts: A (the tokens' or the activations' rows) and W in E4M3 with their f32 scales,
+// the output in T.
+#define MOE_FP8_OPS(T, SUF)                                                                                    \
+    extern "C" __global__ void moe_gemm_fp8_swiglu_bm64_##SUF(T *out, const uint8_t *A, const uint8_t *W,      \
+                                                              GEMM_ARGS, const float *sa, const float *sw) {  \
+        moe_gemm<T, T, 64, 32, SWIGLU, uint8_t>(out, A, W, GEMM_PASS, sa, sw);                                 \
+    }                                                                                                          \
+    extern "C" __global__ void moe_gemm_fp8_swiglu_bm128_##SUF(T *out, const uint8_t *A, const uint8_t *W,     \
+                                                               GEMM_ARGS, const float *sa, const float *sw) { \
+        moe_gemm<T, T, 128, 64, SWIGLU, uint8_t>(out, A, W, GEMM_PASS, sa, sw);                                \
+    }                                                                                                          \
+    extern "C" __global__ void moe_gemm_fp8_bm64_##SUF(T *out, const uint8_t *A, const uint8_t *W, GEMM_ARGS,  \
+                                                       const float *sa, const float *sw) {                     \
+        moe_gemm<T, T, 64, 32, PLAIN, uint8_t>(out, A, W, GEMM_PASS, sa, sw);                                  \
+    }                                                                                                          \
+    extern "C" __global__ void moe_gemm_fp8_bm128_##SUF(T *out, const uint8_t *A, const uint8_t *W, GEMM_ARGS, \
+                                                        const float *sa, const float *sw) {                    \
+        moe_gemm<T, T, 128, 64, PLAIN, uint8_t>(out, A, W, GEMM_PASS, sa, sw);                                 \
+    }
+
+MOE_FP8_OPS(__nv_bfloat16, bf16)
+MOE_FP8_OPS(__half, f16)
+
+// The same on Hopper's warpgroup MMA (FP8 wgmma: twice the 16-bit peak).
+#define WS_FP8_SHAPE WsShape{src, te, ts, ee, N, K, a_cols, row_tiles, dense_rows, k_chunk, sa, sw}
+#define MOE_WGMMA_FP8_OPS(T, SUF)                                                                              \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
+        moe_wgmma_fp8_swiglu_##SUF(T *out, const uint8_t *A, const __grid_constant__ TmaMap wmap, WS_ARGS,      \
+                                   const float *sa, const float *sw) {                                         \
+        ws_gemm<T, T, SWIGLU, uint8_t>(out, A, &wmap, WS_FP8_SHAPE);                                           \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
+        moe_wgmma_fp8_##SUF(T *out, const uint8_t *A, const __grid_constant__ TmaMap wmap, WS_ARGS,             \
+                            const float *sa, const float *sw) {                                                \
+        ws_gemm<T, T, PLAIN, uint8_t>(out, A, &wmap, WS_FP8_SHAPE);                                            \
+    }
+
+MOE_WGMMA_FP8_OPS(__nv_bfloat16, bf16)
+MOE_WGMMA_FP8_OPS(__half, f16)
 
 // The router's logits off Hopper: f32 partial sums per k slice of a bf16 activation (the router
 // reads bf16 only).
