@@ -21,12 +21,16 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// Most shapes whose plans a GPU keeps.
+const MAX_PLANS: usize = 4096;
+
 /// Most workspace bytes an algorithm may ask for (what cuBLASLt recommends for Hopper).
 const MAX_WORKSPACE_BYTES: usize = 32 << 20;
 
-/// What the heuristic chose for one shape: the algorithm and the workspace it needs.
-#[derive(Clone, Copy)]
+/// One shape's matmul, made once: its descriptor and layouts (a call sets only the two scale
+/// pointers), the heuristic's algorithm and the workspace it needs.
 struct Plan {
+    d: Descriptors,
     algo: sys::cublasLtMatmulAlgo_t,
     workspace: usize,
 }
@@ -137,7 +141,7 @@ fn lt_err(call: &'static str) -> impl Fn(lt::CublasError) -> candle_core::Error 
     move |e| candle_core::Error::Msg(format!("{call}: {e}"))
 }
 
-/// The descriptors of one matmul, destroyed when it ends.
+/// The descriptors of one shape's matmul, destroyed with its plan.
 struct Descriptors {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
@@ -178,14 +182,7 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
     (rows, n, k): (usize, usize, usize),
 ) -> Result<Tensor> {
     const OP: &str = "fp8_w8a8_linear";
-    // C (= D, beta 0) in the output's type: cuBLASLt's FP8 matmul takes bf16, f16 and f32 there.
-    let out_type = match dtype {
-        DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
-        DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
-        _ => sys::cudaDataType_t::CUDA_R_16BF,
-    };
     use sys::cublasLtMatmulDescAttributes_t as Attr;
-    use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
     let stream = dev.cuda_stream();
     let (xq_s, xq_l) = xq.storage_and_layout();
     let (xs_s, xs_l) = xs.storage_and_layout();
@@ -197,30 +194,6 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
     let ws_v = view::<f32>(&ws_s, ws_l, OP, "weight scales", true)?;
     // SAFETY: beta = 0 and every element of D is written.
     let mut out = unsafe { dev.alloc::<T>(rows * n)? };
-
-    // Column-major view of the row-major product, in cuBLASLt's FP8 "TN" form: Dᵀ [n, rows] =
-    // op(A) [n, k] · B [k, rows] with A = the weight (k × n column-major, transposed) and B = x
-    // (k × rows column-major). The outer-vector scales: A's n (a weight row's), B's rows (a token's).
-    let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
-    let layout = |ty, r: usize, c: usize, ld: usize| lt::create_matrix_layout(ty, r as u64, c as u64, ld as i64).map_err(lt_err("cublasLtMatrixLayoutCreate"));
-    let desc =
-        lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F).map_err(lt_err("cublasLtMatmulDescCreate"))?;
-    let pref = match lt::create_matmul_pref() {
-        Ok(p) => p,
-        Err(e) => {
-            // SAFETY: created just above, destroyed once.
-            unsafe {
-                let _ = lt::destroy_matmul_desc(desc);
-            }
-            return Err(lt_err("cublasLtMatmulPreferenceCreate")(e));
-        }
-    };
-    let mut d = Descriptors { desc, layouts: [std::ptr::null_mut(); 3], pref };
-    d.layouts[0] = layout(e4m3, k, n, k)?;
-    d.layouts[1] = layout(e4m3, k, rows, k)?;
-    d.layouts[2] = layout(out_type, n, rows, n)?;
-    let (a_l, b_l, d_l) = (d.layouts[0], d.layouts[1], d.layouts[2]);
-
     let (w_ptr, _w_guard) = wq_v.device_ptr(&stream);
     let (x_ptr, _x_guard) = xq_v.device_ptr(&stream);
     let (wsc_ptr, _wsc_guard) = ws_v.device_ptr(&stream);
@@ -229,43 +202,24 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
     // The heuristic picks for the operands' real alignment (its default assumes 256 bytes): a
     // weight narrowed to a rank's rows may start 16 bytes into an allocation.
     let aligned = [alignment(w_ptr), alignment(x_ptr), alignment(o_ptr)];
-    // SAFETY: every attribute gets the type cuBLASLt documents for it (i32 enums, device
-    // pointers, u32 alignments, a u64 byte count); the descriptors are live until `d` drops.
-    unsafe {
-        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &(cublas_sys::cublasOperation_t::CUBLAS_OP_T as i32))?;
-        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &(cublas_sys::cublasOperation_t::CUBLAS_OP_N as i32))?;
-        let outer = sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
-        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
-        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
-        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(wsc_ptr as *const c_void))?;
-        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(xsc_ptr as *const c_void))?;
-        let pref_u64 = |attr, v: u64| {
-            lt::set_matmul_pref_attribute(d.pref, attr, &v as *const u64 as *const c_void, std::mem::size_of::<u64>())
-                .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))
-        };
-        let pref_u32 = |attr, v: u32| {
-            lt::set_matmul_pref_attribute(d.pref, attr, &v as *const u32 as *const c_void, std::mem::size_of::<u32>())
-                .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))
-        };
-        pref_u64(Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, MAX_WORKSPACE_BYTES as u64)?;
-        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aligned[0])?;
-        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, aligned[1])?;
-        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, aligned[2])?;
-        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, aligned[2])?;
-    }
     let handle = lt_gpu.handle;
     let key = (dtype, rows, n, k, aligned);
-    let plan = match lt_gpu.plans.get(&key) {
-        Some(p) => *p,
-        None => {
-            // SAFETY: live descriptors and layouts; C's layout is D's.
-            let found = unsafe { lt::get_matmul_algo_heuristic(handle, d.desc, a_l, b_l, d_l, d_l, d.pref) }
-                .map_err(|e| candle_core::Error::Msg(format!("{OP}: cuBLASLt has no FP8 algorithm for [{rows}, {k}] × [{n}, {k}]ᵀ: {e}")))?;
-            let p = Plan { algo: found.algo, workspace: found.workspaceSize.min(MAX_WORKSPACE_BYTES) };
-            lt_gpu.plans.insert(key, p);
-            p
-        }
+    // A server meets every prompt length: the plans are bounded, dropped together when full (a
+    // shape then costs one heuristic query again).
+    if lt_gpu.plans.len() >= MAX_PLANS && !lt_gpu.plans.contains_key(&key) {
+        lt_gpu.plans.clear();
+    }
+    let plan = match lt_gpu.plans.entry(key) {
+        std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => v.insert(make_plan(handle, dtype, (rows, n, k), aligned)?),
     };
+    let [a_l, b_l, d_l] = plan.d.layouts;
+    // SAFETY: the plan's descriptor is live (it lives as long as the GPU's state, under whose
+    // lock this runs); the scale pointers are device pointers, the attributes' type.
+    unsafe {
+        set_desc(plan.d.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(wsc_ptr as *const c_void))?;
+        set_desc(plan.d.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(xsc_ptr as *const c_void))?;
+    }
     // The workspace this algorithm needs, on this call's stream (none for most shapes).
     // SAFETY: cuBLASLt only reads and writes inside the workspace it is given.
     let mut workspace = (plan.workspace > 0).then(|| unsafe { dev.alloc::<u8>(plan.workspace) }).transpose()?;
@@ -278,7 +232,7 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
     unsafe {
         lt::matmul(
             handle,
-            d.desc,
+            plan.d.desc,
             &alpha as *const f32 as *const c_void,
             &beta as *const f32 as *const c_void,
             w_ptr as *const c_void,
@@ -299,4 +253,66 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
     drop(work);
     drop((_w_guard, _x_guard, _wsc_guard, _xsc_guard, _o_guard));
     Ok(wrap(out, dev, (rows, n)))
+}
+
+/// The descriptors and the heuristic's algorithm of one shape (`rows` × `n` × `k`, the operands'
+/// alignments), in cuBLASLt's FP8 "TN" form: the column-major view of the row-major product,
+/// Dᵀ [n, rows] = op(A) [n, k] · B [k, rows] with A = the weight (k × n column-major,
+/// transposed) and B = x (k × rows column-major); the outer-vector scales are A's n (a weight
+/// row's) and B's rows (a token's).
+fn make_plan(handle: sys::cublasLtHandle_t, dtype: DType, (rows, n, k): (usize, usize, usize), aligned: [u32; 3]) -> Result<Plan> {
+    const OP: &str = "fp8_w8a8_linear";
+    use sys::cublasLtMatmulDescAttributes_t as Attr;
+    use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+    // C (= D, beta 0) in the output's type: cuBLASLt's FP8 matmul takes bf16, f16 and f32 there.
+    let out_type = match dtype {
+        DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
+        DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
+        _ => sys::cudaDataType_t::CUDA_R_16BF,
+    };
+    let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
+    let layout = |ty, r: usize, c: usize, ld: usize| lt::create_matrix_layout(ty, r as u64, c as u64, ld as i64).map_err(lt_err("cublasLtMatrixLayoutCreate"));
+    let desc =
+        lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F).map_err(lt_err("cublasLtMatmulDescCreate"))?;
+    let pref = match lt::create_matmul_pref() {
+        Ok(p) => p,
+        Err(e) => {
+            // SAFETY: created just above, destroyed once.
+            unsafe {
+                let _ = lt::destroy_matmul_desc(desc);
+            }
+            return Err(lt_err("cublasLtMatmulPreferenceCreate")(e));
+        }
+    };
+    let mut d = Descriptors { desc, layouts: [std::ptr::null_mut(); 3], pref };
+    d.layouts[0] = layout(e4m3, k, n, k)?;
+    d.layouts[1] = layout(e4m3, k, rows, k)?;
+    d.layouts[2] = layout(out_type, n, rows, n)?;
+    let [a_l, b_l, d_l] = d.layouts;
+    // SAFETY: every attribute gets the type cuBLASLt documents for it (i32 enums, u32
+    // alignments, a u64 byte count); the descriptors are live until `d` drops.
+    unsafe {
+        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &(cublas_sys::cublasOperation_t::CUBLAS_OP_T as i32))?;
+        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &(cublas_sys::cublasOperation_t::CUBLAS_OP_N as i32))?;
+        let outer = sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
+        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+        let pref_u64 = |attr, v: u64| {
+            lt::set_matmul_pref_attribute(d.pref, attr, &v as *const u64 as *const c_void, std::mem::size_of::<u64>())
+                .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))
+        };
+        let pref_u32 = |attr, v: u32| {
+            lt::set_matmul_pref_attribute(d.pref, attr, &v as *const u32 as *const c_void, std::mem::size_of::<u32>())
+                .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))
+        };
+        pref_u64(Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, MAX_WORKSPACE_BYTES as u64)?;
+        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aligned[0])?;
+        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, aligned[1])?;
+        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, aligned[2])?;
+        pref_u32(Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, aligned[2])?;
+    }
+    // SAFETY: live descriptors and layouts; C's layout is D's.
+    let found = unsafe { lt::get_matmul_algo_heuristic(handle, d.desc, a_l, b_l, d_l, d_l, d.pref) }
+        .map_err(|e| candle_core::Error::Msg(format!("{OP}: cuBLASLt has no FP8 algorithm for [{rows}, {k}] × [{n}, {k}]ᵀ: {e}")))?;
+    Ok(Plan { d, algo: found.algo, workspace: found.workspaceSize.min(MAX_WORKSPACE_BYTES) })
 }
