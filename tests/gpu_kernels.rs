@@ -2400,7 +2400,8 @@ fn fp8_layer_against(
 
 /// The weight-only FP8 kernels (decode widths), tensor-core and SIMT, against the dequantizing
 /// path on the CPU: bf16, f16 and f32 activations, 1 to 16 rows, with and without a bias, widths
-/// off the kernels' strides; 17 rows and k off the 16-weight vector go the dequantizing way.
+/// off the kernels' strides, per-row and block scales; 17 rows and k off the 16-weight vector go
+/// the dequantizing way.
 #[test]
 fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     use ponder::ops::{Fp8Kernels, KernelPolicy, Linear};
@@ -2416,6 +2417,22 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     for fp8_mma in [true, false] {
         let policy = KernelPolicy { fp8_mma, ..policy };
         fp8_layer_against(&gpu, &mut rng, policy, &shapes, 1e-5, reference, |c| c.fp8_weight_only);
+    }
+    // Block-scaled weights (a scale per tile, DeepSeek's 128 × 128 and a smaller, uneven tile) on
+    // the tensor-core kernel, each weight dequantized by its tile's scale as the reference does.
+    for (rows, n, k, block) in [(4, 300, 1040, (128, 128)), (16, 96, 4112, (128, 128)), (9, 77, 96, (7, 32))] {
+        let data = Fp8Weight::quantize(&rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap().data().clone();
+        let scale = rand_tensor(&mut rng, &[n.div_ceil(block.0), k.div_ceil(block.1)], 0.001, 0.01, DType::F32);
+        let q = Fp8Weight::from_parts(data, ponder::quant::Fp8Scale::Block { scale, block }).unwrap();
+        for dtype in [DType::BF16, DType::F16] {
+            let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
+            let want = reference(&x, &q, None, dtype);
+            let layer = Linear::fp8(q.to_device(&gpu).unwrap(), None, dtype).unwrap();
+            let (got, counts) = ponder::ops::with_kernels(policy, || layer.forward(&x.to_device(&gpu).unwrap()).unwrap());
+            assert_eq!(counts.fp8_weight_only, 1, "[{rows}, {n}, {k}] {block:?} {dtype:?}: the kernel ran");
+            let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
+            assert!(err <= 1e-2, "[{rows}, {n}, {k}] {block:?} {dtype:?}: relative error {err:e}");
+        }
     }
     // Shapes the kernel does not take run the dequantizing path, under the same policy.
     for (rows, k) in [(17, 64), (2, 40)] {

@@ -277,12 +277,22 @@ fn shaped_like(y: Tensor, bias: Option<&Tensor>, x: &Tensor, n: usize) -> Result
 }
 
 /// `x Wᵀ (+ b)` through the weight-only FP8 kernel where the launch fits it (CUDA, at most 16
-/// rows, a scale per output row, k a multiple of 16); `None` where it does not.
+/// rows, k a multiple of 16, a scale per output row, or block scales on the tensor-core kernel);
+/// `None` where it does not.
 #[cfg(feature = "cuda")]
 fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+    use super::cuda::WeightScale;
     use crate::quant::Fp8Scale;
     let (n, k) = w.dims();
-    let Fp8Scale::PerChannel(scale) = w.scale() else { return Ok(None) };
+    let mma = current().fp8_mma;
+    let scale = match w.scale() {
+        Fp8Scale::PerChannel(s) => WeightScale::Rows(s),
+        // Block scales on the tensor-core kernel only, whose lanes take 16 columns of one block.
+        Fp8Scale::Block { scale, block } if mma && block.1 % 16 == 0 && matches!(x.dtype(), DType::BF16 | DType::F16) => {
+            WeightScale::Blocks { scale, block: *block }
+        }
+        Fp8Scale::Block { .. } => return Ok(None),
+    };
     let rows = x.elem_count() / k.max(1);
     let fits = x.device().is_cuda()
         && x.rank() >= 1
@@ -297,7 +307,7 @@ fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<O
     if !fits {
         return Ok(None);
     }
-    let y = super::cuda::fp8_linear(&x.reshape((rows, k))?, w.data(), scale, bias, current().fp8_mma)?;
+    let y = super::cuda::fp8_linear(&x.reshape((rows, k))?, w.data(), scale, bias, mma)?;
     count(|c| c.fp8_weight_only += 1);
     // The kernel adds the bias itself.
     Ok(Some(shaped_like(y, None, x, n)?))

@@ -11,12 +11,22 @@ use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 /// Most rows of x the kernel takes (`FP8_MAX_ROWS` in fp8.cu).
 pub const FP8_MAX_ROWS: usize = crate::ops::policy::FP8_WEIGHT_ONLY_ROWS;
 
+/// How an FP8 weight's values are scaled back, for [`fp8_linear`].
+#[derive(Debug, Clone, Copy)]
+pub enum WeightScale<'a> {
+    /// One f32 scale per output row, `[n]`.
+    Rows(&'a Tensor),
+    /// One f32 scale per `block.0 × block.1` tile, `[ceil(n / block.0), ceil(k / block.1)]`
+    /// (block.1 a multiple of 16; the tensor-core kernel only).
+    Blocks { scale: &'a Tensor, block: (usize, usize) },
+}
+
 /// `x Wᵀ (+ bias)` for `x` `[rows, k]` (rows ≤ [`FP8_MAX_ROWS`], bf16 / f16 / f32), `data`
-/// `[n, k]` E4M3 and `scale` `[n]` f32 (one a row), `bias` `[n]` in x's dtype; k a multiple of
-/// 16. The SIMT kernel (f32, or `mma` off) equals the dense matmul over `T(data · scale)` up to
-/// the order of the f32 sums; the tensor-core kernel (bf16 / f16 with `mma`) applies the scale
-/// to the sum instead of to each weight.
-pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: &Tensor, bias: Option<&Tensor>, mma: bool) -> Result<Tensor> {
+/// `[n, k]` E4M3 scaled by `scale`, `bias` `[n]` in x's dtype; k a multiple of 16. The SIMT
+/// kernel (f32, or `mma` off) equals the dense matmul over `T(data · scale)` up to the order of
+/// the f32 sums; the tensor-core kernel (bf16 / f16 with `mma`) applies a row's scale to the sum
+/// instead of to each weight, and a block's scale to each weight as the reference does.
+pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: WeightScale, bias: Option<&Tensor>, mma: bool) -> Result<Tensor> {
     const OP: &str = "fp8_linear";
     let dev = device(x, OP)?;
     let (rows, k) = x.dims2()?;
@@ -24,8 +34,17 @@ pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: &Tensor, bias: Option<&Tenso
     if k != k_w || k % 16 != 0 || rows == 0 || rows > FP8_MAX_ROWS || n > i32::MAX as usize || k > i32::MAX as usize {
         bail!("{OP} (cuda): x [{rows}, {k}] against a weight [{n}, {k_w}]: needs equal k, a multiple of 16, and 1..={FP8_MAX_ROWS} rows");
     }
-    if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != [n] {
-        bail!("{OP} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and [{n}] f32", data.dtype(), scale.dims(), scale.dtype());
+    let mma = mma && matches!(x.dtype(), DType::BF16 | DType::F16);
+    let (scale, block) = match scale {
+        WeightScale::Rows(s) => (s, (0, 0)),
+        WeightScale::Blocks { scale, block } => (scale, block),
+    };
+    let scale_dims = if block.0 == 0 { vec![n] } else { vec![n.div_ceil(block.0.max(1)), k.div_ceil(block.1.max(1))] };
+    if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != scale_dims {
+        bail!("{OP} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and {scale_dims:?} f32", data.dtype(), scale.dims(), scale.dtype());
+    }
+    if block.0 > 0 && (!mma || block.1 % 16 != 0 || block.0 > i32::MAX as usize || block.1 > i32::MAX as usize) {
+        bail!("{OP} (cuda): {block:?} blocks need the tensor-core kernel (bf16 / f16) and a multiple of 16 columns");
     }
     if let Some(b) = bias.filter(|b| b.dims() != [n] || b.dtype() != x.dtype()) {
         bail!("{OP} (cuda): bias {:?} {:?}, expected [{n}] {:?}", b.dims(), b.dtype(), x.dtype());
@@ -36,8 +55,7 @@ pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: &Tensor, bias: Option<&Tenso
     }
     let (x, data, scale) = (x.contiguous()?, data.contiguous()?, scale.contiguous()?);
     let bias = bias.map(Tensor::contiguous).transpose()?;
-    let mma = mma && matches!(x.dtype(), DType::BF16 | DType::F16);
-    for_float!(x.dtype(), OP, |T, suf| fp8_linear_launch::<T>(&dev, suf, mma, &x, &data, &scale, bias.as_ref(), rows, n, k))
+    for_float!(x.dtype(), OP, |T, suf| fp8_linear_launch::<T>(&dev, suf, mma, &x, &data, &scale, block, bias.as_ref(), rows, n, k))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -48,6 +66,7 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     x: &Tensor,
     data: &Tensor,
     scale: &Tensor,
+    block: (usize, usize),
     bias: Option<&Tensor>,
     rows: usize,
     n: usize,
@@ -75,10 +94,14 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     let cfg = LaunchConfig { grid_dim: (n.div_ceil(cols) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (r, nn, kk) = (rows as i32, n as i32, k as i32);
     let mut b = func.builder();
+    let (block_rows, block_cols) = (block.0 as i32, block.1 as i32);
     b.arg(&mut out).arg(&x_v).arg(&w_v).arg(&s_v).arg(&bias_arg).arg(&r).arg(&nn).arg(&kk);
-    // SAFETY: argument list matches `fp8_linear_*` and `fp8_linear_mma_*` in fp8.cu; x holds
-    // rows × k, the weight n × k bytes (16-byte aligned: checked by `view`), the scales and the
-    // bias n values, all on this device's stream.
+    if mma {
+        b.arg(&block_rows).arg(&block_cols);
+    }
+    // SAFETY: argument list matches `fp8_linear_*` and `fp8_linear_mma_*` (with the block shape)
+    // in fp8.cu; x holds rows × k, the weight n × k bytes (16-byte aligned: checked by `view`),
+    // the scales n values or one a block, the bias n values, all on this device's stream.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     drop(b_ptr);

@@ -15,7 +15,7 @@ mod split_k;
 
 pub use attention::{paged_attention, qkv_rope_paged_attention};
 pub use focus::focus_importance;
-pub use fp8::{e4m3_from_f32, e4m3_to, fp8_linear, quantize_rows, FP8_MAX_ROWS};
+pub use fp8::{e4m3_from_f32, e4m3_to, fp8_linear, quantize_rows, WeightScale, FP8_MAX_ROWS};
 pub use fp8_gemm::{fp8_gemm_serves, fp8_w8a8_linear, prepare_fp8_gemm};
 pub use fused::{add_rms_norm, qkv_norm_rope_write, qkv_rope_write, residual_add, rms_norm, rope_angles, silu_mul};
 pub use launch::sm_count;

@@ -16,7 +16,8 @@
 // all of x). Rows 8..15 of the m16 tile are zero (not loaded) at 8 rows or fewer. The row scale
 // multiplies the f32 sum, not each weight: the reference rounds T(e4m3 · scale) per weight, so
 // the two differ by that rounding (≤ 2⁻⁹ relative a weight in bf16), not by the order of sums
-// alone.
+// alone. Block-scaled weights (a scale per tile of W, as DeepSeek-style checkpoints store them)
+// are multiplied by their tile's scale as they are converted, T(e4m3 · scale) as the reference.
 //
 // fp8_linear_* (f32, and the reference order for the 16-bit dtypes): one warp per output row
 // (8 rows a block); each lane takes 16 weights at a time, one 16-byte load, and applies them to
@@ -120,6 +121,15 @@ template <> __device__ __forceinline__ uint32_t e4m3x2_to<__nv_bfloat16>(uint16_
     return *reinterpret_cast<uint32_t *>(&b);
 }
 
+// The same pair dequantized by a block's scale: T(e4m3 · s) each, in f32, as the reference
+// rounds a block-scaled weight.
+template <typename T> __device__ __forceinline__ uint32_t e4m3x2_scaled(uint16_t pair, float s) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    T pr[2] = {from_f<T>(f.x * s), from_f<T>(f.y * s)};
+    return *reinterpret_cast<uint32_t *>(pr);
+}
+
 template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b);
 template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -142,9 +152,12 @@ constexpr int MMA_TILES = 2;     // n8 tiles a warp: 16 output columns a block
 constexpr int MMA_UNROLL = 4;    // 64-wide chunks of k whose weights a warp loads before using them
 constexpr int MMA_COLS = 8 * MMA_TILES;
 
+// `scale`: one per output row, applied to the f32 sum; or, with `block_rows` > 0, one per
+// block_rows × block_cols tile of W (`[ceil(n / block_rows), ceil(k / block_cols)]`, block_cols a
+// multiple of 16), applied to each weight as it is converted.
 template <typename T>
 __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float *scale, const T *bias, int rows,
-                               int n, int k) {
+                               int n, int k, int block_rows, int block_cols) {
     __shared__ float part[MMA_WARPS][MMA_TILES * 4][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
@@ -194,6 +207,17 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
             const uint32_t *lo = reinterpret_cast<const uint32_t *>(xl);
             const uint32_t *hi = reinterpret_cast<const uint32_t *>(xh);
 #pragma unroll
+            // A block-scaled W: each tile's scale for this lane's 16 weights (one block of k).
+            float bs[MMA_TILES];
+            if (block_rows > 0) {
+                const int scale_cols = (k + block_cols - 1) / block_cols;
+#pragma unroll
+                for (int j = 0; j < MMA_TILES; ++j) {
+                    const int c = min(col0 + 8 * j + g, n - 1);
+                    bs[j] = scale[(c / block_rows) * scale_cols + min(kk, k - 1) / block_cols];
+                }
+            }
+#pragma unroll
             for (int s = 0; s < 4; ++s) {
                 // Step s multiplies the lane's values 4s .. 4s + 3: logical k 2t, 2t + 1 of the
                 // mma are its first pair, 2t + 8, 2t + 9 its second (the same map for x and W).
@@ -201,8 +225,15 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
 #pragma unroll
                 for (int j = 0; j < MMA_TILES; ++j) {
                     const uint32_t word = reinterpret_cast<const uint32_t *>(&wv[u][j])[s];
-                    const uint32_t b[2] = {e4m3x2_to<T>(static_cast<uint16_t>(word & 0xffff)),
-                                           e4m3x2_to<T>(static_cast<uint16_t>(word >> 16))};
+                    const uint16_t p0 = static_cast<uint16_t>(word & 0xffff), p1 = static_cast<uint16_t>(word >> 16);
+                    uint32_t b[2];
+                    if (block_rows > 0) {
+                        b[0] = e4m3x2_scaled<T>(p0, bs[j]);
+                        b[1] = e4m3x2_scaled<T>(p1, bs[j]);
+                    } else {
+                        b[0] = e4m3x2_to<T>(p0);
+                        b[1] = e4m3x2_to<T>(p1);
+                    }
                     mma16816<T>(acc[j], a, b);
                 }
             }
@@ -223,7 +254,7 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
         float v = 0.f;
 #pragma unroll
         for (int q = 0; q < MMA_WARPS; ++q) v += part[q][ji][l];
-        float y = round_t<T>(v * scale[col]);
+        float y = round_t<T>(block_rows > 0 ? v : v * scale[col]);
         if (bias != nullptr) y += to_f(bias[col]);
         out[(long long)row * n + col] = from_f<T>(y);
     }
@@ -281,8 +312,9 @@ extern "C" __global__ void e4m3_from_f32(uint8_t *out, const float *x, long long
 
 #define FP8_MMA_KERNEL(T, SUF)                                                                               \
     extern "C" __global__ void fp8_linear_mma_##SUF(T *out, const T *x, const uint8_t *w, const float *scale, \
-                                                    const T *bias, int rows, int n, int k) {                 \
-        fp8_linear_mma<T>(out, x, w, scale, bias, rows, n, k);                                               \
+                                                    const T *bias, int rows, int n, int k, int block_rows,    \
+                                                    int block_cols) {                                         \
+        fp8_linear_mma<T>(out, x, w, scale, bias, rows, n, k, block_rows, block_cols);                       \
     }
 
 FP8_MMA_KERNEL(__nv_bfloat16, bf16)
