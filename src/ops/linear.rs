@@ -229,14 +229,16 @@ pub fn fp8_matmul(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Te
 /// is made once for all its experts, as the grouped kernels make it.
 pub(crate) fn fp8_matmul_for(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>, launch_rows: usize) -> Result<Tensor> {
     let policy = current().fp8;
-    let rows = launch_rows;
-    if policy.weight_only(rows) {
+    // The quantization is the launch's; the kernel that serves an unquantized part is its own.
+    let rows = x.elem_count() / w.dims().1.max(1);
+    let quantize = policy.quantizes_activations(launch_rows);
+    if policy.weight_only(rows) && !quantize {
         #[cfg(feature = "cuda")]
         if let Some(y) = fp8_weight_only(x, w, bias)? {
             return Ok(y);
         }
     }
-    if policy.quantizes_activations(rows) {
+    if quantize {
         #[cfg(feature = "cuda")]
         if let Some(y) = fp8_w8a8(x, w, bias)? {
             return Ok(y);

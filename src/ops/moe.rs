@@ -139,8 +139,8 @@ impl StackedExperts {
             return Self::new(gate_up, down);
         }
         let (e, two_w, h, width) = Self::shapes(&gate_up, &down)?;
-        // The FP8 tiles load 16 values of a row at a time.
-        let kernel_layout = kernels_serve(gate_up.device(), gate_up.dtype(), width, h) && h % 16 == 0;
+        // The FP8 tiles load 16 values of a row at a time; their MMAs need sm_89 or later.
+        let kernel_layout = kernels_serve(gate_up.device(), gate_up.dtype(), width, h) && h % 16 == 0 && fp8_kernels_serve(gate_up.device());
         let gate_up = if kernel_layout { interleaved(&gate_up, width)? } else { gate_up };
         let rows = |w: &Tensor, r: usize, c: usize| -> Result<(Tensor, Tensor)> {
             let q = crate::quant::Fp8Weight::quantize(&w.reshape((e * r, c))?)?;
@@ -173,7 +173,8 @@ impl StackedExperts {
             + self.fp8.as_ref().map_or(0, |(a, b)| crate::ops::bytes_of(a) + crate::ops::bytes_of(b))
     }
 
-    /// Whether [`moe_experts`] runs these experts with the grouped kernels.
+    /// Whether these experts are laid out for the grouped kernels, which then run every launch
+    /// of 16-bit experts and, in FP8, the launches whose activations the policy quantizes.
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub fn on_kernels(&self) -> bool {
         self.kernel_layout
@@ -241,6 +242,17 @@ impl StackedExperts {
 fn interleaved(gate_up: &Tensor, width: usize) -> Result<Tensor> {
     let (e, two_w, h) = gate_up.dims3()?;
     gate_up.reshape((e, 2, width / CHUNK, CHUNK, h))?.transpose(1, 2)?.contiguous()?.reshape((e, two_w, h))
+}
+
+/// Whether `device` runs the grouped FP8 kernels.
+fn fp8_kernels_serve(device: &Device) -> bool {
+    #[cfg(feature = "cuda")]
+    return super::cuda::fp8_experts_serve(device);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        false
+    }
 }
 
 /// Whether the grouped kernels run experts of this shape on `device` in `dtype`.

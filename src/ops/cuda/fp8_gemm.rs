@@ -211,7 +211,7 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
     }
     let plan = match lt_gpu.plans.entry(key) {
         std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-        std::collections::hash_map::Entry::Vacant(v) => v.insert(make_plan(handle, dtype, (rows, n, k), aligned)?),
+        std::collections::hash_map::Entry::Vacant(v) => v.insert(make_plan(handle, dtype, (rows, n, k), aligned, (wsc_ptr, xsc_ptr))?),
     };
     let [a_l, b_l, d_l] = plan.d.layouts;
     // SAFETY: the plan's descriptor is live (it lives as long as the GPU's state, under whose
@@ -260,7 +260,9 @@ fn scaled_gemm<T: CudaDType + DeviceRepr>(
 /// Dᵀ [n, rows] = op(A) [n, k] · B [k, rows] with A = the weight (k × n column-major,
 /// transposed) and B = x (k × rows column-major); the outer-vector scales are A's n (a weight
 /// row's) and B's rows (a token's).
-fn make_plan(handle: sys::cublasLtHandle_t, dtype: DType, (rows, n, k): (usize, usize, usize), aligned: [u32; 3]) -> Result<Plan> {
+/// The heuristic is asked with a call's scale pointers set (`scales`: the weight's, x's), as
+/// every later call sets its own.
+fn make_plan(handle: sys::cublasLtHandle_t, dtype: DType, (rows, n, k): (usize, usize, usize), aligned: [u32; 3], scales: (u64, u64)) -> Result<Plan> {
     const OP: &str = "fp8_w8a8_linear";
     use sys::cublasLtMatmulDescAttributes_t as Attr;
     use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
@@ -289,14 +291,16 @@ fn make_plan(handle: sys::cublasLtHandle_t, dtype: DType, (rows, n, k): (usize, 
     d.layouts[1] = layout(e4m3, k, rows, k)?;
     d.layouts[2] = layout(out_type, n, rows, n)?;
     let [a_l, b_l, d_l] = d.layouts;
-    // SAFETY: every attribute gets the type cuBLASLt documents for it (i32 enums, u32
-    // alignments, a u64 byte count); the descriptors are live until `d` drops.
+    // SAFETY: every attribute gets the type cuBLASLt documents for it (i32 enums, device
+    // pointers, u32 alignments, a u64 byte count); the descriptors are live until `d` drops.
     unsafe {
         set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &(cublas_sys::cublasOperation_t::CUBLAS_OP_T as i32))?;
         set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &(cublas_sys::cublasOperation_t::CUBLAS_OP_N as i32))?;
         let outer = sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
         set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
         set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &(scales.0 as *const c_void))?;
+        set_desc(d.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &(scales.1 as *const c_void))?;
         let pref_u64 = |attr, v: u64| {
             lt::set_matmul_pref_attribute(d.pref, attr, &v as *const u64 as *const c_void, std::mem::size_of::<u64>())
                 .map_err(lt_err("cublasLtMatmulPreferenceSetAttribute"))

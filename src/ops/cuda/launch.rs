@@ -107,6 +107,12 @@ pub fn compute_major(dev: &CudaDevice) -> Result<i32> {
     device_attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
 }
 
+/// The device's compute capability, (major, minor).
+pub fn compute_capability(dev: &CudaDevice) -> Result<(i32, i32)> {
+    use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+    Ok((compute_major(dev)?, device_attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?))
+}
+
 /// The CUDA device `t` lives on.
 pub(super) fn device(t: &Tensor, op: &str) -> Result<CudaDevice> {
     match t.device() {

@@ -19,6 +19,6 @@ pub use fp8::{e4m3_from_f32, e4m3_to, fp8_linear, quantize_rows, WeightScale, FP
 pub use fp8_gemm::{fp8_gemm_serves, fp8_w8a8_linear, prepare_fp8_gemm};
 pub use fused::{add_rms_norm, qkv_norm_rope_write, qkv_rope_write, residual_add, rms_norm, rope_angles, silu_mul};
 pub use launch::sm_count;
-pub use moe::{moe_experts, moe_route, router_logits};
+pub use moe::{fp8_experts_serve, moe_experts, moe_route, router_logits};
 pub use rows::{compact_rows, copy_rows_in_place, greedy_confidence, greedy_flagged, scatter_rows};
 pub use split_k::{linear_partials, norm_of_partials, PartsNorm};

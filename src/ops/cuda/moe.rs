@@ -2,7 +2,7 @@
 //! expert, the grouped SwiGLU and down GEMMs on tensor cores, and the weighted combine. Entry
 //! points in `crate::ops::moe`.
 
-use super::launch::{compute_major, device, kernel, same_device_dtype, sm_count, view, wrap, Module};
+use super::launch::{compute_capability, compute_major, device, kernel, same_device_dtype, sm_count, view, wrap, Module};
 use crate::ops::moe::{MoeKernels, RouterArch, Scoring, StackedExperts};
 use candle_core::cuda_backend::cudarc::driver::sys::{self, CUfunction_attribute};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -286,6 +286,15 @@ fn gemm_shape(func: &CudaFunction, bm: usize) -> Result<(u32, u32)> {
     Ok((128, smem as u32))
 }
 
+/// Whether the grouped FP8 GEMMs run on `device`: their E4M3 MMAs need compute capability 8.9
+/// (Ada) or later; the module's kernels trap on older GPUs.
+pub fn fp8_experts_serve(device: &candle_core::Device) -> bool {
+    match device {
+        candle_core::Device::Cuda(d) => compute_capability(d).is_ok_and(|cc| cc >= (8, 9)),
+        _ => false,
+    }
+}
+
 /// The grid of a grouped `mma.sync` GEMM: its column tiles over `n`, `max_tiles` row tiles, and
 /// its shape from [`gemm_shape`].
 fn grouped_config(n: usize, max_tiles: usize, (threads, smem): (u32, u32)) -> LaunchConfig {
@@ -305,8 +314,8 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
     // Taller tiles once experts average enough rows to fill them.
     let bm = if pairs / e >= 96 { 128 } else { 64 };
     let max_tiles = pairs.div_ceil(bm) + e;
-    // 128-row tiles run on Hopper's warpgroup MMA where it is available (16-bit experts).
-    let hopper = bm == 128 && a.fp8.is_none() && wgmma_available(dev)?;
+    // 128-row tiles run on Hopper's warpgroup MMA where it is available.
+    let hopper = bm == 128 && wgmma_available(dev)?;
     // Row tiles are the mma.sync grid's second dimension (at most 65535 blocks); the Hopper
     // kernel's persistent grid has no such limit.
     if !hopper && max_tiles > 65_535 {
@@ -361,7 +370,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
 
     let null = 0u64;
     if let Some((gu_scale, d_scale)) = a.fp8 {
-        fp8_gemms::<T>(dev, suf, a, bm, max_tiles, (gu_scale, d_scale), &sorted_src, &tile_expert, &tile_start, &expert_end, act, &mut y)?;
+        fp8_gemms::<T>(dev, suf, a, (bm, hopper), max_tiles, (gu_scale, d_scale), &sorted_src, &tile_expert, &tile_start, &expert_end, act, &mut y)?;
     } else if hopper {
         let gu_v = view::<T>(&gs, gl, OP, "gate_up", true)?;
         let down_v = view::<T>(&ds, dl, OP, "down", true)?;
@@ -461,7 +470,7 @@ fn fp8_gemms<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     suf: &str,
     a: &ExpertArgs,
-    bm: usize,
+    (bm, hopper): (usize, bool),
     max_tiles: usize,
     (gu_scale, d_scale): (&Tensor, &Tensor),
     sorted_src: &CudaSlice<u32>,
@@ -473,9 +482,8 @@ fn fp8_gemms<T: CudaDType + DeviceRepr>(
 ) -> Result<()> {
     const OP: &str = "moe_experts (fp8)";
     let (h, w) = (a.h, a.w);
-    // 128-row tiles on Hopper's FP8 warpgroup MMA; elsewhere `mma.sync` E4M3 (native on Ada,
-    // converted to f16 by the compiler on Hopper).
-    let hopper = bm == 128 && wgmma_available(dev)?;
+    // `hopper`: 128-row tiles on Hopper's FP8 warpgroup MMA; elsewhere `mma.sync` E4M3 (native
+    // on Ada, converted to f16 by the compiler on Hopper).
     let tag = if bm == 128 { "bm128" } else { "bm64" };
     let cfg = |n: usize, shape: (u32, u32)| grouped_config(n, max_tiles, shape);
     let dense_rows = 0i32;

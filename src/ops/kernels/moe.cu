@@ -380,12 +380,17 @@ template <> __device__ __forceinline__ void mma16816<__half>(float *c, const uin
 
 // The FP8 (E4M3 x E4M3) step over the same 32 bytes of every row: m16n8k32, whose fragments
 // hold bytes 4t .. 4t+3 (and 16 + 4t ..) of a row where m16n8k16's hold two 16-bit values there,
-// so the same ldmatrix loads feed it.
+// so the same ldmatrix loads feed it. E4M3 MMAs need sm_89: an older target gets a trap (the host
+// routes FP8 experts elsewhere there), so that the module still loads.
 __device__ __forceinline__ void mma_e4m3(float *c, const uint32_t *a, const uint32_t *b) {
+#if __CUDA_ARCH__ < 890
+    __trap();
+#else
     asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
 // Byte offset of 16-byte chunk `c` (of 8) of row `r` in a tile of 128-byte rows: chunks are
@@ -1089,7 +1094,11 @@ MOE_OPS(__half, f16)
 MOE_FP8_OPS(__nv_bfloat16, bf16)
 MOE_FP8_OPS(__half, f16)
 
-// The same on Hopper's warpgroup MMA (FP8 wgmma: twice the 16-bit peak).
+// The same on Hopper's warpgroup MMA (FP8 wgmma: twice the 16-bit peak). Its accumulator is
+// the tensor core's own across the whole k loop, which for FP8 inputs keeps fewer bits than an
+// f32 add (DeepSeek-V3 promotes to CUDA-core f32 every 128 columns for that reason; here that
+// would need a second 128-register accumulator the consumers do not have): the device test
+// bounds the error against the f32 composition at the expert widths served (k ≤ 2048).
 #define WS_FP8_SHAPE WsShape{src, te, ts, ee, N, K, a_cols, row_tiles, dense_rows, k_chunk, sa, sw}
 #define MOE_WGMMA_FP8_OPS(T, SUF)                                                                              \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
