@@ -540,7 +540,8 @@ mod tests {
         use crate::ops::policy::{with_kernels, Fp8Kernels, KernelPolicy};
         use crate::quant::Quantization;
         let dev = Device::Cpu;
-        let (e, w, h) = (4, 32, 48);
+        // Eight experts, top 2: about 10 of 40 tokens an expert, under the 16 of `by-shape`.
+        let (e, w, h) = (8, 32, 48);
         let gate_up = Tensor::randn(0f32, 0.2, (e, 2 * w, h), &dev).unwrap().to_dtype(DType::BF16).unwrap();
         let down = Tensor::randn(0f32, 0.2, (e, h, w), &dev).unwrap().to_dtype(DType::BF16).unwrap();
         let plain = StackedExperts::quantized(gate_up.clone(), down.clone(), Quantization::Fp8).unwrap();
@@ -552,13 +553,24 @@ mod tests {
             let x = Tensor::randn(0f32, 1.0, (tokens, h), &dev).unwrap().to_dtype(DType::BF16).unwrap();
             let logits = Tensor::randn(0f32, 1.0, (tokens, e), &dev).unwrap();
             let (ids, weights) = route_reference(&logits, None, &arch).unwrap();
+            let max_diff = |a: &Tensor, b: &Tensor| {
+                (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap()).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+            };
+            let mut by_policy = Vec::new();
             for fp8 in [Fp8Kernels::Dequantize, Fp8Kernels::W8A8, Fp8Kernels::ByShape] {
                 let policy = KernelPolicy { fp8, ..Default::default() };
                 let run = |s: &StackedExperts| with_kernels(policy, || moe_experts_reference(&x, &ids, &weights, s, None, None).unwrap()).0;
                 let (a, b) = (run(&plain), run(&laid));
-                let diff = (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap()).unwrap().abs().unwrap().max_all().unwrap();
-                assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0, "{tokens} tokens, {fp8:?}");
+                assert_eq!(max_diff(&a, &b), 0.0, "{tokens} tokens, {fp8:?}");
+                by_policy.push(a);
             }
+            // By shape, the launch decides for every expert: more than 16 tokens quantize the
+            // activations of every expert (even one with a few of them), as W8A8 does; a few
+            // tokens quantize none (weight-only, dequantizing on the CPU).
+            let (dequantize, w8a8, by_shape) = (&by_policy[0], &by_policy[1], &by_policy[2]);
+            let same_as = if tokens > 16 { w8a8 } else { dequantize };
+            assert_eq!(max_diff(by_shape, same_as), 0.0, "{tokens} tokens by shape");
+            assert!(max_diff(w8a8, dequantize) > 0.0, "{tokens} tokens: W8A8 quantizes the activations");
         }
     }
 }
