@@ -1947,13 +1947,40 @@ fn moe_routing_survives_non_finite_logits() {
     }
 }
 
+/// One grouped-MoE test case: x `[tokens, h]`, gate_up `[e, 2w, h]` and down `[e, h, w]` of
+/// the experts' scale, with `with_shared` a shared expert's output and a residual stream (of
+/// the experts' scale too, so that a tolerance still measures the experts), and the top-`k`
+/// routes of random logits.
+struct MoeCase {
+    x: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    shared: Option<Tensor>,
+    residual: Option<Tensor>,
+    ids: Tensor,
+    weights: Tensor,
+}
+
+fn moe_case(seed: u64, (tokens, e, k, w, h): (usize, usize, usize, usize, usize), with_shared: bool, dtype: DType) -> MoeCase {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let scale = 1.0 / (h as f32).sqrt();
+    let x = rand_tensor(&mut rng, &[tokens, h], -1.0, 1.0, dtype);
+    let gate_up = rand_tensor(&mut rng, &[e, 2 * w, h], -2.0 * scale, 2.0 * scale, dtype);
+    let down = rand_tensor(&mut rng, &[e, h, w], -2.0 / (w as f32).sqrt(), 2.0 / (w as f32).sqrt(), dtype);
+    let shared = with_shared.then(|| rand_tensor(&mut rng, &[tokens, h], -0.5, 0.5, dtype));
+    let residual = with_shared.then(|| rand_tensor(&mut rng, &[tokens, h], -0.5, 0.5, dtype));
+    let logits = rand_tensor(&mut rng, &[tokens, e], -3.0, 3.0, DType::F32);
+    let (ids, weights) = ponder::ops::moe::route_reference(&logits, None, &llada2_router(e, k, 1, 1)).unwrap();
+    MoeCase { x, gate_up, down, shared, residual, ids, weights }
+}
+
 #[test]
 fn grouped_moe_kernels_match_the_composition() {
     for_each_moe_kernels(grouped_moe_check);
 }
 
 fn grouped_moe_check(kernels: ponder::ops::moe::MoeKernels) {
-    use ponder::ops::moe::{moe_experts, moe_experts_reference, route_reference, StackedExperts};
+    use ponder::ops::moe::{moe_experts, moe_experts_reference, StackedExperts};
     let gpu = gpu_device();
     // (name, tokens, experts, top_k, width, hidden, shared): few rows per expert (64-row tiles,
     // some experts idle) and many (128-row tiles: Hopper's warpgroup kernels, or the `mma.sync`
@@ -1976,17 +2003,7 @@ fn grouped_moe_check(kernels: ponder::ops::moe::MoeKernels) {
     ];
     for dtype in [DType::BF16, DType::F16] {
         for (name, tokens, e, k, w, h, with_shared) in cases {
-            let mut rng = StdRng::seed_from_u64((tokens * 7919 + e) as u64);
-            let scale = 1.0 / (h as f32).sqrt();
-            let x = rand_tensor(&mut rng, &[tokens, h], -1.0, 1.0, dtype);
-            let gate_up = rand_tensor(&mut rng, &[e, 2 * w, h], -2.0 * scale, 2.0 * scale, dtype);
-            let down = rand_tensor(&mut rng, &[e, h, w], -2.0 / (w as f32).sqrt(), 2.0 / (w as f32).sqrt(), dtype);
-            let shared = with_shared.then(|| rand_tensor(&mut rng, &[tokens, h], -0.5, 0.5, dtype));
-            // The residual stream's add rides along with the shared expert's cases.
-            // (Of the experts' scale, so that the tolerance below still measures the experts.)
-            let residual = with_shared.then(|| rand_tensor(&mut rng, &[tokens, h], -0.5, 0.5, dtype));
-            let logits = rand_tensor(&mut rng, &[tokens, e], -3.0, 3.0, DType::F32);
-            let (ids, weights) = route_reference(&logits, None, &llada2_router(e, k, 1, 1)).unwrap();
+            let MoeCase { x, gate_up, down, shared, residual, ids, weights } = moe_case((tokens * 7919 + e) as u64, (tokens, e, k, w, h), with_shared, dtype);
 
             let cpu = StackedExperts::new(f32_cpu(&gate_up), f32_cpu(&down)).unwrap();
             let want =
@@ -2030,7 +2047,7 @@ fn grouped_fp8_moe_kernels_match_the_w8a8_composition() {
 }
 
 fn grouped_fp8_moe_check(policy: ponder::ops::KernelPolicy) {
-    use ponder::ops::moe::{moe_experts, moe_experts_reference, route_reference, StackedExperts};
+    use ponder::ops::moe::{moe_experts, moe_experts_reference, StackedExperts};
     use ponder::ops::with_kernels;
     use ponder::quant::Quantization;
     let gpu = gpu_device();
@@ -2044,14 +2061,8 @@ fn grouped_fp8_moe_check(policy: ponder::ops::KernelPolicy) {
     ];
     for dtype in [DType::BF16, DType::F16] {
         for (name, tokens, e, k, w, h, with_shared) in cases {
-            let mut rng = StdRng::seed_from_u64((tokens * 7907 + e) as u64);
-            let scale = 1.0 / (h as f32).sqrt();
-            let x = rand_tensor(&mut rng, &[tokens, h], -1.0, 1.0, dtype);
-            let gate_up = rand_tensor(&mut rng, &[e, 2 * w, h], -2.0 * scale, 2.0 * scale, dtype);
-            let down = rand_tensor(&mut rng, &[e, h, w], -2.0 / (w as f32).sqrt(), 2.0 / (w as f32).sqrt(), dtype);
-            let shared = with_shared.then(|| rand_tensor(&mut rng, &[tokens, h], -0.5, 0.5, dtype));
-            let logits = rand_tensor(&mut rng, &[tokens, e], -3.0, 3.0, DType::F32);
-            let (ids, weights) = route_reference(&logits, None, &llada2_router(e, k, 1, 1)).unwrap();
+            // (The residual add is the 16-bit test's; the FP8 one measures the experts alone.)
+            let MoeCase { x, gate_up, down, shared, ids, weights, .. } = moe_case((tokens * 7907 + e) as u64, (tokens, e, k, w, h), with_shared, dtype);
 
             let cpu = StackedExperts::quantized(gate_up.clone(), down.clone(), Quantization::Fp8).unwrap();
             let (want, _) = with_kernels(policy, || moe_experts_reference(&x, &ids, &weights, &cpu, shared.as_ref(), None).unwrap());

@@ -45,6 +45,7 @@
 #define FP8_MAX_ROWS 16
 
 #include "floats.cuh"
+#include "mma.cuh"
 
 namespace {
 
@@ -107,16 +108,21 @@ __device__ void fp8_linear(T *out, const T *x, const uint8_t *w, const float *sc
     }
 }
 
-// Two bf16 (f16) values from two E4M3 bytes, the low byte in the low half. E4M3 is exact in
-// f16 (the hardware conversion), f16's values of it exact in f32 and bf16.
+// Two E4M3 bytes (the low byte first) through the hardware conversion to f16, where E4M3 is
+// exact.
+__device__ __forceinline__ __half2_raw e4m3x2_half(uint16_t pair) {
+    return __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+}
+
+// Two bf16 (f16) values from two E4M3 bytes, the low byte in the low half; f16's values of
+// E4M3 are exact in f32 and bf16.
 template <typename T> __device__ __forceinline__ uint32_t e4m3x2_to(uint16_t pair);
 template <> __device__ __forceinline__ uint32_t e4m3x2_to<__half>(uint16_t pair) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    const __half2_raw h = e4m3x2_half(pair);
     return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 template <> __device__ __forceinline__ uint32_t e4m3x2_to<__nv_bfloat16>(uint16_t pair) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-    const float2 f = __half22float2(__half2(h));
+    const float2 f = __half22float2(__half2(e4m3x2_half(pair)));
     __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
     return *reinterpret_cast<uint32_t *>(&b);
 }
@@ -124,24 +130,9 @@ template <> __device__ __forceinline__ uint32_t e4m3x2_to<__nv_bfloat16>(uint16_
 // The same pair dequantized by a block's scale: T(e4m3 · s) each, in f32, as the reference
 // rounds a block-scaled weight.
 template <typename T> __device__ __forceinline__ uint32_t e4m3x2_scaled(uint16_t pair, float s) {
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-    const float2 f = __half22float2(__half2(h));
+    const float2 f = __half22float2(__half2(e4m3x2_half(pair)));
     T pr[2] = {from_f<T>(f.x * s), from_f<T>(f.y * s)};
     return *reinterpret_cast<uint32_t *>(pr);
-}
-
-template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, const uint32_t *b);
-template <> __device__ __forceinline__ void mma16816<__nv_bfloat16>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> __device__ __forceinline__ void mma16816<__half>(float *c, const uint32_t *a, const uint32_t *b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // Weights are read once: streamed past L1 so that x, which every block reads, stays there.
@@ -163,6 +154,7 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
     const int g = lane / 4, t = lane % 4;
     const int col0 = blockIdx.x * MMA_COLS;
     const int chunks = (k + 63) / 64;
+    const int scale_cols = block_rows > 0 ? (k + block_cols - 1) / block_cols : 0; // block scales a row
     // The weight rows this lane loads (one a tile) and the two rows of x it multiplies.
     const uint8_t *wrow[MMA_TILES];
     bool wok[MMA_TILES];
@@ -210,7 +202,6 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
             // A block-scaled W: each tile's scale for this lane's 16 weights (one block of k).
             float bs[MMA_TILES];
             if (block_rows > 0) {
-                const int scale_cols = (k + block_cols - 1) / block_cols;
 #pragma unroll
                 for (int j = 0; j < MMA_TILES; ++j) {
                     const int c = min(col0 + 8 * j + g, n - 1);
