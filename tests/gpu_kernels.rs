@@ -1098,8 +1098,24 @@ fn engine_run(
     prompts: &[Vec<u32>],
     new_tokens: &[usize],
 ) -> Vec<Vec<u32>> {
+    engine_run_with(model, sched, layout, width, graphs, prompts, new_tokens, Default::default()).0
+}
+
+/// [`engine_run`] under the kernel policy `kernels`; also returns the engine's metrics.
+#[allow(clippy::too_many_arguments)]
+fn engine_run_with(
+    model: Box<dyn ponder::looped::models::LoopedModel>,
+    sched: ponder::SchedulerKind,
+    layout: ponder::KvLayoutKind,
+    width: usize,
+    graphs: Graphs,
+    prompts: &[Vec<u32>],
+    new_tokens: &[usize],
+    kernels: ponder::kernels::KernelPolicy,
+) -> (Vec<Vec<u32>>, ponder::EngineMetrics) {
     use ponder::looped::gate::{DepthTrace, Replay};
     let mut b = ponder::EngineBuilder::from_model(model, None, vec![])
+        .kernels(kernels)
         .looped(|o| o.scheduler(sched).kv_layout(layout))
         .max_num_seqs(width)
         .max_num_batched_tokens(2048)
@@ -1126,7 +1142,54 @@ fn engine_run(
             }
         }
     }
-    ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect()
+    let tokens = ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect();
+    (tokens, engine.metrics().clone())
+}
+
+/// The decode arena (`KernelPolicy::decode_arena`): the same greedy tokens as the plain body —
+/// the same kernels and cuBLAS calls, only the output pointers are the arena's — replayed from
+/// graphs that hold a fraction of the plain body's memory nodes (what remains is outside the core
+/// step: the embedding, the state bank's gather, RoPE angles, the gate and the head). Head dim
+/// 64 takes the SIMT decode kernels (with their key splits in the arena's workspace), head dim
+/// 128 under `ring=always` the decode ring.
+#[test]
+fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
+    use ponder::looped::models::Ouro;
+    use ponder::{KvLayoutKind, SchedulerKind};
+    let gpu = gpu_device();
+    let mut rng = StdRng::seed_from_u64(78);
+    let n = 29;
+    let prompts = random_prompts(&mut rng, n, 6, 240..300, 1..80);
+    let new_tokens: Vec<usize> = (0..n).map(|_| rng.random_range(3..40)).collect();
+    let cases = [
+        ("cb depth-indexed W40", 64, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40),
+        ("cb shared W7", 64, "", SchedulerKind::Continuous, KvLayoutKind::Shared, 7),
+        ("cdb-refill shared W13", 64, "", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13),
+        ("cb d128 ring W40", 128, "ring=always", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40),
+    ];
+    for (name, head_dim, policy, sched, layout, width) in cases {
+        let mut cfg = graph_test_config();
+        cfg.head_dim = Some(head_dim);
+        cfg.num_key_value_heads = Some(if head_dim == 128 { 4 } else { 2 });
+        let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, &gpu).unwrap();
+        let plain_policy: ponder::kernels::KernelPolicy = policy.parse().unwrap();
+        let arena_policy = ponder::kernels::KernelPolicy { decode_arena: true, ..plain_policy };
+        let run = |kernels| engine_run_with(Box::new(Ouro::load(&cfg, &weights).unwrap()), sched, layout, width, Graphs::On, &prompts, &new_tokens, kernels);
+        let (plain, pm) = run(plain_policy);
+        let (arena, am) = run(arena_policy);
+        let (pn, an) = (pm.looped().unwrap().graph_nodes, am.looped().unwrap().graph_nodes);
+        let (pc, ac) = (pm.looped().unwrap().graph_captures, am.looped().unwrap().graph_captures);
+        println!(
+            "decode arena {name}: {} core steps on it; graphs {pc} / {ac}: memory nodes {} -> {}, kernels {} -> {}; rings {} / {}",
+            am.kernels.arena_steps, pn.memory, an.memory, pn.kernels, an.kernels, pm.kernels.decode_ring, am.kernels.decode_ring
+        );
+        assert!(am.kernels.arena_steps > 0 && pm.kernels.arena_steps == 0, "{name}: the arena ran only where asked");
+        if head_dim == 128 {
+            assert!(am.kernels.decode_ring > 0, "{name}: the ring took decode launches");
+        }
+        assert_eq!(differing_requests(name, &plain, &arena, &prompts, &new_tokens), 0, "{name}: the arena changed tokens");
+        assert!(ac > 0 && an.memory * 4 < pn.memory, "{name}: memory nodes {} with the arena, {} without", an.memory, pn.memory);
+    }
 }
 
 /// `n` random prompts over a 512-token vocabulary: every `long_every`-th from `long`, the rest

@@ -69,12 +69,19 @@ pub(crate) fn cb_suite(args: &Args, model: &BenchModel, roof: Roof, weight_bytes
         if args.profile_step {
             profile_one_decode_step(&mut engine, args, w, spec.vocab_size, model.device())?;
         }
+        // What the captured decode graphs hold: memory nodes are the allocating ops' outputs.
+        let metrics = engine.metrics();
+        let nodes = metrics.looped().map(|l| l.graph_nodes).unwrap_or_default();
+        let arena_steps = metrics.kernels.arena_steps;
+        println!("{w:>6} graph nodes: {} kernels, {} memory, {} copies; {arena_steps} core steps on the arena", nodes.kernels, nodes.memory, nodes.copies);
         results.push(serde_json::json!({
             "mode": "cb", "layout": format!("{:?}", args.layout), "width": w,
             "tokens_per_s": tps, "floor_tokens_per_s": floor, "decode_step_ms": step_s * 1e3,
             "prefill_s": prefill_s, "repeats": samples.iter().map(|s| s.0).collect::<Vec<_>>(),
             "decode_roofline_step_ms": roofline_s * 1e3, "fraction_of_roofline": roofline_s / step_s,
             "kv_pool_gb": pool_gb,
+            "graph_kernel_nodes": nodes.kernels, "graph_memory_nodes": nodes.memory, "graph_copy_nodes": nodes.copies,
+            "arena_core_steps": arena_steps,
         }));
         if let Some(row) = results.last_mut().and_then(|r| r.as_object_mut()) {
             row.extend(ponder::bench::device_memory::PeakMemory::json_fields(peak).map(|(k, v)| (k.to_string(), v.into())));

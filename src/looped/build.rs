@@ -54,8 +54,14 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
     // Layouts whose steps share a slot prefill a prompt whole, past the budget up to the context.
     let whole_prompts = super::admission::prefills_whole_prompts(slots, spec.max_steps);
     let launch_tokens = if whole_prompts { max_context } else { limits.max_num_batched_tokens }.max(limits.max_num_batched_tokens).max(limits.max_num_seqs);
-    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.state_width.max(spec.hidden_size), limits.max_num_seqs, spec.vocab_size, model.device());
     let resident = limits.max_num_seqs.saturating_add(o.coda_reserve);
+    // The decode arena covers every launch a decode graph takes: up to the resident requests,
+    // padded to their row bucket. Its buffers stay allocated beside a launch's workspace.
+    let arena_rows = crate::looped::runner::graphs::row_bucket(resident).unwrap_or(resident);
+    let decode_arena = common.kernels.decode_arena;
+    let arena_bytes = if decode_arena { model.decode_arena_bytes(arena_rows) } else { 0 };
+    let workspace = crate::kv::workspace_bytes(launch_tokens, spec.state_width.max(spec.hidden_size), limits.max_num_seqs, spec.vocab_size, model.device())
+        .saturating_add(arena_bytes);
     // The state bank: a row per resident request and one for graph padding, for every scheduler
     // but the built-in CB (which keeps no state between launches).
     let row = (spec.state_width as u64).saturating_mul(spec.dtype.size_in_bytes() as u64);
@@ -128,11 +134,15 @@ pub(crate) fn build(shards: Shards<Box<dyn LoopedModel>>, tokenizer: Option<Toke
         common.check_fits_on(&devices, MemoryNeed { pool: pool_bytes, bank, workspace }, hint, true)?;
     }
     let runner = |model| -> Result<LoopedRunner> {
-        Ok(LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, bank_rows, o.cuda_graphs)?
+        let mut runner = LoopedRunner::with_cuda_graphs(model, num_blocks, common.block_size, bank_rows, o.cuda_graphs)?
             .with_launch_checks(custom)
             .with_graph_capture(o.graph_capture)
             .with_device_timing(o.time_device)
-            .with_latent_diff(latent_diff))
+            .with_latent_diff(latent_diff);
+        if decode_arena {
+            runner.install_decode_arena(arena_rows)?;
+        }
+        Ok(runner)
     };
     let runner = if shard_models.len() == 1 {
         LoopedExecutor::One(runner(shard_models.pop().expect("one shard"))?)

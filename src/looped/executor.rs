@@ -6,6 +6,7 @@
 //! rank that answers differently is an error, never a silent pick.
 
 use super::launch::{LoopedLaunch, LoopedResult};
+use super::metrics::GraphStats;
 use super::models::LoopedSpec;
 use super::runner::{LoopedRunner, Pending};
 use crate::engine::DeviceSpan;
@@ -37,7 +38,7 @@ pub(crate) struct RankedRunners {
     /// Rank 0's spec (every rank's but for its share of the heads).
     spec: LoopedSpec,
     last_device: Option<DeviceSpan>,
-    graph_stats: (usize, usize),
+    graph_stats: GraphStats,
     next_launch: u64,
 }
 
@@ -55,7 +56,7 @@ pub(crate) struct RankOutcome {
     /// What collecting dispatched (the engine's policy in force on the rank's thread).
     kernels: KernelCounts,
     device: Option<DeviceSpan>,
-    graph_stats: (usize, usize),
+    graph_stats: GraphStats,
 }
 
 impl RankedRunners {
@@ -74,7 +75,7 @@ impl RankedRunners {
         });
         let runners = runners.into_iter().map(|runner| RankRunner { runner, issued: HashMap::new() }).collect();
         let ranks = Ranks::spawn(runners, comms, timeout, Some(on_reset))?;
-        Ok(Self { ranks, spec, last_device: None, graph_stats: (0, 0), next_launch: 0 })
+        Ok(Self { ranks, spec, last_device: None, graph_stats: GraphStats::default(), next_launch: 0 })
     }
 
     /// Drops launch `id`'s pending results on every rank that holds them (a launch that failed
@@ -159,8 +160,8 @@ impl LoopedExecutor {
         }
     }
 
-    /// (graphs captured, launches replayed) so far (rank 0's).
-    pub(crate) fn graph_stats(&self) -> (usize, usize) {
+    /// Graphs captured, launches replayed and the graphs' nodes so far (rank 0's).
+    pub(crate) fn graph_stats(&self) -> GraphStats {
         match self {
             Self::One(r) => r.graph_stats(),
             Self::Ranks(r) => r.graph_stats,

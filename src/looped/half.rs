@@ -62,7 +62,8 @@ impl Half for LoopedHalf {
         }
         self.scheduler.complete(requests, launch, &result);
         if let FamilyMetrics::Looped(m) = &mut metrics.family {
-            (m.graph_captures, m.graph_replays) = self.runner.graph_stats();
+            let g = self.runner.graph_stats();
+            (m.graph_captures, m.graph_replays, m.graph_nodes) = (g.captures, g.replays, g.nodes);
             m.depth_histogram.clear();
             m.depth_histogram.extend_from_slice(self.scheduler.depth_histogram());
         }

@@ -11,6 +11,40 @@ pub struct LoopedMetrics {
     /// CUDA graphs: decode graphs captured, and launches replayed from one.
     pub graph_captures: usize,
     pub graph_replays: usize,
+    /// The nodes of the captured graphs, summed over them.
+    pub graph_nodes: GraphNodes,
+}
+
+/// Nodes of captured CUDA graphs by kind. Memory nodes are the allocations and frees of the
+/// outputs of ops that allocate; a decode body on the arena (`KernelPolicy::decode_arena`) has
+/// few, whatever the layer count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphNodes {
+    /// Kernel launches (ours, cuBLAS's, candle's).
+    pub kernels: usize,
+    /// Memory allocation and free nodes.
+    pub memory: usize,
+    /// Copies and memsets.
+    pub copies: usize,
+    /// Anything else (empty nodes, event nodes).
+    pub other: usize,
+}
+
+impl std::ops::AddAssign for GraphNodes {
+    fn add_assign(&mut self, o: Self) {
+        self.kernels += o.kernels;
+        self.memory += o.memory;
+        self.copies += o.copies;
+        self.other += o.other;
+    }
+}
+
+/// How a runner used its CUDA graphs so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    pub captures: usize,
+    pub replays: usize,
+    pub nodes: GraphNodes,
 }
 
 impl LoopedMetrics {

@@ -28,7 +28,7 @@ pub use continuous::ContinuousBatching;
 pub use depth::{DepthBatching, DepthConfig};
 pub use launch::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedRowOutput, LoopedScheduler, Stage};
 pub use layout::KvLayoutKind;
-pub use metrics::LoopedMetrics;
+pub use metrics::{GraphNodes, GraphStats, LoopedMetrics};
 pub use options::{LoopedOptions, SchedulerContext, SchedulerKind};
 
 pub(crate) use half::LoopedHalf;

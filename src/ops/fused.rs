@@ -58,29 +58,46 @@ pub fn qkv_rope_attention(
     scale: f64,
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if qkv.device().is_cuda() && batch.host.write_positions.is_empty() {
-        let folded = super::cuda::qkv_rope_paged_attention(
-            qkv,
-            &angles.cos,
-            &angles.sin,
-            k_cache,
-            v_cache,
-            &batch.slot_mapping,
-            &batch.block_tables,
-            &batch.context_lens,
-            &batch.cu_q_lens,
-            batch.max_q_len,
-            batch.max_context_len,
-            scale as f32,
-            heads,
-            kv_heads,
-        )?;
-        if let Some(out) = folded {
-            return Ok(out);
-        }
+    if let Some(out) = folded_decode_attention(qkv, angles, (k_cache, v_cache), batch, (heads, kv_heads), scale, None)? {
+        return Ok(out);
     }
     let q = qkv_rope_write(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)?;
     super::paged_attention(&q, k_cache, v_cache, batch, scale)
+}
+
+/// The CUDA decode kernels with `qkv_rope_write` folded in (`cuda::qkv_rope_paged_attention`),
+/// with their output and workspace given or not; `None` where they do not take the launch (not a
+/// decode launch on CUDA, or a shape they are not built for).
+#[cfg(feature = "cuda")]
+pub(crate) fn folded_decode_attention(
+    qkv: &Tensor,
+    angles: &RopeAngles,
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    batch: &PagedBatch,
+    (heads, kv_heads): (usize, usize),
+    scale: f64,
+    into: Option<&super::cuda::AttentionInto>,
+) -> Result<Option<Tensor>> {
+    if !(qkv.device().is_cuda() && batch.host.write_positions.is_empty()) {
+        return Ok(None);
+    }
+    super::cuda::qkv_rope_paged_attention(
+        qkv,
+        &angles.cos,
+        &angles.sin,
+        k_cache,
+        v_cache,
+        &batch.slot_mapping,
+        &batch.block_tables,
+        &batch.context_lens,
+        &batch.cu_q_lens,
+        batch.max_q_len,
+        batch.max_context_len,
+        scale as f32,
+        heads,
+        kv_heads,
+        into,
+    )
 }
 
 /// The composition of candle ops behind [`qkv_rope_write`] (its CPU path).

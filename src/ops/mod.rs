@@ -11,6 +11,7 @@ mod batch;
 mod compact;
 mod focus_importance;
 pub mod fused;
+pub mod into;
 mod linear;
 pub mod moe;
 mod non_finite;

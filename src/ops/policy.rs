@@ -134,6 +134,12 @@ pub struct KernelPolicy {
     /// Weight-only FP8 launches in bf16 / f16 on the tensor cores (`mma.sync`); off: the SIMT
     /// kernel, one warp an output column (f32 launches always take it).
     pub fp8_mma: bool,
+    /// Run the looped models' decode core steps on a preallocated arena (`ops::into`): every
+    /// activation in a buffer sized when the engine is built, so a captured decode graph holds
+    /// kernels and cuBLAS calls only, no memory nodes (string `arena=on|off`; default off until
+    /// it is measured faster on the device). Models or layers the arena body does not cover
+    /// (Huginn, FP8 weights, tensor-parallel ranks) run the plain body.
+    pub decode_arena: bool,
 }
 
 impl Default for KernelPolicy {
@@ -147,6 +153,7 @@ impl Default for KernelPolicy {
             moe: MoeKernels::Auto,
             fp8: Fp8Kernels::Dequantize,
             fp8_mma: true,
+            decode_arena: false,
         }
     }
 }
@@ -161,7 +168,7 @@ impl std::str::FromStr for KernelPolicy {
     /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
     /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`,
-    /// `fp8-mma=on|off`. An empty string is the default.
+    /// `fp8-mma=on|off`, `arena=on|off`. An empty string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
         let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
@@ -230,6 +237,13 @@ impl std::str::FromStr for KernelPolicy {
                         _ => return Err(unknown()),
                     }
                 }
+                "arena" => {
+                    p.decode_arena = match value {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(unknown()),
+                    }
+                }
                 "fp8-mma" => {
                     p.fp8_mma = match value {
                         "on" => true,
@@ -263,6 +277,8 @@ pub struct KernelCounts {
     pub fp8_weight_only: u64,
     /// FP8 linear layers through the W8A8 GEMM (cuBLASLt on the FP8 tensor cores).
     pub fp8_w8a8: u64,
+    /// Looped core steps run on the decode arena.
+    pub arena_steps: u64,
 }
 
 impl std::ops::AddAssign for KernelCounts {
@@ -274,6 +290,7 @@ impl std::ops::AddAssign for KernelCounts {
         self.simt_deep += o.simt_deep;
         self.fp8_weight_only += o.fp8_weight_only;
         self.fp8_w8a8 += o.fp8_w8a8;
+        self.arena_steps += o.arena_steps;
     }
 }
 
@@ -325,7 +342,8 @@ mod tests {
     #[test]
     fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
         assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
-        let p: KernelPolicy = "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off".parse().unwrap();
+        let p: KernelPolicy =
+            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,arena=on".parse().unwrap();
         assert_eq!(
             p,
             KernelPolicy {
@@ -337,12 +355,13 @@ mod tests {
                 moe: MoeKernels::MmaSync,
                 fp8: Fp8Kernels::WeightOnly,
                 fp8_mma: false,
+                decode_arena: true,
             }
         );
         assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });
         assert_eq!("fp8=w8a8".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::W8A8);
         assert_eq!("fp8=by-shape".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::ByShape);
-        for bad in ["ring", "ring=sometimes", "fp8=int4", "colour=red", "split-k=65", "split-k=x:3", "fold-simt=yes", "fp8-mma=yes"] {
+        for bad in ["ring", "ring=sometimes", "fp8=int4", "colour=red", "split-k=65", "split-k=x:3", "fold-simt=yes", "fp8-mma=yes", "arena=1"] {
             assert!(matches!(bad.parse::<KernelPolicy>(), Err(crate::Error::InvalidOption(_))), "{bad}");
         }
     }

@@ -108,6 +108,21 @@ pub trait LoopedModel: Send {
         let _ = head;
         Err(crate::Error::InvalidOption("this model has no exit-gate head to replace".into()))
     }
+    /// Preallocates the activations of a decode body for launches of up to `rows` rows
+    /// (`KernelPolicy::decode_arena`): later core steps of at most that many rows write every
+    /// intermediate into those buffers (`ops::into`), none allocated, and return their state in
+    /// one of them — valid until the core step after next. Returns whether the model has such a
+    /// body for its weights; the default has none.
+    fn install_decode_arena(&mut self, rows: usize) -> crate::Result<bool> {
+        let _ = rows;
+        Ok(false)
+    }
+    /// Device bytes [`Self::install_decode_arena`] takes for `rows` rows (0 without an arena
+    /// body), counted against the device's memory before the KV pool is sized.
+    fn decode_arena_bytes(&self, rows: usize) -> u64 {
+        let _ = rows;
+        0
+    }
     /// Whether `core_step` computes the gate logit (off when no gate reads it). Default: no-op.
     fn set_gate_logit(&mut self, on: bool) {
         let _ = on;

@@ -8,10 +8,12 @@ use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::looped::models::OuroConfig;
-use crate::ops::Linear;
-use crate::ops::{self, PagedBatch, RopeTable};
+use crate::ops::into::{self, AttentionScratch};
+use crate::ops::{self, Linear, LinearWeight, PagedBatch, RopeTable};
 use crate::parallel::TpShard;
 use candle_core::{DType, Device, Result, Tensor};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 #[derive(Debug, Clone)]
 struct Layer {
@@ -43,7 +45,39 @@ pub struct Ouro {
     /// rows of the head (vocabulary-parallel); the embedding, norms and gate are whole on every
     /// rank.
     tp: Option<TpShard>,
+    /// The core step's buffers where the engine runs it on an arena (shared by clones).
+    arena: Option<Arc<Arena>>,
 }
+
+/// Every activation of a core step over up to `rows` rows, allocated once
+/// (`LoopedModel::install_decode_arena`).
+#[derive(Debug)]
+struct Arena {
+    rows: usize,
+    /// The next layer's input norm; after the last layer, the step's output. Two, used in turn
+    /// from step to step, so that a step's output can be the next step's input.
+    normed: [Tensor; 2],
+    /// Which of `normed` the next step writes.
+    turn: AtomicUsize,
+    /// The residual stream between layers; after attention, and its norm (the MLP's input).
+    residual: Tensor,
+    mid: Tensor,
+    mid_normed: Tensor,
+    qkv: Tensor,
+    attn: Tensor,
+    /// An unsplit o_proj or down projection (`[rows, hidden]`).
+    proj: Tensor,
+    gate_up: Tensor,
+    act: Tensor,
+    /// Split-k partial products (f32) of o_proj and down.
+    parts: Tensor,
+    attention: AttentionScratch,
+}
+
+/// Most k slices a decode projection is split into (`ops::split_k`) and the widest launch split:
+/// the partials' buffer holds that many (a forced plan beyond it allocates its own).
+const ARENA_SPLITS: usize = 4;
+const ARENA_SPLIT_ROWS: usize = 64;
 
 impl Ouro {
     pub fn load(cfg: &OuroConfig, w: &Weights) -> crate::Result<Self> {
@@ -163,6 +197,7 @@ impl Ouro {
             cfg: cfg.clone(),
             device: w.device().clone(),
             tp,
+            arena: None,
         })
     }
 
@@ -211,6 +246,58 @@ impl Ouro {
     }
 }
 
+/// The weight of a dense layer without bias (what the arena body multiplies by).
+fn dense(l: &Linear) -> Option<&Tensor> {
+    match (l.stored(), l.bias()) {
+        (LinearWeight::Dense(w), None) => Some(w),
+        _ => None,
+    }
+}
+
+/// [`dense`], for the arena body (installed only over dense layers).
+fn weight(l: &Linear) -> Result<&Tensor> {
+    dense(l).ok_or_else(|| candle_core::Error::Msg("ouro arena: a layer that is not dense".into()))
+}
+
+impl Ouro {
+    /// Whether the arena body covers this model: dense layers without bias, one device.
+    fn has_arena_body(&self) -> bool {
+        self.tp.is_none() && self.layers.iter().all(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down].into_iter().all(|p| dense(p).is_some()))
+    }
+
+    /// The core step on the arena: the same ops as [`LoopedModel::core_step`] in the same order,
+    /// each writing into its buffer (`ops::into`). Returns the state in one of `normed`.
+    fn core_step_in(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore, ar: &Arena) -> Result<CoreOut> {
+        let t = h.dim(0)?;
+        let eps = self.cfg.rms_norm_eps;
+        let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
+        let rows = |b: &Tensor| b.narrow(0, 0, t);
+        let a = rows(&ar.normed[ar.turn.fetch_add(1, Ordering::Relaxed) % 2])?;
+        let (res, mid, m, proj) = (rows(&ar.residual)?, rows(&ar.mid)?, rows(&ar.mid_normed)?, rows(&ar.proj)?);
+        let (qkv, attn, gate_up, act) = (rows(&ar.qkv)?, rows(&ar.attn)?, rows(&ar.gate_up)?, rows(&ar.act)?);
+        let attn_heads = attn.reshape((t, nh, hd))?;
+        into::rms_norm_into(h, self.layers.first().map_or(&self.norm, |l| &l.input_norm), eps, &a)?;
+        let n = self.layers.len();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let next_norm = if l + 1 < n { &self.layers[l + 1].input_norm } else { &self.norm };
+            // Layer 0 reads the step's input as its residual; later layers the stream.
+            let residual = if l == 0 { h } else { &res };
+            into::linear_into(&a, weight(&layer.qkv)?, &qkv)?;
+            let scale = 1.0 / (hd as f64).sqrt();
+            into::qkv_rope_attention_into(&qkv, &input.rope, kv.k(l), kv.v(l), batch, (nh, nkv, hd), scale, &ar.attention, &attn_heads)?;
+            let norms = (&layer.input_norm_2, &layer.post_attn_norm);
+            into::linear_add_rms_norm_into(residual, &attn, weight(&layer.o_proj)?, norms, eps, (&proj, &ar.parts), &mid, &m)?;
+            into::linear_into(&m, weight(&layer.gate_up)?, &gate_up)?;
+            into::silu_mul_into(&gate_up, &act)?;
+            let norms = (&layer.post_attn_norm_2, next_norm);
+            into::linear_add_rms_norm_into(&mid, &act, weight(&layer.down)?, norms, eps, (&proj, &ar.parts), &res, &a)?;
+        }
+        crate::ops::policy::count(|c| c.arena_steps += 1);
+        let gate_logit = if self.gate_on { Some(self.gate.forward(&a.to_dtype(DType::F32)?)?.squeeze(1)?) } else { None };
+        Ok(CoreOut { hidden: a, gate_logit })
+    }
+}
+
 impl LoopedModel for Ouro {
     fn spec(&self) -> &LoopedSpec {
         &self.spec
@@ -229,6 +316,9 @@ impl LoopedModel for Ouro {
     }
 
     fn core_step(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut> {
+        if let Some(arena) = self.arena.as_deref().filter(|a| h.dim(0).is_ok_and(|t| t <= a.rows)) {
+            return self.core_step_in(h, input, batch, kv, arena);
+        }
         // Each layer ends with one fused op: residual add + the next layer's input norm (the
         // final norm after the last layer), so only the first input norm runs on its own.
         let n = self.layers.len();
@@ -268,6 +358,47 @@ impl LoopedModel for Ouro {
         let bias = Tensor::from_vec(head.bias.clone(), 1, dev)?;
         self.gate = Linear::dense(weight, Some(bias));
         Ok(())
+    }
+
+    fn install_decode_arena(&mut self, rows: usize) -> crate::Result<bool> {
+        if !self.has_arena_body() || rows == 0 {
+            self.arena = None;
+            return Ok(false);
+        }
+        let (h, i, dt, dev) = (self.spec.hidden_size, self.cfg.intermediate_size, self.spec.dtype, &self.device);
+        let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
+        let buf = |cols: usize| Tensor::zeros((rows, cols), dt, dev);
+        self.arena = Some(Arc::new(Arena {
+            rows,
+            normed: [buf(h)?, buf(h)?],
+            turn: AtomicUsize::new(0),
+            residual: buf(h)?,
+            mid: buf(h)?,
+            mid_normed: buf(h)?,
+            qkv: buf((nh + 2 * nkv) * hd)?,
+            attn: buf(nh * hd)?,
+            proj: buf(h)?,
+            gate_up: buf(2 * i)?,
+            act: buf(i)?,
+            parts: Tensor::zeros(ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h, DType::F32, dev)?,
+            attention: AttentionScratch::new(rows, nh, hd, dev)?,
+        }));
+        Ok(true)
+    }
+
+    fn decode_arena_bytes(&self, rows: usize) -> u64 {
+        if !self.has_arena_body() {
+            return 0;
+        }
+        let (h, i, nh, nkv, hd) = (self.spec.hidden_size, self.cfg.intermediate_size, self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
+        // normed ×2, residual, mid, mid_normed, proj; qkv, attn, gate_up, act.
+        let cols = 6 * h + (nh + 2 * nkv) * hd + nh * hd + 3 * i;
+        let activations = (rows * cols * self.spec.dtype.size_in_bytes()) as u64;
+        let parts = (ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h * 4) as u64;
+        // The attention workspace: the decode ring's partials for every block of its grid
+        // (one an SM; 1024 SMs bounds any device) and row.
+        let attention = ((1024 + rows) * nh * (hd + 2) * 4 + 1024 * 16) as u64;
+        activations + parts + attention
     }
 
     fn set_gate_logit(&mut self, on: bool) {

@@ -83,6 +83,8 @@ impl LoopedRunner {
                 match Graph::capture(dev, || self.graph_body(&key, statics, &padded).map(|_| ())) {
                     Ok(g) => {
                         g.launch()?;
+                        // Counted for the metrics only: a driver that cannot list them counts none.
+                        cache.nodes += g.nodes().unwrap_or_default();
                         entry.phase = Phase::Ready(g);
                         cache.captures += 1;
                         cache.replays += 1;

@@ -158,6 +158,8 @@ pub struct GraphCache {
     pub warned: bool,
     pub captures: usize,
     pub replays: usize,
+    /// The captured graphs' nodes.
+    pub nodes: crate::looped::metrics::GraphNodes,
 }
 
 /// An instantiated CUDA graph.
@@ -205,6 +207,32 @@ impl Graph {
         self.0.launch().w()
     }
 
+    /// The graph's nodes by kind.
+    pub fn nodes(&self) -> Result<crate::looped::metrics::GraphNodes> {
+        use candle_core::cuda_backend::cudarc::driver::sys::{self, CUgraphNodeType};
+        use candle_core::cuda_backend::WrapErr;
+        let graph = self.0.cu_graph();
+        let mut count = 0usize;
+        // SAFETY: `graph` is this capture's graph, alive while `self` is; a null node array asks
+        // only for the count, then the array holds `count` nodes.
+        unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.result().w()?;
+        let mut nodes = vec![std::ptr::null_mut(); count];
+        unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.result().w()?;
+        let mut out = crate::looped::metrics::GraphNodes::default();
+        for &node in &nodes[..count] {
+            let mut kind = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: a node of this graph, listed just above.
+            unsafe { sys::cuGraphNodeGetType(node, &mut kind) }.result().w()?;
+            match kind {
+                CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => out.kernels += 1,
+                CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC | CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => out.memory += 1,
+                CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY | CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET => out.copies += 1,
+                _ => out.other += 1,
+            }
+        }
+        Ok(out)
+    }
+
     /// Runs `body` eagerly with candle's host-to-device parameter cache on. A body must run once
     /// this way before it is captured: kernels on strided tensors upload their shape/stride
     /// vectors, which a capture cannot do, so during capture they read them from this cache.
@@ -221,6 +249,10 @@ impl Graph {
 impl Graph {
     pub fn capture(device: &Device, _body: impl FnOnce() -> Result<()>) -> Result<Self> {
         candle_core::bail!("CUDA graph capture on {device:?} without the `cuda` feature")
+    }
+
+    pub fn nodes(&self) -> Result<crate::looped::metrics::GraphNodes> {
+        match *self {}
     }
 
     /// Without the `cuda` feature there is no cache to fill: runs `body`.
@@ -289,35 +321,43 @@ mod tests {
         let huginn = Huginn::load(&hcfg, &crate::loader::Weights::from_map(t, DType::F32, &Device::Cpu)).unwrap();
         let prompts: Vec<Vec<u32>> = (0..11u32).map(|i| (0..1 + (i * 7) % 23).map(|j| (i * 31 + j * 17) % 97).collect()).collect();
         let new_tokens: Vec<usize> = (0..11).map(|i| 2 + (i * 5) % 13).collect();
-        let run = |model: Box<dyn LoopedModel>, sched: SchedulerKind, layout: KvLayoutKind, width: usize, graphs: bool| -> (Vec<Vec<u32>>, (usize, usize)) {
-            CPU_GRAPH_BODIES.with(|c| c.set(graphs));
-            let mut b = EngineBuilder::from_model(model, None, vec![])
-                .looped(|o| o.scheduler(sched).kv_layout(layout))
-                .max_num_seqs(width)
-                .block_size(4)
-                .max_num_batched_tokens(256)
-                .looped(|o| o.cuda_graphs(graphs));
-            if sched != SchedulerKind::Continuous {
-                b = b.looped(|o| o.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap()));
-            }
-            let mut engine = b.build().unwrap();
-            CPU_GRAPH_BODIES.with(|c| c.set(false));
-            let ids: Vec<_> = prompts
-                .iter()
-                .zip(&new_tokens)
-                .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams { ignore_eos: true, ..GenerationParams::greedy(n) }).unwrap())
-                .collect();
-            let mut got: HashMap<crate::RequestId, Vec<u32>> = HashMap::new();
-            while engine.has_work() {
-                for ev in engine.step().unwrap() {
-                    if let Event::Token { id, token, .. } = ev {
-                        got.entry(id).or_default().push(token);
+        let run_with =
+            |model: Box<dyn LoopedModel>, sched: SchedulerKind, layout: KvLayoutKind, width: usize, graphs: bool, kernels: crate::ops::KernelPolicy| {
+                CPU_GRAPH_BODIES.with(|c| c.set(graphs));
+                let mut b = EngineBuilder::from_model(model, None, vec![])
+                    .kernels(kernels)
+                    .looped(|o| o.scheduler(sched).kv_layout(layout))
+                    .max_num_seqs(width)
+                    .block_size(4)
+                    .max_num_batched_tokens(256)
+                    .looped(|o| o.cuda_graphs(graphs));
+                if sched != SchedulerKind::Continuous {
+                    b = b.looped(|o| o.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap()));
+                }
+                let mut engine = b.build().unwrap();
+                CPU_GRAPH_BODIES.with(|c| c.set(false));
+                let ids: Vec<_> = prompts
+                    .iter()
+                    .zip(&new_tokens)
+                    .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams { ignore_eos: true, ..GenerationParams::greedy(n) }).unwrap())
+                    .collect();
+                let mut got: HashMap<crate::RequestId, Vec<u32>> = HashMap::new();
+                while engine.has_work() {
+                    for ev in engine.step().unwrap() {
+                        if let Event::Token { id, token, .. } = ev {
+                            got.entry(id).or_default().push(token);
+                        }
                     }
                 }
-            }
-            let m = engine.metrics().looped().expect("a looped engine");
-            let stats = (m.graph_captures, m.graph_replays);
-            (ids.iter().map(|id| got.remove(id).unwrap()).collect(), stats)
+                let metrics = engine.metrics();
+                let m = metrics.looped().expect("a looped engine");
+                let stats = (m.graph_captures, m.graph_replays);
+                let tokens: Vec<Vec<u32>> = ids.iter().map(|id| got.remove(id).unwrap()).collect();
+                (tokens, stats, metrics.kernels.arena_steps)
+            };
+        let run = |model: Box<dyn LoopedModel>, sched: SchedulerKind, layout: KvLayoutKind, width: usize, graphs: bool| {
+            let (tokens, stats, _) = run_with(model, sched, layout, width, graphs, Default::default());
+            (tokens, stats)
         };
         for (sched, layout, width) in [
             (SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 6),
@@ -330,6 +370,25 @@ mod tests {
             assert!(body_runs > 0, "{sched:?}: no launch took the graph path");
             assert_eq!(eager, bodies, "ouro {sched:?} {layout:?} W{width}");
         }
+        // The decode arena (`KernelPolicy::decode_arena`): the same tokens as the plain body, eager
+        // and over the graph bodies, with every core step of a launch within the arena's width
+        // on it (CB at W 6 runs prompts of up to 23 tokens in launches wider than that arena, so
+        // they keep the plain body).
+        let arena = crate::ops::KernelPolicy { decode_arena: true, ..Default::default() };
+        for (sched, layout, width) in [
+            (SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 6),
+            (SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 5),
+            (SchedulerKind::Depth { refill: false }, KvLayoutKind::LastExited, 7),
+        ] {
+            let (plain, _) = run(Box::new(ouro.clone()), sched, layout, width, false);
+            for graphs in [false, true] {
+                let (tokens, _, arena_steps) = run_with(Box::new(ouro.clone()), sched, layout, width, graphs, arena);
+                assert!(arena_steps > 0, "ouro {sched:?} graphs {graphs}: no core step ran on the arena");
+                assert_eq!(plain, tokens, "ouro arena {sched:?} {layout:?} W{width} graphs {graphs}");
+            }
+        }
+        let (_, _, huginn_arena) = run_with(Box::new(huginn.clone()), SchedulerKind::Continuous, KvLayoutKind::Shared, 3, false, arena);
+        assert_eq!(huginn_arena, 0, "Huginn has no arena body: its core steps stay plain");
         for (sched, width) in [(SchedulerKind::Continuous, 3), (SchedulerKind::Depth { refill: false }, 4), (SchedulerKind::Depth { refill: true }, 5)] {
             let layout = KvLayoutKind::Shared;
             let (eager, _) = run(Box::new(huginn.clone()), sched, layout, width, false);

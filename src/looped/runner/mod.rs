@@ -169,6 +169,12 @@ impl LoopedRunner {
         self
     }
 
+    /// Has the model preallocate its decode body's activations for launches of up to `rows`
+    /// rows (`KernelPolicy::decode_arena`), where it has such a body; returns whether it did.
+    pub fn install_decode_arena(&mut self, rows: usize) -> crate::Result<bool> {
+        self.model.install_decode_arena(rows)
+    }
+
     /// Device-side span of the last collected launch (`None` without device timing, or off CUDA).
     pub fn last_device_time(&self) -> Option<DeviceSpan> {
         self.last_device.get()
@@ -195,10 +201,10 @@ impl LoopedRunner {
     }
 
     /// (graphs captured, launches replayed) so far.
-    pub fn graph_stats(&self) -> (usize, usize) {
-        self.graphs.as_ref().map_or((0, 0), |g| {
+    pub fn graph_stats(&self) -> crate::looped::metrics::GraphStats {
+        self.graphs.as_ref().map_or_else(Default::default, |g| {
             let g = g.borrow();
-            (g.captures, g.replays)
+            crate::looped::metrics::GraphStats { captures: g.captures, replays: g.replays, nodes: g.nodes }
         })
     }
 

@@ -3,9 +3,9 @@
 //! decode launches the bulk-copy ring takes go to `attention_ring.rs`.
 
 use super::attention_ring::{launch_ring, ring_takes};
-use super::launch::{device, for_float, kernel, sm_count, view, wrap, Module};
+use super::launch::{device, for_float, kernel, sm_count, view, Dest, Module};
 use crate::ops::attention_split::{self, keys_per_warp_step, Cut, SimtBuild};
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -126,7 +126,7 @@ pub fn paged_attention(
         mask_block,
     };
     let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
-    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p, None))
+    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p, None, None))
 }
 
 struct Inputs<'a> {
@@ -167,9 +167,55 @@ struct Rope<'a> {
     num_slots: i64,
 }
 
+/// Where a decode attention launch writes: its output `[T, H, D]` and the split partials'
+/// workspace (f32 `acc` and `ml`, u32 `own`, flat and at least as long as the launch needs, else
+/// that part is allocated) — a decode arena's buffers.
+pub struct AttentionInto<'a> {
+    pub out: &'a Tensor,
+    pub acc: &'a Tensor,
+    pub ml: &'a Tensor,
+    pub own: &'a Tensor,
+}
+
+/// Storage guards of an [`AttentionInto`], held while its views are in use.
+type IntoGuards<'a> = [(candle_core::StorageRef<'a>, &'a candle_core::Layout); 4];
+
+/// The first `len` elements of a given workspace part, or a fresh buffer where it is shorter
+/// (or none is given).
+///
+/// # Safety
+/// As [`Dest::new`]: the kernels must write every element they later read.
+pub(super) unsafe fn scratch<'a, T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    len: usize,
+    given: Option<&'a (candle_core::StorageRef<'a>, &'a candle_core::Layout)>,
+    name: &str,
+) -> Result<Dest<'a, T>> {
+    if let Some((s, l)) = given {
+        if l.shape().elem_count() >= len {
+            let whole = view::<T>(s, l, OP, name, true)?;
+            return Ok(Dest::Given(whole.slice(0..len)));
+        }
+    }
+    Ok(Dest::Fresh(unsafe { dev.alloc::<T>(len)? }))
+}
+
 /// `rope`: `qkv_rope_write` folded in — into the ring with `p.ring`, else into the one-query SIMT
 /// kernel (the caller checked one query item a row and kv head, and not the tensor-core path).
-fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p: &Params, rope: Option<&Rope>) -> Result<Tensor> {
+/// `into`: the output and workspace are given.
+fn launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    name: &str,
+    t: &Inputs,
+    p: &Params,
+    rope: Option<&Rope>,
+    into: Option<&AttentionInto>,
+) -> Result<Tensor> {
+    let guards: Option<IntoGuards> =
+        into.map(|g| [g.out.storage_and_layout(), g.acc.storage_and_layout(), g.ml.storage_and_layout(), g.own.storage_and_layout()]);
+    let given = |i: usize| guards.as_ref().map(|g| &g[i]);
+    let out_given = given(0).map(|(s, l)| (&**s, *l));
+    let given_out = into.map(|g| g.out);
     let (qs, ql) = t.q.storage_and_layout();
     let (ks, kl) = t.k.storage_and_layout();
     let (vs, vl) = t.v.storage_and_layout();
@@ -192,17 +238,19 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     if p.mma {
         let tiles = (p.tokens * group + p.rows * (MMA_NQ - 1)) / MMA_NQ;
         // SAFETY: every element is written by the kernel (cu_q_lens[R] == T covers every token).
-        let mut out = unsafe { dev.alloc::<T>(n_out)? };
+        let mut out = unsafe { Dest::<T>::new(dev, n_out, out_given, OP, "out")? };
         let kernel = if p.pipe { "paged_attn_mma_pipe" } else { "paged_attn_mma" };
         let func = kernel!(dev, Module::PagedAttention, &format!("{kernel}_{name}_d{}", p.hd))?;
         let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, 1), block_dim: ((NW * 32) as u32, 1, 1), shared_mem_bytes: 0 };
         let mut b = func.builder();
-        b.arg(&mut out).arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
+        out.push(&mut b);
+        b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block);
         // SAFETY: argument list matches `paged_attn_mma_*` / `paged_attn_mma_pipe_*` in paged_attention.cu.
         unsafe { b.launch(cfg) }.w()?;
-        return Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)));
+        drop(b);
+        return Ok(out.finish(dev, (p.tokens, p.heads, p.hd), given_out));
     }
     // With `rope` the caches are written in place (each row's newest key and value) through
     // these views taken under the storage read lock, as qkv_rope_write writes them; the stream
@@ -218,7 +266,22 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         _ => None,
     };
     if p.ring {
-        return launch_ring::<T>(dev, name, p, [&q, &k, &v], [&bt, &cl, &cu], views.as_ref());
+        let grid = super::attention_ring::ring_grid(dev)?;
+        let slots = grid + p.rows;
+        // SAFETY (the four): one query a row, so every (token, head) of the output is written by
+        // the ring kernel (a row one block walked whole) or by the combine (split rows and rows
+        // without keys); the combine uses a partial's acc only where its sum is positive, and
+        // reads (max, sum) and entries only where the ring kernel wrote them this launch.
+        let mut dests = unsafe {
+            (
+                Dest::<T>::new(dev, n_out, out_given, OP, "out")?,
+                scratch::<f32>(dev, slots * p.heads * p.hd, given(1), "acc")?,
+                scratch::<f32>(dev, slots * p.heads * 2, given(2), "ml")?,
+                scratch::<u32>(dev, grid * 4, given(3), "own")?,
+            )
+        };
+        launch_ring::<T>(dev, name, p, [&q, &k, &v], [&bt, &cl, &cu], views.as_ref(), (&mut dests.0, &mut dests.1, &mut dests.2, &mut dests.3))?;
+        return Ok(dests.0.finish(dev, (p.tokens, p.heads, p.hd), given_out));
     }
     let nq = p.nq;
     // Tiles of nq query items per kv head: see the row search in the kernel.
@@ -248,17 +311,17 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
     };
 
     // SAFETY: every element is written by the kernels (cu_q_lens[R] == T covers every token).
-    let mut out = unsafe { dev.alloc::<T>(n_out)? };
+    let mut out = unsafe { Dest::<T>::new(dev, n_out, out_given, OP, "out")? };
     let func = kernel!(dev, Module::PagedAttention, &kname)?;
     let threads = (plan.build.warps() * 32) as u32;
     let cfg = LaunchConfig { grid_dim: (tiles as u32, p.kv_heads as u32, splits as u32), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     let (nsplits, chunk, wave) = (splits as i32, chunk.min(i32::MAX as usize) as i32, wave.min(i32::MAX as usize) as i32);
     let null = 0u64;
-    let ws = split_workspace(dev, splits, p)?;
+    let mut ws = split_workspace(dev, splits, p, [given(1), given(2)])?;
     {
         let mut b = func.builder();
-        b.arg(&mut out);
-        workspace_args(&mut b, &ws, &null);
+        out.push(&mut b);
+        workspace_args(&mut b, &mut ws, &null);
         b.arg(&q).arg(&k).arg(&v).arg(&bt).arg(&cl).arg(&cu);
         b.arg(&num_rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&bs_shift);
         b.arg(&scale_log2).arg(&mask_block).arg(&nsplits).arg(&chunk).arg(&wave).arg(&tokens);
@@ -276,32 +339,41 @@ fn launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, t: &Inputs, p
         c.simt_eight_warp += u64::from(plan.build.warps() == 8);
         c.simt_deep += u64::from(plan.build == SimtBuild::EightWarpsDeep);
     });
-    if let Some(ws) = &ws {
+    if let Some(ws) = &mut ws {
         combine::<T>(dev, name, p, &mut out, ws, splits)?;
     }
-    Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
+    Ok(out.finish(dev, (p.tokens, p.heads, p.hd), given_out))
 }
+
+/// A split launch's partials: `acc` and (max, sum) in f32.
+type Workspace<'a> = (Dest<'a, f32>, Dest<'a, f32>);
 
 /// Partial sums of a split launch: `acc` `[splits, T, H, D]` and (max, sum) `[splits, T, H, 2]`
 /// (f32); none for one split.
-fn split_workspace(dev: &CudaDevice, splits: usize, p: &Params) -> Result<Option<(CudaSlice<f32>, CudaSlice<f32>)>> {
+/// (given: the arena's `acc` and `ml`, used where long enough).
+fn split_workspace<'a>(
+    dev: &CudaDevice,
+    splits: usize,
+    p: &Params,
+    given: [Option<&'a (candle_core::StorageRef<'a>, &'a candle_core::Layout)>; 2],
+) -> Result<Option<Workspace<'a>>> {
     if splits <= 1 {
         return Ok(None);
     }
     // SAFETY: the attention kernel writes every (split, token, head) entry it covers, and the
     // combine kernel reads only those.
-    let acc = unsafe { dev.alloc::<f32>(splits * p.tokens * p.heads * p.hd)? };
-    let ml = unsafe { dev.alloc::<f32>(splits * p.tokens * p.heads * 2)? };
+    let acc = unsafe { scratch::<f32>(dev, splits * p.tokens * p.heads * p.hd, given[0], "acc")? };
+    let ml = unsafe { scratch::<f32>(dev, splits * p.tokens * p.heads * 2, given[1], "ml")? };
     Ok(Some((acc, ml)))
 }
 
 /// Pushes a split launch's workspace (`acc`, `ml`) onto a kernel's arguments, or two null
 /// pointers for one split.
-fn workspace_args<'a>(b: &mut LaunchArgs<'a>, ws: &'a Option<(CudaSlice<f32>, CudaSlice<f32>)>, null: &'a u64) {
+fn workspace_args<'s: 'a, 'a>(b: &mut LaunchArgs<'a>, ws: &'s mut Option<Workspace>, null: &'a u64) {
     match ws {
         Some((acc, ml)) => {
-            b.arg(acc);
-            b.arg(ml);
+            acc.push(b);
+            ml.push(b);
         }
         None => {
             b.arg(null);
@@ -311,19 +383,15 @@ fn workspace_args<'a>(b: &mut LaunchArgs<'a>, ws: &'a Option<(CudaSlice<f32>, Cu
 }
 
 /// Merges a split launch's partials into `out` (`paged_attn_combine_*`).
-fn combine<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    name: &str,
-    p: &Params,
-    out: &mut CudaSlice<T>,
-    ws: &(CudaSlice<f32>, CudaSlice<f32>),
-    splits: usize,
-) -> Result<()> {
+fn combine<T: CudaDType + DeviceRepr>(dev: &CudaDevice, name: &str, p: &Params, out: &mut Dest<T>, ws: &mut Workspace, splits: usize) -> Result<()> {
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_attn_combine_{name}_d{}", p.hd))?;
     let cfg = LaunchConfig { grid_dim: (p.tokens as u32, p.heads as u32, 1), block_dim: (p.hd as u32, 1, 1), shared_mem_bytes: 0 };
     let (nsplits, tokens, heads) = (splits as i32, p.tokens as i32, p.heads as i32);
     let mut b = func.builder();
-    b.arg(out).arg(&ws.0).arg(&ws.1).arg(&nsplits).arg(&tokens).arg(&heads);
+    out.push(&mut b);
+    ws.0.push(&mut b);
+    ws.1.push(&mut b);
+    b.arg(&nsplits).arg(&tokens).arg(&heads);
     // SAFETY: matches `paged_attn_combine_*`; the workspace holds splits x T x H entries.
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
@@ -379,6 +447,7 @@ pub fn qkv_rope_paged_attention(
     scale: f32,
     heads: usize,
     kv_heads: usize,
+    into: Option<&AttentionInto>,
 ) -> Result<Option<Tensor>> {
     let dev = device(qkv, OP)?;
     let dtype = qkv.dtype();
@@ -414,7 +483,8 @@ pub fn qkv_rope_paged_attention(
         && i32_ok(max_blocks)
         && i32_ok(max_context_len)
         && max_q_len == 1
-        && tokens == rows;
+        && tokens == rows
+        && into.is_none_or(|g| g.out.dims() == [tokens, heads, hd] && g.out.dtype() == dtype && g.out.device().same_device(qkv.device()));
     if !fits {
         return Ok(None);
     }
@@ -446,7 +516,7 @@ pub fn qkv_rope_paged_attention(
     let t = Inputs { q: &qkv, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
     let num_slots = (k_cache.dims()[0] * block_size) as i64;
     let rope = Rope { cos, sin, slots: slot_mapping, num_slots };
-    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p, Some(&rope))).map(Some)
+    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p, Some(&rope), into)).map(Some)
 }
 
 /// Blocks of kernel `name` that run at once on `dev` (SMs × blocks an SM by the occupancy

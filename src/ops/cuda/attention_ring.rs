@@ -2,12 +2,12 @@
 //! `kernels/paged_attention.cu`): when it takes a launch, and the launch itself with its combine.
 
 use super::attention::{Params, RopeViews, MMA_MIN_ITEMS};
-use super::launch::{compute_major, kernel, sm_count, wrap, Module};
+use super::launch::{compute_major, kernel, sm_count, Dest, Module};
 use crate::ops::policy::{AttentionKernels, DecodeRing, KernelPolicy};
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::{CudaDevice, DType, Result, Tensor};
+use candle_core::{CudaDevice, DType, Result};
 
 /// Decode ring kernel (`paged_decode_ring_*`): positions a stage, stages in flight a block (64 KB
 /// of K/V at 16 kv heads), blocks an SM in its grid, fewest stages a block takes (so that small
@@ -97,32 +97,25 @@ pub(super) fn launch_ring<T: CudaDType + DeviceRepr>(
     [q, k, v]: [&CudaView<T>; 3],
     [bt, cl, cu]: [&CudaView<u32>; 3],
     rope: Option<&RopeViews<T>>,
-) -> Result<Tensor> {
-    let grid = RING_BLOCKS_PER_SM * sm_count(dev)?;
+    (out, acc, ml, own): (&mut Dest<T>, &mut Dest<f32>, &mut Dest<f32>, &mut Dest<u32>),
+) -> Result<()> {
+    let grid = ring_grid(dev)?;
     let smem = RING_DEPTH * 2 * RING_CP * p.kv_heads * p.hd * std::mem::size_of::<T>();
     let kernel = if rope.is_some() { "paged_decode_ring_rope" } else { "paged_decode_ring" };
     let func = kernel!(dev, Module::PagedAttention, &format!("{kernel}_{name}_d{RING_HD}"))?;
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, RING_MAX_SMEM as i32).w()?;
     let threads = (p.heads.div_ceil(2) + 1) * 32;
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (threads as u32, 1, 1), shared_mem_bytes: smem as u32 };
-    // SAFETY: one query a row, so every (token, head) of the output is written by the ring kernel
-    // (a row one block walked whole) or by the combine (split rows and rows without keys).
-    let mut out = unsafe { dev.alloc::<T>(p.tokens * p.heads * p.hd)? };
-    // Partial (row r, block b) lives in slot b + r: grid + rows slots. The kernel writes every
-    // partial, and each block the (row, first slot, count) entry of the row it split, if any.
-    let slots = grid + p.rows;
-    // SAFETY (the three): the combine uses a partial's acc only where its sum is positive, and
-    // reads (max, sum) and entries only where the ring kernel wrote them this launch.
-    let acc = unsafe { dev.alloc::<f32>(slots * p.heads * p.hd)? };
-    // SAFETY: as above.
-    let ml = unsafe { dev.alloc::<f32>(slots * p.heads * 2)? };
-    // SAFETY: as above.
-    let own = unsafe { dev.alloc::<i32>(grid * 4)? };
+    // The output and workspace come from the caller: partial (row r, block b) lives in slot
+    // b + r of `acc` / `ml` (grid + rows slots), `own` holds an entry of 4 a block.
     let (rows, max_blocks, heads, kv_heads, block_size, depth, min_chunk) =
         (p.rows as i32, p.max_blocks as i32, p.heads as i32, p.kv_heads as i32, p.block_size as i32, RING_DEPTH as i32, RING_MIN_CHUNK as i32);
     {
         let mut b = func.builder();
-        b.arg(&mut out).arg(&acc).arg(&ml).arg(&own);
+        out.push(&mut b);
+        acc.push(&mut b);
+        ml.push(&mut b);
+        own.push(&mut b);
         b.arg(q).arg(k).arg(v).arg(bt).arg(cl).arg(cu);
         b.arg(&rows).arg(&max_blocks).arg(&heads).arg(&kv_heads).arg(&block_size).arg(&p.scale_log2).arg(&depth).arg(&min_chunk);
         if let Some(r) = rope {
@@ -141,8 +134,25 @@ pub(super) fn launch_ring<T: CudaDType + DeviceRepr>(
     let func = kernel!(dev, Module::PagedAttention, &format!("paged_decode_ring_combine_{name}_d{RING_HD}"))?;
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (32 * p.heads as u32, 1, 1), shared_mem_bytes: 0 };
     let mut b = func.builder();
-    b.arg(&mut out).arg(&acc).arg(&ml).arg(&own).arg(cl).arg(cu).arg(&rows).arg(&heads);
+    out.push(&mut b);
+    acc.push(&mut b);
+    ml.push(&mut b);
+    own.push(&mut b);
+    b.arg(cl).arg(cu).arg(&rows).arg(&heads);
     // SAFETY: matches `paged_decode_ring_combine_*`; reads the partials and entries written above.
     unsafe { b.launch(cfg) }.w()?;
-    Ok(wrap(out, dev, (p.tokens, p.heads, p.hd)))
+    Ok(())
+}
+
+/// Blocks in the ring kernel's grid on `dev`.
+pub(super) fn ring_grid(dev: &CudaDevice) -> Result<usize> {
+    Ok(RING_BLOCKS_PER_SM * sm_count(dev)?)
+}
+
+/// Elements of the workspace parts (`acc`, `ml`, `own`) a decode launch of up to `rows` rows
+/// and `heads` query heads of dim `hd` needs on `dev`: the ring's, and as much for the SIMT
+/// kernel's key splits (a split plan that needs more allocates its own).
+pub fn attention_scratch_len(dev: &CudaDevice, rows: usize, heads: usize, hd: usize) -> Result<[usize; 3]> {
+    let slots = ring_grid(dev)? + rows;
+    Ok([slots * heads * hd, slots * heads * 2, ring_grid(dev)? * 4])
 }

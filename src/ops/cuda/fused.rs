@@ -1,7 +1,7 @@
 //! Fused per-layer ops (`kernels/fused.cu`): the projection epilogues that rotate q/k and
 //! write the paged K/V, residual + RMSNorm, SiLU·mul. Entry points in `crate::ops::fused`.
 
-use super::launch::{device, for_float, grid_stride_blocks, kernel, same_device_dtype, view, wrap, Module};
+use super::launch::{check_given, device, for_float, grid_stride_blocks, kernel, pair_given, pair_guards, same_device_dtype, view, wrap, Dest, Module};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -221,10 +221,22 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))` over the last dim, in one
 /// launch. `residual`, `x` `[.., C]` and the weights `[C]` share one dtype; f32 statistics.
 pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+    add_rms_norm_to(residual, x, w_x, w_next, eps, None)
+}
+
+/// [`add_rms_norm`] writing `(h, n)` into `outs` (each of `x`'s shape and dtype, contiguous;
+/// neither may alias an input).
+pub fn add_rms_norm_into(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32, h: &Tensor, n: &Tensor) -> Result<()> {
+    add_rms_norm_to(residual, x, w_x, w_next, eps, Some((h, n))).map(|_| ())
+}
+
+fn add_rms_norm_to(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32, outs: Option<(&Tensor, &Tensor)>) -> Result<(Tensor, Tensor)> {
     const OP: &str = "add_rms_norm";
     let dev = device(x, OP)?;
     let dtype = x.dtype();
     same_device_dtype(OP, dtype, x, &[("residual", residual), ("w_x", w_x), ("w_next", w_next)])?;
+    check_given(OP, "h", x, dtype, x.dims(), outs.map(|o| o.0))?;
+    check_given(OP, "n", x, dtype, x.dims(), outs.map(|o| o.1))?;
     if residual.dims() != x.dims() {
         bail!("{OP} (cuda): residual {:?} vs x {:?}", residual.dims(), x.dims());
     }
@@ -242,7 +254,7 @@ pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor
     let residual = residual.contiguous()?;
     let x = x.contiguous()?;
     let (w_x, w_next) = (w_x.contiguous()?, w_next.contiguous()?);
-    for_float!(dtype, OP, |T, suf| add_rms_launch::<T>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps))
+    for_float!(dtype, OP, |T, suf| add_rms_launch::<T>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps, outs))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -256,6 +268,7 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     rows: usize,
     ncols: usize,
     eps: f32,
+    outs: Option<(&Tensor, &Tensor)>,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "add_rms_norm";
     let (rs, rl) = residual.storage_and_layout();
@@ -266,20 +279,24 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     let x_v = view::<T>(&xs, xl, OP, "x", false)?;
     let w_v = view::<T>(&ws, wl, OP, "w_x", false)?;
     let n_v = view::<T>(&ns, nl, OP, "w_next", false)?;
+    let guards = pair_guards(outs);
+    let [h_given, n_given] = pair_given(&guards);
     // SAFETY: the kernel writes every element of both outputs (one block per row).
-    let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
-    let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+    let mut h_out = unsafe { Dest::<T>::new(dev, rows * ncols, h_given, OP, "h")? };
+    let mut n_out = unsafe { Dest::<T>::new(dev, rows * ncols, n_given, OP, "n")? };
     let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_{suf}"))?;
     let cfg = row_norm_config(rows, ncols);
     let nc = ncols as i32;
     let mut b = func.builder();
-    b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
+    h_out.push(&mut b);
+    n_out.push(&mut b);
+    b.arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
     b.arg(&nc).arg(&eps);
     // SAFETY: argument list matches `add_rms_norm_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     let shape = x.shape().clone();
-    Ok((wrap(h_out, dev, shape.clone()), wrap(n_out, dev, shape)))
+    Ok((h_out.finish(dev, shape.clone(), outs.map(|o| o.0)), n_out.finish(dev, shape, outs.map(|o| o.1))))
 }
 
 /// Launch shape of the row norms (`add_rms_norm_*`, `rms_norm_*`, `add_rms_norm_pre_*`): one
@@ -294,6 +311,15 @@ pub(super) fn row_norm_config(rows: usize, ncols: usize) -> LaunchConfig {
 /// with `residual` the pre-norm residual step `(h, n) = (residual + x, rms_norm(residual + x,
 /// w))`; one launch either way. Returns `(h, n)`, `h` = `x` without a residual.
 pub fn rms_norm(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+    rms_norm_to(residual, x, w, eps, None)
+}
+
+/// `rms_norm(x, w)` written into `out` (`x`'s shape and dtype, contiguous, not aliasing `x`).
+pub fn rms_norm_into(x: &Tensor, w: &Tensor, eps: f32, out: &Tensor) -> Result<()> {
+    rms_norm_to(None, x, w, eps, Some(out)).map(|_| ())
+}
+
+fn rms_norm_to(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32, out: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
     let op = if residual.is_some() { "add_rms_norm_pre" } else { "rms_norm" };
     let dev = device(x, op)?;
     let dtype = x.dtype();
@@ -304,6 +330,7 @@ pub fn rms_norm(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32) -> 
             bail!("{op} (cuda): residual {:?} vs x {:?}", r.dims(), x.dims());
         }
     }
+    check_given(op, "out", x, dtype, x.dims(), out)?;
     let ncols = x.dim(candle_core::D::Minus1)?;
     if w.dims1()? != ncols {
         bail!("{op} (cuda): weight {:?} for {ncols} columns", w.dims());
@@ -322,7 +349,7 @@ pub fn rms_norm(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32) -> 
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     let residual = residual.map(Tensor::contiguous).transpose()?;
-    for_float!(dtype, op, |T, suf| rms_norm_launch::<T>(&dev, suf, op, residual.as_ref(), &x, &w, rows, ncols, eps))
+    for_float!(dtype, op, |T, suf| rms_norm_launch::<T>(&dev, suf, op, residual.as_ref(), &x, &w, rows, ncols, eps, out))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -336,13 +363,15 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
     rows: usize,
     ncols: usize,
     eps: f32,
+    out: Option<&Tensor>,
 ) -> Result<(Tensor, Tensor)> {
     let (xs, xl) = x.storage_and_layout();
     let (ws, wl) = w.storage_and_layout();
     let x_v = view::<T>(&xs, xl, op, "x", false)?;
     let w_v = view::<T>(&ws, wl, op, "w", false)?;
+    let given = out.map(|t| t.storage_and_layout());
     // SAFETY: the kernel writes every element of its outputs (one block per row).
-    let mut n_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+    let mut n_out = unsafe { Dest::<T>::new(dev, rows * ncols, given.as_ref().map(|(s, l)| (&**s, *l)), op, "out")? };
     let cfg = row_norm_config(rows, ncols);
     let nc = ncols as i32;
     let shape = x.shape().clone();
@@ -350,11 +379,12 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
         None => {
             let func = kernel!(dev, Module::Fused, &format!("rms_norm_{suf}"))?;
             let mut b = func.builder();
-            b.arg(&mut n_out).arg(&x_v).arg(&w_v).arg(&nc).arg(&eps);
+            n_out.push(&mut b);
+            b.arg(&x_v).arg(&w_v).arg(&nc).arg(&eps);
             // SAFETY: argument list matches `rms_norm_*` in fused.cu.
             unsafe { b.launch(cfg) }.w()?;
             drop(b);
-            Ok((x.clone(), wrap(n_out, dev, shape)))
+            Ok((x.clone(), n_out.finish(dev, shape, out)))
         }
         Some(r) => {
             let (rs, rl) = r.storage_and_layout();
@@ -363,11 +393,13 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
             let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
             let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_pre_{suf}"))?;
             let mut b = func.builder();
-            b.arg(&mut h_out).arg(&mut n_out).arg(&r_v).arg(&x_v).arg(&w_v).arg(&nc).arg(&eps);
+            b.arg(&mut h_out);
+            n_out.push(&mut b);
+            b.arg(&r_v).arg(&x_v).arg(&w_v).arg(&nc).arg(&eps);
             // SAFETY: argument list matches `add_rms_norm_pre_*` in fused.cu.
             unsafe { b.launch(cfg) }.w()?;
             drop(b);
-            Ok((wrap(h_out, dev, shape.clone()), wrap(n_out, dev, shape)))
+            Ok((wrap(h_out, dev, shape.clone()), n_out.finish(dev, shape, out)))
         }
     }
 }
@@ -465,6 +497,15 @@ fn rope_angles_launch<T: CudaDType + DeviceRepr>(
 
 /// `silu(gate) * up` for `gate_up` `[.., 2I]` (gate first), output `[.., I]`, one launch.
 pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
+    silu_mul_to(gate_up, None)
+}
+
+/// [`silu_mul`] written into `out` (`[.., I]` of `gate_up`'s dtype, contiguous).
+pub fn silu_mul_into(gate_up: &Tensor, out: &Tensor) -> Result<()> {
+    silu_mul_to(gate_up, Some(out)).map(|_| ())
+}
+
+fn silu_mul_to(gate_up: &Tensor, out: Option<&Tensor>) -> Result<Tensor> {
     const OP: &str = "silu_mul";
     let dev = device(gate_up, OP)?;
     let dtype = gate_up.dtype();
@@ -475,21 +516,31 @@ pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     let inter = two_i / 2;
     let mut dims = gate_up.dims().to_vec();
     *dims.last_mut().expect("rank >= 1") = inter;
+    check_given(OP, "out", gate_up, dtype, &dims, out)?;
     let rows = gate_up.elem_count() / two_i.max(1);
     if rows * inter == 0 {
         return Tensor::zeros(dims, dtype, gate_up.device());
     }
     let gate_up = gate_up.contiguous()?;
-    for_float!(dtype, OP, |T, suf| silu_mul_launch::<T>(&dev, suf, &gate_up, rows, inter, dims))
+    for_float!(dtype, OP, |T, suf| silu_mul_launch::<T>(&dev, suf, &gate_up, rows, inter, dims, out))
 }
 
-fn silu_mul_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, gate_up: &Tensor, rows: usize, inter: usize, dims: Vec<usize>) -> Result<Tensor> {
+fn silu_mul_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    gate_up: &Tensor,
+    rows: usize,
+    inter: usize,
+    dims: Vec<usize>,
+    given: Option<&Tensor>,
+) -> Result<Tensor> {
     const OP: &str = "silu_mul";
     let (gs, gl) = gate_up.storage_and_layout();
     let g_v = view::<T>(&gs, gl, OP, "gate_up", false)?;
     let n = rows * inter;
+    let given_sl = given.map(|t| t.storage_and_layout());
     // SAFETY: the grid-stride loop writes every output element.
-    let mut out = unsafe { dev.alloc::<T>(n)? };
+    let mut out = unsafe { Dest::<T>::new(dev, n, given_sl.as_ref().map(|(s, l)| (&**s, *l)), OP, "out")? };
     let func = kernel!(dev, Module::Fused, &format!("silu_mul_{suf}"))?;
     const THREADS: usize = 256;
     // A thread per 16-byte vector of outputs where the kernel takes the vector path (the width a
@@ -503,9 +554,10 @@ fn silu_mul_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, gate_
         bail!("{OP} (cuda): intermediate size out of range");
     }
     let mut b = func.builder();
-    b.arg(&mut out).arg(&g_v).arg(&r).arg(&i);
+    out.push(&mut b);
+    b.arg(&g_v).arg(&r).arg(&i);
     // SAFETY: argument list matches `silu_mul_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
-    Ok(wrap(out, dev, dims))
+    Ok(out.finish(dev, dims, given))
 }

@@ -162,3 +162,80 @@ pub(super) fn same_device_dtype(op: &str, dtype: DType, first: &Tensor, ts: &[(&
     }
     Ok(())
 }
+
+/// Where a kernel writes an output: a buffer allocated for it, or a tensor the caller gives (a
+/// decode arena's, so that a captured decode graph holds kernels only, no memory nodes).
+pub(super) enum Dest<'a, T> {
+    Fresh(CudaSlice<T>),
+    Given(CudaView<'a, T>),
+}
+
+impl<'a, T: CudaDType + DeviceRepr> Dest<'a, T> {
+    /// `len` elements: a view of `given` (its storage and layout, from `storage_and_layout`;
+    /// checked contiguous, of `T`, exactly `len` elements), else a fresh buffer.
+    ///
+    /// # Safety
+    /// A fresh buffer is uninitialised: the kernel must write every element.
+    pub(super) unsafe fn new(dev: &CudaDevice, len: usize, given: Option<(&'a Storage, &Layout)>, op: &str, name: &str) -> Result<Self> {
+        match given {
+            Some((s, l)) => {
+                if l.shape().elem_count() != len {
+                    bail!("{op} (cuda): {name} holds {} elements, the kernel writes {len}", l.shape().elem_count());
+                }
+                // Written in place under the storage's read lock, as the KV caches are: the
+                // device's one stream orders every use of the tensor.
+                Ok(Self::Given(view::<T>(s, l, op, name, true)?))
+            }
+            None => Ok(Self::Fresh(unsafe { dev.alloc::<T>(len)? })),
+        }
+    }
+
+    /// Pushes the output pointer onto a kernel's arguments.
+    pub(super) fn push<'s: 'b, 'b>(&'s mut self, b: &mut candle_core::cuda_backend::cudarc::driver::LaunchArgs<'b>) {
+        use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+        match self {
+            Self::Fresh(s) => {
+                b.arg(s);
+            }
+            Self::Given(v) => {
+                b.arg(&*v);
+            }
+        }
+    }
+
+    /// The output as a tensor of `shape`: the fresh buffer wrapped, or `given` itself.
+    pub(super) fn finish<S: Into<candle_core::Shape>>(self, dev: &CudaDevice, shape: S, given: Option<&Tensor>) -> Tensor {
+        match (self, given) {
+            (Self::Given(_), Some(t)) => t.clone(),
+            (Self::Fresh(s), _) => wrap(s, dev, shape),
+            (Self::Given(_), None) => unreachable!("a given view comes from a given tensor"),
+        }
+    }
+}
+
+/// Checks a given output tensor: on `first`'s device, of `dtype`, of shape `dims`.
+pub(super) fn check_given(op: &str, name: &str, first: &Tensor, dtype: DType, dims: &[usize], given: Option<&Tensor>) -> Result<()> {
+    if let Some(t) = given {
+        same_device_dtype(op, dtype, first, &[(name, t)])?;
+        if t.dims() != dims {
+            bail!("{op} (cuda): {name} is {:?}, the kernel writes {dims:?}", t.dims());
+        }
+    }
+    Ok(())
+}
+
+/// Storage guards of a pair of given outputs, held while their views are in use.
+pub(super) type PairGuards<'a> = Option<((candle_core::StorageRef<'a>, &'a Layout), (candle_core::StorageRef<'a>, &'a Layout))>;
+
+/// The guards of `outs` (a kernel's two outputs, given), for [`pair_given`].
+pub(super) fn pair_guards<'a>(outs: Option<(&'a Tensor, &'a Tensor)>) -> PairGuards<'a> {
+    outs.map(|(a, b)| (a.storage_and_layout(), b.storage_and_layout()))
+}
+
+/// Each given output's storage and layout, as [`Dest::new`] takes them.
+pub(super) fn pair_given<'a>(guards: &'a PairGuards) -> [Option<(&'a Storage, &'a Layout)>; 2] {
+    match guards {
+        Some(((a, al), (b, bl))) => [Some((&**a, *al)), Some((&**b, *bl))],
+        None => [None, None],
+    }
+}

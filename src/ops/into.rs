@@ -1,0 +1,149 @@
+//! The decode ops in the form a decode arena runs them: each writes its result into a buffer
+//! the caller gives instead of allocating one, and computes what its allocating form computes.
+//!
+//! A CUDA graph captured over allocating ops holds a memory node for every output, which keeps
+//! the driver from updating the graph and orders every kernel behind an allocation. Over these
+//! ops a decode body is kernels and cuBLAS calls only. On CUDA they call the kernels with the
+//! output pointer given (`cuda::*_into`); elsewhere they run the allocating op (its reference)
+//! and copy the result into the buffer, so the arena's plumbing — which buffer holds what, when
+//! one is overwritten — is checked on the CPU against the plain body, bit for bit.
+//!
+//! No output may alias an input of the same op.
+
+use super::{PagedBatch, RopeAngles};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// Copies `value` into `out` (same element count; `out` contiguous).
+fn copy_into(out: &Tensor, value: &Tensor) -> Result<()> {
+    if out.elem_count() != value.elem_count() {
+        candle_core::bail!("into: a result of {:?} into a buffer of {:?}", value.dims(), out.dims());
+    }
+    out.slice_set(&value.contiguous()?.reshape(out.shape())?, 0, 0)
+}
+
+/// `out = x · wᵀ` (`x` `[rows, k]`, `w` `[n, k]`, `out` `[rows, n]` of `x`'s dtype): the product
+/// the dense `Linear::forward` (no bias) computes.
+pub fn linear_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && super::is_float(x.dtype()) {
+        return super::cuda::linear_into(x, w, out);
+    }
+    copy_into(out, &x.matmul(&w.t()?)?)
+}
+
+/// `out = rms_norm(x, w)` ([`super::rms_norm`]).
+pub fn rms_norm_into(x: &Tensor, w: &Tensor, eps: f64, out: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && super::is_float(x.dtype()) && w.dtype() == x.dtype() {
+        return super::cuda::rms_norm_into(x, w, eps as f32, out);
+    }
+    copy_into(out, &super::rms_norm(x, w, eps)?)
+}
+
+/// `(h, n)` of [`super::add_rms_norm`] written into `h` and `n`.
+pub fn add_rms_norm_into(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64, h: &Tensor, n: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && super::is_float(x.dtype()) && [residual, w_x, w_next].iter().all(|t| t.dtype() == x.dtype()) {
+        return super::cuda::add_rms_norm_into(residual, x, w_x, w_next, eps as f32, h, n);
+    }
+    let (hv, nv) = super::add_rms_norm(residual, x, w_x, w_next, eps)?;
+    copy_into(h, &hv)?;
+    copy_into(n, &nv)
+}
+
+/// `out = silu(gate) * up` ([`super::silu_mul`]).
+pub fn silu_mul_into(gate_up: &Tensor, out: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if gate_up.device().is_cuda() && super::is_float(gate_up.dtype()) {
+        return super::cuda::silu_mul_into(gate_up, out);
+    }
+    copy_into(out, &super::silu_mul(gate_up)?)
+}
+
+/// [`super::linear_add_rms_norm`] written into `h` and `n`: split over k as that op splits,
+/// its partial products in `parts` (f32, flat; a split that needs more than it holds
+/// allocates), or whole through `proj` (`[rows, n]`).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_add_rms_norm_into(
+    residual: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    (w_x, w_next): (&Tensor, &Tensor),
+    eps: f64,
+    (proj, parts): (&Tensor, &Tensor),
+    h: &Tensor,
+    n: &Tensor,
+) -> Result<()> {
+    // Split where `split_k_plan` splits (only on CUDA), else whole as that op runs it.
+    #[cfg(feature = "cuda")]
+    if let Some(splits) = super::split_k::split_k_plan(x, w.dim(0)?) {
+        let (rows, cols) = (x.dim(0)?, w.dim(0)?);
+        let len = splits * rows * cols;
+        let parts = if parts.elem_count() >= len {
+            let p = parts.narrow(0, 0, len)?.reshape((splits, rows, cols))?;
+            super::cuda::linear_partials_into(x, w, splits, &p)?;
+            p
+        } else {
+            super::cuda::linear_partials(x, w, splits)?
+        };
+        let norm = super::cuda::PartsNorm::Sandwich { w_x, w_next };
+        return super::cuda::norm_of_partials_into(residual, &parts, norm, eps as f32, h, n);
+    }
+    let _ = parts;
+    linear_into(x, w, proj)?;
+    add_rms_norm_into(residual, proj, w_x, w_next, eps, h, n)
+}
+
+/// The split partials' workspace of decode attention in a decode arena: f32 `acc` and `ml`, u32
+/// `own`, sized for the decode ring at the arena's width (empty off CUDA, where attention
+/// allocates nothing of its own).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub struct AttentionScratch {
+    acc: Tensor,
+    ml: Tensor,
+    own: Tensor,
+}
+
+impl AttentionScratch {
+    pub fn new(rows: usize, heads: usize, head_dim: usize, device: &Device) -> Result<Self> {
+        #[allow(unused_mut)]
+        let mut len = [0usize; 3];
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = device {
+            len = super::cuda::attention_scratch_len(dev, rows, heads, head_dim)?;
+        }
+        let _ = (rows, heads, head_dim);
+        Ok(Self {
+            acc: Tensor::zeros(len[0], DType::F32, device)?,
+            ml: Tensor::zeros(len[1], DType::F32, device)?,
+            own: Tensor::zeros(len[2], DType::U32, device)?,
+        })
+    }
+}
+
+/// [`super::qkv_rope_attention`] written into `out` (`[T, heads, head_dim]`, contiguous): on CUDA
+/// the folded decode kernels with the output and `scratch` given; where they do not take the
+/// launch, the two ops and a copy.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_attention_into(
+    qkv: &Tensor,
+    angles: &RopeAngles,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    scale: f64,
+    scratch: &AttentionScratch,
+    out: &Tensor,
+) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        let into = super::cuda::AttentionInto { out, acc: &scratch.acc, ml: &scratch.ml, own: &scratch.own };
+        if super::fused::folded_decode_attention(qkv, angles, (k_cache, v_cache), batch, (heads, kv_heads), scale, Some(&into))?.is_some() {
+            return Ok(());
+        }
+    }
+    let _ = scratch;
+    copy_into(out, &super::qkv_rope_attention(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim, scale)?)
+}
