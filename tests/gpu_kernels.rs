@@ -1147,11 +1147,11 @@ fn engine_run_with(
 }
 
 /// The decode arena (`KernelPolicy::decode_arena`): the same greedy tokens as the plain body —
-/// the same kernels and cuBLAS calls, only the output pointers are the arena's — replayed from
-/// graphs that hold a fraction of the plain body's memory nodes (what remains is outside the core
-/// step: the embedding, the state bank's gather, RoPE angles, the gate and the head). Head dim
-/// 64 takes the SIMT decode kernels (with their key splits in the arena's workspace), head dim
-/// 128 under `ring=always` the decode ring.
+/// the same kernels and cuBLAS calls, only the output pointers are the arena's. Where the folded
+/// decode attention takes the launch (MHA, like Ouro-1.4B: the SIMT fold at head dim 64 with its
+/// key splits in the arena's workspace, the ring at 128 under `ring=always`) a CB graph holds no
+/// memory node at all; a depth-batching graph keeps the re-entering coda's greedy ids; a GQA
+/// model (the two-launch attention, allocating) still loses most of them.
 #[test]
 fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
     use ponder::looped::models::Ouro;
@@ -1161,34 +1161,49 @@ fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
     let n = 29;
     let prompts = random_prompts(&mut rng, n, 6, 240..300, 1..80);
     let new_tokens: Vec<usize> = (0..n).map(|_| rng.random_range(3..40)).collect();
+    // (name, head dim, kv heads of 4 query heads, policy, scheduler, layout, width, no memory node)
     let cases = [
-        ("cb depth-indexed W40", 64, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40),
-        ("cb shared W7", 64, "", SchedulerKind::Continuous, KvLayoutKind::Shared, 7),
-        ("cdb-refill shared W13", 64, "", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13),
-        ("cb d128 ring W40", 128, "ring=always", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40),
+        ("cb depth-indexed W40", 64, 4, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, true),
+        ("cb shared W7", 64, 4, "", SchedulerKind::Continuous, KvLayoutKind::Shared, 7, true),
+        ("cdb-refill shared W13", 64, 4, "", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13, false),
+        ("cb d128 ring W40", 128, 4, "ring=always", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, true),
+        ("cb gqa W40", 64, 2, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, false),
     ];
-    for (name, head_dim, policy, sched, layout, width) in cases {
+    for (name, head_dim, kv_heads, policy, sched, layout, width, none_left) in cases {
         let mut cfg = graph_test_config();
         cfg.head_dim = Some(head_dim);
-        cfg.num_key_value_heads = Some(if head_dim == 128 { 4 } else { 2 });
+        cfg.num_key_value_heads = Some(kv_heads);
         let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, &gpu).unwrap();
         let plain_policy: ponder::kernels::KernelPolicy = policy.parse().unwrap();
         let arena_policy = ponder::kernels::KernelPolicy { decode_arena: true, ..plain_policy };
         let run = |kernels| engine_run_with(Box::new(Ouro::load(&cfg, &weights).unwrap()), sched, layout, width, Graphs::On, &prompts, &new_tokens, kernels);
         let (plain, pm) = run(plain_policy);
         let (arena, am) = run(arena_policy);
-        let (pn, an) = (pm.looped().unwrap().graph_nodes, am.looped().unwrap().graph_nodes);
-        let (pc, ac) = (pm.looped().unwrap().graph_captures, am.looped().unwrap().graph_captures);
+        let (pl, al) = (pm.looped().unwrap(), am.looped().unwrap());
+        let (pn, an) = (pl.graph_nodes, al.graph_nodes);
         println!(
-            "decode arena {name}: {} core steps on it; graphs {pc} / {ac}: memory nodes {} -> {}, kernels {} -> {}; rings {} / {}",
-            am.kernels.arena_steps, pn.memory, an.memory, pn.kernels, an.kernels, pm.kernels.decode_ring, am.kernels.decode_ring
+            "decode arena {name}: {} core steps on it; graphs {} / {}: memory nodes {} -> {}, kernels {} -> {}, copies {} -> {}; rings {} / {}",
+            am.kernels.arena_steps,
+            pl.graph_captures,
+            al.graph_captures,
+            pn.memory,
+            an.memory,
+            pn.kernels,
+            an.kernels,
+            pn.copies,
+            an.copies,
+            pm.kernels.decode_ring,
+            am.kernels.decode_ring
         );
         assert!(am.kernels.arena_steps > 0 && pm.kernels.arena_steps == 0, "{name}: the arena ran only where asked");
         if head_dim == 128 {
             assert!(am.kernels.decode_ring > 0, "{name}: the ring took decode launches");
         }
         assert_eq!(differing_requests(name, &plain, &arena, &prompts, &new_tokens), 0, "{name}: the arena changed tokens");
-        assert!(ac > 0 && an.memory * 4 < pn.memory, "{name}: memory nodes {} with the arena, {} without", an.memory, pn.memory);
+        assert!(al.graph_captures > 0 && an.memory * 4 < pn.memory, "{name}: memory nodes {} with the arena, {} without", an.memory, pn.memory);
+        if none_left {
+            assert_eq!(an.memory, 0, "{name}: a CB graph on the arena allocates nothing");
+        }
     }
 }
 
@@ -1321,6 +1336,31 @@ fn scatter_rows_matches_reference() {
         }
     }
     println!("scatter_rows: exact for f32/bf16/f16, widths 2048 / 5 / 4096");
+}
+
+/// The decode arena's gather (state-bank rows, embedding rows) into a given buffer against
+/// `index_select` on the CPU: repeated and shuffled indices, widths with and without 16-byte
+/// vectors, rows of the buffer past the launch left alone.
+#[test]
+fn gather_rows_into_matches_index_select() {
+    use ponder::ops::into::gather_rows_into;
+    let gpu = gpu_device();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(rows, width, bank) in &[(379usize, 2048usize, 600usize), (7, 5, 9), (1, 4096, 3)] {
+            let mut rng = StdRng::seed_from_u64((rows * 11 + width) as u64);
+            let src_cpu = rand_tensor(&mut rng, &[bank, width], -3.0, 3.0, dt);
+            let index: Vec<u32> = (0..rows).map(|_| rng.random_range(0..bank as u32)).collect();
+            let index_cpu = Tensor::new(index.as_slice(), &Device::Cpu).unwrap();
+            let want = src_cpu.index_select(&index_cpu, 0).unwrap();
+            let buf = Tensor::full(7f32, (rows + 3, width), &gpu).unwrap().to_dtype(dt).unwrap();
+            let out = buf.narrow(0, 0, rows).unwrap();
+            gather_rows_into(&src_cpu.to_device(&gpu).unwrap(), &index_cpu.to_device(&gpu).unwrap(), &out).unwrap();
+            let flat = |t: &Tensor| t.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(&out), flat(&want), "gather_rows {dt:?} {rows}x{width} from {bank}: the copy must be exact");
+            assert!(flat(&buf.narrow(0, rows, 3).unwrap()).iter().all(|&v| v == 7.0), "gather_rows {dt:?}: rows past the launch untouched");
+        }
+    }
+    println!("gather_rows_into: exact for f32/bf16/f16, widths 2048 / 5 / 4096");
 }
 
 /// The last-exited K/V fill: every layer's K and V rows copied in one launch, exactly as the

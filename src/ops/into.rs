@@ -14,7 +14,7 @@ use super::{PagedBatch, RopeAngles};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Copies `value` into `out` (same element count; `out` contiguous).
-fn copy_into(out: &Tensor, value: &Tensor) -> Result<()> {
+pub(crate) fn copy_into(out: &Tensor, value: &Tensor) -> Result<()> {
     if out.elem_count() != value.elem_count() {
         candle_core::bail!("into: a result of {:?} into a buffer of {:?}", value.dims(), out.dims());
     }
@@ -29,6 +29,25 @@ pub fn linear_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
         return super::cuda::linear_into(x, w, out);
     }
     copy_into(out, &x.matmul(&w.t()?)?)
+}
+
+/// `out = x · wᵀ` in f32 (`out` `[rows, n]` f32): the looped heads' logits
+/// ([`super::linear_f32`]), on CUDA straight into `out` (one GEMM storing f32).
+pub fn linear_f32_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && x.rank() == 2 {
+        return super::cuda::linear_partials_into(x, w, 1, out);
+    }
+    copy_into(out, &super::linear_f32(x, w)?)
+}
+
+/// Rows `index[r]` of `src` `[src_rows, width]` into `out` `[rows, width]` (`index_select`).
+pub fn gather_rows_into(src: &Tensor, index: &Tensor, out: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if src.device().is_cuda() && super::is_float(src.dtype()) {
+        return super::cuda::gather_rows_into(src, index, out);
+    }
+    copy_into(out, &src.index_select(index, 0)?)
 }
 
 /// `out = rms_norm(x, w)` ([`super::rms_norm`]).

@@ -45,6 +45,20 @@ impl RopeTable {
         self.angles_reference(positions)
     }
 
+    /// [`Self::angles`] written into `cos` and `sin` (`[T, D/2]`, contiguous; a decode arena's),
+    /// returned as the launch's angles.
+    pub fn angles_into(&self, positions: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<RopeAngles> {
+        #[cfg(feature = "cuda")]
+        if positions.device().is_cuda() && positions.dtype() == DType::U32 && super::is_float(self.dtype) {
+            super::cuda::rope_angles_into(positions, &self.inv_freq, cos, sin)?;
+            return Ok(RopeAngles { cos: cos.clone(), sin: sin.clone() });
+        }
+        let a = self.angles_reference(positions)?;
+        super::into::copy_into(cos, &a.cos)?;
+        super::into::copy_into(sin, &a.sin)?;
+        Ok(RopeAngles { cos: cos.clone(), sin: sin.clone() })
+    }
+
     /// The composition of candle ops behind [`Self::angles`] (its CPU path).
     pub fn angles_reference(&self, positions: &Tensor) -> Result<RopeAngles> {
         let pos = positions.to_dtype(DType::F32)?.unsqueeze(1)?;

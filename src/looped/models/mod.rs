@@ -101,6 +101,13 @@ pub trait LoopedModel: Send {
     /// compute them with `ops::linear_f32`: on CUDA in bf16 / f16 not rounded to the
     /// weights' dtype (one GEMM storing f32), elsewhere the product in that dtype, then cast.
     fn head(&self, h: &Tensor) -> Result<Tensor>;
+    /// [`Self::head`] written into `out` (`[rows, vocab]` f32) where the model has a decode arena
+    /// (a captured graph's logits go straight to its static output); `false`: not written, call
+    /// `head`.
+    fn head_into(&self, h: &Tensor, out: &Tensor) -> Result<bool> {
+        let _ = (h, out);
+        Ok(false)
+    }
     /// Computes the per-step gate logit with `head` instead of the checkpoint's own exit gate
     /// (a trained lookahead head, [`crate::looped::gate::LearnedLookahead`]). Models without a gate head
     /// refuse.

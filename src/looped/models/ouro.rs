@@ -72,6 +72,12 @@ struct Arena {
     /// Split-k partial products (f32) of o_proj and down.
     parts: Tensor,
     attention: AttentionScratch,
+    /// A launch's RoPE angles (`[rows, head_dim / 2]`), two pairs used in turn: a re-entering
+    /// coda prepares its successors' while its own are alive.
+    rope: [(Tensor, Tensor); 2],
+    rope_turn: AtomicUsize,
+    /// The prelude's output (the embedding rows).
+    embedded: Tensor,
 }
 
 /// Most k slices a decode projection is split into (`ops::split_k`) and the widest launch split:
@@ -265,6 +271,14 @@ impl Ouro {
         self.tp.is_none() && self.layers.iter().all(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down].into_iter().all(|p| dense(p).is_some()))
     }
 
+    /// The arena and the launch's token count, where an arena is installed and holds the launch
+    /// (`x`'s first dim).
+    fn arena_for(&self, x: &Tensor) -> Option<(&Arena, usize)> {
+        let ar = self.arena.as_deref()?;
+        let t = x.dim(0).ok()?;
+        (t <= ar.rows).then_some((ar, t))
+    }
+
     /// The core step on the arena: the same ops as [`LoopedModel::core_step`] in the same order,
     /// each writing into its buffer (`ops::into`). Returns the state in one of `normed`.
     fn core_step_in(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore, ar: &Arena) -> Result<CoreOut> {
@@ -308,15 +322,25 @@ impl LoopedModel for Ouro {
     }
 
     fn prepare(&self, positions: &Tensor) -> Result<StageInput> {
+        if let Some((ar, t)) = self.arena_for(positions) {
+            let (cos, sin) = &ar.rope[ar.rope_turn.fetch_add(1, Ordering::Relaxed) % 2];
+            let rope = self.rope.angles_into(positions, &cos.narrow(0, 0, t)?, &sin.narrow(0, 0, t)?)?;
+            return Ok(StageInput { rope, positions: positions.clone() });
+        }
         Ok(StageInput { rope: self.rope.angles(positions)?, positions: positions.clone() })
     }
 
     fn prelude(&self, ids: &Tensor, _input: &StageInput, _batch: &PagedBatch, _kv: &KvStore) -> Result<Tensor> {
+        if let Some((ar, t)) = self.arena_for(ids) {
+            let out = ar.embedded.narrow(0, 0, t)?;
+            into::gather_rows_into(&self.embed, ids, &out)?;
+            return Ok(out);
+        }
         self.embed.index_select(ids, 0)
     }
 
     fn core_step(&self, h: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore) -> Result<CoreOut> {
-        if let Some(arena) = self.arena.as_deref().filter(|a| h.dim(0).is_ok_and(|t| t <= a.rows)) {
+        if let Some((arena, _)) = self.arena_for(h) {
             return self.core_step_in(h, input, batch, kv, arena);
         }
         // Each layer ends with one fused op: residual add + the next layer's input norm (the
@@ -338,6 +362,14 @@ impl LoopedModel for Ouro {
 
     fn coda(&self, state: &Tensor, _input: &StageInput, _batch: &PagedBatch, _kv: &KvStore) -> Result<Tensor> {
         Ok(state.clone())
+    }
+
+    fn head_into(&self, h: &Tensor, out: &Tensor) -> Result<bool> {
+        if self.arena.is_none() || self.tp.is_some() {
+            return Ok(false);
+        }
+        into::linear_f32_into(h, &*self.lm_head.weight()?, out)?;
+        Ok(true)
     }
 
     fn head(&self, h: &Tensor) -> Result<Tensor> {
@@ -382,6 +414,9 @@ impl LoopedModel for Ouro {
             act: buf(i)?,
             parts: Tensor::zeros(ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h, DType::F32, dev)?,
             attention: AttentionScratch::new(rows, nh, hd, dev)?,
+            rope: [(buf(hd / 2)?, buf(hd / 2)?), (buf(hd / 2)?, buf(hd / 2)?)],
+            rope_turn: AtomicUsize::new(0),
+            embedded: buf(h)?,
         }));
         Ok(true)
     }
@@ -391,8 +426,8 @@ impl LoopedModel for Ouro {
             return 0;
         }
         let (h, i, nh, nkv, hd) = (self.spec.hidden_size, self.cfg.intermediate_size, self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
-        // normed ×2, residual, mid, mid_normed, proj; qkv, attn, gate_up, act.
-        let cols = 6 * h + (nh + 2 * nkv) * hd + nh * hd + 3 * i;
+        // normed ×2, residual, mid, mid_normed, proj, embedded; qkv, attn, gate_up, act; RoPE.
+        let cols = 7 * h + (nh + 2 * nkv) * hd + nh * hd + 3 * i + 2 * hd;
         let activations = (rows * cols * self.spec.dtype.size_in_bytes()) as u64;
         let parts = (ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h * 4) as u64;
         // The attention workspace: the decode ring's partials for every block of its grid

@@ -154,6 +154,15 @@ impl LoopedRunner {
         Ok(padded)
     }
 
+    /// The head over `y` into the static `logits`: straight into them where the model writes
+    /// its logits into a given buffer (a decode arena), else computed and copied.
+    fn head_to(&self, y: &candle_core::Tensor, logits: &candle_core::Tensor) -> Result<()> {
+        if !self.model.head_into(y, logits)? {
+            logits.slice_set(&self.model.head(y)?.contiguous()?, 0, 0)?;
+        }
+        Ok(())
+    }
+
     /// What a graph of `key` runs, over its static buffers only. Every tensor it makes is
     /// dropped before it returns; results go to the static outputs, the state bank and the KV
     /// cache. The bank is written last, so a failed warm-up leaves the launch re-runnable.
@@ -172,7 +181,7 @@ impl LoopedRunner {
         match key.stage {
             Stage::CoreStep => {
                 let input = self.model.prepare(&st.positions)?;
-                let h_old = self.bank()?.index_select(&st.state, 0)?;
+                let h_old = self.gather_states(&st.state)?;
                 let out = self.model.core_step(&h_old, &input, &batches[0], &self.kv)?;
                 if self.compute_latent {
                     let latent_diff = self.latent_diff(&h_old, &out.hidden)?;
@@ -195,17 +204,18 @@ impl LoopedRunner {
                         has_gate = true;
                     }
                 }
-                let logits = self.model.head(&self.model.coda(&h, &input, batch_of(key.slots[0]), &self.kv)?)?;
-                st.logits.as_ref().expect("full-depth statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
+                let y = self.model.coda(&h, &input, batch_of(key.slots[0]), &self.kv)?;
+                self.head_to(&y, st.logits.as_ref().expect("full-depth statics hold logits"))?;
             }
             Stage::Coda => {
-                let h = self.bank()?.index_select(&st.state, 0)?;
+                let h = self.gather_states(&st.state)?;
                 let input = self.model.prepare(&st.positions)?;
-                let logits = self.model.head(&self.model.coda(&h, &input, batch_of(0), &self.kv)?)?;
-                st.logits.as_ref().expect("coda statics hold logits").slice_set(&logits.contiguous()?, 0, 0)?;
+                let y = self.model.coda(&h, &input, batch_of(0), &self.kv)?;
+                let logits = st.logits.as_ref().expect("coda statics hold logits");
+                self.head_to(&y, logits)?;
                 if let (Some(ids_out), Some(buf)) = (&st.ids, &st.reentry) {
                     // What `launch` does eagerly otherwise: argmax, then the successors' prelude.
-                    let (ids, flagged) = crate::ops::greedy_ids_flagged(&logits, self.model.spec().vocab_size)?;
+                    let (ids, flagged) = crate::ops::greedy_ids_flagged(logits, self.model.spec().vocab_size)?;
                     ids_out.slice_set(&flagged, 0, 0)?;
                     let host = padded[st.batches.len()].clone();
                     let batch = PagedBatch::from_buffers(host, self.block_size, AttnMask::Causal, kv_width, buf, key.ctx)?;

@@ -48,6 +48,8 @@ pub struct LoopedRunner {
     f32_readback: ReadbackPool<f32>,
     /// Check every launch before running it (launches from a custom scheduler).
     check_launches: bool,
+    /// With a decode arena: the graphs' gather of state-bank rows (`[arena rows, state_width]`).
+    gathered: Option<Tensor>,
 }
 
 /// Stream events around one launch: its device-side span is `start → end`, its forward's
@@ -135,6 +137,7 @@ impl LoopedRunner {
             ids_readback: ReadbackPool::default(),
             f32_readback: ReadbackPool::default(),
             check_launches: false,
+            gathered: None,
         })
     }
 
@@ -172,7 +175,24 @@ impl LoopedRunner {
     /// Has the model preallocate its decode body's activations for launches of up to `rows`
     /// rows (`KernelPolicy::decode_arena`), where it has such a body; returns whether it did.
     pub fn install_decode_arena(&mut self, rows: usize) -> crate::Result<bool> {
-        self.model.install_decode_arena(rows)
+        let installed = self.model.install_decode_arena(rows)?;
+        let s = self.model.spec();
+        self.gathered = (installed && self.bank.is_some()).then(|| Tensor::zeros((rows, s.state_width), s.dtype, self.model.device())).transpose()?;
+        Ok(installed)
+    }
+
+    /// The bank rows `idx` (`[rows]` u32 on the device): into the arena's buffer where there is
+    /// one that holds them, else gathered into a new tensor.
+    fn gather_states(&self, idx: &Tensor) -> Result<Tensor> {
+        let rows = idx.dim(0)?;
+        match &self.gathered {
+            Some(buf) if rows <= buf.dim(0)? => {
+                let out = buf.narrow(0, 0, rows)?;
+                crate::ops::into::gather_rows_into(self.bank()?, idx, &out)?;
+                Ok(out)
+            }
+            _ => self.bank()?.index_select(idx, 0),
+        }
     }
 
     /// Device-side span of the last collected launch (`None` without device timing, or off CUDA).

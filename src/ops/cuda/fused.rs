@@ -448,6 +448,15 @@ fn residual_add_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a
 /// (`positions` `[T]` u32, `inv_freq` `[1, D/2]` f32, one device), in one launch — the same
 /// arithmetic as `RopeTable`'s candle composition.
 pub fn rope_angles(positions: &Tensor, inv_freq: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
+    rope_angles_to(positions, inv_freq, dtype, None)
+}
+
+/// [`rope_angles`] written into `cos` and `sin` (`[T, D/2]` of `dtype`, contiguous).
+pub fn rope_angles_into(positions: &Tensor, inv_freq: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<()> {
+    rope_angles_to(positions, inv_freq, cos.dtype(), Some((cos, sin))).map(|_| ())
+}
+
+fn rope_angles_to(positions: &Tensor, inv_freq: &Tensor, dtype: DType, outs: Option<(&Tensor, &Tensor)>) -> Result<(Tensor, Tensor)> {
     const OP: &str = "rope_angles";
     let dev = device(positions, OP)?;
     if positions.dtype() != DType::U32 || inv_freq.dtype() != DType::F32 || !inv_freq.device().same_device(positions.device()) {
@@ -458,12 +467,14 @@ pub fn rope_angles(positions: &Tensor, inv_freq: &Tensor, dtype: DType) -> Resul
     if one != 1 || half > i32::MAX as usize {
         bail!("{OP} (cuda): inv_freq {:?}, expected [1, D/2]", inv_freq.dims());
     }
+    check_given(OP, "cos", positions, dtype, &[tokens, half], outs.map(|o| o.0))?;
+    check_given(OP, "sin", positions, dtype, &[tokens, half], outs.map(|o| o.1))?;
     if tokens * half == 0 {
         let z = Tensor::zeros((tokens, half), dtype, positions.device())?;
         return Ok((z.clone(), z));
     }
     let (positions, inv_freq) = (positions.contiguous()?, inv_freq.contiguous()?);
-    for_float!(dtype, OP, |T, suf| rope_angles_launch::<T>(&dev, suf, &positions, &inv_freq, tokens, half))
+    for_float!(dtype, OP, |T, suf| rope_angles_launch::<T>(&dev, suf, &positions, &inv_freq, tokens, half, outs))
 }
 
 fn rope_angles_launch<T: CudaDType + DeviceRepr>(
@@ -473,6 +484,7 @@ fn rope_angles_launch<T: CudaDType + DeviceRepr>(
     inv_freq: &Tensor,
     tokens: usize,
     half: usize,
+    outs: Option<(&Tensor, &Tensor)>,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "rope_angles";
     let (ps, pl) = positions.storage_and_layout();
@@ -480,19 +492,23 @@ fn rope_angles_launch<T: CudaDType + DeviceRepr>(
     let p_v = view::<u32>(&ps, pl, OP, "positions", false)?;
     let f_v = view::<f32>(&fs, fl, OP, "inv_freq", false)?;
     let n = tokens * half;
+    let guards = pair_guards(outs);
+    let [cos_given, sin_given] = pair_given(&guards);
     // SAFETY: the grid-stride loop writes every element of both outputs.
-    let mut cos = unsafe { dev.alloc::<T>(n)? };
-    let mut sin = unsafe { dev.alloc::<T>(n)? };
+    let mut cos = unsafe { Dest::<T>::new(dev, n, cos_given, OP, "cos")? };
+    let mut sin = unsafe { Dest::<T>::new(dev, n, sin_given, OP, "sin")? };
     let func = kernel!(dev, Module::Fused, &format!("rope_angles_{suf}"))?;
     const THREADS: usize = 256;
     let cfg = LaunchConfig { grid_dim: (grid_stride_blocks(dev, n.div_ceil(THREADS))?, 1, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let (t, h) = (tokens as i64, half as i32);
     let mut b = func.builder();
-    b.arg(&mut cos).arg(&mut sin).arg(&p_v).arg(&f_v).arg(&t).arg(&h);
+    cos.push(&mut b);
+    sin.push(&mut b);
+    b.arg(&p_v).arg(&f_v).arg(&t).arg(&h);
     // SAFETY: argument list matches `rope_angles_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
-    Ok((wrap(cos, dev, (tokens, half)), wrap(sin, dev, (tokens, half))))
+    Ok((cos.finish(dev, (tokens, half), outs.map(|o| o.0)), sin.finish(dev, (tokens, half), outs.map(|o| o.1))))
 }
 
 /// `silu(gate) * up` for `gate_up` `[.., 2I]` (gate first), output `[.., I]`, one launch.

@@ -66,6 +66,60 @@ fn scatter_rows_launch<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
+/// Rows `index[r]` of `src` `[src_rows, width]` (`index` `[rows]` u32 on the device) copied into
+/// `out` `[rows, width]` (contiguous, `src`'s dtype): `index_select` into a given buffer.
+pub fn gather_rows_into(src: &Tensor, index: &Tensor, out: &Tensor) -> Result<()> {
+    const OP: &str = "gather_rows";
+    let dev = device(src, OP)?;
+    let dtype = src.dtype();
+    same_device_dtype(OP, dtype, src, &[("out", out)])?;
+    if !index.device().same_device(src.device()) || index.dtype() != DType::U32 {
+        bail!("{OP} (cuda): index must be u32 on the device of src");
+    }
+    let (src_rows, width) = src.dims2()?;
+    let rows = index.dims1()?;
+    if out.dims() != [rows, width] {
+        bail!("{OP} (cuda): out {:?} for {rows} rows of {width}", out.dims());
+    }
+    if rows == 0 || width == 0 {
+        return Ok(());
+    }
+    if width > i32::MAX as usize || rows > i32::MAX as usize {
+        bail!("{OP} (cuda): sizes out of range");
+    }
+    let src = src.contiguous()?;
+    for_float!(dtype, OP, |T, suf| gather_rows_launch::<T>(&dev, suf, &src, index, out, rows, width, src_rows))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gather_rows_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    src: &Tensor,
+    index: &Tensor,
+    out: &Tensor,
+    rows: usize,
+    width: usize,
+    src_rows: usize,
+) -> Result<()> {
+    const OP: &str = "gather_rows";
+    let (ss, sl) = src.storage_and_layout();
+    let (is, il) = index.storage_and_layout();
+    let (os, ol) = out.storage_and_layout();
+    let src_v = view::<T>(&ss, sl, OP, "src", false)?;
+    let index_v = view::<u32>(&is, il, OP, "index", false)?;
+    // Written in place under the read lock, ordered by the device's one stream.
+    let out_v = view::<T>(&os, ol, OP, "out", false)?;
+    let func = kernel!(dev, Module::Fused, &format!("gather_rows_{suf}"))?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let (w, n) = (width as i32, src_rows as i64);
+    let mut b = func.builder();
+    b.arg(&out_v).arg(&src_v).arg(&index_v).arg(&w).arg(&n);
+    // SAFETY: argument list matches `gather_rows_*` in fused.cu; every row of `out` is written.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
 /// Greedy token `[rows]` u32 and its softmax probability `[rows]` f32 of each row of `logits`
 /// `[rows, vocab]`, in one pass over the logits in their own dtype; `exclude` (the mask token)
 /// is never chosen and left out of the normaliser.

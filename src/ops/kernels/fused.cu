@@ -18,8 +18,9 @@
 //   RoPE angles in one launch instead of candle's cast, mul, cos, sin and two casts).
 // greedy_flagged_*: the greedy id of each row and the same id flagged (+ vocab) where the row's
 //   sum is not finite, in one pass (the looped decode's greedy readout).
-// scatter_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V writes,
-//   loop-state bank writes, K/V slot copies across every layer in one launch; FOCUS compaction).
+// scatter_rows_*, gather_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V
+//   writes, loop-state bank writes and reads, K/V slot copies across every layer in one launch;
+//   FOCUS compaction).
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
 //   [D], candle's rmsnorm rounding) before RoPE (Qwen3 / SDAR), one warp per (token, head) over
 //   the q, k and v heads, each lane D / 32 consecutive elements as one vector; also returns
@@ -545,6 +546,22 @@ __device__ void scatter_rows(T *__restrict__ dst, const T *__restrict__ src, con
     copy_row(dst + to * width, src + r * width, width);
 }
 
+// Copies rows `index[r]` of `src` [src_rows, width] into rows r of `dst` [rows, width]: one block
+// per destination row (index_select's gather into a given buffer). An index past `src` (never
+// one the host gives) leaves zeros rather than reading out of bounds.
+template <typename T>
+__device__ void gather_rows(T *__restrict__ dst, const T *__restrict__ src, const uint32_t *__restrict__ index,
+                            int width, long long src_rows) {
+    const long long r = blockIdx.x;
+    const long long from = index[r];
+    T *d = dst + r * width;
+    if (from >= src_rows) {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = from_f<T>(0.f);
+        return;
+    }
+    copy_row(d, src + from * width, width);
+}
+
 // Row copies inside each of a set of same-shaped tensors (the last-exited K/V fill: every
 // layer's K and V): in tensor blockIdx.y, row dst[p] = row src[p], one block per (pair, tensor).
 // The host checks the indices, that no destination is also a source and none repeats, so the
@@ -755,6 +772,10 @@ __device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict_
     extern "C" __global__ void scatter_rows_##SUF(T *dst, const T *src, const uint32_t *index,     \
                                                   int width, long long dst_rows) {                 \
         scatter_rows<T>(dst, src, index, width, dst_rows);                                         \
+    }                                                                                              \
+    extern "C" __global__ void gather_rows_##SUF(T *dst, const T *src, const uint32_t *index,      \
+                                                 int width, long long src_rows) {                  \
+        gather_rows<T>(dst, src, index, width, src_rows);                                          \
     }                                                                                              \
     extern "C" __global__ void copy_rows_in_place_##SUF(const unsigned long long *bases,          \
                                                         const uint32_t *src, const uint32_t *dst,  \
