@@ -1149,9 +1149,9 @@ fn engine_run_with(
 /// The decode arena (`KernelPolicy::decode_arena`): the same greedy tokens as the plain body —
 /// the same kernels and cuBLAS calls, only the output pointers are the arena's. Where the folded
 /// decode attention takes the launch (MHA, like Ouro-1.4B: the SIMT fold at head dim 64 with its
-/// key splits in the arena's workspace, the ring at 128 under `ring=always`) a CB graph holds no
-/// memory node at all; a depth-batching graph keeps the re-entering coda's greedy ids; a GQA
-/// model (the two-launch attention, allocating) still loses most of them.
+/// key splits in the arena's workspace, the ring at 128 under `ring=always`) a graph — CB's
+/// full-depth decode, depth batching's core steps and re-entering codas — holds no memory node
+/// at all; a GQA model (the two-launch attention, allocating) still loses most of them.
 #[test]
 fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
     use ponder::looped::models::Ouro;
@@ -1165,7 +1165,7 @@ fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
     let cases = [
         ("cb depth-indexed W40", 64, 4, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, true),
         ("cb shared W7", 64, 4, "", SchedulerKind::Continuous, KvLayoutKind::Shared, 7, true),
-        ("cdb-refill shared W13", 64, 4, "", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13, false),
+        ("cdb-refill shared W13", 64, 4, "", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13, true),
         ("cb d128 ring W40", 128, 4, "ring=always", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, true),
         ("cb gqa W40", 64, 2, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, false),
     ];
@@ -1202,7 +1202,7 @@ fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
         assert_eq!(differing_requests(name, &plain, &arena, &prompts, &new_tokens), 0, "{name}: the arena changed tokens");
         assert!(al.graph_captures > 0 && an.memory * 4 < pn.memory, "{name}: memory nodes {} with the arena, {} without", an.memory, pn.memory);
         if none_left {
-            assert_eq!(an.memory, 0, "{name}: a CB graph on the arena allocates nothing");
+            assert_eq!(an.memory, 0, "{name}: a graph on the arena allocates nothing");
         }
     }
 }

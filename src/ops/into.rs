@@ -50,6 +50,20 @@ pub fn gather_rows_into(src: &Tensor, index: &Tensor, out: &Tensor) -> Result<()
     copy_into(out, &src.index_select(index, 0)?)
 }
 
+/// The greedy ids of `logits` and the same ids flagged ([`super::greedy_ids_flagged`]) written
+/// into `ids` and `flagged` (`[rows]` u32).
+pub fn greedy_ids_flagged_into(logits: &Tensor, vocab: usize, ids: &Tensor, flagged: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if logits.device().is_cuda() && super::is_float(logits.dtype()) && logits.rank() == 2 {
+        if let Ok(flag) = u32::try_from(vocab) {
+            return super::cuda::greedy_flagged_into(logits, flag, ids, flagged);
+        }
+    }
+    let (i, f) = super::greedy_ids_flagged(logits, vocab)?;
+    copy_into(ids, &i)?;
+    copy_into(flagged, &f)
+}
+
 /// `out = rms_norm(x, w)` ([`super::rms_norm`]).
 pub fn rms_norm_into(x: &Tensor, w: &Tensor, eps: f64, out: &Tensor) -> Result<()> {
     #[cfg(feature = "cuda")]

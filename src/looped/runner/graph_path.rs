@@ -215,8 +215,7 @@ impl LoopedRunner {
                 self.head_to(&y, logits)?;
                 if let (Some(ids_out), Some(buf)) = (&st.ids, &st.reentry) {
                     // What `launch` does eagerly otherwise: argmax, then the successors' prelude.
-                    let (ids, flagged) = crate::ops::greedy_ids_flagged(logits, self.model.spec().vocab_size)?;
-                    ids_out.slice_set(&flagged, 0, 0)?;
+                    let ids = self.greedy_ids_to(logits, ids_out)?;
                     let host = padded[st.batches.len()].clone();
                     let batch = PagedBatch::from_buffers(host, self.block_size, AttnMask::Causal, kv_width, buf, key.ctx)?;
                     let next = self.model.prepare(&st.next_positions)?;

@@ -48,8 +48,10 @@ pub struct LoopedRunner {
     f32_readback: ReadbackPool<f32>,
     /// Check every launch before running it (launches from a custom scheduler).
     check_launches: bool,
-    /// With a decode arena: the graphs' gather of state-bank rows (`[arena rows, state_width]`).
+    /// With a decode arena: the graphs' gather of state-bank rows (`[arena rows, state_width]`)
+    /// and a re-entering coda's greedy ids (`[arena rows]` u32).
     gathered: Option<Tensor>,
+    greedy_ids: Option<Tensor>,
 }
 
 /// Stream events around one launch: its device-side span is `start → end`, its forward's
@@ -138,6 +140,7 @@ impl LoopedRunner {
             f32_readback: ReadbackPool::default(),
             check_launches: false,
             gathered: None,
+            greedy_ids: None,
         })
     }
 
@@ -177,8 +180,28 @@ impl LoopedRunner {
     pub fn install_decode_arena(&mut self, rows: usize) -> crate::Result<bool> {
         let installed = self.model.install_decode_arena(rows)?;
         let s = self.model.spec();
-        self.gathered = (installed && self.bank.is_some()).then(|| Tensor::zeros((rows, s.state_width), s.dtype, self.model.device())).transpose()?;
+        let dev = self.model.device();
+        self.gathered = (installed && self.bank.is_some()).then(|| Tensor::zeros((rows, s.state_width), s.dtype, dev)).transpose()?;
+        self.greedy_ids = (installed && self.bank.is_some()).then(|| Tensor::zeros(rows, DType::U32, dev)).transpose()?;
         Ok(installed)
+    }
+
+    /// A re-entering coda's greedy ids of `logits`, the flagged ones written into `flagged`
+    /// (`[rows]` u32): the ids into the arena's buffer where there is one that holds them.
+    fn greedy_ids_to(&self, logits: &Tensor, flagged: &Tensor) -> Result<Tensor> {
+        let (rows, vocab) = (logits.dim(0)?, self.model.spec().vocab_size);
+        match &self.greedy_ids {
+            Some(buf) if rows <= buf.dim(0)? => {
+                let ids = buf.narrow(0, 0, rows)?;
+                crate::ops::into::greedy_ids_flagged_into(logits, vocab, &ids, flagged)?;
+                Ok(ids)
+            }
+            _ => {
+                let (ids, f) = crate::ops::greedy_ids_flagged(logits, vocab)?;
+                flagged.slice_set(&f, 0, 0)?;
+                Ok(ids)
+            }
+        }
     }
 
     /// The bank rows `idx` (`[rows]` u32 on the device): into the arena's buffer where there is

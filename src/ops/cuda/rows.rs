@@ -1,7 +1,7 @@
 //! Row movement and readout kernels (`kernels/fused.cu`): in-place row scatter, compaction
 //! to kept rows, greedy token with its probability, greedy ids with the non-finite flag.
 
-use super::launch::{device, for_float, kernel, same_device_dtype, view, wrap, Module};
+use super::launch::{check_given, device, for_float, kernel, pair_given, pair_guards, same_device_dtype, view, wrap, Dest, Module};
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -161,6 +161,15 @@ fn greedy_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, logits:
 /// row without a finite maximum), and the same ids with `flag` added where the row's f32 sum is
 /// not finite: one pass over the logits in their own dtype.
 pub fn greedy_flagged(logits: &Tensor, flag: u32) -> Result<(Tensor, Tensor)> {
+    greedy_flagged_to(logits, flag, None)
+}
+
+/// [`greedy_flagged`] written into `ids` and `flagged` (`[rows]` u32 each).
+pub fn greedy_flagged_into(logits: &Tensor, flag: u32, ids: &Tensor, flagged: &Tensor) -> Result<()> {
+    greedy_flagged_to(logits, flag, Some((ids, flagged))).map(|_| ())
+}
+
+fn greedy_flagged_to(logits: &Tensor, flag: u32, outs: Option<(&Tensor, &Tensor)>) -> Result<(Tensor, Tensor)> {
     const OP: &str = "greedy_flagged";
     let dev = device(logits, OP)?;
     let logits = logits.contiguous()?;
@@ -168,11 +177,13 @@ pub fn greedy_flagged(logits: &Tensor, flag: u32) -> Result<(Tensor, Tensor)> {
     if width == 0 || width > i32::MAX as usize || rows > i32::MAX as usize {
         bail!("{OP} (cuda): logits {:?}", logits.dims());
     }
+    check_given(OP, "ids", &logits, DType::U32, &[rows], outs.map(|o| o.0))?;
+    check_given(OP, "flagged", &logits, DType::U32, &[rows], outs.map(|o| o.1))?;
     if rows == 0 {
         let none = Tensor::zeros(0, DType::U32, logits.device())?;
         return Ok((none.clone(), none));
     }
-    for_float!(logits.dtype(), OP, |T, suf| greedy_flagged_launch::<T>(&dev, suf, &logits, rows, width, flag))
+    for_float!(logits.dtype(), OP, |T, suf| greedy_flagged_launch::<T>(&dev, suf, &logits, rows, width, flag, outs))
 }
 
 fn greedy_flagged_launch<T: CudaDType + DeviceRepr>(
@@ -182,24 +193,29 @@ fn greedy_flagged_launch<T: CudaDType + DeviceRepr>(
     rows: usize,
     width: usize,
     flag: u32,
+    outs: Option<(&Tensor, &Tensor)>,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "greedy_flagged";
     let (ls, ll) = logits.storage_and_layout();
     let l_v = view::<T>(&ls, ll, OP, "logits", false)?;
+    let guards = pair_guards(outs);
+    let [ids_given, flagged_given] = pair_given(&guards);
     // SAFETY: the kernel writes both ids of every row.
-    let mut ids = unsafe { dev.alloc::<u32>(rows)? };
-    let mut flagged = unsafe { dev.alloc::<u32>(rows)? };
+    let mut ids = unsafe { Dest::<u32>::new(dev, rows, ids_given, OP, "ids")? };
+    let mut flagged = unsafe { Dest::<u32>::new(dev, rows, flagged_given, OP, "flagged")? };
     let func = kernel!(dev, Module::Fused, &format!("greedy_flagged_{suf}"))?;
     // A block of 1024 threads a row: at decode widths the launch has a block per row only, and
     // each thread's few 16-byte loads are what keeps the logits streaming.
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
     let w = width as i32;
     let mut b = func.builder();
-    b.arg(&mut ids).arg(&mut flagged).arg(&l_v).arg(&w).arg(&flag);
+    ids.push(&mut b);
+    flagged.push(&mut b);
+    b.arg(&l_v).arg(&w).arg(&flag);
     // SAFETY: argument list matches `greedy_flagged_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
-    Ok((wrap(ids, dev, rows), wrap(flagged, dev, rows)))
+    Ok((ids.finish(dev, rows, outs.map(|o| o.0)), flagged.finish(dev, rows, outs.map(|o| o.1))))
 }
 
 /// In each of `tensors` (one shape, dtype and device; contiguous), row `dst[p]` = row `src[p]`
