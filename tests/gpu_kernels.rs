@@ -1363,6 +1363,34 @@ fn gather_rows_into_matches_index_select() {
     println!("gather_rows_into: exact for f32/bf16/f16, widths 2048 / 5 / 4096");
 }
 
+/// The arena's exit-gate logit (one launch, the cast folded into the load) against the gate's
+/// f32 linear layer over the cast rows on the CPU: within f32 summation-order rounding.
+#[test]
+fn gate_logit_into_matches_the_f32_linear() {
+    use ponder::ops::into::gate_logit_into;
+    let gpu = gpu_device();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(rows, k) in &[(1usize, 2048usize), (37, 2048), (5, 100)] {
+            let mut rng = StdRng::seed_from_u64((rows * 13 + k) as u64);
+            let h = rand_tensor(&mut rng, &[rows, k], -2.0, 2.0, dt);
+            let w = rand_tensor(&mut rng, &[1, k], -0.1, 0.1, DType::F32);
+            let b = rand_tensor(&mut rng, &[1], -1.0, 1.0, DType::F32);
+            let want = Tensor::zeros(rows, DType::F32, &Device::Cpu).unwrap();
+            gate_logit_into(&h, &w, &b, &want).unwrap();
+            let got = Tensor::zeros(rows + 2, DType::F32, &gpu).unwrap();
+            let (hg, wg, bg) = (h.to_device(&gpu).unwrap(), w.to_device(&gpu).unwrap(), b.to_device(&gpu).unwrap());
+            gate_logit_into(&hg, &wg, &bg, &got.narrow(0, 0, rows).unwrap()).unwrap();
+            let got: Vec<f32> = got.to_device(&Device::Cpu).unwrap().to_vec1().unwrap();
+            let want: Vec<f32> = want.to_vec1().unwrap();
+            for (r, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert!((g - e).abs() <= 1e-5 * (1.0 + e.abs()), "gate logit {dt:?} [{rows}, {k}] row {r}: {g} vs {e}");
+            }
+            assert_eq!(&got[rows..], &[0.0, 0.0], "rows past the launch untouched");
+        }
+    }
+    println!("gate_logit_into: within 1e-5 of the f32 linear for f32/bf16/f16");
+}
+
 /// The last-exited K/V fill: every layer's K and V rows copied in one launch, exactly as the
 /// gather-then-scatter reference on the CPU; pairs whose destination is another pair's source
 /// take the reference path on the device too.

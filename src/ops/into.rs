@@ -41,6 +41,19 @@ pub fn linear_f32_into(x: &Tensor, w: &Tensor, out: &Tensor) -> Result<()> {
     copy_into(out, &super::linear_f32(x, w)?)
 }
 
+/// An exit gate's logit per row: `out = (f32(h) · wᵀ + bias)` squeezed to `[rows]` (`w` `[1, k]`,
+/// `bias` `[1]`, f32), the value of the gate's `Linear::forward` over `h` cast to f32. On CUDA one
+/// launch with the cast folded into the load (its sum in another order than cuBLAS's, so a
+/// last-bit difference from the plain body's gate is possible there); elsewhere that composition.
+pub fn gate_logit_into(h: &Tensor, w: &Tensor, bias: &Tensor, out: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if h.device().is_cuda() && super::is_float(h.dtype()) {
+        return super::cuda::row_dot_f32_into(h, w, bias, out);
+    }
+    let logit = h.to_dtype(DType::F32)?.matmul(&w.t()?)?.broadcast_add(bias)?;
+    copy_into(out, &logit)
+}
+
 /// Rows `index[r]` of `src` `[src_rows, width]` into `out` `[rows, width]` (`index_select`).
 pub fn gather_rows_into(src: &Tensor, index: &Tensor, out: &Tensor) -> Result<()> {
     #[cfg(feature = "cuda")]

@@ -78,6 +78,8 @@ struct Arena {
     rope_turn: AtomicUsize,
     /// The prelude's output (the embedding rows).
     embedded: Tensor,
+    /// The step's exit-gate logit (f32).
+    gate: Tensor,
 }
 
 /// Most k slices a decode projection is split into (`ops::split_k`) and the widest launch split:
@@ -307,7 +309,15 @@ impl Ouro {
             into::linear_add_rms_norm_into(&mid, &act, weight(&layer.down)?, norms, eps, (&proj, &ar.parts), &res, &a)?;
         }
         crate::ops::policy::count(|c| c.arena_steps += 1);
-        let gate_logit = if self.gate_on { Some(self.gate.forward(&a.to_dtype(DType::F32)?)?.squeeze(1)?) } else { None };
+        let gate_logit = match (self.gate_on, self.gate.stored(), self.gate.bias()) {
+            (false, ..) => None,
+            (true, LinearWeight::Dense(w), Some(b)) => {
+                let g = ar.gate.narrow(0, 0, t)?;
+                into::gate_logit_into(&a, w, b, &g)?;
+                Some(g)
+            }
+            (true, ..) => Some(self.gate.forward(&a.to_dtype(DType::F32)?)?.squeeze(1)?),
+        };
         Ok(CoreOut { hidden: a, gate_logit })
     }
 }
@@ -417,6 +427,7 @@ impl LoopedModel for Ouro {
             rope: [(buf(hd / 2)?, buf(hd / 2)?), (buf(hd / 2)?, buf(hd / 2)?)],
             rope_turn: AtomicUsize::new(0),
             embedded: buf(h)?,
+            gate: Tensor::zeros(rows, DType::F32, dev)?,
         }));
         Ok(true)
     }
@@ -429,7 +440,7 @@ impl LoopedModel for Ouro {
         // normed ×2, residual, mid, mid_normed, proj, embedded; qkv, attn, gate_up, act; RoPE.
         let cols = 7 * h + (nh + 2 * nkv) * hd + nh * hd + 3 * i + 2 * hd;
         let activations = (rows * cols * self.spec.dtype.size_in_bytes()) as u64;
-        let parts = (ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h * 4) as u64;
+        let parts = (ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h * 4 + rows * 4) as u64;
         // The attention workspace: the decode ring's partials for every block of its grid
         // (one an SM; 1024 SMs bounds any device) and row.
         let attention = ((1024 + rows) * nh * (hd + 2) * 4 + 1024 * 16) as u64;

@@ -321,42 +321,50 @@ mod tests {
         let huginn = Huginn::load(&hcfg, &crate::loader::Weights::from_map(t, DType::F32, &Device::Cpu)).unwrap();
         let prompts: Vec<Vec<u32>> = (0..11u32).map(|i| (0..1 + (i * 7) % 23).map(|j| (i * 31 + j * 17) % 97).collect()).collect();
         let new_tokens: Vec<usize> = (0..11).map(|i| 2 + (i * 5) % 13).collect();
-        let run_with =
-            |model: Box<dyn LoopedModel>, sched: SchedulerKind, layout: KvLayoutKind, width: usize, graphs: bool, kernels: crate::ops::KernelPolicy| {
-                CPU_GRAPH_BODIES.with(|c| c.set(graphs));
-                let mut b = EngineBuilder::from_model(model, None, vec![])
-                    .kernels(kernels)
-                    .looped(|o| o.scheduler(sched).kv_layout(layout))
-                    .max_num_seqs(width)
-                    .block_size(4)
-                    .max_num_batched_tokens(256)
-                    .looped(|o| o.cuda_graphs(graphs));
-                if sched != SchedulerKind::Continuous {
-                    b = b.looped(|o| o.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap()));
-                }
-                let mut engine = b.build().unwrap();
-                CPU_GRAPH_BODIES.with(|c| c.set(false));
-                let ids: Vec<_> = prompts
-                    .iter()
-                    .zip(&new_tokens)
-                    .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams { ignore_eos: true, ..GenerationParams::greedy(n) }).unwrap())
-                    .collect();
-                let mut got: HashMap<crate::RequestId, Vec<u32>> = HashMap::new();
-                while engine.has_work() {
-                    for ev in engine.step().unwrap() {
-                        if let Event::Token { id, token, .. } = ev {
-                            got.entry(id).or_default().push(token);
-                        }
+        let run_with = |model: Box<dyn LoopedModel>,
+                        sched: SchedulerKind,
+                        layout: KvLayoutKind,
+                        width: usize,
+                        graphs: bool,
+                        kernels: crate::ops::KernelPolicy,
+                        q_exit: bool| {
+            CPU_GRAPH_BODIES.with(|c| c.set(graphs));
+            let mut b = EngineBuilder::from_model(model, None, vec![])
+                .kernels(kernels)
+                .looped(|o| o.scheduler(sched).kv_layout(layout))
+                .max_num_seqs(width)
+                .block_size(4)
+                .max_num_batched_tokens(256)
+                .looped(|o| o.cuda_graphs(graphs));
+            if q_exit {
+                // Ouro's own exit gate: the core steps compute its logit, read every step.
+                b = b.looped(|o| o.exit_gate(crate::looped::gate::QExit::new(0.5, 1, 4).unwrap()));
+            } else if sched != SchedulerKind::Continuous {
+                b = b.looped(|o| o.exit_gate(Replay::new(DepthTrace::with_mean(2.5, 1, 4, 9).unwrap(), 1, 4).unwrap()));
+            }
+            let mut engine = b.build().unwrap();
+            CPU_GRAPH_BODIES.with(|c| c.set(false));
+            let ids: Vec<_> = prompts
+                .iter()
+                .zip(&new_tokens)
+                .map(|(p, &n)| engine.add_request(p.clone(), GenerationParams { ignore_eos: true, ..GenerationParams::greedy(n) }).unwrap())
+                .collect();
+            let mut got: HashMap<crate::RequestId, Vec<u32>> = HashMap::new();
+            while engine.has_work() {
+                for ev in engine.step().unwrap() {
+                    if let Event::Token { id, token, .. } = ev {
+                        got.entry(id).or_default().push(token);
                     }
                 }
-                let metrics = engine.metrics();
-                let m = metrics.looped().expect("a looped engine");
-                let stats = (m.graph_captures, m.graph_replays);
-                let tokens: Vec<Vec<u32>> = ids.iter().map(|id| got.remove(id).unwrap()).collect();
-                (tokens, stats, metrics.kernels.arena_steps)
-            };
+            }
+            let metrics = engine.metrics();
+            let m = metrics.looped().expect("a looped engine");
+            let stats = (m.graph_captures, m.graph_replays);
+            let tokens: Vec<Vec<u32>> = ids.iter().map(|id| got.remove(id).unwrap()).collect();
+            (tokens, stats, metrics.kernels.arena_steps)
+        };
         let run = |model: Box<dyn LoopedModel>, sched: SchedulerKind, layout: KvLayoutKind, width: usize, graphs: bool| {
-            let (tokens, stats, _) = run_with(model, sched, layout, width, graphs, Default::default());
+            let (tokens, stats, _) = run_with(model, sched, layout, width, graphs, Default::default(), false);
             (tokens, stats)
         };
         for (sched, layout, width) in [
@@ -375,19 +383,20 @@ mod tests {
         // on it (CB at W 6 runs prompts of up to 23 tokens in launches wider than that arena, so
         // they keep the plain body).
         let arena = crate::ops::KernelPolicy { decode_arena: true, ..Default::default() };
-        for (sched, layout, width) in [
-            (SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 6),
-            (SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 5),
-            (SchedulerKind::Depth { refill: false }, KvLayoutKind::LastExited, 7),
+        for (sched, layout, width, q_exit) in [
+            (SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 6, false),
+            (SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 5, false),
+            (SchedulerKind::Depth { refill: false }, KvLayoutKind::LastExited, 7, false),
+            (SchedulerKind::Depth { refill: true }, KvLayoutKind::LastExited, 5, true),
         ] {
-            let (plain, _) = run(Box::new(ouro.clone()), sched, layout, width, false);
+            let (plain, _, _) = run_with(Box::new(ouro.clone()), sched, layout, width, false, Default::default(), q_exit);
             for graphs in [false, true] {
-                let (tokens, _, arena_steps) = run_with(Box::new(ouro.clone()), sched, layout, width, graphs, arena);
+                let (tokens, _, arena_steps) = run_with(Box::new(ouro.clone()), sched, layout, width, graphs, arena, q_exit);
                 assert!(arena_steps > 0, "ouro {sched:?} graphs {graphs}: no core step ran on the arena");
                 assert_eq!(plain, tokens, "ouro arena {sched:?} {layout:?} W{width} graphs {graphs}");
             }
         }
-        let (_, _, huginn_arena) = run_with(Box::new(huginn.clone()), SchedulerKind::Continuous, KvLayoutKind::Shared, 3, false, arena);
+        let (_, _, huginn_arena) = run_with(Box::new(huginn.clone()), SchedulerKind::Continuous, KvLayoutKind::Shared, 3, false, arena, false);
         assert_eq!(huginn_arena, 0, "Huginn has no arena body: its core steps stay plain");
         for (sched, width) in [(SchedulerKind::Continuous, 3), (SchedulerKind::Depth { refill: false }, 4), (SchedulerKind::Depth { refill: true }, 5)] {
             let layout = KvLayoutKind::Shared;

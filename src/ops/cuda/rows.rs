@@ -120,6 +120,55 @@ fn gather_rows_launch<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
+/// `out[r] = bias + Σ_k f32(h[r, k]) · w[k]` (`h` `[rows, k]` float, `w` `[k]` or `[1, k]` and
+/// `bias` `[1]` f32, `out` `[rows]` f32, contiguous): a one-output linear layer in f32 over rows
+/// of another dtype, the cast folded into the load (an exit gate's logit).
+pub fn row_dot_f32_into(h: &Tensor, w: &Tensor, bias: &Tensor, out: &Tensor) -> Result<()> {
+    const OP: &str = "row_dot_f32";
+    let dev = device(h, OP)?;
+    let (rows, k) = h.dims2()?;
+    same_device_dtype(OP, DType::F32, w, &[("bias", bias), ("out", out)])?;
+    if w.elem_count() != k || bias.elem_count() != 1 || out.dims() != [rows] || k > i32::MAX as usize || rows > u32::MAX as usize / 2 {
+        bail!("{OP} (cuda): h {:?}, w {:?}, bias {:?}, out {:?}", h.dims(), w.dims(), bias.dims(), out.dims());
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let (h, w, bias) = (h.contiguous()?, w.contiguous()?, bias.contiguous()?);
+    for_float!(h.dtype(), OP, |T, suf| row_dot_launch::<T>(&dev, suf, &h, &w, &bias, out, rows, k))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row_dot_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    h: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+    out: &Tensor,
+    rows: usize,
+    k: usize,
+) -> Result<()> {
+    const OP: &str = "row_dot_f32";
+    let (hs, hl) = h.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let (bs, bl) = bias.storage_and_layout();
+    let (os, ol) = out.storage_and_layout();
+    let h_v = view::<T>(&hs, hl, OP, "h", false)?;
+    let w_v = view::<f32>(&ws, wl, OP, "w", false)?;
+    let b_v = view::<f32>(&bs, bl, OP, "bias", false)?;
+    // Written in place under the read lock, ordered by the device's one stream.
+    let out_v = view::<f32>(&os, ol, OP, "out", false)?;
+    let func = kernel!(dev, Module::Fused, &format!("row_dot_f32_{suf}"))?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let kk = k as i32;
+    let mut b = func.builder();
+    b.arg(&out_v).arg(&h_v).arg(&w_v).arg(&b_v).arg(&kk);
+    // SAFETY: argument list matches `row_dot_f32_*` in fused.cu; one block writes each row.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
 /// Greedy token `[rows]` u32 and its softmax probability `[rows]` f32 of each row of `logits`
 /// `[rows, vocab]`, in one pass over the logits in their own dtype; `exclude` (the mask token)
 /// is never chosen and left out of the normaliser.

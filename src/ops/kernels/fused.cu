@@ -18,6 +18,7 @@
 //   RoPE angles in one launch instead of candle's cast, mul, cos, sin and two casts).
 // greedy_flagged_*: the greedy id of each row and the same id flagged (+ vocab) where the row's
 //   sum is not finite, in one pass (the looped decode's greedy readout).
+// row_dot_f32_*: an exit gate's logit per row (f32 weight and bias over a row of the state).
 // scatter_rows_*, gather_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V
 //   writes, loop-state bank writes and reads, K/V slot copies across every layer in one launch;
 //   FOCUS compaction).
@@ -546,6 +547,19 @@ __device__ void scatter_rows(T *__restrict__ dst, const T *__restrict__ src, con
     copy_row(dst + to * width, src + r * width, width);
 }
 
+// out[r] = bias + sum_k float(h[r, k]) * w[k] (w, bias f32): an exit gate's logit per row, with
+// the row's cast to f32 folded into the load. One block per row.
+template <typename T>
+__device__ void row_dot_f32(float *__restrict__ out, const T *__restrict__ h, const float *__restrict__ w,
+                            const float *__restrict__ bias, int k) {
+    __shared__ float smem[32];
+    const T *x = h + (long long)blockIdx.x * k;
+    float acc = 0.f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) acc += to_f(x[i]) * w[i];
+    acc = block_sum(acc, smem);
+    if (threadIdx.x == 0) out[blockIdx.x] = acc + bias[0];
+}
+
 // Copies rows `index[r]` of `src` [src_rows, width] into rows r of `dst` [rows, width]: one block
 // per destination row (index_select's gather into a given buffer). An index past `src` (never
 // one the host gives) leaves zeros rather than reading out of bounds.
@@ -772,6 +786,10 @@ __device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict_
     extern "C" __global__ void scatter_rows_##SUF(T *dst, const T *src, const uint32_t *index,     \
                                                   int width, long long dst_rows) {                 \
         scatter_rows<T>(dst, src, index, width, dst_rows);                                         \
+    }                                                                                              \
+    extern "C" __global__ void row_dot_f32_##SUF(float *out, const T *h, const float *w,           \
+                                                 const float *bias, int k) {                       \
+        row_dot_f32<T>(out, h, w, bias, k);                                                        \
     }                                                                                              \
     extern "C" __global__ void gather_rows_##SUF(T *dst, const T *src, const uint32_t *index,      \
                                                  int width, long long src_rows) {                  \
