@@ -471,3 +471,66 @@ impl LoopedModel for Ouro {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the engine counts against device memory for the arena covers what it allocates, and
+    /// only a dense single-device model gets one.
+    #[test]
+    fn the_arena_is_counted_before_it_is_allocated() {
+        let cfg = crate::testing::tiny_ouro_config(97);
+        let weights = crate::testing::random_ouro_weights(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
+        let mut ouro = Ouro::load(&cfg, &weights).unwrap();
+        for rows in [1, 16, 64, 512] {
+            assert!(ouro.install_decode_arena(rows).unwrap());
+            let ar = ouro.arena.as_deref().unwrap();
+            let mut tensors: Vec<&Tensor> = vec![&ar.residual, &ar.mid, &ar.mid_normed, &ar.qkv, &ar.attn, &ar.proj, &ar.gate_up, &ar.act, &ar.parts];
+            tensors.extend([&ar.normed[0], &ar.normed[1], &ar.embedded, &ar.gate]);
+            tensors.extend(ar.rope.iter().flat_map(|(c, s)| [c, s]));
+            let allocated: u64 = tensors.into_iter().map(ops::bytes_of).sum();
+            assert!(allocated <= ouro.decode_arena_bytes(rows), "{rows} rows: {allocated} bytes allocated, {} counted", ouro.decode_arena_bytes(rows));
+        }
+        assert!(!ouro.install_decode_arena(0).unwrap() && ouro.arena.is_none(), "no arena of zero rows");
+    }
+
+    /// A launch wider than the arena runs the plain body; one within it, the arena's, with the
+    /// same state; consecutive steps alternate the output buffer, so a step can read the last.
+    #[test]
+    fn steps_within_the_arena_alternate_their_output() {
+        let cfg = crate::testing::tiny_ouro_config(97);
+        let weights = crate::testing::random_ouro_weights(&cfg, 4, DType::F32, &Device::Cpu).unwrap();
+        let plain = Ouro::load(&cfg, &weights).unwrap();
+        let mut arena = plain.clone();
+        assert!(arena.install_decode_arena(4).unwrap());
+        let kv = KvStore::new(cfg.num_hidden_layers, 8, 4, cfg.kv_heads(), cfg.head_dim(), DType::F32, &Device::Cpu).unwrap();
+        let kv2 = KvStore::new(cfg.num_hidden_layers, 8, 4, cfg.kv_heads(), cfg.head_dim(), DType::F32, &Device::Cpu).unwrap();
+        let mut host = ops::PagedBatchHost::new();
+        for r in 0..3u32 {
+            host.push_row(&[r], 1, 1, None);
+        }
+        let width = cfg.kv_heads() * cfg.head_dim();
+        let batch = PagedBatch::new(host, 4, ops::AttnMask::Causal, width, &Device::Cpu).unwrap();
+        let positions = Tensor::new(&[0u32, 0, 0], &Device::Cpu).unwrap();
+        let ids = Tensor::new(&[5u32, 9, 11], &Device::Cpu).unwrap();
+        let (input_p, input_a) = (plain.prepare(&positions).unwrap(), arena.prepare(&positions).unwrap());
+        let mut hp = plain.prelude(&ids, &input_p, &batch, &kv).unwrap();
+        let mut ha = arena.prelude(&ids, &input_a, &batch, &kv2).unwrap();
+        let (mut outputs, mut values) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            hp = plain.core_step(&hp, &input_p, &batch, &kv).unwrap().hidden;
+            ha = arena.core_step(&ha, &input_a, &batch, &kv2).unwrap().hidden;
+            assert_eq!(hp.to_vec2::<f32>().unwrap(), ha.to_vec2::<f32>().unwrap());
+            outputs.push(ha.clone());
+            values.push(ha.to_vec2::<f32>().unwrap());
+        }
+        // The first step's output buffer now holds the third step's state; the second's its own.
+        assert_ne!(values[0], values[2]);
+        assert_eq!(outputs[0].to_vec2::<f32>().unwrap(), values[2]);
+        assert_eq!(outputs[1].to_vec2::<f32>().unwrap(), values[1]);
+        // Five rows do not fit an arena of four: a fresh tensor, the plain body's.
+        let five = Tensor::zeros((5, cfg.hidden_size), DType::F32, &Device::Cpu).unwrap();
+        assert!(arena.arena_for(&five).is_none());
+    }
+}
