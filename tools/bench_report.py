@@ -323,6 +323,38 @@ def fp8():
                                                                                   {"model": "Ouro-1.4B decode and SDAR-8B denoising, FP8 against bf16", "gpu": d["gpu"], "commit": d["commit"]})))
 
 
+def fp8_h100():
+    n = "fp8/h100_decode_ab_2d346d3.json"; R = load(n)["runs"]
+    def cb(label, w):
+        v = [r["tokens_per_s"] for i in (1, 2) for r in R[f"{label}_{i}"]["results"] if r.get("width") == w and "tokens_per_s" in r]
+        return sum(v) / len(v) if v else None
+    rows = [(1, "tensor-core weight-only", "cb_mma"), (16, "tensor-core weight-only", "cb_mma"), (64, "tensor-core weight-only", "cb_mma"),
+            (1, "SIMT weight-only", "cb_simt"), (16, "SIMT weight-only", "cb_simt"), (64, "W8A8 (by-shape)", "cb_byshape")]
+    dec = [[f"W {w}", path, num(cb("cb_bf16", w)), num(cb(lab, w)), times(cb(lab, w) / cb("cb_bf16", w))] for w, path, lab in rows]
+    m = "fp8/h100_diffusion_huginn_2d346d3.json"; D = load(m)["runs"]
+    def den(model, label):
+        sd = {(r["mode"], r["batch"], q): r["tokens_per_s"] for q in ("bf16", "fp8") for r in D[f"{label}_{q}"]["results"]}
+        return [[f"{model} B {b} {mode}", "W8A8 (by-shape)", num(sd[(mode, b, "bf16")]), num(sd[(mode, b, "fp8")]), times(sd[(mode, b, "fp8")] / sd[(mode, b, "bf16")])]
+                for b in (32, 256) for mode in ("baseline", "focus")]
+    hg = {(r["width"], q): r["tokens_per_s"] for q in ("bf16", "fp8") for r in D[f"huginn_{q}"]["results"]}
+    hug = [[f"Huginn W {w}", "by-shape", num(hg[(w, "bf16")]), num(hg[(w, "fp8")]), times(hg[(w, "fp8")] / hg[(w, "bf16")])] for w in (1, 16, 64)]
+    V.update(fp8_h100_table=table(["launch", "FP8 path", "bf16 tok/s", "FP8 tok/s", "FP8 ÷ bf16"], dec + den("SDAR-8B", "sdar") + den("LLaDA2.0-mini", "llada2") + hug),
+             fp8_h100_data=data(n, date=False) + " " + data(m, date=False), fp8_h100_cmds=cmds(load(n)["commands"] + load(m)["commands"]))
+
+
+def arena():
+    n = "arena/h100_ab_2d346d3.json"; R = load(n)["runs"]
+    def step(label, w):
+        v = [r["decode_step_ms"] for i in (1, 2) for r in R[f"{label}_{i}"]["results"] if r.get("width") == w and "decode_step_ms" in r]
+        return sum(v) / len(v)
+    def nodes(label, w): return next(r["graph_memory_nodes"] for r in R[f"{label}_1"]["results"] if r.get("width") == w and "graph_memory_nodes" in r)
+    rows = [[f"CB W {w}", f"{step('cb_plain', w):.2f}", f"{step('cb_arena', w):.2f}", times(step("cb_plain", w) / step("cb_arena", w), 3), f"{nodes('cb_plain', w)} → {nodes('cb_arena', w)}"] for w in (16, 64)]
+    cdb = {k: next(r for r in R[k]["results"] if r["mode"] == "cdb-refill") for k in ("cdb_plain", "cdb_arena")}
+    V.update(arena_table=table(["launch", "plain step ms", "arena step ms", "plain ÷ arena", "memory nodes in its graphs"], rows), arena_data=data(n, date=False), arena_cmds=cmds(load(n)["commands"]),
+             arena_cdb_plain=pct(cdb["cdb_plain"]["fraction_of_prefill_adjusted_bound"]), arena_cdb=pct(cdb["cdb_arena"]["fraction_of_prefill_adjusted_bound"]),
+             arena_core_plain=pct(cdb["cdb_plain"]["stages"]["core"]["fraction_of_roofline"]), arena_core=pct(cdb["cdb_arena"]["stages"]["core"]["fraction_of_roofline"]))
+
+
 # ---- plots: three shapes cover every figure (matplotlib, SVG without a date) ----
 def fig(title, w=8, h=3.8):
     f, ax = plt.subplots(figsize=(w, h)); ax.set_title("\n".join(textwrap.wrap(title, 120)), fontsize=8); ax.grid(True, alpha=0.3); return f, ax
@@ -352,7 +384,7 @@ def modes(rows, d):
 
 def main():
     global plt
-    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, fp8, h100, did_not_pay):
+    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, fp8, fp8_h100, arena, h100, did_not_pay):
         section()
     gpus = lambda h: " / ".join(sorted({d["gpu"] for n, d in _cache.items() if n.startswith("h100/") == h}))
     V.update(gpus=gpus(False), h100_gpus=gpus(True))
