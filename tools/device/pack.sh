@@ -15,6 +15,9 @@ if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
   echo "pack.sh: commit first (tracked files changed); the binaries must match --commit" >&2
   exit 1
 fi
+# Cargo builds the working tree as it is while it builds: an edit or a commit during the build
+# would go into binaries labelled with the commit read here. Checked again at the end.
+packed=$(git rev-parse HEAD)
 shared=../shared/cuda
 [ -x "$(command -v nvcc || true)" ] || source "$shared/env.sh"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
@@ -56,4 +59,9 @@ _nccl=$(python3 -c 'import nvidia, glob, os; print(next((os.path.dirname(p) for 
 unset _nccl
 UNPACK
 ls -l .device/*.xz >&2
+if [ "$(git rev-parse HEAD)" != "$packed" ] || [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+  rm -f .device/*.xz
+  echo "pack.sh: the tree changed while building; the binaries are discarded, pack again" >&2
+  exit 1
+fi
 git rev-parse --short HEAD
