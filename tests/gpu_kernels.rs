@@ -1149,10 +1149,10 @@ fn engine_run_with(
 /// The decode arena (`KernelPolicy::decode_arena`): the same greedy tokens as the plain body —
 /// the same kernels and cuBLAS calls, only the output pointers are the arena's. Where the folded
 /// decode attention takes the launch (MHA, like Ouro-1.4B: the SIMT fold at head dim 64 with its
-/// key splits in the arena's workspace, the ring at 128 under `ring=always`) a graph — CB's
-/// full-depth decode, depth batching's core steps and re-entering codas — holds no memory node
-/// at all; a GQA model (the two-launch attention, allocating) keeps those of its attention (on
-/// an H100 at `2d346d3`: 320 of the plain body's 1120).
+/// key splits in the arena's workspace, the ring at 128 under `ring=always`), or for a GQA model
+/// its two launches with q in the arena, a graph — CB's full-depth decode, depth batching's core
+/// steps and re-entering codas — holds no memory node at all (before q had a buffer of its own,
+/// the GQA case kept 320 of the plain body's 1120 on an H100 at `2d346d3`).
 #[test]
 fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
     use ponder::looped::models::Ouro;
@@ -1168,7 +1168,7 @@ fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
         ("cb shared W7", 64, 4, "", SchedulerKind::Continuous, KvLayoutKind::Shared, 7, true),
         ("cdb-refill shared W13", 64, 4, "", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13, true),
         ("cb d128 ring W40", 128, 4, "ring=always", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, true),
-        ("cb gqa W40", 64, 2, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, false),
+        ("cb gqa W40", 64, 2, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, true),
     ];
     for (name, head_dim, kv_heads, policy, sched, layout, width, none_left) in cases {
         let mut cfg = graph_test_config();

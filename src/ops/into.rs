@@ -140,30 +140,34 @@ pub fn linear_add_rms_norm_into(
     add_rms_norm_into(residual, proj, w_x, w_next, eps, h, n)
 }
 
-/// The split partials' workspace of decode attention in a decode arena: f32 `acc` and `ml`, u32
-/// `own`, sized for the decode ring at the arena's width (empty off CUDA, where attention
-/// allocates nothing of its own).
+/// Decode attention's own buffers in a decode arena: the split partials' workspace (f32 `acc`
+/// and `ml`, u32 `own`, sized for the decode ring at the arena's width) and, for launches the
+/// folded kernels do not take (GQA groups), the rotated q between the two launches. Empty off
+/// CUDA, where attention allocates nothing of its own.
 #[derive(Debug)]
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub struct AttentionScratch {
     acc: Tensor,
     ml: Tensor,
     own: Tensor,
+    q: Tensor,
 }
 
 impl AttentionScratch {
-    pub fn new(rows: usize, heads: usize, head_dim: usize, device: &Device) -> Result<Self> {
+    pub fn new(rows: usize, heads: usize, head_dim: usize, dtype: DType, device: &Device) -> Result<Self> {
         #[allow(unused_mut)]
-        let mut len = [0usize; 3];
+        let mut len = [0usize; 4];
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = device {
-            len = super::cuda::attention_scratch_len(dev, rows, heads, head_dim)?;
+            let [acc, ml, own] = super::cuda::attention_scratch_len(dev, rows, heads, head_dim)?;
+            len = [acc, ml, own, rows * heads * head_dim];
         }
         let _ = (rows, heads, head_dim);
         Ok(Self {
             acc: Tensor::zeros(len[0], DType::F32, device)?,
             ml: Tensor::zeros(len[1], DType::F32, device)?,
             own: Tensor::zeros(len[2], DType::U32, device)?,
+            q: Tensor::zeros(len[3], dtype, device)?,
         })
     }
 }
@@ -188,6 +192,28 @@ pub fn qkv_rope_attention_into(
         let into = super::cuda::AttentionInto { out, acc: &scratch.acc, ml: &scratch.ml, own: &scratch.own };
         if super::fused::folded_decode_attention(qkv, angles, (k_cache, v_cache), batch, (heads, kv_heads), scale, Some(&into))?.is_some() {
             return Ok(());
+        }
+        // The two launches the plain op runs where its `qkv_rope_write` takes the CUDA kernel,
+        // q in the arena between them.
+        let t = qkv.dim(0)?;
+        let dt = qkv.dtype();
+        let same = [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|x| x.dtype() == dt && x.is_contiguous());
+        if qkv.device().is_cuda() && super::is_float(dt) && same && scratch.q.dtype() == dt && scratch.q.elem_count() >= t * heads * head_dim {
+            let q = scratch.q.narrow(0, 0, t * heads * head_dim)?.reshape((t, heads, head_dim))?;
+            let (cos, sin, slots) = (&angles.cos, &angles.sin, &batch.slot_mapping);
+            super::cuda::qkv_rope_write_into(&qkv.contiguous()?, cos, sin, k_cache, v_cache, slots, (heads, kv_heads, head_dim), &q)?;
+            let tables = [&batch.block_tables, &batch.context_lens, &batch.cu_q_lens];
+            return super::cuda::paged_attention_into(
+                &q,
+                k_cache,
+                v_cache,
+                tables,
+                batch.max_q_len,
+                batch.max_context_len,
+                scale as f32,
+                batch.mask.block(),
+                &into,
+            );
         }
     }
     let _ = scratch;

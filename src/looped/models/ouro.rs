@@ -423,7 +423,7 @@ impl LoopedModel for Ouro {
             gate_up: buf(2 * i)?,
             act: buf(i)?,
             parts: Tensor::zeros(ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h, DType::F32, dev)?,
-            attention: AttentionScratch::new(rows, nh, hd, dev)?,
+            attention: AttentionScratch::new(rows, nh, hd, dt, dev)?,
             rope: [(buf(hd / 2)?, buf(hd / 2)?), (buf(hd / 2)?, buf(hd / 2)?)],
             rope_turn: AtomicUsize::new(0),
             embedded: buf(h)?,
@@ -437,8 +437,9 @@ impl LoopedModel for Ouro {
             return 0;
         }
         let (h, i, nh, nkv, hd) = (self.spec.hidden_size, self.cfg.intermediate_size, self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
-        // normed ×2, residual, mid, mid_normed, proj, embedded; qkv, attn, gate_up, act; RoPE.
-        let cols = 7 * h + (nh + 2 * nkv) * hd + nh * hd + 3 * i + 2 * hd;
+        // normed ×2, residual, mid, mid_normed, proj, embedded; qkv, attn (and attention's q),
+        // gate_up, act; RoPE.
+        let cols = 7 * h + (nh + 2 * nkv) * hd + 2 * nh * hd + 3 * i + 2 * hd;
         let activations = (rows * cols * self.spec.dtype.size_in_bytes()) as u64;
         let parts = (ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h * 4 + rows * 4) as u64;
         // The attention workspace: the decode ring's partials for every block of its grid

@@ -40,6 +40,38 @@ pub fn paged_attention(
     scale: f32,
     mask_block: u32,
 ) -> Result<Tensor> {
+    paged_attention_to(q, k_cache, v_cache, [block_tables, context_lens, cu_q_lens], max_q_len, max_context_len, scale, mask_block, None)
+}
+
+/// [`paged_attention`] with its output and split workspace given (`into.out` `[T, H, D]` of q's
+/// dtype, contiguous).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_into(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    tables: [&Tensor; 3],
+    max_q_len: usize,
+    max_context_len: usize,
+    scale: f32,
+    mask_block: u32,
+    into: &AttentionInto,
+) -> Result<()> {
+    paged_attention_to(q, k_cache, v_cache, tables, max_q_len, max_context_len, scale, mask_block, Some(into)).map(|_| ())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn paged_attention_to(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    [block_tables, context_lens, cu_q_lens]: [&Tensor; 3],
+    max_q_len: usize,
+    max_context_len: usize,
+    scale: f32,
+    mask_block: u32,
+    into: Option<&AttentionInto>,
+) -> Result<Tensor> {
     let dev = device(q, OP)?;
     for (name, t) in [("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables), ("context_lens", context_lens), ("cu_q_lens", cu_q_lens)] {
         if !t.device().same_device(q.device()) {
@@ -80,8 +112,14 @@ pub fn paged_attention(
     if !(i32_ok(tokens * heads) && i32_ok(rows + 1) && i32_ok(max_blocks) && i32_ok(max_context_len)) {
         bail!("paged attention (cuda): sizes exceed i32");
     }
+    if let Some(g) = into {
+        super::launch::check_given(OP, "out", q, dtype, &[tokens, heads, hd], Some(g.out))?;
+    }
     if tokens == 0 || rows == 0 {
-        return Tensor::zeros((tokens, heads, hd), dtype, q.device());
+        return match into {
+            Some(g) => Ok(g.out.clone()),
+            None => Tensor::zeros((tokens, heads, hd), dtype, q.device()),
+        };
     }
     // Vector loads need 16-byte aligned rows: copy q if a view starts off alignment.
     let elem = dtype.size_in_bytes();
@@ -126,7 +164,7 @@ pub fn paged_attention(
         mask_block,
     };
     let t = Inputs { q: &q, k: k_cache, v: v_cache, bt: block_tables, cl: context_lens, cu: cu_q_lens };
-    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p, None, None))
+    for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p, None, into))
 }
 
 struct Inputs<'a> {

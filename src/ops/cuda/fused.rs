@@ -59,6 +59,35 @@ pub fn qkv_rope_write(
     kv_heads: usize,
     head_dim: usize,
 ) -> Result<Tensor> {
+    qkv_rope_write_to(qkv, cos, sin, k_cache, v_cache, slot_mapping, (heads, kv_heads, head_dim), None)
+}
+
+/// [`qkv_rope_write`] with q written into `q_out` (`[T, H, D]`, contiguous).
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_write_into(
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: (usize, usize, usize),
+    q_out: &Tensor,
+) -> Result<()> {
+    qkv_rope_write_to(qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, Some(q_out)).map(|_| ())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qkv_rope_write_to(
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    q_out: Option<&Tensor>,
+) -> Result<Tensor> {
     const OP: &str = "qkv_rope_write";
     let dev = device(qkv, OP)?;
     let dtype = qkv.dtype();
@@ -70,10 +99,12 @@ pub fn qkv_rope_write(
     if pairs == 0 {
         bail!("{OP} (cuda): sizes out of range");
     }
+    check_given(OP, "q", qkv, dtype, &[tokens, heads, head_dim], q_out)?;
     if tokens == 0 {
         return Tensor::zeros((0, heads, head_dim), dtype, qkv.device());
     }
-    for_float!(dtype, OP, |T, suf| qkv_rope_launch::<T>(&dev, suf, qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, kv_heads, head_dim, num_slots, pairs))
+    let shape = [heads, kv_heads, head_dim, num_slots, pairs];
+    for_float!(dtype, OP, |T, suf| qkv_rope_launch::<T>(&dev, suf, qkv, [cos, sin], [k_cache, v_cache], slot_mapping, shape, q_out))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -81,16 +112,11 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     suf: &str,
     qkv: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    [cos, sin]: [&Tensor; 2],
+    [k_cache, v_cache]: [&Tensor; 2],
     slot_mapping: &Tensor,
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    num_slots: usize,
-    pairs: usize,
+    [heads, kv_heads, head_dim, num_slots, pairs]: [usize; 5],
+    given: Option<&Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "qkv_rope_write";
     let tokens = qkv.dim(0)?;
@@ -109,19 +135,21 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     let k_v = view::<T>(&ks, kl, OP, "k_cache", false)?;
     let v_v = view::<T>(&vs, vl, OP, "v_cache", false)?;
     let slots = view::<u32>(&ms, ml, OP, "slot_mapping", false)?;
+    let given_sl = given.map(|t| t.storage_and_layout());
     // SAFETY: every (token, head, dim) of q is written by the kernel (one thread per pair).
-    let mut q_out = unsafe { dev.alloc::<T>(tokens * heads * head_dim)? };
+    let mut q_out = unsafe { Dest::<T>::new(dev, tokens * heads * head_dim, given_sl.as_ref().map(|(s, l)| (&**s, *l)), OP, "q")? };
     let func = kernel!(dev, Module::Fused, &format!("qkv_rope_write_{suf}"))?;
     const THREADS: usize = 256;
     let cfg = LaunchConfig { grid_dim: (tokens as u32, pairs.div_ceil(THREADS) as u32, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let (h, kvh, hd, ns) = (heads as i32, kv_heads as i32, head_dim as i32, num_slots as i64);
     let mut b = func.builder();
-    b.arg(&mut q_out).arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
+    q_out.push(&mut b);
+    b.arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
     b.arg(&h).arg(&kvh).arg(&hd).arg(&ns);
     // SAFETY: argument list matches `qkv_rope_write_*` in fused.cu; shapes checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
-    Ok(wrap(q_out, dev, (tokens, heads, head_dim)))
+    Ok(q_out.finish(dev, (tokens, heads, head_dim), given))
 }
 
 /// [`qkv_rope_write`] with an optional per-head RMSNorm of q and k before RoPE, returning
