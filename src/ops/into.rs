@@ -219,3 +219,27 @@ pub fn qkv_rope_attention_into(
     let _ = scratch;
     copy_into(out, &super::qkv_rope_attention(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim, scale)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A buffer of the wrong size is an error of that op, never a panic or a partial write.
+    #[test]
+    fn a_buffer_of_the_wrong_size_is_an_error() {
+        let dev = Device::Cpu;
+        let x = Tensor::ones((3, 8), DType::F32, &dev).unwrap();
+        let w = Tensor::ones((5, 8), DType::F32, &dev).unwrap();
+        let small = Tensor::full(7f32, (2, 5), &dev).unwrap();
+        assert!(linear_into(&x, &w, &small).is_err());
+        assert_eq!(small.flatten_all().unwrap().to_vec1::<f32>().unwrap(), vec![7.0; 10], "nothing written");
+        let out = Tensor::zeros((3, 5), DType::F32, &dev).unwrap();
+        linear_into(&x, &w, &out).unwrap();
+        assert_eq!(out.flatten_all().unwrap().to_vec1::<f32>().unwrap(), vec![8.0; 15]);
+        let idx = Tensor::new(&[2u32, 0], &dev).unwrap();
+        assert!(gather_rows_into(&x, &idx, &Tensor::zeros((3, 8), DType::F32, &dev).unwrap()).is_err());
+        let gathered = Tensor::zeros((2, 8), DType::F32, &dev).unwrap();
+        gather_rows_into(&x, &idx, &gathered).unwrap();
+        assert!(gather_rows_into(&x, &Tensor::new(&[9u32], &dev).unwrap(), &gathered.narrow(0, 0, 1).unwrap()).is_err(), "an index past the rows");
+    }
+}
