@@ -23,16 +23,18 @@ pub fn qkv_rope_write(
     head_dim: usize,
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if qkv.device().is_cuda() {
-        let dt = qkv.dtype();
-        let fits = super::is_float(dt)
-            && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.dtype() == dt)
-            && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.is_contiguous());
-        if fits {
-            return super::cuda::qkv_rope_write(&qkv.contiguous()?, &angles.cos, &angles.sin, k_cache, v_cache, &batch.slot_mapping, heads, kv_heads, head_dim);
-        }
+    if rope_write_kernel_takes(qkv, angles, k_cache, v_cache) {
+        return super::cuda::qkv_rope_write(&qkv.contiguous()?, &angles.cos, &angles.sin, k_cache, v_cache, &batch.slot_mapping, heads, kv_heads, head_dim);
     }
     qkv_rope_write_reference(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
+}
+
+/// Whether [`qkv_rope_write`] runs the CUDA kernel: on CUDA, a float dtype shared by every
+/// tensor, the angles and caches contiguous.
+#[cfg(feature = "cuda")]
+pub(crate) fn rope_write_kernel_takes(qkv: &Tensor, angles: &RopeAngles, k_cache: &Tensor, v_cache: &Tensor) -> bool {
+    let dt = qkv.dtype();
+    qkv.device().is_cuda() && super::is_float(dt) && [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|t| t.dtype() == dt && t.is_contiguous())
 }
 
 /// [`qkv_rope_write`] then [`paged_attention`](super::paged_attention) of the rotated q, for any

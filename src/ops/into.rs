@@ -196,9 +196,8 @@ pub fn qkv_rope_attention_into(
         // The two launches the plain op runs where its `qkv_rope_write` takes the CUDA kernel,
         // q in the arena between them.
         let t = qkv.dim(0)?;
-        let dt = qkv.dtype();
-        let same = [&angles.cos, &angles.sin, k_cache, v_cache].iter().all(|x| x.dtype() == dt && x.is_contiguous());
-        if qkv.device().is_cuda() && super::is_float(dt) && same && scratch.q.dtype() == dt && scratch.q.elem_count() >= t * heads * head_dim {
+        let q_fits = scratch.q.dtype() == qkv.dtype() && scratch.q.elem_count() >= t * heads * head_dim;
+        if super::fused::rope_write_kernel_takes(qkv, angles, k_cache, v_cache) && q_fits {
             let q = scratch.q.narrow(0, 0, t * heads * head_dim)?.reshape((t, heads, head_dim))?;
             let (cos, sin, slots) = (&angles.cos, &angles.sin, &batch.slot_mapping);
             super::cuda::qkv_rope_write_into(&qkv.contiguous()?, cos, sin, k_cache, v_cache, slots, (heads, kv_heads, head_dim), &q)?;

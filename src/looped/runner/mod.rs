@@ -180,9 +180,9 @@ impl LoopedRunner {
     pub fn install_decode_arena(&mut self, rows: usize) -> crate::Result<bool> {
         let installed = self.model.install_decode_arena(rows)?;
         let s = self.model.spec();
-        let dev = self.model.device();
-        self.gathered = (installed && self.bank.is_some()).then(|| Tensor::zeros((rows, s.state_width), s.dtype, dev)).transpose()?;
-        self.greedy_ids = (installed && self.bank.is_some()).then(|| Tensor::zeros(rows, DType::U32, dev)).transpose()?;
+        let (dev, with_bank) = (self.model.device(), installed && self.bank.is_some());
+        self.gathered = with_bank.then(|| Tensor::zeros((rows, s.state_width), s.dtype, dev)).transpose()?;
+        self.greedy_ids = with_bank.then(|| Tensor::zeros(rows, DType::U32, dev)).transpose()?;
         Ok(installed)
     }
 
