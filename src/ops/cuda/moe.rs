@@ -199,21 +199,32 @@ const ROW_BYTES: usize = 2 * BK;
 const STAGES: usize = 3;
 
 /// Tile, stages and threads of the warp-specialised Hopper GEMM (kernel constants `WS_BM`,
-/// `WS_BN`, `WS_STAGES`, `WS_THREADS`).
+/// `WS_BN`, `WS_BN_FP8`, `WS_STAGES`, `WS_THREADS`).
 const WS_BM: usize = 128;
 const WS_BN: usize = 256;
+const WS_BN_FP8: usize = 128;
 const WS_STAGES: usize = 4;
 const WS_THREADS: u32 = 384;
 
 /// One consumer warpgroup's epilogue buffer: 64 rows × 256 bytes (kernel constant `WS_EPI_BYTES`).
 const WS_EPI_BYTES: usize = 64 * 256;
 
-/// Dynamic shared memory of the warp-specialised GEMM: its stages, for the plain epilogue two
+/// The warp-specialised GEMM's tile width for weights of `dtype` (the kernel's `ws_bn`): E4M3
+/// tiles are narrower, since their promoted sums need a second accumulator fragment.
+fn ws_bn(dtype: DType) -> usize {
+    if dtype == DType::F8E4M3 {
+        WS_BN_FP8
+    } else {
+        WS_BN
+    }
+}
+
+/// Dynamic shared memory of the warp-specialised GEMM of `bn`-column tiles: its stages, for the plain epilogue two
 /// consumer buffers (`ws_epi_buffers`), the stages' full/empty barriers, and 1 KB so that the
 /// kernel can align the stages to the 1024 bytes the swizzle repeats over.
-const fn ws_smem(plain_epilogue: bool) -> u32 {
+const fn ws_smem(plain_epilogue: bool, bn: usize) -> u32 {
     let buffers = if plain_epilogue { 2 * WS_EPI_BYTES } else { 0 };
-    (WS_STAGES * (WS_BM + WS_BN) * ROW_BYTES + buffers + WS_STAGES * 16 + 1024) as u32
+    (WS_STAGES * (WS_BM + bn) * ROW_BYTES + buffers + WS_STAGES * 16 + 1024) as u32
 }
 
 /// A TMA descriptor (`CUtensorMap`), passed to a kernel by value (`__grid_constant__`).
@@ -225,12 +236,12 @@ struct TmaMap(sys::CUtensorMap);
 unsafe impl DeviceRepr for TmaMap {}
 
 /// The TMA map of stacked expert weights `[experts, n, k]` read as one 2-D tensor `[experts · n,
-/// k]` in boxes of 128 bytes of columns (64 in bf16 / f16, 128 in E4M3) × 256 rows with 128-byte
-/// swizzle (the warp-specialised GEMM's W tiles). `ptr` is the weights' device address (16-byte
+/// k]` in boxes of 128 bytes of columns (64 in bf16 / f16, 128 in E4M3) × [`ws_bn`] rows with
+/// 128-byte swizzle (the warp-specialised GEMM's W tiles). `ptr` is the weights' device address (16-byte
 /// aligned; k's bytes a multiple of 16).
 fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usize) -> Result<TmaMap> {
     use sys::{CUtensorMapDataType as D, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle};
-    let elem = dtype.size_in_bytes();
+    let (elem, rows) = (dtype.size_in_bytes(), ws_bn(dtype));
     let dtype = match dtype {
         DType::BF16 => D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         DType::F16 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -243,7 +254,7 @@ fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usi
     }
     let dims = [k as u64, (experts * n) as u64];
     let strides = [(k * elem) as u64];
-    let boxes = [(ROW_BYTES / elem) as u32, WS_BN as u32];
+    let boxes = [(ROW_BYTES / elem) as u32, rows as u32];
     let steps = [1u32, 1];
     let mut map = TmaMap(sys::CUtensorMap { opaque: [0; 16] });
     // SAFETY: every array outlives the call and has the rank-2 lengths the driver reads (strides:
@@ -269,10 +280,11 @@ fn weight_map(op: &str, dtype: DType, ptr: u64, experts: usize, n: usize, k: usi
     Ok(map)
 }
 
-/// Launch configuration of the warp-specialised GEMM `func` over `work` items: persistent, one
-/// CTA per SM (192 KB of stages each), fewer when there are fewer items.
-fn ws_config(func: &CudaFunction, work: usize, sms: usize, plain_epilogue: bool) -> Result<LaunchConfig> {
-    let smem = ws_smem(plain_epilogue);
+/// Launch configuration of the warp-specialised GEMM `func` of `bn`-column tiles over `work`
+/// items: persistent, one CTA per SM (192 KB of stages each at 256 columns), fewer when there are
+/// fewer items.
+fn ws_config(func: &CudaFunction, work: usize, sms: usize, plain_epilogue: bool, bn: usize) -> Result<LaunchConfig> {
+    let smem = ws_smem(plain_epilogue, bn);
     func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).w()?;
     Ok(LaunchConfig { grid_dim: (work.min(sms) as u32, 1, 1), block_dim: (WS_THREADS, 1, 1), shared_mem_bytes: smem })
 }
@@ -389,7 +401,7 @@ fn experts_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &Ex
             let map = weight_map(OP, dtype, w_ptr, e, n, k)?;
             let name = if swiglu { "moe_wgmma_swiglu_" } else { "moe_wgmma_" };
             let func = kernel!(dev, Module::Moe, &format!("{name}{suf}"))?;
-            let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sms, !swiglu)?;
+            let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sms, !swiglu, WS_BN)?;
             let (ni, ki) = (n as i32, k as i32);
             let mut b = func.builder();
             b.arg(out).arg(&input).arg(&map).arg(&src);
@@ -589,7 +601,7 @@ fn ws_fp8_launch<T: DeviceRepr>(
     let src_ptr: u64 = src_guard.as_ref().map_or(0, |(p, _)| *p);
     let name = if swiglu { "moe_wgmma_fp8_swiglu_" } else { "moe_wgmma_fp8_" };
     let func = kernel!(dev, Module::Moe, &format!("{name}{suf}"))?;
-    let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN), sm_count(dev)?, !swiglu)?;
+    let cfg = ws_config(&func, max_tiles * n.div_ceil(WS_BN_FP8), sm_count(dev)?, !swiglu, WS_BN_FP8)?;
     let (ni, ki, row_tiles) = (n as i32, k as i32, max_tiles as i32);
     let mut b = func.builder();
     b.arg(out).arg(&a_ptr).arg(&map).arg(&src_ptr);
@@ -674,7 +686,7 @@ pub fn router_logits(x: &Tensor, split: &Tensor) -> Result<Tensor> {
         let map = weight_map(OP, DType::BF16, s_ptr, 1, e, three_h)?;
         let func = kernel!(dev, Module::Moe, "moe_wgmma_f32out_bf16")?;
         let row_tiles = tokens.div_ceil(WS_BM);
-        let cfg = ws_config(&func, row_tiles * e.div_ceil(WS_BN) * slices, sms, false)?;
+        let cfg = ws_config(&func, row_tiles * e.div_ceil(WS_BN) * slices, sms, false, WS_BN)?;
         let rt = row_tiles as i32;
         let mut b = func.builder();
         match &mut parts {

@@ -643,15 +643,25 @@ WGMMA_M64N256K16(__nv_bfloat16, "bf16")
 WGMMA_M64N256K16(__half, "f16")
 #undef WGMMA_M64N256K16
 
-// The FP8 step: D[64 x 256] += A[64 x 32] · B[256 x 32]^T in E4M3, the same 32 bytes of every
-// row as m64n256k16's 16-bit step (FP8 wgmma takes no transpose operands).
-__device__ __forceinline__ void wgmma_m64n256k32_e4m3(float *d, uint64_t desc_a, uint64_t desc_b) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    WGMMA_ASM("m64n256k32.f32.e4m3.e4m3", "p, 1, 1")
-#endif
-}
 #undef WGMMA_M64N256K16_ASM
 #undef WGMMA_ASM
+
+// The FP8 step at half the width, D[64 x 128] (+)= A[64 x 32] · B[128 x 32]^T in E4M3, with
+// `accumulate` false starting D afresh (wgmma's scale-d): the promoted FP8 GEMM sums each k tile
+// in a fresh fragment and adds it to its f32 total on the CUDA cores.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float *d, uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "%64, %65, p, 1, 1;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(desc_a), "l"(desc_b), "r"((int)accumulate));
+#endif
+}
 
 // A shared-memory matrix descriptor for wgmma: K-major rows of 128 bytes, 128-byte swizzle,
 // eight-row groups 1024 bytes apart (the layout tile_offset and a 128-byte-swizzled TMA box
@@ -676,15 +686,15 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
                  ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
-// The grouped GEMM of moe_gemm at 128 x 256 tiles on Hopper: persistent (CTAs stride over the
-// work items of WsShape, column tiles of a row tile consecutive, so an A tile and an expert's W
-// slices are read from DRAM about once) and warp-specialised. Warpgroup 0 produces: W tiles
-// [256 x 64] by TMA from `wmap` (W as a 2-D tensor [E * N, K], boxes of 64 x 256 with 128-byte
-// swizzle; rows past an expert's N are the next expert's or, past the end, zeros, and land only
+// The grouped GEMM of moe_gemm at 128 x BN tiles on Hopper (BN 256, or 128 for E4M3):
+// persistent (CTAs stride over the work items of WsShape, column tiles of a row tile
+// consecutive, so an A tile and an expert's W slices are read from DRAM about once) and
+// warp-specialised. Warpgroup 0 produces: W tiles [BN rows x 128 bytes] by TMA from `wmap` (W as
+// a 2-D tensor [E * N, K], boxes of 128 bytes x BN rows with 128-byte swizzle; rows past an expert's N are the next expert's or, past the end, zeros, and land only
 // in columns the epilogue skips), A tiles [128 x 64] gathered through `src` by cp.async (rows
 // past the tile's and columns past the slice's end zero-filled), into WS_STAGES stages.
-// Warpgroups 1 and 2 consume: 64 rows x 256 columns each (wgmma m64n256k16), keeping one k
-// tile's MMAs in flight, and write the tile with moe_gemm's epilogues (PLAIN through a shared
+// Warpgroups 1 and 2 consume: 64 rows x BN columns each (wgmma m64n256k16, or m64n128k32 in
+// E4M3), keeping one k tile's MMAs in flight (16-bit), and write the tile with moe_gemm's epilogues (PLAIN through a shared
 // buffer, ws_epilogue; the others from registers) while the producer fills the next tile's stages.
 // Stage s is handed over by two mbarriers: full[s] (129 arrivals: thread 0's with the TMA's
 // expected bytes, and every producer thread's, made by the hardware once that thread's cp.async
@@ -692,8 +702,11 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap *map, int
 // as far ahead as W) and empty[s] (one arrival per consumer warp once its MMAs reading the stage
 // are done). cp.async writes through the generic proxy and wgmma reads through the async one: a
 // consumer fences between acquiring full[s] and its MMAs.
-constexpr int WS_BM = 128, WS_BN = 256, WS_STAGES = 4, WS_THREADS = 384;
-constexpr int WS_A_BYTES = WS_BM * ROW_BYTES, WS_B_BYTES = WS_BN * ROW_BYTES, WS_STAGE = WS_A_BYTES + WS_B_BYTES;
+// W8A8 (E4M3) takes 128-column tiles instead: its sums are promoted (below), which needs a second
+// accumulator fragment, and two of m64n256's would not fit a consumer's registers.
+constexpr int WS_BM = 128, WS_BN = 256, WS_BN_FP8 = 128, WS_STAGES = 4, WS_THREADS = 384;
+constexpr int WS_A_BYTES = WS_BM * ROW_BYTES;
+template <typename In> constexpr int ws_bn() { return sizeof(In) == 1 ? WS_BN_FP8 : WS_BN; }
 // Each consumer warpgroup's epilogue buffer: its 64 rows × 256 bytes of output (after the stages),
 // for the PLAIN epilogue only. Stored straight from registers, a plain tile of 256 columns fills
 // the store queue with 4-byte stores scattered over 8 rows; SWIGLU's tile is half as wide and its
@@ -707,7 +720,7 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Writes a consumer warpgroup's 64 × 256 accumulator tile (wgmma's fragment layout: acc[j * 4 +
+// Writes a consumer warpgroup's 64 × BN accumulator tile (wgmma's fragment layout: acc[j * 4 +
 // h * 2 + v] holds row warp * 16 + lane / 4 + 8 h, column 8 j + 2 (lane % 4) + v) to `out` through
 // its shared buffer `buf`, 256 bytes of output columns per pass: every thread puts its fragments
 // in (16-byte chunks XOR-swizzled by the row: the 8 rows of one fragment store hit distinct
@@ -716,19 +729,19 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // `rows_here` on and columns from `out_w` on are not written. out_w must be a multiple of 8 (the
 // host checks: hidden % 8 == 0) so that every 16-byte store is aligned and inside its row.
 // `barrier`: the warpgroup's own named barrier.
-template <typename T>
+template <typename T, int BN>
 __device__ __forceinline__ void ws_epilogue(T *__restrict__ out, int out_w, int row_base, int rows_here, int col0,
                                             const float *acc, unsigned buf, int barrier) {
     constexpr int PASS_COLS = WS_EPI_ROW / (int)sizeof(T), CHUNK = 16 / (int)sizeof(T);
     const int tid = threadIdx.x & 127, warp = tid / 32, lane = tid & 31;
 #pragma unroll
-    for (int pass = 0; pass < WS_BN / PASS_COLS; ++pass) {
+    for (int pass = 0; pass < BN / PASS_COLS; ++pass) {
         named_barrier(barrier, 128); // the previous pass's rows are out
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = warp * 16 + (lane >> 2) + h * 8;
 #pragma unroll
-            for (int j = 0; j < WS_BN / 8; ++j) {
+            for (int j = 0; j < BN / 8; ++j) {
                 const int col = j * 8 + (lane & 3) * 2;
                 if (col / PASS_COLS != pass) continue;
                 const int byte = (col - pass * PASS_COLS) * (int)sizeof(T);
@@ -766,9 +779,10 @@ struct WsShape {
 // The tile this CTA computes for work item `w` (w / n_tiles: a tile slot, w % n_tiles: the
 // column tile). False: past the last tile — unused slots are at the end, and with tile slots
 // there is one k slice (the host passes k_chunk = K), so every later work item is past it too.
+template <int BN>
 __device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, uint32_t &e, int &row0, int &rows, int &n0) {
     const int slot = w / n_tiles;
-    n0 = (w % n_tiles) * WS_BN;
+    n0 = (w % n_tiles) * BN;
     if (!g.tile_expert) {
         e = 0;
         row0 = slot * WS_BM;
@@ -784,17 +798,18 @@ __device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, ui
 
 template <typename T, typename O, Epilogue EPI, typename In = T>
 __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const TmaMap *wmap, const WsShape g) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool FP8 = sizeof(In) == 1;
     constexpr int BKE = ROW_BYTES / sizeof(In), PER = 16 / sizeof(In); // columns a k tile, a 16-byte chunk
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BN = ws_bn<In>(), B_BYTES = BN * ROW_BYTES, STAGE = WS_A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) unsigned char ws_smem[];
     // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
     // (the launch asks for 1 KB more), the consumers' epilogue buffers and the barriers after them.
     const unsigned smem = ((unsigned)__cvta_generic_to_shared(ws_smem) + 1023u) & ~1023u;
-    const unsigned epi = smem + WS_STAGES * WS_STAGE, full = epi + ws_epi_buffers<EPI>(), empty = full + WS_STAGES * 8;
+    const unsigned epi = smem + WS_STAGES * STAGE, full = epi + ws_epi_buffers<EPI>(), empty = full + WS_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int N = g.N, K = g.K;
-    const int n_tiles = (N + WS_BN - 1) / WS_BN, slots = g.row_tiles;
+    const int n_tiles = (N + BN - 1) / BN, slots = g.row_tiles;
     const int per_slice = slots * n_tiles, total = per_slice * ((K + g.k_chunk - 1) / g.k_chunk);
     // Work item w: slice w / per_slice, columns [k_begin, k_end) in k_tiles tiles.
     auto k_range = [&](int w, int &k_begin, int &k_end, int &k_tiles) {
@@ -818,7 +833,7 @@ __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const Tma
         const int kc = tid & 7;
         int it = 0;
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
-            if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
+            if (!ws_tile<BN>(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
             k_range(w, k_begin, k_end, k_tiles);
             uint32_t a_row[8];
@@ -831,10 +846,10 @@ __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const Tma
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int s = it % WS_STAGES;
                 mbar_wait(empty + 8 * s, ((it / WS_STAGES) & 1) ^ 1);
-                const unsigned stage = smem + s * WS_STAGE;
+                const unsigned stage = smem + s * STAGE;
                 const int k0 = k_begin + kt * BKE;
                 if (tid == 0) {
-                    mbar_arrive_expect_tx(full + 8 * s, WS_B_BYTES);
+                    mbar_arrive_expect_tx(full + 8 * s, B_BYTES);
                     tma_load_2d(stage + WS_A_BYTES, wmap, k0, w_row, full + 8 * s);
                 }
                 const bool k_ok = k0 + kc * PER < k_end;
@@ -857,40 +872,65 @@ __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const Tma
         auto release = [&](int stage_it) {
             if (lane == 0) mbar_arrive(empty + 8 * (stage_it % WS_STAGES));
         };
-        float acc[128];
+        // acc: the tile's f32 sums. For FP8, `part` takes each k tile's MMAs from zero and is
+        // added to acc on the CUDA cores: the FP8 tensor-core accumulator keeps about 14 bits of
+        // its running sum (DeepSeek-V3 §3.3.2; 1.4 % relative error measured at k 2048 without
+        // this), so a sum is promoted every 128 columns, as DeepSeek-V3 does. A tile's part must
+        // be complete before it is added, so FP8 keeps no k tile's MMAs in flight across the
+        // add; the other consumer warpgroup's MMAs fill the tensor cores meanwhile.
+        float acc[BN / 2];
+        [[maybe_unused]] float part[FP8 ? BN / 2 : 1];
+        if constexpr (FP8) {
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) part[i] = 0.f;
+        }
         int it = 0;
         for (int w = blockIdx.x; w < total; w += gridDim.x) {
-            if (!ws_tile(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
+            if (!ws_tile<BN>(w % per_slice, n_tiles, g, e, row0, rows, n0)) break;
             int k_begin, k_end, k_tiles;
             k_range(w, k_begin, k_end, k_tiles);
 #pragma unroll
-            for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+            for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
             const bool has_rows = c * 64 < rows;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int s = it % WS_STAGES;
                 mbar_wait(full + 8 * s, (it / WS_STAGES) & 1);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                const unsigned a_base = smem + s * WS_STAGE + c * 64 * ROW_BYTES, b_base = smem + s * WS_STAGE + WS_A_BYTES;
+                const unsigned a_base = smem + s * STAGE + c * 64 * ROW_BYTES, b_base = smem + s * STAGE + WS_A_BYTES;
                 // A warpgroup whose 64 rows are all past the tile's (an expert's last tile) issues
                 // no MMAs but keeps step: it still waits for each stage and gives it back, else
                 // its early arrivals on empty[s] would complete a phase the other still reads.
-                if (has_rows) {
-                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                if constexpr (FP8) {
+                    if (has_rows) {
+                        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-                    for (int kk = 0; kk < ROW_BYTES / 32; ++kk) {
-                        if constexpr (FP8)
-                            wgmma_m64n256k32_e4m3(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
-                        else
-                            wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
+                        for (int kk = 0; kk < ROW_BYTES / 32; ++kk)
+                            wgmma_m64n128k32_e4m3(part, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32), kk > 0);
+                        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
                     }
-                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                    release(it);
+                    if (has_rows) {
+#pragma unroll
+                        for (int i = 0; i < BN / 2; ++i) acc[i] += part[i];
+                    }
+                } else {
+                    if (has_rows) {
+                        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                        for (int kk = 0; kk < ROW_BYTES / 32; ++kk)
+                            wgmma_m64n256k16<T>(acc, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32));
+                        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                    }
+                    // The previous k tile's MMAs are done: its stage goes back to the producer.
+                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                    if (kt > 0) release(it - 1);
                 }
-                // The previous k tile's MMAs are done: its stage goes back to the producer.
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                if (kt > 0) release(it - 1);
             }
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            release(it - 1);
+            if constexpr (!FP8) {
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                release(it - 1);
+            }
             if constexpr (FP8) {
                 // The sums scaled back: acc[j * 4 + h * 2 + v] is row c·64 + warp·16 + lane/4 + 8h,
                 // column n0 + 8j + 2(lane % 4) + v (rows and columns past the tile's are not stored).
@@ -901,7 +941,7 @@ __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const Tma
                     sa[h] = g.a_scale[g.src ? g.src[row0 + r] : (uint32_t)(row0 + r)];
                 }
 #pragma unroll
-                for (int j = 0; j < WS_BN / 8; ++j)
+                for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                     for (int v = 0; v < 2; ++v) {
                         const float ws = g.w_scale[(size_t)e * N + min(n0 + j * 8 + (lane & 3) * 2 + v, N - 1)];
@@ -913,7 +953,7 @@ __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const Tma
             const int out_w = EPI == SWIGLU ? N / 2 : N;
             O *slice_out = out + (size_t)(w / per_slice) * (g.tile_expert ? 0 : g.dense_rows) * out_w;
             if constexpr (EPI == PLAIN) {
-                ws_epilogue<T>(slice_out, out_w, row0 + c * 64, rows - c * 64, n0, acc, epi + c * WS_EPI_BYTES, 1 + c);
+                ws_epilogue<T, BN>(slice_out, out_w, row0 + c * 64, rows - c * 64, n0, acc, epi + c * WS_EPI_BYTES, 1 + c);
             } else {
                 // Accumulator v of n8 tile j (acc[j * 4 + v]) holds row lane / 4 (+ 8 for v >= 2) of
                 // the warp's 16 rows, columns 2 * (lane % 4) + (v & 1) of the tile.
@@ -921,7 +961,7 @@ __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const Tma
                 for (int h = 0; h < 2; ++h) {
                     const int r = c * 64 + warp * 16 + (lane >> 2) + h * 8;
                     if (r >= rows) continue;
-                    store_row<T, O, EPI, WS_BN / 8>(slice_out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
+                    store_row<T, O, EPI, BN / 8>(slice_out + (size_t)(row0 + r) * out_w, n0, N, [&](int j, int v) { return acc[j * 4 + h * 2 + v]; });
                 }
             }
         }
@@ -1081,11 +1121,8 @@ MOE_OPS(__half, f16)
 MOE_FP8_OPS(__nv_bfloat16, bf16)
 MOE_FP8_OPS(__half, f16)
 
-// The same on Hopper's warpgroup MMA (FP8 wgmma: twice the 16-bit peak). Its accumulator is
-// the tensor core's own across the whole k loop, which for FP8 inputs keeps fewer bits than an
-// f32 add (DeepSeek-V3 promotes to CUDA-core f32 every 128 columns for that reason; here that
-// would need a second 128-register accumulator the consumers do not have): the device test
-// bounds the error against the f32 composition at the expert widths served (k ≤ 2048).
+// The same on Hopper's warpgroup MMA (FP8 wgmma: twice the 16-bit peak), at 128 x 128 tiles
+// with each k tile's sums promoted to f32 (ws_gemm).
 #define WS_FP8_SHAPE WsShape{src, te, ts, ee, N, K, a_cols, row_tiles, dense_rows, k_chunk, sa, sw}
 #define MOE_WGMMA_FP8_OPS(T, SUF)                                                                              \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                             \
