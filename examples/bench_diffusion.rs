@@ -552,7 +552,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // FP8 linear peak, the rest (attention, the bf16 head) by bf16's. A mixture of experts runs
     // its routed experts dequantized (no FP8 grouped GEMM yet): its bound stays bf16's.
     let moe = matches!(args.model.as_str(), "llada2-mini");
-    let fp8_peak = if args.quantization == ponder::quant::Quantization::Fp8 && args.kernels.fp8.quantizes_activations(32) && !moe {
+    let fp8_peak = if args.quantization == ponder::quant::Quantization::Fp8 && args.kernels.fp8_quantizes_activations(32) && !moe {
         let p = ponder::bench::device_peak::fp8_linear_peak(&device)?;
         if let Some(p) = p {
             println!("FP8 W8A8 linear peak {:.0} TFLOP/s sustained (activation quantization included): the layers' ceiling", p / 1e12);

@@ -2560,8 +2560,9 @@ fn fp8_layer_against(
 
 /// The weight-only FP8 kernels (decode widths), tensor-core and SIMT, against the dequantizing
 /// path on the CPU: bf16, f16 and f32 activations, 1 to 16 rows, with and without a bias, widths
-/// off the kernels' strides, per-row and block scales; 17 rows and k off the 16-weight vector go
-/// the dequantizing way.
+/// off the kernels' strides, per-row and block scales; 17 to 64 rows on the tensor-core kernel's
+/// two and four m16 tiles where the policy allows them; past the policy's rows, past the SIMT
+/// kernel's 16 (f32), and k off the 16-weight vector go the dequantizing way.
 #[test]
 fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     use ponder::ops::{Fp8Kernels, KernelPolicy, Linear};
@@ -2594,12 +2595,28 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
             assert!(err <= 1e-2, "[{rows}, {n}, {k}] {block:?} {dtype:?}: relative error {err:e}");
         }
     }
+    // Wider launches on the tensor-core kernel's m16 tiles (bf16 / f16), rows on either side of
+    // each tile's halves, with block scales at the widest.
+    let wide = KernelPolicy { fp8_weight_only_rows: 64, ..policy };
+    for (rows, n, k) in [(17, 200, 64), (24, 333, 5632), (32, 1024, 2048), (41, 96, 4112), (64, 2048, 2048)] {
+        let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap();
+        for dtype in [DType::BF16, DType::F16] {
+            let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
+            let bias = (rows % 2 == 1).then(|| rand_tensor(&mut rng, &[n], -0.5, 0.5, dtype));
+            let want = reference(&x, &q, bias.as_ref(), dtype);
+            let layer = Linear::fp8(q.to_device(&gpu).unwrap(), bias.as_ref().map(|b| b.to_device(&gpu).unwrap()), dtype).unwrap();
+            let (got, counts) = ponder::ops::with_kernels(wide, || layer.forward(&x.to_device(&gpu).unwrap()).unwrap());
+            assert_eq!(counts.fp8_weight_only, 1, "[{rows}, {n}, {k}] {dtype:?}: the kernel ran");
+            let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
+            assert!(err <= 1e-2, "[{rows}, {n}, {k}] {dtype:?}: relative error {err:e}");
+        }
+    }
     // Shapes the kernel does not take run the dequantizing path, under the same policy.
-    for (rows, k) in [(17, 64), (2, 40)] {
+    for (rows, k, dtype, policy) in [(17, 64, DType::BF16, policy), (2, 40, DType::BF16, policy), (65, 64, DType::BF16, wide), (20, 64, DType::F32, wide)] {
         let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[32, k], -0.5, 0.5, DType::F32)).unwrap();
-        let layer = Linear::fp8(q.to_device(&gpu).unwrap(), None, DType::BF16).unwrap();
-        let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
+        let layer = Linear::fp8(q.to_device(&gpu).unwrap(), None, dtype).unwrap();
+        let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype).to_device(&gpu).unwrap();
         let (_, counts) = ponder::ops::with_kernels(policy, || layer.forward(&x).unwrap());
-        assert_eq!(counts.fp8_weight_only, 0, "{rows} rows, k {k}");
+        assert_eq!(counts.fp8_weight_only, 0, "{rows} rows, k {k}, {dtype:?}");
     }
 }

@@ -228,11 +228,11 @@ pub fn fp8_matmul(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Te
 /// an expert's tokens are a part of its MoE layer's launch, and the layer's W8A8-or-not choice
 /// is made once for all its experts, as the grouped kernels make it.
 pub(crate) fn fp8_matmul_for(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>, launch_rows: usize) -> Result<Tensor> {
-    let policy = current().fp8;
+    let policy = current();
     // The quantization is the launch's; the kernel that serves an unquantized part is its own.
     let rows = x.elem_count() / w.dims().1.max(1);
-    let quantize = policy.quantizes_activations(launch_rows);
-    if policy.weight_only(rows) && !quantize {
+    let quantize = policy.fp8_quantizes_activations(launch_rows);
+    if policy.fp8_weight_only(rows) && !quantize {
         #[cfg(feature = "cuda")]
         if let Some(y) = fp8_weight_only(x, w, bias)? {
             return Ok(y);
@@ -278,8 +278,8 @@ fn shaped_like(y: Tensor, bias: Option<&Tensor>, x: &Tensor, n: usize) -> Result
     y.reshape(dims)
 }
 
-/// `x Wᵀ (+ b)` through the weight-only FP8 kernel where the launch fits it (CUDA, at most 16
-/// rows, k a multiple of 16, a scale per output row, or block scales on the tensor-core kernel);
+/// `x Wᵀ (+ b)` through the weight-only FP8 kernel where the launch fits it (CUDA, at most 64
+/// rows on the tensor-core kernel and 16 on the SIMT one, k a multiple of 16, a scale per output row, or block scales on the tensor-core kernel);
 /// `None` where it does not.
 #[cfg(feature = "cuda")]
 fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
@@ -301,7 +301,7 @@ fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<O
         && x.dims().last() == Some(&k)
         && k % 16 == 0
         && n > 0
-        && (1..=super::cuda::FP8_MAX_ROWS).contains(&rows)
+        && (1..=super::cuda::fp8_linear_max_rows(x.dtype(), mma)).contains(&rows)
         && matches!(x.dtype(), DType::BF16 | DType::F16 | DType::F32)
         // The kernel's 16-byte loads: a contiguous view must start on a 16-byte boundary (one
         // that is not contiguous is copied, which starts on one).

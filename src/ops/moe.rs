@@ -232,7 +232,7 @@ impl StackedExperts {
             && x.device().is_cuda()
             && match self.fp8 {
                 None => x.dtype() == self.gate_up.dtype(),
-                Some(_) => matches!(x.dtype(), DType::BF16 | DType::F16) && crate::ops::policy::current().fp8.quantizes_activations(tokens),
+                Some(_) => matches!(x.dtype(), DType::BF16 | DType::F16) && crate::ops::policy::current().fp8_quantizes_activations(tokens),
             }
     }
 }

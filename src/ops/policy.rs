@@ -89,35 +89,24 @@ pub enum Fp8Kernels {
     /// path; the default until the kernels are measured on the device).
     #[default]
     Dequantize,
-    /// The weight-only kernel for launches of at most [`FP8_WEIGHT_ONLY_ROWS`] rows (decode),
-    /// reading a byte a weight; dequantize elsewhere.
+    /// The weight-only kernel for launches of at most [`KernelPolicy::fp8_weight_only_rows`]
+    /// rows (decode), reading a byte a weight; dequantize elsewhere.
     WeightOnly,
     /// Every launch W8A8: each row of the activations quantized to E4M3 with its own scale,
     /// multiplied on the FP8 tensor cores (cuBLASLt), both scales applied in the epilogue.
     W8A8,
-    /// Weight-only up to [`FP8_WEIGHT_ONLY_ROWS`] rows, where the bytes are the cost; W8A8
-    /// above, where the tensor cores' FP8 peak is.
+    /// Weight-only up to [`KernelPolicy::fp8_weight_only_rows`] rows, where the bytes are the
+    /// cost; W8A8 above, where the tensor cores' FP8 peak is.
     ByShape,
 }
 
-/// Most rows a weight-only FP8 launch takes (`FP8_MAX_ROWS` in `kernels/fp8.cu`).
+/// Most rows a weight-only FP8 launch can take: the tensor-core kernel's four m16 tiles
+/// (`FP8_MMA_MAX_ROWS` in `kernels/fp8.cu`; the SIMT kernel takes 16).
+pub const FP8_WEIGHT_ONLY_MAX_ROWS: usize = 64;
+
+/// [`KernelPolicy::fp8_weight_only_rows`]' default: up to 16 rows the weight-only kernel is
+/// measured faster than W8A8 on the H100; above, W8A8 until the wider tiles are measured.
 pub const FP8_WEIGHT_ONLY_ROWS: usize = 16;
-
-impl Fp8Kernels {
-    /// Whether a launch of `rows` rows runs the weight-only kernel (where it serves the shape).
-    pub fn weight_only(self, rows: usize) -> bool {
-        matches!(self, Self::WeightOnly | Self::ByShape) && rows <= FP8_WEIGHT_ONLY_ROWS
-    }
-
-    /// Whether a launch of `rows` rows quantizes its activations (W8A8), on every device.
-    pub fn quantizes_activations(self, rows: usize) -> bool {
-        match self {
-            Self::W8A8 => true,
-            Self::ByShape => rows > FP8_WEIGHT_ONLY_ROWS,
-            Self::Dequantize | Self::WeightOnly => false,
-        }
-    }
-}
 
 /// The kernel choices of one engine. `KernelPolicy::default()` is what serving should use; the
 /// rest is for measuring one choice against another and for the device tests.
@@ -134,6 +123,12 @@ pub struct KernelPolicy {
     /// Weight-only FP8 launches in bf16 / f16 on the tensor cores (`mma.sync`); off: the SIMT
     /// kernel, one warp an output column (f32 launches always take it).
     pub fp8_mma: bool,
+    /// Most rows a launch runs weight-only under [`Fp8Kernels::WeightOnly`] and
+    /// [`Fp8Kernels::ByShape`] (1 ..= [`FP8_WEIGHT_ONLY_MAX_ROWS`]; string `fp8-rows=N`). Above
+    /// it `ByShape` runs W8A8 and `WeightOnly` dequantizes. The SIMT kernel takes at most 16
+    /// rows; a wider launch that cannot take the tensor-core kernel dequantizes, with the same
+    /// numerics as weight-only.
+    pub fp8_weight_only_rows: usize,
     /// Run the looped models' decode core steps on a preallocated arena (`ops::into`): every
     /// activation in a buffer sized when the engine is built, so a captured decode graph holds
     /// kernels and cuBLAS calls only, no memory nodes (string `arena=on|off`; default off until
@@ -153,7 +148,26 @@ impl Default for KernelPolicy {
             moe: MoeKernels::Auto,
             fp8: Fp8Kernels::Dequantize,
             fp8_mma: true,
+            fp8_weight_only_rows: FP8_WEIGHT_ONLY_ROWS,
             decode_arena: false,
+        }
+    }
+}
+
+impl KernelPolicy {
+    /// Whether a launch of `rows` rows runs the FP8 weight-only kernel (where it serves the
+    /// shape).
+    pub fn fp8_weight_only(&self, rows: usize) -> bool {
+        matches!(self.fp8, Fp8Kernels::WeightOnly | Fp8Kernels::ByShape) && rows <= self.fp8_weight_only_rows
+    }
+
+    /// Whether a launch of `rows` rows through FP8 weights quantizes its activations (W8A8), on
+    /// every device.
+    pub fn fp8_quantizes_activations(&self, rows: usize) -> bool {
+        match self.fp8 {
+            Fp8Kernels::W8A8 => true,
+            Fp8Kernels::ByShape => rows > self.fp8_weight_only_rows,
+            Fp8Kernels::Dequantize | Fp8Kernels::WeightOnly => false,
         }
     }
 }
@@ -168,7 +182,7 @@ impl std::str::FromStr for KernelPolicy {
     /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
     /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`,
-    /// `fp8-mma=on|off`, `arena=on|off`. An empty string is the default.
+    /// `fp8-mma=on|off`, `fp8-rows=N` (1 ..= 64), `arena=on|off`. An empty string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
         let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
@@ -243,6 +257,13 @@ impl std::str::FromStr for KernelPolicy {
                         "off" => false,
                         _ => return Err(unknown()),
                     }
+                }
+                "fp8-rows" => {
+                    let rows: usize = value.trim().parse().map_err(|_| unknown())?;
+                    if !(1..=FP8_WEIGHT_ONLY_MAX_ROWS).contains(&rows) {
+                        return Err(bad(format!("fp8-rows={rows}: the weight-only kernel takes 1 ..= {FP8_WEIGHT_ONLY_MAX_ROWS} rows")));
+                    }
+                    p.fp8_weight_only_rows = rows;
                 }
                 "fp8-mma" => {
                     p.fp8_mma = match value {
@@ -343,7 +364,9 @@ mod tests {
     fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
         assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
         let p: KernelPolicy =
-            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,arena=on".parse().unwrap();
+            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-rows=48,arena=on"
+                .parse()
+                .unwrap();
         assert_eq!(
             p,
             KernelPolicy {
@@ -355,13 +378,32 @@ mod tests {
                 moe: MoeKernels::MmaSync,
                 fp8: Fp8Kernels::WeightOnly,
                 fp8_mma: false,
+                fp8_weight_only_rows: 48,
                 decode_arena: true,
             }
         );
         assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });
         assert_eq!("fp8=w8a8".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::W8A8);
         assert_eq!("fp8=by-shape".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::ByShape);
-        for bad in ["ring", "ring=sometimes", "fp8=int4", "colour=red", "split-k=65", "split-k=x:3", "fold-simt=yes", "fp8-mma=yes", "arena=1"] {
+        // Where a launch changes from weight-only to W8A8 under by-shape: the policy's row limit.
+        let wide: KernelPolicy = "fp8=by-shape,fp8-rows=64".parse().unwrap();
+        assert!(wide.fp8_weight_only(64) && !wide.fp8_quantizes_activations(64) && wide.fp8_quantizes_activations(65));
+        let default = KernelPolicy { fp8: Fp8Kernels::ByShape, ..KernelPolicy::default() };
+        assert!(default.fp8_weight_only(16) && default.fp8_quantizes_activations(17) && !default.fp8_weight_only(17));
+        for bad in [
+            "ring",
+            "ring=sometimes",
+            "fp8=int4",
+            "colour=red",
+            "split-k=65",
+            "split-k=x:3",
+            "fold-simt=yes",
+            "fp8-mma=yes",
+            "arena=1",
+            "fp8-rows=0",
+            "fp8-rows=65",
+            "fp8-rows=x",
+        ] {
             assert!(matches!(bad.parse::<KernelPolicy>(), Err(crate::Error::InvalidOption(_))), "{bad}");
         }
     }

@@ -1,6 +1,7 @@
-//! The CUDA side of FP8 linear layers (`kernels/fp8.cu`): the weight-only kernel for launches
-//! of at most [`FP8_MAX_ROWS`] rows, where the layer is memory-bound and reading a byte a
-//! weight instead of two is the whole gain; and the per-row quantization of the activations
+//! The CUDA side of FP8 linear layers (`kernels/fp8.cu`): the weight-only kernels for launches
+//! of at most [`FP8_MMA_MAX_ROWS`] rows (the tensor-core kernel; the SIMT one at most
+//! [`FP8_MAX_ROWS`]), where the layer is memory-bound and reading a byte a weight instead of two
+//! is the whole gain; and the per-row quantization of the activations
 //! that the W8A8 GEMM (`fp8_gemm.rs`) multiplies.
 
 use super::launch::{device, for_float, kernel, same_device, view, wrap, Module};
@@ -8,8 +9,20 @@ use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchCon
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
-/// Most rows of x the kernel takes (`FP8_MAX_ROWS` in fp8.cu).
-pub const FP8_MAX_ROWS: usize = crate::ops::policy::FP8_WEIGHT_ONLY_ROWS;
+/// Most rows of x the SIMT kernel takes (`FP8_MAX_ROWS` in fp8.cu).
+pub const FP8_MAX_ROWS: usize = 16;
+/// Most rows of x the tensor-core kernel takes (`FP8_MMA_MAX_ROWS` in fp8.cu): four m16 tiles.
+pub const FP8_MMA_MAX_ROWS: usize = crate::ops::policy::FP8_WEIGHT_ONLY_MAX_ROWS;
+
+/// Most rows of x [`fp8_linear`] takes for `dtype`, on the tensor-core kernel (`mma`, bf16 /
+/// f16) or the SIMT one.
+pub fn fp8_linear_max_rows(dtype: DType, mma: bool) -> usize {
+    if mma && matches!(dtype, DType::BF16 | DType::F16) {
+        FP8_MMA_MAX_ROWS
+    } else {
+        FP8_MAX_ROWS
+    }
+}
 
 /// How an FP8 weight's values are scaled back, for [`fp8_linear`].
 #[derive(Debug, Clone, Copy)]
@@ -21,7 +34,7 @@ pub enum WeightScale<'a> {
     Blocks { scale: &'a Tensor, block: (usize, usize) },
 }
 
-/// `x Wᵀ (+ bias)` for `x` `[rows, k]` (rows ≤ [`FP8_MAX_ROWS`], bf16 / f16 / f32), `data`
+/// `x Wᵀ (+ bias)` for `x` `[rows, k]` (rows ≤ [`fp8_linear_max_rows`], bf16 / f16 / f32), `data`
 /// `[n, k]` E4M3 scaled by `scale`, `bias` `[n]` in x's dtype; k a multiple of 16. The SIMT
 /// kernel (f32, or `mma` off) equals the dense matmul over `T(data · scale)` up to the order of
 /// the f32 sums; the tensor-core kernel (bf16 / f16 with `mma`) applies a row's scale to the sum
@@ -31,8 +44,9 @@ pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: WeightScale, bias: Option<&T
     let dev = device(x, OP)?;
     let (rows, k) = x.dims2()?;
     let (n, k_w) = data.dims2()?;
-    if k != k_w || k % 16 != 0 || rows == 0 || rows > FP8_MAX_ROWS || n > i32::MAX as usize || k > i32::MAX as usize {
-        bail!("{OP} (cuda): x [{rows}, {k}] against a weight [{n}, {k_w}]: needs equal k, a multiple of 16, and 1..={FP8_MAX_ROWS} rows");
+    let max_rows = fp8_linear_max_rows(x.dtype(), mma);
+    if k != k_w || k % 16 != 0 || rows == 0 || rows > max_rows || n > i32::MAX as usize || k > i32::MAX as usize {
+        bail!("{OP} (cuda): x [{rows}, {k}] against a weight [{n}, {k_w}]: needs equal k, a multiple of 16, and 1..={max_rows} rows");
     }
     let mma = mma && matches!(x.dtype(), DType::BF16 | DType::F16);
     let (scale, block) = match scale {
@@ -88,8 +102,8 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     // SAFETY: the kernel writes every element of the output ([rows, n]).
     let mut out = unsafe { dev.alloc::<T>(rows * n)? };
     // Eight warps a block either way: the tensor-core kernel's block takes 16 output columns
-    // (its warps share k), the SIMT kernel's a column a warp.
-    let (name, cols) = if mma { (format!("fp8_linear_mma_{suf}"), 16) } else { (format!("fp8_linear_{suf}"), 8) };
+    // (its warps share k) in as few m16 tiles as hold the rows, the SIMT kernel's a column a warp.
+    let (name, cols) = if mma { (format!("fp8_linear_mma_m{}_{suf}", rows.div_ceil(16).next_power_of_two()), 16) } else { (format!("fp8_linear_{suf}"), 8) };
     let func = kernel!(dev, Module::Fp8, &name)?;
     let cfg = LaunchConfig { grid_dim: (n.div_ceil(cols) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (r, nn, kk) = (rows as i32, n as i32, k as i32);

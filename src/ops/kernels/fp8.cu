@@ -5,15 +5,17 @@
 // matmul, then the broadcast add). At these widths the layer is memory-bound and reads a byte a
 // weight, half of bf16's.
 //
-// fp8_linear_mma_* (bf16, f16): the tensor-core kernel. At 16 rows a weight byte feeds 32
-// FLOPs, which SIMT FMAs cannot keep up with at HBM speed; mma.sync m16n8k16 can. A block takes
+// fp8_linear_mma_* (bf16, f16): the tensor-core kernel, for up to FP8_MMA_MAX_ROWS rows in MT
+// m16 tiles (fp8_linear_mma_m{1,2,4}_*: 16, 32, 64 rows; every converted weight fragment feeds
+// MT mma steps). At 16 rows a weight byte feeds 32 FLOPs, which SIMT FMAs cannot keep up with at
+// HBM speed; mma.sync m16n8k16 can. A block takes
 // 16 output columns (two n8 tiles), its 8 warps interleaved 64-wide chunks of k, summed through
 // shared memory at the end. A lane loads 16 contiguous weight bytes of one W row a chunk (one
 // 16-byte load), converts them exactly to T (E4M3 ⊂ f16 ⊂ bf16's range and precision) and feeds
 // four mma steps; since a dot product does not care about the order of k, each step's logical
 // k 2t, 2t+1, 2t+8, 2t+9 (lane t of a quad) is mapped to that lane's bytes 4s .. 4s+3, and x's
 // fragments are loaded under the same map (two 16-byte loads a row, from L1: every block reads
-// all of x). Rows 8..15 of the m16 tile are zero (not loaded) at 8 rows or fewer. The row scale
+// all of x). Rows of an m16 tile past x's are zero (not loaded). The row scale
 // multiplies the f32 sum, not each weight: the reference rounds T(e4m3 · scale) per weight, so
 // the two differ by that rounding (≤ 2⁻⁹ relative a weight in bf16), not by the order of sums
 // alone. Block-scaled weights (a scale per tile of W, as DeepSeek-style checkpoints store them)
@@ -43,6 +45,7 @@
 #include <stdint.h>
 
 #define FP8_MAX_ROWS 16
+#define FP8_MMA_MAX_ROWS 64
 
 #include "floats.cuh"
 #include "mma.cuh"
@@ -146,10 +149,10 @@ constexpr int MMA_COLS = 8 * MMA_TILES;
 // `scale`: one per output row, applied to the f32 sum; or, with `block_rows` > 0, one per
 // block_rows × block_cols tile of W (`[ceil(n / block_rows), ceil(k / block_cols)]`, block_cols a
 // multiple of 16), applied to each weight as it is converted.
-template <typename T>
+template <typename T, int MT>
 __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float *scale, const T *bias, int rows,
                                int n, int k, int block_rows, int block_cols) {
-    __shared__ float part[MMA_WARPS][MMA_TILES * 4][32];
+    __shared__ float part[MMA_WARPS][MT * MMA_TILES * 4][32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int g = lane / 4, t = lane % 4;
     const int col0 = blockIdx.x * MMA_COLS;
@@ -164,14 +167,23 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
         wok[j] = c < n;
         wrow[j] = w + (long long)(wok[j] ? c : 0) * k;
     }
-    const bool lo_ok = g < rows, hi_ok = g + 8 < rows;
-    const T *xlo = x + (long long)(lo_ok ? g : 0) * k;
-    const T *xhi = x + (long long)(hi_ok ? g + 8 : 0) * k;
-    float acc[MMA_TILES][4];
+    // Rows g and g + 8 of each m16 tile.
+    bool lo_ok[MT], hi_ok[MT];
+    const T *xlo[MT], *xhi[MT];
 #pragma unroll
-    for (int j = 0; j < MMA_TILES; ++j)
+    for (int m = 0; m < MT; ++m) {
+        lo_ok[m] = 16 * m + g < rows;
+        hi_ok[m] = 16 * m + g + 8 < rows;
+        xlo[m] = x + (long long)(lo_ok[m] ? 16 * m + g : 0) * k;
+        xhi[m] = x + (long long)(hi_ok[m] ? 16 * m + g + 8 : 0) * k;
+    }
+    float acc[MT][MMA_TILES][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < MMA_TILES; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.f;
 
     for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * MMA_UNROLL) {
         uint4 wv[MMA_UNROLL][MMA_TILES];
@@ -186,19 +198,21 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
         for (int u = 0; u < MMA_UNROLL; ++u) {
             const int kk = (c0 + u * MMA_WARPS) * 64 + 16 * t;
             if (c0 + u * MMA_WARPS >= chunks) break; // warp-uniform: mma.sync needs every lane
-            // x's 16 values at kk.. of rows g and g + 8, as bf16 (f16) pairs; zero past rows or k.
-            uint4 xl[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)}, xh[2] = {xl[0], xl[1]};
-            if (lo_ok && kk < k) {
-                xl[0] = __ldg(reinterpret_cast<const uint4 *>(xlo + kk));
-                xl[1] = __ldg(reinterpret_cast<const uint4 *>(xlo + kk + 8));
-            }
-            if (hi_ok && kk < k) {
-                xh[0] = __ldg(reinterpret_cast<const uint4 *>(xhi + kk));
-                xh[1] = __ldg(reinterpret_cast<const uint4 *>(xhi + kk + 8));
-            }
-            const uint32_t *lo = reinterpret_cast<const uint32_t *>(xl);
-            const uint32_t *hi = reinterpret_cast<const uint32_t *>(xh);
+            // x's 16 values at kk.. of rows g and g + 8 of each m tile, as bf16 (f16) pairs; zero
+            // past rows or k.
+            uint4 xl[MT][2], xh[MT][2];
 #pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                xl[m][0] = xl[m][1] = xh[m][0] = xh[m][1] = make_uint4(0, 0, 0, 0);
+                if (lo_ok[m] && kk < k) {
+                    xl[m][0] = __ldg(reinterpret_cast<const uint4 *>(xlo[m] + kk));
+                    xl[m][1] = __ldg(reinterpret_cast<const uint4 *>(xlo[m] + kk + 8));
+                }
+                if (hi_ok[m] && kk < k) {
+                    xh[m][0] = __ldg(reinterpret_cast<const uint4 *>(xhi[m] + kk));
+                    xh[m][1] = __ldg(reinterpret_cast<const uint4 *>(xhi[m] + kk + 8));
+                }
+            }
             // A block-scaled W: each tile's scale for this lane's 16 weights (one block of k).
             float bs[MMA_TILES];
             if (block_rows > 0) {
@@ -212,7 +226,6 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
             for (int s = 0; s < 4; ++s) {
                 // Step s multiplies the lane's values 4s .. 4s + 3: logical k 2t, 2t + 1 of the
                 // mma are its first pair, 2t + 8, 2t + 9 its second (the same map for x and W).
-                const uint32_t a[4] = {lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1]};
 #pragma unroll
                 for (int j = 0; j < MMA_TILES; ++j) {
                     const uint32_t word = reinterpret_cast<const uint32_t *>(&wv[u][j])[s];
@@ -225,7 +238,13 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
                         b[0] = e4m3x2_to<T>(p0);
                         b[1] = e4m3x2_to<T>(p1);
                     }
-                    mma16816<T>(acc[j], a, b);
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        const uint32_t *lo = reinterpret_cast<const uint32_t *>(xl[m]);
+                        const uint32_t *hi = reinterpret_cast<const uint32_t *>(xh[m]);
+                        const uint32_t a[4] = {lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1]};
+                        mma16816<T>(acc[m][j], a, b);
+                    }
                 }
             }
         }
@@ -233,14 +252,16 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
     // The warps' shares of k summed, a fragment value a thread; then the scale, the rounding to T
     // (where the reference rounds the product) and the bias.
 #pragma unroll
-    for (int j = 0; j < MMA_TILES; ++j)
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) part[warp][j * 4 + i][lane] = acc[j][i];
+        for (int j = 0; j < MMA_TILES; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) part[warp][(m * MMA_TILES + j) * 4 + i][lane] = acc[m][j][i];
     __syncthreads();
-    for (int e = threadIdx.x; e < MMA_TILES * 4 * 32; e += blockDim.x) {
+    for (int e = threadIdx.x; e < MT * MMA_TILES * 4 * 32; e += blockDim.x) {
         const int ji = e / 32, l = e % 32;
-        const int j = ji / 4, i = ji % 4;
-        const int row = l / 4 + 8 * (i / 2), col = col0 + 8 * j + 2 * (l % 4) + (i % 2);
+        const int m = ji / (MMA_TILES * 4), j = ji / 4 % MMA_TILES, i = ji % 4;
+        const int row = 16 * m + l / 4 + 8 * (i / 2), col = col0 + 8 * j + 2 * (l % 4) + (i % 2);
         if (row >= rows || col >= n) continue;
         float v = 0.f;
 #pragma unroll
@@ -301,15 +322,19 @@ extern "C" __global__ void e4m3_from_f32(uint8_t *out, const float *x, long long
         out[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(x[i], __NV_SATFINITE, __NV_E4M3));
 }
 
-#define FP8_MMA_KERNEL(T, SUF)                                                                               \
-    extern "C" __global__ void fp8_linear_mma_##SUF(T *out, const T *x, const uint8_t *w, const float *scale, \
-                                                    const T *bias, int rows, int n, int k, int block_rows,    \
-                                                    int block_cols) {                                         \
-        fp8_linear_mma<T>(out, x, w, scale, bias, rows, n, k, block_rows, block_cols);                       \
+#define FP8_MMA_KERNEL(T, SUF, MT)                                                                              \
+    extern "C" __global__ void fp8_linear_mma_m##MT##_##SUF(T *out, const T *x, const uint8_t *w,              \
+                                                            const float *scale, const T *bias, int rows, int n, \
+                                                            int k, int block_rows, int block_cols) {            \
+        fp8_linear_mma<T, MT>(out, x, w, scale, bias, rows, n, k, block_rows, block_cols);                      \
     }
 
-FP8_MMA_KERNEL(__nv_bfloat16, bf16)
-FP8_MMA_KERNEL(__half, f16)
+FP8_MMA_KERNEL(__nv_bfloat16, bf16, 1)
+FP8_MMA_KERNEL(__nv_bfloat16, bf16, 2)
+FP8_MMA_KERNEL(__nv_bfloat16, bf16, 4)
+FP8_MMA_KERNEL(__half, f16, 1)
+FP8_MMA_KERNEL(__half, f16, 2)
+FP8_MMA_KERNEL(__half, f16, 4)
 
 #define FP8_KERNELS(T, SUF)                                                                                  \
     extern "C" __global__ void fp8_linear_##SUF(T *out, const T *x, const uint8_t *w, const float *scale,   \
