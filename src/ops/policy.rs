@@ -123,8 +123,8 @@ pub struct KernelPolicy {
     /// Weight-only FP8 launches in bf16 / f16 on the tensor cores (`mma.sync`); off: the SIMT
     /// kernel, one warp an output column (f32 launches always take it).
     pub fp8_mma: bool,
-    /// Most rows a launch runs weight-only under [`Fp8Kernels::WeightOnly`] and
-    /// [`Fp8Kernels::ByShape`] (1 ..= [`FP8_WEIGHT_ONLY_MAX_ROWS`]; string `fp8-rows=N`). Above
+    /// Most rows a launch runs weight-only under `Fp8Kernels::WeightOnly` and
+    /// `Fp8Kernels::ByShape` (1 ..= 64, the kernel's most; string `fp8-rows=N`). Above
     /// it `ByShape` runs W8A8 and `WeightOnly` dequantizes. The SIMT kernel takes at most 16
     /// rows; a wider launch that cannot take the tensor-core kernel dequantizes, with the same
     /// numerics as weight-only.
