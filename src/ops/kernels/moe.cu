@@ -663,6 +663,14 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float *d, uint64_t desc_a,
 #endif
 }
 
+// Ties registers a wgmma wrote to this point of the program: the wgmma asm defines them when it
+// is issued, so without this the compiler could move their readers above the wait_group that
+// makes them valid (CUTLASS's warpgroup_fence_operand).
+template <int N> __device__ __forceinline__ void fence_operands(float *r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
 // A shared-memory matrix descriptor for wgmma: K-major rows of 128 bytes, 128-byte swizzle,
 // eight-row groups 1024 bytes apart (the layout tile_offset and a 128-byte-swizzled TMA box
 // write; tiles 1024-byte aligned).
@@ -798,10 +806,10 @@ __device__ __forceinline__ bool ws_tile(int w, int n_tiles, const WsShape &g, ui
 
 template <typename T, typename O, Epilogue EPI, typename In = T>
 __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const TmaMap *wmap, const WsShape g) {
+    [[maybe_unused]] constexpr bool FP8 = sizeof(In) == 1;
+    [[maybe_unused]] constexpr int BKE = ROW_BYTES / sizeof(In), PER = 16 / sizeof(In); // columns a k tile, a 16-byte chunk
+    [[maybe_unused]] constexpr int BN = ws_bn<In>(), B_BYTES = BN * ROW_BYTES, STAGE = WS_A_BYTES + B_BYTES;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr bool FP8 = sizeof(In) == 1;
-    constexpr int BKE = ROW_BYTES / sizeof(In), PER = 16 / sizeof(In); // columns a k tile, a 16-byte chunk
-    constexpr int BN = ws_bn<In>(), B_BYTES = BN * ROW_BYTES, STAGE = WS_A_BYTES + B_BYTES;
     extern __shared__ __align__(1024) unsigned char ws_smem[];
     // The swizzle is a function of the absolute address: stages start at a 1024-byte boundary
     // (the launch asks for 1 KB more), the consumers' epilogue buffers and the barriers after them.
@@ -908,6 +916,7 @@ __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const Tma
                             wgmma_m64n128k32_e4m3(part, smem_desc(a_base + kk * 32), smem_desc(b_base + kk * 32), kk > 0);
                         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                        fence_operands<BN / 2>(part);
                     }
                     release(it);
                     if (has_rows) {
@@ -929,6 +938,7 @@ __device__ void ws_gemm(O *__restrict__ out, const In *__restrict__ A, const Tma
             }
             if constexpr (!FP8) {
                 asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                fence_operands<BN / 2>(acc);
                 release(it - 1);
             }
             if constexpr (FP8) {
