@@ -120,6 +120,59 @@ pub fn qkv_rope_write_reference(
     Ok(q)
 }
 
+/// [`qkv_rope_write`] for interleaved RoPE (pairs `2i, 2i + 1`: Huginn's), with an optional
+/// learned bias `(q [heads, head_dim], k [kv_heads, head_dim])` added to q and k before it. One
+/// launch on CUDA (the same float dtype throughout, angles and caches contiguous); elsewhere
+/// [`qkv_bias_rope_i_write_reference`], whose roundings the kernel keeps.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_bias_rope_i_write(
+    qkv: &Tensor,
+    bias: Option<(&Tensor, &Tensor)>,
+    angles: &RopeAngles,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if rope_write_kernel_takes(qkv, angles, k_cache, v_cache) && bias.is_none_or(|(q, k)| q.dtype() == qkv.dtype() && k.dtype() == qkv.dtype()) {
+        let heads = (heads, kv_heads, head_dim);
+        return super::cuda::qkv_bias_rope_i_write(&qkv.contiguous()?, bias, &angles.cos, &angles.sin, k_cache, v_cache, &batch.slot_mapping, heads, None);
+    }
+    qkv_bias_rope_i_write_reference(qkv, bias, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
+}
+
+/// The composition of candle ops behind [`qkv_bias_rope_i_write`] (its CPU path): q, k and v
+/// split out of `qkv`, the biases broadcast-added, candle's `rope_i` on q and k, k and v written.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_bias_rope_i_write_reference(
+    qkv: &Tensor,
+    bias: Option<(&Tensor, &Tensor)>,
+    angles: &RopeAngles,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
+    let t = qkv.dim(0)?;
+    let mut q = qkv.narrow(1, 0, heads * head_dim)?.reshape((t, heads, head_dim))?;
+    let mut k = qkv.narrow(1, heads * head_dim, kv_heads * head_dim)?.reshape((t, kv_heads, head_dim))?;
+    let v = qkv.narrow(1, (heads + kv_heads) * head_dim, kv_heads * head_dim)?.reshape((t, kv_heads, head_dim))?.contiguous()?;
+    if let Some((bq, bk)) = bias {
+        q = q.broadcast_add(bq)?;
+        k = k.broadcast_add(bk)?;
+    }
+    let q = angles.apply_interleaved(&q)?;
+    let k = angles.apply_interleaved(&k)?;
+    write_kv(k_cache, &k, batch)?;
+    write_kv(v_cache, &v, batch)?;
+    Ok(q)
+}
+
 /// Like [`qkv_rope_write`] with an optional per-head RMSNorm of q and k (`qk_norm`: the q and
 /// k weights `[head_dim]`, Qwen3 / SDAR) before RoPE; returns rotated q `[T, heads, head_dim]`,
 /// rotated k and v `[T, kv_heads, head_dim]` (contiguous). On CUDA one launch for head dims

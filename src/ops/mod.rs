@@ -29,7 +29,9 @@ pub use compact::{compact_rows, compact_rows_reference};
 #[cfg(any(test, feature = "testing"))]
 pub use focus_importance::importance_oracle;
 pub use focus_importance::{importance, importance_of};
-pub use fused::{add_rms_norm, qkv_norm_rope, qkv_norm_rope_write, qkv_rope_attention, qkv_rope_write, residual_add, residual_add_rms_norm, silu_mul};
+pub use fused::{
+    add_rms_norm, qkv_bias_rope_i_write, qkv_norm_rope, qkv_norm_rope_write, qkv_rope_attention, qkv_rope_write, residual_add, residual_add_rms_norm, silu_mul,
+};
 pub use linear::{bytes_of, fp8_matmul, w8a8_reference, Linear, LinearWeight};
 pub(crate) use non_finite::greedy_ids;
 pub use non_finite::{flag_non_finite, greedy_ids_flagged, greedy_ids_flagged_reference, is_non_finite_flag, non_finite_rows};

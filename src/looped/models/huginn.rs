@@ -11,7 +11,7 @@ use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::looped::models::HuginnConfig;
 use crate::ops::Linear;
-use crate::ops::{self, paged_attention, write_kv, PagedBatch, RopeTable};
+use crate::ops::{self, paged_attention, qkv_bias_rope_i_write, PagedBatch, RopeTable};
 use crate::parallel::TpShard;
 use candle_core::{Device, Result, Tensor, D};
 
@@ -185,18 +185,9 @@ impl Huginn {
         let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let t = x.dim(0)?;
         let qkv = b.wqkv.forward(&ops::rms_norm(x, &b.norms[0], eps)?)?;
-        let mut q = qkv.narrow(1, 0, nh * hd)?.reshape((t, nh, hd))?;
-        let mut k = qkv.narrow(1, nh * hd, nkv * hd)?.reshape((t, nkv, hd))?;
-        let v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd)?.reshape((t, nkv, hd))?.contiguous()?;
-        // The learned bias is added before RoPE.
-        if let Some((bq, bk)) = &b.qk_bias {
-            q = q.broadcast_add(bq)?;
-            k = k.broadcast_add(bk)?;
-        }
-        let q = input.rope.apply_interleaved(&q)?;
-        let k = input.rope.apply_interleaved(&k)?;
-        write_kv(kv.k(b.kv_layer), &k, batch)?;
-        write_kv(kv.v(b.kv_layer), &v, batch)?;
+        // The learned bias is added before RoPE; one launch on CUDA with the K/V writes.
+        let bias = b.qk_bias.as_ref().map(|(q, k)| (q, k));
+        let q = qkv_bias_rope_i_write(&qkv, bias, &input.rope, kv.k(b.kv_layer), kv.v(b.kv_layer), batch, nh, nkv, hd)?;
         let attn = paged_attention(&q, kv.k(b.kv_layer), kv.v(b.kv_layer), batch, 1.0 / (hd as f64).sqrt())?;
         // Norms after each residual add (Huginn's sandwich): the projection, the add and the norm
         // in one op (at decode widths the projection as partial products the norm sums).

@@ -2,7 +2,7 @@
 //! write the paged K/V, residual + RMSNorm, SiLU·mul. Entry points in `crate::ops::fused`.
 
 use super::launch::{check_given, device, for_float, grid_stride_blocks, kernel, pair_given, pair_guards, same_device_dtype, view, wrap, Dest, Module};
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -59,7 +59,34 @@ pub fn qkv_rope_write(
     kv_heads: usize,
     head_dim: usize,
 ) -> Result<Tensor> {
-    qkv_rope_write_to(qkv, cos, sin, k_cache, v_cache, slot_mapping, (heads, kv_heads, head_dim), None)
+    qkv_rope_write_to(qkv, cos, sin, k_cache, v_cache, slot_mapping, (heads, kv_heads, head_dim), Rotation::SplitHalf, None)
+}
+
+/// [`qkv_rope_write`] for interleaved RoPE (pairs `2i, 2i + 1`, Huginn's), with an optional
+/// learned bias `(q [H, D], k [KVH, D])` added to q and k before it. Rounded as the composition
+/// it replaces: `T(x + b)`, then candle's `rope_i` in the dtype's own arithmetic.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_bias_rope_i_write(
+    qkv: &Tensor,
+    bias: Option<(&Tensor, &Tensor)>,
+    cos: &Tensor,
+    sin: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    slot_mapping: &Tensor,
+    heads: (usize, usize, usize),
+    q_out: Option<&Tensor>,
+) -> Result<Tensor> {
+    qkv_rope_write_to(qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, Rotation::Interleaved(bias), q_out)
+}
+
+/// How the fused epilogue rotates q and k.
+#[derive(Clone, Copy)]
+enum Rotation<'a> {
+    /// Split-half RoPE (`rotate_half`) on q and k as they come (`qkv_rope_write_*`).
+    SplitHalf,
+    /// Interleaved RoPE after an optional bias on q and k (`qkv_bias_rope_i_write_*`).
+    Interleaved(Option<(&'a Tensor, &'a Tensor)>),
 }
 
 /// [`qkv_rope_write`] with q written into `q_out` (`[T, H, D]`, contiguous).
@@ -74,7 +101,7 @@ pub fn qkv_rope_write_into(
     heads: (usize, usize, usize),
     q_out: &Tensor,
 ) -> Result<()> {
-    qkv_rope_write_to(qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, Some(q_out)).map(|_| ())
+    qkv_rope_write_to(qkv, cos, sin, k_cache, v_cache, slot_mapping, heads, Rotation::SplitHalf, Some(q_out)).map(|_| ())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -86,6 +113,7 @@ fn qkv_rope_write_to(
     v_cache: &Tensor,
     slot_mapping: &Tensor,
     (heads, kv_heads, head_dim): (usize, usize, usize),
+    rotation: Rotation,
     q_out: Option<&Tensor>,
 ) -> Result<Tensor> {
     const OP: &str = "qkv_rope_write";
@@ -100,11 +128,17 @@ fn qkv_rope_write_to(
         bail!("{OP} (cuda): sizes out of range");
     }
     check_given(OP, "q", qkv, dtype, &[tokens, heads, head_dim], q_out)?;
+    if let Rotation::Interleaved(Some((bq, bk))) = rotation {
+        same_device_dtype(OP, dtype, qkv, &[("q bias", bq), ("k bias", bk)])?;
+        if bq.dims() != [heads, head_dim] || bk.dims() != [kv_heads, head_dim] {
+            bail!("{OP} (cuda): biases {:?} / {:?} for {heads} / {kv_heads} heads of {head_dim}", bq.dims(), bk.dims());
+        }
+    }
     if tokens == 0 {
         return Tensor::zeros((0, heads, head_dim), dtype, qkv.device());
     }
     let shape = [heads, kv_heads, head_dim, num_slots, pairs];
-    for_float!(dtype, OP, |T, suf| qkv_rope_launch::<T>(&dev, suf, qkv, [cos, sin], [k_cache, v_cache], slot_mapping, shape, q_out))
+    for_float!(dtype, OP, |T, suf| qkv_rope_launch::<T>(&dev, suf, qkv, rotation, [cos, sin], [k_cache, v_cache], slot_mapping, shape, q_out))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -112,6 +146,7 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
     suf: &str,
     qkv: &Tensor,
+    rotation: Rotation,
     [cos, sin]: [&Tensor; 2],
     [k_cache, v_cache]: [&Tensor; 2],
     slot_mapping: &Tensor,
@@ -138,17 +173,41 @@ fn qkv_rope_launch<T: CudaDType + DeviceRepr>(
     let given_sl = given.map(|t| t.storage_and_layout());
     // SAFETY: every (token, head, dim) of q is written by the kernel (one thread per pair).
     let mut q_out = unsafe { Dest::<T>::new(dev, tokens * heads * head_dim, given_sl.as_ref().map(|(s, l)| (&**s, *l)), OP, "q")? };
-    let func = kernel!(dev, Module::Fused, &format!("qkv_rope_write_{suf}"))?;
+    let bias = match rotation {
+        Rotation::Interleaved(Some((bq, bk))) => Some((bq.contiguous()?, bk.contiguous()?)),
+        _ => None,
+    };
+    let bias_sl = bias.as_ref().map(|(bq, bk)| (bq.storage_and_layout(), bk.storage_and_layout()));
+    let bias_v = bias_sl
+        .as_ref()
+        .map(|((qs, ql), (ks, kl))| Ok::<_, candle_core::Error>((view::<T>(qs, ql, OP, "q bias", false)?, view::<T>(ks, kl, OP, "k bias", false)?)))
+        .transpose()?;
+    let stream = dev.cuda_stream();
+    let bias_ptrs = bias_v.as_ref().map(|(q, k)| (q.device_ptr(&stream), k.device_ptr(&stream)));
+    // Null pointers for no bias (the kernel checks them).
+    let (bq_arg, bk_arg): (u64, u64) = bias_ptrs.as_ref().map_or((0, 0), |((q, _), (k, _))| (*q, *k));
+    let name = match rotation {
+        Rotation::SplitHalf => format!("qkv_rope_write_{suf}"),
+        Rotation::Interleaved(_) => format!("qkv_bias_rope_i_write_{suf}"),
+    };
+    let func = kernel!(dev, Module::Fused, &name)?;
     const THREADS: usize = 256;
     let cfg = LaunchConfig { grid_dim: (tokens as u32, pairs.div_ceil(THREADS) as u32, 1), block_dim: (THREADS as u32, 1, 1), shared_mem_bytes: 0 };
     let (h, kvh, hd, ns) = (heads as i32, kv_heads as i32, head_dim as i32, num_slots as i64);
     let mut b = func.builder();
     q_out.push(&mut b);
-    b.arg(&k_v).arg(&v_v).arg(&qkv_v).arg(&cos_v).arg(&sin_v).arg(&slots);
+    b.arg(&k_v).arg(&v_v).arg(&qkv_v);
+    if let Rotation::Interleaved(_) = rotation {
+        b.arg(&bq_arg).arg(&bk_arg);
+    }
+    b.arg(&cos_v).arg(&sin_v).arg(&slots);
     b.arg(&h).arg(&kvh).arg(&hd).arg(&ns);
-    // SAFETY: argument list matches `qkv_rope_write_*` in fused.cu; shapes checked by the caller.
+    // SAFETY: argument list matches `qkv_rope_write_*` or `qkv_bias_rope_i_write_*` (with the
+    // bias pointers, null for none; each bias holds heads × head dim values) in fused.cu; shapes
+    // checked by the caller.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
+    drop(bias_ptrs);
     Ok(q_out.finish(dev, (tokens, heads, head_dim), given))
 }
 

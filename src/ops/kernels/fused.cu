@@ -22,6 +22,10 @@
 // scatter_rows_*, gather_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V
 //   writes, loop-state bank writes and reads, K/V slot copies across every layer in one launch;
 //   FOCUS compaction).
+// qkv_bias_rope_i_write_*: qkv_rope_write for interleaved RoPE (pairs 2i, 2i + 1; Huginn), with
+//   an optional learned bias on q and k added before it ([H, D] and [KVH, D]). Rounded as the
+//   composition it replaces (candle's broadcast add, then rope_i in T's own arithmetic): T(x + b),
+//   then T(T(x1 c) - T(x2 s)) and T(T(x1 s) + T(x2 c)).
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
 //   [D], candle's rmsnorm rounding) before RoPE (Qwen3 / SDAR), one warp per (token, head) over
 //   the q, k and v heads, each lane D / 32 consecutive elements as one vector; also returns
@@ -99,6 +103,59 @@ __device__ void qkv_rope_write(T *__restrict__ q_out, T *__restrict__ k_cache, T
     }
 }
 
+// grid (T, ceil(pairs / blockDim)), pairs as qkv_rope_write's. bias_q / bias_k null: no bias.
+template <typename T>
+__device__ void qkv_bias_rope_i_write(T *__restrict__ q_out, T *__restrict__ k_cache, T *__restrict__ v_cache,
+                                      const T *__restrict__ qkv, const T *__restrict__ bias_q,
+                                      const T *__restrict__ bias_k, const T *__restrict__ cos_t,
+                                      const T *__restrict__ sin_t, const uint32_t *__restrict__ slots, int heads,
+                                      int kv_heads, int head_dim, long long num_slots) {
+    const int t = blockIdx.x;
+    const int half = head_dim >> 1;
+    const int rot_pairs = (heads + kv_heads) * half;
+    const int total = rot_pairs + kv_heads * half;
+    const int p = blockIdx.y * blockDim.x + threadIdx.x;
+    if (p >= total) return;
+    const long long width = (long long)(heads + 2 * kv_heads) * head_dim;
+    const T *row = qkv + (long long)t * width;
+    const long long kv_width = (long long)kv_heads * head_dim;
+    const long long slot = (long long)slots[t];
+    const bool slot_ok = slot < num_slots;
+    if (p < rot_pairs) {
+        const int head = p / half;
+        const int i = p - head * half;
+        const bool is_q = head < heads;
+        const long long e = (long long)head * head_dim + 2 * i; // the pair's first element in the row
+        float x1 = to_f(row[e]), x2 = to_f(row[e + 1]);
+        const T *bias = is_q ? bias_q : bias_k;
+        if (bias != nullptr) {
+            const long long b = (long long)(is_q ? head : head - heads) * head_dim + 2 * i;
+            x1 = round_t<T>(x1 + to_f(bias[b]));
+            x2 = round_t<T>(x2 + to_f(bias[b + 1]));
+        }
+        const float c = to_f(cos_t[(long long)t * half + i]);
+        const float s = to_f(sin_t[(long long)t * half + i]);
+        const T o1 = from_f<T>(round_t<T>(x1 * c) - round_t<T>(x2 * s));
+        const T o2 = from_f<T>(round_t<T>(x1 * s) + round_t<T>(x2 * c));
+        T *dst;
+        if (is_q) {
+            dst = q_out + ((long long)t * heads + head) * head_dim;
+        } else {
+            if (!slot_ok) return;
+            dst = k_cache + slot * kv_width + (long long)(head - heads) * head_dim;
+        }
+        dst[2 * i] = o1;
+        dst[2 * i + 1] = o2;
+    } else {
+        if (!slot_ok) return;
+        const int j = p - rot_pairs; // v elements j and j + KVH*D/2
+        const T *v = row + (long long)(heads + kv_heads) * head_dim;
+        T *dst = v_cache + slot * kv_width;
+        const int hw = kv_heads * half;
+        dst[j] = v[j];
+        dst[j + hw] = v[j + hw];
+    }
+}
 
 // The largest power of two dividing `bytes`, at most 16: the widest vector access of a pack.
 constexpr unsigned pack_align(unsigned bytes) { return (bytes & (0u - bytes)) < 16u ? (bytes & (0u - bytes)) : 16u; }
@@ -738,6 +795,13 @@ __device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict_
         const uint32_t *slots, int heads, int kv_heads, int head_dim, long long num_slots) {       \
         qkv_rope_write<T>(q_out, k_cache, v_cache, qkv, cos_t, sin_t, slots, heads, kv_heads,      \
                           head_dim, num_slots);                                                    \
+    }                                                                                              \
+    extern "C" __global__ void qkv_bias_rope_i_write_##SUF(                                        \
+        T *q_out, T *k_cache, T *v_cache, const T *qkv, const T *bias_q, const T *bias_k,          \
+        const T *cos_t, const T *sin_t, const uint32_t *slots, int heads, int kv_heads,            \
+        int head_dim, long long num_slots) {                                                       \
+        qkv_bias_rope_i_write<T>(q_out, k_cache, v_cache, qkv, bias_q, bias_k, cos_t, sin_t,       \
+                                 slots, heads, kv_heads, head_dim, num_slots);                     \
     }                                                                                              \
     extern "C" __global__ void qkv_norm_rope_write_##SUF(                                          \
         T *q_out, T *k_out, T *v_out, T *k_cache, T *v_cache, const T *qkv, const T *q_w,          \
