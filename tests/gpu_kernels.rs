@@ -2648,9 +2648,7 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     let reference = |x: &Tensor, q: &Fp8Weight, bias: Option<&Tensor>, dtype: DType| Linear::fp8(q.clone(), bias.cloned(), dtype).unwrap().forward(x).unwrap();
     // The tensor-core kernel (bf16 / f16) and the SIMT one: rows on either side of the m16
     // tile's halves, n off its 16 columns, k off its 64-wide chunks and its 8 warps' stride.
-    // More column tiles than a wave of blocks (Hopper: 132 SMs, two blocks each at 16 rows), so
-    // that a persistent block takes several, over one round of k and over several.
-    let shapes = [(1, 200, 64), (5, 1024, 2048), (9, 333, 5632), (16, 96, 4112), (3, 7, 16), (16, 2048, 2048), (7, 6144, 2048), (12, 4608, 5632)];
+    let shapes = [(1, 200, 64), (5, 1024, 2048), (9, 333, 5632), (16, 96, 4112), (3, 7, 16), (16, 2048, 2048)];
     for fp8_mma in [true, false] {
         let policy = KernelPolicy { fp8_mma, ..policy };
         fp8_layer_against(&gpu, &mut rng, policy, &shapes, 1e-5, reference, |c| c.fp8_weight_only);
@@ -2674,7 +2672,7 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     // Wider launches on the tensor-core kernel's m16 tiles (bf16 / f16), rows on either side of
     // each tile's halves, with block scales at the widest.
     let wide = KernelPolicy { fp8_weight_only_rows: 64, ..policy };
-    for (rows, n, k) in [(17, 200, 64), (24, 333, 5632), (32, 1024, 2048), (41, 96, 4112), (64, 2048, 2048), (64, 4096, 1024), (30, 6144, 2048)] {
+    for (rows, n, k) in [(17, 200, 64), (24, 333, 5632), (32, 1024, 2048), (41, 96, 4112), (64, 2048, 2048)] {
         let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap();
         for dtype in [DType::BF16, DType::F16] {
             let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);

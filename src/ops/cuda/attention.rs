@@ -3,7 +3,7 @@
 //! decode launches the bulk-copy ring takes go to `attention_ring.rs`.
 
 use super::attention_ring::{launch_ring, ring_takes};
-use super::launch::{device, for_float, kernel, sm_count, view, wave_blocks, Dest, Module};
+use super::launch::{device, for_float, kernel, sm_count, view, Dest, Module};
 use crate::ops::attention_split::{self, keys_per_warp_step, Cut, SimtBuild};
 use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -336,7 +336,7 @@ fn launch<T: CudaDType + DeviceRepr>(
     // Blocks of a build that run at once (asked only where the plan would split; cached). A
     // folded launch plans with the unfolded build's figure, so that it cuts the keys exactly as
     // the two-launch path does (its output is then that path's, bit for bit).
-    let wave = |build: SimtBuild| wave_blocks(dev, Module::PagedAttention, &kernel_name(build, false), build.warps() * 32);
+    let wave = |build: SimtBuild| wave_blocks(dev, &kernel_name(build, false), build.warps() * 32);
     let sms = sm_count(dev)?;
     let plan = attention_split::plan(p.max_context_len, base_blocks, sms, step, nq == 1, crate::ops::policy::current().simt_deep, wave)?;
     let kname = kernel_name(plan.build, views.is_some());
@@ -555,4 +555,23 @@ pub fn qkv_rope_paged_attention(
     let num_slots = (k_cache.dims()[0] * block_size) as i64;
     let rope = Rope { cos, sin, slots: slot_mapping, num_slots };
     for_float!(dtype, OP, |T, suf| launch::<T>(&dev, suf, &t, &p, Some(&rope), into)).map(Some)
+}
+
+/// Blocks of kernel `name` that run at once on `dev` (SMs × blocks an SM by the occupancy
+/// calculator), cached per device and kernel.
+fn wave_blocks(dev: &CudaDevice, name: &str, threads: usize) -> Result<usize> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Key = (candle_core::cuda_backend::DeviceId, String);
+    static CACHE: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
+    let key = (dev.id(), name.to_string());
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(&w) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(w);
+    }
+    let func = kernel!(dev, Module::PagedAttention, name)?;
+    let per_sm = func.occupancy_max_active_blocks_per_multiprocessor(threads as u32, 0, None).w()? as usize;
+    let w = (sm_count(dev)? * per_sm).max(1);
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, w);
+    Ok(w)
 }

@@ -4,7 +4,7 @@
 //! is the whole gain; and the per-row quantization of the activations
 //! that the W8A8 GEMM (`fp8_gemm.rs`) multiplies.
 
-use super::launch::{device, for_float, kernel, same_device, view, wave_blocks, wrap, Module};
+use super::launch::{device, for_float, kernel, same_device, view, wrap, Module};
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -105,9 +105,7 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     // (its warps share k) in as few m16 tiles as hold the rows, the SIMT kernel's a column a warp.
     let (name, cols) = if mma { (format!("fp8_linear_mma_m{}_{suf}", rows.div_ceil(16).next_power_of_two()), 16) } else { (format!("fp8_linear_{suf}"), 8) };
     let func = kernel!(dev, Module::Fp8, &name)?;
-    // The tensor-core kernel is persistent over its column tiles: one wave of blocks.
-    let blocks = if mma { n.div_ceil(cols).min(wave_blocks(dev, Module::Fp8, &name, 256)?) } else { n.div_ceil(cols) };
-    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(cols) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (r, nn, kk) = (rows as i32, n as i32, k as i32);
     let mut b = func.builder();
     let (block_rows, block_cols) = (block.0 as i32, block.1 as i32);

@@ -70,26 +70,6 @@ macro_rules! kernel {
 }
 pub(super) use kernel;
 
-/// Blocks of kernel `name` of `module` that run at once on `dev` (SMs × blocks an SM by the
-/// occupancy calculator, for blocks of `threads` threads), cached per device and kernel.
-pub(super) fn wave_blocks(dev: &CudaDevice, module: Module, name: &str, threads: usize) -> Result<usize> {
-    use candle_core::cuda_backend::WrapErr;
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    type Key = (candle_core::cuda_backend::DeviceId, &'static str, String);
-    static CACHE: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
-    let key = (dev.id(), module.ptx().0, name.to_string());
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(&w) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(w);
-    }
-    let func = kernel!(dev, module, name)?;
-    let per_sm = func.occupancy_max_active_blocks_per_multiprocessor(threads as u32, 0, None).w()? as usize;
-    let w = (sm_count(dev)? * per_sm).max(1);
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, w);
-    Ok(w)
-}
-
 /// Device attribute `attr` of `dev`, asked of the driver once per device ordinal and attribute:
 /// the SM count and compute capability are read for every attention, MoE or split-K launch.
 fn device_attribute(dev: &CudaDevice, attr: candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {

@@ -8,10 +8,10 @@
 // fp8_linear_mma_* (bf16, f16): the tensor-core kernel, for up to FP8_MMA_MAX_ROWS rows in MT
 // m16 tiles (fp8_linear_mma_m{1,2,4}_*: 16, 32, 64 rows; every converted weight fragment feeds
 // MT mma steps). At 16 rows a weight byte feeds 32 FLOPs, which SIMT FMAs cannot keep up with at
-// HBM speed; mma.sync m16n8k16 can. A block takes 16 output columns (two n8 tiles) at a time,
-// its 8 warps interleaved 64-wide chunks of k, summed through shared memory at the end of the
-// tile; blocks are persistent over the tiles and load a round of weights ahead (fp8_linear_mma
-// below). A lane loads 16 contiguous weight bytes of one W row a chunk (one 16-byte load), converts them exactly to T (E4M3 ⊂ f16 ⊂ bf16's range and precision) and feeds
+// HBM speed; mma.sync m16n8k16 can. A block takes
+// 16 output columns (two n8 tiles), its 8 warps interleaved 64-wide chunks of k, summed through
+// shared memory at the end. A lane loads 16 contiguous weight bytes of one W row a chunk (one
+// 16-byte load), converts them exactly to T (E4M3 ⊂ f16 ⊂ bf16's range and precision) and feeds
 // four mma steps; since a dot product does not care about the order of k, each step's logical
 // k 2t, 2t+1, 2t+8, 2t+9 (lane t of a quad) is mapped to that lane's bytes 4s .. 4s+3, and x's
 // fragments are loaded under the same map (two 16-byte loads a row, from L1: every block reads
@@ -149,69 +149,55 @@ constexpr int MMA_COLS = 8 * MMA_TILES;
 // `scale`: one per output row, applied to the f32 sum; or, with `block_rows` > 0, one per
 // block_rows × block_cols tile of W (`[ceil(n / block_rows), ceil(k / block_cols)]`, block_cols a
 // multiple of 16), applied to each weight as it is converted.
-template <typename T, int MT> struct MmaLinear {
-    T *out;
-    const T *x;
-    const uint8_t *w;
-    const float *scale;
-    const T *bias;
-    int rows, n, k, block_rows, block_cols;
-    int lane, warp, g, t, chunks, rounds, scale_cols;
-    // Rows g and g + 8 of each m16 tile of x.
+template <typename T, int MT>
+__device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float *scale, const T *bias, int rows,
+                               int n, int k, int block_rows, int block_cols) {
+    __shared__ float part[MMA_WARPS][MT * MMA_TILES * 4][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int g = lane / 4, t = lane % 4;
+    const int col0 = blockIdx.x * MMA_COLS;
+    const int chunks = (k + 63) / 64;
+    const int scale_cols = block_rows > 0 ? (k + block_cols - 1) / block_cols : 0; // block scales a row
+    // The weight rows this lane loads (one a tile) and the two rows of x it multiplies.
+    const uint8_t *wrow[MMA_TILES];
+    bool wok[MMA_TILES];
+#pragma unroll
+    for (int j = 0; j < MMA_TILES; ++j) {
+        const int c = col0 + 8 * j + g;
+        wok[j] = c < n;
+        wrow[j] = w + (long long)(wok[j] ? c : 0) * k;
+    }
+    // Rows g and g + 8 of each m16 tile.
     bool lo_ok[MT], hi_ok[MT];
     const T *xlo[MT], *xhi[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        lo_ok[m] = 16 * m + g < rows;
+        hi_ok[m] = 16 * m + g + 8 < rows;
+        xlo[m] = x + (long long)(lo_ok[m] ? 16 * m + g : 0) * k;
+        xhi[m] = x + (long long)(hi_ok[m] ? 16 * m + g + 8 : 0) * k;
+    }
     float acc[MT][MMA_TILES][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < MMA_TILES; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.f;
 
-    __device__ __forceinline__ void init(int rows_, int n_, int k_) {
-        rows = rows_, n = n_, k = k_;
-        lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-        chunks = (k + 63) / 64;
-        rounds = (chunks + MMA_WARPS * MMA_UNROLL - 1) / (MMA_WARPS * MMA_UNROLL);
-        scale_cols = block_rows > 0 ? (k + block_cols - 1) / block_cols : 0; // block scales a row
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            lo_ok[m] = 16 * m + g < rows;
-            hi_ok[m] = 16 * m + g + 8 < rows;
-            xlo[m] = x + (long long)(lo_ok[m] ? 16 * m + g : 0) * k;
-            xhi[m] = x + (long long)(hi_ok[m] ? 16 * m + g + 8 : 0) * k;
-        }
-        clear();
-    }
-
-    __device__ __forceinline__ void clear() {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int j = 0; j < MMA_TILES; ++j)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.f;
-    }
-
-    // The warp's chunk u of round r (a warp's 64-wide chunks of k interleave with the other
-    // warps'), and the k column of this lane's 16 bytes in it.
-    __device__ __forceinline__ int chunk(int r, int u) const { return r * MMA_WARPS * MMA_UNROLL + u * MMA_WARPS + warp; }
-    __device__ __forceinline__ int column(int r, int u) const { return chunk(r, u) * 64 + 16 * t; }
-
-    // The weights of round r of column tile `tile`: 16 bytes a chunk and n8 tile, zero past n or k.
-    __device__ __forceinline__ void load(uint4 (&wv)[MMA_UNROLL][MMA_TILES], int tile, int r) const {
-#pragma unroll
-        for (int j = 0; j < MMA_TILES; ++j) {
-            const int c = tile * MMA_COLS + 8 * j + g;
-            const uint8_t *row = w + (long long)(c < n ? c : 0) * k;
-#pragma unroll
-            for (int u = 0; u < MMA_UNROLL; ++u) {
-                const int kk = column(r, u);
-                wv[u][j] = c < n && kk < k ? load_streaming(row + kk) : make_uint4(0, 0, 0, 0);
-            }
-        }
-    }
-
-    // Round r's MMAs on its loaded weights.
-    __device__ __forceinline__ void multiply(const uint4 (&wv)[MMA_UNROLL][MMA_TILES], int tile, int r) {
+    for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * MMA_UNROLL) {
+        uint4 wv[MMA_UNROLL][MMA_TILES];
 #pragma unroll
         for (int u = 0; u < MMA_UNROLL; ++u) {
-            if (chunk(r, u) >= chunks) break; // warp-uniform: mma.sync needs every lane
-            const int kk = column(r, u);
+            const int kk = (c0 + u * MMA_WARPS) * 64 + 16 * t;
+#pragma unroll
+            for (int j = 0; j < MMA_TILES; ++j)
+                wv[u][j] = wok[j] && kk < k ? load_streaming(wrow[j] + kk) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u) {
+            const int kk = (c0 + u * MMA_WARPS) * 64 + 16 * t;
+            if (c0 + u * MMA_WARPS >= chunks) break; // warp-uniform: mma.sync needs every lane
             // x's 16 values at kk.. of rows g and g + 8 of each m tile, as bf16 (f16) pairs; zero
             // past rows or k.
             uint4 xl[MT][2], xh[MT][2];
@@ -232,7 +218,7 @@ template <typename T, int MT> struct MmaLinear {
             if (block_rows > 0) {
 #pragma unroll
                 for (int j = 0; j < MMA_TILES; ++j) {
-                    const int c = min(tile * MMA_COLS + 8 * j + g, n - 1);
+                    const int c = min(col0 + 8 * j + g, n - 1);
                     bs[j] = scale[(c / block_rows) * scale_cols + min(kk, k - 1) / block_cols];
                 }
             }
@@ -263,66 +249,26 @@ template <typename T, int MT> struct MmaLinear {
             }
         }
     }
-
-    // Column tile `tile` done: the warps' shares of k summed through `part`, a fragment value a
-    // thread; then the scale, the rounding to T (where the reference rounds the product) and the
-    // bias. Every warp of the block takes part (two barriers).
-    __device__ __forceinline__ void finish(float (*part)[MT * MMA_TILES * 4][32], int tile) {
-        const int col0 = tile * MMA_COLS;
+    // The warps' shares of k summed, a fragment value a thread; then the scale, the rounding to T
+    // (where the reference rounds the product) and the bias.
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int j = 0; j < MMA_TILES; ++j)
+        for (int j = 0; j < MMA_TILES; ++j)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) part[warp][(m * MMA_TILES + j) * 4 + i][lane] = acc[m][j][i];
-        __syncthreads();
-        for (int e = threadIdx.x; e < MT * MMA_TILES * 4 * 32; e += blockDim.x) {
-            const int ji = e / 32, l = e % 32;
-            const int m = ji / (MMA_TILES * 4), j = ji / 4 % MMA_TILES, i = ji % 4;
-            const int row = 16 * m + l / 4 + 8 * (i / 2), col = col0 + 8 * j + 2 * (l % 4) + (i % 2);
-            if (row >= rows || col >= n) continue;
-            float v = 0.f;
+            for (int i = 0; i < 4; ++i) part[warp][(m * MMA_TILES + j) * 4 + i][lane] = acc[m][j][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < MT * MMA_TILES * 4 * 32; e += blockDim.x) {
+        const int ji = e / 32, l = e % 32;
+        const int m = ji / (MMA_TILES * 4), j = ji / 4 % MMA_TILES, i = ji % 4;
+        const int row = 16 * m + l / 4 + 8 * (i / 2), col = col0 + 8 * j + 2 * (l % 4) + (i % 2);
+        if (row >= rows || col >= n) continue;
+        float v = 0.f;
 #pragma unroll
-            for (int q = 0; q < MMA_WARPS; ++q) v += part[q][ji][l];
-            float y = round_t<T>(block_rows > 0 ? v : v * scale[col]);
-            if (bias != nullptr) y += to_f(bias[col]);
-            out[(long long)row * n + col] = from_f<T>(y);
-        }
-        __syncthreads(); // part is read before the next tile writes it
-        clear();
-    }
-};
-
-// Persistent over the column tiles: block b takes tiles b, b + gridDim.x, ... A warp's work is a
-// sequence of rounds (a tile's k in rounds of MMA_UNROLL chunks), whose weights it loads one
-// round ahead: a round's MMAs run while the next round's weights, the next tile's at a tile's
-// end, are in flight. Without that, a block loads its tile, waits, multiplies and exits, and a
-// launch of a few hundred tiles runs in waves, each a full memory latency with the SMs idle.
-template <typename T, int MT>
-__device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float *scale, const T *bias, int rows,
-                               int n, int k, int block_rows, int block_cols) {
-    __shared__ float part[MMA_WARPS][MT * MMA_TILES * 4][32];
-    const int tiles = (n + MMA_COLS - 1) / MMA_COLS;
-    if ((int)blockIdx.x >= tiles) return;
-    MmaLinear<T, MT> L{out, x, w, scale, bias};
-    L.block_rows = block_rows, L.block_cols = block_cols;
-    L.init(rows, n, k);
-    int tile = blockIdx.x, r = 0;
-    // One round: the next round's weights into `next`, this round's MMAs on `cur`, the tile
-    // finished at its last round. False once the block has no round left.
-    auto step = [&](uint4 (&cur)[MMA_UNROLL][MMA_TILES], uint4 (&next)[MMA_UNROLL][MMA_TILES]) -> bool {
-        int next_tile = tile, next_r = r + 1;
-        if (next_r == L.rounds) next_r = 0, next_tile += gridDim.x;
-        const bool more = next_tile < tiles;
-        if (more) L.load(next, next_tile, next_r);
-        L.multiply(cur, tile, r);
-        if (next_r == 0) L.finish(part, tile);
-        tile = next_tile, r = next_r;
-        return more;
-    };
-    uint4 wa[MMA_UNROLL][MMA_TILES], wb[MMA_UNROLL][MMA_TILES];
-    L.load(wa, tile, r);
-    while (step(wa, wb) && step(wb, wa)) {
+        for (int q = 0; q < MMA_WARPS; ++q) v += part[q][ji][l];
+        float y = round_t<T>(block_rows > 0 ? v : v * scale[col]);
+        if (bias != nullptr) y += to_f(bias[col]);
+        out[(long long)row * n + col] = from_f<T>(y);
     }
 }
 
