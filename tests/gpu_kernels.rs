@@ -567,10 +567,11 @@ fn fused_qkv_rope_write() {
 }
 
 /// `qkv_bias_rope_i_write` (Huginn's interleaved RoPE after a learned q/k bias, one launch)
-/// against the composition it replaces run on the same device: q and the written K/V rows bit for
-/// bit in bf16 and f16 (the kernel rounds where the composition does), within 1e-6 in f32 (where
-/// either may fuse a multiply-add); rows outside the slots untouched; with and without the bias,
-/// MHA and GQA, decode and mixed rows.
+/// against the composition it replaces run on the same device: q and the K cache within the
+/// dtype's rounding (the kernel rounds each op as the CPU's `rope_i` does; candle's CUDA `rope_i`
+/// rounds a last bit differently in about a fifth of the values on the H100), the V cache bit
+/// for bit, rows outside the slots untouched; with and without the bias, MHA and GQA, decode and
+/// mixed rows.
 #[test]
 fn fused_qkv_bias_rope_i_write_matches_the_composition() {
     use ponder::ops::fused::{qkv_bias_rope_i_write, qkv_bias_rope_i_write_reference};
@@ -620,12 +621,12 @@ fn fused_qkv_bias_rope_i_write_matches_the_composition() {
                 let label = format!("{name} {dtype:?} bias {with_bias}");
                 for (what, got, want) in [("q", &qk, &qr), ("k cache", &kk, &kr), ("v cache", &vk, &vr)] {
                     let (g, w) = (flat(got), flat(want));
-                    if dtype == DType::F32 {
-                        let err = rel_err(&f32_cpu(got), &f32_cpu(want));
-                        assert!(err <= 1e-6, "{label}: {what} relative error {err:e}");
-                    } else {
+                    if what == "v cache" {
                         let differ = g.iter().zip(&w).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
                         assert_eq!(differ, 0, "{label}: {what} differs from the composition in {differ} of {} values", g.len());
+                    } else {
+                        let err = rel_err(&f32_cpu(got), &f32_cpu(want));
+                        assert!(err <= tol_of(dtype), "{label}: {what} relative error {err:e}");
                     }
                 }
                 // The composition writes only the slots' rows: the caches elsewhere are as before.

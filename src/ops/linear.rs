@@ -402,9 +402,9 @@ mod tests {
             close(&w8a8, "w8a8");
             assert_eq!(counts.fp8_w8a8, 0, "no FP8 GEMM on the CPU: the reference ran");
             assert!((&w8a8 - &dense).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() > 0.0, "{rows} rows: activations rounded");
-            // By shape: the weight-only numerics (the dequantized weight) up to 16 rows, W8A8 above.
+            // By shape: the weight-only numerics (the dequantized weight) up to the policy's rows, W8A8 above.
             let (by_shape, _) = with_kernels(policy(Fp8Kernels::ByShape), || layer.forward(&x).unwrap());
-            let expected = if rows <= 16 { &dense } else { &w8a8 };
+            let expected = if rows <= crate::ops::policy::FP8_WEIGHT_ONLY_ROWS { &dense } else { &w8a8 };
             assert_eq!(by_shape.to_vec2::<f32>().unwrap(), expected.to_vec2::<f32>().unwrap(), "{rows} rows by shape");
             let (weight_only, _) = with_kernels(policy(Fp8Kernels::WeightOnly), || layer.forward(&x).unwrap());
             assert_eq!(weight_only.to_vec2::<f32>().unwrap(), dense.to_vec2::<f32>().unwrap(), "{rows} rows weight-only on the CPU");

@@ -564,11 +564,12 @@ mod tests {
                 assert_eq!(max_diff(&a, &b), 0.0, "{tokens} tokens, {fp8:?}");
                 by_policy.push(a);
             }
-            // By shape, the launch decides for every expert: more than 16 tokens quantize the
+            // By shape, the launch decides for every expert: more tokens than the policy's weight-only
+            // rows quantize the
             // activations of every expert (even one with a few of them), as W8A8 does; a few
             // tokens quantize none (weight-only, dequantizing on the CPU).
             let (dequantize, w8a8, by_shape) = (&by_policy[0], &by_policy[1], &by_policy[2]);
-            let same_as = if tokens > 16 { w8a8 } else { dequantize };
+            let same_as = if tokens > crate::ops::policy::FP8_WEIGHT_ONLY_ROWS { w8a8 } else { dequantize };
             assert_eq!(max_diff(by_shape, same_as), 0.0, "{tokens} tokens by shape");
             assert!(max_diff(w8a8, dequantize) > 0.0, "{tokens} tokens: W8A8 quantizes the activations");
         }

@@ -104,9 +104,10 @@ pub enum Fp8Kernels {
 /// (`FP8_MMA_MAX_ROWS` in `kernels/fp8.cu`; the SIMT kernel takes 16).
 pub const FP8_WEIGHT_ONLY_MAX_ROWS: usize = 64;
 
-/// [`KernelPolicy::fp8_weight_only_rows`]' default: up to 16 rows the weight-only kernel is
-/// measured faster than W8A8 on the H100; above, W8A8 until the wider tiles are measured.
-pub const FP8_WEIGHT_ONLY_ROWS: usize = 16;
+/// [`KernelPolicy::fp8_weight_only_rows`]' default: where by-shape changes to W8A8. Measured on
+/// the H100 in Ouro-1.4B decode: weight-only 1.06× W8A8 at 32 rows, W8A8 1.21× weight-only at 64
+/// (`docs/bench/fp8/h100_weight_only_rows_ab_47aa5b1.json`).
+pub const FP8_WEIGHT_ONLY_ROWS: usize = 32;
 
 /// The kernel choices of one engine. `KernelPolicy::default()` is what serving should use; the
 /// rest is for measuring one choice against another and for the device tests.
@@ -127,7 +128,7 @@ pub struct KernelPolicy {
     /// `Fp8Kernels::ByShape` (1 ..= 64, the kernel's most; string `fp8-rows=N`). Above
     /// it `ByShape` runs W8A8 and `WeightOnly` dequantizes. The SIMT kernel takes at most 16
     /// rows; a wider launch that cannot take the tensor-core kernel dequantizes, with the same
-    /// numerics as weight-only.
+    /// numerics as weight-only. 32 by default (`FP8_WEIGHT_ONLY_ROWS`: measured).
     pub fp8_weight_only_rows: usize,
     /// Run the looped models' decode core steps on a preallocated arena (`ops::into`): every
     /// activation in a buffer sized when the engine is built, so a captured decode graph holds
@@ -389,7 +390,7 @@ mod tests {
         let wide: KernelPolicy = "fp8=by-shape,fp8-rows=64".parse().unwrap();
         assert!(wide.fp8_weight_only(64) && !wide.fp8_quantizes_activations(64) && wide.fp8_quantizes_activations(65));
         let default = KernelPolicy { fp8: Fp8Kernels::ByShape, ..KernelPolicy::default() };
-        assert!(default.fp8_weight_only(16) && default.fp8_quantizes_activations(17) && !default.fp8_weight_only(17));
+        assert!(default.fp8_weight_only(32) && default.fp8_quantizes_activations(33) && !default.fp8_weight_only(33));
         for bad in [
             "ring",
             "ring=sometimes",

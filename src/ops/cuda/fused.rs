@@ -63,8 +63,8 @@ pub fn qkv_rope_write(
 }
 
 /// [`qkv_rope_write`] for interleaved RoPE (pairs `2i, 2i + 1`, Huginn's), with an optional
-/// learned bias `(q [H, D], k [KVH, D])` added to q and k before it. Rounded as the composition
-/// it replaces: `T(x + b)`, then candle's `rope_i` in the dtype's own arithmetic.
+/// learned bias `(q [H, D], k [KVH, D])` added to q and k before it. Rounded as the CPU
+/// composition it replaces: `T(x + b)`, then candle's `rope_i` in the dtype's own arithmetic.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_bias_rope_i_write(
     qkv: &Tensor,

@@ -24,8 +24,9 @@
 //   FOCUS compaction).
 // qkv_bias_rope_i_write_*: qkv_rope_write for interleaved RoPE (pairs 2i, 2i + 1; Huginn), with
 //   an optional learned bias on q and k added before it ([H, D] and [KVH, D]). Rounded as the
-//   composition it replaces (candle's broadcast add, then rope_i in T's own arithmetic): T(x + b),
-//   then T(T(x1 c) - T(x2 s)) and T(T(x1 s) + T(x2 c)).
+//   CPU composition it replaces rounds (candle's broadcast add, then rope_i in T's own
+//   arithmetic): T(x + b), then T(T(x1 c) - T(x2 s)) and T(T(x1 s) + T(x2 c)); candle's CUDA
+//   rope_i differs from that by a last bit in some values.
 // qkv_norm_rope_write_*: qkv_rope_write with an optional per-head RMSNorm of q and k (weights
 //   [D], candle's rmsnorm rounding) before RoPE (Qwen3 / SDAR), one warp per (token, head) over
 //   the q, k and v heads, each lane D / 32 consecutive elements as one vector; also returns
