@@ -342,6 +342,32 @@ def fp8_h100():
              fp8_h100_data=data(n, date=False) + " " + data(m, date=False), fp8_h100_cmds=cmds(load(n)["commands"] + load(m)["commands"]))
 
 
+def fp8_rows():
+    n = "fp8/h100_weight_only_rows_ab_47aa5b1.json"; R = load(n)["runs"]
+    def mean(stem, w, key="tokens_per_s"):
+        v = [r[key] for i in (1, 2) for r in R[f"{stem}_{i}"]["results"] if r.get("width") == w and key in r]
+        return sum(v) / len(v) if v else None
+    cell = lambda stem, w: "—" if mean(stem, w) is None else f"{num(mean(stem, w))} ({times(mean(stem, w) / mean('cb_bf16', w))})"
+    rows = [[f"W {w}", num(mean("cb_bf16", w)), cell("cb_wo_old", w), cell("cb_w8a8", w)] for w in (16, 32, 64)]
+    m = "fp8/h100_llada2_promoted_47aa5b1.json"; L = load(m)["runs"]
+    sd = {(r["mode"], r["batch"], q): r["tokens_per_s"] for q in ("bf16", "fp8") for r in L[f"llada2_{q}"]["results"]}
+    lrows = [[f"B {b} {mode}", num(sd[(mode, b, "bf16")]), num(sd[(mode, b, "fp8")]), times(sd[(mode, b, "fp8")] / sd[(mode, b, "bf16")])] for b in (32, 256) for mode in ("baseline", "focus")]
+    h = "huginn/attention_prep_ab_47aa5b1.json"; H = load(h)["runs"]
+    def hg(stem, w, key):
+        v = [r[key] for i in (1, 2) for r in H[f"{stem}_{i}"]["results"] if r.get("width") == w]
+        return sum(v) / len(v)
+    hrows = [[f"W {w}", f"{hg('huginn_old', w, 'decode_step_ms'):.2f}", f"{hg('huginn_new', w, 'decode_step_ms'):.2f}", times(hg("huginn_old", w, "decode_step_ms") / hg("huginn_new", w, "decode_step_ms"), 3),
+              f"{pct(hg('huginn_old', w, 'fraction_of_roofline'))} → {pct(hg('huginn_new', w, 'fraction_of_roofline'))}",
+              f"{next(r['graph_kernel_nodes'] for r in H['huginn_old_1']['results'] if r['width'] == w)} → {next(r['graph_kernel_nodes'] for r in H['huginn_new_1']['results'] if r['width'] == w)}"] for w in (16, 64)]
+    V.update(fp8_rows_table=table(["launch", "bf16 tok/s", "FP8 weight-only tok/s", "FP8 W8A8 tok/s"], rows),
+             fp8_rows_wo_roof=span([mean("cb_wo_old", w, "fraction_of_roofline") for w in (16, 32, 64)]),
+             fp8_rows_persistent=span([mean("cb_wo_new", w) / mean("cb_wo_old", w) for w in (16, 32, 64)], d=2, k=1, u="×"),
+             fp8_rows_data=data(n, date=False), fp8_rows_cmds=cmds(load(n)["commands"]),
+             llada2_promoted_table=table(["launch", "bf16 tok/s", "FP8 tok/s", "FP8 ÷ bf16"], lrows), llada2_promoted_data=data(m, date=False),
+             huginn_prep_table=table(["launch", "step ms before", "step ms after", "before ÷ after", "of the roofline", "kernels in its graphs"], hrows),
+             huginn_prep_data=data(h, date=False), huginn_prep_cmds=cmds(load(h)["commands"]))
+
+
 def arena():
     n = "arena/h100_ab_2d346d3.json"; R = load(n)["runs"]
     def step(label, w):
@@ -384,7 +410,7 @@ def modes(rows, d):
 
 def main():
     global plt
-    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, fp8, fp8_h100, arena, h100, did_not_pay):
+    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, fp8, fp8_h100, fp8_rows, arena, h100, did_not_pay):
         section()
     gpus = lambda h: " / ".join(sorted({d["gpu"] for n, d in _cache.items() if n.startswith("h100/") == h}))
     V.update(gpus=gpus(False), h100_gpus=gpus(True))
