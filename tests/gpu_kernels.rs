@@ -2283,10 +2283,16 @@ fn grouped_fp8_moe_check(policy: ponder::ops::KernelPolicy) {
                 with_kernels(policy, || moe_experts_reference(&to(&x), &to(&ids), &to(&weights), &on_gpu, shared.as_ref().map(to).as_ref(), None).unwrap());
             let want = f32_cpu(&want).flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let norm = want.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+            // Which grouped kernel ran (the launch picks its tile height by rows per expert).
+            let kernel = match (tokens * k / e >= 96, policy.moe) {
+                (true, ponder::ops::moe::MoeKernels::Auto) => "128-row tiles (wgmma on Hopper)",
+                (true, _) => "128-row tiles (mma.sync)",
+                (false, _) => "64-row tiles (mma.sync)",
+            };
             for (what, t) in [("kernels", &got), ("device composition", &composed)] {
                 let t = f32_cpu(t).flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 let err = t.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt() / norm;
-                assert!(err <= 1e-2, "{:?} {name} {dtype:?}: {what} against the CPU's W8A8 composition: relative error {err:e}", policy.moe);
+                assert!(err <= 1e-2, "{:?} {name} {dtype:?}, {kernel}: {what} against the CPU's W8A8 composition: relative error {err:e}", policy.moe);
             }
         }
     }
