@@ -477,17 +477,14 @@ fn tol_of(dtype: DType) -> f32 {
     }
 }
 
-/// One qkv_rope_write case: rows of (q_len, ctx); caches pre-filled with random values.
-fn check_qkv_rope_write(name: &str, rows: &[(usize, usize)], heads: usize, kv_heads: usize, hd: usize, bs: usize, dtype: DType) {
-    let gpu = gpu_device();
-    let mut rng = StdRng::seed_from_u64(0xf05ed ^ (heads * 131 + hd) as u64);
-    let need: usize = rows.iter().map(|&(_, c)| c.div_ceil(bs)).sum();
-    let num_blocks = need + 5;
+/// A paged batch of `rows` (q_len, ctx) over shuffled blocks of `bs` slots, `spare` blocks more
+/// than the rows use: its host side, the rows' new positions, and the block count.
+fn shuffled_paged_rows(rng: &mut StdRng, rows: &[(usize, usize)], bs: usize, spare: usize) -> (PagedBatchHost, Vec<u32>, usize) {
+    let num_blocks = rows.iter().map(|&(_, c)| c.div_ceil(bs)).sum::<usize>() + spare;
     let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
-    ids.shuffle(&mut rng);
+    ids.shuffle(rng);
     let mut host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![], context_lens: vec![], cu_q_lens: vec![0] };
-    let mut next = 0;
-    let mut positions = vec![];
+    let (mut next, mut positions) = (0, vec![]);
     for &(q_len, ctx) in rows {
         host.block_tables.push(ids[next..next + ctx.div_ceil(bs)].to_vec());
         next += ctx.div_ceil(bs);
@@ -495,6 +492,14 @@ fn check_qkv_rope_write(name: &str, rows: &[(usize, usize)], heads: usize, kv_he
         host.cu_q_lens.push(host.cu_q_lens.last().unwrap() + q_len as u32);
         positions.extend((ctx - q_len..ctx).map(|p| p as u32));
     }
+    (host, positions, num_blocks)
+}
+
+/// One qkv_rope_write case: rows of (q_len, ctx); caches pre-filled with random values.
+fn check_qkv_rope_write(name: &str, rows: &[(usize, usize)], heads: usize, kv_heads: usize, hd: usize, bs: usize, dtype: DType) {
+    let gpu = gpu_device();
+    let mut rng = StdRng::seed_from_u64(0xf05ed ^ (heads * 131 + hd) as u64);
+    let (host, positions, num_blocks) = shuffled_paged_rows(&mut rng, rows, bs, 5);
     let tokens = positions.len();
     let width = (heads + 2 * kv_heads) * hd;
     let kvw = kv_heads * hd;
@@ -588,18 +593,7 @@ fn fused_qkv_bias_rope_i_write_matches_the_composition() {
         for (name, rows, heads, kv_heads, hd, bs) in cases {
             for with_bias in [true, false] {
                 let mut rng = StdRng::seed_from_u64(0xb1a5 ^ (heads * 131 + hd) as u64);
-                let num_blocks = rows.iter().map(|&(_, c)| c.div_ceil(bs)).sum::<usize>() + 3;
-                let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
-                ids.shuffle(&mut rng);
-                let mut host = PagedBatchHost { write_positions: Vec::new(), block_tables: vec![], context_lens: vec![], cu_q_lens: vec![0] };
-                let (mut next, mut positions) = (0, vec![]);
-                for &(q_len, ctx) in rows {
-                    host.block_tables.push(ids[next..next + ctx.div_ceil(bs)].to_vec());
-                    next += ctx.div_ceil(bs);
-                    host.context_lens.push(ctx as u32);
-                    host.cu_q_lens.push(host.cu_q_lens.last().unwrap() + q_len as u32);
-                    positions.extend((ctx - q_len..ctx).map(|p| p as u32));
-                }
+                let (host, positions, num_blocks) = shuffled_paged_rows(&mut rng, rows, bs, 3);
                 let tokens = positions.len();
                 let kvw = kv_heads * hd;
                 let to = |t: Tensor| t.to_device(&gpu).unwrap();
