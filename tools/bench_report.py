@@ -361,7 +361,6 @@ def fp8_rows():
               f"{next(r['graph_kernel_nodes'] for r in H['huginn_old_1']['results'] if r['width'] == w)} → {next(r['graph_kernel_nodes'] for r in H['huginn_new_1']['results'] if r['width'] == w)}"] for w in (16, 64)]
     V.update(fp8_rows_table=table(["launch", "bf16 tok/s", "FP8 weight-only tok/s", "FP8 W8A8 tok/s"], rows),
              fp8_rows_wo_roof=span([mean("cb_wo_old", w, "fraction_of_roofline") for w in (16, 32, 64)]),
-             fp8_rows_persistent=span([mean("cb_wo_new", w) / mean("cb_wo_old", w) for w in (16, 32, 64)], d=2, k=1, u="×"),
              fp8_rows_data=data(n, date=False), fp8_rows_cmds=cmds(load(n)["commands"]),
              llada2_promoted_table=table(["launch", "bf16 tok/s", "FP8 tok/s", "FP8 ÷ bf16"], lrows), llada2_promoted_data=data(m, date=False),
              huginn_prep_table=table(["launch", "step ms before", "step ms after", "before ÷ after", "of the roofline", "kernels in its graphs"], hrows),
