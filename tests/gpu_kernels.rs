@@ -1220,8 +1220,9 @@ fn engine_run_with(
 /// decode attention takes the launch (MHA, like Ouro-1.4B: the SIMT fold at head dim 64 with its
 /// key splits in the arena's workspace, the ring at 128 under `ring=always`), or for a GQA model
 /// its two launches with q in the arena, a graph — CB's full-depth decode, depth batching's core
-/// steps and re-entering codas — holds no memory node at all (before q had a buffer of its own,
-/// the GQA case kept 320 of the plain body's 1120 on an H100 at `2d346d3`).
+/// steps and re-entering codas — holds no memory node at all (the plain body's graphs of the GQA
+/// case hold 1120 on an H100). The GQA case's 40-row launches cut their keys into more splits
+/// than the ring has partials: the workspace is sized for the SIMT plan's most.
 #[test]
 fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
     use ponder::looped::models::Ouro;

@@ -15,8 +15,7 @@
 //! them unsplit (15–17 % a launch at context 260). Bounds past what was measured keep the split
 //! plan.
 
-/// Most key splits of one (row, kv head) tile; each costs a partial of `[T, H, D]` f32.
-const MAX_SPLITS: usize = 32;
+use super::MAX_ATTENTION_SPLITS as MAX_SPLITS;
 /// Longest chunk of the context bound the plan keeps; longer ones are cut from the actual
 /// context in the kernel (measured: 256 kept its lead, 832 and 2048 lost).
 const BOUND_CHUNK_MAX_KEYS: usize = 512;

@@ -7,6 +7,11 @@
 
 #[cfg(any(test, feature = "cuda"))]
 pub(crate) mod attention_split;
+
+/// Most key splits the SIMT paged-attention kernel cuts a (row, kv head) tile into; each costs a
+/// partial of `[T, H, D]` f32, and a decode arena's workspace holds this many for its widest
+/// launch.
+pub(crate) const MAX_ATTENTION_SPLITS: usize = 32;
 mod batch;
 mod compact;
 mod focus_importance;

@@ -443,8 +443,10 @@ impl LoopedModel for Ouro {
         let activations = (rows * cols * self.spec.dtype.size_in_bytes()) as u64;
         let parts = (ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h * 4 + rows * 4) as u64;
         // The attention workspace: the decode ring's partials for every block of its grid
-        // (one an SM; 1024 SMs bounds any device) and row.
-        let attention = ((1024 + rows) * nh * (hd + 2) * 4 + 1024 * 16) as u64;
+        // (one an SM; 1024 SMs bounds any device) and row, or the SIMT kernel's most key splits
+        // of every row, whichever is more.
+        let slots = (1024 + rows).max(crate::ops::MAX_ATTENTION_SPLITS * rows);
+        let attention = (slots * nh * (hd + 2) * 4 + 1024 * 16) as u64;
         activations + parts + attention
     }
 
