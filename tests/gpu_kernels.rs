@@ -2239,7 +2239,9 @@ fn grouped_moe_check(kernels: ponder::ops::moe::MoeKernels) {
 /// quantized on either device (bit for bit the same bytes and scales); and the device's own
 /// composition on the interleaved FP8 layout against the same. Widths off the 128-column FP8
 /// k tiles and the 128-column n tiles, both tile heights; Hopper's warpgroup kernels and the
-/// `mma.sync` ones.
+/// `mma.sync` ones. The bound holds only where both sides round the SwiGLU activations alike
+/// before re-quantizing them (silu in f32, then the dtype): candle's CPU silu in bf16 rounds
+/// three times, and that alone moves this composition by 1.3–1.6 % in bf16.
 #[test]
 fn grouped_fp8_moe_kernels_match_the_w8a8_composition() {
     use ponder::ops::moe::MoeKernels;
@@ -2287,6 +2289,7 @@ fn grouped_fp8_moe_check(policy: ponder::ops::KernelPolicy) {
             for (what, t) in [("kernels", &got), ("device composition", &composed)] {
                 let t = f32_cpu(t).flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 let err = t.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt() / norm;
+                println!("{:?} {name} {dtype:?}, {kernel}: {what} against the CPU's W8A8 composition: relative error {err:e}", policy.moe);
                 assert!(err <= 1e-2, "{:?} {name} {dtype:?}, {kernel}: {what} against the CPU's W8A8 composition: relative error {err:e}", policy.moe);
             }
         }
@@ -2687,8 +2690,12 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
             assert!(err <= 1e-2, "[{rows}, {n}, {k}] {dtype:?}: relative error {err:e}");
         }
     }
-    // Shapes the kernel does not take run the dequantizing path, under the same policy.
-    for (rows, k, dtype, policy) in [(17, 64, DType::BF16, policy), (2, 40, DType::BF16, policy), (65, 64, DType::BF16, wide), (20, 64, DType::F32, wide)] {
+    // Shapes the kernel does not take run the dequantizing path: past the policy's rows (16 set,
+    // 32 by default, 64 at most), k off the 16-weight vector, past the SIMT kernel's 16 rows.
+    let narrow = KernelPolicy { fp8_weight_only_rows: 16, ..policy };
+    let shapes =
+        [(17, 64, DType::BF16, narrow), (33, 64, DType::BF16, policy), (2, 40, DType::BF16, policy), (65, 64, DType::BF16, wide), (20, 64, DType::F32, wide)];
+    for (rows, k, dtype, policy) in shapes {
         let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[32, k], -0.5, 0.5, DType::F32)).unwrap();
         let layer = Linear::fp8(q.to_device(&gpu).unwrap(), None, dtype).unwrap();
         let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype).to_device(&gpu).unwrap();

@@ -5,7 +5,7 @@
 //! models used before, which is also the reference the kernels are tested against.
 
 use super::{rms_norm, write_kv, PagedBatch, RopeAngles};
-use candle_core::{Result, Tensor, D};
+use candle_core::{DType, Result, Tensor, D};
 
 /// Splits the fused QKV projection `qkv` `[T, (heads + 2*kv_heads) * head_dim]` (q, k, v side by
 /// side), applies split-half RoPE to q and k, writes the rotated k and v into `k_cache` /
@@ -322,10 +322,18 @@ pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     silu_mul_reference(gate_up)
 }
 
-/// The composition of candle ops behind [`silu_mul`] (its CPU path).
+/// The composition of candle ops behind [`silu_mul`] (its CPU path): `T(T(silu(gate)) · up)`,
+/// silu computed in f32. candle's CPU silu on bf16 / f16 rounds its exponential, sum and
+/// quotient each to the dtype (its CUDA silu does not), up to two steps off the f32 value: under
+/// W8A8 the next product re-quantizes these activations to E4M3, where such steps flip values on
+/// its boundaries, so the CPU reference rounds where the kernels do.
 pub fn silu_mul_reference(gate_up: &Tensor) -> Result<Tensor> {
     let n = gate_up.dim(D::Minus1)? / 2;
     let gate = gate_up.narrow(D::Minus1, 0, n)?;
     let up = gate_up.narrow(D::Minus1, n, n)?;
-    candle_nn::ops::silu(&gate)? * up
+    let silu = match gate.dtype() {
+        DType::BF16 | DType::F16 => candle_nn::ops::silu(&gate.to_dtype(DType::F32)?)?.to_dtype(gate.dtype())?,
+        _ => candle_nn::ops::silu(&gate)?,
+    };
+    silu * up
 }
