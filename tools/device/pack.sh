@@ -2,7 +2,8 @@
 # Builds the CUDA binaries here and packs them for the device tool (carry [".device"]):
 #
 #     tools/device/pack.sh [bench_looped] [bench_diffusion] [bench_parallel] [gpu_kernels]
-#                          [gpu_parallel] [bench_serve]    # default: bench_looped,
+#                          [gpu_parallel] [bench_serve] [bench_serving]
+#                                                          # default: bench_looped,
 #                                                          # bench_diffusion, gpu_kernels
 #
 # Writes .device/NAME.xz (≈ 6.5 MB each; three fit the 64 MiB carry), .device/gpu-env.sh and
@@ -34,13 +35,13 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
         print(m["executable"])' "$n" | tail -1) ;;
-    bench_serve)
-      cargo build --release --features cuda -p ponder-serve --example bench_serve >&2
-      bin=$CARGO_TARGET_DIR/release/examples/bench_serve ;;
+    bench_serve | bench_serving)
+      cargo build --release --features cuda -p ponder-serve --example "$n" >&2
+      bin=$CARGO_TARGET_DIR/release/examples/$n ;;
     bench_*)
       cargo build --release --features cuda --example "$n" >&2
       bin=$CARGO_TARGET_DIR/release/examples/$n ;;
-    *) echo "pack.sh: unknown binary $n (bench_looped | bench_diffusion | bench_parallel | gpu_kernels | gpu_parallel | bench_serve)" >&2; exit 1 ;;
+    *) echo "pack.sh: unknown binary $n (bench_looped | bench_diffusion | bench_parallel | gpu_kernels | gpu_parallel | bench_serve | bench_serving)" >&2; exit 1 ;;
   esac
   [ -n "$bin" ] && [ -x "$bin" ] || { echo "pack.sh: no binary for $n" >&2; exit 1; }
   xz -9 -T2 -c "$bin" > ".device/$n.xz"
