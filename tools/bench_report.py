@@ -208,10 +208,12 @@ def h100():
                  pct(r["fraction_of_prefill_adjusted_bound"]), num(r["peak_device_memory_gb"], 1)] for r in sorted((r for r in R if r["mode"] != "cb"), key=lambda r: r["width"])]), ""]
         else:
             b = by(R, "batch", "mode")
-            out += [f"**{d['model']}: delayed cache and FOCUS (α {d['focus']['alpha']:g}, knee {d['focus']['knee_tokens']})** — {link}", "", table(
-                ["B", "delayed tok/s", "FOCUS tok/s", "FOCUS ÷ delayed", "peak device memory, GB"], [
-                [B, num(b[(B, "baseline-delayed")]["tokens_per_s"]), num(b[(B, "focus")]["tokens_per_s"]), times(b[(B, "focus")]["speedup_vs_delayed"]),
-                 num(max(b[(B, m)]["peak_device_memory_gb"] for m in ("baseline-delayed", "focus")), 1)] for B in sorted({r["batch"] for r in R})]), ""]
+            # Against the delayed cache or the plain baseline, whichever the run measured.
+            base, lab = ("baseline-delayed", "delayed") if any(m == "baseline-delayed" for _, m in b) else ("baseline", "baseline")
+            out += [f"**{d['model']}: {'delayed cache' if lab == 'delayed' else 'baseline'} and FOCUS (α {d['focus']['alpha']:g}, knee {d['focus']['knee_tokens']})** — {link}", "", table(
+                ["B", f"{lab} tok/s", "FOCUS tok/s", f"FOCUS ÷ {lab}", "peak device memory, GB"], [
+                [B, num(b[(B, base)]["tokens_per_s"]), num(b[(B, "focus")]["tokens_per_s"]), times(b[(B, "focus")][f"speedup_vs_{lab}"]),
+                 num(max(b[(B, m)]["peak_device_memory_gb"] for m in (base, "focus")), 1)] for B in sorted({r["batch"] for r in R})]), ""]
     figs = [(f"{load('h100/' + n)['model'].split()[0]} {r['mode']} {'W' if 'width' in r else 'B'} {r.get('width', r.get('batch'))}", r["tokens_per_s"])
             for n in files for r in load("h100/" + n)["results"] if "refused" not in r]
     V["h100_plot"] = plot("h100", "H100 tokens/s of every figure above", lambda: bars([k for k, _ in figs], {"tokens/s": [v for _, v in figs]}, "tokens/s", load("h100/" + files[0])))
@@ -276,23 +278,42 @@ def live():
              live_over=times(norm("CDB refill", rates[-1])["mean"] / norm("CB", rates[-1])["mean"]),
              live_ouro_plot=plot("live_ouro", "normalized latency and time to first token against request rate", lambda D=D, rates=rates, at=at, d0=d0: curves(f"{d0['target'].split(', in process')[0]}, W {d0['width']} — {d0['gpu']}, commit {d0['commit']}", D, rates, at,
                                  [("normalized_ms", "mean", "normalized latency, mean (ms per token)"), ("normalized_ms", "p99", "normalized latency, p99"), ("ttft_ms", "p99", "time to first token, p99 (ms)")], d0)))
-    # SDAR-8B: baseline against FOCUS.
+    # The diffusion models: the baseline against FOCUS.
+    def diffusion(key, files):
+        D, knee, rates, at = sweep(key, files, "baseline"); d0 = D["baseline"]
+        rows = [[f"{r:.2f} ({pct(r / knee['baseline'], 0)})", *[f"{num(at(k, r)['tpot_ms']['p50'], 1)} / {num(at(k, r)['tpot_ms']['p99'], 1)}" for k in D],
+                 " / ".join(num(at(k, r)["normalized_ms"]["mean"], 1) for k in D), " / ".join(num(at(k, r)["ttft_ms"]["p99"]) for k in D), " / ".join(num(at(k, r)["request_throughput"], 1) for k in D)] for r in rates]
+        st = d0["settings"]
+        V.update({f"{key}_intro": f"{d0['target'].split(', in process')[0]}, W {d0['width']}, blocks of {st['block']}, {st['realised_mean_unmask']:g} tokens revealed per step (replayed); ShareGPT-like lengths",
+                  f"{key}_knees": ", ".join(f"{k} **{num(v, 1)} req/s**" + ("" if k == "baseline" else f" ({times(v / knee['baseline'])})") for k, v in knee.items()),
+                  f"{key}_table": table(["offered req/s (of the baseline's knee)", *[f"{k}: TPOT ms p50 / p99" for k in D], "normalized ms, mean: " + " / ".join(D), "TTFT p99 ms", "completed req/s"], rows),
+                  f"{key}_data": data("live/" + files["baseline"], date=False, extra=" The other modes: " + ", ".join(f"[`{f}`](bench/live/{f})" for f in list(files.values())[1:]) + "."),
+                  f"{key}_cmds": cmds([d0["burst_command"], *[d["command"] for d in D.values()]]),
+                  f"{key}_plot": plot(key, "time per output token and normalized latency against request rate", lambda D=D, rates=rates, at=at, d0=d0: curves(f"{d0['target'].split(', in process')[0]}, W {d0['width']} — {d0['gpu']}, commit {d0['commit']}", D, rates, at,
+                                      [("tpot_ms", "p50", "time per output token, p50 (ms)"), ("tpot_ms", "p99", "time per output token, p99 (ms)"), ("normalized_ms", "mean", "normalized latency, mean (ms per token)")], d0))})
+        return D, knee, rates, at
     files = {"baseline": "sdar8b_sharegpt_w64_baseline.json", "FOCUS": "sdar8b_sharegpt_w64_focus.json", "FOCUS, knee 256": "sdar8b_sharegpt_w64_knee256_focus.json"}
-    D, knee, rates, at = sweep("live_sdar", files, "baseline"); d0 = D["baseline"]
-    rows = [[f"{r:.2f} ({pct(r / knee['baseline'], 0)})", *[f"{num(at(k, r)['tpot_ms']['p50'], 1)} / {num(at(k, r)['tpot_ms']['p99'], 1)}" for k in D],
-             " / ".join(num(at(k, r)["normalized_ms"]["mean"], 1) for k in D), " / ".join(num(at(k, r)["ttft_ms"]["p99"]) for k in D), " / ".join(num(at(k, r)["request_throughput"], 1) for k in D)] for r in rates]
-    st = d0["settings"]
+    D, knee, rates, at = diffusion("live_sdar", files)
     tp99 = lambda k, r: at(k, r)["tpot_ms"]["p99"]
     V.update(live_sdar_low=f"{times(tp99('FOCUS', rates[0]) / tp99('baseline', rates[0]))} the baseline's ({times(tp99('FOCUS, knee 256', rates[0]) / tp99('baseline', rates[0]))} with the knee)",
              live_sdar_ttft=f"p50 {num(at('FOCUS', rates[0])['ttft_ms']['p50'])} ms against {num(at('baseline', rates[0])['ttft_ms']['p50'])} ms",
              live_sdar_mid=times(tp99("FOCUS", rates[2]) / tp99("baseline", rates[2])))
-    V.update(live_sdar_intro=f"{d0['target'].split(', in process')[0]}, W {d0['width']}, blocks of {st['block']}, {st['realised_mean_unmask']:g} tokens revealed per step (replayed); ShareGPT-like lengths",
-             live_sdar_knees=", ".join(f"{k} **{num(v, 1)} req/s**" + ("" if k == "baseline" else f" ({times(v / knee['baseline'])})") for k, v in knee.items()),
-             live_sdar_table=table(["offered req/s (of the baseline's knee)", *[f"{k}: TPOT ms p50 / p99" for k in D], "normalized ms, mean: " + " / ".join(D), "TTFT p99 ms", "completed req/s"], rows),
-             live_sdar_data=data("live/" + files["baseline"], date=False, extra=" The other modes: " + ", ".join(f"[`{f}`](bench/live/{f})" for f in list(files.values())[1:]) + "."),
-             live_sdar_cmds=cmds([d0["burst_command"], *[d["command"] for d in D.values()]]),
-             live_sdar_plot=plot("live_sdar", "time per output token and normalized latency against request rate", lambda D=D, rates=rates, at=at, d0=d0: curves(f"{d0['target'].split(', in process')[0]}, W {d0['width']} — {d0['gpu']}, commit {d0['commit']}", D, rates, at,
-                                 [("tpot_ms", "p50", "time per output token, p50 (ms)"), ("tpot_ms", "p99", "time per output token, p99 (ms)"), ("normalized_ms", "mean", "normalized latency, mean (ms per token)")], d0)))
+    files = {"baseline": "llada2mini_sharegpt_w64_baseline.json", "FOCUS": "llada2mini_sharegpt_w64_focus.json"}
+    D, knee, rates, at = diffusion("live_llada2", files)
+    tp99 = lambda k, r: at(k, r)["tpot_ms"]["p99"]
+    below = [r for r in rates if r <= knee["baseline"] * 1.01]
+    top = rates[-1]
+    V.update(live_llada2_tpot=", ".join(times(tp99("FOCUS", r) / tp99("baseline", r)) for r in below),
+             live_llada2_top=f"{num(at('FOCUS', top)['request_throughput'], 1)} req/s against {num(at('baseline', top)['request_throughput'], 1)}, TTFT p99 {num(at('FOCUS', top)['ttft_ms']['p99'])} ms against {num(at('baseline', top)['ttft_ms']['p99'])}, "
+                             f"normalized latency {num(at('FOCUS', top)['normalized_ms']['mean'], 1)} ms against {num(at('baseline', top)['normalized_ms']['mean'], 1)}",
+             live_llada2_fracs=" / ".join(pct(r / knee["baseline"], 0) for r in below))
+    off = by(load("h100/diffusion_llada2_mini_baseline_3348732.json")["results"], "batch", "mode")
+    V["live_llada2_offline"] = f"{times(off[(256, 'focus')]['speedup_vs_baseline'])} on the H100 ([`h100/diffusion_llada2_mini_baseline_3348732.json`](bench/h100/diffusion_llada2_mini_baseline_3348732.json))"
+    # The burst's denoise launches: how many, and their mean length.
+    burst = {k: D[k]["runs"][0]["engine"]["stages"]["denoise"] for k in D}
+    per = {k: b["seconds"] / b["launches"] for k, b in burst.items()}
+    V.update(live_llada2_burst=f"FOCUS's launches carry {burst['FOCUS']['tokens'] / 1e3:.0f}k tokens against {burst['baseline']['tokens'] / 1e3:.0f}k and take {num(per['FOCUS'] * 1e3, 1)} ms against {num(per['baseline'] * 1e3, 1)}, "
+                                  f"but it runs {burst['FOCUS']['launches']} of them against {burst['baseline']['launches']}")
 
 
 def did_not_pay():
