@@ -386,6 +386,15 @@ def fp8_rows():
              llada2_promoted_table=table(["launch", "bf16 tok/s", "FP8 tok/s", "FP8 ÷ bf16"], lrows), llada2_promoted_data=data(m, date=False),
              huginn_prep_table=table(["launch", "step ms before", "step ms after", "before ÷ after", "of the roofline", "kernels in its graphs"], hrows),
              huginn_prep_data=data(h, date=False), huginn_prep_cmds=cmds(load(h)["commands"]))
+    # Where the weight-only kernel's time goes: ncu per layer shape.
+    q = "fp8/h100_weight_only_ncu_3348732.json"; Q = load(q)["results"]
+    label = {"fp8_w16": "FP8 weight-only, 16 rows", "fp8_w64": "FP8 weight-only, 64 rows", "bf16_w16": "bf16 cuBLAS, 16 rows"}
+    qrows = [[r["layer"], label[r["run"]], f"{r['time_us']:.1f}", num(r["dram_read_gb_s"]), pct(r["warps_active_pct"] / 100, 0) if "warps_active_pct" in r else "—",
+              str(int(r["registers"])) if "registers" in r else "—"] for r in sorted(Q, key=lambda r: (r["layer"], r["run"]))]
+    w16 = [r for r in Q if r["run"] == "fp8_w16"]
+    V.update(fp8_ncu_table=table(["layer", "kernel", "µs a launch", "DRAM read GB/s", "warps active", "registers a thread"], qrows), fp8_ncu_data=data(q, date=False), fp8_ncu_cmds=cmds(load(q)["commands"]),
+             fp8_ncu_bw=span([r["dram_read_gb_s"] for r in w16], d=0, k=1, u=" GB/s"), fp8_ncu_warps=span([r["warps_active_pct"] for r in Q if "warps_active_pct" in r], d=0, k=1, u=" %"),
+             fp8_ncu_cublas=span([r["dram_read_gb_s"] for r in Q if r["run"] == "bf16_w16"], d=0, k=1, u=" GB/s"))
 
 
 def arena():
