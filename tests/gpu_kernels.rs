@@ -2641,13 +2641,21 @@ fn fp8_layer_against(
 /// path on the CPU: bf16, f16 and f32 activations, 1 to 16 rows, with and without a bias, widths
 /// off the kernels' strides, per-row and block scales; 17 to 64 rows on the tensor-core kernel's
 /// two and four m16 tiles where the policy allows them; past the policy's rows, past the SIMT
-/// kernel's 16 (f32), and k off the 16-weight vector go the dequantizing way.
+/// kernel's 16 (f32), and k off the 16-weight vector go the dequantizing way. The tensor-core
+/// kernel in both its forms: plain, and with the weights streamed through shared memory
+/// (`fp8-pipe=on`).
 #[test]
 fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
+    for pipe in [false, true] {
+        fp8_weight_only_check(pipe);
+    }
+}
+
+fn fp8_weight_only_check(pipe: bool) {
     use ponder::ops::{Fp8Kernels, KernelPolicy, Linear};
     use ponder::quant::Fp8Weight;
     let gpu = gpu_device();
-    let policy = KernelPolicy { fp8: Fp8Kernels::WeightOnly, ..Default::default() };
+    let policy = KernelPolicy { fp8: Fp8Kernels::WeightOnly, fp8_pipeline: pipe, ..Default::default() };
     let mut rng = StdRng::seed_from_u64(81);
     // The dequantizing path on the CPU (the default policy there).
     let reference = |x: &Tensor, q: &Fp8Weight, bias: Option<&Tensor>, dtype: DType| Linear::fp8(q.clone(), bias.cloned(), dtype).unwrap().forward(x).unwrap();
@@ -2670,6 +2678,7 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
             let layer = Linear::fp8(q.to_device(&gpu).unwrap(), None, dtype).unwrap();
             let (got, counts) = ponder::ops::with_kernels(policy, || layer.forward(&x.to_device(&gpu).unwrap()).unwrap());
             assert_eq!(counts.fp8_weight_only, 1, "[{rows}, {n}, {k}] {block:?} {dtype:?}: the kernel ran");
+            assert_eq!(counts.fp8_weight_only_pipelined, u64::from(pipe), "[{rows}, {n}, {k}] {block:?} {dtype:?}: pipelined {pipe}");
             let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
             assert!(err <= 1e-2, "[{rows}, {n}, {k}] {block:?} {dtype:?}: relative error {err:e}");
         }
@@ -2686,6 +2695,7 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
             let layer = Linear::fp8(q.to_device(&gpu).unwrap(), bias.as_ref().map(|b| b.to_device(&gpu).unwrap()), dtype).unwrap();
             let (got, counts) = ponder::ops::with_kernels(wide, || layer.forward(&x.to_device(&gpu).unwrap()).unwrap());
             assert_eq!(counts.fp8_weight_only, 1, "[{rows}, {n}, {k}] {dtype:?}: the kernel ran");
+            assert_eq!(counts.fp8_weight_only_pipelined, u64::from(pipe), "[{rows}, {n}, {k}] {dtype:?}: pipelined {pipe}");
             let err = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
             assert!(err <= 1e-2, "[{rows}, {n}, {k}] {dtype:?}: relative error {err:e}");
         }

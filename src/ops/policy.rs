@@ -124,6 +124,11 @@ pub struct KernelPolicy {
     /// Weight-only FP8 launches in bf16 / f16 on the tensor cores (`mma.sync`); off: the SIMT
     /// kernel, one warp an output column (f32 launches always take it).
     pub fp8_mma: bool,
+    /// The tensor-core weight-only kernel with each warp's weights streamed through shared
+    /// memory, several chunks in flight while it multiplies (`fp8_linear_mma_pipe_*`; string
+    /// `fp8-pipe=on|off`). Off by default until it is measured against the plain kernel, which
+    /// ncu found latency-bound (`docs/bench/fp8/h100_weight_only_ncu_3348732.json`).
+    pub fp8_pipeline: bool,
     /// Most rows a launch runs weight-only under `Fp8Kernels::WeightOnly` and
     /// `Fp8Kernels::ByShape` (1 ..= 64, the kernel's most; string `fp8-rows=N`). Above
     /// it `ByShape` runs W8A8 and `WeightOnly` dequantizes. The SIMT kernel takes at most 16
@@ -149,6 +154,7 @@ impl Default for KernelPolicy {
             moe: MoeKernels::Auto,
             fp8: Fp8Kernels::Dequantize,
             fp8_mma: true,
+            fp8_pipeline: false,
             fp8_weight_only_rows: FP8_WEIGHT_ONLY_ROWS,
             decode_arena: false,
         }
@@ -183,7 +189,8 @@ impl std::str::FromStr for KernelPolicy {
     /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
     /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`,
-    /// `fp8-mma=on|off`, `fp8-rows=N` (1 ..= 64), `arena=on|off`. An empty string is the default.
+    /// `fp8-mma=on|off`, `fp8-pipe=on|off`, `fp8-rows=N` (1 ..= 64), `arena=on|off`. An empty
+    /// string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
         let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
@@ -273,6 +280,13 @@ impl std::str::FromStr for KernelPolicy {
                         _ => return Err(unknown()),
                     }
                 }
+                "fp8-pipe" => {
+                    p.fp8_pipeline = match value {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(unknown()),
+                    }
+                }
                 other => return Err(bad(format!("unknown key `{other}`"))),
             }
         }
@@ -297,6 +311,8 @@ pub struct KernelCounts {
     pub simt_deep: u64,
     /// FP8 linear layers through the weight-only kernel.
     pub fp8_weight_only: u64,
+    /// Of those, the ones through its pipelined tensor-core form.
+    pub fp8_weight_only_pipelined: u64,
     /// FP8 linear layers through the W8A8 GEMM (cuBLASLt on the FP8 tensor cores).
     pub fp8_w8a8: u64,
     /// Looped core steps run on the decode arena.
@@ -311,6 +327,7 @@ impl std::ops::AddAssign for KernelCounts {
         self.simt_eight_warp += o.simt_eight_warp;
         self.simt_deep += o.simt_deep;
         self.fp8_weight_only += o.fp8_weight_only;
+        self.fp8_weight_only_pipelined += o.fp8_weight_only_pipelined;
         self.fp8_w8a8 += o.fp8_w8a8;
         self.arena_steps += o.arena_steps;
     }
@@ -365,7 +382,7 @@ mod tests {
     fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
         assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
         let p: KernelPolicy =
-            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-rows=48,arena=on"
+            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-pipe=on,fp8-rows=48,arena=on"
                 .parse()
                 .unwrap();
         assert_eq!(
@@ -379,6 +396,7 @@ mod tests {
                 moe: MoeKernels::MmaSync,
                 fp8: Fp8Kernels::WeightOnly,
                 fp8_mma: false,
+                fp8_pipeline: true,
                 fp8_weight_only_rows: 48,
                 decode_arena: true,
             }

@@ -13,6 +13,9 @@ use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 pub const FP8_MAX_ROWS: usize = 16;
 /// Most rows of x the tensor-core kernel takes (`FP8_MMA_MAX_ROWS` in fp8.cu): four m16 tiles.
 pub const FP8_MMA_MAX_ROWS: usize = crate::ops::policy::FP8_WEIGHT_ONLY_MAX_ROWS;
+/// Dynamic shared memory of the pipelined tensor-core kernel: 8 warps' rings of 6 chunks of
+/// 1 KB (`PIPE_SMEM_BYTES` in `kernels/fp8.cu`), the most a launch gets without opting in.
+const FP8_PIPE_SMEM_BYTES: u32 = 8 * 6 * 1024;
 
 /// Most rows of x [`fp8_linear`] takes for `dtype`, on the tensor-core kernel (`mma`, bf16 /
 /// f16) or the SIMT one.
@@ -103,9 +106,17 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     let mut out = unsafe { dev.alloc::<T>(rows * n)? };
     // Eight warps a block either way: the tensor-core kernel's block takes 16 output columns
     // (its warps share k) in as few m16 tiles as hold the rows, the SIMT kernel's a column a warp.
-    let (name, cols) = if mma { (format!("fp8_linear_mma_m{}_{suf}", rows.div_ceil(16).next_power_of_two()), 16) } else { (format!("fp8_linear_{suf}"), 8) };
+    // The pipelined tensor-core form takes its warps' rings of weight chunks as dynamic shared
+    // memory.
+    let pipe = mma && crate::ops::policy::current().fp8_pipeline;
+    let tiles = rows.div_ceil(16).next_power_of_two();
+    let (name, cols, smem) = match (mma, pipe) {
+        (true, true) => (format!("fp8_linear_mma_pipe_m{tiles}_{suf}"), 16, FP8_PIPE_SMEM_BYTES),
+        (true, false) => (format!("fp8_linear_mma_m{tiles}_{suf}"), 16, 0),
+        (false, _) => (format!("fp8_linear_{suf}"), 8, 0),
+    };
     let func = kernel!(dev, Module::Fp8, &name)?;
-    let cfg = LaunchConfig { grid_dim: (n.div_ceil(cols) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(cols) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
     let (r, nn, kk) = (rows as i32, n as i32, k as i32);
     let mut b = func.builder();
     let (block_rows, block_cols) = (block.0 as i32, block.1 as i32);
@@ -119,6 +130,7 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     drop(b_ptr);
+    crate::ops::policy::count(|c| c.fp8_weight_only_pipelined += u64::from(pipe));
     Ok(wrap(out, dev, (rows, n)))
 }
 

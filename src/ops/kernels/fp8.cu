@@ -20,6 +20,9 @@
 // the two differ by that rounding (≤ 2⁻⁹ relative a weight in bf16), not by the order of sums
 // alone. Block-scaled weights (a scale per tile of W, as DeepSeek-style checkpoints store them)
 // are multiplied by their tile's scale as they are converted, T(e4m3 · scale) as the reference.
+// fp8_linear_mma_pipe_m{1,2,4}_*: the same block, lanes and sums with each warp's weights
+// streamed through a ring of shared memory (cp.async, PIPE_STAGES chunks), so that loads stay in
+// flight while it multiplies; launched with PIPE_SMEM_BYTES of dynamic shared memory.
 //
 // fp8_linear_* (f32, and the reference order for the 16-bit dtypes): one warp per output row
 // (8 rows a block); each lane takes 16 weights at a time, one 16-byte load, and applies them to
@@ -47,6 +50,7 @@
 #define FP8_MAX_ROWS 16
 #define FP8_MMA_MAX_ROWS 64
 
+#include "cp_async.cuh"
 #include "floats.cuh"
 #include "mma.cuh"
 
@@ -145,38 +149,140 @@ constexpr int MMA_WARPS = 8;     // a block's warps, each a share of k
 constexpr int MMA_TILES = 2;     // n8 tiles a warp: 16 output columns a block
 constexpr int MMA_UNROLL = 4;    // 64-wide chunks of k whose weights a warp loads before using them
 constexpr int MMA_COLS = 8 * MMA_TILES;
+// The pipelined kernel: chunks a warp keeps in flight in shared memory (its ring of stages, one
+// chunk of 16 columns × 64 bytes a stage, 1 KB), PIPE_STAGES - 1 of them loading while it
+// multiplies one; the whole block's rings fill the 48 KB a launch gets without opting in.
+constexpr int PIPE_STAGES = 6;
+constexpr int PIPE_CHUNK_BYTES = MMA_TILES * 32 * 16;
+constexpr int PIPE_SMEM_BYTES = MMA_WARPS * PIPE_STAGES * PIPE_CHUNK_BYTES;
 
-// `scale`: one per output row, applied to the f32 sum; or, with `block_rows` > 0, one per
-// block_rows × block_cols tile of W (`[ceil(n / block_rows), ceil(k / block_cols)]`, block_cols a
-// multiple of 16), applied to each weight as it is converted.
+// What one lane of the tensor-core kernels reads: its weight row of each n8 tile (one output
+// column, g of its quad group) and rows g and g + 8 of x in each m16 tile. `scale`: one per output
+// row, applied to the f32 sum; or, with `block_rows` > 0, one per block_rows × block_cols tile of W
+// (`[ceil(n / block_rows), ceil(k / block_cols)]`, block_cols a multiple of 16), applied to each
+// weight as it is converted.
+template <typename T, int MT> struct Fp8MmaLane {
+    const uint8_t *wrow[MMA_TILES];
+    bool wok[MMA_TILES];
+    const T *xlo[MT], *xhi[MT];
+    bool lo_ok[MT], hi_ok[MT];
+    int g, t, col0, n, k, block_rows, block_cols, scale_cols;
+    const float *scale;
+
+    __device__ __forceinline__ Fp8MmaLane(const T *x, const uint8_t *w, const float *scale_, int rows, int n_, int k_,
+                                          int block_rows_, int block_cols_) {
+        const int lane = threadIdx.x % 32;
+        g = lane / 4, t = lane % 4, col0 = blockIdx.x * MMA_COLS, n = n_, k = k_;
+        block_rows = block_rows_, block_cols = block_cols_, scale = scale_;
+        scale_cols = block_rows > 0 ? (k + block_cols - 1) / block_cols : 0; // block scales a row
+#pragma unroll
+        for (int j = 0; j < MMA_TILES; ++j) {
+            const int c = col0 + 8 * j + g;
+            wok[j] = c < n;
+            wrow[j] = w + (long long)(wok[j] ? c : 0) * k;
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            lo_ok[m] = 16 * m + g < rows;
+            hi_ok[m] = 16 * m + g + 8 < rows;
+            xlo[m] = x + (long long)(lo_ok[m] ? 16 * m + g : 0) * k;
+            xhi[m] = x + (long long)(hi_ok[m] ? 16 * m + g + 8 : 0) * k;
+        }
+    }
+
+    // This lane's first weight of chunk c (64-wide), and whether its tile-j bytes are in W.
+    __device__ __forceinline__ int chunk_k(int c) const { return c * 64 + 16 * t; }
+    __device__ __forceinline__ bool loads(int j, int kk) const { return wok[j] && kk < k; }
+
+    // One chunk's MMAs: this lane's 16 weight bytes of each tile (`wv`, from k = kk) converted to
+    // T and multiplied with x's matching values into acc.
+    __device__ __forceinline__ void multiply(float (&acc)[MT][MMA_TILES][4], const uint4 (&wv)[MMA_TILES], int kk) const {
+        // x's 16 values at kk.. of rows g and g + 8 of each m tile, as bf16 (f16) pairs; zero
+        // past rows or k.
+        uint4 xl[MT][2], xh[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            xl[m][0] = xl[m][1] = xh[m][0] = xh[m][1] = make_uint4(0, 0, 0, 0);
+            if (lo_ok[m] && kk < k) {
+                xl[m][0] = __ldg(reinterpret_cast<const uint4 *>(xlo[m] + kk));
+                xl[m][1] = __ldg(reinterpret_cast<const uint4 *>(xlo[m] + kk + 8));
+            }
+            if (hi_ok[m] && kk < k) {
+                xh[m][0] = __ldg(reinterpret_cast<const uint4 *>(xhi[m] + kk));
+                xh[m][1] = __ldg(reinterpret_cast<const uint4 *>(xhi[m] + kk + 8));
+            }
+        }
+        // A block-scaled W: each tile's scale for this lane's 16 weights (one block of k).
+        float bs[MMA_TILES];
+        if (block_rows > 0) {
+#pragma unroll
+            for (int j = 0; j < MMA_TILES; ++j) {
+                const int c = min(col0 + 8 * j + g, n - 1);
+                bs[j] = scale[(c / block_rows) * scale_cols + min(kk, k - 1) / block_cols];
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            // Step s multiplies the lane's values 4s .. 4s + 3: logical k 2t, 2t + 1 of the
+            // mma are its first pair, 2t + 8, 2t + 9 its second (the same map for x and W).
+#pragma unroll
+            for (int j = 0; j < MMA_TILES; ++j) {
+                const uint32_t word = reinterpret_cast<const uint32_t *>(&wv[j])[s];
+                const uint16_t p0 = static_cast<uint16_t>(word & 0xffff), p1 = static_cast<uint16_t>(word >> 16);
+                uint32_t b[2];
+                if (block_rows > 0) {
+                    b[0] = e4m3x2_scaled<T>(p0, bs[j]);
+                    b[1] = e4m3x2_scaled<T>(p1, bs[j]);
+                } else {
+                    b[0] = e4m3x2_to<T>(p0);
+                    b[1] = e4m3x2_to<T>(p1);
+                }
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    const uint32_t *lo = reinterpret_cast<const uint32_t *>(xl[m]);
+                    const uint32_t *hi = reinterpret_cast<const uint32_t *>(xh[m]);
+                    const uint32_t a[4] = {lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1]};
+                    mma16816<T>(acc[m][j], a, b);
+                }
+            }
+        }
+    }
+
+    // The warps' shares of k summed through `part` (MMA_WARPS × MT·MMA_TILES·4 × 32 floats of
+    // shared memory), a fragment value a thread; then the scale, the rounding to T (where the
+    // reference rounds the product) and the bias.
+    __device__ __forceinline__ void finish(const float (&acc)[MT][MMA_TILES][4], float *part, T *out, const T *bias, int rows) const {
+        constexpr int VALUES = MT * MMA_TILES * 4;
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < MMA_TILES; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) part[(warp * VALUES + (m * MMA_TILES + j) * 4 + i) * 32 + lane] = acc[m][j][i];
+        __syncthreads();
+        for (int e = threadIdx.x; e < VALUES * 32; e += blockDim.x) {
+            const int ji = e / 32, l = e % 32;
+            const int m = ji / (MMA_TILES * 4), j = ji / 4 % MMA_TILES, i = ji % 4;
+            const int row = 16 * m + l / 4 + 8 * (i / 2), col = col0 + 8 * j + 2 * (l % 4) + (i % 2);
+            if (row >= rows || col >= n) continue;
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < MMA_WARPS; ++q) v += part[(q * VALUES + ji) * 32 + l];
+            float y = round_t<T>(block_rows > 0 ? v : v * scale[col]);
+            if (bias != nullptr) y += to_f(bias[col]);
+            out[(long long)row * n + col] = from_f<T>(y);
+        }
+    }
+};
+
 template <typename T, int MT>
 __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float *scale, const T *bias, int rows,
                                int n, int k, int block_rows, int block_cols) {
-    __shared__ float part[MMA_WARPS][MT * MMA_TILES * 4][32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int g = lane / 4, t = lane % 4;
-    const int col0 = blockIdx.x * MMA_COLS;
+    __shared__ float part[MMA_WARPS * MT * MMA_TILES * 4 * 32];
+    const Fp8MmaLane<T, MT> lane(x, w, scale, rows, n, k, block_rows, block_cols);
+    const int warp = threadIdx.x / 32;
     const int chunks = (k + 63) / 64;
-    const int scale_cols = block_rows > 0 ? (k + block_cols - 1) / block_cols : 0; // block scales a row
-    // The weight rows this lane loads (one a tile) and the two rows of x it multiplies.
-    const uint8_t *wrow[MMA_TILES];
-    bool wok[MMA_TILES];
-#pragma unroll
-    for (int j = 0; j < MMA_TILES; ++j) {
-        const int c = col0 + 8 * j + g;
-        wok[j] = c < n;
-        wrow[j] = w + (long long)(wok[j] ? c : 0) * k;
-    }
-    // Rows g and g + 8 of each m16 tile.
-    bool lo_ok[MT], hi_ok[MT];
-    const T *xlo[MT], *xhi[MT];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        lo_ok[m] = 16 * m + g < rows;
-        hi_ok[m] = 16 * m + g + 8 < rows;
-        xlo[m] = x + (long long)(lo_ok[m] ? 16 * m + g : 0) * k;
-        xhi[m] = x + (long long)(hi_ok[m] ? 16 * m + g + 8 : 0) * k;
-    }
     float acc[MT][MMA_TILES][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -189,87 +295,76 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
         uint4 wv[MMA_UNROLL][MMA_TILES];
 #pragma unroll
         for (int u = 0; u < MMA_UNROLL; ++u) {
-            const int kk = (c0 + u * MMA_WARPS) * 64 + 16 * t;
+            const int kk = lane.chunk_k(c0 + u * MMA_WARPS);
 #pragma unroll
             for (int j = 0; j < MMA_TILES; ++j)
-                wv[u][j] = wok[j] && kk < k ? load_streaming(wrow[j] + kk) : make_uint4(0, 0, 0, 0);
+                wv[u][j] = lane.loads(j, kk) ? load_streaming(lane.wrow[j] + kk) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < MMA_UNROLL; ++u) {
-            const int kk = (c0 + u * MMA_WARPS) * 64 + 16 * t;
             if (c0 + u * MMA_WARPS >= chunks) break; // warp-uniform: mma.sync needs every lane
-            // x's 16 values at kk.. of rows g and g + 8 of each m tile, as bf16 (f16) pairs; zero
-            // past rows or k.
-            uint4 xl[MT][2], xh[MT][2];
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                xl[m][0] = xl[m][1] = xh[m][0] = xh[m][1] = make_uint4(0, 0, 0, 0);
-                if (lo_ok[m] && kk < k) {
-                    xl[m][0] = __ldg(reinterpret_cast<const uint4 *>(xlo[m] + kk));
-                    xl[m][1] = __ldg(reinterpret_cast<const uint4 *>(xlo[m] + kk + 8));
-                }
-                if (hi_ok[m] && kk < k) {
-                    xh[m][0] = __ldg(reinterpret_cast<const uint4 *>(xhi[m] + kk));
-                    xh[m][1] = __ldg(reinterpret_cast<const uint4 *>(xhi[m] + kk + 8));
-                }
-            }
-            // A block-scaled W: each tile's scale for this lane's 16 weights (one block of k).
-            float bs[MMA_TILES];
-            if (block_rows > 0) {
-#pragma unroll
-                for (int j = 0; j < MMA_TILES; ++j) {
-                    const int c = min(col0 + 8 * j + g, n - 1);
-                    bs[j] = scale[(c / block_rows) * scale_cols + min(kk, k - 1) / block_cols];
-                }
-            }
-#pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                // Step s multiplies the lane's values 4s .. 4s + 3: logical k 2t, 2t + 1 of the
-                // mma are its first pair, 2t + 8, 2t + 9 its second (the same map for x and W).
-#pragma unroll
-                for (int j = 0; j < MMA_TILES; ++j) {
-                    const uint32_t word = reinterpret_cast<const uint32_t *>(&wv[u][j])[s];
-                    const uint16_t p0 = static_cast<uint16_t>(word & 0xffff), p1 = static_cast<uint16_t>(word >> 16);
-                    uint32_t b[2];
-                    if (block_rows > 0) {
-                        b[0] = e4m3x2_scaled<T>(p0, bs[j]);
-                        b[1] = e4m3x2_scaled<T>(p1, bs[j]);
-                    } else {
-                        b[0] = e4m3x2_to<T>(p0);
-                        b[1] = e4m3x2_to<T>(p1);
-                    }
-#pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        const uint32_t *lo = reinterpret_cast<const uint32_t *>(xl[m]);
-                        const uint32_t *hi = reinterpret_cast<const uint32_t *>(xh[m]);
-                        const uint32_t a[4] = {lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1]};
-                        mma16816<T>(acc[m][j], a, b);
-                    }
-                }
-            }
+            lane.multiply(acc, wv[u], lane.chunk_k(c0 + u * MMA_WARPS));
         }
     }
-    // The warps' shares of k summed, a fragment value a thread; then the scale, the rounding to T
-    // (where the reference rounds the product) and the bias.
+    lane.finish(acc, part, out, bias, rows);
+}
+
+// The same product with the weights streamed through shared memory: each warp keeps its next
+// PIPE_STAGES - 1 chunks loading (cp.async, zero-filled past n or k) while it converts and
+// multiplies one, where the plain kernel loads four chunks and then has none in flight while it
+// multiplies them. A lane reads back only the bytes it copied, so no barrier orders the ring;
+// a slot is refilled after the chunk it held was multiplied (its values already in registers).
+// The rings are reused for the warps' partial sums at the end.
+template <typename T, int MT>
+__device__ void fp8_linear_mma_pipe(T *out, const T *x, const uint8_t *w, const float *scale, const T *bias, int rows,
+                                    int n, int k, int block_rows, int block_cols) {
+    extern __shared__ __align__(16) unsigned char pipe_smem[];
+    static_assert(MMA_WARPS * MT * MMA_TILES * 4 * 32 * sizeof(float) <= PIPE_SMEM_BYTES, "partial sums fit the rings");
+    const Fp8MmaLane<T, MT> lane(x, w, scale, rows, n, k, block_rows, block_cols);
+    const int warp = threadIdx.x / 32, l = threadIdx.x % 32;
+    const int chunks = (k + 63) / 64;
+    // Chunks warp, warp + MMA_WARPS, ... are this warp's (as the plain kernel shares k).
+    const int mine = warp < chunks ? (chunks - warp + MMA_WARPS - 1) / MMA_WARPS : 0;
+    const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(pipe_smem)) + warp * PIPE_STAGES * PIPE_CHUNK_BYTES;
+    const unsigned char *ring_ptr = pipe_smem + warp * PIPE_STAGES * PIPE_CHUNK_BYTES;
+    // Chunk i of this warp into its slot: each lane's 16 bytes of each tile.
+    auto issue = [&](int i) {
+        const int kk = lane.chunk_k(warp + i * MMA_WARPS);
+        const int slot = i % PIPE_STAGES;
+#pragma unroll
+        for (int j = 0; j < MMA_TILES; ++j) {
+            const bool ok = lane.loads(j, kk);
+            cp_async16(ring + slot * PIPE_CHUNK_BYTES + (j * 32 + l) * 16, ok ? lane.wrow[j] + kk : w, ok);
+        }
+    };
+    float acc[MT][MMA_TILES][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int j = 0; j < MMA_TILES; ++j)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) part[warp][(m * MMA_TILES + j) * 4 + i][lane] = acc[m][j][i];
-    __syncthreads();
-    for (int e = threadIdx.x; e < MT * MMA_TILES * 4 * 32; e += blockDim.x) {
-        const int ji = e / 32, l = e % 32;
-        const int m = ji / (MMA_TILES * 4), j = ji / 4 % MMA_TILES, i = ji % 4;
-        const int row = 16 * m + l / 4 + 8 * (i / 2), col = col0 + 8 * j + 2 * (l % 4) + (i % 2);
-        if (row >= rows || col >= n) continue;
-        float v = 0.f;
+            for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.f;
+    // One commit a chunk, empty past this warp's last, so that the wait below counts groups the
+    // same way at every step.
 #pragma unroll
-        for (int q = 0; q < MMA_WARPS; ++q) v += part[q][ji][l];
-        float y = round_t<T>(block_rows > 0 ? v : v * scale[col]);
-        if (bias != nullptr) y += to_f(bias[col]);
-        out[(long long)row * n + col] = from_f<T>(y);
+    for (int i = 0; i < PIPE_STAGES - 1; ++i) {
+        if (i < mine) issue(i);
+        cp_async_commit();
     }
+    for (int i = 0; i < mine; ++i) {
+        cp_async_wait<PIPE_STAGES - 2>(); // chunk i has landed
+        uint4 wv[MMA_TILES];
+#pragma unroll
+        for (int j = 0; j < MMA_TILES; ++j)
+            wv[j] = *reinterpret_cast<const uint4 *>(ring_ptr + (i % PIPE_STAGES) * PIPE_CHUNK_BYTES + (j * 32 + l) * 16);
+        // Refill the slot multiplied last step (chunk i - 1's) with chunk i + PIPE_STAGES - 1.
+        if (i + PIPE_STAGES - 1 < mine) issue(i + PIPE_STAGES - 1);
+        cp_async_commit();
+        lane.multiply(acc, wv, lane.chunk_k(warp + i * MMA_WARPS));
+    }
+    cp_async_wait<0>();
+    __syncthreads(); // every warp done with its ring before the rings hold partial sums
+    lane.finish(acc, reinterpret_cast<float *>(pipe_smem), out, bias, rows);
 }
 
 // The largest of every thread's `v` in the block (blockDim.x a multiple of 32, at most 1024).
@@ -327,6 +422,11 @@ extern "C" __global__ void e4m3_from_f32(uint8_t *out, const float *x, long long
                                                             const float *scale, const T *bias, int rows, int n, \
                                                             int k, int block_rows, int block_cols) {            \
         fp8_linear_mma<T, MT>(out, x, w, scale, bias, rows, n, k, block_rows, block_cols);                      \
+    }                                                                                                           \
+    extern "C" __global__ void fp8_linear_mma_pipe_m##MT##_##SUF(T *out, const T *x, const uint8_t *w,         \
+                                                                 const float *scale, const T *bias, int rows,   \
+                                                                 int n, int k, int block_rows, int block_cols) {\
+        fp8_linear_mma_pipe<T, MT>(out, x, w, scale, bias, rows, n, k, block_rows, block_cols);                 \
     }
 
 FP8_MMA_KERNEL(__nv_bfloat16, bf16, 1)

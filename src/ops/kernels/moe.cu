@@ -33,6 +33,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "cp_async.cuh"
 #include "mbarrier.cuh"
 #include "mma.cuh"
 
@@ -352,13 +353,6 @@ __device__ void scatter_pairs(uint32_t *__restrict__ sorted_src, uint32_t *__res
 }
 
 constexpr int BN = 128, BK = 64, STAGES = 3, ROW_BYTES = BK * 2;
-
-__device__ __forceinline__ void cp_async16(unsigned smem, const void *gmem, bool valid) {
-    const int bytes = valid ? 16 : 0; // 0: the 16 bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
