@@ -16,6 +16,12 @@ use crate::quant::{Fp8Weight, Quantization};
 use candle_core::{DType, Module, Result, Tensor};
 use std::borrow::Cow;
 
+/// Dynamic shared memory of the pipelined weight-only FP8 kernel (`fp8_linear_mma_pipe_*`):
+/// `PIPE_SMEM_BYTES` in `kernels/fp8.cu`, its 8 warps' rings of 6 chunks of 1 KB, the most a
+/// launch gets without opting in. A test holds the two equal.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) const FP8_PIPE_SMEM_BYTES: u32 = 8 * 6 * 1024;
+
 /// A linear layer's weight `[out, in]`.
 #[derive(Debug, Clone)]
 pub enum LinearWeight {
@@ -340,6 +346,25 @@ pub fn bytes_of(t: &Tensor) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The launcher's shared memory for the pipelined kernel is what the kernel's constants
+    /// make it (a smaller launch would let the rings overrun), and within the 48 KB a launch
+    /// gets without opting in.
+    #[test]
+    fn the_pipelined_fp8_kernel_gets_the_shared_memory_it_uses() {
+        let cu = include_str!("kernels/fp8.cu");
+        let constant = |name: &str| -> u32 {
+            let decl = format!("constexpr int {name} = ");
+            let at = cu.find(&decl).unwrap_or_else(|| panic!("{name} in fp8.cu"));
+            let rest = &cu[at + decl.len()..];
+            rest[..rest.find(';').unwrap()].trim().parse().unwrap_or_else(|_| panic!("{name} is a literal"))
+        };
+        assert!(cu.contains("constexpr int PIPE_CHUNK_BYTES = MMA_TILES * 32 * 16;"));
+        assert!(cu.contains("constexpr int PIPE_SMEM_BYTES = MMA_WARPS * PIPE_STAGES * PIPE_CHUNK_BYTES;"));
+        let bytes = constant("MMA_WARPS") * constant("PIPE_STAGES") * constant("MMA_TILES") * 32 * 16;
+        assert_eq!(FP8_PIPE_SMEM_BYTES, bytes);
+        assert!(FP8_PIPE_SMEM_BYTES <= 48 * 1024);
+    }
     use candle_core::Device;
 
     #[test]

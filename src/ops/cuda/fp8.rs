@@ -13,9 +13,6 @@ use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 pub const FP8_MAX_ROWS: usize = 16;
 /// Most rows of x the tensor-core kernel takes (`FP8_MMA_MAX_ROWS` in fp8.cu): four m16 tiles.
 pub const FP8_MMA_MAX_ROWS: usize = crate::ops::policy::FP8_WEIGHT_ONLY_MAX_ROWS;
-/// Dynamic shared memory of the pipelined tensor-core kernel: 8 warps' rings of 6 chunks of
-/// 1 KB (`PIPE_SMEM_BYTES` in `kernels/fp8.cu`), the most a launch gets without opting in.
-const FP8_PIPE_SMEM_BYTES: u32 = 8 * 6 * 1024;
 
 /// Most rows of x [`fp8_linear`] takes for `dtype`, on the tensor-core kernel (`mma`, bf16 /
 /// f16) or the SIMT one.
@@ -111,7 +108,7 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     let pipe = mma && crate::ops::policy::current().fp8_pipeline;
     let tiles = rows.div_ceil(16).next_power_of_two();
     let (name, cols, smem) = match (mma, pipe) {
-        (true, true) => (format!("fp8_linear_mma_pipe_m{tiles}_{suf}"), 16, FP8_PIPE_SMEM_BYTES),
+        (true, true) => (format!("fp8_linear_mma_pipe_m{tiles}_{suf}"), 16, crate::ops::linear::FP8_PIPE_SMEM_BYTES),
         (true, false) => (format!("fp8_linear_mma_m{tiles}_{suf}"), 16, 0),
         (false, _) => (format!("fp8_linear_{suf}"), 8, 0),
     };

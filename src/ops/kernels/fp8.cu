@@ -151,7 +151,8 @@ constexpr int MMA_UNROLL = 4;    // 64-wide chunks of k whose weights a warp loa
 constexpr int MMA_COLS = 8 * MMA_TILES;
 // The pipelined kernel: chunks a warp keeps in flight in shared memory (its ring of stages, one
 // chunk of 16 columns × 64 bytes a stage, 1 KB), PIPE_STAGES - 1 of them loading while it
-// multiplies one; the whole block's rings fill the 48 KB a launch gets without opting in.
+// multiplies one; the whole block's rings fill the 48 KB a launch gets without opting in
+// (the launcher's FP8_PIPE_SMEM_BYTES, held equal by a test).
 constexpr int PIPE_STAGES = 6;
 constexpr int PIPE_CHUNK_BYTES = MMA_TILES * 32 * 16;
 constexpr int PIPE_SMEM_BYTES = MMA_WARPS * PIPE_STAGES * PIPE_CHUNK_BYTES;

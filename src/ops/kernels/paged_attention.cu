@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "cp_async.cuh"
 #include "mbarrier.cuh"
 
 #define NW 4
@@ -512,13 +513,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared, bypassing L1; `bytes` = 0 writes zeros (nothing is read).
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 // Four 8x8 b16 matrices; lane t gives the address of row t % 8 of matrix t / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -606,8 +600,8 @@ __device__ __forceinline__ void paged_attn_mma_impl(
             const int p = from + key;
             const bool in = p < k1;
             const size_t idx = in ? key_index(p) + part * 8 : 0;
-            cp_async16(&s_k[st][key * LD + part * 8], kc + idx, in ? 16 : 0);
-            cp_async16(&s_v[st][key * LD + part * 8], vc + idx, in ? 16 : 0);
+            cp_async16(smem_addr(&s_k[st][key * LD + part * 8]), kc + idx, in);
+            cp_async16(smem_addr(&s_v[st][key * LD + part * 8]), vc + idx, in);
         }
         cp_async_commit();
     };
