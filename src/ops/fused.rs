@@ -337,3 +337,32 @@ pub fn silu_mul_reference(gate_up: &Tensor) -> Result<Tensor> {
     };
     silu * up
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// In bf16 and f16, silu is computed in f32 and rounded once, then multiplied (one more
+    /// rounding): each value is `T(T(silu_f32(g)) · u)` exactly — where candle's own bf16 silu,
+    /// rounding its exponential, sum and quotient, lands a step or more away on many gates.
+    #[test]
+    fn silu_rounds_once_in_the_16_bit_dtypes() {
+        let n = 512;
+        let gate: Vec<f32> = (0..n).map(|i| -8.0 + 16.0 * i as f32 / n as f32 + 0.0137).collect();
+        let up: Vec<f32> = (0..n).map(|i| 0.75 + (i % 7) as f32 * 0.1).collect();
+        let gu = Tensor::from_vec([gate.clone(), up.clone()].concat(), (1, 2 * n), &Device::Cpu).unwrap();
+        for dtype in [DType::BF16, DType::F16] {
+            let gu = gu.to_dtype(dtype).unwrap();
+            let got = silu_mul_reference(&gu).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let (g, u) = (gu.narrow(1, 0, n).unwrap(), gu.narrow(1, n, n).unwrap());
+            let round = |t: Tensor| t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+            let (gf, uf) = (g.to_dtype(DType::F32).unwrap(), u.to_dtype(DType::F32).unwrap());
+            let want = round((round(candle_nn::ops::silu(&gf).unwrap()) * uf).unwrap()).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(got, want, "{dtype:?}");
+            let in_dtype = (candle_nn::ops::silu(&g).unwrap() * &u).unwrap().to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let apart = got.iter().zip(&in_dtype).filter(|(a, b)| a != b).count();
+            assert!(apart > 0, "{dtype:?}: candle's own silu should round differently somewhere");
+        }
+    }
+}
