@@ -284,13 +284,7 @@ __device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float
     const Fp8MmaLane<T, MT> lane(x, w, scale, rows, n, k, block_rows, block_cols);
     const int warp = threadIdx.x / 32;
     const int chunks = (k + 63) / 64;
-    float acc[MT][MMA_TILES][4];
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int j = 0; j < MMA_TILES; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.f;
+    float acc[MT][MMA_TILES][4] = {};
 
     for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * MMA_UNROLL) {
         uint4 wv[MMA_UNROLL][MMA_TILES];
@@ -338,13 +332,7 @@ __device__ void fp8_linear_mma_pipe(T *out, const T *x, const uint8_t *w, const 
             cp_async16(ring + slot * PIPE_CHUNK_BYTES + (j * 32 + l) * 16, ok ? lane.wrow[j] + kk : w, ok);
         }
     };
-    float acc[MT][MMA_TILES][4];
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int j = 0; j < MMA_TILES; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.f;
+    float acc[MT][MMA_TILES][4] = {};
     // One commit a chunk, empty past this warp's last, so that the wait below counts groups the
     // same way at every step.
 #pragma unroll
