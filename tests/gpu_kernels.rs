@@ -1128,6 +1128,15 @@ fn graph_test_huginn() -> ponder::looped::models::HuginnConfig {
     cfg
 }
 
+/// [`graph_test_huginn`] with random bf16 weights (seed 5) on `gpu`, its head tied.
+fn graph_test_huginn_model(gpu: &Device) -> ponder::looped::models::Huginn {
+    let cfg = graph_test_huginn();
+    let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, gpu).unwrap();
+    let wte = t["transformer.wte.weight"].clone();
+    t.insert("lm_head.weight".into(), wte);
+    ponder::looped::models::Huginn::load(&cfg, &ponder::loader::Weights::from_map(t, DType::BF16, gpu)).unwrap()
+}
+
 /// Runs `prompts` (all queued at once) to completion, greedy, in one of the [`Graphs`] modes,
 /// on the tiny Ouro (or Huginn: prelude and a coda with their own attention blocks).
 #[allow(clippy::too_many_arguments)]
@@ -1141,13 +1150,9 @@ fn graph_engine_run(
     prompts: &[Vec<u32>],
     new_tokens: &[usize],
 ) -> Vec<Vec<u32>> {
-    use ponder::looped::models::{Huginn, Ouro};
+    use ponder::looped::models::Ouro;
     let model: Box<dyn ponder::looped::models::LoopedModel> = if huginn {
-        let cfg = graph_test_huginn();
-        let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, gpu).unwrap();
-        let wte = t["transformer.wte.weight"].clone();
-        t.insert("lm_head.weight".into(), wte);
-        Box::new(Huginn::load(&cfg, &ponder::loader::Weights::from_map(t, DType::BF16, gpu)).unwrap())
+        Box::new(graph_test_huginn_model(gpu))
     } else {
         let cfg = graph_test_config();
         let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, gpu).unwrap();
@@ -1222,7 +1227,9 @@ fn engine_run_with(
 /// its two launches with q in the arena, a graph — CB's full-depth decode, depth batching's core
 /// steps and re-entering codas — holds no memory node at all (the plain body's graphs of the GQA
 /// case hold 1120 on an H100). The GQA case's 40-row launches cut their keys into more splits
-/// than the ring has partials: the workspace is sized for the SIMT plan's most.
+/// than the ring has partials: the workspace is sized for the SIMT plan's most. Huginn's arena
+/// body (interleaved RoPE after a q/k bias, then paged attention with q in the arena; the
+/// prelude's scaled gather; the `[s | e]` halves by strided copies) leaves none either.
 #[test]
 fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
     use ponder::looped::models::Ouro;
@@ -1232,22 +1239,32 @@ fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
     let n = 29;
     let prompts = random_prompts(&mut rng, n, 6, 240..300, 1..80);
     let new_tokens: Vec<usize> = (0..n).map(|_| rng.random_range(3..40)).collect();
-    // (name, head dim, kv heads of 4 query heads, policy, scheduler, layout, width, no memory node)
+    // (name, head dim, kv heads of 4 query heads (0: Huginn), policy, scheduler, layout, width,
+    // no memory node)
     let cases = [
         ("cb depth-indexed W40", 64, 4, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, true),
         ("cb shared W7", 64, 4, "", SchedulerKind::Continuous, KvLayoutKind::Shared, 7, true),
         ("cdb-refill shared W13", 64, 4, "", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13, true),
         ("cb d128 ring W40", 128, 4, "ring=always", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, true),
         ("cb gqa W40", 64, 2, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 40, true),
+        // Huginn: the prelude and the re-entering coda (attention blocks of their own) too.
+        ("huginn cb shared W7", 64, 0, "", SchedulerKind::Continuous, KvLayoutKind::Shared, 7, true),
+        ("huginn cdb-refill shared W13", 64, 0, "", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13, true),
     ];
     for (name, head_dim, kv_heads, policy, sched, layout, width, none_left) in cases {
         let mut cfg = graph_test_config();
         cfg.head_dim = Some(head_dim);
-        cfg.num_key_value_heads = Some(kv_heads);
+        cfg.num_key_value_heads = Some(kv_heads.max(1));
         let weights = ponder::testing::random_ouro_weights(&cfg, 5, DType::BF16, &gpu).unwrap();
         let plain_policy: ponder::kernels::KernelPolicy = policy.parse().unwrap();
         let arena_policy = ponder::kernels::KernelPolicy { decode_arena: true, ..plain_policy };
-        let run = |kernels| engine_run_with(Box::new(Ouro::load(&cfg, &weights).unwrap()), sched, layout, width, Graphs::On, &prompts, &new_tokens, kernels);
+        let model = || -> Box<dyn ponder::looped::models::LoopedModel> {
+            match kv_heads {
+                0 => Box::new(graph_test_huginn_model(&gpu)),
+                _ => Box::new(Ouro::load(&cfg, &weights).unwrap()),
+            }
+        };
+        let run = |kernels| engine_run_with(model(), sched, layout, width, Graphs::On, &prompts, &new_tokens, kernels);
         let (plain, pm) = run(plain_policy);
         let (arena, am) = run(arena_policy);
         let (pl, al) = (pm.looped().unwrap(), am.looped().unwrap());
@@ -1432,6 +1449,81 @@ fn gather_rows_into_matches_index_select() {
         }
     }
     println!("gather_rows_into: exact for f32/bf16/f16, widths 2048 / 5 / 4096");
+}
+
+/// Huginn's scaled embedding gather (the arena's prelude) against candle's `index_select` then
+/// `affine` on the device, bit for bit, and against its rounding written out on the host: the
+/// scale rounded to the dtype, then one rounding of the product (`T(f32(x) · f32(T(scale)))`).
+#[test]
+fn gather_rows_scaled_into_rounds_as_candles_affine() {
+    use ponder::ops::into::gather_rows_scaled_into;
+    let gpu = gpu_device();
+    let scale = 5280f64.sqrt();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(rows, width, vocab) in &[(61usize, 5280usize, 300usize), (7, 5, 9)] {
+            let mut rng = StdRng::seed_from_u64((rows * 13 + width) as u64);
+            let mut src_cpu = rand_tensor(&mut rng, &[vocab, width], -0.1, 0.1, dt);
+            // A row of negative zeros: the affine's `+ 0` makes them positive.
+            src_cpu = src_cpu.slice_assign(&[0..1, 0..width], &Tensor::full(-0f32, (1, width), &Device::Cpu).unwrap().to_dtype(dt).unwrap()).unwrap();
+            let mut index: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();
+            index[0] = 0;
+            let index_cpu = Tensor::new(index.as_slice(), &Device::Cpu).unwrap();
+            let (src, idx) = (src_cpu.to_device(&gpu).unwrap(), index_cpu.to_device(&gpu).unwrap());
+            let out = Tensor::zeros((rows, width), dt, &gpu).unwrap();
+            gather_rows_scaled_into(&src, &idx, scale, &out).unwrap();
+            let bits = |t: &Tensor| {
+                t.to_device(&Device::Cpu)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            let candle = (src.index_select(&idx, 0).unwrap() * scale).unwrap();
+            assert_eq!(bits(&out), bits(&candle), "gather_rows_scaled {dt:?} {rows}x{width}: candle's affine on the device");
+            let s = match dt {
+                DType::BF16 => half::bf16::from_f64(scale).to_f32(),
+                DType::F16 => half::f16::from_f64(scale).to_f32(),
+                _ => scale as f32,
+            };
+            let host = src_cpu.index_select(&index_cpu, 0).unwrap().to_dtype(DType::F32).unwrap();
+            let host = ((host * s as f64).unwrap() + 0.0).unwrap().to_dtype(dt).unwrap();
+            assert_eq!(bits(&out), bits(&host), "gather_rows_scaled {dt:?} {rows}x{width}: the host's rounding");
+            assert!(bits(&out.narrow(0, 0, 1).unwrap()).iter().all(|&b| b == 0), "{dt:?}: -0 times the scale plus 0 is +0");
+        }
+    }
+    println!("gather_rows_scaled_into: bit for bit with candle's affine and the host's rounding, f32/bf16/f16");
+}
+
+/// The pre-norm residual step into given buffers (Huginn's arena) against the allocating op on
+/// the device, bit for bit, and against the CPU reference within the dtype's tolerance.
+#[test]
+fn residual_add_rms_norm_into_matches_the_allocating_op() {
+    use ponder::ops::into::residual_add_rms_norm_into;
+    let gpu = gpu_device();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(rows, cols) in &[(37usize, 5280usize), (3, 96)] {
+            let mut rng = StdRng::seed_from_u64((rows + cols) as u64);
+            let r = rand_tensor(&mut rng, &[rows, cols], -2.0, 2.0, dt);
+            let x = rand_tensor(&mut rng, &[rows, cols], -2.0, 2.0, dt);
+            let w = rand_tensor(&mut rng, &[cols], 0.5, 1.5, dt);
+            let (rg, xg, wg) = (r.to_device(&gpu).unwrap(), x.to_device(&gpu).unwrap(), w.to_device(&gpu).unwrap());
+            let (h, n) = (Tensor::zeros((rows, cols), dt, &gpu).unwrap(), Tensor::zeros((rows, cols), dt, &gpu).unwrap());
+            residual_add_rms_norm_into(&rg, &xg, &wg, 1e-6, &h, &n).unwrap();
+            let (hw, nw) = ponder::ops::residual_add_rms_norm(&rg, &xg, &wg, 1e-6).unwrap();
+            let flat = |t: &Tensor| f32_cpu(t).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(&h), flat(&hw), "{dt:?} {rows}x{cols}: h");
+            assert_eq!(flat(&n), flat(&nw), "{dt:?} {rows}x{cols}: n");
+            let (_, nr) = ponder::ops::fused::residual_add_rms_norm_reference(&r, &x, &w, 1e-6).unwrap();
+            let err = (f32_cpu(&n) - f32_cpu(&nr)).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(err <= 4.0 * tol_of(dt), "{dt:?} {rows}x{cols}: {err} from the CPU reference");
+        }
+    }
 }
 
 /// The arena's exit-gate logit (one launch, the cast folded into the load) against the gate's

@@ -137,11 +137,18 @@ pub fn qkv_bias_rope_i_write(
     head_dim: usize,
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if rope_write_kernel_takes(qkv, angles, k_cache, v_cache) && bias.is_none_or(|(q, k)| q.dtype() == qkv.dtype() && k.dtype() == qkv.dtype()) {
+    if bias_rope_kernel_takes(qkv, bias, angles, k_cache, v_cache) {
         let heads = (heads, kv_heads, head_dim);
         return super::cuda::qkv_bias_rope_i_write(&qkv.contiguous()?, bias, &angles.cos, &angles.sin, k_cache, v_cache, &batch.slot_mapping, heads, None);
     }
     qkv_bias_rope_i_write_reference(qkv, bias, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)
+}
+
+/// Whether [`qkv_bias_rope_i_write`] runs its CUDA kernel: where the split-half one would, with
+/// biases (if any) of `qkv`'s dtype.
+#[cfg(feature = "cuda")]
+pub(crate) fn bias_rope_kernel_takes(qkv: &Tensor, bias: Option<(&Tensor, &Tensor)>, angles: &RopeAngles, k_cache: &Tensor, v_cache: &Tensor) -> bool {
+    rope_write_kernel_takes(qkv, angles, k_cache, v_cache) && bias.is_none_or(|(q, k)| q.dtype() == qkv.dtype() && k.dtype() == qkv.dtype())
 }
 
 /// The composition of candle ops behind [`qkv_bias_rope_i_write`] (its CPU path): q, k and v

@@ -63,6 +63,22 @@ pub fn gather_rows_into(src: &Tensor, index: &Tensor, out: &Tensor) -> Result<()
     copy_into(out, &src.index_select(index, 0)?)
 }
 
+/// [`gather_rows_into`] times `scale`: `index_select(src, index) * scale` (Huginn's scaled
+/// embedding rows), rounded as candle's affine rounds it on each device.
+pub fn gather_rows_scaled_into(src: &Tensor, index: &Tensor, scale: f64, out: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if src.device().is_cuda() && super::is_float(src.dtype()) {
+        return super::cuda::gather_rows_scaled_into(src, index, scale, out);
+    }
+    copy_into(out, &(src.index_select(index, 0)? * scale)?)
+}
+
+/// `src` (`[rows, w]`, contiguous) into columns `col .. col + w` of `dst` (`[rows, W]`,
+/// contiguous): a loop state's half (Huginn's `[s | e]`). One strided copy, nothing allocated.
+pub fn write_columns(dst: &Tensor, col: usize, src: &Tensor) -> Result<()> {
+    dst.slice_set(src, 1, col)
+}
+
 /// The greedy ids of `logits` and the same ids flagged ([`super::greedy_ids_flagged`]) written
 /// into `ids` and `flagged` (`[rows]` u32).
 pub fn greedy_ids_flagged_into(logits: &Tensor, vocab: usize, ids: &Tensor, flagged: &Tensor) -> Result<()> {
@@ -97,6 +113,17 @@ pub fn add_rms_norm_into(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &T
     copy_into(n, &nv)
 }
 
+/// `(h, n)` of [`super::residual_add_rms_norm`] written into `h` and `n`.
+pub fn residual_add_rms_norm_into(residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64, h: &Tensor, n: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && super::is_float(x.dtype()) && [residual, w].iter().all(|t| t.dtype() == x.dtype()) {
+        return super::cuda::residual_add_rms_norm_into(residual, x, w, eps as f32, h, n);
+    }
+    let (hv, nv) = super::residual_add_rms_norm(residual, x, w, eps)?;
+    copy_into(h, &hv)?;
+    copy_into(n, &nv)
+}
+
 /// `out = silu(gate) * up` ([`super::silu_mul`]).
 pub fn silu_mul_into(gate_up: &Tensor, out: &Tensor) -> Result<()> {
     #[cfg(feature = "cuda")]
@@ -120,24 +147,55 @@ pub fn linear_add_rms_norm_into(
     h: &Tensor,
     n: &Tensor,
 ) -> Result<()> {
-    // Split where `split_k_plan` splits (only on CUDA), else whole as that op runs it.
     #[cfg(feature = "cuda")]
-    if let Some(splits) = super::split_k::split_k_plan(x, w.dim(0)?) {
-        let (rows, cols) = (x.dim(0)?, w.dim(0)?);
-        let len = splits * rows * cols;
-        let parts = if parts.elem_count() >= len {
-            let p = parts.narrow(0, 0, len)?.reshape((splits, rows, cols))?;
-            super::cuda::linear_partials_into(x, w, splits, &p)?;
-            p
-        } else {
-            super::cuda::linear_partials(x, w, splits)?
-        };
+    if let Some(parts) = split_partials(x, w, parts)? {
         let norm = super::cuda::PartsNorm::Sandwich { w_x, w_next };
         return super::cuda::norm_of_partials_into(residual, &parts, norm, eps as f32, h, n);
     }
     let _ = parts;
     linear_into(x, w, proj)?;
     add_rms_norm_into(residual, proj, w_x, w_next, eps, h, n)
+}
+
+/// [`super::linear_residual_add_rms_norm`] written into `h` and `n`, split over k as that op
+/// splits (the partials in `parts`, as [`linear_add_rms_norm_into`]) or whole through `proj`.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_residual_add_rms_norm_into(
+    residual: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    w_norm: &Tensor,
+    eps: f64,
+    (proj, parts): (&Tensor, &Tensor),
+    h: &Tensor,
+    n: &Tensor,
+) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Some(parts) = split_partials(x, w, parts)? {
+        let norm = super::cuda::PartsNorm::PreNorm { w: w_norm };
+        return super::cuda::norm_of_partials_into(residual, &parts, norm, eps as f32, h, n);
+    }
+    let _ = parts;
+    linear_into(x, w, proj)?;
+    residual_add_rms_norm_into(residual, proj, w_norm, eps, h, n)
+}
+
+/// Where `split_k_plan` splits `x · wᵀ` over k (only on CUDA): its partial products
+/// `[splits, rows, n]`, in `parts` where that holds them, else in a new tensor; `None` where
+/// the projection runs whole.
+#[cfg(feature = "cuda")]
+fn split_partials(x: &Tensor, w: &Tensor, parts: &Tensor) -> Result<Option<Tensor>> {
+    let Some(splits) = super::split_k::split_k_plan(x, w.dim(0)?) else {
+        return Ok(None);
+    };
+    let (rows, cols) = (x.dim(0)?, w.dim(0)?);
+    let len = splits * rows * cols;
+    if parts.elem_count() < len {
+        return super::cuda::linear_partials(x, w, splits).map(Some);
+    }
+    let p = parts.narrow(0, 0, len)?.reshape((splits, rows, cols))?;
+    super::cuda::linear_partials_into(x, w, splits, &p)?;
+    Ok(Some(p))
 }
 
 /// Decode attention's own buffers in a decode arena: the split partials' workspace (f32 `acc`
@@ -172,6 +230,25 @@ impl AttentionScratch {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl AttentionScratch {
+    /// The rotated q's buffer `[T, heads, head_dim]` for `qkv`'s `T` rows, where it holds them.
+    fn q_for(&self, qkv: &Tensor, heads: usize, head_dim: usize) -> Result<Option<Tensor>> {
+        let t = qkv.dim(0)?;
+        if self.q.dtype() != qkv.dtype() || self.q.elem_count() < t * heads * head_dim {
+            return Ok(None);
+        }
+        Ok(Some(self.q.narrow(0, 0, t * heads * head_dim)?.reshape((t, heads, head_dim))?))
+    }
+
+    /// Paged attention of the rotated `q` into `out`, the split workspace this one.
+    fn attend_into(&self, q: &Tensor, (k_cache, v_cache): (&Tensor, &Tensor), batch: &PagedBatch, scale: f64, out: &Tensor) -> Result<()> {
+        let into = super::cuda::AttentionInto { out, acc: &self.acc, ml: &self.ml, own: &self.own };
+        let tables = [&batch.block_tables, &batch.context_lens, &batch.cu_q_lens];
+        super::cuda::paged_attention_into(q, k_cache, v_cache, tables, batch.max_q_len, batch.max_context_len, scale as f32, batch.mask.block(), &into)
+    }
+}
+
 /// [`super::qkv_rope_attention`] written into `out` (`[T, heads, head_dim]`, contiguous): on CUDA
 /// the folded decode kernels with the output and `scratch` given; where they do not take the
 /// launch, the two ops and a copy.
@@ -195,28 +272,46 @@ pub fn qkv_rope_attention_into(
         }
         // The two launches the plain op runs where its `qkv_rope_write` takes the CUDA kernel,
         // q in the arena between them.
-        let t = qkv.dim(0)?;
-        let q_fits = scratch.q.dtype() == qkv.dtype() && scratch.q.elem_count() >= t * heads * head_dim;
-        if super::fused::rope_write_kernel_takes(qkv, angles, k_cache, v_cache) && q_fits {
-            let q = scratch.q.narrow(0, 0, t * heads * head_dim)?.reshape((t, heads, head_dim))?;
-            let (cos, sin, slots) = (&angles.cos, &angles.sin, &batch.slot_mapping);
-            super::cuda::qkv_rope_write_into(&qkv.contiguous()?, cos, sin, k_cache, v_cache, slots, (heads, kv_heads, head_dim), &q)?;
-            let tables = [&batch.block_tables, &batch.context_lens, &batch.cu_q_lens];
-            return super::cuda::paged_attention_into(
-                &q,
-                k_cache,
-                v_cache,
-                tables,
-                batch.max_q_len,
-                batch.max_context_len,
-                scale as f32,
-                batch.mask.block(),
-                &into,
-            );
+        if super::fused::rope_write_kernel_takes(qkv, angles, k_cache, v_cache) {
+            if let Some(q) = scratch.q_for(qkv, heads, head_dim)? {
+                let (cos, sin, slots) = (&angles.cos, &angles.sin, &batch.slot_mapping);
+                super::cuda::qkv_rope_write_into(&qkv.contiguous()?, cos, sin, k_cache, v_cache, slots, (heads, kv_heads, head_dim), &q)?;
+                return scratch.attend_into(&q, (k_cache, v_cache), batch, scale, out);
+            }
         }
     }
     let _ = scratch;
     copy_into(out, &super::qkv_rope_attention(qkv, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim, scale)?)
+}
+
+/// [`super::qkv_bias_rope_i_write`] then [`super::paged_attention`] (Huginn's attention), the
+/// attention written into `out` (`[T, heads, head_dim]`, contiguous): on CUDA the two kernels
+/// with q in `scratch` between them and the split workspace given; elsewhere the two ops and a
+/// copy.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_bias_rope_i_attention_into(
+    qkv: &Tensor,
+    bias: Option<(&Tensor, &Tensor)>,
+    angles: &RopeAngles,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    batch: &PagedBatch,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    scale: f64,
+    scratch: &AttentionScratch,
+    out: &Tensor,
+) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if super::fused::bias_rope_kernel_takes(qkv, bias, angles, k_cache, v_cache) {
+        if let Some(q) = scratch.q_for(qkv, heads, head_dim)? {
+            let (cos, sin, slots) = (&angles.cos, &angles.sin, &batch.slot_mapping);
+            super::cuda::qkv_bias_rope_i_write(&qkv.contiguous()?, bias, cos, sin, k_cache, v_cache, slots, (heads, kv_heads, head_dim), Some(&q))?;
+            return scratch.attend_into(&q, (k_cache, v_cache), batch, scale, out);
+        }
+    }
+    let _ = scratch;
+    let q = super::qkv_bias_rope_i_write(qkv, bias, angles, k_cache, v_cache, batch, heads, kv_heads, head_dim)?;
+    copy_into(out, &super::paged_attention(&q, k_cache, v_cache, batch, scale)?)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! batch of rows, and rows of one core-step launch may sit at different loop steps (each brings
 //! the block table of its own cache slot in the `PagedBatch`).
 
+mod arena;
 mod config;
 mod huginn;
 mod initial_state;

@@ -4,6 +4,7 @@
 //!
 //! Stages: prelude = embedding lookup; core step = all L layers + norm + gate; coda = LM head.
 
+use super::arena::{self, dense, weight, RopeBuffers, Turns};
 use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
@@ -12,7 +13,6 @@ use crate::ops::into::{self, AttentionScratch};
 use crate::ops::{self, Linear, LinearWeight, PagedBatch, RopeTable};
 use crate::parallel::TpShard;
 use candle_core::{DType, Device, Result, Tensor};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 #[derive(Debug, Clone)]
@@ -56,9 +56,7 @@ struct Arena {
     rows: usize,
     /// The next layer's input norm; after the last layer, the step's output. Two, used in turn
     /// from step to step, so that a step's output can be the next step's input.
-    normed: [Tensor; 2],
-    /// Which of `normed` the next step writes.
-    turn: AtomicUsize,
+    normed: Turns<Tensor>,
     /// The residual stream between layers; after attention, and its norm (the MLP's input).
     residual: Tensor,
     mid: Tensor,
@@ -72,20 +70,13 @@ struct Arena {
     /// Split-k partial products (f32) of o_proj and down.
     parts: Tensor,
     attention: AttentionScratch,
-    /// A launch's RoPE angles (`[rows, head_dim / 2]`), two pairs used in turn: a re-entering
-    /// coda prepares its successors' while its own are alive.
-    rope: [(Tensor, Tensor); 2],
-    rope_turn: AtomicUsize,
+    /// A launch's RoPE angles.
+    rope: RopeBuffers,
     /// The prelude's output (the embedding rows).
     embedded: Tensor,
     /// The step's exit-gate logit (f32).
     gate: Tensor,
 }
-
-/// Most k slices a decode projection is split into (`ops::split_k`) and the widest launch split:
-/// the partials' buffer holds that many (a forced plan beyond it allocates its own).
-const ARENA_SPLITS: usize = 4;
-const ARENA_SPLIT_ROWS: usize = 64;
 
 impl Ouro {
     pub fn load(cfg: &OuroConfig, w: &Weights) -> crate::Result<Self> {
@@ -254,19 +245,6 @@ impl Ouro {
     }
 }
 
-/// The weight of a dense layer without bias (what the arena body multiplies by).
-fn dense(l: &Linear) -> Option<&Tensor> {
-    match (l.stored(), l.bias()) {
-        (LinearWeight::Dense(w), None) => Some(w),
-        _ => None,
-    }
-}
-
-/// [`dense`], for the arena body (installed only over dense layers).
-fn weight(l: &Linear) -> Result<&Tensor> {
-    dense(l).ok_or_else(|| candle_core::Error::Msg("ouro arena: a layer that is not dense".into()))
-}
-
 impl Ouro {
     /// Whether the arena body covers this model: dense layers without bias, one device.
     fn has_arena_body(&self) -> bool {
@@ -277,8 +255,7 @@ impl Ouro {
     /// (`x`'s first dim).
     fn arena_for(&self, x: &Tensor) -> Option<(&Arena, usize)> {
         let ar = self.arena.as_deref()?;
-        let t = x.dim(0).ok()?;
-        (t <= ar.rows).then_some((ar, t))
+        Some((ar, arena::rows_within(ar.rows, x)?))
     }
 
     /// The core step on the arena: the same ops as [`LoopedModel::core_step`] in the same order,
@@ -288,7 +265,7 @@ impl Ouro {
         let eps = self.cfg.rms_norm_eps;
         let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let rows = |b: &Tensor| b.narrow(0, 0, t);
-        let a = rows(&ar.normed[ar.turn.fetch_add(1, Ordering::Relaxed) % 2])?;
+        let a = rows(ar.normed.next())?;
         let (res, mid, m, proj) = (rows(&ar.residual)?, rows(&ar.mid)?, rows(&ar.mid_normed)?, rows(&ar.proj)?);
         let (qkv, attn, gate_up, act) = (rows(&ar.qkv)?, rows(&ar.attn)?, rows(&ar.gate_up)?, rows(&ar.act)?);
         let attn_heads = attn.reshape((t, nh, hd))?;
@@ -333,9 +310,7 @@ impl LoopedModel for Ouro {
 
     fn prepare(&self, positions: &Tensor) -> Result<StageInput> {
         if let Some((ar, t)) = self.arena_for(positions) {
-            let (cos, sin) = &ar.rope[ar.rope_turn.fetch_add(1, Ordering::Relaxed) % 2];
-            let rope = self.rope.angles_into(positions, &cos.narrow(0, 0, t)?, &sin.narrow(0, 0, t)?)?;
-            return Ok(StageInput { rope, positions: positions.clone() });
+            return Ok(StageInput { rope: ar.rope.angles(&self.rope, positions, t)?, positions: positions.clone() });
         }
         Ok(StageInput { rope: self.rope.angles(positions)?, positions: positions.clone() })
     }
@@ -412,8 +387,7 @@ impl LoopedModel for Ouro {
         let buf = |cols: usize| Tensor::zeros((rows, cols), dt, dev);
         self.arena = Some(Arc::new(Arena {
             rows,
-            normed: [buf(h)?, buf(h)?],
-            turn: AtomicUsize::new(0),
+            normed: Turns::new([buf(h)?, buf(h)?]),
             residual: buf(h)?,
             mid: buf(h)?,
             mid_normed: buf(h)?,
@@ -422,10 +396,9 @@ impl LoopedModel for Ouro {
             proj: buf(h)?,
             gate_up: buf(2 * i)?,
             act: buf(i)?,
-            parts: Tensor::zeros(ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h, DType::F32, dev)?,
+            parts: arena::partials(rows, h, dev)?,
             attention: AttentionScratch::new(rows, nh, hd, dt, dev)?,
-            rope: [(buf(hd / 2)?, buf(hd / 2)?), (buf(hd / 2)?, buf(hd / 2)?)],
-            rope_turn: AtomicUsize::new(0),
+            rope: arena::rope_buffers(rows, hd, dt, dev)?,
             embedded: buf(h)?,
             gate: Tensor::zeros(rows, DType::F32, dev)?,
         }));
@@ -441,13 +414,7 @@ impl LoopedModel for Ouro {
         // gate_up, act; RoPE.
         let cols = 7 * h + (nh + 2 * nkv) * hd + 2 * nh * hd + 3 * i + 2 * hd;
         let activations = (rows * cols * self.spec.dtype.size_in_bytes()) as u64;
-        let parts = (ARENA_SPLITS * rows.min(ARENA_SPLIT_ROWS) * h * 4 + rows * 4) as u64;
-        // The attention workspace: the decode ring's partials for every block of its grid
-        // (one an SM; 1024 SMs bounds any device) and row, or the SIMT kernel's most key splits
-        // of every row, whichever is more.
-        let slots = (1024 + rows).max(crate::ops::MAX_ATTENTION_SPLITS * rows);
-        let attention = (slots * nh * (hd + 2) * 4 + 1024 * 16) as u64;
-        activations + parts + attention
+        activations + arena::workspace_bytes(rows, h, nh, hd)
     }
 
     fn set_gate_logit(&mut self, on: bool) {
@@ -490,8 +457,8 @@ mod tests {
             assert!(ouro.install_decode_arena(rows).unwrap());
             let ar = ouro.arena.as_deref().unwrap();
             let mut tensors: Vec<&Tensor> = vec![&ar.residual, &ar.mid, &ar.mid_normed, &ar.qkv, &ar.attn, &ar.proj, &ar.gate_up, &ar.act, &ar.parts];
-            tensors.extend([&ar.normed[0], &ar.normed[1], &ar.embedded, &ar.gate]);
-            tensors.extend(ar.rope.iter().flat_map(|(c, s)| [c, s]));
+            tensors.extend(ar.normed.both().iter().chain([&ar.embedded, &ar.gate]));
+            tensors.extend(ar.rope.both().iter().flat_map(|(c, s)| [c, s]));
             let allocated: u64 = tensors.into_iter().map(ops::bytes_of).sum();
             assert!(allocated <= ouro.decode_arena_bytes(rows), "{rows} rows: {allocated} bytes allocated, {} counted", ouro.decode_arena_bytes(rows));
         }

@@ -396,8 +396,17 @@ mod tests {
                 assert_eq!(plain, tokens, "ouro arena {sched:?} {layout:?} W{width} graphs {graphs}");
             }
         }
-        let (_, _, huginn_arena) = run_with(Box::new(huginn.clone()), SchedulerKind::Continuous, KvLayoutKind::Shared, 3, false, arena, false);
-        assert_eq!(huginn_arena, 0, "Huginn has no arena body: its core steps stay plain");
+        // Huginn's arena body: the prelude, the core step and the re-entering coda (with its
+        // prelude) all on buffers; the same tokens as the plain body.
+        for (sched, width) in [(SchedulerKind::Continuous, 3), (SchedulerKind::Depth { refill: false }, 4), (SchedulerKind::Depth { refill: true }, 5)] {
+            let layout = KvLayoutKind::Shared;
+            let (plain, _, _) = run_with(Box::new(huginn.clone()), sched, layout, width, false, Default::default(), false);
+            for graphs in [false, true] {
+                let (tokens, _, arena_steps) = run_with(Box::new(huginn.clone()), sched, layout, width, graphs, arena, false);
+                assert!(arena_steps > 0, "huginn {sched:?} graphs {graphs}: no core step ran on the arena");
+                assert_eq!(plain, tokens, "huginn arena {sched:?} W{width} graphs {graphs}");
+            }
+        }
         for (sched, width) in [(SchedulerKind::Continuous, 3), (SchedulerKind::Depth { refill: false }, 4), (SchedulerKind::Depth { refill: true }, 5)] {
             let layout = KvLayoutKind::Shared;
             let (eager, _) = run(Box::new(huginn.clone()), sched, layout, width, false);

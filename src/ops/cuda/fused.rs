@@ -398,15 +398,21 @@ pub(super) fn row_norm_config(rows: usize, ncols: usize) -> LaunchConfig {
 /// with `residual` the pre-norm residual step `(h, n) = (residual + x, rms_norm(residual + x,
 /// w))`; one launch either way. Returns `(h, n)`, `h` = `x` without a residual.
 pub fn rms_norm(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
-    rms_norm_to(residual, x, w, eps, None)
+    rms_norm_to(residual, x, w, eps, None, None)
 }
 
 /// `rms_norm(x, w)` written into `out` (`x`'s shape and dtype, contiguous, not aliasing `x`).
 pub fn rms_norm_into(x: &Tensor, w: &Tensor, eps: f32, out: &Tensor) -> Result<()> {
-    rms_norm_to(None, x, w, eps, Some(out)).map(|_| ())
+    rms_norm_to(None, x, w, eps, None, Some(out)).map(|_| ())
 }
 
-fn rms_norm_to(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32, out: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+/// The pre-norm residual step of [`rms_norm`] writing `(h, n)` into the given buffers (each of
+/// `x`'s shape and dtype, contiguous; neither may alias an input).
+pub fn residual_add_rms_norm_into(residual: &Tensor, x: &Tensor, w: &Tensor, eps: f32, h: &Tensor, n: &Tensor) -> Result<()> {
+    rms_norm_to(Some(residual), x, w, eps, Some(h), Some(n)).map(|_| ())
+}
+
+fn rms_norm_to(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32, h_out: Option<&Tensor>, out: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
     let op = if residual.is_some() { "add_rms_norm_pre" } else { "rms_norm" };
     let dev = device(x, op)?;
     let dtype = x.dtype();
@@ -418,6 +424,7 @@ fn rms_norm_to(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32, out:
         }
     }
     check_given(op, "out", x, dtype, x.dims(), out)?;
+    check_given(op, "h", x, dtype, x.dims(), h_out)?;
     let ncols = x.dim(candle_core::D::Minus1)?;
     if w.dims1()? != ncols {
         bail!("{op} (cuda): weight {:?} for {ncols} columns", w.dims());
@@ -436,7 +443,7 @@ fn rms_norm_to(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32, out:
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     let residual = residual.map(Tensor::contiguous).transpose()?;
-    for_float!(dtype, op, |T, suf| rms_norm_launch::<T>(&dev, suf, op, residual.as_ref(), &x, &w, rows, ncols, eps, out))
+    for_float!(dtype, op, |T, suf| rms_norm_launch::<T>(&dev, suf, op, residual.as_ref(), &x, &w, rows, ncols, eps, (h_out, out)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -450,7 +457,7 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
     rows: usize,
     ncols: usize,
     eps: f32,
-    out: Option<&Tensor>,
+    (h_given, out): (Option<&Tensor>, Option<&Tensor>),
 ) -> Result<(Tensor, Tensor)> {
     let (xs, xl) = x.storage_and_layout();
     let (ws, wl) = w.storage_and_layout();
@@ -476,17 +483,18 @@ fn rms_norm_launch<T: CudaDType + DeviceRepr>(
         Some(r) => {
             let (rs, rl) = r.storage_and_layout();
             let r_v = view::<T>(&rs, rl, op, "residual", false)?;
+            let h_guard = h_given.map(|t| t.storage_and_layout());
             // SAFETY: as n_out.
-            let mut h_out = unsafe { dev.alloc::<T>(rows * ncols)? };
+            let mut h_out = unsafe { Dest::<T>::new(dev, rows * ncols, h_guard.as_ref().map(|(s, l)| (&**s, *l)), op, "h")? };
             let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_pre_{suf}"))?;
             let mut b = func.builder();
-            b.arg(&mut h_out);
+            h_out.push(&mut b);
             n_out.push(&mut b);
             b.arg(&r_v).arg(&x_v).arg(&w_v).arg(&nc).arg(&eps);
             // SAFETY: argument list matches `add_rms_norm_pre_*` in fused.cu.
             unsafe { b.launch(cfg) }.w()?;
             drop(b);
-            Ok((wrap(h_out, dev, shape.clone()), n_out.finish(dev, shape, out)))
+            Ok((h_out.finish(dev, shape.clone(), h_given), n_out.finish(dev, shape, out)))
         }
     }
 }

@@ -69,6 +69,16 @@ fn scatter_rows_launch<T: CudaDType + DeviceRepr>(
 /// Rows `index[r]` of `src` `[src_rows, width]` (`index` `[rows]` u32 on the device) copied into
 /// `out` `[rows, width]` (contiguous, `src`'s dtype): `index_select` into a given buffer.
 pub fn gather_rows_into(src: &Tensor, index: &Tensor, out: &Tensor) -> Result<()> {
+    gather_rows_to(src, index, None, out)
+}
+
+/// [`gather_rows_into`] times `scale`, rounded as candle's `affine(scale, 0)` over the gathered
+/// rows (the scale rounded to the dtype first, then one rounding of the product).
+pub fn gather_rows_scaled_into(src: &Tensor, index: &Tensor, scale: f64, out: &Tensor) -> Result<()> {
+    gather_rows_to(src, index, Some(scale), out)
+}
+
+fn gather_rows_to(src: &Tensor, index: &Tensor, scale: Option<f64>, out: &Tensor) -> Result<()> {
     const OP: &str = "gather_rows";
     let dev = device(src, OP)?;
     let dtype = src.dtype();
@@ -87,8 +97,14 @@ pub fn gather_rows_into(src: &Tensor, index: &Tensor, out: &Tensor) -> Result<()
     if width > i32::MAX as usize || rows > i32::MAX as usize {
         bail!("{OP} (cuda): sizes out of range");
     }
+    // candle's affine takes its factor in the dtype.
+    let scale = scale.map(|s| match dtype {
+        DType::BF16 => half::bf16::from_f64(s).to_f32(),
+        DType::F16 => half::f16::from_f64(s).to_f32(),
+        _ => s as f32,
+    });
     let src = src.contiguous()?;
-    for_float!(dtype, OP, |T, suf| gather_rows_launch::<T>(&dev, suf, &src, index, out, rows, width, src_rows))
+    for_float!(dtype, OP, |T, suf| gather_rows_launch::<T>(&dev, suf, &src, index, scale, out, rows, width, src_rows))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -97,6 +113,7 @@ fn gather_rows_launch<T: CudaDType + DeviceRepr>(
     suf: &str,
     src: &Tensor,
     index: &Tensor,
+    scale: Option<f32>,
     out: &Tensor,
     rows: usize,
     width: usize,
@@ -110,12 +127,17 @@ fn gather_rows_launch<T: CudaDType + DeviceRepr>(
     let index_v = view::<u32>(&is, il, OP, "index", false)?;
     // Written in place under the read lock, ordered by the device's one stream.
     let out_v = view::<T>(&os, ol, OP, "out", false)?;
-    let func = kernel!(dev, Module::Fused, &format!("gather_rows_{suf}"))?;
+    let name = if scale.is_some() { "gather_rows_scaled" } else { "gather_rows" };
+    let func = kernel!(dev, Module::Fused, &format!("{name}_{suf}"))?;
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     let (w, n) = (width as i32, src_rows as i64);
     let mut b = func.builder();
     b.arg(&out_v).arg(&src_v).arg(&index_v).arg(&w).arg(&n);
-    // SAFETY: argument list matches `gather_rows_*` in fused.cu; every row of `out` is written.
+    if let Some(scale) = &scale {
+        b.arg(scale);
+    }
+    // SAFETY: argument list matches `gather_rows_*` / `gather_rows_scaled_*` in fused.cu; every
+    // row of `out` is written.
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
 }

@@ -21,7 +21,7 @@
 // row_dot_f32_*: an exit gate's logit per row (f32 weight and bias over a row of the state).
 // scatter_rows_*, gather_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V
 //   writes, loop-state bank writes and reads, K/V slot copies across every layer in one launch;
-//   FOCUS compaction).
+//   FOCUS compaction); gather_rows_scaled_*: a gather times a scale, rounded as candle's affine.
 // qkv_bias_rope_i_write_*: qkv_rope_write for interleaved RoPE (pairs 2i, 2i + 1; Huginn), with
 //   an optional learned bias on q and k added before it ([H, D] and [KVH, D]). Rounded as the
 //   CPU composition it replaces rounds (candle's broadcast add, then rope_i in T's own
@@ -634,6 +634,24 @@ __device__ void gather_rows(T *__restrict__ dst, const T *__restrict__ src, cons
     copy_row(d, src + from * width, width);
 }
 
+// gather_rows scaling every value: dst[r] = T(float(src[index[r]]) * scale + 0), the rounding of
+// candle's affine (`x * mul + add` in T with mul = T(scale), add = 0) over the gathered rows: the
+// product of two values of T is exact in f32, so one rounding either way, and adding +0 turns a
+// -0 into +0 as there. Huginn's prelude (the embedding rows times sqrt(hidden)).
+template <typename T>
+__device__ void gather_rows_scaled(T *__restrict__ dst, const T *__restrict__ src, const uint32_t *__restrict__ index,
+                                   int width, long long src_rows, float scale) {
+    const long long r = blockIdx.x;
+    const long long from = index[r];
+    T *d = dst + r * width;
+    if (from >= src_rows) {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = from_f<T>(0.f);
+        return;
+    }
+    const T *s = src + from * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) d[i] = from_f<T>(to_f(s[i]) * scale + 0.f);
+}
+
 // Row copies inside each of a set of same-shaped tensors (the last-exited K/V fill: every
 // layer's K and V): in tensor blockIdx.y, row dst[p] = row src[p], one block per (pair, tensor).
 // The host checks the indices, that no destination is also a source and none repeats, so the
@@ -859,6 +877,11 @@ __device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict_
     extern "C" __global__ void gather_rows_##SUF(T *dst, const T *src, const uint32_t *index,      \
                                                  int width, long long src_rows) {                  \
         gather_rows<T>(dst, src, index, width, src_rows);                                          \
+    }                                                                                              \
+    extern "C" __global__ void gather_rows_scaled_##SUF(T *dst, const T *src, const uint32_t *index, \
+                                                        int width, long long src_rows,             \
+                                                        float scale) {                             \
+        gather_rows_scaled<T>(dst, src, index, width, src_rows, scale);                            \
     }                                                                                              \
     extern "C" __global__ void copy_rows_in_place_##SUF(const unsigned long long *bases,          \
                                                         const uint32_t *src, const uint32_t *dst,  \
