@@ -2736,6 +2736,66 @@ fn fp8_layer_against(
 /// kernel's 16 (f32), and k off the 16-weight vector go the dequantizing way. The tensor-core
 /// kernel in both its forms: plain, and with the weights streamed through shared memory
 /// (`fp8-pipe=on`).
+/// The weight-streaming decode GEMM (`stream-gemm=on`, in cuBLAS's place for dense products of
+/// up to 64 rows) against the f32 product on the host and against cuBLAS on the same inputs:
+/// f32 partials over slices of k (split-k projections) and the product rounded to the dtype
+/// (the arena's linear layers). Rows on either side of each m16 tile's halves, n off its 16
+/// columns, k off its 64-wide chunks and its 8 warps' stride, slices of 8. Shapes it does not
+/// serve go to cuBLAS.
+#[test]
+fn stream_gemm_matches_the_f32_product_and_cublas() {
+    use ponder::ops::{into::linear_into, split_k::linear_partials, with_kernels, KernelPolicy};
+    let gpu = gpu_device();
+    let on = KernelPolicy { stream_gemm: true, ..Default::default() };
+    let mut rng = StdRng::seed_from_u64(91);
+    let shapes = [
+        (1, 200, 64, 1),
+        (5, 2048, 2048, 4),
+        (9, 333, 5632, 2),
+        (16, 96, 4112, 1),
+        (17, 6144, 2048, 1),
+        (33, 100, 8, 1),
+        (64, 2048, 5632, 4),
+        (40, 1000, 1024, 8),
+    ];
+    for dtype in [DType::BF16, DType::F16] {
+        for &(rows, n, k, splits) in &shapes {
+            let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
+            let w = rand_tensor(&mut rng, &[n, k], -0.5, 0.5, dtype);
+            let (xg, wg) = (x.to_device(&gpu).unwrap(), w.to_device(&gpu).unwrap());
+            let name = format!("{dtype:?} [{rows}, {n}, {k}] in {splits}");
+            let (ours, counts) = with_kernels(on, || linear_partials(&xg, &wg, splits).unwrap());
+            assert_eq!(counts.stream_gemm, 1, "{name}: the kernel ran");
+            let cublas = linear_partials(&xg, &wg, splits).unwrap();
+            let (xf, wf) = (x.to_dtype(DType::F32).unwrap(), w.to_dtype(DType::F32).unwrap());
+            let slice = k / splits;
+            for s in 0..splits {
+                let want = xf.narrow(1, s * slice, slice).unwrap().matmul(&wf.narrow(1, s * slice, slice).unwrap().t().unwrap()).unwrap();
+                let got = ours.get(s).unwrap().to_device(&Device::Cpu).unwrap();
+                let err = rel_err(&got, &want);
+                assert!(err <= 1e-5, "{name}: slice {s} {err:e} from the f32 product");
+                let err = rel_err(&got, &cublas.get(s).unwrap().to_device(&Device::Cpu).unwrap());
+                assert!(err <= 1e-5, "{name}: slice {s} {err:e} from cuBLAS's");
+            }
+            if splits == 1 {
+                let out = Tensor::zeros((rows, n), dtype, &gpu).unwrap();
+                let ((), counts) = with_kernels(on, || linear_into(&xg, &wg, &out).unwrap());
+                assert_eq!(counts.stream_gemm, 1, "{name}: the kernel ran (rounded)");
+                let want = xf.matmul(&wf.t().unwrap()).unwrap().to_dtype(dtype).unwrap();
+                let err = rel_err(&out.to_device(&Device::Cpu).unwrap(), &want);
+                assert!(err <= tol_of(dtype), "{name}: rounded product {err:e} from the f32 product rounded");
+            }
+        }
+    }
+    // k not a multiple of 8 and 65 rows: cuBLAS, as without the policy.
+    for (rows, n, k) in [(4, 64, 12), (65, 64, 64)] {
+        let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
+        let w = rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::BF16).to_device(&gpu).unwrap();
+        let (_, counts) = with_kernels(on, || linear_partials(&x, &w, 1).unwrap());
+        assert_eq!(counts.stream_gemm, 0, "[{rows}, {n}, {k}]: not the kernel's shape");
+    }
+}
+
 #[test]
 fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     for pipe in [false, true] {

@@ -138,9 +138,16 @@ pub struct KernelPolicy {
     /// Run the looped models' decode core steps on a preallocated arena (`ops::into`): every
     /// activation in a buffer sized when the engine is built, so a captured decode graph holds
     /// kernels and cuBLAS calls only, no memory nodes (string `arena=on|off`; default off until
-    /// it is measured faster on the device). Models or layers the arena body does not cover
-    /// (Huginn, FP8 weights, tensor-parallel ranks) run the plain body.
+    /// it is measured faster on the device). Layers the arena body does not cover (FP8 or
+    /// biased weights, tensor-parallel ranks) run the plain body.
     pub decode_arena: bool,
+    /// Dense bf16 / f16 products of up to 64 rows that go through `ops::split_k` (split-k
+    /// projections, the decode arena's linear layers, the looped heads' f32 logits) on our
+    /// weight-streaming tensor-core kernel (`stream_gemm_*`: each warp keeps chunks of its
+    /// weights loading through shared memory while it multiplies) instead of cuBLAS (string
+    /// `stream-gemm=on|off`). Its sums run in another order than cuBLAS's. Off by default until
+    /// it is measured against cuBLAS on the device.
+    pub stream_gemm: bool,
 }
 
 impl Default for KernelPolicy {
@@ -157,6 +164,7 @@ impl Default for KernelPolicy {
             fp8_pipeline: false,
             fp8_weight_only_rows: FP8_WEIGHT_ONLY_ROWS,
             decode_arena: false,
+            stream_gemm: false,
         }
     }
 }
@@ -189,8 +197,8 @@ impl std::str::FromStr for KernelPolicy {
     /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
     /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`,
-    /// `fp8-mma=on|off`, `fp8-pipe=on|off`, `fp8-rows=N` (1 ..= 64), `arena=on|off`. An empty
-    /// string is the default.
+    /// `fp8-mma=on|off`, `fp8-pipe=on|off`, `fp8-rows=N` (1 ..= 64), `arena=on|off`,
+    /// `stream-gemm=on|off`. An empty string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
         let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
@@ -287,6 +295,13 @@ impl std::str::FromStr for KernelPolicy {
                         _ => return Err(unknown()),
                     }
                 }
+                "stream-gemm" => {
+                    p.stream_gemm = match value {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(unknown()),
+                    }
+                }
                 other => return Err(bad(format!("unknown key `{other}`"))),
             }
         }
@@ -317,6 +332,8 @@ pub struct KernelCounts {
     pub fp8_w8a8: u64,
     /// Looped core steps run on the decode arena.
     pub arena_steps: u64,
+    /// Dense products through the weight-streaming kernel (`KernelPolicy::stream_gemm`).
+    pub stream_gemm: u64,
 }
 
 impl std::ops::AddAssign for KernelCounts {
@@ -330,6 +347,7 @@ impl std::ops::AddAssign for KernelCounts {
         self.fp8_weight_only_pipelined += o.fp8_weight_only_pipelined;
         self.fp8_w8a8 += o.fp8_w8a8;
         self.arena_steps += o.arena_steps;
+        self.stream_gemm += o.stream_gemm;
     }
 }
 
@@ -382,7 +400,7 @@ mod tests {
     fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
         assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
         let p: KernelPolicy =
-            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-pipe=on,fp8-rows=48,arena=on"
+            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-pipe=on,fp8-rows=48,arena=on,stream-gemm=on"
                 .parse()
                 .unwrap();
         assert_eq!(
@@ -399,6 +417,7 @@ mod tests {
                 fp8_pipeline: true,
                 fp8_weight_only_rows: 48,
                 decode_arena: true,
+                stream_gemm: true,
             }
         );
         assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });
@@ -419,6 +438,7 @@ mod tests {
             "fold-simt=yes",
             "fp8-mma=yes",
             "arena=1",
+            "stream-gemm=fast",
             "fp8-rows=0",
             "fp8-rows=65",
             "fp8-rows=x",
