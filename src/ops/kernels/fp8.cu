@@ -53,6 +53,7 @@
 #include "cp_async.cuh"
 #include "floats.cuh"
 #include "mma.cuh"
+#include "mma_reduce.cuh"
 
 namespace {
 
@@ -250,30 +251,14 @@ template <typename T, int MT> struct Fp8MmaLane {
     }
 
     // The warps' shares of k summed through `part` (MMA_WARPS × MT·MMA_TILES·4 × 32 floats of
-    // shared memory), a fragment value a thread; then the scale, the rounding to T (where the
-    // reference rounds the product) and the bias.
+    // shared memory); then the scale, the rounding to T (where the reference rounds the
+    // product) and the bias.
     __device__ __forceinline__ void finish(const float (&acc)[MT][MMA_TILES][4], float *part, T *out, const T *bias, int rows) const {
-        constexpr int VALUES = MT * MMA_TILES * 4;
-        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int j = 0; j < MMA_TILES; ++j)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) part[(warp * VALUES + (m * MMA_TILES + j) * 4 + i) * 32 + lane] = acc[m][j][i];
-        __syncthreads();
-        for (int e = threadIdx.x; e < VALUES * 32; e += blockDim.x) {
-            const int ji = e / 32, l = e % 32;
-            const int m = ji / (MMA_TILES * 4), j = ji / 4 % MMA_TILES, i = ji % 4;
-            const int row = 16 * m + l / 4 + 8 * (i / 2), col = col0 + 8 * j + 2 * (l % 4) + (i % 2);
-            if (row >= rows || col >= n) continue;
-            float v = 0.f;
-#pragma unroll
-            for (int q = 0; q < MMA_WARPS; ++q) v += part[(q * VALUES + ji) * 32 + l];
+        reduce_fragments<MMA_WARPS, MT, MMA_TILES>(acc, part, col0, rows, n, [&](int row, int col, float v) {
             float y = round_t<T>(block_rows > 0 ? v : v * scale[col]);
             if (bias != nullptr) y += to_f(bias[col]);
             out[(long long)row * n + col] = from_f<T>(y);
-        }
+        });
     }
 };
 

@@ -25,6 +25,7 @@
 #include "cp_async.cuh"
 #include "floats.cuh"
 #include "mma.cuh"
+#include "mma_reduce.cuh"
 
 namespace {
 
@@ -131,30 +132,14 @@ __device__ void stream_gemm(void *out, const T *x, const T *w, int rows, int n, 
     }
     cp_async_wait<0>();
     __syncthreads(); // every warp done with its ring before the rings hold partial sums
-    // The warps' shares summed through the rings, a fragment value a thread.
-    constexpr int VALUES = MT * TILES * 4;
-    float *part = reinterpret_cast<float *>(ring_smem);
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int j = 0; j < TILES; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) part[(warp * VALUES + (m * TILES + j) * 4 + i) * 32 + l] = acc[m][j][i];
-    __syncthreads();
-    for (int e = threadIdx.x; e < VALUES * 32; e += blockDim.x) {
-        const int ji = e / 32, el = e % 32;
-        const int m = ji / (TILES * 4), j = ji / 4 % TILES, i = ji % 4;
-        const int row = 16 * m + el / 4 + 8 * (i / 2), col = col0 + 8 * j + 2 * (el % 4) + (i % 2);
-        if (row >= rows || col >= n) continue;
-        float v = 0.f;
-#pragma unroll
-        for (int q = 0; q < WARPS; ++q) v += part[(q * VALUES + ji) * 32 + el];
+    // The warps' shares summed through the rings.
+    reduce_fragments<WARPS, MT, TILES>(acc, reinterpret_cast<float *>(ring_smem), col0, rows, n, [&](int row, int col, float v) {
         const long long at = (long long)row * n + col;
         if (f32_out)
             static_cast<float *>(out)[(long long)blockIdx.y * rows * n + at] = v;
         else
             static_cast<T *>(out)[at] = from_f<T>(v);
-    }
+    });
 }
 
 } // namespace
