@@ -1,7 +1,7 @@
 //! Throughput of looped-LM serving on real model shapes with random weights generated on the
 //! device (real checkpoints cannot be downloaded here; the CDB authors' method).
 //!
-//!     bench_looped [--model ouro|huginn] [--suite cb|cdb] [--widths 16,64,256] [--layout L]
+//!     bench_looped [--model ouro|huginn] [--suite cb|cdb|gemm] [--widths 16,64,256] [--layout L]
 //!                  [--json FILE] [--commit SHA] [--parity] [--tiny] [--kernels POLICY] [--quantization fp8]
 //!       suite cb:  [--prompt-len 128] [--new-tokens 256] [--repeats 3] [--profile-step]
 //!                  [--long-prompts 4096,8192,... [--budgets 2048,8192] [--arrival-gap-ms 150]]
@@ -64,6 +64,10 @@
 //! ceiling): CB's device time with its decode divided by the FLOP bound and its prefill, full
 //! depth in every mode, unchanged; and the share of it reached.
 //!
+//! Suite `gemm` (`gemm.rs`): the model's decode-width dense products (`--widths` rows, `--repeats`
+//! rounds), cuBLAS against the weight-streaming kernel (`stream-gemm=on`), each as a share of the
+//! copy bandwidth.
+//!
 //! `--parity` first compares next-token logits of the bf16 CUDA model with the f32 CPU reference
 //! on the same weights. `--quantization fp8` stores the model's linear layers in FP8 (the
 //! parity check's too, which then measures FP8's logit error; the roofline counts the bytes as
@@ -71,6 +75,7 @@
 
 mod cb;
 mod cdb;
+mod gemm;
 mod long_prompts;
 mod parity;
 
@@ -326,6 +331,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let recipe = recipe(&args.model, args.tiny)?;
     let gpu = ponder::bench::gpu_name();
     println!("device: {gpu}; model: {}", recipe.name);
+    if args.suite == "gemm" {
+        // The layers' shapes only: no model is made.
+        let bandwidth = ponder::bench::device_peak::copy_bandwidth(&device)?;
+        println!("copy bandwidth {:.0} GB/s", bandwidth / 1e9);
+        let results = gemm::gemm_suite(&args.model, &args.widths, args.repeats, &device, bandwidth)?;
+        if let Some(path) = &args.json {
+            let doc = serde_json::json!({
+                "gpu": gpu, "commit": args.commit, "command": std::env::args().collect::<Vec<_>>().join(" "),
+                "model": recipe.name, "suite": "gemm", "copy_bandwidth_gb_s": bandwidth / 1e9, "results": results,
+            });
+            std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+            println!("wrote {path}");
+        }
+        return Ok(());
+    }
 
     let mut parity_json = serde_json::Value::Null;
     if args.parity {
