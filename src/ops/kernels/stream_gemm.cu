@@ -8,12 +8,13 @@
 // docs/bench/fp8/h100_weight_only_ncu_3348732.json): this is the alternative to that.
 //
 // stream_gemm_m{1,2,4}_*: 16, 32, 64 rows in MT m16 tiles. Block (x, y): 16 output columns
-// (two n8 tiles) of slice y of k, its 8 warps interleaved 64-wide chunks of the slice, summed
-// through shared memory at the end. A lane holds one weight row of each tile (column g of its
-// quad group) and loads 32 contiguous bytes (16 values) of it a chunk; since a dot product does
-// not care about the order of k, each mma step's logical k 2t, 2t+1, 2t+8, 2t+9 (lane t of a
-// quad) is mapped to that lane's values 4s .. 4s+3, and x's fragments are loaded under the same
-// map (rows g and g + 8 of each m16 tile, from L1: every block reads all of its slice of x).
+// (two n8 tiles) of slice y of k, each of its 8 warps a contiguous run of 64-wide chunks of the
+// slice, summed through shared memory at the end. A warp copies a chunk's 16 rows × 128 bytes
+// into its ring in whole lines, then each lane reads back 32 contiguous bytes (16 values) of one
+// weight row of each tile (column g of its quad group); since a dot product does not care about
+// the order of k, each mma step's logical k 2t, 2t+1, 2t+8, 2t+9 (lane t of a quad) is mapped to
+// that lane's values 4s .. 4s+3, and x's fragments are loaded under the same map (rows g and
+// g + 8 of each m16 tile, from L1: every block reads all of its slice of x).
 // Rows past x's, columns past N and k past the slice are zero. K and the slice width must be
 // multiples of 8 and x, W 16-byte aligned (checked by the launcher). Launched with SMEM_BYTES of
 // dynamic shared memory (the launcher's STREAM_GEMM_SMEM_BYTES, held equal by a test).
@@ -45,14 +46,6 @@ __device__ void stream_gemm(void *out, const T *x, const T *w, int rows, int n, 
     const int col0 = blockIdx.x * 8 * TILES;
     const long long k0 = (long long)blockIdx.y * slice;
     const int extent = min((long long)slice, k - k0); // this block's k
-    const T *wrow[TILES];
-    bool wok[TILES];
-#pragma unroll
-    for (int j = 0; j < TILES; ++j) {
-        const int c = col0 + 8 * j + g;
-        wok[j] = c < n;
-        wrow[j] = w + (long long)(wok[j] ? c : 0) * k + k0;
-    }
     const T *xlo[MT], *xhi[MT];
     bool lo_ok[MT], hi_ok[MT];
 #pragma unroll
@@ -63,24 +56,28 @@ __device__ void stream_gemm(void *out, const T *x, const T *w, int rows, int n, 
         xhi[m] = x + (long long)(hi_ok[m] ? 16 * m + g + 8 : 0) * k + k0;
     }
     const int chunks = (extent + 63) / 64;
-    // Chunks warp, warp + WARPS, ... are this warp's.
-    const int mine = warp < chunks ? (chunks - warp + WARPS - 1) / WARPS : 0;
+    // This warp's chunks: a contiguous run of them, so that it walks along its rows of W.
+    const int per = (chunks + WARPS - 1) / WARPS;
+    const int first = warp * per;
+    const int mine = max(0, min(chunks, first + per) - first);
     const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(ring_smem)) + warp * STAGES * CHUNK_BYTES;
     const unsigned char *ring_ptr = ring_smem + warp * STAGES * CHUNK_BYTES;
-    // This lane's first value of its chunk i.
-    auto chunk_k = [&](int i) { return (warp + i * WARPS) * 64 + 16 * t; };
-    // Chunk i into its slot: each lane's two 16-byte pieces of each tile, zero-filled past the
-    // slice or N.
+    // This lane's first value of its chunk i (in the mma map: lane t of a quad takes 16 values).
+    auto chunk_k = [&](int i) { return (first + i) * 64 + 16 * t; };
+    // Chunk i (16 rows of W × 64 values, 128 bytes a row) into its slot, coalesced: the warp's
+    // lanes copy 16-byte pieces p = lane + 32q, piece p being segment p % 8 of row p / 8, so
+    // that each copy instruction reads four whole 128-byte lines. Segments sit at s ^ (row & 1)
+    // in the slot: the mma-map reads below then hit distinct banks. Zero past the slice or N.
     auto issue = [&](int i) {
-        const int kk = chunk_k(i);
+        const int kc = (first + i) * 64;
         const unsigned slot = ring + (i % STAGES) * CHUNK_BYTES;
 #pragma unroll
-        for (int j = 0; j < TILES; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const bool ok = wok[j] && kk + 8 * h < extent;
-                cp_async16(slot + ((j * 2 + h) * 32 + l) * 16, ok ? wrow[j] + kk + 8 * h : w, ok);
-            }
+        for (int q = 0; q < CHUNK_BYTES / (32 * 16); ++q) {
+            const int p = l + 32 * q, r = p / 8, sg = p % 8;
+            const bool ok = col0 + r < n && kc + 8 * sg < extent;
+            const T *src = w + (long long)(col0 + r) * k + k0 + kc + 8 * sg;
+            cp_async16(slot + r * 128 + ((sg ^ (r & 1)) * 16), ok ? src : w, ok);
+        }
     };
     float acc[MT][TILES][4] = {};
     // One commit a chunk, empty past this warp's last, so that the wait counts groups the same
@@ -91,15 +88,20 @@ __device__ void stream_gemm(void *out, const T *x, const T *w, int rows, int n, 
         cp_async_commit();
     }
     for (int i = 0; i < mine; ++i) {
-        cp_async_wait<STAGES - 2>(); // chunk i has landed (this lane's bytes: no barrier needed)
+        cp_async_wait<STAGES - 2>(); // this lane's copies of chunk i have landed
+        __syncwarp();                // and every lane's: each reads pieces others copied
         const int kk = chunk_k(i);
+        // This lane's 16 values of its row 8j + g of each tile (segments 2t, 2t + 1).
         uint4 wv[TILES][2];
 #pragma unroll
         for (int j = 0; j < TILES; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                wv[j][h] = *reinterpret_cast<const uint4 *>(ring_ptr + (i % STAGES) * CHUNK_BYTES + ((j * 2 + h) * 32 + l) * 16);
-        // Refill the slot multiplied last step with chunk i + STAGES - 1.
+            for (int h = 0; h < 2; ++h) {
+                const int r = 8 * j + g, sg = 2 * t + h;
+                wv[j][h] = *reinterpret_cast<const uint4 *>(ring_ptr + (i % STAGES) * CHUNK_BYTES + r * 128 + ((sg ^ (r & 1)) * 16));
+            }
+        // Refill the slot read last step (every lane past the barrier above) with chunk
+        // i + STAGES - 1.
         if (i + STAGES - 1 < mine) issue(i + STAGES - 1);
         cp_async_commit();
         // x's 16 values at kk.. of rows g and g + 8 of each m tile; zero past rows or the slice.
