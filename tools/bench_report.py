@@ -392,6 +392,16 @@ def fp8_rows():
     qrows = [[r["layer"], label[r["run"]], f"{r['time_us']:.1f}", num(r["dram_read_gb_s"]), pct(r["warps_active_pct"] / 100, 0) if "warps_active_pct" in r else "—",
               str(int(r["registers"])) if "registers" in r else "—"] for r in sorted(Q, key=lambda r: (r["layer"], r["run"]))]
     w16 = [r for r in Q if r["run"] == "fp8_w16"]
+    # The pipelined weight-only kernel against the plain one, alternated in one call.
+    pn = "fp8/h100_pipe_ab_e0fa080.json"; P = load(pn)["runs"]
+    def pstep(stem, w, key="decode_step_ms"):
+        v = [r[key] for i in (1, 2) for r in P[f"{stem}_{i}"]["results"] if r.get("width") == w]
+        return sum(v) / len(v)
+    pw = (1, 16, 32, 64)
+    prows = [[f"W {w}", f"{pstep('plain', w):.2f}", f"{pstep('pipe', w):.2f}", times(pstep("plain", w) / pstep("pipe", w), 3),
+              f"{pct(pstep('plain', w, 'fraction_of_roofline'))} → {pct(pstep('pipe', w, 'fraction_of_roofline'))}"] for w in pw]
+    V.update(fp8_pipe_table=table(["launch", "plain step ms", "pipelined step ms", "plain ÷ pipelined", "of the roofline"], prows),
+             fp8_pipe_span=span([pstep("plain", w) / pstep("pipe", w) for w in pw], d=2, k=1, u="×"), fp8_pipe_data=data(pn, date=False), fp8_pipe_cmds=cmds(load(pn)["commands"]))
     V.update(fp8_ncu_table=table(["layer", "kernel", "µs a launch", "DRAM read GB/s", "warps active", "registers a thread"], qrows), fp8_ncu_data=data(q, date=False), fp8_ncu_cmds=cmds(load(q)["commands"]),
              fp8_ncu_bw=span([r["dram_read_gb_s"] for r in w16], d=0, k=1, u=" GB/s"), fp8_ncu_warps=span([r["warps_active_pct"] for r in Q if "warps_active_pct" in r], d=0, k=1, u=" %"),
              fp8_ncu_cublas=span([r["dram_read_gb_s"] for r in Q if r["run"] == "bf16_w16"], d=0, k=1, u=" GB/s"))
