@@ -322,6 +322,17 @@ def did_not_pay():
         for r in run["result"]["results"]:
             m.setdefault((run["variant"], r["width"]), []).append(r["tokens_per_s"])
     ws, avg = sorted({w for _, w in m}), lambda v, w: sum(m[(v, w)]) / len(m[(v, w)])
+    # The weight-streaming GEMM (stream-gemm=on) per layer and in the decode step, on the H100.
+    sn = "stream_gemm/h100_ab_e0fa080.json"; S = load(sn)["runs"]
+    lay = S["gemm_ouro"]["results"]
+    srows = [[r["layer"], f"{r['n']} × {r['k']}" + (f" in {r['slices']}" if r["slices"] > 1 else ""), r["rows"], pct(r["cublas_of_copy_bandwidth"]), pct(r["stream_of_copy_bandwidth"]), times(r["cublas_over_stream"])]
+             for r in lay if r["rows"] in (1, 16, 64)]
+    def sstep(stem, w):
+        v = [r["decode_step_ms"] for i in (1, 2) for r in S[f"{stem}_{i}"]["results"] if r.get("width") == w]
+        return sum(v) / len(v)
+    V.update(stream_gemm_table=table(["layer", "n × k (k slices)", "rows", "cuBLAS, of copy bandwidth", "ours", "cuBLAS ÷ ours (time)"], srows),
+             stream_gemm_step=" / ".join(times(sstep("cublas", w) / sstep("stream", w)) for w in (16, 64)),
+             stream_gemm_data=data(sn, date=False), stream_gemm_gpu=load(sn)["gpu"])
     g = load("looped_cdb.json")["results"]; t = min(r["target_mean_depth"] for r in g)
     V.update(skinny=" / ".join(times(avg("new", w) / avg("old", w)) for w in ws), skinny_w=" / ".join(map(str, ws)), skinny_gpu=sk["gpu"], nr_t=f"{t:g}",
              nr=span([r["fraction_of_bound"] for r in g if r["mode"] == "cdb-no-refill" and r["target_mean_depth"] == t]),
