@@ -126,8 +126,9 @@ pub struct KernelPolicy {
     pub fp8_mma: bool,
     /// The tensor-core weight-only kernel with each warp's weights streamed through shared
     /// memory, several chunks in flight while it multiplies (`fp8_linear_mma_pipe_*`; string
-    /// `fp8-pipe=on|off`). Off by default until it is measured against the plain kernel, which
-    /// ncu found latency-bound (`docs/bench/fp8/h100_weight_only_ncu_3348732.json`).
+    /// `fp8-pipe=on|off`). Off: 1.00–1.03× the plain kernel's CB decode step at W 1–64 on an
+    /// H100 (`docs/bench/fp8/h100_pipe_ab_e0fa080.json`), so loads in flight are not what
+    /// bounds it.
     pub fp8_pipeline: bool,
     /// Most rows a launch runs weight-only under `Fp8Kernels::WeightOnly` and
     /// `Fp8Kernels::ByShape` (1 ..= 64, the kernel's most; string `fp8-rows=N`). Above
@@ -145,8 +146,9 @@ pub struct KernelPolicy {
     /// projections, the decode arena's linear layers, the looped heads' f32 logits) on our
     /// weight-streaming tensor-core kernel (`stream_gemm_*`: each warp keeps chunks of its
     /// weights loading through shared memory while it multiplies) instead of cuBLAS (string
-    /// `stream-gemm=on|off`). Its sums run in another order than cuBLAS's. Off by default until
-    /// it is measured against cuBLAS on the device.
+    /// `stream-gemm=on|off`). Its sums run in another order than cuBLAS's. Off: its first layout
+    /// measured 0.41–0.92× cuBLAS per layer on an H100 (`docs/BENCHMARKS.md`, "What did not
+    /// pay"); the present one, which copies whole lines of the weights, is not yet measured.
     pub stream_gemm: bool,
 }
 
