@@ -5,7 +5,8 @@
 //!
 //! A layer runs as the decode body runs it: the projections that feed a norm (Ouro's o_proj and
 //! down, Huginn's proj and mlp proj) as f32 partial products over the k slices `split_k_plan`
-//! gives them, the head as f32 logits, the rest rounded to bf16. Each timing is the median of
+//! gives them (marked `*`; then at every other count of 1, 2, 4 or 8 slices that keeps them
+//! whole vectors), the head as f32 logits, the rest rounded to bf16. Each timing is the median of
 //! five bursts of launches cycling through enough copies of the weight to overflow the L2 cache,
 //! so every launch reads its weight from memory; the rate is the weight's bytes over that time,
 //! set against the measured device-to-device copy bandwidth. The weights are the layer's shape
@@ -94,52 +95,60 @@ pub(crate) fn gemm_suite(model: &str, rows: &[usize], rounds: usize, device: &De
             (0..copies).map(|_| Tensor::randn(0f32, 0.02, (layer.n, layer.k), device)?.to_dtype(DType::BF16)).collect::<candle_core::Result<Vec<_>>>()?;
         for &r in rows {
             let x = Tensor::randn(0f32, 1.0, (r, layer.k), device)?.to_dtype(DType::BF16)?;
-            let slices = match layer.output {
-                Output::Partials => split_k::split_k_plan(&x, layer.n).unwrap_or(1),
-                _ => 1,
+            // A projection that feeds a norm at the slices the plan gives it, and at every other
+            // slice count up to 8 that keeps the slices whole vectors: whether the plan, made on
+            // one card, holds on this one.
+            let planned = split_k::split_k_plan(&x, layer.n).unwrap_or(1);
+            let counts: Vec<usize> = match layer.output {
+                Output::Partials => std::iter::once(planned).chain([1, 2, 4, 8].into_iter().filter(|&s| s != planned && layer.k % (s * 8) == 0)).collect(),
+                _ => vec![1],
             };
             let out = Tensor::zeros((r, layer.n), DType::BF16, device)?;
-            let run = |i: usize| -> candle_core::Result<()> {
-                let w = &weights[i % copies];
-                match layer.output {
-                    Output::Rounded => into::linear_into(&x, w, &out),
-                    Output::Partials | Output::Logits => split_k::linear_partials(&x, w, slices).map(drop),
-                }
-            };
-            let mut seconds = [Vec::new(), Vec::new()];
-            for _ in 0..rounds {
-                for (p, policy) in policies.iter().enumerate() {
-                    let (t, counts) = with_kernels(*policy, || median_launch(device, copies.max(20), run));
-                    if p == 1 && counts.stream_gemm == 0 {
-                        return Err(format!("{} {} at {r} rows: the streaming kernel did not take it", layer.model, layer.name).into());
+            for slices in counts {
+                let run = |i: usize| -> candle_core::Result<()> {
+                    let w = &weights[i % copies];
+                    match layer.output {
+                        Output::Rounded => into::linear_into(&x, w, &out),
+                        Output::Partials | Output::Logits => split_k::linear_partials(&x, w, slices).map(drop),
                     }
-                    seconds[p].push(t?);
+                };
+                let mut seconds = [Vec::new(), Vec::new()];
+                for _ in 0..rounds {
+                    for (p, policy) in policies.iter().enumerate() {
+                        let (t, counts) = with_kernels(*policy, || median_launch(device, copies.max(20), run));
+                        if p == 1 && counts.stream_gemm == 0 {
+                            return Err(format!("{} {} at {r} rows: the streaming kernel did not take it", layer.model, layer.name).into());
+                        }
+                        seconds[p].push(t?);
+                    }
                 }
+                let best = |s: &Vec<f64>| s.iter().copied().fold(f64::INFINITY, f64::min);
+                let (tc, ts) = (best(&seconds[0]), best(&seconds[1]));
+                let of_bw = |t: f64| bytes as f64 / t / bandwidth;
+                let is_planned = matches!(layer.output, Output::Partials) && slices == planned;
+                println!(
+                    "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3}{} {:>10.1} {:>6.1}% {:>10.1} {:>6.1}% {:>7.2}x",
+                    layer.model,
+                    layer.name,
+                    r,
+                    layer.n,
+                    layer.k,
+                    slices,
+                    if is_planned { "*" } else { " " },
+                    tc * 1e6,
+                    100.0 * of_bw(tc),
+                    ts * 1e6,
+                    100.0 * of_bw(ts),
+                    tc / ts
+                );
+                records.push(serde_json::json!({
+                    "model": layer.model, "layer": layer.name, "rows": r, "n": layer.n, "k": layer.k,
+                    "output": format!("{:?}", layer.output), "slices": slices, "planned": is_planned, "weight_bytes": bytes,
+                    "cublas_s": seconds[0], "stream_s": seconds[1],
+                    "cublas_of_copy_bandwidth": of_bw(tc), "stream_of_copy_bandwidth": of_bw(ts),
+                    "cublas_over_stream": tc / ts,
+                }));
             }
-            let best = |s: &Vec<f64>| s.iter().copied().fold(f64::INFINITY, f64::min);
-            let (tc, ts) = (best(&seconds[0]), best(&seconds[1]));
-            let of_bw = |t: f64| bytes as f64 / t / bandwidth;
-            println!(
-                "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:>10.1} {:>6.1}% {:>10.1} {:>6.1}% {:>7.2}x",
-                layer.model,
-                layer.name,
-                r,
-                layer.n,
-                layer.k,
-                slices,
-                tc * 1e6,
-                100.0 * of_bw(tc),
-                ts * 1e6,
-                100.0 * of_bw(ts),
-                tc / ts
-            );
-            records.push(serde_json::json!({
-                "model": layer.model, "layer": layer.name, "rows": r, "n": layer.n, "k": layer.k,
-                "output": format!("{:?}", layer.output), "slices": slices, "weight_bytes": bytes,
-                "cublas_s": seconds[0], "stream_s": seconds[1],
-                "cublas_of_copy_bandwidth": of_bw(tc), "stream_of_copy_bandwidth": of_bw(ts),
-                "cublas_over_stream": tc / ts,
-            }));
         }
     }
     Ok(serde_json::Value::Array(records))
