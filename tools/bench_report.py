@@ -330,6 +330,15 @@ def did_not_pay():
     def sstep(stem, w):
         v = [r["decode_step_ms"] for i in (1, 2) for r in S[f"{stem}_{i}"]["results"] if r.get("width") == w]
         return sum(v) / len(v)
+    # What the step's GEMMs cost in isolation at 16 rows: every layer × 4 loop steps × 24 layers,
+    # plus the head, against the same bytes at the copy bandwidth.
+    cub = {r["layer"]: (min(r["cublas_s"]), r["weight_bytes"]) for r in lay if r["rows"] == 16}
+    apps = 96  # Ouro-1.4B: 24 layers × 4 loop steps a full-depth decode step
+    gemm_s = apps * sum(cub[k][0] for k in ("qkv", "o_proj", "gate_up", "down")) + cub["head"][0]
+    bw = S["gemm_ouro"]["copy_bandwidth_gb_s"] * 1e9
+    ideal_s = (apps * sum(cub[k][1] for k in ("qkv", "o_proj", "gate_up", "down")) + cub["head"][1]) / bw
+    V.update(gemm_step_ms=f"{gemm_s * 1e3:.2f}", gemm_ideal_ms=f"{ideal_s * 1e3:.2f}", gemm_cb16_ms=f"{sstep('cublas', 16):.2f}",
+             gemm_oproj_ms=f"{apps * cub['o_proj'][0] * 1e3:.2f}", gemm_oproj_ideal_ms=f"{apps * cub['o_proj'][1] / bw * 1e3:.2f}")
     V.update(stream_gemm_table=table(["layer", "n × k (k slices)", "rows", "cuBLAS, of copy bandwidth", "ours", "cuBLAS ÷ ours (time)"], srows),
              stream_gemm_step=" / ".join(times(sstep("cublas", w) / sstep("stream", w)) for w in (16, 64)),
              stream_gemm_data=data(sn, date=False), stream_gemm_gpu=load(sn)["gpu"])
