@@ -146,7 +146,10 @@ pub struct KernelPolicy {
     /// projections, the decode arena's linear layers, the looped heads' f32 logits) on our
     /// weight-streaming tensor-core kernel (`stream_gemm_*`: each warp keeps chunks of its
     /// weights loading through shared memory while it multiplies) instead of cuBLAS (string
-    /// `stream-gemm=on|off`). Its sums run in another order than cuBLAS's. Off: its first layout
+    /// `stream-gemm=on|off`). Its sums run in another order than cuBLAS's, so under it the decode
+    /// arena's products (all through `split_k`) and the plain body's (candle's matmul for the
+    /// unsplit ones) no longer give the same bits: the arena's token equality with the plain body
+    /// holds with it off. Off: its first layout
     /// measured 0.41–0.92× cuBLAS per layer on an H100 (`docs/BENCHMARKS.md`, "What did not
     /// pay"); the present one, which copies whole lines of the weights, is not yet measured.
     pub stream_gemm: bool,

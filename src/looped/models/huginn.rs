@@ -469,7 +469,8 @@ impl LoopedModel for Huginn {
         }
         let (h, i, nh, nkv, hd) = (self.spec.hidden_size, self.cfg.intermediate_size, self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         // state ×2 and entered (2h each), coda_out, input, stream ×2, half, zeros, normed, sum,
-        // mid, proj (h each); qkv, attn (and attention's q), fc, act; RoPE.
+        // mid, proj (h each) and a column more, which covers `evens` (u32 a row); qkv, attn (and
+        // attention's q), fc, act; RoPE.
         let cols = 6 * h + 11 * h + (nh + 2 * nkv) * hd + 2 * nh * hd + 3 * i + 2 * hd;
         let activations = (rows * cols * self.spec.dtype.size_in_bytes()) as u64;
         activations + arena::workspace_bytes(rows, h, nh, hd)

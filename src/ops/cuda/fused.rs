@@ -425,6 +425,9 @@ fn rms_norm_to(residual: Option<&Tensor>, x: &Tensor, w: &Tensor, eps: f32, h_ou
     }
     check_given(op, "out", x, dtype, x.dims(), out)?;
     check_given(op, "h", x, dtype, x.dims(), h_out)?;
+    if residual.is_none() && h_out.is_some() {
+        bail!("{op} (cuda): an h output is written only with a residual");
+    }
     let ncols = x.dim(candle_core::D::Minus1)?;
     if w.dims1()? != ncols {
         bail!("{op} (cuda): weight {:?} for {ncols} columns", w.dims());

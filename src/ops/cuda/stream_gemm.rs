@@ -24,7 +24,9 @@ pub(super) fn serves(dtype: DType, rows: usize, (n, k, slice): (usize, usize, us
         && slice % 8 == 0
         && k % slice == 0
         && n.div_ceil(16) <= i32::MAX as usize
-        && k <= i32::MAX as usize
+        // The kernel rounds k up to whole 64-wide chunks in an int; slices are the grid's y.
+        && k <= i32::MAX as usize - 64
+        && k / slice <= 65535
         && aligned(x_layout)
         && aligned(w_layout)
 }
