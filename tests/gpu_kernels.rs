@@ -1526,6 +1526,64 @@ fn residual_add_rms_norm_into_matches_the_allocating_op() {
     }
 }
 
+/// Huginn's post-norm step and the next norm in one launch (`post_norm_*`, and over split-k
+/// partials `post_norm_parts_*`) give bit for bit what the two launches they replace give — the
+/// pre-norm residual step, its norm taken as the stream, then `rms_norm` — on the vector path
+/// (widths a multiple of 16 bytes) and the scalar one (99 columns), and stay within the dtype's
+/// rounding of candle's CPU composition.
+#[test]
+fn post_norm_into_matches_the_two_norms_it_replaces() {
+    use ponder::ops::into::{linear_post_norm_into, post_norm_into};
+    let gpu = gpu_device();
+    let flat = |t: &Tensor| f32_cpu(t).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(rows, cols) in &[(37usize, 5280usize), (3, 96), (5, 99)] {
+            let mut rng = StdRng::seed_from_u64((rows * 7 + cols) as u64);
+            let r = rand_tensor(&mut rng, &[rows, cols], -2.0, 2.0, dt);
+            let x = rand_tensor(&mut rng, &[rows, cols], -2.0, 2.0, dt);
+            let w = rand_tensor(&mut rng, &[cols], 0.5, 1.5, dt);
+            let w2 = rand_tensor(&mut rng, &[cols], 0.5, 1.5, dt);
+            let g = |t: &Tensor| t.to_device(&gpu).unwrap();
+            let (rg, xg, wg, w2g) = (g(&r), g(&x), g(&w), g(&w2));
+            let (h, n) = (Tensor::zeros((rows, cols), dt, &gpu).unwrap(), Tensor::zeros((rows, cols), dt, &gpu).unwrap());
+            post_norm_into(&rg, &xg, (&wg, &w2g), 1e-6, &h, &n).unwrap();
+            let (_, hw) = ponder::ops::residual_add_rms_norm(&rg, &xg, &wg, 1e-6).unwrap();
+            let nw = ponder::ops::rms_norm(&hw, &w2g, 1e-6).unwrap();
+            assert_eq!(flat(&h), flat(&hw), "{dt:?} {rows}x{cols}: h");
+            assert_eq!(flat(&n), flat(&nw), "{dt:?} {rows}x{cols}: n");
+            let (_, hr) = ponder::ops::fused::residual_add_rms_norm_reference(&r, &x, &w, 1e-6).unwrap();
+            let nr = ponder::ops::rms_norm_reference(&hr, &w2, 1e-6).unwrap();
+            for (name, got, want) in [("h", &h, &hr), ("n", &n, &nr)] {
+                let err = (f32_cpu(got) - f32_cpu(want)).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                assert!(err <= 8.0 * tol_of(dt), "{dt:?} {rows}x{cols}: {name} {err} from the CPU reference");
+            }
+        }
+    }
+    // Over a projection at decode widths (Huginn's o_proj), split over k as the plain body
+    // splits it: the partials' form against the split projection's pre-norm step and a norm.
+    for dt in [DType::BF16, DType::F16] {
+        for rows in [1usize, 16, 64] {
+            let (k, cols) = (5280usize, 5280usize);
+            let mut rng = StdRng::seed_from_u64((rows * 11 + k) as u64);
+            let g = |t: Tensor| t.to_device(&gpu).unwrap();
+            let r = g(rand_tensor(&mut rng, &[rows, cols], -2.0, 2.0, dt));
+            let x = g(rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dt));
+            let wt = g(rand_tensor(&mut rng, &[cols, k], -0.02, 0.02, dt));
+            let w = g(rand_tensor(&mut rng, &[cols], 0.5, 1.5, dt));
+            let w2 = g(rand_tensor(&mut rng, &[cols], 0.5, 1.5, dt));
+            let proj = Tensor::zeros((rows, cols), dt, &gpu).unwrap();
+            let parts = Tensor::zeros(8 * rows * cols, DType::F32, &gpu).unwrap();
+            let (h, n) = (Tensor::zeros((rows, cols), dt, &gpu).unwrap(), Tensor::zeros((rows, cols), dt, &gpu).unwrap());
+            linear_post_norm_into(&r, &x, &wt, (&w, &w2), 1e-6, (&proj, &parts), &h, &n).unwrap();
+            let (_, hw) = ponder::ops::linear_residual_add_rms_norm(&r, &x, &wt, &w, 1e-6).unwrap();
+            let nw = ponder::ops::rms_norm(&hw, &w2, 1e-6).unwrap();
+            assert_eq!(flat(&h), flat(&hw), "{dt:?} {rows} rows over k {k}: h");
+            assert_eq!(flat(&n), flat(&nw), "{dt:?} {rows} rows over k {k}: n");
+        }
+    }
+    println!("post_norm_into: equal to the two launches it replaces (vector and scalar paths, whole and split-k)");
+}
+
 /// The arena's exit-gate logit (one launch, the cast folded into the load) against the gate's
 /// f32 linear layer over the cast rows on the CPU: within f32 summation-order rounding.
 #[test]

@@ -124,6 +124,20 @@ pub fn residual_add_rms_norm_into(residual: &Tensor, x: &Tensor, w: &Tensor, eps
     copy_into(n, &nv)
 }
 
+/// A residual stream normalised after each add, and the norm that reads it next:
+/// `h = rms_norm(residual + x, w)`, `n = rms_norm(h, w_next)` written into `h` and `n` — what
+/// [`super::residual_add_rms_norm`] (its norm taken as `h`) and then [`super::rms_norm`] give,
+/// in one launch on CUDA.
+pub fn post_norm_into(residual: &Tensor, x: &Tensor, (w, w_next): (&Tensor, &Tensor), eps: f64, h: &Tensor, n: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() && super::is_float(x.dtype()) && [residual, w, w_next].iter().all(|t| t.dtype() == x.dtype()) {
+        return super::cuda::post_norm_into(residual, x, w, w_next, eps as f32, h, n);
+    }
+    let (_, hv) = super::residual_add_rms_norm(residual, x, w, eps)?;
+    copy_into(h, &hv)?;
+    copy_into(n, &super::rms_norm(&hv, w_next, eps)?)
+}
+
 /// `out = silu(gate) * up` ([`super::silu_mul`]).
 pub fn silu_mul_into(gate_up: &Tensor, out: &Tensor) -> Result<()> {
     #[cfg(feature = "cuda")]
@@ -178,6 +192,29 @@ pub fn linear_residual_add_rms_norm_into(
     let _ = parts;
     linear_into(x, w, proj)?;
     residual_add_rms_norm_into(residual, proj, w_norm, eps, h, n)
+}
+
+/// [`post_norm_into`] of `x · wᵀ`, split over k as [`super::linear_residual_add_rms_norm`]
+/// splits it (partials in `parts`, or whole through `proj`, as [`linear_add_rms_norm_into`]).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_post_norm_into(
+    residual: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    (w_post, w_next): (&Tensor, &Tensor),
+    eps: f64,
+    (proj, parts): (&Tensor, &Tensor),
+    h: &Tensor,
+    n: &Tensor,
+) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Some(parts) = split_partials(x, w, parts)? {
+        let norm = super::cuda::PartsNorm::PostNorm { w: w_post, w_next };
+        return super::cuda::norm_of_partials_into(residual, &parts, norm, eps as f32, h, n);
+    }
+    let _ = parts;
+    linear_into(x, w, proj)?;
+    post_norm_into(residual, proj, (w_post, w_next), eps, h, n)
 }
 
 /// Where `split_k_plan` splits `x · wᵀ` over k (only on CUDA): its partial products

@@ -76,8 +76,9 @@ struct Arena {
     zeros: Tensor,
     /// `2r` for row r: the s halves' rows of a `[rows, 2h]` state read as `[2 rows, h]`.
     evens: Tensor,
-    /// Inside a block: the norms' outputs, the residual sums (not read: the sandwich norm
-    /// replaces the stream by their norm), the attention's and the MLP's activations.
+    /// Inside a block: the norms' outputs, the residual sum of a chain's last block (not read:
+    /// the sandwich norm replaces the stream by its norm), the attention's and the MLP's
+    /// activations.
     normed: Tensor,
     sum: Tensor,
     mid: Tensor,
@@ -266,17 +267,32 @@ impl Huginn {
         Some((ar, arena::rows_within(ar.rows, x)?))
     }
 
-    /// [`Self::block_forward`] on the arena: the same ops in the same order, each writing into
-    /// its buffer (`ops::into`); the block's output goes to `out`.
+    /// [`Self::block_forward`] on the arena: the same values, each written into its buffer
+    /// (`ops::into`); the block's output goes to `out`. Each norm that reads a sandwich norm's
+    /// output runs in that norm's launch: the block's own MLP norm, and with `next` (the
+    /// following block's first norm weight) the next block's input norm, left in `ar.normed`
+    /// for it — `normed_in` says this block's is there already.
     #[allow(clippy::too_many_arguments)]
-    fn block_in(&self, b: &Block, x: &Tensor, out: &Tensor, input: &StageInput, batch: &PagedBatch, kv: &KvStore, ar: &Arena) -> Result<()> {
+    fn block_in(
+        &self,
+        b: &Block,
+        x: &Tensor,
+        (normed_in, next): (bool, Option<&Tensor>),
+        out: &Tensor,
+        input: &StageInput,
+        batch: &PagedBatch,
+        kv: &KvStore,
+        ar: &Arena,
+    ) -> Result<()> {
         let t = x.dim(0)?;
         let eps = self.cfg.norm_eps;
         let (nh, nkv, hd) = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim);
         let rows = |b: &Tensor| b.narrow(0, 0, t);
-        let (normed, sum, mid, qkv, attn) = (rows(&ar.normed)?, rows(&ar.sum)?, rows(&ar.mid)?, rows(&ar.qkv)?, rows(&ar.attn)?);
+        let (normed, mid, qkv, attn) = (rows(&ar.normed)?, rows(&ar.mid)?, rows(&ar.qkv)?, rows(&ar.attn)?);
         let (proj, fc, act) = (rows(&ar.proj)?, rows(&ar.fc)?, rows(&ar.act)?);
-        into::rms_norm_into(x, &b.norms[0], eps, &normed)?;
+        if !normed_in {
+            into::rms_norm_into(x, &b.norms[0], eps, &normed)?;
+        }
         into::linear_into(&normed, weight(&b.wqkv)?, &qkv)?;
         let bias = b.qk_bias.as_ref().map(|(q, k)| (q, k));
         let (k_cache, v_cache) = (kv.k(b.kv_layer), kv.v(b.kv_layer));
@@ -293,11 +309,14 @@ impl Huginn {
             &ar.attention,
             &attn.reshape((t, nh, hd))?,
         )?;
-        into::linear_residual_add_rms_norm_into(x, &attn, weight(&b.proj)?, &b.norms[1], eps, (&proj, &ar.parts), &sum, &mid)?;
-        into::rms_norm_into(&mid, &b.norms[2], eps, &normed)?;
+        into::linear_post_norm_into(x, &attn, weight(&b.proj)?, (&b.norms[1], &b.norms[2]), eps, (&proj, &ar.parts), &mid, &normed)?;
         into::linear_into(&normed, weight(&b.fc)?, &fc)?;
         into::silu_mul_into(&fc, &act)?;
-        into::linear_residual_add_rms_norm_into(&mid, &act, weight(&b.mlp_proj)?, &b.norms[3], eps, (&proj, &ar.parts), &sum, out)
+        let mlp_proj = weight(&b.mlp_proj)?;
+        match next {
+            Some(w_next) => into::linear_post_norm_into(&mid, &act, mlp_proj, (&b.norms[3], w_next), eps, (&proj, &ar.parts), out, &normed),
+            None => into::linear_residual_add_rms_norm_into(&mid, &act, mlp_proj, &b.norms[3], eps, (&proj, &ar.parts), &rows(&ar.sum)?, out),
+        }
     }
 
     /// A chain of blocks on the arena from `x` (`ar.input`): each block's output in one of
@@ -307,7 +326,8 @@ impl Huginn {
         let mut x = x;
         for (j, b) in blocks.iter().enumerate() {
             let out = ar.stream[j % 2].narrow(0, 0, t)?;
-            self.block_in(b, &x, &out, input, batch, kv, ar)?;
+            let next = blocks.get(j + 1).map(|n| &n.norms[0]);
+            self.block_in(b, &x, (j > 0, next), &out, input, batch, kv, ar)?;
             x = out;
         }
         Ok(x)

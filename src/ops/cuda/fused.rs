@@ -308,45 +308,75 @@ fn norm_rope_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, a: &
 /// `(h2, n) = (residual + rms_norm(x, w_x), rms_norm(h2, w_next))` over the last dim, in one
 /// launch. `residual`, `x` `[.., C]` and the weights `[C]` share one dtype; f32 statistics.
 pub fn add_rms_norm(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
-    add_rms_norm_to(residual, x, w_x, w_next, eps, None)
+    add_rms_norm_to(TwoNorms::Sandwich, residual, x, w_x, w_next, eps, None)
 }
 
 /// [`add_rms_norm`] writing `(h, n)` into `outs` (each of `x`'s shape and dtype, contiguous;
 /// neither may alias an input).
 pub fn add_rms_norm_into(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32, h: &Tensor, n: &Tensor) -> Result<()> {
-    add_rms_norm_to(residual, x, w_x, w_next, eps, Some((h, n))).map(|_| ())
+    add_rms_norm_to(TwoNorms::Sandwich, residual, x, w_x, w_next, eps, Some((h, n))).map(|_| ())
 }
 
-fn add_rms_norm_to(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f32, outs: Option<(&Tensor, &Tensor)>) -> Result<(Tensor, Tensor)> {
-    const OP: &str = "add_rms_norm";
-    let dev = device(x, OP)?;
+/// `(h, n) = (rms_norm(residual + x, w), rms_norm(h, w_next))` into the given buffers (each of
+/// `x`'s shape and dtype, contiguous; neither may alias an input), in one launch: a residual
+/// stream normalised after each add (Huginn's sandwich blocks) and the norm that next reads it,
+/// rounded as [`rms_norm`] with a residual and then without.
+pub fn post_norm_into(residual: &Tensor, x: &Tensor, w: &Tensor, w_next: &Tensor, eps: f32, h: &Tensor, n: &Tensor) -> Result<()> {
+    add_rms_norm_to(TwoNorms::Post, residual, x, w, w_next, eps, Some((h, n))).map(|_| ())
+}
+
+/// Which of the two-norm row kernels: the branch normalised before the add (`add_rms_norm_*`),
+/// or the sum after it (`post_norm_*`).
+#[derive(Clone, Copy)]
+enum TwoNorms {
+    Sandwich,
+    Post,
+}
+
+fn add_rms_norm_to(
+    kind: TwoNorms,
+    residual: &Tensor,
+    x: &Tensor,
+    w_x: &Tensor,
+    w_next: &Tensor,
+    eps: f32,
+    outs: Option<(&Tensor, &Tensor)>,
+) -> Result<(Tensor, Tensor)> {
+    // The op's name is its kernel's, less the dtype suffix.
+    let op = match kind {
+        TwoNorms::Sandwich => "add_rms_norm",
+        TwoNorms::Post => "post_norm",
+    };
+    let dev = device(x, op)?;
     let dtype = x.dtype();
-    same_device_dtype(OP, dtype, x, &[("residual", residual), ("w_x", w_x), ("w_next", w_next)])?;
-    check_given(OP, "h", x, dtype, x.dims(), outs.map(|o| o.0))?;
-    check_given(OP, "n", x, dtype, x.dims(), outs.map(|o| o.1))?;
+    same_device_dtype(op, dtype, x, &[("residual", residual), ("w_x", w_x), ("w_next", w_next)])?;
+    check_given(op, "h", x, dtype, x.dims(), outs.map(|o| o.0))?;
+    check_given(op, "n", x, dtype, x.dims(), outs.map(|o| o.1))?;
     if residual.dims() != x.dims() {
-        bail!("{OP} (cuda): residual {:?} vs x {:?}", residual.dims(), x.dims());
+        bail!("{op} (cuda): residual {:?} vs x {:?}", residual.dims(), x.dims());
     }
     let ncols = x.dim(candle_core::D::Minus1)?;
     if w_x.dims1()? != ncols || w_next.dims1()? != ncols {
-        bail!("{OP} (cuda): weights {:?} / {:?} for {ncols} columns", w_x.dims(), w_next.dims());
+        bail!("{op} (cuda): weights {:?} / {:?} for {ncols} columns", w_x.dims(), w_next.dims());
     }
     let rows = x.elem_count() / ncols.max(1);
     if ncols == 0 || rows == 0 {
         return Ok((residual.clone(), x.zeros_like()?));
     }
     if ncols > i32::MAX as usize || rows > u32::MAX as usize / 2 {
-        bail!("{OP} (cuda): sizes out of range");
+        bail!("{op} (cuda): sizes out of range");
     }
     let residual = residual.contiguous()?;
     let x = x.contiguous()?;
     let (w_x, w_next) = (w_x.contiguous()?, w_next.contiguous()?);
-    for_float!(dtype, OP, |T, suf| add_rms_launch::<T>(&dev, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps, outs))
+    for_float!(dtype, op, |T, suf| add_rms_launch::<T>(&dev, op, suf, &residual, &x, &w_x, &w_next, rows, ncols, eps, outs))
 }
 
+/// Launches `{op}_{suf}` (`add_rms_norm_*` or `post_norm_*`: one argument list).
 #[allow(clippy::too_many_arguments)]
 fn add_rms_launch<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
+    op: &str,
     suf: &str,
     residual: &Tensor,
     x: &Tensor,
@@ -357,21 +387,20 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     eps: f32,
     outs: Option<(&Tensor, &Tensor)>,
 ) -> Result<(Tensor, Tensor)> {
-    const OP: &str = "add_rms_norm";
     let (rs, rl) = residual.storage_and_layout();
     let (xs, xl) = x.storage_and_layout();
     let (ws, wl) = w_x.storage_and_layout();
     let (ns, nl) = w_next.storage_and_layout();
-    let r_v = view::<T>(&rs, rl, OP, "residual", false)?;
-    let x_v = view::<T>(&xs, xl, OP, "x", false)?;
-    let w_v = view::<T>(&ws, wl, OP, "w_x", false)?;
-    let n_v = view::<T>(&ns, nl, OP, "w_next", false)?;
+    let r_v = view::<T>(&rs, rl, op, "residual", false)?;
+    let x_v = view::<T>(&xs, xl, op, "x", false)?;
+    let w_v = view::<T>(&ws, wl, op, "w_x", false)?;
+    let n_v = view::<T>(&ns, nl, op, "w_next", false)?;
     let guards = pair_guards(outs);
     let [h_given, n_given] = pair_given(&guards);
     // SAFETY: the kernel writes every element of both outputs (one block per row).
-    let mut h_out = unsafe { Dest::<T>::new(dev, rows * ncols, h_given, OP, "h")? };
-    let mut n_out = unsafe { Dest::<T>::new(dev, rows * ncols, n_given, OP, "n")? };
-    let func = kernel!(dev, Module::Fused, &format!("add_rms_norm_{suf}"))?;
+    let mut h_out = unsafe { Dest::<T>::new(dev, rows * ncols, h_given, op, "h")? };
+    let mut n_out = unsafe { Dest::<T>::new(dev, rows * ncols, n_given, op, "n")? };
+    let func = kernel!(dev, Module::Fused, &format!("{op}_{suf}"))?;
     let cfg = row_norm_config(rows, ncols);
     let nc = ncols as i32;
     let mut b = func.builder();
@@ -379,7 +408,7 @@ fn add_rms_launch<T: CudaDType + DeviceRepr>(
     n_out.push(&mut b);
     b.arg(&r_v).arg(&x_v).arg(&w_v).arg(&n_v);
     b.arg(&nc).arg(&eps);
-    // SAFETY: argument list matches `add_rms_norm_*` in fused.cu.
+    // SAFETY: argument list matches `add_rms_norm_*` and `post_norm_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
     drop(b);
     let shape = x.shape().clone();

@@ -160,6 +160,8 @@ pub enum PartsNorm<'a> {
     Sandwich { w_x: &'a Tensor, w_next: &'a Tensor },
     /// `h = residual + x`, `n = rms_norm(h, w)` (`residual_add_rms_norm`).
     PreNorm { w: &'a Tensor },
+    /// `h = rms_norm(residual + x, w)`, `n = rms_norm(h, w_next)` (`post_norm_into`).
+    PostNorm { w: &'a Tensor, w_next: &'a Tensor },
 }
 
 /// The row norm `norm` with `x` = the sum of `parts` (f32 `[splits, rows, C]`, summed in slice
@@ -181,6 +183,7 @@ fn norm_of_partials_to(residual: &Tensor, parts: &Tensor, norm: PartsNorm, eps: 
     let (kernel_name, weights): (&str, Vec<(&str, &Tensor)>) = match norm {
         PartsNorm::Sandwich { w_x, w_next } => ("add_rms_norm_parts", vec![("w_x", w_x), ("w_next", w_next)]),
         PartsNorm::PreNorm { w } => ("add_rms_norm_pre_parts", vec![("w", w)]),
+        PartsNorm::PostNorm { w, w_next } => ("post_norm_parts", vec![("w", w), ("w_next", w_next)]),
     };
     same_device_dtype(OP, dtype, residual, &weights)?;
     same_device_dtype(OP, DType::F32, residual, &[("parts", parts)])?;
@@ -207,7 +210,8 @@ fn norm_of_partials_to(residual: &Tensor, parts: &Tensor, norm: PartsNorm, eps: 
     for_float!(dtype, OP, |T, suf| parts_norm_launch::<T>(&dev, &format!("{kernel_name}_{suf}"), &residual, &parts, &weights, (splits, rows, ncols), eps, outs))
 }
 
-/// Launches `kernel` (`add_rms_norm_parts_*` with two weights, `add_rms_norm_pre_parts_*` with one).
+/// Launches `kernel` (`add_rms_norm_parts_*` and `post_norm_parts_*` with two weights,
+/// `add_rms_norm_pre_parts_*` with one).
 #[allow(clippy::too_many_arguments)]
 fn parts_norm_launch<T: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
@@ -241,8 +245,8 @@ fn parts_norm_launch<T: CudaDType + DeviceRepr>(
         b.arg(w);
     }
     b.arg(&nc).arg(&eps);
-    // SAFETY: argument list matches `add_rms_norm_parts_*` (two weights) or
-    // `add_rms_norm_pre_parts_*` (one) in fused.cu.
+    // SAFETY: argument list matches `add_rms_norm_parts_*` and `post_norm_parts_*` (two
+    // weights) or `add_rms_norm_pre_parts_*` (one) in fused.cu.
     unsafe { b.launch(row_norm_config(rows, ncols)) }.w()?;
     drop(b);
     Ok((h_out.finish(dev, (rows, ncols), outs.map(|o| o.0)), n_out.finish(dev, (rows, ncols), outs.map(|o| o.1))))

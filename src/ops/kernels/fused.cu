@@ -8,10 +8,13 @@
 // add_rms_norm_*: h2 = residual + T(rms_norm(x, w_x)); out = T(rms_norm(h2, w_next)). One block
 //   per row, f32 sums (candle's rmsnorm: scale = rsqrt(mean(x^2) + eps), y = T(scale * x * w));
 //   16-byte vectors kept in registers when the width and the pointers allow.
+// post_norm_*: h2 = T(rms_norm(T(res + x), w)); out = T(rms_norm(h2, w_next)) — a residual
+//   stream normalised after each add (Huginn's sandwich blocks) and the norm that reads it next,
+//   rounded as the two norms launched apart. One block per row, as above.
 // rms_norm_*, add_rms_norm_pre_*: n = T(rsqrt(mean(h^2) + eps) * h * w) per row, h = x, or for
 //   the pre-norm residual stream h = T(res + x) (also written out). One block per row, as above.
-// add_rms_norm_parts_*, add_rms_norm_pre_parts_*: the same with x = T(sum of f32 partial products
-//   [nparts, rows, ncols]) of a projection split over k (`Parts` below).
+// add_rms_norm_parts_*, post_norm_parts_*, add_rms_norm_pre_parts_*: the same with x = T(sum of
+//   f32 partial products [nparts, rows, ncols]) of a projection split over k (`Parts` below).
 // residual_add_*: out = T(a + b), element-wise over tensors of one shape.
 // silu_mul_*: out = T(T(silu(gate)) * up) over [T, 2I] -> [T, I].
 // rope_angles_*: cos / sin [T, D/2] of float(pos[t]) * inv_freq[j], rounded to T (the per-launch
@@ -358,7 +361,9 @@ __device__ __forceinline__ float load_row_vec(const X &x, long long base, int nv
 // vectors of x, the residual and both weights once, and writes h and the norm once — no read-back
 // of h and no dependent scalar-load loops (the scalar version below was latency-bound: ~12 us a
 // row batch on the H200 whatever the batch). The same arithmetic per element as the scalar path.
-template <typename T, int V, int MAXV, class X>
+// POST (post_norm): the first norm reads the sum, h = T(rms_norm(T(res + x), w_x)), where the
+// sandwich form adds the normalised branch to the residual, h = T(res + T(rms_norm(x, w_x))).
+template <typename T, int V, int MAXV, bool POST, class X>
 __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, const T *__restrict__ res,
                                  const X &x, const T *__restrict__ w_x,
                                  const T *__restrict__ w_next, int ncols, float eps, float *smem) {
@@ -370,7 +375,24 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
     load_vecs<MAXV>(w_x, nvec, wxraw);
     load_vecs<MAXV>(w_next, nvec, wnraw);
     float xf[MAXV][V];
-    float acc = load_row_vec<T, V, MAXV>(x, base, nvec, xf);
+    float acc = 0.f;
+    if constexpr (POST) {
+#pragma unroll
+        for (int j = 0; j < MAXV; ++j) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < nvec) {
+                x.template vec<V>(base + (long long)i * V, xf[j]);
+                const T *r = reinterpret_cast<const T *>(&rraw[j]);
+#pragma unroll
+                for (int k = 0; k < V; ++k) {
+                    xf[j][k] = round_t<T>(to_f(r[k]) + xf[j][k]);  // the sum, as stored
+                    acc += xf[j][k] * xf[j][k];
+                }
+            }
+        }
+    } else {
+        acc = load_row_vec<T, V, MAXV>(x, base, nvec, xf);
+    }
     const float s1 = rsqrtf(block_sum(acc, smem) / ncols + eps);
     acc = 0.f;
 #pragma unroll
@@ -383,8 +405,12 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
             T *o = reinterpret_cast<T *>(&out);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-                const float n = round_t<T>(s1 * xf[j][k] * to_f(w[k]));
-                o[k] = from_f<T>(to_f(r[k]) + n);
+                if constexpr (POST) {
+                    o[k] = from_f<T>(s1 * xf[j][k] * to_f(w[k]));
+                } else {
+                    const float n = round_t<T>(s1 * xf[j][k] * to_f(w[k]));
+                    o[k] = from_f<T>(to_f(r[k]) + n);
+                }
                 xf[j][k] = to_f(o[k]);  // now h, as stored
                 acc += xf[j][k] * xf[j][k];
             }
@@ -394,7 +420,7 @@ __device__ void add_rms_norm_vec(T *__restrict__ h_out, T *__restrict__ n_out, c
     store_norm_vec<T, V, MAXV>(xf, acc, wnraw, n_out + base, ncols, eps, smem);
 }
 
-template <typename T, class X>
+template <typename T, bool POST, class X>
 __device__ void add_rms_norm(T *__restrict__ h_out, T *__restrict__ n_out, const T *__restrict__ res,
                              const X &x, const T *__restrict__ w_x,
                              const T *__restrict__ w_next, int ncols, float eps) {
@@ -404,23 +430,31 @@ __device__ void add_rms_norm(T *__restrict__ h_out, T *__restrict__ n_out, const
     const bool aligned = ((uintptr_t)h_out | (uintptr_t)n_out | (uintptr_t)res | (uintptr_t)w_x |
                           (uintptr_t)w_next) % 16 == 0 && x.aligned();
     if (aligned && ncols % V == 0 && ncols / V <= (int)blockDim.x * MAXV) {
-        add_rms_norm_vec<T, V, MAXV>(h_out, n_out, res, x, w_x, w_next, ncols, eps, smem);
+        add_rms_norm_vec<T, V, MAXV, POST>(h_out, n_out, res, x, w_x, w_next, ncols, eps, smem);
         return;
     }
     const long long base = (long long)blockIdx.x * ncols;
     const T *rr = res + base;
     T *hr = h_out + base;
     T *nr = n_out + base;
+    // The first norm's input: x, or the rounded sum (recomputed in the second pass rather than
+    // stored: no output holds it).
+    auto first = [&](int c) { return POST ? round_t<T>(to_f(rr[c]) + x.at(base + c)) : x.at(base + c); };
     float acc = 0.f;
     for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
-        const float v = x.at(base + c);
+        const float v = first(c);
         acc += v * v;
     }
     const float s1 = rsqrtf(block_sum(acc, smem) / ncols + eps);
     acc = 0.f;
     for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
-        const float n = round_t<T>(s1 * x.at(base + c) * to_f(w_x[c]));
-        const T h = from_f<T>(to_f(rr[c]) + n);
+        T h;
+        if constexpr (POST) {
+            h = from_f<T>(s1 * first(c) * to_f(w_x[c]));
+        } else {
+            const float n = round_t<T>(s1 * first(c) * to_f(w_x[c]));
+            h = from_f<T>(to_f(rr[c]) + n);
+        }
         hr[c] = h;
         const float hf = to_f(h);
         acc += hf * hf;
@@ -832,14 +866,26 @@ __device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict_
     extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,    \
                                                   const T *w_x, const T *w_next, int ncols,        \
                                                   float eps) {                                     \
-        add_rms_norm<T>(h_out, n_out, res, Plain<T>{x}, w_x, w_next, ncols, eps);                  \
+        add_rms_norm<T, false>(h_out, n_out, res, Plain<T>{x}, w_x, w_next, ncols, eps);           \
     }                                                                                              \
     extern "C" __global__ void ROW_NORM_BOUNDS add_rms_norm_parts_##SUF(T *h_out, T *n_out, const T *res,          \
                                                         const float *parts, long long part_stride, \
                                                         int nparts, const T *w_x, const T *w_next, \
                                                         int ncols, float eps) {                    \
-        add_rms_norm<T>(h_out, n_out, res, Parts<T>{parts, part_stride, nparts}, w_x, w_next,      \
-                        ncols, eps);                                                               \
+        add_rms_norm<T, false>(h_out, n_out, res, Parts<T>{parts, part_stride, nparts}, w_x,       \
+                               w_next, ncols, eps);                                                \
+    }                                                                                              \
+    extern "C" __global__ void ROW_NORM_BOUNDS post_norm_##SUF(T *h_out, T *n_out, const T *res, const T *x,       \
+                                                  const T *w, const T *w_next, int ncols,          \
+                                                  float eps) {                                     \
+        add_rms_norm<T, true>(h_out, n_out, res, Plain<T>{x}, w, w_next, ncols, eps);              \
+    }                                                                                              \
+    extern "C" __global__ void ROW_NORM_BOUNDS post_norm_parts_##SUF(T *h_out, T *n_out, const T *res,             \
+                                                        const float *parts, long long part_stride, \
+                                                        int nparts, const T *w, const T *w_next,   \
+                                                        int ncols, float eps) {                    \
+        add_rms_norm<T, true>(h_out, n_out, res, Parts<T>{parts, part_stride, nparts}, w, w_next,  \
+                              ncols, eps);                                                         \
     }                                                                                              \
     extern "C" __global__ void ROW_NORM_BOUNDS rms_norm_##SUF(T *n_out, const T *x, const T *w, int ncols, float eps) { \
         rms_norm_rows<T, false>(nullptr, n_out, nullptr, Plain<T>{x}, w, ncols, eps);              \
