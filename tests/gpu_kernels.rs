@@ -2804,7 +2804,7 @@ fn fp8_layer_against(
 fn stream_gemm_matches_the_f32_product_and_cublas() {
     use ponder::ops::{into::linear_into, split_k::linear_partials, with_kernels, KernelPolicy};
     let gpu = gpu_device();
-    let on = KernelPolicy { stream_gemm: true, ..Default::default() };
+    let on = KernelPolicy { stream_gemm: ponder::ops::StreamGemm::All, ..Default::default() };
     let mut rng = StdRng::seed_from_u64(91);
     // (rows, n, k, slices): 4112 in 2 ends each slice in a part chunk, past k0 > 0 in the second.
     let shapes = [

@@ -13,7 +13,7 @@
 //! only: the suite makes no model.
 
 use candle_core::{DType, Device, Tensor};
-use ponder::ops::{into, split_k, with_kernels, KernelPolicy};
+use ponder::ops::{into, split_k, with_kernels, KernelPolicy, StreamGemm};
 use std::time::Instant;
 
 /// What a layer's product produces in the decode body.
@@ -85,7 +85,7 @@ pub(crate) fn gemm_suite(model: &str, rows: &[usize], rounds: usize, device: &De
         "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:>10} {:>7} {:>10} {:>7} {:>8}",
         "model", "layer", "rows", "n", "k", "sl", "cuBLAS us", "of bw", "stream us", "of bw", "ratio"
     );
-    let policies = [KernelPolicy::default(), KernelPolicy { stream_gemm: true, ..KernelPolicy::default() }];
+    let policies = [KernelPolicy::default(), KernelPolicy { stream_gemm: StreamGemm::All, ..KernelPolicy::default() }];
     let mut records = Vec::new();
     for layer in layers(model) {
         let bytes = layer.n * layer.k * 2;

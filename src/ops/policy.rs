@@ -67,6 +67,37 @@ pub enum SplitK {
     Forced { slices: usize, max_rows: usize },
 }
 
+/// Which dense decode products run on the weight-streaming kernel (`KernelPolicy::stream_gemm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamGemm {
+    /// cuBLAS for every product.
+    #[default]
+    Off,
+    /// The narrow layers only: up to [`STREAM_GEMM_NARROW_ROWS`] rows and an output of at most
+    /// [`STREAM_GEMM_NARROW_N`] columns, where cuBLAS's few output tiles leave most SMs idle.
+    Narrow,
+    /// Every product the kernel takes (up to 64 rows).
+    All,
+}
+
+/// Rows up to which [`StreamGemm::Narrow`] streams (measured on an H100, Ouro-1.4B's o_proj and
+/// down at 16 rows: 1.03–1.76× cuBLAS; at 64 rows cuBLAS is faster on most layers).
+pub const STREAM_GEMM_NARROW_ROWS: usize = 16;
+/// Output columns up to which [`StreamGemm::Narrow`] streams: Ouro-1.4B's o_proj and down
+/// (2048); wider layers (qkv 6144, Huginn's 5280) kept cuBLAS ahead or level.
+pub const STREAM_GEMM_NARROW_N: usize = 2048;
+
+impl StreamGemm {
+    /// Whether a product of `rows` rows into `n` output columns streams.
+    pub fn takes(self, rows: usize, n: usize) -> bool {
+        match self {
+            Self::Off => false,
+            Self::Narrow => rows <= STREAM_GEMM_NARROW_ROWS && n <= STREAM_GEMM_NARROW_N,
+            Self::All => true,
+        }
+    }
+}
+
 /// Which MoE GEMM kernels run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MoeKernels {
@@ -145,14 +176,14 @@ pub struct KernelPolicy {
     /// Dense bf16 / f16 products of up to 64 rows that go through `ops::split_k` (split-k
     /// projections, the decode arena's linear layers, the looped heads' f32 logits) on our
     /// weight-streaming tensor-core kernel (`stream_gemm_*`: each warp keeps chunks of its
-    /// weights loading through shared memory while it multiplies) instead of cuBLAS (string
-    /// `stream-gemm=on|off`). Its sums run in another order than cuBLAS's, so under it the decode
-    /// arena's products (all through `split_k`) and the plain body's (candle's matmul for the
-    /// unsplit ones) no longer give the same bits: the arena's token equality with the plain body
-    /// holds with it off. Off: its first layout
-    /// measured 0.41–0.92× cuBLAS per layer on an H100 (`docs/BENCHMARKS.md`, "What did not
-    /// pay"); the present one, which copies whole lines of the weights, is not yet measured.
-    pub stream_gemm: bool,
+    /// weights loading through shared memory while it multiplies) instead of cuBLAS: all of
+    /// them, the narrow ones ([`StreamGemm::Narrow`]) or none (string
+    /// `stream-gemm=on|narrow|off`). Its sums run in another order than cuBLAS's, so under it the
+    /// decode arena's products (all through `split_k`) and the plain body's (candle's matmul for
+    /// the unsplit ones) no longer give the same bits: the arena's token equality with the plain
+    /// body holds with it off. Off by default (`docs/BENCHMARKS.md`: per layer on an H100 it
+    /// beats cuBLAS only on the narrow layers at up to 16 rows).
+    pub stream_gemm: StreamGemm,
 }
 
 impl Default for KernelPolicy {
@@ -169,7 +200,7 @@ impl Default for KernelPolicy {
             fp8_pipeline: false,
             fp8_weight_only_rows: FP8_WEIGHT_ONLY_ROWS,
             decode_arena: false,
-            stream_gemm: false,
+            stream_gemm: StreamGemm::Off,
         }
     }
 }
@@ -203,7 +234,7 @@ impl std::str::FromStr for KernelPolicy {
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
     /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`,
     /// `fp8-mma=on|off`, `fp8-pipe=on|off`, `fp8-rows=N` (1 ..= 64), `arena=on|off`,
-    /// `stream-gemm=on|off`. An empty string is the default.
+    /// `stream-gemm=on|narrow|off`. An empty string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
         let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
@@ -302,8 +333,9 @@ impl std::str::FromStr for KernelPolicy {
                 }
                 "stream-gemm" => {
                     p.stream_gemm = match value {
-                        "on" => true,
-                        "off" => false,
+                        "on" => StreamGemm::All,
+                        "narrow" => StreamGemm::Narrow,
+                        "off" => StreamGemm::Off,
                         _ => return Err(unknown()),
                     }
                 }
@@ -422,10 +454,15 @@ mod tests {
                 fp8_pipeline: true,
                 fp8_weight_only_rows: 48,
                 decode_arena: true,
-                stream_gemm: true,
+                stream_gemm: StreamGemm::All,
             }
         );
         assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });
+        let narrow = "stream-gemm=narrow".parse::<KernelPolicy>().unwrap().stream_gemm;
+        assert_eq!(narrow, StreamGemm::Narrow);
+        // Ouro-1.4B's o_proj at 16 rows streams; at 17 rows, or its qkv (6144 columns), not.
+        assert!(narrow.takes(16, 2048) && !narrow.takes(17, 2048) && !narrow.takes(16, 6144));
+        assert!(StreamGemm::All.takes(64, 49152) && !StreamGemm::Off.takes(1, 8));
         assert_eq!("fp8=w8a8".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::W8A8);
         assert_eq!("fp8=by-shape".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::ByShape);
         // Where a launch changes from weight-only to W8A8 under by-shape: the policy's row limit.

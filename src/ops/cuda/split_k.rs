@@ -101,7 +101,7 @@ fn sliced_gemm_launch<T: CudaDType + DeviceRepr + WithDType, O: CudaDType + Devi
     // SAFETY: beta = 0, so cuBLAS writes every element of every slice.
     let out = unsafe { Dest::<O>::new(dev, splits * rows * n, given_sl.as_ref().map(|(s, l)| (&**s, *l)), OP, "out")? };
     let kc = k / splits;
-    if crate::ops::policy::current().stream_gemm && super::stream_gemm::serves(T::DTYPE, rows, (n, k, kc), xl, wl) {
+    if crate::ops::policy::current().stream_gemm.takes(rows, n) && super::stream_gemm::serves(T::DTYPE, rows, (n, k, kc), xl, wl) {
         let mut out = out;
         // The weight-streaming kernel in cuBLAS's place (`KernelPolicy::stream_gemm`).
         super::stream_gemm::launch::<T, O>(dev, suf, &x_v, &w_v, &mut out, (rows, n, k), kc)?;
