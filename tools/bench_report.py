@@ -438,6 +438,31 @@ def arena():
     V.update(arena_table=table(["launch", "plain step ms", "arena step ms", "plain ÷ arena", "memory nodes in its graphs"], rows), arena_data=data(n, date=False), arena_cmds=cmds(load(n)["commands"]),
              arena_cdb_plain=pct(cdb["cdb_plain"]["fraction_of_prefill_adjusted_bound"]), arena_cdb=pct(cdb["cdb_arena"]["fraction_of_prefill_adjusted_bound"]),
              arena_core_plain=pct(cdb["cdb_plain"]["stages"]["core"]["fraction_of_roofline"]), arena_core=pct(cdb["cdb_arena"]["stages"]["core"]["fraction_of_roofline"]))
+    # Huginn: plain body, arena, arena before its norms were fused in pairs (two rounds each).
+    h = "arena/h100_huginn_ab_945d968.json"; H = load(h)["runs"]
+    def hrun(label, w, key): return [r[key] for i in (1, 2) for r in H[f"huginn_{label}_{i}"]["results"] if r.get("width") == w and key in r]
+    def hstep(label, w): v = hrun(label, w, "decode_step_ms"); return sum(v) / len(v)
+    hrows = [[f"CB W {w}", f"{hstep('plain', w):.2f}", f"{hstep('arena_old', w):.2f}", f"{hstep('arena', w):.2f}",
+              times(hstep("plain", w) / hstep("arena", w), 3), times(hstep("arena_old", w) / hstep("arena", w), 3),
+              f"{hrun('arena_old', w, 'graph_kernel_nodes')[0]} → {hrun('arena', w, 'graph_kernel_nodes')[0]}",
+              f"{hrun('plain', w, 'graph_memory_nodes')[0]} → {hrun('arena', w, 'graph_memory_nodes')[0]}"] for w in (16, 64)]
+    spread = max(abs(a - b) / max(a, b) for lab in ("plain", "arena", "arena_old") for w in (16, 64) for a, b in [hrun(lab, w, "decode_step_ms")])
+    V.update(arena_huginn_table=table(["launch", "plain step ms", "arena ms, norms apart", "arena ms, norms paired", "plain ÷ arena", "pairing's gain", "kernel nodes (pairing)", "memory nodes (arena)"], hrows),
+             arena_huginn_spread=pct(spread), arena_huginn_memory=str(hrun("arena", 16, "graph_memory_nodes")[0]), arena_huginn_data=data(h, date=False), arena_huginn_cmds=cmds(load(h)["commands"]))
+    # The diffusion step: how much of a denoise launch is kernel time.
+    d = "arena/h100_sdar_kernel_share_512f029.json"; D = load(d)
+    clean = by(D["clean"]["results"], "mode", "batch")
+    drows, shares = [], []
+    for b in (32, 256):
+        for m in ("baseline", "focus"):
+            k = D["kernel_time"][f"{m}_{b}"]
+            launch = clean[(m, b)]["launch_ms"]
+            if not k["kernels"]:
+                drows.append([f"B {b}", m, f"{launch:.1f}", "— (no launch profiled)", "—"]); continue
+            shares.append(k["kernel_ms"] / launch)
+            drows.append([f"B {b}", m, f"{launch:.1f}", f"{k['kernel_ms']:.1f} ({k['kernels']} kernels)", pct(k["kernel_ms"] / launch)])
+    V.update(arena_diffusion_table=table(["batch", "mode", "launch ms (clean run)", "kernel ms in one launch (ncu)", "kernel time ÷ launch"], drows),
+             arena_diffusion_share=span(shares, d=0), arena_diffusion_idle=pct(1 - min(shares), d=0), arena_diffusion_data=data(d, date=False), arena_diffusion_cmds=cmds([D["commands"][0]] + [D["ncu_flags"] + " " + c.replace("/work/main/.device/", ".device/") for c in D["commands"][1:]]))
 
 
 # ---- plots: three shapes cover every figure (matplotlib, SVG without a date) ----
