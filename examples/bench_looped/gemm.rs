@@ -1,19 +1,22 @@
-//! Suite `gemm`: the model's decode-width dense products against the copy bandwidth, cuBLAS
-//! (what `ops::split_k` runs by default) and the weight-streaming kernel
-//! (`KernelPolicy::stream_gemm`) alternated in one process, bf16, at each `--widths` row count,
-//! `--repeats` rounds (the best of them kept).
+//! Suite `gemm`: the model's decode-width dense products (cuBLAS, as `ops::split_k` runs them)
+//! against the copy bandwidth, bf16, at each `--widths` row count, `--repeats` rounds (the best
+//! of them kept).
 //!
 //! A layer runs as the decode body runs it: the projections that feed a norm (Ouro's o_proj and
 //! down, Huginn's proj and mlp proj) as f32 partial products over the k slices `split_k_plan`
 //! gives them (marked `*`; then at every other count of 1, 2, 4 or 8 slices that keeps them
-//! whole vectors), the head as f32 logits, the rest rounded to bf16. Each timing is the median of
-//! five bursts of launches cycling through enough copies of the weight to overflow the L2 cache,
-//! so every launch reads its weight from memory; the rate is the weight's bytes over that time,
-//! set against the measured device-to-device copy bandwidth. The weights are the layer's shape
-//! only: the suite makes no model.
+//! whole vectors), the head as f32 logits, the rest rounded to bf16, each into a buffer made
+//! once. A burst of launches cycles through enough copies of the weight to overflow the L2
+//! cache, so every launch reads its weight from memory, and is timed two ways: issued eagerly
+//! from the host (the median of five bursts), and captured once as a CUDA graph then replayed
+//! (the median of five replays), as a decode graph runs it. Eager time at a few rows is mostly
+//! the host's cost of a launch; the graph's is the GPU's. The rate is the weight's bytes over
+//! the graph's time, set against the measured device-to-device copy bandwidth. The weights are
+//! the layer's shape only: the suite makes no model.
 
 use candle_core::{DType, Device, Tensor};
-use ponder::ops::{into, split_k, with_kernels, KernelPolicy, StreamGemm};
+use ponder::engine::internals::Graph;
+use ponder::ops::{into, split_k};
 use std::time::Instant;
 
 /// What a layer's product produces in the decode body.
@@ -61,8 +64,9 @@ fn layers(model: &str) -> Vec<Layer> {
     out
 }
 
-/// Median seconds of one launch of `f` over five bursts of `per_burst` launches.
-fn median_launch(device: &Device, per_burst: usize, mut f: impl FnMut(usize) -> candle_core::Result<()>) -> candle_core::Result<f64> {
+/// Median seconds of one launch of `f` over five bursts of `per_burst` launches issued from the
+/// host.
+fn eager_launch(device: &Device, per_burst: usize, f: &impl Fn(usize) -> candle_core::Result<()>) -> candle_core::Result<f64> {
     f(0)?;
     device.synchronize()?;
     let mut times = Vec::with_capacity(5);
@@ -74,18 +78,34 @@ fn median_launch(device: &Device, per_burst: usize, mut f: impl FnMut(usize) -> 
         device.synchronize()?;
         times.push(t.elapsed().as_secs_f64() / per_burst as f64);
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[2])
+    Ok(median(times))
+}
+
+/// Median seconds of one launch of `f` over five replays of a graph of `per_burst` launches.
+fn graph_launch(device: &Device, per_burst: usize, f: &impl Fn(usize) -> candle_core::Result<()>) -> candle_core::Result<f64> {
+    Graph::warm_up(device, || f(0))?;
+    let graph = Graph::capture(device, || (0..per_burst).try_for_each(f))?;
+    graph.launch()?;
+    device.synchronize()?;
+    let mut times = Vec::with_capacity(5);
+    for _ in 0..5 {
+        let t = Instant::now();
+        graph.launch()?;
+        device.synchronize()?;
+        times.push(t.elapsed().as_secs_f64() / per_burst as f64);
+    }
+    Ok(median(times))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// The suite over `model`'s layers (`ouro` or `huginn`) at `rows` rows each; prints a line a
-/// (layer, rows) and returns them as JSON.
+/// (layer, rows, slices) and returns them as JSON.
 pub(crate) fn gemm_suite(model: &str, rows: &[usize], rounds: usize, device: &Device, bandwidth: f64) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    println!(
-        "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:>10} {:>7} {:>10} {:>7} {:>8}",
-        "model", "layer", "rows", "n", "k", "sl", "cuBLAS us", "of bw", "stream us", "of bw", "ratio"
-    );
-    let policies = [KernelPolicy::default(), KernelPolicy { stream_gemm: StreamGemm::All, ..KernelPolicy::default() }];
+    println!("{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:>9} {:>9} {:>7}", "model", "layer", "rows", "n", "k", "sl", "eager us", "graph us", "of bw");
     let mut records = Vec::new();
     for layer in layers(model) {
         let bytes = layer.n * layer.k * 2;
@@ -103,31 +123,30 @@ pub(crate) fn gemm_suite(model: &str, rows: &[usize], rounds: usize, device: &De
                 Output::Partials => std::iter::once(planned).chain([1, 2, 4, 8].into_iter().filter(|&s| s != planned && layer.k % (s * 8) == 0)).collect(),
                 _ => vec![1],
             };
-            let out = Tensor::zeros((r, layer.n), DType::BF16, device)?;
             for slices in counts {
+                let out = match layer.output {
+                    Output::Rounded => Tensor::zeros((r, layer.n), DType::BF16, device)?,
+                    Output::Partials | Output::Logits => Tensor::zeros((slices, r, layer.n), DType::F32, device)?,
+                };
                 let run = |i: usize| -> candle_core::Result<()> {
                     let w = &weights[i % copies];
                     match layer.output {
                         Output::Rounded => into::linear_into(&x, w, &out),
-                        Output::Partials | Output::Logits => split_k::linear_partials(&x, w, slices).map(drop),
+                        Output::Partials | Output::Logits => partials_into(&x, w, slices, &out),
                     }
                 };
-                let mut seconds = [Vec::new(), Vec::new()];
+                let per_burst = copies.max(20);
+                let (mut eager, mut graph) = (Vec::new(), Vec::new());
                 for _ in 0..rounds {
-                    for (p, policy) in policies.iter().enumerate() {
-                        let (t, counts) = with_kernels(*policy, || median_launch(device, copies.max(20), run));
-                        if p == 1 && counts.stream_gemm == 0 {
-                            return Err(format!("{} {} at {r} rows: the streaming kernel did not take it", layer.model, layer.name).into());
-                        }
-                        seconds[p].push(t?);
-                    }
+                    eager.push(eager_launch(device, per_burst, &run)?);
+                    graph.push(graph_launch(device, per_burst, &run)?);
                 }
                 let best = |s: &Vec<f64>| s.iter().copied().fold(f64::INFINITY, f64::min);
-                let (tc, ts) = (best(&seconds[0]), best(&seconds[1]));
-                let of_bw = |t: f64| bytes as f64 / t / bandwidth;
+                let (te, tg) = (best(&eager), best(&graph));
+                let of_bw = bytes as f64 / tg / bandwidth;
                 let is_planned = matches!(layer.output, Output::Partials) && slices == planned;
                 println!(
-                    "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3}{} {:>10.1} {:>6.1}% {:>10.1} {:>6.1}% {:>7.2}x",
+                    "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3}{} {:>8.1} {:>9.1} {:>6.1}%",
                     layer.model,
                     layer.name,
                     r,
@@ -135,21 +154,27 @@ pub(crate) fn gemm_suite(model: &str, rows: &[usize], rounds: usize, device: &De
                     layer.k,
                     slices,
                     if is_planned { "*" } else { " " },
-                    tc * 1e6,
-                    100.0 * of_bw(tc),
-                    ts * 1e6,
-                    100.0 * of_bw(ts),
-                    tc / ts
+                    te * 1e6,
+                    tg * 1e6,
+                    100.0 * of_bw
                 );
                 records.push(serde_json::json!({
                     "model": layer.model, "layer": layer.name, "rows": r, "n": layer.n, "k": layer.k,
                     "output": format!("{:?}", layer.output), "slices": slices, "planned": is_planned, "weight_bytes": bytes,
-                    "cublas_s": seconds[0], "stream_s": seconds[1],
-                    "cublas_of_copy_bandwidth": of_bw(tc), "stream_of_copy_bandwidth": of_bw(ts),
-                    "cublas_over_stream": tc / ts,
+                    "eager_s": eager, "graph_s": graph, "graph_of_copy_bandwidth": of_bw,
                 }));
             }
         }
     }
     Ok(serde_json::Value::Array(records))
+}
+
+/// `x · wᵀ` as f32 partials over `slices` k slices into `out` (`[slices, rows, n]`), as the
+/// decode arena runs a projection that feeds a norm (and, in one slice, the head's logits).
+fn partials_into(x: &Tensor, w: &Tensor, slices: usize, out: &Tensor) -> candle_core::Result<()> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        return ponder::ops::cuda::linear_partials_into(x, w, slices, out);
+    }
+    out.slice_set(&split_k::linear_partials(x, w, slices)?, 0, 0)
 }

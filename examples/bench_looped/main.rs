@@ -65,8 +65,8 @@
 //! depth in every mode, unchanged; and the share of it reached.
 //!
 //! Suite `gemm` (`gemm.rs`): the model's decode-width dense products (`--widths` rows, `--repeats`
-//! rounds), cuBLAS against the weight-streaming kernel (`stream-gemm=on`), each as a share of the
-//! copy bandwidth.
+//! rounds) on cuBLAS, timed issued eagerly and replayed as a CUDA graph, the graph's time as a
+//! share of the copy bandwidth.
 //!
 //! `--parity` first compares next-token logits of the bf16 CUDA model with the f32 CPU reference
 //! on the same weights. `--quantization fp8` stores the model's linear layers in FP8 (the

@@ -41,7 +41,7 @@ pub use linear::{bytes_of, fp8_matmul, w8a8_reference, Linear, LinearWeight};
 pub(crate) use non_finite::greedy_ids;
 pub use non_finite::{flag_non_finite, greedy_ids_flagged, greedy_ids_flagged_reference, is_non_finite_flag, non_finite_rows};
 pub use paged_attention::{paged_attention, paged_attention_reference, write_kv, write_kv_reference};
-pub use policy::{with_kernels, AttentionKernels, Fp8Kernels, KernelCounts, KernelPolicy, StreamGemm};
+pub use policy::{with_kernels, AttentionKernels, Fp8Kernels, KernelCounts, KernelPolicy};
 pub use rope::{RopeAngles, RopeTable};
 pub use scatter::{copy_rows, copy_rows_reference, scatter_rows, scatter_rows_reference};
 pub use split_k::{linear_add_rms_norm, linear_f32, linear_residual_add_rms_norm};

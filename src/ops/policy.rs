@@ -67,37 +67,6 @@ pub enum SplitK {
     Forced { slices: usize, max_rows: usize },
 }
 
-/// Which dense decode products run on the weight-streaming kernel (`KernelPolicy::stream_gemm`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StreamGemm {
-    /// cuBLAS for every product.
-    #[default]
-    Off,
-    /// The narrow layers only: up to [`STREAM_GEMM_NARROW_ROWS`] rows and an output of at most
-    /// [`STREAM_GEMM_NARROW_N`] columns, where cuBLAS's few output tiles leave most SMs idle.
-    Narrow,
-    /// Every product the kernel takes (up to 64 rows).
-    All,
-}
-
-/// Rows up to which [`StreamGemm::Narrow`] streams (measured on an H100, Ouro-1.4B's o_proj and
-/// down at 16 rows: 1.03–1.76× cuBLAS; at 64 rows cuBLAS is faster on most layers).
-pub const STREAM_GEMM_NARROW_ROWS: usize = 16;
-/// Output columns up to which [`StreamGemm::Narrow`] streams: Ouro-1.4B's o_proj and down
-/// (2048); wider layers (qkv 6144, Huginn's 5280) kept cuBLAS ahead or level.
-pub const STREAM_GEMM_NARROW_N: usize = 2048;
-
-impl StreamGemm {
-    /// Whether a product of `rows` rows into `n` output columns streams.
-    pub fn takes(self, rows: usize, n: usize) -> bool {
-        match self {
-            Self::Off => false,
-            Self::Narrow => rows <= STREAM_GEMM_NARROW_ROWS && n <= STREAM_GEMM_NARROW_N,
-            Self::All => true,
-        }
-    }
-}
-
 /// Which MoE GEMM kernels run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MoeKernels {
@@ -173,17 +142,6 @@ pub struct KernelPolicy {
     /// it is measured faster on the device). Layers the arena body does not cover (FP8 or
     /// biased weights, tensor-parallel ranks) run the plain body.
     pub decode_arena: bool,
-    /// Dense bf16 / f16 products of up to 64 rows that go through `ops::split_k` (split-k
-    /// projections, the decode arena's linear layers, the looped heads' f32 logits) on our
-    /// weight-streaming tensor-core kernel (`stream_gemm_*`: each warp keeps chunks of its
-    /// weights loading through shared memory while it multiplies) instead of cuBLAS: all of
-    /// them, the narrow ones ([`StreamGemm::Narrow`]) or none (string
-    /// `stream-gemm=on|narrow|off`). Its sums run in another order than cuBLAS's, so under it the
-    /// decode arena's products (all through `split_k`) and the plain body's (candle's matmul for
-    /// the unsplit ones) no longer give the same bits: the arena's token equality with the plain
-    /// body holds with it off. Off by default (`docs/BENCHMARKS.md`: per layer on an H100 it
-    /// beats cuBLAS only on the narrow layers at up to 16 rows).
-    pub stream_gemm: StreamGemm,
 }
 
 impl Default for KernelPolicy {
@@ -200,7 +158,6 @@ impl Default for KernelPolicy {
             fp8_pipeline: false,
             fp8_weight_only_rows: FP8_WEIGHT_ONLY_ROWS,
             decode_arena: false,
-            stream_gemm: StreamGemm::Off,
         }
     }
 }
@@ -233,8 +190,8 @@ impl std::str::FromStr for KernelPolicy {
     /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
     /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`,
-    /// `fp8-mma=on|off`, `fp8-pipe=on|off`, `fp8-rows=N` (1 ..= 64), `arena=on|off`,
-    /// `stream-gemm=on|narrow|off`. An empty string is the default.
+    /// `fp8-mma=on|off`, `fp8-pipe=on|off`, `fp8-rows=N` (1 ..= 64), `arena=on|off`. An empty
+    /// string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
         let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
@@ -331,14 +288,6 @@ impl std::str::FromStr for KernelPolicy {
                         _ => return Err(unknown()),
                     }
                 }
-                "stream-gemm" => {
-                    p.stream_gemm = match value {
-                        "on" => StreamGemm::All,
-                        "narrow" => StreamGemm::Narrow,
-                        "off" => StreamGemm::Off,
-                        _ => return Err(unknown()),
-                    }
-                }
                 other => return Err(bad(format!("unknown key `{other}`"))),
             }
         }
@@ -369,8 +318,6 @@ pub struct KernelCounts {
     pub fp8_w8a8: u64,
     /// Looped core steps run on the decode arena.
     pub arena_steps: u64,
-    /// Dense products through the weight-streaming kernel (`KernelPolicy::stream_gemm`).
-    pub stream_gemm: u64,
 }
 
 impl std::ops::AddAssign for KernelCounts {
@@ -384,7 +331,6 @@ impl std::ops::AddAssign for KernelCounts {
         self.fp8_weight_only_pipelined += o.fp8_weight_only_pipelined;
         self.fp8_w8a8 += o.fp8_w8a8;
         self.arena_steps += o.arena_steps;
-        self.stream_gemm += o.stream_gemm;
     }
 }
 
@@ -437,7 +383,7 @@ mod tests {
     fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
         assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
         let p: KernelPolicy =
-            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-pipe=on,fp8-rows=48,arena=on,stream-gemm=on"
+            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-pipe=on,fp8-rows=48,arena=on"
                 .parse()
                 .unwrap();
         assert_eq!(
@@ -454,15 +400,9 @@ mod tests {
                 fp8_pipeline: true,
                 fp8_weight_only_rows: 48,
                 decode_arena: true,
-                stream_gemm: StreamGemm::All,
             }
         );
         assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });
-        let narrow = "stream-gemm=narrow".parse::<KernelPolicy>().unwrap().stream_gemm;
-        assert_eq!(narrow, StreamGemm::Narrow);
-        // Ouro-1.4B's o_proj at 16 rows streams; at 17 rows, or its qkv (6144 columns), not.
-        assert!(narrow.takes(16, 2048) && !narrow.takes(17, 2048) && !narrow.takes(16, 6144));
-        assert!(StreamGemm::All.takes(64, 49152) && !StreamGemm::Off.takes(1, 8));
         assert_eq!("fp8=w8a8".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::W8A8);
         assert_eq!("fp8=by-shape".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::ByShape);
         // Where a launch changes from weight-only to W8A8 under by-shape: the policy's row limit.
@@ -480,7 +420,6 @@ mod tests {
             "fold-simt=yes",
             "fp8-mma=yes",
             "arena=1",
-            "stream-gemm=fast",
             "fp8-rows=0",
             "fp8-rows=65",
             "fp8-rows=x",

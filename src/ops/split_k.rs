@@ -28,12 +28,6 @@ fn plan_limits() -> (Option<usize>, usize) {
     }
 }
 
-/// Dynamic shared memory of the weight-streaming decode GEMM (`kernels/stream_gemm.cu`,
-/// `KernelPolicy::stream_gemm`): `SMEM_BYTES` there, its 8 warps' rings of 3 chunks of 2 KB,
-/// the most a launch gets without opting in. A test holds the two equal.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) const STREAM_GEMM_SMEM_BYTES: u32 = 8 * 3 * 2048;
-
 /// How many k slices a projection of `x` (`[rows, k]`) to `n` columns runs as: enough that its
 /// output tiles cover the SMs once (Ouro-1.4B's 2048-column o_proj and down: 4 on 132 SMs) —
 /// or fewer, the most that keep every slice a whole number of 16-byte vectors — or `None` to
@@ -151,25 +145,6 @@ pub fn linear_residual_add_rms_norm(residual: &Tensor, x: &Tensor, w: &Tensor, w
 mod tests {
     use super::*;
     use candle_core::Device;
-
-    /// The launcher's shared memory for the streaming GEMM is what the kernel's constants make
-    /// it (a smaller launch would let the rings overrun), within the 48 KB a launch gets
-    /// without opting in.
-    #[test]
-    fn the_streaming_gemm_gets_the_shared_memory_it_uses() {
-        let cu = include_str!("kernels/stream_gemm.cu");
-        let constant = |name: &str| -> u32 {
-            let decl = format!("constexpr int {name} = ");
-            let at = cu.find(&decl).unwrap_or_else(|| panic!("{name} in stream_gemm.cu"));
-            let rest = &cu[at + decl.len()..];
-            rest[..rest.find(';').unwrap()].trim().parse().unwrap_or_else(|_| panic!("{name} is a literal"))
-        };
-        assert!(cu.contains("constexpr int CHUNK_BYTES = TILES * 32 * LANE_BYTES;"));
-        assert!(cu.contains("constexpr int SMEM_BYTES = WARPS * STAGES * CHUNK_BYTES;"));
-        let bytes = constant("WARPS") * constant("STAGES") * constant("TILES") * 32 * constant("LANE_BYTES");
-        assert_eq!(STREAM_GEMM_SMEM_BYTES, bytes);
-        const { assert!(STREAM_GEMM_SMEM_BYTES <= 48 * 1024) };
-    }
 
     fn rand(shape: &[usize], seed: u64) -> Tensor {
         let n: usize = shape.iter().product();

@@ -45,7 +45,6 @@ pub(super) enum Module {
     Focus,
     Moe,
     Fp8,
-    StreamGemm,
 }
 
 impl Module {
@@ -57,7 +56,6 @@ impl Module {
             Self::Focus => ("ponder_focus", ptx::FOCUS),
             Self::Moe => ("ponder_moe", ptx::MOE),
             Self::Fp8 => ("ponder_fp8", ptx::FP8),
-            Self::StreamGemm => ("ponder_stream_gemm", ptx::STREAM_GEMM),
         }
     }
 }

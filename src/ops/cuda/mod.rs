@@ -12,7 +12,6 @@ mod launch;
 mod moe;
 mod rows;
 mod split_k;
-mod stream_gemm;
 
 pub use attention::{paged_attention, paged_attention_into, qkv_rope_paged_attention, AttentionInto};
 pub use attention_ring::attention_scratch_len;

@@ -7,7 +7,7 @@ use super::launch::{check_given, device, for_float, kernel, pair_given, pair_gua
 use candle_core::cuda_backend::cudarc::cublas::{result::gemm_strided_batched_ex, sys};
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::{bail, CudaDevice, DType, Result, Tensor, WithDType};
+use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
 /// `x · wᵀ` (`x` `[rows, k]`, `w` `[n, k]`, one float dtype) as `splits` products over
 /// consecutive k slices: f32 `[splits, rows, n]`, slice `i` = `x[:, i·k/s..] · w[:, i·k/s..]ᵀ`
@@ -76,15 +76,13 @@ fn sliced_gemm(x: &Tensor, w: &Tensor, splits: usize, out_dtype: DType, given: O
     let (x, w) = (x.contiguous()?, w.contiguous()?);
     let shape = (rows, n, k);
     match out_dtype {
-        DType::F32 => for_float!(dtype, OP, |T, suf| sliced_gemm_launch::<T, f32>(&dev, suf, &x, &w, types, shape, splits, given)),
-        _ => for_float!(dtype, OP, |T, suf| sliced_gemm_launch::<T, T>(&dev, suf, &x, &w, types, shape, splits, given)),
+        DType::F32 => for_float!(dtype, OP, |T, _suf| sliced_gemm_launch::<T, f32>(&dev, &x, &w, types, shape, splits, given)),
+        _ => for_float!(dtype, OP, |T, _suf| sliced_gemm_launch::<T, T>(&dev, &x, &w, types, shape, splits, given)),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn sliced_gemm_launch<T: CudaDType + DeviceRepr + WithDType, O: CudaDType + DeviceRepr + WithDType>(
+fn sliced_gemm_launch<T: CudaDType + DeviceRepr, O: CudaDType + DeviceRepr>(
     dev: &CudaDevice,
-    suf: &str,
     x: &Tensor,
     w: &Tensor,
     (data_type, out_type): (sys::cudaDataType_t, sys::cudaDataType_t),
@@ -101,12 +99,6 @@ fn sliced_gemm_launch<T: CudaDType + DeviceRepr + WithDType, O: CudaDType + Devi
     // SAFETY: beta = 0, so cuBLAS writes every element of every slice.
     let out = unsafe { Dest::<O>::new(dev, splits * rows * n, given_sl.as_ref().map(|(s, l)| (&**s, *l)), OP, "out")? };
     let kc = k / splits;
-    if crate::ops::policy::current().stream_gemm.takes(rows, n) && super::stream_gemm::serves(T::DTYPE, rows, (n, k, kc), xl, wl) {
-        let mut out = out;
-        // The weight-streaming kernel in cuBLAS's place (`KernelPolicy::stream_gemm`).
-        super::stream_gemm::launch::<T, O>(dev, suf, &x_v, &w_v, &mut out, (rows, n, k), kc)?;
-        return Ok(out.finish(dev, (splits, rows, n), given));
-    }
     let (alpha, beta) = (1f32, 0f32);
     let stream = dev.cuda_stream();
     let blas = dev.cublas_handle();

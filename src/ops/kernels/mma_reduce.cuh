@@ -1,4 +1,4 @@
-// The end of the decode-width tensor-core linear kernels (fp8.cu, stream_gemm.cu): a block's
+// The end of the decode-width tensor-core linear kernels (fp8.cu): a block's
 // warps each hold m16n8 fragments of the same 16·MT × 8·TILES output tile over their own share
 // of k; these are summed across the warps through shared memory and handed out one output value
 // a call.
