@@ -1130,7 +1130,11 @@ fn graph_test_huginn() -> ponder::looped::models::HuginnConfig {
 
 /// [`graph_test_huginn`] with random bf16 weights (seed 5) on `gpu`, its head tied.
 fn graph_test_huginn_model(gpu: &Device) -> ponder::looped::models::Huginn {
-    let cfg = graph_test_huginn();
+    graph_test_huginn_model_of(gpu, graph_test_huginn())
+}
+
+/// A Huginn of config `cfg` with random bf16 weights (seed 5) on `gpu`, its head tied.
+fn graph_test_huginn_model_of(gpu: &Device, cfg: ponder::looped::models::HuginnConfig) -> ponder::looped::models::Huginn {
     let mut t = ponder::testing::random_tensors(&ponder::testing::huginn_tensor_manifest(&cfg), 5, DType::F32, gpu).unwrap();
     let wte = t["transformer.wte.weight"].clone();
     t.insert("lm_head.weight".into(), wte);
@@ -1250,6 +1254,8 @@ fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
         // Huginn: the prelude and the re-entering coda (attention blocks of their own) too.
         ("huginn cb shared W7", 64, 0, "", SchedulerKind::Continuous, KvLayoutKind::Shared, 7, true),
         ("huginn cdb-refill shared W13", 64, 0, "", SchedulerKind::Depth { refill: true }, KvLayoutKind::Shared, 13, true),
+        // Huginn-0125's head dim (96) and the layout its benchmark runs, at 16 rows.
+        ("huginn cb depth-indexed d96 W16", 96, 0, "", SchedulerKind::Continuous, KvLayoutKind::DepthIndexed, 16, true),
     ];
     for (name, head_dim, kv_heads, policy, sched, layout, width, none_left) in cases {
         let mut cfg = graph_test_config();
@@ -1260,7 +1266,11 @@ fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
         let arena_policy = ponder::kernels::KernelPolicy { decode_arena: true, ..plain_policy };
         let model = || -> Box<dyn ponder::looped::models::LoopedModel> {
             match kv_heads {
-                0 => Box::new(graph_test_huginn_model(&gpu)),
+                0 => {
+                    let mut h = graph_test_huginn();
+                    (h.head_dim, h.n_embd) = (Some(head_dim), h.n_heads * head_dim);
+                    Box::new(graph_test_huginn_model_of(&gpu, h))
+                }
                 _ => Box::new(Ouro::load(&cfg, &weights).unwrap()),
             }
         };

@@ -322,26 +322,22 @@ def did_not_pay():
         for r in run["result"]["results"]:
             m.setdefault((run["variant"], r["width"]), []).append(r["tokens_per_s"])
     ws, avg = sorted({w for _, w in m}), lambda v, w: sum(m[(v, w)]) / len(m[(v, w)])
-    # The weight-streaming GEMM (stream-gemm=on) per layer and in the decode step, on the H100.
+    # The weight-streaming GEMM: the first layout on every layer and the second on the narrow
+    # layers, each in the CB step against cuBLAS on the H100.
     sn = "stream_gemm/h100_ab_e0fa080.json"; S = load(sn)["runs"]
-    lay = S["gemm_ouro"]["results"]
-    srows = [[r["layer"], f"{r['n']} × {r['k']}" + (f" in {r['slices']}" if r["slices"] > 1 else ""), r["rows"], pct(r["cublas_of_copy_bandwidth"]), pct(r["stream_of_copy_bandwidth"]), times(r["cublas_over_stream"])]
-             for r in lay if r["rows"] in (1, 16, 64)]
-    def sstep(stem, w):
-        v = [r["decode_step_ms"] for i in (1, 2) for r in S[f"{stem}_{i}"]["results"] if r.get("width") == w]
+    def sstep(stem, w, R=S, rounds=(1, 2)):
+        v = [r["decode_step_ms"] for i in rounds if f"{stem}_{i}" in R for r in R[f"{stem}_{i}"]["results"] if r.get("width") == w]
         return sum(v) / len(v)
-    # What the step's GEMMs cost in isolation at 16 rows: every layer × 4 loop steps × 24 layers,
-    # plus the head, against the same bytes at the copy bandwidth.
-    cub = {r["layer"]: (min(r["cublas_s"]), r["weight_bytes"]) for r in lay if r["rows"] == 16}
-    apps = 96  # Ouro-1.4B: 24 layers × 4 loop steps a full-depth decode step
-    gemm_s = apps * sum(cub[k][0] for k in ("qkv", "o_proj", "gate_up", "down")) + cub["head"][0]
-    bw = S["gemm_ouro"]["copy_bandwidth_gb_s"] * 1e9
-    ideal_s = (apps * sum(cub[k][1] for k in ("qkv", "o_proj", "gate_up", "down")) + cub["head"][1]) / bw
-    V.update(gemm_step_ms=f"{gemm_s * 1e3:.2f}", gemm_ideal_ms=f"{ideal_s * 1e3:.2f}", gemm_cb16_ms=f"{sstep('cublas', 16):.2f}",
-             gemm_oproj_ms=f"{apps * cub['o_proj'][0] * 1e3:.2f}", gemm_oproj_ideal_ms=f"{apps * cub['o_proj'][1] / bw * 1e3:.2f}")
-    V.update(stream_gemm_table=table(["layer", "n × k (k slices)", "rows", "cuBLAS, of copy bandwidth", "ours", "cuBLAS ÷ ours (time)"], srows),
-             stream_gemm_step=" / ".join(times(sstep("cublas", w) / sstep("stream", w)) for w in (16, 64)),
-             stream_gemm_data=data(sn, date=False), stream_gemm_gpu=load(sn)["gpu"])
+    nn = "stream_gemm/h100_step_narrow_4a6957a.json"; N = load(nn)["runs"]
+    ln = "stream_gemm/h100_layers_945d968.json"; L = load(ln)["runs"]
+    narrow = {w: sstep("cb_arena", w, N) / sstep("cb_narrow", w, N) for w in (1, 16)}
+    cdb = {k: {r["mode"]: r["tokens_per_s"] for r in N[k]["results"]} for k in ("cdb_arena", "cdb_narrow")}
+    V.update(stream_gemm_step=" / ".join(times(sstep("cublas", w) / sstep("stream", w)) for w in (16, 64)),
+             stream_narrow_step=" / ".join(times(narrow[w]) for w in (1, 16)),
+             stream_narrow_cdb=span([cdb["cdb_narrow"][m] / cdb["cdb_arena"][m] for m in ("cb", "cdb-refill")], d=2, k=1, u="×"),
+             stream_gemm_data=data(sn, date=False), stream_narrow_data=data(nn, date=False), stream_gemm_gpu=load(sn)["gpu"],
+             stream_oproj_eager=f"{next(min(r['cublas_s']) for r in L['gemm_ouro']['results'] if r['layer'] == 'o_proj' and r['rows'] == 16 and r['planned']) * 1e6:.1f}",
+             stream_layers_data=data(ln, date=False))
     g = load("looped_cdb.json")["results"]; t = min(r["target_mean_depth"] for r in g)
     V.update(skinny=" / ".join(times(avg("new", w) / avg("old", w)) for w in ws), skinny_w=" / ".join(map(str, ws)), skinny_gpu=sk["gpu"], nr_t=f"{t:g}",
              nr=span([r["fraction_of_bound"] for r in g if r["mode"] == "cdb-no-refill" and r["target_mean_depth"] == t]),
@@ -427,6 +423,38 @@ def fp8_rows():
              fp8_ncu_cublas=span([r["dram_read_gb_s"] for r in Q if r["run"] == "bf16_w16"], d=0, k=1, u=" GB/s"))
 
 
+def gemm_layers():
+    n = "gemm/h100_layers_8eeb2b5.json"; G = load(n)["runs"]
+    rows = []
+    for suite, widths in (("gemm_ouro", (1, 16, 64)), ("gemm_huginn", (16, 64))):
+        for r in G[suite]["results"]:
+            if r["rows"] in widths and (r["output"] != "Partials" or r["planned"]):
+                sl = f" in {r['slices']}" if r["slices"] > 1 else ""
+                rows.append([r["model"], r["layer"], f"{r['n']} × {r['k']}{sl}", r["rows"], f"{min(r['eager_s']) * 1e6:.1f}", f"{min(r['graph_s']) * 1e6:.1f}", pct(r["graph_of_copy_bandwidth"])])
+    # A full-depth W 16 step of Ouro-1.4B: 96 of each layer (24 layers × 4 loop steps) and the head.
+    lay = {r["layer"]: r for r in G["gemm_ouro"]["results"] if r["rows"] == 16 and (r["output"] != "Partials" or r["planned"])}
+    apps = 96
+    core = ("qkv", "o_proj", "gate_up", "down")
+    prod_s = apps * sum(min(lay[k]["graph_s"]) for k in core) + min(lay["head"]["graph_s"])
+    bw = G["gemm_ouro"]["copy_bandwidth_gb_s"] * 1e9
+    bytes_s = (apps * sum(lay[k]["weight_bytes"] for k in core) + lay["head"]["weight_bytes"]) / bw
+    N = load("stream_gemm/h100_step_narrow_4a6957a.json")["runs"]
+    step = next(r["decode_step_ms"] for r in N["cb_arena_2"]["results"] if r.get("width") == 16)
+    # Where a split count other than the plan's measured faster by more than 3 %.
+    better = []
+    for suite in ("gemm_ouro", "gemm_huginn"):
+        R = [r for r in G[suite]["results"] if r["output"] == "Partials"]
+        for r in R:
+            if r["planned"]:
+                best = min((x for x in R if x["layer"] == r["layer"] and x["rows"] == r["rows"]), key=lambda x: min(x["graph_s"]))
+                gain = min(r["graph_s"]) / min(best["graph_s"])
+                if gain > 1.03:
+                    better.append(f"{r['model']} {r['layer']} at {r['rows']} rows: {best['slices']} slices {times(gain)} the plan's {r['slices']}")
+    V.update(gemm_table=table(["model", "layer", "n × k (k slices)", "rows", "eager µs", "graph µs", "graph, of copy bandwidth"], rows),
+             gemm_step_ms=f"{prod_s * 1e3:.2f}", gemm_ideal_ms=f"{bytes_s * 1e3:.2f}", gemm_cb16_ms=f"{step:.2f}", gemm_share=pct(prod_s * 1e3 / step, d=0),
+             gemm_gpu=load(n)["gpu"], gemm_of_bw=pct(bytes_s / prod_s, d=0), gemm_splits="; ".join(better) if better else "none", gemm_data=data(n, date=False), gemm_cmds=cmds(load(n)["commands"]))
+
+
 def arena():
     n = "arena/h100_ab_2d346d3.json"; R = load(n)["runs"]
     def step(label, w):
@@ -494,7 +522,7 @@ def modes(rows, d):
 
 def main():
     global plt
-    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, fp8, fp8_h100, fp8_rows, arena, h100, did_not_pay):
+    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, fp8, fp8_h100, fp8_rows, gemm_layers, arena, h100, did_not_pay):
         section()
     gpus = lambda h: " / ".join(sorted({d["gpu"] for n, d in _cache.items() if n.startswith("h100/") == h}))
     V.update(gpus=gpus(False), h100_gpus=gpus(True))
