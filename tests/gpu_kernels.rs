@@ -1543,7 +1543,7 @@ fn residual_add_rms_norm_into_matches_the_allocating_op() {
 /// rounding of candle's CPU composition.
 #[test]
 fn post_norm_into_matches_the_two_norms_it_replaces() {
-    use ponder::ops::into::{linear_post_norm_into, post_norm_into};
+    use ponder::ops::into::{linear_norm_into, post_norm_into, NormAfter};
     let gpu = gpu_device();
     let flat = |t: &Tensor| f32_cpu(t).flatten_all().unwrap().to_vec1::<f32>().unwrap();
     for dt in [DType::F32, DType::BF16, DType::F16] {
@@ -1584,7 +1584,7 @@ fn post_norm_into_matches_the_two_norms_it_replaces() {
             let proj = Tensor::zeros((rows, cols), dt, &gpu).unwrap();
             let parts = Tensor::zeros(8 * rows * cols, DType::F32, &gpu).unwrap();
             let (h, n) = (Tensor::zeros((rows, cols), dt, &gpu).unwrap(), Tensor::zeros((rows, cols), dt, &gpu).unwrap());
-            linear_post_norm_into(&r, &x, &wt, (&w, &w2), 1e-6, (&proj, &parts), &h, &n).unwrap();
+            linear_norm_into(&r, &x, &wt, NormAfter::PostNorm { w: &w, w_next: &w2 }, 1e-6, (&proj, &parts), &h, &n).unwrap();
             let (_, hw) = ponder::ops::linear_residual_add_rms_norm(&r, &x, &wt, &w, 1e-6).unwrap();
             let nw = ponder::ops::rms_norm(&hw, &w2, 1e-6).unwrap();
             assert_eq!(flat(&h), flat(&hw), "{dt:?} {rows} rows over k {k}: h");

@@ -147,38 +147,31 @@ pub fn silu_mul_into(gate_up: &Tensor, out: &Tensor) -> Result<()> {
     copy_into(out, &super::silu_mul(gate_up)?)
 }
 
-/// [`super::linear_add_rms_norm`] written into `h` and `n`: split over k as that op splits,
-/// its partial products in `parts` (f32, flat; a split that needs more than it holds
-/// allocates), or whole through `proj` (`[rows, n]`).
-#[allow(clippy::too_many_arguments)]
-pub fn linear_add_rms_norm_into(
-    residual: &Tensor,
-    x: &Tensor,
-    w: &Tensor,
-    (w_x, w_next): (&Tensor, &Tensor),
-    eps: f64,
-    (proj, parts): (&Tensor, &Tensor),
-    h: &Tensor,
-    n: &Tensor,
-) -> Result<()> {
-    #[cfg(feature = "cuda")]
-    if let Some(parts) = split_partials(x, w, parts)? {
-        let norm = super::cuda::PartsNorm::Sandwich { w_x, w_next };
-        return super::cuda::norm_of_partials_into(residual, &parts, norm, eps as f32, h, n);
-    }
-    let _ = parts;
-    linear_into(x, w, proj)?;
-    add_rms_norm_into(residual, proj, w_x, w_next, eps, h, n)
+/// The pair of row norms that follows a decode projection (`x · wᵀ`), the projection's output
+/// `p`: each writes the residual stream `h` and the next op's input `n`.
+#[derive(Clone, Copy)]
+pub enum NormAfter<'a> {
+    /// `h = residual + rms_norm(p, w_x)`, `n = rms_norm(h, w_next)` (Ouro's sandwich,
+    /// [`add_rms_norm_into`]).
+    Sandwich { w_x: &'a Tensor, w_next: &'a Tensor },
+    /// `h = residual + p`, `n = rms_norm(h, w)` (the pre-norm residual step,
+    /// [`residual_add_rms_norm_into`]).
+    PreNorm { w: &'a Tensor },
+    /// `h = rms_norm(residual + p, w)`, `n = rms_norm(h, w_next)` (Huginn's sandwich,
+    /// [`post_norm_into`]).
+    PostNorm { w: &'a Tensor, w_next: &'a Tensor },
 }
 
-/// [`super::linear_residual_add_rms_norm`] written into `h` and `n`, split over k as that op
-/// splits (the partials in `parts`, as [`linear_add_rms_norm_into`]) or whole through `proj`.
+/// A decode projection and the norms after it, written into `h` and `n`: split over k as
+/// [`super::linear_add_rms_norm`] splits it, its partial products in `parts` (f32, flat; a
+/// split that needs more than it holds allocates) summed by the norm's kernel, or whole through
+/// `proj` (`[rows, n]`).
 #[allow(clippy::too_many_arguments)]
-pub fn linear_residual_add_rms_norm_into(
+pub fn linear_norm_into(
     residual: &Tensor,
     x: &Tensor,
     w: &Tensor,
-    w_norm: &Tensor,
+    norm: NormAfter,
     eps: f64,
     (proj, parts): (&Tensor, &Tensor),
     h: &Tensor,
@@ -186,35 +179,21 @@ pub fn linear_residual_add_rms_norm_into(
 ) -> Result<()> {
     #[cfg(feature = "cuda")]
     if let Some(parts) = split_partials(x, w, parts)? {
-        let norm = super::cuda::PartsNorm::PreNorm { w: w_norm };
+        use super::cuda::PartsNorm;
+        let norm = match norm {
+            NormAfter::Sandwich { w_x, w_next } => PartsNorm::Sandwich { w_x, w_next },
+            NormAfter::PreNorm { w } => PartsNorm::PreNorm { w },
+            NormAfter::PostNorm { w, w_next } => PartsNorm::PostNorm { w, w_next },
+        };
         return super::cuda::norm_of_partials_into(residual, &parts, norm, eps as f32, h, n);
     }
     let _ = parts;
     linear_into(x, w, proj)?;
-    residual_add_rms_norm_into(residual, proj, w_norm, eps, h, n)
-}
-
-/// [`post_norm_into`] of `x · wᵀ`, split over k as [`super::linear_residual_add_rms_norm`]
-/// splits it (partials in `parts`, or whole through `proj`, as [`linear_add_rms_norm_into`]).
-#[allow(clippy::too_many_arguments)]
-pub fn linear_post_norm_into(
-    residual: &Tensor,
-    x: &Tensor,
-    w: &Tensor,
-    (w_post, w_next): (&Tensor, &Tensor),
-    eps: f64,
-    (proj, parts): (&Tensor, &Tensor),
-    h: &Tensor,
-    n: &Tensor,
-) -> Result<()> {
-    #[cfg(feature = "cuda")]
-    if let Some(parts) = split_partials(x, w, parts)? {
-        let norm = super::cuda::PartsNorm::PostNorm { w: w_post, w_next };
-        return super::cuda::norm_of_partials_into(residual, &parts, norm, eps as f32, h, n);
+    match norm {
+        NormAfter::Sandwich { w_x, w_next } => add_rms_norm_into(residual, proj, w_x, w_next, eps, h, n),
+        NormAfter::PreNorm { w } => residual_add_rms_norm_into(residual, proj, w, eps, h, n),
+        NormAfter::PostNorm { w, w_next } => post_norm_into(residual, proj, (w, w_next), eps, h, n),
     }
-    let _ = parts;
-    linear_into(x, w, proj)?;
-    post_norm_into(residual, proj, (w_post, w_next), eps, h, n)
 }
 
 /// Where `split_k_plan` splits `x · wᵀ` over k (only on CUDA): its partial products

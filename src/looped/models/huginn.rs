@@ -11,7 +11,7 @@ use super::{CoreOut, InitialState, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::looped::models::HuginnConfig;
-use crate::ops::into::{self, AttentionScratch};
+use crate::ops::into::{self, AttentionScratch, NormAfter};
 use crate::ops::{self, paged_attention, qkv_bias_rope_i_write, Linear, PagedBatch, RopeTable};
 use crate::parallel::TpShard;
 use candle_core::{Device, Result, Tensor, D};
@@ -309,13 +309,14 @@ impl Huginn {
             &ar.attention,
             &attn.reshape((t, nh, hd))?,
         )?;
-        into::linear_post_norm_into(x, &attn, weight(&b.proj)?, (&b.norms[1], &b.norms[2]), eps, (&proj, &ar.parts), &mid, &normed)?;
+        let norm = NormAfter::PostNorm { w: &b.norms[1], w_next: &b.norms[2] };
+        into::linear_norm_into(x, &attn, weight(&b.proj)?, norm, eps, (&proj, &ar.parts), &mid, &normed)?;
         into::linear_into(&normed, weight(&b.fc)?, &fc)?;
         into::silu_mul_into(&fc, &act)?;
         let mlp_proj = weight(&b.mlp_proj)?;
         match next {
-            Some(w_next) => into::linear_post_norm_into(&mid, &act, mlp_proj, (&b.norms[3], w_next), eps, (&proj, &ar.parts), out, &normed),
-            None => into::linear_residual_add_rms_norm_into(&mid, &act, mlp_proj, &b.norms[3], eps, (&proj, &ar.parts), &rows(&ar.sum)?, out),
+            Some(w_next) => into::linear_norm_into(&mid, &act, mlp_proj, NormAfter::PostNorm { w: &b.norms[3], w_next }, eps, (&proj, &ar.parts), out, &normed),
+            None => into::linear_norm_into(&mid, &act, mlp_proj, NormAfter::PreNorm { w: &b.norms[3] }, eps, (&proj, &ar.parts), &rows(&ar.sum)?, out),
         }
     }
 

@@ -9,7 +9,7 @@ use super::{CoreOut, LoopedModel, LoopedSpec, StageInput};
 use crate::kv::KvStore;
 use crate::loader::Weights;
 use crate::looped::models::OuroConfig;
-use crate::ops::into::{self, AttentionScratch};
+use crate::ops::into::{self, AttentionScratch, NormAfter};
 use crate::ops::{self, Linear, LinearWeight, PagedBatch, RopeTable};
 use crate::parallel::TpShard;
 use candle_core::{DType, Device, Result, Tensor};
@@ -278,12 +278,12 @@ impl Ouro {
             into::linear_into(&a, weight(&layer.qkv)?, &qkv)?;
             let scale = 1.0 / (hd as f64).sqrt();
             into::qkv_rope_attention_into(&qkv, &input.rope, kv.k(l), kv.v(l), batch, (nh, nkv, hd), scale, &ar.attention, &attn_heads)?;
-            let norms = (&layer.input_norm_2, &layer.post_attn_norm);
-            into::linear_add_rms_norm_into(residual, &attn, weight(&layer.o_proj)?, norms, eps, (&proj, &ar.parts), &mid, &m)?;
+            let norm = NormAfter::Sandwich { w_x: &layer.input_norm_2, w_next: &layer.post_attn_norm };
+            into::linear_norm_into(residual, &attn, weight(&layer.o_proj)?, norm, eps, (&proj, &ar.parts), &mid, &m)?;
             into::linear_into(&m, weight(&layer.gate_up)?, &gate_up)?;
             into::silu_mul_into(&gate_up, &act)?;
-            let norms = (&layer.post_attn_norm_2, next_norm);
-            into::linear_add_rms_norm_into(&mid, &act, weight(&layer.down)?, norms, eps, (&proj, &ar.parts), &res, &a)?;
+            let norm = NormAfter::Sandwich { w_x: &layer.post_attn_norm_2, w_next: next_norm };
+            into::linear_norm_into(&mid, &act, weight(&layer.down)?, norm, eps, (&proj, &ar.parts), &res, &a)?;
         }
         crate::ops::policy::count(|c| c.arena_steps += 1);
         let gate_logit = match (self.gate_on, self.gate.stored(), self.gate.bias()) {
