@@ -1594,6 +1594,38 @@ fn post_norm_into_matches_the_two_norms_it_replaces() {
     println!("post_norm_into: equal to the two launches it replaces (vector and scalar paths, whole and split-k)");
 }
 
+/// A core step's relative latent change in one launch against the f32 composition on the CPU:
+/// bf16 / f16 / f32 states `[rows, 2h]` read over their s half, one row to a launch's width,
+/// an odd width, through `ops::fused::latent_change` and into a given buffer (rows past the
+/// launch untouched); within f32 summation-order rounding.
+#[test]
+fn latent_change_matches_the_f32_composition() {
+    use ponder::ops::fused::{latent_change, latent_change_reference};
+    use ponder::ops::into::latent_change_into;
+    let gpu = gpu_device();
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        for &(rows, h) in &[(1usize, 5280usize), (37, 2048), (5, 99)] {
+            let mut rng = StdRng::seed_from_u64((rows * 17 + h) as u64);
+            let old = rand_tensor(&mut rng, &[rows, 2 * h], -2.0, 2.0, dt);
+            // The new state near the old one, as consecutive core steps are.
+            let step = rand_tensor(&mut rng, &[rows, 2 * h], -0.05, 0.05, dt);
+            let new = (old.to_dtype(DType::F32).unwrap() + step.to_dtype(DType::F32).unwrap()).unwrap().to_dtype(dt).unwrap();
+            let want: Vec<f32> = latent_change_reference(&old, &new, h).unwrap().to_vec1().unwrap();
+            let (og, ng) = (old.to_device(&gpu).unwrap(), new.to_device(&gpu).unwrap());
+            let got: Vec<f32> = latent_change(&og, &ng, h).unwrap().to_device(&Device::Cpu).unwrap().to_vec1().unwrap();
+            let buf = Tensor::full(7f32, rows + 2, &gpu).unwrap();
+            latent_change_into(&og, &ng, h, &buf.narrow(0, 0, rows).unwrap()).unwrap();
+            let into: Vec<f32> = buf.to_device(&Device::Cpu).unwrap().to_vec1().unwrap();
+            assert_eq!(&into[..rows], &got[..], "{dt:?} [{rows}, {h}]: the two entry points");
+            assert_eq!(&into[rows..], &[7.0, 7.0], "{dt:?} [{rows}, {h}]: rows past the launch untouched");
+            for (r, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert!(*e > 0.0 && (g - e).abs() <= 1e-5 * e, "{dt:?} [{rows}, {h}] row {r}: {g} vs {e}");
+            }
+        }
+    }
+    println!("latent_change: within 1e-5 of the f32 composition for f32/bf16/f16");
+}
+
 /// The arena's exit-gate logit (one launch, the cast folded into the load) against the gate's
 /// f32 linear layer over the cast rows on the CPU: within f32 summation-order rounding.
 #[test]

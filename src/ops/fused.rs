@@ -313,6 +313,27 @@ pub fn residual_add_rms_norm(residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64
     residual_add_rms_norm_reference(residual, x, w, eps)
 }
 
+/// A core step's relative latent change per row: `‖new − old‖ / ‖new‖` in f32 over the first
+/// `cols` columns of `old` and `new` (`[rows, width]`, one float dtype) — the s half of a looped
+/// state, what a latent-difference exit reads. `[rows]` f32; on CUDA one launch.
+pub fn latent_change(old: &Tensor, new: &Tensor, cols: usize) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if new.device().is_cuda() && super::is_float(new.dtype()) && new.rank() == 2 {
+        let out = Tensor::zeros(new.dim(0)?, DType::F32, new.device())?;
+        super::cuda::latent_change_into(old, new, cols, &out)?;
+        return Ok(out);
+    }
+    latent_change_reference(old, new, cols)
+}
+
+/// The composition of candle ops behind [`latent_change`] (its CPU path and its reference).
+pub fn latent_change_reference(old: &Tensor, new: &Tensor, cols: usize) -> Result<Tensor> {
+    let new = new.narrow(D::Minus1, 0, cols)?.to_dtype(DType::F32)?;
+    let old = old.narrow(D::Minus1, 0, cols)?.to_dtype(DType::F32)?;
+    let change = (&new - old)?.sqr()?.sum(D::Minus1)?.sqrt()?;
+    change / new.sqr()?.sum(D::Minus1)?.sqrt()?
+}
+
 /// The composition of candle ops behind [`residual_add_rms_norm`] (its CPU path).
 pub fn residual_add_rms_norm_reference(residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
     let h = (residual + x)?;

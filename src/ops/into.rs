@@ -54,6 +54,17 @@ pub fn gate_logit_into(h: &Tensor, w: &Tensor, bias: &Tensor, out: &Tensor) -> R
     copy_into(out, &logit)
 }
 
+/// A core step's relative latent change per row, `‖new − old‖ / ‖new‖` over the first `cols`
+/// columns of `old` and `new` (`[rows, width]`; a looped state's s half), written into `out`
+/// (`[rows]` f32). On CUDA one launch; elsewhere [`super::fused::latent_change_reference`].
+pub fn latent_change_into(old: &Tensor, new: &Tensor, cols: usize, out: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if new.device().is_cuda() && super::is_float(new.dtype()) && new.rank() == 2 {
+        return super::cuda::latent_change_into(old, new, cols, out);
+    }
+    copy_into(out, &super::fused::latent_change_reference(old, new, cols)?)
+}
+
 /// Rows `index[r]` of `src` `[src_rows, width]` into `out` `[rows, width]` (`index_select`).
 pub fn gather_rows_into(src: &Tensor, index: &Tensor, out: &Tensor) -> Result<()> {
     #[cfg(feature = "cuda")]

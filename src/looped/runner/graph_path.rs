@@ -184,8 +184,8 @@ impl LoopedRunner {
                 let h_old = self.gather_states(&st.state)?;
                 let out = self.model.core_step(&h_old, &input, &batches[0], &self.kv)?;
                 if self.compute_latent {
-                    let latent_diff = self.latent_diff(&h_old, &out.hidden)?;
-                    st.latent.slice_set(&latent_diff.contiguous()?, 0, 0)?;
+                    let latent = st.latent.narrow(0, 0, h_old.dim(0)?)?;
+                    crate::ops::into::latent_change_into(&h_old, &out.hidden, self.model.spec().hidden_size, &latent)?;
                 }
                 if let Some(g) = &out.gate_logit {
                     st.gate.slice_set(&g.unsqueeze(0)?.contiguous()?, 0, 0)?;

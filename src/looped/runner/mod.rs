@@ -9,7 +9,7 @@ use crate::looped::models::{LoopedModel, StageInput};
 use crate::looped::{KvCopy, LoopedLaunch, LoopedResult, LoopedRow, LoopedRowOutput, Stage};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
 use crate::sampling::{sample_or_force, RowSampling};
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{DType, Device, Result, Tensor};
 use graphs::GraphCache;
 use readback::{Readback, ReadbackPool};
 use std::collections::BTreeMap;
@@ -467,11 +467,7 @@ impl LoopedRunner {
 
     /// ‖s_r − s_{r−1}‖ / ‖s_r‖ per row, over the state proper (the first `hidden_size` columns).
     fn latent_diff(&self, old: &Tensor, new: &Tensor) -> Result<Tensor> {
-        let h = self.model.spec().hidden_size;
-        let new = new.narrow(D::Minus1, 0, h)?.to_dtype(DType::F32)?;
-        let old = old.narrow(D::Minus1, 0, h)?.to_dtype(DType::F32)?;
-        let change = (&new - old)?.sqr()?.sum(D::Minus1)?.sqrt()?;
-        change / new.sqr()?.sum(D::Minus1)?.sqrt()?
+        crate::ops::fused::latent_change(old, new, self.model.spec().hidden_size)
     }
 
     fn coda(&self, launch: &LoopedLaunch) -> Result<Forward> {

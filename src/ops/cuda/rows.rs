@@ -191,6 +191,51 @@ fn row_dot_launch<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
+/// `out[r] = ‖new[r, ..cols] − old[r, ..cols]‖ / ‖new[r, ..cols]‖` in f32 (`old`, `new`
+/// `[rows, width]` of one float dtype, `cols ≤ width`; `out` `[rows]` f32, contiguous): a core
+/// step's relative latent change over the s half of its state, in one launch.
+pub fn latent_change_into(old: &Tensor, new: &Tensor, cols: usize, out: &Tensor) -> Result<()> {
+    const OP: &str = "latent_change";
+    let dev = device(new, OP)?;
+    same_device_dtype(OP, new.dtype(), new, &[("old", old)])?;
+    same_device_dtype(OP, DType::F32, new, &[("out", out)])?;
+    let (rows, width) = new.dims2()?;
+    if old.dims() != new.dims() || cols > width || out.dims() != [rows] || !out.is_contiguous() || width > i32::MAX as usize || rows > u32::MAX as usize / 2 {
+        bail!("{OP} (cuda): old {:?}, new {:?}, {cols} columns, out {:?}", old.dims(), new.dims(), out.dims());
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let (old, new) = (old.contiguous()?, new.contiguous()?);
+    for_float!(new.dtype(), OP, |T, suf| latent_change_launch::<T>(&dev, suf, &old, &new, out, (rows, width, cols)))
+}
+
+fn latent_change_launch<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    old: &Tensor,
+    new: &Tensor,
+    out: &Tensor,
+    (rows, width, cols): (usize, usize, usize),
+) -> Result<()> {
+    const OP: &str = "latent_change";
+    let (os, ol) = old.storage_and_layout();
+    let (ns, nl) = new.storage_and_layout();
+    let (rs, rl) = out.storage_and_layout();
+    let old_v = view::<T>(&os, ol, OP, "old", false)?;
+    let new_v = view::<T>(&ns, nl, OP, "new", false)?;
+    // Written in place under the read lock, ordered by the device's one stream.
+    let out_v = view::<f32>(&rs, rl, OP, "out", false)?;
+    let func = kernel!(dev, Module::Fused, &format!("latent_change_{suf}"))?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (c, stride) = (cols as i32, width as i64);
+    let mut b = func.builder();
+    b.arg(&out_v).arg(&old_v).arg(&new_v).arg(&c).arg(&stride);
+    // SAFETY: argument list matches `latent_change_*` in fused.cu; one block writes each row.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
 /// Greedy token `[rows]` u32 and its softmax probability `[rows]` f32 of each row of `logits`
 /// `[rows, vocab]`, in one pass over the logits in their own dtype; `exclude` (the mask token)
 /// is never chosen and left out of the normaliser.

@@ -22,6 +22,8 @@
 // greedy_flagged_*: the greedy id of each row and the same id flagged (+ vocab) where the row's
 //   sum is not finite, in one pass (the looped decode's greedy readout).
 // row_dot_f32_*: an exit gate's logit per row (f32 weight and bias over a row of the state).
+// latent_change_*: a core step's relative latent change per row, ||new - old|| / ||new|| in f32
+//   over the first `cols` columns (the s half of a looped state), one block per row.
 // scatter_rows_*, gather_rows_*, copy_rows_in_place_*, compact_rows_*: row copies (paged K/V
 //   writes, loop-state bank writes and reads, K/V slot copies across every layer in one launch;
 //   FOCUS compaction); gather_rows_scaled_*: a gather times a scale, rounded as candle's affine.
@@ -652,6 +654,27 @@ __device__ void row_dot_f32(float *__restrict__ out, const T *__restrict__ h, co
     if (threadIdx.x == 0) out[blockIdx.x] = acc + bias[0];
 }
 
+// out[r] = sqrt(sum (f32(nw) - f32(od))^2) / sqrt(sum f32(nw)^2) over the first `cols` columns of
+// row r of `old_s` and `new_s` (rows `stride` elements apart): the relative latent change a
+// latent-difference exit reads. One block per row.
+template <typename T>
+__device__ void latent_change(float *__restrict__ out, const T *__restrict__ old_s, const T *__restrict__ new_s,
+                              int cols, long long stride) {
+    __shared__ float smem[32];
+    const T *od = old_s + (long long)blockIdx.x * stride;
+    const T *nw = new_s + (long long)blockIdx.x * stride;
+    float diff = 0.f, norm = 0.f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float n = to_f(nw[i]);
+        const float d = n - to_f(od[i]);
+        diff += d * d;
+        norm += n * n;
+    }
+    diff = block_sum(diff, smem);
+    norm = block_sum(norm, smem);
+    if (threadIdx.x == 0) out[blockIdx.x] = sqrtf(diff) / sqrtf(norm);
+}
+
 // Copies rows `index[r]` of `src` [src_rows, width] into rows r of `dst` [rows, width]: one block
 // per destination row (index_select's gather into a given buffer). An index past `src` (never
 // one the host gives) leaves zeros rather than reading out of bounds.
@@ -919,6 +942,10 @@ __device__ void greedy_flagged(uint32_t *__restrict__ ids, uint32_t *__restrict_
     extern "C" __global__ void row_dot_f32_##SUF(float *out, const T *h, const float *w,           \
                                                  const float *bias, int k) {                       \
         row_dot_f32<T>(out, h, w, bias, k);                                                        \
+    }                                                                                              \
+    extern "C" __global__ void latent_change_##SUF(float *out, const T *old_s, const T *new_s,      \
+                                                   int cols, long long stride) {                   \
+        latent_change<T>(out, old_s, new_s, cols, stride);                                         \
     }                                                                                              \
     extern "C" __global__ void gather_rows_##SUF(T *dst, const T *src, const uint32_t *index,      \
                                                  int width, long long src_rows) {                  \
