@@ -428,11 +428,11 @@ def gemm_layers():
     rows = []
     for suite, widths in (("gemm_ouro", (1, 16, 64)), ("gemm_huginn", (16, 64))):
         for r in G[suite]["results"]:
-            if r["rows"] in widths and (r["output"] != "Partials" or r["planned"]):
+            if r["rows"] in widths and r["output"] != "Fp8Whole" and (r["output"] != "Partials" or r["planned"]):
                 sl = f" in {r['slices']}" if r["slices"] > 1 else ""
                 rows.append([r["model"], r["layer"], f"{r['n']} × {r['k']}{sl}", r["rows"], f"{min(r['eager_s']) * 1e6:.1f}", f"{min(r['graph_s']) * 1e6:.1f}", pct(r["graph_of_copy_bandwidth"])])
     # A full-depth W 16 step of Ouro-1.4B: 96 of each layer (24 layers × 4 loop steps) and the head.
-    lay = {r["layer"]: r for r in G["gemm_ouro"]["results"] if r["rows"] == 16 and (r["output"] != "Partials" or r["planned"])}
+    lay = {r["layer"]: r for r in G["gemm_ouro"]["results"] if r["rows"] == 16 and r["output"] != "Fp8Whole" and (r["output"] != "Partials" or r["planned"])}
     apps = 96
     core = ("qkv", "o_proj", "gate_up", "down")
     prod_s = apps * sum(min(lay[k]["graph_s"]) for k in core) + min(lay["head"]["graph_s"])

@@ -13,10 +13,16 @@
 //! the host's cost of a launch; the graph's is the GPU's. The rate is the weight's bytes over
 //! the graph's time, set against the measured device-to-device copy bandwidth. The weights are
 //! the layer's shape only: the suite makes no model.
+//!
+//! With `--quantization fp8` each layer is also timed as the FP8 body runs it: the weight in
+//! E4M3 with per-row scales, the whole product (`ops::fp8_matmul`, under `--kernels`: e.g.
+//! `fp8=weight-only`) replayed in a graph, its bytes (half the bf16 weight's) over its time
+//! against the copy bandwidth, and bf16's graph time over FP8's.
 
 use candle_core::{DType, Device, Tensor};
 use ponder::engine::internals::Graph;
-use ponder::ops::{into, split_k};
+use ponder::ops::{fp8_matmul, into, split_k};
+use ponder::quant::{Fp8Weight, Quantization};
 use std::time::Instant;
 
 /// What a layer's product produces in the decode body.
@@ -104,7 +110,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// The suite over `model`'s layers (`ouro` or `huginn`) at `rows` rows each; prints a line a
 /// (layer, rows, slices) and returns them as JSON.
-pub(crate) fn gemm_suite(model: &str, rows: &[usize], rounds: usize, device: &Device, bandwidth: f64) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_suite(
+    model: &str,
+    rows: &[usize],
+    rounds: usize,
+    device: &Device,
+    bandwidth: f64,
+    quantization: Quantization,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     println!("{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:>9} {:>9} {:>7}", "model", "layer", "rows", "n", "k", "sl", "eager us", "graph us", "of bw");
     let mut records = Vec::new();
     for layer in layers(model) {
@@ -119,6 +133,8 @@ pub(crate) fn gemm_suite(model: &str, rows: &[usize], rounds: usize, device: &De
             // slice count up to 8 that keeps the slices whole vectors: whether the plan, made on
             // one card, holds on this one.
             let planned = split_k::split_k_plan(&x, layer.n).unwrap_or(1);
+            // The bf16 time FP8 is set against: the planned split's, or the whole product's.
+            let mut whole_bf16_s = None;
             let counts: Vec<usize> = match layer.output {
                 Output::Partials => std::iter::once(planned).chain([1, 2, 4, 8].into_iter().filter(|&s| s != planned && layer.k % (s * 8) == 0)).collect(),
                 _ => vec![1],
@@ -163,10 +179,56 @@ pub(crate) fn gemm_suite(model: &str, rows: &[usize], rounds: usize, device: &De
                     "output": format!("{:?}", layer.output), "slices": slices, "planned": is_planned, "weight_bytes": bytes,
                     "eager_s": eager, "graph_s": graph, "graph_of_copy_bandwidth": of_bw,
                 }));
+                whole_bf16_s = whole_bf16_s.or((slices == planned || !matches!(layer.output, Output::Partials)).then_some(tg));
+            }
+            if quantization == Quantization::Fp8 {
+                let bf16_s = whole_bf16_s.expect("the planned count was timed");
+                records.push(fp8_layer(&layer, r, &x, rounds, device, bandwidth, bf16_s)?);
             }
         }
     }
     Ok(serde_json::Value::Array(records))
+}
+
+/// `layer` at `rows` rows as the FP8 body runs it (the whole product through `fp8_matmul` under
+/// the policy in force), replayed in a graph over copies of an E4M3 weight cycled past the L2; printed
+/// against `bf16_s`, the bf16 product's graph time.
+fn fp8_layer(
+    layer: &Layer,
+    rows: usize,
+    x: &Tensor,
+    rounds: usize,
+    device: &Device,
+    bandwidth: f64,
+    bf16_s: f64,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let bytes = layer.n * layer.k + layer.n * 4;
+    let copies = (200usize << 20).div_ceil(bytes).max(2);
+    let weights = (0..copies)
+        .map(|_| Fp8Weight::quantize(&Tensor::randn(0f32, 0.02, (layer.n, layer.k), device)?.to_dtype(DType::BF16)?))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let run = |i: usize| fp8_matmul(x, &weights[i % copies], None).map(drop);
+    let mut graph = Vec::new();
+    for _ in 0..rounds {
+        graph.push(graph_launch(device, copies.max(20), &run)?);
+    }
+    let t = graph.iter().copied().fold(f64::INFINITY, f64::min);
+    let of_bw = bytes as f64 / t / bandwidth;
+    println!(
+        "{:<12} {:<9} {:>4} {:>6} {:>6} fp8 {:>19.1} {:>6.1}%  ({:.2}x bf16)",
+        layer.model,
+        layer.name,
+        rows,
+        layer.n,
+        layer.k,
+        t * 1e6,
+        100.0 * of_bw,
+        bf16_s / t
+    );
+    Ok(serde_json::json!({
+        "model": layer.model, "layer": layer.name, "rows": rows, "n": layer.n, "k": layer.k, "output": "Fp8Whole",
+        "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw, "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
+    }))
 }
 
 /// `x · wᵀ` as f32 partials over `slices` k slices into `out` (`[slices, rows, n]`), as the

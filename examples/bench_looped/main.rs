@@ -66,7 +66,8 @@
 //!
 //! Suite `gemm` (`gemm.rs`): the model's decode-width dense products (`--widths` rows, `--repeats`
 //! rounds) on cuBLAS, timed issued eagerly and replayed as a CUDA graph, the graph's time as a
-//! share of the copy bandwidth.
+//! share of the copy bandwidth; with `--quantization fp8` each layer's FP8 product too, under
+//! `--kernels`.
 //!
 //! `--parity` first compares next-token logits of the bf16 CUDA model with the f32 CPU reference
 //! on the same weights. `--quantization fp8` stores the model's linear layers in FP8 (the
@@ -335,11 +336,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The layers' shapes only: no model is made.
         let bandwidth = ponder::bench::device_peak::copy_bandwidth(&device)?;
         println!("copy bandwidth {:.0} GB/s", bandwidth / 1e9);
-        let results = gemm::gemm_suite(&args.model, &args.widths, args.repeats, &device, bandwidth)?;
+        // The suite's kernels as `--kernels` sets them (the split plan, the FP8 kernels).
+        let run = || gemm::gemm_suite(&args.model, &args.widths, args.repeats, &device, bandwidth, args.quantization);
+        let results = ponder::ops::with_kernels(args.kernels, run).0?;
         if let Some(path) = &args.json {
             let doc = serde_json::json!({
                 "gpu": gpu, "commit": args.commit, "command": std::env::args().collect::<Vec<_>>().join(" "),
-                "model": recipe.name, "suite": "gemm", "copy_bandwidth_gb_s": bandwidth / 1e9, "results": results,
+                "model": recipe.name, "suite": "gemm", "kernels": format!("{:?}", args.kernels), "quantization": format!("{:?}", args.quantization),
+                "copy_bandwidth_gb_s": bandwidth / 1e9, "results": results,
             });
             std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
             println!("wrote {path}");
