@@ -1569,8 +1569,10 @@ fn post_norm_into_matches_the_two_norms_it_replaces() {
             }
         }
     }
-    // Over a projection at decode widths (Huginn's o_proj), split over k as the plain body
-    // splits it: the partials' form against the split projection's pre-norm step and a norm.
+    // Over a projection at decode widths (Huginn's o_proj), split over k (forced: the planned
+    // policy runs 5280 columns whole) as the plain body splits it under the same policy: the
+    // partials' form against the split projection's pre-norm step and a norm.
+    let four = ponder::kernels::KernelPolicy { split_k: ponder::kernels::SplitK::Forced { slices: 4, max_rows: 64 }, ..Default::default() };
     for dt in [DType::BF16, DType::F16] {
         for rows in [1usize, 16, 64] {
             let (k, cols) = (5280usize, 5280usize);
@@ -1584,9 +1586,13 @@ fn post_norm_into_matches_the_two_norms_it_replaces() {
             let proj = Tensor::zeros((rows, cols), dt, &gpu).unwrap();
             let parts = Tensor::zeros(8 * rows * cols, DType::F32, &gpu).unwrap();
             let (h, n) = (Tensor::zeros((rows, cols), dt, &gpu).unwrap(), Tensor::zeros((rows, cols), dt, &gpu).unwrap());
-            linear_norm_into(&r, &x, &wt, NormAfter::PostNorm { w: &w, w_next: &w2 }, 1e-6, (&proj, &parts), &h, &n).unwrap();
-            let (_, hw) = ponder::ops::linear_residual_add_rms_norm(&r, &x, &wt, &w, 1e-6).unwrap();
-            let nw = ponder::ops::rms_norm(&hw, &w2, 1e-6).unwrap();
+            let (nw, hw) = ponder::ops::with_kernels(four, || {
+                assert_eq!(ponder::ops::split_k::split_k_plan(&x, cols), Some(4), "{dt:?} {rows} rows: the projection splits");
+                linear_norm_into(&r, &x, &wt, NormAfter::PostNorm { w: &w, w_next: &w2 }, 1e-6, (&proj, &parts), &h, &n).unwrap();
+                let (_, hw) = ponder::ops::linear_residual_add_rms_norm(&r, &x, &wt, &w, 1e-6).unwrap();
+                (ponder::ops::rms_norm(&hw, &w2, 1e-6).unwrap(), hw)
+            })
+            .0;
             assert_eq!(flat(&h), flat(&hw), "{dt:?} {rows} rows over k {k}: h");
             assert_eq!(flat(&n), flat(&nw), "{dt:?} {rows} rows over k {k}: n");
         }

@@ -14,7 +14,8 @@
 //! the graph's time, set against the measured device-to-device copy bandwidth. The weights are
 //! the layer's shape only: the suite makes no model.
 //!
-//! With `--quantization fp8` each layer is also timed as the FP8 body runs it: the weight in
+//! With `--quantization fp8` each layer but the head (which FP8 leaves in bf16) is also timed as
+//! the FP8 body runs it: the weight in
 //! E4M3 with per-row scales, the whole product (`ops::fp8_matmul`, under `--kernels`: e.g.
 //! `fp8=weight-only`) replayed in a graph, its bytes (half the bf16 weight's) over its time
 //! against the copy bandwidth, and bf16's graph time over FP8's.
@@ -181,7 +182,8 @@ pub(crate) fn gemm_suite(
                 }));
                 whole_bf16_s = whole_bf16_s.or((slices == planned || !matches!(layer.output, Output::Partials)).then_some(tg));
             }
-            if quantization == Quantization::Fp8 {
+            // The heads stay in the engine's dtype under FP8: no FP8 product to time there.
+            if quantization == Quantization::Fp8 && !matches!(layer.output, Output::Logits) {
                 let bf16_s = whole_bf16_s.expect("the planned count was timed");
                 records.push(fp8_layer(&layer, r, &x, rounds, device, bandwidth, bf16_s)?);
             }

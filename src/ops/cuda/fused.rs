@@ -320,7 +320,10 @@ pub fn add_rms_norm_into(residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &T
 /// `(h, n) = (rms_norm(residual + x, w), rms_norm(h, w_next))` into the given buffers (each of
 /// `x`'s shape and dtype, contiguous; neither may alias an input), in one launch: a residual
 /// stream normalised after each add (Huginn's sandwich blocks) and the norm that next reads it,
-/// rounded as [`rms_norm`] with a residual and then without.
+/// rounded as [`rms_norm`] with a residual and then without. Bit for bit the same as those two
+/// launches where all three take the same path: every buffer 16-byte aligned (a fresh
+/// allocation, or a view of one at a row boundary) and the width a whole number of 16-byte
+/// vectors, or the width not one (then all take the scalar path).
 pub fn post_norm_into(residual: &Tensor, x: &Tensor, w: &Tensor, w_next: &Tensor, eps: f32, h: &Tensor, n: &Tensor) -> Result<()> {
     add_rms_norm_to(TwoNorms::Post, residual, x, w, w_next, eps, Some((h, n))).map(|_| ())
 }
