@@ -75,17 +75,7 @@ fn layers(model: &str) -> Vec<Layer> {
 /// host.
 fn eager_launch(device: &Device, per_burst: usize, f: &impl Fn(usize) -> candle_core::Result<()>) -> candle_core::Result<f64> {
     f(0)?;
-    device.synchronize()?;
-    let mut times = Vec::with_capacity(5);
-    for _ in 0..5 {
-        let t = Instant::now();
-        for i in 0..per_burst {
-            f(i)?;
-        }
-        device.synchronize()?;
-        times.push(t.elapsed().as_secs_f64() / per_burst as f64);
-    }
-    Ok(median(times))
+    median_of_five(device, per_burst, || (0..per_burst).try_for_each(f))
 }
 
 /// Median seconds of one launch of `f` over five replays of a graph of `per_burst` launches.
@@ -93,20 +83,27 @@ fn graph_launch(device: &Device, per_burst: usize, f: &impl Fn(usize) -> candle_
     Graph::warm_up(device, || f(0))?;
     let graph = Graph::capture(device, || (0..per_burst).try_for_each(f))?;
     graph.launch()?;
+    median_of_five(device, per_burst, || graph.launch())
+}
+
+/// Median seconds a launch over five runs of `burst` (`per_burst` launches each), the device
+/// synchronised before and after each.
+fn median_of_five(device: &Device, per_burst: usize, mut burst: impl FnMut() -> candle_core::Result<()>) -> candle_core::Result<f64> {
     device.synchronize()?;
     let mut times = Vec::with_capacity(5);
     for _ in 0..5 {
         let t = Instant::now();
-        graph.launch()?;
+        burst()?;
         device.synchronize()?;
         times.push(t.elapsed().as_secs_f64() / per_burst as f64);
     }
-    Ok(median(times))
+    times.sort_by(f64::total_cmp);
+    Ok(times[2])
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// The best (least) of a layer's rounds.
+fn best(rounds: &[f64]) -> f64 {
+    rounds.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
 /// The suite over `model`'s layers (`ouro` or `huginn`) at `rows` rows each; prints a line a
@@ -134,8 +131,8 @@ pub(crate) fn gemm_suite(
             // slice count up to 8 that keeps the slices whole vectors: whether the plan, made on
             // one card, holds on this one.
             let planned = split_k::split_k_plan(&x, layer.n).unwrap_or(1);
-            // The bf16 time FP8 is set against: the planned split's, or the whole product's.
-            let mut whole_bf16_s = None;
+            // The bf16 time FP8 is set against: the first count timed (the planned one).
+            let mut bf16_s = None;
             let counts: Vec<usize> = match layer.output {
                 Output::Partials => std::iter::once(planned).chain([1, 2, 4, 8].into_iter().filter(|&s| s != planned && layer.k % (s * 8) == 0)).collect(),
                 _ => vec![1],
@@ -158,7 +155,6 @@ pub(crate) fn gemm_suite(
                     eager.push(eager_launch(device, per_burst, &run)?);
                     graph.push(graph_launch(device, per_burst, &run)?);
                 }
-                let best = |s: &Vec<f64>| s.iter().copied().fold(f64::INFINITY, f64::min);
                 let (te, tg) = (best(&eager), best(&graph));
                 let of_bw = bytes as f64 / tg / bandwidth;
                 let is_planned = matches!(layer.output, Output::Partials) && slices == planned;
@@ -180,11 +176,11 @@ pub(crate) fn gemm_suite(
                     "output": format!("{:?}", layer.output), "slices": slices, "planned": is_planned, "weight_bytes": bytes,
                     "eager_s": eager, "graph_s": graph, "graph_of_copy_bandwidth": of_bw,
                 }));
-                whole_bf16_s = whole_bf16_s.or((slices == planned || !matches!(layer.output, Output::Partials)).then_some(tg));
+                bf16_s.get_or_insert(tg);
             }
             // The heads stay in the engine's dtype under FP8: no FP8 product to time there.
             if quantization == Quantization::Fp8 && !matches!(layer.output, Output::Logits) {
-                let bf16_s = whole_bf16_s.expect("the planned count was timed");
+                let bf16_s = bf16_s.expect("every layer times at least one count");
                 records.push(fp8_layer(&layer, r, &x, rounds, device, bandwidth, bf16_s)?);
             }
         }
@@ -214,7 +210,7 @@ fn fp8_layer(
     for _ in 0..rounds {
         graph.push(graph_launch(device, copies.max(20), &run)?);
     }
-    let t = graph.iter().copied().fold(f64::INFINITY, f64::min);
+    let t = best(&graph);
     let of_bw = bytes as f64 / t / bandwidth;
     println!(
         "{:<12} {:<9} {:>4} {:>6} {:>6} fp8 {:>19.1} {:>6.1}%  ({:.2}x bf16)",

@@ -319,9 +319,7 @@ pub fn residual_add_rms_norm(residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64
 pub fn latent_change(old: &Tensor, new: &Tensor, cols: usize) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if new.device().is_cuda() && super::is_float(new.dtype()) && new.rank() == 2 {
-        let out = Tensor::zeros(new.dim(0)?, DType::F32, new.device())?;
-        super::cuda::latent_change_into(old, new, cols, &out)?;
-        return Ok(out);
+        return super::cuda::latent_change(old, new, cols);
     }
     latent_change_reference(old, new, cols)
 }

@@ -159,8 +159,9 @@ pub fn silu_mul_into(gate_up: &Tensor, out: &Tensor) -> Result<()> {
 }
 
 /// The pair of row norms that follows a decode projection (`x · wᵀ`), the projection's output
-/// `p`: each writes the residual stream `h` and the next op's input `n`.
-#[derive(Clone, Copy)]
+/// `p`: each writes the residual stream `h` and the next op's input `n`. On CUDA, with `p`
+/// given as split-k partials, one kernel sums them and runs the pair.
+#[derive(Debug, Clone, Copy)]
 pub enum NormAfter<'a> {
     /// `h = residual + rms_norm(p, w_x)`, `n = rms_norm(h, w_next)` (Ouro's sandwich,
     /// [`add_rms_norm_into`]).
@@ -190,12 +191,6 @@ pub fn linear_norm_into(
 ) -> Result<()> {
     #[cfg(feature = "cuda")]
     if let Some(parts) = split_partials(x, w, parts)? {
-        use super::cuda::PartsNorm;
-        let norm = match norm {
-            NormAfter::Sandwich { w_x, w_next } => PartsNorm::Sandwich { w_x, w_next },
-            NormAfter::PreNorm { w } => PartsNorm::PreNorm { w },
-            NormAfter::PostNorm { w, w_next } => PartsNorm::PostNorm { w, w_next },
-        };
         return super::cuda::norm_of_partials_into(residual, &parts, norm, eps as f32, h, n);
     }
     let _ = parts;

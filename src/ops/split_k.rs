@@ -108,7 +108,7 @@ pub fn sum_partials(parts: &Tensor, dtype: DType) -> Result<Tensor> {
 pub fn add_rms_norm_partials(residual: &Tensor, parts: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if residual.device().is_cuda() {
-        let norm = super::cuda::PartsNorm::Sandwich { w_x, w_next };
+        let norm = super::into::NormAfter::Sandwich { w_x, w_next };
         return super::cuda::norm_of_partials(residual, parts, norm, eps as f32);
     }
     add_rms_norm(residual, &sum_partials(parts, residual.dtype())?, w_x, w_next, eps)
@@ -118,7 +118,7 @@ pub fn add_rms_norm_partials(residual: &Tensor, parts: &Tensor, w_x: &Tensor, w_
 pub fn residual_add_rms_norm_partials(residual: &Tensor, parts: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     if residual.device().is_cuda() {
-        return super::cuda::norm_of_partials(residual, parts, super::cuda::PartsNorm::PreNorm { w }, eps as f32);
+        return super::cuda::norm_of_partials(residual, parts, super::into::NormAfter::PreNorm { w }, eps as f32);
     }
     residual_add_rms_norm(residual, &sum_partials(parts, residual.dtype())?, w, eps)
 }

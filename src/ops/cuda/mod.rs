@@ -25,7 +25,7 @@ pub use fused::{
 pub use launch::sm_count;
 pub use moe::{fp8_experts_serve, moe_experts, moe_route, router_logits};
 pub use rows::{
-    compact_rows, copy_rows_in_place, gather_rows_into, gather_rows_scaled_into, greedy_confidence, greedy_flagged, greedy_flagged_into, latent_change_into,
-    row_dot_f32_into, scatter_rows,
+    compact_rows, copy_rows_in_place, gather_rows_into, gather_rows_scaled_into, greedy_confidence, greedy_flagged, greedy_flagged_into, latent_change,
+    latent_change_into, row_dot_f32_into, scatter_rows,
 };
-pub use split_k::{linear_into, linear_partials, linear_partials_into, norm_of_partials, norm_of_partials_into, PartsNorm};
+pub use split_k::{linear_into, linear_partials, linear_partials_into, norm_of_partials, norm_of_partials_into};

@@ -191,20 +191,32 @@ fn row_dot_launch<T: CudaDType + DeviceRepr>(
     Ok(())
 }
 
-/// `out[r] = ‖new[r, ..cols] − old[r, ..cols]‖ / ‖new[r, ..cols]‖` in f32 (`old`, `new`
-/// `[rows, width]` of one float dtype, `cols ≤ width`; `out` `[rows]` f32, contiguous): a core
-/// step's relative latent change over the s half of its state, in one launch.
+/// `‖new[r, ..cols] − old[r, ..cols]‖ / ‖new[r, ..cols]‖` per row in f32 (`old`, `new`
+/// `[rows, width]` of one float dtype, `cols ≤ width`): a core step's relative latent change over
+/// the s half of its state, in one launch. `[rows]` f32.
+pub fn latent_change(old: &Tensor, new: &Tensor, cols: usize) -> Result<Tensor> {
+    latent_change_to(old, new, cols, None)
+}
+
+/// [`latent_change`] written into `out` (`[rows]` f32, contiguous).
 pub fn latent_change_into(old: &Tensor, new: &Tensor, cols: usize, out: &Tensor) -> Result<()> {
+    latent_change_to(old, new, cols, Some(out)).map(|_| ())
+}
+
+fn latent_change_to(old: &Tensor, new: &Tensor, cols: usize, out: Option<&Tensor>) -> Result<Tensor> {
     const OP: &str = "latent_change";
     let dev = device(new, OP)?;
     same_device_dtype(OP, new.dtype(), new, &[("old", old)])?;
-    same_device_dtype(OP, DType::F32, new, &[("out", out)])?;
     let (rows, width) = new.dims2()?;
-    if old.dims() != new.dims() || cols > width || out.dims() != [rows] || !out.is_contiguous() || width > i32::MAX as usize || rows > u32::MAX as usize / 2 {
-        bail!("{OP} (cuda): old {:?}, new {:?}, {cols} columns, out {:?}", old.dims(), new.dims(), out.dims());
+    check_given(OP, "out", new, DType::F32, &[rows], out)?;
+    if old.dims() != new.dims() || cols > width || width > i32::MAX as usize || rows > u32::MAX as usize / 2 {
+        bail!("{OP} (cuda): old {:?}, new {:?}, {cols} columns", old.dims(), new.dims());
     }
     if rows == 0 {
-        return Ok(());
+        return match out {
+            Some(o) => Ok(o.clone()),
+            None => Tensor::zeros(0, DType::F32, new.device()),
+        };
     }
     let (old, new) = (old.contiguous()?, new.contiguous()?);
     for_float!(new.dtype(), OP, |T, suf| latent_change_launch::<T>(&dev, suf, &old, &new, out, (rows, width, cols)))
@@ -215,25 +227,27 @@ fn latent_change_launch<T: CudaDType + DeviceRepr>(
     suf: &str,
     old: &Tensor,
     new: &Tensor,
-    out: &Tensor,
+    given: Option<&Tensor>,
     (rows, width, cols): (usize, usize, usize),
-) -> Result<()> {
+) -> Result<Tensor> {
     const OP: &str = "latent_change";
     let (os, ol) = old.storage_and_layout();
     let (ns, nl) = new.storage_and_layout();
-    let (rs, rl) = out.storage_and_layout();
     let old_v = view::<T>(&os, ol, OP, "old", false)?;
     let new_v = view::<T>(&ns, nl, OP, "new", false)?;
-    // Written in place under the read lock, ordered by the device's one stream.
-    let out_v = view::<f32>(&rs, rl, OP, "out", false)?;
+    let given_sl = given.map(|t| t.storage_and_layout());
+    // SAFETY: one block writes each row's value.
+    let mut out = unsafe { Dest::<f32>::new(dev, rows, given_sl.as_ref().map(|(s, l)| (&**s, *l)), OP, "out")? };
     let func = kernel!(dev, Module::Fused, &format!("latent_change_{suf}"))?;
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (c, stride) = (cols as i32, width as i64);
     let mut b = func.builder();
-    b.arg(&out_v).arg(&old_v).arg(&new_v).arg(&c).arg(&stride);
-    // SAFETY: argument list matches `latent_change_*` in fused.cu; one block writes each row.
+    out.push(&mut b);
+    b.arg(&old_v).arg(&new_v).arg(&c).arg(&stride);
+    // SAFETY: argument list matches `latent_change_*` in fused.cu.
     unsafe { b.launch(cfg) }.w()?;
-    Ok(())
+    drop(b);
+    Ok(out.finish(dev, rows, given))
 }
 
 /// Greedy token `[rows]` u32 and its softmax probability `[rows]` f32 of each row of `logits`

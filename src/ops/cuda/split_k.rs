@@ -4,6 +4,7 @@
 
 use super::fused::row_norm_config;
 use super::launch::{check_given, device, for_float, kernel, pair_given, pair_guards, same_device_dtype, view, Dest, Module};
+use crate::ops::into::NormAfter;
 use candle_core::cuda_backend::cudarc::cublas::{result::gemm_strided_batched_ex, sys};
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
@@ -145,37 +146,26 @@ fn sliced_gemm_launch<T: CudaDType + DeviceRepr, O: CudaDType + DeviceRepr>(
     Ok(out.finish(dev, (splits, rows, n), given))
 }
 
-/// Which norm follows the summed partials.
-#[derive(Debug, Clone, Copy)]
-pub enum PartsNorm<'a> {
-    /// `h = residual + rms_norm(x, w_x)`, `n = rms_norm(h, w_next)` (`add_rms_norm`).
-    Sandwich { w_x: &'a Tensor, w_next: &'a Tensor },
-    /// `h = residual + x`, `n = rms_norm(h, w)` (`residual_add_rms_norm`).
-    PreNorm { w: &'a Tensor },
-    /// `h = rms_norm(residual + x, w)`, `n = rms_norm(h, w_next)` (`post_norm_into`).
-    PostNorm { w: &'a Tensor, w_next: &'a Tensor },
-}
-
 /// The row norm `norm` with `x` = the sum of `parts` (f32 `[splits, rows, C]`, summed in slice
 /// order, rounded to the residual's dtype) and `residual` `[rows, C]`; one launch. Returns `(h, n)`.
-pub fn norm_of_partials(residual: &Tensor, parts: &Tensor, norm: PartsNorm, eps: f32) -> Result<(Tensor, Tensor)> {
+pub fn norm_of_partials(residual: &Tensor, parts: &Tensor, norm: NormAfter, eps: f32) -> Result<(Tensor, Tensor)> {
     norm_of_partials_to(residual, parts, norm, eps, None)
 }
 
 /// [`norm_of_partials`] writing `(h, n)` into `outs` (the residual's shape and dtype,
 /// contiguous, aliasing no input).
-pub fn norm_of_partials_into(residual: &Tensor, parts: &Tensor, norm: PartsNorm, eps: f32, h: &Tensor, n: &Tensor) -> Result<()> {
+pub fn norm_of_partials_into(residual: &Tensor, parts: &Tensor, norm: NormAfter, eps: f32, h: &Tensor, n: &Tensor) -> Result<()> {
     norm_of_partials_to(residual, parts, norm, eps, Some((h, n))).map(|_| ())
 }
 
-fn norm_of_partials_to(residual: &Tensor, parts: &Tensor, norm: PartsNorm, eps: f32, outs: Option<(&Tensor, &Tensor)>) -> Result<(Tensor, Tensor)> {
+fn norm_of_partials_to(residual: &Tensor, parts: &Tensor, norm: NormAfter, eps: f32, outs: Option<(&Tensor, &Tensor)>) -> Result<(Tensor, Tensor)> {
     const OP: &str = "norm_of_partials";
     let dev = device(residual, OP)?;
     let dtype = residual.dtype();
     let (kernel_name, weights): (&str, Vec<(&str, &Tensor)>) = match norm {
-        PartsNorm::Sandwich { w_x, w_next } => ("add_rms_norm_parts", vec![("w_x", w_x), ("w_next", w_next)]),
-        PartsNorm::PreNorm { w } => ("add_rms_norm_pre_parts", vec![("w", w)]),
-        PartsNorm::PostNorm { w, w_next } => ("post_norm_parts", vec![("w", w), ("w_next", w_next)]),
+        NormAfter::Sandwich { w_x, w_next } => ("add_rms_norm_parts", vec![("w_x", w_x), ("w_next", w_next)]),
+        NormAfter::PreNorm { w } => ("add_rms_norm_pre_parts", vec![("w", w)]),
+        NormAfter::PostNorm { w, w_next } => ("post_norm_parts", vec![("w", w), ("w_next", w_next)]),
     };
     same_device_dtype(OP, dtype, residual, &weights)?;
     same_device_dtype(OP, DType::F32, residual, &[("parts", parts)])?;
