@@ -1305,6 +1305,40 @@ fn decode_arena_matches_the_plain_body_with_fewer_memory_nodes() {
     }
 }
 
+/// cuBLAS's own workspace under capture: products that pick a split-k algorithm at decode rows
+/// (Huginn-0125's 17 920-deep MLP projection and 10 560-deep adapter) allocate it with
+/// `cudaMallocAsync` unless one is set on the handle; `Graph::capture` sets one, so a graph of
+/// them holds kernels only, and replays give the eager products' values.
+#[test]
+fn cublas_products_captured_hold_no_memory_node() {
+    use ponder::engine::internals::{GemmWorkspace, Graph};
+    let gpu = gpu_device();
+    let workspace = std::sync::Arc::new(GemmWorkspace::new(&gpu).unwrap());
+    // (rows, n, k): Huginn's mlp_proj, adapter, proj and qkv, Ouro's down and qkv.
+    for (rows, n, k) in [(16, 5280, 17920), (16, 5280, 10560), (64, 5280, 17920), (16, 5280, 5280), (16, 15840, 5280), (16, 2048, 5632), (64, 6144, 2048)] {
+        let x = Tensor::randn(0f32, 1.0, (rows, k), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
+        let w = Tensor::randn(0f32, 0.02, (n, k), &gpu).unwrap().to_dtype(DType::BF16).unwrap();
+        let out = Tensor::zeros((rows, n), DType::BF16, &gpu).unwrap();
+        let run = || ponder::ops::into::linear_into(&x, &w, &out);
+        Graph::warm_up(&gpu, run).unwrap();
+        let eager = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        out.zeros_like().and_then(|z| out.slice_set(&z, 0, 0)).unwrap();
+        let graph = Graph::capture(&gpu, &workspace, run).unwrap();
+        graph.launch().unwrap();
+        gpu.synchronize().unwrap();
+        let nodes = graph.nodes().unwrap();
+        let replay = out.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let scale = eager.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+        let diff = eager.iter().zip(&replay).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        println!(
+            "linear [{rows}, {k}] x [{n}, {k}]^T captured: {} kernels, {} memory nodes; max |eager - replay| {diff:.3e} (max |eager| {scale:.3e})",
+            nodes.kernels, nodes.memory
+        );
+        assert_eq!(nodes.memory, 0, "[{rows}, {k}] x [{n}, {k}]: cuBLAS allocated under capture");
+        assert!(diff <= 1e-2 * scale, "[{rows}, {k}] x [{n}, {k}]: the replay differs from the eager product by {diff}");
+    }
+}
+
 /// `n` random prompts over a 512-token vocabulary: every `long_every`-th from `long`, the rest
 /// from `short` tokens.
 fn random_prompts(rng: &mut StdRng, n: usize, long_every: usize, long: std::ops::Range<usize>, short: std::ops::Range<usize>) -> Vec<Vec<u32>> {
@@ -1919,7 +1953,7 @@ fn fused_qkv_norm_rope_write() {
 /// structured differences; a different GEMM algorithm under capture as rounding-level ones).
 #[test]
 fn huginn_stage_graphs_match_eager_numerically() {
-    use ponder::engine::internals::Graph;
+    use ponder::engine::internals::{GemmWorkspace, Graph};
     use ponder::kv::KvStore;
     use ponder::looped::models::Huginn;
     use ponder::looped::models::LoopedModel;
@@ -1974,12 +2008,13 @@ fn huginn_stage_graphs_match_eager_numerically() {
     let max_abs = |a: &Tensor, b: &Tensor| -> f32 {
         (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap()).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
     };
+    let workspace = std::sync::Arc::new(GemmWorkspace::new(&gpu).unwrap());
     for (name, run) in &stages {
         // Each stage rewrites the same K/V rows with the same values, so runs are repeatable.
         let eager = Graph::warm_up(&gpu, run).unwrap();
         let again = run().unwrap();
         let out = eager.zeros_like().unwrap();
-        let graph = Graph::capture(&gpu, || {
+        let graph = Graph::capture(&gpu, &workspace, || {
             let y = run()?;
             out.slice_set(&y, 0, 0)
         })

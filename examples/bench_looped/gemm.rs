@@ -21,9 +21,10 @@
 //! against the copy bandwidth, and bf16's graph time over FP8's.
 
 use candle_core::{DType, Device, Tensor};
-use ponder::engine::internals::Graph;
+use ponder::engine::internals::{GemmWorkspace, Graph};
 use ponder::ops::{fp8_matmul, into, split_k};
 use ponder::quant::{Fp8Weight, Quantization};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What a layer's product produces in the decode body.
@@ -78,12 +79,20 @@ fn eager_launch(device: &Device, per_burst: usize, f: &impl Fn(usize) -> candle_
     median_of_five(device, per_burst, || (0..per_burst).try_for_each(f))
 }
 
-/// Median seconds of one launch of `f` over five replays of a graph of `per_burst` launches.
-fn graph_launch(device: &Device, per_burst: usize, f: &impl Fn(usize) -> candle_core::Result<()>) -> candle_core::Result<f64> {
+/// Median seconds of one launch of `f` over five replays of a graph of `per_burst` launches
+/// (captured with cuBLAS working in `workspace`, as the engine captures), and the memory nodes
+/// of that graph (none unless something in `f` allocates).
+fn graph_launch(
+    device: &Device,
+    workspace: &Arc<GemmWorkspace>,
+    per_burst: usize,
+    f: &impl Fn(usize) -> candle_core::Result<()>,
+) -> candle_core::Result<(f64, usize)> {
     Graph::warm_up(device, || f(0))?;
-    let graph = Graph::capture(device, || (0..per_burst).try_for_each(f))?;
+    let graph = Graph::capture(device, workspace, || (0..per_burst).try_for_each(f))?;
     graph.launch()?;
-    median_of_five(device, per_burst, || graph.launch())
+    let memory = graph.nodes()?.memory;
+    Ok((median_of_five(device, per_burst, || graph.launch())?, memory))
 }
 
 /// Median seconds a launch over five runs of `burst` (`per_burst` launches each), the device
@@ -117,7 +126,8 @@ pub(crate) fn gemm_suite(
     bandwidth: f64,
     quantization: Quantization,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    println!("{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:>9} {:>9} {:>7}", "model", "layer", "rows", "n", "k", "sl", "eager us", "graph us", "of bw");
+    println!("{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:>9} {:>9} {:>7} {:>4}", "model", "layer", "rows", "n", "k", "sl", "eager us", "graph us", "of bw", "mem");
+    let workspace = Arc::new(GemmWorkspace::new(device)?);
     let mut records = Vec::new();
     for layer in layers(model) {
         let bytes = layer.n * layer.k * 2;
@@ -150,16 +160,18 @@ pub(crate) fn gemm_suite(
                     }
                 };
                 let per_burst = copies.max(20);
-                let (mut eager, mut graph) = (Vec::new(), Vec::new());
+                let (mut eager, mut graph, mut memory_nodes) = (Vec::new(), Vec::new(), 0);
                 for _ in 0..rounds {
                     eager.push(eager_launch(device, per_burst, &run)?);
-                    graph.push(graph_launch(device, per_burst, &run)?);
+                    let (t, memory) = graph_launch(device, &workspace, per_burst, &run)?;
+                    graph.push(t);
+                    memory_nodes = memory_nodes.max(memory);
                 }
                 let (te, tg) = (best(&eager), best(&graph));
                 let of_bw = bytes as f64 / tg / bandwidth;
                 let is_planned = matches!(layer.output, Output::Partials) && slices == planned;
                 println!(
-                    "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3}{} {:>8.1} {:>9.1} {:>6.1}%",
+                    "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3}{} {:>8.1} {:>9.1} {:>6.1}% {:>4}",
                     layer.model,
                     layer.name,
                     r,
@@ -169,19 +181,20 @@ pub(crate) fn gemm_suite(
                     if is_planned { "*" } else { " " },
                     te * 1e6,
                     tg * 1e6,
-                    100.0 * of_bw
+                    100.0 * of_bw,
+                    memory_nodes
                 );
                 records.push(serde_json::json!({
                     "model": layer.model, "layer": layer.name, "rows": r, "n": layer.n, "k": layer.k,
                     "output": format!("{:?}", layer.output), "slices": slices, "planned": is_planned, "weight_bytes": bytes,
-                    "eager_s": eager, "graph_s": graph, "graph_of_copy_bandwidth": of_bw,
+                    "eager_s": eager, "graph_s": graph, "graph_of_copy_bandwidth": of_bw, "graph_memory_nodes": memory_nodes,
                 }));
                 bf16_s.get_or_insert(tg);
             }
             // The heads stay in the engine's dtype under FP8: no FP8 product to time there.
             if quantization == Quantization::Fp8 && !matches!(layer.output, Output::Logits) {
                 let bf16_s = bf16_s.expect("every layer times at least one count");
-                records.push(fp8_layer(&layer, r, &x, rounds, device, bandwidth, bf16_s)?);
+                records.push(fp8_layer(&layer, r, &x, rounds, (device, &workspace), bandwidth, bf16_s)?);
             }
         }
     }
@@ -196,7 +209,7 @@ fn fp8_layer(
     rows: usize,
     x: &Tensor,
     rounds: usize,
-    device: &Device,
+    (device, workspace): (&Device, &Arc<GemmWorkspace>),
     bandwidth: f64,
     bf16_s: f64,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
@@ -206,14 +219,16 @@ fn fp8_layer(
         .map(|_| Fp8Weight::quantize(&Tensor::randn(0f32, 0.02, (layer.n, layer.k), device)?.to_dtype(DType::BF16)?))
         .collect::<candle_core::Result<Vec<_>>>()?;
     let run = |i: usize| fp8_matmul(x, &weights[i % copies], None).map(drop);
-    let mut graph = Vec::new();
+    let (mut graph, mut memory_nodes) = (Vec::new(), 0);
     for _ in 0..rounds {
-        graph.push(graph_launch(device, copies.max(20), &run)?);
+        let (t, memory) = graph_launch(device, workspace, copies.max(20), &run)?;
+        graph.push(t);
+        memory_nodes = memory_nodes.max(memory);
     }
     let t = best(&graph);
     let of_bw = bytes as f64 / t / bandwidth;
     println!(
-        "{:<12} {:<9} {:>4} {:>6} {:>6} fp8 {:>19.1} {:>6.1}%  ({:.2}x bf16)",
+        "{:<12} {:<9} {:>4} {:>6} {:>6} fp8 {:>19.1} {:>6.1}% {:>4} ({:.2}x bf16)",
         layer.model,
         layer.name,
         rows,
@@ -221,11 +236,12 @@ fn fp8_layer(
         layer.k,
         t * 1e6,
         100.0 * of_bw,
+        memory_nodes,
         bf16_s / t
     );
     Ok(serde_json::json!({
         "model": layer.model, "layer": layer.name, "rows": rows, "n": layer.n, "k": layer.k, "output": "Fp8Whole",
-        "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw, "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
+        "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw, "graph_memory_nodes": memory_nodes, "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
     }))
 }
 

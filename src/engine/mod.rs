@@ -27,6 +27,6 @@ pub(crate) use live::Live;
 #[cfg(feature = "testing")]
 pub mod internals {
     pub use crate::diffusion::runner::{greedy_readout, greedy_with_confidence, DenoiseForward, DiffusionRunner, PhaseTimes};
-    pub use crate::looped::runner::graphs::Graph;
+    pub use crate::looped::runner::graphs::{GemmWorkspace, Graph};
     pub use crate::looped::runner::{Forward, LoopedRunner, Pending};
 }

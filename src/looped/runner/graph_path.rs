@@ -2,7 +2,7 @@
 //! a launch into its key's static buffers, and what a graph runs. The first use of a key runs
 //! the body eagerly (the warm-up), the second captures it, later uses replay it.
 
-use super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphKey, Phase, Statics};
+use super::graphs::{ctx_bucket, row_bucket, Entry, GemmWorkspace, Graph, GraphKey, Phase, Statics};
 use super::{single_token_host, successor_pos, Forward, LoopedRunner};
 use crate::looped::{LoopedLaunch, LoopedRow, Stage};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
@@ -80,7 +80,15 @@ impl LoopedRunner {
             }
             Phase::Warm => {
                 let statics = &entry.statics;
-                match Graph::capture(dev, || self.graph_body(&key, statics, &padded).map(|_| ())) {
+                let workspace = match &cache.workspace {
+                    Some(w) => Ok(w.clone()),
+                    None => GemmWorkspace::new(dev).map(std::sync::Arc::new),
+                };
+                let captured = workspace.and_then(|w| {
+                    cache.workspace = Some(w.clone());
+                    Graph::capture(dev, &w, || self.graph_body(&key, statics, &padded).map(|_| ()))
+                });
+                match captured {
                     Ok(g) => {
                         g.launch()?;
                         // Counted for the metrics only: a driver that cannot list them counts none.

@@ -160,11 +160,33 @@ pub struct GraphCache {
     pub replays: usize,
     /// The captured graphs' nodes.
     pub nodes: crate::looped::metrics::GraphNodes,
+    /// cuBLAS's workspace for every capture (made at the first).
+    pub workspace: Option<std::sync::Arc<GemmWorkspace>>,
 }
 
-/// An instantiated CUDA graph.
+/// An instantiated CUDA graph, and the cuBLAS workspace its products were captured with.
 #[cfg(feature = "cuda")]
-pub struct Graph(candle_core::cuda_backend::cudarc::driver::CudaGraph);
+pub struct Graph {
+    graph: candle_core::cuda_backend::cudarc::driver::CudaGraph,
+    _workspace: std::sync::Arc<GemmWorkspace>,
+}
+
+/// cuBLAS's workspace during captures (`ops::cuda::GemmWorkspace`); one serves every graph of a
+/// runner, since they replay one at a time on its stream.
+#[cfg(feature = "cuda")]
+pub use crate::ops::cuda::GemmWorkspace;
+
+/// No cuBLAS workspace without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+pub enum GemmWorkspace {}
+
+#[cfg(not(feature = "cuda"))]
+impl GemmWorkspace {
+    pub fn new(device: &Device) -> Result<Self> {
+        candle_core::bail!("cuBLAS workspace on {device:?} without the `cuda` feature")
+    }
+}
 
 // SAFETY: a graph is used by one thread at a time (the runner's owner); CUDA graph execs may
 // be launched from any thread when calls are serialised.
@@ -177,10 +199,11 @@ pub enum Graph {}
 
 #[cfg(feature = "cuda")]
 impl Graph {
-    /// Captures what `body` enqueues on `device`'s stream (nothing runs) and instantiates it.
-    /// `body` must drop every tensor it allocates before returning, and must not read device
-    /// data on the host. On error the capture is ended and discarded.
-    pub fn capture(device: &Device, body: impl FnOnce() -> Result<()>) -> Result<Self> {
+    /// Captures what `body` enqueues on `device`'s stream (nothing runs) and instantiates it,
+    /// cuBLAS working in `workspace` (so that its products add no memory nodes). `body` must
+    /// drop every tensor it allocates before returning, and must not read device data on the
+    /// host. On error the capture is ended and discarded.
+    pub fn capture(device: &Device, workspace: &std::sync::Arc<GemmWorkspace>, body: impl FnOnce() -> Result<()>) -> Result<Self> {
         use candle_core::cuda_backend::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         use candle_core::cuda_backend::WrapErr;
         let Device::Cuda(dev) = device else {
@@ -190,28 +213,31 @@ impl Graph {
         let ctx = stream.context().clone();
         ctx.check_err().w()?;
         let _cache = dev.enable_cuda_graph_htod_cache();
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
-        let res = body();
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        // Errors of asynchronous frees during the capture are only recorded; surface them.
-        let recorded = ctx.check_err();
-        res?;
-        recorded.w()?;
-        let graph = graph.w()?.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
+        let graph = workspace.lend(device, || {
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).w()?;
+            let res = body();
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+            // Errors of asynchronous frees during the capture are only recorded; surface them.
+            let recorded = ctx.check_err();
+            res?;
+            recorded.w()?;
+            graph.w()
+        })?;
+        let graph = graph.ok_or_else(|| candle_core::Error::Msg("CUDA graph capture recorded nothing".into()))?;
         graph.upload().w()?;
-        Ok(Self(graph))
+        Ok(Self { graph, _workspace: workspace.clone() })
     }
 
     pub fn launch(&self) -> Result<()> {
         use candle_core::cuda_backend::WrapErr;
-        self.0.launch().w()
+        self.graph.launch().w()
     }
 
     /// The graph's nodes by kind.
     pub fn nodes(&self) -> Result<crate::looped::metrics::GraphNodes> {
         use candle_core::cuda_backend::cudarc::driver::sys::{self, CUgraphNodeType};
         use candle_core::cuda_backend::WrapErr;
-        let graph = self.0.cu_graph();
+        let graph = self.graph.cu_graph();
         let mut count = 0usize;
         // SAFETY: `graph` is this capture's graph, alive while `self` is; a null node array asks
         // only for the count, then the array holds `count` nodes.
@@ -247,7 +273,7 @@ impl Graph {
 
 #[cfg(not(feature = "cuda"))]
 impl Graph {
-    pub fn capture(device: &Device, _body: impl FnOnce() -> Result<()>) -> Result<Self> {
+    pub fn capture(device: &Device, _workspace: &std::sync::Arc<GemmWorkspace>, _body: impl FnOnce() -> Result<()>) -> Result<Self> {
         candle_core::bail!("CUDA graph capture on {device:?} without the `cuda` feature")
     }
 

@@ -8,6 +8,7 @@ mod focus;
 mod fp8;
 mod fp8_gemm;
 mod fused;
+mod gemm_workspace;
 mod launch;
 mod moe;
 mod rows;
@@ -22,6 +23,7 @@ pub use fused::{
     add_rms_norm, add_rms_norm_into, post_norm_into, qkv_bias_rope_i_write, qkv_norm_rope_write, qkv_rope_write, qkv_rope_write_into, residual_add,
     residual_add_rms_norm_into, rms_norm, rms_norm_into, rope_angles, rope_angles_into, silu_mul, silu_mul_into,
 };
+pub use gemm_workspace::{GemmWorkspace, GEMM_WORKSPACE_BYTES};
 pub use launch::sm_count;
 pub use moe::{fp8_experts_serve, moe_experts, moe_route, router_logits};
 pub use rows::{
