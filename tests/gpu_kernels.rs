@@ -2884,6 +2884,101 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
     }
 }
 
+/// The weight-only FP8 kernel's k slices (`fp8_linear_partials`): each slice against its CPU
+/// composition (the dequantized weight times x over the same run of 64-wide chunks, in f32), per
+/// row and block scales, 1 to 64 rows, uneven runs (k off the chunk), written into a given buffer
+/// as into a new one; summed they round to the whole kernel's product. Through a norm-fed layer
+/// (`Linear::add_rms_norm` and `residual_add_rms_norm`) under `fp8-split-k`, the split path runs
+/// where the plan cuts (and not where it does not) and gives the whole path's values.
+#[test]
+fn fp8_weight_only_partials_match_their_cpu_composition() {
+    use ponder::ops::cuda::{fp8_linear, fp8_linear_partials, WeightScale};
+    use ponder::ops::split_k::fp8_linear_partials_reference;
+    use ponder::ops::{Fp8Kernels, KernelPolicy, Linear};
+    use ponder::quant::{Fp8Scale, Fp8Weight};
+    let gpu = gpu_device();
+    let mut rng = StdRng::seed_from_u64(82);
+    // (rows, n, k, splits, block scales)
+    let cases = [
+        (16, 2048, 2048, 2, None),
+        (16, 2048, 5632, 4, None),
+        (1, 200, 1040, 3, None),
+        (33, 96, 4112, 5, None),
+        (64, 2048, 2048, 4, None),
+        (9, 300, 1040, 2, Some((128, 128))),
+        (16, 77, 4112, 7, Some((7, 32))),
+    ];
+    for (rows, n, k, splits, block) in cases {
+        let dense = rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32);
+        let q = match block {
+            None => Fp8Weight::quantize(&dense).unwrap(),
+            Some(block) => {
+                let data = Fp8Weight::quantize(&dense).unwrap().data().clone();
+                let scale = rand_tensor(&mut rng, &[n.div_ceil(block.0), k.div_ceil(block.1)], 0.001, 0.01, DType::F32);
+                Fp8Weight::from_parts(data, Fp8Scale::Block { scale, block }).unwrap()
+            }
+        };
+        for dtype in [DType::BF16, DType::F16] {
+            let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);
+            let want = fp8_linear_partials_reference(&x, &q, splits).unwrap();
+            let (xg, qg) = (x.to_device(&gpu).unwrap(), q.to_device(&gpu).unwrap());
+            let scale = match qg.scale() {
+                Fp8Scale::PerChannel(s) => WeightScale::Rows(s),
+                Fp8Scale::Block { scale, block } => WeightScale::Blocks { scale, block: *block },
+            };
+            let got = fp8_linear_partials(&xg, qg.data(), scale, splits, None).unwrap();
+            let given = Tensor::full(f32::NAN, (splits, rows, n), &gpu).unwrap();
+            fp8_linear_partials(&xg, qg.data(), scale, splits, Some(&given)).unwrap();
+            let name = format!("[{rows}, {n}, {k}] in {splits} slices, {block:?}, {dtype:?}");
+            assert_eq!(got.dims(), [splits, rows, n], "{name}");
+            let got_cpu = got.to_device(&Device::Cpu).unwrap();
+            assert_eq!(rel_err(&given.to_device(&Device::Cpu).unwrap(), &got_cpu), 0.0, "{name}: the given buffer holds the same values");
+            for i in 0..splits {
+                let err = rel_err(&got_cpu.get(i).unwrap(), &want.get(i).unwrap());
+                assert!(err <= 1e-4, "{name}: slice {i} relative error {err:e}");
+            }
+            // Summed and rounded, the whole kernel's product.
+            let whole = fp8_linear(&xg, qg.data(), scale, None, true).unwrap().to_dtype(DType::F32).unwrap();
+            let summed = got.sum(0).unwrap().to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+            let err = rel_err(&summed.to_device(&Device::Cpu).unwrap(), &whole.to_device(&Device::Cpu).unwrap());
+            assert!(err <= 1e-2, "{name}: summed against the whole product, relative error {err:e}");
+            assert!(fp8_linear_partials(&xg, qg.data(), scale, k.div_ceil(64) + 1, None).is_err(), "{name}: more slices than chunks");
+        }
+    }
+    // A norm-fed FP8 layer under the policy: split where the plan cuts, whole where it does not.
+    for (rows, n, k, split_k, splits) in
+        [(16, 2048, 2048, "planned", true), (16, 2048, 2048, "4", true), (16, 2048, 2048, "1", false), (16, 5280, 5280, "planned", false)]
+    {
+        let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap().to_device(&gpu).unwrap();
+        let layer = Linear::fp8(q, None, DType::BF16).unwrap();
+        let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
+        let residual = rand_tensor(&mut rng, &[rows, n], -1.0, 1.0, DType::BF16).to_device(&gpu).unwrap();
+        let (w1, w2) = (
+            rand_tensor(&mut rng, &[n], 0.5, 1.5, DType::BF16).to_device(&gpu).unwrap(),
+            rand_tensor(&mut rng, &[n], 0.5, 1.5, DType::BF16).to_device(&gpu).unwrap(),
+        );
+        let whole_policy = KernelPolicy { fp8: Fp8Kernels::WeightOnly, ..Default::default() };
+        let policy: KernelPolicy = format!("fp8=weight-only,fp8-split-k={split_k}").parse().unwrap();
+        for pre_norm in [false, true] {
+            let run = |p| {
+                ponder::ops::with_kernels(p, || match pre_norm {
+                    false => layer.add_rms_norm(&residual, &x, &w1, &w2, 1e-6).unwrap(),
+                    true => layer.residual_add_rms_norm(&residual, &x, &w1, 1e-6).unwrap(),
+                })
+            };
+            let ((h0, n0), _) = run(whole_policy);
+            let ((h1, n1), counts) = run(policy);
+            let name = format!("[{rows}, {n}, {k}] fp8-split-k={split_k}, pre-norm {pre_norm}");
+            assert_eq!(counts.fp8_weight_only, 1, "{name}: the weight-only kernel ran once");
+            assert_eq!(counts.fp8_split_k > 0, splits, "{name}: split {splits}");
+            for (a, b, what) in [(&h0, &h1, "h"), (&n0, &n1, "n")] {
+                let err = rel_err(&b.to_device(&Device::Cpu).unwrap(), &a.to_device(&Device::Cpu).unwrap());
+                assert!(err <= 1e-2, "{name}: {what} relative error {err:e} against the whole product");
+            }
+        }
+    }
+}
+
 fn fp8_weight_only_check(pipe: bool) {
     use ponder::ops::{Fp8Kernels, KernelPolicy, Linear};
     use ponder::quant::Fp8Weight;

@@ -15,10 +15,12 @@
 //! the layer's shape only: the suite makes no model.
 //!
 //! With `--quantization fp8` each layer but the head (which FP8 leaves in bf16) is also timed as
-//! the FP8 body runs it: the weight in
-//! E4M3 with per-row scales, the whole product (`ops::fp8_matmul`, under `--kernels`: e.g.
-//! `fp8=weight-only`) replayed in a graph, its bytes (half the bf16 weight's) over its time
-//! against the copy bandwidth, and bf16's graph time over FP8's.
+//! the FP8 body runs it: the weight in E4M3 with per-row scales, the whole product
+//! (`ops::fp8_matmul`, under `--kernels`: e.g. `fp8=weight-only`) replayed in a graph, its bytes
+//! (half the bf16 weight's) over its time against the copy bandwidth, and bf16's graph time over
+//! FP8's; a projection that feeds a norm also as the weight-only kernel's 2, 4 and 8 k slices
+//! (`fp8-split-k`). Each line also gives its graph's memory nodes: none where the products
+//! write into buffers made once (the FP8 whole product allocates its output).
 
 use candle_core::{DType, Device, Tensor};
 use ponder::engine::internals::{GemmWorkspace, Graph};
@@ -194,7 +196,7 @@ pub(crate) fn gemm_suite(
             // The heads stay in the engine's dtype under FP8: no FP8 product to time there.
             if quantization == Quantization::Fp8 && !matches!(layer.output, Output::Logits) {
                 let bf16_s = bf16_s.expect("every layer times at least one count");
-                records.push(fp8_layer(&layer, r, &x, rounds, (device, &workspace), bandwidth, bf16_s)?);
+                records.extend(fp8_layer(&layer, r, &x, rounds, (device, &workspace), bandwidth, bf16_s)?);
             }
         }
     }
@@ -202,8 +204,10 @@ pub(crate) fn gemm_suite(
 }
 
 /// `layer` at `rows` rows as the FP8 body runs it (the whole product through `fp8_matmul` under
-/// the policy in force), replayed in a graph over copies of an E4M3 weight cycled past the L2; printed
-/// against `bf16_s`, the bf16 product's graph time.
+/// the policy in force) and, for a projection that feeds a norm, as the weight-only kernel's k
+/// slices (2, 4 and 8 where k holds that many 64-wide chunks, into an f32 buffer made once),
+/// each replayed in a graph over copies of an E4M3 weight cycled past the L2; printed against
+/// `bf16_s`, the bf16 product's graph time.
 fn fp8_layer(
     layer: &Layer,
     rows: usize,
@@ -212,37 +216,68 @@ fn fp8_layer(
     (device, workspace): (&Device, &Arc<GemmWorkspace>),
     bandwidth: f64,
     bf16_s: f64,
-) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
     let bytes = layer.n * layer.k + layer.n * 4;
     let copies = (200usize << 20).div_ceil(bytes).max(2);
     let weights = (0..copies)
         .map(|_| Fp8Weight::quantize(&Tensor::randn(0f32, 0.02, (layer.n, layer.k), device)?.to_dtype(DType::BF16)?))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    let run = |i: usize| fp8_matmul(x, &weights[i % copies], None).map(drop);
-    let (mut graph, mut memory_nodes) = (Vec::new(), 0);
-    for _ in 0..rounds {
-        let (t, memory) = graph_launch(device, workspace, copies.max(20), &run)?;
-        graph.push(t);
-        memory_nodes = memory_nodes.max(memory);
+    let counts: Vec<usize> = match layer.output {
+        Output::Partials => std::iter::once(1).chain([2, 4, 8].into_iter().filter(|&s| s <= layer.k.div_ceil(64))).collect(),
+        _ => vec![1],
+    };
+    let mut records = Vec::new();
+    for slices in counts {
+        let parts = Tensor::zeros((slices, rows, layer.n), DType::F32, device)?;
+        let run = |i: usize| match slices {
+            1 => fp8_matmul(x, &weights[i % copies], None).map(drop),
+            _ => fp8_partials_into(x, &weights[i % copies], slices, &parts),
+        };
+        let (mut graph, mut memory_nodes) = (Vec::new(), 0);
+        for _ in 0..rounds {
+            let (t, memory) = graph_launch(device, workspace, copies.max(20), &run)?;
+            graph.push(t);
+            memory_nodes = memory_nodes.max(memory);
+        }
+        let t = best(&graph);
+        let of_bw = bytes as f64 / t / bandwidth;
+        println!(
+            "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} fp8 {:>15.1} {:>6.1}% {:>4} ({:.2}x bf16)",
+            layer.model,
+            layer.name,
+            rows,
+            layer.n,
+            layer.k,
+            slices,
+            t * 1e6,
+            100.0 * of_bw,
+            memory_nodes,
+            bf16_s / t
+        );
+        records.push(serde_json::json!({
+            "model": layer.model, "layer": layer.name, "rows": rows, "n": layer.n, "k": layer.k,
+            "output": if slices == 1 { "Fp8Whole" } else { "Fp8Partials" }, "slices": slices,
+            "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw, "graph_memory_nodes": memory_nodes,
+            "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
+        }));
     }
-    let t = best(&graph);
-    let of_bw = bytes as f64 / t / bandwidth;
-    println!(
-        "{:<12} {:<9} {:>4} {:>6} {:>6} fp8 {:>19.1} {:>6.1}% {:>4} ({:.2}x bf16)",
-        layer.model,
-        layer.name,
-        rows,
-        layer.n,
-        layer.k,
-        t * 1e6,
-        100.0 * of_bw,
-        memory_nodes,
-        bf16_s / t
-    );
-    Ok(serde_json::json!({
-        "model": layer.model, "layer": layer.name, "rows": rows, "n": layer.n, "k": layer.k, "output": "Fp8Whole",
-        "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw, "graph_memory_nodes": memory_nodes, "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
-    }))
+    Ok(records)
+}
+
+/// The weight-only FP8 kernel's k slices of `x · Wᵀ` into `out` (`[slices, rows, n]` f32): on
+/// CUDA the kernel, elsewhere its CPU composition.
+fn fp8_partials_into(x: &Tensor, w: &Fp8Weight, slices: usize, out: &Tensor) -> candle_core::Result<()> {
+    #[cfg(feature = "cuda")]
+    if x.device().is_cuda() {
+        use ponder::ops::cuda::WeightScale;
+        use ponder::quant::Fp8Scale;
+        let scale = match w.scale() {
+            Fp8Scale::PerChannel(s) => WeightScale::Rows(s),
+            Fp8Scale::Block { scale, block } => WeightScale::Blocks { scale, block: *block },
+        };
+        return ponder::ops::cuda::fp8_linear_partials(x, w.data(), scale, slices, Some(out)).map(drop);
+    }
+    out.slice_set(&split_k::fp8_linear_partials_reference(x, w, slices)?, 0, 0)
 }
 
 /// `x · wᵀ` as f32 partials over `slices` k slices into `out` (`[slices, rows, n]`), as the

@@ -195,9 +195,13 @@ impl Linear {
 impl Linear {
     /// `add_rms_norm(residual, x Wᵀ, w_x, w_next)`: a projection (no bias) feeding a sandwich
     /// norm (Ouro). Dense, or FP8 under the dequantizing policy: split over k where that pays
-    /// (`ops::split_k`); FP8 under an FP8 kernel policy: [`fp8_matmul`], then the norm.
+    /// (`ops::split_k`); FP8 under an FP8 kernel policy: the weight-only kernel's k slices where
+    /// `KernelPolicy::fp8_split_k` cuts them, else [`fp8_matmul`], then the norm.
     pub fn add_rms_norm(&self, residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
         if let Some(w) = self.fp8_kernels() {
+            if let Some(parts) = fp8_partials(x, w)? {
+                return super::split_k::add_rms_norm_partials(residual, &parts, w_x, w_next, eps);
+            }
             return super::add_rms_norm(residual, &fp8_matmul(x, w, None)?, w_x, w_next, eps);
         }
         super::linear_add_rms_norm(residual, x, &*self.weight()?, w_x, w_next, eps)
@@ -207,6 +211,9 @@ impl Linear {
     /// stream before the next norm (Huginn), as [`Linear::add_rms_norm`] chooses.
     pub fn residual_add_rms_norm(&self, residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
         if let Some(fp8) = self.fp8_kernels() {
+            if let Some(parts) = fp8_partials(x, fp8)? {
+                return super::split_k::residual_add_rms_norm_partials(residual, &parts, w, eps);
+            }
             return super::residual_add_rms_norm(residual, &fp8_matmul(x, fp8, None)?, w, eps);
         }
         super::linear_residual_add_rms_norm(residual, x, &*self.weight()?, w, eps)
@@ -285,21 +292,33 @@ fn shaped_like(y: Tensor, bias: Option<&Tensor>, x: &Tensor, n: usize) -> Result
 }
 
 /// `x Wᵀ (+ b)` through the weight-only FP8 kernel where the launch fits it (CUDA, at most 64
-/// rows on the tensor-core kernel and 16 on the SIMT one, k a multiple of 16, a scale per output row, or block scales on the tensor-core kernel);
-/// `None` where it does not.
+/// rows on the tensor-core kernel and 16 on the SIMT one, k a multiple of 16, a scale per output
+/// row, or block scales on the tensor-core kernel); `None` where it does not.
 #[cfg(feature = "cuda")]
 fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+    let mma = current().fp8_mma;
+    let Some((scale, rows)) = weight_only_fit(x, w, mma) else { return Ok(None) };
+    let (n, k) = w.dims();
+    let y = super::cuda::fp8_linear(&x.reshape((rows, k))?, w.data(), scale, bias, mma)?;
+    count(|c| c.fp8_weight_only += 1);
+    // The kernel adds the bias itself.
+    Ok(Some(shaped_like(y, None, x, n)?))
+}
+
+/// Where the weight-only kernel takes `x Wᵀ`: the weight's scales as the kernel reads them, and
+/// `x`'s rows.
+#[cfg(feature = "cuda")]
+fn weight_only_fit<'w>(x: &Tensor, w: &'w Fp8Weight, mma: bool) -> Option<(super::cuda::WeightScale<'w>, usize)> {
     use super::cuda::WeightScale;
     use crate::quant::Fp8Scale;
     let (n, k) = w.dims();
-    let mma = current().fp8_mma;
     let scale = match w.scale() {
         Fp8Scale::PerChannel(s) => WeightScale::Rows(s),
         // Block scales on the tensor-core kernel only, whose lanes take 16 columns of one block.
         Fp8Scale::Block { scale, block } if mma && block.1 % 16 == 0 && matches!(x.dtype(), DType::BF16 | DType::F16) => {
             WeightScale::Blocks { scale, block: *block }
         }
-        Fp8Scale::Block { .. } => return Ok(None),
+        Fp8Scale::Block { .. } => return None,
     };
     let rows = x.elem_count() / k.max(1);
     let fits = x.device().is_cuda()
@@ -312,13 +331,32 @@ fn fp8_weight_only(x: &Tensor, w: &Fp8Weight, bias: Option<&Tensor>) -> Result<O
         // The kernel's 16-byte loads: a contiguous view must start on a 16-byte boundary (one
         // that is not contiguous is copied, which starts on one).
         && (!x.is_contiguous() || (x.layout().start_offset() * x.dtype().size_in_bytes()) % 16 == 0);
-    if !fits {
+    fits.then_some((scale, rows))
+}
+
+/// A weight-only FP8 projection that feeds a norm, as the k slices' f32 partials
+/// (`[slices, rows, n]`) where the policy splits it (`KernelPolicy::fp8_split_k`,
+/// [`super::split_k::fp8_split_k_plan`]); `None` where it runs whole.
+fn fp8_partials(x: &Tensor, w: &Fp8Weight) -> Result<Option<Tensor>> {
+    let policy = current();
+    let rows = x.elem_count() / w.dims().1.max(1);
+    if !(policy.fp8_mma && policy.fp8_weight_only(rows) && !policy.fp8_quantizes_activations(rows)) {
         return Ok(None);
     }
-    let y = super::cuda::fp8_linear(&x.reshape((rows, k))?, w.data(), scale, bias, mma)?;
-    count(|c| c.fp8_weight_only += 1);
-    // The kernel adds the bias itself.
-    Ok(Some(shaped_like(y, None, x, n)?))
+    #[cfg(feature = "cuda")]
+    if let Some((scale, rows)) = weight_only_fit(x, w, true) {
+        let (n, k) = w.dims();
+        let x = x.reshape((rows, k))?;
+        if let Some(splits) = super::split_k::fp8_split_k_plan(&x, n) {
+            count(|c| {
+                c.fp8_weight_only += 1;
+                c.fp8_split_k += 1;
+            });
+            return super::cuda::fp8_linear_partials(&x, w.data(), scale, splits, None).map(Some);
+        }
+    }
+    let _ = x;
+    Ok(None)
 }
 
 /// `x Wᵀ (+ b)` through the W8A8 GEMM where it serves the launch (CUDA on sm_90 or later with

@@ -136,6 +136,13 @@ pub struct KernelPolicy {
     /// rows; a wider launch that cannot take the tensor-core kernel dequantizes, with the same
     /// numerics as weight-only. 32 by default (`FP8_WEIGHT_ONLY_ROWS`: measured).
     pub fp8_weight_only_rows: usize,
+    /// How weight-only FP8 projections that feed a norm are cut over k (`ops::split_k`'s
+    /// partials, each slice a grid row of the tensor-core kernel; string
+    /// `fp8-split-k=planned|S|S:R`). `Planned` cuts so that the kernel's 16-column blocks fill
+    /// every SM twice (Ouro-1.4B's 2048-column o_proj and down: 2 slices on 132 SMs, where the
+    /// whole product runs one block an SM). Off (`Forced` with one slice) by default until it is
+    /// measured faster on the device.
+    pub fp8_split_k: SplitK,
     /// Run the looped models' decode core steps on a preallocated arena (`ops::into`): every
     /// activation in a buffer sized when the engine is built, so a captured decode graph holds
     /// kernels and cuBLAS calls only, no memory nodes (string `arena=on|off`; default off until
@@ -157,6 +164,7 @@ impl Default for KernelPolicy {
             fp8_mma: true,
             fp8_pipeline: false,
             fp8_weight_only_rows: FP8_WEIGHT_ONLY_ROWS,
+            fp8_split_k: SplitK::Forced { slices: 1, max_rows: FP8_WEIGHT_ONLY_MAX_ROWS },
             decode_arena: false,
         }
     }
@@ -190,8 +198,8 @@ impl std::str::FromStr for KernelPolicy {
     /// flags take them: `attention=auto|unpipelined|simt|ring`, `ring=by-width|never|always`,
     /// `fold-simt=on|off`, `simt-deep=never|one|two`, `split-k=planned|S|S:R` (up to S slices up
     /// to R rows, 64 by default), `moe=auto|mma-sync`, `fp8=dequantize|weight-only|w8a8|by-shape`,
-    /// `fp8-mma=on|off`, `fp8-pipe=on|off`, `fp8-rows=N` (1 ..= 64), `arena=on|off`. An empty
-    /// string is the default.
+    /// `fp8-mma=on|off`, `fp8-pipe=on|off`, `fp8-rows=N` (1 ..= 64), `fp8-split-k=planned|S|S:R`,
+    /// `arena=on|off`. An empty string is the default.
     fn from_str(s: &str) -> crate::Result<Self> {
         let mut p = Self::default();
         let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
@@ -231,19 +239,8 @@ impl std::str::FromStr for KernelPolicy {
                         _ => return Err(unknown()),
                     }
                 }
-                "split-k" => {
-                    p.split_k = if value == "planned" {
-                        SplitK::Planned
-                    } else {
-                        let (s, r) = value.split_once(':').unwrap_or((value, "64"));
-                        let slices: usize = s.trim().parse().map_err(|_| unknown())?;
-                        let max_rows: usize = r.trim().parse().map_err(|_| unknown())?;
-                        if slices > MAX_FORCED_SPLITS {
-                            return Err(bad(format!("split-k asks for {slices} slices; at most {MAX_FORCED_SPLITS}")));
-                        }
-                        SplitK::Forced { slices, max_rows }
-                    }
-                }
+                "split-k" => p.split_k = split_k(key, value)?,
+                "fp8-split-k" => p.fp8_split_k = split_k(key, value)?,
                 "moe" => {
                     p.moe = match value {
                         "auto" => MoeKernels::Auto,
@@ -295,6 +292,22 @@ impl std::str::FromStr for KernelPolicy {
     }
 }
 
+/// A `split-k` value: `planned`, or `S` / `S:R` (up to S slices up to R rows, 64 by default).
+fn split_k(key: &str, value: &str) -> crate::Result<SplitK> {
+    if value == "planned" {
+        return Ok(SplitK::Planned);
+    }
+    let bad = |what: String| crate::Error::InvalidOption(format!("kernel policy: {what}"));
+    let (s, r) = value.split_once(':').unwrap_or((value, "64"));
+    let (Ok(slices), Ok(max_rows)) = (s.trim().parse::<usize>(), r.trim().parse::<usize>()) else {
+        return Err(bad(format!("unknown value `{value}` for `{key}`")));
+    };
+    if slices > MAX_FORCED_SPLITS {
+        return Err(bad(format!("{key} asks for {slices} slices; at most {MAX_FORCED_SPLITS}")));
+    }
+    Ok(SplitK::Forced { slices, max_rows })
+}
+
 /// How many host-side dispatches (eager launches and CUDA-graph captures; a replayed graph
 /// dispatches nothing) chose each kernel that a policy steers. The device tests read them to
 /// check that a path really ran; the engine adds them to its metrics.
@@ -314,6 +327,8 @@ pub struct KernelCounts {
     pub fp8_weight_only: u64,
     /// Of those, the ones through its pipelined tensor-core form.
     pub fp8_weight_only_pipelined: u64,
+    /// Of those, the ones cut over k (`KernelPolicy::fp8_split_k`).
+    pub fp8_split_k: u64,
     /// FP8 linear layers through the W8A8 GEMM (cuBLASLt on the FP8 tensor cores).
     pub fp8_w8a8: u64,
     /// Looped core steps run on the decode arena.
@@ -329,6 +344,7 @@ impl std::ops::AddAssign for KernelCounts {
         self.simt_deep += o.simt_deep;
         self.fp8_weight_only += o.fp8_weight_only;
         self.fp8_weight_only_pipelined += o.fp8_weight_only_pipelined;
+        self.fp8_split_k += o.fp8_split_k;
         self.fp8_w8a8 += o.fp8_w8a8;
         self.arena_steps += o.arena_steps;
     }
@@ -383,7 +399,7 @@ mod tests {
     fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
         assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
         let p: KernelPolicy =
-            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-pipe=on,fp8-rows=48,arena=on"
+            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-pipe=on,fp8-rows=48,fp8-split-k=planned,arena=on"
                 .parse()
                 .unwrap();
         assert_eq!(
@@ -399,9 +415,12 @@ mod tests {
                 fp8_mma: false,
                 fp8_pipeline: true,
                 fp8_weight_only_rows: 48,
+                fp8_split_k: SplitK::Planned,
                 decode_arena: true,
             }
         );
+        assert_eq!("fp8-split-k=4:16".parse::<KernelPolicy>().unwrap().fp8_split_k, SplitK::Forced { slices: 4, max_rows: 16 });
+        assert!("fp8-split-k=65".parse::<KernelPolicy>().is_err() && "fp8-split-k=x".parse::<KernelPolicy>().is_err());
         assert_eq!("split-k=4".parse::<KernelPolicy>().unwrap().split_k, SplitK::Forced { slices: 4, max_rows: 64 });
         assert_eq!("fp8=w8a8".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::W8A8);
         assert_eq!("fp8=by-shape".parse::<KernelPolicy>().unwrap().fp8, Fp8Kernels::ByShape);

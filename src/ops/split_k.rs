@@ -47,6 +47,58 @@ pub fn split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
     (2..=most).rev().find(|&s| k % (s * 8) == 0)
 }
 
+/// Output columns of one block of the weight-only FP8 kernel, and its blocks an SM holds at once
+/// (106 registers a thread at 16 rows, 8 warps a block).
+const FP8_BLOCK_COLUMNS: usize = 16;
+const FP8_BLOCKS_AN_SM: usize = 2;
+/// The kernel's warps, each a 64-wide chunk of k at a time: a slice of fewer chunks idles some.
+const FP8_WARPS: usize = 8;
+
+/// How many k slices the weight-only FP8 kernel cuts `x · Wᵀ` (`x` `[rows, k]`, W `[n, k]` in
+/// E4M3) into under `KernelPolicy::fp8_split_k`: planned, enough that its 16-column blocks fill
+/// every SM `FP8_BLOCKS_AN_SM` times (at most 4, each slice at least a chunk a warp); forced, the
+/// count asked (at most a chunk a slice); `None` to run it whole (also off CUDA and in f32).
+pub fn fp8_split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
+    let (forced, max_rows) = match super::policy::current().fp8_split_k {
+        super::policy::SplitK::Planned => (None, DEFAULT_MAX_ROWS),
+        super::policy::SplitK::Forced { slices, max_rows } => (Some(slices.min(super::policy::MAX_FORCED_SPLITS)), max_rows),
+    };
+    let (rows, k) = x.dims2().ok()?;
+    if !(x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && (1..=max_rows).contains(&rows)) {
+        return None;
+    }
+    let chunks = k.div_ceil(64);
+    let slices = match forced {
+        Some(s) => s.min(chunks),
+        None => (FP8_BLOCKS_AN_SM * multiprocessors(x)? / n.div_ceil(FP8_BLOCK_COLUMNS).max(1)).min(MAX_SPLITS).min(chunks / FP8_WARPS),
+    };
+    (slices >= 2).then_some(slices)
+}
+
+/// The composition of candle ops behind the weight-only FP8 kernel's k slices
+/// (`ops::cuda::fp8_linear_partials`): `x` `[rows, k]` times the dequantized weight, in f32, over
+/// the runs of 64-wide chunks of k the kernel gives each of `splits` slices (`[splits, rows, n]`).
+pub fn fp8_linear_partials_reference(x: &Tensor, w: &crate::quant::Fp8Weight, splits: usize) -> Result<Tensor> {
+    let (_, k) = x.dims2()?;
+    let chunks = k.div_ceil(64);
+    if splits == 0 || splits > chunks {
+        candle_core::bail!("fp8_linear_partials: {k} columns do not cut into {splits} runs of 64-wide chunks");
+    }
+    let per = chunks.div_ceil(splits);
+    let (x, w) = (x.to_dtype(DType::F32)?, w.dequantize(DType::F32)?);
+    let n = w.dim(0)?;
+    let parts = (0..splits)
+        .map(|i| {
+            let (a, b) = ((i * per * 64).min(k), ((i + 1) * per * 64).min(k));
+            match b > a {
+                true => x.narrow(1, a, b - a)?.matmul(&w.narrow(1, a, b - a)?.t()?),
+                false => Tensor::zeros((x.dim(0)?, n), DType::F32, x.device()),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::stack(&parts, 0)
+}
+
 /// The SM count of `x`'s CUDA device; `None` elsewhere.
 fn multiprocessors(x: &Tensor) -> Option<usize> {
     #[cfg(feature = "cuda")]
@@ -192,5 +244,28 @@ mod tests {
     fn the_cpu_never_splits() {
         let x = rand(&[4, 2048], 8).to_dtype(DType::BF16).unwrap();
         assert_eq!(split_k_plan(&x, 2048), None);
+        let forced = super::super::policy::KernelPolicy { fp8_split_k: super::super::policy::SplitK::Forced { slices: 4, max_rows: 64 }, ..Default::default() };
+        assert_eq!(super::super::policy::with_kernels(forced, || fp8_split_k_plan(&x, 2048)).0, None);
+    }
+
+    /// The FP8 kernel's slices are runs of 64-wide chunks of k (the last one short where k is
+    /// off the chunk, or empty where the runs do not reach it); they sum to the dequantized
+    /// product.
+    #[test]
+    fn fp8_partials_sum_to_the_dequantized_product() {
+        let w = crate::quant::Fp8Weight::quantize(&rand(&[24, 208], 9)).unwrap();
+        let x = rand(&[5, 208], 10);
+        let whole = x.matmul(&w.dequantize(DType::F32).unwrap().t().unwrap()).unwrap();
+        // 208 columns are 4 chunks (the last 16 wide): 3 slices are runs of 2, 2 and 0 chunks.
+        for splits in [1, 2, 3, 4] {
+            let parts = fp8_linear_partials_reference(&x, &w, splits).unwrap();
+            assert_eq!(parts.dims(), &[splits, 5, 24]);
+            assert!(max_abs_diff(&sum_partials(&parts, DType::F32).unwrap(), &whole) < 1e-4, "{splits} slices");
+        }
+        let three = fp8_linear_partials_reference(&x, &w, 3).unwrap();
+        assert_eq!(three.get(2).unwrap().abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0, "the third run is empty");
+        let first = x.narrow(1, 0, 128).unwrap().matmul(&w.dequantize(DType::F32).unwrap().narrow(1, 0, 128).unwrap().t().unwrap()).unwrap();
+        assert!(max_abs_diff(&three.get(0).unwrap(), &first) < 1e-5, "the first run is chunks 0 and 1");
+        assert!(fp8_linear_partials_reference(&x, &w, 5).is_err() && fp8_linear_partials_reference(&x, &w, 0).is_err());
     }
 }

@@ -4,7 +4,7 @@
 //! is the whole gain; and the per-row quantization of the activations
 //! that the W8A8 GEMM (`fp8_gemm.rs`) multiplies.
 
-use super::launch::{device, for_float, kernel, same_device, view, wrap, Module};
+use super::launch::{device, for_float, kernel, same_device, view, wrap, Dest, Module};
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
@@ -40,65 +40,95 @@ pub enum WeightScale<'a> {
 /// the f32 sums; the tensor-core kernel (bf16 / f16 with `mma`) applies a row's scale to the sum
 /// instead of to each weight, and a block's scale to each weight as the reference does.
 pub fn fp8_linear(x: &Tensor, data: &Tensor, scale: WeightScale, bias: Option<&Tensor>, mma: bool) -> Result<Tensor> {
-    const OP: &str = "fp8_linear";
-    let dev = device(x, OP)?;
-    let (rows, k) = x.dims2()?;
-    let (n, k_w) = data.dims2()?;
-    let max_rows = fp8_linear_max_rows(x.dtype(), mma);
-    if k != k_w || k % 16 != 0 || rows == 0 || rows > max_rows || n > i32::MAX as usize || k > i32::MAX as usize {
-        bail!("{OP} (cuda): x [{rows}, {k}] against a weight [{n}, {k_w}]: needs equal k, a multiple of 16, and 1..={max_rows} rows");
-    }
     let mma = mma && matches!(x.dtype(), DType::BF16 | DType::F16);
-    let (scale, block) = match scale {
-        WeightScale::Rows(s) => (s, (0, 0)),
-        WeightScale::Blocks { scale, block } => (scale, block),
-    };
-    let scale_dims = if block.0 == 0 { vec![n] } else { vec![n.div_ceil(block.0.max(1)), k.div_ceil(block.1.max(1))] };
-    if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != scale_dims {
-        bail!("{OP} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and {scale_dims:?} f32", data.dtype(), scale.dims(), scale.dtype());
-    }
-    if block.0 > 0 && (!mma || block.1 % 16 != 0 || block.0 > i32::MAX as usize || block.1 > i32::MAX as usize) {
-        bail!("{OP} (cuda): {block:?} blocks need the tensor-core kernel (bf16 / f16) and a multiple of 16 columns");
-    }
-    if let Some(b) = bias.filter(|b| b.dims() != [n] || b.dtype() != x.dtype()) {
-        bail!("{OP} (cuda): bias {:?} {:?}, expected [{n}] {:?}", b.dims(), b.dtype(), x.dtype());
-    }
-    same_device(OP, x, &[("weight", data), ("scales", scale)])?;
-    if let Some(b) = bias {
-        same_device(OP, x, &[("bias", b)])?;
-    }
-    let (x, data, scale) = (x.contiguous()?, data.contiguous()?, scale.contiguous()?);
+    let p = Fp8Product::check(x, data, scale, bias, fp8_linear_max_rows(x.dtype(), mma), mma)?;
     let bias = bias.map(Tensor::contiguous).transpose()?;
-    for_float!(x.dtype(), OP, |T, suf| fp8_linear_launch::<T>(&dev, suf, mma, &x, &data, &scale, block, bias.as_ref(), rows, n, k))
+    let dev = device(x, OP)?;
+    for_float!(x.dtype(), OP, |T, suf| fp8_linear_launch::<T>(&dev, suf, mma, &p, bias.as_ref()))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    suf: &str,
-    mma: bool,
-    x: &Tensor,
-    data: &Tensor,
-    scale: &Tensor,
+/// The tensor-core product of [`fp8_linear`] (bf16 / f16 `x`, no bias) as `splits` partial
+/// products over consecutive k slices, each scaled and left in f32: `[splits, rows, n]`, into
+/// `given` where that is of this length (a decode arena's buffer), else a new tensor. Summed in
+/// slice order they are the product before its rounding; a norm-fed projection's partials go to
+/// `norm_of_partials`, as split bf16 products do. A slice is a run of 64-wide chunks of k.
+pub fn fp8_linear_partials(x: &Tensor, data: &Tensor, scale: WeightScale, splits: usize, given: Option<&Tensor>) -> Result<Tensor> {
+    if !matches!(x.dtype(), DType::BF16 | DType::F16) {
+        bail!("{OP} (cuda): split products take bf16 / f16, not {:?}", x.dtype());
+    }
+    let p = Fp8Product::check(x, data, scale, None, FP8_MMA_MAX_ROWS, true)?;
+    if splits == 0 || splits > p.k.div_ceil(64) {
+        bail!("{OP} (cuda): {splits} k slices over k = {} (1 ..= k / 64 rounded up)", p.k);
+    }
+    if let Some(t) = given {
+        if t.dtype() != DType::F32 || t.elem_count() != splits * p.rows * p.n || !t.is_contiguous() || !t.device().same_device(x.device()) {
+            bail!("{OP} (cuda): partials buffer {:?} {:?} for {splits} slices of [{}, {}] f32", t.dims(), t.dtype(), p.rows, p.n);
+        }
+    }
+    let dev = device(x, OP)?;
+    match x.dtype() {
+        DType::BF16 => fp8_partials_launch::<half::bf16>(&dev, "bf16", &p, splits, given),
+        _ => fp8_partials_launch::<half::f16>(&dev, "f16", &p, splits, given),
+    }
+}
+
+const OP: &str = "fp8_linear";
+
+/// A product's operands, checked and contiguous.
+struct Fp8Product {
+    x: Tensor,
+    data: Tensor,
+    scale: Tensor,
     block: (usize, usize),
-    bias: Option<&Tensor>,
     rows: usize,
     n: usize,
     k: usize,
-) -> Result<Tensor> {
-    const OP: &str = "fp8_linear";
+}
+
+impl Fp8Product {
+    /// `mma`: the tensor-core kernel takes the product (block scales need it).
+    fn check(x: &Tensor, data: &Tensor, scale: WeightScale, bias: Option<&Tensor>, max_rows: usize, mma: bool) -> Result<Self> {
+        let (rows, k) = x.dims2()?;
+        let (n, k_w) = data.dims2()?;
+        if k != k_w || k % 16 != 0 || rows == 0 || rows > max_rows || n > i32::MAX as usize || k > i32::MAX as usize {
+            bail!("{OP} (cuda): x [{rows}, {k}] against a weight [{n}, {k_w}]: needs equal k, a multiple of 16, and 1..={max_rows} rows");
+        }
+        let (scale, block) = match scale {
+            WeightScale::Rows(s) => (s, (0, 0)),
+            WeightScale::Blocks { scale, block } => (scale, block),
+        };
+        let scale_dims = if block.0 == 0 { vec![n] } else { vec![n.div_ceil(block.0.max(1)), k.div_ceil(block.1.max(1))] };
+        if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != scale_dims {
+            bail!("{OP} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and {scale_dims:?} f32", data.dtype(), scale.dims(), scale.dtype());
+        }
+        if block.0 > 0 && (!mma || block.1 % 16 != 0 || block.0 > i32::MAX as usize || block.1 > i32::MAX as usize) {
+            bail!("{OP} (cuda): {block:?} blocks need the tensor-core kernel (bf16 / f16) and a multiple of 16 columns");
+        }
+        if let Some(b) = bias.filter(|b| b.dims() != [n] || b.dtype() != x.dtype()) {
+            bail!("{OP} (cuda): bias {:?} {:?}, expected [{n}] {:?}", b.dims(), b.dtype(), x.dtype());
+        }
+        same_device(OP, x, &[("weight", data), ("scales", scale)])?;
+        if let Some(b) = bias {
+            same_device(OP, x, &[("bias", b)])?;
+        }
+        Ok(Self { x: x.contiguous()?, data: data.contiguous()?, scale: scale.contiguous()?, block, rows, n, k })
+    }
+}
+
+fn fp8_linear_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, mma: bool, p: &Fp8Product, bias: Option<&Tensor>) -> Result<Tensor> {
     let stream = dev.cuda_stream();
-    let (xs, xl) = x.storage_and_layout();
+    let (xs, xl) = p.x.storage_and_layout();
     let x_v = view::<T>(&xs, xl, OP, "x", true)?;
-    let (ws, wl) = data.storage_and_layout();
+    let (ws, wl) = p.data.storage_and_layout();
     let w_v = view::<float8::F8E4M3>(&ws, wl, OP, "weight", true)?;
-    let (ss, sl) = scale.storage_and_layout();
+    let (ss, sl) = p.scale.storage_and_layout();
     let s_v = view::<f32>(&ss, sl, OP, "scale", false)?;
     let bias_storage = bias.map(|b| b.storage_and_layout());
     let b_v = bias_storage.as_ref().map(|(st, l)| view::<T>(st, l, OP, "bias", false)).transpose()?;
     // A null pointer for no bias (the kernel checks it).
     let b_ptr = b_v.as_ref().map(|v| v.device_ptr(&stream));
     let bias_arg: u64 = b_ptr.as_ref().map_or(0, |(p, _)| *p);
+    let (rows, n) = (p.rows, p.n);
     // SAFETY: the kernel writes every element of the output ([rows, n]).
     let mut out = unsafe { dev.alloc::<T>(rows * n)? };
     // Eight warps a block either way: the tensor-core kernel's block takes 16 output columns
@@ -114,9 +144,9 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     };
     let func = kernel!(dev, Module::Fp8, &name)?;
     let cfg = LaunchConfig { grid_dim: (n.div_ceil(cols) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
-    let (r, nn, kk) = (rows as i32, n as i32, k as i32);
+    let (r, nn, kk) = (rows as i32, n as i32, p.k as i32);
     let mut b = func.builder();
-    let (block_rows, block_cols) = (block.0 as i32, block.1 as i32);
+    let (block_rows, block_cols) = (p.block.0 as i32, p.block.1 as i32);
     b.arg(&mut out).arg(&x_v).arg(&w_v).arg(&s_v).arg(&bias_arg).arg(&r).arg(&nn).arg(&kk);
     if mma {
         b.arg(&block_rows).arg(&block_cols);
@@ -129,6 +159,35 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(
     drop(b_ptr);
     crate::ops::policy::count(|c| c.fp8_weight_only_pipelined += u64::from(pipe));
     Ok(wrap(out, dev, (rows, n)))
+}
+
+fn fp8_partials_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, p: &Fp8Product, splits: usize, given: Option<&Tensor>) -> Result<Tensor> {
+    let (xs, xl) = p.x.storage_and_layout();
+    let x_v = view::<T>(&xs, xl, OP, "x", true)?;
+    let (ws, wl) = p.data.storage_and_layout();
+    let w_v = view::<float8::F8E4M3>(&ws, wl, OP, "weight", true)?;
+    let (ss, sl) = p.scale.storage_and_layout();
+    let s_v = view::<f32>(&ss, sl, OP, "scale", false)?;
+    let (rows, n) = (p.rows, p.n);
+    let given_sl = given.map(|t| t.storage_and_layout());
+    // SAFETY: the kernel writes every element of every slice: each block its 16 columns of every
+    // row (zeros for a slice whose run of chunks is empty).
+    let mut out = unsafe { Dest::<f32>::new(dev, splits * rows * n, given_sl.as_ref().map(|(s, l)| (&**s, *l)), OP, "parts")? };
+    let tiles = rows.div_ceil(16).next_power_of_two();
+    let func = kernel!(dev, Module::Fp8, &format!("fp8_linear_mma_parts_m{tiles}_{suf}"))?;
+    let cfg = LaunchConfig { grid_dim: (n.div_ceil(16) as u32, splits as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (r, nn, kk) = (rows as i32, n as i32, p.k as i32);
+    let (block_rows, block_cols) = (p.block.0 as i32, p.block.1 as i32);
+    {
+        let mut b = func.builder();
+        out.push(&mut b);
+        b.arg(&x_v).arg(&w_v).arg(&s_v).arg(&r).arg(&nn).arg(&kk).arg(&block_rows).arg(&block_cols);
+        // SAFETY: argument list matches `fp8_linear_mma_parts_*` in fp8.cu; the partials hold
+        // splits × rows × n f32, x rows × k, the weight n × k bytes, the scales n values or one a
+        // block, all on this device's stream.
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    Ok(out.finish(dev, (splits, rows, n), given))
 }
 
 /// `x` `[rows, k]` (bf16 / f16 / f32) quantized a row at a time: E4M3 `[rows, k]` and the f32

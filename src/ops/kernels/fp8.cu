@@ -260,33 +260,57 @@ template <typename T, int MT> struct Fp8MmaLane {
             out[(long long)row * n + col] = from_f<T>(y);
         });
     }
+
+    // `finish` for one k slice of a split product: the scaled f32 sum, unrounded, into slice
+    // `blockIdx.y` of `parts` (`[slices, rows, n]`), which the next op sums.
+    __device__ __forceinline__ void finish_partial(const float (&acc)[MT][MMA_TILES][4], float *part, float *parts, int rows) const {
+        float *slice = parts + (long long)blockIdx.y * rows * n;
+        reduce_fragments<MMA_WARPS, MT, MMA_TILES>(acc, part, col0, rows, n, [&](int row, int col, float v) {
+            slice[(long long)row * n + col] = block_rows > 0 ? v : v * scale[col];
+        });
+    }
 };
 
+// The 64-wide chunks of k that this block multiplies: all of them, or with a grid of several k
+// slices (`gridDim.y`) the y-th of as many equal runs.
+__device__ __forceinline__ int2 chunk_range(int k) {
+    const int chunks = (k + 63) / 64;
+    const int per = (chunks + gridDim.y - 1) / gridDim.y;
+    const int begin = min(chunks, (int)blockIdx.y * per);
+    return make_int2(begin, min(chunks, begin + per));
+}
+
+// `parts` null: the product into `out`; else the f32 partial of this block's k slice into
+// `parts` (no bias: a split product feeds a norm that adds nothing of its own).
 template <typename T, int MT>
-__device__ void fp8_linear_mma(T *out, const T *x, const uint8_t *w, const float *scale, const T *bias, int rows,
-                               int n, int k, int block_rows, int block_cols) {
+__device__ void fp8_linear_mma(T *out, float *parts, const T *x, const uint8_t *w, const float *scale, const T *bias,
+                               int rows, int n, int k, int block_rows, int block_cols) {
     __shared__ float part[MMA_WARPS * MT * MMA_TILES * 4 * 32];
     const Fp8MmaLane<T, MT> lane(x, w, scale, rows, n, k, block_rows, block_cols);
     const int warp = threadIdx.x / 32;
-    const int chunks = (k + 63) / 64;
+    const int2 range = chunk_range(k);
     float acc[MT][MMA_TILES][4] = {};
 
-    for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * MMA_UNROLL) {
+    for (int c0 = range.x + warp; c0 < range.y; c0 += MMA_WARPS * MMA_UNROLL) {
         uint4 wv[MMA_UNROLL][MMA_TILES];
 #pragma unroll
         for (int u = 0; u < MMA_UNROLL; ++u) {
             const int kk = lane.chunk_k(c0 + u * MMA_WARPS);
+            const bool mine = c0 + u * MMA_WARPS < range.y;
 #pragma unroll
             for (int j = 0; j < MMA_TILES; ++j)
-                wv[u][j] = lane.loads(j, kk) ? load_streaming(lane.wrow[j] + kk) : make_uint4(0, 0, 0, 0);
+                wv[u][j] = mine && lane.loads(j, kk) ? load_streaming(lane.wrow[j] + kk) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < MMA_UNROLL; ++u) {
-            if (c0 + u * MMA_WARPS >= chunks) break; // warp-uniform: mma.sync needs every lane
+            if (c0 + u * MMA_WARPS >= range.y) break; // warp-uniform: mma.sync needs every lane
             lane.multiply(acc, wv[u], lane.chunk_k(c0 + u * MMA_WARPS));
         }
     }
-    lane.finish(acc, part, out, bias, rows);
+    if (parts != nullptr)
+        lane.finish_partial(acc, part, parts, rows);
+    else
+        lane.finish(acc, part, out, bias, rows);
 }
 
 // The same product with the weights streamed through shared memory: each warp keeps its next
@@ -395,7 +419,12 @@ extern "C" __global__ void e4m3_from_f32(uint8_t *out, const float *x, long long
     extern "C" __global__ void fp8_linear_mma_m##MT##_##SUF(T *out, const T *x, const uint8_t *w,              \
                                                             const float *scale, const T *bias, int rows, int n, \
                                                             int k, int block_rows, int block_cols) {            \
-        fp8_linear_mma<T, MT>(out, x, w, scale, bias, rows, n, k, block_rows, block_cols);                      \
+        fp8_linear_mma<T, MT>(out, nullptr, x, w, scale, bias, rows, n, k, block_rows, block_cols);             \
+    }                                                                                                           \
+    extern "C" __global__ void fp8_linear_mma_parts_m##MT##_##SUF(float *parts, const T *x, const uint8_t *w,   \
+                                                                  const float *scale, int rows, int n, int k,   \
+                                                                  int block_rows, int block_cols) {             \
+        fp8_linear_mma<T, MT>(nullptr, parts, x, w, scale, nullptr, rows, n, k, block_rows, block_cols);        \
     }                                                                                                           \
     extern "C" __global__ void fp8_linear_mma_pipe_m##MT##_##SUF(T *out, const T *x, const uint8_t *w,         \
                                                                  const float *scale, const T *bias, int rows,   \
