@@ -2894,7 +2894,7 @@ fn fp8_weight_only_kernel_matches_the_dequantized_matmul() {
 fn fp8_weight_only_partials_match_their_cpu_composition() {
     use ponder::ops::cuda::{fp8_linear, fp8_linear_partials, WeightScale};
     use ponder::ops::split_k::fp8_linear_partials_reference;
-    use ponder::ops::{Fp8Kernels, KernelPolicy, Linear};
+    use ponder::ops::{KernelPolicy, Linear};
     use ponder::quant::{Fp8Scale, Fp8Weight};
     let gpu = gpu_device();
     let mut rng = StdRng::seed_from_u64(82);
@@ -2933,9 +2933,12 @@ fn fp8_weight_only_partials_match_their_cpu_composition() {
             assert_eq!(got.dims(), [splits, rows, n], "{name}");
             let got_cpu = got.to_device(&Device::Cpu).unwrap();
             assert_eq!(rel_err(&given.to_device(&Device::Cpu).unwrap(), &got_cpu), 0.0, "{name}: the given buffer holds the same values");
+            // A row's scale multiplies the f32 sum; a block's multiplies each weight as it is
+            // converted, rounded to x's dtype there (the f32 composition keeps it exact).
+            let tol = if block.is_some() { 1e-2 } else { 1e-4 };
             for i in 0..splits {
                 let err = rel_err(&got_cpu.get(i).unwrap(), &want.get(i).unwrap());
-                assert!(err <= 1e-4, "{name}: slice {i} relative error {err:e}");
+                assert!(err <= tol, "{name}: slice {i} relative error {err:e}");
             }
             // Summed and rounded, the whole kernel's product.
             let whole = fp8_linear(&xg, qg.data(), scale, None, true).unwrap().to_dtype(DType::F32).unwrap();
@@ -2957,7 +2960,7 @@ fn fp8_weight_only_partials_match_their_cpu_composition() {
             rand_tensor(&mut rng, &[n], 0.5, 1.5, DType::BF16).to_device(&gpu).unwrap(),
             rand_tensor(&mut rng, &[n], 0.5, 1.5, DType::BF16).to_device(&gpu).unwrap(),
         );
-        let whole_policy = KernelPolicy { fp8: Fp8Kernels::WeightOnly, ..Default::default() };
+        let whole_policy: KernelPolicy = "fp8=weight-only,fp8-split-k=1".parse().unwrap();
         let policy: KernelPolicy = format!("fp8=weight-only,fp8-split-k={split_k}").parse().unwrap();
         for pre_norm in [false, true] {
             let run = |p| {

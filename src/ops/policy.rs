@@ -138,10 +138,11 @@ pub struct KernelPolicy {
     pub fp8_weight_only_rows: usize,
     /// How weight-only FP8 projections that feed a norm are cut over k (`ops::split_k`'s
     /// partials, each slice a grid row of the tensor-core kernel; string
-    /// `fp8-split-k=planned|S|S:R`). `Planned` cuts so that the kernel's 16-column blocks fill
-    /// every SM twice (Ouro-1.4B's 2048-column o_proj and down: 2 slices on 132 SMs, where the
-    /// whole product runs one block an SM). Off (`Forced` with one slice) by default until it is
-    /// measured faster on the device.
+    /// `fp8-split-k=planned|S|S:R`, `1` never). `Planned` (the default) cuts launches of up to
+    /// 16 rows so that the kernel's 16-column blocks fill every SM twice: Ouro-1.4B's
+    /// 2048-column o_proj and down in 2 slices on 132 SMs, where the whole product runs one
+    /// block an SM; the H200's CB step with FP8 weight-only 1.04× / 1.05× at W 1 / 16
+    /// (`docs/bench/fp8/h200_split_k_39be911.json`).
     pub fp8_split_k: SplitK,
     /// Run the looped models' decode core steps on a preallocated arena (`ops::into`): every
     /// activation in a buffer sized when the engine is built, so a captured decode graph holds
@@ -164,7 +165,7 @@ impl Default for KernelPolicy {
             fp8_mma: true,
             fp8_pipeline: false,
             fp8_weight_only_rows: FP8_WEIGHT_ONLY_ROWS,
-            fp8_split_k: SplitK::Forced { slices: 1, max_rows: FP8_WEIGHT_ONLY_MAX_ROWS },
+            fp8_split_k: SplitK::Planned,
             decode_arena: false,
         }
     }
@@ -399,7 +400,7 @@ mod tests {
     fn policies_parse_from_flags_and_refuse_what_they_do_not_know() {
         assert_eq!("".parse::<KernelPolicy>().unwrap(), KernelPolicy::default());
         let p: KernelPolicy =
-            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-pipe=on,fp8-rows=48,fp8-split-k=planned,arena=on"
+            "attention=simt, ring=never,fold-simt=off,simt-deep=two,split-k=2:16,moe=mma-sync,fp8=weight-only,fp8-mma=off,fp8-pipe=on,fp8-rows=48,fp8-split-k=1,arena=on"
                 .parse()
                 .unwrap();
         assert_eq!(
@@ -415,7 +416,7 @@ mod tests {
                 fp8_mma: false,
                 fp8_pipeline: true,
                 fp8_weight_only_rows: 48,
-                fp8_split_k: SplitK::Planned,
+                fp8_split_k: SplitK::Forced { slices: 1, max_rows: 64 },
                 decode_arena: true,
             }
         );

@@ -53,14 +53,19 @@ const FP8_BLOCK_COLUMNS: usize = 16;
 const FP8_BLOCKS_AN_SM: usize = 2;
 /// The kernel's warps, each a 64-wide chunk of k at a time: a slice of fewer chunks idles some.
 const FP8_WARPS: usize = 8;
+/// Widest launch the FP8 plan splits: one m16 tile. On the H200 at 64 rows the split products
+/// were slower than whole (Ouro-1.4B's down 21.2 against 18.4 µs in 2 slices; the CB step at
+/// W 64 0.96×), at 1 and 16 rows faster (o_proj 1.05–1.09×, down 1.27×; the step 1.04–1.05×).
+const FP8_PLANNED_MAX_ROWS: usize = 16;
 
 /// How many k slices the weight-only FP8 kernel cuts `x · Wᵀ` (`x` `[rows, k]`, W `[n, k]` in
-/// E4M3) into under `KernelPolicy::fp8_split_k`: planned, enough that its 16-column blocks fill
-/// every SM `FP8_BLOCKS_AN_SM` times (at most 4, each slice at least a chunk a warp); forced, the
-/// count asked (at most a chunk a slice); `None` to run it whole (also off CUDA and in f32).
+/// E4M3) into under `KernelPolicy::fp8_split_k`: planned, up to 16 rows, enough that its
+/// 16-column blocks fill every SM `FP8_BLOCKS_AN_SM` times (at most 4, each slice at least a
+/// chunk a warp); forced, the count asked (at most a chunk a slice); `None` to run it whole (also
+/// off CUDA and in f32).
 pub fn fp8_split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
     let (forced, max_rows) = match super::policy::current().fp8_split_k {
-        super::policy::SplitK::Planned => (None, DEFAULT_MAX_ROWS),
+        super::policy::SplitK::Planned => (None, FP8_PLANNED_MAX_ROWS),
         super::policy::SplitK::Forced { slices, max_rows } => (Some(slices.min(super::policy::MAX_FORCED_SPLITS)), max_rows),
     };
     let (rows, k) = x.dims2().ok()?;

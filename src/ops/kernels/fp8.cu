@@ -20,9 +20,10 @@
 // the two differ by that rounding (≤ 2⁻⁹ relative a weight in bf16), not by the order of sums
 // alone. Block-scaled weights (a scale per tile of W, as DeepSeek-style checkpoints store them)
 // are multiplied by their tile's scale as they are converted, T(e4m3 · scale) as the reference.
-// fp8_linear_mma_pipe_m{1,2,4}_*: the same block, lanes and sums with each warp's weights
-// streamed through a ring of shared memory (cp.async, PIPE_STAGES chunks), so that loads stay in
-// flight while it multiplies; launched with PIPE_SMEM_BYTES of dynamic shared memory.
+// fp8_linear_mma_pipe_m{1,2,4}_*: the same lanes and sums by persistent blocks, each warp's
+// weights streamed through a ring of shared memory (cp.async) across the tiles its block takes,
+// so that loads stay in flight while it multiplies; launched with PIPE_SMEM_BYTES of dynamic
+// shared memory (the ring and the partial sums) and as many blocks as the GPU holds at once.
 //
 // fp8_linear_* (f32, and the reference order for the 16-bit dtypes): one warp per output row
 // (8 rows a block); each lane takes 16 weights at a time, one 16-byte load, and applies them to
@@ -150,10 +151,10 @@ constexpr int MMA_WARPS = 8;     // a block's warps, each a share of k
 constexpr int MMA_TILES = 2;     // n8 tiles a warp: 16 output columns a block
 constexpr int MMA_UNROLL = 4;    // 64-wide chunks of k whose weights a warp loads before using them
 constexpr int MMA_COLS = 8 * MMA_TILES;
-// The pipelined kernel: chunks a warp keeps in flight in shared memory (its ring of stages, one
-// chunk of 16 columns × 64 bytes a stage, 1 KB), PIPE_STAGES - 1 of them loading while it
-// multiplies one; the whole block's rings fill the 48 KB a launch gets without opting in
-// (the launcher's FP8_PIPE_SMEM_BYTES, held equal by a test).
+// The pipelined kernel's shared memory: the 48 KB a launch gets without opting in (the launcher's
+// FP8_PIPE_SMEM_BYTES, held equal by a test), its warps' rings of stages (one chunk of 16 columns
+// × 64 bytes a stage, 1 KB) and after them the partial sums of a tile (8 KB an m16 tile): five
+// stages a ring at 16 rows, four at 32, two at 64.
 constexpr int PIPE_STAGES = 6;
 constexpr int PIPE_CHUNK_BYTES = MMA_TILES * 32 * 16;
 constexpr int PIPE_SMEM_BYTES = MMA_WARPS * PIPE_STAGES * PIPE_CHUNK_BYTES;
@@ -189,6 +190,17 @@ template <typename T, int MT> struct Fp8MmaLane {
             hi_ok[m] = 16 * m + g + 8 < rows;
             xlo[m] = x + (long long)(lo_ok[m] ? 16 * m + g : 0) * k;
             xhi[m] = x + (long long)(hi_ok[m] ? 16 * m + g + 8 : 0) * k;
+        }
+    }
+
+    // Points the lane at the 16 output columns from c0 (the persistent kernel's next tile).
+    __device__ __forceinline__ void at_columns(const uint8_t *w, int c0) {
+        col0 = c0;
+#pragma unroll
+        for (int j = 0; j < MMA_TILES; ++j) {
+            const int c = col0 + 8 * j + g;
+            wok[j] = c < n;
+            wrow[j] = w + (long long)(wok[j] ? c : 0) * k;
         }
     }
 
@@ -313,56 +325,73 @@ __device__ void fp8_linear_mma(T *out, float *parts, const T *x, const uint8_t *
         lane.finish(acc, part, out, bias, rows);
 }
 
-// The same product with the weights streamed through shared memory: each warp keeps its next
-// PIPE_STAGES - 1 chunks loading (cp.async, zero-filled past n or k) while it converts and
-// multiplies one, where the plain kernel loads four chunks and then has none in flight while it
-// multiplies them. A lane reads back only the bytes it copied, so no barrier orders the ring;
-// a slot is refilled after the chunk it held was multiplied (its values already in registers).
-// The rings are reused for the warps' partial sums at the end.
+// The same product with the weights streamed through shared memory, by persistent blocks: a
+// block takes 16-column tiles blockIdx.x, + gridDim.x, ... (the launcher sizes the grid to the
+// blocks the GPU holds at once), and each warp walks one sequence of (tile, chunk) steps, its
+// chunks of a tile as the plain kernel shares k, keeping the next stages - 1 steps loading
+// (cp.async, zero-filled past n or k) while it converts and multiplies one — across tile ends
+// too, so the loads never drain. Where the plain kernel's block runs one round of loads and ends
+// (k = 2048 is four chunks a warp), the GPU would otherwise wait on memory once a block. A lane
+// reads back only the bytes it copied, so no barrier orders the ring; a slot is refilled after
+// the chunk it held was multiplied. The warps' partial sums of a tile meet in shared memory
+// after the rings (`finish`), two barriers a tile.
+template <int MT> constexpr int pipe_part_bytes() { return MMA_WARPS * MT * MMA_TILES * 4 * 32 * (int)sizeof(float); }
+template <int MT> constexpr int pipe_stages() { return (PIPE_SMEM_BYTES - pipe_part_bytes<MT>()) / (MMA_WARPS * PIPE_CHUNK_BYTES); }
+
 template <typename T, int MT>
 __device__ void fp8_linear_mma_pipe(T *out, const T *x, const uint8_t *w, const float *scale, const T *bias, int rows,
                                     int n, int k, int block_rows, int block_cols) {
+    constexpr int STAGES = pipe_stages<MT>();
+    static_assert(STAGES >= 2, "a ring of at least two stages beside the partial sums");
     extern __shared__ __align__(16) unsigned char pipe_smem[];
-    static_assert(MMA_WARPS * MT * MMA_TILES * 4 * 32 * sizeof(float) <= PIPE_SMEM_BYTES, "partial sums fit the rings");
-    const Fp8MmaLane<T, MT> lane(x, w, scale, rows, n, k, block_rows, block_cols);
+    Fp8MmaLane<T, MT> lane(x, w, scale, rows, n, k, block_rows, block_cols);
     const int warp = threadIdx.x / 32, l = threadIdx.x % 32;
-    const int chunks = (k + 63) / 64;
-    // Chunks warp, warp + MMA_WARPS, ... are this warp's (as the plain kernel shares k).
+    const int chunks = (k + 63) / 64, tiles = (n + MMA_COLS - 1) / MMA_COLS;
+    // Chunks warp, warp + MMA_WARPS, ... of each tile are this warp's (as the plain kernel shares k).
     const int mine = warp < chunks ? (chunks - warp + MMA_WARPS - 1) / MMA_WARPS : 0;
-    const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(pipe_smem)) + warp * PIPE_STAGES * PIPE_CHUNK_BYTES;
-    const unsigned char *ring_ptr = pipe_smem + warp * PIPE_STAGES * PIPE_CHUNK_BYTES;
-    // Chunk i of this warp into its slot: each lane's 16 bytes of each tile.
-    auto issue = [&](int i) {
-        const int kk = lane.chunk_k(warp + i * MMA_WARPS);
-        const int slot = i % PIPE_STAGES;
+    const int my_tiles = (int)blockIdx.x < tiles ? (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
+    const int steps = my_tiles * mine;
+    const unsigned ring = static_cast<unsigned>(__cvta_generic_to_shared(pipe_smem)) + warp * STAGES * PIPE_CHUNK_BYTES;
+    const unsigned char *ring_ptr = pipe_smem + warp * STAGES * PIPE_CHUNK_BYTES;
+    float *part = reinterpret_cast<float *>(pipe_smem + MMA_WARPS * STAGES * PIPE_CHUNK_BYTES);
+    // Step p of this warp into its slot: each lane's 16 bytes of each n8 tile of the step's tile.
+    auto issue = [&](int p) {
+        const int tile = (int)blockIdx.x + (p / mine) * (int)gridDim.x;
+        const int kk = lane.chunk_k(warp + (p % mine) * MMA_WARPS);
+        const int slot = p % STAGES;
 #pragma unroll
         for (int j = 0; j < MMA_TILES; ++j) {
-            const bool ok = lane.loads(j, kk);
-            cp_async16(ring + slot * PIPE_CHUNK_BYTES + (j * 32 + l) * 16, ok ? lane.wrow[j] + kk : w, ok);
+            const int c = tile * MMA_COLS + 8 * j + lane.g;
+            const bool ok = c < n && kk < k;
+            cp_async16(ring + slot * PIPE_CHUNK_BYTES + (j * 32 + l) * 16, ok ? w + (long long)c * k + kk : w, ok);
         }
     };
-    float acc[MT][MMA_TILES][4] = {};
-    // One commit a chunk, empty past this warp's last, so that the wait below counts groups the
+    // One commit a step, empty past this warp's last, so that the wait below counts groups the
     // same way at every step.
 #pragma unroll
-    for (int i = 0; i < PIPE_STAGES - 1; ++i) {
-        if (i < mine) issue(i);
+    for (int p = 0; p < STAGES - 1; ++p) {
+        if (p < steps) issue(p);
         cp_async_commit();
     }
-    for (int i = 0; i < mine; ++i) {
-        cp_async_wait<PIPE_STAGES - 2>(); // chunk i has landed
-        uint4 wv[MMA_TILES];
+    int p = 0;
+    for (int t = 0; t < my_tiles; ++t) {
+        lane.at_columns(w, ((int)blockIdx.x + t * (int)gridDim.x) * MMA_COLS);
+        float acc[MT][MMA_TILES][4] = {};
+        for (int i = 0; i < mine; ++i, ++p) {
+            cp_async_wait<STAGES - 2>(); // step p has landed
+            uint4 wv[MMA_TILES];
 #pragma unroll
-        for (int j = 0; j < MMA_TILES; ++j)
-            wv[j] = *reinterpret_cast<const uint4 *>(ring_ptr + (i % PIPE_STAGES) * PIPE_CHUNK_BYTES + (j * 32 + l) * 16);
-        // Refill the slot multiplied last step (chunk i - 1's) with chunk i + PIPE_STAGES - 1.
-        if (i + PIPE_STAGES - 1 < mine) issue(i + PIPE_STAGES - 1);
-        cp_async_commit();
-        lane.multiply(acc, wv, lane.chunk_k(warp + i * MMA_WARPS));
+            for (int j = 0; j < MMA_TILES; ++j)
+                wv[j] = *reinterpret_cast<const uint4 *>(ring_ptr + (p % STAGES) * PIPE_CHUNK_BYTES + (j * 32 + l) * 16);
+            // Refill the slot multiplied last step with step p + STAGES - 1 (perhaps a later tile's).
+            if (p + STAGES - 1 < steps) issue(p + STAGES - 1);
+            cp_async_commit();
+            lane.multiply(acc, wv, lane.chunk_k(warp + i * MMA_WARPS));
+        }
+        lane.finish(acc, part, out, bias, rows);
+        __syncthreads(); // every sum of this tile read before the next tile's are written
     }
     cp_async_wait<0>();
-    __syncthreads(); // every warp done with its ring before the rings hold partial sums
-    lane.finish(acc, reinterpret_cast<float *>(pipe_smem), out, bias, rows);
 }
 
 // The largest of every thread's `v` in the block (blockDim.x a multiple of 32, at most 1024).
