@@ -191,11 +191,12 @@ def gates():
                             {s: [float(r[3 + i].split(",")[0]) for r in rows] for i, (_, s) in enumerate(S)}, "tokens/s", load(GATES[0]))))
 
 
-def h100():
-    files = sorted((p.name for p in (BENCH / "h100").glob("*.json") if not p.name.startswith("ab_")), key=lambda n: (not n.startswith("looped"), n))
+def standing(card):
+    """The standing benchmarks' tables and plot from docs/bench/<card>/ (every file but the A/Bs)."""
+    files = sorted((p.name for p in (BENCH / card).glob("*.json") if not p.name.startswith("ab_")), key=lambda n: (not n.startswith("looped"), n))
     out = []
     for n in files:
-        d = load("h100/" + n); R = d["results"]; link = f"[`h100/{n}`](bench/h100/{n}), commit `{d['commit']}`: `{d['command']}`"
+        d = load(f"{card}/" + n); R = d["results"]; link = f"[`{card}/{n}`](bench/{card}/{n}), commit `{d['commit']}`: `{d['command']}`"
         if d.get("suite") == "cb":
             out += [f"**{d['model']}: CB, prompt {d['prompt_len']} + {d['new_tokens']} new** — {link}", "", table(["W", "decode tok/s", "step ms", "of the roofline", "peak device memory, GB"], [
                 [r["width"], f"**refused** at build: “{r['refused']}”", "—", "—", "—"] if "refused" in r else
@@ -214,12 +215,17 @@ def h100():
                 ["B", f"{lab} tok/s", "FOCUS tok/s", f"FOCUS ÷ {lab}", "peak device memory, GB"], [
                 [B, num(b[(B, base)]["tokens_per_s"]), num(b[(B, "focus")]["tokens_per_s"]), times(b[(B, "focus")][f"speedup_vs_{lab}"]),
                  num(max(b[(B, m)]["peak_device_memory_gb"] for m in (base, "focus")), 1)] for B in sorted({r["batch"] for r in R})]), ""]
-    figs = [(f"{load('h100/' + n)['model'].split()[0]} {r['mode']} {'W' if 'width' in r else 'B'} {r.get('width', r.get('batch'))}", r["tokens_per_s"])
-            for n in files for r in load("h100/" + n)["results"] if "refused" not in r]
-    V["h100_plot"] = plot("h100", "H100 tokens/s of every figure above", lambda: bars([k for k, _ in figs], {"tokens/s": [v for _, v in figs]}, "tokens/s", load("h100/" + files[0])))
-    d0 = load("h100/" + files[0])  # a looped run: it measured the copy bandwidth
-    V.update(h100_gpu=d0["gpu"], h100_bw=f"{d0['copy_bandwidth_gb_s']:.0f}", h200_bw=f"{load('looped_cdb_9327f4f.json')['sources'][0]['copy_bandwidth_gb_s']:.0f}",
-             h100_kernels=max((load("h100/" + n)["kernels"] for n in files), key=len), h100_tables="\n".join(out).rstrip())
+    figs = [(f"{load(f'{card}/' + n)['model'].split()[0]} {r['mode']} {'W' if 'width' in r else 'B'} {r.get('width', r.get('batch'))}", r["tokens_per_s"])
+            for n in files for r in load(f"{card}/" + n)["results"] if "refused" not in r]
+    d0 = load(f"{card}/" + files[0])  # a looped run: it measured the copy bandwidth
+    V[f"{card}_plot"] = plot(card, f"{d0['gpu']} tokens/s of every figure above", lambda: bars([k for k, _ in figs], {"tokens/s": [v for _, v in figs]}, "tokens/s", d0))
+    V.update({f"{card}_gpu": d0["gpu"], f"{card}_bw": f"{d0['copy_bandwidth_gb_s']:.0f}", f"{card}_kernels": max((load(f"{card}/" + n)["kernels"] for n in files), key=len),
+              f"{card}_tables": "\n".join(out).rstrip(), f"{card}_commits": ", ".join(sorted({f"`{load(f'{card}/' + n)['commit']}`" for n in files}))})
+
+
+def h100():
+    standing("h100")
+    standing("h200")
     ab = []
     for n in sorted(p.name for p in (BENCH / "h100").glob("ab_*.json")):
         a = load("h100/" + n); m = {}
@@ -455,6 +461,50 @@ def gemm_layers():
              gemm_gpu=load(n)["gpu"], gemm_of_bw=pct(bytes_s / prod_s, d=0), gemm_splits="; ".join(better) if better else "none", gemm_data=data(n, date=False), gemm_cmds=cmds(load(n)["commands"]))
 
 
+def fp8_layers():
+    """FP8 weight-only per layer in a graph against cuBLAS bf16 (H200), whole and in k slices."""
+    n = "gemm/h200_fp8_layers_39be911.json"; G = load(n)["runs"]
+    rows, labels, bf16_bw, fp8_bw = [], [], [], []
+    for suite in ("gemm_fp8_ouro", "gemm_fp8_huginn"):
+        R = G[suite]["results"]
+        bf16 = {(r["layer"], r["rows"]): r for r in R if r["output"] != "Fp8Whole" and r["output"] != "Fp8Partials" and (r["output"] != "Partials" or r["planned"])}
+        fp8 = {}
+        for r in R:
+            if r["output"] in ("Fp8Whole", "Fp8Partials"):
+                fp8.setdefault((r["layer"], r["rows"]), []).append(r)
+        for key, rs in fp8.items():
+            b = bf16[key]; whole = next(r for r in rs if r["slices"] == 1); best = min(rs, key=lambda r: min(r["graph_s"]))
+            sl = f"{best['slices']} slices" if best["slices"] > 1 else "whole"
+            rows.append([whole["model"], key[0], f"{whole['n']} × {whole['k']}", key[1], f"{min(b['graph_s']) * 1e6:.1f}", pct(b["graph_of_copy_bandwidth"]),
+                         f"{min(whole['graph_s']) * 1e6:.1f}", pct(whole["graph_of_copy_bandwidth"]), f"{min(best['graph_s']) * 1e6:.1f} ({sl})", times(best["bf16_over_fp8"])])
+            labels.append(f"{whole['model'].split('-')[0]} {key[0]} {key[1]}"); bf16_bw.append(100 * b["graph_of_copy_bandwidth"]); fp8_bw.append(100 * best["graph_of_copy_bandwidth"])
+    d = G["gemm_fp8_ouro"]
+    V.update(fp8_layers_table=table(["model", "layer", "n × k", "rows", "bf16 µs", "bf16, of copy bw", "FP8 whole µs", "FP8 whole, of copy bw", "FP8 best µs", "bf16 ÷ FP8 best"], rows),
+             fp8_layers_gpu=d["gpu"], fp8_layers_data=data(n, date=False), fp8_layers_cmds=cmds(load(n)["commands"]),
+             fp8_layers_plot=plot("fp8_layers", "share of the copy bandwidth per decode layer, bf16 cuBLAS against the FP8 weight-only kernel, in a graph",
+                                  lambda: bars(labels, {"bf16 cuBLAS": bf16_bw, "FP8 weight-only (best split)": fp8_bw}, "% of copy bandwidth", {"model": "decode layers", "gpu": d["gpu"], "commit": d["commit"]})))
+    S = load("fp8/h200_split_k_39be911.json")["runs"]
+    step = lambda k, w: next(r["decode_step_ms"] for r in S[k]["results"] if r["width"] == w)
+    ab = []
+    for w in (1, 16, 64):
+        whole = [step(f"fp8_whole_{i}", w) for i in (1, 2)]; split = [step(f"fp8_split_{i}", w) for i in (1, 2)]
+        ab.append([f"W {w}", " / ".join(f"{x:.2f}" for x in whole), " / ".join(f"{x:.2f}" for x in split), times(sum(whole) / sum(split), 3), f"{step('bf16_arena', w):.2f}"])
+    V.update(fp8_split_table=table(["launch", "whole step ms (2 runs)", "split step ms (2 runs)", "whole ÷ split", "bf16 arena step ms"], ab),
+             fp8_split_data=data("fp8/h200_split_k_39be911.json", date=False), fp8_split_cmds=cmd_of("fp8/h200_split_k_39be911.json"))
+
+
+def roofline_breakdown():
+    """Where one CB W 16 step's kernel time goes (ncu, H200, on the arena)."""
+    n = "roofline/h200_cb_w16_arena_kernels_39be911.json"; d = load(n)
+    fams = sorted(d["families"].items(), key=lambda kv: -kv[1]["ms"])
+    rows = [[f, v["kernels"], f"{v['ms']:.3f}", pct(v["ms"] / d["total_ms"])] for f, v in fams]
+    per = d["by_position"]
+    V.update(breakdown_table=table(["family", "kernels", "ms", "share"], rows), breakdown_total=f"{d['total_ms']:.2f}", breakdown_kernels=d["kernels"],
+             breakdown_layer=table(["#", "kernel", "family", "mean µs"], [[i, f"`{r['kernel']}`", r["family"], f"{r['mean_us']:.2f}"] for i, r in enumerate(per)]),
+             breakdown_step=f"{next(r['decode_step_ms'] for r in load('fp8/h200_split_k_39be911.json')['runs']['bf16_arena']['results'] if r['width'] == 16):.2f}",
+             breakdown_data=data(n, date=False), breakdown_cmds=cmd_of(n))
+
+
 def arena():
     n = "arena/h100_ab_2d346d3.json"; R = load(n)["runs"]
     def step(label, w):
@@ -477,6 +527,12 @@ def arena():
     spread = max(abs(a - b) / max(a, b) for lab in ("plain", "arena", "arena_old") for w in (16, 64) for a, b in [hrun(lab, w, "decode_step_ms")])
     V.update(arena_huginn_table=table(["launch", "plain step ms", "arena ms, norms apart", "arena ms, norms paired", "plain ÷ arena", "pairing's gain", "kernel nodes (pairing)", "memory nodes (arena)"], hrows),
              arena_huginn_spread=pct(spread), arena_huginn_memory=str(hrun("arena", 16, "graph_memory_nodes")[0]), arena_huginn_data=data(h, date=False), arena_huginn_cmds=cmds(load(h)["commands"]))
+    w = "arena/h200_huginn_gemm_workspace_39be911.json"; W = load(w)["runs"]
+    at = lambda k, width, f: next(r[f] for r in W[k]["results"] if r["width"] == width)
+    V.update(arena_ws_gpu=load(w)["gpu"],
+             arena_ws_nodes="; ".join(f"W {x}: {at('huginn_old_1', x, 'graph_memory_nodes')} → {at('huginn_new_1', x, 'graph_memory_nodes')}" for x in (16, 64)),
+             arena_ws_steps="; ".join(f"W {x}: {at('huginn_old_1', x, 'decode_step_ms'):.2f} → {at('huginn_new_1', x, 'decode_step_ms'):.2f}" for x in (16, 64)),
+             arena_ws_data=data(w, date=False))
     # The diffusion step: how much of a denoise launch is kernel time.
     d = "arena/h100_sdar_kernel_share_512f029.json"; D = load(d)
     clean = by(D["clean"]["results"], "mode", "batch")
@@ -522,7 +578,7 @@ def modes(rows, d):
 
 def main():
     global plt
-    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, fp8, fp8_h100, fp8_rows, gemm_layers, arena, h100, did_not_pay):
+    for section in (looped, huginn, long_prompts, diffusion, gates, serve, live, fp8, fp8_h100, fp8_rows, fp8_layers, gemm_layers, roofline_breakdown, arena, h100, did_not_pay):
         section()
     gpus = lambda h: " / ".join(sorted({d["gpu"] for n, d in _cache.items() if n.startswith("h100/") == h}))
     V.update(gpus=gpus(False), h100_gpus=gpus(True))
