@@ -2907,6 +2907,8 @@ fn fp8_weight_only_partials_match_their_cpu_composition() {
         (64, 2048, 2048, 4, None),
         (9, 300, 1040, 2, Some((128, 128))),
         (16, 77, 4112, 7, Some((7, 32))),
+        // 5 chunks in 4 slices: runs of 2, 2, 1 and none (a slice of zeros).
+        (16, 96, 320, 4, None),
     ];
     for (rows, n, k, splits, block) in cases {
         let dense = rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32);
@@ -2948,9 +2950,10 @@ fn fp8_weight_only_partials_match_their_cpu_composition() {
             assert!(fp8_linear_partials(&xg, qg.data(), scale, k.div_ceil(64) + 1, None).is_err(), "{name}: more slices than chunks");
         }
     }
-    // A norm-fed FP8 layer under the policy: split where the plan cuts, whole where it does not.
-    for (rows, n, k, split_k, splits) in
-        [(16, 2048, 2048, "planned", true), (16, 2048, 2048, "4", true), (16, 2048, 2048, "1", false), (16, 5280, 5280, "planned", false)]
+    // A norm-fed FP8 layer under the policy: split where the plan cuts (planned: by this card's
+    // SM count; Ouro's o_proj at 16 rows on 128 or more, never at 64 rows), whole where it does not.
+    for (rows, n, k, split_k) in
+        [(16, 2048, 2048, "planned"), (16, 2048, 2048, "4"), (16, 2048, 2048, "1"), (16, 5280, 5280, "planned"), (64, 2048, 2048, "planned")]
     {
         let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap().to_device(&gpu).unwrap();
         let layer = Linear::fp8(q, None, DType::BF16).unwrap();
@@ -2960,8 +2963,15 @@ fn fp8_weight_only_partials_match_their_cpu_composition() {
             rand_tensor(&mut rng, &[n], 0.5, 1.5, DType::BF16).to_device(&gpu).unwrap(),
             rand_tensor(&mut rng, &[n], 0.5, 1.5, DType::BF16).to_device(&gpu).unwrap(),
         );
-        let whole_policy: KernelPolicy = "fp8=weight-only,fp8-split-k=1".parse().unwrap();
-        let policy: KernelPolicy = format!("fp8=weight-only,fp8-split-k={split_k}").parse().unwrap();
+        let whole_policy: KernelPolicy = "fp8=weight-only,fp8-rows=64,fp8-split-k=1".parse().unwrap();
+        let policy: KernelPolicy = format!("fp8=weight-only,fp8-rows=64,fp8-split-k={split_k}").parse().unwrap();
+        let splits = ponder::ops::with_kernels(policy, || ponder::ops::split_k::fp8_split_k_plan(&x, n)).0.is_some();
+        let expected = match (split_k, rows, n) {
+            ("4", ..) => true,
+            ("planned", 16, 2048) => ponder::ops::cuda::sm_count(gpu.as_cuda_device().unwrap()).unwrap() >= 128,
+            _ => false,
+        };
+        assert_eq!(splits, expected, "[{rows}, {n}, {k}] fp8-split-k={split_k}: the plan");
         for pre_norm in [false, true] {
             let run = |p| {
                 ponder::ops::with_kernels(p, || match pre_norm {
@@ -2992,14 +3002,16 @@ fn fp8_weight_only_check(pipe: bool) {
     let reference = |x: &Tensor, q: &Fp8Weight, bias: Option<&Tensor>, dtype: DType| Linear::fp8(q.clone(), bias.cloned(), dtype).unwrap().forward(x).unwrap();
     // The tensor-core kernel (bf16 / f16) and the SIMT one: rows on either side of the m16
     // tile's halves, n off its 16 columns, k off its 64-wide chunks and its 8 warps' stride.
-    let shapes = [(1, 200, 64), (5, 1024, 2048), (9, 333, 5632), (16, 96, 4112), (3, 7, 16), (16, 2048, 2048)];
+    // 12 000 columns are 750 tiles of 16: more than the GPU holds blocks at once, so the
+    // persistent pipelined blocks each take several tiles (their rings running across tile ends).
+    let shapes = [(1, 200, 64), (5, 1024, 2048), (9, 333, 5632), (16, 96, 4112), (3, 7, 16), (16, 2048, 2048), (16, 12000, 1040)];
     for fp8_mma in [true, false] {
         let policy = KernelPolicy { fp8_mma, ..policy };
         fp8_layer_against(&gpu, &mut rng, policy, &shapes, 1e-5, reference, |c| c.fp8_weight_only);
     }
     // Block-scaled weights (a scale per tile, DeepSeek's 128 × 128 and a smaller, uneven tile) on
     // the tensor-core kernel, each weight dequantized by its tile's scale as the reference does.
-    for (rows, n, k, block) in [(4, 300, 1040, (128, 128)), (16, 96, 4112, (128, 128)), (9, 77, 96, (7, 32))] {
+    for (rows, n, k, block) in [(4, 300, 1040, (128, 128)), (16, 96, 4112, (128, 128)), (9, 77, 96, (7, 32)), (16, 9000, 1040, (128, 128))] {
         let data = Fp8Weight::quantize(&rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap().data().clone();
         let scale = rand_tensor(&mut rng, &[n.div_ceil(block.0), k.div_ceil(block.1)], 0.001, 0.01, DType::F32);
         let q = Fp8Weight::from_parts(data, ponder::quant::Fp8Scale::Block { scale, block }).unwrap();
@@ -3017,7 +3029,7 @@ fn fp8_weight_only_check(pipe: bool) {
     // Wider launches on the tensor-core kernel's m16 tiles (bf16 / f16), rows on either side of
     // each tile's halves, with block scales at the widest.
     let wide = KernelPolicy { fp8_weight_only_rows: 64, ..policy };
-    for (rows, n, k) in [(17, 200, 64), (24, 333, 5632), (32, 1024, 2048), (41, 96, 4112), (64, 2048, 2048)] {
+    for (rows, n, k) in [(17, 200, 64), (24, 333, 5632), (32, 1024, 2048), (41, 96, 4112), (64, 2048, 2048), (40, 9000, 1040)] {
         let q = Fp8Weight::quantize(&rand_tensor(&mut rng, &[n, k], -0.5, 0.5, DType::F32)).unwrap();
         for dtype in [DType::BF16, DType::F16] {
             let x = rand_tensor(&mut rng, &[rows, k], -1.0, 1.0, dtype);

@@ -17,8 +17,8 @@ use candle_core::{DType, Module, Result, Tensor};
 use std::borrow::Cow;
 
 /// Dynamic shared memory of the pipelined weight-only FP8 kernel (`fp8_linear_mma_pipe_*`):
-/// `PIPE_SMEM_BYTES` in `kernels/fp8.cu`, its 8 warps' rings of 6 chunks of 1 KB, the most a
-/// launch gets without opting in. A test holds the two equal.
+/// `PIPE_SMEM_BYTES` in `kernels/fp8.cu` (48 KB, the most a launch gets without opting in), its
+/// 8 warps' rings of 1 KB chunks and a tile's partial sums after them. A test holds the two equal.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) const FP8_PIPE_SMEM_BYTES: u32 = 8 * 6 * 1024;
 
@@ -199,7 +199,7 @@ impl Linear {
     /// `KernelPolicy::fp8_split_k` cuts them, else [`fp8_matmul`], then the norm.
     pub fn add_rms_norm(&self, residual: &Tensor, x: &Tensor, w_x: &Tensor, w_next: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
         if let Some(w) = self.fp8_kernels() {
-            if let Some(parts) = fp8_partials(x, w)? {
+            if let Some(parts) = fp8_partials(x, w)?.filter(|_| residual.rank() == 2) {
                 return super::split_k::add_rms_norm_partials(residual, &parts, w_x, w_next, eps);
             }
             return super::add_rms_norm(residual, &fp8_matmul(x, w, None)?, w_x, w_next, eps);
@@ -211,7 +211,7 @@ impl Linear {
     /// stream before the next norm (Huginn), as [`Linear::add_rms_norm`] chooses.
     pub fn residual_add_rms_norm(&self, residual: &Tensor, x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
         if let Some(fp8) = self.fp8_kernels() {
-            if let Some(parts) = fp8_partials(x, fp8)? {
+            if let Some(parts) = fp8_partials(x, fp8)?.filter(|_| residual.rank() == 2) {
                 return super::split_k::residual_add_rms_norm_partials(residual, &parts, w, eps);
             }
             return super::residual_add_rms_norm(residual, &fp8_matmul(x, fp8, None)?, w, eps);
@@ -340,7 +340,8 @@ fn weight_only_fit<'w>(x: &Tensor, w: &'w Fp8Weight, mma: bool) -> Option<(super
 fn fp8_partials(x: &Tensor, w: &Fp8Weight) -> Result<Option<Tensor>> {
     let policy = current();
     let rows = x.elem_count() / w.dims().1.max(1);
-    if !(policy.fp8_mma && policy.fp8_weight_only(rows) && !policy.fp8_quantizes_activations(rows)) {
+    // The partials' norm takes `[rows, n]` operands, as the dense split does.
+    if x.rank() != 2 || !(policy.fp8_mma && policy.fp8_weight_only(rows) && !policy.fp8_quantizes_activations(rows)) {
         return Ok(None);
     }
     #[cfg(feature = "cuda")]

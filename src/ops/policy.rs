@@ -60,7 +60,8 @@ pub enum SimtDeep {
 /// How decode projections that feed a norm are cut over k (`ops::split_k`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SplitK {
-    /// As many slices as make the output tiles cover the SMs (at most 4), up to 64 rows.
+    /// As many slices as make the output tiles cover the SMs (at most 4), up to 64 rows (the
+    /// FP8 plan: up to 16).
     #[default]
     Planned,
     /// Up to `slices` slices (0 or 1: never split) up to `max_rows` rows.

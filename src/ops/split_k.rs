@@ -83,6 +83,9 @@ pub fn fp8_split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
 /// The composition of candle ops behind the weight-only FP8 kernel's k slices
 /// (`ops::cuda::fp8_linear_partials`): `x` `[rows, k]` times the dequantized weight, in f32, over
 /// the runs of 64-wide chunks of k the kernel gives each of `splits` slices (`[splits, rows, n]`).
+/// The kernel applies a row's scale to each slice's f32 sum, so per-row weights agree up to the
+/// order of sums; a block's scale it applies to each weight as it converts it to x's dtype,
+/// which this composition keeps in f32 (2⁻⁹ relative a weight in bf16).
 pub fn fp8_linear_partials_reference(x: &Tensor, w: &crate::quant::Fp8Weight, splits: usize) -> Result<Tensor> {
     let (_, k) = x.dims2()?;
     let chunks = k.div_ceil(64);

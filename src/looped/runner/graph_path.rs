@@ -80,6 +80,7 @@ impl LoopedRunner {
             }
             Phase::Warm => {
                 let statics = &entry.statics;
+                // Made with the runner on CUDA; here only where a runner was built otherwise.
                 let workspace = match &cache.workspace {
                     Some(w) => Ok(w.clone()),
                     None => GemmWorkspace::new(dev).map(std::sync::Arc::new),

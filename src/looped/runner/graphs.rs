@@ -160,7 +160,7 @@ pub struct GraphCache {
     pub replays: usize,
     /// The captured graphs' nodes.
     pub nodes: crate::looped::metrics::GraphNodes,
-    /// cuBLAS's workspace for every capture (made at the first).
+    /// cuBLAS's workspace for every capture (made with the runner on CUDA).
     pub workspace: Option<std::sync::Arc<GemmWorkspace>>,
 }
 

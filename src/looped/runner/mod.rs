@@ -123,13 +123,16 @@ impl LoopedRunner {
         if graphs {
             graphs::prepare_device(&dev);
         }
+        // cuBLAS's workspace for the captures, made with the pool and the bank (the engine's
+        // budget holds it) rather than at the first capture, where a full device would fail it.
+        let workspace = (graphs && dev.is_cuda()).then(|| graphs::GemmWorkspace::new(&dev).map(std::sync::Arc::new)).transpose()?;
         Ok(Self {
             model,
             kv,
             block_size,
             bank,
             last_wait: Default::default(),
-            graphs: graphs.then(Default::default),
+            graphs: graphs.then(|| std::cell::RefCell::new(GraphCache { workspace, ..Default::default() })),
             scratch_block: num_blocks as u32,
             scratch_row: bank_rows as u32,
             capture: true,

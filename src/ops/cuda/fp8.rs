@@ -90,8 +90,8 @@ impl Fp8Product {
     fn check(x: &Tensor, data: &Tensor, scale: WeightScale, bias: Option<&Tensor>, max_rows: usize, mma: bool) -> Result<Self> {
         let (rows, k) = x.dims2()?;
         let (n, k_w) = data.dims2()?;
-        if k != k_w || k % 16 != 0 || rows == 0 || rows > max_rows || n > i32::MAX as usize || k > i32::MAX as usize {
-            bail!("{OP} (cuda): x [{rows}, {k}] against a weight [{n}, {k_w}]: needs equal k, a multiple of 16, and 1..={max_rows} rows");
+        if k != k_w || k % 16 != 0 || rows == 0 || rows > max_rows || n == 0 || n > i32::MAX as usize || k > i32::MAX as usize {
+            bail!("{OP} (cuda): x [{rows}, {k}] against a weight [{n}, {k_w}]: needs equal k, a multiple of 16, output columns, and 1..={max_rows} rows");
         }
         let (scale, block) = match scale {
             WeightScale::Rows(s) => (s, (0, 0)),
@@ -101,7 +101,7 @@ impl Fp8Product {
         if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != scale_dims {
             bail!("{OP} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and {scale_dims:?} f32", data.dtype(), scale.dims(), scale.dtype());
         }
-        if block.0 > 0 && (!mma || block.1 % 16 != 0 || block.0 > i32::MAX as usize || block.1 > i32::MAX as usize) {
+        if block.0 > 0 && (!mma || block.1 == 0 || block.1 % 16 != 0 || block.0 > i32::MAX as usize || block.1 > i32::MAX as usize) {
             bail!("{OP} (cuda): {block:?} blocks need the tensor-core kernel (bf16 / f16) and a multiple of 16 columns");
         }
         if let Some(b) = bias.filter(|b| b.dims() != [n] || b.dtype() != x.dtype()) {

@@ -27,11 +27,6 @@ impl std::fmt::Debug for GemmWorkspace {
     }
 }
 
-// SAFETY: the buffer is only handed to cuBLAS on the stream of the thread that captures; the
-// graphs that hold it replay on that stream, one at a time.
-unsafe impl Send for GemmWorkspace {}
-unsafe impl Sync for GemmWorkspace {}
-
 impl GemmWorkspace {
     /// Allocates the buffer on `device` (outside any capture).
     pub fn new(device: &Device) -> Result<Self> {
@@ -41,10 +36,16 @@ impl GemmWorkspace {
         Ok(Self { buf })
     }
 
-    /// Runs `body` with cuBLAS on `device`'s handle using this buffer as its workspace; after it
-    /// the handle uses its default pool again (`cublasSetStream` resets the workspace), so eager
-    /// products never touch a buffer a graph may be replaying with.
+    /// Runs `body` with cuBLAS on `device`'s handle using this buffer as its workspace; after it,
+    /// returned, failed or unwound, the handle uses its default pool again (`cublasSetStream`
+    /// resets the workspace), so eager products never touch a buffer a graph may be replaying
+    /// with. Lends are serialised process-wide: candle's handle is the device's, shared by its
+    /// clones, and a second lend on it must not replace the first's buffer mid-capture. (Another
+    /// thread's eager products on a clone of the same device during the capture would be
+    /// captured anyway — a capture owns its stream — so the engine never shares one.)
     pub fn lend<R>(&self, device: &Device, body: impl FnOnce() -> Result<R>) -> Result<R> {
+        static LENDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = LENDING.lock().unwrap_or_else(|e| e.into_inner());
         let dev = cuda(device)?;
         let stream = dev.cuda_stream();
         let blas = dev.cublas_handle();
@@ -56,13 +57,37 @@ impl GemmWorkspace {
             let status = unsafe { sys::cublasSetWorkspace_v2(handle, ptr as *mut std::ffi::c_void, self.buf.len()) };
             check(status, "cublasSetWorkspace")?;
         }
+        let reset = Reset { handle, stream: stream.cu_stream() as _ };
         let out = body();
-        // SAFETY: the handle's own stream, set again; this only resets its workspace.
-        let status = unsafe { sys::cublasSetStream_v2(handle, stream.cu_stream() as _) };
-        let reset = check(status, "cublasSetStream");
+        let reset = reset.now();
         let out = out?;
         reset?;
         Ok(out)
+    }
+}
+
+/// Gives a handle its default workspace pool back when dropped (a `body` that unwinds too).
+struct Reset {
+    handle: sys::cublasHandle_t,
+    stream: sys::cudaStream_t,
+}
+
+impl Reset {
+    fn now(self) -> Result<()> {
+        let r = self.reset();
+        std::mem::forget(self);
+        r
+    }
+
+    fn reset(&self) -> Result<()> {
+        // SAFETY: the handle's own stream, set again; this only resets its workspace.
+        check(unsafe { sys::cublasSetStream_v2(self.handle, self.stream) }, "cublasSetStream")
+    }
+}
+
+impl Drop for Reset {
+    fn drop(&mut self) {
+        let _ = self.reset();
     }
 }
 
