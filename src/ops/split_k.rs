@@ -49,13 +49,17 @@ pub fn split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
 
 /// Output columns of one block of the weight-only FP8 kernel, and its blocks an SM holds at once
 /// (106 registers a thread at 16 rows, 8 warps a block).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const FP8_BLOCK_COLUMNS: usize = 16;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const FP8_BLOCKS_AN_SM: usize = 2;
 /// The kernel's warps, each a 64-wide chunk of k at a time: a slice of fewer chunks idles some.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const FP8_WARPS: usize = 8;
 /// Widest launch the FP8 plan splits: one m16 tile. On the H200 at 64 rows the split products
 /// were slower than whole (Ouro-1.4B's down 21.2 against 18.4 µs in 2 slices; the CB step at
 /// W 64 0.96×), at 1 and 16 rows faster (o_proj 1.05–1.09×, down 1.27×; the step 1.04–1.05×).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const FP8_PLANNED_MAX_ROWS: usize = 16;
 
 /// How many k slices the weight-only FP8 kernel cuts `x · Wᵀ` (`x` `[rows, k]`, W `[n, k]` in
@@ -63,6 +67,7 @@ const FP8_PLANNED_MAX_ROWS: usize = 16;
 /// 16-column blocks fill every SM `FP8_BLOCKS_AN_SM` times (at most 4, each slice at least a
 /// chunk a warp); forced, the count asked (at most a chunk a slice); `None` to run it whole (also
 /// off CUDA and in f32).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn fp8_split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
     let (forced, max_rows) = match super::policy::current().fp8_split_k {
         super::policy::SplitK::Planned => (None, FP8_PLANNED_MAX_ROWS),
@@ -86,6 +91,7 @@ pub fn fp8_split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
 /// The kernel applies a row's scale to each slice's f32 sum, so per-row weights agree up to the
 /// order of sums; a block's scale it applies to each weight as it converts it to x's dtype,
 /// which this composition keeps in f32 (2⁻⁹ relative a weight in bf16).
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub fn fp8_linear_partials_reference(x: &Tensor, w: &crate::quant::Fp8Weight, splits: usize) -> Result<Tensor> {
     let (_, k) = x.dims2()?;
     let chunks = k.div_ceil(64);
