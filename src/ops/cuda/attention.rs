@@ -560,18 +560,8 @@ pub fn qkv_rope_paged_attention(
 /// Blocks of kernel `name` that run at once on `dev` (SMs × blocks an SM by the occupancy
 /// calculator), cached per device and kernel.
 fn wave_blocks(dev: &CudaDevice, name: &str, threads: usize) -> Result<usize> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    type Key = (candle_core::cuda_backend::DeviceId, String);
-    static CACHE: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
-    let key = (dev.id(), name.to_string());
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(&w) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(w);
-    }
-    let func = kernel!(dev, Module::PagedAttention, name)?;
-    let per_sm = func.occupancy_max_active_blocks_per_multiprocessor(threads as u32, 0, None).w()? as usize;
-    let w = (sm_count(dev)? * per_sm).max(1);
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, w);
-    Ok(w)
+    super::launch::resident_blocks(dev, name, (threads, 0), || {
+        let func = kernel!(dev, Module::PagedAttention, name)?;
+        Ok(func.occupancy_max_active_blocks_per_multiprocessor(threads as u32, 0, None).w()? as usize)
+    })
 }

@@ -146,7 +146,8 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, mma
     // The pipelined kernel's blocks are persistent: as many as the GPU holds at once, each taking
     // every gridDim-th tile of 16 columns.
     let col_tiles = n.div_ceil(cols);
-    let blocks = if pipe { col_tiles.min(resident_blocks(dev, &name, &func, smem)?) } else { col_tiles };
+    let per_sm = || Ok(func.occupancy_max_active_blocks_per_multiprocessor(256, smem as usize, None).w()? as usize);
+    let blocks = if pipe { col_tiles.min(super::launch::resident_blocks(dev, &name, (256, smem as usize), per_sm)?) } else { col_tiles };
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: smem };
     let (r, nn, kk) = (rows as i32, n as i32, p.k as i32);
     let mut b = func.builder();
@@ -163,24 +164,6 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, mma
     drop(b_ptr);
     crate::ops::policy::count(|c| c.fp8_weight_only_pipelined += u64::from(pipe));
     Ok(wrap(out, dev, (rows, n)))
-}
-
-/// Blocks of 256 threads and `smem` bytes of dynamic shared memory of kernel `name` that the GPU
-/// runs at once (every SM full); asked once a device and kernel.
-fn resident_blocks(dev: &CudaDevice, name: &str, func: &candle_core::cuda_backend::cudarc::driver::CudaFunction, smem: u32) -> Result<usize> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    type Key = (candle_core::cuda_backend::DeviceId, String);
-    static CACHE: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
-    let key = (dev.id(), name.to_string());
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(&b) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(b);
-    }
-    let per_sm = func.occupancy_max_active_blocks_per_multiprocessor(256, smem as usize, None).w()? as usize;
-    let blocks = (super::launch::sm_count(dev)? * per_sm).max(1);
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, blocks);
-    Ok(blocks)
 }
 
 fn fp8_partials_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, p: &Fp8Product, splits: usize, given: Option<&Tensor>) -> Result<Tensor> {

@@ -87,6 +87,24 @@ fn device_attribute(dev: &CudaDevice, attr: candle_core::cuda_backend::cudarc::d
     Ok(v)
 }
 
+/// Blocks of kernel `name` (of `threads` threads and `smem` bytes of dynamic shared memory) that
+/// `dev` runs at once: SMs × `per_sm()` (the occupancy calculator's blocks an SM, asked the first
+/// time only), cached per device and kernel.
+pub(super) fn resident_blocks(dev: &CudaDevice, name: &str, (threads, smem): (usize, usize), per_sm: impl FnOnce() -> Result<usize>) -> Result<usize> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Key = (candle_core::cuda_backend::DeviceId, String, usize, usize);
+    static CACHE: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
+    let key = (dev.id(), name.to_string(), threads, smem);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(&b) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(b);
+    }
+    let blocks = (sm_count(dev)? * per_sm()?).max(1);
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, blocks);
+    Ok(blocks)
+}
+
 /// The device's SM count (at least 1).
 pub fn sm_count(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
