@@ -1221,7 +1221,9 @@ fn engine_run_with(
         }
     }
     let tokens = ids.iter().map(|id| got.remove(id).unwrap_or_default()).collect();
-    (tokens, engine.metrics().clone())
+    let metrics = engine.metrics().clone();
+    keep(engine);
+    (tokens, metrics)
 }
 
 /// The decode arena (`KernelPolicy::decode_arena`): the same greedy tokens as the plain body —
@@ -2074,6 +2076,7 @@ fn device_spans_cover_every_launch() {
         total += s.device_time;
     }
     assert!(total <= wall, "spans {total:?} exceed the wall time {wall:?}");
+    keep(engine);
 }
 
 /// The tiny Ouro of the graph tests on the GPU, with the embedding row of `poison` (if any) set
@@ -2144,6 +2147,7 @@ fn non_finite_logits_fail_their_request_on_the_device() {
                 let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(12) };
                 let outs: Vec<ponder::Output> = e.generate([bad.clone(), good.clone()], &params).unwrap().into_iter().map(|o| o.unwrap()).collect();
                 assert_eq!(e.requests().kv().num_used_blocks(), 0);
+                keep(e);
                 outs
             };
             let label = format!("{sched:?} × {layout:?} × graphs={graphs}");
@@ -2181,7 +2185,9 @@ fn chunked_prefill_matches_unchunked_on_the_device() {
             .unwrap();
         let params = ponder::GenerationParams { ignore_eos: true, ..ponder::GenerationParams::greedy(4) };
         let out: Vec<Vec<u32>> = e.generate(prompts.clone(), &params).unwrap().into_iter().map(|o| o.unwrap().token_ids).collect();
-        (out, e.metrics().stages["prefill"].launches)
+        let launches = e.metrics().stages["prefill"].launches;
+        keep(e);
+        (out, launches)
     };
     let (whole, whole_launches) = run(8192);
     let (chunked, chunked_launches) = run(16);
