@@ -356,7 +356,6 @@ fn fp8_partials(x: &Tensor, w: &Fp8Weight) -> Result<Option<Tensor>> {
             return super::cuda::fp8_linear_partials(&x, w.data(), scale, splits, None).map(Some);
         }
     }
-    let _ = x;
     Ok(None)
 }
 

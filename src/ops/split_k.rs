@@ -20,12 +20,16 @@ const MAX_SPLITS: usize = 4;
 /// Widest batch that is split: at 256 rows the partials' traffic would rival the weight's.
 const DEFAULT_MAX_ROWS: usize = 64;
 
-/// `(forced slices, max_rows)` under the engine's `KernelPolicy::split_k`.
-fn plan_limits() -> (Option<usize>, usize) {
-    match super::policy::current().split_k {
-        super::policy::SplitK::Planned => (None, DEFAULT_MAX_ROWS),
+/// What a plan under `split` (a `KernelPolicy` split-k choice) starts from for `x`: the forced
+/// slice count (`None` to plan), and k; `None` where nothing is split (off CUDA, in f32, or at
+/// more rows than `split` allows — `planned_max_rows` where it plans).
+fn plan_input(x: &Tensor, split: super::policy::SplitK, planned_max_rows: usize) -> Option<(Option<usize>, usize)> {
+    let (forced, max_rows) = match split {
+        super::policy::SplitK::Planned => (None, planned_max_rows),
         super::policy::SplitK::Forced { slices, max_rows } => (Some(slices.min(super::policy::MAX_FORCED_SPLITS)), max_rows),
-    }
+    };
+    let (rows, k) = x.dims2().ok()?;
+    (x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && (1..=max_rows).contains(&rows)).then_some((forced, k))
 }
 
 /// How many k slices a projection of `x` (`[rows, k]`) to `n` columns runs as: enough that its
@@ -35,11 +39,7 @@ fn plan_limits() -> (Option<usize>, usize) {
 /// fills the GPU (Huginn's 5280 columns ran 1–3 % slower split in 4), or where no split keeps
 /// the slices aligned.
 pub fn split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
-    let (forced, max_rows) = plan_limits();
-    let (rows, k) = x.dims2().ok()?;
-    if !(x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && (1..=max_rows).contains(&rows)) {
-        return None;
-    }
+    let (forced, k) = plan_input(x, super::policy::current().split_k, DEFAULT_MAX_ROWS)?;
     let most = match forced {
         Some(s) => s,
         None => (multiprocessors(x)? / n.div_ceil(TILE_COLUMNS).max(1)).min(MAX_SPLITS),
@@ -69,14 +69,7 @@ const FP8_PLANNED_MAX_ROWS: usize = 16;
 /// off CUDA and in f32).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn fp8_split_k_plan(x: &Tensor, n: usize) -> Option<usize> {
-    let (forced, max_rows) = match super::policy::current().fp8_split_k {
-        super::policy::SplitK::Planned => (None, FP8_PLANNED_MAX_ROWS),
-        super::policy::SplitK::Forced { slices, max_rows } => (Some(slices.min(super::policy::MAX_FORCED_SPLITS)), max_rows),
-    };
-    let (rows, k) = x.dims2().ok()?;
-    if !(x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F16) && (1..=max_rows).contains(&rows)) {
-        return None;
-    }
+    let (forced, k) = plan_input(x, super::policy::current().fp8_split_k, FP8_PLANNED_MAX_ROWS)?;
     let chunks = k.div_ceil(64);
     let slices = match forced {
         Some(s) => s.min(chunks),

@@ -2,7 +2,7 @@
 //! a launch into its key's static buffers, and what a graph runs. The first use of a key runs
 //! the body eagerly (the warm-up), the second captures it, later uses replay it.
 
-use super::graphs::{ctx_bucket, row_bucket, Entry, GemmWorkspace, Graph, GraphKey, Phase, Statics};
+use super::graphs::{ctx_bucket, row_bucket, Entry, Graph, GraphKey, Phase, Statics};
 use super::{single_token_host, successor_pos, Forward, LoopedRunner};
 use crate::looped::{LoopedLaunch, LoopedRow, Stage};
 use crate::ops::{AttnMask, PagedBatch, PagedBatchHost};
@@ -80,15 +80,11 @@ impl LoopedRunner {
             }
             Phase::Warm => {
                 let statics = &entry.statics;
-                // Made with the runner on CUDA; here only where a runner was built otherwise.
-                let workspace = match &cache.workspace {
-                    Some(w) => Ok(w.clone()),
-                    None => GemmWorkspace::new(dev).map(std::sync::Arc::new),
+                // The runner made the workspace with its graphs on CUDA, where alone it captures.
+                let captured = match &cache.workspace {
+                    Some(w) => Graph::capture(dev, w, || self.graph_body(&key, statics, &padded).map(|_| ())),
+                    None => Err(candle_core::Error::Msg("no cuBLAS workspace for the capture".into())),
                 };
-                let captured = workspace.and_then(|w| {
-                    cache.workspace = Some(w.clone());
-                    Graph::capture(dev, &w, || self.graph_body(&key, statics, &padded).map(|_| ()))
-                });
                 match captured {
                     Ok(g) => {
                         g.launch()?;

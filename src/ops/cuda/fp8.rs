@@ -4,8 +4,8 @@
 //! is the whole gain; and the per-row quantization of the activations
 //! that the W8A8 GEMM (`fp8_gemm.rs`) multiplies.
 
-use super::launch::{device, for_float, kernel, same_device, view, wrap, Dest, Module};
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use super::launch::{device, for_float, kernel, same_device, same_device_dtype, view, wrap, Dest, Module};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
@@ -60,10 +60,9 @@ pub fn fp8_linear_partials(x: &Tensor, data: &Tensor, scale: WeightScale, splits
     if splits == 0 || splits > p.k.div_ceil(64) {
         bail!("{OP} (cuda): {splits} k slices over k = {} (1 ..= k / 64 rounded up)", p.k);
     }
+    // Its length and layout `Dest` checks.
     if let Some(t) = given {
-        if t.dtype() != DType::F32 || t.elem_count() != splits * p.rows * p.n || !t.is_contiguous() || !t.device().same_device(x.device()) {
-            bail!("{OP} (cuda): partials buffer {:?} {:?} for {splits} slices of [{}, {}] f32", t.dims(), t.dtype(), p.rows, p.n);
-        }
+        same_device_dtype(OP, DType::F32, x, &[("parts", t)])?;
     }
     let dev = device(x, OP)?;
     match x.dtype() {
@@ -113,16 +112,29 @@ impl Fp8Product {
         }
         Ok(Self { x: x.contiguous()?, data: data.contiguous()?, scale: scale.contiguous()?, block, rows, n, k })
     }
+
+    /// `f` over the device views of x (as `T`), the weight and its scales.
+    fn with_views<T: CudaDType + DeviceRepr, R>(&self, f: impl FnOnce(&CudaView<T>, &CudaView<float8::F8E4M3>, &CudaView<f32>) -> Result<R>) -> Result<R> {
+        let (xs, xl) = self.x.storage_and_layout();
+        let (ws, wl) = self.data.storage_and_layout();
+        let (ss, sl) = self.scale.storage_and_layout();
+        f(&view::<T>(&xs, xl, OP, "x", true)?, &view::<float8::F8E4M3>(&ws, wl, OP, "weight", true)?, &view::<f32>(&ss, sl, OP, "scale", false)?)
+    }
 }
 
 fn fp8_linear_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, mma: bool, p: &Fp8Product, bias: Option<&Tensor>) -> Result<Tensor> {
+    p.with_views::<T, _>(|x_v, w_v, s_v| fp8_linear_views(dev, suf, mma, p, (x_v, w_v, s_v), bias))
+}
+
+fn fp8_linear_views<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    mma: bool,
+    p: &Fp8Product,
+    (x_v, w_v, s_v): (&CudaView<T>, &CudaView<float8::F8E4M3>, &CudaView<f32>),
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
     let stream = dev.cuda_stream();
-    let (xs, xl) = p.x.storage_and_layout();
-    let x_v = view::<T>(&xs, xl, OP, "x", true)?;
-    let (ws, wl) = p.data.storage_and_layout();
-    let w_v = view::<float8::F8E4M3>(&ws, wl, OP, "weight", true)?;
-    let (ss, sl) = p.scale.storage_and_layout();
-    let s_v = view::<f32>(&ss, sl, OP, "scale", false)?;
     let bias_storage = bias.map(|b| b.storage_and_layout());
     let b_v = bias_storage.as_ref().map(|(st, l)| view::<T>(st, l, OP, "bias", false)).transpose()?;
     // A null pointer for no bias (the kernel checks it).
@@ -152,7 +164,7 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, mma
     let (r, nn, kk) = (rows as i32, n as i32, p.k as i32);
     let mut b = func.builder();
     let (block_rows, block_cols) = (p.block.0 as i32, p.block.1 as i32);
-    b.arg(&mut out).arg(&x_v).arg(&w_v).arg(&s_v).arg(&bias_arg).arg(&r).arg(&nn).arg(&kk);
+    b.arg(&mut out).arg(x_v).arg(w_v).arg(s_v).arg(&bias_arg).arg(&r).arg(&nn).arg(&kk);
     if mma {
         b.arg(&block_rows).arg(&block_cols);
     }
@@ -167,12 +179,17 @@ fn fp8_linear_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, mma
 }
 
 fn fp8_partials_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, p: &Fp8Product, splits: usize, given: Option<&Tensor>) -> Result<Tensor> {
-    let (xs, xl) = p.x.storage_and_layout();
-    let x_v = view::<T>(&xs, xl, OP, "x", true)?;
-    let (ws, wl) = p.data.storage_and_layout();
-    let w_v = view::<float8::F8E4M3>(&ws, wl, OP, "weight", true)?;
-    let (ss, sl) = p.scale.storage_and_layout();
-    let s_v = view::<f32>(&ss, sl, OP, "scale", false)?;
+    p.with_views::<T, _>(|x_v, w_v, s_v| fp8_partials_views(dev, suf, p, (x_v, w_v, s_v), splits, given))
+}
+
+fn fp8_partials_views<T: CudaDType + DeviceRepr>(
+    dev: &CudaDevice,
+    suf: &str,
+    p: &Fp8Product,
+    (x_v, w_v, s_v): (&CudaView<T>, &CudaView<float8::F8E4M3>, &CudaView<f32>),
+    splits: usize,
+    given: Option<&Tensor>,
+) -> Result<Tensor> {
     let (rows, n) = (p.rows, p.n);
     let given_sl = given.map(|t| t.storage_and_layout());
     // SAFETY: the kernel writes every element of every slice: each block its 16 columns of every
@@ -186,7 +203,7 @@ fn fp8_partials_launch<T: CudaDType + DeviceRepr>(dev: &CudaDevice, suf: &str, p
     {
         let mut b = func.builder();
         out.push(&mut b);
-        b.arg(&x_v).arg(&w_v).arg(&s_v).arg(&r).arg(&nn).arg(&kk).arg(&block_rows).arg(&block_cols);
+        b.arg(x_v).arg(w_v).arg(s_v).arg(&r).arg(&nn).arg(&kk).arg(&block_rows).arg(&block_cols);
         // SAFETY: argument list matches `fp8_linear_mma_parts_*` in fp8.cu; the partials hold
         // splits × rows × n f32, x rows × k, the weight n × k bytes, the scales n values or one a
         // block, all on this device's stream.
