@@ -9,7 +9,8 @@ use std::sync::Arc;
 /// tables by reference count instead of copying them; growing a table makes a new one.
 pub type BlockTable = Arc<[u32]>;
 
-/// Host-side KV bookkeeping owned by a scheduler: allocation, capacity accounting, and the
+/// Host-side KV bookkeeping, held in the core's `Requests` and lent to the scheduler with them:
+/// allocation, capacity accounting, and the
 /// block tables that launches carry to the device. A request holds one table per cache slot
 /// (`num_slots`: what a slot means is the family's — a looped model's KV layout maps its loop
 /// steps onto slots; a diffusion model has one).
