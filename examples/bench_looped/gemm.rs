@@ -19,8 +19,10 @@
 //! (`ops::fp8_matmul`, under `--kernels`: e.g. `fp8=weight-only`) replayed in a graph, its bytes
 //! (half the bf16 weight's) over its time against the copy bandwidth, and bf16's graph time over
 //! FP8's; a projection that feeds a norm also as the weight-only kernel's 2, 4 and 8 k slices
-//! (`fp8-split-k`). Each line also gives its graph's memory nodes: none where the products
-//! write into buffers made once (the FP8 whole product allocates its output).
+//! (`fp8-split-k`); and, where the GPU has cuBLASLt's FP8 GEMM, W8A8's two launches apart (the
+//! activations' quantization, `quant`; the GEMM on activations quantized beforehand, `w8a8`).
+//! Each line also gives its graph's memory nodes: none where the products write into buffers
+//! made once (the FP8 products allocate their outputs).
 
 use candle_core::{DType, Device, Tensor};
 use ponder::engine::internals::{GemmWorkspace, Graph};
@@ -259,6 +261,80 @@ fn fp8_layer(
             "output": if slices == 1 { "Fp8Whole" } else { "Fp8Partials" }, "slices": slices,
             "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw, "graph_memory_nodes": memory_nodes,
             "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
+        }));
+    }
+    #[cfg(feature = "cuda")]
+    records.extend(w8a8_parts(layer, rows, x, &weights, rounds, (device, workspace), bandwidth, bf16_s)?);
+    Ok(records)
+}
+
+/// W8A8's two launches apart, where the GPU has cuBLASLt's FP8 GEMM: the activations' per-row
+/// quantization alone (`quantize_rows`), and the FP8 GEMM alone on activations quantized once
+/// beforehand (`fp8_w8a8_quantized`), as it would run if the op before it wrote its output in
+/// E4M3 — what fusing the quantization into that op could buy.
+#[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
+fn w8a8_parts(
+    layer: &Layer,
+    rows: usize,
+    x: &Tensor,
+    weights: &[Fp8Weight],
+    rounds: usize,
+    (device, workspace): (&Device, &Arc<GemmWorkspace>),
+    bandwidth: f64,
+    bf16_s: f64,
+) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+    use ponder::ops::cuda::{fp8_gemm_serves, fp8_w8a8_quantized, quantize_rows};
+    use ponder::quant::Fp8Scale;
+    if !device.is_cuda() || !fp8_gemm_serves(x.dtype(), rows, layer.n, layer.k) {
+        return Ok(vec![]);
+    }
+    let (xq, xs) = quantize_rows(x)?;
+    if fp8_w8a8_quantized(&xq, &xs, weights[0].data(), per_channel(&weights[0])?, x.dtype())?.is_none() {
+        return Ok(vec![]); // no FP8 GEMM on this GPU
+    }
+    fn per_channel(w: &Fp8Weight) -> candle_core::Result<&Tensor> {
+        match w.scale() {
+            Fp8Scale::PerChannel(s) => Ok(s),
+            Fp8Scale::Block { .. } => candle_core::bail!("the suite quantizes per channel"),
+        }
+    }
+    let bytes = layer.n * layer.k + layer.n * 4;
+    let copies = weights.len();
+    let gemm = |i: usize| fp8_w8a8_quantized(&xq, &xs, weights[i % copies].data(), per_channel(&weights[i % copies])?, x.dtype()).map(drop);
+    let quantize = |_: usize| quantize_rows(x).map(drop);
+    let mut records = Vec::new();
+    for (part, bytes) in [("W8A8Gemm", bytes), ("QuantizeRows", 0)] {
+        let mut graph = Vec::new();
+        let mut memory_nodes = 0;
+        for _ in 0..rounds {
+            let (t, memory) = match part {
+                "W8A8Gemm" => graph_launch(device, workspace, copies.max(20), &gemm)?,
+                _ => graph_launch(device, workspace, copies.max(20), &quantize)?,
+            };
+            graph.push(t);
+            memory_nodes = memory_nodes.max(memory);
+        }
+        let t = best(&graph);
+        let of_bw = bytes as f64 / t / bandwidth;
+        println!(
+            "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:<5} {:>13.1} {:>6.1}% {:>4} ({:.2}x bf16)",
+            layer.model,
+            layer.name,
+            rows,
+            layer.n,
+            layer.k,
+            1,
+            if part == "W8A8Gemm" { "w8a8" } else { "quant" },
+            t * 1e6,
+            100.0 * of_bw,
+            memory_nodes,
+            bf16_s / t
+        );
+        records.push(serde_json::json!({
+            "model": layer.model, "layer": layer.name, "rows": rows, "n": layer.n, "k": layer.k,
+            "output": part, "slices": 1, "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw,
+            "graph_memory_nodes": memory_nodes, "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
         }));
     }
     Ok(records)

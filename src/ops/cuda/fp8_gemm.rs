@@ -115,25 +115,57 @@ pub fn fp8_w8a8_linear(x: &Tensor, data: &Tensor, scale: &Tensor) -> Result<Opti
     if k != k_w || !fp8_gemm_serves(x.dtype(), rows, n, k) {
         bail!("{OP} (cuda): x [{rows}, {k}] {:?} against a weight [{n}, {k_w}]: needs equal k, n and k multiples of 16, bf16, f16 or f32", x.dtype());
     }
-    if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != [n] {
-        bail!("{OP} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and [{n}] f32", data.dtype(), scale.dims(), scale.dtype());
-    }
+    check_weight(OP, n, data, scale)?;
     same_device(OP, x, &[("weight", data), ("scales", scale)])?;
-    let Some(lt) = lt_gpu(&dev)? else { return Ok(None) };
+    if lt_gpu(&dev)?.is_none() {
+        return Ok(None);
+    }
     let (xq, xs) = quantize_rows(x)?;
-    // The scale vectors are read with 16-byte loads: a view that starts off that boundary (an
+    fp8_w8a8_quantized(&xq, &xs, data, scale, x.dtype())
+}
+
+/// The product of [`fp8_w8a8_linear`] on activations already in E4M3: `xq` `[rows, k]` with one
+/// f32 scale a row in `xs` `[rows]` (as [`quantize_rows`] makes them), against `data` `[n, k]`
+/// E4M3 with `scale` `[n]`, rounded to `dtype` (bf16, f16 or f32). For a producer that writes
+/// its output quantized, and for timing the GEMM apart from the quantization. `None` where the
+/// GPU has no FP8 GEMM.
+pub fn fp8_w8a8_quantized(xq: &Tensor, xs: &Tensor, data: &Tensor, scale: &Tensor, dtype: DType) -> Result<Option<Tensor>> {
+    const OP: &str = "fp8_w8a8_linear";
+    let dev = device(xq, OP)?;
+    let (rows, k) = xq.dims2()?;
+    let (n, k_w) = data.dims2()?;
+    if k != k_w || !fp8_gemm_serves(dtype, rows, n, k) {
+        bail!("{OP} (cuda): x [{rows}, {k}] against a weight [{n}, {k_w}] into {dtype:?}: needs equal k, n and k multiples of 16, bf16, f16 or f32");
+    }
+    if xq.dtype() != DType::F8E4M3 || xs.dtype() != DType::F32 || xs.dims() != [rows] {
+        bail!("{OP} (cuda): activations {:?} with scales {:?} {:?}: needs E4M3 and [{rows}] f32", xq.dtype(), xs.dims(), xs.dtype());
+    }
+    check_weight(OP, n, data, scale)?;
+    same_device(OP, xq, &[("activation scales", xs), ("weight", data), ("scales", scale)])?;
+    let Some(lt) = lt_gpu(&dev)? else { return Ok(None) };
+    // The operands are read with 16-byte loads: a view that starts off that boundary (an
     // expert's rows of a stacked scale) is copied.
     let aligned16 = |t: &Tensor| (t.layout().start_offset() * t.dtype().size_in_bytes()) % 16 == 0;
     let data = data.contiguous()?;
     let scale = if scale.is_contiguous() && aligned16(scale) { scale.clone() } else { scale.affine(1.0, 0.0)? };
+    let xq = xq.contiguous()?;
+    let xs = if xs.is_contiguous() && aligned16(xs) { xs.clone() } else { xs.affine(1.0, 0.0)? };
     let mut lt = lt.lock().unwrap_or_else(|e| e.into_inner());
-    let y = match x.dtype() {
+    match dtype {
         DType::BF16 => scaled_gemm::<half::bf16>(&dev, &mut lt, &xq, &xs, &data, &scale, DType::BF16, (rows, n, k)),
         DType::F16 => scaled_gemm::<half::f16>(&dev, &mut lt, &xq, &xs, &data, &scale, DType::F16, (rows, n, k)),
         DType::F32 => scaled_gemm::<f32>(&dev, &mut lt, &xq, &xs, &data, &scale, DType::F32, (rows, n, k)),
         d => bail!("{OP} (cuda): dtype {d:?} not supported"),
-    };
-    y.map(Some)
+    }
+    .map(Some)
+}
+
+/// An E4M3 weight `[n, k]` with one f32 scale a row.
+fn check_weight(op: &str, n: usize, data: &Tensor, scale: &Tensor) -> Result<()> {
+    if data.dtype() != DType::F8E4M3 || scale.dtype() != DType::F32 || scale.dims() != [n] {
+        bail!("{op} (cuda): weight {:?} with scales {:?} {:?}: needs E4M3 and [{n}] f32", data.dtype(), scale.dims(), scale.dtype());
+    }
+    Ok(())
 }
 
 /// A cuBLASLt status as a candle error naming the call.

@@ -18,7 +18,7 @@ pub use attention::{paged_attention, paged_attention_into, qkv_rope_paged_attent
 pub use attention_ring::attention_scratch_len;
 pub use focus::focus_importance;
 pub use fp8::{e4m3_from_f32, e4m3_to, fp8_linear, fp8_linear_max_rows, fp8_linear_partials, quantize_rows, WeightScale, FP8_MAX_ROWS, FP8_MMA_MAX_ROWS};
-pub use fp8_gemm::{fp8_gemm_serves, fp8_w8a8_linear, prepare_fp8_gemm};
+pub use fp8_gemm::{fp8_gemm_serves, fp8_w8a8_linear, fp8_w8a8_quantized, prepare_fp8_gemm};
 pub use fused::{
     add_rms_norm, add_rms_norm_into, post_norm_into, qkv_bias_rope_i_write, qkv_norm_rope_write, qkv_rope_write, qkv_rope_write_into, residual_add,
     residual_add_rms_norm_into, rms_norm, rms_norm_into, rope_angles, rope_angles_into, silu_mul, silu_mul_into,
