@@ -1,7 +1,9 @@
 //! The OpenAI wire format: what clients send and what they get back, as the OpenAI API reference
 //! defines it. A request's fields are checked against [`COMPLETION_FIELDS`] / [`CHAT_FIELDS`]
-//! before it is read, so a parameter the server does not know is a 400 naming it rather than a
-//! silent default.
+//! and [`COMMON_FIELDS`] before it is read, so a parameter the server does not know is a 400
+//! naming it rather than a silent default. The shared fields ([`Common`]) are read apart from
+//! the endpoint's own, not flattened into them: serde reads a flattened struct through a buffer,
+//! and a type error in it would lose the field's name.
 
 use serde::{Deserialize, Serialize};
 
@@ -62,13 +64,17 @@ pub struct Common {
 }
 
 /// The fields [`Common`] reads.
-const COMMON_FIELDS: [&str; 12] =
+pub const COMMON_FIELDS: [&str; 12] =
     ["temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options", "ignore_eos", "presence_penalty", "frequency_penalty", "user"];
-/// Every field a completion request may carry.
-pub const COMPLETION_FIELDS: [&[&str]; 2] = [&["model", "prompt", "max_tokens", "logprobs", "echo", "suffix", "best_of", "logit_bias"], &COMMON_FIELDS];
-/// Every field a chat completion request may carry.
-pub const CHAT_FIELDS: [&[&str]; 2] =
-    [&["model", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "logit_bias", "tools", "response_format"], &COMMON_FIELDS];
+/// A completion request's own fields (beside [`COMMON_FIELDS`]).
+pub const COMPLETION_FIELDS: [&str; 8] = ["model", "prompt", "max_tokens", "logprobs", "echo", "suffix", "best_of", "logit_bias"];
+/// What a completion request must carry.
+pub const COMPLETION_REQUIRED: [&str; 2] = ["model", "prompt"];
+/// A chat completion request's own fields (beside [`COMMON_FIELDS`]).
+pub const CHAT_FIELDS: [&str; 9] =
+    ["model", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "logit_bias", "tools", "response_format"];
+/// What a chat completion request must carry.
+pub const CHAT_REQUIRED: [&str; 2] = ["model", "messages"];
 
 /// `POST /v1/completions`.
 #[derive(Debug, Clone, Deserialize)]
@@ -81,8 +87,6 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     pub best_of: Option<u32>,
     pub logit_bias: Option<serde_json::Value>,
-    #[serde(flatten)]
-    pub common: Common,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -105,8 +109,6 @@ pub struct ChatRequest {
     pub logit_bias: Option<serde_json::Value>,
     pub tools: Option<serde_json::Value>,
     pub response_format: Option<serde_json::Value>,
-    #[serde(flatten)]
-    pub common: Common,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]

@@ -53,16 +53,31 @@ impl ApiError {
         }
     }
 
+    /// A client error the router answers before any handler: no such endpoint, a method it does
+    /// not take, a body over the server's limit.
+    pub fn router(status: StatusCode) -> Self {
+        let message = match status {
+            StatusCode::NOT_FOUND => "no such endpoint: this server serves /v1/completions, /v1/chat/completions, /v1/models, /metrics and /health".into(),
+            StatusCode::METHOD_NOT_ALLOWED => "this endpoint does not take that method".into(),
+            StatusCode::PAYLOAD_TOO_LARGE => "the request body is larger than this server takes".into(),
+            s => s.canonical_reason().unwrap_or("the request was refused").to_string(),
+        };
+        Self { status, message, kind: "invalid_request_error", param: None, code: None }
+    }
+
     pub fn unavailable(message: String) -> Self {
         Self { status: StatusCode::SERVICE_UNAVAILABLE, message, kind: "server_error", param: None, code: None }
     }
 
     /// An engine error for one request: the client's fault (400) where the request is what the
-    /// engine refused, the server's (500 / 503) otherwise.
+    /// engine refused, the server's (500 / 503) otherwise. A request over the context window
+    /// names the prompt where the prompt alone fills it, else the output's bound.
     pub fn from_engine(e: Error, prompt_field: &str, limit_field: &str) -> Self {
         let bad = |param: &str, code| Self { code, ..Self::bad(e.to_string(), Some(param)) };
         match &e {
-            Error::InvalidRequest { reason: InvalidRequest::TooLong { .. }, .. } => bad(limit_field, Some("context_length_exceeded")),
+            Error::InvalidRequest { reason: InvalidRequest::TooLong { prompt_tokens, max_context, .. }, .. } => {
+                bad(if prompt_tokens >= max_context { prompt_field } else { limit_field }, Some("context_length_exceeded"))
+            }
             Error::InvalidRequest { reason: InvalidRequest::BadSampling(_), .. } => bad("temperature", None),
             Error::InvalidRequest { reason: InvalidRequest::Logprobs(_), .. } => bad("logprobs", None),
             Error::InvalidRequest { .. } | Error::Tokenizer(_) | Error::ChatTemplate(_) => bad(prompt_field, None),

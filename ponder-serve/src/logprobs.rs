@@ -1,5 +1,10 @@
 //! Log-probabilities in OpenAI's two shapes: the completions API's parallel lists and the chat
 //! API's per-token objects, with each token rendered through the model's tokenizer.
+//!
+//! They cover every token the model generated, a token per entry. Where a stop string ends the
+//! request, that includes the token in which the stop begins (as vLLM reports them, and as
+//! `usage.completion_tokens` counts): the text ends before the stop, so the last entries may
+//! spell more than the text does.
 
 use crate::api::{ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob};
 use ponder::TokenLogprob;

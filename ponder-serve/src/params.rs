@@ -1,7 +1,7 @@
 //! From a request body to the engine's terms: the fields checked (unknown, unsupported, out of
 //! range: a 400 naming the field), the prompt and the generation parameters built.
 
-use crate::api::{ChatRequest, Common, CompletionPrompt, CompletionRequest, CHAT_FIELDS, COMPLETION_FIELDS};
+use crate::api::{ChatRequest, Common, CompletionPrompt, CompletionRequest, CHAT_FIELDS, CHAT_REQUIRED, COMMON_FIELDS, COMPLETION_FIELDS, COMPLETION_REQUIRED};
 use crate::error::ApiError;
 use ponder::{Chat, ChatMessage, GenerationParams, Prompt, SamplingParams, MAX_TOP_LOGPROBS};
 use serde::de::DeserializeOwned;
@@ -17,17 +17,31 @@ pub struct Parsed {
     pub params: GenerationParams,
     pub stream: bool,
     pub include_usage: bool,
+    /// The field that bounds the output, as the client named it (`max_tokens` or
+    /// `max_completion_tokens`): what an error about the length names.
+    pub limit_field: &'static str,
 }
 
-/// Reads a body as `T`, refusing fields outside `allowed` and naming the field a type error is
-/// in.
-fn read<T: DeserializeOwned>(body: &[u8], allowed: &[&[&str]]) -> Result<T, ApiError> {
+/// Reads a body as the endpoint's own fields `T` (`own`, of which `required` must be present)
+/// and the shared ones, refusing any other field and naming the field a type error is in.
+fn read<T: DeserializeOwned>(body: &[u8], own: &[&str], required: &[&str]) -> Result<(T, Common), ApiError> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the body is not valid JSON: {e}"), None))?;
-    let object = value.as_object().ok_or_else(|| ApiError::bad("the body must be a JSON object".into(), None))?;
-    if let Some(key) = object.keys().find(|k| !allowed.iter().any(|set| set.contains(&k.as_str()))) {
+    let serde_json::Value::Object(object) = value else {
+        return Err(ApiError::bad("the body must be a JSON object".into(), None));
+    };
+    if let Some(key) = object.keys().find(|k| !own.contains(&k.as_str()) && !COMMON_FIELDS.contains(&k.as_str())) {
         return Err(ApiError::bad(format!("Unrecognized request argument supplied: {key}"), Some(key)));
     }
-    serde_path_to_error::deserialize(value).map_err(|e| {
+    if let Some(field) = required.iter().find(|f| !object.contains_key(**f)) {
+        return Err(ApiError::bad(format!("`{field}` is required"), Some(field)));
+    }
+    let (shared, own): (serde_json::Map<_, _>, serde_json::Map<_, _>) = object.into_iter().partition(|(k, _)| COMMON_FIELDS.contains(&k.as_str()));
+    Ok((typed(own)?, typed(shared)?))
+}
+
+/// `fields` as `T`, a type error naming the field it is in.
+fn typed<T: DeserializeOwned>(fields: serde_json::Map<String, serde_json::Value>) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(serde_json::Value::Object(fields)).map_err(|e| {
         let path = e.path().to_string();
         ApiError::bad(format!("invalid `{path}`: {}", e.inner()), Some(&path))
     })
@@ -89,7 +103,7 @@ fn common(c: Common, max_new_tokens: usize, d: &Defaults) -> Result<(GenerationP
 
 /// `POST /v1/completions`: `max_tokens` defaults to 16, as OpenAI's does.
 pub fn completion(body: &[u8], d: &Defaults) -> Result<Parsed, ApiError> {
-    let r: CompletionRequest = read(body, &COMPLETION_FIELDS)?;
+    let (r, c): (CompletionRequest, Common) = read(body, &COMPLETION_FIELDS, &COMPLETION_REQUIRED)?;
     check_model(&r.model, &d.model)?;
     if let Some(n) = r.logprobs.filter(|&n| n > MAX_COMPLETION_LOGPROBS) {
         return Err(ApiError::bad(format!("`logprobs` must be within [0, {MAX_COMPLETION_LOGPROBS}], not {n}"), Some("logprobs")));
@@ -104,15 +118,15 @@ pub fn completion(body: &[u8], d: &Defaults) -> Result<Parsed, ApiError> {
         CompletionPrompt::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
         CompletionPrompt::Texts(_) => return Err(ApiError::bad("one prompt per request (`prompt` as a list holds exactly one)".into(), Some("prompt"))),
     };
-    let (mut params, stream, include_usage) = common(r.common, positive("max_tokens", r.max_tokens, 16)?, d)?;
+    let (mut params, stream, include_usage) = common(c, positive("max_tokens", r.max_tokens, 16)?, d)?;
     params.logprobs = r.logprobs.map(|n| n as usize);
-    Ok(Parsed { prompt, params, stream, include_usage })
+    Ok(Parsed { prompt, params, stream, include_usage, limit_field: "max_tokens" })
 }
 
 /// `POST /v1/chat/completions`: the conversation through the model's chat template;
 /// `max_completion_tokens` (or the older `max_tokens`) defaults to [`Defaults::max_tokens`].
 pub fn chat(body: &[u8], d: &Defaults) -> Result<Parsed, ApiError> {
-    let r: ChatRequest = read(body, &CHAT_FIELDS)?;
+    let (r, c): (ChatRequest, Common) = read(body, &CHAT_FIELDS, &CHAT_REQUIRED)?;
     check_model(&r.model, &d.model)?;
     if let Some(n) = r.top_logprobs {
         if r.logprobs != Some(true) {
@@ -132,13 +146,14 @@ pub fn chat(body: &[u8], d: &Defaults) -> Result<Parsed, ApiError> {
         return Err(ApiError::bad(format!("unknown role `{}`", m.role), Some(&format!("messages[{i}].role"))));
     }
     let limit = r.max_completion_tokens.or(r.max_tokens);
-    let field = if r.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
-    let (mut params, stream, include_usage) = common(r.common, positive(field, limit, d.max_tokens)?, d)?;
+    // The field the client used; OpenAI's current name where it used neither.
+    let field = if r.max_tokens.is_some() && r.max_completion_tokens.is_none() { "max_tokens" } else { "max_completion_tokens" };
+    let (mut params, stream, include_usage) = common(c, positive(field, limit, d.max_tokens)?, d)?;
     params.logprobs = (r.logprobs == Some(true)).then(|| r.top_logprobs.unwrap_or(0) as usize);
     // OpenAI's `developer` role is the system prompt of newer models.
     let role = |r: &str| if r == "developer" { "system".to_string() } else { r.to_string() };
     let chat = Chat::new(r.messages.into_iter().map(|m| ChatMessage::new(role(&m.role), m.content)).collect());
-    Ok(Parsed { prompt: Prompt::Chat(chat), params, stream, include_usage })
+    Ok(Parsed { prompt: Prompt::Chat(chat), params, stream, include_usage, limit_field: field })
 }
 
 fn not_empty(v: &serde_json::Value) -> bool {

@@ -80,8 +80,28 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .fallback(|| async { ApiError::router(axum::http::StatusCode::NOT_FOUND) })
         .layer(tower_http::limit::RequestBodyLimitLayer::new(max_body_bytes))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// The client errors the router and its layers answer themselves — no such route, a method the
+/// route does not take, a body over the limit (refused by its length, or while it is read) —
+/// as OpenAI's error object, as every handler's own error is; their headers (`Allow`) kept.
+async fn json_errors(r: Response) -> Response {
+    let json = r.headers().get(axum::http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !r.status().is_client_error() || json {
+        return r;
+    }
+    let (parts, _) = r.into_parts();
+    let mut answer = ApiError::router(parts.status).into_response();
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            answer.headers_mut().insert(name, value.clone());
+        }
+    }
+    answer
 }
 
 fn now() -> u64 {
@@ -160,10 +180,11 @@ impl Admitted {
 async fn submit(s: &Arc<AppState>, p: Parsed, kind: Kind) -> Result<Admitted, ApiError> {
     let slot = Slot::take(s)?;
     let state = s.clone();
-    let (prompt_field, limit_field) = match kind {
-        Kind::Completion => ("prompt", "max_tokens"),
-        Kind::Chat => ("messages", "max_completion_tokens"),
+    let prompt_field = match kind {
+        Kind::Completion => "prompt",
+        Kind::Chat => "messages",
     };
+    let limit_field = p.limit_field;
     let stream = tokio::task::spawn_blocking(move || state.engine.submit(p.prompt, p.params))
         .await
         .map_err(|e| ApiError::unavailable(format!("the engine thread is gone: {e}")))?

@@ -141,6 +141,22 @@ async fn bad_requests_get_a_400_naming_the_field() {
             (json!({"model": "tiny-ouro", "prompt": "x", "stream_options": {"include_usage": true}}), 400, "stream_options"),
             (json!({"model": "tiny-ouro", "prompt": [1, 2, 1_000_000]}), 400, "prompt"),
             (json!({"model": "other", "prompt": "x"}), 404, "model"),
+            // Type errors in the fields both endpoints share name the field, as the endpoint's own do.
+            (json!({"model": "tiny-ouro", "prompt": "x", "temperature": "hot"}), 400, "temperature"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "stream": "yes"}), 400, "stream"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "stop": [1, 2]}), 400, "stop"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "seed": -1}), 400, "seed"),
+            (json!({"model": "tiny-ouro", "prompt": "x", "stream": true, "stream_options": {"include_usage": "yes"}}), 400, "stream_options.include_usage"),
+            (json!({"model": "tiny-ouro", "messages": [{"role": "user", "content": "x"}], "top_k": -1}), 400, "top_k"),
+            // A missing field is named.
+            (json!({"prompt": "x"}), 400, "model"),
+            (json!({"model": "tiny-ouro", "max_tokens": 2}), 400, "prompt"),
+            (json!({"model": "tiny-ouro", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1_000_000}), 400, "max_tokens"),
+            (json!({"model": "tiny-ouro", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 1_000_000}), 400, "max_completion_tokens"),
+            // Over the context window: the prompt where it alone fills the window, else the output's bound.
+            (json!({"model": "tiny-ouro", "prompt": vec![5; 3000], "max_tokens": 2}), 400, "prompt"),
+            (json!({"model": "tiny-ouro", "prompt": vec![5; 2040], "max_tokens": 100}), 400, "max_tokens"),
+            (json!({"model": "tiny-ouro", "messages": [{"role": "user", "content": "word ".repeat(4000)}], "max_tokens": 2}), 400, "messages"),
         ];
         for (body, status, field) in cases {
             let path = if body.get("messages").is_some() { "/v1/chat/completions" } else { "/v1/completions" };
@@ -154,6 +170,69 @@ async fn bad_requests_get_a_400_naming_the_field() {
         assert_eq!(raw.status().as_u16(), 400);
         // The server still serves after all of that.
         let (ok, _) = post(&base, "/v1/completions", json!({"model": "tiny-ouro", "prompt": "fn main", "max_tokens": 2, "seed": 7})).await;
+        assert_eq!(ok, 200);
+    })
+    .await
+}
+
+/// A body that is OpenAI's error object for a client error.
+fn assert_api_error(body: &str) {
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body:?}"));
+    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+}
+
+/// Writes `request` as it is on one connection and reads the answer to its end: its status and
+/// body (a response with a length, as the server's errors are).
+async fn raw_http(addr: &str, request: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, body)
+}
+
+/// What the router answers before any handler — no such route, a method a route does not take,
+/// a body over the limit (by its length, or sent in chunks without one) — is OpenAI's error
+/// object too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_before_the_handlers_are_json_too() {
+    bounded(async {
+        let base = serve("tiny-ouro", 1.0).await;
+        let client = reqwest::Client::new();
+        let requests = [
+            (client.get(format!("{base}/v1/completions")), 405),
+            (client.put(format!("{base}/v1/chat/completions")), 405),
+            (client.post(format!("{base}/v1/nope")), 404),
+        ];
+        for (request, status) in requests {
+            let r = request.send().await.unwrap();
+            assert_eq!(r.status().as_u16(), status);
+            if status == 405 {
+                assert!(r.headers().contains_key("allow"), "{:?}", r.headers());
+            }
+            assert_api_error(&r.text().await.unwrap());
+        }
+        // Over the 1 MiB limit: refused by its length before the body is sent, and sent in chunks
+        // without a length (refused as it is read; only a little past the limit, so the client
+        // has written it all when the answer comes).
+        let addr = base.trim_start_matches("http://");
+        let head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n";
+        let by_length = format!("{head}Content-Length: {}\r\n\r\n", 3 << 20).into_bytes();
+        let chunk = vec![b' '; (1 << 20) + (16 << 10)];
+        let mut chunked = format!("{head}Transfer-Encoding: chunked\r\n\r\n{:x}\r\n", chunk.len()).into_bytes();
+        chunked.extend_from_slice(&chunk);
+        chunked.extend_from_slice(b"\r\n0\r\n\r\n");
+        for request in [by_length, chunked] {
+            let (status, body) = raw_http(addr, &request).await;
+            assert_eq!(status, 413, "{body}");
+            assert_api_error(&body);
+        }
+        let (ok, _) = post(&base, "/v1/completions", json!({"model": "tiny-ouro", "prompt": "fn main", "max_tokens": 2})).await;
         assert_eq!(ok, 200);
     })
     .await
