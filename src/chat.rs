@@ -78,8 +78,10 @@ const TEMPLATE_MAX_BYTES: usize = 1 << 20;
 /// abandoned thread cannot be stopped: it runs on, possibly for long, on one core.
 const RENDER_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A compiled chat template with the special tokens it is rendered with.
-#[derive(Debug)]
+/// A compiled chat template with the special tokens it is rendered with. Clones share the
+/// compiled template and its runaway flag: one that ran past its time limit stays refused in
+/// every clone.
+#[derive(Debug, Clone)]
 pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
     bos_token: String,

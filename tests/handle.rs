@@ -102,3 +102,46 @@ fn a_stalled_scheduler_ends_the_streams_with_an_error() {
     let again = handle.submit(vec![3u32], GenerationParams::greedy(2)).unwrap().collect_output();
     assert!(matches!(again.finish_reason, FinishReason::Error(_)));
 }
+
+/// A text or chat prompt is encoded on the thread that submits it: while a slow chat template
+/// renders there, the engine thread goes on answering (here a metrics request, which waits for
+/// the engine thread's next turn) instead of holding every other request up for the rendering.
+#[test]
+fn a_slow_chat_template_renders_on_the_submitting_thread() {
+    use ponder::{Chat, ChatMessage, ChatTemplate, EngineBuilder, Prompt};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    // Comparing two deeply nested lists is one template instruction that takes long (as in
+    // `chat.rs`'s time-limit test), then the messages as the prompt.
+    let (open, close) = ("[".repeat(25), "]".repeat(25));
+    let nest = |v: &str| format!("{{% set ns.{v} = {open}ns.{v}{close} %}}");
+    let src = format!(
+        "{{% set ns = namespace(x=1, y=1) %}}{{% for i in range(50) %}}{{% for j in range(40) %}}{}{}{{% endfor %}}{{% endfor %}}{{% for i in range(40) %}}{{{{ ns.x == ns.y }}}}{{% endfor %}}{{% for m in messages %}}{{{{ m.content }}}}{{% endfor %}}",
+        nest("x"),
+        nest("y")
+    );
+    let slow = ChatTemplate::new(src, None, None).unwrap();
+    let chat = Chat::new(vec![ChatMessage::new("user", "Ownership in Rust")]);
+    let started = Instant::now();
+    slow.render(&chat).unwrap();
+    let render = started.elapsed();
+    assert!(render >= Duration::from_millis(100), "the template renders in {render:?}: too fast to tell the threads apart");
+
+    let handle = EngineBuilder::new(concat!(env!("CARGO_MANIFEST_DIR"), "/assets/tiny-ouro")).chat_template(slow).spawn().unwrap();
+    let submitted = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let submitter = s.spawn(|| {
+            let out = handle.submit(Prompt::Chat(chat.clone()), GenerationParams::greedy(2)).map(|s| s.collect_output());
+            submitted.store(true, Ordering::SeqCst);
+            out
+        });
+        std::thread::sleep(render / 4);
+        let asked = Instant::now();
+        handle.metrics().unwrap();
+        let answered = asked.elapsed();
+        assert!(!submitted.load(Ordering::SeqCst), "the submission ended before the engine answered");
+        assert!(answered < render / 2, "the engine thread answered after {answered:?} of a {render:?} rendering");
+        let out = submitter.join().unwrap().unwrap();
+        assert_eq!(out.token_ids.len(), 2);
+    });
+}

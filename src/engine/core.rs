@@ -219,6 +219,11 @@ impl Engine {
         self.core.chat.is_some()
     }
 
+    /// The chat template itself, for a handle that renders on its callers' threads.
+    pub(super) fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.core.chat.as_ref()
+    }
+
     /// Validates and queues a request. A rejected request gets a typed error and leaves no
     /// state behind; the engine and other requests are unaffected.
     pub fn add_request(&mut self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestId> {
@@ -321,26 +326,18 @@ impl Core {
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let tok = self.tokenizer.as_ref().ok_or_else(|| Error::Tokenizer("model has no tokenizer.json".into()))?;
-        let enc = tok.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
+        encode_text(self.tokenizer.as_ref(), text)
     }
 
     fn render_chat(&self, chat: &Chat) -> Result<String> {
-        let template =
-            self.chat.as_ref().ok_or_else(|| Error::ChatTemplate("the model has no chat template (tokenizer_config.json / chat_template.jinja)".into()))?;
-        template.render(chat)
+        render_chat(self.chat.as_ref(), chat)
     }
 
     fn admit<H: Half>(&mut self, half: &mut H, prompt: Prompt, params: GenerationParams) -> Result<(RequestId, usize)> {
         // Encoded first: a text the tokenizer or the chat template refuses (`Error::Tokenizer`,
         // `Error::ChatTemplate`; no request) uses no id. The template writes the special
         // tokens itself, so the tokenizer adds none (as `apply_chat_template` encodes).
-        let ids = match prompt {
-            Prompt::Ids(ids) => ids,
-            Prompt::Text(t) => self.encode(&t)?,
-            Prompt::Chat(c) => self.encode(&self.render_chat(&c)?)?,
-        };
+        let ids = prompt_ids(self.tokenizer.as_ref(), self.chat.as_ref(), prompt)?;
         let id = RequestId(self.next_id);
         self.next_id += 1;
         let reject = |reason| Err(Error::InvalidRequest { id, reason });
@@ -531,5 +528,30 @@ impl Core {
             events.push(Event::Finished { id, reason, text: live.detok.flush() });
         }
         Some(events)
+    }
+}
+
+/// `text` under the model's tokenizer, which adds no special tokens (a chat template writes
+/// its own, as `apply_chat_template` encodes).
+fn encode_text(tokenizer: Option<&Tokenizer>, text: &str) -> Result<Vec<u32>> {
+    let tok = tokenizer.ok_or_else(|| Error::Tokenizer("model has no tokenizer.json".into()))?;
+    let enc = tok.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+    Ok(enc.get_ids().to_vec())
+}
+
+fn render_chat(template: Option<&ChatTemplate>, chat: &Chat) -> Result<String> {
+    let template = template.ok_or_else(|| Error::ChatTemplate("the model has no chat template (tokenizer_config.json / chat_template.jinja)".into()))?;
+    template.render(chat)
+}
+
+/// A prompt's token ids: ids as given, text encoded, a conversation rendered through the chat
+/// template then encoded. The engine does this on admission; [`super::EngineHandle::submit`]
+/// does it on the caller's thread first, so that a long prompt or a slow template never holds
+/// the engine thread (and the steps of every other request) up.
+pub(super) fn prompt_ids(tokenizer: Option<&Tokenizer>, chat: Option<&ChatTemplate>, prompt: Prompt) -> Result<Vec<u32>> {
+    match prompt {
+        Prompt::Ids(ids) => Ok(ids),
+        Prompt::Text(t) => encode_text(tokenizer, &t),
+        Prompt::Chat(c) => encode_text(tokenizer, &render_chat(chat, &c)?),
     }
 }

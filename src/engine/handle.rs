@@ -1,6 +1,7 @@
 //! The engine on its own thread, fed and drained through channels.
 
 use super::{Engine, EngineMetrics, Event, GenerationParams, ModelInfo, Output, Prompt, RequestId};
+use crate::chat::ChatTemplate;
 use crate::{Error, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashMap;
@@ -22,12 +23,14 @@ enum Command {
 }
 
 /// A cloneable-by-reference handle to an engine thread. `submit` may be called from many
-/// threads at once; each request streams its events on its own channel. Dropping the handle
+/// threads at once; each request streams its events on its own channel. A text or chat prompt
+/// is encoded on the calling thread, so the engine thread only ever steps. Dropping the handle
 /// stops the thread after aborting what is still running.
 pub struct EngineHandle {
     tx: Sender<Command>,
     thread: Option<JoinHandle<()>>,
     tokenizer: Option<tokenizers::Tokenizer>,
+    chat: Option<ChatTemplate>,
     model: ModelInfo,
 }
 
@@ -65,7 +68,7 @@ impl EngineHandle {
             .name("ponder-engine".into())
             .spawn(move || match build() {
                 Ok(engine) => {
-                    let _ = ready_tx.send(Ok((engine.tokenizer().cloned(), engine.model_info())));
+                    let _ = ready_tx.send(Ok((engine.tokenizer().cloned(), engine.chat_template().cloned(), engine.model_info())));
                     serve(engine, rx);
                 }
                 Err(e) => {
@@ -73,8 +76,8 @@ impl EngineHandle {
                 }
             })
             .map_err(|e| Error::InvalidOption(format!("cannot start engine thread: {e}")))?;
-        let (tokenizer, model) = ready_rx.recv().map_err(|_| Error::EngineStopped)??;
-        Ok(Self { tx, thread: Some(thread), tokenizer, model })
+        let (tokenizer, chat, model) = ready_rx.recv().map_err(|_| Error::EngineStopped)??;
+        Ok(Self { tx, thread: Some(thread), tokenizer, chat, model })
     }
 
     /// What the engine serves: the model's spec, vocabulary and accepted context.
@@ -87,11 +90,14 @@ impl EngineHandle {
         self.tokenizer.as_ref()
     }
 
-    /// Queues a request; its events arrive on the returned stream.
+    /// Queues a request; its events arrive on the returned stream. A text or chat prompt is
+    /// encoded here, on the caller's thread (a text the tokenizer or the template refuses is
+    /// that error, and no request); the engine thread checks and admits the ids.
     pub fn submit(&self, prompt: impl Into<Prompt>, params: GenerationParams) -> Result<RequestStream> {
+        let ids = super::core::prompt_ids(self.tokenizer.as_ref(), self.chat.as_ref(), prompt.into())?;
         let (reply, reply_rx) = bounded(1);
         let (events, rx) = unbounded();
-        self.tx.send(Command::Submit(Box::new(Submit { prompt: prompt.into(), params, reply, events }))).map_err(|_| Error::EngineStopped)?;
+        self.tx.send(Command::Submit(Box::new(Submit { prompt: Prompt::Ids(ids), params, reply, events }))).map_err(|_| Error::EngineStopped)?;
         let (id, prompt_tokens) = reply_rx.recv().map_err(|_| Error::EngineStopped)??;
         Ok(RequestStream { id, prompt_tokens, rx })
     }
