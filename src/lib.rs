@@ -97,6 +97,7 @@ pub mod scheduler;
 /// tests and benchmarks build models from (feature `testing`).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tokenizer;
 
 pub use chat::{Chat, ChatMessage, ChatTemplate};
 pub use diffusion::DiffusionOptions;

@@ -195,8 +195,34 @@ fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or_default().to_string()
 }
 
+/// Most bytes a checkpoint's metadata file (config, tokenizer, chat template) may hold: far above
+/// any release's (a 256 k-token `tokenizer.json` is ≈ 30 MB).
+const MAX_METADATA_BYTES: u64 = 256 << 20;
+
+/// A metadata file's bytes: a regular file (not a directory, a FIFO that would block, or a
+/// device such as `/dev/zero` that never ends) of at most [`MAX_METADATA_BYTES`], checked before
+/// reading and bounded while reading.
+pub(crate) fn read_bounded(p: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let io = |source: std::io::Error| Error::Io { path: p.to_path_buf(), source };
+    let refused = |why: String| io(std::io::Error::new(std::io::ErrorKind::InvalidData, why));
+    let meta = std::fs::metadata(p).map_err(io)?;
+    if !meta.is_file() {
+        return Err(refused("not a regular file".into()));
+    }
+    if meta.len() > MAX_METADATA_BYTES {
+        return Err(refused(format!("{} bytes, above the {} MiB a metadata file may hold", meta.len(), MAX_METADATA_BYTES >> 20)));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    std::fs::File::open(p).map_err(io)?.take(MAX_METADATA_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > MAX_METADATA_BYTES {
+        return Err(refused(format!("grew past the {} MiB a metadata file may hold while read", MAX_METADATA_BYTES >> 20)));
+    }
+    Ok(bytes)
+}
+
 fn read(p: &Path) -> Result<String> {
-    std::fs::read_to_string(p).map_err(|source| Error::Io { path: p.to_path_buf(), source })
+    String::from_utf8(read_bounded(p)?).map_err(|e| Error::Io { path: p.to_path_buf(), source: std::io::Error::new(std::io::ErrorKind::InvalidData, e) })
 }
 
 fn shard_names(index: &Path) -> Result<BTreeSet<String>> {
@@ -205,7 +231,12 @@ fn shard_names(index: &Path) -> Result<BTreeSet<String>> {
         weight_map: HashMap<String, String>,
     }
     let idx: Index = serde_json::from_str(&read(index)?).map_err(|e| Error::config(index.display().to_string(), e.to_string()))?;
-    Ok(idx.weight_map.into_values().collect())
+    let names: BTreeSet<String> = idx.weight_map.into_values().collect();
+    // A shard is a file beside the index: no path that leaves the checkpoint's directory.
+    if let Some(bad) = names.iter().find(|n| Path::new(n).file_name().is_none_or(|f| f != n.as_str())) {
+        return Err(Error::config(index.display().to_string(), format!("shard `{bad}` is not a file name in the checkpoint's directory")));
+    }
+    Ok(names)
 }
 
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -218,6 +249,21 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         return Ok(vec![single]);
     }
     Err(Error::Io { path: single, source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json") })
+}
+
+/// A tensor stored in two shards would be read from whichever was mapped last: refused, naming both.
+fn no_tensor_in_two_shards(files: &[PathBuf]) -> Result<()> {
+    let mut seen: HashMap<String, &PathBuf> = HashMap::new();
+    for f in files {
+        // SAFETY: as in `Weights::from_files`, read-only and only the header is read.
+        let st = unsafe { MmapedSafetensors::new(f) }.map_err(|e| Error::tensor(f.display().to_string(), first_line(&e.to_string())))?;
+        for (name, _) in st.tensors() {
+            if let Some(other) = seen.insert(name.clone(), f) {
+                return Err(Error::tensor(name, format!("stored in two shards, {} and {}", other.display(), f.display())));
+            }
+        }
+    }
+    Ok(())
 }
 
 enum Source {
@@ -259,6 +305,9 @@ impl Weights {
         // not be modified while the engine is loading from them.
         let st = unsafe { MmapedSafetensors::multi(files) }
             .map_err(|e| Error::tensor(files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(","), first_line(&e.to_string())))?;
+        if files.len() > 1 {
+            no_tensor_in_two_shards(files)?;
+        }
         Ok(Self { source: Source::Mmap(st), dtype, device: device.clone(), quantization: Default::default(), stored_fp8: None })
     }
 
@@ -449,7 +498,7 @@ impl Weights {
 }
 
 fn parse_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
-    tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
+    crate::tokenizer::parse(path)
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ impl Renderer {
 
     /// A token's text: its decoding alone, or `token_id:N` for a model served on ids.
     fn text(&self, id: u32) -> String {
-        match self.tokenizer.as_deref().and_then(|t| t.decode(&[id], false).ok()) {
+        match self.tokenizer.as_deref().and_then(|t| ponder::tokenizer::decode(t, &[id], false).ok()) {
             Some(s) => s,
             None => format!("token_id:{id}"),
         }

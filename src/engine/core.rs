@@ -519,6 +519,7 @@ impl Core {
                     events.push(Event::Token { id, token, text, logprob, compute });
                     Some(FinishReason::Stop(stop))
                 }
+                Pushed::Failed(e) => Some(FinishReason::Error(format!("detokenizing the output: {e}"))),
             }
         };
         if let Some(reason) = finish {
@@ -535,8 +536,7 @@ impl Core {
 /// its own, as `apply_chat_template` encodes).
 fn encode_text(tokenizer: Option<&Tokenizer>, text: &str) -> Result<Vec<u32>> {
     let tok = tokenizer.ok_or_else(|| Error::Tokenizer("model has no tokenizer.json".into()))?;
-    let enc = tok.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
-    Ok(enc.get_ids().to_vec())
+    crate::tokenizer::encode(tok, text)
 }
 
 fn render_chat(template: Option<&ChatTemplate>, chat: &Chat) -> Result<String> {

@@ -24,14 +24,20 @@ pub enum Pushed {
         text: String,
         stop: String,
     },
+    /// The tokenizer could not decode the tokens (an error, or a panic it raised).
+    Failed(String),
 }
 
 impl Detokenizer {
     pub fn push(&mut self, token: u32, tokenizer: Option<&Tokenizer>, stop: &[String]) -> Pushed {
         self.ids.push(token);
         if let Some(tok) = tokenizer {
-            let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true).unwrap_or_default();
-            let full = tok.decode(&self.ids[self.prefix_offset..], true).unwrap_or_default();
+            let decoded = crate::tokenizer::decode(tok, &self.ids[self.prefix_offset..self.read_offset], true)
+                .and_then(|prefix| Ok((prefix, crate::tokenizer::decode(tok, &self.ids[self.prefix_offset..], true)?)));
+            let (prefix, full) = match decoded {
+                Ok(texts) => texts,
+                Err(e) => return Pushed::Failed(e),
+            };
             // A trailing U+FFFD means an incomplete UTF-8 sequence: wait for more tokens.
             if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
                 self.text.push_str(&full[prefix.len()..]);

@@ -31,8 +31,8 @@ impl CheckpointQuant {
         let block = |v: Option<&serde_json::Value>| -> Result<Option<(usize, usize)>> {
             let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
             match v.as_array().map(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<_>>>()) {
-                Some(Some(b)) if b.len() == 2 && b[0] > 0 && b[1] > 0 => Ok(Some((b[0] as usize, b[1] as usize))),
-                _ => Err(bad(format!("block size {v} is not two positive integers"))),
+                Some(Some(b)) if b.len() == 2 && b.iter().all(|&d| d > 0 && d <= crate::config::MAX_DIM as u64) => Ok(Some((b[0] as usize, b[1] as usize))),
+                _ => Err(bad(format!("block size {v} is not two integers in 1 ..= {}", crate::config::MAX_DIM))),
             }
         };
         match method {

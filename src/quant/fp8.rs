@@ -128,11 +128,19 @@ impl Fp8Weight {
             Fp8Scale::Block { scale, block: (bo, bi) } => {
                 let w = e4m3_to(&self.data, None, DType::F32)?;
                 let (out, inp) = self.dims();
-                // Each tile's scale repeated over the tile, trimmed to the weight's edges.
+                // Each weight's tile scale, picked per row and per column: no larger than the
+                // weight whatever the block (a block may exceed the weight's dimensions).
                 let (r, c) = scale.dims2()?;
-                let s = scale.unsqueeze(1)?.broadcast_as((r, *bo, c))?.reshape((r * bo, c))?;
-                let s = s.unsqueeze(2)?.broadcast_as((r * bo, c, *bi))?.reshape((r * bo, c * bi))?;
-                w.mul(&s.narrow(0, 0, out)?.narrow(1, 0, inp)?)?
+                if out.div_ceil(*bo) != r || inp.div_ceil(*bi) != c {
+                    candle_core::bail!(
+                        "FP8 weight [{out}, {inp}] in {bo}×{bi} blocks needs [{}, {}] scales, not [{r}, {c}]",
+                        out.div_ceil(*bo),
+                        inp.div_ceil(*bi)
+                    );
+                }
+                let tiles = |n: usize, b: usize| Tensor::from_vec((0..n).map(|i| (i / b) as u32).collect::<Vec<_>>(), n, scale.device());
+                let s = scale.index_select(&tiles(out, *bo)?, 0)?.index_select(&tiles(inp, *bi)?, 1)?;
+                w.mul(&s)?
             }
         };
         w.to_dtype(dtype)
