@@ -270,7 +270,8 @@ impl Engine {
 
     /// Runs prompts to completion and returns their outputs in order. Each prompt that is
     /// rejected gets its error in its place; the others still run. A request failed by the
-    /// device or a stalled scheduler ends with `FinishReason::Error` in its output.
+    /// device or a stalled scheduler ends with `FinishReason::Error` in its output. Requests
+    /// added before (`add_request`) run alongside; their events are kept for the next `step`.
     pub fn generate<P: Into<Prompt>>(&mut self, prompts: impl IntoIterator<Item = P>, params: &GenerationParams) -> Result<Vec<Result<Output>>> {
         let mut slots: Vec<Result<Output>> = Vec::new();
         let mut index = HashMap::new();
@@ -283,7 +284,10 @@ impl Engine {
                 Err(e) => slots.push(Err(e)),
             }
         }
-        // `index` holds the requests still open.
+        // `index` holds the requests still open; `others`, the events of requests added before,
+        // handed back to the caller's next `step` (not left pending meanwhile, so that
+        // `has_work` still says whether these prompts can finish).
+        let mut others = Vec::new();
         while !index.is_empty() {
             // A failed launch or a stalled scheduler fails its requests, whose
             // `Finished { Error }` events come with the next step; the others go on.
@@ -305,6 +309,7 @@ impl Engine {
             for ev in events {
                 let id = ev.id();
                 let Some(&i) = index.get(&id) else {
+                    others.push(ev);
                     continue;
                 };
                 let Ok(out) = &mut slots[i] else { continue };
@@ -313,6 +318,8 @@ impl Engine {
                 }
             }
         }
+        others.append(&mut self.core.pending);
+        self.core.pending = others;
         Ok(slots)
     }
 }
@@ -396,7 +403,10 @@ impl Core {
 
     fn step<H: Half>(&mut self, half: &mut H) -> Result<Vec<Event>> {
         let mut events = std::mem::take(&mut self.pending);
-        let issued = match half.schedule(&mut self.requests) {
+        // With no request live there is nothing to schedule (and a scheduler that launches
+        // anyway must not hold up the events already pending).
+        let scheduled = if self.live.is_empty() { None } else { half.schedule(&mut self.requests) };
+        let issued = match scheduled {
             Some(launch) => {
                 let started = Instant::now();
                 match half.issue(&launch, &mut self.live) {
@@ -461,9 +471,19 @@ impl Core {
         Ok(())
     }
 
-    /// A device error fails every request of the launch; the error is returned too.
+    /// A device error fails every request of the launch; the error is returned too. A failed
+    /// launch that names no live request (an empty or stale one from a broken scheduler) would
+    /// come again and again while the live requests wait: as a stall, it fails all of them.
     fn fail_launch<H: Half>(&mut self, half: &mut H, requests: &[RequestId], e: Error, events: &mut Vec<Event>) -> Error {
         let msg = e.to_string();
+        let mut everyone: Vec<RequestId> = Vec::new();
+        let requests = if requests.iter().any(|id| self.live.contains_key(id)) {
+            requests
+        } else {
+            everyone.extend(self.live.keys().copied());
+            everyone.sort_by_key(|id| id.0);
+            &everyone
+        };
         for &id in requests {
             if self.retire(half, id).is_some() {
                 events.push(Event::Finished { id, reason: FinishReason::Error(msg.clone()), text: String::new() });

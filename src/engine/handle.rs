@@ -1,6 +1,6 @@
 //! The engine on its own thread, fed and drained through channels.
 
-use super::{Engine, EngineMetrics, Event, GenerationParams, ModelInfo, Output, Prompt, RequestId};
+use super::{Engine, EngineMetrics, Event, FinishReason, GenerationParams, ModelInfo, Output, Prompt, RequestId};
 use crate::chat::ChatTemplate;
 use crate::{Error, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
@@ -124,8 +124,26 @@ impl Drop for EngineHandle {
     }
 }
 
-fn serve(mut engine: Engine, rx: Receiver<Command>) {
+/// The engine thread: commands in, steps, events out. A panic inside the engine (a plug-in's
+/// scheduler or gate, a bug of ours) ends every open stream with `Finished { Error }` naming
+/// it, rather than a silent end a reader would take for an abort; the thread then stops, and
+/// later calls get `EngineStopped`.
+fn serve(engine: Engine, rx: Receiver<Command>) {
     let mut streams: HashMap<RequestId, Sender<Event>> = HashMap::new();
+    let mut engine = std::panic::AssertUnwindSafe(engine);
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_loop(&mut engine, &rx, &mut streams)));
+    if let Err(panic) = run {
+        let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+        let reason = FinishReason::Error(format!("the engine thread panicked: {what}"));
+        for (id, stream) in streams.drain() {
+            let _ = stream.send(Event::Finished { id, reason: reason.clone(), text: String::new() });
+        }
+        // The engine's state is whatever the panic left; freeing it may panic again.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(engine)));
+    }
+}
+
+fn serve_loop(engine: &mut Engine, rx: &Receiver<Command>, streams: &mut HashMap<RequestId, Sender<Event>>) {
     loop {
         // Block for commands only when idle; otherwise take what is queued and keep stepping.
         let first = if engine.has_work() { rx.try_recv().ok() } else { rx.recv().ok().or(Some(Command::Shutdown)) };
