@@ -160,7 +160,7 @@ def diffusion():
     V["l2_confirm"] = (f"Confirmation run, same command at `{c['commit']}` ([`llada2_3299c4f.json`](bench/llada2_3299c4f.json)): baseline at B {top} "
                        f"{pct(cb[(top, 'baseline')]['fraction_of_compute_bound'])} of its bound; FOCUS ÷ delayed " + " / ".join(times(cb[(B, 'focus')]['speedup_vs_delayed']) for B in Bs)
                        + f" at B {' / '.join(map(str, Bs))}; FOCUS ÷ baseline {times(cb[(top, 'focus')]['speedup_vs_baseline'])} at B {top}.")
-    b0 = min(B for B, _ in b); h = by(load("h100/diffusion_llada2_mini_43afb79.json")["results"], "batch", "mode")
+    b0 = min(B for B, _ in b); h = by(load("h100/earlier/diffusion_llada2_mini_43afb79.json")["results"], "batch", "mode")
     V.update(moe_b0=b0, moe_h200=times(b[(b0, "focus")]["speedup_vs_delayed"], 3), moe_h100=times(h[(b0, "focus")]["speedup_vs_delayed"], 3))
     n = "llada_modes.json"; d = load(n); b = by(d["results"], "batch", "mode"); M = [("exact", "exact"), ("prefix", "prefix cache"), ("dual", "dual cache")]
     V.update(ll_model=d["model"], ll_new=d["results"][0]["new_tokens"], ll_block=d["results"][0]["block"], ll_workload=d["workload"], ll_data=data(n, date=False), ll_cmds=cmd_of(n),
@@ -313,8 +313,8 @@ def live():
              live_llada2_top=f"{num(at('FOCUS', top)['request_throughput'], 1)} req/s against {num(at('baseline', top)['request_throughput'], 1)}, TTFT p99 {num(at('FOCUS', top)['ttft_ms']['p99'])} ms against {num(at('baseline', top)['ttft_ms']['p99'])}, "
                              f"normalized latency {num(at('FOCUS', top)['normalized_ms']['mean'], 1)} ms against {num(at('baseline', top)['normalized_ms']['mean'], 1)}",
              live_llada2_fracs=" / ".join(pct(r / knee["baseline"], 0) for r in below))
-    off = by(load("h100/diffusion_llada2_mini_baseline_3348732.json")["results"], "batch", "mode")
-    V["live_llada2_offline"] = f"{times(off[(256, 'focus')]['speedup_vs_baseline'])} on the H100 ([`h100/diffusion_llada2_mini_baseline_3348732.json`](bench/h100/diffusion_llada2_mini_baseline_3348732.json))"
+    off = by(load("h100/earlier/diffusion_llada2_mini_baseline_3348732.json")["results"], "batch", "mode")
+    V["live_llada2_offline"] = f"{times(off[(256, 'focus')]['speedup_vs_baseline'])} on the H100 ([`h100/earlier/diffusion_llada2_mini_baseline_3348732.json`](bench/h100/earlier/diffusion_llada2_mini_baseline_3348732.json))"
     # The burst's denoise launches: how many, and their mean length.
     burst = {k: D[k]["runs"][0]["engine"]["stages"]["denoise"] for k in D}
     per = {k: b["seconds"] / b["launches"] for k, b in burst.items()}
