@@ -235,33 +235,9 @@ fn fp8_layer(
             1 => fp8_matmul(x, &weights[i % copies], None).map(drop),
             _ => fp8_partials_into(x, &weights[i % copies], slices, &parts),
         };
-        let (mut graph, mut memory_nodes) = (Vec::new(), 0);
-        for _ in 0..rounds {
-            let (t, memory) = graph_launch(device, workspace, copies.max(20), &run)?;
-            graph.push(t);
-            memory_nodes = memory_nodes.max(memory);
-        }
-        let t = best(&graph);
-        let of_bw = bytes as f64 / t / bandwidth;
-        println!(
-            "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} fp8 {:>15.1} {:>6.1}% {:>4} ({:.2}x bf16)",
-            layer.model,
-            layer.name,
-            rows,
-            layer.n,
-            layer.k,
-            slices,
-            t * 1e6,
-            100.0 * of_bw,
-            memory_nodes,
-            bf16_s / t
-        );
-        records.push(serde_json::json!({
-            "model": layer.model, "layer": layer.name, "rows": rows, "n": layer.n, "k": layer.k,
-            "output": if slices == 1 { "Fp8Whole" } else { "Fp8Partials" }, "slices": slices,
-            "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw, "graph_memory_nodes": memory_nodes,
-            "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
-        }));
+        let timed = graph_rounds(device, workspace, copies.max(20), rounds, &run)?;
+        let output = if slices == 1 { "Fp8Whole" } else { "Fp8Partials" };
+        records.push(fp8_line(layer, rows, slices, ("fp8", output), bytes, timed, bandwidth, bf16_s));
     }
     #[cfg(feature = "cuda")]
     records.extend(w8a8_parts(layer, rows, x, &weights, rounds, (device, workspace), bandwidth, bf16_s)?);
@@ -303,41 +279,67 @@ fn w8a8_parts(
     let copies = weights.len();
     let gemm = |i: usize| fp8_w8a8_quantized(&xq, &xs, weights[i % copies].data(), per_channel(&weights[i % copies])?, x.dtype()).map(drop);
     let quantize = |_: usize| quantize_rows(x).map(drop);
-    let mut records = Vec::new();
-    for (part, bytes) in [("W8A8Gemm", bytes), ("QuantizeRows", 0)] {
-        let mut graph = Vec::new();
-        let mut memory_nodes = 0;
-        for _ in 0..rounds {
-            let (t, memory) = match part {
-                "W8A8Gemm" => graph_launch(device, workspace, copies.max(20), &gemm)?,
-                _ => graph_launch(device, workspace, copies.max(20), &quantize)?,
-            };
-            graph.push(t);
-            memory_nodes = memory_nodes.max(memory);
-        }
-        let t = best(&graph);
-        let of_bw = bytes as f64 / t / bandwidth;
-        println!(
-            "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:<5} {:>13.1} {:>6.1}% {:>4} ({:.2}x bf16)",
-            layer.model,
-            layer.name,
-            rows,
-            layer.n,
-            layer.k,
-            1,
-            if part == "W8A8Gemm" { "w8a8" } else { "quant" },
-            t * 1e6,
-            100.0 * of_bw,
-            memory_nodes,
-            bf16_s / t
-        );
-        records.push(serde_json::json!({
-            "model": layer.model, "layer": layer.name, "rows": rows, "n": layer.n, "k": layer.k,
-            "output": part, "slices": 1, "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw,
-            "graph_memory_nodes": memory_nodes, "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
-        }));
+    let per_burst = copies.max(20);
+    let gemm_timed = graph_rounds(device, workspace, per_burst, rounds, &gemm)?;
+    let quantize_timed = graph_rounds(device, workspace, per_burst, rounds, &quantize)?;
+    Ok(vec![
+        fp8_line(layer, rows, 1, ("w8a8", "W8A8Gemm"), bytes, gemm_timed, bandwidth, bf16_s),
+        fp8_line(layer, rows, 1, ("quant", "QuantizeRows"), 0, quantize_timed, bandwidth, bf16_s),
+    ])
+}
+
+/// `run` captured as a graph and replayed, `rounds` times: each round's time, and the most
+/// memory nodes a round's graph held.
+fn graph_rounds(
+    device: &Device,
+    workspace: &Arc<GemmWorkspace>,
+    per_burst: usize,
+    rounds: usize,
+    run: &impl Fn(usize) -> candle_core::Result<()>,
+) -> candle_core::Result<(Vec<f64>, usize)> {
+    let (mut graph, mut memory_nodes) = (Vec::new(), 0);
+    for _ in 0..rounds {
+        let (t, memory) = graph_launch(device, workspace, per_burst, run)?;
+        graph.push(t);
+        memory_nodes = memory_nodes.max(memory);
     }
-    Ok(records)
+    Ok((graph, memory_nodes))
+}
+
+/// One FP8 line of a layer, printed beside bf16's graph time `bf16_s`, and its JSON record:
+/// `tag` printed, `output` recorded; `bytes` the weight bytes it reads (0: none).
+#[allow(clippy::too_many_arguments)]
+fn fp8_line(
+    layer: &Layer,
+    rows: usize,
+    slices: usize,
+    (tag, output): (&str, &str),
+    bytes: usize,
+    (graph, memory_nodes): (Vec<f64>, usize),
+    bandwidth: f64,
+    bf16_s: f64,
+) -> serde_json::Value {
+    let t = best(&graph);
+    let of_bw = bytes as f64 / t / bandwidth;
+    println!(
+        "{:<12} {:<9} {:>4} {:>6} {:>6} {:>3} {:<5} {:>13.1} {:>6.1}% {:>4} ({:.2}x bf16)",
+        layer.model,
+        layer.name,
+        rows,
+        layer.n,
+        layer.k,
+        slices,
+        tag,
+        t * 1e6,
+        100.0 * of_bw,
+        memory_nodes,
+        bf16_s / t
+    );
+    serde_json::json!({
+        "model": layer.model, "layer": layer.name, "rows": rows, "n": layer.n, "k": layer.k,
+        "output": output, "slices": slices, "weight_bytes": bytes, "graph_s": graph, "graph_of_copy_bandwidth": of_bw,
+        "graph_memory_nodes": memory_nodes, "bf16_graph_s": bf16_s, "bf16_over_fp8": bf16_s / t,
+    })
 }
 
 /// The weight-only FP8 kernel's k slices of `x · Wᵀ` into `out` (`[slices, rows, n]` f32): on

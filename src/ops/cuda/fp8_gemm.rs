@@ -117,11 +117,9 @@ pub fn fp8_w8a8_linear(x: &Tensor, data: &Tensor, scale: &Tensor) -> Result<Opti
     }
     check_weight(OP, n, data, scale)?;
     same_device(OP, x, &[("weight", data), ("scales", scale)])?;
-    if lt_gpu(&dev)?.is_none() {
-        return Ok(None);
-    }
+    let Some(lt) = lt_gpu(&dev)? else { return Ok(None) };
     let (xq, xs) = quantize_rows(x)?;
-    fp8_w8a8_quantized(&xq, &xs, data, scale, x.dtype())
+    w8a8_gemm(&dev, &lt, (&xq, &xs), (data, scale), x.dtype(), (rows, n, k)).map(Some)
 }
 
 /// The product of [`fp8_w8a8_linear`] on activations already in E4M3: `xq` `[rows, k]` with one
@@ -143,6 +141,19 @@ pub fn fp8_w8a8_quantized(xq: &Tensor, xs: &Tensor, data: &Tensor, scale: &Tenso
     check_weight(OP, n, data, scale)?;
     same_device(OP, xq, &[("activation scales", xs), ("weight", data), ("scales", scale)])?;
     let Some(lt) = lt_gpu(&dev)? else { return Ok(None) };
+    w8a8_gemm(&dev, &lt, (xq, xs), (data, scale), dtype, (rows, n, k)).map(Some)
+}
+
+/// The FP8 GEMM of checked operands on `lt`, the GPU's cuBLASLt state.
+fn w8a8_gemm(
+    dev: &CudaDevice,
+    lt: &Mutex<LtGpu>,
+    (xq, xs): (&Tensor, &Tensor),
+    (data, scale): (&Tensor, &Tensor),
+    dtype: DType,
+    (rows, n, k): (usize, usize, usize),
+) -> Result<Tensor> {
+    const OP: &str = "fp8_w8a8_linear";
     // The operands are read with 16-byte loads: a view that starts off that boundary (an
     // expert's rows of a stacked scale) is copied.
     let aligned16 = |t: &Tensor| (t.layout().start_offset() * t.dtype().size_in_bytes()) % 16 == 0;
@@ -152,12 +163,11 @@ pub fn fp8_w8a8_quantized(xq: &Tensor, xs: &Tensor, data: &Tensor, scale: &Tenso
     let xs = if xs.is_contiguous() && aligned16(xs) { xs.clone() } else { xs.affine(1.0, 0.0)? };
     let mut lt = lt.lock().unwrap_or_else(|e| e.into_inner());
     match dtype {
-        DType::BF16 => scaled_gemm::<half::bf16>(&dev, &mut lt, &xq, &xs, &data, &scale, DType::BF16, (rows, n, k)),
-        DType::F16 => scaled_gemm::<half::f16>(&dev, &mut lt, &xq, &xs, &data, &scale, DType::F16, (rows, n, k)),
-        DType::F32 => scaled_gemm::<f32>(&dev, &mut lt, &xq, &xs, &data, &scale, DType::F32, (rows, n, k)),
+        DType::BF16 => scaled_gemm::<half::bf16>(dev, &mut lt, &xq, &xs, &data, &scale, DType::BF16, (rows, n, k)),
+        DType::F16 => scaled_gemm::<half::f16>(dev, &mut lt, &xq, &xs, &data, &scale, DType::F16, (rows, n, k)),
+        DType::F32 => scaled_gemm::<f32>(dev, &mut lt, &xq, &xs, &data, &scale, DType::F32, (rows, n, k)),
         d => bail!("{OP} (cuda): dtype {d:?} not supported"),
     }
-    .map(Some)
 }
 
 /// An E4M3 weight `[n, k]` with one f32 scale a row.
